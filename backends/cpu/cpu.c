@@ -1,0 +1,454 @@
+/* backends/cpu/cpu.c: the "cpu" plugin: the host-memory backend and the
+ * reference kernels (linear, relu, add, softmax_ce, sgd, adamw; f32, f64).
+ *
+ * The kernel bodies live in kernels.inc, written once for an element type
+ * T and included twice below: for float (what training runs on) and for
+ * double, which exists so the op tests can check every gradient against
+ * central finite differences in double. This file holds what does not
+ * depend on T: the backend, the argument checks and the kernel table. */
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "stoke/ops.h"
+#include "stoke/plugin.h"
+
+const stoke_host_v1 *stoke_host;
+
+/* ================================================================ backend */
+
+static stoke_err *cpu_open(int device_index, void *device_self, void **self) {
+  *self = NULL; /* the CPU backend keeps no state */
+  return NULL;
+}
+
+static void cpu_close(void *self) {}
+
+/* "model name" from /proc/cpuinfo, or "CPU" where there is none. */
+static void cpu_model_name(char *out, size_t cap) {
+  snprintf(out, cap, "CPU");
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f) return;
+  char line[512];
+  while (fgets(line, sizeof line, f)) {
+    if (strncmp(line, "model name", 10)) continue;
+    const char *v = strchr(line, ':');
+    if (!v) break;
+    v++;
+    while (*v == ' ' || *v == '\t') v++;
+    size_t n = strcspn(v, "\r\n");
+    if (n) snprintf(out, cap, "%.*s", (int)n, v);
+    break;
+  }
+  fclose(f);
+}
+
+static stoke_err *cpu_info(void *self, stoke_device_info_v1 *out) {
+  memset(out, 0, sizeof *out); /* peak_flops all 0: unknown, MFU n/a */
+  cpu_model_name(out->name, sizeof out->name);
+  long page = sysconf(_SC_PAGESIZE);
+  long total = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES);
+  if (page > 0 && total > 0) out->total_bytes = (size_t)total * (size_t)page;
+  if (page > 0 && avail > 0) out->free_bytes = (size_t)avail * (size_t)page;
+  return NULL;
+}
+
+static stoke_err *cpu_alloc(void *self, size_t bytes, void **ptr) {
+  *ptr = stoke_host->alloc(bytes); /* 64-byte aligned */
+  if (!*ptr)
+    return STOKE_PERR(STOKE_E_OOM, "cpu: out of host memory allocating %zu bytes", bytes);
+  return NULL;
+}
+
+static void cpu_free(void *self, void *ptr) { stoke_host->free(ptr); }
+
+/* Every copy kind is a host copy on the CPU. */
+static stoke_err *cpu_copy(void *self, void *dst, const void *src, size_t bytes,
+                           stoke_copy_kind kind, void *stream) {
+  if (bytes && dst != src) memcpy(dst, src, bytes);
+  return NULL;
+}
+
+static stoke_err *cpu_fill(void *self, void *dst, int byte, size_t bytes, void *stream) {
+  if (bytes) memset(dst, byte, bytes);
+  return NULL;
+}
+
+static stoke_err *cpu_stream_create(void *self, void **stream) {
+  *stream = NULL; /* the CPU has one, synchronous, stream */
+  return NULL;
+}
+
+static void cpu_stream_destroy(void *self, void *stream) {}
+
+static stoke_err *cpu_stream_sync(void *self, void *stream) { return NULL; }
+
+static const stoke_backend_v1 cpu_backend = {
+    .name = "cpu",
+    .help = "host memory and the reference kernels (OpenBLAS for matmuls)",
+    .device = STOKE_DEV_CPU,
+    .device_engine = NULL,
+    .open = cpu_open,
+    .close = cpu_close,
+    .info = cpu_info,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .alloc_host = cpu_alloc,
+    .free_host = cpu_free,
+    .copy = cpu_copy,
+    .fill = cpu_fill,
+    .stream_create = cpu_stream_create,
+    .stream_destroy = cpu_stream_destroy,
+    .stream_sync = cpu_stream_sync,
+};
+
+/* ========================================================= argument checks */
+
+/* Shared by both instantiations. Each takes `run`: 0 when called from plan
+ * (data pointers may all be NULL, so only shapes and dtypes are checked),
+ * 1 from run (the data the kernel reads or writes must be there too). */
+
+#define CHECK(expr)                 \
+  do {                              \
+    stoke_err *check_e_ = (expr);   \
+    if (check_e_) return check_e_;  \
+  } while (0)
+
+/* "[3, 4]", usable as a printf argument: shp(&t.shape).s */
+typedef struct shape_text {
+  char s[96];
+} shape_text;
+
+static shape_text shp(const stoke_shape *s) {
+  shape_text t;
+  size_t n = 0;
+  n += (size_t)snprintf(t.s, sizeof t.s, "[");
+  for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
+    n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
+  if (n < sizeof t.s) snprintf(t.s + n, sizeof t.s - n, "]");
+  return t;
+}
+
+static const char *dt_name(stoke_dtype t) {
+  static const char *n[] = {"f32", "f16", "bf16", "i32", "u8", "f64"};
+  return (unsigned)t < STOKE_DTYPE_COUNT ? n[t] : "?";
+}
+
+static const char *node_name(const stoke_kernel_args_v1 *a) {
+  return a->node && a->node->name ? a->node->name : "?";
+}
+
+static int same_shape(const stoke_shape *x, const stoke_shape *y) {
+  if (x->ndim != y->ndim) return 0;
+  for (int i = 0; i < x->ndim; i++)
+    if (x->d[i] != y->d[i]) return 0;
+  return 1;
+}
+
+static stoke_err *check_counts(const stoke_kernel_args_v1 *a, const char *op, int bwd,
+                               int n_in, int n_out) {
+  if (a->n_in < n_in || a->n_out < n_out || !a->in || !a->out)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs %d inputs and %d outputs, got %d and %d",
+                      op, node_name(a), n_in, n_out, a->n_in, a->n_out);
+  if (bwd && (!a->din || !a->dout))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': backward called without gradient tensors", op,
+                      node_name(a));
+  return NULL;
+}
+
+static stoke_err *check_dtype(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                              const stoke_tensor *t, stoke_dtype want) {
+  if (t->dtype != want)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s, the kernel expects %s", op,
+                      node_name(a), what, shp(&t->shape).s, dt_name(t->dtype), dt_name(want));
+  return NULL;
+}
+
+/* Tensor `t` must hold data in run. */
+static stoke_err *check_data(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                             const stoke_tensor *t, int run) {
+  if (run && !t->data)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s has no data", op, node_name(a), what,
+                      shp(&t->shape).s);
+  return NULL;
+}
+
+/* A gradient tensor that is requested (data != NULL) must have the shape
+ * and dtype of the value it is the gradient of. */
+static stoke_err *check_grad(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                             const stoke_tensor *g, const stoke_tensor *of) {
+  if (!g->data) return NULL;
+  if (!same_shape(&g->shape, &of->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': gradient of %s is %s, the value is %s", op,
+                      node_name(a), what, shp(&g->shape).s, shp(&of->shape).s);
+  return check_dtype(a, op, what, g, of->dtype);
+}
+
+/* BLAS takes int dimensions. */
+static stoke_err *check_blas_dims(const stoke_kernel_args_v1 *a, const char *op,
+                                  const stoke_shape *s) {
+  for (int i = 0; i < s->ndim; i++)
+    if (s->d[i] < 0 || s->d[i] > INT_MAX)
+      return STOKE_PERR(STOKE_E_UNSUPPORTED, "%s '%s': shape %s has a dimension beyond int",
+                        op, node_name(a), shp(s).s);
+  return NULL;
+}
+
+static stoke_err *linear_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd,
+                               int run) {
+  const char *op = STOKE_OP_LINEAR;
+  CHECK(check_counts(a, op, bwd, 3, 1));
+  const stoke_tensor *x = &a->in[0], *w = &a->in[1], *b = &a->in[2], *y = &a->out[0];
+  const stoke_shape *xs = &x->shape, *ws = &w->shape, *bs = &b->shape, *ys = &y->shape;
+  if (xs->ndim != 2 || ws->ndim != 2 || bs->ndim != 1 || ys->ndim != 2 ||
+      xs->d[1] != ws->d[1] || bs->d[0] != ws->d[0] || ys->d[0] != xs->d[0] ||
+      ys->d[1] != ws->d[0])
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "linear '%s': expects x[N, in], weight[out, in], bias[out] -> y[N, out]; "
+                      "got x %s, weight %s, bias %s, y %s",
+                      node_name(a), shp(xs).s, shp(ws).s, shp(bs).s, shp(ys).s);
+  CHECK(check_blas_dims(a, op, xs));
+  CHECK(check_blas_dims(a, op, ws));
+  CHECK(check_dtype(a, op, "x", x, dt));
+  CHECK(check_dtype(a, op, "weight", w, dt));
+  CHECK(check_dtype(a, op, "bias", b, dt));
+  CHECK(check_dtype(a, op, "y", y, dt));
+  if (!bwd) {
+    CHECK(check_data(a, op, "x", x, run));
+    CHECK(check_data(a, op, "weight", w, run));
+    CHECK(check_data(a, op, "bias", b, run));
+    return check_data(a, op, "y", y, run);
+  }
+  CHECK(check_grad(a, op, "x", &a->din[0], x));
+  CHECK(check_grad(a, op, "weight", &a->din[1], w));
+  CHECK(check_grad(a, op, "bias", &a->din[2], b));
+  CHECK(check_grad(a, op, "y", &a->dout[0], y));
+  CHECK(check_data(a, op, "dy", &a->dout[0], run));
+  if (a->din[0].data) CHECK(check_data(a, op, "weight", w, run)); /* dx = dy W */
+  if (a->din[1].data) CHECK(check_data(a, op, "x", x, run));      /* dW = dy^T x */
+  return NULL;
+}
+
+static stoke_err *relu_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
+  const char *op = STOKE_OP_RELU;
+  CHECK(check_counts(a, op, bwd, 1, 1));
+  const stoke_tensor *x = &a->in[0], *y = &a->out[0];
+  if (!same_shape(&x->shape, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "relu '%s': x is %s but y is %s", node_name(a),
+                      shp(&x->shape).s, shp(&y->shape).s);
+  CHECK(check_dtype(a, op, "x", x, dt));
+  CHECK(check_dtype(a, op, "y", y, dt));
+  if (!bwd) {
+    CHECK(check_data(a, op, "x", x, run));
+    return check_data(a, op, "y", y, run);
+  }
+  CHECK(check_grad(a, op, "x", &a->din[0], x));
+  CHECK(check_grad(a, op, "y", &a->dout[0], y));
+  CHECK(check_data(a, op, "dy", &a->dout[0], run));
+  if (a->din[0].data) CHECK(check_data(a, op, "y (the forward output)", y, run));
+  return NULL;
+}
+
+static stoke_err *add_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
+  const char *op = STOKE_OP_ADD;
+  CHECK(check_counts(a, op, bwd, 2, 1));
+  const stoke_tensor *x = &a->in[0], *z = &a->in[1], *y = &a->out[0];
+  if (!same_shape(&x->shape, &z->shape) || !same_shape(&x->shape, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "add '%s': a %s, b %s and out %s differ in shape",
+                      node_name(a), shp(&x->shape).s, shp(&z->shape).s, shp(&y->shape).s);
+  CHECK(check_dtype(a, op, "a", x, dt));
+  CHECK(check_dtype(a, op, "b", z, dt));
+  CHECK(check_dtype(a, op, "out", y, dt));
+  if (!bwd) {
+    CHECK(check_data(a, op, "a", x, run));
+    CHECK(check_data(a, op, "b", z, run));
+    return check_data(a, op, "out", y, run);
+  }
+  CHECK(check_grad(a, op, "a", &a->din[0], x));
+  CHECK(check_grad(a, op, "b", &a->din[1], z));
+  CHECK(check_grad(a, op, "out", &a->dout[0], y));
+  return check_data(a, op, "dout", &a->dout[0], run);
+}
+
+static double softmax_ce_smoothing(const stoke_kernel_args_v1 *a) {
+  const stoke_node_v1 *n = a->node;
+  return n && n->n_attrs > STOKE_SOFTMAX_CE_LABEL_SMOOTHING
+             ? n->attrs[STOKE_SOFTMAX_CE_LABEL_SMOOTHING].f
+             : 0.0;
+}
+
+static stoke_err *softmax_ce_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd,
+                                   int run) {
+  const char *op = STOKE_OP_SOFTMAX_CE;
+  CHECK(check_counts(a, op, bwd, 2, 1));
+  const stoke_tensor *x = &a->in[0], *lab = &a->in[1], *loss = &a->out[0];
+  const stoke_shape *xs = &x->shape, *ls = &lab->shape;
+  if (xs->ndim != 2 || ls->ndim != 1 || ls->d[0] != xs->d[0] || xs->d[0] < 1 || xs->d[1] < 1 ||
+      stoke_numel(&loss->shape) != 1)
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "softmax_ce '%s': expects logits[N, C] (N, C >= 1), labels[N] -> loss[1]; "
+                      "got logits %s, labels %s, loss %s",
+                      node_name(a), shp(xs).s, shp(ls).s, shp(&loss->shape).s);
+  double smooth = softmax_ce_smoothing(a);
+  if (!(smooth >= 0 && smooth < 1))
+    return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': label_smoothing %g not in [0, 1)",
+                      node_name(a), smooth);
+  CHECK(check_dtype(a, op, "logits", x, dt));
+  CHECK(check_dtype(a, op, "labels", lab, STOKE_I32));
+  CHECK(check_dtype(a, op, "loss", loss, dt));
+  CHECK(check_data(a, op, "logits", x, run));
+  CHECK(check_data(a, op, "labels", lab, run));
+  if (!bwd) return check_data(a, op, "loss", loss, run);
+  CHECK(check_grad(a, op, "logits", &a->din[0], x));
+  CHECK(check_grad(a, op, "loss", &a->dout[0], loss));
+  return check_data(a, op, "dloss", &a->dout[0], run);
+}
+
+/* Labels are checked before use: one outside [0, C) would index out of
+ * the row. */
+static stoke_err *softmax_ce_labels(const stoke_kernel_args_v1 *a) {
+  const int32_t *lab = a->in[1].data;
+  int64_t n = a->in[0].shape.d[0], c = a->in[0].shape.d[1];
+  for (int64_t r = 0; r < n; r++)
+    if (lab[r] < 0 || lab[r] >= c)
+      return STOKE_PERR(STOKE_E_DATA,
+                        "softmax_ce '%s': row %lld has label %d, outside [0, %lld) classes",
+                        node_name(a), (long long)r, (int)lab[r], (long long)c);
+  return NULL;
+}
+
+/* in[0] params, in[1] grads, in[2] state (`state_per_param` x params; 0 =
+ * no state needed). */
+static stoke_err *opt_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, const char *op,
+                            int64_t state_per_param, int run) {
+  int n_in = state_per_param ? 3 : 2;
+  if (a->n_in < n_in || !a->in)
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "%s '%s': needs params, grads and state buffers, got %d inputs", op,
+                      node_name(a), a->n_in);
+  const stoke_tensor *p = &a->in[0], *g = &a->in[1];
+  int64_t np = stoke_numel(&p->shape);
+  if (stoke_numel(&g->shape) != np)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': params %s and grads %s differ in size", op,
+                      node_name(a), shp(&p->shape).s, shp(&g->shape).s);
+  CHECK(check_dtype(a, op, "params", p, dt));
+  CHECK(check_dtype(a, op, "grads", g, dt));
+  CHECK(check_data(a, op, "params", p, run));
+  CHECK(check_data(a, op, "grads", g, run));
+  if (state_per_param) {
+    const stoke_tensor *s = &a->in[2];
+    if (stoke_numel(&s->shape) != state_per_param * np)
+      return STOKE_PERR(STOKE_E_INVALID,
+                        "%s '%s': state %s should hold %lld x the %lld params", op,
+                        node_name(a), shp(&s->shape).s, (long long)state_per_param,
+                        (long long)np);
+    CHECK(check_dtype(a, op, "state", s, dt));
+    CHECK(check_data(a, op, "state", s, run));
+  }
+  if (run && !a->opt)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': no hyper-parameters (opt) given", op,
+                      node_name(a));
+  if (run && !(a->opt->grad_scale > 0 && isfinite(a->opt->grad_scale)))
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "%s '%s': grad_scale %g must be finite and > 0 (1 = no scaling)", op,
+                      node_name(a), a->opt->grad_scale);
+  return NULL;
+}
+
+static stoke_err *sgd_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int run) {
+  /* The state is the momentum buffer, needed only with momentum. In plan
+   * the hyper-parameters may be absent: require the buffer only if there. */
+  int mom = a->opt && a->opt->momentum != 0;
+  CHECK(opt_check(a, dt, STOKE_OP_SGD, mom ? 1 : 0, run));
+  if (run && a->opt->nesterov && !(a->opt->momentum > 0))
+    return STOKE_PERR(STOKE_E_INVALID, "sgd '%s': nesterov needs momentum > 0 (got %g)",
+                      node_name(a), a->opt->momentum);
+  return NULL;
+}
+
+static stoke_err *adamw_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int run) {
+  CHECK(opt_check(a, dt, STOKE_OP_ADAMW, 2, run));
+  if (!run) return NULL;
+  const stoke_opt_args_v1 *o = a->opt;
+  if (o->step < 1)
+    return STOKE_PERR(STOKE_E_INVALID, "adamw '%s': step %lld, the first update is step 1",
+                      node_name(a), (long long)o->step);
+  if (!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1))
+    return STOKE_PERR(STOKE_E_INVALID, "adamw '%s': betas (%g, %g) not in [0, 1)",
+                      node_name(a), o->beta1, o->beta2);
+  return NULL;
+}
+
+/* Gradient i is accumulated (din = beta * din + computed) when it is a
+ * parameter gradient; activation gradients are overwritten. */
+static double grad_beta(const stoke_kernel_args_v1 *a, int i) {
+  return (a->param_grads >> i) & 1u ? (double)a->param_grad_beta : 0.0;
+}
+
+/* Kernels need no per-node state and no workspace. */
+static void destroy_none(void *state) {}
+
+/* ================================================== the two instantiations */
+
+#define CAT_(a, b) a##_##b
+#define CAT(a, b) CAT_(a, b)
+
+#define T float
+#define DT STOKE_F32
+#define SFX f32
+#define GEMM cblas_sgemm
+#include "kernels.inc"
+#undef T
+#undef DT
+#undef SFX
+#undef GEMM
+
+#define T double
+#define DT STOKE_F64
+#define SFX f64
+#define GEMM cblas_dgemm
+#include "kernels.inc"
+#undef T
+#undef DT
+#undef SFX
+#undef GEMM
+
+/* ============================================================ registration */
+
+#define KERNEL(op, pass, fn, sfx, dt)                                      \
+  {"cpu", op, pass, dt, STOKE_LAYOUT_ANY, CAT(fn##_plan, sfx), CAT(fn, sfx), \
+   destroy_none}
+#define KERNELS(sfx, dt)                                          \
+  KERNEL(STOKE_OP_LINEAR, STOKE_FWD, linear_fwd, sfx, dt),         \
+  KERNEL(STOKE_OP_LINEAR, STOKE_BWD, linear_bwd, sfx, dt),         \
+  KERNEL(STOKE_OP_RELU, STOKE_FWD, relu_fwd, sfx, dt),             \
+  KERNEL(STOKE_OP_RELU, STOKE_BWD, relu_bwd, sfx, dt),             \
+  KERNEL(STOKE_OP_ADD, STOKE_FWD, add_fwd, sfx, dt),               \
+  KERNEL(STOKE_OP_ADD, STOKE_BWD, add_bwd, sfx, dt),               \
+  KERNEL(STOKE_OP_SOFTMAX_CE, STOKE_FWD, softmax_ce_fwd, sfx, dt), \
+  KERNEL(STOKE_OP_SOFTMAX_CE, STOKE_BWD, softmax_ce_bwd, sfx, dt), \
+  KERNEL(STOKE_OP_SGD, STOKE_OPT, sgd, sfx, dt),                   \
+  KERNEL(STOKE_OP_ADAMW, STOKE_OPT, adamw, sfx, dt)
+
+static const stoke_kernel_v1 cpu_kernels[] = {
+    KERNELS(f32, STOKE_F32),
+    KERNELS(f64, STOKE_F64),
+};
+
+static stoke_err *cpu_register(const stoke_host_v1 *host, const stoke_registry_v1 *r) {
+  stoke_host = host;
+  STOKE_PTRY(r->add_backend(r->self, &cpu_backend), "registering the cpu backend");
+  for (size_t i = 0; i < sizeof cpu_kernels / sizeof *cpu_kernels; i++) {
+    const stoke_kernel_v1 *k = &cpu_kernels[i];
+    STOKE_PTRY(r->add_kernel(r->self, k), "registering cpu kernel %s (%s)", k->op,
+               dt_name(k->dtype));
+  }
+  return NULL;
+}
+
+STOKE_EXPORT const stoke_plugin_v1 stoke_plugin_v1_entry = {
+    STOKE_ABI_VERSION, sizeof(stoke_plugin_v1), "cpu",
+    "CPU backend and reference kernels (f32, f64)", cpu_register};

@@ -1,0 +1,138 @@
+/* core/builtin.c: the core's own plugin, registered through the same
+ * stoke_plugin_v1 mechanism as every .so: the built-in op types (shape
+ * inference, FLOPs, what backward needs), the precision policies and the
+ * single-process comm. */
+#include <stdio.h>
+#include <string.h>
+
+#include "stoke/core.h"
+#include "stoke/ops.h"
+
+static stoke_err *infer_linear(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                               stoke_value_desc_v1 *out) {
+  const stoke_shape *x = &in[0].shape, *w = &in[1].shape, *b = &in[2].shape;
+  if (x->ndim != 2 || w->ndim != 2 || b->ndim != 1)
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "linear '%s': expects x[N, in], weight[out, in], bias[out]; got "
+                     "%d-D, %d-D, %d-D",
+                     n->name, x->ndim, w->ndim, b->ndim);
+  if (x->d[1] != w->d[1] || b->d[0] != w->d[0])
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "linear '%s': x has %lld features, weight is [%lld, %lld], bias "
+                     "[%lld]",
+                     n->name, (long long)x->d[1], (long long)w->d[0], (long long)w->d[1],
+                     (long long)b->d[0]);
+  out[0].shape = (stoke_shape){2, {x->d[0], w->d[0]}};
+  out[0].dtype = in[0].dtype;
+  return NULL;
+}
+
+static double flops_linear(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                           const stoke_value_desc_v1 *out) {
+  /* 2 per multiply-add; the bias add is counted too (N*out) */
+  return 2.0 * (double)in[0].shape.d[0] * (double)in[1].shape.d[0] * (double)in[1].shape.d[1] +
+         (double)stoke_numel(&out[0].shape);
+}
+
+static stoke_err *infer_same(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                             stoke_value_desc_v1 *out) {
+  out[0] = in[0];
+  return NULL;
+}
+
+static double flops_elementwise(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                                const stoke_value_desc_v1 *out) {
+  return (double)stoke_numel(&out[0].shape);
+}
+
+static stoke_err *infer_add(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                            stoke_value_desc_v1 *out) {
+  const stoke_shape *a = &in[0].shape, *b = &in[1].shape;
+  if (a->ndim != b->ndim || memcmp(a->d, b->d, sizeof(int64_t) * (size_t)a->ndim))
+    return STOKE_ERR(STOKE_E_INVALID, "add '%s': the two inputs have different shapes", n->name);
+  out[0] = in[0];
+  return NULL;
+}
+
+static stoke_err *infer_softmax_ce(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                                   stoke_value_desc_v1 *out) {
+  const stoke_shape *x = &in[0].shape, *y = &in[1].shape;
+  if (x->ndim != 2 || y->ndim != 1 || y->d[0] != x->d[0] || in[1].dtype != STOKE_I32)
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "softmax_ce '%s': expects logits[N, C] and i32 labels[N]", n->name);
+  double ls = n->attrs[STOKE_SOFTMAX_CE_LABEL_SMOOTHING].f;
+  if (ls < 0 || ls >= 1)
+    return STOKE_ERR(STOKE_E_INVALID, "softmax_ce '%s': label_smoothing %g not in [0, 1)",
+                     n->name, ls);
+  out[0].shape = (stoke_shape){1, {1}};
+  out[0].dtype = STOKE_F32;
+  if (in[0].dtype == STOKE_F64) out[0].dtype = STOKE_F64;
+  return NULL;
+}
+
+static double flops_softmax_ce(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                               const stoke_value_desc_v1 *out) {
+  return 5.0 * (double)stoke_numel(&in[0].shape); /* max, sub, exp, sum, log */
+}
+
+static const stoke_attr_decl_v1 softmax_ce_attrs[] = {
+    {"label_smoothing", STOKE_ATTR_FLOAT, "0", "mix the one-hot target with uniform (0 = off)"},
+};
+
+static const stoke_op_type_v1 ops[] = {
+    {STOKE_OP_LINEAR, "fully connected layer, y = x W^T + b (nn.Linear)", 3, 1, NULL, 0,
+     infer_linear, flops_linear, STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1), 0, 1},
+    {STOKE_OP_RELU, "max(x, 0)", 1, 1, NULL, 0, infer_same, flops_elementwise,
+     STOKE_BWD_NEEDS_OUTPUT(0), 0, 1},
+    {STOKE_OP_ADD, "a + b (residual)", 2, 1, NULL, 0, infer_add, flops_elementwise, 0, 0, 1},
+    {STOKE_OP_SOFTMAX_CE, "softmax cross-entropy, mean over the batch (nn.CrossEntropyLoss)", 2,
+     1, softmax_ce_attrs, 1, infer_softmax_ce, flops_softmax_ce,
+     STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1), 1u << 1, 1},
+};
+
+/* Precision policies: data, one per name. Ops in fp32_ops stay fp32. */
+#define KEEP_FP32 "softmax_ce, batch_norm, layer_norm"
+static const stoke_precision_v1 precisions[] = {
+    {"fp32", "float32 everywhere, TF32 off", STOKE_F32, STOKE_F32, STOKE_F32, 0, 0, 1, 0, ""},
+    {"tf32", "float32 tensors, TF32 tensor-core matmul/conv", STOKE_F32, STOKE_F32, STOKE_F32, 1,
+     0, 1, 0, ""},
+    {"bf16", "bf16 compute, fp32 master weights (autocast-like)", STOKE_BF16, STOKE_BF16,
+     STOKE_F32, 1, 0, 1, 0, KEEP_FP32},
+    {"fp16", "fp16 compute, fp32 master weights, dynamic loss scaler", STOKE_F16, STOKE_F16,
+     STOKE_F32, 1, 1, 65536.0, 2000, KEEP_FP32},
+};
+
+/* The single-process comm: world of one, every collective a no-op. */
+static stoke_err *single_open(const stoke_cfg *c, void **self) {
+  *self = NULL;
+  return NULL;
+}
+static void single_close(void *self) {}
+static int single_rank(void *self) { return 0; }
+static int single_world(void *self) { return 1; }
+static stoke_err *single_all_reduce(void *self, void *buf, size_t count, stoke_dtype t,
+                                    stoke_reduce_op op, void *stream) {
+  return NULL;
+}
+static stoke_err *single_broadcast(void *self, void *buf, size_t count, stoke_dtype t, int root,
+                                   void *stream) {
+  return NULL;
+}
+static stoke_err *single_barrier(void *self) { return NULL; }
+
+static const stoke_comm_v1 single_comm = {
+    "single", "one process, one device (the default)", single_open, single_close, single_rank,
+    single_world, single_all_reduce, single_broadcast, single_barrier};
+
+static stoke_err *builtin_register(const stoke_host_v1 *host, const stoke_registry_v1 *r) {
+  for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) STOKE_PROPAGATE(r->add_op(r->self, &ops[i]));
+  for (size_t i = 0; i < sizeof precisions / sizeof *precisions; i++) {
+    STOKE_PROPAGATE(r->add_precision(r->self, &precisions[i]));
+  }
+  STOKE_PROPAGATE(r->add_comm(r->self, &single_comm));
+  return NULL;
+}
+
+const stoke_plugin_v1 stoke_builtin_plugin = {STOKE_ABI_VERSION, sizeof(stoke_plugin_v1),
+                                              "core", "built-in op types, precisions, comm",
+                                              builtin_register};

@@ -1,0 +1,226 @@
+/* core/exec.c: the executor: binds a plan to device memory (allocated once),
+ * initializes parameters, prepares every kernel's arguments, and runs
+ * forward, backward and the optimizer without allocating. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stoke/core.h"
+#include "stoke/graph.h"
+#include "stoke/rng.h"
+
+typedef struct node_args {
+  stoke_kernel_args_v1 a;
+  stoke_tensor in[STOKE_MAX_IO], out[STOKE_MAX_IO], din[STOKE_MAX_IO], dout[STOKE_MAX_IO];
+  void *engine_self;
+} node_args;
+
+struct stoke_exec {
+  stoke_plan *p;
+  const stoke_backend_v1 *dev;
+  void *dev_self;
+  void *buf[STOKE_BUF_COUNT];
+  void *opt_state;
+  void *workspace;
+  node_args *args;
+  node_args opt;
+  stoke_tensor opt_t[3];
+};
+
+static void *value_ptr(stoke_exec *x, int v) {
+  const stoke_value *val = &x->p->g->values[v];
+  return (char *)x->buf[val->buffer] + val->offset;
+}
+
+stoke_tensor stoke_exec_tensor(stoke_exec *x, int v) {
+  const stoke_value *val = &x->p->g->values[v];
+  return (stoke_tensor){value_ptr(x, v), val->shape, val->dtype, val->layout, x->dev->device};
+}
+
+void *stoke_exec_input(stoke_exec *x) { return value_ptr(x, x->p->g->input); }
+void *stoke_exec_labels(stoke_exec *x) { return value_ptr(x, x->p->g->label); }
+void *stoke_exec_buffer(stoke_exec *x, stoke_buffer_id b) { return x->buf[b]; }
+void *stoke_exec_opt_state(stoke_exec *x) { return x->opt_state; }
+
+static int engine_index(const stoke_plan *p, const char *engine) {
+  for (int i = 0; i < p->opts.n_engines; i++)
+    if (!strcmp(p->opts.engines[i], engine)) return i;
+  return -1;
+}
+
+/* Parameters are drawn on the host in f64 from one stream per parameter,
+ * seeded by (seed, parameter index), so any backend starts identically. */
+static stoke_err *init_params(stoke_exec *x, uint64_t seed) {
+  const stoke_graph *g = x->p->g;
+  size_t bytes = x->p->bytes[STOKE_BUF_PARAMS];
+  if (!bytes) return NULL;
+  char *host = stoke_alloc(bytes);
+  if (!host) return STOKE_ERR(STOKE_E_OOM, "out of host memory (%zu bytes) for parameters", bytes);
+  memset(host, 0, bytes);
+  int idx = 0;
+  for (int v = 0; v < g->n_values; v++) {
+    const stoke_value *val = &g->values[v];
+    if (val->kind != STOKE_VAL_PARAM) continue;
+    stoke_rng r = stoke_rng_seed(stoke_hash3(seed, 0x9a7a11ull, (uint64_t)idx++));
+    int64_t n = stoke_numel(&val->shape);
+    for (int64_t i = 0; i < n; i++) {
+      double w;
+      switch (val->init.kind) {
+        case STOKE_INIT_ONES: w = 1; break;
+        case STOKE_INIT_UNIFORM: w = val->init.a + (val->init.b - val->init.a) * stoke_rng_uniform(&r); break;
+        case STOKE_INIT_NORMAL: w = val->init.a + val->init.b * stoke_rng_normal(&r); break;
+        default: w = 0;
+      }
+      char *dst = host + val->offset;
+      if (val->dtype == STOKE_F64) ((double *)dst)[i] = w;
+      else if (val->dtype == STOKE_F32) ((float *)dst)[i] = (float)w;
+      else {
+        stoke_free(host);
+        return STOKE_ERR(STOKE_E_UNSUPPORTED, "parameter '%s': initialization of %d-byte dtype",
+                         val->name, (int)stoke_dtype_size(val->dtype));
+      }
+    }
+  }
+  stoke_err *e = x->dev->copy(x->dev_self, x->buf[STOKE_BUF_PARAMS], host, bytes, STOKE_COPY_H2D, NULL);
+  stoke_free(host);
+  STOKE_TRY(e, "copying initial parameters to the device");
+  return NULL;
+}
+
+static stoke_err *dev_alloc(stoke_exec *x, size_t bytes, void **ptr, const char *what) {
+  *ptr = NULL;
+  if (!bytes) return NULL;
+  STOKE_TRY(x->dev->alloc(x->dev_self, bytes, ptr), "allocating %s (%zu bytes)", what, bytes);
+  return NULL;
+}
+
+stoke_err *stoke_exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev_self, uint64_t seed,
+                          stoke_exec **out) {
+  stoke_graph *g = p->g;
+  stoke_exec *x = calloc(1, sizeof *x);
+  if (!x) return STOKE_ERR(STOKE_E_OOM, "out of memory");
+  x->p = p;
+  x->dev = dev;
+  x->dev_self = dev_self;
+  stoke_err *e = NULL;
+  static const char *what[] = {"parameters", "gradients", "activations"};
+  for (int b = 0; b < STOKE_BUF_COUNT && !e; b++) e = dev_alloc(x, p->bytes[b], &x->buf[b], what[b]);
+  if (!e) e = dev_alloc(x, p->opt_state_bytes, &x->opt_state, "optimizer state");
+  if (!e && x->opt_state) e = dev->fill(dev_self, x->opt_state, 0, p->opt_state_bytes, NULL);
+  if (!e && x->buf[STOKE_BUF_GRADS]) e = dev->fill(dev_self, x->buf[STOKE_BUF_GRADS], 0, p->bytes[STOKE_BUF_GRADS], NULL);
+  if (!e) e = init_params(x, seed);
+  if (!e && g->seed >= 0) {
+    double one = 1.0;
+    float onef = 1.0f;
+    const void *src = g->values[g->seed].dtype == STOKE_F64 ? (const void *)&one : (const void *)&onef;
+    e = dev->copy(dev_self, value_ptr(x, g->seed), src, stoke_dtype_size(g->values[g->seed].dtype),
+                  STOKE_COPY_H2D, NULL);
+  }
+  if (!e && !(x->args = calloc((size_t)g->n_nodes, sizeof *x->args)))
+    e = STOKE_ERR(STOKE_E_OOM, "out of memory");
+  /* kernel arguments, built once; plan() of each kernel sizes workspace */
+  for (int i = 0; i < g->n_nodes && !e; i++) {
+    stoke_gnode *n = &g->nodes[i];
+    node_args *na = &x->args[i];
+    for (int k = 0; k < n->n_in; k++) {
+      na->in[k] = stoke_exec_tensor(x, n->in[k]);
+      if (n->pass == STOKE_BWD && !(n->type->bwd_needs & STOKE_BWD_NEEDS_INPUT(k))) na->in[k].data = NULL;
+      if (n->pass == STOKE_BWD && n->din[k] >= 0) {
+        na->din[k] = stoke_exec_tensor(x, n->din[k]);
+        if (g->values[n->din[k]].kind == STOKE_VAL_PARAM_GRAD) na->a.param_grads |= 1u << k;
+      }
+    }
+    for (int j = 0; j < n->n_out; j++) {
+      na->out[j] = stoke_exec_tensor(x, n->out[j]);
+      if (n->pass == STOKE_BWD && !(n->type->bwd_needs & STOKE_BWD_NEEDS_OUTPUT(j))) na->out[j].data = NULL;
+      if (n->pass == STOKE_BWD && n->dout[j] >= 0) na->dout[j] = stoke_exec_tensor(x, n->dout[j]);
+    }
+    int ei = engine_index(p, n->kernel->engine);
+    na->engine_self = ei >= 0 && p->opts.engine_selves ? p->opts.engine_selves[ei] : NULL;
+    na->a = (stoke_kernel_args_v1){
+        .node = &n->n, .n_in = n->n_in, .n_out = n->n_out, .in = na->in, .out = na->out,
+        .din = n->pass == STOKE_BWD ? na->din : NULL, .dout = n->pass == STOKE_BWD ? na->dout : NULL,
+        .param_grads = na->a.param_grads, .training = p->opts.training, .engine = na->engine_self};
+    if (n->kernel->plan) {
+      e = n->kernel->plan(&na->a, &n->kstate, &n->workspace);
+      if (e) e = stoke_err_wrap(e, __FILE__, __LINE__, "planning kernel of node '%s' (%s)", n->n.name, n->kernel->engine);
+      if (n->workspace > p->workspace_bytes) p->workspace_bytes = n->workspace;
+    }
+  }
+  if (!e) e = dev_alloc(x, p->workspace_bytes, &x->workspace, "kernel workspace");
+  for (int i = 0; i < g->n_nodes && !e; i++) {
+    x->args[i].a.workspace = x->workspace;
+    x->args[i].a.workspace_bytes = p->workspace_bytes;
+  }
+  if (!e && p->opt_kernel) {
+    stoke_shape flat = {1, {(int64_t)(p->bytes[STOKE_BUF_PARAMS] / stoke_dtype_size(g->dtype))}};
+    stoke_shape flat_state = {1, {flat.d[0] * p->opt_state_per_param}};
+    x->opt_t[0] = (stoke_tensor){x->buf[STOKE_BUF_PARAMS], flat, g->dtype, STOKE_LAYOUT_ANY, dev->device};
+    x->opt_t[1] = (stoke_tensor){x->buf[STOKE_BUF_GRADS], flat, g->dtype, STOKE_LAYOUT_ANY, dev->device};
+    x->opt_t[2] = (stoke_tensor){x->opt_state, flat_state, g->dtype, STOKE_LAYOUT_ANY, dev->device};
+    int ei = engine_index(p, p->opt_kernel->engine);
+    static const stoke_node_v1 opt_node = {.op = "optimizer", .name = "optimizer"};
+    x->opt.a = (stoke_kernel_args_v1){.node = &opt_node, .n_in = 3, .in = x->opt_t,
+                                      .engine = ei >= 0 && p->opts.engine_selves ? p->opts.engine_selves[ei] : NULL};
+  }
+  if (e) {
+    stoke_exec_free(x);
+    return e;
+  }
+  *out = x;
+  return NULL;
+}
+
+void stoke_exec_free(stoke_exec *x) {
+  if (!x) return;
+  stoke_graph *g = x->p->g;
+  for (int i = 0; i < g->n_nodes; i++) {
+    if (g->nodes[i].kstate && g->nodes[i].kernel->destroy) g->nodes[i].kernel->destroy(g->nodes[i].kstate);
+    g->nodes[i].kstate = NULL;
+  }
+  for (int b = 0; b < STOKE_BUF_COUNT; b++)
+    if (x->buf[b]) x->dev->free(x->dev_self, x->buf[b]);
+  if (x->opt_state) x->dev->free(x->dev_self, x->opt_state);
+  if (x->workspace) x->dev->free(x->dev_self, x->workspace);
+  free(x->args);
+  free(x);
+}
+
+stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t step_seed) {
+  stoke_graph *g = x->p->g;
+  int n = x->p->opts.training ? g->n_nodes : g->n_fwd;
+  for (int i = 0; i < n; i++) {
+    stoke_gnode *node = &g->nodes[i];
+    node_args *na = &x->args[i];
+    na->a.param_grad_beta = first_micro ? 0.0f : 1.0f;
+    na->a.seed = stoke_hash3(step_seed, (uint64_t)i, 0x5eedull);
+    stoke_err *e = node->kernel->run(&na->a, node->kstate);
+    if (e)
+      return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name,
+                            node->n.op, node->pass == STOKE_BWD ? "backward" : "forward",
+                            node->kernel->engine);
+  }
+  return NULL;
+}
+
+stoke_err *stoke_exec_update(stoke_exec *x, const stoke_opt_args_v1 *opt) {
+  if (!x->p->opt_kernel) return STOKE_ERR(STOKE_E_INTERNAL, "update on a plan without optimizer");
+  x->opt.a.opt = opt;
+  STOKE_TRY(x->p->opt_kernel->run(&x->opt.a, NULL), "optimizer update (%s on %s)",
+            x->p->opt_kernel->op, x->p->opt_kernel->engine);
+  return NULL;
+}
+
+stoke_err *stoke_exec_read_loss(stoke_exec *x, double *loss) {
+  const stoke_graph *g = x->p->g;
+  if (g->loss < 0) return STOKE_ERR(STOKE_E_INTERNAL, "the graph has no loss");
+  double d = 0;
+  float f = 0;
+  int is64 = g->values[g->loss].dtype == STOKE_F64;
+  STOKE_TRY(x->dev->copy(x->dev_self, is64 ? (void *)&d : (void *)&f, value_ptr(x, g->loss),
+                         is64 ? sizeof d : sizeof f, STOKE_COPY_D2H, NULL),
+            "reading the loss");
+  *loss = is64 ? d : f;
+  return NULL;
+}

@@ -1,0 +1,393 @@
+/* core/graph.c: the graph and the builder API models use: values, nodes,
+ * attribute parsing against the op declaration, shape inference as nodes
+ * are added, and the loss attached by the run. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stoke/core.h"
+#include "stoke/graph.h"
+#include "stoke/ops.h"
+
+stoke_err *stoke_graph_new(const stoke_registry *reg, stoke_dtype dtype, stoke_layout layout,
+                           stoke_graph **out) {
+  stoke_graph *g = calloc(1, sizeof *g);
+  if (!g) return STOKE_ERR(STOKE_E_OOM, "out of memory creating a graph");
+  g->reg = reg;
+  g->dtype = dtype;
+  g->layout = layout;
+  g->input = g->label = g->logits = g->loss = g->seed = -1;
+  *out = g;
+  return NULL;
+}
+
+void stoke_graph_free(stoke_graph *g) {
+  if (!g) return;
+  free(g->values);
+  free(g->nodes);
+  free(g);
+}
+
+static stoke_err *new_value(stoke_graph *g, const char *name, stoke_value_kind kind,
+                            const stoke_shape *shape, stoke_dtype dtype, int *id) {
+  if (g->n_values == g->cap_values) {
+    int cap = g->cap_values ? 2 * g->cap_values : 64;
+    stoke_value *nv = realloc(g->values, (size_t)cap * sizeof *nv);
+    if (!nv) return STOKE_ERR(STOKE_E_OOM, "out of memory growing the graph");
+    g->values = nv;
+    g->cap_values = cap;
+  }
+  stoke_value *v = &g->values[g->n_values];
+  memset(v, 0, sizeof *v);
+  snprintf(v->name, sizeof v->name, "%s", name);
+  v->kind = kind;
+  v->shape = *shape;
+  v->dtype = dtype;
+  v->layout = shape->ndim == 4 ? g->layout : STOKE_LAYOUT_ANY;
+  v->producer = -1;
+  v->grad = -1;
+  *id = g->n_values++;
+  return NULL;
+}
+
+static stoke_err *new_node(stoke_graph *g, int *id) {
+  if (g->n_nodes == g->cap_nodes) {
+    int cap = g->cap_nodes ? 2 * g->cap_nodes : 64;
+    stoke_gnode *nn = realloc(g->nodes, (size_t)cap * sizeof *nn);
+    if (!nn) return STOKE_ERR(STOKE_E_OOM, "out of memory growing the graph");
+    g->nodes = nn;
+    g->cap_nodes = cap;
+    for (int i = 0; i < g->n_nodes; i++) nn[i].n.name = nn[i].name_buf;
+  }
+  stoke_gnode *n = &g->nodes[g->n_nodes];
+  memset(n, 0, sizeof *n);
+  n->n.name = n->name_buf;
+  n->fwd = -1;
+  for (int i = 0; i < STOKE_MAX_IO; i++) n->in[i] = n->out[i] = n->din[i] = n->dout[i] = -1;
+  *id = g->n_nodes++;
+  return NULL;
+}
+
+stoke_err *stoke_graph_input(stoke_graph *g, const char *name, stoke_value_kind kind,
+                             const stoke_shape *shape, stoke_dtype dtype, int *value) {
+  STOKE_TRY(new_value(g, name, kind, shape, dtype, value), "adding input '%s'", name);
+  if (kind == STOKE_VAL_INPUT) g->input = *value;
+  if (kind == STOKE_VAL_LABEL) g->label = *value;
+  return NULL;
+}
+
+static stoke_err *b_param(stoke_graph *g, const char *name, const stoke_shape *shape,
+                          stoke_init_v1 init, int *value) {
+  if (!name || !name[0]) return STOKE_ERR(STOKE_E_INVALID, "a parameter needs a name");
+  for (int i = 0; i < g->n_values; i++)
+    if (g->values[i].kind == STOKE_VAL_PARAM && !strcmp(g->values[i].name, name))
+      return STOKE_ERR(STOKE_E_DUPLICATE, "parameter '%s' declared twice", name);
+  if (shape->ndim < 1 || shape->ndim > STOKE_MAX_DIMS || stoke_numel(shape) <= 0)
+    return STOKE_ERR(STOKE_E_INVALID, "parameter '%s': empty or bad shape", name);
+  STOKE_TRY(new_value(g, name, STOKE_VAL_PARAM, shape, g->dtype, value), "parameter '%s'", name);
+  g->values[*value].init = init;
+  return NULL;
+}
+
+/* Parse one attribute value into `a` by its declared type. */
+static stoke_err *parse_attr(const stoke_attr_decl_v1 *d, const char *text, stoke_attr_v1 *a,
+                             const char *node, const char *op) {
+  char *end;
+  memset(a, 0, sizeof *a);
+  switch (d->type) {
+    case STOKE_ATTR_INT:
+      errno = 0;
+      a->i = strtoll(text, &end, 10);
+      if (errno || end == text || *end)
+        return STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): attribute %s = '%s' is not an integer",
+                         node, op, d->name, text);
+      a->f = (double)a->i;
+      return NULL;
+    case STOKE_ATTR_FLOAT:
+      errno = 0;
+      a->f = strtod(text, &end);
+      if (errno || end == text || *end)
+        return STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): attribute %s = '%s' is not a number",
+                         node, op, d->name, text);
+      return NULL;
+    case STOKE_ATTR_INTS: {
+      /* "3" or "3x3" */
+      const char *p = text;
+      while (*p) {
+        if (a->n == STOKE_ATTR_MAX_INTS)
+          return STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): attribute %s has too many values",
+                           node, op, d->name);
+        errno = 0;
+        a->ints[a->n++] = strtoll(p, &end, 10);
+        if (errno || end == p || (*end && *end != 'x'))
+          return STOKE_ERR(STOKE_E_INVALID,
+                           "node '%s' (%s): attribute %s = '%s': expected integers like 3 or 3x3",
+                           node, op, d->name, text);
+        p = *end ? end + 1 : end;
+      }
+      a->i = a->n ? a->ints[0] : 0;
+      return NULL;
+    }
+    case STOKE_ATTR_STR:
+      if (strlen(text) >= STOKE_ATTR_MAX_STR)
+        return STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): attribute %s is too long", node, op,
+                         d->name);
+      snprintf(a->s, sizeof a->s, "%s", text);
+      return NULL;
+  }
+  return STOKE_ERR(STOKE_E_INTERNAL, "bad attribute type");
+}
+
+static char *trim(char *s) {
+  while (isspace((unsigned char)*s)) s++;
+  char *e = s + strlen(s);
+  while (e > s && isspace((unsigned char)e[-1])) *--e = 0;
+  return s;
+}
+
+/* Fill node->attrs from "name=value, ..." text, defaults for the rest. */
+static stoke_err *parse_attrs(const stoke_op_type_v1 *t, stoke_node_v1 *n, const char *text) {
+  int given[STOKE_MAX_ATTRS] = {0};
+  n->n_attrs = t->n_attrs;
+  if (text && *text) {
+    char buf[512];
+    if (strlen(text) >= sizeof buf)
+      return STOKE_ERR(STOKE_E_INVALID, "node '%s': attribute text too long", n->name);
+    snprintf(buf, sizeof buf, "%s", text);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+      char *eq = strchr(tok, '=');
+      if (!eq)
+        return STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): attribute '%s' needs name=value",
+                         n->name, t->name, trim(tok));
+      *eq = 0;
+      char *name = trim(tok), *val = trim(eq + 1);
+      int k = -1;
+      for (int i = 0; i < t->n_attrs; i++)
+        if (!strcmp(t->attrs[i].name, name)) k = i;
+      if (k < 0) {
+        char list[256] = "";
+        size_t used = 0;
+        for (int i = 0; i < t->n_attrs && used < sizeof list; i++)
+          used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "",
+                                   t->attrs[i].name);
+        return STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): unknown attribute '%s' (attributes: %s)",
+                         n->name, t->name, name, list[0] ? list : "none");
+      }
+      STOKE_PROPAGATE(parse_attr(&t->attrs[k], val, &n->attrs[k], n->name, t->name));
+      given[k] = 1;
+    }
+  }
+  for (int i = 0; i < t->n_attrs; i++) {
+    if (given[i]) continue;
+    if (!t->attrs[i].def)
+      return STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): attribute '%s' is required", n->name,
+                       t->name, t->attrs[i].name);
+    STOKE_TRY(parse_attr(&t->attrs[i], t->attrs[i].def, &n->attrs[i], n->name, t->name),
+              "default of op '%s'", t->name);
+  }
+  return NULL;
+}
+
+static stoke_err *add_node(stoke_graph *g, const char *op, const char *name, const int *inputs,
+                           int n_inputs, const char *attrs, int *outputs, int n_outputs) {
+  const stoke_op_type_v1 *t = stoke_find_op(g->reg, op);
+  if (!t) {
+    char names[1024];
+    stoke_registry_names(g->reg, "op", names, sizeof names);
+    return STOKE_ERR(STOKE_E_NOT_FOUND,
+                     "unknown op '%s' (ops registered: %s; an op from a plugin needs "
+                     "[plugins] load = <plugin>)",
+                     op, names);
+  }
+  if (g->n_fwd != g->n_nodes)
+    return STOKE_ERR(STOKE_E_INTERNAL, "nodes added after the graph was compiled");
+  if (n_inputs != t->n_inputs || n_outputs != t->n_outputs)
+    return STOKE_ERR(STOKE_E_INVALID, "op '%s' takes %d inputs and %d outputs, given %d and %d",
+                     op, t->n_inputs, t->n_outputs, n_inputs, n_outputs);
+  for (int i = 0; i < n_inputs; i++)
+    if (inputs[i] < 0 || inputs[i] >= g->n_values)
+      return STOKE_ERR(STOKE_E_INVALID, "op '%s': input %d is not a value of this graph", op, i);
+  int id;
+  STOKE_PROPAGATE(new_node(g, &id));
+  stoke_gnode *n = &g->nodes[id];
+  n->type = t;
+  n->pass = STOKE_FWD;
+  n->n.op = t->name;
+  char nm[64];
+  if (name && *name) snprintf(nm, sizeof nm, "%s", name);
+  else snprintf(nm, sizeof nm, "%s_%d", op, id);
+  snprintf(n->name_buf, sizeof n->name_buf, "%s", nm);
+  for (int i = 0; i < id; i++)
+    if (!strcmp(g->nodes[i].n.name, nm)) {
+      g->n_nodes--;
+      return STOKE_ERR(STOKE_E_DUPLICATE, "two nodes named '%s'", nm);
+    }
+  n->n_in = n_inputs;
+  n->n_out = n_outputs;
+  memcpy(n->in, inputs, sizeof(int) * (size_t)n_inputs);
+  stoke_value_desc_v1 in[STOKE_MAX_IO], out[STOKE_MAX_IO];
+  for (int i = 0; i < n_inputs; i++) in[i] = (stoke_value_desc_v1){g->values[inputs[i]].shape, g->values[inputs[i]].dtype};
+  memset(out, 0, sizeof out);
+  stoke_err *e = NULL;
+  for (int i = 0; i < n_outputs && !e; i++) {
+    char vn[80];
+    snprintf(vn, sizeof vn, n_outputs == 1 ? "%s" : "%s:%d", nm, i);
+    int v;
+    e = new_value(g, vn, STOKE_VAL_ACT, &(stoke_shape){1, {1}}, g->dtype, &v);
+    if (!e) n->out[i] = v;
+  }
+  n = &g->nodes[id];
+  if (!e) e = parse_attrs(t, &n->n, attrs);
+  if (!e) e = t->infer(&n->n, in, out);
+  if (e) {
+    g->n_nodes--;
+    return stoke_err_wrap(e, __FILE__, __LINE__, "adding node '%s' (%s)", nm, op);
+  }
+  n->flops = t->flops ? t->flops(&n->n, in, out) : 0;
+  for (int i = 0; i < n_outputs; i++) {
+    stoke_value *v = &g->values[n->out[i]];
+    v->shape = out[i].shape;
+    v->dtype = out[i].dtype;
+    v->layout = out[i].shape.ndim == 4 ? g->layout : STOKE_LAYOUT_ANY;
+    v->producer = id;
+    outputs[i] = n->out[i];
+  }
+  g->n_fwd = g->n_nodes;
+  return NULL;
+}
+
+static stoke_err *b_node(stoke_graph *g, const char *op, const char *name, const int *inputs,
+                         int n_inputs, const char *attrs, int *outputs, int n_outputs) {
+  return add_node(g, op, name, inputs, n_inputs, attrs, outputs, n_outputs);
+}
+
+static stoke_err *b_shape_of(stoke_graph *g, int value, stoke_shape *out) {
+  if (value < 0 || value >= g->n_values)
+    return STOKE_ERR(STOKE_E_INVALID, "value %d is not in this graph", value);
+  *out = g->values[value].shape;
+  return NULL;
+}
+
+stoke_builder_v1 stoke_graph_builder(stoke_graph *g) {
+  return (stoke_builder_v1){g, b_param, b_node, b_shape_of};
+}
+
+stoke_err *stoke_graph_loss(stoke_graph *g, int logits, const char *attrs) {
+  if (g->label < 0) return STOKE_ERR(STOKE_E_INTERNAL, "the graph has no label input");
+  int in[2] = {logits, g->label}, out;
+  STOKE_TRY(add_node(g, STOKE_OP_SOFTMAX_CE, "loss", in, 2, attrs, &out, 1), "attaching the loss");
+  g->logits = logits;
+  g->loss = out;
+  return NULL;
+}
+
+/* ------------------------------------------------ backward derivation */
+
+/* Used by the compiler (core/plan.c). For every forward node, in reverse
+ * order, emit its backward node; gradients of a value used by several
+ * nodes are summed by `add` nodes; parameter gradients land in the flat
+ * gradient buffer. */
+stoke_err *stoke_graph_derive_backward(stoke_graph *g) {
+  if (g->loss < 0) return STOKE_ERR(STOKE_E_INTERNAL, "training plan without a loss");
+  int n_fwd = g->n_fwd;
+  char *needs = calloc((size_t)g->n_values + 1, 1);
+  if (!needs) return STOKE_ERR(STOKE_E_OOM, "out of memory");
+  for (int v = 0; v < g->n_values; v++) needs[v] = g->values[v].kind == STOKE_VAL_PARAM;
+  for (int i = 0; i < n_fwd; i++) {
+    stoke_gnode *n = &g->nodes[i];
+    int any = 0;
+    for (int k = 0; k < n->n_in; k++)
+      if (!(n->type->no_grad_inputs & (1u << k))) any |= needs[n->in[k]];
+    for (int j = 0; j < n->n_out; j++) needs[n->out[j]] = (char)any;
+  }
+  stoke_err *e = NULL;
+  int seed;
+  e = new_value(g, "loss.grad", STOKE_VAL_SEED, &g->values[g->loss].shape, g->values[g->loss].dtype,
+                &seed);
+  if (e) goto done;
+  g->seed = seed;
+  g->values[g->loss].grad = seed;
+  for (int i = n_fwd - 1; i >= 0; i--) {
+    stoke_gnode f = g->nodes[i]; /* copy: the array may move */
+    int has_dout = 0;
+    for (int j = 0; j < f.n_out; j++) has_dout |= g->values[f.out[j]].grad >= 0;
+    if (!has_dout || !f.type->has_backward) continue;
+    int wants = 0;
+    for (int k = 0; k < f.n_in; k++)
+      if (needs[f.in[k]] && !(f.type->no_grad_inputs & (1u << k))) wants = 1;
+    if (!wants) continue;
+    int id;
+    if ((e = new_node(g, &id))) goto done;
+    stoke_gnode *b = &g->nodes[id];
+    b->n = f.n;
+    snprintf(b->name_buf, sizeof b->name_buf, "%.59s.bwd", f.name_buf);
+    b->n.name = b->name_buf;
+    b->type = f.type;
+    b->pass = STOKE_BWD;
+    b->fwd = i;
+    b->n_in = f.n_in;
+    b->n_out = f.n_out;
+    b->flops = 2 * f.flops;
+    memcpy(b->in, f.in, sizeof b->in);
+    memcpy(b->out, f.out, sizeof b->out);
+    for (int j = 0; j < f.n_out; j++) b->dout[j] = g->values[f.out[j]].grad;
+    int sums[STOKE_MAX_IO][2], n_sums = 0;
+    for (int k = 0; k < f.n_in; k++) {
+      int v = f.in[k];
+      if (!needs[v] || (f.type->no_grad_inputs & (1u << k))) continue;
+      stoke_value *val = &g->values[v];
+      char gname[80];
+      snprintf(gname, sizeof gname, "%s.grad", val->name);
+      int gv;
+      if (val->kind == STOKE_VAL_PARAM) {
+        if (val->grad >= 0) {
+          e = STOKE_ERR(STOKE_E_UNSUPPORTED,
+                        "parameter '%s' is used by more than one node (weight sharing is not "
+                        "supported yet)",
+                        val->name);
+          goto done;
+        }
+        if ((e = new_value(g, gname, STOKE_VAL_PARAM_GRAD, &val->shape, val->dtype, &gv))) goto done;
+        g->values[v].grad = gv;
+      } else if (val->grad < 0) {
+        if ((e = new_value(g, gname, STOKE_VAL_GRAD, &val->shape, val->dtype, &gv))) goto done;
+        g->values[v].grad = gv;
+      } else {
+        /* second consumer: a partial gradient, summed right after */
+        snprintf(gname, sizeof gname, "%s.grad.%d", g->values[v].name, id);
+        if ((e = new_value(g, gname, STOKE_VAL_GRAD, &val->shape, val->dtype, &gv))) goto done;
+        sums[n_sums][0] = v;
+        sums[n_sums++][1] = gv;
+      }
+      g->nodes[id].din[k] = gv;
+      g->values[gv].producer = id;
+    }
+    for (int s = 0; s < n_sums; s++) {
+      int v = sums[s][0], part = sums[s][1], sid, sum;
+      const stoke_op_type_v1 *add = stoke_find_op(g->reg, STOKE_OP_ADD);
+      if ((e = new_node(g, &sid))) goto done;
+      char gname[80];
+      snprintf(gname, sizeof gname, "%s.grad.sum%d", g->values[v].name, sid);
+      if ((e = new_value(g, gname, STOKE_VAL_GRAD, &g->values[v].shape, g->values[v].dtype, &sum)))
+        goto done;
+      stoke_gnode *a = &g->nodes[sid];
+      a->type = add;
+      a->pass = STOKE_FWD;
+      a->n.op = add->name;
+      snprintf(a->name_buf, sizeof a->name_buf, "%.60s", gname);
+      a->n_in = 2;
+      a->n_out = 1;
+      a->in[0] = g->values[v].grad;
+      a->in[1] = part;
+      a->out[0] = sum;
+      a->flops = (double)stoke_numel(&g->values[v].shape);
+      g->values[sum].producer = sid;
+      g->values[v].grad = sum;
+    }
+  }
+done:
+  free(needs);
+  return e;
+}

@@ -1,0 +1,61 @@
+/* stoke/core.h: host-side helpers shared by the core, tools and tests:
+ * error construction and the check macros, logging, aligned memory. */
+#ifndef STOKE_CORE_H
+#define STOKE_CORE_H
+
+#include <stdio.h>
+
+#include "stoke/plugin.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+stoke_err *stoke_err_new(stoke_code code, const char *file, int line,
+                         const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Adds a "  while <context> (file:line)" line; returns e (NULL stays NULL). */
+stoke_err *stoke_err_wrap(stoke_err *e, const char *file, int line,
+                          const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void stoke_err_free(stoke_err *e);
+const char *stoke_code_name(stoke_code c);
+
+#define STOKE_ERR(code, ...) stoke_err_new((code), __FILE__, __LINE__, __VA_ARGS__)
+/* Return the error of `expr`, if any, with context added. */
+#define STOKE_TRY(expr, ...)                                                 \
+  do {                                                                       \
+    stoke_err *stoke_e_ = (expr);                                            \
+    if (stoke_e_) return stoke_err_wrap(stoke_e_, __FILE__, __LINE__, __VA_ARGS__); \
+  } while (0)
+/* Return the error of `expr`, if any, as it is. */
+#define STOKE_PROPAGATE(expr)             \
+  do {                                    \
+    stoke_err *stoke_e_ = (expr);         \
+    if (stoke_e_) return stoke_e_;        \
+  } while (0)
+/* Same, but jump to a cleanup label with the error in `var`. */
+#define STOKE_TRY_GOTO(var, label, expr, ...)                                \
+  do {                                                                       \
+    (var) = (expr);                                                          \
+    if (var) { (var) = stoke_err_wrap((var), __FILE__, __LINE__, __VA_ARGS__); goto label; } \
+  } while (0)
+
+void stoke_log(stoke_log_level level, const char *who, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Messages below `level` are dropped (default INFO; STOKE_LOG=debug). */
+void stoke_log_set_level(stoke_log_level level);
+/* Send log lines to `f` too (the run's log file); NULL stops. */
+void stoke_log_set_file(FILE *f);
+
+/* 64-byte aligned host memory; NULL when out of memory. */
+void *stoke_alloc(size_t bytes);
+void stoke_free(void *p);
+
+/* The host-services table handed to plugins. */
+const stoke_host_v1 *stoke_host_table(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,156 @@
+/* stoke/graph.h: the graph (built by model plugins through the builder),
+ * the compiler (shape inference, backward derivation, kernel resolution,
+ * memory planning) and the executor that runs a compiled plan. */
+#ifndef STOKE_GRAPH_H
+#define STOKE_GRAPH_H
+
+#include <stdio.h>
+
+#include "stoke/plugin.h"
+#include "stoke/registry.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum stoke_value_kind {
+  STOKE_VAL_INPUT = 0, /* the batch's samples, written by the loader */
+  STOKE_VAL_LABEL,     /* the batch's labels */
+  STOKE_VAL_PARAM,     /* in the flat parameter buffer */
+  STOKE_VAL_ACT,       /* forward activation, in the arena */
+  STOKE_VAL_GRAD,      /* gradient of an activation, in the arena */
+  STOKE_VAL_PARAM_GRAD,/* in the flat gradient buffer */
+  STOKE_VAL_SEED       /* d(loss)/d(loss) = 1, a constant */
+} stoke_value_kind;
+
+/* Where a value lives. */
+typedef enum stoke_buffer_id {
+  STOKE_BUF_PARAMS = 0,
+  STOKE_BUF_GRADS,
+  STOKE_BUF_ARENA,
+  STOKE_BUF_COUNT
+} stoke_buffer_id;
+
+typedef struct stoke_value {
+  char name[64];
+  stoke_value_kind kind;
+  stoke_shape shape;
+  stoke_dtype dtype;
+  stoke_layout layout;
+  int producer;        /* node index, -1 for inputs and parameters */
+  int grad;            /* value id of the gradient, -1 if none */
+  stoke_init_v1 init;  /* parameters */
+  /* memory plan */
+  stoke_buffer_id buffer;
+  size_t offset, bytes;
+  int first, last;     /* schedule positions where it is live */
+} stoke_value;
+
+typedef struct stoke_gnode {
+  stoke_node_v1 n;     /* op, name (points at name_buf), attributes */
+  char name_buf[64];
+  const stoke_op_type_v1 *type;
+  stoke_pass pass;
+  int fwd;             /* backward nodes: the forward node; else -1 */
+  int n_in, n_out;
+  int in[STOKE_MAX_IO], out[STOKE_MAX_IO];     /* forward values */
+  int din[STOKE_MAX_IO], dout[STOKE_MAX_IO];   /* backward: -1 = none */
+  double flops;
+  /* kernel resolution */
+  const stoke_kernel_v1 *kernel;
+  void *kstate;
+  size_t workspace;
+} stoke_gnode;
+
+struct stoke_graph {
+  const stoke_registry *reg;
+  stoke_value *values;
+  int n_values, cap_values;
+  stoke_gnode *nodes;
+  int n_nodes, cap_nodes;
+  int n_fwd;           /* nodes [0, n_fwd) are the forward pass */
+  int input, label, logits, loss, seed;
+  stoke_dtype dtype;   /* of inputs/params/activations */
+  stoke_layout layout; /* of 4-D activations */
+};
+
+stoke_err *stoke_graph_new(const stoke_registry *reg, stoke_dtype dtype,
+                           stoke_layout layout, stoke_graph **out);
+void stoke_graph_free(stoke_graph *g);
+/* The builder table models receive. */
+stoke_builder_v1 stoke_graph_builder(stoke_graph *g);
+/* Values the run adds around the model. */
+stoke_err *stoke_graph_input(stoke_graph *g, const char *name,
+                             stoke_value_kind kind, const stoke_shape *shape,
+                             stoke_dtype dtype, int *value);
+/* Attach softmax cross-entropy on `logits` against the label value;
+ * `attrs` as for builder nodes ("label_smoothing=0.1"). */
+stoke_err *stoke_graph_loss(stoke_graph *g, int logits, const char *attrs);
+
+/* -------------------------------------------------------------- compile */
+
+typedef struct stoke_plan_opts {
+  const char *const *engines; /* ordered backend list, e.g. {"cpu"} */
+  int n_engines;
+  void **engine_selves;       /* state of each engine from its open() */
+  const char *optimizer;      /* "sgd" | "adamw" | NULL (no update) */
+  int training;               /* 0: forward-only plan, keeps nothing */
+} stoke_plan_opts;
+
+typedef struct stoke_plan {
+  stoke_graph *g;
+  stoke_plan_opts opts;
+  size_t bytes[STOKE_BUF_COUNT];
+  size_t opt_state_bytes;
+  int opt_state_per_param;        /* 1 (sgd momentum) or 2 (adamw m, v) */
+  int64_t n_params;               /* elements */
+  const stoke_kernel_v1 *opt_kernel;
+  double fwd_flops;               /* per step, whole graph */
+  double train_flops;             /* forward + backward (3x convention) */
+  size_t workspace_bytes;         /* largest node workspace */
+  int n_schedule;                 /* nodes executed per micro-batch */
+} stoke_plan;
+
+/* Derive backward (when opts->training), resolve every node to a kernel
+ * over the ordered engine list, plan memory. The graph must have its loss
+ * attached when training. */
+stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts,
+                         stoke_plan **out);
+void stoke_plan_free(stoke_plan *p);
+/* The report: each node, its shapes, engine, FLOPs; memory by kind. */
+void stoke_plan_report(const stoke_plan *p, FILE *f);
+
+/* ------------------------------------------------------------- execute */
+
+typedef struct stoke_exec stoke_exec;
+
+/* Bind the plan to memory of `device` (the device engine): allocates the
+ * three buffers, the optimizer state and the workspace once, builds every
+ * kernel's arguments and calls each kernel's plan(). Parameters are
+ * initialized from `seed` (the same on any backend). */
+stoke_err *stoke_exec_new(stoke_plan *p, const stoke_backend_v1 *device,
+                          void *device_self, uint64_t seed, stoke_exec **out);
+void stoke_exec_free(stoke_exec *x);
+
+/* Device pointers of the batch values (write them before a step). */
+void *stoke_exec_input(stoke_exec *x);
+void *stoke_exec_labels(stoke_exec *x);
+/* A value's tensor (device pointer) by id, for tests and reports. */
+stoke_tensor stoke_exec_tensor(stoke_exec *x, int value);
+/* The flat buffers (device pointers). */
+void *stoke_exec_buffer(stoke_exec *x, stoke_buffer_id b);
+void *stoke_exec_opt_state(stoke_exec *x);
+
+/* One micro-batch: forward, and backward when training. `first_micro`
+ * selects overwrite (1) or accumulation (0) of parameter gradients. */
+stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro,
+                                       uint64_t step_seed);
+/* One optimizer update over the flat buffers. */
+stoke_err *stoke_exec_update(stoke_exec *x, const stoke_opt_args_v1 *opt);
+/* Read the loss of the last forward (synchronizes with the device). */
+stoke_err *stoke_exec_read_loss(stoke_exec *x, double *loss);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,54 @@
+/* stoke/loader.h: the loader engine: persistent worker threads fill a ring
+ * of K pinned batch buffers from a source, in a seeded shuffled order; the
+ * training loop takes full batches and gives them back. */
+#ifndef STOKE_LOADER_H
+#define STOKE_LOADER_H
+
+#include "stoke/plugin.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct stoke_loader stoke_loader;
+
+typedef struct stoke_loader_opts {
+  const stoke_source_v1 *src;
+  void *src_self;
+  const stoke_backend_v1 *dev; /* allocates the pinned batch buffers */
+  void *dev_self;
+  int64_t batch;
+  int workers;      /* >= 1 */
+  int prefetch;     /* K: batches in the ring, >= 1 */
+  int shuffle;
+  int drop_last;
+  uint64_t seed;
+  int rank, world;  /* shard: rank takes every world-th sample */
+} stoke_loader_opts;
+
+typedef struct stoke_batch {
+  void *x;           /* batch x sample bytes, host (pinned) */
+  int32_t *labels;   /* batch labels */
+  int64_t n;         /* samples in this batch (< batch only when !drop_last) */
+  int64_t epoch, index; /* index within the epoch */
+  int slot;
+} stoke_batch;
+
+stoke_err *stoke_loader_new(const stoke_loader_opts *o, stoke_loader **out);
+/* Stops the workers and frees the ring. */
+void stoke_loader_free(stoke_loader *l);
+/* The next batch in order (blocks until filled). *wait_s gets the time it
+ * blocked: the data-wait metric. A sample the source cannot read is
+ * logged, counted and replaced by the next index. */
+stoke_err *stoke_loader_next(stoke_loader *l, stoke_batch **b, double *wait_s);
+/* Give the batch's buffer back to the workers. */
+void stoke_loader_release(stoke_loader *l, stoke_batch *b);
+int64_t stoke_loader_batches_per_epoch(const stoke_loader *l);
+size_t stoke_loader_sample_bytes(const stoke_loader *l);
+/* Samples skipped so far because the source could not read them. */
+int64_t stoke_loader_skipped(const stoke_loader *l);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,41 @@
+/* stoke/metrics.h: per-step metrics: JSON lines (always), a progress bar
+ * on a terminal or log lines, and the closing summary (samples/s median,
+ * step-time percentiles, data wait, final loss). */
+#ifndef STOKE_METRICS_H
+#define STOKE_METRICS_H
+
+#include "stoke/run.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { STOKE_PROGRESS_OFF = 0, STOKE_PROGRESS_BAR, STOKE_PROGRESS_LINES } stoke_progress;
+
+typedef struct stoke_metrics_opts {
+  const char *jsonl_path; /* NULL: no file */
+  stoke_progress progress;
+  int64_t total_steps;
+  int64_t samples_per_step;
+} stoke_metrics_opts;
+
+typedef struct stoke_metrics stoke_metrics;
+
+stoke_err *stoke_metrics_new(const stoke_metrics_opts *o, stoke_metrics **out);
+void stoke_metrics_free(stoke_metrics *m);
+/* Record one step; when `logged`, `loss` holds the step's loss and a JSON
+ * line (and a bar update or log line) is written. */
+void stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double step_s,
+                        double wait_s, int logged, double loss, double lr);
+/* Fill the summary's statistics. */
+void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s);
+/* Write the closing summary line to the JSON file and stdout. */
+void stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *status);
+
+/* Percentile (0..100) of n values, linear interpolation; sorts `v`. */
+double stoke_percentile(double *v, int64_t n, double pct);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

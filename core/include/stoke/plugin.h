@@ -1,0 +1,440 @@
+/* stoke/plugin.h: the plugin SDK, version 1. A plugin includes this header
+ * (and the two it includes) and nothing else of stoke, and exports exactly
+ * one symbol: `const stoke_plugin_v1 stoke_plugin_v1_entry`, see the bottom.
+ *
+ * This header is frozen once released: new fields go into a _v2 struct
+ * appended after the _v1 fields, and `struct_size` tells them apart. */
+#ifndef STOKE_PLUGIN_H
+#define STOKE_PLUGIN_H
+
+#include <stdarg.h>
+#include <stdint.h>
+
+#include "stoke/status.h"
+#include "stoke/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STOKE_ABI_VERSION 1u
+#define STOKE_PLUGIN_SYMBOL "stoke_plugin_v1_entry"
+
+/* ---------------------------------------------------------------- config */
+
+typedef enum stoke_cfg_type {
+  STOKE_CFG_INT = 0,
+  STOKE_CFG_FLOAT,
+  STOKE_CFG_BOOL,    /* true/false, yes/no, on/off, 1/0 */
+  STOKE_CFG_STR,
+  STOKE_CFG_ENUM,    /* one of `choices`, "a|b|c" */
+  STOKE_CFG_INTS,    /* comma-separated integers, e.g. "1024, 1024" */
+  STOKE_CFG_LIST     /* comma-separated names, e.g. "cudnn, cuda" */
+} stoke_cfg_type;
+
+/* One declared INI key. Keys of plugins (a model's, a source's) are
+ * declared without a section: the core puts them under the section that
+ * names the plugin ([model] for `name = mlp`, [data] for `source = ...`).
+ * `min`/`max` bound INT, FLOAT and each element of INTS; min == max == 0
+ * means unbounded. `def` is the default as INI text ("" = empty). */
+typedef struct stoke_cfg_key_v1 {
+  const char *key;
+  stoke_cfg_type type;
+  const char *def;
+  double min, max;
+  const char *choices;
+  const char *help;
+} stoke_cfg_key_v1;
+
+typedef struct stoke_cfg stoke_cfg; /* opaque: the resolved run config */
+
+#define STOKE_CFG_MAX_LIST 32
+
+/* ------------------------------------------------------------ log levels */
+
+typedef enum stoke_log_level {
+  STOKE_LOG_DEBUG = 0,
+  STOKE_LOG_INFO,
+  STOKE_LOG_WARN,
+  STOKE_LOG_ERROR
+} stoke_log_level;
+
+/* ---------------------------------------------------------- host services */
+
+/* Handed to every plugin's register function; valid for the whole process.
+ * Plugins never print, exit or abort on their own: they log through `log`
+ * and return errors made with `err_new` / `err_wrap`. */
+typedef struct stoke_host_v1 {
+  uint32_t abi_version;
+  uint32_t struct_size;
+
+  void (*log)(stoke_log_level level, const char *who, const char *fmt, ...)
+      __attribute__((format(printf, 3, 4)));
+  stoke_err *(*err_new)(stoke_code code, const char *file, int line,
+                        const char *fmt, ...)
+      __attribute__((format(printf, 4, 5)));
+  stoke_err *(*err_wrap)(stoke_err *e, const char *file, int line,
+                         const char *fmt, ...)
+      __attribute__((format(printf, 4, 5)));
+  void (*err_free)(stoke_err *e);
+
+  /* Host memory; aligned to 64 bytes. NULL when out of memory. */
+  void *(*alloc)(size_t bytes);
+  void (*free)(void *p);
+
+  /* Typed reads of declared keys; section as in the INI file. */
+  stoke_err *(*cfg_int)(const stoke_cfg *c, const char *section,
+                        const char *key, int64_t *out);
+  stoke_err *(*cfg_float)(const stoke_cfg *c, const char *section,
+                          const char *key, double *out);
+  stoke_err *(*cfg_bool)(const stoke_cfg *c, const char *section,
+                         const char *key, int *out);
+  /* STR and ENUM; the string lives as long as the config. */
+  stoke_err *(*cfg_str)(const stoke_cfg *c, const char *section,
+                        const char *key, const char **out);
+  /* INTS: up to STOKE_CFG_MAX_LIST values. */
+  stoke_err *(*cfg_ints)(const stoke_cfg *c, const char *section,
+                         const char *key, int64_t *out, int *n);
+  /* Where a key was set, "run.ini:12" or "default", for messages. */
+  const char *(*cfg_where)(const stoke_cfg *c, const char *section,
+                           const char *key);
+} stoke_host_v1;
+
+/* Plugins keep the host table they were given in this hidden global
+ * (define it once in the plugin: `const stoke_host_v1 *stoke_host;`). */
+extern const stoke_host_v1 *stoke_host;
+
+#define STOKE_PERR(code, ...) \
+  stoke_host->err_new((code), __FILE__, __LINE__, __VA_ARGS__)
+#define STOKE_PTRY(expr, ...)                                         \
+  do {                                                                \
+    stoke_err *stoke_e_ = (expr);                                     \
+    if (stoke_e_) return stoke_host->err_wrap(stoke_e_, __FILE__,     \
+                                              __LINE__, __VA_ARGS__); \
+  } while (0)
+
+#define STOKE_PROPAGATE_P(expr)     \
+  do {                              \
+    stoke_err *stoke_e_ = (expr);   \
+    if (stoke_e_) return stoke_e_;  \
+  } while (0)
+
+/* --------------------------------------------------------------- op types */
+
+typedef enum stoke_attr_type {
+  STOKE_ATTR_INT = 0,
+  STOKE_ATTR_FLOAT,
+  STOKE_ATTR_INTS,
+  STOKE_ATTR_STR
+} stoke_attr_type;
+
+#define STOKE_ATTR_MAX_INTS 8
+#define STOKE_ATTR_MAX_STR 32
+#define STOKE_MAX_ATTRS 8
+
+typedef struct stoke_attr_decl_v1 {
+  const char *name;
+  stoke_attr_type type;
+  const char *def; /* default as text; NULL = required */
+  const char *help;
+} stoke_attr_decl_v1;
+
+typedef struct stoke_attr_v1 {
+  int64_t i;
+  double f;
+  int n;
+  int64_t ints[STOKE_ATTR_MAX_INTS];
+  char s[STOKE_ATTR_MAX_STR];
+} stoke_attr_v1;
+
+#define STOKE_MAX_IO 8
+
+/* A graph node as an op or kernel sees it: attributes are in the order the
+ * op type declared them, so kernels read them by index. */
+typedef struct stoke_node_v1 {
+  const char *op;
+  const char *name; /* unique in the graph, e.g. "fc1" or "linear_3" */
+  int n_attrs;
+  stoke_attr_v1 attrs[STOKE_MAX_ATTRS];
+} stoke_node_v1;
+
+/* Shape and dtype of one value, for shape inference. */
+typedef struct stoke_value_desc_v1 {
+  stoke_shape shape;
+  stoke_dtype dtype;
+} stoke_value_desc_v1;
+
+#define STOKE_BWD_NEEDS_INPUT(i) (1u << (i))
+#define STOKE_BWD_NEEDS_OUTPUT(i) (1u << (16 + (i)))
+
+typedef struct stoke_op_type_v1 {
+  const char *name;
+  const char *help;
+  int n_inputs;  /* parameters are inputs too (linear: x, weight, bias) */
+  int n_outputs;
+  const stoke_attr_decl_v1 *attrs;
+  int n_attrs;
+  /* Output shapes and dtypes from the inputs'; errors name the node. */
+  stoke_err *(*infer)(const stoke_node_v1 *node, const stoke_value_desc_v1 *in,
+                      stoke_value_desc_v1 *out);
+  /* Forward FLOPs for one call (2 per multiply-add); backward counts 2x. */
+  double (*flops)(const stoke_node_v1 *node, const stoke_value_desc_v1 *in,
+                  const stoke_value_desc_v1 *out);
+  /* What the backward kernel reads besides the output gradients:
+   * STOKE_BWD_NEEDS_INPUT(i) | STOKE_BWD_NEEDS_OUTPUT(j). The memory
+   * planner keeps exactly these alive until backward. */
+  uint32_t bwd_needs;
+  /* Inputs that never receive a gradient (labels): bit i for input i. */
+  uint32_t no_grad_inputs;
+  /* 0 for ops without a backward (metrics). */
+  int has_backward;
+} stoke_op_type_v1;
+
+/* ---------------------------------------------------------------- kernels */
+
+typedef enum stoke_pass {
+  STOKE_FWD = 0,
+  STOKE_BWD,
+  STOKE_OPT /* optimizer update over the flat buffers */
+} stoke_pass;
+
+/* Optimizer hyper-parameters for this step (STOKE_OPT kernels). */
+typedef struct stoke_opt_args_v1 {
+  double lr, momentum, weight_decay, beta1, beta2, eps;
+  int nesterov;
+  int64_t step;       /* 1 for the first update (AdamW bias correction) */
+  double grad_scale;  /* multiply gradients by this first (1/accumulate) */
+} stoke_opt_args_v1;
+
+/* Everything one kernel call sees. For STOKE_FWD: `in` -> `out`.
+ * For STOKE_BWD: the forward's `in` and `out` (only those named in the op's
+ * bwd_needs hold live data), `dout` (gradients of the outputs) -> `din`
+ * (gradients of the inputs; din[i].data == NULL when input i needs none).
+ * Gradients of parameters are accumulated as
+ *     din = param_grad_beta * din + computed
+ * (0 on the first micro-batch, 1 after: gradient accumulation), gradients
+ * of activations are always overwritten.
+ * For STOKE_OPT: in[0] parameters, in[1] gradients, in[2] optimizer state
+ * (flat, 1-D, same dtype), `opt` the hyper-parameters. */
+typedef struct stoke_kernel_args_v1 {
+  const stoke_node_v1 *node;
+  int n_in, n_out;
+  const stoke_tensor *in;
+  const stoke_tensor *out;
+  const stoke_tensor *din;
+  const stoke_tensor *dout;
+  uint32_t param_grads;      /* bit i: din[i] is a parameter gradient */
+  float param_grad_beta;
+  int training;              /* 0 in eval: dropout off, BN running stats */
+  uint64_t seed;             /* per node and step, for dropout */
+  const stoke_opt_args_v1 *opt;
+  void *workspace;
+  size_t workspace_bytes;
+  void *engine;              /* the engine's state from its open() */
+  void *stream;              /* NULL on the CPU */
+} stoke_kernel_args_v1;
+
+/* One entry of a backend's kernel table: (op, pass, dtype, layout) ->
+ * {plan, run}. `plan` runs once per node when the graph is compiled (it may
+ * autotune) and says how much workspace `run` needs; `run` never
+ * allocates. Both may be given args whose data pointers are NULL in plan. */
+typedef struct stoke_kernel_v1 {
+  const char *engine;   /* backend name: "cpu", "cudnn", ... */
+  const char *op;
+  stoke_pass pass;
+  stoke_dtype dtype;    /* dtype of the op's first input */
+  stoke_layout layout;  /* STOKE_LAYOUT_ANY: serves every layout */
+  stoke_err *(*plan)(const stoke_kernel_args_v1 *a, void **state,
+                     size_t *workspace_bytes);
+  stoke_err *(*run)(const stoke_kernel_args_v1 *a, void *state);
+  void (*destroy)(void *state);
+} stoke_kernel_v1;
+
+/* --------------------------------------------------------------- backends */
+
+typedef enum stoke_copy_kind {
+  STOKE_COPY_H2D = 0,
+  STOKE_COPY_D2H,
+  STOKE_COPY_D2D
+} stoke_copy_kind;
+
+typedef struct stoke_device_info_v1 {
+  char name[128];
+  size_t total_bytes, free_bytes;
+  /* Peak dense FLOP/s by dtype of compute (0 = unknown: MFU shows n/a). */
+  double peak_flops[STOKE_DTYPE_COUNT];
+} stoke_device_info_v1;
+
+/* A compute backend ("engine"). An engine that owns a device (cpu, cuda)
+ * fills the memory/stream functions; an engine that only adds kernels on
+ * another's device (cudnn, cublaslt, fused) leaves them NULL and names
+ * that device's engine in `device_engine`. */
+typedef struct stoke_backend_v1 {
+  const char *name;
+  const char *help;
+  stoke_device_kind device;
+  const char *device_engine; /* NULL when this engine owns the device */
+
+  stoke_err *(*open)(int device_index, void *device_self, void **self);
+  void (*close)(void *self);
+  stoke_err *(*info)(void *self, stoke_device_info_v1 *out);
+
+  stoke_err *(*alloc)(void *self, size_t bytes, void **ptr);
+  void (*free)(void *self, void *ptr);
+  /* Page-locked host memory for batches (plain memory on the CPU). */
+  stoke_err *(*alloc_host)(void *self, size_t bytes, void **ptr);
+  void (*free_host)(void *self, void *ptr);
+  stoke_err *(*copy)(void *self, void *dst, const void *src, size_t bytes,
+                     stoke_copy_kind kind, void *stream);
+  stoke_err *(*fill)(void *self, void *dst, int byte, size_t bytes,
+                     void *stream);
+  stoke_err *(*stream_create)(void *self, void **stream);
+  void (*stream_destroy)(void *self, void *stream);
+  stoke_err *(*stream_sync)(void *self, void *stream);
+} stoke_backend_v1;
+
+/* ---------------------------------------------------------------- sources */
+
+typedef struct stoke_sample_info_v1 {
+  stoke_shape shape;   /* one sample, e.g. (F) or (C, H, W) */
+  stoke_dtype dtype;   /* what read() writes: F32 or U8 */
+  stoke_layout layout; /* for images: HWC order is STOKE_NHWC */
+  int64_t classes;
+} stoke_sample_info_v1;
+
+/* A data source. Sources own no threads: the core's loader calls read()
+ * from its workers, concurrently, for different indices. */
+typedef struct stoke_source_v1 {
+  const char *name;
+  const char *help;
+  const stoke_cfg_key_v1 *keys; /* declared in the section naming it */
+  int n_keys;
+  stoke_err *(*open)(const stoke_cfg *cfg, const char *section, void **self);
+  void (*close)(void *self);
+  int64_t (*length)(void *self);
+  stoke_err *(*info)(void *self, stoke_sample_info_v1 *out);
+  /* Decode and augment sample `index` into `dst` (one sample's bytes) and
+   * its class into *label. `seed` is derived from (run seed, epoch, index):
+   * the same seed must give the same sample on any thread. */
+  stoke_err *(*read)(void *self, int64_t index, uint64_t seed, void *dst,
+                     int32_t *label);
+} stoke_source_v1;
+
+/* ----------------------------------------------------------------- models */
+
+typedef enum stoke_init_kind {
+  STOKE_INIT_ZEROS = 0,
+  STOKE_INIT_ONES,
+  STOKE_INIT_UNIFORM, /* U(a, b) */
+  STOKE_INIT_NORMAL   /* N(a, b^2) */
+} stoke_init_kind;
+
+typedef struct stoke_init_v1 {
+  stoke_init_kind kind;
+  double a, b;
+} stoke_init_v1;
+
+typedef struct stoke_graph stoke_graph; /* opaque, owned by the core */
+
+/* What a model builder calls to emit its forward graph. Value ids are
+ * small ints. Attributes are text, "stride=2, padding=1", checked against
+ * the op's declaration (errors name the node). */
+typedef struct stoke_builder_v1 {
+  stoke_graph *g;
+  stoke_err *(*param)(stoke_graph *g, const char *name,
+                      const stoke_shape *shape, stoke_init_v1 init,
+                      int *value);
+  stoke_err *(*node)(stoke_graph *g, const char *op, const char *name,
+                     const int *inputs, int n_inputs, const char *attrs,
+                     int *outputs, int n_outputs);
+  stoke_err *(*shape_of)(stoke_graph *g, int value, stoke_shape *out);
+} stoke_builder_v1;
+
+typedef struct stoke_model_v1 {
+  const char *name;
+  const char *help;
+  const stoke_cfg_key_v1 *keys; /* declared in [model] */
+  int n_keys;
+  /* Emit the forward graph from `input` (shape (N, ...) of the source) to
+   * logits of shape (N, classes) in *logits. */
+  stoke_err *(*build)(const stoke_cfg *cfg, const char *section,
+                      const stoke_builder_v1 *b, int input, int64_t classes,
+                      int *logits);
+} stoke_model_v1;
+
+/* ----------------------------------------------------- precision policies */
+
+typedef struct stoke_precision_v1 {
+  const char *name;
+  const char *help;
+  stoke_dtype param_dtype;   /* working copy of parameters */
+  stoke_dtype compute_dtype; /* activations of matmul/conv-class ops */
+  stoke_dtype master_dtype;  /* what the optimizer updates */
+  int tf32;
+  int loss_scaling;          /* dynamic loss scaler (fp16) */
+  double init_scale;
+  int64_t growth_interval;
+  /* Ops kept in fp32 whatever compute_dtype says, comma-separated. */
+  const char *fp32_ops;
+} stoke_precision_v1;
+
+/* ------------------------------------------------------------------ comms */
+
+typedef enum stoke_reduce_op { STOKE_SUM = 0, STOKE_AVG } stoke_reduce_op;
+
+typedef struct stoke_comm_v1 {
+  const char *name;
+  const char *help;
+  stoke_err *(*open)(const stoke_cfg *cfg, void **self);
+  void (*close)(void *self);
+  int (*rank)(void *self);
+  int (*world)(void *self);
+  stoke_err *(*all_reduce)(void *self, void *buf, size_t count,
+                           stoke_dtype dtype, stoke_reduce_op op,
+                           void *stream);
+  stoke_err *(*broadcast)(void *self, void *buf, size_t count,
+                          stoke_dtype dtype, int root, void *stream);
+  stoke_err *(*barrier)(void *self);
+} stoke_comm_v1;
+
+/* -------------------------------------------------------------- registry */
+
+/* Where a plugin adds its parts. Each add fails with STOKE_E_DUPLICATE if
+ * the name (for kernels: engine, op, pass, dtype, layout) is taken, naming
+ * the plugin that took it. The structs must outlive the process (static). */
+typedef struct stoke_registry_v1 {
+  void *self;
+  stoke_err *(*add_op)(void *self, const stoke_op_type_v1 *op);
+  stoke_err *(*add_kernel)(void *self, const stoke_kernel_v1 *k);
+  stoke_err *(*add_backend)(void *self, const stoke_backend_v1 *b);
+  stoke_err *(*add_source)(void *self, const stoke_source_v1 *s);
+  stoke_err *(*add_model)(void *self, const stoke_model_v1 *m);
+  stoke_err *(*add_precision)(void *self, const stoke_precision_v1 *p);
+  stoke_err *(*add_comm)(void *self, const stoke_comm_v1 *c);
+} stoke_registry_v1;
+
+/* ----------------------------------------------------------- the entry */
+
+/* The one symbol a plugin exports, named STOKE_PLUGIN_SYMBOL:
+ *
+ *   const stoke_host_v1 *stoke_host;
+ *   static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r)
+ *   { stoke_host = h; return r->add_op(r->self, &swish_op); }
+ *   STOKE_EXPORT const stoke_plugin_v1 stoke_plugin_v1_entry = {
+ *     STOKE_ABI_VERSION, sizeof(stoke_plugin_v1), "swish", "...", reg};
+ */
+typedef struct stoke_plugin_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION the plugin was built against */
+  uint32_t struct_size; /* sizeof(stoke_plugin_v1) */
+  const char *name;
+  const char *description;
+  stoke_err *(*register_parts)(const stoke_host_v1 *host,
+                               const stoke_registry_v1 *reg);
+} stoke_plugin_v1;
+
+#define STOKE_EXPORT __attribute__((visibility("default")))
+
+#ifdef __cplusplus
+}
+#endif
+#endif

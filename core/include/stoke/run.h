@@ -1,0 +1,55 @@
+/* stoke/run.h: a training run from an INI file: config, plugins, graph,
+ * plan, loader, the step loop, metrics and the closing summary. */
+#ifndef STOKE_RUN_H
+#define STOKE_RUN_H
+
+#include <stdio.h>
+
+#include "stoke/config.h"
+#include "stoke/registry.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct stoke_summary {
+  int64_t steps;          /* optimizer steps taken */
+  int64_t samples;
+  double first_loss, final_loss;
+  double samples_per_s;   /* median over logged intervals */
+  double step_ms_p50, step_ms_p95;
+  double data_wait_s;     /* total time the step waited for data */
+  double flops_per_step;
+  int64_t skipped_samples;
+  int interrupted;        /* stopped by SIGINT/SIGTERM */
+  char out_dir[512];
+} stoke_summary;
+
+typedef struct stoke_run_opts {
+  const char *ini_path;
+  const char *const *overrides; /* "section.key=value" */
+  int n_overrides;
+  const char *const *plugin_dirs; /* extra search folders, before the INI's */
+  int n_plugin_dirs;
+  int quiet;                    /* no progress bar, no config print */
+} stoke_run_opts;
+
+/* Declare the core's sections and keys ([run], [plugins], [data],
+ * [model], [optimizer]). */
+stoke_err *stoke_declare_core_keys(stoke_cfg *c);
+
+/* Load the config and every plugin it names, declare their keys and
+ * validate: the shared first half of train and bench. */
+stoke_err *stoke_run_setup(const stoke_run_opts *o, stoke_cfg **cfg, stoke_registry **reg);
+
+/* Train as the config says. */
+stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *out);
+
+/* `--help-config`: every key of the core and of the models and sources
+ * found on the plugin search path. */
+stoke_err *stoke_help_config(const char *const *plugin_dirs, int n_plugin_dirs, FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

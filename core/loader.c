@@ -1,0 +1,251 @@
+/* core/loader.c: the loader engine. Batch b (counted across epochs) is
+ * filled by whichever worker claims it, into ring slot b % K; the consumer
+ * takes batches strictly in order, so results do not depend on the worker
+ * count. Sample order: a Fisher-Yates shuffle seeded by (seed, epoch). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "stoke/core.h"
+#include "stoke/loader.h"
+#include "stoke/rng.h"
+
+typedef enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_FULL, SLOT_TAKEN } slot_state;
+
+typedef struct slot {
+  stoke_batch b;
+  slot_state state;
+  int64_t number; /* global batch number it holds */
+  stoke_err *err;
+} slot;
+
+struct stoke_loader {
+  stoke_loader_opts o;
+  stoke_sample_info_v1 info;
+  size_t sample_bytes;
+  int64_t shard_len, per_epoch, classes;
+  slot *slots;
+  pthread_t *threads;
+  int n_threads;
+  pthread_mutex_t mu;
+  pthread_cond_t cv_free, cv_full;
+  int64_t next_claim, next_take;
+  int stop;
+  int64_t skipped;
+  /* permutation cache of one epoch (guarded by mu) */
+  int64_t *perm;
+  int64_t perm_epoch;
+};
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The shard's sample order for an epoch. Called with mu held. */
+static void make_perm(stoke_loader *l, int64_t epoch) {
+  if (l->perm_epoch == epoch) return;
+  int64_t n = l->shard_len;
+  for (int64_t i = 0; i < n; i++) l->perm[i] = i * l->o.world + l->o.rank;
+  if (l->o.shuffle) {
+    /* shuffle the whole data set, then take this rank's share: every
+     * sample once per epoch across ranks */
+    int64_t total = l->o.src->length(l->o.src_self);
+    stoke_rng r = stoke_rng_seed(stoke_hash3(l->o.seed, (uint64_t)epoch, 0x5f0ff1eull));
+    int64_t *all = malloc(sizeof(int64_t) * (size_t)total);
+    if (all) {
+      for (int64_t i = 0; i < total; i++) all[i] = i;
+      for (int64_t i = total - 1; i > 0; i--) {
+        int64_t j = (int64_t)stoke_rng_below(&r, (uint64_t)(i + 1));
+        int64_t t = all[i];
+        all[i] = all[j];
+        all[j] = t;
+      }
+      for (int64_t i = 0; i < n; i++) l->perm[i] = all[i * l->o.world + l->o.rank];
+      free(all);
+    }
+  }
+  l->perm_epoch = epoch;
+}
+
+static stoke_err *fill(stoke_loader *l, slot *s, int64_t number) {
+  int64_t epoch = number / l->per_epoch, index = number % l->per_epoch;
+  int64_t first = index * l->o.batch;
+  int64_t n = l->o.batch;
+  if (first + n > l->shard_len) n = l->shard_len - first;
+  int64_t ids[4096];
+  int64_t *idx = n <= 4096 ? ids : malloc(sizeof(int64_t) * (size_t)n);
+  if (!idx) return STOKE_ERR(STOKE_E_OOM, "loader: out of memory");
+  pthread_mutex_lock(&l->mu);
+  make_perm(l, epoch);
+  memcpy(idx, l->perm + first, sizeof(int64_t) * (size_t)n);
+  pthread_mutex_unlock(&l->mu);
+  stoke_err *e = NULL;
+  int64_t total = l->o.src->length(l->o.src_self);
+  for (int64_t i = 0; i < n && !e; i++) {
+    char *dst = (char *)s->b.x + (size_t)i * l->sample_bytes;
+    int64_t k = idx[i];
+    for (int tries = 0;; tries++) {
+      int32_t label = -1;
+      uint64_t seed = stoke_hash3(l->o.seed, (uint64_t)epoch, (uint64_t)k);
+      stoke_err *re = l->o.src->read(l->o.src_self, k, seed, dst, &label);
+      if (!re && (label < 0 || label >= l->classes))
+        re = STOKE_ERR(STOKE_E_DATA, "%s: sample %lld has label %d outside [0, %lld)",
+                       l->o.src->name, (long long)k, label, (long long)l->classes);
+      if (!re) {
+        s->b.labels[i] = label;
+        break;
+      }
+      pthread_mutex_lock(&l->mu);
+      l->skipped++;
+      pthread_mutex_unlock(&l->mu);
+      if (re->code != STOKE_E_DATA || tries >= 16) {
+        e = stoke_err_wrap(re, __FILE__, __LINE__, "reading sample %lld from source '%s'",
+                           (long long)k, l->o.src->name);
+        break;
+      }
+      stoke_log(STOKE_LOG_WARN, "loader", "skipping sample %lld: %s", (long long)k, re->msg);
+      stoke_err_free(re);
+      k = (k + 1) % total; /* replaced by the next sample */
+    }
+  }
+  if (idx != ids) free(idx);
+  s->b.n = n;
+  s->b.epoch = epoch;
+  s->b.index = index;
+  return e;
+}
+
+static void *worker(void *arg) {
+  stoke_loader *l = arg;
+  pthread_mutex_lock(&l->mu);
+  for (;;) {
+    while (!l->stop && l->next_claim >= l->next_take + l->o.prefetch) pthread_cond_wait(&l->cv_free, &l->mu);
+    if (l->stop) break;
+    int64_t number = l->next_claim++;
+    slot *s = &l->slots[number % l->o.prefetch];
+    /* the slot is free: next_claim < next_take + K means its last batch was released */
+    while (!l->stop && s->state != SLOT_FREE) pthread_cond_wait(&l->cv_free, &l->mu);
+    if (l->stop) break;
+    s->state = SLOT_FILLING;
+    s->number = number;
+    pthread_mutex_unlock(&l->mu);
+    stoke_err *e = fill(l, s, number);
+    pthread_mutex_lock(&l->mu);
+    s->err = e;
+    s->state = SLOT_FULL;
+    pthread_cond_broadcast(&l->cv_full);
+  }
+  pthread_mutex_unlock(&l->mu);
+  return NULL;
+}
+
+stoke_err *stoke_loader_new(const stoke_loader_opts *o, stoke_loader **out) {
+  if (o->batch < 1 || o->workers < 1 || o->prefetch < 1 || o->world < 1 || o->rank < 0 || o->rank >= o->world)
+    return STOKE_ERR(STOKE_E_INVALID, "loader: batch, workers, prefetch must be >= 1 and rank < world");
+  stoke_loader *l = calloc(1, sizeof *l);
+  if (!l) return STOKE_ERR(STOKE_E_OOM, "loader: out of memory");
+  l->o = *o;
+  l->perm_epoch = -1;
+  stoke_err *e = o->src->info(o->src_self, &l->info);
+  if (e) {
+    free(l);
+    return stoke_err_wrap(e, __FILE__, __LINE__, "asking source '%s' for its sample shape", o->src->name);
+  }
+  l->classes = l->info.classes;
+  l->sample_bytes = (size_t)stoke_numel(&l->info.shape) * stoke_dtype_size(l->info.dtype);
+  int64_t total = o->src->length(o->src_self);
+  l->shard_len = total / o->world; /* equal shards: the remainder is dropped */
+  l->per_epoch = o->drop_last ? l->shard_len / o->batch : (l->shard_len + o->batch - 1) / o->batch;
+  if (l->per_epoch < 1) {
+    free(l);
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "loader: source '%s' has %lld samples (%lld for this rank), fewer than one "
+                     "batch of %lld; lower batch_size or set drop_last = false",
+                     o->src->name, (long long)total, (long long)total / o->world, (long long)o->batch);
+  }
+  pthread_mutex_init(&l->mu, NULL);
+  pthread_cond_init(&l->cv_free, NULL);
+  pthread_cond_init(&l->cv_full, NULL);
+  l->perm = malloc(sizeof(int64_t) * (size_t)l->shard_len);
+  l->slots = calloc((size_t)o->prefetch, sizeof *l->slots);
+  l->threads = calloc((size_t)o->workers, sizeof *l->threads);
+  if (!l->perm || !l->slots || !l->threads) e = STOKE_ERR(STOKE_E_OOM, "loader: out of memory");
+  for (int i = 0; i < o->prefetch && !e; i++) {
+    slot *s = &l->slots[i];
+    s->b.slot = i;
+    e = o->dev->alloc_host(o->dev_self, l->sample_bytes * (size_t)o->batch, &s->b.x);
+    if (!e) e = o->dev->alloc_host(o->dev_self, sizeof(int32_t) * (size_t)o->batch, (void **)&s->b.labels);
+    if (e) e = stoke_err_wrap(e, __FILE__, __LINE__, "allocating %d pinned batch buffers of %zu bytes",
+                              o->prefetch, l->sample_bytes * (size_t)o->batch);
+  }
+  for (int i = 0; i < o->workers && !e; i++) {
+    int rc = pthread_create(&l->threads[i], NULL, worker, l);
+    if (rc) e = STOKE_ERR(STOKE_E_INTERNAL, "loader: cannot start worker thread: %s", strerror(rc));
+    else l->n_threads++;
+  }
+  if (e) {
+    stoke_loader_free(l);
+    return e;
+  }
+  *out = l;
+  return NULL;
+}
+
+void stoke_loader_free(stoke_loader *l) {
+  if (!l) return;
+  pthread_mutex_lock(&l->mu);
+  l->stop = 1;
+  pthread_cond_broadcast(&l->cv_free);
+  pthread_cond_broadcast(&l->cv_full);
+  pthread_mutex_unlock(&l->mu);
+  for (int i = 0; i < l->n_threads; i++) pthread_join(l->threads[i], NULL);
+  if (l->slots)
+    for (int i = 0; i < l->o.prefetch; i++) {
+      if (l->slots[i].b.x) l->o.dev->free_host(l->o.dev_self, l->slots[i].b.x);
+      if (l->slots[i].b.labels) l->o.dev->free_host(l->o.dev_self, l->slots[i].b.labels);
+      stoke_err_free(l->slots[i].err);
+    }
+  pthread_mutex_destroy(&l->mu);
+  pthread_cond_destroy(&l->cv_free);
+  pthread_cond_destroy(&l->cv_full);
+  free(l->perm);
+  free(l->slots);
+  free(l->threads);
+  free(l);
+}
+
+stoke_err *stoke_loader_next(stoke_loader *l, stoke_batch **b, double *wait_s) {
+  double t0 = now_s();
+  pthread_mutex_lock(&l->mu);
+  slot *s = &l->slots[l->next_take % l->o.prefetch];
+  while (!(s->state == SLOT_FULL && s->number == l->next_take)) pthread_cond_wait(&l->cv_full, &l->mu);
+  stoke_err *e = s->err;
+  s->err = NULL;
+  s->state = SLOT_TAKEN;
+  pthread_mutex_unlock(&l->mu);
+  if (wait_s) *wait_s = now_s() - t0;
+  *b = &s->b;
+  return e;
+}
+
+void stoke_loader_release(stoke_loader *l, stoke_batch *b) {
+  pthread_mutex_lock(&l->mu);
+  l->slots[b->slot].state = SLOT_FREE;
+  l->next_take++;
+  pthread_cond_broadcast(&l->cv_free);
+  pthread_mutex_unlock(&l->mu);
+}
+
+int64_t stoke_loader_batches_per_epoch(const stoke_loader *l) { return l->per_epoch; }
+size_t stoke_loader_sample_bytes(const stoke_loader *l) { return l->sample_bytes; }
+int64_t stoke_loader_skipped(const stoke_loader *l) {
+  pthread_mutex_lock((pthread_mutex_t *)&l->mu);
+  int64_t n = l->skipped;
+  pthread_mutex_unlock((pthread_mutex_t *)&l->mu);
+  return n;
+}

@@ -1,0 +1,163 @@
+/* core/metrics.c: step metrics: JSON lines, progress bar / log lines, and
+ * the run's closing summary with percentiles. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stoke/core.h"
+#include "stoke/metrics.h"
+
+struct stoke_metrics {
+  stoke_metrics_opts o;
+  FILE *jsonl;
+  double *step_s;      /* every step's time */
+  int64_t n, cap;
+  double *rates;       /* samples/s of each logged interval */
+  int64_t n_rates, cap_rates;
+  double interval_s, wait_total, interval_wait;
+  int64_t interval_steps;
+  double first_loss, last_loss, elapsed;
+  int has_loss;
+};
+
+stoke_err *stoke_metrics_new(const stoke_metrics_opts *o, stoke_metrics **out) {
+  stoke_metrics *m = calloc(1, sizeof *m);
+  if (!m) return STOKE_ERR(STOKE_E_OOM, "out of memory");
+  m->o = *o;
+  m->first_loss = m->last_loss = NAN;
+  if (o->jsonl_path && !(m->jsonl = fopen(o->jsonl_path, "w"))) {
+    free(m);
+    return STOKE_ERR(STOKE_E_IO, "cannot write metrics to '%s'", o->jsonl_path);
+  }
+  *out = m;
+  return NULL;
+}
+
+void stoke_metrics_free(stoke_metrics *m) {
+  if (!m) return;
+  if (m->jsonl) fclose(m->jsonl);
+  free(m->step_s);
+  free(m->rates);
+  free(m);
+}
+
+static void push(double **v, int64_t *n, int64_t *cap, double x) {
+  if (*n == *cap) {
+    int64_t c = *cap ? 2 * *cap : 256;
+    double *nv = realloc(*v, sizeof(double) * (size_t)c);
+    if (!nv) return; /* statistics lose a point, training goes on */
+    *v = nv;
+    *cap = c;
+  }
+  (*v)[(*n)++] = x;
+}
+
+static void fmt_eta(double s, char *buf, size_t cap) {
+  if (!isfinite(s) || s < 0) s = 0;
+  long t = (long)(s + 0.5);
+  if (t >= 3600) snprintf(buf, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+  else snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
+}
+
+void stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double step_s,
+                        double wait_s, int logged, double loss, double lr) {
+  push(&m->step_s, &m->n, &m->cap, step_s);
+  m->elapsed += step_s;
+  m->interval_s += step_s;
+  m->interval_wait += wait_s;
+  m->wait_total += wait_s;
+  m->interval_steps++;
+  if (!logged) return;
+  double rate = m->interval_s > 0 ? (double)(m->interval_steps * m->o.samples_per_step) / m->interval_s : 0;
+  /* the first step carries start-up costs: keep it out of the median */
+  if (step > 1) push(&m->rates, &m->n_rates, &m->cap_rates, rate);
+  if (!m->has_loss) m->first_loss = loss;
+  m->has_loss = 1;
+  m->last_loss = loss;
+  double step_ms = 1e3 * m->interval_s / (double)m->interval_steps;
+  double wait_ms = 1e3 * m->interval_wait / (double)m->interval_steps;
+  if (m->jsonl) {
+    fprintf(m->jsonl,
+            "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6g, \"lr\": %.6g, \"samples_per_s\": %.1f, "
+            "\"step_time_ms\": %.4f, \"data_wait_ms\": %.4f}\n",
+            (long long)step, (long long)epoch, loss, lr, rate, step_ms, wait_ms);
+    fflush(m->jsonl);
+  }
+  double eta = (double)(m->o.total_steps - step) * m->elapsed / (double)step;
+  char eta_s[32];
+  fmt_eta(eta, eta_s, sizeof eta_s);
+  if (m->o.progress == STOKE_PROGRESS_BAR) {
+    int width = 24, done = (int)((double)width * (double)step / (double)m->o.total_steps);
+    char bar[32];
+    for (int i = 0; i < width; i++) bar[i] = i < done ? '=' : i == done ? '>' : ' ';
+    bar[width] = 0;
+    fprintf(stderr, "\r step %lld/%lld [%s] loss %.4f  %.0f samples/s  data-wait %.2f ms  ETA %s   ",
+            (long long)step, (long long)m->o.total_steps, bar, loss, rate, wait_ms, eta_s);
+    if (step == m->o.total_steps) fputc('\n', stderr);
+    fflush(stderr);
+  } else if (m->o.progress == STOKE_PROGRESS_LINES) {
+    printf("step %lld/%lld  epoch %lld  loss %.4f  lr %.4g  %.0f samples/s  step %.3f ms  data-wait %.3f ms  ETA %s\n",
+           (long long)step, (long long)m->o.total_steps, (long long)epoch, loss, lr, rate, step_ms,
+           wait_ms, eta_s);
+    fflush(stdout);
+  }
+  m->interval_s = m->interval_wait = 0;
+  m->interval_steps = 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+double stoke_percentile(double *v, int64_t n, double pct) {
+  if (n <= 0) return NAN;
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  double pos = pct / 100.0 * (double)(n - 1);
+  int64_t lo = (int64_t)floor(pos), hi = lo + 1 < n ? lo + 1 : lo;
+  return v[lo] + (v[hi] - v[lo]) * (pos - (double)lo);
+}
+
+void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s) {
+  /* step-time percentiles leave out the first step (start-up) when there are more */
+  int64_t skip = m->n > 1 ? 1 : 0;
+  double *tmp = malloc(sizeof(double) * (size_t)(m->n > 0 ? m->n : 1));
+  if (tmp && m->n > 0) {
+    memcpy(tmp, m->step_s + skip, sizeof(double) * (size_t)(m->n - skip));
+    s->step_ms_p50 = 1e3 * stoke_percentile(tmp, m->n - skip, 50);
+    s->step_ms_p95 = 1e3 * stoke_percentile(tmp, m->n - skip, 95);
+  }
+  free(tmp);
+  if (m->n_rates > 0) {
+    double *r = malloc(sizeof(double) * (size_t)m->n_rates);
+    if (r) {
+      memcpy(r, m->rates, sizeof(double) * (size_t)m->n_rates);
+      s->samples_per_s = stoke_percentile(r, m->n_rates, 50);
+      free(r);
+    }
+  } else if (m->elapsed > 0) {
+    s->samples_per_s = (double)(m->n * m->o.samples_per_step) / m->elapsed;
+  }
+  s->first_loss = m->first_loss;
+  s->final_loss = m->last_loss;
+  s->data_wait_s = m->wait_total;
+}
+
+void stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *status) {
+  if (m->jsonl) {
+    fprintf(m->jsonl,
+            "{\"summary\": \"%s\", \"steps\": %lld, \"samples\": %lld, \"final_loss\": %.6g, "
+            "\"samples_per_s_median\": %.1f, \"step_time_ms_p50\": %.4f, \"step_time_ms_p95\": %.4f, "
+            "\"data_wait_s\": %.4f, \"flops_per_step\": %.6g, \"skipped_samples\": %lld}\n",
+            status, (long long)s->steps, (long long)s->samples, s->final_loss, s->samples_per_s,
+            s->step_ms_p50, s->step_ms_p95, s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples);
+    fflush(m->jsonl);
+  }
+  printf("summary (%s): %lld steps, %lld samples, final loss %.4f (first %.4f)\n"
+         "  samples/s median %.0f, step time p50 %.3f ms, p95 %.3f ms, data wait %.3f s total\n"
+         "  metrics: %s/metrics.jsonl\n",
+         status, (long long)s->steps, (long long)s->samples, s->final_loss, s->first_loss,
+         s->samples_per_s, s->step_ms_p50, s->step_ms_p95, s->data_wait_s, s->out_dir);
+  fflush(stdout);
+}

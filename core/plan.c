@@ -1,0 +1,224 @@
+/* core/plan.c: the compiler: backward derivation, kernel resolution over
+ * the ordered engine list, and the memory plan (flat parameter, gradient
+ * and optimizer-state buffers; one activation arena placed by liveness). */
+#define _GNU_SOURCE /* qsort_r */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stoke/core.h"
+#include "stoke/graph.h"
+#include "stoke/ops.h"
+
+stoke_err *stoke_graph_derive_backward(stoke_graph *g); /* core/graph.c */
+
+#define ALIGN 256 /* bytes: every buffer offset, so GPU kernels can vectorize */
+
+static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+
+static const char *pass_name(stoke_pass p) {
+  return p == STOKE_FWD ? "forward" : p == STOKE_BWD ? "backward" : "update";
+}
+
+static const char *dtype_str(stoke_dtype t) {
+  static const char *n[] = {"f32", "f16", "bf16", "i32", "u8", "f64"};
+  return (unsigned)t < STOKE_DTYPE_COUNT ? n[t] : "?";
+}
+
+/* First engine in the ordered list with a kernel for the node. */
+static stoke_err *resolve(const stoke_graph *g, const stoke_plan_opts *o, stoke_gnode *n) {
+  const stoke_value *x = &g->values[n->in[0]];
+  for (int i = 0; i < o->n_engines; i++) {
+    n->kernel = stoke_find_kernel(g->reg, o->engines[i], n->n.op, n->pass, x->dtype, x->layout);
+    if (n->kernel) return NULL;
+  }
+  char list[256] = "";
+  size_t used = 0;
+  for (int i = 0; i < o->n_engines && used < sizeof list; i++)
+    used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", o->engines[i]);
+  return STOKE_ERR(STOKE_E_UNSUPPORTED,
+                   "node '%s': no kernel for op '%s' (%s, %s) in backends [%s]; add a backend "
+                   "that has one to [run] backends, or load the plugin that provides it",
+                   n->n.name, n->n.op, pass_name(n->pass), dtype_str(x->dtype), list);
+}
+
+/* Schedule positions where each arena value is written and read. */
+static void liveness(stoke_graph *g) {
+  int end = g->n_nodes;
+  for (int v = 0; v < g->n_values; v++) {
+    stoke_value *val = &g->values[v];
+    int whole = val->kind == STOKE_VAL_INPUT || val->kind == STOKE_VAL_LABEL ||
+                val->kind == STOKE_VAL_SEED || v == g->loss;
+    val->first = whole ? 0 : val->producer >= 0 ? val->producer : 0;
+    val->last = whole ? end : val->first;
+  }
+  for (int i = 0; i < g->n_nodes; i++) {
+    stoke_gnode *n = &g->nodes[i];
+    for (int k = 0; k < n->n_in; k++) {
+      int reads = n->pass != STOKE_BWD || (n->type->bwd_needs & STOKE_BWD_NEEDS_INPUT(k));
+      if (reads && g->values[n->in[k]].last < i) g->values[n->in[k]].last = i;
+    }
+    for (int j = 0; j < n->n_out; j++) {
+      if (n->pass == STOKE_BWD) {
+        if ((n->type->bwd_needs & STOKE_BWD_NEEDS_OUTPUT(j)) && g->values[n->out[j]].last < i)
+          g->values[n->out[j]].last = i;
+        if (n->dout[j] >= 0 && g->values[n->dout[j]].last < i) g->values[n->dout[j]].last = i;
+      }
+    }
+    if (n->pass == STOKE_BWD)
+      for (int k = 0; k < n->n_in; k++)
+        if (n->din[k] >= 0) {
+          stoke_value *d = &g->values[n->din[k]];
+          if (d->first > i || d->producer == i) d->first = i;
+          if (d->last < i) d->last = i;
+        }
+  }
+}
+
+static int by_size_desc(const void *a, const void *b, void *vals) {
+  const stoke_value *v = vals;
+  size_t x = v[*(const int *)a].bytes, y = v[*(const int *)b].bytes;
+  return x < y ? 1 : x > y ? -1 : *(const int *)a - *(const int *)b;
+}
+
+/* Greedy best-fit by size: each value goes to the lowest offset that does
+ * not overlap any placed value whose lifetime intersects its own. */
+static stoke_err *place_arena(stoke_graph *g, size_t *total) {
+  int *order = malloc(sizeof(int) * (size_t)g->n_values), n = 0;
+  int *placed = malloc(sizeof(int) * (size_t)g->n_values), n_placed = 0;
+  if (!order || !placed) {
+    free(order);
+    free(placed);
+    return STOKE_ERR(STOKE_E_OOM, "out of memory planning the arena");
+  }
+  for (int v = 0; v < g->n_values; v++)
+    if (g->values[v].buffer == STOKE_BUF_ARENA) order[n++] = v;
+  qsort_r(order, (size_t)n, sizeof(int), by_size_desc, g->values);
+  *total = 0;
+  for (int i = 0; i < n; i++) {
+    stoke_value *v = &g->values[order[i]];
+    size_t off = 0;
+    for (int again = 1; again;) {
+      again = 0;
+      for (int j = 0; j < n_placed; j++) {
+        stoke_value *p = &g->values[placed[j]];
+        int live = !(p->last < v->first || v->last < p->first);
+        int overlap = off < p->offset + p->bytes && p->offset < off + v->bytes;
+        if (live && overlap) {
+          off = align_up(p->offset + p->bytes);
+          again = 1;
+        }
+      }
+    }
+    v->offset = off;
+    placed[n_placed++] = order[i];
+    if (off + v->bytes > *total) *total = off + v->bytes;
+  }
+  free(order);
+  free(placed);
+  return NULL;
+}
+
+stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan **out) {
+  if (opts->n_engines < 1) return STOKE_ERR(STOKE_E_INVALID, "no backend given");
+  if (opts->training) STOKE_TRY(stoke_graph_derive_backward(g), "deriving the backward pass");
+  stoke_plan *p = calloc(1, sizeof *p);
+  if (!p) return STOKE_ERR(STOKE_E_OOM, "out of memory");
+  p->g = g;
+  p->opts = *opts;
+  p->n_schedule = g->n_nodes;
+  stoke_err *e = NULL;
+  for (int i = 0; i < g->n_nodes && !e; i++) e = resolve(g, opts, &g->nodes[i]);
+  if (!e && opts->training && opts->optimizer) {
+    const char *op = !strcmp(opts->optimizer, "adamw") ? STOKE_OP_ADAMW : STOKE_OP_SGD;
+    for (int i = 0; i < opts->n_engines && !p->opt_kernel; i++)
+      p->opt_kernel = stoke_find_kernel(g->reg, opts->engines[i], op, STOKE_OPT, g->dtype,
+                                        STOKE_LAYOUT_ANY);
+    if (!p->opt_kernel)
+      e = STOKE_ERR(STOKE_E_UNSUPPORTED, "no '%s' optimizer kernel for %s in the backends given",
+                    op, dtype_str(g->dtype));
+    p->opt_state_per_param = !strcmp(op, STOKE_OP_ADAMW) ? 2 : 1;
+  }
+  if (e) {
+    free(p);
+    return e;
+  }
+  /* flat buffers: parameters and their gradients at the same offsets */
+  for (int v = 0; v < g->n_values; v++) {
+    stoke_value *val = &g->values[v];
+    val->bytes = align_up((size_t)stoke_numel(&val->shape) * stoke_dtype_size(val->dtype));
+    val->buffer = STOKE_BUF_ARENA;
+    if (val->kind == STOKE_VAL_PARAM) {
+      val->buffer = STOKE_BUF_PARAMS;
+      val->offset = p->bytes[STOKE_BUF_PARAMS];
+      p->bytes[STOKE_BUF_PARAMS] += val->bytes;
+      p->n_params += stoke_numel(&val->shape);
+    }
+  }
+  for (int v = 0; v < g->n_values; v++) {
+    stoke_value *val = &g->values[v];
+    if (val->kind == STOKE_VAL_PARAM && val->grad >= 0) {
+      stoke_value *gr = &g->values[val->grad];
+      gr->buffer = STOKE_BUF_GRADS;
+      gr->offset = val->offset;
+    }
+  }
+  if (opts->training) p->bytes[STOKE_BUF_GRADS] = p->bytes[STOKE_BUF_PARAMS];
+  p->opt_state_bytes = (size_t)p->opt_state_per_param * p->bytes[STOKE_BUF_PARAMS];
+  liveness(g);
+  e = place_arena(g, &p->bytes[STOKE_BUF_ARENA]);
+  if (e) {
+    free(p);
+    return e;
+  }
+  for (int i = 0; i < g->n_nodes; i++) {
+    if (i < g->n_fwd) p->fwd_flops += g->nodes[i].flops;
+    p->train_flops += g->nodes[i].flops;
+  }
+  if (!opts->training) p->train_flops = p->fwd_flops;
+  *out = p;
+  return NULL;
+}
+
+void stoke_plan_free(stoke_plan *p) { free(p); }
+
+static void fmt_shape(const stoke_shape *s, char *buf, size_t cap) {
+  size_t used = (size_t)snprintf(buf, cap, "[");
+  for (int i = 0; i < s->ndim && used < cap; i++)
+    used += (size_t)snprintf(buf + used, cap - used, "%s%lld", i ? ", " : "", (long long)s->d[i]);
+  if (used < cap) snprintf(buf + used, cap - used, "]");
+}
+
+static void fmt_bytes(size_t b, char *buf, size_t cap) {
+  if (b >= (1u << 30)) snprintf(buf, cap, "%.2f GiB", b / 1073741824.0);
+  else if (b >= (1u << 20)) snprintf(buf, cap, "%.2f MiB", b / 1048576.0);
+  else snprintf(buf, cap, "%.1f KiB", b / 1024.0);
+}
+
+void stoke_plan_report(const stoke_plan *p, FILE *f) {
+  const stoke_graph *g = p->g;
+  fprintf(f, "plan: %d nodes (%d forward), %lld parameters\n", g->n_nodes, g->n_fwd,
+          (long long)p->n_params);
+  fprintf(f, "  %-24s %-10s %-9s %-7s %-20s %12s\n", "node", "op", "pass", "engine", "output",
+          "MFLOP");
+  for (int i = 0; i < g->n_nodes; i++) {
+    const stoke_gnode *n = &g->nodes[i];
+    char shape[64] = "-";
+    int o = n->pass == STOKE_BWD ? n->din[0] >= 0 ? n->din[0] : n->din[1] : n->out[0];
+    if (o >= 0) fmt_shape(&g->values[o].shape, shape, sizeof shape);
+    fprintf(f, "  %-24s %-10s %-9s %-7s %-20s %12.2f\n", n->n.name, n->n.op, pass_name(n->pass),
+            n->kernel ? n->kernel->engine : "?", shape, n->flops / 1e6);
+  }
+  if (p->opt_kernel)
+    fprintf(f, "  %-24s %-10s %-9s %-7s\n", "optimizer", p->opt_kernel->op, "update",
+            p->opt_kernel->engine);
+  char a[32], b[32], c[32], d[32];
+  fmt_bytes(p->bytes[STOKE_BUF_PARAMS], a, sizeof a);
+  fmt_bytes(p->bytes[STOKE_BUF_GRADS], b, sizeof b);
+  fmt_bytes(p->opt_state_bytes, c, sizeof c);
+  fmt_bytes(p->bytes[STOKE_BUF_ARENA], d, sizeof d);
+  fprintf(f, "memory: parameters %s, gradients %s, optimizer state %s, activations %s\n", a, b, c,
+          d);
+  fprintf(f, "FLOPs per step: forward %.4g, forward+backward %.4g\n", p->fwd_flops,
+          p->train_flops);
+}

@@ -1,0 +1,402 @@
+/* core/registry.c: the registries of every part kind and the plugin loader
+ * (dlopen libstoke_<name>.so along a search path, check its versioned
+ * entry struct, let it register its parts). */
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "stoke/core.h"
+#include "stoke/registry.h"
+
+extern const stoke_plugin_v1 stoke_builtin_plugin; /* core/builtin.c */
+
+typedef enum { K_OP, K_BACKEND, K_SOURCE, K_MODEL, K_PRECISION, K_COMM, K_KERNEL, K_COUNT } part_kind;
+static const char *kind_names[K_COUNT] = {"op", "backend", "source", "model", "precision", "comm", "kernel"};
+
+typedef struct part {
+  part_kind kind;
+  const char *name; /* for kernels: the op */
+  const void *def;
+  const char *origin;
+} part;
+
+typedef struct loaded {
+  char *name;   /* as asked for */
+  char *path;   /* file loaded */
+  void *handle; /* NULL for built-ins */
+} loaded;
+
+struct stoke_registry {
+  part *parts;
+  int n_parts, cap_parts;
+  loaded *libs;
+  int n_libs, cap_libs;
+  char **paths;
+  int n_paths;
+  const char *current_origin; /* the plugin registering right now */
+  stoke_registry_v1 api;
+};
+
+static const char *kernel_pass_name(stoke_pass p) {
+  return p == STOKE_FWD ? "forward" : p == STOKE_BWD ? "backward" : "update";
+}
+
+static const char *dtype_name(stoke_dtype t) {
+  static const char *n[] = {"f32", "f16", "bf16", "i32", "u8", "f64"};
+  return (unsigned)t < STOKE_DTYPE_COUNT ? n[t] : "?";
+}
+
+static const char *layout_name(stoke_layout l) {
+  return l == STOKE_NCHW ? "NCHW" : l == STOKE_NHWC ? "NHWC" : "any";
+}
+
+static int same_kernel(const stoke_kernel_v1 *a, const stoke_kernel_v1 *b) {
+  return !strcmp(a->engine, b->engine) && !strcmp(a->op, b->op) &&
+         a->pass == b->pass && a->dtype == b->dtype && a->layout == b->layout;
+}
+
+static stoke_err *add_part(stoke_registry *r, part_kind kind, const char *name,
+                           const void *def) {
+  if (!name || !name[0])
+    return STOKE_ERR(STOKE_E_INVALID, "%s: a %s was registered without a name",
+                     r->current_origin, kind_names[kind]);
+  for (int i = 0; i < r->n_parts; i++) {
+    part *p = &r->parts[i];
+    if (p->kind != kind) continue;
+    if (kind == K_KERNEL ? same_kernel(p->def, def) : !strcmp(p->name, name)) {
+      if (kind == K_KERNEL) {
+        const stoke_kernel_v1 *k = def;
+        return STOKE_ERR(STOKE_E_DUPLICATE,
+                         "%s: duplicate registration: kernel %s/%s %s %s %s is already "
+                         "registered by %s",
+                         r->current_origin, k->engine, k->op, kernel_pass_name(k->pass),
+                         dtype_name(k->dtype), layout_name(k->layout), p->origin);
+      }
+      return STOKE_ERR(STOKE_E_DUPLICATE,
+                       "%s: duplicate registration: %s '%s' is already registered by %s",
+                       r->current_origin, kind_names[kind], name, p->origin);
+    }
+  }
+  if (r->n_parts == r->cap_parts) {
+    int cap = r->cap_parts ? r->cap_parts * 2 : 64;
+    part *np = realloc(r->parts, (size_t)cap * sizeof *np);
+    if (!np) return STOKE_ERR(STOKE_E_OOM, "out of memory growing the registry");
+    r->parts = np;
+    r->cap_parts = cap;
+  }
+  r->parts[r->n_parts++] = (part){kind, name, def, r->current_origin};
+  return NULL;
+}
+
+static stoke_err *api_add_op(void *s, const stoke_op_type_v1 *o) {
+  if (o && (o->n_inputs > STOKE_MAX_IO || o->n_outputs > STOKE_MAX_IO || o->n_attrs > STOKE_MAX_ATTRS))
+    return STOKE_ERR(STOKE_E_INVALID, "op '%s': more than %d inputs/outputs or %d attributes",
+                     o->name, STOKE_MAX_IO, STOKE_MAX_ATTRS);
+  return add_part(s, K_OP, o ? o->name : NULL, o);
+}
+static stoke_err *api_add_kernel(void *s, const stoke_kernel_v1 *k) {
+  if (k && (!k->engine || !k->run))
+    return STOKE_ERR(STOKE_E_INVALID, "kernel for op '%s' has no engine or run function",
+                     k->op ? k->op : "?");
+  return add_part(s, K_KERNEL, k ? k->op : NULL, k);
+}
+static stoke_err *api_add_backend(void *s, const stoke_backend_v1 *b) {
+  return add_part(s, K_BACKEND, b ? b->name : NULL, b);
+}
+static stoke_err *api_add_source(void *s, const stoke_source_v1 *x) {
+  return add_part(s, K_SOURCE, x ? x->name : NULL, x);
+}
+static stoke_err *api_add_model(void *s, const stoke_model_v1 *m) {
+  return add_part(s, K_MODEL, m ? m->name : NULL, m);
+}
+static stoke_err *api_add_precision(void *s, const stoke_precision_v1 *p) {
+  return add_part(s, K_PRECISION, p ? p->name : NULL, p);
+}
+static stoke_err *api_add_comm(void *s, const stoke_comm_v1 *c) {
+  return add_part(s, K_COMM, c ? c->name : NULL, c);
+}
+
+stoke_err *stoke_registry_new(stoke_registry **out) {
+  stoke_registry *r = calloc(1, sizeof *r);
+  if (!r) return STOKE_ERR(STOKE_E_OOM, "out of memory creating the registry");
+  r->api = (stoke_registry_v1){r, api_add_op, api_add_kernel, api_add_backend,
+                               api_add_source, api_add_model, api_add_precision,
+                               api_add_comm};
+  stoke_err *e = stoke_registry_add_plugin(r, &stoke_builtin_plugin, "built-in");
+  if (e) {
+    stoke_registry_free(r);
+    return e;
+  }
+  *out = r;
+  return NULL;
+}
+
+void stoke_registry_free(stoke_registry *r) {
+  if (!r) return;
+  for (int i = r->n_libs - 1; i >= 0; i--) {
+    if (r->libs[i].handle) dlclose(r->libs[i].handle);
+    free(r->libs[i].name);
+    free(r->libs[i].path);
+  }
+  for (int i = 0; i < r->n_paths; i++) free(r->paths[i]);
+  free(r->paths);
+  free(r->libs);
+  free(r->parts);
+  free(r);
+}
+
+void stoke_registry_add_path(stoke_registry *r, const char *dir) {
+  char **np = realloc(r->paths, (size_t)(r->n_paths + 1) * sizeof *np);
+  if (!np) return;
+  r->paths = np;
+  r->paths[r->n_paths] = strdup(dir);
+  if (r->paths[r->n_paths]) r->n_paths++;
+}
+
+/* The search path as a list of folders: added ones, STOKE_PLUGIN_PATH, the
+ * executable's folder and its plugins/ subfolder. Returns the count. */
+static int search_dirs(const stoke_registry *r, char dirs[][PATH_MAX], int cap) {
+  int n = 0;
+  for (int i = 0; i < r->n_paths && n < cap; i++) snprintf(dirs[n++], PATH_MAX, "%s", r->paths[i]);
+  const char *env = getenv("STOKE_PLUGIN_PATH");
+  if (env) {
+    const char *p = env;
+    while (*p && n < cap) {
+      const char *q = strchr(p, ':');
+      size_t len = q ? (size_t)(q - p) : strlen(p);
+      if (len > 0 && len < PATH_MAX) {
+        memcpy(dirs[n], p, len);
+        dirs[n++][len] = 0;
+      }
+      if (!q) break;
+      p = q + 1;
+    }
+  }
+  char exe[PATH_MAX];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len > 0 && n + 2 <= cap) {
+    exe[len] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    snprintf(dirs[n++], PATH_MAX, "%s", exe);
+    snprintf(dirs[n++], PATH_MAX, "%.*s/plugins", PATH_MAX - 16, exe);
+  }
+  return n;
+}
+
+#define MAX_DIRS 32
+
+static stoke_err *register_plugin(stoke_registry *r, const stoke_plugin_v1 *p,
+                                  const char *origin) {
+  if (p->abi_version != STOKE_ABI_VERSION)
+    return STOKE_ERR(STOKE_E_ABI,
+                     "%s: plugin ABI version mismatch: stoke expects version %u, the "
+                     "plugin was built for version %u; rebuild it against this "
+                     "stoke's SDK headers (core/include/stoke/plugin.h)",
+                     origin, STOKE_ABI_VERSION, p->abi_version);
+  if (p->struct_size != sizeof(stoke_plugin_v1))
+    return STOKE_ERR(STOKE_E_ABI,
+                     "%s: plugin struct size mismatch: stoke expects "
+                     "sizeof(stoke_plugin_v1) = %zu, the plugin says %u; rebuild it "
+                     "against this stoke's SDK headers",
+                     origin, sizeof(stoke_plugin_v1), p->struct_size);
+  if (!p->register_parts)
+    return STOKE_ERR(STOKE_E_ABI, "%s: plugin '%s' has no register function", origin,
+                     p->name ? p->name : "?");
+  r->current_origin = origin;
+  int before = r->n_parts;
+  stoke_err *e = p->register_parts(stoke_host_table(), &r->api);
+  if (e) {
+    r->n_parts = before; /* nothing of a failed plugin stays registered */
+    return stoke_err_wrap(e, __FILE__, __LINE__, "registering plugin %s", origin);
+  }
+  return NULL;
+}
+
+stoke_err *stoke_registry_add_plugin(stoke_registry *r, const stoke_plugin_v1 *p,
+                                     const char *origin) {
+  if (r->n_libs == r->cap_libs) {
+    int cap = r->cap_libs ? r->cap_libs * 2 : 16;
+    loaded *nl = realloc(r->libs, (size_t)cap * sizeof *nl);
+    if (!nl) return STOKE_ERR(STOKE_E_OOM, "out of memory");
+    r->libs = nl;
+    r->cap_libs = cap;
+  }
+  loaded *l = &r->libs[r->n_libs];
+  l->name = strdup(p->name ? p->name : origin);
+  l->path = strdup(origin);
+  l->handle = NULL;
+  if (!l->name || !l->path) {
+    free(l->name);
+    free(l->path);
+    return STOKE_ERR(STOKE_E_OOM, "out of memory");
+  }
+  r->n_libs++;
+  stoke_err *e = register_plugin(r, p, l->path);
+  if (e) {
+    r->n_libs--;
+    free(l->name);
+    free(l->path);
+  }
+  return e;
+}
+
+stoke_err *stoke_registry_load(stoke_registry *r, const char *name) {
+  for (int i = 0; i < r->n_libs; i++)
+    if (!strcmp(r->libs[i].name, name)) return NULL;
+
+  char path[PATH_MAX] = "";
+  if (strchr(name, '/')) {
+    if (access(name, F_OK) != 0)
+      return STOKE_ERR(STOKE_E_NOT_FOUND, "plugin file '%s' not found: %s", name,
+                       strerror(errno));
+    snprintf(path, sizeof path, "%s", name);
+  } else {
+    static char dirs[MAX_DIRS][PATH_MAX];
+    int n = search_dirs(r, dirs, MAX_DIRS);
+    char looked[4096] = "";
+    size_t used = 0;
+    for (int i = 0; i < n && !path[0]; i++) {
+      char cand[PATH_MAX];
+      snprintf(cand, sizeof cand, "%.*s/libstoke_%s.so", PATH_MAX - 64, dirs[i], name);
+      if (access(cand, F_OK) == 0) snprintf(path, sizeof path, "%s", cand);
+      else if (used < sizeof looked)
+        used += (size_t)snprintf(looked + used, sizeof looked - used, "\n    %s", cand);
+    }
+    if (!path[0]) {
+      char avail[1024];
+      stoke_registry_available(r, avail, sizeof avail);
+      return STOKE_ERR(STOKE_E_NOT_FOUND,
+                       "plugin '%s' not found (no libstoke_%s.so). Looked in:%s\n"
+                       "  plugins found on the search path: %s\n"
+                       "  add a folder with [plugins] path = ... or STOKE_PLUGIN_PATH",
+                       name, name, looked[0] ? looked : " (no folders)", avail[0] ? avail : "none");
+    }
+  }
+
+  dlerror();
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char *why = dlerror();
+    return STOKE_ERR(STOKE_E_IO, "%s: cannot load plugin: %s", path, why ? why : "dlopen failed");
+  }
+  const stoke_plugin_v1 *p = dlsym(h, STOKE_PLUGIN_SYMBOL);
+  if (!p) {
+    dlclose(h);
+    return STOKE_ERR(STOKE_E_ABI,
+                     "%s: not a stoke plugin: it does not export the symbol '%s' "
+                     "(define `STOKE_EXPORT const stoke_plugin_v1 %s` as in "
+                     "plugins/README.md)",
+                     path, STOKE_PLUGIN_SYMBOL, STOKE_PLUGIN_SYMBOL);
+  }
+  if (r->n_libs == r->cap_libs) {
+    int cap = r->cap_libs ? r->cap_libs * 2 : 16;
+    loaded *nl = realloc(r->libs, (size_t)cap * sizeof *nl);
+    if (!nl) {
+      dlclose(h);
+      return STOKE_ERR(STOKE_E_OOM, "out of memory");
+    }
+    r->libs = nl;
+    r->cap_libs = cap;
+  }
+  loaded *l = &r->libs[r->n_libs];
+  l->name = strdup(name);
+  l->path = strdup(path);
+  l->handle = h;
+  if (!l->name || !l->path) {
+    free(l->name);
+    free(l->path);
+    dlclose(h);
+    return STOKE_ERR(STOKE_E_OOM, "out of memory");
+  }
+  r->n_libs++;
+  stoke_err *e = register_plugin(r, p, l->path);
+  if (e) {
+    r->n_libs--;
+    free(l->name);
+    free(l->path);
+    dlclose(h);
+  }
+  return e;
+}
+
+void stoke_registry_available(stoke_registry *r, char *buf, size_t cap) {
+  static char dirs[MAX_DIRS][PATH_MAX];
+  int n = search_dirs(r, dirs, MAX_DIRS);
+  size_t used = 0;
+  buf[0] = 0;
+  char seen[64][64];
+  int n_seen = 0;
+  for (int i = 0; i < n; i++) {
+    DIR *d = opendir(dirs[i]);
+    if (!d) continue;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+      size_t len = strlen(de->d_name);
+      if (strncmp(de->d_name, "libstoke_", 9) || len < 13 || strcmp(de->d_name + len - 3, ".so"))
+        continue;
+      char nm[64];
+      snprintf(nm, sizeof nm, "%.*s", (int)(len - 12), de->d_name + 9);
+      int dup = 0;
+      for (int j = 0; j < n_seen; j++) dup |= !strcmp(seen[j], nm);
+      if (dup || n_seen == 64) continue;
+      snprintf(seen[n_seen++], 64, "%s", nm);
+    }
+    closedir(d);
+  }
+  /* sorted, for stable messages */
+  qsort(seen, (size_t)n_seen, sizeof seen[0], (int (*)(const void *, const void *))strcmp);
+  for (int j = 0; j < n_seen && used < cap; j++)
+    used += (size_t)snprintf(buf + used, cap - used, "%s%s", j ? ", " : "", seen[j]);
+}
+
+static const void *find(const stoke_registry *r, part_kind kind, const char *name) {
+  if (!name) return NULL;
+  for (int i = 0; i < r->n_parts; i++)
+    if (r->parts[i].kind == kind && !strcmp(r->parts[i].name, name)) return r->parts[i].def;
+  return NULL;
+}
+
+const stoke_op_type_v1 *stoke_find_op(const stoke_registry *r, const char *n) { return find(r, K_OP, n); }
+const stoke_backend_v1 *stoke_find_backend(const stoke_registry *r, const char *n) { return find(r, K_BACKEND, n); }
+const stoke_source_v1 *stoke_find_source(const stoke_registry *r, const char *n) { return find(r, K_SOURCE, n); }
+const stoke_model_v1 *stoke_find_model(const stoke_registry *r, const char *n) { return find(r, K_MODEL, n); }
+const stoke_precision_v1 *stoke_find_precision(const stoke_registry *r, const char *n) { return find(r, K_PRECISION, n); }
+const stoke_comm_v1 *stoke_find_comm(const stoke_registry *r, const char *n) { return find(r, K_COMM, n); }
+
+const stoke_kernel_v1 *stoke_find_kernel(const stoke_registry *r, const char *engine,
+                                         const char *op, stoke_pass pass, stoke_dtype dtype,
+                                         stoke_layout layout) {
+  const stoke_kernel_v1 *any = NULL;
+  for (int i = 0; i < r->n_parts; i++) {
+    if (r->parts[i].kind != K_KERNEL) continue;
+    const stoke_kernel_v1 *k = r->parts[i].def;
+    if (strcmp(k->engine, engine) || strcmp(k->op, op) || k->pass != pass || k->dtype != dtype)
+      continue;
+    if (k->layout == layout) return k;
+    if (k->layout == STOKE_LAYOUT_ANY) any = k;
+  }
+  return any;
+}
+
+const char *stoke_registry_origin(const stoke_registry *r, const char *name) {
+  for (int i = 0; i < r->n_parts; i++)
+    if (!strcmp(r->parts[i].name, name)) return r->parts[i].origin;
+  return NULL;
+}
+
+void stoke_registry_names(const stoke_registry *r, const char *kind, char *buf, size_t cap) {
+  size_t used = 0;
+  int first = 1;
+  buf[0] = 0;
+  for (int i = 0; i < r->n_parts && used < cap; i++) {
+    if (strcmp(kind_names[r->parts[i].kind], kind)) continue;
+    used += (size_t)snprintf(buf + used, cap - used, "%s%s", first ? "" : ", ", r->parts[i].name);
+    first = 0;
+  }
+}

@@ -1,0 +1,531 @@
+/* tests/op/cpu_grad_test.c: the CPU reference kernels: every input gradient
+ * against central finite differences in double, gradient accumulation,
+ * f32 against f64, forwards against naive loops, and the error cases. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "harness.h"
+
+/* Finite differences: step, and the largest relative error allowed. The
+ * relative error is |analytic - numeric| / max(|analytic|, |numeric|,
+ * FD_FLOOR): the floor keeps gradients that are ~0 from dividing by ~0
+ * (Caffe's gradient checker does the same). */
+#define FD_H 1e-6
+#define FD_TOL 1e-6
+#define FD_FLOOR 1e-2
+#define F32_TOL 1e-5 /* ||f32 - f64|| / ||f64|| */
+
+/* One op call: inputs and output in f64, which inputs get a gradient and
+ * which of those are parameters (accumulated under param_grad_beta). */
+typedef struct op_case {
+  const char *op;
+  stoke_node_v1 node;
+  int n_in;
+  stoke_tensor in[3];
+  stoke_tensor out;
+  uint32_t grads;
+  uint32_t params;
+} op_case;
+
+static void case_free(op_case *c) {
+  for (int i = 0; i < c->n_in; i++) h_free(&c->in[i]);
+  h_free(&c->out);
+}
+
+static stoke_kernel_args_v1 args_for(const op_case *c, const stoke_tensor *in,
+                                     const stoke_tensor *out) {
+  stoke_kernel_args_v1 a;
+  memset(&a, 0, sizeof a);
+  a.node = &c->node;
+  a.n_in = c->n_in;
+  a.n_out = 1;
+  a.in = in;
+  a.out = out;
+  a.training = 1;
+  return a;
+}
+
+/* out = op(in), in the dtype of in[0]; out is poisoned first and must be
+ * fully written. */
+static void run_fwd(const op_case *c, const stoke_tensor *in, stoke_tensor *out) {
+  const stoke_kernel_v1 *k = h_kernel(c->op, STOKE_FWD, in[0].dtype);
+  h_poison(out);
+  stoke_kernel_args_v1 a = args_for(c, in, out);
+  H_OK(h_run(k, &a));
+  h_check_written(out, c->op);
+}
+
+/* din = backward(dout). Only the inputs and outputs that the op's
+ * bwd_needs names keep their data: the kernel must not read the others. */
+static stoke_err *try_bwd(const op_case *c, const stoke_tensor *in, const stoke_tensor *out,
+                          stoke_tensor *din, const stoke_tensor *dout, float beta) {
+  const stoke_op_type_v1 *t = stoke_find_op(h_reg, c->op);
+  assert_non_null(t);
+  stoke_tensor live_in[3], live_out = *out;
+  for (int i = 0; i < c->n_in; i++) {
+    live_in[i] = in[i];
+    if (!(t->bwd_needs & STOKE_BWD_NEEDS_INPUT(i))) live_in[i].data = NULL;
+  }
+  if (!(t->bwd_needs & STOKE_BWD_NEEDS_OUTPUT(0))) live_out.data = NULL;
+  stoke_kernel_args_v1 a = args_for(c, live_in, &live_out);
+  a.din = din;
+  a.dout = dout;
+  a.param_grads = c->params;
+  a.param_grad_beta = beta;
+  return h_run(h_kernel(c->op, STOKE_BWD, in[0].dtype), &a);
+}
+
+/* Gradient tensors for the inputs in c->grads (poisoned), data NULL for
+ * the others. */
+static void make_din(const op_case *c, stoke_tensor *din, int dt) {
+  for (int i = 0; i < c->n_in; i++) {
+    din[i] = c->in[i];
+    din[i].data = NULL;
+    if (c->grads & (1u << i)) {
+      din[i] = h_like(&c->in[i], dt);
+      h_poison(&din[i]);
+    }
+  }
+}
+
+static void free_din(const op_case *c, stoke_tensor *din) {
+  for (int i = 0; i < c->n_in; i++) h_free(&din[i]);
+}
+
+/* L = sum(op(in) * R) in double. */
+static double objective(const op_case *c, const stoke_tensor *r) {
+  stoke_tensor out = h_like(&c->out, -1);
+  run_fwd(c, c->in, &out);
+  double l = 0;
+  for (int64_t i = 0; i < h_numel(&out); i++) l += h_get(&out, i) * h_get(r, i);
+  h_free(&out);
+  return l;
+}
+
+static double rel_err(double analytic, double numeric) {
+  double den = fmax(fmax(fabs(analytic), fabs(numeric)), FD_FLOOR);
+  return fabs(analytic - numeric) / den;
+}
+
+/* Every gradient of c (f64) against central differences of L = sum(y R),
+ * whose output gradient is R. */
+static void grad_check(op_case *c, const char *label) {
+  run_fwd(c, c->in, &c->out);
+  stoke_tensor r = h_like(&c->out, -1), din[3];
+  h_random(&r, -1, 1);
+  make_din(c, din, -1);
+  H_OK(try_bwd(c, c->in, &c->out, din, &r, 0.0f));
+  static const char *names[] = {"in0", "in1", "in2"};
+  for (int i = 0; i < c->n_in; i++) {
+    if (!(c->grads & (1u << i))) continue;
+    h_check_written(&din[i], label);
+    double worst = 0;
+    for (int64_t j = 0; j < h_numel(&c->in[i]); j++) {
+      double v = h_get(&c->in[i], j);
+      h_set(&c->in[i], j, v + FD_H);
+      double lp = objective(c, &r);
+      h_set(&c->in[i], j, v - FD_H);
+      double lm = objective(c, &r);
+      h_set(&c->in[i], j, v);
+      double num = (lp - lm) / (2 * FD_H), ana = h_get(&din[i], j);
+      double e = rel_err(ana, num);
+      if (e > worst) worst = e;
+      H_CHECK(e < FD_TOL, "%s: d%s[%lld] = %.12g, finite differences %.12g (rel err %.3g)", label,
+              names[i], (long long)j, ana, num, e);
+    }
+    print_message("%s: d%s max rel err %.3g\n", label, names[i], worst);
+  }
+  free_din(c, din);
+  h_free(&r);
+}
+
+/* -------------------------------------------------------------- the cases */
+
+static op_case linear_case(int64_t n, int64_t in, int64_t out) {
+  op_case c = {.op = STOKE_OP_LINEAR, .node = h_node(STOKE_OP_LINEAR, "fc1"), .n_in = 3};
+  c.in[0] = h_tensor(STOKE_F64, 2, n, in);
+  c.in[1] = h_tensor(STOKE_F64, 2, out, in);
+  c.in[2] = h_tensor(STOKE_F64, 1, out);
+  c.out = h_tensor(STOKE_F64, 2, n, out);
+  for (int i = 0; i < 3; i++) h_random(&c.in[i], -1, 1);
+  c.grads = 7;
+  c.params = 6; /* weight, bias */
+  return c;
+}
+
+static op_case relu_case(int64_t n, int64_t f) {
+  op_case c = {.op = STOKE_OP_RELU, .node = h_node(STOKE_OP_RELU, "act1"), .n_in = 1};
+  c.in[0] = h_tensor(STOKE_F64, 2, n, f);
+  c.out = h_tensor(STOKE_F64, 2, n, f);
+  /* away from the kink at 0, so that x +- h stays on one side */
+  for (int64_t i = 0; i < h_numel(&c.in[0]); i++)
+    h_set(&c.in[0], i, (h_next() & 1 ? 1 : -1) * h_uniform(0.05, 1));
+  c.grads = 1;
+  return c;
+}
+
+static op_case add_case(int64_t n, int64_t f) {
+  op_case c = {.op = STOKE_OP_ADD, .node = h_node(STOKE_OP_ADD, "res1"), .n_in = 2};
+  c.in[0] = h_tensor(STOKE_F64, 2, n, f);
+  c.in[1] = h_tensor(STOKE_F64, 2, n, f);
+  c.out = h_tensor(STOKE_F64, 2, n, f);
+  h_random(&c.in[0], -1, 1);
+  h_random(&c.in[1], -1, 1);
+  c.grads = 3;
+  return c;
+}
+
+static op_case softmax_ce_case(int64_t n, int64_t classes, double smoothing) {
+  op_case c = {.op = STOKE_OP_SOFTMAX_CE, .node = h_node(STOKE_OP_SOFTMAX_CE, "loss"), .n_in = 2};
+  c.node.n_attrs = 1;
+  c.node.attrs[STOKE_SOFTMAX_CE_LABEL_SMOOTHING].f = smoothing;
+  c.in[0] = h_tensor(STOKE_F64, 2, n, classes);
+  c.in[1] = h_tensor(STOKE_I32, 1, n);
+  c.out = h_tensor(STOKE_F64, 1, (int64_t)1);
+  h_random(&c.in[0], -2, 2);
+  for (int64_t i = 0; i < n; i++) h_set(&c.in[1], i, (double)(h_next() % (uint64_t)classes));
+  c.grads = 1; /* labels get none */
+  return c;
+}
+
+/* ------------------------------------------------------------------ tests */
+
+static void test_backend(void **state) {
+  const stoke_backend_v1 *b = stoke_find_backend(h_reg, "cpu");
+  assert_non_null(b);
+  assert_int_equal(b->device, STOKE_DEV_CPU);
+  assert_null(b->device_engine);
+  void *self = (void *)1;
+  H_OK(b->open(0, NULL, &self));
+  stoke_device_info_v1 info;
+  H_OK(b->info(self, &info));
+  assert_true(info.name[0] != '\0');
+  assert_true(info.total_bytes > 0);
+  assert_true(info.free_bytes <= info.total_bytes);
+  for (int i = 0; i < STOKE_DTYPE_COUNT; i++) assert_true(info.peak_flops[i] == 0);
+  void *p = NULL, *q = NULL, *s = (void *)1;
+  H_OK(b->alloc(self, 1000, &p));
+  H_OK(b->alloc_host(self, 1000, &q));
+  assert_int_equal((uintptr_t)p % 64, 0);
+  assert_int_equal((uintptr_t)q % 64, 0);
+  H_OK(b->stream_create(self, &s));
+  assert_null(s);
+  H_OK(b->fill(self, p, 0x5a, 1000, s));
+  H_OK(b->copy(self, q, p, 1000, STOKE_COPY_D2H, s));
+  H_OK(b->stream_sync(self, s));
+  for (int i = 0; i < 1000; i++) assert_int_equal(((unsigned char *)q)[i], 0x5a);
+  b->stream_destroy(self, s);
+  b->free(self, p);
+  b->free_host(self, q);
+  b->close(self);
+}
+
+static void test_linear_grad(void **state) {
+  static const int64_t shapes[][3] = {{3, 4, 5}, {1, 1, 1}, {8, 17, 6}};
+  for (int s = 0; s < 3; s++) {
+    op_case c = linear_case(shapes[s][0], shapes[s][1], shapes[s][2]);
+    char label[64];
+    snprintf(label, sizeof label, "linear %lldx%lld->%lld", (long long)shapes[s][0],
+             (long long)shapes[s][1], (long long)shapes[s][2]);
+    grad_check(&c, label);
+    case_free(&c);
+  }
+}
+
+static void test_relu_grad(void **state) {
+  op_case c = relu_case(4, 5);
+  grad_check(&c, "relu");
+  case_free(&c);
+}
+
+static void test_add_grad(void **state) {
+  op_case c = add_case(3, 7);
+  grad_check(&c, "add");
+  case_free(&c);
+}
+
+static void test_softmax_ce_grad(void **state) {
+  op_case c = softmax_ce_case(5, 7, 0.0);
+  grad_check(&c, "softmax_ce");
+  case_free(&c);
+}
+
+static void test_softmax_ce_grad_label_smoothing(void **state) {
+  op_case c = softmax_ce_case(5, 7, 0.1);
+  grad_check(&c, "softmax_ce ls=0.1");
+  case_free(&c);
+}
+
+/* Parameter gradients accumulate under param_grad_beta = 1; activation
+ * gradients are overwritten whatever beta says. */
+static void check_accumulation(op_case *c) {
+  run_fwd(c, c->in, &c->out);
+  stoke_tensor r = h_like(&c->out, -1), base[3], acc[3], prev[3];
+  h_random(&r, -1, 1);
+  make_din(c, base, -1);
+  H_OK(try_bwd(c, c->in, &c->out, base, &r, 0.0f));
+  make_din(c, acc, -1);
+  for (int i = 0; i < c->n_in; i++) {
+    prev[i] = acc[i];
+    if (!acc[i].data) continue;
+    prev[i] = h_like(&acc[i], -1);
+    if (c->params & (1u << i)) {
+      h_random(&acc[i], -1, 1); /* the earlier micro-batches' sum */
+      h_convert(&prev[i], &acc[i]);
+    } /* else poisoned: must be overwritten */
+  }
+  H_OK(try_bwd(c, c->in, &c->out, acc, &r, 1.0f));
+  for (int i = 0; i < c->n_in; i++) {
+    if (!acc[i].data) continue;
+    int is_param = (c->params >> i) & 1;
+    for (int64_t j = 0; j < h_numel(&acc[i]); j++) {
+      double want = h_get(&base[i], j) + (is_param ? h_get(&prev[i], j) : 0);
+      double got = h_get(&acc[i], j);
+      H_CHECK(fabs(got - want) <= 1e-12 * fmax(1, fabs(want)),
+              "%s: din[%d][%lld] = %.15g with beta 1, want %.15g (%s)", c->op, i, (long long)j,
+              got, want, is_param ? "accumulated" : "overwritten");
+    }
+    h_free(&prev[i]);
+  }
+  free_din(c, base);
+  free_din(c, acc);
+  h_free(&r);
+}
+
+static void test_param_grad_beta(void **state) {
+  op_case c = linear_case(4, 3, 5); /* dx overwritten, dW and db accumulated */
+  check_accumulation(&c);
+  case_free(&c);
+  c = add_case(2, 5);
+  c.params = 2; /* b a parameter (a bias added), a an activation */
+  check_accumulation(&c);
+  c.params = 3;
+  check_accumulation(&c);
+  case_free(&c);
+}
+
+/* linear backward without dx (the first layer's input needs none). */
+static void test_linear_no_dx(void **state) {
+  op_case c = linear_case(4, 3, 2);
+  run_fwd(&c, c.in, &c.out);
+  stoke_tensor r = h_like(&c.out, -1), all[3], some[3];
+  h_random(&r, -1, 1);
+  make_din(&c, all, -1);
+  H_OK(try_bwd(&c, c.in, &c.out, all, &r, 0.0f));
+  c.grads = 6;
+  make_din(&c, some, -1);
+  H_OK(try_bwd(&c, c.in, &c.out, some, &r, 0.0f));
+  assert_null(some[0].data);
+  for (int i = 1; i < 3; i++) H_CHECK(h_rel_norm(&some[i], &all[i]) == 0, "din[%d] differs", i);
+  c.grads = 7;
+  free_din(&c, all);
+  free_din(&c, some);
+  h_free(&r);
+  case_free(&c);
+}
+
+/* The f32 kernels against the f64 ones on the same (f32-representable)
+ * inputs: forward output and every input gradient. */
+static void check_f32(op_case *c) {
+  stoke_tensor in32[3], out32 = h_like(&c->out, STOKE_F32), r = h_like(&c->out, -1);
+  stoke_tensor r32 = h_like(&c->out, STOKE_F32), din[3], din32[3];
+  for (int i = 0; i < c->n_in; i++) {
+    int dt = c->in[i].dtype == STOKE_F64 ? STOKE_F32 : -1;
+    in32[i] = h_like(&c->in[i], dt);
+    h_convert(&in32[i], &c->in[i]);
+    h_convert(&c->in[i], &in32[i]); /* the f64 run sees the same values */
+  }
+  h_random(&r, -1, 1);
+  h_convert(&r32, &r);
+  h_convert(&r, &r32);
+  run_fwd(c, c->in, &c->out);
+  run_fwd(c, in32, &out32);
+  double e = h_rel_norm(&out32, &c->out);
+  H_CHECK(e < F32_TOL, "%s forward: f32 vs f64 relative norm %.3g", c->op, e);
+  make_din(c, din, -1);
+  make_din(c, din32, STOKE_F32);
+  H_OK(try_bwd(c, c->in, &c->out, din, &r, 0.0f));
+  H_OK(try_bwd(c, in32, &out32, din32, &r32, 0.0f));
+  for (int i = 0; i < c->n_in; i++) {
+    if (!din[i].data) continue;
+    h_check_written(&din32[i], c->op);
+    e = h_rel_norm(&din32[i], &din[i]);
+    H_CHECK(e < F32_TOL, "%s backward: din[%d] f32 vs f64 relative norm %.3g", c->op, i, e);
+  }
+  for (int i = 0; i < c->n_in; i++) h_free(&in32[i]);
+  free_din(c, din);
+  free_din(c, din32);
+  h_free(&out32);
+  h_free(&r);
+  h_free(&r32);
+}
+
+static void test_f32_matches_f64(void **state) {
+  op_case c = linear_case(16, 33, 10);
+  check_f32(&c);
+  case_free(&c);
+  c = relu_case(8, 9);
+  check_f32(&c);
+  case_free(&c);
+  c = add_case(8, 9);
+  check_f32(&c);
+  case_free(&c);
+  c = softmax_ce_case(16, 10, 0.0);
+  check_f32(&c);
+  case_free(&c);
+  c = softmax_ce_case(16, 10, 0.2);
+  check_f32(&c);
+  case_free(&c);
+}
+
+static void test_linear_forward_naive(void **state) {
+  op_case c = linear_case(5, 7, 3);
+  run_fwd(&c, c.in, &c.out);
+  for (int64_t i = 0; i < 5; i++)
+    for (int64_t j = 0; j < 3; j++) {
+      double want = h_get(&c.in[2], j);
+      for (int64_t k = 0; k < 7; k++) want += h_get(&c.in[0], i * 7 + k) * h_get(&c.in[1], j * 7 + k);
+      double got = h_get(&c.out, i * 3 + j);
+      H_CHECK(fabs(got - want) < 1e-12, "y[%lld, %lld] = %.15g, naive %.15g", (long long)i,
+              (long long)j, got, want);
+    }
+  case_free(&c);
+}
+
+static void test_softmax_ce_forward_naive(void **state) {
+  for (int s = 0; s < 2; s++) {
+    double ls = s ? 0.25 : 0.0;
+    op_case c = softmax_ce_case(6, 4, ls);
+    run_fwd(&c, c.in, &c.out);
+    double want = 0;
+    for (int64_t i = 0; i < 6; i++) {
+      double z = 0;
+      for (int64_t j = 0; j < 4; j++) z += exp(h_get(&c.in[0], i * 4 + j));
+      int64_t y = (int64_t)h_get(&c.in[1], i);
+      for (int64_t j = 0; j < 4; j++) {
+        double target = (j == y ? 1 - ls : 0) + ls / 4;
+        want -= target * log(exp(h_get(&c.in[0], i * 4 + j)) / z);
+      }
+    }
+    want /= 6;
+    double got = h_get(&c.out, 0);
+    H_CHECK(fabs(got - want) < 1e-12, "loss %.15g (ls %g), naive %.15g", got, ls, want);
+    case_free(&c);
+  }
+}
+
+/* Two rows of three classes:
+ *   row 0: logits (1000, 1001, 1002), label 2. Stable form: subtract the
+ *          max 1002 -> (-2, -1, 0); loss = log(e^-2 + e^-1 + e^0) - 0
+ *          = log(1.5032147244080551) = 0.4076059644443804
+ *          (exp(1000) itself would overflow).
+ *   row 1: logits (0, 0, 0), label 1: loss = log 3 = 1.0986122886681098
+ *   mean = (0.4076059644443804 + 1.0986122886681098) / 2 = 0.7531091265562451
+ * With label smoothing 0.1 the target is 0.9 onehot + 0.1/3; with
+ * logp = (-2 - a, -1 - a, -a), a = 0.4076059644443804:
+ *   row 0: 0.9 a + (0.1/3)(3 + 3a) = a + 0.1 = 0.5076059644443804
+ *   row 1: every logp is -log 3, the targets sum to 1: log 3
+ *   mean = 0.7531091265562451 + 0.1 / 2 = 0.8031091265562451 */
+static void test_softmax_ce_known_value(void **state) {
+  static const double logits[] = {1000, 1001, 1002, 0, 0, 0}, labels[] = {2, 1};
+  static const double ls[] = {0.0, 0.1}, want[] = {0.7531091265562451, 0.8031091265562451};
+  static const stoke_dtype dts[] = {STOKE_F64, STOKE_F32};
+  for (int d = 0; d < 2; d++)
+    for (int s = 0; s < 2; s++) {
+      op_case c = {.op = STOKE_OP_SOFTMAX_CE, .node = h_node(STOKE_OP_SOFTMAX_CE, "loss"), .n_in = 2};
+      c.node.n_attrs = 1;
+      c.node.attrs[STOKE_SOFTMAX_CE_LABEL_SMOOTHING].f = ls[s];
+      c.in[0] = h_tensor(dts[d], 2, (int64_t)2, (int64_t)3);
+      c.in[1] = h_tensor(STOKE_I32, 1, (int64_t)2);
+      c.out = h_tensor(dts[d], 1, (int64_t)1);
+      h_set_all(&c.in[0], logits);
+      h_set_all(&c.in[1], labels);
+      run_fwd(&c, c.in, &c.out);
+      double got = h_get(&c.out, 0), tol = dts[d] == STOKE_F64 ? 1e-14 : 1e-6;
+      H_CHECK(fabs(got - want[s]) < tol, "loss %.16g, want %.16g (ls %g, %s)", got, want[s],
+              ls[s], d ? "f32" : "f64");
+      case_free(&c);
+    }
+}
+
+static void test_softmax_ce_bad_label(void **state) {
+  static const int bad[] = {3, -1};
+  for (int b = 0; b < 2; b++) {
+    op_case c = softmax_ce_case(2, 3, 0.0);
+    h_set(&c.in[1], 0, 0);
+    h_set(&c.in[1], 1, bad[b]);
+    stoke_kernel_args_v1 a = args_for(&c, c.in, &c.out);
+    stoke_err *e = h_run(h_kernel(c.op, STOKE_FWD, STOKE_F64), &a);
+    assert_non_null(e);
+    assert_int_equal(e->code, STOKE_E_DATA);
+    char want[64];
+    snprintf(want, sizeof want, "row 1 has label %d", bad[b]);
+    H_CHECK(strstr(e->msg, want) && strstr(e->msg, "'loss'"), "message: %s", e->msg);
+    stoke_err_free(e);
+    stoke_tensor r = h_like(&c.out, -1), din[2];
+    h_set(&r, 0, 1);
+    make_din(&c, din, -1);
+    e = try_bwd(&c, c.in, &c.out, din, &r, 0.0f);
+    assert_non_null(e);
+    assert_int_equal(e->code, STOKE_E_DATA);
+    stoke_err_free(e);
+    free_din(&c, din);
+    h_free(&r);
+    case_free(&c);
+  }
+}
+
+/* Shape mismatches are STOKE_E_INVALID naming the node and the shapes. */
+static void test_bad_shapes(void **state) {
+  op_case c = linear_case(3, 4, 5);
+  c.in[1].shape.d[1] = 6; /* weight [5, 6] against x [3, 4] */
+  stoke_kernel_args_v1 a = args_for(&c, c.in, &c.out);
+  stoke_err *e = h_run(h_kernel(c.op, STOKE_FWD, STOKE_F64), &a);
+  assert_non_null(e);
+  assert_int_equal(e->code, STOKE_E_INVALID);
+  H_CHECK(strstr(e->msg, "'fc1'") && strstr(e->msg, "[5, 6]") && strstr(e->msg, "[3, 4]"),
+          "message: %s", e->msg);
+  stoke_err_free(e);
+  c.in[1].shape.d[1] = 4;
+  c.in[0].dtype = STOKE_F32; /* an f32 tensor given to the f64 kernel */
+  e = h_run(h_kernel(c.op, STOKE_FWD, STOKE_F64), &a);
+  assert_non_null(e);
+  assert_int_equal(e->code, STOKE_E_INVALID);
+  stoke_err_free(e);
+  c.in[0].dtype = STOKE_F64;
+  case_free(&c);
+
+  c = add_case(2, 3);
+  c.in[1].shape.d[1] = 4;
+  a = args_for(&c, c.in, &c.out);
+  e = h_run(h_kernel(c.op, STOKE_FWD, STOKE_F64), &a);
+  assert_non_null(e);
+  assert_int_equal(e->code, STOKE_E_INVALID);
+  H_CHECK(strstr(e->msg, "'res1'") != NULL, "message: %s", e->msg);
+  stoke_err_free(e);
+  c.in[1].shape.d[1] = 3;
+  case_free(&c);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      H_TEST(test_backend),
+      H_TEST(test_linear_grad),
+      H_TEST(test_relu_grad),
+      H_TEST(test_add_grad),
+      H_TEST(test_softmax_ce_grad),
+      H_TEST(test_softmax_ce_grad_label_smoothing),
+      H_TEST(test_param_grad_beta),
+      H_TEST(test_linear_no_dx),
+      H_TEST(test_f32_matches_f64),
+      H_TEST(test_linear_forward_naive),
+      H_TEST(test_softmax_ce_forward_naive),
+      H_TEST(test_softmax_ce_known_value),
+      H_TEST(test_softmax_ce_bad_label),
+      H_TEST(test_bad_shapes),
+  };
+  return cmocka_run_group_tests(tests, h_setup, h_teardown);
+}

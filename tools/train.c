@@ -1,0 +1,59 @@
+/* tools/train: `train run.ini [section.key=value ...]` trains as the INI
+ * file says; `--help-config` lists every key. main() decides the exit
+ * code; the library only returns errors. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "stoke/core.h"
+#include "stoke/run.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: train RUN.INI [section.key=value ...]\n"
+          "       train --help-config     every config section and key, with defaults\n"
+          "Trains the model the INI file describes; results go to runs/<name>/.\n"
+          "Plugins are found in [plugins] path, STOKE_PLUGIN_PATH, and next to this binary.\n");
+}
+
+int main(int argc, char **argv) {
+  /* `bazel run` starts us in the runfiles tree; paths the user typed are
+   * relative to where they ran bazel. */
+  const char *cwd = getenv("BUILD_WORKING_DIRECTORY");
+  if (cwd && chdir(cwd) != 0) {
+    fprintf(stderr, "stoke: error: cannot enter %s\n", cwd);
+    return 1;
+  }
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (!strcmp(argv[1], "--help-config")) {
+    stoke_err *e = stoke_help_config(NULL, 0, stdout);
+    if (e) {
+      fprintf(stderr, "stoke: error: %s\n", e->msg);
+      stoke_err_free(e);
+      return 1;
+    }
+    return 0;
+  }
+  if (argv[1][0] == '-') {
+    fprintf(stderr, "stoke: error: unknown option '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+  }
+  stoke_run_opts o = {.ini_path = argv[1], .overrides = (const char *const *)argv + 2,
+                      .n_overrides = argc - 2};
+  stoke_summary s;
+  stoke_err *e = stoke_train(&o, &s);
+  if (e) {
+    fprintf(stderr, "stoke: error: %s\n", e->msg);
+    stoke_err_free(e);
+    return 1;
+  }
+  if (s.interrupted)
+    printf("stoke: stopped by a signal after step %lld; results so far are in %s\n",
+           (long long)s.steps, s.out_dir);
+  return 0;
+}
