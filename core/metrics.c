@@ -154,6 +154,7 @@ void stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *s
             s->step_ms_p50, s->step_ms_p95, s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples);
     fflush(m->jsonl);
   }
+  if (m->o.quiet) return;
   printf("summary (%s): %lld steps, %lld samples, final loss %.4f (first %.4f)\n"
          "  samples/s median %.0f, step time p50 %.3f ms, p95 %.3f ms, data wait %.3f s total\n"
          "  metrics: %s/metrics.jsonl\n",

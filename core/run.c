@@ -454,7 +454,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
                                  : !strcmp(progress, "lines")          ? STOKE_PROGRESS_LINES
                                  : isatty(2)                           ? STOKE_PROGRESS_BAR
                                                                        : STOKE_PROGRESS_LINES,
-                           total, batch * accumulate};
+                           total, batch * accumulate, o->quiet};
   STOKE_TRY_GOTO(e, done, stoke_metrics_new(&mo, &s.metrics), "");
 
   /* -- the step loop */

@@ -17,6 +17,7 @@ typedef struct stoke_metrics_opts {
   stoke_progress progress;
   int64_t total_steps;
   int64_t samples_per_step;
+  int quiet; /* no summary on stdout */
 } stoke_metrics_opts;
 
 typedef struct stoke_metrics stoke_metrics;

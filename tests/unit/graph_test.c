@@ -1,0 +1,274 @@
+/* tests/unit/graph_test.c: the graph compiler and executor: backward
+ * derivation (with a value used twice), kernel resolution and its errors,
+ * the memory plan (parameters one buffer, no two live buffers overlap),
+ * and a whole-graph gradient check in double against finite differences. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "stoke/core.h"
+#include "stoke/graph.h"
+#include "stoke/ops.h"
+#include "stoke/registry.h"
+#include "stoke/rng.h"
+
+static stoke_registry *reg;
+static const stoke_backend_v1 *cpu;
+static void *cpu_self;
+static uint64_t seed;
+
+#define OK(expr)                                                  \
+  do {                                                            \
+    stoke_err *e_ = (expr);                                       \
+    if (e_) {                                                     \
+      print_error("%s\n", e_->msg);                               \
+      stoke_err_free(e_);                                         \
+      fail_msg("%s failed (seed %llu)", #expr, (unsigned long long)seed); \
+    }                                                             \
+  } while (0)
+
+static int setup(void **state) {
+  stoke_err *e = stoke_registry_new(&reg);
+  if (!e) e = stoke_registry_load(reg, "backends/cpu/libstoke_cpu.so");
+  if (!e) cpu = stoke_find_backend(reg, "cpu");
+  if (!e && cpu->open) e = cpu->open(0, NULL, &cpu_self);
+  if (e) {
+    print_error("%s\n", e->msg);
+    stoke_err_free(e);
+    return -1;
+  }
+  const char *env = getenv("STOKE_TEST_SEED");
+  seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
+  print_message("graph_test seed %llu\n", (unsigned long long)seed);
+  return 0;
+}
+
+static int teardown(void **state) {
+  if (cpu && cpu->close) cpu->close(cpu_self);
+  stoke_registry_free(reg);
+  return 0;
+}
+
+/* x[N,F] -> fc1 -> relu -> h; h -> fc2 -> relu -> r; (h + r) -> fc3 -> loss.
+ * h is used twice, so its gradient is a sum the compiler must insert. */
+static stoke_graph *residual_mlp(stoke_dtype dtype, int64_t n, int64_t f, int64_t hid, int64_t c) {
+  stoke_graph *g;
+  OK(stoke_graph_new(reg, dtype, STOKE_LAYOUT_ANY, &g));
+  stoke_builder_v1 b = stoke_graph_builder(g);
+  int x, y, w1, b1, w2, b2, w3, b3, a1, h, a2, r, s, logits;
+  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){2, {n, f}}, dtype, &x));
+  OK(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {n}}, STOKE_I32, &y));
+  stoke_init_v1 init = {STOKE_INIT_UNIFORM, -0.5, 0.5};
+  OK(b.param(g, "fc1.weight", &(stoke_shape){2, {hid, f}}, init, &w1));
+  OK(b.param(g, "fc1.bias", &(stoke_shape){1, {hid}}, init, &b1));
+  OK(b.param(g, "fc2.weight", &(stoke_shape){2, {hid, hid}}, init, &w2));
+  OK(b.param(g, "fc2.bias", &(stoke_shape){1, {hid}}, init, &b2));
+  OK(b.param(g, "fc3.weight", &(stoke_shape){2, {c, hid}}, init, &w3));
+  OK(b.param(g, "fc3.bias", &(stoke_shape){1, {c}}, init, &b3));
+  OK(b.node(g, STOKE_OP_LINEAR, "fc1", (int[]){x, w1, b1}, 3, "", &a1, 1));
+  OK(b.node(g, STOKE_OP_RELU, "act1", &a1, 1, "", &h, 1));
+  OK(b.node(g, STOKE_OP_LINEAR, "fc2", (int[]){h, w2, b2}, 3, "", &a2, 1));
+  OK(b.node(g, STOKE_OP_RELU, "act2", &a2, 1, "", &r, 1));
+  OK(b.node(g, STOKE_OP_ADD, "res", (int[]){h, r}, 2, "", &s, 1));
+  OK(b.node(g, STOKE_OP_LINEAR, "fc3", (int[]){s, w3, b3}, 3, "", &logits, 1));
+  OK(stoke_graph_loss(g, logits, "label_smoothing=0.1"));
+  return g;
+}
+
+static stoke_plan *compile(stoke_graph *g, const char *opt) {
+  static const char *engines[] = {"cpu"};
+  void *selves[] = {cpu_self};
+  stoke_plan_opts o = {engines, 1, selves, opt, 1};
+  stoke_plan *p;
+  OK(stoke_compile(g, &o, &p));
+  return p;
+}
+
+static void test_backward_derivation(void **state) {
+  stoke_graph *g = residual_mlp(STOKE_F32, 8, 5, 6, 3);
+  stoke_plan *p = compile(g, "sgd");
+  int n_bwd = 0, n_sum = 0;
+  for (int i = g->n_fwd; i < g->n_nodes; i++) {
+    n_bwd += g->nodes[i].pass == STOKE_BWD;
+    n_sum += g->nodes[i].pass == STOKE_FWD && !strcmp(g->nodes[i].n.op, STOKE_OP_ADD);
+    assert_non_null(g->nodes[i].kernel);
+  }
+  assert_int_equal(n_bwd, 7); /* every forward node, loss included */
+  assert_int_equal(n_sum, 1); /* h feeds fc2 and res */
+  for (int v = 0; v < g->n_values; v++)
+    if (g->values[v].kind == STOKE_VAL_PARAM) {
+      assert_true(g->values[v].grad >= 0);
+      assert_int_equal(g->values[g->values[v].grad].kind, STOKE_VAL_PARAM_GRAD);
+    }
+  /* the input and the labels get no gradient */
+  assert_int_equal(g->values[g->input].grad, -1);
+  assert_int_equal(g->values[g->label].grad, -1);
+  assert_true(p->train_flops > 2.9 * p->fwd_flops && p->train_flops < 3.1 * p->fwd_flops);
+  stoke_plan_free(p);
+  stoke_graph_free(g);
+}
+
+static void test_memory_plan(void **state) {
+  stoke_graph *g = residual_mlp(STOKE_F32, 16, 7, 9, 4);
+  stoke_plan *p = compile(g, "adamw");
+  size_t param_sum = 0;
+  int64_t n_params = 0;
+  for (int v = 0; v < g->n_values; v++) {
+    stoke_value *a = &g->values[v];
+    if (a->kind == STOKE_VAL_PARAM) {
+      assert_int_equal(a->buffer, STOKE_BUF_PARAMS);
+      assert_true(a->offset + a->bytes <= p->bytes[STOKE_BUF_PARAMS]);
+      param_sum += a->bytes;
+      n_params += stoke_numel(&a->shape);
+      stoke_value *gr = &g->values[a->grad];
+      assert_int_equal(gr->buffer, STOKE_BUF_GRADS);
+      assert_int_equal(gr->offset, a->offset);
+    }
+    if (a->buffer == STOKE_BUF_ARENA) assert_true(a->offset + a->bytes <= p->bytes[STOKE_BUF_ARENA]);
+  }
+  /* one flat buffer, packed: the parameters fill it exactly */
+  assert_int_equal(param_sum, p->bytes[STOKE_BUF_PARAMS]);
+  assert_int_equal(n_params, p->n_params);
+  assert_int_equal(p->opt_state_bytes, 2 * p->bytes[STOKE_BUF_PARAMS]);
+  /* no two values of one buffer overlap in memory while both are live */
+  int checked = 0;
+  for (int i = 0; i < g->n_values; i++)
+    for (int j = i + 1; j < g->n_values; j++) {
+      stoke_value *a = &g->values[i], *b = &g->values[j];
+      if (a->buffer != b->buffer) continue;
+      int live = !(a->last < b->first || b->last < a->first);
+      int overlap = a->offset < b->offset + b->bytes && b->offset < a->offset + a->bytes;
+      if (a->buffer != STOKE_BUF_ARENA) live = 1; /* flat buffers: never overlap */
+      if (live && overlap)
+        fail_msg("'%s' [%zu, +%zu) live %d..%d overlaps '%s' [%zu, +%zu) live %d..%d", a->name,
+                 a->offset, a->bytes, a->first, a->last, b->name, b->offset, b->bytes, b->first,
+                 b->last);
+      checked++;
+    }
+  assert_true(checked > 100);
+  /* reuse happened: the arena is smaller than the sum of its values */
+  size_t arena_sum = 0;
+  for (int v = 0; v < g->n_values; v++)
+    if (g->values[v].buffer == STOKE_BUF_ARENA) arena_sum += g->values[v].bytes;
+  assert_true(p->bytes[STOKE_BUF_ARENA] < arena_sum);
+  stoke_plan_free(p);
+  stoke_graph_free(g);
+}
+
+/* The loss of the whole compiled graph, in double. */
+static double run_loss(stoke_exec *x) {
+  double loss;
+  OK(stoke_exec_forward_backward(x, 1, 7));
+  OK(stoke_exec_read_loss(x, &loss));
+  return loss;
+}
+
+static void test_whole_graph_gradient(void **state) {
+  const int64_t n = 6, f = 4, hid = 5, c = 3;
+  stoke_graph *g = residual_mlp(STOKE_F64, n, f, hid, c);
+  stoke_plan *p = compile(g, NULL);
+  stoke_exec *x;
+  OK(stoke_exec_new(p, cpu, cpu_self, seed, &x));
+  /* poison the whole arena, then write the batch and the loss seed: a
+   * kernel reading memory nothing wrote gives NaN and fails */
+  double *arena = stoke_exec_buffer(x, STOKE_BUF_ARENA);
+  for (size_t i = 0; i < p->bytes[STOKE_BUF_ARENA] / sizeof(double); i++) arena[i] = NAN;
+  *(double *)stoke_exec_tensor(x, g->seed).data = 1.0;
+  stoke_rng r = stoke_rng_seed(seed);
+  double *in = stoke_exec_input(x);
+  int32_t *lab = stoke_exec_labels(x);
+  for (int64_t i = 0; i < n * f; i++) in[i] = stoke_rng_normal(&r);
+  for (int64_t i = 0; i < n; i++) lab[i] = (int32_t)stoke_rng_below(&r, (uint64_t)c);
+  double *params = stoke_exec_buffer(x, STOKE_BUF_PARAMS);
+  double *grads = stoke_exec_buffer(x, STOKE_BUF_GRADS);
+  int64_t total = (int64_t)(p->bytes[STOKE_BUF_PARAMS] / sizeof(double));
+  for (int64_t i = 0; i < total; i++) grads[i] = NAN; /* unwritten gradients fail */
+  run_loss(x);
+  double *analytic = malloc(sizeof(double) * (size_t)total);
+  memcpy(analytic, grads, sizeof(double) * (size_t)total);
+  /* central differences on the loss, parameter by parameter */
+  double worst = 0;
+  int compared = 0;
+  for (int v = 0; v < g->n_values; v++) {
+    if (g->values[v].kind != STOKE_VAL_PARAM) continue;
+    int64_t off = (int64_t)(g->values[v].offset / sizeof(double));
+    for (int64_t i = 0; i < stoke_numel(&g->values[v].shape); i++) {
+      double keep = params[off + i], h = 1e-6;
+      params[off + i] = keep + h;
+      double lp = run_loss(x);
+      params[off + i] = keep - h;
+      double lm = run_loss(x);
+      params[off + i] = keep;
+      double num = (lp - lm) / (2 * h), an = analytic[off + i];
+      double err = fabs(num - an) / fmax(1e-6, fabs(num) + fabs(an));
+      if (err > worst) worst = err;
+      if (err > 1e-5)
+        fail_msg("d loss / d %s[%lld]: analytic %.10g, finite difference %.10g (seed %llu)",
+                 g->values[v].name, (long long)i, an, num, (unsigned long long)seed);
+      compared++;
+    }
+  }
+  print_message("whole-graph gradient: %d parameters, worst relative error %.3g\n", compared, worst);
+  assert_int_equal(compared, (int)p->n_params);
+  free(analytic);
+  stoke_exec_free(x);
+  stoke_plan_free(p);
+  stoke_graph_free(g);
+}
+
+static void test_errors(void **state) {
+  stoke_graph *g;
+  OK(stoke_graph_new(reg, STOKE_F32, STOKE_LAYOUT_ANY, &g));
+  stoke_builder_v1 b = stoke_graph_builder(g);
+  int x, w, bias, out;
+  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){2, {4, 3}}, STOKE_F32, &x));
+  /* unknown op: names it and lists the registered ones */
+  stoke_err *e = b.node(g, "reluu", "a", &x, 1, "", &out, 1);
+  assert_non_null(e);
+  assert_int_equal(e->code, STOKE_E_NOT_FOUND);
+  assert_non_null(strstr(e->msg, "unknown op 'reluu'"));
+  assert_non_null(strstr(e->msg, "relu"));
+  stoke_err_free(e);
+  /* shape mismatch: names the node */
+  OK(b.param(g, "w", &(stoke_shape){2, {2, 5}}, (stoke_init_v1){0}, &w));
+  OK(b.param(g, "b", &(stoke_shape){1, {2}}, (stoke_init_v1){0}, &bias));
+  e = b.node(g, STOKE_OP_LINEAR, "fc", (int[]){x, w, bias}, 3, "", &out, 1);
+  assert_non_null(e);
+  assert_non_null(strstr(e->msg, "linear 'fc'"));
+  stoke_err_free(e);
+  /* unknown attribute */
+  e = b.node(g, STOKE_OP_RELU, "r", &x, 1, "alpha=2", &out, 1);
+  assert_non_null(e);
+  assert_non_null(strstr(e->msg, "unknown attribute 'alpha'"));
+  stoke_err_free(e);
+  /* no kernel in the given backends: names node, op and the list */
+  OK(b.node(g, STOKE_OP_RELU, "r", &x, 1, "", &out, 1));
+  static const char *engines[] = {"cudnn"};
+  stoke_plan_opts o = {engines, 1, NULL, NULL, 0};
+  stoke_plan *p = NULL;
+  e = stoke_compile(g, &o, &p);
+  assert_non_null(e);
+  assert_int_equal(e->code, STOKE_E_UNSUPPORTED);
+  assert_non_null(strstr(e->msg, "node 'r': no kernel for op 'relu'"));
+  assert_non_null(strstr(e->msg, "[cudnn]"));
+  stoke_err_free(e);
+  stoke_graph_free(g);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_backward_derivation),
+      cmocka_unit_test(test_memory_plan),
+      cmocka_unit_test(test_whole_graph_gradient),
+      cmocka_unit_test(test_errors),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
