@@ -59,10 +59,11 @@ static stoke_err *init_params(stoke_exec *x, uint64_t seed) {
   if (!host) return STOKE_ERR(STOKE_E_OOM, "out of host memory (%zu bytes) for parameters", bytes);
   memset(host, 0, bytes);
   int idx = 0;
+  stoke_rng r;
   for (int v = 0; v < g->n_values; v++) {
     const stoke_value *val = &g->values[v];
     if (val->kind != STOKE_VAL_PARAM) continue;
-    stoke_rng r = stoke_rng_seed(stoke_hash3(seed, 0x9a7a11ull, (uint64_t)idx++));
+    r = stoke_rng_seed(stoke_hash3(seed, 0x9a7a11ull, (uint64_t)idx++));
     int64_t n = stoke_numel(&val->shape);
     for (int64_t i = 0; i < n; i++) {
       double w;

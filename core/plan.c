@@ -121,11 +121,20 @@ static stoke_err *place_arena(stoke_graph *g, size_t *total) {
 
 stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan **out) {
   if (opts->n_engines < 1) return STOKE_ERR(STOKE_E_INVALID, "no backend given");
+  if (opts->n_engines > STOKE_MAX_ENGINES)
+    return STOKE_ERR(STOKE_E_INVALID, "more than %d backends given", STOKE_MAX_ENGINES);
   if (opts->training) STOKE_TRY(stoke_graph_derive_backward(g), "deriving the backward pass");
   stoke_plan *p = calloc(1, sizeof *p);
   if (!p) return STOKE_ERR(STOKE_E_OOM, "out of memory");
   p->g = g;
   p->opts = *opts;
+  /* the plan keeps its own copy of the engine list: callers' arrays may go */
+  for (int i = 0; i < opts->n_engines; i++) {
+    p->engines[i] = opts->engines[i];
+    p->engine_selves[i] = opts->engine_selves ? opts->engine_selves[i] : NULL;
+  }
+  p->opts.engines = p->engines;
+  p->opts.engine_selves = p->engine_selves;
   p->n_schedule = g->n_nodes;
   stoke_err *e = NULL;
   for (int i = 0; i < g->n_nodes && !e; i++) e = resolve(g, opts, &g->nodes[i]);

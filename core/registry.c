@@ -211,6 +211,7 @@ static stoke_err *register_plugin(stoke_registry *r, const stoke_plugin_v1 *p,
   r->current_origin = origin;
   int before = r->n_parts;
   stoke_err *e = p->register_parts(stoke_host_table(), &r->api);
+  r->current_origin = "a plugin after its registration";
   if (e) {
     r->n_parts = before; /* nothing of a failed plugin stays registered */
     return stoke_err_wrap(e, __FILE__, __LINE__, "registering plugin %s", origin);
@@ -248,7 +249,7 @@ stoke_err *stoke_registry_add_plugin(stoke_registry *r, const stoke_plugin_v1 *p
 
 stoke_err *stoke_registry_load(stoke_registry *r, const char *name) {
   for (int i = 0; i < r->n_libs; i++)
-    if (!strcmp(r->libs[i].name, name)) return NULL;
+    if (r->libs[i].handle && !strcmp(r->libs[i].name, name)) return NULL;
 
   char path[PATH_MAX] = "";
   if (strchr(name, '/')) {
@@ -279,6 +280,13 @@ stoke_err *stoke_registry_load(stoke_registry *r, const char *name) {
     }
   }
 
+  /* the same file under another spelling is loaded already: a no-op */
+  char real[PATH_MAX];
+  if (realpath(path, real))
+    for (int i = 0; i < r->n_libs; i++) {
+      char other[PATH_MAX];
+      if (r->libs[i].handle && realpath(r->libs[i].path, other) && !strcmp(real, other)) return NULL;
+    }
   dlerror();
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {

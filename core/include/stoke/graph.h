@@ -97,9 +97,13 @@ typedef struct stoke_plan_opts {
   int training;               /* 0: forward-only plan, keeps nothing */
 } stoke_plan_opts;
 
+#define STOKE_MAX_ENGINES 32
+
 typedef struct stoke_plan {
   stoke_graph *g;
-  stoke_plan_opts opts;
+  stoke_plan_opts opts;           /* engines/selves point at the copies below */
+  const char *engines[STOKE_MAX_ENGINES];
+  void *engine_selves[STOKE_MAX_ENGINES];
   size_t bytes[STOKE_BUF_COUNT];
   size_t opt_state_bytes;
   int opt_state_per_param;        /* 1 (sgd momentum) or 2 (adamw m, v) */

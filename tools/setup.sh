@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# tools/setup.sh: installs everything stoke needs on Debian 12 (the CUDA
+# toolkit is expected in /usr/local/cuda). Safe to run again.
+set -euo pipefail
+pkgs=(
+  bazel-bootstrap bazel-platforms  # Bazel 4.2.3 and @platforms, offline
+  build-essential                  # gcc, make
+  libcmocka-dev                    # unit tests
+  libopenblas-dev                  # CPU backend GEMM
+  libinih-dev                      # INI config
+  liblmdb-dev                      # LMDB data source
+  libturbojpeg0-dev libjpeg62-turbo-dev  # JPEG decoding
+  zlib1g-dev                       # gzipped IDX files
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "stoke setup: installing ${missing[*]}" >&2
+  if ! $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/tmp/stoke-apt.log 2>&1; then
+    $sudo apt-get update -q >>/tmp/stoke-apt.log 2>&1
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >>/tmp/stoke-apt.log 2>&1 ||
+      { cat /tmp/stoke-apt.log >&2; echo "stoke setup: apt-get failed (log above)" >&2; exit 1; }
+  fi
+fi
+[ -d /usr/local/cuda/include ] || echo "stoke setup: note: no CUDA toolkit in /usr/local/cuda; GPU plugins will not build" >&2
+exit 0

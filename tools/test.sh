@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# tools/test.sh: set up, then run every test twice: a normal build and under
+# AddressSanitizer + UBSan (--config=asan). Prints "N passed, N failed"
+# counting individual cmocka test cases; exits non-zero on any failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh || exit 1
+passed=0
+failed=0
+count() { # sum cmocka results over every test log of the last bazel run
+  local log p f
+  while IFS= read -r log; do
+    p=$(grep -Eo '^\[  PASSED  \] [0-9]+' "$log" | grep -Eo '[0-9]+$' | tail -1)
+    f=$(grep -Eo '^\[  FAILED  \] [0-9]+ test' "$log" | grep -Eo '[0-9]+' | tail -1)
+    if [ -z "$p$f" ]; then f=1; echo "no cmocka result in $log (crashed?)" >&2; fi
+    passed=$((passed + ${p:-0}))
+    failed=$((failed + ${f:-0}))
+  done < <(find -L bazel-testlogs/ -name test.log 2>/dev/null)
+}
+status=0
+for cfg in "" "--config=asan"; do
+  echo "== bazel test $cfg //..." >&2
+  bazel test $cfg //... || status=1
+  count
+done
+echo "$passed passed, $failed failed"
+[ "$status" -eq 0 ] && [ "$failed" -eq 0 ]
