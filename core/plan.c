@@ -20,11 +20,6 @@ static const char *pass_name(stoke_pass p) {
   return p == STOKE_FWD ? "forward" : p == STOKE_BWD ? "backward" : "update";
 }
 
-static const char *dtype_str(stoke_dtype t) {
-  static const char *n[] = {"f32", "f16", "bf16", "i32", "u8", "f64"};
-  return (unsigned)t < STOKE_DTYPE_COUNT ? n[t] : "?";
-}
-
 /* First engine in the ordered list with a kernel for the node. */
 static stoke_err *resolve(const stoke_graph *g, const stoke_plan_opts *o, stoke_gnode *n) {
   const stoke_value *x = &g->values[n->in[0]];
@@ -39,7 +34,7 @@ static stoke_err *resolve(const stoke_graph *g, const stoke_plan_opts *o, stoke_
   return STOKE_ERR(STOKE_E_UNSUPPORTED,
                    "node '%s': no kernel for op '%s' (%s, %s) in backends [%s]; add a backend "
                    "that has one to [run] backends, or load the plugin that provides it",
-                   n->n.name, n->n.op, pass_name(n->pass), dtype_str(x->dtype), list);
+                   n->n.name, n->n.op, pass_name(n->pass), stoke_dtype_name(x->dtype), list);
 }
 
 /* Schedule positions where each arena value is written and read. */
@@ -145,7 +140,7 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
                                         STOKE_LAYOUT_ANY);
     if (!p->opt_kernel)
       e = STOKE_ERR(STOKE_E_UNSUPPORTED, "no '%s' optimizer kernel for %s in the backends given",
-                    op, dtype_str(g->dtype));
+                    op, stoke_dtype_name(g->dtype));
     p->opt_state_per_param = !strcmp(op, STOKE_OP_ADAMW) ? 2 : 1;
   }
   if (e) {

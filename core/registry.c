@@ -46,11 +46,6 @@ static const char *kernel_pass_name(stoke_pass p) {
   return p == STOKE_FWD ? "forward" : p == STOKE_BWD ? "backward" : "update";
 }
 
-static const char *dtype_name(stoke_dtype t) {
-  static const char *n[] = {"f32", "f16", "bf16", "i32", "u8", "f64"};
-  return (unsigned)t < STOKE_DTYPE_COUNT ? n[t] : "?";
-}
-
 static const char *layout_name(stoke_layout l) {
   return l == STOKE_NCHW ? "NCHW" : l == STOKE_NHWC ? "NHWC" : "any";
 }
@@ -75,7 +70,7 @@ static stoke_err *add_part(stoke_registry *r, part_kind kind, const char *name,
                          "%s: duplicate registration: kernel %s/%s %s %s %s is already "
                          "registered by %s",
                          r->current_origin, k->engine, k->op, kernel_pass_name(k->pass),
-                         dtype_name(k->dtype), layout_name(k->layout), p->origin);
+                         stoke_dtype_name(k->dtype), layout_name(k->layout), p->origin);
       }
       return STOKE_ERR(STOKE_E_DUPLICATE,
                        "%s: duplicate registration: %s '%s' is already registered by %s",

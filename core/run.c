@@ -170,6 +170,14 @@ stoke_err *stoke_run_setup(const stoke_run_opts *o, stoke_cfg **cfg_out, stoke_r
   const stoke_source_v1 *s = stoke_find_source(reg, name);
   STOKE_TRY_GOTO(e, fail, stoke_cfg_declare(c, "data", NULL, s->keys, s->n_keys),
                  "declaring the keys of source '%s'", name);
+  STOKE_TRY_GOTO(e, fail, stoke_cfg_str(c, "run", "comm", &name), "");
+  if (!stoke_find_comm(reg, name)) {
+    char names[256];
+    stoke_registry_names(reg, "comm", names, sizeof names);
+    e = STOKE_ERR(STOKE_E_NOT_FOUND, "%s: [run] comm: unknown comm '%s'; comms available: %s",
+                  stoke_cfg_where(c, "run", "comm"), name, names);
+    goto fail;
+  }
   STOKE_TRY_GOTO(e, fail, stoke_cfg_validate(c), "checking the config");
   *cfg_out = c;
   *reg_out = reg;

@@ -132,11 +132,6 @@ static shape_text shp(const stoke_shape *s) {
   return t;
 }
 
-static const char *dt_name(stoke_dtype t) {
-  static const char *n[] = {"f32", "f16", "bf16", "i32", "u8", "f64"};
-  return (unsigned)t < STOKE_DTYPE_COUNT ? n[t] : "?";
-}
-
 static const char *node_name(const stoke_kernel_args_v1 *a) {
   return a->node && a->node->name ? a->node->name : "?";
 }
@@ -163,7 +158,7 @@ static stoke_err *check_dtype(const stoke_kernel_args_v1 *a, const char *op, con
                               const stoke_tensor *t, stoke_dtype want) {
   if (t->dtype != want)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s, the kernel expects %s", op,
-                      node_name(a), what, shp(&t->shape).s, dt_name(t->dtype), dt_name(want));
+                      node_name(a), what, shp(&t->shape).s, stoke_dtype_name(t->dtype), stoke_dtype_name(want));
   return NULL;
 }
 
@@ -444,7 +439,7 @@ static stoke_err *cpu_register(const stoke_host_v1 *host, const stoke_registry_v
   for (size_t i = 0; i < sizeof cpu_kernels / sizeof *cpu_kernels; i++) {
     const stoke_kernel_v1 *k = &cpu_kernels[i];
     STOKE_PTRY(r->add_kernel(r->self, k), "registering cpu kernel %s (%s)", k->op,
-               dt_name(k->dtype));
+               stoke_dtype_name(k->dtype));
   }
   return NULL;
 }

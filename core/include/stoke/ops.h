@@ -11,9 +11,10 @@
 /* relu: x -> max(x, 0), any shape. No attributes. */
 #define STOKE_OP_RELU "relu"
 
-/* softmax_ce: (logits[N, C], labels[N] i32) -> loss[1], the mean over the
- * batch of -log softmax(logits)[label], as nn.CrossEntropyLoss. Labels
- * outside [0, C) are an error reported by the loader, never read here. */
+/* softmax_ce: (logits[N, C], labels[N] i32) -> loss[1] (f32; f64 for f64
+ * logits), the mean over the batch of -log softmax(logits)[label], as
+ * nn.CrossEntropyLoss. The loader rejects labels outside [0, C) per sample;
+ * kernels still check them (STOKE_E_DATA) rather than read out of a row. */
 #define STOKE_OP_SOFTMAX_CE "softmax_ce"
 #define STOKE_SOFTMAX_CE_LABEL_SMOOTHING 0 /* float, default 0 */
 

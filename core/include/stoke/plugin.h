@@ -237,7 +237,9 @@ typedef struct stoke_kernel_args_v1 {
 /* One entry of a backend's kernel table: (op, pass, dtype, layout) ->
  * {plan, run}. `plan` runs once per node when the graph is compiled (it may
  * autotune) and says how much workspace `run` needs; `run` never
- * allocates. Both may be given args whose data pointers are NULL in plan. */
+ * allocates. `plan` and `destroy` may be NULL (no state, no workspace).
+ * Optimizer kernels (STOKE_OPT) get no plan() call and always get three
+ * inputs; in[2], the state, is zeroed before the first step. */
 typedef struct stoke_kernel_v1 {
   const char *engine;   /* backend name: "cpu", "cudnn", ... */
   const char *op;

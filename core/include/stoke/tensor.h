@@ -66,6 +66,11 @@ static inline size_t stoke_dtype_size(stoke_dtype t) {
   }
 }
 
+static inline const char *stoke_dtype_name(stoke_dtype t) {
+  static const char *const names[] = {"f32", "f16", "bf16", "i32", "u8", "f64"};
+  return (unsigned)t < STOKE_DTYPE_COUNT ? names[t] : "?";
+}
+
 static inline size_t stoke_tensor_bytes(const stoke_tensor *t) {
   return (size_t)stoke_numel(&t->shape) * stoke_dtype_size(t->dtype);
 }
