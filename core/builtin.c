@@ -7,6 +7,7 @@
 
 #include "stoke/core.h"
 #include "stoke/ops.h"
+#include "ops_cnn.h"
 
 static stoke_err *infer_linear(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
                                stoke_value_desc_v1 *out) {
@@ -130,6 +131,9 @@ static stoke_err *builtin_register(const stoke_host_v1 *host, const stoke_regist
     STOKE_PROPAGATE(r->add_precision(r->self, &precisions[i]));
   }
   STOKE_PROPAGATE(r->add_comm(r->self, &single_comm));
+  STOKE_PROPAGATE(stoke_register_conv_ops(r));
+  STOKE_PROPAGATE(stoke_register_pool_ops(r));
+  STOKE_PROPAGATE(stoke_register_norm_ops(r));
   return NULL;
 }
 

@@ -21,6 +21,7 @@ struct stoke_exec {
   const stoke_backend_v1 *dev;
   void *dev_self;
   void *buf[STOKE_BUF_COUNT];
+  int borrowed[STOKE_BUF_COUNT]; /* shared from another exec: not ours to free */
   void *opt_state;
   void *workspace;
   node_args *args;
@@ -49,11 +50,12 @@ static int engine_index(const stoke_plan *p, const char *engine) {
   return -1;
 }
 
-/* Parameters are drawn on the host in f64 from one stream per parameter,
- * seeded by (seed, parameter index), so any backend starts identically. */
-static stoke_err *init_params(stoke_exec *x, uint64_t seed) {
+/* Parameters (and state) are drawn on the host in f64 from one stream per
+ * value, seeded by (seed, index), so any backend starts identically. */
+static stoke_err *init_params(stoke_exec *x, uint64_t seed, stoke_buffer_id buf) {
   const stoke_graph *g = x->p->g;
-  size_t bytes = x->p->bytes[STOKE_BUF_PARAMS];
+  stoke_value_kind kind = buf == STOKE_BUF_PARAMS ? STOKE_VAL_PARAM : STOKE_VAL_STATE;
+  size_t bytes = x->p->bytes[buf];
   if (!bytes) return NULL;
   char *host = stoke_alloc(bytes);
   if (!host) return STOKE_ERR(STOKE_E_OOM, "out of host memory (%zu bytes) for parameters", bytes);
@@ -62,8 +64,8 @@ static stoke_err *init_params(stoke_exec *x, uint64_t seed) {
   stoke_rng r;
   for (int v = 0; v < g->n_values; v++) {
     const stoke_value *val = &g->values[v];
-    if (val->kind != STOKE_VAL_PARAM) continue;
-    r = stoke_rng_seed(stoke_hash3(seed, 0x9a7a11ull, (uint64_t)idx++));
+    if (val->kind != kind) continue;
+    r = stoke_rng_seed(stoke_hash3(seed, 0x9a7a11ull + (uint64_t)buf, (uint64_t)idx++));
     int64_t n = stoke_numel(&val->shape);
     for (int64_t i = 0; i < n; i++) {
       double w;
@@ -83,7 +85,7 @@ static stoke_err *init_params(stoke_exec *x, uint64_t seed) {
       }
     }
   }
-  stoke_err *e = x->dev->copy(x->dev_self, x->buf[STOKE_BUF_PARAMS], host, bytes, STOKE_COPY_H2D, NULL);
+  stoke_err *e = x->dev->copy(x->dev_self, x->buf[buf], host, bytes, STOKE_COPY_H2D, NULL);
   stoke_free(host);
   STOKE_TRY(e, "copying initial parameters to the device");
   return NULL;
@@ -96,21 +98,33 @@ static stoke_err *dev_alloc(stoke_exec *x, size_t bytes, void **ptr, const char 
   return NULL;
 }
 
-stoke_err *stoke_exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev_self, uint64_t seed,
-                          stoke_exec **out) {
+static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev_self, uint64_t seed,
+                           stoke_exec *share, stoke_exec **out) {
   stoke_graph *g = p->g;
+  if (share && (share->p->bytes[STOKE_BUF_PARAMS] != p->bytes[STOKE_BUF_PARAMS] ||
+                share->p->bytes[STOKE_BUF_STATE] != p->bytes[STOKE_BUF_STATE]))
+    return STOKE_ERR(STOKE_E_INTERNAL, "shared plans differ in parameters (%zu vs %zu bytes)",
+                     share->p->bytes[STOKE_BUF_PARAMS], p->bytes[STOKE_BUF_PARAMS]);
   stoke_exec *x = calloc(1, sizeof *x);
   if (!x) return STOKE_ERR(STOKE_E_OOM, "out of memory");
   x->p = p;
   x->dev = dev;
   x->dev_self = dev_self;
   stoke_err *e = NULL;
-  static const char *what[] = {"parameters", "gradients", "activations"};
-  for (int b = 0; b < STOKE_BUF_COUNT && !e; b++) e = dev_alloc(x, p->bytes[b], &x->buf[b], what[b]);
+  static const char *what[] = {"parameters", "gradients", "activations", "running statistics"};
+  for (int b = 0; b < STOKE_BUF_COUNT && !e; b++) {
+    if (share && (b == STOKE_BUF_PARAMS || b == STOKE_BUF_STATE)) {
+      x->buf[b] = share->buf[b];
+      x->borrowed[b] = 1;
+    } else {
+      e = dev_alloc(x, p->bytes[b], &x->buf[b], what[b]);
+    }
+  }
   if (!e) e = dev_alloc(x, p->opt_state_bytes, &x->opt_state, "optimizer state");
   if (!e && x->opt_state) e = dev->fill(dev_self, x->opt_state, 0, p->opt_state_bytes, NULL);
   if (!e && x->buf[STOKE_BUF_GRADS]) e = dev->fill(dev_self, x->buf[STOKE_BUF_GRADS], 0, p->bytes[STOKE_BUF_GRADS], NULL);
-  if (!e) e = init_params(x, seed);
+  if (!e && !share) e = init_params(x, seed, STOKE_BUF_PARAMS);
+  if (!e && !share) e = init_params(x, seed, STOKE_BUF_STATE);
   if (!e && g->seed >= 0) {
     double one = 1.0;
     float onef = 1.0f;
@@ -173,6 +187,30 @@ stoke_err *stoke_exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev_
   return NULL;
 }
 
+stoke_err *stoke_exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev_self, uint64_t seed,
+                          stoke_exec **out) {
+  return exec_new(p, dev, dev_self, seed, NULL, out);
+}
+
+stoke_err *stoke_exec_new_shared(stoke_plan *p, stoke_exec *share, stoke_exec **out) {
+  return exec_new(p, share->dev, share->dev_self, 0, share, out);
+}
+
+stoke_plan *stoke_exec_plan(stoke_exec *x) { return x->p; }
+
+stoke_err *stoke_exec_copy(stoke_exec *x, void *dst, const void *src, size_t bytes,
+                           stoke_copy_kind kind) {
+  if (!bytes) return NULL;
+  STOKE_PROPAGATE(x->dev->copy(x->dev_self, dst, src, bytes, kind, NULL));
+  return x->dev->stream_sync ? x->dev->stream_sync(x->dev_self, NULL) : NULL;
+}
+
+stoke_err *stoke_exec_read(stoke_exec *x, int value, void *host, size_t bytes) {
+  STOKE_TRY(x->dev->copy(x->dev_self, host, value_ptr(x, value), bytes, STOKE_COPY_D2H, NULL),
+            "reading '%s' from the device", x->p->g->values[value].name);
+  return NULL;
+}
+
 void stoke_exec_free(stoke_exec *x) {
   if (!x) return;
   stoke_graph *g = x->p->g;
@@ -181,7 +219,7 @@ void stoke_exec_free(stoke_exec *x) {
     g->nodes[i].kstate = NULL;
   }
   for (int b = 0; b < STOKE_BUF_COUNT; b++)
-    if (x->buf[b]) x->dev->free(x->dev_self, x->buf[b]);
+    if (x->buf[b] && !x->borrowed[b]) x->dev->free(x->dev_self, x->buf[b]);
   if (x->opt_state) x->dev->free(x->dev_self, x->opt_state);
   if (x->workspace) x->dev->free(x->dev_self, x->workspace);
   free(x->args);
@@ -195,7 +233,9 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
     stoke_gnode *node = &g->nodes[i];
     node_args *na = &x->args[i];
     na->a.param_grad_beta = first_micro ? 0.0f : 1.0f;
-    na->a.seed = stoke_hash3(step_seed, (uint64_t)i, 0x5eedull);
+    /* a backward node gets its forward node's seed (dropout regenerates its mask) */
+    uint64_t k = node->pass == STOKE_BWD ? (uint64_t)node->fwd : (uint64_t)i;
+    na->a.seed = stoke_hash3(step_seed, k, 0x5eedull);
     stoke_err *e = node->kernel->run(&na->a, node->kstate);
     if (e)
       return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name,

@@ -78,17 +78,32 @@ stoke_err *stoke_graph_input(stoke_graph *g, const char *name, stoke_value_kind 
   return NULL;
 }
 
-static stoke_err *b_param(stoke_graph *g, const char *name, const stoke_shape *shape,
-                          stoke_init_v1 init, int *value) {
-  if (!name || !name[0]) return STOKE_ERR(STOKE_E_INVALID, "a parameter needs a name");
+/* A named persistent value: a parameter, or non-trained state. */
+static stoke_err *persistent(stoke_graph *g, stoke_value_kind kind, const char *name,
+                             const stoke_shape *shape, stoke_init_v1 init, int *value) {
+  const char *what = kind == STOKE_VAL_PARAM ? "parameter" : "state";
+  if (!name || !name[0]) return STOKE_ERR(STOKE_E_INVALID, "a %s needs a name", what);
   for (int i = 0; i < g->n_values; i++)
-    if (g->values[i].kind == STOKE_VAL_PARAM && !strcmp(g->values[i].name, name))
-      return STOKE_ERR(STOKE_E_DUPLICATE, "parameter '%s' declared twice", name);
+    if ((g->values[i].kind == STOKE_VAL_PARAM || g->values[i].kind == STOKE_VAL_STATE) &&
+        !strcmp(g->values[i].name, name))
+      return STOKE_ERR(STOKE_E_DUPLICATE, "%s '%s' declared twice", what, name);
   if (shape->ndim < 1 || shape->ndim > STOKE_MAX_DIMS || stoke_numel(shape) <= 0)
-    return STOKE_ERR(STOKE_E_INVALID, "parameter '%s': empty or bad shape", name);
-  STOKE_TRY(new_value(g, name, STOKE_VAL_PARAM, shape, g->dtype, value), "parameter '%s'", name);
+    return STOKE_ERR(STOKE_E_INVALID, "%s '%s': empty or bad shape", what, name);
+  /* state (running statistics) stays f32 whatever the compute dtype */
+  stoke_dtype dt = kind == STOKE_VAL_STATE && g->dtype != STOKE_F64 ? STOKE_F32 : g->dtype;
+  STOKE_TRY(new_value(g, name, kind, shape, dt, value), "%s '%s'", what, name);
   g->values[*value].init = init;
   return NULL;
+}
+
+static stoke_err *b_param(stoke_graph *g, const char *name, const stoke_shape *shape,
+                          stoke_init_v1 init, int *value) {
+  return persistent(g, STOKE_VAL_PARAM, name, shape, init, value);
+}
+
+static stoke_err *b_state(stoke_graph *g, const char *name, const stoke_shape *shape,
+                          stoke_init_v1 init, int *value) {
+  return persistent(g, STOKE_VAL_STATE, name, shape, init, value);
 }
 
 /* Parse one attribute value into `a` by its declared type. */
@@ -128,6 +143,24 @@ static stoke_err *parse_attr(const stoke_attr_decl_v1 *d, const char *text, stok
         p = *end ? end + 1 : end;
       }
       a->i = a->n ? a->ints[0] : 0;
+      return NULL;
+    }
+    case STOKE_ATTR_FLOATS: {
+      /* "0.5" or "0.485:0.456:0.406" */
+      const char *p = text;
+      while (*p) {
+        if (a->n == STOKE_ATTR_MAX_INTS)
+          return STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): attribute %s has too many values",
+                           node, op, d->name);
+        errno = 0;
+        a->floats[a->n++] = strtod(p, &end);
+        if (errno || end == p || (*end && *end != ':'))
+          return STOKE_ERR(STOKE_E_INVALID,
+                           "node '%s' (%s): attribute %s = '%s': expected numbers like 0.5:0.25",
+                           node, op, d->name, text);
+        p = *end ? end + 1 : end;
+      }
+      a->f = a->n ? a->floats[0] : 0;
       return NULL;
     }
     case STOKE_ATTR_STR:
@@ -271,7 +304,7 @@ static stoke_err *b_shape_of(stoke_graph *g, int value, stoke_shape *out) {
 }
 
 stoke_builder_v1 stoke_graph_builder(stoke_graph *g) {
-  return (stoke_builder_v1){g, b_param, b_node, b_shape_of};
+  return (stoke_builder_v1){g, b_param, b_node, b_shape_of, b_state};
 }
 
 stoke_err *stoke_graph_loss(stoke_graph *g, int logits, const char *attrs) {

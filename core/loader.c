@@ -151,6 +151,7 @@ stoke_err *stoke_loader_new(const stoke_loader_opts *o, stoke_loader **out) {
   if (!l) return STOKE_ERR(STOKE_E_OOM, "loader: out of memory");
   l->o = *o;
   l->perm_epoch = -1;
+  l->next_claim = l->next_take = o->start_batch;
   stoke_err *e = o->src->info(o->src_self, &l->info);
   if (e) {
     free(l);

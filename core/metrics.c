@@ -84,7 +84,7 @@ void stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double st
             (long long)step, (long long)epoch, loss, lr, rate, step_ms, wait_ms);
     fflush(m->jsonl);
   }
-  double eta = (double)(m->o.total_steps - step) * m->elapsed / (double)step;
+  double eta = (double)(m->o.total_steps - step) * m->elapsed / (double)(step - m->o.start_step);
   char eta_s[32];
   fmt_eta(eta, eta_s, sizeof eta_s);
   if (m->o.progress == STOKE_PROGRESS_BAR) {
@@ -104,6 +104,20 @@ void stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double st
   }
   m->interval_s = m->interval_wait = 0;
   m->interval_steps = 0;
+}
+
+void stoke_metrics_eval(stoke_metrics *m, int64_t step, int64_t epoch, double loss, double acc) {
+  if (m->jsonl) {
+    fprintf(m->jsonl, "{\"step\": %lld, \"epoch\": %lld, \"eval_loss\": %.6g, \"eval_accuracy\": %.6g}\n",
+            (long long)step, (long long)epoch, loss, acc);
+    fflush(m->jsonl);
+  }
+  if (m->o.progress == STOKE_PROGRESS_BAR) fputc('\n', stderr);
+  if (m->o.progress != STOKE_PROGRESS_OFF) {
+    printf("eval after step %lld (epoch %lld): loss %.4f, top-1 accuracy %.4f\n", (long long)step,
+           (long long)epoch, loss, acc);
+    fflush(stdout);
+  }
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -144,21 +158,35 @@ void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s) {
   s->data_wait_s = m->wait_total;
 }
 
+/* A number for JSON: NaN and infinities (no value) are null. */
+static const char *json_num(double v, char *buf, size_t cap) {
+  if (isfinite(v)) snprintf(buf, cap, "%.6g", v);
+  else snprintf(buf, cap, "null");
+  return buf;
+}
+
 void stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *status) {
+  char a[32], b[32];
   if (m->jsonl) {
     fprintf(m->jsonl,
             "{\"summary\": \"%s\", \"steps\": %lld, \"samples\": %lld, \"final_loss\": %.6g, "
             "\"samples_per_s_median\": %.1f, \"step_time_ms_p50\": %.4f, \"step_time_ms_p95\": %.4f, "
-            "\"data_wait_s\": %.4f, \"flops_per_step\": %.6g, \"skipped_samples\": %lld}\n",
+            "\"data_wait_s\": %.4f, \"flops_per_step\": %.6g, \"skipped_samples\": %lld, "
+            "\"eval_loss\": %s, \"eval_accuracy\": %s}\n",
             status, (long long)s->steps, (long long)s->samples, s->final_loss, s->samples_per_s,
-            s->step_ms_p50, s->step_ms_p95, s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples);
+            s->step_ms_p50, s->step_ms_p95, s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples,
+            json_num(s->eval_loss, a, sizeof a), json_num(s->eval_accuracy, b, sizeof b));
     fflush(m->jsonl);
   }
   if (m->o.quiet) return;
   printf("summary (%s): %lld steps, %lld samples, final loss %.4f (first %.4f)\n"
-         "  samples/s median %.0f, step time p50 %.3f ms, p95 %.3f ms, data wait %.3f s total\n"
-         "  metrics: %s/metrics.jsonl\n",
+         "  samples/s median %.0f, step time p50 %.3f ms, p95 %.3f ms, data wait %.3f s total\n",
          status, (long long)s->steps, (long long)s->samples, s->final_loss, s->first_loss,
-         s->samples_per_s, s->step_ms_p50, s->step_ms_p95, s->data_wait_s, s->out_dir);
+         s->samples_per_s, s->step_ms_p50, s->step_ms_p95, s->data_wait_s);
+  if (s->eval_accuracy == s->eval_accuracy)
+    printf("  evaluation: loss %.4f, top-1 accuracy %.4f\n", s->eval_loss, s->eval_accuracy);
+  if (s->skipped_samples) printf("  %lld samples could not be read and were replaced (see log.txt)\n", (long long)s->skipped_samples);
+  printf("  metrics: %s/metrics.jsonl\n", s->out_dir);
+  if (s->checkpoint[0]) printf("  checkpoint: %s (continue with run.resume=%s)\n", s->checkpoint, s->checkpoint);
   fflush(stdout);
 }

@@ -157,6 +157,10 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
       val->offset = p->bytes[STOKE_BUF_PARAMS];
       p->bytes[STOKE_BUF_PARAMS] += val->bytes;
       p->n_params += stoke_numel(&val->shape);
+    } else if (val->kind == STOKE_VAL_STATE) {
+      val->buffer = STOKE_BUF_STATE;
+      val->offset = p->bytes[STOKE_BUF_STATE];
+      p->bytes[STOKE_BUF_STATE] += val->bytes;
     }
   }
   for (int v = 0; v < g->n_values; v++) {
@@ -216,13 +220,16 @@ void stoke_plan_report(const stoke_plan *p, FILE *f) {
   if (p->opt_kernel)
     fprintf(f, "  %-24s %-10s %-9s %-7s\n", "optimizer", p->opt_kernel->op, "update",
             p->opt_kernel->engine);
-  char a[32], b[32], c[32], d[32];
+  char a[32], b[32], c[32], d[32], e[32];
   fmt_bytes(p->bytes[STOKE_BUF_PARAMS], a, sizeof a);
   fmt_bytes(p->bytes[STOKE_BUF_GRADS], b, sizeof b);
   fmt_bytes(p->opt_state_bytes, c, sizeof c);
   fmt_bytes(p->bytes[STOKE_BUF_ARENA], d, sizeof d);
-  fprintf(f, "memory: parameters %s, gradients %s, optimizer state %s, activations %s\n", a, b, c,
-          d);
+  fmt_bytes(p->bytes[STOKE_BUF_STATE], e, sizeof e);
+  fprintf(f,
+          "memory: parameters %s, gradients %s, optimizer state %s, activations %s, "
+          "buffers (running stats) %s, workspace %zu bytes\n",
+          a, b, c, d, e, p->workspace_bytes);
   fprintf(f, "FLOPs per step: forward %.4g, forward+backward %.4g\n", p->fwd_flops,
           p->train_flops);
 }

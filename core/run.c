@@ -12,12 +12,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "stoke/checkpoint.h"
 #include "stoke/core.h"
 #include "stoke/graph.h"
 #include "stoke/loader.h"
 #include "stoke/metrics.h"
 #include "stoke/rng.h"
 #include "stoke/run.h"
+#include "stoke/schedule.h"
+#include "stoke/ops.h"
 
 /* ------------------------------------------------------------ the keys */
 
@@ -41,6 +44,13 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "where config.ini, plan.txt and metrics.jsonl go (default runs/<name>)"},
     {"progress", STOKE_CFG_ENUM, "auto", 0, 0, "auto|bar|lines|off",
      "progress display: a bar on a terminal (auto), log lines, or nothing"},
+    {"eval_every", STOKE_CFG_FLOAT, "1", 0, 1e9, NULL,
+     "evaluate on [eval_data] every N epochs (and at the end); 0: only at the end"},
+    {"checkpoint_every", STOKE_CFG_INT, "0", 0, 1e15, NULL,
+     "write <out_dir>/checkpoint.safetensors every N steps (0: only at the end and on Ctrl-C)"},
+    {"resume", STOKE_CFG_STR, "", 0, 0, NULL, "continue from this checkpoint file"},
+    {"deterministic", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "bitwise-reproducible runs: deterministic algorithms only (the cpu backend always is)"},
 };
 
 static const stoke_cfg_key_v1 plugin_keys[] = {
@@ -56,6 +66,17 @@ static const stoke_cfg_key_v1 data_keys[] = {
     {"prefetch", STOKE_CFG_INT, "4", 1, 1024, NULL, "batches prepared ahead (ring of pinned buffers)"},
     {"shuffle", STOKE_CFG_BOOL, "true", 0, 0, NULL, "reshuffle every epoch (seeded by seed, epoch)"},
     {"drop_last", STOKE_CFG_BOOL, "true", 0, 0, NULL, "drop the last incomplete batch of an epoch"},
+    {"mean", STOKE_CFG_LIST, "0", 0, 0, NULL,
+     "u8 images: per-channel mean of x/255 (e.g. 0.485, 0.456, 0.406), subtracted on the device"},
+    {"std", STOKE_CFG_LIST, "1", 0, 0, NULL, "u8 images: per-channel std of x/255"},
+};
+
+static const stoke_cfg_key_v1 eval_data_keys[] = {
+    {"source", STOKE_CFG_STR, "", 0, 0, NULL,
+     "held-out data source (empty: no evaluation); its own keys go here too"},
+    {"batch_size", STOKE_CFG_INT, "256", 1, 1 << 24, NULL, "samples per evaluation batch"},
+    {"workers", STOKE_CFG_INT, "2", 1, 1024, NULL, "loader worker threads"},
+    {"prefetch", STOKE_CFG_INT, "4", 1, 1024, NULL, "batches prepared ahead"},
 };
 
 static const stoke_cfg_key_v1 model_keys[] = {
@@ -76,6 +97,15 @@ static const stoke_cfg_key_v1 optimizer_keys[] = {
     {"beta1", STOKE_CFG_FLOAT, "0.9", 0, 1, NULL, "AdamW beta1"},
     {"beta2", STOKE_CFG_FLOAT, "0.999", 0, 1, NULL, "AdamW beta2"},
     {"eps", STOKE_CFG_FLOAT, "1e-8", 0, 1, NULL, "AdamW epsilon"},
+    {"schedule", STOKE_CFG_ENUM, "constant", 0, 0, "constant|cosine|step",
+     "after warm-up: constant lr, cosine decay to min_lr at the end, or x gamma every step_epochs"},
+    {"warmup_epochs", STOKE_CFG_FLOAT, "0", 0, 1e6, NULL, "linear warm-up from ~0 to lr"},
+    {"min_lr", STOKE_CFG_FLOAT, "0", 0, 1e6, NULL, "cosine: the final lr"},
+    {"step_epochs", STOKE_CFG_FLOAT, "0", 0, 1e6, NULL, "step: epochs between decays"},
+    {"gamma", STOKE_CFG_FLOAT, "0.1", 0, 1, NULL, "step: decay factor"},
+    {"lr_scale_with_batch", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "linear scaling rule: lr x global batch / base_batch (Goyal et al.)"},
+    {"base_batch", STOKE_CFG_INT, "256", 1, 1 << 24, NULL, "the batch size lr is given for"},
 };
 
 #define DECLARE(c, sec, help, keys) stoke_cfg_declare(c, sec, help, keys, (int)(sizeof keys / sizeof *keys))
@@ -84,6 +114,7 @@ stoke_err *stoke_declare_core_keys(stoke_cfg *c) {
   STOKE_PROPAGATE(DECLARE(c, "run", "the run: backends, precision, length, seed, logging", run_keys));
   STOKE_PROPAGATE(DECLARE(c, "plugins", "where plugins are found and extra ones to load", plugin_keys));
   STOKE_PROPAGATE(DECLARE(c, "data", "training data: the source and the loader; the source's own keys go here too", data_keys));
+  STOKE_PROPAGATE(DECLARE(c, "eval_data", "held-out data for evaluation (loss, top-1 accuracy)", eval_data_keys));
   STOKE_PROPAGATE(DECLARE(c, "model", "the model builder; its own keys go here too", model_keys));
   STOKE_PROPAGATE(DECLARE(c, "loss", "softmax cross-entropy on the model's logits", loss_keys));
   STOKE_PROPAGATE(DECLARE(c, "optimizer", "the optimizer, updating the flat parameter buffer", optimizer_keys));
@@ -170,6 +201,13 @@ stoke_err *stoke_run_setup(const stoke_run_opts *o, stoke_cfg **cfg_out, stoke_r
   const stoke_source_v1 *s = stoke_find_source(reg, name);
   STOKE_TRY_GOTO(e, fail, stoke_cfg_declare(c, "data", NULL, s->keys, s->n_keys),
                  "declaring the keys of source '%s'", name);
+  STOKE_TRY_GOTO(e, fail, stoke_cfg_str(c, "eval_data", "source", &name), "");
+  if (name[0]) {
+    STOKE_TRY_GOTO(e, fail, load_part(reg, c, "eval_data", "source", "source", name, dirs, n_dirs), "");
+    s = stoke_find_source(reg, name);
+    STOKE_TRY_GOTO(e, fail, stoke_cfg_declare(c, "eval_data", NULL, s->keys, s->n_keys),
+                   "declaring the keys of source '%s'", name);
+  }
   STOKE_TRY_GOTO(e, fail, stoke_cfg_str(c, "run", "comm", &name), "");
   if (!stoke_find_comm(reg, name)) {
     char names[256];
@@ -264,6 +302,19 @@ static stoke_err *mkdir_p(const char *path) {
   return NULL;
 }
 
+/* One data stream (training or evaluation): its source, graph, plan,
+ * executor and loader. */
+typedef struct stream {
+  const char *section;
+  const stoke_source_v1 *src;
+  void *src_self;
+  stoke_graph *g;
+  stoke_plan *plan;
+  stoke_exec *x;
+  stoke_loader *loader;
+  int64_t batch;
+} stream;
+
 typedef struct run_state {
   stoke_cfg *cfg;
   stoke_registry *reg;
@@ -273,27 +324,29 @@ typedef struct run_state {
   int n_engines, n_open;
   const stoke_backend_v1 *dev;
   void *dev_self;
-  const stoke_source_v1 *src;
-  void *src_self;
-  stoke_graph *g;
-  stoke_plan *plan;
-  stoke_exec *x;
-  stoke_loader *loader;
+  stream train, eval;
   stoke_metrics *metrics;
   FILE *log;
+  char *config_text;
 } run_state;
+
+static void stream_close(stream *st) {
+  stoke_loader_free(st->loader);
+  stoke_exec_free(st->x);
+  stoke_plan_free(st->plan);
+  stoke_graph_free(st->g);
+  if (st->src_self) st->src->close(st->src_self);
+}
 
 static void run_close(run_state *s) {
   stoke_metrics_free(s->metrics);
-  stoke_loader_free(s->loader);
-  stoke_exec_free(s->x);
-  stoke_plan_free(s->plan);
-  stoke_graph_free(s->g);
-  if (s->src_self) s->src->close(s->src_self);
+  stream_close(&s->eval); /* borrows the training executor's weights: first */
+  stream_close(&s->train);
   for (int i = s->n_open - 1; i >= 0; i--)
     if (s->backs[i]->close) s->backs[i]->close(s->selves[i]);
   stoke_registry_free(s->reg);
   stoke_cfg_free(s->cfg);
+  free(s->config_text);
   if (s->log) {
     stoke_log_set_file(NULL);
     fclose(s->log);
@@ -330,65 +383,211 @@ static stoke_err *open_backends(run_state *s) {
   return NULL;
 }
 
-static stoke_err *build_graph(run_state *s, int64_t batch, stoke_dtype dtype) {
+/* "0.485, 0.456" (a LIST key) as the attribute text "0.485:0.456". */
+static stoke_err *floats_attr(const stoke_cfg *c, const char *key, char *out, size_t cap) {
+  const char *items[STOKE_CFG_MAX_LIST];
+  int n;
+  STOKE_PROPAGATE(stoke_cfg_list(c, "data", key, items, &n));
+  size_t used = 0;
+  out[0] = 0;
+  for (int i = 0; i < n; i++) {
+    char *end;
+    strtod(items[i], &end);
+    if (end == items[i] || *end)
+      return STOKE_ERR(STOKE_E_INVALID, "%s: [data] %s: '%s' is not a number",
+                       stoke_cfg_where(c, "data", key), key, items[i]);
+    used += (size_t)snprintf(out + used, cap - used, "%s%s", i ? ":" : "", items[i]);
+  }
+  return NULL;
+}
+
+/* The model's graph for a stream: inputs (u8 images are normalized by the
+ * first node, on the device), the model, and the loss when training. */
+static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int training) {
   stoke_sample_info_v1 info;
-  STOKE_TRY(s->src->info(s->src_self, &info), "source '%s'", s->src->name);
-  if (info.dtype != STOKE_F32)
-    return STOKE_ERR(STOKE_E_UNSUPPORTED, "source '%s' gives non-float samples; this build feeds f32 only",
-                     s->src->name);
-  STOKE_PROPAGATE(stoke_graph_new(s->reg, dtype, STOKE_LAYOUT_ANY, &s->g));
-  stoke_shape xs = {info.shape.ndim + 1, {batch}};
+  STOKE_TRY(st->src->info(st->src_self, &info), "source '%s'", st->src->name);
+  STOKE_PROPAGATE(stoke_graph_new(s->reg, dtype, STOKE_NCHW, &st->g));
+  stoke_graph *g = st->g;
+  stoke_shape xs = {info.shape.ndim + 1, {st->batch}};
   for (int i = 0; i < info.shape.ndim; i++) xs.d[i + 1] = info.shape.d[i];
   int x, y, logits;
-  STOKE_PROPAGATE(stoke_graph_input(s->g, "input", STOKE_VAL_INPUT, &xs, dtype, &x));
-  STOKE_PROPAGATE(stoke_graph_input(s->g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {batch}}, STOKE_I32, &y));
+  if (info.dtype == STOKE_U8) {
+    if (info.shape.ndim != 3)
+      return STOKE_ERR(STOKE_E_UNSUPPORTED, "source '%s' gives u8 samples that are not images (C, H, W)",
+                       st->src->name);
+    STOKE_PROPAGATE(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &xs, STOKE_U8, &x));
+    g->values[x].layout = STOKE_NHWC; /* sources write HWC */
+    char mean[256], std[256], attrs[600];
+    STOKE_PROPAGATE(floats_attr(s->cfg, "mean", mean, sizeof mean));
+    STOKE_PROPAGATE(floats_attr(s->cfg, "std", std, sizeof std));
+    snprintf(attrs, sizeof attrs, "mean=%s, std=%s, layout=nchw", mean, std);
+    int n;
+    STOKE_TRY(stoke_graph_builder(g).node(g, STOKE_OP_NORMALIZE, "normalize", &x, 1, attrs, &n, 1),
+              "%s: [data] mean / std", stoke_cfg_where(s->cfg, "data", "mean"));
+    x = n;
+  } else if (info.dtype == STOKE_F32) {
+    STOKE_PROPAGATE(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &xs, dtype, &x));
+  } else {
+    return STOKE_ERR(STOKE_E_UNSUPPORTED, "source '%s' gives samples that are neither f32 nor u8",
+                     st->src->name);
+  }
+  STOKE_PROPAGATE(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {st->batch}}, STOKE_I32, &y));
   const char *mname;
   STOKE_PROPAGATE(stoke_cfg_str(s->cfg, "model", "name", &mname));
   const stoke_model_v1 *m = stoke_find_model(s->reg, mname);
-  stoke_builder_v1 b = stoke_graph_builder(s->g);
+  stoke_builder_v1 b = stoke_graph_builder(g);
   STOKE_TRY(m->build(s->cfg, "model", &b, x, info.classes, &logits), "building model '%s'", mname);
-  stoke_shape ls = s->g->values[logits].shape;
-  if (ls.ndim != 2 || ls.d[0] != batch || ls.d[1] != info.classes)
+  stoke_shape ls = g->values[logits].shape;
+  if (ls.ndim != 2 || ls.d[0] != st->batch || ls.d[1] != info.classes)
     return STOKE_ERR(STOKE_E_INVALID, "model '%s' must give logits [%lld, %lld]", mname,
-                     (long long)batch, (long long)info.classes);
+                     (long long)st->batch, (long long)info.classes);
+  g->logits = logits;
+  if (!training) return NULL;
   double smoothing;
   STOKE_PROPAGATE(stoke_cfg_float(s->cfg, "loss", "label_smoothing", &smoothing));
   char attrs[64];
   snprintf(attrs, sizeof attrs, "label_smoothing=%.17g", smoothing);
-  STOKE_PROPAGATE(stoke_graph_loss(s->g, logits, attrs));
+  STOKE_PROPAGATE(stoke_graph_loss(g, logits, attrs));
   return NULL;
+}
+
+/* Open a stream's source, build and compile its graph, start its loader. */
+static stoke_err *open_stream(run_state *s, stream *st, const char *section, const char *opt_name,
+                              stoke_dtype dtype, int training, uint64_t seed, int64_t start_batch) {
+  const char *src_name;
+  int64_t workers, prefetch;
+  int shuffle = 0, drop_last = 0;
+  st->section = section;
+  STOKE_PROPAGATE(stoke_cfg_str(s->cfg, section, "source", &src_name));
+  STOKE_PROPAGATE(stoke_cfg_int(s->cfg, section, "batch_size", &st->batch));
+  STOKE_PROPAGATE(stoke_cfg_int(s->cfg, section, "workers", &workers));
+  STOKE_PROPAGATE(stoke_cfg_int(s->cfg, section, "prefetch", &prefetch));
+  if (training) {
+    STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, section, "shuffle", &shuffle));
+    STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, section, "drop_last", &drop_last));
+  }
+  st->src = stoke_find_source(s->reg, src_name);
+  STOKE_TRY(st->src->open(s->cfg, section, &st->src_self), "opening [%s] source '%s'", section, src_name);
+  STOKE_PROPAGATE(build_graph(s, st, dtype, training));
+  stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? opt_name : NULL, training};
+  STOKE_TRY(stoke_compile(st->g, &po, &st->plan), "compiling the %s graph", training ? "training" : "evaluation");
+  if (training)
+    STOKE_TRY(stoke_exec_new(st->plan, s->dev, s->dev_self, seed, &st->x), "preparing the plan");
+  else
+    STOKE_TRY(stoke_exec_new_shared(st->plan, s->train.x, &st->x), "preparing the evaluation plan");
+  stoke_loader_opts lo = {st->src, st->src_self, s->dev, s->dev_self, st->batch, (int)workers,
+                          (int)prefetch, shuffle, drop_last, seed, 0, 1, start_batch};
+  STOKE_TRY(stoke_loader_new(&lo, &st->loader), "starting the [%s] loader", section);
+  return NULL;
+}
+
+/* Copy a batch into the stream's input and label values. */
+static stoke_err *feed(run_state *s, stream *st, const stoke_batch *b) {
+  size_t xbytes = stoke_loader_sample_bytes(st->loader) * (size_t)b->n;
+  STOKE_PROPAGATE(s->dev->copy(s->dev_self, stoke_exec_input(st->x), b->x, xbytes, STOKE_COPY_H2D, NULL));
+  return s->dev->copy(s->dev_self, stoke_exec_labels(st->x), b->labels, sizeof(int32_t) * (size_t)b->n,
+                      STOKE_COPY_H2D, NULL);
+}
+
+/* One pass over the evaluation data with the forward-only plan: mean
+ * cross-entropy and top-1 accuracy over every sample (a last partial batch
+ * counts only its real rows). */
+static stoke_err *evaluate(run_state *s, double *loss, double *acc) {
+  stream *st = &s->eval;
+  const stoke_value *lv = &st->g->values[st->g->logits];
+  int64_t classes = lv->shape.d[1];
+  size_t lbytes = (size_t)stoke_numel(&lv->shape) * stoke_dtype_size(lv->dtype);
+  void *logits = malloc(lbytes);
+  int32_t *labels = malloc(sizeof(int32_t) * (size_t)st->batch);
+  if (!logits || !labels) {
+    free(logits);
+    free(labels);
+    return STOKE_ERR(STOKE_E_OOM, "out of memory for evaluation");
+  }
+  double total = 0;
+  int64_t correct = 0, count = 0;
+  stoke_err *e = NULL;
+  int64_t nb = stoke_loader_batches_per_epoch(st->loader);
+  for (int64_t i = 0; i < nb && !e; i++) {
+    stoke_batch *b;
+    e = stoke_loader_next(st->loader, &b, NULL);
+    int64_t n = b->n;
+    if (!e) {
+      memcpy(labels, b->labels, sizeof(int32_t) * (size_t)n);
+      e = feed(s, st, b);
+    }
+    stoke_loader_release(st->loader, b);
+    if (!e) e = stoke_exec_forward_backward(st->x, 1, 0);
+    if (!e) e = stoke_exec_read(st->x, st->g->logits, logits, lbytes);
+    for (int64_t r = 0; r < n && !e; r++) {
+      double mx = -INFINITY, sum = 0, v[4096];
+      int best = 0;
+      for (int64_t c = 0; c < classes && c < 4096; c++) {
+        v[c] = lv->dtype == STOKE_F64 ? ((double *)logits)[r * classes + c] : ((float *)logits)[r * classes + c];
+        if (v[c] > mx) mx = v[c], best = (int)c;
+      }
+      for (int64_t c = 0; c < classes && c < 4096; c++) sum += exp(v[c] - mx);
+      total += log(sum) + mx - v[labels[r]];
+      correct += best == labels[r];
+      count++;
+    }
+  }
+  free(logits);
+  free(labels);
+  if (e) return stoke_err_wrap(e, __FILE__, __LINE__, "evaluating on [eval_data]");
+  *loss = count ? total / (double)count : NAN;
+  *acc = count ? (double)correct / (double)count : NAN;
+  return NULL;
+}
+
+static stoke_err *save(run_state *s, const char *path, int64_t step, int64_t epoch, int64_t seed,
+                       int64_t accumulate, const char *opt_name) {
+  stoke_ckpt_meta m = {step, epoch, seed, accumulate, 1.0, ""};
+  snprintf(m.optimizer, sizeof m.optimizer, "%s", opt_name);
+  STOKE_TRY(stoke_checkpoint_save(s->train.x, path, &m, s->config_text), "saving the checkpoint at step %lld",
+            (long long)step);
+  return NULL;
+}
+
+/* The resolved config as text (saved with the run and in checkpoints). */
+static char *config_text(const stoke_cfg *c) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  if (!f) return NULL;
+  stoke_cfg_dump(c, f);
+  fclose(f);
+  return buf;
 }
 
 stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   run_state s = {0};
   stoke_err *e = NULL;
   memset(sum, 0, sizeof *sum);
+  sum->eval_loss = sum->eval_accuracy = NAN;
   STOKE_PROPAGATE(stoke_run_setup(o, &s.cfg, &s.reg));
   stoke_cfg *c = s.cfg;
 
   /* -- the run's folder, its resolved config and log */
-  const char *name, *out_dir, *progress, *prec_name, *opt_name;
-  int64_t seed, steps, accumulate, log_every, batch, workers, prefetch;
-  double epochs;
-  int shuffle, drop_last;
+  const char *name, *out_dir, *progress, *prec_name, *opt_name, *resume, *eval_src;
+  int64_t seed, steps, accumulate, log_every, ckpt_every;
+  double epochs, eval_every;
   stoke_opt_args_v1 opt = {0};
 #define GET(fn, sec, key, out) STOKE_TRY_GOTO(e, done, fn(c, sec, key, out), "")
   GET(stoke_cfg_str, "run", "name", &name);
   GET(stoke_cfg_str, "run", "out_dir", &out_dir);
   GET(stoke_cfg_str, "run", "progress", &progress);
   GET(stoke_cfg_str, "run", "precision", &prec_name);
+  GET(stoke_cfg_str, "run", "resume", &resume);
   GET(stoke_cfg_int, "run", "seed", &seed);
   GET(stoke_cfg_int, "run", "steps", &steps);
   GET(stoke_cfg_float, "run", "epochs", &epochs);
   GET(stoke_cfg_int, "run", "accumulate", &accumulate);
   GET(stoke_cfg_int, "run", "log_every", &log_every);
-  GET(stoke_cfg_int, "data", "batch_size", &batch);
-  GET(stoke_cfg_int, "data", "workers", &workers);
-  GET(stoke_cfg_int, "data", "prefetch", &prefetch);
-  GET(stoke_cfg_bool, "data", "shuffle", &shuffle);
-  GET(stoke_cfg_bool, "data", "drop_last", &drop_last);
+  GET(stoke_cfg_int, "run", "checkpoint_every", &ckpt_every);
+  GET(stoke_cfg_float, "run", "eval_every", &eval_every);
+  GET(stoke_cfg_str, "eval_data", "source", &eval_src);
   GET(stoke_cfg_str, "optimizer", "name", &opt_name);
-  GET(stoke_cfg_float, "optimizer", "lr", &opt.lr);
   GET(stoke_cfg_float, "optimizer", "momentum", &opt.momentum);
   GET(stoke_cfg_bool, "optimizer", "nesterov", &opt.nesterov);
   GET(stoke_cfg_float, "optimizer", "weight_decay", &opt.weight_decay);
@@ -408,6 +607,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   else snprintf(dir, sizeof dir, "runs/%s", run_name);
   snprintf(sum->out_dir, sizeof sum->out_dir, "%s", dir);
   STOKE_TRY_GOTO(e, done, mkdir_p(dir), "[run] out_dir");
+  s.config_text = config_text(c);
   char path[640];
   snprintf(path, sizeof path, "%s/config.ini", dir);
   FILE *f = fopen(path, "w");
@@ -418,14 +618,14 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   stoke_cfg_dump(c, f);
   fclose(f);
   snprintf(path, sizeof path, "%s/log.txt", dir);
-  s.log = fopen(path, "w");
+  s.log = fopen(path, "a");
   if (s.log) stoke_log_set_file(s.log);
   if (!o->quiet) {
     printf("stoke: run '%s', resolved config (saved to %s/config.ini):\n", run_name, dir);
     stoke_cfg_dump(c, stdout);
   }
 
-  /* -- devices, precision, data, graph, plan */
+  /* -- devices, precision, the checkpoint to resume, data, graphs, plans */
   STOKE_TRY_GOTO(e, done, open_backends(&s), "");
   const stoke_precision_v1 *prec = stoke_find_precision(s.reg, prec_name);
   if (s.dev->device == STOKE_DEV_CPU && prec->param_dtype != STOKE_F32) {
@@ -433,28 +633,45 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
                   stoke_cfg_where(c, "run", "precision"), prec_name);
     goto done;
   }
-  const char *src_name;
-  STOKE_TRY_GOTO(e, done, stoke_cfg_str(c, "data", "source", &src_name), "");
-  s.src = stoke_find_source(s.reg, src_name);
-  STOKE_TRY_GOTO(e, done, s.src->open(c, "data", &s.src_self), "opening data source '%s'", src_name);
-  STOKE_TRY_GOTO(e, done, build_graph(&s, batch, prec->param_dtype), "");
-  stoke_plan_opts po = {s.engines, s.n_engines, s.selves, opt_name, 1};
-  STOKE_TRY_GOTO(e, done, stoke_compile(s.g, &po, &s.plan), "compiling the graph");
-  STOKE_TRY_GOTO(e, done, stoke_exec_new(s.plan, s.dev, s.dev_self, (uint64_t)seed, &s.x), "preparing the plan");
+  /* the training loader starts where the checkpoint stopped: read its step first */
+  int64_t start_step = 0;
+  stoke_ckpt_meta meta = {0};
+  if (resume[0]) {
+    stoke_st_file st;
+    STOKE_TRY_GOTO(e, done, stoke_st_read(resume, &st), "%s: [run] resume", stoke_cfg_where(c, "run", "resume"));
+    const char *v = stoke_st_meta(&st, "step");
+    start_step = v ? strtoll(v, NULL, 10) : 0;
+    stoke_st_free(&st);
+  }
+  STOKE_TRY_GOTO(e, done, open_stream(&s, &s.train, "data", opt_name, prec->param_dtype, 1, (uint64_t)seed,
+                                      start_step * accumulate), "");
+  if (resume[0]) {
+    STOKE_TRY_GOTO(e, done, stoke_checkpoint_load(s.train.x, resume, &meta), "%s: [run] resume",
+                   stoke_cfg_where(c, "run", "resume"));
+    if (meta.seed != seed || meta.accumulate != accumulate)
+      stoke_log(STOKE_LOG_WARN, "run",
+                "resuming from %s, saved with seed %lld and accumulate %lld, now %lld and %lld: the run "
+                "will not repeat the original",
+                resume, (long long)meta.seed, (long long)meta.accumulate, (long long)seed, (long long)accumulate);
+    if (!o->quiet) printf("stoke: resumed from %s at step %lld\n", resume, (long long)start_step);
+  }
+  if (eval_src[0])
+    STOKE_TRY_GOTO(e, done, open_stream(&s, &s.eval, "eval_data", NULL, prec->param_dtype, 0, (uint64_t)seed, 0), "");
   snprintf(path, sizeof path, "%s/plan.txt", dir);
   if ((f = fopen(path, "w"))) {
-    stoke_plan_report(s.plan, f);
+    stoke_plan_report(s.train.plan, f);
     fclose(f);
   }
-  if (!o->quiet) stoke_plan_report(s.plan, stdout);
+  if (!o->quiet) stoke_plan_report(s.train.plan, stdout);
 
-  stoke_loader_opts lo = {s.src, s.src_self, s.dev, s.dev_self, batch, (int)workers, (int)prefetch,
-                          shuffle, drop_last, (uint64_t)seed, 0, 1};
-  STOKE_TRY_GOTO(e, done, stoke_loader_new(&lo, &s.loader), "starting the loader");
-  int64_t per_epoch = stoke_loader_batches_per_epoch(s.loader);
+  int64_t per_epoch = stoke_loader_batches_per_epoch(s.train.loader);
+  int64_t steps_per_epoch = per_epoch / accumulate > 0 ? per_epoch / accumulate : 1;
   int64_t total = steps > 0 ? steps : (int64_t)ceil(epochs * (double)per_epoch / (double)accumulate);
   if (total < 1) total = 1;
-  sum->flops_per_step = s.plan->train_flops * (double)accumulate;
+  int64_t batch = s.train.batch;
+  stoke_lr_schedule sched;
+  STOKE_TRY_GOTO(e, done, stoke_lr_from_config(c, total, steps_per_epoch, batch * accumulate, &sched), "");
+  sum->flops_per_step = s.train.plan->train_flops * (double)accumulate;
 
   snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
   stoke_metrics_opts mo = {path, !strcmp(progress, "off") || o->quiet ? STOKE_PROGRESS_OFF
@@ -462,8 +679,10 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
                                  : !strcmp(progress, "lines")          ? STOKE_PROGRESS_LINES
                                  : isatty(2)                           ? STOKE_PROGRESS_BAR
                                                                        : STOKE_PROGRESS_LINES,
-                           total, batch * accumulate, o->quiet};
+                           total, batch * accumulate, o->quiet, start_step};
   STOKE_TRY_GOTO(e, done, stoke_metrics_new(&mo, &s.metrics), "");
+  char ckpt[640];
+  snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", dir);
 
   /* -- the step loop */
   stop_signal = 0;
@@ -471,53 +690,68 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
-  size_t xbytes = stoke_loader_sample_bytes(s.loader) * (size_t)batch;
-  int64_t step;
-  for (step = 0; step < total && !stop_signal; step++) {
+  int64_t step, epoch = 0;
+  int64_t eval_period = eval_every > 0 ? (int64_t)llround(eval_every * (double)per_epoch) : 0;
+  for (step = start_step; step < total && !stop_signal; step++) {
     double t0 = now_s(), wait = 0;
-    int64_t epoch = 0;
     for (int64_t micro = 0; micro < accumulate && !e; micro++) {
       stoke_batch *b;
       double w;
-      e = stoke_loader_next(s.loader, &b, &w);
+      e = stoke_loader_next(s.train.loader, &b, &w);
       wait += w;
-      if (!e) e = s.dev->copy(s.dev_self, stoke_exec_input(s.x), b->x, xbytes, STOKE_COPY_H2D, NULL);
-      if (!e) e = s.dev->copy(s.dev_self, stoke_exec_labels(s.x), b->labels, sizeof(int32_t) * (size_t)batch,
-                              STOKE_COPY_H2D, NULL);
+      if (!e) e = feed(&s, &s.train, b);
       epoch = b->epoch;
-      stoke_loader_release(s.loader, b);
-      if (!e) e = stoke_exec_forward_backward(s.x, micro == 0, stoke_hash3((uint64_t)seed, (uint64_t)step, (uint64_t)micro));
+      stoke_loader_release(s.train.loader, b);
+      if (!e)
+        e = stoke_exec_forward_backward(s.train.x, micro == 0,
+                                        stoke_hash3((uint64_t)seed, (uint64_t)step, (uint64_t)micro));
     }
     opt.step = step + 1;
     opt.grad_scale = 1.0 / (double)accumulate;
-    if (!e) e = stoke_exec_update(s.x, &opt);
+    opt.lr = stoke_lr_at(&sched, step + 1);
+    if (!e) e = stoke_exec_update(s.train.x, &opt);
     if (e) {
       e = stoke_err_wrap(e, __FILE__, __LINE__, "step %lld", (long long)step + 1);
       break;
     }
-    int log_now = (step + 1) % log_every == 0 || step + 1 == total || step == 0;
+    int log_now = (step + 1) % log_every == 0 || step + 1 == total || step == start_step;
     double loss = NAN;
     if (log_now) {
-      e = stoke_exec_read_loss(s.x, &loss);
-      if (e) break;
+      if ((e = stoke_exec_read_loss(s.train.x, &loss))) break;
       if (!isfinite(loss)) {
         e = STOKE_ERR(STOKE_E_NUMERIC,
                       "loss is %g at step %lld: training diverged; lower [optimizer] lr (now %g) "
-                      "or check the data",
-                      loss, (long long)step + 1, opt.lr);
+                      "or check the data (the last checkpoint, if any, is %s)",
+                      loss, (long long)step + 1, opt.lr, ckpt);
         break;
       }
     }
     stoke_metrics_step(s.metrics, step + 1, epoch, now_s() - t0, wait, log_now, loss, opt.lr);
+    if (ckpt_every > 0 && (step + 1) % ckpt_every == 0 && step + 1 < total)
+      if ((e = save(&s, ckpt, step + 1, epoch, seed, accumulate, opt_name))) break;
+    int64_t done_batches = (step + 1) * accumulate;
+    if (s.eval.x && eval_period > 0 && done_batches / eval_period != (done_batches - accumulate) / eval_period &&
+        step + 1 < total) {
+      if ((e = evaluate(&s, &sum->eval_loss, &sum->eval_accuracy))) break;
+      stoke_metrics_eval(s.metrics, step + 1, epoch, sum->eval_loss, sum->eval_accuracy);
+    }
   }
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
+  sum->interrupted = stop_signal != 0;
+  /* the last state is saved on every way out but an error inside a step */
+  if (!e && step > start_step) {
+    e = save(&s, ckpt, step, epoch, seed, accumulate, opt_name);
+    if (!e) snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s", ckpt);
+  }
+  if (!e && s.eval.x && !stop_signal) {
+    e = evaluate(&s, &sum->eval_loss, &sum->eval_accuracy);
+    if (!e) stoke_metrics_eval(s.metrics, step, epoch, sum->eval_loss, sum->eval_accuracy);
+  }
   stoke_metrics_summary(s.metrics, sum);
   sum->steps = step;
-  sum->samples = step * batch * accumulate;
-  sum->flops_per_step = s.plan->train_flops * (double)accumulate;
-  sum->skipped_samples = stoke_loader_skipped(s.loader);
-  sum->interrupted = stop_signal != 0;
+  sum->samples = (step - start_step) * batch * accumulate;
+  sum->skipped_samples = stoke_loader_skipped(s.train.loader);
   if (!e) stoke_metrics_close(s.metrics, sum, stop_signal ? "interrupted" : "done");
 done:
   run_close(&s);

@@ -15,6 +15,7 @@
 
 #include "stoke/ops.h"
 #include "stoke/plugin.h"
+#include "cpu_cnn.h"
 
 const stoke_host_v1 *stoke_host;
 
@@ -441,6 +442,9 @@ static stoke_err *cpu_register(const stoke_host_v1 *host, const stoke_registry_v
     STOKE_PTRY(r->add_kernel(r->self, k), "registering cpu kernel %s (%s)", k->op,
                stoke_dtype_name(k->dtype));
   }
+  STOKE_PROPAGATE_P(cpu_register_conv(r));
+  STOKE_PROPAGATE_P(cpu_register_pool(r));
+  STOKE_PROPAGATE_P(cpu_register_norm(r));
   return NULL;
 }
 

@@ -20,7 +20,8 @@ typedef enum stoke_value_kind {
   STOKE_VAL_ACT,       /* forward activation, in the arena */
   STOKE_VAL_GRAD,      /* gradient of an activation, in the arena */
   STOKE_VAL_PARAM_GRAD,/* in the flat gradient buffer */
-  STOKE_VAL_SEED       /* d(loss)/d(loss) = 1, a constant */
+  STOKE_VAL_SEED,      /* d(loss)/d(loss) = 1, a constant */
+  STOKE_VAL_STATE      /* persistent, not trained (batch-norm running stats) */
 } stoke_value_kind;
 
 /* Where a value lives. */
@@ -28,6 +29,7 @@ typedef enum stoke_buffer_id {
   STOKE_BUF_PARAMS = 0,
   STOKE_BUF_GRADS,
   STOKE_BUF_ARENA,
+  STOKE_BUF_STATE,     /* flat: every STATE value, saved with checkpoints */
   STOKE_BUF_COUNT
 } stoke_buffer_id;
 
@@ -129,12 +131,22 @@ void stoke_plan_report(const stoke_plan *p, FILE *f);
 typedef struct stoke_exec stoke_exec;
 
 /* Bind the plan to memory of `device` (the device engine): allocates the
- * three buffers, the optimizer state and the workspace once, builds every
+ * buffers, the optimizer state and the workspace once, builds every
  * kernel's arguments and calls each kernel's plan(). Parameters are
  * initialized from `seed` (the same on any backend). */
 stoke_err *stoke_exec_new(stoke_plan *p, const stoke_backend_v1 *device,
                           void *device_self, uint64_t seed, stoke_exec **out);
+/* Same, but parameters and state live in `share`'s buffers (an eval plan
+ * of the same model sharing the training plan's weights). The two graphs
+ * must declare the same parameters and state in the same order. */
+stoke_err *stoke_exec_new_shared(stoke_plan *p, stoke_exec *share, stoke_exec **out);
 void stoke_exec_free(stoke_exec *x);
+stoke_plan *stoke_exec_plan(stoke_exec *x);
+/* A copy between host and the executor's device (synchronizes). */
+stoke_err *stoke_exec_copy(stoke_exec *x, void *dst, const void *src, size_t bytes,
+                           stoke_copy_kind kind);
+/* Copy `value`'s contents to host memory (synchronizes). */
+stoke_err *stoke_exec_read(stoke_exec *x, int value, void *host, size_t bytes);
 
 /* Device pointers of the batch values (write them before a step). */
 void *stoke_exec_input(stoke_exec *x);

@@ -24,6 +24,7 @@ typedef struct stoke_loader_opts {
   int drop_last;
   uint64_t seed;
   int rank, world;  /* shard: rank takes every world-th sample */
+  int64_t start_batch; /* resume: the first batch to deliver (counted across epochs) */
 } stoke_loader_opts;
 
 typedef struct stoke_batch {

@@ -18,6 +18,7 @@ typedef struct stoke_metrics_opts {
   int64_t total_steps;
   int64_t samples_per_step;
   int quiet; /* no summary on stdout */
+  int64_t start_step; /* steps already done (resume): ETA and bar count from here */
 } stoke_metrics_opts;
 
 typedef struct stoke_metrics stoke_metrics;
@@ -28,6 +29,8 @@ void stoke_metrics_free(stoke_metrics *m);
  * line (and a bar update or log line) is written. */
 void stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double step_s,
                         double wait_s, int logged, double loss, double lr);
+/* Record an evaluation: a JSON line and a printed line. */
+void stoke_metrics_eval(stoke_metrics *m, int64_t step, int64_t epoch, double loss, double acc);
 /* Fill the summary's statistics. */
 void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s);
 /* Write the closing summary line to the JSON file and stdout. */

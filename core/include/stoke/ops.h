@@ -22,6 +22,61 @@
  * by the compiler to sum the gradients of a value used twice). */
 #define STOKE_OP_ADD "add"
 
+/* ---- convolutional ops (CPU kernels support NCHW and NHWC: shapes are
+ * always logical (N, C, H, W); the tensor's layout says the memory order) */
+
+/* conv2d: (x[N, C, H, W], weight[O, C/groups, kh, kw]) -> y[N, O, Ho, Wo],
+ * as nn.Conv2d(bias=False); Ho = (H + 2p - d(kh-1) - 1)/s + 1. */
+#define STOKE_OP_CONV2D "conv2d"
+#define STOKE_CONV2D_STRIDE 0   /* ints, "1" or "2x2" */
+#define STOKE_CONV2D_PADDING 1  /* ints, "0" */
+#define STOKE_CONV2D_DILATION 2 /* ints, "1" */
+#define STOKE_CONV2D_GROUPS 3   /* int, 1 */
+
+/* bias_add: (x[N, C, ...], bias[C]) -> x + bias per channel (conv bias). */
+#define STOKE_OP_BIAS_ADD "bias_add"
+
+/* flatten: x[N, ...] -> [N, prod(...)] in logical (C, H, W) order, as
+ * torch.flatten(x, 1) on an NCHW tensor, whatever the memory layout. */
+#define STOKE_OP_FLATTEN "flatten"
+
+/* global_avg_pool: x[N, C, H, W] -> [N, C] (nn.AdaptiveAvgPool2d(1) + flatten). */
+#define STOKE_OP_GLOBAL_AVG_POOL "global_avg_pool"
+
+/* max_pool2d / avg_pool2d: x[N, C, H, W] -> [N, C, Ho, Wo], as nn.MaxPool2d /
+ * nn.AvgPool2d (count_include_pad=True, ceil_mode=False). */
+#define STOKE_OP_MAX_POOL2D "max_pool2d"
+#define STOKE_OP_AVG_POOL2D "avg_pool2d"
+#define STOKE_POOL_KERNEL 0  /* ints, required */
+#define STOKE_POOL_STRIDE 1  /* ints, default = kernel ("0" means kernel) */
+#define STOKE_POOL_PADDING 2 /* ints, "0" */
+
+/* dropout: x -> x * mask / (1 - p) in training, x in eval; the mask is
+ * drawn from args->seed (the same seed reaches the backward kernel, which
+ * regenerates the mask instead of storing it). */
+#define STOKE_OP_DROPOUT "dropout"
+#define STOKE_DROPOUT_P 0 /* float, 0.5 */
+
+/* batch_norm: (x[N, C, ...], weight[C], bias[C], running_mean[C],
+ * running_var[C]) -> (y, saved_mean[C], saved_invstd[C]), as nn.BatchNorm2d
+ * / BatchNorm1d. Training: normalize by the batch's mean and biased
+ * variance, write them as saved_mean and 1/sqrt(var + eps), and update the
+ * running statistics IN PLACE (inputs 3 and 4 are STATE values):
+ * running = (1 - momentum) running + momentum batch, with the unbiased
+ * variance (n/(n-1)) for running_var. Eval: normalize by the running
+ * statistics (saved_* then hold them). Statistics and the affine are fp32. */
+#define STOKE_OP_BATCH_NORM "batch_norm"
+#define STOKE_BATCH_NORM_EPS 0      /* float, 1e-5 */
+#define STOKE_BATCH_NORM_MOMENTUM 1 /* float, 0.1 */
+
+/* normalize: u8 images x[N, C, H, W] (memory HWC: layout NHWC) -> f32
+ * (x / 255 - mean[c]) / std[c] in the graph's layout, as torchvision's
+ * ToTensor + Normalize, in one pass. The first node of image models. */
+#define STOKE_OP_NORMALIZE "normalize"
+#define STOKE_NORMALIZE_MEAN 0 /* floats, one per channel, "0.485:0.456:0.406" */
+#define STOKE_NORMALIZE_STD 1  /* floats */
+#define STOKE_NORMALIZE_LAYOUT 2 /* str: "nchw" or "nhwc", the output's memory order */
+
 /* Optimizer updates (pass STOKE_OPT) over the flat buffers. */
 #define STOKE_OP_SGD "sgd"     /* state: momentum buffer (1x params) */
 #define STOKE_OP_ADAMW "adamw" /* state: m then v (2x params) */

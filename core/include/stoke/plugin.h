@@ -124,8 +124,9 @@ extern const stoke_host_v1 *stoke_host;
 typedef enum stoke_attr_type {
   STOKE_ATTR_INT = 0,
   STOKE_ATTR_FLOAT,
-  STOKE_ATTR_INTS,
-  STOKE_ATTR_STR
+  STOKE_ATTR_INTS,   /* "3" or "3x3" */
+  STOKE_ATTR_STR,
+  STOKE_ATTR_FLOATS  /* "0.5" or "0.485:0.456:0.406" */
 } stoke_attr_type;
 
 #define STOKE_ATTR_MAX_INTS 8
@@ -142,8 +143,9 @@ typedef struct stoke_attr_decl_v1 {
 typedef struct stoke_attr_v1 {
   int64_t i;
   double f;
-  int n;
+  int n; /* values in ints (INTS) or floats (FLOATS) */
   int64_t ints[STOKE_ATTR_MAX_INTS];
+  double floats[STOKE_ATTR_MAX_INTS];
   char s[STOKE_ATTR_MAX_STR];
 } stoke_attr_v1;
 
@@ -350,6 +352,11 @@ typedef struct stoke_builder_v1 {
                      const int *inputs, int n_inputs, const char *attrs,
                      int *outputs, int n_outputs);
   stoke_err *(*shape_of)(stoke_graph *g, int value, stoke_shape *out);
+  /* Persistent state that is not trained (batch-norm running mean/var):
+   * kept across steps, saved in checkpoints, no gradient. */
+  stoke_err *(*state)(stoke_graph *g, const char *name,
+                      const stoke_shape *shape, stoke_init_v1 init,
+                      int *value);
 } stoke_builder_v1;
 
 typedef struct stoke_model_v1 {

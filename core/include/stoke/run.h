@@ -22,7 +22,9 @@ typedef struct stoke_summary {
   double flops_per_step;
   int64_t skipped_samples;
   int interrupted;        /* stopped by SIGINT/SIGTERM */
+  double eval_loss, eval_accuracy; /* the last evaluation (NaN: none) */
   char out_dir[512];
+  char checkpoint[640];   /* the checkpoint written at the end ("" if none) */
 } stoke_summary;
 
 typedef struct stoke_run_opts {

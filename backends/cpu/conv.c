@@ -1,0 +1,746 @@
+/* backends/cpu/conv.c: CPU reference kernels (f32, f64) of conv2d,
+ * bias_add, flatten and global_avg_pool; see stoke/ops.h.
+ *
+ * Shapes are logical (N, C, H, W); a 4-D tensor's memory order is NHWC when
+ * the input's layout says STOKE_NHWC and NCHW otherwise (STOKE_LAYOUT_ANY
+ * and STOKE_NCHW). Weights are always [O, C/groups, kh, kw], contiguous.
+ *
+ * The kernel bodies are written once for an element type T: this file
+ * includes itself twice, with CPU_CONV_BODY defined, for float and for
+ * double (as cpu.c does with kernels.inc). The part outside CPU_CONV_BODY
+ * holds what does not depend on T: checks, geometry and the table.
+ *
+ * conv2d is im2col + GEMM per sample and group. The column buffer
+ * (C/groups*kh*kw x Ho*Wo elements) is allocated by plan() as the kernel's
+ * per-node state, so run() does not allocate (unless run without a plan). */
+#ifndef CPU_CONV_BODY
+
+#include <cblas.h>
+#include <limits.h>
+#include <string.h>
+
+#include "stoke/ops.h"
+#include "stoke/plugin.h"
+#include "cpu_cnn.h"
+
+#define CHECK(expr)                 \
+  do {                              \
+    stoke_err *check_e_ = (expr);   \
+    if (check_e_) return check_e_;  \
+  } while (0)
+
+/* "[3, 4]", usable as a printf argument: shp(&t.shape).s */
+typedef struct shape_text {
+  char s[96];
+} shape_text;
+
+static shape_text shp(const stoke_shape *s) {
+  shape_text t;
+  size_t n = (size_t)snprintf(t.s, sizeof t.s, "[");
+  for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
+    n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
+  if (n < sizeof t.s) snprintf(t.s + n, sizeof t.s - n, "]");
+  return t;
+}
+
+static const char *node_name(const stoke_kernel_args_v1 *a) {
+  return a->node && a->node->name ? a->node->name : "?";
+}
+
+static const char *layout_name(stoke_layout l) {
+  return l == STOKE_NHWC ? "NHWC" : l == STOKE_NCHW ? "NCHW" : "any";
+}
+
+static int same_shape(const stoke_shape *x, const stoke_shape *y) {
+  if (x->ndim != y->ndim) return 0;
+  for (int i = 0; i < x->ndim; i++)
+    if (x->d[i] != y->d[i]) return 0;
+  return 1;
+}
+
+static stoke_err *check_counts(const stoke_kernel_args_v1 *a, const char *op, int bwd,
+                               int n_in, int n_out) {
+  if (a->n_in < n_in || a->n_out < n_out || !a->in || !a->out)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs %d inputs and %d outputs, got %d and %d",
+                      op, node_name(a), n_in, n_out, a->n_in, a->n_out);
+  if (bwd && (!a->din || !a->dout))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': backward called without gradient tensors", op,
+                      node_name(a));
+  return NULL;
+}
+
+static stoke_err *check_dtype(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                              const stoke_tensor *t, stoke_dtype want) {
+  if (t->dtype != want)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s, the kernel expects %s", op,
+                      node_name(a), what, shp(&t->shape).s, stoke_dtype_name(t->dtype),
+                      stoke_dtype_name(want));
+  return NULL;
+}
+
+static stoke_err *check_data(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                             const stoke_tensor *t, int run) {
+  if (run && !t->data)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s has no data", op, node_name(a), what,
+                      shp(&t->shape).s);
+  return NULL;
+}
+
+/* A requested gradient (data != NULL) has the shape and dtype of its value. */
+static stoke_err *check_grad(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                             const stoke_tensor *g, const stoke_tensor *of) {
+  if (!g->data) return NULL;
+  if (!same_shape(&g->shape, &of->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': gradient of %s is %s, the value is %s", op,
+                      node_name(a), what, shp(&g->shape).s, shp(&of->shape).s);
+  return check_dtype(a, op, what, g, of->dtype);
+}
+
+/* The memory order every 4-D tensor of the call follows: x's. */
+static int is_nhwc(const stoke_tensor *x) {
+  return x->shape.ndim == 4 && x->layout == STOKE_NHWC;
+}
+
+/* A 4-D tensor `t` that states a layout must state x's (ANY follows x). */
+static stoke_err *check_layout(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                               const stoke_tensor *t, const stoke_tensor *x) {
+  if (t->shape.ndim != 4 || t->layout == STOKE_LAYOUT_ANY) return NULL;
+  stoke_layout want = is_nhwc(x) ? STOKE_NHWC : STOKE_NCHW;
+  if (t->layout != want)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s but x %s is %s", op, node_name(a),
+                      what, shp(&t->shape).s, layout_name(t->layout), shp(&x->shape).s,
+                      layout_name(x->layout));
+  return NULL;
+}
+
+static double grad_beta(const stoke_kernel_args_v1 *a, int i) {
+  return (a->param_grads >> i) & 1u ? (double)a->param_grad_beta : 0.0;
+}
+
+/* --------------------------------------------------------- conv2d geometry */
+
+typedef struct conv_dims {
+  int64_t n, c, h, w, o, kh, kw;
+  int64_t groups, cg, og, k; /* C/groups, O/groups, cg*kh*kw */
+  int64_t sh, sw, ph, pw, dh, dw;
+  int64_t ho, wo, hwo;
+  int nhwc;
+  /* element strides: x (and dx) by n, c, h, w; y (and dy) by n, channel,
+   * and output position p = oh*Wo + ow */
+  int64_t xn, xc, xh, xw;
+  int64_t yn, yc, yp;
+} conv_dims;
+
+static stoke_err *conv_pair(const stoke_kernel_args_v1 *a, int idx, const char *what,
+                            int64_t def, int64_t min, int64_t *h, int64_t *w) {
+  const stoke_node_v1 *n = a->node;
+  *h = *w = def;
+  if (n && n->n_attrs > idx) {
+    const stoke_attr_v1 *at = &n->attrs[idx];
+    if (at->n == 1) {
+      *h = *w = at->ints[0];
+    } else if (at->n == 2) {
+      *h = at->ints[0];
+      *w = at->ints[1];
+    } else if (at->n != 0) {
+      return STOKE_PERR(STOKE_E_INVALID, "conv2d '%s': %s has %d values, expected 1 or 2",
+                        node_name(a), what, at->n);
+    }
+  }
+  if (*h < min || *w < min)
+    return STOKE_PERR(STOKE_E_INVALID, "conv2d '%s': %s %lldx%lld, each must be >= %lld",
+                      node_name(a), what, (long long)*h, (long long)*w, (long long)min);
+  return NULL;
+}
+
+static stoke_err *conv_geometry(const stoke_kernel_args_v1 *a, conv_dims *d) {
+  const stoke_shape *xs = &a->in[0].shape, *ws = &a->in[1].shape, *ys = &a->out[0].shape;
+  if (xs->ndim != 4 || ws->ndim != 4)
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "conv2d '%s': expects x[N, C, H, W], weight[O, C/groups, kh, kw]; got x "
+                      "%s, weight %s",
+                      node_name(a), shp(xs).s, shp(ws).s);
+  memset(d, 0, sizeof *d);
+  CHECK(conv_pair(a, STOKE_CONV2D_STRIDE, "stride", 1, 1, &d->sh, &d->sw));
+  CHECK(conv_pair(a, STOKE_CONV2D_PADDING, "padding", 0, 0, &d->ph, &d->pw));
+  CHECK(conv_pair(a, STOKE_CONV2D_DILATION, "dilation", 1, 1, &d->dh, &d->dw));
+  d->groups = a->node && a->node->n_attrs > STOKE_CONV2D_GROUPS
+                  ? a->node->attrs[STOKE_CONV2D_GROUPS].i
+                  : 1;
+  d->n = xs->d[0], d->c = xs->d[1], d->h = xs->d[2], d->w = xs->d[3];
+  d->o = ws->d[0], d->kh = ws->d[2], d->kw = ws->d[3];
+  if (d->groups < 1 || d->n < 0 || d->c < 1 || d->h < 1 || d->w < 1 || d->o < 1 || d->kh < 1 ||
+      d->kw < 1 || d->c % d->groups || d->o % d->groups || ws->d[1] != d->c / d->groups)
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "conv2d '%s': x %s and weight %s do not match groups %lld (weight must be "
+                      "[O, C/groups, kh, kw], groups dividing C and O)",
+                      node_name(a), shp(xs).s, shp(ws).s, (long long)d->groups);
+  d->cg = d->c / d->groups;
+  d->og = d->o / d->groups;
+  int64_t eh = d->h + 2 * d->ph - d->dh * (d->kh - 1) - 1;
+  int64_t ew = d->w + 2 * d->pw - d->dw * (d->kw - 1) - 1;
+  if (eh < 0 || ew < 0)
+    return STOKE_PERR(STOKE_E_INVALID, "conv2d '%s': kernel %s does not fit x %s: output < 1",
+                      node_name(a), shp(ws).s, shp(xs).s);
+  d->ho = eh / d->sh + 1;
+  d->wo = ew / d->sw + 1;
+  d->hwo = d->ho * d->wo;
+  d->k = d->cg * d->kh * d->kw;
+  if (ys->ndim != 4 || ys->d[0] != d->n || ys->d[1] != d->o || ys->d[2] != d->ho ||
+      ys->d[3] != d->wo)
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "conv2d '%s': y is %s, expected [%lld, %lld, %lld, %lld] from x %s, "
+                      "weight %s",
+                      node_name(a), shp(ys).s, (long long)d->n, (long long)d->o,
+                      (long long)d->ho, (long long)d->wo, shp(xs).s, shp(ws).s);
+  /* BLAS takes int dimensions and leading dimensions */
+  if (d->k > INT_MAX || d->hwo > INT_MAX || d->o > INT_MAX)
+    return STOKE_PERR(STOKE_E_UNSUPPORTED, "conv2d '%s': x %s, weight %s: a GEMM dimension is "
+                      "beyond int", node_name(a), shp(xs).s, shp(ws).s);
+  d->nhwc = is_nhwc(&a->in[0]);
+  if (d->nhwc) {
+    d->xw = d->c, d->xh = d->w * d->c, d->xc = 1;
+    d->yc = 1, d->yp = d->o;
+  } else {
+    d->xw = 1, d->xh = d->w, d->xc = d->h * d->w;
+    d->yc = d->hwo, d->yp = 1;
+  }
+  d->xn = d->c * d->h * d->w;
+  d->yn = d->o * d->hwo;
+  return NULL;
+}
+
+static stoke_err *conv_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run,
+                             conv_dims *d) {
+  const char *op = STOKE_OP_CONV2D;
+  CHECK(check_counts(a, op, bwd, 2, 1));
+  CHECK(conv_geometry(a, d));
+  const stoke_tensor *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
+  CHECK(check_dtype(a, op, "x", x, dt));
+  CHECK(check_dtype(a, op, "weight", w, dt));
+  CHECK(check_dtype(a, op, "y", y, dt));
+  CHECK(check_layout(a, op, "y", y, x));
+  if (!bwd) {
+    CHECK(check_data(a, op, "x", x, run));
+    CHECK(check_data(a, op, "weight", w, run));
+    return check_data(a, op, "y", y, run);
+  }
+  CHECK(check_grad(a, op, "x", &a->din[0], x));
+  CHECK(check_grad(a, op, "weight", &a->din[1], w));
+  CHECK(check_grad(a, op, "y", &a->dout[0], y));
+  if (a->din[0].data) CHECK(check_layout(a, op, "dx", &a->din[0], x));
+  CHECK(check_layout(a, op, "dy", &a->dout[0], x));
+  CHECK(check_data(a, op, "dy", &a->dout[0], run));
+  if (a->din[0].data) CHECK(check_data(a, op, "weight", w, run)); /* dx from W */
+  if (a->din[1].data) CHECK(check_data(a, op, "x", x, run));      /* dW from x */
+  return NULL;
+}
+
+/* The column buffer, the kernel's per-node state from plan(). */
+typedef struct conv_state {
+  size_t bytes;
+  void *col;
+} conv_state;
+
+static void conv_destroy(void *state) {
+  conv_state *s = state;
+  if (!s) return;
+  stoke_host->free(s->col);
+  stoke_host->free(s);
+}
+
+static stoke_err *conv_plan_state(const stoke_kernel_args_v1 *a, const conv_dims *d, size_t elem,
+                                  void **state) {
+  conv_state *s = stoke_host->alloc(sizeof *s);
+  if (!s) return STOKE_PERR(STOKE_E_OOM, "conv2d '%s': out of host memory", node_name(a));
+  s->bytes = (size_t)d->k * (size_t)d->hwo * elem;
+  s->col = stoke_host->alloc(s->bytes);
+  if (!s->col) {
+    stoke_host->free(s);
+    return STOKE_PERR(STOKE_E_OOM,
+                      "conv2d '%s': out of host memory for the %zu-byte im2col buffer",
+                      node_name(a), s->bytes);
+  }
+  *state = s;
+  return NULL;
+}
+
+/* The column buffer for run: the plan's, or (run without plan, or with
+ * other shapes than planned) a temporary one that *tmp owns. */
+static stoke_err *conv_col(const stoke_kernel_args_v1 *a, const conv_dims *d, size_t elem,
+                           void *state, void **col, void **tmp) {
+  size_t bytes = (size_t)d->k * (size_t)d->hwo * elem;
+  conv_state *s = state;
+  *tmp = NULL;
+  if (s && s->bytes >= bytes) {
+    *col = s->col;
+    return NULL;
+  }
+  *col = *tmp = stoke_host->alloc(bytes);
+  if (!*col)
+    return STOKE_PERR(STOKE_E_OOM, "conv2d '%s': out of host memory for %zu bytes",
+                      node_name(a), bytes);
+  return NULL;
+}
+
+/* ----------------------------------------------------- the other checks */
+
+/* What every op below checks: dtypes, data, gradients against values. */
+static stoke_err *simple_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt,
+                               int bwd, int run, int n_in) {
+  CHECK(check_counts(a, op, bwd, n_in, 1));
+  const stoke_tensor *x = &a->in[0], *y = &a->out[0];
+  CHECK(check_dtype(a, op, "x", x, dt));
+  CHECK(check_dtype(a, op, "y", y, dt));
+  if (!bwd) {
+    CHECK(check_data(a, op, "x", x, run));
+    return check_data(a, op, "y", y, run);
+  }
+  CHECK(check_grad(a, op, "x", &a->din[0], x));
+  CHECK(check_grad(a, op, "y", &a->dout[0], y));
+  if (a->din[0].data) CHECK(check_layout(a, op, "dx", &a->din[0], x));
+  CHECK(check_layout(a, op, "dy", &a->dout[0], x));
+  return check_data(a, op, "dy", &a->dout[0], run);
+}
+
+static stoke_err *bias_add_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd,
+                                 int run) {
+  const char *op = STOKE_OP_BIAS_ADD;
+  CHECK(check_counts(a, op, bwd, 2, 1));
+  const stoke_tensor *x = &a->in[0], *b = &a->in[1], *y = &a->out[0];
+  if (x->shape.ndim < 2 || b->shape.ndim != 1 || b->shape.d[0] != x->shape.d[1] ||
+      !same_shape(&x->shape, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "bias_add '%s': expects x[N, C, ...], bias[C] -> y like x; got x %s, bias "
+                      "%s, y %s",
+                      node_name(a), shp(&x->shape).s, shp(&b->shape).s, shp(&y->shape).s);
+  CHECK(check_dtype(a, op, "bias", b, dt));
+  CHECK(check_layout(a, op, "y", y, x));
+  if (!bwd) CHECK(check_data(a, op, "bias", b, run));
+  else CHECK(check_grad(a, op, "bias", &a->din[1], b));
+  return simple_check(a, op, dt, bwd, run, 2);
+}
+
+static stoke_err *flatten_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd,
+                                int run) {
+  const char *op = STOKE_OP_FLATTEN;
+  CHECK(check_counts(a, op, bwd, 1, 1));
+  const stoke_shape *xs = &a->in[0].shape, *ys = &a->out[0].shape;
+  int64_t rest = 1;
+  for (int i = 1; i < xs->ndim; i++) rest *= xs->d[i];
+  if (xs->ndim < 2 || ys->ndim != 2 || ys->d[0] != xs->d[0] || ys->d[1] != rest)
+    return STOKE_PERR(STOKE_E_INVALID, "flatten '%s': expects x[N, ...] -> y[N, prod]; got x %s, y %s",
+                      node_name(a), shp(xs).s, shp(ys).s);
+  return simple_check(a, op, dt, bwd, run, 1);
+}
+
+static stoke_err *gap_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
+  const char *op = STOKE_OP_GLOBAL_AVG_POOL;
+  CHECK(check_counts(a, op, bwd, 1, 1));
+  const stoke_shape *xs = &a->in[0].shape, *ys = &a->out[0].shape;
+  if (xs->ndim != 4 || xs->d[2] < 1 || xs->d[3] < 1 || ys->ndim != 2 || ys->d[0] != xs->d[0] ||
+      ys->d[1] != xs->d[1])
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "global_avg_pool '%s': expects x[N, C, H, W] (H, W >= 1) -> y[N, C]; got "
+                      "x %s, y %s",
+                      node_name(a), shp(xs).s, shp(ys).s);
+  return simple_check(a, op, dt, bwd, run, 1);
+}
+
+/* ================================================== the two instantiations */
+
+#define CAT_(a, b) a##_##b
+#define CAT(a, b) CAT_(a, b)
+
+#define CPU_CONV_BODY
+#define T float
+#define DT STOKE_F32
+#define SFX f32
+#define GEMM cblas_sgemm
+#include "conv.c"
+#undef T
+#undef DT
+#undef SFX
+#undef GEMM
+
+#define T double
+#define DT STOKE_F64
+#define SFX f64
+#define GEMM cblas_dgemm
+#include "conv.c"
+#undef T
+#undef DT
+#undef SFX
+#undef GEMM
+#undef CPU_CONV_BODY
+
+/* ============================================================ registration */
+
+static void destroy_none(void *state) {}
+
+#define KERNEL(op, pass, fn, sfx, dt, destroy) \
+  {"cpu", op, pass, dt, STOKE_LAYOUT_ANY, CAT(fn##_plan, sfx), CAT(fn, sfx), destroy}
+#define KERNELS(sfx, dt)                                                                 \
+  KERNEL(STOKE_OP_CONV2D, STOKE_FWD, conv2d_fwd, sfx, dt, conv_destroy),                \
+  KERNEL(STOKE_OP_CONV2D, STOKE_BWD, conv2d_bwd, sfx, dt, conv_destroy),                \
+  KERNEL(STOKE_OP_BIAS_ADD, STOKE_FWD, bias_add_fwd, sfx, dt, destroy_none),            \
+  KERNEL(STOKE_OP_BIAS_ADD, STOKE_BWD, bias_add_bwd, sfx, dt, destroy_none),            \
+  KERNEL(STOKE_OP_FLATTEN, STOKE_FWD, flatten_fwd, sfx, dt, destroy_none),              \
+  KERNEL(STOKE_OP_FLATTEN, STOKE_BWD, flatten_bwd, sfx, dt, destroy_none),              \
+  KERNEL(STOKE_OP_GLOBAL_AVG_POOL, STOKE_FWD, gap_fwd, sfx, dt, destroy_none),          \
+  KERNEL(STOKE_OP_GLOBAL_AVG_POOL, STOKE_BWD, gap_bwd, sfx, dt, destroy_none)
+
+static const stoke_kernel_v1 conv_kernels[] = {
+    KERNELS(f32, STOKE_F32),
+    KERNELS(f64, STOKE_F64),
+};
+
+stoke_err *cpu_register_conv(const stoke_registry_v1 *r) {
+  for (size_t i = 0; i < sizeof conv_kernels / sizeof *conv_kernels; i++) {
+    const stoke_kernel_v1 *k = &conv_kernels[i];
+    STOKE_PTRY(r->add_kernel(r->self, k), "registering cpu kernel %s (%s)", k->op,
+               stoke_dtype_name(k->dtype));
+  }
+  return NULL;
+}
+
+#else /* CPU_CONV_BODY: the kernels for element type T */
+
+#define FN(name) CAT(name, SFX)
+
+/* d = beta * d + v, without reading d when beta is 0 (it may hold NaN). */
+#define ACC(d, beta, v) ((d) = (beta) != 0 ? (T)((beta) * (double)(d) + (double)(v)) : (T)(v))
+
+static void FN(scale)(T *d, int64_t n, double beta) {
+  for (int64_t i = 0; i < n; i++) ACC(d[i], beta, 0);
+}
+
+#define PLAN(fn, check)                                                        \
+  static stoke_err *FN(fn##_plan)(const stoke_kernel_args_v1 *a, void **state, \
+                                  size_t *workspace_bytes) {                   \
+    if (state) *state = NULL;                                                  \
+    if (workspace_bytes) *workspace_bytes = 0;                                 \
+    return check;                                                              \
+  }
+
+/* ----------------------------------------------------------------- conv2d */
+
+/* A row-major matrix operand: element (i, j) is p[i*ld + j], or p[j*ld + i]
+ * when tr (it is stored transposed). */
+typedef struct FN(mat) {
+  T *p;
+  int64_t ld;
+  int tr;
+} FN(mat);
+
+static FN(mat) FN(mat_t)(FN(mat) m) {
+  m.tr = !m.tr;
+  return m;
+}
+
+/* c[m x n] = alpha a[m x k] b[k x n] + beta c; a c stored transposed is
+ * computed as c^T = b^T a^T. */
+static void FN(gemm)(int64_t m, int64_t n, int64_t k, FN(mat) a, FN(mat) b, double beta,
+                     FN(mat) c) {
+  if (c.tr) {
+    FN(mat) at = FN(mat_t)(a), bt = FN(mat_t)(b);
+    c.tr = 0;
+    FN(gemm)(n, m, k, bt, at, beta, c);
+    return;
+  }
+  GEMM(CblasRowMajor, a.tr ? CblasTrans : CblasNoTrans, b.tr ? CblasTrans : CblasNoTrans, (int)m,
+       (int)n, (int)k, (T)1, a.p, (int)a.ld, b.p, (int)b.ld, (T)beta, c.p, (int)c.ld);
+}
+
+/* col[(c*kh + i)*kw + j][oh*Wo + ow] = x[g*Cg + c, oh*sh - ph + i*dh,
+ * ow*sw - pw + j*dw] of one sample (0 in the padding). */
+static void FN(im2col)(const conv_dims *d, const T *x, int64_t g, T *col) {
+  for (int64_t c = 0; c < d->cg; c++) {
+    const T *xc = x + (g * d->cg + c) * d->xc;
+    for (int64_t i = 0; i < d->kh; i++)
+      for (int64_t j = 0; j < d->kw; j++) {
+        T *row = col + ((c * d->kh + i) * d->kw + j) * d->hwo;
+        for (int64_t oh = 0; oh < d->ho; oh++) {
+          T *r = row + oh * d->wo;
+          int64_t ih = oh * d->sh - d->ph + i * d->dh;
+          if (ih < 0 || ih >= d->h) {
+            for (int64_t ow = 0; ow < d->wo; ow++) r[ow] = 0;
+            continue;
+          }
+          const T *xr = xc + ih * d->xh;
+          for (int64_t ow = 0; ow < d->wo; ow++) {
+            int64_t iw = ow * d->sw - d->pw + j * d->dw;
+            r[ow] = iw >= 0 && iw < d->w ? xr[iw * d->xw] : (T)0;
+          }
+        }
+      }
+  }
+}
+
+/* The adjoint of im2col: dx[...] += col[...] for one sample. */
+static void FN(col2im)(const conv_dims *d, const T *col, int64_t g, T *dx) {
+  for (int64_t c = 0; c < d->cg; c++) {
+    T *xc = dx + (g * d->cg + c) * d->xc;
+    for (int64_t i = 0; i < d->kh; i++)
+      for (int64_t j = 0; j < d->kw; j++) {
+        const T *row = col + ((c * d->kh + i) * d->kw + j) * d->hwo;
+        for (int64_t oh = 0; oh < d->ho; oh++) {
+          int64_t ih = oh * d->sh - d->ph + i * d->dh;
+          if (ih < 0 || ih >= d->h) continue;
+          const T *r = row + oh * d->wo;
+          T *xr = xc + ih * d->xh;
+          for (int64_t ow = 0; ow < d->wo; ow++) {
+            int64_t iw = ow * d->sw - d->pw + j * d->dw;
+            if (iw >= 0 && iw < d->w) xr[iw * d->xw] += r[ow];
+          }
+        }
+      }
+  }
+}
+
+/* Group g's weight [O/g, K] and the [O/g, Ho*Wo] block of y (or dy) of
+ * sample n: NCHW rows are channels; NHWC stores it transposed. */
+static FN(mat) FN(w_mat)(const conv_dims *d, const T *w, int64_t g) {
+  return (FN(mat)){(T *)w + g * d->og * d->k, d->k, 0};
+}
+
+static FN(mat) FN(y_mat)(const conv_dims *d, const T *y, int64_t n, int64_t g) {
+  T *p = (T *)y + n * d->yn + g * d->og * d->yc;
+  return d->nhwc ? (FN(mat)){p, d->yp, 1} : (FN(mat)){p, d->yc, 0};
+}
+
+static stoke_err *FN(conv2d_fwd_plan)(const stoke_kernel_args_v1 *a, void **state,
+                                      size_t *workspace_bytes) {
+  conv_dims d;
+  if (state) *state = NULL;
+  if (workspace_bytes) *workspace_bytes = 0;
+  CHECK(conv_check(a, DT, 0, 0, &d));
+  return state ? conv_plan_state(a, &d, sizeof(T), state) : NULL;
+}
+
+static stoke_err *FN(conv2d_bwd_plan)(const stoke_kernel_args_v1 *a, void **state,
+                                      size_t *workspace_bytes) {
+  conv_dims d;
+  if (state) *state = NULL;
+  if (workspace_bytes) *workspace_bytes = 0;
+  CHECK(conv_check(a, DT, 1, 0, &d));
+  return state ? conv_plan_state(a, &d, sizeof(T), state) : NULL;
+}
+
+/* y[n, g block] = W_g [O/g, K] x im2col(x[n], g) [K, Ho*Wo] */
+static stoke_err *FN(conv2d_fwd)(const stoke_kernel_args_v1 *a, void *state) {
+  conv_dims d;
+  CHECK(conv_check(a, DT, 0, 1, &d));
+  const T *x = a->in[0].data, *w = a->in[1].data;
+  T *y = a->out[0].data;
+  void *colv, *tmp;
+  CHECK(conv_col(a, &d, sizeof(T), state, &colv, &tmp));
+  T *col = colv;
+  FN(mat) cm = {col, d.hwo, 0};
+  for (int64_t n = 0; n < d.n; n++)
+    for (int64_t g = 0; g < d.groups; g++) {
+      FN(im2col)(&d, x + n * d.xn, g, col);
+      FN(gemm)(d.og, d.hwo, d.k, FN(w_mat)(&d, w, g), cm, 0, FN(y_mat)(&d, y, n, g));
+    }
+  if (tmp) stoke_host->free(tmp);
+  return NULL;
+}
+
+/* dW_g = beta dW_g + sum_n dy_g [O/g, HoWo] x col^T [HoWo, K];
+ * dx[n] = beta dx[n] + col2im(W_g^T [K, O/g] x dy_g [O/g, HoWo]). */
+static stoke_err *FN(conv2d_bwd)(const stoke_kernel_args_v1 *a, void *state) {
+  conv_dims d;
+  CHECK(conv_check(a, DT, 1, 1, &d));
+  const T *x = a->in[0].data, *w = a->in[1].data, *dy = a->dout[0].data;
+  T *dx = a->din[0].data, *dw = a->din[1].data;
+  if (!dx && !dw) return NULL;
+  double bx = grad_beta(a, 0), bw = grad_beta(a, 1);
+  if (dx) FN(scale)(dx, d.n * d.xn, bx);
+  if (dw && d.n == 0) FN(scale)(dw, d.o * d.k, bw);
+  if (d.n == 0) return NULL;
+  void *colv, *tmp;
+  CHECK(conv_col(a, &d, sizeof(T), state, &colv, &tmp));
+  T *col = colv;
+  FN(mat) cm = {col, d.hwo, 0};
+  for (int64_t n = 0; n < d.n; n++)
+    for (int64_t g = 0; g < d.groups; g++) {
+      FN(mat) dym = FN(y_mat)(&d, dy, n, g);
+      if (dw) {
+        FN(im2col)(&d, x + n * d.xn, g, col);
+        FN(mat) dwm = {dw + g * d.og * d.k, d.k, 0};
+        FN(gemm)(d.og, d.k, d.hwo, dym, FN(mat_t)(cm), n == 0 ? bw : 1.0, dwm);
+      }
+      if (dx) {
+        FN(gemm)(d.k, d.hwo, d.og, FN(mat_t)(FN(w_mat)(&d, w, g)), dym, 0, cm);
+        FN(col2im)(&d, col, g, dx + n * d.xn);
+      }
+    }
+  if (tmp) stoke_host->free(tmp);
+  return NULL;
+}
+
+/* --------------------------------------------------------------- bias_add */
+
+PLAN(bias_add_fwd, bias_add_check(a, DT, 0, 0))
+PLAN(bias_add_bwd, bias_add_check(a, DT, 1, 0))
+
+/* The channel of memory element i: x is N x C x S (S the rest), or
+ * N x (H W) x C for NHWC. Calls body(i, c) for every element. */
+#define FOR_CHANNEL(x, i, ch, body)                                         \
+  do {                                                                      \
+    const stoke_shape *s_ = &(x)->shape;                                    \
+    int64_t n_ = s_->d[0], c_ = s_->d[1], rest_ = 1;                        \
+    for (int k_ = 2; k_ < s_->ndim; k_++) rest_ *= s_->d[k_];               \
+    if (is_nhwc(x)) {                                                       \
+      for (int64_t r_ = 0; r_ < n_ * rest_; r_++)                           \
+        for (int64_t ch = 0; ch < c_; ch++) {                               \
+          int64_t i = r_ * c_ + ch;                                         \
+          body;                                                             \
+        }                                                                   \
+    } else {                                                                \
+      for (int64_t m_ = 0; m_ < n_; m_++)                                   \
+        for (int64_t ch = 0; ch < c_; ch++)                                 \
+          for (int64_t s2_ = 0; s2_ < rest_; s2_++) {                       \
+            int64_t i = (m_ * c_ + ch) * rest_ + s2_;                       \
+            body;                                                           \
+          }                                                                 \
+    }                                                                       \
+  } while (0)
+
+static stoke_err *FN(bias_add_fwd)(const stoke_kernel_args_v1 *a, void *state) {
+  CHECK(bias_add_check(a, DT, 0, 1));
+  const T *x = a->in[0].data, *b = a->in[1].data;
+  T *y = a->out[0].data;
+  FOR_CHANNEL(&a->in[0], i, c, y[i] = x[i] + b[c]);
+  return NULL;
+}
+
+/* dx = dy; db = beta db + sum over N and the spatial dims of dy. */
+static stoke_err *FN(bias_add_bwd)(const stoke_kernel_args_v1 *a, void *state) {
+  CHECK(bias_add_check(a, DT, 1, 1));
+  const T *dy = a->dout[0].data;
+  T *dx = a->din[0].data, *db = a->din[1].data;
+  if (dx) {
+    double beta = grad_beta(a, 0);
+    int64_t n = stoke_numel(&a->in[0].shape);
+    for (int64_t i = 0; i < n; i++) ACC(dx[i], beta, dy[i]);
+  }
+  if (db) {
+    const stoke_shape *s = &a->in[0].shape;
+    int64_t n = s->d[0], c = s->d[1], rest = 1;
+    for (int k = 2; k < s->ndim; k++) rest *= s->d[k];
+    double beta = grad_beta(a, 1);
+    int nhwc = is_nhwc(&a->in[0]);
+    for (int64_t j = 0; j < c; j++) {
+      double sum = 0;
+      for (int64_t m = 0; m < n; m++)
+        for (int64_t p = 0; p < rest; p++)
+          sum += (double)dy[nhwc ? (m * rest + p) * c + j : (m * c + j) * rest + p];
+      ACC(db[j], beta, sum);
+    }
+  }
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- flatten */
+
+PLAN(flatten_fwd, flatten_check(a, DT, 0, 0))
+PLAN(flatten_bwd, flatten_check(a, DT, 1, 0))
+
+/* The NCHW (logical) index of every NHWC memory element: calls
+ * body(mem, logical). */
+#define FOR_NHWC(s, mem, lg, body)                                          \
+  do {                                                                      \
+    int64_t n_ = (s)->d[0], c_ = (s)->d[1], hw_ = (s)->d[2] * (s)->d[3];    \
+    for (int64_t m_ = 0; m_ < n_; m_++)                                     \
+      for (int64_t p_ = 0; p_ < hw_; p_++)                                  \
+        for (int64_t ch_ = 0; ch_ < c_; ch_++) {                            \
+          int64_t mem = (m_ * hw_ + p_) * c_ + ch_;                         \
+          int64_t lg = (m_ * c_ + ch_) * hw_ + p_;                          \
+          body;                                                             \
+        }                                                                   \
+  } while (0)
+
+/* y[n, (c, h, w)] = x[n, c, h, w] in logical order, whatever x's memory. */
+static stoke_err *FN(flatten_fwd)(const stoke_kernel_args_v1 *a, void *state) {
+  CHECK(flatten_check(a, DT, 0, 1));
+  const T *x = a->in[0].data;
+  T *y = a->out[0].data;
+  if (is_nhwc(&a->in[0])) FOR_NHWC(&a->in[0].shape, m, l, y[l] = x[m]);
+  else if (stoke_numel(&a->in[0].shape))
+    memcpy(y, x, sizeof(T) * (size_t)stoke_numel(&a->in[0].shape));
+  return NULL;
+}
+
+static stoke_err *FN(flatten_bwd)(const stoke_kernel_args_v1 *a, void *state) {
+  CHECK(flatten_check(a, DT, 1, 1));
+  const T *dy = a->dout[0].data;
+  T *dx = a->din[0].data;
+  if (!dx) return NULL;
+  double beta = grad_beta(a, 0);
+  if (is_nhwc(&a->in[0])) {
+    FOR_NHWC(&a->in[0].shape, m, l, ACC(dx[m], beta, dy[l]));
+  } else {
+    int64_t n = stoke_numel(&a->in[0].shape);
+    for (int64_t i = 0; i < n; i++) ACC(dx[i], beta, dy[i]);
+  }
+  return NULL;
+}
+
+/* -------------------------------------------------------- global_avg_pool */
+
+PLAN(gap_fwd, gap_check(a, DT, 0, 0))
+PLAN(gap_bwd, gap_check(a, DT, 1, 0))
+
+/* y[n, c] = mean over (h, w) of x[n, c, h, w], summed in double. */
+static stoke_err *FN(gap_fwd)(const stoke_kernel_args_v1 *a, void *state) {
+  CHECK(gap_check(a, DT, 0, 1));
+  const stoke_shape *s = &a->in[0].shape;
+  const T *x = a->in[0].data;
+  T *y = a->out[0].data;
+  int64_t n = s->d[0], c = s->d[1], hw = s->d[2] * s->d[3];
+  if (is_nhwc(&a->in[0])) {
+    for (int64_t m = 0; m < n; m++)
+      for (int64_t j = 0; j < c; j++) {
+        double sum = 0;
+        for (int64_t p = 0; p < hw; p++) sum += (double)x[(m * hw + p) * c + j];
+        y[m * c + j] = (T)(sum / (double)hw);
+      }
+  } else {
+    for (int64_t r = 0; r < n * c; r++) {
+      double sum = 0;
+      for (int64_t p = 0; p < hw; p++) sum += (double)x[r * hw + p];
+      y[r] = (T)(sum / (double)hw);
+    }
+  }
+  return NULL;
+}
+
+/* dx[n, c, h, w] = dy[n, c] / (H W); reads only shapes of the forward. */
+static stoke_err *FN(gap_bwd)(const stoke_kernel_args_v1 *a, void *state) {
+  CHECK(gap_check(a, DT, 1, 1));
+  T *dx = a->din[0].data;
+  if (!dx) return NULL;
+  const stoke_shape *s = &a->in[0].shape;
+  const T *dy = a->dout[0].data;
+  int64_t n = s->d[0], c = s->d[1], hw = s->d[2] * s->d[3];
+  double beta = grad_beta(a, 0);
+  if (is_nhwc(&a->in[0])) {
+    for (int64_t m = 0; m < n; m++)
+      for (int64_t p = 0; p < hw; p++)
+        for (int64_t j = 0; j < c; j++)
+          ACC(dx[(m * hw + p) * c + j], beta, (double)dy[m * c + j] / (double)hw);
+  } else {
+    for (int64_t r = 0; r < n * c; r++)
+      for (int64_t p = 0; p < hw; p++) ACC(dx[r * hw + p], beta, (double)dy[r] / (double)hw);
+  }
+  return NULL;
+}
+
+#undef FOR_NHWC
+#undef FOR_CHANNEL
+#undef PLAN
+#undef ACC
+#undef FN
+
+#endif /* CPU_CONV_BODY */

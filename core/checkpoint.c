@@ -1,0 +1,611 @@
+/* core/checkpoint.c: checkpoints in the safetensors format (PyTorch
+ * state_dict names; optimizer and run state alongside), written atomically,
+ * and a strict safetensors reader. The header JSON is small and of one
+ * fixed shape, so it is written and parsed here rather than through a JSON
+ * library: Debian ships cJSON only as a shared library, and the binaries
+ * must run on machines without it. */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "stoke/checkpoint.h"
+#include "stoke/core.h"
+
+/* ------------------------------------------------------------ writing */
+
+typedef struct sbuf {
+  char *s;
+  size_t n, cap;
+  int oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_put(sbuf *b, const char *fmt, ...) {
+  if (b->oom) return;
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
+    va_end(ap);
+    if (k < 0) return;
+    if (b->s && b->n + (size_t)k < b->cap) {
+      b->n += (size_t)k;
+      return;
+    }
+    size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)k;
+    char *ns = realloc(b->s, cap);
+    if (!ns) {
+      b->oom = 1;
+      return;
+    }
+    b->s = ns;
+    b->cap = cap;
+  }
+}
+
+/* A JSON string (the config text has quotes, backslashes, newlines). */
+static void sb_json_str(sbuf *b, const char *s) {
+  sb_put(b, "\"");
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') sb_put(b, "\\%c", c);
+    else if (c == '\n') sb_put(b, "\\n");
+    else if (c == '\t') sb_put(b, "\\t");
+    else if (c < 0x20) sb_put(b, "\\u%04x", c);
+    else sb_put(b, "%c", c);
+  }
+  sb_put(b, "\"");
+}
+
+static const char *st_dtype(stoke_dtype t) {
+  switch (t) {
+    case STOKE_F32: return "F32";
+    case STOKE_F16: return "F16";
+    case STOKE_BF16: return "BF16";
+    case STOKE_I32: return "I32";
+    case STOKE_U8: return "U8";
+    case STOKE_F64: return "F64";
+    default: return "?";
+  }
+}
+
+/* One tensor of the file: where its bytes are in host memory. */
+typedef struct entry {
+  char name[128];
+  const char *dtype;
+  stoke_shape shape;
+  const void *src;
+  size_t bytes;
+} entry;
+
+static int is_opt_kind(const stoke_value *v) { return v->kind == STOKE_VAL_PARAM; }
+
+/* Every tensor of a checkpoint of this plan, in a fixed order; host
+ * copies of the device buffers are made by the caller. `hb` holds host
+ * pointers for params, state and optimizer state. */
+static int list_entries(const stoke_plan *p, void *const hb[3], const char *opt, int64_t nbt,
+                        int64_t *nbt_store, entry *out, int cap) {
+  const stoke_graph *g = p->g;
+  int n = 0;
+  for (int v = 0; v < g->n_values && n < cap; v++) {
+    const stoke_value *val = &g->values[v];
+    if (val->kind != STOKE_VAL_PARAM && val->kind != STOKE_VAL_STATE) continue;
+    int b = val->kind == STOKE_VAL_PARAM ? 0 : 1;
+    entry *e = &out[n++];
+    snprintf(e->name, sizeof e->name, "%s", val->name);
+    e->dtype = st_dtype(val->dtype);
+    e->shape = val->shape;
+    e->src = (const char *)hb[b] + val->offset;
+    e->bytes = (size_t)stoke_numel(&val->shape) * stoke_dtype_size(val->dtype);
+    /* PyTorch's BatchNorm also keeps num_batches_tracked (int64, 0-d) */
+    size_t len = strlen(val->name);
+    if (val->kind == STOKE_VAL_STATE && len > 13 && !strcmp(val->name + len - 13, ".running_mean") &&
+        n < cap) {
+      entry *t = &out[n++];
+      snprintf(t->name, sizeof t->name, "%.*s.num_batches_tracked", (int)(len - 13), val->name);
+      t->dtype = "I64";
+      t->shape.ndim = 0;
+      *nbt_store = nbt;
+      t->src = nbt_store;
+      t->bytes = sizeof(int64_t);
+    }
+  }
+  if (!opt || !hb[2]) return n;
+  static const char *sgd_names[] = {"momentum_buffer"};
+  static const char *adamw_names[] = {"exp_avg", "exp_avg_sq"};
+  const char **names = !strcmp(opt, "adamw") ? adamw_names : sgd_names;
+  for (int k = 0; k < p->opt_state_per_param; k++)
+    for (int v = 0; v < g->n_values && n < cap; v++) {
+      const stoke_value *val = &g->values[v];
+      if (!is_opt_kind(val)) continue;
+      entry *e = &out[n++];
+      snprintf(e->name, sizeof e->name, "optimizer.%.80s.%s", val->name, names[k]);
+      e->dtype = st_dtype(val->dtype);
+      e->shape = val->shape;
+      e->src = (const char *)hb[2] + (size_t)k * p->bytes[STOKE_BUF_PARAMS] + val->offset;
+      e->bytes = (size_t)stoke_numel(&val->shape) * stoke_dtype_size(val->dtype);
+    }
+  return n;
+}
+
+static stoke_err *write_all(int fd, const void *p, size_t n, const char *path) {
+  const char *c = p;
+  while (n) {
+    ssize_t k = write(fd, c, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return STOKE_ERR(STOKE_E_IO, "writing checkpoint '%s': %s", path, strerror(errno));
+    c += k;
+    n -= (size_t)k;
+  }
+  return NULL;
+}
+
+/* Host copies of the parameter, state and optimizer-state buffers. */
+static stoke_err *host_copies(stoke_exec *x, void *hb[3], size_t sizes[3]) {
+  stoke_plan *p = stoke_exec_plan(x);
+  sizes[0] = p->bytes[STOKE_BUF_PARAMS];
+  sizes[1] = p->bytes[STOKE_BUF_STATE];
+  sizes[2] = p->opt_kernel ? p->opt_state_bytes : 0;
+  void *dev[3] = {stoke_exec_buffer(x, STOKE_BUF_PARAMS), stoke_exec_buffer(x, STOKE_BUF_STATE),
+                  stoke_exec_opt_state(x)};
+  for (int i = 0; i < 3; i++) {
+    hb[i] = NULL;
+    if (!sizes[i] || !dev[i]) continue;
+    if (!(hb[i] = stoke_alloc(sizes[i])))
+      return STOKE_ERR(STOKE_E_OOM, "out of host memory (%zu bytes) for a checkpoint", sizes[i]);
+  }
+  return NULL;
+}
+
+stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ckpt_meta *m,
+                                 const char *config_text) {
+  stoke_plan *p = stoke_exec_plan(x);
+  void *hb[3] = {0};
+  size_t sizes[3];
+  void *dev[3] = {stoke_exec_buffer(x, STOKE_BUF_PARAMS), stoke_exec_buffer(x, STOKE_BUF_STATE),
+                  stoke_exec_opt_state(x)};
+  stoke_err *e = host_copies(x, hb, sizes);
+  for (int i = 0; i < 3 && !e; i++)
+    if (hb[i]) e = stoke_exec_copy(x, hb[i], dev[i], sizes[i], STOKE_COPY_D2H);
+  int cap = 3 * p->g->n_values + 8;
+  entry *ents = e ? NULL : calloc((size_t)cap, sizeof *ents);
+  if (!e && !ents) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
+  sbuf h = {0};
+  int fd = -1;
+  char tmp[PATH_MAX + 32];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+  if (e) goto out;
+  int64_t nbt_val = m->step * m->accumulate, nbt_store = 0;
+  int n = list_entries(p, hb, p->opt_kernel ? m->optimizer : NULL, nbt_val, &nbt_store, ents, cap);
+  sb_put(&h, "{\"__metadata__\":{\"format\":\"pt\",\"stoke_checkpoint_version\":\"%d\","
+             "\"step\":\"%lld\",\"epoch\":\"%lld\",\"seed\":\"%lld\",\"accumulate\":\"%lld\","
+             "\"loss_scale\":\"%.17g\",\"optimizer\":",
+         STOKE_CKPT_VERSION, (long long)m->step, (long long)m->epoch, (long long)m->seed,
+         (long long)m->accumulate, m->loss_scale);
+  sb_json_str(&h, p->opt_kernel ? m->optimizer : "");
+  if (config_text) {
+    sb_put(&h, ",\"config\":");
+    sb_json_str(&h, config_text);
+  }
+  sb_put(&h, "}");
+  size_t off = 0;
+  for (int i = 0; i < n; i++) {
+    sb_put(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", ents[i].name, ents[i].dtype);
+    for (int d = 0; d < ents[i].shape.ndim; d++) sb_put(&h, "%s%lld", d ? "," : "", (long long)ents[i].shape.d[d]);
+    sb_put(&h, "],\"data_offsets\":[%zu,%zu]}", off, off + ents[i].bytes);
+    off += ents[i].bytes;
+  }
+  sb_put(&h, "}");
+  while (!h.oom && h.n % 8) sb_put(&h, " "); /* the data section starts 8-aligned */
+  if (h.oom) {
+    e = STOKE_ERR(STOKE_E_OOM, "out of memory writing a checkpoint header");
+    goto out;
+  }
+  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) {
+    e = STOKE_ERR(STOKE_E_IO, "cannot create '%s': %s (is the folder writable?)", tmp, strerror(errno));
+    goto out;
+  }
+  uint64_t hlen = h.n;
+  unsigned char le[8];
+  for (int i = 0; i < 8; i++) le[i] = (unsigned char)(hlen >> (8 * i));
+  e = write_all(fd, le, 8, tmp);
+  if (!e) e = write_all(fd, h.s, h.n, tmp);
+  for (int i = 0; i < n && !e; i++) e = write_all(fd, ents[i].src, ents[i].bytes, tmp);
+  if (!e && fsync(fd)) e = STOKE_ERR(STOKE_E_IO, "fsync '%s': %s", tmp, strerror(errno));
+  if (close(fd) && !e) e = STOKE_ERR(STOKE_E_IO, "closing '%s': %s", tmp, strerror(errno));
+  fd = -1;
+  if (!e && rename(tmp, path))
+    e = STOKE_ERR(STOKE_E_IO, "renaming '%s' to '%s': %s", tmp, path, strerror(errno));
+  if (!e) {
+    /* make the rename itself durable */
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+      fsync(dfd);
+      close(dfd);
+    }
+  }
+out:
+  if (fd >= 0) close(fd);
+  if (e) unlink(tmp);
+  free(h.s);
+  free(ents);
+  for (int i = 0; i < 3; i++) stoke_free(hb[i]);
+  return e;
+}
+
+/* ------------------------------------------------------------ reading */
+
+typedef struct jp {
+  const char *s, *end;
+  const char *path;
+} jp;
+
+static void ws(jp *j) {
+  while (j->s < j->end && isspace((unsigned char)*j->s)) j->s++;
+}
+
+static stoke_err *bad(jp *j, const char *what) {
+  return STOKE_ERR(STOKE_E_DATA, "checkpoint '%s': corrupt safetensors header: %s", j->path, what);
+}
+
+static stoke_err *expect(jp *j, char c) {
+  ws(j);
+  if (j->s >= j->end || *j->s != c) return bad(j, "unexpected character");
+  j->s++;
+  return NULL;
+}
+
+/* A JSON string into a malloc'd buffer. */
+static stoke_err *jstring(jp *j, char **out) {
+  STOKE_PROPAGATE(expect(j, '"'));
+  size_t cap = 64, n = 0;
+  char *s = malloc(cap);
+  if (!s) return STOKE_ERR(STOKE_E_OOM, "out of memory");
+  while (j->s < j->end && *j->s != '"') {
+    char c = *j->s++;
+    if (c == '\\') {
+      if (j->s >= j->end) break;
+      char k = *j->s++;
+      c = k == 'n' ? '\n' : k == 't' ? '\t' : k == 'r' ? '\r' : k == 'b' ? '\b' : k == 'f' ? '\f' : k;
+      if (k == 'u') {
+        unsigned v = 0;
+        for (int i = 0; i < 4 && j->s < j->end; i++) {
+          char h = *j->s++;
+          v = v * 16 + (unsigned)(isdigit((unsigned char)h) ? h - '0' : (tolower((unsigned char)h) - 'a' + 10));
+        }
+        c = v < 0x80 ? (char)v : '?'; /* names and metadata here are ASCII */
+      }
+    }
+    if (n + 2 > cap) {
+      char *ns = realloc(s, cap *= 2);
+      if (!ns) {
+        free(s);
+        return STOKE_ERR(STOKE_E_OOM, "out of memory");
+      }
+      s = ns;
+    }
+    s[n++] = c;
+  }
+  if (j->s >= j->end) {
+    free(s);
+    return bad(j, "unterminated string");
+  }
+  j->s++;
+  s[n] = 0;
+  *out = s;
+  return NULL;
+}
+
+static stoke_err *jint(jp *j, int64_t *v) {
+  ws(j);
+  char *e;
+  errno = 0;
+  long long x = strtoll(j->s, &e, 10);
+  if (e == j->s || errno || e > j->end || x < 0) return bad(j, "bad integer");
+  j->s = e;
+  *v = x;
+  return NULL;
+}
+
+static stoke_err *jints(jp *j, int64_t *v, int cap, int *n) {
+  STOKE_PROPAGATE(expect(j, '['));
+  *n = 0;
+  ws(j);
+  if (j->s < j->end && *j->s == ']') {
+    j->s++;
+    return NULL;
+  }
+  for (;;) {
+    if (*n == cap) return bad(j, "too many dimensions");
+    STOKE_PROPAGATE(jint(j, &v[(*n)++]));
+    ws(j);
+    if (j->s < j->end && *j->s == ',') {
+      j->s++;
+      continue;
+    }
+    return expect(j, ']');
+  }
+}
+
+static size_t st_size(const char *dtype) {
+  if (!strcmp(dtype, "F64") || !strcmp(dtype, "I64")) return 8;
+  if (!strcmp(dtype, "F32") || !strcmp(dtype, "I32")) return 4;
+  if (!strcmp(dtype, "F16") || !strcmp(dtype, "BF16") || !strcmp(dtype, "I16")) return 2;
+  if (!strcmp(dtype, "U8") || !strcmp(dtype, "I8") || !strcmp(dtype, "BOOL")) return 1;
+  return 0;
+}
+
+static int by_begin(const void *a, const void *b) {
+  const stoke_st_tensor *x = a, *y = b;
+  return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* The header: {"__metadata__": {k: "v", ...}, name: {dtype, shape, data_offsets}, ...} */
+static stoke_err *parse_header(stoke_st_file *f, jp *j) {
+  STOKE_PROPAGATE(expect(j, '{'));
+  int cap_t = 0, cap_m = 0;
+  ws(j);
+  if (j->s < j->end && *j->s == '}') {
+    j->s++;
+    return NULL;
+  }
+  for (;;) {
+    char *key;
+    STOKE_PROPAGATE(jstring(j, &key));
+    stoke_err *e = expect(j, ':');
+    if (!e && !strcmp(key, "__metadata__")) {
+      e = expect(j, '{');
+      ws(j);
+      int empty = !e && j->s < j->end && *j->s == '}';
+      if (empty) j->s++;
+      while (!e && !empty) {
+        char *k, *v;
+        if ((e = jstring(j, &k))) break;
+        if ((e = expect(j, ':')) || (e = jstring(j, &v))) {
+          free(k);
+          break;
+        }
+        if (f->n_meta == cap_m) {
+          cap_m = cap_m ? 2 * cap_m : 16;
+          void *nk = realloc(f->meta_keys, (size_t)cap_m * sizeof *f->meta_keys);
+          void *nv = nk ? realloc(f->meta_values, (size_t)cap_m * sizeof *f->meta_values) : NULL;
+          if (nk) f->meta_keys = nk;
+          if (nv) f->meta_values = nv;
+          if (!nk || !nv) {
+            free(k);
+            free(v);
+            e = STOKE_ERR(STOKE_E_OOM, "out of memory");
+            break;
+          }
+        }
+        snprintf(f->meta_keys[f->n_meta], 64, "%s", k);
+        f->meta_values[f->n_meta++] = v;
+        free(k);
+        ws(j);
+        if (j->s < j->end && *j->s == ',') {
+          j->s++;
+          continue;
+        }
+        e = expect(j, '}');
+        break;
+      }
+    } else if (!e) {
+      if (f->n_tensors == cap_t) {
+        cap_t = cap_t ? 2 * cap_t : 64;
+        stoke_st_tensor *nt = realloc(f->tensors, (size_t)cap_t * sizeof *nt);
+        if (!nt) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
+        else f->tensors = nt;
+      }
+      stoke_st_tensor *t = e ? NULL : &f->tensors[f->n_tensors];
+      if (t) {
+        memset(t, 0, sizeof *t);
+        if (strlen(key) >= sizeof t->name) e = bad(j, "tensor name too long");
+        else snprintf(t->name, sizeof t->name, "%s", key);
+      }
+      int have = 0;
+      if (!e) e = expect(j, '{');
+      while (!e) {
+        char *field;
+        if ((e = jstring(j, &field))) break;
+        if ((e = expect(j, ':'))) {
+          free(field);
+          break;
+        }
+        if (!strcmp(field, "dtype")) {
+          char *dt;
+          if (!(e = jstring(j, &dt))) {
+            snprintf(t->dtype, sizeof t->dtype, "%s", dt);
+            free(dt);
+            have |= 1;
+          }
+        } else if (!strcmp(field, "shape")) {
+          int64_t dims[STOKE_MAX_DIMS];
+          if (!(e = jints(j, dims, STOKE_MAX_DIMS, &t->ndim))) memcpy(t->shape, dims, sizeof dims);
+          have |= 2;
+        } else if (!strcmp(field, "data_offsets")) {
+          int64_t o[2];
+          int k = 0;
+          if (!(e = jints(j, o, 2, &k)) && k != 2) e = bad(j, "data_offsets needs two numbers");
+          if (!e) t->begin = (size_t)o[0], t->end = (size_t)o[1];
+          have |= 4;
+        } else {
+          e = bad(j, "unknown tensor field");
+        }
+        free(field);
+        if (e) break;
+        ws(j);
+        if (j->s < j->end && *j->s == ',') {
+          j->s++;
+          continue;
+        }
+        e = expect(j, '}');
+        break;
+      }
+      if (!e && have != 7) e = bad(j, "a tensor lacks dtype, shape or data_offsets");
+      if (!e) f->n_tensors++;
+    }
+    free(key);
+    if (e) return e;
+    ws(j);
+    if (j->s < j->end && *j->s == ',') {
+      j->s++;
+      continue;
+    }
+    return expect(j, '}');
+  }
+}
+
+stoke_err *stoke_st_read(const char *path, stoke_st_file *f) {
+  memset(f, 0, sizeof *f);
+  FILE *fp = fopen(path, "rb");
+  if (!fp)
+    return STOKE_ERR(errno == ENOENT ? STOKE_E_NOT_FOUND : STOKE_E_IO, "cannot open checkpoint '%s': %s",
+                     path, strerror(errno));
+  struct stat st;
+  if (fstat(fileno(fp), &st) || st.st_size < 8) {
+    fclose(fp);
+    return STOKE_ERR(STOKE_E_DATA, "checkpoint '%s' is truncated (%lld bytes)", path,
+                     (long long)st.st_size);
+  }
+  f->size = (size_t)st.st_size;
+  f->bytes = malloc(f->size);
+  if (!f->bytes) {
+    fclose(fp);
+    return STOKE_ERR(STOKE_E_OOM, "out of memory reading '%s' (%zu bytes)", path, f->size);
+  }
+  size_t got = fread(f->bytes, 1, f->size, fp);
+  fclose(fp);
+  stoke_err *e = NULL;
+  if (got != f->size) e = STOKE_ERR(STOKE_E_IO, "reading checkpoint '%s' failed", path);
+  uint64_t hlen = 0;
+  for (int i = 0; i < 8 && !e; i++) hlen |= (uint64_t)f->bytes[i] << (8 * i);
+  if (!e && hlen > f->size - 8)
+    e = STOKE_ERR(STOKE_E_DATA,
+                  "checkpoint '%s' is truncated or not a safetensors file (header of %llu bytes in "
+                  "a file of %zu)",
+                  path, (unsigned long long)hlen, f->size);
+  if (!e) {
+    jp j = {(const char *)f->bytes + 8, (const char *)f->bytes + 8 + hlen, path};
+    e = parse_header(f, &j);
+    f->data = f->bytes + 8 + hlen;
+    f->data_size = f->size - 8 - hlen;
+  }
+  /* every tensor's bytes: dtype x shape, and together they tile the data */
+  if (!e) {
+    stoke_st_tensor *sorted = malloc(sizeof *sorted * (size_t)(f->n_tensors ? f->n_tensors : 1));
+    if (!sorted) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
+    if (!e) memcpy(sorted, f->tensors, sizeof *sorted * (size_t)f->n_tensors);
+    if (!e) qsort(sorted, (size_t)f->n_tensors, sizeof *sorted, by_begin);
+    size_t at = 0;
+    for (int i = 0; i < f->n_tensors && !e; i++) {
+      const stoke_st_tensor *t = &sorted[i];
+      size_t n = st_size(t->dtype);
+      for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
+      if (!st_size(t->dtype)) e = STOKE_ERR(STOKE_E_DATA, "checkpoint '%s': tensor '%s' has unknown dtype '%s'", path, t->name, t->dtype);
+      else if (t->begin != at || t->end < t->begin || t->end - t->begin != n)
+        e = STOKE_ERR(STOKE_E_DATA, "checkpoint '%s': tensor '%s' has inconsistent data_offsets", path, t->name);
+      at = t->end;
+    }
+    if (!e && at != f->data_size)
+      e = STOKE_ERR(STOKE_E_DATA,
+                    "checkpoint '%s' is truncated or padded: tensors cover %zu bytes, the file holds %zu",
+                    path, at, f->data_size);
+    free(sorted);
+  }
+  if (e) stoke_st_free(f);
+  return e;
+}
+
+void stoke_st_free(stoke_st_file *f) {
+  for (int i = 0; i < f->n_meta; i++) free(f->meta_values[i]);
+  free(f->meta_values);
+  free(f->meta_keys);
+  free(f->tensors);
+  free(f->bytes);
+  memset(f, 0, sizeof *f);
+}
+
+const stoke_st_tensor *stoke_st_find(const stoke_st_file *f, const char *name) {
+  for (int i = 0; i < f->n_tensors; i++)
+    if (!strcmp(f->tensors[i].name, name)) return &f->tensors[i];
+  return NULL;
+}
+
+const char *stoke_st_meta(const stoke_st_file *f, const char *key) {
+  for (int i = 0; i < f->n_meta; i++)
+    if (!strcmp(f->meta_keys[i], key)) return f->meta_values[i];
+  return NULL;
+}
+
+static int64_t meta_int(const stoke_st_file *f, const char *key) {
+  const char *v = stoke_st_meta(f, key);
+  return v ? strtoll(v, NULL, 10) : 0;
+}
+
+stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_meta *m) {
+  stoke_plan *p = stoke_exec_plan(x);
+  stoke_st_file f;
+  STOKE_PROPAGATE(stoke_st_read(path, &f));
+  stoke_err *e = NULL;
+  const char *ver = stoke_st_meta(&f, "stoke_checkpoint_version");
+  if (!ver || atoi(ver) != STOKE_CKPT_VERSION) {
+    stoke_st_free(&f);
+    return STOKE_ERR(STOKE_E_DATA, "'%s' is not a stoke checkpoint of version %d (found %s)", path,
+                     STOKE_CKPT_VERSION, ver ? ver : "none");
+  }
+  memset(m, 0, sizeof *m);
+  m->step = meta_int(&f, "step");
+  m->epoch = meta_int(&f, "epoch");
+  m->seed = meta_int(&f, "seed");
+  m->accumulate = meta_int(&f, "accumulate");
+  const char *ls = stoke_st_meta(&f, "loss_scale");
+  m->loss_scale = ls ? strtod(ls, NULL) : 1;
+  const char *opt = stoke_st_meta(&f, "optimizer");
+  snprintf(m->optimizer, sizeof m->optimizer, "%s", opt ? opt : "");
+  void *hb[3] = {0};
+  size_t sizes[3];
+  e = host_copies(x, hb, sizes);
+  /* optimizer tensors only when the file has the plan's optimizer */
+  const char *want_opt = p->opt_kernel && !strcmp(m->optimizer, p->opt_kernel->op) ? m->optimizer : NULL;
+  int cap = 3 * p->g->n_values + 8;
+  entry *ents = e ? NULL : calloc((size_t)cap, sizeof *ents);
+  if (!e && !ents) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
+  int64_t nbt = 0;
+  int n = e ? 0 : list_entries(p, hb, want_opt, 0, &nbt, ents, cap);
+  for (int i = 0; i < n && !e; i++) {
+    if (!strcmp(ents[i].dtype, "I64")) continue; /* num_batches_tracked: informational */
+    const stoke_st_tensor *t = stoke_st_find(&f, ents[i].name);
+    if (!t) {
+      e = STOKE_ERR(STOKE_E_DATA, "checkpoint '%s' has no tensor '%s' (saved from another model?)", path,
+                    ents[i].name);
+      break;
+    }
+    int same = t->ndim == ents[i].shape.ndim && !strcmp(t->dtype, ents[i].dtype);
+    for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == ents[i].shape.d[d];
+    if (!same) {
+      e = STOKE_ERR(STOKE_E_DATA, "checkpoint '%s': tensor '%s' is %s %d-D, the model needs %s %d-D of another shape",
+                    path, ents[i].name, t->dtype, t->ndim, ents[i].dtype, ents[i].shape.ndim);
+      break;
+    }
+    memcpy((void *)ents[i].src, f.data + t->begin, ents[i].bytes);
+  }
+  if (!e && p->opt_kernel && !want_opt && hb[2]) memset(hb[2], 0, sizes[2]);
+  void *dev[3] = {stoke_exec_buffer(x, STOKE_BUF_PARAMS), stoke_exec_buffer(x, STOKE_BUF_STATE),
+                  stoke_exec_opt_state(x)};
+  for (int i = 0; i < 3 && !e; i++)
+    if (hb[i]) e = stoke_exec_copy(x, dev[i], hb[i], sizes[i], STOKE_COPY_H2D);
+  free(ents);
+  for (int i = 0; i < 3; i++) stoke_free(hb[i]);
+  stoke_st_free(&f);
+  return e;
+}

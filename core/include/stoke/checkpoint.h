@@ -1,0 +1,70 @@
+/* stoke/checkpoint.h: checkpoints as safetensors files, with the tensor
+ * names and layouts of the same architecture's PyTorch state_dict, the
+ * optimizer state and the run state; written atomically. */
+#ifndef STOKE_CHECKPOINT_H
+#define STOKE_CHECKPOINT_H
+
+#include "stoke/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STOKE_CKPT_VERSION 1
+
+typedef struct stoke_ckpt_meta {
+  int64_t step;        /* optimizer steps completed */
+  int64_t epoch;
+  int64_t seed;
+  int64_t accumulate;
+  double loss_scale;
+  char optimizer[16];  /* "sgd" | "adamw": names the optimizer tensors */
+} stoke_ckpt_meta;
+
+/* Write parameters, running statistics, optimizer state and `meta` to
+ * `path`: a temporary file beside it, fsync, rename, fsync the folder, so
+ * a crash leaves the old file or the new one, never a partial one.
+ * `config_text` (the resolved INI) goes into the metadata; may be NULL. */
+stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ckpt_meta *meta,
+                                 const char *config_text);
+
+/* Read `path` back into the executor's buffers. Every tensor the plan
+ * needs must be there with its shape and dtype; a truncated or corrupt
+ * file, a missing tensor or a shape mismatch is an error naming the file
+ * and the tensor. The optimizer's tensors are loaded when `meta->optimizer`
+ * (from the file) matches the plan's. */
+stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_meta *meta);
+
+/* ---- safetensors, exposed for tests and tools ---- */
+
+typedef struct stoke_st_tensor {
+  char name[128];
+  char dtype[8];       /* "F32", "I64", ... */
+  int ndim;
+  int64_t shape[STOKE_MAX_DIMS];
+  size_t begin, end;   /* byte offsets into the data section */
+} stoke_st_tensor;
+
+typedef struct stoke_st_file {
+  unsigned char *bytes; /* the whole file */
+  size_t size;
+  const unsigned char *data; /* after the header */
+  size_t data_size;
+  stoke_st_tensor *tensors;
+  int n_tensors;
+  char (*meta_keys)[64];
+  char **meta_values;
+  int n_meta;
+} stoke_st_file;
+
+/* Parse and validate a whole safetensors file (header JSON, offsets that
+ * tile the data section exactly, sizes that match dtype x shape). */
+stoke_err *stoke_st_read(const char *path, stoke_st_file *out);
+void stoke_st_free(stoke_st_file *f);
+const stoke_st_tensor *stoke_st_find(const stoke_st_file *f, const char *name);
+const char *stoke_st_meta(const stoke_st_file *f, const char *key);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

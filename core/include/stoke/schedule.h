@@ -1,0 +1,32 @@
+/* stoke/schedule.h: learning-rate schedules: linear warm-up, then constant,
+ * cosine or step decay; optional linear scaling with the global batch. */
+#ifndef STOKE_SCHEDULE_H
+#define STOKE_SCHEDULE_H
+
+#include <stdint.h>
+
+#include "stoke/plugin.h"
+
+typedef enum { STOKE_LR_CONSTANT = 0, STOKE_LR_COSINE, STOKE_LR_STEP } stoke_lr_kind;
+
+typedef struct stoke_lr_schedule {
+  stoke_lr_kind kind;
+  double base_lr;        /* after the linear scaling rule, if on */
+  int64_t warmup_steps;  /* linear from base_lr/warmup_steps up to base_lr */
+  int64_t total_steps;   /* cosine: decays to min_lr at total_steps */
+  double min_lr;         /* cosine floor */
+  int64_t step_every;    /* step: multiply by gamma every step_every steps */
+  double gamma;
+} stoke_lr_schedule;
+
+/* The lr of optimizer step `step` (1-based), as PyTorch's LambdaLR/
+ * CosineAnnealingLR/StepLR would give after a linear warm-up. */
+double stoke_lr_at(const stoke_lr_schedule *s, int64_t step);
+
+/* Build the schedule from [optimizer] (lr, schedule, warmup_epochs,
+ * min_lr, step_epochs, gamma, lr_scale_with_batch, base_batch) given the
+ * run's length and the global batch. */
+stoke_err *stoke_lr_from_config(const stoke_cfg *c, int64_t total_steps, int64_t steps_per_epoch,
+                                int64_t global_batch, stoke_lr_schedule *out);
+
+#endif

@@ -1,0 +1,88 @@
+/* core/ops_norm.c: built-in op types batch_norm (with running statistics
+ * as STATE inputs) and normalize (u8 images to normalized floats); see
+ * stoke/ops.h. */
+#include <string.h>
+
+#include "ops_cnn.h"
+#include "stoke/core.h"
+#include "stoke/ops.h"
+
+static stoke_err *infer_bn(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                           stoke_value_desc_v1 *out) {
+  const stoke_shape *x = &in[0].shape;
+  if (x->ndim < 2)
+    return STOKE_ERR(STOKE_E_INVALID, "batch_norm '%s': input must be (N, C, ...), got %d-D", n->name,
+                     x->ndim);
+  int64_t c = x->d[1];
+  for (int i = 1; i < 5; i++)
+    if (in[i].shape.ndim != 1 || in[i].shape.d[0] != c)
+      return STOKE_ERR(STOKE_E_INVALID,
+                       "batch_norm '%s': weight, bias, running_mean and running_var must be [%lld]",
+                       n->name, (long long)c);
+  if (n->attrs[STOKE_BATCH_NORM_EPS].f <= 0 || n->attrs[STOKE_BATCH_NORM_MOMENTUM].f < 0 ||
+      n->attrs[STOKE_BATCH_NORM_MOMENTUM].f > 1)
+    return STOKE_ERR(STOKE_E_INVALID, "batch_norm '%s': eps must be > 0 and momentum in [0, 1]",
+                     n->name);
+  out[0] = in[0];
+  stoke_dtype stat = in[0].dtype == STOKE_F64 ? STOKE_F64 : STOKE_F32;
+  out[1] = (stoke_value_desc_v1){{1, {c}}, stat};
+  out[2] = (stoke_value_desc_v1){{1, {c}}, stat};
+  return NULL;
+}
+
+static double flops_bn(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                       const stoke_value_desc_v1 *out) {
+  return 4.0 * (double)stoke_numel(&in[0].shape); /* statistics, then scale and shift */
+}
+
+static const stoke_attr_decl_v1 bn_attrs[] = {
+    {"eps", STOKE_ATTR_FLOAT, "1e-5", "added to the variance"},
+    {"momentum", STOKE_ATTR_FLOAT, "0.1", "running statistics update factor (PyTorch's)"},
+};
+
+static stoke_err *infer_normalize(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                                  stoke_value_desc_v1 *out) {
+  const stoke_shape *x = &in[0].shape;
+  if (x->ndim != 4 || in[0].dtype != STOKE_U8)
+    return STOKE_ERR(STOKE_E_INVALID, "normalize '%s': input must be u8 images (N, C, H, W)", n->name);
+  const stoke_attr_v1 *m = &n->attrs[STOKE_NORMALIZE_MEAN], *s = &n->attrs[STOKE_NORMALIZE_STD];
+  if ((m->n != 1 && m->n != x->d[1]) || (s->n != 1 && s->n != x->d[1]))
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "normalize '%s': mean and std need 1 or %lld values (one per channel)", n->name,
+                     (long long)x->d[1]);
+  for (int i = 0; i < s->n; i++)
+    if (s->floats[i] <= 0)
+      return STOKE_ERR(STOKE_E_INVALID, "normalize '%s': std must be > 0", n->name);
+  const char *l = n->attrs[STOKE_NORMALIZE_LAYOUT].s;
+  if (strcmp(l, "nchw") && strcmp(l, "nhwc"))
+    return STOKE_ERR(STOKE_E_INVALID, "normalize '%s': layout must be nchw or nhwc", n->name);
+  out[0].shape = *x;
+  out[0].dtype = STOKE_F32;
+  return NULL;
+}
+
+static double flops_normalize(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                              const stoke_value_desc_v1 *out) {
+  return 2.0 * (double)stoke_numel(&in[0].shape);
+}
+
+static const stoke_attr_decl_v1 normalize_attrs[] = {
+    {"mean", STOKE_ATTR_FLOATS, "0", "per-channel mean of x/255"},
+    {"std", STOKE_ATTR_FLOATS, "1", "per-channel standard deviation of x/255"},
+    {"layout", STOKE_ATTR_STR, "nchw", "memory order of the output"},
+};
+
+static const stoke_op_type_v1 ops[] = {
+    {STOKE_OP_BATCH_NORM, "batch normalization with running statistics (nn.BatchNorm2d)", 5, 3,
+     bn_attrs, 2, infer_bn, flops_bn,
+     STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(1) |
+         STOKE_BWD_NEEDS_OUTPUT(2),
+     (1u << 3) | (1u << 4), 1},
+    {STOKE_OP_NORMALIZE, "u8 image to normalized float (ToTensor + Normalize)", 1, 1,
+     normalize_attrs, 3, infer_normalize, flops_normalize, 0, 1u << 0, 0},
+};
+
+stoke_err *stoke_register_norm_ops(const stoke_registry_v1 *r) {
+  for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) STOKE_PROPAGATE(r->add_op(r->self, &ops[i]));
+  return NULL;
+}

@@ -1,0 +1,62 @@
+/* core/schedule.c: learning-rate schedules (warm-up, then constant, cosine
+ * or step decay) and the linear scaling rule, from [optimizer]. */
+#include <math.h>
+
+#include "stoke/config.h"
+#include "stoke/core.h"
+#include "stoke/schedule.h"
+
+double stoke_lr_at(const stoke_lr_schedule *s, int64_t step) {
+  if (s->warmup_steps > 0 && step <= s->warmup_steps)
+    return s->base_lr * (double)step / (double)s->warmup_steps;
+  int64_t t = step - s->warmup_steps; /* steps since warm-up, 1-based */
+  switch (s->kind) {
+    case STOKE_LR_COSINE: {
+      int64_t span = s->total_steps - s->warmup_steps;
+      if (span <= 0) return s->base_lr;
+      double frac = (double)(t - 1) / (double)span;
+      if (frac > 1) frac = 1;
+      return s->min_lr + 0.5 * (s->base_lr - s->min_lr) * (1 + cos(M_PI * frac));
+    }
+    case STOKE_LR_STEP:
+      return s->step_every > 0 ? s->base_lr * pow(s->gamma, (double)((t - 1) / s->step_every))
+                               : s->base_lr;
+    default:
+      return s->base_lr;
+  }
+}
+
+stoke_err *stoke_lr_from_config(const stoke_cfg *c, int64_t total_steps, int64_t steps_per_epoch,
+                                int64_t global_batch, stoke_lr_schedule *out) {
+  const char *kind;
+  double lr, warmup, min_lr, step_epochs, gamma;
+  int scale;
+  int64_t base_batch;
+  STOKE_PROPAGATE(stoke_cfg_float(c, "optimizer", "lr", &lr));
+  STOKE_PROPAGATE(stoke_cfg_str(c, "optimizer", "schedule", &kind));
+  STOKE_PROPAGATE(stoke_cfg_float(c, "optimizer", "warmup_epochs", &warmup));
+  STOKE_PROPAGATE(stoke_cfg_float(c, "optimizer", "min_lr", &min_lr));
+  STOKE_PROPAGATE(stoke_cfg_float(c, "optimizer", "step_epochs", &step_epochs));
+  STOKE_PROPAGATE(stoke_cfg_float(c, "optimizer", "gamma", &gamma));
+  STOKE_PROPAGATE(stoke_cfg_bool(c, "optimizer", "lr_scale_with_batch", &scale));
+  STOKE_PROPAGATE(stoke_cfg_int(c, "optimizer", "base_batch", &base_batch));
+  *out = (stoke_lr_schedule){0};
+  out->kind = kind[0] == 'c' && kind[1] == 'o' ? STOKE_LR_COSINE : kind[0] == 's' ? STOKE_LR_STEP
+                                                                                 : STOKE_LR_CONSTANT;
+  /* Goyal et al.: lr = base lr x global batch / base batch */
+  out->base_lr = scale ? lr * (double)global_batch / (double)base_batch : lr;
+  out->warmup_steps = (int64_t)llround(warmup * (double)steps_per_epoch);
+  if (out->warmup_steps >= total_steps && warmup > 0)
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "%s: [optimizer] warmup_epochs = %g is %lld steps, not shorter than the run's %lld",
+                     stoke_cfg_where(c, "optimizer", "warmup_epochs"), warmup,
+                     (long long)out->warmup_steps, (long long)total_steps);
+  out->total_steps = total_steps;
+  out->min_lr = min_lr;
+  out->step_every = (int64_t)llround(step_epochs * (double)steps_per_epoch);
+  if (out->kind == STOKE_LR_STEP && out->step_every < 1)
+    return STOKE_ERR(STOKE_E_INVALID, "%s: [optimizer] schedule = step needs step_epochs > 0",
+                     stoke_cfg_where(c, "optimizer", "step_epochs"));
+  out->gamma = gamma;
+  return NULL;
+}
