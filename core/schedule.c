@@ -1,6 +1,7 @@
 /* core/schedule.c: learning-rate schedules (warm-up, then constant, cosine
  * or step decay) and the linear scaling rule, from [optimizer]. */
 #include <math.h>
+#include <string.h>
 
 #include "stoke/config.h"
 #include "stoke/core.h"
@@ -41,8 +42,8 @@ stoke_err *stoke_lr_from_config(const stoke_cfg *c, int64_t total_steps, int64_t
   STOKE_PROPAGATE(stoke_cfg_bool(c, "optimizer", "lr_scale_with_batch", &scale));
   STOKE_PROPAGATE(stoke_cfg_int(c, "optimizer", "base_batch", &base_batch));
   *out = (stoke_lr_schedule){0};
-  out->kind = kind[0] == 'c' && kind[1] == 'o' ? STOKE_LR_COSINE : kind[0] == 's' ? STOKE_LR_STEP
-                                                                                 : STOKE_LR_CONSTANT;
+  out->kind = !strcmp(kind, "cosine") ? STOKE_LR_COSINE : !strcmp(kind, "step") ? STOKE_LR_STEP
+                                                                                : STOKE_LR_CONSTANT;
   /* Goyal et al.: lr = base lr x global batch / base batch */
   out->base_lr = scale ? lr * (double)global_batch / (double)base_batch : lr;
   out->warmup_steps = (int64_t)llround(warmup * (double)steps_per_epoch);

@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (s.interrupted)
-    printf("stoke: stopped by a signal after step %lld; results so far are in %s\n",
-           (long long)s.steps, s.out_dir);
+    printf("stoke: stopped by a signal after step %lld; checkpoint: %s (continue with run.resume=%s)\n",
+           (long long)s.steps, s.checkpoint[0] ? s.checkpoint : "none", s.checkpoint);
   return 0;
 }

@@ -40,12 +40,12 @@ static stoke_err *build(const stoke_cfg *c, const char *sec, const stoke_builder
   STOKE_PTRY(stoke_host->cfg_str(c, sec, "activation", &act), "reading [%s]", sec);
   stoke_shape s;
   STOKE_PROPAGATE_P(b->shape_of(b->g, input, &s));
-  if (s.ndim != 2)
-    return STOKE_PERR(STOKE_E_INVALID,
-                      "mlp: expects flat samples (N, features), the source gives %d-D samples; "
-                      "use a source shape like `shape = 784`",
-                      s.ndim - 1);
-  int x = input, idx = 0;
+  int x = input;
+  if (s.ndim > 2) { /* images: flatten (N, C, H, W) to (N, C*H*W), as nn.Flatten */
+    STOKE_PROPAGATE_P(b->node(b->g, STOKE_OP_FLATTEN, "flatten", &input, 1, "", &x, 1));
+    STOKE_PROPAGATE_P(b->shape_of(b->g, x, &s));
+  }
+  int idx = 0;
   int64_t width = s.d[1];
   for (int i = 0; i < n; i++) {
     int y;

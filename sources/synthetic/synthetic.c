@@ -11,7 +11,7 @@ const stoke_host_v1 *stoke_host;
 
 typedef struct synth {
   stoke_sample_info_v1 info;
-  int64_t length, features;
+  int64_t length, features, offset;
   int learnable;
   double noise;
   uint64_t data_seed;
@@ -26,6 +26,9 @@ static const stoke_cfg_key_v1 keys[] = {
      "labels are argmax(W x) for a fixed random W (a task a model can learn); false: random labels"},
     {"noise", STOKE_CFG_FLOAT, "0", 0, 1, NULL, "fraction of labels replaced by random ones"},
     {"data_seed", STOKE_CFG_INT, "1234", 0, 9.2e18, NULL, "seed of the data set itself (not of the run)"},
+    {"offset", STOKE_CFG_INT, "0", 0, 1e15, NULL,
+     "index of the first sample: a held-out set of the same task is the same data_seed with an "
+     "offset past the training length"},
 };
 
 static stoke_err *synth_open(const stoke_cfg *c, const char *sec, void **self) {
@@ -43,6 +46,7 @@ static stoke_err *synth_open(const stoke_cfg *c, const char *sec, void **self) {
   if (!e) e = stoke_host->cfg_bool(c, sec, "learnable", &s->learnable);
   if (!e) e = stoke_host->cfg_float(c, sec, "noise", &s->noise);
   if (!e) e = stoke_host->cfg_int(c, sec, "data_seed", &seed);
+  if (!e) e = stoke_host->cfg_int(c, sec, "offset", &s->offset);
   if (e) {
     free(s);
     return e;
@@ -88,7 +92,7 @@ static stoke_err *synth_read(void *self, int64_t index, uint64_t seed, void *dst
     return STOKE_PERR(STOKE_E_INVALID, "synthetic: index %lld outside [0, %lld)", (long long)index,
                       (long long)s->length);
   float *x = dst;
-  stoke_rng r = stoke_rng_seed(stoke_hash3(s->data_seed, 0x5a3b1eull, (uint64_t)index));
+  stoke_rng r = stoke_rng_seed(stoke_hash3(s->data_seed, 0x5a3b1eull, (uint64_t)(index + s->offset)));
   for (int64_t i = 0; i < s->features; i++) x[i] = (float)stoke_rng_normal(&r);
   if (s->learnable) {
     int best = 0;

@@ -14,6 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "stoke/checkpoint.h"
 #include "stoke/core.h"
 #include "stoke/run.h"
 
@@ -55,10 +61,12 @@ static const char *write_ini(const char *name, const char *text) {
   return path;
 }
 
+static const char *out_sub = "out";
+
 static stoke_err *run(const char *ini, const char **over, int n_over, stoke_summary *s) {
   const char *all[16];
   char out_dir[700];
-  snprintf(out_dir, sizeof out_dir, "run.out_dir=%s/out", tmp);
+  snprintf(out_dir, sizeof out_dir, "run.out_dir=%s/%s", tmp, out_sub);
   all[0] = out_dir;
   for (int i = 0; i < n_over; i++) all[i + 1] = over[i];
   stoke_run_opts o = {ini, all, n_over + 1, dirs, 4, 1};
@@ -154,6 +162,154 @@ static void test_messages(void **state) {
   stoke_err_free(e);
 }
 
+/* Evaluation on a held-out part of the same synthetic task. */
+static void test_eval(void **state) {
+  stoke_summary s;
+  const char *o[] = {"eval_data.source=synthetic", "eval_data.shape=32", "eval_data.classes=4",
+                     "eval_data.length=1000", "eval_data.offset=100000", "run.eval_every=0.5"};
+  train_ok(o, 6, &s);
+  print_message("eval: loss %.4f, accuracy %.4f\n", s.eval_loss, s.eval_accuracy);
+  assert_true(s.eval_accuracy > 0.85); /* 4 classes: chance is 0.25 */
+  assert_true(s.eval_loss < 0.5);
+}
+
+/* Compare every tensor of two checkpoints bit for bit. */
+static void same_tensors(const char *a, const char *b) {
+  stoke_st_file fa, fb;
+  stoke_err *e = stoke_st_read(a, &fa);
+  if (!e) e = stoke_st_read(b, &fb);
+  if (e) fail_msg("%s", e->msg);
+  assert_int_equal(fa.n_tensors, fb.n_tensors);
+  for (int i = 0; i < fa.n_tensors; i++) {
+    const stoke_st_tensor *ta = &fa.tensors[i], *tb = stoke_st_find(&fb, ta->name);
+    assert_non_null(tb);
+    assert_int_equal(ta->end - ta->begin, tb->end - tb->begin);
+    if (memcmp(fa.data + ta->begin, fb.data + tb->begin, ta->end - ta->begin))
+      fail_msg("tensor '%s' differs", ta->name);
+  }
+  stoke_st_free(&fa);
+  stoke_st_free(&fb);
+}
+
+/* Resume: 20 steps, then 20 more from the checkpoint, equals 40 straight,
+ * to the bit, in the loss and in every tensor of the final checkpoint. */
+static void test_resume_equals_uninterrupted(void **state) {
+  stoke_summary full, half, rest;
+  const char *o40[] = {"run.steps=40", "optimizer.name=adamw", "optimizer.lr=0.003", "model.activation=relu",
+                       "run.deterministic=true"};
+  out_sub = "full";
+  train_ok(o40, 5, &full);
+  const char *o20[] = {"run.steps=20", "optimizer.name=adamw", "optimizer.lr=0.003", "model.activation=relu",
+                       "run.deterministic=true"};
+  out_sub = "half";
+  train_ok(o20, 5, &half);
+  char resume[700];
+  snprintf(resume, sizeof resume, "run.resume=%s", half.checkpoint);
+  const char *o_rest[] = {"run.steps=40", "optimizer.name=adamw", "optimizer.lr=0.003", "model.activation=relu",
+                          "run.deterministic=true", resume};
+  out_sub = "rest";
+  train_ok(o_rest, 6, &rest);
+  out_sub = "out";
+  print_message("loss at 40: straight %.9g, resumed %.9g\n", full.final_loss, rest.final_loss);
+  assert_int_equal(rest.steps, 40);
+  assert_memory_equal(&full.final_loss, &rest.final_loss, sizeof(double));
+  same_tensors(full.checkpoint, rest.checkpoint);
+  /* and two straight runs give the same checkpoint */
+  stoke_summary again;
+  out_sub = "again";
+  train_ok(o40, 5, &again);
+  out_sub = "out";
+  same_tensors(full.checkpoint, again.checkpoint);
+}
+
+/* A checkpoint cut short anywhere is refused, never taken for a good one. */
+static void test_truncated_checkpoint_refused(void **state) {
+  stoke_summary s;
+  const char *o[] = {"run.steps=5"};
+  out_sub = "trunc";
+  train_ok(o, 1, &s);
+  out_sub = "out";
+  FILE *f = fopen(s.checkpoint, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  rewind(f);
+  char *bytes = malloc((size_t)size);
+  assert_int_equal(fread(bytes, 1, (size_t)size, f), (size_t)size);
+  fclose(f);
+  char cut[700];
+  snprintf(cut, sizeof cut, "%s/cut.safetensors", tmp);
+  long sizes[] = {0, 4, 8, 100, size / 2, size - 1};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    f = fopen(cut, "wb");
+    fwrite(bytes, 1, (size_t)sizes[i], f);
+    fclose(f);
+    stoke_st_file st;
+    stoke_err *e = stoke_st_read(cut, &st);
+    if (!e) fail_msg("a checkpoint cut to %ld of %ld bytes was accepted", sizes[i], size);
+    assert_non_null(strstr(e->msg, "cut.safetensors"));
+    stoke_err_free(e);
+  }
+  /* resuming from it says which file and why */
+  char resume[760];
+  snprintf(resume, sizeof resume, "run.resume=%s", cut);
+  const char *r[] = {resume};
+  char fixed[2048];
+  snprintf(fixed, sizeof fixed, "%s", base_ini);
+  memcpy(strstr(fixed, "momentun"), "momentum", 8);
+  stoke_err *e = run(write_ini("resume.ini", fixed), r, 1, &s);
+  assert_non_null(e);
+  assert_non_null(strstr(e->msg, "cut.safetensors"));
+  assert_non_null(strstr(e->msg, "[run] resume"));
+  stoke_err_free(e);
+  free(bytes);
+}
+
+/* Ctrl-C: the train binary finishes the step, saves, says where, exits 0. */
+static void test_sigint_saves(void **state) {
+  char fixed[2048], outdir[700], over[760];
+  snprintf(fixed, sizeof fixed, "%s", base_ini);
+  memcpy(strstr(fixed, "momentun"), "momentum", 8);
+  const char *ini = write_ini("sigint.ini", fixed);
+  snprintf(outdir, sizeof outdir, "%s/sigint", tmp);
+  snprintf(over, sizeof over, "run.out_dir=%s", outdir);
+  char log[760];
+  snprintf(log, sizeof log, "%s/sigint.log", tmp);
+  pid_t pid = fork();
+  if (pid == 0) {
+    freopen(log, "w", stdout);
+    execl("tools/train", "train", ini, over, "run.steps=100000000", "run.progress=off", (char *)NULL);
+    _exit(127);
+  }
+  /* wait until it is training (metrics file has lines), then interrupt */
+  char metrics[800];
+  snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", outdir);
+  struct stat st;
+  for (int i = 0; i < 600 && (stat(metrics, &st) || st.st_size == 0); i++) usleep(50000);
+  kill(pid, SIGINT);
+  int status;
+  waitpid(pid, &status, 0);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  char ckpt[800];
+  snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", outdir);
+  stoke_st_file f;
+  stoke_err *e = stoke_st_read(ckpt, &f);
+  if (e) fail_msg("%s", e->msg);
+  assert_true(atoll(stoke_st_meta(&f, "step")) > 0);
+  stoke_st_free(&f);
+  FILE *lf = fopen(log, "r");
+  char text[8192] = "";
+  fseek(lf, 0, SEEK_END);
+  if (ftell(lf) > 4000) fseek(lf, -4000, SEEK_END); /* the closing lines */
+  else rewind(lf);
+  size_t n = fread(text, 1, sizeof text - 1, lf);
+  text[n] = 0;
+  fclose(lf);
+  assert_non_null(strstr(text, "stopped by a signal"));
+  assert_non_null(strstr(text, "checkpoint.safetensors"));
+}
+
 int main(void) {
   const char *t = getenv("TEST_TMPDIR");
   snprintf(tmp, sizeof tmp, "%s", t ? t : "/tmp");
@@ -163,6 +319,10 @@ int main(void) {
       cmocka_unit_test(test_swish_plugin),
       cmocka_unit_test(test_deterministic),
       cmocka_unit_test(test_messages),
+      cmocka_unit_test(test_eval),
+      cmocka_unit_test(test_resume_equals_uninterrupted),
+      cmocka_unit_test(test_truncated_checkpoint_refused),
+      cmocka_unit_test(test_sigint_saves),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
