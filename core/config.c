@@ -897,7 +897,13 @@ stoke_err *stoke_cfg_override(stoke_cfg *c, const char *assignment) {
 stoke_err *stoke_cfg_validate(const stoke_cfg *c) {
   if (!c) return STOKE_ERR(STOKE_E_INTERNAL, "stoke_cfg_validate: NULL config");
   for (int i = 0; i < c->n_ents; i++) {
-    stoke_err *e = check_entry(c, &c->ents[i]);
+    const entry *en = &c->ents[i];
+    /* a declared key whose value an override (or a later file) replaced is
+     * not checked: `train run.ini model.name=x model.hidden=128` must be able
+     * to replace a value the new model would reject */
+    const cfg_section *s = en->key ? find_section(c, en->section) : NULL;
+    if (s && find_key(s, en->key) && find_entry(c, en->section, en->key) != en) continue;
+    stoke_err *e = check_entry(c, en);
     if (e) return e;
   }
   return NULL;

@@ -60,6 +60,15 @@ static stoke_err *init_params(stoke_exec *x, uint64_t seed, stoke_buffer_id buf)
   char *host = stoke_alloc(bytes);
   if (!host) return STOKE_ERR(STOKE_E_OOM, "out of host memory (%zu bytes) for parameters", bytes);
   memset(host, 0, bytes);
+  /* low-precision parameters: the f32 master copy leads the optimizer state */
+  float *master = NULL;
+  int with_master = buf == STOKE_BUF_PARAMS && x->p->has_master;
+  size_t master_bytes = with_master ? bytes / stoke_dtype_size(g->dtype) * sizeof(float) : 0;
+  if (with_master && !(master = stoke_alloc(master_bytes))) {
+    stoke_free(host);
+    return STOKE_ERR(STOKE_E_OOM, "out of host memory (%zu bytes) for master weights", master_bytes);
+  }
+  if (master) memset(master, 0, master_bytes);
   int idx = 0;
   stoke_rng r;
   for (int v = 0; v < g->n_values; v++) {
@@ -76,17 +85,24 @@ static stoke_err *init_params(stoke_exec *x, uint64_t seed, stoke_buffer_id buf)
         default: w = 0;
       }
       char *dst = host + val->offset;
+      if (master) master[val->offset / stoke_dtype_size(val->dtype) + (size_t)i] = (float)w;
       if (val->dtype == STOKE_F64) ((double *)dst)[i] = w;
       else if (val->dtype == STOKE_F32) ((float *)dst)[i] = (float)w;
+      else if (val->dtype == STOKE_BF16) ((uint16_t *)dst)[i] = stoke_f32_to_bf16((float)w);
+      else if (val->dtype == STOKE_F16) ((uint16_t *)dst)[i] = stoke_f32_to_f16((float)w);
       else {
         stoke_free(host);
+        stoke_free(master);
         return STOKE_ERR(STOKE_E_UNSUPPORTED, "parameter '%s': initialization of %d-byte dtype",
                          val->name, (int)stoke_dtype_size(val->dtype));
       }
     }
   }
   stoke_err *e = x->dev->copy(x->dev_self, x->buf[buf], host, bytes, STOKE_COPY_H2D, NULL);
+  if (!e && master) e = x->dev->copy(x->dev_self, x->opt_state, master, master_bytes, STOKE_COPY_H2D, NULL);
+  if (!e && x->dev->stream_sync) e = x->dev->stream_sync(x->dev_self, NULL); /* host buffers go next */
   stoke_free(host);
+  stoke_free(master);
   STOKE_TRY(e, "copying initial parameters to the device");
   return NULL;
 }
@@ -156,7 +172,8 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
     na->a = (stoke_kernel_args_v1){
         .node = &n->n, .n_in = n->n_in, .n_out = n->n_out, .in = na->in, .out = na->out,
         .din = n->pass == STOKE_BWD ? na->din : NULL, .dout = n->pass == STOKE_BWD ? na->dout : NULL,
-        .param_grads = na->a.param_grads, .training = p->opts.training, .engine = na->engine_self};
+        .param_grads = na->a.param_grads, .training = p->opts.training, .engine = na->engine_self,
+        .flags = p->opts.flags};
     if (n->kernel->plan) {
       e = n->kernel->plan(&na->a, &n->kstate, &n->workspace);
       if (e) e = stoke_err_wrap(e, __FILE__, __LINE__, "planning kernel of node '%s' (%s)", n->n.name, n->kernel->engine);
@@ -173,10 +190,12 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
     stoke_shape flat_state = {1, {flat.d[0] * p->opt_state_per_param}};
     x->opt_t[0] = (stoke_tensor){x->buf[STOKE_BUF_PARAMS], flat, g->dtype, STOKE_LAYOUT_ANY, dev->device};
     x->opt_t[1] = (stoke_tensor){x->buf[STOKE_BUF_GRADS], flat, g->dtype, STOKE_LAYOUT_ANY, dev->device};
-    x->opt_t[2] = (stoke_tensor){x->opt_state, flat_state, g->dtype, STOKE_LAYOUT_ANY, dev->device};
+    if (p->has_master) flat_state.d[0] = (int64_t)(p->opt_state_bytes / sizeof(float));
+    x->opt_t[2] = (stoke_tensor){x->opt_state, flat_state, p->has_master ? STOKE_F32 : g->dtype,
+                                 STOKE_LAYOUT_ANY, dev->device};
     int ei = engine_index(p, p->opt_kernel->engine);
     static const stoke_node_v1 opt_node = {.op = "optimizer", .name = "optimizer"};
-    x->opt.a = (stoke_kernel_args_v1){.node = &opt_node, .n_in = 3, .in = x->opt_t,
+    x->opt.a = (stoke_kernel_args_v1){.node = &opt_node, .n_in = 3, .in = x->opt_t, .flags = p->opts.flags,
                                       .engine = ei >= 0 && p->opts.engine_selves ? p->opts.engine_selves[ei] : NULL};
   }
   if (e) {

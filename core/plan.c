@@ -172,7 +172,12 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
     }
   }
   if (opts->training) p->bytes[STOKE_BUF_GRADS] = p->bytes[STOKE_BUF_PARAMS];
-  p->opt_state_bytes = (size_t)p->opt_state_per_param * p->bytes[STOKE_BUF_PARAMS];
+  /* low-precision parameters: the state is f32, master copy first */
+  size_t elems = p->bytes[STOKE_BUF_PARAMS] / stoke_dtype_size(g->dtype);
+  p->has_master = p->opt_kernel && (g->dtype == STOKE_BF16 || g->dtype == STOKE_F16);
+  if (p->has_master) p->opt_state_bytes = (size_t)(p->opt_state_per_param + 1) * elems * sizeof(float);
+  else if (p->opt_kernel) p->opt_state_bytes = (size_t)p->opt_state_per_param * p->bytes[STOKE_BUF_PARAMS];
+  else p->opt_state_bytes = 0;
   liveness(g);
   e = place_arena(g, &p->bytes[STOKE_BUF_ARENA]);
   if (e) {

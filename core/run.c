@@ -51,6 +51,8 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"resume", STOKE_CFG_STR, "", 0, 0, NULL, "continue from this checkpoint file"},
     {"deterministic", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "bitwise-reproducible runs: deterministic algorithms only (the cpu backend always is)"},
+    {"conv_autotune", STOKE_CFG_BOOL, "true", 0, 0, NULL,
+     "time the candidate convolution algorithms once per shape and keep the fastest (cudnn.benchmark)"},
 };
 
 static const stoke_cfg_key_v1 plugin_keys[] = {
@@ -453,7 +455,14 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
 
 /* Open a stream's source, build and compile its graph, start its loader. */
 static stoke_err *open_stream(run_state *s, stream *st, const char *section, const char *opt_name,
-                              stoke_dtype dtype, int training, uint64_t seed, int64_t start_batch) {
+                              const stoke_precision_v1 *prec, int training, uint64_t seed,
+                              int64_t start_batch) {
+  stoke_dtype dtype = prec->param_dtype;
+  int det, tune;
+  STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "run", "deterministic", &det));
+  STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "run", "conv_autotune", &tune));
+  uint32_t flags = (prec->tf32 ? STOKE_KFLAG_TF32 : 0) | (det ? STOKE_KFLAG_DETERMINISTIC : 0) |
+                   (tune && !det ? STOKE_KFLAG_AUTOTUNE : 0);
   const char *src_name;
   int64_t workers, prefetch;
   int shuffle = 0, drop_last = 0;
@@ -469,7 +478,7 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
   st->src = stoke_find_source(s->reg, src_name);
   STOKE_TRY(st->src->open(s->cfg, section, &st->src_self), "opening [%s] source '%s'", section, src_name);
   STOKE_PROPAGATE(build_graph(s, st, dtype, training));
-  stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? opt_name : NULL, training};
+  stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? opt_name : NULL, training, flags};
   STOKE_TRY(stoke_compile(st->g, &po, &st->plan), "compiling the %s graph", training ? "training" : "evaluation");
   if (training)
     STOKE_TRY(stoke_exec_new(st->plan, s->dev, s->dev_self, seed, &st->x), "preparing the plan");
@@ -643,7 +652,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     start_step = v ? strtoll(v, NULL, 10) : 0;
     stoke_st_free(&st);
   }
-  STOKE_TRY_GOTO(e, done, open_stream(&s, &s.train, "data", opt_name, prec->param_dtype, 1, (uint64_t)seed,
+  STOKE_TRY_GOTO(e, done, open_stream(&s, &s.train, "data", opt_name, prec, 1, (uint64_t)seed,
                                       start_step * accumulate), "");
   if (resume[0]) {
     STOKE_TRY_GOTO(e, done, stoke_checkpoint_load(s.train.x, resume, &meta), "%s: [run] resume",
@@ -656,7 +665,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     if (!o->quiet) printf("stoke: resumed from %s at step %lld\n", resume, (long long)start_step);
   }
   if (eval_src[0])
-    STOKE_TRY_GOTO(e, done, open_stream(&s, &s.eval, "eval_data", NULL, prec->param_dtype, 0, (uint64_t)seed, 0), "");
+    STOKE_TRY_GOTO(e, done, open_stream(&s, &s.eval, "eval_data", NULL, prec, 0, (uint64_t)seed, 0), "");
   snprintf(path, sizeof path, "%s/plan.txt", dir);
   if ((f = fopen(path, "w"))) {
     stoke_plan_report(s.train.plan, f);

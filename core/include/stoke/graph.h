@@ -97,6 +97,7 @@ typedef struct stoke_plan_opts {
   void **engine_selves;       /* state of each engine from its open() */
   const char *optimizer;      /* "sgd" | "adamw" | NULL (no update) */
   int training;               /* 0: forward-only plan, keeps nothing */
+  uint32_t flags;             /* STOKE_KFLAG_* passed to every kernel */
 } stoke_plan_opts;
 
 #define STOKE_MAX_ENGINES 32
@@ -109,6 +110,7 @@ typedef struct stoke_plan {
   size_t bytes[STOKE_BUF_COUNT];
   size_t opt_state_bytes;
   int opt_state_per_param;        /* 1 (sgd momentum) or 2 (adamw m, v) */
+  int has_master;                 /* low-precision params: f32 master copy leads the state */
   int64_t n_params;               /* elements */
   const stoke_kernel_v1 *opt_kernel;
   double fwd_flops;               /* per step, whole graph */

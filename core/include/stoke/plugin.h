@@ -208,6 +208,11 @@ typedef struct stoke_opt_args_v1 {
   double grad_scale;  /* multiply gradients by this first (1/accumulate) */
 } stoke_opt_args_v1;
 
+/* Run-wide choices a kernel honours (stoke_kernel_args_v1.flags). */
+#define STOKE_KFLAG_TF32 (1u << 0)          /* fp32 matmul/conv may use TF32 */
+#define STOKE_KFLAG_DETERMINISTIC (1u << 1) /* only bitwise-reproducible algorithms */
+#define STOKE_KFLAG_AUTOTUNE (1u << 2)      /* plan() may time candidates (cudnn.benchmark) */
+
 /* Everything one kernel call sees. For STOKE_FWD: `in` -> `out`.
  * For STOKE_BWD: the forward's `in` and `out` (only those named in the op's
  * bwd_needs hold live data), `dout` (gradients of the outputs) -> `din`
@@ -217,7 +222,12 @@ typedef struct stoke_opt_args_v1 {
  * (0 on the first micro-batch, 1 after: gradient accumulation), gradients
  * of activations are always overwritten.
  * For STOKE_OPT: in[0] parameters, in[1] gradients, in[2] optimizer state
- * (flat, 1-D, same dtype), `opt` the hyper-parameters. */
+ * (flat, 1-D), `opt` the hyper-parameters. When the parameters are in a
+ * low-precision dtype (bf16, fp16) the state is f32 and starts with the f32
+ * master copy of the parameters (numel of in[0]), then the optimizer's own
+ * state; the kernel updates the master and writes the rounded working copy
+ * to in[0] in the same pass. Otherwise the state has the parameters' dtype
+ * and holds the optimizer's state only. */
 typedef struct stoke_kernel_args_v1 {
   const stoke_node_v1 *node;
   int n_in, n_out;
@@ -234,6 +244,7 @@ typedef struct stoke_kernel_args_v1 {
   size_t workspace_bytes;
   void *engine;              /* the engine's state from its open() */
   void *stream;              /* NULL on the CPU */
+  uint32_t flags;            /* STOKE_KFLAG_* */
 } stoke_kernel_args_v1;
 
 /* One entry of a backend's kernel table: (op, pass, dtype, layout) ->

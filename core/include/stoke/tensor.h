@@ -71,6 +71,51 @@ static inline const char *stoke_dtype_name(stoke_dtype t) {
   return (unsigned)t < STOKE_DTYPE_COUNT ? names[t] : "?";
 }
 
+/* bf16 and fp16 <-> f32, round to nearest even (NaN stays NaN). */
+static inline uint16_t stoke_f32_to_bf16(float f) {
+  union { float f; uint32_t u; } v = {f};
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
+  return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+static inline float stoke_bf16_to_f32(uint16_t h) {
+  union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+  return v.f;
+}
+
+static inline uint16_t stoke_f32_to_f16(float f) {
+  union { float f; uint32_t u; } v = {f};
+  uint32_t sign = (v.u >> 16) & 0x8000u, x = v.u & 0x7fffffffu;
+  if (x > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);           /* NaN */
+  if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);          /* overflow: inf */
+  if (x < 0x38800000u) {                                            /* subnormal or zero */
+    if (x < 0x33000000u) return (uint16_t)sign;
+    uint32_t m = (x & 0x7fffffu) | 0x800000u;
+    int shift = 126 - (int)(x >> 23);                               /* 14..24 */
+    uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1u))) r++;
+    return (uint16_t)(sign | r);
+  }
+  uint32_t r = x - 0x38000000u;                                     /* rebias 127 -> 15 */
+  uint32_t out = r >> 13, rem = r & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (out & 1u))) out++;
+  return (uint16_t)(sign | out);
+}
+
+static inline float stoke_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+  if (e == 0x1f) u = sign | 0x7f800000u | (m << 13);
+  else if (e) u = sign | ((e + 112u) << 23) | (m << 13);
+  else if (!m) u = sign;
+  else {
+    e = 113;
+    while (!(m & 0x400u)) m <<= 1, e--;
+    u = sign | (e << 23) | ((m & 0x3ffu) << 13);
+  }
+  union { uint32_t u; float f; } v = {u};
+  return v.f;
+}
+
 static inline size_t stoke_tensor_bytes(const stoke_tensor *t) {
   return (size_t)stoke_numel(&t->shape) * stoke_dtype_size(t->dtype);
 }

@@ -1,0 +1,36 @@
+"""cuda_objects: compile .cu files with the local nvcc (/usr/local/cuda) into
+a cc_library, for sm_80 and sm_90 (A100, H100/H200). rules_cuda needs the
+network and a newer Bazel, so nvcc runs in a genrule per file, each with its
+own TMPDIR (parallel nvcc runs can collide on temporary files)."""
+
+NVCC_FLAGS = " ".join([
+    "-O3",
+    "-std=c++17",
+    "--expt-relaxed-constexpr",
+    "-Xcompiler -fPIC,-fvisibility=hidden",
+    "-gencode arch=compute_80,code=sm_80",
+    "-gencode arch=compute_90,code=sm_90",
+    "-gencode arch=compute_90,code=compute_90",
+])
+
+def cuda_objects(name, srcs, hdrs = [], deps_hdrs = [], **kw):
+    objs = []
+    for src in srcs:
+        obj = "_cuda_%s_%s.o" % (name, src.replace("/", "_").replace(".cu", ""))
+        native.genrule(
+            name = obj + "_nvcc",
+            srcs = [src] + hdrs + deps_hdrs,
+            outs = [obj],
+            cmd = ("t=$$(mktemp -d) && TMPDIR=$$t /usr/local/cuda/bin/nvcc %s " +
+                   "-I core/include -I . -I $(GENDIR) -c $(location %s) -o $@; " +
+                   "r=$$?; rm -rf $$t; exit $$r") % (NVCC_FLAGS, src),
+        )
+        objs.append(":" + obj)
+    native.cc_library(
+        name = name,
+        srcs = objs,
+        hdrs = hdrs,
+        deps = ["@cuda//:cudart"],
+        linkstatic = True,
+        **kw
+    )
