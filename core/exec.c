@@ -173,7 +173,7 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
         .node = &n->n, .n_in = n->n_in, .n_out = n->n_out, .in = na->in, .out = na->out,
         .din = n->pass == STOKE_BWD ? na->din : NULL, .dout = n->pass == STOKE_BWD ? na->dout : NULL,
         .param_grads = na->a.param_grads, .training = p->opts.training, .engine = na->engine_self,
-        .flags = p->opts.flags};
+        .flags = p->opts.flags, .stream = dev->default_stream ? dev->default_stream(dev_self) : NULL};
     if (n->kernel->plan) {
       e = n->kernel->plan(&na->a, &n->kstate, &n->workspace);
       if (e) e = stoke_err_wrap(e, __FILE__, __LINE__, "planning kernel of node '%s' (%s)", n->n.name, n->kernel->engine);
@@ -196,6 +196,7 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
     int ei = engine_index(p, p->opt_kernel->engine);
     static const stoke_node_v1 opt_node = {.op = "optimizer", .name = "optimizer"};
     x->opt.a = (stoke_kernel_args_v1){.node = &opt_node, .n_in = 3, .in = x->opt_t, .flags = p->opts.flags,
+                                      .stream = dev->default_stream ? dev->default_stream(dev_self) : NULL,
                                       .engine = ei >= 0 && p->opts.engine_selves ? p->opts.engine_selves[ei] : NULL};
   }
   if (e) {

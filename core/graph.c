@@ -223,6 +223,16 @@ static stoke_err *parse_attrs(const stoke_op_type_v1 *t, stoke_node_v1 *n, const
   return NULL;
 }
 
+stoke_err *stoke_node_init(const stoke_registry *reg, const char *op, const char *name,
+                           const char *attrs, stoke_node_v1 *node) {
+  const stoke_op_type_v1 *t = stoke_find_op(reg, op);
+  if (!t) return STOKE_ERR(STOKE_E_NOT_FOUND, "unknown op '%s'", op);
+  memset(node, 0, sizeof *node);
+  node->op = t->name;
+  node->name = name;
+  return parse_attrs(t, node, attrs);
+}
+
 static stoke_err *add_node(stoke_graph *g, const char *op, const char *name, const int *inputs,
                            int n_inputs, const char *attrs, int *outputs, int n_outputs) {
   const stoke_op_type_v1 *t = stoke_find_op(g->reg, op);

@@ -405,7 +405,7 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
   }                                                                                        \
                                                                                            \
   /* training: y = x * keep / (1 - p), keep = (draw i >= p) in memory order                \
-   * from stoke_rng_seed(seed); eval (or p = 0): y = x */                                  \
+   * from stoke_uniform_at(seed, i); eval (or p = 0): y = x */                                  \
   static stoke_err *dropout_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {       \
     double p;                                                                              \
     PCHECK(dropout_check(a, DT, 0, 1, &p));                                                \
@@ -416,10 +416,9 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
       for (int64_t i = 0; i < nel; i++) y[i] = x[i];                                       \
       return NULL;                                                                         \
     }                                                                                      \
-    stoke_rng r = stoke_rng_seed(a->seed);                                                 \
     double scale = 1.0 / (1.0 - p);                                                        \
     for (int64_t i = 0; i < nel; i++)                                                      \
-      y[i] = (T)((double)x[i] * (stoke_rng_uniform(&r) >= p ? scale : 0.0));               \
+      y[i] = (T)((double)x[i] * (stoke_uniform_at(a->seed, (uint64_t)i) >= p ? scale : 0.0));               \
     return NULL;                                                                           \
   }                                                                                        \
                                                                                            \
@@ -436,10 +435,9 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
       for (int64_t i = 0; i < nel; i++) PACC(T, dx[i], beta, dy[i]);                       \
       return NULL;                                                                         \
     }                                                                                      \
-    stoke_rng r = stoke_rng_seed(a->seed);                                                 \
     double scale = 1.0 / (1.0 - p);                                                        \
     for (int64_t i = 0; i < nel; i++)                                                      \
-      PACC(T, dx[i], beta, (double)dy[i] * (stoke_rng_uniform(&r) >= p ? scale : 0.0));    \
+      PACC(T, dx[i], beta, (double)dy[i] * (stoke_uniform_at(a->seed, (uint64_t)i) >= p ? scale : 0.0));    \
     return NULL;                                                                           \
   }
 

@@ -622,7 +622,7 @@ static void test_dropout_eval_identity(void **state) {
 }
 
 /* Training: the rate of zeros (within 5 sigma), the kept elements scaled
- * by 1/(1-p), the mask stoke_rng's draws >= p in memory order. */
+ * by 1/(1-p), the mask stoke_uniform_at(seed, i) >= p per element. */
 static void test_dropout_mask(void **state) {
   static const double ps[] = {0.1, 0.5, 0.8};
   for (int d = 0; d < 2; d++)
@@ -635,10 +635,9 @@ static void test_dropout_mask(void **state) {
       stoke_tensor y = h_like(&x, -1);
       uint64_t seed = h_next();
       run_fwd(&node, &x, &y, 1, seed);
-      stoke_rng r = stoke_rng_seed(seed);
       int64_t n = h_numel(&x), zeros = 0;
       for (int64_t i = 0; i < n; i++) {
-        int keep = stoke_rng_uniform(&r) >= p;
+        int keep = stoke_uniform_at(seed, (uint64_t)i) >= p;
         double got = h_get(&y, i), xi = h_get(&x, i);
         if (got == 0) zeros++;
         double want = keep ? xi * scale : 0;

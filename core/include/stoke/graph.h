@@ -79,6 +79,11 @@ struct stoke_graph {
 stoke_err *stoke_graph_new(const stoke_registry *reg, stoke_dtype dtype,
                            stoke_layout layout, stoke_graph **out);
 void stoke_graph_free(stoke_graph *g);
+/* A stand-alone node of `op` with attributes parsed from `attrs` (as for
+ * builder nodes), for tests and tools that call kernels directly. `name`
+ * must outlive the node. */
+stoke_err *stoke_node_init(const stoke_registry *reg, const char *op, const char *name,
+                           const char *attrs, stoke_node_v1 *node);
 /* The builder table models receive. */
 stoke_builder_v1 stoke_graph_builder(stoke_graph *g);
 /* Values the run adds around the model. */

@@ -51,9 +51,10 @@
 #define STOKE_POOL_STRIDE 1  /* ints, default = kernel ("0" means kernel) */
 #define STOKE_POOL_PADDING 2 /* ints, "0" */
 
-/* dropout: x -> x * mask / (1 - p) in training, x in eval; the mask is
- * drawn from args->seed (the same seed reaches the backward kernel, which
- * regenerates the mask instead of storing it). */
+/* dropout: x -> x * mask / (1 - p) in training, x in eval; element i is
+ * kept iff stoke_uniform_at(args->seed, i) >= p (i in memory order): the
+ * same on every backend, and the backward kernel, which gets the same
+ * seed, regenerates the mask instead of storing it. */
 #define STOKE_OP_DROPOUT "dropout"
 #define STOKE_DROPOUT_P 0 /* float, 0.5 */
 

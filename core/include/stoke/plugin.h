@@ -278,6 +278,8 @@ typedef struct stoke_device_info_v1 {
   size_t total_bytes, free_bytes;
   /* Peak dense FLOP/s by dtype of compute (0 = unknown: MFU shows n/a). */
   double peak_flops[STOKE_DTYPE_COUNT];
+  double peak_tf32; /* f32 matmul/conv on tensor cores */
+  int cc_major, cc_minor; /* compute capability; 0 on the CPU */
 } stoke_device_info_v1;
 
 /* A compute backend ("engine"). An engine that owns a device (cpu, cuda)
@@ -306,6 +308,9 @@ typedef struct stoke_backend_v1 {
   stoke_err *(*stream_create)(void *self, void **stream);
   void (*stream_destroy)(void *self, void *stream);
   stoke_err *(*stream_sync)(void *self, void *stream);
+  /* The stream every kernel of this device runs on (args->stream); NULL
+   * for the CPU. A NULL stream in copy/fill/stream_sync means this one. */
+  void *(*default_stream)(void *self);
 } stoke_backend_v1;
 
 /* ---------------------------------------------------------------- sources */

@@ -58,6 +58,13 @@ static inline uint64_t stoke_rng_below(stoke_rng *r, uint64_t n) {
   return (uint64_t)(stoke_rng_uniform(r) * (double)n) % (n ? n : 1);
 }
 
+/* Counter-based uniform in [0, 1): element i of stream `seed`. Every
+ * element is independent of the others, so a GPU thread computes its own
+ * and CPU and GPU agree bit for bit (dropout masks). */
+static inline double stoke_uniform_at(uint64_t seed, uint64_t i) {
+  return (double)(stoke_hash3(seed, i, 0x6d61736bull) >> 11) * (1.0 / 9007199254740992.0);
+}
+
 /* Standard normal (Box-Muller, one value per call). */
 static inline double stoke_rng_normal(stoke_rng *r) {
   double u = stoke_rng_uniform(r), v = stoke_rng_uniform(r);

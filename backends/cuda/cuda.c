@@ -1,0 +1,178 @@
+/* backends/cuda/cuda.c: the "cuda" backend: a GPU device (memory taken once
+ * when the plan is made, pinned host memory, a compute and a copy stream),
+ * its peak rates for MFU, and the registration of its kernels (.cu files). */
+#include <stdio.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "stoke_cuda.h"
+
+const stoke_host_v1 *stoke_host;
+
+/* Dense peak FLOP/s by dtype from the datasheets (SXM parts). An unknown
+ * GPU has zeros: its MFU shows "n/a", never a made-up number. */
+typedef struct peak {
+  const char *name_part;
+  double f32, tf32, bf16, f16;
+} peak;
+
+static const peak peaks[] = {
+    {"H100", 67e12, 495e12, 989e12, 989e12},
+    {"H200", 67e12, 495e12, 989e12, 989e12},
+    {"A100", 19.5e12, 156e12, 312e12, 312e12},
+};
+
+static stoke_err *cuda_open(int index, void *device_self, void **self) {
+  int n = 0;
+  cudaError_t ce = cudaGetDeviceCount(&n);
+  if (ce != cudaSuccess || n == 0)
+    return STOKE_PERR(STOKE_E_NOT_FOUND,
+                      "no CUDA GPU is available (%s); use backends = cpu, or run on a machine with "
+                      "an NVIDIA GPU and its driver",
+                      ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
+  if (index >= n)
+    return STOKE_PERR(STOKE_E_INVALID, "[run] device_index = %d, but this machine has %d GPU%s", index, n,
+                      n == 1 ? "" : "s");
+  STOKE_CUDA(cudaSetDevice(index));
+  stoke_cuda_device *d = stoke_host->alloc(sizeof *d);
+  if (!d) return STOKE_PERR(STOKE_E_OOM, "cuda: out of host memory");
+  memset(d, 0, sizeof *d);
+  d->version = STOKE_CUDA_DEVICE_VERSION;
+  d->index = index;
+  struct cudaDeviceProp p;
+  cudaError_t e = cudaGetDeviceProperties(&p, index);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&d->copy_stream, cudaStreamNonBlocking);
+  if (e != cudaSuccess) {
+    stoke_host->free(d);
+    return STOKE_PERR(STOKE_E_DEVICE, "cuda: opening device %d: %s", index, cudaGetErrorString(e));
+  }
+  snprintf(d->name, sizeof d->name, "%.127s", p.name);
+  d->sm_count = p.multiProcessorCount;
+  d->cc_major = p.major;
+  d->cc_minor = p.minor;
+  d->total_bytes = p.totalGlobalMem;
+  stoke_host->log(STOKE_LOG_INFO, "cuda", "device %d: %s, %d SMs, compute capability %d.%d, %.1f GiB", index,
+                  d->name, d->sm_count, d->cc_major, d->cc_minor, (double)d->total_bytes / (1 << 30));
+  *self = d;
+  return NULL;
+}
+
+static void cuda_close(void *self) {
+  stoke_cuda_device *d = self;
+  if (!d) return;
+  cudaStreamSynchronize(d->stream);
+  cudaStreamDestroy(d->stream);
+  cudaStreamDestroy(d->copy_stream);
+  stoke_host->free(d);
+}
+
+static stoke_err *cuda_info(void *self, stoke_device_info_v1 *out) {
+  stoke_cuda_device *d = self;
+  memset(out, 0, sizeof *out);
+  snprintf(out->name, sizeof out->name, "%s", d->name);
+  out->cc_major = d->cc_major;
+  out->cc_minor = d->cc_minor;
+  STOKE_CUDA(cudaMemGetInfo(&out->free_bytes, &out->total_bytes));
+  for (size_t i = 0; i < sizeof peaks / sizeof *peaks; i++)
+    if (strstr(d->name, peaks[i].name_part)) {
+      out->peak_flops[STOKE_F32] = peaks[i].f32;
+      out->peak_flops[STOKE_BF16] = peaks[i].bf16;
+      out->peak_flops[STOKE_F16] = peaks[i].f16;
+      out->peak_tf32 = peaks[i].tf32;
+      break;
+    }
+  return NULL;
+}
+
+static stoke_err *cuda_alloc(void *self, size_t bytes, void **ptr) {
+  cudaError_t e = cudaMalloc(ptr, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    size_t free_b = 0, total = 0;
+    cudaGetLastError();
+    cudaMemGetInfo(&free_b, &total);
+    return STOKE_PERR(STOKE_E_OOM,
+                      "out of GPU memory: %zu bytes asked, %zu of %zu free; lower [data] batch_size "
+                      "(or use batch_size = auto)",
+                      bytes, free_b, total);
+  }
+  STOKE_CUDA(e);
+  return NULL;
+}
+
+static void cuda_free(void *self, void *p) { cudaFree(p); }
+
+static stoke_err *cuda_alloc_host(void *self, size_t bytes, void **ptr) {
+  STOKE_CUDA(cudaMallocHost(ptr, bytes));
+  return NULL;
+}
+
+static void cuda_free_host(void *self, void *p) { cudaFreeHost(p); }
+
+static cudaStream_t pick(stoke_cuda_device *d, void *stream) { return stream ? (cudaStream_t)stream : d->stream; }
+
+static stoke_err *cuda_copy(void *self, void *dst, const void *src, size_t bytes, stoke_copy_kind kind,
+                            void *stream) {
+  stoke_cuda_device *d = self;
+  enum cudaMemcpyKind k = kind == STOKE_COPY_H2D ? cudaMemcpyHostToDevice
+                          : kind == STOKE_COPY_D2H ? cudaMemcpyDeviceToHost
+                                                   : cudaMemcpyDeviceToDevice;
+  STOKE_CUDA(cudaMemcpyAsync(dst, src, bytes, k, pick(d, stream)));
+  /* a device-to-host copy is read by the host right after: wait for it */
+  if (kind == STOKE_COPY_D2H) STOKE_CUDA(cudaStreamSynchronize(pick(d, stream)));
+  return NULL;
+}
+
+static stoke_err *cuda_fill(void *self, void *dst, int byte, size_t bytes, void *stream) {
+  STOKE_CUDA(cudaMemsetAsync(dst, byte, bytes, pick(self, stream)));
+  return NULL;
+}
+
+static stoke_err *cuda_stream_create(void *self, void **stream) {
+  cudaStream_t s;
+  STOKE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  *stream = s;
+  return NULL;
+}
+
+static void cuda_stream_destroy(void *self, void *stream) { cudaStreamDestroy((cudaStream_t)stream); }
+
+static stoke_err *cuda_stream_sync(void *self, void *stream) {
+  STOKE_CUDA(cudaStreamSynchronize(pick(self, stream)));
+  return NULL;
+}
+
+static void *cuda_default_stream(void *self) { return ((stoke_cuda_device *)self)->stream; }
+
+static const stoke_backend_v1 backend = {
+    .name = "cuda",
+    .help = "NVIDIA GPU: device memory, streams, elementwise/norm/optimizer kernels",
+    .device = STOKE_DEV_GPU,
+    .device_engine = NULL,
+    .open = cuda_open,
+    .close = cuda_close,
+    .info = cuda_info,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .alloc_host = cuda_alloc_host,
+    .free_host = cuda_free_host,
+    .copy = cuda_copy,
+    .fill = cuda_fill,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_sync = cuda_stream_sync,
+    .default_stream = cuda_default_stream,
+};
+
+static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
+  stoke_host = h;
+  STOKE_PROPAGATE_P(r->add_backend(r->self, &backend));
+  STOKE_PROPAGATE_P(stoke_cuda_register_elementwise(r));
+  STOKE_PROPAGATE_P(stoke_cuda_register_norm(r));
+  STOKE_PROPAGATE_P(stoke_cuda_register_optim(r));
+  return NULL;
+}
+
+STOKE_EXPORT const stoke_plugin_v1 stoke_plugin_v1_entry = {
+    STOKE_ABI_VERSION, sizeof(stoke_plugin_v1), "cuda", "CUDA device backend and kernels", reg};
