@@ -362,7 +362,7 @@ static stoke_err *open_caffe(lmdb_src *s, MDB_txn *txn) {
   size_t i = 0, bad = 0;
   int64_t max_label = -1;
   int have_shape = 0;
-  char why[STOKE_WHY_BYTES], first_bad[STOKE_WHY_BYTES + 600] = "";
+  char why[STOKE_WHY_BYTES], first_bad[1024] = "";
   MDB_val k, v;
   for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && i < n; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
     if (i == 0 && v.mv_size >= 4 && !memcmp(v.mv_data, STOKE_REC_MAGIC, 4)) {
