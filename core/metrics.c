@@ -19,6 +19,8 @@ struct stoke_metrics {
   int64_t interval_steps;
   double first_loss, last_loss, elapsed;
   int has_loss;
+  double util_sum, mem_max;
+  int64_t n_util;
 };
 
 stoke_err *stoke_metrics_new(const stoke_metrics_opts *o, stoke_metrics **out) {
@@ -40,6 +42,13 @@ void stoke_metrics_free(stoke_metrics *m) {
   free(m->step_s);
   free(m->rates);
   free(m);
+}
+
+/* A number for JSON: NaN and infinities (no value) are null. */
+static const char *json_num(double v, char *buf, size_t cap) {
+  if (isfinite(v)) snprintf(buf, cap, "%.6g", v);
+  else snprintf(buf, cap, "null");
+  return buf;
 }
 
 static void push(double **v, int64_t *n, int64_t *cap, double x) {
@@ -77,11 +86,20 @@ void stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double st
   m->last_loss = loss;
   double step_ms = 1e3 * m->interval_s / (double)m->interval_steps;
   double wait_ms = 1e3 * m->interval_wait / (double)m->interval_steps;
+  double mfu = m->o.peak_flops > 0 && step_ms > 0 ? m->o.flops_per_step / (step_ms * 1e-3) / m->o.peak_flops : NAN;
+  double util = NAN, mem = NAN;
+  if (m->o.nvml && stoke_nvml_sample(m->o.nvml, &util, &mem) == 0) {
+    m->util_sum += util;
+    m->n_util++;
+    if (mem > m->mem_max) m->mem_max = mem;
+  }
   if (m->jsonl) {
+    char a[32], b[32], c[32];
     fprintf(m->jsonl,
             "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6g, \"lr\": %.6g, \"samples_per_s\": %.1f, "
-            "\"step_time_ms\": %.4f, \"data_wait_ms\": %.4f}\n",
-            (long long)step, (long long)epoch, loss, lr, rate, step_ms, wait_ms);
+            "\"step_time_ms\": %.4f, \"data_wait_ms\": %.4f, \"mfu\": %s, \"gpu_util\": %s, \"gpu_mem_mib\": %s}\n",
+            (long long)step, (long long)epoch, loss, lr, rate, step_ms, wait_ms, json_num(mfu, a, sizeof a),
+            json_num(util, b, sizeof b), json_num(mem, c, sizeof c));
     fflush(m->jsonl);
   }
   double eta = (double)(m->o.total_steps - step) * m->elapsed / (double)(step - m->o.start_step);
@@ -156,26 +174,28 @@ void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s) {
   s->first_loss = m->first_loss;
   s->final_loss = m->last_loss;
   s->data_wait_s = m->wait_total;
-}
-
-/* A number for JSON: NaN and infinities (no value) are null. */
-static const char *json_num(double v, char *buf, size_t cap) {
-  if (isfinite(v)) snprintf(buf, cap, "%.6g", v);
-  else snprintf(buf, cap, "null");
-  return buf;
+  s->peak_flops = m->o.peak_flops;
+  s->mfu = m->o.peak_flops > 0 && s->samples_per_s > 0
+               ? m->o.flops_per_step * s->samples_per_s / (double)m->o.samples_per_step / m->o.peak_flops
+               : NAN;
+  s->gpu_util_mean = m->n_util ? m->util_sum / (double)m->n_util : NAN;
+  s->gpu_mem_max_mib = m->n_util ? m->mem_max : NAN;
 }
 
 void stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *status) {
-  char a[32], b[32];
+  char a[32], b[32], c[32], d[32], e[32];
   if (m->jsonl) {
     fprintf(m->jsonl,
             "{\"summary\": \"%s\", \"steps\": %lld, \"samples\": %lld, \"final_loss\": %.6g, "
             "\"samples_per_s_median\": %.1f, \"step_time_ms_p50\": %.4f, \"step_time_ms_p95\": %.4f, "
             "\"data_wait_s\": %.4f, \"flops_per_step\": %.6g, \"skipped_samples\": %lld, "
-            "\"eval_loss\": %s, \"eval_accuracy\": %s}\n",
+            "\"eval_loss\": %s, \"eval_accuracy\": %s, \"mfu\": %s, \"gpu_util_mean\": %s, "
+            "\"gpu_mem_max_mib\": %s}\n",
             status, (long long)s->steps, (long long)s->samples, s->final_loss, s->samples_per_s,
             s->step_ms_p50, s->step_ms_p95, s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples,
-            json_num(s->eval_loss, a, sizeof a), json_num(s->eval_accuracy, b, sizeof b));
+            json_num(s->eval_loss, a, sizeof a), json_num(s->eval_accuracy, b, sizeof b),
+            json_num(s->mfu, c, sizeof c), json_num(s->gpu_util_mean, d, sizeof d),
+            json_num(s->gpu_mem_max_mib, e, sizeof e));
     fflush(m->jsonl);
   }
   if (m->o.quiet) return;
@@ -183,6 +203,14 @@ void stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *s
          "  samples/s median %.0f, step time p50 %.3f ms, p95 %.3f ms, data wait %.3f s total\n",
          status, (long long)s->steps, (long long)s->samples, s->final_loss, s->first_loss,
          s->samples_per_s, s->step_ms_p50, s->step_ms_p95, s->data_wait_s);
+  if (isfinite(s->mfu))
+    printf("  MFU %.1f%% of %.0f TFLOP/s (datasheet peak for the precision), %.4g FLOPs per step\n",
+           100 * s->mfu, s->peak_flops / 1e12, s->flops_per_step);
+  else
+    printf("  MFU n/a (no known peak for this device), %.4g FLOPs per step\n", s->flops_per_step);
+  if (isfinite(s->gpu_util_mean))
+    printf("  GPU utilization %.0f%% (mean of samples), memory used up to %.0f MiB\n", s->gpu_util_mean,
+           s->gpu_mem_max_mib);
   if (s->eval_accuracy == s->eval_accuracy)
     printf("  evaluation: loss %.4f, top-1 accuracy %.4f\n", s->eval_loss, s->eval_accuracy);
   if (s->skipped_samples) printf("  %lld samples could not be read and were replaced (see log.txt)\n", (long long)s->skipped_samples);

@@ -17,6 +17,7 @@
 #include "stoke/graph.h"
 #include "stoke/loader.h"
 #include "stoke/metrics.h"
+#include "stoke/nvml.h"
 #include "stoke/rng.h"
 #include "stoke/run.h"
 #include "stoke/schedule.h"
@@ -32,6 +33,11 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"precision", STOKE_CFG_ENUM, "fp32", 0, 0, "fp32|tf32|bf16|fp16",
      "precision policy (the cpu backend runs fp32)"},
     {"comm", STOKE_CFG_STR, "single", 0, 0, NULL, "communication: single (one process)"},
+    {"device", STOKE_CFG_ENUM, "auto", 0, 0, "auto|gpu|cpu",
+     "auto: the backends given, or the cpu backend (fp32) with a warning when they need a GPU that is "
+     "not there; gpu: a missing GPU is an error"},
+    {"layout", STOKE_CFG_ENUM, "auto", 0, 0, "auto|nchw|nhwc",
+     "memory order of image activations (auto: nhwc on a GPU, as channels_last; nchw on the CPU)"},
     {"device_index", STOKE_CFG_INT, "0", 0, 1024, NULL, "which device of the backend"},
     {"steps", STOKE_CFG_INT, "0", 0, 1e15, NULL, "optimizer steps to run (0: use epochs)"},
     {"epochs", STOKE_CFG_FLOAT, "1", 0, 1e9, NULL, "passes over the training data when steps = 0"},
@@ -71,6 +77,9 @@ static const stoke_cfg_key_v1 data_keys[] = {
     {"mean", STOKE_CFG_LIST, "0", 0, 0, NULL,
      "u8 images: per-channel mean of x/255 (e.g. 0.485, 0.456, 0.406), subtracted on the device"},
     {"std", STOKE_CFG_LIST, "1", 0, 0, NULL, "u8 images: per-channel std of x/255"},
+    {"on_device", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "copy the first batch to the device once and train on it every step: times the step alone "
+     "(BENCH.md's synthetic workloads), not a way to train"},
 };
 
 static const stoke_cfg_key_v1 eval_data_keys[] = {
@@ -330,6 +339,8 @@ typedef struct run_state {
   stoke_metrics *metrics;
   FILE *log;
   char *config_text;
+  stoke_layout layout;
+  stoke_nvml *nvml;
 } run_state;
 
 static void stream_close(stream *st) {
@@ -342,6 +353,7 @@ static void stream_close(stream *st) {
 
 static void run_close(run_state *s) {
   stoke_metrics_free(s->metrics);
+  stoke_nvml_close(s->nvml);
   stream_close(&s->eval); /* borrows the training executor's weights: first */
   stream_close(&s->train);
   for (int i = s->n_open - 1; i >= 0; i--)
@@ -355,11 +367,34 @@ static void run_close(run_state *s) {
   }
 }
 
-/* Open the engines in order; the first that owns a device provides memory. */
-static stoke_err *open_backends(run_state *s) {
+static stoke_err *open_engines(run_state *s);
+
+/* Open the engines in order; the first that owns a device provides memory.
+ * With device = auto and no GPU, fall back to the cpu backend, saying so. */
+static stoke_err *open_backends(run_state *s, const char **prec_name) {
+  const char *device;
+  STOKE_PROPAGATE(stoke_cfg_str(s->cfg, "run", "device", &device));
+  STOKE_PROPAGATE(stoke_cfg_list(s->cfg, "run", "backends", s->engines, &s->n_engines));
+  stoke_err *e = open_engines(s);
+  if (!e || e->code != STOKE_E_NOT_FOUND || strcmp(device, "auto") || !s->dev || s->dev->device != STOKE_DEV_GPU)
+    return e;
+  stoke_log(STOKE_LOG_WARN, "run", "%s; [run] device = auto: falling back to the cpu backend (fp32)", e->msg);
+  stoke_err_free(e);
+  for (int i = s->n_open - 1; i >= 0; i--)
+    if (s->backs[i]->close) s->backs[i]->close(s->selves[i]);
+  s->n_open = 0;
+  s->dev = NULL;
+  s->dev_self = NULL;
+  STOKE_TRY(stoke_registry_load(s->reg, "cpu"), "falling back to the cpu backend");
+  s->engines[0] = "cpu";
+  s->n_engines = 1;
+  *prec_name = "fp32";
+  return open_engines(s);
+}
+
+static stoke_err *open_engines(run_state *s) {
   int64_t dev_index;
   STOKE_PROPAGATE(stoke_cfg_int(s->cfg, "run", "device_index", &dev_index));
-  STOKE_PROPAGATE(stoke_cfg_list(s->cfg, "run", "backends", s->engines, &s->n_engines));
   for (int i = 0; i < s->n_engines; i++) {
     s->backs[i] = stoke_find_backend(s->reg, s->engines[i]);
     if (!s->backs[i]->device_engine && !s->dev) s->dev = s->backs[i];
@@ -408,7 +443,7 @@ static stoke_err *floats_attr(const stoke_cfg *c, const char *key, char *out, si
 static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int training) {
   stoke_sample_info_v1 info;
   STOKE_TRY(st->src->info(st->src_self, &info), "source '%s'", st->src->name);
-  STOKE_PROPAGATE(stoke_graph_new(s->reg, dtype, STOKE_NCHW, &st->g));
+  STOKE_PROPAGATE(stoke_graph_new(s->reg, dtype, s->layout, &st->g));
   stoke_graph *g = st->g;
   stoke_shape xs = {info.shape.ndim + 1, {st->batch}};
   for (int i = 0; i < info.shape.ndim; i++) xs.d[i + 1] = info.shape.d[i];
@@ -422,7 +457,8 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
     char mean[256], std[256], attrs[600];
     STOKE_PROPAGATE(floats_attr(s->cfg, "mean", mean, sizeof mean));
     STOKE_PROPAGATE(floats_attr(s->cfg, "std", std, sizeof std));
-    snprintf(attrs, sizeof attrs, "mean=%s, std=%s, layout=nchw", mean, std);
+    snprintf(attrs, sizeof attrs, "mean=%s, std=%s, layout=%s", mean, std,
+             s->layout == STOKE_NHWC ? "nhwc" : "nchw");
     int n;
     STOKE_TRY(stoke_graph_builder(g).node(g, STOKE_OP_NORMALIZE, "normalize", &x, 1, attrs, &n, 1),
               "%s: [data] mean / std", stoke_cfg_where(s->cfg, "data", "mean"));
@@ -481,7 +517,12 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
   stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? opt_name : NULL, training, flags};
   STOKE_TRY(stoke_compile(st->g, &po, &st->plan), "compiling the %s graph", training ? "training" : "evaluation");
   if (training)
-    STOKE_TRY(stoke_exec_new(st->plan, s->dev, s->dev_self, seed, &st->x), "preparing the plan");
+    STOKE_TRY(stoke_exec_new(st->plan, s->dev, s->dev_self, seed, &st->x),
+              "preparing the plan: parameters %.1f MiB, gradients %.1f MiB, optimizer state %.1f MiB, "
+              "activations %.1f MiB at batch %lld (halving [data] batch_size about halves the activations)",
+              st->plan->bytes[STOKE_BUF_PARAMS] / 1048576.0, st->plan->bytes[STOKE_BUF_GRADS] / 1048576.0,
+              st->plan->opt_state_bytes / 1048576.0, st->plan->bytes[STOKE_BUF_ARENA] / 1048576.0,
+              (long long)st->batch);
   else
     STOKE_TRY(stoke_exec_new_shared(st->plan, s->train.x, &st->x), "preparing the evaluation plan");
   stoke_loader_opts lo = {st->src, st->src_self, s->dev, s->dev_self, st->batch, (int)workers,
@@ -635,8 +676,21 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   }
 
   /* -- devices, precision, the checkpoint to resume, data, graphs, plans */
-  STOKE_TRY_GOTO(e, done, open_backends(&s), "");
+  STOKE_TRY_GOTO(e, done, open_backends(&s, &prec_name), "");
   const stoke_precision_v1 *prec = stoke_find_precision(s.reg, prec_name);
+  const char *layout;
+  STOKE_TRY_GOTO(e, done, stoke_cfg_str(c, "run", "layout", &layout), "");
+  s.layout = !strcmp(layout, "nhwc") ? STOKE_NHWC : !strcmp(layout, "nchw") ? STOKE_NCHW
+             : s.dev->device == STOKE_DEV_GPU ? STOKE_NHWC : STOKE_NCHW;
+  stoke_device_info_v1 info = {0};
+  if (s.dev->info) STOKE_TRY_GOTO(e, done, s.dev->info(s.dev_self, &info), "asking the device for its peak");
+  double peak = prec->compute_dtype == STOKE_F32 ? (prec->tf32 ? info.peak_tf32 : info.peak_flops[STOKE_F32])
+                                                 : info.peak_flops[prec->compute_dtype];
+  if (s.dev->device == STOKE_DEV_GPU) {
+    int64_t di;
+    STOKE_TRY_GOTO(e, done, stoke_cfg_int(c, "run", "device_index", &di), "");
+    s.nvml = stoke_nvml_open((int)di);
+  }
   if (s.dev->device == STOKE_DEV_CPU && prec->param_dtype != STOKE_F32) {
     e = STOKE_ERR(STOKE_E_UNSUPPORTED, "%s: [run] precision = %s needs a GPU backend; the cpu backend runs fp32",
                   stoke_cfg_where(c, "run", "precision"), prec_name);
@@ -688,7 +742,8 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
                                  : !strcmp(progress, "lines")          ? STOKE_PROGRESS_LINES
                                  : isatty(2)                           ? STOKE_PROGRESS_BAR
                                                                        : STOKE_PROGRESS_LINES,
-                           total, batch * accumulate, o->quiet, start_step};
+                           total, batch * accumulate, o->quiet, start_step,
+                           s.train.plan->train_flops * (double)accumulate, peak, s.nvml};
   STOKE_TRY_GOTO(e, done, stoke_metrics_new(&mo, &s.metrics), "");
   char ckpt[640];
   snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", dir);
@@ -701,16 +756,22 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   sigaction(SIGTERM, &sa, &old_term);
   int64_t step, epoch = 0;
   int64_t eval_period = eval_every > 0 ? (int64_t)llround(eval_every * (double)per_epoch) : 0;
+  int on_device;
+  STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "data", "on_device", &on_device), "");
   for (step = start_step; step < total && !stop_signal; step++) {
     double t0 = now_s(), wait = 0;
     for (int64_t micro = 0; micro < accumulate && !e; micro++) {
-      stoke_batch *b;
-      double w;
-      e = stoke_loader_next(s.train.loader, &b, &w);
-      wait += w;
-      if (!e) e = feed(&s, &s.train, b);
-      epoch = b->epoch;
-      stoke_loader_release(s.train.loader, b);
+      if (!on_device || step == start_step) {
+        stoke_batch *b;
+        double w;
+        e = stoke_loader_next(s.train.loader, &b, &w);
+        wait += w;
+        if (!e) e = feed(&s, &s.train, b);
+        /* the host buffer goes back to the loader: the copy must be done */
+        if (!e && s.dev->stream_sync) e = s.dev->stream_sync(s.dev_self, NULL);
+        epoch = b->epoch;
+        stoke_loader_release(s.train.loader, b);
+      }
       if (!e)
         e = stoke_exec_forward_backward(s.train.x, micro == 0,
                                         stoke_hash3((uint64_t)seed, (uint64_t)step, (uint64_t)micro));

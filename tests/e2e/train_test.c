@@ -23,7 +23,7 @@
 #include "stoke/core.h"
 #include "stoke/run.h"
 
-static const char *dirs[] = {"backends/cpu", "sources/synthetic", "models/mlp", "plugins/swish"};
+static const char *dirs[] = {"backends/cpu", "sources/synthetic", "models/mlp", "plugins/swish", "backends/cuda"};
 static char tmp[512];
 
 static const char *base_ini =
@@ -69,7 +69,7 @@ static stoke_err *run(const char *ini, const char **over, int n_over, stoke_summ
   snprintf(out_dir, sizeof out_dir, "run.out_dir=%s/%s", tmp, out_sub);
   all[0] = out_dir;
   for (int i = 0; i < n_over; i++) all[i + 1] = over[i];
-  stoke_run_opts o = {ini, all, n_over + 1, dirs, 4, 1};
+  stoke_run_opts o = {ini, all, n_over + 1, dirs, 5, 1};
   return stoke_train(&o, s);
 }
 
@@ -160,6 +160,26 @@ static void test_messages(void **state) {
   assert_non_null(e);
   assert_non_null(strstr(e->msg, "unknown model 'resnet9000'; models available: mlp"));
   stoke_err_free(e);
+}
+
+/* No GPU (this machine, CI): a GPU backend with device = gpu is a clear
+ * error; device = auto falls back to the cpu backend and trains. */
+static void test_no_gpu(void **state) {
+  if (getenv("STOKE_TEST_HAS_GPU")) skip();
+  stoke_summary s;
+  const char *gpu[] = {"run.backends=cuda", "run.device=gpu", "run.precision=bf16"};
+  char fixed[2048];
+  snprintf(fixed, sizeof fixed, "%s", base_ini);
+  memcpy(strstr(fixed, "momentun"), "momentum", 8);
+  stoke_err *e = run(write_ini("gpu.ini", fixed), gpu, 3, &s);
+  assert_non_null(e);
+  print_message("%s\n", e->msg);
+  assert_non_null(strstr(e->msg, "no CUDA GPU is available"));
+  assert_non_null(strstr(e->msg, "backends = cpu"));
+  stoke_err_free(e);
+  const char *autod[] = {"run.backends=cuda", "run.device=auto", "run.precision=bf16"};
+  train_ok(autod, 3, &s);
+  assert_true(s.final_loss < 0.45);
 }
 
 /* Evaluation on a held-out part of the same synthetic task. */
@@ -320,6 +340,7 @@ int main(void) {
       cmocka_unit_test(test_deterministic),
       cmocka_unit_test(test_messages),
       cmocka_unit_test(test_eval),
+      cmocka_unit_test(test_no_gpu),
       cmocka_unit_test(test_resume_equals_uninterrupted),
       cmocka_unit_test(test_truncated_checkpoint_refused),
       cmocka_unit_test(test_sigint_saves),

@@ -4,6 +4,7 @@
 #ifndef STOKE_METRICS_H
 #define STOKE_METRICS_H
 
+#include "stoke/nvml.h"
 #include "stoke/run.h"
 
 #ifdef __cplusplus
@@ -19,6 +20,9 @@ typedef struct stoke_metrics_opts {
   int64_t samples_per_step;
   int quiet; /* no summary on stdout */
   int64_t start_step; /* steps already done (resume): ETA and bar count from here */
+  double flops_per_step; /* model FLOPs of one optimizer step (3x forward) */
+  double peak_flops;     /* the device's peak for the precision; 0 = unknown: MFU n/a */
+  stoke_nvml *nvml;      /* GPU sampling, or NULL */
 } stoke_metrics_opts;
 
 typedef struct stoke_metrics stoke_metrics;

@@ -23,6 +23,9 @@ typedef struct stoke_summary {
   int64_t skipped_samples;
   int interrupted;        /* stopped by SIGINT/SIGTERM */
   double eval_loss, eval_accuracy; /* the last evaluation (NaN: none) */
+  double mfu;             /* model FLOPs utilization at the median rate (NaN: unknown peak) */
+  double peak_flops;      /* the peak MFU is taken against (0: unknown) */
+  double gpu_util_mean, gpu_mem_max_mib; /* NVML samples (NaN: none) */
   char out_dir[512];
   char checkpoint[640];   /* the checkpoint written at the end ("" if none) */
 } stoke_summary;
