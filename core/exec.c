@@ -24,6 +24,9 @@ struct stoke_exec {
   int borrowed[STOKE_BUF_COUNT]; /* shared from another exec: not ours to free */
   void *opt_state;
   void *workspace;
+  float *amp; /* loss scaler state on the device, or NULL */
+  node_args amp_check, amp_update;
+  stoke_tensor amp_t[4];
   node_args *args;
   node_args opt;
   stoke_tensor opt_t[3];
@@ -181,6 +184,25 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
     }
   }
   if (!e) e = dev_alloc(x, p->workspace_bytes, &x->workspace, "kernel workspace");
+  if (!e && p->amp_check) {
+    float init[4] = {(float)p->opts.init_scale, 0, 0, 0};
+    e = dev_alloc(x, sizeof init, (void **)&x->amp, "loss scaler");
+    if (!e) e = dev->copy(dev_self, x->amp, init, sizeof init, STOKE_COPY_H2D, NULL);
+    if (!e && g->seed >= 0) e = dev->copy(dev_self, value_ptr(x, g->seed), init, sizeof(float), STOKE_COPY_H2D, NULL);
+    if (!e && dev->stream_sync) e = dev->stream_sync(dev_self, NULL);
+    stoke_shape flat = {1, {(int64_t)(p->bytes[STOKE_BUF_GRADS] / stoke_dtype_size(g->dtype))}};
+    x->amp_t[0] = (stoke_tensor){x->buf[STOKE_BUF_GRADS], flat, g->dtype, STOKE_LAYOUT_ANY, dev->device};
+    x->amp_t[1] = (stoke_tensor){x->amp, {1, {4}}, STOKE_F32, STOKE_LAYOUT_ANY, dev->device};
+    x->amp_t[2] = x->amp_t[1];
+    x->amp_t[3] = g->seed >= 0 ? stoke_exec_tensor(x, g->seed) : x->amp_t[1];
+    static const stoke_node_v1 amp_node = {.op = "loss_scaler", .name = "loss_scaler"};
+    void *stream = dev->default_stream ? dev->default_stream(dev_self) : NULL;
+    int ci = engine_index(p, p->amp_check->engine), ui = engine_index(p, p->amp_update->engine);
+    x->amp_check.a = (stoke_kernel_args_v1){.node = &amp_node, .n_in = 2, .in = &x->amp_t[0], .stream = stream,
+                                            .engine = ci >= 0 ? p->opts.engine_selves[ci] : NULL};
+    x->amp_update.a = (stoke_kernel_args_v1){.node = &amp_node, .n_in = 2, .in = &x->amp_t[2], .stream = stream,
+                                             .engine = ui >= 0 ? p->opts.engine_selves[ui] : NULL};
+  }
   for (int i = 0; i < g->n_nodes && !e; i++) {
     x->args[i].a.workspace = x->workspace;
     x->args[i].a.workspace_bytes = p->workspace_bytes;
@@ -242,6 +264,7 @@ void stoke_exec_free(stoke_exec *x) {
     if (x->buf[b] && !x->borrowed[b]) x->dev->free(x->dev_self, x->buf[b]);
   if (x->opt_state) x->dev->free(x->dev_self, x->opt_state);
   if (x->workspace) x->dev->free(x->dev_self, x->workspace);
+  if (x->amp) x->dev->free(x->dev_self, x->amp);
   free(x->args);
   free(x);
 }
@@ -267,10 +290,30 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
 
 stoke_err *stoke_exec_update(stoke_exec *x, const stoke_opt_args_v1 *opt) {
   if (!x->p->opt_kernel) return STOKE_ERR(STOKE_E_INTERNAL, "update on a plan without optimizer");
-  x->opt.a.opt = opt;
+  stoke_opt_args_v1 o = *opt;
+  o.amp = x->amp;
+  x->opt.a.opt = &o;
+  if (x->amp) {
+    x->amp_check.a.opt = &o;
+    STOKE_TRY(x->p->amp_check->run(&x->amp_check.a, NULL), "loss scaler: checking the gradients");
+  }
   STOKE_TRY(x->p->opt_kernel->run(&x->opt.a, NULL), "optimizer update (%s on %s)",
             x->p->opt_kernel->op, x->p->opt_kernel->engine);
+  if (x->amp) {
+    x->amp_update.a.opt = &o;
+    STOKE_TRY(x->p->amp_update->run(&x->amp_update.a, NULL), "loss scaler: updating the scale");
+  }
   return NULL;
+}
+
+int stoke_exec_read_scaler(stoke_exec *x, float out[4]) {
+  if (!x->amp) return 0;
+  stoke_err *e = stoke_exec_copy(x, out, x->amp, 4 * sizeof(float), STOKE_COPY_D2H);
+  if (e) {
+    stoke_err_free(e);
+    return 0;
+  }
+  return 1;
 }
 
 stoke_err *stoke_exec_read_loss(stoke_exec *x, double *loss) {

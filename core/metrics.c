@@ -21,6 +21,7 @@ struct stoke_metrics {
   int has_loss;
   double util_sum, mem_max;
   int64_t n_util;
+  double scale, skipped; /* NaN without a scaler */
 };
 
 stoke_err *stoke_metrics_new(const stoke_metrics_opts *o, stoke_metrics **out) {
@@ -28,6 +29,7 @@ stoke_err *stoke_metrics_new(const stoke_metrics_opts *o, stoke_metrics **out) {
   if (!m) return STOKE_ERR(STOKE_E_OOM, "out of memory");
   m->o = *o;
   m->first_loss = m->last_loss = NAN;
+  m->scale = m->skipped = NAN;
   if (o->jsonl_path && !(m->jsonl = fopen(o->jsonl_path, "w"))) {
     free(m);
     return STOKE_ERR(STOKE_E_IO, "cannot write metrics to '%s'", o->jsonl_path);
@@ -94,12 +96,14 @@ void stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double st
     if (mem > m->mem_max) m->mem_max = mem;
   }
   if (m->jsonl) {
-    char a[32], b[32], c[32];
+    char a[32], b[32], c[32], d[32], e[32];
     fprintf(m->jsonl,
             "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6g, \"lr\": %.6g, \"samples_per_s\": %.1f, "
-            "\"step_time_ms\": %.4f, \"data_wait_ms\": %.4f, \"mfu\": %s, \"gpu_util\": %s, \"gpu_mem_mib\": %s}\n",
+            "\"step_time_ms\": %.4f, \"data_wait_ms\": %.4f, \"mfu\": %s, \"gpu_util\": %s, \"gpu_mem_mib\": %s, "
+            "\"loss_scale\": %s, \"skipped_steps\": %s}\n",
             (long long)step, (long long)epoch, loss, lr, rate, step_ms, wait_ms, json_num(mfu, a, sizeof a),
-            json_num(util, b, sizeof b), json_num(mem, c, sizeof c));
+            json_num(util, b, sizeof b), json_num(mem, c, sizeof c), json_num(m->scale, d, sizeof d),
+            json_num(m->skipped, e, sizeof e));
     fflush(m->jsonl);
   }
   double eta = (double)(m->o.total_steps - step) * m->elapsed / (double)(step - m->o.start_step);
@@ -122,6 +126,11 @@ void stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double st
   }
   m->interval_s = m->interval_wait = 0;
   m->interval_steps = 0;
+}
+
+void stoke_metrics_scaler(stoke_metrics *m, double scale, double skipped) {
+  m->scale = scale;
+  m->skipped = skipped;
 }
 
 void stoke_metrics_eval(stoke_metrics *m, int64_t step, int64_t epoch, double loss, double acc) {
@@ -180,6 +189,8 @@ void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s) {
                : NAN;
   s->gpu_util_mean = m->n_util ? m->util_sum / (double)m->n_util : NAN;
   s->gpu_mem_max_mib = m->n_util ? m->mem_max : NAN;
+  s->loss_scale = m->scale;
+  s->skipped_steps = m->skipped;
 }
 
 void stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *status) {
@@ -208,6 +219,8 @@ void stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *s
            100 * s->mfu, s->peak_flops / 1e12, s->flops_per_step);
   else
     printf("  MFU n/a (no known peak for this device), %.4g FLOPs per step\n", s->flops_per_step);
+  if (isfinite(s->loss_scale))
+    printf("  loss scale %g, %.0f steps skipped for inf/NaN gradients\n", s->loss_scale, s->skipped_steps);
   if (isfinite(s->gpu_util_mean))
     printf("  GPU utilization %.0f%% (mean of samples), memory used up to %.0f MiB\n", s->gpu_util_mean,
            s->gpu_mem_max_mib);

@@ -142,6 +142,15 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
       e = STOKE_ERR(STOKE_E_UNSUPPORTED, "no '%s' optimizer kernel for %s in the backends given",
                     op, stoke_dtype_name(g->dtype));
     p->opt_state_per_param = !strcmp(op, STOKE_OP_ADAMW) ? 2 : 1;
+    for (int i = 0; i < opts->n_engines && opts->loss_scaling && !p->amp_check; i++) {
+      p->amp_check = stoke_find_kernel(g->reg, opts->engines[i], STOKE_OP_AMP_CHECK, STOKE_OPT, g->dtype,
+                                       STOKE_LAYOUT_ANY);
+      p->amp_update = stoke_find_kernel(g->reg, opts->engines[i], STOKE_OP_AMP_UPDATE, STOKE_OPT, STOKE_F32,
+                                        STOKE_LAYOUT_ANY);
+    }
+    if (!e && opts->loss_scaling && (!p->amp_check || !p->amp_update))
+      e = STOKE_ERR(STOKE_E_UNSUPPORTED, "no loss-scaler kernels (amp_check/amp_update) for %s in the backends given",
+                    stoke_dtype_name(g->dtype));
   }
   if (e) {
     free(p);

@@ -57,6 +57,10 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"resume", STOKE_CFG_STR, "", 0, 0, NULL, "continue from this checkpoint file"},
     {"deterministic", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "bitwise-reproducible runs: deterministic algorithms only (the cpu backend always is)"},
+    {"loss_scale_init", STOKE_CFG_FLOAT, "0", 0, 1e38, NULL,
+     "fp16: the loss scaler's first scale (0: the policy's, 65536)"},
+    {"loss_scale_growth", STOKE_CFG_INT, "0", 0, 1e9, NULL,
+     "fp16: clean steps before the scale doubles (0: the policy's, 2000)"},
     {"conv_autotune", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "time the candidate convolution algorithms once per shape and keep the fastest (cudnn.benchmark)"},
 };
@@ -514,7 +518,10 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
   st->src = stoke_find_source(s->reg, src_name);
   STOKE_TRY(st->src->open(s->cfg, section, &st->src_self), "opening [%s] source '%s'", section, src_name);
   STOKE_PROPAGATE(build_graph(s, st, dtype, training));
-  stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? opt_name : NULL, training, flags};
+  double init_scale;
+  STOKE_PROPAGATE(stoke_cfg_float(s->cfg, "run", "loss_scale_init", &init_scale));
+  stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? opt_name : NULL, training, flags,
+                        training && prec->loss_scaling, init_scale > 0 ? init_scale : prec->init_scale};
   STOKE_TRY(stoke_compile(st->g, &po, &st->plan), "compiling the %s graph", training ? "training" : "evaluation");
   if (training)
     STOKE_TRY(stoke_exec_new(st->plan, s->dev, s->dev_self, seed, &st->x),
@@ -757,7 +764,9 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   int64_t step, epoch = 0;
   int64_t eval_period = eval_every > 0 ? (int64_t)llround(eval_every * (double)per_epoch) : 0;
   int on_device;
+  int64_t growth;
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "data", "on_device", &on_device), "");
+  STOKE_TRY_GOTO(e, done, stoke_cfg_int(c, "run", "loss_scale_growth", &growth), "");
   for (step = start_step; step < total && !stop_signal; step++) {
     double t0 = now_s(), wait = 0;
     for (int64_t micro = 0; micro < accumulate && !e; micro++) {
@@ -779,6 +788,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     opt.step = step + 1;
     opt.grad_scale = 1.0 / (double)accumulate;
     opt.lr = stoke_lr_at(&sched, step + 1);
+    opt.growth_interval = growth > 0 ? growth : prec->growth_interval;
     if (!e) e = stoke_exec_update(s.train.x, &opt);
     if (e) {
       e = stoke_err_wrap(e, __FILE__, __LINE__, "step %lld", (long long)step + 1);
@@ -788,6 +798,8 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     double loss = NAN;
     if (log_now) {
       if ((e = stoke_exec_read_loss(s.train.x, &loss))) break;
+      float amp[4];
+      if (stoke_exec_read_scaler(s.train.x, amp)) stoke_metrics_scaler(s.metrics, amp[0], amp[3]);
       if (!isfinite(loss)) {
         e = STOKE_ERR(STOKE_E_NUMERIC,
                       "loss is %g at step %lld: training diverged; lower [optimizer] lr (now %g) "

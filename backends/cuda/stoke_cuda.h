@@ -55,6 +55,7 @@ typedef struct stoke_cuda_device {
 stoke_err *stoke_cuda_register_elementwise(const stoke_registry_v1 *r);
 stoke_err *stoke_cuda_register_norm(const stoke_registry_v1 *r);
 stoke_err *stoke_cuda_register_optim(const stoke_registry_v1 *r);
+stoke_err *stoke_cuda_register_amp(const stoke_registry_v1 *r);
 
 #ifdef __cplusplus
 }

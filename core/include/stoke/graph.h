@@ -103,6 +103,8 @@ typedef struct stoke_plan_opts {
   const char *optimizer;      /* "sgd" | "adamw" | NULL (no update) */
   int training;               /* 0: forward-only plan, keeps nothing */
   uint32_t flags;             /* STOKE_KFLAG_* passed to every kernel */
+  int loss_scaling;           /* dynamic loss scaler (fp16) */
+  double init_scale;
 } stoke_plan_opts;
 
 #define STOKE_MAX_ENGINES 32
@@ -118,6 +120,7 @@ typedef struct stoke_plan {
   int has_master;                 /* low-precision params: f32 master copy leads the state */
   int64_t n_params;               /* elements */
   const stoke_kernel_v1 *opt_kernel;
+  const stoke_kernel_v1 *amp_check, *amp_update; /* loss scaler, or NULL */
   double fwd_flops;               /* per step, whole graph */
   double train_flops;             /* forward + backward (3x convention) */
   size_t workspace_bytes;         /* largest node workspace */
@@ -170,6 +173,9 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro,
                                        uint64_t step_seed);
 /* One optimizer update over the flat buffers. */
 stoke_err *stoke_exec_update(stoke_exec *x, const stoke_opt_args_v1 *opt);
+/* The loss scaler's state (scale, good steps, found_inf, skipped steps);
+ * returns 0 without a scaler. Synchronizes. */
+int stoke_exec_read_scaler(stoke_exec *x, float out[4]);
 /* Read the loss of the last forward (synchronizes with the device). */
 stoke_err *stoke_exec_read_loss(stoke_exec *x, double *loss);
 

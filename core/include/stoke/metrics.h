@@ -33,6 +33,8 @@ void stoke_metrics_free(stoke_metrics *m);
  * line (and a bar update or log line) is written. */
 void stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double step_s,
                         double wait_s, int logged, double loss, double lr);
+/* The loss scaler as read at the last log step (fp16 runs). */
+void stoke_metrics_scaler(stoke_metrics *m, double scale, double skipped);
 /* Record an evaluation: a JSON line and a printed line. */
 void stoke_metrics_eval(stoke_metrics *m, int64_t step, int64_t epoch, double loss, double acc);
 /* Fill the summary's statistics. */

@@ -82,4 +82,15 @@
 #define STOKE_OP_SGD "sgd"     /* state: momentum buffer (1x params) */
 #define STOKE_OP_ADAMW "adamw" /* state: m then v (2x params) */
 
+/* The dynamic loss scaler's device-side steps (pass STOKE_OPT, fp16), on
+ * the scaler state f32[4] = (scale, good steps, found_inf, skipped):
+ * amp_check: in[0] the flat gradients, in[1] the state -> found_inf = 1 if
+ *   any gradient is not finite (else left as it is).
+ * amp_update: in[0] the state, in[1] the loss seed (f32[1], d loss fed to
+ *   backward) -> on found_inf: scale /= 2, good = 0, skipped += 1; else
+ *   good += 1 and, after opt->growth_interval clean steps, scale *= 2 and
+ *   good = 0; then seed = scale and found_inf = 0. */
+#define STOKE_OP_AMP_CHECK "amp_check"
+#define STOKE_OP_AMP_UPDATE "amp_update"
+
 #endif

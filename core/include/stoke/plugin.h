@@ -206,6 +206,12 @@ typedef struct stoke_opt_args_v1 {
   int nesterov;
   int64_t step;       /* 1 for the first update (AdamW bias correction) */
   double grad_scale;  /* multiply gradients by this first (1/accumulate) */
+  /* Dynamic loss scaling (fp16), or NULL: device memory, f32
+   * [scale, good steps, found_inf, skipped steps]. When amp[2] != 0 the
+   * kernel changes nothing (the step is skipped); otherwise gradients are
+   * multiplied by grad_scale / amp[0]. Decided on the device: no host sync. */
+  const float *amp;
+  int64_t growth_interval; /* amp_update: clean steps before the scale doubles */
 } stoke_opt_args_v1;
 
 /* Run-wide choices a kernel honours (stoke_kernel_args_v1.flags). */

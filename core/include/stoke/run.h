@@ -26,6 +26,7 @@ typedef struct stoke_summary {
   double mfu;             /* model FLOPs utilization at the median rate (NaN: unknown peak) */
   double peak_flops;      /* the peak MFU is taken against (0: unknown) */
   double gpu_util_mean, gpu_mem_max_mib; /* NVML samples (NaN: none) */
+  double loss_scale, skipped_steps; /* fp16 loss scaler at the end (NaN: none) */
   char out_dir[512];
   char checkpoint[640];   /* the checkpoint written at the end ("" if none) */
 } stoke_summary;

@@ -1,0 +1,75 @@
+// backends/cuda/amp.cu: the dynamic loss scaler's two device-side steps
+// (amp_check, amp_update; see stoke/ops.h): whether any gradient is inf or
+// NaN, and the new scale and loss seed, decided without a host sync.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "backends/cuda/stoke_cuda.h"
+#include "stoke/ops.h"
+
+template <typename T>
+__device__ __forceinline__ float to_f(T v) { return (float)v; }
+template <>
+__device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
+template <>
+__device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// found_inf is set (never cleared) by any block that sees a non-finite value:
+// the result does not depend on the order, so it is deterministic.
+template <typename T>
+__global__ void check_kernel(const T *g, int64_t n, float *state) {
+  int bad = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    bad |= !isfinite(to_f(g[i]));
+  if (__syncthreads_or(bad) && threadIdx.x == 0) state[2] = 1.0f;
+}
+
+__global__ void update_kernel(float *state, float *seed, int64_t growth) {
+  float scale = state[0], good = state[1];
+  if (state[2] != 0.0f) {
+    scale *= 0.5f;
+    good = 0;
+    state[3] += 1.0f;
+  } else {
+    good += 1;
+    if (growth > 0 && good >= (float)growth) {
+      scale *= 2.0f;
+      good = 0;
+    }
+  }
+  state[0] = scale;
+  state[1] = good;
+  state[2] = 0.0f;
+  *seed = scale;
+}
+
+template <typename T>
+static stoke_err *check_run(const stoke_kernel_args_v1 *a, void *st) {
+  int64_t n = stoke_numel(&a->in[0].shape);
+  int blocks = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+  if (blocks < 1) blocks = 1;
+  check_kernel<T><<<blocks, 256, 0, (cudaStream_t)a->stream>>>((const T *)a->in[0].data, n, (float *)a->in[1].data);
+  STOKE_CUDA_LAUNCH(a->node->name);
+  return NULL;
+}
+
+static stoke_err *update_run(const stoke_kernel_args_v1 *a, void *st) {
+  if (a->in[1].dtype != STOKE_F32 || stoke_numel(&a->in[0].shape) != 4)
+    return STOKE_PERR(STOKE_E_INVALID, "amp_update: needs the f32[4] scaler state and an f32 loss seed");
+  update_kernel<<<1, 1, 0, (cudaStream_t)a->stream>>>((float *)a->in[0].data, (float *)a->in[1].data,
+                                                      a->opt ? a->opt->growth_interval : 2000);
+  STOKE_CUDA_LAUNCH(a->node->name);
+  return NULL;
+}
+
+static const stoke_kernel_v1 kernels[] = {
+    {"cuda", STOKE_OP_AMP_CHECK, STOKE_OPT, STOKE_F16, STOKE_LAYOUT_ANY, NULL, check_run<__half>, NULL},
+    {"cuda", STOKE_OP_AMP_CHECK, STOKE_OPT, STOKE_BF16, STOKE_LAYOUT_ANY, NULL, check_run<__nv_bfloat16>, NULL},
+    {"cuda", STOKE_OP_AMP_CHECK, STOKE_OPT, STOKE_F32, STOKE_LAYOUT_ANY, NULL, check_run<float>, NULL},
+    {"cuda", STOKE_OP_AMP_UPDATE, STOKE_OPT, STOKE_F32, STOKE_LAYOUT_ANY, NULL, update_run, NULL},
+};
+
+extern "C" stoke_err *stoke_cuda_register_amp(const stoke_registry_v1 *r) {
+  for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++) STOKE_PROPAGATE_P(r->add_kernel(r->self, &kernels[i]));
+  return NULL;
+}
