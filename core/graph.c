@@ -31,7 +31,8 @@ void stoke_graph_free(stoke_graph *g) {
 }
 
 static stoke_err *new_value(stoke_graph *g, const char *name, stoke_value_kind kind,
-                            const stoke_shape *shape, stoke_dtype dtype, int *id) {
+                            const stoke_shape *shape_in, stoke_dtype dtype, int *id) {
+  const stoke_shape copy = *shape_in, *shape = &copy; /* shape_in may point into g->values */
   if (g->n_values == g->cap_values) {
     int cap = g->cap_values ? 2 * g->cap_values : 64;
     stoke_value *nv = realloc(g->values, (size_t)cap * sizeof *nv);

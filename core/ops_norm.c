@@ -56,8 +56,11 @@ static stoke_err *infer_normalize(const stoke_node_v1 *n, const stoke_value_desc
   const char *l = n->attrs[STOKE_NORMALIZE_LAYOUT].s;
   if (strcmp(l, "nchw") && strcmp(l, "nhwc"))
     return STOKE_ERR(STOKE_E_INVALID, "normalize '%s': layout must be nchw or nhwc", n->name);
+  const char *dt = n->attrs[STOKE_NORMALIZE_DTYPE].s;
   out[0].shape = *x;
-  out[0].dtype = STOKE_F32;
+  out[0].dtype = !strcmp(dt, "bf16") ? STOKE_BF16 : !strcmp(dt, "f16") ? STOKE_F16 : STOKE_F32;
+  if (strcmp(dt, "f32") && strcmp(dt, "bf16") && strcmp(dt, "f16"))
+    return STOKE_ERR(STOKE_E_INVALID, "normalize '%s': dtype must be f32, bf16 or f16", n->name);
   return NULL;
 }
 
@@ -70,6 +73,7 @@ static const stoke_attr_decl_v1 normalize_attrs[] = {
     {"mean", STOKE_ATTR_FLOATS, "0", "per-channel mean of x/255"},
     {"std", STOKE_ATTR_FLOATS, "1", "per-channel standard deviation of x/255"},
     {"layout", STOKE_ATTR_STR, "nchw", "memory order of the output"},
+    {"dtype", STOKE_ATTR_STR, "f32", "dtype of the output"},
 };
 
 static const stoke_op_type_v1 ops[] = {
@@ -79,7 +83,7 @@ static const stoke_op_type_v1 ops[] = {
          STOKE_BWD_NEEDS_OUTPUT(2),
      (1u << 3) | (1u << 4), 1},
     {STOKE_OP_NORMALIZE, "u8 image to normalized float (ToTensor + Normalize)", 1, 1,
-     normalize_attrs, 3, infer_normalize, flops_normalize, 0, 1u << 0, 0},
+     normalize_attrs, 4, infer_normalize, flops_normalize, 0, 1u << 0, 0},
 };
 
 stoke_err *stoke_register_norm_ops(const stoke_registry_v1 *r) {

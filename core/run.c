@@ -461,8 +461,8 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
     char mean[256], std[256], attrs[600];
     STOKE_PROPAGATE(floats_attr(s->cfg, "mean", mean, sizeof mean));
     STOKE_PROPAGATE(floats_attr(s->cfg, "std", std, sizeof std));
-    snprintf(attrs, sizeof attrs, "mean=%s, std=%s, layout=%s", mean, std,
-             s->layout == STOKE_NHWC ? "nhwc" : "nchw");
+    snprintf(attrs, sizeof attrs, "mean=%s, std=%s, layout=%s, dtype=%s", mean, std,
+             s->layout == STOKE_NHWC ? "nhwc" : "nchw", stoke_dtype_name(dtype));
     int n;
     STOKE_TRY(stoke_graph_builder(g).node(g, STOKE_OP_NORMALIZE, "normalize", &x, 1, attrs, &n, 1),
               "%s: [data] mean / std", stoke_cfg_where(s->cfg, "data", "mean"));

@@ -1,4 +1,994 @@
-// backends/cuda/elementwise.cu: CUDA kernels of the cuda backend; see stoke/ops.h.
-#include "backends/cuda/stoke_cuda.h"
+// backends/cuda/elementwise.cu: the cuda backend's elementwise, reduction and loss kernels
+// (relu, add, bias_add, flatten, global_avg_pool, softmax_ce, dropout, normalize); see stoke/ops.h.
+//
+// Every kernel is a template over the element type (float, __nv_bfloat16, __half) and computes
+// in float. Reductions are deterministic: each output is summed by a fixed set of threads in a
+// fixed order (grid-stride partial sums, then a butterfly shuffle and a fixed-order pass over the
+// warps), never with float atomics, so the same inputs give the same bits on every run. The
+// semantics follow the CPU reference kernels (backends/cpu) exactly, NCHW and NHWC included.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
-extern "C" stoke_err *stoke_cuda_register_elementwise(const stoke_registry_v1 *r) { return NULL; }
+#include "backends/cuda/stoke_cuda.h"
+#include "stoke/ops.h"
+#include "stoke/rng.h"
+
+namespace {
+
+constexpr int kBlock = 256;          // threads per block of every kernel here
+constexpr int64_t kMaxGrid = 65535;  // grid-stride loops cover the rest
+
+// ------------------------------------------------------------ element types
+
+__device__ __forceinline__ float ld(float v) { return v; }
+__device__ __forceinline__ float ld(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ld(__half v) { return __half2float(v); }
+
+template <typename T> __device__ __forceinline__ T st(float v);
+template <> __device__ __forceinline__ float st<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 st<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half st<__half>(float v) { return __float2half_rn(v); }
+
+template <typename T> struct dtype_of;
+template <> struct dtype_of<float> { static constexpr stoke_dtype value = STOKE_F32; };
+template <> struct dtype_of<__nv_bfloat16> { static constexpr stoke_dtype value = STOKE_BF16; };
+template <> struct dtype_of<__half> { static constexpr stoke_dtype value = STOKE_F16; };
+
+// d = beta * d + v, without reading d when beta is 0 (it may hold NaN), as the CPU's ACC.
+template <typename T> __device__ __forceinline__ void store_acc(T *d, float v, float beta) {
+  *d = st<T>(beta != 0.f ? beta * ld(*d) + v : v);
+}
+
+// ------------------------------------------------------------ the dropout hash
+
+// stoke_uniform_at of stoke/rng.h, made callable on the device: the header's helpers are plain
+// host inline functions and the SDK headers are not ours to edit. Same integer math, bit for bit;
+// stoke_cuda_register_elementwise compares it with the header's on the host at load time, so a
+// change to rng.h that is not mirrored here fails loudly instead of giving different masks.
+__host__ __device__ __forceinline__ uint64_t mix64(uint64_t *x) {
+  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// The 53 bits behind stoke_uniform_at(seed, i) = bits53 * 2^-53.
+__host__ __device__ __forceinline__ uint64_t uniform_bits53(uint64_t seed, uint64_t i) {
+  uint64_t x = seed;
+  uint64_t h = mix64(&x);
+  x = h ^ i;
+  h = mix64(&x);
+  x = h ^ 0x6d61736bull;
+  return mix64(&x) >> 11;
+}
+
+// Element i is kept iff stoke_uniform_at(seed, i) >= p, i.e. bits53 * 2^-53 >= p, i.e.
+// bits53 >= ceil(p * 2^53) (p * 2^53 is exact in double): an integer compare, same as the CPU's.
+uint64_t keep_threshold(double p) { return (uint64_t)ceil(p * 9007199254740992.0); }
+
+// -------------------------------------------------------------- launch shapes
+
+unsigned grid_for(int64_t work, int per_block) {
+  int64_t g = (work + per_block - 1) / per_block;
+  if (g < 1) g = 1;
+  if (g > kMaxGrid) g = kMaxGrid;
+  return (unsigned)g;
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+// ------------------------------------------------------- elementwise template
+
+// out[i] = op(x[i], z[i], i) (+ beta * out[i]); x or z may be NULL (then 0 is passed and the
+// functor reads what it needs itself, e.g. a gather). V elements per thread and step: 16-byte
+// loads and stores when every pointer is 16-byte aligned (V = 16 / sizeof(T)), else V = 1.
+template <typename T, int V> struct alignas(sizeof(T) * V) pack {
+  T v[V];
+};
+
+template <typename T, int V, typename Op>
+__global__ void __launch_bounds__(kBlock)
+    ew_kernel(T *__restrict__ out, const T *__restrict__ x, const T *__restrict__ z, int64_t n, float beta,
+              Op op) {
+  const int64_t nv = n / V;
+  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t v = tid; v < nv; v += stride) {
+    pack<T, V> px, pz, po;
+    if (x) px = reinterpret_cast<const pack<T, V> *>(x)[v];
+    if (z) pz = reinterpret_cast<const pack<T, V> *>(z)[v];
+    if (beta != 0.f) po = reinterpret_cast<const pack<T, V> *>(out)[v];
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+      float r = op(x ? ld(px.v[k]) : 0.f, z ? ld(pz.v[k]) : 0.f, v * V + k);
+      if (beta != 0.f) r += beta * ld(po.v[k]);
+      po.v[k] = st<T>(r);
+    }
+    reinterpret_cast<pack<T, V> *>(out)[v] = po;
+  }
+  for (int64_t i = nv * V + tid; i < n; i += stride)
+    store_acc(out + i, op(x ? ld(x[i]) : 0.f, z ? ld(z[i]) : 0.f, i), beta);
+}
+
+const char *nname(const stoke_kernel_args_v1 *a) {
+  return a->node && a->node->name ? a->node->name : "?";
+}
+
+cudaStream_t stream_of(const stoke_kernel_args_v1 *a) { return (cudaStream_t)a->stream; }
+
+template <typename T, typename Op>
+stoke_err *launch_ew(const stoke_kernel_args_v1 *a, T *out, const T *x, const T *z, int64_t n, float beta,
+                     Op op) {
+  if (n <= 0) return NULL;
+  constexpr int V = 16 / sizeof(T);
+  if (aligned16(out) && aligned16(x) && aligned16(z) && n >= V)
+    ew_kernel<T, V, Op><<<grid_for(n / V, kBlock), kBlock, 0, stream_of(a)>>>(out, x, z, n, beta, op);
+  else
+    ew_kernel<T, 1, Op><<<grid_for(n, kBlock), kBlock, 0, stream_of(a)>>>(out, x, z, n, beta, op);
+  STOKE_CUDA_LAUNCH(nname(a));
+  return NULL;
+}
+
+// The functors (device code; plain values, passed to the kernel by value).
+struct op_copy {
+  __device__ float operator()(float x, float, int64_t) const { return x; }
+};
+struct op_relu {  // NaN stays NaN, as on the CPU
+  __device__ float operator()(float x, float, int64_t) const { return x < 0.f ? 0.f : x; }
+};
+struct op_relu_grad {  // x = y (forward output), z = dy
+  __device__ float operator()(float y, float dy, int64_t) const { return y > 0.f ? dy : 0.f; }
+};
+struct op_add {
+  __device__ float operator()(float x, float z, int64_t) const { return x + z; }
+};
+struct op_dropout {  // x * keep(i) / (1 - p)
+  uint64_t seed, threshold;
+  float scale;
+  __device__ float operator()(float x, float, int64_t i) const {
+    return uniform_bits53(seed, (uint64_t)i) >= threshold ? x * scale : 0.f;
+  }
+};
+template <typename T> struct op_bias_add {  // x + bias[channel of memory element i]
+  const T *bias;
+  int64_t c, rest;
+  int nhwc;
+  __device__ float operator()(float x, float, int64_t i) const {
+    int64_t ch = nhwc ? i % c : (i / rest) % c;
+    return x + ld(bias[ch]);
+  }
+};
+template <typename T> struct op_nchw_from_nhwc {  // y[logical l] = x[memory of l]: flatten fwd
+  const T *x;
+  int64_t c, hw;
+  __device__ float operator()(float, float, int64_t l) const {
+    int64_t chw = c * hw, n = l / chw, rem = l - n * chw, ch = rem / hw, p = rem - ch * hw;
+    return ld(x[(n * hw + p) * c + ch]);
+  }
+};
+template <typename T> struct op_nhwc_from_nchw {  // dx[memory m] = dy[logical of m]: flatten bwd
+  const T *dy;
+  int64_t c, hw;
+  __device__ float operator()(float, float, int64_t m) const {
+    int64_t chw = c * hw, n = m / chw, rem = m - n * chw, p = rem / c, ch = rem - p * c;
+    return ld(dy[(n * c + ch) * hw + p]);
+  }
+};
+template <typename T> struct op_gap_grad {  // dx = dy[n, c] / (H W)
+  const T *dy;
+  int64_t c, hw;
+  int nhwc;
+  float inv_hw;
+  __device__ float operator()(float, float, int64_t i) const {
+    int64_t row = nhwc ? (i / (hw * c)) * c + i % c : i / hw;
+    return ld(dy[row]) * inv_hw;
+  }
+};
+
+// ------------------------------------------------------------- reductions
+
+// Sum / max of v over the TPR threads of a row group (a warp for TPR 32, the block for TPR 256),
+// the same bits in every thread: a butterfly shuffle (each pair adds the same two values) and,
+// across warps, a fixed-order pass over the warps' results. `sm` holds kBlock / 32 floats.
+template <int TPR, bool kMax> __device__ __forceinline__ float group_reduce(float v, float *sm) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, w) : v + w;
+  }
+  if (TPR == 32) return v;
+  __syncthreads();  // the previous call's readers are done with sm
+  if (threadIdx.x % 32 == 0) sm[threadIdx.x / 32] = v;
+  __syncthreads();
+  float r = sm[0];
+#pragma unroll
+  for (int k = 1; k < TPR / 32; k++) r = kMax ? fmaxf(r, sm[k]) : r + sm[k];
+  return r;
+}
+
+// y[r] = beta * y[r] + scale * sum_{p < len} x[r * len + p], one row per group of TPR threads.
+template <typename Tin, typename Tout, int TPR>
+__global__ void __launch_bounds__(kBlock)
+    row_sum_kernel(const Tin *__restrict__ x, Tout *__restrict__ y, int64_t rows, int64_t len, float scale,
+                   float beta) {
+  constexpr int RPB = kBlock / TPR;
+  __shared__ float sm[kBlock / 32];
+  const int lane = threadIdx.x % TPR, sub = threadIdx.x / TPR;
+  for (int64_t r0 = (int64_t)blockIdx.x * RPB; r0 < rows; r0 += (int64_t)gridDim.x * RPB) {
+    const int64_t r = r0 + sub;  // uniform across the block when RPB == 1
+    float s = 0.f;
+    if (r < rows)
+      for (int64_t p = lane; p < len; p += TPR) s += ld(x[r * len + p]);
+    s = group_reduce<TPR, false>(s, sm);
+    if (r < rows && lane == 0) store_acc(y + r, s * scale, beta);
+  }
+}
+
+// y[b * cols + j] = beta * y[...] + scale * sum_{r < rows} x[(b * rows + r) * cols + j]: column
+// sums of `batches` row-major matrices. A block is 32 columns x 8 row phases (coalesced reads);
+// the 8 partial sums of a column are added in a fixed order.
+template <typename Tin, typename Tout>
+__global__ void __launch_bounds__(kBlock)
+    col_sum_kernel(const Tin *__restrict__ x, Tout *__restrict__ y, int64_t batches, int64_t rows, int64_t cols,
+                   float scale, float beta) {
+  __shared__ float sm[8][33];
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const int64_t j = (int64_t)blockIdx.x * 32 + tx;
+  for (int64_t b = blockIdx.y; b < batches; b += gridDim.y) {
+    float s = 0.f;
+    if (j < cols)
+      for (int64_t r = ty; r < rows; r += 8) s += ld(x[(b * rows + r) * cols + j]);
+    __syncthreads();
+    sm[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && j < cols) {
+      float t = sm[0][tx];
+#pragma unroll
+      for (int k = 1; k < 8; k++) t += sm[k][tx];
+      store_acc(y + b * cols + j, t * scale, beta);
+    }
+  }
+}
+
+template <typename Tin, typename Tout>
+stoke_err *launch_row_sum(const stoke_kernel_args_v1 *a, const Tin *x, Tout *y, int64_t rows, int64_t len,
+                          float scale, float beta) {
+  if (rows <= 0) return NULL;
+  if (len >= 1024)
+    row_sum_kernel<Tin, Tout, kBlock><<<grid_for(rows, 1), kBlock, 0, stream_of(a)>>>(x, y, rows, len, scale, beta);
+  else
+    row_sum_kernel<Tin, Tout, 32><<<grid_for(rows, kBlock / 32), kBlock, 0, stream_of(a)>>>(x, y, rows, len, scale,
+                                                                                         beta);
+  STOKE_CUDA_LAUNCH(nname(a));
+  return NULL;
+}
+
+template <typename Tin, typename Tout>
+stoke_err *launch_col_sum(const stoke_kernel_args_v1 *a, const Tin *x, Tout *y, int64_t batches, int64_t rows,
+                          int64_t cols, float scale, float beta) {
+  if (batches <= 0 || cols <= 0) return NULL;
+  dim3 grid(grid_for(cols, 32), (unsigned)(batches < kMaxGrid ? batches : kMaxGrid));
+  col_sum_kernel<Tin, Tout><<<grid, kBlock, 0, stream_of(a)>>>(x, y, batches, rows, cols, scale, beta);
+  STOKE_CUDA_LAUNCH(nname(a));
+  return NULL;
+}
+
+// ------------------------------------------------------------- softmax_ce
+
+// Row r's loss -(1 - ls) log p[label] - ls / C sum_j log p_j, with log p_j = (x_j - max) - lse,
+// into row_loss[r]. A label outside [0, C) is clamped for the read and makes the row's loss NaN:
+// the host cannot be told without a sync, and a NaN loss stops the run with its message.
+template <typename T, int TPR>
+__global__ void __launch_bounds__(kBlock)
+    softmax_ce_fwd_kernel(const T *__restrict__ x, const int32_t *__restrict__ lab, float *__restrict__ row_loss,
+                          int64_t n, int64_t c, float ls) {
+  constexpr int RPB = kBlock / TPR;
+  __shared__ float sm[kBlock / 32];
+  const int lane = threadIdx.x % TPR, sub = threadIdx.x / TPR;
+  for (int64_t r0 = (int64_t)blockIdx.x * RPB; r0 < n; r0 += (int64_t)gridDim.x * RPB) {
+    const int64_t r = r0 + sub;
+    const bool live = r < n;
+    const T *row = x + (live ? r : 0) * c;
+    float m = -INFINITY;
+    if (live)
+      for (int64_t j = lane; j < c; j += TPR) m = fmaxf(m, ld(row[j]));
+    m = group_reduce<TPR, true>(m, sm);
+    float s = 0.f, sxm = 0.f;
+    if (live)
+      for (int64_t j = lane; j < c; j += TPR) {
+        float d = ld(row[j]) - m;
+        s += expf(d);
+        sxm += d;
+      }
+    s = group_reduce<TPR, false>(s, sm);
+    sxm = group_reduce<TPR, false>(sxm, sm);
+    if (live && lane == 0) {
+      int32_t l = lab[r];
+      bool bad = l < 0 || (int64_t)l >= c;
+      int64_t lc = l < 0 ? 0 : (int64_t)l >= c ? c - 1 : l;
+      float lse = logf(s);
+      float logp = (ld(row[lc]) - m) - lse;
+      float loss = -(1.f - ls) * logp - ls / (float)c * (sxm - (float)c * lse);
+      row_loss[r] = bad ? NAN : loss;
+    }
+  }
+}
+
+// loss[0] = mean of row_loss[0..n), one block, fixed order.
+__global__ void __launch_bounds__(kBlock) loss_mean_kernel(const float *__restrict__ row_loss, float *loss, int64_t n) {
+  __shared__ float sm[kBlock / 32];
+  float s = 0.f;
+  for (int64_t r = threadIdx.x; r < n; r += kBlock) s += row_loss[r];
+  s = group_reduce<kBlock, false>(s, sm);
+  if (threadIdx.x == 0) loss[0] = s / (float)n;
+}
+
+// dlogits = dloss / N * (softmax(x) - target), target = (1 - ls) onehot(label) + ls / C. A row
+// whose label is outside [0, C) gets NaN (its forward loss was NaN already).
+template <typename T, int TPR>
+__global__ void __launch_bounds__(kBlock)
+    softmax_ce_bwd_kernel(const T *__restrict__ x, const int32_t *__restrict__ lab, const float *__restrict__ dloss,
+                          T *__restrict__ dx, int64_t n, int64_t c, float ls, float beta) {
+  constexpr int RPB = kBlock / TPR;
+  __shared__ float sm[kBlock / 32];
+  const int lane = threadIdx.x % TPR, sub = threadIdx.x / TPR;
+  const float g = dloss[0] / (float)n;
+  for (int64_t r0 = (int64_t)blockIdx.x * RPB; r0 < n; r0 += (int64_t)gridDim.x * RPB) {
+    const int64_t r = r0 + sub;
+    const bool live = r < n;
+    const T *row = x + (live ? r : 0) * c;
+    float m = -INFINITY;
+    if (live)
+      for (int64_t j = lane; j < c; j += TPR) m = fmaxf(m, ld(row[j]));
+    m = group_reduce<TPR, true>(m, sm);
+    float s = 0.f;
+    if (live)
+      for (int64_t j = lane; j < c; j += TPR) s += expf(ld(row[j]) - m);
+    s = group_reduce<TPR, false>(s, sm);
+    if (!live) continue;
+    const int32_t l = lab[r];
+    const bool bad = l < 0 || (int64_t)l >= c;
+    const float base = ls / (float)c, inv_s = 1.f / s;
+    T *drow = dx + r * c;
+    for (int64_t j = lane; j < c; j += TPR) {
+      float target = base + (j == (int64_t)l ? 1.f - ls : 0.f);
+      float v = bad ? NAN : g * (expf(ld(row[j]) - m) * inv_s - target);
+      store_acc(drow + j, v, beta);
+    }
+  }
+}
+
+// -------------------------------------------------------------- normalize
+
+struct norm_params {
+  float mean[STOKE_ATTR_MAX_INTS], std[STOKE_ATTR_MAX_INTS];
+  int n_mean, n_std;
+};
+
+// y = (x / 255 - mean[c]) / std[c] from u8 HWC memory into y in NCHW or NHWC order, one thread per
+// output element (coalesced writes), the CPU's float formula.
+template <typename T>
+__global__ void __launch_bounds__(kBlock)
+    normalize_kernel(const uint8_t *__restrict__ x, T *__restrict__ y, int64_t total, int64_t c, int64_t hw, int nhwc,
+                     norm_params prm) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+    int64_t k, src;
+    if (nhwc) {
+      k = i % c;
+      src = i;
+    } else {
+      int64_t t = i / hw, p = i - t * hw, nn = t / c;
+      k = t - nn * c;
+      src = (nn * hw + p) * c + k;
+    }
+    float mean = prm.mean[prm.n_mean == 1 ? 0 : k], sd = prm.std[prm.n_std == 1 ? 0 : k];
+    y[i] = st<T>(((float)x[src] / 255.0f - mean) / sd);
+  }
+}
+
+// ================================================================ checks
+
+struct shape_text {
+  char s[96];
+};
+
+shape_text shp(const stoke_shape *s) {
+  shape_text t;
+  size_t n = (size_t)snprintf(t.s, sizeof t.s, "[");
+  for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
+    n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
+  if (n < sizeof t.s) snprintf(t.s + n, sizeof t.s - n, "]");
+  return t;
+}
+
+bool same_shape(const stoke_shape *x, const stoke_shape *y) {
+  if (x->ndim != y->ndim) return false;
+  for (int i = 0; i < x->ndim; i++)
+    if (x->d[i] != y->d[i]) return false;
+  return true;
+}
+
+const char *layout_name(stoke_layout l) { return l == STOKE_NHWC ? "NHWC" : l == STOKE_NCHW ? "NCHW" : "any"; }
+
+// The memory order of every 4-D tensor of a call follows x's, as on the CPU.
+bool is_nhwc(const stoke_tensor *x) { return x->shape.ndim == 4 && x->layout == STOKE_NHWC; }
+
+float grad_beta(const stoke_kernel_args_v1 *a, int i) {
+  return (a->param_grads >> i) & 1u ? a->param_grad_beta : 0.f;
+}
+
+stoke_err *check_counts(const stoke_kernel_args_v1 *a, const char *op, int bwd, int n_in, int n_out) {
+  if (a->n_in < n_in || a->n_out < n_out || !a->in || !a->out)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs %d inputs and %d outputs, got %d and %d", op, nname(a), n_in,
+                      n_out, a->n_in, a->n_out);
+  if (bwd && (!a->din || !a->dout))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': backward called without gradient tensors", op, nname(a));
+  return NULL;
+}
+
+stoke_err *check_dtype(const stoke_kernel_args_v1 *a, const char *op, const char *what, const stoke_tensor *t,
+                       stoke_dtype want) {
+  if (t->dtype != want)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s, the cuda kernel expects %s", op, nname(a), what,
+                      shp(&t->shape).s, stoke_dtype_name(t->dtype), stoke_dtype_name(want));
+  return NULL;
+}
+
+stoke_err *check_data(const stoke_kernel_args_v1 *a, const char *op, const char *what, const stoke_tensor *t,
+                      int run) {
+  if (run && !t->data)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s has no data", op, nname(a), what, shp(&t->shape).s);
+  return NULL;
+}
+
+// A requested gradient (data != NULL) has the shape and dtype of its value.
+stoke_err *check_grad(const stoke_kernel_args_v1 *a, const char *op, const char *what, const stoke_tensor *g,
+                      const stoke_tensor *of) {
+  if (!g->data) return NULL;
+  if (!same_shape(&g->shape, &of->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': gradient of %s is %s, the value is %s", op, nname(a), what,
+                      shp(&g->shape).s, shp(&of->shape).s);
+  return check_dtype(a, op, what, g, of->dtype);
+}
+
+// A 4-D tensor `t` that states a layout must state x's (ANY follows x).
+stoke_err *check_layout(const stoke_kernel_args_v1 *a, const char *op, const char *what, const stoke_tensor *t,
+                        const stoke_tensor *x) {
+  if (t->shape.ndim != 4 || t->layout == STOKE_LAYOUT_ANY) return NULL;
+  stoke_layout want = is_nhwc(x) ? STOKE_NHWC : STOKE_NCHW;
+  if (t->layout != want)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s but x %s is %s", op, nname(a), what, shp(&t->shape).s,
+                      layout_name(t->layout), shp(&x->shape).s, layout_name(x->layout));
+  return NULL;
+}
+
+#define CHECK(...)                      \
+  do {                                  \
+    stoke_err *check_e_ = (__VA_ARGS__); \
+    if (check_e_) return check_e_;      \
+  } while (0)
+
+// x -> y of x's shape, both dtype dt (relu, dropout, and the x/y part of bias_add, flatten, gap
+// with `same` false). Backward: dx (if wanted) like x, dy like y and present.
+stoke_err *unary_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt, int bwd, int run, int n_in,
+                       bool same) {
+  CHECK(check_counts(a, op, bwd, n_in, 1));
+  const stoke_tensor *x = &a->in[0], *y = &a->out[0];
+  if (same && !same_shape(&x->shape, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x is %s but y is %s", op, nname(a), shp(&x->shape).s,
+                      shp(&y->shape).s);
+  CHECK(check_dtype(a, op, "x", x, dt));
+  CHECK(check_dtype(a, op, "y", y, dt));
+  if (!bwd) {
+    CHECK(check_data(a, op, "x", x, run));
+    return check_data(a, op, "y", y, run);
+  }
+  CHECK(check_grad(a, op, "x", &a->din[0], x));
+  CHECK(check_grad(a, op, "y", &a->dout[0], y));
+  if (a->din[0].data) CHECK(check_layout(a, op, "dx", &a->din[0], x));
+  CHECK(check_layout(a, op, "dy", &a->dout[0], x));
+  return check_data(a, op, "dy", &a->dout[0], run);
+}
+
+stoke_err *relu_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
+  CHECK(unary_check(a, STOKE_OP_RELU, dt, bwd, run, 1, true));
+  if (bwd && a->din[0].data) CHECK(check_data(a, STOKE_OP_RELU, "y (the forward output)", &a->out[0], run));
+  return NULL;
+}
+
+stoke_err *add_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
+  const char *op = STOKE_OP_ADD;
+  CHECK(check_counts(a, op, bwd, 2, 1));
+  const stoke_tensor *x = &a->in[0], *z = &a->in[1], *y = &a->out[0];
+  if (!same_shape(&x->shape, &z->shape) || !same_shape(&x->shape, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "add '%s': a %s, b %s and out %s differ in shape", nname(a), shp(&x->shape).s,
+                      shp(&z->shape).s, shp(&y->shape).s);
+  CHECK(check_dtype(a, op, "a", x, dt));
+  CHECK(check_dtype(a, op, "b", z, dt));
+  CHECK(check_dtype(a, op, "out", y, dt));
+  if (!bwd) {
+    CHECK(check_data(a, op, "a", x, run));
+    CHECK(check_data(a, op, "b", z, run));
+    return check_data(a, op, "out", y, run);
+  }
+  CHECK(check_grad(a, op, "a", &a->din[0], x));
+  CHECK(check_grad(a, op, "b", &a->din[1], z));
+  CHECK(check_grad(a, op, "out", &a->dout[0], y));
+  return check_data(a, op, "dout", &a->dout[0], run);
+}
+
+stoke_err *bias_add_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
+  const char *op = STOKE_OP_BIAS_ADD;
+  CHECK(check_counts(a, op, bwd, 2, 1));
+  const stoke_tensor *x = &a->in[0], *b = &a->in[1], *y = &a->out[0];
+  if (x->shape.ndim < 2 || b->shape.ndim != 1 || b->shape.d[0] != x->shape.d[1] || !same_shape(&x->shape, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "bias_add '%s': expects x[N, C, ...], bias[C] -> y like x; got x %s, bias %s, y %s",
+                      nname(a), shp(&x->shape).s, shp(&b->shape).s, shp(&y->shape).s);
+  CHECK(check_dtype(a, op, "bias", b, dt));
+  CHECK(check_layout(a, op, "y", y, x));
+  if (!bwd) CHECK(check_data(a, op, "bias", b, run));
+  else CHECK(check_grad(a, op, "bias", &a->din[1], b));
+  return unary_check(a, op, dt, bwd, run, 2, true);
+}
+
+stoke_err *flatten_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
+  const char *op = STOKE_OP_FLATTEN;
+  CHECK(check_counts(a, op, bwd, 1, 1));
+  const stoke_shape *xs = &a->in[0].shape, *ys = &a->out[0].shape;
+  int64_t rest = 1;
+  for (int i = 1; i < xs->ndim; i++) rest *= xs->d[i];
+  if (xs->ndim < 2 || ys->ndim != 2 || ys->d[0] != xs->d[0] || ys->d[1] != rest)
+    return STOKE_PERR(STOKE_E_INVALID, "flatten '%s': expects x[N, ...] -> y[N, prod]; got x %s, y %s", nname(a),
+                      shp(xs).s, shp(ys).s);
+  return unary_check(a, op, dt, bwd, run, 1, false);
+}
+
+stoke_err *gap_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
+  const char *op = STOKE_OP_GLOBAL_AVG_POOL;
+  CHECK(check_counts(a, op, bwd, 1, 1));
+  const stoke_shape *xs = &a->in[0].shape, *ys = &a->out[0].shape;
+  if (xs->ndim != 4 || xs->d[2] < 1 || xs->d[3] < 1 || ys->ndim != 2 || ys->d[0] != xs->d[0] || ys->d[1] != xs->d[1])
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "global_avg_pool '%s': expects x[N, C, H, W] (H, W >= 1) -> y[N, C]; got x %s, y %s", nname(a),
+                      shp(xs).s, shp(ys).s);
+  return unary_check(a, op, dt, bwd, run, 1, false);
+}
+
+stoke_err *dropout_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run, double *p) {
+  const char *op = STOKE_OP_DROPOUT;
+  CHECK(check_counts(a, op, bwd, 1, 1));
+  if (!a->node || a->node->n_attrs <= STOKE_DROPOUT_P)
+    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': attribute p missing", nname(a));
+  *p = a->node->attrs[STOKE_DROPOUT_P].f;
+  if (!(*p >= 0 && *p < 1))
+    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': p = %g not in [0, 1)", nname(a), *p);
+  return unary_check(a, op, dt, bwd, run, 1, true);
+}
+
+float softmax_ce_smoothing(const stoke_kernel_args_v1 *a) {
+  const stoke_node_v1 *n = a->node;
+  return n && n->n_attrs > STOKE_SOFTMAX_CE_LABEL_SMOOTHING ? (float)n->attrs[STOKE_SOFTMAX_CE_LABEL_SMOOTHING].f
+                                                            : 0.f;
+}
+
+// logits[N, C] in dt, labels[N] i32 -> loss[1] f32 (always: the loss is summed in float and
+// the run reads it as f32); backward: dloss f32, dlogits like the logits.
+stoke_err *softmax_ce_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
+  const char *op = STOKE_OP_SOFTMAX_CE;
+  CHECK(check_counts(a, op, bwd, 2, 1));
+  const stoke_tensor *x = &a->in[0], *lab = &a->in[1], *loss = &a->out[0];
+  const stoke_shape *xs = &x->shape, *ls = &lab->shape;
+  if (xs->ndim != 2 || ls->ndim != 1 || ls->d[0] != xs->d[0] || xs->d[0] < 1 || xs->d[1] < 1 ||
+      stoke_numel(&loss->shape) != 1)
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "softmax_ce '%s': expects logits[N, C] (N, C >= 1), labels[N] -> loss[1]; got logits %s, "
+                      "labels %s, loss %s",
+                      nname(a), shp(xs).s, shp(ls).s, shp(&loss->shape).s);
+  float smooth = softmax_ce_smoothing(a);
+  if (!(smooth >= 0 && smooth < 1))
+    return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': label_smoothing %g not in [0, 1)", nname(a), (double)smooth);
+  CHECK(check_dtype(a, op, "logits", x, dt));
+  CHECK(check_dtype(a, op, "labels", lab, STOKE_I32));
+  CHECK(check_data(a, op, "logits", x, run));
+  CHECK(check_data(a, op, "labels", lab, run));
+  if (!bwd) {
+    CHECK(check_dtype(a, op, "loss", loss, STOKE_F32));
+    return check_data(a, op, "loss", loss, run);
+  }
+  CHECK(check_grad(a, op, "logits", &a->din[0], x));
+  const stoke_tensor *dl = &a->dout[0];
+  if (stoke_numel(&dl->shape) != 1)
+    return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': dloss is %s, expects 1 element", nname(a),
+                      shp(&dl->shape).s);
+  CHECK(check_dtype(a, op, "dloss", dl, STOKE_F32));
+  return check_data(a, op, "dloss", dl, run);
+}
+
+// The forward's workspace: one f32 loss per row, summed in a fixed order by a second kernel.
+size_t softmax_ce_workspace(const stoke_kernel_args_v1 *a) { return (size_t)a->in[0].shape.d[0] * sizeof(float); }
+
+// u8 x[N, C, H, W] (HWC memory, whatever its layout field says, as on the CPU) -> y in f32, bf16
+// or f16, in the memory order of the layout attribute.
+stoke_err *normalize_check(const stoke_kernel_args_v1 *a, int run, int *nhwc) {
+  const char *op = STOKE_OP_NORMALIZE;
+  CHECK(check_counts(a, op, 0, 1, 1));
+  const stoke_node_v1 *n = a->node;
+  if (!n || n->n_attrs <= STOKE_NORMALIZE_LAYOUT)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes mean, std and layout missing", op, nname(a));
+  const stoke_tensor *x = &a->in[0], *y = &a->out[0];
+  const stoke_shape *xs = &x->shape;
+  if (xs->ndim != 4 || !same_shape(xs, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[N, C, H, W] -> y of x's shape, got x %s, y %s", op,
+                      nname(a), shp(xs).s, shp(&y->shape).s);
+  CHECK(check_dtype(a, op, "x", x, STOKE_U8));
+  if (y->dtype != STOKE_F32 && y->dtype != STOKE_BF16 && y->dtype != STOKE_F16)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': y %s is %s, the cuda kernel writes f32, bf16 or f16", op, nname(a),
+                      shp(&y->shape).s, stoke_dtype_name(y->dtype));
+  const stoke_attr_v1 *m = &n->attrs[STOKE_NORMALIZE_MEAN], *s = &n->attrs[STOKE_NORMALIZE_STD];
+  int64_t c = xs->d[1];
+  if ((m->n != 1 && m->n != c) || (s->n != 1 && s->n != c) || m->n < 1 || s->n < 1 ||
+      m->n > STOKE_ATTR_MAX_INTS || s->n > STOKE_ATTR_MAX_INTS)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': mean (%d values) and std (%d values) need 1 or %lld values", op,
+                      nname(a), m->n, s->n, (long long)c);
+  for (int i = 0; i < s->n; i++)
+    if (!(s->floats[i] > 0))
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': std %g must be > 0", op, nname(a), s->floats[i]);
+  const char *l = n->attrs[STOKE_NORMALIZE_LAYOUT].s;
+  if (!strcmp(l, "nhwc"))
+    *nhwc = 1;
+  else if (!strcmp(l, "nchw"))
+    *nhwc = 0;
+  else
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': layout '%s' must be nchw or nhwc", op, nname(a), l);
+  if ((y->layout == STOKE_NHWC && !*nhwc) || (y->layout == STOKE_NCHW && *nhwc))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': layout attribute '%s' but the output is %s", op, nname(a), l,
+                      y->layout == STOKE_NHWC ? "NHWC" : "NCHW");
+  CHECK(check_data(a, op, "x", x, run));
+  return check_data(a, op, "y", y, run);
+}
+
+// ================================================================ kernels
+
+// plan(): the checks without data, no state; workspace only where named.
+#define PLAN(name, check, ws)                                                                  \
+  template <typename T>                                                                        \
+  stoke_err *name##_plan(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes) { \
+    if (state) *state = NULL;                                                                  \
+    if (workspace_bytes) *workspace_bytes = 0;                                                 \
+    stoke_err *e_ = (check);                                                                   \
+    if (!e_ && workspace_bytes) *workspace_bytes = (ws);                                       \
+    return e_;                                                                                 \
+  }
+
+template <typename T> T *dp(const stoke_tensor &t) { return static_cast<T *>(t.data); }
+
+// ------------------------------------------------------------------- relu
+
+PLAN(relu_fwd, relu_check(a, dtype_of<T>::value, 0, 0), 0)
+PLAN(relu_bwd, relu_check(a, dtype_of<T>::value, 1, 0), 0)
+
+template <typename T> stoke_err *relu_fwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(relu_check(a, dtype_of<T>::value, 0, 1));
+  return launch_ew<T>(a, dp<T>(a->out[0]), dp<T>(a->in[0]), (const T *)NULL, stoke_numel(&a->in[0].shape), 0.f,
+                      op_relu{});
+}
+
+// dx = dy * (y > 0), from the forward output (what bwd_needs keeps).
+template <typename T> stoke_err *relu_bwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(relu_check(a, dtype_of<T>::value, 1, 1));
+  if (!a->din[0].data) return NULL;
+  return launch_ew<T>(a, dp<T>(a->din[0]), dp<T>(a->out[0]), dp<T>(a->dout[0]), stoke_numel(&a->out[0].shape),
+                      grad_beta(a, 0), op_relu_grad{});
+}
+
+// -------------------------------------------------------------------- add
+
+PLAN(add_fwd, add_check(a, dtype_of<T>::value, 0, 0), 0)
+PLAN(add_bwd, add_check(a, dtype_of<T>::value, 1, 0), 0)
+
+template <typename T> stoke_err *add_fwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(add_check(a, dtype_of<T>::value, 0, 1));
+  return launch_ew<T>(a, dp<T>(a->out[0]), dp<T>(a->in[0]), dp<T>(a->in[1]), stoke_numel(&a->in[0].shape), 0.f,
+                      op_add{});
+}
+
+// da = dout, db = dout (each only if asked for).
+template <typename T> stoke_err *add_bwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(add_check(a, dtype_of<T>::value, 1, 1));
+  int64_t n = stoke_numel(&a->out[0].shape);
+  for (int k = 0; k < 2; k++)
+    if (a->din[k].data)
+      CHECK(launch_ew<T>(a, dp<T>(a->din[k]), dp<T>(a->dout[0]), (const T *)NULL, n, grad_beta(a, k), op_copy{}));
+  return NULL;
+}
+
+// --------------------------------------------------------------- bias_add
+
+// x[N, C, rest...]: rest = the product of the dims after C.
+int64_t rest_of(const stoke_shape *s) {
+  int64_t r = 1;
+  for (int k = 2; k < s->ndim; k++) r *= s->d[k];
+  return r;
+}
+
+// Backward needs N*C f32 of workspace for the per-(sample, channel) partial sums of dbias.
+PLAN(bias_add_fwd, bias_add_check(a, dtype_of<T>::value, 0, 0), 0)
+PLAN(bias_add_bwd, bias_add_check(a, dtype_of<T>::value, 1, 0),
+     rest_of(&a->in[0].shape) > 1 ? (size_t)(a->in[0].shape.d[0] * a->in[0].shape.d[1]) * sizeof(float) : 0)
+
+template <typename T> stoke_err *bias_add_fwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(bias_add_check(a, dtype_of<T>::value, 0, 1));
+  const stoke_shape *s = &a->in[0].shape;
+  op_bias_add<T> op{dp<T>(a->in[1]), s->d[1], rest_of(s), is_nhwc(&a->in[0])};
+  return launch_ew<T>(a, dp<T>(a->out[0]), dp<T>(a->in[0]), (const T *)NULL, stoke_numel(s), 0.f, op);
+}
+
+// dx = dy; dbias = beta dbias + sum over N and the spatial dims of dy, in two deterministic
+// passes: per (sample, channel) sums into the workspace, then per channel over the samples.
+template <typename T> stoke_err *bias_add_bwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(bias_add_check(a, dtype_of<T>::value, 1, 1));
+  const stoke_shape *s = &a->in[0].shape;
+  const T *dy = dp<T>(a->dout[0]);
+  if (a->din[0].data)
+    CHECK(launch_ew<T>(a, dp<T>(a->din[0]), dy, (const T *)NULL, stoke_numel(s), grad_beta(a, 0), op_copy{}));
+  T *db = dp<T>(a->din[1]);
+  if (!db) return NULL;
+  int64_t n = s->d[0], c = s->d[1], rest = rest_of(s);
+  float beta = grad_beta(a, 1);
+  if (rest == 1 || n == 0 || c == 0) return launch_col_sum<T, T>(a, dy, db, 1, n * rest, c, 1.f, beta);
+  size_t need = (size_t)(n * c) * sizeof(float);
+  if (!a->workspace || a->workspace_bytes < need)
+    return STOKE_PERR(STOKE_E_INVALID, "bias_add '%s': backward needs %zu bytes of workspace (plan), got %zu",
+                      nname(a), need, a->workspace_bytes);
+  float *part = static_cast<float *>(a->workspace);
+  if (is_nhwc(&a->in[0])) CHECK(launch_col_sum<T, float>(a, dy, part, n, rest, c, 1.f, 0.f));
+  else CHECK(launch_row_sum<T, float>(a, dy, part, n * c, rest, 1.f, 0.f));
+  return launch_col_sum<float, T>(a, part, db, 1, n, c, 1.f, beta);
+}
+
+// ---------------------------------------------------------------- flatten
+
+PLAN(flatten_fwd, flatten_check(a, dtype_of<T>::value, 0, 0), 0)
+PLAN(flatten_bwd, flatten_check(a, dtype_of<T>::value, 1, 0), 0)
+
+// y[n, (c, h, w)] = x[n, c, h, w] in logical order, whatever x's memory.
+template <typename T> stoke_err *flatten_fwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(flatten_check(a, dtype_of<T>::value, 0, 1));
+  const stoke_shape *s = &a->in[0].shape;
+  int64_t n = stoke_numel(s);
+  if (is_nhwc(&a->in[0]))
+    return launch_ew<T>(a, dp<T>(a->out[0]), (const T *)NULL, (const T *)NULL, n, 0.f,
+                        op_nchw_from_nhwc<T>{dp<T>(a->in[0]), s->d[1], s->d[2] * s->d[3]});
+  if (n > 0)
+    STOKE_CUDA(cudaMemcpyAsync(a->out[0].data, a->in[0].data, (size_t)n * sizeof(T), cudaMemcpyDeviceToDevice,
+                               stream_of(a)));
+  return NULL;
+}
+
+template <typename T> stoke_err *flatten_bwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(flatten_check(a, dtype_of<T>::value, 1, 1));
+  if (!a->din[0].data) return NULL;
+  const stoke_shape *s = &a->in[0].shape;
+  int64_t n = stoke_numel(s);
+  float beta = grad_beta(a, 0);
+  if (is_nhwc(&a->in[0]))
+    return launch_ew<T>(a, dp<T>(a->din[0]), (const T *)NULL, (const T *)NULL, n, beta,
+                        op_nhwc_from_nchw<T>{dp<T>(a->dout[0]), s->d[1], s->d[2] * s->d[3]});
+  if (beta != 0.f) return launch_ew<T>(a, dp<T>(a->din[0]), dp<T>(a->dout[0]), (const T *)NULL, n, beta, op_copy{});
+  if (n > 0)
+    STOKE_CUDA(cudaMemcpyAsync(a->din[0].data, a->dout[0].data, (size_t)n * sizeof(T), cudaMemcpyDeviceToDevice,
+                               stream_of(a)));
+  return NULL;
+}
+
+// -------------------------------------------------------- global_avg_pool
+
+PLAN(gap_fwd, gap_check(a, dtype_of<T>::value, 0, 0), 0)
+PLAN(gap_bwd, gap_check(a, dtype_of<T>::value, 1, 0), 0)
+
+// y[n, c] = mean over H W: a row sum per (n, c) for NCHW, column sums per sample for NHWC.
+template <typename T> stoke_err *gap_fwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(gap_check(a, dtype_of<T>::value, 0, 1));
+  const stoke_shape *s = &a->in[0].shape;
+  int64_t n = s->d[0], c = s->d[1], hw = s->d[2] * s->d[3];
+  float inv = 1.f / (float)hw;
+  if (is_nhwc(&a->in[0])) return launch_col_sum<T, T>(a, dp<T>(a->in[0]), dp<T>(a->out[0]), n, hw, c, inv, 0.f);
+  return launch_row_sum<T, T>(a, dp<T>(a->in[0]), dp<T>(a->out[0]), n * c, hw, inv, 0.f);
+}
+
+// dx[n, c, h, w] = dy[n, c] / (H W); reads only shapes of the forward.
+template <typename T> stoke_err *gap_bwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(gap_check(a, dtype_of<T>::value, 1, 1));
+  if (!a->din[0].data) return NULL;
+  const stoke_shape *s = &a->in[0].shape;
+  int64_t hw = s->d[2] * s->d[3];
+  op_gap_grad<T> op{dp<T>(a->dout[0]), s->d[1], hw, is_nhwc(&a->in[0]), 1.f / (float)hw};
+  return launch_ew<T>(a, dp<T>(a->din[0]), (const T *)NULL, (const T *)NULL, stoke_numel(s), grad_beta(a, 0), op);
+}
+
+// ------------------------------------------------------------- softmax_ce
+
+PLAN(softmax_ce_fwd, softmax_ce_check(a, dtype_of<T>::value, 0, 0), softmax_ce_workspace(a))
+PLAN(softmax_ce_bwd, softmax_ce_check(a, dtype_of<T>::value, 1, 0), 0)
+
+// Rows of up to 512 classes take a warp each (8 rows a block), longer rows a block each.
+constexpr int64_t kWarpRowMax = 512;
+
+template <typename T> stoke_err *softmax_ce_fwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(softmax_ce_check(a, dtype_of<T>::value, 0, 1));
+  int64_t n = a->in[0].shape.d[0], c = a->in[0].shape.d[1];
+  size_t need = softmax_ce_workspace(a);
+  if (!a->workspace || a->workspace_bytes < need)
+    return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': needs %zu bytes of workspace (plan), got %zu", nname(a),
+                      need, a->workspace_bytes);
+  float *row_loss = static_cast<float *>(a->workspace);
+  const T *x = dp<T>(a->in[0]);
+  const int32_t *lab = static_cast<const int32_t *>(a->in[1].data);
+  float ls = softmax_ce_smoothing(a);
+  if (c <= kWarpRowMax)
+    softmax_ce_fwd_kernel<T, 32><<<grid_for(n, kBlock / 32), kBlock, 0, stream_of(a)>>>(x, lab, row_loss, n, c, ls);
+  else
+    softmax_ce_fwd_kernel<T, kBlock><<<grid_for(n, 1), kBlock, 0, stream_of(a)>>>(x, lab, row_loss, n, c, ls);
+  STOKE_CUDA_LAUNCH(nname(a));
+  loss_mean_kernel<<<1, kBlock, 0, stream_of(a)>>>(row_loss, static_cast<float *>(a->out[0].data), n);
+  STOKE_CUDA_LAUNCH(nname(a));
+  return NULL;
+}
+
+template <typename T> stoke_err *softmax_ce_bwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(softmax_ce_check(a, dtype_of<T>::value, 1, 1));
+  T *dx = dp<T>(a->din[0]);
+  if (!dx) return NULL;
+  int64_t n = a->in[0].shape.d[0], c = a->in[0].shape.d[1];
+  const T *x = dp<T>(a->in[0]);
+  const int32_t *lab = static_cast<const int32_t *>(a->in[1].data);
+  const float *dloss = static_cast<const float *>(a->dout[0].data);
+  float ls = softmax_ce_smoothing(a), beta = grad_beta(a, 0);
+  if (c <= kWarpRowMax)
+    softmax_ce_bwd_kernel<T, 32><<<grid_for(n, kBlock / 32), kBlock, 0, stream_of(a)>>>(x, lab, dloss, dx, n, c, ls,
+                                                                                        beta);
+  else
+    softmax_ce_bwd_kernel<T, kBlock><<<grid_for(n, 1), kBlock, 0, stream_of(a)>>>(x, lab, dloss, dx, n, c, ls, beta);
+  STOKE_CUDA_LAUNCH(nname(a));
+  return NULL;
+}
+
+// ---------------------------------------------------------------- dropout
+
+template <typename T> stoke_err *dropout_fwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  double p;
+  if (state) *state = NULL;
+  if (ws) *ws = 0;
+  return dropout_check(a, dtype_of<T>::value, 0, 0, &p);
+}
+
+template <typename T> stoke_err *dropout_bwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  double p;
+  if (state) *state = NULL;
+  if (ws) *ws = 0;
+  return dropout_check(a, dtype_of<T>::value, 1, 0, &p);
+}
+
+// y = x * keep / (1 - p) in training, keep(i) = stoke_uniform_at(seed, i) >= p as on the CPU;
+// y = x in eval or for p = 0.
+template <typename T> stoke_err *dropout_fwd(const stoke_kernel_args_v1 *a, void *) {
+  double p;
+  CHECK(dropout_check(a, dtype_of<T>::value, 0, 1, &p));
+  int64_t n = stoke_numel(&a->in[0].shape);
+  if (!a->training || p == 0) {
+    if (n > 0 && a->out[0].data != a->in[0].data)
+      STOKE_CUDA(cudaMemcpyAsync(a->out[0].data, a->in[0].data, (size_t)n * sizeof(T), cudaMemcpyDeviceToDevice,
+                                 stream_of(a)));
+    return NULL;
+  }
+  op_dropout op{a->seed, keep_threshold(p), (float)(1.0 / (1.0 - p))};
+  return launch_ew<T>(a, dp<T>(a->out[0]), dp<T>(a->in[0]), (const T *)NULL, n, 0.f, op);
+}
+
+// dx = dy * keep / (1 - p), the mask regenerated from the same seed.
+template <typename T> stoke_err *dropout_bwd(const stoke_kernel_args_v1 *a, void *) {
+  double p;
+  CHECK(dropout_check(a, dtype_of<T>::value, 1, 1, &p));
+  if (!a->din[0].data) return NULL;
+  int64_t n = stoke_numel(&a->in[0].shape);
+  float beta = grad_beta(a, 0);
+  if (!a->training || p == 0)
+    return launch_ew<T>(a, dp<T>(a->din[0]), dp<T>(a->dout[0]), (const T *)NULL, n, beta, op_copy{});
+  op_dropout op{a->seed, keep_threshold(p), (float)(1.0 / (1.0 - p))};
+  return launch_ew<T>(a, dp<T>(a->din[0]), dp<T>(a->dout[0]), (const T *)NULL, n, beta, op);
+}
+
+// -------------------------------------------------------------- normalize
+
+stoke_err *normalize_fwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  int nhwc;
+  if (state) *state = NULL;
+  if (ws) *ws = 0;
+  return normalize_check(a, 0, &nhwc);
+}
+
+template <typename T> stoke_err *normalize_launch(const stoke_kernel_args_v1 *a, int nhwc, const norm_params &prm) {
+  const int64_t *d = a->in[0].shape.d;
+  int64_t total = stoke_numel(&a->in[0].shape);
+  if (total <= 0) return NULL;
+  normalize_kernel<T><<<grid_for(total, kBlock), kBlock, 0, stream_of(a)>>>(
+      static_cast<const uint8_t *>(a->in[0].data), dp<T>(a->out[0]), total, d[1], d[2] * d[3], nhwc, prm);
+  STOKE_CUDA_LAUNCH(nname(a));
+  return NULL;
+}
+
+// Registered for the input dtype (u8); writes out[0] in its own dtype (f32, bf16 or f16).
+stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *) {
+  int nhwc;
+  CHECK(normalize_check(a, 1, &nhwc));
+  const stoke_attr_v1 *m = &a->node->attrs[STOKE_NORMALIZE_MEAN], *sd = &a->node->attrs[STOKE_NORMALIZE_STD];
+  norm_params prm;
+  memset(&prm, 0, sizeof prm);
+  prm.n_mean = m->n;
+  prm.n_std = sd->n;
+  for (int i = 0; i < m->n; i++) prm.mean[i] = (float)m->floats[i];
+  for (int i = 0; i < sd->n; i++) prm.std[i] = (float)sd->floats[i];
+  switch (a->out[0].dtype) {
+    case STOKE_BF16: return normalize_launch<__nv_bfloat16>(a, nhwc, prm);
+    case STOKE_F16: return normalize_launch<__half>(a, nhwc, prm);
+    default: return normalize_launch<float>(a, nhwc, prm);
+  }
+}
+
+// ================================================================ the table
+
+void destroy_none(void *) {}
+
+#define KERNEL(op, pass, fn, T) \
+  {"cuda", op, pass, dtype_of<T>::value, STOKE_LAYOUT_ANY, fn##_plan<T>, fn<T>, destroy_none}
+#define KERNELS(T)                                                    \
+  KERNEL(STOKE_OP_RELU, STOKE_FWD, relu_fwd, T),                      \
+      KERNEL(STOKE_OP_RELU, STOKE_BWD, relu_bwd, T),                  \
+      KERNEL(STOKE_OP_ADD, STOKE_FWD, add_fwd, T),                    \
+      KERNEL(STOKE_OP_ADD, STOKE_BWD, add_bwd, T),                    \
+      KERNEL(STOKE_OP_BIAS_ADD, STOKE_FWD, bias_add_fwd, T),          \
+      KERNEL(STOKE_OP_BIAS_ADD, STOKE_BWD, bias_add_bwd, T),          \
+      KERNEL(STOKE_OP_FLATTEN, STOKE_FWD, flatten_fwd, T),            \
+      KERNEL(STOKE_OP_FLATTEN, STOKE_BWD, flatten_bwd, T),            \
+      KERNEL(STOKE_OP_GLOBAL_AVG_POOL, STOKE_FWD, gap_fwd, T),        \
+      KERNEL(STOKE_OP_GLOBAL_AVG_POOL, STOKE_BWD, gap_bwd, T),        \
+      KERNEL(STOKE_OP_SOFTMAX_CE, STOKE_FWD, softmax_ce_fwd, T),      \
+      KERNEL(STOKE_OP_SOFTMAX_CE, STOKE_BWD, softmax_ce_bwd, T),      \
+      KERNEL(STOKE_OP_DROPOUT, STOKE_FWD, dropout_fwd, T),            \
+      KERNEL(STOKE_OP_DROPOUT, STOKE_BWD, dropout_bwd, T)
+
+const stoke_kernel_v1 elementwise_kernels[] = {
+    KERNELS(float),
+    KERNELS(__nv_bfloat16),
+    KERNELS(__half),
+    {"cuda", STOKE_OP_NORMALIZE, STOKE_FWD, STOKE_U8, STOKE_LAYOUT_ANY, normalize_fwd_plan, normalize_fwd,
+     destroy_none},
+};
+
+#undef KERNELS
+#undef KERNEL
+#undef PLAN
+#undef CHECK
+
+}  // namespace
+
+extern "C" stoke_err *stoke_cuda_register_elementwise(const stoke_registry_v1 *r) {
+  // The device copy of the dropout hash must agree with stoke/rng.h (see uniform_bits53).
+  static const uint64_t probe_seed[] = {0, 1, 0x123456789abcdefull, ~0ull};
+  for (uint64_t s : probe_seed)
+    for (uint64_t i = 0; i < 64; i += 7)
+      if ((double)uniform_bits53(s, i) * (1.0 / 9007199254740992.0) != stoke_uniform_at(s, i))
+        return STOKE_PERR(STOKE_E_INTERNAL,
+                          "backends/cuda/elementwise.cu: the device copy of stoke_uniform_at differs from "
+                          "stoke/rng.h; update uniform_bits53 to match (dropout masks would differ from the CPU's)");
+  for (const stoke_kernel_v1 &k : elementwise_kernels)
+    STOKE_PTRY(r->add_kernel(r->self, &k), "registering cuda kernel %s %s (%s)", k.op,
+               k.pass == STOKE_FWD ? "forward" : "backward", stoke_dtype_name(k.dtype));
+  return NULL;
+}

@@ -1,4 +1,881 @@
-// backends/cuda/norm.cu: CUDA kernels of the cuda backend; see stoke/ops.h.
-#include "backends/cuda/stoke_cuda.h"
+// backends/cuda/norm.cu: CUDA kernels of the cuda backend for batch_norm,
+// max_pool2d and avg_pool2d (f32, bf16, fp16; NCHW and NHWC); see stoke/ops.h.
+//
+// Every kernel is a template over the element type T with float arithmetic
+// (double where the CPU reference finalizes per-channel statistics).
+// batch_norm statistics are per-channel Welford partials over fixed row
+// partitions, combined in a fixed order (Chan's formula): deterministic, no
+// atomics. Pool backward passes gather per input element (no atomics); max
+// pool recomputes each window's first maximum as the CPU reference does.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
-extern "C" stoke_err *stoke_cuda_register_norm(const stoke_registry_v1 *r) { return NULL; }
+#include <math.h>
+#include <stdio.h>
+
+#include "backends/cuda/stoke_cuda.h"
+#include "stoke/ops.h"
+
+namespace {
+
+// ------------------------------------------------------------ element types
+
+template <typename T> struct dtype_of;
+template <> struct dtype_of<float> { static constexpr stoke_dtype value = STOKE_F32; };
+template <> struct dtype_of<__nv_bfloat16> { static constexpr stoke_dtype value = STOKE_BF16; };
+template <> struct dtype_of<__half> { static constexpr stoke_dtype value = STOKE_F16; };
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+
+// d = beta * d + v; d is not read when beta is 0 (it may hold NaN).
+template <typename T> __device__ __forceinline__ void acc(T *d, float beta, float v) {
+  *d = from_f<T>(beta != 0.0f ? beta * to_f(*d) + v : v);
+}
+
+constexpr int kThreads = 256;
+
+// Blocks for a grid-stride loop over n elements.
+unsigned grid_for(int64_t n) {
+  int64_t b = (n + kThreads - 1) / kThreads;
+  if (b > 65535 * 8) b = 65535 * 8;
+  return (unsigned)(b < 1 ? 1 : b);
+}
+
+// -------------------------------------------------------- argument checks
+
+const char *nname(const stoke_kernel_args_v1 *a) {
+  return a->node && a->node->name ? a->node->name : "?";
+}
+
+struct shape_text {
+  char s[96];
+};
+
+shape_text shp(const stoke_shape *s) {
+  shape_text t;
+  size_t n = (size_t)snprintf(t.s, sizeof t.s, "[");
+  for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
+    n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
+  if (n < sizeof t.s) snprintf(t.s + n, sizeof t.s - n, "]");
+  return t;
+}
+
+bool same_shape(const stoke_shape *x, const stoke_shape *y) {
+  if (x->ndim != y->ndim) return false;
+  for (int i = 0; i < x->ndim; i++)
+    if (x->d[i] != y->d[i]) return false;
+  return true;
+}
+
+stoke_err *check_dtype(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                       const stoke_tensor *t, stoke_dtype want) {
+  if (t->dtype != want)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s, the cuda kernel expects %s", op,
+                      nname(a), what, shp(&t->shape).s, stoke_dtype_name(t->dtype),
+                      stoke_dtype_name(want));
+  return NULL;
+}
+
+stoke_err *check_data(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                      const stoke_tensor *t, bool run) {
+  if (run && !t->data)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s has no data", op, nname(a), what,
+                      shp(&t->shape).s);
+  return NULL;
+}
+
+// A requested gradient (data != NULL) has the shape and dtype of its value.
+stoke_err *check_grad(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                      const stoke_tensor *g, const stoke_tensor *of) {
+  if (!g->data) return NULL;
+  if (!same_shape(&g->shape, &of->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': gradient of %s is %s, the value is %s", op,
+                      nname(a), what, shp(&g->shape).s, shp(&of->shape).s);
+  return check_dtype(a, op, what, g, of->dtype);
+}
+
+stoke_err *check_layout(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                        const stoke_tensor *t) {
+  if (t->layout != STOKE_LAYOUT_ANY && t->layout != STOKE_NCHW && t->layout != STOKE_NHWC)
+    return STOKE_PERR(STOKE_E_UNSUPPORTED, "%s '%s': %s has unknown layout %d", op, nname(a),
+                      what, (int)t->layout);
+  return NULL;
+}
+
+// Channels-last memory: a 4-D tensor labelled NHWC.
+bool is_nhwc(const stoke_tensor *t) { return t->shape.ndim == 4 && t->layout == STOKE_NHWC; }
+
+float grad_beta(const stoke_kernel_args_v1 *a, int i) {
+  return (a->param_grads >> i) & 1u ? a->param_grad_beta : 0.0f;
+}
+
+#define NCHECK(expr)               \
+  do {                             \
+    stoke_err *check_e_ = (expr);  \
+    if (check_e_) return check_e_; \
+  } while (0)
+
+// ================================================================ batch_norm
+
+// x as logical (N, C, S), S the product of the trailing dimensions; m = N S
+// values per channel. `cl`: channels contiguous (NHWC 4-D, or S == 1), so
+// x is an (m, C) row-major matrix; otherwise channel-major (N, C, S).
+struct bn_geom {
+  int64_t n, c, s, m;
+  double eps, momentum;
+  bool cl;
+  int parts;    // row partitions of the statistics pass
+  int64_t rows; // rows per partition (the last may hold fewer, or none)
+};
+
+// Partitions: enough blocks to fill a large GPU (about 1024 in all), each
+// with enough rows to amortize its reduction. A function of the shape only,
+// so plan() and run() agree and the result is reproducible.
+void bn_partition(bn_geom *g) {
+  int64_t groups = g->cl ? (g->c + 31) / 32 : g->c;
+  int64_t min_rows = g->cl ? 64 : 1024;
+  int64_t p = (g->m + min_rows - 1) / min_rows;
+  int64_t cap = 1024 / (groups < 1 ? 1 : groups);
+  if (p > cap) p = cap;
+  if (p < 1) p = 1;
+  g->parts = (int)p;
+  g->rows = (g->m + p - 1) / p;
+  if (g->rows < 1) g->rows = 1;
+}
+
+// Workspace: per (partition, channel) a float2 of partials, then per
+// channel a float2 of what the backward's dx pass needs.
+size_t bn_workspace(const bn_geom *g) {
+  return ((size_t)g->parts * (size_t)g->c + (size_t)g->c) * sizeof(float2);
+}
+
+// (x, weight, bias, running_mean, running_var) -> (y, saved_mean,
+// saved_invstd); x, weight, bias, y and their gradients of dtype dt, the
+// running and saved statistics f32. Backward reads only what bwd_needs keeps.
+stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool bwd, bool run,
+                    bn_geom *g) {
+  const char *op = STOKE_OP_BATCH_NORM;
+  if (a->n_in < 5 || a->n_out < 3 || !a->in || !a->out)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs 5 inputs and 3 outputs, got %d and %d",
+                      op, nname(a), a->n_in, a->n_out);
+  if (bwd && (!a->din || !a->dout))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': backward called without gradient tensors", op,
+                      nname(a));
+  const stoke_node_v1 *n = a->node;
+  if (!n || n->n_attrs <= STOKE_BATCH_NORM_MOMENTUM)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes eps and momentum missing", op,
+                      nname(a));
+  g->eps = n->attrs[STOKE_BATCH_NORM_EPS].f;
+  g->momentum = n->attrs[STOKE_BATCH_NORM_MOMENTUM].f;
+  if (!(g->eps > 0 && isfinite(g->eps)) || !(g->momentum >= 0 && g->momentum <= 1))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': eps %g must be > 0 and momentum %g in [0, 1]",
+                      op, nname(a), g->eps, g->momentum);
+  const stoke_tensor *x = &a->in[0], *y = &a->out[0];
+  const stoke_shape *xs = &x->shape;
+  if (xs->ndim < 2 || !same_shape(xs, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "%s '%s': expects x[N, C, ...] -> y of x's shape, got x %s, y %s", op,
+                      nname(a), shp(xs).s, shp(&y->shape).s);
+  g->n = xs->d[0];
+  g->c = xs->d[1];
+  g->s = 1;
+  for (int i = 2; i < xs->ndim; i++) g->s *= xs->d[i];
+  g->m = g->n * g->s;
+  g->cl = is_nhwc(x) || g->s == 1;
+  bn_partition(g);
+  static const char *const in_names[] = {"x", "weight", "bias", "running_mean", "running_var"};
+  static const char *const out_names[] = {"y", "saved_mean", "saved_invstd"};
+  for (int i = 1; i < 5; i++)
+    if (a->in[i].shape.ndim != 1 || a->in[i].shape.d[0] != g->c)
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, nname(a),
+                        in_names[i], shp(&a->in[i].shape).s, shp(xs).s, (long long)g->c);
+  for (int i = 1; i < 3; i++)
+    if (a->out[i].shape.ndim != 1 || a->out[i].shape.d[0] != g->c)
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, nname(a),
+                        out_names[i], shp(&a->out[i].shape).s, shp(xs).s, (long long)g->c);
+  for (int i = 0; i < 5; i++)
+    NCHECK(check_dtype(a, op, in_names[i], &a->in[i], i < 3 ? dt : STOKE_F32));
+  for (int i = 0; i < 3; i++)
+    NCHECK(check_dtype(a, op, out_names[i], &a->out[i], i < 1 ? dt : STOKE_F32));
+  NCHECK(check_layout(a, op, "x", x));
+  NCHECK(check_layout(a, op, "y", y));
+  if (is_nhwc(y) != is_nhwc(x))
+    return STOKE_PERR(STOKE_E_UNSUPPORTED,
+                      "%s '%s': x is %s but y is %s; the cuda kernel needs one memory order", op,
+                      nname(a), is_nhwc(x) ? "NHWC" : "NCHW", is_nhwc(y) ? "NHWC" : "NCHW");
+  if (!bwd) {
+    for (int i = 0; i < 5; i++) NCHECK(check_data(a, op, in_names[i], &a->in[i], run));
+    for (int i = 0; i < 3; i++) NCHECK(check_data(a, op, out_names[i], &a->out[i], run));
+    // PyTorch: "Expected more than 1 value per channel when training"
+    if (run && a->training && g->m < 2)
+      return STOKE_PERR(STOKE_E_INVALID,
+                        "%s '%s': training needs more than 1 value per channel, x is %s", op,
+                        nname(a), shp(xs).s);
+  } else {
+    for (int i = 0; i < 3; i++) NCHECK(check_grad(a, op, in_names[i], &a->din[i], &a->in[i]));
+    NCHECK(check_grad(a, op, "y", &a->dout[0], y));
+    NCHECK(check_layout(a, op, "dx", &a->din[0]));
+    NCHECK(check_layout(a, op, "dy", &a->dout[0]));
+    if ((a->din[0].data && is_nhwc(&a->din[0]) != is_nhwc(x)) ||
+        (a->dout[0].data && is_nhwc(&a->dout[0]) != is_nhwc(x)))
+      return STOKE_PERR(STOKE_E_UNSUPPORTED,
+                        "%s '%s': x, dx and dy must share one memory order for the cuda kernel",
+                        op, nname(a));
+    bool dx = a->din[0].data != NULL, dw = a->din[1].data != NULL, db = a->din[2].data != NULL;
+    if (dx || dw || db) NCHECK(check_data(a, op, "dy", &a->dout[0], run));
+    if (dx || dw) {
+      NCHECK(check_data(a, op, "x (the forward input)", x, run));
+      NCHECK(check_data(a, op, "saved_mean", &a->out[1], run));
+      NCHECK(check_data(a, op, "saved_invstd", &a->out[2], run));
+    }
+    if (dx) NCHECK(check_data(a, op, "weight", &a->in[1], run));
+  }
+  if (run && (bwd || a->training) && a->workspace_bytes < bn_workspace(g))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': workspace of %zu bytes, the kernel needs %zu",
+                      op, nname(a), a->workspace_bytes, bn_workspace(g));
+  return NULL;
+}
+
+// Chan's combination of (count, mean, M2) partials: b into a.
+__device__ __forceinline__ void chan_combine(float &na, float &ma, float &qa, float nb, float mb,
+                                             float qb) {
+  if (nb == 0.0f) return;
+  float n = na + nb, d = mb - ma, f = nb / n;
+  ma += d * f;
+  qa += qb + d * d * na * f;
+  na = n;
+}
+
+// Channel-major statistics: block (c, p) reduces rows [p R, (p+1) R) of
+// channel c. Per-thread Welford, then a fixed tree over the block.
+template <typename T>
+__global__ void bn_stats_cm(const T *__restrict__ x, int64_t C, int64_t S, int64_t M, int64_t R,
+                            float2 *__restrict__ part) {
+  __shared__ float sn[kThreads], sm[kThreads], sq[kThreads];
+  int64_t c = blockIdx.x, p = blockIdx.y;
+  int64_t r0 = p * R, r1 = r0 + R < M ? r0 + R : M;
+  float cnt = 0, mean = 0, m2 = 0;
+  for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
+    int64_t n = r / S, s = r - n * S;
+    float v = to_f(x[(n * C + c) * S + s]);
+    cnt += 1.0f;
+    float d = v - mean;
+    mean += d / cnt;
+    m2 += d * (v - mean);
+  }
+  sn[threadIdx.x] = cnt;
+  sm[threadIdx.x] = mean;
+  sq[threadIdx.x] = m2;
+  __syncthreads();
+  for (int off = kThreads / 2; off > 0; off >>= 1) {
+    if ((int)threadIdx.x < off) {
+      int o = threadIdx.x + off;
+      chan_combine(sn[threadIdx.x], sm[threadIdx.x], sq[threadIdx.x], sn[o], sm[o], sq[o]);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) part[p * C + c] = make_float2(sm[0], sq[0]);
+}
+
+// Channels-last statistics: block (channel group, p), 32 channels across
+// x (coalesced), 8 row strides across y, combined in a fixed order.
+constexpr int kClRows = 8;
+
+template <typename T>
+__global__ void bn_stats_cl(const T *__restrict__ x, int64_t C, int64_t M, int64_t R,
+                            float2 *__restrict__ part) {
+  __shared__ float sn[kClRows][32], sm[kClRows][32], sq[kClRows][32];
+  int tx = threadIdx.x, ty = threadIdx.y;
+  int64_t c = (int64_t)blockIdx.x * 32 + tx, p = blockIdx.y;
+  int64_t r0 = p * R, r1 = r0 + R < M ? r0 + R : M;
+  float cnt = 0, mean = 0, m2 = 0;
+  if (c < C)
+    for (int64_t r = r0 + ty; r < r1; r += kClRows) {
+      float v = to_f(x[r * C + c]);
+      cnt += 1.0f;
+      float d = v - mean;
+      mean += d / cnt;
+      m2 += d * (v - mean);
+    }
+  sn[ty][tx] = cnt;
+  sm[ty][tx] = mean;
+  sq[ty][tx] = m2;
+  __syncthreads();
+  for (int off = kClRows / 2; off > 0; off >>= 1) {
+    if (ty < off) chan_combine(sn[ty][tx], sm[ty][tx], sq[ty][tx], sn[ty + off][tx],
+                               sm[ty + off][tx], sq[ty + off][tx]);
+    __syncthreads();
+  }
+  if (ty == 0 && c < C) part[p * C + c] = make_float2(sm[0][tx], sq[0][tx]);
+}
+
+// Per channel: combine the partitions in order (double), write saved_*,
+// update the running statistics (training); eval: saved_* from the running
+// statistics, which are left alone.
+__global__ void bn_finalize(const float2 *__restrict__ part, int P, int64_t C, int64_t M,
+                            int64_t R, double eps, double mom, int training, float *rm, float *rv,
+                            float *__restrict__ sm, float *__restrict__ si) {
+  int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  double mean, invstd;
+  if (training) {
+    double n = 0, q = 0;
+    mean = 0;
+    for (int p = 0; p < P; p++) {
+      int64_t r0 = (int64_t)p * R, r1 = r0 + R < M ? r0 + R : M;
+      double nb = r1 > r0 ? (double)(r1 - r0) : 0.0;
+      if (nb == 0) continue;
+      float2 v = part[(int64_t)p * C + c];
+      double tot = n + nb, d = (double)v.x - mean;
+      mean += d * nb / tot;
+      q += (double)v.y + d * d * n * nb / tot;
+      n = tot;
+    }
+    double m = (double)M, var = q / m;
+    invstd = 1.0 / sqrt(var + eps);
+    rm[c] = (float)((1 - mom) * (double)rm[c] + mom * mean);
+    rv[c] = (float)((1 - mom) * (double)rv[c] + mom * var * m / (m - 1));
+  } else {
+    mean = (double)rm[c];
+    invstd = 1.0 / sqrt((double)rv[c] + eps);
+  }
+  sm[c] = (float)mean;
+  si[c] = (float)invstd;
+}
+
+// y = (x - mean) (invstd weight) + bias, elementwise in memory order.
+template <typename T>
+__global__ void bn_apply(const T *__restrict__ x, T *__restrict__ y, const T *__restrict__ w,
+                         const T *__restrict__ b, const float *__restrict__ sm,
+                         const float *__restrict__ si, int64_t total, int64_t C, int64_t S,
+                         int cl) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t c = cl ? i % C : (i / S) % C;
+    float scale = si[c] * to_f(w[c]);
+    y[i] = from_f<T>((to_f(x[i]) - sm[c]) * scale + to_f(b[c]));
+  }
+}
+
+// Backward partial sums per (partition, channel): (sum dy, sum dy xhat);
+// xhat is skipped (x may be absent) when need_x is 0.
+template <typename T>
+__device__ __forceinline__ void bn_grad_terms(const T *x, const T *dy, int64_t off, float mean,
+                                              float invstd, int need_x, float &s1, float &s2) {
+  float gy = to_f(dy[off]);
+  s1 += gy;
+  if (need_x) s2 += gy * ((to_f(x[off]) - mean) * invstd);
+}
+
+template <typename T>
+__global__ void bn_gsum_cm(const T *__restrict__ x, const T *__restrict__ dy,
+                           const float *__restrict__ sm, const float *__restrict__ si, int need_x,
+                           int64_t C, int64_t S, int64_t M, int64_t R, float2 *__restrict__ part) {
+  __shared__ float s1s[kThreads], s2s[kThreads];
+  int64_t c = blockIdx.x, p = blockIdx.y;
+  int64_t r0 = p * R, r1 = r0 + R < M ? r0 + R : M;
+  float mean = need_x ? sm[c] : 0.0f, invstd = need_x ? si[c] : 0.0f, s1 = 0, s2 = 0;
+  for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
+    int64_t n = r / S, s = r - n * S;
+    bn_grad_terms(x, dy, (n * C + c) * S + s, mean, invstd, need_x, s1, s2);
+  }
+  s1s[threadIdx.x] = s1;
+  s2s[threadIdx.x] = s2;
+  __syncthreads();
+  for (int off = kThreads / 2; off > 0; off >>= 1) {
+    if ((int)threadIdx.x < off) {
+      s1s[threadIdx.x] += s1s[threadIdx.x + off];
+      s2s[threadIdx.x] += s2s[threadIdx.x + off];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) part[p * C + c] = make_float2(s1s[0], s2s[0]);
+}
+
+template <typename T>
+__global__ void bn_gsum_cl(const T *__restrict__ x, const T *__restrict__ dy,
+                           const float *__restrict__ sm, const float *__restrict__ si, int need_x,
+                           int64_t C, int64_t M, int64_t R, float2 *__restrict__ part) {
+  __shared__ float s1s[kClRows][32], s2s[kClRows][32];
+  int tx = threadIdx.x, ty = threadIdx.y;
+  int64_t c = (int64_t)blockIdx.x * 32 + tx, p = blockIdx.y;
+  int64_t r0 = p * R, r1 = r0 + R < M ? r0 + R : M;
+  float s1 = 0, s2 = 0;
+  if (c < C) {
+    float mean = need_x ? sm[c] : 0.0f, invstd = need_x ? si[c] : 0.0f;
+    for (int64_t r = r0 + ty; r < r1; r += kClRows)
+      bn_grad_terms(x, dy, r * C + c, mean, invstd, need_x, s1, s2);
+  }
+  s1s[ty][tx] = s1;
+  s2s[ty][tx] = s2;
+  __syncthreads();
+  for (int off = kClRows / 2; off > 0; off >>= 1) {
+    if (ty < off) {
+      s1s[ty][tx] += s1s[ty + off][tx];
+      s2s[ty][tx] += s2s[ty + off][tx];
+    }
+    __syncthreads();
+  }
+  if (ty == 0 && c < C) part[p * C + c] = make_float2(s1s[0][tx], s2s[0][tx]);
+}
+
+// Per channel: the sums over partitions in order (double); dbias = sum dy,
+// dweight = sum dy xhat (param_grad_beta); `mid` gets what dx needs:
+// (sum dy / m, sum dy xhat / m) in training, zeros in eval.
+template <typename T>
+__global__ void bn_gfinalize(const float2 *__restrict__ part, int P, int64_t C, double m,
+                             int training, T *dw, float bw, T *db, float bb,
+                             float2 *__restrict__ mid) {
+  int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  double s1 = 0, s2 = 0;
+  for (int p = 0; p < P; p++) {
+    float2 v = part[(int64_t)p * C + c];
+    s1 += (double)v.x;
+    s2 += (double)v.y;
+  }
+  if (dw) acc(&dw[c], bw, (float)s2);
+  if (db) acc(&db[c], bb, (float)s1);
+  mid[c] = training ? make_float2((float)(s1 / m), (float)(s2 / m)) : make_float2(0.0f, 0.0f);
+}
+
+// dx = weight invstd (dy - mean(dy) - xhat mean(dy xhat)) (training), or
+// weight invstd dy (eval: mid holds zeros).
+template <typename T>
+__global__ void bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *dx,
+                      const T *__restrict__ w, const float *__restrict__ sm,
+                      const float *__restrict__ si, const float2 *__restrict__ mid, float beta,
+                      int64_t total, int64_t C, int64_t S, int cl) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t c = cl ? i % C : (i / S) % C;
+    float invstd = si[c], xhat = (to_f(x[i]) - sm[c]) * invstd;
+    float2 md = mid[c];
+    acc(&dx[i], beta, to_f(w[c]) * invstd * (to_f(dy[i]) - md.x - xhat * md.y));
+  }
+}
+
+template <typename T>
+stoke_err *bn_fwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  bn_geom g;
+  if (state) *state = NULL;
+  if (ws) *ws = 0;
+  NCHECK(bn_check(a, dtype_of<T>::value, false, false, &g));
+  if (ws) *ws = bn_workspace(&g);
+  return NULL;
+}
+
+template <typename T>
+stoke_err *bn_bwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  bn_geom g;
+  if (state) *state = NULL;
+  if (ws) *ws = 0;
+  NCHECK(bn_check(a, dtype_of<T>::value, true, false, &g));
+  if (ws) *ws = bn_workspace(&g);
+  return NULL;
+}
+
+template <typename T>
+stoke_err *bn_fwd(const stoke_kernel_args_v1 *a, void *) {
+  bn_geom g;
+  NCHECK(bn_check(a, dtype_of<T>::value, false, true, &g));
+  cudaStream_t st = (cudaStream_t)a->stream;
+  const T *x = (const T *)a->in[0].data;
+  float *rm = (float *)a->in[3].data, *rv = (float *)a->in[4].data;
+  float *sm = (float *)a->out[1].data, *si = (float *)a->out[2].data;
+  float2 *part = (float2 *)a->workspace;
+  if (g.c == 0) return NULL;
+  if (a->training && g.m > 0) {
+    if (g.cl)
+      bn_stats_cl<T><<<dim3((unsigned)((g.c + 31) / 32), (unsigned)g.parts), dim3(32, kClRows), 0,
+                       st>>>(x, g.c, g.m, g.rows, part);
+    else
+      bn_stats_cm<T><<<dim3((unsigned)g.c, (unsigned)g.parts), kThreads, 0, st>>>(
+          x, g.c, g.s, g.m, g.rows, part);
+    STOKE_CUDA_LAUNCH(nname(a));
+  }
+  bn_finalize<<<(unsigned)((g.c + kThreads - 1) / kThreads), kThreads, 0, st>>>(
+      part, g.parts, g.c, g.m, g.rows, g.eps, g.momentum, a->training, rm, rv, sm, si);
+  STOKE_CUDA_LAUNCH(nname(a));
+  int64_t total = g.m * g.c;
+  if (total > 0) {
+    bn_apply<T><<<grid_for(total), kThreads, 0, st>>>(
+        x, (T *)a->out[0].data, (const T *)a->in[1].data, (const T *)a->in[2].data, sm, si, total,
+        g.c, g.s, g.cl ? 1 : 0);
+    STOKE_CUDA_LAUNCH(nname(a));
+  }
+  return NULL;
+}
+
+template <typename T>
+stoke_err *bn_bwd(const stoke_kernel_args_v1 *a, void *) {
+  bn_geom g;
+  NCHECK(bn_check(a, dtype_of<T>::value, true, true, &g));
+  T *dx = (T *)a->din[0].data, *dw = (T *)a->din[1].data, *db = (T *)a->din[2].data;
+  if ((!dx && !dw && !db) || g.c == 0) return NULL;
+  cudaStream_t st = (cudaStream_t)a->stream;
+  const T *x = (const T *)a->in[0].data, *dy = (const T *)a->dout[0].data;
+  const float *sm = (const float *)a->out[1].data, *si = (const float *)a->out[2].data;
+  int need_x = dx || dw;
+  float2 *part = (float2 *)a->workspace, *mid = part + (size_t)g.parts * (size_t)g.c;
+  if (g.m > 0) {
+    if (g.cl)
+      bn_gsum_cl<T><<<dim3((unsigned)((g.c + 31) / 32), (unsigned)g.parts), dim3(32, kClRows), 0,
+                      st>>>(x, dy, sm, si, need_x, g.c, g.m, g.rows, part);
+    else
+      bn_gsum_cm<T><<<dim3((unsigned)g.c, (unsigned)g.parts), kThreads, 0, st>>>(
+          x, dy, sm, si, need_x, g.c, g.s, g.m, g.rows, part);
+    STOKE_CUDA_LAUNCH(nname(a));
+  } else {
+    STOKE_CUDA(cudaMemsetAsync(part, 0, (size_t)g.parts * (size_t)g.c * sizeof(float2), st),
+               "zeroing the batch_norm partial sums");
+  }
+  bn_gfinalize<T><<<(unsigned)((g.c + kThreads - 1) / kThreads), kThreads, 0, st>>>(
+      part, g.parts, g.c, (double)g.m, a->training, dw, grad_beta(a, 1), db, grad_beta(a, 2),
+      mid);
+  STOKE_CUDA_LAUNCH(nname(a));
+  int64_t total = g.m * g.c;
+  if (dx && total > 0) {
+    bn_dx<T><<<grid_for(total), kThreads, 0, st>>>(x, dy, dx, (const T *)a->in[1].data, sm, si,
+                                                    mid, grad_beta(a, 0), total, g.c, g.s,
+                                                    g.cl ? 1 : 0);
+    STOKE_CUDA_LAUNCH(nname(a));
+  }
+  return NULL;
+}
+
+// ===================================================================== pools
+
+struct pool_geom {
+  int64_t k[2], s[2], p[2];
+};
+
+// Element strides of a logical (N, C, H, W) tensor.
+struct pstrides {
+  int64_t n, c, h, w;
+};
+
+pstrides pool_strides(const stoke_tensor *t) {
+  const int64_t *d = t->shape.d;
+  if (t->layout == STOKE_NHWC) return pstrides{d[1] * d[2] * d[3], 1, d[3] * d[1], d[1]};
+  return pstrides{d[1] * d[2] * d[3], d[2] * d[3], d[3], 1};
+}
+
+// Everything a pool kernel needs, by value.
+struct pool_desc {
+  int64_t N, C, H, W, Ho, Wo;
+  int64_t kh, kw, sh, sw, ph, pw;
+  pstrides sx, sy, sdx; // x, y (or dy), dx
+};
+
+stoke_err *pool_pair(const stoke_kernel_args_v1 *a, const char *op, int idx, const char *what,
+                     int64_t out[2]) {
+  const stoke_node_v1 *n = a->node;
+  if (!n || n->n_attrs <= idx)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attribute %s missing", op, nname(a), what);
+  const stoke_attr_v1 *at = &n->attrs[idx];
+  if (at->n != 1 && at->n != 2)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s takes 1 or 2 integers, got %d", op, nname(a),
+                      what, at->n);
+  out[0] = at->ints[0];
+  out[1] = at->n == 2 ? at->ints[1] : at->ints[0];
+  return NULL;
+}
+
+// x[N, C, H, W] -> y[N, C, Ho, Wo] of dtype dt; `max`: backward reads x.
+stoke_err *pool_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt, bool bwd,
+                      bool run, bool max, pool_desc *pd) {
+  if (a->n_in < 1 || a->n_out < 1 || !a->in || !a->out)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs 1 input and 1 output, got %d and %d", op,
+                      nname(a), a->n_in, a->n_out);
+  if (bwd && (!a->din || !a->dout))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': backward called without gradient tensors", op,
+                      nname(a));
+  pool_geom g;
+  NCHECK(pool_pair(a, op, STOKE_POOL_KERNEL, "kernel", g.k));
+  NCHECK(pool_pair(a, op, STOKE_POOL_STRIDE, "stride", g.s));
+  NCHECK(pool_pair(a, op, STOKE_POOL_PADDING, "padding", g.p));
+  for (int d = 0; d < 2; d++) {
+    if (g.s[d] == 0) g.s[d] = g.k[d];
+    if (g.k[d] < 1 || g.s[d] < 1 || g.p[d] < 0 || g.p[d] > g.k[d] / 2)
+      return STOKE_PERR(STOKE_E_INVALID,
+                        "%s '%s': kernel %lldx%lld, stride %lldx%lld, padding %lldx%lld: need "
+                        "kernel >= 1, stride >= 1, 0 <= padding <= kernel/2",
+                        op, nname(a), (long long)g.k[0], (long long)g.k[1], (long long)g.s[0],
+                        (long long)g.s[1], (long long)g.p[0], (long long)g.p[1]);
+  }
+  const stoke_tensor *x = &a->in[0], *y = &a->out[0];
+  const stoke_shape *xs = &x->shape, *ys = &y->shape;
+  if (xs->ndim != 4)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[N, C, H, W], got x %s", op, nname(a),
+                      shp(xs).s);
+  int64_t o[2];
+  for (int d = 0; d < 2; d++) {
+    int64_t padded = xs->d[2 + d] + 2 * g.p[d];
+    if (padded < g.k[d])
+      return STOKE_PERR(STOKE_E_INVALID,
+                        "%s '%s': kernel %lldx%lld is larger than the padded input (x %s, "
+                        "padding %lldx%lld)",
+                        op, nname(a), (long long)g.k[0], (long long)g.k[1], shp(xs).s,
+                        (long long)g.p[0], (long long)g.p[1]);
+    o[d] = (padded - g.k[d]) / g.s[d] + 1;
+  }
+  if (ys->ndim != 4 || ys->d[0] != xs->d[0] || ys->d[1] != xs->d[1] || ys->d[2] != o[0] ||
+      ys->d[3] != o[1])
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x %s gives y [%lld, %lld, %lld, %lld], got y %s",
+                      op, nname(a), shp(xs).s, (long long)xs->d[0], (long long)xs->d[1],
+                      (long long)o[0], (long long)o[1], shp(ys).s);
+  NCHECK(check_dtype(a, op, "x", x, dt));
+  NCHECK(check_dtype(a, op, "y", y, dt));
+  NCHECK(check_layout(a, op, "x", x));
+  NCHECK(check_layout(a, op, "y", y));
+  *pd = pool_desc{xs->d[0], xs->d[1], xs->d[2], xs->d[3], o[0], o[1],
+                  g.k[0],   g.k[1],   g.s[0],   g.s[1],   g.p[0], g.p[1],
+                  pool_strides(x), pool_strides(y), pool_strides(x)};
+  if (!bwd) {
+    NCHECK(check_data(a, op, "x", x, run));
+    return check_data(a, op, "y", y, run);
+  }
+  NCHECK(check_grad(a, op, "x", &a->din[0], x));
+  NCHECK(check_grad(a, op, "y", &a->dout[0], y));
+  NCHECK(check_layout(a, op, "dx", &a->din[0]));
+  NCHECK(check_layout(a, op, "dy", &a->dout[0]));
+  NCHECK(check_data(a, op, "dy", &a->dout[0], run));
+  if (max && a->din[0].data) NCHECK(check_data(a, op, "x (the forward input)", x, run));
+  pd->sy = pool_strides(&a->dout[0]);
+  pd->sdx = pool_strides(&a->din[0]);
+  return NULL;
+}
+
+// Logical (n, c, h, w) of memory index i of a tensor of dims (N, C, H, W)
+// in NHWC (nhwc) or NCHW memory order.
+__device__ __forceinline__ void decode(int64_t i, int64_t C, int64_t H, int64_t W, bool nhwc,
+                                       int64_t &n, int64_t &c, int64_t &h, int64_t &w) {
+  if (nhwc) {
+    c = i % C;
+    i /= C;
+    w = i % W;
+    i /= W;
+    h = i % H;
+    n = i / H;
+  } else {
+    w = i % W;
+    i /= W;
+    h = i % H;
+    i /= H;
+    c = i % C;
+    n = i / C;
+  }
+}
+
+// First maximum of window (oh, ow) of channel (n, c) in row-major scan
+// order, as the CPU reference: -inf padding never wins; a NaN wins. Returns
+// the window-relative index (i kw + j), -1 if the window has no element.
+template <typename T>
+__device__ __forceinline__ int64_t max_window(const T *x, const pool_desc &d, int64_t n, int64_t c,
+                                              int64_t oh, int64_t ow, float *best_out) {
+  int64_t h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw, arg = -1;
+  float best = -INFINITY;
+  const T *xc = x + n * d.sx.n + c * d.sx.c;
+  for (int64_t i = 0; i < d.kh; i++) {
+    int64_t h = h0 + i;
+    if (h < 0 || h >= d.H) continue;
+    for (int64_t j = 0; j < d.kw; j++) {
+      int64_t w = w0 + j;
+      if (w < 0 || w >= d.W) continue;
+      float v = to_f(xc[h * d.sx.h + w * d.sx.w]);
+      if (arg < 0 || v > best || (isnan(v) && !isnan(best))) {
+        best = v;
+        arg = i * d.kw + j;
+      }
+    }
+  }
+  *best_out = best;
+  return arg;
+}
+
+template <typename T>
+__global__ void max_pool_fwd_k(const T *__restrict__ x, T *__restrict__ y, pool_desc d,
+                               int y_nhwc, int64_t total) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t n, c, oh, ow;
+    decode(i, d.C, d.Ho, d.Wo, y_nhwc, n, c, oh, ow);
+    float best;
+    max_window(x, d, n, c, oh, ow, &best);
+    y[i] = from_f<T>(best);
+  }
+}
+
+template <typename T>
+__global__ void avg_pool_fwd_k(const T *__restrict__ x, T *__restrict__ y, pool_desc d,
+                               int y_nhwc, int64_t total) {
+  float inv = 1.0f / (float)(d.kh * d.kw);
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t n, c, oh, ow;
+    decode(i, d.C, d.Ho, d.Wo, y_nhwc, n, c, oh, ow);
+    int64_t h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw;
+    const T *xc = x + n * d.sx.n + c * d.sx.c;
+    float s = 0;
+    for (int64_t h = h0 < 0 ? 0 : h0; h < h0 + d.kh && h < d.H; h++)
+      for (int64_t w = w0 < 0 ? 0 : w0; w < w0 + d.kw && w < d.W; w++)
+        s += to_f(xc[h * d.sx.h + w * d.sx.w]);
+    y[i] = from_f<T>(s * inv);
+  }
+}
+
+// Windows (oh, ow) that hold input row h / column w: oh s - p <= h <= oh s
+// - p + k - 1, clipped to the output.
+__device__ __forceinline__ void window_range(int64_t h, int64_t k, int64_t s, int64_t p,
+                                             int64_t O, int64_t &o0, int64_t &o1) {
+  int64_t hp = h + p;
+  o1 = hp / s;
+  o0 = hp - k + 1 > 0 ? (hp - k + s) / s : 0;
+  if (o1 >= O) o1 = O - 1;
+}
+
+// dx[h, w] = sum of dy over the windows whose first maximum is (h, w); a
+// gather in window order (the CPU's order), no atomics.
+template <typename T>
+__global__ void max_pool_bwd_k(const T *__restrict__ x, const T *__restrict__ dy, T *dx,
+                               pool_desc d, int dx_nhwc, float beta, int64_t total) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t n, c, h, w, oh0, oh1, ow0, ow1;
+    decode(i, d.C, d.H, d.W, dx_nhwc, n, c, h, w);
+    window_range(h, d.kh, d.sh, d.ph, d.Ho, oh0, oh1);
+    window_range(w, d.kw, d.sw, d.pw, d.Wo, ow0, ow1);
+    float s = 0;
+    for (int64_t oh = oh0; oh <= oh1; oh++)
+      for (int64_t ow = ow0; ow <= ow1; ow++) {
+        float best;
+        int64_t arg = max_window(x, d, n, c, oh, ow, &best);
+        int64_t ah = oh * d.sh - d.ph + arg / d.kw, aw = ow * d.sw - d.pw + arg % d.kw;
+        if (arg >= 0 && ah == h && aw == w)
+          s += to_f(dy[n * d.sy.n + c * d.sy.c + oh * d.sy.h + ow * d.sy.w]);
+      }
+    acc(&dx[i], beta, s);
+  }
+}
+
+// dx[h, w] = sum over the windows holding (h, w) of dy / (kh kw).
+template <typename T>
+__global__ void avg_pool_bwd_k(const T *__restrict__ dy, T *dx, pool_desc d, int dx_nhwc,
+                               float beta, int64_t total) {
+  float inv = 1.0f / (float)(d.kh * d.kw);
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t n, c, h, w, oh0, oh1, ow0, ow1;
+    decode(i, d.C, d.H, d.W, dx_nhwc, n, c, h, w);
+    window_range(h, d.kh, d.sh, d.ph, d.Ho, oh0, oh1);
+    window_range(w, d.kw, d.sw, d.pw, d.Wo, ow0, ow1);
+    float s = 0;
+    for (int64_t oh = oh0; oh <= oh1; oh++)
+      for (int64_t ow = ow0; ow <= ow1; ow++)
+        s += to_f(dy[n * d.sy.n + c * d.sy.c + oh * d.sy.h + ow * d.sy.w]);
+    acc(&dx[i], beta, s * inv);
+  }
+}
+
+template <bool MAX, typename T>
+stoke_err *pool_fwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  pool_desc d;
+  if (state) *state = NULL;
+  if (ws) *ws = 0;
+  return pool_check(a, MAX ? STOKE_OP_MAX_POOL2D : STOKE_OP_AVG_POOL2D, dtype_of<T>::value, false,
+                    false, MAX, &d);
+}
+
+template <bool MAX, typename T>
+stoke_err *pool_bwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  pool_desc d;
+  if (state) *state = NULL;
+  if (ws) *ws = 0;
+  return pool_check(a, MAX ? STOKE_OP_MAX_POOL2D : STOKE_OP_AVG_POOL2D, dtype_of<T>::value, true,
+                    false, MAX, &d);
+}
+
+template <bool MAX, typename T>
+stoke_err *pool_fwd(const stoke_kernel_args_v1 *a, void *) {
+  pool_desc d;
+  NCHECK(pool_check(a, MAX ? STOKE_OP_MAX_POOL2D : STOKE_OP_AVG_POOL2D, dtype_of<T>::value, false,
+                    true, MAX, &d));
+  int64_t total = stoke_numel(&a->out[0].shape);
+  if (total == 0) return NULL;
+  cudaStream_t st = (cudaStream_t)a->stream;
+  const T *x = (const T *)a->in[0].data;
+  T *y = (T *)a->out[0].data;
+  int nhwc = a->out[0].layout == STOKE_NHWC;
+  if (MAX)
+    max_pool_fwd_k<T><<<grid_for(total), kThreads, 0, st>>>(x, y, d, nhwc, total);
+  else
+    avg_pool_fwd_k<T><<<grid_for(total), kThreads, 0, st>>>(x, y, d, nhwc, total);
+  STOKE_CUDA_LAUNCH(nname(a));
+  return NULL;
+}
+
+template <bool MAX, typename T>
+stoke_err *pool_bwd(const stoke_kernel_args_v1 *a, void *) {
+  pool_desc d;
+  NCHECK(pool_check(a, MAX ? STOKE_OP_MAX_POOL2D : STOKE_OP_AVG_POOL2D, dtype_of<T>::value, true,
+                    true, MAX, &d));
+  T *dx = (T *)a->din[0].data;
+  int64_t total = stoke_numel(&a->din[0].shape);
+  if (!dx || total == 0) return NULL;
+  cudaStream_t st = (cudaStream_t)a->stream;
+  const T *dy = (const T *)a->dout[0].data;
+  int nhwc = a->din[0].layout == STOKE_NHWC;
+  float beta = grad_beta(a, 0);
+  if (MAX)
+    max_pool_bwd_k<T><<<grid_for(total), kThreads, 0, st>>>((const T *)a->in[0].data, dy, dx, d,
+                                                            nhwc, beta, total);
+  else
+    avg_pool_bwd_k<T><<<grid_for(total), kThreads, 0, st>>>(dy, dx, d, nhwc, beta, total);
+  STOKE_CUDA_LAUNCH(nname(a));
+  return NULL;
+}
+
+void destroy_none(void *) {}
+
+// ============================================================= registration
+
+#define NORM_KERNELS(T, DT)                                                                     \
+  {"cuda", STOKE_OP_BATCH_NORM, STOKE_FWD, DT, STOKE_LAYOUT_ANY, bn_fwd_plan<T>, bn_fwd<T>,     \
+   destroy_none},                                                                               \
+  {"cuda", STOKE_OP_BATCH_NORM, STOKE_BWD, DT, STOKE_LAYOUT_ANY, bn_bwd_plan<T>, bn_bwd<T>,     \
+   destroy_none},                                                                               \
+  {"cuda", STOKE_OP_MAX_POOL2D, STOKE_FWD, DT, STOKE_LAYOUT_ANY, pool_fwd_plan<true, T>,        \
+   pool_fwd<true, T>, destroy_none},                                                            \
+  {"cuda", STOKE_OP_MAX_POOL2D, STOKE_BWD, DT, STOKE_LAYOUT_ANY, pool_bwd_plan<true, T>,        \
+   pool_bwd<true, T>, destroy_none},                                                            \
+  {"cuda", STOKE_OP_AVG_POOL2D, STOKE_FWD, DT, STOKE_LAYOUT_ANY, pool_fwd_plan<false, T>,       \
+   pool_fwd<false, T>, destroy_none},                                                           \
+  {"cuda", STOKE_OP_AVG_POOL2D, STOKE_BWD, DT, STOKE_LAYOUT_ANY, pool_bwd_plan<false, T>,       \
+   pool_bwd<false, T>, destroy_none}
+
+const stoke_kernel_v1 norm_kernels[] = {
+    NORM_KERNELS(float, STOKE_F32),
+    NORM_KERNELS(__nv_bfloat16, STOKE_BF16),
+    NORM_KERNELS(__half, STOKE_F16),
+};
+
+}  // namespace
+
+extern "C" stoke_err *stoke_cuda_register_norm(const stoke_registry_v1 *r) {
+  for (size_t i = 0; i < sizeof norm_kernels / sizeof *norm_kernels; i++) {
+    const stoke_kernel_v1 *k = &norm_kernels[i];
+    STOKE_PTRY(r->add_kernel(r->self, k), "registering cuda kernel %s (%s)", k->op,
+               stoke_dtype_name(k->dtype));
+  }
+  return NULL;
+}

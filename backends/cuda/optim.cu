@@ -1,4 +1,386 @@
-// backends/cuda/optim.cu: CUDA kernels of the cuda backend; see stoke/ops.h.
-#include "backends/cuda/stoke_cuda.h"
+// backends/cuda/optim.cu: CUDA optimizer kernels of the cuda backend, sgd and
+// adamw (torch.optim semantics) over the flat parameter buffer; see stoke/ops.h.
+//
+// One launch per update: a grid-stride loop over 4-element vectors when
+// every buffer is 16-byte aligned (and the state's parts too), scalars
+// otherwise. The arithmetic is the CPU reference's (backends/cpu/
+// kernels.inc) in double, with the same roundings to the stored type: the
+// kernels are memory-bound, so double costs nothing on A100/H100.
+// Parameters f32: state f32 = the optimizer's state. Parameters bf16/fp16:
+// state f32 = the f32 master copy, then the optimizer's state; the master
+// is updated and its rounding written to the working copy in the same pass.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
-extern "C" stoke_err *stoke_cuda_register_optim(const stoke_registry_v1 *r) { return NULL; }
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backends/cuda/stoke_cuda.h"
+#include "stoke/ops.h"
+
+namespace {
+
+// ------------------------------------------------------------ element types
+
+template <typename T> struct dtype_of;
+template <> struct dtype_of<float> { static constexpr stoke_dtype value = STOKE_F32; };
+template <> struct dtype_of<__nv_bfloat16> { static constexpr stoke_dtype value = STOKE_BF16; };
+template <> struct dtype_of<__half> { static constexpr stoke_dtype value = STOKE_F16; };
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+
+// V elements of T loaded and stored as one access.
+template <typename T, int V> struct alignas(sizeof(T) * V) vec {
+  T v[V];
+};
+
+constexpr int kThreads = 256;
+constexpr int kVec = 4;
+
+// ------------------------------------------------------------ arguments
+
+// The hyper-parameters with the per-step constants computed once (double).
+struct hyper {
+  double lr, momentum, weight_decay, beta1, beta2, eps, grad_scale;
+  double step_size, bc2_sqrt, decay; // adamw: lr / (1 - b1^t), sqrt(1 - b2^t), 1 - lr wd
+  int nesterov;
+};
+
+const char *nname(const stoke_kernel_args_v1 *a) {
+  return a->node && a->node->name ? a->node->name : "?";
+}
+
+struct shape_text {
+  char s[96];
+};
+
+shape_text shp(const stoke_shape *s) {
+  shape_text t;
+  size_t n = (size_t)snprintf(t.s, sizeof t.s, "[");
+  for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
+    n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
+  if (n < sizeof t.s) snprintf(t.s + n, sizeof t.s - n, "]");
+  return t;
+}
+
+#define OCHECK(expr)               \
+  do {                             \
+    stoke_err *check_e_ = (expr);  \
+    if (check_e_) return check_e_; \
+  } while (0)
+
+stoke_err *check_tensor(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                        const stoke_tensor *t, stoke_dtype want, bool run) {
+  if (t->dtype != want)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s, the cuda kernel expects %s", op,
+                      nname(a), what, shp(&t->shape).s, stoke_dtype_name(t->dtype),
+                      stoke_dtype_name(want));
+  if (run && !t->data)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s has no data", op, nname(a), what,
+                      shp(&t->shape).s);
+  return NULL;
+}
+
+// in[0] params (dtype dt), in[1] grads (dt), in[2] state: f32 holding the
+// master (low-precision dt) then `per_param` x the params of optimizer
+// state, exactly; with neither (sgd without momentum, f32) the state is not
+// read. As the CPU: opt present with grad_scale finite and > 0 to run.
+stoke_err *opt_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, const char *op,
+                     int64_t per_param, bool run) {
+  bool master = dt != STOKE_F32;
+  bool need_state = per_param > 0 || master;
+  int n_in = need_state ? 3 : 2;
+  if (a->n_in < n_in || !a->in)
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "%s '%s': needs params, grads and state buffers, got %d inputs", op,
+                      nname(a), a->n_in);
+  const stoke_tensor *p = &a->in[0], *g = &a->in[1];
+  int64_t np = stoke_numel(&p->shape);
+  if (stoke_numel(&g->shape) != np)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': params %s and grads %s differ in size", op,
+                      nname(a), shp(&p->shape).s, shp(&g->shape).s);
+  OCHECK(check_tensor(a, op, "params", p, dt, run));
+  OCHECK(check_tensor(a, op, "grads", g, dt, run));
+  if (need_state) {
+    const stoke_tensor *s = &a->in[2];
+    int64_t want = (per_param + (master ? 1 : 0)) * np, have = stoke_numel(&s->shape);
+    // sgd without momentum on low-precision params reads only the master;
+    // the planner sizes the state for momentum anyway
+    bool ok = per_param > 0 ? have == want : have >= want;
+    if (!ok)
+      return STOKE_PERR(STOKE_E_INVALID,
+                        "%s '%s': state %s should hold %s%lld x the %lld params", op, nname(a),
+                        shp(&s->shape).s, per_param > 0 ? "" : "at least ",
+                        (long long)(per_param + (master ? 1 : 0)), (long long)np);
+    OCHECK(check_tensor(a, op, master ? "state (f32 master, then optimizer state)" : "state", s,
+                        STOKE_F32, run));
+  }
+  if (run && !a->opt)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': no hyper-parameters (opt) given", op, nname(a));
+  if (run && !(a->opt->grad_scale > 0 && isfinite(a->opt->grad_scale)))
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "%s '%s': grad_scale %g must be finite and > 0 (1 = no scaling)", op,
+                      nname(a), a->opt->grad_scale);
+  return NULL;
+}
+
+stoke_err *sgd_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool run) {
+  // The state is the momentum buffer, needed only with momentum. In plan
+  // the hyper-parameters may be absent: require the buffer only if there.
+  bool mom = a->opt && a->opt->momentum != 0;
+  OCHECK(opt_check(a, dt, STOKE_OP_SGD, mom ? 1 : 0, run));
+  if (run && a->opt->nesterov && !(a->opt->momentum > 0))
+    return STOKE_PERR(STOKE_E_INVALID, "sgd '%s': nesterov needs momentum > 0 (got %g)",
+                      nname(a), a->opt->momentum);
+  return NULL;
+}
+
+stoke_err *adamw_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool run) {
+  OCHECK(opt_check(a, dt, STOKE_OP_ADAMW, 2, run));
+  if (!run) return NULL;
+  const stoke_opt_args_v1 *o = a->opt;
+  if (o->step < 1)
+    return STOKE_PERR(STOKE_E_INVALID, "adamw '%s': step %lld, the first update is step 1",
+                      nname(a), (long long)o->step);
+  if (!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1))
+    return STOKE_PERR(STOKE_E_INVALID, "adamw '%s': betas (%g, %g) not in [0, 1)", nname(a),
+                      o->beta1, o->beta2);
+  return NULL;
+}
+
+hyper hyper_of(const stoke_opt_args_v1 *o) {
+  hyper h;
+  h.lr = o->lr;
+  h.momentum = o->momentum;
+  h.weight_decay = o->weight_decay;
+  h.beta1 = o->beta1;
+  h.beta2 = o->beta2;
+  h.eps = o->eps;
+  h.grad_scale = o->grad_scale;
+  h.nesterov = o->nesterov;
+  double t = (double)o->step;
+  h.step_size = o->lr / (1 - pow(o->beta1, t));
+  h.bc2_sqrt = sqrt(1 - pow(o->beta2, t));
+  h.decay = 1 - o->lr * o->weight_decay;
+  return h;
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+unsigned grid_for(int64_t n) {
+  int64_t b = (n + kThreads - 1) / kThreads;
+  if (b > 65535 * 8) b = 65535 * 8;
+  return (unsigned)(b < 1 ? 1 : b);
+}
+
+// -------------------------------------------------------------------- sgd
+
+// torch.optim.SGD with dampening 0 on V elements at vector index j (element
+// j V), exactly the CPU's per-element arithmetic:
+//   g = grad grad_scale + wd p;  buf = momentum buf + g (stored, then read
+//   back rounded);  g = nesterov ? g + momentum buf : buf;  p -= lr g.
+// MASTER: p is master[] (f32) and its rounding goes to w[] (T); else p is
+// w[] itself (T = float). buf is NULL without momentum.
+template <typename T, bool MASTER, int V>
+__device__ __forceinline__ void sgd_chunk(T *__restrict__ w, const T *__restrict__ grad,
+                                          float *__restrict__ master, float *__restrict__ buf,
+                                          int64_t j, const hyper &h) {
+  vec<T, V> gv = reinterpret_cast<const vec<T, V> *>(grad)[j];
+  vec<float, V> pv, bv;
+  if (MASTER) {
+    pv = reinterpret_cast<const vec<float, V> *>(master)[j];
+  } else {
+    vec<T, V> wv = reinterpret_cast<const vec<T, V> *>(w)[j];
+#pragma unroll
+    for (int k = 0; k < V; k++) pv.v[k] = to_f(wv.v[k]);
+  }
+  if (buf) bv = reinterpret_cast<const vec<float, V> *>(buf)[j];
+#pragma unroll
+  for (int k = 0; k < V; k++) {
+    double g = (double)to_f(gv.v[k]) * h.grad_scale;
+    if (h.weight_decay != 0) g += h.weight_decay * (double)pv.v[k];
+    if (buf) {
+      bv.v[k] = (float)(h.momentum * (double)bv.v[k] + g);
+      g = h.nesterov ? g + h.momentum * (double)bv.v[k] : (double)bv.v[k];
+    }
+    pv.v[k] = (float)((double)pv.v[k] - h.lr * g);
+  }
+  if (buf) reinterpret_cast<vec<float, V> *>(buf)[j] = bv;
+  if (MASTER) reinterpret_cast<vec<float, V> *>(master)[j] = pv;
+  vec<T, V> out;
+#pragma unroll
+  for (int k = 0; k < V; k++) out.v[k] = from_f<T>(pv.v[k]);
+  reinterpret_cast<vec<T, V> *>(w)[j] = out;
+}
+
+// Vectors [0, n / V) then the scalar tail, one grid-stride loop each.
+template <typename T, bool MASTER, int V>
+__global__ void sgd_kernel(T *__restrict__ w, const T *__restrict__ grad,
+                           float *__restrict__ master, float *__restrict__ buf, int64_t n,
+                           hyper h, const float *__restrict__ amp) {
+  // loss scaler: skip the step on inf/NaN gradients, else unscale them
+  if (amp) {
+    if (amp[2] != 0.0f) return;
+    h.grad_scale /= (double)amp[0];
+  }
+  int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t stride = (int64_t)gridDim.x * blockDim.x, nv = n / V;
+  for (int64_t j = tid; j < nv; j += stride) sgd_chunk<T, MASTER, V>(w, grad, master, buf, j, h);
+  for (int64_t i = nv * V + tid; i < n; i += stride)
+    sgd_chunk<T, MASTER, 1>(w, grad, master, buf, i, h);
+}
+
+// ------------------------------------------------------------------ adamw
+
+// torch.optim.AdamW on V elements, the CPU's arithmetic:
+//   g = grad grad_scale;  p *= 1 - lr wd;
+//   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2  (stored rounded; the
+//   update uses the unrounded values, as the CPU)
+//   p -= lr / (1 - b1^t) m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+template <typename T, bool MASTER, int V>
+__device__ __forceinline__ void adamw_chunk(T *__restrict__ w, const T *__restrict__ grad,
+                                            float *__restrict__ master, float *__restrict__ m,
+                                            float *__restrict__ v, int64_t j, const hyper &h) {
+  vec<T, V> gv = reinterpret_cast<const vec<T, V> *>(grad)[j];
+  vec<float, V> pv, mv = reinterpret_cast<const vec<float, V> *>(m)[j],
+                    vv = reinterpret_cast<const vec<float, V> *>(v)[j];
+  if (MASTER) {
+    pv = reinterpret_cast<const vec<float, V> *>(master)[j];
+  } else {
+    vec<T, V> wv = reinterpret_cast<const vec<T, V> *>(w)[j];
+#pragma unroll
+    for (int k = 0; k < V; k++) pv.v[k] = to_f(wv.v[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < V; k++) {
+    double g = (double)to_f(gv.v[k]) * h.grad_scale;
+    double pi = (double)pv.v[k] * h.decay;
+    double mi = h.beta1 * (double)mv.v[k] + (1 - h.beta1) * g;
+    double vi = h.beta2 * (double)vv.v[k] + (1 - h.beta2) * g * g;
+    mv.v[k] = (float)mi;
+    vv.v[k] = (float)vi;
+    pv.v[k] = (float)(pi - h.step_size * mi / (sqrt(vi) / h.bc2_sqrt + h.eps));
+  }
+  reinterpret_cast<vec<float, V> *>(m)[j] = mv;
+  reinterpret_cast<vec<float, V> *>(v)[j] = vv;
+  if (MASTER) reinterpret_cast<vec<float, V> *>(master)[j] = pv;
+  vec<T, V> out;
+#pragma unroll
+  for (int k = 0; k < V; k++) out.v[k] = from_f<T>(pv.v[k]);
+  reinterpret_cast<vec<T, V> *>(w)[j] = out;
+}
+
+template <typename T, bool MASTER, int V>
+__global__ void adamw_kernel(T *__restrict__ w, const T *__restrict__ grad,
+                             float *__restrict__ master, float *__restrict__ m,
+                             float *__restrict__ v, int64_t n, hyper h, const float *__restrict__ amp) {
+  if (amp) {
+    if (amp[2] != 0.0f) return;
+    h.grad_scale /= (double)amp[0];
+  }
+  int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t stride = (int64_t)gridDim.x * blockDim.x, nv = n / V;
+  for (int64_t j = tid; j < nv; j += stride)
+    adamw_chunk<T, MASTER, V>(w, grad, master, m, v, j, h);
+  for (int64_t i = nv * V + tid; i < n; i += stride)
+    adamw_chunk<T, MASTER, 1>(w, grad, master, m, v, i, h);
+}
+
+// ------------------------------------------------------------ entry points
+
+template <typename T>
+stoke_err *sgd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  if (state) *state = NULL;
+  if (ws) *ws = 0;
+  return sgd_check(a, dtype_of<T>::value, false);
+}
+
+template <typename T>
+stoke_err *adamw_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  if (state) *state = NULL;
+  if (ws) *ws = 0;
+  return adamw_check(a, dtype_of<T>::value, false);
+}
+
+template <typename T>
+stoke_err *sgd_run(const stoke_kernel_args_v1 *a, void *) {
+  constexpr bool kMaster = dtype_of<T>::value != STOKE_F32;
+  OCHECK(sgd_check(a, dtype_of<T>::value, true));
+  int64_t n = stoke_numel(&a->in[0].shape);
+  if (n == 0) return NULL;
+  hyper h = hyper_of(a->opt);
+  T *w = (T *)a->in[0].data;
+  const T *grad = (const T *)a->in[1].data;
+  float *state = kMaster || h.momentum != 0 ? (float *)a->in[2].data : NULL;
+  float *master = kMaster ? state : NULL;
+  float *buf = h.momentum != 0 ? state + (kMaster ? n : 0) : NULL;
+  bool vec_ok = aligned16(w) && aligned16(grad) && (!master || aligned16(master)) &&
+                (!buf || aligned16(buf));
+  cudaStream_t st = (cudaStream_t)a->stream;
+  if (vec_ok)
+    sgd_kernel<T, kMaster, kVec><<<grid_for((n + kVec - 1) / kVec), kThreads, 0, st>>>(
+        w, grad, master, buf, n, h, a->opt->amp);
+  else
+    sgd_kernel<T, kMaster, 1><<<grid_for(n), kThreads, 0, st>>>(w, grad, master, buf, n, h, a->opt->amp);
+  STOKE_CUDA_LAUNCH(nname(a));
+  return NULL;
+}
+
+template <typename T>
+stoke_err *adamw_run(const stoke_kernel_args_v1 *a, void *) {
+  constexpr bool kMaster = dtype_of<T>::value != STOKE_F32;
+  OCHECK(adamw_check(a, dtype_of<T>::value, true));
+  int64_t n = stoke_numel(&a->in[0].shape);
+  if (n == 0) return NULL;
+  hyper h = hyper_of(a->opt);
+  T *w = (T *)a->in[0].data;
+  const T *grad = (const T *)a->in[1].data;
+  float *state = (float *)a->in[2].data;
+  float *master = kMaster ? state : NULL;
+  float *m = state + (kMaster ? n : 0), *v = m + n;
+  bool vec_ok = aligned16(w) && aligned16(grad) && (!master || aligned16(master)) &&
+                aligned16(m) && aligned16(v);
+  cudaStream_t st = (cudaStream_t)a->stream;
+  if (vec_ok)
+    adamw_kernel<T, kMaster, kVec><<<grid_for((n + kVec - 1) / kVec), kThreads, 0, st>>>(
+        w, grad, master, m, v, n, h, a->opt->amp);
+  else
+    adamw_kernel<T, kMaster, 1><<<grid_for(n), kThreads, 0, st>>>(w, grad, master, m, v, n, h, a->opt->amp);
+  STOKE_CUDA_LAUNCH(nname(a));
+  return NULL;
+}
+
+void destroy_none(void *) {}
+
+#define OPT_KERNELS(T, DT)                                                                   \
+  {"cuda", STOKE_OP_SGD, STOKE_OPT, DT, STOKE_LAYOUT_ANY, sgd_plan<T>, sgd_run<T>,           \
+   destroy_none},                                                                            \
+  {"cuda", STOKE_OP_ADAMW, STOKE_OPT, DT, STOKE_LAYOUT_ANY, adamw_plan<T>, adamw_run<T>,     \
+   destroy_none}
+
+const stoke_kernel_v1 optim_kernels[] = {
+    OPT_KERNELS(float, STOKE_F32),
+    OPT_KERNELS(__nv_bfloat16, STOKE_BF16),
+    OPT_KERNELS(__half, STOKE_F16),
+};
+
+}  // namespace
+
+extern "C" stoke_err *stoke_cuda_register_optim(const stoke_registry_v1 *r) {
+  for (size_t i = 0; i < sizeof optim_kernels / sizeof *optim_kernels; i++) {
+    const stoke_kernel_v1 *k = &optim_kernels[i];
+    STOKE_PTRY(r->add_kernel(r->self, k), "registering cuda kernel %s (%s)", k->op,
+               stoke_dtype_name(k->dtype));
+  }
+  return NULL;
+}

@@ -17,17 +17,212 @@ static int setup(void **state) {
 static const stoke_dtype dtypes[] = {STOKE_F32, STOKE_BF16, STOKE_F16};
 static double tol_of(stoke_dtype t) { return t == STOKE_F32 ? G_TOL_F32 : G_TOL_LOW; }
 
+#define SHAPE2(a, b) {2, {a, b}}
+#define SHAPE3(a, b, c) {3, {a, b, c}}
+#define SHAPE4(a, b, c, d) {4, {a, b, c, d}}
+
+/* Shapes of the same-shape ops: odd sizes (the vectorized kernels' tails),
+ * 2-D, 4-D and one long row. */
+static const stoke_shape same_shapes[] = {SHAPE2(37, 129), SHAPE4(3, 5, 7, 11), {1, {100003}}, SHAPE2(1, 1)};
+#define N_SAME (int)(sizeof same_shapes / sizeof *same_shapes)
+
+static const stoke_layout layouts[] = {STOKE_NCHW, STOKE_NHWC};
+
 static void test_relu(void **state) {
+  for (int d = 0; d < 3; d++)
+    for (int s = 0; s < N_SAME; s++) {
+      g_case c = {.op = STOKE_OP_RELU, .attrs = "", .n_in = 1, .in_shape = {same_shapes[s]}, .dtype = dtypes[d],
+                  .tol = tol_of(dtypes[d]), .training = 1, .backward = 1};
+      g_check(&c);
+    }
+}
+
+static void test_add(void **state) {
+  for (int d = 0; d < 3; d++)
+    for (int s = 0; s < N_SAME; s++) {
+      g_case c = {.op = STOKE_OP_ADD, .attrs = "", .n_in = 2, .in_shape = {same_shapes[s], same_shapes[s]},
+                  .dtype = dtypes[d], .tol = tol_of(dtypes[d]), .training = 1, .backward = 1};
+      g_check(&c);
+    }
+}
+
+/* bias_add: 2-D (a linear's bias), 3-D, 4-D in both layouts, and a large
+ * spatial extent (the block-per-row reduction of dbias); the bias is a
+ * parameter, so its gradient goes through the accumulate path. */
+static void test_bias_add(void **state) {
+  static const struct {
+    stoke_shape x;
+    int four_d;
+  } xs[] = {{SHAPE2(37, 129), 0}, {SHAPE3(4, 6, 9), 0}, {SHAPE4(3, 5, 7, 11), 1}, {SHAPE4(2, 3, 40, 41), 1},
+            {SHAPE4(5, 70, 1, 1), 1}};
+  for (int d = 0; d < 3; d++)
+    for (int s = 0; s < (int)(sizeof xs / sizeof *xs); s++)
+      for (int l = 0; l < (xs[s].four_d ? 2 : 1); l++) {
+        g_case c = {.op = STOKE_OP_BIAS_ADD, .attrs = "", .n_in = 2,
+                    .in_shape = {xs[s].x, {1, {xs[s].x.d[1]}}}, .param_mask = 1u << 1,
+                    .layout = xs[s].four_d ? layouts[l] : STOKE_LAYOUT_ANY, .dtype = dtypes[d],
+                    .tol = tol_of(dtypes[d]), .training = 1, .backward = 1};
+        g_check(&c);
+      }
+}
+
+static void test_flatten(void **state) {
   for (int d = 0; d < 3; d++) {
-    g_case c = {.op = STOKE_OP_RELU, .attrs = "", .n_in = 1, .in_shape = {{2, {37, 129}}}, .dtype = dtypes[d],
+    for (int l = 0; l < 2; l++) {
+      g_case c = {.op = STOKE_OP_FLATTEN, .attrs = "", .n_in = 1, .in_shape = {SHAPE4(3, 5, 7, 11)},
+                  .layout = layouts[l], .dtype = dtypes[d], .tol = tol_of(dtypes[d]), .training = 1,
+                  .backward = 1};
+      g_check(&c);
+    }
+    g_case c = {.op = STOKE_OP_FLATTEN, .attrs = "", .n_in = 1, .in_shape = {SHAPE3(4, 6, 9)}, .dtype = dtypes[d],
                 .tol = tol_of(dtypes[d]), .training = 1, .backward = 1};
     g_check(&c);
   }
 }
 
+/* global_avg_pool: small maps (a warp per row) and H W >= 1024 (a block per
+ * row), both layouts; C = 70 spans three 32-column tiles for NHWC. */
+static void test_global_avg_pool(void **state) {
+  static const stoke_shape xs[] = {SHAPE4(3, 5, 7, 11), SHAPE4(2, 3, 40, 41), SHAPE4(4, 70, 1, 1),
+                                   SHAPE4(2, 70, 3, 3)};
+  for (int d = 0; d < 3; d++)
+    for (int s = 0; s < (int)(sizeof xs / sizeof *xs); s++)
+      for (int l = 0; l < 2; l++) {
+        g_case c = {.op = STOKE_OP_GLOBAL_AVG_POOL, .attrs = "", .n_in = 1, .in_shape = {xs[s]},
+                    .layout = layouts[l], .dtype = dtypes[d], .tol = tol_of(dtypes[d]), .training = 1,
+                    .backward = 1};
+        g_check(&c);
+      }
+}
+
+/* softmax_ce: rows of a warp (C <= 512) and of a block (C = 1000), label
+ * smoothing 0 and 0.1. The loss is f32 whatever the logits' dtype. */
+static void test_softmax_ce(void **state) {
+  static const int64_t nc[][2] = {{37, 129}, {64, 10}, {5, 1000}, {1, 1}, {300, 3}};
+  static const char *attrs[] = {"label_smoothing=0", "label_smoothing=0.1"};
+  for (int d = 0; d < 3; d++)
+    for (int s = 0; s < (int)(sizeof nc / sizeof *nc); s++)
+      for (int a = 0; a < 2; a++) {
+        g_case c = {.op = STOKE_OP_SOFTMAX_CE, .attrs = attrs[a], .n_in = 2,
+                    .in_shape = {SHAPE2(nc[s][0], nc[s][1]), {1, {nc[s][0]}}}, .is_label = {0, 1},
+                    .classes = nc[s][1], .dtype = dtypes[d], .tol = tol_of(dtypes[d]), .training = 1,
+                    .backward = 1};
+        g_check(&c);
+      }
+}
+
+/* dropout p = 0.3 in training (the GPU regenerates the CPU's mask from the
+ * same seed, so any mask difference fails) and in eval (identity), p = 0. */
+static void test_dropout(void **state) {
+  static const char *attrs[] = {"p=0.3", "p=0"};
+  for (int d = 0; d < 3; d++)
+    for (int s = 0; s < N_SAME; s++)
+      for (int a = 0; a < 2; a++)
+        for (int training = 0; training < 2; training++) {
+          g_case c = {.op = STOKE_OP_DROPOUT, .attrs = attrs[a], .n_in = 1, .in_shape = {same_shapes[s]},
+                      .layout = same_shapes[s].ndim == 4 ? STOKE_NHWC : STOKE_LAYOUT_ANY, .dtype = dtypes[d],
+                      .tol = tol_of(dtypes[d]), .training = training, .backward = 1};
+          g_check(&c);
+        }
+}
+
+/* normalize: u8 HWC images, C = 1 and C = 3, output NCHW and NHWC, written
+ * in f32, bf16 and f16 (the tested dtype is the output's). */
+static void test_normalize(void **state) {
+  static const struct {
+    stoke_shape x;
+    const char *mean_std;
+  } xs[] = {{SHAPE4(2, 1, 7, 9), "mean=0.5, std=0.25"},
+            {SHAPE4(3, 3, 13, 11), "mean=0.485:0.456:0.406, std=0.229:0.224:0.225"},
+            {SHAPE4(2, 3, 5, 5), "mean=0.5, std=0.5"}};
+  for (int d = 0; d < 3; d++)
+    for (int s = 0; s < (int)(sizeof xs / sizeof *xs); s++)
+      for (int l = 0; l < 2; l++) {
+        char attrs[128];
+        snprintf(attrs, sizeof attrs, "%s, layout=%s", xs[s].mean_std, l ? "nhwc" : "nchw");
+        g_case c = {.op = STOKE_OP_NORMALIZE, .attrs = attrs, .n_in = 1, .in_shape = {xs[s].x},
+                    .in_dtype = {STOKE_U8}, .layout = layouts[l], .dtype = dtypes[d], .tol = tol_of(dtypes[d]),
+                    .training = 1, .backward = 0};
+        g_check(&c);
+      }
+}
+
+/* softmax_ce on the GPU alone: the loss is bitwise the same on a second run
+ * (deterministic reductions), and a label outside [0, C) gives a NaN loss
+ * and NaN gradients for its row instead of reading out of the row. */
+static void test_softmax_ce_determinism_and_bad_label(void **state) {
+  const int64_t n = 300, cl = 1000;
+  stoke_node_v1 node;
+  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_SOFTMAX_CE, "softmax_ce_bad_label", "label_smoothing=0.1", &node);
+  if (e) fail_msg("%s", e->msg);
+  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 991, 0));
+  stoke_shape xs = SHAPE2(n, cl), ls = {1, {n}}, one = {1, {1}};
+  g_tensor x, lab, loss, dloss, dx;
+  g_alloc(&x, &xs, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&lab, &ls, STOKE_I32, STOKE_LAYOUT_ANY);
+  g_alloc(&loss, &one, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&dloss, &one, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&dx, &xs, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_fill(&x, &r, -4, 4, 0);
+  g_fill(&lab, &r, 0, (double)cl, 1);
+  g_fill(&dloss, &r, 0.5, 1.5, 0);
+  stoke_tensor in[2] = {x.dev, lab.dev}, out[1] = {loss.dev}, din[2] = {dx.dev, {0}}, dout[1] = {dloss.dev};
+  void *es = NULL;
+  const stoke_kernel_v1 *fk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_FWD, STOKE_F32, STOKE_LAYOUT_ANY, &es);
+  const stoke_kernel_v1 *bk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_BWD, STOKE_F32, STOKE_LAYOUT_ANY, &es);
+  stoke_kernel_args_v1 a = {.node = &node, .n_in = 2, .n_out = 1, .in = in, .out = out, .din = din, .dout = dout,
+                            .training = 1, .engine = es, .stream = g_dev->default_stream(g_dev_self)};
+  float first, again;
+  g_run(fk, &a, 1);
+  e = g_dev->copy(g_dev_self, &first, loss.dev.data, sizeof first, STOKE_COPY_D2H, NULL);
+  if (e) fail_msg("download: %s", e->msg);
+  g_poison(&loss);
+  g_run(fk, &a, 1);
+  e = g_dev->copy(g_dev_self, &again, loss.dev.data, sizeof again, STOKE_COPY_D2H, NULL);
+  if (e) fail_msg("download: %s", e->msg);
+  print_message("  softmax_ce   loss %.9g, again %.9g\n", first, again);
+  if (!isfinite(first) || memcmp(&first, &again, sizeof first))
+    fail_msg("softmax_ce loss not reproducible: %.9g then %.9g", first, again);
+  /* row 7 gets label C, row 8 label -1 */
+  int32_t bad[2] = {(int32_t)cl, -1};
+  e = g_dev->copy(g_dev_self, (int32_t *)lab.dev.data + 7, bad, sizeof bad, STOKE_COPY_H2D, NULL);
+  if (!e) e = g_dev->stream_sync(g_dev_self, NULL);
+  if (e) fail_msg("upload: %s", e->msg);
+  g_run(fk, &a, 1);
+  e = g_dev->copy(g_dev_self, &again, loss.dev.data, sizeof again, STOKE_COPY_D2H, NULL);
+  if (e) fail_msg("download: %s", e->msg);
+  if (!isnan(again)) fail_msg("softmax_ce with an out-of-range label: loss %.9g, expected NaN", again);
+  g_poison(&dx);
+  g_run(bk, &a, 1);
+  float *g = malloc((size_t)(n * cl) * sizeof(float));
+  e = g_dev->copy(g_dev_self, g, dx.dev.data, (size_t)(n * cl) * sizeof(float), STOKE_COPY_D2H, NULL);
+  if (e) fail_msg("download: %s", e->msg);
+  for (int64_t i = 0; i < n * cl; i++) {
+    int64_t row = i / cl;
+    int want_nan = row == 7 || row == 8;
+    if (want_nan != !!isnan(g[i]))
+      fail_msg("softmax_ce backward, row %lld: gradient %g (NaN expected only in the bad rows)", (long long)row,
+               (double)g[i]);
+  }
+  free(g);
+  g_free(&x);
+  g_free(&lab);
+  g_free(&loss);
+  g_free(&dloss);
+  g_free(&dx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_relu),
+      cmocka_unit_test(test_add),
+      cmocka_unit_test(test_bias_add),
+      cmocka_unit_test(test_flatten),
+      cmocka_unit_test(test_global_avg_pool),
+      cmocka_unit_test(test_softmax_ce),
+      cmocka_unit_test(test_dropout),
+      cmocka_unit_test(test_normalize),
+      cmocka_unit_test(test_softmax_ce_determinism_and_bad_label),
   };
   return cmocka_run_group_tests(tests, setup, g_teardown);
 }

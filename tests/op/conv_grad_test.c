@@ -259,6 +259,7 @@ static const conv_cfg cfgs[] = {
     {"3x3 depthwise s2 p1", 2, 4, 6, 6, 4, 3, 3, 2, 2, 1, 1, 1, 1, 4},
     {"3x1 p1x0", 2, 3, 5, 4, 2, 3, 1, 1, 1, 1, 0, 1, 1, 1},
     {"1x1 s2x1", 2, 3, 5, 4, 5, 1, 1, 2, 1, 0, 0, 1, 1, 1},
+    {"1x1 s1 groups 2", 2, 4, 3, 5, 6, 1, 1, 1, 1, 0, 0, 1, 1, 2}, /* NHWC: a plain GEMM */
     {"2x3 s2x1 p1x2 d1x2 groups 2", 1, 2, 6, 7, 4, 2, 3, 2, 1, 1, 2, 1, 2, 2},
 };
 #define N_CFGS ((int)(sizeof cfgs / sizeof *cfgs))

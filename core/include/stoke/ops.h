@@ -14,7 +14,9 @@
 /* softmax_ce: (logits[N, C], labels[N] i32) -> loss[1] (f32; f64 for f64
  * logits), the mean over the batch of -log softmax(logits)[label], as
  * nn.CrossEntropyLoss. The loader rejects labels outside [0, C) per sample;
- * kernels still check them (STOKE_E_DATA) rather than read out of a row. */
+ * CPU kernels return STOKE_E_DATA; GPU kernels cannot tell the host without
+ * a sync, so they clamp the read and make that row's loss NaN, which stops
+ * the run at the next log step with the NaN-loss message. */
 #define STOKE_OP_SOFTMAX_CE "softmax_ce"
 #define STOKE_SOFTMAX_CE_LABEL_SMOOTHING 0 /* float, default 0 */
 
@@ -65,18 +67,21 @@
  * running statistics IN PLACE (inputs 3 and 4 are STATE values):
  * running = (1 - momentum) running + momentum batch, with the unbiased
  * variance (n/(n-1)) for running_var. Eval: normalize by the running
- * statistics (saved_* then hold them). Statistics and the affine are fp32. */
+ * statistics (saved_* then hold them). Running and saved statistics are
+ * f32 (f64 for f64 x); weight and bias have x's dtype, statistics are
+ * accumulated in f32 or wider. */
 #define STOKE_OP_BATCH_NORM "batch_norm"
 #define STOKE_BATCH_NORM_EPS 0      /* float, 1e-5 */
 #define STOKE_BATCH_NORM_MOMENTUM 1 /* float, 0.1 */
 
-/* normalize: u8 images x[N, C, H, W] (memory HWC: layout NHWC) -> f32
+/* normalize: u8 images x[N, C, H, W] (memory HWC: layout NHWC) -> float
  * (x / 255 - mean[c]) / std[c] in the graph's layout, as torchvision's
  * ToTensor + Normalize, in one pass. The first node of image models. */
 #define STOKE_OP_NORMALIZE "normalize"
 #define STOKE_NORMALIZE_MEAN 0 /* floats, one per channel, "0.485:0.456:0.406" */
 #define STOKE_NORMALIZE_STD 1  /* floats */
 #define STOKE_NORMALIZE_LAYOUT 2 /* str: "nchw" or "nhwc", the output's memory order */
+#define STOKE_NORMALIZE_DTYPE 3  /* str: "f32", "bf16" or "f16", the output's dtype (the graph's) */
 
 /* Optimizer updates (pass STOKE_OPT) over the flat buffers. */
 #define STOKE_OP_SGD "sgd"     /* state: momentum buffer (1x params) */

@@ -1,0 +1,495 @@
+/* backends/cublaslt/cublaslt.c: the "cublaslt" engine: linear forward and
+ * backward in f32 (optionally TF32), bf16 and fp16 through cuBLASLt, with
+ * the bias add and the bias gradient fused into the product's epilogue.
+ *
+ * Layout. stoke's tensors are row-major; cuBLASLt is column-major. A
+ * row-major A[r, c] is, as stored, the column-major matrix A^T (rows c,
+ * cols r, leading dimension c). So every product is written for the
+ * transposes, with N = batch, K = in features, O = out features:
+ *
+ *   forward   y[N,O] = x W^T + b      y^T (O x N, ld O) = op(A) op(B)
+ *             A = W  stored K x O (ld K), transa = T   -> W    (O x K)
+ *             B = x  stored K x N (ld K), transb = N   -> x^T  (K x N)
+ *             m = O, n = N, k = K; EPILOGUE_BIAS adds b[O] to every
+ *             column of D (bias length = rows of D = m = O).
+ *   dx        dx[N,K] = dy W          dx^T (K x N, ld K) = W^T dy^T
+ *             A = W  stored K x O (ld K), transa = N   -> W^T  (K x O)
+ *             B = dy stored O x N (ld O), transb = N   -> dy^T (O x N)
+ *             m = K, n = N, k = O.
+ *   dW        dW[O,K] = dy^T x        dW^T (K x O, ld K) = x^T dy
+ *             A = x  stored K x N (ld K), transa = N   -> x^T  (K x N)
+ *             B = dy stored O x N (ld O), transb = T   -> dy   (N x O)
+ *             m = K, n = O, k = N; EPILOGUE_BGRADB writes
+ *             db[j] = sum_k op(B)[k, j] = sum over the batch of dy[:, j]
+ *             (bias length = columns of D = n = O), as apex's fused_dense.
+ *
+ * The epilogue's bias gradient is written, not accumulated, so db goes
+ * through it only when its beta is 0 (first micro-batch); with beta != 0
+ * (gradient accumulation), under STOKE_KFLAG_DETERMINISTIC, or when no
+ * algorithm supports the epilogue, the plain dW product runs and a small
+ * deterministic column-sum kernel (lt_kernels.cu) does db = beta db + sum.
+ * Descriptors, layouts and the heuristic's algorithm are made once per
+ * node in plan(); run() only sets pointers and calls cublasLtMatmul. */
+#include <stdio.h>
+#include <string.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include "backends/cublaslt/lt_kernels.h"
+#include "backends/cuda/stoke_cuda.h"
+#include "stoke/ops.h"
+
+const stoke_host_v1 *stoke_host;
+
+#define LT_WHO "cublaslt"
+/* The most workspace the heuristic may choose an algorithm for; plan()
+ * asks for what the chosen algorithms need (at most this). */
+#define LT_WORKSPACE_BYTES ((size_t)32 << 20)
+/* The executor places every buffer at a multiple of 256 bytes (core/plan.c)
+ * and cudaMalloc does too: the heuristic's default alignment assumption.
+ * run() checks it, so a misaligned pointer is an error, not a fault. */
+#define LT_ALIGN 256
+
+/* ----------------------------------------------------------------- engine */
+
+typedef struct lt_engine {
+  cublasLtHandle_t h;
+  stoke_cuda_device *dev;
+} lt_engine;
+
+static stoke_err *lt_open(int index, void *device_self, void **self) {
+  stoke_cuda_device *d = device_self;
+  if (!d)
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "cublaslt: no cuda device was given; list cuda before cublaslt in [run] backends");
+  if (d->version != STOKE_CUDA_DEVICE_VERSION)
+    return STOKE_PERR(STOKE_E_ABI, "cublaslt: the cuda device state is version %u, this plugin expects %u",
+                      d->version, STOKE_CUDA_DEVICE_VERSION);
+  STOKE_CUDA(cudaSetDevice(d->index));
+  lt_engine *E = stoke_host->alloc(sizeof *E);
+  if (!E) return STOKE_PERR(STOKE_E_OOM, "cublaslt: out of host memory");
+  memset(E, 0, sizeof *E);
+  E->dev = d;
+  cublasStatus_t st = cublasLtCreate(&E->h);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    stoke_host->free(E);
+    return STOKE_PERR(STOKE_E_DEVICE, "cublasLtCreate failed on device %d: %s (%s)", d->index,
+                      cublasLtGetStatusString(st), cublasLtGetStatusName(st));
+  }
+  size_t v = cublasLtGetVersion();
+  stoke_host->log(STOKE_LOG_INFO, LT_WHO, "cuBLASLt %zu.%zu.%zu on device %d (%s)", v / 10000, v / 100 % 100,
+                  v % 100, d->index, d->name);
+  *self = E;
+  return NULL;
+}
+
+static void lt_close(void *self) {
+  lt_engine *E = self;
+  if (!E) return;
+  cublasLtDestroy(E->h);
+  stoke_host->free(E);
+}
+
+static stoke_err *lt_info(void *self, stoke_device_info_v1 *out) {
+  lt_engine *E = self;
+  memset(out, 0, sizeof *out);
+  snprintf(out->name, sizeof out->name, "%s", E->dev->name);
+  out->cc_major = E->dev->cc_major;
+  out->cc_minor = E->dev->cc_minor;
+  return NULL;
+}
+
+static const stoke_backend_v1 backend = {
+    .name = "cublaslt",
+    .help = "cuBLASLt matmul kernels (linear with fused bias and bias gradient) on the cuda device",
+    .device = STOKE_DEV_GPU,
+    .device_engine = "cuda",
+    .open = lt_open,
+    .close = lt_close,
+    .info = lt_info,
+};
+
+/* ------------------------------------------------------------ node state */
+
+/* One cuBLASLt product, made once in plan(). */
+typedef struct lt_gemm {
+  const char *what; /* "forward", "dx", "dW", "dW+db" */
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t a, b, c; /* c serves as C and D */
+  cublasLtMatmulAlgo_t algo;
+  size_t ws; /* workspace the chosen algorithm needs */
+  int ready;
+} lt_gemm;
+
+typedef struct lt_state {
+  char node[64];
+  stoke_dtype dt;
+  int64_t n, k, o;
+  lt_gemm fwd; /* with EPILOGUE_BIAS when fwd_bias, else plain (bias first, beta 1) */
+  int fwd_bias;
+  lt_gemm dx, dw, dw_bgrad; /* dw_bgrad.ready: the BGRADB epilogue is usable */
+} lt_state;
+
+/* The context every cuBLASLt error carries: the node, the product, shapes. */
+#define LT_CTX_FMT "linear '%s' (%s; x[%lld, %lld], weight[%lld, %lld], %s)"
+#define LT_CTX_ARGS(s, what)                                                                            \
+  (s)->node, (what), (long long)(s)->n, (long long)(s)->k, (long long)(s)->o, (long long)(s)->k, \
+      stoke_dtype_name((s)->dt)
+
+#define LT_CHECK(call, s, what)                                                                      \
+  do {                                                                                               \
+    cublasStatus_t lt_st_ = (call);                                                                  \
+    if (lt_st_ != CUBLAS_STATUS_SUCCESS)                                                             \
+      return stoke_host->err_new(STOKE_E_DEVICE, __FILE__, __LINE__, "%s failed for " LT_CTX_FMT ": %s (%s)", \
+                                 #call, LT_CTX_ARGS(s, what), cublasLtGetStatusString(lt_st_),       \
+                                 cublasLtGetStatusName(lt_st_));                                     \
+  } while (0)
+
+#define LT_CUDA(call, s, what)                                                                      \
+  do {                                                                                               \
+    cudaError_t lt_ce_ = (call);                                                                     \
+    if (lt_ce_ != cudaSuccess)                                                                       \
+      return stoke_host->err_new(STOKE_E_DEVICE, __FILE__, __LINE__, "%s failed for " LT_CTX_FMT ": %s", #call, \
+                                 LT_CTX_ARGS(s, what), cudaGetErrorString(lt_ce_));                  \
+  } while (0)
+
+static void gemm_free(lt_gemm *g) {
+  if (g->c) cublasLtMatrixLayoutDestroy(g->c);
+  if (g->b) cublasLtMatrixLayoutDestroy(g->b);
+  if (g->a) cublasLtMatrixLayoutDestroy(g->a);
+  if (g->op) cublasLtMatmulDescDestroy(g->op);
+  memset(g, 0, sizeof *g);
+}
+
+static void lt_destroy(void *state) {
+  lt_state *s = state;
+  if (!s) return;
+  gemm_free(&s->fwd);
+  gemm_free(&s->dx);
+  gemm_free(&s->dw);
+  gemm_free(&s->dw_bgrad);
+  stoke_host->free(s);
+}
+
+static cudaDataType_t cuda_type(stoke_dtype t) {
+  return t == STOKE_BF16 ? CUDA_R_16BF : t == STOKE_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* The plan of one product op(A)[m, k] op(B)[k, n] -> D[m, n], all
+ * column-major as described at the top. `optional`: when the heuristic
+ * finds no algorithm, leave g->ready = 0 instead of failing (epilogue
+ * variants with a plain fallback). */
+static stoke_err *gemm_plan(lt_engine *E, const lt_state *s, uint32_t flags, lt_gemm *g, const char *what,
+                            cublasOperation_t ta, cublasOperation_t tb, uint64_t m, uint64_t n, uint64_t k,
+                            int64_t lda, int64_t ldb, int64_t ldc, cublasLtEpilogue_t epi, int optional) {
+  memset(g, 0, sizeof *g);
+  g->what = what;
+  cudaDataType_t t = cuda_type(s->dt);
+  cublasComputeType_t ct =
+      s->dt == STOKE_F32 && (flags & STOKE_KFLAG_TF32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  LT_CHECK(cublasLtMatmulDescCreate(&g->op, ct, CUDA_R_32F), s, what);
+  LT_CHECK(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), s, what);
+  LT_CHECK(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), s, what);
+  if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
+    LT_CHECK(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), s, what);
+    /* bias (and its gradient) in the dtype of the output, as the op's bias */
+    int32_t bt = (int32_t)t;
+    LT_CHECK(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), s,
+             what);
+  }
+  /* stored shapes: A is m x k when not transposed, else k x m; B likewise */
+  LT_CHECK(cublasLtMatrixLayoutCreate(&g->a, t, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda), s,
+           what);
+  LT_CHECK(cublasLtMatrixLayoutCreate(&g->b, t, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb), s,
+           what);
+  LT_CHECK(cublasLtMatrixLayoutCreate(&g->c, t, m, n, ldc), s, what);
+
+  cublasLtMatmulPreference_t pref = NULL;
+  LT_CHECK(cublasLtMatmulPreferenceCreate(&pref), s, what);
+  size_t ws_max = LT_WORKSPACE_BYTES;
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max,
+                                                           sizeof ws_max);
+  if (st == CUBLAS_STATUS_SUCCESS && (flags & STOKE_KFLAG_DETERMINISTIC)) {
+    /* no split-K reductions: one fixed summation order per element */
+    uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE;
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
+                                              sizeof mask);
+  }
+  cublasLtMatmulHeuristicResult_t res;
+  memset(&res, 0, sizeof res);
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(E->h, g->op, g->a, g->b, g->c, g->c, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
+    g->algo = res.algo;
+    g->ws = res.workspaceSize;
+    g->ready = 1;
+    return NULL;
+  }
+  if (st == CUBLAS_STATUS_SUCCESS) st = found > 0 ? res.state : CUBLAS_STATUS_NOT_SUPPORTED;
+  if (optional) {
+    stoke_host->log(STOKE_LOG_DEBUG, LT_WHO, "no cuBLASLt algorithm for " LT_CTX_FMT ": %s; using the fallback",
+                    LT_CTX_ARGS(s, what), cublasLtGetStatusName(st));
+    gemm_free(g);
+    return NULL;
+  }
+  return STOKE_PERR(st == CUBLAS_STATUS_NOT_SUPPORTED ? STOKE_E_UNSUPPORTED : STOKE_E_DEVICE,
+                    "cublasLtMatmulAlgoGetHeuristic found no algorithm for " LT_CTX_FMT ": %s (%s)",
+                    LT_CTX_ARGS(s, what), cublasLtGetStatusString(st), cublasLtGetStatusName(st));
+}
+
+/* ----------------------------------------------------------------- checks */
+
+static const char *node_name(const stoke_kernel_args_v1 *a) {
+  return a->node && a->node->name ? a->node->name : "?";
+}
+
+static stoke_err *check_tensor(const stoke_kernel_args_v1 *a, const char *what, const stoke_tensor *t,
+                               stoke_dtype dt, int ndim, int64_t d0, int64_t d1) {
+  if (t->dtype != dt || t->shape.ndim != ndim || t->shape.d[0] != d0 || (ndim == 2 && t->shape.d[1] != d1)) {
+    char want[64];
+    if (ndim == 2) snprintf(want, sizeof want, "[%lld, %lld]", (long long)d0, (long long)d1);
+    else snprintf(want, sizeof want, "[%lld]", (long long)d0);
+    return STOKE_PERR(STOKE_E_INVALID, "cublaslt linear '%s': %s should be %s %s, got a %d-D %s tensor",
+                      node_name(a), what, stoke_dtype_name(dt), want, t->shape.ndim, stoke_dtype_name(t->dtype));
+  }
+  return NULL;
+}
+
+/* Shapes and dtypes of every tensor the kernel touches; fills s's dims. */
+static stoke_err *linear_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, lt_state *s) {
+  if (a->n_in != 3 || a->n_out != 1 || !a->in || !a->out || (bwd && (!a->din || !a->dout)))
+    return STOKE_PERR(STOKE_E_INVALID, "cublaslt linear '%s': expects x, weight, bias -> y%s", node_name(a),
+                      bwd ? " with their gradients" : "");
+  const stoke_shape *xs = &a->in[0].shape, *ws = &a->in[1].shape;
+  if (xs->ndim != 2 || ws->ndim != 2)
+    return STOKE_PERR(STOKE_E_INVALID, "cublaslt linear '%s': x and weight must be 2-D, got %d-D and %d-D",
+                      node_name(a), xs->ndim, ws->ndim);
+  int64_t n = xs->d[0], k = xs->d[1], o = ws->d[0];
+  STOKE_PROPAGATE_P(check_tensor(a, "x", &a->in[0], dt, 2, n, k));
+  STOKE_PROPAGATE_P(check_tensor(a, "weight", &a->in[1], dt, 2, o, k));
+  STOKE_PROPAGATE_P(check_tensor(a, "bias", &a->in[2], dt, 1, o, 0));
+  STOKE_PROPAGATE_P(check_tensor(a, "y", &a->out[0], dt, 2, n, o));
+  if (bwd) {
+    STOKE_PROPAGATE_P(check_tensor(a, "dy", &a->dout[0], dt, 2, n, o));
+    if (a->din[0].data) STOKE_PROPAGATE_P(check_tensor(a, "dx", &a->din[0], dt, 2, n, k));
+    if (a->din[1].data) STOKE_PROPAGATE_P(check_tensor(a, "dweight", &a->din[1], dt, 2, o, k));
+    if (a->din[2].data) STOKE_PROPAGATE_P(check_tensor(a, "dbias", &a->din[2], dt, 1, o, 0));
+  }
+  if (!a->engine)
+    return STOKE_PERR(STOKE_E_INVALID, "cublaslt linear '%s': the cublaslt engine is not open", node_name(a));
+  if (s) {
+    snprintf(s->node, sizeof s->node, "%.63s", node_name(a));
+    s->dt = dt;
+    s->n = n, s->k = k, s->o = o;
+  }
+  return NULL;
+}
+
+static stoke_err *check_align(const lt_state *s, const char *what, const void *p) {
+  if ((uintptr_t)p % LT_ALIGN)
+    return STOKE_PERR(STOKE_E_UNSUPPORTED,
+                      "cublaslt linear '%s': %s at %p is not %d-byte aligned (cuBLASLt algorithms are chosen for "
+                      "%d-byte aligned buffers)",
+                      s->node, what, p, LT_ALIGN, LT_ALIGN);
+  return NULL;
+}
+
+static float grad_beta(const stoke_kernel_args_v1 *a, int i) {
+  return (a->param_grads >> i) & 1u ? a->param_grad_beta : 0.f;
+}
+
+static stoke_err *new_state(lt_state **out) {
+  lt_state *s = stoke_host->alloc(sizeof *s);
+  if (!s) return STOKE_PERR(STOKE_E_OOM, "cublaslt: out of host memory");
+  memset(s, 0, sizeof *s);
+  *out = s;
+  return NULL;
+}
+
+static size_t max_ws(size_t a, size_t b) { return a > b ? a : b; }
+
+/* ---------------------------------------------------------------- forward */
+
+static stoke_err *fwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes,
+                              stoke_dtype dt) {
+  *state = NULL;
+  *workspace_bytes = 0;
+  lt_state tmp;
+  memset(&tmp, 0, sizeof tmp);
+  STOKE_PROPAGATE_P(linear_check(a, dt, 0, &tmp));
+  lt_state *s;
+  STOKE_PROPAGATE_P(new_state(&s));
+  *s = tmp;
+  if (dt != STOKE_F32 && (s->n % 8 || s->k % 8 || s->o % 8))
+    stoke_host->log(STOKE_LOG_WARN, LT_WHO,
+                    "linear '%s': batch %lld, in %lld, out %lld are not all multiples of 8 in %s; tensor cores "
+                    "are not fully used (pad the sizes to multiples of 8)",
+                    s->node, (long long)s->n, (long long)s->k, (long long)s->o, stoke_dtype_name(dt));
+  stoke_err *e = NULL;
+  if (s->n && s->k && s->o) {
+    lt_engine *E = a->engine;
+    e = gemm_plan(E, s, a->flags, &s->fwd, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o, (uint64_t)s->n,
+                  (uint64_t)s->k, s->k, s->k, s->o, CUBLASLT_EPILOGUE_BIAS, 1);
+    s->fwd_bias = s->fwd.ready;
+    if (!e && !s->fwd.ready)
+      e = gemm_plan(E, s, a->flags, &s->fwd, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o,
+                    (uint64_t)s->n, (uint64_t)s->k, s->k, s->k, s->o, CUBLASLT_EPILOGUE_DEFAULT, 0);
+  }
+  if (e) {
+    lt_destroy(s);
+    return e;
+  }
+  if (s->n && s->k && s->o)
+    stoke_host->log(STOKE_LOG_DEBUG, LT_WHO, "linear '%s' forward: %s, workspace %zu bytes", s->node,
+                    s->fwd_bias ? "bias fused (EPILOGUE_BIAS)" : "bias by a separate kernel", s->fwd.ws);
+  *state = s;
+  *workspace_bytes = s->fwd.ws;
+  return NULL;
+}
+
+static stoke_err *matmul(lt_engine *E, const lt_state *s, const lt_gemm *g, const stoke_kernel_args_v1 *a,
+                         const void *A, const void *B, void *D, float beta) {
+  float alpha = 1.f;
+  STOKE_PROPAGATE_P(check_align(s, "A", A));
+  STOKE_PROPAGATE_P(check_align(s, "B", B));
+  STOKE_PROPAGATE_P(check_align(s, "D", D));
+  if (g->ws > a->workspace_bytes || (g->ws && !a->workspace))
+    return STOKE_PERR(STOKE_E_INTERNAL, "cublaslt linear '%s' (%s): the algorithm needs %zu bytes of workspace, "
+                      "the executor gave %zu", s->node, g->what, g->ws, a->workspace_bytes);
+  LT_CHECK(cublasLtMatmul(E->h, g->op, &alpha, A, g->a, B, g->b, &beta, D, g->c, D, g->c, &g->algo,
+                          g->ws ? a->workspace : NULL, g->ws, (cudaStream_t)a->stream),
+           s, g->what);
+  return NULL;
+}
+
+static stoke_err *fwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_dtype dt) {
+  lt_state *s = state;
+  if (!s) return STOKE_PERR(STOKE_E_INTERNAL, "cublaslt linear '%s': run() without plan()", node_name(a));
+  STOKE_PROPAGATE_P(linear_check(a, dt, 0, NULL));
+  lt_engine *E = a->engine;
+  cudaStream_t st = (cudaStream_t)a->stream;
+  const void *x = a->in[0].data, *w = a->in[1].data, *b = a->in[2].data;
+  void *y = a->out[0].data;
+  if (!s->n || !s->o) return NULL;
+  if (!s->k || !s->fwd_bias) { /* y = b, then (if K > 0) y += x W^T */
+    LT_CUDA(stoke_lt_bias_rows(y, b, s->n, s->o, dt, st), s, "forward");
+    if (!s->k) return NULL;
+    return matmul(E, s, &s->fwd, a, w, x, y, 1.f);
+  }
+  LT_CHECK(cublasLtMatmulDescSetAttribute(s->fwd.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b), s,
+           "forward");
+  return matmul(E, s, &s->fwd, a, w, x, y, 0.f);
+}
+
+/* --------------------------------------------------------------- backward */
+
+static stoke_err *bwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes,
+                              stoke_dtype dt) {
+  *state = NULL;
+  *workspace_bytes = 0;
+  lt_state tmp;
+  memset(&tmp, 0, sizeof tmp);
+  STOKE_PROPAGATE_P(linear_check(a, dt, 1, &tmp));
+  lt_state *s;
+  STOKE_PROPAGATE_P(new_state(&s));
+  *s = tmp;
+  lt_engine *E = a->engine;
+  stoke_err *e = NULL;
+  uint64_t n = (uint64_t)s->n, k = (uint64_t)s->k, o = (uint64_t)s->o;
+  /* plan what may be wanted: din[i].data may be NULL at plan time */
+  if (n && k && o) {
+    e = gemm_plan(E, s, a->flags, &s->dx, "dx", CUBLAS_OP_N, CUBLAS_OP_N, k, n, o, s->k, s->o, s->k,
+                  CUBLASLT_EPILOGUE_DEFAULT, 0);
+    if (!e)
+      e = gemm_plan(E, s, a->flags, &s->dw, "dW", CUBLAS_OP_N, CUBLAS_OP_T, k, o, n, s->k, s->o, s->k,
+                    CUBLASLT_EPILOGUE_DEFAULT, 0);
+    if (!e && !(a->flags & STOKE_KFLAG_DETERMINISTIC))
+      e = gemm_plan(E, s, a->flags, &s->dw_bgrad, "dW+db", CUBLAS_OP_N, CUBLAS_OP_T, k, o, n, s->k, s->o, s->k,
+                    CUBLASLT_EPILOGUE_BGRADB, 1);
+  }
+  if (e) {
+    lt_destroy(s);
+    return e;
+  }
+  if (n && k && o)
+    stoke_host->log(STOKE_LOG_DEBUG, LT_WHO, "linear '%s' backward: db %s; workspace %zu/%zu/%zu bytes", s->node,
+                    s->dw_bgrad.ready ? "fused (EPILOGUE_BGRADB) when not accumulating" : "by a column-sum kernel",
+                    s->dx.ws, s->dw.ws, s->dw_bgrad.ws);
+  *state = s;
+  *workspace_bytes = max_ws(s->dx.ws, max_ws(s->dw.ws, s->dw_bgrad.ws));
+  return NULL;
+}
+
+static stoke_err *bwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_dtype dt) {
+  lt_state *s = state;
+  if (!s) return STOKE_PERR(STOKE_E_INTERNAL, "cublaslt linear '%s': run() without plan()", node_name(a));
+  STOKE_PROPAGATE_P(linear_check(a, dt, 1, NULL));
+  lt_engine *E = a->engine;
+  cudaStream_t st = (cudaStream_t)a->stream;
+  const void *x = a->in[0].data, *w = a->in[1].data, *dy = a->dout[0].data;
+  void *dx = a->din[0].data, *dw = a->din[1].data, *db = a->din[2].data;
+  int64_t n = s->n, k = s->k, o = s->o;
+  int gemm = n && k && o;
+  if (dx && n && k) { /* dx = dy W: overwritten (or beta dx for a parameter input) */
+    if (gemm) STOKE_PROPAGATE_P(matmul(E, s, &s->dx, a, w, dy, dx, grad_beta(a, 0)));
+    else LT_CUDA(stoke_lt_scale(dx, n * k, grad_beta(a, 0), dt, st), s, "dx");
+  }
+  int db_done = 0;
+  if (dw && o && k) { /* dW = beta dW + dy^T x */
+    float bw = grad_beta(a, 1);
+    if (!gemm) {
+      LT_CUDA(stoke_lt_scale(dw, o * k, bw, dt, st), s, "dW");
+    } else if (db && s->dw_bgrad.ready && grad_beta(a, 2) == 0.f) {
+      LT_CHECK(cublasLtMatmulDescSetAttribute(s->dw_bgrad.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &db, sizeof db),
+               s, "dW+db");
+      STOKE_PROPAGATE_P(matmul(E, s, &s->dw_bgrad, a, x, dy, dw, bw));
+      db_done = 1;
+    } else {
+      STOKE_PROPAGATE_P(matmul(E, s, &s->dw, a, x, dy, dw, bw));
+    }
+  }
+  if (db && !db_done) /* db = beta db + column sums of dy */
+    LT_CUDA(stoke_lt_colsum(db, dy, n, o, grad_beta(a, 2), dt, st), s, "db");
+  return NULL;
+}
+
+/* ------------------------------------------------------------ the tables */
+
+#define LT_KERNELS(sfx, DT)                                                                                   \
+  static stoke_err *fwd_plan_##sfx(const stoke_kernel_args_v1 *a, void **st, size_t *ws) {                  \
+    return fwd_plan_dt(a, st, ws, DT);                                                                      \
+  }                                                                                                         \
+  static stoke_err *fwd_run_##sfx(const stoke_kernel_args_v1 *a, void *st) { return fwd_run_dt(a, st, DT); } \
+  static stoke_err *bwd_plan_##sfx(const stoke_kernel_args_v1 *a, void **st, size_t *ws) {                  \
+    return bwd_plan_dt(a, st, ws, DT);                                                                      \
+  }                                                                                                         \
+  static stoke_err *bwd_run_##sfx(const stoke_kernel_args_v1 *a, void *st) { return bwd_run_dt(a, st, DT); }
+
+LT_KERNELS(f32, STOKE_F32)
+LT_KERNELS(bf16, STOKE_BF16)
+LT_KERNELS(f16, STOKE_F16)
+
+#define LT_ENTRY(sfx, DT)                                                                                \
+  {"cublaslt", STOKE_OP_LINEAR, STOKE_FWD, DT, STOKE_LAYOUT_ANY, fwd_plan_##sfx, fwd_run_##sfx, lt_destroy}, \
+      {"cublaslt", STOKE_OP_LINEAR, STOKE_BWD, DT, STOKE_LAYOUT_ANY, bwd_plan_##sfx, bwd_run_##sfx, lt_destroy}
+
+static const stoke_kernel_v1 kernels[] = {
+    LT_ENTRY(f32, STOKE_F32),
+    LT_ENTRY(bf16, STOKE_BF16),
+    LT_ENTRY(f16, STOKE_F16),
+};
+
+static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
+  stoke_host = h;
+  STOKE_PROPAGATE_P(r->add_backend(r->self, &backend));
+  for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++)
+    STOKE_PROPAGATE_P(r->add_kernel(r->self, &kernels[i]));
+  return NULL;
+}
+
+STOKE_EXPORT const stoke_plugin_v1 stoke_plugin_v1_entry = {
+    STOKE_ABI_VERSION, sizeof(stoke_plugin_v1), "cublaslt",
+    "cuBLASLt linear kernels (fused bias, bias gradient) for f32/TF32, bf16 and fp16", reg};

@@ -1,0 +1,107 @@
+// backends/cublaslt/lt_kernels.cu: the plain CUDA kernels the cublaslt
+// linear kernels need around cuBLASLt (see lt_kernels.h).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "backends/cublaslt/lt_kernels.h"
+
+namespace {
+
+__device__ __forceinline__ float ld(const float *p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const __half *p, int64_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ float ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void st(float *p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(__half *p, int64_t i, float v) { p[i] = __float2half_rn(v); }
+__device__ __forceinline__ void st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+template <typename T>
+__global__ void bias_rows(T *y, const T *b, int64_t rows, int64_t cols) {
+  int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] = b[i % cols];
+}
+
+template <typename T>
+__global__ void scale(T *d, int64_t n, float beta) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    st(d, i, beta != 0.f ? beta * ld(d, i) : 0.f);
+}
+
+// One block per 32 columns; its 32 x COLSUM_Y threads stride over the rows
+// (each thread in a fixed order), then row 0 of the block adds the
+// COLSUM_Y partial sums in a fixed order: the same bits on every run.
+constexpr int COLSUM_Y = 16;
+
+template <typename T>
+__global__ void colsum(T *db, const T *dy, int64_t rows, int64_t cols, float beta) {
+  __shared__ float part[COLSUM_Y][33];
+  int64_t j = blockIdx.x * 32 + threadIdx.x;
+  float s = 0.f;
+  if (j < cols)
+    for (int64_t i = threadIdx.y; i < rows; i += COLSUM_Y) s += ld(dy, i * cols + j);
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < cols) {
+    float t = 0.f;
+    for (int r = 0; r < COLSUM_Y; r++) t += part[r][threadIdx.x];
+    st(db, j, beta != 0.f ? beta * ld(db, j) + t : t);
+  }
+}
+
+unsigned grid_for(int64_t n, int threads) {
+  int64_t g = (n + threads - 1) / threads;
+  return (unsigned)(g < 1 ? 1 : g > 65535 ? 65535 : g);
+}
+
+template <typename T>
+cudaError_t launch_bias_rows(void *y, const void *b, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  bias_rows<T><<<grid_for(rows * cols, 256), 256, 0, s>>>((T *)y, (const T *)b, rows, cols);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_scale(void *d, int64_t n, float beta, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  scale<T><<<grid_for(n, 256), 256, 0, s>>>((T *)d, n, beta);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_colsum(void *db, const void *dy, int64_t rows, int64_t cols, float beta, cudaStream_t s) {
+  if (cols <= 0) return cudaSuccess;
+  dim3 block(32, COLSUM_Y);
+  colsum<T><<<(unsigned)((cols + 31) / 32), block, 0, s>>>((T *)db, (const T *)dy, rows, cols, beta);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" cudaError_t stoke_lt_bias_rows(void *y, const void *b, int64_t rows, int64_t cols, stoke_dtype dt,
+                                          cudaStream_t s) {
+  switch (dt) {
+    case STOKE_F32: return launch_bias_rows<float>(y, b, rows, cols, s);
+    case STOKE_F16: return launch_bias_rows<__half>(y, b, rows, cols, s);
+    case STOKE_BF16: return launch_bias_rows<__nv_bfloat16>(y, b, rows, cols, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" cudaError_t stoke_lt_scale(void *d, int64_t n, float beta, stoke_dtype dt, cudaStream_t s) {
+  switch (dt) {
+    case STOKE_F32: return launch_scale<float>(d, n, beta, s);
+    case STOKE_F16: return launch_scale<__half>(d, n, beta, s);
+    case STOKE_BF16: return launch_scale<__nv_bfloat16>(d, n, beta, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" cudaError_t stoke_lt_colsum(void *db, const void *dy, int64_t rows, int64_t cols, float beta,
+                                       stoke_dtype dt, cudaStream_t s) {
+  switch (dt) {
+    case STOKE_F32: return launch_colsum<float>(db, dy, rows, cols, beta, s);
+    case STOKE_F16: return launch_colsum<__half>(db, dy, rows, cols, beta, s);
+    case STOKE_BF16: return launch_colsum<__nv_bfloat16>(db, dy, rows, cols, beta, s);
+    default: return cudaErrorInvalidValue;
+  }
+}

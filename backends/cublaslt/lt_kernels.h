@@ -1,0 +1,33 @@
+/* backends/cublaslt/lt_kernels.h: the small CUDA kernels next to the
+ * cuBLASLt products of the linear kernels (lt_kernels.cu), private to the
+ * cublaslt plugin: bias broadcast, scaling, and the bias gradient. */
+#ifndef STOKE_CUBLASLT_KERNELS_H
+#define STOKE_CUBLASLT_KERNELS_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "stoke/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* y[i, j] = b[j] for a row-major y[rows, cols]. */
+cudaError_t stoke_lt_bias_rows(void *y, const void *b, int64_t rows, int64_t cols, stoke_dtype dt,
+                               cudaStream_t s);
+
+/* d[0..n) = beta * d (d is not read when beta is 0: it may hold NaN). */
+cudaError_t stoke_lt_scale(void *d, int64_t n, float beta, stoke_dtype dt, cudaStream_t s);
+
+/* db[j] = beta * db[j] + sum_i dy[i, j] for a row-major dy[rows, cols],
+ * summed in f32 in a fixed order (bitwise reproducible); db is not read
+ * when beta is 0. */
+cudaError_t stoke_lt_colsum(void *db, const void *dy, int64_t rows, int64_t cols, float beta, stoke_dtype dt,
+                            cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,92 @@
+/* backends/cudnn/cudnn.c: the "cudnn" engine: kernels only, on the cuda
+ * backend's device and stream (one cuDNN handle per opened device), its
+ * algorithm cache, the cuDNN error wrapper and the plugin entry. */
+#include <stdio.h>
+#include <string.h>
+
+#include "stoke_cudnn.h"
+
+const stoke_host_v1 *stoke_host;
+
+stoke_err *stoke_cudnn_err(cudnnStatus_t s, const char *file, int line, const char *call, const char *ctx) {
+  char detail[512] = "";
+  cudnnGetLastErrorString(detail, sizeof detail);
+  int code = (int)s;
+  stoke_code c = code == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+                         code == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED
+                     ? STOKE_E_OOM
+                 : code / 1000 == CUDNN_STATUS_NOT_SUPPORTED / 1000 ? STOKE_E_UNSUPPORTED
+                                                                   : STOKE_E_DEVICE;
+  return stoke_host->err_new(c, file, line, "%s failed: %s (%d)%s%s; %s", call, cudnnGetErrorString(s), code,
+                             detail[0] ? ": " : "", detail, ctx ? ctx : "");
+}
+
+const cudnn_algo_choice *stoke_cudnn_cache_get(const cudnn_engine *e, const cudnn_conv_key *k) {
+  for (int i = 0; i < e->n_cache; i++)
+    if (!memcmp(&e->keys[i], k, sizeof *k)) return &e->vals[i];
+  return NULL;
+}
+
+void stoke_cudnn_cache_put(cudnn_engine *e, const cudnn_conv_key *k, const cudnn_algo_choice *v) {
+  if (e->n_cache >= CUDNN_CACHE_MAX) return; /* full: later shapes are tuned again, still correct */
+  e->keys[e->n_cache] = *k;
+  e->vals[e->n_cache] = *v;
+  e->n_cache++;
+}
+
+static stoke_err *cudnn_open(int index, void *device_self, void **self) {
+  stoke_cuda_device *d = device_self;
+  if (!d || d->version != STOKE_CUDA_DEVICE_VERSION)
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "cudnn: needs the cuda backend's device (device_self %s, version %u, expected %d); "
+                      "list cuda before cudnn in [run] backends",
+                      d ? "set" : "NULL", d ? d->version : 0u, STOKE_CUDA_DEVICE_VERSION);
+  STOKE_CUDA(cudaSetDevice(d->index));
+  cudnn_engine *e = stoke_host->alloc(sizeof *e);
+  if (!e) return STOKE_PERR(STOKE_E_OOM, "cudnn: out of host memory");
+  memset(e, 0, sizeof *e);
+  e->dev = d;
+  cudnnStatus_t s = cudnnCreate(&e->handle);
+  if (s != CUDNN_STATUS_SUCCESS) {
+    stoke_host->free(e);
+    char ctx[64];
+    snprintf(ctx, sizeof ctx, "device %d", index);
+    return stoke_cudnn_err(s, __FILE__, __LINE__, "cudnnCreate", ctx);
+  }
+  size_t v = cudnnGetVersion();
+  stoke_host->log(STOKE_LOG_INFO, "cudnn", "device %d: cuDNN %zu.%zu.%zu (built against %d.%d.%d)", d->index,
+                  v / 10000, v / 100 % 100, v % 100, CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL);
+  if (v / 10000 != CUDNN_MAJOR)
+    stoke_host->log(STOKE_LOG_WARN, "cudnn",
+                    "the cuDNN library found (%zu) is not of the major version this plugin was built "
+                    "against (%d): expect failures",
+                    v, CUDNN_MAJOR);
+  *self = e;
+  return NULL;
+}
+
+static void cudnn_close(void *self) {
+  cudnn_engine *e = self;
+  if (!e) return;
+  cudnnDestroy(e->handle);
+  stoke_host->free(e);
+}
+
+static const stoke_backend_v1 backend = {
+    .name = "cudnn",
+    .help = "NVIDIA cuDNN kernels (conv2d, autotuned with STOKE_KFLAG_AUTOTUNE) on the cuda device",
+    .device = STOKE_DEV_GPU,
+    .device_engine = "cuda",
+    .open = cudnn_open,
+    .close = cudnn_close,
+};
+
+static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
+  stoke_host = h;
+  STOKE_PROPAGATE_P(r->add_backend(r->self, &backend));
+  STOKE_PROPAGATE_P(stoke_cudnn_register_conv(r));
+  return NULL;
+}
+
+STOKE_EXPORT const stoke_plugin_v1 stoke_plugin_v1_entry = {
+    STOKE_ABI_VERSION, sizeof(stoke_plugin_v1), "cudnn", "cuDNN convolution kernels", reg};

@@ -1,0 +1,66 @@
+/* backends/cudnn/stoke_cudnn.h: what the files of the cudnn plugin share:
+ * the engine state (one cuDNN handle per opened device, the table of tuned
+ * algorithms) and the check that turns a cudnnStatus_t into a stoke error. */
+#ifndef STOKE_CUDNN_H
+#define STOKE_CUDNN_H
+
+/* cuDNN 9 marks the classic convolution API (tensor/filter/convolution
+ * descriptors, cudnnFind*AlgorithmEx, cudnnGet*Algorithm_v7,
+ * cudnnConvolutionForward/Backward*) deprecated in favour of its graph API,
+ * but it is present and supported throughout 9.x and is what this plugin
+ * uses. The attributes only bite when CUDNN_WARN_DEPRECATED is defined (and
+ * then fire inside cudnn.h itself); silence them for this plugin's files so
+ * such a build stays warning-free. */
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#include <cudnn.h>
+
+#include "backends/cuda/stoke_cuda.h"
+
+/* Largest workspace an algorithm may ask for (autotune and heuristics). */
+#define CUDNN_WS_CAP ((size_t)256 << 20)
+#define CUDNN_CACHE_MAX 256
+
+/* Which cuDNN convolution call an algorithm choice is for. */
+typedef enum cudnn_dir { CUDNN_DIR_FWD = 0, CUDNN_DIR_BWD_DATA, CUDNN_DIR_BWD_FILTER, CUDNN_DIR_COUNT } cudnn_dir;
+
+/* What identifies a convolution problem for the algorithm cache; compared
+ * with memcmp, so always memset to 0 before filling. */
+typedef struct cudnn_conv_key {
+  int64_t x[4], w[4];
+  int64_t stride[2], pad[2], dil[2], groups;
+  int32_t dtype, layout, dir;
+  uint32_t flags; /* the STOKE_KFLAG_* bits that change the choice */
+} cudnn_conv_key;
+
+typedef struct cudnn_algo_choice {
+  int algo;
+  cudnnMathType_t math;
+  size_t workspace;
+  float ms;  /* measured time (autotune) or -1 (heuristic) */
+} cudnn_algo_choice;
+
+typedef struct cudnn_engine {
+  stoke_cuda_device *dev;
+  cudnnHandle_t handle;
+  int n_cache;
+  cudnn_conv_key keys[CUDNN_CACHE_MAX];
+  cudnn_algo_choice vals[CUDNN_CACHE_MAX];
+} cudnn_engine;
+
+/* A cuDNN status as a stoke error: the call, cuDNN's message (and its last
+ * detailed error text), and `ctx` (node and shapes). */
+stoke_err *stoke_cudnn_err(cudnnStatus_t s, const char *file, int line, const char *call, const char *ctx);
+
+#define CUDNN_CHECK(call, ctx)                                                          \
+  do {                                                                                  \
+    cudnnStatus_t cudnn_s_ = (call);                                                    \
+    if (cudnn_s_ != CUDNN_STATUS_SUCCESS) return stoke_cudnn_err(cudnn_s_, __FILE__, __LINE__, #call, (ctx)); \
+  } while (0)
+
+/* The algorithm cache of an engine: NULL when the key is not there. */
+const cudnn_algo_choice *stoke_cudnn_cache_get(const cudnn_engine *e, const cudnn_conv_key *k);
+void stoke_cudnn_cache_put(cudnn_engine *e, const cudnn_conv_key *k, const cudnn_algo_choice *v);
+
+stoke_err *stoke_cudnn_register_conv(const stoke_registry_v1 *r);
+
+#endif
