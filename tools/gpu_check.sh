@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
 # tools/gpu_check.sh: runs on the GPU machine, from the repository root,
-# with .stage/ carried (tools/gpu_stage.sh): every GPU test binary, then the
-# given extra commands. Full logs go to $OUT (or ./gpu-out); the closing
-# lines summarize.
+# with .stage/ carried (made by tools/gpu_stage.sh): unpacks the binaries to
+# /tmp/stoke, runs every GPU test binary, then any extra command given as
+# arguments (run with the unpacked tree as $S). Full logs go to $OUT (or
+# ./gpu-out); the closing lines summarize.
 set -uo pipefail
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
-export STOKE_PLUGIN_PATH="$PWD/.stage/bin/plugins"
+export S=/tmp/stoke
+rm -rf "$S" && mkdir -p "$S" && tar -C "$S" -xJf .stage/bin.tar.xz || exit 1
+cp -r .stage/examples .stage/anchors "$S/" 2>/dev/null
+[ -d .stage/data ] && ln -sfn "$PWD/.stage/data" "$S/data"
+export STOKE_PLUGIN_PATH="$S/bin/plugins"
+export LD_LIBRARY_PATH="$S/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/device.txt" 2>&1
 summary=""
-for t in .stage/tests/*_test; do
-  [ -x "$t" ] || continue
-  name=$(basename "$t")
-  "$t" > "$out/$name.log" 2>&1
-  rc=$?
-  line=$(grep -E '^\[  (PASSED|FAILED)  \]' "$out/$name.log" | tail -2 | tr '\n' ' ')
-  summary="$summary$name rc=$rc $line\n"
-done
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  for t in "$S"/tests/*_test; do
+    [ -x "$t" ] || continue
+    name=$(basename "$t")
+    timeout 300 "$t" > "$out/$name.log" 2>&1
+    rc=$?
+    line=$(grep -E '^\[  (PASSED|FAILED)  \]' "$out/$name.log" | tail -2 | tr '\n' ' ')
+    summary="$summary$name rc=$rc $line\n"
+  done
+fi
 printf "device: %s\n" "$(cat "$out/device.txt")"
 printf "%b" "$summary"
+if [ $# -gt 0 ]; then
+  bash -c "$*"
+fi

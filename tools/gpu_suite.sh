@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# tools/gpu_suite.sh: the GPU machine's end-to-end runs, called by
+# tools/gpu_check.sh with $S (unpacked stage) and $OUT set. Parts by name:
+#   fp16      fp16 run whose loss scaler is forced to overflow
+#   fmnist    Fashion-MNIST CNN on the GPU (convert + train + eval)
+#   bench     stoke's mlp / resnet50 / resnet18c in tf32, bf16, fp16
+#   torch     PyTorch anchors (eager, and compile with TORCH_COMPILE=1)
+set -uo pipefail
+T="$S/bin/train"
+log() { echo "== $*"; }
+for part in "$@"; do
+  case "$part" in
+    fp16)
+      log "fp16 forced overflow"
+      "$T" "$S/examples/mlp.ini" run.precision=fp16 run.loss_scale_init=1e10 run.steps=40 run.log_every=1 \
+        run.progress=lines model.hidden=1024,1024 data.batch_size=1024 run.out_dir="$OUT/fp16" \
+        > "$OUT/fp16.log" 2>&1
+      echo "rc=$?"; grep -E "summary|loss scale|error" "$OUT/fp16.log"
+      python3 - "$OUT/fp16/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"step"' in l and '"loss"' in l]
+prev = None
+for r in rows[:30]:
+    print(r["step"], r["loss"], r["loss_scale"], r["skipped_steps"])
+PY
+      ;;
+    fmnist)
+      log "fashion-mnist CNN on the GPU"
+      D="$S/data"; mkdir -p /tmp/fm
+      "$S/bin/convert" idx --images $D/train-images-idx3-ubyte.gz --labels $D/train-labels-idx1-ubyte.gz --out /tmp/fm/train --force | tail -1
+      "$S/bin/convert" idx --images $D/t10k-images-idx3-ubyte.gz --labels $D/t10k-labels-idx1-ubyte.gz --out /tmp/fm/test --force | tail -1
+      for prec in fp32 bf16; do
+        "$T" "$S/examples/fmnist_cnn.ini" run.backends=cudnn,cublaslt,cuda run.precision=$prec run.progress=lines \
+          data.path=/tmp/fm/train eval_data.path=/tmp/fm/test data.workers=8 run.out_dir="$OUT/fmnist_$prec" \
+          > "$OUT/fmnist_$prec.log" 2>&1
+        echo "fmnist $prec rc=$?"; grep -E "^eval|summary|samples/s median|MFU|error" "$OUT/fmnist_$prec.log" | head -12
+      done
+      ;;
+    bench)
+      for w in mlp resnet50 resnet18c; do
+        for prec in tf32 bf16 fp16; do
+          "$T" "$S/examples/$w.ini" run.precision=$prec run.progress=off run.out_dir="$OUT/bench_${w}_$prec" \
+            > "$OUT/bench_${w}_$prec.log" 2>&1
+          rc=$?
+          s=$(grep -h '"summary"' "$OUT/bench_${w}_$prec/metrics.jsonl" 2>/dev/null | python3 -c 'import json,sys; r=json.loads(sys.stdin.read() or "{}"); print(r.get("samples_per_s_median"), r.get("step_time_ms_p50"), r.get("mfu"), r.get("final_loss"))')
+          echo "stoke $w $prec rc=$rc samples/s,step_ms,mfu,loss: $s"
+          [ $rc -ne 0 ] && tail -5 "$OUT/bench_${w}_$prec.log"
+        done
+      done
+      ;;
+    torch)
+      modes="mlp:tf32 mlp:bf16 mlp:fp16 resnet50:tf32 resnet50:bf16 resnet50:fp16 resnet18c:tf32 resnet18c:bf16 resnet18c:fp16"
+      [ "${TORCH_COMPILE:-0}" = 1 ] && modes="mlp:bf16+compile resnet50:bf16+compile resnet18c:bf16+compile"
+      python3 "$S/anchors/torch_bench.py" "$OUT/torch.jsonl" $modes 2>&1 | grep -v Warning | tail -20
+      ;;
+  esac
+done
