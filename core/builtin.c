@@ -76,6 +76,22 @@ static double flops_softmax_ce(const stoke_node_v1 *n, const stoke_value_desc_v1
   return 5.0 * (double)stoke_numel(&in[0].shape); /* max, sub, exp, sum, log */
 }
 
+static stoke_err *infer_cast(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                             stoke_value_desc_v1 *out) {
+  const char *t = n->attrs[STOKE_CAST_DTYPE].s;
+  out[0].shape = in[0].shape;
+  out[0].dtype = !strcmp(t, "bf16") ? STOKE_BF16 : !strcmp(t, "f16") ? STOKE_F16 : !strcmp(t, "f64") ? STOKE_F64 : STOKE_F32;
+  if (strcmp(t, "f32") && strcmp(t, "bf16") && strcmp(t, "f16") && strcmp(t, "f64"))
+    return STOKE_ERR(STOKE_E_INVALID, "cast '%s': dtype must be f32, bf16, f16 or f64", n->name);
+  if (in[0].dtype != STOKE_F32 && in[0].dtype != STOKE_F64)
+    return STOKE_ERR(STOKE_E_INVALID, "cast '%s': the input must be f32 or f64", n->name);
+  return NULL;
+}
+
+static const stoke_attr_decl_v1 cast_attrs[] = {
+    {"dtype", STOKE_ATTR_STR, "f32", "the output's dtype"},
+};
+
 static const stoke_attr_decl_v1 softmax_ce_attrs[] = {
     {"label_smoothing", STOKE_ATTR_FLOAT, "0", "mix the one-hot target with uniform (0 = off)"},
 };
@@ -86,6 +102,7 @@ static const stoke_op_type_v1 ops[] = {
     {STOKE_OP_RELU, "max(x, 0)", 1, 1, NULL, 0, infer_same, flops_elementwise,
      STOKE_BWD_NEEDS_OUTPUT(0), 0, 1},
     {STOKE_OP_ADD, "a + b (residual)", 2, 1, NULL, 0, infer_add, flops_elementwise, 0, 0, 1},
+    {STOKE_OP_CAST, "float conversion of the input batch", 1, 1, cast_attrs, 1, infer_cast, NULL, 0, 1u, 0},
     {STOKE_OP_SOFTMAX_CE, "softmax cross-entropy, mean over the batch (nn.CrossEntropyLoss)", 2,
      1, softmax_ce_attrs, 1, infer_softmax_ce, flops_softmax_ce,
      STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1), 1u << 1, 1},

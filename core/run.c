@@ -54,6 +54,8 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "evaluate on [eval_data] every N epochs (and at the end); 0: only at the end"},
     {"checkpoint_every", STOKE_CFG_INT, "0", 0, 1e15, NULL,
      "write <out_dir>/checkpoint.safetensors every N steps (0: only at the end and on Ctrl-C)"},
+    {"checkpoint", STOKE_CFG_BOOL, "true", 0, 0, NULL,
+     "write checkpoints (false: none at all, e.g. for benchmarks)"},
     {"resume", STOKE_CFG_STR, "", 0, 0, NULL, "continue from this checkpoint file"},
     {"deterministic", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "bitwise-reproducible runs: deterministic algorithms only (the cpu backend always is)"},
@@ -336,7 +338,8 @@ typedef struct run_state {
   const char *engines[STOKE_CFG_MAX_LIST];
   void *selves[STOKE_CFG_MAX_LIST];
   const stoke_backend_v1 *backs[STOKE_CFG_MAX_LIST];
-  int n_engines, n_open;
+  int n_engines;
+  int opened[STOKE_CFG_MAX_LIST];
   const stoke_backend_v1 *dev;
   void *dev_self;
   stream train, eval;
@@ -346,6 +349,16 @@ typedef struct run_state {
   stoke_layout layout;
   stoke_nvml *nvml;
 } run_state;
+
+/* Close the opened engines, the device's last (the others use it). */
+static void close_engines(run_state *s) {
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = s->n_engines - 1; i >= 0; i--) {
+      if (!s->opened[i] || (pass == 0) == (s->backs[i] == s->dev)) continue;
+      if (s->backs[i]->close) s->backs[i]->close(s->selves[i]);
+      s->opened[i] = 0;
+    }
+}
 
 static void stream_close(stream *st) {
   stoke_loader_free(st->loader);
@@ -360,8 +373,7 @@ static void run_close(run_state *s) {
   stoke_nvml_close(s->nvml);
   stream_close(&s->eval); /* borrows the training executor's weights: first */
   stream_close(&s->train);
-  for (int i = s->n_open - 1; i >= 0; i--)
-    if (s->backs[i]->close) s->backs[i]->close(s->selves[i]);
+  close_engines(s);
   stoke_registry_free(s->reg);
   stoke_cfg_free(s->cfg);
   free(s->config_text);
@@ -384,9 +396,7 @@ static stoke_err *open_backends(run_state *s, const char **prec_name) {
     return e;
   stoke_log(STOKE_LOG_WARN, "run", "%s; [run] device = auto: falling back to the cpu backend (fp32)", e->msg);
   stoke_err_free(e);
-  for (int i = s->n_open - 1; i >= 0; i--)
-    if (s->backs[i]->close) s->backs[i]->close(s->selves[i]);
-  s->n_open = 0;
+  close_engines(s);
   s->dev = NULL;
   s->dev_self = NULL;
   STOKE_TRY(stoke_registry_load(s->reg, "cpu"), "falling back to the cpu backend");
@@ -407,19 +417,25 @@ static stoke_err *open_engines(run_state *s) {
     return STOKE_ERR(STOKE_E_INVALID,
                      "%s: [run] backends: none of the backends owns a device (cpu or cuda); add one",
                      stoke_cfg_where(s->cfg, "run", "backends"));
-  void *dev_self = NULL;
-  for (int i = 0; i < s->n_engines; i++) {
+  /* the device engine opens first: the others get its state */
+  int order[STOKE_CFG_MAX_LIST], n = 0;
+  for (int i = 0; i < s->n_engines; i++)
+    if (s->backs[i] == s->dev) order[n++] = i;
+  for (int i = 0; i < s->n_engines; i++)
+    if (s->backs[i] != s->dev) order[n++] = i;
+  for (int k = 0; k < n; k++) {
+    int i = order[k];
     const stoke_backend_v1 *b = s->backs[i];
     if (b->device_engine && strcmp(b->device_engine, s->dev->name))
-      return STOKE_ERR(STOKE_E_INVALID, "%s: [run] backends: '%s' runs on '%s', which is not first",
+      return STOKE_ERR(STOKE_E_INVALID, "%s: [run] backends: '%s' runs on '%s', which is not in the list",
                        stoke_cfg_where(s->cfg, "run", "backends"), b->name, b->device_engine);
     if (b->device != s->dev->device)
       return STOKE_ERR(STOKE_E_INVALID, "[run] backends: '%s' and '%s' are on different devices",
                        b->name, s->dev->name);
-    STOKE_TRY(b->open ? b->open((int)dev_index, b == s->dev ? NULL : dev_self, &s->selves[i]) : NULL,
+    STOKE_TRY(b->open ? b->open((int)dev_index, b == s->dev ? NULL : s->dev_self, &s->selves[i]) : NULL,
               "opening backend '%s' on device %lld", b->name, (long long)dev_index);
-    s->n_open = i + 1;
-    if (b == s->dev) dev_self = s->dev_self = s->selves[i];
+    s->opened[i] = 1;
+    if (b == s->dev) s->dev_self = s->selves[i];
   }
   return NULL;
 }
@@ -468,7 +484,16 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
               "%s: [data] mean / std", stoke_cfg_where(s->cfg, "data", "mean"));
     x = n;
   } else if (info.dtype == STOKE_F32) {
-    STOKE_PROPAGATE(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &xs, dtype, &x));
+    /* the batch arrives as f32; a low-precision graph converts it first */
+    STOKE_PROPAGATE(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &xs, STOKE_F32, &x));
+    g->values[x].layout = xs.ndim == 4 ? STOKE_NCHW : STOKE_LAYOUT_ANY; /* sources write CHW */
+    if ((dtype != STOKE_F32 && dtype != STOKE_F64) || (xs.ndim == 4 && s->layout != STOKE_NCHW)) {
+      char attrs[32];
+      snprintf(attrs, sizeof attrs, "dtype=%s", stoke_dtype_name(dtype));
+      int c;
+      STOKE_PROPAGATE(stoke_graph_builder(g).node(g, STOKE_OP_CAST, "cast", &x, 1, attrs, &c, 1));
+      x = c;
+    }
   } else {
     return STOKE_ERR(STOKE_E_UNSUPPORTED, "source '%s' gives samples that are neither f32 nor u8",
                      st->src->name);
@@ -763,8 +788,9 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   sigaction(SIGTERM, &sa, &old_term);
   int64_t step, epoch = 0;
   int64_t eval_period = eval_every > 0 ? (int64_t)llround(eval_every * (double)per_epoch) : 0;
-  int on_device;
+  int on_device, want_ckpt;
   int64_t growth;
+  STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "checkpoint", &want_ckpt), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "data", "on_device", &on_device), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_int(c, "run", "loss_scale_growth", &growth), "");
   for (step = start_step; step < total && !stop_signal; step++) {
@@ -809,7 +835,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
       }
     }
     stoke_metrics_step(s.metrics, step + 1, epoch, now_s() - t0, wait, log_now, loss, opt.lr);
-    if (ckpt_every > 0 && (step + 1) % ckpt_every == 0 && step + 1 < total)
+    if (want_ckpt && ckpt_every > 0 && (step + 1) % ckpt_every == 0 && step + 1 < total)
       if ((e = save(&s, ckpt, step + 1, epoch, seed, accumulate, opt_name))) break;
     int64_t done_batches = (step + 1) * accumulate;
     if (s.eval.x && eval_period > 0 && done_batches / eval_period != (done_batches - accumulate) / eval_period &&
@@ -822,7 +848,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   sigaction(SIGTERM, &old_term, NULL);
   sum->interrupted = stop_signal != 0;
   /* the last state is saved on every way out but an error inside a step */
-  if (!e && step > start_step) {
+  if (!e && step > start_step && want_ckpt) {
     e = save(&s, ckpt, step, epoch, seed, accumulate, opt_name);
     if (!e) snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s", ckpt);
   }

@@ -5,8 +5,9 @@
 # arguments (run with the unpacked tree as $S). Full logs go to $OUT (or
 # ./gpu-out); the closing lines summarize.
 set -uo pipefail
-out="${OUT:-gpu-out}"
-mkdir -p "$out"
+final="${OUT:-gpu-out}"
+out=/tmp/stoke-out   # everything, packed into $OUT/logs.tar.gz at the end (the device tool returns 8 files)
+rm -rf "$out" && mkdir -p "$out" "$final"
 export S=/tmp/stoke
 rm -rf "$S" && mkdir -p "$S" && tar -C "$S" -xJf .stage/bin.tar.xz || exit 1
 cp -r .stage/examples .stage/anchors "$S/" 2>/dev/null
@@ -28,5 +29,6 @@ fi
 printf "device: %s\n" "$(cat "$out/device.txt")"
 printf "%b" "$summary"
 if [ $# -gt 0 ]; then
-  bash -c "$*"
+  OUT="$out" bash -c "$*"
 fi
+tar -C "$out" --exclude='*.safetensors' -czf "$final/logs.tar.gz" .

@@ -12,7 +12,7 @@ for part in "$@"; do
   case "$part" in
     fp16)
       log "fp16 forced overflow"
-      "$T" "$S/examples/mlp.ini" run.precision=fp16 run.loss_scale_init=1e10 run.steps=40 run.log_every=1 \
+      timeout 120 "$T" "$S/examples/mlp.ini" run.checkpoint=false run.precision=fp16 run.loss_scale_init=1e10 run.steps=40 run.log_every=1 \
         run.progress=lines model.hidden=1024,1024 data.batch_size=1024 run.out_dir="$OUT/fp16" \
         > "$OUT/fp16.log" 2>&1
       echo "rc=$?"; grep -E "summary|loss scale|error" "$OUT/fp16.log"
@@ -29,17 +29,17 @@ PY
       D="$S/data"; mkdir -p /tmp/fm
       "$S/bin/convert" idx --images $D/train-images-idx3-ubyte.gz --labels $D/train-labels-idx1-ubyte.gz --out /tmp/fm/train --force | tail -1
       "$S/bin/convert" idx --images $D/t10k-images-idx3-ubyte.gz --labels $D/t10k-labels-idx1-ubyte.gz --out /tmp/fm/test --force | tail -1
-      for prec in fp32 bf16; do
-        "$T" "$S/examples/fmnist_cnn.ini" run.backends=cudnn,cublaslt,cuda run.precision=$prec run.progress=lines \
+      for prec in ${FMNIST_PRECS:-fp32 bf16}; do
+        timeout 150 "$T" "$S/examples/fmnist_cnn.ini" run.backends=cudnn,cublaslt,cuda run.precision=$prec run.progress=lines \
           data.path=/tmp/fm/train eval_data.path=/tmp/fm/test data.workers=8 run.out_dir="$OUT/fmnist_$prec" \
           > "$OUT/fmnist_$prec.log" 2>&1
         echo "fmnist $prec rc=$?"; grep -E "^eval|summary|samples/s median|MFU|error" "$OUT/fmnist_$prec.log" | head -12
       done
       ;;
     bench)
-      for w in mlp resnet50 resnet18c; do
-        for prec in tf32 bf16 fp16; do
-          "$T" "$S/examples/$w.ini" run.precision=$prec run.progress=off run.out_dir="$OUT/bench_${w}_$prec" \
+      for w in ${BENCH_W:-mlp resnet50 resnet18c}; do
+        for prec in ${BENCH_P:-tf32 bf16 fp16}; do
+          timeout 100 "$T" "$S/examples/$w.ini" run.checkpoint=false run.precision=$prec run.progress=lines run.out_dir="$OUT/bench_${w}_$prec" \
             > "$OUT/bench_${w}_$prec.log" 2>&1
           rc=$?
           s=$(grep -h '"summary"' "$OUT/bench_${w}_$prec/metrics.jsonl" 2>/dev/null | python3 -c 'import json,sys; r=json.loads(sys.stdin.read() or "{}"); print(r.get("samples_per_s_median"), r.get("step_time_ms_p50"), r.get("mfu"), r.get("final_loss"))')

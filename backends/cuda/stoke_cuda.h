@@ -56,6 +56,7 @@ stoke_err *stoke_cuda_register_elementwise(const stoke_registry_v1 *r);
 stoke_err *stoke_cuda_register_norm(const stoke_registry_v1 *r);
 stoke_err *stoke_cuda_register_optim(const stoke_registry_v1 *r);
 stoke_err *stoke_cuda_register_amp(const stoke_registry_v1 *r);
+stoke_err *stoke_cuda_register_cast(const stoke_registry_v1 *r);
 
 #ifdef __cplusplus
 }

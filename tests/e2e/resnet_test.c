@@ -143,7 +143,7 @@ static void test_resnet50_flops(void **state) {
   stoke_graph *g = build("depth = 50\nstem = imagenet\nwidth = 64\n", batch, 3, 224, 1000);
   static const char *engines[] = {"cpu"};
   void *selves[] = {NULL};
-  stoke_plan_opts o = {engines, 1, selves, NULL, 0, 0};
+  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves};
   stoke_plan *p;
   OK(stoke_compile(g, &o, &p));
   double matmul = 0, by_op[8] = {0};

@@ -212,9 +212,45 @@ static void test_softmax_ce_determinism_and_bad_label(void **state) {
   g_free(&dx);
 }
 
+/* cast: f32 NCHW in, f32/bf16/f16 NHWC (or flat) out, against the CPU's
+ * cast in f64 with the same layouts. */
+static void test_cast(void **state) {
+  stoke_node_v1 node;
+  for (int d = 0; d < 3; d++)
+    for (int four = 0; four < 2; four++) {
+      char attrs[32];
+      snprintf(attrs, sizeof attrs, "dtype=%s", stoke_dtype_name(dtypes[d]));
+      stoke_err *e = stoke_node_init(g_reg, STOKE_OP_CAST, "cast_test", attrs, &node);
+      if (e) fail_msg("%s", e->msg);
+      stoke_shape sh = four ? (stoke_shape){4, {3, 5, 7, 11}} : (stoke_shape){2, {37, 129}};
+      stoke_layout lin = four ? STOKE_NCHW : STOKE_LAYOUT_ANY, lout = four ? STOKE_NHWC : STOKE_LAYOUT_ANY;
+      g_tensor x, y;
+      g_alloc(&x, &sh, STOKE_F32, lin);
+      g_alloc2(&y, &sh, STOKE_F64, dtypes[d], lout);
+      stoke_rng r = stoke_rng_seed(g_seed + (uint64_t)d);
+      g_fill(&x, &r, -3, 3, 0);
+      g_poison(&y);
+      stoke_kernel_args_v1 ra = {.node = &node, .n_in = 1, .n_out = 1, .in = &x.ref, .out = &y.ref};
+      stoke_kernel_args_v1 ga = {.node = &node, .n_in = 1, .n_out = 1, .in = &x.dev, .out = &y.dev,
+                                 .stream = g_dev->default_stream(g_dev_self)};
+      g_run(stoke_find_kernel(g_reg, "cpu", STOKE_OP_CAST, STOKE_FWD, STOKE_F64, lin), &ra, 0);
+      void *es;
+      const stoke_kernel_v1 *k = g_gpu_kernel(STOKE_OP_CAST, STOKE_FWD, STOKE_F32, lin, &es);
+      ga.engine = es;
+      g_run(k, &ga, 1);
+      double mx, err = g_compare(&y, &mx);
+      print_message("  cast to %s %s rel err %.3g\n", stoke_dtype_name(dtypes[d]), four ? "NCHW->NHWC" : "flat", err);
+      /* f32 is exact; bf16/f16 rounding alone: about 2^-9 / 2^-12 per element */
+      if (!(err <= (dtypes[d] == STOKE_F32 ? 1e-12 : 5e-3))) fail_msg("cast: relative error %.3g", err);
+      g_free(&x);
+      g_free(&y);
+    }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_relu),
+      cmocka_unit_test(test_cast),
       cmocka_unit_test(test_add),
       cmocka_unit_test(test_bias_add),
       cmocka_unit_test(test_flatten),

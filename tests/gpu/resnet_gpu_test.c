@@ -51,7 +51,7 @@ static void build(side *s, stoke_layout layout) {
   stoke_builder_v1 b = stoke_graph_builder(s->g);
   OK(stoke_find_model(reg, "resnet")->build(cfg, "model", &b, x, CLASSES, &logits));
   OK(stoke_graph_loss(s->g, logits, ""));
-  stoke_plan_opts o = {s->engines, s->n, s->selves, NULL, 1, 0, 0, 0};
+  stoke_plan_opts o = {.engines = s->engines, .n_engines = s->n, .engine_selves = s->selves, .training = 1};
   OK(stoke_compile(s->g, &o, &s->p));
   OK(stoke_exec_new(s->p, s->dev, s->selves[s->n - 1 == 0 ? 0 : s->n - 1], 42, &s->x));
 }

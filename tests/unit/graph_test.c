@@ -86,7 +86,7 @@ static stoke_graph *residual_mlp(stoke_dtype dtype, int64_t n, int64_t f, int64_
 static stoke_plan *compile(stoke_graph *g, const char *opt) {
   static const char *engines[] = {"cpu"};
   void *selves[] = {cpu_self};
-  stoke_plan_opts o = {engines, 1, selves, opt, 1};
+  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .optimizer = opt, .training = 1};
   stoke_plan *p;
   OK(stoke_compile(g, &o, &p));
   return p;
@@ -252,7 +252,7 @@ static void test_errors(void **state) {
   /* no kernel in the given backends: names node, op and the list */
   OK(b.node(g, STOKE_OP_RELU, "r", &x, 1, "", &out, 1));
   static const char *engines[] = {"cudnn"};
-  stoke_plan_opts o = {engines, 1, NULL, NULL, 0};
+  stoke_plan_opts o = {.engines = engines, .n_engines = 1};
   stoke_plan *p = NULL;
   e = stoke_compile(g, &o, &p);
   assert_non_null(e);

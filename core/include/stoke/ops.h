@@ -83,6 +83,13 @@
 #define STOKE_NORMALIZE_LAYOUT 2 /* str: "nchw" or "nhwc", the output's memory order */
 #define STOKE_NORMALIZE_DTYPE 3  /* str: "f32", "bf16" or "f16", the output's dtype (the graph's) */
 
+/* cast: f32 samples -> the graph's float dtype (f32, bf16, f16) and, for
+ * 4-D images, from the sources' NCHW memory order to the output's layout
+ * (NHWC on the GPU): the first node when an f32 source feeds a graph of
+ * another dtype or layout. No backward. */
+#define STOKE_OP_CAST "cast"
+#define STOKE_CAST_DTYPE 0 /* str: "f32", "bf16", "f16" or "f64" */
+
 /* Optimizer updates (pass STOKE_OPT) over the flat buffers. */
 #define STOKE_OP_SGD "sgd"     /* state: momentum buffer (1x params) */
 #define STOKE_OP_ADAMW "adamw" /* state: m then v (2x params) */

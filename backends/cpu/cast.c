@@ -1,0 +1,47 @@
+/* backends/cpu/cast.c: the cast op on the CPU (f32/f64 in, f32/f64 out,
+ * NCHW to the output's layout for 4-D tensors); see stoke/ops.h. */
+#include <string.h>
+
+#include "cpu_cnn.h"
+#include "stoke/ops.h"
+
+static double get(const void *p, stoke_dtype t, int64_t i) {
+  return t == STOKE_F64 ? ((const double *)p)[i] : ((const float *)p)[i];
+}
+
+static void put(void *p, stoke_dtype t, int64_t i, double v) {
+  if (t == STOKE_F64) ((double *)p)[i] = v;
+  else ((float *)p)[i] = (float)v;
+}
+
+static stoke_err *cast_fwd(const stoke_kernel_args_v1 *a, void *state) {
+  const stoke_tensor *x = &a->in[0], *y = &a->out[0];
+  if ((y->dtype != STOKE_F32 && y->dtype != STOKE_F64) || stoke_numel(&x->shape) != stoke_numel(&y->shape))
+    return STOKE_PERR(STOKE_E_UNSUPPORTED, "cast '%s': the cpu backend casts to f32 or f64 only", a->node->name);
+  int64_t n = stoke_numel(&x->shape);
+  int nhwc_in = x->shape.ndim == 4 && x->layout == STOKE_NHWC, nhwc_out = y->shape.ndim == 4 && y->layout == STOKE_NHWC;
+  if (nhwc_in == nhwc_out) {
+    for (int64_t i = 0; i < n; i++) put(y->data, y->dtype, i, get(x->data, x->dtype, i));
+    return NULL;
+  }
+  int64_t N = x->shape.d[0], C = x->shape.d[1], H = x->shape.d[2], W = x->shape.d[3];
+  for (int64_t b = 0; b < N; b++)
+    for (int64_t c = 0; c < C; c++)
+      for (int64_t h = 0; h < H; h++)
+        for (int64_t w = 0; w < W; w++) {
+          int64_t nchw = ((b * C + c) * H + h) * W + w, nhwc = ((b * H + h) * W + w) * C + c;
+          int64_t src = nhwc_in ? nhwc : nchw, dst = nhwc_out ? nhwc : nchw;
+          put(y->data, y->dtype, dst, get(x->data, x->dtype, src));
+        }
+  return NULL;
+}
+
+static const stoke_kernel_v1 kernels[] = {
+    {"cpu", STOKE_OP_CAST, STOKE_FWD, STOKE_F32, STOKE_LAYOUT_ANY, NULL, cast_fwd, NULL},
+    {"cpu", STOKE_OP_CAST, STOKE_FWD, STOKE_F64, STOKE_LAYOUT_ANY, NULL, cast_fwd, NULL},
+};
+
+stoke_err *cpu_register_cast(const stoke_registry_v1 *r) {
+  for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++) STOKE_PROPAGATE_P(r->add_kernel(r->self, &kernels[i]));
+  return NULL;
+}
