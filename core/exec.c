@@ -25,6 +25,12 @@ struct stoke_exec {
   void *opt_state;
   void *workspace;
   float *amp; /* loss scaler state on the device, or NULL */
+  /* profile: timers[i] is recorded after node i, timers[n] at the start,
+   * timers[n + 1] after the update; ms[] accumulates per node (n: update) */
+  void **timers;
+  double *ms;
+  int64_t profiled_steps;
+  int profiling;
   node_args amp_check, amp_update;
   stoke_tensor amp_t[4];
   node_args *args;
@@ -265,13 +271,105 @@ void stoke_exec_free(stoke_exec *x) {
   if (x->opt_state) x->dev->free(x->dev_self, x->opt_state);
   if (x->workspace) x->dev->free(x->dev_self, x->workspace);
   if (x->amp) x->dev->free(x->dev_self, x->amp);
+  if (x->timers)
+    for (int i = 0; i < x->p->g->n_nodes + 2; i++)
+      if (x->timers[i]) x->dev->timer_destroy(x->dev_self, x->timers[i]);
+  free(x->timers);
+  free(x->ms);
   free(x->args);
   free(x);
+}
+
+static stoke_err *tick(stoke_exec *x, int slot) {
+  if (!x->profiling) return NULL;
+  return x->dev->timer_record(x->dev_self, x->timers[slot], x->dev->default_stream ? x->dev->default_stream(x->dev_self) : NULL);
+}
+
+stoke_err *stoke_exec_profile(stoke_exec *x, int on) {
+  int n = x->p->g->n_nodes;
+  if (on && !x->dev->timer_create)
+    return STOKE_ERR(STOKE_E_UNSUPPORTED, "backend '%s' has no timers: no per-op profile", x->dev->name);
+  if (on && !x->timers) {
+    x->timers = calloc((size_t)n + 2, sizeof *x->timers);
+    x->ms = calloc((size_t)n + 1, sizeof *x->ms);
+    if (!x->timers || !x->ms) return STOKE_ERR(STOKE_E_OOM, "out of memory for the profile");
+    for (int i = 0; i < n + 2; i++) STOKE_PROPAGATE(x->dev->timer_create(x->dev_self, &x->timers[i]));
+  }
+  x->profiling = on;
+  return NULL;
+}
+
+/* After a profiled step: wait for it, add each node's time. */
+static stoke_err *profile_collect(stoke_exec *x) {
+  int n = x->p->g->n_nodes;
+  STOKE_PROPAGATE(tick(x, n + 1));
+  if (x->dev->stream_sync) STOKE_PROPAGATE(x->dev->stream_sync(x->dev_self, NULL));
+  for (int i = 0; i <= n; i++) {
+    void *a = i == 0 ? x->timers[n] : x->timers[i - 1], *b = i == n ? x->timers[n + 1] : x->timers[i];
+    if (i == n) a = x->timers[n - 1];
+    float ms = 0;
+    STOKE_PROPAGATE(x->dev->timer_elapsed_ms(x->dev_self, a, b, &ms));
+    x->ms[i] += ms;
+  }
+  x->profiled_steps++;
+  return NULL;
+}
+
+typedef struct op_row {
+  char key[48];
+  double ms;
+  int count;
+} op_row;
+
+static int by_ms(const void *a, const void *b) {
+  double x = ((const op_row *)a)->ms, y = ((const op_row *)b)->ms;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+void stoke_exec_profile_report(stoke_exec *x, FILE *f) {
+  if (!x->profiled_steps) return;
+  const stoke_graph *g = x->p->g;
+  int n = g->n_nodes;
+  double steps = (double)x->profiled_steps, total = 0;
+  for (int i = 0; i <= n; i++) total += x->ms[i] / steps;
+  op_row *rows = calloc((size_t)n + 2, sizeof *rows);
+  int nr = 0;
+  if (!rows) return;
+  /* by op type and pass (the engine that served it in brackets) */
+  for (int i = 0; i <= n; i++) {
+    char key[48];
+    if (i == n) snprintf(key, sizeof key, "optimizer+scaler");
+    else snprintf(key, sizeof key, "%s %s [%s]", g->nodes[i].n.op,
+                  g->nodes[i].pass == STOKE_BWD ? "bwd" : "fwd", g->nodes[i].kernel->engine);
+    int k = 0;
+    while (k < nr && strcmp(rows[k].key, key)) k++;
+    if (k == nr) snprintf(rows[nr++].key, sizeof rows[0].key, "%s", key);
+    rows[k].ms += x->ms[i] / steps;
+    rows[k].count++;
+  }
+  qsort(rows, (size_t)nr, sizeof *rows, by_ms);
+  fprintf(f, "per-op GPU time over %lld profiled steps: %.3f ms per step\n", (long long)x->profiled_steps, total);
+  fprintf(f, "  %-40s %6s %10s %7s\n", "op (pass) [engine]", "nodes", "ms/step", "share");
+  for (int k = 0; k < nr; k++)
+    fprintf(f, "  %-40s %6d %10.3f %6.1f%%\n", rows[k].key, rows[k].count, rows[k].ms, 100 * rows[k].ms / total);
+  /* the slowest single nodes */
+  nr = 0;
+  for (int i = 0; i < n; i++) {
+    snprintf(rows[nr].key, sizeof rows[0].key, "%.46s", g->nodes[i].n.name);
+    rows[nr].ms = x->ms[i] / steps;
+    rows[nr++].count = 1;
+  }
+  qsort(rows, (size_t)nr, sizeof *rows, by_ms);
+  fprintf(f, "  slowest nodes:\n");
+  for (int k = 0; k < nr && k < 15; k++) fprintf(f, "    %-46s %10.3f ms\n", rows[k].key, rows[k].ms);
+  free(rows);
 }
 
 stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t step_seed) {
   stoke_graph *g = x->p->g;
   int n = x->p->opts.training ? g->n_nodes : g->n_fwd;
+  /* with accumulate > 1 the profile holds the last micro-batch's nodes */
+  STOKE_PROPAGATE(tick(x, g->n_nodes));
   for (int i = 0; i < n; i++) {
     stoke_gnode *node = &g->nodes[i];
     node_args *na = &x->args[i];
@@ -280,6 +378,7 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
     uint64_t k = node->pass == STOKE_BWD ? (uint64_t)node->fwd : (uint64_t)i;
     na->a.seed = stoke_hash3(step_seed, k, 0x5eedull);
     stoke_err *e = node->kernel->run(&na->a, node->kstate);
+    if (!e) e = tick(x, i);
     if (e)
       return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name,
                             node->n.op, node->pass == STOKE_BWD ? "backward" : "forward",
@@ -303,6 +402,7 @@ stoke_err *stoke_exec_update(stoke_exec *x, const stoke_opt_args_v1 *opt) {
     x->amp_update.a.opt = &o;
     STOKE_TRY(x->p->amp_update->run(&x->amp_update.a, NULL), "loss scaler: updating the scale");
   }
+  if (x->profiling) STOKE_TRY(profile_collect(x), "collecting the per-op profile");
   return NULL;
 }
 

@@ -54,6 +54,9 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "evaluate on [eval_data] every N epochs (and at the end); 0: only at the end"},
     {"checkpoint_every", STOKE_CFG_INT, "0", 0, 1e15, NULL,
      "write <out_dir>/checkpoint.safetensors every N steps (0: only at the end and on Ctrl-C)"},
+    {"profile_ops", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "time every kernel from the second step on and print GPU time per op, engine and node at the end "
+     "(synchronizes every step: for finding where time goes, not for speed figures)"},
     {"checkpoint", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "write checkpoints (false: none at all, e.g. for benchmarks)"},
     {"resume", STOKE_CFG_STR, "", 0, 0, NULL, "continue from this checkpoint file"},
@@ -788,8 +791,9 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   sigaction(SIGTERM, &sa, &old_term);
   int64_t step, epoch = 0;
   int64_t eval_period = eval_every > 0 ? (int64_t)llround(eval_every * (double)per_epoch) : 0;
-  int on_device, want_ckpt;
+  int on_device, want_ckpt, profile_ops;
   int64_t growth;
+  STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "profile_ops", &profile_ops), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "checkpoint", &want_ckpt), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "data", "on_device", &on_device), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_int(c, "run", "loss_scale_growth", &growth), "");
@@ -835,6 +839,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
       }
     }
     stoke_metrics_step(s.metrics, step + 1, epoch, now_s() - t0, wait, log_now, loss, opt.lr);
+    if (profile_ops && step == start_step && (e = stoke_exec_profile(s.train.x, 1))) break;
     if (want_ckpt && ckpt_every > 0 && (step + 1) % ckpt_every == 0 && step + 1 < total)
       if ((e = save(&s, ckpt, step + 1, epoch, seed, accumulate, opt_name))) break;
     int64_t done_batches = (step + 1) * accumulate;
@@ -855,6 +860,14 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   if (!e && s.eval.x && !stop_signal) {
     e = evaluate(&s, &sum->eval_loss, &sum->eval_accuracy);
     if (!e) stoke_metrics_eval(s.metrics, step, epoch, sum->eval_loss, sum->eval_accuracy);
+  }
+  if (!e && profile_ops) {
+    stoke_exec_profile_report(s.train.x, stdout);
+    snprintf(path, sizeof path, "%s/ops.txt", dir);
+    if ((f = fopen(path, "w"))) {
+      stoke_exec_profile_report(s.train.x, f);
+      fclose(f);
+    }
   }
   stoke_metrics_summary(s.metrics, sum);
   sum->steps = step;

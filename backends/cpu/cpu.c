@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "stoke/ops.h"
@@ -87,6 +88,25 @@ static void cpu_stream_destroy(void *self, void *stream) {}
 
 static stoke_err *cpu_stream_sync(void *self, void *stream) { return NULL; }
 
+/* Timers: the host's monotonic clock (kernels run synchronously here). */
+static stoke_err *cpu_timer_create(void *self, void **t) {
+  *t = stoke_host->alloc(sizeof(struct timespec));
+  return *t ? NULL : STOKE_PERR(STOKE_E_OOM, "cpu: out of memory for a timer");
+}
+
+static void cpu_timer_destroy(void *self, void *t) { stoke_host->free(t); }
+
+static stoke_err *cpu_timer_record(void *self, void *t, void *stream) {
+  clock_gettime(CLOCK_MONOTONIC, (struct timespec *)t);
+  return NULL;
+}
+
+static stoke_err *cpu_timer_elapsed(void *self, void *a, void *b, float *ms) {
+  const struct timespec *x = a, *y = b;
+  *ms = (float)((double)(y->tv_sec - x->tv_sec) * 1e3 + (double)(y->tv_nsec - x->tv_nsec) * 1e-6);
+  return NULL;
+}
+
 static const stoke_backend_v1 cpu_backend = {
     .name = "cpu",
     .help = "host memory and the reference kernels (OpenBLAS for matmuls)",
@@ -104,6 +124,10 @@ static const stoke_backend_v1 cpu_backend = {
     .stream_create = cpu_stream_create,
     .stream_destroy = cpu_stream_destroy,
     .stream_sync = cpu_stream_sync,
+    .timer_create = cpu_timer_create,
+    .timer_destroy = cpu_timer_destroy,
+    .timer_record = cpu_timer_record,
+    .timer_elapsed_ms = cpu_timer_elapsed,
 };
 
 /* ========================================================= argument checks */

@@ -145,6 +145,25 @@ static stoke_err *cuda_stream_sync(void *self, void *stream) {
 
 static void *cuda_default_stream(void *self) { return ((stoke_cuda_device *)self)->stream; }
 
+static stoke_err *cuda_timer_create(void *self, void **t) {
+  cudaEvent_t e;
+  STOKE_CUDA(cudaEventCreate(&e));
+  *t = e;
+  return NULL;
+}
+
+static void cuda_timer_destroy(void *self, void *t) { cudaEventDestroy((cudaEvent_t)t); }
+
+static stoke_err *cuda_timer_record(void *self, void *t, void *stream) {
+  STOKE_CUDA(cudaEventRecord((cudaEvent_t)t, pick(self, stream)));
+  return NULL;
+}
+
+static stoke_err *cuda_timer_elapsed(void *self, void *a, void *b, float *ms) {
+  STOKE_CUDA(cudaEventElapsedTime(ms, (cudaEvent_t)a, (cudaEvent_t)b));
+  return NULL;
+}
+
 static const stoke_backend_v1 backend = {
     .name = "cuda",
     .help = "NVIDIA GPU: device memory, streams, elementwise/norm/optimizer kernels",
@@ -163,6 +182,10 @@ static const stoke_backend_v1 backend = {
     .stream_destroy = cuda_stream_destroy,
     .stream_sync = cuda_stream_sync,
     .default_stream = cuda_default_stream,
+    .timer_create = cuda_timer_create,
+    .timer_destroy = cuda_timer_destroy,
+    .timer_record = cuda_timer_record,
+    .timer_elapsed_ms = cuda_timer_elapsed,
 };
 
 static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {

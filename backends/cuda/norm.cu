@@ -768,6 +768,44 @@ __global__ void max_pool_bwd_k(const T *__restrict__ x, const T *__restrict__ dy
   }
 }
 
+// Two passes (when the window has at most 127 elements): first each
+// output's first-maximum index (int8, -1 for an empty window) into the
+// workspace, then each input element gathers dy from the windows whose
+// index points at it. The same sums in the same order as max_pool_bwd_k,
+// but each window's maximum is found once instead of once per element.
+template <typename T>
+__global__ void max_pool_arg_k(const T *__restrict__ x, int8_t *__restrict__ arg, pool_desc d,
+                               int y_nhwc, int64_t total) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t n, c, oh, ow;
+    decode(i, d.C, d.Ho, d.Wo, y_nhwc, n, c, oh, ow);
+    float best;
+    arg[i] = (int8_t)max_window(x, d, n, c, oh, ow, &best);
+  }
+}
+
+// arg is laid out like dy (strides sy)
+template <typename T>
+__global__ void max_pool_bwd_arg_k(const int8_t *__restrict__ arg, const T *__restrict__ dy, T *dx,
+                                   pool_desc d, int dx_nhwc, float beta, int64_t total) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t n, c, h, w, oh0, oh1, ow0, ow1;
+    decode(i, d.C, d.H, d.W, dx_nhwc, n, c, h, w);
+    window_range(h, d.kh, d.sh, d.ph, d.Ho, oh0, oh1);
+    window_range(w, d.kw, d.sw, d.pw, d.Wo, ow0, ow1);
+    float s = 0;
+    for (int64_t oh = oh0; oh <= oh1; oh++)
+      for (int64_t ow = ow0; ow <= ow1; ow++) {
+        int64_t o = n * d.sy.n + c * d.sy.c + oh * d.sy.h + ow * d.sy.w;
+        int a = arg[o];
+        if (a >= 0 && oh * d.sh - d.ph + a / d.kw == h && ow * d.sw - d.pw + a % d.kw == w) s += to_f(dy[o]);
+      }
+    acc(&dx[i], beta, s);
+  }
+}
+
 // dx[h, w] = sum over the windows holding (h, w) of dy / (kh kw).
 template <typename T>
 __global__ void avg_pool_bwd_k(const T *__restrict__ dy, T *dx, pool_desc d, int dx_nhwc,
@@ -801,8 +839,11 @@ stoke_err *pool_bwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws
   pool_desc d;
   if (state) *state = NULL;
   if (ws) *ws = 0;
-  return pool_check(a, MAX ? STOKE_OP_MAX_POOL2D : STOKE_OP_AVG_POOL2D, dtype_of<T>::value, true,
-                    false, MAX, &d);
+  NCHECK(pool_check(a, MAX ? STOKE_OP_MAX_POOL2D : STOKE_OP_AVG_POOL2D, dtype_of<T>::value, true,
+                    false, MAX, &d));
+  /* max pool: one int8 window index per output, for the two-pass backward */
+  if (MAX && ws && d.kh * d.kw <= 127) *ws = (size_t)stoke_numel(&a->dout[0].shape);
+  return NULL;
 }
 
 template <bool MAX, typename T>
@@ -836,7 +877,13 @@ stoke_err *pool_bwd(const stoke_kernel_args_v1 *a, void *) {
   const T *dy = (const T *)a->dout[0].data;
   int nhwc = a->din[0].layout == STOKE_NHWC;
   float beta = grad_beta(a, 0);
-  if (MAX)
+  int64_t n_out = stoke_numel(&a->dout[0].shape);
+  if (MAX && d.kh * d.kw <= 127 && a->workspace && a->workspace_bytes >= (size_t)n_out) {
+    int8_t *arg = (int8_t *)a->workspace;
+    max_pool_arg_k<T><<<grid_for(n_out), kThreads, 0, st>>>((const T *)a->in[0].data, arg, d,
+                                                            a->dout[0].layout == STOKE_NHWC, n_out);
+    max_pool_bwd_arg_k<T><<<grid_for(total), kThreads, 0, st>>>(arg, dy, dx, d, nhwc, beta, total);
+  } else if (MAX)
     max_pool_bwd_k<T><<<grid_for(total), kThreads, 0, st>>>((const T *)a->in[0].data, dy, dx, d,
                                                             nhwc, beta, total);
   else

@@ -8,6 +8,8 @@
 
 const stoke_host_v1 *stoke_host;
 
+stoke_err *stoke_cudnn_register_bn(const stoke_registry_v1 *r); /* bn.c */
+
 stoke_err *stoke_cudnn_err(cudnnStatus_t s, const char *file, int line, const char *call, const char *ctx) {
   char detail[512] = "";
   cudnnGetLastErrorString(detail, sizeof detail);
@@ -74,7 +76,7 @@ static void cudnn_close(void *self) {
 
 static const stoke_backend_v1 backend = {
     .name = "cudnn",
-    .help = "NVIDIA cuDNN kernels (conv2d, autotuned with STOKE_KFLAG_AUTOTUNE) on the cuda device",
+    .help = "NVIDIA cuDNN kernels (conv2d, autotuned with STOKE_KFLAG_AUTOTUNE; 4-D batch_norm) on the cuda device",
     .device = STOKE_DEV_GPU,
     .device_engine = "cuda",
     .open = cudnn_open,
@@ -85,8 +87,9 @@ static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
   stoke_host = h;
   STOKE_PROPAGATE_P(r->add_backend(r->self, &backend));
   STOKE_PROPAGATE_P(stoke_cudnn_register_conv(r));
+  STOKE_PROPAGATE_P(stoke_cudnn_register_bn(r));
   return NULL;
 }
 
 STOKE_EXPORT const stoke_plugin_v1 stoke_plugin_v1_entry = {
-    STOKE_ABI_VERSION, sizeof(stoke_plugin_v1), "cudnn", "cuDNN convolution kernels", reg};
+    STOKE_ABI_VERSION, sizeof(stoke_plugin_v1), "cudnn", "cuDNN convolution and batch-norm kernels", reg};

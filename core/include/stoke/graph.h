@@ -176,6 +176,12 @@ stoke_err *stoke_exec_update(stoke_exec *x, const stoke_opt_args_v1 *opt);
 /* The loss scaler's state (scale, good steps, found_inf, skipped steps);
  * returns 0 without a scaler. Synchronizes. */
 int stoke_exec_read_scaler(stoke_exec *x, float out[4]);
+/* Per-op profile: when on, every kernel of the following steps is timed
+ * with the device's timers (this synchronizes once per step: a profiling
+ * mode, not for speed runs). The report gives time per node and per op
+ * type and pass, over the profiled steps. */
+stoke_err *stoke_exec_profile(stoke_exec *x, int on);
+void stoke_exec_profile_report(stoke_exec *x, FILE *f);
 /* Read the loss of the last forward (synchronizes with the device). */
 stoke_err *stoke_exec_read_loss(stoke_exec *x, double *loss);
 

@@ -317,6 +317,13 @@ typedef struct stoke_backend_v1 {
   /* The stream every kernel of this device runs on (args->stream); NULL
    * for the CPU. A NULL stream in copy/fill/stream_sync means this one. */
   void *(*default_stream)(void *self);
+  /* Timers for the per-op profile (CUDA events on a GPU, the host clock
+   * on the CPU): record on a stream, read the time between two recorded
+   * timers once both completed. May be NULL: no profile. */
+  stoke_err *(*timer_create)(void *self, void **timer);
+  void (*timer_destroy)(void *self, void *timer);
+  stoke_err *(*timer_record)(void *self, void *timer, void *stream);
+  stoke_err *(*timer_elapsed_ms)(void *self, void *start, void *end, float *ms);
 } stoke_backend_v1;
 
 /* ---------------------------------------------------------------- sources */

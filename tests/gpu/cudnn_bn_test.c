@@ -1,0 +1,297 @@
+/* tests/gpu/cudnn_bn_test.c: the cudnn engine's batch_norm kernels
+ * (backends/cudnn/bn.c) against the CPU reference in f64 (gpu_harness.h),
+ * in f32, bf16 and fp16, NCHW and NHWC, training and eval, forward and
+ * backward; the running statistics after two training forwards and an
+ * eval one; gradient accumulation (param_grad_beta 1) and unwanted
+ * gradients against the cuda engine's kernels. Runs on a GPU machine only.
+ *
+ * g_setup_engines must open cuda first (cudnn runs on its device); the
+ * engine list is then reordered to (cudnn, cuda) so that g_gpu_kernel, like
+ * the compiler with `backends = cudnn, ...`, picks the cudnn kernel, and
+ * every check asserts that it did. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "gpu_harness.h"
+
+static void swap_engines(void) {
+  const char *n = g_engines[0];
+  void *s = g_engine_self[0];
+  g_engines[0] = g_engines[1], g_engine_self[0] = g_engine_self[1];
+  g_engines[1] = n, g_engine_self[1] = s;
+}
+
+static int setup(void **state) {
+  static const char *engines[] = {"cuda", "cudnn"};
+  if (g_setup_engines(engines, 2)) return -1;
+  swap_engines(); /* (cudnn, cuda): cudnn's kernels first */
+  return 0;
+}
+
+static int teardown(void **state) {
+  swap_engines(); /* close in the order g_setup_engines expects */
+  return g_teardown(state);
+}
+
+static const stoke_dtype dtypes[] = {STOKE_F32, STOKE_BF16, STOKE_F16};
+static const stoke_layout layouts[] = {STOKE_NCHW, STOKE_NHWC};
+static double tol_of(stoke_dtype t) { return t == STOKE_F32 ? G_TOL_F32 : G_TOL_LOW; }
+static const char *lay_name(stoke_layout l) { return l == STOKE_NHWC ? "NHWC" : "NCHW"; }
+
+static const stoke_shape bn_shapes[] = {
+    {4, {8, 40, 17, 19}},
+    {4, {16, 64, 14, 14}},
+};
+#define N_SHAPES (sizeof bn_shapes / sizeof *bn_shapes)
+
+static void *engine_of(const char *name) {
+  for (int i = 0; i < g_n_engines; i++)
+    if (!strcmp(g_engines[i], name)) return g_engine_self[i];
+  fail_msg("engine %s not open", name);
+  return NULL;
+}
+
+/* The kernel g_check and the running-stats check use must be cudnn's. */
+static void expect_cudnn(stoke_pass pass, stoke_dtype dt, stoke_layout lay) {
+  void *es = NULL;
+  const stoke_kernel_v1 *k = g_gpu_kernel(STOKE_OP_BATCH_NORM, pass, dt, lay, &es);
+  if (strcmp(k->engine, "cudnn"))
+    fail_msg("batch_norm %s %s %s: picked engine %s, not cudnn", pass == STOKE_FWD ? "fwd" : "bwd",
+             stoke_dtype_name(dt), lay_name(lay), k->engine);
+}
+
+/* 4-D in both layouts is cudnn's; 2-D (layout any) is not, so that it
+ * falls through to the cuda engine. */
+static void test_registration(void **state) {
+  for (int d = 0; d < 3; d++)
+    for (int p = 0; p < 2; p++) {
+      stoke_pass pass = p ? STOKE_BWD : STOKE_FWD;
+      for (int l = 0; l < 2; l++) {
+        if (!stoke_find_kernel(g_reg, "cudnn", STOKE_OP_BATCH_NORM, pass, dtypes[d], layouts[l]))
+          fail_msg("no cudnn batch_norm kernel for %s %s", stoke_dtype_name(dtypes[d]), lay_name(layouts[l]));
+        expect_cudnn(pass, dtypes[d], layouts[l]);
+      }
+      if (stoke_find_kernel(g_reg, "cudnn", STOKE_OP_BATCH_NORM, pass, dtypes[d], STOKE_LAYOUT_ANY))
+        fail_msg("cudnn serves batch_norm with layout any (2-D); it must fall through to cuda");
+      void *es = NULL;
+      const stoke_kernel_v1 *k = g_gpu_kernel(STOKE_OP_BATCH_NORM, pass, dtypes[d], STOKE_LAYOUT_ANY, &es);
+      if (strcmp(k->engine, "cuda")) fail_msg("2-D batch_norm picked %s, not cuda", k->engine);
+    }
+}
+
+static g_case bn_case(const stoke_shape *x, stoke_dtype dt, stoke_layout lay, int training) {
+  int64_t c = x->d[1];
+  g_case k = {.op = STOKE_OP_BATCH_NORM, .attrs = "eps=1e-5, momentum=0.2", .n_in = 5,
+              .in_shape = {*x, {1, {c}}, {1, {c}}, {1, {c}}, {1, {c}}},
+              .param_mask = (1u << 1) | (1u << 2), .state_mask = (1u << 3) | (1u << 4),
+              .layout = lay, .dtype = dt, .tol = tol_of(dt), .training = training, .backward = 1};
+  return k;
+}
+
+static void test_batch_norm(void **state) {
+  for (int d = 0; d < 3; d++)
+    for (size_t s = 0; s < N_SHAPES; s++)
+      for (int l = 0; l < 2; l++)
+        for (int training = 1; training >= 0; training--) {
+          const stoke_shape *x = &bn_shapes[s];
+          print_message("batch_norm %s (%lld, %lld, %lld, %lld) %s %s\n", stoke_dtype_name(dtypes[d]),
+                        (long long)x->d[0], (long long)x->d[1], (long long)x->d[2], (long long)x->d[3],
+                        lay_name(layouts[l]), training ? "training" : "eval");
+          expect_cudnn(STOKE_FWD, dtypes[d], layouts[l]);
+          expect_cudnn(STOKE_BWD, dtypes[d], layouts[l]);
+          g_case c = bn_case(x, dtypes[d], layouts[l], training);
+          g_check(&c);
+        }
+}
+
+static void dev_get(void *dst, const void *src, size_t bytes) {
+  stoke_err *e = g_dev->copy(g_dev_self, dst, src, bytes, STOKE_COPY_D2H, NULL);
+  if (!e) e = g_dev->stream_sync(g_dev_self, NULL);
+  if (e) fail_msg("download: %s", e->msg);
+}
+
+/* As tests/gpu/cuda_norm_test.c: two training forwards then one eval
+ * forward on both sides, the running stats compared after each (f32
+ * tolerance for every dtype: f32 statistics of the same rounded x); eval
+ * must leave them alone. */
+static void bn_running_stats(const stoke_shape *xs, stoke_dtype dt, stoke_layout lay) {
+  stoke_node_v1 node;
+  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_BATCH_NORM, "bn_running", "eps=1e-5, momentum=0.2", &node);
+  if (e) fail_msg("%s", e->msg);
+  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 1234 + (uint64_t)dt, (uint64_t)lay));
+  int64_t c = xs->d[1];
+  stoke_shape cs = {1, {c}};
+  g_tensor in[5], out[3];
+  g_alloc(&in[0], xs, dt, lay);
+  g_alloc(&in[1], &cs, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&in[2], &cs, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&in[3], &cs, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&in[4], &cs, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_fill(&in[1], &r, -1, 1, 0);
+  g_fill(&in[2], &r, -1, 1, 0);
+  g_fill(&in[3], &r, -0.5, 0.5, 0);
+  g_fill(&in[4], &r, 0.5, 1.5, 0);
+  g_alloc2(&out[0], xs, STOKE_F64, dt, lay);
+  g_alloc2(&out[1], &cs, STOKE_F64, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc2(&out[2], &cs, STOKE_F64, STOKE_F32, STOKE_LAYOUT_ANY);
+  stoke_tensor ri[5], ro[3], gi[5], go[3];
+  for (int i = 0; i < 5; i++) ri[i] = in[i].ref, gi[i] = in[i].dev;
+  for (int j = 0; j < 3; j++) ro[j] = out[j].ref, go[j] = out[j].dev;
+  const stoke_kernel_v1 *rk = stoke_find_kernel(g_reg, "cpu", STOKE_OP_BATCH_NORM, STOKE_FWD, STOKE_F64, lay);
+  if (!rk) fail_msg("no CPU batch_norm kernel");
+  void *es = NULL;
+  const stoke_kernel_v1 *gk = g_gpu_kernel(STOKE_OP_BATCH_NORM, STOKE_FWD, dt, lay, &es);
+  if (strcmp(gk->engine, "cudnn")) fail_msg("running stats: picked %s, not cudnn", gk->engine);
+  for (int step = 0; step < 3; step++) {
+    int training = step < 2;
+    g_fill(&in[0], &r, -2, 3, 0); /* a mean away from 0 */
+    for (int j = 0; j < 3; j++) g_poison(&out[j]);
+    stoke_kernel_args_v1 ra = {.node = &node, .n_in = 5, .n_out = 3, .in = ri, .out = ro, .training = training};
+    stoke_kernel_args_v1 ga = ra;
+    ga.in = gi;
+    ga.out = go;
+    ga.engine = es;
+    ga.stream = g_dev->default_stream(g_dev_self);
+    float before[2][64], after[2][64];
+    int64_t nc = c < 64 ? c : 64;
+    for (int i = 0; i < 2; i++) dev_get(before[i], in[3 + i].dev.data, (size_t)nc * sizeof(float));
+    g_run(rk, &ra, 0);
+    g_run(gk, &ga, 1);
+    for (int i = 0; i < 2; i++) dev_get(after[i], in[3 + i].dev.data, (size_t)nc * sizeof(float));
+    static const char *const names[] = {"running_mean", "running_var"};
+    for (int i = 3; i < 5; i++) {
+      double mx, err = g_compare(&in[i], &mx);
+      print_message("  batch_norm %-12s %-5s %-4s (%lld, %lld, %lld, %lld) %s: rel err %.3g (max abs %.3g)\n",
+                    names[i - 3], stoke_dtype_name(dt), lay_name(lay), (long long)xs->d[0], (long long)xs->d[1],
+                    (long long)xs->d[2], (long long)xs->d[3], training ? "training" : "eval", err, mx);
+      if (!(err <= G_TOL_F32))
+        fail_msg("batch_norm %s after %s forward %d: relative error %.3g > %.3g (seed %llu)", names[i - 3],
+                 training ? "training" : "eval", step, err, G_TOL_F32, (unsigned long long)g_seed);
+      if (!training && memcmp(before[i - 3], after[i - 3], (size_t)nc * sizeof(float)))
+        fail_msg("batch_norm eval changed %s", names[i - 3]);
+    }
+    /* saved statistics too: batch mean / invstd (training) or running (eval) */
+    for (int j = 1; j < 3; j++) {
+      double mx, err = g_compare(&out[j], &mx);
+      if (!(err <= G_TOL_F32))
+        fail_msg("batch_norm saved statistic %d after %s forward %d: relative error %.3g", j,
+                 training ? "training" : "eval", step, err);
+    }
+  }
+  for (int i = 0; i < 5; i++) g_free(&in[i]);
+  for (int j = 0; j < 3; j++) g_free(&out[j]);
+}
+
+static void test_batch_norm_running_stats(void **state) {
+  for (int d = 0; d < 3; d++)
+    for (size_t s = 0; s < N_SHAPES; s++)
+      for (int l = 0; l < 2; l++) bn_running_stats(&bn_shapes[s], dtypes[d], layouts[l]);
+}
+
+/* Backward with param_grad_beta 1 (gradient accumulation onto nonzero dw,
+ * db) and with some gradients not wanted (dx NULL: cuDNN writes a scratch
+ * dx; dw or db NULL), cudnn against the cuda engine on the same device
+ * data (the cuda kernel is checked against the CPU by cuda_norm_test). */
+static void bn_accumulate(const stoke_shape *xs, stoke_dtype dt, stoke_layout lay, int training, int want) {
+  stoke_node_v1 node;
+  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_BATCH_NORM, "bn_acc", "eps=1e-5, momentum=0.2", &node);
+  if (e) fail_msg("%s", e->msg);
+  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 99 + (uint64_t)dt, (uint64_t)(lay * 8 + want)));
+  int64_t c = xs->d[1];
+  stoke_shape cs = {1, {c}};
+  g_tensor in[5], out[3], dy, din[2][3];
+  g_alloc(&in[0], xs, dt, lay);
+  g_alloc(&in[1], &cs, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&in[2], &cs, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&in[3], &cs, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&in[4], &cs, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_fill(&in[0], &r, -2, 3, 0);
+  for (int i = 1; i < 3; i++) g_fill(&in[i], &r, -1, 1, 0);
+  g_fill(&in[3], &r, -0.5, 0.5, 0);
+  g_fill(&in[4], &r, 0.5, 1.5, 0);
+  g_alloc(&out[0], xs, dt, lay);
+  g_alloc(&out[1], &cs, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&out[2], &cs, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&dy, xs, dt, lay);
+  g_fill(&dy, &r, -1, 1, 0);
+  /* the saved statistics, from the cuda forward */
+  stoke_tensor gi[5], go[3];
+  for (int i = 0; i < 5; i++) gi[i] = in[i].dev;
+  for (int j = 0; j < 3; j++) go[j] = out[j].dev;
+  void *cuda_self = engine_of("cuda"), *cudnn_self = engine_of("cudnn");
+  const stoke_kernel_v1 *fk = stoke_find_kernel(g_reg, "cuda", STOKE_OP_BATCH_NORM, STOKE_FWD, dt, lay);
+  stoke_kernel_args_v1 fa = {.node = &node, .n_in = 5, .n_out = 3, .in = gi, .out = go, .training = training,
+                             .engine = cuda_self, .stream = g_dev->default_stream(g_dev_self)};
+  g_run(fk, &fa, 1);
+  /* the same starting dw, db on both sides (dx: poisoned, overwritten) */
+  stoke_tensor gd[2][3], gdy[3] = {dy.dev};
+  for (int side = 0; side < 2; side++) {
+    stoke_rng r2 = stoke_rng_seed(stoke_hash3(g_seed, 7, (uint64_t)want));
+    for (int i = 0; i < 3; i++) {
+      g_alloc(&din[side][i], i ? &cs : xs, dt, i ? STOKE_LAYOUT_ANY : lay);
+      if (i) g_fill(&din[side][i], &r2, -1, 1, 0);
+      else g_poison(&din[side][i]);
+      gd[side][i] = din[side][i].dev;
+      if (!(want >> i & 1)) gd[side][i].data = NULL;
+    }
+  }
+  const char *eng[2] = {"cuda", "cudnn"};
+  for (int side = 0; side < 2; side++) {
+    const stoke_kernel_v1 *bk = stoke_find_kernel(g_reg, eng[side], STOKE_OP_BATCH_NORM, STOKE_BWD, dt, lay);
+    if (!bk) fail_msg("no %s batch_norm backward", eng[side]);
+    stoke_tensor bi[5], bo[3];
+    memcpy(bi, gi, sizeof bi);
+    memcpy(bo, go, sizeof bo);
+    bi[2].data = bi[3].data = bi[4].data = NULL; /* only what bwd_needs keeps */
+    bo[0].data = NULL;
+    stoke_kernel_args_v1 ba = {.node = &node, .n_in = 5, .n_out = 3, .in = bi, .out = bo, .din = gd[side],
+                               .dout = gdy, .param_grads = 6, .param_grad_beta = 1, .training = training,
+                               .engine = side ? cudnn_self : cuda_self,
+                               .stream = g_dev->default_stream(g_dev_self)};
+    g_run(bk, &ba, 1);
+  }
+  static const char *const names[] = {"dx", "dw (accumulated)", "db (accumulated)"};
+  for (int i = 0; i < 3; i++) {
+    if (!(want >> i & 1)) continue;
+    /* the cuda result as the reference: download it into din[1][i].ref */
+    int64_t n = stoke_numel(&din[0][i].dev.shape);
+    size_t bytes = (size_t)n * stoke_dtype_size(dt);
+    void *h = malloc(bytes);
+    dev_get(h, din[0][i].dev.data, bytes);
+    for (int64_t k = 0; k < n; k++) g_set(din[1][i].ref.data, din[1][i].ref.dtype, k, g_get(h, dt, k));
+    free(h);
+    double mx, err = g_compare(&din[1][i], &mx);
+    print_message("  batch_norm bwd %-5s %-4s %s want=%d %-17s cudnn vs cuda: rel err %.3g (max abs %.3g)\n",
+                  stoke_dtype_name(dt), lay_name(lay), training ? "training" : "eval", want, names[i], err, mx);
+    if (!(err <= tol_of(dt)))
+      fail_msg("batch_norm %s (want %d): cudnn vs cuda relative error %.3g > %.3g (seed %llu)", names[i], want, err,
+               tol_of(dt), (unsigned long long)g_seed);
+  }
+  for (int i = 0; i < 5; i++) g_free(&in[i]);
+  for (int j = 0; j < 3; j++) g_free(&out[j]);
+  g_free(&dy);
+  for (int side = 0; side < 2; side++)
+    for (int i = 0; i < 3; i++) g_free(&din[side][i]);
+}
+
+static void test_batch_norm_accumulate(void **state) {
+  static const int wants[] = {7, 6, 3, 4}; /* bits: dx, dw, db */
+  for (int d = 0; d < 3; d++)
+    for (int l = 0; l < 2; l++)
+      for (int training = 1; training >= 0; training--)
+        for (size_t w = 0; w < sizeof wants / sizeof *wants; w++)
+          bn_accumulate(&bn_shapes[0], dtypes[d], layouts[l], training, wants[w]);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_registration),
+      cmocka_unit_test(test_batch_norm),
+      cmocka_unit_test(test_batch_norm_running_stats),
+      cmocka_unit_test(test_batch_norm_accumulate),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
