@@ -37,7 +37,9 @@ static int teardown(void **state) {
 }
 
 static const stoke_dtype dtypes[] = {STOKE_F32, STOKE_BF16, STOKE_F16};
-static const stoke_layout layouts[] = {STOKE_NCHW, STOKE_NHWC};
+/* cudnn serves NHWC batch norm only (see backends/cudnn/bn.c) */
+static const stoke_layout layouts[] = {STOKE_NHWC};
+#define N_LAYOUTS ((int)(sizeof layouts / sizeof *layouts))
 static double tol_of(stoke_dtype t) { return t == STOKE_F32 ? G_TOL_F32 : G_TOL_LOW; }
 static const char *lay_name(stoke_layout l) { return l == STOKE_NHWC ? "NHWC" : "NCHW"; }
 
@@ -69,7 +71,7 @@ static void test_registration(void **state) {
   for (int d = 0; d < 3; d++)
     for (int p = 0; p < 2; p++) {
       stoke_pass pass = p ? STOKE_BWD : STOKE_FWD;
-      for (int l = 0; l < 2; l++) {
+      for (int l = 0; l < N_LAYOUTS; l++) {
         if (!stoke_find_kernel(g_reg, "cudnn", STOKE_OP_BATCH_NORM, pass, dtypes[d], layouts[l]))
           fail_msg("no cudnn batch_norm kernel for %s %s", stoke_dtype_name(dtypes[d]), lay_name(layouts[l]));
         expect_cudnn(pass, dtypes[d], layouts[l]);
@@ -94,7 +96,7 @@ static g_case bn_case(const stoke_shape *x, stoke_dtype dt, stoke_layout lay, in
 static void test_batch_norm(void **state) {
   for (int d = 0; d < 3; d++)
     for (size_t s = 0; s < N_SHAPES; s++)
-      for (int l = 0; l < 2; l++)
+      for (int l = 0; l < N_LAYOUTS; l++)
         for (int training = 1; training >= 0; training--) {
           const stoke_shape *x = &bn_shapes[s];
           print_message("batch_norm %s (%lld, %lld, %lld, %lld) %s %s\n", stoke_dtype_name(dtypes[d]),
@@ -188,7 +190,7 @@ static void bn_running_stats(const stoke_shape *xs, stoke_dtype dt, stoke_layout
 static void test_batch_norm_running_stats(void **state) {
   for (int d = 0; d < 3; d++)
     for (size_t s = 0; s < N_SHAPES; s++)
-      for (int l = 0; l < 2; l++) bn_running_stats(&bn_shapes[s], dtypes[d], layouts[l]);
+      for (int l = 0; l < N_LAYOUTS; l++) bn_running_stats(&bn_shapes[s], dtypes[d], layouts[l]);
 }
 
 /* Backward with param_grad_beta 1 (gradient accumulation onto nonzero dw,
@@ -280,10 +282,106 @@ static void bn_accumulate(const stoke_shape *xs, stoke_dtype dt, stoke_layout la
 static void test_batch_norm_accumulate(void **state) {
   static const int wants[] = {7, 6, 3, 4}; /* bits: dx, dw, db */
   for (int d = 0; d < 3; d++)
-    for (int l = 0; l < 2; l++)
+    for (int l = 0; l < N_LAYOUTS; l++)
       for (int training = 1; training >= 0; training--)
         for (size_t w = 0; w < sizeof wants / sizeof *wants; w++)
           bn_accumulate(&bn_shapes[0], dtypes[d], layouts[l], training, wants[w]);
+}
+
+/* STOKE_BN_BENCH=1: time training forward + backward of the cudnn and the
+ * cuda kernels on ResNet-50's batch-norm shapes (batch 256, bf16, NHWC and
+ * NCHW); informative only, nothing is checked. */
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void *bench_alloc(size_t bytes, int byte) {
+  void *p = NULL;
+  stoke_err *e = g_dev->alloc(g_dev_self, bytes ? bytes : 16, &p);
+  if (!e) e = g_dev->fill(g_dev_self, p, byte, bytes ? bytes : 16, NULL);
+  if (e) fail_msg("bench alloc: %s", e->msg);
+  return p;
+}
+
+static double bench_one(const char *engine, const stoke_shape *xs, stoke_dtype dt, stoke_layout lay) {
+  stoke_node_v1 node;
+  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_BATCH_NORM, "bn_bench", "eps=1e-5, momentum=0.1", &node);
+  if (e) fail_msg("%s", e->msg);
+  int64_t c = xs->d[1];
+  stoke_shape cs = {1, {c}};
+  size_t xb = (size_t)stoke_numel(xs) * stoke_dtype_size(dt), cb = (size_t)c * 4;
+  stoke_tensor in[5] = {{bench_alloc(xb, 0x3c), *xs, dt, lay, STOKE_DEV_GPU},
+                        {bench_alloc(cb, 0x3c), cs, dt, STOKE_LAYOUT_ANY, STOKE_DEV_GPU},
+                        {bench_alloc(cb, 0), cs, dt, STOKE_LAYOUT_ANY, STOKE_DEV_GPU},
+                        {bench_alloc(cb, 0), cs, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU},
+                        {bench_alloc(cb, 0x3c), cs, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}};
+  stoke_tensor out[3] = {{bench_alloc(xb, 0), *xs, dt, lay, STOKE_DEV_GPU},
+                         {bench_alloc(cb, 0), cs, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU},
+                         {bench_alloc(cb, 0), cs, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}};
+  stoke_tensor din[5] = {{bench_alloc(xb, 0), *xs, dt, lay, STOKE_DEV_GPU},
+                         {bench_alloc(cb, 0), cs, dt, STOKE_LAYOUT_ANY, STOKE_DEV_GPU},
+                         {bench_alloc(cb, 0), cs, dt, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}};
+  stoke_tensor dout[3] = {{bench_alloc(xb, 0x3c), *xs, dt, lay, STOKE_DEV_GPU}};
+  void *es = engine_of(engine);
+  const stoke_kernel_v1 *fk = stoke_find_kernel(g_reg, engine, STOKE_OP_BATCH_NORM, STOKE_FWD, dt, lay);
+  const stoke_kernel_v1 *bk = stoke_find_kernel(g_reg, engine, STOKE_OP_BATCH_NORM, STOKE_BWD, dt, lay);
+  stoke_kernel_args_v1 fa = {.node = &node, .n_in = 5, .n_out = 3, .in = in, .out = out, .training = 1,
+                             .engine = es, .stream = g_dev->default_stream(g_dev_self)};
+  stoke_kernel_args_v1 ba = fa;
+  ba.din = din, ba.dout = dout, ba.param_grads = 6, ba.param_grad_beta = 1;
+  void *fs = NULL, *bs = NULL;
+  size_t fw = 0, bw = 0;
+  if ((e = fk->plan(&fa, &fs, &fw)) || (e = bk->plan(&ba, &bs, &bw))) fail_msg("bench plan: %s", e->msg);
+  size_t wb = fw > bw ? fw : bw;
+  void *ws = bench_alloc(wb, 0);
+  fa.workspace = ba.workspace = ws;
+  fa.workspace_bytes = ba.workspace_bytes = wb;
+  double best = 1e30;
+  for (int rep = 0; rep < 4; rep++) {
+    int iters = 10;
+    double t0 = now_s();
+    for (int i = 0; i < iters && !e; i++) {
+      e = fk->run(&fa, fs);
+      if (!e) e = bk->run(&ba, bs);
+    }
+    if (!e) e = g_dev->stream_sync(g_dev_self, NULL);
+    if (e) fail_msg("bench run: %s", e->msg);
+    double t = (now_s() - t0) / iters;
+    if (rep > 0 && t < best) best = t;
+  }
+  if (fk->destroy) fk->destroy(fs);
+  if (bk->destroy) bk->destroy(bs);
+  for (int i = 0; i < 5; i++) g_dev->free(g_dev_self, in[i].data);
+  for (int j = 0; j < 3; j++) g_dev->free(g_dev_self, out[j].data);
+  for (int i = 0; i < 3; i++) g_dev->free(g_dev_self, din[i].data);
+  g_dev->free(g_dev_self, dout[0].data);
+  g_dev->free(g_dev_self, ws);
+  return best;
+}
+
+static void test_batch_norm_bench(void **state) {
+  const char *env = getenv("STOKE_BN_BENCH");
+  if (!env || !atoi(env)) {
+    print_message("batch_norm bench skipped (STOKE_BN_BENCH=1 runs it)\n");
+    return;
+  }
+  static const stoke_shape shapes[] = {
+      {4, {256, 64, 112, 112}}, {4, {256, 64, 56, 56}},  {4, {256, 256, 56, 56}},
+      {4, {256, 128, 28, 28}},  {4, {256, 512, 28, 28}}, {4, {256, 256, 14, 14}},
+      {4, {256, 1024, 14, 14}}, {4, {256, 512, 7, 7}},   {4, {256, 2048, 7, 7}},
+  };
+  for (int l = 1; l >= 0; l--)
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+      const stoke_shape *x = &shapes[s];
+      double tn = bench_one("cudnn", x, STOKE_BF16, layouts[l]), tc = bench_one("cuda", x, STOKE_BF16, layouts[l]);
+      double gb = 5.0 * (double)stoke_numel(x) * 2 / 1e9; /* x, y; x, dy, dx: bytes at least moved */
+      print_message("  bench bf16 %s (%lld, %lld, %lld, %lld) fwd+bwd: cudnn %.3f ms (%.0f GB/s), cuda %.3f ms "
+                    "(%.0f GB/s)\n",
+                    lay_name(layouts[l]), (long long)x->d[0], (long long)x->d[1], (long long)x->d[2],
+                    (long long)x->d[3], tn * 1e3, gb / tn, tc * 1e3, gb / tc);
+    }
 }
 
 int main(void) {
@@ -292,6 +390,7 @@ int main(void) {
       cmocka_unit_test(test_batch_norm),
       cmocka_unit_test(test_batch_norm_running_stats),
       cmocka_unit_test(test_batch_norm_accumulate),
+      cmocka_unit_test(test_batch_norm_bench),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
