@@ -326,7 +326,6 @@ static stoke_err *bn_bwd_run(const stoke_kernel_args_v1 *a, void *state) {
     return bn_plan(a, st, ws, DT, LAY, 1);                                                                   \
   }
 
-BN_PLANS(STOKE_F32, STOKE_NHWC, f32_nhwc)
 BN_PLANS(STOKE_BF16, STOKE_NHWC, bf16_nhwc)
 BN_PLANS(STOKE_F16, STOKE_NHWC, f16_nhwc)
 
@@ -336,11 +335,11 @@ BN_PLANS(STOKE_F16, STOKE_NHWC, f16_nhwc)
 
 /* NCHW and NHWC explicitly, not STOKE_LAYOUT_ANY: see the top. */
 static const stoke_kernel_v1 bn_kernels[] = {
-    /* NHWC only: there cuDNN's batch norm was 2-3.7x faster than the cuda
-     * engine's on every ResNet-50 shape (H100, bf16), while in NCHW it was
-     * up to 2.2x slower on the large-image, few-channel ones; NCHW graphs
-     * keep the cuda engine's kernels. */
-    BN_KERNELS(STOKE_F32, STOKE_NHWC, f32_nhwc),
+    /* NHWC bf16/fp16 only: there cuDNN's (persistent) batch norm was
+     * 2-3.7x faster than the cuda engine's on every ResNet-50 shape (H100),
+     * while in NCHW it was up to 2.2x slower on the large-image,
+     * few-channel ones, and in f32 NHWC (not persistent) ResNet-50 tf32 fell
+     * from 1,727 to 213 img/s; those keep the cuda engine's kernels. */
     BN_KERNELS(STOKE_BF16, STOKE_NHWC, bf16_nhwc),
     BN_KERNELS(STOKE_F16, STOKE_NHWC, f16_nhwc),
 };
