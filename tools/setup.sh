@@ -11,6 +11,7 @@ pkgs=(
   liblmdb-dev                      # LMDB data source
   libturbojpeg0-dev libjpeg62-turbo-dev  # JPEG decoding
   zlib1g-dev                       # gzipped IDX files
+  dataset-fashion-mnist            # the e2e accuracy tests (real data)
 )
 missing=()
 for p in "${pkgs[@]}"; do
