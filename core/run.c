@@ -78,7 +78,9 @@ static const stoke_cfg_key_v1 plugin_keys[] = {
 
 static const stoke_cfg_key_v1 data_keys[] = {
     {"source", STOKE_CFG_STR, "synthetic", 0, 0, NULL, "data source plugin: synthetic, ..."},
-    {"batch_size", STOKE_CFG_INT, "128", 1, 1 << 24, NULL, "samples per micro-batch"},
+    {"batch_size", STOKE_CFG_STR, "128", 0, 0, NULL,
+     "samples per micro-batch, or auto: the largest power of two whose plan fits 85% of the device's "
+     "free memory"},
     {"workers", STOKE_CFG_INT, "2", 1, 1024, NULL, "loader worker threads"},
     {"prefetch", STOKE_CFG_INT, "4", 1, 1024, NULL, "batches prepared ahead (ring of pinned buffers)"},
     {"shuffle", STOKE_CFG_BOOL, "true", 0, 0, NULL, "reshuffle every epoch (seeded by seed, epoch)"},
@@ -94,7 +96,7 @@ static const stoke_cfg_key_v1 data_keys[] = {
 static const stoke_cfg_key_v1 eval_data_keys[] = {
     {"source", STOKE_CFG_STR, "", 0, 0, NULL,
      "held-out data source (empty: no evaluation); its own keys go here too"},
-    {"batch_size", STOKE_CFG_INT, "256", 1, 1 << 24, NULL, "samples per evaluation batch"},
+    {"batch_size", STOKE_CFG_STR, "256", 0, 0, NULL, "samples per evaluation batch (auto: the training one)"},
     {"workers", STOKE_CFG_INT, "2", 1, 1024, NULL, "loader worker threads"},
     {"prefetch", STOKE_CFG_INT, "4", 1, 1024, NULL, "batches prepared ahead"},
 };
@@ -521,6 +523,65 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
   return NULL;
 }
 
+/* [section] batch_size: a positive integer, or "auto" (*batch = 0). */
+static stoke_err *batch_of(const stoke_cfg *c, const char *section, int64_t *batch) {
+  const char *v;
+  STOKE_PROPAGATE(stoke_cfg_str(c, section, "batch_size", &v));
+  if (!strcmp(v, "auto")) {
+    *batch = 0;
+    return NULL;
+  }
+  char *end;
+  long long b = strtoll(v, &end, 10);
+  if (end == v || *end || b < 1 || b > (1 << 24))
+    return STOKE_ERR(STOKE_E_INVALID, "%s: [%s] batch_size = '%s': a number of samples (1 to 16777216) or auto",
+                     stoke_cfg_where(c, section, "batch_size"), section, v);
+  *batch = b;
+  return NULL;
+}
+
+/* Bytes a compiled plan asks of the device (the kernels' workspaces are
+ * not known before their plan(); the margin covers them). */
+static double plan_bytes(const stoke_plan *p) {
+  double b = (double)p->opt_state_bytes;
+  for (int i = 0; i < STOKE_BUF_COUNT; i++) b += (double)p->bytes[i];
+  return b;
+}
+
+/* batch_size = auto: the largest power of two from 8 whose plan fits 85%
+ * of the device's free memory (no trial-and-error allocation). */
+static stoke_err *auto_batch(run_state *s, stream *st, const stoke_plan_opts *po, stoke_dtype dtype) {
+  stoke_device_info_v1 info = {0};
+  STOKE_PROPAGATE(s->dev->info ? s->dev->info(s->dev_self, &info) : NULL);
+  double budget = 0.85 * (double)info.free_bytes;
+  int64_t best = 0, len = st->src->length(st->src_self);
+  double need = 0, best_need = 0;
+  for (int64_t b = 8; b <= len && b <= (1 << 20); b *= 2) {
+    st->batch = b;
+    stoke_err *e = build_graph(s, st, dtype, 1);
+    stoke_plan *p = NULL;
+    if (!e) e = stoke_compile(st->g, po, &p);
+    if (!e) need = plan_bytes(p);
+    stoke_plan_free(p);
+    stoke_graph_free(st->g);
+    st->g = NULL;
+    if (e) return stoke_err_wrap(e, __FILE__, __LINE__, "batch_size = auto, trying %lld", (long long)b);
+    if (need > budget) break;
+    best = b;
+    best_need = need;
+  }
+  if (!best)
+    return STOKE_ERR(STOKE_E_OOM,
+                     "batch_size = auto: not even 8 samples fit: the plan needs %.1f MiB, %.1f MiB of the "
+                     "device's %.1f MiB free is the budget; use a smaller model or precision",
+                     need / 1048576, budget / 1048576, (double)info.free_bytes / 1048576);
+  st->batch = best;
+  stoke_log(STOKE_LOG_INFO, "run",
+            "batch_size = auto: %lld (the plan needs %.1f MiB; %.1f MiB free on %s, 85%% is the budget)",
+            (long long)best, best_need / 1048576, (double)info.free_bytes / 1048576, info.name);
+  return NULL;
+}
+
 /* Open a stream's source, build and compile its graph, start its loader. */
 static stoke_err *open_stream(run_state *s, stream *st, const char *section, const char *opt_name,
                               const stoke_precision_v1 *prec, int training, uint64_t seed,
@@ -536,7 +597,8 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
   int shuffle = 0, drop_last = 0;
   st->section = section;
   STOKE_PROPAGATE(stoke_cfg_str(s->cfg, section, "source", &src_name));
-  STOKE_PROPAGATE(stoke_cfg_int(s->cfg, section, "batch_size", &st->batch));
+  STOKE_PROPAGATE(batch_of(s->cfg, section, &st->batch));
+  if (!st->batch && !training) st->batch = s->train.batch;
   STOKE_PROPAGATE(stoke_cfg_int(s->cfg, section, "workers", &workers));
   STOKE_PROPAGATE(stoke_cfg_int(s->cfg, section, "prefetch", &prefetch));
   if (training) {
@@ -545,11 +607,12 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
   }
   st->src = stoke_find_source(s->reg, src_name);
   STOKE_TRY(st->src->open(s->cfg, section, &st->src_self), "opening [%s] source '%s'", section, src_name);
-  STOKE_PROPAGATE(build_graph(s, st, dtype, training));
   double init_scale;
   STOKE_PROPAGATE(stoke_cfg_float(s->cfg, "run", "loss_scale_init", &init_scale));
   stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? opt_name : NULL, training, flags,
                         training && prec->loss_scaling, init_scale > 0 ? init_scale : prec->init_scale};
+  if (!st->batch) STOKE_PROPAGATE(auto_batch(s, st, &po, dtype));
+  STOKE_PROPAGATE(build_graph(s, st, dtype, training));
   STOKE_TRY(stoke_compile(st->g, &po, &st->plan), "compiling the %s graph", training ? "training" : "evaluation");
   if (training)
     STOKE_TRY(stoke_exec_new(st->plan, s->dev, s->dev_self, seed, &st->x),
@@ -564,6 +627,28 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
                           (int)prefetch, shuffle, drop_last, seed, 0, 1, start_batch};
   STOKE_TRY(stoke_loader_new(&lo, &st->loader), "starting the [%s] loader", section);
   return NULL;
+}
+
+/* The precision policy's table, and a warning for each matmul or conv
+ * whose dimensions keep tensor cores from full speed in fp16/bf16. */
+static void report_precision(const stoke_precision_v1 *p, const stoke_graph *g, int quiet) {
+  if (!quiet)
+    printf("precision %s: parameters %s (optimizer on %s master weights), activations %s, TF32 %s, "
+           "loss scaling %s; kept in fp32: %s (statistics and loss accumulate in fp32 everywhere)\n",
+           p->name, stoke_dtype_name(p->param_dtype), stoke_dtype_name(p->master_dtype),
+           stoke_dtype_name(p->compute_dtype), p->tf32 ? "on" : "off", p->loss_scaling ? "dynamic" : "off",
+           p->fp32_ops && p->fp32_ops[0] ? p->fp32_ops : "nothing else");
+  if (p->compute_dtype != STOKE_BF16 && p->compute_dtype != STOKE_F16) return;
+  for (int i = 0; i < g->n_fwd; i++) {
+    const stoke_gnode *n = &g->nodes[i];
+    int conv = !strcmp(n->n.op, STOKE_OP_CONV2D), lin = !strcmp(n->n.op, STOKE_OP_LINEAR);
+    if (!conv && !lin) continue;
+    int64_t in = g->values[n->in[0]].shape.d[1], out = g->values[n->in[1]].shape.d[0];
+    if (in % 8 || out % 8)
+      stoke_log(STOKE_LOG_WARN, "run",
+                "%s '%s': %s %lld -> %lld, not multiples of 8: tensor cores run it below full speed in %s",
+                n->n.op, n->n.name, conv ? "channels" : "features", (long long)in, (long long)out, p->name);
+  }
 }
 
 /* Copy a batch into the stream's input and label values. */
@@ -755,6 +840,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   }
   if (eval_src[0])
     STOKE_TRY_GOTO(e, done, open_stream(&s, &s.eval, "eval_data", NULL, prec, 0, (uint64_t)seed, 0), "");
+  report_precision(prec, s.train.g, o->quiet);
   snprintf(path, sizeof path, "%s/plan.txt", dir);
   if ((f = fopen(path, "w"))) {
     stoke_plan_report(s.train.plan, f);

@@ -182,6 +182,25 @@ static void test_no_gpu(void **state) {
   assert_true(s.final_loss < 0.45);
 }
 
+/* batch_size = auto picks a power of two that fits; a bad value is named. */
+static void test_batch_auto(void **state) {
+  stoke_summary s;
+  const char *o[] = {"data.batch_size=auto", "run.steps=3", "data.length=2048"};
+  train_ok(o, 3, &s);
+  int64_t per_step = s.samples / 3;
+  print_message("batch_size = auto chose %lld\n", (long long)per_step);
+  assert_true(per_step >= 8 && (per_step & (per_step - 1)) == 0);
+  assert_true(per_step <= 2048);
+  const char *bad[] = {"data.batch_size=12x"};
+  char fixed[2048];
+  snprintf(fixed, sizeof fixed, "%s", base_ini);
+  memcpy(strstr(fixed, "momentun"), "momentum", 8);
+  stoke_err *e = run(write_ini("batch.ini", fixed), bad, 1, &s);
+  assert_non_null(e);
+  assert_non_null(strstr(e->msg, "[data] batch_size = '12x': a number of samples"));
+  stoke_err_free(e);
+}
+
 /* Evaluation on a held-out part of the same synthetic task. */
 static void test_eval(void **state) {
   stoke_summary s;
@@ -341,6 +360,7 @@ int main(void) {
       cmocka_unit_test(test_messages),
       cmocka_unit_test(test_eval),
       cmocka_unit_test(test_no_gpu),
+      cmocka_unit_test(test_batch_auto),
       cmocka_unit_test(test_resume_equals_uninterrupted),
       cmocka_unit_test(test_truncated_checkpoint_refused),
       cmocka_unit_test(test_sigint_saves),
