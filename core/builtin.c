@@ -35,6 +35,12 @@ static double flops_linear(const stoke_node_v1 *n, const stoke_value_desc_v1 *in
          (double)stoke_numel(&out[0].shape);
 }
 
+/* the linear's FLOPs plus one per output for the ReLU, as the two nodes */
+static double flops_linear_relu(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                                const stoke_value_desc_v1 *out) {
+  return flops_linear(n, in, out) + (double)stoke_numel(&out[0].shape);
+}
+
 static stoke_err *infer_same(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
                              stoke_value_desc_v1 *out) {
   out[0] = in[0];
@@ -99,6 +105,8 @@ static const stoke_attr_decl_v1 softmax_ce_attrs[] = {
 static const stoke_op_type_v1 ops[] = {
     {STOKE_OP_LINEAR, "fully connected layer, y = x W^T + b (nn.Linear)", 3, 1, NULL, 0,
      infer_linear, flops_linear, STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1), 0, 1},
+    {STOKE_OP_LINEAR_RELU, "linear then ReLU, fused by the compiler", 3, 1, NULL, 0, infer_linear,
+     flops_linear_relu, STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(0), 0, 1},
     {STOKE_OP_RELU, "max(x, 0)", 1, 1, NULL, 0, infer_same, flops_elementwise,
      STOKE_BWD_NEEDS_OUTPUT(0), 0, 1},
     {STOKE_OP_ADD, "a + b (residual)", 2, 1, NULL, 0, infer_add, flops_elementwise, 0, 0, 1},

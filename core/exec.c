@@ -406,6 +406,15 @@ stoke_err *stoke_exec_update(stoke_exec *x, const stoke_opt_args_v1 *opt) {
   return NULL;
 }
 
+stoke_err *stoke_exec_set_scale(stoke_exec *x, float scale) {
+  if (!x->amp) return NULL;
+  float st[4] = {scale, 0, 0, 0};
+  STOKE_PROPAGATE(stoke_exec_copy(x, x->amp, st, sizeof st, STOKE_COPY_H2D));
+  if (x->p->g->seed >= 0)
+    STOKE_PROPAGATE(stoke_exec_copy(x, value_ptr(x, x->p->g->seed), st, sizeof(float), STOKE_COPY_H2D));
+  return NULL;
+}
+
 int stoke_exec_read_scaler(stoke_exec *x, float out[4]) {
   if (!x->amp) return 0;
   stoke_err *e = stoke_exec_copy(x, out, x->amp, 4 * sizeof(float), STOKE_COPY_D2H);

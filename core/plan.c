@@ -114,10 +114,58 @@ static stoke_err *place_arena(stoke_graph *g, size_t *total) {
   return NULL;
 }
 
+/* The engine that would serve `op` (pass) for a value, or NULL. */
+static const char *engine_for(const stoke_graph *g, const stoke_plan_opts *o, const char *op, stoke_pass pass,
+                              const stoke_value *x) {
+  for (int i = 0; i < o->n_engines; i++)
+    if (stoke_find_kernel(g->reg, o->engines[i], op, pass, x->dtype, x->layout)) return o->engines[i];
+  return NULL;
+}
+
+/* linear -> relu, where only the relu reads the linear's output, becomes
+ * one linear_relu node when the engine that serves the linear also has the
+ * fused kernels (forward and backward): the GPU then applies the ReLU in
+ * the matmul's epilogue instead of another pass over the activations. */
+static void fuse_linear_relu(stoke_graph *g, const stoke_plan_opts *o) {
+  for (int r = 0; r < g->n_fwd; r++) {
+    stoke_gnode *rn = &g->nodes[r];
+    if (strcmp(rn->n.op, STOKE_OP_RELU)) continue;
+    int v = rn->in[0], l = g->values[v].producer;
+    if (l < 0 || strcmp(g->nodes[l].n.op, STOKE_OP_LINEAR) || v == g->logits || v == g->loss) continue;
+    int readers = 0;
+    for (int i = 0; i < g->n_fwd; i++)
+      for (int k = 0; k < g->nodes[i].n_in; k++) readers += g->nodes[i].in[k] == v;
+    if (readers != 1) continue;
+    const stoke_value *x = &g->values[g->nodes[l].in[0]];
+    const char *lin = engine_for(g, o, STOKE_OP_LINEAR, STOKE_FWD, x);
+    const char *fwd = engine_for(g, o, STOKE_OP_LINEAR_RELU, STOKE_FWD, x);
+    const char *bwd = engine_for(g, o, STOKE_OP_LINEAR_RELU, STOKE_BWD, x);
+    if (!lin || !fwd || !bwd || strcmp(lin, fwd) || strcmp(lin, bwd)) continue;
+    stoke_gnode *ln = &g->nodes[l];
+    ln->type = stoke_find_op(g->reg, STOKE_OP_LINEAR_RELU);
+    ln->n.op = ln->type->name;
+    ln->flops += rn->flops;
+    int y = rn->out[0];
+    ln->out[0] = y;
+    g->values[y].producer = l;
+    g->values[v].producer = -1; /* the pre-activation is no longer a value anyone writes */
+    g->values[v].shape = (stoke_shape){1, {1}};
+    /* drop the relu node: later nodes move down one place */
+    memmove(&g->nodes[r], &g->nodes[r + 1], sizeof *g->nodes * (size_t)(g->n_nodes - r - 1));
+    g->n_nodes--;
+    g->n_fwd--;
+    for (int i = 0; i < g->n_nodes; i++) g->nodes[i].n.name = g->nodes[i].name_buf;
+    for (int i = 0; i < g->n_values; i++)
+      if (g->values[i].producer > r) g->values[i].producer--;
+    r--;
+  }
+}
+
 stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan **out) {
   if (opts->n_engines < 1) return STOKE_ERR(STOKE_E_INVALID, "no backend given");
   if (opts->n_engines > STOKE_MAX_ENGINES)
     return STOKE_ERR(STOKE_E_INVALID, "more than %d backends given", STOKE_MAX_ENGINES);
+  if (opts->fuse) fuse_linear_relu(g, opts);
   if (opts->training) STOKE_TRY(stoke_graph_derive_backward(g), "deriving the backward pass");
   stoke_plan *p = calloc(1, sizeof *p);
   if (!p) return STOKE_ERR(STOKE_E_OOM, "out of memory");

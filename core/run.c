@@ -66,6 +66,9 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "fp16: the loss scaler's first scale (0: the policy's, 65536)"},
     {"loss_scale_growth", STOKE_CFG_INT, "0", 0, 1e9, NULL,
      "fp16: clean steps before the scale doubles (0: the policy's, 2000)"},
+    {"fuse", STOKE_CFG_BOOL, "true", 0, 0, NULL,
+     "let the compiler fuse linear + ReLU into one node where the backend has the fused kernel "
+     "(a ReLU epilogue on the GPU)"},
     {"conv_autotune", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "time the candidate convolution algorithms once per shape and keep the fastest (cudnn.benchmark)"},
 };
@@ -609,8 +612,10 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
   STOKE_TRY(st->src->open(s->cfg, section, &st->src_self), "opening [%s] source '%s'", section, src_name);
   double init_scale;
   STOKE_PROPAGATE(stoke_cfg_float(s->cfg, "run", "loss_scale_init", &init_scale));
+  int fuse;
+  STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "run", "fuse", &fuse));
   stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? opt_name : NULL, training, flags,
-                        training && prec->loss_scaling, init_scale > 0 ? init_scale : prec->init_scale};
+                        training && prec->loss_scaling, init_scale > 0 ? init_scale : prec->init_scale, fuse};
   if (!st->batch) STOKE_PROPAGATE(auto_batch(s, st, &po, dtype));
   STOKE_PROPAGATE(build_graph(s, st, dtype, training));
   STOKE_TRY(stoke_compile(st->g, &po, &st->plan), "compiling the %s graph", training ? "training" : "evaluation");
@@ -712,7 +717,8 @@ static stoke_err *evaluate(run_state *s, double *loss, double *acc) {
 
 static stoke_err *save(run_state *s, const char *path, int64_t step, int64_t epoch, int64_t seed,
                        int64_t accumulate, const char *opt_name) {
-  stoke_ckpt_meta m = {step, epoch, seed, accumulate, 1.0, ""};
+  float amp[4];
+  stoke_ckpt_meta m = {step, epoch, seed, accumulate, stoke_exec_read_scaler(s->train.x, amp) ? amp[0] : 1.0, ""};
   snprintf(m.optimizer, sizeof m.optimizer, "%s", opt_name);
   STOKE_TRY(stoke_checkpoint_save(s->train.x, path, &m, s->config_text), "saving the checkpoint at step %lld",
             (long long)step);
@@ -831,6 +837,8 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   if (resume[0]) {
     STOKE_TRY_GOTO(e, done, stoke_checkpoint_load(s.train.x, resume, &meta), "%s: [run] resume",
                    stoke_cfg_where(c, "run", "resume"));
+    if (meta.loss_scale > 0)
+      STOKE_TRY_GOTO(e, done, stoke_exec_set_scale(s.train.x, (float)meta.loss_scale), "restoring the loss scale");
     if (meta.seed != seed || meta.accumulate != accumulate)
       stoke_log(STOKE_LOG_WARN, "run",
                 "resuming from %s, saved with seed %lld and accumulate %lld, now %lld and %lld: the run "

@@ -1,5 +1,6 @@
 /* backends/cpu/cpu.c: the "cpu" plugin: the host-memory backend and the
- * reference kernels (linear, relu, add, softmax_ce, sgd, adamw; f32, f64).
+ * reference kernels (linear, linear_relu, relu, add, softmax_ce, sgd, adamw;
+ * f32, f64).
  *
  * The kernel bodies live in kernels.inc, written once for an element type
  * T and included twice below: for float (what training runs on) and for
@@ -441,9 +442,15 @@ static void destroy_none(void *state) {}
 #define KERNEL(op, pass, fn, sfx, dt)                                      \
   {"cpu", op, pass, dt, STOKE_LAYOUT_ANY, CAT(fn##_plan, sfx), CAT(fn, sfx), \
    destroy_none}
+/* A kernel with per-node state from plan(), freed by fn##_destroy. */
+#define KERNEL_STATE(op, pass, fn, sfx, dt)                                \
+  {"cpu", op, pass, dt, STOKE_LAYOUT_ANY, CAT(fn##_plan, sfx), CAT(fn, sfx), \
+   CAT(fn##_destroy, sfx)}
 #define KERNELS(sfx, dt)                                          \
   KERNEL(STOKE_OP_LINEAR, STOKE_FWD, linear_fwd, sfx, dt),         \
   KERNEL(STOKE_OP_LINEAR, STOKE_BWD, linear_bwd, sfx, dt),         \
+  KERNEL(STOKE_OP_LINEAR_RELU, STOKE_FWD, linear_relu_fwd, sfx, dt), \
+  KERNEL_STATE(STOKE_OP_LINEAR_RELU, STOKE_BWD, linear_relu_bwd, sfx, dt), \
   KERNEL(STOKE_OP_RELU, STOKE_FWD, relu_fwd, sfx, dt),             \
   KERNEL(STOKE_OP_RELU, STOKE_BWD, relu_bwd, sfx, dt),             \
   KERNEL(STOKE_OP_ADD, STOKE_FWD, add_fwd, sfx, dt),               \

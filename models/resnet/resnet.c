@@ -83,7 +83,8 @@ static stoke_err *relu(const stoke_builder_v1 *b, int x, const char *name, int *
 
 /* "<block>.<part>" */
 static const char *sub(char *buf, const char *block, const char *part) {
-  snprintf(buf, NAME, "%s.%s", block, part);
+  /* block names are short ("layer4.2"); a longer one is cut, never overrun */
+  snprintf(buf, NAME, "%.40s.%.20s", block, part);
   return buf;
 }
 

@@ -1,6 +1,7 @@
 /* tests/op/cpu_grad_test.c: the CPU reference kernels: every input gradient
  * against central finite differences in double, gradient accumulation,
- * f32 against f64, forwards against naive loops, and the error cases. */
+ * f32 against f64, forwards against naive loops (linear_relu against
+ * linear then relu), and the error cases. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -159,6 +160,45 @@ static op_case linear_case(int64_t n, int64_t in, int64_t out) {
   return c;
 }
 
+/* Pre-activations z = x W^T + b of a linear_relu case at least this far
+ * from 0: a finite-difference step moves z by at most |x| or |W| (<= 1)
+ * times FD_H = 1e-6, and the f32 rounding of the inputs by ~1e-6, so no
+ * step and no rounding crosses the kink and the gradient is well defined. */
+#define LR_MARGIN 1e-3
+
+static double lr_pre(const op_case *c, int64_t i, int64_t j) {
+  int64_t k = c->in[0].shape.d[1];
+  double z = h_get(&c->in[2], j);
+  for (int64_t t = 0; t < k; t++) z += h_get(&c->in[0], i * k + t) * h_get(&c->in[1], j * k + t);
+  return z;
+}
+
+static op_case linear_relu_case(int64_t n, int64_t in, int64_t out) {
+  op_case c = linear_case(n, in, out);
+  c.op = STOKE_OP_LINEAR_RELU;
+  c.node = h_node(STOKE_OP_LINEAR_RELU, "fc1");
+  /* Redraw the row of x of any pre-activation within LR_MARGIN of 0 (and,
+   * now and then, that output's weights and bias, in case no x would do),
+   * then look again from the start. */
+  for (int tries = 0;; tries++) {
+    int64_t bad_i = -1, bad_j = -1;
+    for (int64_t i = 0; i < n && bad_i < 0; i++)
+      for (int64_t j = 0; j < out; j++)
+        if (fabs(lr_pre(&c, i, j)) < LR_MARGIN) {
+          bad_i = i, bad_j = j;
+          break;
+        }
+    if (bad_i < 0) break;
+    H_CHECK(tries < 10000, "linear_relu case: no inputs away from the kink after %d draws", tries);
+    for (int64_t t = 0; t < in; t++) h_set(&c.in[0], bad_i * in + t, h_uniform(-1, 1));
+    if (tries % 10 == 9) {
+      for (int64_t t = 0; t < in; t++) h_set(&c.in[1], bad_j * in + t, h_uniform(-1, 1));
+      h_set(&c.in[2], bad_j, h_uniform(-1, 1));
+    }
+  }
+  return c;
+}
+
 static op_case relu_case(int64_t n, int64_t f) {
   op_case c = {.op = STOKE_OP_RELU, .node = h_node(STOKE_OP_RELU, "act1"), .n_in = 1};
   c.in[0] = h_tensor(STOKE_F64, 2, n, f);
@@ -238,6 +278,79 @@ static void test_linear_grad(void **state) {
   }
 }
 
+static void test_linear_relu_grad(void **state) {
+  static const int64_t shapes[][3] = {{3, 4, 5}, {1, 1, 1}, {8, 17, 6}};
+  for (int s = 0; s < 3; s++) {
+    op_case c = linear_relu_case(shapes[s][0], shapes[s][1], shapes[s][2]);
+    char label[64];
+    snprintf(label, sizeof label, "linear_relu %lldx%lld->%lld", (long long)shapes[s][0],
+             (long long)shapes[s][1], (long long)shapes[s][2]);
+    grad_check(&c, label);
+    case_free(&c);
+  }
+}
+
+/* linear_relu against the two nodes it replaces: forward = linear then
+ * relu, backward = relu backward then linear backward, in f64 and f32,
+ * bit for bit (the same arithmetic in the same order). */
+static void test_linear_relu_matches_linear_then_relu(void **state) {
+  static const stoke_dtype dts[] = {STOKE_F64, STOKE_F32};
+  for (int d = 0; d < 2; d++) {
+    stoke_dtype dt = dts[d];
+    op_case c = linear_relu_case(9, 13, 7);
+    stoke_tensor in[3];
+    for (int i = 0; i < 3; i++) {
+      in[i] = h_like(&c.in[i], dt);
+      h_convert(&in[i], &c.in[i]);
+    }
+    stoke_tensor y = h_like(&c.out, dt), z = h_like(&c.out, dt), y2 = h_like(&c.out, dt);
+    run_fwd(&c, in, &y);
+    /* linear, then relu */
+    op_case lin = {.op = STOKE_OP_LINEAR, .node = h_node(STOKE_OP_LINEAR, "fc1"), .n_in = 3};
+    run_fwd(&lin, in, &z);
+    op_case act = {.op = STOKE_OP_RELU, .node = h_node(STOKE_OP_RELU, "act1"), .n_in = 1};
+    run_fwd(&act, &z, &y2);
+    int64_t zeros = 0;
+    for (int64_t i = 0; i < h_numel(&y); i++) {
+      H_CHECK(h_get(&y, i) == h_get(&y2, i), "%s y[%lld] = %.17g, linear then relu %.17g",
+              stoke_dtype_name(dt), (long long)i, h_get(&y, i), h_get(&y2, i));
+      zeros += h_get(&y, i) == 0;
+    }
+    print_message("linear_relu %s: %lld of %lld outputs clamped\n", stoke_dtype_name(dt),
+                  (long long)zeros, (long long)h_numel(&y));
+
+    /* backward: relu's dx (dz), then linear's backward on dz */
+    stoke_tensor r = h_like(&c.out, dt), dz = h_like(&c.out, dt), din[3], din2[3];
+    h_random(&r, -1, 1);
+    make_din(&c, din, dt);
+    make_din(&c, din2, dt);
+    H_OK(try_bwd(&c, in, &y, din, &r, 0.0f));
+    act.grads = 1;
+    H_OK(try_bwd(&act, &z, &y2, &dz, &r, 0.0f));
+    lin.grads = 7;
+    lin.params = 6;
+    H_OK(try_bwd(&lin, in, &z, din2, &dz, 0.0f));
+    for (int i = 0; i < 3; i++) {
+      h_check_written(&din[i], "linear_relu backward");
+      for (int64_t j = 0; j < h_numel(&din[i]); j++)
+        H_CHECK(h_get(&din[i], j) == h_get(&din2[i], j),
+                "%s din[%d][%lld] = %.17g, relu then linear backward %.17g", stoke_dtype_name(dt), i,
+                (long long)j, h_get(&din[i], j), h_get(&din2[i], j));
+    }
+    for (int i = 0; i < 3; i++) {
+      h_free(&din[i]);
+      h_free(&din2[i]);
+      h_free(&in[i]);
+    }
+    h_free(&r);
+    h_free(&dz);
+    h_free(&y);
+    h_free(&z);
+    h_free(&y2);
+    case_free(&c);
+  }
+}
+
 static void test_relu_grad(void **state) {
   op_case c = relu_case(4, 5);
   grad_check(&c, "relu");
@@ -300,6 +413,9 @@ static void check_accumulation(op_case *c) {
 
 static void test_param_grad_beta(void **state) {
   op_case c = linear_case(4, 3, 5); /* dx overwritten, dW and db accumulated */
+  check_accumulation(&c);
+  case_free(&c);
+  c = linear_relu_case(4, 3, 5);
   check_accumulation(&c);
   case_free(&c);
   c = add_case(2, 5);
@@ -368,6 +484,9 @@ static void check_f32(op_case *c) {
 
 static void test_f32_matches_f64(void **state) {
   op_case c = linear_case(16, 33, 10);
+  check_f32(&c);
+  case_free(&c);
+  c = linear_relu_case(16, 33, 10);
   check_f32(&c);
   case_free(&c);
   c = relu_case(8, 9);
@@ -517,6 +636,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       H_TEST(test_backend),
       H_TEST(test_linear_grad),
+      H_TEST(test_linear_relu_grad),
+      H_TEST(test_linear_relu_matches_linear_then_relu),
       H_TEST(test_relu_grad),
       H_TEST(test_add_grad),
       H_TEST(test_softmax_ce_grad),

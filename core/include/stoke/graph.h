@@ -105,6 +105,7 @@ typedef struct stoke_plan_opts {
   uint32_t flags;             /* STOKE_KFLAG_* passed to every kernel */
   int loss_scaling;           /* dynamic loss scaler (fp16) */
   double init_scale;
+  int fuse;                   /* fuse linear + relu where an engine has linear_relu */
 } stoke_plan_opts;
 
 #define STOKE_MAX_ENGINES 32
@@ -176,6 +177,9 @@ stoke_err *stoke_exec_update(stoke_exec *x, const stoke_opt_args_v1 *opt);
 /* The loss scaler's state (scale, good steps, found_inf, skipped steps);
  * returns 0 without a scaler. Synchronizes. */
 int stoke_exec_read_scaler(stoke_exec *x, float out[4]);
+/* Restore the scale (resume): good steps and flags start at 0, and the
+ * loss seed takes the scale. No-op without a scaler. */
+stoke_err *stoke_exec_set_scale(stoke_exec *x, float scale);
 /* Per-op profile: when on, every kernel of the following steps is timed
  * with the device's timers (this synchronizes once per step: a profiling
  * mode, not for speed runs). The report gives time per node and per op

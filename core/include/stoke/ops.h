@@ -8,6 +8,11 @@
  * (PyTorch's nn.Linear layout: y = x W^T + b). No attributes. */
 #define STOKE_OP_LINEAR "linear"
 
+/* linear_relu: linear then ReLU in one node, y = max(x W^T + b, 0), what
+ * the compiler makes of a linear whose output only a relu reads (so GPU
+ * engines can use a ReLU epilogue). Backward reads x, W and y. */
+#define STOKE_OP_LINEAR_RELU "linear_relu"
+
 /* relu: x -> max(x, 0), any shape. No attributes. */
 #define STOKE_OP_RELU "relu"
 
