@@ -338,6 +338,12 @@ typedef struct stream {
   stoke_exec *x;
   stoke_loader *loader;
   int64_t batch;
+  /* overlapped copies (GPU): batches land in a device staging buffer on
+   * the copy stream, then move to the input value on the compute stream */
+  void *stage;
+  size_t stage_x;         /* bytes of samples; the labels follow */
+  void *ev_copy, *ev_d2d; /* timers used as events */
+  int d2d_pending;
 } stream;
 
 typedef struct run_state {
@@ -368,7 +374,11 @@ static void close_engines(run_state *s) {
     }
 }
 
-static void stream_close(stream *st) {
+static void stream_close(run_state *s, stream *st) {
+  if (st->d2d_pending && s->dev->timer_sync) stoke_err_free(s->dev->timer_sync(s->dev_self, st->ev_d2d));
+  if (st->stage) s->dev->free(s->dev_self, st->stage);
+  if (st->ev_copy) s->dev->timer_destroy(s->dev_self, st->ev_copy);
+  if (st->ev_d2d) s->dev->timer_destroy(s->dev_self, st->ev_d2d);
   stoke_loader_free(st->loader);
   stoke_exec_free(st->x);
   stoke_plan_free(st->plan);
@@ -379,8 +389,8 @@ static void stream_close(stream *st) {
 static void run_close(run_state *s) {
   stoke_metrics_free(s->metrics);
   stoke_nvml_close(s->nvml);
-  stream_close(&s->eval); /* borrows the training executor's weights: first */
-  stream_close(&s->train);
+  stream_close(s, &s->eval); /* borrows the training executor's weights: first */
+  stream_close(s, &s->train);
   close_engines(s);
   stoke_registry_free(s->reg);
   stoke_cfg_free(s->cfg);
@@ -631,6 +641,13 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
   stoke_loader_opts lo = {st->src, st->src_self, s->dev, s->dev_self, st->batch, (int)workers,
                           (int)prefetch, shuffle, drop_last, seed, 0, 1, start_batch};
   STOKE_TRY(stoke_loader_new(&lo, &st->loader), "starting the [%s] loader", section);
+  if (s->dev->copy_stream && s->dev->stream_wait && s->dev->timer_sync && s->dev->timer_create) {
+    st->stage_x = (stoke_loader_sample_bytes(st->loader) * (size_t)st->batch + 255) / 256 * 256;
+    STOKE_TRY(s->dev->alloc(s->dev_self, st->stage_x + sizeof(int32_t) * (size_t)st->batch, &st->stage),
+              "allocating the [%s] batch staging buffer", section);
+    STOKE_PROPAGATE(s->dev->timer_create(s->dev_self, &st->ev_copy));
+    STOKE_PROPAGATE(s->dev->timer_create(s->dev_self, &st->ev_d2d));
+  }
   return NULL;
 }
 
@@ -656,12 +673,32 @@ static void report_precision(const stoke_precision_v1 *p, const stoke_graph *g, 
   }
 }
 
-/* Copy a batch into the stream's input and label values. */
+/* Copy a batch into the stream's input and label values; when it returns,
+ * the host batch buffer may go back to the loader. On a GPU the copy runs
+ * on the copy stream into a staging buffer while the compute stream is
+ * still busy with the previous step, and the compute stream picks it up
+ * (device-to-device, after an event) right before this step's kernels. */
 static stoke_err *feed(run_state *s, stream *st, const stoke_batch *b) {
-  size_t xbytes = stoke_loader_sample_bytes(st->loader) * (size_t)b->n;
-  STOKE_PROPAGATE(s->dev->copy(s->dev_self, stoke_exec_input(st->x), b->x, xbytes, STOKE_COPY_H2D, NULL));
-  return s->dev->copy(s->dev_self, stoke_exec_labels(st->x), b->labels, sizeof(int32_t) * (size_t)b->n,
-                      STOKE_COPY_H2D, NULL);
+  const stoke_backend_v1 *d = s->dev;
+  size_t xb = stoke_loader_sample_bytes(st->loader) * (size_t)b->n, yb = sizeof(int32_t) * (size_t)b->n;
+  if (!st->stage) {
+    STOKE_PROPAGATE(d->copy(s->dev_self, stoke_exec_input(st->x), b->x, xb, STOKE_COPY_H2D, NULL));
+    STOKE_PROPAGATE(d->copy(s->dev_self, stoke_exec_labels(st->x), b->labels, yb, STOKE_COPY_H2D, NULL));
+    return d->stream_sync ? d->stream_sync(s->dev_self, NULL) : NULL;
+  }
+  void *cs = d->copy_stream(s->dev_self), *stage_y = (char *)st->stage + st->stage_x;
+  /* the staging buffer is free once the previous step's pick-up ran */
+  if (st->d2d_pending) STOKE_PROPAGATE(d->stream_wait(s->dev_self, cs, st->ev_d2d));
+  STOKE_PROPAGATE(d->copy(s->dev_self, st->stage, b->x, xb, STOKE_COPY_H2D, cs));
+  STOKE_PROPAGATE(d->copy(s->dev_self, stage_y, b->labels, yb, STOKE_COPY_H2D, cs));
+  STOKE_PROPAGATE(d->timer_record(s->dev_self, st->ev_copy, cs));
+  STOKE_PROPAGATE(d->timer_sync(s->dev_self, st->ev_copy)); /* the host buffer is read */
+  STOKE_PROPAGATE(d->stream_wait(s->dev_self, NULL, st->ev_copy));
+  STOKE_PROPAGATE(d->copy(s->dev_self, stoke_exec_input(st->x), st->stage, xb, STOKE_COPY_D2D, NULL));
+  STOKE_PROPAGATE(d->copy(s->dev_self, stoke_exec_labels(st->x), stage_y, yb, STOKE_COPY_D2D, NULL));
+  STOKE_PROPAGATE(d->timer_record(s->dev_self, st->ev_d2d, NULL));
+  st->d2d_pending = 1;
+  return NULL;
 }
 
 /* One pass over the evaluation data with the forward-only plan: mean
@@ -899,9 +936,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
         double w;
         e = stoke_loader_next(s.train.loader, &b, &w);
         wait += w;
-        if (!e) e = feed(&s, &s.train, b);
-        /* the host buffer goes back to the loader: the copy must be done */
-        if (!e && s.dev->stream_sync) e = s.dev->stream_sync(s.dev_self, NULL);
+        if (!e) e = feed(&s, &s.train, b); /* then the host buffer may go back */
         epoch = b->epoch;
         stoke_loader_release(s.train.loader, b);
       }

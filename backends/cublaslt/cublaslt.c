@@ -1,6 +1,7 @@
 /* backends/cublaslt/cublaslt.c: the "cublaslt" engine: linear forward and
  * backward in f32 (optionally TF32), bf16 and fp16 through cuBLASLt, with
- * the bias add and the bias gradient fused into the product's epilogue.
+ * the bias add and the bias gradient fused into the product's epilogue;
+ * linear_relu likewise, with the ReLU in the forward's epilogue.
  *
  * Layout. stoke's tensors are row-major; cuBLASLt is column-major. A
  * row-major A[r, c] is, as stored, the column-major matrix A^T (rows c,
@@ -29,7 +30,13 @@
  * algorithm supports the epilogue, the plain dW product runs and a small
  * deterministic column-sum kernel (lt_kernels.cu) does db = beta db + sum.
  * Descriptors, layouts and the heuristic's algorithm are made once per
- * node in plan(); run() only sets pointers and calls cublasLtMatmul. */
+ * node in plan(); run() only sets pointers and calls cublasLtMatmul.
+ *
+ * linear_relu (y = max(x W^T + b, 0)) is the same forward product with the
+ * RELU_BIAS epilogue (or, when no algorithm has it, the linear forward and
+ * a small in-place ReLU kernel). Its backward masks the output gradient,
+ * dz = dy * (y > 0) from the forward output, into the front of the
+ * workspace (a small kernel), then runs the linear backward on dz. */
 #include <stdio.h>
 #include <string.h>
 
@@ -102,7 +109,7 @@ static stoke_err *lt_info(void *self, stoke_device_info_v1 *out) {
 
 static const stoke_backend_v1 backend = {
     .name = "cublaslt",
-    .help = "cuBLASLt matmul kernels (linear with fused bias and bias gradient) on the cuda device",
+    .help = "cuBLASLt matmul kernels (linear, linear_relu; fused bias, ReLU and bias gradient) on the cuda device",
     .device = STOKE_DEV_GPU,
     .device_engine = "cuda",
     .open = lt_open,
@@ -123,18 +130,22 @@ typedef struct lt_gemm {
 } lt_gemm;
 
 typedef struct lt_state {
+  const char *op; /* STOKE_OP_LINEAR or STOKE_OP_LINEAR_RELU, for messages */
   char node[64];
   stoke_dtype dt;
   int64_t n, k, o;
-  lt_gemm fwd; /* with EPILOGUE_BIAS when fwd_bias, else plain (bias first, beta 1) */
+  lt_gemm fwd; /* with EPILOGUE_BIAS (RELU_BIAS) when fwd_bias, else plain (bias first, beta 1) */
   int fwd_bias;
+  int relu;     /* linear_relu */
+  int fwd_relu; /* the forward's epilogue applies the ReLU (RELU_BIAS) */
+  size_t dz_bytes; /* linear_relu backward: dz at the front of the workspace (256-byte multiple) */
   lt_gemm dx, dw, dw_bgrad; /* dw_bgrad.ready: the BGRADB epilogue is usable */
 } lt_state;
 
 /* The context every cuBLASLt error carries: the node, the product, shapes. */
-#define LT_CTX_FMT "linear '%s' (%s; x[%lld, %lld], weight[%lld, %lld], %s)"
+#define LT_CTX_FMT "%s '%s' (%s; x[%lld, %lld], weight[%lld, %lld], %s)"
 #define LT_CTX_ARGS(s, what)                                                                            \
-  (s)->node, (what), (long long)(s)->n, (long long)(s)->k, (long long)(s)->o, (long long)(s)->k, \
+  (s)->op ? (s)->op : STOKE_OP_LINEAR, (s)->node, (what), (long long)(s)->n, (long long)(s)->k, (long long)(s)->o, (long long)(s)->k, \
       stoke_dtype_name((s)->dt)
 
 #define LT_CHECK(call, s, what)                                                                      \
@@ -314,7 +325,7 @@ static size_t max_ws(size_t a, size_t b) { return a > b ? a : b; }
 /* ---------------------------------------------------------------- forward */
 
 static stoke_err *fwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes,
-                              stoke_dtype dt) {
+                              stoke_dtype dt, int relu) {
   *state = NULL;
   *workspace_bytes = 0;
   lt_state tmp;
@@ -323,6 +334,8 @@ static stoke_err *fwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
   lt_state *s;
   STOKE_PROPAGATE_P(new_state(&s));
   *s = tmp;
+  s->op = relu ? STOKE_OP_LINEAR_RELU : STOKE_OP_LINEAR;
+  s->relu = relu;
   if (dt != STOKE_F32 && (s->n % 8 || s->k % 8 || s->o % 8))
     stoke_host->log(STOKE_LOG_WARN, LT_WHO,
                     "linear '%s': batch %lld, in %lld, out %lld are not all multiples of 8 in %s; tensor cores "
@@ -331,8 +344,14 @@ static stoke_err *fwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
   stoke_err *e = NULL;
   if (s->n && s->k && s->o) {
     lt_engine *E = a->engine;
-    e = gemm_plan(E, s, a->flags, &s->fwd, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o, (uint64_t)s->n,
-                  (uint64_t)s->k, s->k, s->k, s->o, CUBLASLT_EPILOGUE_BIAS, 1);
+    if (relu) { /* ReLU and bias in the epilogue; else as linear, then the ReLU kernel */
+      e = gemm_plan(E, s, a->flags, &s->fwd, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o,
+                    (uint64_t)s->n, (uint64_t)s->k, s->k, s->k, s->o, CUBLASLT_EPILOGUE_RELU_BIAS, 1);
+      s->fwd_relu = s->fwd.ready;
+    }
+    if (!e && !s->fwd.ready)
+      e = gemm_plan(E, s, a->flags, &s->fwd, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o,
+                    (uint64_t)s->n, (uint64_t)s->k, s->k, s->k, s->o, CUBLASLT_EPILOGUE_BIAS, 1);
     s->fwd_bias = s->fwd.ready;
     if (!e && !s->fwd.ready)
       e = gemm_plan(E, s, a->flags, &s->fwd, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o,
@@ -343,8 +362,11 @@ static stoke_err *fwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
     return e;
   }
   if (s->n && s->k && s->o)
-    stoke_host->log(STOKE_LOG_DEBUG, LT_WHO, "linear '%s' forward: %s, workspace %zu bytes", s->node,
-                    s->fwd_bias ? "bias fused (EPILOGUE_BIAS)" : "bias by a separate kernel", s->fwd.ws);
+    stoke_host->log(STOKE_LOG_DEBUG, LT_WHO, "%s '%s' forward: %s%s, workspace %zu bytes", s->op, s->node,
+                    s->fwd_relu   ? "bias and ReLU fused (EPILOGUE_RELU_BIAS)"
+                    : s->fwd_bias ? "bias fused (EPILOGUE_BIAS)"
+                                  : "bias by a separate kernel",
+                    relu && !s->fwd_relu ? ", ReLU by a separate kernel" : "", s->fwd.ws);
   *state = s;
   *workspace_bytes = s->fwd.ws;
   return NULL;
@@ -376,18 +398,20 @@ static stoke_err *fwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_d
   if (!s->n || !s->o) return NULL;
   if (!s->k || !s->fwd_bias) { /* y = b, then (if K > 0) y += x W^T */
     LT_CUDA(stoke_lt_bias_rows(y, b, s->n, s->o, dt, st), s, "forward");
-    if (!s->k) return NULL;
-    return matmul(E, s, &s->fwd, a, w, x, y, 1.f);
+    if (s->k) STOKE_PROPAGATE_P(matmul(E, s, &s->fwd, a, w, x, y, 1.f));
+  } else {
+    LT_CHECK(cublasLtMatmulDescSetAttribute(s->fwd.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b), s,
+             "forward");
+    STOKE_PROPAGATE_P(matmul(E, s, &s->fwd, a, w, x, y, 0.f));
   }
-  LT_CHECK(cublasLtMatmulDescSetAttribute(s->fwd.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b), s,
-           "forward");
-  return matmul(E, s, &s->fwd, a, w, x, y, 0.f);
+  if (s->relu && !(s->k && s->fwd_relu)) LT_CUDA(stoke_lt_relu(y, s->n * s->o, dt, st), s, "forward ReLU");
+  return NULL;
 }
 
 /* --------------------------------------------------------------- backward */
 
 static stoke_err *bwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes,
-                              stoke_dtype dt) {
+                              stoke_dtype dt, int relu) {
   *state = NULL;
   *workspace_bytes = 0;
   lt_state tmp;
@@ -396,6 +420,12 @@ static stoke_err *bwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
   lt_state *s;
   STOKE_PROPAGATE_P(new_state(&s));
   *s = tmp;
+  s->op = relu ? STOKE_OP_LINEAR_RELU : STOKE_OP_LINEAR;
+  s->relu = relu;
+  if (relu) { /* dz[N, O] in the dtype, rounded up so the products' workspace after it stays aligned */
+    size_t bytes = (size_t)s->n * (size_t)s->o * stoke_dtype_size(dt);
+    s->dz_bytes = (bytes + LT_ALIGN - 1) / LT_ALIGN * LT_ALIGN;
+  }
   lt_engine *E = a->engine;
   stoke_err *e = NULL;
   uint64_t n = (uint64_t)s->n, k = (uint64_t)s->k, o = (uint64_t)s->o;
@@ -415,11 +445,12 @@ static stoke_err *bwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
     return e;
   }
   if (n && k && o)
-    stoke_host->log(STOKE_LOG_DEBUG, LT_WHO, "linear '%s' backward: db %s; workspace %zu/%zu/%zu bytes", s->node,
+    stoke_host->log(STOKE_LOG_DEBUG, LT_WHO, "%s '%s' backward: db %s; workspace %zu/%zu/%zu bytes%s", s->op,
+                    s->node,
                     s->dw_bgrad.ready ? "fused (EPILOGUE_BGRADB) when not accumulating" : "by a column-sum kernel",
-                    s->dx.ws, s->dw.ws, s->dw_bgrad.ws);
+                    s->dx.ws, s->dw.ws, s->dw_bgrad.ws, relu ? " after the masked dz" : "");
   *state = s;
-  *workspace_bytes = max_ws(s->dx.ws, max_ws(s->dw.ws, s->dw_bgrad.ws));
+  *workspace_bytes = s->dz_bytes + max_ws(s->dx.ws, max_ws(s->dw.ws, s->dw_bgrad.ws));
   return NULL;
 }
 
@@ -456,17 +487,54 @@ static stoke_err *bwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_d
   return NULL;
 }
 
+/* linear_relu: dz = dy * (y > 0) into the front of the workspace, then the
+ * linear backward reading dz for dy, with the rest of the workspace. */
+static stoke_err *relu_bwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_dtype dt) {
+  lt_state *s = state;
+  if (!s || !s->relu)
+    return STOKE_PERR(STOKE_E_INTERNAL, "cublaslt linear_relu '%s': run() without plan()", node_name(a));
+  STOKE_PROPAGATE_P(linear_check(a, dt, 1, NULL));
+  int64_t n = s->n * s->o;
+  if (n && (!a->out[0].data || !a->dout[0].data))
+    return STOKE_PERR(STOKE_E_INVALID, "cublaslt linear_relu '%s': backward needs the forward output y and dy",
+                      s->node);
+  if (a->workspace_bytes < s->dz_bytes || (s->dz_bytes && !a->workspace))
+    return STOKE_PERR(STOKE_E_INTERNAL,
+                      "cublaslt linear_relu '%s': the backward needs %zu bytes of workspace for dz, the executor "
+                      "gave %zu",
+                      s->node, s->dz_bytes, a->workspace_bytes);
+  stoke_tensor dz = a->dout[0];
+  dz.data = n ? a->workspace : a->dout[0].data; /* nothing to mask: no product reads it */
+  LT_CUDA(stoke_lt_relu_mask(dz.data, a->dout[0].data, a->out[0].data, n, dt, (cudaStream_t)a->stream), s,
+          "dz = dy * (y > 0)");
+  stoke_kernel_args_v1 b = *a;
+  b.dout = &dz;
+  b.workspace = s->dz_bytes ? (char *)a->workspace + s->dz_bytes : a->workspace;
+  b.workspace_bytes = a->workspace_bytes - s->dz_bytes;
+  if (!b.workspace_bytes) b.workspace = NULL;
+  return bwd_run_dt(&b, state, dt);
+}
+
 /* ------------------------------------------------------------ the tables */
 
 #define LT_KERNELS(sfx, DT)                                                                                   \
   static stoke_err *fwd_plan_##sfx(const stoke_kernel_args_v1 *a, void **st, size_t *ws) {                  \
-    return fwd_plan_dt(a, st, ws, DT);                                                                      \
+    return fwd_plan_dt(a, st, ws, DT, 0);                                                                   \
   }                                                                                                         \
   static stoke_err *fwd_run_##sfx(const stoke_kernel_args_v1 *a, void *st) { return fwd_run_dt(a, st, DT); } \
   static stoke_err *bwd_plan_##sfx(const stoke_kernel_args_v1 *a, void **st, size_t *ws) {                  \
-    return bwd_plan_dt(a, st, ws, DT);                                                                      \
+    return bwd_plan_dt(a, st, ws, DT, 0);                                                                   \
   }                                                                                                         \
-  static stoke_err *bwd_run_##sfx(const stoke_kernel_args_v1 *a, void *st) { return bwd_run_dt(a, st, DT); }
+  static stoke_err *bwd_run_##sfx(const stoke_kernel_args_v1 *a, void *st) { return bwd_run_dt(a, st, DT); } \
+  static stoke_err *relu_fwd_plan_##sfx(const stoke_kernel_args_v1 *a, void **st, size_t *ws) {             \
+    return fwd_plan_dt(a, st, ws, DT, 1);                                                                   \
+  }                                                                                                         \
+  static stoke_err *relu_bwd_plan_##sfx(const stoke_kernel_args_v1 *a, void **st, size_t *ws) {             \
+    return bwd_plan_dt(a, st, ws, DT, 1);                                                                   \
+  }                                                                                                         \
+  static stoke_err *relu_bwd_run_##sfx(const stoke_kernel_args_v1 *a, void *st) {                           \
+    return relu_bwd_run_dt(a, st, DT);                                                                      \
+  }
 
 LT_KERNELS(f32, STOKE_F32)
 LT_KERNELS(bf16, STOKE_BF16)
@@ -474,7 +542,11 @@ LT_KERNELS(f16, STOKE_F16)
 
 #define LT_ENTRY(sfx, DT)                                                                                \
   {"cublaslt", STOKE_OP_LINEAR, STOKE_FWD, DT, STOKE_LAYOUT_ANY, fwd_plan_##sfx, fwd_run_##sfx, lt_destroy}, \
-      {"cublaslt", STOKE_OP_LINEAR, STOKE_BWD, DT, STOKE_LAYOUT_ANY, bwd_plan_##sfx, bwd_run_##sfx, lt_destroy}
+      {"cublaslt", STOKE_OP_LINEAR, STOKE_BWD, DT, STOKE_LAYOUT_ANY, bwd_plan_##sfx, bwd_run_##sfx, lt_destroy}, \
+      {"cublaslt", STOKE_OP_LINEAR_RELU, STOKE_FWD, DT, STOKE_LAYOUT_ANY, relu_fwd_plan_##sfx, fwd_run_##sfx,  \
+       lt_destroy},                                                                                       \
+      {"cublaslt", STOKE_OP_LINEAR_RELU, STOKE_BWD, DT, STOKE_LAYOUT_ANY, relu_bwd_plan_##sfx,                \
+       relu_bwd_run_##sfx, lt_destroy}
 
 static const stoke_kernel_v1 kernels[] = {
     LT_ENTRY(f32, STOKE_F32),
@@ -492,4 +564,4 @@ static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
 
 STOKE_EXPORT const stoke_plugin_v1 stoke_plugin_v1_entry = {
     STOKE_ABI_VERSION, sizeof(stoke_plugin_v1), "cublaslt",
-    "cuBLASLt linear kernels (fused bias, bias gradient) for f32/TF32, bf16 and fp16", reg};
+    "cuBLASLt linear and linear_relu kernels (fused bias, ReLU, bias gradient) for f32/TF32, bf16 and fp16", reg};

@@ -1,5 +1,5 @@
 // backends/cublaslt/lt_kernels.cu: the plain CUDA kernels the cublaslt
-// linear kernels need around cuBLASLt (see lt_kernels.h).
+// linear and linear_relu kernels need around cuBLASLt (see lt_kernels.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -48,6 +48,22 @@ __global__ void colsum(T *db, const T *dy, int64_t rows, int64_t cols, float bet
   }
 }
 
+template <typename T>
+__global__ void relu_inplace(T *y, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float v = ld(y, i);
+    if (v < 0.f) st(y, i, 0.f); /* NaN and +-0 are left as they are */
+  }
+}
+
+// dz = dy where y > 0, else 0: the ReLU's gradient read from its output.
+// The f32 round trip of a bf16/fp16 dy is exact.
+template <typename T>
+__global__ void relu_mask(T *dz, const T *dy, const T *y, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    st(dz, i, ld(y, i) > 0.f ? ld(dy, i) : 0.f);
+}
+
 unsigned grid_for(int64_t n, int threads) {
   int64_t g = (n + threads - 1) / threads;
   return (unsigned)(g < 1 ? 1 : g > 65535 ? 65535 : g);
@@ -72,6 +88,20 @@ cudaError_t launch_colsum(void *db, const void *dy, int64_t rows, int64_t cols, 
   if (cols <= 0) return cudaSuccess;
   dim3 block(32, COLSUM_Y);
   colsum<T><<<(unsigned)((cols + 31) / 32), block, 0, s>>>((T *)db, (const T *)dy, rows, cols, beta);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_relu(void *y, int64_t n, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  relu_inplace<T><<<grid_for(n, 256), 256, 0, s>>>((T *)y, n);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_relu_mask(void *dz, const void *dy, const void *y, int64_t n, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  relu_mask<T><<<grid_for(n, 256), 256, 0, s>>>((T *)dz, (const T *)dy, (const T *)y, n);
   return cudaGetLastError();
 }
 
@@ -102,6 +132,25 @@ extern "C" cudaError_t stoke_lt_colsum(void *db, const void *dy, int64_t rows, i
     case STOKE_F32: return launch_colsum<float>(db, dy, rows, cols, beta, s);
     case STOKE_F16: return launch_colsum<__half>(db, dy, rows, cols, beta, s);
     case STOKE_BF16: return launch_colsum<__nv_bfloat16>(db, dy, rows, cols, beta, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" cudaError_t stoke_lt_relu(void *y, int64_t n, stoke_dtype dt, cudaStream_t s) {
+  switch (dt) {
+    case STOKE_F32: return launch_relu<float>(y, n, s);
+    case STOKE_F16: return launch_relu<__half>(y, n, s);
+    case STOKE_BF16: return launch_relu<__nv_bfloat16>(y, n, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" cudaError_t stoke_lt_relu_mask(void *dz, const void *dy, const void *y, int64_t n, stoke_dtype dt,
+                                          cudaStream_t s) {
+  switch (dt) {
+    case STOKE_F32: return launch_relu_mask<float>(dz, dy, y, n, s);
+    case STOKE_F16: return launch_relu_mask<__half>(dz, dy, y, n, s);
+    case STOKE_BF16: return launch_relu_mask<__nv_bfloat16>(dz, dy, y, n, s);
     default: return cudaErrorInvalidValue;
   }
 }

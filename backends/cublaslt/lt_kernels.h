@@ -1,6 +1,7 @@
 /* backends/cublaslt/lt_kernels.h: the small CUDA kernels next to the
  * cuBLASLt products of the linear kernels (lt_kernels.cu), private to the
- * cublaslt plugin: bias broadcast, scaling, and the bias gradient. */
+ * cublaslt plugin: bias broadcast, scaling, the bias gradient, and the ReLU
+ * (forward fallback and gradient mask) of linear_relu. */
 #ifndef STOKE_CUBLASLT_KERNELS_H
 #define STOKE_CUBLASLT_KERNELS_H
 
@@ -26,6 +27,15 @@ cudaError_t stoke_lt_scale(void *d, int64_t n, float beta, stoke_dtype dt, cudaS
  * when beta is 0. */
 cudaError_t stoke_lt_colsum(void *db, const void *dy, int64_t rows, int64_t cols, float beta, stoke_dtype dt,
                             cudaStream_t s);
+
+/* y[0..n) = max(y, 0) in place (NaN stays NaN): linear_relu's forward
+ * when no algorithm has the RELU_BIAS epilogue. */
+cudaError_t stoke_lt_relu(void *y, int64_t n, stoke_dtype dt, cudaStream_t s);
+
+/* dz[i] = y[i] > 0 ? dy[i] : 0 for i in [0, n): linear_relu's backward,
+ * the ReLU's gradient from the forward output. */
+cudaError_t stoke_lt_relu_mask(void *dz, const void *dy, const void *y, int64_t n, stoke_dtype dt,
+                               cudaStream_t s);
 
 #ifdef __cplusplus
 }

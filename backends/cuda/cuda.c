@@ -159,6 +159,18 @@ static stoke_err *cuda_timer_record(void *self, void *t, void *stream) {
   return NULL;
 }
 
+static void *cuda_copy_stream(void *self) { return ((stoke_cuda_device *)self)->copy_stream; }
+
+static stoke_err *cuda_stream_wait(void *self, void *stream, void *t) {
+  STOKE_CUDA(cudaStreamWaitEvent(pick(self, stream), (cudaEvent_t)t, 0));
+  return NULL;
+}
+
+static stoke_err *cuda_timer_sync(void *self, void *t) {
+  STOKE_CUDA(cudaEventSynchronize((cudaEvent_t)t));
+  return NULL;
+}
+
 static stoke_err *cuda_timer_elapsed(void *self, void *a, void *b, float *ms) {
   STOKE_CUDA(cudaEventElapsedTime(ms, (cudaEvent_t)a, (cudaEvent_t)b));
   return NULL;
@@ -186,6 +198,9 @@ static const stoke_backend_v1 backend = {
     .timer_destroy = cuda_timer_destroy,
     .timer_record = cuda_timer_record,
     .timer_elapsed_ms = cuda_timer_elapsed,
+    .copy_stream = cuda_copy_stream,
+    .stream_wait = cuda_stream_wait,
+    .timer_sync = cuda_timer_sync,
 };
 
 static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {

@@ -533,7 +533,7 @@ static stoke_err *lm_read(void *self, int64_t index, uint64_t seed, void *dst, i
   if (index < 0 || index >= s->count)
     return STOKE_PERR(STOKE_E_INVALID, "lmdb %s: index %lld outside [0, %lld)", s->path, (long long)index,
                       (long long)s->count);
-  MDB_txn *txn;
+  MDB_txn *txn = NULL;
   STOKE_PROPAGATE_P(txn_get(s, &txn));
   char kb[STOKE_KEY_DIGITS + 1], why[STOKE_WHY_BYTES];
   MDB_val k = key_of(s, index, kb), v;

@@ -324,6 +324,12 @@ typedef struct stoke_backend_v1 {
   void (*timer_destroy)(void *self, void *timer);
   stoke_err *(*timer_record)(void *self, void *timer, void *stream);
   stoke_err *(*timer_elapsed_ms)(void *self, void *start, void *end, float *ms);
+  /* Overlapped batch copies (NULL on the CPU: copies are synchronous):
+   * the stream host-to-device batch copies run on, a stream waiting for a
+   * recorded timer (an event), and the host waiting for one. */
+  void *(*copy_stream)(void *self);
+  stoke_err *(*stream_wait)(void *self, void *stream, void *timer);
+  stoke_err *(*timer_sync)(void *self, void *timer);
 } stoke_backend_v1;
 
 /* ---------------------------------------------------------------- sources */
