@@ -84,7 +84,8 @@ static const stoke_cfg_key_v1 data_keys[] = {
     {"batch_size", STOKE_CFG_STR, "128", 0, 0, NULL,
      "samples per micro-batch, or auto: the largest power of two whose plan fits 85% of the device's "
      "free memory"},
-    {"workers", STOKE_CFG_INT, "2", 1, 1024, NULL, "loader worker threads"},
+    {"workers", STOKE_CFG_STR, "2", 0, 0, NULL,
+     "loader worker threads, or auto: time 1, 2, 4, ... up to the core count at start and keep the fastest"},
     {"prefetch", STOKE_CFG_INT, "4", 1, 1024, NULL, "batches prepared ahead (ring of pinned buffers)"},
     {"shuffle", STOKE_CFG_BOOL, "true", 0, 0, NULL, "reshuffle every epoch (seeded by seed, epoch)"},
     {"drop_last", STOKE_CFG_BOOL, "true", 0, 0, NULL, "drop the last incomplete batch of an epoch"},
@@ -100,7 +101,7 @@ static const stoke_cfg_key_v1 eval_data_keys[] = {
     {"source", STOKE_CFG_STR, "", 0, 0, NULL,
      "held-out data source (empty: no evaluation); its own keys go here too"},
     {"batch_size", STOKE_CFG_STR, "256", 0, 0, NULL, "samples per evaluation batch (auto: the training one)"},
-    {"workers", STOKE_CFG_INT, "2", 1, 1024, NULL, "loader worker threads"},
+    {"workers", STOKE_CFG_STR, "2", 0, 0, NULL, "loader worker threads (auto: as for training)"},
     {"prefetch", STOKE_CFG_INT, "4", 1, 1024, NULL, "batches prepared ahead"},
 };
 
@@ -553,6 +554,63 @@ static stoke_err *batch_of(const stoke_cfg *c, const char *section, int64_t *bat
   return NULL;
 }
 
+/* [section] workers: a count from 1 to 1024, or "auto" (*n = 0). */
+static stoke_err *workers_of(const stoke_cfg *c, const char *section, int64_t *n) {
+  const char *v;
+  STOKE_PROPAGATE(stoke_cfg_str(c, section, "workers", &v));
+  if (!strcmp(v, "auto")) {
+    *n = 0;
+    return NULL;
+  }
+  char *end;
+  long long w = strtoll(v, &end, 10);
+  if (end == v || *end || w < 1 || w > 1024)
+    return STOKE_ERR(STOKE_E_INVALID, "%s: [%s] workers = '%s': a thread count (1 to 1024) or auto",
+                     stoke_cfg_where(c, section, "workers"), section, v);
+  *n = w;
+  return NULL;
+}
+
+/* workers = auto: 1, 2, 4, ... up to the core count, each timed on a few
+ * batches after a warm-up (what users sweep by hand); the fastest count
+ * wins, a larger count only when it is at least 5% faster. */
+static stoke_err *auto_workers(run_state *s, stoke_loader_opts lo, int64_t *best_out) {
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores < 1) cores = 1;
+  double best_rate = 0;
+  int64_t best = 1;
+  char line[512] = "";
+  size_t used = 0;
+  for (int64_t w = 1; w <= cores && w <= 64; w *= 2) {
+    lo.workers = (int)w;
+    lo.shuffle = 1;
+    stoke_loader *l;
+    STOKE_TRY(stoke_loader_new(&lo, &l), "workers = auto, trying %lld", (long long)w);
+    /* the ring's first `prefetch` batches were made before anyone asked:
+     * drain them, then time at least 12 batches and 0.2 s (at most 400) */
+    stoke_err *e = NULL;
+    double t0 = 0, n = 0;
+    int warm = lo.prefetch + 1;
+    for (int i = 0; i < warm + 400 && !e; i++) {
+      stoke_batch *b;
+      e = stoke_loader_next(l, &b, NULL);
+      if (!e && i == warm - 1) t0 = now_s();
+      if (!e && i >= warm) n += (double)b->n;
+      if (!e) stoke_loader_release(l, b);
+      if (i >= warm + 12 && now_s() - t0 > 0.2) break;
+    }
+    double rate = n / (now_s() - t0);
+    stoke_loader_free(l);
+    if (e) return stoke_err_wrap(e, __FILE__, __LINE__, "workers = auto, trying %lld", (long long)w);
+    used += (size_t)snprintf(line + used, used < sizeof line ? sizeof line - used : 0, "%s%lld: %.0f/s",
+                             used ? ", " : "", (long long)w, rate);
+    if (rate > best_rate * 1.05) best_rate = rate, best = w;
+  }
+  stoke_log(STOKE_LOG_INFO, "loader", "workers = auto: %lld (samples/s by worker count: %s)", (long long)best, line);
+  *best_out = best;
+  return NULL;
+}
+
 /* Bytes a compiled plan asks of the device (the kernels' workspaces are
  * not known before their plan(); the margin covers them). */
 static double plan_bytes(const stoke_plan *p) {
@@ -606,13 +664,13 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
   uint32_t flags = (prec->tf32 ? STOKE_KFLAG_TF32 : 0) | (det ? STOKE_KFLAG_DETERMINISTIC : 0) |
                    (tune && !det ? STOKE_KFLAG_AUTOTUNE : 0);
   const char *src_name;
-  int64_t workers, prefetch;
+  int64_t workers = 0, prefetch;
   int shuffle = 0, drop_last = 0;
   st->section = section;
   STOKE_PROPAGATE(stoke_cfg_str(s->cfg, section, "source", &src_name));
   STOKE_PROPAGATE(batch_of(s->cfg, section, &st->batch));
   if (!st->batch && !training) st->batch = s->train.batch;
-  STOKE_PROPAGATE(stoke_cfg_int(s->cfg, section, "workers", &workers));
+  STOKE_PROPAGATE(workers_of(s->cfg, section, &workers));
   STOKE_PROPAGATE(stoke_cfg_int(s->cfg, section, "prefetch", &prefetch));
   if (training) {
     STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, section, "shuffle", &shuffle));
@@ -640,6 +698,8 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
     STOKE_TRY(stoke_exec_new_shared(st->plan, s->train.x, &st->x), "preparing the evaluation plan");
   stoke_loader_opts lo = {st->src, st->src_self, s->dev, s->dev_self, st->batch, (int)workers,
                           (int)prefetch, shuffle, drop_last, seed, 0, 1, start_batch};
+  if (!workers) STOKE_PROPAGATE(auto_workers(s, lo, &workers));
+  lo.workers = (int)workers;
   STOKE_TRY(stoke_loader_new(&lo, &st->loader), "starting the [%s] loader", section);
   if (s->dev->copy_stream && s->dev->stream_wait && s->dev->timer_sync && s->dev->timer_create) {
     st->stage_x = (stoke_loader_sample_bytes(st->loader) * (size_t)st->batch + 255) / 256 * 256;

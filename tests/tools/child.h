@@ -1,0 +1,71 @@
+/* tests/tools/child.h: run a tool as a child process (a data dependency,
+ * runfiles-relative) and capture its stdout and stderr, for the cmocka
+ * tests of tools/. Include after <cmocka.h>. */
+#ifndef STOKE_TESTS_TOOLS_CHILD_H
+#define STOKE_TESTS_TOOLS_CHILD_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+extern char **environ;
+
+static const char *tmpdir(void) {
+  const char *t = getenv("TEST_TMPDIR");
+  return t && t[0] ? t : "/tmp";
+}
+
+/* Runs `tool` with `args` (NULL-terminated); its stdout and stderr together
+ * land in `out` (`cap` bytes, NUL-terminated). Returns the exit code (-1:
+ * killed by a signal). */
+static int run_child(const char *tool, const char *const *args, char *out, size_t cap) {
+  char log[4096];
+  snprintf(log, sizeof log, "%s/child.log", tmpdir());
+  const char *argv[64] = {tool};
+  int n = 1;
+  for (; args[n - 1] && n < 63; n++) argv[n] = args[n - 1];
+  argv[n] = NULL;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid;
+  int rc = posix_spawn(&pid, tool, &fa, NULL, (char *const *)argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc) {
+    print_error("cannot start %s: %s\n", tool, strerror(rc));
+    fail();
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  FILE *f = fopen(log, "rb");
+  size_t got = f ? fread(out, 1, cap - 1, f) : 0;
+  out[got] = 0;
+  if (f) fclose(f);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Runs the tool and fails the test, showing its output, unless it exits 0. */
+#define RUN_OK(tool, out, ...)                                                           \
+  do {                                                                                   \
+    int rc_ = run_child((tool), (const char *const[]){__VA_ARGS__, NULL}, out, sizeof out); \
+    if (rc_ != 0) {                                                                      \
+      print_error("%s exited %d:\n%s\n", (tool), rc_, out);                              \
+      fail();                                                                            \
+    }                                                                                    \
+  } while (0)
+
+static void expect_has(const char *text, const char *sub, const char *file, int line) {
+  if (!strstr(text, sub)) {
+    print_error("%s:%d: output lacks \"%s\":\n%s\n", file, line, sub, text);
+    _fail(file, line);
+  }
+}
+#define EXPECT_HAS(text, sub) expect_has((text), (sub), __FILE__, __LINE__)
+
+#endif
