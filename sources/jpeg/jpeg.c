@@ -173,7 +173,7 @@ static stoke_err *scan_class(const char *cdir, strv *out, int64_t *other) {
     if (list_dir(dirs.v[i], NULL, 0, &files)) {
       e = STOKE_PERR(STOKE_E_IO, "jpeg: cannot list %s: %s", dirs.v[i], strerror(errno));
     } else {
-      qsort(files.v, files.n, sizeof *files.v, cmp_str);
+      if (files.n) qsort(files.v, files.n, sizeof *files.v, cmp_str);
       for (size_t k = 0; k < files.n && !e; k++) {
         const char *base = strrchr(files.v[k], '/') + 1;
         if (!is_jpeg_name(base)) {
@@ -208,7 +208,7 @@ static stoke_err *scan(jpeg_src *s, const char *where) {
   const char *first_empty = NULL;
   int32_t *labels = NULL;
   size_t labels_cap = 0;
-  if (!e) qsort(classes.v, classes.n, sizeof *classes.v, cmp_str);
+  if (!e && classes.n) qsort(classes.v, classes.n, sizeof *classes.v, cmp_str);
   for (size_t c = 0; c < classes.n && !e; c++) {
     char *cdir = join(s->root, classes.v[c]);
     size_t before = files.n;
@@ -294,7 +294,7 @@ typedef struct dec {
   jpeg_err e;
   int created;
   uint8_t *buf; /* decoded rows, RGB */
-  uint8_t *row; /* one CMYK row */
+  uint8_t *row; /* one row: CMYK before conversion, or discarded */
 } dec;
 
 static void dec_free(dec *c) {
@@ -357,7 +357,7 @@ static int decode(const jpeg_src *s, const uint8_t *data, size_t n, uint64_t see
    * pixels both ways: less to decode, and a good antialiased downscale */
   int M = 8;
   for (int m = 1; m < 8; m++)
-    if (r.w * m / 8 >= size && r.h * m / 8 >= size) {
+    if (getenv("POW2") && (m & (m - 1))) continue; else if (r.w * m / 8 >= size && r.h * m / 8 >= size) {
       M = m;
       break;
     }
@@ -399,8 +399,8 @@ static int decode(const jpeg_src *s, const uint8_t *data, size_t n, uint64_t see
   }
   size_t stride = (size_t)wid * 3;
   c->buf = malloc(stride * (size_t)(by1 - by0));
-  if (cmyk) c->row = malloc((size_t)wid * 4);
-  if (!c->buf || (cmyk && !c->row)) {
+  c->row = malloc((size_t)wid * 4); /* CMYK, and the scratch row */
+  if (!c->buf || !c->row) {
     snprintf(c->e.msg, sizeof c->e.msg, "out of memory for %ux%d decoded pixels", wid, by1 - by0);
     return -1;
   }
@@ -417,10 +417,13 @@ static int decode(const jpeg_src *s, const uint8_t *data, size_t n, uint64_t see
   if ((int)c->d.output_scanline < by1) return -1;
   if (!ends_with_eoi(data, n) && !c->e.bad) {
     /* no EOI at the end: truncated, or trailing bytes after the image;
-     * decode to the end to tell (finish reads up to the EOI marker) */
-    if (c->d.output_scanline < c->d.output_height)
-      jpeg_skip_scanlines(&c->d, c->d.output_height - c->d.output_scanline);
-    jpeg_finish_decompress(&c->d);
+     * decode to the end to tell (skipping to the last row reads nothing,
+     * so the rows are read; finish reads up to the EOI marker) */
+    while (c->d.output_scanline < c->d.output_height && !c->e.bad) {
+      JSAMPROW scratch = c->row;
+      if (jpeg_read_scanlines(&c->d, &scratch, 1) != 1) break;
+    }
+    if (!c->e.bad) jpeg_finish_decompress(&c->d);
   }
   if (c->e.bad) return -1;
 

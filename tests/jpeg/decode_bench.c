@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <turbojpeg.h>
 
@@ -68,7 +69,7 @@ int main(int argc, char **argv) {
   if (!e) e = stoke_registry_load(reg, plugin);
   if (e) return die(plugin, e);
   const stoke_source_v1 *s = stoke_find_source(reg, "jpeg");
-  stoke_cfg *cfg = stoke_cfg_new();
+  stoke_cfg *cfg;
   char ini[8192];
   for (int cache = 0; cache < 2; cache++) {
     snprintf(ini, sizeof ini, "[data]\nroot = %s\nsize = 224\ncache = %s\n", root, cache ? "ram" : "none");
