@@ -562,9 +562,14 @@ static void load_image(const folder_opts *o, tjhandle dec, tjhandle enc, job *j)
   size_t n = 0;
   int pf = o->channels == 1 ? TJPF_GRAY : TJPF_RGB;
   if (read_file(j->path, &file, &n, j->why, sizeof j->why)) return;
-  int w, h, subsamp, cs;
+  int w = 0, h = 0, subsamp, cs;
   if (tjDecompressHeader3(dec, file, (unsigned long)n, &w, &h, &subsamp, &cs) != 0) {
     snprintf(j->why, sizeof j->why, "not a readable JPEG: %s", tjGetErrorStr2(dec));
+    goto done;
+  }
+  /* a truncated header can "succeed" without a size */
+  if (w <= 0 || h <= 0) {
+    snprintf(j->why, sizeof j->why, "not a readable JPEG: no image size in the header");
     goto done;
   }
   /* the smallest decoder scale that is not below the target size */
