@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tools/test.sh: set up, then run every test twice: a normal build and under
-# AddressSanitizer + UBSan (--config=asan). Prints "N passed, N failed"
+# AddressSanitizer + UBSan (--config=asan), and the loader test under
+# ThreadSanitizer. Prints "N passed, N failed"
 # counting individual cmocka test cases; exits non-zero on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,5 +27,15 @@ for cfg in "" "--config=asan"; do
   bazel test $cfg $filter //... || status=1
   count
 done
+# the loader's ring under ThreadSanitizer
+echo "== bazel test --config=tsan //tests/unit:loader_test" >&2
+filter=tsan
+bazel test --config=tsan //tests/unit:loader_test || status=1
+log=bazel-testlogs/tests/unit/loader_test/test.log
+p=$(grep -Eo '^\[  PASSED  \] [0-9]+' "$log" | grep -Eo '[0-9]+$' | tail -1)
+f=$(grep -Eo '^\[  FAILED  \] [0-9]+ test' "$log" | grep -Eo '[0-9]+' | tail -1)
+[ -z "$p$f" ] && f=1
+passed=$((passed + ${p:-0}))
+failed=$((failed + ${f:-0}))
 echo "$passed passed, $failed failed"
 [ "$status" -eq 0 ] && [ "$failed" -eq 0 ]
