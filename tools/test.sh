@@ -29,7 +29,6 @@ for cfg in "" "--config=asan"; do
 done
 # the loader's ring under ThreadSanitizer
 echo "== bazel test --config=tsan //tests/unit:loader_test" >&2
-filter=tsan
 bazel test --config=tsan //tests/unit:loader_test || status=1
 log=bazel-testlogs/tests/unit/loader_test/test.log
 p=$(grep -Eo '^\[  PASSED  \] [0-9]+' "$log" | grep -Eo '[0-9]+$' | tail -1)
