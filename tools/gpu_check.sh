@@ -12,6 +12,7 @@ export S=/tmp/stoke
 rm -rf "$S" && mkdir -p "$S" && tar -C "$S" -xJf .stage/bin.tar.xz || exit 1
 cp -r .stage/examples .stage/anchors "$S/" 2>/dev/null
 [ -d .stage/data ] && ln -sfn "$PWD/.stage/data" "$S/data"
+[ -d .stage/photos ] && ln -sfn "$PWD/.stage/photos" "$S/photos"
 export STOKE_PLUGIN_PATH="$S/bin/plugins"
 export LD_LIBRARY_PATH="$S/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/device.txt" 2>&1

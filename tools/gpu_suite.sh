@@ -5,6 +5,8 @@
 #   fmnist    Fashion-MNIST CNN on the GPU (convert + train + eval)
 #   bench     stoke's mlp / resnet50 / resnet18c in tf32, bf16, fp16
 #   torch     PyTorch anchors (eager, and compile with TORCH_COMPILE=1)
+#   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
+#             bf16 trained from it against synthetic data, PyTorch's loader
 set -uo pipefail
 T="$S/bin/train"
 log() { echo "== $*"; }
@@ -47,6 +49,18 @@ PY
           [ $rc -ne 0 ] && tail -5 "$OUT/bench_${w}_$prec.log"
         done
       done
+      ;;
+    loader)
+      log "jpeg-bench loader"
+      "$S/bin/make_jpeg_bench" --photos "$S/photos" --out /tmp/jb --count 3000 --seed 1 | tail -1
+      printf '[run]\nbackends = cpu\n[data]\nsource = jpeg\nroot = /tmp/jb\nsize = 224\nbatch_size = 256\n[model]\nname = mlp\n' > /tmp/jb.ini
+      timeout 200 "$S/bin/bench_loader" /tmp/jb.ini --workers 1,4,8,16 --batches 24 --warmup 4 --json "$OUT/loader.jsonl" 2>&1 | grep -v "^;" | tail -6
+      for ini in resnet50 resnet50_jpeg; do
+        timeout 150 "$T" "$S/examples/$ini.ini" run.checkpoint=false run.steps=60 run.progress=off \
+          run.out_dir="$OUT/$ini" > "$OUT/$ini.log" 2>&1
+        echo "$ini bf16 rc=$?: $(grep -E 'samples/s median' "$OUT/$ini.log")"
+      done
+      timeout 240 python3 "$S/anchors/loader_bench.py" "$S/photos" /tmp/anchor "$OUT/loader_anchor.json" 2>&1 | tail -1
       ;;
     torch)
       modes="mlp:tf32 mlp:bf16 mlp:fp16 resnet50:tf32 resnet50:bf16 resnet50:fp16 resnet18c:tf32 resnet18c:bf16 resnet18c:fp16"
