@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Python's round(): half to even, which is what nearbyint does in the
  * default rounding mode. */
@@ -56,21 +57,22 @@ stoke_jpeg_rect stoke_jpeg_center_crop(int h, int w, int resize, int size) {
 
 /* ---------------------------------------------------------- resampling
  *
- * Why a resampler of our own: libjpeg-turbo scales only in the DCT domain
- * and only by M/8, so the decoder gets the crop to within a factor
- * (8/M)/((8/M)-1/8) of the target and this brings it to exactly size x
- * size. It is PIL's (and torchvision's antialias=True) bilinear: a triangle
+ * Why a resampler of our own: libjpeg-turbo has no arbitrary resize; it
+ * scales only in the DCT domain, by M/8, so the decoder brings the crop to
+ * within 2x of the target (jpeg.c uses M = 1, 2, 4, 8) or leaves it
+ * smaller, and this brings it to exactly size x size. It is PIL's (and torchvision's antialias=True) bilinear: a triangle
  * filter whose support widens with the scale factor when shrinking, so
  * every source pixel contributes (area averaging) and a downscale of more
  * than 2x does not alias as plain 2-tap bilinear would; when enlarging it
  * is ordinary bilinear with half-pixel centres. At the borders the taps
  * that would fall outside the source are dropped and the remaining weights
  * renormalized, as PIL does, so edge pixels are neither darkened nor
- * replicated. Separable: a horizontal pass into float rows, then a
- * vertical pass rounding to uint8. */
+ * replicated. Separable, in float: per output row a vertical pass over
+ * the source columns, then a horizontal pass rounding to uint8. */
 
 typedef struct taps {
-  int k;     /* taps per output sample (the widest window) */
+  int k;     /* room for taps per output sample */
+  int kk;    /* taps every output sample uses (zero-padded windows) */
   int *lo;   /* first source index of each output sample */
   int *n;    /* taps used by each output sample */
   float *w;  /* [out][k] normalized weights */
@@ -115,58 +117,100 @@ static int taps_make(taps *t, int n_src, double r0, double rlen, int n_out) {
     t->lo[o] = lo;
     t->n[o] = hi - lo;
   }
+  /* pad every window to the widest, with zero weights, so the inner loops
+   * have one trip count (a window that would run off the end starts
+   * earlier instead) */
+  int kk = 1;
+  for (int o = 0; o < n_out; o++)
+    if (t->n[o] > kk) kk = t->n[o];
+  if (kk > n_src) kk = n_src;
+  for (int o = 0; o < n_out; o++) {
+    float *w = t->w + (size_t)o * t->k;
+    int lo = t->lo[o], n = t->n[o], nlo = lo + kk > n_src ? n_src - kk : lo;
+    if (nlo != lo) memmove(w + (lo - nlo), w, sizeof(float) * (size_t)n);
+    for (int j = 0; j < lo - nlo; j++) w[j] = 0.0f;
+    for (int j = lo - nlo + n; j < kk; j++) w[j] = 0.0f;
+    t->lo[o] = nlo;
+    t->n[o] = kk;
+  }
+  t->kk = kk;
   return 0;
+}
+
+/* acc[i] = sum_j w[j] * src[j * stride + i], i < n: the vertical pass over
+ * one output row, straight from the uint8 source rows (restrict: written
+ * and read rows never overlap, so it vectorizes). */
+static void vrow(float *restrict acc, const uint8_t *restrict src, size_t stride, size_t n, const float *restrict w,
+                 int taps) {
+  for (size_t i = 0; i < n; i++) acc[i] = w[0] * (float)src[i];
+  for (int j = 1; j < taps; j++) {
+    const uint8_t *restrict s = src + (size_t)j * stride;
+    const float wj = w[j];
+    for (size_t i = 0; i < n; i++) acc[i] += wj * (float)s[i];
+  }
+}
+
+/* The horizontal pass over one row of floats (3 per pixel), mirrored when
+ * `flip`; inlined per tap count. */
+static inline __attribute__((always_inline)) void hrow(float *restrict out, const float *restrict in, const taps *t,
+                                                       int x0, int dw, int flip, const int kk) {
+  for (int o = 0; o < dw; o++) {
+    const float *w = t->w + (size_t)o * t->k;
+    const float *p = in + (size_t)(t->lo[o] - x0) * 3;
+    float a = 0, b = 0, c = 0;
+    for (int j = 0; j < kk; j++, p += 3) {
+      a += w[j] * p[0];
+      b += w[j] * p[1];
+      c += w[j] * p[2];
+    }
+    float *q = out + (size_t)(flip ? dw - 1 - o : o) * 3;
+    q[0] = a, q[1] = b, q[2] = c;
+  }
+}
+
+static uint8_t to_u8(float v) {
+  v += 0.5f; /* rounds on truncation */
+  v = v > 0.0f ? v : 0.0f;
+  v = v < 255.0f ? v : 255.0f;
+  return (uint8_t)(int)v;
 }
 
 int stoke_jpeg_resample(const uint8_t *src, int sw, int sh, int stride, stoke_jpeg_rect r, uint8_t *dst, int dw,
                         int dh, int flip) {
   taps tx = {0}, ty = {0};
-  float *tmp = NULL;
+  float *acc = NULL;
   int rc = -1;
   if (taps_make(&tx, sw, r.x, r.w, dw) || taps_make(&ty, sh, r.y, r.h, dh)) goto out;
-  int y0 = ty.lo[0], y1 = ty.lo[dh - 1] + ty.n[dh - 1];
-  for (int o = 0; o < dh; o++) {
-    if (ty.lo[o] < y0) y0 = ty.lo[o];
-    if (ty.lo[o] + ty.n[o] > y1) y1 = ty.lo[o] + ty.n[o];
+  /* only the columns some output reads */
+  int x0 = tx.lo[0], x1 = tx.lo[0] + tx.kk;
+  for (int o = 0; o < dw; o++) {
+    if (tx.lo[o] < x0) x0 = tx.lo[o];
+    if (tx.lo[o] + tx.kk > x1) x1 = tx.lo[o] + tx.kk;
   }
-  size_t row = (size_t)dw * 3;
-  tmp = malloc(sizeof(float) * row * (size_t)(y1 - y0 + 1));
-  if (!tmp) goto out;
-  for (int y = y0; y < y1; y++) {
-    const uint8_t *s = src + (size_t)y * stride;
-    float *t = tmp + (size_t)(y - y0) * row;
-    for (int o = 0; o < dw; o++) {
-      const float *w = tx.w + (size_t)o * tx.k;
-      const uint8_t *p = s + (size_t)tx.lo[o] * 3;
-      float a = 0, b = 0, c = 0;
-      for (int j = 0; j < tx.n[o]; j++, p += 3) {
-        a += w[j] * p[0];
-        b += w[j] * p[1];
-        c += w[j] * p[2];
-      }
-      float *q = t + (size_t)(flip ? dw - 1 - o : o) * 3;
-      q[0] = a, q[1] = b, q[2] = c;
+  acc = malloc(sizeof(float) * ((size_t)(x1 - x0) + (size_t)dw) * 3);
+  if (!acc) goto out;
+  float *hout = acc + (size_t)(x1 - x0) * 3; /* one output row before rounding */
+  /* vertical first (vectorized, over the source width), then horizontal
+   * over output rows only: the horizontal pass is the scalar one */
+  const int kk = tx.kk;
+  for (int oy = 0; oy < dh; oy++) {
+    vrow(acc, src + (size_t)ty.lo[oy] * stride + (size_t)x0 * 3, (size_t)stride, (size_t)(x1 - x0) * 3,
+         ty.w + (size_t)oy * ty.k, ty.kk);
+    uint8_t *d = dst + (size_t)oy * dw * 3;
+    switch (kk) { /* constant trip counts unroll: the common widths */
+      case 2: hrow(hout, acc, &tx, x0, dw, flip, 2); break;
+      case 3: hrow(hout, acc, &tx, x0, dw, flip, 3); break;
+      case 4: hrow(hout, acc, &tx, x0, dw, flip, 4); break;
+      case 5: hrow(hout, acc, &tx, x0, dw, flip, 5); break;
+      case 6: hrow(hout, acc, &tx, x0, dw, flip, 6); break;
+      default: hrow(hout, acc, &tx, x0, dw, flip, kk); break;
     }
-  }
-  float *acc = tmp + row * (size_t)(y1 - y0); /* one output row */
-  for (int o = 0; o < dh; o++) {
-    const float *w = ty.w + (size_t)o * ty.k;
-    const float *base = tmp + (size_t)(ty.lo[o] - y0) * row;
-    for (size_t i = 0; i < row; i++) acc[i] = 0.5f; /* rounds on truncation */
-    for (int j = 0; j < ty.n[o]; j++) {
-      const float *s = base + (size_t)j * row, wj = w[j];
-      for (size_t i = 0; i < row; i++) acc[i] += wj * s[i];
-    }
-    uint8_t *d = dst + (size_t)o * row;
-    for (size_t i = 0; i < row; i++) {
-      float v = acc[i];
-      d[i] = (uint8_t)(v <= 0.0f ? 0 : v >= 255.0f ? 255 : (int)v);
-    }
+    for (int i = 0; i < dw * 3; i++) d[i] = to_u8(hout[i]); /* vectorizes */
   }
   rc = 0;
 out:
   taps_free(&tx);
   taps_free(&ty);
-  free(tmp);
+  free(acc);
   return rc;
 }

@@ -4,7 +4,8 @@
  *
  * A read decodes only what the sample shows: the crop is chosen from the
  * JPEG header, the decoder scales in the DCT domain by the smallest M/8
- * that keeps the crop at least `size` pixels on both sides, decodes only
+ * (M = 1, 2, 4, 8: the SIMD ones) that keeps the crop at least `size`
+ * pixels on both sides, decodes only
  * the crop's columns (jpeg_crop_scanline) and rows (jpeg_skip_scanlines
  * above, nothing below), and crop.c's antialiased bilinear resampler writes
  * the size x size RGB result straight into the batch slot. libjpeg-turbo's
@@ -354,11 +355,16 @@ static int decode(const jpeg_src *s, const uint8_t *data, size_t n, uint64_t see
   }
 
   /* (4) the smallest DCT scale M/8 at which the crop still covers `size`
-   * pixels both ways: less to decode, and a good antialiased downscale */
+   * pixels both ways: less to decode, and a good antialiased downscale.
+   * Only M = 1, 2, 4, 8: libjpeg-turbo has SIMD inverse DCTs for those,
+   * while 3/8, 5/8, 6/8, 7/8 run its scalar C ones (and 12x12, 14x14 ones
+   * for 4:2:0 chroma); measured on a 500x375 q90 4:2:0 photo to 224, full
+   * size + our resampler decoded ~18% more images/s than 6/8 or 7/8. */
+  static const int scales[3] = {1, 2, 4};
   int M = 8;
-  for (int m = 1; m < 8; m++)
-    if (getenv("POW2") && (m & (m - 1))) continue; else if (r.w * m / 8 >= size && r.h * m / 8 >= size) {
-      M = m;
+  for (int i = 0; i < 3; i++)
+    if (r.w * scales[i] / 8 >= size && r.h * scales[i] / 8 >= size) {
+      M = scales[i];
       break;
     }
   c->d.scale_num = (unsigned)M;

@@ -24,6 +24,7 @@
 #include "sources/jpeg/crop.h"
 #include "stoke/config.h"
 #include "stoke/core.h"
+#include "stoke/loader.h"
 #include "stoke/registry.h"
 
 /* Runfiles-relative (Bazel runs tests from the runfiles root). */
@@ -330,21 +331,22 @@ static void test_eval_identity(void **state) {
   close_source(&o);
 }
 
-/* Eval of a larger image against full decode + the same rectangle +
- * resample: the plugin decodes DCT-scaled (7/8 here), the reference at
- * full size, hence a tolerance (see test_train_reference). */
+/* Eval of larger images against full decode + the same rectangle +
+ * resample: the plugin decodes the big one DCT-scaled (1/8: a 700-pixel
+ * crop to 56), the reference at full size, hence a tolerance (see
+ * test_train_reference). */
 static void test_eval_reference(void **state) {
   (void)state;
   char root[4096], p[4096];
   mkdirs(tmp_path(root, sizeof root, "evalref/c"));
   tmp_path(root, sizeof root, "evalref");
-  const int sizes[3][2] = {{90, 120}, {160, 96}, {73, 73}};
-  for (int i = 0; i < 3; i++)
+  const int sizes[4][2] = {{90, 120}, {160, 96}, {73, 73}, {800, 1000}};
+  for (int i = 0; i < 4; i++)
     write_rgb_jpeg(tmp_path(p, sizeof p, "evalref/c/%d.jpg", i), sizes[i][0], sizes[i][1], i, TJSAMP_420, 90, 0);
   opened o;
   EXPECT_OK(open_source(&o, root, "size = 56\ntrain = false\nresize = 64\n"));
   uint8_t out[56 * 56 * 3], ref[56 * 56 * 3];
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 4; i++) {
     int h, w;
     uint8_t *full = full_decode(tmp_path(p, sizeof p, "evalref/c/%d.jpg", i), &h, &w);
     stoke_jpeg_rect r = stoke_jpeg_center_crop(h, w, 64, 56);
@@ -363,12 +365,13 @@ static void test_eval_reference(void **state) {
 }
 
 /* RandomResizedCrop + flip against full decode + the same crop + the same
- * resampler. The plugin decodes only the crop and, for all but the
- * smallest crops, at a DCT scale M/8 < 1, so its input to the resampler is
- * the IDCT's own downscale rather than the full-size pixels: the two agree
- * on average to about a grey level but differ at strong edges and in fine
- * texture, hence mean abs diff < 2 and max < 40 (the reference limits of
- * the brief; typical here: mean ~0.5, max ~15). */
+ * resampler. The plugin decodes only the crop and, for crops at least
+ * twice the output (here 224 px and up), at a DCT scale M/8 < 1, so its
+ * input to the resampler is the IDCT's own downscale rather than the
+ * full-size pixels: the two agree on average to about a grey level but
+ * differ at strong edges and in fine texture (and 4:2:0 chroma is
+ * upsampled at the reduced size), hence mean abs diff < 2 and max < 40;
+ * the worst seen is printed below. */
 static void test_train_reference(void **state) {
   (void)state;
   char root[4096], p[4096];
@@ -725,6 +728,57 @@ static void test_threads(void **state) {
   }
 }
 
+/* Host memory for the loader's batch buffers: just malloc. */
+static stoke_err *host_alloc(void *self, size_t bytes, void **ptr) {
+  (void)self;
+  *ptr = malloc(bytes);
+  return *ptr ? NULL : STOKE_ERR(STOKE_E_OOM, "test: out of memory");
+}
+static void host_free(void *self, void *ptr) {
+  (void)self;
+  free(ptr);
+}
+
+/* Through the core's loader: a bad file is logged, counted and replaced;
+ * every other sample arrives with its label. */
+static void test_loader(void **state) {
+  (void)state;
+  char root[4096], p[4096];
+  for (int c = 0; c < 2; c++) mkdirs(tmp_path(p, sizeof p, "loader/c%d", c));
+  tmp_path(root, sizeof root, "loader");
+  /* file k: colour (20 + 25 k, 200 - 20 k, 90), in class k / 4 */
+  for (int k = 0; k < 8; k++) {
+    tmp_path(p, sizeof p, "loader/c%d/f%d.jpg", k / 4, k);
+    if (k == 5) write_bytes(p, "not a jpeg at all", 17);
+    else write_solid(p, (uint8_t)(20 + 25 * k), (uint8_t)(200 - 20 * k), 90);
+  }
+  opened o;
+  EXPECT_OK(open_source(&o, root, "size = 16\n"));
+  stoke_backend_v1 host = {.name = "test-host", .alloc_host = host_alloc, .free_host = host_free};
+  /* prefetch 1: no batch of the next epoch is read before the count below */
+  stoke_loader_opts lo = {.src = o.src, .src_self = o.self, .dev = &host, .batch = 4, .workers = 2,
+                          .prefetch = 1, .shuffle = 1, .drop_last = 1, .seed = 3, .rank = 0, .world = 1};
+  stoke_loader *l;
+  EXPECT_OK(stoke_loader_new(&lo, &l));
+  assert_int_equal(stoke_loader_sample_bytes(l), 16 * 16 * 3);
+  for (int64_t b = 0; b < stoke_loader_batches_per_epoch(l); b++) {
+    stoke_batch *batch;
+    EXPECT_OK(stoke_loader_next(l, &batch, NULL));
+    for (int64_t i = 0; i < batch->n; i++) {
+      const uint8_t *px = (const uint8_t *)batch->x + i * 16 * 16 * 3 + (8 * 16 + 8) * 3;
+      int found = -1;
+      for (int k = 0; k < 8; k++)
+        if (abs(px[0] - (20 + 25 * k)) <= 4 && abs(px[1] - (200 - 20 * k)) <= 4) found = k;
+      assert_true(found >= 0 && found != 5);
+      assert_int_equal(batch->labels[i], found / 4);
+    }
+    if (b == stoke_loader_batches_per_epoch(l) - 1) assert_int_equal(stoke_loader_skipped(l), 1);
+    stoke_loader_release(l, batch);
+  }
+  stoke_loader_free(l);
+  close_source(&o);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_layout_labels),  cmocka_unit_test(test_eval_identity),
@@ -732,7 +786,7 @@ int main(void) {
       cmocka_unit_test(test_crop_params),    cmocka_unit_test(test_determinism),
       cmocka_unit_test(test_color_modes),    cmocka_unit_test(test_bad_files),
       cmocka_unit_test(test_open_errors),    cmocka_unit_test(test_cache),
-      cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_threads),        cmocka_unit_test(test_loader),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
