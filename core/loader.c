@@ -1,5 +1,6 @@
-/* core/loader.c: the loader engine. Batch b (counted across epochs) is
- * filled by whichever worker claims it, into ring slot b % K; the consumer
+/* core/loader.c: the loader engine. Batch b (counted across epochs) goes
+ * into ring slot b % K, split into chunks of samples that any worker may
+ * claim, so all workers keep busy however deep the ring is; the consumer
  * takes batches strictly in order, so results do not depend on the worker
  * count. Sample order: a Fisher-Yates shuffle seeded by (seed, epoch). */
 #include <errno.h>
@@ -18,8 +19,9 @@ typedef enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_FULL, SLOT_TAKEN } slot_state;
 typedef struct slot {
   stoke_batch b;
   slot_state state;
-  int64_t number; /* global batch number it holds */
-  stoke_err *err;
+  int64_t number;   /* global batch number it holds */
+  int remaining;    /* chunks not yet filled */
+  stoke_err *err;   /* the first error of any chunk */
 } slot;
 
 struct stoke_loader {
@@ -32,7 +34,9 @@ struct stoke_loader {
   int n_threads;
   pthread_mutex_t mu;
   pthread_cond_t cv_free, cv_full;
-  int64_t next_claim, next_take;
+  int64_t next_claim, next_take; /* next_claim counts chunks: batch x chunks + chunk */
+  int chunks;                     /* per batch */
+  int64_t chunk_size;
   int stop;
   int64_t skipped;
   /* permutation cache of one epoch (guarded by mu) */
@@ -72,11 +76,17 @@ static void make_perm(stoke_loader *l, int64_t epoch) {
   l->perm_epoch = epoch;
 }
 
-static stoke_err *fill(stoke_loader *l, slot *s, int64_t number) {
+/* The batch's size (smaller only for the last batch without drop_last). */
+static int64_t batch_n(const stoke_loader *l, int64_t number) {
+  int64_t first = (number % l->per_epoch) * l->o.batch, n = l->o.batch;
+  return first + n > l->shard_len ? l->shard_len - first : n;
+}
+
+/* Fill samples [from, to) of batch `number` into slot s. */
+static stoke_err *fill(stoke_loader *l, slot *s, int64_t number, int64_t from, int64_t to) {
   int64_t epoch = number / l->per_epoch, index = number % l->per_epoch;
-  int64_t first = index * l->o.batch;
-  int64_t n = l->o.batch;
-  if (first + n > l->shard_len) n = l->shard_len - first;
+  int64_t first = index * l->o.batch + from;
+  int64_t n = to - from;
   int64_t ids[4096];
   int64_t *idx = n <= 4096 ? ids : malloc(sizeof(int64_t) * (size_t)n);
   if (!idx) return STOKE_ERR(STOKE_E_OOM, "loader: out of memory");
@@ -87,7 +97,7 @@ static stoke_err *fill(stoke_loader *l, slot *s, int64_t number) {
   stoke_err *e = NULL;
   int64_t total = l->o.src->length(l->o.src_self);
   for (int64_t i = 0; i < n && !e; i++) {
-    char *dst = (char *)s->b.x + (size_t)i * l->sample_bytes;
+    char *dst = (char *)s->b.x + (size_t)(from + i) * l->sample_bytes;
     int64_t k = idx[i];
     for (int tries = 0;; tries++) {
       int32_t label = -1;
@@ -97,7 +107,7 @@ static stoke_err *fill(stoke_loader *l, slot *s, int64_t number) {
         re = STOKE_ERR(STOKE_E_DATA, "%s: sample %lld has label %d outside [0, %lld)",
                        l->o.src->name, (long long)k, label, (long long)l->classes);
       if (!re) {
-        s->b.labels[i] = label;
+        s->b.labels[from + i] = label;
         break;
       }
       pthread_mutex_lock(&l->mu);
@@ -114,9 +124,6 @@ static stoke_err *fill(stoke_loader *l, slot *s, int64_t number) {
     }
   }
   if (idx != ids) free(idx);
-  s->b.n = n;
-  s->b.epoch = epoch;
-  s->b.index = index;
   return e;
 }
 
@@ -124,21 +131,39 @@ static void *worker(void *arg) {
   stoke_loader *l = arg;
   pthread_mutex_lock(&l->mu);
   for (;;) {
-    while (!l->stop && l->next_claim >= l->next_take + l->o.prefetch) pthread_cond_wait(&l->cv_free, &l->mu);
+    /* the next chunk, of a batch within the ring's reach */
+    while (!l->stop && l->next_claim / l->chunks >= l->next_take + l->o.prefetch)
+      pthread_cond_wait(&l->cv_free, &l->mu);
     if (l->stop) break;
-    int64_t number = l->next_claim++;
+    int64_t item = l->next_claim++, number = item / l->chunks;
+    int chunk = (int)(item % l->chunks);
     slot *s = &l->slots[number % l->o.prefetch];
-    /* the slot is free: next_claim < next_take + K means its last batch was released */
-    while (!l->stop && s->state != SLOT_FREE) pthread_cond_wait(&l->cv_free, &l->mu);
-    if (l->stop) break;
-    s->state = SLOT_FILLING;
-    s->number = number;
+    if (chunk == 0) {
+      /* the slot's last batch was released: number < next_take + K */
+      while (!l->stop && s->state != SLOT_FREE) pthread_cond_wait(&l->cv_free, &l->mu);
+      if (l->stop) break;
+      s->state = SLOT_FILLING;
+      s->number = number;
+      s->remaining = l->chunks;
+      s->b.n = batch_n(l, number);
+      s->b.epoch = number / l->per_epoch;
+      s->b.index = number % l->per_epoch;
+      pthread_cond_broadcast(&l->cv_free); /* workers waiting for this batch's set-up */
+    } else {
+      while (!l->stop && !(s->state == SLOT_FILLING && s->number == number)) pthread_cond_wait(&l->cv_free, &l->mu);
+      if (l->stop) break;
+    }
+    int64_t from = chunk * l->chunk_size, to = from + l->chunk_size;
+    if (to > s->b.n) to = s->b.n;
     pthread_mutex_unlock(&l->mu);
-    stoke_err *e = fill(l, s, number);
+    stoke_err *e = from < to ? fill(l, s, number, from, to) : NULL;
     pthread_mutex_lock(&l->mu);
-    s->err = e;
-    s->state = SLOT_FULL;
-    pthread_cond_broadcast(&l->cv_full);
+    if (e && !s->err) s->err = e;
+    else if (e) stoke_err_free(e);
+    if (--s->remaining == 0) {
+      s->state = SLOT_FULL;
+      pthread_cond_broadcast(&l->cv_full);
+    }
   }
   pthread_mutex_unlock(&l->mu);
   return NULL;
@@ -151,7 +176,15 @@ stoke_err *stoke_loader_new(const stoke_loader_opts *o, stoke_loader **out) {
   if (!l) return STOKE_ERR(STOKE_E_OOM, "loader: out of memory");
   l->o = *o;
   l->perm_epoch = -1;
-  l->next_claim = l->next_take = o->start_batch;
+  /* chunks: enough that every worker has work with the ring's batches in
+   * flight, at least 4 samples each */
+  int64_t want = (2 * (int64_t)o->workers + o->prefetch - 1) / o->prefetch;
+  if (want > o->batch / 4) want = o->batch / 4;
+  if (want < 1) want = 1;
+  l->chunk_size = (o->batch + want - 1) / want;
+  l->chunks = (int)((o->batch + l->chunk_size - 1) / l->chunk_size);
+  l->next_take = o->start_batch;
+  l->next_claim = o->start_batch * l->chunks;
   stoke_err *e = o->src->info(o->src_self, &l->info);
   if (e) {
     free(l);

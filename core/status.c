@@ -101,18 +101,23 @@ const char *stoke_code_name(stoke_code c) {
 static stoke_log_level log_level = STOKE_LOG_INFO;
 static FILE *log_file;
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
-static int log_level_from_env_done;
+static pthread_once_t log_env_once = PTHREAD_ONCE_INIT;
 
-void stoke_log_set_level(stoke_log_level level) { log_level = level; }
+/* STOKE_LOG=debug|warn, read once (loader threads log concurrently) */
+static void log_level_from_env(void) {
+  const char *env = getenv("STOKE_LOG");
+  if (env && !strcmp(env, "debug")) log_level = STOKE_LOG_DEBUG;
+  if (env && !strcmp(env, "warn")) log_level = STOKE_LOG_WARN;
+}
+
+void stoke_log_set_level(stoke_log_level level) {
+  pthread_once(&log_env_once, log_level_from_env);
+  log_level = level;
+}
 void stoke_log_set_file(FILE *f) { log_file = f; }
 
 void stoke_log(stoke_log_level level, const char *who, const char *fmt, ...) {
-  if (!log_level_from_env_done) {
-    const char *env = getenv("STOKE_LOG");
-    if (env && !strcmp(env, "debug")) log_level = STOKE_LOG_DEBUG;
-    if (env && !strcmp(env, "warn")) log_level = STOKE_LOG_WARN;
-    log_level_from_env_done = 1;
-  }
+  pthread_once(&log_env_once, log_level_from_env);
   if (level < log_level) return;
   static const char *tag[] = {"debug", "info", "warning", "error"};
   va_list ap;
