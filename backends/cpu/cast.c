@@ -2,6 +2,7 @@
  * NCHW to the output's layout for 4-D tensors); see stoke/ops.h. */
 #include <string.h>
 
+#include "check.h"
 #include "cpu_cnn.h"
 #include "stoke/ops.h"
 
@@ -15,11 +16,18 @@ static void put(void *p, stoke_dtype t, int64_t i, double v) {
 }
 
 static stoke_err *cast_fwd(const stoke_kernel_args_v1 *a, void *state) {
+  const char *op = STOKE_OP_CAST;
+  CHECK(check_counts(a, op, 0, 1, 1));
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
-  if ((y->dtype != STOKE_F32 && y->dtype != STOKE_F64) || stoke_numel(&x->shape) != stoke_numel(&y->shape))
-    return STOKE_PERR(STOKE_E_UNSUPPORTED, "cast '%s': the cpu backend casts to f32 or f64 only", a->node->name);
+  if (y->dtype != STOKE_F32 && y->dtype != STOKE_F64)
+    return STOKE_PERR(STOKE_E_UNSUPPORTED,
+                      "%s '%s': y %s is %s, the cpu backend casts to f32 or f64 only", op,
+                      node_name(a), shp(&y->shape).s, stoke_dtype_name(y->dtype));
+  if (stoke_numel(&x->shape) != stoke_numel(&y->shape))
+    return STOKE_PERR(STOKE_E_UNSUPPORTED, "%s '%s': x %s and y %s differ in size", op,
+                      node_name(a), shp(&x->shape).s, shp(&y->shape).s);
   int64_t n = stoke_numel(&x->shape);
-  int nhwc_in = x->shape.ndim == 4 && x->layout == STOKE_NHWC, nhwc_out = y->shape.ndim == 4 && y->layout == STOKE_NHWC;
+  int nhwc_in = is_nhwc(x), nhwc_out = is_nhwc(y);
   if (nhwc_in == nhwc_out) {
     for (int64_t i = 0; i < n; i++) put(y->data, y->dtype, i, get(x->data, x->dtype, i));
     return NULL;
@@ -42,6 +50,5 @@ static const stoke_kernel_v1 kernels[] = {
 };
 
 stoke_err *cpu_register_cast(const stoke_registry_v1 *r) {
-  for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++) STOKE_PROPAGATE_P(r->add_kernel(r->self, &kernels[i]));
-  return NULL;
+  return cpu_add_kernels(r, kernels, sizeof kernels / sizeof *kernels);
 }

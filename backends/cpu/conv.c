@@ -26,84 +26,11 @@
 
 #include "stoke/ops.h"
 #include "stoke/plugin.h"
+#include "check.h"
 #include "cpu_cnn.h"
-
-#define CHECK(expr)                 \
-  do {                              \
-    stoke_err *check_e_ = (expr);   \
-    if (check_e_) return check_e_;  \
-  } while (0)
-
-/* "[3, 4]", usable as a printf argument: shp(&t.shape).s */
-typedef struct shape_text {
-  char s[96];
-} shape_text;
-
-static shape_text shp(const stoke_shape *s) {
-  shape_text t;
-  size_t n = (size_t)snprintf(t.s, sizeof t.s, "[");
-  for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
-    n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
-  if (n < sizeof t.s) snprintf(t.s + n, sizeof t.s - n, "]");
-  return t;
-}
-
-static const char *node_name(const stoke_kernel_args_v1 *a) {
-  return a->node && a->node->name ? a->node->name : "?";
-}
 
 static const char *layout_name(stoke_layout l) {
   return l == STOKE_NHWC ? "NHWC" : l == STOKE_NCHW ? "NCHW" : "any";
-}
-
-static int same_shape(const stoke_shape *x, const stoke_shape *y) {
-  if (x->ndim != y->ndim) return 0;
-  for (int i = 0; i < x->ndim; i++)
-    if (x->d[i] != y->d[i]) return 0;
-  return 1;
-}
-
-static stoke_err *check_counts(const stoke_kernel_args_v1 *a, const char *op, int bwd,
-                               int n_in, int n_out) {
-  if (a->n_in < n_in || a->n_out < n_out || !a->in || !a->out)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs %d inputs and %d outputs, got %d and %d",
-                      op, node_name(a), n_in, n_out, a->n_in, a->n_out);
-  if (bwd && (!a->din || !a->dout))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': backward called without gradient tensors", op,
-                      node_name(a));
-  return NULL;
-}
-
-static stoke_err *check_dtype(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                              const stoke_tensor *t, stoke_dtype want) {
-  if (t->dtype != want)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s, the kernel expects %s", op,
-                      node_name(a), what, shp(&t->shape).s, stoke_dtype_name(t->dtype),
-                      stoke_dtype_name(want));
-  return NULL;
-}
-
-static stoke_err *check_data(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                             const stoke_tensor *t, int run) {
-  if (run && !t->data)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s has no data", op, node_name(a), what,
-                      shp(&t->shape).s);
-  return NULL;
-}
-
-/* A requested gradient (data != NULL) has the shape and dtype of its value. */
-static stoke_err *check_grad(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                             const stoke_tensor *g, const stoke_tensor *of) {
-  if (!g->data) return NULL;
-  if (!same_shape(&g->shape, &of->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': gradient of %s is %s, the value is %s", op,
-                      node_name(a), what, shp(&g->shape).s, shp(&of->shape).s);
-  return check_dtype(a, op, what, g, of->dtype);
-}
-
-/* The memory order every 4-D tensor of the call follows: x's. */
-static int is_nhwc(const stoke_tensor *x) {
-  return x->shape.ndim == 4 && x->layout == STOKE_NHWC;
 }
 
 /* A 4-D tensor `t` that states a layout must state x's (ANY follows x). */
@@ -116,10 +43,6 @@ static stoke_err *check_layout(const stoke_kernel_args_v1 *a, const char *op, co
                       what, shp(&t->shape).s, layout_name(t->layout), shp(&x->shape).s,
                       layout_name(x->layout));
   return NULL;
-}
-
-static double grad_beta(const stoke_kernel_args_v1 *a, int i) {
-  return (a->param_grads >> i) & 1u ? (double)a->param_grad_beta : 0.0;
 }
 
 /* --------------------------------------------------------- conv2d geometry */
@@ -331,15 +254,9 @@ static stoke_err *conv_col(const stoke_kernel_args_v1 *a, const conv_dims *d, si
 static stoke_err *simple_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt,
                                int bwd, int run, int n_in) {
   CHECK(check_counts(a, op, bwd, n_in, 1));
-  const stoke_tensor *x = &a->in[0], *y = &a->out[0];
-  CHECK(check_dtype(a, op, "x", x, dt));
-  CHECK(check_dtype(a, op, "y", y, dt));
-  if (!bwd) {
-    CHECK(check_data(a, op, "x", x, run));
-    return check_data(a, op, "y", y, run);
-  }
-  CHECK(check_grad(a, op, "x", &a->din[0], x));
-  CHECK(check_grad(a, op, "y", &a->dout[0], y));
+  const stoke_tensor *x = &a->in[0];
+  CHECK(check_xy(a, op, dt, bwd, run));
+  if (!bwd) return NULL;
   if (a->din[0].data) CHECK(check_layout(a, op, "dx", &a->din[0], x));
   CHECK(check_layout(a, op, "dy", &a->dout[0], x));
   return check_data(a, op, "dy", &a->dout[0], run);
@@ -391,9 +308,6 @@ static stoke_err *gap_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int b
 
 /* ================================================== the two instantiations */
 
-#define CAT_(a, b) a##_##b
-#define CAT(a, b) CAT_(a, b)
-
 #define CPU_CONV_BODY
 #define T float
 #define DT STOKE_F32
@@ -418,10 +332,7 @@ static stoke_err *gap_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int b
 
 /* ============================================================ registration */
 
-static void destroy_none(void *state) {}
-
-#define KERNEL(op, pass, fn, sfx, dt, destroy) \
-  {"cpu", op, pass, dt, STOKE_LAYOUT_ANY, CAT(fn##_plan, sfx), CAT(fn, sfx), destroy}
+#define KERNEL CPU_KERNEL
 #define KERNELS(sfx, dt)                                                                 \
   KERNEL(STOKE_OP_CONV2D, STOKE_FWD, conv2d_fwd, sfx, dt, conv_destroy),                \
   KERNEL(STOKE_OP_CONV2D, STOKE_BWD, conv2d_bwd, sfx, dt, conv_destroy),                \
@@ -438,32 +349,18 @@ static const stoke_kernel_v1 conv_kernels[] = {
 };
 
 stoke_err *cpu_register_conv(const stoke_registry_v1 *r) {
-  for (size_t i = 0; i < sizeof conv_kernels / sizeof *conv_kernels; i++) {
-    const stoke_kernel_v1 *k = &conv_kernels[i];
-    STOKE_PTRY(r->add_kernel(r->self, k), "registering cpu kernel %s (%s)", k->op,
-               stoke_dtype_name(k->dtype));
-  }
-  return NULL;
+  return cpu_add_kernels(r, conv_kernels, sizeof conv_kernels / sizeof *conv_kernels);
 }
 
 #else /* CPU_CONV_BODY: the kernels for element type T */
 
 #define FN(name) CAT(name, SFX)
 
-/* d = beta * d + v, without reading d when beta is 0 (it may hold NaN). */
-#define ACC(d, beta, v) ((d) = (beta) != 0 ? (T)((beta) * (double)(d) + (double)(v)) : (T)(v))
-
 static void FN(scale)(T *d, int64_t n, double beta) {
-  for (int64_t i = 0; i < n; i++) ACC(d[i], beta, 0);
+  for (int64_t i = 0; i < n; i++) ACC(T, d[i], beta, 0);
 }
 
-#define PLAN(fn, check)                                                        \
-  static stoke_err *FN(fn##_plan)(const stoke_kernel_args_v1 *a, void **state, \
-                                  size_t *workspace_bytes) {                   \
-    if (state) *state = NULL;                                                  \
-    if (workspace_bytes) *workspace_bytes = 0;                                 \
-    return check;                                                              \
-  }
+#define PLAN(fn, check) CPU_PLAN(FN(fn##_plan), , check)
 
 /* ----------------------------------------------------------------- conv2d */
 
@@ -748,7 +645,7 @@ static stoke_err *FN(bias_add_bwd)(const stoke_kernel_args_v1 *a, void *state) {
   if (dx) {
     double beta = grad_beta(a, 0);
     int64_t n = stoke_numel(&a->in[0].shape);
-    for (int64_t i = 0; i < n; i++) ACC(dx[i], beta, dy[i]);
+    for (int64_t i = 0; i < n; i++) ACC(T, dx[i], beta, dy[i]);
   }
   if (db) {
     const stoke_shape *s = &a->in[0].shape;
@@ -761,7 +658,7 @@ static stoke_err *FN(bias_add_bwd)(const stoke_kernel_args_v1 *a, void *state) {
       for (int64_t m = 0; m < n; m++)
         for (int64_t p = 0; p < rest; p++)
           sum += (double)dy[nhwc ? (m * rest + p) * c + j : (m * c + j) * rest + p];
-      ACC(db[j], beta, sum);
+      ACC(T, db[j], beta, sum);
     }
   }
   return NULL;
@@ -804,10 +701,10 @@ static stoke_err *FN(flatten_bwd)(const stoke_kernel_args_v1 *a, void *state) {
   if (!dx) return NULL;
   double beta = grad_beta(a, 0);
   if (is_nhwc(&a->in[0])) {
-    FOR_NHWC(&a->in[0].shape, m, l, ACC(dx[m], beta, dy[l]));
+    FOR_NHWC(&a->in[0].shape, m, l, ACC(T, dx[m], beta, dy[l]));
   } else {
     int64_t n = stoke_numel(&a->in[0].shape);
-    for (int64_t i = 0; i < n; i++) ACC(dx[i], beta, dy[i]);
+    for (int64_t i = 0; i < n; i++) ACC(T, dx[i], beta, dy[i]);
   }
   return NULL;
 }
@@ -854,10 +751,10 @@ static stoke_err *FN(gap_bwd)(const stoke_kernel_args_v1 *a, void *state) {
     for (int64_t m = 0; m < n; m++)
       for (int64_t p = 0; p < hw; p++)
         for (int64_t j = 0; j < c; j++)
-          ACC(dx[(m * hw + p) * c + j], beta, (double)dy[m * c + j] / (double)hw);
+          ACC(T, dx[(m * hw + p) * c + j], beta, (double)dy[m * c + j] / (double)hw);
   } else {
     for (int64_t r = 0; r < n * c; r++)
-      for (int64_t p = 0; p < hw; p++) ACC(dx[r * hw + p], beta, (double)dy[r] / (double)hw);
+      for (int64_t p = 0; p < hw; p++) ACC(T, dx[r * hw + p], beta, (double)dy[r] / (double)hw);
   }
   return NULL;
 }
@@ -865,7 +762,6 @@ static stoke_err *FN(gap_bwd)(const stoke_kernel_args_v1 *a, void *state) {
 #undef FOR_NHWC
 #undef FOR_CHANNEL
 #undef PLAN
-#undef ACC
 #undef FN
 
 #endif /* CPU_CONV_BODY */

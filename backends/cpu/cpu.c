@@ -17,6 +17,7 @@
 
 #include "stoke/ops.h"
 #include "stoke/plugin.h"
+#include "check.h"
 #include "cpu_cnn.h"
 
 const stoke_host_v1 *stoke_host;
@@ -137,77 +138,6 @@ static const stoke_backend_v1 cpu_backend = {
  * (data pointers may all be NULL, so only shapes and dtypes are checked),
  * 1 from run (the data the kernel reads or writes must be there too). */
 
-#define CHECK(expr)                 \
-  do {                              \
-    stoke_err *check_e_ = (expr);   \
-    if (check_e_) return check_e_;  \
-  } while (0)
-
-/* "[3, 4]", usable as a printf argument: shp(&t.shape).s */
-typedef struct shape_text {
-  char s[96];
-} shape_text;
-
-static shape_text shp(const stoke_shape *s) {
-  shape_text t;
-  size_t n = 0;
-  n += (size_t)snprintf(t.s, sizeof t.s, "[");
-  for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
-    n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
-  if (n < sizeof t.s) snprintf(t.s + n, sizeof t.s - n, "]");
-  return t;
-}
-
-static const char *node_name(const stoke_kernel_args_v1 *a) {
-  return a->node && a->node->name ? a->node->name : "?";
-}
-
-static int same_shape(const stoke_shape *x, const stoke_shape *y) {
-  if (x->ndim != y->ndim) return 0;
-  for (int i = 0; i < x->ndim; i++)
-    if (x->d[i] != y->d[i]) return 0;
-  return 1;
-}
-
-static stoke_err *check_counts(const stoke_kernel_args_v1 *a, const char *op, int bwd,
-                               int n_in, int n_out) {
-  if (a->n_in < n_in || a->n_out < n_out || !a->in || !a->out)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs %d inputs and %d outputs, got %d and %d",
-                      op, node_name(a), n_in, n_out, a->n_in, a->n_out);
-  if (bwd && (!a->din || !a->dout))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': backward called without gradient tensors", op,
-                      node_name(a));
-  return NULL;
-}
-
-static stoke_err *check_dtype(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                              const stoke_tensor *t, stoke_dtype want) {
-  if (t->dtype != want)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s, the kernel expects %s", op,
-                      node_name(a), what, shp(&t->shape).s, stoke_dtype_name(t->dtype), stoke_dtype_name(want));
-  return NULL;
-}
-
-/* Tensor `t` must hold data in run. */
-static stoke_err *check_data(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                             const stoke_tensor *t, int run) {
-  if (run && !t->data)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s has no data", op, node_name(a), what,
-                      shp(&t->shape).s);
-  return NULL;
-}
-
-/* A gradient tensor that is requested (data != NULL) must have the shape
- * and dtype of the value it is the gradient of. */
-static stoke_err *check_grad(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                             const stoke_tensor *g, const stoke_tensor *of) {
-  if (!g->data) return NULL;
-  if (!same_shape(&g->shape, &of->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': gradient of %s is %s, the value is %s", op,
-                      node_name(a), what, shp(&g->shape).s, shp(&of->shape).s);
-  return check_dtype(a, op, what, g, of->dtype);
-}
-
 /* BLAS takes int dimensions. */
 static stoke_err *check_blas_dims(const stoke_kernel_args_v1 *a, const char *op,
                                   const stoke_shape *s) {
@@ -260,14 +190,8 @@ static stoke_err *relu_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int 
   if (!same_shape(&x->shape, &y->shape))
     return STOKE_PERR(STOKE_E_INVALID, "relu '%s': x is %s but y is %s", node_name(a),
                       shp(&x->shape).s, shp(&y->shape).s);
-  CHECK(check_dtype(a, op, "x", x, dt));
-  CHECK(check_dtype(a, op, "y", y, dt));
-  if (!bwd) {
-    CHECK(check_data(a, op, "x", x, run));
-    return check_data(a, op, "y", y, run);
-  }
-  CHECK(check_grad(a, op, "x", &a->din[0], x));
-  CHECK(check_grad(a, op, "y", &a->dout[0], y));
+  CHECK(check_xy(a, op, dt, bwd, run));
+  if (!bwd) return NULL;
   CHECK(check_data(a, op, "dy", &a->dout[0], run));
   if (a->din[0].data) CHECK(check_data(a, op, "y (the forward output)", y, run));
   return NULL;
@@ -403,19 +327,7 @@ static stoke_err *adamw_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int
   return NULL;
 }
 
-/* Gradient i is accumulated (din = beta * din + computed) when it is a
- * parameter gradient; activation gradients are overwritten. */
-static double grad_beta(const stoke_kernel_args_v1 *a, int i) {
-  return (a->param_grads >> i) & 1u ? (double)a->param_grad_beta : 0.0;
-}
-
-/* Kernels need no per-node state and no workspace. */
-static void destroy_none(void *state) {}
-
 /* ================================================== the two instantiations */
-
-#define CAT_(a, b) a##_##b
-#define CAT(a, b) CAT_(a, b)
 
 #define T float
 #define DT STOKE_F32
@@ -439,13 +351,10 @@ static void destroy_none(void *state) {}
 
 /* ============================================================ registration */
 
-#define KERNEL(op, pass, fn, sfx, dt)                                      \
-  {"cpu", op, pass, dt, STOKE_LAYOUT_ANY, CAT(fn##_plan, sfx), CAT(fn, sfx), \
-   destroy_none}
+#define KERNEL(op, pass, fn, sfx, dt) CPU_KERNEL(op, pass, fn, sfx, dt, destroy_none)
 /* A kernel with per-node state from plan(), freed by fn##_destroy. */
-#define KERNEL_STATE(op, pass, fn, sfx, dt)                                \
-  {"cpu", op, pass, dt, STOKE_LAYOUT_ANY, CAT(fn##_plan, sfx), CAT(fn, sfx), \
-   CAT(fn##_destroy, sfx)}
+#define KERNEL_STATE(op, pass, fn, sfx, dt) \
+  CPU_KERNEL(op, pass, fn, sfx, dt, CAT(fn##_destroy, sfx))
 #define KERNELS(sfx, dt)                                          \
   KERNEL(STOKE_OP_LINEAR, STOKE_FWD, linear_fwd, sfx, dt),         \
   KERNEL(STOKE_OP_LINEAR, STOKE_BWD, linear_bwd, sfx, dt),         \
@@ -468,11 +377,7 @@ static const stoke_kernel_v1 cpu_kernels[] = {
 static stoke_err *cpu_register(const stoke_host_v1 *host, const stoke_registry_v1 *r) {
   stoke_host = host;
   STOKE_PTRY(r->add_backend(r->self, &cpu_backend), "registering the cpu backend");
-  for (size_t i = 0; i < sizeof cpu_kernels / sizeof *cpu_kernels; i++) {
-    const stoke_kernel_v1 *k = &cpu_kernels[i];
-    STOKE_PTRY(r->add_kernel(r->self, k), "registering cpu kernel %s (%s)", k->op,
-               stoke_dtype_name(k->dtype));
-  }
+  STOKE_PROPAGATE_P(cpu_add_kernels(r, cpu_kernels, sizeof cpu_kernels / sizeof *cpu_kernels));
   STOKE_PROPAGATE_P(cpu_register_conv(r));
   STOKE_PROPAGATE_P(cpu_register_pool(r));
   STOKE_PROPAGATE_P(cpu_register_norm(r));

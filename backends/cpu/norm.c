@@ -8,87 +8,12 @@
  * float and double at the bottom. Statistics and reductions run in double
  * for both types. */
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "stoke/ops.h"
 #include "stoke/plugin.h"
+#include "check.h"
 #include "cpu_cnn.h"
-
-#define NCHECK(expr)                \
-  do {                              \
-    stoke_err *check_e_ = (expr);   \
-    if (check_e_) return check_e_;  \
-  } while (0)
-
-/* ========================================================= argument checks */
-
-static const char *nname(const stoke_kernel_args_v1 *a) {
-  return a->node && a->node->name ? a->node->name : "?";
-}
-
-typedef struct nshape_text {
-  char s[96];
-} nshape_text;
-
-static nshape_text nshp(const stoke_shape *s) {
-  nshape_text t;
-  size_t n = 0;
-  n += (size_t)snprintf(t.s, sizeof t.s, "[");
-  for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
-    n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
-  if (n < sizeof t.s) snprintf(t.s + n, sizeof t.s - n, "]");
-  return t;
-}
-
-static int nsame_shape(const stoke_shape *x, const stoke_shape *y) {
-  if (x->ndim != y->ndim) return 0;
-  for (int i = 0; i < x->ndim; i++)
-    if (x->d[i] != y->d[i]) return 0;
-  return 1;
-}
-
-static stoke_err *ncheck_dtype(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                               const stoke_tensor *t, stoke_dtype want) {
-  if (t->dtype != want)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s, the kernel expects %s", op,
-                      nname(a), what, nshp(&t->shape).s, stoke_dtype_name(t->dtype),
-                      stoke_dtype_name(want));
-  return NULL;
-}
-
-static stoke_err *ncheck_data(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                              const stoke_tensor *t, int run) {
-  if (run && !t->data)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s has no data", op, nname(a), what,
-                      nshp(&t->shape).s);
-  return NULL;
-}
-
-/* A requested gradient (data != NULL) has the shape and dtype of its value. */
-static stoke_err *ncheck_grad(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                              const stoke_tensor *g, const stoke_tensor *of) {
-  if (!g->data) return NULL;
-  if (!nsame_shape(&g->shape, &of->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': gradient of %s is %s, the value is %s", op,
-                      nname(a), what, nshp(&g->shape).s, nshp(&of->shape).s);
-  return ncheck_dtype(a, op, what, g, of->dtype);
-}
-
-static stoke_err *ncheck_layout(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                                const stoke_tensor *t) {
-  if (t->layout != STOKE_LAYOUT_ANY && t->layout != STOKE_NCHW && t->layout != STOKE_NHWC)
-    return STOKE_PERR(STOKE_E_UNSUPPORTED, "%s '%s': %s has unknown layout %d", op, nname(a),
-                      what, (int)t->layout);
-  return NULL;
-}
-
-/* din = beta * din + computed for parameter gradients, overwritten else. */
-static double ngrad_beta(const stoke_kernel_args_v1 *a, int i) {
-  return (a->param_grads >> i) & 1u ? (double)a->param_grad_beta : 0.0;
-}
-
-static void ndestroy_none(void *state) {}
 
 /* ------------------------------------------------------------- batch_norm */
 
@@ -105,7 +30,7 @@ typedef struct bn_strides {
 } bn_strides;
 
 static bn_strides bn_strides_of(const stoke_tensor *t, const bn_geom *g) {
-  if (t->shape.ndim == 4 && t->layout == STOKE_NHWC) return (bn_strides){g->c * g->s, 1, g->c};
+  if (is_nhwc(t)) return (bn_strides){g->c * g->s, 1, g->c};
   return (bn_strides){g->c * g->s, g->s, 1};
 }
 
@@ -116,26 +41,21 @@ static bn_strides bn_strides_of(const stoke_tensor *t, const bn_geom *g) {
 static stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run,
                            bn_geom *g) {
   const char *op = STOKE_OP_BATCH_NORM;
-  if (a->n_in < 5 || a->n_out < 3 || !a->in || !a->out)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs 5 inputs and 3 outputs, got %d and %d",
-                      op, nname(a), a->n_in, a->n_out);
-  if (bwd && (!a->din || !a->dout))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': backward called without gradient tensors", op,
-                      nname(a));
+  CHECK(check_counts(a, op, bwd, 5, 3));
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= STOKE_BATCH_NORM_MOMENTUM)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes eps and momentum missing", op,
-                      nname(a));
+                      node_name(a));
   g->eps = n->attrs[STOKE_BATCH_NORM_EPS].f;
   g->momentum = n->attrs[STOKE_BATCH_NORM_MOMENTUM].f;
   if (!(g->eps > 0 && isfinite(g->eps)) || !(g->momentum >= 0 && g->momentum <= 1))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': eps %g must be > 0 and momentum %g in [0, 1]",
-                      op, nname(a), g->eps, g->momentum);
+                      op, node_name(a), g->eps, g->momentum);
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   const stoke_shape *xs = &x->shape;
-  if (xs->ndim < 2 || !nsame_shape(xs, &y->shape))
+  if (xs->ndim < 2 || !same_shape(xs, &y->shape))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[N, C, ...] -> y of x's shape, got x %s, y %s",
-                      op, nname(a), nshp(xs).s, nshp(&y->shape).s);
+                      op, node_name(a), shp(xs).s, shp(&y->shape).s);
   g->n = xs->d[0];
   g->c = xs->d[1];
   g->s = 1;
@@ -144,38 +64,38 @@ static stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
   static const char *const out_names[] = {"y", "saved_mean", "saved_invstd"};
   for (int i = 1; i < 5; i++)
     if (a->in[i].shape.ndim != 1 || a->in[i].shape.d[0] != g->c)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, nname(a),
-                        in_names[i], nshp(&a->in[i].shape).s, nshp(xs).s, (long long)g->c);
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, node_name(a),
+                        in_names[i], shp(&a->in[i].shape).s, shp(xs).s, (long long)g->c);
   for (int i = 1; i < 3; i++)
     if (a->out[i].shape.ndim != 1 || a->out[i].shape.d[0] != g->c)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, nname(a),
-                        out_names[i], nshp(&a->out[i].shape).s, nshp(xs).s, (long long)g->c);
-  for (int i = 0; i < 5; i++) NCHECK(ncheck_dtype(a, op, in_names[i], &a->in[i], dt));
-  for (int i = 0; i < 3; i++) NCHECK(ncheck_dtype(a, op, out_names[i], &a->out[i], dt));
-  NCHECK(ncheck_layout(a, op, "x", x));
-  NCHECK(ncheck_layout(a, op, "y", y));
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, node_name(a),
+                        out_names[i], shp(&a->out[i].shape).s, shp(xs).s, (long long)g->c);
+  for (int i = 0; i < 5; i++) CHECK(check_dtype(a, op, in_names[i], &a->in[i], dt));
+  for (int i = 0; i < 3; i++) CHECK(check_dtype(a, op, out_names[i], &a->out[i], dt));
+  CHECK(check_layout_known(a, op, "x", x));
+  CHECK(check_layout_known(a, op, "y", y));
   if (!bwd) {
-    for (int i = 0; i < 5; i++) NCHECK(ncheck_data(a, op, in_names[i], &a->in[i], run));
-    for (int i = 0; i < 3; i++) NCHECK(ncheck_data(a, op, out_names[i], &a->out[i], run));
+    for (int i = 0; i < 5; i++) CHECK(check_data(a, op, in_names[i], &a->in[i], run));
+    for (int i = 0; i < 3; i++) CHECK(check_data(a, op, out_names[i], &a->out[i], run));
     /* PyTorch: "Expected more than 1 value per channel when training" */
     if (run && a->training && g->n * g->s < 2)
       return STOKE_PERR(STOKE_E_INVALID,
                         "%s '%s': training needs more than 1 value per channel, x is %s", op,
-                        nname(a), nshp(xs).s);
+                        node_name(a), shp(xs).s);
     return NULL;
   }
-  for (int i = 0; i < 3; i++) NCHECK(ncheck_grad(a, op, in_names[i], &a->din[i], &a->in[i]));
-  NCHECK(ncheck_grad(a, op, "y", &a->dout[0], y));
-  NCHECK(ncheck_layout(a, op, "dx", &a->din[0]));
-  NCHECK(ncheck_layout(a, op, "dy", &a->dout[0]));
+  for (int i = 0; i < 3; i++) CHECK(check_grad(a, op, in_names[i], &a->din[i], &a->in[i]));
+  CHECK(check_grad(a, op, "y", &a->dout[0], y));
+  CHECK(check_layout_known(a, op, "dx", &a->din[0]));
+  CHECK(check_layout_known(a, op, "dy", &a->dout[0]));
   int dx = a->din[0].data != NULL, dw = a->din[1].data != NULL, db = a->din[2].data != NULL;
-  if (dx || dw || db) NCHECK(ncheck_data(a, op, "dy", &a->dout[0], run));
+  if (dx || dw || db) CHECK(check_data(a, op, "dy", &a->dout[0], run));
   if (dx || dw) {
-    NCHECK(ncheck_data(a, op, "x (the forward input)", x, run));
-    NCHECK(ncheck_data(a, op, "saved_mean", &a->out[1], run));
-    NCHECK(ncheck_data(a, op, "saved_invstd", &a->out[2], run));
+    CHECK(check_data(a, op, "x (the forward input)", x, run));
+    CHECK(check_data(a, op, "saved_mean", &a->out[1], run));
+    CHECK(check_data(a, op, "saved_invstd", &a->out[2], run));
   }
-  if (dx) NCHECK(ncheck_data(a, op, "weight", &a->in[1], run));
+  if (dx) CHECK(check_data(a, op, "weight", &a->in[1], run));
   return NULL;
 }
 
@@ -187,30 +107,28 @@ static stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
  * output whose layout field names an order must match the attribute. */
 static stoke_err *normalize_check(const stoke_kernel_args_v1 *a, int run, int *nhwc) {
   const char *op = STOKE_OP_NORMALIZE;
-  if (a->n_in < 1 || a->n_out < 1 || !a->in || !a->out)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs 1 input and 1 output, got %d and %d", op,
-                      nname(a), a->n_in, a->n_out);
+  CHECK(check_counts(a, op, 0, 1, 1));
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= STOKE_NORMALIZE_LAYOUT)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes mean, std and layout missing", op,
-                      nname(a));
+                      node_name(a));
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   const stoke_shape *xs = &x->shape;
-  if (xs->ndim != 4 || !nsame_shape(xs, &y->shape))
+  if (xs->ndim != 4 || !same_shape(xs, &y->shape))
     return STOKE_PERR(STOKE_E_INVALID,
                       "%s '%s': expects x[N, C, H, W] -> y of x's shape, got x %s, y %s", op,
-                      nname(a), nshp(xs).s, nshp(&y->shape).s);
-  NCHECK(ncheck_dtype(a, op, "x", x, STOKE_U8));
-  NCHECK(ncheck_dtype(a, op, "y", y, STOKE_F32));
+                      node_name(a), shp(xs).s, shp(&y->shape).s);
+  CHECK(check_dtype(a, op, "x", x, STOKE_U8));
+  CHECK(check_dtype(a, op, "y", y, STOKE_F32));
   const stoke_attr_v1 *m = &n->attrs[STOKE_NORMALIZE_MEAN], *s = &n->attrs[STOKE_NORMALIZE_STD];
   int64_t c = xs->d[1];
   if ((m->n != 1 && m->n != c) || (s->n != 1 && s->n != c))
     return STOKE_PERR(STOKE_E_INVALID,
                       "%s '%s': mean (%d values) and std (%d values) need 1 or %lld values", op,
-                      nname(a), m->n, s->n, (long long)c);
+                      node_name(a), m->n, s->n, (long long)c);
   for (int i = 0; i < s->n; i++)
     if (!(s->floats[i] > 0))
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': std %g must be > 0", op, nname(a),
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': std %g must be > 0", op, node_name(a),
                         s->floats[i]);
   const char *l = n->attrs[STOKE_NORMALIZE_LAYOUT].s;
   if (!strcmp(l, "nhwc"))
@@ -218,27 +136,22 @@ static stoke_err *normalize_check(const stoke_kernel_args_v1 *a, int run, int *n
   else if (!strcmp(l, "nchw"))
     *nhwc = 0;
   else
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': layout '%s' must be nchw or nhwc", op, nname(a),
-                      l);
-  NCHECK(ncheck_layout(a, op, "y", y));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': layout '%s' must be nchw or nhwc", op,
+                      node_name(a), l);
+  CHECK(check_layout_known(a, op, "y", y));
   if ((y->layout == STOKE_NHWC && !*nhwc) || (y->layout == STOKE_NCHW && *nhwc))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': layout attribute '%s' but the output is %s", op,
-                      nname(a), l, y->layout == STOKE_NHWC ? "NHWC" : "NCHW");
-  NCHECK(ncheck_data(a, op, "x", x, run));
-  return ncheck_data(a, op, "y", y, run);
+                      node_name(a), l, y->layout == STOKE_NHWC ? "NHWC" : "NCHW");
+  CHECK(check_data(a, op, "x", x, run));
+  return check_data(a, op, "y", y, run);
 }
 
-static stoke_err *normalize_fwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
-  int nhwc;
-  if (state) *state = NULL;
-  if (ws) *ws = 0;
-  return normalize_check(a, 0, &nhwc);
-}
+CPU_PLAN(normalize_fwd_plan, int nhwc, normalize_check(a, 0, &nhwc))
 
 /* y = (x / 255 - mean[c]) / std[c], in float as ToTensor then Normalize. */
 static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
   int nhwc;
-  NCHECK(normalize_check(a, 1, &nhwc));
+  CHECK(normalize_check(a, 1, &nhwc));
   const stoke_attr_v1 *m = &a->node->attrs[STOKE_NORMALIZE_MEAN];
   const stoke_attr_v1 *sd = &a->node->attrs[STOKE_NORMALIZE_STD];
   const uint8_t *x = a->in[0].data;
@@ -262,28 +175,12 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
 
 /* ================================================================ kernels */
 
-/* d = beta * d + v, without reading d when beta is 0 (it may hold NaN). */
-#define NACC(T, d, beta, v) \
-  ((d) = (beta) != 0 ? (T)((beta) * (double)(d) + (double)(v)) : (T)(v))
-
 /* Offset of logical (n, c, s) under strides st. */
 #define NOFF(st, n, c, s) ((n) * (st).n + (c) * (st).c + (s) * (st).s)
 
 #define BN_KERNELS(T, SFX, DT)                                                              \
-  static stoke_err *bn_fwd_plan_##SFX(const stoke_kernel_args_v1 *a, void **state,         \
-                                      size_t *ws) {                                         \
-    bn_geom g;                                                                              \
-    if (state) *state = NULL;                                                               \
-    if (ws) *ws = 0;                                                                        \
-    return bn_check(a, DT, 0, 0, &g);                                                       \
-  }                                                                                         \
-  static stoke_err *bn_bwd_plan_##SFX(const stoke_kernel_args_v1 *a, void **state,         \
-                                      size_t *ws) {                                         \
-    bn_geom g;                                                                              \
-    if (state) *state = NULL;                                                               \
-    if (ws) *ws = 0;                                                                        \
-    return bn_check(a, DT, 1, 0, &g);                                                       \
-  }                                                                                         \
+  CPU_PLAN(bn_fwd_plan_##SFX, bn_geom g, bn_check(a, DT, 0, 0, &g))                         \
+  CPU_PLAN(bn_bwd_plan_##SFX, bn_geom g, bn_check(a, DT, 1, 0, &g))                         \
                                                                                             \
   /* Training: batch mean and biased variance per channel over (N, S) (two                  \
    * passes, double), saved_* = (mean, 1/sqrt(var + eps)), running stats                    \
@@ -292,7 +189,7 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
    * y = (x - mean) invstd weight + bias. */                                                \
   static stoke_err *bn_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {             \
     bn_geom g;                                                                              \
-    NCHECK(bn_check(a, DT, 0, 1, &g));                                                      \
+    CHECK(bn_check(a, DT, 0, 1, &g));                                                      \
     const T *x = a->in[0].data, *w = a->in[1].data, *b = a->in[2].data;                     \
     T *rm = a->in[3].data, *rv = a->in[4].data;                                             \
     T *y = a->out[0].data, *sm = a->out[1].data, *si = a->out[2].data;                      \
@@ -335,7 +232,7 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
    *   eval (the statistics are constants): dx = weight invstd dy */                        \
   static stoke_err *bn_bwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {             \
     bn_geom g;                                                                              \
-    NCHECK(bn_check(a, DT, 1, 1, &g));                                                      \
+    CHECK(bn_check(a, DT, 1, 1, &g));                                                      \
     T *dx = a->din[0].data, *dw = a->din[1].data, *db = a->din[2].data;                     \
     if (!dx && !dw && !db) return NULL;                                                     \
     const T *x = a->in[0].data, *w = a->in[1].data, *dy = a->dout[0].data;                  \
@@ -343,7 +240,7 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
     bn_strides sx = bn_strides_of(&a->in[0], &g), sdy = bn_strides_of(&a->dout[0], &g);     \
     bn_strides sdx = bn_strides_of(&a->din[0], &g);                                         \
     double m = (double)(g.n * g.s);                                                         \
-    double b0 = ngrad_beta(a, 0), b1 = ngrad_beta(a, 1), b2 = ngrad_beta(a, 2);             \
+    double b0 = grad_beta(a, 0), b1 = grad_beta(a, 1), b2 = grad_beta(a, 2);             \
     int need_x = dx || dw;                                                                  \
     for (int64_t c = 0; c < g.c; c++) {                                                     \
       double mean = need_x ? (double)sm[c] : 0, invstd = need_x ? (double)si[c] : 0;        \
@@ -354,8 +251,8 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
           sdy_c += gy;                                                                      \
           if (need_x) sdyx_c += gy * ((double)x[NOFF(sx, n, c, s)] - mean) * invstd;        \
         }                                                                                   \
-      if (dw) NACC(T, dw[c], b1, sdyx_c);                                                   \
-      if (db) NACC(T, db[c], b2, sdy_c);                                                    \
+      if (dw) ACC(T, dw[c], b1, sdyx_c);                                                   \
+      if (db) ACC(T, db[c], b2, sdy_c);                                                    \
       if (!dx) continue;                                                                    \
       double k = (double)w[c] * invstd;                                                     \
       double mdy = a->training ? sdy_c / m : 0, mdyx = a->training ? sdyx_c / m : 0;        \
@@ -363,7 +260,7 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
         for (int64_t s = 0; s < g.s; s++) {                                                 \
           double xhat = ((double)x[NOFF(sx, n, c, s)] - mean) * invstd;                     \
           double gy = (double)dy[NOFF(sdy, n, c, s)];                                       \
-          NACC(T, dx[NOFF(sdx, n, c, s)], b0, k * (gy - mdy - xhat * mdyx));                \
+          ACC(T, dx[NOFF(sdx, n, c, s)], b0, k * (gy - mdy - xhat * mdyx));                \
         }                                                                                   \
     }                                                                                       \
     return NULL;                                                                            \
@@ -374,8 +271,7 @@ BN_KERNELS(double, f64, STOKE_F64)
 
 /* ============================================================ registration */
 
-#define NKERNEL(op, pass, fn, sfx, dt) \
-  {"cpu", op, pass, dt, STOKE_LAYOUT_ANY, fn##_plan_##sfx, fn##_##sfx, ndestroy_none}
+#define NKERNEL(op, pass, fn, sfx, dt) CPU_KERNEL(op, pass, fn, sfx, dt, destroy_none)
 
 static const stoke_kernel_v1 norm_kernels[] = {
     NKERNEL(STOKE_OP_BATCH_NORM, STOKE_FWD, bn_fwd, f32, STOKE_F32),
@@ -383,14 +279,9 @@ static const stoke_kernel_v1 norm_kernels[] = {
     NKERNEL(STOKE_OP_BATCH_NORM, STOKE_FWD, bn_fwd, f64, STOKE_F64),
     NKERNEL(STOKE_OP_BATCH_NORM, STOKE_BWD, bn_bwd, f64, STOKE_F64),
     {"cpu", STOKE_OP_NORMALIZE, STOKE_FWD, STOKE_U8, STOKE_LAYOUT_ANY, normalize_fwd_plan,
-     normalize_fwd, ndestroy_none},
+     normalize_fwd, destroy_none},
 };
 
 stoke_err *cpu_register_norm(const stoke_registry_v1 *r) {
-  for (size_t i = 0; i < sizeof norm_kernels / sizeof *norm_kernels; i++) {
-    const stoke_kernel_v1 *k = &norm_kernels[i];
-    STOKE_PTRY(r->add_kernel(r->self, k), "registering cpu kernel %s (%s)", k->op,
-               stoke_dtype_name(k->dtype));
-  }
-  return NULL;
+  return cpu_add_kernels(r, norm_kernels, sizeof norm_kernels / sizeof *norm_kernels);
 }

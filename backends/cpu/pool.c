@@ -5,88 +5,15 @@
  * plain functions; the kernel bodies are written once in POOL_KERNELS and
  * instantiated for float and double at the bottom. */
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "stoke/ops.h"
 #include "stoke/plugin.h"
 #include "stoke/rng.h"
+#include "check.h"
 #include "cpu_cnn.h"
 
-#define PCHECK(expr)                \
-  do {                              \
-    stoke_err *check_e_ = (expr);   \
-    if (check_e_) return check_e_;  \
-  } while (0)
-
 /* ========================================================= argument checks */
-
-static const char *pname(const stoke_kernel_args_v1 *a) {
-  return a->node && a->node->name ? a->node->name : "?";
-}
-
-typedef struct pshape_text {
-  char s[96];
-} pshape_text;
-
-static pshape_text pshp(const stoke_shape *s) {
-  pshape_text t;
-  size_t n = 0;
-  n += (size_t)snprintf(t.s, sizeof t.s, "[");
-  for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
-    n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
-  if (n < sizeof t.s) snprintf(t.s + n, sizeof t.s - n, "]");
-  return t;
-}
-
-static int psame_shape(const stoke_shape *x, const stoke_shape *y) {
-  if (x->ndim != y->ndim) return 0;
-  for (int i = 0; i < x->ndim; i++)
-    if (x->d[i] != y->d[i]) return 0;
-  return 1;
-}
-
-static stoke_err *pcheck_counts(const stoke_kernel_args_v1 *a, const char *op, int bwd) {
-  if (a->n_in < 1 || a->n_out < 1 || !a->in || !a->out)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs 1 input and 1 output, got %d and %d", op,
-                      pname(a), a->n_in, a->n_out);
-  if (bwd && (!a->din || !a->dout))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': backward called without gradient tensors", op,
-                      pname(a));
-  return NULL;
-}
-
-static stoke_err *pcheck_dtype(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                               const stoke_tensor *t, stoke_dtype want) {
-  if (t->dtype != want)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s, the kernel expects %s", op,
-                      pname(a), what, pshp(&t->shape).s, stoke_dtype_name(t->dtype),
-                      stoke_dtype_name(want));
-  return NULL;
-}
-
-static stoke_err *pcheck_data(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                              const stoke_tensor *t, int run) {
-  if (run && !t->data)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s has no data", op, pname(a), what,
-                      pshp(&t->shape).s);
-  return NULL;
-}
-
-/* A requested gradient (data != NULL) has the shape and dtype of its value. */
-static stoke_err *pcheck_grad(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                              const stoke_tensor *g, const stoke_tensor *of) {
-  if (!g->data) return NULL;
-  if (!psame_shape(&g->shape, &of->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': gradient of %s is %s, the value is %s", op,
-                      pname(a), what, pshp(&g->shape).s, pshp(&of->shape).s);
-  return pcheck_dtype(a, op, what, g, of->dtype);
-}
-
-/* din = beta * din + computed for parameter gradients, overwritten else. */
-static double pgrad_beta(const stoke_kernel_args_v1 *a, int i) {
-  return (a->param_grads >> i) & 1u ? (double)a->param_grad_beta : 0.0;
-}
 
 /* ------------------------------------------------------------- pool geometry */
 
@@ -98,28 +25,29 @@ static stoke_err *pool_pair(const stoke_kernel_args_v1 *a, const char *op, int i
                             const char *what, int64_t out[2]) {
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= idx)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attribute %s missing", op, pname(a), what);
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attribute %s missing", op, node_name(a), what);
   const stoke_attr_v1 *at = &n->attrs[idx];
   if (at->n != 1 && at->n != 2)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s takes 1 or 2 integers, got %d", op, pname(a),
-                      what, at->n);
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s takes 1 or 2 integers, got %d", op,
+                      node_name(a), what, at->n);
   out[0] = at->ints[0];
   out[1] = at->n == 2 ? at->ints[1] : at->ints[0];
   return NULL;
 }
 
 static stoke_err *pool_geometry(const stoke_kernel_args_v1 *a, const char *op, pool_geom *g) {
-  PCHECK(pool_pair(a, op, STOKE_POOL_KERNEL, "kernel", g->k));
-  PCHECK(pool_pair(a, op, STOKE_POOL_STRIDE, "stride", g->s));
-  PCHECK(pool_pair(a, op, STOKE_POOL_PADDING, "padding", g->p));
+  CHECK(pool_pair(a, op, STOKE_POOL_KERNEL, "kernel", g->k));
+  CHECK(pool_pair(a, op, STOKE_POOL_STRIDE, "stride", g->s));
+  CHECK(pool_pair(a, op, STOKE_POOL_PADDING, "padding", g->p));
   for (int d = 0; d < 2; d++) {
     if (g->s[d] == 0) g->s[d] = g->k[d];
     if (g->k[d] < 1 || g->s[d] < 1 || g->p[d] < 0 || g->p[d] > g->k[d] / 2)
       return STOKE_PERR(STOKE_E_INVALID,
                         "%s '%s': kernel %lldx%lld, stride %lldx%lld, padding %lldx%lld: need "
                         "kernel >= 1, stride >= 1, 0 <= padding <= kernel/2",
-                        op, pname(a), (long long)g->k[0], (long long)g->k[1], (long long)g->s[0],
-                        (long long)g->s[1], (long long)g->p[0], (long long)g->p[1]);
+                        op, node_name(a), (long long)g->k[0], (long long)g->k[1],
+                        (long long)g->s[0], (long long)g->s[1], (long long)g->p[0],
+                        (long long)g->p[1]);
   }
   return NULL;
 }
@@ -135,24 +63,16 @@ static pstrides pool_strides(const stoke_tensor *t) {
   return (pstrides){d[1] * d[2] * d[3], d[2] * d[3], d[3], 1};
 }
 
-static stoke_err *pcheck_layout(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                                const stoke_tensor *t) {
-  if (t->layout != STOKE_LAYOUT_ANY && t->layout != STOKE_NCHW && t->layout != STOKE_NHWC)
-    return STOKE_PERR(STOKE_E_UNSUPPORTED, "%s '%s': %s has unknown layout %d", op, pname(a),
-                      what, (int)t->layout);
-  return NULL;
-}
-
 /* x[N, C, H, W] -> y[N, C, Ho, Wo]; `max`: backward reads x. */
 static stoke_err *pool_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt,
                              int bwd, int run, int max, pool_geom *g) {
-  PCHECK(pcheck_counts(a, op, bwd));
-  PCHECK(pool_geometry(a, op, g));
+  CHECK(check_counts(a, op, bwd, 1, 1));
+  CHECK(pool_geometry(a, op, g));
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   const stoke_shape *xs = &x->shape, *ys = &y->shape;
   if (xs->ndim != 4)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[N, C, H, W], got x %s", op, pname(a),
-                      pshp(xs).s);
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[N, C, H, W], got x %s", op, node_name(a),
+                      shp(xs).s);
   int64_t o[2];
   for (int d = 0; d < 2; d++) {
     int64_t padded = xs->d[2 + d] + 2 * g->p[d];
@@ -160,29 +80,29 @@ static stoke_err *pool_check(const stoke_kernel_args_v1 *a, const char *op, stok
       return STOKE_PERR(STOKE_E_INVALID,
                         "%s '%s': kernel %lldx%lld is larger than the padded input (x %s, "
                         "padding %lldx%lld)",
-                        op, pname(a), (long long)g->k[0], (long long)g->k[1], pshp(xs).s,
+                        op, node_name(a), (long long)g->k[0], (long long)g->k[1], shp(xs).s,
                         (long long)g->p[0], (long long)g->p[1]);
     o[d] = (padded - g->k[d]) / g->s[d] + 1;
   }
   if (ys->ndim != 4 || ys->d[0] != xs->d[0] || ys->d[1] != xs->d[1] || ys->d[2] != o[0] ||
       ys->d[3] != o[1])
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x %s gives y [%lld, %lld, %lld, %lld], got y %s",
-                      op, pname(a), pshp(xs).s, (long long)xs->d[0], (long long)xs->d[1],
-                      (long long)o[0], (long long)o[1], pshp(ys).s);
-  PCHECK(pcheck_dtype(a, op, "x", x, dt));
-  PCHECK(pcheck_dtype(a, op, "y", y, dt));
-  PCHECK(pcheck_layout(a, op, "x", x));
-  PCHECK(pcheck_layout(a, op, "y", y));
+                      op, node_name(a), shp(xs).s, (long long)xs->d[0], (long long)xs->d[1],
+                      (long long)o[0], (long long)o[1], shp(ys).s);
+  CHECK(check_dtype(a, op, "x", x, dt));
+  CHECK(check_dtype(a, op, "y", y, dt));
+  CHECK(check_layout_known(a, op, "x", x));
+  CHECK(check_layout_known(a, op, "y", y));
   if (!bwd) {
-    PCHECK(pcheck_data(a, op, "x", x, run));
-    return pcheck_data(a, op, "y", y, run);
+    CHECK(check_data(a, op, "x", x, run));
+    return check_data(a, op, "y", y, run);
   }
-  PCHECK(pcheck_grad(a, op, "x", &a->din[0], x));
-  PCHECK(pcheck_grad(a, op, "y", &a->dout[0], y));
-  PCHECK(pcheck_layout(a, op, "dx", &a->din[0]));
-  PCHECK(pcheck_layout(a, op, "dy", &a->dout[0]));
-  PCHECK(pcheck_data(a, op, "dy", &a->dout[0], run));
-  if (max && a->din[0].data) PCHECK(pcheck_data(a, op, "x (the forward input)", x, run));
+  CHECK(check_grad(a, op, "x", &a->din[0], x));
+  CHECK(check_grad(a, op, "y", &a->dout[0], y));
+  CHECK(check_layout_known(a, op, "dx", &a->din[0]));
+  CHECK(check_layout_known(a, op, "dy", &a->dout[0]));
+  CHECK(check_data(a, op, "dy", &a->dout[0], run));
+  if (max && a->din[0].data) CHECK(check_data(a, op, "x (the forward input)", x, run));
   return NULL;
 }
 
@@ -191,34 +111,22 @@ static stoke_err *pool_check(const stoke_kernel_args_v1 *a, const char *op, stok
 static stoke_err *dropout_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run,
                                 double *p) {
   const char *op = STOKE_OP_DROPOUT;
-  PCHECK(pcheck_counts(a, op, bwd));
+  CHECK(check_counts(a, op, bwd, 1, 1));
   if (!a->node || a->node->n_attrs <= STOKE_DROPOUT_P)
-    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': attribute p missing", pname(a));
+    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': attribute p missing", node_name(a));
   *p = a->node->attrs[STOKE_DROPOUT_P].f;
   if (!(*p >= 0 && *p < 1))
-    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': p = %g not in [0, 1)", pname(a), *p);
+    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': p = %g not in [0, 1)", node_name(a), *p);
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
-  if (!psame_shape(&x->shape, &y->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': x is %s but y is %s", pname(a),
-                      pshp(&x->shape).s, pshp(&y->shape).s);
-  PCHECK(pcheck_dtype(a, op, "x", x, dt));
-  PCHECK(pcheck_dtype(a, op, "y", y, dt));
-  if (!bwd) {
-    PCHECK(pcheck_data(a, op, "x", x, run));
-    return pcheck_data(a, op, "y", y, run);
-  }
-  PCHECK(pcheck_grad(a, op, "x", &a->din[0], x));
-  PCHECK(pcheck_grad(a, op, "y", &a->dout[0], y));
-  return pcheck_data(a, op, "dy", &a->dout[0], run);
+  if (!same_shape(&x->shape, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': x is %s but y is %s", node_name(a),
+                      shp(&x->shape).s, shp(&y->shape).s);
+  CHECK(check_xy(a, op, dt, bwd, run));
+  if (!bwd) return NULL;
+  return check_data(a, op, "dy", &a->dout[0], run);
 }
 
-static void pdestroy_none(void *state) {}
-
 /* ================================================================ kernels */
-
-/* d = beta * d + v, without reading d when beta is 0 (it may hold NaN). */
-#define PACC(T, d, beta, v) \
-  ((d) = (beta) != 0 ? (T)((beta) * (double)(d) + (double)(v)) : (T)(v))
 
 /* Offset of logical (n, c, h, w) under strides st. */
 static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t w) {
@@ -254,53 +162,21 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
 #define POOL_KERNELS(T, SFX, DT)                                                           \
   POOL_ARGMAX(T, SFX)                                                                      \
                                                                                            \
-  static stoke_err *max_pool_fwd_plan_##SFX(const stoke_kernel_args_v1 *a, void **state,  \
-                                            size_t *ws) {                                  \
-    pool_geom g;                                                                           \
-    if (state) *state = NULL;                                                              \
-    if (ws) *ws = 0;                                                                       \
-    return pool_check(a, STOKE_OP_MAX_POOL2D, DT, 0, 0, 1, &g);                            \
-  }                                                                                        \
-  static stoke_err *max_pool_bwd_plan_##SFX(const stoke_kernel_args_v1 *a, void **state,  \
-                                            size_t *ws) {                                  \
-    pool_geom g;                                                                           \
-    if (state) *state = NULL;                                                              \
-    if (ws) *ws = 0;                                                                       \
-    return pool_check(a, STOKE_OP_MAX_POOL2D, DT, 1, 0, 1, &g);                            \
-  }                                                                                        \
-  static stoke_err *avg_pool_fwd_plan_##SFX(const stoke_kernel_args_v1 *a, void **state,  \
-                                            size_t *ws) {                                  \
-    pool_geom g;                                                                           \
-    if (state) *state = NULL;                                                              \
-    if (ws) *ws = 0;                                                                       \
-    return pool_check(a, STOKE_OP_AVG_POOL2D, DT, 0, 0, 0, &g);                            \
-  }                                                                                        \
-  static stoke_err *avg_pool_bwd_plan_##SFX(const stoke_kernel_args_v1 *a, void **state,  \
-                                            size_t *ws) {                                  \
-    pool_geom g;                                                                           \
-    if (state) *state = NULL;                                                              \
-    if (ws) *ws = 0;                                                                       \
-    return pool_check(a, STOKE_OP_AVG_POOL2D, DT, 1, 0, 0, &g);                            \
-  }                                                                                        \
-  static stoke_err *dropout_fwd_plan_##SFX(const stoke_kernel_args_v1 *a, void **state,   \
-                                           size_t *ws) {                                   \
-    double p;                                                                              \
-    if (state) *state = NULL;                                                              \
-    if (ws) *ws = 0;                                                                       \
-    return dropout_check(a, DT, 0, 0, &p);                                                 \
-  }                                                                                        \
-  static stoke_err *dropout_bwd_plan_##SFX(const stoke_kernel_args_v1 *a, void **state,   \
-                                           size_t *ws) {                                   \
-    double p;                                                                              \
-    if (state) *state = NULL;                                                              \
-    if (ws) *ws = 0;                                                                       \
-    return dropout_check(a, DT, 1, 0, &p);                                                 \
-  }                                                                                        \
+  CPU_PLAN(max_pool_fwd_plan_##SFX, pool_geom g,                                           \
+           pool_check(a, STOKE_OP_MAX_POOL2D, DT, 0, 0, 1, &g))                            \
+  CPU_PLAN(max_pool_bwd_plan_##SFX, pool_geom g,                                           \
+           pool_check(a, STOKE_OP_MAX_POOL2D, DT, 1, 0, 1, &g))                            \
+  CPU_PLAN(avg_pool_fwd_plan_##SFX, pool_geom g,                                           \
+           pool_check(a, STOKE_OP_AVG_POOL2D, DT, 0, 0, 0, &g))                            \
+  CPU_PLAN(avg_pool_bwd_plan_##SFX, pool_geom g,                                           \
+           pool_check(a, STOKE_OP_AVG_POOL2D, DT, 1, 0, 0, &g))                            \
+  CPU_PLAN(dropout_fwd_plan_##SFX, double p, dropout_check(a, DT, 0, 0, &p))               \
+  CPU_PLAN(dropout_bwd_plan_##SFX, double p, dropout_check(a, DT, 1, 0, &p))               \
                                                                                            \
   /* y = max over each window (first maximum in scan order) */                             \
   static stoke_err *max_pool_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {      \
     pool_geom g;                                                                           \
-    PCHECK(pool_check(a, STOKE_OP_MAX_POOL2D, DT, 0, 1, 1, &g));                           \
+    CHECK(pool_check(a, STOKE_OP_MAX_POOL2D, DT, 0, 1, 1, &g));                           \
     const stoke_tensor *xt = &a->in[0], *yt = &a->out[0];                                  \
     const T *x = xt->data;                                                                 \
     T *y = yt->data;                                                                       \
@@ -319,7 +195,7 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
   /* dx[first argmax of each window] += dy, from x (bwd_needs input 0) */                  \
   static stoke_err *max_pool_bwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {      \
     pool_geom g;                                                                           \
-    PCHECK(pool_check(a, STOKE_OP_MAX_POOL2D, DT, 1, 1, 1, &g));                           \
+    CHECK(pool_check(a, STOKE_OP_MAX_POOL2D, DT, 1, 1, 1, &g));                           \
     T *dx = a->din[0].data;                                                                \
     if (!dx) return NULL;                                                                  \
     const stoke_tensor *xt = &a->in[0], *dyt = &a->dout[0];                                \
@@ -327,9 +203,9 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
     pstrides sx = pool_strides(xt), sdx = pool_strides(&a->din[0]),                        \
              sdy = pool_strides(dyt);                                                      \
     const int64_t *xd = xt->shape.d, *yd = dyt->shape.d;                                   \
-    double beta = pgrad_beta(a, 0);                                                        \
+    double beta = grad_beta(a, 0);                                                        \
     int64_t nx = stoke_numel(&xt->shape);                                                  \
-    for (int64_t i = 0; i < nx; i++) PACC(T, dx[i], beta, 0);                              \
+    for (int64_t i = 0; i < nx; i++) ACC(T, dx[i], beta, 0);                              \
     int same = sx.c == sdx.c; /* x and dx in the same memory order */                     \
     for (int64_t n = 0; n < yd[0]; n++)                                                    \
       for (int64_t c = 0; c < yd[1]; c++)                                                  \
@@ -351,7 +227,7 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
   /* y = sum over the window of the real elements / (kh kw) (padding counts) */            \
   static stoke_err *avg_pool_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {      \
     pool_geom g;                                                                           \
-    PCHECK(pool_check(a, STOKE_OP_AVG_POOL2D, DT, 0, 1, 0, &g));                           \
+    CHECK(pool_check(a, STOKE_OP_AVG_POOL2D, DT, 0, 1, 0, &g));                           \
     const stoke_tensor *xt = &a->in[0], *yt = &a->out[0];                                  \
     const T *x = xt->data;                                                                 \
     T *y = yt->data;                                                                       \
@@ -376,14 +252,14 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
    * summed in double */                                                                   \
   static stoke_err *avg_pool_bwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {      \
     pool_geom g;                                                                           \
-    PCHECK(pool_check(a, STOKE_OP_AVG_POOL2D, DT, 1, 1, 0, &g));                           \
+    CHECK(pool_check(a, STOKE_OP_AVG_POOL2D, DT, 1, 1, 0, &g));                           \
     T *dx = a->din[0].data;                                                                \
     if (!dx) return NULL;                                                                  \
     const stoke_tensor *dxt = &a->din[0], *dyt = &a->dout[0];                              \
     const T *dy = dyt->data;                                                               \
     pstrides sdx = pool_strides(dxt), sdy = pool_strides(dyt);                             \
     const int64_t *xd = dxt->shape.d, *yd = dyt->shape.d;                                  \
-    double inv = 1.0 / (double)(g.k[0] * g.k[1]), beta = pgrad_beta(a, 0);                \
+    double inv = 1.0 / (double)(g.k[0] * g.k[1]), beta = grad_beta(a, 0);                \
     for (int64_t n = 0; n < xd[0]; n++)                                                    \
       for (int64_t c = 0; c < xd[1]; c++)                                                  \
         for (int64_t h = 0; h < xd[2]; h++)                                                \
@@ -399,7 +275,7 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
             for (int64_t oh = oh0; oh <= oh1; oh++)                                        \
               for (int64_t ow = ow0; ow <= ow1; ow++)                                      \
                 s += (double)dy[POFF(sdy, n, c, oh, ow)];                                  \
-            PACC(T, dx[POFF(sdx, n, c, h, w)], beta, s * inv);                             \
+            ACC(T, dx[POFF(sdx, n, c, h, w)], beta, s * inv);                             \
           }                                                                                \
     return NULL;                                                                           \
   }                                                                                        \
@@ -408,7 +284,7 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
    * from stoke_uniform_at(seed, i); eval (or p = 0): y = x */                                  \
   static stoke_err *dropout_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {       \
     double p;                                                                              \
-    PCHECK(dropout_check(a, DT, 0, 1, &p));                                                \
+    CHECK(dropout_check(a, DT, 0, 1, &p));                                                \
     const T *x = a->in[0].data;                                                            \
     T *y = a->out[0].data;                                                                 \
     int64_t nel = stoke_numel(&a->in[0].shape);                                            \
@@ -425,19 +301,19 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
   /* dx = dy * keep / (1 - p), the mask regenerated from the same seed */                  \
   static stoke_err *dropout_bwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {       \
     double p;                                                                              \
-    PCHECK(dropout_check(a, DT, 1, 1, &p));                                                \
+    CHECK(dropout_check(a, DT, 1, 1, &p));                                                \
     T *dx = a->din[0].data;                                                                \
     if (!dx) return NULL;                                                                  \
     const T *dy = a->dout[0].data;                                                         \
     int64_t nel = stoke_numel(&a->in[0].shape);                                            \
-    double beta = pgrad_beta(a, 0);                                                        \
+    double beta = grad_beta(a, 0);                                                        \
     if (!a->training || p == 0) {                                                          \
-      for (int64_t i = 0; i < nel; i++) PACC(T, dx[i], beta, dy[i]);                       \
+      for (int64_t i = 0; i < nel; i++) ACC(T, dx[i], beta, dy[i]);                       \
       return NULL;                                                                         \
     }                                                                                      \
     double scale = 1.0 / (1.0 - p);                                                        \
     for (int64_t i = 0; i < nel; i++)                                                      \
-      PACC(T, dx[i], beta, (double)dy[i] * (stoke_uniform_at(a->seed, (uint64_t)i) >= p ? scale : 0.0));    \
+      ACC(T, dx[i], beta, (double)dy[i] * (stoke_uniform_at(a->seed, (uint64_t)i) >= p ? scale : 0.0));    \
     return NULL;                                                                           \
   }
 
@@ -446,8 +322,7 @@ POOL_KERNELS(double, f64, STOKE_F64)
 
 /* ============================================================ registration */
 
-#define PKERNEL(op, pass, fn, sfx, dt) \
-  {"cpu", op, pass, dt, STOKE_LAYOUT_ANY, fn##_plan_##sfx, fn##_##sfx, pdestroy_none}
+#define PKERNEL(op, pass, fn, sfx, dt) CPU_KERNEL(op, pass, fn, sfx, dt, destroy_none)
 #define PKERNELS(sfx, dt)                                            \
   PKERNEL(STOKE_OP_MAX_POOL2D, STOKE_FWD, max_pool_fwd, sfx, dt),    \
   PKERNEL(STOKE_OP_MAX_POOL2D, STOKE_BWD, max_pool_bwd, sfx, dt),    \
@@ -462,10 +337,5 @@ static const stoke_kernel_v1 pool_kernels[] = {
 };
 
 stoke_err *cpu_register_pool(const stoke_registry_v1 *r) {
-  for (size_t i = 0; i < sizeof pool_kernels / sizeof *pool_kernels; i++) {
-    const stoke_kernel_v1 *k = &pool_kernels[i];
-    STOKE_PTRY(r->add_kernel(r->self, k), "registering cpu kernel %s (%s)", k->op,
-               stoke_dtype_name(k->dtype));
-  }
-  return NULL;
+  return cpu_add_kernels(r, pool_kernels, sizeof pool_kernels / sizeof *pool_kernels);
 }

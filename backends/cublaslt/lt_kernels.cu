@@ -4,15 +4,9 @@
 #include <cuda_fp16.h>
 
 #include "backends/cublaslt/lt_kernels.h"
+#include "backends/cuda/types.cuh"
 
 namespace {
-
-__device__ __forceinline__ float ld(const float *p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float ld(const __half *p, int64_t i) { return __half2float(p[i]); }
-__device__ __forceinline__ float ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ void st(float *p, int64_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void st(__half *p, int64_t i, float v) { p[i] = __float2half_rn(v); }
-__device__ __forceinline__ void st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
 template <typename T>
 __global__ void bias_rows(T *y, const T *b, int64_t rows, int64_t cols) {
@@ -24,7 +18,7 @@ __global__ void bias_rows(T *y, const T *b, int64_t rows, int64_t cols) {
 template <typename T>
 __global__ void scale(T *d, int64_t n, float beta) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    st(d, i, beta != 0.f ? beta * ld(d, i) : 0.f);
+    d[i] = from_f<T>(beta != 0.f ? beta * to_f(d[i]) : 0.f);
 }
 
 // One block per 32 columns; its 32 x COLSUM_Y threads stride over the rows
@@ -38,21 +32,21 @@ __global__ void colsum(T *db, const T *dy, int64_t rows, int64_t cols, float bet
   int64_t j = blockIdx.x * 32 + threadIdx.x;
   float s = 0.f;
   if (j < cols)
-    for (int64_t i = threadIdx.y; i < rows; i += COLSUM_Y) s += ld(dy, i * cols + j);
+    for (int64_t i = threadIdx.y; i < rows; i += COLSUM_Y) s += to_f(dy[i * cols + j]);
   part[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && j < cols) {
     float t = 0.f;
     for (int r = 0; r < COLSUM_Y; r++) t += part[r][threadIdx.x];
-    st(db, j, beta != 0.f ? beta * ld(db, j) + t : t);
+    db[j] = from_f<T>(beta != 0.f ? beta * to_f(db[j]) + t : t);
   }
 }
 
 template <typename T>
 __global__ void relu_inplace(T *y, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    float v = ld(y, i);
-    if (v < 0.f) st(y, i, 0.f); /* NaN and +-0 are left as they are */
+    float v = to_f(y[i]);
+    if (v < 0.f) y[i] = from_f<T>(0.f); /* NaN and +-0 are left as they are */
   }
 }
 
@@ -61,25 +55,21 @@ __global__ void relu_inplace(T *y, int64_t n) {
 template <typename T>
 __global__ void relu_mask(T *dz, const T *dy, const T *y, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    st(dz, i, ld(y, i) > 0.f ? ld(dy, i) : 0.f);
-}
-
-unsigned grid_for(int64_t n, int threads) {
-  int64_t g = (n + threads - 1) / threads;
-  return (unsigned)(g < 1 ? 1 : g > 65535 ? 65535 : g);
+    dz[i] = from_f<T>(to_f(y[i]) > 0.f ? to_f(dy[i]) : 0.f);
 }
 
 template <typename T>
 cudaError_t launch_bias_rows(void *y, const void *b, int64_t rows, int64_t cols, cudaStream_t s) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
-  bias_rows<T><<<grid_for(rows * cols, 256), 256, 0, s>>>((T *)y, (const T *)b, rows, cols);
+  bias_rows<T><<<grid_for(rows * cols, kThreads, 65535), kThreads, 0, s>>>((T *)y, (const T *)b,
+                                                                           rows, cols);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t launch_scale(void *d, int64_t n, float beta, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  scale<T><<<grid_for(n, 256), 256, 0, s>>>((T *)d, n, beta);
+  scale<T><<<grid_for(n, kThreads, 65535), kThreads, 0, s>>>((T *)d, n, beta);
   return cudaGetLastError();
 }
 
@@ -94,14 +84,15 @@ cudaError_t launch_colsum(void *db, const void *dy, int64_t rows, int64_t cols, 
 template <typename T>
 cudaError_t launch_relu(void *y, int64_t n, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  relu_inplace<T><<<grid_for(n, 256), 256, 0, s>>>((T *)y, n);
+  relu_inplace<T><<<grid_for(n, kThreads, 65535), kThreads, 0, s>>>((T *)y, n);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t launch_relu_mask(void *dz, const void *dy, const void *y, int64_t n, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  relu_mask<T><<<grid_for(n, 256), 256, 0, s>>>((T *)dz, (const T *)dy, (const T *)y, n);
+  relu_mask<T>
+      <<<grid_for(n, kThreads, 65535), kThreads, 0, s>>>((T *)dz, (const T *)dy, (const T *)y, n);
   return cudaGetLastError();
 }
 

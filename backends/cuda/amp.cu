@@ -5,14 +5,8 @@
 #include <cuda_fp16.h>
 
 #include "backends/cuda/stoke_cuda.h"
+#include "backends/cuda/types.cuh"
 #include "stoke/ops.h"
-
-template <typename T>
-__device__ __forceinline__ float to_f(T v) { return (float)v; }
-template <>
-__device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
-template <>
-__device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 // found_inf is set (never cleared) by any block that sees a non-finite value:
 // the result does not depend on the order, so it is deterministic.
@@ -46,9 +40,8 @@ __global__ void update_kernel(float *state, float *seed, int64_t growth) {
 template <typename T>
 static stoke_err *check_run(const stoke_kernel_args_v1 *a, void *st) {
   int64_t n = stoke_numel(&a->in[0].shape);
-  int blocks = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
-  if (blocks < 1) blocks = 1;
-  check_kernel<T><<<blocks, 256, 0, (cudaStream_t)a->stream>>>((const T *)a->in[0].data, n, (float *)a->in[1].data);
+  check_kernel<T><<<grid_for(n, kThreads, 4096), kThreads, 0, (cudaStream_t)a->stream>>>(
+      (const T *)a->in[0].data, n, (float *)a->in[1].data);
   STOKE_CUDA_LAUNCH(a->node->name);
   return NULL;
 }

@@ -4,16 +4,8 @@
 #include <cuda_fp16.h>
 
 #include "backends/cuda/stoke_cuda.h"
+#include "backends/cuda/types.cuh"
 #include "stoke/ops.h"
-
-template <typename T>
-__device__ __forceinline__ T from_f(float v);
-template <>
-__device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // i indexes the output; with to_nhwc it is (n, h, w, c) and reads (n, c, h, w)
 template <typename T>
@@ -32,18 +24,17 @@ __global__ void cast_kernel(const float *__restrict__ x, T *__restrict__ y, int6
 static stoke_err *cast_run(const stoke_kernel_args_v1 *a, void *st) {
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   int64_t n = stoke_numel(&y->shape);
-  int in_nhwc = x->shape.ndim == 4 && x->layout == STOKE_NHWC, out_nhwc = y->shape.ndim == 4 && y->layout == STOKE_NHWC;
+  int in_nhwc = is_nhwc(x), out_nhwc = is_nhwc(y);
   if (x->dtype != STOKE_F32 || n != stoke_numel(&x->shape) || (in_nhwc && !out_nhwc))
     return STOKE_PERR(STOKE_E_UNSUPPORTED, "cast '%s': takes f32, NCHW or flat, to f32/bf16/f16", a->node->name);
   int to_nhwc = !in_nhwc && out_nhwc;
   int64_t C = y->shape.ndim == 4 ? y->shape.d[1] : 1, HW = y->shape.ndim == 4 ? y->shape.d[2] * y->shape.d[3] : 1;
-  int blocks = (int)((n + 255) / 256 < 65535 ? (n + 255) / 256 : 65535);
-  if (blocks < 1) blocks = 1;
+  unsigned blocks = grid_for(n, kThreads, 65535);
   cudaStream_t s = (cudaStream_t)a->stream;
   switch (y->dtype) {
-    case STOKE_F32: cast_kernel<float><<<blocks, 256, 0, s>>>((const float *)x->data, (float *)y->data, n, to_nhwc, C, HW); break;
-    case STOKE_BF16: cast_kernel<__nv_bfloat16><<<blocks, 256, 0, s>>>((const float *)x->data, (__nv_bfloat16 *)y->data, n, to_nhwc, C, HW); break;
-    case STOKE_F16: cast_kernel<__half><<<blocks, 256, 0, s>>>((const float *)x->data, (__half *)y->data, n, to_nhwc, C, HW); break;
+    case STOKE_F32: cast_kernel<float><<<blocks, kThreads, 0, s>>>((const float *)x->data, (float *)y->data, n, to_nhwc, C, HW); break;
+    case STOKE_BF16: cast_kernel<__nv_bfloat16><<<blocks, kThreads, 0, s>>>((const float *)x->data, (__nv_bfloat16 *)y->data, n, to_nhwc, C, HW); break;
+    case STOKE_F16: cast_kernel<__half><<<blocks, kThreads, 0, s>>>((const float *)x->data, (__half *)y->data, n, to_nhwc, C, HW); break;
     default: return STOKE_PERR(STOKE_E_UNSUPPORTED, "cast '%s': output dtype %s", a->node->name, stoke_dtype_name(y->dtype));
   }
   STOKE_CUDA_LAUNCH(a->node->name);

@@ -15,34 +15,13 @@
 #include <string.h>
 
 #include "backends/cuda/stoke_cuda.h"
+#include "backends/cuda/types.cuh"
 #include "stoke/ops.h"
 #include "stoke/rng.h"
 
 namespace {
 
-constexpr int kBlock = 256;          // threads per block of every kernel here
 constexpr int64_t kMaxGrid = 65535;  // grid-stride loops cover the rest
-
-// ------------------------------------------------------------ element types
-
-__device__ __forceinline__ float ld(float v) { return v; }
-__device__ __forceinline__ float ld(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float ld(__half v) { return __half2float(v); }
-
-template <typename T> __device__ __forceinline__ T st(float v);
-template <> __device__ __forceinline__ float st<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 st<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ __half st<__half>(float v) { return __float2half_rn(v); }
-
-template <typename T> struct dtype_of;
-template <> struct dtype_of<float> { static constexpr stoke_dtype value = STOKE_F32; };
-template <> struct dtype_of<__nv_bfloat16> { static constexpr stoke_dtype value = STOKE_BF16; };
-template <> struct dtype_of<__half> { static constexpr stoke_dtype value = STOKE_F16; };
-
-// d = beta * d + v, without reading d when beta is 0 (it may hold NaN), as the CPU's ACC.
-template <typename T> __device__ __forceinline__ void store_acc(T *d, float v, float beta) {
-  *d = st<T>(beta != 0.f ? beta * ld(*d) + v : v);
-}
 
 // ------------------------------------------------------------ the dropout hash
 
@@ -71,52 +50,33 @@ __host__ __device__ __forceinline__ uint64_t uniform_bits53(uint64_t seed, uint6
 // bits53 >= ceil(p * 2^53) (p * 2^53 is exact in double): an integer compare, same as the CPU's.
 uint64_t keep_threshold(double p) { return (uint64_t)ceil(p * 9007199254740992.0); }
 
-// -------------------------------------------------------------- launch shapes
-
-unsigned grid_for(int64_t work, int per_block) {
-  int64_t g = (work + per_block - 1) / per_block;
-  if (g < 1) g = 1;
-  if (g > kMaxGrid) g = kMaxGrid;
-  return (unsigned)g;
-}
-
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 // ------------------------------------------------------- elementwise template
 
 // out[i] = op(x[i], z[i], i) (+ beta * out[i]); x or z may be NULL (then 0 is passed and the
 // functor reads what it needs itself, e.g. a gather). V elements per thread and step: 16-byte
 // loads and stores when every pointer is 16-byte aligned (V = 16 / sizeof(T)), else V = 1.
-template <typename T, int V> struct alignas(sizeof(T) * V) pack {
-  T v[V];
-};
-
 template <typename T, int V, typename Op>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kThreads)
     ew_kernel(T *__restrict__ out, const T *__restrict__ x, const T *__restrict__ z, int64_t n, float beta,
               Op op) {
   const int64_t nv = n / V;
   const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t v = tid; v < nv; v += stride) {
-    pack<T, V> px, pz, po;
-    if (x) px = reinterpret_cast<const pack<T, V> *>(x)[v];
-    if (z) pz = reinterpret_cast<const pack<T, V> *>(z)[v];
-    if (beta != 0.f) po = reinterpret_cast<const pack<T, V> *>(out)[v];
+    vec<T, V> px, pz, po;
+    if (x) px = reinterpret_cast<const vec<T, V> *>(x)[v];
+    if (z) pz = reinterpret_cast<const vec<T, V> *>(z)[v];
+    if (beta != 0.f) po = reinterpret_cast<const vec<T, V> *>(out)[v];
 #pragma unroll
     for (int k = 0; k < V; k++) {
-      float r = op(x ? ld(px.v[k]) : 0.f, z ? ld(pz.v[k]) : 0.f, v * V + k);
-      if (beta != 0.f) r += beta * ld(po.v[k]);
-      po.v[k] = st<T>(r);
+      float r = op(x ? to_f(px.v[k]) : 0.f, z ? to_f(pz.v[k]) : 0.f, v * V + k);
+      if (beta != 0.f) r += beta * to_f(po.v[k]);
+      po.v[k] = from_f<T>(r);
     }
-    reinterpret_cast<pack<T, V> *>(out)[v] = po;
+    reinterpret_cast<vec<T, V> *>(out)[v] = po;
   }
   for (int64_t i = nv * V + tid; i < n; i += stride)
-    store_acc(out + i, op(x ? ld(x[i]) : 0.f, z ? ld(z[i]) : 0.f, i), beta);
-}
-
-const char *nname(const stoke_kernel_args_v1 *a) {
-  return a->node && a->node->name ? a->node->name : "?";
+    acc(out + i, beta, op(x ? to_f(x[i]) : 0.f, z ? to_f(z[i]) : 0.f, i));
 }
 
 cudaStream_t stream_of(const stoke_kernel_args_v1 *a) { return (cudaStream_t)a->stream; }
@@ -127,9 +87,9 @@ stoke_err *launch_ew(const stoke_kernel_args_v1 *a, T *out, const T *x, const T 
   if (n <= 0) return NULL;
   constexpr int V = 16 / sizeof(T);
   if (aligned16(out) && aligned16(x) && aligned16(z) && n >= V)
-    ew_kernel<T, V, Op><<<grid_for(n / V, kBlock), kBlock, 0, stream_of(a)>>>(out, x, z, n, beta, op);
+    ew_kernel<T, V, Op><<<grid_for(n / V, kThreads, kMaxGrid), kThreads, 0, stream_of(a)>>>(out, x, z, n, beta, op);
   else
-    ew_kernel<T, 1, Op><<<grid_for(n, kBlock), kBlock, 0, stream_of(a)>>>(out, x, z, n, beta, op);
+    ew_kernel<T, 1, Op><<<grid_for(n, kThreads, kMaxGrid), kThreads, 0, stream_of(a)>>>(out, x, z, n, beta, op);
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
 }
@@ -160,7 +120,7 @@ template <typename T> struct op_bias_add {  // x + bias[channel of memory elemen
   int nhwc;
   __device__ float operator()(float x, float, int64_t i) const {
     int64_t ch = nhwc ? i % c : (i / rest) % c;
-    return x + ld(bias[ch]);
+    return x + to_f(bias[ch]);
   }
 };
 template <typename T> struct op_nchw_from_nhwc {  // y[logical l] = x[memory of l]: flatten fwd
@@ -168,7 +128,7 @@ template <typename T> struct op_nchw_from_nhwc {  // y[logical l] = x[memory of 
   int64_t c, hw;
   __device__ float operator()(float, float, int64_t l) const {
     int64_t chw = c * hw, n = l / chw, rem = l - n * chw, ch = rem / hw, p = rem - ch * hw;
-    return ld(x[(n * hw + p) * c + ch]);
+    return to_f(x[(n * hw + p) * c + ch]);
   }
 };
 template <typename T> struct op_nhwc_from_nchw {  // dx[memory m] = dy[logical of m]: flatten bwd
@@ -176,7 +136,7 @@ template <typename T> struct op_nhwc_from_nchw {  // dx[memory m] = dy[logical o
   int64_t c, hw;
   __device__ float operator()(float, float, int64_t m) const {
     int64_t chw = c * hw, n = m / chw, rem = m - n * chw, p = rem / c, ch = rem - p * c;
-    return ld(dy[(n * c + ch) * hw + p]);
+    return to_f(dy[(n * c + ch) * hw + p]);
   }
 };
 template <typename T> struct op_gap_grad {  // dx = dy[n, c] / (H W)
@@ -186,7 +146,7 @@ template <typename T> struct op_gap_grad {  // dx = dy[n, c] / (H W)
   float inv_hw;
   __device__ float operator()(float, float, int64_t i) const {
     int64_t row = nhwc ? (i / (hw * c)) * c + i % c : i / hw;
-    return ld(dy[row]) * inv_hw;
+    return to_f(dy[row]) * inv_hw;
   }
 };
 
@@ -194,7 +154,7 @@ template <typename T> struct op_gap_grad {  // dx = dy[n, c] / (H W)
 
 // Sum / max of v over the TPR threads of a row group (a warp for TPR 32, the block for TPR 256),
 // the same bits in every thread: a butterfly shuffle (each pair adds the same two values) and,
-// across warps, a fixed-order pass over the warps' results. `sm` holds kBlock / 32 floats.
+// across warps, a fixed-order pass over the warps' results. `sm` holds kThreads / 32 floats.
 template <int TPR, bool kMax> __device__ __forceinline__ float group_reduce(float v, float *sm) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -213,19 +173,19 @@ template <int TPR, bool kMax> __device__ __forceinline__ float group_reduce(floa
 
 // y[r] = beta * y[r] + scale * sum_{p < len} x[r * len + p], one row per group of TPR threads.
 template <typename Tin, typename Tout, int TPR>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kThreads)
     row_sum_kernel(const Tin *__restrict__ x, Tout *__restrict__ y, int64_t rows, int64_t len, float scale,
                    float beta) {
-  constexpr int RPB = kBlock / TPR;
-  __shared__ float sm[kBlock / 32];
+  constexpr int RPB = kThreads / TPR;
+  __shared__ float sm[kThreads / 32];
   const int lane = threadIdx.x % TPR, sub = threadIdx.x / TPR;
   for (int64_t r0 = (int64_t)blockIdx.x * RPB; r0 < rows; r0 += (int64_t)gridDim.x * RPB) {
     const int64_t r = r0 + sub;  // uniform across the block when RPB == 1
     float s = 0.f;
     if (r < rows)
-      for (int64_t p = lane; p < len; p += TPR) s += ld(x[r * len + p]);
+      for (int64_t p = lane; p < len; p += TPR) s += to_f(x[r * len + p]);
     s = group_reduce<TPR, false>(s, sm);
-    if (r < rows && lane == 0) store_acc(y + r, s * scale, beta);
+    if (r < rows && lane == 0) acc(y + r, beta, s * scale);
   }
 }
 
@@ -233,7 +193,7 @@ __global__ void __launch_bounds__(kBlock)
 // sums of `batches` row-major matrices. A block is 32 columns x 8 row phases (coalesced reads);
 // the 8 partial sums of a column are added in a fixed order.
 template <typename Tin, typename Tout>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kThreads)
     col_sum_kernel(const Tin *__restrict__ x, Tout *__restrict__ y, int64_t batches, int64_t rows, int64_t cols,
                    float scale, float beta) {
   __shared__ float sm[8][33];
@@ -242,7 +202,7 @@ __global__ void __launch_bounds__(kBlock)
   for (int64_t b = blockIdx.y; b < batches; b += gridDim.y) {
     float s = 0.f;
     if (j < cols)
-      for (int64_t r = ty; r < rows; r += 8) s += ld(x[(b * rows + r) * cols + j]);
+      for (int64_t r = ty; r < rows; r += 8) s += to_f(x[(b * rows + r) * cols + j]);
     __syncthreads();
     sm[ty][tx] = s;
     __syncthreads();
@@ -250,7 +210,7 @@ __global__ void __launch_bounds__(kBlock)
       float t = sm[0][tx];
 #pragma unroll
       for (int k = 1; k < 8; k++) t += sm[k][tx];
-      store_acc(y + b * cols + j, t * scale, beta);
+      acc(y + b * cols + j, beta, t * scale);
     }
   }
 }
@@ -260,10 +220,11 @@ stoke_err *launch_row_sum(const stoke_kernel_args_v1 *a, const Tin *x, Tout *y, 
                           float scale, float beta) {
   if (rows <= 0) return NULL;
   if (len >= 1024)
-    row_sum_kernel<Tin, Tout, kBlock><<<grid_for(rows, 1), kBlock, 0, stream_of(a)>>>(x, y, rows, len, scale, beta);
+    row_sum_kernel<Tin, Tout, kThreads>
+        <<<grid_for(rows, 1, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, y, rows, len, scale, beta);
   else
-    row_sum_kernel<Tin, Tout, 32><<<grid_for(rows, kBlock / 32), kBlock, 0, stream_of(a)>>>(x, y, rows, len, scale,
-                                                                                         beta);
+    row_sum_kernel<Tin, Tout, 32>
+        <<<grid_for(rows, kThreads / 32, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, y, rows, len, scale, beta);
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
 }
@@ -272,8 +233,8 @@ template <typename Tin, typename Tout>
 stoke_err *launch_col_sum(const stoke_kernel_args_v1 *a, const Tin *x, Tout *y, int64_t batches, int64_t rows,
                           int64_t cols, float scale, float beta) {
   if (batches <= 0 || cols <= 0) return NULL;
-  dim3 grid(grid_for(cols, 32), (unsigned)(batches < kMaxGrid ? batches : kMaxGrid));
-  col_sum_kernel<Tin, Tout><<<grid, kBlock, 0, stream_of(a)>>>(x, y, batches, rows, cols, scale, beta);
+  dim3 grid(grid_for(cols, 32, kMaxGrid), (unsigned)(batches < kMaxGrid ? batches : kMaxGrid));
+  col_sum_kernel<Tin, Tout><<<grid, kThreads, 0, stream_of(a)>>>(x, y, batches, rows, cols, scale, beta);
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
 }
@@ -284,11 +245,11 @@ stoke_err *launch_col_sum(const stoke_kernel_args_v1 *a, const Tin *x, Tout *y, 
 // into row_loss[r]. A label outside [0, C) is clamped for the read and makes the row's loss NaN:
 // the host cannot be told without a sync, and a NaN loss stops the run with its message.
 template <typename T, int TPR>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kThreads)
     softmax_ce_fwd_kernel(const T *__restrict__ x, const int32_t *__restrict__ lab, float *__restrict__ row_loss,
                           int64_t n, int64_t c, float ls) {
-  constexpr int RPB = kBlock / TPR;
-  __shared__ float sm[kBlock / 32];
+  constexpr int RPB = kThreads / TPR;
+  __shared__ float sm[kThreads / 32];
   const int lane = threadIdx.x % TPR, sub = threadIdx.x / TPR;
   for (int64_t r0 = (int64_t)blockIdx.x * RPB; r0 < n; r0 += (int64_t)gridDim.x * RPB) {
     const int64_t r = r0 + sub;
@@ -296,12 +257,12 @@ __global__ void __launch_bounds__(kBlock)
     const T *row = x + (live ? r : 0) * c;
     float m = -INFINITY;
     if (live)
-      for (int64_t j = lane; j < c; j += TPR) m = fmaxf(m, ld(row[j]));
+      for (int64_t j = lane; j < c; j += TPR) m = fmaxf(m, to_f(row[j]));
     m = group_reduce<TPR, true>(m, sm);
     float s = 0.f, sxm = 0.f;
     if (live)
       for (int64_t j = lane; j < c; j += TPR) {
-        float d = ld(row[j]) - m;
+        float d = to_f(row[j]) - m;
         s += expf(d);
         sxm += d;
       }
@@ -312,7 +273,7 @@ __global__ void __launch_bounds__(kBlock)
       bool bad = l < 0 || (int64_t)l >= c;
       int64_t lc = l < 0 ? 0 : (int64_t)l >= c ? c - 1 : l;
       float lse = logf(s);
-      float logp = (ld(row[lc]) - m) - lse;
+      float logp = (to_f(row[lc]) - m) - lse;
       float loss = -(1.f - ls) * logp - ls / (float)c * (sxm - (float)c * lse);
       row_loss[r] = bad ? NAN : loss;
     }
@@ -320,22 +281,23 @@ __global__ void __launch_bounds__(kBlock)
 }
 
 // loss[0] = mean of row_loss[0..n), one block, fixed order.
-__global__ void __launch_bounds__(kBlock) loss_mean_kernel(const float *__restrict__ row_loss, float *loss, int64_t n) {
-  __shared__ float sm[kBlock / 32];
+__global__ void __launch_bounds__(kThreads)
+    loss_mean_kernel(const float *__restrict__ row_loss, float *loss, int64_t n) {
+  __shared__ float sm[kThreads / 32];
   float s = 0.f;
-  for (int64_t r = threadIdx.x; r < n; r += kBlock) s += row_loss[r];
-  s = group_reduce<kBlock, false>(s, sm);
+  for (int64_t r = threadIdx.x; r < n; r += kThreads) s += row_loss[r];
+  s = group_reduce<kThreads, false>(s, sm);
   if (threadIdx.x == 0) loss[0] = s / (float)n;
 }
 
 // dlogits = dloss / N * (softmax(x) - target), target = (1 - ls) onehot(label) + ls / C. A row
 // whose label is outside [0, C) gets NaN (its forward loss was NaN already).
 template <typename T, int TPR>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kThreads)
     softmax_ce_bwd_kernel(const T *__restrict__ x, const int32_t *__restrict__ lab, const float *__restrict__ dloss,
                           T *__restrict__ dx, int64_t n, int64_t c, float ls, float beta) {
-  constexpr int RPB = kBlock / TPR;
-  __shared__ float sm[kBlock / 32];
+  constexpr int RPB = kThreads / TPR;
+  __shared__ float sm[kThreads / 32];
   const int lane = threadIdx.x % TPR, sub = threadIdx.x / TPR;
   const float g = dloss[0] / (float)n;
   for (int64_t r0 = (int64_t)blockIdx.x * RPB; r0 < n; r0 += (int64_t)gridDim.x * RPB) {
@@ -344,11 +306,11 @@ __global__ void __launch_bounds__(kBlock)
     const T *row = x + (live ? r : 0) * c;
     float m = -INFINITY;
     if (live)
-      for (int64_t j = lane; j < c; j += TPR) m = fmaxf(m, ld(row[j]));
+      for (int64_t j = lane; j < c; j += TPR) m = fmaxf(m, to_f(row[j]));
     m = group_reduce<TPR, true>(m, sm);
     float s = 0.f;
     if (live)
-      for (int64_t j = lane; j < c; j += TPR) s += expf(ld(row[j]) - m);
+      for (int64_t j = lane; j < c; j += TPR) s += expf(to_f(row[j]) - m);
     s = group_reduce<TPR, false>(s, sm);
     if (!live) continue;
     const int32_t l = lab[r];
@@ -357,8 +319,8 @@ __global__ void __launch_bounds__(kBlock)
     T *drow = dx + r * c;
     for (int64_t j = lane; j < c; j += TPR) {
       float target = base + (j == (int64_t)l ? 1.f - ls : 0.f);
-      float v = bad ? NAN : g * (expf(ld(row[j]) - m) * inv_s - target);
-      store_acc(drow + j, v, beta);
+      float v = bad ? NAN : g * (expf(to_f(row[j]) - m) * inv_s - target);
+      acc(drow + j, beta, v);
     }
   }
 }
@@ -373,7 +335,7 @@ struct norm_params {
 // y = (x / 255 - mean[c]) / std[c] from u8 HWC memory into y in NCHW or NHWC order, one thread per
 // output element (coalesced writes), the CPU's float formula.
 template <typename T>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kThreads)
     normalize_kernel(const uint8_t *__restrict__ x, T *__restrict__ y, int64_t total, int64_t c, int64_t hw, int nhwc,
                      norm_params prm) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -388,40 +350,13 @@ __global__ void __launch_bounds__(kBlock)
       src = (nn * hw + p) * c + k;
     }
     float mean = prm.mean[prm.n_mean == 1 ? 0 : k], sd = prm.std[prm.n_std == 1 ? 0 : k];
-    y[i] = st<T>(((float)x[src] / 255.0f - mean) / sd);
+    y[i] = from_f<T>(((float)x[src] / 255.0f - mean) / sd);
   }
 }
 
 // ================================================================ checks
 
-struct shape_text {
-  char s[96];
-};
-
-shape_text shp(const stoke_shape *s) {
-  shape_text t;
-  size_t n = (size_t)snprintf(t.s, sizeof t.s, "[");
-  for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
-    n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
-  if (n < sizeof t.s) snprintf(t.s + n, sizeof t.s - n, "]");
-  return t;
-}
-
-bool same_shape(const stoke_shape *x, const stoke_shape *y) {
-  if (x->ndim != y->ndim) return false;
-  for (int i = 0; i < x->ndim; i++)
-    if (x->d[i] != y->d[i]) return false;
-  return true;
-}
-
 const char *layout_name(stoke_layout l) { return l == STOKE_NHWC ? "NHWC" : l == STOKE_NCHW ? "NCHW" : "any"; }
-
-// The memory order of every 4-D tensor of a call follows x's, as on the CPU.
-bool is_nhwc(const stoke_tensor *x) { return x->shape.ndim == 4 && x->layout == STOKE_NHWC; }
-
-float grad_beta(const stoke_kernel_args_v1 *a, int i) {
-  return (a->param_grads >> i) & 1u ? a->param_grad_beta : 0.f;
-}
 
 stoke_err *check_counts(const stoke_kernel_args_v1 *a, const char *op, int bwd, int n_in, int n_out) {
   if (a->n_in < n_in || a->n_out < n_out || !a->in || !a->out)
@@ -430,31 +365,6 @@ stoke_err *check_counts(const stoke_kernel_args_v1 *a, const char *op, int bwd, 
   if (bwd && (!a->din || !a->dout))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': backward called without gradient tensors", op, nname(a));
   return NULL;
-}
-
-stoke_err *check_dtype(const stoke_kernel_args_v1 *a, const char *op, const char *what, const stoke_tensor *t,
-                       stoke_dtype want) {
-  if (t->dtype != want)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s, the cuda kernel expects %s", op, nname(a), what,
-                      shp(&t->shape).s, stoke_dtype_name(t->dtype), stoke_dtype_name(want));
-  return NULL;
-}
-
-stoke_err *check_data(const stoke_kernel_args_v1 *a, const char *op, const char *what, const stoke_tensor *t,
-                      int run) {
-  if (run && !t->data)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s has no data", op, nname(a), what, shp(&t->shape).s);
-  return NULL;
-}
-
-// A requested gradient (data != NULL) has the shape and dtype of its value.
-stoke_err *check_grad(const stoke_kernel_args_v1 *a, const char *op, const char *what, const stoke_tensor *g,
-                      const stoke_tensor *of) {
-  if (!g->data) return NULL;
-  if (!same_shape(&g->shape, &of->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': gradient of %s is %s, the value is %s", op, nname(a), what,
-                      shp(&g->shape).s, shp(&of->shape).s);
-  return check_dtype(a, op, what, g, of->dtype);
 }
 
 // A 4-D tensor `t` that states a layout must state x's (ANY follows x).
@@ -467,12 +377,6 @@ stoke_err *check_layout(const stoke_kernel_args_v1 *a, const char *op, const cha
                       layout_name(t->layout), shp(&x->shape).s, layout_name(x->layout));
   return NULL;
 }
-
-#define CHECK(...)                      \
-  do {                                  \
-    stoke_err *check_e_ = (__VA_ARGS__); \
-    if (check_e_) return check_e_;      \
-  } while (0)
 
 // x -> y of x's shape, both dtype dt (relu, dropout, and the x/y part of bias_add, flatten, gap
 // with `same` false). Backward: dx (if wanted) like x, dy like y and present.
@@ -832,11 +736,13 @@ template <typename T> stoke_err *softmax_ce_fwd(const stoke_kernel_args_v1 *a, v
   const int32_t *lab = static_cast<const int32_t *>(a->in[1].data);
   float ls = softmax_ce_smoothing(a);
   if (c <= kWarpRowMax)
-    softmax_ce_fwd_kernel<T, 32><<<grid_for(n, kBlock / 32), kBlock, 0, stream_of(a)>>>(x, lab, row_loss, n, c, ls);
+    softmax_ce_fwd_kernel<T, 32>
+        <<<grid_for(n, kThreads / 32, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, row_loss, n, c, ls);
   else
-    softmax_ce_fwd_kernel<T, kBlock><<<grid_for(n, 1), kBlock, 0, stream_of(a)>>>(x, lab, row_loss, n, c, ls);
+    softmax_ce_fwd_kernel<T, kThreads>
+        <<<grid_for(n, 1, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, row_loss, n, c, ls);
   STOKE_CUDA_LAUNCH(nname(a));
-  loss_mean_kernel<<<1, kBlock, 0, stream_of(a)>>>(row_loss, static_cast<float *>(a->out[0].data), n);
+  loss_mean_kernel<<<1, kThreads, 0, stream_of(a)>>>(row_loss, static_cast<float *>(a->out[0].data), n);
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
 }
@@ -851,10 +757,11 @@ template <typename T> stoke_err *softmax_ce_bwd(const stoke_kernel_args_v1 *a, v
   const float *dloss = static_cast<const float *>(a->dout[0].data);
   float ls = softmax_ce_smoothing(a), beta = grad_beta(a, 0);
   if (c <= kWarpRowMax)
-    softmax_ce_bwd_kernel<T, 32><<<grid_for(n, kBlock / 32), kBlock, 0, stream_of(a)>>>(x, lab, dloss, dx, n, c, ls,
-                                                                                        beta);
+    softmax_ce_bwd_kernel<T, 32>
+        <<<grid_for(n, kThreads / 32, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, dloss, dx, n, c, ls, beta);
   else
-    softmax_ce_bwd_kernel<T, kBlock><<<grid_for(n, 1), kBlock, 0, stream_of(a)>>>(x, lab, dloss, dx, n, c, ls, beta);
+    softmax_ce_bwd_kernel<T, kThreads>
+        <<<grid_for(n, 1, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, dloss, dx, n, c, ls, beta);
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
 }
@@ -917,7 +824,7 @@ template <typename T> stoke_err *normalize_launch(const stoke_kernel_args_v1 *a,
   const int64_t *d = a->in[0].shape.d;
   int64_t total = stoke_numel(&a->in[0].shape);
   if (total <= 0) return NULL;
-  normalize_kernel<T><<<grid_for(total, kBlock), kBlock, 0, stream_of(a)>>>(
+  normalize_kernel<T><<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, stream_of(a)>>>(
       static_cast<const uint8_t *>(a->in[0].data), dp<T>(a->out[0]), total, d[1], d[2] * d[3], nhwc, prm);
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
@@ -942,8 +849,6 @@ stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *) {
 }
 
 // ================================================================ the table
-
-void destroy_none(void *) {}
 
 #define KERNEL(op, pass, fn, T) \
   {"cuda", op, pass, dtype_of<T>::value, STOKE_LAYOUT_ANY, fn##_plan<T>, fn<T>, destroy_none}

@@ -14,94 +14,15 @@
 #include <stdio.h>
 
 #include "backends/cuda/stoke_cuda.h"
+#include "backends/cuda/types.cuh"
 #include "stoke/ops.h"
 
 namespace {
 
-// ------------------------------------------------------------ element types
-
-template <typename T> struct dtype_of;
-template <> struct dtype_of<float> { static constexpr stoke_dtype value = STOKE_F32; };
-template <> struct dtype_of<__nv_bfloat16> { static constexpr stoke_dtype value = STOKE_BF16; };
-template <> struct dtype_of<__half> { static constexpr stoke_dtype value = STOKE_F16; };
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-
-template <typename T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
-
-// d = beta * d + v; d is not read when beta is 0 (it may hold NaN).
-template <typename T> __device__ __forceinline__ void acc(T *d, float beta, float v) {
-  *d = from_f<T>(beta != 0.0f ? beta * to_f(*d) + v : v);
-}
-
-constexpr int kThreads = 256;
-
-// Blocks for a grid-stride loop over n elements.
-unsigned grid_for(int64_t n) {
-  int64_t b = (n + kThreads - 1) / kThreads;
-  if (b > 65535 * 8) b = 65535 * 8;
-  return (unsigned)(b < 1 ? 1 : b);
-}
+// The most blocks of a grid-stride loop here (grid_for).
+constexpr int64_t kMaxGrid = 65535 * 8;
 
 // -------------------------------------------------------- argument checks
-
-const char *nname(const stoke_kernel_args_v1 *a) {
-  return a->node && a->node->name ? a->node->name : "?";
-}
-
-struct shape_text {
-  char s[96];
-};
-
-shape_text shp(const stoke_shape *s) {
-  shape_text t;
-  size_t n = (size_t)snprintf(t.s, sizeof t.s, "[");
-  for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
-    n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
-  if (n < sizeof t.s) snprintf(t.s + n, sizeof t.s - n, "]");
-  return t;
-}
-
-bool same_shape(const stoke_shape *x, const stoke_shape *y) {
-  if (x->ndim != y->ndim) return false;
-  for (int i = 0; i < x->ndim; i++)
-    if (x->d[i] != y->d[i]) return false;
-  return true;
-}
-
-stoke_err *check_dtype(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                       const stoke_tensor *t, stoke_dtype want) {
-  if (t->dtype != want)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s, the cuda kernel expects %s", op,
-                      nname(a), what, shp(&t->shape).s, stoke_dtype_name(t->dtype),
-                      stoke_dtype_name(want));
-  return NULL;
-}
-
-stoke_err *check_data(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                      const stoke_tensor *t, bool run) {
-  if (run && !t->data)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s has no data", op, nname(a), what,
-                      shp(&t->shape).s);
-  return NULL;
-}
-
-// A requested gradient (data != NULL) has the shape and dtype of its value.
-stoke_err *check_grad(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                      const stoke_tensor *g, const stoke_tensor *of) {
-  if (!g->data) return NULL;
-  if (!same_shape(&g->shape, &of->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': gradient of %s is %s, the value is %s", op,
-                      nname(a), what, shp(&g->shape).s, shp(&of->shape).s);
-  return check_dtype(a, op, what, g, of->dtype);
-}
 
 stoke_err *check_layout(const stoke_kernel_args_v1 *a, const char *op, const char *what,
                         const stoke_tensor *t) {
@@ -110,19 +31,6 @@ stoke_err *check_layout(const stoke_kernel_args_v1 *a, const char *op, const cha
                       what, (int)t->layout);
   return NULL;
 }
-
-// Channels-last memory: a 4-D tensor labelled NHWC.
-bool is_nhwc(const stoke_tensor *t) { return t->shape.ndim == 4 && t->layout == STOKE_NHWC; }
-
-float grad_beta(const stoke_kernel_args_v1 *a, int i) {
-  return (a->param_grads >> i) & 1u ? a->param_grad_beta : 0.0f;
-}
-
-#define NCHECK(expr)               \
-  do {                             \
-    stoke_err *check_e_ = (expr);  \
-    if (check_e_) return check_e_; \
-  } while (0)
 
 // ================================================================ batch_norm
 
@@ -203,41 +111,41 @@ stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool bwd, boo
       return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, nname(a),
                         out_names[i], shp(&a->out[i].shape).s, shp(xs).s, (long long)g->c);
   for (int i = 0; i < 5; i++)
-    NCHECK(check_dtype(a, op, in_names[i], &a->in[i], i < 3 ? dt : STOKE_F32));
+    CHECK(check_dtype(a, op, in_names[i], &a->in[i], i < 3 ? dt : STOKE_F32));
   for (int i = 0; i < 3; i++)
-    NCHECK(check_dtype(a, op, out_names[i], &a->out[i], i < 1 ? dt : STOKE_F32));
-  NCHECK(check_layout(a, op, "x", x));
-  NCHECK(check_layout(a, op, "y", y));
+    CHECK(check_dtype(a, op, out_names[i], &a->out[i], i < 1 ? dt : STOKE_F32));
+  CHECK(check_layout(a, op, "x", x));
+  CHECK(check_layout(a, op, "y", y));
   if (is_nhwc(y) != is_nhwc(x))
     return STOKE_PERR(STOKE_E_UNSUPPORTED,
                       "%s '%s': x is %s but y is %s; the cuda kernel needs one memory order", op,
                       nname(a), is_nhwc(x) ? "NHWC" : "NCHW", is_nhwc(y) ? "NHWC" : "NCHW");
   if (!bwd) {
-    for (int i = 0; i < 5; i++) NCHECK(check_data(a, op, in_names[i], &a->in[i], run));
-    for (int i = 0; i < 3; i++) NCHECK(check_data(a, op, out_names[i], &a->out[i], run));
+    for (int i = 0; i < 5; i++) CHECK(check_data(a, op, in_names[i], &a->in[i], run));
+    for (int i = 0; i < 3; i++) CHECK(check_data(a, op, out_names[i], &a->out[i], run));
     // PyTorch: "Expected more than 1 value per channel when training"
     if (run && a->training && g->m < 2)
       return STOKE_PERR(STOKE_E_INVALID,
                         "%s '%s': training needs more than 1 value per channel, x is %s", op,
                         nname(a), shp(xs).s);
   } else {
-    for (int i = 0; i < 3; i++) NCHECK(check_grad(a, op, in_names[i], &a->din[i], &a->in[i]));
-    NCHECK(check_grad(a, op, "y", &a->dout[0], y));
-    NCHECK(check_layout(a, op, "dx", &a->din[0]));
-    NCHECK(check_layout(a, op, "dy", &a->dout[0]));
+    for (int i = 0; i < 3; i++) CHECK(check_grad(a, op, in_names[i], &a->din[i], &a->in[i]));
+    CHECK(check_grad(a, op, "y", &a->dout[0], y));
+    CHECK(check_layout(a, op, "dx", &a->din[0]));
+    CHECK(check_layout(a, op, "dy", &a->dout[0]));
     if ((a->din[0].data && is_nhwc(&a->din[0]) != is_nhwc(x)) ||
         (a->dout[0].data && is_nhwc(&a->dout[0]) != is_nhwc(x)))
       return STOKE_PERR(STOKE_E_UNSUPPORTED,
                         "%s '%s': x, dx and dy must share one memory order for the cuda kernel",
                         op, nname(a));
     bool dx = a->din[0].data != NULL, dw = a->din[1].data != NULL, db = a->din[2].data != NULL;
-    if (dx || dw || db) NCHECK(check_data(a, op, "dy", &a->dout[0], run));
+    if (dx || dw || db) CHECK(check_data(a, op, "dy", &a->dout[0], run));
     if (dx || dw) {
-      NCHECK(check_data(a, op, "x (the forward input)", x, run));
-      NCHECK(check_data(a, op, "saved_mean", &a->out[1], run));
-      NCHECK(check_data(a, op, "saved_invstd", &a->out[2], run));
+      CHECK(check_data(a, op, "x (the forward input)", x, run));
+      CHECK(check_data(a, op, "saved_mean", &a->out[1], run));
+      CHECK(check_data(a, op, "saved_invstd", &a->out[2], run));
     }
-    if (dx) NCHECK(check_data(a, op, "weight", &a->in[1], run));
+    if (dx) CHECK(check_data(a, op, "weight", &a->in[1], run));
   }
   if (run && (bwd || a->training) && a->workspace_bytes < bn_workspace(g))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': workspace of %zu bytes, the kernel needs %zu",
@@ -469,7 +377,7 @@ stoke_err *bn_fwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) 
   bn_geom g;
   if (state) *state = NULL;
   if (ws) *ws = 0;
-  NCHECK(bn_check(a, dtype_of<T>::value, false, false, &g));
+  CHECK(bn_check(a, dtype_of<T>::value, false, false, &g));
   if (ws) *ws = bn_workspace(&g);
   return NULL;
 }
@@ -479,7 +387,7 @@ stoke_err *bn_bwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) 
   bn_geom g;
   if (state) *state = NULL;
   if (ws) *ws = 0;
-  NCHECK(bn_check(a, dtype_of<T>::value, true, false, &g));
+  CHECK(bn_check(a, dtype_of<T>::value, true, false, &g));
   if (ws) *ws = bn_workspace(&g);
   return NULL;
 }
@@ -487,7 +395,7 @@ stoke_err *bn_bwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) 
 template <typename T>
 stoke_err *bn_fwd(const stoke_kernel_args_v1 *a, void *) {
   bn_geom g;
-  NCHECK(bn_check(a, dtype_of<T>::value, false, true, &g));
+  CHECK(bn_check(a, dtype_of<T>::value, false, true, &g));
   cudaStream_t st = (cudaStream_t)a->stream;
   const T *x = (const T *)a->in[0].data;
   float *rm = (float *)a->in[3].data, *rv = (float *)a->in[4].data;
@@ -508,7 +416,7 @@ stoke_err *bn_fwd(const stoke_kernel_args_v1 *a, void *) {
   STOKE_CUDA_LAUNCH(nname(a));
   int64_t total = g.m * g.c;
   if (total > 0) {
-    bn_apply<T><<<grid_for(total), kThreads, 0, st>>>(
+    bn_apply<T><<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(
         x, (T *)a->out[0].data, (const T *)a->in[1].data, (const T *)a->in[2].data, sm, si, total,
         g.c, g.s, g.cl ? 1 : 0);
     STOKE_CUDA_LAUNCH(nname(a));
@@ -519,7 +427,7 @@ stoke_err *bn_fwd(const stoke_kernel_args_v1 *a, void *) {
 template <typename T>
 stoke_err *bn_bwd(const stoke_kernel_args_v1 *a, void *) {
   bn_geom g;
-  NCHECK(bn_check(a, dtype_of<T>::value, true, true, &g));
+  CHECK(bn_check(a, dtype_of<T>::value, true, true, &g));
   T *dx = (T *)a->din[0].data, *dw = (T *)a->din[1].data, *db = (T *)a->din[2].data;
   if ((!dx && !dw && !db) || g.c == 0) return NULL;
   cudaStream_t st = (cudaStream_t)a->stream;
@@ -545,9 +453,9 @@ stoke_err *bn_bwd(const stoke_kernel_args_v1 *a, void *) {
   STOKE_CUDA_LAUNCH(nname(a));
   int64_t total = g.m * g.c;
   if (dx && total > 0) {
-    bn_dx<T><<<grid_for(total), kThreads, 0, st>>>(x, dy, dx, (const T *)a->in[1].data, sm, si,
-                                                    mid, grad_beta(a, 0), total, g.c, g.s,
-                                                    g.cl ? 1 : 0);
+    bn_dx<T><<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(
+        x, dy, dx, (const T *)a->in[1].data, sm, si, mid, grad_beta(a, 0), total, g.c, g.s,
+        g.cl ? 1 : 0);
     STOKE_CUDA_LAUNCH(nname(a));
   }
   return NULL;
@@ -601,9 +509,9 @@ stoke_err *pool_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': backward called without gradient tensors", op,
                       nname(a));
   pool_geom g;
-  NCHECK(pool_pair(a, op, STOKE_POOL_KERNEL, "kernel", g.k));
-  NCHECK(pool_pair(a, op, STOKE_POOL_STRIDE, "stride", g.s));
-  NCHECK(pool_pair(a, op, STOKE_POOL_PADDING, "padding", g.p));
+  CHECK(pool_pair(a, op, STOKE_POOL_KERNEL, "kernel", g.k));
+  CHECK(pool_pair(a, op, STOKE_POOL_STRIDE, "stride", g.s));
+  CHECK(pool_pair(a, op, STOKE_POOL_PADDING, "padding", g.p));
   for (int d = 0; d < 2; d++) {
     if (g.s[d] == 0) g.s[d] = g.k[d];
     if (g.k[d] < 1 || g.s[d] < 1 || g.p[d] < 0 || g.p[d] > g.k[d] / 2)
@@ -634,23 +542,23 @@ stoke_err *pool_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x %s gives y [%lld, %lld, %lld, %lld], got y %s",
                       op, nname(a), shp(xs).s, (long long)xs->d[0], (long long)xs->d[1],
                       (long long)o[0], (long long)o[1], shp(ys).s);
-  NCHECK(check_dtype(a, op, "x", x, dt));
-  NCHECK(check_dtype(a, op, "y", y, dt));
-  NCHECK(check_layout(a, op, "x", x));
-  NCHECK(check_layout(a, op, "y", y));
+  CHECK(check_dtype(a, op, "x", x, dt));
+  CHECK(check_dtype(a, op, "y", y, dt));
+  CHECK(check_layout(a, op, "x", x));
+  CHECK(check_layout(a, op, "y", y));
   *pd = pool_desc{xs->d[0], xs->d[1], xs->d[2], xs->d[3], o[0], o[1],
                   g.k[0],   g.k[1],   g.s[0],   g.s[1],   g.p[0], g.p[1],
                   pool_strides(x), pool_strides(y), pool_strides(x)};
   if (!bwd) {
-    NCHECK(check_data(a, op, "x", x, run));
+    CHECK(check_data(a, op, "x", x, run));
     return check_data(a, op, "y", y, run);
   }
-  NCHECK(check_grad(a, op, "x", &a->din[0], x));
-  NCHECK(check_grad(a, op, "y", &a->dout[0], y));
-  NCHECK(check_layout(a, op, "dx", &a->din[0]));
-  NCHECK(check_layout(a, op, "dy", &a->dout[0]));
-  NCHECK(check_data(a, op, "dy", &a->dout[0], run));
-  if (max && a->din[0].data) NCHECK(check_data(a, op, "x (the forward input)", x, run));
+  CHECK(check_grad(a, op, "x", &a->din[0], x));
+  CHECK(check_grad(a, op, "y", &a->dout[0], y));
+  CHECK(check_layout(a, op, "dx", &a->din[0]));
+  CHECK(check_layout(a, op, "dy", &a->dout[0]));
+  CHECK(check_data(a, op, "dy", &a->dout[0], run));
+  if (max && a->din[0].data) CHECK(check_data(a, op, "x (the forward input)", x, run));
   pd->sy = pool_strides(&a->dout[0]);
   pd->sdx = pool_strides(&a->din[0]);
   return NULL;
@@ -860,7 +768,7 @@ stoke_err *pool_bwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws
   pool_desc d;
   if (state) *state = NULL;
   if (ws) *ws = 0;
-  NCHECK(pool_check(a, MAX ? STOKE_OP_MAX_POOL2D : STOKE_OP_AVG_POOL2D, dtype_of<T>::value, true,
+  CHECK(pool_check(a, MAX ? STOKE_OP_MAX_POOL2D : STOKE_OP_AVG_POOL2D, dtype_of<T>::value, true,
                     false, MAX, &d));
   /* max pool: one int8 window index per output, for the two-pass backward */
   if (MAX && ws && d.kh * d.kw <= 127) *ws = (size_t)stoke_numel(&a->dout[0].shape);
@@ -870,7 +778,7 @@ stoke_err *pool_bwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws
 template <bool MAX, typename T>
 stoke_err *pool_fwd(const stoke_kernel_args_v1 *a, void *) {
   pool_desc d;
-  NCHECK(pool_check(a, MAX ? STOKE_OP_MAX_POOL2D : STOKE_OP_AVG_POOL2D, dtype_of<T>::value, false,
+  CHECK(pool_check(a, MAX ? STOKE_OP_MAX_POOL2D : STOKE_OP_AVG_POOL2D, dtype_of<T>::value, false,
                     true, MAX, &d));
   int64_t total = stoke_numel(&a->out[0].shape);
   if (total == 0) return NULL;
@@ -879,9 +787,11 @@ stoke_err *pool_fwd(const stoke_kernel_args_v1 *a, void *) {
   T *y = (T *)a->out[0].data;
   int nhwc = a->out[0].layout == STOKE_NHWC;
   if (MAX)
-    max_pool_fwd_k<T><<<grid_for(total), kThreads, 0, st>>>(x, y, d, nhwc, total);
+    max_pool_fwd_k<T>
+        <<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(x, y, d, nhwc, total);
   else
-    avg_pool_fwd_k<T><<<grid_for(total), kThreads, 0, st>>>(x, y, d, nhwc, total);
+    avg_pool_fwd_k<T>
+        <<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(x, y, d, nhwc, total);
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
 }
@@ -889,7 +799,7 @@ stoke_err *pool_fwd(const stoke_kernel_args_v1 *a, void *) {
 template <bool MAX, typename T>
 stoke_err *pool_bwd(const stoke_kernel_args_v1 *a, void *) {
   pool_desc d;
-  NCHECK(pool_check(a, MAX ? STOKE_OP_MAX_POOL2D : STOKE_OP_AVG_POOL2D, dtype_of<T>::value, true,
+  CHECK(pool_check(a, MAX ? STOKE_OP_MAX_POOL2D : STOKE_OP_AVG_POOL2D, dtype_of<T>::value, true,
                     true, MAX, &d));
   T *dx = (T *)a->din[0].data;
   int64_t total = stoke_numel(&a->din[0].shape);
@@ -903,25 +813,25 @@ stoke_err *pool_bwd(const stoke_kernel_args_v1 *a, void *) {
     int8_t *arg = (int8_t *)a->workspace;
     int y_nhwc = a->dout[0].layout == STOKE_NHWC;
     if (total < INT32_MAX && n_out < INT32_MAX) {
-      max_pool_arg_k<T, int32_t><<<grid_for(n_out), kThreads, 0, st>>>((const T *)a->in[0].data, arg, d,
-                                                                        y_nhwc, (int32_t)n_out);
-      max_pool_bwd_arg_k<T, int32_t><<<grid_for(total), kThreads, 0, st>>>(arg, dy, dx, d, nhwc, beta,
-                                                                            (int32_t)total);
+      max_pool_arg_k<T, int32_t><<<grid_for(n_out, kThreads, kMaxGrid), kThreads, 0, st>>>(
+          (const T *)a->in[0].data, arg, d, y_nhwc, (int32_t)n_out);
+      max_pool_bwd_arg_k<T, int32_t><<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(
+          arg, dy, dx, d, nhwc, beta, (int32_t)total);
     } else {
-      max_pool_arg_k<T, int64_t><<<grid_for(n_out), kThreads, 0, st>>>((const T *)a->in[0].data, arg, d,
-                                                                        y_nhwc, n_out);
-      max_pool_bwd_arg_k<T, int64_t><<<grid_for(total), kThreads, 0, st>>>(arg, dy, dx, d, nhwc, beta, total);
+      max_pool_arg_k<T, int64_t><<<grid_for(n_out, kThreads, kMaxGrid), kThreads, 0, st>>>(
+          (const T *)a->in[0].data, arg, d, y_nhwc, n_out);
+      max_pool_bwd_arg_k<T, int64_t><<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(
+          arg, dy, dx, d, nhwc, beta, total);
     }
   } else if (MAX)
-    max_pool_bwd_k<T><<<grid_for(total), kThreads, 0, st>>>((const T *)a->in[0].data, dy, dx, d,
-                                                            nhwc, beta, total);
+    max_pool_bwd_k<T><<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(
+        (const T *)a->in[0].data, dy, dx, d, nhwc, beta, total);
   else
-    avg_pool_bwd_k<T><<<grid_for(total), kThreads, 0, st>>>(dy, dx, d, nhwc, beta, total);
+    avg_pool_bwd_k<T>
+        <<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(dy, dx, d, nhwc, beta, total);
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
 }
-
-void destroy_none(void *) {}
 
 // ============================================================= registration
 
@@ -948,10 +858,5 @@ const stoke_kernel_v1 norm_kernels[] = {
 }  // namespace
 
 extern "C" stoke_err *stoke_cuda_register_norm(const stoke_registry_v1 *r) {
-  for (size_t i = 0; i < sizeof norm_kernels / sizeof *norm_kernels; i++) {
-    const stoke_kernel_v1 *k = &norm_kernels[i];
-    STOKE_PTRY(r->add_kernel(r->self, k), "registering cuda kernel %s (%s)", k->op,
-               stoke_dtype_name(k->dtype));
-  }
-  return NULL;
+  return add_kernels(r, norm_kernels, sizeof norm_kernels / sizeof *norm_kernels);
 }

@@ -17,35 +17,13 @@
 #include <stdio.h>
 
 #include "backends/cuda/stoke_cuda.h"
+#include "backends/cuda/types.cuh"
 #include "stoke/ops.h"
 
 namespace {
 
-// ------------------------------------------------------------ element types
-
-template <typename T> struct dtype_of;
-template <> struct dtype_of<float> { static constexpr stoke_dtype value = STOKE_F32; };
-template <> struct dtype_of<__nv_bfloat16> { static constexpr stoke_dtype value = STOKE_BF16; };
-template <> struct dtype_of<__half> { static constexpr stoke_dtype value = STOKE_F16; };
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-
-template <typename T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
-
-// V elements of T loaded and stored as one access.
-template <typename T, int V> struct alignas(sizeof(T) * V) vec {
-  T v[V];
-};
-
-constexpr int kThreads = 256;
-constexpr int kVec = 4;
+constexpr int kVec = 4;                  // elements per vector access
+constexpr int64_t kMaxGrid = 65535 * 8;  // the most blocks of a grid-stride loop here
 
 // ------------------------------------------------------------ arguments
 
@@ -56,39 +34,10 @@ struct hyper {
   int nesterov;
 };
 
-const char *nname(const stoke_kernel_args_v1 *a) {
-  return a->node && a->node->name ? a->node->name : "?";
-}
-
-struct shape_text {
-  char s[96];
-};
-
-shape_text shp(const stoke_shape *s) {
-  shape_text t;
-  size_t n = (size_t)snprintf(t.s, sizeof t.s, "[");
-  for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
-    n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
-  if (n < sizeof t.s) snprintf(t.s + n, sizeof t.s - n, "]");
-  return t;
-}
-
-#define OCHECK(expr)               \
-  do {                             \
-    stoke_err *check_e_ = (expr);  \
-    if (check_e_) return check_e_; \
-  } while (0)
-
 stoke_err *check_tensor(const stoke_kernel_args_v1 *a, const char *op, const char *what,
                         const stoke_tensor *t, stoke_dtype want, bool run) {
-  if (t->dtype != want)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s, the cuda kernel expects %s", op,
-                      nname(a), what, shp(&t->shape).s, stoke_dtype_name(t->dtype),
-                      stoke_dtype_name(want));
-  if (run && !t->data)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s has no data", op, nname(a), what,
-                      shp(&t->shape).s);
-  return NULL;
+  CHECK(check_dtype(a, op, what, t, want));
+  return check_data(a, op, what, t, run);
 }
 
 // in[0] params (dtype dt), in[1] grads (dt), in[2] state: f32 holding the
@@ -109,8 +58,8 @@ stoke_err *opt_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, const char *
   if (stoke_numel(&g->shape) != np)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': params %s and grads %s differ in size", op,
                       nname(a), shp(&p->shape).s, shp(&g->shape).s);
-  OCHECK(check_tensor(a, op, "params", p, dt, run));
-  OCHECK(check_tensor(a, op, "grads", g, dt, run));
+  CHECK(check_tensor(a, op, "params", p, dt, run));
+  CHECK(check_tensor(a, op, "grads", g, dt, run));
   if (need_state) {
     const stoke_tensor *s = &a->in[2];
     int64_t want = (per_param + (master ? 1 : 0)) * np, have = stoke_numel(&s->shape);
@@ -122,7 +71,7 @@ stoke_err *opt_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, const char *
                         "%s '%s': state %s should hold %s%lld x the %lld params", op, nname(a),
                         shp(&s->shape).s, per_param > 0 ? "" : "at least ",
                         (long long)(per_param + (master ? 1 : 0)), (long long)np);
-    OCHECK(check_tensor(a, op, master ? "state (f32 master, then optimizer state)" : "state", s,
+    CHECK(check_tensor(a, op, master ? "state (f32 master, then optimizer state)" : "state", s,
                         STOKE_F32, run));
   }
   if (run && !a->opt)
@@ -138,7 +87,7 @@ stoke_err *sgd_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool run) {
   // The state is the momentum buffer, needed only with momentum. In plan
   // the hyper-parameters may be absent: require the buffer only if there.
   bool mom = a->opt && a->opt->momentum != 0;
-  OCHECK(opt_check(a, dt, STOKE_OP_SGD, mom ? 1 : 0, run));
+  CHECK(opt_check(a, dt, STOKE_OP_SGD, mom ? 1 : 0, run));
   if (run && a->opt->nesterov && !(a->opt->momentum > 0))
     return STOKE_PERR(STOKE_E_INVALID, "sgd '%s': nesterov needs momentum > 0 (got %g)",
                       nname(a), a->opt->momentum);
@@ -146,7 +95,7 @@ stoke_err *sgd_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool run) {
 }
 
 stoke_err *adamw_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool run) {
-  OCHECK(opt_check(a, dt, STOKE_OP_ADAMW, 2, run));
+  CHECK(opt_check(a, dt, STOKE_OP_ADAMW, 2, run));
   if (!run) return NULL;
   const stoke_opt_args_v1 *o = a->opt;
   if (o->step < 1)
@@ -173,14 +122,6 @@ hyper hyper_of(const stoke_opt_args_v1 *o) {
   h.bc2_sqrt = sqrt(1 - pow(o->beta2, t));
   h.decay = 1 - o->lr * o->weight_decay;
   return h;
-}
-
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
-unsigned grid_for(int64_t n) {
-  int64_t b = (n + kThreads - 1) / kThreads;
-  if (b > 65535 * 8) b = 65535 * 8;
-  return (unsigned)(b < 1 ? 1 : b);
 }
 
 // -------------------------------------------------------------------- sgd
@@ -315,7 +256,7 @@ stoke_err *adamw_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
 template <typename T>
 stoke_err *sgd_run(const stoke_kernel_args_v1 *a, void *) {
   constexpr bool kMaster = dtype_of<T>::value != STOKE_F32;
-  OCHECK(sgd_check(a, dtype_of<T>::value, true));
+  CHECK(sgd_check(a, dtype_of<T>::value, true));
   int64_t n = stoke_numel(&a->in[0].shape);
   if (n == 0) return NULL;
   hyper h = hyper_of(a->opt);
@@ -328,10 +269,12 @@ stoke_err *sgd_run(const stoke_kernel_args_v1 *a, void *) {
                 (!buf || aligned16(buf));
   cudaStream_t st = (cudaStream_t)a->stream;
   if (vec_ok)
-    sgd_kernel<T, kMaster, kVec><<<grid_for((n + kVec - 1) / kVec), kThreads, 0, st>>>(
-        w, grad, master, buf, n, h, a->opt->amp);
+    sgd_kernel<T, kMaster, kVec>
+        <<<grid_for((n + kVec - 1) / kVec, kThreads, kMaxGrid), kThreads, 0, st>>>(
+            w, grad, master, buf, n, h, a->opt->amp);
   else
-    sgd_kernel<T, kMaster, 1><<<grid_for(n), kThreads, 0, st>>>(w, grad, master, buf, n, h, a->opt->amp);
+    sgd_kernel<T, kMaster, 1><<<grid_for(n, kThreads, kMaxGrid), kThreads, 0, st>>>(
+        w, grad, master, buf, n, h, a->opt->amp);
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
 }
@@ -339,7 +282,7 @@ stoke_err *sgd_run(const stoke_kernel_args_v1 *a, void *) {
 template <typename T>
 stoke_err *adamw_run(const stoke_kernel_args_v1 *a, void *) {
   constexpr bool kMaster = dtype_of<T>::value != STOKE_F32;
-  OCHECK(adamw_check(a, dtype_of<T>::value, true));
+  CHECK(adamw_check(a, dtype_of<T>::value, true));
   int64_t n = stoke_numel(&a->in[0].shape);
   if (n == 0) return NULL;
   hyper h = hyper_of(a->opt);
@@ -352,15 +295,15 @@ stoke_err *adamw_run(const stoke_kernel_args_v1 *a, void *) {
                 aligned16(m) && aligned16(v);
   cudaStream_t st = (cudaStream_t)a->stream;
   if (vec_ok)
-    adamw_kernel<T, kMaster, kVec><<<grid_for((n + kVec - 1) / kVec), kThreads, 0, st>>>(
-        w, grad, master, m, v, n, h, a->opt->amp);
+    adamw_kernel<T, kMaster, kVec>
+        <<<grid_for((n + kVec - 1) / kVec, kThreads, kMaxGrid), kThreads, 0, st>>>(
+            w, grad, master, m, v, n, h, a->opt->amp);
   else
-    adamw_kernel<T, kMaster, 1><<<grid_for(n), kThreads, 0, st>>>(w, grad, master, m, v, n, h, a->opt->amp);
+    adamw_kernel<T, kMaster, 1><<<grid_for(n, kThreads, kMaxGrid), kThreads, 0, st>>>(
+        w, grad, master, m, v, n, h, a->opt->amp);
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
 }
-
-void destroy_none(void *) {}
 
 #define OPT_KERNELS(T, DT)                                                                   \
   {"cuda", STOKE_OP_SGD, STOKE_OPT, DT, STOKE_LAYOUT_ANY, sgd_plan<T>, sgd_run<T>,           \
@@ -377,10 +320,5 @@ const stoke_kernel_v1 optim_kernels[] = {
 }  // namespace
 
 extern "C" stoke_err *stoke_cuda_register_optim(const stoke_registry_v1 *r) {
-  for (size_t i = 0; i < sizeof optim_kernels / sizeof *optim_kernels; i++) {
-    const stoke_kernel_v1 *k = &optim_kernels[i];
-    STOKE_PTRY(r->add_kernel(r->self, k), "registering cuda kernel %s (%s)", k->op,
-               stoke_dtype_name(k->dtype));
-  }
-  return NULL;
+  return add_kernels(r, optim_kernels, sizeof optim_kernels / sizeof *optim_kernels);
 }

@@ -1,0 +1,142 @@
+// backends/cuda/types.cuh: the one copy of the helpers the CUDA kernel files share (.cu only):
+// element conversions, vectors, dtype traits, grid sizes, node/shape text, checks, registration.
+#ifndef STOKE_CUDA_TYPES_CUH
+#define STOKE_CUDA_TYPES_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "stoke/plugin.h"
+
+namespace {
+
+// ------------------------------------------------------------ element types
+
+template <typename T> struct dtype_of;
+template <> struct dtype_of<float> { static constexpr stoke_dtype value = STOKE_F32; };
+template <> struct dtype_of<__nv_bfloat16> { static constexpr stoke_dtype value = STOKE_BF16; };
+template <> struct dtype_of<__half> { static constexpr stoke_dtype value = STOKE_F16; };
+
+// An element as float, and a float rounded (to nearest even) to the element type.
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+
+// d = beta * d + v; d is not read when beta is 0 (it may hold NaN), as the CPU's ACC.
+template <typename T> __device__ __forceinline__ void acc(T *d, float beta, float v) {
+  *d = from_f<T>(beta != 0.0f ? beta * to_f(*d) + v : v);
+}
+
+// V elements of T loaded and stored as one access.
+template <typename T, int V> struct alignas(sizeof(T) * V) vec {
+  T v[V];
+};
+
+inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+// -------------------------------------------------------------- launch shapes
+
+constexpr int kThreads = 256;  // threads per block, unless a kernel says otherwise
+
+// Blocks of per_block threads for a grid-stride loop over `work` items: at least 1, at most
+// max_grid.
+inline unsigned grid_for(int64_t work, int per_block, int64_t max_grid) {
+  int64_t g = (work + per_block - 1) / per_block;
+  if (g > max_grid) g = max_grid;
+  return (unsigned)(g < 1 ? 1 : g);
+}
+
+// -------------------------------------------------------- argument checks
+
+inline const char *nname(const stoke_kernel_args_v1 *a) {
+  return a->node && a->node->name ? a->node->name : "?";
+}
+
+struct shape_text {
+  char s[96];
+};
+
+inline shape_text shp(const stoke_shape *s) {
+  shape_text t;
+  size_t n = (size_t)snprintf(t.s, sizeof t.s, "[");
+  for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
+    n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
+  if (n < sizeof t.s) snprintf(t.s + n, sizeof t.s - n, "]");
+  return t;
+}
+
+inline bool same_shape(const stoke_shape *x, const stoke_shape *y) {
+  if (x->ndim != y->ndim) return false;
+  for (int i = 0; i < x->ndim; i++)
+    if (x->d[i] != y->d[i]) return false;
+  return true;
+}
+
+// Channels-last memory: a 4-D tensor labelled NHWC.
+inline bool is_nhwc(const stoke_tensor *t) { return t->shape.ndim == 4 && t->layout == STOKE_NHWC; }
+
+inline float grad_beta(const stoke_kernel_args_v1 *a, int i) {
+  return (a->param_grads >> i) & 1u ? a->param_grad_beta : 0.0f;
+}
+
+inline stoke_err *check_dtype(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                              const stoke_tensor *t, stoke_dtype want) {
+  if (t->dtype != want)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s, the cuda kernel expects %s", op,
+                      nname(a), what, shp(&t->shape).s, stoke_dtype_name(t->dtype),
+                      stoke_dtype_name(want));
+  return NULL;
+}
+
+inline stoke_err *check_data(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                             const stoke_tensor *t, bool run) {
+  if (run && !t->data)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s has no data", op, nname(a), what,
+                      shp(&t->shape).s);
+  return NULL;
+}
+
+// A requested gradient (data != NULL) has the shape and dtype of its value.
+inline stoke_err *check_grad(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                             const stoke_tensor *g, const stoke_tensor *of) {
+  if (!g->data) return NULL;
+  if (!same_shape(&g->shape, &of->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': gradient of %s is %s, the value is %s", op,
+                      nname(a), what, shp(&g->shape).s, shp(&of->shape).s);
+  return check_dtype(a, op, what, g, of->dtype);
+}
+
+// The destroy of a kernel whose plan keeps no state.
+inline void destroy_none(void *) {}
+
+// Adds kernels[0, n) to the registry; a failure names the kernel's op and dtype.
+inline stoke_err *add_kernels(const stoke_registry_v1 *r, const stoke_kernel_v1 *kernels,
+                              size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const stoke_kernel_v1 *k = &kernels[i];
+    STOKE_PTRY(r->add_kernel(r->self, k), "registering cuda kernel %s (%s)", k->op,
+               stoke_dtype_name(k->dtype));
+  }
+  return NULL;
+}
+
+}  // namespace
+
+// Returns the error of a check, if any, from the calling function.
+#define CHECK(...)                       \
+  do {                                   \
+    stoke_err *check_e_ = (__VA_ARGS__); \
+    if (check_e_) return check_e_;       \
+  } while (0)
+
+#endif  // STOKE_CUDA_TYPES_CUH
