@@ -537,37 +537,21 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
   return NULL;
 }
 
-/* [section] batch_size: a positive integer, or "auto" (*batch = 0). */
-static stoke_err *batch_of(const stoke_cfg *c, const char *section, int64_t *batch) {
+/* A count key that may also say "auto" (*n = 0): batch_size, workers. */
+static stoke_err *count_or_auto(const stoke_cfg *c, const char *section, const char *key, int64_t max,
+                                const char *what, int64_t *n) {
   const char *v;
-  STOKE_PROPAGATE(stoke_cfg_str(c, section, "batch_size", &v));
-  if (!strcmp(v, "auto")) {
-    *batch = 0;
-    return NULL;
-  }
-  char *end;
-  long long b = strtoll(v, &end, 10);
-  if (end == v || *end || b < 1 || b > (1 << 24))
-    return STOKE_ERR(STOKE_E_INVALID, "%s: [%s] batch_size = '%s': a number of samples (1 to 16777216) or auto",
-                     stoke_cfg_where(c, section, "batch_size"), section, v);
-  *batch = b;
-  return NULL;
-}
-
-/* [section] workers: a count from 1 to 1024, or "auto" (*n = 0). */
-static stoke_err *workers_of(const stoke_cfg *c, const char *section, int64_t *n) {
-  const char *v;
-  STOKE_PROPAGATE(stoke_cfg_str(c, section, "workers", &v));
+  STOKE_PROPAGATE(stoke_cfg_str(c, section, key, &v));
   if (!strcmp(v, "auto")) {
     *n = 0;
     return NULL;
   }
   char *end;
-  long long w = strtoll(v, &end, 10);
-  if (end == v || *end || w < 1 || w > 1024)
-    return STOKE_ERR(STOKE_E_INVALID, "%s: [%s] workers = '%s': a thread count (1 to 1024) or auto",
-                     stoke_cfg_where(c, section, "workers"), section, v);
-  *n = w;
+  long long x = strtoll(v, &end, 10);
+  if (end == v || *end || x < 1 || x > max)
+    return STOKE_ERR(STOKE_E_INVALID, "%s: [%s] %s = '%s': a %s (1 to %lld) or auto",
+                     stoke_cfg_where(c, section, key), section, key, v, what, (long long)max);
+  *n = x;
   return NULL;
 }
 
@@ -668,9 +652,9 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
   int shuffle = 0, drop_last = 0;
   st->section = section;
   STOKE_PROPAGATE(stoke_cfg_str(s->cfg, section, "source", &src_name));
-  STOKE_PROPAGATE(batch_of(s->cfg, section, &st->batch));
+  STOKE_PROPAGATE(count_or_auto(s->cfg, section, "batch_size", 1 << 24, "number of samples", &st->batch));
   if (!st->batch && !training) st->batch = s->train.batch;
-  STOKE_PROPAGATE(workers_of(s->cfg, section, &workers));
+  STOKE_PROPAGATE(count_or_auto(s->cfg, section, "workers", 1024, "thread count", &workers));
   STOKE_PROPAGATE(stoke_cfg_int(s->cfg, section, "prefetch", &prefetch));
   if (training) {
     STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, section, "shuffle", &shuffle));
