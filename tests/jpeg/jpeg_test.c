@@ -26,6 +26,7 @@
 #include "stoke/core.h"
 #include "stoke/loader.h"
 #include "stoke/registry.h"
+#include "tests/common/expect.h"
 
 /* Runfiles-relative (Bazel runs tests from the runfiles root). */
 #define PLUGIN "sources/jpeg/libstoke_jpeg.so"
@@ -60,35 +61,6 @@ static void mkdirs(const char *path) {
   mkdir(p, 0755);
 }
 
-static void check_ok(stoke_err *e, const char *file, int line) {
-  if (e) {
-    print_error("%s:%d: unexpected error: %s\n", file, line, e->msg);
-    stoke_err_free(e);
-    _fail(file, line);
-  }
-}
-#define EXPECT_OK(expr) check_ok((expr), __FILE__, __LINE__)
-
-/* Checks code and substrings, then frees the error. */
-static void check_err(stoke_err *e, stoke_code code, const char *const *subs, const char *file, int line) {
-  if (!e) {
-    print_error("%s:%d: expected a '%s' error, got success\n", file, line, stoke_code_name(code));
-    _fail(file, line);
-  }
-  if (e->code != code) {
-    print_error("%s:%d: expected '%s', got '%s': %s\n", file, line, stoke_code_name(code), stoke_code_name(e->code),
-                e->msg);
-    _fail(file, line);
-  }
-  for (int i = 0; subs[i]; i++)
-    if (!strstr(e->msg, subs[i])) {
-      print_error("%s:%d: message lacks \"%s\":\n%s\n", file, line, subs[i], e->msg);
-      _fail(file, line);
-    }
-  stoke_err_free(e);
-}
-#define EXPECT_ERR(expr, code, ...) \
-  check_err((expr), (code), (const char *const[]){__VA_ARGS__, NULL}, __FILE__, __LINE__)
 
 /* The jpeg source opened through the core, as a run opens it. */
 typedef struct opened {
