@@ -13,13 +13,13 @@
 typedef struct node_args {
   stoke_kernel_args_v1 a;
   stoke_tensor in[STOKE_MAX_IO], out[STOKE_MAX_IO], din[STOKE_MAX_IO], dout[STOKE_MAX_IO];
-  void *engine_self;
 } node_args;
 
 struct stoke_exec {
   stoke_plan *p;
   const stoke_backend_v1 *dev;
   void *dev_self;
+  void *stream; /* the device's compute stream, where every kernel runs */
   void *buf[STOKE_BUF_COUNT];
   int borrowed[STOKE_BUF_COUNT]; /* shared from another exec: not ours to free */
   void *opt_state;
@@ -53,10 +53,11 @@ void *stoke_exec_labels(stoke_exec *x) { return value_ptr(x, x->p->g->label); }
 void *stoke_exec_buffer(stoke_exec *x, stoke_buffer_id b) { return x->buf[b]; }
 void *stoke_exec_opt_state(stoke_exec *x) { return x->opt_state; }
 
-static int engine_index(const stoke_plan *p, const char *engine) {
-  for (int i = 0; i < p->opts.n_engines; i++)
-    if (!strcmp(p->opts.engines[i], engine)) return i;
-  return -1;
+/* The state (from its open()) of the engine that serves kernel k. */
+static void *engine_self(const stoke_plan *p, const stoke_kernel_v1 *k) {
+  for (int i = 0; i < p->opts.n_engines && p->opts.engine_selves; i++)
+    if (!strcmp(p->opts.engines[i], k->engine)) return p->opts.engine_selves[i];
+  return NULL;
 }
 
 /* Parameters (and state) are drawn on the host in f64 from one stream per
@@ -95,10 +96,8 @@ static stoke_err *init_params(stoke_exec *x, uint64_t seed, stoke_buffer_id buf)
       }
       char *dst = host + val->offset;
       if (master) master[val->offset / stoke_dtype_size(val->dtype) + (size_t)i] = (float)w;
-      if (val->dtype == STOKE_F64) ((double *)dst)[i] = w;
-      else if (val->dtype == STOKE_F32) ((float *)dst)[i] = (float)w;
-      else if (val->dtype == STOKE_BF16) ((uint16_t *)dst)[i] = stoke_f32_to_bf16((float)w);
-      else if (val->dtype == STOKE_F16) ((uint16_t *)dst)[i] = stoke_f32_to_f16((float)w);
+      if (val->dtype == STOKE_F64 || val->dtype == STOKE_F32 || val->dtype == STOKE_BF16 || val->dtype == STOKE_F16)
+        stoke_elem_set(dst, val->dtype, i, w);
       else {
         stoke_free(host);
         stoke_free(master);
@@ -135,6 +134,7 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
   x->p = p;
   x->dev = dev;
   x->dev_self = dev_self;
+  x->stream = dev->default_stream ? dev->default_stream(dev_self) : NULL;
   stoke_err *e = NULL;
   static const char *what[] = {"parameters", "gradients", "activations", "running statistics"};
   for (int b = 0; b < STOKE_BUF_COUNT && !e; b++) {
@@ -176,13 +176,11 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
       if (n->pass == STOKE_BWD && !(n->type->bwd_needs & STOKE_BWD_NEEDS_OUTPUT(j))) na->out[j].data = NULL;
       if (n->pass == STOKE_BWD && n->dout[j] >= 0) na->dout[j] = stoke_exec_tensor(x, n->dout[j]);
     }
-    int ei = engine_index(p, n->kernel->engine);
-    na->engine_self = ei >= 0 && p->opts.engine_selves ? p->opts.engine_selves[ei] : NULL;
     na->a = (stoke_kernel_args_v1){
         .node = &n->n, .n_in = n->n_in, .n_out = n->n_out, .in = na->in, .out = na->out,
         .din = n->pass == STOKE_BWD ? na->din : NULL, .dout = n->pass == STOKE_BWD ? na->dout : NULL,
-        .param_grads = na->a.param_grads, .training = p->opts.training, .engine = na->engine_self,
-        .flags = p->opts.flags, .stream = dev->default_stream ? dev->default_stream(dev_self) : NULL};
+        .param_grads = na->a.param_grads, .training = p->opts.training,
+        .engine = engine_self(p, n->kernel), .flags = p->opts.flags, .stream = x->stream};
     if (n->kernel->plan) {
       e = n->kernel->plan(&na->a, &n->kstate, &n->workspace);
       if (e) e = stoke_err_wrap(e, __FILE__, __LINE__, "planning kernel of node '%s' (%s)", n->n.name, n->kernel->engine);
@@ -202,12 +200,10 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
     x->amp_t[2] = x->amp_t[1];
     x->amp_t[3] = g->seed >= 0 ? stoke_exec_tensor(x, g->seed) : x->amp_t[1];
     static const stoke_node_v1 amp_node = {.op = "loss_scaler", .name = "loss_scaler"};
-    void *stream = dev->default_stream ? dev->default_stream(dev_self) : NULL;
-    int ci = engine_index(p, p->amp_check->engine), ui = engine_index(p, p->amp_update->engine);
-    x->amp_check.a = (stoke_kernel_args_v1){.node = &amp_node, .n_in = 2, .in = &x->amp_t[0], .stream = stream,
-                                            .engine = ci >= 0 ? p->opts.engine_selves[ci] : NULL};
-    x->amp_update.a = (stoke_kernel_args_v1){.node = &amp_node, .n_in = 2, .in = &x->amp_t[2], .stream = stream,
-                                             .engine = ui >= 0 ? p->opts.engine_selves[ui] : NULL};
+    x->amp_check.a = (stoke_kernel_args_v1){.node = &amp_node, .n_in = 2, .in = &x->amp_t[0], .stream = x->stream,
+                                            .engine = engine_self(p, p->amp_check)};
+    x->amp_update.a = (stoke_kernel_args_v1){.node = &amp_node, .n_in = 2, .in = &x->amp_t[2], .stream = x->stream,
+                                             .engine = engine_self(p, p->amp_update)};
   }
   for (int i = 0; i < g->n_nodes && !e; i++) {
     x->args[i].a.workspace = x->workspace;
@@ -221,11 +217,9 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
     if (p->has_master) flat_state.d[0] = (int64_t)(p->opt_state_bytes / sizeof(float));
     x->opt_t[2] = (stoke_tensor){x->opt_state, flat_state, p->has_master ? STOKE_F32 : g->dtype,
                                  STOKE_LAYOUT_ANY, dev->device};
-    int ei = engine_index(p, p->opt_kernel->engine);
     static const stoke_node_v1 opt_node = {.op = "optimizer", .name = "optimizer"};
     x->opt.a = (stoke_kernel_args_v1){.node = &opt_node, .n_in = 3, .in = x->opt_t, .flags = p->opts.flags,
-                                      .stream = dev->default_stream ? dev->default_stream(dev_self) : NULL,
-                                      .engine = ei >= 0 && p->opts.engine_selves ? p->opts.engine_selves[ei] : NULL};
+                                      .stream = x->stream, .engine = engine_self(p, p->opt_kernel)};
   }
   if (e) {
     stoke_exec_free(x);
@@ -282,7 +276,7 @@ void stoke_exec_free(stoke_exec *x) {
 
 static stoke_err *tick(stoke_exec *x, int slot) {
   if (!x->profiling) return NULL;
-  return x->dev->timer_record(x->dev_self, x->timers[slot], x->dev->default_stream ? x->dev->default_stream(x->dev_self) : NULL);
+  return x->dev->timer_record(x->dev_self, x->timers[slot], x->stream);
 }
 
 stoke_err *stoke_exec_profile(stoke_exec *x, int on) {

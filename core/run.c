@@ -779,13 +779,7 @@ static stoke_err *evaluate(run_state *s, double *loss, double *acc) {
       double mx = -INFINITY, sum = 0, v[4096];
       int best = 0;
       for (int64_t c = 0; c < classes && c < 4096; c++) {
-        int64_t k = r * classes + c;
-        switch (lv->dtype) { /* logits come in the graph's dtype */
-          case STOKE_F64: v[c] = ((double *)logits)[k]; break;
-          case STOKE_BF16: v[c] = stoke_bf16_to_f32(((uint16_t *)logits)[k]); break;
-          case STOKE_F16: v[c] = stoke_f16_to_f32(((uint16_t *)logits)[k]); break;
-          default: v[c] = ((float *)logits)[k];
-        }
+        v[c] = stoke_elem_get(logits, lv->dtype, r * classes + c); /* the graph's dtype */
         if (v[c] > mx) mx = v[c], best = (int)c;
       }
       for (int64_t c = 0; c < classes && c < 4096; c++) sum += exp(v[c] - mx);

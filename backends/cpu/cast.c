@@ -6,15 +6,6 @@
 #include "cpu_cnn.h"
 #include "stoke/ops.h"
 
-static double get(const void *p, stoke_dtype t, int64_t i) {
-  return t == STOKE_F64 ? ((const double *)p)[i] : ((const float *)p)[i];
-}
-
-static void put(void *p, stoke_dtype t, int64_t i, double v) {
-  if (t == STOKE_F64) ((double *)p)[i] = v;
-  else ((float *)p)[i] = (float)v;
-}
-
 static stoke_err *cast_fwd(const stoke_kernel_args_v1 *a, void *state) {
   const char *op = STOKE_OP_CAST;
   CHECK(check_counts(a, op, 0, 1, 1));
@@ -29,7 +20,7 @@ static stoke_err *cast_fwd(const stoke_kernel_args_v1 *a, void *state) {
   int64_t n = stoke_numel(&x->shape);
   int nhwc_in = is_nhwc(x), nhwc_out = is_nhwc(y);
   if (nhwc_in == nhwc_out) {
-    for (int64_t i = 0; i < n; i++) put(y->data, y->dtype, i, get(x->data, x->dtype, i));
+    for (int64_t i = 0; i < n; i++) stoke_elem_set(y->data, y->dtype, i, stoke_elem_get(x->data, x->dtype, i));
     return NULL;
   }
   int64_t N = x->shape.d[0], C = x->shape.d[1], H = x->shape.d[2], W = x->shape.d[3];
@@ -39,7 +30,7 @@ static stoke_err *cast_fwd(const stoke_kernel_args_v1 *a, void *state) {
         for (int64_t w = 0; w < W; w++) {
           int64_t nchw = ((b * C + c) * H + h) * W + w, nhwc = ((b * H + h) * W + w) * C + c;
           int64_t src = nhwc_in ? nhwc : nchw, dst = nhwc_out ? nhwc : nchw;
-          put(y->data, y->dtype, dst, get(x->data, x->dtype, src));
+          stoke_elem_set(y->data, y->dtype, dst, stoke_elem_get(x->data, x->dtype, src));
         }
   return NULL;
 }

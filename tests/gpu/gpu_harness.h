@@ -82,29 +82,9 @@ G_FN int g_teardown(void **state) {
 
 /* ------------------------------------------------------------- buffers */
 
-G_FN double g_get(const void *p, stoke_dtype t, int64_t i) {
-  switch (t) {
-    case STOKE_F64: return ((const double *)p)[i];
-    case STOKE_F32: return ((const float *)p)[i];
-    case STOKE_BF16: return stoke_bf16_to_f32(((const uint16_t *)p)[i]);
-    case STOKE_F16: return stoke_f16_to_f32(((const uint16_t *)p)[i]);
-    case STOKE_I32: return ((const int32_t *)p)[i];
-    case STOKE_U8: return ((const uint8_t *)p)[i];
-    default: return NAN;
-  }
-}
+#define g_get stoke_elem_get
+#define g_set stoke_elem_set
 
-G_FN void g_set(void *p, stoke_dtype t, int64_t i, double v) {
-  switch (t) {
-    case STOKE_F64: ((double *)p)[i] = v; break;
-    case STOKE_F32: ((float *)p)[i] = (float)v; break;
-    case STOKE_BF16: ((uint16_t *)p)[i] = stoke_f32_to_bf16((float)v); break;
-    case STOKE_F16: ((uint16_t *)p)[i] = stoke_f32_to_f16((float)v); break;
-    case STOKE_I32: ((int32_t *)p)[i] = (int32_t)v; break;
-    case STOKE_U8: ((uint8_t *)p)[i] = (uint8_t)v; break;
-    default: break;
-  }
-}
 
 /* One tensor on both sides: `ref` (host, f64 or its own integer dtype)
  * for the CPU kernel and `dev` (device, the tested dtype). */

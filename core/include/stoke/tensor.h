@@ -116,6 +116,32 @@ static inline float stoke_f16_to_f32(uint16_t h) {
   return v.f;
 }
 
+/* Element i of host memory p of dtype t, as a double (NaN for no dtype). */
+static inline double stoke_elem_get(const void *p, stoke_dtype t, int64_t i) {
+  switch (t) {
+    case STOKE_F64: return ((const double *)p)[i];
+    case STOKE_F32: return ((const float *)p)[i];
+    case STOKE_BF16: return stoke_bf16_to_f32(((const uint16_t *)p)[i]);
+    case STOKE_F16: return stoke_f16_to_f32(((const uint16_t *)p)[i]);
+    case STOKE_I32: return ((const int32_t *)p)[i];
+    case STOKE_U8: return ((const uint8_t *)p)[i];
+    default: return 0.0 / 0.0;
+  }
+}
+
+/* Store v as element i of host memory p of dtype t (rounded to nearest). */
+static inline void stoke_elem_set(void *p, stoke_dtype t, int64_t i, double v) {
+  switch (t) {
+    case STOKE_F64: ((double *)p)[i] = v; break;
+    case STOKE_F32: ((float *)p)[i] = (float)v; break;
+    case STOKE_BF16: ((uint16_t *)p)[i] = stoke_f32_to_bf16((float)v); break;
+    case STOKE_F16: ((uint16_t *)p)[i] = stoke_f32_to_f16((float)v); break;
+    case STOKE_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case STOKE_U8: ((uint8_t *)p)[i] = (uint8_t)v; break;
+    default: break;
+  }
+}
+
 static inline size_t stoke_tensor_bytes(const stoke_tensor *t) {
   return (size_t)stoke_numel(&t->shape) * stoke_dtype_size(t->dtype);
 }
