@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# tools/gpu_check.sh: runs on the GPU machine, from the repository root,
-# with .stage/ carried (made by tools/gpu_stage.sh): unpacks the binaries to
+# tools/gpu_check.sh: runs on the GPU machine as `bash .stage/gpu_check.sh`
+# (tools/gpu_stage.sh copies it into the stage folder, which the device
+# tool carries; the folder is found from this script's path): unpacks the binaries to
 # /tmp/stoke, runs every GPU test binary, then any extra command given as
 # arguments (run with the unpacked tree as $S). Full logs go to $OUT (or
 # ./gpu-out); the closing lines summarize.
 set -uo pipefail
+ST="$(cd "$(dirname "$0")" && pwd)"
 final="${OUT:-gpu-out}"
 out=/tmp/stoke-out   # everything, packed into $OUT/logs.tar.gz at the end (the device tool returns 8 files)
 rm -rf "$out" && mkdir -p "$out" "$final"
 export S=/tmp/stoke
-rm -rf "$S" && mkdir -p "$S" && tar -C "$S" -xJf .stage/bin.tar.xz || exit 1
-cp -r .stage/examples .stage/anchors "$S/" 2>/dev/null
-[ -d .stage/data ] && ln -sfn "$PWD/.stage/data" "$S/data"
-[ -d .stage/photos ] && ln -sfn "$PWD/.stage/photos" "$S/photos"
+rm -rf "$S" && mkdir -p "$S" && tar -C "$S" -xJf "$ST/bin.tar.xz" || exit 1
+cp -r "$ST/examples" "$ST/anchors" "$S/" 2>/dev/null
+[ -d "$ST/data" ] && ln -sfn "$ST/data" "$S/data"
+[ -d "$ST/photos" ] && ln -sfn "$ST/photos" "$S/photos"
 export STOKE_PLUGIN_PATH="$S/bin/plugins"
 export LD_LIBRARY_PATH="$S/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/device.txt" 2>&1
@@ -30,6 +32,6 @@ fi
 printf "device: %s\n" "$(cat "$out/device.txt")"
 printf "%b" "$summary"
 if [ $# -gt 0 ]; then
-  OUT="$out" bash -c "$*"
+  OUT="$out" SUITE="$ST/gpu_suite.sh" bash -c "$*"
 fi
 tar -C "$out" --exclude='*.safetensors' -czf "$final/logs.tar.gz" .
