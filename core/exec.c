@@ -8,6 +8,7 @@
 
 #include "stoke/core.h"
 #include "stoke/graph.h"
+#include "stoke/ops.h"
 #include "stoke/rng.h"
 
 typedef struct node_args {
@@ -36,6 +37,14 @@ struct stoke_exec {
   node_args *args;
   node_args opt;
   stoke_tensor opt_t[3];
+  /* whole-step graphs: graph[first_micro][last_micro], each captured on its
+   * second use (the first runs eagerly: lazy module loading, first-call
+   * setup in libraries); live = device f64 [lr, step] read by the update */
+  int graphs_on;
+  void *graph[2][2];
+  int uses[2][2];
+  int64_t graph_ops;
+  double *live;
 };
 
 static void *value_ptr(stoke_exec *x, int v) {
@@ -265,6 +274,9 @@ void stoke_exec_free(stoke_exec *x) {
   if (x->opt_state) x->dev->free(x->dev_self, x->opt_state);
   if (x->workspace) x->dev->free(x->dev_self, x->workspace);
   if (x->amp) x->dev->free(x->dev_self, x->amp);
+  if (x->live) x->dev->free(x->dev_self, x->live);
+  for (int i = 0; i < 4; i++)
+    if (x->graph[i / 2][i % 2]) x->dev->graph_destroy(x->dev_self, x->graph[i / 2][i % 2]);
   if (x->timers)
     for (int i = 0; i < x->p->g->n_nodes + 2; i++)
       if (x->timers[i]) x->dev->timer_destroy(x->dev_self, x->timers[i]);
@@ -429,5 +441,89 @@ stoke_err *stoke_exec_read_loss(stoke_exec *x, double *loss) {
                          is64 ? sizeof d : sizeof f, STOKE_COPY_D2H, NULL),
             "reading the loss");
   *loss = is64 ? d : f;
+  return NULL;
+}
+
+/* ------------------------------------------------------ whole-step graphs */
+
+stoke_err *stoke_exec_graphs(stoke_exec *x, int on) {
+  if (!on) {
+    x->graphs_on = 0;
+    return NULL;
+  }
+  if (!x->dev->capture_begin || !x->dev->capture_end || !x->dev->graph_launch)
+    return STOKE_ERR(STOKE_E_UNSUPPORTED, "[run] cuda_graph = true: the '%s' device cannot capture graphs",
+                     x->dev->name);
+  if (x->profiling)
+    return STOKE_ERR(STOKE_E_UNSUPPORTED,
+                     "[run] cuda_graph = true with profile_ops = true: the profile times each kernel on "
+                     "its own; turn one of them off");
+  /* a replayed graph keeps the arguments it was captured with: a kernel
+   * that draws from the per-step seed would repeat its draw every step */
+  const stoke_graph *g = x->p->g;
+  for (int i = 0; i < g->n_fwd; i++)
+    if (!strcmp(g->nodes[i].n.op, STOKE_OP_DROPOUT) && g->nodes[i].n.attrs[STOKE_DROPOUT_P].f > 0)
+      return STOKE_ERR(STOKE_E_UNSUPPORTED,
+                       "[run] cuda_graph = true: node '%s' (dropout p=%g) draws a new mask every step, "
+                       "which a replayed graph would repeat; set [run] cuda_graph = false for this model",
+                       g->nodes[i].n.name, g->nodes[i].n.attrs[STOKE_DROPOUT_P].f);
+  if (!x->live) STOKE_PROPAGATE(dev_alloc(x, 2 * sizeof(double), (void **)&x->live, "graph step arguments"));
+  x->graphs_on = 1;
+  return NULL;
+}
+
+int64_t stoke_exec_graph_ops(stoke_exec *x) { return x->graph_ops; }
+
+/* Eager: forward and backward, then the update on the last micro-batch. */
+static stoke_err *micro_eager(stoke_exec *x, int first, int last, uint64_t seed, const stoke_opt_args_v1 *opt) {
+  STOKE_PROPAGATE(stoke_exec_forward_backward(x, first, seed));
+  return last ? stoke_exec_update(x, opt) : NULL;
+}
+
+/* Record one micro-batch into a graph (nothing runs); *graph NULL: only
+ * count its operations. */
+static stoke_err *capture(stoke_exec *x, int first, int last, uint64_t seed, const stoke_opt_args_v1 *opt,
+                          void **graph) {
+  void *gr = NULL;
+  int64_t ops = 0;
+  STOKE_TRY(x->dev->capture_begin(x->dev_self, x->stream), "starting the step's graph capture");
+  stoke_err *e = micro_eager(x, first, last, seed, opt);
+  stoke_err *e2 = x->dev->capture_end(x->dev_self, x->stream, &gr, &ops);
+  if (e) {
+    stoke_err_free(e2);
+    if (gr) x->dev->graph_destroy(x->dev_self, gr);
+    return stoke_err_wrap(e, __FILE__, __LINE__, "capturing the step into a graph ([run] cuda_graph = false avoids it)");
+  }
+  STOKE_PROPAGATE(e2);
+  if (last && first) x->graph_ops = ops; /* one whole step */
+  if (graph) *graph = gr;
+  else x->dev->graph_destroy(x->dev_self, gr);
+  return NULL;
+}
+
+stoke_err *stoke_exec_micro(stoke_exec *x, int first_micro, int last_micro, uint64_t step_seed,
+                            const stoke_opt_args_v1 *opt) {
+  first_micro = !!first_micro;
+  last_micro = !!last_micro;
+  if (!x->graphs_on) return micro_eager(x, first_micro, last_micro, step_seed, opt);
+  stoke_opt_args_v1 o = *opt;
+  o.live = x->live;
+  if (last_micro) {
+    double live[2] = {opt->lr, (double)opt->step};
+    STOKE_TRY(x->dev->copy(x->dev_self, x->live, live, sizeof live, STOKE_COPY_H2D, x->stream),
+              "writing the step's learning rate for the graph");
+  }
+  void **gr = &x->graph[first_micro][last_micro];
+  if (!*gr && x->uses[first_micro][last_micro]++ == 0) return micro_eager(x, first_micro, last_micro, step_seed, &o);
+  if (!*gr) STOKE_PROPAGATE(capture(x, first_micro, last_micro, step_seed, &o, gr));
+  STOKE_TRY(x->dev->graph_launch(x->dev_self, *gr, x->stream), "replaying the step's graph");
+  return NULL;
+}
+
+stoke_err *stoke_exec_count_ops(stoke_exec *x, const stoke_opt_args_v1 *opt, int64_t *ops) {
+  *ops = 0;
+  if (!x->dev->capture_begin || !x->p->opt_kernel || x->profiling) return NULL;
+  if (!x->graph_ops) STOKE_PROPAGATE(capture(x, 1, 1, 0, opt, NULL));
+  *ops = x->graph_ops;
   return NULL;
 }

@@ -69,6 +69,9 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"fuse", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "let the compiler fuse linear + ReLU into one node where the backend has the fused kernel "
      "(a ReLU epilogue on the GPU; off by default: the mlp bench ran 4.6% slower with it on an H100)"},
+    {"cuda_graph", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "capture the whole step (forward, backward, optimizer, loss scaler) once as a CUDA graph and replay "
+     "it: one launch per step instead of one per kernel"},
     {"conv_autotune", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "time the candidate convolution algorithms once per shape and keep the fastest (cudnn.benchmark)"},
 };
@@ -817,6 +820,26 @@ static char *config_text(const stoke_cfg *c) {
   return buf;
 }
 
+/* GPU operations per step, with and without graphs, once known: with
+ * graphs after the capture (the second step), without by recording one
+ * step that does not run. */
+static stoke_err *report_ops(run_state *s, int graphs, const stoke_opt_args_v1 *opt, stoke_summary *sum,
+                             int quiet, int *reported) {
+  int64_t ops = stoke_exec_graph_ops(s->train.x);
+  if (!graphs && !ops) STOKE_TRY(stoke_exec_count_ops(s->train.x, opt, &ops), "counting the step's GPU operations");
+  if (!graphs || ops) *reported = 1;
+  if (!ops) return NULL;
+  sum->gpu_ops_per_step = ops;
+  sum->launches_per_step = graphs ? 1 : ops;
+  if (!quiet)
+    printf("stoke: one step is %lld GPU operations (kernels, copies, memsets): %s\n", (long long)ops,
+           graphs ? "replayed as 1 CUDA graph launch per step (cuda_graph = true)"
+                  : "launched one by one (cuda_graph = true would make them 1 graph launch)");
+  stoke_log(STOKE_LOG_INFO, "run", "GPU operations per step: %lld, launches per step: %lld", (long long)ops,
+            (long long)sum->launches_per_step);
+  return NULL;
+}
+
 stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   run_state s = {0};
   stoke_err *e = NULL;
@@ -966,14 +989,30 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   sigaction(SIGTERM, &sa, &old_term);
   int64_t step, epoch = 0;
   int64_t eval_period = eval_every > 0 ? (int64_t)llround(eval_every * (double)per_epoch) : 0;
-  int on_device, want_ckpt, profile_ops;
+  int on_device, want_ckpt, profile_ops, cuda_graph;
   int64_t growth;
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "profile_ops", &profile_ops), "");
+  STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "cuda_graph", &cuda_graph), "");
+  if (cuda_graph && profile_ops) {
+    stoke_log(STOKE_LOG_WARN, "run", "%s: cuda_graph = true with profile_ops = true: the profile times each "
+              "kernel on its own, so this run does not use graphs", stoke_cfg_where(c, "run", "cuda_graph"));
+    cuda_graph = 0;
+  } else if (cuda_graph && !s.dev->capture_begin) {
+    stoke_log(STOKE_LOG_WARN, "run", "%s: cuda_graph = true, but the '%s' device has no graphs: running without",
+              stoke_cfg_where(c, "run", "cuda_graph"), s.dev->name);
+    cuda_graph = 0;
+  }
+  if (cuda_graph) STOKE_TRY_GOTO(e, done, stoke_exec_graphs(s.train.x, 1), "%s", stoke_cfg_where(c, "run", "cuda_graph"));
+  int ops_reported = 0;
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "checkpoint", &want_ckpt), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "data", "on_device", &on_device), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_int(c, "run", "loss_scale_growth", &growth), "");
   for (step = start_step; step < total && !stop_signal; step++) {
     double t0 = now_s(), wait = 0;
+    opt.step = step + 1;
+    opt.grad_scale = 1.0 / (double)accumulate;
+    opt.lr = stoke_lr_at(&sched, step + 1);
+    opt.growth_interval = growth > 0 ? growth : prec->growth_interval;
     for (int64_t micro = 0; micro < accumulate && !e; micro++) {
       if (!on_device || step == start_step) {
         stoke_batch *b;
@@ -985,14 +1024,10 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
         stoke_loader_release(s.train.loader, b);
       }
       if (!e)
-        e = stoke_exec_forward_backward(s.train.x, micro == 0,
-                                        stoke_hash3((uint64_t)seed, (uint64_t)step, (uint64_t)micro));
+        e = stoke_exec_micro(s.train.x, micro == 0, micro == accumulate - 1,
+                             stoke_hash3((uint64_t)seed, (uint64_t)step, (uint64_t)micro), &opt);
     }
-    opt.step = step + 1;
-    opt.grad_scale = 1.0 / (double)accumulate;
-    opt.lr = stoke_lr_at(&sched, step + 1);
-    opt.growth_interval = growth > 0 ? growth : prec->growth_interval;
-    if (!e) e = stoke_exec_update(s.train.x, &opt);
+    if (!e && !ops_reported && step > start_step) e = report_ops(&s, cuda_graph, &opt, sum, o->quiet, &ops_reported);
     if (e) {
       e = stoke_err_wrap(e, __FILE__, __LINE__, "step %lld", (long long)step + 1);
       break;

@@ -5,6 +5,9 @@
 #   fmnist    Fashion-MNIST CNN on the GPU (convert + train + eval)
 #   bench     stoke's mlp / resnet50 / resnet18c in tf32, bf16, fp16
 #   torch     PyTorch anchors (eager, and compile with TORCH_COMPILE=1)
+#   graph     whole-step CUDA graphs: every step's loss with and without
+#             (fp32 deterministic exact, bf16, fp16 with forced overflow),
+#             then speed with and without (GRAPH_W workloads, bf16)
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
 set -uo pipefail
@@ -61,6 +64,41 @@ PY
         echo "$ini bf16 rc=$?: $(grep -E 'samples/s median' "$OUT/$ini.log")"
       done
       timeout 240 python3 "$S/anchors/loader_bench.py" "$S/photos" /tmp/anchor "$OUT/loader_anchor.json" 2>&1 | tail -1
+      ;;
+    graph)
+      log "CUDA graphs: losses step by step, eager against replayed"
+      small="model.hidden=1024,1024 data.batch_size=1024"
+      for spec in "mlp fp32 60 run.deterministic=true $small" "resnet18c bf16 200 run.deterministic=true" \
+                  "resnet18c bf16 100" "mlp fp16 40 run.loss_scale_init=1e10 $small" "mlp bf16 40 optimizer.name=adamw optimizer.lr=1e-3 $small"; do
+        set -- $spec; w=$1; prec=$2; n=$3; shift 3; tag="${w}_${prec}_$n$(echo "$*" | tr -dc 'a-z' | head -c 12)"
+        for g in false true; do
+          timeout 150 "$T" "$S/examples/$w.ini" run.checkpoint=false run.precision=$prec run.steps=$n run.log_every=1 \
+            run.cuda_graph=$g run.progress=off optimizer.schedule=cosine "$@" run.out_dir="$OUT/g_${tag}_$g" > "$OUT/g_${tag}_$g.log" 2>&1
+          echo "$tag cuda_graph=$g rc=$? $(grep -E 'GPU operations per step|error' "$OUT/g_${tag}_$g.log" | head -2 | tr '\n' ' ')"
+        done
+        python3 - "$OUT/g_${tag}_false/metrics.jsonl" "$OUT/g_${tag}_true/metrics.jsonl" "$tag" <<'PY'
+import json, sys
+def rows(p):
+    return {r["step"]: r for r in map(json.loads, open(p)) if "step" in r and "loss" in r}
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+steps = sorted(set(a) & set(b))
+d = [abs(a[s]["loss"] - b[s]["loss"]) / max(abs(a[s]["loss"]), 1e-12) for s in steps]
+same = sum(a[s]["loss"] == b[s]["loss"] for s in steps)
+sk = [(a[s].get("skipped_steps"), b[s].get("skipped_steps")) for s in steps[-1:]]
+print(f"{sys.argv[3]}: {len(steps)} steps compared, {same} identical, max rel diff {max(d) if d else float('nan'):.3g}, "
+      f"loss {a[steps[0]]['loss']:.4f} -> {a[steps[-1]]['loss']:.4f} (eager) / {b[steps[-1]]['loss']:.4f} (graph), skipped (eager, graph) {sk}")
+PY
+      done
+      log "CUDA graphs: speed (bf16, interleaved, 2 rounds)"
+      for w in ${GRAPH_W:-mlp resnet18c resnet50}; do
+        for round in 1 2; do
+          for g in false true; do
+            timeout 100 "$T" "$S/examples/$w.ini" run.checkpoint=false run.cuda_graph=$g run.progress=off \
+              run.out_dir="$OUT/gs_${w}_$g$round" > "$OUT/gs_${w}_$g$round.log" 2>&1
+            echo "$w cuda_graph=$g round $round rc=$?: $(grep -E 'samples/s median|GPU operations per step' "$OUT/gs_${w}_$g$round.log" | tr -s ' ' | tr '\n' ' ')"
+          done
+        done
+      done
       ;;
     torch)
       modes="mlp:tf32 mlp:bf16 mlp:fp16 resnet50:tf32 resnet50:bf16 resnet50:fp16 resnet18c:tf32 resnet18c:bf16 resnet18c:fp16"

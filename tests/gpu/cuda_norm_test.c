@@ -212,7 +212,10 @@ static double round_to(stoke_dtype dt, double v) {
   return g_get(h, dt, 0);
 }
 
-static void opt_check_case(const char *op, stoke_dtype dt, stoke_opt_args_v1 o, int64_t n,
+/* live: the GPU kernel gets a wrong lr and step by value and the right
+ * ones in device memory (opt->live, as a replayed CUDA graph does); it
+ * must follow the device memory. */
+static void opt_check_case(const char *op, stoke_dtype dt, stoke_opt_args_v1 o, int64_t n, int live,
                            const char *label) {
   int adamw = !strcmp(op, STOKE_OP_ADAMW);
   int master = dt != STOKE_F32;
@@ -260,6 +263,7 @@ static void opt_check_case(const char *op, stoke_dtype dt, stoke_opt_args_v1 o, 
   if (!rk) fail_msg("no CPU %s kernel", op);
   void *eself = NULL;
   const stoke_kernel_v1 *gk = g_gpu_kernel(op, STOKE_OPT, dt, STOKE_LAYOUT_ANY, &eself);
+  double *dlive = live ? dev_alloc(2 * sizeof(double)) : NULL;
   for (int step = 1; step <= 2; step++) {
     for (int64_t i = 0; i < n; i++) {
       g_set(hg, dt, i, -1 + 2 * stoke_rng_uniform(&r));
@@ -269,6 +273,15 @@ static void opt_check_case(const char *op, stoke_dtype dt, stoke_opt_args_v1 o, 
     o.step = step;
     stoke_kernel_args_v1 ra = {.node = &node, .n_in = 3, .in = rt, .opt = &o};
     stoke_kernel_args_v1 ga = ra;
+    stoke_opt_args_v1 og = o;
+    if (live) {
+      double lv[2] = {o.lr, (double)step};
+      dev_put(dlive, lv, sizeof lv);
+      og.lr = 3 * o.lr + 1;
+      og.step = 40 + step;
+      og.live = dlive;
+      ga.opt = &og;
+    }
     ga.in = gt;
     ga.engine = eself;
     ga.stream = g_dev->default_stream(g_dev_self);
@@ -329,6 +342,7 @@ static void opt_check_case(const char *op, stoke_dtype dt, stoke_opt_args_v1 o, 
   g_dev->free(g_dev_self, dw);
   g_dev->free(g_dev_self, dg);
   g_dev->free(g_dev_self, ds);
+  if (dlive) g_dev->free(g_dev_self, dlive);
   free(rp), free(rg), free(rs), free(hw), free(hg), free(hg2), free(hs);
 }
 
@@ -348,7 +362,11 @@ static void test_sgd(void **state) {
         snprintf(label, sizeof label, "sgd %s n=%lld %s", stoke_dtype_name(opt_dtypes[d]),
                  (long long)opt_sizes[s],
                  hp[h].momentum == 0 ? "plain" : hp[h].nesterov ? "nesterov" : "momentum");
-        opt_check_case(STOKE_OP_SGD, opt_dtypes[d], hp[h], opt_sizes[s], label);
+        opt_check_case(STOKE_OP_SGD, opt_dtypes[d], hp[h], opt_sizes[s], 0, label);
+        if (s == 0 && h == 0) {
+          strncat(label, " live", sizeof label - strlen(label) - 1);
+          opt_check_case(STOKE_OP_SGD, opt_dtypes[d], hp[h], opt_sizes[s], 1, label);
+        }
       }
 }
 
@@ -360,7 +378,9 @@ static void test_adamw(void **state) {
       char label[64];
       snprintf(label, sizeof label, "adamw %s n=%lld", stoke_dtype_name(opt_dtypes[d]),
                (long long)opt_sizes[s]);
-      opt_check_case(STOKE_OP_ADAMW, opt_dtypes[d], hp, opt_sizes[s], label);
+      opt_check_case(STOKE_OP_ADAMW, opt_dtypes[d], hp, opt_sizes[s], 0, label);
+      strncat(label, " live", sizeof label - strlen(label) - 1);
+      opt_check_case(STOKE_OP_ADAMW, opt_dtypes[d], hp, opt_sizes[s], 1, label);
     }
 }
 

@@ -186,6 +186,21 @@ stoke_err *stoke_exec_set_scale(stoke_exec *x, float scale);
  * type and pass, over the profiled steps. */
 stoke_err *stoke_exec_profile(stoke_exec *x, int on);
 void stoke_exec_profile_report(stoke_exec *x, FILE *f);
+/* One micro-batch of a step: forward and backward, then the optimizer
+ * update when `last_micro` (forward_backward + update). With graphs on,
+ * each (first, last) kind runs eagerly once, is captured on its second
+ * use and replayed from then on: no launch but the graph's, and the
+ * update reads lr and step from the device. */
+stoke_err *stoke_exec_micro(stoke_exec *x, int first_micro, int last_micro, uint64_t step_seed,
+                            const stoke_opt_args_v1 *opt);
+/* Whole-step graphs on or off: an error names why they cannot be used (a
+ * device without capture, dropout, the per-op profile). */
+stoke_err *stoke_exec_graphs(stoke_exec *x, int on);
+/* GPU operations in one whole step as captured (0: not captured yet). */
+int64_t stoke_exec_graph_ops(stoke_exec *x);
+/* Count them without graphs on: records the step once (nothing runs) and
+ * throws the graph away; 0 where the device cannot capture. */
+stoke_err *stoke_exec_count_ops(stoke_exec *x, const stoke_opt_args_v1 *opt, int64_t *ops);
 /* Read the loss of the last forward (synchronizes with the device). */
 stoke_err *stoke_exec_read_loss(stoke_exec *x, double *loss);
 

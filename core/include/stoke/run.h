@@ -27,6 +27,8 @@ typedef struct stoke_summary {
   double peak_flops;      /* the peak MFU is taken against (0: unknown) */
   double gpu_util_mean, gpu_mem_max_mib; /* NVML samples (NaN: none) */
   double loss_scale, skipped_steps; /* fp16 loss scaler at the end (NaN: none) */
+  int64_t gpu_ops_per_step;  /* GPU operations in one step (0: unknown, e.g. the CPU) */
+  int64_t launches_per_step; /* 1 with cuda_graph = true, else gpu_ops_per_step */
   char out_dir[512];
   char checkpoint[640];   /* the checkpoint written at the end ("" if none) */
 } stoke_summary;
