@@ -124,6 +124,7 @@ typedef struct stoke_plan {
   const stoke_kernel_v1 *amp_check, *amp_update; /* loss scaler, or NULL */
   double fwd_flops;               /* per step, whole graph */
   double train_flops;             /* forward + backward (3x convention) */
+  double step_bytes;              /* least memory traffic of a step run node by node */
   size_t workspace_bytes;         /* largest node workspace */
   int n_schedule;                 /* nodes executed per micro-batch */
 } stoke_plan;
