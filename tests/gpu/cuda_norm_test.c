@@ -158,17 +158,24 @@ static const char *const pool_attrs[] = {
     "kernel=3x2, stride=1x2, padding=1x0", /* overlapping windows, uneven dims */
 };
 
+/* 5 channels: one element per thread; 16 and 64: the NHWC kernels that
+ * take 16 bytes of channels per thread (ResNet's stem pool is the last). */
+static const stoke_shape pool_shapes[] = {{4, {3, 5, 12, 11}}, {4, {2, 16, 9, 10}}, {4, {2, 64, 28, 28}}};
+
 static void pool_cases(const char *op) {
   for (int d = 0; d < 3; d++)
     for (int l = 0; l < 2; l++)
-      for (size_t a = 0; a < sizeof pool_attrs / sizeof *pool_attrs; a++) {
-        print_message("%s %s %s %s\n", op, pool_attrs[a], stoke_dtype_name(dtypes[d]),
-                      layouts[l] == STOKE_NHWC ? "NHWC" : "NCHW");
-        g_case c = {.op = op, .attrs = pool_attrs[a], .n_in = 1, .in_shape = {{4, {3, 5, 12, 11}}},
-                    .layout = layouts[l], .dtype = dtypes[d], .tol = tol_of(dtypes[d]),
-                    .training = 1, .backward = 1};
-        g_check(&c);
-      }
+      for (size_t a = 0; a < sizeof pool_attrs / sizeof *pool_attrs; a++)
+        for (size_t s = 0; s < sizeof pool_shapes / sizeof *pool_shapes; s++) {
+          const int64_t *dd = pool_shapes[s].d;
+          print_message("%s %s %s %s x [%lld, %lld, %lld, %lld]\n", op, pool_attrs[a], stoke_dtype_name(dtypes[d]),
+                        layouts[l] == STOKE_NHWC ? "NHWC" : "NCHW", (long long)dd[0], (long long)dd[1],
+                        (long long)dd[2], (long long)dd[3]);
+          g_case c = {.op = op, .attrs = pool_attrs[a], .n_in = 1, .in_shape = {pool_shapes[s]},
+                      .layout = layouts[l], .dtype = dtypes[d], .tol = tol_of(dtypes[d]),
+                      .training = 1, .backward = 1};
+          g_check(&c);
+        }
 }
 
 static void test_max_pool2d(void **state) { pool_cases(STOKE_OP_MAX_POOL2D); }

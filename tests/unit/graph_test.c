@@ -101,8 +101,16 @@ static void test_backward_derivation(void **state) {
     n_sum += g->nodes[i].pass == STOKE_FWD && !strcmp(g->nodes[i].n.op, STOKE_OP_ADD);
     assert_non_null(g->nodes[i].kernel);
   }
-  assert_int_equal(n_bwd, 7); /* every forward node, loss included */
+  /* every forward node, loss included, but the add: its inputs take the
+   * output's gradient as theirs */
+  assert_int_equal(n_bwd, 6);
   assert_int_equal(n_sum, 1); /* h feeds fc2 and res */
+  int res = -1;
+  for (int i = 0; i < g->n_fwd; i++)
+    if (!strcmp(g->nodes[i].n.name, "res")) res = i;
+  assert_true(res >= 0);
+  int dy = g->values[g->nodes[res].out[0]].grad, r = g->nodes[res].in[1];
+  assert_int_equal(g->values[r].grad, dy); /* r = act2's output: dy itself */
   for (int v = 0; v < g->n_values; v++)
     if (g->values[v].kind == STOKE_VAL_PARAM) {
       assert_true(g->values[v].grad >= 0);
