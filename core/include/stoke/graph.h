@@ -186,6 +186,16 @@ stoke_err *stoke_exec_set_scale(stoke_exec *x, float scale);
  * type and pass, over the profiled steps. */
 stoke_err *stoke_exec_profile(stoke_exec *x, int on);
 void stoke_exec_profile_report(stoke_exec *x, FILE *f);
+/* The profile as rows, one per op type, pass and engine (the optimizer
+ * with the loss scaler is op "optimizer+scaler"), slowest first: what the
+ * report's first table prints, for tools (bench). Fills at most `cap`
+ * rows; returns how many there are (0: nothing profiled). */
+typedef struct stoke_op_time {
+  char op[32], pass[4], engine[32]; /* pass: "fwd", "bwd" or "" */
+  int nodes;                        /* nodes of this op, pass and engine */
+  double ms;                        /* their time per profiled step */
+} stoke_op_time;
+int stoke_exec_profile_rows(stoke_exec *x, stoke_op_time *rows, int cap);
 /* Read the loss of the last forward (synchronizes with the device). */
 stoke_err *stoke_exec_read_loss(stoke_exec *x, double *loss);
 
