@@ -339,25 +339,23 @@ void stoke_exec_profile_report(stoke_exec *x, FILE *f) {
   double steps = (double)x->profiled_steps, total = 0;
   for (int i = 0; i <= n; i++) total += x->ms[i] / steps;
   op_row *rows = calloc((size_t)n + 2, sizeof *rows);
-  int nr = 0;
-  if (!rows) return;
-  /* by op type and pass (the engine that served it in brackets) */
-  for (int i = 0; i <= n; i++) {
-    char key[48];
-    if (i == n) snprintf(key, sizeof key, "optimizer+scaler");
-    else snprintf(key, sizeof key, "%s %s [%s]", g->nodes[i].n.op,
-                  g->nodes[i].pass == STOKE_BWD ? "bwd" : "fwd", g->nodes[i].kernel->engine);
-    int k = 0;
-    while (k < nr && strcmp(rows[k].key, key)) k++;
-    if (k == nr) snprintf(rows[nr++].key, sizeof rows[0].key, "%s", key);
-    rows[k].ms += x->ms[i] / steps;
-    rows[k].count++;
+  stoke_op_time *ops = calloc((size_t)n + 1, sizeof *ops);
+  if (!rows || !ops) {
+    free(rows);
+    free(ops);
+    return;
   }
-  qsort(rows, (size_t)nr, sizeof *rows, by_ms);
+  /* by op type and pass (the engine that served it in brackets) */
+  int nr = stoke_exec_profile_rows(x, ops, n + 1);
   fprintf(f, "per-op GPU time over %lld profiled steps: %.3f ms per step\n", (long long)x->profiled_steps, total);
   fprintf(f, "  %-40s %6s %10s %7s\n", "op (pass) [engine]", "nodes", "ms/step", "share");
-  for (int k = 0; k < nr; k++)
-    fprintf(f, "  %-40s %6d %10.3f %6.1f%%\n", rows[k].key, rows[k].count, rows[k].ms, 100 * rows[k].ms / total);
+  for (int k = 0; k < nr; k++) {
+    char key[96];
+    if (ops[k].engine[0]) snprintf(key, sizeof key, "%s %s [%s]", ops[k].op, ops[k].pass, ops[k].engine);
+    else snprintf(key, sizeof key, "%s", ops[k].op);
+    fprintf(f, "  %-40s %6d %10.3f %6.1f%%\n", key, ops[k].nodes, ops[k].ms, 100 * ops[k].ms / total);
+  }
+  free(ops);
   /* the slowest single nodes */
   nr = 0;
   for (int i = 0; i < n; i++) {
@@ -526,4 +524,36 @@ stoke_err *stoke_exec_count_ops(stoke_exec *x, const stoke_opt_args_v1 *opt, int
   if (!x->graph_ops) STOKE_PROPAGATE(capture(x, 1, 1, 0, opt, NULL));
   *ops = x->graph_ops;
   return NULL;
+}
+
+static int by_op_ms(const void *a, const void *b) {
+  double x = ((const stoke_op_time *)a)->ms, y = ((const stoke_op_time *)b)->ms;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int stoke_exec_profile_rows(stoke_exec *x, stoke_op_time *out, int cap) {
+  if (!x->profiled_steps) return 0;
+  const stoke_graph *g = x->p->g;
+  int n = g->n_nodes, nr = 0;
+  double steps = (double)x->profiled_steps;
+  stoke_op_time *rows = calloc((size_t)n + 1, sizeof *rows);
+  if (!rows) return 0;
+  for (int i = 0; i <= n; i++) {
+    stoke_op_time r = {.op = "optimizer+scaler"}; /* slot n: the update */
+    if (i < n) {
+      snprintf(r.op, sizeof r.op, "%s", g->nodes[i].n.op);
+      snprintf(r.pass, sizeof r.pass, "%s", g->nodes[i].pass == STOKE_BWD ? "bwd" : "fwd");
+      snprintf(r.engine, sizeof r.engine, "%s", g->nodes[i].kernel->engine);
+    }
+    int k = 0;
+    while (k < nr && (strcmp(rows[k].op, r.op) || strcmp(rows[k].pass, r.pass) || strcmp(rows[k].engine, r.engine)))
+      k++;
+    if (k == nr) rows[nr++] = r;
+    rows[k].ms += x->ms[i] / steps;
+    rows[k].nodes++;
+  }
+  qsort(rows, (size_t)nr, sizeof *rows, by_op_ms);
+  memcpy(out, rows, sizeof *rows * (size_t)(nr < cap ? nr : cap));
+  free(rows);
+  return nr;
 }

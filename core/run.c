@@ -366,6 +366,7 @@ typedef struct run_state {
   char *config_text;
   stoke_layout layout;
   stoke_nvml *nvml;
+  void *bench_t[2]; /* the bench's timers around the timed steps */
 } run_state;
 
 /* Close the opened engines, the device's last (the others use it). */
@@ -391,6 +392,8 @@ static void stream_close(run_state *s, stream *st) {
 }
 
 static void run_close(run_state *s) {
+  for (int i = 0; i < 2; i++)
+    if (s->bench_t[i]) s->dev->timer_destroy(s->dev_self, s->bench_t[i]);
   stoke_metrics_free(s->metrics);
   stoke_nvml_close(s->nvml);
   stream_close(s, &s->eval); /* borrows the training executor's weights: first */
@@ -840,11 +843,29 @@ static stoke_err *report_ops(run_state *s, int graphs, const stoke_opt_args_v1 *
   return NULL;
 }
 
+/* The bench's timing (stoke_run_opts.time_steps), called with the number
+ * of steps done: a timer on the compute stream when the warm-up is over
+ * and one when the timed steps are; then the device time between them. */
+static stoke_err *bench_mark(run_state *s, const stoke_run_opts *o, int64_t done, stoke_summary *sum) {
+  if (!o->time_steps || (done != o->time_warmup && done != o->time_warmup + o->time_steps)) return NULL;
+  if (!s->dev->timer_create)
+    return STOKE_ERR(STOKE_E_UNSUPPORTED, "backend '%s' has no timers: the bench cannot time its steps", s->dev->name);
+  int end = done != o->time_warmup;
+  if (!s->bench_t[end]) STOKE_PROPAGATE(s->dev->timer_create(s->dev_self, &s->bench_t[end]));
+  STOKE_PROPAGATE(s->dev->timer_record(s->dev_self, s->bench_t[end], NULL));
+  if (!end) return NULL;
+  if (s->dev->timer_sync) STOKE_PROPAGATE(s->dev->timer_sync(s->dev_self, s->bench_t[1]));
+  float ms = 0;
+  STOKE_TRY(s->dev->timer_elapsed_ms(s->dev_self, s->bench_t[0], s->bench_t[1], &ms), "timing the bench's steps");
+  sum->timed_ms = ms;
+  return NULL;
+}
+
 stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   run_state s = {0};
   stoke_err *e = NULL;
   memset(sum, 0, sizeof *sum);
-  sum->eval_loss = sum->eval_accuracy = NAN;
+  sum->eval_loss = sum->eval_accuracy = sum->timed_ms = NAN;
   STOKE_PROPAGATE(stoke_run_setup(o, &s.cfg, &s.reg));
   stoke_cfg *c = s.cfg;
 
@@ -914,6 +935,9 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
              : s.dev->device == STOKE_DEV_GPU ? STOKE_NHWC : STOKE_NCHW;
   stoke_device_info_v1 info = {0};
   if (s.dev->info) STOKE_TRY_GOTO(e, done, s.dev->info(s.dev_self, &info), "asking the device for its peak");
+  snprintf(sum->device, sizeof sum->device, "%s", info.name[0] ? info.name : s.dev->name);
+  snprintf(sum->precision, sizeof sum->precision, "%s", prec->name);
+  sum->gpu = s.dev->device == STOKE_DEV_GPU;
   double peak = prec->compute_dtype == STOKE_F32 ? (prec->tf32 ? info.peak_tf32 : info.peak_flops[STOKE_F32])
                                                  : info.peak_flops[prec->compute_dtype];
   if (s.dev->device == STOKE_DEV_GPU) {
@@ -1007,6 +1031,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "checkpoint", &want_ckpt), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "data", "on_device", &on_device), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_int(c, "run", "loss_scale_growth", &growth), "");
+  STOKE_TRY_GOTO(e, done, bench_mark(&s, o, 0, sum), "");
   for (step = start_step; step < total && !stop_signal; step++) {
     double t0 = now_s(), wait = 0;
     opt.step = step + 1;
@@ -1028,6 +1053,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
                              stoke_hash3((uint64_t)seed, (uint64_t)step, (uint64_t)micro), &opt);
     }
     if (!e && !ops_reported && step > start_step) e = report_ops(&s, cuda_graph, &opt, sum, o->quiet, &ops_reported);
+    if (!e) e = bench_mark(&s, o, step + 1 - start_step, sum);
     if (e) {
       e = stoke_err_wrap(e, __FILE__, __LINE__, "step %lld", (long long)step + 1);
       break;
@@ -1047,7 +1073,9 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
       }
     }
     stoke_metrics_step(s.metrics, step + 1, epoch, now_s() - t0, wait, log_now, loss, opt.lr);
-    if (profile_ops && step == start_step && (e = stoke_exec_profile(s.train.x, 1))) break;
+    if (profile_ops && step == start_step + (o->time_warmup > 1 ? o->time_warmup - 1 : 0) &&
+        (e = stoke_exec_profile(s.train.x, 1)))
+      break;
     if (want_ckpt && ckpt_every > 0 && (step + 1) % ckpt_every == 0 && step + 1 < total)
       if ((e = save(&s, ckpt, step + 1, epoch, seed, accumulate, opt_name))) break;
     int64_t done_batches = (step + 1) * accumulate;
@@ -1070,7 +1098,8 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     if (!e) stoke_metrics_eval(s.metrics, step, epoch, sum->eval_loss, sum->eval_accuracy);
   }
   if (!e && profile_ops) {
-    stoke_exec_profile_report(s.train.x, stdout);
+    if (o->op_rows) sum->n_op_rows = stoke_exec_profile_rows(s.train.x, o->op_rows, o->op_rows_cap);
+    if (!o->quiet) stoke_exec_profile_report(s.train.x, stdout);
     snprintf(path, sizeof path, "%s/ops.txt", dir);
     if ((f = fopen(path, "w"))) {
       stoke_exec_profile_report(s.train.x, f);

@@ -202,6 +202,16 @@ int64_t stoke_exec_graph_ops(stoke_exec *x);
 /* Count them without graphs on: records the step once (nothing runs) and
  * throws the graph away; 0 where the device cannot capture. */
 stoke_err *stoke_exec_count_ops(stoke_exec *x, const stoke_opt_args_v1 *opt, int64_t *ops);
+/* The profile as rows, one per op type, pass and engine (the optimizer
+ * with the loss scaler is op "optimizer+scaler"), slowest first: what the
+ * report's first table prints, for tools (bench). Fills at most `cap`
+ * rows; returns how many there are (0: nothing profiled). */
+typedef struct stoke_op_time {
+  char op[32], pass[4], engine[32]; /* pass: "fwd", "bwd" or "" */
+  int nodes;                        /* nodes of this op, pass and engine */
+  double ms;                        /* their time per profiled step */
+} stoke_op_time;
+int stoke_exec_profile_rows(stoke_exec *x, stoke_op_time *rows, int cap);
 /* Read the loss of the last forward (synchronizes with the device). */
 stoke_err *stoke_exec_read_loss(stoke_exec *x, double *loss);
 
