@@ -10,9 +10,19 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
-#include "backends/cudnn/dtype_code.cuh"
-
 namespace {
+
+__device__ __forceinline__ float load(const void *p, int dt, long long i) {
+  if (dt == 1) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+  if (dt == 2) return __half2float(((const __half *)p)[i]);
+  return ((const float *)p)[i];
+}
+
+__device__ __forceinline__ void store(void *p, int dt, long long i, float v) {
+  if (dt == 1) ((__nv_bfloat16 *)p)[i] = __float2bfloat16(v);
+  else if (dt == 2) ((__half *)p)[i] = __float2half(v);
+  else ((float *)p)[i] = v;
+}
 
 constexpr int kThreads = 256;
 
@@ -50,7 +60,7 @@ __global__ void k_unpad_dw(const void *dwp, void *dw, int o, int c, int kh, int 
     int j = (int)(e % kw), i = (int)(e / kw % kh), k = (int)(e / kw / kh % c);
     long long oo = e / kw / kh / c;
     float v = load(dwp, dt, ((oo * kh + i) * kw + j) * cp + k);
-    acc(dw, dt, e, beta, v);
+    store(dw, dt, e, beta != 0.0f ? beta * load(dw, dt, e) + v : v);
   }
 }
 
