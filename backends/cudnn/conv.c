@@ -16,11 +16,6 @@
  * computes dW there and transposes it back, accumulating with
  * param_grad_beta. The weight in memory never changes layout.
  *
- * Fewer than 8 input channels (a stem's 3) in bf16/f16 NHWC, groups 1: x
- * and the filter are zero-padded to 8 channels in the workspace
- * (conv_pad.cu) so the tensor-core kernels apply; backward then computes
- * only dW (the node's input must want no gradient, as a network's input).
- *
  * Math: bf16/f16 CUDNN_TENSOR_OP_MATH; f32 CUDNN_FMA_MATH (true fp32), or
  * CUDNN_DEFAULT_MATH (TF32 allowed) with STOKE_KFLAG_TF32. Compute type is
  * float for every dtype. */
@@ -66,8 +61,6 @@ typedef struct conv_state {
   int stage_w;                  /* NHWC: W staged as OHWI at the workspace start */
   cudnnTensorDescriptor_t w_oihw, w_ohwi; /* W as a tensor, both orders, for the transposes */
   size_t w_region;              /* bytes of workspace the staged W takes (aligned) */
-  int pad_c;                    /* x's channels padded to this (0: not padded) */
-  size_t x_region;              /* bytes of workspace the padded x takes, after W */
   cudnnConvolutionDescriptor_t conv[CUDNN_DIR_COUNT]; /* one per call: each has its algorithm's math type */
   int used[CUDNN_DIR_COUNT];
   cudnn_algo_choice choice[CUDNN_DIR_COUNT];
@@ -196,10 +189,6 @@ static void free_tune(tune_bufs *tb) {
  * the device is short of memory), so the search never touches live data. */
 static stoke_err *alloc_tune(const stoke_kernel_args_v1 *a, conv_state *st, tune_bufs *tb) {
   size_t bx = stoke_tensor_bytes(&a->in[0]), bw = stoke_tensor_bytes(&a->in[1]);
-  if (st->pad_c) { /* the search runs on the padded problem */
-    bx = bx / (size_t)a->in[0].shape.d[1] * (size_t)st->pad_c;
-    bw = bw / (size_t)a->in[1].shape.d[1] * (size_t)st->pad_c;
-  }
   size_t by = (size_t)stoke_numel(&a->out[0].shape) * stoke_dtype_size(a->in[0].dtype);
   cudaStream_t s = a->stream;
   if (cudaMalloc(&tb->x, bx) != cudaSuccess || cudaMalloc(&tb->w, bw) != cudaSuccess ||
@@ -274,8 +263,7 @@ static stoke_err *choose(const stoke_kernel_args_v1 *a, conv_state *st, cudnn_di
   }
   st->used[d] = 1;
   st->choice[d] = ch;
-  if (st->w_region + st->x_region + ch.workspace > st->workspace)
-    st->workspace = st->w_region + st->x_region + ch.workspace;
+  if (st->w_region + ch.workspace > st->workspace) st->workspace = st->w_region + ch.workspace;
   char t[32] = "";
   if (ch.ms >= 0) snprintf(t, sizeof t, ", %.3f ms", (double)ch.ms);
   stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s' %s: %s, %s math%s, workspace %.2f MiB (%s)", node_name(a),
@@ -343,9 +331,6 @@ static stoke_err *describe(const stoke_kernel_args_v1 *a, conv_state *st, int bw
       yd[1] != wd[0])
     return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d: inconsistent channels or groups; %s", st->ctx);
 
-  /* padding: the backward must not want dx (it would need unpadding) */
-  if (nhwc && x->dtype != STOKE_F32 && groups == 1 && xd[1] < 8 && (!bwd || !a->din[0].data)) st->pad_c = 8;
-  int64_t xc = st->pad_c ? st->pad_c : xd[1], wc = st->pad_c ? st->pad_c : wd[1];
   st->data = data_type(x->dtype);
   st->math = x->dtype != STOKE_F32 ? CUDNN_TENSOR_OP_MATH
              : (a->flags & STOKE_KFLAG_TF32) ? CUDNN_DEFAULT_MATH
@@ -354,20 +339,15 @@ static stoke_err *describe(const stoke_kernel_args_v1 *a, conv_state *st, int bw
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&st->x), st->ctx);
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&st->y), st->ctx);
   CUDNN_CHECK(cudnnCreateFilterDescriptor(&st->w), st->ctx);
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(st->x, fmt, st->data, (int)xd[0], (int)xc, (int)xd[2], (int)xd[3]),
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(st->x, fmt, st->data, (int)xd[0], (int)xd[1], (int)xd[2], (int)xd[3]),
               st->ctx);
   CUDNN_CHECK(cudnnSetTensor4dDescriptor(st->y, fmt, st->data, (int)yd[0], (int)yd[1], (int)yd[2], (int)yd[3]),
               st->ctx);
   /* OIHW in memory; staged as OHWI for NHWC (see the top of the file) */
   st->stage_w = nhwc;
-  CUDNN_CHECK(cudnnSetFilter4dDescriptor(st->w, st->data, fmt, (int)wd[0], (int)wc, (int)wd[2], (int)wd[3]),
+  CUDNN_CHECK(cudnnSetFilter4dDescriptor(st->w, st->data, fmt, (int)wd[0], (int)wd[1], (int)wd[2], (int)wd[3]),
               st->ctx);
-  if (st->pad_c) {
-    size_t es = stoke_dtype_size(x->dtype);
-    st->w_region = ((size_t)(wd[0] * wc * wd[2] * wd[3]) * es + 255) & ~(size_t)255;
-    st->x_region = ((size_t)(xd[0] * xc * xd[2] * xd[3]) * es + 255) & ~(size_t)255;
-    st->workspace = st->w_region + st->x_region;
-  } else if (st->stage_w) {
+  if (st->stage_w) {
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&st->w_oihw), st->ctx);
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&st->w_ohwi), st->ctx);
     CUDNN_CHECK(cudnnSetTensor4dDescriptor(st->w_oihw, CUDNN_TENSOR_NCHW, st->data, (int)wd[0], (int)wd[1],
@@ -405,10 +385,6 @@ static stoke_err *describe(const stoke_kernel_args_v1 *a, conv_state *st, int bw
   k->dtype = (int32_t)x->dtype;
   k->layout = nhwc;
   k->flags = a->flags & (STOKE_KFLAG_TF32 | STOKE_KFLAG_DETERMINISTIC | STOKE_KFLAG_AUTOTUNE);
-  k->pad_c = st->pad_c;
-  if (st->pad_c)
-    stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s': %lld input channels padded to %d for the tensor cores",
-                    node_name(a), (long long)xd[1], st->pad_c);
   return NULL;
 }
 
@@ -459,18 +435,7 @@ static stoke_err *check_run(const stoke_kernel_args_v1 *a, const conv_state *st)
 
 /* The algorithms' workspace: after the staged filter, if any. */
 static void *algo_ws(const stoke_kernel_args_v1 *a, const conv_state *st) {
-  return a->workspace ? (char *)a->workspace + st->w_region + st->x_region : NULL;
-}
-
-static int dt_code(stoke_dtype t) { return t == STOKE_BF16 ? 1 : t == STOKE_F16 ? 2 : 0; }
-
-/* Padded mode: x to (N, H, W, pad_c) after the filter region; returns it. */
-static stoke_err *pad_x(const stoke_kernel_args_v1 *a, const conv_state *st, void **xp) {
-  const int64_t *xd = a->in[0].shape.d;
-  *xp = (char *)a->workspace + st->w_region;
-  STOKE_CUDA(stoke_cudnn_pad_x(a->in[0].data, *xp, (long long)(xd[0] * xd[2] * xd[3]), (int)xd[1], st->pad_c,
-                               dt_code(a->in[0].dtype), (cudaStream_t)a->stream));
-  return NULL;
+  return a->workspace ? (char *)a->workspace + st->w_region : NULL;
 }
 
 static stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *state) {
@@ -481,23 +446,14 @@ static stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *state) {
   cudnnHandle_t h = st->eng->handle;
   const float one = 1.0f, zero = 0.0f;
   CUDNN_CHECK(cudnnSetStream(h, (cudaStream_t)a->stream), st->ctx);
-  const void *w = a->in[1].data, *x = a->in[0].data;
-  if (st->pad_c) {
-    const int64_t *wd = a->in[1].shape.d;
-    void *xp;
-    STOKE_CUDA(stoke_cudnn_pad_w(w, a->workspace, (int)wd[0], (int)wd[1], (int)wd[2], (int)wd[3], st->pad_c,
-                                 dt_code(a->in[1].dtype), (cudaStream_t)a->stream));
-    STOKE_PROPAGATE_P(pad_x(a, st, &xp));
-    w = a->workspace;
-    x = xp;
-  } else if (st->stage_w) {
+  const void *w = a->in[1].data;
+  if (st->stage_w) {
     CUDNN_CHECK(cudnnTransformTensor(h, &one, st->w_oihw, w, &zero, st->w_ohwi, a->workspace), st->ctx);
     w = a->workspace;
   }
-  CUDNN_CHECK(cudnnConvolutionForward(h, &one, st->x, x, st->w, w, st->conv[CUDNN_DIR_FWD],
+  CUDNN_CHECK(cudnnConvolutionForward(h, &one, st->x, a->in[0].data, st->w, w, st->conv[CUDNN_DIR_FWD],
                                       (cudnnConvolutionFwdAlgo_t)st->choice[CUDNN_DIR_FWD].algo, algo_ws(a, st),
-                                      a->workspace_bytes - st->w_region - st->x_region, &zero, st->y,
-                                      a->out[0].data),
+                                      a->workspace_bytes - st->w_region, &zero, st->y, a->out[0].data),
               st->ctx);
   return NULL;
 }
@@ -516,9 +472,7 @@ static stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *state) {
   cudnnHandle_t h = st->eng->handle;
   const float one = 1.0f, zero = 0.0f;
   void *ws = algo_ws(a, st);
-  size_t ws_bytes = a->workspace_bytes - st->w_region - st->x_region;
-  if (dx && st->pad_c)
-    return STOKE_PERR(STOKE_E_INTERNAL, "cudnn conv2d backward: dx wanted from a channel-padded plan; %s", st->ctx);
+  size_t ws_bytes = a->workspace_bytes - st->w_region;
   CUDNN_CHECK(cudnnSetStream(h, (cudaStream_t)a->stream), st->ctx);
   if (dx) {
     const void *w = a->in[1].data;
@@ -536,20 +490,14 @@ static stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *state) {
   if (dw) {
     if (!a->in[0].data) return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d backward: x has no data; %s", st->ctx);
     float beta = (a->param_grads & 2u) ? a->param_grad_beta : 0.0f;
-    const void *x = a->in[0].data;
-    if (st->pad_c) STOKE_PROPAGATE_P(pad_x(a, st, (void **)&x));
     /* staged: dW (OHWI) into the workspace, then transposed onto dW with beta */
-    CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, st->x, x, st->y, dy,
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, st->x, a->in[0].data, st->y, dy,
                                                st->conv[CUDNN_DIR_BWD_FILTER],
                                                (cudnnConvolutionBwdFilterAlgo_t)st->choice[CUDNN_DIR_BWD_FILTER].algo,
                                                ws, ws_bytes, st->stage_w ? &zero : &beta, st->w,
                                                st->stage_w ? a->workspace : dw),
                 st->ctx);
-    const int64_t *wd = a->in[1].shape.d;
-    if (st->pad_c)
-      STOKE_CUDA(stoke_cudnn_unpad_dw(a->workspace, dw, (int)wd[0], (int)wd[1], (int)wd[2], (int)wd[3], st->pad_c,
-                                      beta, dt_code(a->in[1].dtype), (cudaStream_t)a->stream));
-    else if (st->stage_w)
+    if (st->stage_w)
       CUDNN_CHECK(cudnnTransformTensor(h, &one, st->w_ohwi, a->workspace, &beta, st->w_oihw, dw), st->ctx);
   }
   return NULL;

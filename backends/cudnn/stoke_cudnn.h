@@ -30,7 +30,6 @@ typedef struct cudnn_conv_key {
   int64_t stride[2], pad[2], dil[2], groups;
   int32_t dtype, layout, dir;
   uint32_t flags; /* the STOKE_KFLAG_* bits that change the choice */
-  int32_t pad_c;  /* input channels padded to this (conv_pad.cu), or 0 */
 } cudnn_conv_key;
 
 typedef struct cudnn_algo_choice {
@@ -63,13 +62,5 @@ const cudnn_algo_choice *stoke_cudnn_cache_get(const cudnn_engine *e, const cudn
 void stoke_cudnn_cache_put(cudnn_engine *e, const cudnn_conv_key *k, const cudnn_algo_choice *v);
 
 stoke_err *stoke_cudnn_register_conv(const stoke_registry_v1 *r);
-
-/* conv_pad.cu: zero-padding of x's channels (NHWC rows) and of the filter
- * (OIHW -> padded OHWI), and the padded filter gradient back to OIHW with
- * beta; dt: 0 f32, 1 bf16, 2 f16. */
-cudaError_t stoke_cudnn_pad_x(const void *x, void *xp, long long rows, int c, int cp, int dt, cudaStream_t s);
-cudaError_t stoke_cudnn_pad_w(const void *w, void *wp, int o, int c, int kh, int kw, int cp, int dt, cudaStream_t s);
-cudaError_t stoke_cudnn_unpad_dw(const void *dwp, void *dw, int o, int c, int kh, int kw, int cp, float beta, int dt,
-                                 cudaStream_t s);
 
 #endif

@@ -218,7 +218,6 @@ typedef struct g_case {
   int64_t classes;
   uint32_t param_mask;                /* inputs that are parameters */
   uint32_t state_mask;                /* inputs that are state (running stats): f32, >0 */
-  uint32_t no_grad_mask;              /* inputs whose gradient is not asked for (a network's input) */
   stoke_layout layout;
   stoke_dtype dtype;
   double tol;
@@ -304,8 +303,7 @@ G_FN void g_check(const g_case *c) {
     uint32_t pg = 0;
     for (int i = 0; i < c->n_in; i++) {
       memset(&din[i], 0, sizeof din[i]);
-      if (c->is_label[i] || (c->state_mask >> i & 1) || (t->no_grad_inputs >> i & 1) || (c->no_grad_mask >> i & 1))
-        continue;
+      if (c->is_label[i] || (c->state_mask >> i & 1) || (t->no_grad_inputs >> i & 1)) continue;
       g_alloc(&din[i], &c->in_shape[i], in[i].dev.dtype, in[i].dev.layout);
       g_poison(&din[i]);
       rdin[i] = din[i].ref;
