@@ -5,6 +5,8 @@
 #   fmnist    Fashion-MNIST CNN on the GPU (convert + train + eval)
 #   bench     stoke's mlp / resnet50 / resnet18c in tf32, bf16, fp16
 #   torch     PyTorch anchors (eager, and compile with TORCH_COMPILE=1)
+#   issue6    loss curves and A/B (tools/bench) of the baseline against
+#             fused kernels + CUDA graphs, then PyTorch eager and compile
 #   graph     whole-step CUDA graphs: every step's loss with and without
 #             (fp32 deterministic exact, bf16, fp16 with forced overflow),
 #             then speed with and without (GRAPH_W workloads, bf16)
@@ -99,6 +101,40 @@ PY
           done
         done
       done
+      ;;
+    issue6)
+      # issue 6's check, one call: loss curves, then the A/B runs (tools/bench),
+      # then PyTorch eager and compile; FUSED="" drops the fused backend from B
+      base="run.backends=cudnn,cublaslt,cuda"
+      fast="run.backends=${FUSED-fused,}cudnn,cublaslt,cuda run.cuda_graph=true"
+      log "issue 6: loss curves, baseline against '$fast' (same seed, ${CURVE_STEPS:-200} steps)"
+      for w in ${CURVE_W:-mlp resnet18c resnet50}; do
+        for v in base fast; do
+          timeout 120 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=${CURVE_STEPS:-200} run.log_every=1 run.progress=off \
+            ${!v} run.out_dir="$OUT/c_${w}_$v" > "$OUT/c_${w}_$v.log" 2>&1 || { echo "$w $v failed:"; tail -3 "$OUT/c_${w}_$v.log"; }
+        done
+        python3 - "$OUT/c_${w}_base/metrics.jsonl" "$OUT/c_${w}_fast/metrics.jsonl" "$w" <<'PY'
+import json, sys
+def rows(p):
+    try: return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if "step" in r and "loss" in r}
+    except OSError: return {}
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+st = sorted(set(a) & set(b))
+if not st: print(sys.argv[3], "no steps to compare"); sys.exit()
+d = [abs(a[s] - b[s]) / max(abs(a[s]), 1e-3) for s in st]
+print(f"{sys.argv[3]}: {len(st)} steps, loss {a[st[0]]:.4f} -> {a[st[-1]]:.4f} (base) / {b[st[-1]]:.4f} (fast); "
+      f"per-step relative difference max {max(d):.3g}, median {sorted(d)[len(d)//2]:.3g}, first 50 max {max(d[:50]):.3g}")
+PY
+      done
+      log "issue 6: A/B (tools/bench, ${AB_ROUNDS:-3} rounds)"
+      for wp in ${AB_W:-mlp:bf16 resnet50:bf16 resnet50:fp16 resnet18c:bf16}; do
+        w=${wp%%:*}; prec=${wp##*:}
+        timeout 300 "$S/bin/bench" "$S/examples/$w.ini" run.precision=$prec run.log_every=1000 --rounds ${AB_ROUNDS:-3} \
+          --a $base --b $fast --json "$OUT/ab_${w}_$prec.json" --md "$OUT/ab_${w}_$prec.md" > "$OUT/ab_${w}_$prec.log" 2>&1
+        echo "== $w $prec rc=$?"; grep -A8 "^stoke bench: /" "$OUT/ab_${w}_$prec.log" | grep -E "^  (A|B) |B/A"
+      done
+      log "issue 6: PyTorch"
+      python3 "$S/anchors/torch_bench.py" "$OUT/torch.jsonl" ${TORCH_MODES:-mlp:bf16 resnet50:bf16 resnet50:fp16 resnet18c:bf16 mlp:bf16+compile resnet50:bf16+compile resnet18c:bf16+compile-ro} 2>&1 | grep -v Warning | tail -12
       ;;
     torch)
       modes="mlp:tf32 mlp:bf16 mlp:fp16 resnet50:tf32 resnet50:bf16 resnet50:fp16 resnet18c:tf32 resnet18c:bf16 resnet18c:fp16"
