@@ -11,6 +11,10 @@
 #include "stoke/ops.h"
 
 stoke_err *stoke_graph_derive_backward(stoke_graph *g); /* core/graph.c */
+/* core/fuse_act.c: linear -> relu|gelu -> linear epilogue fusion */
+stoke_err *stoke_fuse_linear_act(stoke_graph *g, const stoke_plan_opts *o);
+stoke_err *stoke_fuse_act_grad(stoke_graph *g);
+void stoke_graph_drop_fwd_node(stoke_graph *g, int r);
 
 #define ALIGN 256 /* bytes: every buffer offset, so GPU kernels can vectorize */
 
@@ -150,13 +154,7 @@ static void fuse_linear_relu(stoke_graph *g, const stoke_plan_opts *o) {
     g->values[y].producer = l;
     g->values[v].producer = -1; /* the pre-activation is no longer a value anyone writes */
     g->values[v].shape = (stoke_shape){1, {1}};
-    /* drop the relu node: later nodes move down one place */
-    memmove(&g->nodes[r], &g->nodes[r + 1], sizeof *g->nodes * (size_t)(g->n_nodes - r - 1));
-    g->n_nodes--;
-    g->n_fwd--;
-    for (int i = 0; i < g->n_nodes; i++) g->nodes[i].n.name = g->nodes[i].name_buf;
-    for (int i = 0; i < g->n_values; i++)
-      if (g->values[i].producer > r) g->values[i].producer--;
+    stoke_graph_drop_fwd_node(g, r); /* the relu */
     r--;
   }
 }
@@ -184,8 +182,10 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   if (opts->n_engines < 1) return STOKE_ERR(STOKE_E_INVALID, "no backend given");
   if (opts->n_engines > STOKE_MAX_ENGINES)
     return STOKE_ERR(STOKE_E_INVALID, "more than %d backends given", STOKE_MAX_ENGINES);
+  if (opts->fuse) STOKE_TRY(stoke_fuse_linear_act(g, opts), "fusing activations into linears");
   if (opts->fuse) fuse_linear_relu(g, opts);
   if (opts->training) STOKE_TRY(stoke_graph_derive_backward(g), "deriving the backward pass");
+  if (opts->training && opts->fuse) STOKE_TRY(stoke_fuse_act_grad(g), "fusing activation gradients");
   stoke_plan *p = calloc(1, sizeof *p);
   if (!p) return STOKE_ERR(STOKE_E_OOM, "out of memory");
   p->g = g;

@@ -67,8 +67,10 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"loss_scale_growth", STOKE_CFG_INT, "0", 0, 1e9, NULL,
      "fp16: clean steps before the scale doubles (0: the policy's, 2000)"},
     {"fuse", STOKE_CFG_BOOL, "false", 0, 0, NULL,
-     "let the compiler fuse linear + ReLU into one node where the backend has the fused kernel "
-     "(a ReLU epilogue on the GPU; off by default: the mlp bench ran 4.6% slower with it on an H100)"},
+     "let the compiler fuse linear -> relu|gelu(tanh) -> linear into cuBLASLt's activation epilogues "
+     "(forward *_AUX_BIAS, backward DRELU/DGELU in the next linear's product) where the backend has them; "
+     "off by default: on an H100 the bf16 mlp bench ran 10% slower with ReLU (cuBLASLt's DRELU product is "
+     "slow) and no faster with GELU"},
     {"cuda_graph", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "capture the whole step (forward, backward, optimizer, loss scaler) once as a CUDA graph and replay "
      "it: one launch per step instead of one per kernel"},

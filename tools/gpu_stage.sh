@@ -17,7 +17,7 @@ for t in bench convert bench_loader make_jpeg_bench; do cp bazel-bin/tools/$t $S
 echo "$(git rev-parse --short=12 HEAD)$(git status --porcelain --untracked-files=no | grep -q . && echo -dirty)" > $ST/bin/COMMIT
 cp bazel-bin/tools/plugins/*.so $ST/bin/plugins/
 for so in $(find -L bazel-bin/backends -type f -name 'libstoke_*.so'); do cp "$so" $ST/bin/plugins/; done
-for t in $(find -L bazel-bin/tests/gpu -maxdepth 1 -type f -perm -u+x -name '*_test'); do cp "$t" $ST/tests/; done
+for t in $(find -L bazel-bin/tests/gpu -maxdepth 1 -type f -perm -u+x \( -name '*_test' -o -name '*_bench' \)); do cp "$t" $ST/tests/; done
 # the data the GPU runs use
 mkdir -p $ST/data
 cp /usr/share/datasets/fashion-mnist/*.gz $ST/data/ 2>/dev/null || true

@@ -12,6 +12,11 @@
 #             then speed with and without (GRAPH_W workloads, bf16)
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
+#   epilogues cuBLASLt's activation epilogues against the plain products and
+#             the separate activation passes (tests/gpu/lt_epilogue_bench)
+#   fuse      the mlp bench (bf16) with ReLU and with GELU (tanh), run.fuse
+#             off and on, alternating, FUSE_REPS times; the loss curves of
+#             fused and unfused compared; one per-op profile of each
 set -uo pipefail
 T="$S/bin/train"
 log() { echo "== $*"; }
@@ -135,6 +140,46 @@ PY
       done
       log "issue 6: PyTorch"
       python3 "$S/anchors/torch_bench.py" "$OUT/torch.jsonl" ${TORCH_MODES:-mlp:bf16 resnet50:bf16 resnet50:fp16 resnet18c:bf16 mlp:bf16+compile resnet50:bf16+compile resnet18c:bf16+compile-ro} 2>&1 | grep -v Warning | tail -12
+      ;;
+    epilogues)
+      log "cuBLASLt activation epilogues, 4096^3"
+      STOKE_LOG=debug timeout 60 "$S/tests/lt_epilogue_bench" > "$OUT/epilogues.log" 2>&1
+      echo "rc=$?"; grep -E " ms |linear_dact '.*': dz1|linear_act '.*' forward" "$OUT/epilogues.log" | cut -c1-150 | head -40
+      ;;
+    fuse)
+      log "mlp bf16: fuse off/on, relu and gelu(tanh)"
+      for rep in $(seq 1 "${FUSE_REPS:-2}"); do
+        for act in relu gelu; do
+          for fuse in false true; do
+            tag=fuse_${act}_${fuse}_$rep
+            timeout 100 "$T" "$S/examples/mlp.ini" run.checkpoint=false run.progress=lines run.fuse=$fuse \
+              model.activation=$act model.approximate=tanh run.out_dir="$OUT/$tag" > "$OUT/$tag.log" 2>&1
+            echo "$tag rc=$? $(grep -h '"summary"' "$OUT/$tag/metrics.jsonl" 2>/dev/null | python3 -c 'import json,sys; r=json.loads(sys.stdin.read() or "{}"); print("samples/s", r.get("samples_per_s_median"), "step_ms", r.get("step_time_ms_p50"), "loss", r.get("final_loss"))')"
+          done
+        done
+      done
+      python3 - "$OUT" <<'PY'
+import json, sys, glob
+out = sys.argv[1]
+def losses(tag):
+    rows = [json.loads(l) for l in open(f"{out}/{tag}/metrics.jsonl") if '"step"' in l and '"loss"' in l]
+    return {r["step"]: r["loss"] for r in rows}
+for act in ("relu", "gelu"):
+    a, b = losses(f"fuse_{act}_false_1"), losses(f"fuse_{act}_true_1")
+    steps = sorted(set(a) & set(b))
+    worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in steps)
+    print(f"{act}: loss curves over {len(steps)} logged steps, unfused {a[steps[0]]:.5f}..{a[steps[-1]]:.5f}, "
+          f"fused {b[steps[0]]:.5f}..{b[steps[-1]]:.5f}, worst relative difference {worst:.3g}")
+    for s in steps: print(f"  step {s}: {a[s]:.6f} {b[s]:.6f}")
+PY
+      for act in relu gelu; do
+        for fuse in false true; do
+          timeout 100 "$T" "$S/examples/mlp.ini" run.checkpoint=false run.progress=off run.fuse=$fuse run.steps=24 \
+            run.profile_ops=true model.activation=$act model.approximate=tanh run.out_dir="$OUT/prof_${act}_$fuse" \
+            > "$OUT/prof_${act}_$fuse.log" 2>&1
+          echo "profile $act fuse=$fuse rc=$?"; grep -A14 "per-op GPU time" "$OUT/prof_${act}_$fuse.log" | head -16
+        done
+      done
       ;;
     torch)
       modes="mlp:tf32 mlp:bf16 mlp:fp16 resnet50:tf32 resnet50:bf16 resnet50:fp16 resnet18c:tf32 resnet18c:bf16 resnet18c:fp16"

@@ -43,10 +43,13 @@ static void dev_get(void *dst, const void *src, size_t bytes) {
 /* ------------------------------------------------------------- batch_norm */
 
 /* x shapes: a small and a larger 4-D (several row partitions, channels not
- * a multiple of 32), a 2-D (BatchNorm1d). */
+ * a multiple of 32), ResNet-18's last stage on 32x32 images at batch 8
+ * (8x4x4 values per channel; 128 and 512 channels), a 2-D (BatchNorm1d). */
 static const stoke_shape bn_shapes[] = {
     {4, {4, 6, 5, 7}},
     {4, {8, 40, 17, 19}},
+    {4, {8, 128, 4, 4}},
+    {4, {8, 512, 4, 4}},
     {2, {1000, 40}},
 };
 
