@@ -67,8 +67,9 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"loss_scale_growth", STOKE_CFG_INT, "0", 0, 1e9, NULL,
      "fp16: clean steps before the scale doubles (0: the policy's, 2000)"},
     {"fuse", STOKE_CFG_BOOL, "false", 0, 0, NULL,
-     "let the compiler fuse linear + ReLU into one node where the backend has the fused kernel "
-     "(a ReLU epilogue on the GPU; off by default: the mlp bench ran 4.6% slower with it on an H100)"},
+     "let the compiler fuse linear + ReLU, batch_norm + ReLU and batch_norm + add + ReLU into one node "
+     "where a backend has the fused kernels (backends = fused, ... for the batch-norm ones; off by "
+     "default: the mlp bench ran 4.6% slower with the linear + ReLU epilogue on an H100)"},
     {"conv_autotune", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "time the candidate convolution algorithms once per shape and keep the fastest (cudnn.benchmark)"},
 };

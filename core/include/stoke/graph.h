@@ -105,7 +105,7 @@ typedef struct stoke_plan_opts {
   uint32_t flags;             /* STOKE_KFLAG_* passed to every kernel */
   int loss_scaling;           /* dynamic loss scaler (fp16) */
   double init_scale;
-  int fuse;                   /* fuse linear + relu where an engine has linear_relu */
+  int fuse;                   /* fuse linear/batch_norm (+ add) + relu where an engine has the fused op (plan.c) */
 } stoke_plan_opts;
 
 #define STOKE_MAX_ENGINES 32
