@@ -5,6 +5,9 @@
 #   fmnist    Fashion-MNIST CNN on the GPU (convert + train + eval)
 #   bench     stoke's mlp / resnet50 / resnet18c in tf32, bf16, fp16
 #   torch     PyTorch anchors (eager, and compile with TORCH_COMPILE=1)
+#   fusedab   resnet50 / resnet18c bf16 (FUSED_W), A: backends = cudnn,
+#             cublaslt, cuda against B: fused first and run.fuse: samples/s,
+#             the loss curves over 200 steps (same seed), per-op profiles
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
 set -uo pipefail
@@ -61,6 +64,39 @@ PY
         echo "$ini bf16 rc=$?: $(grep -E 'samples/s median' "$OUT/$ini.log")"
       done
       timeout 240 python3 "$S/anchors/loader_bench.py" "$S/photos" /tmp/anchor "$OUT/loader_anchor.json" 2>&1 | tail -1
+      ;;
+    fusedab)
+      A="run.backends=cudnn,cublaslt,cuda"; B="run.backends=fused,cudnn,cublaslt,cuda run.fuse=true"
+      summ() { python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if "\"summary\"" in l][-1]; print(r.get("samples_per_s_median"), r.get("step_time_ms_p50"), r.get("final_loss"))' "$1" 2>/dev/null; }
+      for w in ${FUSED_W:-resnet50 resnet18c}; do
+        for v in A B; do
+          args=${!v}
+          # speed (log every 20 steps: no per-step sync)
+          timeout 120 "$T" "$S/examples/$w.ini" run.checkpoint=false run.progress=off run.steps=${FUSED_STEPS:-120} run.log_every=20 \
+            $args run.out_dir="$OUT/ab_${w}_$v" > "$OUT/ab_${w}_$v.log" 2>&1
+          echo "$w $v rc=$? samples/s,step_ms,loss: $(summ "$OUT/ab_${w}_$v/metrics.jsonl")"
+          # the loss at every step of the first 200
+          timeout 120 "$T" "$S/examples/$w.ini" run.checkpoint=false run.progress=off run.steps=200 run.log_every=1 \
+            $args run.out_dir="$OUT/loss_${w}_$v" > "$OUT/loss_${w}_$v.log" 2>&1
+          echo "$w $v loss run rc=$? samples/s,step_ms,loss: $(summ "$OUT/loss_${w}_$v/metrics.jsonl")"
+          timeout 90 "$T" "$S/examples/$w.ini" run.checkpoint=false run.progress=off run.steps=12 run.log_every=4 \
+            run.profile_ops=true $args run.out_dir="$OUT/prof_${w}_$v" > "$OUT/prof_${w}_$v.log" 2>&1
+          echo "$w $v profile rc=$?"; grep -A24 "per-op GPU time" "$OUT/prof_${w}_$v.log" | head -26
+        done
+        python3 - "$OUT/loss_${w}_A/metrics.jsonl" "$OUT/loss_${w}_B/metrics.jsonl" <<'PY'
+import json, sys
+def losses(p):
+    return {r["step"]: r["loss"] for r in (json.loads(l) for l in open(p)) if "loss" in r and "step" in r and "summary" not in r}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+steps = sorted(set(a) & set(b))
+if not steps:
+    print("no common steps"); sys.exit()
+d = [abs(a[s] - b[s]) / max(abs(a[s]), 1e-12) for s in steps]
+print("loss curves: %d common steps, max rel diff %.4g (step %d), mean %.4g; A/B at steps 1, 50, 100, 200:" %
+      (len(steps), max(d), steps[d.index(max(d))], sum(d) / len(d)),
+      [(s, round(a[s], 4), round(b[s], 4)) for s in (1, 50, 100, 200) if s in a and s in b])
+PY
+      done
       ;;
     torch)
       modes="mlp:tf32 mlp:bf16 mlp:fp16 resnet50:tf32 resnet50:bf16 resnet50:fp16 resnet18c:tf32 resnet18c:bf16 resnet18c:fp16"

@@ -15,7 +15,7 @@
 // capturable in a CUDA graph.
 //
 // Training forward: stats -> finalize (saved_*, running update, per-channel
-// scale and shift) -> apply y = max(x scale + shift (+ r), 0). Eval: the
+// scale) -> apply y = max((x - mean) scale + bias (+ r), 0). Eval: the
 // finalize reads the running statistics. Backward: dz = dy (y > 0); sums ->
 // finalize (dweight, dbias with param_grad_beta; dx coefficients) -> dx =
 // A dz + B (x - mean) + C0 and, for bn_add_relu, dr = dz in the same pass.
@@ -180,7 +180,7 @@ constexpr int kFinLanes = 8;  // partitions combined in parallel per channel by 
 // Per channel (32 across x, kFinLanes partition lanes across y): combine the
 // partials in a fixed order (double); training: saved_* and the running
 // statistics (unbiased variance for running_var); eval: saved_* from the
-// running statistics. Then scale = w invstd, shift = b - mean scale.
+// running statistics. Then scale = w invstd and shift = b (f32), for the apply.
 template <typename T>
 __global__ void k_fin_fwd(const float2 *__restrict__ part, int P, int64_t C, int64_t M, int64_t R, double eps,
                           double mom, int training, const T *__restrict__ w, const T *__restrict__ b, float *rm,
@@ -226,19 +226,20 @@ __global__ void k_fin_fwd(const float2 *__restrict__ part, int P, int64_t C, int
   si[c] = (float)invstd;
   double k = (double)to_f(w[c]) * invstd;
   scale[c] = (float)k;
-  shift[c] = (float)((double)to_f(b[c]) - mean * k);
+  shift[c] = to_f(b[c]);
 }
 
-// y = max(x scale + shift (+ r), 0). The bn value is rounded to T before
-// the add, as the unfused batch_norm -> add nodes do.
+// y = max((x - mean) scale + shift (+ r), 0). The bn value is rounded to T
+// before the add, as the unfused batch_norm -> add nodes do.
 template <typename T, int V, bool ADD>
 __global__ void BOUNDS k_apply(const T *__restrict__ x, const T *__restrict__ res, T *__restrict__ y,
-                                               const float *__restrict__ scale, const float *__restrict__ shift,
-                                               int64_t M, int64_t C, int64_t cv) {
+                                               const float *__restrict__ smean, const float *__restrict__ scale,
+                                               const float *__restrict__ shift, int64_t M, int64_t C, int64_t cv) {
   constexpr int kUnroll = unroll<V, (ADD ? 2 : 1)>::n;
   int64_t vi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (vi >= cv) return;
-  float k[V], s[V];
+  float mean[V], k[V], s[V];
+  load_coef<V>(smean + vi * V, mean);
   load_coef<V>(scale + vi * V, k);
   load_coef<V>(shift + vi * V, s);
   int64_t step = (int64_t)gridDim.y * blockDim.y;
@@ -256,7 +257,7 @@ __global__ void BOUNDS k_apply(const T *__restrict__ x, const T *__restrict__ re
         float f[V];
 #pragma unroll
         for (int i = 0; i < V; i++) {
-          float v = to_f(rx[u].v[i]) * k[i] + s[i];
+          float v = (to_f(rx[u].v[i]) - mean[i]) * k[i] + s[i];
           if (ADD) v = to_f(from_f<T>(v)) + to_f(rr[u].v[i]);
           f[i] = v > 0.0f ? v : 0.0f;
         }
@@ -537,7 +538,8 @@ stoke_err *fwd_v(const stoke_kernel_args_v1 *a, const geom &g, int sms) {
       (float *)a->out[2].data, scale, shift);
   STOKE_CUDA_LAUNCH(nname(a));
   k_apply<T, V, ADD><<<dim3(g.gx, row_blocks(g, sms)), blk, 0, st>>>(
-      x, ADD ? (const T *)a->in[5].data : nullptr, (T *)a->out[0].data, scale, shift, g.m, g.c, g.cv);
+      x, ADD ? (const T *)a->in[5].data : nullptr, (T *)a->out[0].data, (const float *)a->out[1].data, scale, shift,
+      g.m, g.c, g.cv);
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
 }
