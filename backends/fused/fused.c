@@ -41,6 +41,7 @@ static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
   stoke_host = h;
   STOKE_PROPAGATE_P(r->add_backend(r->self, &backend));
   STOKE_PROPAGATE_P(stoke_fused_register_bn_act(r));
+  STOKE_PROPAGATE_P(stoke_fused_register_pool(r));
   return NULL;
 }
 

@@ -16,6 +16,8 @@ typedef struct stoke_fused_engine {
 
 /* bn_act.cu: bn_relu and bn_add_relu, forward and backward. */
 stoke_err *stoke_fused_register_bn_act(const stoke_registry_v1 *r);
+/* pool.cu: max_pool2d, forward and backward. */
+stoke_err *stoke_fused_register_pool(const stoke_registry_v1 *r);
 
 #ifdef __cplusplus
 }

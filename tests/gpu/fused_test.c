@@ -5,7 +5,9 @@
  * backward (dx, dweight, dbias, dr; dweight and dbias accumulated with
  * param_grad_beta 1 as well as overwritten), on ResNet shapes, channel
  * counts that are not a multiple of the vector width, and misaligned data
- * (the scalar fallback). Outputs are poisoned first. The backward of both
+ * (the scalar fallback); and max_pool2d (pool.cu) through the harness's
+ * g_check, with the engines ordered (fused, cuda) as `backends = fused,
+ * ...` orders them. Outputs are poisoned first. The backward of both
  * sides reads the GPU's forward output y: the ReLU mask is y > 0, and the
  * GPU rounds bn(x) to the dtype before the residual add (as the unfused
  * nodes do) where the f64 reference does not, so a value within rounding
@@ -19,10 +21,23 @@
 
 #include "gpu_harness.h"
 
+static void swap_engines(void) {
+  const char *n = g_engines[0];
+  void *s = g_engine_self[0];
+  g_engines[0] = g_engines[1], g_engine_self[0] = g_engine_self[1];
+  g_engines[1] = n, g_engine_self[1] = s;
+}
+
 static int setup(void **state) {
   static const char *engines[] = {"cuda", "fused"};
   if (g_setup_engines(engines, 2)) return -1;
+  swap_engines(); /* (fused, cuda): fused's kernels first */
   return 0;
+}
+
+static int teardown(void **state) {
+  swap_engines(); /* close in the order g_setup_engines expects */
+  return g_teardown(state);
 }
 
 typedef struct fcase {
@@ -177,6 +192,27 @@ static void run_all(stoke_dtype dt) {
   check_case(&mis);
 }
 
+/* max_pool2d: the stem's 3x3/2 pad 1, a 2x2/2, and C = 12 (scalar bf16) */
+static void test_max_pool(void **state) {
+  static const struct {
+    int64_t n, c, h, w;
+    const char *attrs;
+  } cases[] = {{8, 64, 56, 56, "kernel=3, stride=2, padding=1"},
+               {4, 32, 9, 7, "kernel=2, stride=2"},
+               {2, 12, 11, 11, "kernel=3, stride=2, padding=1"}};
+  static const stoke_dtype dts[] = {STOKE_BF16, STOKE_F16, STOKE_F32};
+  for (int d = 0; d < 3; d++)
+    for (int i = 0; i < 3; i++) {
+      g_case k = {.op = STOKE_OP_MAX_POOL2D, .attrs = cases[i].attrs, .n_in = 1,
+                  .in_shape = {{4, {cases[i].n, cases[i].c, cases[i].h, cases[i].w}}}, .layout = STOKE_NHWC,
+                  .dtype = dts[d], .tol = dts[d] == STOKE_F32 ? G_TOL_F32 : G_TOL_LOW, .training = 1, .backward = 1};
+      void *es = NULL;
+      const stoke_kernel_v1 *kk = g_gpu_kernel(STOKE_OP_MAX_POOL2D, STOKE_BWD, dts[d], STOKE_NHWC, &es);
+      if (strcmp(kk->engine, "fused")) fail_msg("max_pool2d went to %s, not fused", kk->engine);
+      g_check(&k);
+    }
+}
+
 static void test_bf16(void **state) { run_all(STOKE_BF16); }
 static void test_f16(void **state) { run_all(STOKE_F16); }
 static void test_f32(void **state) { run_all(STOKE_F32); }
@@ -186,6 +222,7 @@ int main(void) {
       cmocka_unit_test(test_bf16),
       cmocka_unit_test(test_f16),
       cmocka_unit_test(test_f32),
+      cmocka_unit_test(test_max_pool),
   };
-  return cmocka_run_group_tests(tests, setup, g_teardown);
+  return cmocka_run_group_tests(tests, setup, teardown);
 }
