@@ -203,19 +203,19 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
  * the fused forms. */
 #define BN_GY(n, c, s) (g.relu && !(y[NOFF(sy, n, c, s)] > 0) ? 0.0 : (double)dy[NOFF(sdy, n, c, s)])
 
-#define BN_KERNELS(T, SFX, DT, ACT)                                                              \
-  CPU_PLAN(bn_fwd_plan_##SFX, bn_geom g, bn_check(a, DT, 0, 0, &g, ACT))                         \
-  CPU_PLAN(bn_bwd_plan_##SFX, bn_geom g, bn_check(a, DT, 1, 0, &g, ACT))                         \
+#define BN_KERNELS(T, SFX, DT, ACT)                                                         \
+  CPU_PLAN(bn_fwd_plan_##SFX, bn_geom g, bn_check(a, DT, 0, 0, &g, ACT))                    \
+  CPU_PLAN(bn_bwd_plan_##SFX, bn_geom g, bn_check(a, DT, 1, 0, &g, ACT))                    \
                                                                                             \
   /* Training: batch mean and biased variance per channel over (N, S) (two                  \
    * passes, double), saved_* = (mean, 1/sqrt(var + eps)), running stats                    \
    * updated in place (unbiased variance m/(m-1) for running_var). Eval: the                \
    * running stats normalize and become saved_*; they are left alone.                       \
-   * y = (x - mean) invstd weight + bias, rounded to T; then y = max(y + r, 0)               \
-   * (bn_add_relu) or max(y, 0) (bn_relu), as the unfused nodes compute it. */                \
-  static stoke_err *bn_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {             \
+   * y = (x - mean) invstd weight + bias, rounded to T; then y = max(y + r, 0)              \
+   * (bn_add_relu) or max(y, 0) (bn_relu), as the unfused nodes compute it. */              \
+  static stoke_err *bn_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {              \
     bn_geom g;                                                                              \
-    CHECK(bn_check(a, DT, 0, 1, &g, ACT));                                                      \
+    CHECK(bn_check(a, DT, 0, 1, &g, ACT));                                                  \
     const T *x = a->in[0].data, *w = a->in[1].data, *b = a->in[2].data;                     \
     T *rm = a->in[3].data, *rv = a->in[4].data;                                             \
     T *y = a->out[0].data, *sm = a->out[1].data, *si = a->out[2].data;                      \
@@ -262,11 +262,11 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
    *   dbias = sum dy;  dweight = sum dy xhat                                               \
    *   training: dx = weight invstd (dy - dbias/m - xhat dweight/m)                         \
    *   eval (the statistics are constants): dx = weight invstd dy                           \
-   * with dy masked by y > 0 first in the fused forms (the ReLU's gradient);                  \
-   * bn_add_relu's dr is that masked dy. */                                                   \
-  static stoke_err *bn_bwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {             \
+   * with dy masked by y > 0 first in the fused forms (the ReLU's gradient);                \
+   * bn_add_relu's dr is that masked dy. */                                                 \
+  static stoke_err *bn_bwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {              \
     bn_geom g;                                                                              \
-    CHECK(bn_check(a, DT, 1, 1, &g, ACT));                                                      \
+    CHECK(bn_check(a, DT, 1, 1, &g, ACT));                                                  \
     T *dx = a->din[0].data, *dw = a->din[1].data, *db = a->din[2].data;                     \
     T *dr = g.add ? a->din[STOKE_BN_ADD_RELU_RESIDUAL].data : NULL;                         \
     if (!dx && !dw && !db && !dr) return NULL;                                              \
@@ -277,7 +277,7 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
     bn_strides sdr = dr ? bn_strides_of(&a->din[STOKE_BN_ADD_RELU_RESIDUAL], &g) : sdx;     \
     double b5 = dr ? grad_beta(a, STOKE_BN_ADD_RELU_RESIDUAL) : 0;                          \
     double m = (double)(g.n * g.s);                                                         \
-    double b0 = grad_beta(a, 0), b1 = grad_beta(a, 1), b2 = grad_beta(a, 2);             \
+    double b0 = grad_beta(a, 0), b1 = grad_beta(a, 1), b2 = grad_beta(a, 2);                \
     int need_x = dx || dw;                                                                  \
     for (int64_t c = 0; c < g.c; c++) {                                                     \
       double mean = need_x ? (double)sm[c] : 0, invstd = need_x ? (double)si[c] : 0;        \
@@ -289,8 +289,8 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
           if (dr) ACC(T, dr[NOFF(sdr, n, c, s)], b5, gy);                                   \
           if (need_x) sdyx_c += gy * ((double)x[NOFF(sx, n, c, s)] - mean) * invstd;        \
         }                                                                                   \
-      if (dw) ACC(T, dw[c], b1, sdyx_c);                                                   \
-      if (db) ACC(T, db[c], b2, sdy_c);                                                    \
+      if (dw) ACC(T, dw[c], b1, sdyx_c);                                                    \
+      if (db) ACC(T, db[c], b2, sdy_c);                                                     \
       if (!dx) continue;                                                                    \
       double k = (double)w[c] * invstd;                                                     \
       double mdy = a->training ? sdy_c / m : 0, mdyx = a->training ? sdyx_c / m : 0;        \
@@ -298,7 +298,7 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
         for (int64_t s = 0; s < g.s; s++) {                                                 \
           double xhat = ((double)x[NOFF(sx, n, c, s)] - mean) * invstd;                     \
           double gy = BN_GY(n, c, s);                                                       \
-          ACC(T, dx[NOFF(sdx, n, c, s)], b0, k * (gy - mdy - xhat * mdyx));                \
+          ACC(T, dx[NOFF(sdx, n, c, s)], b0, k * (gy - mdy - xhat * mdyx));                 \
         }                                                                                   \
     }                                                                                       \
     return NULL;                                                                            \

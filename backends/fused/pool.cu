@@ -3,8 +3,9 @@
 // pixel's V contiguous channels (16 bytes; V = 1 when C is not a multiple
 // or the data is misaligned), so the window arithmetic is done once per V
 // values instead of once per value, and every access is a coalesced vector.
-// ResNet-50's stem max-pool backward took 4.3 ms per step with the cuda
-// engine's scalar kernels.
+// ResNet-50's stem max-pool (bf16, batch 256, H100): forward 1.59 -> 0.33
+// ms, backward 4.34 -> 1.21 ms per step against the cuda engine's scalar
+// kernels (run.profile_ops).
 //
 // Semantics as the CPU reference: each window's first maximum in row-major
 // scan order (padding never wins; a NaN wins); dx[h, w] is the sum of dy
