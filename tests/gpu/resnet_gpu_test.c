@@ -1,7 +1,9 @@
 /* tests/gpu/resnet_gpu_test.c: a whole ResNet-18 (CIFAR stem) forward and
  * backward in fp32 on the GPU (cudnn, cublaslt, cuda; NHWC, TF32 off)
  * against the CPU backend (NCHW) from the same initial weights and batch:
- * the loss, every parameter gradient and the running statistics agree. */
+ * the loss, every parameter gradient and the running statistics agree.
+ * Twice: as built, and with the fused engine first and run.fuse (its
+ * bn_relu / bn_add_relu nodes against the CPU's unfused graph). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -17,6 +19,7 @@
 #include "stoke/config.h"
 #include "stoke/core.h"
 #include "stoke/graph.h"
+#include "stoke/ops.h"
 #include "stoke/registry.h"
 #include "stoke/rng.h"
 #include "stoke/run.h"
@@ -34,9 +37,9 @@ static stoke_cfg *cfg;
   } while (0)
 
 typedef struct side {
-  const char *engines[3];
-  int n;
-  void *selves[3];
+  const char *engines[4];
+  int n, fuse;
+  void *selves[4];
   const stoke_backend_v1 *dev;
   stoke_graph *g;
   stoke_plan *p;
@@ -51,7 +54,8 @@ static void build(side *s, stoke_layout layout) {
   stoke_builder_v1 b = stoke_graph_builder(s->g);
   OK(stoke_find_model(reg, "resnet")->build(cfg, "model", &b, x, CLASSES, &logits));
   OK(stoke_graph_loss(s->g, logits, ""));
-  stoke_plan_opts o = {.engines = s->engines, .n_engines = s->n, .engine_selves = s->selves, .training = 1};
+  stoke_plan_opts o = {.engines = s->engines, .n_engines = s->n, .engine_selves = s->selves, .training = 1,
+                       .fuse = s->fuse};
   OK(stoke_compile(s->g, &o, &s->p));
   OK(stoke_exec_new(s->p, s->dev, s->selves[s->n - 1 == 0 ? 0 : s->n - 1], 42, &s->x));
 }
@@ -66,16 +70,23 @@ static double rel(const float *a, const float *b, size_t n) {
   return sqrt(num / (den > 0 ? den : 1));
 }
 
-static void test_resnet18_gpu_matches_cpu(void **state) {
+/* fused: the fused engine first and the compiler's fusion on */
+static void check_resnet18(int fused) {
   side cpu = {.engines = {"cpu"}, .n = 1}, gpu = {.engines = {"cudnn", "cublaslt", "cuda"}, .n = 3};
+  if (fused) gpu = (side){.engines = {"fused", "cudnn", "cublaslt", "cuda"}, .n = 4, .fuse = 1};
+  int d = gpu.n - 1; /* the cuda device: last */
   cpu.dev = stoke_find_backend(reg, "cpu");
   OK(cpu.dev->open(0, NULL, &cpu.selves[0]));
   gpu.dev = stoke_find_backend(reg, "cuda");
-  OK(gpu.dev->open(0, NULL, &gpu.selves[2]));
-  OK(stoke_find_backend(reg, "cudnn")->open(0, gpu.selves[2], &gpu.selves[0]));
-  OK(stoke_find_backend(reg, "cublaslt")->open(0, gpu.selves[2], &gpu.selves[1]));
+  OK(gpu.dev->open(0, NULL, &gpu.selves[d]));
+  for (int i = 0; i < d; i++) OK(stoke_find_backend(reg, gpu.engines[i])->open(0, gpu.selves[d], &gpu.selves[i]));
   build(&cpu, STOKE_NCHW);
   build(&gpu, STOKE_NHWC);
+  int n_fused = 0;
+  for (int i = 0; i < gpu.g->n_fwd; i++)
+    n_fused += !strcmp(gpu.g->nodes[i].n.op, STOKE_OP_BN_RELU) || !strcmp(gpu.g->nodes[i].n.op, STOKE_OP_BN_ADD_RELU);
+  print_message("%s: %d fused batch-norm nodes\n", fused ? "fused" : "unfused", n_fused);
+  if (fused) assert_int_equal(n_fused, 17); /* the stem's, 8 blocks x 2 */
   /* one batch: NCHW for the CPU, the same values transposed to NHWC for the GPU */
   uint64_t seed = (uint64_t)time(NULL);
   print_message("seed %llu\n", (unsigned long long)seed);
@@ -93,7 +104,7 @@ static void test_resnet18_gpu_matches_cpu(void **state) {
   OK(stoke_exec_copy(gpu.x, stoke_exec_labels(gpu.x), yc, sizeof(int32_t) * N, STOKE_COPY_H2D));
   /* the GPU's gradients are poisoned: every one must be written */
   size_t gbytes = gpu.p->bytes[STOKE_BUF_GRADS];
-  OK(gpu.dev->fill(gpu.selves[2], stoke_exec_buffer(gpu.x, STOKE_BUF_GRADS), 0xff, gbytes, NULL));
+  OK(gpu.dev->fill(gpu.selves[d], stoke_exec_buffer(gpu.x, STOKE_BUF_GRADS), 0xff, gbytes, NULL));
   OK(stoke_exec_forward_backward(cpu.x, 1, 7));
   OK(stoke_exec_forward_backward(gpu.x, 1, 7));
   double lc, lg;
@@ -146,16 +157,18 @@ static void test_resnet18_gpu_matches_cpu(void **state) {
   stoke_plan_free(cpu.p);
   stoke_graph_free(gpu.g);
   stoke_graph_free(cpu.g);
-  stoke_find_backend(reg, "cublaslt")->close(gpu.selves[1]);
-  stoke_find_backend(reg, "cudnn")->close(gpu.selves[0]);
-  gpu.dev->close(gpu.selves[2]);
+  for (int i = d - 1; i >= 0; i--) stoke_find_backend(reg, gpu.engines[i])->close(gpu.selves[i]);
+  gpu.dev->close(gpu.selves[d]);
   cpu.dev->close(cpu.selves[0]);
 }
 
+static void test_resnet18_gpu_matches_cpu(void **state) { check_resnet18(0); }
+static void test_resnet18_fused_gpu_matches_cpu(void **state) { check_resnet18(1); }
+
 int main(void) {
   stoke_err *e = stoke_registry_new(&reg);
-  const char *plugins[] = {"cpu", "cuda", "cudnn", "cublaslt", "resnet"};
-  for (int i = 0; i < 5 && !e; i++) e = stoke_registry_load(reg, plugins[i]);
+  const char *plugins[] = {"cpu", "cuda", "cudnn", "cublaslt", "fused", "resnet"};
+  for (int i = 0; i < 6 && !e; i++) e = stoke_registry_load(reg, plugins[i]);
   cfg = stoke_cfg_new();
   if (!e) e = stoke_declare_core_keys(cfg);
   const stoke_model_v1 *m = e ? NULL : stoke_find_model(reg, "resnet");
@@ -165,7 +178,8 @@ int main(void) {
     fprintf(stderr, "setup: %s\n", e->msg);
     return 1;
   }
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_resnet18_gpu_matches_cpu)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_resnet18_gpu_matches_cpu),
+                                     cmocka_unit_test(test_resnet18_fused_gpu_matches_cpu)};
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   stoke_cfg_free(cfg);
   stoke_registry_free(reg);
