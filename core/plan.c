@@ -152,7 +152,7 @@ static int engine_rank(const stoke_plan_opts *o, const char *name) {
   return name ? i : o->n_engines;
 }
 
-/* The forward node that alone reads value v (and produced it), or -1. */
+/* The forward node that alone reads value v, or -1 (also for the logits and the loss). */
 static int only_reader(const stoke_graph *g, int v) {
   if (v == g->logits || v == g->loss) return -1;
   int reader = -1, readers = 0;
