@@ -72,7 +72,7 @@ static const char *fusable_act(const stoke_gnode *a) {
 }
 
 /* Remove forward node r: later nodes move down one place (also used by
- * core/plan.c's linear + relu fusion). */
+ * core/plan.c's fusion patterns). */
 void stoke_graph_drop_fwd_node(stoke_graph *g, int r) {
   memmove(&g->nodes[r], &g->nodes[r + 1], sizeof *g->nodes * (size_t)(g->n_nodes - r - 1));
   g->n_nodes--;

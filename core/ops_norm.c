@@ -1,6 +1,6 @@
 /* core/ops_norm.c: built-in op types batch_norm (with running statistics
- * as STATE inputs) and normalize (u8 images to normalized floats); see
- * stoke/ops.h. */
+ * as STATE inputs), its fused forms bn_relu and bn_add_relu, and normalize
+ * (u8 images to normalized floats); see stoke/ops.h. */
 #include <string.h>
 
 #include "ops_cnn.h"
@@ -33,6 +33,29 @@ static stoke_err *infer_bn(const stoke_node_v1 *n, const stoke_value_desc_v1 *in
 static double flops_bn(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
                        const stoke_value_desc_v1 *out) {
   return 4.0 * (double)stoke_numel(&in[0].shape); /* statistics, then scale and shift */
+}
+
+/* bn_add_relu: batch_norm's inputs, then the residual r of x's shape */
+static stoke_err *infer_bn_add_relu(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                                    stoke_value_desc_v1 *out) {
+  STOKE_PROPAGATE(infer_bn(n, in, out));
+  const stoke_shape *x = &in[0].shape, *r = &in[STOKE_BN_ADD_RELU_RESIDUAL].shape;
+  if (r->ndim != x->ndim || memcmp(r->d, x->d, sizeof(int64_t) * (size_t)x->ndim) ||
+      in[STOKE_BN_ADD_RELU_RESIDUAL].dtype != in[0].dtype)
+    return STOKE_ERR(STOKE_E_INVALID, "bn_add_relu '%s': the residual must have x's shape and dtype",
+                     n->name);
+  return NULL;
+}
+
+/* batch_norm's FLOPs, one per output for the ReLU (and one for the add) */
+static double flops_bn_relu(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                            const stoke_value_desc_v1 *out) {
+  return flops_bn(n, in, out) + (double)stoke_numel(&in[0].shape);
+}
+
+static double flops_bn_add_relu(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                                const stoke_value_desc_v1 *out) {
+  return flops_bn(n, in, out) + 2.0 * (double)stoke_numel(&in[0].shape);
 }
 
 static const stoke_attr_decl_v1 bn_attrs[] = {
@@ -81,6 +104,16 @@ static const stoke_op_type_v1 ops[] = {
      bn_attrs, 2, infer_bn, flops_bn,
      STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(1) |
          STOKE_BWD_NEEDS_OUTPUT(2),
+     (1u << 3) | (1u << 4), 1},
+    {STOKE_OP_BN_RELU, "batch_norm then ReLU, fused by the compiler", 5, 3, bn_attrs, 2, infer_bn,
+     flops_bn_relu,
+     STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(0) |
+         STOKE_BWD_NEEDS_OUTPUT(1) | STOKE_BWD_NEEDS_OUTPUT(2),
+     (1u << 3) | (1u << 4), 1},
+    {STOKE_OP_BN_ADD_RELU, "batch_norm, residual add, ReLU (a ResNet block's tail), fused by the compiler", 6,
+     3, bn_attrs, 2, infer_bn_add_relu, flops_bn_add_relu,
+     STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(0) |
+         STOKE_BWD_NEEDS_OUTPUT(1) | STOKE_BWD_NEEDS_OUTPUT(2),
      (1u << 3) | (1u << 4), 1},
     {STOKE_OP_NORMALIZE, "u8 image to normalized float (ToTensor + Normalize)", 1, 1,
      normalize_attrs, 4, infer_normalize, flops_normalize, 0, 1u << 0, 0},

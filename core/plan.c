@@ -126,37 +126,105 @@ static const char *engine_for(const stoke_graph *g, const stoke_plan_opts *o, co
   return NULL;
 }
 
-/* linear -> relu, where only the relu reads the linear's output, becomes
- * one linear_relu node when the engine that serves the linear also has the
- * fused kernels (forward and backward): the GPU then applies the ReLU in
- * the matmul's epilogue instead of another pass over the activations. */
-static void fuse_linear_relu(stoke_graph *g, const stoke_plan_opts *o) {
-  for (int r = 0; r < g->n_fwd; r++) {
-    stoke_gnode *rn = &g->nodes[r];
-    if (strcmp(rn->n.op, STOKE_OP_RELU)) continue;
-    int v = rn->in[0], l = g->values[v].producer;
-    if (l < 0 || strcmp(g->nodes[l].n.op, STOKE_OP_LINEAR) || v == g->logits || v == g->loss) continue;
-    int readers = 0;
-    for (int i = 0; i < g->n_fwd; i++)
-      for (int k = 0; k < g->nodes[i].n_in; k++) readers += g->nodes[i].in[k] == v;
-    if (readers != 1) continue;
-    const stoke_value *x = &g->values[g->nodes[l].in[0]];
-    const char *lin = engine_for(g, o, STOKE_OP_LINEAR, STOKE_FWD, x);
-    const char *fwd = engine_for(g, o, STOKE_OP_LINEAR_RELU, STOKE_FWD, x);
-    const char *bwd = engine_for(g, o, STOKE_OP_LINEAR_RELU, STOKE_BWD, x);
-    if (!lin || !fwd || !bwd || strcmp(lin, fwd) || strcmp(lin, bwd)) continue;
-    stoke_gnode *ln = &g->nodes[l];
-    ln->type = stoke_find_op(g->reg, STOKE_OP_LINEAR_RELU);
-    ln->n.op = ln->type->name;
-    ln->flops += rn->flops;
-    int y = rn->out[0];
-    ln->out[0] = y;
-    g->values[y].producer = l;
-    g->values[v].producer = -1; /* the pre-activation is no longer a value anyone writes */
-    g->values[v].shape = (stoke_shape){1, {1}};
-    stoke_graph_drop_fwd_node(g, r); /* the relu */
-    r--;
+/* Fusion patterns: a chain head -> [add ->] tail of forward nodes, each
+ * intermediate value read by the next node alone, becomes one `fused`
+ * node when an engine has its forward and backward kernels and comes no
+ * later in the backends list than the engine that serves the head (so a
+ * fused op never trades a better engine's head kernel for a worse one);
+ * the same engine as the head's only with [run] fuse = true:
+ *   linear -> relu: the ReLU in the matmul's epilogue (cublaslt);
+ *   batch_norm -> relu and batch_norm -> add -> relu: one pass per
+ *   direction over the activations instead of two or three (fused).
+ * The fused node takes the head's inputs (then the add's other input) and
+ * attributes, its name, and the tail's output; it sits where the tail was,
+ * after every node that makes one of its inputs (a ResNet block's
+ * shortcut branch comes after its main branch's last batch_norm). */
+typedef struct fuse_pattern {
+  const char *head, *tail, *fused;
+  int add; /* an add between head and tail; its other input joins the fused node */
+} fuse_pattern;
+
+static const fuse_pattern fuse_patterns[] = {
+    {STOKE_OP_LINEAR, STOKE_OP_RELU, STOKE_OP_LINEAR_RELU, 0},
+    {STOKE_OP_BATCH_NORM, STOKE_OP_RELU, STOKE_OP_BN_RELU, 0},
+    {STOKE_OP_BATCH_NORM, STOKE_OP_RELU, STOKE_OP_BN_ADD_RELU, 1},
+};
+
+/* Index of engine `name` in the list, or n_engines when absent. */
+static int engine_rank(const stoke_plan_opts *o, const char *name) {
+  int i = 0;
+  while (name && i < o->n_engines && strcmp(o->engines[i], name)) i++;
+  return name ? i : o->n_engines;
+}
+
+/* The forward node that alone reads value v, or -1 (also for the logits and the loss). */
+static int only_reader(const stoke_graph *g, int v) {
+  if (v == g->logits || v == g->loss) return -1;
+  int reader = -1, readers = 0;
+  for (int i = 0; i < g->n_fwd; i++)
+    for (int k = 0; k < g->nodes[i].n_in; k++)
+      if (g->nodes[i].in[k] == v) reader = i, readers++;
+  return readers == 1 ? reader : -1;
+}
+
+/* A value no node writes any more takes no memory. */
+static void drop_value(stoke_graph *g, int v) {
+  g->values[v].producer = -1;
+  g->values[v].shape = (stoke_shape){1, {1}};
+}
+
+/* Apply pattern p at tail node t if it matches; 1 when the graph changed. */
+static int fuse_at(stoke_graph *g, const stoke_plan_opts *o, const fuse_pattern *p, int t) {
+  stoke_gnode *tn = &g->nodes[t];
+  if (strcmp(tn->n.op, p->tail)) return 0;
+  int mid = -1, h = g->values[tn->in[0]].producer, other = -1;
+  if (p->add) { /* tail <- add(head's output, other) or add(other, head's output) */
+    mid = h;
+    if (mid < 0 || strcmp(g->nodes[mid].n.op, STOKE_OP_ADD) || only_reader(g, tn->in[0]) != t) return 0;
+    h = -1;
+    for (int k = 0; k < 2 && h < 0; k++) {
+      int v = g->nodes[mid].in[k], pr = g->values[v].producer;
+      if (pr >= 0 && !strcmp(g->nodes[pr].n.op, p->head) && only_reader(g, v) == mid &&
+          g->nodes[mid].in[1 - k] != v)
+        h = pr, other = g->nodes[mid].in[1 - k];
+    }
   }
+  if (h < 0 || strcmp(g->nodes[h].n.op, p->head) || g->nodes[h].n_out < 1) return 0;
+  int hv = g->nodes[h].out[0];
+  if (only_reader(g, hv) != (p->add ? mid : t)) return 0;
+  const stoke_value *x = &g->values[g->nodes[h].in[0]];
+  int head = engine_rank(o, engine_for(g, o, p->head, STOKE_FWD, x));
+  int fwd = engine_rank(o, engine_for(g, o, p->fused, STOKE_FWD, x));
+  int bwd = engine_rank(o, engine_for(g, o, p->fused, STOKE_BWD, x));
+  if (fwd >= o->n_engines || bwd >= o->n_engines || fwd > head || bwd > head) return 0;
+  /* an engine listed before the head's for its fused kernels (backends =
+   * fused, ...) asks for them; the head's own engine (cublaslt's ReLU
+   * epilogue, the cpu reference) fuses only with [run] fuse = true */
+  if (!o->fuse && (fwd == head || bwd == head)) return 0;
+  const stoke_op_type_v1 *ft = stoke_find_op(g->reg, p->fused);
+  stoke_gnode f = g->nodes[h];
+  if (!ft || f.n_in + (other >= 0) != ft->n_inputs || f.n_out != ft->n_outputs) return 0;
+  f.type = ft;
+  f.n.op = ft->name;
+  f.flops += tn->flops + (mid >= 0 ? g->nodes[mid].flops : 0);
+  if (other >= 0) f.in[f.n_in++] = other;
+  int y = tn->out[0];
+  f.out[0] = y;
+  drop_value(g, hv);
+  if (mid >= 0) drop_value(g, g->nodes[mid].out[0]);
+  g->nodes[t] = f;
+  g->nodes[t].n.name = g->nodes[t].name_buf;
+  for (int j = 0; j < f.n_out; j++) g->values[f.out[j]].producer = t;
+  /* the add and the head go (h < mid < t: the later first, indices stay valid) */
+  if (mid >= 0) stoke_graph_drop_fwd_node(g, mid);
+  stoke_graph_drop_fwd_node(g, h);
+  return 1;
+}
+
+static void fuse_patterns_all(stoke_graph *g, const stoke_plan_opts *o) {
+  for (size_t p = 0; p < sizeof fuse_patterns / sizeof *fuse_patterns; p++)
+    for (int t = 0; t < g->n_fwd; t++)
+      if (fuse_at(g, o, &fuse_patterns[p], t)) t = -1; /* indices moved: rescan */
 }
 
 /* The least memory traffic of one node run on its own: each value it
@@ -182,8 +250,10 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   if (opts->n_engines < 1) return STOKE_ERR(STOKE_E_INVALID, "no backend given");
   if (opts->n_engines > STOKE_MAX_ENGINES)
     return STOKE_ERR(STOKE_E_INVALID, "more than %d backends given", STOKE_MAX_ENGINES);
+  /* linear -> relu|gelu -> linear into cuBLASLt's epilogues (run.fuse), then
+   * the pattern table (see fuse_at for when each applies) */
   if (opts->fuse) STOKE_TRY(stoke_fuse_linear_act(g, opts), "fusing activations into linears");
-  if (opts->fuse) fuse_linear_relu(g, opts);
+  fuse_patterns_all(g, opts);
   if (opts->training) STOKE_TRY(stoke_graph_derive_backward(g), "deriving the backward pass");
   if (opts->training && opts->fuse) STOKE_TRY(stoke_fuse_act_grad(g), "fusing activation gradients");
   stoke_plan *p = calloc(1, sizeof *p);

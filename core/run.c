@@ -70,7 +70,8 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "let the compiler fuse linear -> relu|gelu(tanh) -> linear into cuBLASLt's activation epilogues "
      "(forward *_AUX_BIAS, backward DRELU/DGELU in the next linear's product) where the backend has them; "
      "off by default: on an H100 the bf16 mlp bench ran 10% slower with ReLU (cuBLASLt's DRELU product is "
-     "slow) and no faster with GELU"},
+     "slow) and no faster with GELU. Batch norm + ReLU (+ add) fuse without it when an engine listed before "
+     "the batch norm's has them (backends = fused, ...)"},
     {"cuda_graph", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "capture the whole step (forward, backward, optimizer, loss scaler) once as a CUDA graph and replay "
      "it: one launch per step instead of one per kernel"},

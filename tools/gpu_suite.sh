@@ -115,7 +115,7 @@ PY
       log "issue 6: loss curves, baseline against '$fast' (same seed, ${CURVE_STEPS:-200} steps)"
       for w in ${CURVE_W:-mlp resnet18c resnet50}; do
         for v in base fast; do
-          timeout 120 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=${CURVE_STEPS:-200} run.log_every=1 run.progress=off \
+          timeout 120 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=${CURVE_STEPS:-200} run.log_every=1 run.progress=off run.deterministic=true \
             ${!v} run.out_dir="$OUT/c_${w}_$v" > "$OUT/c_${w}_$v.log" 2>&1 || { echo "$w $v failed:"; tail -3 "$OUT/c_${w}_$v.log"; }
         done
         python3 - "$OUT/c_${w}_base/metrics.jsonl" "$OUT/c_${w}_fast/metrics.jsonl" "$w" <<'PY'

@@ -1,7 +1,10 @@
 /* backends/cpu/norm.c: CPU reference kernels (f32, f64); see stoke/ops.h.
  *
  * batch_norm (forward and backward, training and eval; x is (N, C, ...),
- * 4-D x in NCHW or NHWC memory) and normalize (u8 HWC images to f32 in the
+ * 4-D x in NCHW or NHWC memory), its fused forms bn_relu and bn_add_relu
+ * (the same bodies with the ReLU, and the residual add, applied per
+ * element: the reference the fused GPU kernels are checked against) and
+ * normalize (u8 HWC images to f32 in the
  * memory order its `layout` attribute names; forward only). The
  * type-independent parts (argument checks, strides) are plain functions;
  * the batch_norm bodies are written once in BN_KERNELS and instantiated for
@@ -21,7 +24,11 @@
 typedef struct bn_geom {
   int64_t n, c, s;
   double eps, momentum;
+  int relu, add; /* bn_relu: relu; bn_add_relu: both */
 } bn_geom;
+
+/* The op a batch-norm kernel serves: 0 batch_norm, 1 bn_relu, 2 bn_add_relu. */
+static const char *const bn_ops[] = {STOKE_OP_BATCH_NORM, STOKE_OP_BN_RELU, STOKE_OP_BN_ADD_RELU};
 
 /* Element strides of logical (n, c, s): channels last for a 4-D NHWC
  * tensor, channels-major (NCHW, or any tensor of another rank) else. */
@@ -39,9 +46,11 @@ static bn_strides bn_strides_of(const stoke_tensor *t, const bn_geom *g) {
  * backward needs dy, and x, weight, saved_* as the requested gradients do
  * (inputs 2-4 and output 0 hold no data there: bwd_needs). */
 static stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run,
-                           bn_geom *g) {
-  const char *op = STOKE_OP_BATCH_NORM;
-  CHECK(check_counts(a, op, bwd, 5, 3));
+                           bn_geom *g, int act) {
+  const char *op = bn_ops[act];
+  g->relu = act >= 1;
+  g->add = act == 2;
+  CHECK(check_counts(a, op, bwd, g->add ? 6 : 5, 3));
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= STOKE_BATCH_NORM_MOMENTUM)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes eps and momentum missing", op,
@@ -74,6 +83,15 @@ static stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
   for (int i = 0; i < 3; i++) CHECK(check_dtype(a, op, out_names[i], &a->out[i], dt));
   CHECK(check_layout_known(a, op, "x", x));
   CHECK(check_layout_known(a, op, "y", y));
+  const stoke_tensor *r = g->add ? &a->in[STOKE_BN_ADD_RELU_RESIDUAL] : NULL;
+  if (r) {
+    if (!same_shape(&r->shape, xs) || is_nhwc(r) != is_nhwc(x))
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the residual %s must have x's shape %s and memory order", op,
+                        node_name(a), shp(&r->shape).s, shp(xs).s);
+    CHECK(check_dtype(a, op, "residual", r, dt));
+    if (!bwd) CHECK(check_data(a, op, "residual", r, run));
+    else CHECK(check_grad(a, op, "residual", &a->din[STOKE_BN_ADD_RELU_RESIDUAL], r));
+  }
   if (!bwd) {
     for (int i = 0; i < 5; i++) CHECK(check_data(a, op, in_names[i], &a->in[i], run));
     for (int i = 0; i < 3; i++) CHECK(check_data(a, op, out_names[i], &a->out[i], run));
@@ -96,6 +114,9 @@ static stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
     CHECK(check_data(a, op, "saved_invstd", &a->out[2], run));
   }
   if (dx) CHECK(check_data(a, op, "weight", &a->in[1], run));
+  /* the ReLU's mask is y > 0 */
+  if (g->relu && (dx || dw || db || (r && a->din[STOKE_BN_ADD_RELU_RESIDUAL].data)))
+    CHECK(check_data(a, op, "y (the forward output)", y, run));
   return NULL;
 }
 
@@ -178,22 +199,29 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
 /* Offset of logical (n, c, s) under strides st. */
 #define NOFF(st, n, c, s) ((n) * (st).n + (c) * (st).c + (s) * (st).s)
 
-#define BN_KERNELS(T, SFX, DT)                                                              \
-  CPU_PLAN(bn_fwd_plan_##SFX, bn_geom g, bn_check(a, DT, 0, 0, &g))                         \
-  CPU_PLAN(bn_bwd_plan_##SFX, bn_geom g, bn_check(a, DT, 1, 0, &g))                         \
+/* In the backward bodies: dy at (n, c, s), masked by the ReLU (y > 0) in
+ * the fused forms. */
+#define BN_GY(n, c, s) (g.relu && !(y[NOFF(sy, n, c, s)] > 0) ? 0.0 : (double)dy[NOFF(sdy, n, c, s)])
+
+#define BN_KERNELS(T, SFX, DT, ACT)                                                         \
+  CPU_PLAN(bn_fwd_plan_##SFX, bn_geom g, bn_check(a, DT, 0, 0, &g, ACT))                    \
+  CPU_PLAN(bn_bwd_plan_##SFX, bn_geom g, bn_check(a, DT, 1, 0, &g, ACT))                    \
                                                                                             \
   /* Training: batch mean and biased variance per channel over (N, S) (two                  \
    * passes, double), saved_* = (mean, 1/sqrt(var + eps)), running stats                    \
    * updated in place (unbiased variance m/(m-1) for running_var). Eval: the                \
    * running stats normalize and become saved_*; they are left alone.                       \
-   * y = (x - mean) invstd weight + bias. */                                                \
-  static stoke_err *bn_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {             \
+   * y = (x - mean) invstd weight + bias, rounded to T; then y = max(y + r, 0)              \
+   * (bn_add_relu) or max(y, 0) (bn_relu), as the unfused nodes compute it. */              \
+  static stoke_err *bn_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {              \
     bn_geom g;                                                                              \
-    CHECK(bn_check(a, DT, 0, 1, &g));                                                      \
+    CHECK(bn_check(a, DT, 0, 1, &g, ACT));                                                  \
     const T *x = a->in[0].data, *w = a->in[1].data, *b = a->in[2].data;                     \
     T *rm = a->in[3].data, *rv = a->in[4].data;                                             \
     T *y = a->out[0].data, *sm = a->out[1].data, *si = a->out[2].data;                      \
+    const T *r = g.add ? a->in[STOKE_BN_ADD_RELU_RESIDUAL].data : NULL;                     \
     bn_strides sx = bn_strides_of(&a->in[0], &g), sy = bn_strides_of(&a->out[0], &g);       \
+    bn_strides sr = g.add ? bn_strides_of(&a->in[STOKE_BN_ADD_RELU_RESIDUAL], &g) : sx;     \
     double m = (double)(g.n * g.s), mom = g.momentum;                                       \
     for (int64_t c = 0; c < g.c; c++) {                                                     \
       double mean, invstd;                                                                  \
@@ -219,8 +247,12 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
       si[c] = (T)invstd;                                                                    \
       double scale = (double)w[c] * invstd, shift = (double)b[c];                           \
       for (int64_t n = 0; n < g.n; n++)                                                     \
-        for (int64_t s = 0; s < g.s; s++)                                                   \
-          y[NOFF(sy, n, c, s)] = (T)(((double)x[NOFF(sx, n, c, s)] - mean) * scale + shift); \
+        for (int64_t s = 0; s < g.s; s++) {                                                 \
+          T v = (T)(((double)x[NOFF(sx, n, c, s)] - mean) * scale + shift);                 \
+          if (r) v = (T)((double)v + (double)r[NOFF(sr, n, c, s)]);                         \
+          if (g.relu && !(v > 0)) v = (T)0;                                                 \
+          y[NOFF(sy, n, c, s)] = v;                                                         \
+        }                                                                                   \
     }                                                                                       \
     return NULL;                                                                            \
   }                                                                                         \
@@ -229,45 +261,56 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
    * xhat = (x - mean) invstd, per channel over its m = N S values:                         \
    *   dbias = sum dy;  dweight = sum dy xhat                                               \
    *   training: dx = weight invstd (dy - dbias/m - xhat dweight/m)                         \
-   *   eval (the statistics are constants): dx = weight invstd dy */                        \
-  static stoke_err *bn_bwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {             \
+   *   eval (the statistics are constants): dx = weight invstd dy                           \
+   * with dy masked by y > 0 first in the fused forms (the ReLU's gradient);                \
+   * bn_add_relu's dr is that masked dy. */                                                 \
+  static stoke_err *bn_bwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {              \
     bn_geom g;                                                                              \
-    CHECK(bn_check(a, DT, 1, 1, &g));                                                      \
+    CHECK(bn_check(a, DT, 1, 1, &g, ACT));                                                  \
     T *dx = a->din[0].data, *dw = a->din[1].data, *db = a->din[2].data;                     \
-    if (!dx && !dw && !db) return NULL;                                                     \
+    T *dr = g.add ? a->din[STOKE_BN_ADD_RELU_RESIDUAL].data : NULL;                         \
+    if (!dx && !dw && !db && !dr) return NULL;                                              \
     const T *x = a->in[0].data, *w = a->in[1].data, *dy = a->dout[0].data;                  \
-    const T *sm = a->out[1].data, *si = a->out[2].data;                                     \
+    const T *sm = a->out[1].data, *si = a->out[2].data, *y = a->out[0].data;                \
     bn_strides sx = bn_strides_of(&a->in[0], &g), sdy = bn_strides_of(&a->dout[0], &g);     \
-    bn_strides sdx = bn_strides_of(&a->din[0], &g);                                         \
+    bn_strides sdx = bn_strides_of(&a->din[0], &g), sy = bn_strides_of(&a->out[0], &g);     \
+    bn_strides sdr = dr ? bn_strides_of(&a->din[STOKE_BN_ADD_RELU_RESIDUAL], &g) : sdx;     \
+    double b5 = dr ? grad_beta(a, STOKE_BN_ADD_RELU_RESIDUAL) : 0;                          \
     double m = (double)(g.n * g.s);                                                         \
-    double b0 = grad_beta(a, 0), b1 = grad_beta(a, 1), b2 = grad_beta(a, 2);             \
+    double b0 = grad_beta(a, 0), b1 = grad_beta(a, 1), b2 = grad_beta(a, 2);                \
     int need_x = dx || dw;                                                                  \
     for (int64_t c = 0; c < g.c; c++) {                                                     \
       double mean = need_x ? (double)sm[c] : 0, invstd = need_x ? (double)si[c] : 0;        \
       double sdy_c = 0, sdyx_c = 0;                                                         \
       for (int64_t n = 0; n < g.n; n++)                                                     \
         for (int64_t s = 0; s < g.s; s++) {                                                 \
-          double gy = (double)dy[NOFF(sdy, n, c, s)];                                       \
+          double gy = BN_GY(n, c, s);                                                       \
           sdy_c += gy;                                                                      \
+          if (dr) ACC(T, dr[NOFF(sdr, n, c, s)], b5, gy);                                   \
           if (need_x) sdyx_c += gy * ((double)x[NOFF(sx, n, c, s)] - mean) * invstd;        \
         }                                                                                   \
-      if (dw) ACC(T, dw[c], b1, sdyx_c);                                                   \
-      if (db) ACC(T, db[c], b2, sdy_c);                                                    \
+      if (dw) ACC(T, dw[c], b1, sdyx_c);                                                    \
+      if (db) ACC(T, db[c], b2, sdy_c);                                                     \
       if (!dx) continue;                                                                    \
       double k = (double)w[c] * invstd;                                                     \
       double mdy = a->training ? sdy_c / m : 0, mdyx = a->training ? sdyx_c / m : 0;        \
       for (int64_t n = 0; n < g.n; n++)                                                     \
         for (int64_t s = 0; s < g.s; s++) {                                                 \
           double xhat = ((double)x[NOFF(sx, n, c, s)] - mean) * invstd;                     \
-          double gy = (double)dy[NOFF(sdy, n, c, s)];                                       \
-          ACC(T, dx[NOFF(sdx, n, c, s)], b0, k * (gy - mdy - xhat * mdyx));                \
+          double gy = BN_GY(n, c, s);                                                       \
+          ACC(T, dx[NOFF(sdx, n, c, s)], b0, k * (gy - mdy - xhat * mdyx));                 \
         }                                                                                   \
     }                                                                                       \
     return NULL;                                                                            \
   }
 
-BN_KERNELS(float, f32, STOKE_F32)
-BN_KERNELS(double, f64, STOKE_F64)
+BN_KERNELS(float, f32, STOKE_F32, 0)
+BN_KERNELS(double, f64, STOKE_F64, 0)
+BN_KERNELS(float, relu_f32, STOKE_F32, 1)
+BN_KERNELS(double, relu_f64, STOKE_F64, 1)
+BN_KERNELS(float, add_relu_f32, STOKE_F32, 2)
+BN_KERNELS(double, add_relu_f64, STOKE_F64, 2)
+#undef BN_GY
 
 /* ============================================================ registration */
 
@@ -278,6 +321,14 @@ static const stoke_kernel_v1 norm_kernels[] = {
     NKERNEL(STOKE_OP_BATCH_NORM, STOKE_BWD, bn_bwd, f32, STOKE_F32),
     NKERNEL(STOKE_OP_BATCH_NORM, STOKE_FWD, bn_fwd, f64, STOKE_F64),
     NKERNEL(STOKE_OP_BATCH_NORM, STOKE_BWD, bn_bwd, f64, STOKE_F64),
+    NKERNEL(STOKE_OP_BN_RELU, STOKE_FWD, bn_fwd, relu_f32, STOKE_F32),
+    NKERNEL(STOKE_OP_BN_RELU, STOKE_BWD, bn_bwd, relu_f32, STOKE_F32),
+    NKERNEL(STOKE_OP_BN_RELU, STOKE_FWD, bn_fwd, relu_f64, STOKE_F64),
+    NKERNEL(STOKE_OP_BN_RELU, STOKE_BWD, bn_bwd, relu_f64, STOKE_F64),
+    NKERNEL(STOKE_OP_BN_ADD_RELU, STOKE_FWD, bn_fwd, add_relu_f32, STOKE_F32),
+    NKERNEL(STOKE_OP_BN_ADD_RELU, STOKE_BWD, bn_bwd, add_relu_f32, STOKE_F32),
+    NKERNEL(STOKE_OP_BN_ADD_RELU, STOKE_FWD, bn_fwd, add_relu_f64, STOKE_F64),
+    NKERNEL(STOKE_OP_BN_ADD_RELU, STOKE_BWD, bn_bwd, add_relu_f64, STOKE_F64),
     {"cpu", STOKE_OP_NORMALIZE, STOKE_FWD, STOKE_U8, STOKE_LAYOUT_ANY, normalize_fwd_plan,
      normalize_fwd, destroy_none},
 };

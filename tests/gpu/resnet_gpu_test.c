@@ -3,7 +3,9 @@
  * against the CPU backend (NCHW) from the same initial weights and batch:
  * the loss, every parameter gradient and the running statistics agree; and
  * both against the same network in f64 on the CPU, so a difference can be
- * told apart from the fp32 reference's own rounding. */
+ * told apart from the fp32 reference's own rounding. Twice: as built, and
+ * with the fused engine first (its bn_relu / bn_add_relu nodes against the
+ * CPU's unfused graph). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -20,6 +22,7 @@
 #include "stoke/core.h"
 #include "stoke/graph.h"
 #include "stoke/registry.h"
+#include "stoke/ops.h"
 #include "stoke/rng.h"
 #include "stoke/run.h"
 
@@ -36,9 +39,9 @@ static stoke_cfg *cfg;
   } while (0)
 
 typedef struct side {
-  const char *engines[3];
+  const char *engines[4];
   int n;
-  void *selves[3];
+  void *selves[4];
   const stoke_backend_v1 *dev;
   stoke_graph *g;
   stoke_plan *p;
@@ -68,16 +71,23 @@ static double rel(const float *a, const float *b, size_t n) {
   return sqrt(num / (den > 0 ? den : 1));
 }
 
-static void test_resnet18_gpu_matches_cpu(void **state) {
+/* fused: the fused engine first (the compiler fuses batch norm + ReLU (+ add)) */
+static void check_resnet18(int fused) {
   side cpu = {.engines = {"cpu"}, .n = 1}, gpu = {.engines = {"cudnn", "cublaslt", "cuda"}, .n = 3};
+  if (fused) gpu = (side){.engines = {"fused", "cudnn", "cublaslt", "cuda"}, .n = 4};
+  int d = gpu.n - 1; /* the cuda device: last */
   cpu.dev = stoke_find_backend(reg, "cpu");
   OK(cpu.dev->open(0, NULL, &cpu.selves[0]));
   gpu.dev = stoke_find_backend(reg, "cuda");
-  OK(gpu.dev->open(0, NULL, &gpu.selves[2]));
-  OK(stoke_find_backend(reg, "cudnn")->open(0, gpu.selves[2], &gpu.selves[0]));
-  OK(stoke_find_backend(reg, "cublaslt")->open(0, gpu.selves[2], &gpu.selves[1]));
+  OK(gpu.dev->open(0, NULL, &gpu.selves[d]));
+  for (int i = 0; i < d; i++) OK(stoke_find_backend(reg, gpu.engines[i])->open(0, gpu.selves[d], &gpu.selves[i]));
   build(&cpu, STOKE_NCHW, STOKE_F32);
   build(&gpu, STOKE_NHWC, STOKE_F32);
+  int n_fused = 0;
+  for (int i = 0; i < gpu.g->n_fwd; i++)
+    n_fused += !strcmp(gpu.g->nodes[i].n.op, STOKE_OP_BN_RELU) || !strcmp(gpu.g->nodes[i].n.op, STOKE_OP_BN_ADD_RELU);
+  print_message("%s: %d fused batch-norm nodes\n", fused ? "fused" : "unfused", n_fused);
+  assert_int_equal(n_fused, fused ? 17 : 0); /* the stem's, 8 blocks x 2 */
   /* the same network in f64 on the CPU: how far each fp32 side is from the
    * exact gradients (an fp32 reference is itself off by its own rounding) */
   side ref = {.engines = {"cpu"}, .n = 1, .dev = cpu.dev, .selves = {cpu.selves[0]}};
@@ -111,7 +121,7 @@ static void test_resnet18_gpu_matches_cpu(void **state) {
   OK(stoke_exec_copy(gpu.x, stoke_exec_labels(gpu.x), yc, sizeof(int32_t) * N, STOKE_COPY_H2D));
   /* the GPU's gradients are poisoned: every one must be written */
   size_t gbytes = gpu.p->bytes[STOKE_BUF_GRADS];
-  OK(gpu.dev->fill(gpu.selves[2], stoke_exec_buffer(gpu.x, STOKE_BUF_GRADS), 0xff, gbytes, NULL));
+  OK(gpu.dev->fill(gpu.selves[d], stoke_exec_buffer(gpu.x, STOKE_BUF_GRADS), 0xff, gbytes, NULL));
   OK(stoke_exec_forward_backward(ref.x, 1, 7));
   OK(stoke_exec_forward_backward(cpu.x, 1, 7));
   OK(stoke_exec_forward_backward(gpu.x, 1, 7));
@@ -184,16 +194,18 @@ static void test_resnet18_gpu_matches_cpu(void **state) {
   stoke_plan_free(cpu.p);
   stoke_graph_free(gpu.g);
   stoke_graph_free(cpu.g);
-  stoke_find_backend(reg, "cublaslt")->close(gpu.selves[1]);
-  stoke_find_backend(reg, "cudnn")->close(gpu.selves[0]);
-  gpu.dev->close(gpu.selves[2]);
+  for (int i = d - 1; i >= 0; i--) stoke_find_backend(reg, gpu.engines[i])->close(gpu.selves[i]);
+  gpu.dev->close(gpu.selves[d]);
   cpu.dev->close(cpu.selves[0]);
 }
 
+static void test_resnet18_gpu_matches_cpu(void **state) { check_resnet18(0); }
+static void test_resnet18_fused_gpu_matches_cpu(void **state) { check_resnet18(1); }
+
 int main(void) {
   stoke_err *e = stoke_registry_new(&reg);
-  const char *plugins[] = {"cpu", "cuda", "cudnn", "cublaslt", "resnet"};
-  for (int i = 0; i < 5 && !e; i++) e = stoke_registry_load(reg, plugins[i]);
+  const char *plugins[] = {"cpu", "cuda", "cudnn", "cublaslt", "fused", "resnet"};
+  for (int i = 0; i < 6 && !e; i++) e = stoke_registry_load(reg, plugins[i]);
   cfg = stoke_cfg_new();
   if (!e) e = stoke_declare_core_keys(cfg);
   const stoke_model_v1 *m = e ? NULL : stoke_find_model(reg, "resnet");
@@ -203,7 +215,8 @@ int main(void) {
     fprintf(stderr, "setup: %s\n", e->msg);
     return 1;
   }
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_resnet18_gpu_matches_cpu)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_resnet18_gpu_matches_cpu),
+                                     cmocka_unit_test(test_resnet18_fused_gpu_matches_cpu)};
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   stoke_cfg_free(cfg);
   stoke_registry_free(reg);

@@ -105,7 +105,7 @@ typedef struct stoke_plan_opts {
   uint32_t flags;             /* STOKE_KFLAG_* passed to every kernel */
   int loss_scaling;           /* dynamic loss scaler (fp16) */
   double init_scale;
-  int fuse;                   /* fuse linear + relu/gelu(tanh) where an engine has the fused kernels */
+  int fuse;                   /* fuse linear + relu/gelu(tanh) into cuBLASLt epilogues (batch-norm fusions need no flag) */
 } stoke_plan_opts;
 
 #define STOKE_MAX_ENGINES 32

@@ -118,6 +118,18 @@
 #define STOKE_BATCH_NORM_EPS 0      /* float, 1e-5 */
 #define STOKE_BATCH_NORM_MOMENTUM 1 /* float, 0.1 */
 
+/* bn_relu: batch_norm then ReLU in one node, y = max(bn(x), 0), what the
+ * compiler makes of a batch_norm whose output only a relu reads (run.fuse)
+ * when an engine has the fused kernels. Inputs, outputs, attributes and
+ * running-statistics update as batch_norm's; backward reads x, weight,
+ * saved_* and y (the ReLU mask is y > 0).
+ * bn_add_relu: y = max(bn(x) + r, 0), the ResNet block's tail (batch_norm
+ * -> add -> relu), with the residual r[x's shape] as input 5; backward
+ * also writes dr, the masked output gradient that flows into the add. */
+#define STOKE_OP_BN_RELU "bn_relu"
+#define STOKE_OP_BN_ADD_RELU "bn_add_relu"
+#define STOKE_BN_ADD_RELU_RESIDUAL 5 /* the input index of r */
+
 /* normalize: u8 images x[N, C, H, W] (memory HWC: layout NHWC) -> float
  * (x / 255 - mean[c]) / std[c] in the graph's layout, as torchvision's
  * ToTensor + Normalize, in one pass. The first node of image models. */

@@ -1,0 +1,205 @@
+/* tests/gpu/fused_test.c: the fused engine's bn_relu and bn_add_relu
+ * kernels (backends/fused/bn_act.cu) against the CPU reference in f64
+ * (gpu_harness.h): bf16, fp16 and f32, NHWC, training and eval, forward
+ * (y, saved statistics, the running statistics updated in place) and
+ * backward (dx, dweight, dbias, dr; dweight and dbias accumulated with
+ * param_grad_beta 1 as well as overwritten), on ResNet shapes, channel
+ * counts that are not a multiple of the vector width, and misaligned data
+ * (the scalar fallback), with the engines ordered (fused, cuda) as
+ * `backends = fused, ...` orders them. Outputs are poisoned first. The backward of both
+ * sides reads the GPU's forward output y: the ReLU mask is y > 0, and the
+ * GPU rounds bn(x) to the dtype before the residual add (as the unfused
+ * nodes do) where the f64 reference does not, so a value within rounding
+ * of 0 could otherwise take another mask on each side. Runs on a GPU
+ * machine only. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "gpu_harness.h"
+
+static void swap_engines(void) {
+  const char *n = g_engines[0];
+  void *s = g_engine_self[0];
+  g_engines[0] = g_engines[1], g_engine_self[0] = g_engine_self[1];
+  g_engines[1] = n, g_engine_self[1] = s;
+}
+
+static int setup(void **state) {
+  static const char *engines[] = {"cuda", "fused"};
+  if (g_setup_engines(engines, 2)) return -1;
+  swap_engines(); /* (fused, cuda): fused's kernels first */
+  return 0;
+}
+
+static int teardown(void **state) {
+  swap_engines(); /* close in the order g_setup_engines expects */
+  return g_teardown(state);
+}
+
+typedef struct fcase {
+  int64_t n, c, h, w;
+  int add, training, beta, misalign;
+  stoke_dtype dt;
+} fcase;
+
+static void *engine_of(const char *name) {
+  for (int i = 0; i < g_n_engines; i++)
+    if (!strcmp(g_engines[i], name)) return g_engine_self[i];
+  fail_msg("engine %s not open", name);
+  return NULL;
+}
+
+/* Device copy of t's values into its reference side (as f64). */
+static void pull_into_ref(g_tensor *t) {
+  int64_t n = stoke_numel(&t->dev.shape);
+  size_t bytes = (size_t)n * stoke_dtype_size(t->dev.dtype);
+  void *host = malloc(bytes);
+  stoke_err *e = g_dev->copy(g_dev_self, host, t->dev.data, bytes, STOKE_COPY_D2H, NULL);
+  if (e) fail_msg("download: %s", e->msg);
+  for (int64_t i = 0; i < n; i++) g_set(t->ref.data, t->ref.dtype, i, g_get(host, t->dev.dtype, i));
+  free(host);
+}
+
+static void expect(const char *what, const g_tensor *t, const fcase *k, double tol) {
+  double mx, err = g_compare(t, &mx);
+  print_message("  %-11s %-4s %-8s (%lld, %lld, %lld, %lld)%s %-14s rel err %.3g (max abs %.3g)\n",
+                k->add ? "bn_add_relu" : "bn_relu", stoke_dtype_name(k->dt), k->training ? "training" : "eval",
+                (long long)k->n, (long long)k->c, (long long)k->h, (long long)k->w, k->misalign ? " misaligned" : "",
+                what, err, mx);
+  if (!(err <= tol))
+    fail_msg("%s %s %s: relative error %.3g > %.3g (seed %llu)", k->add ? "bn_add_relu" : "bn_relu",
+             stoke_dtype_name(k->dt), what, err, tol, (unsigned long long)g_seed);
+}
+
+static void check_case(const fcase *k) {
+  const char *op = k->add ? STOKE_OP_BN_ADD_RELU : STOKE_OP_BN_RELU;
+  stoke_node_v1 node;
+  stoke_err *e = stoke_node_init(g_reg, op, "fused_test", "eps=1e-5, momentum=0.2", &node);
+  if (e) fail_msg("%s", e->msg);
+  double tol = k->dt == STOKE_F32 ? G_TOL_F32 : G_TOL_LOW;
+  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, (uint64_t)k->c * 131 + (uint64_t)k->dt, (uint64_t)k->add));
+  int n_in = k->add ? 6 : 5;
+  stoke_shape xs = {4, {k->n, k->c, k->h, k->w}}, cs = {1, {k->c}};
+  g_tensor in[6], out[3], din[6], dy;
+  memset(in, 0, sizeof in);
+  memset(din, 0, sizeof din);
+  for (int i = 0; i < n_in; i++) {
+    int act = i == 0 || i == 5, stat = i == 3 || i == 4;
+    g_alloc(&in[i], act ? &xs : &cs, stat ? STOKE_F32 : k->dt, act ? STOKE_NHWC : STOKE_LAYOUT_ANY);
+    if (stat) g_fill(&in[i], &r, 0.5, 1.5, 0);
+    else if (i == 1) g_fill(&in[i], &r, 0.5, 1.5, 0);
+    else g_fill(&in[i], &r, -1, 1, 0);
+  }
+  g_alloc2(&out[0], &xs, STOKE_F64, k->dt, STOKE_NHWC);
+  for (int j = 1; j < 3; j++) g_alloc2(&out[j], &cs, STOKE_F64, STOKE_F32, STOKE_LAYOUT_ANY);
+  size_t shift = k->misalign ? stoke_dtype_size(k->dt) : 0; /* off the 16-byte grid: the scalar path */
+  if (shift) {
+    /* move the data one element on: refill x and r there */
+    in[0].dev.data = (char *)in[0].dev.data + shift;
+    g_fill(&in[0], &r, -1, 1, 0);
+    if (k->add) {
+      in[5].dev.data = (char *)in[5].dev.data + shift;
+      g_fill(&in[5], &r, -1, 1, 0);
+    }
+    out[0].dev.data = (char *)out[0].dev.data + shift;
+  }
+  for (int j = 0; j < 3; j++) g_poison(&out[j]);
+  stoke_tensor ri[6], gi[6], ro[3], go[3];
+  for (int i = 0; i < n_in; i++) ri[i] = in[i].ref, gi[i] = in[i].dev;
+  for (int j = 0; j < 3; j++) ro[j] = out[j].ref, go[j] = out[j].dev;
+  stoke_kernel_args_v1 ra = {.node = &node, .n_in = n_in, .n_out = 3, .in = ri, .out = ro, .training = k->training};
+  stoke_kernel_args_v1 ga = ra;
+  ga.in = gi, ga.out = go, ga.engine = engine_of("fused"), ga.stream = g_dev->default_stream(g_dev_self);
+  const stoke_kernel_v1 *rk = stoke_find_kernel(g_reg, "cpu", op, STOKE_FWD, STOKE_F64, STOKE_NHWC);
+  const stoke_kernel_v1 *gk = stoke_find_kernel(g_reg, "fused", op, STOKE_FWD, k->dt, STOKE_NHWC);
+  if (!rk || !gk) fail_msg("no %s forward kernel (cpu f64 or fused %s)", op, stoke_dtype_name(k->dt));
+  g_run(rk, &ra, 0);
+  g_run(gk, &ga, 1);
+  expect("y", &out[0], k, tol);
+  expect("saved_mean", &out[1], k, G_TOL_F32);
+  expect("saved_invstd", &out[2], k, G_TOL_F32);
+  expect("running_mean", &in[3], k, G_TOL_F32);
+  expect("running_var", &in[4], k, G_TOL_F32);
+  /* backward on the GPU's y (see the top) */
+  pull_into_ref(&out[0]);
+  g_alloc2(&dy, &xs, STOKE_F64, k->dt, STOKE_NHWC);
+  if (shift) dy.dev.data = (char *)dy.dev.data + shift;
+  g_fill(&dy, &r, -1, 1, 0);
+  stoke_tensor rdin[6], gdin[6], rdout[3], gdout[3];
+  memset(rdin, 0, sizeof rdin);
+  memset(gdin, 0, sizeof gdin);
+  memset(rdout, 0, sizeof rdout);
+  memset(gdout, 0, sizeof gdout);
+  rdout[0] = dy.ref, gdout[0] = dy.dev;
+  for (int i = 0; i < n_in; i++) {
+    if (i == 3 || i == 4) continue;
+    g_alloc(&din[i], i == 1 || i == 2 ? &cs : &xs, k->dt, in[i].dev.layout);
+    if (shift && i != 1 && i != 2) din[i].dev.data = (char *)din[i].dev.data + shift;
+    if (k->beta && (i == 1 || i == 2)) g_fill(&din[i], &r, -1, 1, 0); /* accumulated onto */
+    else g_poison(&din[i]);
+    rdin[i] = din[i].ref, gdin[i] = din[i].dev;
+  }
+  const stoke_op_type_v1 *t = stoke_find_op(g_reg, op);
+  for (int i = 0; i < n_in; i++)
+    if (!(t->bwd_needs & STOKE_BWD_NEEDS_INPUT(i))) ri[i].data = gi[i].data = NULL;
+  stoke_kernel_args_v1 rb = ra, gb = ga;
+  rb.din = rdin, rb.dout = rdout, gb.din = gdin, gb.dout = gdout;
+  rb.param_grads = gb.param_grads = 6;
+  rb.param_grad_beta = gb.param_grad_beta = k->beta ? 1.0f : 0.0f;
+  const stoke_kernel_v1 *rbk = stoke_find_kernel(g_reg, "cpu", op, STOKE_BWD, STOKE_F64, STOKE_NHWC);
+  const stoke_kernel_v1 *gbk = stoke_find_kernel(g_reg, "fused", op, STOKE_BWD, k->dt, STOKE_NHWC);
+  if (!rbk || !gbk) fail_msg("no %s backward kernel", op);
+  g_run(rbk, &rb, 0);
+  g_run(gbk, &gb, 1);
+  static const char *names[] = {"dx", "dweight", "dbias", "", "", "dr"};
+  for (int i = 0; i < n_in; i++)
+    if (din[i].dev.data) expect(names[i], &din[i], k, tol);
+  /* put the shifted pointers back before freeing */
+  if (shift) {
+    in[0].dev.data = (char *)in[0].dev.data - shift;
+    out[0].dev.data = (char *)out[0].dev.data - shift;
+    dy.dev.data = (char *)dy.dev.data - shift;
+    if (k->add) in[5].dev.data = (char *)in[5].dev.data - shift;
+    for (int i = 0; i < n_in; i++)
+      if (din[i].dev.data && i != 1 && i != 2) din[i].dev.data = (char *)din[i].dev.data - shift;
+  }
+  g_free(&dy);
+  for (int i = 0; i < n_in; i++) g_free(&in[i]), g_free(&din[i]);
+  for (int j = 0; j < 3; j++) g_free(&out[j]);
+}
+
+static const int64_t shapes[][4] = {
+    {16, 64, 56, 56}, /* ResNet-50 layer1 (3.2M values: many partitions) */
+    {8, 2048, 7, 7},  /* layer4: channel blocks across x */
+    {4, 40, 7, 9},    /* 5 vectors per row */
+    {3, 12, 5, 5},    /* C not a multiple of 8: scalar bf16/fp16, vector f32 */
+};
+#define N_SHAPES ((int)(sizeof shapes / sizeof *shapes))
+
+static void run_all(stoke_dtype dt) {
+  for (int s = 0; s < N_SHAPES; s++)
+    for (int add = 0; add < 2; add++)
+      for (int training = 1; training >= 0; training--) {
+        fcase k = {shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], add, training, 0, 0, dt};
+        check_case(&k);
+      }
+  fcase beta = {4, 40, 7, 9, 1, 1, 1, 0, dt}, mis = {4, 64, 6, 5, 1, 1, 0, 1, dt};
+  check_case(&beta);
+  check_case(&mis);
+}
+
+static void test_bf16(void **state) { run_all(STOKE_BF16); }
+static void test_f16(void **state) { run_all(STOKE_F16); }
+static void test_f32(void **state) { run_all(STOKE_F32); }
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_bf16),
+      cmocka_unit_test(test_f16),
+      cmocka_unit_test(test_f32),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

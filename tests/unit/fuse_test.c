@@ -1,0 +1,190 @@
+/* tests/unit/fuse_test.c: the compiler's fusion pass (core/plan.c) on the
+ * CPU, whose reference kernels include the fused ops: batch_norm -> relu
+ * and batch_norm -> add -> relu become bn_relu and bn_add_relu (the add's
+ * other input made by a node that comes after the batch_norm, as a ResNet
+ * shortcut), a batch_norm whose output has two readers stays, and the
+ * fused graph's loss, every parameter gradient and the running statistics
+ * after a step equal the unfused graph's. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "stoke/core.h"
+#include "stoke/graph.h"
+#include "stoke/ops.h"
+#include "stoke/registry.h"
+#include "stoke/rng.h"
+
+static stoke_registry *reg;
+static const stoke_backend_v1 *cpu;
+static void *cpu_self;
+static uint64_t seed;
+
+#define OK(expr)                                                                        \
+  do {                                                                                  \
+    stoke_err *e_ = (expr);                                                             \
+    if (e_) {                                                                           \
+      print_error("%s\n", e_->msg);                                                     \
+      stoke_err_free(e_);                                                               \
+      fail_msg("%s failed (seed %llu)", #expr, (unsigned long long)seed);               \
+    }                                                                                   \
+  } while (0)
+
+static int setup(void **state) {
+  stoke_err *e = stoke_registry_new(&reg);
+  if (!e) e = stoke_registry_load(reg, "backends/cpu/libstoke_cpu.so");
+  if (!e) cpu = stoke_find_backend(reg, "cpu");
+  if (!e && cpu->open) e = cpu->open(0, NULL, &cpu_self);
+  if (e) {
+    print_error("%s\n", e->msg);
+    stoke_err_free(e);
+    return -1;
+  }
+  const char *env = getenv("STOKE_TEST_SEED");
+  seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
+  print_message("fuse_test seed %llu\n", (unsigned long long)seed);
+  return 0;
+}
+
+static int teardown(void **state) {
+  if (cpu && cpu->close) cpu->close(cpu_self);
+  stoke_registry_free(reg);
+  return 0;
+}
+
+static int bn(stoke_graph *g, int x, const char *name, int64_t c) {
+  stoke_builder_v1 b = stoke_graph_builder(g);
+  char w[64], bb[64], rm[64], rv[64];
+  snprintf(w, sizeof w, "%s.weight", name);
+  snprintf(bb, sizeof bb, "%s.bias", name);
+  snprintf(rm, sizeof rm, "%s.running_mean", name);
+  snprintf(rv, sizeof rv, "%s.running_var", name);
+  stoke_shape s = {1, {c}};
+  int in[5], out[3];
+  in[0] = x;
+  OK(b.param(g, w, &s, (stoke_init_v1){STOKE_INIT_UNIFORM, 0.5, 1.5}, &in[1]));
+  OK(b.param(g, bb, &s, (stoke_init_v1){STOKE_INIT_UNIFORM, -0.5, 0.5}, &in[2]));
+  OK(b.state(g, rm, &s, (stoke_init_v1){STOKE_INIT_ZEROS, 0, 0}, &in[3]));
+  OK(b.state(g, rv, &s, (stoke_init_v1){STOKE_INIT_ONES, 0, 0}, &in[4]));
+  OK(b.node(g, STOKE_OP_BATCH_NORM, name, in, 5, "", out, 3));
+  return out[0];
+}
+
+/* x -> bn1 -> relu -> h; bn2(h) + bn3(h) -> relu -> z (bn3, the shortcut,
+ * after bn2); z also read by a second relu (its batch_norm stays unfused:
+ * bn4 -> {relu, flatten}); flatten -> fc -> loss. */
+static stoke_graph *block(int64_t n, int64_t c, int64_t hw, int64_t classes) {
+  stoke_graph *g;
+  OK(stoke_graph_new(reg, STOKE_F64, STOKE_NHWC, &g));
+  stoke_builder_v1 b = stoke_graph_builder(g);
+  int x, y, h, a, z, t, q, s, f, w, bias, logits;
+  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){4, {n, c, hw, hw}}, STOKE_F64, &x));
+  OK(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {n}}, STOKE_I32, &y));
+  OK(b.node(g, STOKE_OP_RELU, "relu1", (int[]){bn(g, x, "bn1", c)}, 1, "", &h, 1));
+  int m = bn(g, h, "bn2", c), sc = bn(g, h, "bn3", c);
+  OK(b.node(g, STOKE_OP_ADD, "add", (int[]){m, sc}, 2, "", &a, 1));
+  OK(b.node(g, STOKE_OP_RELU, "relu2", &a, 1, "", &z, 1));
+  t = bn(g, z, "bn4", c);
+  OK(b.node(g, STOKE_OP_RELU, "relu3", &t, 1, "", &q, 1));
+  OK(b.node(g, STOKE_OP_ADD, "add2", (int[]){q, t}, 2, "", &s, 1));
+  OK(b.node(g, STOKE_OP_FLATTEN, "flatten", &s, 1, "", &f, 1));
+  OK(b.param(g, "fc.weight", &(stoke_shape){2, {classes, c * hw * hw}},
+             (stoke_init_v1){STOKE_INIT_UNIFORM, -0.5, 0.5}, &w));
+  OK(b.param(g, "fc.bias", &(stoke_shape){1, {classes}}, (stoke_init_v1){STOKE_INIT_ZEROS, 0, 0}, &bias));
+  OK(b.node(g, STOKE_OP_LINEAR, "fc", (int[]){f, w, bias}, 3, "", &logits, 1));
+  OK(stoke_graph_loss(g, logits, ""));
+  return g;
+}
+
+static stoke_plan *compile(stoke_graph *g, int fuse) {
+  static const char *engines[] = {"cpu"};
+  void *selves[] = {cpu_self};
+  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .optimizer = NULL,
+                       .training = 1, .fuse = fuse};
+  stoke_plan *p;
+  OK(stoke_compile(g, &o, &p));
+  return p;
+}
+
+static int count_fwd(const stoke_graph *g, const char *op) {
+  int k = 0;
+  for (int i = 0; i < g->n_fwd; i++) k += !strcmp(g->nodes[i].n.op, op);
+  return k;
+}
+
+/* One forward and backward on a fixed batch; the loss. */
+static double step(stoke_exec *x, const stoke_graph *g, int64_t n, int64_t numel, int64_t classes) {
+  stoke_rng r = stoke_rng_seed(seed);
+  double *in = stoke_exec_input(x);
+  int32_t *lab = stoke_exec_labels(x);
+  for (int64_t i = 0; i < numel; i++) in[i] = stoke_rng_normal(&r);
+  for (int64_t i = 0; i < n; i++) lab[i] = (int32_t)stoke_rng_below(&r, (uint64_t)classes);
+  *(double *)stoke_exec_tensor(x, g->seed).data = 1.0;
+  double loss;
+  OK(stoke_exec_forward_backward(x, 1, 7));
+  OK(stoke_exec_read_loss(x, &loss));
+  return loss;
+}
+
+static void test_fused_graph_matches(void **state) {
+  const int64_t n = 4, c = 3, hw = 3, classes = 5;
+  stoke_graph *gu = block(n, c, hw, classes), *gf = block(n, c, hw, classes);
+  stoke_plan *pu = compile(gu, 0), *pf = compile(gf, 1);
+  assert_int_equal(count_fwd(gu, STOKE_OP_BATCH_NORM), 4);
+  assert_int_equal(count_fwd(gf, STOKE_OP_BN_RELU), 1);
+  assert_int_equal(count_fwd(gf, STOKE_OP_BN_ADD_RELU), 1);
+  assert_int_equal(count_fwd(gf, STOKE_OP_BATCH_NORM), 2); /* the shortcut bn3, and bn4 (two readers) */
+  assert_int_equal(count_fwd(gf, STOKE_OP_RELU), 1);       /* relu3 */
+  assert_int_equal(count_fwd(gf, STOKE_OP_ADD), 1);        /* add2 */
+  assert_int_equal(gf->n_fwd, gu->n_fwd - 3);
+  /* every node after the ones making its inputs */
+  for (int i = 0; i < gf->n_nodes; i++)
+    for (int k = 0; k < gf->nodes[i].n_in; k++) {
+      int pr = gf->values[gf->nodes[i].in[k]].producer;
+      if (gf->nodes[i].pass == STOKE_FWD && pr >= i)
+        fail_msg("node %d '%s' reads a value made by node %d", i, gf->nodes[i].n.name, pr);
+    }
+  assert_int_equal(pf->n_params, pu->n_params);
+  stoke_exec *xu, *xf;
+  OK(stoke_exec_new(pu, cpu, cpu_self, seed, &xu));
+  OK(stoke_exec_new(pf, cpu, cpu_self, seed, &xf));
+  int64_t numel = n * c * hw * hw;
+  double lu = step(xu, gu, n, numel, classes), lf = step(xf, gf, n, numel, classes);
+  print_message("loss unfused %.17g, fused %.17g\n", lu, lf);
+  assert_true(isfinite(lu));
+  assert_true(fabs(lu - lf) <= 1e-13 * fabs(lu));
+  static const stoke_buffer_id bufs[] = {STOKE_BUF_GRADS, STOKE_BUF_STATE};
+  for (int b = 0; b < 2; b++) {
+    assert_int_equal(pu->bytes[bufs[b]], pf->bytes[bufs[b]]);
+    const double *u = stoke_exec_buffer(xu, bufs[b]), *f = stoke_exec_buffer(xf, bufs[b]);
+    double worst = 0;
+    for (size_t i = 0; i < pu->bytes[bufs[b]] / sizeof(double); i++) {
+      double e = fabs(u[i] - f[i]) / fmax(1e-12, fabs(u[i]));
+      if (e > worst) worst = e;
+      if (e > 1e-10) fail_msg("%s[%zu]: unfused %.17g, fused %.17g (seed %llu)", b ? "state" : "gradient", i, u[i],
+                              f[i], (unsigned long long)seed);
+    }
+    print_message("%s: worst relative difference %.3g\n", b ? "running statistics" : "gradients", worst);
+  }
+  stoke_exec_free(xu);
+  stoke_exec_free(xf);
+  stoke_plan_free(pu);
+  stoke_plan_free(pf);
+  stoke_graph_free(gu);
+  stoke_graph_free(gf);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fused_graph_matches),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
