@@ -186,9 +186,9 @@ stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ck
   int n = list_entries(p, hb, p->opt_kernel ? m->optimizer : NULL, nbt_val, &nbt_store, ents, cap);
   sb_put(&h, "{\"__metadata__\":{\"format\":\"pt\",\"stoke_checkpoint_version\":\"%d\","
              "\"step\":\"%lld\",\"epoch\":\"%lld\",\"seed\":\"%lld\",\"accumulate\":\"%lld\","
-             "\"loss_scale\":\"%.17g\",\"optimizer\":",
+             "\"loss_scale\":\"%.17g\",\"world\":\"%lld\",\"batch\":\"%lld\",\"optimizer\":",
          STOKE_CKPT_VERSION, (long long)m->step, (long long)m->epoch, (long long)m->seed,
-         (long long)m->accumulate, m->loss_scale);
+         (long long)m->accumulate, m->loss_scale, (long long)(m->world > 0 ? m->world : 1), (long long)m->batch);
   sb_json_str(&h, p->opt_kernel ? m->optimizer : "");
   if (config_text) {
     sb_put(&h, ",\"config\":");
@@ -570,6 +570,8 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
   m->accumulate = meta_int(&f, "accumulate");
   const char *ls = stoke_st_meta(&f, "loss_scale");
   m->loss_scale = ls ? strtod(ls, NULL) : 1;
+  m->world = stoke_st_meta(&f, "world") ? meta_int(&f, "world") : 1;
+  m->batch = stoke_st_meta(&f, "batch") ? meta_int(&f, "batch") : 0;
   const char *opt = stoke_st_meta(&f, "optimizer");
   snprintf(m->optimizer, sizeof m->optimizer, "%s", opt ? opt : "");
   void *hb[3] = {0};

@@ -36,7 +36,14 @@ struct stoke_exec {
   node_args *args;
   node_args opt;
   stoke_tensor opt_t[3];
+  stoke_exec_hook hook; /* after each node (data parallel) */
+  void *hook_ctx;
 };
+
+void stoke_exec_set_hook(stoke_exec *x, stoke_exec_hook hook, void *ctx) {
+  x->hook = hook;
+  x->hook_ctx = ctx;
+}
 
 static void *value_ptr(stoke_exec *x, int v) {
   const stoke_value *val = &x->p->g->values[v];
@@ -377,6 +384,7 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
       return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name,
                             node->n.op, node->pass == STOKE_BWD ? "backward" : "forward",
                             node->kernel->engine);
+    if (x->hook) STOKE_PROPAGATE(x->hook(x->hook_ctx, i));
   }
   return NULL;
 }
