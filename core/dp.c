@@ -102,8 +102,8 @@ void stoke_dp_describe(const stoke_dp *d, char *buf, size_t cap) {
     used += (size_t)snprintf(buf + used, cap - used, "%s %.1f", i ? "," : "", d->buckets[i].bytes / 1048576.0);
 }
 
-stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, stoke_exec *x,
-                         const stoke_backend_v1 *dev, void *dev_self, double bucket_bytes, stoke_dp **out) {
+stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, const stoke_backend_v1 *dev,
+                         void *dev_self, stoke_dp **out) {
   if (dev->device != STOKE_DEV_GPU || !dev->stream_create || !dev->stream_wait || !dev->timer_create)
     return STOKE_ERR(STOKE_E_UNSUPPORTED, "[run] comm = %s needs a GPU device backend (cuda); '%s' has no streams",
                      comm->name, dev->name);
@@ -112,9 +112,6 @@ stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, stoke_
   d->comm = comm;
   d->dev = dev;
   d->dev_self = dev_self;
-  d->x = x;
-  d->grads = stoke_exec_buffer(x, STOKE_BUF_GRADS);
-  d->dtype = stoke_exec_plan(x)->g->dtype;
   stoke_err *e = comm->open(cfg, &d->self);
   if (e) {
     free(d);
@@ -122,8 +119,7 @@ stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, stoke_
   }
   d->rank = comm->rank(d->self);
   d->world = comm->world(d->self);
-  e = plan_buckets(d, bucket_bytes);
-  if (!e) e = dev->stream_create(dev_self, &d->stream);
+  e = dev->stream_create(dev_self, &d->stream);
   void **evs[] = {&d->ev_grads, &d->ev_done, &d->ev_a, &d->ev_b};
   for (int i = 0; i < 4 && !e; i++) e = dev->timer_create(dev_self, evs[i]);
   if (!e) e = dev->alloc(dev_self, SCRATCH * sizeof(double), (void **)&d->scratch);
@@ -131,8 +127,16 @@ stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, stoke_
     stoke_dp_close(d);
     return e;
   }
-  stoke_exec_set_hook(x, after_node, d);
   *out = d;
+  return NULL;
+}
+
+stoke_err *stoke_dp_attach(stoke_dp *d, stoke_exec *x, double bucket_bytes) {
+  d->x = x;
+  d->grads = stoke_exec_buffer(x, STOKE_BUF_GRADS);
+  d->dtype = stoke_exec_plan(x)->g->dtype;
+  STOKE_PROPAGATE(plan_buckets(d, bucket_bytes));
+  stoke_exec_set_hook(x, after_node, d);
   return NULL;
 }
 
@@ -152,23 +156,20 @@ void stoke_dp_close(stoke_dp *d) {
 
 stoke_err *stoke_dp_broadcast_state(stoke_dp *d) {
   stoke_plan *p = stoke_exec_plan(d->x);
-  stoke_dtype t = p->g->dtype;
   void *cs = d->dev->default_stream(d->dev_self);
   struct {
     void *buf;
     size_t bytes;
-    stoke_dtype dtype;
     const char *what;
   } parts[] = {
-      {stoke_exec_buffer(d->x, STOKE_BUF_PARAMS), p->bytes[STOKE_BUF_PARAMS], t, "parameters"},
-      {stoke_exec_buffer(d->x, STOKE_BUF_STATE), p->bytes[STOKE_BUF_STATE], t, "running statistics"},
-      /* f32 master weights lead it; every byte goes, whatever its type */
-      {stoke_exec_opt_state(d->x), p->opt_state_bytes, STOKE_U8, "optimizer state"},
+      /* bytes: a copy, whatever the types inside (f32 master weights lead the optimizer state) */
+      {stoke_exec_buffer(d->x, STOKE_BUF_PARAMS), p->bytes[STOKE_BUF_PARAMS], "parameters"},
+      {stoke_exec_buffer(d->x, STOKE_BUF_STATE), p->bytes[STOKE_BUF_STATE], "running statistics"},
+      {stoke_exec_opt_state(d->x), p->opt_state_bytes, "optimizer state"},
   };
   for (int i = 0; i < 3; i++) {
     if (!parts[i].buf || !parts[i].bytes) continue;
-    STOKE_TRY(d->comm->broadcast(d->self, parts[i].buf, parts[i].bytes / stoke_dtype_size(parts[i].dtype),
-                                 parts[i].dtype, 0, cs),
+    STOKE_TRY(d->comm->broadcast(d->self, parts[i].buf, parts[i].bytes, STOKE_U8, 0, cs),
               "broadcasting the %s from rank 0", parts[i].what);
   }
   STOKE_TRY(d->dev->stream_sync(d->dev_self, NULL), "broadcasting the initial state from rank 0");

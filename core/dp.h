@@ -12,11 +12,14 @@
 
 typedef struct stoke_dp stoke_dp;
 
-/* Open `comm` (its plugin reads the launcher's variables) for the
- * training executor `x` on device `dev`, plan the buckets (`bucket_bytes`,
- * the first one at most 1 MiB as in DDP) and hook the executor. */
-stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, stoke_exec *x,
-                         const stoke_backend_v1 *dev, void *dev_self, double bucket_bytes, stoke_dp **out);
+/* Open `comm` on device `dev` (its plugin reads the launcher's variables
+ * and meets the other ranks: done early, before the slow graph compile,
+ * so that ranks starting at different speeds still meet). */
+stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, const stoke_backend_v1 *dev,
+                         void *dev_self, stoke_dp **out);
+/* Plan the buckets of the training executor `x` (`bucket_bytes`, the
+ * first one at most 1 MiB as in DDP) and hook it. */
+stoke_err *stoke_dp_attach(stoke_dp *d, stoke_exec *x, double bucket_bytes);
 void stoke_dp_close(stoke_dp *d);
 int stoke_dp_rank(const stoke_dp *d);
 int stoke_dp_world(const stoke_dp *d);

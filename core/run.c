@@ -966,6 +966,14 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   /* -- devices, precision, the checkpoint to resume, data, graphs, plans */
   STOKE_TRY_GOTO(e, done, open_backends(&s, &prec_name), "");
   const stoke_precision_v1 *prec = stoke_find_precision(s.reg, prec_name);
+  if (strcmp(comm_name, "single")) {
+    STOKE_TRY_GOTO(e, done, stoke_dp_open(stoke_find_comm(s.reg, comm_name), c, s.dev, s.dev_self, &s.dp), "");
+    if (stoke_dp_rank(s.dp) != s.rank || stoke_dp_world(s.dp) != s.world) {
+      e = STOKE_ERR(STOKE_E_INTERNAL, "comm '%s' says rank %d of %d, the launcher's variables rank %d of %d",
+                    comm_name, stoke_dp_rank(s.dp), stoke_dp_world(s.dp), s.rank, s.world);
+      goto done;
+    }
+  }
   const char *layout;
   STOKE_TRY_GOTO(e, done, stoke_cfg_str(c, "run", "layout", &layout), "");
   s.layout = !strcmp(layout, "nhwc") ? STOKE_NHWC : !strcmp(layout, "nchw") ? STOKE_NCHW
@@ -1018,13 +1026,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   if (strcmp(comm_name, "single")) {
     double bucket_mb;
     STOKE_TRY_GOTO(e, done, stoke_cfg_float(c, "run", "bucket_mb", &bucket_mb), "");
-    STOKE_TRY_GOTO(e, done, stoke_dp_open(stoke_find_comm(s.reg, comm_name), c, s.train.x, s.dev, s.dev_self,
-                                          bucket_mb * 1048576.0, &s.dp), "");
-    if (stoke_dp_rank(s.dp) != s.rank || stoke_dp_world(s.dp) != s.world) {
-      e = STOKE_ERR(STOKE_E_INTERNAL, "comm '%s' says rank %d of %d, the launcher's variables rank %d of %d",
-                    comm_name, stoke_dp_rank(s.dp), stoke_dp_world(s.dp), s.rank, s.world);
-      goto done;
-    }
+    STOKE_TRY_GOTO(e, done, stoke_dp_attach(s.dp, s.train.x, bucket_mb * 1048576.0), "");
     STOKE_TRY_GOTO(e, done, stoke_dp_broadcast_state(s.dp), "");
     char buckets[1024];
     stoke_dp_describe(s.dp, buckets, sizeof buckets);
