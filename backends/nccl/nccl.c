@@ -65,7 +65,7 @@ static stoke_err *nccl_err(nccl_comm *c, ncclResult_t r, const char *file, int l
   va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
-  const char *last = c && c->comm ? ncclGetLastError(c->comm) : "";
+  const char *last = ncclGetLastError(c ? c->comm : NULL); /* NULL: this thread's last error */
   return stoke_host->err_new(STOKE_E_DEVICE, file, line, "nccl: rank %d of %d: %s: %s%s%s", c ? c->env.rank : -1,
                              c ? c->env.world : 0, what, ncclGetErrorString(r), last && last[0] ? ": " : "",
                              last ? last : "");
