@@ -52,6 +52,48 @@ static double flops_elementwise(const stoke_node_v1 *n, const stoke_value_desc_v
   return (double)stoke_numel(&out[0].shape);
 }
 
+/* gelu's approximate, and linear_act's activation: checked once here, so
+ * kernels only strcmp known values. */
+static stoke_err *check_approximate(const stoke_node_v1 *n, const char *s) {
+  if (strcmp(s, "none") && strcmp(s, "tanh"))
+    return STOKE_ERR(STOKE_E_INVALID, "%s '%s': approximate = '%s', expected none or tanh (as nn.GELU)", n->op,
+                     n->name, s);
+  return NULL;
+}
+
+static stoke_err *infer_gelu(const stoke_node_v1 *n, const stoke_value_desc_v1 *in, stoke_value_desc_v1 *out) {
+  STOKE_PROPAGATE(check_approximate(n, n->attrs[STOKE_GELU_APPROXIMATE].s));
+  out[0] = in[0];
+  return NULL;
+}
+
+/* y as linear's; aux as stoke/ops.h says (a bitmask for relu, z for gelu) */
+static stoke_err *infer_linear_act(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                                   stoke_value_desc_v1 *out) {
+  const char *act = n->attrs[STOKE_LINEAR_ACT_ACT].s;
+  if (strcmp(act, "relu") && strcmp(act, "gelu"))
+    return STOKE_ERR(STOKE_E_INVALID, "%s '%s': act = '%s', expected relu or gelu", n->op, n->name, act);
+  STOKE_PROPAGATE(check_approximate(n, n->attrs[STOKE_LINEAR_ACT_APPROXIMATE].s));
+  STOKE_PROPAGATE(infer_linear(n, in, out));
+  int64_t rows = out[0].shape.d[0], cols = out[0].shape.d[1];
+  if (!strcmp(act, "relu")) out[1] = (stoke_value_desc_v1){{2, {rows, (cols + 127) / 128 * 16}}, STOKE_U8};
+  else out[1] = out[0];
+  return NULL;
+}
+
+/* The linear's FLOPs plus one per output for the activation, as the
+ * elementwise node it replaces counts. */
+static double flops_linear_act(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                               const stoke_value_desc_v1 *out) {
+  return flops_linear(n, in, out) + (double)stoke_numel(&out[0].shape);
+}
+
+/* linear_dact is made by the compiler from nodes already inferred. */
+static stoke_err *infer_compiler_only(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                                      stoke_value_desc_v1 *out) {
+  return STOKE_ERR(STOKE_E_INVALID, "node '%s': op '%s' is made by the compiler, not by models", n->name, n->op);
+}
+
 static stoke_err *infer_add(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
                             stoke_value_desc_v1 *out) {
   const stoke_shape *a = &in[0].shape, *b = &in[1].shape;
@@ -98,6 +140,15 @@ static const stoke_attr_decl_v1 cast_attrs[] = {
     {"dtype", STOKE_ATTR_STR, "f32", "the output's dtype"},
 };
 
+static const stoke_attr_decl_v1 gelu_attrs[] = {
+    {"approximate", STOKE_ATTR_STR, "none", "none: exact (erf); tanh: the tanh approximation (nn.GELU's)"},
+};
+
+static const stoke_attr_decl_v1 linear_act_attrs[] = {
+    {"act", STOKE_ATTR_STR, "relu", "the activation: relu or gelu"},
+    {"approximate", STOKE_ATTR_STR, "none", "gelu's: none or tanh"},
+};
+
 static const stoke_attr_decl_v1 softmax_ce_attrs[] = {
     {"label_smoothing", STOKE_ATTR_FLOAT, "0", "mix the one-hot target with uniform (0 = off)"},
 };
@@ -109,6 +160,14 @@ static const stoke_op_type_v1 ops[] = {
      flops_linear_relu, STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(0), 0, 1},
     {STOKE_OP_RELU, "max(x, 0)", 1, 1, NULL, 0, infer_same, flops_elementwise,
      STOKE_BWD_NEEDS_OUTPUT(0), 0, 1},
+    {STOKE_OP_GELU, "x Phi(x) (nn.GELU)", 1, 1, gelu_attrs, 1, infer_gelu, flops_elementwise,
+     STOKE_BWD_NEEDS_INPUT(0), 0, 1},
+    {STOKE_OP_LINEAR_ACT, "linear then relu/gelu, fused by the compiler (aux output for the gradient)", 3, 2,
+     linear_act_attrs, 2, infer_linear_act, flops_linear_act,
+     STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(1), 0, 1},
+    {STOKE_OP_LINEAR_DACT, "linear backward with the previous activation's gradient (compiler-made)", 5, 1,
+     linear_act_attrs, 2, infer_compiler_only, NULL,
+     STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_INPUT(3), 0, 1},
     {STOKE_OP_ADD, "a + b (residual)", 2, 1, NULL, 0, infer_add, flops_elementwise, 0, 0, 1},
     {STOKE_OP_CAST, "float conversion of the input batch", 1, 1, cast_attrs, 1, infer_cast, NULL, 0, 1u, 0},
     {STOKE_OP_SOFTMAX_CE, "softmax cross-entropy, mean over the batch (nn.CrossEntropyLoss)", 2,

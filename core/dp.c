@@ -41,9 +41,11 @@ static stoke_err *launch(stoke_dp *d, const stoke_dist_bucket *b) {
   return NULL;
 }
 
-/* The executor's hook, after node `node`: launch the buckets it completed. */
+/* The executor's hook, after node `node`: launch the buckets it completed;
+ * node -1: the update comes next. */
 static stoke_err *after_node(void *ctx, int node) {
   stoke_dp *d = ctx;
+  if (node < 0) return stoke_dp_finish(d);
   while (d->armed && d->next < d->n_buckets && d->buckets[d->next].ready <= node)
     STOKE_PROPAGATE(launch(d, &d->buckets[d->next++]));
   return NULL;

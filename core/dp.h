@@ -31,8 +31,9 @@ void stoke_dp_describe(const stoke_dp *d, char *buf, size_t cap);
 stoke_err *stoke_dp_broadcast_state(stoke_dp *d);
 /* Before each micro-batch: only the last one of a step all-reduces. */
 void stoke_dp_arm(stoke_dp *d, int last_micro);
-/* After backward, before the update: launch what is left, then make the
- * compute stream wait for the comm stream. */
+/* After backward, before the update (the executor's hook calls it):
+ * launch what is left, then make the compute stream wait for the comm
+ * stream. */
 stoke_err *stoke_dp_finish(stoke_dp *d);
 /* Element-wise sum of `n` doubles over the ranks (host values; syncs). */
 stoke_err *stoke_dp_sum(stoke_dp *d, double *v, int n);

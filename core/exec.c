@@ -8,6 +8,7 @@
 
 #include "stoke/core.h"
 #include "stoke/graph.h"
+#include "stoke/ops.h"
 #include "stoke/rng.h"
 
 typedef struct node_args {
@@ -38,6 +39,14 @@ struct stoke_exec {
   stoke_tensor opt_t[3];
   stoke_exec_hook hook; /* after each node (data parallel) */
   void *hook_ctx;
+  /* whole-step graphs: graph[first_micro][last_micro], each captured on its
+   * second use (the first runs eagerly: lazy module loading, first-call
+   * setup in libraries); live = device f64 [lr, step] read by the update */
+  int graphs_on;
+  void *graph[2][2];
+  int uses[2][2];
+  int64_t graph_ops;
+  double *live;
 };
 
 void stoke_exec_set_hook(stoke_exec *x, stoke_exec_hook hook, void *ctx) {
@@ -272,6 +281,9 @@ void stoke_exec_free(stoke_exec *x) {
   if (x->opt_state) x->dev->free(x->dev_self, x->opt_state);
   if (x->workspace) x->dev->free(x->dev_self, x->workspace);
   if (x->amp) x->dev->free(x->dev_self, x->amp);
+  if (x->live) x->dev->free(x->dev_self, x->live);
+  for (int i = 0; i < 4; i++)
+    if (x->graph[i / 2][i % 2]) x->dev->graph_destroy(x->dev_self, x->graph[i / 2][i % 2]);
   if (x->timers)
     for (int i = 0; i < x->p->g->n_nodes + 2; i++)
       if (x->timers[i]) x->dev->timer_destroy(x->dev_self, x->timers[i]);
@@ -334,25 +346,23 @@ void stoke_exec_profile_report(stoke_exec *x, FILE *f) {
   double steps = (double)x->profiled_steps, total = 0;
   for (int i = 0; i <= n; i++) total += x->ms[i] / steps;
   op_row *rows = calloc((size_t)n + 2, sizeof *rows);
-  int nr = 0;
-  if (!rows) return;
-  /* by op type and pass (the engine that served it in brackets) */
-  for (int i = 0; i <= n; i++) {
-    char key[48];
-    if (i == n) snprintf(key, sizeof key, "optimizer+scaler");
-    else snprintf(key, sizeof key, "%s %s [%s]", g->nodes[i].n.op,
-                  g->nodes[i].pass == STOKE_BWD ? "bwd" : "fwd", g->nodes[i].kernel->engine);
-    int k = 0;
-    while (k < nr && strcmp(rows[k].key, key)) k++;
-    if (k == nr) snprintf(rows[nr++].key, sizeof rows[0].key, "%s", key);
-    rows[k].ms += x->ms[i] / steps;
-    rows[k].count++;
+  stoke_op_time *ops = calloc((size_t)n + 1, sizeof *ops);
+  if (!rows || !ops) {
+    free(rows);
+    free(ops);
+    return;
   }
-  qsort(rows, (size_t)nr, sizeof *rows, by_ms);
+  /* by op type and pass (the engine that served it in brackets) */
+  int nr = stoke_exec_profile_rows(x, ops, n + 1);
   fprintf(f, "per-op GPU time over %lld profiled steps: %.3f ms per step\n", (long long)x->profiled_steps, total);
   fprintf(f, "  %-40s %6s %10s %7s\n", "op (pass) [engine]", "nodes", "ms/step", "share");
-  for (int k = 0; k < nr; k++)
-    fprintf(f, "  %-40s %6d %10.3f %6.1f%%\n", rows[k].key, rows[k].count, rows[k].ms, 100 * rows[k].ms / total);
+  for (int k = 0; k < nr; k++) {
+    char key[96];
+    if (ops[k].engine[0]) snprintf(key, sizeof key, "%s %s [%s]", ops[k].op, ops[k].pass, ops[k].engine);
+    else snprintf(key, sizeof key, "%s", ops[k].op);
+    fprintf(f, "  %-40s %6d %10.3f %6.1f%%\n", key, ops[k].nodes, ops[k].ms, 100 * ops[k].ms / total);
+  }
+  free(ops);
   /* the slowest single nodes */
   nr = 0;
   for (int i = 0; i < n; i++) {
@@ -438,4 +448,121 @@ stoke_err *stoke_exec_read_loss(stoke_exec *x, double *loss) {
             "reading the loss");
   *loss = is64 ? d : f;
   return NULL;
+}
+
+/* ------------------------------------------------------ whole-step graphs */
+
+stoke_err *stoke_exec_graphs(stoke_exec *x, int on) {
+  if (!on) {
+    x->graphs_on = 0;
+    return NULL;
+  }
+  if (!x->dev->capture_begin || !x->dev->capture_end || !x->dev->graph_launch)
+    return STOKE_ERR(STOKE_E_UNSUPPORTED, "[run] cuda_graph = true: the '%s' device cannot capture graphs",
+                     x->dev->name);
+  if (x->profiling)
+    return STOKE_ERR(STOKE_E_UNSUPPORTED,
+                     "[run] cuda_graph = true with profile_ops = true: the profile times each kernel on "
+                     "its own; turn one of them off");
+  /* a replayed graph keeps the arguments it was captured with: a kernel
+   * that draws from the per-step seed would repeat its draw every step */
+  const stoke_graph *g = x->p->g;
+  for (int i = 0; i < g->n_fwd; i++)
+    if (!strcmp(g->nodes[i].n.op, STOKE_OP_DROPOUT) && g->nodes[i].n.attrs[STOKE_DROPOUT_P].f > 0)
+      return STOKE_ERR(STOKE_E_UNSUPPORTED,
+                       "[run] cuda_graph = true: node '%s' (dropout p=%g) draws a new mask every step, "
+                       "which a replayed graph would repeat; set [run] cuda_graph = false for this model",
+                       g->nodes[i].n.name, g->nodes[i].n.attrs[STOKE_DROPOUT_P].f);
+  if (!x->live) STOKE_PROPAGATE(dev_alloc(x, 2 * sizeof(double), (void **)&x->live, "graph step arguments"));
+  x->graphs_on = 1;
+  return NULL;
+}
+
+int64_t stoke_exec_graph_ops(stoke_exec *x) { return x->graph_ops; }
+
+/* Eager: forward and backward, then the update on the last micro-batch. */
+static stoke_err *micro_eager(stoke_exec *x, int first, int last, uint64_t seed, const stoke_opt_args_v1 *opt) {
+  STOKE_PROPAGATE(stoke_exec_forward_backward(x, first, seed));
+  if (last && x->hook) STOKE_PROPAGATE(x->hook(x->hook_ctx, -1)); /* the update comes next */
+  return last ? stoke_exec_update(x, opt) : NULL;
+}
+
+/* Record one micro-batch into a graph (nothing runs); *graph NULL: only
+ * count its operations. */
+static stoke_err *capture(stoke_exec *x, int first, int last, uint64_t seed, const stoke_opt_args_v1 *opt,
+                          void **graph) {
+  void *gr = NULL;
+  int64_t ops = 0;
+  STOKE_TRY(x->dev->capture_begin(x->dev_self, x->stream), "starting the step's graph capture");
+  stoke_err *e = micro_eager(x, first, last, seed, opt);
+  stoke_err *e2 = x->dev->capture_end(x->dev_self, x->stream, &gr, &ops);
+  if (e) {
+    stoke_err_free(e2);
+    if (gr) x->dev->graph_destroy(x->dev_self, gr);
+    return stoke_err_wrap(e, __FILE__, __LINE__, "capturing the step into a graph ([run] cuda_graph = false avoids it)");
+  }
+  STOKE_PROPAGATE(e2);
+  if (last && first) x->graph_ops = ops; /* one whole step */
+  if (graph) *graph = gr;
+  else x->dev->graph_destroy(x->dev_self, gr);
+  return NULL;
+}
+
+stoke_err *stoke_exec_micro(stoke_exec *x, int first_micro, int last_micro, uint64_t step_seed,
+                            const stoke_opt_args_v1 *opt) {
+  first_micro = !!first_micro;
+  last_micro = !!last_micro;
+  if (!x->graphs_on) return micro_eager(x, first_micro, last_micro, step_seed, opt);
+  stoke_opt_args_v1 o = *opt;
+  o.live = x->live;
+  if (last_micro) {
+    double live[2] = {opt->lr, (double)opt->step};
+    STOKE_TRY(x->dev->copy(x->dev_self, x->live, live, sizeof live, STOKE_COPY_H2D, x->stream),
+              "writing the step's learning rate for the graph");
+  }
+  void **gr = &x->graph[first_micro][last_micro];
+  if (!*gr && x->uses[first_micro][last_micro]++ == 0) return micro_eager(x, first_micro, last_micro, step_seed, &o);
+  if (!*gr) STOKE_PROPAGATE(capture(x, first_micro, last_micro, step_seed, &o, gr));
+  STOKE_TRY(x->dev->graph_launch(x->dev_self, *gr, x->stream), "replaying the step's graph");
+  return NULL;
+}
+
+stoke_err *stoke_exec_count_ops(stoke_exec *x, const stoke_opt_args_v1 *opt, int64_t *ops) {
+  *ops = 0;
+  if (!x->dev->capture_begin || !x->p->opt_kernel || x->profiling) return NULL;
+  if (!x->graph_ops) STOKE_PROPAGATE(capture(x, 1, 1, 0, opt, NULL));
+  *ops = x->graph_ops;
+  return NULL;
+}
+
+static int by_op_ms(const void *a, const void *b) {
+  double x = ((const stoke_op_time *)a)->ms, y = ((const stoke_op_time *)b)->ms;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int stoke_exec_profile_rows(stoke_exec *x, stoke_op_time *out, int cap) {
+  if (!x->profiled_steps) return 0;
+  const stoke_graph *g = x->p->g;
+  int n = g->n_nodes, nr = 0;
+  double steps = (double)x->profiled_steps;
+  stoke_op_time *rows = calloc((size_t)n + 1, sizeof *rows);
+  if (!rows) return 0;
+  for (int i = 0; i <= n; i++) {
+    stoke_op_time r = {.op = "optimizer+scaler"}; /* slot n: the update */
+    if (i < n) {
+      snprintf(r.op, sizeof r.op, "%s", g->nodes[i].n.op);
+      snprintf(r.pass, sizeof r.pass, "%s", g->nodes[i].pass == STOKE_BWD ? "bwd" : "fwd");
+      snprintf(r.engine, sizeof r.engine, "%s", g->nodes[i].kernel->engine);
+    }
+    int k = 0;
+    while (k < nr && (strcmp(rows[k].op, r.op) || strcmp(rows[k].pass, r.pass) || strcmp(rows[k].engine, r.engine)))
+      k++;
+    if (k == nr) rows[nr++] = r;
+    rows[k].ms += x->ms[i] / steps;
+    rows[k].nodes++;
+  }
+  qsort(rows, (size_t)nr, sizeof *rows, by_op_ms);
+  memcpy(out, rows, sizeof *rows * (size_t)(nr < cap ? nr : cap));
+  free(rows);
+  return nr;
 }

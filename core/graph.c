@@ -329,6 +329,55 @@ stoke_err *stoke_graph_loss(stoke_graph *g, int logits, const char *attrs) {
 
 /* ------------------------------------------------ backward derivation */
 
+/* The gradient `grad` of value v flows in from one more consumer: the
+ * first sets v's gradient, later ones are summed with it by an `add` node
+ * (the sum becomes v's gradient). */
+static stoke_err *add_grad_sum(stoke_graph *g, int v, int part) {
+  int sid, sum;
+  const stoke_op_type_v1 *add = stoke_find_op(g->reg, STOKE_OP_ADD);
+  STOKE_PROPAGATE(new_node(g, &sid));
+  char gname[80];
+  snprintf(gname, sizeof gname, "%s.grad.sum%d", g->values[v].name, sid);
+  STOKE_PROPAGATE(new_value(g, gname, STOKE_VAL_GRAD, &g->values[v].shape, g->values[v].dtype, &sum));
+  stoke_gnode *a = &g->nodes[sid];
+  a->type = add;
+  a->pass = STOKE_FWD;
+  a->n.op = add->name;
+  snprintf(a->name_buf, sizeof a->name_buf, "%.60s", gname);
+  a->n_in = 2;
+  a->n_out = 1;
+  a->in[0] = g->values[v].grad;
+  a->in[1] = part;
+  a->out[0] = sum;
+  a->flops = (double)stoke_numel(&g->values[v].shape);
+  g->values[sum].producer = sid;
+  g->values[v].grad = sum;
+  return NULL;
+}
+
+/* The backward of y = a + b is dy for both: no node and no copy, a and b
+ * take dy's value as their gradient (ResNet-50 spent 3.8 ms of 68 copying
+ * it). Parameters are left to the general path (their gradients live in
+ * the flat buffer). */
+static int alias_add_grads(stoke_graph *g, const stoke_gnode *f, const char *needs, stoke_err **e) {
+  *e = NULL;
+  if (strcmp(f->n.op, STOKE_OP_ADD) || f->n_out != 1 || g->values[f->out[0]].grad < 0) return 0;
+  int dy = g->values[f->out[0]].grad;
+  for (int k = 0; k < f->n_in; k++) {
+    const stoke_value *val = &g->values[f->in[k]];
+    if (val->kind == STOKE_VAL_PARAM || stoke_numel(&val->shape) != stoke_numel(&g->values[dy].shape) ||
+        val->dtype != g->values[dy].dtype)
+      return 0;
+  }
+  for (int k = 0; k < f->n_in && !*e; k++) {
+    int v = f->in[k];
+    if (!needs[v]) continue;
+    if (g->values[v].grad < 0) g->values[v].grad = dy;
+    else *e = add_grad_sum(g, v, dy);
+  }
+  return 1;
+}
+
 /* Used by the compiler (core/plan.c). For every forward node, in reverse
  * order, emit its backward node; gradients of a value used by several
  * nodes are summed by `add` nodes; parameter gradients land in the flat
@@ -362,6 +411,10 @@ stoke_err *stoke_graph_derive_backward(stoke_graph *g) {
     for (int k = 0; k < f.n_in; k++)
       if (needs[f.in[k]] && !(f.type->no_grad_inputs & (1u << k))) wants = 1;
     if (!wants) continue;
+    if (alias_add_grads(g, &f, needs, &e)) {
+      if (e) goto done;
+      continue;
+    }
     int id;
     if ((e = new_node(g, &id))) goto done;
     stoke_gnode *b = &g->nodes[id];
@@ -408,28 +461,8 @@ stoke_err *stoke_graph_derive_backward(stoke_graph *g) {
       g->nodes[id].din[k] = gv;
       g->values[gv].producer = id;
     }
-    for (int s = 0; s < n_sums; s++) {
-      int v = sums[s][0], part = sums[s][1], sid, sum;
-      const stoke_op_type_v1 *add = stoke_find_op(g->reg, STOKE_OP_ADD);
-      if ((e = new_node(g, &sid))) goto done;
-      char gname[80];
-      snprintf(gname, sizeof gname, "%s.grad.sum%d", g->values[v].name, sid);
-      if ((e = new_value(g, gname, STOKE_VAL_GRAD, &g->values[v].shape, g->values[v].dtype, &sum)))
-        goto done;
-      stoke_gnode *a = &g->nodes[sid];
-      a->type = add;
-      a->pass = STOKE_FWD;
-      a->n.op = add->name;
-      snprintf(a->name_buf, sizeof a->name_buf, "%.60s", gname);
-      a->n_in = 2;
-      a->n_out = 1;
-      a->in[0] = g->values[v].grad;
-      a->in[1] = part;
-      a->out[0] = sum;
-      a->flops = (double)stoke_numel(&g->values[v].shape);
-      g->values[sum].producer = sid;
-      g->values[v].grad = sum;
-    }
+    for (int s = 0; s < n_sums; s++)
+      if ((e = add_grad_sum(g, sums[s][0], sums[s][1]))) goto done;
   }
 done:
   free(needs);

@@ -201,12 +201,13 @@ void stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *s
             "\"samples_per_s_median\": %.1f, \"step_time_ms_p50\": %.4f, \"step_time_ms_p95\": %.4f, "
             "\"data_wait_s\": %.4f, \"flops_per_step\": %.6g, \"skipped_samples\": %lld, "
             "\"eval_loss\": %s, \"eval_accuracy\": %s, \"mfu\": %s, \"gpu_util_mean\": %s, "
-            "\"gpu_mem_max_mib\": %s}\n",
+            "\"gpu_mem_max_mib\": %s, \"gpu_ops_per_step\": %lld, \"launches_per_step\": %lld}\n",
             status, (long long)s->steps, (long long)s->samples, s->final_loss, s->samples_per_s,
             s->step_ms_p50, s->step_ms_p95, s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples,
             json_num(s->eval_loss, a, sizeof a), json_num(s->eval_accuracy, b, sizeof b),
             json_num(s->mfu, c, sizeof c), json_num(s->gpu_util_mean, d, sizeof d),
-            json_num(s->gpu_mem_max_mib, e, sizeof e));
+            json_num(s->gpu_mem_max_mib, e, sizeof e), (long long)s->gpu_ops_per_step,
+            (long long)s->launches_per_step);
     fflush(m->jsonl);
   }
   if (m->o.quiet) return;
@@ -224,6 +225,9 @@ void stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *s
   if (isfinite(s->gpu_util_mean))
     printf("  GPU utilization %.0f%% (mean of samples), memory used up to %.0f MiB\n", s->gpu_util_mean,
            s->gpu_mem_max_mib);
+  if (s->gpu_ops_per_step)
+    printf("  %lld GPU operations per step, %lld launch%s per step\n", (long long)s->gpu_ops_per_step,
+           (long long)s->launches_per_step, s->launches_per_step == 1 ? " (CUDA graph)" : "es");
   if (s->eval_accuracy == s->eval_accuracy)
     printf("  evaluation: loss %.4f, top-1 accuracy %.4f\n", s->eval_loss, s->eval_accuracy);
   if (s->skipped_samples) printf("  %lld samples could not be read and were replaced (see log.txt)\n", (long long)s->skipped_samples);

@@ -11,6 +11,10 @@
 #include "stoke/ops.h"
 
 stoke_err *stoke_graph_derive_backward(stoke_graph *g); /* core/graph.c */
+/* core/fuse_act.c: linear -> relu|gelu -> linear epilogue fusion */
+stoke_err *stoke_fuse_linear_act(stoke_graph *g, const stoke_plan_opts *o);
+stoke_err *stoke_fuse_act_grad(stoke_graph *g);
+void stoke_graph_drop_fwd_node(stoke_graph *g, int r);
 
 #define ALIGN 256 /* bytes: every buffer offset, so GPU kernels can vectorize */
 
@@ -150,23 +154,38 @@ static void fuse_linear_relu(stoke_graph *g, const stoke_plan_opts *o) {
     g->values[y].producer = l;
     g->values[v].producer = -1; /* the pre-activation is no longer a value anyone writes */
     g->values[v].shape = (stoke_shape){1, {1}};
-    /* drop the relu node: later nodes move down one place */
-    memmove(&g->nodes[r], &g->nodes[r + 1], sizeof *g->nodes * (size_t)(g->n_nodes - r - 1));
-    g->n_nodes--;
-    g->n_fwd--;
-    for (int i = 0; i < g->n_nodes; i++) g->nodes[i].n.name = g->nodes[i].name_buf;
-    for (int i = 0; i < g->n_values; i++)
-      if (g->values[i].producer > r) g->values[i].producer--;
+    stoke_graph_drop_fwd_node(g, r); /* the relu */
     r--;
   }
+}
+
+/* The least memory traffic of one node run on its own: each value it
+ * reads once, each it writes once (a backward node reads only what its
+ * op's bwd_needs names, plus the output gradients). The sum over a step is
+ * the bytes floor of node-by-node execution; fusion lowers it. */
+static double node_bytes(const stoke_graph *g, const stoke_gnode *n) {
+  double b = 0;
+  for (int k = 0; k < n->n_in; k++) {
+    if (n->pass != STOKE_BWD || (n->type->bwd_needs & STOKE_BWD_NEEDS_INPUT(k)))
+      b += (double)g->values[n->in[k]].bytes;
+    if (n->pass == STOKE_BWD && n->din[k] >= 0) b += (double)g->values[n->din[k]].bytes;
+  }
+  for (int j = 0; j < n->n_out; j++) {
+    if (n->pass != STOKE_BWD || (n->type->bwd_needs & STOKE_BWD_NEEDS_OUTPUT(j)))
+      b += (double)g->values[n->out[j]].bytes;
+    if (n->pass == STOKE_BWD && n->dout[j] >= 0) b += (double)g->values[n->dout[j]].bytes;
+  }
+  return b;
 }
 
 stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan **out) {
   if (opts->n_engines < 1) return STOKE_ERR(STOKE_E_INVALID, "no backend given");
   if (opts->n_engines > STOKE_MAX_ENGINES)
     return STOKE_ERR(STOKE_E_INVALID, "more than %d backends given", STOKE_MAX_ENGINES);
+  if (opts->fuse) STOKE_TRY(stoke_fuse_linear_act(g, opts), "fusing activations into linears");
   if (opts->fuse) fuse_linear_relu(g, opts);
   if (opts->training) STOKE_TRY(stoke_graph_derive_backward(g), "deriving the backward pass");
+  if (opts->training && opts->fuse) STOKE_TRY(stoke_fuse_act_grad(g), "fusing activation gradients");
   stoke_plan *p = calloc(1, sizeof *p);
   if (!p) return STOKE_ERR(STOKE_E_OOM, "out of memory");
   p->g = g;
@@ -244,8 +263,15 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   for (int i = 0; i < g->n_nodes; i++) {
     if (i < g->n_fwd) p->fwd_flops += g->nodes[i].flops;
     p->train_flops += g->nodes[i].flops;
+    if (i < g->n_fwd || opts->training) p->step_bytes += node_bytes(g, &g->nodes[i]);
   }
   if (!opts->training) p->train_flops = p->fwd_flops;
+  if (p->opt_kernel) {
+    /* the update reads gradients, reads and writes parameters (or the f32
+     * master, then writes the working copy) and its state */
+    size_t pb = p->bytes[STOKE_BUF_PARAMS];
+    p->step_bytes += (double)pb * 3 + 2.0 * (double)p->opt_state_bytes - (p->has_master ? (double)pb : 0);
+  }
   *out = p;
   return NULL;
 }
@@ -294,4 +320,6 @@ void stoke_plan_report(const stoke_plan *p, FILE *f) {
           a, b, c, d, e, p->workspace_bytes);
   fprintf(f, "FLOPs per step: forward %.4g, forward+backward %.4g\n", p->fwd_flops,
           p->train_flops);
+  fprintf(f, "memory traffic per step, each node reading its inputs and writing its outputs once: %.4g bytes\n",
+          p->step_bytes);
 }

@@ -77,8 +77,13 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"loss_scale_growth", STOKE_CFG_INT, "0", 0, 1e9, NULL,
      "fp16: clean steps before the scale doubles (0: the policy's, 2000)"},
     {"fuse", STOKE_CFG_BOOL, "false", 0, 0, NULL,
-     "let the compiler fuse linear + ReLU into one node where the backend has the fused kernel "
-     "(a ReLU epilogue on the GPU; off by default: the mlp bench ran 4.6% slower with it on an H100)"},
+     "let the compiler fuse linear -> relu|gelu(tanh) -> linear into cuBLASLt's activation epilogues "
+     "(forward *_AUX_BIAS, backward DRELU/DGELU in the next linear's product) where the backend has them; "
+     "off by default: on an H100 the bf16 mlp bench ran 10% slower with ReLU (cuBLASLt's DRELU product is "
+     "slow) and no faster with GELU"},
+    {"cuda_graph", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "capture the whole step (forward, backward, optimizer, loss scaler) once as a CUDA graph and replay "
+     "it: one launch per step instead of one per kernel"},
     {"conv_autotune", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "time the candidate convolution algorithms once per shape and keep the fastest (cudnn.benchmark)"},
 };
@@ -385,6 +390,7 @@ typedef struct run_state {
   stoke_dp *dp;
   int rank, world, local_rank;
   stoke_ckpt_meta resume; /* the checkpoint resumed from (step 0: none) */
+  void *bench_t[2]; /* the bench's timers around the timed steps */
 } run_state;
 
 /* Close the opened engines, the device's last (the others use it). */
@@ -411,6 +417,8 @@ static void stream_close(run_state *s, stream *st) {
 
 static void run_close(run_state *s) {
   stoke_dp_close(s->dp);
+  for (int i = 0; i < 2; i++)
+    if (s->bench_t[i]) s->dev->timer_destroy(s->dev_self, s->bench_t[i]);
   stoke_metrics_free(s->metrics);
   stoke_nvml_close(s->nvml);
   stream_close(s, &s->eval); /* borrows the training executor's weights: first */
@@ -877,12 +885,50 @@ static char *config_text(const stoke_cfg *c) {
   return buf;
 }
 
+/* GPU operations per step, with and without graphs, once known: with
+ * graphs after the capture (the second step), without by recording one
+ * step that does not run. */
+static stoke_err *report_ops(run_state *s, int graphs, const stoke_opt_args_v1 *opt, stoke_summary *sum,
+                             int quiet, int *reported) {
+  int64_t ops = stoke_exec_graph_ops(s->train.x);
+  if (!graphs && !ops) STOKE_TRY(stoke_exec_count_ops(s->train.x, opt, &ops), "counting the step's GPU operations");
+  if (!graphs || ops) *reported = 1;
+  if (!ops) return NULL;
+  sum->gpu_ops_per_step = ops;
+  sum->launches_per_step = graphs ? 1 : ops;
+  if (!quiet)
+    printf("stoke: one step is %lld GPU operations (kernels, copies, memsets): %s\n", (long long)ops,
+           graphs ? "replayed as 1 CUDA graph launch per step (cuda_graph = true)"
+                  : "launched one by one (cuda_graph = true would make them 1 graph launch)");
+  stoke_log(STOKE_LOG_INFO, "run", "GPU operations per step: %lld, launches per step: %lld", (long long)ops,
+            (long long)sum->launches_per_step);
+  return NULL;
+}
+
+/* The bench's timing (stoke_run_opts.time_steps), called with the number
+ * of steps done: a timer on the compute stream when the warm-up is over
+ * and one when the timed steps are; then the device time between them. */
+static stoke_err *bench_mark(run_state *s, const stoke_run_opts *o, int64_t done, stoke_summary *sum) {
+  if (!o->time_steps || (done != o->time_warmup && done != o->time_warmup + o->time_steps)) return NULL;
+  if (!s->dev->timer_create)
+    return STOKE_ERR(STOKE_E_UNSUPPORTED, "backend '%s' has no timers: the bench cannot time its steps", s->dev->name);
+  int end = done != o->time_warmup;
+  if (!s->bench_t[end]) STOKE_PROPAGATE(s->dev->timer_create(s->dev_self, &s->bench_t[end]));
+  STOKE_PROPAGATE(s->dev->timer_record(s->dev_self, s->bench_t[end], NULL));
+  if (!end) return NULL;
+  if (s->dev->timer_sync) STOKE_PROPAGATE(s->dev->timer_sync(s->dev_self, s->bench_t[1]));
+  float ms = 0;
+  STOKE_TRY(s->dev->timer_elapsed_ms(s->dev_self, s->bench_t[0], s->bench_t[1], &ms), "timing the bench's steps");
+  sum->timed_ms = ms;
+  return NULL;
+}
+
 stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   run_state s = {0};
   s.world = 1;
   stoke_err *e = NULL;
   memset(sum, 0, sizeof *sum);
-  sum->eval_loss = sum->eval_accuracy = NAN;
+  sum->eval_loss = sum->eval_accuracy = sum->timed_ms = NAN;
   STOKE_PROPAGATE(stoke_run_setup(o, &s.cfg, &s.reg));
   stoke_cfg *c = s.cfg;
 
@@ -980,6 +1026,9 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
              : s.dev->device == STOKE_DEV_GPU ? STOKE_NHWC : STOKE_NCHW;
   stoke_device_info_v1 info = {0};
   if (s.dev->info) STOKE_TRY_GOTO(e, done, s.dev->info(s.dev_self, &info), "asking the device for its peak");
+  snprintf(sum->device, sizeof sum->device, "%s", info.name[0] ? info.name : s.dev->name);
+  snprintf(sum->precision, sizeof sum->precision, "%s", prec->name);
+  sum->gpu = s.dev->device == STOKE_DEV_GPU;
   double peak = prec->compute_dtype == STOKE_F32 ? (prec->tf32 ? info.peak_tf32 : info.peak_flops[STOKE_F32])
                                                  : info.peak_flops[prec->compute_dtype];
   if (s.dev->device == STOKE_DEV_GPU) {
@@ -1074,15 +1123,39 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   sigaction(SIGTERM, &sa, &old_term);
   int64_t step, epoch = 0;
   int64_t eval_period = eval_every > 0 ? (int64_t)llround(eval_every * (double)per_epoch) : 0;
-  int on_device, want_ckpt, profile_ops;
+  int on_device, want_ckpt, profile_ops, cuda_graph;
   int64_t growth;
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "profile_ops", &profile_ops), "");
+  STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "cuda_graph", &cuda_graph), "");
+  if (cuda_graph && profile_ops) {
+    stoke_log(STOKE_LOG_WARN, "run", "%s: cuda_graph = true with profile_ops = true: the profile times each "
+              "kernel on its own, so this run does not use graphs", stoke_cfg_where(c, "run", "cuda_graph"));
+    cuda_graph = 0;
+  } else if (cuda_graph && !s.dev->capture_begin) {
+    stoke_log(STOKE_LOG_WARN, "run", "%s: cuda_graph = true, but the '%s' device has no graphs: running without",
+              stoke_cfg_where(c, "run", "cuda_graph"), s.dev->name);
+    cuda_graph = 0;
+  }
+  if (cuda_graph && s.dp) {
+    e = STOKE_ERR(STOKE_E_UNSUPPORTED,
+                  "%s: cuda_graph = true with comm = %s: not yet (the gradient all-reduces are launched between "
+                  "the step's kernels, from the host); set [run] cuda_graph = false",
+                  stoke_cfg_where(c, "run", "cuda_graph"), comm_name);
+    goto done;
+  }
+  if (cuda_graph) STOKE_TRY_GOTO(e, done, stoke_exec_graphs(s.train.x, 1), "%s", stoke_cfg_where(c, "run", "cuda_graph"));
+  int ops_reported = s.dp != NULL; /* counting records a step: no collectives in a capture */
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "checkpoint", &want_ckpt), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "data", "on_device", &on_device), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_int(c, "run", "loss_scale_growth", &growth), "");
   int stop = 0;
+  STOKE_TRY_GOTO(e, done, bench_mark(&s, o, 0, sum), "");
   for (step = start_step; step < total && !stop; step++) {
     double t0 = now_s(), wait = 0;
+    opt.step = step + 1;
+    opt.grad_scale = 1.0 / (double)accumulate;
+    opt.lr = stoke_lr_at(&sched, step + 1);
+    opt.growth_interval = growth > 0 ? growth : prec->growth_interval;
     for (int64_t micro = 0; micro < accumulate && !e; micro++) {
       if (s.dp) stoke_dp_arm(s.dp, micro == accumulate - 1);
       if (!on_device || step == start_step) {
@@ -1095,15 +1168,11 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
         stoke_loader_release(s.train.loader, b);
       }
       if (!e)
-        e = stoke_exec_forward_backward(s.train.x, micro == 0,
-                                        stoke_hash3((uint64_t)seed, (uint64_t)step, (uint64_t)micro));
+        e = stoke_exec_micro(s.train.x, micro == 0, micro == accumulate - 1,
+                             stoke_hash3((uint64_t)seed, (uint64_t)step, (uint64_t)micro), &opt);
     }
-    opt.step = step + 1;
-    opt.grad_scale = 1.0 / (double)accumulate;
-    opt.lr = stoke_lr_at(&sched, step + 1);
-    opt.growth_interval = growth > 0 ? growth : prec->growth_interval;
-    if (!e && s.dp) e = stoke_dp_finish(s.dp);
-    if (!e) e = stoke_exec_update(s.train.x, &opt);
+    if (!e && !ops_reported && step > start_step) e = report_ops(&s, cuda_graph, &opt, sum, o->quiet, &ops_reported);
+    if (!e) e = bench_mark(&s, o, step + 1 - start_step, sum);
     if (e) {
       e = stoke_err_wrap(e, __FILE__, __LINE__, "step %lld", (long long)step + 1);
       break;
@@ -1131,7 +1200,9 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
       if (log_now && (e = stoke_dp_sum(s.dp, &any, 1))) break;
       stop = log_now && any > 0;
     }
-    if (profile_ops && step == start_step && (e = stoke_exec_profile(s.train.x, 1))) break;
+    if (profile_ops && step == start_step + (o->time_warmup > 1 ? o->time_warmup - 1 : 0) &&
+        (e = stoke_exec_profile(s.train.x, 1)))
+      break;
     if (want_ckpt && ckpt_every > 0 && (step + 1) % ckpt_every == 0 && step + 1 < total)
       if ((e = save(&s, ckpt, step + 1, epoch, seed, accumulate, opt_name))) break;
     int64_t done_batches = (step + 1) * accumulate;
@@ -1154,7 +1225,8 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     if (!e) stoke_metrics_eval(s.metrics, step, epoch, sum->eval_loss, sum->eval_accuracy);
   }
   if (!e && profile_ops) {
-    stoke_exec_profile_report(s.train.x, stdout);
+    if (o->op_rows) sum->n_op_rows = stoke_exec_profile_rows(s.train.x, o->op_rows, o->op_rows_cap);
+    if (!o->quiet) stoke_exec_profile_report(s.train.x, stdout);
     snprintf(path, sizeof path, "%s/ops.txt", dir);
     if ((f = fopen(path, "w"))) {
       stoke_exec_profile_report(s.train.x, f);

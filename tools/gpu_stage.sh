@@ -9,13 +9,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ST="${STAGE:-.stage}"
-bazel build -c opt //tools:train //tools:launch //tools:convert //tools:bench_loader //tools:make_jpeg_bench //tools:plugins //tests/gpu:all //backends/...
+bazel build -c opt //tools:train //tools:launch //tools:bench //tools:convert //tools:bench_loader //tools:make_jpeg_bench //tools:plugins //tests/gpu:all //backends/...
 rm -rf $ST && mkdir -p $ST/bin/plugins $ST/tests $ST/anchors
 cp bazel-bin/tools/train $ST/bin/
-for t in launch convert bench_loader make_jpeg_bench; do cp bazel-bin/tools/$t $ST/bin/; done
+for t in launch bench convert bench_loader make_jpeg_bench; do cp bazel-bin/tools/$t $ST/bin/; done
+# the commit, for tools/bench's reports (the GPU machine has no .git)
+echo "$(git rev-parse --short=12 HEAD)$(git status --porcelain --untracked-files=no | grep -q . && echo -dirty)" > $ST/bin/COMMIT
 cp bazel-bin/tools/plugins/*.so $ST/bin/plugins/
 for so in $(find -L bazel-bin/backends -type f -name 'libstoke_*.so'); do cp "$so" $ST/bin/plugins/; done
-for t in $(find -L bazel-bin/tests/gpu -maxdepth 1 -type f -perm -u+x -name '*_test'); do cp "$t" $ST/tests/; done
+for t in $(find -L bazel-bin/tests/gpu -maxdepth 1 -type f -perm -u+x \( -name '*_test' -o -name '*_bench' \)); do cp "$t" $ST/tests/; done
 # the data the GPU runs use
 mkdir -p $ST/data
 cp /usr/share/datasets/fashion-mnist/*.gz $ST/data/ 2>/dev/null || true
@@ -31,7 +33,7 @@ cp -L /usr/local/cuda/lib64/libcudart.so.13 $ST/lib/
 chmod -R u+w $ST
 # symbols stay here; the copy that travels is stripped (64 MiB limit)
 strip --strip-unneeded $ST/bin/train $ST/bin/plugins/*.so $ST/tests/* 2>/dev/null || true
-strip --strip-unneeded $ST/bin/launch $ST/bin/convert $ST/bin/bench_loader $ST/bin/make_jpeg_bench
+strip --strip-unneeded $ST/bin/launch $ST/bin/bench $ST/bin/convert $ST/bin/bench_loader $ST/bin/make_jpeg_bench
 # the static OpenBLAS in the cpu plugin is large but compresses well
 tar -C "$ST" -cJf "$ST/bin.tar.xz" bin tests lib && rm -rf "$ST/bin" "$ST/tests" "$ST/lib"
 du -sh $ST

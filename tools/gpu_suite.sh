@@ -5,8 +5,18 @@
 #   fmnist    Fashion-MNIST CNN on the GPU (convert + train + eval)
 #   bench     stoke's mlp / resnet50 / resnet18c in tf32, bf16, fp16
 #   torch     PyTorch anchors (eager, and compile with TORCH_COMPILE=1)
+#   issue6    loss curves and A/B (tools/bench) of the baseline against
+#             fused kernels + CUDA graphs, then PyTorch eager and compile
+#   graph     whole-step CUDA graphs: every step's loss with and without
+#             (fp32 deterministic exact, bf16, fp16 with forced overflow),
+#             then speed with and without (GRAPH_W workloads, bf16)
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
+#   epilogues cuBLASLt's activation epilogues against the plain products and
+#             the separate activation passes (tests/gpu/lt_epilogue_bench)
+#   fuse      the mlp bench (bf16) with ReLU and with GELU (tanh), run.fuse
+#             off and on, alternating, FUSE_REPS times; the loss curves of
+#             fused and unfused compared; one per-op profile of each
 #   ddp       data parallel on 2 GPUs, all of: ddp_eq (weights of a 2-GPU run
 #             against a 1-GPU run of the same global batch), ddp_resume (a
 #             2-GPU checkpoint resumed on 1 GPU), ddp_kill (a killed rank ends
@@ -169,6 +179,115 @@ if 1 in r and 2 in r:
     print(f"pytorch DDP ResNet-50 bf16: 1 GPU {r[1]['img_s_total']} img/s, 2 GPUs {r[2]['img_s_total']} img/s, scaling {100*r[2]['img_s_total']/(2*r[1]['img_s_total']):.1f}%")
 if 2 in r: print(f"pytorch all-reduce 256 MB fp32, 2 GPUs: {r[2]['allreduce_256MB_ms']} ms, bus bandwidth {r[2]['allreduce_busbw_GBs']} GB/s")
 PY
+      ;;
+    graph)
+      log "CUDA graphs: losses step by step, eager against replayed"
+      small="model.hidden=1024,1024 data.batch_size=1024"
+      for spec in "mlp fp32 60 run.deterministic=true $small" "resnet18c bf16 200 run.deterministic=true" \
+                  "resnet18c bf16 100" "mlp fp16 40 run.loss_scale_init=1e10 $small" "mlp bf16 40 optimizer.name=adamw optimizer.lr=1e-3 $small"; do
+        set -- $spec; w=$1; prec=$2; n=$3; shift 3; tag="${w}_${prec}_$n$(echo "$*" | tr -dc 'a-z' | head -c 12)"
+        for g in false true; do
+          timeout 150 "$T" "$S/examples/$w.ini" run.checkpoint=false run.precision=$prec run.steps=$n run.log_every=1 \
+            run.cuda_graph=$g run.progress=off optimizer.schedule=cosine "$@" run.out_dir="$OUT/g_${tag}_$g" > "$OUT/g_${tag}_$g.log" 2>&1
+          echo "$tag cuda_graph=$g rc=$? $(grep -E 'GPU operations per step|error' "$OUT/g_${tag}_$g.log" | head -2 | tr '\n' ' ')"
+        done
+        python3 - "$OUT/g_${tag}_false/metrics.jsonl" "$OUT/g_${tag}_true/metrics.jsonl" "$tag" <<'PY'
+import json, sys
+def rows(p):
+    return {r["step"]: r for r in map(json.loads, open(p)) if "step" in r and "loss" in r}
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+steps = sorted(set(a) & set(b))
+d = [abs(a[s]["loss"] - b[s]["loss"]) / max(abs(a[s]["loss"]), 1e-12) for s in steps]
+same = sum(a[s]["loss"] == b[s]["loss"] for s in steps)
+sk = [(a[s].get("skipped_steps"), b[s].get("skipped_steps")) for s in steps[-1:]]
+print(f"{sys.argv[3]}: {len(steps)} steps compared, {same} identical, max rel diff {max(d) if d else float('nan'):.3g}, "
+      f"loss {a[steps[0]]['loss']:.4f} -> {a[steps[-1]]['loss']:.4f} (eager) / {b[steps[-1]]['loss']:.4f} (graph), skipped (eager, graph) {sk}")
+PY
+      done
+      log "CUDA graphs: speed (bf16, interleaved, 2 rounds)"
+      for w in ${GRAPH_W:-mlp resnet18c resnet50}; do
+        for round in 1 2; do
+          for g in false true; do
+            timeout 100 "$T" "$S/examples/$w.ini" run.checkpoint=false run.cuda_graph=$g run.progress=off \
+              run.out_dir="$OUT/gs_${w}_$g$round" > "$OUT/gs_${w}_$g$round.log" 2>&1
+            echo "$w cuda_graph=$g round $round rc=$?: $(grep -E 'samples/s median|GPU operations per step' "$OUT/gs_${w}_$g$round.log" | tr -s ' ' | tr '\n' ' ')"
+          done
+        done
+      done
+      ;;
+    issue6)
+      # issue 6's check, one call: loss curves, then the A/B runs (tools/bench),
+      # then PyTorch eager and compile; FUSED="" drops the fused backend from B
+      base="run.backends=cudnn,cublaslt,cuda"
+      fast="run.backends=${FUSED-fused,}cudnn,cublaslt,cuda run.cuda_graph=true"
+      log "issue 6: loss curves, baseline against '$fast' (same seed, ${CURVE_STEPS:-200} steps)"
+      for w in ${CURVE_W:-mlp resnet18c resnet50}; do
+        for v in base fast; do
+          timeout 120 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=${CURVE_STEPS:-200} run.log_every=1 run.progress=off \
+            ${!v} run.out_dir="$OUT/c_${w}_$v" > "$OUT/c_${w}_$v.log" 2>&1 || { echo "$w $v failed:"; tail -3 "$OUT/c_${w}_$v.log"; }
+        done
+        python3 - "$OUT/c_${w}_base/metrics.jsonl" "$OUT/c_${w}_fast/metrics.jsonl" "$w" <<'PY'
+import json, sys
+def rows(p):
+    try: return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if "step" in r and "loss" in r}
+    except OSError: return {}
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+st = sorted(set(a) & set(b))
+if not st: print(sys.argv[3], "no steps to compare"); sys.exit()
+d = [abs(a[s] - b[s]) / max(abs(a[s]), 1e-3) for s in st]
+print(f"{sys.argv[3]}: {len(st)} steps, loss {a[st[0]]:.4f} -> {a[st[-1]]:.4f} (base) / {b[st[-1]]:.4f} (fast); "
+      f"per-step relative difference max {max(d):.3g}, median {sorted(d)[len(d)//2]:.3g}, first 50 max {max(d[:50]):.3g}")
+PY
+      done
+      log "issue 6: A/B (tools/bench, ${AB_ROUNDS:-3} rounds)"
+      for wp in ${AB_W:-mlp:bf16 resnet50:bf16 resnet50:fp16 resnet18c:bf16}; do
+        w=${wp%%:*}; prec=${wp##*:}
+        timeout 300 "$S/bin/bench" "$S/examples/$w.ini" run.precision=$prec run.log_every=1000 --rounds ${AB_ROUNDS:-3} \
+          --a $base --b $fast --json "$OUT/ab_${w}_$prec.json" --md "$OUT/ab_${w}_$prec.md" > "$OUT/ab_${w}_$prec.log" 2>&1
+        echo "== $w $prec rc=$?"; grep -A8 "^stoke bench: /" "$OUT/ab_${w}_$prec.log" | grep -E "^  (A|B) |B/A"
+      done
+      log "issue 6: PyTorch"
+      python3 "$S/anchors/torch_bench.py" "$OUT/torch.jsonl" ${TORCH_MODES:-mlp:bf16 resnet50:bf16 resnet50:fp16 resnet18c:bf16 mlp:bf16+compile resnet50:bf16+compile resnet18c:bf16+compile-ro} 2>&1 | grep -v Warning | tail -12
+      ;;
+    epilogues)
+      log "cuBLASLt activation epilogues, 4096^3"
+      STOKE_LOG=debug timeout 60 "$S/tests/lt_epilogue_bench" > "$OUT/epilogues.log" 2>&1
+      echo "rc=$?"; grep -E " ms |linear_dact '.*': dz1|linear_act '.*' forward" "$OUT/epilogues.log" | cut -c1-150 | head -40
+      ;;
+    fuse)
+      log "mlp bf16: fuse off/on, relu and gelu(tanh)"
+      for rep in $(seq 1 "${FUSE_REPS:-2}"); do
+        for act in relu gelu; do
+          for fuse in false true; do
+            tag=fuse_${act}_${fuse}_$rep
+            timeout 100 "$T" "$S/examples/mlp.ini" run.checkpoint=false run.progress=lines run.fuse=$fuse \
+              model.activation=$act model.approximate=tanh run.out_dir="$OUT/$tag" > "$OUT/$tag.log" 2>&1
+            echo "$tag rc=$? $(grep -h '"summary"' "$OUT/$tag/metrics.jsonl" 2>/dev/null | python3 -c 'import json,sys; r=json.loads(sys.stdin.read() or "{}"); print("samples/s", r.get("samples_per_s_median"), "step_ms", r.get("step_time_ms_p50"), "loss", r.get("final_loss"))')"
+          done
+        done
+      done
+      python3 - "$OUT" <<'PY'
+import json, sys, glob
+out = sys.argv[1]
+def losses(tag):
+    rows = [json.loads(l) for l in open(f"{out}/{tag}/metrics.jsonl") if '"step"' in l and '"loss"' in l]
+    return {r["step"]: r["loss"] for r in rows}
+for act in ("relu", "gelu"):
+    a, b = losses(f"fuse_{act}_false_1"), losses(f"fuse_{act}_true_1")
+    steps = sorted(set(a) & set(b))
+    worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in steps)
+    print(f"{act}: loss curves over {len(steps)} logged steps, unfused {a[steps[0]]:.5f}..{a[steps[-1]]:.5f}, "
+          f"fused {b[steps[0]]:.5f}..{b[steps[-1]]:.5f}, worst relative difference {worst:.3g}")
+    for s in steps: print(f"  step {s}: {a[s]:.6f} {b[s]:.6f}")
+PY
+      for act in relu gelu; do
+        for fuse in false true; do
+          timeout 100 "$T" "$S/examples/mlp.ini" run.checkpoint=false run.progress=off run.fuse=$fuse run.steps=24 \
+            run.profile_ops=true model.activation=$act model.approximate=tanh run.out_dir="$OUT/prof_${act}_$fuse" \
+            > "$OUT/prof_${act}_$fuse.log" 2>&1
+          echo "profile $act fuse=$fuse rc=$?"; grep -A14 "per-op GPU time" "$OUT/prof_${act}_$fuse.log" | head -16
+        done
+      done
       ;;
     torch)
       modes="mlp:tf32 mlp:bf16 mlp:fp16 resnet50:tf32 resnet50:bf16 resnet50:fp16 resnet18c:tf32 resnet18c:bf16 resnet18c:fp16"

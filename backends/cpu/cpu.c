@@ -1,6 +1,6 @@
 /* backends/cpu/cpu.c: the "cpu" plugin: the host-memory backend and the
- * reference kernels (linear, linear_relu, relu, add, softmax_ce, sgd, adamw;
- * f32, f64).
+ * reference kernels (linear, linear_relu, linear_act, linear_dact, relu,
+ * gelu, add, softmax_ce, sgd, adamw; f32, f64).
  *
  * The kernel bodies live in kernels.inc, written once for an element type
  * T and included twice below: for float (what training runs on) and for
@@ -17,6 +17,7 @@
 
 #include "stoke/ops.h"
 #include "stoke/plugin.h"
+#include "act.h"
 #include "check.h"
 #include "cpu_cnn.h"
 
@@ -183,17 +184,77 @@ static stoke_err *linear_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, in
   return NULL;
 }
 
-static stoke_err *relu_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
-  const char *op = STOKE_OP_RELU;
+/* An elementwise activation x -> y; its backward reads y (relu) or x
+ * (gelu): `reads`, named in the error. */
+static stoke_err *act_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt, int bwd, int run,
+                            const stoke_tensor *reads, const char *what) {
   CHECK(check_counts(a, op, bwd, 1, 1));
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   if (!same_shape(&x->shape, &y->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "relu '%s': x is %s but y is %s", node_name(a),
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x is %s but y is %s", op, node_name(a),
                       shp(&x->shape).s, shp(&y->shape).s);
   CHECK(check_xy(a, op, dt, bwd, run));
   if (!bwd) return NULL;
   CHECK(check_data(a, op, "dy", &a->dout[0], run));
-  if (a->din[0].data) CHECK(check_data(a, op, "y (the forward output)", y, run));
+  if (a->din[0].data) CHECK(check_data(a, op, what, reads, run));
+  return NULL;
+}
+
+static stoke_err *relu_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
+  return act_check(a, STOKE_OP_RELU, dt, bwd, run, &a->out[0], "y (the forward output)");
+}
+
+static stoke_err *gelu_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
+  return act_check(a, STOKE_OP_GELU, dt, bwd, run, &a->in[0], "x (the forward input)");
+}
+
+/* The aux of linear_act / linear_dact for y[N, out] of dtype dt (stoke/ops.h). */
+static stoke_err *act_aux_check(const stoke_kernel_args_v1 *a, const char *op, const char *act,
+                                const stoke_tensor *aux, const stoke_shape *y, stoke_dtype dt, int run) {
+  int relu = !strcmp(act, "relu");
+  int64_t cols = relu ? relu_mask_stride(y->d[1]) : y->d[1];
+  stoke_dtype want = relu ? STOKE_U8 : dt;
+  if (strcmp(act, "relu") && strcmp(act, "gelu"))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': act '%s' is neither relu nor gelu", op, node_name(a), act);
+  if (aux->shape.ndim != 2 || aux->shape.d[0] != y->d[0] || aux->shape.d[1] != cols)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': aux is %s, a %s aux for [%lld, %lld] is [%lld, %lld]", op,
+                      node_name(a), shp(&aux->shape).s, act, (long long)y->d[0], (long long)y->d[1],
+                      (long long)y->d[0], (long long)cols);
+  CHECK(check_dtype(a, op, "aux", aux, want));
+  return check_data(a, op, "aux", aux, run);
+}
+
+static const char *act_attr(const stoke_kernel_args_v1 *a, int i, const char *def) {
+  return a->node && a->node->n_attrs > i ? a->node->attrs[i].s : def;
+}
+
+/* linear_act: linear's checks, and a second output, the aux. */
+static stoke_err *linear_act_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int run) {
+  CHECK(linear_check(a, dt, 0, run));
+  if (a->n_out < 2)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs the outputs y and aux, got %d", STOKE_OP_LINEAR_ACT,
+                      node_name(a), a->n_out);
+  return act_aux_check(a, STOKE_OP_LINEAR_ACT, act_attr(a, STOKE_LINEAR_ACT_ACT, ""), &a->out[1],
+                       &a->out[0].shape, dt, run);
+}
+
+/* linear_dact: linear's backward checks on (y1, W, b), plus aux1 for y1
+ * and, when asked for, d bias1 [in]. */
+static stoke_err *linear_dact_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int run) {
+  const char *op = STOKE_OP_LINEAR_DACT;
+  CHECK(linear_check(a, dt, 1, run));
+  if (a->n_in < 5)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs y1, weight, bias, aux1, bias1; got %d inputs", op,
+                      node_name(a), a->n_in);
+  CHECK(act_aux_check(a, op, act_attr(a, STOKE_LINEAR_ACT_ACT, ""), &a->in[3], &a->in[0].shape, dt,
+                      run && a->din[0].data));
+  const stoke_tensor *b1 = &a->in[4];
+  if (b1->shape.ndim != 1 || b1->shape.d[0] != a->in[0].shape.d[1])
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': bias1 is %s, expected [%lld]", op, node_name(a),
+                      shp(&b1->shape).s, (long long)a->in[0].shape.d[1]);
+  CHECK(check_grad(a, op, "bias1", &a->din[4], b1));
+  if (a->din[4].data && !a->din[0].data)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': d bias1 is asked for without dz1", op, node_name(a));
   return NULL;
 }
 
@@ -362,6 +423,10 @@ static stoke_err *adamw_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int
   KERNEL_STATE(STOKE_OP_LINEAR_RELU, STOKE_BWD, linear_relu_bwd, sfx, dt), \
   KERNEL(STOKE_OP_RELU, STOKE_FWD, relu_fwd, sfx, dt),             \
   KERNEL(STOKE_OP_RELU, STOKE_BWD, relu_bwd, sfx, dt),             \
+  KERNEL(STOKE_OP_GELU, STOKE_FWD, gelu_fwd, sfx, dt),             \
+  KERNEL(STOKE_OP_GELU, STOKE_BWD, gelu_bwd, sfx, dt),             \
+  KERNEL(STOKE_OP_LINEAR_ACT, STOKE_FWD, linear_act_fwd, sfx, dt), \
+  KERNEL(STOKE_OP_LINEAR_DACT, STOKE_BWD, linear_dact_bwd, sfx, dt), \
   KERNEL(STOKE_OP_ADD, STOKE_FWD, add_fwd, sfx, dt),               \
   KERNEL(STOKE_OP_ADD, STOKE_BWD, add_bwd, sfx, dt),               \
   KERNEL(STOKE_OP_SOFTMAX_CE, STOKE_FWD, softmax_ce_fwd, sfx, dt), \

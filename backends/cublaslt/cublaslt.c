@@ -36,7 +36,24 @@
  * RELU_BIAS epilogue (or, when no algorithm has it, the linear forward and
  * a small in-place ReLU kernel). Its backward masks the output gradient,
  * dz = dy * (y > 0) from the forward output, into the front of the
- * workspace (a small kernel), then runs the linear backward on dz. */
+ * workspace (a small kernel), then runs the linear backward on dz.
+ *
+ * linear_act / linear_dact (what run.fuse makes of linear -> relu|gelu ->
+ * linear, core/fuse_act.c): the forward is the same product with the
+ * RELU_AUX_BIAS or GELU_AUX_BIAS epilogue, which also writes the aux (the
+ * ReLU bitmask, or the pre-activation z for GELU: cuBLASLt's GELU is the
+ * tanh approximation, so only approximate = tanh is served). linear_dact
+ * is the next linear's backward: its dx product, dx^T = W^T dy^T (m = K,
+ * the activation's width), takes the DRELU or DGELU epilogue, which
+ * multiplies by the activation's derivative read from the aux; when d
+ * bias1 is asked for (din[4]) the DRELU_BGRAD / DGELU_BGRAD epilogue also
+ * writes the bias gradient of the linear_act before it (length m) in the
+ * same pass, as apex's fused_dense does. Where an epilogue has no
+ * algorithm (or the aux's leading dimension does not suit it: GELU's
+ * must be a multiple of 8), the plain product runs and small kernels
+ * (lt_kernels.cu) apply the activation and write the aux in the same
+ * layout, or apply its gradient; d bias1 then comes from the column-sum
+ * kernel, as it also does when accumulating or deterministic. */
 #include <stdio.h>
 #include <string.h>
 
@@ -109,7 +126,8 @@ static stoke_err *lt_info(void *self, stoke_device_info_v1 *out) {
 
 static const stoke_backend_v1 backend = {
     .name = "cublaslt",
-    .help = "cuBLASLt matmul kernels (linear, linear_relu; fused bias, ReLU and bias gradient) on the cuda device",
+    .help = "cuBLASLt matmul kernels (linear, linear_relu, linear_act, linear_dact; fused bias, ReLU/GELU, their "
+            "gradients and bias gradients) on the cuda device",
     .device = STOKE_DEV_GPU,
     .device_engine = "cuda",
     .open = lt_open,
@@ -140,7 +158,15 @@ typedef struct lt_state {
   int fwd_relu; /* the forward's epilogue applies the ReLU (RELU_BIAS) */
   size_t dz_bytes; /* linear_relu backward: dz at the front of the workspace (256-byte multiple) */
   lt_gemm dx, dw, dw_bgrad; /* dw_bgrad.ready: the BGRADB epilogue is usable */
+  /* linear_act (forward) and linear_dact (backward) */
+  int act;        /* LT_ACT_RELU or LT_ACT_GELU; 0 for linear and linear_relu */
+  int fwd_aux;    /* the forward's epilogue writes the activation and the aux (*_AUX_BIAS) */
+  int64_t aux_ld; /* aux elements per row (bits for the ReLU mask), as cuBLASLt's EPILOGUE_AUX_LD */
+  lt_gemm dx_dact, dx_dact_bgrad; /* dz1 with D*_ (no bias gradient) / D*_BGRAD epilogues */
 } lt_state;
+
+#define LT_ACT_RELU 1
+#define LT_ACT_GELU 2
 
 /* The context every cuBLASLt error carries: the node, the product, shapes. */
 #define LT_CTX_FMT "%s '%s' (%s; x[%lld, %lld], weight[%lld, %lld], %s)"
@@ -180,6 +206,8 @@ static void lt_destroy(void *state) {
   gemm_free(&s->dx);
   gemm_free(&s->dw);
   gemm_free(&s->dw_bgrad);
+  gemm_free(&s->dx_dact);
+  gemm_free(&s->dx_dact_bgrad);
   stoke_host->free(s);
 }
 
@@ -193,7 +221,8 @@ static cudaDataType_t cuda_type(stoke_dtype t) {
  * variants with a plain fallback). */
 static stoke_err *gemm_plan(lt_engine *E, const lt_state *s, uint32_t flags, lt_gemm *g, const char *what,
                             cublasOperation_t ta, cublasOperation_t tb, uint64_t m, uint64_t n, uint64_t k,
-                            int64_t lda, int64_t ldb, int64_t ldc, cublasLtEpilogue_t epi, int optional) {
+                            int64_t lda, int64_t ldb, int64_t ldc, cublasLtEpilogue_t epi, int64_t aux_ld,
+                            int optional) {
   memset(g, 0, sizeof *g);
   g->what = what;
   cudaDataType_t t = cuda_type(s->dt);
@@ -209,6 +238,9 @@ static stoke_err *gemm_plan(lt_engine *E, const lt_state *s, uint32_t flags, lt_
     LT_CHECK(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), s,
              what);
   }
+  if (aux_ld) /* activation epilogues: the aux's leading dimension (its pointer is set per call) */
+    LT_CHECK(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld), s,
+             what);
   /* stored shapes: A is m x k when not transposed, else k x m; B likewise */
   LT_CHECK(cublasLtMatrixLayoutCreate(&g->a, t, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda), s,
            what);
@@ -271,7 +303,7 @@ static stoke_err *check_tensor(const stoke_kernel_args_v1 *a, const char *what, 
 
 /* Shapes and dtypes of every tensor the kernel touches; fills s's dims. */
 static stoke_err *linear_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, lt_state *s) {
-  if (a->n_in != 3 || a->n_out != 1 || !a->in || !a->out || (bwd && (!a->din || !a->dout)))
+  if (a->n_in < 3 || a->n_out < 1 || !a->in || !a->out || (bwd && (!a->din || !a->dout)))
     return STOKE_PERR(STOKE_E_INVALID, "cublaslt linear '%s': expects x, weight, bias -> y%s", node_name(a),
                       bwd ? " with their gradients" : "");
   const stoke_shape *xs = &a->in[0].shape, *ws = &a->in[1].shape;
@@ -322,10 +354,58 @@ static stoke_err *new_state(lt_state **out) {
 
 static size_t max_ws(size_t a, size_t b) { return a > b ? a : b; }
 
+/* -------------------------------------------------- activation epilogues */
+
+/* The activation of a linear_act / linear_dact node, its aux checked
+ * against y's [rows, cols] (stoke/ops.h) and its leading dimension. */
+static stoke_err *act_setup(const stoke_kernel_args_v1 *a, lt_state *s, const stoke_tensor *aux, int64_t rows,
+                            int64_t cols) {
+  const stoke_node_v1 *nd = a->node;
+  const char *act = nd && nd->n_attrs > STOKE_LINEAR_ACT_ACT ? nd->attrs[STOKE_LINEAR_ACT_ACT].s : "";
+  const char *approx =
+      nd && nd->n_attrs > STOKE_LINEAR_ACT_APPROXIMATE ? nd->attrs[STOKE_LINEAR_ACT_APPROXIMATE].s : "";
+  if (!strcmp(act, "relu")) s->act = LT_ACT_RELU;
+  else if (!strcmp(act, "gelu") && !strcmp(approx, "tanh")) s->act = LT_ACT_GELU;
+  else
+    return STOKE_PERR(STOKE_E_UNSUPPORTED,
+                      "cublaslt %s '%s': act = '%s', approximate = '%s'; cuBLASLt's epilogues compute relu and the "
+                      "tanh approximation of gelu only (the compiler fuses nothing else)",
+                      s->op, s->node, act, approx);
+  int relu = s->act == LT_ACT_RELU;
+  int64_t want = relu ? (cols + 127) / 128 * 16 : cols; /* bytes of bitmask, or elements of z */
+  stoke_dtype dt = relu ? STOKE_U8 : s->dt;
+  if (aux->shape.ndim != 2 || aux->shape.d[0] != rows || aux->shape.d[1] != want || aux->dtype != dt)
+    return STOKE_PERR(STOKE_E_INVALID, "cublaslt %s '%s': aux should be %s [%lld, %lld], got a %d-D %s tensor", s->op,
+                      s->node, stoke_dtype_name(dt), (long long)rows, (long long)want, aux->shape.ndim,
+                      stoke_dtype_name(aux->dtype));
+  s->aux_ld = relu ? want * 8 : cols;
+  return NULL;
+}
+
+/* The epilogues of the activation: forward (with bias, writing the aux)
+ * and backward (its gradient from the aux, with or without the bias
+ * gradient). GELU's aux leading dimension must be a multiple of 8. */
+static int act_epilogues_usable(const lt_state *s) { return s->act == LT_ACT_RELU || s->aux_ld % 8 == 0; }
+
+static cublasLtEpilogue_t act_fwd_epilogue(const lt_state *s) {
+  return s->act == LT_ACT_RELU ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+
+static cublasLtEpilogue_t act_bwd_epilogue(const lt_state *s, int bgrad) {
+  if (s->act == LT_ACT_RELU) return bgrad ? CUBLASLT_EPILOGUE_DRELU_BGRAD : CUBLASLT_EPILOGUE_DRELU;
+  return bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+}
+
+static stoke_err *set_pointer(const lt_state *s, const lt_gemm *g, cublasLtMatmulDescAttributes_t attr,
+                              const void *p) {
+  LT_CHECK(cublasLtMatmulDescSetAttribute(g->op, attr, &p, sizeof p), s, g->what);
+  return NULL;
+}
+
 /* ---------------------------------------------------------------- forward */
 
 static stoke_err *fwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes,
-                              stoke_dtype dt, int relu) {
+                              stoke_dtype dt, int relu, int act) {
   *state = NULL;
   *workspace_bytes = 0;
   lt_state tmp;
@@ -334,28 +414,40 @@ static stoke_err *fwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
   lt_state *s;
   STOKE_PROPAGATE_P(new_state(&s));
   *s = tmp;
-  s->op = relu ? STOKE_OP_LINEAR_RELU : STOKE_OP_LINEAR;
+  s->op = act ? STOKE_OP_LINEAR_ACT : relu ? STOKE_OP_LINEAR_RELU : STOKE_OP_LINEAR;
   s->relu = relu;
+  stoke_err *e = NULL;
+  if (act && a->n_out < 2)
+    e = STOKE_PERR(STOKE_E_INVALID, "cublaslt linear_act '%s': needs the outputs y and aux", s->node);
+  if (act && !e) e = act_setup(a, s, &a->out[1], s->n, s->o);
+  if (e) {
+    lt_destroy(s);
+    return e;
+  }
   if (dt != STOKE_F32 && (s->n % 8 || s->k % 8 || s->o % 8))
     stoke_host->log(STOKE_LOG_WARN, LT_WHO,
                     "linear '%s': batch %lld, in %lld, out %lld are not all multiples of 8 in %s; tensor cores "
                     "are not fully used (pad the sizes to multiples of 8)",
                     s->node, (long long)s->n, (long long)s->k, (long long)s->o, stoke_dtype_name(dt));
-  stoke_err *e = NULL;
   if (s->n && s->k && s->o) {
     lt_engine *E = a->engine;
+    if (s->act && act_epilogues_usable(s)) { /* activation, aux and bias in the epilogue */
+      e = gemm_plan(E, s, a->flags, &s->fwd, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o, (uint64_t)s->n,
+                    (uint64_t)s->k, s->k, s->k, s->o, act_fwd_epilogue(s), s->aux_ld, 1);
+      s->fwd_aux = s->fwd.ready;
+    }
     if (relu) { /* ReLU and bias in the epilogue; else as linear, then the ReLU kernel */
       e = gemm_plan(E, s, a->flags, &s->fwd, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o,
-                    (uint64_t)s->n, (uint64_t)s->k, s->k, s->k, s->o, CUBLASLT_EPILOGUE_RELU_BIAS, 1);
+                    (uint64_t)s->n, (uint64_t)s->k, s->k, s->k, s->o, CUBLASLT_EPILOGUE_RELU_BIAS, 0, 1);
       s->fwd_relu = s->fwd.ready;
     }
-    if (!e && !s->fwd.ready)
+    if (!e && !s->fwd.ready) /* linear, linear_act without its epilogue: bias only */
       e = gemm_plan(E, s, a->flags, &s->fwd, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o,
-                    (uint64_t)s->n, (uint64_t)s->k, s->k, s->k, s->o, CUBLASLT_EPILOGUE_BIAS, 1);
+                    (uint64_t)s->n, (uint64_t)s->k, s->k, s->k, s->o, CUBLASLT_EPILOGUE_BIAS, 0, 1);
     s->fwd_bias = s->fwd.ready;
     if (!e && !s->fwd.ready)
       e = gemm_plan(E, s, a->flags, &s->fwd, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o,
-                    (uint64_t)s->n, (uint64_t)s->k, s->k, s->k, s->o, CUBLASLT_EPILOGUE_DEFAULT, 0);
+                    (uint64_t)s->n, (uint64_t)s->k, s->k, s->k, s->o, CUBLASLT_EPILOGUE_DEFAULT, 0, 0);
   }
   if (e) {
     lt_destroy(s);
@@ -363,10 +455,12 @@ static stoke_err *fwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
   }
   if (s->n && s->k && s->o)
     stoke_host->log(STOKE_LOG_DEBUG, LT_WHO, "%s '%s' forward: %s%s, workspace %zu bytes", s->op, s->node,
-                    s->fwd_relu   ? "bias and ReLU fused (EPILOGUE_RELU_BIAS)"
+                    s->fwd_aux    ? "bias, activation and aux fused (EPILOGUE_*_AUX_BIAS)"
+                    : s->fwd_relu ? "bias and ReLU fused (EPILOGUE_RELU_BIAS)"
                     : s->fwd_bias ? "bias fused (EPILOGUE_BIAS)"
                                   : "bias by a separate kernel",
-                    relu && !s->fwd_relu ? ", ReLU by a separate kernel" : "", s->fwd.ws);
+                    (relu && !s->fwd_relu) || (s->act && !s->fwd_aux) ? ", activation by a separate kernel" : "",
+                    s->fwd.ws);
   *state = s;
   *workspace_bytes = s->fwd.ws;
   return NULL;
@@ -402,16 +496,23 @@ static stoke_err *fwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_d
   } else {
     LT_CHECK(cublasLtMatmulDescSetAttribute(s->fwd.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b), s,
              "forward");
+    if (s->fwd_aux) {
+      STOKE_PROPAGATE_P(check_align(s, "aux", a->out[1].data));
+      STOKE_PROPAGATE_P(set_pointer(s, &s->fwd, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, a->out[1].data));
+    }
     STOKE_PROPAGATE_P(matmul(E, s, &s->fwd, a, w, x, y, 0.f));
   }
   if (s->relu && !(s->k && s->fwd_relu)) LT_CUDA(stoke_lt_relu(y, s->n * s->o, dt, st), s, "forward ReLU");
+  if (s->act && !(s->k && s->fwd_aux)) /* z is in y: the aux from it, then y = act(z) */
+    LT_CUDA(stoke_lt_act_aux(y, a->out[1].data, s->n, s->o, s->aux_ld, s->act == LT_ACT_GELU, dt, st), s,
+            "forward activation");
   return NULL;
 }
 
 /* --------------------------------------------------------------- backward */
 
 static stoke_err *bwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes,
-                              stoke_dtype dt, int relu) {
+                              stoke_dtype dt, int relu, int dact) {
   *state = NULL;
   *workspace_bytes = 0;
   lt_state tmp;
@@ -420,25 +521,43 @@ static stoke_err *bwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
   lt_state *s;
   STOKE_PROPAGATE_P(new_state(&s));
   *s = tmp;
-  s->op = relu ? STOKE_OP_LINEAR_RELU : STOKE_OP_LINEAR;
+  s->op = dact ? STOKE_OP_LINEAR_DACT : relu ? STOKE_OP_LINEAR_RELU : STOKE_OP_LINEAR;
   s->relu = relu;
+  stoke_err *e = NULL;
+  if (dact && a->n_in < 5)
+    e = STOKE_PERR(STOKE_E_INVALID, "cublaslt linear_dact '%s': needs y1, weight, bias, aux1, bias1", s->node);
+  if (dact && !e) e = act_setup(a, s, &a->in[3], s->n, s->k); /* the aux of y1[N, K] */
+  if (dact && !e && (a->in[4].shape.ndim != 1 || a->in[4].shape.d[0] != s->k || a->in[4].dtype != dt))
+    e = STOKE_PERR(STOKE_E_INVALID, "cublaslt linear_dact '%s': bias1 should be %s [%lld]", s->node,
+                   stoke_dtype_name(dt), (long long)s->k);
+  if (e) {
+    lt_destroy(s);
+    return e;
+  }
   if (relu) { /* dz[N, O] in the dtype, rounded up so the products' workspace after it stays aligned */
     size_t bytes = (size_t)s->n * (size_t)s->o * stoke_dtype_size(dt);
     s->dz_bytes = (bytes + LT_ALIGN - 1) / LT_ALIGN * LT_ALIGN;
   }
   lt_engine *E = a->engine;
-  stoke_err *e = NULL;
   uint64_t n = (uint64_t)s->n, k = (uint64_t)s->k, o = (uint64_t)s->o;
   /* plan what may be wanted: din[i].data may be NULL at plan time */
   if (n && k && o) {
     e = gemm_plan(E, s, a->flags, &s->dx, "dx", CUBLAS_OP_N, CUBLAS_OP_N, k, n, o, s->k, s->o, s->k,
-                  CUBLASLT_EPILOGUE_DEFAULT, 0);
+                  CUBLASLT_EPILOGUE_DEFAULT, 0, 0);
     if (!e)
       e = gemm_plan(E, s, a->flags, &s->dw, "dW", CUBLAS_OP_N, CUBLAS_OP_T, k, o, n, s->k, s->o, s->k,
-                    CUBLASLT_EPILOGUE_DEFAULT, 0);
+                    CUBLASLT_EPILOGUE_DEFAULT, 0, 0);
     if (!e && !(a->flags & STOKE_KFLAG_DETERMINISTIC))
       e = gemm_plan(E, s, a->flags, &s->dw_bgrad, "dW+db", CUBLAS_OP_N, CUBLAS_OP_T, k, o, n, s->k, s->o, s->k,
-                    CUBLASLT_EPILOGUE_BGRADB, 1);
+                    CUBLASLT_EPILOGUE_BGRADB, 0, 1);
+    /* linear_dact: dz1 = dx * act'(z1) in the dx product's epilogue, with d bias1 (not accumulating, not
+     * deterministic) or without */
+    if (!e && dact && act_epilogues_usable(s) && !(a->flags & STOKE_KFLAG_DETERMINISTIC))
+      e = gemm_plan(E, s, a->flags, &s->dx_dact_bgrad, "dz1+dbias1", CUBLAS_OP_N, CUBLAS_OP_N, k, n, o, s->k, s->o,
+                    s->k, act_bwd_epilogue(s, 1), s->aux_ld, 1);
+    if (!e && dact && act_epilogues_usable(s))
+      e = gemm_plan(E, s, a->flags, &s->dx_dact, "dz1", CUBLAS_OP_N, CUBLAS_OP_N, k, n, o, s->k, s->o, s->k,
+                    act_bwd_epilogue(s, 0), s->aux_ld, 1);
   }
   if (e) {
     lt_destroy(s);
@@ -449,8 +568,14 @@ static stoke_err *bwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
                     s->node,
                     s->dw_bgrad.ready ? "fused (EPILOGUE_BGRADB) when not accumulating" : "by a column-sum kernel",
                     s->dx.ws, s->dw.ws, s->dw_bgrad.ws, relu ? " after the masked dz" : "");
+  if (n && k && o && dact)
+    stoke_host->log(STOKE_LOG_DEBUG, LT_WHO, "linear_dact '%s': dz1 and d bias1 %s", s->node,
+                    s->dx_dact_bgrad.ready ? "in one product (EPILOGUE_D*_BGRAD) when not accumulating"
+                    : s->dx_dact.ready     ? "by the D* epilogue and a column-sum kernel"
+                                           : "by kernels after the plain product");
   *state = s;
-  *workspace_bytes = s->dz_bytes + max_ws(s->dx.ws, max_ws(s->dw.ws, s->dw_bgrad.ws));
+  *workspace_bytes = s->dz_bytes + max_ws(max_ws(s->dx.ws, s->dx_dact.ws), max_ws(s->dx_dact_bgrad.ws,
+                                                                                  max_ws(s->dw.ws, s->dw_bgrad.ws)));
   return NULL;
 }
 
@@ -515,25 +640,79 @@ static stoke_err *relu_bwd_run_dt(const stoke_kernel_args_v1 *a, void *state, st
   return bwd_run_dt(&b, state, dt);
 }
 
+/* linear_dact: dz1 = (dy W) * act'(z1) from the aux and d bias1 =
+ * colsum(dz1), in the dx product's epilogue where one serves, then the
+ * next linear's dW and db as linear's backward. */
+static stoke_err *dact_bwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_dtype dt) {
+  lt_state *s = state;
+  if (!s || !s->act)
+    return STOKE_PERR(STOKE_E_INTERNAL, "cublaslt linear_dact '%s': run() without plan()", node_name(a));
+  STOKE_PROPAGATE_P(linear_check(a, dt, 1, NULL));
+  lt_engine *E = a->engine;
+  cudaStream_t st = (cudaStream_t)a->stream;
+  const void *w = a->in[1].data, *dy = a->dout[0].data, *aux = a->in[3].data;
+  void *dz = a->din[0].data, *db1 = a->din[4].data;
+  int64_t n = s->n, k = s->k, o = s->o;
+  if (db1 && !dz)
+    return STOKE_PERR(STOKE_E_INVALID, "cublaslt linear_dact '%s': d bias1 asked for without dz1", s->node);
+  if (dz && n && k) {
+    if (!aux) return STOKE_PERR(STOKE_E_INVALID, "cublaslt linear_dact '%s': backward needs aux1", s->node);
+    STOKE_PROPAGATE_P(check_align(s, "aux", aux));
+    int db_done = 0;
+    if (!o) {
+      LT_CUDA(stoke_lt_scale(dz, n * k, 0.f, dt, st), s, "dz1");
+    } else if (db1 && s->dx_dact_bgrad.ready && grad_beta(a, 4) == 0.f) {
+      STOKE_PROPAGATE_P(set_pointer(s, &s->dx_dact_bgrad, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux));
+      STOKE_PROPAGATE_P(set_pointer(s, &s->dx_dact_bgrad, CUBLASLT_MATMUL_DESC_BIAS_POINTER, db1));
+      STOKE_PROPAGATE_P(matmul(E, s, &s->dx_dact_bgrad, a, w, dy, dz, 0.f));
+      db_done = 1;
+    } else if (s->dx_dact.ready) {
+      STOKE_PROPAGATE_P(set_pointer(s, &s->dx_dact, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux));
+      STOKE_PROPAGATE_P(matmul(E, s, &s->dx_dact, a, w, dy, dz, 0.f));
+    } else {
+      STOKE_PROPAGATE_P(matmul(E, s, &s->dx, a, w, dy, dz, 0.f));
+      LT_CUDA(stoke_lt_dact(dz, aux, n, k, s->aux_ld, s->act == LT_ACT_GELU, dt, st), s, "dz1 = dx * act'(z1)");
+    }
+    if (db1 && !db_done) LT_CUDA(stoke_lt_colsum(db1, dz, n, k, grad_beta(a, 4), dt, st), s, "d bias1");
+  } else if (db1 && k) { /* no rows: d bias1 keeps beta times itself */
+    LT_CUDA(stoke_lt_scale(db1, k, grad_beta(a, 4), dt, st), s, "d bias1");
+  }
+  stoke_tensor din[STOKE_MAX_IO];
+  memcpy(din, a->din, sizeof(stoke_tensor) * (size_t)a->n_in);
+  din[0].data = NULL; /* done above */
+  stoke_kernel_args_v1 b = *a;
+  b.din = din;
+  return bwd_run_dt(&b, state, dt);
+}
+
 /* ------------------------------------------------------------ the tables */
 
 #define LT_KERNELS(sfx, DT)                                                                                   \
   static stoke_err *fwd_plan_##sfx(const stoke_kernel_args_v1 *a, void **st, size_t *ws) {                  \
-    return fwd_plan_dt(a, st, ws, DT, 0);                                                                   \
+    return fwd_plan_dt(a, st, ws, DT, 0, 0);                                                                \
   }                                                                                                         \
   static stoke_err *fwd_run_##sfx(const stoke_kernel_args_v1 *a, void *st) { return fwd_run_dt(a, st, DT); } \
   static stoke_err *bwd_plan_##sfx(const stoke_kernel_args_v1 *a, void **st, size_t *ws) {                  \
-    return bwd_plan_dt(a, st, ws, DT, 0);                                                                   \
+    return bwd_plan_dt(a, st, ws, DT, 0, 0);                                                                \
   }                                                                                                         \
   static stoke_err *bwd_run_##sfx(const stoke_kernel_args_v1 *a, void *st) { return bwd_run_dt(a, st, DT); } \
   static stoke_err *relu_fwd_plan_##sfx(const stoke_kernel_args_v1 *a, void **st, size_t *ws) {             \
-    return fwd_plan_dt(a, st, ws, DT, 1);                                                                   \
+    return fwd_plan_dt(a, st, ws, DT, 1, 0);                                                                \
   }                                                                                                         \
   static stoke_err *relu_bwd_plan_##sfx(const stoke_kernel_args_v1 *a, void **st, size_t *ws) {             \
-    return bwd_plan_dt(a, st, ws, DT, 1);                                                                   \
+    return bwd_plan_dt(a, st, ws, DT, 1, 0);                                                                \
   }                                                                                                         \
   static stoke_err *relu_bwd_run_##sfx(const stoke_kernel_args_v1 *a, void *st) {                           \
     return relu_bwd_run_dt(a, st, DT);                                                                      \
+  }                                                                                                         \
+  static stoke_err *act_fwd_plan_##sfx(const stoke_kernel_args_v1 *a, void **st, size_t *ws) {              \
+    return fwd_plan_dt(a, st, ws, DT, 0, 1);                                                                \
+  }                                                                                                         \
+  static stoke_err *dact_bwd_plan_##sfx(const stoke_kernel_args_v1 *a, void **st, size_t *ws) {             \
+    return bwd_plan_dt(a, st, ws, DT, 0, 1);                                                                \
+  }                                                                                                         \
+  static stoke_err *dact_bwd_run_##sfx(const stoke_kernel_args_v1 *a, void *st) {                           \
+    return dact_bwd_run_dt(a, st, DT);                                                                      \
   }
 
 LT_KERNELS(f32, STOKE_F32)
@@ -546,7 +725,11 @@ LT_KERNELS(f16, STOKE_F16)
       {"cublaslt", STOKE_OP_LINEAR_RELU, STOKE_FWD, DT, STOKE_LAYOUT_ANY, relu_fwd_plan_##sfx, fwd_run_##sfx,  \
        lt_destroy},                                                                                       \
       {"cublaslt", STOKE_OP_LINEAR_RELU, STOKE_BWD, DT, STOKE_LAYOUT_ANY, relu_bwd_plan_##sfx,                \
-       relu_bwd_run_##sfx, lt_destroy}
+       relu_bwd_run_##sfx, lt_destroy},                                                                    \
+      {"cublaslt", STOKE_OP_LINEAR_ACT, STOKE_FWD, DT, STOKE_LAYOUT_ANY, act_fwd_plan_##sfx, fwd_run_##sfx,    \
+       lt_destroy},                                                                                       \
+      {"cublaslt", STOKE_OP_LINEAR_DACT, STOKE_BWD, DT, STOKE_LAYOUT_ANY, dact_bwd_plan_##sfx,                \
+       dact_bwd_run_##sfx, lt_destroy}
 
 static const stoke_kernel_v1 kernels[] = {
     LT_ENTRY(f32, STOKE_F32),
@@ -564,4 +747,6 @@ static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
 
 STOKE_EXPORT const stoke_plugin_v1 stoke_plugin_v1_entry = {
     STOKE_ABI_VERSION, sizeof(stoke_plugin_v1), "cublaslt",
-    "cuBLASLt linear and linear_relu kernels (fused bias, ReLU, bias gradient) for f32/TF32, bf16 and fp16", reg};
+    "cuBLASLt linear, linear_relu, linear_act and linear_dact kernels (fused bias, ReLU/GELU and their gradients, "
+    "bias gradients) for f32/TF32, bf16 and fp16",
+    reg};

@@ -1,9 +1,10 @@
 // backends/cublaslt/lt_kernels.cu: the plain CUDA kernels the cublaslt
-// linear and linear_relu kernels need around cuBLASLt (see lt_kernels.h).
+// linear, linear_relu, linear_act and linear_dact kernels need around cuBLASLt (see lt_kernels.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "backends/cublaslt/lt_kernels.h"
+#include "backends/cuda/act.cuh"
 #include "backends/cuda/types.cuh"
 
 namespace {
@@ -56,6 +57,64 @@ template <typename T>
 __global__ void relu_mask(T *dz, const T *dy, const T *y, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     dz[i] = from_f<T>(to_f(y[i]) > 0.f ? to_f(dy[i]) : 0.f);
+}
+
+// ReLU with its bitmask: one thread per mask byte (8 outputs of a row); NaN stays NaN.
+template <typename T>
+__global__ void relu_aux(T *y, uint8_t *mask, int64_t rows, int64_t cols, int64_t stride) {
+  int64_t n = rows * stride;
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < n; t += (int64_t)gridDim.x * blockDim.x) {
+    int64_t i = t / stride, j0 = (t % stride) * 8;
+    unsigned bits = 0;
+    for (int b = 0; b < 8 && j0 + b < cols; b++) {
+      T *p = y + i * cols + j0 + b;
+      float v = to_f(*p);
+      if (v > 0.f) bits |= 1u << b;
+      else if (v < 0.f) *p = from_f<T>(0.f);
+    }
+    mask[t] = (uint8_t)bits;
+  }
+}
+
+template <typename T>
+__global__ void gelu_aux(T *y, T *z, int64_t rows, int64_t cols, int64_t ld) {
+  int64_t n = rows * cols;
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < n; t += (int64_t)gridDim.x * blockDim.x) {
+    int64_t i = t / cols, j = t % cols;
+    T v = y[t];
+    z[i * ld + j] = v;
+    y[t] = from_f<T>(gelu_f(to_f(v), true));
+  }
+}
+
+template <typename T>
+__global__ void dact(T *dz, const void *aux, int64_t rows, int64_t cols, int64_t ld, int gelu) {
+  int64_t n = rows * cols;
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < n; t += (int64_t)gridDim.x * blockDim.x) {
+    int64_t i = t / cols, j = t % cols;
+    float g;
+    if (gelu) g = gelu_grad_f(to_f(((const T *)aux)[i * ld + j]), true);
+    else g = (((const uint8_t *)aux)[i * (ld / 8) + j / 8] >> (j % 8)) & 1u ? 1.f : 0.f;
+    dz[t] = from_f<T>(g != 0.f ? to_f(dz[t]) * g : 0.f);
+  }
+}
+
+template <typename T>
+cudaError_t launch_act_aux(void *y, void *aux, int64_t rows, int64_t cols, int64_t ld, int gelu, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (gelu)
+    gelu_aux<T><<<grid_for(rows * cols, kThreads, 65535), kThreads, 0, s>>>((T *)y, (T *)aux, rows, cols, ld);
+  else
+    relu_aux<T><<<grid_for(rows * (ld / 8), kThreads, 65535), kThreads, 0, s>>>((T *)y, (uint8_t *)aux, rows, cols,
+                                                                                ld / 8);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_dact(void *dz, const void *aux, int64_t rows, int64_t cols, int64_t ld, int gelu, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  dact<T><<<grid_for(rows * cols, kThreads, 65535), kThreads, 0, s>>>((T *)dz, aux, rows, cols, ld, gelu);
+  return cudaGetLastError();
 }
 
 template <typename T>
@@ -142,6 +201,26 @@ extern "C" cudaError_t stoke_lt_relu_mask(void *dz, const void *dy, const void *
     case STOKE_F32: return launch_relu_mask<float>(dz, dy, y, n, s);
     case STOKE_F16: return launch_relu_mask<__half>(dz, dy, y, n, s);
     case STOKE_BF16: return launch_relu_mask<__nv_bfloat16>(dz, dy, y, n, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" cudaError_t stoke_lt_act_aux(void *y, void *aux, int64_t rows, int64_t cols, int64_t aux_ld, int gelu,
+                                        stoke_dtype dt, cudaStream_t s) {
+  switch (dt) {
+    case STOKE_F32: return launch_act_aux<float>(y, aux, rows, cols, aux_ld, gelu, s);
+    case STOKE_F16: return launch_act_aux<__half>(y, aux, rows, cols, aux_ld, gelu, s);
+    case STOKE_BF16: return launch_act_aux<__nv_bfloat16>(y, aux, rows, cols, aux_ld, gelu, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" cudaError_t stoke_lt_dact(void *dz, const void *aux, int64_t rows, int64_t cols, int64_t aux_ld, int gelu,
+                                     stoke_dtype dt, cudaStream_t s) {
+  switch (dt) {
+    case STOKE_F32: return launch_dact<float>(dz, aux, rows, cols, aux_ld, gelu, s);
+    case STOKE_F16: return launch_dact<__half>(dz, aux, rows, cols, aux_ld, gelu, s);
+    case STOKE_BF16: return launch_dact<__nv_bfloat16>(dz, aux, rows, cols, aux_ld, gelu, s);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -1,7 +1,8 @@
 /* backends/cublaslt/lt_kernels.h: the small CUDA kernels next to the
  * cuBLASLt products of the linear kernels (lt_kernels.cu), private to the
- * cublaslt plugin: bias broadcast, scaling, the bias gradient, and the ReLU
- * (forward fallback and gradient mask) of linear_relu. */
+ * cublaslt plugin: bias broadcast, scaling, the bias gradient, the ReLU
+ * (forward fallback and gradient mask) of linear_relu, and the activation
+ * epilogues' fallbacks of linear_act / linear_dact. */
 #ifndef STOKE_CUBLASLT_KERNELS_H
 #define STOKE_CUBLASLT_KERNELS_H
 
@@ -36,6 +37,20 @@ cudaError_t stoke_lt_relu(void *y, int64_t n, stoke_dtype dt, cudaStream_t s);
  * the ReLU's gradient from the forward output. */
 cudaError_t stoke_lt_relu_mask(void *dz, const void *dy, const void *y, int64_t n, stoke_dtype dt,
                                cudaStream_t s);
+
+/* linear_act's forward without its epilogue: y[rows, cols] holds z; write
+ * the aux and make y = act(z) in place. gelu = 0: ReLU, the aux a bitmask
+ * of aux_ld bits per row (bit j of row i: bit j % 8 of byte
+ * i * aux_ld / 8 + j / 8, set iff z > 0; the padding bits 0), as cuBLASLt's
+ * RELU_AUX_BIAS; gelu = 1: GELU (tanh approximation), the aux z itself
+ * with aux_ld elements per row, as GELU_AUX_BIAS. */
+cudaError_t stoke_lt_act_aux(void *y, void *aux, int64_t rows, int64_t cols, int64_t aux_ld, int gelu,
+                             stoke_dtype dt, cudaStream_t s);
+
+/* linear_dact without its epilogue: dz[rows, cols] *= act'(z) read from
+ * the aux (layout as above), in place. */
+cudaError_t stoke_lt_dact(void *dz, const void *aux, int64_t rows, int64_t cols, int64_t aux_ld, int gelu,
+                          stoke_dtype dt, cudaStream_t s);
 
 #ifdef __cplusplus
 }

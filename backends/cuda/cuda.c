@@ -176,6 +176,47 @@ static stoke_err *cuda_timer_elapsed(void *self, void *a, void *b, float *ms) {
   return NULL;
 }
 
+/* Thread-local capture: the loader's threads may call CUDA meanwhile. */
+static stoke_err *cuda_capture_begin(void *self, void *stream) {
+  STOKE_CUDA(cudaStreamBeginCapture(pick(self, stream), cudaStreamCaptureModeThreadLocal));
+  return NULL;
+}
+
+static stoke_err *cuda_capture_end(void *self, void *stream, void **graph, int64_t *ops) {
+  cudaGraph_t g = NULL;
+  cudaGraphExec_t ge = NULL;
+  *graph = NULL;
+  cudaError_t e = cudaStreamEndCapture(pick(self, stream), &g);
+  if (e != cudaSuccess || !g) {
+    cudaGetLastError();
+    return STOKE_PERR(STOKE_E_DEVICE,
+                      "cuda: capturing the step into a CUDA graph failed (%s): a kernel synchronized, "
+                      "allocated or used another stream inside the step; set [run] cuda_graph = false",
+                      cudaGetErrorString(e));
+  }
+  size_t n = 0;
+  cudaGraphGetNodes(g, NULL, &n);
+  *ops = (int64_t)n;
+  e = cudaGraphInstantiateWithFlags(&ge, g, 0);
+  cudaGraphDestroy(g);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return STOKE_PERR(STOKE_E_DEVICE, "cuda: instantiating the step's CUDA graph (%zu operations): %s", n,
+                      cudaGetErrorString(e));
+  }
+  *graph = ge;
+  return NULL;
+}
+
+static stoke_err *cuda_graph_launch(void *self, void *graph, void *stream) {
+  STOKE_CUDA(cudaGraphLaunch((cudaGraphExec_t)graph, pick(self, stream)));
+  return NULL;
+}
+
+static void cuda_graph_destroy(void *self, void *graph) {
+  if (graph) cudaGraphExecDestroy((cudaGraphExec_t)graph);
+}
+
 static const stoke_backend_v1 backend = {
     .name = "cuda",
     .help = "NVIDIA GPU: device memory, streams, elementwise/norm/optimizer kernels",
@@ -201,6 +242,10 @@ static const stoke_backend_v1 backend = {
     .copy_stream = cuda_copy_stream,
     .stream_wait = cuda_stream_wait,
     .timer_sync = cuda_timer_sync,
+    .capture_begin = cuda_capture_begin,
+    .capture_end = cuda_capture_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_destroy = cuda_graph_destroy,
 };
 
 static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {

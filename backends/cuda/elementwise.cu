@@ -1,5 +1,5 @@
 // backends/cuda/elementwise.cu: the cuda backend's elementwise, reduction and loss kernels
-// (relu, add, bias_add, flatten, global_avg_pool, softmax_ce, dropout, normalize); see stoke/ops.h.
+// (relu, gelu, add, bias_add, flatten, global_avg_pool, softmax_ce, dropout, normalize); see stoke/ops.h.
 //
 // Every kernel is a template over the element type (float, __nv_bfloat16, __half) and computes
 // in float. Reductions are deterministic: each output is summed by a fixed set of threads in a
@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backends/cuda/act.cuh"
 #include "backends/cuda/stoke_cuda.h"
 #include "backends/cuda/types.cuh"
 #include "stoke/ops.h"
@@ -103,6 +104,14 @@ struct op_relu {  // NaN stays NaN, as on the CPU
 };
 struct op_relu_grad {  // x = y (forward output), z = dy
   __device__ float operator()(float y, float dy, int64_t) const { return y > 0.f ? dy : 0.f; }
+};
+struct op_gelu {
+  bool tanh_approx;
+  __device__ float operator()(float x, float, int64_t) const { return gelu_f(x, tanh_approx); }
+};
+struct op_gelu_grad {  // x = forward input, z = dy
+  bool tanh_approx;
+  __device__ float operator()(float x, float dy, int64_t) const { return dy * gelu_grad_f(x, tanh_approx); }
 };
 struct op_add {
   __device__ float operator()(float x, float z, int64_t) const { return x + z; }
@@ -406,6 +415,17 @@ stoke_err *relu_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, in
   return NULL;
 }
 
+stoke_err *gelu_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
+  CHECK(unary_check(a, STOKE_OP_GELU, dt, bwd, run, 1, true));
+  if (bwd && a->din[0].data) CHECK(check_data(a, STOKE_OP_GELU, "x (the forward input)", &a->in[0], run));
+  return NULL;
+}
+
+bool gelu_tanh(const stoke_kernel_args_v1 *a) {
+  return a->node && a->node->n_attrs > STOKE_GELU_APPROXIMATE &&
+         !strcmp(a->node->attrs[STOKE_GELU_APPROXIMATE].s, "tanh");
+}
+
 stoke_err *add_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
   const char *op = STOKE_OP_ADD;
   CHECK(check_counts(a, op, bwd, 2, 1));
@@ -589,6 +609,25 @@ template <typename T> stoke_err *relu_bwd(const stoke_kernel_args_v1 *a, void *)
   if (!a->din[0].data) return NULL;
   return launch_ew<T>(a, dp<T>(a->din[0]), dp<T>(a->out[0]), dp<T>(a->dout[0]), stoke_numel(&a->out[0].shape),
                       grad_beta(a, 0), op_relu_grad{});
+}
+
+// ------------------------------------------------------------------- gelu
+
+PLAN(gelu_fwd, gelu_check(a, dtype_of<T>::value, 0, 0), 0)
+PLAN(gelu_bwd, gelu_check(a, dtype_of<T>::value, 1, 0), 0)
+
+template <typename T> stoke_err *gelu_fwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(gelu_check(a, dtype_of<T>::value, 0, 1));
+  return launch_ew<T>(a, dp<T>(a->out[0]), dp<T>(a->in[0]), (const T *)NULL, stoke_numel(&a->in[0].shape), 0.f,
+                      op_gelu{gelu_tanh(a)});
+}
+
+// dx = dy * gelu'(x), from the forward input (what bwd_needs keeps).
+template <typename T> stoke_err *gelu_bwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(gelu_check(a, dtype_of<T>::value, 1, 1));
+  if (!a->din[0].data) return NULL;
+  return launch_ew<T>(a, dp<T>(a->din[0]), dp<T>(a->in[0]), dp<T>(a->dout[0]), stoke_numel(&a->in[0].shape),
+                      grad_beta(a, 0), op_gelu_grad{gelu_tanh(a)});
 }
 
 // -------------------------------------------------------------------- add
@@ -855,6 +894,8 @@ stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *) {
 #define KERNELS(T)                                                    \
   KERNEL(STOKE_OP_RELU, STOKE_FWD, relu_fwd, T),                      \
       KERNEL(STOKE_OP_RELU, STOKE_BWD, relu_bwd, T),                  \
+      KERNEL(STOKE_OP_GELU, STOKE_FWD, gelu_fwd, T),                  \
+      KERNEL(STOKE_OP_GELU, STOKE_BWD, gelu_bwd, T),                  \
       KERNEL(STOKE_OP_ADD, STOKE_FWD, add_fwd, T),                    \
       KERNEL(STOKE_OP_ADD, STOKE_BWD, add_bwd, T),                    \
       KERNEL(STOKE_OP_BIAS_ADD, STOKE_FWD, bias_add_fwd, T),          \

@@ -735,6 +735,105 @@ __global__ void max_pool_bwd_arg_k(const int8_t *__restrict__ arg, const T *__re
   }
 }
 
+// NHWC with C a multiple of V (16 bytes of channels): one thread takes V
+// channels of one position, with 16-byte loads and one index decode for
+// all of them, 32-bit indices (the caller checks they fit). The same
+// comparisons and sums in the same order as the kernels above, lane by
+// lane: ResNet-50's max pool (64 x 112 x 112 -> 56 x 56) took 1.6 ms
+// forward and 4.4 ms backward with one element per thread.
+template <typename T, int V>
+__device__ __forceinline__ void max_window_v(const T *__restrict__ xn, const pool_desc &d, int oh, int ow,
+                                             int cg, float best[V], int a[V]) {
+  const int h0 = oh * (int)d.sh - (int)d.ph, w0 = ow * (int)d.sw - (int)d.pw, C = (int)d.C;
+#pragma unroll
+  for (int k = 0; k < V; k++) best[k] = -INFINITY, a[k] = -1;
+  for (int r = 0; r < (int)d.kh; r++) {
+    int h = h0 + r;
+    if (h < 0 || h >= (int)d.H) continue;
+    for (int q = 0; q < (int)d.kw; q++) {
+      int w = w0 + q;
+      if (w < 0 || w >= (int)d.W) continue;
+      vec<T, V> v = *reinterpret_cast<const vec<T, V> *>(xn + ((int64_t)h * d.W + w) * C + cg * V);
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        float f = to_f(v.v[k]);
+        if (a[k] < 0 || f > best[k] || (isnan(f) && !isnan(best[k]))) best[k] = f, a[k] = r * (int)d.kw + q;
+      }
+    }
+  }
+}
+
+// y (when not NULL) gets each window's maximum, arg (when not NULL) its index.
+template <typename T, int V>
+__global__ void max_pool_fwd_v(const T *__restrict__ x, T *__restrict__ y, int8_t *__restrict__ arg,
+                               pool_desc d, int total) {
+  const int CG = (int)d.C / V, Ho = (int)d.Ho, Wo = (int)d.Wo;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    int cg = i % CG, p = i / CG, ow = p % Wo, oh = (p / Wo) % Ho, n = p / Wo / Ho;
+    float best[V];
+    int a[V];
+    max_window_v<T, V>(x + (int64_t)n * d.H * d.W * d.C, d, oh, ow, cg, best, a);
+    int64_t o = (int64_t)i * V; /* NHWC output: position-major, then channels */
+    if (y) {
+      vec<T, V> out;
+#pragma unroll
+      for (int k = 0; k < V; k++) out.v[k] = from_f<T>(best[k]);
+      *reinterpret_cast<vec<T, V> *>(y + o) = out;
+    }
+    if (arg) {
+      vec<int8_t, V> av;
+#pragma unroll
+      for (int k = 0; k < V; k++) av.v[k] = (int8_t)a[k];
+      *reinterpret_cast<vec<int8_t, V> *>(arg + o) = av;
+    }
+  }
+}
+
+// dx gathers dy from the windows holding its position whose index points
+// at it; for a fixed position that index is the same for every lane.
+template <typename T, int V>
+__global__ void max_pool_bwd_v(const int8_t *__restrict__ arg, const T *__restrict__ dy, T *dx, pool_desc d,
+                               float beta, int total) {
+  const int CG = (int)d.C / V, H = (int)d.H, W = (int)d.W, C = (int)d.C;
+  const int kh = (int)d.kh, kw = (int)d.kw, sh = (int)d.sh, sw = (int)d.sw, ph = (int)d.ph, pw = (int)d.pw;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    int cg = i % CG, p = i / CG, w = p % W, h = (p / W) % H, n = p / W / H;
+    int hp = h + ph, wp = w + pw;
+    int oh1 = min(hp / sh, (int)d.Ho - 1), ow1 = min(wp / sw, (int)d.Wo - 1);
+    int oh0 = hp - kh + 1 > 0 ? (hp - kh + sh) / sh : 0, ow0 = wp - kw + 1 > 0 ? (wp - kw + sw) / sw : 0;
+    float s[V];
+#pragma unroll
+    for (int k = 0; k < V; k++) s[k] = 0;
+    for (int oh = oh0; oh <= oh1; oh++)
+      for (int ow = ow0; ow <= ow1; ow++) {
+        int64_t o = (((int64_t)n * d.Ho + oh) * d.Wo + ow) * C + cg * V;
+        int target = (h - (oh * sh - ph)) * kw + (w - (ow * sw - pw));
+        vec<int8_t, V> av = *reinterpret_cast<const vec<int8_t, V> *>(arg + o);
+        vec<T, V> dv = *reinterpret_cast<const vec<T, V> *>(dy + o);
+#pragma unroll
+        for (int k = 0; k < V; k++)
+          if (av.v[k] == target) s[k] += to_f(dv.v[k]);
+      }
+    vec<T, V> *dst = reinterpret_cast<vec<T, V> *>(dx + (int64_t)i * V), out;
+    if (beta != 0.0f) out = *dst;
+#pragma unroll
+    for (int k = 0; k < V; k++) out.v[k] = from_f<T>(beta != 0.0f ? beta * to_f(out.v[k]) + s[k] : s[k]);
+    *dst = out;
+  }
+}
+
+// The vectorized kernels serve this call: every tensor NHWC and 16-byte
+// aligned, C a multiple of V, indices in 32 bits.
+template <typename T>
+bool pool_vec_ok(const stoke_kernel_args_v1 *a, const pool_desc &d, bool bwd) {
+  constexpr int V = 16 / sizeof(T);
+  const stoke_tensor *t[4] = {&a->in[0], bwd ? &a->dout[0] : &a->out[0], bwd ? &a->din[0] : NULL, NULL};
+  for (int i = 0; i < 3 && t[i]; i++)
+    if (t[i]->layout != STOKE_NHWC || (t[i]->data && !aligned16(t[i]->data))) return false;
+  return d.C % V == 0 && d.N * d.H * d.W * d.C < INT32_MAX && d.N * d.Ho * d.Wo * d.C < INT32_MAX &&
+         d.kh * d.kw <= 127;
+}
+
 // dx[h, w] = sum over the windows holding (h, w) of dy / (kh kw).
 template <typename T>
 __global__ void avg_pool_bwd_k(const T *__restrict__ dy, T *dx, pool_desc d, int dx_nhwc,
@@ -786,7 +885,11 @@ stoke_err *pool_fwd(const stoke_kernel_args_v1 *a, void *) {
   const T *x = (const T *)a->in[0].data;
   T *y = (T *)a->out[0].data;
   int nhwc = a->out[0].layout == STOKE_NHWC;
-  if (MAX)
+  constexpr int V = 16 / sizeof(T);
+  if (MAX && pool_vec_ok<T>(a, d, false))
+    max_pool_fwd_v<T, V><<<grid_for(total / V, kThreads, kMaxGrid), kThreads, 0, st>>>(x, y, NULL, d,
+                                                                                    (int)(total / V));
+  else if (MAX)
     max_pool_fwd_k<T>
         <<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(x, y, d, nhwc, total);
   else
@@ -812,7 +915,13 @@ stoke_err *pool_bwd(const stoke_kernel_args_v1 *a, void *) {
   if (MAX && d.kh * d.kw <= 127 && a->workspace && a->workspace_bytes >= (size_t)n_out) {
     int8_t *arg = (int8_t *)a->workspace;
     int y_nhwc = a->dout[0].layout == STOKE_NHWC;
-    if (total < INT32_MAX && n_out < INT32_MAX) {
+    constexpr int V = 16 / sizeof(T);
+    if (pool_vec_ok<T>(a, d, true)) {
+      max_pool_fwd_v<T, V><<<grid_for(n_out / V, kThreads, kMaxGrid), kThreads, 0, st>>>(
+          (const T *)a->in[0].data, NULL, arg, d, (int)(n_out / V));
+      max_pool_bwd_v<T, V><<<grid_for(total / V, kThreads, kMaxGrid), kThreads, 0, st>>>(arg, dy, dx, d, beta,
+                                                                                       (int)(total / V));
+    } else if (total < INT32_MAX && n_out < INT32_MAX) {
       max_pool_arg_k<T, int32_t><<<grid_for(n_out, kThreads, kMaxGrid), kThreads, 0, st>>>(
           (const T *)a->in[0].data, arg, d, y_nhwc, (int32_t)n_out);
       max_pool_bwd_arg_k<T, int32_t><<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(

@@ -124,6 +124,17 @@ hyper hyper_of(const stoke_opt_args_v1 *o) {
   return h;
 }
 
+// Under a replayed CUDA graph the launch's `h` is the captured step's: the
+// learning rate and step come from device memory instead (opt->live).
+__device__ __forceinline__ void apply_live(hyper &h, const double *live) {
+  if (!live) return;
+  double t = live[1];
+  h.lr = live[0];
+  h.step_size = h.lr / (1 - pow(h.beta1, t));
+  h.bc2_sqrt = sqrt(1 - pow(h.beta2, t));
+  h.decay = 1 - h.lr * h.weight_decay;
+}
+
 // -------------------------------------------------------------------- sgd
 
 // torch.optim.SGD with dampening 0 on V elements at vector index j (element
@@ -168,7 +179,9 @@ __device__ __forceinline__ void sgd_chunk(T *__restrict__ w, const T *__restrict
 template <typename T, bool MASTER, int V>
 __global__ void sgd_kernel(T *__restrict__ w, const T *__restrict__ grad,
                            float *__restrict__ master, float *__restrict__ buf, int64_t n,
-                           hyper h, const float *__restrict__ amp) {
+                           hyper h, const float *__restrict__ amp,
+                           const double *__restrict__ live) {
+  apply_live(h, live);
   // loss scaler: skip the step on inf/NaN gradients, else unscale them
   if (amp) {
     if (amp[2] != 0.0f) return;
@@ -224,7 +237,9 @@ __device__ __forceinline__ void adamw_chunk(T *__restrict__ w, const T *__restri
 template <typename T, bool MASTER, int V>
 __global__ void adamw_kernel(T *__restrict__ w, const T *__restrict__ grad,
                              float *__restrict__ master, float *__restrict__ m,
-                             float *__restrict__ v, int64_t n, hyper h, const float *__restrict__ amp) {
+                             float *__restrict__ v, int64_t n, hyper h, const float *__restrict__ amp,
+                             const double *__restrict__ live) {
+  apply_live(h, live);
   if (amp) {
     if (amp[2] != 0.0f) return;
     h.grad_scale /= (double)amp[0];
@@ -271,10 +286,10 @@ stoke_err *sgd_run(const stoke_kernel_args_v1 *a, void *) {
   if (vec_ok)
     sgd_kernel<T, kMaster, kVec>
         <<<grid_for((n + kVec - 1) / kVec, kThreads, kMaxGrid), kThreads, 0, st>>>(
-            w, grad, master, buf, n, h, a->opt->amp);
+            w, grad, master, buf, n, h, a->opt->amp, a->opt->live);
   else
     sgd_kernel<T, kMaster, 1><<<grid_for(n, kThreads, kMaxGrid), kThreads, 0, st>>>(
-        w, grad, master, buf, n, h, a->opt->amp);
+        w, grad, master, buf, n, h, a->opt->amp, a->opt->live);
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
 }
@@ -297,10 +312,10 @@ stoke_err *adamw_run(const stoke_kernel_args_v1 *a, void *) {
   if (vec_ok)
     adamw_kernel<T, kMaster, kVec>
         <<<grid_for((n + kVec - 1) / kVec, kThreads, kMaxGrid), kThreads, 0, st>>>(
-            w, grad, master, m, v, n, h, a->opt->amp);
+            w, grad, master, m, v, n, h, a->opt->amp, a->opt->live);
   else
     adamw_kernel<T, kMaster, 1><<<grid_for(n, kThreads, kMaxGrid), kThreads, 0, st>>>(
-        w, grad, master, m, v, n, h, a->opt->amp);
+        w, grad, master, m, v, n, h, a->opt->amp, a->opt->live);
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
 }

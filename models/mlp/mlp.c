@@ -3,6 +3,7 @@
  * PyTorch's nn.Sequential of nn.Linear (layers.<i>.weight / .bias). */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "stoke/ops.h"
 #include "stoke/plugin.h"
@@ -12,7 +13,9 @@ const stoke_host_v1 *stoke_host;
 static const stoke_cfg_key_v1 keys[] = {
     {"hidden", STOKE_CFG_INTS, "256, 256", 1, 1 << 20, NULL, "widths of the hidden layers, e.g. 4096, 4096"},
     {"activation", STOKE_CFG_STR, "relu", 0, 0, NULL,
-     "op between layers: relu, or any one-input op a plugin registers (e.g. swish)"},
+     "op between layers: relu, gelu, or any one-input op a plugin registers (e.g. swish)"},
+    {"approximate", STOKE_CFG_ENUM, "none", 0, 0, "none|tanh",
+     "with activation = gelu: none (erf) or tanh, as nn.GELU(approximate=...)"},
 };
 
 static stoke_err *linear(const stoke_builder_v1 *b, int x, int64_t in, int64_t out, int idx, int *y) {
@@ -35,9 +38,12 @@ static stoke_err *build(const stoke_cfg *c, const char *sec, const stoke_builder
                         int64_t classes, int *logits) {
   int64_t hidden[STOKE_CFG_MAX_LIST];
   int n = 0;
-  const char *act;
+  const char *act, *approx;
   STOKE_PTRY(stoke_host->cfg_ints(c, sec, "hidden", hidden, &n), "reading [%s]", sec);
   STOKE_PTRY(stoke_host->cfg_str(c, sec, "activation", &act), "reading [%s]", sec);
+  STOKE_PTRY(stoke_host->cfg_str(c, sec, "approximate", &approx), "reading [%s]", sec);
+  char act_attrs[48] = "";
+  if (!strcmp(act, STOKE_OP_GELU)) snprintf(act_attrs, sizeof act_attrs, "approximate=%s", approx);
   stoke_shape s;
   STOKE_PROPAGATE_P(b->shape_of(b->g, input, &s));
   int x = input;
@@ -53,7 +59,7 @@ static stoke_err *build(const stoke_cfg *c, const char *sec, const stoke_builder
     char an[32];
     snprintf(an, sizeof an, "layers.%d", idx++);
     int z;
-    STOKE_PTRY(b->node(b->g, act, an, &y, 1, "", &z, 1), "%s: activation '%s'",
+    STOKE_PTRY(b->node(b->g, act, an, &y, 1, act_attrs, &z, 1), "%s: activation '%s'",
                stoke_host->cfg_where(c, sec, "activation"), act);
     x = z;
     width = hidden[i];

@@ -128,6 +128,19 @@ static void test_deterministic(void **state) {
   assert_true(a.final_loss != b.final_loss);
 }
 
+/* The cpu device cannot capture graphs: cuda_graph = true warns and the
+ * run is the eager one, bit for bit; no GPU operations are counted. */
+static void test_cuda_graph_on_cpu(void **state) {
+  stoke_summary a, b;
+  const char *o[] = {"run.steps=20"};
+  const char *g[] = {"run.steps=20", "run.cuda_graph=true"};
+  train_ok(o, 1, &a);
+  train_ok(g, 2, &b);
+  assert_memory_equal(&a.final_loss, &b.final_loss, sizeof(double));
+  assert_int_equal(b.gpu_ops_per_step, 0);
+  assert_int_equal(b.launches_per_step, 0);
+}
+
 static void test_messages(void **state) {
   stoke_summary s;
   /* a typo in a key: line number and suggestion */
@@ -357,6 +370,7 @@ int main(void) {
       cmocka_unit_test(test_accumulate_and_adamw),
       cmocka_unit_test(test_swish_plugin),
       cmocka_unit_test(test_deterministic),
+      cmocka_unit_test(test_cuda_graph_on_cpu),
       cmocka_unit_test(test_messages),
       cmocka_unit_test(test_eval),
       cmocka_unit_test(test_no_gpu),

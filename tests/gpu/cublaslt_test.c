@@ -1,7 +1,8 @@
-/* tests/gpu/cublaslt_test.c: the cublaslt engine's linear and linear_relu
- * kernels against the CPU reference (gpu_harness.h) in f32, TF32, bf16 and
- * fp16, forward and backward, and gradient accumulation
- * (param_grad_beta = 1) of dW, db. Runs on a GPU machine only. */
+/* tests/gpu/cublaslt_test.c: the cublaslt engine's linear, linear_relu,
+ * linear_act and linear_dact kernels against the CPU reference
+ * (gpu_harness.h) in f32, TF32, bf16 and fp16, forward and backward, and
+ * gradient accumulation (param_grad_beta = 1) of dW, db. Runs on a GPU
+ * machine only. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -69,6 +70,23 @@ static void run_twice(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, int gpu
   if (e) fail_msg("%s kernel %s/%s: %s", gpu ? "GPU" : "CPU", k->engine, k->op, e->msg);
 }
 
+/* op's CPU (f64) kernel on ra and its GPU kernel on ga (ra with the GPU's
+ * tensors), once each, or with beta 0 then 1 (twice, as run_twice). */
+static void run_both(const char *op, stoke_pass pass, stoke_dtype dt, stoke_kernel_args_v1 *ra,
+                     stoke_kernel_args_v1 *ga, int twice) {
+  const stoke_kernel_v1 *rk = stoke_find_kernel(g_reg, "cpu", op, pass, STOKE_F64, STOKE_LAYOUT_ANY);
+  if (!rk) fail_msg("no CPU %s kernel for %s", pass == STOKE_FWD ? "forward" : "backward", op);
+  const stoke_kernel_v1 *gk = g_gpu_kernel(op, pass, dt, STOKE_LAYOUT_ANY, &ga->engine);
+  ga->stream = g_dev->default_stream(g_dev_self);
+  if (twice) {
+    run_twice(rk, ra, 0);
+    run_twice(gk, ga, 1);
+  } else {
+    g_run(rk, ra, 0);
+    g_run(gk, ga, 1);
+  }
+}
+
 /* dW = dy^T x + dy^T x and db = 2 colsum(dy) after two calls (the first
  * with beta 0 may fuse db into the dW product, the second must
  * accumulate); dx is overwritten both times. */
@@ -104,13 +122,7 @@ static void check_accumulate(stoke_dtype dt, uint32_t flags, double tol, int64_t
                              .dout = rdout, .param_grads = (1u << 1) | (1u << 2), .training = 1, .flags = flags};
   stoke_kernel_args_v1 ga = ra;
   ga.in = gin, ga.out = gout, ga.din = gdin, ga.dout = gdout;
-  ga.stream = g_dev->default_stream(g_dev_self);
-  const stoke_kernel_v1 *rk = stoke_find_kernel(g_reg, "cpu", STOKE_OP_LINEAR, STOKE_BWD, STOKE_F64,
-                                                STOKE_LAYOUT_ANY);
-  if (!rk) fail_msg("no CPU backward kernel for linear");
-  const stoke_kernel_v1 *gk = g_gpu_kernel(STOKE_OP_LINEAR, STOKE_BWD, dt, STOKE_LAYOUT_ANY, &ga.engine);
-  run_twice(rk, &ra, 0);
-  run_twice(gk, &ga, 1);
+  run_both(STOKE_OP_LINEAR, STOKE_BWD, dt, &ra, &ga, 1);
   const g_tensor *outs[3] = {&dx, &dw, &db};
   static const char *names[3] = {"dx", "dW", "db"};
   for (int i = 0; i < 3; i++) {
@@ -226,13 +238,7 @@ static void check_linear_relu_bwd(stoke_dtype dt, uint32_t flags, double tol, in
                              .flags = flags};
   stoke_kernel_args_v1 ga = ra;
   ga.in = gin, ga.out = gout;
-  ga.stream = g_dev->default_stream(g_dev_self);
-  const stoke_kernel_v1 *rk = stoke_find_kernel(g_reg, "cpu", STOKE_OP_LINEAR_RELU, STOKE_FWD, STOKE_F64,
-                                                STOKE_LAYOUT_ANY);
-  if (!rk) fail_msg("no CPU forward kernel for linear_relu");
-  const stoke_kernel_v1 *gk = g_gpu_kernel(STOKE_OP_LINEAR_RELU, STOKE_FWD, dt, STOKE_LAYOUT_ANY, &ga.engine);
-  g_run(rk, &ra, 0);
-  g_run(gk, &ga, 1);
+  run_both(STOKE_OP_LINEAR_RELU, STOKE_FWD, dt, &ra, &ga, 0);
   double mx, err = g_compare(&y, &mx);
   print_message("  linear_relu fwd y  %-5s rel err %.3g (max abs %.3g)\n", stoke_dtype_name(dt), err, mx);
   if (!(err <= tol))
@@ -257,16 +263,7 @@ static void check_linear_relu_bwd(stoke_dtype dt, uint32_t flags, double tol, in
   rb.din = rdin, rb.dout = rdout, gb.din = gdin, gb.dout = gdout;
   rb.param_grads = gb.param_grads = (1u << 1) | (1u << 2);
   rb.param_grad_beta = gb.param_grad_beta = 0;
-  rk = stoke_find_kernel(g_reg, "cpu", STOKE_OP_LINEAR_RELU, STOKE_BWD, STOKE_F64, STOKE_LAYOUT_ANY);
-  if (!rk) fail_msg("no CPU backward kernel for linear_relu");
-  gk = g_gpu_kernel(STOKE_OP_LINEAR_RELU, STOKE_BWD, dt, STOKE_LAYOUT_ANY, &gb.engine);
-  if (twice) {
-    run_twice(rk, &rb, 0);
-    run_twice(gk, &gb, 1);
-  } else {
-    g_run(rk, &rb, 0);
-    g_run(gk, &gb, 1);
-  }
+  run_both(STOKE_OP_LINEAR_RELU, STOKE_BWD, dt, &rb, &gb, twice);
   const g_tensor *outs[3] = {&dx, &dw, &db};
   static const char *names[3] = {"dx", "dW", "db"};
   for (int i = no_dx ? 1 : 0; i < 3; i++) {
@@ -300,6 +297,162 @@ static void test_linear_relu_accumulate(void **state) {
   check_linear_relu_bwd(STOKE_F16, 0, G_TOL_LOW, 37, 129, 65, 1, 1);
 }
 
+/* --------------------------------------------- linear_act / linear_dact
+ *
+ * L1 = linear_act (x1[N, K0] -> y1[N, K], aux1) forward, then linear_dact,
+ * the backward of an L2 (y1 -> [N, O]) that also takes L1's activation
+ * gradient and bias gradient from aux1. The forward's y1 (and, for GELU,
+ * aux1 = z1) are compared with the CPU's f64 ones; the ReLU bitmask is
+ * checked bit by bit against the GPU's own y1 (bit set iff y1 > 0: this
+ * is also the check that cuBLASLt's RELU_AUX layout is the one stoke/ops.h
+ * states and the fallback kernels write). The backward then runs on both
+ * sides from the GPU's forward (y1, and aux1 made from it: same mask, same
+ * z), for the reason given above for linear_relu, so what is compared is
+ * dz1, d bias1, dW2 and db2 under the linear's tolerances. Shapes: K = 65
+ * is no multiple of 8 (GELU's epilogues refuse such an aux: the fallback
+ * kernels run) nor of 128 (the mask's padding bits). */
+static const int64_t act_shapes[][4] = {{64, 128, 256, 128}, {37, 129, 65, 33}, {4096, 1024, 1024, 1000}};
+#define N_ACT_SHAPES (int)(sizeof act_shapes / sizeof *act_shapes)
+
+static void check_act(stoke_dtype dt, uint32_t flags, double tol, int gelu, const int64_t *shape, int twice,
+                      int no_db2) {
+  int64_t n = shape[0], k0 = shape[1], k = shape[2], o = shape[3];
+  const char *attrs = gelu ? "act=gelu, approximate=tanh" : "act=relu";
+  print_message("linear_act %s N=%lld K0=%lld K=%lld O=%lld %s%s%s%s%s\n", gelu ? "gelu" : "relu", (long long)n,
+                (long long)k0, (long long)k, (long long)o, stoke_dtype_name(dt),
+                flags & STOKE_KFLAG_TF32 ? " (tf32)" : "", flags & STOKE_KFLAG_DETERMINISTIC ? " (deterministic)" : "",
+                twice ? " accumulate" : "", no_db2 ? " no db2" : "");
+  stoke_node_v1 n1, n2;
+  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_LINEAR_ACT, "fc1", attrs, &n1);
+  if (!e) e = stoke_node_init(g_reg, STOKE_OP_LINEAR_DACT, "fc2.bwd", attrs, &n2);
+  if (e) fail_msg("%s", e->msg);
+  stoke_shape x1s = {2, {n, k0}}, w1s = {2, {k, k0}}, b1s = {1, {k}}, y1s = {2, {n, k}};
+  stoke_shape w2s = {2, {o, k}}, b2s = {1, {o}}, y2s = {2, {n, o}};
+  stoke_value_desc_v1 ind[3] = {{x1s, dt}, {w1s, dt}, {b1s, dt}}, outd[2];
+  memset(outd, 0, sizeof outd);
+  e = stoke_find_op(g_reg, STOKE_OP_LINEAR_ACT)->infer(&n1, ind, outd);
+  if (e) fail_msg("%s", e->msg);
+  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, (uint64_t)dt * 2 + (uint64_t)gelu, 4242 + (uint64_t)n));
+  g_tensor x1, w1, b1, y1, aux, w2, b2, dy2, dz1, dw2, db2, db1;
+  g_alloc(&x1, &x1s, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&w1, &w1s, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&b1, &b1s, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&y1, &y1s, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&aux, &outd[1].shape, outd[1].dtype, STOKE_LAYOUT_ANY);
+  g_alloc(&w2, &w2s, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&b2, &b2s, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&dy2, &y2s, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&dz1, &y1s, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&dw2, &w2s, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&db2, &b2s, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&db1, &b1s, dt, STOKE_LAYOUT_ANY);
+  /* GELU is curved within a few units of 0: scale W1 so z1 mostly lies there */
+  double wb = gelu ? 3.0 / sqrt((double)k0) : 1.0;
+  g_fill(&x1, &r, -1, 1, 0);
+  g_fill(&w1, &r, -wb, wb, 0);
+  g_fill(&b1, &r, -1, 1, 0);
+  g_fill(&w2, &r, -1, 1, 0);
+  g_fill(&b2, &r, -1, 1, 0);
+  g_fill(&dy2, &r, -1, 1, 0);
+  g_tensor *poisoned[] = {&y1, &aux, &dz1, &dw2, &db2, &db1};
+  for (int i = 0; i < 6; i++) g_poison(poisoned[i]);
+
+  /* forward */
+  stoke_tensor rin[3] = {x1.ref, w1.ref, b1.ref}, gin[3] = {x1.dev, w1.dev, b1.dev};
+  stoke_tensor rout[2] = {y1.ref, aux.ref}, gout[2] = {y1.dev, aux.dev};
+  stoke_kernel_args_v1 ra = {.node = &n1, .n_in = 3, .n_out = 2, .in = rin, .out = rout, .training = 1,
+                             .flags = flags};
+  stoke_kernel_args_v1 ga = ra;
+  ga.in = gin, ga.out = gout;
+  run_both(STOKE_OP_LINEAR_ACT, STOKE_FWD, dt, &ra, &ga, 0);
+  double mx, err = g_compare(&y1, &mx);
+  print_message("  linear_act fwd y1 %-5s rel err %.3g (max abs %.3g)\n", stoke_dtype_name(dt), err, mx);
+  if (!(err <= tol))
+    fail_msg("linear_act forward y1 (%s): relative error %.3g > %.3g (seed %llu)", stoke_dtype_name(dt), err, tol,
+             (unsigned long long)g_seed);
+  ref_from_device(&y1);
+  if (gelu) {
+    err = g_compare(&aux, &mx);
+    print_message("  linear_act fwd z1 %-5s rel err %.3g (max abs %.3g)\n", stoke_dtype_name(dt), err, mx);
+    if (!(err <= tol))
+      fail_msg("linear_act forward aux z1 (%s): relative error %.3g > %.3g (seed %llu)", stoke_dtype_name(dt), err,
+               tol, (unsigned long long)g_seed);
+    ref_from_device(&aux);
+  } else {
+    /* the GPU's bitmask against its own y1: bit j of row i is bit j % 8 of byte i * stride + j / 8 */
+    int64_t stride = outd[1].shape.d[1], bad = 0, zero_set = 0;
+    uint8_t *mask = malloc((size_t)(n * stride)), *want = aux.ref.data;
+    e = g_dev->copy(g_dev_self, mask, aux.dev.data, (size_t)(n * stride), STOKE_COPY_D2H, NULL);
+    if (e) fail_msg("download: %s", e->msg);
+    memset(want, 0, (size_t)(n * stride));
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t j = 0; j < k; j++) {
+        double y = ((double *)y1.ref.data)[i * k + j];
+        int bit = (mask[i * stride + j / 8] >> (j % 8)) & 1;
+        if (y > 0) want[i * stride + j / 8] |= (uint8_t)(1u << (j % 8));
+        if (y != 0 && bit != (y > 0)) bad++;
+        zero_set += y == 0 && bit;
+      }
+    print_message("  linear_act relu mask: %lld bits disagree with y1 > 0 (%lld set where y1 == 0)\n",
+                  (long long)bad, (long long)zero_set);
+    if (bad) fail_msg("linear_act relu bitmask: %lld of %lld bits disagree with the output's sign", (long long)bad,
+                      (long long)(n * k));
+    free(mask);
+  }
+
+  /* backward of L2 with L1's activation: y1, W2 and aux1 live */
+  stoke_tensor rbin[5] = {y1.ref, w2.ref, b2.ref, aux.ref, b1.ref}, gbin[5] = {y1.dev, w2.dev, b2.dev, aux.dev, b1.dev};
+  rbin[2].data = gbin[2].data = rbin[4].data = gbin[4].data = NULL;
+  stoke_tensor rbout[1] = {{NULL, y2s, STOKE_F64, STOKE_LAYOUT_ANY, STOKE_DEV_CPU}};
+  stoke_tensor gbout[1] = {{NULL, y2s, dt, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}};
+  stoke_tensor rdin[5] = {dz1.ref, dw2.ref, db2.ref, {0}, db1.ref}, gdin[5] = {dz1.dev, dw2.dev, db2.dev, {0}, db1.dev};
+  if (no_db2) rdin[2].data = gdin[2].data = NULL;
+  stoke_tensor rdout[1] = {dy2.ref}, gdout[1] = {dy2.dev};
+  stoke_kernel_args_v1 rb = {.node = &n2, .n_in = 5, .n_out = 1, .in = rbin, .out = rbout, .din = rdin,
+                             .dout = rdout, .param_grads = (1u << 1) | (1u << 2) | (1u << 4), .training = 1,
+                             .flags = flags};
+  stoke_kernel_args_v1 gb = rb;
+  gb.in = gbin, gb.out = gbout, gb.din = gdin, gb.dout = gdout;
+  run_both(STOKE_OP_LINEAR_DACT, STOKE_BWD, dt, &rb, &gb, twice);
+  const g_tensor *outs[4] = {&dz1, &db1, &dw2, &db2};
+  static const char *names[4] = {"dz1", "dbias1", "dW2", "db2"};
+  for (int i = 0; i < (no_db2 ? 3 : 4); i++) {
+    err = g_compare(outs[i], &mx);
+    print_message("  linear_dact %-6s %-5s rel err %.3g (max abs %.3g)\n", names[i], stoke_dtype_name(dt), err, mx);
+    if (!(err <= tol))
+      fail_msg("linear_dact %s %s (%s%s): relative error %.3g > %.3g (seed %llu)", gelu ? "gelu" : "relu", names[i],
+               stoke_dtype_name(dt), twice ? ", accumulated" : "", err, tol, (unsigned long long)g_seed);
+  }
+  if (no_db2) { /* not asked for: left as it was (poisoned) */
+    err = g_compare(&db2, &mx);
+    if (!isnan(err)) fail_msg("linear_dact wrote db2, which was not asked for");
+  }
+  g_tensor *all[] = {&x1, &w1, &b1, &y1, &aux, &w2, &b2, &dy2, &dz1, &dw2, &db2, &db1};
+  for (int i = 0; i < 12; i++) g_free(all[i]);
+}
+
+static void check_acts(stoke_dtype dt, uint32_t flags, double tol) {
+  for (int gelu = 0; gelu < 2; gelu++)
+    for (int i = 0; i < N_ACT_SHAPES; i++) check_act(dt, flags, tol, gelu, act_shapes[i], 0, 0);
+}
+
+static void test_linear_act_f32(void **state) { check_acts(STOKE_F32, 0, G_TOL_F32); }
+static void test_linear_act_tf32(void **state) { check_acts(STOKE_F32, STOKE_KFLAG_TF32, G_TOL_TF32); }
+static void test_linear_act_bf16(void **state) { check_acts(STOKE_BF16, 0, G_TOL_LOW); }
+static void test_linear_act_f16(void **state) { check_acts(STOKE_F16, 0, G_TOL_LOW); }
+
+/* accumulation (d bias1 through the column-sum kernel the second time),
+ * no db2 (L2 a linear_act itself), deterministic (no BGRAD epilogues) */
+static void test_linear_act_variants(void **state) {
+  for (int gelu = 0; gelu < 2; gelu++) {
+    check_act(STOKE_F32, 0, G_TOL_F32, gelu, act_shapes[0], 1, 0);
+    check_act(STOKE_BF16, 0, G_TOL_LOW, gelu, act_shapes[0], 1, 1);
+    check_act(STOKE_F16, 0, G_TOL_LOW, gelu, act_shapes[1], 1, 0);
+    check_act(STOKE_F32, STOKE_KFLAG_DETERMINISTIC, G_TOL_F32, gelu, act_shapes[0], 0, 1);
+    check_act(STOKE_BF16, STOKE_KFLAG_DETERMINISTIC, G_TOL_LOW, gelu, act_shapes[2], 1, 0);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_linear_f32),  cmocka_unit_test(test_linear_tf32),
@@ -308,6 +461,9 @@ int main(void) {
       cmocka_unit_test(test_linear_relu_f32),  cmocka_unit_test(test_linear_relu_tf32),
       cmocka_unit_test(test_linear_relu_bf16), cmocka_unit_test(test_linear_relu_f16),
       cmocka_unit_test(test_linear_relu_accumulate),
+      cmocka_unit_test(test_linear_act_f32),  cmocka_unit_test(test_linear_act_tf32),
+      cmocka_unit_test(test_linear_act_bf16), cmocka_unit_test(test_linear_act_f16),
+      cmocka_unit_test(test_linear_act_variants),
   };
   return cmocka_run_group_tests(tests, setup, g_teardown);
 }

@@ -43,10 +43,13 @@ static void dev_get(void *dst, const void *src, size_t bytes) {
 /* ------------------------------------------------------------- batch_norm */
 
 /* x shapes: a small and a larger 4-D (several row partitions, channels not
- * a multiple of 32), a 2-D (BatchNorm1d). */
+ * a multiple of 32), ResNet-18's last stage on 32x32 images at batch 8
+ * (8x4x4 values per channel; 128 and 512 channels), a 2-D (BatchNorm1d). */
 static const stoke_shape bn_shapes[] = {
     {4, {4, 6, 5, 7}},
     {4, {8, 40, 17, 19}},
+    {4, {8, 128, 4, 4}},
+    {4, {8, 512, 4, 4}},
     {2, {1000, 40}},
 };
 
@@ -158,17 +161,24 @@ static const char *const pool_attrs[] = {
     "kernel=3x2, stride=1x2, padding=1x0", /* overlapping windows, uneven dims */
 };
 
+/* 5 channels: one element per thread; 16 and 64: the NHWC kernels that
+ * take 16 bytes of channels per thread (ResNet's stem pool is the last). */
+static const stoke_shape pool_shapes[] = {{4, {3, 5, 12, 11}}, {4, {2, 16, 9, 10}}, {4, {2, 64, 28, 28}}};
+
 static void pool_cases(const char *op) {
   for (int d = 0; d < 3; d++)
     for (int l = 0; l < 2; l++)
-      for (size_t a = 0; a < sizeof pool_attrs / sizeof *pool_attrs; a++) {
-        print_message("%s %s %s %s\n", op, pool_attrs[a], stoke_dtype_name(dtypes[d]),
-                      layouts[l] == STOKE_NHWC ? "NHWC" : "NCHW");
-        g_case c = {.op = op, .attrs = pool_attrs[a], .n_in = 1, .in_shape = {{4, {3, 5, 12, 11}}},
-                    .layout = layouts[l], .dtype = dtypes[d], .tol = tol_of(dtypes[d]),
-                    .training = 1, .backward = 1};
-        g_check(&c);
-      }
+      for (size_t a = 0; a < sizeof pool_attrs / sizeof *pool_attrs; a++)
+        for (size_t s = 0; s < sizeof pool_shapes / sizeof *pool_shapes; s++) {
+          const int64_t *dd = pool_shapes[s].d;
+          print_message("%s %s %s %s x [%lld, %lld, %lld, %lld]\n", op, pool_attrs[a], stoke_dtype_name(dtypes[d]),
+                        layouts[l] == STOKE_NHWC ? "NHWC" : "NCHW", (long long)dd[0], (long long)dd[1],
+                        (long long)dd[2], (long long)dd[3]);
+          g_case c = {.op = op, .attrs = pool_attrs[a], .n_in = 1, .in_shape = {pool_shapes[s]},
+                      .layout = layouts[l], .dtype = dtypes[d], .tol = tol_of(dtypes[d]),
+                      .training = 1, .backward = 1};
+          g_check(&c);
+        }
 }
 
 static void test_max_pool2d(void **state) { pool_cases(STOKE_OP_MAX_POOL2D); }
@@ -212,7 +222,10 @@ static double round_to(stoke_dtype dt, double v) {
   return g_get(h, dt, 0);
 }
 
-static void opt_check_case(const char *op, stoke_dtype dt, stoke_opt_args_v1 o, int64_t n,
+/* live: the GPU kernel gets a wrong lr and step by value and the right
+ * ones in device memory (opt->live, as a replayed CUDA graph does); it
+ * must follow the device memory. */
+static void opt_check_case(const char *op, stoke_dtype dt, stoke_opt_args_v1 o, int64_t n, int live,
                            const char *label) {
   int adamw = !strcmp(op, STOKE_OP_ADAMW);
   int master = dt != STOKE_F32;
@@ -260,6 +273,7 @@ static void opt_check_case(const char *op, stoke_dtype dt, stoke_opt_args_v1 o, 
   if (!rk) fail_msg("no CPU %s kernel", op);
   void *eself = NULL;
   const stoke_kernel_v1 *gk = g_gpu_kernel(op, STOKE_OPT, dt, STOKE_LAYOUT_ANY, &eself);
+  double *dlive = live ? dev_alloc(2 * sizeof(double)) : NULL;
   for (int step = 1; step <= 2; step++) {
     for (int64_t i = 0; i < n; i++) {
       g_set(hg, dt, i, -1 + 2 * stoke_rng_uniform(&r));
@@ -269,6 +283,15 @@ static void opt_check_case(const char *op, stoke_dtype dt, stoke_opt_args_v1 o, 
     o.step = step;
     stoke_kernel_args_v1 ra = {.node = &node, .n_in = 3, .in = rt, .opt = &o};
     stoke_kernel_args_v1 ga = ra;
+    stoke_opt_args_v1 og = o;
+    if (live) {
+      double lv[2] = {o.lr, (double)step};
+      dev_put(dlive, lv, sizeof lv);
+      og.lr = 3 * o.lr + 1;
+      og.step = 40 + step;
+      og.live = dlive;
+      ga.opt = &og;
+    }
     ga.in = gt;
     ga.engine = eself;
     ga.stream = g_dev->default_stream(g_dev_self);
@@ -329,6 +352,7 @@ static void opt_check_case(const char *op, stoke_dtype dt, stoke_opt_args_v1 o, 
   g_dev->free(g_dev_self, dw);
   g_dev->free(g_dev_self, dg);
   g_dev->free(g_dev_self, ds);
+  if (dlive) g_dev->free(g_dev_self, dlive);
   free(rp), free(rg), free(rs), free(hw), free(hg), free(hg2), free(hs);
 }
 
@@ -348,7 +372,11 @@ static void test_sgd(void **state) {
         snprintf(label, sizeof label, "sgd %s n=%lld %s", stoke_dtype_name(opt_dtypes[d]),
                  (long long)opt_sizes[s],
                  hp[h].momentum == 0 ? "plain" : hp[h].nesterov ? "nesterov" : "momentum");
-        opt_check_case(STOKE_OP_SGD, opt_dtypes[d], hp[h], opt_sizes[s], label);
+        opt_check_case(STOKE_OP_SGD, opt_dtypes[d], hp[h], opt_sizes[s], 0, label);
+        if (s == 0 && h == 0) {
+          strncat(label, " live", sizeof label - strlen(label) - 1);
+          opt_check_case(STOKE_OP_SGD, opt_dtypes[d], hp[h], opt_sizes[s], 1, label);
+        }
       }
 }
 
@@ -360,7 +388,9 @@ static void test_adamw(void **state) {
       char label[64];
       snprintf(label, sizeof label, "adamw %s n=%lld", stoke_dtype_name(opt_dtypes[d]),
                (long long)opt_sizes[s]);
-      opt_check_case(STOKE_OP_ADAMW, opt_dtypes[d], hp, opt_sizes[s], label);
+      opt_check_case(STOKE_OP_ADAMW, opt_dtypes[d], hp, opt_sizes[s], 0, label);
+      strncat(label, " live", sizeof label - strlen(label) - 1);
+      opt_check_case(STOKE_OP_ADAMW, opt_dtypes[d], hp, opt_sizes[s], 1, label);
     }
 }
 

@@ -37,6 +37,17 @@ static void test_relu(void **state) {
     }
 }
 
+static void test_gelu(void **state) {
+  static const char *attrs[] = {"approximate=none", "approximate=tanh"};
+  for (int d = 0; d < 3; d++)
+    for (int s = 0; s < N_SAME; s++)
+      for (int a = 0; a < 2; a++) {
+        g_case c = {.op = STOKE_OP_GELU, .attrs = attrs[a], .n_in = 1, .in_shape = {same_shapes[s]},
+                    .dtype = dtypes[d], .tol = tol_of(dtypes[d]), .training = 1, .backward = 1};
+        g_check(&c);
+      }
+}
+
 static void test_add(void **state) {
   for (int d = 0; d < 3; d++)
     for (int s = 0; s < N_SAME; s++) {
@@ -250,6 +261,7 @@ static void test_cast(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_relu),
+      cmocka_unit_test(test_gelu),
       cmocka_unit_test(test_cast),
       cmocka_unit_test(test_add),
       cmocka_unit_test(test_bias_add),

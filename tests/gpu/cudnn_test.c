@@ -28,6 +28,8 @@ static const conv_geo geos[] = {
     {"7x7 stride 2 pad 3 (stem)", "stride=2, padding=3", 4, 3, 32, 32, 32, 7, 1},
     {"3x3 groups 2", "stride=1, padding=1, groups=2", 8, 16, 14, 14, 32, 3, 2},
     {"3x3 dilation 2", "stride=1, padding=2, dilation=2", 8, 16, 14, 14, 32, 3, 1},
+    {"3x3 ResNet-18 layer4 (4x4, 512)", "stride=1, padding=1", 8, 512, 4, 4, 512, 3, 1},
+    {"3x3 stride 2 ResNet-18c layer4 (8x8 -> 4x4, 128)", "stride=2, padding=1", 8, 64, 8, 8, 128, 3, 1},
 };
 
 /* Per dtype variant, the extra flags rotate over the geometries so every
@@ -79,12 +81,17 @@ static void test_conv_1x1(void **state) { check_geo(2); }
 static void test_conv_stem_7x7(void **state) { check_geo(3); }
 static void test_conv_groups2(void **state) { check_geo(4); }
 static void test_conv_dilation2(void **state) { check_geo(5); }
+static void test_conv_deep(void **state) {
+  check_geo(6);
+  check_geo(7);
+}
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_conv_3x3),      cmocka_unit_test(test_conv_3x3_stride2),
       cmocka_unit_test(test_conv_1x1),      cmocka_unit_test(test_conv_stem_7x7),
       cmocka_unit_test(test_conv_groups2),  cmocka_unit_test(test_conv_dilation2),
+      cmocka_unit_test(test_conv_deep),
   };
   return cmocka_run_group_tests(tests, setup, g_teardown);
 }

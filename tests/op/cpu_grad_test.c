@@ -77,6 +77,20 @@ static op_case relu_case(int64_t n, int64_t f) {
   return c;
 }
 
+/* gelu with approximate = "none" or "tanh", on inputs over [-4, 4]
+ * (both tails and the curved middle). */
+static op_case gelu_case(int64_t n, int64_t f, const char *approximate) {
+  op_case c = {.op = STOKE_OP_GELU, .n_in = 1};
+  char attrs[32];
+  snprintf(attrs, sizeof attrs, "approximate=%s", approximate);
+  H_OK(stoke_node_init(h_reg, STOKE_OP_GELU, "act1", attrs, &c.node));
+  c.in[0] = h_tensor(STOKE_F64, 2, n, f);
+  c.out = h_tensor(STOKE_F64, 2, n, f);
+  h_random(&c.in[0], -4, 4);
+  c.grads = 1;
+  return c;
+}
+
 static op_case add_case(int64_t n, int64_t f) {
   op_case c = {.op = STOKE_OP_ADD, .node = h_node(STOKE_OP_ADD, "res1"), .n_in = 2};
   c.in[0] = h_tensor(STOKE_F64, 2, n, f);
@@ -224,6 +238,39 @@ static void test_relu_grad(void **state) {
   case_free(&c);
 }
 
+static void test_gelu_grad(void **state) {
+  static const char *approx[] = {"none", "tanh"};
+  for (int i = 0; i < 2; i++) {
+    op_case c = gelu_case(4, 9, approx[i]);
+    char label[32];
+    snprintf(label, sizeof label, "gelu %s", approx[i]);
+    grad_check(&c, label);
+    case_free(&c);
+  }
+}
+
+/* gelu's forward against values computed independently in double with
+ * Python's math.erf and math.tanh: 0.5 x (1 + erf(x / sqrt 2)) and
+ * 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), x = -3 .. 3. */
+static void test_gelu_known_values(void **state) {
+  static const double x[] = {-3, -1, -0.5, 0, 0.5, 1, 3};
+  static const double want[2][7] = {
+      {-0.00404969409489031, -0.15865525393145707, -0.15426876936299344, 0.0,
+       0.34573123063700656, 0.8413447460685429, 2.99595030590511},
+      {-0.0036373920817729943, -0.15880800939172324, -0.15428599017485606, 0.0,
+       0.34571400982514394, 0.8411919906082768, 2.996362607918227}};
+  static const char *approx[] = {"none", "tanh"};
+  for (int a = 0; a < 2; a++) {
+    op_case c = gelu_case(1, 7, approx[a]);
+    h_set_all(&c.in[0], x);
+    run_fwd(&c, c.in, &c.out);
+    for (int i = 0; i < 7; i++)
+      H_CHECK(fabs(h_get(&c.out, i) - want[a][i]) < 1e-12, "gelu %s(%g) = %.17g, want %.17g", approx[a], x[i],
+              h_get(&c.out, i), want[a][i]);
+    case_free(&c);
+  }
+}
+
 static void test_add_grad(void **state) {
   op_case c = add_case(3, 7);
   grad_check(&c, "add");
@@ -357,6 +404,12 @@ static void test_f32_matches_f64(void **state) {
   check_f32(&c);
   case_free(&c);
   c = relu_case(8, 9);
+  check_f32(&c);
+  case_free(&c);
+  c = gelu_case(8, 9, "none");
+  check_f32(&c);
+  case_free(&c);
+  c = gelu_case(8, 9, "tanh");
   check_f32(&c);
   case_free(&c);
   c = add_case(8, 9);
@@ -506,6 +559,8 @@ int main(void) {
       H_TEST(test_linear_relu_grad),
       H_TEST(test_linear_relu_matches_linear_then_relu),
       H_TEST(test_relu_grad),
+      H_TEST(test_gelu_grad),
+      H_TEST(test_gelu_known_values),
       H_TEST(test_add_grad),
       H_TEST(test_softmax_ce_grad),
       H_TEST(test_softmax_ce_grad_label_smoothing),

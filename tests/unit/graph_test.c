@@ -101,8 +101,16 @@ static void test_backward_derivation(void **state) {
     n_sum += g->nodes[i].pass == STOKE_FWD && !strcmp(g->nodes[i].n.op, STOKE_OP_ADD);
     assert_non_null(g->nodes[i].kernel);
   }
-  assert_int_equal(n_bwd, 7); /* every forward node, loss included */
+  /* every forward node, loss included, but the add: its inputs take the
+   * output's gradient as theirs */
+  assert_int_equal(n_bwd, 6);
   assert_int_equal(n_sum, 1); /* h feeds fc2 and res */
+  int res = -1;
+  for (int i = 0; i < g->n_fwd; i++)
+    if (!strcmp(g->nodes[i].n.name, "res")) res = i;
+  assert_true(res >= 0);
+  int dy = g->values[g->nodes[res].out[0]].grad, r = g->nodes[res].in[1];
+  assert_int_equal(g->values[r].grad, dy); /* r = act2's output: dy itself */
   for (int v = 0; v < g->n_values; v++)
     if (g->values[v].kind == STOKE_VAL_PARAM) {
       assert_true(g->values[v].grad >= 0);
@@ -224,6 +232,102 @@ static void test_whole_graph_gradient(void **state) {
   stoke_graph_free(g);
 }
 
+/* x -> fc1 -> gelu(tanh) -> fc2 -> relu -> fc3 -> gelu(none) -> fc4 -> loss:
+ * with fuse, fc1 and fc2 become linear_act (erf gelu is not fused). */
+static stoke_graph *act_mlp(stoke_dtype dtype, int64_t n, int64_t f, int64_t hid, int64_t c) {
+  stoke_graph *g;
+  OK(stoke_graph_new(reg, dtype, STOKE_LAYOUT_ANY, &g));
+  stoke_builder_v1 b = stoke_graph_builder(g);
+  int x, y, v;
+  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){2, {n, f}}, dtype, &x));
+  OK(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {n}}, STOKE_I32, &y));
+  static const char *acts[][2] = {{STOKE_OP_GELU, "approximate=tanh"}, {STOKE_OP_RELU, ""}, {STOKE_OP_GELU, ""}};
+  stoke_init_v1 init = {STOKE_INIT_UNIFORM, -0.5, 0.5};
+  v = x;
+  for (int l = 0; l < 4; l++) {
+    int64_t in = l ? hid : f, out = l == 3 ? c : hid;
+    char wn[32], bn[32], fc[32], an[32];
+    snprintf(wn, sizeof wn, "fc%d.weight", l + 1);
+    snprintf(bn, sizeof bn, "fc%d.bias", l + 1);
+    snprintf(fc, sizeof fc, "fc%d", l + 1);
+    snprintf(an, sizeof an, "act%d", l + 1);
+    int w, bias, z;
+    OK(b.param(g, wn, &(stoke_shape){2, {out, in}}, init, &w));
+    OK(b.param(g, bn, &(stoke_shape){1, {out}}, init, &bias));
+    OK(b.node(g, STOKE_OP_LINEAR, fc, (int[]){v, w, bias}, 3, "", &z, 1));
+    if (l < 3) OK(b.node(g, acts[l][0], an, &z, 1, acts[l][1], &v, 1));
+    else v = z;
+  }
+  OK(stoke_graph_loss(g, v, ""));
+  return g;
+}
+
+/* One forward and backward of g (f64) with or without fusion, the arena
+ * poisoned first (an aux freed too early reads NaN): the loss, and the
+ * flat gradients in *grads (malloc'd). */
+static double fused_run(stoke_graph *g, int fuse, int64_t n, int64_t f, int64_t c, double **grads, size_t *count,
+                        int *n_act, int *n_dact) {
+  static const char *engines[] = {"cpu"};
+  void *selves[] = {cpu_self};
+  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .training = 1, .fuse = fuse};
+  stoke_plan *p;
+  OK(stoke_compile(g, &o, &p));
+  *n_act = *n_dact = 0;
+  for (int i = 0; i < g->n_nodes; i++) {
+    *n_act += !strcmp(g->nodes[i].n.op, STOKE_OP_LINEAR_ACT);
+    *n_dact += !strcmp(g->nodes[i].n.op, STOKE_OP_LINEAR_DACT);
+  }
+  stoke_exec *x;
+  OK(stoke_exec_new(p, cpu, cpu_self, seed, &x));
+  double *arena = stoke_exec_buffer(x, STOKE_BUF_ARENA);
+  for (size_t i = 0; i < p->bytes[STOKE_BUF_ARENA] / sizeof(double); i++) arena[i] = NAN;
+  *(double *)stoke_exec_tensor(x, g->seed).data = 1.0;
+  stoke_rng r = stoke_rng_seed(seed + 1);
+  double *in = stoke_exec_input(x);
+  int32_t *lab = stoke_exec_labels(x);
+  for (int64_t i = 0; i < n * f; i++) in[i] = stoke_rng_normal(&r);
+  for (int64_t i = 0; i < n; i++) lab[i] = (int32_t)stoke_rng_below(&r, (uint64_t)c);
+  double loss = run_loss(x);
+  *count = p->bytes[STOKE_BUF_GRADS] / sizeof(double);
+  *grads = malloc(p->bytes[STOKE_BUF_GRADS]);
+  memcpy(*grads, stoke_exec_buffer(x, STOKE_BUF_GRADS), p->bytes[STOKE_BUF_GRADS]);
+  stoke_exec_free(x);
+  stoke_plan_free(p);
+  return loss;
+}
+
+/* fuse = true gives the loss and gradients of the unfused graph (the CPU's
+ * fused kernels do the same arithmetic), with the expected nodes: in
+ * act_mlp two linear_act and two linear_dact; in residual_mlp, where h is
+ * read twice and r feeds an add, no linear_act (r's relu becomes
+ * linear_relu instead). */
+static void test_fused_activations(void **state) {
+  const int64_t n = 9, f = 7, hid = 11, c = 5; /* 11 outputs: the bitmask's padding bits */
+  for (int which = 0; which < 2; which++) {
+    double *g0, *g1;
+    size_t c0, c1;
+    int a0, d0, a1, d1;
+    stoke_graph *g = which ? residual_mlp(STOKE_F64, n, f, hid, c) : act_mlp(STOKE_F64, n, f, hid, c);
+    double l0 = fused_run(g, 0, n, f, c, &g0, &c0, &a0, &d0);
+    stoke_graph_free(g);
+    g = which ? residual_mlp(STOKE_F64, n, f, hid, c) : act_mlp(STOKE_F64, n, f, hid, c);
+    double l1 = fused_run(g, 1, n, f, c, &g1, &c1, &a1, &d1);
+    stoke_graph_free(g);
+    print_message("%s: loss %.17g unfused, %.17g fused; %d linear_act, %d linear_dact\n",
+                  which ? "residual_mlp" : "act_mlp", l0, l1, a1, d1);
+    assert_int_equal(a0 + d0, 0);
+    assert_int_equal(a1, which ? 0 : 2);
+    assert_int_equal(d1, which ? 0 : 2);
+    assert_int_equal(c0, c1);
+    assert_true(isfinite(l0) && fabs(l0 - l1) <= 1e-12 * fabs(l0));
+    for (size_t i = 0; i < c0; i++)
+      if (!(fabs(g0[i] - g1[i]) <= 1e-12 * fmax(1, fabs(g0[i]))))
+        fail_msg("gradient %zu: %.17g unfused, %.17g fused (seed %llu)", i, g0[i], g1[i], (unsigned long long)seed);
+    free(g0);
+    free(g1);
+  }
+}
+
 static void test_errors(void **state) {
   stoke_graph *g;
   OK(stoke_graph_new(reg, STOKE_F32, STOKE_LAYOUT_ANY, &g));
@@ -268,6 +372,7 @@ int main(void) {
       cmocka_unit_test(test_backward_derivation),
       cmocka_unit_test(test_memory_plan),
       cmocka_unit_test(test_whole_graph_gradient),
+      cmocka_unit_test(test_fused_activations),
       cmocka_unit_test(test_errors),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

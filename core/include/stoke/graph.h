@@ -105,7 +105,7 @@ typedef struct stoke_plan_opts {
   uint32_t flags;             /* STOKE_KFLAG_* passed to every kernel */
   int loss_scaling;           /* dynamic loss scaler (fp16) */
   double init_scale;
-  int fuse;                   /* fuse linear + relu where an engine has linear_relu */
+  int fuse;                   /* fuse linear + relu/gelu(tanh) where an engine has the fused kernels */
 } stoke_plan_opts;
 
 #define STOKE_MAX_ENGINES 32
@@ -124,6 +124,7 @@ typedef struct stoke_plan {
   const stoke_kernel_v1 *amp_check, *amp_update; /* loss scaler, or NULL */
   double fwd_flops;               /* per step, whole graph */
   double train_flops;             /* forward + backward (3x convention) */
+  double step_bytes;              /* least memory traffic of a step run node by node */
   size_t workspace_bytes;         /* largest node workspace */
   int n_schedule;                 /* nodes executed per micro-batch */
 } stoke_plan;
@@ -173,8 +174,10 @@ void *stoke_exec_opt_state(stoke_exec *x);
 stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro,
                                        uint64_t step_seed);
 /* Called on the host after each node that forward_backward enqueued
- * (`node`: its index in the schedule); data-parallel training launches
- * gradient all-reduces from here. NULL removes it. */
+ * (`node`: its index in the schedule), and with node = -1 before the
+ * update of stoke_exec_micro's last micro-batch; data-parallel training
+ * launches gradient all-reduces from here and makes the update wait for
+ * them. NULL removes it. */
 typedef stoke_err *(*stoke_exec_hook)(void *ctx, int node);
 void stoke_exec_set_hook(stoke_exec *x, stoke_exec_hook hook, void *ctx);
 /* One optimizer update over the flat buffers. */
@@ -191,6 +194,31 @@ stoke_err *stoke_exec_set_scale(stoke_exec *x, float scale);
  * type and pass, over the profiled steps. */
 stoke_err *stoke_exec_profile(stoke_exec *x, int on);
 void stoke_exec_profile_report(stoke_exec *x, FILE *f);
+/* One micro-batch of a step: forward and backward, then the optimizer
+ * update when `last_micro` (forward_backward + update). With graphs on,
+ * each (first, last) kind runs eagerly once, is captured on its second
+ * use and replayed from then on: no launch but the graph's, and the
+ * update reads lr and step from the device. */
+stoke_err *stoke_exec_micro(stoke_exec *x, int first_micro, int last_micro, uint64_t step_seed,
+                            const stoke_opt_args_v1 *opt);
+/* Whole-step graphs on or off: an error names why they cannot be used (a
+ * device without capture, dropout, the per-op profile). */
+stoke_err *stoke_exec_graphs(stoke_exec *x, int on);
+/* GPU operations in one whole step as captured (0: not captured yet). */
+int64_t stoke_exec_graph_ops(stoke_exec *x);
+/* Count them without graphs on: records the step once (nothing runs) and
+ * throws the graph away; 0 where the device cannot capture. */
+stoke_err *stoke_exec_count_ops(stoke_exec *x, const stoke_opt_args_v1 *opt, int64_t *ops);
+/* The profile as rows, one per op type, pass and engine (the optimizer
+ * with the loss scaler is op "optimizer+scaler"), slowest first: what the
+ * report's first table prints, for tools (bench). Fills at most `cap`
+ * rows; returns how many there are (0: nothing profiled). */
+typedef struct stoke_op_time {
+  char op[32], pass[4], engine[32]; /* pass: "fwd", "bwd" or "" */
+  int nodes;                        /* nodes of this op, pass and engine */
+  double ms;                        /* their time per profiled step */
+} stoke_op_time;
+int stoke_exec_profile_rows(stoke_exec *x, stoke_op_time *rows, int cap);
 /* Read the loss of the last forward (synchronizes with the device). */
 stoke_err *stoke_exec_read_loss(stoke_exec *x, double *loss);
 

@@ -16,6 +16,45 @@
 /* relu: x -> max(x, 0), any shape. No attributes. */
 #define STOKE_OP_RELU "relu"
 
+/* gelu: x -> x Phi(x), any shape, as nn.GELU: approximate = "none" uses
+ * the exact normal CDF, 0.5 x (1 + erf(x / sqrt 2)); "tanh" uses
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Backward reads x. */
+#define STOKE_OP_GELU "gelu"
+#define STOKE_GELU_APPROXIMATE 0 /* str: "none" (default) or "tanh" */
+
+/* linear_act: linear then an activation in one node, what the compiler
+ * (run.fuse) makes of linear -> relu|gelu -> linear, so that a GPU engine
+ * applies the activation in the product's epilogue and the next linear's
+ * backward applies its gradient (cuBLASLt's *_AUX_BIAS forward, D*_BGRAD
+ * backward epilogues).
+ *   in (x[N, in], weight[out, in], bias[out]) -> (y[N, out], aux)
+ *   y = act(z), z = x W^T + b;  aux: what the gradient needs of z:
+ *   act = relu: u8[N, ceil(out / 128) * 16], a bitmask; bit j of row i is
+ *     bit j % 8 of byte i * stride + j / 8, set iff z[i, j] > 0 (bits past
+ *     `out` are 0). cuBLASLt's RELU_AUX layout: 1 bit per element, a
+ *     leading dimension that is a multiple of 128 bits.
+ *   act = gelu: z itself, [N, out] in y's dtype (GELU_AUX).
+ * It has no backward of its own: the compiler hands the activation's
+ * gradient to the next linear's backward (linear_dact below) and what is
+ * left of this node's backward is a linear's, reading dz. */
+#define STOKE_OP_LINEAR_ACT "linear_act"
+#define STOKE_LINEAR_ACT_ACT 0         /* str: "relu" or "gelu" */
+#define STOKE_LINEAR_ACT_APPROXIMATE 1 /* str: gelu's, "none" or "tanh" */
+
+/* linear_dact: a backward-only node the compiler makes (never a model):
+ * the backward of a linear L2 whose input y1 is the output of a
+ * linear_act L1, with L1's activation gradient folded into L2's
+ * data-gradient product.
+ *   in (y1[N, in], weight[out, in], bias[out], aux1, bias1[in]), dout[0] =
+ *   dy2 -> din[0] = dz1 = (dy2 W) * act'(z1), the gradient of L1's
+ *   PRE-activation (not of y1); din[1], din[2] as linear's backward (dW,
+ *   db of L2); din[4], when asked for, d bias1 = column sums of dz1 (the
+ *   D*_BGRAD epilogues; the compiler leaves d bias1 to L1's own backward,
+ *   see core/fuse_act.c).
+ * Attributes: L1's act and approximate (indices as linear_act's). Reads
+ * y1, weight and aux1. */
+#define STOKE_OP_LINEAR_DACT "linear_dact"
+
 /* softmax_ce: (logits[N, C], labels[N] i32) -> loss[1] (f32; f64 for f64
  * logits), the mean over the batch of -log softmax(logits)[label], as
  * nn.CrossEntropyLoss. The loader rejects labels outside [0, C) per sample;

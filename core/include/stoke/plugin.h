@@ -212,6 +212,11 @@ typedef struct stoke_opt_args_v1 {
    * multiplied by grad_scale / amp[0]. Decided on the device: no host sync. */
   const float *amp;
   int64_t growth_interval; /* amp_update: clean steps before the scale doubles */
+  /* Whole-step CUDA graphs replay the launch with the arguments it was
+   * captured with, so what changes per step is read on the device: when
+   * not NULL, device memory f64 [lr, step] that replaces `lr` and `step`
+   * (the AdamW bias corrections are then computed on the device). */
+  const double *live;
 } stoke_opt_args_v1;
 
 /* Run-wide choices a kernel honours (stoke_kernel_args_v1.flags). */
@@ -330,6 +335,17 @@ typedef struct stoke_backend_v1 {
   void *(*copy_stream)(void *self);
   stoke_err *(*stream_wait)(void *self, void *stream, void *timer);
   stoke_err *(*timer_sync)(void *self, void *timer);
+  /* Whole-step graphs (CUDA graphs; NULL: not supported). Everything
+   * issued to `stream` between capture_begin and capture_end is recorded,
+   * not run, into one graph (*ops: the GPU operations it holds, i.e. the
+   * launches it replaces); graph_launch replays it on `stream`. A kernel
+   * that synchronizes or allocates inside run() makes capture_end fail.
+   * (Appended before the v1 SDK is released: a backend built against an
+   * earlier header must be rebuilt.) */
+  stoke_err *(*capture_begin)(void *self, void *stream);
+  stoke_err *(*capture_end)(void *self, void *stream, void **graph, int64_t *ops);
+  stoke_err *(*graph_launch)(void *self, void *graph, void *stream);
+  void (*graph_destroy)(void *self, void *graph);
 } stoke_backend_v1;
 
 /* ---------------------------------------------------------------- sources */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "stoke/config.h"
+#include "stoke/graph.h"
 #include "stoke/registry.h"
 
 #ifdef __cplusplus
@@ -27,8 +28,16 @@ typedef struct stoke_summary {
   double peak_flops;      /* the peak MFU is taken against (0: unknown) */
   double gpu_util_mean, gpu_mem_max_mib; /* NVML samples (NaN: none) */
   double loss_scale, skipped_steps; /* fp16 loss scaler at the end (NaN: none) */
+  int64_t gpu_ops_per_step;  /* GPU operations in one step (0: unknown, e.g. the CPU) */
+  int64_t launches_per_step; /* 1 with cuda_graph = true, else gpu_ops_per_step */
   char out_dir[512];
   char checkpoint[640];   /* the checkpoint written at the end ("" if none) */
+  /* for the bench (stoke_run_opts.time_steps): the device, the precision
+   * the run used, and the timed steps' elapsed device time */
+  char device[128], precision[16];
+  int gpu;                /* timed with device events (1) or the host clock (0) */
+  double timed_ms;        /* NaN: not timed */
+  int n_op_rows;          /* rows of the per-op profile (profile_ops), maybe > op_rows_cap */
 } stoke_summary;
 
 typedef struct stoke_run_opts {
@@ -37,7 +46,15 @@ typedef struct stoke_run_opts {
   int n_overrides;
   const char *const *plugin_dirs; /* extra search folders, before the INI's */
   int n_plugin_dirs;
-  int quiet;                    /* no progress bar, no config print */
+  int quiet;                    /* no progress bar, no config print, no profile print */
+  /* bench: the steps after the first time_warmup ones, time_steps of them,
+   * are timed with the device's timers (events on the compute stream on a
+   * GPU, the host clock on the CPU) into stoke_summary.timed_ms; with
+   * [run] profile_ops the profile also starts after the warm-up, and its
+   * rows land in op_rows (at most op_rows_cap). 0 / NULL: off. */
+  int64_t time_warmup, time_steps;
+  stoke_op_time *op_rows;
+  int op_rows_cap;
 } stoke_run_opts;
 
 /* Declare the core's sections and keys ([run], [plugins], [data],

@@ -1,0 +1,520 @@
+/* tools/bench_lib.c: tools/bench's arguments, statistics and reports (see
+ * bench_lib.h); nothing here touches a device. */
+#include "tools/bench_lib.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ arguments */
+
+void bench_usage(FILE *f) {
+  fprintf(f,
+          "usage: bench RUN.INI [section.key=value ...] [--a section.key=value ...] [--b section.key=value ...]\n"
+          "             [--rounds 5] [--warmup 12] [--steps 40] [--per-op] [--json FILE] [--md FILE]\n"
+          "       bench --loader RUN.INI [bench_loader options]   the loader alone (see bench_loader --help)\n"
+          "\n"
+          "Runs the training step of RUN.INI as variant A (with --a's overrides) and variant B (with\n"
+          "--b's), interleaved A B A B ... for --rounds rounds; each run is a fresh tools/train run\n"
+          "of --warmup untimed steps and then --steps timed ones (device events on a GPU, the host\n"
+          "clock on the CPU); samples/s = batch x steps / elapsed. Overrides outside --a / --b apply\n"
+          "to both; the ones after --a or --b belong to that variant up to the next option. With no\n"
+          "--b, it is a plain benchmark of one variant.\n"
+          "Prints per variant the median and min-max samples/s, and B/A with a 95%% confidence\n"
+          "interval: the geometric mean of the paired rounds' ratios, with a t-interval on their\n"
+          "logarithms. --per-op adds one profiled run per variant (not timed) and a table of GPU\n"
+          "time per op, pass and engine for both and the change. --json and --md write the results\n"
+          "(device, precision, commit, date) as JSON and as markdown tables for BENCHMARKS.md.\n"
+          "The bench sets run.steps, run.profile_ops, run.checkpoint=false and run.progress=off itself;\n"
+          "each variant's runs write to <run.out_dir, default runs/bench_<ini name>>/<A|B>/ (plan.txt,\n"
+          "metrics.jsonl).\n"
+          "Exit codes: 0 done, 1 error, 2 usage.\n");
+}
+
+static int fail(char *err, size_t cap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, cap, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+/* The value of option `name` given as "--name V" or "--name=V". */
+static int opt_value(int argc, char *const *argv, int *i, const char *name, const char **val) {
+  size_t n = strlen(name);
+  if (strncmp(argv[*i], name, n)) return 0;
+  if (argv[*i][n] == '=') {
+    *val = argv[*i] + n + 1;
+    return 1;
+  }
+  if (argv[*i][n]) return 0;
+  *val = *i + 1 < argc ? argv[++*i] : NULL;
+  return 1;
+}
+
+static int parse_count(const char *name, const char *v, long lo, long hi, int *out, char *err, size_t cap) {
+  if (!v) return fail(err, cap, "%s needs a number", name);
+  char *end;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > hi)
+    return fail(err, cap, "%s '%s': a whole number from %ld to %ld", name, v, lo, hi);
+  *out = (int)x;
+  return 0;
+}
+
+/* "section.key=value": the keys the bench sets itself are refused. */
+static int check_override(const char *ov, char *err, size_t cap) {
+  const char *eq = strchr(ov, '='), *dot = strchr(ov, '.');
+  if (!eq || !dot || dot > eq || dot == ov || dot + 1 == eq)
+    return fail(err, cap, "'%s' is neither an option nor a section.key=value override", ov);
+  static const char *const own[] = {"run.steps", "run.profile_ops", "run.checkpoint"};
+  for (size_t k = 0; k < sizeof own / sizeof *own; k++)
+    if ((size_t)(eq - ov) == strlen(own[k]) && !strncmp(ov, own[k], strlen(own[k])))
+      return fail(err, cap, "'%s': the bench sets %s itself (use --warmup, --steps and --per-op)", ov, own[k]);
+  return 0;
+}
+
+int bench_parse_args(int argc, char *const *argv, bench_args *a, char *err, size_t cap) {
+  memset(a, 0, sizeof *a);
+  a->rounds = 5;
+  a->warmup = 12;
+  a->steps = 40;
+  a->variants = 1;
+  err[0] = 0;
+  int group = -1, seen[2] = {0, 0}; /* the --a / --b whose overrides follow */
+  for (int i = 1; i < argc; i++) {
+    const char *s = argv[i], *v;
+    if (!strcmp(s, "--help") || !strcmp(s, "-h")) return 1;
+    if (s[0] != '-') {
+      if (!a->ini && !strchr(s, '=')) {
+        a->ini = s;
+        continue;
+      }
+      if (check_override(s, err, cap)) return -1;
+      int *n = group < 0 ? &a->n_common : &a->n_ov[group];
+      if (*n == BENCH_MAX_OV) return fail(err, cap, "more than %d overrides in one group", BENCH_MAX_OV);
+      (group < 0 ? a->common : a->ov[group])[(*n)++] = s;
+      continue;
+    }
+    if (group >= 0 && !a->n_ov[group])
+      return fail(err, cap, "--%c needs at least one section.key=value after it", 'a' + group);
+    group = -1;
+    if (!strcmp(s, "--a") || !strcmp(s, "--b")) {
+      group = s[2] - 'a';
+      if (seen[group]++) return fail(err, cap, "%s given twice; list all of its overrides after one %s", s, s);
+      if (group == 1) a->variants = 2;
+    } else if (!strcmp(s, "--per-op")) {
+      a->per_op = 1;
+    } else if (opt_value(argc, argv, &i, "--rounds", &v)) {
+      if (parse_count("--rounds", v, 1, BENCH_MAX_ROUNDS, &a->rounds, err, cap)) return -1;
+    } else if (opt_value(argc, argv, &i, "--warmup", &v)) {
+      if (parse_count("--warmup", v, 0, 1000000, &a->warmup, err, cap)) return -1;
+    } else if (opt_value(argc, argv, &i, "--steps", &v)) {
+      if (parse_count("--steps", v, 1, 1000000, &a->steps, err, cap)) return -1;
+    } else if (opt_value(argc, argv, &i, "--json", &v) || opt_value(argc, argv, &i, "--md", &v)) {
+      if (!v || !v[0]) return fail(err, cap, "%s needs a file name", s[2] == 'j' ? "--json" : "--md");
+      *(s[2] == 'j' ? &a->json : &a->md) = v;
+    } else if (!strcmp(s, "--loader")) {
+      return fail(err, cap, "--loader comes first: bench --loader RUN.INI [bench_loader options]");
+    } else {
+      return fail(err, cap, "unknown option '%s'", s);
+    }
+  }
+  if (group >= 0 && !a->n_ov[group])
+    return fail(err, cap, "--%c needs at least one section.key=value after it", 'a' + group);
+  if (!a->ini) return fail(err, cap, "no RUN.INI given");
+  return 0;
+}
+
+/* ------------------------------------------------------------ statistics */
+
+static int cmp_double(const void *x, const void *y) {
+  double a = *(const double *)x, b = *(const double *)y;
+  return a < b ? -1 : a > b;
+}
+
+bench_spread bench_spread_of(const double *x, int n) {
+  bench_spread s = {n, NAN, NAN, NAN};
+  if (n < 1) return s;
+  double *v = malloc(sizeof *v * (size_t)n);
+  if (!v) return s;
+  memcpy(v, x, sizeof *v * (size_t)n);
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  s.min = v[0];
+  s.max = v[n - 1];
+  s.median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  free(v);
+  return s;
+}
+
+double bench_t975(int df) {
+  static const double t[] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+                             2.201,  2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+                             2.080,  2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042};
+  if (df < 1) return NAN;
+  if (df <= 30) return t[df - 1];
+  double z = 1.959964, v = df, z3 = z * z * z, z5 = z3 * z * z;
+  return z + (z3 + z) / (4 * v) + (5 * z5 + 16 * z3 + 3 * z) / (96 * v * v);
+}
+
+bench_ratio bench_ratio_paired(const double *a, const double *b, int n) {
+  bench_ratio r = {n, NAN, NAN, NAN};
+  if (n < 1) return r;
+  double mean = 0, ss = 0;
+  for (int i = 0; i < n; i++) mean += log(b[i] / a[i]) / n;
+  r.ratio = exp(mean);
+  if (n < 2) return r;
+  for (int i = 0; i < n; i++) ss += (log(b[i] / a[i]) - mean) * (log(b[i] / a[i]) - mean);
+  double half = bench_t975(n - 1) * sqrt(ss / (n - 1)) / sqrt((double)n);
+  r.lo = exp(mean - half);
+  r.hi = exp(mean + half);
+  return r;
+}
+
+double bench_rate(int64_t batch, int64_t steps, double ms) {
+  return ms > 0 ? (double)batch * (double)steps / (ms / 1000.0) : NAN;
+}
+
+/* --------------------------------------------------------------- commit */
+
+void bench_commit(const char *exe_dir, char *out, size_t cap) {
+  const char *env = getenv("STOKE_COMMIT");
+  if (env && env[0]) {
+    snprintf(out, cap, "%s", env);
+    return;
+  }
+  char path[PATH_MAX], line[128] = "";
+  snprintf(path, sizeof path, "%s/COMMIT", exe_dir ? exe_dir : ".");
+  FILE *f = fopen(path, "r");
+  if (f) {
+    int ok = fgets(line, sizeof line, f) != NULL;
+    fclose(f);
+    line[strcspn(line, "\r\n")] = 0;
+    if (ok && line[0]) {
+      snprintf(out, cap, "%s", line);
+      return;
+    }
+  }
+  snprintf(out, cap, "unknown");
+  FILE *p = popen("git rev-parse --short=12 HEAD 2>/dev/null", "r");
+  if (!p) return;
+  int ok = fgets(line, sizeof line, p) != NULL;
+  if (pclose(p) != 0 || !ok) return;
+  line[strcspn(line, "\r\n")] = 0;
+  int dirty = 0;
+  if ((p = popen("git status --porcelain --untracked-files=no 2>/dev/null", "r"))) {
+    char any[8];
+    dirty = fgets(any, sizeof any, p) != NULL;
+    pclose(p);
+  }
+  snprintf(out, cap, "%s%s", line, dirty ? "-dirty" : "");
+}
+
+/* -------------------------------------------------------------- reports */
+
+/* 1234567.4 as "1,234,567". */
+static const char *commas(double x, char *buf, size_t cap) {
+  if (!isfinite(x)) {
+    snprintf(buf, cap, "n/a");
+    return buf;
+  }
+  char digits[64];
+  snprintf(digits, sizeof digits, "%.0f", fabs(x));
+  size_t n = strlen(digits), o = 0;
+  if (x <= -0.5 && o + 1 < cap) buf[o++] = '-';
+  for (size_t i = 0; i < n && o + 2 < cap; i++) {
+    buf[o++] = digits[i];
+    if ((n - i - 1) % 3 == 0 && i + 1 < n) buf[o++] = ',';
+  }
+  buf[o] = 0;
+  return buf;
+}
+
+static const char *or_ini(const char *ov) { return ov && ov[0] ? ov : "(as the INI file)"; }
+
+/* One row of the per-op comparison: a (op, pass, engine) in A and/or B. */
+typedef struct op_pair {
+  const stoke_op_time *t; /* its names (from A or B) */
+  double ms[2];           /* NaN: not in that variant */
+  int nodes[2];
+} op_pair;
+
+static int op_same(const stoke_op_time *x, const stoke_op_time *y) {
+  return !strcmp(x->op, y->op) && !strcmp(x->pass, y->pass) && !strcmp(x->engine, y->engine);
+}
+
+static double op_delta(const op_pair *p) {
+  double a = isnan(p->ms[0]) ? 0 : p->ms[0], b = isnan(p->ms[1]) ? 0 : p->ms[1];
+  return b - a;
+}
+
+/* Biggest change first (one variant: slowest first, as B counts 0). */
+static int by_change(const void *x, const void *y) {
+  double a = fabs(op_delta(x)), b = fabs(op_delta(y));
+  return a < b ? 1 : a > b ? -1 : 0;
+}
+
+/* A's and B's profile rows matched by op, pass and engine; returns the count. */
+static int op_pairs(const bench_result *r, op_pair *out, double total[2]) {
+  int n = 0;
+  total[0] = total[1] = 0;
+  for (int v = 0; v < r->n_variants; v++)
+    for (int i = 0; i < r->v[v].n_ops; i++) {
+      const stoke_op_time *t = &r->v[v].ops[i];
+      int k = 0;
+      while (k < n && !op_same(out[k].t, t)) k++;
+      if (k == n) out[n++] = (op_pair){t, {NAN, NAN}, {0, 0}};
+      out[k].ms[v] = t->ms;
+      out[k].nodes[v] = t->nodes;
+      total[v] += t->ms;
+    }
+  qsort(out, (size_t)n, sizeof *out, by_change);
+  return n;
+}
+
+static void op_name(const stoke_op_time *t, char *buf, size_t cap) {
+  if (t->engine[0]) snprintf(buf, cap, "%s %s [%s]", t->op, t->pass, t->engine);
+  else snprintf(buf, cap, "%s", t->op);
+}
+
+static void fmt_ms(double ms, char *buf, size_t cap) {
+  if (isnan(ms)) snprintf(buf, cap, "-");
+  else snprintf(buf, cap, "%.3f", ms);
+}
+
+static void fmt_change(double a, double b, char *buf, size_t cap) {
+  if (isnan(a) && isnan(b)) snprintf(buf, cap, "-");
+  else if (isnan(a)) snprintf(buf, cap, "only B");
+  else if (isnan(b)) snprintf(buf, cap, "only A");
+  else if (a > 0) snprintf(buf, cap, "%+.3f ms (%+.1f%%)", b - a, 100 * (b - a) / a);
+  else snprintf(buf, cap, "%+.3f ms", b - a);
+}
+
+static const char *timing(const bench_result *r) { return r->gpu ? "device events" : "the host clock"; }
+
+static int ratio_of(const bench_result *r, bench_ratio *q) {
+  if (r->n_variants < 2) return 0;
+  int n = r->v[0].n < r->v[1].n ? r->v[0].n : r->v[1].n;
+  *q = bench_ratio_paired(r->v[0].rate, r->v[1].rate, n);
+  return 1;
+}
+
+void bench_print(const bench_result *r, FILE *f) {
+  char a[32], b[32], c[32];
+  fprintf(f, "stoke bench: %s%s%s, %d round%s%s, %d warm-up + %d timed steps each, timed with %s\n", r->ini,
+          r->common && r->common[0] ? " " : "", r->common ? r->common : "", r->rounds, r->rounds == 1 ? "" : "s",
+          r->n_variants == 2 ? " (A B interleaved)" : "", r->warmup, r->steps, timing(r));
+  fprintf(f, "device %s, commit %s, %s\n", r->v[0].device, r->commit, r->date);
+  for (int v = 0; v < r->n_variants; v++) {
+    const bench_variant *x = &r->v[v];
+    bench_spread s = bench_spread_of(x->rate, x->n);
+    fprintf(f, "  %s  %-32s %-5s batch %-6lld samples/s median %s  min-max %s - %s\n", x->name,
+            or_ini(x->overrides), x->precision, (long long)x->batch, commas(s.median, a, sizeof a),
+            commas(s.min, b, sizeof b), commas(s.max, c, sizeof c));
+    fprintf(f, "     rounds:");
+    for (int i = 0; i < x->n; i++) fprintf(f, " %s", commas(x->rate[i], a, sizeof a));
+    fprintf(f, "; loss %.4g -> %.4g\n", x->first_loss, x->final_loss);
+  }
+  bench_ratio q;
+  if (ratio_of(r, &q)) {
+    if (q.n >= 2)
+      fprintf(f, "  B/A %.3f (95%% CI %.3f - %.3f; t-interval on the log ratios of %d paired rounds)\n", q.ratio, q.lo,
+              q.hi, q.n);
+    else fprintf(f, "  B/A %.3f (one round: no confidence interval; use --rounds 3 or more)\n", q.ratio);
+  }
+  if (!r->per_op) return;
+  op_pair pairs[2 * BENCH_MAX_OPS];
+  double total[2];
+  int n = op_pairs(r, pairs, total);
+  fprintf(f, "per-op %s time, ms per step (%d profiled steps after the warm-up, one extra run per variant)\n",
+          r->gpu ? "GPU" : "CPU", r->steps);
+  if (r->n_variants == 2) fprintf(f, "  %-44s %10s %10s  %s\n", "op (pass) [engine]", "A", "B", "B - A");
+  else fprintf(f, "  %-44s %10s\n", "op (pass) [engine]", "A");
+  for (int k = 0; k <= n; k++) {
+    char name[96], ms0[32], ms1[32], ch[64];
+    const double *ms = k < n ? pairs[k].ms : total;
+    if (k < n) op_name(pairs[k].t, name, sizeof name);
+    else snprintf(name, sizeof name, "total");
+    fmt_ms(ms[0], ms0, sizeof ms0);
+    fmt_ms(ms[1], ms1, sizeof ms1);
+    fmt_change(ms[0], ms[1], ch, sizeof ch);
+    if (r->n_variants == 2) fprintf(f, "  %-44s %10s %10s  %s\n", name, ms0, ms1, ch);
+    else fprintf(f, "  %-44s %10s\n", name, ms0);
+  }
+}
+
+/* A JSON string (quotes, backslashes and control characters escaped). */
+static void json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; s && *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+    else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
+    else fputc(ch, f);
+  }
+  fputc('"', f);
+}
+
+/* A number, or null for NaN / infinity (JSON has neither). */
+static void json_num(FILE *f, double x) {
+  if (isfinite(x)) fprintf(f, "%.10g", x);
+  else fputs("null", f);
+}
+
+/* Space-separated overrides as a JSON array of strings. */
+static void json_words(FILE *f, const char *words) {
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%s", words ? words : "");
+  fputc('[', f);
+  int first = 1;
+  for (char *save = NULL, *t = strtok_r(buf, " ", &save); t; t = strtok_r(NULL, " ", &save), first = 0) {
+    if (!first) fputc(',', f);
+    json_str(f, t);
+  }
+  fputc(']', f);
+}
+
+void bench_write_json(const bench_result *r, FILE *f) {
+  fprintf(f, "{\"tool\":\"stoke bench\",\"ini\":");
+  json_str(f, r->ini);
+  fprintf(f, ",\"overrides\":");
+  json_words(f, r->common);
+  fprintf(f, ",\"commit\":");
+  json_str(f, r->commit);
+  fprintf(f, ",\"date\":");
+  json_str(f, r->date);
+  fprintf(f, ",\"rounds\":%d,\"warmup_steps\":%d,\"timed_steps\":%d,\"timing\":", r->rounds, r->warmup, r->steps);
+  json_str(f, r->gpu ? "device events" : "host clock");
+  fprintf(f, ",\"variants\":[");
+  for (int v = 0; v < r->n_variants; v++) {
+    const bench_variant *x = &r->v[v];
+    bench_spread s = bench_spread_of(x->rate, x->n);
+    fprintf(f, "%s{\"name\":", v ? "," : "");
+    json_str(f, x->name);
+    fprintf(f, ",\"overrides\":");
+    json_words(f, x->overrides);
+    fprintf(f, ",\"device\":");
+    json_str(f, x->device);
+    fprintf(f, ",\"precision\":");
+    json_str(f, x->precision);
+    fprintf(f, ",\"batch\":%lld,\"samples_per_s\":[", (long long)x->batch);
+    for (int i = 0; i < x->n; i++) {
+      if (i) fputc(',', f);
+      json_num(f, x->rate[i]);
+    }
+    fprintf(f, "],\"median\":");
+    json_num(f, s.median);
+    fprintf(f, ",\"min\":");
+    json_num(f, s.min);
+    fprintf(f, ",\"max\":");
+    json_num(f, s.max);
+    fprintf(f, ",\"first_loss\":");
+    json_num(f, x->first_loss);
+    fprintf(f, ",\"final_loss\":");
+    json_num(f, x->final_loss);
+    fputc('}', f);
+  }
+  fputc(']', f);
+  bench_ratio q;
+  if (ratio_of(r, &q)) {
+    fprintf(f, ",\"ratio\":{\"b_over_a\":");
+    json_num(f, q.ratio);
+    fprintf(f, ",\"ci95\":[");
+    json_num(f, q.lo);
+    fputc(',', f);
+    json_num(f, q.hi);
+    fprintf(f, "],\"paired_rounds\":%d,\"method\":\"geometric mean of paired ratios, t-interval on their logs\"}",
+            q.n);
+  }
+  if (r->per_op) {
+    op_pair pairs[2 * BENCH_MAX_OPS];
+    double total[2];
+    int n = op_pairs(r, pairs, total);
+    fprintf(f, ",\"per_op\":[");
+    for (int k = 0; k < n; k++) {
+      fprintf(f, "%s{\"op\":", k ? "," : "");
+      json_str(f, pairs[k].t->op);
+      fprintf(f, ",\"pass\":");
+      json_str(f, pairs[k].t->pass);
+      fprintf(f, ",\"engine\":");
+      json_str(f, pairs[k].t->engine);
+      for (int v = 0; v < r->n_variants; v++) {
+        fprintf(f, ",\"nodes_%c\":%d,\"ms_%c\":", 'a' + v, pairs[k].nodes[v], 'a' + v);
+        json_num(f, pairs[k].ms[v]);
+      }
+      fputc('}', f);
+    }
+    fputc(']', f);
+  }
+  fprintf(f, "}\n");
+}
+
+/* Text for a markdown table cell: pipes escaped. */
+static void md_cell(FILE *f, const char *s) {
+  for (; *s; s++) {
+    if (*s == '|') fputc('\\', f);
+    fputc(*s, f);
+  }
+}
+
+void bench_write_md(const bench_result *r, FILE *f) {
+  char a[32], b[32], c[32], d[32];
+  fprintf(f, "| variant | overrides | device | precision | batch | samples/s median | min - max |\n");
+  fprintf(f, "|---|---|---|---|---:|---:|---:|\n");
+  for (int v = 0; v < r->n_variants; v++) {
+    const bench_variant *x = &r->v[v];
+    bench_spread s = bench_spread_of(x->rate, x->n);
+    fprintf(f, "| %s | ", x->name);
+    if (x->overrides[0]) {
+      fputc('`', f);
+      md_cell(f, x->overrides);
+      fputc('`', f);
+    } else {
+      fprintf(f, "(as the INI file)");
+    }
+    fprintf(f, " | ");
+    md_cell(f, x->device);
+    fprintf(f, " | %s | %s | %s | %s - %s |\n", x->precision, commas((double)x->batch, a, sizeof a),
+            commas(s.median, b, sizeof b), commas(s.min, c, sizeof c), commas(s.max, d, sizeof d));
+  }
+  fprintf(f, "\n");
+  bench_ratio q;
+  if (ratio_of(r, &q)) {
+    if (q.n >= 2)
+      fprintf(f, "B/A = %.3f (95%% CI %.3f - %.3f; t-interval on the log ratios of %d paired rounds).\n", q.ratio,
+              q.lo, q.hi, q.n);
+    else fprintf(f, "B/A = %.3f (one round, no confidence interval).\n", q.ratio);
+  }
+  fprintf(f, "`");
+  md_cell(f, r->ini);
+  if (r->common && r->common[0]) {
+    fputc(' ', f);
+    md_cell(f, r->common);
+  }
+  fprintf(f, "`; %d round%s%s, %d warm-up + %d timed steps each, timed with %s; commit %s, %s.\n", r->rounds,
+          r->rounds == 1 ? "" : "s", r->n_variants == 2 ? " interleaved A B" : "", r->warmup, r->steps, timing(r),
+          r->commit, r->date);
+  if (!r->per_op) return;
+  op_pair pairs[2 * BENCH_MAX_OPS];
+  double total[2];
+  int n = op_pairs(r, pairs, total);
+  fprintf(f, "\n%s time per op, ms per step (%d profiled steps after the warm-up, one extra run per variant):\n\n",
+          r->gpu ? "GPU" : "CPU", r->steps);
+  if (r->n_variants == 2) fprintf(f, "| op (pass) [engine] | A | B | B - A |\n|---|---:|---:|---:|\n");
+  else fprintf(f, "| op (pass) [engine] | A |\n|---|---:|\n");
+  for (int k = 0; k <= n; k++) {
+    char name[96], ms0[32], ms1[32], ch[64];
+    const double *ms = k < n ? pairs[k].ms : total;
+    if (k < n) op_name(pairs[k].t, name, sizeof name);
+    else snprintf(name, sizeof name, "**total**");
+    fmt_ms(ms[0], ms0, sizeof ms0);
+    fmt_ms(ms[1], ms1, sizeof ms1);
+    fmt_change(ms[0], ms[1], ch, sizeof ch);
+    if (r->n_variants == 2) fprintf(f, "| %s | %s | %s | %s |\n", name, ms0, ms1, ch);
+    else fprintf(f, "| %s | %s |\n", name, ms0);
+  }
+}
