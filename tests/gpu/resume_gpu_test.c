@@ -51,7 +51,7 @@ static void train(const char *ini_path, const char *sub, const char *opt, int st
   snprintf(op, sizeof op, "optimizer.name=%s", opt);
   snprintf(res, sizeof res, "run.resume=%s", resume ? resume : "");
   const char *over[] = {out, st, op, res};
-  stoke_run_opts o = {ini_path, over, 4, NULL, 0, 1};
+  stoke_run_opts o = {.ini_path = ini_path, .overrides = over, .n_overrides = 4, .quiet = 1};
   stoke_err *e = stoke_train(&o, s);
   if (e) fail_msg("%s: %s", sub, e->msg);
 }
