@@ -121,16 +121,26 @@ static int list_entries(const stoke_plan *p, void *const hb[3], const char *opt,
   static const char *sgd_names[] = {"momentum_buffer"};
   static const char *adamw_names[] = {"exp_avg", "exp_avg_sq"};
   const char **names = !strcmp(opt, "adamw") ? adamw_names : sgd_names;
-  for (int k = 0; k < p->opt_state_per_param; k++)
+  /* low-precision parameters (has_master): the state is f32, the master
+   * copy of the flat parameter buffer first, then each optimizer tensor
+   * over the flat buffer; element i of a parameter is at offset / es + i */
+  size_t es = stoke_dtype_size(g->dtype), flat = p->bytes[STOKE_BUF_PARAMS] / es;
+  for (int k = p->has_master ? -1 : 0; k < p->opt_state_per_param; k++)
     for (int v = 0; v < g->n_values && n < cap; v++) {
       const stoke_value *val = &g->values[v];
       if (!is_opt_kind(val)) continue;
       entry *e = &out[n++];
-      snprintf(e->name, sizeof e->name, "optimizer.%.80s.%s", val->name, names[k]);
-      e->dtype = st_dtype(val->dtype);
+      snprintf(e->name, sizeof e->name, "optimizer.%.80s.%s", val->name, k < 0 ? "master" : names[k]);
       e->shape = val->shape;
-      e->src = (const char *)hb[2] + (size_t)k * p->bytes[STOKE_BUF_PARAMS] + val->offset;
-      e->bytes = (size_t)stoke_numel(&val->shape) * stoke_dtype_size(val->dtype);
+      if (p->has_master) {
+        e->dtype = "F32";
+        e->src = (const float *)hb[2] + (size_t)(k + 1) * flat + val->offset / es;
+        e->bytes = (size_t)stoke_numel(&val->shape) * sizeof(float);
+      } else {
+        e->dtype = st_dtype(val->dtype);
+        e->src = (const char *)hb[2] + (size_t)k * p->bytes[STOKE_BUF_PARAMS] + val->offset;
+        e->bytes = (size_t)stoke_numel(&val->shape) * stoke_dtype_size(val->dtype);
+      }
     }
   return n;
 }
@@ -160,6 +170,7 @@ static stoke_err *host_copies(stoke_exec *x, void *hb[3], size_t sizes[3]) {
     if (!sizes[i] || !dev[i]) continue;
     if (!(hb[i] = stoke_alloc(sizes[i])))
       return STOKE_ERR(STOKE_E_OOM, "out of host memory (%zu bytes) for a checkpoint", sizes[i]);
+    memset(hb[i], 0, sizes[i]); /* alignment gaps load as zeros */
   }
   return NULL;
 }
@@ -174,7 +185,7 @@ stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ck
   stoke_err *e = host_copies(x, hb, sizes);
   for (int i = 0; i < 3 && !e; i++)
     if (hb[i]) e = stoke_exec_copy(x, hb[i], dev[i], sizes[i], STOKE_COPY_D2H);
-  int cap = 3 * p->g->n_values + 8;
+  int cap = 5 * p->g->n_values + 8; /* parameter, state, master, two optimizer tensors */
   entry *ents = e ? NULL : calloc((size_t)cap, sizeof *ents);
   if (!e && !ents) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
   sbuf h = {0};
@@ -186,9 +197,9 @@ stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ck
   int n = list_entries(p, hb, p->opt_kernel ? m->optimizer : NULL, nbt_val, &nbt_store, ents, cap);
   sb_put(&h, "{\"__metadata__\":{\"format\":\"pt\",\"stoke_checkpoint_version\":\"%d\","
              "\"step\":\"%lld\",\"epoch\":\"%lld\",\"seed\":\"%lld\",\"accumulate\":\"%lld\","
-             "\"loss_scale\":\"%.17g\",\"optimizer\":",
+             "\"loss_scale\":\"%.17g\",\"world\":\"%lld\",\"batch\":\"%lld\",\"optimizer\":",
          STOKE_CKPT_VERSION, (long long)m->step, (long long)m->epoch, (long long)m->seed,
-         (long long)m->accumulate, m->loss_scale);
+         (long long)m->accumulate, m->loss_scale, (long long)(m->world > 0 ? m->world : 1), (long long)m->batch);
   sb_json_str(&h, p->opt_kernel ? m->optimizer : "");
   if (config_text) {
     sb_put(&h, ",\"config\":");
@@ -570,6 +581,8 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
   m->accumulate = meta_int(&f, "accumulate");
   const char *ls = stoke_st_meta(&f, "loss_scale");
   m->loss_scale = ls ? strtod(ls, NULL) : 1;
+  m->world = stoke_st_meta(&f, "world") ? meta_int(&f, "world") : 1;
+  m->batch = stoke_st_meta(&f, "batch") ? meta_int(&f, "batch") : 0;
   const char *opt = stoke_st_meta(&f, "optimizer");
   snprintf(m->optimizer, sizeof m->optimizer, "%s", opt ? opt : "");
   void *hb[3] = {0};
@@ -577,7 +590,7 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
   e = host_copies(x, hb, sizes);
   /* optimizer tensors only when the file has the plan's optimizer */
   const char *want_opt = p->opt_kernel && !strcmp(m->optimizer, p->opt_kernel->op) ? m->optimizer : NULL;
-  int cap = 3 * p->g->n_values + 8;
+  int cap = 5 * p->g->n_values + 8; /* parameter, state, master, two optimizer tensors */
   entry *ents = e ? NULL : calloc((size_t)cap, sizeof *ents);
   if (!e && !ents) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
   int64_t nbt = 0;
@@ -599,7 +612,18 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
     }
     memcpy((void *)ents[i].src, f.data + t->begin, ents[i].bytes);
   }
-  if (!e && p->opt_kernel && !want_opt && hb[2]) memset(hb[2], 0, sizes[2]);
+  if (!e && p->opt_kernel && !want_opt && hb[2] && p->has_master) {
+    /* another optimizer's checkpoint: fresh state, the master copy from the parameters */
+    const stoke_graph *g = p->g;
+    size_t es = stoke_dtype_size(g->dtype);
+    for (int v = 0; v < g->n_values; v++) {
+      const stoke_value *val = &g->values[v];
+      if (!is_opt_kind(val)) continue;
+      for (int64_t i = 0; i < stoke_numel(&val->shape); i++)
+        ((float *)hb[2])[val->offset / es + (size_t)i] =
+            (float)stoke_elem_get((const char *)hb[0] + val->offset, val->dtype, i);
+    }
+  }
   void *dev[3] = {stoke_exec_buffer(x, STOKE_BUF_PARAMS), stoke_exec_buffer(x, STOKE_BUF_STATE),
                   stoke_exec_opt_state(x)};
   for (int i = 0; i < 3 && !e; i++)

@@ -37,6 +37,8 @@ struct stoke_exec {
   node_args *args;
   node_args opt;
   stoke_tensor opt_t[3];
+  stoke_exec_hook hook; /* after each node (data parallel) */
+  void *hook_ctx;
   /* whole-step graphs: graph[first_micro][last_micro], each captured on its
    * second use (the first runs eagerly: lazy module loading, first-call
    * setup in libraries); live = device f64 [lr, step] read by the update */
@@ -46,6 +48,11 @@ struct stoke_exec {
   int64_t graph_ops;
   double *live;
 };
+
+void stoke_exec_set_hook(stoke_exec *x, stoke_exec_hook hook, void *ctx) {
+  x->hook = hook;
+  x->hook_ctx = ctx;
+}
 
 static void *value_ptr(stoke_exec *x, int v) {
   const stoke_value *val = &x->p->g->values[v];
@@ -387,6 +394,7 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
       return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name,
                             node->n.op, node->pass == STOKE_BWD ? "backward" : "forward",
                             node->kernel->engine);
+    if (x->hook) STOKE_PROPAGATE(x->hook(x->hook_ctx, i));
   }
   return NULL;
 }
@@ -475,6 +483,7 @@ int64_t stoke_exec_graph_ops(stoke_exec *x) { return x->graph_ops; }
 /* Eager: forward and backward, then the update on the last micro-batch. */
 static stoke_err *micro_eager(stoke_exec *x, int first, int last, uint64_t seed, const stoke_opt_args_v1 *opt) {
   STOKE_PROPAGATE(stoke_exec_forward_backward(x, first, seed));
+  if (last && x->hook) STOKE_PROPAGATE(x->hook(x->hook_ctx, -1)); /* the update comes next */
   return last ? stoke_exec_update(x, opt) : NULL;
 }
 

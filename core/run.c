@@ -14,6 +14,7 @@
 
 #include "stoke/checkpoint.h"
 #include "stoke/core.h"
+#include "stoke/dist.h"
 #include "stoke/graph.h"
 #include "stoke/loader.h"
 #include "stoke/metrics.h"
@@ -22,6 +23,7 @@
 #include "stoke/run.h"
 #include "stoke/schedule.h"
 #include "stoke/ops.h"
+#include "dp.h"
 
 /* ------------------------------------------------------------ the keys */
 
@@ -32,7 +34,15 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "ordered compute backends; each node runs on the first that has a kernel for it"},
     {"precision", STOKE_CFG_ENUM, "fp32", 0, 0, "fp32|tf32|bf16|fp16",
      "precision policy (the cpu backend runs fp32)"},
-    {"comm", STOKE_CFG_STR, "single", 0, 0, NULL, "communication: single (one process)"},
+    {"comm", STOKE_CFG_STR, "single", 0, 0, NULL,
+     "communication: single (one process) or nccl (data parallel, one process per GPU, started by "
+     "tools/launch, torchrun, srun or mpirun; each rank reads its shard, gradients are averaged)"},
+    {"bucket_mb", STOKE_CFG_FLOAT, "25", 0.001, 1e6, NULL,
+     "data parallel: MiB of the flat gradient buffer all-reduced per call, each launched as soon as "
+     "backward produced it (the first bucket at most 1 MiB, as DDP's bucket_cap_mb)"},
+    {"comm_timeout", STOKE_CFG_FLOAT, "300", 1, 1e6, NULL,
+     "data parallel: seconds a collective may take before the communicator is aborted and the run "
+     "fails with the rank and the operation (a rank died or stalled)"},
     {"device", STOKE_CFG_ENUM, "auto", 0, 0, "auto|gpu|cpu",
      "auto: the backends given, or the cpu backend (fp32) with a warning when they need a GPU that is "
      "not there; gpu: a missing GPU is an error"},
@@ -241,13 +251,16 @@ stoke_err *stoke_run_setup(const stoke_run_opts *o, stoke_cfg **cfg_out, stoke_r
                    "declaring the keys of source '%s'", name);
   }
   STOKE_TRY_GOTO(e, fail, stoke_cfg_str(c, "run", "comm", &name), "");
+  stoke_err *le = stoke_find_comm(reg, name) ? NULL : stoke_registry_load(reg, name);
   if (!stoke_find_comm(reg, name)) {
     char names[256];
     stoke_registry_names(reg, "comm", names, sizeof names);
-    e = STOKE_ERR(STOKE_E_NOT_FOUND, "%s: [run] comm: unknown comm '%s'; comms available: %s",
-                  stoke_cfg_where(c, "run", "comm"), name, names);
+    e = STOKE_ERR(STOKE_E_NOT_FOUND, "%s: [run] comm: unknown comm '%s'; comms available: %s (built in), nccl "
+                  "(plugin)%s%s", stoke_cfg_where(c, "run", "comm"), name, names, le ? "\n  " : "", le ? le->msg : "");
+    stoke_err_free(le);
     goto fail;
   }
+  stoke_err_free(le);
   STOKE_TRY_GOTO(e, fail, stoke_cfg_validate(c), "checking the config");
   *cfg_out = c;
   *reg_out = reg;
@@ -310,6 +323,11 @@ stoke_err *stoke_help_config(const char *const *plugin_dirs, int n_plugin_dirs, 
 
 /* --------------------------------------------------------------- train */
 
+static const char *dist_getenv(const char *name, void *ctx) {
+  (void)ctx;
+  return getenv(name);
+}
+
 static volatile sig_atomic_t stop_signal;
 static void on_signal(int sig) { stop_signal = sig; }
 
@@ -369,6 +387,10 @@ typedef struct run_state {
   char *config_text;
   stoke_layout layout;
   stoke_nvml *nvml;
+  /* data parallel (NULL with comm = single) */
+  stoke_dp *dp;
+  int rank, world, local_rank;
+  stoke_ckpt_meta resume; /* the checkpoint resumed from (step 0: none) */
   void *bench_t[2]; /* the bench's timers around the timed steps */
 } run_state;
 
@@ -395,6 +417,7 @@ static void stream_close(run_state *s, stream *st) {
 }
 
 static void run_close(run_state *s) {
+  stoke_dp_close(s->dp);
   for (int i = 0; i < 2; i++)
     if (s->bench_t[i]) s->dev->timer_destroy(s->dev_self, s->bench_t[i]);
   stoke_metrics_free(s->metrics);
@@ -437,6 +460,7 @@ static stoke_err *open_backends(run_state *s, const char **prec_name) {
 static stoke_err *open_engines(run_state *s) {
   int64_t dev_index;
   STOKE_PROPAGATE(stoke_cfg_int(s->cfg, "run", "device_index", &dev_index));
+  dev_index += s->local_rank; /* data parallel: one GPU per process of a node */
   for (int i = 0; i < s->n_engines; i++) {
     s->backs[i] = stoke_find_backend(s->reg, s->engines[i]);
     if (!s->backs[i]->device_engine && !s->dev) s->dev = s->backs[i];
@@ -689,8 +713,14 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
               (long long)st->batch);
   else
     STOKE_TRY(stoke_exec_new_shared(st->plan, s->train.x, &st->x), "preparing the evaluation plan");
+  /* resumed: the same place in the global sample order, whatever the
+   * number of processes or the batch size it was saved with */
+  if (training && s->resume.step > 0)
+    start_batch = stoke_dist_resume_batch(s->resume.step, s->resume.accumulate,
+                                          s->resume.batch > 0 ? s->resume.batch : st->batch,
+                                          s->resume.world, st->batch, s->world);
   stoke_loader_opts lo = {st->src, st->src_self, s->dev, s->dev_self, st->batch, (int)workers,
-                          (int)prefetch, shuffle, drop_last, seed, 0, 1, start_batch};
+                          (int)prefetch, shuffle, drop_last, seed, s->rank, s->world, start_batch};
   if (!workers) STOKE_PROPAGATE(auto_workers(s, lo, &workers));
   lo.workers = (int)workers;
   STOKE_TRY(stoke_loader_new(&lo, &st->loader), "starting the [%s] loader", section);
@@ -799,6 +829,11 @@ static stoke_err *evaluate(run_state *s, double *loss, double *acc) {
   }
   free(logits);
   free(labels);
+  if (!e && s->dp) { /* each rank evaluated its shard */
+    double v[3] = {total, (double)correct, (double)count};
+    e = stoke_dp_sum(s->dp, v, 3);
+    total = v[0], correct = (int64_t)v[1], count = (int64_t)v[2];
+  }
   if (e) return stoke_err_wrap(e, __FILE__, __LINE__, "evaluating on [eval_data]");
   *loss = count ? total / (double)count : NAN;
   *acc = count ? (double)correct / (double)count : NAN;
@@ -807,11 +842,36 @@ static stoke_err *evaluate(run_state *s, double *loss, double *acc) {
 
 static stoke_err *save(run_state *s, const char *path, int64_t step, int64_t epoch, int64_t seed,
                        int64_t accumulate, const char *opt_name) {
+  if (s->rank > 0) return NULL; /* data parallel: the weights are the same everywhere */
   float amp[4];
-  stoke_ckpt_meta m = {step, epoch, seed, accumulate, stoke_exec_read_scaler(s->train.x, amp) ? amp[0] : 1.0, ""};
+  stoke_ckpt_meta m = {step, epoch, seed, accumulate, stoke_exec_read_scaler(s->train.x, amp) ? amp[0] : 1.0, "",
+                       s->world, s->train.batch};
   snprintf(m.optimizer, sizeof m.optimizer, "%s", opt_name);
   STOKE_TRY(stoke_checkpoint_save(s->train.x, path, &m, s->config_text), "saving the checkpoint at step %lld",
             (long long)step);
+  return NULL;
+}
+
+/* Data parallel, at the end: every rank's data wait, and the bus
+ * bandwidth of an all-reduce of the whole flat gradient buffer. */
+static stoke_err *report_ranks(run_state *s, const stoke_summary *sum, int quiet) {
+  double waits[64], ms = 0, bw = 0;
+  STOKE_TRY(stoke_dp_gather(s->dp, sum->data_wait_s, waits), "gathering every rank's data wait");
+  STOKE_TRY(stoke_dp_bench(s->dp, 20, &ms, &bw), "timing the gradient all-reduce");
+  size_t bytes = s->train.plan->bytes[STOKE_BUF_GRADS];
+  char line[1024];
+  size_t used = 0;
+  for (int r = 0; r < s->world && used < sizeof line; r++)
+    used += (size_t)snprintf(line + used, sizeof line - used, "%s%d: %.3f s", r ? ", " : "", r, waits[r]);
+  stoke_log(STOKE_LOG_INFO, "dp", "data wait by rank: %s", line);
+  stoke_log(STOKE_LOG_INFO, "dp",
+            "all-reduce of the flat gradient buffer (%.1f MiB): %.3f ms, bus bandwidth %.1f GB/s over %d ranks",
+            bytes / 1048576.0, ms, bw, s->world);
+  if (!quiet) {
+    printf("  data parallel over %d processes: data wait by rank %s\n", s->world, line);
+    printf("  gradient all-reduce (%.1f MiB, one call): %.3f ms, bus bandwidth %.1f GB/s\n", bytes / 1048576.0, ms,
+           bw);
+  }
   return NULL;
 }
 
@@ -866,6 +926,7 @@ static stoke_err *bench_mark(run_state *s, const stoke_run_opts *o, int64_t done
 
 stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   run_state s = {0};
+  s.world = 1;
   stoke_err *e = NULL;
   memset(sum, 0, sizeof *sum);
   sum->eval_loss = sum->eval_accuracy = sum->timed_ms = NAN;
@@ -898,7 +959,23 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   GET(stoke_cfg_float, "optimizer", "beta1", &opt.beta1);
   GET(stoke_cfg_float, "optimizer", "beta2", &opt.beta2);
   GET(stoke_cfg_float, "optimizer", "eps", &opt.eps);
+  const char *comm_name;
+  GET(stoke_cfg_str, "run", "comm", &comm_name);
 #undef GET
+  /* data parallel: which process this is (the comm plugin reads the same
+   * variables); the GPU is device_index + the local rank */
+  stoke_run_opts rank_opts = *o;
+  if (strcmp(comm_name, "single")) {
+    stoke_dist_env env;
+    char msg[512];
+    if (stoke_dist_env_read(dist_getenv, NULL, &env, msg, sizeof msg)) {
+      e = STOKE_ERR(STOKE_E_INVALID, "%s: [run] comm = %s: %s", stoke_cfg_where(c, "run", "comm"), comm_name, msg);
+      goto done;
+    }
+    s.rank = env.rank, s.world = env.world, s.local_rank = env.local_rank;
+    rank_opts.quiet |= s.rank > 0; /* rank 0 speaks for the job */
+    o = &rank_opts;
+  }
   char run_name[256], dir[512];
   if (name[0]) snprintf(run_name, sizeof run_name, "%s", name);
   else {
@@ -909,6 +986,10 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   }
   if (out_dir[0]) snprintf(dir, sizeof dir, "%s", out_dir);
   else snprintf(dir, sizeof dir, "runs/%s", run_name);
+  if (s.rank > 0) { /* the other ranks' logs and metrics go beside rank 0's */
+    size_t len = strlen(dir);
+    snprintf(dir + len, sizeof dir - len, "/rank%d", s.rank);
+  }
   snprintf(sum->out_dir, sizeof sum->out_dir, "%s", dir);
   STOKE_TRY_GOTO(e, done, mkdir_p(dir), "[run] out_dir");
   s.config_text = config_text(c);
@@ -932,6 +1013,14 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   /* -- devices, precision, the checkpoint to resume, data, graphs, plans */
   STOKE_TRY_GOTO(e, done, open_backends(&s, &prec_name), "");
   const stoke_precision_v1 *prec = stoke_find_precision(s.reg, prec_name);
+  if (strcmp(comm_name, "single")) {
+    STOKE_TRY_GOTO(e, done, stoke_dp_open(stoke_find_comm(s.reg, comm_name), c, s.dev, s.dev_self, &s.dp), "");
+    if (stoke_dp_rank(s.dp) != s.rank || stoke_dp_world(s.dp) != s.world) {
+      e = STOKE_ERR(STOKE_E_INTERNAL, "comm '%s' says rank %d of %d, the launcher's variables rank %d of %d",
+                    comm_name, stoke_dp_rank(s.dp), stoke_dp_world(s.dp), s.rank, s.world);
+      goto done;
+    }
+  }
   const char *layout;
   STOKE_TRY_GOTO(e, done, stoke_cfg_str(c, "run", "layout", &layout), "");
   s.layout = !strcmp(layout, "nhwc") ? STOKE_NHWC : !strcmp(layout, "nchw") ? STOKE_NCHW
@@ -946,7 +1035,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   if (s.dev->device == STOKE_DEV_GPU) {
     int64_t di;
     STOKE_TRY_GOTO(e, done, stoke_cfg_int(c, "run", "device_index", &di), "");
-    s.nvml = stoke_nvml_open((int)di);
+    s.nvml = stoke_nvml_open((int)di + s.local_rank);
   }
   if (s.dev->device == STOKE_DEV_CPU && prec->param_dtype != STOKE_F32) {
     e = STOKE_ERR(STOKE_E_UNSUPPORTED, "%s: [run] precision = %s needs a GPU backend; the cpu backend runs fp32",
@@ -961,6 +1050,13 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     STOKE_TRY_GOTO(e, done, stoke_st_read(resume, &st), "%s: [run] resume", stoke_cfg_where(c, "run", "resume"));
     const char *v = stoke_st_meta(&st, "step");
     start_step = v ? strtoll(v, NULL, 10) : 0;
+    /* where the data continues also depends on how it was cut (open_stream) */
+    const char *acc = stoke_st_meta(&st, "accumulate"), *w = stoke_st_meta(&st, "world"),
+               *b = stoke_st_meta(&st, "batch");
+    s.resume.step = start_step;
+    s.resume.accumulate = acc ? strtoll(acc, NULL, 10) : accumulate;
+    s.resume.world = w ? strtoll(w, NULL, 10) : 1;
+    s.resume.batch = b ? strtoll(b, NULL, 10) : 0;
     stoke_st_free(&st);
   }
   STOKE_TRY_GOTO(e, done, open_stream(&s, &s.train, "data", opt_name, prec, 1, (uint64_t)seed,
@@ -976,6 +1072,18 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
                 "will not repeat the original",
                 resume, (long long)meta.seed, (long long)meta.accumulate, (long long)seed, (long long)accumulate);
     if (!o->quiet) printf("stoke: resumed from %s at step %lld\n", resume, (long long)start_step);
+  }
+  if (strcmp(comm_name, "single")) {
+    double bucket_mb;
+    STOKE_TRY_GOTO(e, done, stoke_cfg_float(c, "run", "bucket_mb", &bucket_mb), "");
+    STOKE_TRY_GOTO(e, done, stoke_dp_attach(s.dp, s.train.x, bucket_mb * 1048576.0), "");
+    STOKE_TRY_GOTO(e, done, stoke_dp_broadcast_state(s.dp), "");
+    char buckets[1024];
+    stoke_dp_describe(s.dp, buckets, sizeof buckets);
+    if (!o->quiet)
+      printf("data parallel: %d processes (comm %s), %lld samples per step (%lld per process), gradients in %s\n",
+             s.world, comm_name, (long long)(s.train.batch * accumulate * s.world),
+             (long long)(s.train.batch * accumulate), buckets);
   }
   if (eval_src[0])
     STOKE_TRY_GOTO(e, done, open_stream(&s, &s.eval, "eval_data", NULL, prec, 0, (uint64_t)seed, 0), "");
@@ -993,7 +1101,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   if (total < 1) total = 1;
   int64_t batch = s.train.batch;
   stoke_lr_schedule sched;
-  STOKE_TRY_GOTO(e, done, stoke_lr_from_config(c, total, steps_per_epoch, batch * accumulate, &sched), "");
+  STOKE_TRY_GOTO(e, done, stoke_lr_from_config(c, total, steps_per_epoch, batch * accumulate * s.world, &sched), "");
   sum->flops_per_step = s.train.plan->train_flops * (double)accumulate;
 
   snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
@@ -1002,7 +1110,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
                                  : !strcmp(progress, "lines")          ? STOKE_PROGRESS_LINES
                                  : isatty(2)                           ? STOKE_PROGRESS_BAR
                                                                        : STOKE_PROGRESS_LINES,
-                           total, batch * accumulate, o->quiet, start_step,
+                           total, batch * accumulate * s.world, o->quiet, start_step,
                            s.train.plan->train_flops * (double)accumulate, peak, s.nvml};
   STOKE_TRY_GOTO(e, done, stoke_metrics_new(&mo, &s.metrics), "");
   char ckpt[640];
@@ -1029,19 +1137,28 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
               stoke_cfg_where(c, "run", "cuda_graph"), s.dev->name);
     cuda_graph = 0;
   }
+  if (cuda_graph && s.dp) {
+    e = STOKE_ERR(STOKE_E_UNSUPPORTED,
+                  "%s: cuda_graph = true with comm = %s: not yet (the gradient all-reduces are launched between "
+                  "the step's kernels, from the host); set [run] cuda_graph = false",
+                  stoke_cfg_where(c, "run", "cuda_graph"), comm_name);
+    goto done;
+  }
   if (cuda_graph) STOKE_TRY_GOTO(e, done, stoke_exec_graphs(s.train.x, 1), "%s", stoke_cfg_where(c, "run", "cuda_graph"));
-  int ops_reported = 0;
+  int ops_reported = s.dp != NULL; /* counting records a step: no collectives in a capture */
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "checkpoint", &want_ckpt), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "data", "on_device", &on_device), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_int(c, "run", "loss_scale_growth", &growth), "");
+  int stop = 0;
   STOKE_TRY_GOTO(e, done, bench_mark(&s, o, 0, sum), "");
-  for (step = start_step; step < total && !stop_signal; step++) {
+  for (step = start_step; step < total && !stop; step++) {
     double t0 = now_s(), wait = 0;
     opt.step = step + 1;
     opt.grad_scale = 1.0 / (double)accumulate;
     opt.lr = stoke_lr_at(&sched, step + 1);
     opt.growth_interval = growth > 0 ? growth : prec->growth_interval;
     for (int64_t micro = 0; micro < accumulate && !e; micro++) {
+      if (s.dp) stoke_dp_arm(s.dp, micro == accumulate - 1);
       if (!on_device || step == start_step) {
         stoke_batch *b;
         double w;
@@ -1076,6 +1193,14 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
       }
     }
     stoke_metrics_step(s.metrics, step + 1, epoch, now_s() - t0, wait, log_now, loss, opt.lr);
+    /* a signal reaches the ranks at different steps: they agree on when to
+     * stop at the next logged step (already a sync), so all stop together */
+    stop = stop_signal != 0;
+    if (s.dp) {
+      double any = stop;
+      if (log_now && (e = stoke_dp_sum(s.dp, &any, 1))) break;
+      stop = log_now && any > 0;
+    }
     if (profile_ops && step == start_step + (o->time_warmup > 1 ? o->time_warmup - 1 : 0) &&
         (e = stoke_exec_profile(s.train.x, 1)))
       break;
@@ -1090,13 +1215,13 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   }
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
-  sum->interrupted = stop_signal != 0;
+  sum->interrupted = stop;
   /* the last state is saved on every way out but an error inside a step */
   if (!e && step > start_step && want_ckpt) {
     e = save(&s, ckpt, step, epoch, seed, accumulate, opt_name);
     if (!e) snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s", ckpt);
   }
-  if (!e && s.eval.x && !stop_signal) {
+  if (!e && s.eval.x && !stop) {
     e = evaluate(&s, &sum->eval_loss, &sum->eval_accuracy);
     if (!e) stoke_metrics_eval(s.metrics, step, epoch, sum->eval_loss, sum->eval_accuracy);
   }
@@ -1111,9 +1236,10 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   }
   stoke_metrics_summary(s.metrics, sum);
   sum->steps = step;
-  sum->samples = (step - start_step) * batch * accumulate;
+  sum->samples = (step - start_step) * batch * accumulate * s.world;
   sum->skipped_samples = stoke_loader_skipped(s.train.loader);
-  if (!e) stoke_metrics_close(s.metrics, sum, stop_signal ? "interrupted" : "done");
+  if (!e && s.dp) e = report_ranks(&s, sum, o->quiet);
+  if (!e) stoke_metrics_close(s.metrics, sum, stop ? "interrupted" : "done");
 done:
   run_close(&s);
   return e;

@@ -9,10 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ST="${STAGE:-.stage}"
-bazel build -c opt //tools:train //tools:bench //tools:convert //tools:bench_loader //tools:make_jpeg_bench //tools:plugins //tests/gpu:all //backends/...
+bazel build -c opt //tools:train //tools:launch //tools:bench //tools:convert //tools:bench_loader //tools:make_jpeg_bench //tools:plugins //tests/gpu:all //backends/...
 rm -rf $ST && mkdir -p $ST/bin/plugins $ST/tests $ST/anchors
 cp bazel-bin/tools/train $ST/bin/
-for t in bench convert bench_loader make_jpeg_bench; do cp bazel-bin/tools/$t $ST/bin/; done
+for t in launch bench convert bench_loader make_jpeg_bench; do cp bazel-bin/tools/$t $ST/bin/; done
 # the commit, for tools/bench's reports (the GPU machine has no .git)
 echo "$(git rev-parse --short=12 HEAD)$(git status --porcelain --untracked-files=no | grep -q . && echo -dirty)" > $ST/bin/COMMIT
 cp bazel-bin/tools/plugins/*.so $ST/bin/plugins/
@@ -33,7 +33,7 @@ cp -L /usr/local/cuda/lib64/libcudart.so.13 $ST/lib/
 chmod -R u+w $ST
 # symbols stay here; the copy that travels is stripped (64 MiB limit)
 strip --strip-unneeded $ST/bin/train $ST/bin/plugins/*.so $ST/tests/* 2>/dev/null || true
-strip --strip-unneeded $ST/bin/bench $ST/bin/convert $ST/bin/bench_loader $ST/bin/make_jpeg_bench
+strip --strip-unneeded $ST/bin/launch $ST/bin/bench $ST/bin/convert $ST/bin/bench_loader $ST/bin/make_jpeg_bench
 # the static OpenBLAS in the cpu plugin is large but compresses well
 tar -C "$ST" -cJf "$ST/bin.tar.xz" bin tests lib && rm -rf "$ST/bin" "$ST/tests" "$ST/lib"
 du -sh $ST

@@ -19,6 +19,8 @@ typedef struct stoke_ckpt_meta {
   int64_t accumulate;
   double loss_scale;
   char optimizer[16];  /* "sgd" | "adamw": names the optimizer tensors */
+  int64_t world;       /* processes that trained it (data parallel; 1 when absent) */
+  int64_t batch;       /* samples per micro-batch on each (0: not recorded) */
 } stoke_ckpt_meta;
 
 /* Write parameters, running statistics, optimizer state and `meta` to

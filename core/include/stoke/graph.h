@@ -173,6 +173,13 @@ void *stoke_exec_opt_state(stoke_exec *x);
  * selects overwrite (1) or accumulation (0) of parameter gradients. */
 stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro,
                                        uint64_t step_seed);
+/* Called on the host after each node that forward_backward enqueued
+ * (`node`: its index in the schedule), and with node = -1 before the
+ * update of stoke_exec_micro's last micro-batch; data-parallel training
+ * launches gradient all-reduces from here and makes the update wait for
+ * them. NULL removes it. */
+typedef stoke_err *(*stoke_exec_hook)(void *ctx, int node);
+void stoke_exec_set_hook(stoke_exec *x, stoke_exec_hook hook, void *ctx);
 /* One optimizer update over the flat buffers. */
 stoke_err *stoke_exec_update(stoke_exec *x, const stoke_opt_args_v1 *opt);
 /* The loss scaler's state (scale, good steps, found_inf, skipped steps);

@@ -1,0 +1,211 @@
+/* core/dp.c: data-parallel training; see dp.h. */
+#include "dp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stoke/core.h"
+
+#define FIRST_BUCKET_BYTES (1u << 20) /* DDP's first bucket: communication starts early */
+#define SCRATCH 64                    /* doubles for host-value reductions */
+
+struct stoke_dp {
+  const stoke_comm_v1 *comm;
+  void *self;
+  int rank, world;
+  const stoke_backend_v1 *dev;
+  void *dev_self;
+  stoke_exec *x;
+  char *grads;           /* the flat gradient buffer (device) */
+  stoke_dtype dtype;
+  stoke_dist_bucket *buckets;
+  int n_buckets, next;   /* next: the first bucket not launched this step */
+  int armed;
+  void *stream;          /* the comm stream */
+  void *ev_grads, *ev_done, *ev_a, *ev_b; /* timers used as events */
+  double *scratch;       /* device */
+};
+
+int stoke_dp_rank(const stoke_dp *d) { return d->rank; }
+int stoke_dp_world(const stoke_dp *d) { return d->world; }
+
+static stoke_err *launch(stoke_dp *d, const stoke_dist_bucket *b) {
+  /* the comm stream takes the gradients once the compute stream made them */
+  STOKE_PROPAGATE(d->dev->timer_record(d->dev_self, d->ev_grads, NULL));
+  STOKE_PROPAGATE(d->dev->stream_wait(d->dev_self, d->stream, d->ev_grads));
+  size_t es = stoke_dtype_size(d->dtype);
+  STOKE_TRY(d->comm->all_reduce(d->self, d->grads + b->offset, b->bytes / es, d->dtype, STOKE_AVG, d->stream),
+            "all-reducing gradient bucket %d of %d (bytes %zu..%zu of the flat gradient buffer)",
+            (int)(b - d->buckets) + 1, d->n_buckets, b->offset, b->offset + b->bytes);
+  return NULL;
+}
+
+/* The executor's hook, after node `node`: launch the buckets it completed;
+ * node -1: the update comes next. */
+static stoke_err *after_node(void *ctx, int node) {
+  stoke_dp *d = ctx;
+  if (node < 0) return stoke_dp_finish(d);
+  while (d->armed && d->next < d->n_buckets && d->buckets[d->next].ready <= node)
+    STOKE_PROPAGATE(launch(d, &d->buckets[d->next++]));
+  return NULL;
+}
+
+void stoke_dp_arm(stoke_dp *d, int last_micro) {
+  d->armed = last_micro;
+  d->next = 0;
+}
+
+stoke_err *stoke_dp_finish(stoke_dp *d) {
+  while (d->next < d->n_buckets) STOKE_PROPAGATE(launch(d, &d->buckets[d->next++]));
+  d->armed = 0;
+  STOKE_PROPAGATE(d->dev->timer_record(d->dev_self, d->ev_done, d->stream));
+  return d->dev->stream_wait(d->dev_self, NULL, d->ev_done); /* the optimizer waits on the device */
+}
+
+/* The bucket plan from the compiled graph: each parameter gradient's
+ * place in the flat buffer and the last backward node that writes it. */
+static stoke_err *plan_buckets(stoke_dp *d, double bucket_bytes) {
+  stoke_plan *p = stoke_exec_plan(d->x);
+  const stoke_graph *g = p->g;
+  int *slot = malloc(sizeof *slot * (size_t)g->n_values);
+  stoke_dist_grad *gr = malloc(sizeof *gr * (size_t)(g->n_values + 1));
+  d->buckets = malloc(sizeof *d->buckets * (size_t)(g->n_values + 1));
+  if (!slot || !gr || !d->buckets) {
+    free(slot);
+    free(gr);
+    return STOKE_ERR(STOKE_E_OOM, "out of memory for the bucket plan");
+  }
+  int n = 0;
+  for (int v = 0; v < g->n_values; v++) {
+    slot[v] = -1;
+    if (g->values[v].kind != STOKE_VAL_PARAM_GRAD) continue;
+    slot[v] = n;
+    gr[n++] = (stoke_dist_grad){g->values[v].offset, g->values[v].bytes, -1};
+  }
+  for (int i = g->n_fwd; i < g->n_nodes; i++)
+    for (int k = 0; k < g->nodes[i].n_in; k++) {
+      int v = g->nodes[i].din[k];
+      if (v >= 0 && slot[v] >= 0) gr[slot[v]].ready = i;
+    }
+  size_t cap = bucket_bytes < 1 ? 1 : (size_t)bucket_bytes;
+  d->n_buckets = stoke_dist_plan_buckets(gr, n, p->bytes[STOKE_BUF_GRADS], cap < FIRST_BUCKET_BYTES ? cap : FIRST_BUCKET_BYTES,
+                                         cap, g->n_nodes - 1, d->buckets, g->n_values + 1);
+  free(slot);
+  free(gr);
+  if (d->n_buckets < 0) return STOKE_ERR(STOKE_E_INTERNAL, "planning gradient buckets");
+  return NULL;
+}
+
+void stoke_dp_describe(const stoke_dp *d, char *buf, size_t cap) {
+  size_t used = (size_t)snprintf(buf, cap, "%d bucket%s (MiB, in launch order):", d->n_buckets,
+                                 d->n_buckets == 1 ? "" : "s");
+  for (int i = 0; i < d->n_buckets && used < cap; i++)
+    used += (size_t)snprintf(buf + used, cap - used, "%s %.1f", i ? "," : "", d->buckets[i].bytes / 1048576.0);
+}
+
+stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, const stoke_backend_v1 *dev,
+                         void *dev_self, stoke_dp **out) {
+  if (dev->device != STOKE_DEV_GPU || !dev->stream_create || !dev->stream_wait || !dev->timer_create)
+    return STOKE_ERR(STOKE_E_UNSUPPORTED, "[run] comm = %s needs a GPU device backend (cuda); '%s' has no streams",
+                     comm->name, dev->name);
+  stoke_dp *d = calloc(1, sizeof *d);
+  if (!d) return STOKE_ERR(STOKE_E_OOM, "out of memory");
+  d->comm = comm;
+  d->dev = dev;
+  d->dev_self = dev_self;
+  stoke_err *e = comm->open(cfg, &d->self);
+  if (e) {
+    free(d);
+    return stoke_err_wrap(e, __FILE__, __LINE__, "opening comm '%s'", comm->name);
+  }
+  d->rank = comm->rank(d->self);
+  d->world = comm->world(d->self);
+  e = dev->stream_create(dev_self, &d->stream);
+  void **evs[] = {&d->ev_grads, &d->ev_done, &d->ev_a, &d->ev_b};
+  for (int i = 0; i < 4 && !e; i++) e = dev->timer_create(dev_self, evs[i]);
+  if (!e) e = dev->alloc(dev_self, SCRATCH * sizeof(double), (void **)&d->scratch);
+  if (e) {
+    stoke_dp_close(d);
+    return e;
+  }
+  *out = d;
+  return NULL;
+}
+
+stoke_err *stoke_dp_attach(stoke_dp *d, stoke_exec *x, double bucket_bytes) {
+  d->x = x;
+  d->grads = stoke_exec_buffer(x, STOKE_BUF_GRADS);
+  d->dtype = stoke_exec_plan(x)->g->dtype;
+  STOKE_PROPAGATE(plan_buckets(d, bucket_bytes));
+  stoke_exec_set_hook(x, after_node, d);
+  return NULL;
+}
+
+void stoke_dp_close(stoke_dp *d) {
+  if (!d) return;
+  if (d->x) stoke_exec_set_hook(d->x, NULL, NULL);
+  if (d->stream) stoke_err_free(d->dev->stream_sync(d->dev_self, d->stream));
+  if (d->self) d->comm->close(d->self);
+  void *evs[] = {d->ev_grads, d->ev_done, d->ev_a, d->ev_b};
+  for (int i = 0; i < 4; i++)
+    if (evs[i]) d->dev->timer_destroy(d->dev_self, evs[i]);
+  if (d->stream) d->dev->stream_destroy(d->dev_self, d->stream);
+  if (d->scratch) d->dev->free(d->dev_self, d->scratch);
+  free(d->buckets);
+  free(d);
+}
+
+stoke_err *stoke_dp_broadcast_state(stoke_dp *d) {
+  stoke_plan *p = stoke_exec_plan(d->x);
+  void *cs = d->dev->default_stream(d->dev_self);
+  struct {
+    void *buf;
+    size_t bytes;
+    const char *what;
+  } parts[] = {
+      /* bytes: a copy, whatever the types inside (f32 master weights lead the optimizer state) */
+      {stoke_exec_buffer(d->x, STOKE_BUF_PARAMS), p->bytes[STOKE_BUF_PARAMS], "parameters"},
+      {stoke_exec_buffer(d->x, STOKE_BUF_STATE), p->bytes[STOKE_BUF_STATE], "running statistics"},
+      {stoke_exec_opt_state(d->x), p->opt_state_bytes, "optimizer state"},
+  };
+  for (int i = 0; i < 3; i++) {
+    if (!parts[i].buf || !parts[i].bytes) continue;
+    STOKE_TRY(d->comm->broadcast(d->self, parts[i].buf, parts[i].bytes, STOKE_U8, 0, cs),
+              "broadcasting the %s from rank 0", parts[i].what);
+  }
+  STOKE_TRY(d->dev->stream_sync(d->dev_self, NULL), "broadcasting the initial state from rank 0");
+  return NULL;
+}
+
+stoke_err *stoke_dp_sum(stoke_dp *d, double *v, int n) {
+  if (n > SCRATCH) return STOKE_ERR(STOKE_E_INTERNAL, "stoke_dp_sum: %d values, at most %d", n, SCRATCH);
+  size_t bytes = sizeof(double) * (size_t)n;
+  STOKE_PROPAGATE(d->dev->copy(d->dev_self, d->scratch, v, bytes, STOKE_COPY_H2D, NULL));
+  STOKE_PROPAGATE(d->comm->all_reduce(d->self, d->scratch, (size_t)n, STOKE_F64, STOKE_SUM,
+                                      d->dev->default_stream(d->dev_self)));
+  STOKE_PROPAGATE(d->dev->copy(d->dev_self, v, d->scratch, bytes, STOKE_COPY_D2H, NULL));
+  return d->dev->stream_sync(d->dev_self, NULL);
+}
+
+stoke_err *stoke_dp_gather(stoke_dp *d, double v, double *all) {
+  if (d->world > SCRATCH) return STOKE_ERR(STOKE_E_UNSUPPORTED, "gathering over more than %d ranks", SCRATCH);
+  for (int r = 0; r < d->world; r++) all[r] = r == d->rank ? v : 0;
+  return stoke_dp_sum(d, all, d->world);
+}
+
+stoke_err *stoke_dp_bench(stoke_dp *d, int iters, double *ms, double *busbw_gbs) {
+  size_t bytes = stoke_exec_plan(d->x)->bytes[STOKE_BUF_GRADS], es = stoke_dtype_size(d->dtype);
+  STOKE_PROPAGATE(d->dev->stream_sync(d->dev_self, NULL));
+  for (int i = 0; i < iters + 3; i++) {
+    if (i == 3) STOKE_PROPAGATE(d->dev->timer_record(d->dev_self, d->ev_a, d->stream));
+    STOKE_PROPAGATE(d->comm->all_reduce(d->self, d->grads, bytes / es, d->dtype, STOKE_AVG, d->stream));
+  }
+  STOKE_PROPAGATE(d->dev->timer_record(d->dev_self, d->ev_b, d->stream));
+  STOKE_PROPAGATE(d->dev->timer_sync(d->dev_self, d->ev_b));
+  float t = 0;
+  STOKE_PROPAGATE(d->dev->timer_elapsed_ms(d->dev_self, d->ev_a, d->ev_b, &t));
+  *ms = t / iters;
+  *busbw_gbs = (double)bytes / (*ms * 1e-3) * 2.0 * (d->world - 1) / d->world / 1e9;
+  return NULL;
+}

@@ -1,0 +1,120 @@
+/* tests/tools/launch_test.c: tools/launch with a shell script for a
+ * program: every rank gets torchrun's variables (one node and one of
+ * several), a failing or killed rank stops the others at once with a
+ * message naming it and its exit code or signal, a rank that ignores
+ * SIGTERM is killed after the grace time, and bad options are refused. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "child.h"
+
+#define LAUNCH "tools/launch"
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Each rank writes its variables to <tmp>/rank<RANK>. */
+static const char *WRITE_VARS =
+    "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT\" > $TEST_TMPDIR/rank$RANK";
+
+static void expect_file(int rank, const char *want) {
+  char path[4096], got[256] = "";
+  snprintf(path, sizeof path, "%s/rank%d", tmpdir(), rank);
+  FILE *f = fopen(path, "r");
+  if (!f) fail_msg("rank %d wrote no %s", rank, path);
+  if (!fgets(got, sizeof got, f)) got[0] = 0;
+  fclose(f);
+  got[strcspn(got, "\n")] = 0;
+  if (strcmp(got, want)) fail_msg("rank %d: variables '%s', expected '%s'", rank, got, want);
+}
+
+static void test_variables_one_node(void **state) {
+  (void)state;
+  char out[8192];
+  RUN_OK(LAUNCH, out, "--gpus", "3", "--", "/bin/sh", "-c", WRITE_VARS);
+  expect_file(0, "0 3 0 3 127.0.0.1 29500");
+  expect_file(1, "1 3 1 3 127.0.0.1 29500");
+  expect_file(2, "2 3 2 3 127.0.0.1 29500");
+  EXPECT_HAS(out, "3 processes on this node (ranks 0 to 2 of 3)");
+}
+
+static void test_variables_second_node(void **state) {
+  (void)state;
+  char out[8192];
+  RUN_OK(LAUNCH, out, "--gpus", "2", "--nnodes", "3", "--node-rank", "1", "--master-addr", "node0",
+         "--master-port", "4000", "--", "/bin/sh", "-c", WRITE_VARS);
+  expect_file(2, "2 6 0 2 node0 4000");
+  expect_file(3, "3 6 1 2 node0 4000");
+}
+
+static void test_failing_rank_stops_the_others(void **state) {
+  (void)state;
+  char out[8192];
+  double t0 = now_s();
+  int rc = run_child(LAUNCH, (const char *const[]){"--gpus", "3", "--", "/bin/sh", "-c",
+                                                   "if [ $RANK = 1 ]; then sleep 0.2; exit 3; fi; exec sleep 60", NULL},
+                     out, sizeof out);
+  double took = now_s() - t0;
+  assert_int_equal(rc, 3);
+  EXPECT_HAS(out, "rank 1 (local rank 1, pid");
+  EXPECT_HAS(out, "exited with code 3; stopping the other 2 ranks");
+  EXPECT_HAS(out, "launch: error: rank 1 exited with code 3");
+  if (took > 10) fail_msg("the others were not stopped: %.1f s", took);
+}
+
+static void test_killed_rank(void **state) {
+  (void)state;
+  char out[8192];
+  int rc = run_child(LAUNCH, (const char *const[]){"--gpus", "2", "--", "/bin/sh", "-c",
+                                                   "if [ $RANK = 0 ]; then kill -9 $$; fi; exec sleep 60", NULL},
+                     out, sizeof out);
+  assert_int_equal(rc, 128 + 9);
+  EXPECT_HAS(out, "rank 0 (local rank 0, pid");
+  EXPECT_HAS(out, "was killed by signal 9");
+}
+
+static void test_grace_then_kill(void **state) {
+  (void)state;
+  char out[8192];
+  double t0 = now_s();
+  /* rank 0 ignores SIGTERM (sleep inherits it): killed after --grace 1 */
+  int rc = run_child(LAUNCH, (const char *const[]){"--gpus", "2", "--grace", "1", "--", "/bin/sh", "-c",
+                                                   "trap '' TERM; if [ $RANK = 1 ]; then exit 1; fi; exec sleep 60",
+                                                   NULL},
+                     out, sizeof out);
+  assert_int_equal(rc, 1);
+  EXPECT_HAS(out, "still running 1 s after the failure: killing them");
+  if (now_s() - t0 > 10) fail_msg("took %.1f s", now_s() - t0);
+}
+
+static void test_bad_options(void **state) {
+  (void)state;
+  char out[8192];
+  int rc = run_child(LAUNCH, (const char *const[]){"--gpus", "2", "--nnodes", "2", "--", "/bin/true", NULL}, out,
+                     sizeof out);
+  assert_int_equal(rc, 2);
+  EXPECT_HAS(out, "needs --master-addr");
+  rc = run_child(LAUNCH, (const char *const[]){"--gpus", "0", "--", "/bin/true", NULL}, out, sizeof out);
+  assert_int_equal(rc, 2);
+  EXPECT_HAS(out, "--gpus needs a whole number from 1 to 256");
+  rc = run_child(LAUNCH, (const char *const[]){"--gpus", "1", "--", "/no/such/program", NULL}, out, sizeof out);
+  assert_int_equal(rc, 127);
+  EXPECT_HAS(out, "cannot start '/no/such/program'");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_variables_one_node),     cmocka_unit_test(test_variables_second_node),
+      cmocka_unit_test(test_failing_rank_stops_the_others), cmocka_unit_test(test_killed_rank),
+      cmocka_unit_test(test_grace_then_kill),        cmocka_unit_test(test_bad_options),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
