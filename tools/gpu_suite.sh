@@ -154,17 +154,21 @@ PY
         run.out_dir=$OUT/bw > $OUT/bw.log 2>&1; echo "rc=$?: $(grep -h 'gradient all-reduce' $OUT/bw.log)"
       log "ResNet-50 bf16 256/GPU: stoke 1 and 2 GPUs, PyTorch DDP 1 and 2 GPUs"
       rn="$S/examples/resnet50.ini run.checkpoint=false run.progress=lines"
-      timeout 120 $T $rn run.out_dir=$OUT/rn1 > $OUT/rn1.log 2>&1; echo "stoke 1 GPU rc=$?"
-      for mb in ${DDP_BUCKET_MB:-25}; do
-        timeout 150 $S/bin/launch --gpus 2 $rn run.bucket_mb=$mb run.out_dir=$OUT/rn2_$mb > $OUT/rn2_$mb.log 2>&1
-        echo "stoke 2 GPUs, bucket_mb $mb: rc=$?"; grep -hE "^data parallel:|gradient all-reduce|data parallel over" $OUT/rn2_$mb.log
-        python3 - $OUT/rn1/metrics.jsonl $OUT/rn2_$mb/metrics.jsonl <<'PY'
+      # variants label:environment:overrides (the environment for the 2-GPU run)
+      fz="run.backends=fused,cudnn,cublaslt,cuda"
+      for v in ${DDP_VARIANTS:-base:: fused::$fz fused_ctas8:NCCL_MAX_CTAS=8:$fz}; do
+        IFS=: read label envs over <<< "$v"
+        timeout 120 $T $rn $over run.out_dir=$OUT/rn1_$label > $OUT/rn1_$label.log 2>&1; echo "stoke 1 GPU $label rc=$?"
+        timeout 150 env $envs $S/bin/launch --gpus 2 $rn $over run.bucket_mb=${DDP_BUCKET_MB:-25} \
+          run.out_dir=$OUT/rn2_$label > $OUT/rn2_$label.log 2>&1
+        echo "stoke 2 GPUs $label ($envs): rc=$?"; grep -hE "^data parallel:|gradient all-reduce|data parallel over" $OUT/rn2_$label.log
+        python3 - $OUT/rn1_$label/metrics.jsonl $OUT/rn2_$label/metrics.jsonl $label <<'PY'
 import json, sys
 def rate(p):
     try: return [json.loads(l) for l in open(p) if '"summary"' in l][-1]["samples_per_s_median"]
     except Exception: return float("nan")
 one, two = rate(sys.argv[1]), rate(sys.argv[2])
-print(f"stoke ResNet-50 bf16: 1 GPU {one:.0f} img/s, 2 GPUs {two:.0f} img/s ({two/2:.0f} per GPU), scaling {100*two/(2*one):.1f}%")
+print(f"stoke ResNet-50 bf16 {sys.argv[3]}: 1 GPU {one:.0f} img/s, 2 GPUs {two:.0f} img/s ({two/2:.0f} per GPU), scaling {100*two/(2*one):.1f}%")
 PY
       done
       rm -f $OUT/ddp_anchor.jsonl
