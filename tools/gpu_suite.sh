@@ -224,8 +224,9 @@ PY
       # then PyTorch eager and compile; FUSED="" drops the fused backend from B
       base="run.backends=cudnn,cublaslt,cuda"
       fast="run.backends=${FUSED-fused,}cudnn,cublaslt,cuda run.cuda_graph=true"
-      log "issue 6: loss curves, baseline against '$fast' (same seed, ${CURVE_STEPS:-200} steps)"
-      for w in ${CURVE_W:-mlp resnet18c resnet50}; do
+      want() { [[ " ${I6:-curves ab torch} " == *" $1 "* ]]; } # I6: which of the three to run
+      want curves && log "issue 6: loss curves, baseline against '$fast' (same seed, ${CURVE_STEPS:-200} steps)"
+      want curves && for w in ${CURVE_W:-mlp resnet18c resnet50}; do
         for v in base fast; do
           timeout 120 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=${CURVE_STEPS:-200} run.log_every=1 run.progress=off run.deterministic=true \
             ${!v} run.out_dir="$OUT/c_${w}_$v" > "$OUT/c_${w}_$v.log" 2>&1 || { echo "$w $v failed:"; tail -3 "$OUT/c_${w}_$v.log"; }
@@ -243,15 +244,15 @@ print(f"{sys.argv[3]}: {len(st)} steps, loss {a[st[0]]:.4f} -> {a[st[-1]]:.4f} (
       f"per-step relative difference max {max(d):.3g}, median {sorted(d)[len(d)//2]:.3g}, first 50 max {max(d[:50]):.3g}")
 PY
       done
-      log "issue 6: A/B (tools/bench, ${AB_ROUNDS:-3} rounds)"
-      for wp in ${AB_W:-mlp:bf16 resnet50:bf16 resnet50:fp16 resnet18c:bf16}; do
+      want ab && log "issue 6: A/B (tools/bench, ${AB_ROUNDS:-3} rounds)"
+      want ab && for wp in ${AB_W:-mlp:bf16 resnet50:bf16 resnet50:fp16 resnet18c:bf16}; do
         w=${wp%%:*}; prec=${wp##*:}
         timeout 300 "$S/bin/bench" "$S/examples/$w.ini" run.precision=$prec run.log_every=1000 --rounds ${AB_ROUNDS:-3} \
           --a $base --b $fast --json "$OUT/ab_${w}_$prec.json" --md "$OUT/ab_${w}_$prec.md" > "$OUT/ab_${w}_$prec.log" 2>&1
         echo "== $w $prec rc=$?"; grep -A8 "^stoke bench: /" "$OUT/ab_${w}_$prec.log" | grep -E "^  (A|B) |B/A"
       done
-      log "issue 6: PyTorch"
-      python3 "$S/anchors/torch_bench.py" "$OUT/torch.jsonl" ${TORCH_MODES:-mlp:bf16 resnet50:bf16 resnet50:fp16 resnet18c:bf16 mlp:bf16+compile resnet50:bf16+compile resnet18c:bf16+compile-ro} 2>&1 | grep -v Warning | tail -12
+      want torch && log "issue 6: PyTorch"
+      want torch && python3 "$S/anchors/torch_bench.py" "$OUT/torch.jsonl" ${TORCH_MODES:-mlp:bf16 resnet50:bf16 resnet50:fp16 resnet18c:bf16 mlp:bf16+compile resnet50:bf16+compile resnet18c:bf16+compile-ro} 2>&1 | grep -v Warning | tail -12
       ;;
     epilogues)
       log "cuBLASLt activation epilogues, 4096^3"
