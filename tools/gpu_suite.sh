@@ -151,9 +151,10 @@ PY
       grep -E "\((autotuned|cached)\)|ms: the (epilogue|separate)" "$OUT/epilogues.log" | sed 's/^stoke info \[cublaslt\]: //' | cut -c1-230 | head -40
       ;;
     autotune)
-      # tools/bench A/B runs of the mlp bench (bf16): cuBLASLt's heuristic
-      # (run.conv_autotune=false) against autotuned, then run.fuse off/on with
-      # the heuristic and autotuned (relu), and autotuned with gelu(tanh)
+      # tools/bench A/B runs of the mlp bench (bf16): run.fuse off/on
+      # (autotuned, the default) with relu and gelu(tanh), cuBLASLt's
+      # heuristic (run.conv_autotune=false) against autotuned, and run.fuse
+      # off/on with the heuristic
       ab() { # name, then bench arguments
         local name=$1; shift
         timeout "${AB_TIMEOUT:-90}" "$S/bin/bench" "$S/examples/mlp.ini" run.log_every=1000 --rounds "${AB_ROUNDS:-3}" --steps "${AB_STEPS:-100}" "$@" \
@@ -161,10 +162,10 @@ PY
         echo "== $name rc=$? ($*)"; grep -A8 "^stoke bench: /" "$OUT/ab_$name.log" | grep -E "^  (A|B) |B/A"
       }
       log "mlp bf16 A/B (tools/bench, ${AB_ROUNDS:-3} rounds)"
-      ab tune_relu --a run.conv_autotune=false --b run.conv_autotune=true
-      ab fuse_relu_heuristic run.conv_autotune=false --a run.fuse=false --b run.fuse=true
       ab fuse_relu --a run.fuse=false --b run.fuse=true
       ab fuse_gelu model.activation=gelu model.approximate=tanh --a run.fuse=false --b run.fuse=true
+      ab tune_relu --a run.conv_autotune=false --b run.conv_autotune=true
+      ab fuse_relu_heuristic run.conv_autotune=false --a run.fuse=false --b run.fuse=true
       grep -hE "\((autotuned|cached)\)|ms: the (epilogue|separate)" "$OUT/ab_fuse_relu.log" "$OUT/ab_fuse_gelu.log" | sed 's/^stoke info \[cublaslt\]: //' | cut -c1-230 | head -50
       ;;
     fuse)
