@@ -40,11 +40,17 @@
  * keeps the fastest; the choice is cached in the engine per product
  * (shapes, leading dimensions, transposes, dtype, compute type, epilogue,
  * determinism), so identical nodes are timed once, and logged with its
- * time and the heuristic's first's. The heuristic's first is not always
- * the fastest: on an H100 it gave the 4096^3 bf16 DRELU product an
- * algorithm at 450 TFLOP/s against 746 for the plain one. Under
- * STOKE_KFLAG_DETERMINISTIC only algorithms without split-K reductions
- * are asked for, and each candidate's configuration is checked again.
+ * time and the heuristic's first's (STOKE_LOG=debug: every candidate's).
+ * Measured on an H100 (cuBLASLt of CUDA 13, bf16, the mlp bench's
+ * shapes): the 5-8 candidates are variants (tile, cluster) of one
+ * algorithm, and the heuristic's first was the fastest or within 1% for
+ * most products, DRELU included (4096^3: 0.267 ms whatever the tile,
+ * against 0.157 ms for the plain product); autotune gained 12% on one
+ * RELU_AUX_BIAS product (K = 1024), 3-4% on GELU_AUX_BIAS and 5% on the
+ * 4096 x 4096 x 1000 dx product, nothing measurable on the mlp bench end
+ * to end. Under STOKE_KFLAG_DETERMINISTIC only algorithms
+ * without split-K reductions are asked for, and each candidate's
+ * configuration is checked again.
  *
  * linear_relu (y = max(x W^T + b, 0)) is the same forward product with the
  * RELU_BIAS epilogue (or, when no algorithm has it, the linear forward and
@@ -183,7 +189,6 @@ typedef struct lt_gemm {
   cublasLtMatrixLayout_t a, b, c; /* c serves as C and D */
   cublasLtMatmulAlgo_t algo;
   size_t ws; /* workspace the chosen algorithm needs */
-  float ms;  /* its time when autotuned (or from the cache), else -1 */
   int ready;
 } lt_gemm;
 
@@ -273,9 +278,12 @@ static int epi_uses_bias(cublasLtEpilogue_t e) {
 
 /* Under STOKE_KFLAG_DETERMINISTIC the heuristic is asked for algorithms
  * without split-K reductions (REDUCTION_SCHEME_MASK = NONE); each timed
- * candidate's configuration is checked again here: a split-K that adds
- * its partial sums into the output in place (REDUCTION_SCHEME_INPLACE)
- * is refused. */
+ * candidate's configuration is checked again here. Reproducible: no split
+ * (SPLITK_NUM 1), or a fixed split whose partial sums are reduced in a
+ * separate pass (COMPUTE_TYPE / OUTPUT_TYPE). Refused: a split added into
+ * the output in place (INPLACE), and SPLITK_NUM -1, which the H100's
+ * heuristic reports for some algorithms (with workspace for partial sums)
+ * and whose summation order cublasLt.h does not document. */
 static int algo_reproducible(const cublasLtMatmulAlgo_t *algo) {
   int32_t splitk = 1;
   uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE;
@@ -285,7 +293,8 @@ static int algo_reproducible(const cublasLtMatmulAlgo_t *algo) {
       cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red, &w) !=
           CUBLAS_STATUS_SUCCESS)
     return 0;
-  return splitk <= 1 || red != CUBLASLT_REDUCTION_SCHEME_INPLACE;
+  return splitk == 1 ||
+         (splitk > 1 && (red == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE || red == CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE));
 }
 
 /* "algo 66 tile 20 stages 35 cluster 0 split-K 1" (cublasLt.h's enums). */
@@ -362,7 +371,7 @@ static stoke_err *tune_time(lt_engine *E, const lt_state *s, const lt_gemm *g, c
                                st) == CUBLAS_STATUS_SUCCESS;
       LT_CUDA(cudaEventRecord(ev[r + 1], st), s, g->what);
     }
-    float best;
+    float best = -1.f;
     STOKE_PROPAGATE_P(fastest_rep(s, g->what, ev, &best));
     if (!ran[i]) continue;
     char desc[128];
@@ -470,7 +479,6 @@ static stoke_err *gemm_plan(lt_engine *E, const lt_state *s, const stoke_kernel_
   uint32_t flags = args->flags;
   memset(g, 0, sizeof *g);
   g->what = what;
-  g->ms = -1.f;
   cudaDataType_t t = cuda_type(s->dt);
   cublasComputeType_t ct =
       s->dt == STOKE_F32 && (flags & STOKE_KFLAG_TF32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -504,7 +512,6 @@ static stoke_err *gemm_plan(lt_engine *E, const lt_state *s, const stoke_kernel_
   if (hit) {
     g->algo = hit->algo;
     g->ws = hit->ws;
-    g->ms = hit->ms;
     g->ready = 1;
     log_choice(s, g, &key, hit, 0, "cached");
     return NULL;
@@ -538,7 +545,6 @@ static stoke_err *gemm_plan(lt_engine *E, const lt_state *s, const stoke_kernel_
       if (c.timed) {
         g->algo = c.algo;
         g->ws = c.ws;
-        g->ms = c.ms;
         cache_put(E, &key, &c);
         log_choice(s, g, &key, &c, found, "autotuned");
       }
@@ -670,137 +676,6 @@ static cublasLtEpilogue_t act_bwd_epilogue(const lt_state *s, int bgrad) {
   return bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
 }
 
-/* ---------------------------------------- epilogue or separate kernels
- *
- * An activation epilogue saves a pass over the activation, but its product
- * may run a slower algorithm than the plain one (on the H100, 4096^3 bf16,
- * the best DRELU product found by the heuristic took 0.306 ms against
- * 0.184 ms for the plain product plus 0.039 ms for the separate ReLU
- * gradient). So with STOKE_KFLAG_AUTOTUNE, where both sides were timed,
- * linear_act and linear_dact keep an epilogue only when it is faster than
- * the plain product and the fallback kernels (lt_kernels.cu) it replaces;
- * the choice is logged. */
-
-enum { LT_FB_ACT_AUX, LT_FB_DACT, LT_FB_COLSUM };
-
-static cudaError_t fb_launch(const lt_state *s, int which, void *y, void *aux, void *db, int64_t rows, int64_t cols,
-                             cudaStream_t st) {
-  int gelu = s->act == LT_ACT_GELU;
-  if (which == LT_FB_ACT_AUX) return stoke_lt_act_aux(y, aux, rows, cols, s->aux_ld, gelu, s->dt, st);
-  if (which == LT_FB_DACT) return stoke_lt_dact(y, aux, rows, cols, s->aux_ld, gelu, s->dt, st);
-  return stoke_lt_colsum(db, y, rows, cols, 0.f, s->dt, st);
-}
-
-static stoke_err *fb_time(const lt_state *s, const stoke_kernel_args_v1 *a, int64_t rows, int64_t cols,
-                          const int *which, int n, float *t, void *y, void *aux, void *db, cudaEvent_t *ev) {
-  cudaStream_t st = (cudaStream_t)a->stream;
-  for (int i = 0; i < n; i++) {
-    LT_CUDA(fb_launch(s, which[i], y, aux, db, rows, cols, st), s, "fallback kernel"); /* untimed */
-    LT_CUDA(cudaEventRecord(ev[0], st), s, "fallback kernel");
-    for (int r = 0; r < LT_TUNE_REPS; r++) {
-      LT_CUDA(fb_launch(s, which[i], y, aux, db, rows, cols, st), s, "fallback kernel");
-      LT_CUDA(cudaEventRecord(ev[r + 1], st), s, "fallback kernel");
-    }
-    STOKE_PROPAGATE_P(fastest_rep(s, "fallback kernel", ev, &t[i]));
-  }
-  return NULL;
-}
-
-/* t[i]: the time (ms) of fallback kernel which[i] on scratch y[rows, cols],
- * its aux and a bias gradient [cols], as the products' candidates are
- * timed; -1 when the device had no memory for the scratch. */
-static stoke_err *time_fallbacks(const lt_state *s, const stoke_kernel_args_v1 *a, int64_t rows, int64_t cols,
-                                 const int *which, int n, float *t) {
-  for (int i = 0; i < n; i++) t[i] = -1.f;
-  size_t elt = stoke_dtype_size(s->dt);
-  size_t sz[3] = {round_up((size_t)(rows * cols) * elt), round_up((size_t)(rows * s->aux_ld) * elt),
-                  round_up((size_t)cols * elt)};
-  char *buf = NULL;
-  if (cudaMalloc((void **)&buf, sz[0] + sz[1] + sz[2]) != cudaSuccess) {
-    cudaGetLastError(); /* clear the allocation failure; the epilogues stay */
-    return NULL;
-  }
-  cudaEvent_t ev[LT_TUNE_REPS + 1] = {0};
-  int n_ev = 0;
-  stoke_err *e = NULL;
-  cudaError_t ce = cudaMemsetAsync(buf, 0x3c, sz[0] + sz[1] + sz[2], (cudaStream_t)a->stream);
-  for (; ce == cudaSuccess && n_ev <= LT_TUNE_REPS; n_ev++) ce = cudaEventCreate(&ev[n_ev]);
-  if (ce != cudaSuccess)
-    e = STOKE_PERR(STOKE_E_DEVICE, "cublaslt %s '%s': timing the fallback kernels: %s", s->op, s->node,
-                   cudaGetErrorString(ce));
-  if (!e) e = fb_time(s, a, rows, cols, which, n, t, buf, buf + sz[0], buf + sz[0] + sz[1], ev);
-  for (int i = 0; i < n_ev; i++)
-    if (ev[i]) cudaEventDestroy(ev[i]);
-  if (cudaFree(buf) != cudaSuccess && !e)
-    e = STOKE_PERR(STOKE_E_DEVICE, "cublaslt %s '%s': cudaFree of the fallback kernels' scratch failed: %s", s->op,
-                   s->node, cudaGetErrorString(cudaGetLastError()));
-  return e;
-}
-
-static const char *act_upper(const lt_state *s) { return s->act == LT_ACT_RELU ? "RELU" : "GELU"; }
-
-/* linear_act forward: the *_AUX_BIAS product in s->fwd against the BIAS
- * product and stoke_lt_act_aux; the faster stays in s->fwd. */
-static stoke_err *choose_act_fwd(lt_engine *E, lt_state *s, const stoke_kernel_args_v1 *a) {
-  lt_gemm plain;
-  stoke_err *e = gemm_plan(E, s, a, &plain, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o, (uint64_t)s->n,
-                           (uint64_t)s->k, s->k, s->k, s->o, CUBLASLT_EPILOGUE_BIAS, 0, 1);
-  float t = -1.f;
-  const int which = LT_FB_ACT_AUX;
-  if (!e && plain.ready && plain.ms >= 0.f && s->fwd.ms >= 0.f) e = time_fallbacks(s, a, s->n, s->o, &which, 1, &t);
-  if (e || t < 0.f) {
-    gemm_free(&plain);
-    return e;
-  }
-  int split = plain.ms + t < s->fwd.ms;
-  stoke_host->log(STOKE_LOG_INFO, LT_WHO,
-                  "linear_act '%s' forward: %s_AUX_BIAS product %.4f ms, BIAS product + activation kernel %.4f + "
-                  "%.4f ms: %s",
-                  s->node, act_upper(s), (double)s->fwd.ms, (double)plain.ms, (double)t,
-                  split ? "the separate kernel" : "the epilogue");
-  if (split) {
-    gemm_free(&s->fwd);
-    s->fwd = plain;
-    s->fwd_aux = 0;
-  } else {
-    gemm_free(&plain);
-  }
-  return NULL;
-}
-
-/* linear_dact: the D* product against the plain dx product and
- * stoke_lt_dact, then the D*_BGRAD product against the better of those
- * and the column-sum kernel; an epilogue that loses is dropped. */
-static stoke_err *choose_dact(lt_state *s, const stoke_kernel_args_v1 *a) {
-  if (s->dx.ms < 0.f || (s->dx_dact.ready && s->dx_dact.ms < 0.f) ||
-      (s->dx_dact_bgrad.ready && s->dx_dact_bgrad.ms < 0.f))
-    return NULL; /* not all timed */
-  const int which[2] = {LT_FB_DACT, LT_FB_COLSUM};
-  float t[2];
-  STOKE_PROPAGATE_P(time_fallbacks(s, a, s->n, s->k, which, 2, t));
-  if (t[0] < 0.f || t[1] < 0.f) return NULL;
-  float split = s->dx.ms + t[0];
-  if (s->dx_dact.ready) {
-    int drop = split < s->dx_dact.ms;
-    stoke_host->log(STOKE_LOG_INFO, LT_WHO,
-                    "linear_dact '%s' dz1: D%s product %.4f ms, plain product + gradient kernel %.4f + %.4f ms: %s",
-                    s->node, act_upper(s), (double)s->dx_dact.ms, (double)s->dx.ms, (double)t[0],
-                    drop ? "the separate kernel" : "the epilogue");
-    if (drop) gemm_free(&s->dx_dact);
-  }
-  float best = s->dx_dact.ready ? s->dx_dact.ms : split;
-  if (s->dx_dact_bgrad.ready) {
-    int drop = best + t[1] < s->dx_dact_bgrad.ms;
-    stoke_host->log(STOKE_LOG_INFO, LT_WHO,
-                    "linear_dact '%s' dz1+dbias1: D%s_BGRAD product %.4f ms, %s + column sums %.4f + %.4f ms: %s",
-                    s->node, act_upper(s), (double)s->dx_dact_bgrad.ms,
-                    s->dx_dact.ready ? "the D* product" : "plain product and gradient kernel", (double)best,
-                    (double)t[1], drop ? "the separate kernels" : "the epilogue");
-    if (drop) gemm_free(&s->dx_dact_bgrad);
-  }
-  return NULL;
-}
-
 /* ---------------------------------------------------------------- forward */
 
 static stoke_err *fwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes,
@@ -834,7 +709,6 @@ static stoke_err *fwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
       e = gemm_plan(E, s, a, &s->fwd, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o, (uint64_t)s->n,
                     (uint64_t)s->k, s->k, s->k, s->o, act_fwd_epilogue(s), s->aux_ld, 1);
       s->fwd_aux = s->fwd.ready;
-      if (!e && s->fwd_aux && (a->flags & STOKE_KFLAG_AUTOTUNE)) e = choose_act_fwd(E, s, a);
     }
     if (relu) { /* ReLU and bias in the epilogue; else as linear, then the ReLU kernel */
       e = gemm_plan(E, s, a, &s->fwd, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o,
@@ -958,8 +832,6 @@ static stoke_err *bwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
     if (!e && dact && act_epilogues_usable(s))
       e = gemm_plan(E, s, a, &s->dx_dact, "dz1", CUBLAS_OP_N, CUBLAS_OP_N, k, n, o, s->k, s->o, s->k,
                     act_bwd_epilogue(s, 0), s->aux_ld, 1);
-    if (!e && dact && (a->flags & STOKE_KFLAG_AUTOTUNE) && (s->dx_dact.ready || s->dx_dact_bgrad.ready))
-      e = choose_dact(s, a);
   }
   if (e) {
     lt_destroy(s);
