@@ -86,7 +86,8 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "capture the whole step (forward, backward, optimizer, loss scaler) once as a CUDA graph and replay "
      "it: one launch per step instead of one per kernel"},
     {"conv_autotune", STOKE_CFG_BOOL, "true", 0, 0, NULL,
-     "time the candidate convolution algorithms once per shape and keep the fastest (cudnn.benchmark)"},
+     "time the candidate convolution (cuDNN) and matmul (cuBLASLt) algorithms once per shape and keep the "
+     "fastest (cudnn.benchmark)"},
 };
 
 static const stoke_cfg_key_v1 plugin_keys[] = {

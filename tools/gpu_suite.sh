@@ -13,7 +13,10 @@
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
 #   epilogues cuBLASLt's activation epilogues against the plain products and
-#             the separate activation passes (tests/gpu/lt_epilogue_bench)
+#             the separate activation passes, heuristic and autotuned
+#             algorithms (tests/gpu/lt_epilogue_bench)
+#   autotune  mlp bf16 A/B (tools/bench): cuBLASLt heuristic against
+#             autotuned (run.conv_autotune), run.fuse off/on (relu, gelu tanh)
 #   fuse      the mlp bench (bf16) with ReLU and with GELU (tanh), run.fuse
 #             off and on, alternating, FUSE_REPS times; the loss curves of
 #             fused and unfused compared; one per-op profile of each
@@ -258,6 +261,25 @@ PY
       log "cuBLASLt activation epilogues, 4096^3"
       STOKE_LOG=debug timeout 60 "$S/tests/lt_epilogue_bench" > "$OUT/epilogues.log" 2>&1
       echo "rc=$?"; grep -E " ms |linear_dact '.*': dz1|linear_act '.*' forward" "$OUT/epilogues.log" | cut -c1-150 | head -40
+      grep -E "\((autotuned|cached)\)" "$OUT/epilogues.log" | sed 's/^stoke info \[cublaslt\]: //' | cut -c1-230 | head -40
+      ;;
+    autotune)
+      # tools/bench A/B runs of the mlp bench (bf16): run.fuse off/on
+      # (autotuned, the default) with relu and gelu(tanh), cuBLASLt's
+      # heuristic (run.conv_autotune=false) against autotuned, and run.fuse
+      # off/on with the heuristic
+      ab() { # name, then bench arguments
+        local name=$1; shift
+        timeout "${AB_TIMEOUT:-90}" "$S/bin/bench" "$S/examples/mlp.ini" run.log_every=1000 --rounds "${AB_ROUNDS:-3}" --steps "${AB_STEPS:-100}" "$@" \
+          --json "$OUT/ab_$name.json" --md "$OUT/ab_$name.md" > "$OUT/ab_$name.log" 2>&1
+        echo "== $name rc=$? ($*)"; grep -A8 "^stoke bench: /" "$OUT/ab_$name.log" | grep -E "^  (A|B) |B/A"
+      }
+      log "mlp bf16 A/B (tools/bench, ${AB_ROUNDS:-3} rounds)"
+      ab fuse_relu --a run.fuse=false --b run.fuse=true
+      ab fuse_gelu model.activation=gelu model.approximate=tanh --a run.fuse=false --b run.fuse=true
+      ab tune_relu --a run.conv_autotune=false --b run.conv_autotune=true
+      ab fuse_relu_heuristic run.conv_autotune=false --a run.fuse=false --b run.fuse=true
+      grep -hE "\((autotuned|cached)\)" "$OUT/ab_fuse_relu.log" "$OUT/ab_fuse_gelu.log" | sed 's/^stoke info \[cublaslt\]: //' | cut -c1-230 | head -50
       ;;
     fuse)
       log "mlp bf16: fuse off/on, relu and gelu(tanh)"

@@ -1,8 +1,8 @@
 /* tests/gpu/cublaslt_test.c: the cublaslt engine's linear, linear_relu,
  * linear_act and linear_dact kernels against the CPU reference
  * (gpu_harness.h) in f32, TF32, bf16 and fp16, forward and backward, and
- * gradient accumulation (param_grad_beta = 1) of dW, db. Runs on a GPU
- * machine only. */
+ * gradient accumulation (param_grad_beta = 1) of dW, db; the same with
+ * autotuned algorithms, and the autotune cache. Runs on a GPU machine only. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -16,6 +16,21 @@ static int setup(void **state) {
   return g_setup_engines((const char *[]){"cuda", "cublaslt"}, 2);
 }
 
+/* " (tf32, deterministic, autotune)": the flags set, for the messages. */
+static const char *flag_str(uint32_t flags) {
+  static const struct {
+    uint32_t flag;
+    const char *name;
+  } names[] = {{STOKE_KFLAG_TF32, "tf32"}, {STOKE_KFLAG_DETERMINISTIC, "deterministic"}, {STOKE_KFLAG_AUTOTUNE, "autotune"}};
+  static char buf[64];
+  buf[0] = 0;
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+    if (flags & names[i].flag)
+      snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%s", buf[0] ? ", " : " (", names[i].name);
+  if (buf[0]) snprintf(buf + strlen(buf), sizeof buf - strlen(buf), ")");
+  return buf;
+}
+
 /* N, in, out: aligned, odd (no multiple of 8: the fallback algorithms and
  * the tensor-core warning), and large enough for split-K and big tiles. */
 static const int64_t shapes[][3] = {{64, 128, 256}, {37, 129, 65}, {4096, 1024, 1000}};
@@ -25,7 +40,7 @@ static void check_linear(stoke_dtype dt, uint32_t flags, double tol) {
   for (int i = 0; i < N_SHAPES; i++) {
     int64_t n = shapes[i][0], k = shapes[i][1], o = shapes[i][2];
     print_message("linear N=%lld in=%lld out=%lld %s%s\n", (long long)n, (long long)k, (long long)o,
-                  stoke_dtype_name(dt), flags & STOKE_KFLAG_TF32 ? " (tf32)" : "");
+                  stoke_dtype_name(dt), flag_str(flags));
     g_case c = {.op = STOKE_OP_LINEAR,
                 .attrs = "",
                 .n_in = 3,
@@ -92,7 +107,7 @@ static void run_both(const char *op, stoke_pass pass, stoke_dtype dt, stoke_kern
  * accumulate); dx is overwritten both times. */
 static void check_accumulate(stoke_dtype dt, uint32_t flags, double tol, int64_t n, int64_t k, int64_t o) {
   print_message("linear accumulate N=%lld in=%lld out=%lld %s%s\n", (long long)n, (long long)k, (long long)o,
-                stoke_dtype_name(dt), flags & STOKE_KFLAG_DETERMINISTIC ? " (deterministic)" : "");
+                stoke_dtype_name(dt), flag_str(flags));
   stoke_node_v1 node;
   stoke_err *e = stoke_node_init(g_reg, STOKE_OP_LINEAR, "linear_acc", "", &node);
   if (e) fail_msg("%s", e->msg);
@@ -174,7 +189,7 @@ static void check_linear_relu_fwd(stoke_dtype dt, uint32_t flags, double tol) {
   for (int i = 0; i < N_SHAPES; i++) {
     int64_t n = shapes[i][0], k = shapes[i][1], o = shapes[i][2];
     print_message("linear_relu N=%lld in=%lld out=%lld %s%s\n", (long long)n, (long long)k, (long long)o,
-                  stoke_dtype_name(dt), flags & STOKE_KFLAG_TF32 ? " (tf32)" : "");
+                  stoke_dtype_name(dt), flag_str(flags));
     g_case c = {.op = STOKE_OP_LINEAR_RELU,
                 .attrs = "",
                 .n_in = 3,
@@ -206,9 +221,8 @@ static void ref_from_device(g_tensor *y) {
  * accumulate, dx is overwritten); without dx when no_dx. */
 static void check_linear_relu_bwd(stoke_dtype dt, uint32_t flags, double tol, int64_t n, int64_t k, int64_t o,
                                   int twice, int no_dx) {
-  print_message("linear_relu backward N=%lld in=%lld out=%lld %s%s%s%s%s\n", (long long)n, (long long)k,
-                (long long)o, stoke_dtype_name(dt), flags & STOKE_KFLAG_TF32 ? " (tf32)" : "",
-                flags & STOKE_KFLAG_DETERMINISTIC ? " (deterministic)" : "", twice ? " accumulate" : "",
+  print_message("linear_relu backward N=%lld in=%lld out=%lld %s%s%s%s\n", (long long)n, (long long)k,
+                (long long)o, stoke_dtype_name(dt), flag_str(flags), twice ? " accumulate" : "",
                 no_dx ? " no dx" : "");
   stoke_node_v1 node;
   stoke_err *e = stoke_node_init(g_reg, STOKE_OP_LINEAR_RELU, "linear_relu_bwd", "", &node);
@@ -318,9 +332,8 @@ static void check_act(stoke_dtype dt, uint32_t flags, double tol, int gelu, cons
                       int no_db2) {
   int64_t n = shape[0], k0 = shape[1], k = shape[2], o = shape[3];
   const char *attrs = gelu ? "act=gelu, approximate=tanh" : "act=relu";
-  print_message("linear_act %s N=%lld K0=%lld K=%lld O=%lld %s%s%s%s%s\n", gelu ? "gelu" : "relu", (long long)n,
-                (long long)k0, (long long)k, (long long)o, stoke_dtype_name(dt),
-                flags & STOKE_KFLAG_TF32 ? " (tf32)" : "", flags & STOKE_KFLAG_DETERMINISTIC ? " (deterministic)" : "",
+  print_message("linear_act %s N=%lld K0=%lld K=%lld O=%lld %s%s%s%s\n", gelu ? "gelu" : "relu", (long long)n,
+                (long long)k0, (long long)k, (long long)o, stoke_dtype_name(dt), flag_str(flags),
                 twice ? " accumulate" : "", no_db2 ? " no db2" : "");
   stoke_node_v1 n1, n2;
   stoke_err *e = stoke_node_init(g_reg, STOKE_OP_LINEAR_ACT, "fc1", attrs, &n1);
@@ -453,6 +466,96 @@ static void test_linear_act_variants(void **state) {
   }
 }
 
+/* --------------------------------------------------------------- autotune
+ *
+ * With STOKE_KFLAG_AUTOTUNE every product's algorithm is the fastest of
+ * the heuristic's candidates, timed in plan(): the same checks against the
+ * CPU, over the shapes above (aligned, odd, large), every kernel and
+ * dtype, accumulation, and with the determinism filter. */
+static void test_autotune(void **state) {
+  const uint32_t at = STOKE_KFLAG_AUTOTUNE;
+  check_linear(STOKE_BF16, at, G_TOL_LOW);
+  check_linear(STOKE_F32, at | STOKE_KFLAG_TF32, G_TOL_TF32);
+  check_linear(STOKE_F32, at, G_TOL_F32);
+  check_accumulate(STOKE_F16, at, G_TOL_LOW, 4096, 1024, 1000);
+  check_accumulate(STOKE_F32, at | STOKE_KFLAG_DETERMINISTIC, G_TOL_F32, 37, 129, 65);
+  check_linear_relu(STOKE_F16, at, G_TOL_LOW);
+  check_acts(STOKE_BF16, at, G_TOL_LOW);
+  for (int gelu = 0; gelu < 2; gelu++) {
+    check_act(STOKE_F16, at, G_TOL_LOW, gelu, act_shapes[2], 1, 0);
+    check_act(STOKE_BF16, at | STOKE_KFLAG_DETERMINISTIC, G_TOL_LOW, gelu, act_shapes[2], 1, 0);
+  }
+}
+
+/* Lines of the log file f (from its start) that contain both needles. */
+static int count_lines(FILE *f, const char *a, const char *b) {
+  char line[1024];
+  int n = 0;
+  rewind(f);
+  while (fgets(line, sizeof line, f)) n += strstr(line, a) && strstr(line, b);
+  fseek(f, 0, SEEK_END);
+  return n;
+}
+
+/* The engine's cache: a linear backward planned with the flag times its
+ * products (one "autotuned" log line each, with the time), planned again
+ * takes them from the cache ("cached"), and without the flag times
+ * nothing. The shape is used by no other test (the engine, and its cache,
+ * live for the whole binary). */
+static void test_autotune_cache(void **state) {
+  const stoke_dtype dt = STOKE_BF16;
+  const int64_t n = 192, k = 320, o = 448;
+  stoke_node_v1 node;
+  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_LINEAR, "tune_cache", "", &node);
+  if (e) fail_msg("%s", e->msg);
+  stoke_shape xs = {2, {n, k}}, ws = {2, {o, k}}, bs = {1, {o}}, ys = {2, {n, o}};
+  g_tensor x, w, b, y, dy, dx, dw, db;
+  g_alloc(&x, &xs, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&w, &ws, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&b, &bs, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&y, &ys, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&dy, &ys, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&dx, &xs, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&dw, &ws, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&db, &bs, dt, STOKE_LAYOUT_ANY);
+  stoke_tensor in[3] = {x.dev, w.dev, b.dev}, out[1] = {y.dev}, din[3] = {dx.dev, dw.dev, db.dev}, dout[1] = {dy.dev};
+  stoke_kernel_args_v1 a = {.node = &node, .n_in = 3, .n_out = 1, .in = in, .out = out, .din = din, .dout = dout,
+                            .param_grads = (1u << 1) | (1u << 2), .training = 1,
+                            .stream = g_dev->default_stream(g_dev_self)};
+  const stoke_kernel_v1 *kern = g_gpu_kernel(STOKE_OP_LINEAR, STOKE_BWD, dt, STOKE_LAYOUT_ANY, &a.engine);
+  FILE *f = tmpfile();
+  if (!f) fail_msg("tmpfile failed");
+  stoke_log_set_file(f);
+  int counts[3][2];
+  const uint32_t flags[3] = {STOKE_KFLAG_AUTOTUNE, STOKE_KFLAG_AUTOTUNE, 0};
+  for (int i = 0; i < 3; i++) {
+    a.flags = flags[i];
+    void *st = NULL;
+    size_t wsb = 0;
+    e = kern->plan(&a, &st, &wsb);
+    if (kern->destroy && st) kern->destroy(st);
+    if (e) {
+      stoke_log_set_file(NULL);
+      fail_msg("plan %d: %s", i, e->msg);
+    }
+    counts[i][0] = count_lines(f, "'tune_cache'", "(autotuned)");
+    counts[i][1] = count_lines(f, "'tune_cache'", "(cached)");
+  }
+  stoke_log_set_file(NULL);
+  fclose(f);
+  print_message("  autotune cache: plan 1 timed %d products, plan 2 took %d from the cache, plan 3 (no flag) %d/%d\n",
+                counts[0][0], counts[1][1] - counts[0][1], counts[2][0] - counts[1][0], counts[2][1] - counts[1][1]);
+  if (counts[0][0] < 2 || counts[0][1] != 0) /* dx and dW at least (dW+db where BGRADB has an algorithm) */
+    fail_msg("first plan: %d products autotuned, %d cached; expected >= 2 and 0", counts[0][0], counts[0][1]);
+  if (counts[1][0] != counts[0][0] || counts[1][1] != counts[0][0])
+    fail_msg("second plan: %d more autotuned, %d cached; expected 0 and %d", counts[1][0] - counts[0][0],
+             counts[1][1], counts[0][0]);
+  if (counts[2][0] != counts[1][0] || counts[2][1] != counts[1][1])
+    fail_msg("plan without the flag logged autotune lines");
+  g_tensor *all[] = {&x, &w, &b, &y, &dy, &dx, &dw, &db};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) g_free(all[i]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_linear_f32),  cmocka_unit_test(test_linear_tf32),
@@ -464,6 +567,7 @@ int main(void) {
       cmocka_unit_test(test_linear_act_f32),  cmocka_unit_test(test_linear_act_tf32),
       cmocka_unit_test(test_linear_act_bf16), cmocka_unit_test(test_linear_act_f16),
       cmocka_unit_test(test_linear_act_variants),
+      cmocka_unit_test(test_autotune),        cmocka_unit_test(test_autotune_cache),
   };
   return cmocka_run_group_tests(tests, setup, g_teardown);
 }

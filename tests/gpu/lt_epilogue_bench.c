@@ -3,8 +3,11 @@
  * activation passes they replace, on the mlp bench's hidden layer (N = K =
  * O = 4096, bf16 unless a dtype is given): what core/fuse_act.c's choices
  * rest on. Each line is the median of 30 timed calls (device timers) after
- * 5 warm-up calls. A benchmark, not a test (it checks nothing): run it with
- * STOKE_LOG=debug to see which epilogue each plan got. GPU machine only. */
+ * 5 warm-up calls; every cuBLASLt product twice, with the heuristic's first
+ * algorithm and autotuned (STOKE_KFLAG_AUTOTUNE: the fastest of its
+ * candidates, timed in plan(), logged with the algorithm chosen). A
+ * benchmark, not a test (it checks nothing): run it with STOKE_LOG=debug to
+ * see which epilogue each plan got. GPU machine only. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -121,8 +124,9 @@ static void bench(void **state) {
       {"linear bwd dx+dW+db", &lin, STOKE_BWD, {x.dev, w.dev, b.dev}, {y.dev}, {dx.dev, dw.dev, db.dev}, {dy.dev},
        3, 1},
   };
-  print_message("cublaslt epilogues, N = K = O = %lld, %s (median of %d calls, ms)\n", (long long)n,
-                stoke_dtype_name(dt), TIMED);
+  print_message("cublaslt epilogues, N = K = O = %lld, %s (median of %d calls, ms): heuristic's first algorithm, "
+                "then autotuned\n",
+                (long long)n, stoke_dtype_name(dt), TIMED);
   for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
     struct row *rw = &rows[i];
     stoke_kernel_args_v1 a = {.node = rw->nd, .n_in = rw->n_in, .n_out = rw->n_out, .in = rw->in, .out = rw->out,
@@ -133,11 +137,17 @@ static void bench(void **state) {
       a.param_grads = (1u << 1) | (1u << 2) | (1u << 4);
     }
     const stoke_kernel_v1 *kern = g_gpu_kernel(rw->nd->op, rw->pass, dt, STOKE_LAYOUT_ANY, &a.engine);
-    double t = time_kernel(kern, &a);
     double flops = !strcmp(rw->nd->op, STOKE_OP_RELU) || !strcmp(rw->nd->op, STOKE_OP_GELU) ? 0 : 2.0 * n * k * o;
     if (strstr(rw->what, "dx+dW")) flops *= 2;
-    print_message("  %-42s %8.4f ms %s", rw->what, t, flops ? "" : "\n");
-    if (flops) print_message("(%.0f TFLOP/s)\n", flops / t / 1e9);
+    double t = time_kernel(kern, &a);
+    print_message("  %-42s %8.4f ms", rw->what, t);
+    if (flops) { /* a cuBLASLt product: again, autotuned */
+      a.flags = STOKE_KFLAG_AUTOTUNE;
+      double tt = time_kernel(kern, &a);
+      print_message(" (%3.0f TFLOP/s)  autotuned %8.4f ms (%3.0f TFLOP/s, %+5.1f%%)", flops / t / 1e9, tt,
+                    flops / tt / 1e9, 100.0 * (tt - t) / t);
+    }
+    print_message("\n");
   }
   g_tensor *all[] = {&x, &w, &b, &y, &mask, &z, &dy, &dx, &dw, &db, &db1};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) g_free(all[i]);
