@@ -229,22 +229,31 @@ PY
       fast="run.backends=${FUSED-fused,}cudnn,cublaslt,cuda run.cuda_graph=true"
       want() { [[ " ${I6:-curves ab torch} " == *" $1 "* ]]; } # I6: which of the three to run
       want curves && log "issue 6: loss curves, baseline against '$fast' (same seed, ${CURVE_STEPS:-200} steps)"
+      # noise: the baseline with cuDNN's heuristic algorithms instead of the timed ones, i.e. other
+      # roundings of the same math: how far two correct bf16 runs drift apart on these workloads
+      noise="$base run.conv_autotune=false"
       want curves && for w in ${CURVE_W:-mlp resnet18c resnet50}; do
-        for v in base fast; do
+        for v in base fast noise; do
           timeout 120 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=${CURVE_STEPS:-200} run.log_every=1 run.progress=off run.deterministic=true \
             ${!v} run.out_dir="$OUT/c_${w}_$v" > "$OUT/c_${w}_$v.log" 2>&1 || { echo "$w $v failed:"; tail -3 "$OUT/c_${w}_$v.log"; }
         done
-        python3 - "$OUT/c_${w}_base/metrics.jsonl" "$OUT/c_${w}_fast/metrics.jsonl" "$w" <<'PY'
+        python3 - "$OUT/c_${w}_base/metrics.jsonl" "$OUT/c_${w}_fast/metrics.jsonl" "$OUT/c_${w}_noise/metrics.jsonl" "$w" <<'PY'
 import json, sys
 def rows(p):
     try: return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if "step" in r and "loss" in r}
     except OSError: return {}
-a, b = rows(sys.argv[1]), rows(sys.argv[2])
-st = sorted(set(a) & set(b))
-if not st: print(sys.argv[3], "no steps to compare"); sys.exit()
-d = [abs(a[s] - b[s]) / max(abs(a[s]), 1e-3) for s in st]
-print(f"{sys.argv[3]}: {len(st)} steps, loss {a[st[0]]:.4f} -> {a[st[-1]]:.4f} (base) / {b[st[-1]]:.4f} (fast); "
-      f"per-step relative difference max {max(d):.3g}, median {sorted(d)[len(d)//2]:.3g}, first 50 max {max(d[:50]):.3g}")
+a, b, n = rows(sys.argv[1]), rows(sys.argv[2]), rows(sys.argv[3])
+def diff(x, y, tag):
+    st = sorted(set(x) & set(y))
+    if not st: return f"{tag}: no steps"
+    d = [abs(x[s] - y[s]) / max(abs(x[s]), 1e-3) for s in st]
+    q = sorted(d)
+    return (f"{tag}: {len(st)} steps, final {y[st[-1]]:.4f}, relative difference median {q[len(q)//2]:.3g}, "
+            f"90th pct {q[int(0.9*len(q))]:.3g}, first 10 steps max {max(d[:10]):.3g}")
+st = sorted(a)
+print(f"{sys.argv[4]}: baseline loss {a[st[0]]:.4f} -> {a[st[-1]]:.4f}")
+print("  " + diff(a, b, "fused+graph vs baseline"))
+print("  " + diff(a, n, "baseline, heuristic convs (noise) vs baseline"))
 PY
       done
       want ab && log "issue 6: A/B (tools/bench, ${AB_ROUNDS:-3} rounds)"

@@ -151,7 +151,11 @@ static void test_adamw(void **state) {
 }
 
 int main(void) {
-  snprintf(tmp, sizeof tmp, "%s/stoke_resume_gpu_%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+  snprintf(tmp, sizeof tmp, "%s/stoke_resume_gpu_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  if (!mkdtemp(tmp)) {
+    perror(tmp);
+    return 1;
+  }
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_sgd), cmocka_unit_test(test_adamw)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
