@@ -19,43 +19,9 @@
 #include "stoke/ops.h"
 #include "stoke/registry.h"
 #include "stoke/rng.h"
+#include "tests/common/cpu_fixture.h"
 
-static stoke_registry *reg;
-static const stoke_backend_v1 *cpu;
-static void *cpu_self;
-static uint64_t seed;
-
-#define OK(expr)                                                  \
-  do {                                                            \
-    stoke_err *e_ = (expr);                                       \
-    if (e_) {                                                     \
-      print_error("%s\n", e_->msg);                               \
-      stoke_err_free(e_);                                         \
-      fail_msg("%s failed (seed %llu)", #expr, (unsigned long long)seed); \
-    }                                                             \
-  } while (0)
-
-static int setup(void **state) {
-  stoke_err *e = stoke_registry_new(&reg);
-  if (!e) e = stoke_registry_load(reg, "backends/cpu/libstoke_cpu.so");
-  if (!e) cpu = stoke_find_backend(reg, "cpu");
-  if (!e && cpu->open) e = cpu->open(0, NULL, &cpu_self);
-  if (e) {
-    print_error("%s\n", e->msg);
-    stoke_err_free(e);
-    return -1;
-  }
-  const char *env = getenv("STOKE_TEST_SEED");
-  seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
-  print_message("graph_test seed %llu\n", (unsigned long long)seed);
-  return 0;
-}
-
-static int teardown(void **state) {
-  if (cpu && cpu->close) cpu->close(cpu_self);
-  stoke_registry_free(reg);
-  return 0;
-}
+static int setup(void **state) { return cpu_fixture_setup("graph_test"); }
 
 /* x[N,F] -> fc1 -> relu -> h; h -> fc2 -> relu -> r; (h + r) -> fc3 -> loss.
  * h is used twice, so its gradient is a sum the compiler must insert. */
@@ -83,18 +49,9 @@ static stoke_graph *residual_mlp(stoke_dtype dtype, int64_t n, int64_t f, int64_
   return g;
 }
 
-static stoke_plan *compile(stoke_graph *g, const char *opt) {
-  static const char *engines[] = {"cpu"};
-  void *selves[] = {cpu_self};
-  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .optimizer = opt, .training = 1};
-  stoke_plan *p;
-  OK(stoke_compile(g, &o, &p));
-  return p;
-}
-
 static void test_backward_derivation(void **state) {
   stoke_graph *g = residual_mlp(STOKE_F32, 8, 5, 6, 3);
-  stoke_plan *p = compile(g, "sgd");
+  stoke_plan *p = cpu_compile(g, "sgd", 0);
   int n_bwd = 0, n_sum = 0;
   for (int i = g->n_fwd; i < g->n_nodes; i++) {
     n_bwd += g->nodes[i].pass == STOKE_BWD;
@@ -126,7 +83,7 @@ static void test_backward_derivation(void **state) {
 
 static void test_memory_plan(void **state) {
   stoke_graph *g = residual_mlp(STOKE_F32, 16, 7, 9, 4);
-  stoke_plan *p = compile(g, "adamw");
+  stoke_plan *p = cpu_compile(g, "adamw", 0);
   size_t param_sum = 0;
   int64_t n_params = 0;
   for (int v = 0; v < g->n_values; v++) {
@@ -182,7 +139,7 @@ static double run_loss(stoke_exec *x) {
 static void test_whole_graph_gradient(void **state) {
   const int64_t n = 6, f = 4, hid = 5, c = 3;
   stoke_graph *g = residual_mlp(STOKE_F64, n, f, hid, c);
-  stoke_plan *p = compile(g, NULL);
+  stoke_plan *p = cpu_compile(g, NULL, 0);
   stoke_exec *x;
   OK(stoke_exec_new(p, cpu, cpu_self, seed, &x));
   /* poison the whole arena, then write the batch and the loss seed: a
@@ -267,11 +224,7 @@ static stoke_graph *act_mlp(stoke_dtype dtype, int64_t n, int64_t f, int64_t hid
  * flat gradients in *grads (malloc'd). */
 static double fused_run(stoke_graph *g, int fuse, int64_t n, int64_t f, int64_t c, double **grads, size_t *count,
                         int *n_act, int *n_dact) {
-  static const char *engines[] = {"cpu"};
-  void *selves[] = {cpu_self};
-  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .training = 1, .fuse = fuse};
-  stoke_plan *p;
-  OK(stoke_compile(g, &o, &p));
+  stoke_plan *p = cpu_compile(g, NULL, fuse);
   *n_act = *n_dact = 0;
   for (int i = 0; i < g->n_nodes; i++) {
     *n_act += !strcmp(g->nodes[i].n.op, STOKE_OP_LINEAR_ACT);
@@ -375,5 +328,5 @@ int main(void) {
       cmocka_unit_test(test_fused_activations),
       cmocka_unit_test(test_errors),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
 }

@@ -1,0 +1,69 @@
+/* tests/common/cpu_fixture.h: the fixture of the CPU graph tests: one
+ * registry with the cpu plugin loaded and its backend opened, the run's
+ * seed (STOKE_TEST_SEED, else the time; printed), OK(expr), which fails
+ * the test with the error's message and the seed, and cpu_compile.
+ * Include after cmocka.h; every helper is static. */
+#ifndef STOKE_TESTS_CPU_FIXTURE_H
+#define STOKE_TESTS_CPU_FIXTURE_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "stoke/core.h"
+#include "stoke/graph.h"
+#include "stoke/registry.h"
+
+static stoke_registry *reg;
+static const stoke_backend_v1 *cpu;
+static void *cpu_self;
+static uint64_t seed;
+
+#define OK(expr)                                                                        \
+  do {                                                                                  \
+    stoke_err *e_ = (expr);                                                             \
+    if (e_) {                                                                           \
+      print_error("%s\n", e_->msg);                                                     \
+      stoke_err_free(e_);                                                               \
+      fail_msg("%s failed (seed %llu)", #expr, (unsigned long long)seed);               \
+    }                                                                                   \
+  } while (0)
+
+/* cmocka group setup (called from the test's own, which names the test in
+ * the seed's line). Bazel runs tests at the runfiles root. */
+static int cpu_fixture_setup(const char *test_name) {
+  stoke_err *e = stoke_registry_new(&reg);
+  if (!e) e = stoke_registry_load(reg, "backends/cpu/libstoke_cpu.so");
+  if (!e) cpu = stoke_find_backend(reg, "cpu");
+  if (!e && cpu->open) e = cpu->open(0, NULL, &cpu_self);
+  if (e) {
+    print_error("%s\n", e->msg);
+    stoke_err_free(e);
+    return -1;
+  }
+  const char *env = getenv("STOKE_TEST_SEED");
+  seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
+  print_message("%s seed %llu\n", test_name, (unsigned long long)seed);
+  return 0;
+}
+
+static int cpu_fixture_teardown(void **state) {
+  if (cpu && cpu->close) cpu->close(cpu_self);
+  stoke_registry_free(reg);
+  return 0;
+}
+
+/* g compiled for training on the cpu engine alone, with `optimizer` (NULL:
+ * none) and the fusion passes when `fuse`. */
+static __attribute__((unused)) stoke_plan *cpu_compile(stoke_graph *g, const char *optimizer, int fuse) {
+  static const char *engines[] = {"cpu"};
+  void *selves[] = {cpu_self};
+  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .optimizer = optimizer,
+                       .training = 1, .fuse = fuse};
+  stoke_plan *p;
+  OK(stoke_compile(g, &o, &p));
+  return p;
+}
+
+#endif
