@@ -1,19 +1,17 @@
 /* tests/common/cpu_fixture.h: the fixture of the CPU graph tests: one
  * registry with the cpu plugin loaded and its backend opened, the run's
- * seed (STOKE_TEST_SEED, else the time; printed), OK(expr), which fails
- * the test with the error's message and the seed, and cpu_compile.
+ * seed (tests/common/seed.h), OK(expr), which fails the test with the
+ * error's message and the seed, and cpu_compile.
  * Include after cmocka.h; every helper is static. */
 #ifndef STOKE_TESTS_CPU_FIXTURE_H
 #define STOKE_TESTS_CPU_FIXTURE_H
 
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
 
 #include "stoke/core.h"
 #include "stoke/graph.h"
 #include "stoke/registry.h"
+#include "tests/common/seed.h"
 
 static stoke_registry *reg;
 static const stoke_backend_v1 *cpu;
@@ -42,9 +40,7 @@ static int cpu_fixture_setup(const char *test_name) {
     stoke_err_free(e);
     return -1;
   }
-  const char *env = getenv("STOKE_TEST_SEED");
-  seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
-  print_message("%s seed %llu\n", test_name, (unsigned long long)seed);
+  seed = test_seed(test_name);
   return 0;
 }
 
