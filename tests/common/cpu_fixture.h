@@ -1,7 +1,7 @@
 /* tests/common/cpu_fixture.h: the fixture of the CPU graph tests: one
  * registry with the cpu plugin loaded and its backend opened, the run's
  * seed (tests/common/seed.h), OK(expr), which fails the test with the
- * error's message and the seed, and cpu_compile.
+ * error's message and the seed, and helpers to compile and run f64 graphs.
  * Include after cmocka.h; every helper is static. */
 #ifndef STOKE_TESTS_CPU_FIXTURE_H
 #define STOKE_TESTS_CPU_FIXTURE_H
@@ -11,6 +11,7 @@
 #include "stoke/core.h"
 #include "stoke/graph.h"
 #include "stoke/registry.h"
+#include "stoke/rng.h"
 #include "tests/common/seed.h"
 
 static stoke_registry *reg;
@@ -60,6 +61,25 @@ static __attribute__((unused)) stoke_plan *cpu_compile(stoke_graph *g, const cha
   stoke_plan *p;
   OK(stoke_compile(g, &o, &p));
   return p;
+}
+
+/* A random batch for an f64 graph, drawn from `rng_seed`: `numel` normal
+ * inputs and `n` labels below `classes`. */
+static __attribute__((unused)) void cpu_random_batch(stoke_exec *x, uint64_t rng_seed, int64_t numel, int64_t n,
+                                                     int64_t classes) {
+  stoke_rng r = stoke_rng_seed(rng_seed);
+  double *in = stoke_exec_input(x);
+  int32_t *lab = stoke_exec_labels(x);
+  for (int64_t i = 0; i < numel; i++) in[i] = stoke_rng_normal(&r);
+  for (int64_t i = 0; i < n; i++) lab[i] = (int32_t)stoke_rng_below(&r, (uint64_t)classes);
+}
+
+/* One forward and backward of the whole compiled graph: the loss, in double. */
+static __attribute__((unused)) double cpu_loss(stoke_exec *x) {
+  double loss;
+  OK(stoke_exec_forward_backward(x, 1, 7));
+  OK(stoke_exec_read_loss(x, &loss));
+  return loss;
 }
 
 #endif

@@ -128,14 +128,6 @@ static void test_memory_plan(void **state) {
   stoke_graph_free(g);
 }
 
-/* The loss of the whole compiled graph, in double. */
-static double run_loss(stoke_exec *x) {
-  double loss;
-  OK(stoke_exec_forward_backward(x, 1, 7));
-  OK(stoke_exec_read_loss(x, &loss));
-  return loss;
-}
-
 static void test_whole_graph_gradient(void **state) {
   const int64_t n = 6, f = 4, hid = 5, c = 3;
   stoke_graph *g = residual_mlp(STOKE_F64, n, f, hid, c);
@@ -147,16 +139,12 @@ static void test_whole_graph_gradient(void **state) {
   double *arena = stoke_exec_buffer(x, STOKE_BUF_ARENA);
   for (size_t i = 0; i < p->bytes[STOKE_BUF_ARENA] / sizeof(double); i++) arena[i] = NAN;
   *(double *)stoke_exec_tensor(x, g->seed).data = 1.0;
-  stoke_rng r = stoke_rng_seed(seed);
-  double *in = stoke_exec_input(x);
-  int32_t *lab = stoke_exec_labels(x);
-  for (int64_t i = 0; i < n * f; i++) in[i] = stoke_rng_normal(&r);
-  for (int64_t i = 0; i < n; i++) lab[i] = (int32_t)stoke_rng_below(&r, (uint64_t)c);
+  cpu_random_batch(x, seed, n * f, n, c);
   double *params = stoke_exec_buffer(x, STOKE_BUF_PARAMS);
   double *grads = stoke_exec_buffer(x, STOKE_BUF_GRADS);
   int64_t total = (int64_t)(p->bytes[STOKE_BUF_PARAMS] / sizeof(double));
   for (int64_t i = 0; i < total; i++) grads[i] = NAN; /* unwritten gradients fail */
-  run_loss(x);
+  cpu_loss(x);
   double *analytic = malloc(sizeof(double) * (size_t)total);
   memcpy(analytic, grads, sizeof(double) * (size_t)total);
   /* central differences on the loss, parameter by parameter */
@@ -168,9 +156,9 @@ static void test_whole_graph_gradient(void **state) {
     for (int64_t i = 0; i < stoke_numel(&g->values[v].shape); i++) {
       double keep = params[off + i], h = 1e-6;
       params[off + i] = keep + h;
-      double lp = run_loss(x);
+      double lp = cpu_loss(x);
       params[off + i] = keep - h;
-      double lm = run_loss(x);
+      double lm = cpu_loss(x);
       params[off + i] = keep;
       double num = (lp - lm) / (2 * h), an = analytic[off + i];
       double err = fabs(num - an) / fmax(1e-6, fabs(num) + fabs(an));
@@ -235,12 +223,8 @@ static double fused_run(stoke_graph *g, int fuse, int64_t n, int64_t f, int64_t 
   double *arena = stoke_exec_buffer(x, STOKE_BUF_ARENA);
   for (size_t i = 0; i < p->bytes[STOKE_BUF_ARENA] / sizeof(double); i++) arena[i] = NAN;
   *(double *)stoke_exec_tensor(x, g->seed).data = 1.0;
-  stoke_rng r = stoke_rng_seed(seed + 1);
-  double *in = stoke_exec_input(x);
-  int32_t *lab = stoke_exec_labels(x);
-  for (int64_t i = 0; i < n * f; i++) in[i] = stoke_rng_normal(&r);
-  for (int64_t i = 0; i < n; i++) lab[i] = (int32_t)stoke_rng_below(&r, (uint64_t)c);
-  double loss = run_loss(x);
+  cpu_random_batch(x, seed + 1, n * f, n, c);
+  double loss = cpu_loss(x);
   *count = p->bytes[STOKE_BUF_GRADS] / sizeof(double);
   *grads = malloc(p->bytes[STOKE_BUF_GRADS]);
   memcpy(*grads, stoke_exec_buffer(x, STOKE_BUF_GRADS), p->bytes[STOKE_BUF_GRADS]);
