@@ -294,6 +294,21 @@ static void fmt_change(double a, double b, char *buf, size_t cap) {
   else snprintf(buf, cap, "%+.3f ms", b - a);
 }
 
+/* The cells of the per-op table's row k of n (k == n: the total, named
+ * `total_name`). */
+typedef struct op_cells {
+  char name[96], ms0[32], ms1[32], ch[64];
+} op_cells;
+
+static void op_row(const op_pair *pairs, int n, const double total[2], int k, const char *total_name, op_cells *c) {
+  const double *ms = k < n ? pairs[k].ms : total;
+  if (k < n) op_name(pairs[k].t, c->name, sizeof c->name);
+  else snprintf(c->name, sizeof c->name, "%s", total_name);
+  fmt_ms(ms[0], c->ms0, sizeof c->ms0);
+  fmt_ms(ms[1], c->ms1, sizeof c->ms1);
+  fmt_change(ms[0], ms[1], c->ch, sizeof c->ch);
+}
+
 static const char *timing(const bench_result *r) { return r->gpu ? "device events" : "the host clock"; }
 
 static int ratio_of(const bench_result *r, bench_ratio *q) {
@@ -335,15 +350,10 @@ void bench_print(const bench_result *r, FILE *f) {
   if (r->n_variants == 2) fprintf(f, "  %-44s %10s %10s  %s\n", "op (pass) [engine]", "A", "B", "B - A");
   else fprintf(f, "  %-44s %10s\n", "op (pass) [engine]", "A");
   for (int k = 0; k <= n; k++) {
-    char name[96], ms0[32], ms1[32], ch[64];
-    const double *ms = k < n ? pairs[k].ms : total;
-    if (k < n) op_name(pairs[k].t, name, sizeof name);
-    else snprintf(name, sizeof name, "total");
-    fmt_ms(ms[0], ms0, sizeof ms0);
-    fmt_ms(ms[1], ms1, sizeof ms1);
-    fmt_change(ms[0], ms[1], ch, sizeof ch);
-    if (r->n_variants == 2) fprintf(f, "  %-44s %10s %10s  %s\n", name, ms0, ms1, ch);
-    else fprintf(f, "  %-44s %10s\n", name, ms0);
+    op_cells c;
+    op_row(pairs, n, total, k, "total", &c);
+    if (r->n_variants == 2) fprintf(f, "  %-44s %10s %10s  %s\n", c.name, c.ms0, c.ms1, c.ch);
+    else fprintf(f, "  %-44s %10s\n", c.name, c.ms0);
   }
 }
 
@@ -507,14 +517,9 @@ void bench_write_md(const bench_result *r, FILE *f) {
   if (r->n_variants == 2) fprintf(f, "| op (pass) [engine] | A | B | B - A |\n|---|---:|---:|---:|\n");
   else fprintf(f, "| op (pass) [engine] | A |\n|---|---:|\n");
   for (int k = 0; k <= n; k++) {
-    char name[96], ms0[32], ms1[32], ch[64];
-    const double *ms = k < n ? pairs[k].ms : total;
-    if (k < n) op_name(pairs[k].t, name, sizeof name);
-    else snprintf(name, sizeof name, "**total**");
-    fmt_ms(ms[0], ms0, sizeof ms0);
-    fmt_ms(ms[1], ms1, sizeof ms1);
-    fmt_change(ms[0], ms[1], ch, sizeof ch);
-    if (r->n_variants == 2) fprintf(f, "| %s | %s | %s | %s |\n", name, ms0, ms1, ch);
-    else fprintf(f, "| %s | %s |\n", name, ms0);
+    op_cells c;
+    op_row(pairs, n, total, k, "**total**", &c);
+    if (r->n_variants == 2) fprintf(f, "| %s | %s | %s | %s |\n", c.name, c.ms0, c.ms1, c.ch);
+    else fprintf(f, "| %s | %s |\n", c.name, c.ms0);
   }
 }

@@ -157,70 +157,54 @@ cudaError_t launch_relu_mask(void *dz, const void *dy, const void *y, int64_t n,
 
 }  // namespace
 
+// An entry point's body: the launch `...` (which names T) for dt's element type T; other dtypes
+// are refused.
+#define BY_DTYPE(dt, ...)                  \
+  switch (dt) {                            \
+    case STOKE_F32: {                      \
+      using T = float;                     \
+      return __VA_ARGS__;                  \
+    }                                      \
+    case STOKE_F16: {                      \
+      using T = __half;                    \
+      return __VA_ARGS__;                  \
+    }                                      \
+    case STOKE_BF16: {                     \
+      using T = __nv_bfloat16;             \
+      return __VA_ARGS__;                  \
+    }                                      \
+    default: return cudaErrorInvalidValue; \
+  }
+
 extern "C" cudaError_t stoke_lt_bias_rows(void *y, const void *b, int64_t rows, int64_t cols, stoke_dtype dt,
                                           cudaStream_t s) {
-  switch (dt) {
-    case STOKE_F32: return launch_bias_rows<float>(y, b, rows, cols, s);
-    case STOKE_F16: return launch_bias_rows<__half>(y, b, rows, cols, s);
-    case STOKE_BF16: return launch_bias_rows<__nv_bfloat16>(y, b, rows, cols, s);
-    default: return cudaErrorInvalidValue;
-  }
+  BY_DTYPE(dt, launch_bias_rows<T>(y, b, rows, cols, s));
 }
 
 extern "C" cudaError_t stoke_lt_scale(void *d, int64_t n, float beta, stoke_dtype dt, cudaStream_t s) {
-  switch (dt) {
-    case STOKE_F32: return launch_scale<float>(d, n, beta, s);
-    case STOKE_F16: return launch_scale<__half>(d, n, beta, s);
-    case STOKE_BF16: return launch_scale<__nv_bfloat16>(d, n, beta, s);
-    default: return cudaErrorInvalidValue;
-  }
+  BY_DTYPE(dt, launch_scale<T>(d, n, beta, s));
 }
 
 extern "C" cudaError_t stoke_lt_colsum(void *db, const void *dy, int64_t rows, int64_t cols, float beta,
                                        stoke_dtype dt, cudaStream_t s) {
-  switch (dt) {
-    case STOKE_F32: return launch_colsum<float>(db, dy, rows, cols, beta, s);
-    case STOKE_F16: return launch_colsum<__half>(db, dy, rows, cols, beta, s);
-    case STOKE_BF16: return launch_colsum<__nv_bfloat16>(db, dy, rows, cols, beta, s);
-    default: return cudaErrorInvalidValue;
-  }
+  BY_DTYPE(dt, launch_colsum<T>(db, dy, rows, cols, beta, s));
 }
 
 extern "C" cudaError_t stoke_lt_relu(void *y, int64_t n, stoke_dtype dt, cudaStream_t s) {
-  switch (dt) {
-    case STOKE_F32: return launch_relu<float>(y, n, s);
-    case STOKE_F16: return launch_relu<__half>(y, n, s);
-    case STOKE_BF16: return launch_relu<__nv_bfloat16>(y, n, s);
-    default: return cudaErrorInvalidValue;
-  }
+  BY_DTYPE(dt, launch_relu<T>(y, n, s));
 }
 
 extern "C" cudaError_t stoke_lt_relu_mask(void *dz, const void *dy, const void *y, int64_t n, stoke_dtype dt,
                                           cudaStream_t s) {
-  switch (dt) {
-    case STOKE_F32: return launch_relu_mask<float>(dz, dy, y, n, s);
-    case STOKE_F16: return launch_relu_mask<__half>(dz, dy, y, n, s);
-    case STOKE_BF16: return launch_relu_mask<__nv_bfloat16>(dz, dy, y, n, s);
-    default: return cudaErrorInvalidValue;
-  }
+  BY_DTYPE(dt, launch_relu_mask<T>(dz, dy, y, n, s));
 }
 
 extern "C" cudaError_t stoke_lt_act_aux(void *y, void *aux, int64_t rows, int64_t cols, int64_t aux_ld, int gelu,
                                         stoke_dtype dt, cudaStream_t s) {
-  switch (dt) {
-    case STOKE_F32: return launch_act_aux<float>(y, aux, rows, cols, aux_ld, gelu, s);
-    case STOKE_F16: return launch_act_aux<__half>(y, aux, rows, cols, aux_ld, gelu, s);
-    case STOKE_BF16: return launch_act_aux<__nv_bfloat16>(y, aux, rows, cols, aux_ld, gelu, s);
-    default: return cudaErrorInvalidValue;
-  }
+  BY_DTYPE(dt, launch_act_aux<T>(y, aux, rows, cols, aux_ld, gelu, s));
 }
 
 extern "C" cudaError_t stoke_lt_dact(void *dz, const void *aux, int64_t rows, int64_t cols, int64_t aux_ld, int gelu,
                                      stoke_dtype dt, cudaStream_t s) {
-  switch (dt) {
-    case STOKE_F32: return launch_dact<float>(dz, aux, rows, cols, aux_ld, gelu, s);
-    case STOKE_F16: return launch_dact<__half>(dz, aux, rows, cols, aux_ld, gelu, s);
-    case STOKE_BF16: return launch_dact<__nv_bfloat16>(dz, aux, rows, cols, aux_ld, gelu, s);
-    default: return cudaErrorInvalidValue;
-  }
+  BY_DTYPE(dt, launch_dact<T>(dz, aux, rows, cols, aux_ld, gelu, s));
 }

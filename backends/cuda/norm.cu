@@ -153,16 +153,6 @@ stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool bwd, boo
   return NULL;
 }
 
-// Chan's combination of (count, mean, M2) partials: b into a.
-__device__ __forceinline__ void chan_combine(float &na, float &ma, float &qa, float nb, float mb,
-                                             float qb) {
-  if (nb == 0.0f) return;
-  float n = na + nb, d = mb - ma, f = nb / n;
-  ma += d * f;
-  qa += qb + d * d * na * f;
-  na = n;
-}
-
 // Channel-major statistics: block (c, p) reduces rows [p R, (p+1) R) of
 // channel c. Per-thread Welford, then a fixed tree over the block.
 template <typename T>
@@ -234,30 +224,10 @@ __global__ void bn_finalize(const float2 *__restrict__ part, int P, int64_t C, i
                             float *__restrict__ sm, float *__restrict__ si) {
   int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  double mean, invstd;
-  if (training) {
-    double n = 0, q = 0;
-    mean = 0;
-    for (int p = 0; p < P; p++) {
-      int64_t r0 = (int64_t)p * R, r1 = r0 + R < M ? r0 + R : M;
-      double nb = r1 > r0 ? (double)(r1 - r0) : 0.0;
-      if (nb == 0) continue;
-      float2 v = part[(int64_t)p * C + c];
-      double tot = n + nb, d = (double)v.x - mean;
-      mean += d * nb / tot;
-      q += (double)v.y + d * d * n * nb / tot;
-      n = tot;
-    }
-    double m = (double)M, var = q / m;
-    invstd = 1.0 / sqrt(var + eps);
-    rm[c] = (float)((1 - mom) * (double)rm[c] + mom * mean);
-    rv[c] = (float)((1 - mom) * (double)rv[c] + mom * var * m / (m - 1));
-  } else {
-    mean = (double)rm[c];
-    invstd = 1.0 / sqrt((double)rv[c] + eps);
-  }
-  sm[c] = (float)mean;
-  si[c] = (float)invstd;
+  double n = 0, mean = 0, q = 0;
+  if (training)
+    for (int p = 0; p < P; p++) chan_combine_part(n, mean, q, part, p, C, c, M, R);
+  bn_finish_channel(training, mean, q, M, eps, mom, rm, rv, sm, si, c);
 }
 
 // y = (x - mean) (invstd weight) + bias, elementwise in memory order.

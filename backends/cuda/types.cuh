@@ -1,11 +1,13 @@
 // backends/cuda/types.cuh: the one copy of the helpers the CUDA kernel files share (.cu only):
-// element conversions, vectors, dtype traits, grid sizes, node/shape text, checks, registration.
+// element conversions, vectors, dtype traits, grid sizes, batch-norm statistics, node/shape text,
+// checks, registration.
 #ifndef STOKE_CUDA_TYPES_CUH
 #define STOKE_CUDA_TYPES_CUH
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -54,6 +56,57 @@ inline unsigned grid_for(int64_t work, int per_block, int64_t max_grid) {
   int64_t g = (work + per_block - 1) / per_block;
   if (g > max_grid) g = max_grid;
   return (unsigned)(g < 1 ? 1 : g);
+}
+
+// ---------------------------------------------------- batch-norm statistics
+// (backends/cuda/norm.cu, backends/fused/bn_act.cu): per-channel Welford partials over row
+// partitions, combined in a fixed order.
+
+// Chan's combination of (count, mean, M2) partials: b into a.
+__device__ __forceinline__ void chan_combine(float &na, float &ma, float &qa, float nb, float mb,
+                                             float qb) {
+  if (nb == 0.0f) return;
+  float n = na + nb, d = mb - ma, f = nb / n;
+  ma += d * f;
+  qa += qb + d * d * na * f;
+  na = n;
+}
+
+// Partition p's partial of channel c, part[p C + c] = (mean, M2) of rows [p R, min((p+1) R, M)),
+// into (n, mean, M2) in double (Chan's formula); an empty partition adds nothing.
+__device__ __forceinline__ void chan_combine_part(double &n, double &mean, double &q,
+                                                  const float2 *__restrict__ part, int p, int64_t C,
+                                                  int64_t c, int64_t M, int64_t R) {
+  int64_t r0 = (int64_t)p * R, r1 = r0 + R < M ? r0 + R : M;
+  double nb = r1 > r0 ? (double)(r1 - r0) : 0.0;
+  if (nb == 0) return;
+  float2 v = part[(int64_t)p * C + c];
+  double tot = n + nb, d = (double)v.x - mean;
+  mean += d * nb / tot;
+  q += (double)v.y + d * d * n * nb / tot;
+  n = tot;
+}
+
+// Channel c's saved_mean sm[c] and saved_invstd si[c]: training, from the combined mean and M2 q
+// of M values, and the running statistics updated (unbiased variance for running_var); eval, from
+// the running statistics, left alone. Returns invstd.
+__device__ __forceinline__ double bn_finish_channel(int training, double mean, double q, int64_t M,
+                                                    double eps, double mom, float *rm, float *rv,
+                                                    float *__restrict__ sm,
+                                                    float *__restrict__ si, int64_t c) {
+  double invstd;
+  if (training) {
+    double m = (double)M, var = q / m;
+    invstd = 1.0 / sqrt(var + eps);
+    rm[c] = (float)((1 - mom) * (double)rm[c] + mom * mean);
+    rv[c] = (float)((1 - mom) * (double)rv[c] + mom * var * m / (m - 1));
+  } else {
+    mean = (double)rm[c];
+    invstd = 1.0 / sqrt((double)rv[c] + eps);
+  }
+  sm[c] = (float)mean;
+  si[c] = (float)invstd;
+  return invstd;
 }
 
 // -------------------------------------------------------- argument checks

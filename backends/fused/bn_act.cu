@@ -117,15 +117,6 @@ __device__ __forceinline__ void load_coef(const float *p, float (&f)[V]) {
   for (int i = 0; i < V; i++) f[i] = p[i];
 }
 
-// Chan's combination of (count, mean, M2) partials: b into a.
-__device__ __forceinline__ void chan(float &na, float &ma, float &qa, float nb, float mb, float qb) {
-  if (nb == 0.0f) return;
-  float n = na + nb, d = mb - ma, f = nb / n;
-  ma += d * f;
-  qa += qb + d * d * na * f;
-  na = n;
-}
-
 // ----------------------------------------------------------------- forward
 
 // Block (channel group, partition p): per-thread Welford over its rows for
@@ -172,7 +163,7 @@ __global__ void BOUNDS k_stats(const T *__restrict__ x, int64_t M, int64_t C, in
     if (ty < off) {
       int o = base + off * bx * V;
 #pragma unroll
-      for (int i = 0; i < V; i++) chan(sn[base + i], sm[base + i], sq[base + i], sn[o + i], sm[o + i], sq[o + i]);
+      for (int i = 0; i < V; i++) chan_combine(sn[base + i], sm[base + i], sq[base + i], sn[o + i], sm[o + i], sq[o + i]);
     }
     __syncthreads();
   }
@@ -197,16 +188,7 @@ __global__ void k_fin_fwd(const float2 *__restrict__ part, int P, int64_t C, int
   int64_t c = (int64_t)blockIdx.x * 32 + tx;
   double n = 0, mean = 0, q = 0;
   if (training && c < C)
-    for (int p = ty; p < P; p += kFinLanes) {
-      int64_t r0 = (int64_t)p * R, r1 = r0 + R < M ? r0 + R : M;
-      double nb = r1 > r0 ? (double)(r1 - r0) : 0.0;
-      if (nb == 0) continue;
-      float2 v = part[(int64_t)p * C + c];
-      double tot = n + nb, d = (double)v.x - mean;
-      mean += d * nb / tot;
-      q += (double)v.y + d * d * n * nb / tot;
-      n = tot;
-    }
+    for (int p = ty; p < P; p += kFinLanes) chan_combine_part(n, mean, q, part, p, C, c, M, R);
   sn[ty][tx] = n, smn[ty][tx] = mean, sq[ty][tx] = q;
   __syncthreads();
   if (ty != 0 || c >= C) return;
@@ -218,18 +200,7 @@ __global__ void k_fin_fwd(const float2 *__restrict__ part, int P, int64_t C, int
     q += sq[l][tx] + d * d * n * nb / tot;
     n = tot;
   }
-  double invstd;
-  if (training) {
-    double m = (double)M, var = q / m;
-    invstd = 1.0 / sqrt(var + eps);
-    rm[c] = (float)((1 - mom) * (double)rm[c] + mom * mean);
-    rv[c] = (float)((1 - mom) * (double)rv[c] + mom * var * m / (m - 1));
-  } else {
-    mean = (double)rm[c];
-    invstd = 1.0 / sqrt((double)rv[c] + eps);
-  }
-  sm[c] = (float)mean;
-  si[c] = (float)invstd;
+  double invstd = bn_finish_channel(training, mean, q, M, eps, mom, rm, rv, sm, si, c);
   double k = (double)to_f(w[c]) * invstd;
   scale[c] = (float)k;
   shift[c] = to_f(b[c]);

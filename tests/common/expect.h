@@ -8,7 +8,7 @@
 
 #include "stoke/core.h"
 
-static void check_ok(stoke_err *e, const char *file, int line) {
+static __attribute__((unused)) void check_ok(stoke_err *e, const char *file, int line) {
   if (e) {
     print_error("%s:%d: unexpected error: %s\n", file, line, e->msg);
     stoke_err_free(e);
@@ -18,7 +18,8 @@ static void check_ok(stoke_err *e, const char *file, int line) {
 #define EXPECT_OK(expr) check_ok((expr), __FILE__, __LINE__)
 
 /* Checks code and substrings, then frees the error. */
-static void check_err(stoke_err *e, stoke_code code, const char *const *subs, const char *file, int line) {
+static __attribute__((unused)) void check_err(stoke_err *e, stoke_code code, const char *const *subs, const char *file,
+                                              int line) {
   if (!e) {
     print_error("%s:%d: expected a '%s' error, got success\n", file, line, stoke_code_name(code));
     _fail(file, line);

@@ -19,20 +19,11 @@
 #include "stoke/ops.h"
 #include "stoke/registry.h"
 #include "stoke/run.h"
+#include "tests/common/expect.h"
 
 static stoke_registry *reg;
 static const stoke_model_v1 *resnet;
 static char tmp[512];
-
-#define OK(expr)                                  \
-  do {                                            \
-    stoke_err *e_ = (expr);                       \
-    if (e_) {                                     \
-      print_error("%s\n", e_->msg);               \
-      stoke_err_free(e_);                         \
-      fail_msg("%s failed", #expr);               \
-    }                                             \
-  } while (0)
 
 static int setup(void **state) {
   stoke_err *e = stoke_registry_new(&reg);
@@ -56,18 +47,18 @@ static int teardown(void **state) {
  * section (after "name = resnet"), as the run builds it. */
 static stoke_graph *build(const char *model_ini, int64_t n, int64_t c, int64_t hw, int64_t classes) {
   stoke_cfg *cfg = stoke_cfg_new();
-  OK(stoke_declare_core_keys(cfg));
-  OK(stoke_cfg_declare(cfg, "model", NULL, resnet->keys, resnet->n_keys));
+  EXPECT_OK(stoke_declare_core_keys(cfg));
+  EXPECT_OK(stoke_cfg_declare(cfg, "model", NULL, resnet->keys, resnet->n_keys));
   char text[512];
   snprintf(text, sizeof text, "[model]\nname = resnet\n%s", model_ini);
-  OK(stoke_cfg_load_string(cfg, "test.ini", text));
-  OK(stoke_cfg_validate(cfg));
+  EXPECT_OK(stoke_cfg_load_string(cfg, "test.ini", text));
+  EXPECT_OK(stoke_cfg_validate(cfg));
   stoke_graph *g;
-  OK(stoke_graph_new(reg, STOKE_F32, STOKE_NCHW, &g));
+  EXPECT_OK(stoke_graph_new(reg, STOKE_F32, STOKE_NCHW, &g));
   int x, logits;
-  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){4, {n, c, hw, hw}}, STOKE_F32, &x));
+  EXPECT_OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){4, {n, c, hw, hw}}, STOKE_F32, &x));
   stoke_builder_v1 b = stoke_graph_builder(g);
-  OK(resnet->build(cfg, "model", &b, x, classes, &logits));
+  EXPECT_OK(resnet->build(cfg, "model", &b, x, classes, &logits));
   stoke_shape s = g->values[logits].shape;
   assert_int_equal(s.ndim, 2);
   assert_int_equal(s.d[0], n);
@@ -145,7 +136,7 @@ static void test_resnet50_flops(void **state) {
   void *selves[] = {NULL};
   stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves};
   stoke_plan *p;
-  OK(stoke_compile(g, &o, &p));
+  EXPECT_OK(stoke_compile(g, &o, &p));
   double matmul = 0, by_op[8] = {0};
   const char *ops[] = {STOKE_OP_CONV2D, STOKE_OP_LINEAR, STOKE_OP_BATCH_NORM, STOKE_OP_RELU,
                        STOKE_OP_ADD, STOKE_OP_MAX_POOL2D, STOKE_OP_GLOBAL_AVG_POOL};
@@ -258,10 +249,10 @@ static void test_torchvision_names(void **state) {
 /* A bad value names the key and the choices; too small an image is refused. */
 static void test_messages(void **state) {
   stoke_cfg *cfg = stoke_cfg_new();
-  OK(stoke_declare_core_keys(cfg));
-  OK(stoke_cfg_declare(cfg, "model", NULL, resnet->keys, resnet->n_keys));
+  EXPECT_OK(stoke_declare_core_keys(cfg));
+  EXPECT_OK(stoke_cfg_declare(cfg, "model", NULL, resnet->keys, resnet->n_keys));
   for (int i = 0; i < resnet->n_keys; i++) assert_true(resnet->keys[i].help && *resnet->keys[i].help);
-  OK(stoke_cfg_load_string(cfg, "bad.ini", "[model]\nname = resnet\ndepth = 101\n"));
+  EXPECT_OK(stoke_cfg_load_string(cfg, "bad.ini", "[model]\nname = resnet\ndepth = 101\n"));
   stoke_err *e = stoke_cfg_validate(cfg);
   assert_non_null(e);
   print_message("%s\n", e->msg);
@@ -270,13 +261,13 @@ static void test_messages(void **state) {
   stoke_cfg_free(cfg);
 
   cfg = stoke_cfg_new();
-  OK(stoke_declare_core_keys(cfg));
-  OK(stoke_cfg_declare(cfg, "model", NULL, resnet->keys, resnet->n_keys));
-  OK(stoke_cfg_load_string(cfg, "small.ini", "[model]\nname = resnet\ndepth = 18\n"));
+  EXPECT_OK(stoke_declare_core_keys(cfg));
+  EXPECT_OK(stoke_cfg_declare(cfg, "model", NULL, resnet->keys, resnet->n_keys));
+  EXPECT_OK(stoke_cfg_load_string(cfg, "small.ini", "[model]\nname = resnet\ndepth = 18\n"));
   stoke_graph *g;
-  OK(stoke_graph_new(reg, STOKE_F32, STOKE_NCHW, &g));
+  EXPECT_OK(stoke_graph_new(reg, STOKE_F32, STOKE_NCHW, &g));
   int x, logits;
-  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){4, {2, 3, 16, 16}}, STOKE_F32, &x));
+  EXPECT_OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){4, {2, 3, 16, 16}}, STOKE_F32, &x));
   stoke_builder_v1 b = stoke_graph_builder(g);
   e = resnet->build(cfg, "model", &b, x, 10, &logits);
   assert_non_null(e);
@@ -327,7 +318,7 @@ static void test_resnet18_cifar_learns(void **state) {
   static const char *dirs[] = {"backends/cpu", "sources/synthetic", "models/resnet"};
   stoke_run_opts o = {path, over, 1, dirs, 3, 1};
   stoke_summary s;
-  OK(stoke_train(&o, &s));
+  EXPECT_OK(stoke_train(&o, &s));
   print_message("resnet18 cifar w8: loss %.4f -> %.4f in %lld steps, %.0f samples/s\n", s.first_loss,
                 s.final_loss, (long long)s.steps, s.samples_per_s);
   assert_int_equal(s.steps, 30);

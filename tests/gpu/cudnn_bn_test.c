@@ -5,8 +5,8 @@
  * eval one; gradient accumulation (param_grad_beta 1) and unwanted
  * gradients against the cuda engine's kernels. Runs on a GPU machine only.
  *
- * g_setup_engines must open cuda first (cudnn runs on its device); the
- * engine list is then reordered to (cudnn, cuda) so that g_gpu_kernel, like
+ * g_setup_engine_first opens cuda first (cudnn runs on its device), then
+ * reorders the engine list to (cudnn, cuda) so that g_gpu_kernel, like
  * the compiler with `backends = cudnn, ...`, picks the cudnn kernel, and
  * every check asserts that it did. */
 #include <stdarg.h>
@@ -17,24 +17,7 @@
 
 #include "gpu_harness.h"
 
-static void swap_engines(void) {
-  const char *n = g_engines[0];
-  void *s = g_engine_self[0];
-  g_engines[0] = g_engines[1], g_engine_self[0] = g_engine_self[1];
-  g_engines[1] = n, g_engine_self[1] = s;
-}
-
-static int setup(void **state) {
-  static const char *engines[] = {"cuda", "cudnn"};
-  if (g_setup_engines(engines, 2)) return -1;
-  swap_engines(); /* (cudnn, cuda): cudnn's kernels first */
-  return 0;
-}
-
-static int teardown(void **state) {
-  swap_engines(); /* close in the order g_setup_engines expects */
-  return g_teardown(state);
-}
+static int setup(void **state) { return g_setup_engine_first("cudnn"); /* (cudnn, cuda) */ }
 
 /* cudnn serves bf16/fp16 batch norm only (see backends/cudnn/bn.c) */
 static const stoke_dtype dtypes[] = {STOKE_BF16, STOKE_F16};
@@ -50,13 +33,6 @@ static const stoke_shape bn_shapes[] = {
     {4, {16, 64, 14, 14}},
 };
 #define N_SHAPES (sizeof bn_shapes / sizeof *bn_shapes)
-
-static void *engine_of(const char *name) {
-  for (int i = 0; i < g_n_engines; i++)
-    if (!strcmp(g_engines[i], name)) return g_engine_self[i];
-  fail_msg("engine %s not open", name);
-  return NULL;
-}
 
 /* The kernel g_check and the running-stats check use must be cudnn's. */
 static void expect_cudnn(stoke_pass pass, stoke_dtype dt, stoke_layout lay) {
@@ -225,7 +201,7 @@ static void bn_accumulate(const stoke_shape *xs, stoke_dtype dt, stoke_layout la
   stoke_tensor gi[5], go[3];
   for (int i = 0; i < 5; i++) gi[i] = in[i].dev;
   for (int j = 0; j < 3; j++) go[j] = out[j].dev;
-  void *cuda_self = engine_of("cuda"), *cudnn_self = engine_of("cudnn");
+  void *cuda_self = g_engine_self_of("cuda"), *cudnn_self = g_engine_self_of("cudnn");
   const stoke_kernel_v1 *fk = stoke_find_kernel(g_reg, "cuda", STOKE_OP_BATCH_NORM, STOKE_FWD, dt, lay);
   stoke_kernel_args_v1 fa = {.node = &node, .n_in = 5, .n_out = 3, .in = gi, .out = go, .training = training,
                              .engine = cuda_self, .stream = g_dev->default_stream(g_dev_self)};
@@ -326,7 +302,7 @@ static double bench_one(const char *engine, const stoke_shape *xs, stoke_dtype d
                          {bench_alloc(cb, 0), cs, dt, STOKE_LAYOUT_ANY, STOKE_DEV_GPU},
                          {bench_alloc(cb, 0), cs, dt, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}};
   stoke_tensor dout[3] = {{bench_alloc(xb, 0x3c), *xs, dt, lay, STOKE_DEV_GPU}};
-  void *es = engine_of(engine);
+  void *es = g_engine_self_of(engine);
   const stoke_kernel_v1 *fk = stoke_find_kernel(g_reg, engine, STOKE_OP_BATCH_NORM, STOKE_FWD, dt, lay);
   const stoke_kernel_v1 *bk = stoke_find_kernel(g_reg, engine, STOKE_OP_BATCH_NORM, STOKE_BWD, dt, lay);
   stoke_kernel_args_v1 fa = {.node = &node, .n_in = 5, .n_out = 3, .in = in, .out = out, .training = 1,
@@ -394,5 +370,5 @@ int main(void) {
       cmocka_unit_test(test_batch_norm_accumulate),
       cmocka_unit_test(test_batch_norm_bench),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, setup, g_teardown_engine_first);
 }

@@ -20,24 +20,7 @@
 
 #include "gpu_harness.h"
 
-static void swap_engines(void) {
-  const char *n = g_engines[0];
-  void *s = g_engine_self[0];
-  g_engines[0] = g_engines[1], g_engine_self[0] = g_engine_self[1];
-  g_engines[1] = n, g_engine_self[1] = s;
-}
-
-static int setup(void **state) {
-  static const char *engines[] = {"cuda", "fused"};
-  if (g_setup_engines(engines, 2)) return -1;
-  swap_engines(); /* (fused, cuda): fused's kernels first */
-  return 0;
-}
-
-static int teardown(void **state) {
-  swap_engines(); /* close in the order g_setup_engines expects */
-  return g_teardown(state);
-}
+static int setup(void **state) { return g_setup_engine_first("fused"); /* (fused, cuda) */ }
 
 typedef struct fcase {
   int64_t n, c, h, w;
@@ -45,12 +28,6 @@ typedef struct fcase {
   stoke_dtype dt;
 } fcase;
 
-static void *engine_of(const char *name) {
-  for (int i = 0; i < g_n_engines; i++)
-    if (!strcmp(g_engines[i], name)) return g_engine_self[i];
-  fail_msg("engine %s not open", name);
-  return NULL;
-}
 
 /* Device copy of t's values into its reference side (as f64). */
 static void pull_into_ref(g_tensor *t) {
@@ -112,7 +89,7 @@ static void check_case(const fcase *k) {
   for (int j = 0; j < 3; j++) ro[j] = out[j].ref, go[j] = out[j].dev;
   stoke_kernel_args_v1 ra = {.node = &node, .n_in = n_in, .n_out = 3, .in = ri, .out = ro, .training = k->training};
   stoke_kernel_args_v1 ga = ra;
-  ga.in = gi, ga.out = go, ga.engine = engine_of("fused"), ga.stream = g_dev->default_stream(g_dev_self);
+  ga.in = gi, ga.out = go, ga.engine = g_engine_self_of("fused"), ga.stream = g_dev->default_stream(g_dev_self);
   const stoke_kernel_v1 *rk = stoke_find_kernel(g_reg, "cpu", op, STOKE_FWD, STOKE_F64, STOKE_NHWC);
   const stoke_kernel_v1 *gk = stoke_find_kernel(g_reg, "fused", op, STOKE_FWD, k->dt, STOKE_NHWC);
   if (!rk || !gk) fail_msg("no %s forward kernel (cpu f64 or fused %s)", op, stoke_dtype_name(k->dt));
@@ -201,5 +178,5 @@ int main(void) {
       cmocka_unit_test(test_f16),
       cmocka_unit_test(test_f32),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, setup, g_teardown_engine_first);
 }

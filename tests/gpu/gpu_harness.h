@@ -19,6 +19,7 @@
 #include "stoke/ops.h"
 #include "stoke/registry.h"
 #include "stoke/rng.h"
+#include "tests/common/seed.h"
 
 #define G_FN static __attribute__((unused))
 
@@ -65,9 +66,7 @@ G_FN int g_setup_engines(const char *const *engines, int n) {
     stoke_err_free(e);
     return -1;
   }
-  const char *env = getenv("STOKE_TEST_SEED");
-  g_seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
-  print_message("gpu test seed %llu (rerun with STOKE_TEST_SEED)\n", (unsigned long long)g_seed);
+  g_seed = test_seed("gpu test");
   return 0;
 }
 
@@ -78,6 +77,36 @@ G_FN int g_teardown(void **state) {
   }
   stoke_registry_free(g_reg);
   return 0;
+}
+
+/* Tests of one engine that runs on the cuda device (cudnn, fused):
+ * g_setup_engines opens cuda first, then the list is reordered to
+ * (engine, cuda), as `backends = engine, ...` orders it, so that
+ * g_gpu_kernel finds the engine's kernels first. */
+G_FN void g_swap_first_two(void) {
+  const char *n = g_engines[0];
+  void *s = g_engine_self[0];
+  g_engines[0] = g_engines[1], g_engine_self[0] = g_engine_self[1];
+  g_engines[1] = n, g_engine_self[1] = s;
+}
+
+G_FN int g_setup_engine_first(const char *engine) {
+  if (g_setup_engines((const char *[]){"cuda", engine}, 2)) return -1;
+  g_swap_first_two();
+  return 0;
+}
+
+G_FN int g_teardown_engine_first(void **state) {
+  g_swap_first_two(); /* close in the order g_setup_engines expects */
+  return g_teardown(state);
+}
+
+/* The open engine `name`'s self. */
+G_FN void *g_engine_self_of(const char *name) {
+  for (int i = 0; i < g_n_engines; i++)
+    if (!strcmp(g_engines[i], name)) return g_engine_self[i];
+  fail_msg("engine %s not open", name);
+  return NULL;
 }
 
 /* ------------------------------------------------------------- buffers */

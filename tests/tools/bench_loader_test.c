@@ -18,20 +18,16 @@
 static char ini[4096];
 
 static int setup(void **state) {
-  snprintf(ini, sizeof ini, "%s/loader.ini", tmpdir());
-  FILE *f = fopen(ini, "w");
-  if (!f) return -1;
-  fprintf(f,
-          "[run]\n"
-          "backends = cpu\n"
-          "seed = 3\n"
-          "[data]\n"
-          "source = synthetic\n"
-          "shape = 3, 32, 32\n"
-          "length = 2048\n"
-          "batch_size = 32\n"
-          "prefetch = 2\n");
-  return fclose(f);
+  return write_tmp(ini, sizeof ini, "loader.ini",
+                   "[run]\n"
+                   "backends = cpu\n"
+                   "seed = 3\n"
+                   "[data]\n"
+                   "source = synthetic\n"
+                   "shape = 3, 32, 32\n"
+                   "length = 2048\n"
+                   "batch_size = 32\n"
+                   "prefetch = 2\n");
 }
 
 static void test_workers_1_2(void **state) {

@@ -20,26 +20,22 @@
 static char ini[4096], out_dir[4200];
 
 static int setup(void **state) {
-  snprintf(ini, sizeof ini, "%s/tiny.ini", tmpdir());
   snprintf(out_dir, sizeof out_dir, "run.out_dir=%s/runs", tmpdir());
-  FILE *f = fopen(ini, "w");
-  if (!f) return -1;
-  fprintf(f,
-          "[run]\n"
-          "backends = cpu\n"
-          "seed = 3\n"
-          "log_every = 2\n"
-          "[data]\n"
-          "source = synthetic\n"
-          "shape = 32\n"
-          "classes = 4\n"
-          "length = 4096\n"
-          "batch_size = 16\n"
-          "workers = 1\n"
-          "[model]\n"
-          "name = mlp\n"
-          "hidden = 32\n");
-  return fclose(f);
+  return write_tmp(ini, sizeof ini, "tiny.ini",
+                   "[run]\n"
+                   "backends = cpu\n"
+                   "seed = 3\n"
+                   "log_every = 2\n"
+                   "[data]\n"
+                   "source = synthetic\n"
+                   "shape = 32\n"
+                   "classes = 4\n"
+                   "length = 4096\n"
+                   "batch_size = 16\n"
+                   "workers = 1\n"
+                   "[model]\n"
+                   "name = mlp\n"
+                   "hidden = 32\n");
 }
 
 static char *slurp(const char *path) {

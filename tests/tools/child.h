@@ -19,6 +19,16 @@ static const char *tmpdir(void) {
   return t && t[0] ? t : "/tmp";
 }
 
+/* Writes `text` to the file `name` in the test's temporary folder, whose
+ * path lands in `path` (`cap` bytes). Returns 0, or -1 on failure. */
+static __attribute__((unused)) int write_tmp(char *path, size_t cap, const char *name, const char *text) {
+  snprintf(path, cap, "%s/%s", tmpdir(), name);
+  FILE *f = fopen(path, "w");
+  if (!f) return -1;
+  fputs(text, f);
+  return fclose(f);
+}
+
 /* Runs `tool` with `args` (NULL-terminated); its stdout and stderr together
  * land in `out` (`cap` bytes, NUL-terminated). Returns the exit code (-1:
  * killed by a signal). */

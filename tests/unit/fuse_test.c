@@ -22,43 +22,9 @@
 #include "stoke/ops.h"
 #include "stoke/registry.h"
 #include "stoke/rng.h"
+#include "tests/common/cpu_fixture.h"
 
-static stoke_registry *reg;
-static const stoke_backend_v1 *cpu;
-static void *cpu_self;
-static uint64_t seed;
-
-#define OK(expr)                                                                        \
-  do {                                                                                  \
-    stoke_err *e_ = (expr);                                                             \
-    if (e_) {                                                                           \
-      print_error("%s\n", e_->msg);                                                     \
-      stoke_err_free(e_);                                                               \
-      fail_msg("%s failed (seed %llu)", #expr, (unsigned long long)seed);               \
-    }                                                                                   \
-  } while (0)
-
-static int setup(void **state) {
-  stoke_err *e = stoke_registry_new(&reg);
-  if (!e) e = stoke_registry_load(reg, "backends/cpu/libstoke_cpu.so");
-  if (!e) cpu = stoke_find_backend(reg, "cpu");
-  if (!e && cpu->open) e = cpu->open(0, NULL, &cpu_self);
-  if (e) {
-    print_error("%s\n", e->msg);
-    stoke_err_free(e);
-    return -1;
-  }
-  const char *env = getenv("STOKE_TEST_SEED");
-  seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
-  print_message("fuse_test seed %llu\n", (unsigned long long)seed);
-  return 0;
-}
-
-static int teardown(void **state) {
-  if (cpu && cpu->close) cpu->close(cpu_self);
-  stoke_registry_free(reg);
-  return 0;
-}
+static int setup(void **state) { return cpu_fixture_setup("fuse_test"); }
 
 static int bn(stoke_graph *g, int x, const char *name, int64_t c) {
   stoke_builder_v1 b = stoke_graph_builder(g);
@@ -104,16 +70,6 @@ static stoke_graph *block(int64_t n, int64_t c, int64_t hw, int64_t classes) {
   return g;
 }
 
-static stoke_plan *compile(stoke_graph *g, int fuse) {
-  static const char *engines[] = {"cpu"};
-  void *selves[] = {cpu_self};
-  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .optimizer = NULL,
-                       .training = 1, .fuse = fuse};
-  stoke_plan *p;
-  OK(stoke_compile(g, &o, &p));
-  return p;
-}
-
 static int count_fwd(const stoke_graph *g, const char *op) {
   int k = 0;
   for (int i = 0; i < g->n_fwd; i++) k += !strcmp(g->nodes[i].n.op, op);
@@ -122,22 +78,15 @@ static int count_fwd(const stoke_graph *g, const char *op) {
 
 /* One forward and backward on a fixed batch; the loss. */
 static double step(stoke_exec *x, const stoke_graph *g, int64_t n, int64_t numel, int64_t classes) {
-  stoke_rng r = stoke_rng_seed(seed);
-  double *in = stoke_exec_input(x);
-  int32_t *lab = stoke_exec_labels(x);
-  for (int64_t i = 0; i < numel; i++) in[i] = stoke_rng_normal(&r);
-  for (int64_t i = 0; i < n; i++) lab[i] = (int32_t)stoke_rng_below(&r, (uint64_t)classes);
+  cpu_random_batch(x, seed, numel, n, classes);
   *(double *)stoke_exec_tensor(x, g->seed).data = 1.0;
-  double loss;
-  OK(stoke_exec_forward_backward(x, 1, 7));
-  OK(stoke_exec_read_loss(x, &loss));
-  return loss;
+  return cpu_loss(x);
 }
 
 static void test_fused_graph_matches(void **state) {
   const int64_t n = 4, c = 3, hw = 3, classes = 5;
   stoke_graph *gu = block(n, c, hw, classes), *gf = block(n, c, hw, classes);
-  stoke_plan *pu = compile(gu, 0), *pf = compile(gf, 1);
+  stoke_plan *pu = cpu_compile(gu, NULL, 0), *pf = cpu_compile(gf, NULL, 1);
   assert_int_equal(count_fwd(gu, STOKE_OP_BATCH_NORM), 4);
   assert_int_equal(count_fwd(gf, STOKE_OP_BN_RELU), 1);
   assert_int_equal(count_fwd(gf, STOKE_OP_BN_ADD_RELU), 1);
@@ -186,5 +135,5 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fused_graph_matches),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
 }

@@ -19,43 +19,9 @@
 #include "stoke/ops.h"
 #include "stoke/registry.h"
 #include "stoke/rng.h"
+#include "tests/common/cpu_fixture.h"
 
-static stoke_registry *reg;
-static const stoke_backend_v1 *cpu;
-static void *cpu_self;
-static uint64_t seed;
-
-#define OK(expr)                                                  \
-  do {                                                            \
-    stoke_err *e_ = (expr);                                       \
-    if (e_) {                                                     \
-      print_error("%s\n", e_->msg);                               \
-      stoke_err_free(e_);                                         \
-      fail_msg("%s failed (seed %llu)", #expr, (unsigned long long)seed); \
-    }                                                             \
-  } while (0)
-
-static int setup(void **state) {
-  stoke_err *e = stoke_registry_new(&reg);
-  if (!e) e = stoke_registry_load(reg, "backends/cpu/libstoke_cpu.so");
-  if (!e) cpu = stoke_find_backend(reg, "cpu");
-  if (!e && cpu->open) e = cpu->open(0, NULL, &cpu_self);
-  if (e) {
-    print_error("%s\n", e->msg);
-    stoke_err_free(e);
-    return -1;
-  }
-  const char *env = getenv("STOKE_TEST_SEED");
-  seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
-  print_message("graph_test seed %llu\n", (unsigned long long)seed);
-  return 0;
-}
-
-static int teardown(void **state) {
-  if (cpu && cpu->close) cpu->close(cpu_self);
-  stoke_registry_free(reg);
-  return 0;
-}
+static int setup(void **state) { return cpu_fixture_setup("graph_test"); }
 
 /* x[N,F] -> fc1 -> relu -> h; h -> fc2 -> relu -> r; (h + r) -> fc3 -> loss.
  * h is used twice, so its gradient is a sum the compiler must insert. */
@@ -83,18 +49,9 @@ static stoke_graph *residual_mlp(stoke_dtype dtype, int64_t n, int64_t f, int64_
   return g;
 }
 
-static stoke_plan *compile(stoke_graph *g, const char *opt) {
-  static const char *engines[] = {"cpu"};
-  void *selves[] = {cpu_self};
-  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .optimizer = opt, .training = 1};
-  stoke_plan *p;
-  OK(stoke_compile(g, &o, &p));
-  return p;
-}
-
 static void test_backward_derivation(void **state) {
   stoke_graph *g = residual_mlp(STOKE_F32, 8, 5, 6, 3);
-  stoke_plan *p = compile(g, "sgd");
+  stoke_plan *p = cpu_compile(g, "sgd", 0);
   int n_bwd = 0, n_sum = 0;
   for (int i = g->n_fwd; i < g->n_nodes; i++) {
     n_bwd += g->nodes[i].pass == STOKE_BWD;
@@ -126,7 +83,7 @@ static void test_backward_derivation(void **state) {
 
 static void test_memory_plan(void **state) {
   stoke_graph *g = residual_mlp(STOKE_F32, 16, 7, 9, 4);
-  stoke_plan *p = compile(g, "adamw");
+  stoke_plan *p = cpu_compile(g, "adamw", 0);
   size_t param_sum = 0;
   int64_t n_params = 0;
   for (int v = 0; v < g->n_values; v++) {
@@ -171,18 +128,10 @@ static void test_memory_plan(void **state) {
   stoke_graph_free(g);
 }
 
-/* The loss of the whole compiled graph, in double. */
-static double run_loss(stoke_exec *x) {
-  double loss;
-  OK(stoke_exec_forward_backward(x, 1, 7));
-  OK(stoke_exec_read_loss(x, &loss));
-  return loss;
-}
-
 static void test_whole_graph_gradient(void **state) {
   const int64_t n = 6, f = 4, hid = 5, c = 3;
   stoke_graph *g = residual_mlp(STOKE_F64, n, f, hid, c);
-  stoke_plan *p = compile(g, NULL);
+  stoke_plan *p = cpu_compile(g, NULL, 0);
   stoke_exec *x;
   OK(stoke_exec_new(p, cpu, cpu_self, seed, &x));
   /* poison the whole arena, then write the batch and the loss seed: a
@@ -190,16 +139,12 @@ static void test_whole_graph_gradient(void **state) {
   double *arena = stoke_exec_buffer(x, STOKE_BUF_ARENA);
   for (size_t i = 0; i < p->bytes[STOKE_BUF_ARENA] / sizeof(double); i++) arena[i] = NAN;
   *(double *)stoke_exec_tensor(x, g->seed).data = 1.0;
-  stoke_rng r = stoke_rng_seed(seed);
-  double *in = stoke_exec_input(x);
-  int32_t *lab = stoke_exec_labels(x);
-  for (int64_t i = 0; i < n * f; i++) in[i] = stoke_rng_normal(&r);
-  for (int64_t i = 0; i < n; i++) lab[i] = (int32_t)stoke_rng_below(&r, (uint64_t)c);
+  cpu_random_batch(x, seed, n * f, n, c);
   double *params = stoke_exec_buffer(x, STOKE_BUF_PARAMS);
   double *grads = stoke_exec_buffer(x, STOKE_BUF_GRADS);
   int64_t total = (int64_t)(p->bytes[STOKE_BUF_PARAMS] / sizeof(double));
   for (int64_t i = 0; i < total; i++) grads[i] = NAN; /* unwritten gradients fail */
-  run_loss(x);
+  cpu_loss(x);
   double *analytic = malloc(sizeof(double) * (size_t)total);
   memcpy(analytic, grads, sizeof(double) * (size_t)total);
   /* central differences on the loss, parameter by parameter */
@@ -211,9 +156,9 @@ static void test_whole_graph_gradient(void **state) {
     for (int64_t i = 0; i < stoke_numel(&g->values[v].shape); i++) {
       double keep = params[off + i], h = 1e-6;
       params[off + i] = keep + h;
-      double lp = run_loss(x);
+      double lp = cpu_loss(x);
       params[off + i] = keep - h;
-      double lm = run_loss(x);
+      double lm = cpu_loss(x);
       params[off + i] = keep;
       double num = (lp - lm) / (2 * h), an = analytic[off + i];
       double err = fabs(num - an) / fmax(1e-6, fabs(num) + fabs(an));
@@ -267,11 +212,7 @@ static stoke_graph *act_mlp(stoke_dtype dtype, int64_t n, int64_t f, int64_t hid
  * flat gradients in *grads (malloc'd). */
 static double fused_run(stoke_graph *g, int fuse, int64_t n, int64_t f, int64_t c, double **grads, size_t *count,
                         int *n_act, int *n_dact) {
-  static const char *engines[] = {"cpu"};
-  void *selves[] = {cpu_self};
-  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .training = 1, .fuse = fuse};
-  stoke_plan *p;
-  OK(stoke_compile(g, &o, &p));
+  stoke_plan *p = cpu_compile(g, NULL, fuse);
   *n_act = *n_dact = 0;
   for (int i = 0; i < g->n_nodes; i++) {
     *n_act += !strcmp(g->nodes[i].n.op, STOKE_OP_LINEAR_ACT);
@@ -282,12 +223,8 @@ static double fused_run(stoke_graph *g, int fuse, int64_t n, int64_t f, int64_t 
   double *arena = stoke_exec_buffer(x, STOKE_BUF_ARENA);
   for (size_t i = 0; i < p->bytes[STOKE_BUF_ARENA] / sizeof(double); i++) arena[i] = NAN;
   *(double *)stoke_exec_tensor(x, g->seed).data = 1.0;
-  stoke_rng r = stoke_rng_seed(seed + 1);
-  double *in = stoke_exec_input(x);
-  int32_t *lab = stoke_exec_labels(x);
-  for (int64_t i = 0; i < n * f; i++) in[i] = stoke_rng_normal(&r);
-  for (int64_t i = 0; i < n; i++) lab[i] = (int32_t)stoke_rng_below(&r, (uint64_t)c);
-  double loss = run_loss(x);
+  cpu_random_batch(x, seed + 1, n * f, n, c);
+  double loss = cpu_loss(x);
   *count = p->bytes[STOKE_BUF_GRADS] / sizeof(double);
   *grads = malloc(p->bytes[STOKE_BUF_GRADS]);
   memcpy(*grads, stoke_exec_buffer(x, STOKE_BUF_GRADS), p->bytes[STOKE_BUF_GRADS]);
@@ -375,5 +312,5 @@ int main(void) {
       cmocka_unit_test(test_fused_activations),
       cmocka_unit_test(test_errors),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
 }

@@ -1,0 +1,85 @@
+/* tests/common/cpu_fixture.h: the fixture of the CPU graph tests: one
+ * registry with the cpu plugin loaded and its backend opened, the run's
+ * seed (tests/common/seed.h), OK(expr), which fails the test with the
+ * error's message and the seed, and helpers to compile and run f64 graphs.
+ * Include after cmocka.h; every helper is static. */
+#ifndef STOKE_TESTS_CPU_FIXTURE_H
+#define STOKE_TESTS_CPU_FIXTURE_H
+
+#include <stdint.h>
+
+#include "stoke/core.h"
+#include "stoke/graph.h"
+#include "stoke/registry.h"
+#include "stoke/rng.h"
+#include "tests/common/seed.h"
+
+static stoke_registry *reg;
+static const stoke_backend_v1 *cpu;
+static void *cpu_self;
+static uint64_t seed;
+
+#define OK(expr)                                                                        \
+  do {                                                                                  \
+    stoke_err *e_ = (expr);                                                             \
+    if (e_) {                                                                           \
+      print_error("%s\n", e_->msg);                                                     \
+      stoke_err_free(e_);                                                               \
+      fail_msg("%s failed (seed %llu)", #expr, (unsigned long long)seed);               \
+    }                                                                                   \
+  } while (0)
+
+/* cmocka group setup (called from the test's own, which names the test in
+ * the seed's line). Bazel runs tests at the runfiles root. */
+static int cpu_fixture_setup(const char *test_name) {
+  stoke_err *e = stoke_registry_new(&reg);
+  if (!e) e = stoke_registry_load(reg, "backends/cpu/libstoke_cpu.so");
+  if (!e) cpu = stoke_find_backend(reg, "cpu");
+  if (!e && cpu->open) e = cpu->open(0, NULL, &cpu_self);
+  if (e) {
+    print_error("%s\n", e->msg);
+    stoke_err_free(e);
+    return -1;
+  }
+  seed = test_seed(test_name);
+  return 0;
+}
+
+static int cpu_fixture_teardown(void **state) {
+  if (cpu && cpu->close) cpu->close(cpu_self);
+  stoke_registry_free(reg);
+  return 0;
+}
+
+/* g compiled for training on the cpu engine alone, with `optimizer` (NULL:
+ * none) and the fusion passes when `fuse`. */
+static __attribute__((unused)) stoke_plan *cpu_compile(stoke_graph *g, const char *optimizer, int fuse) {
+  static const char *engines[] = {"cpu"};
+  void *selves[] = {cpu_self};
+  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .optimizer = optimizer,
+                       .training = 1, .fuse = fuse};
+  stoke_plan *p;
+  OK(stoke_compile(g, &o, &p));
+  return p;
+}
+
+/* A random batch for an f64 graph, drawn from `rng_seed`: `numel` normal
+ * inputs and `n` labels below `classes`. */
+static __attribute__((unused)) void cpu_random_batch(stoke_exec *x, uint64_t rng_seed, int64_t numel, int64_t n,
+                                                     int64_t classes) {
+  stoke_rng r = stoke_rng_seed(rng_seed);
+  double *in = stoke_exec_input(x);
+  int32_t *lab = stoke_exec_labels(x);
+  for (int64_t i = 0; i < numel; i++) in[i] = stoke_rng_normal(&r);
+  for (int64_t i = 0; i < n; i++) lab[i] = (int32_t)stoke_rng_below(&r, (uint64_t)classes);
+}
+
+/* One forward and backward of the whole compiled graph: the loss, in double. */
+static __attribute__((unused)) double cpu_loss(stoke_exec *x) {
+  double loss;
+  OK(stoke_exec_forward_backward(x, 1, 7));
+  OK(stoke_exec_read_loss(x, &loss));
+  return loss;
+}
+
+#endif
