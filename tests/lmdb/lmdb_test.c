@@ -31,6 +31,7 @@
 #include "stoke/loader.h"
 #include "stoke/registry.h"
 #include "tests/common/expect.h"
+#include "tests/common/source_fixture.h"
 
 extern char **environ;
 
@@ -174,33 +175,10 @@ static char *convert_idx(const char *stem, int gz, const char *out, char *path, 
 }
 
 /* The lmdb source opened through the core, as a run opens it. */
-typedef struct opened {
-  stoke_registry *reg;
-  stoke_cfg *cfg;
-  const stoke_source_v1 *src;
-  void *self;
-} opened;
-
 static stoke_err *open_source(opened *o, const char *path, const char *extra) {
-  memset(o, 0, sizeof *o);
-  STOKE_PROPAGATE(stoke_registry_new(&o->reg));
-  STOKE_PROPAGATE(stoke_registry_load(o->reg, PLUGIN));
-  o->src = stoke_find_source(o->reg, "lmdb");
-  if (!o->src) return STOKE_ERR(STOKE_E_NOT_FOUND, "no source 'lmdb' after loading " PLUGIN);
-  o->cfg = stoke_cfg_new();
-  STOKE_PROPAGATE(stoke_cfg_declare(o->cfg, "data", NULL, o->src->keys, o->src->n_keys));
-  char ini[8192];
-  snprintf(ini, sizeof ini, "[data]\npath = %s\n%s", path, extra ? extra : "");
-  STOKE_PROPAGATE(stoke_cfg_load_string(o->cfg, "test.ini", ini));
-  STOKE_PROPAGATE(stoke_cfg_validate(o->cfg));
-  return o->src->open(o->cfg, "data", &o->self);
-}
-
-static void close_source(opened *o) {
-  if (o->self) o->src->close(o->self);
-  if (o->cfg) stoke_cfg_free(o->cfg);
-  if (o->reg) stoke_registry_free(o->reg);
-  memset(o, 0, sizeof *o);
+  char keys[8192];
+  snprintf(keys, sizeof keys, "path = %s\n%s", path, extra ? extra : "");
+  return open_source_from(o, PLUGIN, "lmdb", keys);
 }
 
 static void expect_info(opened *o, int64_t c, int64_t h, int64_t w, int64_t classes) {
