@@ -107,9 +107,17 @@ stoke_err *adamw_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool run) 
   return NULL;
 }
 
+// The learning rate and step t, and what follows from them (on the host
+// from opt, on the device from opt->live).
+__host__ __device__ __forceinline__ void set_step(hyper &h, double lr, double t) {
+  h.lr = lr;
+  h.step_size = lr / (1 - pow(h.beta1, t));
+  h.bc2_sqrt = sqrt(1 - pow(h.beta2, t));
+  h.decay = 1 - lr * h.weight_decay;
+}
+
 hyper hyper_of(const stoke_opt_args_v1 *o) {
   hyper h;
-  h.lr = o->lr;
   h.momentum = o->momentum;
   h.weight_decay = o->weight_decay;
   h.beta1 = o->beta1;
@@ -117,22 +125,21 @@ hyper hyper_of(const stoke_opt_args_v1 *o) {
   h.eps = o->eps;
   h.grad_scale = o->grad_scale;
   h.nesterov = o->nesterov;
-  double t = (double)o->step;
-  h.step_size = o->lr / (1 - pow(o->beta1, t));
-  h.bc2_sqrt = sqrt(1 - pow(o->beta2, t));
-  h.decay = 1 - o->lr * o->weight_decay;
+  set_step(h, o->lr, (double)o->step);
   return h;
 }
 
-// Under a replayed CUDA graph the launch's `h` is the captured step's: the
-// learning rate and step come from device memory instead (opt->live).
-__device__ __forceinline__ void apply_live(hyper &h, const double *live) {
-  if (!live) return;
-  double t = live[1];
-  h.lr = live[0];
-  h.step_size = h.lr / (1 - pow(h.beta1, t));
-  h.bc2_sqrt = sqrt(1 - pow(h.beta2, t));
-  h.decay = 1 - h.lr * h.weight_decay;
+// What both optimizers do first. Under a replayed CUDA graph the launch's
+// `h` is the captured step's: the learning rate and step come from device
+// memory instead (opt->live). Then the loss scaler: false when the step is
+// skipped (inf/NaN gradients), else the gradients are unscaled.
+__device__ __forceinline__ bool step_begins(hyper &h, const float *amp, const double *live) {
+  if (live) set_step(h, live[0], live[1]);
+  if (amp) {
+    if (amp[2] != 0.0f) return false;
+    h.grad_scale /= (double)amp[0];
+  }
+  return true;
 }
 
 // -------------------------------------------------------------------- sgd
@@ -181,12 +188,7 @@ __global__ void sgd_kernel(T *__restrict__ w, const T *__restrict__ grad,
                            float *__restrict__ master, float *__restrict__ buf, int64_t n,
                            hyper h, const float *__restrict__ amp,
                            const double *__restrict__ live) {
-  apply_live(h, live);
-  // loss scaler: skip the step on inf/NaN gradients, else unscale them
-  if (amp) {
-    if (amp[2] != 0.0f) return;
-    h.grad_scale /= (double)amp[0];
-  }
+  if (!step_begins(h, amp, live)) return;
   int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   int64_t stride = (int64_t)gridDim.x * blockDim.x, nv = n / V;
   for (int64_t j = tid; j < nv; j += stride) sgd_chunk<T, MASTER, V>(w, grad, master, buf, j, h);
@@ -239,11 +241,7 @@ __global__ void adamw_kernel(T *__restrict__ w, const T *__restrict__ grad,
                              float *__restrict__ master, float *__restrict__ m,
                              float *__restrict__ v, int64_t n, hyper h, const float *__restrict__ amp,
                              const double *__restrict__ live) {
-  apply_live(h, live);
-  if (amp) {
-    if (amp[2] != 0.0f) return;
-    h.grad_scale /= (double)amp[0];
-  }
+  if (!step_begins(h, amp, live)) return;
   int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   int64_t stride = (int64_t)gridDim.x * blockDim.x, nv = n / V;
   for (int64_t j = tid; j < nv; j += stride)
