@@ -676,20 +676,28 @@ static cublasLtEpilogue_t act_bwd_epilogue(const lt_state *s, int bgrad) {
   return bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
 }
 
-/* ---------------------------------------------------------------- forward */
-
-static stoke_err *fwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes,
-                              stoke_dtype dt, int relu, int act) {
+/* What both plans start with: the checked shapes in a new state for op
+ * `fused` (linear_act / linear_dact), linear_relu or linear. */
+static stoke_err *plan_state(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes,
+                             stoke_dtype dt, int bwd, int relu, const char *fused, lt_state **out) {
   *state = NULL;
   *workspace_bytes = 0;
   lt_state tmp;
   memset(&tmp, 0, sizeof tmp);
-  STOKE_PROPAGATE_P(linear_check(a, dt, 0, &tmp));
+  STOKE_PROPAGATE_P(linear_check(a, dt, bwd, &tmp));
+  STOKE_PROPAGATE_P(new_state(out));
+  **out = tmp;
+  (*out)->op = fused ? fused : relu ? STOKE_OP_LINEAR_RELU : STOKE_OP_LINEAR;
+  (*out)->relu = relu;
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+static stoke_err *fwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes,
+                              stoke_dtype dt, int relu, int act) {
   lt_state *s;
-  STOKE_PROPAGATE_P(new_state(&s));
-  *s = tmp;
-  s->op = act ? STOKE_OP_LINEAR_ACT : relu ? STOKE_OP_LINEAR_RELU : STOKE_OP_LINEAR;
-  s->relu = relu;
+  STOKE_PROPAGATE_P(plan_state(a, state, workspace_bytes, dt, 0, relu, act ? STOKE_OP_LINEAR_ACT : NULL, &s));
   stoke_err *e = NULL;
   if (act && a->n_out < 2)
     e = STOKE_PERR(STOKE_E_INVALID, "cublaslt linear_act '%s': needs the outputs y and aux", s->node);
@@ -787,16 +795,8 @@ static stoke_err *fwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_d
 
 static stoke_err *bwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes,
                               stoke_dtype dt, int relu, int dact) {
-  *state = NULL;
-  *workspace_bytes = 0;
-  lt_state tmp;
-  memset(&tmp, 0, sizeof tmp);
-  STOKE_PROPAGATE_P(linear_check(a, dt, 1, &tmp));
   lt_state *s;
-  STOKE_PROPAGATE_P(new_state(&s));
-  *s = tmp;
-  s->op = dact ? STOKE_OP_LINEAR_DACT : relu ? STOKE_OP_LINEAR_RELU : STOKE_OP_LINEAR;
-  s->relu = relu;
+  STOKE_PROPAGATE_P(plan_state(a, state, workspace_bytes, dt, 1, relu, dact ? STOKE_OP_LINEAR_DACT : NULL, &s));
   stoke_err *e = NULL;
   if (dact && a->n_in < 5)
     e = STOKE_PERR(STOKE_E_INVALID, "cublaslt linear_dact '%s': needs y1, weight, bias, aux1, bias1", s->node);
