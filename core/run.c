@@ -891,19 +891,17 @@ static char *config_text(const stoke_cfg *c) {
  * graphs after the capture (the second step), without by recording one
  * step that does not run. */
 static stoke_err *report_ops(run_state *s, int graphs, const stoke_opt_args_v1 *opt, stoke_summary *sum,
-                             int quiet, int *reported) {
+                             int *reported) {
   int64_t ops = stoke_exec_graph_ops(s->train.x);
   if (!graphs && !ops) STOKE_TRY(stoke_exec_count_ops(s->train.x, opt, &ops), "counting the step's GPU operations");
   if (!graphs || ops) *reported = 1;
   if (!ops) return NULL;
   sum->gpu_ops_per_step = ops;
   sum->launches_per_step = graphs ? 1 : ops;
-  if (!quiet)
-    printf("stoke: one step is %lld GPU operations (kernels, copies, memsets): %s\n", (long long)ops,
-           graphs ? "replayed as 1 CUDA graph launch per step (cuda_graph = true)"
-                  : "launched one by one (cuda_graph = true would make them 1 graph launch)");
-  stoke_log(STOKE_LOG_INFO, "run", "GPU operations per step: %lld, launches per step: %lld", (long long)ops,
-            (long long)sum->launches_per_step);
+  /* (the summary and its JSON line repeat it at the end) */
+  stoke_log(STOKE_LOG_INFO, "run", "one step is %lld GPU operations (kernels, copies, memsets): %s", (long long)ops,
+            graphs ? "replayed as 1 CUDA graph launch (cuda_graph = true)"
+                   : "launched one by one (cuda_graph = true would make them 1 graph launch)");
   return NULL;
 }
 
@@ -1173,7 +1171,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
         e = stoke_exec_micro(s.train.x, micro == 0, micro == accumulate - 1,
                              stoke_hash3((uint64_t)seed, (uint64_t)step, (uint64_t)micro), &opt);
     }
-    if (!e && !ops_reported && step > start_step) e = report_ops(&s, cuda_graph, &opt, sum, o->quiet, &ops_reported);
+    if (!e && !ops_reported && step > start_step) e = report_ops(&s, cuda_graph, &opt, sum, &ops_reported);
     if (!e) e = bench_mark(&s, o, step + 1 - start_step, sum);
     if (e) {
       e = stoke_err_wrap(e, __FILE__, __LINE__, "step %lld", (long long)step + 1);
