@@ -2,7 +2,7 @@
 # tools/gpu_stage.sh: build everything with -c opt here and copy what the GPU
 # machine needs into .stage/ (ignored by git; name it in the device tool's
 # `carry`): the binaries, every plugin, the GPU tests, the PyTorch anchor
-# scripts, the photos from ../shared and the two GPU-side scripts. Then
+# scripts, the photos from ../shared and the GPU-side scripts. Then
 # `bash .stage/gpu_check.sh` runs there. STAGE=path stages elsewhere (a
 # git worktree stages into an ignored .stage-NAME folder of the main
 # checkout, which is what the device tool copies).
@@ -23,7 +23,7 @@ mkdir -p $ST/data
 cp /usr/share/datasets/fashion-mnist/*.gz $ST/data/ 2>/dev/null || true
 mkdir -p $ST/photos && cp ../shared/data/photos/*.jpg $ST/photos/ 2>/dev/null || true
 cp -r examples $ST/
-cp tools/gpu_check.sh tools/gpu_suite.sh $ST/
+cp tools/gpu_check.sh tools/gpu_suite.sh tools/loss_curves.py $ST/
 # shared libraries the GPU machine (Ubuntu 24.04) may lack: cmocka for the
 # test binaries, the CUDA 13 runtime the plugins were built against
 mkdir -p $ST/lib

@@ -9,7 +9,7 @@
 #             fused kernels + CUDA graphs, then PyTorch eager and compile
 #   graph     whole-step CUDA graphs: every step's loss with and without
 #             (fp32 deterministic exact, bf16, fp16 with forced overflow),
-#             then speed with and without (GRAPH_W workloads, bf16)
+#             then speed with and without (tools/bench, GRAPH_W workloads, bf16)
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
 #   epilogues cuBLASLt's activation epilogues against the plain products and
@@ -27,6 +27,7 @@
 #             bandwidth of a 234 MB gradient buffer; ResNet-50 bf16 256/GPU on
 #             1 and 2 GPUs beside PyTorch DDP)
 set -uo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)" # the stage folder: loss_curves.py beside this script
 T="$S/bin/train"
 # NCCL: the system's, else the one PyTorch's wheels bring
 if ! ldconfig -p | grep -q libnccl.so.2; then
@@ -198,28 +199,13 @@ PY
             run.cuda_graph=$g run.progress=off optimizer.schedule=cosine "$@" run.out_dir="$OUT/g_${tag}_$g" > "$OUT/g_${tag}_$g.log" 2>&1
           echo "$tag cuda_graph=$g rc=$? $(grep -E 'GPU operations per step|error' "$OUT/g_${tag}_$g.log" | head -2 | tr '\n' ' ')"
         done
-        python3 - "$OUT/g_${tag}_false/metrics.jsonl" "$OUT/g_${tag}_true/metrics.jsonl" "$tag" <<'PY'
-import json, sys
-def rows(p):
-    return {r["step"]: r for r in map(json.loads, open(p)) if "step" in r and "loss" in r}
-a, b = rows(sys.argv[1]), rows(sys.argv[2])
-steps = sorted(set(a) & set(b))
-d = [abs(a[s]["loss"] - b[s]["loss"]) / max(abs(a[s]["loss"]), 1e-12) for s in steps]
-same = sum(a[s]["loss"] == b[s]["loss"] for s in steps)
-sk = [(a[s].get("skipped_steps"), b[s].get("skipped_steps")) for s in steps[-1:]]
-print(f"{sys.argv[3]}: {len(steps)} steps compared, {same} identical, max rel diff {max(d) if d else float('nan'):.3g}, "
-      f"loss {a[steps[0]]['loss']:.4f} -> {a[steps[-1]]['loss']:.4f} (eager) / {b[steps[-1]]['loss']:.4f} (graph), skipped (eager, graph) {sk}")
-PY
+        python3 "$HERE/loss_curves.py" "$tag" "$OUT/g_${tag}_false/metrics.jsonl" graph="$OUT/g_${tag}_true/metrics.jsonl"
       done
-      log "CUDA graphs: speed (bf16, interleaved, 2 rounds)"
+      log "CUDA graphs: speed (bf16, tools/bench, ${AB_ROUNDS:-3} rounds)"
       for w in ${GRAPH_W:-mlp resnet18c resnet50}; do
-        for round in 1 2; do
-          for g in false true; do
-            timeout 100 "$T" "$S/examples/$w.ini" run.checkpoint=false run.cuda_graph=$g run.progress=off \
-              run.out_dir="$OUT/gs_${w}_$g$round" > "$OUT/gs_${w}_$g$round.log" 2>&1
-            echo "$w cuda_graph=$g round $round rc=$?: $(grep -E 'samples/s median|GPU operations per step' "$OUT/gs_${w}_$g$round.log" | tr -s ' ' | tr '\n' ' ')"
-          done
-        done
+        timeout 300 "$S/bin/bench" "$S/examples/$w.ini" run.log_every=1000 --rounds ${AB_ROUNDS:-3} \
+          --a run.cuda_graph=false --b run.cuda_graph=true > "$OUT/gs_$w.log" 2>&1
+        echo "== $w rc=$?"; grep -A8 "^stoke bench: /" "$OUT/gs_$w.log" | grep -E "^  (A|B) |B/A"
       done
       ;;
     issue6)
@@ -238,24 +224,8 @@ PY
           timeout 120 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=${CURVE_STEPS:-200} run.log_every=1 run.progress=off run.deterministic=true \
             ${!v} run.out_dir="$OUT/c_${w}_$v" > "$OUT/c_${w}_$v.log" 2>&1 || { echo "$w $v failed:"; tail -3 "$OUT/c_${w}_$v.log"; }
         done
-        python3 - "$OUT/c_${w}_base/metrics.jsonl" "$OUT/c_${w}_fast/metrics.jsonl" "$OUT/c_${w}_noise/metrics.jsonl" "$w" <<'PY'
-import json, sys
-def rows(p):
-    try: return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if "step" in r and "loss" in r}
-    except OSError: return {}
-a, b, n = rows(sys.argv[1]), rows(sys.argv[2]), rows(sys.argv[3])
-def diff(x, y, tag):
-    st = sorted(set(x) & set(y))
-    if not st: return f"{tag}: no steps"
-    d = [abs(x[s] - y[s]) / max(abs(x[s]), 1e-3) for s in st]
-    q = sorted(d)
-    return (f"{tag}: {len(st)} steps, final {y[st[-1]]:.4f}, relative difference median {q[len(q)//2]:.3g}, "
-            f"90th pct {q[int(0.9*len(q))]:.3g}, first 10 steps max {max(d[:10]):.3g}")
-st = sorted(a)
-print(f"{sys.argv[4]}: baseline loss {a[st[0]]:.4f} -> {a[st[-1]]:.4f}")
-print("  " + diff(a, b, "fused+graph vs baseline"))
-print("  " + diff(a, n, "baseline with the cuda engine's batch norm (noise) vs baseline"))
-PY
+        python3 "$HERE/loss_curves.py" "$w" "$OUT/c_${w}_base/metrics.jsonl" "fused+graph"="$OUT/c_${w}_fast/metrics.jsonl" \
+          "the cuda engine's batch norm (noise)"="$OUT/c_${w}_noise/metrics.jsonl"
       done
       want ab && log "issue 6: A/B (tools/bench, ${AB_ROUNDS:-3} rounds)"
       want ab && for wp in ${AB_W:-mlp:bf16 resnet50:bf16 resnet50:fp16 resnet18c:bf16}; do
@@ -303,20 +273,10 @@ PY
           done
         done
       done
-      python3 - "$OUT" <<'PY'
-import json, sys, glob
-out = sys.argv[1]
-def losses(tag):
-    rows = [json.loads(l) for l in open(f"{out}/{tag}/metrics.jsonl") if '"step"' in l and '"loss"' in l]
-    return {r["step"]: r["loss"] for r in rows}
-for act in ("relu", "gelu"):
-    a, b = losses(f"fuse_{act}_false_1"), losses(f"fuse_{act}_true_1")
-    steps = sorted(set(a) & set(b))
-    worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in steps)
-    print(f"{act}: loss curves over {len(steps)} logged steps, unfused {a[steps[0]]:.5f}..{a[steps[-1]]:.5f}, "
-          f"fused {b[steps[0]]:.5f}..{b[steps[-1]]:.5f}, worst relative difference {worst:.3g}")
-    for s in steps: print(f"  step {s}: {a[s]:.6f} {b[s]:.6f}")
-PY
+      for act in relu gelu; do
+        python3 "$HERE/loss_curves.py" "mlp $act, unfused against fused" "$OUT/fuse_${act}_false_1/metrics.jsonl" \
+          fused="$OUT/fuse_${act}_true_1/metrics.jsonl"
+      done
       for act in relu gelu; do
         for fuse in false true; do
           timeout 100 "$T" "$S/examples/mlp.ini" run.checkpoint=false run.progress=off run.fuse=$fuse run.steps=24 \
