@@ -28,7 +28,7 @@ static inline stoke_err *open_source_from(opened *o, const char *plugin, const c
   if (!o->src) return STOKE_ERR(STOKE_E_NOT_FOUND, "no source '%s' after loading %s", name, plugin);
   o->cfg = stoke_cfg_new();
   STOKE_PROPAGATE(stoke_cfg_declare(o->cfg, "data", NULL, o->src->keys, o->src->n_keys));
-  char ini[8192];
+  char ini[8192 + 16];
   snprintf(ini, sizeof ini, "[data]\n%s", data_keys);
   STOKE_PROPAGATE(stoke_cfg_load_string(o->cfg, "test.ini", ini));
   STOKE_PROPAGATE(stoke_cfg_validate(o->cfg));

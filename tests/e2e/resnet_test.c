@@ -316,7 +316,8 @@ static void test_resnet18_cifar_learns(void **state) {
   snprintf(out_dir, sizeof out_dir, "run.out_dir=%s/resnet18c", tmp);
   const char *over[] = {out_dir};
   static const char *dirs[] = {"backends/cpu", "sources/synthetic", "models/resnet"};
-  stoke_run_opts o = {path, over, 1, dirs, 3, 1};
+  stoke_run_opts o = {.ini_path = path, .overrides = over, .n_overrides = 1, .plugin_dirs = dirs,
+                      .n_plugin_dirs = 3, .quiet = 1};
   stoke_summary s;
   EXPECT_OK(stoke_train(&o, &s));
   print_message("resnet18 cifar w8: loss %.4f -> %.4f in %lld steps, %.0f samples/s\n", s.first_loss,

@@ -69,7 +69,8 @@ static stoke_err *run(const char *ini, const char **over, int n_over, stoke_summ
   snprintf(out_dir, sizeof out_dir, "run.out_dir=%s/%s", tmp, out_sub);
   all[0] = out_dir;
   for (int i = 0; i < n_over; i++) all[i + 1] = over[i];
-  stoke_run_opts o = {ini, all, n_over + 1, dirs, 5, 1};
+  stoke_run_opts o = {.ini_path = ini, .overrides = all, .n_overrides = n_over + 1, .plugin_dirs = dirs,
+                      .n_plugin_dirs = 5, .quiet = 1};
   return stoke_train(&o, s);
 }
 

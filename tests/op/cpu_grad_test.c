@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "stoke/graph.h" /* stoke_node_init */
 
 #include "opcase.h"
 

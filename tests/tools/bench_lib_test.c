@@ -186,7 +186,7 @@ static void test_commit(void **state) {
   setenv("GIT_DIR", "/nonexistent", 1); /* no repository to ask */
   bench_commit(dir, out, sizeof out);
   assert_string_equal(out, "unknown");
-  char cmd[4200];
+  char cmd[2 * 4096 + 64];
   snprintf(cmd, sizeof cmd, "mkdir -p %s && printf 'def4567-dirty\\n' > %s/COMMIT", dir, dir);
   assert_int_equal(system(cmd), 0);
   bench_commit(dir, out, sizeof out);

@@ -32,7 +32,7 @@ static __attribute__((unused)) int write_tmp(char *path, size_t cap, const char 
 /* Runs `tool` with `args` (NULL-terminated); its stdout and stderr together
  * land in `out` (`cap` bytes, NUL-terminated). Returns the exit code (-1:
  * killed by a signal). */
-static int run_child(const char *tool, const char *const *args, char *out, size_t cap) {
+static inline int run_child(const char *tool, const char *const *args, char *out, size_t cap) {
   char log[4096];
   snprintf(log, sizeof log, "%s/child.log", tmpdir());
   const char *argv[64] = {tool};
