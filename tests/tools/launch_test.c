@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -85,11 +86,20 @@ static void test_grace_then_kill(void **state) {
   (void)state;
   char out[8192];
   double t0 = now_s();
-  /* rank 0 ignores SIGTERM (sleep inherits it): killed after --grace 1 */
-  int rc = run_child(LAUNCH, (const char *const[]){"--gpus", "2", "--grace", "1", "--", "/bin/sh", "-c",
-                                                   "trap '' TERM; if [ $RANK = 1 ]; then exit 1; fi; exec sleep 60",
-                                                   NULL},
+  /* rank 0 ignores SIGTERM (sleep inherits it): killed after --grace 1.
+   * Rank 1 fails only once rank 0 has its trap (the marker file), or the
+   * launcher's SIGTERM could reach rank 0 first and end it at once. */
+  char marker[600], script[1400];
+  snprintf(marker, sizeof marker, "%s/launch_grace_%d", getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp",
+           (int)getpid());
+  unlink(marker);
+  snprintf(script, sizeof script,
+           "trap '' TERM; if [ $RANK = 1 ]; then while [ ! -e %s ]; do sleep 0.05; done; exit 1; fi; "
+           "touch %s; exec sleep 60",
+           marker, marker);
+  int rc = run_child(LAUNCH, (const char *const[]){"--gpus", "2", "--grace", "1", "--", "/bin/sh", "-c", script, NULL},
                      out, sizeof out);
+  unlink(marker);
   assert_int_equal(rc, 1);
   EXPECT_HAS(out, "still running 1 s after the failure: killing them");
   if (now_s() - t0 > 10) fail_msg("took %.1f s", now_s() - t0);
