@@ -192,7 +192,7 @@ static stoke_err *register_plugin(stoke_registry *r, const stoke_plugin_v1 *p,
     return STOKE_ERR(STOKE_E_ABI,
                      "%s: plugin ABI version mismatch: stoke expects version %u, the "
                      "plugin was built for version %u; rebuild it against this "
-                     "stoke's SDK headers (core/include/stoke/plugin.h)",
+                     "stoke's SDK headers (core/sdk/stoke/plugin.h)",
                      origin, STOKE_ABI_VERSION, p->abi_version);
   if (p->struct_size != sizeof(stoke_plugin_v1))
     return STOKE_ERR(STOKE_E_ABI,

@@ -6,7 +6,7 @@ set -euo pipefail
 out="${TEST_TMPDIR:-$(mktemp -d)}"
 # only the SDK's headers are visible, none of the core's host-side ones
 mkdir -p "$out/sdk/stoke"
-for h in plugin.h status.h tensor.h ops.h rng.h; do cp "core/include/stoke/$h" "$out/sdk/stoke/"; done
+cp core/sdk/stoke/*.h "$out/sdk/stoke/"
 cc -std=gnu11 -shared -fPIC -fvisibility=hidden -Wall -Wextra -Werror -Wno-unused-parameter \
    -I "$out/sdk" plugins/swish/swish.c -lm -o "$out/libstoke_swish.so"
 exported=$(nm -D --defined-only "$out/libstoke_swish.so" | awk '{print $3}' | grep -v '^_' | sort)
