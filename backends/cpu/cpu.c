@@ -111,6 +111,7 @@ static stoke_err *cpu_timer_elapsed(void *self, void *a, void *b, float *ms) {
 }
 
 static const stoke_backend_v1 cpu_backend = {
+    STOKE_ABI(stoke_backend_v1),
     .name = "cpu",
     .help = "host memory and the reference kernels (OpenBLAS for matmuls)",
     .device = STOKE_DEV_CPU,

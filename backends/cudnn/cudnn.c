@@ -75,6 +75,7 @@ static void cudnn_close(void *self) {
 }
 
 static const stoke_backend_v1 backend = {
+    STOKE_ABI(stoke_backend_v1),
     .name = "cudnn",
     .help = "NVIDIA cuDNN kernels (conv2d, autotuned with STOKE_KFLAG_AUTOTUNE; 4-D batch_norm) on the cuda device",
     .device = STOKE_DEV_GPU,

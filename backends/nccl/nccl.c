@@ -312,6 +312,7 @@ static stoke_err *nccl_barrier(void *self) {
 }
 
 static const stoke_comm_v1 nccl = {
+    STOKE_ABI(stoke_comm_v1),
     .name = "nccl",
     .help = "NCCL: one process per GPU, started by tools/launch, torchrun, srun or mpirun",
     .open = nccl_open,

@@ -39,7 +39,7 @@ static stoke_err *idx_info(void *self, stoke_sample_info_v1 *o) {
   o->classes = 10;
   return NULL;
 }
-static const stoke_source_v1 idx_source = {"index", "", NULL, 0, NULL, NULL, idx_length, idx_info, idx_read};
+static const stoke_source_v1 idx_source = {STOKE_ABI(stoke_source_v1), "index", "", NULL, 0, NULL, NULL, idx_length, idx_info, idx_read};
 
 /* Plain host memory stands in for pinned buffers. */
 static stoke_err *h_alloc(void *self, size_t n, void **p) {

@@ -1,9 +1,14 @@
-/* stoke/plugin.h: the plugin SDK, version 1. A plugin includes this header
- * (and the two it includes) and nothing else of stoke, and exports exactly
+/* stoke/plugin.h: the plugin SDK. A plugin includes the headers of this
+ * folder (core/sdk/stoke/) and nothing else of stoke, and exports exactly
  * one symbol: `const stoke_plugin_v1 stoke_plugin_v1_entry`, see the bottom.
  *
- * This header is frozen once released: new fields go into a _v2 struct
- * appended after the _v1 fields, and `struct_size` tells them apart. */
+ * Every part a plugin registers (op type, backend, source, model, precision
+ * policy, comm, optimizer) starts, like the entry, with its ABI version and
+ * struct size, checked by the loader before anything else is read:
+ * initialize them with STOKE_ABI(type). The ABI history is in
+ * plugins/README.md. Once released, a struct is frozen: new fields go into
+ * a _v2 struct appended after the _v1 fields, and `struct_size` tells them
+ * apart. */
 #ifndef STOKE_PLUGIN_H
 #define STOKE_PLUGIN_H
 
@@ -17,8 +22,21 @@
 extern "C" {
 #endif
 
-#define STOKE_ABI_VERSION 1u
+/* 2: every registered part versioned (see plugins/README.md, "ABI history") */
+#define STOKE_ABI_VERSION 2u
 #define STOKE_PLUGIN_SYMBOL "stoke_plugin_v1_entry"
+
+/* The first fields of every part a plugin registers, in this order. */
+typedef struct stoke_part_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION the part was built against */
+  uint32_t struct_size; /* sizeof its struct, e.g. sizeof(stoke_model_v1) */
+  const char *name;
+} stoke_part_v1;
+
+/* The initializer of those two fields:
+ *   static const stoke_model_v1 model = {STOKE_ABI(stoke_model_v1), "mlp", ...};
+ *   static const stoke_comm_v1 c = {STOKE_ABI(stoke_comm_v1), .name = "x", ...}; */
+#define STOKE_ABI(type) STOKE_ABI_VERSION, (uint32_t)sizeof(type)
 
 /* ---------------------------------------------------------------- config */
 
@@ -170,6 +188,8 @@ typedef struct stoke_value_desc_v1 {
 #define STOKE_BWD_NEEDS_OUTPUT(i) (1u << (16 + (i)))
 
 typedef struct stoke_op_type_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(stoke_op_type_v1) */
   const char *name;
   const char *help;
   int n_inputs;  /* parameters are inputs too (linear: x, weight, bias) */
@@ -298,6 +318,8 @@ typedef struct stoke_device_info_v1 {
  * another's device (cudnn, cublaslt, fused) leaves them NULL and names
  * that device's engine in `device_engine`. */
 typedef struct stoke_backend_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(stoke_backend_v1) */
   const char *name;
   const char *help;
   stoke_device_kind device;
@@ -360,6 +382,8 @@ typedef struct stoke_sample_info_v1 {
 /* A data source. Sources own no threads: the core's loader calls read()
  * from its workers, concurrently, for different indices. */
 typedef struct stoke_source_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(stoke_source_v1) */
   const char *name;
   const char *help;
   const stoke_cfg_key_v1 *keys; /* declared in the section naming it */
@@ -411,6 +435,8 @@ typedef struct stoke_builder_v1 {
 } stoke_builder_v1;
 
 typedef struct stoke_model_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(stoke_model_v1) */
   const char *name;
   const char *help;
   const stoke_cfg_key_v1 *keys; /* declared in [model] */
@@ -425,6 +451,8 @@ typedef struct stoke_model_v1 {
 /* ----------------------------------------------------- precision policies */
 
 typedef struct stoke_precision_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(stoke_precision_v1) */
   const char *name;
   const char *help;
   stoke_dtype param_dtype;   /* working copy of parameters */
@@ -443,6 +471,8 @@ typedef struct stoke_precision_v1 {
 typedef enum stoke_reduce_op { STOKE_SUM = 0, STOKE_AVG } stoke_reduce_op;
 
 typedef struct stoke_comm_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(stoke_comm_v1) */
   const char *name;
   const char *help;
   stoke_err *(*open)(const stoke_cfg *cfg, void **self);
@@ -459,9 +489,12 @@ typedef struct stoke_comm_v1 {
 
 /* -------------------------------------------------------------- registry */
 
-/* Where a plugin adds its parts. Each add fails with STOKE_E_DUPLICATE if
- * the name (for kernels: engine, op, pass, dtype, layout) is taken, naming
- * the plugin that took it. The structs must outlive the process (static). */
+/* Where a plugin adds its parts. Each add fails with STOKE_E_ABI when the
+ * part's abi_version or struct_size is not this header's (naming the
+ * plugin file, the part, the expected and the found values), and with
+ * STOKE_E_DUPLICATE if the name (for kernels: engine, op, pass, dtype,
+ * layout) is taken, naming the plugin that took it. The structs must
+ * outlive the process (static). */
 typedef struct stoke_registry_v1 {
   void *self;
   stoke_err *(*add_op)(void *self, const stoke_op_type_v1 *op);
