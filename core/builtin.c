@@ -188,13 +188,11 @@ static const stoke_precision_v1 precisions[] = {
 };
 
 /* The single-process comm: world of one, every collective a no-op. */
-static stoke_err *single_open(const stoke_cfg *c, void **self) {
+static stoke_err *single_open(const stoke_cfg *c, const stoke_comm_place_v1 *place, void **self) {
   *self = NULL;
   return NULL;
 }
 static void single_close(void *self) {}
-static int single_rank(void *self) { return 0; }
-static int single_world(void *self) { return 1; }
 static stoke_err *single_all_reduce(void *self, void *buf, size_t count, stoke_dtype t,
                                     stoke_reduce_op op, void *stream) {
   return NULL;
@@ -206,8 +204,8 @@ static stoke_err *single_broadcast(void *self, void *buf, size_t count, stoke_dt
 static stoke_err *single_barrier(void *self) { return NULL; }
 
 static const stoke_comm_v1 single_comm = {
-    STOKE_ABI(stoke_comm_v1), "single", "one process, one device (the default)", single_open, single_close, single_rank,
-    single_world, single_all_reduce, single_broadcast, single_barrier};
+    STOKE_ABI(stoke_comm_v1), "single", "one process, one device (the default)", single_open, single_close,
+    single_all_reduce, single_broadcast, single_barrier};
 
 static stoke_err *builtin_register(const stoke_host_v1 *host, const stoke_registry_v1 *r) {
   for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) STOKE_PROPAGATE(r->add_op(r->self, &ops[i]));

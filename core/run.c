@@ -391,6 +391,7 @@ typedef struct run_state {
   stoke_nvml *nvml;
   /* data parallel (NULL with comm = single) */
   stoke_dp *dp;
+  stoke_dist_env dist; /* read once from the launcher's variables; handed to the comm */
   int rank, world, local_rank;
   stoke_ckpt_meta resume; /* the checkpoint resumed from (step 0: none) */
   void *bench_t[2]; /* the bench's timers around the timed steps */
@@ -954,13 +955,13 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
    * variables); the GPU is device_index + the local rank */
   stoke_run_opts rank_opts = *o;
   if (strcmp(comm_name, "single")) {
-    stoke_dist_env env;
+    stoke_dist_env *env = &s.dist;
     char msg[512];
-    if (stoke_dist_env_read(dist_getenv, NULL, &env, msg, sizeof msg)) {
+    if (stoke_dist_env_read(dist_getenv, NULL, env, msg, sizeof msg)) {
       e = STOKE_ERR(STOKE_E_INVALID, "%s: [run] comm = %s: %s", stoke_cfg_where(c, "run", "comm"), comm_name, msg);
       goto done;
     }
-    s.rank = env.rank, s.world = env.world, s.local_rank = env.local_rank;
+    s.rank = env->rank, s.world = env->world, s.local_rank = env->local_rank;
     rank_opts.quiet |= s.rank > 0; /* rank 0 speaks for the job */
     o = &rank_opts;
   }
@@ -1002,12 +1003,8 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   STOKE_TRY_GOTO(e, done, open_backends(&s, &prec_name), "");
   const stoke_precision_v1 *prec = stoke_find_precision(s.reg, prec_name);
   if (strcmp(comm_name, "single")) {
-    STOKE_TRY_GOTO(e, done, stoke_dp_open(stoke_find_comm(s.reg, comm_name), c, s.dev, s.dev_self, &s.dp), "");
-    if (stoke_dp_rank(s.dp) != s.rank || stoke_dp_world(s.dp) != s.world) {
-      e = STOKE_ERR(STOKE_E_INTERNAL, "comm '%s' says rank %d of %d, the launcher's variables rank %d of %d",
-                    comm_name, stoke_dp_rank(s.dp), stoke_dp_world(s.dp), s.rank, s.world);
-      goto done;
-    }
+    STOKE_TRY_GOTO(e, done, stoke_dp_open(stoke_find_comm(s.reg, comm_name), c, &s.dist, s.dev, s.dev_self, &s.dp),
+                   "");
   }
   const char *layout;
   STOKE_TRY_GOTO(e, done, stoke_cfg_str(c, "run", "layout", &layout), "");

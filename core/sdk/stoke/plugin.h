@@ -470,15 +470,27 @@ typedef struct stoke_precision_v1 {
 
 typedef enum stoke_reduce_op { STOKE_SUM = 0, STOKE_AVG } stoke_reduce_op;
 
+/* Where this process sits in the job. The core reads it once from the
+ * launcher's variables (torchrun's RANK, WORLD_SIZE, LOCAL_RANK,
+ * MASTER_ADDR/PORT; Open MPI's; Slurm's) and hands it to the comm: a comm
+ * plugin does not read them again. */
+typedef struct stoke_comm_place_v1 {
+  int rank, world;
+  int local_rank;         /* on this node: the GPU is [run] device_index + local_rank */
+  const char *rendezvous; /* "host:port" where rank 0's bootstrap listens ("" for one process) */
+  const char *launcher;   /* whose variables: "torchrun", "openmpi", "slurm" or "none" */
+} stoke_comm_place_v1;
+
+/* A communicator over the processes of a job; its collectives are
+ * enqueued on `stream` (the device's) and never make the host wait. */
 typedef struct stoke_comm_v1 {
   uint32_t abi_version; /* STOKE_ABI_VERSION */
   uint32_t struct_size; /* sizeof(stoke_comm_v1) */
   const char *name;
   const char *help;
-  stoke_err *(*open)(const stoke_cfg *cfg, void **self);
+  /* Join the job as `place` says (called once, after the device is open). */
+  stoke_err *(*open)(const stoke_cfg *cfg, const stoke_comm_place_v1 *place, void **self);
   void (*close)(void *self);
-  int (*rank)(void *self);
-  int (*world)(void *self);
   stoke_err *(*all_reduce)(void *self, void *buf, size_t count,
                            stoke_dtype dtype, stoke_reduce_op op,
                            void *stream);
