@@ -1,7 +1,7 @@
 /* core/builtin.c: the core's own plugin, registered through the same
  * stoke_plugin_v1 mechanism as every .so: the built-in op types (shape
- * inference, FLOPs, what backward needs), the precision policies and the
- * single-process comm. */
+ * inference, FLOPs, what backward needs), the precision policies, the
+ * single-process comm and the optimizers (core/optimizers.c). */
 #include <stdio.h>
 #include <string.h>
 
@@ -207,6 +207,8 @@ static const stoke_comm_v1 single_comm = {
     STOKE_ABI(stoke_comm_v1), "single", "one process, one device (the default)", single_open, single_close,
     single_all_reduce, single_broadcast, single_barrier};
 
+stoke_err *stoke_register_optimizers(const stoke_registry_v1 *r); /* core/optimizers.c */
+
 static stoke_err *builtin_register(const stoke_host_v1 *host, const stoke_registry_v1 *r) {
   for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) STOKE_PROPAGATE(r->add_op(r->self, &ops[i]));
   for (size_t i = 0; i < sizeof precisions / sizeof *precisions; i++) {
@@ -216,6 +218,7 @@ static stoke_err *builtin_register(const stoke_host_v1 *host, const stoke_regist
   STOKE_PROPAGATE(stoke_register_conv_ops(r));
   STOKE_PROPAGATE(stoke_register_pool_ops(r));
   STOKE_PROPAGATE(stoke_register_norm_ops(r));
+  STOKE_PROPAGATE(stoke_register_optimizers(r));
   return NULL;
 }
 

@@ -118,29 +118,23 @@ static int list_entries(const stoke_plan *p, void *const hb[3], const char *opt,
     }
   }
   if (!opt || !hb[2]) return n;
-  static const char *sgd_names[] = {"momentum_buffer"};
-  static const char *adamw_names[] = {"exp_avg", "exp_avg_sq"};
-  const char **names = !strcmp(opt, "adamw") ? adamw_names : sgd_names;
-  /* low-precision parameters (has_master): the state is f32, the master
-   * copy of the flat parameter buffer first, then each optimizer tensor
-   * over the flat buffer; element i of a parameter is at offset / es + i */
+  /* the state in the master dtype: the master copy of the flat parameter
+   * buffer first (has_master), then each of the optimizer's tensors over
+   * the flat buffer, named as torch.optim's state_dict; element i of a
+   * parameter is at offset / es + i of each */
   size_t es = stoke_dtype_size(g->dtype), flat = p->bytes[STOKE_BUF_PARAMS] / es;
+  size_t ss = stoke_dtype_size(p->state_dtype);
   for (int k = p->has_master ? -1 : 0; k < p->opt_state_per_param; k++)
     for (int v = 0; v < g->n_values && n < cap; v++) {
       const stoke_value *val = &g->values[v];
       if (!is_opt_kind(val)) continue;
       entry *e = &out[n++];
-      snprintf(e->name, sizeof e->name, "optimizer.%.80s.%s", val->name, k < 0 ? "master" : names[k]);
+      snprintf(e->name, sizeof e->name, "optimizer.%.80s.%s", val->name,
+               k < 0 ? "master" : p->opt->state_names[k]);
       e->shape = val->shape;
-      if (p->has_master) {
-        e->dtype = "F32";
-        e->src = (const float *)hb[2] + (size_t)(k + 1) * flat + val->offset / es;
-        e->bytes = (size_t)stoke_numel(&val->shape) * sizeof(float);
-      } else {
-        e->dtype = st_dtype(val->dtype);
-        e->src = (const char *)hb[2] + (size_t)k * p->bytes[STOKE_BUF_PARAMS] + val->offset;
-        e->bytes = (size_t)stoke_numel(&val->shape) * stoke_dtype_size(val->dtype);
-      }
+      e->dtype = st_dtype(p->state_dtype);
+      e->src = (const char *)hb[2] + ((size_t)(k + p->has_master) * flat + val->offset / es) * ss;
+      e->bytes = (size_t)stoke_numel(&val->shape) * ss;
     }
   return n;
 }
@@ -197,9 +191,11 @@ stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ck
   int n = list_entries(p, hb, p->opt_kernel ? m->optimizer : NULL, nbt_val, &nbt_store, ents, cap);
   sb_put(&h, "{\"__metadata__\":{\"format\":\"pt\",\"stoke_checkpoint_version\":\"%d\","
              "\"step\":\"%lld\",\"epoch\":\"%lld\",\"seed\":\"%lld\",\"accumulate\":\"%lld\","
-             "\"loss_scale\":\"%.17g\",\"world\":\"%lld\",\"batch\":\"%lld\",\"optimizer\":",
+             "\"loss_scale\":\"%.17g\",\"skipped_steps\":\"%lld\",\"world\":\"%lld\",\"batch\":\"%lld\","
+             "\"optimizer\":",
          STOKE_CKPT_VERSION, (long long)m->step, (long long)m->epoch, (long long)m->seed,
-         (long long)m->accumulate, m->loss_scale, (long long)(m->world > 0 ? m->world : 1), (long long)m->batch);
+         (long long)m->accumulate, m->loss_scale, (long long)m->skipped_steps, (long long)(m->world > 0 ? m->world : 1),
+         (long long)m->batch);
   sb_json_str(&h, p->opt_kernel ? m->optimizer : "");
   if (config_text) {
     sb_put(&h, ",\"config\":");
@@ -583,13 +579,14 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
   m->loss_scale = ls ? strtod(ls, NULL) : 1;
   m->world = stoke_st_meta(&f, "world") ? meta_int(&f, "world") : 1;
   m->batch = stoke_st_meta(&f, "batch") ? meta_int(&f, "batch") : 0;
+  m->skipped_steps = stoke_st_meta(&f, "skipped_steps") ? meta_int(&f, "skipped_steps") : 0;
   const char *opt = stoke_st_meta(&f, "optimizer");
   snprintf(m->optimizer, sizeof m->optimizer, "%s", opt ? opt : "");
   void *hb[3] = {0};
   size_t sizes[3];
   e = host_copies(x, hb, sizes);
   /* optimizer tensors only when the file has the plan's optimizer */
-  const char *want_opt = p->opt_kernel && !strcmp(m->optimizer, p->opt_kernel->op) ? m->optimizer : NULL;
+  const char *want_opt = p->opt && !strcmp(m->optimizer, p->opt->name) ? m->optimizer : NULL;
   int cap = 5 * p->g->n_values + 8; /* parameter, state, master, two optimizer tensors */
   entry *ents = e ? NULL : calloc((size_t)cap, sizeof *ents);
   if (!e && !ents) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
@@ -620,8 +617,8 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
       const stoke_value *val = &g->values[v];
       if (!is_opt_kind(val)) continue;
       for (int64_t i = 0; i < stoke_numel(&val->shape); i++)
-        ((float *)hb[2])[val->offset / es + (size_t)i] =
-            (float)stoke_elem_get((const char *)hb[0] + val->offset, val->dtype, i);
+        stoke_elem_set(hb[2], p->state_dtype, (int64_t)(val->offset / es) + i,
+                       stoke_elem_get((const char *)hb[0] + val->offset, val->dtype, i));
     }
   }
   void *dev[3] = {stoke_exec_buffer(x, STOKE_BUF_PARAMS), stoke_exec_buffer(x, STOKE_BUF_STATE),

@@ -16,8 +16,9 @@
 
 extern const stoke_plugin_v1 stoke_builtin_plugin; /* core/builtin.c */
 
-typedef enum { K_OP, K_BACKEND, K_SOURCE, K_MODEL, K_PRECISION, K_COMM, K_KERNEL, K_COUNT } part_kind;
-static const char *kind_names[K_COUNT] = {"op", "backend", "source", "model", "precision", "comm", "kernel"};
+typedef enum { K_OP, K_BACKEND, K_SOURCE, K_MODEL, K_PRECISION, K_COMM, K_OPTIMIZER, K_KERNEL, K_COUNT } part_kind;
+static const char *kind_names[K_COUNT] = {"op", "backend", "source", "model", "precision", "comm", "optimizer",
+                                          "kernel"};
 
 /* every versioned part has its name where stoke_part_v1 says */
 #define NAME_AT_PART_OFFSET(T) \
@@ -28,6 +29,7 @@ NAME_AT_PART_OFFSET(stoke_source_v1);
 NAME_AT_PART_OFFSET(stoke_model_v1);
 NAME_AT_PART_OFFSET(stoke_precision_v1);
 NAME_AT_PART_OFFSET(stoke_comm_v1);
+NAME_AT_PART_OFFSET(stoke_optimizer_v1);
 
 typedef struct part {
   part_kind kind;
@@ -70,7 +72,8 @@ static int same_kernel(const stoke_kernel_v1 *a, const stoke_kernel_v1 *b) {
  * the plugin's entry covers them) */
 static const size_t kind_sizes[K_COUNT] = {sizeof(stoke_op_type_v1), sizeof(stoke_backend_v1),
                                            sizeof(stoke_source_v1),  sizeof(stoke_model_v1),
-                                           sizeof(stoke_precision_v1), sizeof(stoke_comm_v1), 0};
+                                           sizeof(stoke_precision_v1), sizeof(stoke_comm_v1),
+                                           sizeof(stoke_optimizer_v1), 0};
 
 /* The versioned header every part but kernels starts with, checked before
  * any other field is read (a part built for another ABI may have another
@@ -150,13 +153,25 @@ static stoke_err *api_add_source(void *s, const stoke_source_v1 *x) { return add
 static stoke_err *api_add_model(void *s, const stoke_model_v1 *m) { return add_versioned(s, K_MODEL, m); }
 static stoke_err *api_add_precision(void *s, const stoke_precision_v1 *p) { return add_versioned(s, K_PRECISION, p); }
 static stoke_err *api_add_comm(void *s, const stoke_comm_v1 *c) { return add_versioned(s, K_COMM, c); }
+static stoke_err *api_add_optimizer(void *s, const stoke_optimizer_v1 *o) {
+  STOKE_PROPAGATE(check_part_abi(s, K_OPTIMIZER, o));
+  if (o->n_state < 0 || o->n_state > STOKE_OPT_MAX_STATE)
+    return STOKE_ERR(STOKE_E_INVALID, "%s: optimizer '%s' has %d state tensors per parameter (0 to %d)",
+                     ((const stoke_registry *)s)->current_origin, o->name ? o->name : "?", o->n_state,
+                     STOKE_OPT_MAX_STATE);
+  for (int i = 0; i < o->n_state; i++)
+    if (!o->state_names[i] || !o->state_names[i][0])
+      return STOKE_ERR(STOKE_E_INVALID, "%s: optimizer '%s': state tensor %d has no name (checkpoints need one)",
+                       ((const stoke_registry *)s)->current_origin, o->name ? o->name : "?", i);
+  return add_part(s, K_OPTIMIZER, o->name, o);
+}
 
 stoke_err *stoke_registry_new(stoke_registry **out) {
   stoke_registry *r = calloc(1, sizeof *r);
   if (!r) return STOKE_ERR(STOKE_E_OOM, "out of memory creating the registry");
   r->api = (stoke_registry_v1){r, api_add_op, api_add_kernel, api_add_backend,
                                api_add_source, api_add_model, api_add_precision,
-                               api_add_comm};
+                               api_add_comm, api_add_optimizer};
   stoke_err *e = stoke_registry_add_plugin(r, &stoke_builtin_plugin, "built-in");
   if (e) {
     stoke_registry_free(r);
@@ -406,6 +421,9 @@ const stoke_source_v1 *stoke_find_source(const stoke_registry *r, const char *n)
 const stoke_model_v1 *stoke_find_model(const stoke_registry *r, const char *n) { return find(r, K_MODEL, n); }
 const stoke_precision_v1 *stoke_find_precision(const stoke_registry *r, const char *n) { return find(r, K_PRECISION, n); }
 const stoke_comm_v1 *stoke_find_comm(const stoke_registry *r, const char *n) { return find(r, K_COMM, n); }
+const stoke_optimizer_v1 *stoke_find_optimizer(const stoke_registry *r, const char *n) {
+  return find(r, K_OPTIMIZER, n);
+}
 
 const stoke_kernel_v1 *stoke_find_kernel(const stoke_registry *r, const char *engine,
                                          const char *op, stoke_pass pass, stoke_dtype dtype,

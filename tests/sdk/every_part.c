@@ -61,6 +61,10 @@ static const stoke_precision_v1 precision = {V(stoke_precision_v1, 4), .name = "
 
 static const stoke_comm_v1 comm = {V(stoke_comm_v1, 5), .name = "every_comm", .help = "registers only"};
 
+static const stoke_optimizer_v1 optimizer = {V(stoke_optimizer_v1, 6), .name = "every_optimizer",
+                                             .help = "registers only", .n_state = 1,
+                                             .state_names = {"momentum_buffer"}};
+
 static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
   stoke_host = h;
   STOKE_PROPAGATE_P(r->add_op(r->self, &op));
@@ -69,7 +73,8 @@ static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
   STOKE_PROPAGATE_P(r->add_source(r->self, &source));
   STOKE_PROPAGATE_P(r->add_model(r->self, &model));
   STOKE_PROPAGATE_P(r->add_precision(r->self, &precision));
-  return r->add_comm(r->self, &comm);
+  STOKE_PROPAGATE_P(r->add_comm(r->self, &comm));
+  return r->add_optimizer(r->self, &optimizer);
 }
 
 STOKE_EXPORT const stoke_plugin_v1 stoke_plugin_v1_entry = {STOKE_ABI_VERSION, sizeof(stoke_plugin_v1),
