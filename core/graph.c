@@ -247,9 +247,11 @@ static stoke_err *add_node(stoke_graph *g, const char *op, const char *name, con
   }
   if (g->n_fwd != g->n_nodes)
     return STOKE_ERR(STOKE_E_INTERNAL, "nodes added after the graph was compiled");
-  if (n_inputs != t->n_inputs || n_outputs != t->n_outputs)
-    return STOKE_ERR(STOKE_E_INVALID, "op '%s' takes %d inputs and %d outputs, given %d and %d",
-                     op, t->n_inputs, t->n_outputs, n_inputs, n_outputs);
+  int variadic = t->n_outputs == 0; /* split: as many outputs as its infer makes */
+  if (n_inputs != t->n_inputs || (variadic ? n_outputs < 1 || n_outputs > STOKE_MAX_IO : n_outputs != t->n_outputs))
+    return STOKE_ERR(STOKE_E_INVALID, "op '%s' takes %d inputs and %s%d outputs, given %d and %d", op,
+                     t->n_inputs, variadic ? "1 to " : "", variadic ? STOKE_MAX_IO : t->n_outputs, n_inputs,
+                     n_outputs);
   for (int i = 0; i < n_inputs; i++)
     if (inputs[i] < 0 || inputs[i] >= g->n_values)
       return STOKE_ERR(STOKE_E_INVALID, "op '%s': input %d is not a value of this graph", op, i);
@@ -285,6 +287,9 @@ static stoke_err *add_node(stoke_graph *g, const char *op, const char *name, con
   n = &g->nodes[id];
   if (!e) e = parse_attrs(t, &n->n, attrs);
   if (!e) e = t->infer(&n->n, in, out);
+  if (!e && variadic && (!out[n_outputs - 1].shape.ndim || (n_outputs < STOKE_MAX_IO && out[n_outputs].shape.ndim)))
+    e = STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): given %d outputs, its attributes make another number", nm, op,
+                  n_outputs);
   if (e) {
     g->n_nodes--;
     return stoke_err_wrap(e, __FILE__, __LINE__, "adding node '%s' (%s)", nm, op);
@@ -320,10 +325,14 @@ stoke_builder_v1 stoke_graph_builder(stoke_graph *g) {
 
 stoke_err *stoke_graph_loss(stoke_graph *g, int logits, const char *attrs) {
   if (g->label < 0) return STOKE_ERR(STOKE_E_INTERNAL, "the graph has no label input");
-  int in[2] = {logits, g->label}, out;
-  STOKE_TRY(add_node(g, STOKE_OP_SOFTMAX_CE, "loss", in, 2, attrs, &out, 1), "attaching the loss");
+  return stoke_graph_loss_on(g, logits, g->label, attrs);
+}
+
+stoke_err *stoke_graph_loss_on(stoke_graph *g, int logits, int labels, const char *attrs) {
+  int in[2] = {logits, labels}, out[2];
+  STOKE_TRY(add_node(g, STOKE_OP_SOFTMAX_CE, "loss", in, 2, attrs, out, 2), "attaching the loss");
   g->logits = logits;
-  g->loss = out;
+  g->loss = out[0];
   return NULL;
 }
 

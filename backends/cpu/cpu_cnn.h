@@ -9,5 +9,6 @@ stoke_err *cpu_register_conv(const stoke_registry_v1 *r);
 stoke_err *cpu_register_pool(const stoke_registry_v1 *r);
 stoke_err *cpu_register_norm(const stoke_registry_v1 *r);
 stoke_err *cpu_register_cast(const stoke_registry_v1 *r);
+stoke_err *cpu_register_seq(const stoke_registry_v1 *r); /* seq.c: transformer ops and views */
 
 #endif

@@ -93,6 +93,9 @@ stoke_err *stoke_graph_input(stoke_graph *g, const char *name,
 /* Attach softmax cross-entropy on `logits` against the label value;
  * `attrs` as for builder nodes ("label_smoothing=0.1"). */
 stoke_err *stoke_graph_loss(stoke_graph *g, int logits, const char *attrs);
+/* The same against another i32 value of labels (a language model's next
+ * tokens, cut from its input on the device). */
+stoke_err *stoke_graph_loss_on(stoke_graph *g, int logits, int labels, const char *attrs);
 
 /* -------------------------------------------------------------- compile */
 

@@ -173,7 +173,7 @@ typedef struct stoke_op_type_v1 {
   const char *name;
   const char *help;
   int n_inputs;  /* parameters are inputs too (linear: x, weight, bias) */
-  int n_outputs;
+  int n_outputs; /* 0: as many (1 to STOKE_MAX_IO) as infer makes (split) */
   const stoke_attr_decl_v1 *attrs;
   int n_attrs;
   /* Output shapes and dtypes from the inputs'; errors name the node. */
