@@ -46,6 +46,8 @@ typedef struct stoke_value {
   stoke_buffer_id buffer;
   size_t offset, bytes;
   int first, last;     /* schedule positions where it is live */
+  int alias;           /* the value whose memory this one is (a view), or -1 */
+  size_t alias_off;    /* bytes into it */
 } stoke_value;
 
 typedef struct stoke_gnode {
@@ -58,11 +60,20 @@ typedef struct stoke_gnode {
   int in[STOKE_MAX_IO], out[STOKE_MAX_IO];     /* forward values */
   int din[STOKE_MAX_IO], dout[STOKE_MAX_IO];   /* backward: -1 = none */
   double flops;
+  /* a second user of a tied parameter: its parameter gradients always
+   * accumulate onto what the earlier backward node wrote (beta 1) */
+  int param_accumulate;
   /* kernel resolution */
   const stoke_kernel_v1 *kernel;
   void *kstate;
   size_t workspace;
 } stoke_gnode;
+
+/* A parameter's second name in checkpoints (a tied weight). */
+typedef struct stoke_tied_name {
+  int value;
+  char name[64];
+} stoke_tied_name;
 
 struct stoke_graph {
   const stoke_registry *reg;
@@ -74,6 +85,8 @@ struct stoke_graph {
   int input, label, logits, loss, seed;
   stoke_dtype dtype;   /* of inputs/params/activations */
   stoke_layout layout; /* of 4-D activations */
+  stoke_tied_name *tied;
+  int n_tied;
 };
 
 stoke_err *stoke_graph_new(const stoke_registry *reg, stoke_dtype dtype,
@@ -138,6 +151,9 @@ typedef struct stoke_plan {
 stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts,
                          stoke_plan **out);
 void stoke_plan_free(stoke_plan *p);
+/* The value whose memory v is (itself unless v is a view or an in-place
+ * gradient; core/alias.c) and v's byte offset in it. */
+int stoke_alias_root(const stoke_graph *g, int v, size_t *off);
 /* The report: each node, its shapes, engine, FLOPs; memory by kind. */
 void stoke_plan_report(const stoke_plan *p, FILE *f);
 
