@@ -109,6 +109,10 @@ stoke_err *stoke_graph_loss(stoke_graph *g, int logits, const char *attrs);
 /* The same against another i32 value of labels (a language model's next
  * tokens, cut from its input on the device). */
 stoke_err *stoke_graph_loss_on(stoke_graph *g, int logits, int labels, const char *attrs);
+/* A language model's batch of token windows [B, T + 1] (i32) as the tokens
+ * [B, T] its model reads and the targets [B T] (the next tokens) its loss
+ * is taken against, cut on the device (core/lm.c). */
+stoke_err *stoke_lm_inputs(stoke_graph *g, int windows, int *tokens, int *targets);
 
 /* -------------------------------------------------------------- compile */
 
