@@ -375,8 +375,8 @@ CPU_PLAN(transpose_fwd_plan, int d[2], transpose_check(a, a->in[0].dtype, 0, 0, 
   K(STOKE_OP_LAYER_NORM, STOKE_BWD, layer_norm_bwd, sfx, dt),                  \
   K(STOKE_OP_ADD_LAYER_NORM, STOKE_FWD, add_layer_norm_fwd, sfx, dt),          \
   K(STOKE_OP_ADD_LAYER_NORM, STOKE_BWD, add_layer_norm_bwd, sfx, dt),          \
-  K(STOKE_OP_ATTENTION, STOKE_FWD, attention_fwd, sfx, dt),                    \
-  K(STOKE_OP_ATTENTION, STOKE_BWD, attention_bwd, sfx, dt),                    \
+  CPU_KERNEL(STOKE_OP_ATTENTION, STOKE_FWD, attention_fwd, sfx, dt, CAT(attention_destroy, sfx)), \
+  CPU_KERNEL(STOKE_OP_ATTENTION, STOKE_BWD, attention_bwd, sfx, dt, CAT(attention_destroy, sfx)), \
   K(STOKE_OP_MATMUL, STOKE_FWD, matmul_fwd, sfx, dt),                          \
   K(STOKE_OP_MATMUL, STOKE_BWD, matmul_bwd, sfx, dt),                          \
   K(STOKE_OP_RESHAPE, STOKE_BWD, reshape_bwd, sfx, dt),                        \
