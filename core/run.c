@@ -17,6 +17,7 @@
 #include "stoke/checkpoint.h"
 #include "stoke/core.h"
 #include "stoke/dist.h"
+#include "stoke/eval.h"
 #include "stoke/graph.h"
 #include "stoke/loader.h"
 #include "stoke/metrics.h"
@@ -866,19 +867,20 @@ static stoke_err *feed(run_state *s, stream *st, const stoke_batch *b) {
   return NULL;
 }
 
-/* Cross-entropy and whether the top-1 class is `label`, for one row of
- * logits (any number of classes). */
-static double row_loss(const void *logits, stoke_dtype dt, int64_t row, int64_t classes, int32_t label,
-                       int *correct) {
-  double mx = -INFINITY, sum = 0;
-  int64_t best = 0;
-  for (int64_t c = 0; c < classes; c++) {
-    double v = stoke_elem_get(logits, dt, row * classes + c); /* the graph's dtype */
-    if (v > mx) mx = v, best = c;
+/* stoke_eval_rows over the rows the loader could read: a row it could not
+ * read has label -1 and is left out, never counted. */
+static stoke_err *eval_readable_rows(const void *logits, stoke_dtype dt, int64_t rows, int64_t classes,
+                                     const int32_t *labels, stoke_eval_sums *sums) {
+  size_t row_bytes = (size_t)classes * stoke_dtype_size(dt);
+  for (int64_t r = 0; r < rows;) {
+    int64_t end = r;
+    while (end < rows && labels[end] >= 0) end++;
+    if (end > r)
+      STOKE_PROPAGATE(stoke_eval_rows((const char *)logits + (size_t)r * row_bytes, dt, end - r, classes,
+                                      labels + r, sums));
+    r = end + 1; /* past the unreadable row */
   }
-  for (int64_t c = 0; c < classes; c++) sum += exp(stoke_elem_get(logits, dt, row * classes + c) - mx);
-  *correct = best == label;
-  return log(sum) + mx - stoke_elem_get(logits, dt, row * classes + label);
+  return NULL;
 }
 
 /* One pass over the evaluation data with the forward-only plan: mean
@@ -898,8 +900,7 @@ static stoke_err *evaluate(run_state *s, stoke_summary *sum) {
     free(labels);
     return STOKE_ERR(STOKE_E_OOM, "out of memory for evaluation");
   }
-  double total = 0;
-  int64_t correct = 0, count = 0;
+  stoke_eval_sums sums = {0};
   stoke_err *e = NULL;
   int64_t nb = stoke_loader_batches_per_epoch(st->loader);
   for (int64_t i = 0; i < nb && !e; i++) {
@@ -918,28 +919,22 @@ static stoke_err *evaluate(run_state *s, stoke_summary *sum) {
     stoke_loader_release(st->loader, b);
     if (!e) e = stoke_exec_forward_backward(st->x, 1, 0);
     if (!e) e = stoke_exec_read(st->x, st->g->logits, logits, lbytes);
-    for (int64_t r = 0; r < n && !e; r++) {
-      if (labels[r] < 0 || labels[r] >= classes) continue; /* unreadable: skipped, not counted */
-      int hit;
-      total += row_loss(logits, lv->dtype, r, classes, labels[r], &hit);
-      correct += hit;
-      count++;
-    }
+    if (!e) e = eval_readable_rows(logits, lv->dtype, n, classes, labels, &sums); /* the graph's dtype */
   }
   free(logits);
   free(labels);
   if (!e && s->dp) { /* each rank evaluated its shard */
-    double v[3] = {total, (double)correct, (double)count};
+    double v[3] = {sums.loss, (double)sums.correct, (double)sums.count};
     e = stoke_dp_sum(s->dp, v, 3);
-    total = v[0], correct = (int64_t)v[1], count = (int64_t)v[2];
+    sums.loss = v[0], sums.correct = (int64_t)v[1], sums.count = (int64_t)v[2];
   }
-  if (!e && !count)
+  if (!e && !sums.count)
     e = STOKE_ERR(STOKE_E_DATA, "%s: no sample of [eval_data] could be read (each is in the log with its reason)",
                   stoke_cfg_where(s->cfg, "eval_data", "source"));
   if (e) return e->code == STOKE_E_INTERRUPTED ? e : stoke_err_wrap(e, __FILE__, __LINE__, "evaluating on [eval_data]");
-  sum->eval_loss = total / (double)count;
-  sum->eval_accuracy = (double)correct / (double)count;
-  sum->eval_samples = count;
+  sum->eval_loss = sums.loss / (double)sums.count;
+  sum->eval_accuracy = (double)sums.correct / (double)sums.count;
+  sum->eval_samples = sums.count;
   return NULL;
 }
 
