@@ -170,7 +170,8 @@ static void test_ranks(void **state) {
   EXPECT_OK(open_tokens(&o, dir, "order = sequential"));
   int hits[3][16] = {{0}};
   for (int rank = 0; rank < 2; rank++) {
-    stoke_loader_opts lo = {o.src, o.self, &host, NULL, 4, 2, 2, 0, 1, 7, rank, 2, 0};
+    stoke_loader_opts lo = {.src = o.src, .src_self = o.self, .dev = &host, .batch = 4, .workers = 2, .prefetch = 2,
+                            .shuffle = 0, .drop_last = 1, .seed = 7, .rank = rank, .world = 2};
     stoke_loader *l;
     EXPECT_OK(stoke_loader_new(&lo, &l));
     assert_int_equal(stoke_loader_batches_per_epoch(l), 4);
