@@ -443,6 +443,7 @@ typedef struct stream {
   size_t stage_x;         /* bytes of samples; the labels follow */
   void *ev_copy, *ev_d2d; /* timers used as events */
   int d2d_pending;
+  int lm;                 /* token windows: a language model, its loss against the next tokens */
 } stream;
 
 typedef struct run_state {
@@ -601,8 +602,12 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
   stoke_graph *g = st->g;
   stoke_shape xs = {info.shape.ndim + 1, {st->batch}};
   for (int i = 0; i < info.shape.ndim; i++) xs.d[i + 1] = info.shape.d[i];
-  int x, y, logits;
-  if (info.dtype == STOKE_U8) {
+  int x, y, logits, targets = -1;
+  if (info.dtype == STOKE_I32 && info.shape.ndim == 1) {
+    /* token windows [B, T + 1]: the model reads the first T, the loss the next T */
+    STOKE_PROPAGATE(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &xs, STOKE_I32, &x));
+    STOKE_PROPAGATE(stoke_lm_inputs(g, x, &x, &targets));
+  } else if (info.dtype == STOKE_U8) {
     if (info.shape.ndim != 3)
       return STOKE_ERR(STOKE_E_UNSUPPORTED, "source '%s' gives u8 samples that are not images (C, H, W)",
                        st->src->name);
@@ -629,9 +634,10 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
       x = c;
     }
   } else {
-    return STOKE_ERR(STOKE_E_UNSUPPORTED, "source '%s' gives samples that are neither f32 nor u8",
+    return STOKE_ERR(STOKE_E_UNSUPPORTED, "source '%s' gives samples that are neither f32, u8 nor i32 token windows",
                      st->src->name);
   }
+  st->lm = targets >= 0;
   STOKE_PROPAGATE(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {st->batch}}, STOKE_I32, &y));
   const char *mname;
   STOKE_PROPAGATE(stoke_cfg_str(s->cfg, "model", "name", &mname));
@@ -639,16 +645,18 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
   stoke_builder_v1 b = stoke_graph_builder(g);
   STOKE_TRY(m->build(s->cfg, "model", &b, x, info.classes, &logits), "building model '%s'", mname);
   stoke_shape ls = g->values[logits].shape;
-  if (ls.ndim != 2 || ls.d[0] != st->batch || ls.d[1] != info.classes)
-    return STOKE_ERR(STOKE_E_INVALID, "model '%s' must give logits [%lld, %lld]", mname,
-                     (long long)st->batch, (long long)info.classes);
+  int64_t rows = st->lm ? stoke_numel(&g->values[targets].shape) : st->batch;
+  if (ls.ndim != 2 || ls.d[0] != rows || (st->lm ? ls.d[1] < info.classes : ls.d[1] != info.classes))
+    return STOKE_ERR(STOKE_E_INVALID, "model '%s' must give logits [%lld, %s%lld]%s", mname, (long long)rows,
+                     st->lm ? ">= " : "", (long long)info.classes,
+                     st->lm ? " (a row per token, a column per token id of the data's vocabulary)" : "");
   g->logits = logits;
-  if (!training) return NULL;
+  if (!training && !st->lm) return NULL; /* a language model's evaluation reads its loss */
   double smoothing;
   STOKE_PROPAGATE(stoke_cfg_float(s->cfg, "loss", "label_smoothing", &smoothing));
   char attrs[64];
   snprintf(attrs, sizeof attrs, "label_smoothing=%.17g", smoothing);
-  STOKE_PROPAGATE(stoke_graph_loss(g, logits, attrs));
+  STOKE_PROPAGATE(stoke_graph_loss_on(g, logits, st->lm ? targets : y, attrs));
   return NULL;
 }
 
@@ -883,13 +891,16 @@ static stoke_err *eval_readable_rows(const void *logits, stoke_dtype dt, int64_t
   return NULL;
 }
 
+static stoke_err *evaluate_lm(run_state *s, stoke_summary *sum);
+
 /* One pass over the evaluation data with the forward-only plan: mean
  * cross-entropy and top-1 accuracy over every sample that could be read
  * (a last partial batch counts only its real rows; the loader marks an
  * unreadable sample with label -1 instead of replacing it). A signal
- * stops it (STOKE_E_INTERRUPTED). */
+ * stops it (STOKE_E_INTERRUPTED). A language model: evaluate_lm. */
 static stoke_err *evaluate(run_state *s, stoke_summary *sum) {
   stream *st = &s->eval;
+  if (st->lm) return evaluate_lm(s, sum);
   const stoke_value *lv = &st->g->values[st->g->logits];
   int64_t classes = lv->shape.d[1];
   size_t lbytes = (size_t)stoke_numel(&lv->shape) * stoke_dtype_size(lv->dtype);
@@ -935,6 +946,47 @@ static stoke_err *evaluate(run_state *s, stoke_summary *sum) {
   sum->eval_loss = sums.loss / (double)sums.count;
   sum->eval_accuracy = (double)sums.correct / (double)sums.count;
   sum->eval_samples = sums.count;
+  return NULL;
+}
+
+/* A language model's evaluation: the mean next-token cross-entropy over
+ * every whole batch, computed on the device by the loss node (the logits
+ * of a GPT-2 batch, 1.6 GB, never travel); a last partial batch is left
+ * out. No accuracy (NaN), as nanoGPT's estimate_loss. */
+static stoke_err *evaluate_lm(run_state *s, stoke_summary *sum) {
+  stream *st = &s->eval;
+  double total = 0, count = 0, l;
+  int64_t nb = stoke_loader_batches_per_epoch(st->loader), left_out = 0;
+  stoke_err *e = NULL;
+  for (int64_t i = 0; i < nb && !e; i++) {
+    stoke_batch *b;
+    if (stop_now(s)) {
+      e = STOKE_ERR(STOKE_E_INTERRUPTED, "evaluation interrupted");
+      break;
+    }
+    e = stoke_loader_next(st->loader, &b, NULL);
+    if (!b) break; /* interrupted while waiting */
+    int whole = !e && b->n == st->batch;
+    left_out += whole ? 0 : b->n;
+    if (whole) e = feed(s, st, b);
+    stoke_loader_release(st->loader, b);
+    if (whole && !e) e = stoke_exec_forward_backward(st->x, 1, 0);
+    if (whole && !e) e = stoke_exec_read_loss(st->x, &l);
+    if (whole && !e) total += l, count += 1;
+  }
+  if (!e && s->dp) { /* each rank evaluated its shard */
+    double v[2] = {total, count};
+    e = stoke_dp_sum(s->dp, v, 2);
+    total = v[0], count = v[1];
+  }
+  if (!e && !count)
+    e = STOKE_ERR(STOKE_E_DATA, "%s: [eval_data] gave no whole batch of %lld sequences to evaluate",
+                  stoke_cfg_where(s->cfg, "eval_data", "batch_size"), (long long)st->batch);
+  if (e) return e->code == STOKE_E_INTERRUPTED ? e : stoke_err_wrap(e, __FILE__, __LINE__, "evaluating on [eval_data]");
+  if (left_out) stoke_log(STOKE_LOG_DEBUG, "eval", "a last partial batch of %lld sequences left out", (long long)left_out);
+  sum->eval_loss = total / count;
+  sum->eval_accuracy = NAN;
+  sum->eval_samples = (int64_t)count * st->batch;
   return NULL;
 }
 
