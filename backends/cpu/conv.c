@@ -309,25 +309,8 @@ static stoke_err *gap_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int b
 /* ================================================== the two instantiations */
 
 #define CPU_CONV_BODY
-#define T float
-#define DT STOKE_F32
-#define SFX f32
-#define GEMM cblas_sgemm
-#include "conv.c"
-#undef T
-#undef DT
-#undef SFX
-#undef GEMM
-
-#define T double
-#define DT STOKE_F64
-#define SFX f64
-#define GEMM cblas_dgemm
-#include "conv.c"
-#undef T
-#undef DT
-#undef SFX
-#undef GEMM
+#define PER_TYPE_FILE "conv.c"
+#include "per_type.h"
 #undef CPU_CONV_BODY
 
 /* ============================================================ registration */
@@ -350,6 +333,14 @@ static const stoke_kernel_v1 conv_kernels[] = {
 
 stoke_err *cpu_register_conv(const stoke_registry_v1 *r) {
   return cpu_add_kernels(r, conv_kernels, sizeof conv_kernels / sizeof *conv_kernels);
+}
+
+const stoke_kernel_v1 *cpu_conv2d_kernel(stoke_pass pass, stoke_dtype dt) {
+  for (size_t i = 0; i < sizeof conv_kernels / sizeof *conv_kernels; i++) {
+    const stoke_kernel_v1 *k = &conv_kernels[i];
+    if (!strcmp(k->op, STOKE_OP_CONV2D) && k->pass == pass && k->dtype == dt) return k;
+  }
+  return NULL;
 }
 
 #else /* CPU_CONV_BODY: the kernels for element type T */

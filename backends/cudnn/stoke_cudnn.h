@@ -62,5 +62,6 @@ const cudnn_algo_choice *stoke_cudnn_cache_get(const cudnn_engine *e, const cudn
 void stoke_cudnn_cache_put(cudnn_engine *e, const cudnn_conv_key *k, const cudnn_algo_choice *v);
 
 stoke_err *stoke_cudnn_register_conv(const stoke_registry_v1 *r);
+stoke_err *stoke_cudnn_register_sdpa(const stoke_registry_v1 *r); /* sdpa.c: flash attention */
 
 #endif
