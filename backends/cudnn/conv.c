@@ -1,5 +1,7 @@
 /* backends/cudnn/conv.c: conv2d forward and backward (f32, bf16, f16; x/y in
- * NCHW or NHWC) through cuDNN's classic convolution API, with algorithms
+ * NCHW or NHWC) through cuDNN's classic convolution API: the
+ * "cudnn_classic" engine, and the fallback of the graph-API path
+ * (conv_graph.c) for problems no graph engine runs. Algorithms are
  * chosen once per node by plan(): timed (STOKE_KFLAG_AUTOTUNE, like
  * torch.backends.cudnn.benchmark) or by cuDNN's heuristics, and cached per
  * shape in the engine so identical nodes are not tuned twice.
@@ -90,7 +92,7 @@ static void attr_pair(const stoke_node_v1 *n, int idx, int64_t def, int64_t out[
   if (at->n >= 2) out[0] = at->ints[0], out[1] = at->ints[1];
 }
 
-static void conv_destroy(void *state) {
+void stoke_cudnn_classic_destroy(void *state) {
   conv_state *st = state;
   if (!st) return;
   if (st->x) cudnnDestroyTensorDescriptor(st->x);
@@ -408,13 +410,13 @@ static stoke_err *plan_dirs(const stoke_kernel_args_v1 *a, conv_state *st, int b
   return e;
 }
 
-static stoke_err *conv_plan(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes, int bwd) {
+stoke_err *stoke_cudnn_classic_plan(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes, int bwd) {
   conv_state *st = stoke_host->alloc(sizeof *st);
   if (!st) return STOKE_PERR(STOKE_E_OOM, "cudnn conv2d '%s': out of host memory", node_name(a));
   memset(st, 0, sizeof *st);
   stoke_err *e = plan_dirs(a, st, bwd);
   if (e) {
-    conv_destroy(st);
+    stoke_cudnn_classic_destroy(st);
     return e;
   }
   *state = st;
@@ -422,8 +424,12 @@ static stoke_err *conv_plan(const stoke_kernel_args_v1 *a, void **state, size_t 
   return NULL;
 }
 
-static stoke_err *plan_fwd(const stoke_kernel_args_v1 *a, void **state, size_t *ws) { return conv_plan(a, state, ws, 0); }
-static stoke_err *plan_bwd(const stoke_kernel_args_v1 *a, void **state, size_t *ws) { return conv_plan(a, state, ws, 1); }
+static stoke_err *plan_fwd(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  return stoke_cudnn_classic_plan(a, state, ws, 0);
+}
+static stoke_err *plan_bwd(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  return stoke_cudnn_classic_plan(a, state, ws, 1);
+}
 
 static stoke_err *check_run(const stoke_kernel_args_v1 *a, const conv_state *st) {
   if (!st) return STOKE_PERR(STOKE_E_INTERNAL, "cudnn conv2d '%s': run() without plan()", node_name(a));
@@ -438,7 +444,7 @@ static void *algo_ws(const stoke_kernel_args_v1 *a, const conv_state *st) {
   return a->workspace ? (char *)a->workspace + st->w_region : NULL;
 }
 
-static stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *state) {
+stoke_err *stoke_cudnn_classic_run_fwd(const stoke_kernel_args_v1 *a, void *state) {
   conv_state *st = state;
   STOKE_PROPAGATE_P(check_run(a, st));
   if (!a->in[0].data || !a->in[1].data || !a->out[0].data)
@@ -460,7 +466,7 @@ static stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *state) {
 
 /* dx (beta 0: activations are overwritten) and dW (beta param_grad_beta:
  * parameter gradients accumulate), each only when wanted. */
-static stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *state) {
+stoke_err *stoke_cudnn_classic_run_bwd(const stoke_kernel_args_v1 *a, void *state) {
   conv_state *st = state;
   STOKE_PROPAGATE_P(check_run(a, st));
   const void *dy = a->dout[0].data;
@@ -481,7 +487,7 @@ static stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *state) {
       CUDNN_CHECK(cudnnTransformTensor(h, &one, st->w_oihw, w, &zero, st->w_ohwi, a->workspace), st->ctx);
       w = a->workspace;
     }
-    float beta = (a->param_grads & 1u) ? a->param_grad_beta : 0.0f;
+    float beta = (a->din_accumulate & 1u) ? 1.0f : (a->param_grads & 1u) ? a->param_grad_beta : 0.0f;
     CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, st->w, w, st->y, dy, st->conv[CUDNN_DIR_BWD_DATA],
                                              (cudnnConvolutionBwdDataAlgo_t)st->choice[CUDNN_DIR_BWD_DATA].algo, ws,
                                              ws_bytes, &beta, st->x, dx),
@@ -503,14 +509,18 @@ static stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *state) {
   return NULL;
 }
 
-/* Every layout (the kernel reads x's), three dtypes, both passes. */
-#define CONV_KERNELS(dt)                                                                              \
-  {"cudnn", STOKE_OP_CONV2D, STOKE_FWD, dt, STOKE_LAYOUT_ANY, plan_fwd, run_fwd, conv_destroy},   \
-  {"cudnn", STOKE_OP_CONV2D, STOKE_BWD, dt, STOKE_LAYOUT_ANY, plan_bwd, run_bwd, conv_destroy}
+/* The "cudnn_classic" engine (A/B runs against the graph API, and what
+ * PyTorch users know as the v7 API): every layout (the kernel reads x's),
+ * three dtypes, both passes. */
+#define CONV_KERNELS(dt)                                                                                           \
+  {"cudnn_classic", STOKE_OP_CONV2D, STOKE_FWD, dt, STOKE_LAYOUT_ANY, plan_fwd, stoke_cudnn_classic_run_fwd,     \
+   stoke_cudnn_classic_destroy},                                                                                  \
+  {"cudnn_classic", STOKE_OP_CONV2D, STOKE_BWD, dt, STOKE_LAYOUT_ANY, plan_bwd, stoke_cudnn_classic_run_bwd,     \
+   stoke_cudnn_classic_destroy, 1u}
 
 static const stoke_kernel_v1 kernels[] = {CONV_KERNELS(STOKE_F32), CONV_KERNELS(STOKE_BF16), CONV_KERNELS(STOKE_F16)};
 
-stoke_err *stoke_cudnn_register_conv(const stoke_registry_v1 *r) {
+stoke_err *stoke_cudnn_register_conv_classic(const stoke_registry_v1 *r) {
   for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++) STOKE_PROPAGATE_P(r->add_kernel(r->self, &kernels[i]));
   return NULL;
 }

@@ -4,24 +4,12 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "graph.h"
 #include "stoke_cudnn.h"
 
 const stoke_host_v1 *stoke_host;
 
 stoke_err *stoke_cudnn_register_bn(const stoke_registry_v1 *r); /* bn.c */
-
-stoke_err *stoke_cudnn_err(cudnnStatus_t s, const char *file, int line, const char *call, const char *ctx) {
-  char detail[512] = "";
-  cudnnGetLastErrorString(detail, sizeof detail);
-  int code = (int)s;
-  stoke_code c = code == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
-                         code == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED
-                     ? STOKE_E_OOM
-                 : code / 1000 == CUDNN_STATUS_NOT_SUPPORTED / 1000 ? STOKE_E_UNSUPPORTED
-                                                                   : STOKE_E_DEVICE;
-  return stoke_host->err_new(c, file, line, "%s failed: %s (%d)%s%s; %s", call, cudnnGetErrorString(s), code,
-                             detail[0] ? ": " : "", detail, ctx ? ctx : "");
-}
 
 const cudnn_algo_choice *stoke_cudnn_cache_get(const cudnn_engine *e, const cudnn_conv_key *k) {
   for (int i = 0; i < e->n_cache; i++)
@@ -70,13 +58,26 @@ static stoke_err *cudnn_open(int index, void *device_self, void **self) {
 static void cudnn_close(void *self) {
   cudnn_engine *e = self;
   if (!e) return;
+  cg_cache_free(e);
   cudnnDestroy(e->handle);
   stoke_host->free(e);
 }
 
 static const stoke_backend_v1 backend = {
     .name = "cudnn",
-    .help = "NVIDIA cuDNN kernels (conv2d, autotuned with STOKE_KFLAG_AUTOTUNE; 4-D batch_norm) on the cuda device",
+    .help = "NVIDIA cuDNN kernels through its graph API (conv2d, autotuned with conv_autotune like "
+            "cudnn.benchmark; 4-D batch_norm) on the cuda device",
+    .device = STOKE_DEV_GPU,
+    .device_engine = "cuda",
+    .open = cudnn_open,
+    .close = cudnn_close,
+};
+
+/* The classic (v7) convolution API as an engine of its own, for A/B runs
+ * (`backends = fused, cudnn_classic, cudnn, ...`: its conv2d first). */
+static const stoke_backend_v1 classic = {
+    .name = "cudnn_classic",
+    .help = "cuDNN's classic convolution API (cudnnConvolutionForward/Backward*, cudnnFind*): conv2d only",
     .device = STOKE_DEV_GPU,
     .device_engine = "cuda",
     .open = cudnn_open,
@@ -86,7 +87,9 @@ static const stoke_backend_v1 backend = {
 static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
   stoke_host = h;
   STOKE_PROPAGATE_P(r->add_backend(r->self, &backend));
+  STOKE_PROPAGATE_P(r->add_backend(r->self, &classic));
   STOKE_PROPAGATE_P(stoke_cudnn_register_conv(r));
+  STOKE_PROPAGATE_P(stoke_cudnn_register_conv_classic(r));
   STOKE_PROPAGATE_P(stoke_cudnn_register_bn(r));
   return NULL;
 }
