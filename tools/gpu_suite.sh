@@ -214,7 +214,7 @@ PY
       done
       ;;
     convs)
-      for net in ${CONV_NETS:-rn50 rn18c}; do
+      for net in ${CONV_NETS:-rn50 rn18c}; do [ "$net" = none ] && continue
         log "convolutions, $net: graph API against classic (conv_bench), then PyTorch"
         timeout 240 "$S/tests/conv_bench" $net > "$OUT/conv_bench_$net.log" 2>&1; echo "conv_bench rc=$?"
         grep -vE "^\[|^ +\(" "$OUT/conv_bench_$net.log" | grep -v "^    " | tail -40

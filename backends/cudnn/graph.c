@@ -487,6 +487,8 @@ static stoke_err *choose_plan(cudnn_engine *eng, cg_graph *g, cudnnBackendDescri
 
 /* ------------------------------------------------------------------ cache */
 
+/* Entries are allocated one by one and never move: nodes keep pointers
+ * to their plans while later nodes add entries. */
 typedef struct cg_entry {
   void *key;
   size_t key_bytes;
@@ -494,7 +496,7 @@ typedef struct cg_entry {
 } cg_entry;
 
 struct cg_cache {
-  cg_entry *e;
+  cg_entry **e;
   int n, cap;
 };
 
@@ -502,8 +504,9 @@ void cg_cache_free(cudnn_engine *eng) {
   struct cg_cache *c = eng->plans;
   if (!c) return;
   for (int i = 0; i < c->n; i++) {
-    cudnnBackendDestroyDescriptor(c->e[i].plan.plan);
-    free(c->e[i].key);
+    cudnnBackendDestroyDescriptor(c->e[i]->plan.plan);
+    free(c->e[i]->key);
+    free(c->e[i]);
   }
   free(c->e);
   free(c);
@@ -513,7 +516,7 @@ void cg_cache_free(cudnn_engine *eng) {
 static const cg_plan *cache_find(cudnn_engine *eng, const void *key, size_t kb) {
   struct cg_cache *c = eng->plans;
   for (int i = 0; c && i < c->n; i++)
-    if (c->e[i].key_bytes == kb && !memcmp(c->e[i].key, key, kb)) return &c->e[i].plan;
+    if (c->e[i]->key_bytes == kb && !memcmp(c->e[i]->key, key, kb)) return &c->e[i]->plan;
   return NULL;
 }
 
@@ -523,15 +526,21 @@ static stoke_err *cache_add(cudnn_engine *eng, const void *key, size_t kb, const
   struct cg_cache *c = eng->plans;
   if (c->n == c->cap) {
     int cap = c->cap ? 2 * c->cap : 32;
-    cg_entry *ne = realloc(c->e, sizeof *ne * (size_t)cap);
+    cg_entry **ne = realloc(c->e, sizeof *ne * (size_t)cap);
     if (!ne) return STOKE_PERR(STOKE_E_OOM, "cudnn: out of host memory for the plan cache");
     c->e = ne, c->cap = cap;
   }
+  cg_entry *en = malloc(sizeof *en);
   void *k = malloc(kb);
-  if (!k) return STOKE_PERR(STOKE_E_OOM, "cudnn: out of host memory for the plan cache");
+  if (!en || !k) {
+    free(en);
+    free(k);
+    return STOKE_PERR(STOKE_E_OOM, "cudnn: out of host memory for the plan cache");
+  }
   memcpy(k, key, kb);
-  c->e[c->n] = (cg_entry){k, kb, *p};
-  *out = &c->e[c->n++].plan;
+  *en = (cg_entry){k, kb, *p};
+  c->e[c->n++] = en;
+  *out = &en->plan;
   return NULL;
 }
 

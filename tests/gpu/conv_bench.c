@@ -28,6 +28,8 @@ typedef struct shape {
 
 static const shape rn50[] = {
     {"stem 7x7/2", 3, 224, 64, 7, 2, 1},
+    {"stem 7x7/2 C=4 (padded)", 4, 224, 64, 7, 2, 0},
+    {"stem 7x7/2 C=8 (padded)", 8, 224, 64, 7, 2, 0},
     {"l1 1x1 64-64", 64, 56, 64, 1, 1, 1},
     {"l1 3x3 64", 64, 56, 64, 3, 1, 3},
     {"l1 1x1 64-256", 64, 56, 256, 1, 1, 4},
@@ -54,6 +56,8 @@ static const shape rn50[] = {
 
 static const shape rn18c[] = {
     {"stem 3x3 3-64", 3, 32, 64, 3, 1, 1},
+    {"stem 3x3 C=4 (padded)", 4, 32, 64, 3, 1, 0},
+    {"stem 3x3 C=8 (padded)", 8, 32, 64, 3, 1, 0},
     {"l1 3x3 64", 64, 32, 64, 3, 1, 4},
     {"l2 3x3/2 64-128", 64, 32, 128, 3, 2, 1},
     {"l2 3x3 128", 128, 16, 128, 3, 1, 3},
@@ -282,7 +286,7 @@ int main(int argc, char **argv) {
   int64_t res = argc > 3 ? atoll(argv[3]) : is50 ? 224 : 32;
   stoke_dtype dt = argc > 4 && !strcmp(argv[4], "f16") ? STOKE_F16 : argc > 4 && !strcmp(argv[4], "f32") ? STOKE_F32
                                                                                                            : STOKE_BF16;
-  int do_probe = !getenv("NO_PROBE");
+  int do_probe = !getenv("NO_PROBE"), do_classic = !getenv("NO_CLASSIC");
   stoke_host = stoke_host_table();
   DIE(stoke_registry_new(&reg));
   DIE(stoke_registry_load(reg, "cuda"));
@@ -310,8 +314,8 @@ int main(int argc, char **argv) {
   for (int i = 0; i < ns; i++) {
     problem p;
     make_problem(&p, &set[i], n, res, base, dt);
-    float c[3], g[3];
-    time_engine("cudnn_classic", sc, &p, dt, c);
+    float c[3] = {NAN, NAN, NAN}, g[3];
+    if (do_classic) time_engine("cudnn_classic", sc, &p, dt, c);
     time_engine("cudnn", sg, &p, dt, g);
     double cs = 0, gs = 0;
     for (int d = 0; d < 3; d++) {
@@ -322,7 +326,7 @@ int main(int argc, char **argv) {
            (long long)set[i].count, p.flops / 1e9, c[0], c[1], c[2], g[0], g[1], g[2], gs > 0 ? cs / gs : NAN);
     fflush(stdout);
     /* the fused-graph probe on the stem and the convolutions used 3+ times */
-    if (do_probe && dt != STOKE_F32 && (i == 0 || set[i].count >= 3)) probe(&probe_eng, &p, &set[i], dt, dev->default_stream(dev_self));
+    if (do_probe && dt != STOKE_F32 && (i == 0 || set[i].count >= 3 || getenv("PROBE_ALL"))) probe(&probe_eng, &p, &set[i], dt, dev->default_stream(dev_self));
     free_problem(&p);
   }
   printf("TOTAL per step (uses counted): classic fwd %.2f dgrad %.2f wgrad %.2f = %.2f ms; graph fwd %.2f dgrad "
