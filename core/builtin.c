@@ -218,6 +218,7 @@ static stoke_err *builtin_register(const stoke_host_v1 *host, const stoke_regist
   STOKE_PROPAGATE(stoke_register_conv_ops(r));
   STOKE_PROPAGATE(stoke_register_pool_ops(r));
   STOKE_PROPAGATE(stoke_register_norm_ops(r));
+  STOKE_PROPAGATE(stoke_register_convbn_ops(r));
   return NULL;
 }
 

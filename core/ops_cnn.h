@@ -1,5 +1,6 @@
 /* core/ops_cnn.h: registration of the built-in convolutional op types
- * (core/ops_conv.c, core/ops_pool.c, core/ops_norm.c), called by core/builtin.c. */
+ * (core/ops_conv.c, core/ops_pool.c, core/ops_norm.c, core/ops_convbn.c),
+ * called by core/builtin.c, and the conv2d pieces the fused ops share. */
 #ifndef STOKE_CORE_OPS_CNN_H
 #define STOKE_CORE_OPS_CNN_H
 
@@ -8,5 +9,19 @@
 stoke_err *stoke_register_conv_ops(const stoke_registry_v1 *r);
 stoke_err *stoke_register_pool_ops(const stoke_registry_v1 *r);
 stoke_err *stoke_register_norm_ops(const stoke_registry_v1 *r);
+stoke_err *stoke_register_convbn_ops(const stoke_registry_v1 *r);
+
+/* "[3, 4]", usable as a printf argument: stoke_shape_str(&s).s */
+typedef struct stoke_shape_text {
+  char s[96];
+} stoke_shape_text;
+
+stoke_shape_text stoke_shape_str(const stoke_shape *s);
+
+/* conv2d's shape inference and FLOPs (core/ops_conv.c), which conv_bn and
+ * bn_relu_conv_bn (core/ops_convbn.c) share: inputs 0 and 1 are x and the
+ * weight, attributes 0-3 conv2d's; messages name the node's op. */
+stoke_err *stoke_conv2d_infer(const stoke_node_v1 *n, const stoke_value_desc_v1 *in, stoke_value_desc_v1 *out);
+double stoke_conv2d_flops(const stoke_node_v1 *n, const stoke_value_desc_v1 *in, const stoke_value_desc_v1 *out);
 
 #endif

@@ -8,13 +8,8 @@
 #include "stoke/ops.h"
 #include "ops_cnn.h"
 
-/* "[3, 4]", usable as a printf argument: shape_str(&s).s */
-typedef struct shape_text {
-  char s[96];
-} shape_text;
-
-static shape_text shape_str(const stoke_shape *s) {
-  shape_text t;
+stoke_shape_text stoke_shape_str(const stoke_shape *s) {
+  stoke_shape_text t;
   size_t n = (size_t)snprintf(t.s, sizeof t.s, "[");
   for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
     n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
@@ -38,12 +33,12 @@ static stoke_err *conv_pair(const stoke_node_v1 *n, int idx, const char *what, i
       out[1] = a->ints[1];
     } else if (a->n != 0) {
       return STOKE_ERR(STOKE_E_INVALID,
-                       "conv2d '%s': %s has %d values; give one (both dims) or two (HxW)",
-                       n->name, what, a->n);
+                       "%s '%s': %s has %d values; give one (both dims) or two (HxW)",
+                       n->op, n->name, what, a->n);
     }
   }
   if (out[0] < min || out[1] < min)
-    return STOKE_ERR(STOKE_E_INVALID, "conv2d '%s': %s %lldx%lld, each must be >= %lld", n->name,
+    return STOKE_ERR(STOKE_E_INVALID, "%s '%s': %s %lldx%lld, each must be >= %lld", n->op, n->name,
                      what, (long long)out[0], (long long)out[1], (long long)min);
   return NULL;
 }
@@ -57,49 +52,48 @@ static stoke_err *conv_geometry(const stoke_node_v1 *n, const stoke_shape *x,
                                 const stoke_shape *w, conv_geom *g) {
   if (x->ndim != 4 || w->ndim != 4)
     return STOKE_ERR(STOKE_E_INVALID,
-                     "conv2d '%s': expects x[N, C, H, W] and weight[O, C/groups, kh, kw]; got "
+                     "%s '%s': expects x[N, C, H, W] and weight[O, C/groups, kh, kw]; got "
                      "x %s, weight %s",
-                     n->name, shape_str(x).s, shape_str(w).s);
+                     n->op, n->name, stoke_shape_str(x).s, stoke_shape_str(w).s);
   STOKE_PROPAGATE(conv_pair(n, STOKE_CONV2D_STRIDE, "stride", 1, 1, g->stride));
   STOKE_PROPAGATE(conv_pair(n, STOKE_CONV2D_PADDING, "padding", 0, 0, g->pad));
   STOKE_PROPAGATE(conv_pair(n, STOKE_CONV2D_DILATION, "dilation", 1, 1, g->dil));
   g->groups = n->n_attrs > STOKE_CONV2D_GROUPS ? n->attrs[STOKE_CONV2D_GROUPS].i : 1;
   if (g->groups < 1)
-    return STOKE_ERR(STOKE_E_INVALID, "conv2d '%s': groups %lld must be >= 1", n->name,
+    return STOKE_ERR(STOKE_E_INVALID, "%s '%s': groups %lld must be >= 1", n->op, n->name,
                      (long long)g->groups);
   for (int i = 0; i < 4; i++)
     if (x->d[i] < 0 || w->d[i] < 1 || (i && x->d[i] < 1))
-      return STOKE_ERR(STOKE_E_INVALID, "conv2d '%s': empty dimension in x %s or weight %s",
-                       n->name, shape_str(x).s, shape_str(w).s);
+      return STOKE_ERR(STOKE_E_INVALID, "%s '%s': empty dimension in x %s or weight %s",
+                       n->op, n->name, stoke_shape_str(x).s, stoke_shape_str(w).s);
   int64_t c = x->d[1], o = w->d[0];
   if (c % g->groups || o % g->groups)
     return STOKE_ERR(STOKE_E_INVALID,
-                     "conv2d '%s': groups %lld must divide both the %lld input channels of x %s "
+                     "%s '%s': groups %lld must divide both the %lld input channels of x %s "
                      "and the %lld output channels of weight %s",
-                     n->name, (long long)g->groups, (long long)c, shape_str(x).s, (long long)o,
-                     shape_str(w).s);
+                     n->op, n->name, (long long)g->groups, (long long)c, stoke_shape_str(x).s, (long long)o,
+                     stoke_shape_str(w).s);
   if (w->d[1] != c / g->groups)
     return STOKE_ERR(STOKE_E_INVALID,
-                     "conv2d '%s': weight %s should have C/groups = %lld/%lld = %lld input "
+                     "%s '%s': weight %s should have C/groups = %lld/%lld = %lld input "
                      "channels (x is %s)",
-                     n->name, shape_str(w).s, (long long)c, (long long)g->groups,
-                     (long long)(c / g->groups), shape_str(x).s);
+                     n->op, n->name, stoke_shape_str(w).s, (long long)c, (long long)g->groups,
+                     (long long)(c / g->groups), stoke_shape_str(x).s);
   int64_t span_h = g->dil[0] * (w->d[2] - 1) + 1, span_w = g->dil[1] * (w->d[3] - 1) + 1;
   int64_t eh = x->d[2] + 2 * g->pad[0] - span_h, ew = x->d[3] + 2 * g->pad[1] - span_w;
   if (eh < 0 || ew < 0)
     return STOKE_ERR(STOKE_E_INVALID,
-                     "conv2d '%s': the %lldx%lld kernel (dilation %lldx%lld) does not fit x %s "
+                     "%s '%s': the %lldx%lld kernel (dilation %lldx%lld) does not fit x %s "
                      "padded by %lldx%lld: output size would be < 1",
-                     n->name, (long long)w->d[2], (long long)w->d[3], (long long)g->dil[0],
-                     (long long)g->dil[1], shape_str(x).s, (long long)g->pad[0],
+                     n->op, n->name, (long long)w->d[2], (long long)w->d[3], (long long)g->dil[0],
+                     (long long)g->dil[1], stoke_shape_str(x).s, (long long)g->pad[0],
                      (long long)g->pad[1]);
   g->ho = eh / g->stride[0] + 1;
   g->wo = ew / g->stride[1] + 1;
   return NULL;
 }
 
-static stoke_err *infer_conv2d(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
-                               stoke_value_desc_v1 *out) {
+stoke_err *stoke_conv2d_infer(const stoke_node_v1 *n, const stoke_value_desc_v1 *in, stoke_value_desc_v1 *out) {
   conv_geom g;
   STOKE_PROPAGATE(conv_geometry(n, &in[0].shape, &in[1].shape, &g));
   out[0].shape = (stoke_shape){4, {in[0].shape.d[0], in[1].shape.d[0], g.ho, g.wo}};
@@ -107,8 +101,7 @@ static stoke_err *infer_conv2d(const stoke_node_v1 *n, const stoke_value_desc_v1
   return NULL;
 }
 
-static double flops_conv2d(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
-                           const stoke_value_desc_v1 *out) {
+double stoke_conv2d_flops(const stoke_node_v1 *n, const stoke_value_desc_v1 *in, const stoke_value_desc_v1 *out) {
   const stoke_shape *w = &in[1].shape, *y = &out[0].shape;
   /* 2 N O Ho Wo (C/groups) kh kw; weight's d[1] is C/groups */
   return 2.0 * (double)y->d[0] * (double)y->d[1] * (double)y->d[2] * (double)y->d[3] *
@@ -131,7 +124,7 @@ static stoke_err *infer_bias_add(const stoke_node_v1 *n, const stoke_value_desc_
   if (x->ndim < 2 || b->ndim != 1 || b->d[0] != x->d[1])
     return STOKE_ERR(STOKE_E_INVALID,
                      "bias_add '%s': expects x[N, C, ...] and bias[C]; got x %s, bias %s",
-                     n->name, shape_str(x).s, shape_str(b).s);
+                     n->name, stoke_shape_str(x).s, stoke_shape_str(b).s);
   out[0] = in[0];
   return NULL;
 }
@@ -148,7 +141,7 @@ static stoke_err *infer_flatten(const stoke_node_v1 *n, const stoke_value_desc_v
   const stoke_shape *x = &in[0].shape;
   if (x->ndim < 2)
     return STOKE_ERR(STOKE_E_INVALID, "flatten '%s': expects x[N, ...] of 2 or more dims, got %s",
-                     n->name, shape_str(x).s);
+                     n->name, stoke_shape_str(x).s);
   int64_t rest = 1;
   for (int i = 1; i < x->ndim; i++) rest *= x->d[i];
   out[0].shape = (stoke_shape){2, {x->d[0], rest}};
@@ -169,7 +162,7 @@ static stoke_err *infer_global_avg_pool(const stoke_node_v1 *n, const stoke_valu
   if (x->ndim != 4 || x->d[2] < 1 || x->d[3] < 1)
     return STOKE_ERR(STOKE_E_INVALID,
                      "global_avg_pool '%s': expects x[N, C, H, W] with H, W >= 1, got %s",
-                     n->name, shape_str(x).s);
+                     n->name, stoke_shape_str(x).s);
   out[0].shape = (stoke_shape){2, {x->d[0], x->d[1]}};
   out[0].dtype = in[0].dtype;
   return NULL;
@@ -179,8 +172,8 @@ static stoke_err *infer_global_avg_pool(const stoke_node_v1 *n, const stoke_valu
 
 static const stoke_op_type_v1 conv_ops[] = {
     {STOKE_OP_CONV2D, "2-D convolution without bias (nn.Conv2d(bias=False))", 2, 1,
-     conv2d_attrs, (int)(sizeof conv2d_attrs / sizeof *conv2d_attrs), infer_conv2d,
-     flops_conv2d, STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1), 0, 1},
+     conv2d_attrs, (int)(sizeof conv2d_attrs / sizeof *conv2d_attrs), stoke_conv2d_infer,
+     stoke_conv2d_flops, STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1), 0, 1},
     {STOKE_OP_BIAS_ADD, "x + bias per channel (dim 1), the conv bias", 2, 1, NULL, 0,
      infer_bias_add, flops_numel_in, 0, 0, 1},
     {STOKE_OP_FLATTEN, "[N, ...] -> [N, prod(...)] in logical (C, H, W) order", 1, 1, NULL, 0,

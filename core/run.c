@@ -15,6 +15,7 @@
 #include "stoke/checkpoint.h"
 #include "stoke/core.h"
 #include "stoke/dist.h"
+#include "stoke/eval.h"
 #include "stoke/graph.h"
 #include "stoke/loader.h"
 #include "stoke/metrics.h"
@@ -821,8 +822,7 @@ static stoke_err *evaluate(run_state *s, double *loss, double *acc) {
     free(labels);
     return STOKE_ERR(STOKE_E_OOM, "out of memory for evaluation");
   }
-  double total = 0;
-  int64_t correct = 0, count = 0;
+  stoke_eval_sums sums = {0};
   stoke_err *e = NULL;
   int64_t nb = stoke_loader_batches_per_epoch(st->loader);
   for (int64_t i = 0; i < nb && !e; i++) {
@@ -836,29 +836,18 @@ static stoke_err *evaluate(run_state *s, double *loss, double *acc) {
     stoke_loader_release(st->loader, b);
     if (!e) e = stoke_exec_forward_backward(st->x, 1, 0);
     if (!e) e = stoke_exec_read(st->x, st->g->logits, logits, lbytes);
-    for (int64_t r = 0; r < n && !e; r++) {
-      double mx = -INFINITY, sum = 0, v[4096];
-      int best = 0;
-      for (int64_t c = 0; c < classes && c < 4096; c++) {
-        v[c] = stoke_elem_get(logits, lv->dtype, r * classes + c); /* the graph's dtype */
-        if (v[c] > mx) mx = v[c], best = (int)c;
-      }
-      for (int64_t c = 0; c < classes && c < 4096; c++) sum += exp(v[c] - mx);
-      total += log(sum) + mx - v[labels[r]];
-      correct += best == labels[r];
-      count++;
-    }
+    if (!e) e = stoke_eval_rows(logits, lv->dtype, n, classes, labels, &sums); /* the graph's dtype */
   }
   free(logits);
   free(labels);
   if (!e && s->dp) { /* each rank evaluated its shard */
-    double v[3] = {total, (double)correct, (double)count};
+    double v[3] = {sums.loss, (double)sums.correct, (double)sums.count};
     e = stoke_dp_sum(s->dp, v, 3);
-    total = v[0], correct = (int64_t)v[1], count = (int64_t)v[2];
+    sums.loss = v[0], sums.correct = (int64_t)v[1], sums.count = (int64_t)v[2];
   }
   if (e) return stoke_err_wrap(e, __FILE__, __LINE__, "evaluating on [eval_data]");
-  *loss = count ? total / (double)count : NAN;
-  *acc = count ? (double)correct / (double)count : NAN;
+  *loss = sums.count ? sums.loss / (double)sums.count : NAN;
+  *acc = sums.count ? (double)sums.correct / (double)sums.count : NAN;
   return NULL;
 }
 

@@ -352,6 +352,14 @@ stoke_err *cpu_register_conv(const stoke_registry_v1 *r) {
   return cpu_add_kernels(r, conv_kernels, sizeof conv_kernels / sizeof *conv_kernels);
 }
 
+const stoke_kernel_v1 *cpu_conv2d_kernel(stoke_pass pass, stoke_dtype dt) {
+  for (size_t i = 0; i < sizeof conv_kernels / sizeof *conv_kernels; i++) {
+    const stoke_kernel_v1 *k = &conv_kernels[i];
+    if (!strcmp(k->op, STOKE_OP_CONV2D) && k->pass == pass && k->dtype == dt) return k;
+  }
+  return NULL;
+}
+
 #else /* CPU_CONV_BODY: the kernels for element type T */
 
 #define FN(name) CAT(name, SFX)

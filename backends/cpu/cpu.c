@@ -447,6 +447,7 @@ static stoke_err *cpu_register(const stoke_host_v1 *host, const stoke_registry_v
   STOKE_PROPAGATE_P(cpu_register_pool(r));
   STOKE_PROPAGATE_P(cpu_register_norm(r));
   STOKE_PROPAGATE_P(cpu_register_cast(r));
+  STOKE_PROPAGATE_P(cpu_register_convbn(r));
   return NULL;
 }
 

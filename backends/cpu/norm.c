@@ -4,39 +4,26 @@
  * 4-D x in NCHW or NHWC memory), its fused forms bn_relu and bn_add_relu
  * (the same bodies with the ReLU, and the residual add, applied per
  * element: the reference the fused GPU kernels are checked against) and
- * normalize (u8 HWC images to f32 in the
- * memory order its `layout` attribute names; forward only). The
- * type-independent parts (argument checks, strides) are plain functions;
- * the batch_norm bodies are written once in BN_KERNELS and instantiated for
- * float and double at the bottom. Statistics and reductions run in double
- * for both types. */
+ * normalize (u8 HWC images to f32 in the memory order its `layout`
+ * attribute names; forward only). The batch-norm bodies work one channel
+ * at a time (bn.h, also used by convbn.c): written once in BN_BODIES and
+ * instantiated for float and double; the kernels dispatch on the dtype.
+ * Statistics and reductions run in double for both types. */
 #include <math.h>
 #include <string.h>
 
 #include "stoke/ops.h"
 #include "stoke/plugin.h"
 #include "check.h"
+#include "bn.h"
 #include "cpu_cnn.h"
 
 /* ------------------------------------------------------------- batch_norm */
 
-/* x as logical (N, C, S), S the product of the trailing dimensions. */
-typedef struct bn_geom {
-  int64_t n, c, s;
-  double eps, momentum;
-  int relu, add; /* bn_relu: relu; bn_add_relu: both */
-} bn_geom;
-
 /* The op a batch-norm kernel serves: 0 batch_norm, 1 bn_relu, 2 bn_add_relu. */
 static const char *const bn_ops[] = {STOKE_OP_BATCH_NORM, STOKE_OP_BN_RELU, STOKE_OP_BN_ADD_RELU};
 
-/* Element strides of logical (n, c, s): channels last for a 4-D NHWC
- * tensor, channels-major (NCHW, or any tensor of another rank) else. */
-typedef struct bn_strides {
-  int64_t n, c, s;
-} bn_strides;
-
-static bn_strides bn_strides_of(const stoke_tensor *t, const bn_geom *g) {
+bn_strides bn_strides_of(const stoke_tensor *t, const bn_geom *g) {
   if (is_nhwc(t)) return (bn_strides){g->c * g->s, 1, g->c};
   return (bn_strides){g->c * g->s, g->s, 1};
 }
@@ -194,123 +181,186 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
   return NULL;
 }
 
-/* ================================================================ kernels */
+/* ========================================================== the bodies */
 
 /* Offset of logical (n, c, s) under strides st. */
 #define NOFF(st, n, c, s) ((n) * (st).n + (c) * (st).c + (s) * (st).s)
 
-/* In the backward bodies: dy at (n, c, s), masked by the ReLU (y > 0) in
- * the fused forms. */
-#define BN_GY(n, c, s) (g.relu && !(y[NOFF(sy, n, c, s)] > 0) ? 0.0 : (double)dy[NOFF(sdy, n, c, s)])
-
-#define BN_KERNELS(T, SFX, DT, ACT)                                                         \
-  CPU_PLAN(bn_fwd_plan_##SFX, bn_geom g, bn_check(a, DT, 0, 0, &g, ACT))                    \
-  CPU_PLAN(bn_bwd_plan_##SFX, bn_geom g, bn_check(a, DT, 1, 0, &g, ACT))                    \
-                                                                                            \
-  /* Training: batch mean and biased variance per channel over (N, S) (two                  \
-   * passes, double), saved_* = (mean, 1/sqrt(var + eps)), running stats                    \
-   * updated in place (unbiased variance m/(m-1) for running_var). Eval: the                \
-   * running stats normalize and become saved_*; they are left alone.                       \
-   * y = (x - mean) invstd weight + bias, rounded to T; then y = max(y + r, 0)              \
-   * (bn_add_relu) or max(y, 0) (bn_relu), as the unfused nodes compute it. */              \
-  static stoke_err *bn_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {              \
-    bn_geom g;                                                                              \
-    CHECK(bn_check(a, DT, 0, 1, &g, ACT));                                                  \
-    const T *x = a->in[0].data, *w = a->in[1].data, *b = a->in[2].data;                     \
-    T *rm = a->in[3].data, *rv = a->in[4].data;                                             \
-    T *y = a->out[0].data, *sm = a->out[1].data, *si = a->out[2].data;                      \
-    const T *r = g.add ? a->in[STOKE_BN_ADD_RELU_RESIDUAL].data : NULL;                     \
-    bn_strides sx = bn_strides_of(&a->in[0], &g), sy = bn_strides_of(&a->out[0], &g);       \
-    bn_strides sr = g.add ? bn_strides_of(&a->in[STOKE_BN_ADD_RELU_RESIDUAL], &g) : sx;     \
-    double m = (double)(g.n * g.s), mom = g.momentum;                                       \
-    for (int64_t c = 0; c < g.c; c++) {                                                     \
-      double mean, invstd;                                                                  \
-      if (a->training) {                                                                    \
-        double sum = 0, sq = 0;                                                             \
-        for (int64_t n = 0; n < g.n; n++)                                                   \
-          for (int64_t s = 0; s < g.s; s++) sum += (double)x[NOFF(sx, n, c, s)];            \
-        mean = sum / m;                                                                     \
-        for (int64_t n = 0; n < g.n; n++)                                                   \
-          for (int64_t s = 0; s < g.s; s++) {                                               \
-            double dv = (double)x[NOFF(sx, n, c, s)] - mean;                                \
-            sq += dv * dv;                                                                  \
-          }                                                                                 \
-        double var = sq / m;                                                                \
-        invstd = 1.0 / sqrt(var + g.eps);                                                   \
-        rm[c] = (T)((1 - mom) * (double)rm[c] + mom * mean);                                \
-        rv[c] = (T)((1 - mom) * (double)rv[c] + mom * var * m / (m - 1));                   \
-      } else {                                                                              \
-        mean = (double)rm[c];                                                               \
-        invstd = 1.0 / sqrt((double)rv[c] + g.eps);                                         \
-      }                                                                                     \
-      sm[c] = (T)mean;                                                                      \
-      si[c] = (T)invstd;                                                                    \
-      double scale = (double)w[c] * invstd, shift = (double)b[c];                           \
-      for (int64_t n = 0; n < g.n; n++)                                                     \
-        for (int64_t s = 0; s < g.s; s++) {                                                 \
-          T v = (T)(((double)x[NOFF(sx, n, c, s)] - mean) * scale + shift);                 \
-          if (r) v = (T)((double)v + (double)r[NOFF(sr, n, c, s)]);                         \
-          if (g.relu && !(v > 0)) v = (T)0;                                                 \
-          y[NOFF(sy, n, c, s)] = v;                                                         \
+/* bn.h's functions for element type T: channel c's statistics, apply and
+ * backward. */
+#define BN_BODIES(T, SFX)                                                                   \
+  static void bn_stats_##SFX(const bn_job *j, int64_t c, T *rm, T *rv, T *sm, T *si,        \
+                             double *mean_out, double *invstd_out) {                        \
+    const T *x = j->x;                                                                      \
+    double m = (double)(j->g.n * j->g.s), mom = j->g.momentum, mean, invstd;                \
+    if (j->training) {                                                                      \
+      double sum = 0, sq = 0;                                                               \
+      for (int64_t n = 0; n < j->g.n; n++)                                                  \
+        for (int64_t s = 0; s < j->g.s; s++) sum += (double)x[NOFF(j->sx, n, c, s)];        \
+      mean = sum / m;                                                                       \
+      for (int64_t n = 0; n < j->g.n; n++)                                                  \
+        for (int64_t s = 0; s < j->g.s; s++) {                                              \
+          double dv = (double)x[NOFF(j->sx, n, c, s)] - mean;                               \
+          sq += dv * dv;                                                                    \
         }                                                                                   \
+      double var = sq / m;                                                                  \
+      invstd = 1.0 / sqrt(var + j->g.eps);                                                  \
+      rm[c] = (T)((1 - mom) * (double)rm[c] + mom * mean);                                  \
+      rv[c] = (T)((1 - mom) * (double)rv[c] + mom * var * m / (m - 1));                     \
+    } else {                                                                                \
+      mean = (double)rm[c];                                                                 \
+      invstd = 1.0 / sqrt((double)rv[c] + j->g.eps);                                        \
     }                                                                                       \
-    return NULL;                                                                            \
+    sm[c] = (T)mean;                                                                        \
+    si[c] = (T)invstd;                                                                      \
+    *mean_out = mean;                                                                       \
+    *invstd_out = invstd;                                                                   \
   }                                                                                         \
                                                                                             \
-  /* From x, weight, saved_mean, saved_invstd (bwd_needs) and dy, with                      \
-   * xhat = (x - mean) invstd, per channel over its m = N S values:                         \
-   *   dbias = sum dy;  dweight = sum dy xhat                                               \
-   *   training: dx = weight invstd (dy - dbias/m - xhat dweight/m)                         \
-   *   eval (the statistics are constants): dx = weight invstd dy                           \
-   * with dy masked by y > 0 first in the fused forms (the ReLU's gradient);                \
-   * bn_add_relu's dr is that masked dy. */                                                 \
-  static stoke_err *bn_bwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {              \
-    bn_geom g;                                                                              \
-    CHECK(bn_check(a, DT, 1, 1, &g, ACT));                                                  \
-    T *dx = a->din[0].data, *dw = a->din[1].data, *db = a->din[2].data;                     \
-    T *dr = g.add ? a->din[STOKE_BN_ADD_RELU_RESIDUAL].data : NULL;                         \
-    if (!dx && !dw && !db && !dr) return NULL;                                              \
-    const T *x = a->in[0].data, *w = a->in[1].data, *dy = a->dout[0].data;                  \
-    const T *sm = a->out[1].data, *si = a->out[2].data, *y = a->out[0].data;                \
-    bn_strides sx = bn_strides_of(&a->in[0], &g), sdy = bn_strides_of(&a->dout[0], &g);     \
-    bn_strides sdx = bn_strides_of(&a->din[0], &g), sy = bn_strides_of(&a->out[0], &g);     \
-    bn_strides sdr = dr ? bn_strides_of(&a->din[STOKE_BN_ADD_RELU_RESIDUAL], &g) : sdx;     \
-    double b5 = dr ? grad_beta(a, STOKE_BN_ADD_RELU_RESIDUAL) : 0;                          \
-    double m = (double)(g.n * g.s);                                                         \
-    double b0 = grad_beta(a, 0), b1 = grad_beta(a, 1), b2 = grad_beta(a, 2);                \
-    int need_x = dx || dw;                                                                  \
-    for (int64_t c = 0; c < g.c; c++) {                                                     \
-      double mean = need_x ? (double)sm[c] : 0, invstd = need_x ? (double)si[c] : 0;        \
-      double sdy_c = 0, sdyx_c = 0;                                                         \
-      for (int64_t n = 0; n < g.n; n++)                                                     \
-        for (int64_t s = 0; s < g.s; s++) {                                                 \
-          double gy = BN_GY(n, c, s);                                                       \
-          sdy_c += gy;                                                                      \
-          if (dr) ACC(T, dr[NOFF(sdr, n, c, s)], b5, gy);                                   \
-          if (need_x) sdyx_c += gy * ((double)x[NOFF(sx, n, c, s)] - mean) * invstd;        \
-        }                                                                                   \
-      if (dw) ACC(T, dw[c], b1, sdyx_c);                                                    \
-      if (db) ACC(T, db[c], b2, sdy_c);                                                     \
-      if (!dx) continue;                                                                    \
-      double k = (double)w[c] * invstd;                                                     \
-      double mdy = a->training ? sdy_c / m : 0, mdyx = a->training ? sdyx_c / m : 0;        \
-      for (int64_t n = 0; n < g.n; n++)                                                     \
-        for (int64_t s = 0; s < g.s; s++) {                                                 \
-          double xhat = ((double)x[NOFF(sx, n, c, s)] - mean) * invstd;                     \
-          double gy = BN_GY(n, c, s);                                                       \
-          ACC(T, dx[NOFF(sdx, n, c, s)], b0, k * (gy - mdy - xhat * mdyx));                 \
-        }                                                                                   \
-    }                                                                                       \
-    return NULL;                                                                            \
+  /* The pre-activation at (n, c, s): (x - mean) scale + shift rounded to T,                \
+   * then + r rounded (bn_add_relu's), as the unfused nodes round. */                       \
+  static inline T bn_pre_##SFX(const bn_job *j, int64_t n, int64_t c, int64_t s, double mean, \
+                               double scale, double shift) {                                \
+    T v = (T)(((double)((const T *)j->x)[NOFF(j->sx, n, c, s)] - mean) * scale + shift);    \
+    if (j->g.add) v = (T)((double)v + (double)((const T *)j->r)[NOFF(j->sr, n, c, s)]);     \
+    return v;                                                                               \
+  }                                                                                         \
+                                                                                            \
+  static void bn_apply_##SFX(const bn_job *j, int64_t c, double mean, double invstd) {      \
+    double scale = (double)((const T *)j->w)[c] * invstd, shift = (double)((const T *)j->b)[c]; \
+    T *y = j->y;                                                                            \
+    for (int64_t n = 0; n < j->g.n; n++)                                                    \
+      for (int64_t s = 0; s < j->g.s; s++) {                                                \
+        T v = bn_pre_##SFX(j, n, c, s, mean, scale, shift);                                 \
+        if (j->g.relu && !(v > 0)) v = (T)0;                                                \
+        y[NOFF(j->sy, n, c, s)] = v;                                                        \
+      }                                                                                     \
+  }                                                                                         \
+                                                                                            \
+  /* dy at (n, c, s), masked by the ReLU (y > 0, or the recomputed                          \
+   * pre-activation > 0: scale and shift are then the forward's). */                        \
+  static inline double bn_gy_##SFX(const bn_job *j, int64_t n, int64_t c, int64_t s, double mean, \
+                                   double scale, double shift) {                            \
+    double d = (double)((const T *)j->dy)[NOFF(j->sdy, n, c, s)];                           \
+    if (!j->g.relu) return d;                                                               \
+    if (j->mask_from_y) return ((const T *)j->y)[NOFF(j->sy, n, c, s)] > 0 ? d : 0.0;       \
+    return bn_pre_##SFX(j, n, c, s, mean, scale, shift) > 0 ? d : 0.0;                      \
+  }                                                                                         \
+                                                                                            \
+  static void bn_backward_##SFX(const bn_job *j, int64_t c, double mean, double invstd) {   \
+    const T *x = j->x, *w = j->w;                                                           \
+    T *dx = j->dx, *dw = j->dw, *db = j->db, *dr = j->dr;                                   \
+    double m = (double)(j->g.n * j->g.s);                                                   \
+    int need_x = dx || dw, recompute = j->g.relu && !j->mask_from_y;                        \
+    double scale = recompute ? (double)w[c] * invstd : 0;                                   \
+    double shift = recompute ? (double)((const T *)j->b)[c] : 0;                            \
+    double sdy_c = 0, sdyx_c = 0;                                                           \
+    for (int64_t n = 0; n < j->g.n; n++)                                                    \
+      for (int64_t s = 0; s < j->g.s; s++) {                                                \
+        double gy = bn_gy_##SFX(j, n, c, s, mean, scale, shift);                            \
+        sdy_c += gy;                                                                        \
+        if (dr) ACC(T, dr[NOFF(j->sdr, n, c, s)], j->br, gy);                               \
+        if (need_x) sdyx_c += gy * ((double)x[NOFF(j->sx, n, c, s)] - mean) * invstd;       \
+      }                                                                                     \
+    if (dw) ACC(T, dw[c], j->bw, sdyx_c);                                                   \
+    if (db) ACC(T, db[c], j->bb, sdy_c);                                                    \
+    if (!dx) return;                                                                        \
+    double k = (double)w[c] * invstd;                                                       \
+    double mdy = j->training ? sdy_c / m : 0, mdyx = j->training ? sdyx_c / m : 0;          \
+    for (int64_t n = 0; n < j->g.n; n++)                                                    \
+      for (int64_t s = 0; s < j->g.s; s++) {                                                \
+        double xhat = ((double)x[NOFF(j->sx, n, c, s)] - mean) * invstd;                    \
+        double gy = bn_gy_##SFX(j, n, c, s, mean, scale, shift);                            \
+        ACC(T, dx[NOFF(j->sdx, n, c, s)], j->bx, k * (gy - mdy - xhat * mdyx));             \
+      }                                                                                     \
   }
 
-BN_KERNELS(float, f32, STOKE_F32, 0)
-BN_KERNELS(double, f64, STOKE_F64, 0)
-BN_KERNELS(float, relu_f32, STOKE_F32, 1)
-BN_KERNELS(double, relu_f64, STOKE_F64, 1)
-BN_KERNELS(float, add_relu_f32, STOKE_F32, 2)
-BN_KERNELS(double, add_relu_f64, STOKE_F64, 2)
-#undef BN_GY
+BN_BODIES(float, f32)
+BN_BODIES(double, f64)
+
+void bn_stats(const bn_job *j, int64_t c, void *rm, void *rv, void *sm, void *si, double *mean, double *invstd) {
+  if (j->dt == STOKE_F64) bn_stats_f64(j, c, rm, rv, sm, si, mean, invstd);
+  else bn_stats_f32(j, c, rm, rv, sm, si, mean, invstd);
+}
+
+void bn_apply_channel(const bn_job *j, int64_t c, double mean, double invstd) {
+  if (j->dt == STOKE_F64) bn_apply_f64(j, c, mean, invstd);
+  else bn_apply_f32(j, c, mean, invstd);
+}
+
+void bn_backward_channel(const bn_job *j, int64_t c, double mean, double invstd) {
+  if (j->dt == STOKE_F64) bn_backward_f64(j, c, mean, invstd);
+  else bn_backward_f32(j, c, mean, invstd);
+}
+
+/* ================================================================ kernels */
+
+bn_job bn_job_from(const stoke_kernel_args_v1 *a, const bn_geom *g, stoke_dtype dt, int wi, int bi, int ri) {
+  bn_job j = {.dt = dt, .g = *g, .training = a->training};
+  j.x = a->in[0].data, j.w = a->in[wi].data, j.b = a->in[bi].data, j.y = a->out[0].data;
+  j.sx = bn_strides_of(&a->in[0], g), j.sy = bn_strides_of(&a->out[0], g);
+  if (ri >= 0) j.r = a->in[ri].data, j.sr = bn_strides_of(&a->in[ri], g);
+  if (!a->din) return j;
+  j.dy = a->dout[0].data, j.sdy = bn_strides_of(&a->dout[0], g);
+  j.dx = a->din[0].data, j.dw = a->din[wi].data, j.db = a->din[bi].data;
+  j.sdx = bn_strides_of(&a->din[0], g);
+  j.bx = grad_beta(a, 0), j.bw = grad_beta(a, wi), j.bb = grad_beta(a, bi);
+  if (ri >= 0) j.dr = a->din[ri].data, j.sdr = bn_strides_of(&a->din[ri], g), j.br = grad_beta(a, ri);
+  return j;
+}
+
+/* The job of a batch_norm-family call: (x, weight, bias, running_mean,
+ * running_var [, r]) -> (y, saved_mean, saved_invstd); the ReLU's mask
+ * from y (bwd_needs keeps it). */
+static bn_job bn_job_of(const stoke_kernel_args_v1 *a, const bn_geom *g, stoke_dtype dt) {
+  bn_job j = bn_job_from(a, g, dt, 1, 2, g->add ? STOKE_BN_ADD_RELU_RESIDUAL : -1);
+  j.mask_from_y = 1;
+  return j;
+}
+
+/* Per channel: the statistics (training: the batch's, running statistics
+ * updated; eval: the running ones), saved_* = (mean, 1/sqrt(var + eps)),
+ * then y = act((x - mean) invstd weight + bias [+ r]). */
+static stoke_err *bn_fwd(const stoke_kernel_args_v1 *a, stoke_dtype dt, int act) {
+  bn_geom g;
+  CHECK(bn_check(a, dt, 0, 1, &g, act));
+  bn_job j = bn_job_of(a, &g, dt);
+  for (int64_t c = 0; c < g.c; c++) {
+    double mean, invstd;
+    bn_stats(&j, c, a->in[3].data, a->in[4].data, a->out[1].data, a->out[2].data, &mean, &invstd);
+    bn_apply_channel(&j, c, mean, invstd);
+  }
+  return NULL;
+}
+
+/* From x, weight, saved_mean, saved_invstd (bwd_needs) and dy, see
+ * bn_backward_channel; bn_add_relu's dr is the masked dy. */
+static stoke_err *bn_bwd(const stoke_kernel_args_v1 *a, stoke_dtype dt, int act) {
+  bn_geom g;
+  CHECK(bn_check(a, dt, 1, 1, &g, act));
+  bn_job j = bn_job_of(a, &g, dt);
+  if (!j.dx && !j.dw && !j.db && !j.dr) return NULL;
+  int need_x = j.dx || j.dw;
+  for (int64_t c = 0; c < g.c; c++) {
+    double mean = need_x ? bn_stat_at(a->out[1].data, dt, c) : 0;
+    double invstd = need_x ? bn_stat_at(a->out[2].data, dt, c) : 0;
+    bn_backward_channel(&j, c, mean, invstd);
+  }
+  return NULL;
+}
+
+#define BN_KERNELS(SFX, DT, ACT)                                                                \
+  CPU_PLAN(bn_fwd_plan_##SFX, bn_geom g, bn_check(a, DT, 0, 0, &g, ACT))                        \
+  CPU_PLAN(bn_bwd_plan_##SFX, bn_geom g, bn_check(a, DT, 1, 0, &g, ACT))                        \
+  static stoke_err *bn_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) { return bn_fwd(a, DT, ACT); } \
+  static stoke_err *bn_bwd_##SFX(const stoke_kernel_args_v1 *a, void *state) { return bn_bwd(a, DT, ACT); }
+
+BN_KERNELS(f32, STOKE_F32, 0)
+BN_KERNELS(f64, STOKE_F64, 0)
+BN_KERNELS(relu_f32, STOKE_F32, 1)
+BN_KERNELS(relu_f64, STOKE_F64, 1)
+BN_KERNELS(add_relu_f32, STOKE_F32, 2)
+BN_KERNELS(add_relu_f64, STOKE_F64, 2)
 
 /* ============================================================ registration */
 

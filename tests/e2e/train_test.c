@@ -226,6 +226,23 @@ static void test_eval(void **state) {
   assert_true(s.eval_loss < 0.5);
 }
 
+/* Evaluation over 10,000 classes (GPT-2's vocabulary is 50,304): a model
+ * that has not learned anything (lr 0) scores about ln 10000 = 9.21; labels
+ * and winners past class 4096 count (an earlier evaluation kept 4096 logits
+ * per row and read past them). */
+static void test_eval_many_classes(void **state) {
+  stoke_summary s;
+  const char *o[] = {"data.classes=10000",          "model.hidden=16",          "optimizer.lr=0",
+                     "run.steps=1",                 "eval_data.source=synthetic", "eval_data.shape=32",
+                     "eval_data.classes=10000",     "eval_data.length=512",     "eval_data.offset=100000",
+                     "run.checkpoint=false"};
+  train_ok(o, 10, &s);
+  print_message("eval over 10000 classes: loss %.4f (ln 10000 = %.4f), accuracy %.4f\n", s.eval_loss, log(10000.0),
+                s.eval_accuracy);
+  assert_true(fabs(s.eval_loss - log(10000.0)) < 0.02 * log(10000.0));
+  assert_true(s.eval_accuracy < 0.01);
+}
+
 /* Compare every tensor of two checkpoints bit for bit. */
 static void same_tensors(const char *a, const char *b) {
   stoke_st_file fa, fb;
@@ -374,6 +391,7 @@ int main(void) {
       cmocka_unit_test(test_cuda_graph_on_cpu),
       cmocka_unit_test(test_messages),
       cmocka_unit_test(test_eval),
+      cmocka_unit_test(test_eval_many_classes),
       cmocka_unit_test(test_no_gpu),
       cmocka_unit_test(test_batch_auto),
       cmocka_unit_test(test_resume_equals_uninterrupted),

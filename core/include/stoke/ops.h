@@ -130,6 +130,80 @@
 #define STOKE_OP_BN_ADD_RELU "bn_add_relu"
 #define STOKE_BN_ADD_RELU_RESIDUAL 5 /* the input index of r */
 
+/* ---- batch norm folded into convolutions (core/ops_convbn.c; made by the
+ * compiler's conv-bn pass, core/fuse_convbn.c, run.fuse_conv_bn). A
+ * conv2d -> batch_norm pair becomes a conv_bn, which writes the convolution
+ * and the batch statistics of its output, and an apply op where the
+ * batch_norm's output was read, which normalizes with those statistics.
+ * Statistics (mean, invstd, running) are f32 (f64 for f64 x), weights and
+ * biases have x's dtype; 4-D tensors are NCHW or NHWC by their layout.
+ *
+ * The statistics contract: in training, mean and invstd are the batch
+ * statistics of the value they normalize, and no gradient flows into them:
+ * every op that reads them applies the full batch-norm backward through
+ * them in its own backward (they are cached functions of that value). In
+ * eval they are the running statistics, constants. */
+
+/* conv_bn: (x[N, C, H, W], weight[K, C/groups, kh, kw], running_mean[K],
+ * running_var[K]) -> (y[N, K, Ho, Wo], saved_mean[K], saved_invstd[K]):
+ * y = conv2d(x, weight); training: the batch mean and 1/sqrt(biased var +
+ * eps) of y per channel, and the running statistics updated IN PLACE as
+ * batch_norm does (unbiased variance for running_var); eval: the running
+ * statistics (running_mean, 1/sqrt(running_var + eps)), left alone.
+ * Backward: dx and dweight from dy as conv2d's (no gradient reaches
+ * saved_*, see above). Attributes: conv2d's (same indices), then eps and
+ * momentum. Backward reads x and weight. */
+#define STOKE_OP_CONV_BN "conv_bn"
+#define STOKE_CONV_BN_EPS 4      /* float, 1e-5 */
+#define STOKE_CONV_BN_MOMENTUM 5 /* float, 0.1 */
+#define STOKE_CONV_BN_RUNNING_MEAN 2 /* input indices */
+#define STOKE_CONV_BN_RUNNING_VAR 3
+
+/* bn_relu_conv_bn: conv_bn whose input is the previous batch norm's
+ * normalized, ReLU'd output, applied on the fly (x is never stored):
+ *   in (p, p_mean[C], p_invstd[C], p_weight[C], p_bias[C], weight,
+ *       running_mean[K], running_var[K])
+ *   x = relu(p_weight (p - p_mean) p_invstd + p_bias), rounded to p's dtype
+ *   (y, saved_mean, saved_invstd) = conv_bn(x, weight, running_*)
+ * p_mean / p_invstd are the statistics of p (a conv_bn's or another
+ * bn_relu_conv_bn's outputs). Backward from dy, with x recomputed:
+ *   dweight = wgrad(x, dy);  dz = dgrad(dy, weight) [pre-activation > 0]
+ *   d p_weight = sum dz p_hat;  d p_bias = sum dz   (p_hat = (p - p_mean) p_invstd)
+ *   training: dp = p_weight p_invstd / M (M dz - sum dz - p_hat sum dz p_hat)
+ *   eval:     dp = p_weight p_invstd dz
+ * (sums per channel over M = N H W of p). Attributes and eps / momentum
+ * (of the output statistics) as conv_bn's. Backward reads inputs 0-5. */
+#define STOKE_OP_BN_RELU_CONV_BN "bn_relu_conv_bn"
+#define STOKE_BN_RELU_CONV_BN_P_MEAN 1 /* input indices */
+#define STOKE_BN_RELU_CONV_BN_P_INVSTD 2
+#define STOKE_BN_RELU_CONV_BN_P_WEIGHT 3
+#define STOKE_BN_RELU_CONV_BN_P_BIAS 4
+#define STOKE_BN_RELU_CONV_BN_WEIGHT 5
+#define STOKE_BN_RELU_CONV_BN_RUNNING_MEAN 6
+#define STOKE_BN_RELU_CONV_BN_RUNNING_VAR 7
+
+/* The apply ops: (y[N, C, ...], mean[C], invstd[C], weight[C], bias[C]
+ * [, r]) -> out of y's shape, with b = weight (y - mean) invstd + bias
+ * rounded to y's dtype:
+ *   bn_apply:          out = b
+ *   bn_apply_relu:     out = max(b, 0)
+ *   bn_apply_add_relu: out = max(b + r, 0) (the sum rounded to y's dtype),
+ *                      r of y's shape (a ResNet block's tail)
+ * Backward: dweight = sum g y_hat, dbias = sum g (y_hat = (y - mean)
+ * invstd), g = dout masked by the pre-activation > 0 (recomputed from the
+ * inputs: the output is not kept); dy is the full batch-norm backward in
+ * training (through y's batch statistics, as bn_relu_conv_bn's dp), weight
+ * invstd g in eval; bn_apply_add_relu's dr = g. No attributes. Backward
+ * reads y, mean, invstd and weight, and for the ReLU's mask bias (and r). */
+#define STOKE_OP_BN_APPLY "bn_apply"
+#define STOKE_OP_BN_APPLY_RELU "bn_apply_relu"
+#define STOKE_OP_BN_APPLY_ADD_RELU "bn_apply_add_relu"
+#define STOKE_BN_APPLY_MEAN 1 /* input indices */
+#define STOKE_BN_APPLY_INVSTD 2
+#define STOKE_BN_APPLY_WEIGHT 3
+#define STOKE_BN_APPLY_BIAS 4
+#define STOKE_BN_APPLY_RESIDUAL 5
+
 /* normalize: u8 images x[N, C, H, W] (memory HWC: layout NHWC) -> float
  * (x / 255 - mean[c]) / std[c] in the graph's layout, as torchvision's
  * ToTensor + Normalize, in one pass. The first node of image models. */
