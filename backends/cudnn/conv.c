@@ -79,19 +79,6 @@ typedef struct tune_bufs {
   size_t ws_bytes;
 } tune_bufs;
 
-static const char *node_name(const stoke_kernel_args_v1 *a) {
-  return a->node && a->node->name ? a->node->name : "?";
-}
-
-/* An attribute pair (h, w): one value for both, two for HxW, none = def. */
-static void attr_pair(const stoke_node_v1 *n, int idx, int64_t def, int64_t out[2]) {
-  out[0] = out[1] = def;
-  if (!n || n->n_attrs <= idx) return;
-  const stoke_attr_v1 *at = &n->attrs[idx];
-  if (at->n == 1) out[0] = out[1] = at->ints[0];
-  if (at->n >= 2) out[0] = at->ints[0], out[1] = at->ints[1];
-}
-
 void stoke_cudnn_classic_destroy(void *state) {
   conv_state *st = state;
   if (!st) return;
@@ -268,7 +255,7 @@ static stoke_err *choose(const stoke_kernel_args_v1 *a, conv_state *st, cudnn_di
   if (st->w_region + ch.workspace > st->workspace) st->workspace = st->w_region + ch.workspace;
   char t[32] = "";
   if (ch.ms >= 0) snprintf(t, sizeof t, ", %.3f ms", (double)ch.ms);
-  stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s' %s: %s, %s math%s, workspace %.2f MiB (%s)", node_name(a),
+  stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s' %s: %s, %s math%s, workspace %.2f MiB (%s)", stoke_cudnn_node_name(a),
                   dir_names[d], algo_name(d, ch.algo), math_name(ch.math), t,
                   (double)ch.workspace / (1 << 20), how);
   return NULL;
@@ -282,23 +269,23 @@ static cudnnDataType_t data_type(stoke_dtype t) {
 static stoke_err *describe(const stoke_kernel_args_v1 *a, conv_state *st, int bwd) {
   if (!a->engine)
     return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': no engine state (backend 'cudnn' not opened)",
-                      node_name(a));
+                      stoke_cudnn_node_name(a));
   st->eng = a->engine;
   if (a->n_in < 2 || a->n_out < 1 || !a->in || !a->out || (bwd && (!a->din || !a->dout)))
-    return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': needs x, weight and y%s", node_name(a),
+    return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': needs x, weight and y%s", stoke_cudnn_node_name(a),
                       bwd ? " and their gradients" : "");
   const stoke_tensor *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
   int nhwc = x->layout == STOKE_NHWC;
   int64_t stride[2], pad[2], dil[2];
-  attr_pair(a->node, STOKE_CONV2D_STRIDE, 1, stride);
-  attr_pair(a->node, STOKE_CONV2D_PADDING, 0, pad);
-  attr_pair(a->node, STOKE_CONV2D_DILATION, 1, dil);
+  stoke_cudnn_attr_pair(a->node, STOKE_CONV2D_STRIDE, 1, stride);
+  stoke_cudnn_attr_pair(a->node, STOKE_CONV2D_PADDING, 0, pad);
+  stoke_cudnn_attr_pair(a->node, STOKE_CONV2D_DILATION, 1, dil);
   int64_t groups = a->node && a->node->n_attrs > STOKE_CONV2D_GROUPS ? a->node->attrs[STOKE_CONV2D_GROUPS].i : 1;
   const int64_t *xd = x->shape.d, *wd = w->shape.d, *yd = y->shape.d;
   snprintf(st->ctx, sizeof st->ctx,
            "node '%s': x [%lld, %lld, %lld, %lld] %s %s, weight [%lld, %lld, %lld, %lld], y [%lld, %lld, %lld, "
            "%lld], stride %lldx%lld, padding %lldx%lld, dilation %lldx%lld, groups %lld",
-           node_name(a), (long long)xd[0], (long long)xd[1], (long long)xd[2], (long long)xd[3],
+           stoke_cudnn_node_name(a), (long long)xd[0], (long long)xd[1], (long long)xd[2], (long long)xd[3],
            nhwc ? "NHWC" : "NCHW", stoke_dtype_name(x->dtype), (long long)wd[0], (long long)wd[1],
            (long long)wd[2], (long long)wd[3], (long long)yd[0], (long long)yd[1], (long long)yd[2],
            (long long)yd[3], (long long)stride[0], (long long)stride[1], (long long)pad[0], (long long)pad[1],
@@ -412,7 +399,7 @@ static stoke_err *plan_dirs(const stoke_kernel_args_v1 *a, conv_state *st, int b
 
 stoke_err *stoke_cudnn_classic_plan(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes, int bwd) {
   conv_state *st = stoke_host->alloc(sizeof *st);
-  if (!st) return STOKE_PERR(STOKE_E_OOM, "cudnn conv2d '%s': out of host memory", node_name(a));
+  if (!st) return STOKE_PERR(STOKE_E_OOM, "cudnn conv2d '%s': out of host memory", stoke_cudnn_node_name(a));
   memset(st, 0, sizeof *st);
   stoke_err *e = plan_dirs(a, st, bwd);
   if (e) {
@@ -431,14 +418,6 @@ static stoke_err *plan_bwd(const stoke_kernel_args_v1 *a, void **state, size_t *
   return stoke_cudnn_classic_plan(a, state, ws, 1);
 }
 
-static stoke_err *check_run(const stoke_kernel_args_v1 *a, const conv_state *st) {
-  if (!st) return STOKE_PERR(STOKE_E_INTERNAL, "cudnn conv2d '%s': run() without plan()", node_name(a));
-  if (a->workspace_bytes < st->workspace || (st->workspace && !a->workspace))
-    return STOKE_PERR(STOKE_E_INTERNAL, "cudnn conv2d: workspace of %zu B given, plan() asked for %zu B; %s",
-                      a->workspace_bytes, st->workspace, st->ctx);
-  return NULL;
-}
-
 /* The algorithms' workspace: after the staged filter, if any. */
 static void *algo_ws(const stoke_kernel_args_v1 *a, const conv_state *st) {
   return a->workspace ? (char *)a->workspace + st->w_region : NULL;
@@ -446,7 +425,7 @@ static void *algo_ws(const stoke_kernel_args_v1 *a, const conv_state *st) {
 
 stoke_err *stoke_cudnn_classic_run_fwd(const stoke_kernel_args_v1 *a, void *state) {
   conv_state *st = state;
-  STOKE_PROPAGATE_P(check_run(a, st));
+  STOKE_PROPAGATE_P(stoke_cudnn_check_run(a, st, st ? st->workspace : 0, st ? st->ctx : ""));
   if (!a->in[0].data || !a->in[1].data || !a->out[0].data)
     return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d forward: x, weight or y has no data; %s", st->ctx);
   cudnnHandle_t h = st->eng->handle;
@@ -468,7 +447,7 @@ stoke_err *stoke_cudnn_classic_run_fwd(const stoke_kernel_args_v1 *a, void *stat
  * parameter gradients accumulate), each only when wanted. */
 stoke_err *stoke_cudnn_classic_run_bwd(const stoke_kernel_args_v1 *a, void *state) {
   conv_state *st = state;
-  STOKE_PROPAGATE_P(check_run(a, st));
+  STOKE_PROPAGATE_P(stoke_cudnn_check_run(a, st, st ? st->workspace : 0, st ? st->ctx : ""));
   const void *dy = a->dout[0].data;
   void *dx = a->din[0].data, *dw = a->din[1].data;
   if (!dy) return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d backward: dy has no data; %s", st->ctx);

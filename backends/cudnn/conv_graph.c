@@ -48,18 +48,6 @@ typedef struct gconv_state {
   char ctx[320];
 } gconv_state;
 
-static const char *node_name(const stoke_kernel_args_v1 *a) {
-  return a->node && a->node->name ? a->node->name : "?";
-}
-
-static void attr_pair(const stoke_node_v1 *n, int idx, int64_t def, int64_t out[2]) {
-  out[0] = out[1] = def;
-  if (!n || n->n_attrs <= idx) return;
-  const stoke_attr_v1 *at = &n->attrs[idx];
-  if (at->n == 1) out[0] = out[1] = at->ints[0];
-  if (at->n >= 2) out[0] = at->ints[0], out[1] = at->ints[1];
-}
-
 static cudnnDataType_t data_type(stoke_dtype t) {
   return t == STOKE_F16 ? CUDNN_DATA_HALF : t == STOKE_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
 }
@@ -83,21 +71,21 @@ typedef struct conv_geom {
 static stoke_err *geometry(const stoke_kernel_args_v1 *a, gconv_state *st, int bwd, conv_geom *cg0) {
   if (!a->engine)
     return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': no engine state (backend 'cudnn' not opened)",
-                      node_name(a));
+                      stoke_cudnn_node_name(a));
   if (a->n_in < 2 || a->n_out < 1 || !a->in || !a->out || (bwd && (!a->din || !a->dout)))
-    return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': needs x, weight and y%s", node_name(a),
+    return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': needs x, weight and y%s", stoke_cudnn_node_name(a),
                       bwd ? " and their gradients" : "");
   const stoke_tensor *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
   if (x->shape.ndim != 4 || w->shape.ndim != 4 || y->shape.ndim != 4)
-    return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': x, weight and y must be 4-D", node_name(a));
+    return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': x, weight and y must be 4-D", stoke_cudnn_node_name(a));
   memset(cg0, 0, sizeof *cg0);
   cg_conv_geom *cg = &cg0->g;
   memcpy(cg->x, x->shape.d, sizeof cg->x);
   memcpy(cg->w, w->shape.d, sizeof cg->w);
   memcpy(cg->y, y->shape.d, sizeof cg->y);
-  attr_pair(a->node, STOKE_CONV2D_STRIDE, 1, cg->stride);
-  attr_pair(a->node, STOKE_CONV2D_PADDING, 0, cg->pad);
-  attr_pair(a->node, STOKE_CONV2D_DILATION, 1, cg->dil);
+  stoke_cudnn_attr_pair(a->node, STOKE_CONV2D_STRIDE, 1, cg->stride);
+  stoke_cudnn_attr_pair(a->node, STOKE_CONV2D_PADDING, 0, cg->pad);
+  stoke_cudnn_attr_pair(a->node, STOKE_CONV2D_DILATION, 1, cg->dil);
   cg0->groups = a->node && a->node->n_attrs > STOKE_CONV2D_GROUPS ? a->node->attrs[STOKE_CONV2D_GROUPS].i : 1;
   cg->nhwc = x->layout == STOKE_NHWC;
   cg0->dtype = x->dtype;
@@ -105,7 +93,7 @@ static stoke_err *geometry(const stoke_kernel_args_v1 *a, gconv_state *st, int b
   snprintf(st->ctx, sizeof st->ctx,
            "node '%s': x [%lld, %lld, %lld, %lld] %s %s, weight [%lld, %lld, %lld, %lld], y [%lld, %lld, %lld, "
            "%lld], stride %lldx%lld, padding %lldx%lld, dilation %lldx%lld, groups %lld",
-           node_name(a), (long long)cg->x[0], (long long)cg->x[1], (long long)cg->x[2], (long long)cg->x[3],
+           stoke_cudnn_node_name(a), (long long)cg->x[0], (long long)cg->x[1], (long long)cg->x[2], (long long)cg->x[3],
            cg->nhwc ? "NHWC" : "NCHW", stoke_dtype_name(x->dtype), (long long)cg->w[0], (long long)cg->w[1],
            (long long)cg->w[2], (long long)cg->w[3], (long long)cg->y[0], (long long)cg->y[1],
            (long long)cg->y[2], (long long)cg->y[3], (long long)cg->stride[0], (long long)cg->stride[1],
@@ -196,7 +184,7 @@ static stoke_err *make_stage_descs(gconv_state *st, const conv_geom *cg) {
 
 static stoke_err *gconv_plan(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes, int bwd) {
   gconv_state *st = stoke_host->alloc(sizeof *st);
-  if (!st) return STOKE_PERR(STOKE_E_OOM, "cudnn conv2d '%s': out of host memory", node_name(a));
+  if (!st) return STOKE_PERR(STOKE_E_OOM, "cudnn conv2d '%s': out of host memory", stoke_cudnn_node_name(a));
   memset(st, 0, sizeof *st);
   st->eng = a->engine;
   conv_geom cg;
@@ -211,7 +199,7 @@ static stoke_err *gconv_plan(const stoke_kernel_args_v1 *a, void **state, size_t
     e = plan_all(a, st, &cg, bwd, 1);
   }
   if (e && e->code == STOKE_E_UNSUPPORTED) { /* no graph engine: the classic API */
-    stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s': falls back to the classic API: %s", node_name(a),
+    stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s': falls back to the classic API: %s", stoke_cudnn_node_name(a),
                     e->msg);
     stoke_host->err_free(e);
     size_t ws = 0;
@@ -243,14 +231,6 @@ static stoke_err *plan_bwd(const stoke_kernel_args_v1 *a, void **state, size_t *
   return gconv_plan(a, state, ws, 1);
 }
 
-static stoke_err *check_run(const stoke_kernel_args_v1 *a, const gconv_state *st) {
-  if (!st) return STOKE_PERR(STOKE_E_INTERNAL, "cudnn conv2d '%s': run() without plan()", node_name(a));
-  if (a->workspace_bytes < st->workspace || (st->workspace && !a->workspace))
-    return STOKE_PERR(STOKE_E_INTERNAL, "cudnn conv2d: workspace of %zu B given, plan() asked for %zu B; %s",
-                      a->workspace_bytes, st->workspace, st->ctx);
-  return NULL;
-}
-
 static void *plan_ws(const stoke_kernel_args_v1 *a, const gconv_state *st) {
   return a->workspace ? (char *)a->workspace + st->w_region : NULL;
 }
@@ -271,7 +251,7 @@ static stoke_err *weight_for(const stoke_kernel_args_v1 *a, const gconv_state *s
 static stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *state) {
   gconv_state *st = state;
   if (st && st->classic) return stoke_cudnn_classic_run_fwd(a, st->classic);
-  STOKE_PROPAGATE_P(check_run(a, st));
+  STOKE_PROPAGATE_P(stoke_cudnn_check_run(a, st, st ? st->workspace : 0, st ? st->ctx : ""));
   if (!a->in[0].data || !a->out[0].data)
     return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d forward: x or y has no data; %s", st->ctx);
   void *w;
@@ -285,7 +265,7 @@ static stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *state) {
 static stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *state) {
   gconv_state *st = state;
   if (st && st->classic) return stoke_cudnn_classic_run_bwd(a, st->classic);
-  STOKE_PROPAGATE_P(check_run(a, st));
+  STOKE_PROPAGATE_P(stoke_cudnn_check_run(a, st, st ? st->workspace : 0, st ? st->ctx : ""));
   void *dy = a->dout[0].data, *dx = a->din[0].data, *dw = a->din[1].data;
   if (!dy) return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d backward: dy has no data; %s", st->ctx);
   if ((dx && !st->dgrad) || (dw && !st->wgrad))

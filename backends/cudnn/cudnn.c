@@ -11,6 +11,29 @@ const stoke_host_v1 *stoke_host;
 
 stoke_err *stoke_cudnn_register_bn(const stoke_registry_v1 *r); /* bn.c */
 
+const char *stoke_cudnn_node_name(const stoke_kernel_args_v1 *a) {
+  return a->node && a->node->name ? a->node->name : "?";
+}
+
+void stoke_cudnn_attr_pair(const stoke_node_v1 *n, int idx, int64_t def, int64_t out[2]) {
+  out[0] = out[1] = def;
+  if (!n || n->n_attrs <= idx) return;
+  const stoke_attr_v1 *at = &n->attrs[idx];
+  if (at->n == 1) out[0] = out[1] = at->ints[0];
+  if (at->n >= 2) out[0] = at->ints[0], out[1] = at->ints[1];
+}
+
+stoke_err *stoke_cudnn_check_run(const stoke_kernel_args_v1 *a, const void *state, size_t workspace,
+                                 const char *ctx) {
+  if (!state)
+    return STOKE_PERR(STOKE_E_INTERNAL, "cudnn %s '%s': run() without plan()", a->node ? a->node->op : "?",
+                      stoke_cudnn_node_name(a));
+  if (a->workspace_bytes < workspace || (workspace && !a->workspace))
+    return STOKE_PERR(STOKE_E_INTERNAL, "cudnn: workspace of %zu B given, plan() asked for %zu B; %s",
+                      a->workspace_bytes, workspace, ctx);
+  return NULL;
+}
+
 const cudnn_algo_choice *stoke_cudnn_cache_get(const cudnn_engine *e, const cudnn_conv_key *k) {
   for (int i = 0; i < e->n_cache; i++)
     if (!memcmp(&e->keys[i], k, sizeof *k)) return &e->vals[i];

@@ -60,6 +60,14 @@ stoke_err *stoke_cudnn_err(cudnnStatus_t s, const char *file, int line, const ch
     if (cudnn_s_ != CUDNN_STATUS_SUCCESS) return stoke_cudnn_err(cudnn_s_, __FILE__, __LINE__, #call, (ctx)); \
   } while (0)
 
+/* Helpers of the conv kernels (cudnn.c): the node's name for messages; an
+ * attribute pair (h, w), one value for both, two for HxW, none = def; and
+ * run()'s check that plan() happened and its workspace is given. */
+const char *stoke_cudnn_node_name(const stoke_kernel_args_v1 *a);
+void stoke_cudnn_attr_pair(const stoke_node_v1 *n, int idx, int64_t def, int64_t out[2]);
+stoke_err *stoke_cudnn_check_run(const stoke_kernel_args_v1 *a, const void *state, size_t workspace,
+                                 const char *ctx);
+
 /* The algorithm cache of an engine: NULL when the key is not there. */
 const cudnn_algo_choice *stoke_cudnn_cache_get(const cudnn_engine *e, const cudnn_conv_key *k);
 void stoke_cudnn_cache_put(cudnn_engine *e, const cudnn_conv_key *k, const cudnn_algo_choice *v);

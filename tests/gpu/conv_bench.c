@@ -90,6 +90,17 @@ static void *dalloc(size_t bytes, int byte) {
   return p;
 }
 
+/* The median of n timings (sorts them). */
+static float median(float *ms, int n) {
+  for (int i = 0; i < n; i++)
+    for (int j = i + 1; j < n; j++)
+      if (ms[j] < ms[i]) {
+        float x = ms[i];
+        ms[i] = ms[j], ms[j] = x;
+      }
+  return ms[n / 2];
+}
+
 /* Median of `reps` timed runs of one kernel call (after plan and 2 warm-ups), ms. */
 static float time_kernel(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, int reps) {
   void *state = NULL, *ws = NULL;
@@ -113,17 +124,12 @@ static float time_kernel(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, int 
     DIE(dev->timer_sync(dev_self, t[1]));
     if (r >= 2) DIE(dev->timer_elapsed_ms(dev_self, t[0], t[1], &ms[r - 2]));
   }
-  for (int i = 0; i < reps; i++)
-    for (int j = i + 1; j < reps; j++)
-      if (ms[j] < ms[i]) {
-        float x = ms[i];
-        ms[i] = ms[j], ms[j] = x;
-      }
+  float m = median(ms, reps);
   dev->timer_destroy(dev_self, t[0]);
   dev->timer_destroy(dev_self, t[1]);
   if (ws) dev->free(dev_self, ws);
   if (k->destroy && state) k->destroy(state);
-  return ms[reps / 2];
+  return m;
 }
 
 typedef struct problem {
@@ -188,16 +194,11 @@ static float time_plan(cudnn_engine *eng, const cg_plan *pl, void **ptrs, void *
     DIE(dev->timer_sync(dev_self, t[1]));
     if (r >= 2) DIE(dev->timer_elapsed_ms(dev_self, t[0], t[1], &ms[r - 2]));
   }
-  for (int i = 0; i < 9; i++)
-    for (int j = i + 1; j < 9; j++)
-      if (ms[j] < ms[i]) {
-        float x = ms[i];
-        ms[i] = ms[j], ms[j] = x;
-      }
+  float m = median(ms, 9);
   dev->timer_destroy(dev_self, t[0]);
   dev->timer_destroy(dev_self, t[1]);
   if (ws) dev->free(dev_self, ws);
-  return ms[4];
+  return m;
 }
 
 typedef stoke_err *(*probe_fn)(cudnn_engine *, const cg_conv_geom *, cudnnDataType_t, const cg_choice *,
