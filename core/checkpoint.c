@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,14 @@
 
 #include "stoke/checkpoint.h"
 #include "stoke/core.h"
+#include "stoke/crc32c.h"
+
+/* The metadata keys of the checksums: CRC-32C of each tensor's bytes
+ * ("name=8 hex digits;..."), and of every other metadata entry, keys
+ * sorted, each key and value followed by a NUL byte. PyTorch's safetensors
+ * keeps metadata as strings, so the file stays loadable there. */
+#define CRC_KEY "stoke_crc32c"
+#define META_CRC_KEY "stoke_meta_crc32c"
 
 /* ------------------------------------------------------------ writing */
 
@@ -87,10 +96,15 @@ typedef struct entry {
 
 static int is_opt_kind(const stoke_value *v) { return v->kind == STOKE_VAL_PARAM; }
 
+/* Where an entry's bytes are: host buffer `b` (0 params, 1 state, 2
+ * optimizer state) at `off`; NULL without host buffers (sizes only). */
+static const void *at(void *const *hb, int b, size_t off) { return hb ? (const char *)hb[b] + off : NULL; }
+
 /* Every tensor of a checkpoint of this plan, in a fixed order; host
  * copies of the device buffers are made by the caller. `hb` holds host
- * pointers for params, state and optimizer state. */
-static int list_entries(const stoke_plan *p, void *const hb[3], const char *opt, int64_t nbt,
+ * pointers for params, state and optimizer state (NULL: only names and
+ * sizes are wanted). */
+static int list_entries(const stoke_plan *p, void *const *hb, const char *opt, int64_t nbt,
                         int64_t *nbt_store, entry *out, int cap) {
   const stoke_graph *g = p->g;
   int n = 0;
@@ -102,8 +116,15 @@ static int list_entries(const stoke_plan *p, void *const hb[3], const char *opt,
     snprintf(e->name, sizeof e->name, "%s", val->name);
     e->dtype = st_dtype(val->dtype);
     e->shape = val->shape;
-    e->src = (const char *)hb[b] + val->offset;
+    e->src = at(hb, b, val->offset);
     e->bytes = (size_t)stoke_numel(&val->shape) * stoke_dtype_size(val->dtype);
+    /* a tied parameter again under each other name (PyTorch's state_dict
+     * lists it under each) */
+    for (int t = 0; t < g->n_tied && n < cap; t++)
+      if (g->tied[t].value == v) {
+        out[n] = *e;
+        snprintf(out[n++].name, sizeof e->name, "%s", g->tied[t].name);
+      }
     /* PyTorch's BatchNorm also keeps num_batches_tracked (int64, 0-d) */
     size_t len = strlen(val->name);
     if (val->kind == STOKE_VAL_STATE && len > 13 && !strcmp(val->name + len - 13, ".running_mean") &&
@@ -117,7 +138,7 @@ static int list_entries(const stoke_plan *p, void *const hb[3], const char *opt,
       t->bytes = sizeof(int64_t);
     }
   }
-  if (!opt || !hb[2]) return n;
+  if (!opt || !p->opt_kernel || !p->opt_state_bytes || (hb && !hb[2])) return n;
   static const char *sgd_names[] = {"momentum_buffer"};
   static const char *adamw_names[] = {"exp_avg", "exp_avg_sq"};
   const char **names = !strcmp(opt, "adamw") ? adamw_names : sgd_names;
@@ -134,11 +155,11 @@ static int list_entries(const stoke_plan *p, void *const hb[3], const char *opt,
       e->shape = val->shape;
       if (p->has_master) {
         e->dtype = "F32";
-        e->src = (const float *)hb[2] + (size_t)(k + 1) * flat + val->offset / es;
+        e->src = at(hb, 2, ((size_t)(k + 1) * flat + val->offset / es) * sizeof(float));
         e->bytes = (size_t)stoke_numel(&val->shape) * sizeof(float);
       } else {
         e->dtype = st_dtype(val->dtype);
-        e->src = (const char *)hb[2] + (size_t)k * p->bytes[STOKE_BUF_PARAMS] + val->offset;
+        e->src = at(hb, 2, (size_t)k * p->bytes[STOKE_BUF_PARAMS] + val->offset);
         e->bytes = (size_t)stoke_numel(&val->shape) * stoke_dtype_size(val->dtype);
       }
     }
@@ -175,6 +196,50 @@ static stoke_err *host_copies(stoke_exec *x, void *hb[3], size_t sizes[3]) {
   return NULL;
 }
 
+/* A metadata entry: key and value text. */
+typedef struct meta_kv {
+  const char *key, *val;
+} meta_kv;
+
+static int by_key(const void *a, const void *b) { return strcmp(((const meta_kv *)a)->key, ((const meta_kv *)b)->key); }
+
+/* The checksum over metadata entries (sorted here; `kv` is reordered). */
+static uint32_t meta_crc(meta_kv *kv, int n) {
+  qsort(kv, (size_t)n, sizeof *kv, by_key);
+  uint32_t c = 0;
+  for (int i = 0; i < n; i++) {
+    c = stoke_crc32c(c, kv[i].key, strlen(kv[i].key) + 1);
+    c = stoke_crc32c(c, kv[i].val, strlen(kv[i].val) + 1);
+  }
+  return c;
+}
+
+/* `{"__metadata__":{` the run state, its checksum, `}` left open for more. */
+static void header_meta(sbuf *h, const stoke_ckpt_meta *m, const char *optimizer, const char *config_text) {
+  char num[8][40];
+  snprintf(num[0], sizeof num[0], "%d", STOKE_CKPT_VERSION);
+  snprintf(num[1], sizeof num[1], "%lld", (long long)m->step);
+  snprintf(num[2], sizeof num[2], "%lld", (long long)m->epoch);
+  snprintf(num[3], sizeof num[3], "%lld", (long long)m->seed);
+  snprintf(num[4], sizeof num[4], "%lld", (long long)m->accumulate);
+  snprintf(num[5], sizeof num[5], "%.17g", m->loss_scale);
+  snprintf(num[6], sizeof num[6], "%lld", (long long)(m->world > 0 ? m->world : 1));
+  snprintf(num[7], sizeof num[7], "%lld", (long long)m->batch);
+  meta_kv kv[11] = {{"format", "pt"},         {"stoke_checkpoint_version", num[0]},
+                    {"step", num[1]},         {"epoch", num[2]},
+                    {"seed", num[3]},         {"accumulate", num[4]},
+                    {"loss_scale", num[5]},   {"world", num[6]},
+                    {"batch", num[7]},        {"optimizer", optimizer},
+                    {"config", config_text}};
+  int n = config_text ? 11 : 10;
+  sb_put(h, "{\"__metadata__\":{");
+  for (int i = 0; i < n; i++) {
+    sb_put(h, "%s\"%s\":", i ? "," : "", kv[i].key);
+    sb_json_str(h, kv[i].val);
+  }
+  sb_put(h, ",\"" META_CRC_KEY "\":\"%08x\"", meta_crc(kv, n));
+}
+
 stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ckpt_meta *m,
                                  const char *config_text) {
   stoke_plan *p = stoke_exec_plan(x);
@@ -185,7 +250,7 @@ stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ck
   stoke_err *e = host_copies(x, hb, sizes);
   for (int i = 0; i < 3 && !e; i++)
     if (hb[i]) e = stoke_exec_copy(x, hb[i], dev[i], sizes[i], STOKE_COPY_D2H);
-  int cap = 5 * p->g->n_values + 8; /* parameter, state, master, two optimizer tensors */
+  int cap = 5 * p->g->n_values + p->g->n_tied + 8; /* parameter, state, master, two optimizer tensors, tied names */
   entry *ents = e ? NULL : calloc((size_t)cap, sizeof *ents);
   if (!e && !ents) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
   sbuf h = {0};
@@ -195,17 +260,11 @@ stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ck
   if (e) goto out;
   int64_t nbt_val = m->step * m->accumulate, nbt_store = 0;
   int n = list_entries(p, hb, p->opt_kernel ? m->optimizer : NULL, nbt_val, &nbt_store, ents, cap);
-  sb_put(&h, "{\"__metadata__\":{\"format\":\"pt\",\"stoke_checkpoint_version\":\"%d\","
-             "\"step\":\"%lld\",\"epoch\":\"%lld\",\"seed\":\"%lld\",\"accumulate\":\"%lld\","
-             "\"loss_scale\":\"%.17g\",\"world\":\"%lld\",\"batch\":\"%lld\",\"optimizer\":",
-         STOKE_CKPT_VERSION, (long long)m->step, (long long)m->epoch, (long long)m->seed,
-         (long long)m->accumulate, m->loss_scale, (long long)(m->world > 0 ? m->world : 1), (long long)m->batch);
-  sb_json_str(&h, p->opt_kernel ? m->optimizer : "");
-  if (config_text) {
-    sb_put(&h, ",\"config\":");
-    sb_json_str(&h, config_text);
-  }
-  sb_put(&h, "}");
+  header_meta(&h, m, p->opt_kernel ? m->optimizer : "", config_text);
+  sb_put(&h, ",\"" CRC_KEY "\":\"");
+  for (int i = 0; i < n; i++)
+    sb_put(&h, "%s%s=%08x", i ? ";" : "", ents[i].name, stoke_crc32c(0, ents[i].src, ents[i].bytes));
+  sb_put(&h, "\"}");
   size_t off = 0;
   for (int i = 0; i < n; i++) {
     sb_put(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", ents[i].name, ents[i].dtype);
@@ -252,6 +311,20 @@ out:
   free(ents);
   for (int i = 0; i < 3; i++) stoke_free(hb[i]);
   return e;
+}
+
+size_t stoke_checkpoint_bytes(const stoke_plan *p, const char *optimizer, size_t config_bytes) {
+  int cap = 5 * p->g->n_values + 8;
+  entry *ents = calloc((size_t)cap, sizeof *ents);
+  if (!ents) return 0;
+  int64_t nbt = 0;
+  int n = list_entries(p, NULL, p->opt_kernel ? optimizer : NULL, 0, &nbt, ents, cap);
+  /* the header: the run state, the config (escaping at most doubles it),
+   * and per tensor its entry and its checksum */
+  size_t total = 8 + 2048 + 2 * config_bytes;
+  for (int i = 0; i < n; i++) total += ents[i].bytes + 2 * strlen(ents[i].name) + 160;
+  free(ents);
+  return total;
 }
 
 /* ------------------------------------------------------------ reading */
@@ -476,28 +549,50 @@ static stoke_err *parse_header(stoke_st_file *f, jp *j) {
   }
 }
 
+static const char *file_kind(mode_t m) {
+  return S_ISFIFO(m) ? "a FIFO" : S_ISDIR(m) ? "a folder" : S_ISCHR(m) || S_ISBLK(m) ? "a device" :
+         S_ISSOCK(m) ? "a socket" : "not a regular file";
+}
+
+/* The whole of a regular file (opened without blocking, so a FIFO is
+ * refused instead of waiting for a writer). */
+static stoke_err *read_whole(const char *path, unsigned char **out, size_t *size) {
+  *out = NULL;
+  *size = 0;
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    return STOKE_ERR(errno == ENOENT ? STOKE_E_NOT_FOUND : STOKE_E_IO, "cannot open checkpoint '%s': %s", path,
+                     strerror(errno));
+  struct stat st;
+  stoke_err *e = NULL;
+  if (fstat(fd, &st)) e = STOKE_ERR(STOKE_E_IO, "cannot stat checkpoint '%s': %s", path, strerror(errno));
+  else if (!S_ISREG(st.st_mode))
+    e = STOKE_ERR(STOKE_E_INVALID, "checkpoint '%s' is %s, not a file: name a checkpoint.safetensors file", path,
+                  file_kind(st.st_mode));
+  else if (st.st_size < 8)
+    e = STOKE_ERR(STOKE_E_DATA, "checkpoint '%s' is truncated (%lld bytes)", path, (long long)st.st_size);
+  else if (!(*out = malloc((size_t)st.st_size)))
+    e = STOKE_ERR(STOKE_E_OOM, "out of memory reading '%s' (%lld bytes)", path, (long long)st.st_size);
+  size_t got = 0;
+  while (!e && got < (size_t)st.st_size) {
+    ssize_t k = read(fd, *out + got, (size_t)st.st_size - got);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) e = STOKE_ERR(STOKE_E_IO, "reading checkpoint '%s' failed: %s", path, k ? strerror(errno) : "it shrank");
+    else got += (size_t)k;
+  }
+  close(fd);
+  if (e) {
+    free(*out);
+    *out = NULL;
+  }
+  *size = got;
+  return e;
+}
+
 stoke_err *stoke_st_read(const char *path, stoke_st_file *f) {
   memset(f, 0, sizeof *f);
-  FILE *fp = fopen(path, "rb");
-  if (!fp)
-    return STOKE_ERR(errno == ENOENT ? STOKE_E_NOT_FOUND : STOKE_E_IO, "cannot open checkpoint '%s': %s",
-                     path, strerror(errno));
-  struct stat st;
-  if (fstat(fileno(fp), &st) || st.st_size < 8) {
-    fclose(fp);
-    return STOKE_ERR(STOKE_E_DATA, "checkpoint '%s' is truncated (%lld bytes)", path,
-                     (long long)st.st_size);
-  }
-  f->size = (size_t)st.st_size;
-  f->bytes = malloc(f->size);
-  if (!f->bytes) {
-    fclose(fp);
-    return STOKE_ERR(STOKE_E_OOM, "out of memory reading '%s' (%zu bytes)", path, f->size);
-  }
-  size_t got = fread(f->bytes, 1, f->size, fp);
-  fclose(fp);
+  STOKE_PROPAGATE(read_whole(path, &f->bytes, &f->size));
   stoke_err *e = NULL;
-  if (got != f->size) e = STOKE_ERR(STOKE_E_IO, "reading checkpoint '%s' failed", path);
   uint64_t hlen = 0;
   for (int i = 0; i < 8 && !e; i++) hlen |= (uint64_t)f->bytes[i] << (8 * i);
   if (!e && hlen > f->size - 8)
@@ -521,9 +616,10 @@ stoke_err *stoke_st_read(const char *path, stoke_st_file *f) {
     for (int i = 0; i < f->n_tensors && !e; i++) {
       const stoke_st_tensor *t = &sorted[i];
       size_t n = st_size(t->dtype);
-      for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
+      int over = 0;
+      for (int d = 0; d < t->ndim; d++) over |= __builtin_mul_overflow(n, (size_t)t->shape[d], &n);
       if (!st_size(t->dtype)) e = STOKE_ERR(STOKE_E_DATA, "checkpoint '%s': tensor '%s' has unknown dtype '%s'", path, t->name, t->dtype);
-      else if (t->begin != at || t->end < t->begin || t->end - t->begin != n)
+      else if (over || t->begin != at || t->end < t->begin || t->end - t->begin != n)
         e = STOKE_ERR(STOKE_E_DATA, "checkpoint '%s': tensor '%s' has inconsistent data_offsets", path, t->name);
       at = t->end;
     }
@@ -558,39 +654,164 @@ const char *stoke_st_meta(const stoke_st_file *f, const char *key) {
   return NULL;
 }
 
-static int64_t meta_int(const stoke_st_file *f, const char *key) {
+/* ------------------------------------------------------- run state */
+
+/* A metadata field that must be a whole decimal integer in [lo, hi];
+ * `dflt` when absent, or an error when `required`. */
+static stoke_err *meta_int(const stoke_st_file *f, const char *path, const char *key, int64_t lo, int64_t hi,
+                           int required, int64_t dflt, int64_t *out) {
   const char *v = stoke_st_meta(f, key);
-  return v ? strtoll(v, NULL, 10) : 0;
+  if (!v) {
+    if (required)
+      return STOKE_ERR(STOKE_E_DATA, "checkpoint '%s': its metadata has no \"%s\" field: not a whole stoke checkpoint",
+                       path, key);
+    *out = dflt;
+    return NULL;
+  }
+  char *end;
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (end == v || *end || errno || x < lo || x > hi || !(isdigit((unsigned char)v[0]) || v[0] == '-'))
+    return STOKE_ERR(STOKE_E_DATA,
+                     "checkpoint '%s': metadata field \"%s\" = \"%.40s\" is not an integer in [%lld, %lld]: the file is "
+                     "damaged or was not written by stoke; resume from another checkpoint",
+                     path, key, v, (long long)lo, (long long)hi);
+  *out = x;
+  return NULL;
+}
+
+/* The metadata checksum, when the file has one: *checked says whether. */
+static stoke_err *check_meta_crc(const stoke_st_file *f, const char *path, int *checked) {
+  const char *want = stoke_st_meta(f, META_CRC_KEY);
+  *checked = want != NULL;
+  if (!want) return NULL;
+  meta_kv *kv = malloc(sizeof *kv * (size_t)(f->n_meta ? f->n_meta : 1));
+  if (!kv) return STOKE_ERR(STOKE_E_OOM, "out of memory");
+  int n = 0;
+  for (int i = 0; i < f->n_meta; i++)
+    if (strcmp(f->meta_keys[i], META_CRC_KEY) && strcmp(f->meta_keys[i], CRC_KEY))
+      kv[n++] = (meta_kv){f->meta_keys[i], f->meta_values[i]};
+  char got[16];
+  snprintf(got, sizeof got, "%08x", meta_crc(kv, n));
+  free(kv);
+  if (strcmp(got, want))
+    return STOKE_ERR(STOKE_E_DATA,
+                     "checkpoint '%s': its run state (step %s, epoch %s, ...) does not match its checksum (" META_CRC_KEY
+                     " %.16s, computed %s): the metadata is damaged or was edited; resume from another checkpoint",
+                     path, stoke_st_meta(f, "step") ? stoke_st_meta(f, "step") : "?",
+                     stoke_st_meta(f, "epoch") ? stoke_st_meta(f, "epoch") : "?", want, got);
+  return NULL;
+}
+
+/* The run state, every field checked against its range and the whole
+ * against its checksum; a bad field is named. */
+static stoke_err *parse_meta(const stoke_st_file *f, const char *path, stoke_ckpt_meta *m) {
+  memset(m, 0, sizeof *m);
+  const char *ver = stoke_st_meta(f, "stoke_checkpoint_version");
+  if (!ver || strcmp(ver, "1"))
+    return STOKE_ERR(STOKE_E_DATA, "'%s' is not a stoke checkpoint of version %d (found %.40s)", path,
+                     STOKE_CKPT_VERSION, ver ? ver : "none");
+  STOKE_PROPAGATE(check_meta_crc(f, path, &m->meta_checked));
+  const int64_t max = INT64_MAX;
+  STOKE_PROPAGATE(meta_int(f, path, "step", 0, max, 1, 0, &m->step));
+  STOKE_PROPAGATE(meta_int(f, path, "accumulate", 1, 1 << 20, 1, 1, &m->accumulate));
+  STOKE_PROPAGATE(meta_int(f, path, "seed", 0, max, 1, 0, &m->seed));
+  STOKE_PROPAGATE(meta_int(f, path, "world", 1, 1 << 24, 0, 1, &m->world));
+  STOKE_PROPAGATE(meta_int(f, path, "batch", 0, 1 << 24, 0, 0, &m->batch));
+  /* the samples seen, step x accumulate x batch x world, must be a number */
+  int64_t seen;
+  if (__builtin_mul_overflow(m->step, m->accumulate, &seen) ||
+      __builtin_mul_overflow(seen, m->batch > 0 ? m->batch : 1, &seen) ||
+      __builtin_mul_overflow(seen, m->world, &seen))
+    return STOKE_ERR(STOKE_E_DATA,
+                     "checkpoint '%s': metadata field \"step\" = %lld is impossible (x accumulate %lld x batch %lld x "
+                     "world %lld overflows): the file is damaged; resume from another checkpoint",
+                     path, (long long)m->step, (long long)m->accumulate, (long long)m->batch, (long long)m->world);
+  /* an epoch holds at least one sample */
+  STOKE_PROPAGATE(meta_int(f, path, "epoch", 0, seen, 1, 0, &m->epoch));
+  const char *ls = stoke_st_meta(f, "loss_scale");
+  char *end = NULL;
+  m->loss_scale = ls ? strtod(ls, &end) : 1;
+  if (ls && (end == ls || *end || !isfinite(m->loss_scale) || m->loss_scale <= 0 || m->loss_scale > 3.4e38))
+    return STOKE_ERR(STOKE_E_DATA,
+                     "checkpoint '%s': metadata field \"loss_scale\" = \"%.40s\" is not a positive finite number: the "
+                     "file is damaged; resume from another checkpoint",
+                     path, ls);
+  const char *opt = stoke_st_meta(f, "optimizer");
+  if (opt && strcmp(opt, "") && strcmp(opt, "sgd") && strcmp(opt, "adamw"))
+    return STOKE_ERR(STOKE_E_DATA,
+                     "checkpoint '%s': metadata field \"optimizer\" = \"%.40s\" is none of sgd, adamw or empty: the file "
+                     "is damaged; resume from another checkpoint",
+                     path, opt);
+  snprintf(m->optimizer, sizeof m->optimizer, "%s", opt ? opt : "");
+  return NULL;
+}
+
+stoke_err *stoke_checkpoint_read_meta(const char *path, stoke_ckpt_meta *m) {
+  stoke_st_file f;
+  STOKE_PROPAGATE(stoke_st_read(path, &f));
+  stoke_err *e = parse_meta(&f, path, m);
+  stoke_st_free(&f);
+  return e;
+}
+
+/* Each tensor's bytes against its checksum in the metadata, when the file
+ * has them: *checked says whether. */
+static stoke_err *check_data_crc(const stoke_st_file *f, const char *path, int *checked) {
+  const char *list = stoke_st_meta(f, CRC_KEY);
+  *checked = list != NULL;
+  if (!list) return NULL;
+  int found = 0;
+  for (const char *p = list; *p;) {
+    const char *eq = strchr(p, '='), *semi = strchr(p, ';');
+    if (!semi) semi = p + strlen(p);
+    char name[sizeof f->tensors[0].name];
+    unsigned want = 0;
+    int len = eq && eq < semi ? (int)(eq - p) : -1, hex = 0;
+    if (len > 0 && len < (int)sizeof name && semi - eq == 9) hex = sscanf(eq + 1, "%8x", &want) == 1;
+    if (!hex)
+      return STOKE_ERR(STOKE_E_DATA, "checkpoint '%s': its " CRC_KEY " metadata entry is damaged near \"%.40s\"", path,
+                       p);
+    memcpy(name, p, (size_t)len);
+    name[len] = 0;
+    const stoke_st_tensor *t = stoke_st_find(f, name);
+    if (!t)
+      return STOKE_ERR(STOKE_E_DATA, "checkpoint '%s': " CRC_KEY " names tensor '%s', which the file does not hold",
+                       path, name);
+    uint32_t got = stoke_crc32c(0, f->data + t->begin, t->end - t->begin);
+    if (got != want)
+      return STOKE_ERR(STOKE_E_DATA,
+                       "checkpoint '%s': tensor '%s' is damaged: its bytes give CRC-32C %08x, the file recorded %08x "
+                       "(a flipped bit on disk or in a copy); resume from another checkpoint",
+                       path, name, got, want);
+    found++;
+    p = *semi ? semi + 1 : semi;
+  }
+  if (found != f->n_tensors)
+    return STOKE_ERR(STOKE_E_DATA, "checkpoint '%s': " CRC_KEY " covers %d tensors, the file holds %d", path, found,
+                     f->n_tensors);
+  return NULL;
 }
 
 stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_meta *m) {
   stoke_plan *p = stoke_exec_plan(x);
   stoke_st_file f;
   STOKE_PROPAGATE(stoke_st_read(path, &f));
-  stoke_err *e = NULL;
-  const char *ver = stoke_st_meta(&f, "stoke_checkpoint_version");
-  if (!ver || atoi(ver) != STOKE_CKPT_VERSION) {
+  stoke_err *e = parse_meta(&f, path, m);
+  if (!e) e = check_data_crc(&f, path, &m->data_checked);
+  if (e) {
     stoke_st_free(&f);
-    return STOKE_ERR(STOKE_E_DATA, "'%s' is not a stoke checkpoint of version %d (found %s)", path,
-                     STOKE_CKPT_VERSION, ver ? ver : "none");
+    return e;
   }
-  memset(m, 0, sizeof *m);
-  m->step = meta_int(&f, "step");
-  m->epoch = meta_int(&f, "epoch");
-  m->seed = meta_int(&f, "seed");
-  m->accumulate = meta_int(&f, "accumulate");
-  const char *ls = stoke_st_meta(&f, "loss_scale");
-  m->loss_scale = ls ? strtod(ls, NULL) : 1;
-  m->world = stoke_st_meta(&f, "world") ? meta_int(&f, "world") : 1;
-  m->batch = stoke_st_meta(&f, "batch") ? meta_int(&f, "batch") : 0;
-  const char *opt = stoke_st_meta(&f, "optimizer");
-  snprintf(m->optimizer, sizeof m->optimizer, "%s", opt ? opt : "");
+  if (!m->data_checked || !m->meta_checked)
+    stoke_log(STOKE_LOG_WARN, "checkpoint",
+              "%s has no checksums (written by an older stoke): its bytes are loaded unverified", path);
   void *hb[3] = {0};
   size_t sizes[3];
   e = host_copies(x, hb, sizes);
   /* optimizer tensors only when the file has the plan's optimizer */
   const char *want_opt = p->opt_kernel && !strcmp(m->optimizer, p->opt_kernel->op) ? m->optimizer : NULL;
-  int cap = 5 * p->g->n_values + 8; /* parameter, state, master, two optimizer tensors */
+  int cap = 5 * p->g->n_values + p->g->n_tied + 8; /* parameter, state, master, two optimizer tensors, tied names */
   entry *ents = e ? NULL : calloc((size_t)cap, sizeof *ents);
   if (!e && !ents) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
   int64_t nbt = 0;

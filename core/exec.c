@@ -385,7 +385,7 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
   for (int i = 0; i < n; i++) {
     stoke_gnode *node = &g->nodes[i];
     node_args *na = &x->args[i];
-    na->a.param_grad_beta = first_micro ? 0.0f : 1.0f;
+    na->a.param_grad_beta = first_micro && !node->param_accumulate ? 0.0f : 1.0f;
     /* a backward node gets its forward node's seed (dropout regenerates its mask) */
     uint64_t k = node->pass == STOKE_BWD ? (uint64_t)node->fwd : (uint64_t)i;
     na->a.seed = stoke_hash3(step_seed, k, 0x5eedull);

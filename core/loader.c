@@ -120,6 +120,11 @@ static stoke_err *fill(stoke_loader *l, slot *s, int64_t number, int64_t from, i
       }
       stoke_log(STOKE_LOG_WARN, "loader", "skipping sample %lld: %s", (long long)k, re->msg);
       stoke_err_free(re);
+      if (l->o.skip_bad) { /* a hole, never a duplicate */
+        memset(dst, 0, l->sample_bytes);
+        s->b.labels[from + i] = -1;
+        break;
+      }
       k = (k + 1) % total; /* replaced by the next sample */
     }
   }
@@ -204,7 +209,11 @@ stoke_err *stoke_loader_new(const stoke_loader_opts *o, stoke_loader **out) {
   }
   pthread_mutex_init(&l->mu, NULL);
   pthread_cond_init(&l->cv_free, NULL);
-  pthread_cond_init(&l->cv_full, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the cancel poll's timed waits */
+  pthread_cond_init(&l->cv_full, &ca);
+  pthread_condattr_destroy(&ca);
   l->perm = malloc(sizeof(int64_t) * (size_t)l->shard_len);
   l->slots = calloc((size_t)o->prefetch, sizeof *l->slots);
   l->threads = calloc((size_t)o->workers, sizeof *l->threads);
@@ -253,11 +262,33 @@ void stoke_loader_free(stoke_loader *l) {
   free(l);
 }
 
+/* Waits on cv_full; with a cancel flag, in 20 ms slices that look at it. */
+static void wait_full(stoke_loader *l) {
+  if (!l->o.cancel) {
+    pthread_cond_wait(&l->cv_full, &l->mu);
+    return;
+  }
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  t.tv_nsec += 20000000;
+  if (t.tv_nsec >= 1000000000) t.tv_sec++, t.tv_nsec -= 1000000000;
+  pthread_cond_timedwait(&l->cv_full, &l->mu, &t);
+}
+
 stoke_err *stoke_loader_next(stoke_loader *l, stoke_batch **b, double *wait_s) {
   double t0 = now_s();
+  *b = NULL;
   pthread_mutex_lock(&l->mu);
   slot *s = &l->slots[l->next_take % l->o.prefetch];
-  while (!(s->state == SLOT_FULL && s->number == l->next_take)) pthread_cond_wait(&l->cv_full, &l->mu);
+  while (!(s->state == SLOT_FULL && s->number == l->next_take)) {
+    if (l->o.cancel && *l->o.cancel) {
+      pthread_mutex_unlock(&l->mu);
+      if (wait_s) *wait_s = now_s() - t0;
+      return STOKE_ERR(STOKE_E_INTERRUPTED, "loader: interrupted while waiting for batch %lld",
+                       (long long)l->next_take);
+    }
+    wait_full(l);
+  }
   stoke_err *e = s->err;
   s->err = NULL;
   s->state = SLOT_TAKEN;

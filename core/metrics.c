@@ -1,5 +1,6 @@
 /* core/metrics.c: step metrics: JSON lines, progress bar / log lines, and
  * the run's closing summary with percentiles. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,14 @@ struct stoke_metrics {
   double scale, skipped; /* NaN without a scaler */
 };
 
+/* After a JSON line: whether it reached the file (a full disk, a file-size
+ * limit), as an error naming it. */
+static stoke_err *jsonl_flushed(stoke_metrics *m) {
+  if (!m->jsonl) return NULL;
+  if (fflush(m->jsonl) == 0 && !ferror(m->jsonl)) return NULL;
+  return STOKE_ERR(STOKE_E_IO, "writing '%s' failed: %s (is the disk full?)", m->o.jsonl_path, strerror(errno));
+}
+
 stoke_err *stoke_metrics_new(const stoke_metrics_opts *o, stoke_metrics **out) {
   stoke_metrics *m = calloc(1, sizeof *m);
   if (!m) return STOKE_ERR(STOKE_E_OOM, "out of memory");
@@ -32,7 +41,7 @@ stoke_err *stoke_metrics_new(const stoke_metrics_opts *o, stoke_metrics **out) {
   m->scale = m->skipped = NAN;
   if (o->jsonl_path && !(m->jsonl = fopen(o->jsonl_path, "w"))) {
     free(m);
-    return STOKE_ERR(STOKE_E_IO, "cannot write metrics to '%s'", o->jsonl_path);
+    return STOKE_ERR(STOKE_E_IO, "cannot write metrics to '%s': %s", o->jsonl_path, strerror(errno));
   }
   *out = m;
   return NULL;
@@ -71,15 +80,15 @@ static void fmt_eta(double s, char *buf, size_t cap) {
   else snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
 }
 
-void stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double step_s,
-                        double wait_s, int logged, double loss, double lr) {
+stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double step_s,
+                              double wait_s, int logged, double loss, double lr) {
   push(&m->step_s, &m->n, &m->cap, step_s);
   m->elapsed += step_s;
   m->interval_s += step_s;
   m->interval_wait += wait_s;
   m->wait_total += wait_s;
   m->interval_steps++;
-  if (!logged) return;
+  if (!logged) return NULL;
   double rate = m->interval_s > 0 ? (double)(m->interval_steps * m->o.samples_per_step) / m->interval_s : 0;
   /* the first step carries start-up costs: keep it out of the median */
   if (step > 1) push(&m->rates, &m->n_rates, &m->cap_rates, rate);
@@ -104,7 +113,6 @@ void stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double st
             (long long)step, (long long)epoch, loss, lr, rate, step_ms, wait_ms, json_num(mfu, a, sizeof a),
             json_num(util, b, sizeof b), json_num(mem, c, sizeof c), json_num(m->scale, d, sizeof d),
             json_num(m->skipped, e, sizeof e));
-    fflush(m->jsonl);
   }
   double eta = (double)(m->o.total_steps - step) * m->elapsed / (double)(step - m->o.start_step);
   char eta_s[32];
@@ -126,6 +134,7 @@ void stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double st
   }
   m->interval_s = m->interval_wait = 0;
   m->interval_steps = 0;
+  return jsonl_flushed(m);
 }
 
 void stoke_metrics_scaler(stoke_metrics *m, double scale, double skipped) {
@@ -133,18 +142,20 @@ void stoke_metrics_scaler(stoke_metrics *m, double scale, double skipped) {
   m->skipped = skipped;
 }
 
-void stoke_metrics_eval(stoke_metrics *m, int64_t step, int64_t epoch, double loss, double acc) {
-  if (m->jsonl) {
-    fprintf(m->jsonl, "{\"step\": %lld, \"epoch\": %lld, \"eval_loss\": %.6g, \"eval_accuracy\": %.6g}\n",
-            (long long)step, (long long)epoch, loss, acc);
-    fflush(m->jsonl);
-  }
+/* acc NaN: no accuracy (a language model's evaluation reports the loss). */
+stoke_err *stoke_metrics_eval(stoke_metrics *m, int64_t step, int64_t epoch, double loss, double acc) {
+  char ja[32], jb[32];
+  if (m->jsonl)
+    fprintf(m->jsonl, "{\"step\": %lld, \"epoch\": %lld, \"eval_loss\": %s, \"eval_accuracy\": %s}\n",
+            (long long)step, (long long)epoch, json_num(loss, ja, sizeof ja), json_num(acc, jb, sizeof jb));
   if (m->o.progress == STOKE_PROGRESS_BAR) fputc('\n', stderr);
   if (m->o.progress != STOKE_PROGRESS_OFF) {
-    printf("eval after step %lld (epoch %lld): loss %.4f, top-1 accuracy %.4f\n", (long long)step,
-           (long long)epoch, loss, acc);
+    printf("eval after step %lld (epoch %lld): loss %.4f", (long long)step, (long long)epoch, loss);
+    if (acc == acc) printf(", top-1 accuracy %.4f", acc);
+    printf("\n");
     fflush(stdout);
   }
+  return jsonl_flushed(m);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -193,9 +204,9 @@ void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s) {
   s->skipped_steps = m->skipped;
 }
 
-void stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *status) {
+stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *status) {
   char a[32], b[32], c[32], d[32], e[32];
-  if (m->jsonl) {
+  if (m->jsonl)
     fprintf(m->jsonl,
             "{\"summary\": \"%s\", \"steps\": %lld, \"samples\": %lld, \"final_loss\": %.6g, "
             "\"samples_per_s_median\": %.1f, \"step_time_ms_p50\": %.4f, \"step_time_ms_p95\": %.4f, "
@@ -208,9 +219,8 @@ void stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *s
             json_num(s->mfu, c, sizeof c), json_num(s->gpu_util_mean, d, sizeof d),
             json_num(s->gpu_mem_max_mib, e, sizeof e), (long long)s->gpu_ops_per_step,
             (long long)s->launches_per_step);
-    fflush(m->jsonl);
-  }
-  if (m->o.quiet) return;
+  stoke_err *err = jsonl_flushed(m);
+  if (m->o.quiet || err) return err;
   printf("summary (%s): %lld steps, %lld samples, final loss %.4f (first %.4f)\n"
          "  samples/s median %.0f, step time p50 %.3f ms, p95 %.3f ms, data wait %.3f s total\n",
          status, (long long)s->steps, (long long)s->samples, s->final_loss, s->first_loss,
@@ -229,9 +239,14 @@ void stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *s
     printf("  %lld GPU operations per step, %lld launch%s per step\n", (long long)s->gpu_ops_per_step,
            (long long)s->launches_per_step, s->launches_per_step == 1 ? " (CUDA graph)" : "es");
   if (s->eval_accuracy == s->eval_accuracy)
-    printf("  evaluation: loss %.4f, top-1 accuracy %.4f\n", s->eval_loss, s->eval_accuracy);
+    printf("  evaluation: loss %.4f, top-1 accuracy %.4f over %lld samples\n", s->eval_loss, s->eval_accuracy,
+           (long long)s->eval_samples);
+  else if (s->eval_loss == s->eval_loss)
+    printf("  evaluation: loss %.4f (%.4f bits per token) over %lld sequences\n", s->eval_loss, s->eval_loss / log(2.0),
+           (long long)s->eval_samples);
   if (s->skipped_samples) printf("  %lld samples could not be read and were replaced (see log.txt)\n", (long long)s->skipped_samples);
   printf("  metrics: %s/metrics.jsonl\n", s->out_dir);
   if (s->checkpoint[0]) printf("  checkpoint: %s (continue with run.resume=%s)\n", s->checkpoint, s->checkpoint);
   fflush(stdout);
+  return NULL;
 }

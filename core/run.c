@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -349,14 +351,84 @@ static const char *dist_getenv(const char *name, void *ctx) {
   return getenv(name);
 }
 
-static volatile sig_atomic_t stop_signal;
-static void on_signal(int sig) { stop_signal = sig; }
+/* Ctrl-C and SIGTERM, from the step loop to the end of the run: the first
+ * stops the run at the next micro-batch, loader wait or evaluation batch
+ * (a partly accumulated step is dropped; a resume redoes it), which saves
+ * and exits 0; the second is told the save is under way; the third ends
+ * the process at once (the previous checkpoint, written atomically,
+ * stays). SA_RESTART: a signal does not fail the run's file writes. */
+static volatile sig_atomic_t stop_signal, n_signals;
+
+static void say(const char *msg, size_t n) {
+  ssize_t k = write(2, msg, n);
+  (void)k;
+}
+#define SAY(lit) say(lit, sizeof lit - 1)
+
+static void on_signal(int sig) {
+  stop_signal = sig;
+  if (++n_signals == 1)
+    SAY("\nstoke: stopping at the next micro-batch to save a checkpoint (twice more quits at once without saving)\n");
+  else if (n_signals == 2)
+    SAY("\nstoke: still stopping and saving; once more quits at once without saving (the previous checkpoint stays)\n");
+  else {
+    signal(sig, SIG_DFL);
+    raise(sig);
+  }
+}
+
+/* The run's signal dispositions, restored when it ends: SIGINT and
+ * SIGTERM as above, and SIGXFSZ ignored, so a write past the file-size
+ * limit fails (and is reported) instead of killing the process. */
+typedef struct sig_guard {
+  struct sigaction old[3];
+  int on[3];
+} sig_guard;
+
+static const int guarded_signals[3] = {SIGINT, SIGTERM, SIGXFSZ};
+
+static void sig_set(sig_guard *g, int i, void (*handler)(int)) {
+  struct sigaction sa = {0};
+  sa.sa_handler = handler;
+  sa.sa_flags = SA_RESTART;
+  sigaction(guarded_signals[i], &sa, g->on[i] ? NULL : &g->old[i]);
+  g->on[i] = 1;
+}
+
+static void signals_catch(sig_guard *g) {
+  stop_signal = n_signals = 0;
+  sig_set(g, 0, on_signal);
+  sig_set(g, 1, on_signal);
+}
+
+static void signals_restore(sig_guard *g) {
+  for (int i = 0; i < 3; i++)
+    if (g->on[i]) sigaction(guarded_signals[i], &g->old[i], NULL);
+  memset(g, 0, sizeof *g);
+}
 
 static double now_s(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
+
+/* Writes `path` through `put` and checks that every byte reached the file:
+ * a full disk or a file-size limit is an error naming the file, never a
+ * silently short or empty file. */
+static stoke_err *write_checked(const char *path, void (*put)(const void *, FILE *), const void *arg) {
+  FILE *f = fopen(path, "w");
+  if (!f) return STOKE_ERR(STOKE_E_IO, "cannot write '%s': %s", path, strerror(errno));
+  put(arg, f);
+  int bad = fflush(f) != 0 || ferror(f), err = errno;
+  if (fclose(f) && !bad) bad = 1, err = errno;
+  if (bad) return STOKE_ERR(STOKE_E_IO, "writing '%s' failed: %s (is the disk full?)", path, strerror(err));
+  return NULL;
+}
+
+static void put_config(const void *c, FILE *f) { stoke_cfg_dump(c, f); }
+static void put_plan(const void *p, FILE *f) { stoke_plan_report(p, f); }
+static void put_ops(const void *x, FILE *f) { stoke_exec_profile_report((stoke_exec *)x, f); }
 
 static stoke_err *mkdir_p(const char *path) {
   char buf[PATH_MAX];
@@ -390,6 +462,7 @@ typedef struct stream {
   size_t stage_x;         /* bytes of samples; the labels follow */
   void *ev_copy, *ev_d2d; /* timers used as events */
   int d2d_pending;
+  int lm;                 /* token windows: a language model, its loss against the next tokens */
 } stream;
 
 typedef struct run_state {
@@ -413,7 +486,15 @@ typedef struct run_state {
   int rank, world, local_rank;
   stoke_ckpt_meta resume; /* the checkpoint resumed from (step 0: none) */
   void *bench_t[2]; /* the bench's timers around the timed steps */
+  /* what a checkpoint records, and where it goes ("": checkpoints off) */
+  int64_t seed, accumulate, start_step;
+  const char *opt_name;
+  char ckpt[640];
 } run_state;
+
+/* A stop asked for by a signal, where the run may stop mid-step: not with
+ * data parallel, whose ranks agree on when to stop (at a logged step). */
+static int stop_now(const run_state *s) { return stop_signal && !s->dp; }
 
 /* Close the opened engines, the device's last (the others use it). */
 static void close_engines(run_state *s) {
@@ -540,8 +621,12 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
   stoke_graph *g = st->g;
   stoke_shape xs = {info.shape.ndim + 1, {st->batch}};
   for (int i = 0; i < info.shape.ndim; i++) xs.d[i + 1] = info.shape.d[i];
-  int x, y, logits;
-  if (info.dtype == STOKE_U8) {
+  int x, y, logits, targets = -1;
+  if (info.dtype == STOKE_I32 && info.shape.ndim == 1) {
+    /* token windows [B, T + 1]: the model reads the first T, the loss the next T */
+    STOKE_PROPAGATE(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &xs, STOKE_I32, &x));
+    STOKE_PROPAGATE(stoke_lm_inputs(g, x, &x, &targets));
+  } else if (info.dtype == STOKE_U8) {
     if (info.shape.ndim != 3)
       return STOKE_ERR(STOKE_E_UNSUPPORTED, "source '%s' gives u8 samples that are not images (C, H, W)",
                        st->src->name);
@@ -568,9 +653,10 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
       x = c;
     }
   } else {
-    return STOKE_ERR(STOKE_E_UNSUPPORTED, "source '%s' gives samples that are neither f32 nor u8",
+    return STOKE_ERR(STOKE_E_UNSUPPORTED, "source '%s' gives samples that are neither f32, u8 nor i32 token windows",
                      st->src->name);
   }
+  st->lm = targets >= 0;
   STOKE_PROPAGATE(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {st->batch}}, STOKE_I32, &y));
   const char *mname;
   STOKE_PROPAGATE(stoke_cfg_str(s->cfg, "model", "name", &mname));
@@ -578,16 +664,18 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
   stoke_builder_v1 b = stoke_graph_builder(g);
   STOKE_TRY(m->build(s->cfg, "model", &b, x, info.classes, &logits), "building model '%s'", mname);
   stoke_shape ls = g->values[logits].shape;
-  if (ls.ndim != 2 || ls.d[0] != st->batch || ls.d[1] != info.classes)
-    return STOKE_ERR(STOKE_E_INVALID, "model '%s' must give logits [%lld, %lld]", mname,
-                     (long long)st->batch, (long long)info.classes);
+  int64_t rows = st->lm ? stoke_numel(&g->values[targets].shape) : st->batch;
+  if (ls.ndim != 2 || ls.d[0] != rows || (st->lm ? ls.d[1] < info.classes : ls.d[1] != info.classes))
+    return STOKE_ERR(STOKE_E_INVALID, "model '%s' must give logits [%lld, %s%lld]%s", mname, (long long)rows,
+                     st->lm ? ">= " : "", (long long)info.classes,
+                     st->lm ? " (a row per token, a column per token id of the data's vocabulary)" : "");
   g->logits = logits;
-  if (!training) return NULL;
+  if (!training && !st->lm) return NULL; /* a language model's evaluation reads its loss */
   double smoothing;
   STOKE_PROPAGATE(stoke_cfg_float(s->cfg, "loss", "label_smoothing", &smoothing));
   char attrs[64];
   snprintf(attrs, sizeof attrs, "label_smoothing=%.17g", smoothing);
-  STOKE_PROPAGATE(stoke_graph_loss(g, logits, attrs));
+  STOKE_PROPAGATE(stoke_graph_loss_on(g, logits, st->lm ? targets : y, attrs));
   return NULL;
 }
 
@@ -743,7 +831,8 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
                                           s->resume.batch > 0 ? s->resume.batch : st->batch,
                                           s->resume.world, st->batch, s->world);
   stoke_loader_opts lo = {st->src, st->src_self, s->dev, s->dev_self, st->batch, (int)workers,
-                          (int)prefetch, shuffle, drop_last, seed, s->rank, s->world, start_batch};
+                          (int)prefetch, shuffle, drop_last, seed, s->rank, s->world, start_batch,
+                          s->dp ? NULL : &stop_signal, !training};
   if (!workers) STOKE_PROPAGATE(auto_workers(s, lo, &workers));
   lo.workers = (int)workers;
   STOKE_TRY(stoke_loader_new(&lo, &st->loader), "starting the [%s] loader", section);
@@ -807,11 +896,32 @@ static stoke_err *feed(run_state *s, stream *st, const stoke_batch *b) {
   return NULL;
 }
 
+/* stoke_eval_rows over the rows the loader could read: a row it could not
+ * read has label -1 and is left out, never counted. */
+static stoke_err *eval_readable_rows(const void *logits, stoke_dtype dt, int64_t rows, int64_t classes,
+                                     const int32_t *labels, stoke_eval_sums *sums) {
+  size_t row_bytes = (size_t)classes * stoke_dtype_size(dt);
+  for (int64_t r = 0; r < rows;) {
+    int64_t end = r;
+    while (end < rows && labels[end] >= 0) end++;
+    if (end > r)
+      STOKE_PROPAGATE(stoke_eval_rows((const char *)logits + (size_t)r * row_bytes, dt, end - r, classes,
+                                      labels + r, sums));
+    r = end + 1; /* past the unreadable row */
+  }
+  return NULL;
+}
+
+static stoke_err *evaluate_lm(run_state *s, stoke_summary *sum);
+
 /* One pass over the evaluation data with the forward-only plan: mean
- * cross-entropy and top-1 accuracy over every sample (a last partial batch
- * counts only its real rows). */
-static stoke_err *evaluate(run_state *s, double *loss, double *acc) {
+ * cross-entropy and top-1 accuracy over every sample that could be read
+ * (a last partial batch counts only its real rows; the loader marks an
+ * unreadable sample with label -1 instead of replacing it). A signal
+ * stops it (STOKE_E_INTERRUPTED). A language model: evaluate_lm. */
+static stoke_err *evaluate(run_state *s, stoke_summary *sum) {
   stream *st = &s->eval;
+  if (st->lm) return evaluate_lm(s, sum);
   const stoke_value *lv = &st->g->values[st->g->logits];
   int64_t classes = lv->shape.d[1];
   size_t lbytes = (size_t)stoke_numel(&lv->shape) * stoke_dtype_size(lv->dtype);
@@ -827,7 +937,12 @@ static stoke_err *evaluate(run_state *s, double *loss, double *acc) {
   int64_t nb = stoke_loader_batches_per_epoch(st->loader);
   for (int64_t i = 0; i < nb && !e; i++) {
     stoke_batch *b;
+    if (stop_now(s)) {
+      e = STOKE_ERR(STOKE_E_INTERRUPTED, "evaluation interrupted");
+      break;
+    }
     e = stoke_loader_next(st->loader, &b, NULL);
+    if (!b) break; /* interrupted while waiting */
     int64_t n = b->n;
     if (!e) {
       memcpy(labels, b->labels, sizeof(int32_t) * (size_t)n);
@@ -836,7 +951,7 @@ static stoke_err *evaluate(run_state *s, double *loss, double *acc) {
     stoke_loader_release(st->loader, b);
     if (!e) e = stoke_exec_forward_backward(st->x, 1, 0);
     if (!e) e = stoke_exec_read(st->x, st->g->logits, logits, lbytes);
-    if (!e) e = stoke_eval_rows(logits, lv->dtype, n, classes, labels, &sums); /* the graph's dtype */
+    if (!e) e = eval_readable_rows(logits, lv->dtype, n, classes, labels, &sums); /* the graph's dtype */
   }
   free(logits);
   free(labels);
@@ -845,21 +960,114 @@ static stoke_err *evaluate(run_state *s, double *loss, double *acc) {
     e = stoke_dp_sum(s->dp, v, 3);
     sums.loss = v[0], sums.correct = (int64_t)v[1], sums.count = (int64_t)v[2];
   }
-  if (e) return stoke_err_wrap(e, __FILE__, __LINE__, "evaluating on [eval_data]");
-  *loss = sums.count ? sums.loss / (double)sums.count : NAN;
-  *acc = sums.count ? (double)sums.correct / (double)sums.count : NAN;
+  if (!e && !sums.count)
+    e = STOKE_ERR(STOKE_E_DATA, "%s: no sample of [eval_data] could be read (each is in the log with its reason)",
+                  stoke_cfg_where(s->cfg, "eval_data", "source"));
+  if (e) return e->code == STOKE_E_INTERRUPTED ? e : stoke_err_wrap(e, __FILE__, __LINE__, "evaluating on [eval_data]");
+  sum->eval_loss = sums.loss / (double)sums.count;
+  sum->eval_accuracy = (double)sums.correct / (double)sums.count;
+  sum->eval_samples = sums.count;
   return NULL;
 }
 
-static stoke_err *save(run_state *s, const char *path, int64_t step, int64_t epoch, int64_t seed,
-                       int64_t accumulate, const char *opt_name) {
+/* A language model's evaluation: the mean next-token cross-entropy over
+ * every whole batch, computed on the device by the loss node (the logits
+ * of a GPT-2 batch, 1.6 GB, never travel); a last partial batch is left
+ * out. No accuracy (NaN), as nanoGPT's estimate_loss. */
+static stoke_err *evaluate_lm(run_state *s, stoke_summary *sum) {
+  stream *st = &s->eval;
+  double total = 0, count = 0, l;
+  int64_t nb = stoke_loader_batches_per_epoch(st->loader), left_out = 0;
+  stoke_err *e = NULL;
+  for (int64_t i = 0; i < nb && !e; i++) {
+    stoke_batch *b;
+    if (stop_now(s)) {
+      e = STOKE_ERR(STOKE_E_INTERRUPTED, "evaluation interrupted");
+      break;
+    }
+    e = stoke_loader_next(st->loader, &b, NULL);
+    if (!b) break; /* interrupted while waiting */
+    int whole = !e && b->n == st->batch;
+    left_out += whole ? 0 : b->n;
+    if (whole) e = feed(s, st, b);
+    stoke_loader_release(st->loader, b);
+    if (whole && !e) e = stoke_exec_forward_backward(st->x, 1, 0);
+    if (whole && !e) e = stoke_exec_read_loss(st->x, &l);
+    if (whole && !e) total += l, count += 1;
+  }
+  if (!e && s->dp) { /* each rank evaluated its shard */
+    double v[2] = {total, count};
+    e = stoke_dp_sum(s->dp, v, 2);
+    total = v[0], count = v[1];
+  }
+  if (!e && !count)
+    e = STOKE_ERR(STOKE_E_DATA, "%s: [eval_data] gave no whole batch of %lld sequences to evaluate",
+                  stoke_cfg_where(s->cfg, "eval_data", "batch_size"), (long long)st->batch);
+  if (e) return e->code == STOKE_E_INTERRUPTED ? e : stoke_err_wrap(e, __FILE__, __LINE__, "evaluating on [eval_data]");
+  if (left_out) stoke_log(STOKE_LOG_DEBUG, "eval", "a last partial batch of %lld sequences left out", (long long)left_out);
+  sum->eval_loss = total / count;
+  sum->eval_accuracy = NAN;
+  sum->eval_samples = (int64_t)count * st->batch;
+  return NULL;
+}
+
+static stoke_err *save(run_state *s, int64_t step, int64_t epoch) {
   if (s->rank > 0) return NULL; /* data parallel: the weights are the same everywhere */
   float amp[4];
-  stoke_ckpt_meta m = {step, epoch, seed, accumulate, stoke_exec_read_scaler(s->train.x, amp) ? amp[0] : 1.0, "",
-                       s->world, s->train.batch};
-  snprintf(m.optimizer, sizeof m.optimizer, "%s", opt_name);
-  STOKE_TRY(stoke_checkpoint_save(s->train.x, path, &m, s->config_text), "saving the checkpoint at step %lld",
+  stoke_ckpt_meta m = {.step = step, .epoch = epoch, .seed = s->seed, .accumulate = s->accumulate,
+                       .loss_scale = stoke_exec_read_scaler(s->train.x, amp) ? amp[0] : 1.0, .world = s->world,
+                       .batch = s->train.batch};
+  snprintf(m.optimizer, sizeof m.optimizer, "%s", s->opt_name);
+  STOKE_TRY(stoke_checkpoint_save(s->train.x, s->ckpt, &m, s->config_text), "saving the checkpoint at step %lld",
             (long long)step);
+  return NULL;
+}
+
+/* An error after the weights of step `good` were saved says where they are. */
+static stoke_err *note_saved(const run_state *s, stoke_err *e, int64_t good, const stoke_summary *sum) {
+  if (e && sum->checkpoint[0] && s->rank == 0)
+    e = stoke_err_note(e, "the weights after step %lld were saved first: %s (continue with run.resume=%s)",
+                       (long long)good, sum->checkpoint, sum->checkpoint);
+  return e;
+}
+
+/* On the way out, after an error too: save the weights of the last whole
+ * step `good` (nothing when checkpoints are off, nothing was trained since
+ * the start, or `good` is -1: an error may have left the weights half
+ * updated, or they diverged), then return the error, which says where the
+ * weights went. */
+static stoke_err *save_on_exit(run_state *s, stoke_err *e, int64_t good, int64_t epoch, stoke_summary *sum) {
+  if (!s->ckpt[0] || good <= s->start_step) return e;
+  stoke_err *se = save(s, good, epoch);
+  if (!se) snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s", s->ckpt);
+  if (!e) return se;
+  if (se) {
+    e = stoke_err_note(e, "the weights after step %lld could not be saved either: %s", (long long)good, se->msg);
+    stoke_err_free(se);
+  }
+  return note_saved(s, e, good, sum);
+}
+
+/* Before any compute: room for a checkpoint in out_dir, on its disk and
+ * under the file-size limit, so that a run never trains for hours to fail
+ * at its first save. */
+static stoke_err *check_room(const run_state *s, const char *dir) {
+  if (!s->ckpt[0] || s->rank > 0) return NULL;
+  size_t need = stoke_checkpoint_bytes(s->train.plan, s->opt_name, s->config_text ? strlen(s->config_text) : 0);
+  size_t logs = (size_t)1 << 20; /* metrics.jsonl, log.txt, plan.txt */
+  struct statvfs v;
+  if (statvfs(dir, &v) == 0 && (double)v.f_bavail * (double)v.f_frsize < (double)(need + logs))
+    return STOKE_ERR(STOKE_E_IO,
+                     "%s: [run] out_dir '%s' has %.1f MiB free, and this run's checkpoint needs %.1f MiB (plus its "
+                     "logs): free some space, set run.out_dir to another disk, or set run.checkpoint = false",
+                     stoke_cfg_where(s->cfg, "run", "out_dir"), dir,
+                     (double)v.f_bavail * (double)v.f_frsize / 1048576.0, need / 1048576.0);
+  struct rlimit r;
+  if (getrlimit(RLIMIT_FSIZE, &r) == 0 && r.rlim_cur != RLIM_INFINITY && r.rlim_cur < need)
+    return STOKE_ERR(STOKE_E_IO,
+                     "the file-size limit (ulimit -f) is %.1f MiB, and this run's checkpoint is %.1f MiB: raise the "
+                     "limit or set run.checkpoint = false",
+                     (double)r.rlim_cur / 1048576.0, need / 1048576.0);
   return NULL;
 }
 
@@ -933,10 +1141,18 @@ static stoke_err *bench_mark(run_state *s, const stoke_run_opts *o, int64_t done
   return NULL;
 }
 
+/* log.txt takes every log line: a write that failed is an error too. */
+static stoke_err *check_log(const run_state *s, const char *dir) {
+  if (!s->log || !ferror(s->log)) return NULL;
+  return STOKE_ERR(STOKE_E_IO, "writing '%s/log.txt' failed (is the disk full?)", dir);
+}
+
 stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   run_state s = {0};
   s.world = 1;
   stoke_err *e = NULL;
+  sig_guard sg = {0};
+  stop_signal = n_signals = 0; /* a signal from an earlier run in this process is not for this one */
   memset(sum, 0, sizeof *sum);
   sum->eval_loss = sum->eval_accuracy = sum->timed_ms = NAN;
   STOKE_PROPAGATE(stoke_run_setup(o, &s.cfg, &s.reg));
@@ -1000,17 +1216,12 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     snprintf(dir + len, sizeof dir - len, "/rank%d", s.rank);
   }
   snprintf(sum->out_dir, sizeof sum->out_dir, "%s", dir);
+  sig_set(&sg, 2, SIG_IGN); /* SIGXFSZ: see sig_guard */
   STOKE_TRY_GOTO(e, done, mkdir_p(dir), "[run] out_dir");
   s.config_text = config_text(c);
   char path[640];
   snprintf(path, sizeof path, "%s/config.ini", dir);
-  FILE *f = fopen(path, "w");
-  if (!f) {
-    e = STOKE_ERR(STOKE_E_IO, "cannot write '%s': %s", path, strerror(errno));
-    goto done;
-  }
-  stoke_cfg_dump(c, f);
-  fclose(f);
+  STOKE_TRY_GOTO(e, done, write_checked(path, put_config, c), "[run] out_dir");
   snprintf(path, sizeof path, "%s/log.txt", dir);
   s.log = fopen(path, "a");
   if (s.log) stoke_log_set_file(s.log);
@@ -1051,22 +1262,15 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
                   stoke_cfg_where(c, "run", "precision"), prec_name);
     goto done;
   }
-  /* the training loader starts where the checkpoint stopped: read its step first */
+  /* the training loader starts where the checkpoint stopped: read its
+   * step first; where the data continues also depends on how it was cut
+   * (accumulate, world, batch: open_stream) */
   int64_t start_step = 0;
   stoke_ckpt_meta meta = {0};
   if (resume[0]) {
-    stoke_st_file st;
-    STOKE_TRY_GOTO(e, done, stoke_st_read(resume, &st), "%s: [run] resume", stoke_cfg_where(c, "run", "resume"));
-    const char *v = stoke_st_meta(&st, "step");
-    start_step = v ? strtoll(v, NULL, 10) : 0;
-    /* where the data continues also depends on how it was cut (open_stream) */
-    const char *acc = stoke_st_meta(&st, "accumulate"), *w = stoke_st_meta(&st, "world"),
-               *b = stoke_st_meta(&st, "batch");
-    s.resume.step = start_step;
-    s.resume.accumulate = acc ? strtoll(acc, NULL, 10) : accumulate;
-    s.resume.world = w ? strtoll(w, NULL, 10) : 1;
-    s.resume.batch = b ? strtoll(b, NULL, 10) : 0;
-    stoke_st_free(&st);
+    STOKE_TRY_GOTO(e, done, stoke_checkpoint_read_meta(resume, &s.resume), "%s: [run] resume",
+                   stoke_cfg_where(c, "run", "resume"));
+    start_step = s.resume.step;
   }
   STOKE_TRY_GOTO(e, done, open_stream(&s, &s.train, "data", opt_name, prec, 1, (uint64_t)seed,
                                       start_step * accumulate), "");
@@ -1098,16 +1302,16 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     STOKE_TRY_GOTO(e, done, open_stream(&s, &s.eval, "eval_data", NULL, prec, 0, (uint64_t)seed, 0), "");
   report_precision(prec, s.train.g, o->quiet);
   snprintf(path, sizeof path, "%s/plan.txt", dir);
-  if ((f = fopen(path, "w"))) {
-    stoke_plan_report(s.train.plan, f);
-    fclose(f);
-  }
+  STOKE_TRY_GOTO(e, done, write_checked(path, put_plan, s.train.plan), "[run] out_dir");
   if (!o->quiet) stoke_plan_report(s.train.plan, stdout);
 
   int64_t per_epoch = stoke_loader_batches_per_epoch(s.train.loader);
   int64_t steps_per_epoch = per_epoch / accumulate > 0 ? per_epoch / accumulate : 1;
   int64_t total = steps > 0 ? steps : (int64_t)ceil(epochs * (double)per_epoch / (double)accumulate);
   if (total < 1) total = 1;
+  if (start_step >= total)
+    stoke_log(STOKE_LOG_WARN, "run", "%s is at step %lld, and this run ends at step %lld: nothing to train; raise "
+              "[run] steps or epochs to continue", resume, (long long)start_step, (long long)total);
   int64_t batch = s.train.batch;
   stoke_lr_schedule sched;
   STOKE_TRY_GOTO(e, done, stoke_lr_from_config(c, total, steps_per_epoch, batch * accumulate * s.world, &sched), "");
@@ -1122,15 +1326,8 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
                            total, batch * accumulate * s.world, o->quiet, start_step,
                            s.train.plan->train_flops * (double)accumulate, peak, s.nvml};
   STOKE_TRY_GOTO(e, done, stoke_metrics_new(&mo, &s.metrics), "");
-  char ckpt[640];
-  snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", dir);
 
   /* -- the step loop */
-  stop_signal = 0;
-  struct sigaction sa = {0}, old_int, old_term;
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
   int64_t step, epoch = 0;
   int64_t eval_period = eval_every > 0 ? (int64_t)llround(eval_every * (double)per_epoch) : 0;
   int on_device, want_ckpt, profile_ops, cuda_graph;
@@ -1158,7 +1355,15 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "checkpoint", &want_ckpt), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "data", "on_device", &on_device), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_int(c, "run", "loss_scale_growth", &growth), "");
+  s.seed = seed, s.accumulate = accumulate, s.start_step = start_step, s.opt_name = opt_name;
+  if (want_ckpt) snprintf(s.ckpt, sizeof s.ckpt, "%s/checkpoint.safetensors", dir);
+  STOKE_TRY_GOTO(e, done, check_room(&s, dir), "");
   int stop = 0;
+  /* the last step whose weights are whole, what a save on the way out
+   * writes: -1 when an error may have left them half updated or they
+   * diverged, or a save just failed */
+  int64_t good = start_step, good_epoch = s.resume.epoch;
+  signals_catch(&sg);
   STOKE_TRY_GOTO(e, done, bench_mark(&s, o, 0, sum), "");
   for (step = start_step; step < total && !stop; step++) {
     double t0 = now_s(), wait = 0;
@@ -1167,20 +1372,34 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     opt.lr = stoke_lr_at(&sched, step + 1);
     opt.growth_interval = growth > 0 ? growth : prec->growth_interval;
     for (int64_t micro = 0; micro < accumulate && !e; micro++) {
+      if (stop_now(&s)) { /* a signal: the step is dropped, a resume redoes it */
+        e = STOKE_ERR(STOKE_E_INTERRUPTED, "interrupted");
+        break;
+      }
       if (s.dp) stoke_dp_arm(s.dp, micro == accumulate - 1);
       if (!on_device || step == start_step) {
         stoke_batch *b;
-        double w;
+        double w = 0;
         e = stoke_loader_next(s.train.loader, &b, &w);
         wait += w;
+        if (!b) break; /* a signal while waiting */
         if (!e) e = feed(&s, &s.train, b); /* then the host buffer may go back */
         epoch = b->epoch;
         stoke_loader_release(s.train.loader, b);
       }
-      if (!e)
+      if (!e) {
         e = stoke_exec_micro(s.train.x, micro == 0, micro == accumulate - 1,
                              stoke_hash3((uint64_t)seed, (uint64_t)step, (uint64_t)micro), &opt);
+        if (e && micro == accumulate - 1) good = -1; /* the update may be half applied */
+      }
     }
+    if (e && e->code == STOKE_E_INTERRUPTED) {
+      stoke_err_free(e);
+      e = NULL;
+      stop = 1;
+      break;
+    }
+    if (!e) good = step + 1, good_epoch = epoch;
     if (!e && !ops_reported && step > start_step) e = report_ops(&s, cuda_graph, &opt, sum, &ops_reported);
     if (!e) e = bench_mark(&s, o, step + 1 - start_step, sum);
     if (e) {
@@ -1197,11 +1416,13 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
         e = STOKE_ERR(STOKE_E_NUMERIC,
                       "loss is %g at step %lld: training diverged; lower [optimizer] lr (now %g) "
                       "or check the data (the last checkpoint, if any, is %s)",
-                      loss, (long long)step + 1, opt.lr, ckpt);
+                      loss, (long long)step + 1, opt.lr, s.ckpt[0] ? s.ckpt : "none: checkpoints are off");
+        good = -1; /* not over the last good checkpoint */
         break;
       }
     }
-    stoke_metrics_step(s.metrics, step + 1, epoch, now_s() - t0, wait, log_now, loss, opt.lr);
+    if ((e = stoke_metrics_step(s.metrics, step + 1, epoch, now_s() - t0, wait, log_now, loss, opt.lr))) break;
+    if ((e = check_log(&s, dir))) break;
     /* a signal reaches the ranks at different steps: they agree on when to
      * stop at the next logged step (already a sync), so all stop together */
     stop = stop_signal != 0;
@@ -1213,43 +1434,54 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     if (profile_ops && step == start_step + (o->time_warmup > 1 ? o->time_warmup - 1 : 0) &&
         (e = stoke_exec_profile(s.train.x, 1)))
       break;
-    if (want_ckpt && ckpt_every > 0 && (step + 1) % ckpt_every == 0 && step + 1 < total)
-      if ((e = save(&s, ckpt, step + 1, epoch, seed, accumulate, opt_name))) break;
+    if (s.ckpt[0] && ckpt_every > 0 && (step + 1) % ckpt_every == 0 && step + 1 < total && !stop &&
+        (e = save(&s, step + 1, epoch))) {
+      good = -1; /* the same save again on the way out would fail the same way */
+      break;
+    }
     int64_t done_batches = (step + 1) * accumulate;
     if (s.eval.x && eval_period > 0 && done_batches / eval_period != (done_batches - accumulate) / eval_period &&
-        step + 1 < total) {
-      if ((e = evaluate(&s, &sum->eval_loss, &sum->eval_accuracy))) break;
-      stoke_metrics_eval(s.metrics, step + 1, epoch, sum->eval_loss, sum->eval_accuracy);
+        step + 1 < total && !stop) {
+      e = evaluate(&s, sum);
+      if (e && e->code == STOKE_E_INTERRUPTED) {
+        stoke_err_free(e);
+        e = NULL;
+        stop = 1;
+      } else if (e || (e = stoke_metrics_eval(s.metrics, step + 1, epoch, sum->eval_loss, sum->eval_accuracy))) {
+        break;
+      }
     }
   }
-  sigaction(SIGINT, &old_int, NULL);
-  sigaction(SIGTERM, &old_term, NULL);
+  /* the last state is saved on every way out, then any error is reported;
+   * signals are still caught: a save is never cut short by the first two */
+  e = save_on_exit(&s, e, good, good_epoch, sum);
+  if (!e && s.eval.x && !stop && !stop_signal) {
+    e = evaluate(&s, sum);
+    if (e && e->code == STOKE_E_INTERRUPTED) {
+      stoke_err_free(e);
+      e = NULL;
+    } else if (!e) {
+      e = stoke_metrics_eval(s.metrics, step, epoch, sum->eval_loss, sum->eval_accuracy);
+    }
+    e = note_saved(&s, e, good, sum);
+  }
+  stop |= stop_signal != 0;
   sum->interrupted = stop;
-  /* the last state is saved on every way out but an error inside a step */
-  if (!e && step > start_step && want_ckpt) {
-    e = save(&s, ckpt, step, epoch, seed, accumulate, opt_name);
-    if (!e) snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s", ckpt);
-  }
-  if (!e && s.eval.x && !stop) {
-    e = evaluate(&s, &sum->eval_loss, &sum->eval_accuracy);
-    if (!e) stoke_metrics_eval(s.metrics, step, epoch, sum->eval_loss, sum->eval_accuracy);
-  }
   if (!e && profile_ops) {
     if (o->op_rows) sum->n_op_rows = stoke_exec_profile_rows(s.train.x, o->op_rows, o->op_rows_cap);
     if (!o->quiet) stoke_exec_profile_report(s.train.x, stdout);
     snprintf(path, sizeof path, "%s/ops.txt", dir);
-    if ((f = fopen(path, "w"))) {
-      stoke_exec_profile_report(s.train.x, f);
-      fclose(f);
-    }
+    e = write_checked(path, put_ops, s.train.x);
   }
   stoke_metrics_summary(s.metrics, sum);
   sum->steps = step;
   sum->samples = (step - start_step) * batch * accumulate * s.world;
   sum->skipped_samples = stoke_loader_skipped(s.train.loader);
   if (!e && s.dp) e = report_ranks(&s, sum, o->quiet);
-  if (!e) stoke_metrics_close(s.metrics, sum, stop ? "interrupted" : "done");
+  if (!e) e = stoke_metrics_close(s.metrics, sum, stop ? "interrupted" : "done");
+  if (!e) e = check_log(&s, dir);
 done:
   run_close(&s);
+  signals_restore(&sg);
   return e;
 }

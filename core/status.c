@@ -82,6 +82,24 @@ stoke_err *stoke_err_wrap(stoke_err *e, const char *file, int line,
   return e;
 }
 
+stoke_err *stoke_err_note(stoke_err *e, const char *fmt, ...) {
+  if (!e || e == &oom_err) return e;
+  va_list ap;
+  va_start(ap, fmt);
+  char *note = vformat(fmt, ap);
+  va_end(ap);
+  if (!note) return e;
+  size_t n = strlen(e->msg) + strlen(note) + 4;
+  char *m = malloc(n);
+  if (m) {
+    snprintf(m, n, "%s\n  %s", e->msg, note);
+    free(e->msg);
+    e->msg = m;
+  }
+  free(note);
+  return e;
+}
+
 void stoke_err_free(stoke_err *e) {
   if (!e || e == &oom_err) return;
   free(e->msg);

@@ -143,7 +143,7 @@ static void bench_close(bench *b) {
 /* One worker count: warm-up, then the timed batches. */
 static stoke_err *bench_workers(const bench *b, int workers, int warmup, int batches, result *r) {
   stoke_loader_opts lo = {b->src, b->src_self, b->dev, b->dev_self, b->batch, workers, (int)b->prefetch,
-                          b->shuffle, b->drop_last, (uint64_t)b->seed, 0, 1, 0};
+                          b->shuffle, b->drop_last, (uint64_t)b->seed, 0, 1, 0, NULL, 0};
   stoke_loader *l = NULL;
   STOKE_TRY(stoke_loader_new(&lo, &l), "starting the loader with %d workers", workers);
   stoke_err *e = NULL;

@@ -309,25 +309,8 @@ static stoke_err *gap_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int b
 /* ================================================== the two instantiations */
 
 #define CPU_CONV_BODY
-#define T float
-#define DT STOKE_F32
-#define SFX f32
-#define GEMM cblas_sgemm
-#include "conv.c"
-#undef T
-#undef DT
-#undef SFX
-#undef GEMM
-
-#define T double
-#define DT STOKE_F64
-#define SFX f64
-#define GEMM cblas_dgemm
-#include "conv.c"
-#undef T
-#undef DT
-#undef SFX
-#undef GEMM
+#define PER_TYPE_FILE "conv.c"
+#include "per_type.h"
 #undef CPU_CONV_BODY
 
 /* ============================================================ registration */

@@ -57,6 +57,7 @@ stoke_err *stoke_cuda_register_norm(const stoke_registry_v1 *r);
 stoke_err *stoke_cuda_register_optim(const stoke_registry_v1 *r);
 stoke_err *stoke_cuda_register_amp(const stoke_registry_v1 *r);
 stoke_err *stoke_cuda_register_cast(const stoke_registry_v1 *r);
+stoke_err *stoke_cuda_register_seq(const stoke_registry_v1 *r); /* seq.cu: transformer ops, views */
 
 #ifdef __cplusplus
 }

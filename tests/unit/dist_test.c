@@ -236,7 +236,7 @@ static void test_shards_make_the_global_batch(void **state) {
   (void)state;
   enum { LEN = 1000, B = 8, W = 4, STEPS = 6 };
   int32_t global[STEPS][B * W];
-  stoke_loader_opts one = {&idx_src, (void *)(intptr_t)LEN, &host, NULL, B * W, 2, 2, 1, 1, 42, 0, 1, 0};
+  stoke_loader_opts one = {&idx_src, (void *)(intptr_t)LEN, &host, NULL, B * W, 2, 2, 1, 1, 42, 0, 1, 0, NULL, 0};
   stoke_loader *l;
   assert_null(stoke_loader_new(&one, &l));
   for (int k = 0; k < STEPS; k++) {

@@ -2,16 +2,21 @@
  * sample's index: the same seed gives the same batches with 1 and with 4
  * workers, every sample is seen exactly once per epoch across the shards of
  * several ranks, epochs roll over and reshuffle, a bad sample is replaced
- * and counted, and (run under ThreadSanitizer by tools/test.sh) the ring
- * never hands out a buffer still being filled. */
+ * and counted (or, for evaluation, left out and marked, never duplicated),
+ * a cancel flag ends a wait for a batch that does not come, and (run under
+ * ThreadSanitizer by tools/test.sh) the ring never hands out a buffer still
+ * being filled. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "stoke/core.h"
 #include "stoke/loader.h"
@@ -50,7 +55,7 @@ static void h_free(void *self, void *p) { stoke_free(p); }
 static const stoke_backend_v1 host = {.name = "host", .alloc_host = h_alloc, .free_host = h_free};
 
 static stoke_loader *open_loader(int workers, int prefetch, int rank, int world, int64_t batch, void *bad) {
-  stoke_loader_opts o = {&idx_source, bad, &host, NULL, batch, workers, prefetch, 1, 1, 42, rank, world, 0};
+  stoke_loader_opts o = {&idx_source, bad, &host, NULL, batch, workers, prefetch, 1, 1, 42, rank, world, 0, NULL, 0};
   stoke_loader *l;
   stoke_err *e = stoke_loader_new(&o, &l);
   if (e) fail_msg("%s", e->msg);
@@ -150,12 +155,76 @@ static void test_bad_samples_replaced_and_counted(void **state) {
   stoke_loader_free(l);
 }
 
+/* Evaluation (skip_bad): an unreadable sample is a zeroed row with label
+ * -1, and no other sample stands in for it: each index once per epoch. */
+static void test_eval_skips_bad_samples(void **state) {
+  int bad = 1;
+  stoke_loader_opts o = {&idx_source, &bad, &host, NULL, 64, 3, 2, 0, 0, 42, 0, 1, 0, NULL, 1};
+  stoke_loader *l;
+  if (stoke_loader_new(&o, &l)) fail();
+  int seen[LEN] = {0}, marked = 0, good = 0;
+  for (int64_t k = 0; k < stoke_loader_batches_per_epoch(l); k++) {
+    stoke_batch *b;
+    assert_null(stoke_loader_next(l, &b, NULL));
+    for (int64_t r = 0; r < b->n; r++) {
+      const int32_t *x = (const int32_t *)b->x + r * FEAT;
+      if (b->labels[r] < 0) {
+        for (int i = 0; i < FEAT; i++) assert_int_equal(x[i], 0);
+        marked++;
+        continue;
+      }
+      assert_true(x[0] >= 0 && x[0] < LEN);
+      assert_int_equal(seen[x[0]]++, 0); /* never twice */
+      assert_true(x[0] % 97 != 13);
+      good++;
+    }
+    stoke_loader_release(l, b);
+  }
+  assert_int_equal(marked, 11); /* 13, 110, ..., 983 */
+  assert_int_equal(good, LEN - 11);
+  stoke_loader_free(l);
+}
+
+/* A source that takes "forever": a read waits until `released`. */
+static int released;
+static stoke_err *slow_read(void *self, int64_t index, uint64_t seed, void *dst, int32_t *label) {
+  while (!__atomic_load_n(&released, __ATOMIC_ACQUIRE)) usleep(1000);
+  return idx_read(NULL, index, seed, dst, label);
+}
+static const stoke_source_v1 slow_source = {"slow", "", NULL, 0, NULL, NULL, idx_length, idx_info, slow_read};
+
+/* With a cancel flag (a signal handler's), a wait for a batch ends when the
+ * flag is set: STOKE_E_INTERRUPTED, no batch. */
+static void test_cancel_ends_a_wait(void **state) {
+  static volatile sig_atomic_t cancel;
+  cancel = 0;
+  __atomic_store_n(&released, 0, __ATOMIC_RELEASE);
+  stoke_loader_opts o = {&slow_source, NULL, &host, NULL, 8, 2, 2, 0, 0, 42, 0, 1, 0, &cancel, 0};
+  stoke_loader *l;
+  if (stoke_loader_new(&o, &l)) fail();
+  cancel = 1;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  stoke_batch *b = (stoke_batch *)&o; /* must come back NULL */
+  stoke_err *e = stoke_loader_next(l, &b, NULL);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  assert_non_null(e);
+  assert_int_equal(e->code, STOKE_E_INTERRUPTED);
+  assert_null(b);
+  stoke_err_free(e);
+  assert_true((t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec) < 5);
+  __atomic_store_n(&released, 1, __ATOMIC_RELEASE); /* the workers finish, free joins them */
+  stoke_loader_free(l);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_same_batches_any_worker_count),
       cmocka_unit_test(test_shards_cover_each_sample_once),
       cmocka_unit_test(test_epochs_reshuffle),
       cmocka_unit_test(test_bad_samples_replaced_and_counted),
+      cmocka_unit_test(test_eval_skips_bad_samples),
+      cmocka_unit_test(test_cancel_ends_a_wait),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,21 +21,35 @@ typedef struct stoke_ckpt_meta {
   char optimizer[16];  /* "sgd" | "adamw": names the optimizer tensors */
   int64_t world;       /* processes that trained it (data parallel; 1 when absent) */
   int64_t batch;       /* samples per micro-batch on each (0: not recorded) */
+  /* read back: whether the file had checksums of its run state and data
+   * (older files have none and load unverified, with a warning) */
+  int meta_checked, data_checked;
 } stoke_ckpt_meta;
 
 /* Write parameters, running statistics, optimizer state and `meta` to
  * `path`: a temporary file beside it, fsync, rename, fsync the folder, so
  * a crash leaves the old file or the new one, never a partial one.
- * `config_text` (the resolved INI) goes into the metadata; may be NULL. */
+ * `config_text` (the resolved INI) goes into the metadata; may be NULL.
+ * The metadata also holds a CRC-32C of every tensor's bytes and one of
+ * the other metadata entries, checked when the file is loaded. */
 stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ckpt_meta *meta,
                                  const char *config_text);
 
 /* Read `path` back into the executor's buffers. Every tensor the plan
  * needs must be there with its shape and dtype; a truncated or corrupt
- * file, a missing tensor or a shape mismatch is an error naming the file
- * and the tensor. The optimizer's tensors are loaded when `meta->optimizer`
- * (from the file) matches the plan's. */
+ * file, a missing tensor, a shape mismatch, a tensor whose bytes fail their
+ * checksum or a run-state field out of its range is an error naming the
+ * file and the tensor or field. The optimizer's tensors are loaded when
+ * `meta->optimizer` (from the file) matches the plan's. */
 stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_meta *meta);
+
+/* Only the run state of `path`, checked as stoke_checkpoint_load does
+ * (ranges, metadata checksum), without the tensors' checksums. */
+stoke_err *stoke_checkpoint_read_meta(const char *path, stoke_ckpt_meta *meta);
+
+/* The bytes a checkpoint of this plan takes on disk (with its header, at
+ * most): what the run checks free space against before it starts. */
+size_t stoke_checkpoint_bytes(const stoke_plan *p, const char *optimizer, size_t config_bytes);
 
 /* ---- safetensors, exposed for tests and tools ---- */
 
@@ -60,7 +74,8 @@ typedef struct stoke_st_file {
 } stoke_st_file;
 
 /* Parse and validate a whole safetensors file (header JSON, offsets that
- * tile the data section exactly, sizes that match dtype x shape). */
+ * tile the data section exactly, sizes that match dtype x shape). Anything
+ * but a regular file (a FIFO, a device, a folder) is refused unread. */
 stoke_err *stoke_st_read(const char *path, stoke_st_file *out);
 void stoke_st_free(stoke_st_file *f);
 const stoke_st_tensor *stoke_st_find(const stoke_st_file *f, const char *name);

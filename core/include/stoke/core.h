@@ -18,6 +18,8 @@ stoke_err *stoke_err_new(stoke_code code, const char *file, int line,
 stoke_err *stoke_err_wrap(stoke_err *e, const char *file, int line,
                           const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* Adds a line "  <note>" (what was done about it, what to do); returns e. */
+stoke_err *stoke_err_note(stoke_err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void stoke_err_free(stoke_err *e);
 const char *stoke_code_name(stoke_code c);
 

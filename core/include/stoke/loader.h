@@ -4,6 +4,8 @@
 #ifndef STOKE_LOADER_H
 #define STOKE_LOADER_H
 
+#include <signal.h>
+
 #include "stoke/plugin.h"
 
 #ifdef __cplusplus
@@ -25,6 +27,12 @@ typedef struct stoke_loader_opts {
   uint64_t seed;
   int rank, world;  /* shard: rank takes every world-th sample */
   int64_t start_batch; /* resume: the first batch to deliver (counted across epochs) */
+  /* a flag (set by a signal handler) that makes stoke_loader_next stop
+   * waiting: it returns STOKE_E_INTERRUPTED with *b = NULL; NULL: none */
+  const volatile sig_atomic_t *cancel;
+  /* evaluation: an unreadable sample leaves its row zeroed with label -1
+   * instead of being replaced by the next one (0: replaced, for training) */
+  int skip_bad;
 } stoke_loader_opts;
 
 typedef struct stoke_batch {
@@ -38,9 +46,11 @@ typedef struct stoke_batch {
 stoke_err *stoke_loader_new(const stoke_loader_opts *o, stoke_loader **out);
 /* Stops the workers and frees the ring. */
 void stoke_loader_free(stoke_loader *l);
-/* The next batch in order (blocks until filled). *wait_s gets the time it
- * blocked: the data-wait metric. A sample the source cannot read is
- * logged, counted and replaced by the next index. */
+/* The next batch in order (blocks until filled, or until opts.cancel is
+ * set: then *b is NULL). *wait_s gets the time it blocked: the data-wait
+ * metric. A sample the source cannot read is logged, counted and replaced
+ * by the next index (or marked, with skip_bad). On any other error *b is
+ * still the batch, to be released. */
 stoke_err *stoke_loader_next(stoke_loader *l, stoke_batch **b, double *wait_s);
 /* Give the batch's buffer back to the workers. */
 void stoke_loader_release(stoke_loader *l, stoke_batch *b);

@@ -30,17 +30,21 @@ typedef struct stoke_metrics stoke_metrics;
 stoke_err *stoke_metrics_new(const stoke_metrics_opts *o, stoke_metrics **out);
 void stoke_metrics_free(stoke_metrics *m);
 /* Record one step; when `logged`, `loss` holds the step's loss and a JSON
- * line (and a bar update or log line) is written. */
-void stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double step_s,
-                        double wait_s, int logged, double loss, double lr);
+ * line (and a bar update or log line) is written. The calls that write
+ * return an error when the line did not reach the file (a full disk). */
+__attribute__((warn_unused_result)) stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch,
+                                                                  double step_s, double wait_s, int logged,
+                                                                  double loss, double lr);
 /* The loss scaler as read at the last log step (fp16 runs). */
 void stoke_metrics_scaler(stoke_metrics *m, double scale, double skipped);
 /* Record an evaluation: a JSON line and a printed line. */
-void stoke_metrics_eval(stoke_metrics *m, int64_t step, int64_t epoch, double loss, double acc);
+__attribute__((warn_unused_result)) stoke_err *stoke_metrics_eval(stoke_metrics *m, int64_t step, int64_t epoch,
+                                                                  double loss, double acc);
 /* Fill the summary's statistics. */
 void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s);
 /* Write the closing summary line to the JSON file and stdout. */
-void stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *status);
+__attribute__((warn_unused_result)) stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s,
+                                                                   const char *status);
 
 /* Percentile (0..100) of n values, linear interpolation; sorts `v`. */
 double stoke_percentile(double *v, int64_t n, double pct);

@@ -173,7 +173,7 @@ typedef struct stoke_op_type_v1 {
   const char *name;
   const char *help;
   int n_inputs;  /* parameters are inputs too (linear: x, weight, bias) */
-  int n_outputs;
+  int n_outputs; /* 0: as many (1 to STOKE_MAX_IO) as infer makes (split) */
   const stoke_attr_decl_v1 *attrs;
   int n_attrs;
   /* Output shapes and dtypes from the inputs'; errors name the node. */
@@ -418,6 +418,12 @@ typedef struct stoke_builder_v1 {
   stoke_err *(*state)(stoke_graph *g, const char *name,
                       const stoke_shape *shape, stoke_init_v1 init,
                       int *value);
+  /* A second name for parameter `value` in checkpoints, for a weight that
+   * two nodes use (tied): nanoGPT's state_dict holds GPT-2's token
+   * embedding as transformer.wte.weight and as lm_head.weight, and
+   * load_state_dict(strict=True) wants both. (Appended before the v1 SDK
+   * is released: the core fills it, so older plugins are unaffected.) */
+  stoke_err *(*param_alias)(stoke_graph *g, int value, const char *name);
 } stoke_builder_v1;
 
 typedef struct stoke_model_v1 {

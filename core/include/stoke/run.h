@@ -38,6 +38,7 @@ typedef struct stoke_summary {
   int gpu;                /* timed with device events (1) or the host clock (0) */
   double timed_ms;        /* NaN: not timed */
   int n_op_rows;          /* rows of the per-op profile (profile_ops), maybe > op_rows_cap */
+  int64_t eval_samples;   /* samples the last evaluation scored (unreadable ones are skipped) */
 } stoke_summary;
 
 typedef struct stoke_run_opts {

@@ -1,0 +1,541 @@
+/* tests/e2e/robust_test.c: nothing lost, nothing silently wrong (issue 19):
+ * signals during the final save and in the middle of a long step, errors
+ * after training started (the weights are saved first), a full disk and a
+ * file-size limit, crafted checkpoint metadata, a FIFO as run.resume, and
+ * evaluations with unreadable files or more than 4096 classes. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <turbojpeg.h>
+
+#include "stoke/checkpoint.h"
+#include "stoke/core.h"
+#include "stoke/run.h"
+
+static const char *dirs[] = {"backends/cpu", "sources/synthetic", "sources/jpeg", "models/mlp"};
+static char tmp[512];
+
+static const char *base_ini =
+    "[run]\n"
+    "backends = cpu\n"
+    "steps = 20\n"
+    "seed = 5\n"
+    "log_every = 5\n"
+    "progress = off\n"
+    "\n"
+    "[data]\n"
+    "source = synthetic\n"
+    "shape = 32\n"
+    "classes = 4\n"
+    "length = 4096\n"
+    "batch_size = 32\n"
+    "\n"
+    "[model]\n"
+    "name = mlp\n"
+    "hidden = 32\n"
+    "\n"
+    "[optimizer]\n"
+    "name = sgd\n"
+    "lr = 0.05\n";
+
+/* ------------------------------------------------------------ helpers */
+
+static const char *at_tmp(char *buf, size_t cap, const char *name) {
+  snprintf(buf, cap, "%s/%s", tmp, name);
+  return buf;
+}
+
+static const char *ini_path(void) {
+  static char path[600];
+  at_tmp(path, sizeof path, "robust.ini");
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(base_ini, f);
+  fclose(f);
+  return path;
+}
+
+/* A run in this process, results in <tmp>/<out>; `over` ends with NULL. */
+static stoke_err *run_in(const char *out, stoke_summary *s, const char *const *over) {
+  const char *all[32];
+  char out_dir[700];
+  snprintf(out_dir, sizeof out_dir, "run.out_dir=%s/%s", tmp, out);
+  int n = 0;
+  all[n++] = out_dir;
+  for (int i = 0; over && over[i] && n < 32; i++) all[n++] = over[i];
+  stoke_run_opts o = {.ini_path = ini_path(), .overrides = all, .n_overrides = n, .plugin_dirs = dirs,
+                      .n_plugin_dirs = 4, .quiet = 1};
+  return stoke_train(&o, s);
+}
+#define OVER(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+static void expect_err(stoke_err *e, const char *const *subs) {
+  if (!e) fail_msg("the run succeeded; expected an error");
+  print_message("%s\n", e->msg);
+  for (int i = 0; subs[i]; i++)
+    if (!strstr(e->msg, subs[i])) fail_msg("the error lacks \"%s\"", subs[i]);
+  stoke_err_free(e);
+}
+#define EXPECT_RUN_ERR(e, ...) expect_err((e), (const char *const[]){__VA_ARGS__, NULL})
+
+/* tools/train as a child, output to <tmp>/<out>.log; `fsize`: a file-size
+ * limit (bytes, 0: none). `args` ends with NULL. */
+static pid_t spawn_train(const char *out, rlim_t fsize, const char *const *args) {
+  char log[700], out_dir[700];
+  snprintf(log, sizeof log, "%s/%s.log", tmp, out);
+  snprintf(out_dir, sizeof out_dir, "run.out_dir=%s/%s", tmp, out);
+  const char *argv[40] = {"train", ini_path(), out_dir};
+  int n = 3;
+  for (int i = 0; args[i] && n < 39; i++) argv[n++] = args[i];
+  argv[n] = NULL;
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (fsize) {
+      struct rlimit r = {fsize, fsize};
+      setrlimit(RLIMIT_FSIZE, &r);
+    }
+    if (!freopen(log, "w", stdout) || dup2(1, 2) < 0) _exit(126);
+    execv("tools/train", (char *const *)argv);
+    _exit(127);
+  }
+  return pid;
+}
+
+/* The child's wait status; killed and failed after `secs`. */
+static int wait_child(pid_t pid, double secs) {
+  for (double t = 0; t < secs; t += 0.01) {
+    int status;
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return status;
+    usleep(10000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  fail_msg("tools/train did not finish within %.0f s", secs);
+  return -1;
+}
+
+static char *slurp(const char *path) {
+  static char text[1 << 16];
+  FILE *f = fopen(path, "r");
+  text[0] = 0;
+  if (!f) return text;
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  text[n] = 0;
+  fclose(f);
+  return text;
+}
+
+static char *child_log(const char *out) {
+  char log[700];
+  snprintf(log, sizeof log, "%s/%s.log", tmp, out);
+  return slurp(log);
+}
+
+static void expect_exit(int status, int code, const char *out) {
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != code)
+    fail_msg("tools/train %s %d, expected exit %d; its output:\n%s", WIFSIGNALED(status) ? "died by signal" : "exited",
+             WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), code, child_log(out));
+}
+
+/* The step a checkpoint was saved at (-1: no readable checkpoint). */
+static int64_t ckpt_step(const char *out) {
+  char path[800];
+  snprintf(path, sizeof path, "%s/%s/checkpoint.safetensors", tmp, out);
+  stoke_ckpt_meta m;
+  stoke_err *e = stoke_checkpoint_read_meta(path, &m);
+  if (e) {
+    print_message("%s\n", e->msg);
+    stoke_err_free(e);
+    return -1;
+  }
+  return m.step;
+}
+
+/* Files in <tmp>/<out> whose name starts with `prefix`. */
+static int count_files(const char *out, const char *prefix) {
+  char path[700];
+  snprintf(path, sizeof path, "%s/%s", tmp, out);
+  DIR *d = opendir(path);
+  if (!d) return 0;
+  int n = 0;
+  for (struct dirent *de; (de = readdir(d));) n += !strncmp(de->d_name, prefix, strlen(prefix));
+  closedir(d);
+  return n;
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Waits (at most `secs`) until <tmp>/<out>/<name> exists and is not empty. */
+static void wait_for_file(const char *out, const char *name, double secs) {
+  char path[800];
+  snprintf(path, sizeof path, "%s/%s/%s", tmp, out, name);
+  struct stat st;
+  for (double t = 0; t < secs; t += 0.01) {
+    if (!stat(path, &st) && st.st_size > 0) return;
+    usleep(10000);
+  }
+  fail_msg("%s did not appear within %.0f s", path, secs);
+}
+
+/* Waits until the child's output holds `text` (its signal handler wrote it). */
+static void wait_for_output(const char *out, const char *text) {
+  for (int i = 0; i < 200000 && !strstr(child_log(out), text); i++) usleep(100);
+}
+
+/* Sends `sig` `times` times to the child as soon as it creates its
+ * checkpoint's temporary file for the `nth` time (inotify), i.e. in the
+ * middle of that save; after each, waits until the child said it got it
+ * (signals sent at once would merge into one). */
+static void signal_during_save(pid_t pid, const char *out, int nth, int sig, int times) {
+  char dir[700];
+  snprintf(dir, sizeof dir, "%s/%s", tmp, out);
+  mkdir(dir, 0755);
+  int fd = inotify_init();
+  assert_true(fd >= 0);
+  assert_true(inotify_add_watch(fd, dir, IN_CREATE) >= 0);
+  char buf[4096] __attribute__((aligned(8)));
+  for (int found = 0; found < nth;) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    assert_true(n > 0);
+    for (char *p = buf; p < buf + n;) {
+      struct inotify_event *ev = (struct inotify_event *)p;
+      if (ev->len && !strncmp(ev->name, "checkpoint.safetensors.tmp.", 27)) found++;
+      p += sizeof *ev + ev->len;
+    }
+  }
+  static const char *said[] = {"stoke: stopping at the next", "stoke: still stopping"};
+  for (int i = 0; i < times; i++) {
+    kill(pid, sig);
+    if (i < times - 1) wait_for_output(out, said[i]);
+  }
+  close(fd);
+}
+
+/* ------------------------------------------------------ signals (1, 12) */
+
+/* A checkpoint of ~50 MB: its save takes long enough to be hit. */
+#define BIG_MODEL "data.shape=1024", "model.hidden=2048,2048", "data.batch_size=8"
+
+/* SIGTERM while the final checkpoint is being written: the save finishes,
+ * the run exits 0 saying so, and no temporary file is left. */
+static void test_sigterm_during_final_save(void **state) {
+  pid_t pid = spawn_train("final_save", 0, OVER(BIG_MODEL, "run.steps=3", "run.checkpoint_every=0"));
+  signal_during_save(pid, "final_save", 1, SIGTERM, 1);
+  expect_exit(wait_child(pid, 120), 0, "final_save");
+  assert_int_equal(ckpt_step("final_save"), 3);
+  assert_int_equal(count_files("final_save", "checkpoint.safetensors.tmp"), 0);
+  assert_non_null(strstr(child_log("final_save"), "stopped by a signal"));
+}
+
+/* A third signal ends the process at once, even mid-save; the previous
+ * checkpoint (written atomically) stays whole. */
+static void test_third_signal_quits(void **state) {
+  pid_t pid = spawn_train("third", 0, OVER(BIG_MODEL, "run.steps=3", "run.checkpoint_every=1"));
+  /* the first save (step 1) completes; three Ctrl-C during the second */
+  signal_during_save(pid, "third", 2, SIGINT, 3);
+  int status = wait_child(pid, 60);
+  if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGINT)
+    fail_msg("expected death by SIGINT, got status %d:\n%s", status, child_log("third"));
+  assert_int_equal(ckpt_step("third"), 1);
+}
+
+/* Ctrl-C in the middle of a step of 20000 micro-batches: answered at the
+ * next micro-batch, not at the end of the step; the checkpoint holds the
+ * last whole step (the partial one is dropped, a resume redoes it). */
+static void test_ctrl_c_mid_step(void **state) {
+  pid_t pid = spawn_train("midstep", 0,
+                          OVER("run.accumulate=20000", "data.batch_size=1", "run.steps=4", "run.log_every=1"));
+  wait_for_file("midstep", "metrics.jsonl", 300); /* step 1 is done */
+  double t0 = now_s();
+  kill(pid, SIGINT);
+  expect_exit(wait_child(pid, 120), 0, "midstep");
+  double secs = now_s() - t0;
+  print_message("stopped %.2f s after Ctrl-C\n", secs);
+  assert_true(secs < 10);
+  assert_int_equal(ckpt_step("midstep"), 1);
+  assert_non_null(strstr(child_log("midstep"), "stopped by a signal after step 1"));
+}
+
+/* ---------------------------------------------- errors save first (2, 10) */
+
+static void write_file(const char *path, const void *data, size_t n) {
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  if (n) assert_int_equal(fwrite(data, 1, n, f), n);
+  fclose(f);
+}
+
+/* An image folder of 2 classes, each holding `bad` files that are not JPEGs
+ * and `good` 8 x 8 JPEGs. */
+static void image_folder(const char *name, int good, int bad) {
+  char p[800];
+  at_tmp(p, sizeof p, name);
+  mkdir(p, 0755);
+  for (int c = 0; c < 2; c++) {
+    snprintf(p, sizeof p, "%s/%s/c%d", tmp, name, c);
+    mkdir(p, 0755);
+    for (int i = 0; i < bad; i++) {
+      snprintf(p, sizeof p, "%s/%s/c%d/bad%d.jpg", tmp, name, c, i);
+      write_file(p, "not a JPEG at all", 17);
+    }
+    for (int i = 0; i < good; i++) {
+      uint8_t px[8 * 8 * 3];
+      for (int k = 0; k < (int)sizeof px; k++) px[k] = (uint8_t)(k * 7 + i * 31 + c * 101);
+      tjhandle t = tjInitCompress();
+      unsigned char *jpg = NULL;
+      unsigned long jn = 0;
+      assert_int_equal(tjCompress2(t, px, 8, 0, 8, TJPF_RGB, &jpg, &jn, TJSAMP_444, 90, 0), 0);
+      snprintf(p, sizeof p, "%s/%s/c%d/good%d.jpg", tmp, name, c, i);
+      write_file(p, jpg, jn);
+      tjFree(jpg);
+      tjDestroy(t);
+    }
+  }
+}
+
+/* Training data and held-out JPEGs of the same shape (3 x 8 x 8). */
+#define EVAL_JPEG(root) "data.shape=3,8,8", "data.classes=2", "eval_data.source=jpeg", "eval_data.size=8", \
+                        "eval_data.train=false", "eval_data.resize=8", "eval_data.batch_size=4", root
+
+/* An evaluation during training whose files are all unreadable: the run
+ * fails, but saves the weights first and says where. */
+static void test_eval_error_saves_first(void **state) {
+  image_folder("allbad", 0, 3);
+  char root[800];
+  snprintf(root, sizeof root, "eval_data.root=%s/allbad", tmp);
+  stoke_summary s;
+  /* 320 samples of 32: an epoch is 10 steps, evaluated at step 10 */
+  EXPECT_RUN_ERR(run_in("evalbad", &s, OVER(EVAL_JPEG(root), "data.length=320", "run.eval_every=1")),
+                 "no sample of [eval_data] could be read", "the weights after step 10 were saved first",
+                 "evalbad/checkpoint.safetensors");
+  assert_int_equal(ckpt_step("evalbad"), 10);
+}
+
+/* Unreadable evaluation files are skipped, never replaced by others: 11
+ * readable of 16 scores 11 samples. */
+static void test_eval_skips_bad(void **state) {
+  char p[800];
+  image_folder("mixed", 6, 2); /* 12 good, 4 bad */
+  snprintf(p, sizeof p, "%s/mixed/c1/good5.jpg", tmp);
+  write_file(p, "truncated", 9); /* 11 good, 5 bad */
+  char root[800];
+  snprintf(root, sizeof root, "eval_data.root=%s/mixed", tmp);
+  stoke_summary s;
+  stoke_err *e = run_in("evalmixed", &s, OVER(EVAL_JPEG(root), "run.steps=5"));
+  if (e) fail_msg("%s", e->msg);
+  print_message("eval over %lld samples: accuracy %.4f\n", (long long)s.eval_samples, s.eval_accuracy);
+  assert_int_equal(s.eval_samples, 11);
+}
+
+/* More than 4096 classes: the evaluation scores every class. */
+static void test_eval_many_classes(void **state) {
+  stoke_summary s;
+  stoke_err *e = run_in("classes", &s,
+                        OVER("data.classes=5000", "run.steps=3", "eval_data.source=synthetic", "eval_data.shape=32",
+                             "eval_data.classes=5000", "eval_data.length=64", "eval_data.offset=100000"));
+  if (e) fail_msg("%s", e->msg);
+  print_message("5000 classes: eval loss %.4f (ln 5000 = %.4f), accuracy %.4f\n", s.eval_loss, log(5000.0),
+                s.eval_accuracy);
+  assert_int_equal(s.eval_samples, 64);
+  assert_true(isfinite(s.eval_loss) && fabs(s.eval_loss - log(5000.0)) < 1.5);
+}
+
+/* ------------------------------------------------------------ disk (3) */
+
+/* A checkpoint that cannot fit under the file-size limit is refused
+ * before any training. */
+static void test_file_limit_refused_at_start(void **state) {
+  pid_t pid = spawn_train("fsize", 100000, OVER("model.hidden=256,256"));
+  expect_exit(wait_child(pid, 120), 1, "fsize");
+  char *log = child_log("fsize");
+  if (!strstr(log, "file-size limit") || !strstr(log, "checkpoint")) fail_msg("%s", log);
+  char path[800];
+  struct stat st;
+  snprintf(path, sizeof path, "%s/fsize/metrics.jsonl", tmp);
+  assert_true(stat(path, &st) || st.st_size == 0); /* not one step trained */
+}
+
+/* metrics.jsonl that cannot grow: the run fails naming it (never "done"
+ * with a cut file), after saving the weights. */
+static void test_metrics_write_fails(void **state) {
+  pid_t pid = spawn_train("metrics", 40000,
+                          OVER("data.shape=8", "model.hidden=4", "run.steps=400", "run.log_every=1"));
+  expect_exit(wait_child(pid, 120), 1, "metrics");
+  char *log = child_log("metrics");
+  if (!strstr(log, "metrics.jsonl' failed") || !strstr(log, "were saved first")) fail_msg("%s", log);
+  assert_true(ckpt_step("metrics") > 0);
+}
+
+/* A real full disk (a small tmpfs; needs root, else skipped): with no
+ * byte free config.ini already fails; with a little free, the checkpoint's
+ * size is checked before training. */
+static void test_full_disk(void **state) {
+  char mnt[700];
+  at_tmp(mnt, sizeof mnt, "tiny");
+  mkdir(mnt, 0755);
+  if (mount("tmpfs", mnt, "tmpfs", 0, "size=512k")) {
+    print_message("cannot mount a tmpfs (%s): the full-disk case needs root; skipped\n", strerror(errno));
+    skip();
+  }
+  char fill[800];
+  snprintf(fill, sizeof fill, "%s/filler", mnt);
+  FILE *f = fopen(fill, "w");
+  static char block[4096];
+  while (f && fwrite(block, 1, sizeof block, f) == sizeof block && !fflush(f)) {
+  }
+  if (f) fclose(f);
+  stoke_summary s;
+  EXPECT_RUN_ERR(run_in("tiny/full", &s, NULL), "config.ini", "No space left on device");
+  /* about 200 KB free: the 600 KB checkpoint does not fit */
+  truncate(fill, 512 * 1024 - 200 * 1024);
+  EXPECT_RUN_ERR(run_in("tiny/room", &s, OVER("model.hidden=256,256")), "[run] out_dir", "MiB free",
+                 "checkpoint needs");
+  assert_int_equal(umount(mnt), 0);
+}
+
+/* --------------------------------------------------- checkpoints (4, 5, 14) */
+
+/* Reads a checkpoint, applies `edit` to its header text (replace `from`
+ * by `to`, and drop the metadata checksum when `drop_crc`), writes it to
+ * `out`. */
+static void craft(const char *in, const char *out, const char *from, const char *to, int drop_crc) {
+  FILE *f = fopen(in, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  size_t n = (size_t)ftell(f);
+  rewind(f);
+  unsigned char *b = malloc(n);
+  assert_int_equal(fread(b, 1, n, f), n);
+  fclose(f);
+  uint64_t hlen = 0;
+  for (int i = 0; i < 8; i++) hlen |= (uint64_t)b[i] << (8 * i);
+  size_t cap = hlen + (to ? strlen(to) : 0) + 64;
+  char *h = calloc(1, cap);
+  memcpy(h, b + 8, hlen);
+  char *p = from ? strstr(h, from) : NULL;
+  if (from) {
+    assert_non_null(p);
+    memmove(p + strlen(to), p + strlen(from), strlen(p + strlen(from)) + 1);
+    memcpy(p, to, strlen(to));
+  }
+  if (drop_crc) {
+    char *c = strstr(h, ",\"stoke_meta_crc32c\":\"");
+    assert_non_null(c);
+    memmove(c, c + 31, strlen(c + 31) + 1);
+  }
+  while (strlen(h) > 0 && h[strlen(h) - 1] == ' ') h[strlen(h) - 1] = 0;
+  while (strlen(h) % 8) strcat(h, " ");
+  uint64_t nl = strlen(h);
+  f = fopen(out, "wb");
+  for (int i = 0; i < 8; i++) fputc((int)(nl >> (8 * i)) & 0xff, f);
+  fwrite(h, 1, nl, f);
+  fwrite(b + 8 + hlen, 1, n - 8 - hlen, f);
+  fclose(f);
+  free(h);
+  free(b);
+}
+
+/* Crafted or damaged run state is refused, naming the field; nothing is
+ * trusted into an overflow. */
+static void test_crafted_metadata(void **state) {
+  stoke_summary s;
+  stoke_err *e = run_in("meta", &s, OVER("run.steps=4", "run.accumulate=2", "data.batch_size=16"));
+  if (e) fail_msg("%s", e->msg);
+  char good[800], bad[800], resume[900];
+  snprintf(good, sizeof good, "%s/meta/checkpoint.safetensors", tmp);
+  at_tmp(bad, sizeof bad, "crafted.safetensors");
+  snprintf(resume, sizeof resume, "run.resume=%s", bad);
+  static const struct {
+    const char *from, *to, *field;
+  } cases[] = {
+      {"\"step\":\"4\"", "\"step\":\"-5\"", "\"step\""},
+      {"\"accumulate\":\"2\"", "\"accumulate\":\"-1\"", "\"accumulate\""},
+      {"\"step\":\"4\"", "\"step\":\"9223372036854775807\"", "\"step\""},
+      {"\"world\":\"1\"", "\"world\":\"-3\"", "\"world\""},
+      {"\"epoch\":\"0\"", "\"epoch\":\"99999999999\"", "\"epoch\""},
+      {"\"batch\":\"16\"", "\"batch\":\"16x\"", "\"batch\""},
+      {"\"seed\":\"5\"", "\"seed\":\"\"", "\"seed\""},
+      {"\"loss_scale\":\"1\"", "\"loss_scale\":\"nan\"", "\"loss_scale\""},
+      {"\"optimizer\":\"sgd\"", "\"optimizer\":\"rmsprop\"", "\"optimizer\""},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    /* edited with the checksum kept: the checksum catches it */
+    craft(good, bad, cases[i].from, cases[i].to, 0);
+    EXPECT_RUN_ERR(run_in("meta_r", &s, OVER("run.steps=8", "run.accumulate=2", "data.batch_size=16", resume)),
+                   "crafted.safetensors", "does not match its checksum", "[run] resume");
+    /* and without it (a crafted file): the field is named */
+    craft(good, bad, cases[i].from, cases[i].to, 1);
+    EXPECT_RUN_ERR(run_in("meta_r", &s, OVER("run.steps=8", "run.accumulate=2", "data.batch_size=16", resume)),
+                   "crafted.safetensors", cases[i].field, "[run] resume");
+  }
+  /* another version: named (formatted from the file before it is freed) */
+  craft(good, bad, "\"stoke_checkpoint_version\":\"1\"", "\"stoke_checkpoint_version\":\"2\"", 1);
+  EXPECT_RUN_ERR(run_in("meta_r", &s, OVER(resume)), "not a stoke checkpoint of version 1 (found 2)");
+  /* an in-range damaged step: the checksum catches it */
+  craft(good, bad, "\"step\":\"4\"", "\"step\":\"3\"", 0);
+  EXPECT_RUN_ERR(run_in("meta_r", &s, OVER(resume)), "step 3", "does not match its checksum");
+  /* a file without the checksum but otherwise fine still resumes */
+  craft(good, bad, NULL, NULL, 1);
+  e = run_in("meta_r", &s, OVER("run.steps=8", "run.accumulate=2", "data.batch_size=16", resume));
+  if (e) fail_msg("%s", e->msg);
+  assert_int_equal(s.steps, 8);
+}
+
+/* run.resume naming a FIFO, a folder or a device: refused at once. */
+static void test_resume_not_a_file(void **state) {
+  char fifo[800], resume[900];
+  at_tmp(fifo, sizeof fifo, "fifo.safetensors");
+  unlink(fifo);
+  assert_int_equal(mkfifo(fifo, 0644), 0);
+  alarm(60); /* opening it for reading would block forever */
+  stoke_summary s;
+  snprintf(resume, sizeof resume, "run.resume=%s", fifo);
+  EXPECT_RUN_ERR(run_in("fifo", &s, OVER(resume)), "fifo.safetensors", "a FIFO");
+  snprintf(resume, sizeof resume, "run.resume=%s", tmp);
+  EXPECT_RUN_ERR(run_in("fifo", &s, OVER(resume)), "a folder");
+  EXPECT_RUN_ERR(run_in("fifo", &s, OVER("run.resume=/dev/zero")), "a device");
+  alarm(0);
+}
+
+int main(void) {
+  const char *t = getenv("TEST_TMPDIR");
+  snprintf(tmp, sizeof tmp, "%s", t ? t : "/tmp");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sigterm_during_final_save),
+      cmocka_unit_test(test_third_signal_quits),
+      cmocka_unit_test(test_ctrl_c_mid_step),
+      cmocka_unit_test(test_eval_error_saves_first),
+      cmocka_unit_test(test_eval_skips_bad),
+      cmocka_unit_test(test_eval_many_classes),
+      cmocka_unit_test(test_file_limit_refused_at_start),
+      cmocka_unit_test(test_metrics_write_fails),
+      cmocka_unit_test(test_full_disk),
+      cmocka_unit_test(test_crafted_metadata),
+      cmocka_unit_test(test_resume_not_a_file),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
