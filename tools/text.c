@@ -26,6 +26,7 @@ typedef struct toks {
 } toks;
 
 static stoke_err *push(toks *v, const uint16_t *t, int64_t n) {
+  if (n <= 0) return NULL;
   if (v->n + n > v->cap) {
     int64_t cap = v->cap ? v->cap : 1 << 16;
     while (cap < v->n + n) cap *= 2;

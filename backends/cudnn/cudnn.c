@@ -114,6 +114,7 @@ static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
   STOKE_PROPAGATE_P(stoke_cudnn_register_conv(r));
   STOKE_PROPAGATE_P(stoke_cudnn_register_conv_classic(r));
   STOKE_PROPAGATE_P(stoke_cudnn_register_bn(r));
+  STOKE_PROPAGATE_P(stoke_cudnn_register_sdpa(r));
   return NULL;
 }
 

@@ -82,5 +82,6 @@ void stoke_cudnn_classic_destroy(void *state);
 stoke_err *stoke_cudnn_register_conv_classic(const stoke_registry_v1 *r);
 /* conv_graph.c: conv2d through the graph API, the "cudnn" engine's */
 stoke_err *stoke_cudnn_register_conv(const stoke_registry_v1 *r);
+stoke_err *stoke_cudnn_register_sdpa(const stoke_registry_v1 *r); /* sdpa.c: flash attention */
 
 #endif

@@ -4,7 +4,8 @@
  * deterministic scatter-add backward), position_embedding, layer_norm,
  * add_layer_norm (both gradients flowing in), the views (reshape, slice,
  * split, transpose, i32 slices of token windows) and cublaslt's matmul
- * (the tied output head), in f32, bf16 and fp16, on odd shapes too.
+ * (the tied output head) and cuda's plain attention, in f32, bf16 and
+ * fp16, on odd shapes too.
  * GPU machine only (tools/gpu_check.sh). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -103,10 +104,25 @@ static void test_matmul(void **state) {
     }
 }
 
+/* cuda's plain attention (f32 too; cudnn's flash attention is in sdpa_test) */
+static void test_attention(void **state) {
+  static const int64_t s[][4] = {{2, 33, 3, 8}, {1, 64, 2, 32}, {2, 128, 4, 64}};
+  for (int d = 0; d < 3; d++)
+    for (int i = 0; i < 3; i++)
+      for (int causal = 0; causal < 2; causal++) {
+        char attrs[48];
+        snprintf(attrs, sizeof attrs, "n_head=%lld, causal=%d", (long long)s[i][2], causal);
+        g_case c = {.op = STOKE_OP_ATTENTION, .attrs = attrs, .n_in = 1,
+                    .in_shape = {SHAPE3(s[i][0], s[i][1], 3 * s[i][2] * s[i][3])}, .out_dtype = {0, STOKE_F32},
+                    .dtype = dtypes[d], .tol = tol_of(dtypes[d]), .training = 1, .backward = 1};
+        g_check(&c);
+      }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_embedding), cmocka_unit_test(test_position_embedding), cmocka_unit_test(test_layer_norm),
-      cmocka_unit_test(test_views),     cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_views),     cmocka_unit_test(test_matmul),            cmocka_unit_test(test_attention),
   };
   return cmocka_run_group_tests(tests, setup, g_teardown);
 }
