@@ -85,6 +85,9 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "off by default: on an H100 the bf16 mlp bench ran 10% slower with ReLU (cuBLASLt's DRELU product is "
      "slow) and no faster with GELU. Batch norm + ReLU (+ add) fuse without it when an engine listed before "
      "the batch norm's has them (backends = fused, ...)"},
+    {"grad_sums_in_place", STOKE_CFG_BOOL, "true", 0, 0, NULL,
+     "where two backward paths meet (a residual block's input), the second kernel adds its gradient into the "
+     "first's buffer when it can (din_accumulate) instead of a separate add node; false keeps the adds (A/B)"},
     {"cuda_graph", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "capture the whole step (forward, backward, optimizer, loss scaler) once as a CUDA graph and replay "
      "it: one launch per step instead of one per kernel"},
@@ -184,17 +187,33 @@ static void list_available(stoke_registry *cur, const char *const *dirs, int n_d
   stoke_registry_free(r);
 }
 
-/* Load the plugin `name` for a part of `kind` and check it registered it. */
+static const void *find_part(stoke_registry *reg, const char *kind, const char *name) {
+  if (!strcmp(kind, "backend")) return stoke_find_backend(reg, name);
+  if (!strcmp(kind, "model")) return stoke_find_model(reg, name);
+  if (!strcmp(kind, "source")) return stoke_find_source(reg, name);
+  return NULL;
+}
+
+/* Load the plugin `name` for a part of `kind` and check it registered it.
+ * A part a loaded plugin registered already needs no file; a part named
+ * `base_variant` with no libstoke_base_variant.so is looked for in
+ * libstoke_base.so (the cudnn plugin's `cudnn_classic` engine). */
 static stoke_err *load_part(stoke_registry *reg, const stoke_cfg *c, const char *sec, const char *key,
                             const char *kind, const char *name, const char *const *dirs, int n_dirs) {
+  if (find_part(reg, kind, name)) return NULL;
   stoke_err *e = stoke_registry_load(reg, name);
-  const void *found = NULL;
-  if (!e) {
-    if (!strcmp(kind, "backend")) found = stoke_find_backend(reg, name);
-    else if (!strcmp(kind, "model")) found = stoke_find_model(reg, name);
-    else if (!strcmp(kind, "source")) found = stoke_find_source(reg, name);
-    if (found) return NULL;
+  const char *us = strchr(name, '_');
+  if (e && e->code == STOKE_E_NOT_FOUND && us && us > name) {
+    char base[64];
+    snprintf(base, sizeof base, "%.*s", (int)(us - name), name);
+    stoke_err *e2 = stoke_registry_load(reg, base);
+    if (!e2 && find_part(reg, kind, name)) {
+      stoke_err_free(e);
+      return NULL;
+    }
+    stoke_err_free(e2);
   }
+  if (!e && find_part(reg, kind, name)) return NULL;
   char avail[1024];
   list_available(reg, dirs, n_dirs, kind, avail, sizeof avail);
   stoke_err *out = STOKE_ERR(e ? e->code : STOKE_E_NOT_FOUND,
@@ -787,10 +806,12 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
   STOKE_TRY(st->src->open(s->cfg, section, &st->src_self), "opening [%s] source '%s'", section, src_name);
   double init_scale;
   STOKE_PROPAGATE(stoke_cfg_float(s->cfg, "run", "loss_scale_init", &init_scale));
-  int fuse;
+  int fuse, in_place;
   STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "run", "fuse", &fuse));
+  STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "run", "grad_sums_in_place", &in_place));
   stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? opt_name : NULL, training, flags,
-                        training && prec->loss_scaling, init_scale > 0 ? init_scale : prec->init_scale, fuse};
+                        training && prec->loss_scaling, init_scale > 0 ? init_scale : prec->init_scale, fuse,
+                        !in_place};
   if (!st->batch) STOKE_PROPAGATE(auto_batch(s, st, &po, dtype));
   STOKE_PROPAGATE(build_graph(s, st, dtype, training));
   STOKE_TRY(stoke_compile(st->g, &po, &st->plan), "compiling the %s graph", training ? "training" : "evaluation");
