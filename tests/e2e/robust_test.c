@@ -370,6 +370,17 @@ static void test_eval_many_classes(void **state) {
   assert_true(isfinite(s.eval_loss) && fabs(s.eval_loss - log(5000.0)) < 1.5);
 }
 
+/* Evaluation data the trained model cannot take: said by section, not as
+ * two plans that differ. */
+static void test_eval_must_match(void **state) {
+  stoke_summary s;
+  EXPECT_RUN_ERR(run_in("mismatch", &s, OVER("eval_data.source=synthetic", "eval_data.shape=32")),
+                 "[eval_data] has 10 classes and [data] 4");
+  EXPECT_RUN_ERR(run_in("mismatch", &s, OVER("eval_data.source=synthetic", "eval_data.shape=33",
+                                             "eval_data.classes=4")),
+                 "[eval_data] samples are [33] and [data] samples [32]");
+}
+
 /* ------------------------------------------------------------ disk (3) */
 
 /* A checkpoint that cannot fit under the file-size limit is refused
@@ -556,6 +567,7 @@ int main(void) {
       cmocka_unit_test(test_eval_error_saves_first),
       cmocka_unit_test(test_eval_skips_bad),
       cmocka_unit_test(test_eval_many_classes),
+      cmocka_unit_test(test_eval_must_match),
       cmocka_unit_test(test_file_limit_refused_at_start),
       cmocka_unit_test(test_metrics_write_fails),
       cmocka_unit_test(test_full_disk),
