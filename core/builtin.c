@@ -114,8 +114,9 @@ static stoke_err *infer_softmax_ce(const stoke_node_v1 *n, const stoke_value_des
     return STOKE_ERR(STOKE_E_INVALID, "softmax_ce '%s': label_smoothing %g not in [0, 1)",
                      n->name, ls);
   out[0].shape = (stoke_shape){1, {1}};
-  out[0].dtype = STOKE_F32;
-  if (in[0].dtype == STOKE_F64) out[0].dtype = STOKE_F64;
+  out[0].dtype = in[0].dtype == STOKE_F64 ? STOKE_F64 : STOKE_F32;
+  out[1].shape = (stoke_shape){1, {x->d[0]}}; /* each row's log-sum-exp, for the backward */
+  out[1].dtype = out[0].dtype;
   return NULL;
 }
 
@@ -171,8 +172,8 @@ static const stoke_op_type_v1 ops[] = {
     {STOKE_OP_ADD, "a + b (residual)", 2, 1, NULL, 0, infer_add, flops_elementwise, 0, 0, 1},
     {STOKE_OP_CAST, "float conversion of the input batch", 1, 1, cast_attrs, 1, infer_cast, NULL, 0, 1u, 0},
     {STOKE_OP_SOFTMAX_CE, "softmax cross-entropy, mean over the batch (nn.CrossEntropyLoss)", 2,
-     1, softmax_ce_attrs, 1, infer_softmax_ce, flops_softmax_ce,
-     STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1), 1u << 1, 1},
+     2, softmax_ce_attrs, 1, infer_softmax_ce, flops_softmax_ce,
+     STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(1), 1u << 1, 1},
 };
 
 /* Precision policies: data, one per name. Ops in fp32_ops stay fp32. */
@@ -218,6 +219,7 @@ static stoke_err *builtin_register(const stoke_host_v1 *host, const stoke_regist
   STOKE_PROPAGATE(stoke_register_conv_ops(r));
   STOKE_PROPAGATE(stoke_register_pool_ops(r));
   STOKE_PROPAGATE(stoke_register_norm_ops(r));
+  STOKE_PROPAGATE(stoke_register_seq_ops(r));
   STOKE_PROPAGATE(stoke_register_convbn_ops(r));
   return NULL;
 }

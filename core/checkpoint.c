@@ -118,6 +118,13 @@ static int list_entries(const stoke_plan *p, void *const *hb, const char *opt, i
     e->shape = val->shape;
     e->src = at(hb, b, val->offset);
     e->bytes = (size_t)stoke_numel(&val->shape) * stoke_dtype_size(val->dtype);
+    /* a tied parameter again under each other name (PyTorch's state_dict
+     * lists it under each) */
+    for (int t = 0; t < g->n_tied && n < cap; t++)
+      if (g->tied[t].value == v) {
+        out[n] = *e;
+        snprintf(out[n++].name, sizeof e->name, "%s", g->tied[t].name);
+      }
     /* PyTorch's BatchNorm also keeps num_batches_tracked (int64, 0-d) */
     size_t len = strlen(val->name);
     if (val->kind == STOKE_VAL_STATE && len > 13 && !strcmp(val->name + len - 13, ".running_mean") &&
@@ -243,7 +250,7 @@ stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ck
   stoke_err *e = host_copies(x, hb, sizes);
   for (int i = 0; i < 3 && !e; i++)
     if (hb[i]) e = stoke_exec_copy(x, hb[i], dev[i], sizes[i], STOKE_COPY_D2H);
-  int cap = 5 * p->g->n_values + 8; /* parameter, state, master, two optimizer tensors */
+  int cap = 5 * p->g->n_values + p->g->n_tied + 8; /* parameter, state, master, two optimizer tensors, tied names */
   entry *ents = e ? NULL : calloc((size_t)cap, sizeof *ents);
   if (!e && !ents) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
   sbuf h = {0};
@@ -804,7 +811,7 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
   e = host_copies(x, hb, sizes);
   /* optimizer tensors only when the file has the plan's optimizer */
   const char *want_opt = p->opt_kernel && !strcmp(m->optimizer, p->opt_kernel->op) ? m->optimizer : NULL;
-  int cap = 5 * p->g->n_values + 8; /* parameter, state, master, two optimizer tensors */
+  int cap = 5 * p->g->n_values + p->g->n_tied + 8; /* parameter, state, master, two optimizer tensors, tied names */
   entry *ents = e ? NULL : calloc((size_t)cap, sizeof *ents);
   if (!e && !ents) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
   int64_t nbt = 0;

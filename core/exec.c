@@ -196,7 +196,8 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
         .node = &n->n, .n_in = n->n_in, .n_out = n->n_out, .in = na->in, .out = na->out,
         .din = n->pass == STOKE_BWD ? na->din : NULL, .dout = n->pass == STOKE_BWD ? na->dout : NULL,
         .param_grads = na->a.param_grads, .training = p->opts.training,
-        .engine = engine_self(p, n->kernel), .flags = p->opts.flags, .stream = x->stream};
+        .engine = engine_self(p, n->kernel), .flags = p->opts.flags, .stream = x->stream,
+        .din_accumulate = n->din_accumulate};
     if (n->kernel->plan) {
       e = n->kernel->plan(&na->a, &n->kstate, &n->workspace);
       if (e) e = stoke_err_wrap(e, __FILE__, __LINE__, "planning kernel of node '%s' (%s)", n->n.name, n->kernel->engine);
@@ -384,7 +385,7 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
   for (int i = 0; i < n; i++) {
     stoke_gnode *node = &g->nodes[i];
     node_args *na = &x->args[i];
-    na->a.param_grad_beta = first_micro ? 0.0f : 1.0f;
+    na->a.param_grad_beta = first_micro && !node->param_accumulate ? 0.0f : 1.0f;
     /* a backward node gets its forward node's seed (dropout regenerates its mask) */
     uint64_t k = node->pass == STOKE_BWD ? (uint64_t)node->fwd : (uint64_t)i;
     na->a.seed = stoke_hash3(step_seed, k, 0x5eedull);

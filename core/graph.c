@@ -27,6 +27,7 @@ void stoke_graph_free(stoke_graph *g) {
   if (!g) return;
   free(g->values);
   free(g->nodes);
+  free(g->tied);
   free(g);
 }
 
@@ -49,6 +50,7 @@ static stoke_err *new_value(stoke_graph *g, const char *name, stoke_value_kind k
   v->layout = shape->ndim == 4 ? g->layout : STOKE_LAYOUT_ANY;
   v->producer = -1;
   v->grad = -1;
+  v->alias = -1;
   *id = g->n_values++;
   return NULL;
 }
@@ -247,9 +249,11 @@ static stoke_err *add_node(stoke_graph *g, const char *op, const char *name, con
   }
   if (g->n_fwd != g->n_nodes)
     return STOKE_ERR(STOKE_E_INTERNAL, "nodes added after the graph was compiled");
-  if (n_inputs != t->n_inputs || n_outputs != t->n_outputs)
-    return STOKE_ERR(STOKE_E_INVALID, "op '%s' takes %d inputs and %d outputs, given %d and %d",
-                     op, t->n_inputs, t->n_outputs, n_inputs, n_outputs);
+  int variadic = t->n_outputs == 0; /* split: as many outputs as its infer makes */
+  if (n_inputs != t->n_inputs || (variadic ? n_outputs < 1 || n_outputs > STOKE_MAX_IO : n_outputs != t->n_outputs))
+    return STOKE_ERR(STOKE_E_INVALID, "op '%s' takes %d inputs and %s%d outputs, given %d and %d", op,
+                     t->n_inputs, variadic ? "1 to " : "", variadic ? STOKE_MAX_IO : t->n_outputs, n_inputs,
+                     n_outputs);
   for (int i = 0; i < n_inputs; i++)
     if (inputs[i] < 0 || inputs[i] >= g->n_values)
       return STOKE_ERR(STOKE_E_INVALID, "op '%s': input %d is not a value of this graph", op, i);
@@ -285,6 +289,9 @@ static stoke_err *add_node(stoke_graph *g, const char *op, const char *name, con
   n = &g->nodes[id];
   if (!e) e = parse_attrs(t, &n->n, attrs);
   if (!e) e = t->infer(&n->n, in, out);
+  if (!e && variadic && (!out[n_outputs - 1].shape.ndim || (n_outputs < STOKE_MAX_IO && out[n_outputs].shape.ndim)))
+    e = STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): given %d outputs, its attributes make another number", nm, op,
+                  n_outputs);
   if (e) {
     g->n_nodes--;
     return stoke_err_wrap(e, __FILE__, __LINE__, "adding node '%s' (%s)", nm, op);
@@ -314,16 +321,46 @@ static stoke_err *b_shape_of(stoke_graph *g, int value, stoke_shape *out) {
   return NULL;
 }
 
+/* Every name of a checkpoint is unique: a parameter's, a state's or a tied one. */
+static int name_taken(const stoke_graph *g, const char *name) {
+  for (int i = 0; i < g->n_values; i++)
+    if ((g->values[i].kind == STOKE_VAL_PARAM || g->values[i].kind == STOKE_VAL_STATE) &&
+        !strcmp(g->values[i].name, name))
+      return 1;
+  for (int i = 0; i < g->n_tied; i++)
+    if (!strcmp(g->tied[i].name, name)) return 1;
+  return 0;
+}
+
+static stoke_err *b_param_alias(stoke_graph *g, int value, const char *name) {
+  if (value < 0 || value >= g->n_values || g->values[value].kind != STOKE_VAL_PARAM)
+    return STOKE_ERR(STOKE_E_INVALID, "param_alias '%s': value %d is not a parameter", name ? name : "?", value);
+  if (!name || !name[0] || strlen(name) >= sizeof g->tied->name)
+    return STOKE_ERR(STOKE_E_INVALID, "param_alias of '%s': the name is empty or longer than %zu characters",
+                     g->values[value].name, sizeof g->tied->name - 1);
+  if (name_taken(g, name)) return STOKE_ERR(STOKE_E_DUPLICATE, "param_alias: the name '%s' is taken", name);
+  stoke_tied_name *t = realloc(g->tied, sizeof *t * (size_t)(g->n_tied + 1));
+  if (!t) return STOKE_ERR(STOKE_E_OOM, "out of memory");
+  g->tied = t;
+  t[g->n_tied].value = value;
+  snprintf(t[g->n_tied++].name, sizeof t->name, "%s", name);
+  return NULL;
+}
+
 stoke_builder_v1 stoke_graph_builder(stoke_graph *g) {
-  return (stoke_builder_v1){g, b_param, b_node, b_shape_of, b_state};
+  return (stoke_builder_v1){g, b_param, b_node, b_shape_of, b_state, b_param_alias};
 }
 
 stoke_err *stoke_graph_loss(stoke_graph *g, int logits, const char *attrs) {
   if (g->label < 0) return STOKE_ERR(STOKE_E_INTERNAL, "the graph has no label input");
-  int in[2] = {logits, g->label}, out;
-  STOKE_TRY(add_node(g, STOKE_OP_SOFTMAX_CE, "loss", in, 2, attrs, &out, 1), "attaching the loss");
+  return stoke_graph_loss_on(g, logits, g->label, attrs);
+}
+
+stoke_err *stoke_graph_loss_on(stoke_graph *g, int logits, int labels, const char *attrs) {
+  int in[2] = {logits, labels}, out[2];
+  STOKE_TRY(add_node(g, STOKE_OP_SOFTMAX_CE, "loss", in, 2, attrs, out, 2), "attaching the loss");
   g->logits = logits;
-  g->loss = out;
+  g->loss = out[0];
   return NULL;
 }
 
@@ -378,6 +415,35 @@ static int alias_add_grads(stoke_graph *g, const stoke_gnode *f, const char *nee
   return 1;
 }
 
+/* add_layer_norm's backward writes the same gradient into a and b: one
+ * value serves both when neither is a parameter and neither has a
+ * gradient from elsewhere yet. */
+static int shares_grad(const stoke_graph *g, const stoke_gnode *f, const char *needs) {
+  if (strcmp(f->n.op, STOKE_OP_ADD_LAYER_NORM) || f->in[0] == f->in[1]) return 0;
+  for (int k = 0; k < 2; k++) {
+    const stoke_value *v = &g->values[f->in[k]];
+    if (!needs[f->in[k]] || v->kind == STOKE_VAL_PARAM || v->grad >= 0 || v->dtype != g->values[f->in[0]].dtype)
+      return 0;
+  }
+  return 1;
+}
+
+/* A backward node that adds onto a tied parameter's gradient gets beta 1
+ * for every parameter gradient it writes: one of its own would then add
+ * onto a stale buffer on the first micro-batch. */
+static stoke_err *check_tied(const stoke_graph *g, int id) {
+  const stoke_gnode *b = &g->nodes[id];
+  if (!b->param_accumulate) return NULL;
+  for (int k = 0; k < b->n_in; k++)
+    if (b->din[k] >= 0 && g->values[b->din[k]].kind == STOKE_VAL_PARAM_GRAD &&
+        g->values[b->din[k]].producer == id)
+      return STOKE_ERR(STOKE_E_UNSUPPORTED,
+                       "node '%s' uses a parameter that an earlier node uses too (tied) and also '%s' of its own; "
+                       "tie whole nodes' parameters (one tied parameter per node)",
+                       b->n.name, g->values[b->in[k]].name);
+  return NULL;
+}
+
 /* Used by the compiler (core/plan.c). For every forward node, in reverse
  * order, emit its backward node; gradients of a value used by several
  * nodes are summed by `add` nodes; parameter gradients land in the flat
@@ -430,7 +496,7 @@ stoke_err *stoke_graph_derive_backward(stoke_graph *g) {
     memcpy(b->in, f.in, sizeof b->in);
     memcpy(b->out, f.out, sizeof b->out);
     for (int j = 0; j < f.n_out; j++) b->dout[j] = g->values[f.out[j]].grad;
-    int sums[STOKE_MAX_IO][2], n_sums = 0;
+    int sums[STOKE_MAX_IO][2], n_sums = 0, share = shares_grad(g, &f, needs);
     for (int k = 0; k < f.n_in; k++) {
       int v = f.in[k];
       if (!needs[v] || (f.type->no_grad_inputs & (1u << k))) continue;
@@ -439,14 +505,15 @@ stoke_err *stoke_graph_derive_backward(stoke_graph *g) {
       snprintf(gname, sizeof gname, "%s.grad", val->name);
       int gv;
       if (val->kind == STOKE_VAL_PARAM) {
-        if (val->grad >= 0) {
-          e = STOKE_ERR(STOKE_E_UNSUPPORTED,
-                        "parameter '%s' is used by more than one node (weight sharing is not "
-                        "supported yet)",
-                        val->name);
-          goto done;
+        if (val->grad >= 0) { /* tied: this node adds onto the earlier user's gradient */
+          gv = val->grad;
+          g->nodes[id].param_accumulate = 1;
+        } else {
+          if ((e = new_value(g, gname, STOKE_VAL_PARAM_GRAD, &val->shape, val->dtype, &gv))) goto done;
+          g->values[v].grad = gv;
         }
-        if ((e = new_value(g, gname, STOKE_VAL_PARAM_GRAD, &val->shape, val->dtype, &gv))) goto done;
+      } else if (k == 1 && share) {
+        gv = g->nodes[id].din[0]; /* add_layer_norm: a and b get the same gradient */
         g->values[v].grad = gv;
       } else if (val->grad < 0) {
         if ((e = new_value(g, gname, STOKE_VAL_GRAD, &val->shape, val->dtype, &gv))) goto done;
@@ -459,8 +526,9 @@ stoke_err *stoke_graph_derive_backward(stoke_graph *g) {
         sums[n_sums++][1] = gv;
       }
       g->nodes[id].din[k] = gv;
-      g->values[gv].producer = id;
+      if (!g->nodes[id].param_accumulate || g->values[gv].kind != STOKE_VAL_PARAM_GRAD) g->values[gv].producer = id;
     }
+    if ((e = check_tied(g, id))) goto done;
     for (int s = 0; s < n_sums; s++)
       if ((e = add_grad_sum(g, sums[s][0], sums[s][1]))) goto done;
   }

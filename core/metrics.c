@@ -142,14 +142,17 @@ void stoke_metrics_scaler(stoke_metrics *m, double scale, double skipped) {
   m->skipped = skipped;
 }
 
+/* acc NaN: no accuracy (a language model's evaluation reports the loss). */
 stoke_err *stoke_metrics_eval(stoke_metrics *m, int64_t step, int64_t epoch, double loss, double acc) {
+  char ja[32], jb[32];
   if (m->jsonl)
-    fprintf(m->jsonl, "{\"step\": %lld, \"epoch\": %lld, \"eval_loss\": %.6g, \"eval_accuracy\": %.6g}\n",
-            (long long)step, (long long)epoch, loss, acc);
+    fprintf(m->jsonl, "{\"step\": %lld, \"epoch\": %lld, \"eval_loss\": %s, \"eval_accuracy\": %s}\n",
+            (long long)step, (long long)epoch, json_num(loss, ja, sizeof ja), json_num(acc, jb, sizeof jb));
   if (m->o.progress == STOKE_PROGRESS_BAR) fputc('\n', stderr);
   if (m->o.progress != STOKE_PROGRESS_OFF) {
-    printf("eval after step %lld (epoch %lld): loss %.4f, top-1 accuracy %.4f\n", (long long)step,
-           (long long)epoch, loss, acc);
+    printf("eval after step %lld (epoch %lld): loss %.4f", (long long)step, (long long)epoch, loss);
+    if (acc == acc) printf(", top-1 accuracy %.4f", acc);
+    printf("\n");
     fflush(stdout);
   }
   return jsonl_flushed(m);
@@ -237,6 +240,9 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
            (long long)s->launches_per_step, s->launches_per_step == 1 ? " (CUDA graph)" : "es");
   if (s->eval_accuracy == s->eval_accuracy)
     printf("  evaluation: loss %.4f, top-1 accuracy %.4f over %lld samples\n", s->eval_loss, s->eval_accuracy,
+           (long long)s->eval_samples);
+  else if (s->eval_loss == s->eval_loss)
+    printf("  evaluation: loss %.4f (%.4f bits per token) over %lld sequences\n", s->eval_loss, s->eval_loss / log(2.0),
            (long long)s->eval_samples);
   if (s->skipped_samples) printf("  %lld samples could not be read and were replaced (see log.txt)\n", (long long)s->skipped_samples);
   printf("  metrics: %s/metrics.jsonl\n", s->out_dir);

@@ -1,6 +1,7 @@
-/* core/ops_cnn.h: registration of the built-in convolutional op types
- * (core/ops_conv.c, core/ops_pool.c, core/ops_norm.c, core/ops_convbn.c),
- * called by core/builtin.c, and the conv2d pieces the fused ops share. */
+/* core/ops_cnn.h: registration of the built-in convolutional and sequence
+ * op types (core/ops_conv.c, ops_pool.c, ops_norm.c, ops_convbn.c,
+ * ops_seq.c), called by core/builtin.c, and the conv2d pieces the fused
+ * ops share. */
 #ifndef STOKE_CORE_OPS_CNN_H
 #define STOKE_CORE_OPS_CNN_H
 
@@ -9,6 +10,7 @@
 stoke_err *stoke_register_conv_ops(const stoke_registry_v1 *r);
 stoke_err *stoke_register_pool_ops(const stoke_registry_v1 *r);
 stoke_err *stoke_register_norm_ops(const stoke_registry_v1 *r);
+stoke_err *stoke_register_seq_ops(const stoke_registry_v1 *r);
 stoke_err *stoke_register_convbn_ops(const stoke_registry_v1 *r);
 
 /* "[3, 4]", usable as a printf argument: stoke_shape_str(&s).s */

@@ -15,6 +15,11 @@ stoke_err *stoke_graph_derive_backward(stoke_graph *g); /* core/graph.c */
 stoke_err *stoke_fuse_linear_act(stoke_graph *g, const stoke_plan_opts *o);
 stoke_err *stoke_fuse_act_grad(stoke_graph *g);
 void stoke_graph_drop_fwd_node(stoke_graph *g, int r);
+/* core/fuse_grad.c: gradient sums accumulated by their producers */
+int stoke_fuse_grad_sums(stoke_graph *g);
+/* core/alias.c: views and in-place gradients share their input's memory */
+void stoke_plan_aliases(stoke_graph *g);
+void stoke_place_aliases(stoke_graph *g);
 
 #define ALIGN 256 /* bytes: every buffer offset, so GPU kernels can vectorize */
 
@@ -91,7 +96,7 @@ static stoke_err *place_arena(stoke_graph *g, size_t *total) {
     return STOKE_ERR(STOKE_E_OOM, "out of memory planning the arena");
   }
   for (int v = 0; v < g->n_values; v++)
-    if (g->values[v].buffer == STOKE_BUF_ARENA) order[n++] = v;
+    if (g->values[v].buffer == STOKE_BUF_ARENA && g->values[v].alias < 0) order[n++] = v;
   qsort_r(order, (size_t)n, sizeof(int), by_size_desc, g->values);
   *total = 0;
   for (int i = 0; i < n; i++) {
@@ -233,6 +238,12 @@ static void fuse_patterns_all(stoke_graph *g, const stoke_plan_opts *o) {
  * the bytes floor of node-by-node execution; fusion lowers it. */
 static double node_bytes(const stoke_graph *g, const stoke_gnode *n) {
   double b = 0;
+  int moves = 0; /* a view whose every result shares its input's memory moves nothing */
+  for (int j = 0; j < n->n_out && n->pass == STOKE_FWD; j++) moves |= g->values[n->out[j]].alias != n->in[0];
+  if (n->pass == STOKE_BWD) moves = n->din[0] < 0 || g->values[n->din[0]].alias < 0 || n->type->n_inputs != 1;
+  if (!moves && (!strcmp(n->n.op, STOKE_OP_RESHAPE) || !strcmp(n->n.op, STOKE_OP_SLICE) ||
+                 !strcmp(n->n.op, STOKE_OP_SPLIT) || !strcmp(n->n.op, STOKE_OP_TRANSPOSE)))
+    return 0;
   for (int k = 0; k < n->n_in; k++) {
     if (n->pass != STOKE_BWD || (n->type->bwd_needs & STOKE_BWD_NEEDS_INPUT(k)))
       b += (double)g->values[n->in[k]].bytes;
@@ -267,9 +278,10 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   }
   p->opts.engines = p->engines;
   p->opts.engine_selves = p->engine_selves;
-  p->n_schedule = g->n_nodes;
   stoke_err *e = NULL;
   for (int i = 0; i < g->n_nodes && !e; i++) e = resolve(g, opts, &g->nodes[i]);
+  if (!e && opts->training && !opts->no_grad_accumulate) p->n_accumulated = stoke_fuse_grad_sums(g);
+  p->n_schedule = g->n_nodes;
   if (!e && opts->training && opts->optimizer) {
     const char *op = !strcmp(opts->optimizer, "adamw") ? STOKE_OP_ADAMW : STOKE_OP_SGD;
     for (int i = 0; i < opts->n_engines && !p->opt_kernel; i++)
@@ -325,11 +337,13 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   else if (p->opt_kernel) p->opt_state_bytes = (size_t)p->opt_state_per_param * p->bytes[STOKE_BUF_PARAMS];
   else p->opt_state_bytes = 0;
   liveness(g);
+  stoke_plan_aliases(g);
   e = place_arena(g, &p->bytes[STOKE_BUF_ARENA]);
   if (e) {
     free(p);
     return e;
   }
+  stoke_place_aliases(g);
   for (int i = 0; i < g->n_nodes; i++) {
     if (i < g->n_fwd) p->fwd_flops += g->nodes[i].flops;
     p->train_flops += g->nodes[i].flops;
@@ -390,6 +404,9 @@ void stoke_plan_report(const stoke_plan *p, FILE *f) {
           a, b, c, d, e, p->workspace_bytes);
   fprintf(f, "FLOPs per step: forward %.4g, forward+backward %.4g\n", p->fwd_flops,
           p->train_flops);
+  if (p->n_accumulated)
+    fprintf(f, "gradient sums: %d accumulated in place by their producers (din_accumulate), no add node\n",
+            p->n_accumulated);
   fprintf(f, "memory traffic per step, each node reading its inputs and writing its outputs once: %.4g bytes\n",
           p->step_bytes);
 }

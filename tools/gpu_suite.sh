@@ -20,6 +20,17 @@
 #   fuse      the mlp bench (bf16) with ReLU and with GELU (tanh), run.fuse
 #             off and on, alternating, FUSE_REPS times; the loss curves of
 #             fused and unfused compared; one per-op profile of each
+#   convs     every ResNet-50 / ResNet-18c convolution through the cudnn engine
+#             (graph API) and cudnn_classic, the fused conv + batch-norm graph
+#             probe (tests/gpu/conv_bench), PyTorch's same convolutions
+#             (conv_bench_torch.py), then tools/bench A/B of the two engines
+#             on resnet50 and resnet18c (fused + CUDA graphs both sides)
+#   gpt       GPT-2 124M bf16 (examples/gpt2_124m.ini): stoke at B = 16 and
+#             32 in tokens/s (cuDNN flash attention), one per-op profile, the
+#             PyTorch anchor (gpt_bench.py, eager and compile), and a small
+#             gpt's checkpoint loaded into nanoGPT's module structure with
+#             load_state_dict(strict=True), its loss on the same tokens
+#             against stoke's
 #   ddp       data parallel on 2 GPUs, all of: ddp_eq (weights of a 2-GPU run
 #             against a 1-GPU run of the same global batch), ddp_resume (a
 #             2-GPU checkpoint resumed on 1 GPU), ddp_kill (a killed rank ends
@@ -72,6 +83,63 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if '"step"' in l and '"loss"' i
 prev = None
 for r in rows[:30]:
     print(r["step"], r["loss"], r["loss_scale"], r["skipped_steps"])
+PY
+      ;;
+    gpt)
+      for b in 16 32; do
+        log "gpt2_124m bf16 B=$b"
+        timeout 900 "$T" "$S/examples/gpt2_124m.ini" data.batch_size=$b run.progress=lines run.out_dir="$OUT/gpt_$b" \
+          > "$OUT/gpt_$b.log" 2>&1
+        echo "rc=$?"; grep -E "summary|MFU|memory|operations|error" "$OUT/gpt_$b.log" | head -8
+        python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if 'summary' in l][-1]; print('tokens/s', round(r['samples_per_s_median'] * 1024))" \
+          "$OUT/gpt_$b/metrics.jsonl" 2>/dev/null
+      done
+      log "gpt2_124m bf16 B=16 per-op profile"
+      timeout 600 "$T" "$S/examples/gpt2_124m.ini" run.steps=12 run.profile_ops=true run.progress=off \
+        run.out_dir="$OUT/gpt_prof" > "$OUT/gpt_prof.log" 2>&1
+      echo "rc=$?"; sed -n '/per-op GPU time/,/slowest nodes/p' "$OUT/gpt_prof.log" | head -30
+      log "PyTorch anchor (gpt_bench.py)"
+      B=16 timeout 900 python3 "$S/anchors/gpt_bench.py" "$OUT/gpt_torch.jsonl" bf16 bf16+compile 2>&1 | tail -2
+      log "a small gpt's checkpoint in nanoGPT's module, strict"
+      timeout 600 "$T" "$S/examples/gpt2_124m.ini" model.n_layer=2 model.n_embd=128 model.n_head=4 model.context=128 \
+        data.shape=129 data.batch_size=8 run.steps=20 run.checkpoint=true run.out_dir="$OUT/gpt_small" \
+        > "$OUT/gpt_small.log" 2>&1
+      echo "rc=$?"
+      python3 - "$OUT/gpt_small/checkpoint.safetensors" <<'PY'
+import sys, torch, torch.nn as nn, torch.nn.functional as F
+from safetensors.torch import load_file
+L, H, D, T, V = 2, 4, 128, 128, 50304
+class Attn(nn.Module):  # nanoGPT's CausalSelfAttention (flash path), its names
+    def __init__(s): super().__init__(); s.c_attn, s.c_proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+    def forward(s, x):
+        B, T_, C = x.shape
+        q, k, v = s.c_attn(x).split(D, dim=2)
+        q, k, v = (t.view(B, T_, H, C // H).transpose(1, 2) for t in (q, k, v))
+        return s.c_proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T_, C))
+class MLP(nn.Module):
+    def __init__(s): super().__init__(); s.c_fc, s.c_proj = nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
+    def forward(s, x): return s.c_proj(F.gelu(s.c_fc(x), approximate="tanh"))
+class Block(nn.Module):
+    def __init__(s): super().__init__(); s.ln_1, s.attn, s.ln_2, s.mlp = nn.LayerNorm(D), Attn(), nn.LayerNorm(D), MLP()
+    def forward(s, x): x = x + s.attn(s.ln_1(x)); return x + s.mlp(s.ln_2(x))
+class GPT(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.transformer = nn.ModuleDict(dict(wte=nn.Embedding(V, D), wpe=nn.Embedding(T, D),
+                                           h=nn.ModuleList(Block() for _ in range(L)), ln_f=nn.LayerNorm(D)))
+        s.lm_head = nn.Linear(D, V, bias=False)
+        s.transformer.wte.weight = s.lm_head.weight
+    def forward(s, idx):
+        x = s.transformer.wte(idx) + s.transformer.wpe(torch.arange(idx.size(1)))
+        for b in s.transformer.h: x = b(x)
+        return s.lm_head(s.transformer.ln_f(x))
+sd = {k: v.float() for k, v in load_file(sys.argv[1]).items() if not k.startswith("optimizer.")}
+m = GPT()
+print("load_state_dict(strict=True):", m.load_state_dict(sd, strict=True))
+torch.manual_seed(0)
+idx = torch.randint(0, 50257, (4, 129))
+with torch.no_grad(): loss = F.cross_entropy(m(idx[:, :-1]).reshape(-1, V), idx[:, 1:].reshape(-1))
+print("nanoGPT-structured loss on random tokens: %.4f (ln 50304 = %.4f)" % (loss.item(), torch.log(torch.tensor(50304.)).item()))
 PY
       ;;
     fmnist)
@@ -206,6 +274,24 @@ PY
         timeout 300 "$S/bin/bench" "$S/examples/$w.ini" run.log_every=1000 --rounds ${AB_ROUNDS:-3} \
           --a run.cuda_graph=false --b run.cuda_graph=true > "$OUT/gs_$w.log" 2>&1
         echo "== $w rc=$?"; grep -A8 "^stoke bench: /" "$OUT/gs_$w.log" | grep -E "^  (A|B) |B/A"
+      done
+      ;;
+    convs)
+      for net in ${CONV_NETS:-rn50 rn18c}; do [ "$net" = none ] && continue
+        log "convolutions, $net: graph API against classic (conv_bench), then PyTorch"
+        timeout 240 "$S/tests/conv_bench" $net > "$OUT/conv_bench_$net.log" 2>&1; echo "conv_bench rc=$?"
+        grep -vE "^\[|^ +\(" "$OUT/conv_bench_$net.log" | grep -v "^    " | tail -40
+        grep -E "^    " "$OUT/conv_bench_$net.log" | sort | uniq -c | sort -rn | head -0
+        timeout 200 python3 "$HERE/conv_bench_torch.py" $net > "$OUT/conv_torch_$net.log" 2>&1; echo "torch rc=$?"
+        tail -30 "$OUT/conv_torch_$net.log"
+      done
+      log "tools/bench: cudnn_classic (A) against cudnn graph API (B), fused + CUDA graphs, bf16"
+      for w in ${CONV_AB:-resnet50 resnet18c}; do
+        timeout 300 "$S/bin/bench" "$S/examples/$w.ini" run.log_every=1000 run.cuda_graph=true --rounds ${AB_ROUNDS:-3} \
+          --a run.backends=fused,cudnn_classic,cudnn,cublaslt,cuda --b run.backends=fused,cudnn,cublaslt,cuda \
+          ${AB_PEROP:+--per-op} --json "$OUT/convab_$w.json" --md "$OUT/convab_$w.md" > "$OUT/convab_$w.log" 2>&1
+        echo "== $w rc=$?"; grep -A8 "^stoke bench: /" "$OUT/convab_$w.log" | grep -E "^  (A|B) |B/A"
+        grep -A40 "per op" "$OUT/convab_$w.log" | head -45
       done
       ;;
     issue6)

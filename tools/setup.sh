@@ -13,11 +13,17 @@ pkgs=(
   libturbojpeg0-dev libjpeg62-turbo-dev  # JPEG decoding
   zlib1g-dev                       # gzipped IDX files
   dataset-fashion-mnist            # the e2e accuracy tests (real data)
+  fortunes                         # English text for the byte-level language model (examples/charlm.ini)
+  libpcre2-dev                     # GPT-2's pre-tokenizing regex (tools/convert text --tokenizer gpt2)
 )
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
+# node and npm run the GPT-2 tokenizer test's reference (npm's gpt-3-encoder);
+# installed from Debian only where no node is on the PATH at all
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"

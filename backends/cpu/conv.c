@@ -309,25 +309,8 @@ static stoke_err *gap_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int b
 /* ================================================== the two instantiations */
 
 #define CPU_CONV_BODY
-#define T float
-#define DT STOKE_F32
-#define SFX f32
-#define GEMM cblas_sgemm
-#include "conv.c"
-#undef T
-#undef DT
-#undef SFX
-#undef GEMM
-
-#define T double
-#define DT STOKE_F64
-#define SFX f64
-#define GEMM cblas_dgemm
-#include "conv.c"
-#undef T
-#undef DT
-#undef SFX
-#undef GEMM
+#define PER_TYPE_FILE "conv.c"
+#include "per_type.h"
 #undef CPU_CONV_BODY
 
 /* ============================================================ registration */
@@ -335,7 +318,7 @@ static stoke_err *gap_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int b
 #define KERNEL CPU_KERNEL
 #define KERNELS(sfx, dt)                                                                 \
   KERNEL(STOKE_OP_CONV2D, STOKE_FWD, conv2d_fwd, sfx, dt, conv_destroy),                \
-  KERNEL(STOKE_OP_CONV2D, STOKE_BWD, conv2d_bwd, sfx, dt, conv_destroy),                \
+  CPU_KERNEL_ACC(STOKE_OP_CONV2D, STOKE_BWD, conv2d_bwd, sfx, dt, conv_destroy, 1u),    \
   KERNEL(STOKE_OP_BIAS_ADD, STOKE_FWD, bias_add_fwd, sfx, dt, destroy_none),            \
   KERNEL(STOKE_OP_BIAS_ADD, STOKE_BWD, bias_add_bwd, sfx, dt, destroy_none),            \
   KERNEL(STOKE_OP_FLATTEN, STOKE_FWD, flatten_fwd, sfx, dt, destroy_none),              \

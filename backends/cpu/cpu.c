@@ -290,15 +290,15 @@ static double softmax_ce_smoothing(const stoke_kernel_args_v1 *a) {
 static stoke_err *softmax_ce_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd,
                                    int run) {
   const char *op = STOKE_OP_SOFTMAX_CE;
-  CHECK(check_counts(a, op, bwd, 2, 1));
-  const stoke_tensor *x = &a->in[0], *lab = &a->in[1], *loss = &a->out[0];
+  CHECK(check_counts(a, op, bwd, 2, 2));
+  const stoke_tensor *x = &a->in[0], *lab = &a->in[1], *loss = &a->out[0], *lse = &a->out[1];
   const stoke_shape *xs = &x->shape, *ls = &lab->shape;
   if (xs->ndim != 2 || ls->ndim != 1 || ls->d[0] != xs->d[0] || xs->d[0] < 1 || xs->d[1] < 1 ||
-      stoke_numel(&loss->shape) != 1)
+      stoke_numel(&loss->shape) != 1 || lse->shape.ndim != 1 || lse->shape.d[0] != xs->d[0])
     return STOKE_PERR(STOKE_E_INVALID,
-                      "softmax_ce '%s': expects logits[N, C] (N, C >= 1), labels[N] -> loss[1]; "
-                      "got logits %s, labels %s, loss %s",
-                      node_name(a), shp(xs).s, shp(ls).s, shp(&loss->shape).s);
+                      "softmax_ce '%s': expects logits[N, C] (N, C >= 1), labels[N] -> loss[1], lse[N]; "
+                      "got logits %s, labels %s, loss %s, lse %s",
+                      node_name(a), shp(xs).s, shp(ls).s, shp(&loss->shape).s, shp(&lse->shape).s);
   double smooth = softmax_ce_smoothing(a);
   if (!(smooth >= 0 && smooth < 1))
     return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': label_smoothing %g not in [0, 1)",
@@ -306,8 +306,10 @@ static stoke_err *softmax_ce_check(const stoke_kernel_args_v1 *a, stoke_dtype dt
   CHECK(check_dtype(a, op, "logits", x, dt));
   CHECK(check_dtype(a, op, "labels", lab, STOKE_I32));
   CHECK(check_dtype(a, op, "loss", loss, dt));
+  CHECK(check_dtype(a, op, "lse", lse, dt));
   CHECK(check_data(a, op, "logits", x, run));
   CHECK(check_data(a, op, "labels", lab, run));
+  CHECK(check_data(a, op, "lse", lse, run));
   if (!bwd) return check_data(a, op, "loss", loss, run);
   CHECK(check_grad(a, op, "logits", &a->din[0], x));
   CHECK(check_grad(a, op, "loss", &a->dout[0], loss));
@@ -391,25 +393,8 @@ static stoke_err *adamw_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int
 
 /* ================================================== the two instantiations */
 
-#define T float
-#define DT STOKE_F32
-#define SFX f32
-#define GEMM cblas_sgemm
-#include "kernels.inc"
-#undef T
-#undef DT
-#undef SFX
-#undef GEMM
-
-#define T double
-#define DT STOKE_F64
-#define SFX f64
-#define GEMM cblas_dgemm
-#include "kernels.inc"
-#undef T
-#undef DT
-#undef SFX
-#undef GEMM
+#define PER_TYPE_FILE "kernels.inc"
+#include "per_type.h"
 
 /* ============================================================ registration */
 
@@ -448,6 +433,7 @@ static stoke_err *cpu_register(const stoke_host_v1 *host, const stoke_registry_v
   STOKE_PROPAGATE_P(cpu_register_pool(r));
   STOKE_PROPAGATE_P(cpu_register_norm(r));
   STOKE_PROPAGATE_P(cpu_register_cast(r));
+  STOKE_PROPAGATE_P(cpu_register_seq(r));
   STOKE_PROPAGATE_P(cpu_register_convbn(r));
   return NULL;
 }

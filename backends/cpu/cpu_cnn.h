@@ -9,6 +9,7 @@ stoke_err *cpu_register_conv(const stoke_registry_v1 *r);
 stoke_err *cpu_register_pool(const stoke_registry_v1 *r);
 stoke_err *cpu_register_norm(const stoke_registry_v1 *r);
 stoke_err *cpu_register_cast(const stoke_registry_v1 *r);
+stoke_err *cpu_register_seq(const stoke_registry_v1 *r); /* seq.c: transformer ops and views */
 stoke_err *cpu_register_convbn(const stoke_registry_v1 *r);
 
 /* conv2d's kernel of `pass` in f32 or f64 (conv.c), which the folded

@@ -208,6 +208,7 @@ typedef struct lt_state {
   int fwd_aux;    /* the forward's epilogue writes the activation and the aux (*_AUX_BIAS) */
   int64_t aux_ld; /* aux elements per row (bits for the ReLU mask), as cuBLASLt's EPILOGUE_AUX_LD */
   lt_gemm dx_dact, dx_dact_bgrad; /* dz1 with D*_ (no bias gradient) / D*_BGRAD epilogues */
+  int nobias;     /* matmul: a linear without bias (x, weight -> y) */
 } lt_state;
 
 #define LT_ACT_RELU 1
@@ -582,10 +583,14 @@ static stoke_err *check_tensor(const stoke_kernel_args_v1 *a, const char *what, 
 }
 
 /* Shapes and dtypes of every tensor the kernel touches; fills s's dims. */
+/* matmul (stoke/ops.h): linear's kernels without the bias input. */
+static int is_matmul(const stoke_kernel_args_v1 *a) { return a->node && a->node->op && !strcmp(a->node->op, STOKE_OP_MATMUL); }
+
 static stoke_err *linear_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, lt_state *s) {
-  if (a->n_in < 3 || a->n_out < 1 || !a->in || !a->out || (bwd && (!a->din || !a->dout)))
-    return STOKE_PERR(STOKE_E_INVALID, "cublaslt linear '%s': expects x, weight, bias -> y%s", node_name(a),
-                      bwd ? " with their gradients" : "");
+  int nobias = is_matmul(a);
+  if (a->n_in < (nobias ? 2 : 3) || a->n_out < 1 || !a->in || !a->out || (bwd && (!a->din || !a->dout)))
+    return STOKE_PERR(STOKE_E_INVALID, "cublaslt %s '%s': expects x, weight%s -> y%s", nobias ? "matmul" : "linear",
+                      node_name(a), nobias ? "" : ", bias", bwd ? " with their gradients" : "");
   const stoke_shape *xs = &a->in[0].shape, *ws = &a->in[1].shape;
   if (xs->ndim != 2 || ws->ndim != 2)
     return STOKE_PERR(STOKE_E_INVALID, "cublaslt linear '%s': x and weight must be 2-D, got %d-D and %d-D",
@@ -593,13 +598,13 @@ static stoke_err *linear_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, in
   int64_t n = xs->d[0], k = xs->d[1], o = ws->d[0];
   STOKE_PROPAGATE_P(check_tensor(a, "x", &a->in[0], dt, 2, n, k));
   STOKE_PROPAGATE_P(check_tensor(a, "weight", &a->in[1], dt, 2, o, k));
-  STOKE_PROPAGATE_P(check_tensor(a, "bias", &a->in[2], dt, 1, o, 0));
+  if (!nobias) STOKE_PROPAGATE_P(check_tensor(a, "bias", &a->in[2], dt, 1, o, 0));
   STOKE_PROPAGATE_P(check_tensor(a, "y", &a->out[0], dt, 2, n, o));
   if (bwd) {
     STOKE_PROPAGATE_P(check_tensor(a, "dy", &a->dout[0], dt, 2, n, o));
     if (a->din[0].data) STOKE_PROPAGATE_P(check_tensor(a, "dx", &a->din[0], dt, 2, n, k));
     if (a->din[1].data) STOKE_PROPAGATE_P(check_tensor(a, "dweight", &a->din[1], dt, 2, o, k));
-    if (a->din[2].data) STOKE_PROPAGATE_P(check_tensor(a, "dbias", &a->din[2], dt, 1, o, 0));
+    if (!nobias && a->din[2].data) STOKE_PROPAGATE_P(check_tensor(a, "dbias", &a->din[2], dt, 1, o, 0));
   }
   if (!a->engine)
     return STOKE_PERR(STOKE_E_INVALID, "cublaslt linear '%s': the cublaslt engine is not open", node_name(a));
@@ -607,6 +612,7 @@ static stoke_err *linear_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, in
     snprintf(s->node, sizeof s->node, "%.63s", node_name(a));
     s->dt = dt;
     s->n = n, s->k = k, s->o = o;
+    s->nobias = nobias;
   }
   return NULL;
 }
@@ -687,7 +693,7 @@ static stoke_err *plan_state(const stoke_kernel_args_v1 *a, void **state, size_t
   STOKE_PROPAGATE_P(linear_check(a, dt, bwd, &tmp));
   STOKE_PROPAGATE_P(new_state(out));
   **out = tmp;
-  (*out)->op = fused ? fused : relu ? STOKE_OP_LINEAR_RELU : STOKE_OP_LINEAR;
+  (*out)->op = fused ? fused : relu ? STOKE_OP_LINEAR_RELU : tmp.nobias ? STOKE_OP_MATMUL : STOKE_OP_LINEAR;
   (*out)->relu = relu;
   return NULL;
 }
@@ -723,7 +729,7 @@ static stoke_err *fwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
                     (uint64_t)s->n, (uint64_t)s->k, s->k, s->k, s->o, CUBLASLT_EPILOGUE_RELU_BIAS, 0, 1);
       s->fwd_relu = s->fwd.ready;
     }
-    if (!e && !s->fwd.ready) /* linear, linear_act without its epilogue: bias only */
+    if (!e && !s->fwd.ready && !s->nobias) /* linear, linear_act without its epilogue: bias only */
       e = gemm_plan(E, s, a, &s->fwd, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o,
                     (uint64_t)s->n, (uint64_t)s->k, s->k, s->k, s->o, CUBLASLT_EPILOGUE_BIAS, 0, 1);
     s->fwd_bias = s->fwd.ready;
@@ -769,9 +775,14 @@ static stoke_err *fwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_d
   STOKE_PROPAGATE_P(linear_check(a, dt, 0, NULL));
   lt_engine *E = a->engine;
   cudaStream_t st = (cudaStream_t)a->stream;
-  const void *x = a->in[0].data, *w = a->in[1].data, *b = a->in[2].data;
+  const void *x = a->in[0].data, *w = a->in[1].data, *b = s->nobias ? NULL : a->in[2].data;
   void *y = a->out[0].data;
   if (!s->n || !s->o) return NULL;
+  if (s->nobias) { /* matmul: y = x W^T (0 when K = 0) */
+    if (s->k) return matmul(E, s, &s->fwd, a, w, x, y, 0.f);
+    LT_CUDA(stoke_lt_scale(y, s->n * s->o, 0.f, dt, st), s, "forward");
+    return NULL;
+  }
   if (!s->k || !s->fwd_bias) { /* y = b, then (if K > 0) y += x W^T */
     LT_CUDA(stoke_lt_bias_rows(y, b, s->n, s->o, dt, st), s, "forward");
     if (s->k) STOKE_PROPAGATE_P(matmul(E, s, &s->fwd, a, w, x, y, 1.f));
@@ -821,7 +832,7 @@ static stoke_err *bwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
     if (!e)
       e = gemm_plan(E, s, a, &s->dw, "dW", CUBLAS_OP_N, CUBLAS_OP_T, k, o, n, s->k, s->o, s->k,
                     CUBLASLT_EPILOGUE_DEFAULT, 0, 0);
-    if (!e && !(a->flags & STOKE_KFLAG_DETERMINISTIC))
+    if (!e && !(a->flags & STOKE_KFLAG_DETERMINISTIC) && !s->nobias)
       e = gemm_plan(E, s, a, &s->dw_bgrad, "dW+db", CUBLAS_OP_N, CUBLAS_OP_T, k, o, n, s->k, s->o, s->k,
                     CUBLASLT_EPILOGUE_BGRADB, 0, 1);
     /* linear_dact: dz1 = dx * act'(z1) in the dx product's epilogue, with d bias1 (not accumulating, not
@@ -860,7 +871,7 @@ static stoke_err *bwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_d
   lt_engine *E = a->engine;
   cudaStream_t st = (cudaStream_t)a->stream;
   const void *x = a->in[0].data, *w = a->in[1].data, *dy = a->dout[0].data;
-  void *dx = a->din[0].data, *dw = a->din[1].data, *db = a->din[2].data;
+  void *dx = a->din[0].data, *dw = a->din[1].data, *db = s->nobias ? NULL : a->din[2].data;
   int64_t n = s->n, k = s->k, o = s->o;
   int gemm = n && k && o;
   if (dx && n && k) { /* dx = dy W: overwritten (or beta dx for a parameter input) */
@@ -994,7 +1005,9 @@ LT_KERNELS(bf16, STOKE_BF16)
 LT_KERNELS(f16, STOKE_F16)
 
 #define LT_ENTRY(sfx, DT)                                                                                \
-  {"cublaslt", STOKE_OP_LINEAR, STOKE_FWD, DT, STOKE_LAYOUT_ANY, fwd_plan_##sfx, fwd_run_##sfx, lt_destroy}, \
+  {"cublaslt", STOKE_OP_MATMUL, STOKE_FWD, DT, STOKE_LAYOUT_ANY, fwd_plan_##sfx, fwd_run_##sfx, lt_destroy}, \
+      {"cublaslt", STOKE_OP_MATMUL, STOKE_BWD, DT, STOKE_LAYOUT_ANY, bwd_plan_##sfx, bwd_run_##sfx, lt_destroy}, \
+      {"cublaslt", STOKE_OP_LINEAR, STOKE_FWD, DT, STOKE_LAYOUT_ANY, fwd_plan_##sfx, fwd_run_##sfx, lt_destroy}, \
       {"cublaslt", STOKE_OP_LINEAR, STOKE_BWD, DT, STOKE_LAYOUT_ANY, bwd_plan_##sfx, bwd_run_##sfx, lt_destroy}, \
       {"cublaslt", STOKE_OP_LINEAR_RELU, STOKE_FWD, DT, STOKE_LAYOUT_ANY, relu_fwd_plan_##sfx, fwd_run_##sfx,  \
        lt_destroy},                                                                                       \

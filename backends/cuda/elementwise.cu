@@ -250,41 +250,69 @@ stoke_err *launch_col_sum(const stoke_kernel_args_v1 *a, const Tin *x, Tout *y, 
 
 // ------------------------------------------------------------- softmax_ce
 
-// Row r's loss -(1 - ls) log p[label] - ls / C sum_j log p_j, with log p_j = (x_j - max) - lse,
-// into row_loss[r]. A label outside [0, C) is clamped for the read and makes the row's loss NaN:
-// the host cannot be told without a sync, and a NaN loss stops the run with its message.
+// Online max and sum of exp for one value: (m, s) absorbs x.
+__device__ __forceinline__ void online_add(float &m, float &s, float x) {
+  if (x > m) {
+    s = s * __expf(m - x) + 1.f; /* exp(-inf) = 0 on the first value */
+    m = x;
+  } else {
+    s += __expf(x - m);
+  }
+}
+
+// Two (max, sum) partials combined.
+__device__ __forceinline__ void online_merge(float &m, float &s, float m2, float s2) {
+  float mm = fmaxf(m, m2);
+  s = (m == -INFINITY ? 0.f : s * __expf(m - mm)) + (m2 == -INFINITY ? 0.f : s2 * __expf(m2 - mm));
+  m = mm;
+}
+
+// (max, sum) over a group of TPR threads (a warp or the block), every thread gets it.
+template <int TPR> __device__ __forceinline__ void group_online(float &m, float &s, float2 *sm) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) online_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  if (TPR == 32) return;
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) sm[threadIdx.x / 32] = make_float2(m, s);
+  __syncthreads();
+  m = sm[0].x, s = sm[0].y;
+#pragma unroll
+  for (int k = 1; k < TPR / 32; k++) online_merge(m, s, sm[k].x, sm[k].y);
+}
+
+// Row r's log-sum-exp in one pass over the logits (online max and sum; never an f32 copy of the
+// row), saved in lse[r], and its loss -(1 - ls) log p[label] - ls / C sum_j log p_j with
+// log p_j = x_j - lse, into row_loss[r]. A label outside [0, C) is clamped for the read and makes
+// the row's loss NaN: the host cannot be told without a sync, and a NaN loss stops the run.
 template <typename T, int TPR>
 __global__ void __launch_bounds__(kThreads)
     softmax_ce_fwd_kernel(const T *__restrict__ x, const int32_t *__restrict__ lab, float *__restrict__ row_loss,
-                          int64_t n, int64_t c, float ls) {
+                          float *__restrict__ lse_out, int64_t n, int64_t c, float ls) {
   constexpr int RPB = kThreads / TPR;
   __shared__ float sm[kThreads / 32];
+  __shared__ float2 sm2[kThreads / 32];
   const int lane = threadIdx.x % TPR, sub = threadIdx.x / TPR;
   for (int64_t r0 = (int64_t)blockIdx.x * RPB; r0 < n; r0 += (int64_t)gridDim.x * RPB) {
     const int64_t r = r0 + sub;
     const bool live = r < n;
     const T *row = x + (live ? r : 0) * c;
-    float m = -INFINITY;
-    if (live)
-      for (int64_t j = lane; j < c; j += TPR) m = fmaxf(m, to_f(row[j]));
-    m = group_reduce<TPR, true>(m, sm);
-    float s = 0.f, sxm = 0.f;
+    float m = -INFINITY, s = 0.f, sx = 0.f;
     if (live)
       for (int64_t j = lane; j < c; j += TPR) {
-        float d = to_f(row[j]) - m;
-        s += expf(d);
-        sxm += d;
+        float v = to_f(row[j]);
+        online_add(m, s, v);
+        sx += v;
       }
-    s = group_reduce<TPR, false>(s, sm);
-    sxm = group_reduce<TPR, false>(sxm, sm);
+    group_online<TPR>(m, s, sm2);
+    sx = group_reduce<TPR, false>(sx, sm);
     if (live && lane == 0) {
       int32_t l = lab[r];
       bool bad = l < 0 || (int64_t)l >= c;
       int64_t lc = l < 0 ? 0 : (int64_t)l >= c ? c - 1 : l;
-      float lse = logf(s);
-      float logp = (to_f(row[lc]) - m) - lse;
-      float loss = -(1.f - ls) * logp - ls / (float)c * (sxm - (float)c * lse);
+      float lse = m + logf(s);
+      float loss = -(1.f - ls) * (to_f(row[lc]) - lse) - ls / (float)c * (sx - (float)c * lse);
       row_loss[r] = bad ? NAN : loss;
+      lse_out[r] = lse;
     }
   }
 }
@@ -299,37 +327,22 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) loss[0] = s / (float)n;
 }
 
-// dlogits = dloss / N * (softmax(x) - target), target = (1 - ls) onehot(label) + ls / C. A row
-// whose label is outside [0, C) gets NaN (its forward loss was NaN already).
-template <typename T, int TPR>
+// dlogits = dloss / N * (exp(x - lse) - target), target = (1 - ls) onehot(label) + ls / C: one
+// read of the logits with the forward's lse, and dlogits may be the logits' own memory (each
+// element read, then written, by one thread). A row whose label is outside [0, C) gets NaN.
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    softmax_ce_bwd_kernel(const T *__restrict__ x, const int32_t *__restrict__ lab, const float *__restrict__ dloss,
-                          T *__restrict__ dx, int64_t n, int64_t c, float ls, float beta) {
-  constexpr int RPB = kThreads / TPR;
-  __shared__ float sm[kThreads / 32];
-  const int lane = threadIdx.x % TPR, sub = threadIdx.x / TPR;
-  const float g = dloss[0] / (float)n;
-  for (int64_t r0 = (int64_t)blockIdx.x * RPB; r0 < n; r0 += (int64_t)gridDim.x * RPB) {
-    const int64_t r = r0 + sub;
-    const bool live = r < n;
-    const T *row = x + (live ? r : 0) * c;
-    float m = -INFINITY;
-    if (live)
-      for (int64_t j = lane; j < c; j += TPR) m = fmaxf(m, to_f(row[j]));
-    m = group_reduce<TPR, true>(m, sm);
-    float s = 0.f;
-    if (live)
-      for (int64_t j = lane; j < c; j += TPR) s += expf(to_f(row[j]) - m);
-    s = group_reduce<TPR, false>(s, sm);
-    if (!live) continue;
+    softmax_ce_bwd_kernel(const T *x, const int32_t *__restrict__ lab, const float *__restrict__ lse,
+                          const float *__restrict__ dloss, T *dx, int64_t n, int64_t c, float ls, float beta) {
+  const float g = dloss[0] / (float)n, base = ls / (float)c;
+  for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
     const int32_t l = lab[r];
     const bool bad = l < 0 || (int64_t)l >= c;
-    const float base = ls / (float)c, inv_s = 1.f / s;
-    T *drow = dx + r * c;
-    for (int64_t j = lane; j < c; j += TPR) {
+    const float lr = lse[r];
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < c; j += (int64_t)gridDim.x * blockDim.x) {
       float target = base + (j == (int64_t)l ? 1.f - ls : 0.f);
-      float v = bad ? NAN : g * (expf(to_f(row[j]) - m) * inv_s - target);
-      acc(drow + j, beta, v);
+      float v = bad ? NAN : g * (__expf(to_f(x[r * c + j]) - lr) - target);
+      acc(dx + r * c + j, beta, v);
     }
   }
 }
@@ -505,15 +518,17 @@ float softmax_ce_smoothing(const stoke_kernel_args_v1 *a) {
 // the run reads it as f32); backward: dloss f32, dlogits like the logits.
 stoke_err *softmax_ce_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
   const char *op = STOKE_OP_SOFTMAX_CE;
-  CHECK(check_counts(a, op, bwd, 2, 1));
-  const stoke_tensor *x = &a->in[0], *lab = &a->in[1], *loss = &a->out[0];
+  CHECK(check_counts(a, op, bwd, 2, 2));
+  const stoke_tensor *x = &a->in[0], *lab = &a->in[1], *loss = &a->out[0], *lse = &a->out[1];
   const stoke_shape *xs = &x->shape, *ls = &lab->shape;
   if (xs->ndim != 2 || ls->ndim != 1 || ls->d[0] != xs->d[0] || xs->d[0] < 1 || xs->d[1] < 1 ||
-      stoke_numel(&loss->shape) != 1)
+      stoke_numel(&loss->shape) != 1 || lse->shape.ndim != 1 || lse->shape.d[0] != xs->d[0])
     return STOKE_PERR(STOKE_E_INVALID,
-                      "softmax_ce '%s': expects logits[N, C] (N, C >= 1), labels[N] -> loss[1]; got logits %s, "
-                      "labels %s, loss %s",
-                      nname(a), shp(xs).s, shp(ls).s, shp(&loss->shape).s);
+                      "softmax_ce '%s': expects logits[N, C] (N, C >= 1), labels[N] -> loss[1], lse[N]; got logits "
+                      "%s, labels %s, loss %s, lse %s",
+                      nname(a), shp(xs).s, shp(ls).s, shp(&loss->shape).s, shp(&lse->shape).s);
+  CHECK(check_dtype(a, op, "lse", lse, STOKE_F32));
+  CHECK(check_data(a, op, "lse", lse, run));
   float smooth = softmax_ce_smoothing(a);
   if (!(smooth >= 0 && smooth < 1))
     return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': label_smoothing %g not in [0, 1)", nname(a), (double)smooth);
@@ -770,22 +785,23 @@ template <typename T> stoke_err *softmax_ce_fwd(const stoke_kernel_args_v1 *a, v
   if (!a->workspace || a->workspace_bytes < need)
     return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': needs %zu bytes of workspace (plan), got %zu", nname(a),
                       need, a->workspace_bytes);
-  float *row_loss = static_cast<float *>(a->workspace);
+  float *row_loss = static_cast<float *>(a->workspace), *lse = static_cast<float *>(a->out[1].data);
   const T *x = dp<T>(a->in[0]);
   const int32_t *lab = static_cast<const int32_t *>(a->in[1].data);
   float ls = softmax_ce_smoothing(a);
   if (c <= kWarpRowMax)
     softmax_ce_fwd_kernel<T, 32>
-        <<<grid_for(n, kThreads / 32, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, row_loss, n, c, ls);
+        <<<grid_for(n, kThreads / 32, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, row_loss, lse, n, c, ls);
   else
     softmax_ce_fwd_kernel<T, kThreads>
-        <<<grid_for(n, 1, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, row_loss, n, c, ls);
+        <<<grid_for(n, 1, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, row_loss, lse, n, c, ls);
   STOKE_CUDA_LAUNCH(nname(a));
   loss_mean_kernel<<<1, kThreads, 0, stream_of(a)>>>(row_loss, static_cast<float *>(a->out[0].data), n);
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
 }
 
+// A 2-D grid: columns in blocks of kThreads (x), rows (y): coalesced whatever C is.
 template <typename T> stoke_err *softmax_ce_bwd(const stoke_kernel_args_v1 *a, void *) {
   CHECK(softmax_ce_check(a, dtype_of<T>::value, 1, 1));
   T *dx = dp<T>(a->din[0]);
@@ -793,14 +809,10 @@ template <typename T> stoke_err *softmax_ce_bwd(const stoke_kernel_args_v1 *a, v
   int64_t n = a->in[0].shape.d[0], c = a->in[0].shape.d[1];
   const T *x = dp<T>(a->in[0]);
   const int32_t *lab = static_cast<const int32_t *>(a->in[1].data);
-  const float *dloss = static_cast<const float *>(a->dout[0].data);
+  const float *dloss = static_cast<const float *>(a->dout[0].data), *lse = static_cast<const float *>(a->out[1].data);
   float ls = softmax_ce_smoothing(a), beta = grad_beta(a, 0);
-  if (c <= kWarpRowMax)
-    softmax_ce_bwd_kernel<T, 32>
-        <<<grid_for(n, kThreads / 32, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, dloss, dx, n, c, ls, beta);
-  else
-    softmax_ce_bwd_kernel<T, kThreads>
-        <<<grid_for(n, 1, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, dloss, dx, n, c, ls, beta);
+  dim3 grid(grid_for(c, kThreads, 1024), (unsigned)(n < kMaxGrid ? n : kMaxGrid));
+  softmax_ce_bwd_kernel<T><<<grid, kThreads, 0, stream_of(a)>>>(x, lab, lse, dloss, dx, n, c, ls, beta);
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
 }

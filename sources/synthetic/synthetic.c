@@ -1,6 +1,7 @@
 /* sources/synthetic: seeded random samples of any shape, with labels that
  * are either random or learnable (argmax of a fixed random linear map of
- * the sample), for smoke runs, benchmarks and end-to-end tests. */
+ * the sample), for smoke runs, benchmarks and end-to-end tests; or token
+ * windows (uniform ids below `classes`) for language-model benchmarks. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,7 +13,7 @@ const stoke_host_v1 *stoke_host;
 typedef struct synth {
   stoke_sample_info_v1 info;
   int64_t length, features, offset;
-  int learnable;
+  int learnable, tokens;
   double noise;
   uint64_t data_seed;
   float *w; /* [classes, features] when learnable */
@@ -26,6 +27,9 @@ static const stoke_cfg_key_v1 keys[] = {
      "labels are argmax(W x) for a fixed random W (a task a model can learn); false: random labels"},
     {"noise", STOKE_CFG_FLOAT, "0", 0, 1, NULL, "fraction of labels replaced by random ones"},
     {"data_seed", STOKE_CFG_INT, "1234", 0, 9.2e18, NULL, "seed of the data set itself (not of the run)"},
+    {"tokens", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "samples are token windows: `shape` = T + 1 i32 ids, uniform below `classes` (the random tokens of "
+     "GPT benchmarks; a language model reads the first T and predicts the last T)"},
     {"offset", STOKE_CFG_INT, "0", 0, 1e15, NULL,
      "index of the first sample: a held-out set of the same task is the same data_seed with an "
      "offset past the training length"},
@@ -47,6 +51,10 @@ static stoke_err *synth_open(const stoke_cfg *c, const char *sec, void **self) {
   if (!e) e = stoke_host->cfg_float(c, sec, "noise", &s->noise);
   if (!e) e = stoke_host->cfg_int(c, sec, "data_seed", &seed);
   if (!e) e = stoke_host->cfg_int(c, sec, "offset", &s->offset);
+  if (!e) e = stoke_host->cfg_bool(c, sec, "tokens", &s->tokens);
+  if (!e && s->tokens && nd != 1)
+    e = STOKE_PERR(STOKE_E_INVALID, "%s: [%s] tokens = true needs a 1-D shape (T + 1 tokens), got %d dimensions",
+                   stoke_host->cfg_where(c, sec, "shape"), sec, nd);
   if (e) {
     free(s);
     return e;
@@ -55,9 +63,9 @@ static stoke_err *synth_open(const stoke_cfg *c, const char *sec, void **self) {
   s->info.shape.ndim = nd;
   s->features = 1;
   for (int i = 0; i < nd; i++) s->features *= (s->info.shape.d[i] = dims[i]);
-  s->info.dtype = STOKE_F32;
+  s->info.dtype = s->tokens ? STOKE_I32 : STOKE_F32;
   s->info.layout = STOKE_LAYOUT_ANY;
-  if (s->learnable) {
+  if (s->learnable && !s->tokens) {
     s->w = malloc(sizeof(float) * (size_t)(s->features * s->info.classes));
     if (!s->w) {
       free(s);
@@ -91,8 +99,14 @@ static stoke_err *synth_read(void *self, int64_t index, uint64_t seed, void *dst
   if (index < 0 || index >= s->length)
     return STOKE_PERR(STOKE_E_INVALID, "synthetic: index %lld outside [0, %lld)", (long long)index,
                       (long long)s->length);
-  float *x = dst;
   stoke_rng r = stoke_rng_seed(stoke_hash3(s->data_seed, 0x5a3b1eull, (uint64_t)(index + s->offset)));
+  if (s->tokens) {
+    int32_t *t = dst;
+    for (int64_t i = 0; i < s->features; i++) t[i] = (int32_t)stoke_rng_below(&r, (uint64_t)s->info.classes);
+    *label = 0; /* the window's own next tokens are the targets */
+    return NULL;
+  }
+  float *x = dst;
   for (int64_t i = 0; i < s->features; i++) x[i] = (float)stoke_rng_normal(&r);
   if (s->learnable) {
     int best = 0;

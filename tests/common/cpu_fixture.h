@@ -6,7 +6,10 @@
 #ifndef STOKE_TESTS_CPU_FIXTURE_H
 #define STOKE_TESTS_CPU_FIXTURE_H
 
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "stoke/core.h"
 #include "stoke/graph.h"
@@ -80,6 +83,48 @@ static __attribute__((unused)) double cpu_loss(stoke_exec *x) {
   OK(stoke_exec_forward_backward(x, 1, 7));
   OK(stoke_exec_read_loss(x, &loss));
   return loss;
+}
+
+/* Every parameter's gradient of the compiled f64 graph (its batch already
+ * written) against central differences on the loss, with unwritten
+ * gradients poisoned first; fails on a relative error above `tol`, taken
+ * against max(|analytic| + |numeric|, 1e-4): a gradient that is 0 (a
+ * key's bias under softmax) differs from its differences by their
+ * rounding, ~1e-10.
+ * Returns the worst error; *compared counts the parameters checked. */
+static __attribute__((unused)) double cpu_check_gradients(stoke_exec *x, double tol, int *compared) {
+  stoke_plan *p = stoke_exec_plan(x);
+  const stoke_graph *g = p->g;
+  double *params = stoke_exec_buffer(x, STOKE_BUF_PARAMS);
+  double *grads = stoke_exec_buffer(x, STOKE_BUF_GRADS);
+  int64_t total = (int64_t)(p->bytes[STOKE_BUF_PARAMS] / sizeof(double));
+  for (int64_t i = 0; i < total; i++) grads[i] = NAN; /* unwritten gradients fail */
+  cpu_loss(x);
+  double *analytic = malloc(sizeof(double) * (size_t)total);
+  memcpy(analytic, grads, sizeof(double) * (size_t)total);
+  double worst = 0;
+  *compared = 0;
+  for (int v = 0; v < g->n_values; v++) {
+    if (g->values[v].kind != STOKE_VAL_PARAM) continue;
+    int64_t off = (int64_t)(g->values[v].offset / sizeof(double));
+    for (int64_t i = 0; i < stoke_numel(&g->values[v].shape); i++) {
+      double keep = params[off + i], h = 1e-6;
+      params[off + i] = keep + h;
+      double lp = cpu_loss(x);
+      params[off + i] = keep - h;
+      double lm = cpu_loss(x);
+      params[off + i] = keep;
+      double num = (lp - lm) / (2 * h), an = analytic[off + i];
+      double err = fabs(num - an) / fmax(1e-4, fabs(num) + fabs(an));
+      if (err > worst) worst = err;
+      if (!(err <= tol))
+        fail_msg("d loss / d %s[%lld]: analytic %.10g, finite difference %.10g (seed %llu)", g->values[v].name,
+                 (long long)i, an, num, (unsigned long long)seed);
+      (*compared)++;
+    }
+  }
+  free(analytic);
+  return worst;
 }
 
 #endif

@@ -13,76 +13,6 @@
 
 #include "opcase.h"
 
-/* Parameter gradients accumulate under param_grad_beta = 1; activation
- * gradients are overwritten whatever beta says. */
-static void check_accumulation(op_case *c, const char *label) {
-  run_fwd(c, c->in, &c->out);
-  stoke_tensor r = h_like(&c->out, -1), base[3], acc[3], prev[3];
-  h_random(&r, -1, 1);
-  make_din(c, base, -1);
-  H_OK(try_bwd(c, c->in, &c->out, base, &r, 0.0f));
-  make_din(c, acc, -1);
-  for (int i = 0; i < c->n_in; i++) {
-    prev[i] = acc[i];
-    if (!acc[i].data) continue;
-    prev[i] = h_like(&acc[i], -1);
-    if (c->params & (1u << i)) {
-      h_random(&acc[i], -1, 1);
-      h_convert(&prev[i], &acc[i]);
-    }
-  }
-  H_OK(try_bwd(c, c->in, &c->out, acc, &r, 1.0f));
-  for (int i = 0; i < c->n_in; i++) {
-    if (!acc[i].data) continue;
-    int is_param = (c->params >> i) & 1;
-    for (int64_t j = 0; j < h_numel(&acc[i]); j++) {
-      double want = h_get(&base[i], j) + (is_param ? h_get(&prev[i], j) : 0);
-      double got = h_get(&acc[i], j);
-      H_CHECK(fabs(got - want) <= 1e-12 * fmax(1, fabs(want)),
-              "%s: din[%d][%lld] = %.15g with beta 1, want %.15g (%s)", label, i, (long long)j,
-              got, want, is_param ? "accumulated" : "overwritten");
-    }
-    h_free(&prev[i]);
-  }
-  free_din(c, base);
-  free_din(c, acc);
-  h_free(&r);
-}
-
-/* f32 kernels against f64 on the same f32-representable values. */
-static void check_f32(op_case *c, const char *label) {
-  stoke_tensor in32[3], out32 = h_like(&c->out, STOKE_F32), r = h_like(&c->out, -1);
-  stoke_tensor r32 = h_like(&c->out, STOKE_F32), din[3], din32[3];
-  for (int i = 0; i < c->n_in; i++) {
-    in32[i] = h_like(&c->in[i], STOKE_F32);
-    h_convert(&in32[i], &c->in[i]);
-    h_convert(&c->in[i], &in32[i]);
-  }
-  h_random(&r, -1, 1);
-  h_convert(&r32, &r);
-  h_convert(&r, &r32);
-  run_fwd(c, c->in, &c->out);
-  run_fwd(c, in32, &out32);
-  double e = h_rel_norm(&out32, &c->out);
-  H_CHECK(e < F32_TOL, "%s forward: f32 vs f64 relative norm %.3g", label, e);
-  make_din(c, din, -1);
-  make_din(c, din32, STOKE_F32);
-  H_OK(try_bwd(c, c->in, &c->out, din, &r, 0.0f));
-  H_OK(try_bwd(c, in32, &out32, din32, &r32, 0.0f));
-  for (int i = 0; i < c->n_in; i++) {
-    if (!din[i].data) continue;
-    h_check_written(&din32[i], label);
-    e = h_rel_norm(&din32[i], &din[i]);
-    H_CHECK(e < F32_TOL, "%s backward: din[%d] f32 vs f64 relative norm %.3g", label, i, e);
-  }
-  for (int i = 0; i < c->n_in; i++) h_free(&in32[i]);
-  free_din(c, din);
-  free_din(c, din32);
-  h_free(&out32);
-  h_free(&r);
-  h_free(&r32);
-}
-
 /* ------------------------------------------------------------- layouts */
 
 static const char *layout_str(stoke_layout l) { return l == STOKE_NHWC ? "NHWC" : "NCHW"; }
@@ -181,8 +111,8 @@ static op_case conv_case(const conv_cfg *f, stoke_layout l) {
   c.in[0] = h_tensor(STOKE_F64, 4, f->n, f->c, f->h, f->w);
   c.in[0].layout = l;
   c.in[1] = h_tensor(STOKE_F64, 4, f->o, f->c / f->groups, f->kh, f->kw);
-  c.out = h_tensor(STOKE_F64, 4, f->n, f->o, ho, wo);
-  c.out.layout = l;
+  c.out[0] = h_tensor(STOKE_F64, 4, f->n, f->o, ho, wo);
+  c.out[0].layout = l;
   h_random(&c.in[0], -1, 1);
   h_random(&c.in[1], -1, 1);
   c.grads = 3;
@@ -214,9 +144,9 @@ static void test_conv2d_forward_naive(void **state) {
       op_case c = conv_case(f, layouts[li]);
       char label[96];
       conv_label(label, sizeof label, f, layouts[li]);
-      run_fwd(&c, c.in, &c.out);
+      run_fwd(&c, c.in, c.out);
       int64_t cg = f->c / f->groups, og = f->o / f->groups;
-      int64_t ho = c.out.shape.d[2], wo = c.out.shape.d[3];
+      int64_t ho = c.out[0].shape.d[2], wo = c.out[0].shape.d[3];
       for (int64_t n = 0; n < f->n; n++)
         for (int64_t o = 0; o < f->o; o++)
           for (int64_t oh = 0; oh < ho; oh++)
@@ -232,7 +162,7 @@ static void test_conv2d_forward_naive(void **state) {
                     double wv = h_get(&c.in[1], ((o * cg + k) * f->kh + ki) * f->kw + kj);
                     want += xv * wv;
                   }
-              double got = get4(&c.out, n, o, oh, ow);
+              double got = get4(&c.out[0], n, o, oh, ow);
               H_CHECK(fabs(got - want) <= 1e-12 * fmax(1, fabs(want)),
                       "%s: y[%lld, %lld, %lld, %lld] = %.15g, naive %.15g", label, (long long)n,
                       (long long)o, (long long)oh, (long long)ow, got, want);
@@ -250,17 +180,17 @@ static void test_conv2d_nhwc_matches_nchw(void **state) {
     op_case b = conv_case(f, STOKE_NHWC);
     copy4(&b.in[0], &a.in[0]);
     h_convert(&b.in[1], &a.in[1]); /* the weight has one layout */
-    run_fwd(&a, a.in, &a.out);
-    run_fwd(&b, b.in, &b.out);
-    double e = max_diff4(&b.out, &a.out);
+    run_fwd(&a, a.in, a.out);
+    run_fwd(&b, b.in, b.out);
+    double e = max_diff4(&b.out[0], &a.out[0]);
     H_CHECK(e < 1e-12, "conv2d %s: NHWC y differs from NCHW y by %.3g", f->label, e);
-    stoke_tensor ra = h_like(&a.out, -1), rb = h_like(&b.out, -1), da[2], db[2];
+    stoke_tensor ra = h_like(&a.out[0], -1), rb = h_like(&b.out[0], -1), da[2], db[2];
     h_random(&ra, -1, 1);
     copy4(&rb, &ra);
     make_din(&a, da, -1);
     make_din(&b, db, -1);
-    H_OK(try_bwd(&a, a.in, &a.out, da, &ra, 0.0f));
-    H_OK(try_bwd(&b, b.in, &b.out, db, &rb, 0.0f));
+    H_OK(try_bwd(&a, a.in, a.out, da, &ra, 0.0f));
+    H_OK(try_bwd(&b, b.in, b.out, db, &rb, 0.0f));
     e = max_diff4(&db[0], &da[0]);
     H_CHECK(e < 1e-12, "conv2d %s: NHWC dx differs from NCHW dx by %.3g", f->label, e);
     e = h_rel_norm(&db[1], &da[1]);
@@ -302,15 +232,15 @@ static void test_conv2d_param_grad_beta(void **state) {
 static void test_conv2d_partial_grads(void **state) {
   for (int li = 0; li < 2; li++) {
     op_case c = conv_case(&cfgs[3], layouts[li]);
-    run_fwd(&c, c.in, &c.out);
-    stoke_tensor r = h_like(&c.out, -1), all[2], some[2];
+    run_fwd(&c, c.in, c.out);
+    stoke_tensor r = h_like(&c.out[0], -1), all[2], some[2];
     h_random(&r, -1, 1);
     make_din(&c, all, -1);
-    H_OK(try_bwd(&c, c.in, &c.out, all, &r, 0.0f));
+    H_OK(try_bwd(&c, c.in, c.out, all, &r, 0.0f));
     for (uint32_t g = 1; g <= 2; g++) {
       c.grads = g;
       make_din(&c, some, -1);
-      H_OK(try_bwd(&c, c.in, &c.out, some, &r, 0.0f));
+      H_OK(try_bwd(&c, c.in, c.out, some, &r, 0.0f));
       for (int i = 0; i < 2; i++) {
         if (!(g & (1u << i))) {
           assert_null(some[i].data);
@@ -345,7 +275,7 @@ static op_case bias_case(int ndim, stoke_layout l) {
   c.in[0] = img(ndim, l, 2, 3, 4, 5);
   c.in[1] = h_tensor(STOKE_F64, 1, (int64_t)3);
   h_random(&c.in[1], -1, 1);
-  c.out = h_like(&c.in[0], -1);
+  c.out[0] = h_like(&c.in[0], -1);
   c.grads = 3;
   c.params = 2;
   return c;
@@ -354,7 +284,7 @@ static op_case bias_case(int ndim, stoke_layout l) {
 static op_case flatten_case(int ndim, stoke_layout l) {
   op_case c = {.op = STOKE_OP_FLATTEN, .node = h_node(STOKE_OP_FLATTEN, "flat"), .n_in = 1};
   c.in[0] = img(ndim, l, 2, 3, 4, 5);
-  c.out = h_tensor(STOKE_F64, 2, (int64_t)2, h_numel(&c.in[0]) / 2);
+  c.out[0] = h_tensor(STOKE_F64, 2, (int64_t)2, h_numel(&c.in[0]) / 2);
   c.grads = 1;
   return c;
 }
@@ -363,7 +293,7 @@ static op_case gap_case(stoke_layout l) {
   op_case c = {.op = STOKE_OP_GLOBAL_AVG_POOL, .node = h_node(STOKE_OP_GLOBAL_AVG_POOL, "gap"),
                .n_in = 1};
   c.in[0] = img(4, l, 2, 3, 4, 5);
-  c.out = h_tensor(STOKE_F64, 2, (int64_t)2, (int64_t)3);
+  c.out[0] = h_tensor(STOKE_F64, 2, (int64_t)2, (int64_t)3);
   c.grads = 1;
   return c;
 }
@@ -412,13 +342,13 @@ static double get_nc(const stoke_tensor *x, int64_t n, int64_t c, int64_t r) {
 static int64_t rest_of(const stoke_tensor *x) { return h_numel(x) / (x->shape.d[0] * x->shape.d[1]); }
 
 static void check_bias_fwd(op_case *c, const char *label) {
-  run_fwd(c, c->in, &c->out);
+  run_fwd(c, c->in, c->out);
   int64_t rest = rest_of(&c->in[0]);
   for (int64_t n = 0; n < 2; n++)
     for (int64_t ch = 0; ch < 3; ch++)
       for (int64_t r = 0; r < rest; r++) {
         double want = get_nc(&c->in[0], n, ch, r) + h_get(&c->in[1], ch);
-        double got = get_nc(&c->out, n, ch, r);
+        double got = get_nc(&c->out[0], n, ch, r);
         H_CHECK(got == want, "%s: y[%lld, %lld, %lld] = %.15g, want %.15g", label, (long long)n,
                 (long long)ch, (long long)r, got, want);
       }
@@ -426,13 +356,13 @@ static void check_bias_fwd(op_case *c, const char *label) {
 
 /* y[n, c*rest + r] is logical x[n, c, r], whatever x's memory order. */
 static void check_flatten_fwd(op_case *c, const char *label) {
-  run_fwd(c, c->in, &c->out);
+  run_fwd(c, c->in, c->out);
   int64_t rest = rest_of(&c->in[0]), cc = c->in[0].shape.d[1];
   for (int64_t n = 0; n < 2; n++)
     for (int64_t ch = 0; ch < cc; ch++)
       for (int64_t r = 0; r < rest; r++) {
         double want = get_nc(&c->in[0], n, ch, r);
-        double got = h_get(&c->out, n * cc * rest + ch * rest + r);
+        double got = h_get(&c->out[0], n * cc * rest + ch * rest + r);
         H_CHECK(got == want, "%s: y[%lld, %lld] = %.15g, want x[%lld, %lld, %lld] = %.15g", label,
                 (long long)n, (long long)(ch * rest + r), got, (long long)n, (long long)ch,
                 (long long)r, want);
@@ -440,14 +370,14 @@ static void check_flatten_fwd(op_case *c, const char *label) {
 }
 
 static void check_gap_fwd(op_case *c, const char *label) {
-  run_fwd(c, c->in, &c->out);
+  run_fwd(c, c->in, c->out);
   for (int64_t n = 0; n < 2; n++)
     for (int64_t ch = 0; ch < 3; ch++) {
       double want = 0;
       for (int64_t h = 0; h < 4; h++)
         for (int64_t w = 0; w < 5; w++) want += get4(&c->in[0], n, ch, h, w);
       want /= 20;
-      double got = h_get(&c->out, n * 3 + ch);
+      double got = h_get(&c->out[0], n * 3 + ch);
       H_CHECK(fabs(got - want) < 1e-14, "%s: y[%lld, %lld] = %.15g, naive %.15g", label,
               (long long)n, (long long)ch, got, want);
     }
@@ -468,10 +398,10 @@ static void test_gap_forward_naive(void **state) {
 static void test_flatten_gap_backward_values(void **state) {
   for (int li = 0; li < 2; li++) {
     op_case c = flatten_case(4, layouts[li]);
-    stoke_tensor r = h_like(&c.out, -1), din[1];
+    stoke_tensor r = h_like(&c.out[0], -1), din[1];
     h_random(&r, -1, 1);
     make_din(&c, din, -1);
-    H_OK(try_bwd(&c, c.in, &c.out, din, &r, 0.0f));
+    H_OK(try_bwd(&c, c.in, c.out, din, &r, 0.0f));
     for (int64_t n = 0; n < 2; n++)
       for (int64_t ch = 0; ch < 3; ch++)
         for (int64_t p = 0; p < 20; p++)
@@ -483,10 +413,10 @@ static void test_flatten_gap_backward_values(void **state) {
     case_free(&c);
 
     c = gap_case(layouts[li]);
-    r = h_like(&c.out, -1);
+    r = h_like(&c.out[0], -1);
     h_random(&r, -1, 1);
     make_din(&c, din, -1);
-    H_OK(try_bwd(&c, c.in, &c.out, din, &r, 0.0f));
+    H_OK(try_bwd(&c, c.in, c.out, din, &r, 0.0f));
     for (int64_t n = 0; n < 2; n++)
       for (int64_t ch = 0; ch < 3; ch++)
         for (int64_t p = 0; p < 20; p++)
@@ -660,16 +590,16 @@ static void test_other_infer(void **state) {
 /* The kernels check what they are given, naming the node. */
 static void test_kernel_errors(void **state) {
   op_case c = conv_case(&cfgs[3], STOKE_NCHW); /* groups 2, C 4, O 6 */
-  stoke_kernel_args_v1 a = args_for(&c, c.in, &c.out);
+  stoke_kernel_args_v1 a = args_for(&c, c.in, c.out);
   c.node.attrs[STOKE_CONV2D_GROUPS].i = 3;
   expect_invalid(h_run(h_kernel(c.op, STOKE_FWD, STOKE_F64), &a), "conv1", NULL);
   c.node.attrs[STOKE_CONV2D_GROUPS].i = 2;
-  c.out.shape.d[2]++; /* y of the wrong size */
+  c.out[0].shape.d[2]++; /* y of the wrong size */
   expect_invalid(h_run(h_kernel(c.op, STOKE_FWD, STOKE_F64), &a), "conv1", NULL);
-  c.out.shape.d[2]--;
-  c.out.layout = STOKE_NHWC; /* y's layout against x's */
+  c.out[0].shape.d[2]--;
+  c.out[0].layout = STOKE_NHWC; /* y's layout against x's */
   expect_invalid(h_run(h_kernel(c.op, STOKE_FWD, STOKE_F64), &a), "conv1", "NHWC");
-  c.out.layout = STOKE_NCHW;
+  c.out[0].layout = STOKE_NCHW;
   c.in[1].dtype = STOKE_F32;
   expect_invalid(h_run(h_kernel(c.op, STOKE_FWD, STOKE_F64), &a), "conv1", NULL);
   c.in[1].dtype = STOKE_F64;
@@ -678,23 +608,23 @@ static void test_kernel_errors(void **state) {
 
   c = bias_case(4, STOKE_NCHW);
   c.in[1].shape.d[0] = 4;
-  a = args_for(&c, c.in, &c.out);
+  a = args_for(&c, c.in, c.out);
   expect_invalid(h_run(h_kernel(c.op, STOKE_FWD, STOKE_F64), &a), "conv1_bias", "[4]");
   c.in[1].shape.d[0] = 3;
   case_free(&c);
 
   c = flatten_case(4, STOKE_NHWC);
-  c.out.shape.d[1]--;
-  a = args_for(&c, c.in, &c.out);
+  c.out[0].shape.d[1]--;
+  a = args_for(&c, c.in, c.out);
   expect_invalid(h_run(h_kernel(c.op, STOKE_FWD, STOKE_F64), &a), "flat", NULL);
-  c.out.shape.d[1]++;
+  c.out[0].shape.d[1]++;
   case_free(&c);
 
   c = gap_case(STOKE_NCHW);
-  c.out.shape.d[1] = 4;
-  a = args_for(&c, c.in, &c.out);
+  c.out[0].shape.d[1] = 4;
+  a = args_for(&c, c.in, c.out);
   expect_invalid(h_run(h_kernel(c.op, STOKE_FWD, STOKE_F64), &a), "gap", NULL);
-  c.out.shape.d[1] = 3;
+  c.out[0].shape.d[1] = 3;
   case_free(&c);
 }
 

@@ -1,7 +1,8 @@
 /* tests/op/opcase.h: the finite-difference machinery the CPU op tests share:
  * one op call in f64 (op_case), forward and backward runs with outputs
- * poisoned, and every gradient against central differences in double.
- * Include after harness.h; every helper is static. */
+ * poisoned, every gradient against central differences in double, f32
+ * against f64, and gradient accumulation. Include after harness.h; every
+ * helper is static. */
 #ifndef STOKE_TESTS_OP_OPCASE_H
 #define STOKE_TESTS_OP_OPCASE_H
 
@@ -14,21 +15,29 @@
 #define FD_FLOOR 1e-2
 #define F32_TOL 1e-5 /* ||f32 - f64|| / ||f64|| */
 
-/* One op call: inputs and output in f64, which inputs get a gradient and
- * which of those are parameters (accumulated under param_grad_beta). */
+#define OC_MAX 4 /* inputs and outputs of one case */
+
+/* One op call: inputs and outputs in f64, which inputs get a gradient and
+ * which of those are parameters (accumulated under param_grad_beta), and
+ * which outputs receive one (the others are saved statistics, such as
+ * layer_norm's mean: no gradient flows into them). */
 typedef struct op_case {
   const char *op;
   stoke_node_v1 node;
-  int n_in;
-  stoke_tensor in[3];
-  stoke_tensor out;
+  int n_in, n_out;  /* n_out 0 counts as 1 */
+  stoke_tensor in[OC_MAX];
+  stoke_tensor out[OC_MAX];
   uint32_t grads;
   uint32_t params;
+  uint32_t douts;   /* 0 counts as output 0 alone */
 } op_case;
+
+static int oc_outs(const op_case *c) { return c->n_out ? c->n_out : 1; }
+static uint32_t oc_douts(const op_case *c) { return c->douts ? c->douts : 1u; }
 
 static void case_free(op_case *c) {
   for (int i = 0; i < c->n_in; i++) h_free(&c->in[i]);
-  h_free(&c->out);
+  for (int j = 0; j < oc_outs(c); j++) h_free(&c->out[j]);
 }
 
 static stoke_kernel_args_v1 args_for(const op_case *c, const stoke_tensor *in,
@@ -37,21 +46,21 @@ static stoke_kernel_args_v1 args_for(const op_case *c, const stoke_tensor *in,
   memset(&a, 0, sizeof a);
   a.node = &c->node;
   a.n_in = c->n_in;
-  a.n_out = 1;
+  a.n_out = oc_outs(c);
   a.in = in;
   a.out = out;
   a.training = 1;
   return a;
 }
 
-/* out = op(in), in the dtype of in[0]; out is poisoned first and must be
- * fully written. */
+/* out = op(in), in the dtype of in[0]; every output is poisoned first and
+ * must be fully written. */
 static void run_fwd(const op_case *c, const stoke_tensor *in, stoke_tensor *out) {
   const stoke_kernel_v1 *k = h_kernel(c->op, STOKE_FWD, in[0].dtype);
-  h_poison(out);
+  for (int j = 0; j < oc_outs(c); j++) h_poison(&out[j]);
   stoke_kernel_args_v1 a = args_for(c, in, out);
   H_OK(h_run(k, &a));
-  h_check_written(out, c->op);
+  for (int j = 0; j < oc_outs(c); j++) h_check_written(&out[j], c->op);
 }
 
 /* din = backward(dout). Only the inputs and outputs that the op's
@@ -60,13 +69,16 @@ static stoke_err *try_bwd(const op_case *c, const stoke_tensor *in, const stoke_
                           stoke_tensor *din, const stoke_tensor *dout, float beta) {
   const stoke_op_type_v1 *t = stoke_find_op(h_reg, c->op);
   assert_non_null(t);
-  stoke_tensor live_in[3], live_out = *out;
+  stoke_tensor live_in[OC_MAX], live_out[OC_MAX];
   for (int i = 0; i < c->n_in; i++) {
     live_in[i] = in[i];
     if (!(t->bwd_needs & STOKE_BWD_NEEDS_INPUT(i))) live_in[i].data = NULL;
   }
-  if (!(t->bwd_needs & STOKE_BWD_NEEDS_OUTPUT(0))) live_out.data = NULL;
-  stoke_kernel_args_v1 a = args_for(c, live_in, &live_out);
+  for (int j = 0; j < oc_outs(c); j++) {
+    live_out[j] = out[j];
+    if (!(t->bwd_needs & STOKE_BWD_NEEDS_OUTPUT(j))) live_out[j].data = NULL;
+  }
+  stoke_kernel_args_v1 a = args_for(c, live_in, live_out);
   a.din = din;
   a.dout = dout;
   a.param_grads = c->params;
@@ -91,22 +103,51 @@ static void free_din(const op_case *c, stoke_tensor *din) {
   for (int i = 0; i < c->n_in; i++) h_free(&din[i]);
 }
 
-/* dL/d in[i][j] for L = sum(op(in) * R), by central differences. The sum
- * runs over (y+ - y-) R rather than L+ - L-: outputs the step does not
- * touch cancel exactly, and the rounding of L itself (|L| >> |dL|) stays
- * out of the difference. */
+/* Output gradients R: fresh uniform values in [-1, 1) for the outputs in
+ * c->douts, in dtype dt (-1: the output's), no data for the others. */
+static void make_dout(const op_case *c, stoke_tensor *r, int dt) {
+  for (int j = 0; j < oc_outs(c); j++) {
+    r[j] = c->out[j];
+    r[j].data = NULL;
+    if (!(oc_douts(c) & (1u << j))) continue;
+    r[j] = h_like(&c->out[j], dt);
+    h_random(&r[j], -1, 1);
+  }
+}
+
+static void free_dout(const op_case *c, stoke_tensor *r) {
+  for (int j = 0; j < oc_outs(c); j++) h_free(&r[j]);
+}
+
+/* New tensors like `from` (dtype dt, -1: theirs) for the case's outputs. */
+static void make_outs(const op_case *c, const stoke_tensor *from, stoke_tensor *out, int dt) {
+  for (int j = 0; j < oc_outs(c); j++) out[j] = h_like(&from[j], from[j].dtype == STOKE_F64 ? dt : -1);
+}
+
+static void free_outs(const op_case *c, stoke_tensor *out) {
+  for (int j = 0; j < oc_outs(c); j++) h_free(&out[j]);
+}
+
+/* dL/d in[i][j] for L = sum_k sum(out_k R_k) over the outputs with a
+ * gradient, by central differences. The sum runs over (y+ - y-) R rather
+ * than L+ - L-: outputs the step does not touch cancel exactly, and the
+ * rounding of L itself (|L| >> |dL|) stays out of the difference. */
 static double numeric_grad(op_case *c, const stoke_tensor *r, int i, int64_t j) {
-  stoke_tensor yp = h_like(&c->out, -1), ym = h_like(&c->out, -1);
+  stoke_tensor yp[OC_MAX], ym[OC_MAX];
+  make_outs(c, c->out, yp, -1);
+  make_outs(c, c->out, ym, -1);
   double v = h_get(&c->in[i], j);
   h_set(&c->in[i], j, v + FD_H);
-  run_fwd(c, c->in, &yp);
+  run_fwd(c, c->in, yp);
   h_set(&c->in[i], j, v - FD_H);
-  run_fwd(c, c->in, &ym);
+  run_fwd(c, c->in, ym);
   h_set(&c->in[i], j, v);
   double d = 0;
-  for (int64_t k = 0; k < h_numel(&yp); k++) d += (h_get(&yp, k) - h_get(&ym, k)) * h_get(r, k);
-  h_free(&yp);
-  h_free(&ym);
+  for (int o = 0; o < oc_outs(c); o++)
+    if (r[o].data)
+      for (int64_t k = 0; k < h_numel(&yp[o]); k++) d += (h_get(&yp[o], k) - h_get(&ym[o], k)) * h_get(&r[o], k);
+  free_outs(c, yp);
+  free_outs(c, ym);
   return d / (2 * FD_H);
 }
 
@@ -115,30 +156,105 @@ static double rel_err(double analytic, double numeric) {
   return fabs(analytic - numeric) / den;
 }
 
-/* Every gradient of c (f64) against central differences of L = sum(y R),
- * whose output gradient is R. */
+/* Every gradient of c (f64) against central differences of
+ * L = sum_k sum(out_k R_k), whose output gradients are the R_k. */
 static void grad_check(op_case *c, const char *label) {
-  run_fwd(c, c->in, &c->out);
-  stoke_tensor r = h_like(&c->out, -1), din[3];
-  h_random(&r, -1, 1);
+  run_fwd(c, c->in, c->out);
+  stoke_tensor r[OC_MAX], din[OC_MAX];
+  make_dout(c, r, -1);
   make_din(c, din, -1);
-  H_OK(try_bwd(c, c->in, &c->out, din, &r, 0.0f));
-  static const char *names[] = {"in0", "in1", "in2"};
+  H_OK(try_bwd(c, c->in, c->out, din, r, 0.0f));
   for (int i = 0; i < c->n_in; i++) {
     if (!(c->grads & (1u << i))) continue;
     h_check_written(&din[i], label);
     double worst = 0;
     for (int64_t j = 0; j < h_numel(&c->in[i]); j++) {
-      double num = numeric_grad(c, &r, i, j), ana = h_get(&din[i], j);
+      double num = numeric_grad(c, r, i, j), ana = h_get(&din[i], j);
       double e = rel_err(ana, num);
       if (e > worst) worst = e;
-      H_CHECK(e < FD_TOL, "%s: d%s[%lld] = %.12g, finite differences %.12g (rel err %.3g)", label,
-              names[i], (long long)j, ana, num, e);
+      H_CHECK(e < FD_TOL, "%s: din[%d][%lld] = %.12g, finite differences %.12g (rel err %.3g)", label, i,
+              (long long)j, ana, num, e);
     }
-    print_message("%s: d%s max rel err %.3g\n", label, names[i], worst);
+    print_message("%s: din[%d] max rel err %.3g\n", label, i, worst);
   }
   free_din(c, din);
-  h_free(&r);
+  free_dout(c, r);
+}
+
+/* Parameter gradients accumulate under param_grad_beta = 1; activation
+ * gradients are overwritten whatever beta says. */
+static void check_accumulation(op_case *c, const char *label) {
+  run_fwd(c, c->in, c->out);
+  stoke_tensor r[OC_MAX], base[OC_MAX], acc[OC_MAX], prev[OC_MAX];
+  make_dout(c, r, -1);
+  make_din(c, base, -1);
+  H_OK(try_bwd(c, c->in, c->out, base, r, 0.0f));
+  make_din(c, acc, -1);
+  for (int i = 0; i < c->n_in; i++) {
+    prev[i] = acc[i];
+    if (!acc[i].data) continue;
+    prev[i] = h_like(&acc[i], -1);
+    if (c->params & (1u << i)) {
+      h_random(&acc[i], -1, 1); /* the earlier micro-batches' sum */
+      h_convert(&prev[i], &acc[i]);
+    } /* else poisoned: must be overwritten */
+  }
+  H_OK(try_bwd(c, c->in, c->out, acc, r, 1.0f));
+  for (int i = 0; i < c->n_in; i++) {
+    if (!acc[i].data) continue;
+    int is_param = (c->params >> i) & 1;
+    for (int64_t j = 0; j < h_numel(&acc[i]); j++) {
+      double want = h_get(&base[i], j) + (is_param ? h_get(&prev[i], j) : 0);
+      double got = h_get(&acc[i], j);
+      H_CHECK(fabs(got - want) <= 1e-12 * fmax(1, fabs(want)), "%s: din[%d][%lld] = %.15g with beta 1, want %.15g (%s)",
+              label, i, (long long)j, got, want, is_param ? "accumulated" : "overwritten");
+    }
+    h_free(&prev[i]);
+  }
+  free_din(c, base);
+  free_din(c, acc);
+  free_dout(c, r);
+}
+
+/* The f32 kernels against the f64 ones on the same (f32-representable)
+ * inputs: every forward output and every input gradient. */
+static void check_f32(op_case *c, const char *label) {
+  stoke_tensor in32[OC_MAX], out32[OC_MAX], r[OC_MAX], r32[OC_MAX], din[OC_MAX], din32[OC_MAX];
+  for (int i = 0; i < c->n_in; i++) {
+    in32[i] = h_like(&c->in[i], c->in[i].dtype == STOKE_F64 ? STOKE_F32 : -1);
+    h_convert(&in32[i], &c->in[i]);
+    h_convert(&c->in[i], &in32[i]); /* the f64 run sees the same values */
+  }
+  make_outs(c, c->out, out32, STOKE_F32);
+  make_dout(c, r, -1);
+  make_dout(c, r32, STOKE_F32);
+  for (int j = 0; j < oc_outs(c); j++)
+    if (r[j].data) {
+      h_convert(&r32[j], &r[j]);
+      h_convert(&r[j], &r32[j]);
+    }
+  run_fwd(c, c->in, c->out);
+  run_fwd(c, in32, out32);
+  for (int j = 0; j < oc_outs(c); j++) {
+    double e = h_rel_norm(&out32[j], &c->out[j]);
+    H_CHECK(e < F32_TOL, "%s forward: output %d f32 vs f64 relative norm %.3g", label, j, e);
+  }
+  make_din(c, din, -1);
+  make_din(c, din32, STOKE_F32);
+  H_OK(try_bwd(c, c->in, c->out, din, r, 0.0f));
+  H_OK(try_bwd(c, in32, out32, din32, r32, 0.0f));
+  for (int i = 0; i < c->n_in; i++) {
+    if (!din[i].data) continue;
+    h_check_written(&din32[i], label);
+    double e = h_rel_norm(&din32[i], &din[i]);
+    H_CHECK(e < F32_TOL, "%s backward: din[%d] f32 vs f64 relative norm %.3g", label, i, e);
+  }
+  for (int i = 0; i < c->n_in; i++) h_free(&in32[i]);
+  free_outs(c, out32);
+  free_din(c, din);
+  free_din(c, din32);
+  free_dout(c, r);
+  free_dout(c, r32);
 }
 
 #endif

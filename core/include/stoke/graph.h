@@ -46,6 +46,8 @@ typedef struct stoke_value {
   stoke_buffer_id buffer;
   size_t offset, bytes;
   int first, last;     /* schedule positions where it is live */
+  int alias;           /* the value whose memory this one is (a view), or -1 */
+  size_t alias_off;    /* bytes into it */
 } stoke_value;
 
 typedef struct stoke_gnode {
@@ -58,11 +60,24 @@ typedef struct stoke_gnode {
   int in[STOKE_MAX_IO], out[STOKE_MAX_IO];     /* forward values */
   int din[STOKE_MAX_IO], dout[STOKE_MAX_IO];   /* backward: -1 = none */
   double flops;
+  /* backward nodes: bit k set: add din[k] into its value (the
+   * kernel's din_accumulate), set by the compiler where two paths'
+   * gradients meet (core/fuse_grad.c) */
+  uint32_t din_accumulate;
+  /* a second user of a tied parameter: its parameter gradients always
+   * accumulate onto what the earlier backward node wrote (beta 1) */
+  int param_accumulate;
   /* kernel resolution */
   const stoke_kernel_v1 *kernel;
   void *kstate;
   size_t workspace;
 } stoke_gnode;
+
+/* A parameter's second name in checkpoints (a tied weight). */
+typedef struct stoke_tied_name {
+  int value;
+  char name[64];
+} stoke_tied_name;
 
 struct stoke_graph {
   const stoke_registry *reg;
@@ -74,6 +89,8 @@ struct stoke_graph {
   int input, label, logits, loss, seed;
   stoke_dtype dtype;   /* of inputs/params/activations */
   stoke_layout layout; /* of 4-D activations */
+  stoke_tied_name *tied;
+  int n_tied;
 };
 
 stoke_err *stoke_graph_new(const stoke_registry *reg, stoke_dtype dtype,
@@ -93,6 +110,13 @@ stoke_err *stoke_graph_input(stoke_graph *g, const char *name,
 /* Attach softmax cross-entropy on `logits` against the label value;
  * `attrs` as for builder nodes ("label_smoothing=0.1"). */
 stoke_err *stoke_graph_loss(stoke_graph *g, int logits, const char *attrs);
+/* The same against another i32 value of labels (a language model's next
+ * tokens, cut from its input on the device). */
+stoke_err *stoke_graph_loss_on(stoke_graph *g, int logits, int labels, const char *attrs);
+/* A language model's batch of token windows [B, T + 1] (i32) as the tokens
+ * [B, T] its model reads and the targets [B T] (the next tokens) its loss
+ * is taken against, cut on the device (core/lm.c). */
+stoke_err *stoke_lm_inputs(stoke_graph *g, int windows, int *tokens, int *targets);
 
 /* -------------------------------------------------------------- compile */
 
@@ -106,6 +130,7 @@ typedef struct stoke_plan_opts {
   int loss_scaling;           /* dynamic loss scaler (fp16) */
   double init_scale;
   int fuse;                   /* fuse linear + relu/gelu(tanh) into cuBLASLt epilogues (batch-norm fusions need no flag) */
+  int no_grad_accumulate;     /* keep gradient sums as add nodes (core/fuse_grad.c; for A/B runs and tests) */
 } stoke_plan_opts;
 
 #define STOKE_MAX_ENGINES 32
@@ -127,6 +152,7 @@ typedef struct stoke_plan {
   double step_bytes;              /* least memory traffic of a step run node by node */
   size_t workspace_bytes;         /* largest node workspace */
   int n_schedule;                 /* nodes executed per micro-batch */
+  int n_accumulated;              /* gradient sums done in place by their producers */
 } stoke_plan;
 
 /* Derive backward (when opts->training), resolve every node to a kernel
@@ -135,6 +161,9 @@ typedef struct stoke_plan {
 stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts,
                          stoke_plan **out);
 void stoke_plan_free(stoke_plan *p);
+/* The value whose memory v is (itself unless v is a view or an in-place
+ * gradient; core/alias.c) and v's byte offset in it. */
+int stoke_alias_root(const stoke_graph *g, int v, size_t *off);
 /* The report: each node, its shapes, engine, FLOPs; memory by kind. */
 void stoke_plan_report(const stoke_plan *p, FILE *f);
 

@@ -55,12 +55,21 @@
  * y1, weight and aux1. */
 #define STOKE_OP_LINEAR_DACT "linear_dact"
 
-/* softmax_ce: (logits[N, C], labels[N] i32) -> loss[1] (f32; f64 for f64
- * logits), the mean over the batch of -log softmax(logits)[label], as
- * nn.CrossEntropyLoss. The loader rejects labels outside [0, C) per sample;
- * CPU kernels return STOKE_E_DATA; GPU kernels cannot tell the host without
- * a sync, so they clamp the read and make that row's loss NaN, which stops
- * the run at the next log step with the NaN-loss message. */
+/* softmax_ce: (logits[N, C], labels[N] i32) -> (loss[1], lse[N]) (both f32;
+ * f64 for f64 logits): loss is the mean over the batch of
+ * -log softmax(logits)[label], as nn.CrossEntropyLoss; lse[r] is row r's
+ * log-sum-exp, saved so that the backward reads the logits once:
+ *   dlogits = (softmax - (1 - ls) onehot - ls / C) dloss / N.
+ * Large vocabularies (GPT-2's 50,304): kernels never make an f32 copy of
+ * bf16/fp16 logits (the forward streams each row once with an online max
+ * and sum), and the backward may write dlogits over the logits: din[0]
+ * can be the same memory as in[0] (the compiler does that when the loss
+ * is the logits' last reader), so each element is read before it is
+ * written, by the same thread. The loader rejects labels outside [0, C)
+ * per sample; CPU kernels return STOKE_E_DATA; GPU kernels cannot tell the
+ * host without a sync, so they clamp the read and make that row's loss
+ * NaN, which stops the run at the next log step with the NaN-loss
+ * message. */
 #define STOKE_OP_SOFTMAX_CE "softmax_ce"
 #define STOKE_SOFTMAX_CE_LABEL_SMOOTHING 0 /* float, default 0 */
 
@@ -219,6 +228,92 @@
  * another dtype or layout. No backward. */
 #define STOKE_OP_CAST "cast"
 #define STOKE_CAST_DTYPE 0 /* str: "f32", "bf16", "f16" or "f64" */
+
+/* ---- sequence ops (transformers); rows are the product of all but the
+ * last dimension. Memory is always dense row-major (no strides). */
+
+/* embedding: (weight[V, C], idx[...] i32) -> out[..., C], out row i =
+ * weight row idx[i], as nn.Embedding (the weight comes first so that a
+ * kernel is chosen by its dtype). Backward: dweight[v] accumulates the
+ * sum of the dout rows whose index is v (a scatter-add); with
+ * STOKE_KFLAG_DETERMINISTIC a GPU kernel sums them in a fixed order.
+ * Indices outside [0, V): CPU kernels return STOKE_E_DATA naming the
+ * position; GPU kernels write NaN into that row (the loss turns NaN and
+ * the run stops at the next log step). A weight used by a second node as
+ * well (a tied output head) gets both gradients summed. */
+#define STOKE_OP_EMBEDDING "embedding"
+
+/* position_embedding: (x[B, T, C], weight[P, C]) -> x + weight[t] for every
+ * (b, t), P >= T: nanoGPT's `wte(idx) + wpe(arange(T))`. Backward: dx = dy,
+ * dweight[t] accumulates sum over b of dy[b, t] (rows t >= T get 0). */
+#define STOKE_OP_POSITION_EMBEDDING "position_embedding"
+
+/* layer_norm: (x[..., C], weight[C], bias[C]) -> (y[x's shape], mean[R],
+ * rstd[R]), R rows, as nn.LayerNorm(C): y = (x - mean) rstd weight + bias
+ * per row, rstd = 1/sqrt(biased var + eps). mean and rstd are f32 (f64 for
+ * f64 x) and computed in f32 or wider whatever x's dtype. */
+#define STOKE_OP_LAYER_NORM "layer_norm"
+#define STOKE_LAYER_NORM_EPS 0 /* float, 1e-5 */
+
+/* add_layer_norm: the residual add and the layer norm after it in one
+ * node, (a, b, weight[C], bias[C]) -> (s = a + b, y = layer_norm(s), mean,
+ * rstd), s rounded to the dtype before it is normalized (what the two
+ * nodes compute). Backward: g = ds + dlayer_norm(dy), din[0] = din[1] = g
+ * (ds may be absent: only y read downstream). din[0] and din[1] may be the
+ * same memory (the compiler gives a and b one gradient value when it can):
+ * a kernel then writes it once. Attributes as layer_norm's. */
+#define STOKE_OP_ADD_LAYER_NORM "add_layer_norm"
+
+/* attention: causal scaled dot-product attention over the packed output of
+ * one linear, qkv[B, T, 3C] -> (y[B, T, C], lse[B, H, T]), H heads of
+ * D = C / H: q, k, v are qkv[..., 0:C], [C:2C], [2C:3C], each viewed as
+ * [B, T, H, D] (nanoGPT's c_attn split; llm.c's layout), and
+ *   y[b, t, h D + d] = sum_s softmax_s(scale q.k) v[b, s, h, d]
+ * over s <= t (causal) or all s, as F.scaled_dot_product_attention;
+ * lse[b, h, t] = log sum_s exp(scale q_t.k_s) (natural log, f32; f64 for
+ * f64), what flash attention keeps for its backward (cuDNN's Stats).
+ * FLOPs: 4 B T^2 C forward, not halved for the mask (nanoGPT's count). */
+#define STOKE_OP_ATTENTION "attention"
+#define STOKE_ATTENTION_N_HEAD 0 /* int, required */
+#define STOKE_ATTENTION_CAUSAL 1 /* int, 1 */
+#define STOKE_ATTENTION_SCALE 2  /* float, 0 = 1/sqrt(D) */
+
+/* Views: reshape, slice, split and transpose change how a dense tensor is
+ * indexed. Where the memory order allows (always for reshape; for slice
+ * and split when every dimension before `dim` is 1; for transpose when at
+ * most one dimension from dim0 to dim1 is larger than 1) the compiler
+ * makes the output the same memory as the input (and the same for the
+ * gradients of reshape and transpose), and the kernel, finding
+ * out.data already at its place, does nothing; otherwise it copies.
+ * reshape: x -> x with `shape` (ints "16x1024x768"; one -1 is inferred). */
+#define STOKE_OP_RESHAPE "reshape"
+#define STOKE_RESHAPE_SHAPE 0 /* ints, required */
+
+/* slice: x -> x narrowed along `dim` to [start, start + length), as
+ * torch.narrow (dim < 0 counts from the end). Backward: din is dout
+ * inside the slice and 0 outside. */
+#define STOKE_OP_SLICE "slice"
+#define STOKE_SLICE_DIM 0    /* int, required */
+#define STOKE_SLICE_START 1  /* int, required */
+#define STOKE_SLICE_LENGTH 2 /* int, required */
+
+/* split: x -> one output per entry of `sizes` along `dim`, as
+ * torch.split(x, sizes, dim) (the sizes sum to x's dimension): the op
+ * takes as many outputs as `sizes` has values. */
+#define STOKE_OP_SPLIT "split"
+#define STOKE_SPLIT_DIM 0   /* int, required */
+#define STOKE_SPLIT_SIZES 1 /* ints, required ("768x768x768") */
+
+/* transpose: x -> x with dimensions dim0 and dim1 swapped, as
+ * x.transpose(dim0, dim1).contiguous(). */
+#define STOKE_OP_TRANSPOSE "transpose"
+#define STOKE_TRANSPOSE_DIM0 0 /* int, required */
+#define STOKE_TRANSPOSE_DIM1 1 /* int, required */
+
+/* matmul: (x[N, in], weight[out, in]) -> x W^T, a linear without bias
+ * (nn.Linear(bias=False): GPT-2's output head, tied to the token
+ * embedding). */
+#define STOKE_OP_MATMUL "matmul"
 
 /* Optimizer updates (pass STOKE_OPT) over the flat buffers. */
 #define STOKE_OP_SGD "sgd"     /* state: momentum buffer (1x params) */

@@ -173,7 +173,7 @@ typedef struct stoke_op_type_v1 {
   const char *name;
   const char *help;
   int n_inputs;  /* parameters are inputs too (linear: x, weight, bias) */
-  int n_outputs;
+  int n_outputs; /* 0: as many (1 to STOKE_MAX_IO) as infer makes (split) */
   const stoke_attr_decl_v1 *attrs;
   int n_attrs;
   /* Output shapes and dtypes from the inputs'; errors name the node. */
@@ -256,6 +256,12 @@ typedef struct stoke_kernel_args_v1 {
   void *engine;              /* the engine's state from its open() */
   void *stream;              /* NULL on the CPU */
   uint32_t flags;            /* STOKE_KFLAG_* */
+  /* Appended (issue 11): bit i set: ADD this node's gradient of input i
+   * into din[i] (beta = 1) instead of overwriting it, because another
+   * backward path wrote that value's gradient first (a residual block's
+   * input: the shortcut's gradient, then the main branch's). Set only for
+   * kernels whose `accumulates` has bit i (stoke_kernel_v1). */
+  uint32_t din_accumulate;
 } stoke_kernel_args_v1;
 
 /* One entry of a backend's kernel table: (op, pass, dtype, layout) ->
@@ -274,6 +280,10 @@ typedef struct stoke_kernel_v1 {
                      size_t *workspace_bytes);
   stoke_err *(*run)(const stoke_kernel_args_v1 *a, void *state);
   void (*destroy)(void *state);
+  /* Appended (issue 11): bit i: this backward kernel can add its gradient
+   * of input i into din[i] (stoke_kernel_args_v1.din_accumulate), so the
+   * compiler needs no separate add node where two gradients meet. */
+  uint32_t accumulates;
 } stoke_kernel_v1;
 
 /* --------------------------------------------------------------- backends */
@@ -408,6 +418,12 @@ typedef struct stoke_builder_v1 {
   stoke_err *(*state)(stoke_graph *g, const char *name,
                       const stoke_shape *shape, stoke_init_v1 init,
                       int *value);
+  /* A second name for parameter `value` in checkpoints, for a weight that
+   * two nodes use (tied): nanoGPT's state_dict holds GPT-2's token
+   * embedding as transformer.wte.weight and as lm_head.weight, and
+   * load_state_dict(strict=True) wants both. (Appended before the v1 SDK
+   * is released: the core fills it, so older plugins are unaffected.) */
+  stoke_err *(*param_alias)(stoke_graph *g, int value, const char *name);
 } stoke_builder_v1;
 
 typedef struct stoke_model_v1 {

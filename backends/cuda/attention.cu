@@ -1,0 +1,221 @@
+// backends/cuda/attention.cu: the cuda backend's attention (stoke/ops.h): a plain kernel per
+// query (forward, dQ) and per key (dK, dV), scores of one row in shared memory, O(T^2 D) work and
+// no tensor cores. It serves f32 (cuDNN's flash attention has no f32 engine) and any precision
+// where cudnn is not listed first in [run] backends; backends/cudnn/sdpa.c is the fast path.
+// Sums in float in a fixed order: deterministic. The CPU reference's semantics (lse = natural-log
+// log-sum-exp of the scaled scores, causal or not).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "backends/cuda/stoke_cuda.h"
+#include "backends/cuda/types.cuh"
+#include "stoke/ops.h"
+
+namespace {
+
+constexpr int kAttThreads = 128;
+constexpr int64_t kMaxT = 4096;  // two rows of scores in shared memory (32 KiB)
+
+struct att_dims {
+  int64_t b, t, h, d, c;
+  int causal;
+  float scale;
+};
+
+// (b, h, t) of blockIdx: x = t, y = b * H + h.
+__device__ __forceinline__ void bht(const att_dims &g, int64_t &b, int64_t &h, int64_t &t) {
+  t = blockIdx.x;
+  b = blockIdx.y / g.h;
+  h = blockIdx.y % g.h;
+}
+
+template <typename T> __device__ __forceinline__ const T *qrow(const T *x, const att_dims &g, int64_t b, int64_t t, int64_t h, int which) {
+  return x + (b * g.t + t) * 3 * g.c + which * g.c + h * g.d;
+}
+
+// Block-wide max or sum over kAttThreads threads.
+template <bool kMax> __device__ float block_reduce(float v, float *sm) {
+  for (int o = 16; o > 0; o >>= 1) {
+    float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, w) : v + w;
+  }
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) sm[threadIdx.x / 32] = v;
+  __syncthreads();
+  float r = sm[0];
+  for (int k = 1; k < kAttThreads / 32; k++) r = kMax ? fmaxf(r, sm[k]) : r + sm[k];
+  return r;
+}
+
+template <typename T> __device__ float dot(const T *a, const T *b, int64_t n) {
+  float s = 0.f;
+  for (int64_t i = 0; i < n; i++) s += to_f(a[i]) * to_f(b[i]);
+  return s;
+}
+
+// One query row: scores over s (<= t when causal), lse, y = softmax . V.
+template <typename T>
+__global__ void __launch_bounds__(kAttThreads) att_fwd_kernel(const T *__restrict__ x, T *__restrict__ y,
+                                                              float *__restrict__ lse, att_dims g) {
+  extern __shared__ float sc[];
+  __shared__ float red[kAttThreads / 32];
+  int64_t b, h, t;
+  bht(g, b, h, t);
+  const int64_t ns = g.causal ? t + 1 : g.t;
+  const T *q = qrow(x, g, b, t, h, 0);
+  float m = -INFINITY;
+  for (int64_t s = threadIdx.x; s < ns; s += kAttThreads) {
+    sc[s] = g.scale * dot(q, qrow(x, g, b, s, h, 1), g.d);
+    m = fmaxf(m, sc[s]);
+  }
+  m = block_reduce<true>(m, red);
+  float sum = 0.f;
+  for (int64_t s = threadIdx.x; s < ns; s += kAttThreads) sum += expf(sc[s] - m);
+  sum = block_reduce<false>(sum, red);
+  const float l = m + logf(sum);
+  for (int64_t s = threadIdx.x; s < ns; s += kAttThreads) sc[s] = expf(sc[s] - l);
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < g.d; d += kAttThreads) {
+    float acc_v = 0.f;
+    for (int64_t s = 0; s < ns; s++) acc_v += sc[s] * to_f(qrow(x, g, b, s, h, 2)[d]);
+    y[(b * g.t + t) * g.c + h * g.d + d] = from_f<T>(acc_v);
+  }
+  if (threadIdx.x == 0) lse[(b * g.h + h) * g.t + t] = l;
+}
+
+// dQ of one query row: p = exp(scale q.k - lse), ds = p (dy.v - dy.y), dq = scale sum ds k.
+template <typename T>
+__global__ void __launch_bounds__(kAttThreads) att_dq_kernel(const T *__restrict__ x, const T *__restrict__ y,
+                                                             const float *__restrict__ lse, const T *__restrict__ dy,
+                                                             T *__restrict__ dx, att_dims g, float beta) {
+  extern __shared__ float ds[];
+  __shared__ float red[kAttThreads / 32];
+  int64_t b, h, t;
+  bht(g, b, h, t);
+  const int64_t ns = g.causal ? t + 1 : g.t;
+  const T *q = qrow(x, g, b, t, h, 0), *dyt = dy + (b * g.t + t) * g.c + h * g.d, *yt = y + (b * g.t + t) * g.c + h * g.d;
+  float dd = 0.f;
+  for (int64_t d = threadIdx.x; d < g.d; d += kAttThreads) dd += to_f(dyt[d]) * to_f(yt[d]);
+  dd = block_reduce<false>(dd, red);
+  const float l = lse[(b * g.h + h) * g.t + t];
+  for (int64_t s = threadIdx.x; s < ns; s += kAttThreads) {
+    float p = expf(g.scale * dot(q, qrow(x, g, b, s, h, 1), g.d) - l);
+    ds[s] = p * (dot(dyt, qrow(x, g, b, s, h, 2), g.d) - dd);
+  }
+  __syncthreads();
+  T *dq = dx + (b * g.t + t) * 3 * g.c + h * g.d;
+  for (int64_t d = threadIdx.x; d < g.d; d += kAttThreads) {
+    float acc_v = 0.f;
+    for (int64_t s = 0; s < ns; s++) acc_v += ds[s] * to_f(qrow(x, g, b, s, h, 1)[d]);
+    acc(dq + d, beta, g.scale * acc_v);
+  }
+}
+
+// dK, dV of one key row s: over the queries t that see it (t >= s when causal).
+template <typename T>
+__global__ void __launch_bounds__(kAttThreads) att_dkv_kernel(const T *__restrict__ x, const T *__restrict__ y,
+                                                              const float *__restrict__ lse, const T *__restrict__ dy,
+                                                              T *__restrict__ dx, att_dims g, float beta) {
+  extern __shared__ float buf[];
+  float *p = buf, *ds = buf + g.t;
+  int64_t b, h, s;
+  bht(g, b, h, s);
+  const int64_t t0 = g.causal ? s : 0;
+  const T *k = qrow(x, g, b, s, h, 1), *v = qrow(x, g, b, s, h, 2);
+  for (int64_t t = t0 + threadIdx.x; t < g.t; t += kAttThreads) {
+    const T *dyt = dy + (b * g.t + t) * g.c + h * g.d, *yt = y + (b * g.t + t) * g.c + h * g.d;
+    float pt = expf(g.scale * dot(qrow(x, g, b, t, h, 0), k, g.d) - lse[(b * g.h + h) * g.t + t]);
+    p[t] = pt;
+    ds[t] = pt * (dot(dyt, v, g.d) - dot(dyt, yt, g.d));
+  }
+  __syncthreads();
+  T *dk = dx + (b * g.t + s) * 3 * g.c + g.c + h * g.d, *dv = dk + g.c;
+  for (int64_t d = threadIdx.x; d < g.d; d += kAttThreads) {
+    float ak = 0.f, av = 0.f;
+    for (int64_t t = t0; t < g.t; t++) {
+      ak += ds[t] * to_f(qrow(x, g, b, t, h, 0)[d]);
+      av += p[t] * to_f(dy[(b * g.t + t) * g.c + h * g.d + d]);
+    }
+    acc(dk + d, beta, g.scale * ak);
+    acc(dv + d, beta, av);
+  }
+}
+
+// ================================================================ host side
+
+stoke_err *att_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool run, att_dims *g) {
+  const char *op = STOKE_OP_ATTENTION;
+  if (a->n_in < 1 || a->n_out < 2 || !a->node || a->node->n_attrs <= STOKE_ATTENTION_SCALE || (bwd && (!a->din || !a->dout)))
+    return STOKE_PERR(STOKE_E_INVALID, "cuda %s '%s': expects qkv -> y, lse and the attributes", op, nname(a));
+  const stoke_shape *x = &a->in[0].shape;
+  g->h = a->node->attrs[STOKE_ATTENTION_N_HEAD].i;
+  if (x->ndim != 3 || x->d[2] % 3 || g->h < 1 || (x->d[2] / 3) % g->h)
+    return STOKE_PERR(STOKE_E_INVALID, "cuda %s '%s': qkv %s must be [B, T, 3C], C a multiple of n_head", op, nname(a),
+                      shp(x).s);
+  g->b = x->d[0], g->t = x->d[1], g->c = x->d[2] / 3, g->d = g->c / g->h;
+  g->causal = (int)a->node->attrs[STOKE_ATTENTION_CAUSAL].i;
+  double sc = a->node->attrs[STOKE_ATTENTION_SCALE].f;
+  g->scale = (float)(sc > 0 ? sc : 1.0 / sqrt((double)g->d));
+  if (g->t > kMaxT || g->b * g->h > 65535)
+    return STOKE_PERR(STOKE_E_UNSUPPORTED, "cuda %s '%s': T = %lld (at most %lld) or B H = %lld (at most 65535); use "
+                      "cudnn's attention", op, nname(a), (long long)g->t, (long long)kMaxT, (long long)(g->b * g->h));
+  CHECK(check_dtype(a, op, "qkv", &a->in[0], dt));
+  CHECK(check_dtype(a, op, "y", &a->out[0], dt));
+  CHECK(check_dtype(a, op, "lse", &a->out[1], STOKE_F32));
+  CHECK(check_data(a, op, "qkv", &a->in[0], run));
+  CHECK(check_data(a, op, "y", &a->out[0], run));
+  CHECK(check_data(a, op, "lse", &a->out[1], run));
+  if (bwd) CHECK(check_grad(a, op, "qkv", &a->din[0], &a->in[0]));
+  if (bwd && a->din[0].data) CHECK(check_data(a, op, "dy", &a->dout[0], run));
+  return NULL;
+}
+
+template <typename T, int BWD> stoke_err *att_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  att_dims g;
+  if (state) *state = NULL;
+  if (ws) *ws = 0;
+  return att_check(a, dtype_of<T>::value, BWD, false, &g);
+}
+
+template <typename T> stoke_err *att_fwd(const stoke_kernel_args_v1 *a, void *) {
+  att_dims g;
+  CHECK(att_check(a, dtype_of<T>::value, 0, true, &g));
+  dim3 grid((unsigned)g.t, (unsigned)(g.b * g.h));
+  att_fwd_kernel<T><<<grid, kAttThreads, (size_t)g.t * sizeof(float), (cudaStream_t)a->stream>>>(
+      static_cast<const T *>(a->in[0].data), static_cast<T *>(a->out[0].data), static_cast<float *>(a->out[1].data), g);
+  STOKE_CUDA_LAUNCH(nname(a));
+  return NULL;
+}
+
+template <typename T> stoke_err *att_bwd(const stoke_kernel_args_v1 *a, void *) {
+  att_dims g;
+  CHECK(att_check(a, dtype_of<T>::value, 1, true, &g));
+  T *dx = static_cast<T *>(a->din[0].data);
+  if (!dx) return NULL;
+  const T *x = static_cast<const T *>(a->in[0].data), *y = static_cast<const T *>(a->out[0].data);
+  const T *dy = static_cast<const T *>(a->dout[0].data);
+  const float *lse = static_cast<const float *>(a->out[1].data);
+  float beta = grad_beta(a, 0);
+  dim3 grid((unsigned)g.t, (unsigned)(g.b * g.h));
+  cudaStream_t st = (cudaStream_t)a->stream;
+  att_dq_kernel<T><<<grid, kAttThreads, (size_t)g.t * sizeof(float), st>>>(x, y, lse, dy, dx, g, beta);
+  STOKE_CUDA_LAUNCH(nname(a));
+  att_dkv_kernel<T><<<grid, kAttThreads, 2 * (size_t)g.t * sizeof(float), st>>>(x, y, lse, dy, dx, g, beta);
+  STOKE_CUDA_LAUNCH(nname(a));
+  return NULL;
+}
+
+#define ATT(T)                                                                                                  \
+  {"cuda", STOKE_OP_ATTENTION, STOKE_FWD, dtype_of<T>::value, STOKE_LAYOUT_ANY, att_plan<T, 0>, att_fwd<T>, destroy_none}, \
+  {"cuda", STOKE_OP_ATTENTION, STOKE_BWD, dtype_of<T>::value, STOKE_LAYOUT_ANY, att_plan<T, 1>, att_bwd<T>, destroy_none}
+
+const stoke_kernel_v1 att_kernels[] = {ATT(float), ATT(__nv_bfloat16), ATT(__half)};
+
+}  // namespace
+
+extern "C" stoke_err *stoke_cuda_register_attention(const stoke_registry_v1 *r) {
+  return add_kernels(r, att_kernels, sizeof att_kernels / sizeof *att_kernels);
+}

@@ -1,0 +1,626 @@
+// backends/cuda/seq.cu: the cuda backend's kernels of the sequence ops (embedding,
+// position_embedding, layer_norm, add_layer_norm) and of the views (reshape, slice, split,
+// transpose); see stoke/ops.h. f32, bf16 and fp16; arithmetic in float, reductions in a fixed
+// order (deterministic: no float atomics), the CPU reference's semantics (backends/cpu/seq.c).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include "backends/cuda/stoke_cuda.h"
+#include "backends/cuda/types.cuh"
+#include "stoke/ops.h"
+
+namespace {
+
+constexpr int64_t kGrid = 65535;
+
+// Token ids are sliced and reshaped too (plain copies only: beta is 0 for them).
+template <> struct dtype_of<int32_t> { static constexpr stoke_dtype value = STOKE_I32; };
+
+cudaStream_t stream_of(const stoke_kernel_args_v1 *a) { return (cudaStream_t)a->stream; }
+
+template <typename T> T *dp(const stoke_tensor &t) { return static_cast<T *>(t.data); }
+
+// Warp sum (every lane gets it).
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// d[i] = beta * d[i] for i < n (0 when beta is 0, without reading d).
+template <typename T> __global__ void scale_kernel(T *d, int64_t n, float beta) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    d[i] = from_f<T>(beta != 0.f ? beta * to_f(d[i]) : 0.f);
+}
+
+// ------------------------------------------------------------- embedding
+
+// out row i = weight row idx[i]; an index outside [0, V) gives a NaN row (no host sync to say so).
+template <typename T>
+__global__ void embedding_fwd_kernel(const T *__restrict__ w, const int32_t *__restrict__ idx, T *__restrict__ y,
+                                     int64_t rows, int64_t c, int64_t v) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * c; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = i / c, j = i - r * c;
+    int32_t t = idx[r];
+    y[i] = t >= 0 && t < v ? w[(int64_t)t * c + j] : from_f<T>(NAN);
+  }
+}
+
+// After a stable sort of (token, position): each run of one token, summed over its positions in
+// order into dweight's row (a block per run start; other blocks exit at once). Deterministic.
+template <typename T>
+__global__ void embedding_bwd_kernel(const int32_t *__restrict__ keys, const int32_t *__restrict__ pos,
+                                     const T *__restrict__ dy, T *__restrict__ dw, int64_t n, int64_t c, int64_t v) {
+  for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {
+    int32_t t = keys[s];
+    if ((s > 0 && keys[s - 1] == t) || t < 0 || t >= v) continue;
+    int64_t e = s;
+    while (e < n && keys[e] == t) e++;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      float acc_v = to_f(dw[(int64_t)t * c + j]);
+      for (int64_t k = s; k < e; k++) acc_v += to_f(dy[(int64_t)pos[k] * c + j]);
+      dw[(int64_t)t * c + j] = from_f<T>(acc_v);
+    }
+  }
+}
+
+__global__ void iota_kernel(int32_t *p, int64_t n) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    p[i] = (int32_t)i;
+}
+
+// --------------------------------------------------- position_embedding
+
+template <typename T>
+__global__ void pos_fwd_kernel(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y, int64_t n,
+                               int64_t tc) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] = from_f<T>(to_f(x[i]) + to_f(w[i % tc]));
+}
+
+// dweight[t, c] = beta dweight + sum over b of dy[b, t, c] (rows t >= T: beta dweight).
+template <typename T>
+__global__ void pos_bwd_w_kernel(const T *__restrict__ dy, T *__restrict__ dw, int64_t b, int64_t tc, int64_t all,
+                                 float beta) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < all; i += (int64_t)gridDim.x * blockDim.x) {
+    float s = 0.f;
+    for (int64_t k = 0; i < tc && k < b; k++) s += to_f(dy[k * tc + i]);
+    acc(dw + i, beta, s);
+  }
+}
+
+template <typename T>
+__global__ void copy_acc_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t n, float beta) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    acc(y + i, beta, to_f(x[i]));
+}
+
+// ------------------------------------------------------------ layer norm
+
+// One warp per row: s = a + b rounded to T (add_layer_norm) or x, its mean and biased variance
+// (two passes over the row, in float), y = (s - mean) rstd w + bias.
+template <typename T>
+__global__ void ln_fwd_kernel(const T *__restrict__ a, const T *__restrict__ b, T *__restrict__ s_out,
+                              const T *__restrict__ w, const T *__restrict__ bias, T *__restrict__ y,
+                              float *__restrict__ mean, float *__restrict__ rstd, int64_t rows, int64_t c, float eps) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+  for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
+    const T *ar = a + r * c;
+    float sum = 0.f;
+    for (int64_t j = lane; j < c; j += 32) {
+      float v = to_f(ar[j]);
+      if (b) {
+        T sv = from_f<T>(v + to_f(b[r * c + j]));
+        s_out[r * c + j] = sv;
+        v = to_f(sv);
+      }
+      sum += v;
+    }
+    const T *xr = b ? s_out + r * c : ar;
+    __syncwarp();
+    float m = warp_sum(sum) / (float)c, q = 0.f;
+    for (int64_t j = lane; j < c; j += 32) {
+      float d = to_f(xr[j]) - m;
+      q += d * d;
+    }
+    float rs = rsqrtf(warp_sum(q) / (float)c + eps);
+    for (int64_t j = lane; j < c; j += 32)
+      y[r * c + j] = from_f<T>((to_f(xr[j]) - m) * rs * to_f(w[j]) + to_f(bias[j]));
+    if (lane == 0) mean[r] = m, rstd[r] = rs;
+  }
+}
+
+// dx per row (one warp): rstd (gy - mean(gy) - xhat mean(gy xhat)) (+ ds), gy = dy w, into dx and
+// dx2 (add_layer_norm's second input, when it has its own memory).
+template <typename T>
+__global__ void ln_bwd_x_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ dy,
+                                const T *__restrict__ ds, const float *__restrict__ mean,
+                                const float *__restrict__ rstd, T *dx, T *dx2, int64_t rows, int64_t c, float b0,
+                                float b1) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+  for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
+    float m = mean[r], rs = rstd[r], mg = 0.f, mgx = 0.f;
+    for (int64_t j = lane; j < c; j += 32) {
+      float gy = to_f(dy[r * c + j]) * to_f(w[j]);
+      mg += gy;
+      mgx += gy * (to_f(x[r * c + j]) - m) * rs;
+    }
+    mg = warp_sum(mg) / (float)c;
+    mgx = warp_sum(mgx) / (float)c;
+    for (int64_t j = lane; j < c; j += 32) {
+      int64_t i = r * c + j;
+      float xh = (to_f(x[i]) - m) * rs, gy = to_f(dy[i]) * to_f(w[j]);
+      float v = rs * (gy - mg - xh * mgx) + (ds ? to_f(ds[i]) : 0.f);
+      acc(dx + i, b0, v);
+      if (dx2) acc(dx2 + i, b1, v);
+    }
+  }
+}
+
+constexpr int kLnParts = 64;  // row partitions of the weight and bias gradients
+
+// part[p, j] = (sum dy xhat, sum dy) over partition p's rows of column j (a thread per column).
+template <typename T>
+__global__ void ln_bwd_w_part_kernel(const T *__restrict__ x, const T *__restrict__ dy, const float *__restrict__ mean,
+                                     const float *__restrict__ rstd, float2 *__restrict__ part, int64_t rows, int64_t c) {
+  const int p = blockIdx.y;
+  const int64_t per = (rows + kLnParts - 1) / kLnParts, r0 = p * per, r1 = r0 + per < rows ? r0 + per : rows;
+  for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < c; j += (int64_t)gridDim.x * blockDim.x) {
+    float sw = 0.f, sb = 0.f;
+    for (int64_t r = r0; r < r1; r++) {
+      float d = to_f(dy[r * c + j]);
+      sw += d * (to_f(x[r * c + j]) - mean[r]) * rstd[r];
+      sb += d;
+    }
+    part[(int64_t)p * c + j] = make_float2(sw, sb);
+  }
+}
+
+// dweight = beta dweight + sum of the partitions in order; dbias likewise.
+template <typename T>
+__global__ void ln_bwd_w_sum_kernel(const float2 *__restrict__ part, T *dw, T *db, int64_t c, float bw, float bb) {
+  for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < c; j += (int64_t)gridDim.x * blockDim.x) {
+    float sw = 0.f, sb = 0.f;
+    for (int p = 0; p < kLnParts; p++) sw += part[(int64_t)p * c + j].x, sb += part[(int64_t)p * c + j].y;
+    if (dw) acc(dw + j, bw, sw);
+    if (db) acc(db + j, bb, sb);
+  }
+}
+
+// ----------------------------------------------------------------- views
+
+// dst[o, k] = beta dst + src[o, k] for o < outer, k < len, with row strides (elements).
+template <typename T>
+__global__ void block_copy_kernel(const T *__restrict__ src, T *dst, int64_t outer, int64_t len, int64_t ss,
+                                  int64_t ds, float beta) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < outer * len; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t o = i / len, k = i - o * len;
+    float v = src ? to_f(src[o * ss + k]) : 0.f;
+    acc(dst + o * ds + k, beta, v);
+  }
+}
+
+// (A, P, M, Q, I) -> (A, Q, M, P, I), element by element; y = beta y + x.
+template <typename T>
+__global__ void transpose_kernel(const T *__restrict__ x, T *y, int64_t A, int64_t P, int64_t M, int64_t Q, int64_t I,
+                                 float beta) {
+  int64_t n = A * P * M * Q * I;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t e = i % I, t = i / I, q = t % Q;
+    t /= Q;
+    int64_t m = t % M;
+    t /= M;
+    int64_t p = t % P, a = t / P;
+    acc(y + ((((a * Q + q) * M + m) * P + p) * I + e), beta, to_f(x[i]));
+  }
+}
+
+// ================================================================ host side
+
+unsigned blocks(int64_t n) { return grid_for(n, kThreads, kGrid); }
+
+#define LAUNCH_OK(a) STOKE_CUDA_LAUNCH(nname(a))
+
+// ---------------------------------------------------------------- checks
+
+stoke_err *embedding_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool run) {
+  const char *op = STOKE_OP_EMBEDDING;
+  if (a->n_in < 2 || a->n_out < 1 || (bwd && (!a->din || !a->dout)))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects weight, idx -> out", op, nname(a));
+  const stoke_shape *ws = &a->in[0].shape, *is = &a->in[1].shape, *ys = &a->out[0].shape;
+  bool ok = ws->ndim == 2 && ys->ndim == is->ndim + 1 && ys->d[ys->ndim - 1] == ws->d[1] &&
+            stoke_numel(is) < ((int64_t)1 << 31) && ws->d[0] < ((int64_t)1 << 31);
+  for (int i = 0; ok && i < is->ndim; i++) ok = ys->d[i] == is->d[i];
+  if (!ok)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects weight[V, C], idx[...] -> out[..., C]; got %s, %s, %s", op,
+                      nname(a), shp(ws).s, shp(is).s, shp(ys).s);
+  CHECK(check_dtype(a, op, "weight", &a->in[0], dt));
+  CHECK(check_dtype(a, op, "idx", &a->in[1], STOKE_I32));
+  CHECK(check_dtype(a, op, "out", &a->out[0], dt));
+  CHECK(check_data(a, op, "idx", &a->in[1], run));
+  if (!bwd) {
+    CHECK(check_data(a, op, "weight", &a->in[0], run));
+    return check_data(a, op, "out", &a->out[0], run);
+  }
+  CHECK(check_grad(a, op, "weight", &a->din[0], &a->in[0]));
+  return a->din[0].data ? check_data(a, op, "dout", &a->dout[0], run) : NULL;
+}
+
+// The backward's workspace: sorted keys and positions, the keys and positions sorted from, and
+// cub's own temporary storage.
+size_t embedding_workspace(const stoke_kernel_args_v1 *a, size_t *cub_bytes) {
+  int n = (int)stoke_numel(&a->in[1].shape);
+  size_t tmp = 0;
+  cub::DeviceRadixSort::SortPairs(NULL, tmp, (const int32_t *)NULL, (int32_t *)NULL, (const int32_t *)NULL,
+                                  (int32_t *)NULL, n);
+  if (cub_bytes) *cub_bytes = tmp;
+  return 3 * (((size_t)n * 4 + 255) / 256 * 256) + tmp;
+}
+
+stoke_err *pos_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool run) {
+  const char *op = STOKE_OP_POSITION_EMBEDDING;
+  if (a->n_in < 2 || a->n_out < 1 || (bwd && (!a->din || !a->dout)))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x, weight -> y", op, nname(a));
+  const stoke_shape *xs = &a->in[0].shape, *ws = &a->in[1].shape;
+  if (xs->ndim != 3 || ws->ndim != 2 || ws->d[1] != xs->d[2] || ws->d[0] < xs->d[1] || !same_shape(xs, &a->out[0].shape))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[B, T, C], weight[P >= T, C]; got %s, %s", op, nname(a),
+                      shp(xs).s, shp(ws).s);
+  for (int i = 0; i < 2; i++) CHECK(check_dtype(a, op, i ? "weight" : "x", &a->in[i], dt));
+  CHECK(check_dtype(a, op, "y", &a->out[0], dt));
+  if (!bwd) {
+    for (int i = 0; i < 2; i++) CHECK(check_data(a, op, i ? "weight" : "x", &a->in[i], run));
+    return check_data(a, op, "y", &a->out[0], run);
+  }
+  CHECK(check_grad(a, op, "x", &a->din[0], &a->in[0]));
+  CHECK(check_grad(a, op, "weight", &a->din[1], &a->in[1]));
+  return check_data(a, op, "dy", &a->dout[0], run);
+}
+
+struct ln_geom {
+  int64_t rows, c;
+  float eps;
+  int add, w, y;
+};
+
+stoke_err *ln_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool run, int add, ln_geom *g) {
+  const char *op = add ? STOKE_OP_ADD_LAYER_NORM : STOKE_OP_LAYER_NORM;
+  g->add = add;
+  g->w = add ? 2 : 1;
+  g->y = add ? 1 : 0;
+  int nin = add ? 4 : 3, nout = add ? 4 : 3;
+  if (a->n_in < nin || a->n_out < nout || (bwd && (!a->din || !a->dout)) || !a->node ||
+      a->node->n_attrs <= STOKE_LAYER_NORM_EPS)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects %d inputs, %d outputs and eps", op, nname(a), nin, nout);
+  const stoke_shape *xs = &a->in[0].shape;
+  g->eps = (float)a->node->attrs[STOKE_LAYER_NORM_EPS].f;
+  g->c = xs->ndim ? xs->d[xs->ndim - 1] : 0;
+  g->rows = g->c ? stoke_numel(xs) / g->c : 0;
+  for (int i = 0; i < (add ? 2 : 1); i++)
+    if (!same_shape(&a->in[i].shape, xs) || !same_shape(&a->out[i].shape, xs))
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': inputs and outputs must have x's shape %s", op, nname(a), shp(xs).s);
+  for (int i = g->w; i < g->w + 2; i++)
+    if (a->in[i].shape.ndim != 1 || a->in[i].shape.d[0] != g->c)
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': weight and bias must be [%lld]", op, nname(a), (long long)g->c);
+  for (int j = g->y + 1; j < g->y + 3; j++)
+    if (a->out[j].shape.ndim != 1 || a->out[j].shape.d[0] != g->rows || a->out[j].dtype != STOKE_F32)
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': mean and rstd must be f32 [%lld]", op, nname(a), (long long)g->rows);
+  for (int i = 0; i < nin; i++) CHECK(check_dtype(a, op, "input", &a->in[i], dt));
+  CHECK(check_dtype(a, op, "y", &a->out[g->y], dt));
+  if (!bwd) {
+    for (int i = 0; i < nin; i++) CHECK(check_data(a, op, "input", &a->in[i], run));
+    for (int j = 0; j < nout; j++) CHECK(check_data(a, op, "output", &a->out[j], run));
+    return NULL;
+  }
+  for (int i = 0; i < nin; i++) CHECK(check_grad(a, op, "input", &a->din[i], &a->in[i]));
+  CHECK(check_data(a, op, "dy", &a->dout[g->y], run));
+  CHECK(check_data(a, op, add ? "s" : "x", add ? &a->out[0] : &a->in[0], run));
+  CHECK(check_data(a, op, "weight", &a->in[g->w], run));
+  CHECK(check_data(a, op, "mean", &a->out[g->y + 1], run));
+  return check_data(a, op, "rstd", &a->out[g->y + 2], run);
+}
+
+// ---------------------------------------------------------------- kernels
+
+#define PLAN(name, check, ws)                                                                \
+  template <typename T> stoke_err *name##_plan(const stoke_kernel_args_v1 *a, void **state, \
+                                               size_t *w) {                                  \
+    if (state) *state = NULL;                                                                \
+    if (w) *w = 0;                                                                           \
+    CHECK(check);                                                                            \
+    if (w) *w = (ws);                                                                        \
+    return NULL;                                                                             \
+  }
+
+PLAN(embedding_fwd, embedding_check(a, dtype_of<T>::value, 0, false), 0)
+PLAN(embedding_bwd, embedding_check(a, dtype_of<T>::value, 1, false), embedding_workspace(a, NULL))
+
+template <typename T> stoke_err *embedding_fwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(embedding_check(a, dtype_of<T>::value, 0, true));
+  int64_t rows = stoke_numel(&a->in[1].shape), c = a->in[0].shape.d[1];
+  embedding_fwd_kernel<T><<<blocks(rows * c), kThreads, 0, stream_of(a)>>>(
+      dp<T>(a->in[0]), dp<int32_t>(a->in[1]), dp<T>(a->out[0]), rows, c, a->in[0].shape.d[0]);
+  LAUNCH_OK(a);
+  return NULL;
+}
+
+// dweight = beta dweight, then a stable radix sort of (index, position) and each index's rows
+// summed in position order: the same bits on every run (STOKE_KFLAG_DETERMINISTIC or not).
+template <typename T> stoke_err *embedding_bwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(embedding_check(a, dtype_of<T>::value, 1, true));
+  T *dw = dp<T>(a->din[0]);
+  if (!dw) return NULL;
+  int64_t n = stoke_numel(&a->in[1].shape), c = a->in[0].shape.d[1], v = a->in[0].shape.d[0];
+  size_t cub_bytes, need = embedding_workspace(a, &cub_bytes), slot = ((size_t)n * 4 + 255) / 256 * 256;
+  if (a->workspace_bytes < need || !a->workspace)
+    return STOKE_PERR(STOKE_E_INTERNAL, "embedding '%s': needs %zu bytes of workspace, got %zu", nname(a), need,
+                      a->workspace_bytes);
+  char *ws = static_cast<char *>(a->workspace);
+  int32_t *pos_in = (int32_t *)ws, *keys = (int32_t *)(ws + slot), *pos = (int32_t *)(ws + 2 * slot);
+  cudaStream_t st = stream_of(a);
+  scale_kernel<T><<<blocks(v * c), kThreads, 0, st>>>(dw, v * c, grad_beta(a, 0));
+  LAUNCH_OK(a);
+  iota_kernel<<<blocks(n), kThreads, 0, st>>>(pos_in, n);
+  LAUNCH_OK(a);
+  STOKE_CUDA(cub::DeviceRadixSort::SortPairs(ws + 3 * slot, cub_bytes, dp<int32_t>(a->in[1]), keys, pos_in, pos,
+                                             (int)n, 0, 32, st));
+  embedding_bwd_kernel<T><<<grid_for(n, 1, kGrid), kThreads, 0, st>>>(keys, pos, dp<T>(a->dout[0]), dw, n, c, v);
+  LAUNCH_OK(a);
+  return NULL;
+}
+
+PLAN(pos_fwd, pos_check(a, dtype_of<T>::value, 0, false), 0)
+PLAN(pos_bwd, pos_check(a, dtype_of<T>::value, 1, false), 0)
+
+template <typename T> stoke_err *pos_fwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(pos_check(a, dtype_of<T>::value, 0, true));
+  const int64_t *d = a->in[0].shape.d;
+  int64_t n = d[0] * d[1] * d[2];
+  pos_fwd_kernel<T><<<blocks(n), kThreads, 0, stream_of(a)>>>(dp<T>(a->in[0]), dp<T>(a->in[1]), dp<T>(a->out[0]), n,
+                                                               d[1] * d[2]);
+  LAUNCH_OK(a);
+  return NULL;
+}
+
+template <typename T> stoke_err *pos_bwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(pos_check(a, dtype_of<T>::value, 1, true));
+  const int64_t *d = a->in[0].shape.d;
+  int64_t n = d[0] * d[1] * d[2], all = stoke_numel(&a->in[1].shape);
+  if (a->din[0].data && (a->din[0].data != a->dout[0].data || grad_beta(a, 0) != 0.f)) {
+    copy_acc_kernel<T><<<blocks(n), kThreads, 0, stream_of(a)>>>(dp<T>(a->dout[0]), dp<T>(a->din[0]), n,
+                                                                 grad_beta(a, 0));
+    LAUNCH_OK(a);
+  }
+  if (a->din[1].data) {
+    pos_bwd_w_kernel<T><<<blocks(all), kThreads, 0, stream_of(a)>>>(dp<T>(a->dout[0]), dp<T>(a->din[1]), d[0],
+                                                                     d[1] * d[2], all, grad_beta(a, 1));
+    LAUNCH_OK(a);
+  }
+  return NULL;
+}
+
+template <int ADD> stoke_err *ln_plan_any(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, size_t *w) {
+  ln_geom g;
+  CHECK(ln_check(a, dt, bwd, false, ADD, &g));
+  if (w) *w = bwd ? (size_t)kLnParts * (size_t)g.c * sizeof(float2) : 0;
+  return NULL;
+}
+
+template <typename T, int ADD, int BWD> stoke_err *ln_plan(const stoke_kernel_args_v1 *a, void **state, size_t *w) {
+  if (state) *state = NULL;
+  if (w) *w = 0;
+  return ln_plan_any<ADD>(a, dtype_of<T>::value, BWD, w);
+}
+
+template <typename T, int ADD> stoke_err *ln_fwd(const stoke_kernel_args_v1 *a, void *) {
+  ln_geom g;
+  CHECK(ln_check(a, dtype_of<T>::value, 0, true, ADD, &g));
+  if (!g.rows) return NULL;
+  ln_fwd_kernel<T><<<grid_for(g.rows, kThreads / 32, kGrid), kThreads, 0, stream_of(a)>>>(
+      dp<T>(a->in[0]), ADD ? dp<T>(a->in[1]) : (const T *)NULL, ADD ? dp<T>(a->out[0]) : (T *)NULL, dp<T>(a->in[g.w]),
+      dp<T>(a->in[g.w + 1]), dp<T>(a->out[g.y]), dp<float>(a->out[g.y + 1]), dp<float>(a->out[g.y + 2]), g.rows, g.c,
+      g.eps);
+  LAUNCH_OK(a);
+  return NULL;
+}
+
+template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, void *) {
+  ln_geom g;
+  CHECK(ln_check(a, dtype_of<T>::value, 1, true, ADD, &g));
+  if (!g.rows) return NULL;
+  cudaStream_t st = stream_of(a);
+  const T *x = ADD ? dp<T>(a->out[0]) : dp<T>(a->in[0]), *dy = dp<T>(a->dout[g.y]);
+  const float *mean = dp<float>(a->out[g.y + 1]), *rstd = dp<float>(a->out[g.y + 2]);
+  T *dx = dp<T>(a->din[0]), *dx2 = ADD && a->din[1].data != a->din[0].data ? dp<T>(a->din[1]) : (T *)NULL;
+  float b0 = grad_beta(a, 0), b1 = ADD ? grad_beta(a, 1) : 0.f;
+  if (!dx && dx2) dx = dx2, dx2 = NULL, b0 = b1;
+  if (dx) {
+    ln_bwd_x_kernel<T><<<grid_for(g.rows, kThreads / 32, kGrid), kThreads, 0, st>>>(
+        x, dp<T>(a->in[g.w]), dy, ADD ? dp<T>(a->dout[0]) : (const T *)NULL, mean, rstd, dx, dx2, g.rows, g.c, b0, b1);
+    LAUNCH_OK(a);
+  }
+  T *dw = dp<T>(a->din[g.w]), *db = dp<T>(a->din[g.w + 1]);
+  if (!dw && !db) return NULL;
+  size_t need = (size_t)kLnParts * (size_t)g.c * sizeof(float2);
+  if (a->workspace_bytes < need || !a->workspace)
+    return STOKE_PERR(STOKE_E_INTERNAL, "layer_norm '%s': needs %zu bytes of workspace, got %zu", nname(a), need,
+                      a->workspace_bytes);
+  float2 *part = static_cast<float2 *>(a->workspace);
+  dim3 grid(grid_for(g.c, kThreads, 64), kLnParts);
+  ln_bwd_w_part_kernel<T><<<grid, kThreads, 0, st>>>(x, dy, mean, rstd, part, g.rows, g.c);
+  LAUNCH_OK(a);
+  ln_bwd_w_sum_kernel<T><<<blocks(g.c), kThreads, 0, st>>>(part, dw, db, g.c, grad_beta(a, g.w),
+                                                           grad_beta(a, g.w + 1));
+  LAUNCH_OK(a);
+  return NULL;
+}
+
+// ---------------------------------------------------------------- views
+
+// The parts of a slice or split along dim: each output o, its start along dim.
+stoke_err *view_check(const stoke_kernel_args_v1 *a, const char *op, int bwd, bool run) {
+  if (a->n_in < 1 || a->n_out < 1 || !a->node || (bwd && (!a->din || !a->dout)))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x -> outputs", op, nname(a));
+  for (int j = 0; j < a->n_out; j++)
+    if (a->out[j].dtype != a->in[0].dtype)
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': output %d is %s, x %s", op, nname(a), j,
+                        stoke_dtype_name(a->out[j].dtype), stoke_dtype_name(a->in[0].dtype));
+  if (!bwd) return check_data(a, op, "x", &a->in[0], run);
+  return NULL;
+}
+
+int view_dim(const stoke_kernel_args_v1 *a, int attr) {
+  int64_t d = a->node->attrs[attr].i;
+  return (int)(d < 0 ? d + a->in[0].shape.ndim : d);
+}
+
+void around(const stoke_shape *s, int dim, int64_t *outer, int64_t *inner) {
+  *outer = *inner = 1;
+  for (int i = 0; i < dim; i++) *outer *= s->d[i];
+  for (int i = dim + 1; i < s->ndim; i++) *inner *= s->d[i];
+}
+
+// dst = src (beta 0: one 2-D copy, any dtype) or dst = beta dst + src (a kernel, float types);
+// nothing when the compiler made dst a view of src.
+template <typename T>
+stoke_err *launch_block_copy(const stoke_kernel_args_v1 *a, const T *src, T *dst, int64_t outer, int64_t len,
+                             int64_t ss, int64_t ds, float beta) {
+  if (outer * len <= 0 || (src == dst && ss == ds && beta == 0.f)) return NULL;
+  if (beta == 0.f) {
+    STOKE_CUDA(cudaMemcpy2DAsync(dst, (size_t)ds * sizeof(T), src, (size_t)ss * sizeof(T), (size_t)len * sizeof(T),
+                                 (size_t)outer, cudaMemcpyDeviceToDevice, stream_of(a)));
+    return NULL;
+  }
+  if constexpr (dtype_of<T>::value != STOKE_I32) {
+    block_copy_kernel<T><<<blocks(outer * len), kThreads, 0, stream_of(a)>>>(src, dst, outer, len, ss, ds, beta);
+    LAUNCH_OK(a);
+    return NULL;
+  }
+  return STOKE_PERR(STOKE_E_UNSUPPORTED, "'%s': accumulating into an i32 gradient", nname(a));
+}
+
+template <typename T> stoke_err *reshape_fwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(view_check(a, STOKE_OP_RESHAPE, 0, true));
+  int64_t n = stoke_numel(&a->in[0].shape);
+  return launch_block_copy<T>(a, dp<T>(a->in[0]), dp<T>(a->out[0]), 1, n, n, n, 0.f);
+}
+
+template <typename T> stoke_err *reshape_bwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(view_check(a, STOKE_OP_RESHAPE, 1, true));
+  if (!a->din[0].data) return NULL;
+  int64_t n = stoke_numel(&a->in[0].shape);
+  return launch_block_copy<T>(a, dp<T>(a->dout[0]), dp<T>(a->din[0]), 1, n, n, n, grad_beta(a, 0));
+}
+
+// slice and split forward: part j of x along dim, as an outer x (len inner) block copy.
+template <typename T, int SLICE> stoke_err *parts_fwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(view_check(a, SLICE ? STOKE_OP_SLICE : STOKE_OP_SPLIT, 0, true));
+  int dim = view_dim(a, SLICE ? STOKE_SLICE_DIM : STOKE_SPLIT_DIM);
+  int64_t outer, inner, at = SLICE ? a->node->attrs[STOKE_SLICE_START].i : 0, n = a->in[0].shape.d[dim];
+  around(&a->in[0].shape, dim, &outer, &inner);
+  for (int j = 0; j < a->n_out; j++) {
+    int64_t len = a->out[j].shape.d[dim];
+    CHECK(launch_block_copy<T>(a, dp<T>(a->in[0]) + at * inner, dp<T>(a->out[j]), outer, len * inner, n * inner,
+                               len * inner, 0.f));
+    at += len;
+  }
+  return NULL;
+}
+
+// Backward: dx = beta dx (zero outside the parts), then each part's dout at its place.
+template <typename T, int SLICE> stoke_err *parts_bwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(view_check(a, SLICE ? STOKE_OP_SLICE : STOKE_OP_SPLIT, 1, true));
+  T *dx = dp<T>(a->din[0]);
+  if (!dx) return NULL;
+  int dim = view_dim(a, SLICE ? STOKE_SLICE_DIM : STOKE_SPLIT_DIM);
+  int64_t outer, inner, at = SLICE ? a->node->attrs[STOKE_SLICE_START].i : 0, n = a->in[0].shape.d[dim];
+  around(&a->in[0].shape, dim, &outer, &inner);
+  float beta = grad_beta(a, 0);
+  scale_kernel<T><<<blocks(outer * n * inner), kThreads, 0, stream_of(a)>>>(dx, outer * n * inner, beta);
+  LAUNCH_OK(a);
+  for (int j = 0; j < a->n_out; j++) {
+    int64_t len = a->out[j].shape.d[dim];
+    if (a->dout[j].data)
+      CHECK(launch_block_copy<T>(a, dp<T>(a->dout[j]), dx + at * inner, outer, len * inner, len * inner, n * inner,
+                                 1.f));
+    at += len;
+  }
+  return NULL;
+}
+
+template <typename T, int BWD> stoke_err *transpose_run(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(view_check(a, STOKE_OP_TRANSPOSE, BWD, true));
+  int d0 = view_dim(a, STOKE_TRANSPOSE_DIM0), d1 = view_dim(a, STOKE_TRANSPOSE_DIM1);
+  if (d0 > d1) {
+    int t = d0;
+    d0 = d1;
+    d1 = t;
+  }
+  const stoke_shape *s = BWD ? &a->out[0].shape : &a->in[0].shape;  // the side read, as (A, P, M, Q, I)
+  const T *x = BWD ? dp<T>(a->dout[0]) : dp<T>(a->in[0]);
+  T *y = BWD ? dp<T>(a->din[0]) : dp<T>(a->out[0]);
+  float beta = BWD ? grad_beta(a, 0) : 0.f;
+  if (!y || (x == y && beta == 0.f)) return NULL; /* a view */
+  int64_t A = 1, M = 1, I = 1;
+  for (int k = 0; k < d0; k++) A *= s->d[k];
+  for (int k = d0 + 1; k < d1; k++) M *= s->d[k];
+  for (int k = d1 + 1; k < s->ndim; k++) I *= s->d[k];
+  int64_t n = stoke_numel(s);
+  transpose_kernel<T><<<blocks(n), kThreads, 0, stream_of(a)>>>(x, y, A, s->d[d0], M, s->d[d1], I, beta);
+  LAUNCH_OK(a);
+  return NULL;
+}
+
+template <typename T> stoke_err *view_plan(const stoke_kernel_args_v1 *a, void **state, size_t *w) {
+  if (state) *state = NULL;
+  if (w) *w = 0;
+  return view_check(a, a->node ? a->node->op : "view", 0, false);
+}
+
+template <typename T> stoke_err *transpose_fwd(const stoke_kernel_args_v1 *a, void *s) { return transpose_run<T, 0>(a, s); }
+template <typename T> stoke_err *transpose_bwd(const stoke_kernel_args_v1 *a, void *s) { return transpose_run<T, 1>(a, s); }
+template <typename T> stoke_err *slice_fwd(const stoke_kernel_args_v1 *a, void *s) { return parts_fwd<T, 1>(a, s); }
+template <typename T> stoke_err *slice_bwd(const stoke_kernel_args_v1 *a, void *s) { return parts_bwd<T, 1>(a, s); }
+template <typename T> stoke_err *split_fwd(const stoke_kernel_args_v1 *a, void *s) { return parts_fwd<T, 0>(a, s); }
+template <typename T> stoke_err *split_bwd(const stoke_kernel_args_v1 *a, void *s) { return parts_bwd<T, 0>(a, s); }
+
+// ------------------------------------------------------------- the table
+
+#define K(op, pass, plan, run, T) {"cuda", op, pass, dtype_of<T>::value, STOKE_LAYOUT_ANY, plan, run, destroy_none}
+#define SEQ_KERNELS(T)                                                                                    \
+  K(STOKE_OP_EMBEDDING, STOKE_FWD, embedding_fwd_plan<T>, embedding_fwd<T>, T),                           \
+  K(STOKE_OP_EMBEDDING, STOKE_BWD, embedding_bwd_plan<T>, embedding_bwd<T>, T),                           \
+  K(STOKE_OP_POSITION_EMBEDDING, STOKE_FWD, pos_fwd_plan<T>, pos_fwd<T>, T),                              \
+  K(STOKE_OP_POSITION_EMBEDDING, STOKE_BWD, pos_bwd_plan<T>, pos_bwd<T>, T),                              \
+  K(STOKE_OP_LAYER_NORM, STOKE_FWD, (ln_plan<T, 0, 0>), (ln_fwd<T, 0>), T),                               \
+  K(STOKE_OP_LAYER_NORM, STOKE_BWD, (ln_plan<T, 0, 1>), (ln_bwd<T, 0>), T),                               \
+  K(STOKE_OP_ADD_LAYER_NORM, STOKE_FWD, (ln_plan<T, 1, 0>), (ln_fwd<T, 1>), T),                           \
+  K(STOKE_OP_ADD_LAYER_NORM, STOKE_BWD, (ln_plan<T, 1, 1>), (ln_bwd<T, 1>), T),                           \
+  K(STOKE_OP_RESHAPE, STOKE_FWD, view_plan<T>, reshape_fwd<T>, T),                                        \
+  K(STOKE_OP_RESHAPE, STOKE_BWD, view_plan<T>, reshape_bwd<T>, T),                                        \
+  K(STOKE_OP_SLICE, STOKE_BWD, view_plan<T>, slice_bwd<T>, T),                                            \
+  K(STOKE_OP_SPLIT, STOKE_FWD, view_plan<T>, split_fwd<T>, T),                                            \
+  K(STOKE_OP_SPLIT, STOKE_BWD, view_plan<T>, split_bwd<T>, T),                                            \
+  K(STOKE_OP_TRANSPOSE, STOKE_FWD, view_plan<T>, transpose_fwd<T>, T),                                    \
+  K(STOKE_OP_TRANSPOSE, STOKE_BWD, view_plan<T>, transpose_bwd<T>, T),                                    \
+  K(STOKE_OP_SLICE, STOKE_FWD, view_plan<T>, slice_fwd<T>, T)
+
+const stoke_kernel_v1 seq_kernels[] = {
+    SEQ_KERNELS(float), SEQ_KERNELS(__nv_bfloat16), SEQ_KERNELS(__half),
+    /* token ids: the language model's tokens and targets are cut from its input */
+    K(STOKE_OP_SLICE, STOKE_FWD, view_plan<int32_t>, (parts_fwd<int32_t, 1>), int32_t),
+    K(STOKE_OP_RESHAPE, STOKE_FWD, view_plan<int32_t>, reshape_fwd<int32_t>, int32_t),
+};
+
+}  // namespace
+
+extern "C" stoke_err *stoke_cuda_register_seq(const stoke_registry_v1 *r) {
+  return add_kernels(r, seq_kernels, sizeof seq_kernels / sizeof *seq_kernels);
+}

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# tests/tokens/bpe_test.sh: tools/convert text --tokenizer gpt2 against npm's
+# gpt-3-encoder@1.1.4 (its encode(), run with node) on texts with unicode,
+# whitespace runs, contractions, numbers and punctuation: the token ids must
+# be the same, in order. The package is fetched with `npm pack` (its
+# encoder.json and vocab.bpe are GPT-2's published files); the byte-level
+# tokenizer is checked too (ids = the bytes).
+set -euo pipefail
+convert="$PWD/tools/convert"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+cd "$tmp"
+for tool in node npm od; do
+  command -v "$tool" >/dev/null || { echo "FAIL: $tool not found (tools/setup.sh installs node and npm)"; exit 1; }
+done
+if [ ! -f package/encoder.json ]; then
+  npm pack gpt-3-encoder@1.1.4 >npm.log 2>&1 || npm pack gpt-3-encoder@1.1.4 >npm.log 2>&1 ||
+    { cat npm.log; echo "FAIL: npm pack gpt-3-encoder@1.1.4"; exit 1; }
+  tar xzf gpt-3-encoder-1.1.4.tgz
+fi
+mkdir -p texts
+printf '%s' "Hello world! It's a test: we've got 12345 numbers, they'll see; I'm sure you'd agree." > texts/1_contractions.txt
+printf 'Tabs\tand   runs   of    spaces\n\n\n  leading and trailing   \n' > texts/2_whitespace.txt
+printf '%s' "Ünïcödé: naïve café, 日本語のテキスト, Ελληνικά, русский текст, emoji 😀👍🏽 and — dashes “quotes”." > texts/3_unicode.txt
+printf '%s' "Mixed123abc 3.14159 x=y+z; foo_bar(baz) {\"json\": [1, 2]} https://example.com/a?b=c#d  ''' \"\"" > texts/4_code.txt
+printf '%s' "DON'T SHOUT'S 'quoted' O'Neil's rock'n'roll  'll 've 're" > texts/5_apostrophes.txt
+passed=0
+failed=0
+for f in texts/*.txt; do
+  name=$(basename "$f" .txt)
+  want=$(node -e 'const {encode} = require(process.argv[1]); const fs = require("fs");
+                  console.log(encode(fs.readFileSync(process.argv[2], "utf8")).join(" "))' "$tmp/package/index.js" "$f")
+  "$convert" text --tokenizer gpt2 --encoder package/encoder.json --bpe package/vocab.bpe --val 0 \
+    --input "$f" --out "out/$name" --force >/dev/null
+  # the shard: a 1024-byte header, then <|endoftext|> (50256) and the text's ids
+  got=$(od -An -tu2 -v -j1024 "out/${name}_train_000001.bin" | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')
+  first=${got%% *}
+  got=${got#* }
+  if [ "$first" = "50256" ] && [ "$got" = "$want" ]; then
+    passed=$((passed + 1))
+    echo "ok: $name ($(echo $want | wc -w) tokens)"
+  else
+    failed=$((failed + 1))
+    echo "FAIL: $name"
+    echo "  gpt-3-encoder: $want"
+    echo "  convert:       $first $got"
+  fi
+done
+# byte level: the ids are the file's bytes
+"$convert" text --input texts/3_unicode.txt --val 0 --out out/bytes --force >/dev/null
+got=$(od -An -tu2 -v -j1024 out/bytes_train_000001.bin | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')
+want=$(od -An -tu1 -v texts/3_unicode.txt | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')
+if [ "$got" = "$want" ]; then passed=$((passed + 1)); echo "ok: byte-level"; else failed=$((failed + 1)); echo "FAIL: byte-level"; fi
+echo "[==========] $((passed + failed)) test(s) run."
+[ "$failed" -eq 0 ] && echo "[  PASSED  ] $passed test(s)." || { echo "[  FAILED  ] $failed test(s), listed above"; exit 1; }

@@ -1,0 +1,325 @@
+/* tools/bpe.c: GPT-2's BPE (see bpe.h). The text is cut into pre-tokens by
+ * GPT-2's pattern through PCRE2 (Debian's libpcre2: Unicode letters and
+ * numbers); with \s spelled out as JavaScript's whitespace class, so the
+ * cuts are those of npm's gpt-3-encoder, the reference the tests compare
+ * against. Each pre-token's bytes map to printable characters
+ * (bytes_to_unicode), are merged pair by pair in rank order and looked up
+ * in the encoder. encoder.json is a flat object of strings to integers,
+ * parsed here (Debian's JSON libraries are shared-only; this tool must run
+ * where they are not installed). */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "bpe.h"
+
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* JavaScript's \s (ECMAScript WhiteSpace and LineTerminator). */
+#define JS_WS "\\t\\n\\x{0B}\\f\\r \\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}\\x{FEFF}"
+static const char pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" JS_WS "\\p{L}\\p{N}]+|[" JS_WS
+                              "]+(?![^" JS_WS "])|[" JS_WS "]+";
+
+/* ------------------------------------------------------- string -> int */
+
+typedef struct smap {
+  char **key;
+  int32_t *val;
+  size_t cap; /* a power of two, at least twice the entries */
+} smap;
+
+static uint64_t fnv(const char *s, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  return h;
+}
+
+static int smap_init(smap *m, size_t entries) {
+  m->cap = 1024;
+  while (m->cap < 2 * entries) m->cap *= 2;
+  m->key = calloc(m->cap, sizeof *m->key);
+  m->val = calloc(m->cap, sizeof *m->val);
+  return m->key && m->val ? 0 : -1;
+}
+
+static size_t smap_slot(const smap *m, const char *k, size_t n) {
+  size_t i = (size_t)fnv(k, n) & (m->cap - 1);
+  while (m->key[i] && !(strlen(m->key[i]) == n && !memcmp(m->key[i], k, n))) i = (i + 1) & (m->cap - 1);
+  return i;
+}
+
+/* Takes `k` (malloc'ed); 0, or -1 when it was there already. */
+static int smap_put(smap *m, char *k, int32_t v) {
+  size_t i = smap_slot(m, k, strlen(k));
+  if (m->key[i]) {
+    free(k);
+    return -1;
+  }
+  m->key[i] = k;
+  m->val[i] = v;
+  return 0;
+}
+
+static int32_t smap_get(const smap *m, const char *k, size_t n) {
+  size_t i = smap_slot(m, k, n);
+  return m->key[i] ? m->val[i] : -1;
+}
+
+static void smap_free(smap *m) {
+  for (size_t i = 0; m->key && i < m->cap; i++) free(m->key[i]);
+  free(m->key);
+  free(m->val);
+}
+
+/* ------------------------------------------------------------- loading */
+
+struct stoke_bpe {
+  smap enc, ranks;             /* token -> id; "first second" -> merge rank */
+  char byte_char[256][3];      /* bytes_to_unicode, as UTF-8 */
+  pcre2_code *re;
+  pcre2_match_data *md;
+};
+
+/* GPT-2's bytes_to_unicode: printable bytes map to themselves, the other
+ * 68 to U+0100 onwards, in byte order. */
+static void make_byte_chars(stoke_bpe *b) {
+  int n = 0;
+  for (int c = 0; c < 256; c++) {
+    int printable = (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF);
+    int cp = printable ? c : 256 + n++;
+    char *o = b->byte_char[c];
+    if (cp < 0x80) o[0] = (char)cp, o[1] = 0;
+    else o[0] = (char)(0xC0 | cp >> 6), o[1] = (char)(0x80 | (cp & 0x3F)), o[2] = 0;
+  }
+}
+
+static stoke_err *slurp(const char *path, char **buf, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return STOKE_ERR(STOKE_E_NOT_FOUND, "bpe: cannot open '%s'", path);
+  fseek(f, 0, SEEK_END);
+  long sz = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  *buf = sz >= 0 ? malloc((size_t)sz + 1) : NULL;
+  size_t got = *buf ? fread(*buf, 1, (size_t)sz, f) : 0;
+  fclose(f);
+  if (!*buf || got != (size_t)sz) {
+    free(*buf);
+    return STOKE_ERR(STOKE_E_IO, "bpe: cannot read '%s'", path);
+  }
+  (*buf)[got] = 0;
+  *n = got;
+  return NULL;
+}
+
+static void put_utf8(char **o, unsigned cp) {
+  unsigned char *p = (unsigned char *)*o;
+  if (cp < 0x80) *p++ = (unsigned char)cp;
+  else if (cp < 0x800) *p++ = (unsigned char)(0xC0 | cp >> 6), *p++ = (unsigned char)(0x80 | (cp & 0x3F));
+  else if (cp < 0x10000)
+    *p++ = (unsigned char)(0xE0 | cp >> 12), *p++ = (unsigned char)(0x80 | ((cp >> 6) & 0x3F)),
+    *p++ = (unsigned char)(0x80 | (cp & 0x3F));
+  else
+    *p++ = (unsigned char)(0xF0 | cp >> 18), *p++ = (unsigned char)(0x80 | ((cp >> 12) & 0x3F)),
+    *p++ = (unsigned char)(0x80 | ((cp >> 6) & 0x3F)), *p++ = (unsigned char)(0x80 | (cp & 0x3F));
+  *o = (char *)p;
+}
+
+/* A JSON string at *s (past its opening quote) into malloc'ed UTF-8. */
+static char *json_string(const char **s) {
+  const char *p = *s;
+  char *out = malloc(4 * strlen(p) + 1), *o = out;
+  if (!out) return NULL;
+  while (*p && *p != '"') {
+    if (*p != '\\') {
+      *o++ = *p++;
+      continue;
+    }
+    p++;
+    char c = *p++;
+    if (c == 'u') {
+      unsigned cp = (unsigned)strtoul((char[5]){p[0], p[1], p[2], p[3], 0}, NULL, 16);
+      p += 4;
+      if (cp >= 0xD800 && cp < 0xDC00 && p[0] == '\\' && p[1] == 'u') {
+        unsigned lo = (unsigned)strtoul((char[5]){p[2], p[3], p[4], p[5], 0}, NULL, 16);
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+        p += 6;
+      }
+      put_utf8(&o, cp);
+    } else {
+      *o++ = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c == 'b' ? '\b' : c == 'f' ? '\f' : c;
+    }
+  }
+  *o = 0;
+  *s = *p ? p + 1 : p;
+  return out;
+}
+
+/* encoder.json: {"token": id, ...} */
+static stoke_err *load_encoder(stoke_bpe *b, const char *path) {
+  char *text;
+  size_t n;
+  STOKE_PROPAGATE(slurp(path, &text, &n));
+  stoke_err *e = smap_init(&b->enc, 65536) ? STOKE_ERR(STOKE_E_OOM, "bpe: out of memory") : NULL;
+  const char *p = text;
+  int count = 0;
+  while (!e && (p = strchr(p, '"'))) {
+    p++;
+    char *key = json_string(&p);
+    while (*p == ' ' || *p == ':') p++;
+    char *end;
+    long id = strtol(p, &end, 10);
+    if (!key || end == p || id < 0 || id >= STOKE_BPE_VOCAB) {
+      free(key);
+      e = STOKE_ERR(STOKE_E_DATA, "bpe: '%s' is not GPT-2's encoder.json (entry %d)", path, count);
+      break;
+    }
+    if (smap_put(&b->enc, key, (int32_t)id)) { /* frees key */
+      e = STOKE_ERR(STOKE_E_DATA, "bpe: '%s': entry %d repeats a token", path, count);
+      break;
+    }
+    p = end;
+    count++;
+  }
+  free(text);
+  if (!e && count != STOKE_BPE_VOCAB)
+    e = STOKE_ERR(STOKE_E_DATA, "bpe: '%s' has %d tokens, GPT-2's encoder.json has %d", path, count, STOKE_BPE_VOCAB);
+  return e;
+}
+
+/* vocab.bpe: "#version: 0.2" then one merge "first second" a line, by rank. */
+static stoke_err *load_merges(stoke_bpe *b, const char *path) {
+  char *text;
+  size_t n;
+  STOKE_PROPAGATE(slurp(path, &text, &n));
+  stoke_err *e = smap_init(&b->ranks, 65536) ? STOKE_ERR(STOKE_E_OOM, "bpe: out of memory") : NULL;
+  int rank = 0;
+  for (char *save = NULL, *line = strtok_r(text, "\n", &save); line && !e; line = strtok_r(NULL, "\n", &save)) {
+    if (!strncmp(line, "#version", 8) || !line[0]) continue; /* merges of '#' start with '#' too */
+    char *sp = strchr(line, ' ');
+    char *k = sp ? strdup(line) : NULL;
+    if (!k || smap_put(&b->ranks, k, rank++))
+      e = STOKE_ERR(STOKE_E_DATA, "bpe: '%s' line '%.40s' is not a merge \"first second\"", path, line);
+  }
+  free(text);
+  if (!e && rank != STOKE_BPE_VOCAB - 257)
+    e = STOKE_ERR(STOKE_E_DATA, "bpe: '%s' has %d merges, GPT-2's vocab.bpe has %d", path, rank, STOKE_BPE_VOCAB - 257);
+  return e;
+}
+
+stoke_err *stoke_bpe_load(const char *encoder_json, const char *vocab_bpe, stoke_bpe **out) {
+  stoke_bpe *b = calloc(1, sizeof *b);
+  if (!b) return STOKE_ERR(STOKE_E_OOM, "bpe: out of memory");
+  make_byte_chars(b);
+  stoke_err *e = load_encoder(b, encoder_json);
+  if (!e) e = load_merges(b, vocab_bpe);
+  int code;
+  PCRE2_SIZE at;
+  if (!e) b->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_MATCH_INVALID_UTF, &code,
+                                &at, NULL);
+  if (!e && !b->re) e = STOKE_ERR(STOKE_E_INTERNAL, "bpe: GPT-2's pattern did not compile (PCRE2 error %d at %zu)", code, at);
+  if (!e && !(b->md = pcre2_match_data_create_from_pattern(b->re, NULL))) e = STOKE_ERR(STOKE_E_OOM, "bpe: out of memory");
+  if (e) {
+    stoke_bpe_free(b);
+    return e;
+  }
+  *out = b;
+  return NULL;
+}
+
+void stoke_bpe_free(stoke_bpe *b) {
+  if (!b) return;
+  smap_free(&b->enc);
+  smap_free(&b->ranks);
+  if (b->md) pcre2_match_data_free(b->md);
+  if (b->re) pcre2_code_free(b->re);
+  free(b);
+}
+
+/* ------------------------------------------------------------ encoding */
+
+/* The rank of merging symbols a and b, or -1. */
+static int32_t pair_rank(const stoke_bpe *b, const char *a, const char *c) {
+  char key[512];
+  int n = snprintf(key, sizeof key, "%s %s", a, c);
+  return n < (int)sizeof key ? smap_get(&b->ranks, key, (size_t)n) : -1;
+}
+
+/* One pre-token: its byte characters as symbols, merged by lowest rank
+ * until no pair is a merge (encoder.py's bpe()), then looked up. */
+static stoke_err *bpe_token(const stoke_bpe *b, const unsigned char *s, size_t n, int32_t **ids, int64_t *count,
+                            int64_t *cap) {
+  char **sym = malloc(sizeof *sym * (n + 1));
+  if (!sym) return STOKE_ERR(STOKE_E_OOM, "bpe: out of memory");
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) sym[k++] = strdup(b->byte_char[s[i]]);
+  for (;;) {
+    int32_t best = -1;
+    size_t at = 0;
+    for (size_t i = 0; i + 1 < k; i++) {
+      int32_t r = pair_rank(b, sym[i], sym[i + 1]);
+      if (r >= 0 && (best < 0 || r < best)) best = r, at = i;
+    }
+    if (best < 0) break;
+    char *first = strdup(sym[at]), *second = strdup(sym[at + 1]);
+    size_t w = 0;
+    for (size_t i = 0; i < k;) { /* merge every occurrence, left to right */
+      if (i + 1 < k && !strcmp(sym[i], first) && !strcmp(sym[i + 1], second)) {
+        char *m = malloc(strlen(first) + strlen(second) + 1);
+        strcpy(m, first);
+        strcat(m, second);
+        free(sym[i]);
+        free(sym[i + 1]);
+        sym[w++] = m;
+        i += 2;
+      } else {
+        sym[w++] = sym[i++];
+      }
+    }
+    k = w;
+    free(first);
+    free(second);
+    if (k == 1) break;
+  }
+  stoke_err *e = NULL;
+  for (size_t i = 0; i < k; i++) {
+    int32_t id = e ? -1 : smap_get(&b->enc, sym[i], strlen(sym[i]));
+    if (!e && id < 0) e = STOKE_ERR(STOKE_E_DATA, "bpe: '%s' is not in encoder.json (mismatched files?)", sym[i]);
+    if (!e && *count == *cap) {
+      int32_t *ni = realloc(*ids, sizeof *ni * (size_t)(*cap = *cap ? 2 * *cap : 4096));
+      if (!ni) e = STOKE_ERR(STOKE_E_OOM, "bpe: out of memory");
+      else *ids = ni;
+    }
+    if (!e) (*ids)[(*count)++] = id;
+    free(sym[i]);
+  }
+  free(sym);
+  return e;
+}
+
+stoke_err *stoke_bpe_encode(const stoke_bpe *b, const char *text, size_t n, int32_t **ids, int64_t *count) {
+  int64_t cap = 0;
+  *ids = NULL;
+  *count = 0;
+  stoke_err *e = NULL;
+  PCRE2_SIZE at = 0;
+  while (!e && at < n) {
+    int rc = pcre2_match(b->re, (PCRE2_SPTR)text, n, at, 0, b->md, NULL);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {
+      e = STOKE_ERR(STOKE_E_INTERNAL, "bpe: PCRE2 match error %d at byte %zu", rc, (size_t)at);
+      break;
+    }
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(b->md);
+    if (ov[1] == ov[0]) { /* never for this pattern; step on rather than loop */
+      at = ov[0] + 1;
+      continue;
+    }
+    e = bpe_token(b, (const unsigned char *)text + ov[0], ov[1] - ov[0], ids, count, &cap);
+    at = ov[1];
+  }
+  if (e) {
+    free(*ids);
+    *ids = NULL;
+  }
+  return e;
+}

