@@ -614,9 +614,43 @@ static stoke_err *floats_attr(const stoke_cfg *c, const char *key, char *out, si
 
 /* The model's graph for a stream: inputs (u8 images are normalized by the
  * first node, on the device), the model, and the loss when training. */
+/* "[3, 32, 32]" */
+static void shape_text(const stoke_shape *sh, char *out, size_t cap) {
+  size_t k = (size_t)snprintf(out, cap, "[");
+  for (int i = 0; i < sh->ndim && k < cap; i++)
+    k += (size_t)snprintf(out + k, cap - k, "%s%lld", i ? ", " : "", (long long)sh->d[i]);
+  if (k < cap) snprintf(out + k, cap - k, "]");
+}
+
+/* Evaluation runs the training weights: its samples must be of the
+ * training data's shape and classes (said here, by section and key,
+ * rather than as two plans that differ). */
+static stoke_err *eval_matches(run_state *s, const stoke_sample_info_v1 *ev) {
+  stoke_sample_info_v1 tr;
+  STOKE_PROPAGATE(s->train.src->info(s->train.src_self, &tr));
+  if (tr.classes != ev->classes)
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "%s: [eval_data] has %lld classes and [data] %lld: evaluation runs the model trained on [data]; "
+                     "give both the same classes",
+                     stoke_cfg_where(s->cfg, "eval_data", "source"), (long long)ev->classes, (long long)tr.classes);
+  int same = tr.shape.ndim == ev->shape.ndim;
+  for (int i = 0; same && i < tr.shape.ndim; i++) same = tr.shape.d[i] == ev->shape.d[i];
+  if (!same) {
+    char a[64], b[64];
+    shape_text(&ev->shape, a, sizeof a);
+    shape_text(&tr.shape, b, sizeof b);
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "%s: [eval_data] samples are %s and [data] samples %s: evaluation runs the model trained on "
+                     "[data]; give both the same sample shape",
+                     stoke_cfg_where(s->cfg, "eval_data", "source"), a, b);
+  }
+  return NULL;
+}
+
 static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int training) {
   stoke_sample_info_v1 info;
   STOKE_TRY(st->src->info(st->src_self, &info), "source '%s'", st->src->name);
+  if (!training) STOKE_PROPAGATE(eval_matches(s, &info));
   STOKE_PROPAGATE(stoke_graph_new(s->reg, dtype, s->layout, &st->g));
   stoke_graph *g = st->g;
   stoke_shape xs = {info.shape.ndim + 1, {st->batch}};
