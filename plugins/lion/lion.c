@@ -72,8 +72,8 @@ LION(float, f32)
 LION(double, f64)
 
 static const stoke_kernel_v1 kernels[] = {
-    {"cpu", "lion", STOKE_OPT, STOKE_F32, STOKE_LAYOUT_ANY, plan_f32, run_f32, NULL},
-    {"cpu", "lion", STOKE_OPT, STOKE_F64, STOKE_LAYOUT_ANY, plan_f64, run_f64, NULL},
+    {.engine = "cpu", .op = "lion", .pass = STOKE_OPT, .dtype = STOKE_F32, .plan = plan_f32, .run = run_f32},
+    {.engine = "cpu", .op = "lion", .pass = STOKE_OPT, .dtype = STOKE_F64, .plan = plan_f64, .run = run_f64},
 };
 
 static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {

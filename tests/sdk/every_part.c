@@ -36,8 +36,8 @@ static stoke_err *copy_fwd(const stoke_kernel_args_v1 *a, void *state) {
   return NULL;
 }
 
-static const stoke_kernel_v1 kernel = {"cpu", "every_op", STOKE_FWD, STOKE_F32, STOKE_LAYOUT_ANY, NULL, copy_fwd,
-                                       NULL};
+static const stoke_kernel_v1 kernel = {.engine = "cpu", .op = "every_op", .pass = STOKE_FWD, .dtype = STOKE_F32,
+                                       .run = copy_fwd};
 
 static const stoke_backend_v1 backend = {V(stoke_backend_v1, 1), .name = "every_backend",
                                          .help = "registers only", .device = STOKE_DEV_CPU,

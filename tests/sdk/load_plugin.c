@@ -1,6 +1,6 @@
 /* tests/sdk/load_plugin.c: loads a plugin through the core's loader, as a
  * run does, and checks what it registered or why it was refused:
- *   load_plugin NAME KIND:PART...     each PART of KIND (op, backend,
+ *   load_plugin NAME [KIND:PART...]   it loads, and each PART of KIND (op, backend,
  *                                     source, model, precision, comm,
  *                                     optimizer) is registered
  *   load_plugin --refused NAME TEXT...  loading fails, the message holding
@@ -60,7 +60,7 @@ static int loaded(stoke_registry *r, const char *name, char **parts, int n) {
 
 int main(int argc, char **argv) {
   int refuse = argc > 1 && !strcmp(argv[1], "--refused");
-  if (argc < 3 + refuse) return 2;
+  if (argc < 2 + 2 * refuse) return 2;
   stoke_registry *r;
   stoke_err *e = stoke_registry_new(&r);
   if (e) {
