@@ -196,7 +196,8 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
         .node = &n->n, .n_in = n->n_in, .n_out = n->n_out, .in = na->in, .out = na->out,
         .din = n->pass == STOKE_BWD ? na->din : NULL, .dout = n->pass == STOKE_BWD ? na->dout : NULL,
         .param_grads = na->a.param_grads, .training = p->opts.training,
-        .engine = engine_self(p, n->kernel), .flags = p->opts.flags, .stream = x->stream};
+        .engine = engine_self(p, n->kernel), .flags = p->opts.flags, .stream = x->stream,
+        .din_accumulate = n->din_accumulate};
     if (n->kernel->plan) {
       e = n->kernel->plan(&na->a, &n->kstate, &n->workspace);
       if (e) e = stoke_err_wrap(e, __FILE__, __LINE__, "planning kernel of node '%s' (%s)", n->n.name, n->kernel->engine);

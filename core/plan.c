@@ -15,6 +15,8 @@ stoke_err *stoke_graph_derive_backward(stoke_graph *g); /* core/graph.c */
 stoke_err *stoke_fuse_linear_act(stoke_graph *g, const stoke_plan_opts *o);
 stoke_err *stoke_fuse_act_grad(stoke_graph *g);
 void stoke_graph_drop_fwd_node(stoke_graph *g, int r);
+/* core/fuse_grad.c: gradient sums accumulated by their producers */
+int stoke_fuse_grad_sums(stoke_graph *g);
 /* core/alias.c: views and in-place gradients share their input's memory */
 void stoke_plan_aliases(stoke_graph *g);
 void stoke_place_aliases(stoke_graph *g);
@@ -276,9 +278,10 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   }
   p->opts.engines = p->engines;
   p->opts.engine_selves = p->engine_selves;
-  p->n_schedule = g->n_nodes;
   stoke_err *e = NULL;
   for (int i = 0; i < g->n_nodes && !e; i++) e = resolve(g, opts, &g->nodes[i]);
+  if (!e && opts->training && !opts->no_grad_accumulate) p->n_accumulated = stoke_fuse_grad_sums(g);
+  p->n_schedule = g->n_nodes;
   if (!e && opts->training && opts->optimizer) {
     const char *op = !strcmp(opts->optimizer, "adamw") ? STOKE_OP_ADAMW : STOKE_OP_SGD;
     for (int i = 0; i < opts->n_engines && !p->opt_kernel; i++)
@@ -401,6 +404,9 @@ void stoke_plan_report(const stoke_plan *p, FILE *f) {
           a, b, c, d, e, p->workspace_bytes);
   fprintf(f, "FLOPs per step: forward %.4g, forward+backward %.4g\n", p->fwd_flops,
           p->train_flops);
+  if (p->n_accumulated)
+    fprintf(f, "gradient sums: %d accumulated in place by their producers (din_accumulate), no add node\n",
+            p->n_accumulated);
   fprintf(f, "memory traffic per step, each node reading its inputs and writing its outputs once: %.4g bytes\n",
           p->step_bytes);
 }

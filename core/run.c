@@ -85,6 +85,9 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "off by default: on an H100 the bf16 mlp bench ran 10% slower with ReLU (cuBLASLt's DRELU product is "
      "slow) and no faster with GELU. Batch norm + ReLU (+ add) fuse without it when an engine listed before "
      "the batch norm's has them (backends = fused, ...)"},
+    {"grad_sums_in_place", STOKE_CFG_BOOL, "true", 0, 0, NULL,
+     "where two backward paths meet (a residual block's input), the second kernel adds its gradient into the "
+     "first's buffer when it can (din_accumulate) instead of a separate add node; false keeps the adds (A/B)"},
     {"cuda_graph", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "capture the whole step (forward, backward, optimizer, loss scaler) once as a CUDA graph and replay "
      "it: one launch per step instead of one per kernel"},
@@ -184,17 +187,33 @@ static void list_available(stoke_registry *cur, const char *const *dirs, int n_d
   stoke_registry_free(r);
 }
 
-/* Load the plugin `name` for a part of `kind` and check it registered it. */
+static const void *find_part(stoke_registry *reg, const char *kind, const char *name) {
+  if (!strcmp(kind, "backend")) return stoke_find_backend(reg, name);
+  if (!strcmp(kind, "model")) return stoke_find_model(reg, name);
+  if (!strcmp(kind, "source")) return stoke_find_source(reg, name);
+  return NULL;
+}
+
+/* Load the plugin `name` for a part of `kind` and check it registered it.
+ * A part a loaded plugin registered already needs no file; a part named
+ * `base_variant` with no libstoke_base_variant.so is looked for in
+ * libstoke_base.so (the cudnn plugin's `cudnn_classic` engine). */
 static stoke_err *load_part(stoke_registry *reg, const stoke_cfg *c, const char *sec, const char *key,
                             const char *kind, const char *name, const char *const *dirs, int n_dirs) {
+  if (find_part(reg, kind, name)) return NULL;
   stoke_err *e = stoke_registry_load(reg, name);
-  const void *found = NULL;
-  if (!e) {
-    if (!strcmp(kind, "backend")) found = stoke_find_backend(reg, name);
-    else if (!strcmp(kind, "model")) found = stoke_find_model(reg, name);
-    else if (!strcmp(kind, "source")) found = stoke_find_source(reg, name);
-    if (found) return NULL;
+  const char *us = strchr(name, '_');
+  if (e && e->code == STOKE_E_NOT_FOUND && us && us > name) {
+    char base[64];
+    snprintf(base, sizeof base, "%.*s", (int)(us - name), name);
+    stoke_err *e2 = stoke_registry_load(reg, base);
+    if (!e2 && find_part(reg, kind, name)) {
+      stoke_err_free(e);
+      return NULL;
+    }
+    stoke_err_free(e2);
   }
+  if (!e && find_part(reg, kind, name)) return NULL;
   char avail[1024];
   list_available(reg, dirs, n_dirs, kind, avail, sizeof avail);
   stoke_err *out = STOKE_ERR(e ? e->code : STOKE_E_NOT_FOUND,
@@ -595,9 +614,43 @@ static stoke_err *floats_attr(const stoke_cfg *c, const char *key, char *out, si
 
 /* The model's graph for a stream: inputs (u8 images are normalized by the
  * first node, on the device), the model, and the loss when training. */
+/* "[3, 32, 32]" */
+static void shape_text(const stoke_shape *sh, char *out, size_t cap) {
+  size_t k = (size_t)snprintf(out, cap, "[");
+  for (int i = 0; i < sh->ndim && k < cap; i++)
+    k += (size_t)snprintf(out + k, cap - k, "%s%lld", i ? ", " : "", (long long)sh->d[i]);
+  if (k < cap) snprintf(out + k, cap - k, "]");
+}
+
+/* Evaluation runs the training weights: its samples must be of the
+ * training data's shape and classes (said here, by section and key,
+ * rather than as two plans that differ). */
+static stoke_err *eval_matches(run_state *s, const stoke_sample_info_v1 *ev) {
+  stoke_sample_info_v1 tr;
+  STOKE_PROPAGATE(s->train.src->info(s->train.src_self, &tr));
+  if (tr.classes != ev->classes)
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "%s: [eval_data] has %lld classes and [data] %lld: evaluation runs the model trained on [data]; "
+                     "give both the same classes",
+                     stoke_cfg_where(s->cfg, "eval_data", "source"), (long long)ev->classes, (long long)tr.classes);
+  int same = tr.shape.ndim == ev->shape.ndim;
+  for (int i = 0; same && i < tr.shape.ndim; i++) same = tr.shape.d[i] == ev->shape.d[i];
+  if (!same) {
+    char a[64], b[64];
+    shape_text(&ev->shape, a, sizeof a);
+    shape_text(&tr.shape, b, sizeof b);
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "%s: [eval_data] samples are %s and [data] samples %s: evaluation runs the model trained on "
+                     "[data]; give both the same sample shape",
+                     stoke_cfg_where(s->cfg, "eval_data", "source"), a, b);
+  }
+  return NULL;
+}
+
 static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int training) {
   stoke_sample_info_v1 info;
   STOKE_TRY(st->src->info(st->src_self, &info), "source '%s'", st->src->name);
+  if (!training) STOKE_PROPAGATE(eval_matches(s, &info));
   STOKE_PROPAGATE(stoke_graph_new(s->reg, dtype, s->layout, &st->g));
   stoke_graph *g = st->g;
   stoke_shape xs = {info.shape.ndim + 1, {st->batch}};
@@ -787,10 +840,12 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
   STOKE_TRY(st->src->open(s->cfg, section, &st->src_self), "opening [%s] source '%s'", section, src_name);
   double init_scale;
   STOKE_PROPAGATE(stoke_cfg_float(s->cfg, "run", "loss_scale_init", &init_scale));
-  int fuse;
+  int fuse, in_place;
   STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "run", "fuse", &fuse));
+  STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "run", "grad_sums_in_place", &in_place));
   stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? opt_name : NULL, training, flags,
-                        training && prec->loss_scaling, init_scale > 0 ? init_scale : prec->init_scale, fuse};
+                        training && prec->loss_scaling, init_scale > 0 ? init_scale : prec->init_scale, fuse,
+                        !in_place};
   if (!st->batch) STOKE_PROPAGATE(auto_batch(s, st, &po, dtype));
   STOKE_PROPAGATE(build_graph(s, st, dtype, training));
   STOKE_TRY(stoke_compile(st->g, &po, &st->plan), "compiling the %s graph", training ? "training" : "evaluation");

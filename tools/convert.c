@@ -27,6 +27,8 @@
 #include <turbojpeg.h>
 #include <zlib.h>
 
+#include "sources/jpeg/decode.h"
+#include "sources/jpeg/walk.h"
 #include "sources/lmdb/record.h"
 #include "stoke/core.h"
 #include "text.h"
@@ -429,65 +431,6 @@ typedef struct job {
   char why[256];
 } job;
 
-typedef struct names {
-  char **v;
-  size_t n, cap;
-} names;
-
-static int push_name(names *l, const char *s) {
-  if (l->n == l->cap) {
-    size_t cap = l->cap ? l->cap * 2 : 64;
-    char **nv = realloc(l->v, cap * sizeof *nv);
-    if (!nv) return -1;
-    l->v = nv;
-    l->cap = cap;
-  }
-  return (l->v[l->n] = strdup(s)) ? (int)l->n++ : -1;
-}
-
-static void free_names(names *l) {
-  for (size_t i = 0; i < l->n; i++) free(l->v[i]);
-  free(l->v);
-}
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-/* out = a/b; -1 when it does not fit. */
-static int join(char *out, size_t cap, const char *a, const char *b) {
-  size_t la = strlen(a), lb = strlen(b);
-  if (la + lb + 2 > cap) return -1;
-  memcpy(out, a, la);
-  out[la] = '/';
-  memcpy(out + la + 1, b, lb + 1);
-  return 0;
-}
-
-/* Entries of `dir` (no hidden ones), sorted by name; want_dirs picks
- * folders or everything else. */
-static stoke_err *list_dir(const char *dir, int want_dirs, names *out) {
-  DIR *d = opendir(dir);
-  if (!d) return STOKE_ERR(errno == ENOENT ? STOKE_E_NOT_FOUND : STOKE_E_IO, "cannot read the folder %s: %s", dir,
-                           strerror(errno));
-  stoke_err *e = NULL;
-  for (struct dirent *de; !e && (de = readdir(d));) {
-    if (de->d_name[0] == '.') continue;
-    char p[PATH_MAX];
-    if (join(p, sizeof p, dir, de->d_name)) continue;
-    struct stat st;
-    if (stat(p, &st) != 0) continue; /* a dangling link: not an image either */
-    if ((S_ISDIR(st.st_mode) ? 1 : 0) != want_dirs) continue;
-    if (push_name(out, de->d_name) < 0) e = STOKE_ERR(STOKE_E_OOM, "out of memory listing %s", dir);
-  }
-  closedir(d);
-  if (!e) qsort(out->v, out->n, sizeof *out->v, cmp_str);
-  return e;
-}
-
-static int is_jpeg_name(const char *name) {
-  const char *dot = strrchr(name, '.');
-  return dot && (!strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg"));
-}
-
 /* Bilinear resampling with pixel centres at +0.5 (what PIL and OpenCV do),
  * edges clamped. Written here because libjpeg-turbo itself only scales by
  * the fixed factors M/8 while decoding; the decoder is first asked for the
@@ -563,45 +506,38 @@ static int read_file(const char *path, unsigned char **buf, size_t *n, char *why
   return 0;
 }
 
-/* Decodes, resizes and (for --encoding jpeg) re-encodes one image. */
-static void load_image(const folder_opts *o, tjhandle dec, tjhandle enc, job *j) {
+/* Decodes, resizes and (for --encoding jpeg) re-encodes one image. The
+ * decode is the one every stoke reader uses (sources/jpeg/decode.h: the
+ * same rule for libjpeg's warnings as the jpeg and lmdb sources, CMYK and
+ * YCCK files converted to RGB), at the smallest DCT scale M/8 whose image
+ * is not below the target size. */
+static void load_image(const folder_opts *o, tjhandle enc, job *j) {
   unsigned char *file = NULL;
   uint8_t *tmp = NULL;
   size_t n = 0;
   int pf = o->channels == 1 ? TJPF_GRAY : TJPF_RGB;
+  char msg[200];
   if (read_file(j->path, &file, &n, j->why, sizeof j->why)) return;
-  int w = 0, h = 0, subsamp, cs;
-  if (tjDecompressHeader3(dec, file, (unsigned long)n, &w, &h, &subsamp, &cs) != 0) {
-    snprintf(j->why, sizeof j->why, "not a readable JPEG: %s", tjGetErrorStr2(dec));
+  int w = 0, h = 0;
+  if (stoke_jpeg_header(file, n, &h, &w, msg, sizeof msg) || w <= 0 || h <= 0) {
+    snprintf(j->why, sizeof j->why, "not a readable JPEG: %s", msg);
     goto done;
   }
-  /* a truncated header can "succeed" without a size */
-  if (w <= 0 || h <= 0) {
-    snprintf(j->why, sizeof j->why, "not a readable JPEG: no image size in the header");
+  int m = 8;
+  for (int k = 1; k < 8; k++) /* the decoder's size at k/8 is the size times k/8, rounded up */
+    if (((int64_t)w * k + 7) / 8 >= (int64_t)o->width && ((int64_t)h * k + 7) / 8 >= (int64_t)o->height) {
+      m = k;
+      break;
+    }
+  int sw, sh;
+  if (stoke_jpeg_decode(file, n, (int)o->channels, m, 0, 0, &tmp, &sh, &sw, msg, sizeof msg)) {
+    snprintf(j->why, sizeof j->why, "cannot decode: %s", msg);
     goto done;
   }
-  /* the smallest decoder scale that is not below the target size */
-  int nf = 0;
-  tjscalingfactor *sf = tjGetScalingFactors(&nf), best = {1, 1};
-  for (int i = 0; sf && i < nf; i++) {
-    int sw = TJSCALED(w, sf[i]), sh = TJSCALED(h, sf[i]);
-    if (sw >= (int)o->width && sh >= (int)o->height && (double)sw * sh < (double)TJSCALED(w, best) * TJSCALED(h, best))
-      best = sf[i];
-  }
-  int sw = TJSCALED(w, best), sh = TJSCALED(h, best);
-  tmp = malloc((size_t)sw * sh * o->channels);
   j->pixels = malloc((size_t)o->width * o->height * o->channels);
-  if (!tmp || !j->pixels) {
+  if (!j->pixels) {
     snprintf(j->why, sizeof j->why, "out of memory for a %dx%d image", w, h);
     goto done;
-  }
-  if (tjDecompress2(dec, file, (unsigned long)n, tmp, sw, 0, sh, pf, 0) != 0) {
-    /* warnings leave a usable image, except when the data ends early */
-    const char *msg = tjGetErrorStr2(dec);
-    if (tjGetErrorCode(dec) != TJERR_WARNING || strstr(msg, "Premature end")) {
-      snprintf(j->why, sizeof j->why, "cannot decode: %s", msg);
-      goto done;
-    }
   }
   resize_bilinear(tmp, sw, sh, j->pixels, (int)o->width, (int)o->height, (int)o->channels);
   if (o->encoding == STOKE_ENC_JPEG) {
@@ -626,14 +562,13 @@ typedef struct pool_arg {
 
 static void *worker(void *arg) {
   pool_arg *p = arg;
-  tjhandle dec = tjInitDecompress(), enc = tjInitCompress();
+  tjhandle enc = tjInitCompress();
   for (;;) {
     int i = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
     if (i >= p->n) break;
-    if (!dec || !enc) snprintf(p->jobs[i].why, sizeof p->jobs[i].why, "cannot start libturbojpeg");
-    else load_image(p->o, dec, enc, &p->jobs[i]);
+    if (!enc) snprintf(p->jobs[i].why, sizeof p->jobs[i].why, "cannot start libturbojpeg");
+    else load_image(p->o, enc, &p->jobs[i]);
   }
-  if (dec) tjDestroy(dec);
   if (enc) tjDestroy(enc);
   return NULL;
 }
@@ -645,64 +580,44 @@ static void job_clear(job *j) {
   memset(j, 0, sizeof *j);
 }
 
+/* The images as the jpeg source and torchvision's ImageFolder list them
+ * (sources/jpeg/walk.h: sub-folders of a class too, links followed, never
+ * a loop), each a job; what is left out is said. */
+static stoke_err *list_images(const folder_opts *o, stoke_image_list *l, job **jobs, int64_t *ignored) {
+  if (stoke_walk_image_folder(o->root, l))
+    return STOKE_ERR(errno == ENOENT ? STOKE_E_NOT_FOUND : errno == ENOMEM ? STOKE_E_OOM : STOKE_E_IO,
+                     "cannot read the folder %s: %s", o->root, strerror(errno));
+  if (!l->n_classes)
+    return STOKE_ERR(STOKE_E_NOT_FOUND, "%s holds no class folders; expected the ImageFolder layout ROOT/CLASS/IMAGE.jpg",
+                     o->root);
+  if (l->n_classes > INT32_MAX) return STOKE_ERR(STOKE_E_INVALID, "%s: too many class folders", o->root);
+  if (!l->n)
+    return STOKE_ERR(STOKE_E_NOT_FOUND, "%s: no .jpg/.jpeg images in its %zu class folders", o->root, l->n_classes);
+  if (l->other)
+    fprintf(stderr, "convert: ignoring %zu files that are not .jpg/.jpeg (first: %s)\n", l->other, l->first_other);
+  if (l->loops || l->pseudo || l->unreadable)
+    fprintf(stderr,
+            "convert: skipped %zu folders that link back to a folder they are in, %zu of kernel file systems and "
+            "%zu that cannot be read; first: %s\n",
+            l->loops, l->pseudo, l->unreadable, l->first_skipped);
+  *ignored = (int64_t)l->other;
+  if (!(*jobs = calloc(l->n, sizeof **jobs))) return STOKE_ERR(STOKE_E_OOM, "out of memory listing the images");
+  for (size_t i = 0; i < l->n; i++) {
+    (*jobs)[i].label = l->labels[i];
+    (*jobs)[i].path = l->paths[i];
+    l->paths[i] = NULL; /* the job's now */
+  }
+  return NULL;
+}
+
 static stoke_err *convert_folder(const folder_opts *o) {
-  names classes = {0};
+  stoke_image_list list = {0};
   job *jobs = NULL;
-  size_t n_jobs = 0, cap_jobs = 0;
   int64_t ignored = 0, skipped = 0;
   writer w = {0};
-  stoke_err *e = NULL;
-  STOKE_TRY_GOTO(e, done, list_dir(o->root, 1, &classes), "listing the class folders");
-  if (!classes.n) {
-    e = STOKE_ERR(STOKE_E_NOT_FOUND, "%s holds no class folders; expected the ImageFolder layout ROOT/CLASS/IMAGE.jpg",
-                  o->root);
-    goto done;
-  }
-  if (classes.n > INT32_MAX) {
-    e = STOKE_ERR(STOKE_E_INVALID, "%s: too many class folders", o->root);
-    goto done;
-  }
-  for (size_t c = 0; c < classes.n; c++) {
-    char dir[PATH_MAX];
-    if (join(dir, sizeof dir, o->root, classes.v[c])) {
-      e = STOKE_ERR(STOKE_E_INVALID, "%s/%s: path too long", o->root, classes.v[c]);
-      goto done;
-    }
-    names files = {0};
-    e = list_dir(dir, 0, &files);
-    for (size_t i = 0; !e && i < files.n; i++) {
-      char p[PATH_MAX];
-      if (join(p, sizeof p, dir, files.v[i])) {
-        e = STOKE_ERR(STOKE_E_INVALID, "%s/%s: path too long", dir, files.v[i]);
-        break;
-      }
-      if (!is_jpeg_name(files.v[i])) {
-        fprintf(stderr, "convert: ignoring %s: not a .jpg/.jpeg file\n", p);
-        ignored++;
-        continue;
-      }
-      if (n_jobs == cap_jobs) {
-        size_t nc = cap_jobs ? cap_jobs * 2 : 1024;
-        job *nj = realloc(jobs, nc * sizeof *nj);
-        if (!nj) {
-          e = STOKE_ERR(STOKE_E_OOM, "out of memory listing the images");
-          break;
-        }
-        jobs = nj;
-        cap_jobs = nc;
-      }
-      memset(&jobs[n_jobs], 0, sizeof *jobs);
-      jobs[n_jobs].label = (int32_t)c;
-      if (!(jobs[n_jobs].path = strdup(p))) e = STOKE_ERR(STOKE_E_OOM, "out of memory listing the images");
-      else n_jobs++;
-    }
-    free_names(&files);
-    if (e) goto done;
-  }
-  if (!n_jobs) {
-    e = STOKE_ERR(STOKE_E_NOT_FOUND, "%s: no .jpg/.jpeg images in its %zu class folders", o->root, classes.n);
-    goto done;
-  }
+  stoke_err *e = list_images(o, &list, &jobs, &ignored);
+  size_t n_jobs = jobs ? list.n : 0;
+  if (e) goto done;
   size_t px = (size_t)o->height * o->width * o->channels;
   size_t per = o->encoding == STOKE_ENC_RAW ? px : px / 4; /* a guess for JPEG; the map grows if short */
   size_t rec = STOKE_REC_HEADER_BYTES + per + 32;
@@ -746,13 +661,14 @@ static stoke_err *convert_folder(const folder_opts *o) {
     e = STOKE_ERR(STOKE_E_DATA, "%s: none of its %zu images could be read", o->root, n_jobs);
     goto done;
   }
-  stoke_meta m = {(uint64_t)w.next_index, (uint32_t)classes.n, o->height, o->width, o->channels, (uint8_t)o->encoding};
+  stoke_meta m = {(uint64_t)w.next_index, (uint32_t)list.n_classes, o->height, o->width, o->channels,
+                  (uint8_t)o->encoding};
   STOKE_TRY_GOTO(e, done, writer_finish(&w, &m), "writing %s", o->out);
   summary(&w, &m, skipped, ignored);
 done:
   for (size_t i = 0; i < n_jobs; i++) job_clear(&jobs[i]);
   free(jobs);
-  free_names(&classes);
+  stoke_image_list_free(&list);
   writer_close(&w);
   return e;
 }

@@ -20,6 +20,11 @@
 #   fuse      the mlp bench (bf16) with ReLU and with GELU (tanh), run.fuse
 #             off and on, alternating, FUSE_REPS times; the loss curves of
 #             fused and unfused compared; one per-op profile of each
+#   convs     every ResNet-50 / ResNet-18c convolution through the cudnn engine
+#             (graph API) and cudnn_classic, the fused conv + batch-norm graph
+#             probe (tests/gpu/conv_bench), PyTorch's same convolutions
+#             (conv_bench_torch.py), then tools/bench A/B of the two engines
+#             on resnet50 and resnet18c (fused + CUDA graphs both sides)
 #   gpt       GPT-2 124M bf16 (examples/gpt2_124m.ini): stoke at B = 16 and
 #             32 in tokens/s (cuDNN flash attention), one per-op profile, the
 #             PyTorch anchor (gpt_bench.py, eager and compile), and a small
@@ -269,6 +274,24 @@ PY
         timeout 300 "$S/bin/bench" "$S/examples/$w.ini" run.log_every=1000 --rounds ${AB_ROUNDS:-3} \
           --a run.cuda_graph=false --b run.cuda_graph=true > "$OUT/gs_$w.log" 2>&1
         echo "== $w rc=$?"; grep -A8 "^stoke bench: /" "$OUT/gs_$w.log" | grep -E "^  (A|B) |B/A"
+      done
+      ;;
+    convs)
+      for net in ${CONV_NETS:-rn50 rn18c}; do [ "$net" = none ] && continue
+        log "convolutions, $net: graph API against classic (conv_bench), then PyTorch"
+        timeout 240 "$S/tests/conv_bench" $net > "$OUT/conv_bench_$net.log" 2>&1; echo "conv_bench rc=$?"
+        grep -vE "^\[|^ +\(" "$OUT/conv_bench_$net.log" | grep -v "^    " | tail -40
+        grep -E "^    " "$OUT/conv_bench_$net.log" | sort | uniq -c | sort -rn | head -0
+        timeout 200 python3 "$HERE/conv_bench_torch.py" $net > "$OUT/conv_torch_$net.log" 2>&1; echo "torch rc=$?"
+        tail -30 "$OUT/conv_torch_$net.log"
+      done
+      log "tools/bench: cudnn_classic (A) against cudnn graph API (B), fused + CUDA graphs, bf16"
+      for w in ${CONV_AB:-resnet50 resnet18c}; do
+        timeout 300 "$S/bin/bench" "$S/examples/$w.ini" run.log_every=1000 run.cuda_graph=true --rounds ${AB_ROUNDS:-3} \
+          --a run.backends=fused,cudnn_classic,cudnn,cublaslt,cuda --b run.backends=fused,cudnn,cublaslt,cuda \
+          ${AB_PEROP:+--per-op} --json "$OUT/convab_$w.json" --md "$OUT/convab_$w.md" > "$OUT/convab_$w.log" 2>&1
+        echo "== $w rc=$?"; grep -A8 "^stoke bench: /" "$OUT/convab_$w.log" | grep -E "^  (A|B) |B/A"
+        grep -A40 "per op" "$OUT/convab_$w.log" | head -45
       done
       ;;
     issue6)

@@ -6,7 +6,8 @@ pkgs=(
   bazel-bootstrap bazel-platforms  # Bazel 4.2.3 and @platforms, offline
   build-essential                  # gcc, make
   libcmocka-dev                    # unit tests
-  libopenblas-dev                  # CPU backend GEMM
+  libopenblas-dev                  # CPU backend GEMM (cblas.h)
+  libopenblas-serial-dev           # the serial OpenBLAS the cpu plugin links (backends/cpu/blas.c)
   libinih-dev                      # INI config
   liblmdb-dev                      # LMDB data source
   libturbojpeg0-dev libjpeg62-turbo-dev  # JPEG decoding

@@ -86,6 +86,7 @@ stoke_err *check_layout_known(const stoke_kernel_args_v1 *a, const char *op, con
 }
 
 double grad_beta(const stoke_kernel_args_v1 *a, int i) {
+  if ((a->din_accumulate >> i) & 1u) return 1.0; /* a second path's gradient of the same value */
   return (a->param_grads >> i) & 1u ? (double)a->param_grad_beta : 0.0;
 }
 

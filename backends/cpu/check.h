@@ -26,6 +26,10 @@
  * fn##_##sfx, freed by `destroy`. */
 #define CPU_KERNEL(op, pass, fn, sfx, dt, destroy) \
   {"cpu", op, pass, dt, STOKE_LAYOUT_ANY, CAT(fn##_plan, sfx), CAT(fn, sfx), destroy}
+/* The same, for a backward kernel that adds its gradients of the inputs
+ * in `acc` (bits) into din on request (din_accumulate, via grad_beta). */
+#define CPU_KERNEL_ACC(op, pass, fn, sfx, dt, destroy, acc) \
+  {"cpu", op, pass, dt, STOKE_LAYOUT_ANY, CAT(fn##_plan, sfx), CAT(fn, sfx), destroy, acc}
 
 /* d = beta * d + v for element type T, without reading d when beta is 0
  * (it may hold NaN). */
@@ -87,6 +91,8 @@ stoke_err *check_layout_known(const stoke_kernel_args_v1 *a, const char *op, con
 
 /* Gradient i is accumulated (din = beta * din + computed) when it is a
  * parameter gradient; activation gradients are overwritten (beta 0). */
+/* beta for din[i]: 1 when din_accumulate asks, else param_grad_beta for
+ * parameter gradients, else 0 (overwrite). */
 double grad_beta(const stoke_kernel_args_v1 *a, int i);
 
 /* The destroy() of kernels without per-node state. */

@@ -318,7 +318,7 @@ static stoke_err *gap_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int b
 #define KERNEL CPU_KERNEL
 #define KERNELS(sfx, dt)                                                                 \
   KERNEL(STOKE_OP_CONV2D, STOKE_FWD, conv2d_fwd, sfx, dt, conv_destroy),                \
-  KERNEL(STOKE_OP_CONV2D, STOKE_BWD, conv2d_bwd, sfx, dt, conv_destroy),                \
+  CPU_KERNEL_ACC(STOKE_OP_CONV2D, STOKE_BWD, conv2d_bwd, sfx, dt, conv_destroy, 1u),    \
   KERNEL(STOKE_OP_BIAS_ADD, STOKE_FWD, bias_add_fwd, sfx, dt, destroy_none),            \
   KERNEL(STOKE_OP_BIAS_ADD, STOKE_BWD, bias_add_bwd, sfx, dt, destroy_none),            \
   KERNEL(STOKE_OP_FLATTEN, STOKE_FWD, flatten_fwd, sfx, dt, destroy_none),              \

@@ -18,6 +18,7 @@
 #include "stoke/ops.h"
 #include "stoke/plugin.h"
 #include "act.h"
+#include "blas.h"
 #include "check.h"
 #include "cpu_cnn.h"
 
@@ -27,7 +28,7 @@ const stoke_host_v1 *stoke_host;
 
 static stoke_err *cpu_open(int device_index, void *device_self, void **self) {
   *self = NULL; /* the CPU backend keeps no state */
-  return NULL;
+  return cpu_blas_ready();
 }
 
 static void cpu_close(void *self) {}

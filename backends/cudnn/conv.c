@@ -1,5 +1,7 @@
 /* backends/cudnn/conv.c: conv2d forward and backward (f32, bf16, f16; x/y in
- * NCHW or NHWC) through cuDNN's classic convolution API, with algorithms
+ * NCHW or NHWC) through cuDNN's classic convolution API: the
+ * "cudnn_classic" engine, and the fallback of the graph-API path
+ * (conv_graph.c) for problems no graph engine runs. Algorithms are
  * chosen once per node by plan(): timed (STOKE_KFLAG_AUTOTUNE, like
  * torch.backends.cudnn.benchmark) or by cuDNN's heuristics, and cached per
  * shape in the engine so identical nodes are not tuned twice.
@@ -77,20 +79,7 @@ typedef struct tune_bufs {
   size_t ws_bytes;
 } tune_bufs;
 
-static const char *node_name(const stoke_kernel_args_v1 *a) {
-  return a->node && a->node->name ? a->node->name : "?";
-}
-
-/* An attribute pair (h, w): one value for both, two for HxW, none = def. */
-static void attr_pair(const stoke_node_v1 *n, int idx, int64_t def, int64_t out[2]) {
-  out[0] = out[1] = def;
-  if (!n || n->n_attrs <= idx) return;
-  const stoke_attr_v1 *at = &n->attrs[idx];
-  if (at->n == 1) out[0] = out[1] = at->ints[0];
-  if (at->n >= 2) out[0] = at->ints[0], out[1] = at->ints[1];
-}
-
-static void conv_destroy(void *state) {
+void stoke_cudnn_classic_destroy(void *state) {
   conv_state *st = state;
   if (!st) return;
   if (st->x) cudnnDestroyTensorDescriptor(st->x);
@@ -266,7 +255,7 @@ static stoke_err *choose(const stoke_kernel_args_v1 *a, conv_state *st, cudnn_di
   if (st->w_region + ch.workspace > st->workspace) st->workspace = st->w_region + ch.workspace;
   char t[32] = "";
   if (ch.ms >= 0) snprintf(t, sizeof t, ", %.3f ms", (double)ch.ms);
-  stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s' %s: %s, %s math%s, workspace %.2f MiB (%s)", node_name(a),
+  stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s' %s: %s, %s math%s, workspace %.2f MiB (%s)", stoke_cudnn_node_name(a),
                   dir_names[d], algo_name(d, ch.algo), math_name(ch.math), t,
                   (double)ch.workspace / (1 << 20), how);
   return NULL;
@@ -280,23 +269,23 @@ static cudnnDataType_t data_type(stoke_dtype t) {
 static stoke_err *describe(const stoke_kernel_args_v1 *a, conv_state *st, int bwd) {
   if (!a->engine)
     return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': no engine state (backend 'cudnn' not opened)",
-                      node_name(a));
+                      stoke_cudnn_node_name(a));
   st->eng = a->engine;
   if (a->n_in < 2 || a->n_out < 1 || !a->in || !a->out || (bwd && (!a->din || !a->dout)))
-    return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': needs x, weight and y%s", node_name(a),
+    return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': needs x, weight and y%s", stoke_cudnn_node_name(a),
                       bwd ? " and their gradients" : "");
   const stoke_tensor *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
   int nhwc = x->layout == STOKE_NHWC;
   int64_t stride[2], pad[2], dil[2];
-  attr_pair(a->node, STOKE_CONV2D_STRIDE, 1, stride);
-  attr_pair(a->node, STOKE_CONV2D_PADDING, 0, pad);
-  attr_pair(a->node, STOKE_CONV2D_DILATION, 1, dil);
+  stoke_cudnn_attr_pair(a->node, STOKE_CONV2D_STRIDE, 1, stride);
+  stoke_cudnn_attr_pair(a->node, STOKE_CONV2D_PADDING, 0, pad);
+  stoke_cudnn_attr_pair(a->node, STOKE_CONV2D_DILATION, 1, dil);
   int64_t groups = a->node && a->node->n_attrs > STOKE_CONV2D_GROUPS ? a->node->attrs[STOKE_CONV2D_GROUPS].i : 1;
   const int64_t *xd = x->shape.d, *wd = w->shape.d, *yd = y->shape.d;
   snprintf(st->ctx, sizeof st->ctx,
            "node '%s': x [%lld, %lld, %lld, %lld] %s %s, weight [%lld, %lld, %lld, %lld], y [%lld, %lld, %lld, "
            "%lld], stride %lldx%lld, padding %lldx%lld, dilation %lldx%lld, groups %lld",
-           node_name(a), (long long)xd[0], (long long)xd[1], (long long)xd[2], (long long)xd[3],
+           stoke_cudnn_node_name(a), (long long)xd[0], (long long)xd[1], (long long)xd[2], (long long)xd[3],
            nhwc ? "NHWC" : "NCHW", stoke_dtype_name(x->dtype), (long long)wd[0], (long long)wd[1],
            (long long)wd[2], (long long)wd[3], (long long)yd[0], (long long)yd[1], (long long)yd[2],
            (long long)yd[3], (long long)stride[0], (long long)stride[1], (long long)pad[0], (long long)pad[1],
@@ -408,13 +397,13 @@ static stoke_err *plan_dirs(const stoke_kernel_args_v1 *a, conv_state *st, int b
   return e;
 }
 
-static stoke_err *conv_plan(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes, int bwd) {
+stoke_err *stoke_cudnn_classic_plan(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes, int bwd) {
   conv_state *st = stoke_host->alloc(sizeof *st);
-  if (!st) return STOKE_PERR(STOKE_E_OOM, "cudnn conv2d '%s': out of host memory", node_name(a));
+  if (!st) return STOKE_PERR(STOKE_E_OOM, "cudnn conv2d '%s': out of host memory", stoke_cudnn_node_name(a));
   memset(st, 0, sizeof *st);
   stoke_err *e = plan_dirs(a, st, bwd);
   if (e) {
-    conv_destroy(st);
+    stoke_cudnn_classic_destroy(st);
     return e;
   }
   *state = st;
@@ -422,15 +411,11 @@ static stoke_err *conv_plan(const stoke_kernel_args_v1 *a, void **state, size_t 
   return NULL;
 }
 
-static stoke_err *plan_fwd(const stoke_kernel_args_v1 *a, void **state, size_t *ws) { return conv_plan(a, state, ws, 0); }
-static stoke_err *plan_bwd(const stoke_kernel_args_v1 *a, void **state, size_t *ws) { return conv_plan(a, state, ws, 1); }
-
-static stoke_err *check_run(const stoke_kernel_args_v1 *a, const conv_state *st) {
-  if (!st) return STOKE_PERR(STOKE_E_INTERNAL, "cudnn conv2d '%s': run() without plan()", node_name(a));
-  if (a->workspace_bytes < st->workspace || (st->workspace && !a->workspace))
-    return STOKE_PERR(STOKE_E_INTERNAL, "cudnn conv2d: workspace of %zu B given, plan() asked for %zu B; %s",
-                      a->workspace_bytes, st->workspace, st->ctx);
-  return NULL;
+static stoke_err *plan_fwd(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  return stoke_cudnn_classic_plan(a, state, ws, 0);
+}
+static stoke_err *plan_bwd(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  return stoke_cudnn_classic_plan(a, state, ws, 1);
 }
 
 /* The algorithms' workspace: after the staged filter, if any. */
@@ -438,9 +423,9 @@ static void *algo_ws(const stoke_kernel_args_v1 *a, const conv_state *st) {
   return a->workspace ? (char *)a->workspace + st->w_region : NULL;
 }
 
-static stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *state) {
+stoke_err *stoke_cudnn_classic_run_fwd(const stoke_kernel_args_v1 *a, void *state) {
   conv_state *st = state;
-  STOKE_PROPAGATE_P(check_run(a, st));
+  STOKE_PROPAGATE_P(stoke_cudnn_check_run(a, st, st ? st->workspace : 0, st ? st->ctx : ""));
   if (!a->in[0].data || !a->in[1].data || !a->out[0].data)
     return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d forward: x, weight or y has no data; %s", st->ctx);
   cudnnHandle_t h = st->eng->handle;
@@ -460,9 +445,9 @@ static stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *state) {
 
 /* dx (beta 0: activations are overwritten) and dW (beta param_grad_beta:
  * parameter gradients accumulate), each only when wanted. */
-static stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *state) {
+stoke_err *stoke_cudnn_classic_run_bwd(const stoke_kernel_args_v1 *a, void *state) {
   conv_state *st = state;
-  STOKE_PROPAGATE_P(check_run(a, st));
+  STOKE_PROPAGATE_P(stoke_cudnn_check_run(a, st, st ? st->workspace : 0, st ? st->ctx : ""));
   const void *dy = a->dout[0].data;
   void *dx = a->din[0].data, *dw = a->din[1].data;
   if (!dy) return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d backward: dy has no data; %s", st->ctx);
@@ -481,7 +466,7 @@ static stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *state) {
       CUDNN_CHECK(cudnnTransformTensor(h, &one, st->w_oihw, w, &zero, st->w_ohwi, a->workspace), st->ctx);
       w = a->workspace;
     }
-    float beta = (a->param_grads & 1u) ? a->param_grad_beta : 0.0f;
+    float beta = (a->din_accumulate & 1u) ? 1.0f : (a->param_grads & 1u) ? a->param_grad_beta : 0.0f;
     CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, st->w, w, st->y, dy, st->conv[CUDNN_DIR_BWD_DATA],
                                              (cudnnConvolutionBwdDataAlgo_t)st->choice[CUDNN_DIR_BWD_DATA].algo, ws,
                                              ws_bytes, &beta, st->x, dx),
@@ -503,14 +488,18 @@ static stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *state) {
   return NULL;
 }
 
-/* Every layout (the kernel reads x's), three dtypes, both passes. */
-#define CONV_KERNELS(dt)                                                                              \
-  {"cudnn", STOKE_OP_CONV2D, STOKE_FWD, dt, STOKE_LAYOUT_ANY, plan_fwd, run_fwd, conv_destroy},   \
-  {"cudnn", STOKE_OP_CONV2D, STOKE_BWD, dt, STOKE_LAYOUT_ANY, plan_bwd, run_bwd, conv_destroy}
+/* The "cudnn_classic" engine (A/B runs against the graph API, and what
+ * PyTorch users know as the v7 API): every layout (the kernel reads x's),
+ * three dtypes, both passes. */
+#define CONV_KERNELS(dt)                                                                                           \
+  {"cudnn_classic", STOKE_OP_CONV2D, STOKE_FWD, dt, STOKE_LAYOUT_ANY, plan_fwd, stoke_cudnn_classic_run_fwd,     \
+   stoke_cudnn_classic_destroy},                                                                                  \
+  {"cudnn_classic", STOKE_OP_CONV2D, STOKE_BWD, dt, STOKE_LAYOUT_ANY, plan_bwd, stoke_cudnn_classic_run_bwd,     \
+   stoke_cudnn_classic_destroy, 1u}
 
 static const stoke_kernel_v1 kernels[] = {CONV_KERNELS(STOKE_F32), CONV_KERNELS(STOKE_BF16), CONV_KERNELS(STOKE_F16)};
 
-stoke_err *stoke_cudnn_register_conv(const stoke_registry_v1 *r) {
+stoke_err *stoke_cudnn_register_conv_classic(const stoke_registry_v1 *r) {
   for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++) STOKE_PROPAGATE_P(r->add_kernel(r->self, &kernels[i]));
   return NULL;
 }

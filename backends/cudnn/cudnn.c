@@ -4,23 +4,34 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "graph.h"
 #include "stoke_cudnn.h"
 
 const stoke_host_v1 *stoke_host;
 
 stoke_err *stoke_cudnn_register_bn(const stoke_registry_v1 *r); /* bn.c */
 
-stoke_err *stoke_cudnn_err(cudnnStatus_t s, const char *file, int line, const char *call, const char *ctx) {
-  char detail[512] = "";
-  cudnnGetLastErrorString(detail, sizeof detail);
-  int code = (int)s;
-  stoke_code c = code == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
-                         code == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED
-                     ? STOKE_E_OOM
-                 : code / 1000 == CUDNN_STATUS_NOT_SUPPORTED / 1000 ? STOKE_E_UNSUPPORTED
-                                                                   : STOKE_E_DEVICE;
-  return stoke_host->err_new(c, file, line, "%s failed: %s (%d)%s%s; %s", call, cudnnGetErrorString(s), code,
-                             detail[0] ? ": " : "", detail, ctx ? ctx : "");
+const char *stoke_cudnn_node_name(const stoke_kernel_args_v1 *a) {
+  return a->node && a->node->name ? a->node->name : "?";
+}
+
+void stoke_cudnn_attr_pair(const stoke_node_v1 *n, int idx, int64_t def, int64_t out[2]) {
+  out[0] = out[1] = def;
+  if (!n || n->n_attrs <= idx) return;
+  const stoke_attr_v1 *at = &n->attrs[idx];
+  if (at->n == 1) out[0] = out[1] = at->ints[0];
+  if (at->n >= 2) out[0] = at->ints[0], out[1] = at->ints[1];
+}
+
+stoke_err *stoke_cudnn_check_run(const stoke_kernel_args_v1 *a, const void *state, size_t workspace,
+                                 const char *ctx) {
+  if (!state)
+    return STOKE_PERR(STOKE_E_INTERNAL, "cudnn %s '%s': run() without plan()", a->node ? a->node->op : "?",
+                      stoke_cudnn_node_name(a));
+  if (a->workspace_bytes < workspace || (workspace && !a->workspace))
+    return STOKE_PERR(STOKE_E_INTERNAL, "cudnn: workspace of %zu B given, plan() asked for %zu B; %s",
+                      a->workspace_bytes, workspace, ctx);
+  return NULL;
 }
 
 const cudnn_algo_choice *stoke_cudnn_cache_get(const cudnn_engine *e, const cudnn_conv_key *k) {
@@ -70,13 +81,26 @@ static stoke_err *cudnn_open(int index, void *device_self, void **self) {
 static void cudnn_close(void *self) {
   cudnn_engine *e = self;
   if (!e) return;
+  cg_cache_free(e);
   cudnnDestroy(e->handle);
   stoke_host->free(e);
 }
 
 static const stoke_backend_v1 backend = {
     .name = "cudnn",
-    .help = "NVIDIA cuDNN kernels (conv2d, autotuned with STOKE_KFLAG_AUTOTUNE; 4-D batch_norm) on the cuda device",
+    .help = "NVIDIA cuDNN kernels through its graph API (conv2d, autotuned with conv_autotune like "
+            "cudnn.benchmark; 4-D batch_norm) on the cuda device",
+    .device = STOKE_DEV_GPU,
+    .device_engine = "cuda",
+    .open = cudnn_open,
+    .close = cudnn_close,
+};
+
+/* The classic (v7) convolution API as an engine of its own, for A/B runs
+ * (`backends = fused, cudnn_classic, cudnn, ...`: its conv2d first). */
+static const stoke_backend_v1 classic = {
+    .name = "cudnn_classic",
+    .help = "cuDNN's classic convolution API (cudnnConvolutionForward/Backward*, cudnnFind*): conv2d only",
     .device = STOKE_DEV_GPU,
     .device_engine = "cuda",
     .open = cudnn_open,
@@ -86,7 +110,9 @@ static const stoke_backend_v1 backend = {
 static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
   stoke_host = h;
   STOKE_PROPAGATE_P(r->add_backend(r->self, &backend));
+  STOKE_PROPAGATE_P(r->add_backend(r->self, &classic));
   STOKE_PROPAGATE_P(stoke_cudnn_register_conv(r));
+  STOKE_PROPAGATE_P(stoke_cudnn_register_conv_classic(r));
   STOKE_PROPAGATE_P(stoke_cudnn_register_bn(r));
   STOKE_PROPAGATE_P(stoke_cudnn_register_sdpa(r));
   return NULL;

@@ -39,12 +39,15 @@ typedef struct cudnn_algo_choice {
   float ms;  /* measured time (autotune) or -1 (heuristic) */
 } cudnn_algo_choice;
 
+struct cg_cache; /* graph.c: execution plans by problem */
+
 typedef struct cudnn_engine {
   stoke_cuda_device *dev;
   cudnnHandle_t handle;
   int n_cache;
   cudnn_conv_key keys[CUDNN_CACHE_MAX];
   cudnn_algo_choice vals[CUDNN_CACHE_MAX];
+  struct cg_cache *plans;
 } cudnn_engine;
 
 /* A cuDNN status as a stoke error: the call, cuDNN's message (and its last
@@ -57,10 +60,27 @@ stoke_err *stoke_cudnn_err(cudnnStatus_t s, const char *file, int line, const ch
     if (cudnn_s_ != CUDNN_STATUS_SUCCESS) return stoke_cudnn_err(cudnn_s_, __FILE__, __LINE__, #call, (ctx)); \
   } while (0)
 
+/* Helpers of the conv kernels (cudnn.c): the node's name for messages; an
+ * attribute pair (h, w), one value for both, two for HxW, none = def; and
+ * run()'s check that plan() happened and its workspace is given. */
+const char *stoke_cudnn_node_name(const stoke_kernel_args_v1 *a);
+void stoke_cudnn_attr_pair(const stoke_node_v1 *n, int idx, int64_t def, int64_t out[2]);
+stoke_err *stoke_cudnn_check_run(const stoke_kernel_args_v1 *a, const void *state, size_t workspace,
+                                 const char *ctx);
+
 /* The algorithm cache of an engine: NULL when the key is not there. */
 const cudnn_algo_choice *stoke_cudnn_cache_get(const cudnn_engine *e, const cudnn_conv_key *k);
 void stoke_cudnn_cache_put(cudnn_engine *e, const cudnn_conv_key *k, const cudnn_algo_choice *v);
 
+/* conv.c: conv2d through the classic API, the "cudnn_classic" engine's
+ * kernels and the graph path's fallback (conv_graph.c) for a problem no
+ * graph engine runs. */
+stoke_err *stoke_cudnn_classic_plan(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes, int bwd);
+stoke_err *stoke_cudnn_classic_run_fwd(const stoke_kernel_args_v1 *a, void *state);
+stoke_err *stoke_cudnn_classic_run_bwd(const stoke_kernel_args_v1 *a, void *state);
+void stoke_cudnn_classic_destroy(void *state);
+stoke_err *stoke_cudnn_register_conv_classic(const stoke_registry_v1 *r);
+/* conv_graph.c: conv2d through the graph API, the "cudnn" engine's */
 stoke_err *stoke_cudnn_register_conv(const stoke_registry_v1 *r);
 stoke_err *stoke_cudnn_register_sdpa(const stoke_registry_v1 *r); /* sdpa.c: flash attention */
 

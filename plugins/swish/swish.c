@@ -60,11 +60,15 @@ static const stoke_op_type_v1 swish_op = {
 SWISH_KERNELS(float, f32)
 SWISH_KERNELS(double, f64)
 
+/* Designated initializers: fields the SDK appends later (accumulates, ...)
+ * start at zero, and a -Wextra build stays quiet. */
+#define SWISH_KERNEL(p, dt, fn) \
+  {.engine = "cpu", .op = "swish", .pass = p, .dtype = dt, .layout = STOKE_LAYOUT_ANY, .run = fn}
 static const stoke_kernel_v1 kernels[] = {
-    {"cpu", "swish", STOKE_FWD, STOKE_F32, STOKE_LAYOUT_ANY, NULL, fwd_f32, NULL},
-    {"cpu", "swish", STOKE_BWD, STOKE_F32, STOKE_LAYOUT_ANY, NULL, bwd_f32, NULL},
-    {"cpu", "swish", STOKE_FWD, STOKE_F64, STOKE_LAYOUT_ANY, NULL, fwd_f64, NULL},
-    {"cpu", "swish", STOKE_BWD, STOKE_F64, STOKE_LAYOUT_ANY, NULL, bwd_f64, NULL},
+    SWISH_KERNEL(STOKE_FWD, STOKE_F32, fwd_f32),
+    SWISH_KERNEL(STOKE_BWD, STOKE_F32, bwd_f32),
+    SWISH_KERNEL(STOKE_FWD, STOKE_F64, fwd_f64),
+    SWISH_KERNEL(STOKE_BWD, STOKE_F64, bwd_f64),
 };
 
 static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {

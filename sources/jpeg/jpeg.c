@@ -23,10 +23,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <jpeglib.h>
 #include <jerror.h>
 
 #include "crop.h"
+#include "decode.h"
+#include "walk.h"
 #include "stoke/plugin.h"
 #include "stoke/rng.h"
 
@@ -72,227 +73,54 @@ typedef struct jpeg_src {
 
 /* ------------------------------------------------------------- scanning */
 
-typedef struct strv {
-  char **v;
-  size_t n, cap;
-} strv;
-
-static int strv_push(strv *s, char *p) {
-  if (!p) return -1;
-  if (s->n == s->cap) {
-    size_t nc = s->cap ? s->cap * 2 : 16;
-    char **nv = realloc(s->v, nc * sizeof *nv);
-    if (!nv) {
-      free(p);
-      return -1;
-    }
-    s->v = nv;
-    s->cap = nc;
-  }
-  s->v[s->n++] = p;
-  return 0;
-}
-
-static void strv_free(strv *s) {
-  for (size_t i = 0; i < s->n; i++) free(s->v[i]);
-  free(s->v);
-  memset(s, 0, sizeof *s);
-}
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-static char *join(const char *dir, const char *name) {
-  size_t a = strlen(dir), b = strlen(name);
-  char *p = malloc(a + b + 2);
-  if (!p) return NULL;
-  memcpy(p, dir, a);
-  p[a] = '/';
-  memcpy(p + a + 1, name, b + 1);
-  return p;
-}
-
-static int is_jpeg_name(const char *name) {
-  const char *dot = strrchr(name, '.');
-  return dot && (!strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg"));
-}
-
-/* Entries of `dir` (symbolic links followed): folders into `dirs` (names
- * when `names`, else full paths), regular files into `files` (full paths).
- * -1 with errno when the folder cannot be read or memory runs out. */
-static int list_dir(const char *dir, strv *dirs, int names, strv *files) {
-  DIR *d = opendir(dir);
-  if (!d) return -1;
-  struct dirent *de;
-  int rc = 0;
-  errno = 0;
-  while ((de = readdir(d))) {
-    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-    char *full = join(dir, de->d_name);
-    struct stat st;
-    if (!full) {
-      rc = -1;
-      break;
-    }
-    if (stat(full, &st) != 0) { /* a dangling link: neither */
-      free(full);
-      continue;
-    }
-    if (S_ISDIR(st.st_mode) && dirs) {
-      if (names) {
-        free(full);
-        full = strdup(de->d_name);
-      }
-      if (strv_push(dirs, full)) rc = -1;
-    } else if (S_ISREG(st.st_mode) && files) {
-      if (strv_push(files, full)) rc = -1;
-    } else {
-      free(full);
-    }
-    if (rc) break;
-  }
-  int saved = errno;
-  closedir(d);
-  errno = saved;
-  return rc;
-}
-
-/* Every JPEG of one class in torchvision's order: sorted(os.walk(class))
- * visits folders by path, files sorted within each. Appends to `out`;
- * other files are counted in *other. */
-static stoke_err *scan_class(const char *cdir, strv *out, int64_t *other) {
-  strv dirs = {0};
-  stoke_err *e = NULL;
-  if (strv_push(&dirs, strdup(cdir))) return STOKE_PERR(STOKE_E_OOM, "jpeg: out of memory");
-  /* breadth first; the list grows while it is walked */
-  for (size_t i = 0; i < dirs.n && !e; i++)
-    if (list_dir(dirs.v[i], &dirs, 0, NULL))
-      e = STOKE_PERR(errno == ENOMEM ? STOKE_E_OOM : STOKE_E_IO, "jpeg: cannot list %s: %s", dirs.v[i],
-                     strerror(errno));
-  if (!e) qsort(dirs.v, dirs.n, sizeof *dirs.v, cmp_str);
-  for (size_t i = 0; i < dirs.n && !e; i++) {
-    strv files = {0};
-    if (list_dir(dirs.v[i], NULL, 0, &files)) {
-      e = STOKE_PERR(STOKE_E_IO, "jpeg: cannot list %s: %s", dirs.v[i], strerror(errno));
-    } else {
-      if (files.n) qsort(files.v, files.n, sizeof *files.v, cmp_str);
-      for (size_t k = 0; k < files.n && !e; k++) {
-        const char *base = strrchr(files.v[k], '/') + 1;
-        if (!is_jpeg_name(base)) {
-          (*other)++;
-          continue;
-        }
-        if (strv_push(out, files.v[k])) e = STOKE_PERR(STOKE_E_OOM, "jpeg: out of memory");
-        files.v[k] = NULL;
-      }
-    }
-    strv_free(&files);
-  }
-  strv_free(&dirs);
-  return e;
-}
-
+/* The image list (walk.h: torchvision's ImageFolder, without its loops). */
 static stoke_err *scan(jpeg_src *s, const char *where) {
-  struct stat st;
-  if (stat(s->root, &st) != 0)
-    return STOKE_PERR(errno == ENOENT || errno == ENOTDIR ? STOKE_E_NOT_FOUND : STOKE_E_IO,
-                      "jpeg %s (root, %s): %s; it should hold " LAYOUT, s->root, where, strerror(errno));
-  if (!S_ISDIR(st.st_mode))
-    return STOKE_PERR(STOKE_E_INVALID, "jpeg %s (root, %s): not a folder; it should hold " LAYOUT, s->root, where);
-  strv classes = {0}, files = {0}, top = {0};
+  stoke_image_list l;
+  if (stoke_walk_image_folder(s->root, &l)) {
+    if (errno == ENOENT || errno == ENOTDIR)
+      return STOKE_PERR(errno == ENOENT ? STOKE_E_NOT_FOUND : STOKE_E_INVALID,
+                        "jpeg %s (root, %s): %s; it should hold " LAYOUT, s->root, where,
+                        errno == ENOENT ? "no such folder" : "not a folder");
+    return STOKE_PERR(errno == ENOMEM ? STOKE_E_OOM : STOKE_E_IO, "jpeg %s: cannot list the folder: %s", s->root,
+                      strerror(errno));
+  }
   stoke_err *e = NULL;
-  if (list_dir(s->root, &classes, 1, &top))
-    e = STOKE_PERR(STOKE_E_IO, "jpeg %s: cannot list the folder: %s", s->root, strerror(errno));
-  if (!e && classes.n == 0)
+  if (l.n_classes == 0)
     e = STOKE_PERR(STOKE_E_INVALID, "jpeg %s (root, %s): %s, no class folders; it should hold " LAYOUT, s->root,
-                   where, top.n ? "only files" : "an empty folder");
-  int64_t other = 0, empty = 0;
-  const char *first_empty = NULL;
-  int32_t *labels = NULL;
-  size_t labels_cap = 0;
-  if (!e && classes.n) qsort(classes.v, classes.n, sizeof *classes.v, cmp_str);
-  for (size_t c = 0; c < classes.n && !e; c++) {
-    char *cdir = join(s->root, classes.v[c]);
-    size_t before = files.n;
-    e = cdir ? scan_class(cdir, &files, &other) : STOKE_PERR(STOKE_E_OOM, "jpeg: out of memory");
-    free(cdir);
-    if (e) break;
-    if (files.n == before && empty++ == 0) first_empty = classes.v[c];
-    if (files.n > labels_cap) {
-      size_t nc = files.cap;
-      int32_t *nl = realloc(labels, nc * sizeof *nl);
-      if (!nl) {
-        e = STOKE_PERR(STOKE_E_OOM, "jpeg: out of memory");
-        break;
-      }
-      labels = nl;
-      labels_cap = nc;
-    }
-    for (size_t k = before; k < files.n; k++) labels[k] = (int32_t)c;
-  }
-  if (!e && files.n == 0)
+                   where, l.other ? "only files" : "an empty folder");
+  else if (l.n == 0)
     e = STOKE_PERR(STOKE_E_INVALID, "jpeg %s (root, %s): %zu class folders but no .jpg/.jpeg file in them%s", s->root,
-                   where, classes.n, other ? " (only other files)" : "");
+                   where, l.n_classes, l.other ? " (only other files)" : "");
   if (!e) {
-    if (empty)
+    if (l.empty)
+      stoke_host->log(STOKE_LOG_WARN, "jpeg", "%s: %zu class folders hold no JPEG; their labels are kept but never drawn",
+                      s->root, l.empty);
+    if (l.other)
+      stoke_host->log(STOKE_LOG_INFO, "jpeg", "%s: ignored %zu files that are not .jpg/.jpeg (first: %s)", s->root,
+                      l.other, l.first_other);
+    if (l.loops || l.pseudo || l.unreadable)
       stoke_host->log(STOKE_LOG_WARN, "jpeg",
-                      "%s: %lld class folders hold no JPEG (first: %s); their labels are kept but never drawn",
-                      s->root, (long long)empty, first_empty);
-    if (other)
-      stoke_host->log(STOKE_LOG_INFO, "jpeg", "%s: ignored %lld files that are not .jpg/.jpeg", s->root,
-                      (long long)other);
-    s->count = (int64_t)files.n;
-    s->classes = (int64_t)classes.n;
-    s->paths = files.v;
-    s->labels = labels;
-    files.v = NULL;
-    files.n = 0;
-    labels = NULL;
+                      "%s: skipped %zu folders that link back to a folder they are in, %zu of kernel file systems and "
+                      "%zu that cannot be read; first: %s",
+                      s->root, l.loops, l.pseudo, l.unreadable, l.first_skipped);
+    s->count = (int64_t)l.n;
+    s->classes = (int64_t)l.n_classes;
+    s->paths = l.paths;
+    s->labels = l.labels;
+    l.paths = NULL;
+    l.labels = NULL;
+    l.n = 0;
   }
-  free(labels);
-  strv_free(&files);
-  strv_free(&classes);
-  strv_free(&top);
+  stoke_image_list_free(&l);
   return e;
 }
 
 /* --------------------------------------------------------------- decode */
 
-typedef struct jpeg_err {
-  struct jpeg_error_mgr pub;
-  jmp_buf jb;
-  char msg[JMSG_LENGTH_MAX];
-  int bad;  /* a warning that means damaged data */
-  int code; /* the error's message code */
-} jpeg_err;
-
-static void on_error(j_common_ptr c) {
-  jpeg_err *e = (jpeg_err *)c->err;
-  e->code = c->err->msg_code;
-  c->err->format_message(c, e->msg);
-  longjmp(e->jb, 1);
-}
-
-/* libjpeg goes on after warnings (level -1). Extraneous bytes before a
- * marker and the like leave a fine image; running out of data ("Premature
- * end of JPEG file") or undecodable entropy data leave gray or garbled
- * blocks, so those make the sample bad. */
-static void on_emit(j_common_ptr c, int level) {
-  jpeg_err *e = (jpeg_err *)c->err;
-  if (level >= 0) return;
-  c->err->num_warnings++;
-  int code = c->err->msg_code;
-  if (code == JWRN_JPEG_EOF || code == JWRN_HIT_MARKER || code == JWRN_HUFF_BAD_CODE || code == JWRN_MUST_RESYNC) {
-    if (!e->bad) c->err->format_message(c, e->msg);
-    e->bad = 1;
-  }
-}
-
-static void on_output(j_common_ptr c) { (void)c; } /* plugins never print */
-
 /* Everything one decode allocates, outside the frame that calls setjmp. */
 typedef struct dec {
   struct jpeg_decompress_struct d;
-  jpeg_err e;
+  stoke_jpeg_err e;
   int created;
   uint8_t *buf; /* decoded rows, RGB */
   uint8_t *row; /* one row: CMYK before conversion, or discarded */
@@ -306,18 +134,6 @@ static void dec_free(dec *c) {
   c->buf = c->row = NULL;
 }
 
-/* Adobe CMYK as libjpeg returns it (inverted, as Photoshop writes it) to
- * RGB: R = C * K / 255, the conversion of libjpeg-turbo's djpeg and of PIL
- * (which reads every CMYK JPEG as "CMYK;I", assuming Adobe's convention). */
-static void cmyk_to_rgb(const uint8_t *in, uint8_t *out, size_t n) {
-  for (size_t i = 0; i < n; i++, in += 4, out += 3) {
-    unsigned k = in[3];
-    out[0] = (uint8_t)((in[0] * k + 127) / 255);
-    out[1] = (uint8_t)((in[1] * k + 127) / 255);
-    out[2] = (uint8_t)((in[2] * k + 127) / 255);
-  }
-}
-
 static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
 /* Whether the data ends with the EOI marker: then it was not cut short, and
@@ -329,11 +145,7 @@ static int ends_with_eoi(const uint8_t *p, size_t n) { return n >= 2 && p[n - 2]
  * bad data, with the reason in c->e.msg. */
 static int decode(const jpeg_src *s, const uint8_t *data, size_t n, uint64_t seed, uint8_t *dst, dec *c,
                   int partial) {
-  memset(&c->e, 0, sizeof c->e);
-  c->d.err = jpeg_std_error(&c->e.pub);
-  c->e.pub.error_exit = on_error;
-  c->e.pub.emit_message = on_emit;
-  c->e.pub.output_message = on_output;
+  stoke_jpeg_err_init(&c->d, &c->e); /* decode.h: one rule for libjpeg's warnings, everywhere */
   if (setjmp(c->e.jb)) return -1;
   jpeg_create_decompress(&c->d);
   c->created = 1;
@@ -369,23 +181,8 @@ static int decode(const jpeg_src *s, const uint8_t *data, size_t n, uint64_t see
     }
   c->d.scale_num = (unsigned)M;
   c->d.scale_denom = 8;
-  int cmyk = 0;
-  switch (c->d.jpeg_color_space) {
-    case JCS_GRAYSCALE:
-    case JCS_YCbCr:
-    case JCS_RGB:
-      c->d.out_color_space = JCS_RGB;
-      break;
-    case JCS_CMYK:
-    case JCS_YCCK:
-      c->d.out_color_space = JCS_CMYK;
-      cmyk = 1;
-      break;
-    default:
-      snprintf(c->e.msg, sizeof c->e.msg, "unsupported JPEG color space %d with %d components",
-               (int)c->d.jpeg_color_space, c->d.num_components);
-      return -1;
-  }
+  int cmyk = stoke_jpeg_out_space(&c->d, 3, &c->e);
+  if (cmyk < 0) return -1;
   jpeg_start_decompress(&c->d);
   int OW = (int)c->d.output_width, OH = (int)c->d.output_height;
   double f = M / 8.0;
@@ -416,7 +213,7 @@ static int decode(const jpeg_src *s, const uint8_t *data, size_t n, uint64_t see
     JSAMPROW out = y >= by0 ? c->buf + (size_t)(y - by0) * stride : c->buf; /* rows above: scratch */
     JSAMPROW target = cmyk ? c->row : out;
     if (jpeg_read_scanlines(&c->d, &target, 1) != 1) break;
-    if (cmyk) cmyk_to_rgb(c->row, out, wid);
+    if (cmyk) stoke_jpeg_cmyk_rows(c->row, out, wid, 3);
   }
   if ((int)c->d.output_scanline < by1 && !c->e.bad)
     snprintf(c->e.msg, sizeof c->e.msg, "decoder stopped at row %u of %d", c->d.output_scanline, by1);

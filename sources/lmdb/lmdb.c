@@ -7,25 +7,34 @@
  * under MDB_NOTLS, so renewing one costs no lock on the shared reader
  * table), decodes the value straight into the caller's buffer and gives the
  * transaction back. Raw records are copied; JPEG records are decoded with
- * libjpeg-turbo (its libjpeg API: the TurboJPEG wrapper in Debian's static
+ * libjpeg-turbo through sources/jpeg/decode.h (the rule for its warnings
+ * that every stoke reader shares; the TurboJPEG wrapper in Debian's static
  * libturbojpeg.a uses a thread-local that cannot be linked into a shared
  * object, see BUILD). Every damaged record is STOKE_E_DATA naming the path,
- * key and index, which the loader logs, counts and replaces. */
+ * key and index, which the loader logs, counts and replaces.
+ *
+ * A damaged database must not end the process: at open the file must hold
+ * every page its meta page counts (a copy cut short is refused with both
+ * sizes), every value LMDB returns must lie inside the file, and LMDB's
+ * reading runs under guard.h, which turns a fault (SIGBUS, SIGSEGV) or an
+ * LMDB assertion from a damaged page into an error naming the database.
+ * One environment per file and process (an LMDB rule): [data] and
+ * [eval_data] naming the same data set share it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include <jpeglib.h>
-#include <jerror.h>
 #include <lmdb.h>
 
+#include "guard.h"
 #include "record.h"
+#include "sources/jpeg/decode.h"
 #include "stoke/plugin.h"
 
 const stoke_host_v1 *stoke_host;
@@ -42,15 +51,36 @@ static const stoke_cfg_key_v1 keys[] = {
      "or a Caffe Datum database"},
     {"max_readers", STOKE_CFG_INT, "256", 1, 65536, NULL,
      "LMDB reader slots; at least the number of threads reading at once (loader workers)"},
+    {"channels", STOKE_CFG_INT, "0", 0, 3, NULL,
+     "channels of the samples: 1 (gray) or 3 (RGB), JPEG records converted to it; 0: stoke records' own, "
+     "3 for encoded Caffe records (as Caffe's is_color = true), a raw Caffe Datum's own"},
 };
+
+/* One open environment, shared by every source on the same file. */
+typedef struct shared_env {
+  dev_t dev;
+  ino_t ino;
+  MDB_env *env;
+  unsigned flags;
+  const char *map; /* the file's mapping and its size when opened */
+  size_t file_size;
+  int users;
+  struct shared_env *next;
+} shared_env;
+
+static pthread_mutex_t envs_mu = PTHREAD_MUTEX_INITIALIZER;
+static shared_env *envs;
 
 typedef struct lmdb_src {
   char *path;
+  shared_env *shared;
   MDB_env *env;
   MDB_dbi dbi;
   int caffe;        /* 0: stoke records, 1: Caffe Datum */
   int64_t count;
-  uint32_t height, width, channels;
+  uint32_t height, width, channels; /* the samples' (channels: what JPEG records decode to) */
+  uint32_t rec_channels;            /* raw records' and Datums' own */
+  int64_t want_channels;            /* [data] channels (0: the data set's) */
   uint8_t encoding; /* stoke records: every record's */
   int64_t classes;
   /* Caffe: index -> key, keys concatenated in `keys`, key i at
@@ -95,102 +125,28 @@ static MDB_val key_of(const lmdb_src *s, int64_t index, char buf[STOKE_KEY_DIGIT
 
 /* -------------------------------------------------------------- JPEG */
 
-typedef struct jpeg_err {
-  struct jpeg_error_mgr pub;
-  jmp_buf jb;
-  char msg[JMSG_LENGTH_MAX];
-  int eof; /* "Premature end of JPEG file": the data was cut short */
-} jpeg_err;
-
-static void jpeg_on_error(j_common_ptr c) {
-  jpeg_err *e = (jpeg_err *)c->err;
-  c->err->format_message(c, e->msg);
-  longjmp(e->jb, 1);
-}
-
-/* libjpeg reports recoverable problems as warnings (level -1) and goes on.
- * Most (extraneous bytes before a marker) leave a fine image; a premature
- * end of data leaves gray rows, so that one makes the record bad. */
-static void jpeg_on_emit(j_common_ptr c, int level) {
-  jpeg_err *e = (jpeg_err *)c->err;
-  if (level >= 0) return;
-  c->err->num_warnings++;
-  if (c->err->msg_code == JWRN_JPEG_EOF && !e->eof) {
-    e->eof = 1;
-    c->err->format_message(c, e->msg);
-  }
-}
-
-static void jpeg_on_output(j_common_ptr c) { (void)c; } /* plugins never print */
-
-static void jpeg_setup(struct jpeg_decompress_struct *d, jpeg_err *e) {
-  memset(d, 0, sizeof *d);
-  memset(e, 0, sizeof *e);
-  d->err = jpeg_std_error(&e->pub);
-  e->pub.error_exit = jpeg_on_error;
-  e->pub.emit_message = jpeg_on_emit;
-  e->pub.output_message = jpeg_on_output;
-}
-
-/* Size and channel count of a JPEG (3 unless it is grayscale). */
-static int jpeg_probe(const uint8_t *buf, size_t n, uint32_t *h, uint32_t *w, uint32_t *c, char *why, size_t cap) {
-  struct jpeg_decompress_struct d;
-  jpeg_err e;
-  jpeg_setup(&d, &e);
-  if (setjmp(e.jb)) {
-    jpeg_destroy_decompress(&d);
-    snprintf(why, cap, "JPEG header: %s", e.msg);
+/* Size of a JPEG from its header. */
+static int jpeg_probe(const uint8_t *buf, size_t n, uint32_t *h, uint32_t *w, char *why, size_t cap) {
+  int ih, iw;
+  char msg[200];
+  if (stoke_jpeg_header(buf, n, &ih, &iw, msg, sizeof msg)) {
+    snprintf(why, cap, "JPEG header: %s", msg);
     return -1;
   }
-  jpeg_create_decompress(&d);
-  jpeg_mem_src(&d, buf, (unsigned long)n);
-  jpeg_read_header(&d, TRUE);
-  *h = d.image_height;
-  *w = d.image_width;
-  *c = d.num_components == 1 ? 1 : 3;
-  jpeg_destroy_decompress(&d);
+  *h = (uint32_t)ih;
+  *w = (uint32_t)iw;
   return 0;
 }
 
-/* Decodes into `dst`, h x w x c (c = 1: grayscale, 3: RGB), refusing a
- * JPEG of any other size. */
+/* Decodes into `dst`, h x w x c (c = 1: grayscale, 3: RGB, whatever the
+ * JPEG's own colour space), refusing a JPEG of any other size. */
 static int jpeg_decode(const uint8_t *buf, size_t n, uint32_t h, uint32_t w, uint32_t c, uint8_t *dst, char *why,
                        size_t cap) {
-  struct jpeg_decompress_struct d;
-  jpeg_err e;
-  jpeg_setup(&d, &e);
-  if (setjmp(e.jb)) {
-    jpeg_destroy_decompress(&d);
-    snprintf(why, cap, "JPEG: %s", e.msg);
-    return -1;
-  }
-  jpeg_create_decompress(&d);
-  jpeg_mem_src(&d, buf, (unsigned long)n);
-  jpeg_read_header(&d, TRUE);
-  if (d.image_height != h || d.image_width != w) {
-    snprintf(why, cap, "JPEG is %ux%u (HxW), the data set declares %ux%u", d.image_height, d.image_width, h, w);
-    jpeg_destroy_decompress(&d);
-    return -1;
-  }
-  d.out_color_space = c == 1 ? JCS_GRAYSCALE : JCS_RGB;
-  jpeg_start_decompress(&d);
-  if ((uint32_t)d.output_components != c) {
-    snprintf(why, cap, "JPEG decodes to %d channels, the data set declares %u", d.output_components, c);
-    jpeg_destroy_decompress(&d);
-    return -1;
-  }
-  size_t row = (size_t)w * c;
-  while (d.output_scanline < d.output_height) {
-    JSAMPROW r = dst + (size_t)d.output_scanline * row;
-    jpeg_read_scanlines(&d, &r, 1);
-  }
-  jpeg_finish_decompress(&d);
-  jpeg_destroy_decompress(&d);
-  if (e.eof) {
-    snprintf(why, cap, "JPEG data is truncated (%s)", e.msg);
-    return -1;
-  }
-  return 0;
+  int oh, ow;
+  char msg[256];
+  if (!stoke_jpeg_decode(buf, n, (int)c, 8, (int)h, (int)w, &dst, &oh, &ow, msg, sizeof msg)) return 0;
+  snprintf(why, cap, "JPEG: %.200s", msg);
+  return -1;
 }
 
 /* ------------------------------------------------- transaction pool */
@@ -230,11 +186,14 @@ static void txn_put(lmdb_src *s, MDB_txn *t) {
 
 /* ------------------------------------------------------------- open */
 
+static void env_put(shared_env *se);
+
 static void lm_close(void *self) {
   lmdb_src *s = self;
   if (!s) return;
   for (int i = 0; i < s->pool_n; i++) mdb_txn_abort(s->pool[i]);
-  if (s->env) mdb_env_close(s->env);
+  if (s->shared) env_put(s->shared);
+  stoke_lmdb_guard_release();
   pthread_mutex_destroy(&s->mu);
   free(s->pool);
   free(s->keys);
@@ -263,7 +222,91 @@ static stoke_err *check_lmdb_file(const char *path, const char *file) {
   return NULL;
 }
 
-static stoke_err *open_env(lmdb_src *s, int64_t max_readers) {
+/* Every page the meta page counts must be in the file: a copy cut short
+ * would fault (SIGBUS) on the first read of a page past its end. */
+static stoke_err *check_pages(const char *path, const char *file, MDB_env *env, size_t *file_size) {
+  MDB_envinfo info;
+  MDB_stat st;
+  struct stat fs;
+  int rc = mdb_env_info(env, &info);
+  if (!rc) rc = mdb_env_stat(env, &st);
+  if (rc) return STOKE_PERR(STOKE_E_IO, "lmdb %s: reading its meta page failed: %s", path, mdb_strerror(rc));
+  if (stat(file, &fs) != 0) return STOKE_PERR(STOKE_E_IO, "lmdb %s: cannot stat %s: %s", path, file, strerror(errno));
+  unsigned long long need = ((unsigned long long)info.me_last_pgno + 1) * st.ms_psize;
+  if ((unsigned long long)fs.st_size < need || need > info.me_mapsize)
+    return STOKE_PERR(STOKE_E_IO,
+                      "lmdb %s: %s is %lld bytes, but its meta page counts %llu pages of %u bytes (%llu bytes): "
+                      "the file was cut short (an interrupted copy?) or is damaged; copy or convert the data set again",
+                      path, file, (long long)fs.st_size, (unsigned long long)info.me_last_pgno + 1, st.ms_psize, need);
+  *file_size = (size_t)fs.st_size;
+  return NULL;
+}
+
+/* Where the file (dev, ino) is mapped in this process: LMDB does not say
+ * (mdb_env_info's me_mapaddr is the fixed address a writer asked for),
+ * /proc/self/maps does. NULL when not found: values are then not checked
+ * against the file, and the guard alone catches what they fault on. */
+static const char *find_map(dev_t dev, ino_t ino) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return NULL;
+  char line[4352];
+  const char *found = NULL;
+  while (!found && fgets(line, sizeof line, f)) {
+    unsigned long long start, end, off, node;
+    unsigned maj, min;
+    char perms[8];
+    if (sscanf(line, "%llx-%llx %7s %llx %x:%x %llu", &start, &end, perms, &off, &maj, &min, &node) == 7 &&
+        node == (unsigned long long)ino && maj == major(dev) && min == minor(dev) && off == 0)
+      found = (const char *)(uintptr_t)start;
+  }
+  fclose(f);
+  return found;
+}
+
+/* A new environment on `file`, read-only; NULL and an error if it cannot be. */
+static stoke_err *env_open(const char *path, const char *file, unsigned flags, int64_t max_readers,
+                           shared_env *se) {
+  int rc = 0;
+  for (int attempt = 0; attempt < 2; attempt++) {
+    rc = mdb_env_create(&se->env);
+    if (!rc) rc = mdb_env_set_maxreaders(se->env, (unsigned)max_readers);
+    if (!rc) rc = mdb_env_set_assert(se->env, stoke_lmdb_on_assert);
+    if (!rc) rc = mdb_env_open(se->env, path, flags, 0664);
+    if (!rc) break;
+    mdb_env_close(se->env);
+    se->env = NULL;
+    /* a read-only folder where no lock file exists or can be made: read
+     * without the lock table (safe while nobody writes the data set) */
+    if (attempt == 0 && (rc == EACCES || rc == EROFS)) {
+      stoke_host->log(STOKE_LOG_WARN, "lmdb",
+                      "%s: cannot create or open its lock file (%s); reading without locks, which is "
+                      "safe only while nothing writes to it",
+                      path, mdb_strerror(rc));
+      flags |= MDB_NOLOCK;
+      continue;
+    }
+    break;
+  }
+  if (rc) return STOKE_PERR(STOKE_E_IO, "lmdb %s: mdb_env_open failed: %s; " HOWTO, path, mdb_strerror(rc));
+  se->flags = flags;
+  stoke_err *e = check_pages(path, file, se->env, &se->file_size);
+  if (e) {
+    mdb_env_close(se->env);
+    se->env = NULL;
+    return e;
+  }
+  if (!(flags & MDB_NOLOCK)) {
+    int dead = 0;
+    rc = mdb_reader_check(se->env, &dead);
+    if (!rc && dead > 0)
+      stoke_host->log(STOKE_LOG_INFO, "lmdb", "%s: cleared %d reader slots left by processes that died", path, dead);
+  }
+  return NULL;
+}
+
+/* The environment of the data set at s->path: the one this process has
+ * open already (the same file as [data] and [eval_data]), or a new one. */
+static stoke_err *env_get(lmdb_src *s, int64_t max_readers) {
   struct stat st;
   if (stat(s->path, &st) != 0) {
     if (errno == ENOENT || errno == ENOTDIR)
@@ -285,35 +328,69 @@ static stoke_err *open_env(lmdb_src *s, int64_t max_readers) {
     flags |= MDB_NOSUBDIR;
   }
   STOKE_PROPAGATE_P(check_lmdb_file(s->path, file));
-  int rc = 0;
-  for (int attempt = 0; attempt < 2; attempt++) {
-    rc = mdb_env_create(&s->env);
-    if (!rc) rc = mdb_env_set_maxreaders(s->env, (unsigned)max_readers);
-    if (!rc) rc = mdb_env_open(s->env, s->path, flags, 0664);
-    if (!rc) break;
-    mdb_env_close(s->env);
-    s->env = NULL;
-    /* a read-only folder where no lock file exists or can be made: read
-     * without the lock table (safe while nobody writes the data set) */
-    if (attempt == 0 && (rc == EACCES || rc == EROFS)) {
-      stoke_host->log(STOKE_LOG_WARN, "lmdb",
-                      "%s: cannot create or open its lock file (%s); reading without locks, which is "
-                      "safe only while nothing writes to it",
-                      s->path, mdb_strerror(rc));
-      flags |= MDB_NOLOCK;
-      continue;
-    }
-    break;
+  struct stat fs;
+  if (stat(file, &fs) != 0) return STOKE_PERR(STOKE_E_IO, "lmdb %s: cannot stat %s: %s", s->path, file, strerror(errno));
+  if (!S_ISREG(fs.st_mode)) return STOKE_PERR(STOKE_E_IO, "lmdb %s: %s is not a file; " HOWTO, s->path, file);
+  stoke_err *e = NULL;
+  pthread_mutex_lock(&envs_mu);
+  shared_env *se = envs;
+  while (se && !(se->dev == fs.st_dev && se->ino == fs.st_ino)) se = se->next;
+  if (se) {
+    se->users++;
+  } else if (!(se = calloc(1, sizeof *se))) {
+    e = STOKE_PERR(STOKE_E_OOM, "lmdb: out of memory");
+  } else if ((e = env_open(s->path, file, flags, max_readers, se))) {
+    free(se);
+    se = NULL;
+  } else {
+    se->dev = fs.st_dev;
+    se->ino = fs.st_ino;
+    se->map = find_map(fs.st_dev, fs.st_ino);
+    se->users = 1;
+    se->next = envs;
+    envs = se;
   }
-  if (rc)
-    return STOKE_PERR(STOKE_E_IO, "lmdb %s: mdb_env_open failed: %s; " HOWTO, s->path, mdb_strerror(rc));
-  if (!(flags & MDB_NOLOCK)) {
-    int dead = 0;
-    rc = mdb_reader_check(s->env, &dead);
-    if (!rc && dead > 0)
-      stoke_host->log(STOKE_LOG_INFO, "lmdb", "%s: cleared %d reader slots left by processes that died", s->path,
-                      dead);
+  pthread_mutex_unlock(&envs_mu);
+  if (se) {
+    s->shared = se;
+    s->env = se->env;
   }
+  return e;
+}
+
+static void env_put(shared_env *se) {
+  pthread_mutex_lock(&envs_mu);
+  if (--se->users == 0) {
+    shared_env **p = &envs;
+    while (*p != se) p = &(*p)->next;
+    *p = se->next;
+    mdb_env_close(se->env);
+    free(se);
+  }
+  pthread_mutex_unlock(&envs_mu);
+}
+
+/* Whether a value LMDB returned lies inside the file (a damaged node can
+ * point anywhere, and past the file's end the mapping faults). */
+static int in_file(const lmdb_src *s, const MDB_val *v) {
+  const char *p = v->mv_data, *m = s->shared->map;
+  if (!m) return 1;
+  return p >= m && v->mv_size <= s->shared->file_size && (size_t)(p - m) <= s->shared->file_size - v->mv_size;
+}
+
+/* The samples' channels from the data set's own (`own`) and [data]
+ * channels: JPEG data converts to any; raw pixels are what they are. */
+static stoke_err *pick_channels(lmdb_src *s, uint32_t own, int jpeg) {
+  s->rec_channels = own;
+  s->channels = s->want_channels ? (uint32_t)s->want_channels : own;
+  if (!jpeg && s->channels != own)
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "lmdb %s: [data] channels = %u, but the data set holds raw %u-channel images; leave channels "
+                      "= 0 or convert the data set again with --channels %u",
+                      s->path, s->channels, own, s->channels);
+  if (s->channels != 1 && s->channels != 3)
+    return STOKE_PERR(STOKE_E_DATA, "lmdb %s: images of %u channels: stoke reads 1 (gray) or 3 (RGB)", s->path,
+                      s->channels);
   return NULL;
 }
 
@@ -337,14 +414,21 @@ static stoke_err *open_stoke(lmdb_src *s, MDB_txn *txn, const MDB_val *mv) {
   s->classes = m.classes;
   s->height = m.height;
   s->width = m.width;
-  s->channels = m.channels;
   s->encoding = m.encoding;
-  return NULL;
+  return pick_channels(s, m.channels, m.encoding == STOKE_ENC_JPEG);
 }
 
 /* A Caffe Datum database: keys are arbitrary, so keep an index -> key
  * table; classes and shape come from one scan (labels, first record). */
-static stoke_err *open_caffe(lmdb_src *s, MDB_txn *txn) {
+/* What reading the layout holds open: freed after a fault too. */
+typedef struct layout_job {
+  lmdb_src *s;
+  MDB_txn *txn;
+  MDB_cursor *cur;
+  stoke_err *e;
+} layout_job;
+
+static stoke_err *open_caffe(lmdb_src *s, MDB_txn *txn, MDB_cursor **curp) {
   MDB_stat st;
   int rc = mdb_stat(txn, s->dbi, &st);
   if (rc) return STOKE_PERR(STOKE_E_IO, "lmdb %s: mdb_stat failed: %s", s->path, mdb_strerror(rc));
@@ -356,7 +440,8 @@ static stoke_err *open_caffe(lmdb_src *s, MDB_txn *txn) {
   if (!s->key_off || !s->keys)
     return STOKE_PERR(STOKE_E_OOM, "lmdb %s: out of memory for the key table of %zu records", s->path, n);
   MDB_cursor *cur;
-  rc = mdb_cursor_open(txn, s->dbi, &cur);
+  rc = mdb_cursor_open(txn, s->dbi, curp);
+  cur = *curp;
   if (rc) return STOKE_PERR(STOKE_E_IO, "lmdb %s: mdb_cursor_open failed: %s", s->path, mdb_strerror(rc));
   stoke_err *e = NULL;
   size_t i = 0, bad = 0;
@@ -386,16 +471,24 @@ static stoke_err *open_caffe(lmdb_src *s, MDB_txn *txn) {
     s->key_off[i] = keys_len;
     keys_len += k.mv_size;
     stoke_datum d;
-    int ok = stoke_datum_decode(v.mv_data, v.mv_size, &d, why, sizeof why) == 0;
+    int ok = in_file(s, &v);
+    if (!ok) snprintf(why, sizeof why, "its value lies outside the file (a damaged page)");
+    else ok = stoke_datum_decode(v.mv_data, v.mv_size, &d, why, sizeof why) == 0;
     if (ok && !have_shape) {
+      /* the shape from the first record; the channels from [data] channels
+       * (encoded: 3 unless set, as Caffe's is_color = true) */
       if (d.encoded) {
-        ok = jpeg_probe(d.data, d.data_bytes, &s->height, &s->width, &s->channels, why, sizeof why) == 0;
+        ok = jpeg_probe(d.data, d.data_bytes, &s->height, &s->width, why, sizeof why) == 0;
+        if (ok && !s->want_channels) s->want_channels = 3;
+        if (ok) e = pick_channels(s, 3, 1);
       } else {
-        s->channels = (uint32_t)d.channels;
         s->height = (uint32_t)d.height;
         s->width = (uint32_t)d.width;
+        e = pick_channels(s, (uint32_t)d.channels, 0);
       }
+      if (e) break;
       have_shape = ok;
+      s->encoding = d.encoded ? STOKE_ENC_JPEG : STOKE_ENC_RAW;
     }
     if (ok) {
       if (d.label > max_label) max_label = d.label;
@@ -407,6 +500,7 @@ static stoke_err *open_caffe(lmdb_src *s, MDB_txn *txn) {
     i++;
   }
   mdb_cursor_close(cur);
+  *curp = NULL;
   if (e) return e;
   if (rc != 0 && rc != MDB_NOTFOUND)
     return STOKE_PERR(STOKE_E_IO, "lmdb %s: reading the keys failed after %zu records: %s", s->path, i,
@@ -428,48 +522,74 @@ static stoke_err *open_caffe(lmdb_src *s, MDB_txn *txn) {
   return NULL;
 }
 
+/* The database's layout: stoke metadata or Caffe records, read under the
+ * guard (a damaged file can fault anywhere in here). */
+static int read_layout(void *arg) {
+  layout_job *j = arg;
+  lmdb_src *s = j->s;
+  int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &j->txn);
+  if (!rc) rc = mdb_dbi_open(j->txn, NULL, 0, &s->dbi);
+  if (rc) j->e = STOKE_PERR(STOKE_E_IO, "lmdb %s: cannot open the database: %s", s->path, mdb_strerror(rc));
+  if (!j->e) {
+    MDB_val k = {strlen(STOKE_META_KEY), (void *)STOKE_META_KEY}, v;
+    rc = mdb_get(j->txn, s->dbi, &k, &v);
+    if (rc == 0 && !in_file(s, &v))
+      j->e = STOKE_PERR(STOKE_E_IO, "lmdb %s: its " STOKE_META_KEY " entry lies outside the file: it is damaged",
+                        s->path);
+    else if (rc == 0) j->e = open_stoke(s, j->txn, &v);
+    else if (rc == MDB_NOTFOUND) j->e = open_caffe(s, j->txn, &j->cur);
+    else j->e = STOKE_PERR(STOKE_E_IO, "lmdb %s: reading " STOKE_META_KEY " failed: %s", s->path, mdb_strerror(rc));
+  }
+  if (j->txn) {
+    /* commit, not abort: the database handle outlives this transaction */
+    rc = mdb_txn_commit(j->txn);
+    j->txn = NULL;
+    if (rc && !j->e) j->e = STOKE_PERR(STOKE_E_IO, "lmdb %s: %s", s->path, mdb_strerror(rc));
+  }
+  return 0;
+}
+
 static stoke_err *lm_open(const stoke_cfg *c, const char *sec, void **self) {
   const char *path = NULL;
-  int64_t max_readers = 0;
+  int64_t max_readers = 0, channels = 0;
   STOKE_PROPAGATE_P(stoke_host->cfg_str(c, sec, "path", &path));
   STOKE_PROPAGATE_P(stoke_host->cfg_int(c, sec, "max_readers", &max_readers));
+  STOKE_PROPAGATE_P(stoke_host->cfg_int(c, sec, "channels", &channels));
   if (!path || !path[0])
     return STOKE_PERR(STOKE_E_INVALID, "%s: [%s] path is empty: set it to an LMDB data set (%s)",
                       stoke_host->cfg_where(c, sec, "path"), sec, HOWTO);
+  if (channels == 2)
+    return STOKE_PERR(STOKE_E_INVALID, "%s: [%s] channels = 2: use 1 (gray), 3 (RGB) or 0 (the data set's)",
+                      stoke_host->cfg_where(c, sec, "channels"), sec);
   lmdb_src *s = calloc(1, sizeof *s);
   if (!s) return STOKE_PERR(STOKE_E_OOM, "lmdb: out of memory");
+  stoke_lmdb_guard_retain();
   pthread_mutex_init(&s->mu, NULL);
   s->path = strdup(path);
+  s->want_channels = channels;
   s->pool_cap = (int)max_readers;
   s->pool = calloc((size_t)s->pool_cap, sizeof *s->pool);
   stoke_err *e = NULL;
   if (!s->path || !s->pool) e = STOKE_PERR(STOKE_E_OOM, "lmdb: out of memory");
-  if (!e) e = open_env(s, max_readers);
-  MDB_txn *txn = NULL;
-  if (!e) {
-    int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn);
-    if (!rc) rc = mdb_dbi_open(txn, NULL, 0, &s->dbi);
-    if (rc) e = STOKE_PERR(STOKE_E_IO, "lmdb %s: cannot open the database: %s", s->path, mdb_strerror(rc));
-  }
-  if (!e) {
-    MDB_val k = {strlen(STOKE_META_KEY), (void *)STOKE_META_KEY}, v;
-    int rc = mdb_get(txn, s->dbi, &k, &v);
-    if (rc == 0) e = open_stoke(s, txn, &v);
-    else if (rc == MDB_NOTFOUND) e = open_caffe(s, txn);
-    else e = STOKE_PERR(STOKE_E_IO, "lmdb %s: reading " STOKE_META_KEY " failed: %s", s->path, mdb_strerror(rc));
-  }
-  if (txn) {
-    /* commit, not abort: the database handle outlives this transaction */
-    int rc = mdb_txn_commit(txn);
-    if (rc && !e) e = STOKE_PERR(STOKE_E_IO, "lmdb %s: %s", s->path, mdb_strerror(rc));
+  if (!e) e = env_get(s, max_readers);
+  char why[STOKE_WHY_BYTES];
+  layout_job j = {s, NULL, NULL, NULL};
+  if (!e && stoke_lmdb_guarded(read_layout, &j, why, sizeof why)) {
+    if (j.cur) mdb_cursor_close(j.cur); /* LMDB was left mid-call: let go of what it held */
+    if (j.txn) mdb_txn_abort(j.txn);
+    if (j.e) stoke_host->err_free(j.e);
+    e = STOKE_PERR(STOKE_E_IO, "lmdb %s: %s; copy or convert the data set again", s->path, why);
+  } else if (!e) {
+    e = j.e;
   }
   if (e) {
     lm_close(s);
     return e;
   }
-  stoke_host->log(STOKE_LOG_INFO, "lmdb", "%s: %s, %lld records, %lld classes, %ux%ux%u (HxWxC)", path,
+  stoke_host->log(STOKE_LOG_INFO, "lmdb", "%s: %s, %lld records, %lld classes, %ux%ux%u (HxWxC)%s", path,
                   s->caffe ? "Caffe Datum" : s->encoding == STOKE_ENC_JPEG ? "stoke JPEG records" : "stoke raw records",
-                  (long long)s->count, (long long)s->classes, s->height, s->width, s->channels);
+                  (long long)s->count, (long long)s->classes, s->height, s->width, s->channels,
+                  s->shared->users > 1 ? ", sharing the environment opened before on the same file" : "");
   *self = s;
   return NULL;
 }
@@ -499,7 +619,8 @@ static int decode(const lmdb_src *s, const MDB_val *v, uint8_t *dst, int32_t *la
     if (d.encoded) {
       if (jpeg_decode(d.data, d.data_bytes, s->height, s->width, s->channels, dst, why, cap)) return -1;
     } else {
-      if ((uint32_t)d.channels != s->channels || (uint32_t)d.height != s->height || (uint32_t)d.width != s->width) {
+      if ((uint32_t)d.channels != s->channels || (uint32_t)d.height != s->height || (uint32_t)d.width != s->width ||
+          s->encoding != STOKE_ENC_RAW) {
         snprintf(why, cap, "Datum is %dx%dx%d (CxHxW), the data set is %ux%ux%u (its first record's)", d.channels,
                  d.height, d.width, s->channels, s->height, s->width);
         return -1;
@@ -511,9 +632,9 @@ static int decode(const lmdb_src *s, const MDB_val *v, uint8_t *dst, int32_t *la
   }
   stoke_rec r;
   if (stoke_rec_decode(v->mv_data, v->mv_size, &r, why, cap)) return -1;
-  if (r.height != s->height || r.width != s->width || r.channels != s->channels || r.encoding != s->encoding) {
+  if (r.height != s->height || r.width != s->width || r.channels != s->rec_channels || r.encoding != s->encoding) {
     snprintf(why, cap, "record is %ux%ux%u (HxWxC) %s, the metadata declares %ux%ux%u %s", r.height, r.width,
-             r.channels, stoke_rec_encoding_name(r.encoding), s->height, s->width, s->channels,
+             r.channels, stoke_rec_encoding_name(r.encoding), s->height, s->width, s->rec_channels,
              stoke_rec_encoding_name(s->encoding));
     return -1;
   }
@@ -522,8 +643,32 @@ static int decode(const lmdb_src *s, const MDB_val *v, uint8_t *dst, int32_t *la
     return -1;
   }
   if (r.encoding == STOKE_ENC_RAW) memcpy(dst, r.payload, r.payload_bytes);
-  else if (jpeg_decode(r.payload, r.payload_bytes, r.height, r.width, r.channels, dst, why, cap)) return -1;
+  else if (jpeg_decode(r.payload, r.payload_bytes, r.height, r.width, s->channels, dst, why, cap)) return -1;
   *label = r.label;
+  return 0;
+}
+
+/* One record, fetched and decoded under the guard. */
+typedef struct read_job {
+  lmdb_src *s;
+  MDB_txn *txn;
+  MDB_val k, v;
+  uint8_t *dst;
+  int32_t *label;
+  int rc, bad;
+  char why[STOKE_WHY_BYTES];
+} read_job;
+
+static int read_guarded(void *arg) {
+  read_job *j = arg;
+  j->rc = mdb_get(j->txn, j->s->dbi, &j->k, &j->v);
+  if (j->rc) return 0;
+  if (!in_file(j->s, &j->v)) {
+    snprintf(j->why, sizeof j->why, "its value lies outside the file (a damaged page)");
+    j->bad = 1;
+    return 0;
+  }
+  j->bad = decode(j->s, &j->v, j->dst, j->label, j->why, sizeof j->why) != 0;
   return 0;
 }
 
@@ -533,28 +678,25 @@ static stoke_err *lm_read(void *self, int64_t index, uint64_t seed, void *dst, i
   if (index < 0 || index >= s->count)
     return STOKE_PERR(STOKE_E_INVALID, "lmdb %s: index %lld outside [0, %lld)", s->path, (long long)index,
                       (long long)s->count);
-  MDB_txn *txn = NULL;
-  STOKE_PROPAGATE_P(txn_get(s, &txn));
-  char kb[STOKE_KEY_DIGITS + 1], why[STOKE_WHY_BYTES];
-  MDB_val k = key_of(s, index, kb), v;
-  stoke_err *e = NULL;
-  int rc = mdb_get(txn, s->dbi, &k, &v);
-  if (rc == 0 && decode(s, &v, dst, label, why, sizeof why) == 0) {
-    txn_put(s, txn);
-    return NULL;
+  char kb[STOKE_KEY_DIGITS + 1], ks[600], fault[STOKE_WHY_BYTES];
+  read_job j = {s, NULL, key_of(s, index, kb), {0, NULL}, dst, label, 0, 0, ""};
+  STOKE_PROPAGATE_P(txn_get(s, &j.txn));
+  if (stoke_lmdb_guarded(read_guarded, &j, fault, sizeof fault)) {
+    mdb_txn_abort(j.txn); /* not back to the pool: LMDB was left mid-call */
+    show_key(j.k.mv_data, j.k.mv_size, ks, sizeof ks);
+    return STOKE_PERR(STOKE_E_IO, "lmdb %s: record %s (index %lld): %s; copy or convert the data set again", s->path,
+                      ks, (long long)index, fault);
   }
-  char ks[600];
-  show_key(k.mv_data, k.mv_size, ks, sizeof ks);
-  if (rc == MDB_NOTFOUND)
-    e = STOKE_PERR(STOKE_E_DATA, "lmdb %s: record %s (index %lld): missing from the database", s->path, ks,
-                   (long long)index);
-  else if (rc)
-    e = STOKE_PERR(STOKE_E_IO, "lmdb %s: record %s (index %lld): mdb_get failed: %s", s->path, ks, (long long)index,
-                   mdb_strerror(rc));
-  else
-    e = STOKE_PERR(STOKE_E_DATA, "lmdb %s: record %s (index %lld): %s", s->path, ks, (long long)index, why);
-  txn_put(s, txn);
-  return e;
+  txn_put(s, j.txn);
+  if (j.rc == 0 && !j.bad) return NULL;
+  show_key(j.k.mv_data, j.k.mv_size, ks, sizeof ks);
+  if (j.rc == MDB_NOTFOUND)
+    return STOKE_PERR(STOKE_E_DATA, "lmdb %s: record %s (index %lld): missing from the database", s->path, ks,
+                      (long long)index);
+  if (j.rc)
+    return STOKE_PERR(STOKE_E_IO, "lmdb %s: record %s (index %lld): mdb_get failed: %s", s->path, ks,
+                      (long long)index, mdb_strerror(j.rc));
+  return STOKE_PERR(STOKE_E_DATA, "lmdb %s: record %s (index %lld): %s", s->path, ks, (long long)index, j.why);
 }
 
 static const stoke_source_v1 source = {

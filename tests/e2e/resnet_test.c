@@ -43,9 +43,11 @@ static int teardown(void **state) {
   return 0;
 }
 
-/* The model's graph on input [n, c, hw, hw] with `model_ini` as the [model]
- * section (after "name = resnet"), as the run builds it. */
-static stoke_graph *build(const char *model_ini, int64_t n, int64_t c, int64_t hw, int64_t classes) {
+/* The model's graph on input [n, c, hw, hw] of `dt` with `model_ini` as
+ * the [model] section (after "name = resnet"), as the run builds it; its
+ * logits value in *logits_out. */
+static stoke_graph *build_dt(const char *model_ini, int64_t n, int64_t c, int64_t hw, int64_t classes,
+                             stoke_dtype dt, int *logits_out) {
   stoke_cfg *cfg = stoke_cfg_new();
   EXPECT_OK(stoke_declare_core_keys(cfg));
   EXPECT_OK(stoke_cfg_declare(cfg, "model", NULL, resnet->keys, resnet->n_keys));
@@ -54,9 +56,9 @@ static stoke_graph *build(const char *model_ini, int64_t n, int64_t c, int64_t h
   EXPECT_OK(stoke_cfg_load_string(cfg, "test.ini", text));
   EXPECT_OK(stoke_cfg_validate(cfg));
   stoke_graph *g;
-  EXPECT_OK(stoke_graph_new(reg, STOKE_F32, STOKE_NCHW, &g));
+  EXPECT_OK(stoke_graph_new(reg, dt, STOKE_NCHW, &g));
   int x, logits;
-  EXPECT_OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){4, {n, c, hw, hw}}, STOKE_F32, &x));
+  EXPECT_OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){4, {n, c, hw, hw}}, dt, &x));
   stoke_builder_v1 b = stoke_graph_builder(g);
   EXPECT_OK(resnet->build(cfg, "model", &b, x, classes, &logits));
   stoke_shape s = g->values[logits].shape;
@@ -64,7 +66,12 @@ static stoke_graph *build(const char *model_ini, int64_t n, int64_t c, int64_t h
   assert_int_equal(s.d[0], n);
   assert_int_equal(s.d[1], classes);
   stoke_cfg_free(cfg);
+  if (logits_out) *logits_out = logits;
   return g;
+}
+
+static stoke_graph *build(const char *model_ini, int64_t n, int64_t c, int64_t hw, int64_t classes) {
+  return build_dt(model_ini, n, c, hw, classes, STOKE_F32, NULL);
 }
 
 /* Trained parameters (elements) and the number of parameter + state values. */
@@ -246,6 +253,66 @@ static void test_torchvision_names(void **state) {
   stoke_graph_free(g);
 }
 
+/* One forward and backward of a narrow f64 ResNet-18 (CIFAR stem) on the
+ * cpu engine, gradient sums as add nodes or accumulated in place
+ * (core/fuse_grad.c): the flat gradient buffer (malloc'd copy) and how
+ * many sums were folded. */
+static double *resnet_grads(int no_acc, size_t *bytes, int *folded) {
+  const stoke_backend_v1 *cpu = stoke_find_backend(reg, "cpu");
+  void *cpu_self = NULL;
+  EXPECT_OK(cpu->open(0, NULL, &cpu_self));
+  int logits, label;
+  stoke_graph *g = build_dt("depth = 18\nstem = cifar\nwidth = 4\n", 3, 3, 16, 5, STOKE_F64, &logits);
+  EXPECT_OK(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {3}}, STOKE_I32, &label));
+  EXPECT_OK(stoke_graph_loss(g, logits, ""));
+  static const char *engines[] = {"cpu"};
+  void *selves[] = {cpu_self};
+  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .optimizer = "sgd",
+                       .training = 1, .no_grad_accumulate = no_acc};
+  stoke_plan *p;
+  EXPECT_OK(stoke_compile(g, &o, &p));
+  *folded = p->n_accumulated;
+  stoke_exec *x;
+  EXPECT_OK(stoke_exec_new(p, cpu, cpu_self, 11, &x));
+  double *in = stoke_exec_input(x);
+  int32_t *lab = stoke_exec_labels(x);
+  for (int i = 0; i < 3 * 3 * 16 * 16; i++) in[i] = sin(0.37 * i) + 0.1 * cos(1.3 * i);
+  for (int i = 0; i < 3; i++) lab[i] = (int32_t)(2 * i + 1) % 5;
+  EXPECT_OK(stoke_exec_forward_backward(x, 1, 7));
+  *bytes = p->bytes[STOKE_BUF_GRADS];
+  double *out = malloc(*bytes);
+  memcpy(out, stoke_exec_buffer(x, STOKE_BUF_GRADS), *bytes);
+  stoke_exec_free(x);
+  stoke_plan_free(p);
+  stoke_graph_free(g);
+  cpu->close(cpu_self);
+  return out;
+}
+
+/* Where a block's input gradient meets the shortcut's, the conv backward
+ * adds into it (din_accumulate) instead of an add node: 8 sums in a
+ * ResNet-18, and the same gradients (f64: to rounding, the order of the
+ * additions differs). */
+static void test_grad_sums_in_place(void **state) {
+  size_t b0, b1;
+  int f0, f1;
+  double *ref = resnet_grads(1, &b0, &f0), *acc = resnet_grads(0, &b1, &f1);
+  assert_int_equal(b0, b1);
+  assert_int_equal(f0, 0);
+  assert_int_equal(f1, 8);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b0 / sizeof(double); i++) {
+    num += (acc[i] - ref[i]) * (acc[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  print_message("gradients, sums in place vs add nodes: relative difference %.3g over %zu values\n",
+                sqrt(num / den), b0 / sizeof(double));
+  assert_true(den > 0);
+  assert_true(sqrt(num / den) < 1e-12);
+  free(ref);
+  free(acc);
+}
+
 /* A bad value names the key and the choices; too small an image is refused. */
 static void test_messages(void **state) {
   stoke_cfg *cfg = stoke_cfg_new();
@@ -335,6 +402,7 @@ int main(void) {
       cmocka_unit_test(test_resnet50_flops),
       cmocka_unit_test(test_torchvision_names),
       cmocka_unit_test(test_messages),
+      cmocka_unit_test(test_grad_sums_in_place),
       cmocka_unit_test(test_resnet18_cifar_learns),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

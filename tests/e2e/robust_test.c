@@ -96,28 +96,34 @@ static void expect_err(stoke_err *e, const char *const *subs) {
 }
 #define EXPECT_RUN_ERR(e, ...) expect_err((e), (const char *const[]){__VA_ARGS__, NULL})
 
-/* tools/train as a child, output to <tmp>/<out>.log; `fsize`: a file-size
- * limit (bytes, 0: none). `args` ends with NULL. */
-static pid_t spawn_train(const char *out, rlim_t fsize, const char *const *args) {
+/* `tool` (tools/train: with the INI file and run.out_dir=<tmp>/<out>) as a
+ * child, output to <tmp>/<out>.log, under the limit `resource` = `limit`
+ * (0: none). `args` ends with NULL. */
+static pid_t spawn_limited(const char *tool, const char *out, int resource, rlim_t limit, const char *const *args) {
   char log[700], out_dir[700];
   snprintf(log, sizeof log, "%s/%s.log", tmp, out);
   snprintf(out_dir, sizeof out_dir, "run.out_dir=%s/%s", tmp, out);
-  const char *argv[40] = {"train", ini_path(), out_dir};
-  int n = 3;
+  int train = !strcmp(tool, "tools/train");
+  const char *argv[40] = {tool, ini_path(), train ? out_dir : NULL};
+  int n = train ? 3 : 2;
   for (int i = 0; args[i] && n < 39; i++) argv[n++] = args[i];
   argv[n] = NULL;
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
-    if (fsize) {
-      struct rlimit r = {fsize, fsize};
-      setrlimit(RLIMIT_FSIZE, &r);
+    if (limit) {
+      struct rlimit r = {limit, limit};
+      setrlimit(resource, &r);
     }
     if (!freopen(log, "w", stdout) || dup2(1, 2) < 0) _exit(126);
-    execv("tools/train", (char *const *)argv);
+    execv(tool, (char *const *)argv);
     _exit(127);
   }
   return pid;
+}
+
+static pid_t spawn_train(const char *out, rlim_t fsize, const char *const *args) {
+  return spawn_limited("tools/train", out, RLIMIT_FSIZE, fsize, args);
 }
 
 /* The child's wait status; killed and failed after `secs`. */
@@ -364,6 +370,17 @@ static void test_eval_many_classes(void **state) {
   assert_true(isfinite(s.eval_loss) && fabs(s.eval_loss - log(5000.0)) < 1.5);
 }
 
+/* Evaluation data the trained model cannot take: said by section, not as
+ * two plans that differ. */
+static void test_eval_must_match(void **state) {
+  stoke_summary s;
+  EXPECT_RUN_ERR(run_in("mismatch", &s, OVER("eval_data.source=synthetic", "eval_data.shape=32")),
+                 "[eval_data] has 10 classes and [data] 4");
+  EXPECT_RUN_ERR(run_in("mismatch", &s, OVER("eval_data.source=synthetic", "eval_data.shape=33",
+                                             "eval_data.classes=4")),
+                 "[eval_data] samples are [33] and [data] samples [32]");
+}
+
 /* ------------------------------------------------------------ disk (3) */
 
 /* A checkpoint that cannot fit under the file-size limit is refused
@@ -415,6 +432,25 @@ static void test_full_disk(void **state) {
   EXPECT_RUN_ERR(run_in("tiny/room", &s, OVER("model.hidden=256,256")), "[run] out_dir", "MiB free",
                  "checkpoint needs");
   assert_int_equal(umount(mnt), 0);
+}
+
+/* ---------------------------------------------------- memory limit (13) */
+
+/* Under an address-space limit OpenBLAS retried its GEMM buffer forever at
+ * 100% CPU (train) or hung at exit (bench_loader). Now: too little is a
+ * clean error before training, enough runs (one buffer, serial OpenBLAS).
+ * Not under ASan, whose shadow memory needs no address-space limit. */
+static void test_memory_limit(void **state) {
+#if defined(__SANITIZE_ADDRESS__)
+  skip();
+#endif
+  pid_t pid = spawn_limited("tools/train", "vmem_low", RLIMIT_AS, (rlim_t)120000 << 10, OVER("run.steps=5"));
+  expect_exit(wait_child(pid, 60), 1, "vmem_low");
+  if (!strstr(child_log("vmem_low"), "OpenBLAS needs")) fail_msg("%s", child_log("vmem_low"));
+  pid = spawn_limited("tools/train", "vmem_ok", RLIMIT_AS, (rlim_t)250000 << 10, OVER("run.steps=5"));
+  expect_exit(wait_child(pid, 60), 0, "vmem_ok");
+  pid = spawn_limited("tools/bench_loader", "vmem_bl", RLIMIT_AS, (rlim_t)200000 << 10, OVER("--workers", "1"));
+  expect_exit(wait_child(pid, 60), 0, "vmem_bl");
 }
 
 /* --------------------------------------------------- checkpoints (4, 5, 14) */
@@ -531,9 +567,11 @@ int main(void) {
       cmocka_unit_test(test_eval_error_saves_first),
       cmocka_unit_test(test_eval_skips_bad),
       cmocka_unit_test(test_eval_many_classes),
+      cmocka_unit_test(test_eval_must_match),
       cmocka_unit_test(test_file_limit_refused_at_start),
       cmocka_unit_test(test_metrics_write_fails),
       cmocka_unit_test(test_full_disk),
+      cmocka_unit_test(test_memory_limit),
       cmocka_unit_test(test_crafted_metadata),
       cmocka_unit_test(test_resume_not_a_file),
   };

@@ -168,20 +168,22 @@ static void test_softmax_ce_determinism_and_bad_label(void **state) {
   if (e) fail_msg("%s", e->msg);
   stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 991, 0));
   stoke_shape xs = SHAPE2(n, cl), ls = {1, {n}}, one = {1, {1}};
-  g_tensor x, lab, loss, dloss, dx;
+  g_tensor x, lab, loss, lse, dloss, dx;
   g_alloc(&x, &xs, STOKE_F32, STOKE_LAYOUT_ANY);
   g_alloc(&lab, &ls, STOKE_I32, STOKE_LAYOUT_ANY);
   g_alloc(&loss, &one, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&lse, &ls, STOKE_F32, STOKE_LAYOUT_ANY); /* each row's log-sum-exp, for the backward */
   g_alloc(&dloss, &one, STOKE_F32, STOKE_LAYOUT_ANY);
   g_alloc(&dx, &xs, STOKE_F32, STOKE_LAYOUT_ANY);
   g_fill(&x, &r, -4, 4, 0);
   g_fill(&lab, &r, 0, (double)cl, 1);
   g_fill(&dloss, &r, 0.5, 1.5, 0);
-  stoke_tensor in[2] = {x.dev, lab.dev}, out[1] = {loss.dev}, din[2] = {dx.dev, {0}}, dout[1] = {dloss.dev};
+  stoke_tensor in[2] = {x.dev, lab.dev}, out[2] = {loss.dev, lse.dev}, din[2] = {dx.dev, {0}},
+               dout[2] = {dloss.dev, {0}};
   void *es = NULL;
   const stoke_kernel_v1 *fk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_FWD, STOKE_F32, STOKE_LAYOUT_ANY, &es);
   const stoke_kernel_v1 *bk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_BWD, STOKE_F32, STOKE_LAYOUT_ANY, &es);
-  stoke_kernel_args_v1 a = {.node = &node, .n_in = 2, .n_out = 1, .in = in, .out = out, .din = din, .dout = dout,
+  stoke_kernel_args_v1 a = {.node = &node, .n_in = 2, .n_out = 2, .in = in, .out = out, .din = din, .dout = dout,
                             .training = 1, .engine = es, .stream = g_dev->default_stream(g_dev_self)};
   float first, again;
   g_run(fk, &a, 1);
@@ -219,6 +221,7 @@ static void test_softmax_ce_determinism_and_bad_label(void **state) {
   g_free(&x);
   g_free(&lab);
   g_free(&loss);
+  g_free(&lse);
   g_free(&dloss);
   g_free(&dx);
 }

@@ -282,12 +282,18 @@ G_FN void g_check(const g_case *c) {
   /* the CPU runs in f64: its running stats are f64 too */
   e = t->infer(&node, ind, outd);
   if (e) fail_msg("infer: %s", e->msg);
+  /* the device's outputs are what the op infers from the device's inputs:
+   * the tested dtype, and f32 where the op keeps statistics or losses in
+   * f32 (batch/layer norm's mean and rstd, attention's lse, softmax_ce) */
+  stoke_value_desc_v1 ind_dev[STOKE_MAX_IO], outd_dev[STOKE_MAX_IO];
+  memset(outd_dev, 0, sizeof outd_dev);
+  for (int i = 0; i < c->n_in; i++) ind_dev[i] = (stoke_value_desc_v1){c->in_shape[i], in[i].dev.dtype};
+  e = t->infer(&node, ind_dev, outd_dev);
+  if (e) fail_msg("infer (device dtypes): %s", e->msg);
   int n_out = t->n_outputs;
   for (int j = 0; !t->n_outputs && j < STOKE_MAX_IO && outd[j].shape.ndim; j++) n_out = j + 1; /* split */
   for (int j = 0; j < n_out; j++) {
-    /* device outputs: the tested dtype, but losses and statistics are f32 */
-    stoke_dtype dt = c->out_dtype[j] ? c->out_dtype[j] : c->dtype;
-    if (!strcmp(c->op, STOKE_OP_SOFTMAX_CE) || (!strcmp(c->op, STOKE_OP_BATCH_NORM) && j > 0)) dt = STOKE_F32;
+    stoke_dtype dt = c->out_dtype[j] ? c->out_dtype[j] : outd_dev[j].dtype;
     stoke_layout lay = outd[j].shape.ndim == 4 ? c->layout : STOKE_LAYOUT_ANY;
     g_alloc2(&out[j], &outd[j].shape, outd[j].dtype, dt, lay);
     g_poison(&out[j]);

@@ -142,15 +142,21 @@ static void check_resnet18(int fused) {
     if (val->kind != STOKE_VAL_PARAM) continue;
     size_t off = val->offset / sizeof(float), n = (size_t)stoke_numel(&val->shape);
     /* fp32 with other summation orders (and cuDNN's FMA algorithms) through
-     * 20 layers whose batch norms see as few as 8x4x4 values. On the H100
-     * (two runs) the worst tensor differed from the CPU's by 3.6e-6 and all
-     * gradients together by 1.7e-6, while the CPU's own fp32 gradients were
-     * 8e-7 from the f64 ones and the GPU's 1.5e-6 (below): per tensor within
-     * 1e-4, together within 2e-5, the GPU within 1e-5 of f64. (Earlier
-     * runs saw 0.36% together, up to 0.75% in the first layers; this is
-     * tight enough to catch that again.) */
+     * 20 layers whose batch norms see as few as 8x4x4 values. Typically
+     * (H100) the worst tensor differs from the CPU's by 3.6e-6 and all
+     * gradients together by 1.7e-6, the CPU's own fp32 gradients being
+     * 8e-7 from the f64 ones and the GPU's 1.5e-6. But a tensor whose
+     * gradient is a sum with heavy cancellation (conv1.weight: 8x32x32
+     * terms per element of both signs, through the whole backward chain)
+     * is only as accurate as fp32 can make it for that batch: 3 of 10
+     * fresh seeds gave conv1.weight 8e-4 to 3.8e-3 between GPU and CPU.
+     * So each tensor's bound is derived from that batch's conditioning,
+     * measured: the GPU's error against f64 may be at most 10x the CPU
+     * fp32's own error against f64 (both are fp32 over the same sums in
+     * other orders), with a floor of 1e-5 for tensors the CPU gets almost
+     * exactly. A kernel that loses precision (TF32, a reduced-precision
+     * reduction) is caught, cancellation is not held against it. */
     double e = rel(gg + off, gc + off, n);
-    if (!(e <= 1e-4)) fail_msg("gradient of %s: relative error %.3g", val->name, e);
     if (e > worst) worst = e;
     /* against f64: the same value id in the f64 plan (same build), at its own offset */
     const double *g64 = gr + ref.g->values[v].offset / sizeof(double);
@@ -164,16 +170,20 @@ static void check_resnet18(int fused) {
       t64 += g64[i] * g64[i];
     }
     num_c64 += tc, num_g64 += tg, den64 += t64;
-    if (e > 1e-5)
-      print_message("  %-28s gpu vs cpu %.3g; vs f64: cpu %.3g, gpu %.3g\n", val->name, e, sqrt(tc / t64),
-                    sqrt(tg / t64));
+    double ec = sqrt(tc / t64), eg = sqrt(tg / t64), bound = fmax(10 * ec, 1e-5);
+    if (e > 1e-5 || eg > bound)
+      print_message("  %-28s gpu vs cpu %.3g; vs f64: cpu %.3g, gpu %.3g (bound %.3g)\n", val->name, e, ec, eg,
+                    bound);
+    if (!(eg <= bound))
+      fail_msg("gradient of %s: relative error against f64 %.3g, more than 10x the CPU fp32's %.3g", val->name,
+               eg, ec);
   }
   /* (the padding between parameters stays poisoned: only parameters count) */
   double all = sqrt(num / den);
   print_message("all parameter gradients: relative error %.3g; against f64: cpu fp32 %.3g, gpu fp32 %.3g\n", all,
                 sqrt(num_c64 / den64), sqrt(num_g64 / den64));
-  assert_true(all <= 2e-5);
-  assert_true(sqrt(num_g64 / den64) <= 1e-5);
+  /* all gradients together: dominated by the large, well-conditioned tensors */
+  assert_true(sqrt(num_g64 / den64) <= fmax(10 * sqrt(num_c64 / den64), 1e-5));
   print_message("worst parameter-gradient relative error %.3g over %lld parameters\n", worst,
                 (long long)cpu.p->n_params);
   size_t sbytes = cpu.p->bytes[STOKE_BUF_STATE];

@@ -255,6 +255,42 @@ static void test_layout_labels(void **state) {
   close_source(&o);
 }
 
+/* Links as torchvision's ImageFolder follows them (os.walk(followlinks=
+ * True)): a linked file and a linked folder are read; but a link back to a
+ * folder above (c0/up -> .., which made ImageFolder-like walks list every
+ * class again under c0) and a link into /proc are never walked. */
+static void test_links_and_loops(void **state) {
+  (void)state;
+  char root[4096], p[4096], q[4096];
+  tmp_path(root, sizeof root, "links");
+  mkdirs(tmp_path(p, sizeof p, "links/c0"));
+  mkdirs(tmp_path(p, sizeof p, "links/c1/deep"));
+  mkdirs(tmp_path(p, sizeof p, "elsewhere"));
+  write_solid(tmp_path(p, sizeof p, "links/c0/a.jpg"), 200, 30, 30);
+  write_solid(tmp_path(p, sizeof p, "links/c1/b.jpg"), 30, 200, 30);
+  write_solid(tmp_path(p, sizeof p, "links/c1/deep/c.jpg"), 30, 30, 200);
+  write_solid(tmp_path(p, sizeof p, "elsewhere/d.jpg"), 200, 200, 30);
+  assert_int_equal(symlink("..", tmp_path(p, sizeof p, "links/c0/up")), 0);
+  assert_int_equal(symlink("../..", tmp_path(p, sizeof p, "links/c1/deep/top")), 0);
+  assert_int_equal(symlink("/proc", tmp_path(p, sizeof p, "links/c1/proc")), 0);
+  assert_int_equal(symlink(tmp_path(q, sizeof q, "elsewhere"), tmp_path(p, sizeof p, "links/c0/more")), 0);
+  assert_int_equal(symlink("../c1/b.jpg", tmp_path(p, sizeof p, "links/c0/z.jpg")), 0);
+  /* c0: a.jpg, z.jpg (-> c1/b.jpg), more/d.jpg; c1: b.jpg, deep/c.jpg */
+  const uint8_t want[5][3] = {{200, 30, 30}, {30, 200, 30}, {200, 200, 30}, {30, 200, 30}, {30, 30, 200}};
+  const int labels[5] = {0, 0, 0, 1, 1};
+  opened o;
+  EXPECT_OK(open_source(&o, root, "size = 16\ntrain = false\nresize = 16\n"));
+  assert_int_equal(o.src->length(o.self), 5);
+  uint8_t px[16 * 16 * 3];
+  for (int i = 0; i < 5; i++) {
+    int32_t label = -1;
+    EXPECT_OK(o.src->read(o.self, i, 0, px, &label));
+    assert_int_equal(label, labels[i]);
+    for (int c = 0; c < 3; c++) assert_true(abs(px[c] - want[i][c]) <= 3);
+  }
+  close_source(&o);
+}
+
 /* Eval of an image exactly the output size is the identity: the decoded
  * pixels themselves (same libjpeg-turbo decoder; 4:4:4 so there is no
  * chroma upsampling to differ). */
@@ -731,7 +767,8 @@ static void test_loader(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_layout_labels),  cmocka_unit_test(test_eval_identity),
+      cmocka_unit_test(test_layout_labels),
+      cmocka_unit_test(test_links_and_loops),  cmocka_unit_test(test_eval_identity),
       cmocka_unit_test(test_eval_reference), cmocka_unit_test(test_train_reference),
       cmocka_unit_test(test_crop_params),    cmocka_unit_test(test_determinism),
       cmocka_unit_test(test_color_modes),    cmocka_unit_test(test_bad_files),

@@ -1,5 +1,7 @@
 /* tests/lmdb/lmdb_test.c: tools/convert and the lmdb source plugin end to
- * end: IDX and JPEG-folder conversion, Caffe Datum databases, damaged data.
+ * end: IDX and JPEG-folder conversion, Caffe Datum databases, damaged data
+ * (records, files cut short, pages that make LMDB fault), one data set
+ * opened twice, the channel count from [data] channels.
  *
  * The convert binary runs as a child process (a data dependency); the
  * database is then read through the core exactly as a run would: registry,
@@ -564,6 +566,115 @@ static void test_open_errors(void **state) {
   close_source(&o);
 }
 
+
+/* ------------------------------------------------ damaged files, sharing */
+
+static uint8_t *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  *n = (size_t)ftell(f);
+  rewind(f);
+  uint8_t *b = malloc(*n ? *n : 1);
+  assert_non_null(b);
+  assert_int_equal(fread(b, 1, *n, f), *n);
+  fclose(f);
+  return b;
+}
+
+static void spill(const char *dir, const uint8_t *b, size_t n) {
+  char p[4200];
+  mkdir(dir, 0775);
+  snprintf(p, sizeof p, "%s/data.mdb", dir);
+  unlink(p);
+  FILE *f = fopen(p, "wb");
+  assert_non_null(f);
+  if (n) assert_int_equal(fwrite(b, 1, n, f), n);
+  fclose(f);
+}
+
+/* The data.mdb of 3000 converted IDX images: its bytes (free them). */
+static uint8_t *converted_bytes(const char *stem, size_t *n) {
+  char path[4096], out[4200], file[4300];
+  make_idx_pair(stem, 3000, 10, 1);
+  snprintf(out, sizeof out, "%s.lmdb", stem);
+  convert_idx(stem, 1, out, path, sizeof path);
+  snprintf(file, sizeof file, "%s/data.mdb", path);
+  return slurp(file, n);
+}
+
+/* A data set cut short (a copy interrupted) is refused at open with both
+ * sizes; reading it used to die by SIGBUS at the first missing page. */
+static void test_cut_short_refused(void **state) {
+  (void)state;
+  char cut[4096];
+  size_t n;
+  uint8_t *b = converted_bytes("cut", &n);
+  assert_true(n > 16 * 4096);
+  const size_t sizes[] = {8191, 8192, 12288, n / 2, n - 4096, n - 1};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    snprintf(cut, sizeof cut, "%s/cut%zu.lmdb", tmpdir(), sizes[i]);
+    spill(cut, b, sizes[i]);
+    opened o;
+    char size[32];
+    snprintf(size, sizeof size, "is %zu bytes", sizes[i]);
+    EXPECT_ERR(open_source(&o, cut, NULL), STOKE_E_IO, cut, size, "its meta page counts", "cut short");
+    close_source(&o);
+  }
+  free(b);
+}
+
+/* The main database's root moved (meta pages) to the file's last page,
+ * whose node offsets all point past the end of the file: LMDB's first key
+ * comparison faults. That fault is an error naming the data set. */
+static void test_damaged_page_is_an_error(void **state) {
+  (void)state;
+  char bad[4096];
+  size_t n;
+  uint8_t *b = converted_bytes("fault", &n);
+  const size_t ps = 4096, last = n / ps - 1;
+  for (int m = 0; m < 2; m++) { /* MDB_meta after the 16-byte page header */
+    uint8_t *meta = b + m * ps + 16;
+    size_t root;
+    memcpy(&root, meta + 24 + 48 + 40, 8); /* dbs[MAIN_DBI].md_root */
+    if (m == 0) memcpy(b + last * ps, b + root * ps, ps);
+    memcpy(meta + 24 + 48 + 40, &last, 8);
+  }
+  uint8_t *page = b + last * ps;
+  memcpy(page, &last, 8); /* mp_pgno */
+  uint16_t lower;
+  memcpy(&lower, page + 12, 2);
+  for (size_t off = 16; off < lower; off += 2) memcpy(page + off, &(uint16_t){0xfff0}, 2);
+  tmp_path(bad, sizeof bad, "fault-bad.lmdb");
+  spill(bad, b, n);
+  free(b);
+  opened o;
+  EXPECT_ERR(open_source(&o, bad, NULL), STOKE_E_IO, bad, "while LMDB read the file", "damaged");
+  close_source(&o);
+}
+
+/* [data] and [eval_data] on one data set: one environment, shared. With
+ * two, closing one dropped the reader slots of the other (LMDB keys them
+ * by process): "MDB_BAD_RSLOT: Invalid reuse of reader locktable slot". */
+static void test_same_data_set_twice(void **state) {
+  (void)state;
+  char path[4096];
+  make_idx_pair("twice", 60, 5, 1);
+  convert_idx("twice", 1, "twice.lmdb", path, sizeof path);
+  opened a, b;
+  EXPECT_OK(open_source(&a, path, NULL));
+  expect_idx_records(&a, 60, 5);
+  EXPECT_OK(open_source(&b, path, NULL));
+  expect_idx_records(&b, 60, 5);
+  expect_idx_records(&a, 60, 5);
+  close_source(&b);
+  expect_idx_records(&a, 60, 5); /* its pooled transactions still valid */
+  close_source(&a);
+  EXPECT_OK(open_source(&a, path, NULL)); /* and the last close really closed it */
+  expect_idx_records(&a, 60, 5);
+  close_source(&a);
+}
+
 /* ------------------------------------------------------- Caffe Datum */
 
 static size_t pb_varint(uint8_t *p, uint64_t v) {
@@ -708,7 +819,7 @@ static void expected(int y, int x, int seed, int gray, uint8_t *out) {
 static void expect_folder_records(opened *o, int channels, const int *seeds, const int *grays, const int *labels,
                                   int n, double max_mean, int max_abs) {
   assert_int_equal(o->src->length(o->self), n);
-  expect_info(o, channels, DST_H, DST_W, 2);
+  expect_info(o, channels, DST_H, DST_W, 3);
   uint8_t px[DST_H * DST_W * 3];
   for (int i = 0; i < n; i++) {
     int32_t label = -1;
@@ -748,9 +859,13 @@ static void test_jpeg_folder(void **state) {
   mkdir(d, 0775);
   snprintf(d, sizeof d, "%s/dog", root);
   mkdir(d, 0775);
-  snprintf(d, sizeof d, "%s/.cache", root); /* hidden: not a class */
+  snprintf(d, sizeof d, "%s/.cache", root); /* hidden, but a folder: class 0, as in torchvision */
   mkdir(d, 0775);
-  /* sorted by name: cat (0): a, b, c; dog (1): d (gray), e */
+  snprintf(d, sizeof d, "%s/cat/sub", root); /* images in sub-folders count (os.walk) */
+  mkdir(d, 0775);
+  snprintf(d, sizeof d, "%s/cat/up", root); /* a loop: never followed */
+  assert_int_equal(symlink("..", d), 0);
+  /* sorted by name: cat (1): a, b, c, sub/f; dog (2): d (gray), e, link (-> a) */
   snprintf(f, sizeof f, "%s/cat/a.jpg", root);
   write_jpeg(f, SRC_H, SRC_W, 0, 0);
   snprintf(f, sizeof f, "%s/cat/b.JPG", root);
@@ -765,7 +880,11 @@ static void test_jpeg_folder(void **state) {
   write_text(f, "a text file wearing a .jpg name\n");
   snprintf(f, sizeof f, "%s/dog/notes.txt", root);
   write_text(f, "not an image\n");
-  const int seeds[] = {0, 1, 2, 3, 4}, grays[] = {0, 0, 0, 1, 0}, labels[] = {0, 0, 0, 1, 1};
+  snprintf(f, sizeof f, "%s/cat/sub/f.jpg", root);
+  write_jpeg(f, SRC_H, SRC_W, 5, 0);
+  snprintf(f, sizeof f, "%s/dog/link.jpg", root); /* a linked file is read */
+  assert_int_equal(symlink("../cat/a.jpg", f), 0);
+  const int seeds[] = {0, 1, 2, 5, 3, 4, 0}, grays[] = {0, 0, 0, 0, 1, 0, 0}, labels[] = {1, 1, 1, 1, 2, 2, 2};
 
   /* RGB, re-encoded JPEG */
   tmp_path(out, sizeof out, "images-jpeg.lmdb");
@@ -776,19 +895,26 @@ static void test_jpeg_folder(void **state) {
   EXPECT_HAS(log, "skipping");
   snprintf(f, sizeof f, "%s/dog/notes.txt", root);
   EXPECT_HAS(log, f);
-  EXPECT_HAS(log, "wrote 5 records");
+  EXPECT_HAS(log, "wrote 7 records");
+  EXPECT_HAS(log, "3 classes");
   EXPECT_HAS(log, "skipped 1");
   EXPECT_HAS(log, "ignored 1");
+  EXPECT_HAS(log, "link back to a folder they are in");
+  EXPECT_HAS(log, "cat/up");
   opened o;
   EXPECT_OK(open_source(&o, out, NULL));
-  expect_folder_records(&o, 3, seeds, grays, labels, 5, 3.0, 16);
+  expect_folder_records(&o, 3, seeds, grays, labels, 7, 3.0, 16);
   close_source(&o);
 
   /* grayscale, raw */
   tmp_path(out, sizeof out, "images-gray.lmdb");
   CONVERT_OK(log, "folder", "--root", root, "--out", out, "--size", "20x30", "--channels", "1");
   EXPECT_OK(open_source(&o, out, NULL));
-  expect_folder_records(&o, 1, seeds, grays, labels, 5, 1.0, 4);
+  expect_folder_records(&o, 1, seeds, grays, labels, 7, 1.0, 4);
+  close_source(&o);
+  /* raw pixels cannot change their channel count: [data] channels says so */
+  EXPECT_ERR(open_source(&o, out, "channels = 3\n"), STOKE_E_INVALID, out, "channels = 3",
+             "raw 1-channel images", "--channels 3");
   close_source(&o);
 
   /* a JPEG record whose image is not the declared size, and a cut one */
@@ -835,12 +961,39 @@ static void test_jpeg_folder(void **state) {
   int32_t label;
   EXPECT_ERR(o.src->read(o.self, 2, 0, px, &label), STOKE_E_DATA, "record 0000000002 (index 2)", "JPEG");
   EXPECT_ERR(o.src->read(o.self, 3, 0, px, &label), STOKE_E_DATA, out, "record 0000000003 (index 3)",
-             "JPEG is 12x10 (HxW), the data set declares 20x30");
+             "JPEG is 12x10 (HxW), expected 20x30");
   EXPECT_OK(o.src->read(o.self, 4, 0, px, &label));
   close_source(&o);
 }
 
-/* A Caffe database of encoded (JPEG) datums. */
+/* The largest difference between the decoded record k and smooth_rgb's
+ * image k, seen as `channels` (1: its ITU-R 601 luma; 3: RGB; a gray JPEG
+ * holds smooth_rgb's green as its gray). */
+static int caffe_jpeg_error(opened *o, int k, int channels, int gray_jpeg) {
+  uint8_t px[DST_H * DST_W * 3];
+  int32_t label;
+  EXPECT_OK(o->src->read(o->self, k, 0, px, &label));
+  assert_int_equal(label, k);
+  int worst = 0;
+  for (int y = 0; y < DST_H; y++)
+    for (int x = 0; x < DST_W; x++) {
+      uint8_t c[3];
+      smooth_rgb(y, x, DST_H, DST_W, k, c);
+      if (gray_jpeg) c[0] = c[2] = c[1];
+      int want[3] = {c[0], c[1], c[2]};
+      if (channels == 1) want[0] = (int)(0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2] + 0.5);
+      for (int ch = 0; ch < channels; ch++) {
+        int d = abs((int)px[(y * DST_W + x) * channels + ch] - want[ch]);
+        worst = d > worst ? d : worst;
+      }
+    }
+  return worst;
+}
+
+/* A Caffe database of encoded (JPEG) datums, the first one grayscale: the
+ * channel count comes from [data] channels (3 unless set, as Caffe's
+ * is_color = true), never from the first record, and every record is
+ * decoded to it. */
 static void test_caffe_encoded(void **state) {
   (void)state;
   char p[4096];
@@ -854,9 +1007,13 @@ static void test_caffe_encoded(void **state) {
     uint8_t img[DST_H * DST_W * 3];
     for (int y = 0; y < DST_H; y++)
       for (int x = 0; x < DST_W; x++) smooth_rgb(y, x, DST_H, DST_W, k, img + (y * DST_W + x) * 3);
+    if (k == 0) /* grayscale: its green channel */
+      for (int i = 0; i < DST_H * DST_W; i++) img[i] = img[3 * i + 1];
     unsigned char *jpeg = NULL;
     unsigned long jn = 0;
-    assert_int_equal(tjCompress2(t, img, DST_W, 0, DST_H, TJPF_RGB, &jpeg, &jn, TJSAMP_444, 98, 0), 0);
+    assert_int_equal(tjCompress2(t, img, DST_W, 0, DST_H, k ? TJPF_RGB : TJPF_GRAY, &jpeg, &jn,
+                                 k ? TJSAMP_444 : TJSAMP_GRAY, 98, 0),
+                     0);
     uint8_t *buf = malloc(jn + 32);
     assert_non_null(buf);
     size_t n = pb_bytes(buf, 4, jpeg, jn);
@@ -872,24 +1029,12 @@ static void test_caffe_encoded(void **state) {
   test_commit(env, txn);
   opened o;
   EXPECT_OK(open_source(&o, p, NULL));
-  expect_info(&o, 3, DST_H, DST_W, 3); /* shape from the first JPEG's header */
-  uint8_t px[DST_H * DST_W * 3];
-  for (int k = 0; k < 3; k++) {
-    int32_t label;
-    EXPECT_OK(o.src->read(o.self, k, 0, px, &label));
-    assert_int_equal(label, k);
-    int worst = 0;
-    for (int y = 0; y < DST_H; y++)
-      for (int x = 0; x < DST_W; x++) {
-        uint8_t c[3];
-        smooth_rgb(y, x, DST_H, DST_W, k, c);
-        for (int ch = 0; ch < 3; ch++) {
-          int d = abs((int)px[(y * DST_W + x) * 3 + ch] - c[ch]);
-          worst = d > worst ? d : worst;
-        }
-      }
-    assert_true(worst <= 12);
-  }
+  expect_info(&o, 3, DST_H, DST_W, 3); /* H, W from the first JPEG's header; 3 channels */
+  for (int k = 0; k < 3; k++) assert_true(caffe_jpeg_error(&o, k, 3, k == 0) <= 12);
+  close_source(&o);
+  EXPECT_OK(open_source(&o, p, "channels = 1\n"));
+  expect_info(&o, 1, DST_H, DST_W, 3);
+  for (int k = 0; k < 3; k++) assert_true(caffe_jpeg_error(&o, k, 1, k == 0) <= 12);
   close_source(&o);
 }
 
@@ -903,6 +1048,9 @@ int main(void) {
       cmocka_unit_test(test_loader_skips_corrupt_records),
       cmocka_unit_test(test_concurrent_reads),
       cmocka_unit_test(test_open_errors),
+      cmocka_unit_test(test_cut_short_refused),
+      cmocka_unit_test(test_damaged_page_is_an_error),
+      cmocka_unit_test(test_same_data_set_twice),
       cmocka_unit_test(test_caffe_datum),
       cmocka_unit_test(test_caffe_encoded),
       cmocka_unit_test(test_jpeg_folder),

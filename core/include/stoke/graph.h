@@ -60,6 +60,10 @@ typedef struct stoke_gnode {
   int in[STOKE_MAX_IO], out[STOKE_MAX_IO];     /* forward values */
   int din[STOKE_MAX_IO], dout[STOKE_MAX_IO];   /* backward: -1 = none */
   double flops;
+  /* backward nodes: bit k set: add din[k] into its value (the
+   * kernel's din_accumulate), set by the compiler where two paths'
+   * gradients meet (core/fuse_grad.c) */
+  uint32_t din_accumulate;
   /* a second user of a tied parameter: its parameter gradients always
    * accumulate onto what the earlier backward node wrote (beta 1) */
   int param_accumulate;
@@ -126,6 +130,7 @@ typedef struct stoke_plan_opts {
   int loss_scaling;           /* dynamic loss scaler (fp16) */
   double init_scale;
   int fuse;                   /* fuse linear + relu/gelu(tanh) into cuBLASLt epilogues (batch-norm fusions need no flag) */
+  int no_grad_accumulate;     /* keep gradient sums as add nodes (core/fuse_grad.c; for A/B runs and tests) */
 } stoke_plan_opts;
 
 #define STOKE_MAX_ENGINES 32
@@ -147,6 +152,7 @@ typedef struct stoke_plan {
   double step_bytes;              /* least memory traffic of a step run node by node */
   size_t workspace_bytes;         /* largest node workspace */
   int n_schedule;                 /* nodes executed per micro-batch */
+  int n_accumulated;              /* gradient sums done in place by their producers */
 } stoke_plan;
 
 /* Derive backward (when opts->training), resolve every node to a kernel

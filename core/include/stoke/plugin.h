@@ -256,6 +256,12 @@ typedef struct stoke_kernel_args_v1 {
   void *engine;              /* the engine's state from its open() */
   void *stream;              /* NULL on the CPU */
   uint32_t flags;            /* STOKE_KFLAG_* */
+  /* Appended (issue 11): bit i set: ADD this node's gradient of input i
+   * into din[i] (beta = 1) instead of overwriting it, because another
+   * backward path wrote that value's gradient first (a residual block's
+   * input: the shortcut's gradient, then the main branch's). Set only for
+   * kernels whose `accumulates` has bit i (stoke_kernel_v1). */
+  uint32_t din_accumulate;
 } stoke_kernel_args_v1;
 
 /* One entry of a backend's kernel table: (op, pass, dtype, layout) ->
@@ -274,6 +280,10 @@ typedef struct stoke_kernel_v1 {
                      size_t *workspace_bytes);
   stoke_err *(*run)(const stoke_kernel_args_v1 *a, void *state);
   void (*destroy)(void *state);
+  /* Appended (issue 11): bit i: this backward kernel can add its gradient
+   * of input i into din[i] (stoke_kernel_args_v1.din_accumulate), so the
+   * compiler needs no separate add node where two gradients meet. */
+  uint32_t accumulates;
 } stoke_kernel_v1;
 
 /* --------------------------------------------------------------- backends */
