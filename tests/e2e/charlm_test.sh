@@ -69,6 +69,26 @@ else
   echo "[  FAILED  ] charlm: checkpoint: $names"
   failed=$((failed + 1))
 fi
+# resume: a tiny gpt stopped at step 3 and resumed gives the losses of the
+# uninterrupted run (the tied weight's two names load back)
+tiny="examples/charlm.ini data.path=$T/data/fortunes_train_*.bin eval_data.path=$T/data/fortunes_val_000000.bin
+      eval_data.seq_len=16 eval_data.batch_size=4 eval_data.length=8 data.seq_len=16 data.batch_size=4
+      model.n_layer=1 model.n_embd=32 model.n_head=2 model.context=16 optimizer.warmup_epochs=0 optimizer.schedule=constant
+      run.log_every=1
+      run.progress=lines"
+tools/train $tiny run.steps=6 run.out_dir="$T/tiny_a" > "$T/tiny_a.log" 2>&1
+tools/train $tiny run.steps=3 run.out_dir="$T/tiny_b" > "$T/tiny_b.log" 2>&1
+tools/train $tiny run.steps=6 run.out_dir="$T/tiny_c" run.resume="$T/tiny_b/checkpoint.safetensors" > "$T/tiny_c.log" 2>&1
+losses() { sed -n 's/^{"step": \([456]\),.*"loss": \([0-9.e+-]*\),.*/\1 \2/p' "$1/metrics.jsonl"; }
+a=$(losses "$T/tiny_a") c=$(losses "$T/tiny_c")
+if [ -n "$a" ] && [ "$a" = "$c" ]; then
+  echo "[       OK ] charlm: resumed at step 3, steps 4-6 have the uninterrupted run's losses ($(echo $a | tr '\n' ' '))"
+  passed=$((passed + 1))
+else
+  echo "[  FAILED  ] charlm: resume: uninterrupted '$a', resumed '$c'"
+  tail -5 "$T/tiny_c.log"
+  failed=$((failed + 1))
+fi
 [ $passed -gt 0 ] && echo "[  PASSED  ] $passed test(s)."
 [ $failed -gt 0 ] && echo "[  FAILED  ] $failed test(s), listed above"
 [ $failed -eq 0 ]
