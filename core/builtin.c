@@ -1,7 +1,7 @@
 /* core/builtin.c: the core's own plugin, registered through the same
  * stoke_plugin_v1 mechanism as every .so: the built-in op types (shape
- * inference, FLOPs, what backward needs), the precision policies and the
- * single-process comm. */
+ * inference, FLOPs, what backward needs), the precision policies, the
+ * single-process comm and the optimizers (core/optimizers.c). */
 #include <stdio.h>
 #include <string.h>
 
@@ -155,23 +155,23 @@ static const stoke_attr_decl_v1 softmax_ce_attrs[] = {
 };
 
 static const stoke_op_type_v1 ops[] = {
-    {STOKE_OP_LINEAR, "fully connected layer, y = x W^T + b (nn.Linear)", 3, 1, NULL, 0,
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_LINEAR, "fully connected layer, y = x W^T + b (nn.Linear)", 3, 1, NULL, 0,
      infer_linear, flops_linear, STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1), 0, 1},
-    {STOKE_OP_LINEAR_RELU, "linear then ReLU, fused by the compiler", 3, 1, NULL, 0, infer_linear,
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_LINEAR_RELU, "linear then ReLU, fused by the compiler", 3, 1, NULL, 0, infer_linear,
      flops_linear_relu, STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(0), 0, 1},
-    {STOKE_OP_RELU, "max(x, 0)", 1, 1, NULL, 0, infer_same, flops_elementwise,
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_RELU, "max(x, 0)", 1, 1, NULL, 0, infer_same, flops_elementwise,
      STOKE_BWD_NEEDS_OUTPUT(0), 0, 1},
-    {STOKE_OP_GELU, "x Phi(x) (nn.GELU)", 1, 1, gelu_attrs, 1, infer_gelu, flops_elementwise,
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_GELU, "x Phi(x) (nn.GELU)", 1, 1, gelu_attrs, 1, infer_gelu, flops_elementwise,
      STOKE_BWD_NEEDS_INPUT(0), 0, 1},
-    {STOKE_OP_LINEAR_ACT, "linear then relu/gelu, fused by the compiler (aux output for the gradient)", 3, 2,
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_LINEAR_ACT, "linear then relu/gelu, fused by the compiler (aux output for the gradient)", 3, 2,
      linear_act_attrs, 2, infer_linear_act, flops_linear_act,
      STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(1), 0, 1},
-    {STOKE_OP_LINEAR_DACT, "linear backward with the previous activation's gradient (compiler-made)", 5, 1,
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_LINEAR_DACT, "linear backward with the previous activation's gradient (compiler-made)", 5, 1,
      linear_act_attrs, 2, infer_compiler_only, NULL,
      STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_INPUT(3), 0, 1},
-    {STOKE_OP_ADD, "a + b (residual)", 2, 1, NULL, 0, infer_add, flops_elementwise, 0, 0, 1},
-    {STOKE_OP_CAST, "float conversion of the input batch", 1, 1, cast_attrs, 1, infer_cast, NULL, 0, 1u, 0},
-    {STOKE_OP_SOFTMAX_CE, "softmax cross-entropy, mean over the batch (nn.CrossEntropyLoss)", 2,
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_ADD, "a + b (residual)", 2, 1, NULL, 0, infer_add, flops_elementwise, 0, 0, 1},
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_CAST, "float conversion of the input batch", 1, 1, cast_attrs, 1, infer_cast, NULL, 0, 1u, 0},
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_SOFTMAX_CE, "softmax cross-entropy, mean over the batch (nn.CrossEntropyLoss)", 2,
      2, softmax_ce_attrs, 1, infer_softmax_ce, flops_softmax_ce,
      STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(1), 1u << 1, 1},
 };
@@ -179,23 +179,21 @@ static const stoke_op_type_v1 ops[] = {
 /* Precision policies: data, one per name. Ops in fp32_ops stay fp32. */
 #define KEEP_FP32 "softmax_ce, batch_norm, layer_norm"
 static const stoke_precision_v1 precisions[] = {
-    {"fp32", "float32 everywhere, TF32 off", STOKE_F32, STOKE_F32, STOKE_F32, 0, 0, 1, 0, ""},
-    {"tf32", "float32 tensors, TF32 tensor-core matmul/conv", STOKE_F32, STOKE_F32, STOKE_F32, 1,
+    {STOKE_ABI(stoke_precision_v1), "fp32", "float32 everywhere, TF32 off", STOKE_F32, STOKE_F32, STOKE_F32, 0, 0, 1, 0, ""},
+    {STOKE_ABI(stoke_precision_v1), "tf32", "float32 tensors, TF32 tensor-core matmul/conv", STOKE_F32, STOKE_F32, STOKE_F32, 1,
      0, 1, 0, ""},
-    {"bf16", "bf16 compute, fp32 master weights (autocast-like)", STOKE_BF16, STOKE_BF16,
+    {STOKE_ABI(stoke_precision_v1), "bf16", "bf16 compute, fp32 master weights (autocast-like)", STOKE_BF16, STOKE_BF16,
      STOKE_F32, 1, 0, 1, 0, KEEP_FP32},
-    {"fp16", "fp16 compute, fp32 master weights, dynamic loss scaler", STOKE_F16, STOKE_F16,
+    {STOKE_ABI(stoke_precision_v1), "fp16", "fp16 compute, fp32 master weights, dynamic loss scaler", STOKE_F16, STOKE_F16,
      STOKE_F32, 1, 1, 65536.0, 2000, KEEP_FP32},
 };
 
 /* The single-process comm: world of one, every collective a no-op. */
-static stoke_err *single_open(const stoke_cfg *c, void **self) {
+static stoke_err *single_open(const stoke_cfg *c, const stoke_comm_place_v1 *place, void **self) {
   *self = NULL;
   return NULL;
 }
 static void single_close(void *self) {}
-static int single_rank(void *self) { return 0; }
-static int single_world(void *self) { return 1; }
 static stoke_err *single_all_reduce(void *self, void *buf, size_t count, stoke_dtype t,
                                     stoke_reduce_op op, void *stream) {
   return NULL;
@@ -207,8 +205,10 @@ static stoke_err *single_broadcast(void *self, void *buf, size_t count, stoke_dt
 static stoke_err *single_barrier(void *self) { return NULL; }
 
 static const stoke_comm_v1 single_comm = {
-    "single", "one process, one device (the default)", single_open, single_close, single_rank,
-    single_world, single_all_reduce, single_broadcast, single_barrier};
+    STOKE_ABI(stoke_comm_v1), "single", "one process, one device (the default)", single_open, single_close,
+    single_all_reduce, single_broadcast, single_barrier};
+
+stoke_err *stoke_register_optimizers(const stoke_registry_v1 *r); /* core/optimizers.c */
 
 static stoke_err *builtin_register(const stoke_host_v1 *host, const stoke_registry_v1 *r) {
   for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) STOKE_PROPAGATE(r->add_op(r->self, &ops[i]));
@@ -219,6 +219,7 @@ static stoke_err *builtin_register(const stoke_host_v1 *host, const stoke_regist
   STOKE_PROPAGATE(stoke_register_conv_ops(r));
   STOKE_PROPAGATE(stoke_register_pool_ops(r));
   STOKE_PROPAGATE(stoke_register_norm_ops(r));
+  STOKE_PROPAGATE(stoke_register_optimizers(r));
   STOKE_PROPAGATE(stoke_register_seq_ops(r));
   STOKE_PROPAGATE(stoke_register_convbn_ops(r));
   return NULL;

@@ -139,29 +139,23 @@ static int list_entries(const stoke_plan *p, void *const *hb, const char *opt, i
     }
   }
   if (!opt || !p->opt_kernel || !p->opt_state_bytes || (hb && !hb[2])) return n;
-  static const char *sgd_names[] = {"momentum_buffer"};
-  static const char *adamw_names[] = {"exp_avg", "exp_avg_sq"};
-  const char **names = !strcmp(opt, "adamw") ? adamw_names : sgd_names;
-  /* low-precision parameters (has_master): the state is f32, the master
-   * copy of the flat parameter buffer first, then each optimizer tensor
-   * over the flat buffer; element i of a parameter is at offset / es + i */
+  /* the state in the master dtype: the master copy of the flat parameter
+   * buffer first (has_master), then each of the optimizer's tensors over
+   * the flat buffer, named as torch.optim's state_dict; element i of a
+   * parameter is at offset / es + i of each */
   size_t es = stoke_dtype_size(g->dtype), flat = p->bytes[STOKE_BUF_PARAMS] / es;
+  size_t ss = stoke_dtype_size(p->state_dtype);
   for (int k = p->has_master ? -1 : 0; k < p->opt_state_per_param; k++)
     for (int v = 0; v < g->n_values && n < cap; v++) {
       const stoke_value *val = &g->values[v];
       if (!is_opt_kind(val)) continue;
       entry *e = &out[n++];
-      snprintf(e->name, sizeof e->name, "optimizer.%.80s.%s", val->name, k < 0 ? "master" : names[k]);
+      snprintf(e->name, sizeof e->name, "optimizer.%.80s.%s", val->name,
+               k < 0 ? "master" : p->opt->state_names[k]);
       e->shape = val->shape;
-      if (p->has_master) {
-        e->dtype = "F32";
-        e->src = at(hb, 2, ((size_t)(k + 1) * flat + val->offset / es) * sizeof(float));
-        e->bytes = (size_t)stoke_numel(&val->shape) * sizeof(float);
-      } else {
-        e->dtype = st_dtype(val->dtype);
-        e->src = at(hb, 2, (size_t)k * p->bytes[STOKE_BUF_PARAMS] + val->offset);
-        e->bytes = (size_t)stoke_numel(&val->shape) * stoke_dtype_size(val->dtype);
-      }
+      e->dtype = st_dtype(p->state_dtype);
+      e->src = at(hb, 2, ((size_t)(k + p->has_master) * flat + val->offset / es) * ss);
+      e->bytes = (size_t)stoke_numel(&val->shape) * ss;
     }
   return n;
 }
@@ -216,7 +210,7 @@ static uint32_t meta_crc(meta_kv *kv, int n) {
 
 /* `{"__metadata__":{` the run state, its checksum, `}` left open for more. */
 static void header_meta(sbuf *h, const stoke_ckpt_meta *m, const char *optimizer, const char *config_text) {
-  char num[8][40];
+  char num[9][40];
   snprintf(num[0], sizeof num[0], "%d", STOKE_CKPT_VERSION);
   snprintf(num[1], sizeof num[1], "%lld", (long long)m->step);
   snprintf(num[2], sizeof num[2], "%lld", (long long)m->epoch);
@@ -225,13 +219,14 @@ static void header_meta(sbuf *h, const stoke_ckpt_meta *m, const char *optimizer
   snprintf(num[5], sizeof num[5], "%.17g", m->loss_scale);
   snprintf(num[6], sizeof num[6], "%lld", (long long)(m->world > 0 ? m->world : 1));
   snprintf(num[7], sizeof num[7], "%lld", (long long)m->batch);
-  meta_kv kv[11] = {{"format", "pt"},         {"stoke_checkpoint_version", num[0]},
+  snprintf(num[8], sizeof num[8], "%lld", (long long)m->skipped_steps);
+  meta_kv kv[12] = {{"format", "pt"},         {"stoke_checkpoint_version", num[0]},
                     {"step", num[1]},         {"epoch", num[2]},
                     {"seed", num[3]},         {"accumulate", num[4]},
                     {"loss_scale", num[5]},   {"world", num[6]},
-                    {"batch", num[7]},        {"optimizer", optimizer},
-                    {"config", config_text}};
-  int n = config_text ? 11 : 10;
+                    {"batch", num[7]},        {"skipped_steps", num[8]},
+                    {"optimizer", optimizer}, {"config", config_text}};
+  int n = config_text ? 12 : 11;
   sb_put(h, "{\"__metadata__\":{");
   for (int i = 0; i < n; i++) {
     sb_put(h, "%s\"%s\":", i ? "," : "", kv[i].key);
@@ -737,10 +732,15 @@ static stoke_err *parse_meta(const stoke_st_file *f, const char *path, stoke_ckp
                      "checkpoint '%s': metadata field \"loss_scale\" = \"%.40s\" is not a positive finite number: the "
                      "file is damaged; resume from another checkpoint",
                      path, ls);
+  /* of `step`, those the loss scaler skipped (AdamW's bias corrections count the others) */
+  STOKE_PROPAGATE(meta_int(f, path, "skipped_steps", 0, m->step, 0, 0, &m->skipped_steps));
+  /* an optimizer's name (a plugin's too): a C identifier, or empty */
   const char *opt = stoke_st_meta(f, "optimizer");
-  if (opt && strcmp(opt, "") && strcmp(opt, "sgd") && strcmp(opt, "adamw"))
+  int name_ok = !opt || strlen(opt) < sizeof m->optimizer;
+  for (const char *c = opt; c && *c && name_ok; c++) name_ok = isalnum((unsigned char)*c) || *c == '_';
+  if (!name_ok)
     return STOKE_ERR(STOKE_E_DATA,
-                     "checkpoint '%s': metadata field \"optimizer\" = \"%.40s\" is none of sgd, adamw or empty: the file "
+                     "checkpoint '%s': metadata field \"optimizer\" = \"%.40s\" is not an optimizer's name: the file "
                      "is damaged; resume from another checkpoint",
                      path, opt);
   snprintf(m->optimizer, sizeof m->optimizer, "%s", opt ? opt : "");
@@ -810,7 +810,7 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
   size_t sizes[3];
   e = host_copies(x, hb, sizes);
   /* optimizer tensors only when the file has the plan's optimizer */
-  const char *want_opt = p->opt_kernel && !strcmp(m->optimizer, p->opt_kernel->op) ? m->optimizer : NULL;
+  const char *want_opt = p->opt && !strcmp(m->optimizer, p->opt->name) ? m->optimizer : NULL;
   int cap = 5 * p->g->n_values + p->g->n_tied + 8; /* parameter, state, master, two optimizer tensors, tied names */
   entry *ents = e ? NULL : calloc((size_t)cap, sizeof *ents);
   if (!e && !ents) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
@@ -841,8 +841,8 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
       const stoke_value *val = &g->values[v];
       if (!is_opt_kind(val)) continue;
       for (int64_t i = 0; i < stoke_numel(&val->shape); i++)
-        ((float *)hb[2])[val->offset / es + (size_t)i] =
-            (float)stoke_elem_get((const char *)hb[0] + val->offset, val->dtype, i);
+        stoke_elem_set(hb[2], p->state_dtype, (int64_t)(val->offset / es) + i,
+                       stoke_elem_get((const char *)hb[0] + val->offset, val->dtype, i));
     }
   }
   void *dev[3] = {stoke_exec_buffer(x, STOKE_BUF_PARAMS), stoke_exec_buffer(x, STOKE_BUF_STATE),

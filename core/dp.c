@@ -27,9 +27,6 @@ struct stoke_dp {
   double *scratch;       /* device */
 };
 
-int stoke_dp_rank(const stoke_dp *d) { return d->rank; }
-int stoke_dp_world(const stoke_dp *d) { return d->world; }
-
 static stoke_err *launch(stoke_dp *d, const stoke_dist_bucket *b) {
   /* the comm stream takes the gradients once the compute stream made them */
   STOKE_PROPAGATE(d->dev->timer_record(d->dev_self, d->ev_grads, NULL));
@@ -104,8 +101,8 @@ void stoke_dp_describe(const stoke_dp *d, char *buf, size_t cap) {
     used += (size_t)snprintf(buf + used, cap - used, "%s %.1f", i ? "," : "", d->buckets[i].bytes / 1048576.0);
 }
 
-stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, const stoke_backend_v1 *dev,
-                         void *dev_self, stoke_dp **out) {
+stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, const stoke_dist_env *env,
+                         const stoke_backend_v1 *dev, void *dev_self, stoke_dp **out) {
   if (dev->device != STOKE_DEV_GPU || !dev->stream_create || !dev->stream_wait || !dev->timer_create)
     return STOKE_ERR(STOKE_E_UNSUPPORTED, "[run] comm = %s needs a GPU device backend (cuda); '%s' has no streams",
                      comm->name, dev->name);
@@ -114,13 +111,15 @@ stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, const 
   d->comm = comm;
   d->dev = dev;
   d->dev_self = dev_self;
-  stoke_err *e = comm->open(cfg, &d->self);
+  d->rank = env->rank;
+  d->world = env->world;
+  stoke_comm_place_v1 place = {env->rank, env->world, env->local_rank, env->world > 1 ? env->comm_id : "",
+                               env->source};
+  stoke_err *e = comm->open(cfg, &place, &d->self);
   if (e) {
     free(d);
     return stoke_err_wrap(e, __FILE__, __LINE__, "opening comm '%s'", comm->name);
   }
-  d->rank = comm->rank(d->self);
-  d->world = comm->world(d->self);
   e = dev->stream_create(dev_self, &d->stream);
   void **evs[] = {&d->ev_grads, &d->ev_done, &d->ev_a, &d->ev_b};
   for (int i = 0; i < 4 && !e; i++) e = dev->timer_create(dev_self, evs[i]);

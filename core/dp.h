@@ -12,17 +12,16 @@
 
 typedef struct stoke_dp stoke_dp;
 
-/* Open `comm` on device `dev` (its plugin reads the launcher's variables
- * and meets the other ranks: done early, before the slow graph compile,
- * so that ranks starting at different speeds still meet). */
-stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, const stoke_backend_v1 *dev,
-                         void *dev_self, stoke_dp **out);
+/* Open `comm` on device `dev` as process `env` of the job (read once from
+ * the launcher's variables by the caller; the plugin meets the other ranks
+ * at env->comm_id): done early, before the slow graph compile, so that
+ * ranks starting at different speeds still meet. */
+stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, const stoke_dist_env *env,
+                         const stoke_backend_v1 *dev, void *dev_self, stoke_dp **out);
 /* Plan the buckets of the training executor `x` (`bucket_bytes`, the
  * first one at most 1 MiB as in DDP) and hook it. */
 stoke_err *stoke_dp_attach(stoke_dp *d, stoke_exec *x, double bucket_bytes);
 void stoke_dp_close(stoke_dp *d);
-int stoke_dp_rank(const stoke_dp *d);
-int stoke_dp_world(const stoke_dp *d);
 /* How the buckets came out, for the log: "7 buckets: 1.0, 25.3, ... MiB". */
 void stoke_dp_describe(const stoke_dp *d, char *buf, size_t cap);
 

@@ -32,11 +32,13 @@ struct stoke_exec {
   double *ms;
   int64_t profiled_steps;
   int profiling;
-  node_args amp_check, amp_update;
-  stoke_tensor amp_t[4];
+  node_args amp_check, amp_update, grad_norm;
+  stoke_tensor amp_t[4], norm_t[2];
   node_args *args;
   node_args opt;
   stoke_tensor opt_t[3];
+  float *clip;     /* grad_norm's [norm, factor] on the device, or NULL */
+  int64_t *decay;  /* the plan's weight-decay ranges on the device, or NULL: all */
   stoke_exec_hook hook; /* after each node (data parallel) */
   void *hook_ctx;
   /* whole-step graphs: graph[first_micro][last_micro], each captured on its
@@ -86,10 +88,12 @@ static stoke_err *init_params(stoke_exec *x, uint64_t seed, stoke_buffer_id buf)
   char *host = stoke_alloc(bytes);
   if (!host) return STOKE_ERR(STOKE_E_OOM, "out of host memory (%zu bytes) for parameters", bytes);
   memset(host, 0, bytes);
-  /* low-precision parameters: the f32 master copy leads the optimizer state */
-  float *master = NULL;
+  /* parameters in another dtype than the optimizer's: the master copy
+   * (state_dtype) leads the optimizer state */
+  char *master = NULL;
+  stoke_dtype mdt = x->p->state_dtype;
   int with_master = buf == STOKE_BUF_PARAMS && x->p->has_master;
-  size_t master_bytes = with_master ? bytes / stoke_dtype_size(g->dtype) * sizeof(float) : 0;
+  size_t master_bytes = with_master ? bytes / stoke_dtype_size(g->dtype) * stoke_dtype_size(mdt) : 0;
   if (with_master && !(master = stoke_alloc(master_bytes))) {
     stoke_free(host);
     return STOKE_ERR(STOKE_E_OOM, "out of host memory (%zu bytes) for master weights", master_bytes);
@@ -111,7 +115,7 @@ static stoke_err *init_params(stoke_exec *x, uint64_t seed, stoke_buffer_id buf)
         default: w = 0;
       }
       char *dst = host + val->offset;
-      if (master) master[val->offset / stoke_dtype_size(val->dtype) + (size_t)i] = (float)w;
+      if (master) stoke_elem_set(master, mdt, (int64_t)(val->offset / stoke_dtype_size(val->dtype)) + i, w);
       if (val->dtype == STOKE_F64 || val->dtype == STOKE_F32 || val->dtype == STOKE_BF16 || val->dtype == STOKE_F16)
         stoke_elem_set(dst, val->dtype, i, w);
       else {
@@ -136,6 +140,81 @@ static stoke_err *dev_alloc(stoke_exec *x, size_t bytes, void **ptr, const char 
   if (!bytes) return NULL;
   STOKE_TRY(x->dev->alloc(x->dev_self, bytes, ptr), "allocating %s (%zu bytes)", what, bytes);
   return NULL;
+}
+
+/* Write `v` into the loss seed (d loss, in the loss's dtype). */
+static stoke_err *write_seed(stoke_exec *x, double v) {
+  const stoke_graph *g = x->p->g;
+  if (g->seed < 0) return NULL;
+  char one[8];
+  stoke_elem_set(one, g->values[g->seed].dtype, 0, v);
+  return stoke_exec_copy(x, value_ptr(x, g->seed), one, stoke_dtype_size(g->values[g->seed].dtype),
+                         STOKE_COPY_H2D);
+}
+
+/* An update-time (STOKE_OPT) kernel's arguments over `in`, planned once:
+ * its plan() may ask for workspace (grad_norm's partial sums). */
+static stoke_err *plan_update_kernel(stoke_exec *x, const stoke_kernel_v1 *k, const char *name, stoke_tensor *in,
+                                     int n_in, node_args *na) {
+  static const stoke_node_v1 nodes[] = {{.op = "optimizer", .name = "optimizer"},
+                                        {.op = "loss_scaler", .name = "loss_scaler"},
+                                        {.op = "grad_norm", .name = "grad_clip"}};
+  const stoke_node_v1 *node = &nodes[!strcmp(name, "loss_scaler") ? 1 : !strcmp(name, "grad_clip") ? 2 : 0];
+  na->a = (stoke_kernel_args_v1){.node = node, .n_in = n_in, .in = in, .flags = x->p->opts.flags,
+                                 .stream = x->stream, .engine = engine_self(x->p, k), .training = 1};
+  if (!k->plan) return NULL;
+  void *state = NULL;
+  size_t ws = 0;
+  STOKE_TRY(k->plan(&na->a, &state, &ws), "planning the %s kernel (%s on %s)", name, k->op, k->engine);
+  if (state && k->destroy) k->destroy(state); /* update kernels keep no per-node state */
+  if (ws > x->p->workspace_bytes) x->p->workspace_bytes = ws;
+  return NULL;
+}
+
+/* The loss scaler's state [scale, good, found_inf, skipped] and the seed
+ * at the first scale; amp_check reads the gradients, amp_update the state. */
+static stoke_err *prepare_scaler(stoke_exec *x) {
+  stoke_plan *p = x->p;
+  const stoke_graph *g = p->g;
+  float init[4] = {(float)p->opts.init_scale, 0, 0, 0};
+  STOKE_PROPAGATE(dev_alloc(x, sizeof init, (void **)&x->amp, "loss scaler"));
+  STOKE_PROPAGATE(stoke_exec_copy(x, x->amp, init, sizeof init, STOKE_COPY_H2D));
+  STOKE_PROPAGATE(write_seed(x, init[0]));
+  stoke_shape flat = {1, {(int64_t)(p->bytes[STOKE_BUF_GRADS] / stoke_dtype_size(g->dtype))}};
+  x->amp_t[0] = (stoke_tensor){x->buf[STOKE_BUF_GRADS], flat, g->dtype, STOKE_LAYOUT_ANY, x->dev->device};
+  x->amp_t[1] = (stoke_tensor){x->amp, {1, {4}}, STOKE_F32, STOKE_LAYOUT_ANY, x->dev->device};
+  x->amp_t[2] = x->amp_t[1];
+  x->amp_t[3] = g->seed >= 0 ? stoke_exec_tensor(x, g->seed) : x->amp_t[1];
+  STOKE_PROPAGATE(plan_update_kernel(x, p->amp_check, "loss_scaler", &x->amp_t[0], 2, &x->amp_check));
+  return plan_update_kernel(x, p->amp_update, "loss_scaler", &x->amp_t[2], 2, &x->amp_update);
+}
+
+/* Everything the update reads besides the flat buffers: the loss scaler,
+ * the gradient norm's [norm, factor], the weight-decay ranges, and the
+ * kernels' arguments. */
+static stoke_err *prepare_update(stoke_exec *x) {
+  stoke_plan *p = x->p;
+  const stoke_graph *g = p->g;
+  const stoke_device_kind dk = x->dev->device;
+  if (!p->opt_kernel) return NULL;
+  if (p->amp_check) STOKE_PROPAGATE(prepare_scaler(x));
+  stoke_shape flat = {1, {(int64_t)(p->bytes[STOKE_BUF_PARAMS] / stoke_dtype_size(g->dtype))}};
+  stoke_shape flat_state = {1, {(int64_t)(p->opt_state_bytes / stoke_dtype_size(p->state_dtype))}};
+  x->opt_t[0] = (stoke_tensor){x->buf[STOKE_BUF_PARAMS], flat, g->dtype, STOKE_LAYOUT_ANY, dk};
+  x->opt_t[1] = (stoke_tensor){x->buf[STOKE_BUF_GRADS], flat, g->dtype, STOKE_LAYOUT_ANY, dk};
+  x->opt_t[2] = (stoke_tensor){x->opt_state, flat_state, p->state_dtype, STOKE_LAYOUT_ANY, dk};
+  if (p->grad_norm) {
+    STOKE_PROPAGATE(dev_alloc(x, 2 * sizeof(float), (void **)&x->clip, "the gradient norm"));
+    x->norm_t[0] = x->opt_t[1];
+    x->norm_t[1] = (stoke_tensor){x->clip, {1, {2}}, STOKE_F32, STOKE_LAYOUT_ANY, dk};
+    STOKE_PROPAGATE(plan_update_kernel(x, p->grad_norm, "grad_clip", x->norm_t, 2, &x->grad_norm));
+  }
+  if (p->n_decay >= 0) {
+    size_t bytes = sizeof(int64_t) * 2 * (size_t)(p->n_decay > 0 ? p->n_decay : 1);
+    STOKE_PROPAGATE(dev_alloc(x, bytes, (void **)&x->decay, "the weight-decay ranges"));
+    if (p->n_decay > 0) STOKE_PROPAGATE(stoke_exec_copy(x, x->decay, p->decay, bytes, STOKE_COPY_H2D));
+  }
+  return plan_update_kernel(x, p->opt_kernel, "optimizer", x->opt_t, 3, &x->opt);
 }
 
 static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev_self, uint64_t seed,
@@ -204,39 +283,16 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
       if (n->workspace > p->workspace_bytes) p->workspace_bytes = n->workspace;
     }
   }
+  if (!e) e = prepare_update(x);
   if (!e) e = dev_alloc(x, p->workspace_bytes, &x->workspace, "kernel workspace");
-  if (!e && p->amp_check) {
-    float init[4] = {(float)p->opts.init_scale, 0, 0, 0};
-    e = dev_alloc(x, sizeof init, (void **)&x->amp, "loss scaler");
-    if (!e) e = dev->copy(dev_self, x->amp, init, sizeof init, STOKE_COPY_H2D, NULL);
-    if (!e && g->seed >= 0) e = dev->copy(dev_self, value_ptr(x, g->seed), init, sizeof(float), STOKE_COPY_H2D, NULL);
-    if (!e && dev->stream_sync) e = dev->stream_sync(dev_self, NULL);
-    stoke_shape flat = {1, {(int64_t)(p->bytes[STOKE_BUF_GRADS] / stoke_dtype_size(g->dtype))}};
-    x->amp_t[0] = (stoke_tensor){x->buf[STOKE_BUF_GRADS], flat, g->dtype, STOKE_LAYOUT_ANY, dev->device};
-    x->amp_t[1] = (stoke_tensor){x->amp, {1, {4}}, STOKE_F32, STOKE_LAYOUT_ANY, dev->device};
-    x->amp_t[2] = x->amp_t[1];
-    x->amp_t[3] = g->seed >= 0 ? stoke_exec_tensor(x, g->seed) : x->amp_t[1];
-    static const stoke_node_v1 amp_node = {.op = "loss_scaler", .name = "loss_scaler"};
-    x->amp_check.a = (stoke_kernel_args_v1){.node = &amp_node, .n_in = 2, .in = &x->amp_t[0], .stream = x->stream,
-                                            .engine = engine_self(p, p->amp_check)};
-    x->amp_update.a = (stoke_kernel_args_v1){.node = &amp_node, .n_in = 2, .in = &x->amp_t[2], .stream = x->stream,
-                                             .engine = engine_self(p, p->amp_update)};
-  }
   for (int i = 0; i < g->n_nodes && !e; i++) {
     x->args[i].a.workspace = x->workspace;
     x->args[i].a.workspace_bytes = p->workspace_bytes;
   }
-  if (!e && p->opt_kernel) {
-    stoke_shape flat = {1, {(int64_t)(p->bytes[STOKE_BUF_PARAMS] / stoke_dtype_size(g->dtype))}};
-    stoke_shape flat_state = {1, {flat.d[0] * p->opt_state_per_param}};
-    x->opt_t[0] = (stoke_tensor){x->buf[STOKE_BUF_PARAMS], flat, g->dtype, STOKE_LAYOUT_ANY, dev->device};
-    x->opt_t[1] = (stoke_tensor){x->buf[STOKE_BUF_GRADS], flat, g->dtype, STOKE_LAYOUT_ANY, dev->device};
-    if (p->has_master) flat_state.d[0] = (int64_t)(p->opt_state_bytes / sizeof(float));
-    x->opt_t[2] = (stoke_tensor){x->opt_state, flat_state, p->has_master ? STOKE_F32 : g->dtype,
-                                 STOKE_LAYOUT_ANY, dev->device};
-    static const stoke_node_v1 opt_node = {.op = "optimizer", .name = "optimizer"};
-    x->opt.a = (stoke_kernel_args_v1){.node = &opt_node, .n_in = 3, .in = x->opt_t, .flags = p->opts.flags,
-                                      .stream = x->stream, .engine = engine_self(p, p->opt_kernel)};
+  node_args *upd[] = {&x->amp_check, &x->amp_update, &x->grad_norm, &x->opt};
+  for (int i = 0; i < 4; i++) {
+    upd[i]->a.workspace = x->workspace;
+    upd[i]->a.workspace_bytes = p->workspace_bytes;
   }
   if (e) {
     stoke_exec_free(x);
@@ -282,6 +338,8 @@ void stoke_exec_free(stoke_exec *x) {
   if (x->opt_state) x->dev->free(x->dev_self, x->opt_state);
   if (x->workspace) x->dev->free(x->dev_self, x->workspace);
   if (x->amp) x->dev->free(x->dev_self, x->amp);
+  if (x->clip) x->dev->free(x->dev_self, x->clip);
+  if (x->decay) x->dev->free(x->dev_self, x->decay);
   if (x->live) x->dev->free(x->dev_self, x->live);
   for (int i = 0; i < 4; i++)
     if (x->graph[i / 2][i % 2]) x->dev->graph_destroy(x->dev_self, x->graph[i / 2][i % 2]);
@@ -404,16 +462,18 @@ stoke_err *stoke_exec_update(stoke_exec *x, const stoke_opt_args_v1 *opt) {
   if (!x->p->opt_kernel) return STOKE_ERR(STOKE_E_INTERNAL, "update on a plan without optimizer");
   stoke_opt_args_v1 o = *opt;
   o.amp = x->amp;
-  x->opt.a.opt = &o;
-  if (x->amp) {
-    x->amp_check.a.opt = &o;
-    STOKE_TRY(x->p->amp_check->run(&x->amp_check.a, NULL), "loss scaler: checking the gradients");
-  }
-  STOKE_TRY(x->p->opt_kernel->run(&x->opt.a, NULL), "optimizer update (%s on %s)",
-            x->p->opt_kernel->op, x->p->opt_kernel->engine);
-  if (x->amp) {
-    x->amp_update.a.opt = &o;
-    STOKE_TRY(x->p->amp_update->run(&x->amp_update.a, NULL), "loss scaler: updating the scale");
+  o.clip = x->clip;
+  o.decay_ranges = x->decay;
+  o.n_decay_ranges = x->p->n_decay > 0 ? x->p->n_decay : 0;
+  node_args *steps[] = {x->amp ? &x->amp_check : NULL, x->clip ? &x->grad_norm : NULL, &x->opt,
+                        x->amp ? &x->amp_update : NULL};
+  const stoke_kernel_v1 *kernels[] = {x->p->amp_check, x->p->grad_norm, x->p->opt_kernel, x->p->amp_update};
+  static const char *what[] = {"loss scaler: checking the gradients", "clipping: the global gradient norm",
+                               "optimizer update", "loss scaler: updating the scale"};
+  for (int i = 0; i < 4; i++) {
+    if (!steps[i]) continue;
+    steps[i]->a.opt = &o;
+    STOKE_TRY(kernels[i]->run(&steps[i]->a, NULL), "%s (%s on %s)", what[i], kernels[i]->op, kernels[i]->engine);
   }
   if (x->profiling) STOKE_TRY(profile_collect(x), "collecting the per-op profile");
   return NULL;
@@ -423,9 +483,7 @@ stoke_err *stoke_exec_set_scale(stoke_exec *x, float scale) {
   if (!x->amp) return NULL;
   float st[4] = {scale, 0, 0, 0};
   STOKE_PROPAGATE(stoke_exec_copy(x, x->amp, st, sizeof st, STOKE_COPY_H2D));
-  if (x->p->g->seed >= 0)
-    STOKE_PROPAGATE(stoke_exec_copy(x, value_ptr(x, x->p->g->seed), st, sizeof(float), STOKE_COPY_H2D));
-  return NULL;
+  return write_seed(x, scale);
 }
 
 int stoke_exec_read_scaler(stoke_exec *x, float out[4]) {

@@ -139,19 +139,19 @@ static const stoke_attr_decl_v1 convbn_attrs[] = {
 #define IN_RANGE(k) ((1u << (k)) - 1u) /* STOKE_BWD_NEEDS_INPUT of inputs 0 .. k-1 */
 
 static const stoke_op_type_v1 ops[] = {
-    {STOKE_OP_CONV_BN, "conv2d and the batch statistics of its output (conv -> batch_norm, folded by the compiler)",
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_CONV_BN, "conv2d and the batch statistics of its output (conv -> batch_norm, folded by the compiler)",
      4, 3, convbn_attrs, N_CONVBN_ATTRS, infer_conv_bn, flops_conv_bn, IN_RANGE(2),
      (1u << STOKE_CONV_BN_RUNNING_MEAN) | (1u << STOKE_CONV_BN_RUNNING_VAR), 1},
-    {STOKE_OP_BN_RELU_CONV_BN, "conv_bn of relu(bn(p)), the batch norm applied on the fly (folded by the compiler)",
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_BN_RELU_CONV_BN, "conv_bn of relu(bn(p)), the batch norm applied on the fly (folded by the compiler)",
      8, 3, convbn_attrs, N_CONVBN_ATTRS, infer_bn_relu_conv_bn, flops_bn_relu_conv_bn, IN_RANGE(6),
      (1u << STOKE_BN_RELU_CONV_BN_P_MEAN) | (1u << STOKE_BN_RELU_CONV_BN_P_INVSTD) |
          (1u << STOKE_BN_RELU_CONV_BN_RUNNING_MEAN) | (1u << STOKE_BN_RELU_CONV_BN_RUNNING_VAR),
      1},
-    {STOKE_OP_BN_APPLY, "batch norm with given statistics (folded by the compiler)", 5, 1, NULL, 0, infer_apply,
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_BN_APPLY, "batch norm with given statistics (folded by the compiler)", 5, 1, NULL, 0, infer_apply,
      flops_apply, IN_RANGE(4), (1u << STOKE_BN_APPLY_MEAN) | (1u << STOKE_BN_APPLY_INVSTD), 1},
-    {STOKE_OP_BN_APPLY_RELU, "batch norm with given statistics, then ReLU (folded by the compiler)", 5, 1, NULL, 0,
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_BN_APPLY_RELU, "batch norm with given statistics, then ReLU (folded by the compiler)", 5, 1, NULL, 0,
      infer_apply, flops_apply_relu, IN_RANGE(5), (1u << STOKE_BN_APPLY_MEAN) | (1u << STOKE_BN_APPLY_INVSTD), 1},
-    {STOKE_OP_BN_APPLY_ADD_RELU,
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_BN_APPLY_ADD_RELU,
      "batch norm with given statistics, residual add, ReLU (a ResNet block's tail, folded by the compiler)", 6, 1,
      NULL, 0, infer_apply_add, flops_apply_add_relu, IN_RANGE(6),
      (1u << STOKE_BN_APPLY_MEAN) | (1u << STOKE_BN_APPLY_INVSTD), 1},

@@ -100,22 +100,22 @@ static const stoke_attr_decl_v1 normalize_attrs[] = {
 };
 
 static const stoke_op_type_v1 ops[] = {
-    {STOKE_OP_BATCH_NORM, "batch normalization with running statistics (nn.BatchNorm2d)", 5, 3,
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_BATCH_NORM, "batch normalization with running statistics (nn.BatchNorm2d)", 5, 3,
      bn_attrs, 2, infer_bn, flops_bn,
      STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(1) |
          STOKE_BWD_NEEDS_OUTPUT(2),
      (1u << 3) | (1u << 4), 1},
-    {STOKE_OP_BN_RELU, "batch_norm then ReLU, fused by the compiler", 5, 3, bn_attrs, 2, infer_bn,
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_BN_RELU, "batch_norm then ReLU, fused by the compiler", 5, 3, bn_attrs, 2, infer_bn,
      flops_bn_relu,
      STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(0) |
          STOKE_BWD_NEEDS_OUTPUT(1) | STOKE_BWD_NEEDS_OUTPUT(2),
      (1u << 3) | (1u << 4), 1},
-    {STOKE_OP_BN_ADD_RELU, "batch_norm, residual add, ReLU (a ResNet block's tail), fused by the compiler", 6,
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_BN_ADD_RELU, "batch_norm, residual add, ReLU (a ResNet block's tail), fused by the compiler", 6,
      3, bn_attrs, 2, infer_bn_add_relu, flops_bn_add_relu,
      STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(0) |
          STOKE_BWD_NEEDS_OUTPUT(1) | STOKE_BWD_NEEDS_OUTPUT(2),
      (1u << 3) | (1u << 4), 1},
-    {STOKE_OP_NORMALIZE, "u8 image to normalized float (ToTensor + Normalize)", 1, 1,
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_NORMALIZE, "u8 image to normalized float (ToTensor + Normalize)", 1, 1,
      normalize_attrs, 4, infer_normalize, flops_normalize, 0, 1u << 0, 0},
 };
 

@@ -257,6 +257,69 @@ static double node_bytes(const stoke_graph *g, const stoke_gnode *n) {
   return b;
 }
 
+/* The dtype the optimizer updates and keeps its state in: f32 for bf16 and
+ * fp16 parameters (a master copy), else the parameters'. */
+static stoke_dtype master_dtype(const stoke_graph *g, const stoke_plan_opts *o) {
+  return g->dtype == STOKE_BF16 || g->dtype == STOKE_F16 ? STOKE_F32 : g->dtype;
+}
+
+/* The first engine's STOKE_OPT kernel of `op` for dtype dt, or NULL. */
+static const stoke_kernel_v1 *opt_kernel(const stoke_graph *g, const stoke_plan_opts *o, const char *op,
+                                         stoke_dtype dt) {
+  const stoke_kernel_v1 *k = NULL;
+  for (int i = 0; i < o->n_engines && !k; i++) k = stoke_find_kernel(g->reg, o->engines[i], op, STOKE_OPT, dt, STOKE_LAYOUT_ANY);
+  return k;
+}
+
+/* The update's parts: the optimizer, its kernel, the loss scaler's and the
+ * gradient norm's kernels, each from the first engine that has one. */
+static stoke_err *resolve_update(const stoke_graph *g, const stoke_plan_opts *o, stoke_plan *p) {
+  p->opt = stoke_find_optimizer(g->reg, o->optimizer);
+  if (!p->opt) {
+    char names[512];
+    stoke_registry_names(g->reg, "optimizer", names, sizeof names);
+    return STOKE_ERR(STOKE_E_NOT_FOUND, "unknown optimizer '%s' (registered: %s)", o->optimizer, names);
+  }
+  p->opt_state_per_param = p->opt->n_state;
+  p->opt_kernel = opt_kernel(g, o, p->opt->name, g->dtype);
+  if (!p->opt_kernel)
+    return STOKE_ERR(STOKE_E_UNSUPPORTED, "no '%s' optimizer kernel for %s in the backends given", p->opt->name,
+                     stoke_dtype_name(g->dtype));
+  if (o->loss_scaling) {
+    p->amp_check = opt_kernel(g, o, STOKE_OP_AMP_CHECK, g->dtype);
+    p->amp_update = opt_kernel(g, o, STOKE_OP_AMP_UPDATE, STOKE_F32);
+    if (!p->amp_check || !p->amp_update)
+      return STOKE_ERR(STOKE_E_UNSUPPORTED, "no loss-scaler kernels (amp_check/amp_update) for %s in the backends given",
+                       stoke_dtype_name(g->dtype));
+  }
+  if (o->grad_clip > 0 && !(p->grad_norm = opt_kernel(g, o, STOKE_OP_GRAD_NORM, g->dtype)))
+    return STOKE_ERR(STOKE_E_UNSUPPORTED, "[optimizer] grad_clip: no grad_norm kernel for %s in the backends given",
+                     stoke_dtype_name(g->dtype));
+  return NULL;
+}
+
+/* Weight decay by group: the element ranges of the parameters of >= 2
+ * dimensions, each with its alignment padding (zeros: decaying them
+ * changes nothing, and ranges stay multiples of 4 elements), neighbours
+ * merged. Parameters lie in the flat buffer in value order. */
+static stoke_err *plan_decay(const stoke_graph *g, const stoke_plan_opts *o, stoke_plan *p) {
+  p->n_decay = -1;
+  if (!p->opt_kernel || !o->decay_2d_only) return NULL;
+  p->n_decay = 0;
+  p->decay = malloc(sizeof *p->decay * 2 * (size_t)(g->n_values + 1));
+  if (!p->decay) return STOKE_ERR(STOKE_E_OOM, "out of memory planning weight decay");
+  size_t es = stoke_dtype_size(g->dtype);
+  for (int v = 0; v < g->n_values; v++) {
+    const stoke_value *val = &g->values[v];
+    if (val->kind != STOKE_VAL_PARAM || val->shape.ndim < 2) continue;
+    int64_t start = (int64_t)(val->offset / es), end = (int64_t)((val->offset + val->bytes) / es);
+    int64_t *last = p->n_decay ? &p->decay[2 * p->n_decay - 2] : NULL;
+    if (last && last[1] == start) last[1] = end;
+    else p->decay[2 * p->n_decay] = start, p->decay[2 * p->n_decay + 1] = end, p->n_decay++;
+  }
+  return NULL;
+}
+
 stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan **out) {
   if (opts->n_engines < 1) return STOKE_ERR(STOKE_E_INVALID, "no backend given");
   if (opts->n_engines > STOKE_MAX_ENGINES)
@@ -282,25 +345,7 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   for (int i = 0; i < g->n_nodes && !e; i++) e = resolve(g, opts, &g->nodes[i]);
   if (!e && opts->training && !opts->no_grad_accumulate) p->n_accumulated = stoke_fuse_grad_sums(g);
   p->n_schedule = g->n_nodes;
-  if (!e && opts->training && opts->optimizer) {
-    const char *op = !strcmp(opts->optimizer, "adamw") ? STOKE_OP_ADAMW : STOKE_OP_SGD;
-    for (int i = 0; i < opts->n_engines && !p->opt_kernel; i++)
-      p->opt_kernel = stoke_find_kernel(g->reg, opts->engines[i], op, STOKE_OPT, g->dtype,
-                                        STOKE_LAYOUT_ANY);
-    if (!p->opt_kernel)
-      e = STOKE_ERR(STOKE_E_UNSUPPORTED, "no '%s' optimizer kernel for %s in the backends given",
-                    op, stoke_dtype_name(g->dtype));
-    p->opt_state_per_param = !strcmp(op, STOKE_OP_ADAMW) ? 2 : 1;
-    for (int i = 0; i < opts->n_engines && opts->loss_scaling && !p->amp_check; i++) {
-      p->amp_check = stoke_find_kernel(g->reg, opts->engines[i], STOKE_OP_AMP_CHECK, STOKE_OPT, g->dtype,
-                                       STOKE_LAYOUT_ANY);
-      p->amp_update = stoke_find_kernel(g->reg, opts->engines[i], STOKE_OP_AMP_UPDATE, STOKE_OPT, STOKE_F32,
-                                        STOKE_LAYOUT_ANY);
-    }
-    if (!e && opts->loss_scaling && (!p->amp_check || !p->amp_update))
-      e = STOKE_ERR(STOKE_E_UNSUPPORTED, "no loss-scaler kernels (amp_check/amp_update) for %s in the backends given",
-                    stoke_dtype_name(g->dtype));
-  }
+  if (!e && opts->training && opts->optimizer) e = resolve_update(g, opts, p);
   if (e) {
     free(p);
     return e;
@@ -330,17 +375,20 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
     }
   }
   if (opts->training) p->bytes[STOKE_BUF_GRADS] = p->bytes[STOKE_BUF_PARAMS];
-  /* low-precision parameters: the state is f32, master copy first */
+  /* the optimizer state in the master dtype; the master copy first when
+   * that is not the parameters' dtype */
   size_t elems = p->bytes[STOKE_BUF_PARAMS] / stoke_dtype_size(g->dtype);
-  p->has_master = p->opt_kernel && (g->dtype == STOKE_BF16 || g->dtype == STOKE_F16);
-  if (p->has_master) p->opt_state_bytes = (size_t)(p->opt_state_per_param + 1) * elems * sizeof(float);
-  else if (p->opt_kernel) p->opt_state_bytes = (size_t)p->opt_state_per_param * p->bytes[STOKE_BUF_PARAMS];
-  else p->opt_state_bytes = 0;
+  p->state_dtype = master_dtype(g, opts);
+  p->has_master = p->opt_kernel && p->state_dtype != g->dtype;
+  p->opt_state_bytes = p->opt_kernel ? (size_t)(p->opt_state_per_param + p->has_master) * elems *
+                                           stoke_dtype_size(p->state_dtype)
+                                     : 0;
   liveness(g);
   stoke_plan_aliases(g);
   e = place_arena(g, &p->bytes[STOKE_BUF_ARENA]);
+  if (!e) e = plan_decay(g, opts, p);
   if (e) {
-    free(p);
+    stoke_plan_free(p);
     return e;
   }
   stoke_place_aliases(g);
@@ -360,7 +408,11 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   return NULL;
 }
 
-void stoke_plan_free(stoke_plan *p) { free(p); }
+void stoke_plan_free(stoke_plan *p) {
+  if (!p) return;
+  free(p->decay);
+  free(p);
+}
 
 static void fmt_shape(const stoke_shape *s, char *buf, size_t cap) {
   size_t used = (size_t)snprintf(buf, cap, "[");
@@ -389,6 +441,8 @@ void stoke_plan_report(const stoke_plan *p, FILE *f) {
     fprintf(f, "  %-24s %-10s %-9s %-7s %-20s %12.2f\n", n->n.name, n->n.op, pass_name(n->pass),
             n->kernel ? n->kernel->engine : "?", shape, n->flops / 1e6);
   }
+  if (p->grad_norm)
+    fprintf(f, "  %-24s %-10s %-9s %-7s\n", "grad_clip", p->grad_norm->op, "update", p->grad_norm->engine);
   if (p->opt_kernel)
     fprintf(f, "  %-24s %-10s %-9s %-7s\n", "optimizer", p->opt_kernel->op, "update",
             p->opt_kernel->engine);

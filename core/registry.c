@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,8 +16,20 @@
 
 extern const stoke_plugin_v1 stoke_builtin_plugin; /* core/builtin.c */
 
-typedef enum { K_OP, K_BACKEND, K_SOURCE, K_MODEL, K_PRECISION, K_COMM, K_KERNEL, K_COUNT } part_kind;
-static const char *kind_names[K_COUNT] = {"op", "backend", "source", "model", "precision", "comm", "kernel"};
+typedef enum { K_OP, K_BACKEND, K_SOURCE, K_MODEL, K_PRECISION, K_COMM, K_OPTIMIZER, K_KERNEL, K_COUNT } part_kind;
+static const char *kind_names[K_COUNT] = {"op", "backend", "source", "model", "precision", "comm", "optimizer",
+                                          "kernel"};
+
+/* every versioned part has its name where stoke_part_v1 says */
+#define NAME_AT_PART_OFFSET(T) \
+  _Static_assert(offsetof(T, name) == offsetof(stoke_part_v1, name), #T ": name after the version fields")
+NAME_AT_PART_OFFSET(stoke_op_type_v1);
+NAME_AT_PART_OFFSET(stoke_backend_v1);
+NAME_AT_PART_OFFSET(stoke_source_v1);
+NAME_AT_PART_OFFSET(stoke_model_v1);
+NAME_AT_PART_OFFSET(stoke_precision_v1);
+NAME_AT_PART_OFFSET(stoke_comm_v1);
+NAME_AT_PART_OFFSET(stoke_optimizer_v1);
 
 typedef struct part {
   part_kind kind;
@@ -55,6 +68,35 @@ static int same_kernel(const stoke_kernel_v1 *a, const stoke_kernel_v1 *b) {
          a->pass == b->pass && a->dtype == b->dtype && a->layout == b->layout;
 }
 
+/* sizeof the struct of each kind (kernels carry no version of their own:
+ * the plugin's entry covers them) */
+static const size_t kind_sizes[K_COUNT] = {sizeof(stoke_op_type_v1), sizeof(stoke_backend_v1),
+                                           sizeof(stoke_source_v1),  sizeof(stoke_model_v1),
+                                           sizeof(stoke_precision_v1), sizeof(stoke_comm_v1),
+                                           sizeof(stoke_optimizer_v1), 0};
+
+/* The versioned header every part but kernels starts with, checked before
+ * any other field is read (a part built for another ABI may have another
+ * layout: its name is not printed). */
+static stoke_err *check_part_abi(const stoke_registry *r, part_kind kind, const void *def) {
+  const stoke_part_v1 *h = def;
+  if (!def)
+    return STOKE_ERR(STOKE_E_INVALID, "%s: a %s was registered as NULL", r->current_origin, kind_names[kind]);
+  if (h->abi_version != STOKE_ABI_VERSION)
+    return STOKE_ERR(STOKE_E_ABI,
+                     "%s: a %s part says stoke ABI version %u, this stoke expects version %u (parts built "
+                     "before version 2 carry no version: any number); rebuild the plugin against this "
+                     "stoke's SDK headers (core/sdk/stoke/)",
+                     r->current_origin, kind_names[kind], h->abi_version, STOKE_ABI_VERSION);
+  if (h->struct_size != kind_sizes[kind])
+    return STOKE_ERR(STOKE_E_ABI,
+                     "%s: %s '%s' says its struct is %u bytes, this stoke's stoke_%s_v1 is %zu; rebuild "
+                     "the plugin against this stoke's SDK headers (core/sdk/stoke/)",
+                     r->current_origin, kind_names[kind], h->name ? h->name : "?", h->struct_size,
+                     kind == K_OP ? "op_type" : kind_names[kind], kind_sizes[kind]);
+  return NULL;
+}
+
 static stoke_err *add_part(stoke_registry *r, part_kind kind, const char *name,
                            const void *def) {
   if (!name || !name[0])
@@ -89,10 +131,11 @@ static stoke_err *add_part(stoke_registry *r, part_kind kind, const char *name,
 }
 
 static stoke_err *api_add_op(void *s, const stoke_op_type_v1 *o) {
-  if (o && (o->n_inputs > STOKE_MAX_IO || o->n_outputs > STOKE_MAX_IO || o->n_attrs > STOKE_MAX_ATTRS))
+  STOKE_PROPAGATE(check_part_abi(s, K_OP, o));
+  if (o->n_inputs > STOKE_MAX_IO || o->n_outputs > STOKE_MAX_IO || o->n_attrs > STOKE_MAX_ATTRS)
     return STOKE_ERR(STOKE_E_INVALID, "op '%s': more than %d inputs/outputs or %d attributes",
                      o->name, STOKE_MAX_IO, STOKE_MAX_ATTRS);
-  return add_part(s, K_OP, o ? o->name : NULL, o);
+  return add_part(s, K_OP, o->name, o);
 }
 static stoke_err *api_add_kernel(void *s, const stoke_kernel_v1 *k) {
   if (k && (!k->engine || !k->run))
@@ -100,20 +143,27 @@ static stoke_err *api_add_kernel(void *s, const stoke_kernel_v1 *k) {
                      k->op ? k->op : "?");
   return add_part(s, K_KERNEL, k ? k->op : NULL, k);
 }
-static stoke_err *api_add_backend(void *s, const stoke_backend_v1 *b) {
-  return add_part(s, K_BACKEND, b ? b->name : NULL, b);
+/* A versioned part of `kind`: its header first, then the name. */
+static stoke_err *add_versioned(void *s, part_kind kind, const void *def) {
+  STOKE_PROPAGATE(check_part_abi(s, kind, def));
+  return add_part(s, kind, ((const stoke_part_v1 *)def)->name, def);
 }
-static stoke_err *api_add_source(void *s, const stoke_source_v1 *x) {
-  return add_part(s, K_SOURCE, x ? x->name : NULL, x);
-}
-static stoke_err *api_add_model(void *s, const stoke_model_v1 *m) {
-  return add_part(s, K_MODEL, m ? m->name : NULL, m);
-}
-static stoke_err *api_add_precision(void *s, const stoke_precision_v1 *p) {
-  return add_part(s, K_PRECISION, p ? p->name : NULL, p);
-}
-static stoke_err *api_add_comm(void *s, const stoke_comm_v1 *c) {
-  return add_part(s, K_COMM, c ? c->name : NULL, c);
+static stoke_err *api_add_backend(void *s, const stoke_backend_v1 *b) { return add_versioned(s, K_BACKEND, b); }
+static stoke_err *api_add_source(void *s, const stoke_source_v1 *x) { return add_versioned(s, K_SOURCE, x); }
+static stoke_err *api_add_model(void *s, const stoke_model_v1 *m) { return add_versioned(s, K_MODEL, m); }
+static stoke_err *api_add_precision(void *s, const stoke_precision_v1 *p) { return add_versioned(s, K_PRECISION, p); }
+static stoke_err *api_add_comm(void *s, const stoke_comm_v1 *c) { return add_versioned(s, K_COMM, c); }
+static stoke_err *api_add_optimizer(void *s, const stoke_optimizer_v1 *o) {
+  STOKE_PROPAGATE(check_part_abi(s, K_OPTIMIZER, o));
+  if (o->n_state < 0 || o->n_state > STOKE_OPT_MAX_STATE)
+    return STOKE_ERR(STOKE_E_INVALID, "%s: optimizer '%s' has %d state tensors per parameter (0 to %d)",
+                     ((const stoke_registry *)s)->current_origin, o->name ? o->name : "?", o->n_state,
+                     STOKE_OPT_MAX_STATE);
+  for (int i = 0; i < o->n_state; i++)
+    if (!o->state_names[i] || !o->state_names[i][0])
+      return STOKE_ERR(STOKE_E_INVALID, "%s: optimizer '%s': state tensor %d has no name (checkpoints need one)",
+                       ((const stoke_registry *)s)->current_origin, o->name ? o->name : "?", i);
+  return add_part(s, K_OPTIMIZER, o->name, o);
 }
 
 stoke_err *stoke_registry_new(stoke_registry **out) {
@@ -121,7 +171,7 @@ stoke_err *stoke_registry_new(stoke_registry **out) {
   if (!r) return STOKE_ERR(STOKE_E_OOM, "out of memory creating the registry");
   r->api = (stoke_registry_v1){r, api_add_op, api_add_kernel, api_add_backend,
                                api_add_source, api_add_model, api_add_precision,
-                               api_add_comm};
+                               api_add_comm, api_add_optimizer};
   stoke_err *e = stoke_registry_add_plugin(r, &stoke_builtin_plugin, "built-in");
   if (e) {
     stoke_registry_free(r);
@@ -192,7 +242,7 @@ static stoke_err *register_plugin(stoke_registry *r, const stoke_plugin_v1 *p,
     return STOKE_ERR(STOKE_E_ABI,
                      "%s: plugin ABI version mismatch: stoke expects version %u, the "
                      "plugin was built for version %u; rebuild it against this "
-                     "stoke's SDK headers (core/include/stoke/plugin.h)",
+                     "stoke's SDK headers (core/sdk/stoke/plugin.h)",
                      origin, STOKE_ABI_VERSION, p->abi_version);
   if (p->struct_size != sizeof(stoke_plugin_v1))
     return STOKE_ERR(STOKE_E_ABI,
@@ -371,6 +421,9 @@ const stoke_source_v1 *stoke_find_source(const stoke_registry *r, const char *n)
 const stoke_model_v1 *stoke_find_model(const stoke_registry *r, const char *n) { return find(r, K_MODEL, n); }
 const stoke_precision_v1 *stoke_find_precision(const stoke_registry *r, const char *n) { return find(r, K_PRECISION, n); }
 const stoke_comm_v1 *stoke_find_comm(const stoke_registry *r, const char *n) { return find(r, K_COMM, n); }
+const stoke_optimizer_v1 *stoke_find_optimizer(const stoke_registry *r, const char *n) {
+  return find(r, K_OPTIMIZER, n);
+}
 
 const stoke_kernel_v1 *stoke_find_kernel(const stoke_registry *r, const char *engine,
                                          const char *op, stoke_pass pass, stoke_dtype dtype,

@@ -137,15 +137,18 @@ static const stoke_cfg_key_v1 loss_keys[] = {
 };
 
 static const stoke_cfg_key_v1 optimizer_keys[] = {
-    {"name", STOKE_CFG_ENUM, "sgd", 0, 0, "sgd|adamw", "torch.optim.SGD or torch.optim.AdamW"},
+    {"name", STOKE_CFG_STR, "sgd", 0, 0, NULL,
+     "the optimizer: sgd (torch.optim.SGD) or adamw (torch.optim.AdamW), or one from a plugin; its own keys "
+     "(momentum, nesterov; beta1, beta2, eps) go here too"},
     {"lr", STOKE_CFG_FLOAT, "0.01", 0, 1e6, NULL, "learning rate"},
-    {"momentum", STOKE_CFG_FLOAT, "0.9", 0, 1, NULL, "SGD momentum (0: plain SGD)"},
-    {"nesterov", STOKE_CFG_BOOL, "false", 0, 0, NULL, "SGD Nesterov momentum"},
     {"weight_decay", STOKE_CFG_FLOAT, "0", 0, 1e3, NULL,
      "L2 penalty (SGD) or decoupled weight decay (AdamW)"},
-    {"beta1", STOKE_CFG_FLOAT, "0.9", 0, 1, NULL, "AdamW beta1"},
-    {"beta2", STOKE_CFG_FLOAT, "0.999", 0, 1, NULL, "AdamW beta2"},
-    {"eps", STOKE_CFG_FLOAT, "1e-8", 0, 1, NULL, "AdamW epsilon"},
+    {"weight_decay_1d", STOKE_CFG_BOOL, "true", 0, 0, NULL,
+     "weight decay on 1-D parameters too (biases, norm scales), as torch.optim does; false: only on parameters "
+     "of 2 or more dimensions (GPT-2's and nanoGPT's groups)"},
+    {"grad_clip", STOKE_CFG_FLOAT, "0", 0, 1e12, NULL,
+     "clip the gradients to this global L2 norm before each update (torch.nn.utils.clip_grad_norm_; 0: off); "
+     "the norm is computed on the device, with no host sync"},
     {"schedule", STOKE_CFG_ENUM, "constant", 0, 0, "constant|cosine|step",
      "after warm-up: constant lr, cosine decay to min_lr at the end, or x gamma every step_epochs"},
     {"warmup_epochs", STOKE_CFG_FLOAT, "0", 0, 1e6, NULL, "linear warm-up from ~0 to lr"},
@@ -187,15 +190,17 @@ static void list_available(stoke_registry *cur, const char *const *dirs, int n_d
   stoke_registry_free(r);
 }
 
-static const void *find_part(stoke_registry *reg, const char *kind, const char *name) {
+/* The registered part of `kind` named `name`, or NULL. */
+static const void *find_part(const stoke_registry *reg, const char *kind, const char *name) {
   if (!strcmp(kind, "backend")) return stoke_find_backend(reg, name);
   if (!strcmp(kind, "model")) return stoke_find_model(reg, name);
   if (!strcmp(kind, "source")) return stoke_find_source(reg, name);
+  if (!strcmp(kind, "optimizer")) return stoke_find_optimizer(reg, name);
   return NULL;
 }
 
-/* Load the plugin `name` for a part of `kind` and check it registered it.
- * A part a loaded plugin registered already needs no file; a part named
+/* The part of `kind` named `name`: registered already (built in, or by a
+ * plugin loaded before), or from the plugin of that name. A part named
  * `base_variant` with no libstoke_base_variant.so is looked for in
  * libstoke_base.so (the cudnn plugin's `cudnn_classic` engine). */
 static stoke_err *load_part(stoke_registry *reg, const stoke_cfg *c, const char *sec, const char *key,
@@ -273,6 +278,11 @@ stoke_err *stoke_run_setup(const stoke_run_opts *o, stoke_cfg **cfg_out, stoke_r
     STOKE_TRY_GOTO(e, fail, stoke_cfg_declare(c, "eval_data", NULL, s->keys, s->n_keys),
                    "declaring the keys of source '%s'", name);
   }
+  STOKE_TRY_GOTO(e, fail, stoke_cfg_str(c, "optimizer", "name", &name), "");
+  STOKE_TRY_GOTO(e, fail, load_part(reg, c, "optimizer", "name", "optimizer", name, dirs, n_dirs), "");
+  const stoke_optimizer_v1 *opt = stoke_find_optimizer(reg, name);
+  STOKE_TRY_GOTO(e, fail, stoke_cfg_declare(c, "optimizer", NULL, opt->keys, opt->n_keys),
+                 "declaring the keys of optimizer '%s'", name);
   STOKE_TRY_GOTO(e, fail, stoke_cfg_str(c, "run", "comm", &name), "");
   stoke_err *le = stoke_find_comm(reg, name) ? NULL : stoke_registry_load(reg, name);
   if (!stoke_find_comm(reg, name)) {
@@ -306,7 +316,7 @@ stoke_err *stoke_help_config(const char *const *plugin_dirs, int n_plugin_dirs, 
              "Set keys in the INI file or on the command line as section.key=value.\n\n");
   stoke_cfg_help(c, f);
   stoke_cfg_free(c);
-  /* the keys of every model and source plugin on the search path */
+  /* the keys of every model, source and optimizer, built in or a plugin on the search path */
   stoke_registry *r = NULL;
   STOKE_PROPAGATE(stoke_registry_new(&r));
   for (int i = 0; i < n_plugin_dirs; i++) stoke_registry_add_path(r, plugin_dirs[i]);
@@ -314,8 +324,9 @@ stoke_err *stoke_help_config(const char *const *plugin_dirs, int n_plugin_dirs, 
   stoke_registry_available(r, files, sizeof files);
   for (char *save = NULL, *t = strtok_r(files, ", ", &save); t; t = strtok_r(NULL, ", ", &save))
     stoke_err_free(stoke_registry_load(r, t));
-  static const char *kinds[] = {"model", "source"};
-  for (int k = 0; k < 2; k++) {
+  static const char *kinds[] = {"model", "source", "optimizer"}, *sections[] = {"model", "data", "optimizer"};
+  static const char *keys_of[] = {"name", "source", "name"};
+  for (int k = 0; k < 3; k++) {
     char names[1024];
     stoke_registry_names(r, kinds[k], names, sizeof names);
     for (char *save = NULL, *t = strtok_r(names, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
@@ -325,16 +336,18 @@ stoke_err *stoke_help_config(const char *const *plugin_dirs, int n_plugin_dirs, 
       if (k == 0) {
         const stoke_model_v1 *m = stoke_find_model(r, t);
         keys = m->keys, n = m->n_keys, help = m->help;
-      } else {
+      } else if (k == 1) {
         const stoke_source_v1 *s = stoke_find_source(r, t);
         keys = s->keys, n = s->n_keys, help = s->help;
+      } else {
+        const stoke_optimizer_v1 *o = stoke_find_optimizer(r, t);
+        keys = o->keys, n = o->n_keys, help = o->help;
       }
       stoke_cfg *pc = stoke_cfg_new();
       if (!pc) break;
-      const char *sec = k == 0 ? "model" : "data";
       char sh[256];
-      snprintf(sh, sizeof sh, "with %s = %s: %s", k == 0 ? "name" : "source", t, help);
-      stoke_err_free(stoke_cfg_declare(pc, sec, sh, keys, n));
+      snprintf(sh, sizeof sh, "with %s = %s: %s", keys_of[k], t, help);
+      stoke_err_free(stoke_cfg_declare(pc, sections[k], sh, keys, n));
       fprintf(f, "\n");
       stoke_cfg_help(pc, f);
       stoke_cfg_free(pc);
@@ -483,6 +496,7 @@ typedef struct run_state {
   stoke_nvml *nvml;
   /* data parallel (NULL with comm = single) */
   stoke_dp *dp;
+  stoke_dist_env dist; /* read once from the launcher's variables; handed to the comm */
   int rank, world, local_rank;
   stoke_ckpt_meta resume; /* the checkpoint resumed from (step 0: none) */
   void *bench_t[2]; /* the bench's timers around the timed steps */
@@ -842,10 +856,14 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
   STOKE_PROPAGATE(stoke_cfg_float(s->cfg, "run", "loss_scale_init", &init_scale));
   int fuse, in_place;
   STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "run", "fuse", &fuse));
+  double grad_clip;
+  int decay_1d;
+  STOKE_PROPAGATE(stoke_cfg_float(s->cfg, "optimizer", "grad_clip", &grad_clip));
+  STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "optimizer", "weight_decay_1d", &decay_1d));
   STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "run", "grad_sums_in_place", &in_place));
   stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? opt_name : NULL, training, flags,
                         training && prec->loss_scaling, init_scale > 0 ? init_scale : prec->init_scale, fuse,
-                        !in_place};
+                        grad_clip, !decay_1d, !in_place};
   if (!st->batch) STOKE_PROPAGATE(auto_batch(s, st, &po, dtype));
   STOKE_PROPAGATE(build_graph(s, st, dtype, training));
   STOKE_TRY(stoke_compile(st->g, &po, &st->plan), "compiling the %s graph", training ? "training" : "evaluation");
@@ -1047,10 +1065,12 @@ static stoke_err *evaluate_lm(run_state *s, stoke_summary *sum) {
 
 static stoke_err *save(run_state *s, int64_t step, int64_t epoch) {
   if (s->rank > 0) return NULL; /* data parallel: the weights are the same everywhere */
-  float amp[4];
+  float amp[4] = {1, 0, 0, 0};
+  int scaled = stoke_exec_read_scaler(s->train.x, amp);
+  /* skipped before the resume, and since (the scaler counts from it) */
   stoke_ckpt_meta m = {.step = step, .epoch = epoch, .seed = s->seed, .accumulate = s->accumulate,
-                       .loss_scale = stoke_exec_read_scaler(s->train.x, amp) ? amp[0] : 1.0, .world = s->world,
-                       .batch = s->train.batch};
+                       .loss_scale = scaled ? amp[0] : 1.0, .world = s->world, .batch = s->train.batch,
+                       .skipped_steps = s->resume.skipped_steps + (int64_t)amp[3]};
   snprintf(m.optimizer, sizeof m.optimizer, "%s", s->opt_name);
   STOKE_TRY(stoke_checkpoint_save(s->train.x, s->ckpt, &m, s->config_text), "saving the checkpoint at step %lld",
             (long long)step);
@@ -1212,12 +1232,11 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   GET(stoke_cfg_float, "run", "eval_every", &eval_every);
   GET(stoke_cfg_str, "eval_data", "source", &eval_src);
   GET(stoke_cfg_str, "optimizer", "name", &opt_name);
-  GET(stoke_cfg_float, "optimizer", "momentum", &opt.momentum);
-  GET(stoke_cfg_bool, "optimizer", "nesterov", &opt.nesterov);
   GET(stoke_cfg_float, "optimizer", "weight_decay", &opt.weight_decay);
-  GET(stoke_cfg_float, "optimizer", "beta1", &opt.beta1);
-  GET(stoke_cfg_float, "optimizer", "beta2", &opt.beta2);
-  GET(stoke_cfg_float, "optimizer", "eps", &opt.eps);
+  GET(stoke_cfg_float, "optimizer", "grad_clip", &opt.max_norm);
+  const stoke_optimizer_v1 *optimizer = stoke_find_optimizer(s.reg, opt_name);
+  if (optimizer->configure)
+    STOKE_TRY_GOTO(e, done, optimizer->configure(c, "optimizer", &opt), "configuring optimizer '%s'", opt_name);
   const char *comm_name;
   GET(stoke_cfg_str, "run", "comm", &comm_name);
 #undef GET
@@ -1225,13 +1244,13 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
    * variables); the GPU is device_index + the local rank */
   stoke_run_opts rank_opts = *o;
   if (strcmp(comm_name, "single")) {
-    stoke_dist_env env;
+    stoke_dist_env *env = &s.dist;
     char msg[512];
-    if (stoke_dist_env_read(dist_getenv, NULL, &env, msg, sizeof msg)) {
+    if (stoke_dist_env_read(dist_getenv, NULL, env, msg, sizeof msg)) {
       e = STOKE_ERR(STOKE_E_INVALID, "%s: [run] comm = %s: %s", stoke_cfg_where(c, "run", "comm"), comm_name, msg);
       goto done;
     }
-    s.rank = env.rank, s.world = env.world, s.local_rank = env.local_rank;
+    s.rank = env->rank, s.world = env->world, s.local_rank = env->local_rank;
     rank_opts.quiet |= s.rank > 0; /* rank 0 speaks for the job */
     o = &rank_opts;
   }
@@ -1268,12 +1287,8 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   STOKE_TRY_GOTO(e, done, open_backends(&s, &prec_name), "");
   const stoke_precision_v1 *prec = stoke_find_precision(s.reg, prec_name);
   if (strcmp(comm_name, "single")) {
-    STOKE_TRY_GOTO(e, done, stoke_dp_open(stoke_find_comm(s.reg, comm_name), c, s.dev, s.dev_self, &s.dp), "");
-    if (stoke_dp_rank(s.dp) != s.rank || stoke_dp_world(s.dp) != s.world) {
-      e = STOKE_ERR(STOKE_E_INTERNAL, "comm '%s' says rank %d of %d, the launcher's variables rank %d of %d",
-                    comm_name, stoke_dp_rank(s.dp), stoke_dp_world(s.dp), s.rank, s.world);
-      goto done;
-    }
+    STOKE_TRY_GOTO(e, done, stoke_dp_open(stoke_find_comm(s.reg, comm_name), c, &s.dist, s.dev, s.dev_self, &s.dp),
+                   "");
   }
   const char *layout;
   STOKE_TRY_GOTO(e, done, stoke_cfg_str(c, "run", "layout", &layout), "");
@@ -1313,6 +1328,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
                    stoke_cfg_where(c, "run", "resume"));
     if (meta.loss_scale > 0)
       STOKE_TRY_GOTO(e, done, stoke_exec_set_scale(s.train.x, (float)meta.loss_scale), "restoring the loss scale");
+    s.resume.skipped_steps = meta.skipped_steps;
     if (meta.seed != seed || meta.accumulate != accumulate)
       stoke_log(STOKE_LOG_WARN, "run",
                 "resuming from %s, saved with seed %lld and accumulate %lld, now %lld and %lld: the run "
@@ -1401,7 +1417,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   STOKE_TRY_GOTO(e, done, bench_mark(&s, o, 0, sum), "");
   for (step = start_step; step < total && !stop; step++) {
     double t0 = now_s(), wait = 0;
-    opt.step = step + 1;
+    opt.step = step + 1 - s.resume.skipped_steps; /* the device subtracts the skips since the start */
     opt.grad_scale = 1.0 / (double)accumulate;
     opt.lr = stoke_lr_at(&sched, step + 1);
     opt.growth_interval = growth > 0 ? growth : prec->growth_interval;

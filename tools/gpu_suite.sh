@@ -10,6 +10,11 @@
 #   graph     whole-step CUDA graphs: every step's loss with and without
 #             (fp32 deterministic exact, bf16, fp16 with forced overflow),
 #             then speed with and without (tools/bench, GRAPH_W workloads, bf16)
+#   optim     issue 17's update hooks end to end: AdamW with GPT-2's groups
+#             (weight decay on matrices only) and clipping at norm 1, eager
+#             against CUDA-graph replay, bf16 and fp16 with forced overflows
+#             (skipped steps: the bias corrections count applied ones), and
+#             clipping on against off
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
 #   epilogues cuBLASLt's activation epilogues against the plain products and
@@ -259,8 +264,9 @@ PY
     graph)
       log "CUDA graphs: losses step by step, eager against replayed"
       small="model.hidden=1024,1024 data.batch_size=1024"
+      sed '/^momentum/d' "$S/examples/mlp.ini" > "$S/examples/mlp_adamw.ini" # momentum is sgd's key
       for spec in "mlp fp32 60 run.deterministic=true $small" "resnet18c bf16 200 run.deterministic=true" \
-                  "resnet18c bf16 100" "mlp fp16 40 run.loss_scale_init=1e10 $small" "mlp bf16 40 optimizer.name=adamw optimizer.lr=1e-3 $small"; do
+                  "resnet18c bf16 100" "mlp fp16 40 run.loss_scale_init=1e10 $small" "mlp_adamw bf16 40 optimizer.name=adamw optimizer.lr=1e-3 $small"; do
         set -- $spec; w=$1; prec=$2; n=$3; shift 3; tag="${w}_${prec}_$n$(echo "$*" | tr -dc 'a-z' | head -c 12)"
         for g in false true; do
           timeout 150 "$T" "$S/examples/$w.ini" run.checkpoint=false run.precision=$prec run.steps=$n run.log_every=1 \
@@ -274,6 +280,24 @@ PY
         timeout 300 "$S/bin/bench" "$S/examples/$w.ini" run.log_every=1000 --rounds ${AB_ROUNDS:-3} \
           --a run.cuda_graph=false --b run.cuda_graph=true > "$OUT/gs_$w.log" 2>&1
         echo "== $w rc=$?"; grep -A8 "^stoke bench: /" "$OUT/gs_$w.log" | grep -E "^  (A|B) |B/A"
+      done
+      ;;
+    optim)
+      log "issue 17: AdamW with GPT-2's groups and clipping, eager against replayed CUDA graphs"
+      sed '/^momentum/d' "$S/examples/mlp.ini" > "$S/examples/mlp_adamw.ini" # momentum is sgd's key
+      gpt="optimizer.name=adamw optimizer.lr=1e-3 optimizer.beta2=0.95 optimizer.weight_decay=0.1 optimizer.weight_decay_1d=false"
+      small="model.hidden=1024,1024 data.batch_size=1024 run.checkpoint=false run.log_every=1 run.progress=off optimizer.schedule=cosine run.deterministic=true"
+      for prec in bf16 fp16; do
+        scale=""; [ $prec = fp16 ] && scale="run.loss_scale_init=1e10" # overflows at first: skipped steps
+        for v in "clip1_eager run.cuda_graph=false optimizer.grad_clip=1" "clip1_graph run.cuda_graph=true optimizer.grad_clip=1" \
+                 "noclip_eager run.cuda_graph=false"; do
+          set -- $v; tag="o_${prec}_$1"; shift
+          timeout 150 "$T" "$S/examples/mlp_adamw.ini" run.precision=$prec run.steps=60 $gpt $small $scale "$@" \
+            run.out_dir="$OUT/$tag" > "$OUT/$tag.log" 2>&1
+          echo "$tag rc=$? $(grep -E 'grad_clip|GPU operations per step|error' "$OUT/$tag.log" | head -3 | tr '\n' ' ')"
+        done
+        python3 "$HERE/loss_curves.py" "adamw $prec groups+clip" "$OUT/o_${prec}_clip1_eager/metrics.jsonl" \
+          graph="$OUT/o_${prec}_clip1_graph/metrics.jsonl" "no clipping"="$OUT/o_${prec}_noclip_eager/metrics.jsonl"
       done
       ;;
     convs)

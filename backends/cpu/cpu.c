@@ -1,6 +1,6 @@
 /* backends/cpu/cpu.c: the "cpu" plugin: the host-memory backend and the
  * reference kernels (linear, linear_relu, linear_act, linear_dact, relu,
- * gelu, add, softmax_ce, sgd, adamw; f32, f64).
+ * gelu, add, softmax_ce; f32, f64; the update's are in optim.c).
  *
  * The kernel bodies live in kernels.inc, written once for an element type
  * T and included twice below: for float (what training runs on) and for
@@ -112,6 +112,7 @@ static stoke_err *cpu_timer_elapsed(void *self, void *a, void *b, float *ms) {
 }
 
 static const stoke_backend_v1 cpu_backend = {
+    STOKE_ABI(stoke_backend_v1),
     .name = "cpu",
     .help = "host memory and the reference kernels (OpenBLAS for matmuls)",
     .device = STOKE_DEV_CPU,
@@ -329,68 +330,6 @@ static stoke_err *softmax_ce_labels(const stoke_kernel_args_v1 *a) {
   return NULL;
 }
 
-/* in[0] params, in[1] grads, in[2] state (`state_per_param` x params; 0 =
- * no state needed). */
-static stoke_err *opt_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, const char *op,
-                            int64_t state_per_param, int run) {
-  int n_in = state_per_param ? 3 : 2;
-  if (a->n_in < n_in || !a->in)
-    return STOKE_PERR(STOKE_E_INVALID,
-                      "%s '%s': needs params, grads and state buffers, got %d inputs", op,
-                      node_name(a), a->n_in);
-  const stoke_tensor *p = &a->in[0], *g = &a->in[1];
-  int64_t np = stoke_numel(&p->shape);
-  if (stoke_numel(&g->shape) != np)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': params %s and grads %s differ in size", op,
-                      node_name(a), shp(&p->shape).s, shp(&g->shape).s);
-  CHECK(check_dtype(a, op, "params", p, dt));
-  CHECK(check_dtype(a, op, "grads", g, dt));
-  CHECK(check_data(a, op, "params", p, run));
-  CHECK(check_data(a, op, "grads", g, run));
-  if (state_per_param) {
-    const stoke_tensor *s = &a->in[2];
-    if (stoke_numel(&s->shape) != state_per_param * np)
-      return STOKE_PERR(STOKE_E_INVALID,
-                        "%s '%s': state %s should hold %lld x the %lld params", op,
-                        node_name(a), shp(&s->shape).s, (long long)state_per_param,
-                        (long long)np);
-    CHECK(check_dtype(a, op, "state", s, dt));
-    CHECK(check_data(a, op, "state", s, run));
-  }
-  if (run && !a->opt)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': no hyper-parameters (opt) given", op,
-                      node_name(a));
-  if (run && !(a->opt->grad_scale > 0 && isfinite(a->opt->grad_scale)))
-    return STOKE_PERR(STOKE_E_INVALID,
-                      "%s '%s': grad_scale %g must be finite and > 0 (1 = no scaling)", op,
-                      node_name(a), a->opt->grad_scale);
-  return NULL;
-}
-
-static stoke_err *sgd_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int run) {
-  /* The state is the momentum buffer, needed only with momentum. In plan
-   * the hyper-parameters may be absent: require the buffer only if there. */
-  int mom = a->opt && a->opt->momentum != 0;
-  CHECK(opt_check(a, dt, STOKE_OP_SGD, mom ? 1 : 0, run));
-  if (run && a->opt->nesterov && !(a->opt->momentum > 0))
-    return STOKE_PERR(STOKE_E_INVALID, "sgd '%s': nesterov needs momentum > 0 (got %g)",
-                      node_name(a), a->opt->momentum);
-  return NULL;
-}
-
-static stoke_err *adamw_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int run) {
-  CHECK(opt_check(a, dt, STOKE_OP_ADAMW, 2, run));
-  if (!run) return NULL;
-  const stoke_opt_args_v1 *o = a->opt;
-  if (o->step < 1)
-    return STOKE_PERR(STOKE_E_INVALID, "adamw '%s': step %lld, the first update is step 1",
-                      node_name(a), (long long)o->step);
-  if (!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1))
-    return STOKE_PERR(STOKE_E_INVALID, "adamw '%s': betas (%g, %g) not in [0, 1)",
-                      node_name(a), o->beta1, o->beta2);
-  return NULL;
-}
-
 /* ================================================== the two instantiations */
 
 #define PER_TYPE_FILE "kernels.inc"
@@ -416,9 +355,7 @@ static stoke_err *adamw_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int
   KERNEL(STOKE_OP_ADD, STOKE_FWD, add_fwd, sfx, dt),               \
   KERNEL(STOKE_OP_ADD, STOKE_BWD, add_bwd, sfx, dt),               \
   KERNEL(STOKE_OP_SOFTMAX_CE, STOKE_FWD, softmax_ce_fwd, sfx, dt), \
-  KERNEL(STOKE_OP_SOFTMAX_CE, STOKE_BWD, softmax_ce_bwd, sfx, dt), \
-  KERNEL(STOKE_OP_SGD, STOKE_OPT, sgd, sfx, dt),                   \
-  KERNEL(STOKE_OP_ADAMW, STOKE_OPT, adamw, sfx, dt)
+  KERNEL(STOKE_OP_SOFTMAX_CE, STOKE_BWD, softmax_ce_bwd, sfx, dt)
 
 static const stoke_kernel_v1 cpu_kernels[] = {
     KERNELS(f32, STOKE_F32),
@@ -433,6 +370,7 @@ static stoke_err *cpu_register(const stoke_host_v1 *host, const stoke_registry_v
   STOKE_PROPAGATE_P(cpu_register_pool(r));
   STOKE_PROPAGATE_P(cpu_register_norm(r));
   STOKE_PROPAGATE_P(cpu_register_cast(r));
+  STOKE_PROPAGATE_P(cpu_register_optim(r));
   STOKE_PROPAGATE_P(cpu_register_seq(r));
   STOKE_PROPAGATE_P(cpu_register_convbn(r));
   return NULL;

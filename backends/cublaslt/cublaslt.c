@@ -170,6 +170,7 @@ static stoke_err *lt_info(void *self, stoke_device_info_v1 *out) {
 }
 
 static const stoke_backend_v1 backend = {
+    STOKE_ABI(stoke_backend_v1),
     .name = "cublaslt",
     .help = "cuBLASLt matmul kernels (linear, linear_relu, linear_act, linear_dact; fused bias, ReLU/GELU, their "
             "gradients and bias gradients) on the cuda device",

@@ -18,16 +18,16 @@ __global__ void check_kernel(const T *g, int64_t n, float *state) {
   if (__syncthreads_or(bad) && threadIdx.x == 0) state[2] = 1.0f;
 }
 
-__global__ void update_kernel(float *state, float *seed, int64_t growth) {
+__global__ void update_kernel(float *state, float *seed, int64_t growth, float growth_factor, float backoff) {
   float scale = state[0], good = state[1];
   if (state[2] != 0.0f) {
-    scale *= 0.5f;
+    scale *= backoff;
     good = 0;
     state[3] += 1.0f;
   } else {
     good += 1;
     if (growth > 0 && good >= (float)growth) {
-      scale *= 2.0f;
+      scale *= growth_factor;
       good = 0;
     }
   }
@@ -49,8 +49,11 @@ static stoke_err *check_run(const stoke_kernel_args_v1 *a, void *st) {
 static stoke_err *update_run(const stoke_kernel_args_v1 *a, void *st) {
   if (a->in[1].dtype != STOKE_F32 || stoke_numel(&a->in[0].shape) != 4)
     return STOKE_PERR(STOKE_E_INVALID, "amp_update: needs the f32[4] scaler state and an f32 loss seed");
+  const stoke_opt_args_v1 *o = a->opt;
+  float growth = o && o->growth_factor > 0 ? (float)o->growth_factor : 2.0f;
+  float backoff = o && o->backoff_factor > 0 ? (float)o->backoff_factor : 0.5f;
   update_kernel<<<1, 1, 0, (cudaStream_t)a->stream>>>((float *)a->in[0].data, (float *)a->in[1].data,
-                                                      a->opt ? a->opt->growth_interval : 2000);
+                                                      o ? o->growth_interval : 2000, growth, backoff);
   STOKE_CUDA_LAUNCH(a->node->name);
   return NULL;
 }

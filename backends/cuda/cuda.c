@@ -218,6 +218,7 @@ static void cuda_graph_destroy(void *self, void *graph) {
 }
 
 static const stoke_backend_v1 backend = {
+    STOKE_ABI(stoke_backend_v1),
     .name = "cuda",
     .help = "NVIDIA GPU: device memory, streams, elementwise/norm/optimizer kernels",
     .device = STOKE_DEV_GPU,

@@ -1,11 +1,16 @@
-// backends/cuda/optim.cu: CUDA optimizer kernels of the cuda backend, sgd and
-// adamw (torch.optim semantics) over the flat parameter buffer; see stoke/ops.h.
+// backends/cuda/optim.cu: CUDA update kernels of the cuda backend over the flat
+// parameter buffer: the optimizers sgd and adamw (torch.optim semantics) and
+// grad_norm, the global gradient norm for clipping; see stoke/ops.h.
 //
 // One launch per update: a grid-stride loop over 4-element vectors when
 // every buffer is 16-byte aligned (and the state's parts too), scalars
-// otherwise. The arithmetic is the CPU reference's (backends/cpu/
-// kernels.inc) in double, with the same roundings to the stored type: the
-// kernels are memory-bound, so double costs nothing on A100/H100.
+// otherwise. The arithmetic is the CPU reference's (backends/cpu/optim.c)
+// in double, with the same roundings to the stored type: the kernels are
+// memory-bound, so double costs nothing on A100/H100. The hooks every
+// update honours are read on the device: the loss scaler (skip, unscale,
+// and the bias corrections counting applied steps only), the learning rate
+// and step under CUDA graphs, the clipping factor, and weight decay by
+// parameter group (a cursor over the sorted ranges, per thread).
 // Parameters f32: state f32 = the optimizer's state. Parameters bf16/fp16:
 // state f32 = the f32 master copy, then the optimizer's state; the master
 // is updated and its rounding written to the working copy in the same pass.
@@ -15,6 +20,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include <type_traits>
 
 #include "backends/cuda/stoke_cuda.h"
 #include "backends/cuda/types.cuh"
@@ -31,8 +38,22 @@ constexpr int64_t kMaxGrid = 65535 * 8;  // the most blocks of a grid-stride loo
 struct hyper {
   double lr, momentum, weight_decay, beta1, beta2, eps, grad_scale;
   double step_size, bc2_sqrt, decay; // adamw: lr / (1 - b1^t), sqrt(1 - b2^t), 1 - lr wd
+  double t;                          // the step as the host gave it
   int nesterov;
 };
+
+// What an update reads on the device besides the buffers.
+struct hooks {
+  const float *amp;       // loss scaler state, or NULL
+  const double *live;     // [lr, step] under CUDA graphs, or NULL
+  const float *clip;      // [norm, factor] from grad_norm, or NULL
+  const int64_t *ranges;  // weight-decay ranges, or NULL: every element
+  int n_ranges;
+};
+
+hooks hooks_of(const stoke_opt_args_v1 *o) {
+  return hooks{o->amp, o->live, o->clip, o->decay_ranges, o->n_decay_ranges};
+}
 
 stoke_err *check_tensor(const stoke_kernel_args_v1 *a, const char *op, const char *what,
                         const stoke_tensor *t, stoke_dtype want, bool run) {
@@ -125,21 +146,40 @@ hyper hyper_of(const stoke_opt_args_v1 *o) {
   h.eps = o->eps;
   h.grad_scale = o->grad_scale;
   h.nesterov = o->nesterov;
-  set_step(h, o->lr, (double)o->step);
+  h.t = (double)o->step;
+  set_step(h, o->lr, h.t);
   return h;
 }
 
 // What both optimizers do first. Under a replayed CUDA graph the launch's
 // `h` is the captured step's: the learning rate and step come from device
-// memory instead (opt->live). Then the loss scaler: false when the step is
-// skipped (inf/NaN gradients), else the gradients are unscaled.
-__device__ __forceinline__ bool step_begins(hyper &h, const float *amp, const double *live) {
-  if (live) set_step(h, live[0], live[1]);
-  if (amp) {
-    if (amp[2] != 0.0f) return false;
-    h.grad_scale /= (double)amp[0];
+// memory instead (live). Then the loss scaler: false when the step is
+// skipped (inf/NaN gradients), else the gradients are unscaled and the
+// skipped steps so far do not count for the bias corrections (ADAM: only
+// adamw computes them). Then the clipping factor.
+template <bool ADAM>
+__device__ __forceinline__ bool step_begins(hyper &h, const hooks &k) {
+  double lr = k.live ? k.live[0] : h.lr, t = k.live ? k.live[1] : h.t;
+  bool moved = k.live != nullptr;
+  if (k.amp) {
+    if (k.amp[2] != 0.0f) return false;
+    h.grad_scale /= (double)k.amp[0];
+    if (k.amp[3] != 0.0f) t -= (double)k.amp[3], moved = true;
+  }
+  if (k.clip) h.grad_scale *= (double)k.clip[1];
+  if (moved) {
+    if (ADAM) set_step(h, lr, t);
+    else h.lr = lr;
   }
   return true;
+}
+
+// Whether element i gets weight decay: c is the thread's cursor into the
+// sorted ranges (its i only grow). Ranges start and end at multiples of 4
+// elements, so a vector is wholly in or out.
+__device__ __forceinline__ bool decays(const hooks &k, int &c, int64_t i) {
+  while (c < k.n_ranges && k.ranges[2 * c + 1] <= i) c++;
+  return c < k.n_ranges && k.ranges[2 * c] <= i;
 }
 
 // -------------------------------------------------------------------- sgd
@@ -153,7 +193,7 @@ __device__ __forceinline__ bool step_begins(hyper &h, const float *amp, const do
 template <typename T, bool MASTER, int V>
 __device__ __forceinline__ void sgd_chunk(T *__restrict__ w, const T *__restrict__ grad,
                                           float *__restrict__ master, float *__restrict__ buf,
-                                          int64_t j, const hyper &h) {
+                                          int64_t j, const hyper &h, bool dec) {
   vec<T, V> gv = reinterpret_cast<const vec<T, V> *>(grad)[j];
   vec<float, V> pv, bv;
   if (MASTER) {
@@ -167,7 +207,7 @@ __device__ __forceinline__ void sgd_chunk(T *__restrict__ w, const T *__restrict
 #pragma unroll
   for (int k = 0; k < V; k++) {
     double g = (double)to_f(gv.v[k]) * h.grad_scale;
-    if (h.weight_decay != 0) g += h.weight_decay * (double)pv.v[k];
+    if (h.weight_decay != 0 && dec) g += h.weight_decay * (double)pv.v[k];
     if (buf) {
       bv.v[k] = (float)(h.momentum * (double)bv.v[k] + g);
       g = h.nesterov ? g + h.momentum * (double)bv.v[k] : (double)bv.v[k];
@@ -182,18 +222,21 @@ __device__ __forceinline__ void sgd_chunk(T *__restrict__ w, const T *__restrict
   reinterpret_cast<vec<T, V> *>(w)[j] = out;
 }
 
-// Vectors [0, n / V) then the scalar tail, one grid-stride loop each.
-template <typename T, bool MASTER, int V>
+// Vectors [0, n / V) then the scalar tail, one grid-stride loop each;
+// GROUPS: weight decay by range (else on every element).
+template <typename T, bool MASTER, int V, bool GROUPS>
 __global__ void sgd_kernel(T *__restrict__ w, const T *__restrict__ grad,
                            float *__restrict__ master, float *__restrict__ buf, int64_t n,
-                           hyper h, const float *__restrict__ amp,
-                           const double *__restrict__ live) {
-  if (!step_begins(h, amp, live)) return;
+                           hyper h, hooks k) {
+  if (!step_begins<false>(h, k)) return;
   int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   int64_t stride = (int64_t)gridDim.x * blockDim.x, nv = n / V;
-  for (int64_t j = tid; j < nv; j += stride) sgd_chunk<T, MASTER, V>(w, grad, master, buf, j, h);
+  int c = 0;
+  for (int64_t j = tid; j < nv; j += stride)
+    sgd_chunk<T, MASTER, V>(w, grad, master, buf, j, h, !GROUPS || decays(k, c, j * V));
+  c = 0;
   for (int64_t i = nv * V + tid; i < n; i += stride)
-    sgd_chunk<T, MASTER, 1>(w, grad, master, buf, i, h);
+    sgd_chunk<T, MASTER, 1>(w, grad, master, buf, i, h, !GROUPS || decays(k, c, i));
 }
 
 // ------------------------------------------------------------------ adamw
@@ -206,7 +249,8 @@ __global__ void sgd_kernel(T *__restrict__ w, const T *__restrict__ grad,
 template <typename T, bool MASTER, int V>
 __device__ __forceinline__ void adamw_chunk(T *__restrict__ w, const T *__restrict__ grad,
                                             float *__restrict__ master, float *__restrict__ m,
-                                            float *__restrict__ v, int64_t j, const hyper &h) {
+                                            float *__restrict__ v, int64_t j, const hyper &h,
+                                            bool dec) {
   vec<T, V> gv = reinterpret_cast<const vec<T, V> *>(grad)[j];
   vec<float, V> pv, mv = reinterpret_cast<const vec<float, V> *>(m)[j],
                     vv = reinterpret_cast<const vec<float, V> *>(v)[j];
@@ -220,7 +264,7 @@ __device__ __forceinline__ void adamw_chunk(T *__restrict__ w, const T *__restri
 #pragma unroll
   for (int k = 0; k < V; k++) {
     double g = (double)to_f(gv.v[k]) * h.grad_scale;
-    double pi = (double)pv.v[k] * h.decay;
+    double pi = dec ? (double)pv.v[k] * h.decay : (double)pv.v[k];
     double mi = h.beta1 * (double)mv.v[k] + (1 - h.beta1) * g;
     double vi = h.beta2 * (double)vv.v[k] + (1 - h.beta2) * g * g;
     mv.v[k] = (float)mi;
@@ -236,18 +280,70 @@ __device__ __forceinline__ void adamw_chunk(T *__restrict__ w, const T *__restri
   reinterpret_cast<vec<T, V> *>(w)[j] = out;
 }
 
-template <typename T, bool MASTER, int V>
+template <typename T, bool MASTER, int V, bool GROUPS>
 __global__ void adamw_kernel(T *__restrict__ w, const T *__restrict__ grad,
                              float *__restrict__ master, float *__restrict__ m,
-                             float *__restrict__ v, int64_t n, hyper h, const float *__restrict__ amp,
-                             const double *__restrict__ live) {
-  if (!step_begins(h, amp, live)) return;
+                             float *__restrict__ v, int64_t n, hyper h, hooks k) {
+  if (!step_begins<true>(h, k)) return;
   int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   int64_t stride = (int64_t)gridDim.x * blockDim.x, nv = n / V;
+  int c = 0;
   for (int64_t j = tid; j < nv; j += stride)
-    adamw_chunk<T, MASTER, V>(w, grad, master, m, v, j, h);
+    adamw_chunk<T, MASTER, V>(w, grad, master, m, v, j, h, !GROUPS || decays(k, c, j * V));
+  c = 0;
   for (int64_t i = nv * V + tid; i < n; i += stride)
-    adamw_chunk<T, MASTER, 1>(w, grad, master, m, v, i, h);
+    adamw_chunk<T, MASTER, 1>(w, grad, master, m, v, i, h, !GROUPS || decays(k, c, i));
+}
+
+// ------------------------------------------------------------- grad_norm
+
+constexpr int kNormBlocks = 1024;  // partial sums: a fixed count, so a fixed summation order
+
+// Block b's sum of squares of g x scale over its grid-stride share, in
+// double, reduced in a fixed tree order: part[b].
+template <typename T, int V>
+__global__ void norm_partial(const T *__restrict__ g, int64_t n, double *__restrict__ part) {
+  __shared__ double sh[kThreads];
+  int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t stride = (int64_t)gridDim.x * blockDim.x, nv = n / V;
+  double s = 0;
+  for (int64_t j = tid; j < nv; j += stride) {
+    vec<T, V> gv = reinterpret_cast<const vec<T, V> *>(g)[j];
+#pragma unroll
+    for (int k = 0; k < V; k++) s += (double)to_f(gv.v[k]) * (double)to_f(gv.v[k]);
+  }
+  for (int64_t i = nv * V + tid; i < n; i += stride) s += (double)to_f(g[i]) * (double)to_f(g[i]);
+  sh[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if ((int)threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
+}
+
+// One block of kNormBlocks threads: the partials summed in a fixed tree
+// order, the norm scaled to the unscaled gradients, and the factor as
+// torch's clip_grad_norm_ (NaN stays NaN); [inf, 1] on a skipped step.
+__global__ void norm_finish(const double *__restrict__ part, int nb, float *__restrict__ out,
+                            double grad_scale, const float *__restrict__ amp, double max_norm) {
+  __shared__ double sh[kNormBlocks];
+  sh[threadIdx.x] = (int)threadIdx.x < nb ? part[threadIdx.x] : 0.0;
+  __syncthreads();
+  for (int w = kNormBlocks / 2; w > 0; w /= 2) {
+    if ((int)threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x != 0) return;
+  if (amp && amp[2] != 0.0f) {
+    out[0] = INFINITY;
+    out[1] = 1.0f;
+    return;
+  }
+  double norm = sqrt(sh[0]) * grad_scale / (amp ? (double)amp[0] : 1.0);
+  double coef = max_norm / (norm + 1e-6);
+  out[0] = (float)norm;
+  out[1] = (float)(isnan(coef) || coef < 1 ? coef : 1.0);
 }
 
 // ------------------------------------------------------------ entry points
@@ -266,6 +362,20 @@ stoke_err *adamw_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
   return adamw_check(a, dtype_of<T>::value, false);
 }
 
+// Calls launch(vtag<V>, gtag<GROUPS>, grid): 4-element vectors when the
+// buffers allow, weight decay by range when there are ranges.
+template <int V> using vtag = std::integral_constant<int, V>;
+template <bool G> using gtag = std::integral_constant<bool, G>;
+
+template <typename F>
+void by_shape(int64_t n, bool vec_ok, bool groups, F launch) {
+  unsigned gv = grid_for((n + kVec - 1) / kVec, kThreads, kMaxGrid), g1 = grid_for(n, kThreads, kMaxGrid);
+  if (vec_ok && groups) launch(vtag<kVec>(), gtag<true>(), gv);
+  else if (vec_ok) launch(vtag<kVec>(), gtag<false>(), gv);
+  else if (groups) launch(vtag<1>(), gtag<true>(), g1);
+  else launch(vtag<1>(), gtag<false>(), g1);
+}
+
 template <typename T>
 stoke_err *sgd_run(const stoke_kernel_args_v1 *a, void *) {
   constexpr bool kMaster = dtype_of<T>::value != STOKE_F32;
@@ -273,6 +383,7 @@ stoke_err *sgd_run(const stoke_kernel_args_v1 *a, void *) {
   int64_t n = stoke_numel(&a->in[0].shape);
   if (n == 0) return NULL;
   hyper h = hyper_of(a->opt);
+  hooks k = hooks_of(a->opt);
   T *w = (T *)a->in[0].data;
   const T *grad = (const T *)a->in[1].data;
   float *state = kMaster || h.momentum != 0 ? (float *)a->in[2].data : NULL;
@@ -281,13 +392,10 @@ stoke_err *sgd_run(const stoke_kernel_args_v1 *a, void *) {
   bool vec_ok = aligned16(w) && aligned16(grad) && (!master || aligned16(master)) &&
                 (!buf || aligned16(buf));
   cudaStream_t st = (cudaStream_t)a->stream;
-  if (vec_ok)
-    sgd_kernel<T, kMaster, kVec>
-        <<<grid_for((n + kVec - 1) / kVec, kThreads, kMaxGrid), kThreads, 0, st>>>(
-            w, grad, master, buf, n, h, a->opt->amp, a->opt->live);
-  else
-    sgd_kernel<T, kMaster, 1><<<grid_for(n, kThreads, kMaxGrid), kThreads, 0, st>>>(
-        w, grad, master, buf, n, h, a->opt->amp, a->opt->live);
+  by_shape(n, vec_ok, k.ranges != nullptr, [&](auto v, auto g, unsigned grid) {
+    sgd_kernel<T, kMaster, decltype(v)::value, decltype(g)::value>
+        <<<grid, kThreads, 0, st>>>(w, grad, master, buf, n, h, k);
+  });
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
 }
@@ -299,6 +407,7 @@ stoke_err *adamw_run(const stoke_kernel_args_v1 *a, void *) {
   int64_t n = stoke_numel(&a->in[0].shape);
   if (n == 0) return NULL;
   hyper h = hyper_of(a->opt);
+  hooks k = hooks_of(a->opt);
   T *w = (T *)a->in[0].data;
   const T *grad = (const T *)a->in[1].data;
   float *state = (float *)a->in[2].data;
@@ -307,13 +416,57 @@ stoke_err *adamw_run(const stoke_kernel_args_v1 *a, void *) {
   bool vec_ok = aligned16(w) && aligned16(grad) && (!master || aligned16(master)) &&
                 aligned16(m) && aligned16(v);
   cudaStream_t st = (cudaStream_t)a->stream;
-  if (vec_ok)
-    adamw_kernel<T, kMaster, kVec>
-        <<<grid_for((n + kVec - 1) / kVec, kThreads, kMaxGrid), kThreads, 0, st>>>(
-            w, grad, master, m, v, n, h, a->opt->amp, a->opt->live);
-  else
-    adamw_kernel<T, kMaster, 1><<<grid_for(n, kThreads, kMaxGrid), kThreads, 0, st>>>(
-        w, grad, master, m, v, n, h, a->opt->amp, a->opt->live);
+  by_shape(n, vec_ok, k.ranges != nullptr, [&](auto vt, auto g, unsigned grid) {
+    adamw_kernel<T, kMaster, decltype(vt)::value, decltype(g)::value>
+        <<<grid, kThreads, 0, st>>>(w, grad, master, m, v, n, h, k);
+  });
+  STOKE_CUDA_LAUNCH(nname(a));
+  return NULL;
+}
+
+// grad_norm: in[0] the flat gradients (T), in[1] f32[2]; the partial sums
+// in the workspace.
+stoke_err *norm_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool run) {
+  const char *op = STOKE_OP_GRAD_NORM;
+  if (a->n_in < 2 || !a->in)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs the gradients and f32[2], got %d inputs", op, nname(a),
+                      a->n_in);
+  CHECK(check_tensor(a, op, "gradients", &a->in[0], dt, run));
+  CHECK(check_tensor(a, op, "[norm, factor]", &a->in[1], STOKE_F32, run));
+  if (stoke_numel(&a->in[1].shape) != 2)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the output %s should be f32[2]", op, nname(a),
+                      shp(&a->in[1].shape).s);
+  if (run && !a->opt) return STOKE_PERR(STOKE_E_INVALID, "%s '%s': no opt arguments given", op, nname(a));
+  if (run && a->workspace_bytes < kNormBlocks * sizeof(double))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': workspace of %zu bytes, plan() asked for %zu", op, nname(a),
+                      a->workspace_bytes, kNormBlocks * sizeof(double));
+  return NULL;
+}
+
+template <typename T>
+stoke_err *grad_norm_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  if (state) *state = NULL;
+  if (ws) *ws = kNormBlocks * sizeof(double);
+  return norm_check(a, dtype_of<T>::value, false);
+}
+
+template <typename T>
+stoke_err *grad_norm_run(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(norm_check(a, dtype_of<T>::value, true));
+  int64_t n = stoke_numel(&a->in[0].shape);
+  const T *g = (const T *)a->in[0].data;
+  double *part = (double *)a->workspace;
+  cudaStream_t st = (cudaStream_t)a->stream;
+  unsigned nb;
+  if (aligned16(g)) {
+    nb = grid_for((n + kVec - 1) / kVec, kThreads, kNormBlocks);
+    norm_partial<T, kVec><<<nb, kThreads, 0, st>>>(g, n, part);
+  } else {
+    nb = grid_for(n, kThreads, kNormBlocks);
+    norm_partial<T, 1><<<nb, kThreads, 0, st>>>(g, n, part);
+  }
+  norm_finish<<<1, kNormBlocks, 0, st>>>(part, (int)nb, (float *)a->in[1].data, a->opt->grad_scale, a->opt->amp,
+                                         a->opt->max_norm);
   STOKE_CUDA_LAUNCH(nname(a));
   return NULL;
 }
@@ -322,7 +475,9 @@ stoke_err *adamw_run(const stoke_kernel_args_v1 *a, void *) {
   {"cuda", STOKE_OP_SGD, STOKE_OPT, DT, STOKE_LAYOUT_ANY, sgd_plan<T>, sgd_run<T>,           \
    destroy_none},                                                                            \
   {"cuda", STOKE_OP_ADAMW, STOKE_OPT, DT, STOKE_LAYOUT_ANY, adamw_plan<T>, adamw_run<T>,     \
-   destroy_none}
+   destroy_none},                                                                            \
+  {"cuda", STOKE_OP_GRAD_NORM, STOKE_OPT, DT, STOKE_LAYOUT_ANY, grad_norm_plan<T>,           \
+   grad_norm_run<T>, destroy_none}
 
 const stoke_kernel_v1 optim_kernels[] = {
     OPT_KERNELS(float, STOKE_F32),

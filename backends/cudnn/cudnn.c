@@ -87,6 +87,7 @@ static void cudnn_close(void *self) {
 }
 
 static const stoke_backend_v1 backend = {
+    STOKE_ABI(stoke_backend_v1),
     .name = "cudnn",
     .help = "NVIDIA cuDNN kernels through its graph API (conv2d, autotuned with conv_autotune like "
             "cudnn.benchmark; 4-D batch_norm) on the cuda device",
@@ -99,6 +100,7 @@ static const stoke_backend_v1 backend = {
 /* The classic (v7) convolution API as an engine of its own, for A/B runs
  * (`backends = fused, cudnn_classic, cudnn, ...`: its conv2d first). */
 static const stoke_backend_v1 classic = {
+    STOKE_ABI(stoke_backend_v1),
     .name = "cudnn_classic",
     .help = "cuDNN's classic convolution API (cudnnConvolutionForward/Backward*, cudnnFind*): conv2d only",
     .device = STOKE_DEV_GPU,

@@ -29,6 +29,7 @@ static void fused_close(void *self) {
 }
 
 static const stoke_backend_v1 backend = {
+    STOKE_ABI(stoke_backend_v1),
     .name = "fused",
     .help = "stoke's fused CUDA kernels (batch norm + ReLU, batch norm + add + ReLU; NHWC) on the cuda device",
     .device = STOKE_DEV_GPU,

@@ -1,7 +1,9 @@
-/* backends/nccl: the `nccl` comm, one process per GPU. The process's rank
- * comes from the launcher's variables (stoke/dist.h); rank 0's NCCL
- * bootstrap listens where NCCL_COMM_ID says (NCCL's own rendezvous: every
- * rank calls ncclGetUniqueId with it set; no networking of ours).
+/* backends/nccl: the `nccl` comm, one process per GPU. The core hands it
+ * the process's place in the job (rank, world, local rank and the
+ * rendezvous, read once from the launcher's variables); rank 0's NCCL
+ * bootstrap listens at the rendezvous, given to NCCL as NCCL_COMM_ID
+ * (NCCL's own rendezvous: every rank calls ncclGetUniqueId with it set; no
+ * networking of ours).
  *
  * Failures don't hang: a watchdog thread follows every collective through
  * an event recorded after it. When one has not finished comm_timeout
@@ -18,16 +20,21 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "stoke/dist.h"
 #include "stoke/plugin.h"
 
 const stoke_host_v1 *stoke_host;
 
 #define RING 512 /* collectives in flight the watchdog can follow */
 
+/* The place the core gave open(), kept (the strings copied). */
+typedef struct place {
+  int rank, world, local_rank;
+  char rendezvous[300], launcher[32];
+} place;
+
 typedef struct nccl_comm {
   ncclComm_t comm;
-  stoke_dist_env env;
+  place env;
   int device;
   double timeout;
   cudaStream_t own;  /* barrier */
@@ -48,11 +55,6 @@ static double now_s(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static const char *env_get(const char *name, void *ctx) {
-  (void)ctx;
-  return getenv(name);
 }
 
 #define NCCL_ERR(c, r, ...) nccl_err((c), (r), __FILE__, __LINE__, __VA_ARGS__)
@@ -150,15 +152,18 @@ static void nccl_close(void *self) {
   stoke_host->free(c);
 }
 
-static stoke_err *nccl_open(const stoke_cfg *cfg, void **self) {
+static stoke_err *nccl_open(const stoke_cfg *cfg, const stoke_comm_place_v1 *where, void **self) {
   nccl_comm *c = stoke_host->alloc(sizeof *c);
   if (!c) return STOKE_PERR(STOKE_E_OOM, "nccl: out of host memory");
   memset(c, 0, sizeof *c);
   pthread_mutex_init(&c->mu, NULL);
   stoke_err *e = NULL;
-  char msg[512];
-  if (stoke_dist_env_read(env_get, NULL, &c->env, msg, sizeof msg)) {
-    e = STOKE_PERR(STOKE_E_INVALID, "[run] comm = nccl: %s", msg);
+  c->env.rank = where->rank, c->env.world = where->world, c->env.local_rank = where->local_rank;
+  snprintf(c->env.rendezvous, sizeof c->env.rendezvous, "%s", where->rendezvous ? where->rendezvous : "");
+  snprintf(c->env.launcher, sizeof c->env.launcher, "%s", where->launcher ? where->launcher : "none");
+  if (c->env.world > 1 && !c->env.rendezvous[0]) {
+    e = STOKE_PERR(STOKE_E_INVALID, "[run] comm = nccl: %d processes but no rendezvous address (MASTER_ADDR)",
+                   c->env.world);
     goto fail;
   }
   if ((e = stoke_host->cfg_float(cfg, "run", "comm_timeout", &c->timeout))) goto fail;
@@ -173,11 +178,11 @@ static stoke_err *nccl_open(const stoke_cfg *cfg, void **self) {
     e = STOKE_PERR(STOKE_E_INVALID,
                    "[run] comm = nccl: local rank %d (%s variables) but this node has %d GPU%s: start at most "
                    "one process per GPU",
-                   c->env.local_rank, c->env.source, n, n == 1 ? "" : "s");
+                   c->env.local_rank, c->env.launcher, n, n == 1 ? "" : "s");
     goto fail;
   }
   /* NCCL's bootstrap: rank 0 listens at NCCL_COMM_ID, the others connect */
-  if (c->env.world > 1 && setenv("NCCL_COMM_ID", c->env.comm_id, 0)) {
+  if (c->env.world > 1 && setenv("NCCL_COMM_ID", c->env.rendezvous, 0)) {
     e = STOKE_PERR(STOKE_E_OOM, "nccl: cannot set NCCL_COMM_ID");
     goto fail;
   }
@@ -188,7 +193,7 @@ static stoke_err *nccl_open(const stoke_cfg *cfg, void **self) {
     e = NCCL_ERR(c, r,
                  "joining the communicator (rendezvous at %s, rank 0 listens there; check that every rank "
                  "was started with the same MASTER_ADDR/MASTER_PORT and that the address is reachable)",
-                 c->env.world > 1 ? c->env.comm_id : "local");
+                 c->env.world > 1 ? c->env.rendezvous : "local");
     goto fail;
   }
   for (int i = 0; i < RING && ce == cudaSuccess; i++) ce = cudaEventCreateWithFlags(&c->ev[i], cudaEventDisableTiming);
@@ -208,17 +213,14 @@ static stoke_err *nccl_open(const stoke_cfg *cfg, void **self) {
   stoke_host->log(STOKE_LOG_INFO, "nccl",
                   "rank %d of %d (local rank %d, GPU %d; %s variables), NCCL %d.%d.%d, rendezvous %s, "
                   "comm_timeout %g s",
-                  c->env.rank, c->env.world, c->env.local_rank, c->device, c->env.source, ver / 10000,
-                  ver / 100 % 100, ver % 100, c->env.world > 1 ? c->env.comm_id : "local", c->timeout);
+                  c->env.rank, c->env.world, c->env.local_rank, c->device, c->env.launcher, ver / 10000,
+                  ver / 100 % 100, ver % 100, c->env.world > 1 ? c->env.rendezvous : "local", c->timeout);
   *self = c;
   return NULL;
 fail:
   nccl_close(c);
   return e;
 }
-
-static int nccl_rank(void *self) { return ((nccl_comm *)self)->env.rank; }
-static int nccl_world(void *self) { return ((nccl_comm *)self)->env.world; }
 
 static int nccl_type(stoke_dtype t, ncclDataType_t *out) {
   switch (t) {
@@ -312,12 +314,11 @@ static stoke_err *nccl_barrier(void *self) {
 }
 
 static const stoke_comm_v1 nccl = {
+    STOKE_ABI(stoke_comm_v1),
     .name = "nccl",
     .help = "NCCL: one process per GPU, started by tools/launch, torchrun, srun or mpirun",
     .open = nccl_open,
     .close = nccl_close,
-    .rank = nccl_rank,
-    .world = nccl_world,
     .all_reduce = nccl_all_reduce,
     .broadcast = nccl_broadcast,
     .barrier = nccl_barrier,

@@ -96,7 +96,8 @@ static stoke_err *build(const stoke_cfg *c, const char *sec, const stoke_builder
   return linear(b, r, hidden, classes, "fc2", logits);
 }
 
-static const stoke_model_v1 model = {"fmnist_cnn", "small CNN with batch norm for 28x28 images", keys,
+static const stoke_model_v1 model = {STOKE_ABI(stoke_model_v1), "fmnist_cnn",
+                                     "small CNN with batch norm for 28x28 images", keys,
                                      sizeof keys / sizeof *keys, build};
 
 static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {

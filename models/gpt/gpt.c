@@ -169,7 +169,8 @@ static stoke_err *build(const stoke_cfg *c, const char *sec, const stoke_builder
   return NULL;
 }
 
-static const stoke_model_v1 model = {"gpt", "GPT-2 (nanoGPT's GPT: pre-LayerNorm blocks, tied head)", keys,
+static const stoke_model_v1 model = {STOKE_ABI(stoke_model_v1), "gpt",
+                                     "GPT-2 (nanoGPT's GPT: pre-LayerNorm blocks, tied head)", keys,
                                      sizeof keys / sizeof *keys, build};
 
 static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {

@@ -186,6 +186,7 @@ static stoke_err *build(const stoke_cfg *c, const char *sec, const stoke_builder
 }
 
 static const stoke_model_v1 model = {
+    STOKE_ABI(stoke_model_v1),
     "resnet", "torchvision ResNet-18/34/50 (v1.5), ImageNet or CIFAR stem, torchvision parameter names", keys,
     sizeof keys / sizeof *keys, build};
 

@@ -25,6 +25,7 @@ static double flops(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
 }
 
 static const stoke_op_type_v1 swish_op = {
+    STOKE_ABI(stoke_op_type_v1),
     .name = "swish",
     .help = "x * sigmoid(x) (nn.SiLU), from the example plugin",
     .n_inputs = 1,

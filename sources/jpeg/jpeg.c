@@ -406,6 +406,7 @@ static stoke_err *jp_info(void *self, stoke_sample_info_v1 *out) {
 }
 
 static const stoke_source_v1 source = {
+    STOKE_ABI(stoke_source_v1),
     "jpeg",
     "JPEG image folder (ROOT/CLASS/IMAGE.jpg): RandomResizedCrop + flip or resize + centre crop, u8 RGB, HWC",
     keys,

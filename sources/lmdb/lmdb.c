@@ -700,6 +700,7 @@ static stoke_err *lm_read(void *self, int64_t index, uint64_t seed, void *dst, i
 }
 
 static const stoke_source_v1 source = {
+    STOKE_ABI(stoke_source_v1),
     "lmdb",
     "LMDB data set of stoke records (tools/convert: raw or JPEG) or Caffe Datum records; u8 images, HWC",
     keys,

@@ -126,6 +126,7 @@ static stoke_err *synth_read(void *self, int64_t index, uint64_t seed, void *dst
 }
 
 static const stoke_source_v1 source = {
+    STOKE_ABI(stoke_source_v1),
     "synthetic", "seeded random samples; learnable labels from a fixed linear map",
     keys, sizeof keys / sizeof *keys, synth_open, synth_close, synth_length, synth_info, synth_read};
 

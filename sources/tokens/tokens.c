@@ -248,7 +248,7 @@ static stoke_err *tok_read(void *self, int64_t index, uint64_t seed, void *dst, 
 }
 
 static const stoke_source_v1 source = {
-    "tokens", "llm.c token shards (memory-mapped): windows of seq_len + 1 tokens for language models",
+    STOKE_ABI(stoke_source_v1), "tokens", "llm.c token shards (memory-mapped): windows of seq_len + 1 tokens for language models",
     keys, sizeof keys / sizeof *keys, tok_open, tok_close, tok_length, tok_info, tok_read};
 
 static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {

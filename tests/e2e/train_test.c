@@ -23,7 +23,8 @@
 #include "stoke/core.h"
 #include "stoke/run.h"
 
-static const char *dirs[] = {"backends/cpu", "sources/synthetic", "models/mlp", "plugins/swish", "backends/cuda"};
+static const char *dirs[] = {"backends/cpu", "sources/synthetic", "models/mlp", "plugins/swish", "backends/cuda",
+                             "plugins/lion"};
 static char tmp[512];
 
 static const char *base_ini =
@@ -70,15 +71,19 @@ static stoke_err *run(const char *ini, const char **over, int n_over, stoke_summ
   all[0] = out_dir;
   for (int i = 0; i < n_over; i++) all[i + 1] = over[i];
   stoke_run_opts o = {.ini_path = ini, .overrides = all, .n_overrides = n_over + 1, .plugin_dirs = dirs,
-                      .n_plugin_dirs = 5, .quiet = 1};
+                      .n_plugin_dirs = (int)(sizeof dirs / sizeof *dirs), .quiet = 1};
   return stoke_train(&o, s);
 }
 
+/* base_ini with the typo fixed, or, when `over` picks another optimizer
+ * than sgd, without the momentum line (a key of sgd's only). */
 static void train_ok(const char **over, int n_over, stoke_summary *s) {
   static char fixed[2048];
   snprintf(fixed, sizeof fixed, "%s", base_ini);
   char *typo = strstr(fixed, "momentun");
   memcpy(typo, "momentum", 8);
+  for (int i = 0; i < n_over; i++)
+    if (!strncmp(over[i], "optimizer.name=", 15) && strcmp(over[i] + 15, "sgd")) *typo = 0;
   stoke_err *e = run(write_ini("ok.ini", fixed), over, n_over, s);
   if (e) {
     print_error("%s\n", e->msg);
@@ -107,6 +112,22 @@ static void test_accumulate_and_adamw(void **state) {
   const char *adamw[] = {"optimizer.name=adamw", "optimizer.lr=0.002", "optimizer.weight_decay=0.01"};
   train_ok(adamw, 3, &s);
   print_message("adamw: loss %.4f -> %.4f\n", s.first_loss, s.final_loss);
+  assert_true(s.final_loss < 0.45);
+}
+
+/* AdamW as GPT-2 trains: betas (0.9, 0.95), weight decay 0.1 on matrices
+ * only, gradients clipped to norm 1 on the device; and an optimizer from a
+ * plugin (plugins/lion), loaded by its name. */
+static void test_gpt_adamw_and_lion_plugin(void **state) {
+  stoke_summary s;
+  const char *gpt[] = {"optimizer.name=adamw", "optimizer.lr=0.002", "optimizer.beta2=0.95",
+                       "optimizer.weight_decay=0.1", "optimizer.weight_decay_1d=false", "optimizer.grad_clip=1.0"};
+  train_ok(gpt, 6, &s);
+  print_message("adamw (GPT-2 groups, clip 1): loss %.4f -> %.4f\n", s.first_loss, s.final_loss);
+  assert_true(s.final_loss < 0.45);
+  const char *lion[] = {"optimizer.name=lion", "optimizer.lr=0.001", "optimizer.weight_decay=0.1"};
+  train_ok(lion, 3, &s);
+  print_message("lion (plugin): loss %.4f -> %.4f\n", s.first_loss, s.final_loss);
   assert_true(s.final_loss < 0.45);
 }
 
@@ -387,6 +408,7 @@ int main(void) {
       cmocka_unit_test(test_mlp_learns),
       cmocka_unit_test(test_accumulate_and_adamw),
       cmocka_unit_test(test_swish_plugin),
+      cmocka_unit_test(test_gpt_adamw_and_lion_plugin),
       cmocka_unit_test(test_deterministic),
       cmocka_unit_test(test_cuda_graph_on_cpu),
       cmocka_unit_test(test_messages),

@@ -87,12 +87,6 @@ static void test_batch_norm(void **state) {
         }
 }
 
-static void dev_get(void *dst, const void *src, size_t bytes) {
-  stoke_err *e = g_dev->copy(g_dev_self, dst, src, bytes, STOKE_COPY_D2H, NULL);
-  if (!e) e = g_dev->stream_sync(g_dev_self, NULL);
-  if (e) fail_msg("download: %s", e->msg);
-}
-
 /* As tests/gpu/cuda_norm_test.c: two training forwards then one eval
  * forward on both sides, the running stats compared after each (f32
  * tolerance for every dtype: f32 statistics of the same rounded x); eval
@@ -137,10 +131,10 @@ static void bn_running_stats(const stoke_shape *xs, stoke_dtype dt, stoke_layout
     ga.stream = g_dev->default_stream(g_dev_self);
     float before[2][64], after[2][64];
     int64_t nc = c < 64 ? c : 64;
-    for (int i = 0; i < 2; i++) dev_get(before[i], in[3 + i].dev.data, (size_t)nc * sizeof(float));
+    for (int i = 0; i < 2; i++) g_dev_get(before[i], in[3 + i].dev.data, (size_t)nc * sizeof(float));
     g_run(rk, &ra, 0);
     g_run(gk, &ga, 1);
-    for (int i = 0; i < 2; i++) dev_get(after[i], in[3 + i].dev.data, (size_t)nc * sizeof(float));
+    for (int i = 0; i < 2; i++) g_dev_get(after[i], in[3 + i].dev.data, (size_t)nc * sizeof(float));
     static const char *const names[] = {"running_mean", "running_var"};
     for (int i = 3; i < 5; i++) {
       double mx, err = g_compare(&in[i], &mx);
@@ -240,7 +234,7 @@ static void bn_accumulate(const stoke_shape *xs, stoke_dtype dt, stoke_layout la
     int64_t n = stoke_numel(&din[0][i].dev.shape);
     size_t bytes = (size_t)n * stoke_dtype_size(dt);
     void *h = malloc(bytes);
-    dev_get(h, din[0][i].dev.data, bytes);
+    g_dev_get(h, din[0][i].dev.data, bytes);
     for (int64_t k = 0; k < n; k++) g_set(din[1][i].ref.data, din[1][i].ref.dtype, k, g_get(h, dt, k));
     free(h);
     double mx, err = g_compare(&din[1][i], &mx);

@@ -200,6 +200,27 @@ G_FN double g_compare(const g_tensor *t, double *max_abs) {
   return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+/* Device memory of at least 16 bytes, and copies to and from it that wait
+ * for the device; a failure fails the test. */
+G_FN void *g_dev_alloc(size_t bytes) {
+  void *p = NULL;
+  stoke_err *e = g_dev->alloc(g_dev_self, bytes ? bytes : 16, &p);
+  if (e) fail_msg("device alloc: %s", e->msg);
+  return p;
+}
+
+G_FN void g_dev_put(void *dst, const void *src, size_t bytes) {
+  stoke_err *e = g_dev->copy(g_dev_self, dst, src, bytes, STOKE_COPY_H2D, NULL);
+  if (!e) e = g_dev->stream_sync(g_dev_self, NULL);
+  if (e) fail_msg("upload: %s", e->msg);
+}
+
+G_FN void g_dev_get(void *dst, const void *src, size_t bytes) {
+  stoke_err *e = g_dev->copy(g_dev_self, dst, src, bytes, STOKE_COPY_D2H, NULL);
+  if (!e) e = g_dev->stream_sync(g_dev_self, NULL);
+  if (e) fail_msg("download: %s", e->msg);
+}
+
 /* Kernels of the op on the CPU (f64) and on the first GPU engine that has
  * one for `dtype`. */
 G_FN const stoke_kernel_v1 *g_gpu_kernel(const char *op, stoke_pass pass, stoke_dtype dtype, stoke_layout layout,

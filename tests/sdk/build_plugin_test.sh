@@ -1,19 +1,45 @@
 #!/usr/bin/env bash
-# tests/sdk/build_plugin_test.sh: the example plugin builds out of tree from
-# the SDK headers alone (plain cc, no Bazel, no core sources), exports only
-# its entry symbol, and the core loads it and finds its op.
+# tests/sdk/build_plugin_test.sh: plugins build out of tree from the SDK
+# headers alone (plain cc, no Bazel, no core sources, only core/sdk/stoke/)
+# and export only their entry symbol; the core loads them and finds their
+# parts: the example op plugin (swish), the example optimizer (lion) and one
+# plugin with a part of every versioned kind. A part built against another header (struct size) or ABI
+# version is refused, naming the file, the kind and both values.
 set -euo pipefail
 out="${TEST_TMPDIR:-$(mktemp -d)}"
-# only the SDK's headers are visible, none of the core's host-side ones
 mkdir -p "$out/sdk/stoke"
-for h in plugin.h status.h tensor.h ops.h rng.h; do cp "core/include/stoke/$h" "$out/sdk/stoke/"; done
-cc -std=gnu11 -shared -fPIC -fvisibility=hidden -Wall -Wextra -Werror -Wno-unused-parameter \
-   -I "$out/sdk" plugins/swish/swish.c -lm -o "$out/libstoke_swish.so"
-exported=$(nm -D --defined-only "$out/libstoke_swish.so" | awk '{print $3}' | grep -v '^_' | sort)
-if [ "$exported" != "stoke_plugin_v1_entry" ]; then
-  echo "FAIL: the plugin exports more than its entry symbol: $exported"
-  exit 1
-fi
-STOKE_PLUGIN_PATH="$out" tests/sdk/load_plugin swish swish
-echo "[==========] 1 test(s) run."
-echo "[  PASSED  ] 1 test(s)."
+cp core/sdk/stoke/*.h "$out/sdk/stoke/"
+# build SRC DIR [flags...]: libstoke_<basename>.so in DIR, checked to export one symbol
+build() {
+  local src="$1" dir="$2" name
+  shift 2
+  name=$(basename "$src" .c)
+  mkdir -p "$dir"
+  cc -std=gnu11 -shared -fPIC -fvisibility=hidden -Wall -Wextra -Werror -Wno-unused-parameter \
+     -I "$out/sdk" "$@" "$src" -lm -o "$dir/libstoke_$name.so"
+  exported=$(nm -D --defined-only "$dir/libstoke_$name.so" | awk '{print $3}' | grep -v '^_' | sort)
+  if [ "$exported" != "stoke_plugin_v1_entry" ]; then
+    echo "FAIL: $name exports more than its entry symbol: $exported"
+    exit 1
+  fi
+}
+build plugins/swish/swish.c "$out"
+STOKE_PLUGIN_PATH="$out" tests/sdk/load_plugin swish op:swish
+build plugins/lion/lion.c "$out"
+STOKE_PLUGIN_PATH="$out" tests/sdk/load_plugin lion optimizer:lion kernel:lion
+build tests/sdk/every_part.c "$out"
+STOKE_PLUGIN_PATH="$out" tests/sdk/load_plugin every_part op:every_op kernel:every_op backend:every_backend \
+  source:every_source model:every_model precision:every_precision comm:every_comm optimizer:every_optimizer
+tests=3
+kinds=(op backend source model precision comm optimizer)
+for k in "${!kinds[@]}"; do
+  build tests/sdk/every_part.c "$out/stale$k" -DSTALE="$k"
+  tests/sdk/load_plugin --refused "$out/stale$k/libstoke_every_part.so" "stale$k/libstoke_every_part.so" \
+    "${kinds[$k]} 'every_${kinds[$k]}' says its struct is" "rebuild the plugin"
+  build tests/sdk/every_part.c "$out/old$k" -DOLD_ABI="$k"
+  tests/sdk/load_plugin --refused "$out/old$k/libstoke_every_part.so" "old$k/libstoke_every_part.so" \
+    "a ${kinds[$k]} part says stoke ABI version 1, this stoke expects version" "rebuild the plugin"
+  tests=$((tests + 2))
+done
+echo "[==========] $tests test(s) run."
+echo "[  PASSED  ] $tests test(s)."

@@ -2,7 +2,9 @@
 # tests/tools/plugins_list_test.sh: every stoke_plugin target of the tree
 # (outside tests/) lands in tools/plugins/ beside train and bench, where the
 # loader looks: a plugin left out of tools/BUILD's hand-written list fails
-# here, not as "no libstoke_<name>.so" in a user's run.
+# here, not as "no libstoke_<name>.so" in a user's run. And each of them
+# loads and registers (every part's ABI version and size checked; the GPU
+# plugins register without a GPU).
 set -euo pipefail
 # the checkout this test was built from: the runfiles link back to it
 root="$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)"
@@ -24,6 +26,10 @@ for n in $names; do
   fi
 done
 echo "stoke_plugin targets: $(echo $names | tr '\n' ' ') ($count); in tools/plugins/: $(ls $plugins_dir | tr '\n' ' ')"
+[ "$missing" -eq 0 ] || exit 1
+for so in "$plugins_dir"/libstoke_*.so; do
+  tests/sdk/load_plugin "$PWD/$so" || { echo "FAIL: $so does not load"; missing=$((missing + 1)); }
+done
 [ "$missing" -eq 0 ] || exit 1
 echo "[==========] 1 test(s) run."
 echo "[  PASSED  ] 1 test(s)."

@@ -215,7 +215,7 @@ static stoke_err *idx_read(void *self, int64_t i, uint64_t seed, void *dst, int3
   *label = (int32_t)i;
   return NULL;
 }
-static const stoke_source_v1 idx_src = {"idx", "", NULL, 0, NULL, NULL, idx_length, idx_info, idx_read};
+static const stoke_source_v1 idx_src = {STOKE_ABI(stoke_source_v1), "idx", "", NULL, 0, NULL, NULL, idx_length, idx_info, idx_read};
 
 /* Plain host memory stands in for pinned buffers. */
 static stoke_err *h_alloc(void *self, size_t n, void **p) {

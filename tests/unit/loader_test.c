@@ -44,7 +44,7 @@ static stoke_err *idx_info(void *self, stoke_sample_info_v1 *o) {
   o->classes = 10;
   return NULL;
 }
-static const stoke_source_v1 idx_source = {"index", "", NULL, 0, NULL, NULL, idx_length, idx_info, idx_read};
+static const stoke_source_v1 idx_source = {STOKE_ABI(stoke_source_v1), "index", "", NULL, 0, NULL, NULL, idx_length, idx_info, idx_read};
 
 /* Plain host memory stands in for pinned buffers. */
 static stoke_err *h_alloc(void *self, size_t n, void **p) {
@@ -191,7 +191,7 @@ static stoke_err *slow_read(void *self, int64_t index, uint64_t seed, void *dst,
   while (!__atomic_load_n(&released, __ATOMIC_ACQUIRE)) usleep(1000);
   return idx_read(NULL, index, seed, dst, label);
 }
-static const stoke_source_v1 slow_source = {"slow", "", NULL, 0, NULL, NULL, idx_length, idx_info, slow_read};
+static const stoke_source_v1 slow_source = {STOKE_ABI(stoke_source_v1), "slow", "", NULL, 0, NULL, NULL, idx_length, idx_info, slow_read};
 
 /* With a cancel flag (a signal handler's), a wait for a batch ends when the
  * flag is set: STOKE_E_INTERRUPTED, no batch. */

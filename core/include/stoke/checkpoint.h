@@ -18,9 +18,10 @@ typedef struct stoke_ckpt_meta {
   int64_t seed;
   int64_t accumulate;
   double loss_scale;
-  char optimizer[16];  /* "sgd" | "adamw": names the optimizer tensors */
+  char optimizer[32];  /* the optimizer's name ("sgd", "adamw", ...): its tensors are loaded only into the same */
   int64_t world;       /* processes that trained it (data parallel; 1 when absent) */
   int64_t batch;       /* samples per micro-batch on each (0: not recorded) */
+  int64_t skipped_steps; /* of `step`, those the loss scaler skipped (no update applied) */
   /* read back: whether the file had checksums of its run state and data
    * (older files have none and load unverified, with a warning) */
   int meta_checked, data_checked;

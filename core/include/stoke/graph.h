@@ -124,12 +124,14 @@ typedef struct stoke_plan_opts {
   const char *const *engines; /* ordered backend list, e.g. {"cpu"} */
   int n_engines;
   void **engine_selves;       /* state of each engine from its open() */
-  const char *optimizer;      /* "sgd" | "adamw" | NULL (no update) */
+  const char *optimizer;      /* a registered optimizer's name ("sgd", "adamw", ...) | NULL (no update) */
   int training;               /* 0: forward-only plan, keeps nothing */
   uint32_t flags;             /* STOKE_KFLAG_* passed to every kernel */
   int loss_scaling;           /* dynamic loss scaler (fp16) */
   double init_scale;
   int fuse;                   /* fuse linear + relu/gelu(tanh) into cuBLASLt epilogues (batch-norm fusions need no flag) */
+  double grad_clip;           /* > 0: a grad_norm kernel before the update (clipping by the global norm) */
+  int decay_2d_only;          /* weight decay only on parameters of >= 2 dimensions (GPT-2's groups) */
   int no_grad_accumulate;     /* keep gradient sums as add nodes (core/fuse_grad.c; for A/B runs and tests) */
 } stoke_plan_opts;
 
@@ -142,11 +144,18 @@ typedef struct stoke_plan {
   void *engine_selves[STOKE_MAX_ENGINES];
   size_t bytes[STOKE_BUF_COUNT];
   size_t opt_state_bytes;
-  int opt_state_per_param;        /* 1 (sgd momentum) or 2 (adamw m, v) */
-  int has_master;                 /* low-precision params: f32 master copy leads the state */
+  const stoke_optimizer_v1 *opt;  /* NULL: no update (eval plans) */
+  int opt_state_per_param;        /* the optimizer's n_state: 1 (sgd momentum), 2 (adamw m, v) */
+  stoke_dtype state_dtype;        /* of the optimizer state (the master dtype) */
+  int has_master;                 /* state_dtype is not the params': their master copy leads the state */
   int64_t n_params;               /* elements */
   const stoke_kernel_v1 *opt_kernel;
   const stoke_kernel_v1 *amp_check, *amp_update; /* loss scaler, or NULL */
+  const stoke_kernel_v1 *grad_norm; /* clipping by the global norm, or NULL */
+  /* weight decay by group: n_decay element ranges [start, end) of the flat
+   * buffer (pairs in decay[]); n_decay = -1: every element */
+  int64_t *decay;
+  int n_decay;
   double fwd_flops;               /* per step, whole graph */
   double train_flops;             /* forward + backward (3x convention) */
   double step_bytes;              /* least memory traffic of a step run node by node */

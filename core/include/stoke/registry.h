@@ -1,5 +1,5 @@
 /* stoke/registry.h: the registries of op types, kernels, backends,
- * sources, models, precision policies and comms, and the plugin loader
+ * sources, models, precision policies, comms and optimizers, and the plugin loader
  * that fills them (dlopen by name along a search path). */
 #ifndef STOKE_REGISTRY_H
 #define STOKE_REGISTRY_H
@@ -45,6 +45,7 @@ const stoke_source_v1 *stoke_find_source(const stoke_registry *r, const char *na
 const stoke_model_v1 *stoke_find_model(const stoke_registry *r, const char *name);
 const stoke_precision_v1 *stoke_find_precision(const stoke_registry *r, const char *name);
 const stoke_comm_v1 *stoke_find_comm(const stoke_registry *r, const char *name);
+const stoke_optimizer_v1 *stoke_find_optimizer(const stoke_registry *r, const char *name);
 /* Exact match on engine, op, pass and dtype; layout matches exactly or
  * the kernel serves STOKE_LAYOUT_ANY. */
 const stoke_kernel_v1 *stoke_find_kernel(const stoke_registry *r,
@@ -56,7 +57,7 @@ const char *stoke_registry_origin(const stoke_registry *r, const char *name);
 
 /* Names of every registered part of one kind, comma-separated, for
  * messages ("backends: cpu, cuda"). kind: "op", "backend", "source",
- * "model", "precision", "comm". */
+ * "model", "precision", "comm", "optimizer", "kernel" (their ops). */
 void stoke_registry_names(const stoke_registry *r, const char *kind,
                           char *buf, size_t cap);
 

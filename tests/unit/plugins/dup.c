@@ -11,6 +11,7 @@ static stoke_err *infer(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
 }
 
 static const stoke_op_type_v1 relu_again = {
+    STOKE_ABI(stoke_op_type_v1),
     .name = "relu", .help = "a second relu", .n_inputs = 1, .n_outputs = 1, .infer = infer};
 
 static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {

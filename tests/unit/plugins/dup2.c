@@ -11,9 +11,9 @@ static stoke_err *infer(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
 }
 
 static const stoke_op_type_v1 ops[] = {
-    {.name = "test_dup2_op", .help = "added before the clash", .n_inputs = 1, .n_outputs = 1,
+    {STOKE_ABI(stoke_op_type_v1), .name = "test_dup2_op", .help = "added before the clash", .n_inputs = 1, .n_outputs = 1,
      .infer = infer},
-    {.name = "test_good_op", .help = "clashes with the good plugin", .n_inputs = 1,
+    {STOKE_ABI(stoke_op_type_v1), .name = "test_good_op", .help = "clashes with the good plugin", .n_inputs = 1,
      .n_outputs = 1, .infer = infer},
 };
 

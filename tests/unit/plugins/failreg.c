@@ -11,6 +11,7 @@ static stoke_err *infer(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
 }
 
 static const stoke_op_type_v1 failreg_op = {
+    STOKE_ABI(stoke_op_type_v1),
     .name = "test_failreg_op", .help = "must not survive", .n_inputs = 1, .n_outputs = 1,
     .infer = infer};
 

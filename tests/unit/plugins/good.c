@@ -18,6 +18,7 @@ static double flops(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
 }
 
 static const stoke_op_type_v1 good_op = {
+    STOKE_ABI(stoke_op_type_v1),
     .name = "test_good_op",
     .help = "identity-shaped op from the loader tests' good plugin",
     .n_inputs = 1,

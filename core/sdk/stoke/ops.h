@@ -315,18 +315,29 @@
  * embedding). */
 #define STOKE_OP_MATMUL "matmul"
 
-/* Optimizer updates (pass STOKE_OPT) over the flat buffers. */
+/* Optimizer updates (pass STOKE_OPT) over the flat buffers: the op is the
+ * optimizer's name (stoke_optimizer_v1). */
 #define STOKE_OP_SGD "sgd"     /* state: momentum buffer (1x params) */
 #define STOKE_OP_ADAMW "adamw" /* state: m then v (2x params) */
+
+/* grad_norm (pass STOKE_OPT), before the update when [optimizer] grad_clip
+ * > 0: in[0] the flat gradients, in[1] f32[2] -> [norm, factor], norm the
+ * L2 norm of every gradient times opt->grad_scale / the loss scale (opt->amp,
+ * when there), factor = min(1, opt->max_norm / (norm + 1e-6)) as torch's
+ * clip_grad_norm_; a step the loss scaler skips writes [inf, 1]. Summed in
+ * double, in a fixed order (deterministic); plan() sizes its workspace. */
+#define STOKE_OP_GRAD_NORM "grad_norm"
 
 /* The dynamic loss scaler's device-side steps (pass STOKE_OPT, fp16), on
  * the scaler state f32[4] = (scale, good steps, found_inf, skipped):
  * amp_check: in[0] the flat gradients, in[1] the state -> found_inf = 1 if
  *   any gradient is not finite (else left as it is).
- * amp_update: in[0] the state, in[1] the loss seed (f32[1], d loss fed to
- *   backward) -> on found_inf: scale /= 2, good = 0, skipped += 1; else
- *   good += 1 and, after opt->growth_interval clean steps, scale *= 2 and
- *   good = 0; then seed = scale and found_inf = 0. */
+ * amp_update: in[0] the state, in[1] the loss seed (one element of the
+ *   loss's dtype, d loss fed to backward) -> on found_inf: scale *=
+ *   opt->backoff_factor (0: 0.5), good = 0, skipped += 1; else good += 1
+ *   and, after opt->growth_interval clean steps (0: never), scale *=
+ *   opt->growth_factor (0: 2) and good = 0; then seed = scale and
+ *   found_inf = 0. */
 #define STOKE_OP_AMP_CHECK "amp_check"
 #define STOKE_OP_AMP_UPDATE "amp_update"
 

@@ -1,9 +1,14 @@
-/* stoke/plugin.h: the plugin SDK, version 1. A plugin includes this header
- * (and the two it includes) and nothing else of stoke, and exports exactly
+/* stoke/plugin.h: the plugin SDK. A plugin includes the headers of this
+ * folder (core/sdk/stoke/) and nothing else of stoke, and exports exactly
  * one symbol: `const stoke_plugin_v1 stoke_plugin_v1_entry`, see the bottom.
  *
- * This header is frozen once released: new fields go into a _v2 struct
- * appended after the _v1 fields, and `struct_size` tells them apart. */
+ * Every part a plugin registers (op type, backend, source, model, precision
+ * policy, comm, optimizer) starts, like the entry, with its ABI version and
+ * struct size, checked by the loader before anything else is read:
+ * initialize them with STOKE_ABI(type). The ABI history is in
+ * plugins/README.md. Once released, a struct is frozen: new fields go into
+ * a _v2 struct appended after the _v1 fields, and `struct_size` tells them
+ * apart. */
 #ifndef STOKE_PLUGIN_H
 #define STOKE_PLUGIN_H
 
@@ -17,8 +22,21 @@
 extern "C" {
 #endif
 
-#define STOKE_ABI_VERSION 1u
+/* 2: every registered part versioned (see plugins/README.md, "ABI history") */
+#define STOKE_ABI_VERSION 2u
 #define STOKE_PLUGIN_SYMBOL "stoke_plugin_v1_entry"
+
+/* The first fields of every part a plugin registers, in this order. */
+typedef struct stoke_part_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION the part was built against */
+  uint32_t struct_size; /* sizeof its struct, e.g. sizeof(stoke_model_v1) */
+  const char *name;
+} stoke_part_v1;
+
+/* The initializer of those two fields:
+ *   static const stoke_model_v1 model = {STOKE_ABI(stoke_model_v1), "mlp", ...};
+ *   static const stoke_comm_v1 c = {STOKE_ABI(stoke_comm_v1), .name = "x", ...}; */
+#define STOKE_ABI(type) STOKE_ABI_VERSION, (uint32_t)sizeof(type)
 
 /* ---------------------------------------------------------------- config */
 
@@ -170,6 +188,8 @@ typedef struct stoke_value_desc_v1 {
 #define STOKE_BWD_NEEDS_OUTPUT(i) (1u << (16 + (i)))
 
 typedef struct stoke_op_type_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(stoke_op_type_v1) */
   const char *name;
   const char *help;
   int n_inputs;  /* parameters are inputs too (linear: x, weight, bias) */
@@ -200,23 +220,47 @@ typedef enum stoke_pass {
   STOKE_OPT /* optimizer update over the flat buffers */
 } stoke_pass;
 
-/* Optimizer hyper-parameters for this step (STOKE_OPT kernels). */
+/* Optimizer hyper-parameters for this step (STOKE_OPT kernels: updates,
+ * the loss scaler's steps, the gradient norm). A zeroed struct plus lr,
+ * grad_scale and step is a plain update: every hook below is off when 0 or
+ * NULL. The named fields are the built-in optimizers'; a plugin optimizer
+ * may use them and keeps its own in hyper[] (its configure() sets both). */
+#define STOKE_OPT_MAX_HYPER 8
 typedef struct stoke_opt_args_v1 {
   double lr, momentum, weight_decay, beta1, beta2, eps;
   int nesterov;
-  int64_t step;       /* 1 for the first update (AdamW bias correction) */
+  int64_t step;       /* updates applied before this one + 1 (AdamW bias correction) */
   double grad_scale;  /* multiply gradients by this first (1/accumulate) */
-  /* Dynamic loss scaling (fp16), or NULL: device memory, f32
+  /* Loss scaling (fp16), or NULL: device memory, f32
    * [scale, good steps, found_inf, skipped steps]. When amp[2] != 0 the
    * kernel changes nothing (the step is skipped); otherwise gradients are
-   * multiplied by grad_scale / amp[0]. Decided on the device: no host sync. */
+   * multiplied by grad_scale / amp[0], and the update is the
+   * (step - amp[3])-th applied one: skipped steps do not advance AdamW's
+   * bias corrections. Decided on the device: no host sync. */
   const float *amp;
-  int64_t growth_interval; /* amp_update: clean steps before the scale doubles */
+  int64_t growth_interval; /* amp_update: clean steps before the scale grows (0: never) */
   /* Whole-step CUDA graphs replay the launch with the arguments it was
    * captured with, so what changes per step is read on the device: when
    * not NULL, device memory f64 [lr, step] that replaces `lr` and `step`
    * (the AdamW bias corrections are then computed on the device). */
   const double *live;
+  /* -- appended in ABI 2 */
+  double hyper[STOKE_OPT_MAX_HYPER]; /* a plugin optimizer's own, as its configure() set them */
+  /* Weight decay by parameter group: NULL, every element of the flat
+   * buffer; else device memory, n_decay_ranges sorted, disjoint element
+   * ranges [start, end) (int64 pairs) that get weight_decay, the others
+   * none (GPT-2's convention: matrices decay, biases and norm scales do
+   * not). Ranges start and end at multiples of 4 elements. */
+  const int64_t *decay_ranges;
+  int n_decay_ranges;
+  /* Clipping by the global gradient norm, or NULL: device memory, f32
+   * [norm, factor] written by grad_norm this step; updates multiply the
+   * gradients by factor (after grad_scale and the loss scale). */
+  const float *clip;
+  double max_norm;     /* grad_norm: clip the norm to this (torch's clip_grad_norm_) */
+  /* amp_update: the scale's growth (0: 2) and back-off on inf/NaN (0: 0.5);
+   * a static scale is growth_interval 0 and backoff_factor 1 */
+  double growth_factor, backoff_factor;
 } stoke_opt_args_v1;
 
 /* Run-wide choices a kernel honours (stoke_kernel_args_v1.flags). */
@@ -232,13 +276,14 @@ typedef struct stoke_opt_args_v1 {
  *     din = param_grad_beta * din + computed
  * (0 on the first micro-batch, 1 after: gradient accumulation), gradients
  * of activations are always overwritten.
- * For STOKE_OPT: in[0] parameters, in[1] gradients, in[2] optimizer state
- * (flat, 1-D), `opt` the hyper-parameters. When the parameters are in a
- * low-precision dtype (bf16, fp16) the state is f32 and starts with the f32
- * master copy of the parameters (numel of in[0]), then the optimizer's own
- * state; the kernel updates the master and writes the rounded working copy
- * to in[0] in the same pass. Otherwise the state has the parameters' dtype
- * and holds the optimizer's state only. */
+ * For STOKE_OPT updates: in[0] parameters, in[1] gradients, in[2]
+ * optimizer state (flat, 1-D, in the precision policy's master dtype), `opt`
+ * the hyper-parameters. When the state's dtype is not the parameters' (bf16
+ * or fp16 parameters, f32 master weights) it starts with the master copy of
+ * the parameters (numel of in[0]), then the optimizer's own state; the
+ * kernel updates the master and writes the rounded working copy to in[0] in
+ * the same pass. Otherwise it holds the optimizer's state only. Each of the
+ * optimizer's n_state tensors is numel of in[0] long, in its order. */
 typedef struct stoke_kernel_args_v1 {
   const stoke_node_v1 *node;
   int n_in, n_out;
@@ -268,8 +313,9 @@ typedef struct stoke_kernel_args_v1 {
  * {plan, run}. `plan` runs once per node when the graph is compiled (it may
  * autotune) and says how much workspace `run` needs; `run` never
  * allocates. `plan` and `destroy` may be NULL (no state, no workspace).
- * Optimizer kernels (STOKE_OPT) get no plan() call and always get three
- * inputs; in[2], the state, is zeroed before the first step. */
+ * STOKE_OPT kernels get plan() once, with `opt` NULL (it may ask for
+ * workspace: grad_norm's partial sums); updates always get three inputs,
+ * in[2], the state, zeroed before the first step. */
 typedef struct stoke_kernel_v1 {
   const char *engine;   /* backend name: "cpu", "cudnn", ... */
   const char *op;
@@ -308,6 +354,8 @@ typedef struct stoke_device_info_v1 {
  * another's device (cudnn, cublaslt, fused) leaves them NULL and names
  * that device's engine in `device_engine`. */
 typedef struct stoke_backend_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(stoke_backend_v1) */
   const char *name;
   const char *help;
   stoke_device_kind device;
@@ -370,6 +418,8 @@ typedef struct stoke_sample_info_v1 {
 /* A data source. Sources own no threads: the core's loader calls read()
  * from its workers, concurrently, for different indices. */
 typedef struct stoke_source_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(stoke_source_v1) */
   const char *name;
   const char *help;
   const stoke_cfg_key_v1 *keys; /* declared in the section naming it */
@@ -427,6 +477,8 @@ typedef struct stoke_builder_v1 {
 } stoke_builder_v1;
 
 typedef struct stoke_model_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(stoke_model_v1) */
   const char *name;
   const char *help;
   const stoke_cfg_key_v1 *keys; /* declared in [model] */
@@ -441,6 +493,8 @@ typedef struct stoke_model_v1 {
 /* ----------------------------------------------------- precision policies */
 
 typedef struct stoke_precision_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(stoke_precision_v1) */
   const char *name;
   const char *help;
   stoke_dtype param_dtype;   /* working copy of parameters */
@@ -454,17 +508,62 @@ typedef struct stoke_precision_v1 {
   const char *fp32_ops;
 } stoke_precision_v1;
 
+/* ------------------------------------------------------------- optimizers */
+
+#define STOKE_OPT_MAX_STATE 4
+
+/* An optimizer, `[optimizer] name = ...`: its hyper-parameter keys, its
+ * state per parameter and configure(), which turns the keys into the
+ * update's arguments once before training. The update itself is a kernel
+ * of op `name`, pass STOKE_OPT, one per backend and parameter dtype (see
+ * stoke_kernel_args_v1), over the flat buffers in one launch. What every
+ * optimizer gets from the core without code of its own: the learning-rate
+ * schedule (lr, live), gradient accumulation and loss scaling
+ * (grad_scale, amp), weight decay by parameter group (decay_ranges) and
+ * clipping by the global norm (clip), all in stoke_opt_args_v1. */
+typedef struct stoke_optimizer_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(stoke_optimizer_v1) */
+  const char *name;
+  const char *help;
+  const stoke_cfg_key_v1 *keys; /* its own keys, declared in [optimizer] when chosen */
+  int n_keys;
+  /* State tensors per parameter (at most STOKE_OPT_MAX_STATE), each the
+   * parameter's shape in the master dtype, in this order after the master
+   * copy; their names as in torch.optim's state_dict ("momentum_buffer";
+   * "exp_avg", "exp_avg_sq"): checkpoints hold optimizer.<param>.<name>. */
+  int n_state;
+  const char *state_names[STOKE_OPT_MAX_STATE];
+  /* Read its keys from [optimizer] into *args (the named fields it uses,
+   * and hyper[]); errors name the key (host->cfg_where). NULL: no keys. */
+  stoke_err *(*configure)(const stoke_cfg *cfg, const char *section, stoke_opt_args_v1 *args);
+} stoke_optimizer_v1;
+
 /* ------------------------------------------------------------------ comms */
 
 typedef enum stoke_reduce_op { STOKE_SUM = 0, STOKE_AVG } stoke_reduce_op;
 
+/* Where this process sits in the job. The core reads it once from the
+ * launcher's variables (torchrun's RANK, WORLD_SIZE, LOCAL_RANK,
+ * MASTER_ADDR/PORT; Open MPI's; Slurm's) and hands it to the comm: a comm
+ * plugin does not read them again. */
+typedef struct stoke_comm_place_v1 {
+  int rank, world;
+  int local_rank;         /* on this node: the GPU is [run] device_index + local_rank */
+  const char *rendezvous; /* "host:port" where rank 0's bootstrap listens ("" for one process) */
+  const char *launcher;   /* whose variables: "torchrun", "openmpi", "slurm" or "none" */
+} stoke_comm_place_v1;
+
+/* A communicator over the processes of a job; its collectives are
+ * enqueued on `stream` (the device's) and never make the host wait. */
 typedef struct stoke_comm_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(stoke_comm_v1) */
   const char *name;
   const char *help;
-  stoke_err *(*open)(const stoke_cfg *cfg, void **self);
+  /* Join the job as `place` says (called once, after the device is open). */
+  stoke_err *(*open)(const stoke_cfg *cfg, const stoke_comm_place_v1 *place, void **self);
   void (*close)(void *self);
-  int (*rank)(void *self);
-  int (*world)(void *self);
   stoke_err *(*all_reduce)(void *self, void *buf, size_t count,
                            stoke_dtype dtype, stoke_reduce_op op,
                            void *stream);
@@ -475,9 +574,12 @@ typedef struct stoke_comm_v1 {
 
 /* -------------------------------------------------------------- registry */
 
-/* Where a plugin adds its parts. Each add fails with STOKE_E_DUPLICATE if
- * the name (for kernels: engine, op, pass, dtype, layout) is taken, naming
- * the plugin that took it. The structs must outlive the process (static). */
+/* Where a plugin adds its parts. Each add fails with STOKE_E_ABI when the
+ * part's abi_version or struct_size is not this header's (naming the
+ * plugin file, the part, the expected and the found values), and with
+ * STOKE_E_DUPLICATE if the name (for kernels: engine, op, pass, dtype,
+ * layout) is taken, naming the plugin that took it. The structs must
+ * outlive the process (static). */
 typedef struct stoke_registry_v1 {
   void *self;
   stoke_err *(*add_op)(void *self, const stoke_op_type_v1 *op);
@@ -487,6 +589,7 @@ typedef struct stoke_registry_v1 {
   stoke_err *(*add_model)(void *self, const stoke_model_v1 *m);
   stoke_err *(*add_precision)(void *self, const stoke_precision_v1 *p);
   stoke_err *(*add_comm)(void *self, const stoke_comm_v1 *c);
+  stoke_err *(*add_optimizer)(void *self, const stoke_optimizer_v1 *o); /* ABI 2 */
 } stoke_registry_v1;
 
 /* ----------------------------------------------------------- the entry */
