@@ -27,6 +27,8 @@ struct stoke_dp {
   double *scratch;       /* device */
 };
 
+int stoke_dp_graphs(const stoke_dp *d) { return d->comm->watch != NULL; }
+
 static stoke_err *launch(stoke_dp *d, const stoke_dist_bucket *b) {
   /* the comm stream takes the gradients once the compute stream made them */
   STOKE_PROPAGATE(d->dev->timer_record(d->dev_self, d->ev_grads, NULL));
@@ -39,9 +41,19 @@ static stoke_err *launch(stoke_dp *d, const stoke_dist_bucket *b) {
 }
 
 /* The executor's hook, after node `node`: launch the buckets it completed;
- * node -1: the update comes next. */
+ * the update comes next: the rest, and the update waits for them; a step
+ * graph replayed (the buckets, captured from these calls, run inside it):
+ * the comm follows the replay as it follows an eager collective. */
 static stoke_err *after_node(void *ctx, int node) {
   stoke_dp *d = ctx;
+  if (node == STOKE_EXEC_HOOK_REPLAYED) {
+    if (!d->armed) return NULL; /* a micro-batch without the all-reduce */
+    d->armed = 0;
+    char what[96];
+    snprintf(what, sizeof what, "the step's graph with %d all-reduce bucket%s (replay)", d->n_buckets,
+             d->n_buckets == 1 ? "" : "s");
+    return d->comm->watch(d->self, d->dev->default_stream(d->dev_self), what);
+  }
   if (node < 0) return stoke_dp_finish(d);
   while (d->armed && d->next < d->n_buckets && d->buckets[d->next].ready <= node)
     STOKE_PROPAGATE(launch(d, &d->buckets[d->next++]));

@@ -28,6 +28,9 @@ void stoke_dp_describe(const stoke_dp *d, char *buf, size_t cap);
 /* Parameters, running statistics and optimizer state (the f32 master
  * copy) from rank 0, so every rank starts alike. Synchronizes. */
 stoke_err *stoke_dp_broadcast_state(stoke_dp *d);
+/* Whether steps may be CUDA graphs: the comm follows collectives inside a
+ * replayed graph (stoke_comm_v1.watch). */
+int stoke_dp_graphs(const stoke_dp *d);
 /* Before each micro-batch: only the last one of a step all-reduces. */
 void stoke_dp_arm(stoke_dp *d, int last_micro);
 /* After backward, before the update (the executor's hook calls it):

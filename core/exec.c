@@ -542,7 +542,7 @@ int64_t stoke_exec_graph_ops(stoke_exec *x) { return x->graph_ops; }
 /* Eager: forward and backward, then the update on the last micro-batch. */
 static stoke_err *micro_eager(stoke_exec *x, int first, int last, uint64_t seed, const stoke_opt_args_v1 *opt) {
   STOKE_PROPAGATE(stoke_exec_forward_backward(x, first, seed));
-  if (last && x->hook) STOKE_PROPAGATE(x->hook(x->hook_ctx, -1)); /* the update comes next */
+  if (last && x->hook) STOKE_PROPAGATE(x->hook(x->hook_ctx, STOKE_EXEC_HOOK_UPDATE));
   return last ? stoke_exec_update(x, opt) : NULL;
 }
 
@@ -583,6 +583,7 @@ stoke_err *stoke_exec_micro(stoke_exec *x, int first_micro, int last_micro, uint
   if (!*gr && x->uses[first_micro][last_micro]++ == 0) return micro_eager(x, first_micro, last_micro, step_seed, &o);
   if (!*gr) STOKE_PROPAGATE(capture(x, first_micro, last_micro, step_seed, &o, gr));
   STOKE_TRY(x->dev->graph_launch(x->dev_self, *gr, x->stream), "replaying the step's graph");
+  if (x->hook) STOKE_PROPAGATE(x->hook(x->hook_ctx, STOKE_EXEC_HOOK_REPLAYED));
   return NULL;
 }
 

@@ -1401,10 +1401,10 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
               stoke_cfg_where(c, "run", "cuda_graph"), s.dev->name);
     cuda_graph = 0;
   }
-  if (cuda_graph && s.dp) {
+  if (cuda_graph && s.dp && !stoke_dp_graphs(s.dp)) {
     e = STOKE_ERR(STOKE_E_UNSUPPORTED,
-                  "%s: cuda_graph = true with comm = %s: not yet (the gradient all-reduces are launched between "
-                  "the step's kernels, from the host); set [run] cuda_graph = false",
+                  "%s: cuda_graph = true with comm = %s: this comm cannot follow collectives inside a replayed "
+                  "graph (no watch()); set [run] cuda_graph = false",
                   stoke_cfg_where(c, "run", "cuda_graph"), comm_name);
     goto done;
   }

@@ -187,7 +187,7 @@ PY
       timeout 240 python3 "$S/anchors/loader_bench.py" "$S/photos" /tmp/anchor "$OUT/loader_anchor.json" 2>&1 | tail -1
       ;;
     ddp) # all of the data-parallel checks below, in one call
-      bash "$0" ddp_eq ddp_resume ddp_kill ddp_bench
+      bash "$0" ddp_eq ddp_graph ddp_resume ddp_kill ddp_bench
       ;;
     ddp_eq)
       log "data parallel: $(nvidia-smi --list-gpus | wc -l) GPUs, NCCL from ${nccl:-the system}"
@@ -202,6 +202,17 @@ PY
         compare $OUT/eq1_$tag/checkpoint.safetensors $OUT/eq2_$tag/checkpoint.safetensors "$prec deterministic=$det, $n steps"
       done
       grep -hE "^data parallel:|gradient all-reduce" $OUT/eq2_fp32_dettrue_30.log
+      ;;
+    ddp_graph)
+      # CUDA graphs with the all-reduces captured inside: the same weights as
+      # the eager 2-GPU run (deterministic, bitwise), and the watchdog still
+      # ends a rank whose peer died
+      for g in false true; do
+        timeout 120 $S/bin/launch --gpus 2 $MLP run.cuda_graph=$g run.deterministic=true run.steps=30 \
+          data.batch_size=256 run.out_dir=$OUT/dg_$g > $OUT/dg_$g.log 2>&1
+        echo "2 GPUs cuda_graph=$g rc=$? $(grep -hE 'operations per step|graph' $OUT/dg_$g.log | head -2 | tr '\n' ' ')"
+      done
+      compare $OUT/dg_false/checkpoint.safetensors $OUT/dg_true/checkpoint.safetensors "2 GPUs eager vs CUDA graphs, 30 steps"
       ;;
     ddp_resume)
       log "resume on another GPU count: 2 GPUs x 256 for 20 steps, then 1 GPU x 512 to 30, against 1 GPU x 512 for 30"
@@ -235,8 +246,8 @@ PY
       log "ResNet-50 bf16 256/GPU: stoke 1 and 2 GPUs, PyTorch DDP 1 and 2 GPUs"
       rn="$S/examples/resnet50.ini run.checkpoint=false run.progress=lines"
       # variants label:environment:overrides (the environment for the 2-GPU run)
-      fz="run.backends=fused,cudnn,cublaslt,cuda"
-      for v in ${DDP_VARIANTS:-base:: fused::$fz fused_ctas8:NCCL_MAX_CTAS=8:$fz}; do
+      # resnet50.ini's defaults: fused, cuDNN graph API, CUDA graphs (the all-reduces inside)
+      for v in ${DDP_VARIANTS:-graph:: eager::run.cuda_graph=false}; do
         IFS=: read label envs over <<< "$v"
         timeout 120 $T $rn $over run.out_dir=$OUT/rn1_$label > $OUT/rn1_$label.log 2>&1; echo "stoke 1 GPU $label rc=$?"
         timeout 150 env $envs $S/bin/launch --gpus 2 $rn $over run.bucket_mb=${DDP_BUCKET_MB:-25} \

@@ -263,6 +263,28 @@ static stoke_err *track_locked(nccl_comm *c, cudaStream_t stream, const char *fm
   return NULL;
 }
 
+/* A collective enqueued while `stream` is being captured into a CUDA graph
+ * runs only when the graph is replayed: it is not followed here (an event
+ * recorded now would be part of the graph); the core calls watch() after
+ * each replay instead. */
+static int capturing(void *stream) {
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing((cudaStream_t)stream, &st) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return st == cudaStreamCaptureStatusActive;
+}
+
+static stoke_err *nccl_watch(void *self, void *stream, const char *what) {
+  nccl_comm *c = self;
+  pthread_mutex_lock(&c->mu);
+  stoke_err *e = admit_locked(c);
+  if (!e) e = track_locked(c, (cudaStream_t)stream, "%s", what);
+  pthread_mutex_unlock(&c->mu);
+  return e;
+}
+
 static stoke_err *nccl_all_reduce(void *self, void *buf, size_t count, stoke_dtype dtype, stoke_reduce_op op,
                                   void *stream) {
   nccl_comm *c = self;
@@ -275,8 +297,9 @@ static stoke_err *nccl_all_reduce(void *self, void *buf, size_t count, stoke_dty
                                    (cudaStream_t)stream);
     if (r != ncclSuccess) e = NCCL_ERR(c, r, "all_reduce of %zu elements", count);
   }
-  if (!e) e = track_locked(c, stream, "all_reduce #%llu (%zu elements, %.1f MiB)", (unsigned long long)c->issued,
-                           count, (double)(count * stoke_dtype_size(dtype)) / 1048576.0);
+  if (!e && !capturing(stream))
+    e = track_locked(c, stream, "all_reduce #%llu (%zu elements, %.1f MiB)", (unsigned long long)c->issued, count,
+                     (double)(count * stoke_dtype_size(dtype)) / 1048576.0);
   pthread_mutex_unlock(&c->mu);
   return e;
 }
@@ -322,6 +345,7 @@ static const stoke_comm_v1 nccl = {
     .all_reduce = nccl_all_reduce,
     .broadcast = nccl_broadcast,
     .barrier = nccl_barrier,
+    .watch = nccl_watch,
 };
 
 static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {

@@ -221,6 +221,11 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro,
  * launches gradient all-reduces from here and makes the update wait for
  * them. NULL removes it. */
 typedef stoke_err *(*stoke_exec_hook)(void *ctx, int node);
+/* The hook's node argument besides a schedule index: the update comes
+ * next; a captured step graph was just launched (its collectives, captured
+ * from the hook's own calls, run inside it). */
+#define STOKE_EXEC_HOOK_UPDATE (-1)
+#define STOKE_EXEC_HOOK_REPLAYED (-2)
 void stoke_exec_set_hook(stoke_exec *x, stoke_exec_hook hook, void *ctx);
 /* One optimizer update over the flat buffers. */
 stoke_err *stoke_exec_update(stoke_exec *x, const stoke_opt_args_v1 *opt);

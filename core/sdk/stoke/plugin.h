@@ -587,6 +587,13 @@ typedef struct stoke_comm_v1 {
   stoke_err *(*broadcast)(void *self, void *buf, size_t count,
                           stoke_dtype dtype, int root, void *stream);
   stoke_err *(*barrier)(void *self);
+  /* Appended (issue 11): the step ran as a replayed CUDA graph that holds
+   * collectives (captured from all_reduce calls made while `stream` was
+   * capturing): follow everything enqueued on `stream` so far as one unit
+   * of work, `what`, under the comm's failure checks and timeout, as an
+   * eager collective is followed. NULL: the comm cannot, and the core
+   * keeps such steps out of graphs. */
+  stoke_err *(*watch)(void *self, void *stream, const char *what);
 } stoke_comm_v1;
 
 /* -------------------------------------------------------------- registry */
