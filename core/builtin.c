@@ -137,6 +137,28 @@ static stoke_err *infer_cast(const stoke_node_v1 *n, const stoke_value_desc_v1 *
   return NULL;
 }
 
+/* autocast: a float to another float dtype, same shape (its layout is
+ * the input's; the compiler sets it). */
+static stoke_err *infer_autocast(const stoke_node_v1 *n, const stoke_value_desc_v1 *in, stoke_value_desc_v1 *out) {
+  static const stoke_dtype floats[] = {STOKE_F32, STOKE_BF16, STOKE_F16, STOKE_F64};
+  const char *t = n->attrs[STOKE_AUTOCAST_DTYPE].s;
+  int to = -1, from = 0;
+  for (int i = 0; i < 4; i++) {
+    if (!strcmp(t, stoke_dtype_name(floats[i]))) to = i;
+    from |= in[0].dtype == floats[i];
+  }
+  if (to < 0 || !from)
+    return STOKE_ERR(STOKE_E_INVALID, "autocast '%s': %s to '%s'; both must be f32, bf16, f16 or f64", n->name,
+                     stoke_dtype_name(in[0].dtype), t);
+  out[0].shape = in[0].shape;
+  out[0].dtype = floats[to];
+  return NULL;
+}
+
+static const stoke_attr_decl_v1 autocast_attrs[] = {
+    {"dtype", STOKE_ATTR_STR, "f32", "the output's dtype"},
+};
+
 static const stoke_attr_decl_v1 cast_attrs[] = {
     {"dtype", STOKE_ATTR_STR, "f32", "the output's dtype"},
 };
@@ -174,18 +196,22 @@ static const stoke_op_type_v1 ops[] = {
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_SOFTMAX_CE, "softmax cross-entropy, mean over the batch (nn.CrossEntropyLoss)", 2,
      2, softmax_ce_attrs, 1, infer_softmax_ce, flops_softmax_ce,
      STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(1), 1u << 1, 1},
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_AUTOCAST, "a float in another dtype, around ops kept in fp32 (compiler-made)",
+     1, 1, autocast_attrs, 1, infer_autocast, NULL, 0, 0, 1},
 };
 
-/* Precision policies: data, one per name. Ops in fp32_ops stay fp32. */
-#define KEEP_FP32 "softmax_ce, batch_norm, layer_norm"
+/* The built-in precision policies, registered like a plugin's. No fp32
+ * islands: their kernels accumulate statistics, norms and the loss in f32
+ * inside (a policy from a plugin can keep whole ops in f32: fp32_ops). */
 static const stoke_precision_v1 precisions[] = {
-    {STOKE_ABI(stoke_precision_v1), "fp32", "float32 everywhere, TF32 off", STOKE_F32, STOKE_F32, STOKE_F32, 0, 0, 1, 0, ""},
-    {STOKE_ABI(stoke_precision_v1), "tf32", "float32 tensors, TF32 tensor-core matmul/conv", STOKE_F32, STOKE_F32, STOKE_F32, 1,
-     0, 1, 0, ""},
-    {STOKE_ABI(stoke_precision_v1), "bf16", "bf16 compute, fp32 master weights (autocast-like)", STOKE_BF16, STOKE_BF16,
-     STOKE_F32, 1, 0, 1, 0, KEEP_FP32},
-    {STOKE_ABI(stoke_precision_v1), "fp16", "fp16 compute, fp32 master weights, dynamic loss scaler", STOKE_F16, STOKE_F16,
-     STOKE_F32, 1, 1, 65536.0, 2000, KEEP_FP32},
+    {STOKE_ABI(stoke_precision_v1), "fp32", "float32 everywhere, TF32 off", STOKE_F32, STOKE_F32, STOKE_F32, 0,
+     STOKE_SCALING_NONE, 1, 0, "", 0, 0},
+    {STOKE_ABI(stoke_precision_v1), "tf32", "float32 tensors, TF32 tensor-core matmul/conv", STOKE_F32, STOKE_F32,
+     STOKE_F32, 1, STOKE_SCALING_NONE, 1, 0, "", 0, 0},
+    {STOKE_ABI(stoke_precision_v1), "bf16", "bf16 compute, fp32 master weights (autocast-like)", STOKE_BF16,
+     STOKE_BF16, STOKE_F32, 1, STOKE_SCALING_NONE, 1, 0, "", 0, 0},
+    {STOKE_ABI(stoke_precision_v1), "fp16", "fp16 compute, fp32 master weights, dynamic loss scaler", STOKE_F16,
+     STOKE_F16, STOKE_F32, 1, STOKE_SCALING_DYNAMIC, 65536.0, 2000, "", 2, 0.5},
 };
 
 /* The single-process comm: world of one, every collective a no-op. */

@@ -73,6 +73,23 @@ static stoke_err *new_node(stoke_graph *g, int *id) {
   return NULL;
 }
 
+/* For compiler passes (core/autocast.c): a new value, and a prepared
+ * forward node appended as it is (its outputs' producer set to it). */
+stoke_err *stoke_graph_new_value(stoke_graph *g, const char *name, stoke_value_kind kind, const stoke_shape *shape,
+                                 stoke_dtype dtype, int *id) {
+  return new_value(g, name, kind, shape, dtype, id);
+}
+
+stoke_err *stoke_graph_append_fwd(stoke_graph *g, const stoke_gnode *src) {
+  int id;
+  STOKE_PROPAGATE(new_node(g, &id));
+  g->nodes[id] = *src;
+  g->nodes[id].n.name = g->nodes[id].name_buf;
+  for (int j = 0; j < src->n_out; j++) g->values[src->out[j]].producer = id;
+  g->n_fwd = g->n_nodes;
+  return NULL;
+}
+
 stoke_err *stoke_graph_input(stoke_graph *g, const char *name, stoke_value_kind kind,
                              const stoke_shape *shape, stoke_dtype dtype, int *value) {
   STOKE_TRY(new_value(g, name, kind, shape, dtype, value), "adding input '%s'", name);

@@ -11,6 +11,8 @@
 #include "stoke/ops.h"
 
 stoke_err *stoke_graph_derive_backward(stoke_graph *g); /* core/graph.c */
+/* core/autocast.c: the precision policy's fp32_ops in f32 */
+stoke_err *stoke_autocast_islands(stoke_graph *g, const char *policy, const char *fp32_ops);
 /* core/fuse_act.c: linear -> relu|gelu -> linear epilogue fusion */
 stoke_err *stoke_fuse_linear_act(stoke_graph *g, const stoke_plan_opts *o);
 stoke_err *stoke_fuse_act_grad(stoke_graph *g);
@@ -257,10 +259,31 @@ static double node_bytes(const stoke_graph *g, const stoke_gnode *n) {
   return b;
 }
 
-/* The dtype the optimizer updates and keeps its state in: f32 for bf16 and
- * fp16 parameters (a master copy), else the parameters'. */
+/* The dtype the optimizer updates and keeps its state in: the policy's
+ * master_dtype; without a policy f32 for bf16 and fp16 parameters (a master
+ * copy), else the parameters'. */
 static stoke_dtype master_dtype(const stoke_graph *g, const stoke_plan_opts *o) {
+  if (o->precision) return o->precision->master_dtype;
   return g->dtype == STOKE_BF16 || g->dtype == STOKE_F16 ? STOKE_F32 : g->dtype;
+}
+
+/* A policy this compiler can follow for graph g. */
+static stoke_err *check_precision(const stoke_graph *g, const stoke_precision_v1 *p) {
+  static const char *what[] = {"param_dtype", "compute_dtype", "master_dtype"};
+  stoke_dtype dts[] = {p->param_dtype, p->compute_dtype, p->master_dtype};
+  for (int i = 0; i < 3; i++)
+    if (dts[i] != STOKE_F32 && dts[i] != STOKE_BF16 && dts[i] != STOKE_F16 && dts[i] != STOKE_F64)
+      return STOKE_ERR(STOKE_E_INVALID, "precision '%s': %s is %s, not a float dtype", p->name, what[i],
+                       stoke_dtype_name(dts[i]));
+  if (p->compute_dtype != p->param_dtype)
+    return STOKE_ERR(STOKE_E_UNSUPPORTED,
+                     "precision '%s': compute_dtype %s differs from param_dtype %s; this compiler computes each "
+                     "op in its activations' dtype (param_dtype), or in f32 for the ops in fp32_ops",
+                     p->name, stoke_dtype_name(p->compute_dtype), stoke_dtype_name(p->param_dtype));
+  if (p->param_dtype != g->dtype)
+    return STOKE_ERR(STOKE_E_INTERNAL, "precision '%s' has %s parameters, the graph was built in %s", p->name,
+                     stoke_dtype_name(p->param_dtype), stoke_dtype_name(g->dtype));
+  return NULL;
 }
 
 /* The first engine's STOKE_OPT kernel of `op` for dtype dt, or NULL. */
@@ -324,8 +347,13 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   if (opts->n_engines < 1) return STOKE_ERR(STOKE_E_INVALID, "no backend given");
   if (opts->n_engines > STOKE_MAX_ENGINES)
     return STOKE_ERR(STOKE_E_INVALID, "more than %d backends given", STOKE_MAX_ENGINES);
-  /* linear -> relu|gelu -> linear into cuBLASLt's epilogues (run.fuse), then
-   * the pattern table (see fuse_at for when each applies) */
+  /* the policy's fp32 ops first (a fusion must not swallow one), then
+   * linear -> relu|gelu -> linear into cuBLASLt's epilogues (run.fuse),
+   * then the pattern table (see fuse_at for when each applies) */
+  if (opts->precision) {
+    STOKE_PROPAGATE(check_precision(g, opts->precision));
+    STOKE_PROPAGATE(stoke_autocast_islands(g, opts->precision->name, opts->precision->fp32_ops));
+  }
   if (opts->fuse) STOKE_TRY(stoke_fuse_linear_act(g, opts), "fusing activations into linears");
   fuse_patterns_all(g, opts);
   if (opts->training) STOKE_TRY(stoke_graph_derive_backward(g), "deriving the backward pass");

@@ -35,8 +35,9 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"name", STOKE_CFG_STR, "", 0, 0, NULL, "run name (default: the INI file's name)"},
     {"backends", STOKE_CFG_LIST, "cpu", 0, 0, NULL,
      "ordered compute backends; each node runs on the first that has a kernel for it"},
-    {"precision", STOKE_CFG_ENUM, "fp32", 0, 0, "fp32|tf32|bf16|fp16",
-     "precision policy (the cpu backend runs fp32)"},
+    {"precision", STOKE_CFG_STR, "fp32", 0, 0, NULL,
+     "precision policy: fp32, tf32, bf16, fp16 (dynamic loss scaler), or one from a plugin, loaded by its name "
+     "(the cpu backend runs fp32, or f64)"},
     {"comm", STOKE_CFG_STR, "single", 0, 0, NULL,
      "communication: single (one process) or nccl (data parallel, one process per GPU, started by "
      "tools/launch, torchrun, srun or mpirun; each rank reads its shard, gradients are averaged)"},
@@ -196,6 +197,7 @@ static const void *find_part(const stoke_registry *reg, const char *kind, const 
   if (!strcmp(kind, "model")) return stoke_find_model(reg, name);
   if (!strcmp(kind, "source")) return stoke_find_source(reg, name);
   if (!strcmp(kind, "optimizer")) return stoke_find_optimizer(reg, name);
+  if (!strcmp(kind, "precision")) return stoke_find_precision(reg, name);
   return NULL;
 }
 
@@ -283,6 +285,8 @@ stoke_err *stoke_run_setup(const stoke_run_opts *o, stoke_cfg **cfg_out, stoke_r
   const stoke_optimizer_v1 *opt = stoke_find_optimizer(reg, name);
   STOKE_TRY_GOTO(e, fail, stoke_cfg_declare(c, "optimizer", NULL, opt->keys, opt->n_keys),
                  "declaring the keys of optimizer '%s'", name);
+  STOKE_TRY_GOTO(e, fail, stoke_cfg_str(c, "run", "precision", &name), "");
+  STOKE_TRY_GOTO(e, fail, load_part(reg, c, "run", "precision", "precision", name, dirs, n_dirs), "");
   STOKE_TRY_GOTO(e, fail, stoke_cfg_str(c, "run", "comm", &name), "");
   stoke_err *le = stoke_find_comm(reg, name) ? NULL : stoke_registry_load(reg, name);
   if (!stoke_find_comm(reg, name)) {
@@ -693,7 +697,7 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
     /* the batch arrives as f32; a low-precision graph converts it first */
     STOKE_PROPAGATE(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &xs, STOKE_F32, &x));
     g->values[x].layout = xs.ndim == 4 ? STOKE_NCHW : STOKE_LAYOUT_ANY; /* sources write CHW */
-    if ((dtype != STOKE_F32 && dtype != STOKE_F64) || (xs.ndim == 4 && s->layout != STOKE_NCHW)) {
+    if (dtype != STOKE_F32 || (xs.ndim == 4 && s->layout != STOKE_NCHW)) {
       char attrs[32];
       snprintf(attrs, sizeof attrs, "dtype=%s", stoke_dtype_name(dtype));
       int c;
@@ -862,8 +866,8 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
   STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "optimizer", "weight_decay_1d", &decay_1d));
   STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "run", "grad_sums_in_place", &in_place));
   stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? opt_name : NULL, training, flags,
-                        training && prec->loss_scaling, init_scale > 0 ? init_scale : prec->init_scale, fuse,
-                        grad_clip, !decay_1d, !in_place};
+                        training && prec->loss_scaling != STOKE_SCALING_NONE,
+                        init_scale > 0 ? init_scale : prec->init_scale, fuse, grad_clip, !decay_1d, !in_place, prec};
   if (!st->batch) STOKE_PROPAGATE(auto_batch(s, st, &po, dtype));
   STOKE_PROPAGATE(build_graph(s, st, dtype, training));
   STOKE_TRY(stoke_compile(st->g, &po, &st->plan), "compiling the %s graph", training ? "training" : "evaluation");
@@ -901,12 +905,15 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
 /* The precision policy's table, and a warning for each matmul or conv
  * whose dimensions keep tensor cores from full speed in fp16/bf16. */
 static void report_precision(const stoke_precision_v1 *p, const stoke_graph *g, int quiet) {
+  static const char *scaling[] = {"off", "static", "dynamic"};
   if (!quiet)
-    printf("precision %s: parameters %s (optimizer on %s master weights), activations %s, TF32 %s, "
-           "loss scaling %s; kept in fp32: %s (statistics and loss accumulate in fp32 everywhere)\n",
+    printf("precision %s: parameters %s (the optimizer on %s%s), activations %s, TF32 %s, loss scaling %s; "
+           "ops in fp32: %s\n",
            p->name, stoke_dtype_name(p->param_dtype), stoke_dtype_name(p->master_dtype),
-           stoke_dtype_name(p->compute_dtype), p->tf32 ? "on" : "off", p->loss_scaling ? "dynamic" : "off",
-           p->fp32_ops && p->fp32_ops[0] ? p->fp32_ops : "nothing else");
+           p->master_dtype != p->param_dtype ? " master weights" : "", stoke_dtype_name(p->compute_dtype),
+           p->tf32 ? "on" : "off", (unsigned)p->loss_scaling < 3 ? scaling[p->loss_scaling] : "?",
+           p->fp32_ops && p->fp32_ops[0] ? p->fp32_ops
+                                         : "none (statistics, norms and the loss accumulate in fp32 inside the kernels)");
   if (p->compute_dtype != STOKE_BF16 && p->compute_dtype != STOKE_F16) return;
   for (int i = 0; i < g->n_fwd; i++) {
     const stoke_gnode *n = &g->nodes[i];
@@ -1306,9 +1313,10 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     STOKE_TRY_GOTO(e, done, stoke_cfg_int(c, "run", "device_index", &di), "");
     s.nvml = stoke_nvml_open((int)di + s.local_rank);
   }
-  if (s.dev->device == STOKE_DEV_CPU && prec->param_dtype != STOKE_F32) {
-    e = STOKE_ERR(STOKE_E_UNSUPPORTED, "%s: [run] precision = %s needs a GPU backend; the cpu backend runs fp32",
-                  stoke_cfg_where(c, "run", "precision"), prec_name);
+  if (s.dev->device == STOKE_DEV_CPU && prec->param_dtype != STOKE_F32 && prec->param_dtype != STOKE_F64) {
+    e = STOKE_ERR(STOKE_E_UNSUPPORTED,
+                  "%s: [run] precision = %s needs a GPU backend (%s parameters); the cpu backend runs fp32 (or f64)",
+                  stoke_cfg_where(c, "run", "precision"), prec_name, stoke_dtype_name(prec->param_dtype));
     goto done;
   }
   /* the training loader starts where the checkpoint stopped: read its
@@ -1420,7 +1428,9 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     opt.step = step + 1 - s.resume.skipped_steps; /* the device subtracts the skips since the start */
     opt.grad_scale = 1.0 / (double)accumulate;
     opt.lr = stoke_lr_at(&sched, step + 1);
-    opt.growth_interval = growth > 0 ? growth : prec->growth_interval;
+    opt.growth_interval = prec->loss_scaling == STOKE_SCALING_STATIC ? 0 : growth > 0 ? growth : prec->growth_interval;
+    opt.growth_factor = prec->growth_factor;
+    opt.backoff_factor = prec->loss_scaling == STOKE_SCALING_STATIC ? 1 : prec->backoff_factor;
     for (int64_t micro = 0; micro < accumulate && !e; micro++) {
       if (stop_now(&s)) { /* a signal: the step is dropped, a resume redoes it */
         e = STOKE_ERR(STOKE_E_INTERRUPTED, "interrupted");

@@ -68,7 +68,7 @@ double bench_rate(int64_t batch, int64_t steps, double ms);
 typedef struct bench_variant {
   char name[2];            /* "A" or "B" */
   char overrides[1024];    /* the variant's own overrides, space-separated */
-  char device[128], precision[16];
+  char device[128], precision[32];
   int64_t batch;           /* samples per optimizer step */
   double rate[BENCH_MAX_ROUNDS]; /* samples/s per round */
   int n;

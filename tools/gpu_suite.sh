@@ -15,6 +15,9 @@
 #             against CUDA-graph replay, bf16 and fp16 with forced overflows
 #             (skipped steps: the bias corrections count applied ones), and
 #             clipping on against off
+#   policies  issue 17's precision policy from a plugin: bf16_fp32norm (batch
+#             norm and the loss in f32) against bf16 and fp32, loss curves
+#             and the first lines of the run (the autocast nodes)
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
 #   epilogues cuBLASLt's activation epilogues against the plain products and
@@ -309,6 +312,18 @@ PY
         done
         python3 "$HERE/loss_curves.py" "adamw $prec groups+clip" "$OUT/o_${prec}_clip1_eager/metrics.jsonl" \
           graph="$OUT/o_${prec}_clip1_graph/metrics.jsonl" "no clipping"="$OUT/o_${prec}_noclip_eager/metrics.jsonl"
+      done
+      ;;
+    policies)
+      log "issue 17: a precision policy from a plugin (bf16_fp32norm: batch norm and the loss in f32) against bf16 and fp32"
+      for w in ${POLICY_W:-resnet18c mlp}; do
+        for prec in fp32 bf16 bf16_fp32norm; do
+          timeout 200 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=${POLICY_STEPS:-150} run.log_every=1 \
+            run.progress=off run.deterministic=true run.precision=$prec run.out_dir="$OUT/p_${w}_$prec" > "$OUT/p_${w}_$prec.log" 2>&1
+          echo "$w $prec rc=$? $(grep -E '^precision |autocast|error' "$OUT/p_${w}_$prec.log" | head -3 | tr '\n' ' ')"
+        done
+        python3 "$HERE/loss_curves.py" "$w (base: fp32)" "$OUT/p_${w}_fp32/metrics.jsonl" bf16="$OUT/p_${w}_bf16/metrics.jsonl" \
+          bf16_fp32norm="$OUT/p_${w}_bf16_fp32norm/metrics.jsonl"
       done
       ;;
     convs)

@@ -1,5 +1,7 @@
 // backends/cuda/cast.cu: the cast op on the GPU: an f32 batch to f32, bf16
-// or f16, and from NCHW to NHWC for 4-D images, in one pass; see stoke/ops.h.
+// or f16, and from NCHW to NHWC for 4-D images, in one pass; and autocast
+// between f32 and bf16/f16 (the precision policies' fp32 ops); see
+// stoke/ops.h.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -41,10 +43,83 @@ static stoke_err *cast_run(const stoke_kernel_args_v1 *a, void *st) {
   return NULL;
 }
 
+// ------------------------------------------------------------- autocast
+
+// autocast (stoke/ops.h) between f32 and bf16/f16: forward y = x in y's
+// dtype; backward dx = dy in x's dtype, accumulated (beta) into a
+// parameter's gradient. Exact up to the one rounding to the narrower type.
+template <typename TI, typename TO>
+__global__ void convert_kernel(const TI *__restrict__ x, TO *__restrict__ y, int64_t n, float beta) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    acc(&y[i], beta, to_f(x[i]));
+}
+
+template <typename TI, typename TO>
+static void convert(const void *x, void *y, int64_t n, float beta, cudaStream_t s) {
+  convert_kernel<TI, TO><<<grid_for(n, kThreads, 65535), kThreads, 0, s>>>((const TI *)x, (TO *)y, n, beta);
+}
+
+// y (dtype to) = x (dtype from): false for a pair the cuda backend lacks.
+static bool convert_any(const void *x, stoke_dtype from, void *y, stoke_dtype to, int64_t n, float beta,
+                        cudaStream_t s) {
+  if (from == STOKE_F32 && to == STOKE_BF16) convert<float, __nv_bfloat16>(x, y, n, beta, s);
+  else if (from == STOKE_F32 && to == STOKE_F16) convert<float, __half>(x, y, n, beta, s);
+  else if (from == STOKE_BF16 && to == STOKE_F32) convert<__nv_bfloat16, float>(x, y, n, beta, s);
+  else if (from == STOKE_F16 && to == STOKE_F32) convert<__half, float>(x, y, n, beta, s);
+  else return false;
+  return true;
+}
+
+static stoke_err *autocast_check(const stoke_kernel_args_v1 *a, bool bwd) {
+  const stoke_tensor *x = &a->in[0], *y = &a->out[0];
+  if (a->n_in < 1 || a->n_out < 1 || (bwd && (!a->din || !a->dout)))
+    return STOKE_PERR(STOKE_E_INVALID, "autocast '%s': needs x and y (and their gradients in backward)", nname(a));
+  if (!same_shape(&x->shape, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "autocast '%s': x %s and y %s differ in shape", nname(a), shp(&x->shape).s,
+                      shp(&y->shape).s);
+  bool f32_in = x->dtype == STOKE_F32, low_out = y->dtype == STOKE_BF16 || y->dtype == STOKE_F16;
+  bool low_in = x->dtype == STOKE_BF16 || x->dtype == STOKE_F16;
+  if (!((f32_in && low_out) || (low_in && y->dtype == STOKE_F32)))
+    return STOKE_PERR(STOKE_E_UNSUPPORTED, "autocast '%s': %s to %s; the cuda backend casts between f32 and bf16/f16",
+                      nname(a), stoke_dtype_name(x->dtype), stoke_dtype_name(y->dtype));
+  if (bwd) CHECK(check_grad(a, "autocast", "x", &a->din[0], x));
+  return NULL;
+}
+
+static stoke_err *autocast_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  *state = NULL;
+  *ws = 0;
+  return autocast_check(a, a->din != NULL);
+}
+
+static stoke_err *autocast_fwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(autocast_check(a, false));
+  const stoke_tensor *x = &a->in[0], *y = &a->out[0];
+  convert_any(x->data, x->dtype, y->data, y->dtype, stoke_numel(&x->shape), 0.0f, (cudaStream_t)a->stream);
+  STOKE_CUDA_LAUNCH(nname(a));
+  return NULL;
+}
+
+static stoke_err *autocast_bwd(const stoke_kernel_args_v1 *a, void *) {
+  CHECK(autocast_check(a, true));
+  const stoke_tensor *dx = &a->din[0], *dy = &a->dout[0];
+  if (!dx->data) return NULL;
+  convert_any(dy->data, dy->dtype, dx->data, dx->dtype, stoke_numel(&dx->shape), grad_beta(a, 0),
+              (cudaStream_t)a->stream);
+  STOKE_CUDA_LAUNCH(nname(a));
+  return NULL;
+}
+
 static const stoke_kernel_v1 kernels[] = {
     {"cuda", STOKE_OP_CAST, STOKE_FWD, STOKE_F32, STOKE_LAYOUT_ANY, NULL, cast_run, NULL},
+    {"cuda", STOKE_OP_AUTOCAST, STOKE_FWD, STOKE_F32, STOKE_LAYOUT_ANY, autocast_plan, autocast_fwd, NULL},
+    {"cuda", STOKE_OP_AUTOCAST, STOKE_FWD, STOKE_BF16, STOKE_LAYOUT_ANY, autocast_plan, autocast_fwd, NULL},
+    {"cuda", STOKE_OP_AUTOCAST, STOKE_FWD, STOKE_F16, STOKE_LAYOUT_ANY, autocast_plan, autocast_fwd, NULL},
+    {"cuda", STOKE_OP_AUTOCAST, STOKE_BWD, STOKE_F32, STOKE_LAYOUT_ANY, autocast_plan, autocast_bwd, NULL},
+    {"cuda", STOKE_OP_AUTOCAST, STOKE_BWD, STOKE_BF16, STOKE_LAYOUT_ANY, autocast_plan, autocast_bwd, NULL},
+    {"cuda", STOKE_OP_AUTOCAST, STOKE_BWD, STOKE_F16, STOKE_LAYOUT_ANY, autocast_plan, autocast_bwd, NULL},
 };
 
 extern "C" stoke_err *stoke_cuda_register_cast(const stoke_registry_v1 *r) {
-  return r->add_kernel(r->self, &kernels[0]);
+  return add_kernels(r, kernels, sizeof kernels / sizeof *kernels);
 }

@@ -24,7 +24,7 @@
 #include "stoke/run.h"
 
 static const char *dirs[] = {"backends/cpu", "sources/synthetic", "models/mlp", "plugins/swish", "backends/cuda",
-                             "plugins/lion"};
+                             "plugins/lion", "plugins/bf16_fp32norm", "tests/e2e"};
 static char tmp[512];
 
 static const char *base_ini =
@@ -236,6 +236,55 @@ static void test_batch_auto(void **state) {
   stoke_err_free(e);
 }
 
+/* Precision policies as plugins, selected by name from the INI: the CPU
+ * ones of tests/e2e/test_policies.c (built from the SDK alone) and the
+ * example plugins/bf16_fp32norm. A loss scale that is a power of two is
+ * exact in f32, so static and dynamic scaling end where the unscaled run
+ * does, bit for bit (AdamW: the scaler's path through the update, the bias
+ * corrections included); f64 with f32 islands and an f64 master copy
+ * train; bf16 asks for a GPU. */
+static void test_precision_plugins(void **state) {
+  stoke_summary plain, s;
+  const char *base[] = {"optimizer.name=adamw", "optimizer.lr=0.002", "plugins.load=test_policies", "run.precision=fp32"};
+  train_ok(base, 4, &plain);
+  static const char *same[] = {"run.precision=test_fp32_static", "run.precision=test_fp32_dynamic"};
+  for (int i = 0; i < 2; i++) {
+    base[3] = same[i];
+    train_ok(base, 4, &s);
+    print_message("%s: loss %.9g -> %.9g (unscaled %.9g -> %.9g)\n", same[i], s.first_loss, s.final_loss,
+                  plain.first_loss, plain.final_loss);
+    assert_true(s.first_loss == plain.first_loss && s.final_loss == plain.final_loss);
+  }
+  static const char *learn[] = {"run.precision=test_f64_f32islands", "run.precision=test_fp32_master64"};
+  for (int i = 0; i < 2; i++) {
+    base[3] = learn[i];
+    train_ok(base, 4, &s);
+    print_message("%s: loss %.4f -> %.4f\n", learn[i], s.first_loss, s.final_loss);
+    assert_true(s.final_loss < 0.45);
+  }
+  /* the f64 master copy is what the checkpoint holds */
+  char ckpt[700];
+  snprintf(ckpt, sizeof ckpt, "%s/%s/checkpoint.safetensors", tmp, out_sub);
+  stoke_st_file f;
+  stoke_err *e = stoke_st_read(ckpt, &f);
+  if (e) fail_msg("%s", e->msg);
+  const stoke_st_tensor *t = stoke_st_find(&f, "optimizer.layers.0.weight.master");
+  assert_non_null(t);
+  assert_string_equal(t->dtype, "F64");
+  assert_string_equal(stoke_st_find(&f, "layers.0.weight")->dtype, "F32");
+  stoke_st_free(&f);
+  /* the example plugin is found by its name; the cpu backend cannot run bf16 */
+  static char fixed[2048];
+  snprintf(fixed, sizeof fixed, "%s", base_ini);
+  memcpy(strstr(fixed, "momentun"), "momentum", 8);
+  const char *bf16[] = {"run.precision=bf16_fp32norm", "run.device=cpu"};
+  e = run(write_ini("bf16.ini", fixed), bf16, 2, &s);
+  assert_non_null(e);
+  if (!strstr(e->msg, "precision = bf16_fp32norm needs a GPU backend (bf16 parameters)"))
+    fail_msg("unexpected: %s", e->msg);
+  stoke_err_free(e);
+}
+
 /* Evaluation on a held-out part of the same synthetic task. */
 static void test_eval(void **state) {
   stoke_summary s;
@@ -409,6 +458,7 @@ int main(void) {
       cmocka_unit_test(test_accumulate_and_adamw),
       cmocka_unit_test(test_swish_plugin),
       cmocka_unit_test(test_gpt_adamw_and_lion_plugin),
+      cmocka_unit_test(test_precision_plugins),
       cmocka_unit_test(test_deterministic),
       cmocka_unit_test(test_cuda_graph_on_cpu),
       cmocka_unit_test(test_messages),

@@ -261,6 +261,72 @@ static void test_cast(void **state) {
     }
 }
 
+/* autocast (the precision policies' fp32 ops) between f32 and bf16/f16:
+ * a cast has one right answer, so the GPU's must equal the host's rounding
+ * bit for bit; backward into a parameter's gradient (beta 1) adds in f32
+ * before rounding, into an activation's (beta 0) overwrites. */
+static void test_autocast(void **state) {
+  static const stoke_dtype pairs[][2] = {{STOKE_BF16, STOKE_F32}, {STOKE_F16, STOKE_F32},
+                                         {STOKE_F32, STOKE_BF16}, {STOKE_F32, STOKE_F16}};
+  enum { N = 100003 };
+  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 0xa0c, 0));
+  for (int p = 0; p < 4; p++)
+    for (int param = 0; param < 2; param++) {
+      stoke_dtype from = pairs[p][0], to = pairs[p][1];
+      size_t fb = stoke_dtype_size(from) * N, tb = stoke_dtype_size(to) * N;
+      void *hx = malloc(fb), *hy = malloc(tb), *hdx = malloc(fb), *hdy = malloc(tb), *got = malloc(fb > tb ? fb : tb);
+      for (int64_t i = 0; i < N; i++) {
+        g_set(hx, from, i, -4 + 8 * stoke_rng_uniform(&r));
+        g_set(hdy, to, i, -2 + 4 * stoke_rng_uniform(&r));
+        g_set(hdx, from, i, -1 + 2 * stoke_rng_uniform(&r));
+      }
+      void *dx = g_dev_alloc(fb), *dy = g_dev_alloc(tb), *ddx = g_dev_alloc(fb), *ddy = g_dev_alloc(tb);
+      g_dev_put(dx, hx, fb);
+      g_dev_put(ddy, hdy, tb);
+      g_dev_put(ddx, hdx, fb);
+      stoke_err *e = g_dev->fill(g_dev_self, dy, 0xff, tb, NULL); /* poisoned */
+      if (e) fail_msg("poison: %s", e->msg);
+      char attrs[32];
+      snprintf(attrs, sizeof attrs, "dtype=%s", stoke_dtype_name(to));
+      stoke_node_v1 node;
+      e = stoke_node_init(g_reg, STOKE_OP_AUTOCAST, "autocast_test", attrs, &node);
+      if (e) fail_msg("%s", e->msg);
+      stoke_shape sh = {1, {N}};
+      stoke_tensor in = {dx, sh, from, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}, out = {dy, sh, to, STOKE_LAYOUT_ANY, STOKE_DEV_GPU};
+      stoke_tensor din = {ddx, sh, from, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}, dout = {ddy, sh, to, STOKE_LAYOUT_ANY, STOKE_DEV_GPU};
+      void *eself = NULL;
+      const stoke_kernel_v1 *fk = g_gpu_kernel(STOKE_OP_AUTOCAST, STOKE_FWD, from, STOKE_LAYOUT_ANY, &eself);
+      const stoke_kernel_v1 *bk = g_gpu_kernel(STOKE_OP_AUTOCAST, STOKE_BWD, from, STOKE_LAYOUT_ANY, &eself);
+      stoke_kernel_args_v1 a = {.node = &node, .n_in = 1, .n_out = 1, .in = &in, .out = &out, .training = 1,
+                                .engine = eself, .stream = g_dev->default_stream(g_dev_self)};
+      g_run(fk, &a, 1);
+      g_dev_get(got, dy, tb);
+      for (int64_t i = 0; i < N; i++) {
+        double want = g_get(hx, from, i), v = g_get(got, to, i);
+        g_set(hy, to, 0, want);
+        if (v != g_get(hy, to, 0))
+          fail_msg("autocast %s -> %s: element %lld is %.9g, want %.9g", stoke_dtype_name(from), stoke_dtype_name(to),
+                   (long long)i, v, g_get(hy, to, 0));
+      }
+      a.din = &din, a.dout = &dout, a.param_grads = param ? 1u : 0u, a.param_grad_beta = 1.0f;
+      g_run(bk, &a, 1);
+      g_dev_get(got, ddx, fb);
+      for (int64_t i = 0; i < N; i++) {
+        float sum = param ? (float)g_get(hdx, from, i) + (float)g_get(hdy, to, i) : (float)g_get(hdy, to, i);
+        g_set(hy, from, 0, sum);
+        if (g_get(got, from, i) != g_get(hy, from, 0))
+          fail_msg("autocast %s -> %s backward (%s): element %lld is %.9g, want %.9g", stoke_dtype_name(from),
+                   stoke_dtype_name(to), param ? "accumulated" : "overwritten", (long long)i, g_get(got, from, i),
+                   g_get(hy, from, 0));
+      }
+      print_message("  autocast %s -> %s and back (%s): %d elements exact\n", stoke_dtype_name(from),
+                    stoke_dtype_name(to), param ? "accumulated" : "overwritten", N);
+      void *d[] = {dx, dy, ddx, ddy};
+      for (int i = 0; i < 4; i++) g_dev->free(g_dev_self, d[i]);
+      free(hx), free(hy), free(hdx), free(hdy), free(got);
+    }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_relu),
@@ -274,6 +340,7 @@ int main(void) {
       cmocka_unit_test(test_dropout),
       cmocka_unit_test(test_normalize),
       cmocka_unit_test(test_softmax_ce_determinism_and_bad_label),
+      cmocka_unit_test(test_autocast),
   };
   return cmocka_run_group_tests(tests, setup, g_teardown);
 }

@@ -2,8 +2,8 @@
 # tests/sdk/build_plugin_test.sh: plugins build out of tree from the SDK
 # headers alone (plain cc, no Bazel, no core sources, only core/sdk/stoke/)
 # and export only their entry symbol; the core loads them and finds their
-# parts: the example op plugin (swish), the example optimizer (lion) and one
-# plugin with a part of every versioned kind. A part built against another header (struct size) or ABI
+# parts: the example op plugin (swish), optimizer (lion) and precision
+# policy (bf16_fp32norm), and one plugin with a part of every versioned kind. A part built against another header (struct size) or ABI
 # version is refused, naming the file, the kind and both values.
 set -euo pipefail
 out="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -27,10 +27,12 @@ build plugins/swish/swish.c "$out"
 STOKE_PLUGIN_PATH="$out" tests/sdk/load_plugin swish op:swish
 build plugins/lion/lion.c "$out"
 STOKE_PLUGIN_PATH="$out" tests/sdk/load_plugin lion optimizer:lion kernel:lion
+build plugins/bf16_fp32norm/bf16_fp32norm.c "$out"
+STOKE_PLUGIN_PATH="$out" tests/sdk/load_plugin bf16_fp32norm precision:bf16_fp32norm
 build tests/sdk/every_part.c "$out"
 STOKE_PLUGIN_PATH="$out" tests/sdk/load_plugin every_part op:every_op kernel:every_op backend:every_backend \
   source:every_source model:every_model precision:every_precision comm:every_comm optimizer:every_optimizer
-tests=3
+tests=4
 kinds=(op backend source model precision comm optimizer)
 for k in "${!kinds[@]}"; do
   build tests/sdk/every_part.c "$out/stale$k" -DSTALE="$k"

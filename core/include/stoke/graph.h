@@ -133,6 +133,10 @@ typedef struct stoke_plan_opts {
   double grad_clip;           /* > 0: a grad_norm kernel before the update (clipping by the global norm) */
   int decay_2d_only;          /* weight decay only on parameters of >= 2 dimensions (GPT-2's groups) */
   int no_grad_accumulate;     /* keep gradient sums as add nodes (core/fuse_grad.c; for A/B runs and tests) */
+  /* The precision policy: its fp32_ops run in f32 (autocast around them)
+   * and its master_dtype is the optimizer state's. NULL: the graph's dtype
+   * for everything, f32 master weights for bf16/fp16 parameters. */
+  const stoke_precision_v1 *precision;
 } stoke_plan_opts;
 
 #define STOKE_MAX_ENGINES 32

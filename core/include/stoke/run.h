@@ -34,7 +34,7 @@ typedef struct stoke_summary {
   char checkpoint[640];   /* the checkpoint written at the end ("" if none) */
   /* for the bench (stoke_run_opts.time_steps): the device, the precision
    * the run used, and the timed steps' elapsed device time */
-  char device[128], precision[16];
+  char device[128], precision[32];
   int gpu;                /* timed with device events (1) or the host clock (0) */
   double timed_ms;        /* NaN: not timed */
   int n_op_rows;          /* rows of the per-op profile (profile_ops), maybe > op_rows_cap */

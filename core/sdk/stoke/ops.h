@@ -315,6 +315,14 @@
  * embedding). */
 #define STOKE_OP_MATMUL "matmul"
 
+/* autocast: x -> x in another float dtype (attribute dtype: f32, bf16, f16
+ * or f64), same shape and layout: what the compiler puts around an op the
+ * precision policy computes in f32 (stoke_precision_v1.fp32_ops). Backward
+ * casts the gradient back, accumulating into a parameter's (param_grad_beta).
+ * No model emits it. */
+#define STOKE_OP_AUTOCAST "autocast"
+#define STOKE_AUTOCAST_DTYPE 0 /* str: the output's dtype */
+
 /* Optimizer updates (pass STOKE_OPT) over the flat buffers: the op is the
  * optimizer's name (stoke_optimizer_v1). */
 #define STOKE_OP_SGD "sgd"     /* state: momentum buffer (1x params) */

@@ -492,20 +492,37 @@ typedef struct stoke_model_v1 {
 
 /* ----------------------------------------------------- precision policies */
 
+/* How the loss is scaled before backward (fp16's narrow range). The
+ * scale's state lives on the device and the step is skipped there when a
+ * gradient is inf or NaN: no host sync. */
+typedef enum stoke_loss_scaling {
+  STOKE_SCALING_NONE = 0,
+  STOKE_SCALING_STATIC,  /* init_scale, fixed (steps with inf/NaN gradients are skipped) */
+  STOKE_SCALING_DYNAMIC  /* torch.amp.GradScaler: x growth_factor after growth_interval clean steps, x backoff_factor on inf/NaN */
+} stoke_loss_scaling;
+
+/* A precision policy, `[run] precision = name`. Two classes of ops: every
+ * op computes in param_dtype (activations and gradients too), except the
+ * op types named in fp32_ops, which the compiler runs in f32 with
+ * `autocast` nodes around them (their backward casts the gradients back).
+ * The optimizer updates master_dtype: when that is not param_dtype, it
+ * keeps a master copy of the parameters and writes their rounding to the
+ * working copy. */
 typedef struct stoke_precision_v1 {
   uint32_t abi_version; /* STOKE_ABI_VERSION */
   uint32_t struct_size; /* sizeof(stoke_precision_v1) */
   const char *name;
   const char *help;
-  stoke_dtype param_dtype;   /* working copy of parameters */
-  stoke_dtype compute_dtype; /* activations of matmul/conv-class ops */
-  stoke_dtype master_dtype;  /* what the optimizer updates */
-  int tf32;
-  int loss_scaling;          /* dynamic loss scaler (fp16) */
-  double init_scale;
-  int64_t growth_interval;
-  /* Ops kept in fp32 whatever compute_dtype says, comma-separated. */
+  stoke_dtype param_dtype;   /* parameters' working copy, activations, gradients */
+  stoke_dtype compute_dtype; /* what matmul/conv-class ops compute in (the MFU peak); param_dtype here */
+  stoke_dtype master_dtype;  /* what the optimizer updates and keeps its state in */
+  int tf32;                  /* f32 matmul/conv may use TF32 tensor cores */
+  stoke_loss_scaling loss_scaling;
+  double init_scale;         /* the first scale (static: the scale) */
+  int64_t growth_interval;   /* dynamic: clean steps before the scale grows */
+  /* Op types computed in f32, comma-separated ("batch_norm, softmax_ce"). */
   const char *fp32_ops;
+  double growth_factor, backoff_factor; /* dynamic: 2 and 0.5 when 0 */
 } stoke_precision_v1;
 
 /* ------------------------------------------------------------- optimizers */
