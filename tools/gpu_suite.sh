@@ -428,7 +428,7 @@ PY
     issue6)
       # issue 6's check, one call: loss curves, then the A/B runs (tools/bench),
       # then PyTorch eager and compile; FUSED="" drops the fused backend from B
-      base="run.backends=cudnn,cublaslt,cuda"
+      base="${I6_BASE:-run.backends=cudnn,cublaslt,cuda}" # I6_BASE: another baseline (cudnn_classic,...)
       fast="run.backends=${FUSED-fused,}cudnn,cublaslt,cuda run.cuda_graph=true"
       want() { [[ " ${I6:-curves ab torch} " == *" $1 "* ]]; } # I6: which of the three to run
       want curves && log "issue 6: loss curves, baseline against '$fast' (same seed, ${CURVE_STEPS:-200} steps)"
