@@ -44,6 +44,10 @@
 #             gpt's checkpoint loaded into nanoGPT's module structure with
 #             load_state_dict(strict=True), its loss on the same tokens
 #             against stoke's
+#   steptime  issue 16: train's step times are device times: ResNet-50 bf16
+#             (examples/resnet50.ini, log_every 4 and 1) with and without
+#             cuda_graph, and tools/bench's median of the same two variants;
+#             the p50 step times must agree within 10% (PASS/FAIL lines)
 #   matrix    issue 11's ResNet matrix: each MATRIX cell depth:batch:res
 #             (ResNet-18/34/50, bf16, synthetic data on the device) through
 #             stoke's default configuration (fused + cudnn graph API + CUDA
@@ -214,6 +218,46 @@ PY
         echo "$ini bf16 rc=$?: $(grep -E 'samples/s median' "$OUT/$ini.log")"
       done
       timeout 240 python3 "$S/anchors/loader_bench.py" "$S/photos" /tmp/anchor "$OUT/loader_anchor.json" 2>&1 | tail -1
+      ;;
+    steptime)
+      log "issue 16: device step times, train with and without CUDA graphs against tools/bench"
+      w=${STEPTIME_W:-resnet50}
+      for le in 4 1; do
+        for g in true false; do
+          timeout 200 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=60 run.log_every=$le run.cuda_graph=$g \
+            run.progress=lines run.out_dir="$OUT/st_${w}_${le}_$g" > "$OUT/st_${w}_${le}_$g.log" 2>&1
+          echo "$w log_every=$le cuda_graph=$g rc=$?"; grep -A2 "samples/s median" "$OUT/st_${w}_${le}_$g.log" | head -2
+        done
+      done
+      timeout 400 "$S/bin/bench" "$S/examples/$w.ini" --rounds ${AB_ROUNDS:-3} --a run.cuda_graph=false \
+        --b run.cuda_graph=true --json "$OUT/st_bench.json" > "$OUT/st_bench.log" 2>&1
+      echo "bench rc=$?"; grep -E "^  (A|B) |B/A" "$OUT/st_bench.log"
+      python3 - "$OUT" "$w" <<'PY'
+import json, sys
+out, w = sys.argv[1], sys.argv[2]
+def summary(le, g):
+    try: return [json.loads(l) for l in open(f"{out}/st_{w}_{le}_{g}/metrics.jsonl") if '"summary"' in l][-1]
+    except Exception as e: print(f"FAIL no summary for log_every={le} cuda_graph={g}: {e}"); sys.exit(1)
+b = json.load(open(f"{out}/st_bench.json"))
+bench_ms = {v["name"]: 1e3 * v["batch"] / v["median"] for v in b["variants"]}
+ok = True
+def check(what, x, y):
+    global ok
+    r = x / y
+    good = 0.9 <= r <= 1.1
+    ok &= good
+    print(f"{'PASS' if good else 'FAIL'} {what}: {x:.3f} ms against {y:.3f} ms (ratio {r:.3f})")
+for le in (4, 1):
+    e, g = summary(le, "false"), summary(le, "true")
+    print(f"log_every={le}: eager p50 {e['step_time_ms_p50']:.3f} p95 {e['step_time_ms_p95']:.3f} max {e['step_time_ms_max']:.3f} "
+          f"host p50 {e['host_ms_p50']:.3f} | graph p50 {g['step_time_ms_p50']:.3f} p95 {g['step_time_ms_p95']:.3f} "
+          f"max {g['step_time_ms_max']:.3f} host p50 {g['host_ms_p50']:.3f} (ms)")
+    check(f"log_every={le} p50 graph vs eager", g["step_time_ms_p50"], e["step_time_ms_p50"])
+    check(f"log_every={le} p50 eager vs bench A (eager) median", e["step_time_ms_p50"], bench_ms["A"])
+    check(f"log_every={le} p50 graph vs bench B (graph) median", g["step_time_ms_p50"], bench_ms["B"])
+    check(f"log_every={le} samples/s median graph vs bench B", 1e3 * b["variants"][1]["batch"] / g["samples_per_s_median"], bench_ms["B"])
+print("steptime:", "PASS" if ok else "FAIL")
+PY
       ;;
     matrix)
       cells=${MATRIX:-"50:256:224 50:128:224 50:64:224 50:32:224 50:256:160 50:256:128 50:128:288 34:256:224 18:256:224 18:64:160"}
