@@ -20,6 +20,11 @@
 #             and the first lines of the run (the autocast nodes)
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
+#   kernels   tests/op/every_kernel_test with the GPU engines (every registered
+#             kernel against the cpu reference), KERNEL_REPS times (5), each
+#             run its own seed; per engine the kernel count and the worst
+#             error as a fraction of its tolerance (how close the derived
+#             tolerances are)
 #   epilogues cuBLASLt's activation epilogues against the plain products and
 #             the separate activation passes, heuristic and autotuned
 #             algorithms (tests/gpu/lt_epilogue_bench)
@@ -100,6 +105,18 @@ PY
 log() { echo "== $*"; }
 for part in "$@"; do
   case "$part" in
+    kernels)
+      log "every kernel against the cpu reference, ${KERNEL_REPS:-5} runs"
+      for rep in $(seq "${KERNEL_REPS:-5}"); do
+        timeout 600 "$S/tests/every_kernel_test" > "$OUT/kernels.$rep.log" 2>&1
+        echo "run $rep rc=$? $(grep -m1 -o 'seed [0-9]*' "$OUT/kernels.$rep.log") $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/kernels.$rep.log" | tr '\n' ' ')"
+        grep -E '^\[  FAILED  \] [a-z]' "$OUT/kernels.$rep.log" | sort -u | head -20
+      done
+      grep -h -E '^  engine ' "$OUT/kernels.1.log"
+      # the worst error / tolerance per engine over every run
+      cat "$OUT"/kernels.*.log | awk '/ rel err .* tol / { e = $(NF - 2); t = $NF; if (t > 0 && e / t > w[$1]) { w[$1] = e / t; l[$1] = $0 } }
+        END { for (k in w) printf "worst %-14s %.3f of tol: %s\n", k, w[k], l[k] }'
+      ;;
     fp16)
       log "fp16 forced overflow"
       timeout 120 "$T" "$S/examples/mlp.ini" run.checkpoint=false run.precision=fp16 run.loss_scale_init=1e10 run.steps=40 run.log_every=1 \
