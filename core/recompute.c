@@ -495,7 +495,7 @@ static stoke_err *describe(const stoke_graph *g, const int *seg, const stoke_pla
   size_t cap = 4096 + (size_t)g->n_nodes * 96, used = 0;
   char *r = malloc(cap);
   if (!r) return STOKE_ERR(STOKE_E_OOM, "out of memory");
-  char before_s[32], after_s[32], saved_s[32], budget_s[32] = "";
+  char before_s[32], after_s[32], saved_s[32], budget_s[64] = "";
   fmt_mib((double)p->arena_without_recompute, before_s, sizeof before_s);
   fmt_mib((double)after, after_s, sizeof after_s);
   fmt_mib((double)p->arena_without_recompute - (double)after, saved_s, sizeof saved_s);
