@@ -26,6 +26,7 @@
 #include "stoke/run.h"
 #include "stoke/run_config.h"
 #include "stoke/schedule.h"
+#include "stoke/steptime.h"
 #include "stoke/ops.h"
 #include "dp.h"
 
@@ -302,7 +303,7 @@ typedef struct run_state {
   stoke_dist_env dist; /* read once from the launcher's variables; handed to the comm */
   int rank, world, local_rank;
   stoke_ckpt_meta resume; /* the checkpoint resumed from (step 0: none) */
-  void *bench_t[2]; /* the bench's timers around the timed steps */
+  stoke_steptime *steptime; /* each step's device time */
   /* what a checkpoint records, and where it goes ("": checkpoints off) */
   int64_t seed, accumulate, start_step;
   const char *opt_name;
@@ -337,8 +338,7 @@ static void stream_close(run_state *s, stream *st) {
 
 static void run_close(run_state *s) {
   stoke_dp_close(s->dp);
-  for (int i = 0; i < 2; i++)
-    if (s->bench_t[i]) s->dev->timer_destroy(s->dev_self, s->bench_t[i]);
+  stoke_steptime_free(s->steptime);
   stoke_metrics_free(s->metrics);
   stoke_nvml_close(s->nvml);
   stream_close(s, &s->eval); /* borrows the training executor's weights: first */
@@ -1000,24 +1000,6 @@ static stoke_err *report_ops(run_state *s, int graphs, const stoke_opt_args_v1 *
   return NULL;
 }
 
-/* The bench's timing (stoke_run_opts.time_steps), called with the number
- * of steps done: a timer on the compute stream when the warm-up is over
- * and one when the timed steps are; then the device time between them. */
-static stoke_err *bench_mark(run_state *s, const stoke_run_opts *o, int64_t done, stoke_summary *sum) {
-  if (!o->time_steps || (done != o->time_warmup && done != o->time_warmup + o->time_steps)) return NULL;
-  if (!s->dev->timer_create)
-    return STOKE_ERR(STOKE_E_UNSUPPORTED, "backend '%s' has no timers: the bench cannot time its steps", s->dev->name);
-  int end = done != o->time_warmup;
-  if (!s->bench_t[end]) STOKE_PROPAGATE(s->dev->timer_create(s->dev_self, &s->bench_t[end]));
-  STOKE_PROPAGATE(s->dev->timer_record(s->dev_self, s->bench_t[end], NULL));
-  if (!end) return NULL;
-  if (s->dev->timer_sync) STOKE_PROPAGATE(s->dev->timer_sync(s->dev_self, s->bench_t[1]));
-  float ms = 0;
-  STOKE_TRY(s->dev->timer_elapsed_ms(s->dev_self, s->bench_t[0], s->bench_t[1], &ms), "timing the bench's steps");
-  sum->timed_ms = ms;
-  return NULL;
-}
-
 /* log.txt takes every log line: a write that failed is an error too. */
 static stoke_err *check_log(const run_state *s, const char *dir) {
   if (!s->log || !ferror(s->log)) return NULL;
@@ -1178,8 +1160,10 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
                                  : isatty(2)                         ? STOKE_PROGRESS_BAR
                                                                      : STOKE_PROGRESS_LINES,
                            total, batch * accumulate * s.world, o->quiet, start_step,
-                           s.train.plan->train_flops * (double)accumulate, peak, s.nvml};
+                           s.train.plan->train_flops * (double)accumulate, peak, s.nvml,
+                           o->time_warmup, o->time_steps};
   STOKE_TRY_GOTO(e, done, stoke_metrics_new(&mo, &s.metrics), "");
+  STOKE_TRY_GOTO(e, done, stoke_steptime_new(s.dev, s.dev_self, &s.steptime), "");
 
   /* -- the step loop */
   int64_t step, epoch = 0;
@@ -1214,9 +1198,9 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
    * diverged, or a save just failed */
   int64_t good = start_step, good_epoch = s.resume.epoch;
   signals_catch(&sg);
-  STOKE_TRY_GOTO(e, done, bench_mark(&s, o, 0, sum), "");
   for (step = start_step; step < total && !stop; step++) {
     double t0 = now_s(), wait = 0;
+    if ((e = stoke_steptime_begin(s.steptime))) break;
     opt.step = step + 1 - s.resume.skipped_steps; /* the device subtracts the skips since the start */
     opt.grad_scale = 1.0 / (double)accumulate;
     opt.lr = stoke_lr_at(&sched, step + 1);
@@ -1252,8 +1236,12 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
       break;
     }
     if (!e) good = step + 1, good_epoch = epoch;
-    if (!e && !ops_reported && step > start_step) e = report_ops(&s, cuda_graph, &opt, sum, &ops_reported);
-    if (!e) e = bench_mark(&s, o, step + 1 - start_step, sum);
+    if (!e) e = stoke_steptime_end(s.steptime);
+    double host = now_s() - t0 - wait;
+    if (!e && !ops_reported && step > start_step) {
+      e = report_ops(&s, cuda_graph, &opt, sum, &ops_reported);
+      stoke_steptime_pause(s.steptime); /* the count captured a step: not the next step's time */
+    }
     if (e) {
       e = stoke_err_wrap(e, __FILE__, __LINE__, "step %lld", (long long)step + 1);
       break;
@@ -1262,6 +1250,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     double loss = NAN;
     if (log_now) {
       if ((e = stoke_exec_read_loss(s.train.x, &loss))) break;
+      if ((e = stoke_metrics_collect(s.metrics, s.steptime))) break; /* the step timers, after that sync */
       float amp[4];
       if (stoke_exec_read_scaler(s.train.x, amp)) stoke_metrics_scaler(s.metrics, amp[0], amp[3]);
       if (!isfinite(loss)) {
@@ -1273,7 +1262,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
         break;
       }
     }
-    if ((e = stoke_metrics_step(s.metrics, step + 1, epoch, now_s() - t0, wait, log_now, loss, opt.lr))) break;
+    if ((e = stoke_metrics_step(s.metrics, step + 1, epoch, host, wait, log_now, loss, opt.lr))) break;
     if ((e = check_log(&s, dir))) break;
     /* a signal reaches the ranks at different steps: they agree on when to
      * stop at the next logged step (already a sync), so all stop together */
@@ -1291,10 +1280,12 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
       good = -1; /* the same save again on the way out would fail the same way */
       break;
     }
+    if (s.ckpt[0] && ckpt_every > 0 && (step + 1) % ckpt_every == 0) stoke_steptime_pause(s.steptime);
     int64_t done_batches = (step + 1) * accumulate;
     if (s.eval.x && eval_period > 0 && done_batches / eval_period != (done_batches - accumulate) / eval_period &&
         step + 1 < total && !stop) {
       e = evaluate(&s, sum);
+      stoke_steptime_pause(s.steptime);
       if (e && e->code == STOKE_E_INTERRUPTED) {
         stoke_err_free(e);
         e = NULL;
@@ -1325,6 +1316,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     snprintf(path, sizeof path, "%s/ops.txt", dir);
     e = write_checked(path, put_ops, s.train.x);
   }
+  if (s.metrics && s.steptime && !e) e = stoke_metrics_collect(s.metrics, s.steptime); /* steps since the last log */
   stoke_metrics_summary(s.metrics, sum);
   sum->steps = step;
   sum->samples = (step - start_step) * batch * accumulate * s.world;

@@ -20,6 +20,11 @@
 #             and the first lines of the run (the autocast nodes)
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
+#   kernels   tests/op/every_kernel_test with the GPU engines (every registered
+#             kernel against the cpu reference), KERNEL_REPS times (5), each
+#             run its own seed; per engine the kernel count and the worst
+#             error as a fraction of its tolerance (how close the derived
+#             tolerances are)
 #   epilogues cuBLASLt's activation epilogues against the plain products and
 #             the separate activation passes, heuristic and autotuned
 #             algorithms (tests/gpu/lt_epilogue_bench)
@@ -48,6 +53,10 @@
 #             (resnet50), A/B step time at equal B (tools/bench: none against
 #             h.*.attn and against auto at the budget h.*.attn fits), and
 #             PyTorch's torch.utils.checkpoint on every block (gpt_ckpt_torch.py)
+#   steptime  issue 16: train's step times are device times: ResNet-50 bf16
+#             (examples/resnet50.ini, log_every 4 and 1) with and without
+#             cuda_graph, and tools/bench's median of the same two variants;
+#             the p50 step times must agree within 10% (PASS/FAIL lines)
 #   matrix    issue 11's ResNet matrix: each MATRIX cell depth:batch:res
 #             (ResNet-18/34/50, bf16, synthetic data on the device) through
 #             stoke's default configuration (fused + cudnn graph API + CUDA
@@ -100,6 +109,18 @@ PY
 log() { echo "== $*"; }
 for part in "$@"; do
   case "$part" in
+    kernels)
+      log "every kernel against the cpu reference, ${KERNEL_REPS:-5} runs"
+      for rep in $(seq "${KERNEL_REPS:-5}"); do
+        timeout 600 "$S/tests/every_kernel_test" > "$OUT/kernels.$rep.log" 2>&1
+        echo "run $rep rc=$? $(grep -m1 -o 'seed [0-9]*' "$OUT/kernels.$rep.log") $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/kernels.$rep.log" | tr '\n' ' ')"
+        grep -E '^\[  FAILED  \] [a-z]' "$OUT/kernels.$rep.log" | sort -u | head -20
+      done
+      grep -h -E '^  engine ' "$OUT/kernels.1.log"
+      # the worst error / tolerance per engine over every run
+      cat "$OUT"/kernels.*.log | awk '/ rel err .* tol / { e = $(NF - 2); t = $NF; if (t > 0 && e / t > w[$1]) { w[$1] = e / t; l[$1] = $0 } }
+        END { for (k in w) printf "worst %-14s %.3f of tol: %s\n", k, w[k], l[k] }'
+      ;;
     fp16)
       log "fp16 forced overflow"
       timeout 120 "$T" "$S/examples/mlp.ini" run.checkpoint=false run.precision=fp16 run.loss_scale_init=1e10 run.steps=40 run.log_every=1 \
@@ -272,6 +293,46 @@ PY
       for b in 16 $B 64; do
         B=$b timeout 900 python3 "$HERE/gpt_ckpt_torch.py" "$S/anchors" "$OUT/rc_torch.jsonl" bf16 bf16+ckpt bf16+compile bf16+compile+ckpt 2>&1 | grep '^{'
       done
+      ;;
+    steptime)
+      log "issue 16: device step times, train with and without CUDA graphs against tools/bench"
+      w=${STEPTIME_W:-resnet50}
+      for le in 4 1; do
+        for g in true false; do
+          timeout 200 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=60 run.log_every=$le run.cuda_graph=$g \
+            run.progress=lines run.out_dir="$OUT/st_${w}_${le}_$g" > "$OUT/st_${w}_${le}_$g.log" 2>&1
+          echo "$w log_every=$le cuda_graph=$g rc=$?"; grep -A2 "samples/s median" "$OUT/st_${w}_${le}_$g.log" | head -2
+        done
+      done
+      timeout 400 "$S/bin/bench" "$S/examples/$w.ini" --rounds ${AB_ROUNDS:-3} --a run.cuda_graph=false \
+        --b run.cuda_graph=true --json "$OUT/st_bench.json" > "$OUT/st_bench.log" 2>&1
+      echo "bench rc=$?"; grep -E "^  (A|B) |B/A" "$OUT/st_bench.log"
+      python3 - "$OUT" "$w" <<'PY'
+import json, sys
+out, w = sys.argv[1], sys.argv[2]
+def summary(le, g):
+    try: return [json.loads(l) for l in open(f"{out}/st_{w}_{le}_{g}/metrics.jsonl") if '"summary"' in l][-1]
+    except Exception as e: print(f"FAIL no summary for log_every={le} cuda_graph={g}: {e}"); sys.exit(1)
+b = json.load(open(f"{out}/st_bench.json"))
+bench_ms = {v["name"]: 1e3 * v["batch"] / v["median"] for v in b["variants"]}
+ok = True
+def check(what, x, y):
+    global ok
+    r = x / y
+    good = 0.9 <= r <= 1.1
+    ok &= good
+    print(f"{'PASS' if good else 'FAIL'} {what}: {x:.3f} ms against {y:.3f} ms (ratio {r:.3f})")
+for le in (4, 1):
+    e, g = summary(le, "false"), summary(le, "true")
+    print(f"log_every={le}: eager p50 {e['step_time_ms_p50']:.3f} p95 {e['step_time_ms_p95']:.3f} max {e['step_time_ms_max']:.3f} "
+          f"host p50 {e['host_ms_p50']:.3f} | graph p50 {g['step_time_ms_p50']:.3f} p95 {g['step_time_ms_p95']:.3f} "
+          f"max {g['step_time_ms_max']:.3f} host p50 {g['host_ms_p50']:.3f} (ms)")
+    check(f"log_every={le} p50 graph vs eager", g["step_time_ms_p50"], e["step_time_ms_p50"])
+    check(f"log_every={le} p50 eager vs bench A (eager) median", e["step_time_ms_p50"], bench_ms["A"])
+    check(f"log_every={le} p50 graph vs bench B (graph) median", g["step_time_ms_p50"], bench_ms["B"])
+    check(f"log_every={le} samples/s median graph vs bench B", 1e3 * b["variants"][1]["batch"] / g["samples_per_s_median"], bench_ms["B"])
+print("steptime:", "PASS" if ok else "FAIL")
+PY
       ;;
     matrix)
       cells=${MATRIX:-"50:256:224 50:128:224 50:64:224 50:32:224 50:256:160 50:256:128 50:128:288 34:256:224 18:256:224 18:64:160"}
