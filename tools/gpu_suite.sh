@@ -69,6 +69,11 @@
 #             before build then one of this build, interleaved; B/A as
 #             tools/bench reports it (geometric mean of the paired ratios,
 #             95% t-interval on their logs)
+#   observe   issue 13: ResNet-50 with run.trace=20-24 (eager and CUDA graph)
+#             and run.tensorboard=true: the trace's lanes, op slices and what
+#             tracing cost in its steps; observe_check.py on the eager run;
+#             tools/bench A/B of the trace off/on and of NVTX off/on (eager and
+#             graphs); nsys's NVTX summary where nsys is installed
 #   ddp       data parallel on 2 GPUs, all of: ddp_eq (weights of a 2-GPU run
 #             against a 1-GPU run of the same global batch), ddp_resume (a
 #             2-GPU checkpoint resumed on 1 GPU), ddp_kill (a killed rank ends
@@ -402,6 +407,48 @@ print(f"binab {w}: before {med([a for a, _ in pairs]):,.0f} after {med([b for _,
       f"after/before {math.exp(m):.4f} [95% CI {math.exp(m - h):.4f}, {math.exp(m + h):.4f}]")
 PY
       done
+      ;;
+    observe)
+      log "issue 13: trace of steps 20-24 (eager and CUDA graph), TensorBoard, report; costs by tools/bench"
+      w=${OBSERVE_W:-resnet50}
+      for g in false true; do
+        timeout 200 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=40 run.log_every=1 run.cuda_graph=$g \
+          run.trace=20-24 run.tensorboard=true run.progress=off run.out_dir="$OUT/obs_${w}_$g" > "$OUT/obs_${w}_$g.log" 2>&1
+        echo "$w cuda_graph=$g rc=$?"
+        python3 - "$OUT/obs_${w}_$g" <<'PY'
+import json, statistics, sys
+d = sys.argv[1]
+t = json.load(open(f"{d}/trace.json"))["traceEvents"]
+rows = {r["step"]: r for r in map(json.loads, open(f"{d}/metrics.jsonl")) if "step_time_ms" in r}
+gpu_steps = [e for e in t if e.get("cat") == "step" and e["pid"] % 2 == 1]
+ops = [e for e in t if e.get("cat") == "op"]
+lanes = sorted({(e["pid"], e["tid"]) for e in t if e["ph"] == "X"})
+flows = [e for e in t if e["ph"] in "sf"]
+traced = [rows[s]["step_time_ms"] for s in range(20, 25) if s in rows]
+other = [rows[s]["step_time_ms"] for s in range(8, 19) if s in rows] + [rows[s]["step_time_ms"] for s in range(27, 41) if s in rows]
+print(f"  trace: {len(gpu_steps)} GPU steps, {len(ops)} op slices, {len(flows)} flow ends, lanes {lanes}")
+print(f"  op slices per step {len(ops) / max(1, len(gpu_steps)):.0f}; first ops: {[o['name'] for o in ops[:4]]}")
+if traced and other:
+    a, b = statistics.median(traced), statistics.median(other)
+    print(f"  step time traced (20-24) median {a:.3f} ms, untraced median {b:.3f} ms: tracing costs {100 * (a / b - 1):+.1f}% in its steps")
+print("  trace", "PASS" if len(gpu_steps) == 5 and (ops or "true" in d) else "FAIL")
+PY
+      done
+      TRACE=20-24 python3 "$HERE/observe_check.py" "$OUT/obs_${w}_false" | grep -v "^\[       OK"
+      log "tools/bench: trace of 5 steps off/on (whole-run rate), NVTX off/on"
+      timeout 300 "$S/bin/bench" "$S/examples/$w.ini" --rounds ${AB_ROUNDS:-3} --a run.trace= --b run.trace=14-18 > "$OUT/obs_trace_ab.log" 2>&1
+      echo "trace A/B rc=$?"; grep -E "^  (A|B) |B/A" "$OUT/obs_trace_ab.log"
+      for g in true false; do
+        timeout 300 "$S/bin/bench" "$S/examples/$w.ini" run.cuda_graph=$g --rounds ${AB_ROUNDS:-3} --a run.nvtx=false --b run.nvtx=true > "$OUT/obs_nvtx_$g.log" 2>&1
+        echo "nvtx A/B cuda_graph=$g rc=$?"; grep -E "^  (A|B) |B/A" "$OUT/obs_nvtx_$g.log"
+      done
+      if command -v nsys > /dev/null; then
+        timeout 200 nsys profile -o "$OUT/obs_nsys" --force-overwrite true "$T" "$S/examples/$w.ini" run.steps=12 \
+          run.cuda_graph=false run.checkpoint=false run.progress=off run.out_dir="$OUT/obs_nsys_run" > "$OUT/obs_nsys.log" 2>&1
+        nsys stats --report nvtx_sum "$OUT/obs_nsys.nsys-rep" 2>/dev/null | head -20
+      else
+        echo "nsys not installed here: NVTX names not checked"
+      fi
       ;;
     ddp) # all of the data-parallel checks below, in one call
       bash "$0" ddp_eq ddp_graph ddp_resume ddp_kill ddp_bench
