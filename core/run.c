@@ -1219,7 +1219,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   int64_t eval_period = eval_every > 0 ? (int64_t)llround(eval_every * (double)per_epoch) : 0;
   int on_device = rc->data.on_device, want_ckpt = rc->run.checkpoint, profile_ops = rc->run.profile_ops;
   int cuda_graph = rc->run.cuda_graph;
-  stoke_nvtx_on = rc->run.nvtx;
+  stoke_nvtx_enable(rc->run.nvtx);
   int64_t growth = rc->run.loss_scale_growth;
   if (cuda_graph && profile_ops) {
     stoke_log(STOKE_LOG_WARN, "run", "%s: cuda_graph = true with profile_ops = true: the profile times each "
@@ -1252,7 +1252,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     double t0 = now_s(), wait = 0, trace_t0 = s.trace ? stoke_trace_now(s.trace) : 0;
     if ((e = trace_step(&s, step + 1, cuda_graph, profile_ops, trace_t0, 0, 0))) break;
     char range[32];
-    if (stoke_nvtx_on) snprintf(range, sizeof range, "step %lld", (long long)step + 1);
+    if (stoke_nvtx_on()) snprintf(range, sizeof range, "step %lld", (long long)step + 1);
     stoke_range_push(range);
     if ((e = stoke_steptime_begin(s.steptime))) break;
     opt.step = step + 1 - s.resume.skipped_steps; /* the device subtracts the skips since the start */
