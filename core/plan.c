@@ -257,7 +257,7 @@ static void fuse_patterns_all(stoke_graph *g, const stoke_plan_opts *o) {
  * reads once, each it writes once (a backward node reads only what its
  * op's bwd_needs names, plus the output gradients). The sum over a step is
  * the bytes floor of node-by-node execution; fusion lowers it. */
-static double node_bytes(const stoke_graph *g, const stoke_gnode *n) {
+double stoke_node_bytes(const stoke_graph *g, const stoke_gnode *n) {
   double b = 0;
   int moves = 0; /* a view whose every result shares its input's memory moves nothing */
   for (int j = 0; j < n->n_out && n->pass == STOKE_FWD; j++) moves |= g->values[n->out[j]].alias != n->in[0];
@@ -442,7 +442,7 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   for (int i = 0; i < g->n_nodes; i++) {
     if (i < g->n_fwd) p->fwd_flops += g->nodes[i].flops;
     if (!g->nodes[i].recompute) p->train_flops += g->nodes[i].flops;
-    if (i < g->n_fwd || opts->training) p->step_bytes += node_bytes(g, &g->nodes[i]);
+    if (i < g->n_fwd || opts->training) p->step_bytes += stoke_node_bytes(g, &g->nodes[i]);
   }
   if (!opts->training) p->train_flops = p->fwd_flops;
   if (p->opt_kernel) {

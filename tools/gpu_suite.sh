@@ -44,9 +44,13 @@
 #             gpt's checkpoint loaded into nanoGPT's module structure with
 #             load_state_dict(strict=True), its loss on the same tokens
 #             against stoke's
+#   ddp_recompute  (2 GPUs) issue 14 with data parallel: a small gpt, recompute
+#             none against h.* and auto, eager and CUDA graphs (fp32
+#             deterministic: weights bitwise equal expected)
 #   recompute issue 14 (run.recompute): weights after training with and without
-#             recomputation (fp32 deterministic: bitwise expected; bf16 with
-#             CUDA graphs, accumulation: same loss curve) for a small gpt and
+#             recomputation (fp32 deterministic: bitwise expected; bf16 and
+#             fp16 (scaler) with CUDA graphs, accumulation: the same loss
+#             curve, bitwise where the kernels are deterministic) for a small gpt and
 #             resnet18c; gpt2_124m and resnet50: the largest batch that fits
 #             with recompute = none and = auto (--dry-run on this GPU), peak
 #             memory and speed at B = 16, 32, 64 (gpt) and 256, 512, 1024
@@ -241,9 +245,9 @@ PY
       for net in gpt rn; do
         [ $net = gpt ] && base=$GPTS || base=$RN
         [ $net = gpt ] && pats="h.*.attn h.* auto" || pats="layer*.* layer2.*,layer4.* auto"
-        for prec in fp32 bf16; do
+        for prec in fp32 bf16 fp16; do
           [ $prec = fp32 ] && extra="run.deterministic=true run.cuda_graph=false" || extra="run.cuda_graph=true data.batch_size=4 run.accumulate=2"
-          [ $net = rn ] && [ $prec = bf16 ] && extra="run.cuda_graph=true data.batch_size=32 run.accumulate=2"
+          [ $net = rn ] && [ $prec != fp32 ] && extra="run.cuda_graph=true data.batch_size=32 run.accumulate=2"
           log "recompute correctness: $net $prec ($extra), none against each of: $pats"
           timeout 300 "$T" $base $extra run.precision=$prec run.recompute=none run.out_dir="$OUT/rc_${net}_${prec}_none" \
             > "$OUT/rc_${net}_${prec}_none.log" 2>&1; echo "none rc=$?"
@@ -452,6 +456,26 @@ PY
       ;;
     ddp) # all of the data-parallel checks below, in one call
       bash "$0" ddp_eq ddp_graph ddp_resume ddp_kill ddp_bench
+      ;;
+    ddp_recompute)
+      # issue 14 with data parallel: a small gpt on 2 GPUs, recompute none against patterns and auto (fp32
+      # deterministic: the weights bitwise equal), eager and with CUDA graphs; the buckets go as backward makes them
+      set -f
+      G2="$S/examples/gpt2_124m.ini model.n_layer=4 model.n_embd=128 model.n_head=4 model.context=128 data.shape=129
+          data.batch_size=8 data.on_device=false run.steps=20 run.precision=fp32 run.deterministic=true
+          run.checkpoint=true run.progress=off run.bucket_mb=0.25"
+      for graph in false true; do
+        for rc in none h.* auto; do
+          mem=""; [ $rc = auto ] && mem="run.memory_gb=0.001"
+          tag=$(echo "${graph}_$rc" | tr -c 'a-z0-9\n' '_')
+          timeout 200 $S/bin/launch --gpus 2 $G2 run.cuda_graph=$graph run.recompute=$rc $mem run.out_dir=$OUT/ddprc_$tag \
+            > $OUT/ddprc_$tag.log 2>&1; echo "2 GPUs cuda_graph=$graph recompute=$rc rc=$? $(grep -hE '^recompute \(|error' $OUT/ddprc_$tag.log | head -2 | tr '\n' ' ')"
+          [ $rc != none ] && compare $OUT/ddprc_${graph}_none/checkpoint.safetensors $OUT/ddprc_$tag/checkpoint.safetensors \
+            "2 GPUs cuda_graph=$graph: none vs $rc"
+        done
+      done
+      grep -hE "^data parallel:" $OUT/ddprc_false_auto.log
+      set +f
       ;;
     ddp_eq)
       log "data parallel: $(nvidia-smi --list-gpus | wc -l) GPUs, NCCL from ${nccl:-the system}"
