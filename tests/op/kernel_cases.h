@@ -176,7 +176,9 @@ static int gen_linear(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     add_in(c, SHAPE(o, in), IN_PARAM);
     if (bias) add_in(c, S1(o), IN_PARAM);
     c->k = (double)(in > b ? in : b);
-    c->flags = i == 2 && k->dtype == STOKE_F32 && gpu_engine(k) ? STOKE_KFLAG_TF32 : 0;
+    /* the GPU engines: autotuned, deterministic, TF32 (f32) */
+    static const uint32_t gpu_flags[3] = {STOKE_KFLAG_AUTOTUNE, STOKE_KFLAG_DETERMINISTIC, STOKE_KFLAG_TF32};
+    c->flags = gpu_engine(k) && (i < 2 || k->dtype == STOKE_F32) ? gpu_flags[i] : 0;
   }
   if (gpu_engine(k)) { /* GPT-2's output head, in part */
     int bias = strcmp(k->op, STOKE_OP_MATMUL) != 0;
