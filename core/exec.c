@@ -458,8 +458,8 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
     stoke_range_pop();
     if (!e) e = tick(x, i);
     if (e)
-      return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name,
-                            node->n.op, node->pass == STOKE_BWD ? "backward" : "forward",
+      return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name, node->n.op,
+                            node->pass == STOKE_BWD ? "backward" : node->recompute ? "recomputed forward" : "forward",
                             node->kernel->engine);
     if (x->hook) STOKE_PROPAGATE(x->hook(x->hook_ctx, i));
   }
