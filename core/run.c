@@ -1,6 +1,7 @@
 /* core/run.c: a training run as the INI file says: strict config, plugin
  * loading by name, graph build and compile, the loader, the step loop
  * (loss read back only every log_every steps), metrics and the summary. */
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -74,6 +75,9 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"checkpoint", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "write checkpoints (false: none at all, e.g. for benchmarks)"},
     {"resume", STOKE_CFG_STR, "", 0, 0, NULL, "continue from this checkpoint file"},
+    {"overwrite", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "start over in an out_dir that holds another run's checkpoint (replaced at the first save); without it "
+     "such a run is refused unless run.resume names that checkpoint"},
     {"deterministic", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "bitwise-reproducible runs: deterministic algorithms only (the cpu backend always is)"},
     {"loss_scale_init", STOKE_CFG_FLOAT, "0", 0, 1e38, NULL,
@@ -1109,6 +1113,44 @@ static stoke_err *save_on_exit(run_state *s, stoke_err *e, int64_t good, int64_t
   return note_saved(s, e, good, sum);
 }
 
+/* Before anything is written to out_dir: checkpoint files of processes
+ * killed mid-save (checkpoint.safetensors.tmp.PID, that PID gone from this
+ * machine) are removed, and another run's checkpoint there is kept: the
+ * run is refused unless it continues that checkpoint (run.resume names
+ * it) or run.overwrite = true says to start over. */
+static stoke_err *claim_out_dir(const stoke_cfg *c, const char *dir, const char *resume, int want_ckpt) {
+  DIR *d = opendir(dir);
+  for (struct dirent *de; d && (de = readdir(d));) {
+    static const char tmp[] = "checkpoint.safetensors.tmp.";
+    char *end;
+    if (strncmp(de->d_name, tmp, sizeof tmp - 1)) continue;
+    long pid = strtol(de->d_name + sizeof tmp - 1, &end, 10);
+    if (end == de->d_name + sizeof tmp - 1 || *end || pid <= 0 || pid > INT_MAX) continue;
+    if (pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) continue; /* still saving */
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    if (!unlink(path))
+      stoke_log(STOKE_LOG_INFO, "run", "removed %s, left by process %ld, which was killed while saving", path, pid);
+  }
+  if (d) closedir(d);
+  char ckpt[PATH_MAX];
+  snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", dir);
+  struct stat have, named;
+  int overwrite;
+  STOKE_PROPAGATE(stoke_cfg_bool(c, "run", "overwrite", &overwrite));
+  if (!want_ckpt || overwrite || stat(ckpt, &have)) return NULL;
+  if (resume[0] && !stat(resume, &named) && named.st_dev == have.st_dev && named.st_ino == have.st_ino) return NULL;
+  stoke_ckpt_meta m;
+  char what[64] = "unreadable";
+  stoke_err *e = stoke_checkpoint_read_meta(ckpt, &m);
+  if (e) stoke_err_free(e);
+  else snprintf(what, sizeof what, "step %lld", (long long)m.step);
+  return STOKE_ERR(STOKE_E_INVALID,
+                   "%s: [run] out_dir '%s' holds another run's checkpoint (%s, %s): continue it with run.resume=%s, "
+                   "start over with run.overwrite=true (it is replaced at the first save), or choose another out_dir",
+                   stoke_cfg_where(c, "run", "out_dir"), dir, ckpt, what, ckpt);
+}
+
 /* Before any compute: room for a checkpoint in out_dir, on its disk and
  * under the file-size limit, so that a run never trains for hours to fail
  * at its first save. */
@@ -1278,6 +1320,9 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   snprintf(sum->out_dir, sizeof sum->out_dir, "%s", dir);
   sig_set(&sg, 2, SIG_IGN); /* SIGXFSZ: see sig_guard */
   STOKE_TRY_GOTO(e, done, mkdir_p(dir), "[run] out_dir");
+  int want_ckpt;
+  STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "checkpoint", &want_ckpt), "");
+  if (s.rank == 0) STOKE_TRY_GOTO(e, done, claim_out_dir(c, dir, resume, want_ckpt), "");
   s.config_text = config_text(c);
   char path[640];
   snprintf(path, sizeof path, "%s/config.ini", dir);
@@ -1388,7 +1433,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   /* -- the step loop */
   int64_t step, epoch = 0;
   int64_t eval_period = eval_every > 0 ? (int64_t)llround(eval_every * (double)per_epoch) : 0;
-  int on_device, want_ckpt, profile_ops, cuda_graph;
+  int on_device, profile_ops, cuda_graph;
   int64_t growth;
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "profile_ops", &profile_ops), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "cuda_graph", &cuda_graph), "");
@@ -1410,7 +1455,6 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   }
   if (cuda_graph) STOKE_TRY_GOTO(e, done, stoke_exec_graphs(s.train.x, 1), "%s", stoke_cfg_where(c, "run", "cuda_graph"));
   int ops_reported = s.dp != NULL; /* counting records a step: no collectives in a capture */
-  STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "checkpoint", &want_ckpt), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "data", "on_device", &on_device), "");
   STOKE_TRY_GOTO(e, done, stoke_cfg_int(c, "run", "loss_scale_growth", &growth), "");
   s.seed = seed, s.accumulate = accumulate, s.start_step = start_step, s.opt_name = opt_name;
