@@ -1581,6 +1581,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   sum->steps = step;
   sum->samples = (step - start_step) * batch * accumulate * s.world;
   sum->skipped_samples = stoke_loader_skipped(s.train.loader);
+  sum->bad_samples = stoke_loader_bad_samples(s.train.loader);
   if (!e && s.dp) e = report_ranks(&s, sum, o->quiet);
   if (!e) e = stoke_metrics_close(s.metrics, sum, stop ? "interrupted" : "done");
   if (!e) e = check_log(&s, dir);

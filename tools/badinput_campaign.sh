@@ -137,6 +137,9 @@ name = sgd
 lr = 0.05
 momentum = 0.9
 EOF
+# the same run on a data set of files: [data] of the lmdb and jpeg sources
+SRC=$work/in/source.ini
+grep -vE '^(shape|classes|length) =' "$TINY" > "$SRC"
 T="$BIN/train"
 rng_state=$seed
 rand() { # a number in [0, $1) from the campaign's own stream
@@ -195,14 +198,14 @@ if want lmdb; then
   echo "== cut-short and damaged LMDB data sets" >&2
   $MUT idx 512 "$work/in/idx"
   "$BIN/convert" idx --images "$work/in/idx-images-idx3-ubyte" --labels "$work/in/idx-labels-idx1-ubyte" \
-    --out "$work/in/lmdb-good" > "$work/logs/convert-idx.log" 2>&1 ||
+    --out "$work/in/lmdb-good" --force > "$work/logs/convert-idx.log" 2>&1 ||
     { echo "badinput_campaign: convert idx failed: $work/logs/convert-idx.log" >&2; exit 1; }
-  LM=(data.source=lmdb data.classes=4 run.steps=3 "run.out_dir=$work/runs/lmdb")
+  LM=(data.source=lmdb run.steps=3 "run.out_dir=$work/runs/lmdb")
   size=$(stat -c %s "$work/in/lmdb-good/data.mdb")
   j=0
   lmdb_case() { # NAME: runs on $work/in/lmdb-$j
     rm -rf "$work/runs/lmdb"
-    run_case lmdb "$1" "$T" "$TINY" "${LM[@]}" "data.path=$work/in/lmdb-$j"
+    run_case lmdb "$1" "$T" "$SRC" "${LM[@]}" "data.path=$work/in/lmdb-$j"
     record lmdb "$1"
   }
   fresh() {
@@ -236,7 +239,7 @@ if want lmdb; then
   for i in $(seq 10); do
     fresh
     rm -rf "$work/runs/lmdb"
-    run_case lmdb "same path twice" "$T" "$TINY" "${LM[@]}" "data.path=$work/in/lmdb-$j" eval_data.source=lmdb \
+    run_case lmdb "same path twice" "$T" "$SRC" "${LM[@]}" "data.path=$work/in/lmdb-$j" eval_data.source=lmdb \
       "eval_data.path=$work/in/lmdb-$j"
     record lmdb "same path twice $i"
   done
@@ -247,7 +250,7 @@ if want jpeg && [ -d "$photos" ]; then
   echo "== bad JPEGs (jpeg source, convert folder, JPEG records in LMDB)" >&2
   "$BIN/make_jpeg_bench" --photos "$photos" --out "$work/in/jpegs" --count 20 --threads 2 --force \
     > "$work/logs/make_jpeg_bench.log" 2>&1 || { echo "badinput_campaign: make_jpeg_bench failed" >&2; exit 1; }
-  JP=(data.source=jpeg data.classes=10 data.size=16 data.batch_size=8 run.steps=2 "run.out_dir=$work/runs/jpeg")
+  JP=(data.source=jpeg data.size=16 data.batch_size=8 run.steps=2 "run.out_dir=$work/runs/jpeg")
   goods=("$work"/in/jpegs/c*/img_*.jpg)
   j=0
   for kind in truncate flip header zero junk; do
@@ -263,7 +266,7 @@ if want jpeg && [ -d "$photos" ]; then
         for g in "$d"/c1/*.jpg; do $MUT jpeg $((seed * 100000 + j)) $kind "$src" "$g"; done
       fi
       rm -rf "$work/runs/jpeg"
-      run_case jpeg "source, $kind seed $((seed * 100000 + j))" "$T" "$TINY" "${JP[@]}" "data.root=$d"
+      run_case jpeg "source, $kind seed $((seed * 100000 + j))" "$T" "$SRC" "${JP[@]}" "data.root=$d"
       record jpeg "source $kind-$j"
       run_case jpeg "convert, $kind seed $((seed * 100000 + j))" "$BIN/convert" folder --root "$d" \
         --out "$work/in/jpeg-lmdb-$j" --size 16x16 --threads 2 --force
@@ -278,7 +281,7 @@ if want jpeg && [ -d "$photos" ]; then
     rm -rf "$work/in/jlmdb-$j" && cp -r "$work/in/jlmdb" "$work/in/jlmdb-$j" && rm -f "$work/in/jlmdb-$j/lock.mdb"
     $MUT damage $((seed * 100000 + j)) "$work/in/jlmdb-$j/data.mdb" $((1 + $(rand 32)))
     rm -rf "$work/runs/jpeg"
-    run_case jpeg "lmdb jpeg records, seed $((seed * 100000 + j))" "$T" "$TINY" data.source=lmdb data.classes=10 \
+    run_case jpeg "lmdb jpeg records, seed $((seed * 100000 + j))" "$T" "$SRC" data.source=lmdb \
       "data.path=$work/in/jlmdb-$j" run.steps=2 "run.out_dir=$work/runs/jpeg"
     record jpeg "lmdb records $i"
   done
@@ -320,8 +323,8 @@ judge_signal() { # OUT_DIR MIN_STEP SENT_SIGNAL
   local out=$1 min=$2 sig=$3 step
   classify
   step=$(ckpt_step "$out/checkpoint.safetensors")
-  if [ "$CLASS" = crash ] && [ "$RC" = $((128 + sig)) ] && ! grep -qE 'Sanitizer|runtime error:' "$LOG"; then
-    CLASS=error # killed by the signal we sent (before the handlers, or the third one)
+  if [ "$RC" = $((128 + sig)) ] && ! grep -qE 'Sanitizer|runtime error:' "$LOG"; then
+    CLASS=error # killed by the signal we sent (kill -9, before the handlers, or the third one)
   fi
   if [ "$CLASS" != hang ] && [ "$min" -gt 0 ] && [ "$step" -lt "$min" ]; then CLASS=lost; fi
   echo "# checkpoint step $step, needed $min" >> "$LOG"
@@ -334,9 +337,9 @@ if want signal; then
     out=$work/runs/sig-$i
     rm -rf "$out"
     sig=$([ $((i % 2)) = 0 ] && echo 15 || echo 2)
-    start_bg signal "signal $sig at random" "$T" "$TINY" run.steps=400 run.checkpoint_every=0 "run.out_dir=$out" \
+    start_bg signal "signal $sig at random" "$T" "$TINY" run.steps=1000000 run.checkpoint_every=0 "run.out_dir=$out" \
       data.shape=256 model.hidden=256
-    sleep "0.$(rand 10)$(rand 10)"; sleep "$(rand 4)"
+    sleep "$((1 + $(rand 4))).$(rand 10)$(rand 10)"
     kill -"$sig" "$PID" 2>/dev/null
     wait_bg
     done_steps=$(last_step "$out")
@@ -369,7 +372,6 @@ if want signal; then
     done_steps=$(last_step "$out")
     # metrics are written before the step's checkpoint: one step of slack
     judge_signal "$out" $((done_steps > 0 ? done_steps - 1 : 0)) 9
-    [ "$CLASS" = crash ] && [ "$RC" = 137 ] && CLASS=error
     record signal "kill -9 at random ($done_steps steps logged)"
   done
   # Ctrl-C in the middle of a long accumulated step

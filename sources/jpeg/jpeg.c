@@ -114,7 +114,7 @@ static stoke_err *scan(jpeg_src *s, const char *where) {
 /* ----------------------------------------------------------------- read */
 
 static blob *read_file(const char *path, char *why, size_t cap) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO put there since the scan: never waited on */
   if (fd < 0) {
     snprintf(why, cap, "cannot open: %s", strerror(errno));
     return NULL;
@@ -123,6 +123,8 @@ static blob *read_file(const char *path, char *why, size_t cap) {
   blob *b = NULL;
   if (fstat(fd, &st) != 0) {
     snprintf(why, cap, "cannot stat: %s", strerror(errno));
+  } else if (!S_ISREG(st.st_mode)) {
+    snprintf(why, cap, "not a regular file any more");
   } else if (st.st_size == 0) {
     snprintf(why, cap, "empty file, not a JPEG");
   } else if (!(b = malloc(sizeof *b + (size_t)st.st_size))) {

@@ -58,6 +58,8 @@ int64_t stoke_loader_batches_per_epoch(const stoke_loader *l);
 size_t stoke_loader_sample_bytes(const stoke_loader *l);
 /* Samples skipped so far because the source could not read them. */
 int64_t stoke_loader_skipped(const stoke_loader *l);
+/* The distinct samples among them (each warned about once per run). */
+int64_t stoke_loader_bad_samples(const stoke_loader *l);
 
 #ifdef __cplusplus
 }
