@@ -204,11 +204,14 @@ static void *worker(void *arg) {
     void *hook_ctx = l->hook_ctx;
     pthread_mutex_unlock(&l->mu);
     double t0 = hook ? now_s() : 0;
+    int nvtx = stoke_nvtx_on(); /* read once: push and pop agree */
     char range[48];
-    if (stoke_nvtx_on) snprintf(range, sizeof range, "decode batch %lld", (long long)number);
-    stoke_range_push(range);
+    if (nvtx) {
+      snprintf(range, sizeof range, "decode batch %lld", (long long)number);
+      nvtxRangePushA(range);
+    }
     stoke_err *e = from < to ? fill(l, s, number, from, to) : NULL;
-    stoke_range_pop();
+    if (nvtx) nvtxRangePop();
     if (hook) hook(hook_ctx, id, number, from, to, t0, now_s());
     pthread_mutex_lock(&l->mu);
     if (e && !s->err) s->err = e;

@@ -44,12 +44,15 @@ stoke_err *stoke_report_write(const char *path, const stoke_report *r);
  * each series' y; NaN values break a line. A band fills between two
  * series (lo, hi). Writes a note instead when nothing was measured. */
 typedef struct stoke_svg_series {
-  const char *name, *color;
+  const char *name, *color; /* name "": not in the legend */
   const double *y;
   int band_with; /* >= 0: fill between this series and series[band_with] */
 } stoke_svg_series;
 void stoke_svg_plot(FILE *f, const char *title, const char *unit, const double *x, int64_t n,
                     const stoke_svg_series *s, int ns);
+/* The same with its own x axis label (stoke_svg_plot's is "step"). */
+void stoke_svg_plot_x(FILE *f, const char *title, const char *unit, const char *xlabel, const double *x, int64_t n,
+                      const stoke_svg_series *s, int ns);
 /* Horizontal bars (label, value), e.g. memory by kind or time per op. */
 void stoke_svg_bars(FILE *f, const char *title, const char *unit, const char *const *labels, const double *v, int n);
 /* A page's head (title, the report's style sheet) up to <body>. */
