@@ -458,8 +458,8 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
     stoke_range_pop();
     if (!e) e = tick(x, i);
     if (e)
-      return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name,
-                            node->n.op, node->pass == STOKE_BWD ? "backward" : "forward",
+      return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name, node->n.op,
+                            node->pass == STOKE_BWD ? "backward" : node->recompute ? "recomputed forward" : "forward",
                             node->kernel->engine);
     if (x->hook) STOKE_PROPAGATE(x->hook(x->hook_ctx, i));
   }
@@ -606,6 +606,10 @@ stoke_err *stoke_exec_count_ops(stoke_exec *x, const stoke_opt_args_v1 *opt, int
 static int by_op_ms(const void *a, const void *b) {
   double x = ((const stoke_op_time *)a)->ms, y = ((const stoke_op_time *)b)->ms;
   return x < y ? 1 : x > y ? -1 : 0;
+}
+
+void *stoke_exec_profile_start(const stoke_exec *x) {
+  return x->timers && x->profiled_steps ? x->timers[x->p->g->n_nodes] : NULL;
 }
 
 int stoke_exec_profile_last(const stoke_exec *x, const double **ms) {
