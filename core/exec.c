@@ -447,7 +447,9 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
     /* a backward node gets its forward node's seed (dropout regenerates its mask) */
     uint64_t k = node->pass == STOKE_BWD ? (uint64_t)node->fwd : (uint64_t)i;
     na->a.seed = stoke_hash3(step_seed, k, 0x5eedull);
+    stoke_crash_note_kernel(node->kernel, &na->a);
     stoke_err *e = node->kernel->run(&na->a, node->kstate);
+    stoke_crash_note_kernel(NULL, NULL);
     if (!e) e = tick(x, i);
     if (e)
       return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name,

@@ -244,7 +244,9 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
   else if (s->eval_loss == s->eval_loss)
     printf("  evaluation: loss %.4f (%.4f bits per token) over %lld sequences\n", s->eval_loss, s->eval_loss / log(2.0),
            (long long)s->eval_samples);
-  if (s->skipped_samples) printf("  %lld samples could not be read and were replaced (see log.txt)\n", (long long)s->skipped_samples);
+  if (s->skipped_samples)
+    printf("  %lld samples could not be used and were replaced, by reason:%s\n", (long long)s->skipped_samples,
+           s->skip_reasons);
   printf("  metrics: %s/metrics.jsonl\n", s->out_dir);
   if (s->checkpoint[0]) printf("  checkpoint: %s (continue with run.resume=%s)\n", s->checkpoint, s->checkpoint);
   fflush(stdout);

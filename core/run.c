@@ -116,6 +116,10 @@ static const stoke_cfg_key_v1 data_keys[] = {
     {"mean", STOKE_CFG_LIST, "0", 0, 0, NULL,
      "u8 images: per-channel mean of x/255 (e.g. 0.485, 0.456, 0.406), subtracted on the device"},
     {"std", STOKE_CFG_LIST, "1", 0, 0, NULL, "u8 images: per-channel std of x/255"},
+    {"max_skipped", STOKE_CFG_FLOAT, "0.01", 1e-9, 1, NULL,
+     "stop when more than this fraction of the first 1000 samples read is unusable (a source error or a label "
+     "outside [0, classes)): the data or the source is wrong throughout; below it such samples are replaced and "
+     "counted by reason in the summary"},
     {"on_device", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "copy the first batch to the device once and train on it every step: times the step alone "
      "(BENCH.md's synthetic workloads), not a way to train"},
@@ -682,6 +686,11 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
     if (info.shape.ndim != 3)
       return STOKE_ERR(STOKE_E_UNSUPPORTED, "source '%s' gives u8 samples that are not images (C, H, W)",
                        st->src->name);
+    if (info.layout == STOKE_NCHW)
+      return STOKE_ERR(STOKE_E_UNSUPPORTED,
+                       "source '%s' says its u8 images are STOKE_NCHW (CHW memory order); u8 images are read as "
+                       "HWC (as decoders write them): write HWC and say STOKE_NHWC, or give f32 samples",
+                       st->src->name);
     STOKE_PROPAGATE(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &xs, STOKE_U8, &x));
     g->values[x].layout = STOKE_NHWC; /* sources write HWC */
     char mean[256], std[256], attrs[600];
@@ -696,8 +705,10 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
   } else if (info.dtype == STOKE_F32) {
     /* the batch arrives as f32; a low-precision graph converts it first */
     STOKE_PROPAGATE(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &xs, STOKE_F32, &x));
-    g->values[x].layout = xs.ndim == 4 ? STOKE_NCHW : STOKE_LAYOUT_ANY; /* sources write CHW */
-    if (dtype != STOKE_F32 || (xs.ndim == 4 && s->layout != STOKE_NCHW)) {
+    /* images in the memory order the source declares (CHW unless it says STOKE_NHWC) */
+    stoke_layout in = info.layout == STOKE_NHWC ? STOKE_NHWC : STOKE_NCHW;
+    g->values[x].layout = xs.ndim == 4 ? in : STOKE_LAYOUT_ANY;
+    if (dtype != STOKE_F32 || (xs.ndim == 4 && s->layout != in)) {
       char attrs[32];
       snprintf(attrs, sizeof attrs, "dtype=%s", stoke_dtype_name(dtype));
       int c;
@@ -888,7 +899,8 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
                                           s->resume.world, st->batch, s->world);
   stoke_loader_opts lo = {st->src, st->src_self, s->dev, s->dev_self, st->batch, (int)workers,
                           (int)prefetch, shuffle, drop_last, seed, s->rank, s->world, start_batch,
-                          s->dp ? NULL : &stop_signal, !training};
+                          s->dp ? NULL : &stop_signal, !training, 0};
+  STOKE_PROPAGATE(stoke_cfg_float(s->cfg, "data", "max_skipped", &lo.max_skipped));
   if (!workers) STOKE_PROPAGATE(auto_workers(s, lo, &workers));
   lo.workers = (int)workers;
   STOKE_TRY(stoke_loader_new(&lo, &st->loader), "starting the [%s] loader", section);
@@ -1536,7 +1548,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   stoke_metrics_summary(s.metrics, sum);
   sum->steps = step;
   sum->samples = (step - start_step) * batch * accumulate * s.world;
-  sum->skipped_samples = stoke_loader_skipped(s.train.loader);
+  sum->skipped_samples = stoke_loader_skip_reasons(s.train.loader, sum->skip_reasons, sizeof sum->skip_reasons);
   if (!e && s.dp) e = report_ranks(&s, sum, o->quiet);
   if (!e) e = stoke_metrics_close(s.metrics, sum, stop ? "interrupted" : "done");
   if (!e) e = check_log(&s, dir);

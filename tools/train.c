@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "stoke/core.h"
+#include "stoke/graph.h"
 #include "stoke/run.h"
 
 static void usage(FILE *f) {
@@ -46,6 +47,7 @@ int main(int argc, char **argv) {
   stoke_run_opts o = {.ini_path = argv[1], .overrides = (const char *const *)argv + 2,
                       .n_overrides = argc - 2};
   stoke_summary s;
+  stoke_crash_guard_install(); /* a crashing kernel names itself */
   stoke_err *e = stoke_train(&o, &s);
   if (e) {
     fprintf(stderr, "stoke: error: %s\n", e->msg);

@@ -39,6 +39,7 @@ typedef struct stoke_summary {
   double timed_ms;        /* NaN: not timed */
   int n_op_rows;          /* rows of the per-op profile (profile_ops), maybe > op_rows_cap */
   int64_t eval_samples;   /* samples the last evaluation scored (unreadable ones are skipped) */
+  char skip_reasons[1024]; /* the skipped training samples by reason, a line each ("" if none) */
 } stoke_summary;
 
 typedef struct stoke_run_opts {
