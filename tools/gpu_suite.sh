@@ -39,6 +39,18 @@
 #             gpt's checkpoint loaded into nanoGPT's module structure with
 #             load_state_dict(strict=True), its loss on the same tokens
 #             against stoke's
+#   matrix    issue 11's ResNet matrix: each MATRIX cell depth:batch:res
+#             (ResNet-18/34/50, bf16, synthetic data on the device) through
+#             stoke's default configuration (fused + cudnn graph API + CUDA
+#             graphs) and its baseline (cudnn, cublaslt, cuda; eager), then
+#             PyTorch (tools/resnet_matrix_torch.py, MATRIX_TORCH modes,
+#             compile-ro by default) for as many cells as MATRIX_S seconds allow
+#   binab     two builds A/B'd (issue 17's check): $BEFORE is another
+#             unpacked stage (bin/, its own plugins); for each BINAB_W
+#             workload, BINAB_R rounds of one tools/bench round of the
+#             before build then one of this build, interleaved; B/A as
+#             tools/bench reports it (geometric mean of the paired ratios,
+#             95% t-interval on their logs)
 #   ddp       data parallel on 2 GPUs, all of: ddp_eq (weights of a 2-GPU run
 #             against a 1-GPU run of the same global batch), ddp_resume (a
 #             2-GPU checkpoint resumed on 1 GPU), ddp_kill (a killed rank ends
@@ -185,6 +197,75 @@ PY
         echo "$ini bf16 rc=$?: $(grep -E 'samples/s median' "$OUT/$ini.log")"
       done
       timeout 240 python3 "$S/anchors/loader_bench.py" "$S/photos" /tmp/anchor "$OUT/loader_anchor.json" 2>&1 | tail -1
+      ;;
+    matrix)
+      cells=${MATRIX:-"50:256:224 50:128:224 50:64:224 50:32:224 50:256:160 50:256:128 50:128:288 34:256:224 18:256:224 18:64:160"}
+      for c in $cells; do
+        IFS=: read -r d b r <<< "$c"
+        for cfg in best base; do
+          extra=""
+          [ $cfg = base ] && extra="run.backends=cudnn,cublaslt,cuda run.cuda_graph=false"
+          o="$OUT/matrix_${d}_${b}_${r}_$cfg"
+          timeout 150 "$T" "$S/examples/resnet50.ini" run.checkpoint=false run.progress=lines run.steps=40 run.out_dir="$o" \
+            model.depth=$d data.batch_size=$b data.shape=3,$r,$r $extra > "$o.log" 2>&1
+          echo "stoke $c $cfg rc=$? $(grep -h '"summary"' "$o/metrics.jsonl" 2>/dev/null | python3 -c 'import json,sys; r=json.loads(sys.stdin.read() or "{}"); print("samples/s", r.get("samples_per_s_median"))')"
+        done
+      done
+      timeout "${MATRIX_S:-420}" python3 "$HERE/resnet_matrix_torch.py" "$OUT/matrix_torch.jsonl" "${MATRIX_TORCH:-compile-ro}" $cells 2>&1 | grep -v -i warn | tail -40
+      python3 - "$OUT" $cells <<'PY'
+import json, sys, os
+out, cells = sys.argv[1], sys.argv[2:]
+def stoke(c, cfg):
+    try:
+        rows = [json.loads(l) for l in open(f"{out}/matrix_{c.replace(':', '_')}_{cfg}/metrics.jsonl") if '"summary"' in l]
+        return rows[-1].get("samples_per_s_median")
+    except (OSError, IndexError, ValueError):
+        return None
+torch = {}
+if os.path.exists(f"{out}/matrix_torch.jsonl"):
+    for l in open(f"{out}/matrix_torch.jsonl"):
+        r = json.loads(l)
+        torch[f"{r['depth']}:{r['batch']}:{r['res']}"] = r.get("samples_per_s")
+f = lambda v: f"{v:,.0f}" if v else "-"
+print("| ResNet | batch | res | stoke best | stoke baseline | best/base | torch.compile-ro | best/torch |")
+print("|---|---|---|---|---|---|---|---|")
+for c in cells:
+    d, b, r = c.split(":")
+    s, base, t = stoke(c, "best"), stoke(c, "base"), torch.get(c)
+    print(f"| {d} | {b} | {r} | {f(s)} | {f(base)} | {s / base:.3f} |" if s and base else f"| {d} | {b} | {r} | {f(s)} | {f(base)} | - |", end="")
+    print(f" {f(t)} | {s / t:.3f} |" if s and t else f" {f(t)} | - |")
+PY
+      ;;
+    binab)
+      [ -x "${BEFORE:-}/bin/bench" ] || { echo "binab: BEFORE (an unpacked stage) has no bin/bench"; continue; }
+      for w in ${BINAB_W:-mlp resnet50 resnet18c}; do
+        for r in $(seq "${BINAB_R:-5}"); do
+          for side in before after; do
+            root=$S; [ $side = before ] && root=$BEFORE
+            STOKE_PLUGIN_PATH="$root/bin/plugins" timeout 200 "$root/bin/bench" "$S/examples/$w.ini" --rounds 1 \
+              --json "$OUT/binab_${w}_${side}_$r.json" run.out_dir="/tmp/binab_$side" > "$OUT/binab_${w}_${side}_$r.log" 2>&1 ||
+              { echo "binab $w $side round $r failed:"; tail -3 "$OUT/binab_${w}_${side}_$r.log"; }
+          done
+        done
+        python3 - "$OUT" "$w" "${BINAB_R:-5}" <<'PY'
+import json, math, sys
+out, w, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def sps(side, r):
+    try: return json.load(open(f"{out}/binab_{w}_{side}_{r}.json"))["variants"][0]["samples_per_s"][0]
+    except (OSError, KeyError, IndexError, ValueError): return None
+pairs = [(sps("before", r), sps("after", r)) for r in range(1, n + 1)]
+pairs = [(a, b) for a, b in pairs if a and b]
+if len(pairs) < 2: print(f"binab {w}: too few rounds ({len(pairs)})"); sys.exit()
+logs = [math.log(b / a) for a, b in pairs]
+m = sum(logs) / len(logs)
+sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (len(logs) - 1))
+t = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}.get(len(logs) - 1, 2.0)
+h = t * sd / math.sqrt(len(logs))
+med = lambda v: sorted(v)[len(v) // 2]
+print(f"binab {w}: before {med([a for a, _ in pairs]):,.0f} after {med([b for _, b in pairs]):,.0f} samples/s (medians of {len(pairs)}), "
+      f"after/before {math.exp(m):.4f} [95% CI {math.exp(m - h):.4f}, {math.exp(m + h):.4f}]")
+PY
+      done
       ;;
     ddp) # all of the data-parallel checks below, in one call
       bash "$0" ddp_eq ddp_graph ddp_resume ddp_kill ddp_bench
@@ -347,7 +428,7 @@ PY
     issue6)
       # issue 6's check, one call: loss curves, then the A/B runs (tools/bench),
       # then PyTorch eager and compile; FUSED="" drops the fused backend from B
-      base="run.backends=cudnn,cublaslt,cuda"
+      base="${I6_BASE:-run.backends=cudnn,cublaslt,cuda}" # I6_BASE: another baseline (cudnn_classic,...)
       fast="run.backends=${FUSED-fused,}cudnn,cublaslt,cuda run.cuda_graph=true"
       want() { [[ " ${I6:-curves ab torch} " == *" $1 "* ]]; } # I6: which of the three to run
       want curves && log "issue 6: loss curves, baseline against '$fast' (same seed, ${CURVE_STEPS:-200} steps)"

@@ -8,6 +8,7 @@
 #include "stoke/config.h"
 #include "stoke/graph.h"
 #include "stoke/registry.h"
+#include "stoke/run_config.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -58,10 +59,6 @@ typedef struct stoke_run_opts {
   stoke_op_time *op_rows;
   int op_rows_cap;
 } stoke_run_opts;
-
-/* Declare the core's sections and keys ([run], [plugins], [data],
- * [model], [optimizer]). */
-stoke_err *stoke_declare_core_keys(stoke_cfg *c);
 
 /* Load the config and every plugin it names, declare their keys and
  * validate: the shared first half of train and bench. */
