@@ -26,8 +26,11 @@
 #include "stoke/run.h"
 #include "stoke/run_config.h"
 #include "stoke/schedule.h"
+#include "stoke/steptime.h"
+#include "stoke/trace.h"
 #include "stoke/ops.h"
 #include "dp.h"
+#include "nvtx.h"
 
 /* --------------------------------------------------------- plugin setup */
 
@@ -302,7 +305,8 @@ typedef struct run_state {
   stoke_dist_env dist; /* read once from the launcher's variables; handed to the comm */
   int rank, world, local_rank;
   stoke_ckpt_meta resume; /* the checkpoint resumed from (step 0: none) */
-  void *bench_t[2]; /* the bench's timers around the timed steps */
+  stoke_steptime *steptime; /* each step's device time */
+  stoke_trace *trace;       /* run.trace's steps, or NULL */
   /* what a checkpoint records, and where it goes ("": checkpoints off) */
   int64_t seed, accumulate, start_step;
   const char *opt_name;
@@ -337,8 +341,8 @@ static void stream_close(run_state *s, stream *st) {
 
 static void run_close(run_state *s) {
   stoke_dp_close(s->dp);
-  for (int i = 0; i < 2; i++)
-    if (s->bench_t[i]) s->dev->timer_destroy(s->dev_self, s->bench_t[i]);
+  stoke_steptime_free(s->steptime);
+  stoke_trace_free(s->trace);
   stoke_metrics_free(s->metrics);
   stoke_nvml_close(s->nvml);
   stream_close(s, &s->eval); /* borrows the training executor's weights: first */
@@ -932,21 +936,37 @@ static stoke_err *report_ops(run_state *s, int graphs, const stoke_opt_args_v1 *
   return NULL;
 }
 
-/* The bench's timing (stoke_run_opts.time_steps), called with the number
- * of steps done: a timer on the compute stream when the warm-up is over
- * and one when the timed steps are; then the device time between them. */
-static stoke_err *bench_mark(run_state *s, const stoke_run_opts *o, int64_t done, stoke_summary *sum) {
-  if (!o->time_steps || (done != o->time_warmup && done != o->time_warmup + o->time_steps)) return NULL;
-  if (!s->dev->timer_create)
-    return STOKE_ERR(STOKE_E_UNSUPPORTED, "backend '%s' has no timers: the bench cannot time its steps", s->dev->name);
-  int end = done != o->time_warmup;
-  if (!s->bench_t[end]) STOKE_PROPAGATE(s->dev->timer_create(s->dev_self, &s->bench_t[end]));
-  STOKE_PROPAGATE(s->dev->timer_record(s->dev_self, s->bench_t[end], NULL));
-  if (!end) return NULL;
-  if (s->dev->timer_sync) STOKE_PROPAGATE(s->dev->timer_sync(s->dev_self, s->bench_t[1]));
-  float ms = 0;
-  STOKE_TRY(s->dev->timer_elapsed_ms(s->dev_self, s->bench_t[0], s->bench_t[1], &ms), "timing the bench's steps");
-  sum->timed_ms = ms;
+/* run.trace: the traced steps time every node (eager: the executor's
+ * profile) and wait for the device at their end, where their device time
+ * is read; the loader's workers are recorded from `prefetch` batches
+ * before the window. Called before (`end` = 0) and after each step. */
+static stoke_err *trace_step(run_state *s, int64_t step, int graphs, int profile_ops, double t0, double wait, int end) {
+  stoke_trace *t = s->trace;
+  if (!t) return NULL;
+  if (!end) {
+    stoke_trace_lead(t, step, (int)s->rc.data.prefetch + 2);
+    if (stoke_trace_has(t, step) && !stoke_trace_has(t, step - 1) && !graphs && !profile_ops)
+      STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 1));
+    return NULL;
+  }
+  if (!stoke_trace_has(t, step)) return NULL;
+  double launched = stoke_trace_now(t);
+  STOKE_PROPAGATE(stoke_metrics_collect(s->metrics, s->steptime)); /* the sync */
+  double synced = stoke_trace_now(t);
+  const double *node_ms = NULL;
+  int n = graphs ? 0 : stoke_exec_profile_last(s->train.x, &node_ms);
+  char name[64];
+  snprintf(name, sizeof name, "step %lld", (long long)step);
+  stoke_trace_slice(t, STOKE_TRACE_STEP, name, "step", t0, launched - t0, NULL);
+  if (wait > 0) stoke_trace_slice(t, STOKE_TRACE_STEP, "data wait", "wait", t0, 1e6 * wait, NULL);
+  stoke_trace_slice(t, STOKE_TRACE_STEP, "wait for the GPU (tracing)", "wait", launched, synced - launched, NULL);
+  stoke_trace_gpu_step(t, step, s->train.plan, node_ms, n, stoke_metrics_last_ms(s->metrics), synced,
+                       graphs ? (int)stoke_exec_graph_ops(s->train.x) : 0);
+  if (stoke_trace_has(t, step + 1)) return NULL;
+  if (!graphs && !profile_ops) STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 0));
+  stoke_trace_lead(t, step + 1, 0);
+  STOKE_TRY(stoke_trace_write(t), "[run] trace");
+  stoke_log(STOKE_LOG_INFO, "run", "trace written to %s (open it in ui.perfetto.dev)", stoke_trace_path(t));
   return NULL;
 }
 
@@ -1108,14 +1128,28 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
                                  : isatty(2)                         ? STOKE_PROGRESS_BAR
                                                                      : STOKE_PROGRESS_LINES,
                            total, batch * accumulate * s.world, o->quiet, start_step,
-                           s.train.plan->train_flops * (double)accumulate, peak, s.nvml};
+                           s.train.plan->train_flops * (double)accumulate, peak, s.nvml,
+                           o->time_warmup, o->time_steps};
+  if (!strcmp(rc->run.tensorboard, "true")) mo.tensorboard_dir = dir; /* rank N's: in rank N's folder */
+  else if (strcmp(rc->run.tensorboard, "false") && s.rank == 0) mo.tensorboard_dir = rc->run.tensorboard;
+  mo.report_dir = dir, mo.run_name = run_name, mo.plan = s.train.plan;
   STOKE_TRY_GOTO(e, done, stoke_metrics_new(&mo, &s.metrics), "");
+  STOKE_TRY_GOTO(e, done, stoke_steptime_new(s.dev, s.dev_self, &s.steptime), "");
+  int64_t trace_first, trace_last;
+  STOKE_TRY_GOTO(e, done, stoke_trace_parse(rc->run.trace, &trace_first, &trace_last), "%s",
+                 stoke_cfg_where(c, "run", "trace"));
+  if (trace_first) {
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    STOKE_TRY_GOTO(e, done, stoke_trace_new(path, trace_first, trace_last, s.rank, &s.trace), "");
+    stoke_loader_on_fill(s.train.loader, stoke_trace_fill, s.trace);
+  }
 
   /* -- the step loop */
   int64_t step, epoch = 0;
   int64_t eval_period = eval_every > 0 ? (int64_t)llround(eval_every * (double)per_epoch) : 0;
   int on_device = rc->data.on_device, want_ckpt = rc->run.checkpoint, profile_ops = rc->run.profile_ops;
   int cuda_graph = rc->run.cuda_graph;
+  stoke_nvtx_enable(rc->run.nvtx);
   int64_t growth = rc->run.loss_scale_growth;
   if (cuda_graph && profile_ops) {
     stoke_log(STOKE_LOG_WARN, "run", "%s: cuda_graph = true with profile_ops = true: the profile times each "
@@ -1144,9 +1178,13 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
    * diverged, or a save just failed */
   int64_t good = start_step, good_epoch = s.resume.epoch;
   signals_catch(&sg);
-  STOKE_TRY_GOTO(e, done, bench_mark(&s, o, 0, sum), "");
   for (step = start_step; step < total && !stop; step++) {
-    double t0 = now_s(), wait = 0;
+    double t0 = now_s(), wait = 0, trace_t0 = s.trace ? stoke_trace_now(s.trace) : 0;
+    if ((e = trace_step(&s, step + 1, cuda_graph, profile_ops, trace_t0, 0, 0))) break;
+    char range[32];
+    if (stoke_nvtx_on()) snprintf(range, sizeof range, "step %lld", (long long)step + 1);
+    stoke_range_push(range);
+    if ((e = stoke_steptime_begin(s.steptime))) break;
     opt.step = step + 1 - s.resume.skipped_steps; /* the device subtracts the skips since the start */
     opt.grad_scale = 1.0 / (double)accumulate;
     opt.lr = stoke_lr_at(&sched, step + 1);
@@ -1165,6 +1203,8 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
         e = stoke_loader_next(s.train.loader, &b, &w);
         wait += w;
         if (!b) break; /* a signal while waiting */
+        if (stoke_trace_has(s.trace, step + 1)) /* the arrow from the batch's making */
+          stoke_trace_flow(s.trace, STOKE_TRACE_STEP, (uint64_t)(b->epoch * per_epoch + b->index), stoke_trace_now(s.trace), 0);
         if (!e) e = feed(&s, &s.train, b); /* then the host buffer may go back */
         epoch = b->epoch;
         stoke_loader_release(s.train.loader, b);
@@ -1182,8 +1222,14 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
       break;
     }
     if (!e) good = step + 1, good_epoch = epoch;
-    if (!e && !ops_reported && step > start_step) e = report_ops(&s, cuda_graph, &opt, sum, &ops_reported);
-    if (!e) e = bench_mark(&s, o, step + 1 - start_step, sum);
+    if (!e) e = stoke_steptime_end(s.steptime);
+    double host = now_s() - t0 - wait;
+    stoke_range_pop();
+    if (!e) e = trace_step(&s, step + 1, cuda_graph, profile_ops, trace_t0, wait, 1);
+    if (!e && !ops_reported && step > start_step) {
+      e = report_ops(&s, cuda_graph, &opt, sum, &ops_reported);
+      stoke_steptime_pause(s.steptime); /* the count captured a step: not the next step's time */
+    }
     if (e) {
       e = stoke_err_wrap(e, __FILE__, __LINE__, "step %lld", (long long)step + 1);
       break;
@@ -1192,6 +1238,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     double loss = NAN;
     if (log_now) {
       if ((e = stoke_exec_read_loss(s.train.x, &loss))) break;
+      if ((e = stoke_metrics_collect(s.metrics, s.steptime))) break; /* the step timers, after that sync */
       float amp[4];
       if (stoke_exec_read_scaler(s.train.x, amp)) stoke_metrics_scaler(s.metrics, amp[0], amp[3]);
       if (!isfinite(loss)) {
@@ -1203,7 +1250,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
         break;
       }
     }
-    if ((e = stoke_metrics_step(s.metrics, step + 1, epoch, now_s() - t0, wait, log_now, loss, opt.lr))) break;
+    if ((e = stoke_metrics_step(s.metrics, step + 1, epoch, host, wait, log_now, loss, opt.lr))) break;
     if ((e = check_log(&s, dir))) break;
     /* a signal reaches the ranks at different steps: they agree on when to
      * stop at the next logged step (already a sync), so all stop together */
@@ -1221,10 +1268,12 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
       good = -1; /* the same save again on the way out would fail the same way */
       break;
     }
+    if (s.ckpt[0] && ckpt_every > 0 && (step + 1) % ckpt_every == 0) stoke_steptime_pause(s.steptime);
     int64_t done_batches = (step + 1) * accumulate;
     if (s.eval.x && eval_period > 0 && done_batches / eval_period != (done_batches - accumulate) / eval_period &&
         step + 1 < total && !stop) {
       e = evaluate(&s, sum);
+      stoke_steptime_pause(s.steptime);
       if (e && e->code == STOKE_E_INTERRUPTED) {
         stoke_err_free(e);
         e = NULL;
@@ -1234,6 +1283,8 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
       }
     }
   }
+  if (!e && s.trace && step >= trace_first && step < trace_last) /* the run ended inside the window */
+    e = stoke_trace_write(s.trace);
   /* the last state is saved on every way out, then any error is reported;
    * signals are still caught: a save is never cut short by the first two */
   e = save_on_exit(&s, e, good, good_epoch, sum);
@@ -1255,6 +1306,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     snprintf(path, sizeof path, "%s/ops.txt", dir);
     e = write_checked(path, put_ops, s.train.x);
   }
+  if (s.metrics && s.steptime && !e) e = stoke_metrics_collect(s.metrics, s.steptime); /* steps since the last log */
   stoke_metrics_summary(s.metrics, sum);
   sum->steps = step;
   sum->samples = (step - start_step) * batch * accumulate * s.world;

@@ -281,13 +281,34 @@ static void expect_tensor(const kcheck *ck, const char *what, const ktensor *t, 
   free(got);
 }
 
+/* A ReLU bitmask (stoke/ops.h, linear_act: row i's bit j is bit j % 8 of
+ * byte i * stride + j / 8, stride a multiple of 16 bytes, padding bits 0)
+ * against the tested kernel's own output: set iff y > 0. */
+static void expect_relu_mask(const kcheck *ck, const ktensor *y, const ktensor *mask) {
+  double *yv = kt_download(y), *mv = kt_download(mask);
+  int64_t rows = y->dut.shape.d[0], cols = y->dut.shape.d[1], stride = mask->dut.shape.d[1];
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < stride * 8; j++) {
+      int bit = ((int)mv[i * stride + j / 8] >> (j % 8)) & 1, want = j < cols && yv[i * cols + j] > 0;
+      if (bit != want)
+        fail_msg("%s/%s %s %s, case %s: ReLU mask row %lld bit %lld is %d, y is %g (seed %llu)", ck->k->engine,
+                 ck->k->op, pass_name(ck->k->pass), stoke_dtype_name(ck->k->dtype), ck->c->label, (long long)i,
+                 (long long)j, bit, j < cols ? yv[i * cols + j] : 0.0, (unsigned long long)seed);
+    }
+  print_message("  %-13s %-15s ReLU mask of %lld x %lld: every bit as y > 0\n", ck->k->engine, ck->k->op,
+                (long long)rows, (long long)cols);
+  free(yv), free(mv);
+}
+
 /* plan, workspace, run, wait, destroy: as the executor does. */
 static void run_kernel(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, const engine *e, const char *who) {
   void *state = NULL, *ws = NULL;
   size_t wsb = 0;
   a->engine = e->self;
   a->stream = e->dev->default_stream ? e->dev->default_stream(e->dev_self) : NULL;
-  stoke_err *err = k->plan ? k->plan(a, &state, &wsb) : NULL;
+  stoke_kernel_args_v1 pa = *a;
+  if (k->pass == STOKE_OPT) pa.opt = NULL; /* update kernels plan once, before any step */
+  stoke_err *err = k->plan ? k->plan(&pa, &state, &wsb) : NULL;
   if (!err && wsb) err = e->dev->alloc(e->dev_self, wsb, &ws);
   a->workspace = ws, a->workspace_bytes = wsb;
   if (!err) err = k->run(a, state);
@@ -409,6 +430,7 @@ static void check_forward(const stoke_kernel_v1 *k, const engine *e, const kcase
     snprintf(what, sizeof what, "out%d", j);
     expect_tensor(&ck, what, &cl.out[j], NULL);
   }
+  if (c->relu_mask) expect_relu_mask(&ck, &cl.out[0], &cl.out[1]);
   for (int i = 0; i < c->n_in; i++) /* running statistics, updated in place */
     if (c->in[i].kind == IN_STAT && c->state_out >> i & 1) {
       char what[16];
@@ -523,6 +545,9 @@ static void kt_flat(ktensor *t, const engine *e, int64_t n, stoke_dtype rdt, sto
   kt_alloc(t, e, &s, rdt, dt, STOKE_LAYOUT_ANY);
 }
 
+/* The node an update-pass kernel is given (its name appears in messages). */
+static stoke_node_v1 opt_node(const stoke_kernel_v1 *k) { return (stoke_node_v1){.op = k->op, .name = "kernel_test"}; }
+
 /* The reference of an update-pass kernel: the cpu's in f64, else in its
  * own dtype (amp_update is f32 only). */
 static const stoke_kernel_v1 *opt_ref(const stoke_kernel_v1 *k) {
@@ -536,6 +561,7 @@ static const stoke_kernel_v1 *opt_ref(const stoke_kernel_v1 *k) {
  * start of the state (stoke_kernel_args_v1). Parameters, master and state
  * compared after the last step. */
 static void check_update(const stoke_kernel_v1 *k, const engine *e, const kcase *c, stoke_rng *r) {
+  stoke_node_v1 node = opt_node(k);
   const stoke_optimizer_v1 *o = stoke_find_optimizer(reg, k->op);
   const stoke_kernel_v1 *rk = opt_ref(k);
   if (!rk) fail_msg("no cpu reference kernel for update %s", k->op);
@@ -560,7 +586,7 @@ static void check_update(const stoke_kernel_v1 *k, const engine *e, const kcase 
     kt_fill(&g, r, -1, 1, 0);
     oa.step = step;
     stoke_tensor ri[3] = {p.ref, g.ref, rst.ref}, gi[3] = {p.dut, g.dut, st.dut};
-    stoke_kernel_args_v1 ra = {.node = NULL, .n_in = 3, .in = ri, .opt = &oa, .training = 1};
+    stoke_kernel_args_v1 ra = {.node = &node, .n_in = 3, .in = ri, .opt = &oa, .training = 1};
     stoke_kernel_args_v1 ga = ra;
     ga.in = gi;
     run_kernel(rk, &ra, cpu_engine(), "reference");
@@ -578,6 +604,7 @@ static void check_update(const stoke_kernel_v1 *k, const engine *e, const kcase 
 
 /* grad_norm: [norm, factor] of random gradients, and with one of them inf. */
 static void check_grad_norm(const stoke_kernel_v1 *k, const engine *e, const kcase *c, stoke_rng *r) {
+  stoke_node_v1 node = opt_node(k);
   const stoke_kernel_v1 *rk = opt_ref(k);
   if (!rk) fail_msg("no cpu reference kernel for %s", k->op);
   ktensor g, out;
@@ -586,7 +613,7 @@ static void check_grad_norm(const stoke_kernel_v1 *k, const engine *e, const kca
   kt_fill(&g, r, -1, 1, 0);
   stoke_opt_args_v1 oa = {.grad_scale = 0.5, .max_norm = c->arg};
   stoke_tensor ri[2] = {g.ref, out.ref}, gi[2] = {g.dut, out.dut};
-  stoke_kernel_args_v1 ra = {.n_in = 2, .in = ri, .opt = &oa}, ga = ra;
+  stoke_kernel_args_v1 ra = {.node = &node, .n_in = 2, .in = ri, .opt = &oa}, ga = ra;
   ga.in = gi;
   kt_poison(&out);
   run_kernel(rk, &ra, cpu_engine(), "reference");
@@ -599,6 +626,7 @@ static void check_grad_norm(const stoke_kernel_v1 *k, const engine *e, const kca
 /* amp_check: found_inf stays 0 on finite gradients and becomes 1 with one
  * inf among them (at a random place). */
 static void check_amp_check(const stoke_kernel_v1 *k, const engine *e, const kcase *c, stoke_rng *r) {
+  stoke_node_v1 node = opt_node(k);
   const stoke_kernel_v1 *rk = opt_ref(k);
   if (!rk) fail_msg("no cpu reference kernel for %s", k->op);
   int64_t n = c->in[0].shape.d[0];
@@ -616,7 +644,7 @@ static void check_amp_check(const stoke_kernel_v1 *k, const engine *e, const kca
     kt_copy(&st, st.dut.data, s0, sizeof s0, STOKE_COPY_H2D);
     stoke_opt_args_v1 oa = {0};
     stoke_tensor ri[2] = {g.ref, st.ref}, gi[2] = {g.dut, st.dut};
-    stoke_kernel_args_v1 ra = {.n_in = 2, .in = ri, .opt = &oa}, ga = ra;
+    stoke_kernel_args_v1 ra = {.node = &node, .n_in = 2, .in = ri, .opt = &oa}, ga = ra;
     ga.in = gi;
     run_kernel(rk, &ra, cpu_engine(), "reference");
     run_kernel(k, &ga, e, "tested");
@@ -630,6 +658,7 @@ static void check_amp_check(const stoke_kernel_v1 *k, const engine *e, const kca
 /* amp_update: a clean step that grows the scale (growth interval
  * reached), a clean one that does not, and an overflow that backs off. */
 static void check_amp_update(const stoke_kernel_v1 *k, const engine *e, const kcase *c, stoke_rng *r) {
+  stoke_node_v1 node = opt_node(k);
   const stoke_kernel_v1 *rk = opt_ref(k);
   if (!rk) fail_msg("no cpu reference kernel for %s", k->op);
   static const float starts[3][4] = {{1024, 1, 0, 2}, {1024, 0, 0, 0}, {512, 1, 1, 3}};
@@ -642,7 +671,7 @@ static void check_amp_update(const stoke_kernel_v1 *k, const engine *e, const kc
     kt_poison(&sd);
     stoke_opt_args_v1 oa = {.growth_interval = 2, .growth_factor = 2, .backoff_factor = 0.5};
     stoke_tensor ri[2] = {st.ref, sd.ref}, gi[2] = {st.dut, sd.dut};
-    stoke_kernel_args_v1 ra = {.n_in = 2, .in = ri, .opt = &oa}, ga = ra;
+    stoke_kernel_args_v1 ra = {.node = &node, .n_in = 2, .in = ri, .opt = &oa}, ga = ra;
     ga.in = gi;
     run_kernel(rk, &ra, cpu_engine(), "reference");
     run_kernel(k, &ga, e, "tested");

@@ -37,7 +37,10 @@ typedef struct kcase {
   int training;
   uint32_t flags;     /* STOKE_KFLAG_* */
   uint32_t douts;     /* outputs given a gradient in backward (0: output 0) */
-  uint32_t skip_out;  /* outputs not compared (a ReLU bitmask whose bits may differ at 0) */
+  uint32_t skip_out;  /* outputs not compared with the reference (a ReLU bitmask whose bits may
+                       * differ where z rounds to 0): */
+  int relu_mask;      /* 1: output 1 is output 0's ReLU bitmask, checked bit by bit against the
+                       * tested kernel's own output 0 (linear_act's aux) */
   uint32_t state_out; /* IN_STAT inputs the forward updates in place: compared */
   double k;           /* the longest sum in forward or backward (the tolerance's K) */
   double arg;         /* an op's own number (grad_norm's max_norm) */
@@ -95,6 +98,10 @@ static const char *shape_label(const stoke_shape *s) {
   snprintf(b, sizeof buf[0].s, "%s", stoke_shape_str(s).s);
   return b;
 }
+
+/* A GPU engine's kernel: its cases add the sizes the GPU's algorithms
+ * switch at (the cpu's stay small: CI runs them). */
+static int gpu_engine(const stoke_kernel_v1 *k) { return strcmp(k->engine, "cpu") != 0; }
 
 /* ------------------------------------------------------- elementwise */
 
@@ -169,7 +176,15 @@ static int gen_linear(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     add_in(c, SHAPE(o, in), IN_PARAM);
     if (bias) add_in(c, S1(o), IN_PARAM);
     c->k = (double)(in > b ? in : b);
-    c->flags = i == 2 && k->dtype == STOKE_F32 && strcmp(k->engine, "cpu") ? STOKE_KFLAG_TF32 : 0;
+    c->flags = i == 2 && k->dtype == STOKE_F32 && gpu_engine(k) ? STOKE_KFLAG_TF32 : 0;
+  }
+  if (gpu_engine(k)) { /* GPT-2's output head, in part */
+    int bias = strcmp(k->op, STOKE_OP_MATMUL) != 0;
+    kcase *c = new_case(out, &n, k->op, "x [128, 768] W [1024, 768]");
+    add_in(c, SHAPE(128, 768), IN_ACT);
+    add_in(c, SHAPE(1024, 768), IN_PARAM);
+    if (bias) add_in(c, S1(1024), IN_PARAM);
+    c->k = 1024;
   }
   return n;
 }
@@ -189,6 +204,7 @@ static int gen_linear_act(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     add_in(c, SHAPE(o, in), IN_PARAM);
     add_in(c, S1(o), IN_PARAM);
     c->skip_out = i == 0 ? 2u : 0u;
+    c->relu_mask = i == 0;
     c->k = (double)(in > b ? in : b);
   }
   return n;
@@ -206,6 +222,7 @@ static void prep_dact(const kcase *c, stoke_tensor *ref, stoke_rng *r) {
   int64_t rows = y->shape.d[0], cols = y->shape.d[1];
   int relu = strstr(c->attrs, "relu") != NULL, tanh_form = strstr(c->attrs, "tanh") != NULL;
   int64_t stride = (cols + 127) / 128 * 16;
+  if (relu) memset(ref[3].data, 0, (size_t)(rows * stride)); /* padding bits 0, as ops.h says */
   for (int64_t i = 0; i < rows; i++)
     for (int64_t j = 0; j < cols; j++) {
       double z = -1 + 2 * stoke_rng_uniform(r);
@@ -279,6 +296,22 @@ static int gen_conv2d(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     add_in(c, SHAPE(o, cin / grp, g[i].kh, g[i].kh), IN_PARAM);
     c->k = (double)(b * h * w > cin * 25 ? b * h * w : cin * 25);
     c->flags = (i % 3 == 1 ? STOKE_KFLAG_AUTOTUNE : 0) | (i % 3 == 2 ? STOKE_KFLAG_DETERMINISTIC : 0);
+  }
+  if (!gpu_engine(k)) return n;
+  /* the GPU engines' algorithms for deep layers and the stem: ResNet's */
+  static const struct {
+    int64_t b, c, h, o, kh, stride;
+  } deep[] = {{4, 256, 4, 256, 3, 1}, {4, 64, 8, 128, 3, 2}, {2, 3, 32, 16, 7, 2}};
+  for (int i = 0; i < 3; i++) {
+    kcase *c = new_case(out, &n, k->op, "x [%lld, %lld, %lld, %lld] %lldx%lld s%lld (ResNet)", (long long)deep[i].b,
+                        (long long)deep[i].c, (long long)deep[i].h, (long long)deep[i].h, (long long)deep[i].kh,
+                        (long long)deep[i].kh, (long long)deep[i].stride);
+    snprintf(c->attrs, sizeof c->attrs, "stride=%lld, padding=%lld", (long long)deep[i].stride,
+             (long long)deep[i].kh / 2);
+    add_in(c, SHAPE(deep[i].b, deep[i].c, deep[i].h, deep[i].h), IN_ACT);
+    add_in(c, SHAPE(deep[i].o, deep[i].c, deep[i].kh, deep[i].kh), IN_PARAM);
+    c->k = (double)(deep[i].c * deep[i].kh * deep[i].kh);
+    c->flags = i == 0 && k->dtype == STOKE_F32 ? STOKE_KFLAG_TF32 : i == 1 ? STOKE_KFLAG_AUTOTUNE : 0;
   }
   return n;
 }
@@ -367,7 +400,8 @@ static int gen_batch_norm(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   int four_only = !strcmp(k->engine, "fused") || !strcmp(k->engine, "cudnn") || add || strcmp(k->op, STOKE_OP_BATCH_NORM);
   for (int i = 0; i < 4; i++) {
     int training = i != 1, two_d = i == 3 && !four_only;
-    int64_t b = pick(r, 2, 6), ch = i == 2 ? odd(r) : pick(r, 1, 40), h = pick(r, 1, 9), w = odd(r);
+    int64_t b = pick(r, 2, 6), ch = i == 2 ? odd(r) : i == 0 ? 8 * pick(r, 1, 8) : pick(r, 1, 40);
+    int64_t h = pick(r, 1, 9), w = odd(r);
     stoke_shape xs = two_d ? SHAPE(b * 3, ch) : SHAPE(b, ch, h, w);
     kcase *c = new_case(out, &n, k->op, "x %s %s", shape_label(&xs), training ? "training" : "eval");
     snprintf(c->attrs, sizeof c->attrs, "eps=1e-5, momentum=0.2");
@@ -453,7 +487,7 @@ static int gen_bn_apply(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
 static int gen_normalize(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   int n = 0;
   static const char *dts[] = {"f32", "bf16", "f16"};
-  int n_dts = strcmp(k->engine, "cpu") ? 3 : 1; /* the cpu writes f32 */
+  int n_dts = gpu_engine(k) ? 3 : 1; /* the cpu writes f32 */
   for (int i = 0; i < 2 * n_dts; i++) {
     int64_t ch = i & 1 ? 3 : 1;
     stoke_shape xs = SHAPE(pick(r, 1, 3), ch, pick(r, 1, 13), odd(r));
@@ -514,6 +548,12 @@ static int gen_embedding(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     c->in[c->n_in++] = (kin){.shape = SHAPE(b, t), .kind = IN_LABEL, .hi = (double)v};
     c->k = (double)(b * t);
   }
+  if (gpu_engine(k)) {
+    kcase *c = new_case(out, &n, k->op, "weight [1000, 64] idx [8, 64]");
+    add_in(c, SHAPE(1000, 64), IN_PARAM);
+    c->in[c->n_in++] = (kin){.shape = SHAPE(8, 64), .kind = IN_LABEL, .hi = 1000};
+    c->k = 512;
+  }
   return n;
 }
 
@@ -560,6 +600,12 @@ static int gen_attention(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     snprintf(c->attrs, sizeof c->attrs, "n_head=%lld, causal=%d", (long long)h, causal);
     add_in(c, SHAPE(b, t, 3 * h * d), IN_ACT);
     c->k = (double)(t > d ? t : d);
+  }
+  if (gpu_engine(k)) { /* GPT-2's head size */
+    kcase *c = new_case(out, &n, k->op, "qkv [2, 256, 3x4x64] causal");
+    snprintf(c->attrs, sizeof c->attrs, "n_head=4, causal=1");
+    add_in(c, SHAPE(2, 256, 3 * 4 * 64), IN_ACT);
+    c->k = 256;
   }
   return n;
 }
