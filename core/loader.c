@@ -17,11 +17,13 @@
 
 typedef enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_FULL, SLOT_TAKEN } slot_state;
 
-/* Skips of one kind: the message with its numbers blanked ("sample # is
- * bad"), or for labels "label 2 outside [0, 2)"; one example in full. */
+/* Skips of one kind: grouped by the message with its numbers blanked
+ * ("sample # is bad"), shown as its title ("label error: label 2 outside
+ * [0, 2)", or "source error") and the first example in full. */
 #define MAX_REASONS 8
 typedef struct skip_reason {
   char key[128];
+  char title[96];
   char example[256];
   int64_t n;
 } skip_reason;
@@ -120,7 +122,7 @@ static void reason_key(const char *msg, char *key, size_t cap) {
 }
 
 /* Count a skipped read under its reason. Called with mu held. */
-static void count_skip(stoke_loader *l, const char *key, const char *example) {
+static void count_skip(stoke_loader *l, const char *key, const char *title, const char *example) {
   l->skipped++;
   for (int i = 0; i < l->n_reasons; i++)
     if (!strcmp(l->reasons[i].key, key)) {
@@ -133,17 +135,19 @@ static void count_skip(stoke_loader *l, const char *key, const char *example) {
   }
   skip_reason *r = &l->reasons[l->n_reasons++];
   snprintf(r->key, sizeof r->key, "%s", key);
+  snprintf(r->title, sizeof r->title, "%s", title);
   snprintf(r->example, sizeof r->example, "%s", example);
   r->n = 1;
 }
 
-/* "6 x label 2 outside [0, 2) (e.g. ...); 5 x ..." Called with mu held. */
+/* "\n    6 x label error: label 2 outside [0, 2), e.g. sample 3 has ..."
+ * a line per reason. Called with mu held. */
 static void reasons_text(const stoke_loader *l, char *buf, size_t cap) {
   size_t used = 0;
   buf[0] = 0;
   for (int i = 0; i < l->n_reasons && used < cap; i++)
-    used += (size_t)snprintf(buf + used, cap - used, "\n    %lld x %s (e.g. %s)", (long long)l->reasons[i].n,
-                             l->reasons[i].key, l->reasons[i].example);
+    used += (size_t)snprintf(buf + used, cap - used, "\n    %lld x %s, e.g. %s", (long long)l->reasons[i].n,
+                             l->reasons[i].title, l->reasons[i].example);
   if (l->other_reasons && used < cap)
     snprintf(buf + used, cap - used, "\n    %lld x other reasons", (long long)l->other_reasons);
 }
@@ -154,20 +158,23 @@ static void reasons_text(const stoke_loader *l, char *buf, size_t cap) {
  * fault of the source or the data, not a few corrupt files), else NULL. */
 static stoke_err *note_skip(stoke_loader *l, int64_t k, const stoke_err *re, int32_t label) {
   char key[128], example[256];
+  const char *title = key;
   if (!re) {
     snprintf(key, sizeof key, "label error: label %d outside [0, %lld)", label, (long long)l->classes);
     snprintf(example, sizeof example, "sample %lld has label %d; the source says classes = %lld, so labels count "
              "0 to %lld", (long long)k, label, (long long)l->classes, (long long)l->classes - 1);
   } else {
     reason_key(re->msg, key, sizeof key);
+    title = "source error";
     snprintf(example, sizeof example, "sample %lld: %s", (long long)k, re->msg);
   }
   pthread_mutex_lock(&l->mu);
-  count_skip(l, key, example);
+  count_skip(l, key, title, example);
   int64_t skipped = l->skipped, attempts = l->attempts;
   double frac = l->o.max_skipped > 0 ? l->o.max_skipped : SKIP_FRACTION;
   char why[2048] = "";
-  int stop = attempts <= SKIP_WINDOW && (double)skipped > frac * SKIP_WINDOW;
+  /* evaluation (skip_bad) scores what it can read and says how many */
+  int stop = !l->o.skip_bad && attempts <= SKIP_WINDOW && (double)skipped > frac * SKIP_WINDOW;
   if (stop) reasons_text(l, why, sizeof why);
   pthread_mutex_unlock(&l->mu);
   if (skipped <= SKIP_LOGGED)

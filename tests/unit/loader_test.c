@@ -191,7 +191,7 @@ static void test_systematic_bad_data_stops(void **state) {
   }
   char why[1024];
   assert_true(stoke_loader_skip_reasons(l, why, sizeof why) >= 11);
-  assert_non_null(strstr(why, "x sample # is bad (e.g. sample "));
+  assert_non_null(strstr(why, "x source error, e.g. sample "));
   stoke_loader_free(l);
 }
 

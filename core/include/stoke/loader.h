@@ -36,7 +36,8 @@ typedef struct stoke_loader_opts {
   /* Fail fast: when more than this fraction of the first 1000 samples read
    * is skipped (unreadable, or a label outside [0, classes)), the loader
    * stops with the counts by reason: the data or the source is wrong
-   * throughout. 0: 0.01. */
+   * throughout. 0: 0.01. Not for evaluation (skip_bad): it reports the
+   * samples it scored. */
   double max_skipped;
 } stoke_loader_opts;
 
