@@ -146,7 +146,7 @@ void stoke_trace_gpu_step(stoke_trace *t, int64_t step, const struct stoke_plan 
     if (i < g->n_nodes) {
       const stoke_gnode *node = &g->nodes[i];
       what = node->n.name, op = node->n.op, engine = node->kernel ? node->kernel->engine : "";
-      pass = node->pass == STOKE_BWD ? "backward" : "forward";
+      pass = node->pass == STOKE_BWD ? "backward" : node->recompute ? "recompute" : "forward";
     } else if (p->opt_kernel) {
       engine = p->opt_kernel->engine;
     }
