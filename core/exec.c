@@ -610,6 +610,10 @@ static int by_op_ms(const void *a, const void *b) {
   return x < y ? 1 : x > y ? -1 : 0;
 }
 
+void *stoke_exec_profile_start(const stoke_exec *x) {
+  return x->timers && x->profiled_steps ? x->timers[x->p->g->n_nodes] : NULL;
+}
+
 int stoke_exec_profile_last(const stoke_exec *x, const double **ms) {
   *ms = x->last_ms;
   return x->profiled_steps ? x->p->g->n_nodes + 1 : 0;

@@ -28,9 +28,10 @@
  *     is weighed by what it costs to run again (its FLOPs, or its memory
  *     traffic priced at the roofline's ridge where that is more) per byte
  *     it frees (its outputs that live into backward, less the inputs it
- *     would keep alive); groups of equal weight (the same node in every layer) are
- *     tried cheapest first, each kept only when the placed arena shrinks,
- *     until the plan fits memory_budget. Chosen nodes that follow each
+ *     would keep alive); groups of equal weight (the same node in every
+ *     layer) are tried cheapest first, each kept only when the placed arena
+ *     shrinks, until the plan fits memory_budget; of the group that makes
+ *     it fit, only as many of its first layers as it takes. Chosen nodes that follow each
  *     other inside one block (the name up to its first number: h.3,
  *     layer3.1) form one segment, so a product and its activation can be
  *     re-run together.
@@ -386,6 +387,22 @@ static double freed_bytes(const stoke_graph *g, int i) {
   return b;
 }
 
+static int by_index(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+/* The whole plan's bytes with `chosen` and the first k of `order` re-run
+ * (the choice in trial[], its segments in tseg[]). */
+static stoke_err *weigh_prefix(const stoke_graph *g, double fixed, const char *chosen, const int *order, int k,
+                               char *trial, int *tseg, double *total) {
+  memcpy(trial, chosen, (size_t)g->n_fwd);
+  for (int i = 0; i < k; i++) trial[order[i]] = 1;
+  runs_to_segments(g, trial, tseg);
+  size_t bytes;
+  rc_stats st;
+  STOKE_PROPAGATE(arena_with(g, tseg, &bytes, &st));
+  *total = fixed + (double)bytes;
+  return NULL;
+}
+
 static stoke_err *choose_auto(stoke_graph *g, double fixed, double budget, int *seg) {
   int nf = g->n_fwd;
   for (int i = 0; i < nf; i++) seg[i] = -1;
@@ -394,9 +411,9 @@ static stoke_err *choose_auto(stoke_graph *g, double fixed, double budget, int *
   if (budget <= 0 || fixed + (double)arena <= budget) return NULL;
   rc_cand *c = malloc(sizeof *c * (size_t)nf);
   char *chosen = calloc((size_t)nf, 1), *trial = calloc((size_t)nf, 1);
-  int *tseg = malloc(sizeof *tseg * (size_t)nf), n = 0;
+  int *tseg = malloc(sizeof *tseg * (size_t)nf), *order = malloc(sizeof *order * (size_t)nf), n = 0;
   stoke_err *e = NULL;
-  if (!c || !chosen || !trial || !tseg) {
+  if (!c || !chosen || !trial || !tseg || !order) {
     e = STOKE_ERR(STOKE_E_OOM, "out of memory weighing recomputation");
     goto done;
   }
@@ -413,15 +430,28 @@ static stoke_err *choose_auto(stoke_graph *g, double fixed, double budget, int *
     while (z < n && !strcmp(g->nodes[c[z].node].n.op, g->nodes[c[a].node].n.op) &&
            fabs(c[z].ratio - c[a].ratio) <= 1e-9 * c[a].ratio)
       z++;
-    memcpy(trial, chosen, (size_t)nf);
-    for (int k = a; k < z; k++) trial[c[k].node] = 1;
-    runs_to_segments(g, trial, tseg);
-    size_t bytes;
-    rc_stats st;
-    e = arena_with(g, tseg, &bytes, &st);
-    if (!e && fixed + (double)bytes < best) {
-      best = fixed + (double)bytes;
-      memcpy(chosen, trial, (size_t)nf);
+    /* the group's nodes in forward order: the first layers' free the
+     * most (their copies are made last in backward) */
+    for (int k = a; k < z; k++) order[k - a] = c[k].node;
+    qsort(order, (size_t)(z - a), sizeof *order, by_index);
+    double total;
+    e = weigh_prefix(g, fixed, chosen, order, z - a, trial, tseg, &total);
+    if (!e && total < best) {
+      /* it fits with the whole group: the fewest of its first nodes that
+       * still fit (stop as soon as the plan fits, not a layer later) */
+      int lo = 1, hi = z - a;
+      while (!e && total <= budget && lo < hi) {
+        int mid = (lo + hi) / 2;
+        double t;
+        e = weigh_prefix(g, fixed, chosen, order, mid, trial, tseg, &t);
+        if (!e && t <= budget) hi = mid;
+        else lo = mid + 1;
+      }
+      if (!e) e = weigh_prefix(g, fixed, chosen, order, total <= budget ? hi : z - a, trial, tseg, &total);
+      if (!e) {
+        best = total;
+        memcpy(chosen, trial, (size_t)nf);
+      }
     }
     a = z;
   }
@@ -431,6 +461,7 @@ done:
   free(chosen);
   free(trial);
   free(tseg);
+  free(order);
   return e;
 }
 

@@ -1015,13 +1015,15 @@ static stoke_err *report_ops(run_state *s, int graphs, const stoke_opt_args_v1 *
  * profile) and wait for the device at their end, where their device time
  * is read; the loader's workers are recorded from `prefetch` batches
  * before the window. Called before (`end` = 0) and after each step. */
-static stoke_err *trace_step(run_state *s, int64_t step, int graphs, int profile_ops, double t0, double wait, int end) {
+static stoke_err *trace_step(run_state *s, int64_t step, int graphs, int profile_ops, double t0, int end) {
   stoke_trace *t = s->trace;
   if (!t) return NULL;
   if (!end) {
     stoke_trace_lead(t, step, (int)s->rc.data.prefetch + 2);
-    if (stoke_trace_has(t, step) && !stoke_trace_has(t, step - 1) && !graphs && !profile_ops)
-      STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 1));
+    if (stoke_trace_has(t, step) && !stoke_trace_has(t, step - 1) && !graphs) {
+      if (!profile_ops) STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 1));
+      if (s->dp) STOKE_PROPAGATE(stoke_dp_time_buckets(s->dp, 1));
+    }
     return NULL;
   }
   if (!stoke_trace_has(t, step)) return NULL;
@@ -1033,12 +1035,18 @@ static stoke_err *trace_step(run_state *s, int64_t step, int graphs, int profile
   char name[64];
   snprintf(name, sizeof name, "step %lld", (long long)step);
   stoke_trace_slice(t, STOKE_TRACE_STEP, name, "step", t0, launched - t0, NULL);
-  if (wait > 0) stoke_trace_slice(t, STOKE_TRACE_STEP, "data wait", "wait", t0, 1e6 * wait, NULL);
   stoke_trace_slice(t, STOKE_TRACE_STEP, "wait for the GPU (tracing)", "wait", launched, synced - launched, NULL);
   stoke_trace_gpu_step(t, step, s->train.plan, node_ms, n, stoke_metrics_last_ms(s->metrics), synced,
                        graphs ? (int)stoke_exec_graph_ops(s->train.x) : 0);
+  if (s->dp && !graphs) {
+    double at[256], ms[256];
+    size_t bytes[256];
+    int nb = stoke_dp_bucket_times(s->dp, stoke_exec_profile_start(s->train.x), at, ms, bytes, 256);
+    stoke_trace_gpu_buckets(t, at, ms, bytes, nb);
+  }
   if (stoke_trace_has(t, step + 1)) return NULL;
   if (!graphs && !profile_ops) STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 0));
+  if (!graphs && s->dp) STOKE_PROPAGATE(stoke_dp_time_buckets(s->dp, 0));
   stoke_trace_lead(t, step + 1, 0);
   STOKE_TRY(stoke_trace_write(t), "[run] trace");
   stoke_log(STOKE_LOG_INFO, "run", "trace written to %s (open it in ui.perfetto.dev)", stoke_trace_path(t));
@@ -1210,14 +1218,13 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   if (!strcmp(rc->run.tensorboard, "true")) mo.tensorboard_dir = dir; /* rank N's: in rank N's folder */
   else if (strcmp(rc->run.tensorboard, "false") && s.rank == 0) mo.tensorboard_dir = rc->run.tensorboard;
   mo.report_dir = dir, mo.run_name = run_name, mo.plan = s.train.plan;
+  STOKE_TRY_GOTO(e, done, stoke_trace_parse(rc->run.trace, &mo.trace_first, &mo.trace_last), "%s",
+                 stoke_cfg_where(c, "run", "trace"));
   STOKE_TRY_GOTO(e, done, stoke_metrics_new(&mo, &s.metrics), "");
   STOKE_TRY_GOTO(e, done, stoke_steptime_new(s.dev, s.dev_self, &s.steptime), "");
-  int64_t trace_first, trace_last;
-  STOKE_TRY_GOTO(e, done, stoke_trace_parse(rc->run.trace, &trace_first, &trace_last), "%s",
-                 stoke_cfg_where(c, "run", "trace"));
-  if (trace_first) {
+  if (mo.trace_first) {
     snprintf(path, sizeof path, "%s/trace.json", dir);
-    STOKE_TRY_GOTO(e, done, stoke_trace_new(path, trace_first, trace_last, s.rank, &s.trace), "");
+    STOKE_TRY_GOTO(e, done, stoke_trace_new(path, mo.trace_first, mo.trace_last, s.rank, &s.trace), "");
     stoke_loader_on_fill(s.train.loader, stoke_trace_fill, s.trace);
   }
 
@@ -1257,7 +1264,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   signals_catch(&sg);
   for (step = start_step; step < total && !stop; step++) {
     double t0 = now_s(), wait = 0, trace_t0 = s.trace ? stoke_trace_now(s.trace) : 0;
-    if ((e = trace_step(&s, step + 1, cuda_graph, profile_ops, trace_t0, 0, 0))) break;
+    if ((e = trace_step(&s, step + 1, cuda_graph, profile_ops, trace_t0, 0))) break;
     char range[32];
     if (stoke_nvtx_on()) snprintf(range, sizeof range, "step %lld", (long long)step + 1);
     stoke_range_push(range);
@@ -1280,9 +1287,16 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
         e = stoke_loader_next(s.train.loader, &b, &w);
         wait += w;
         if (!b) break; /* a signal while waiting */
-        if (stoke_trace_has(s.trace, step + 1)) /* the arrow from the batch's making */
-          stoke_trace_flow(s.trace, STOKE_TRACE_STEP, (uint64_t)(b->epoch * per_epoch + b->index), stoke_trace_now(s.trace), 0);
+        int traced = stoke_trace_has(s.trace, step + 1);
+        double fed = traced ? stoke_trace_now(s.trace) : 0;
+        if (traced) { /* the wait, and the arrow from the batch's making */
+          stoke_trace_slice(s.trace, STOKE_TRACE_STEP, "data wait", "wait", fed - 1e6 * w, 1e6 * w, NULL);
+          stoke_trace_flow(s.trace, STOKE_TRACE_STEP, (uint64_t)(b->epoch * per_epoch + b->index), fed, 0);
+        }
         if (!e) e = feed(&s, &s.train, b); /* then the host buffer may go back */
+        if (traced)
+          stoke_trace_slice(s.trace, STOKE_TRACE_STEP, "pinned copy (host to device)", "copy", fed,
+                            stoke_trace_now(s.trace) - fed, NULL);
         epoch = b->epoch;
         stoke_loader_release(s.train.loader, b);
       }
@@ -1302,7 +1316,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     if (!e) e = stoke_steptime_end(s.steptime);
     double host = now_s() - t0 - wait;
     stoke_range_pop();
-    if (!e) e = trace_step(&s, step + 1, cuda_graph, profile_ops, trace_t0, wait, 1);
+    if (!e) e = trace_step(&s, step + 1, cuda_graph, profile_ops, trace_t0, 1);
     if (!e && !ops_reported && step > start_step) {
       e = report_ops(&s, cuda_graph, &opt, sum, &ops_reported);
       stoke_steptime_pause(s.steptime); /* the count captured a step: not the next step's time */
@@ -1360,7 +1374,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
       }
     }
   }
-  if (!e && s.trace && step >= trace_first && step < trace_last) /* the run ended inside the window */
+  if (!e && s.trace && step >= mo.trace_first && step < mo.trace_last) /* the run ended inside the window */
     e = stoke_trace_write(s.trace);
   /* the last state is saved on every way out, then any error is reported;
    * signals are still caught: a save is never cut short by the first two */

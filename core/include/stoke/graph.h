@@ -297,6 +297,9 @@ int stoke_exec_profile_rows(stoke_exec *x, stoke_op_time *rows, int cap);
 /* The last profiled step's device time in ms per node, in plan order, then
  * the update's: n_nodes + 1 values (0: no step profiled yet). */
 int stoke_exec_profile_last(const stoke_exec *x, const double **ms);
+/* The timer recorded on the compute stream before the last profiled step's
+ * first node (NULL: none): where that step's node times start. */
+void *stoke_exec_profile_start(const stoke_exec *x);
 /* Read the loss of the last forward (synchronizes with the device). */
 stoke_err *stoke_exec_read_loss(stoke_exec *x, double *loss);
 
