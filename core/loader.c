@@ -31,7 +31,6 @@ typedef struct skip_reason {
 /* The fail-fast rule's defaults: more than 1% of the first 1000 reads. */
 #define SKIP_WINDOW 1000
 #define SKIP_FRACTION 0.01
-#define SKIP_LOGGED 10 /* skips logged one by one; the rest are counted */
 
 typedef struct slot {
   stoke_batch b;
@@ -61,6 +60,9 @@ struct stoke_loader {
   skip_reason reasons[MAX_REASONS];
   int n_reasons;
   int64_t other_reasons; /* skips past the table's room */
+  /* the samples found unreadable (guarded by mu): a set of index + 1, open
+   * addressing, so each is warned about once per run */
+  int64_t *bad, n_bad, cap_bad;
   /* permutation cache of one epoch (guarded by mu) */
   int64_t *perm;
   int64_t perm_epoch;
@@ -106,6 +108,34 @@ static void make_perm(stoke_loader *l, int64_t epoch) {
 static int64_t batch_n(const stoke_loader *l, int64_t number) {
   int64_t first = (number % l->per_epoch) * l->o.batch, n = l->o.batch;
   return first + n > l->shard_len ? l->shard_len - first : n;
+}
+
+/* Adds key (> 0) to the open-addressing table t of `cap` slots: 1 when new. */
+static int set_add(int64_t *t, int64_t cap, int64_t key) {
+  for (int64_t h = (int64_t)(stoke_hash3(0, 0, (uint64_t)key) % (uint64_t)cap);; h = (h + 1) % cap) {
+    if (t[h] == key) return 0;
+    if (!t[h]) {
+      t[h] = key;
+      return 1;
+    }
+  }
+}
+
+/* Adds sample k to the set of unreadable ones: 1 when it is new. Called
+ * with mu held; out of memory, it says new (a warning too many). */
+static int bad_insert(stoke_loader *l, int64_t k) {
+  if (2 * (l->n_bad + 1) > l->cap_bad) {
+    int64_t cap = l->cap_bad ? 2 * l->cap_bad : 64, *nb = calloc((size_t)cap, sizeof *nb);
+    if (!nb) return 1;
+    for (int64_t i = 0; i < l->cap_bad; i++)
+      if (l->bad[i]) set_add(nb, cap, l->bad[i]);
+    free(l->bad);
+    l->bad = nb;
+    l->cap_bad = cap;
+  }
+  int added = set_add(l->bad, l->cap_bad, k + 1);
+  l->n_bad += added;
+  return added;
 }
 
 /* `msg` with each run of digits replaced by '#': one key per kind of error. */
@@ -170,6 +200,7 @@ static stoke_err *note_skip(stoke_loader *l, int64_t k, const stoke_err *re, int
   }
   pthread_mutex_lock(&l->mu);
   count_skip(l, key, title, example);
+  int first = bad_insert(l, k);
   int64_t skipped = l->skipped, attempts = l->attempts;
   double frac = l->o.max_skipped > 0 ? l->o.max_skipped : SKIP_FRACTION;
   char why[2048] = "";
@@ -177,10 +208,8 @@ static stoke_err *note_skip(stoke_loader *l, int64_t k, const stoke_err *re, int
   int stop = !l->o.skip_bad && attempts <= SKIP_WINDOW && (double)skipped > frac * SKIP_WINDOW;
   if (stop) reasons_text(l, why, sizeof why);
   pthread_mutex_unlock(&l->mu);
-  if (skipped <= SKIP_LOGGED)
-    stoke_log(STOKE_LOG_WARN, "loader", "skipping %s%s", example,
-              skipped == SKIP_LOGGED ? " (further skips are counted, not logged; the summary gives them by reason)"
-                                     : "");
+  if (first) /* once per run; the summary counts them */
+    stoke_log(STOKE_LOG_WARN, "loader", "skipping %s (said once, skipped every time)", example);
   if (!stop) return NULL;
   return STOKE_ERR(STOKE_E_DATA,
                    "source '%s': %lld of the first %lld samples read were skipped, more than %g%% of the first %d: "
@@ -378,6 +407,7 @@ void stoke_loader_free(stoke_loader *l) {
   pthread_cond_destroy(&l->cv_free);
   pthread_cond_destroy(&l->cv_full);
   free(l->perm);
+  free(l->bad);
   free(l->slots);
   free(l->threads);
   free(l);
@@ -438,6 +468,13 @@ void stoke_loader_on_fill(stoke_loader *l, stoke_fill_hook hook, void *ctx) {
 int64_t stoke_loader_skipped(const stoke_loader *l) {
   pthread_mutex_lock((pthread_mutex_t *)&l->mu);
   int64_t n = l->skipped;
+  pthread_mutex_unlock((pthread_mutex_t *)&l->mu);
+  return n;
+}
+
+int64_t stoke_loader_bad_samples(const stoke_loader *l) {
+  pthread_mutex_lock((pthread_mutex_t *)&l->mu);
+  int64_t n = l->n_bad;
   pthread_mutex_unlock((pthread_mutex_t *)&l->mu);
   return n;
 }

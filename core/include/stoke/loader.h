@@ -71,6 +71,8 @@ typedef void (*stoke_fill_hook)(void *ctx, int worker, int64_t number, int64_t f
 void stoke_loader_on_fill(stoke_loader *l, stoke_fill_hook hook, void *ctx);
 /* Samples skipped so far because the source could not read them. */
 int64_t stoke_loader_skipped(const stoke_loader *l);
+/* The distinct samples among them (each warned about once per run). */
+int64_t stoke_loader_bad_samples(const stoke_loader *l);
 /* The same count, and in `buf` one line per reason ("\n    6 x label
  * error: label 2 outside [0, 2) (e.g. sample 3 ...)"). */
 int64_t stoke_loader_skip_reasons(const stoke_loader *l, char *buf, size_t cap);
