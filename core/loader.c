@@ -23,7 +23,7 @@ typedef enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_FULL, SLOT_TAKEN } slot_state;
 #define MAX_REASONS 8
 typedef struct skip_reason {
   char key[128];
-  char title[96];
+  char title[128];
   char example[256];
   int64_t n;
 } skip_reason;

@@ -18,6 +18,9 @@
 #   policies  issue 17's precision policy from a plugin: bf16_fp32norm (batch
 #             norm and the loss in f32) against bf16 and fp32, loss curves
 #             and the first lines of the run (the autocast nodes)
+#   plugkit   issue 18: tools/plugin_check on the example CUDA op plugin
+#             (leaky_relu's cuda kernels against its cpu ones), and
+#             examples/spirals.ini trained with backends = cuda, cpu
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
 #   kernels   tests/op/every_kernel_test with the GPU engines (every registered
@@ -650,6 +653,15 @@ PY
         python3 "$HERE/loss_curves.py" "adamw $prec groups+clip" "$OUT/o_${prec}_clip1_eager/metrics.jsonl" \
           graph="$OUT/o_${prec}_clip1_graph/metrics.jsonl" "no clipping"="$OUT/o_${prec}_noclip_eager/metrics.jsonl"
       done
+      ;;
+    plugkit)
+      log "issue 18: the plugin test kit on the GPU: the example CUDA op plugin's kernels against its cpu kernels, and a run with them"
+      timeout 120 "$S/bin/plugin_check" "$S/bin/plugins/libstoke_leaky_relu.so" > "$OUT/plugkit_check.log" 2>&1
+      echo "plugin_check leaky_relu rc=$? (0: pass) $(grep -cE '^ok .*cuda f32 kernel' "$OUT/plugkit_check.log") cuda checks ok, $(grep -c '^FAIL' "$OUT/plugkit_check.log") failed, $(grep -c '^skip' "$OUT/plugkit_check.log") skipped"
+      grep -E 'cuda|FAIL|skip' "$OUT/plugkit_check.log" | head -8
+      timeout 200 "$T" "$S/examples/spirals.ini" run.backends=cuda,cpu run.steps=600 run.progress=off \
+        run.out_dir="$OUT/plugkit_spirals" > "$OUT/plugkit_spirals.log" 2>&1
+      echo "spirals on cuda,cpu rc=$? $(grep -E 'leaky_relu.*cuda|evaluation|error' "$OUT/plugkit_spirals.log" | head -3 | tr '\n' ' ')"
       ;;
     policies)
       log "issue 17: a precision policy from a plugin (bf16_fp32norm: batch norm and the loss in f32) against bf16 and fp32"
