@@ -454,7 +454,9 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
     uint64_t k = node->pass == STOKE_BWD || node->recompute ? (uint64_t)node->fwd : (uint64_t)i;
     na->a.seed = stoke_hash3(step_seed, k, 0x5eedull);
     stoke_range_push(node->n.name);
+    stoke_crash_note_kernel(node->kernel, &na->a);
     stoke_err *e = node->kernel->run(&na->a, node->kstate);
+    stoke_crash_note_kernel(NULL, NULL);
     stoke_range_pop();
     if (!e) e = tick(x, i);
     if (e)
@@ -606,6 +608,10 @@ stoke_err *stoke_exec_count_ops(stoke_exec *x, const stoke_opt_args_v1 *opt, int
 static int by_op_ms(const void *a, const void *b) {
   double x = ((const stoke_op_time *)a)->ms, y = ((const stoke_op_time *)b)->ms;
   return x < y ? 1 : x > y ? -1 : 0;
+}
+
+void *stoke_exec_profile_start(const stoke_exec *x) {
+  return x->timers && x->profiled_steps ? x->timers[x->p->g->n_nodes] : NULL;
 }
 
 int stoke_exec_profile_last(const stoke_exec *x, const double **ms) {

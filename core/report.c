@@ -263,7 +263,17 @@ static stoke_err *write_page(FILE *f, const stoke_report *r) {
   row_num(f, "evaluation top-1 accuracy", s->eval_accuracy, "%.4f", "");
   row_num(f, "GPU utilization (mean)", s->gpu_util_mean, "%.0f", "%");
   row_num(f, "GPU memory used (max)", s->gpu_mem_max_mib, "%.0f", "MiB");
-  fputs("</table>\n<h2>Training</h2>\n", f);
+  fputs("</table>\n", f);
+  if (r->trace_first > 0) {
+    fprintf(f, "<p>Trace of steps %lld-%lld in trace.json (open it in ui.perfetto.dev). What tracing cost: the "
+               "traced steps' median device step time ", (long long)r->trace_first, (long long)r->trace_last);
+    if (isfinite(r->trace_ms) && isfinite(r->untraced_ms))
+      fprintf(f, "%.3f ms against %.3f ms for the other steps (%+.1f%%).</p>\n", r->trace_ms, r->untraced_ms,
+              100 * (r->trace_ms / r->untraced_ms - 1));
+    else
+      fputs("is not known (too few steps on one side).</p>\n", f);
+  }
+  fputs("<h2>Training</h2>\n", f);
 
   double *x = malloc(sizeof *x * (size_t)(n + ne + 1)), *loss = COL(loss), *lr = COL(lr), *rate = COL(samples_per_s),
          *ms = COL(step_ms), *p50 = COL(step_ms_p50), *p95 = COL(step_ms_p95), *mx = COL(step_ms_max),

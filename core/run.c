@@ -1,6 +1,7 @@
 /* core/run.c: a training run as the INI file says: strict config, plugin
  * loading by name, graph build and compile, the loader, the step loop
  * (loss read back only every log_every steps), metrics and the summary. */
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -472,6 +473,11 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
     if (info.shape.ndim != 3)
       return STOKE_ERR(STOKE_E_UNSUPPORTED, "source '%s' gives u8 samples that are not images (C, H, W)",
                        st->src->name);
+    if (info.layout == STOKE_NCHW)
+      return STOKE_ERR(STOKE_E_UNSUPPORTED,
+                       "source '%s' says its u8 images are STOKE_NCHW (CHW memory order); u8 images are read as "
+                       "HWC (as decoders write them): write HWC and say STOKE_NHWC, or give f32 samples",
+                       st->src->name);
     STOKE_PROPAGATE(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &xs, STOKE_U8, &x));
     g->values[x].layout = STOKE_NHWC; /* sources write HWC */
     char attrs[600];
@@ -484,8 +490,10 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
   } else if (info.dtype == STOKE_F32) {
     /* the batch arrives as f32; a low-precision graph converts it first */
     STOKE_PROPAGATE(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &xs, STOKE_F32, &x));
-    g->values[x].layout = xs.ndim == 4 ? STOKE_NCHW : STOKE_LAYOUT_ANY; /* sources write CHW */
-    if (dtype != STOKE_F32 || (xs.ndim == 4 && s->layout != STOKE_NCHW)) {
+    /* images in the memory order the source declares (CHW unless it says STOKE_NHWC) */
+    stoke_layout in = info.layout == STOKE_NHWC ? STOKE_NHWC : STOKE_NCHW;
+    g->values[x].layout = xs.ndim == 4 ? in : STOKE_LAYOUT_ANY;
+    if (dtype != STOKE_F32 || (xs.ndim == 4 && s->layout != in)) {
       char attrs[32];
       snprintf(attrs, sizeof attrs, "dtype=%s", stoke_dtype_name(dtype));
       int c;
@@ -665,7 +673,7 @@ static stoke_err *open_stream(run_state *s, stream *st, const stoke_data_config 
                                           s->resume.world, st->batch, s->world);
   stoke_loader_opts lo = {st->src, st->src_self, s->dev, s->dev_self, st->batch, (int)workers,
                           (int)dc->prefetch, dc->shuffle, dc->drop_last, seed, s->rank, s->world, start_batch,
-                          s->dp ? NULL : &stop_signal, !training};
+                          s->dp ? NULL : &stop_signal, !training, dc->max_skipped};
   if (!workers) STOKE_PROPAGATE(auto_workers(s, lo, &workers));
   lo.workers = (int)workers;
   STOKE_TRY(stoke_loader_new(&lo, &st->loader), "starting the [%s] loader", section);
@@ -929,6 +937,43 @@ static stoke_err *save_on_exit(run_state *s, stoke_err *e, int64_t good, int64_t
   return note_saved(s, e, good, sum);
 }
 
+/* Before anything is written to out_dir: checkpoint files of processes
+ * killed mid-save (checkpoint.safetensors.tmp.PID, that PID gone from this
+ * machine) are removed, and another run's checkpoint there is kept: the
+ * run is refused unless it continues that checkpoint (run.resume names
+ * it) or run.overwrite = true says to start over. */
+static stoke_err *claim_out_dir(const stoke_cfg *c, const char *dir, const char *resume, int want_ckpt,
+                                int overwrite) {
+  DIR *d = opendir(dir);
+  for (struct dirent *de; d && (de = readdir(d));) {
+    static const char tmp[] = "checkpoint.safetensors.tmp.";
+    char *end;
+    if (strncmp(de->d_name, tmp, sizeof tmp - 1)) continue;
+    long pid = strtol(de->d_name + sizeof tmp - 1, &end, 10);
+    if (end == de->d_name + sizeof tmp - 1 || *end || pid <= 0 || pid > INT_MAX) continue;
+    if (pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) continue; /* still saving */
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    if (!unlink(path))
+      stoke_log(STOKE_LOG_INFO, "run", "removed %s, left by process %ld, which was killed while saving", path, pid);
+  }
+  if (d) closedir(d);
+  char ckpt[PATH_MAX];
+  snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", dir);
+  struct stat have, named;
+  if (!want_ckpt || overwrite || stat(ckpt, &have)) return NULL;
+  if (resume[0] && !stat(resume, &named) && named.st_dev == have.st_dev && named.st_ino == have.st_ino) return NULL;
+  stoke_ckpt_meta m;
+  char what[64] = "unreadable";
+  stoke_err *e = stoke_checkpoint_read_meta(ckpt, &m);
+  if (e) stoke_err_free(e);
+  else snprintf(what, sizeof what, "step %lld", (long long)m.step);
+  return STOKE_ERR(STOKE_E_INVALID,
+                   "%s: [run] out_dir '%s' holds another run's checkpoint (%s, %s): continue it with run.resume=%s, "
+                   "start over with run.overwrite=true (it is replaced at the first save), or choose another out_dir",
+                   stoke_cfg_where(c, "run", "out_dir"), dir, ckpt, what, ckpt);
+}
+
 /* Before any compute: room for a checkpoint in out_dir, on its disk and
  * under the file-size limit, so that a run never trains for hours to fail
  * at its first save. */
@@ -1008,13 +1053,15 @@ static stoke_err *report_ops(run_state *s, int graphs, const stoke_opt_args_v1 *
  * profile) and wait for the device at their end, where their device time
  * is read; the loader's workers are recorded from `prefetch` batches
  * before the window. Called before (`end` = 0) and after each step. */
-static stoke_err *trace_step(run_state *s, int64_t step, int graphs, int profile_ops, double t0, double wait, int end) {
+static stoke_err *trace_step(run_state *s, int64_t step, int graphs, int profile_ops, double t0, int end) {
   stoke_trace *t = s->trace;
   if (!t) return NULL;
   if (!end) {
     stoke_trace_lead(t, step, (int)s->rc.data.prefetch + 2);
-    if (stoke_trace_has(t, step) && !stoke_trace_has(t, step - 1) && !graphs && !profile_ops)
-      STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 1));
+    if (stoke_trace_has(t, step) && !stoke_trace_has(t, step - 1) && !graphs) {
+      if (!profile_ops) STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 1));
+      if (s->dp) STOKE_PROPAGATE(stoke_dp_time_buckets(s->dp, 1));
+    }
     return NULL;
   }
   if (!stoke_trace_has(t, step)) return NULL;
@@ -1026,12 +1073,18 @@ static stoke_err *trace_step(run_state *s, int64_t step, int graphs, int profile
   char name[64];
   snprintf(name, sizeof name, "step %lld", (long long)step);
   stoke_trace_slice(t, STOKE_TRACE_STEP, name, "step", t0, launched - t0, NULL);
-  if (wait > 0) stoke_trace_slice(t, STOKE_TRACE_STEP, "data wait", "wait", t0, 1e6 * wait, NULL);
   stoke_trace_slice(t, STOKE_TRACE_STEP, "wait for the GPU (tracing)", "wait", launched, synced - launched, NULL);
   stoke_trace_gpu_step(t, step, s->train.plan, node_ms, n, stoke_metrics_last_ms(s->metrics), synced,
                        graphs ? (int)stoke_exec_graph_ops(s->train.x) : 0);
+  if (s->dp && !graphs) {
+    double at[256], ms[256];
+    size_t bytes[256];
+    int nb = stoke_dp_bucket_times(s->dp, stoke_exec_profile_start(s->train.x), at, ms, bytes, 256);
+    stoke_trace_gpu_buckets(t, at, ms, bytes, nb);
+  }
   if (stoke_trace_has(t, step + 1)) return NULL;
   if (!graphs && !profile_ops) STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 0));
+  if (!graphs && s->dp) STOKE_PROPAGATE(stoke_dp_time_buckets(s->dp, 0));
   stoke_trace_lead(t, step + 1, 0);
   STOKE_TRY(stoke_trace_write(t), "[run] trace");
   stoke_log(STOKE_LOG_INFO, "run", "trace written to %s (open it in ui.perfetto.dev)", stoke_trace_path(t));
@@ -1104,6 +1157,8 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   snprintf(sum->out_dir, sizeof sum->out_dir, "%s", dir);
   sig_set(&sg, 2, SIG_IGN); /* SIGXFSZ: see sig_guard */
   STOKE_TRY_GOTO(e, done, mkdir_p(dir), "[run] out_dir");
+  int want_ckpt = rc->run.checkpoint;
+  if (s.rank == 0) STOKE_TRY_GOTO(e, done, claim_out_dir(c, dir, resume, want_ckpt, rc->run.overwrite), "");
   s.config_text = config_text(c);
   char path[640];
   snprintf(path, sizeof path, "%s/config.ini", dir);
@@ -1203,21 +1258,20 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   if (!strcmp(rc->run.tensorboard, "true")) mo.tensorboard_dir = dir; /* rank N's: in rank N's folder */
   else if (strcmp(rc->run.tensorboard, "false") && s.rank == 0) mo.tensorboard_dir = rc->run.tensorboard;
   mo.report_dir = dir, mo.run_name = run_name, mo.plan = s.train.plan;
+  STOKE_TRY_GOTO(e, done, stoke_trace_parse(rc->run.trace, &mo.trace_first, &mo.trace_last), "%s",
+                 stoke_cfg_where(c, "run", "trace"));
   STOKE_TRY_GOTO(e, done, stoke_metrics_new(&mo, &s.metrics), "");
   STOKE_TRY_GOTO(e, done, stoke_steptime_new(s.dev, s.dev_self, &s.steptime), "");
-  int64_t trace_first, trace_last;
-  STOKE_TRY_GOTO(e, done, stoke_trace_parse(rc->run.trace, &trace_first, &trace_last), "%s",
-                 stoke_cfg_where(c, "run", "trace"));
-  if (trace_first) {
+  if (mo.trace_first) {
     snprintf(path, sizeof path, "%s/trace.json", dir);
-    STOKE_TRY_GOTO(e, done, stoke_trace_new(path, trace_first, trace_last, s.rank, &s.trace), "");
+    STOKE_TRY_GOTO(e, done, stoke_trace_new(path, mo.trace_first, mo.trace_last, s.rank, &s.trace), "");
     stoke_loader_on_fill(s.train.loader, stoke_trace_fill, s.trace);
   }
 
   /* -- the step loop */
   int64_t step, epoch = 0;
   int64_t eval_period = eval_every > 0 ? (int64_t)llround(eval_every * (double)per_epoch) : 0;
-  int on_device = rc->data.on_device, want_ckpt = rc->run.checkpoint, profile_ops = rc->run.profile_ops;
+  int on_device = rc->data.on_device, profile_ops = rc->run.profile_ops;
   int cuda_graph = rc->run.cuda_graph;
   stoke_nvtx_enable(rc->run.nvtx);
   int64_t growth = rc->run.loss_scale_growth;
@@ -1250,7 +1304,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   signals_catch(&sg);
   for (step = start_step; step < total && !stop; step++) {
     double t0 = now_s(), wait = 0, trace_t0 = s.trace ? stoke_trace_now(s.trace) : 0;
-    if ((e = trace_step(&s, step + 1, cuda_graph, profile_ops, trace_t0, 0, 0))) break;
+    if ((e = trace_step(&s, step + 1, cuda_graph, profile_ops, trace_t0, 0))) break;
     char range[32];
     if (stoke_nvtx_on()) snprintf(range, sizeof range, "step %lld", (long long)step + 1);
     stoke_range_push(range);
@@ -1273,9 +1327,16 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
         e = stoke_loader_next(s.train.loader, &b, &w);
         wait += w;
         if (!b) break; /* a signal while waiting */
-        if (stoke_trace_has(s.trace, step + 1)) /* the arrow from the batch's making */
-          stoke_trace_flow(s.trace, STOKE_TRACE_STEP, (uint64_t)(b->epoch * per_epoch + b->index), stoke_trace_now(s.trace), 0);
+        int traced = stoke_trace_has(s.trace, step + 1);
+        double fed = traced ? stoke_trace_now(s.trace) : 0;
+        if (traced) { /* the wait, and the arrow from the batch's making */
+          stoke_trace_slice(s.trace, STOKE_TRACE_STEP, "data wait", "wait", fed - 1e6 * w, 1e6 * w, NULL);
+          stoke_trace_flow(s.trace, STOKE_TRACE_STEP, (uint64_t)(b->epoch * per_epoch + b->index), fed, 0);
+        }
         if (!e) e = feed(&s, &s.train, b); /* then the host buffer may go back */
+        if (traced)
+          stoke_trace_slice(s.trace, STOKE_TRACE_STEP, "pinned copy (host to device)", "copy", fed,
+                            stoke_trace_now(s.trace) - fed, NULL);
         epoch = b->epoch;
         stoke_loader_release(s.train.loader, b);
       }
@@ -1295,7 +1356,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     if (!e) e = stoke_steptime_end(s.steptime);
     double host = now_s() - t0 - wait;
     stoke_range_pop();
-    if (!e) e = trace_step(&s, step + 1, cuda_graph, profile_ops, trace_t0, wait, 1);
+    if (!e) e = trace_step(&s, step + 1, cuda_graph, profile_ops, trace_t0, 1);
     if (!e && !ops_reported && step > start_step) {
       e = report_ops(&s, cuda_graph, &opt, sum, &ops_reported);
       stoke_steptime_pause(s.steptime); /* the count captured a step: not the next step's time */
@@ -1353,7 +1414,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
       }
     }
   }
-  if (!e && s.trace && step >= trace_first && step < trace_last) /* the run ended inside the window */
+  if (!e && s.trace && step >= mo.trace_first && step < mo.trace_last) /* the run ended inside the window */
     e = stoke_trace_write(s.trace);
   /* the last state is saved on every way out, then any error is reported;
    * signals are still caught: a save is never cut short by the first two */
@@ -1380,7 +1441,8 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   stoke_metrics_summary(s.metrics, sum);
   sum->steps = step;
   sum->samples = (step - start_step) * batch * accumulate * s.world;
-  sum->skipped_samples = stoke_loader_skipped(s.train.loader);
+  sum->skipped_samples = stoke_loader_skip_reasons(s.train.loader, sum->skip_reasons, sizeof sum->skip_reasons);
+  sum->bad_samples = stoke_loader_bad_samples(s.train.loader);
   if (!e && s.dp) e = report_ranks(&s, sum, o->quiet);
   if (!e) e = stoke_metrics_close(s.metrics, sum, stop ? "interrupted" : "done");
   if (!e) e = check_log(&s, dir);

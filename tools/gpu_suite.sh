@@ -38,6 +38,10 @@
 #             probe (tests/gpu/conv_bench), PyTorch's same convolutions
 #             (conv_bench_torch.py), then tools/bench A/B of the two engines
 #             on resnet50 and resnet18c (fused + CUDA graphs both sides)
+#   bn        the batch-norm family (bn_relu, bn_add_relu, the shortcuts'
+#             batch_norm) on every ResNet-50 shape against the memory floor
+#             (tests/gpu/bn_bench, BN_PRECS: bf16 f16), then ResNet-50's
+#             per-op profile (examples/resnet50.ini)
 #   gpt       GPT-2 124M bf16 (examples/gpt2_124m.ini): stoke at B = 16 and
 #             32 in tokens/s (cuDNN flash attention), one per-op profile, the
 #             PyTorch anchor (gpt_bench.py, eager and compile), and a small
@@ -84,6 +88,10 @@
 #             tracing cost in its steps; observe_check.py on the eager run;
 #             tools/bench A/B of the trace off/on and of NVTX off/on (eager and
 #             graphs); nsys's NVTX summary where nsys is installed
+#   observe_ddp  the trace of 3 eager ResNet-50 steps on 2 GPUs (tools/launch):
+#             each rank's all-reduce buckets on the comm lane, how many start
+#             while the backward still runs (the screenshot for BENCHMARKS.md:
+#             open $OUT/obs_ddp/trace.json in ui.perfetto.dev)
 #   ddp       data parallel on 2 GPUs, all of: ddp_eq (weights of a 2-GPU run
 #             against a 1-GPU run of the same global batch), ddp_resume (a
 #             2-GPU checkpoint resumed on 1 GPU), ddp_kill (a killed rank ends
@@ -149,6 +157,17 @@ prev = None
 for r in rows[:30]:
     print(r["step"], r["loss"], r["loss_scale"], r["skipped_steps"])
 PY
+      ;;
+    bn)
+      for prec in ${BN_PRECS:-bf16}; do
+        log "batch-norm family on ResNet-50's shapes, $prec (tests/gpu/bn_bench)"
+        timeout 150 "$S/tests/bn_bench" 256 $prec > "$OUT/bn_bench_$prec.log" 2>&1
+        echo "rc=$?"; cat "$OUT/bn_bench_$prec.log"
+      done
+      log "ResNet-50 bf16 per-op profile (examples/resnet50.ini)"
+      timeout 240 "$T" "$S/examples/resnet50.ini" run.steps=24 run.profile_ops=true run.progress=off run.checkpoint=false \
+        run.out_dir="$OUT/bn_prof" > "$OUT/bn_prof.log" 2>&1
+      echo "rc=$?"; sed -n '/per-op GPU time/,/slowest nodes/p' "$OUT/bn_prof.log" | head -30
       ;;
     gpt)
       for b in 16 32; do
@@ -480,6 +499,36 @@ PY
       else
         echo "nsys not installed here: NVTX names not checked"
       fi
+      ;;
+    observe_ddp)
+      log "issue 13: trace of a data-parallel step on 2 GPUs: the all-reduce buckets against the backward"
+      timeout 200 $S/bin/launch --gpus 2 $S/examples/resnet50.ini run.cuda_graph=false run.checkpoint=false run.steps=30 \
+        run.log_every=1 run.trace=20-22 run.progress=off run.out_dir=$OUT/obs_ddp > $OUT/obs_ddp.log 2>&1
+      echo "2 GPUs rc=$?"
+      for f in $OUT/obs_ddp/trace.json $OUT/obs_ddp/rank1/trace.json; do
+        python3 - "$f" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))["traceEvents"]
+comm = [e for e in t if e.get("cat") == "comm"]
+ops = [e for e in t if e.get("cat") == "op"]
+bwd = [e for e in ops if e["args"].get("pass") == "backward"]
+if not comm or not bwd:
+    print(f"{sys.argv[1]}: FAIL {len(comm)} bucket slices, {len(bwd)} backward op slices"); sys.exit()
+# per step: the buckets that started before the last backward node ended overlap the backward
+steps = [e for e in t if e.get("cat") == "step" and e["pid"] % 2 == 1]
+over = 0
+for s in steps:
+    end = s["ts"] + s["dur"]
+    b = [e for e in bwd if s["ts"] <= e["ts"] <= end]
+    c = [e for e in comm if s["ts"] - 1e3 <= e["ts"] <= end]
+    if b and c:
+        last_bwd = max(e["ts"] + e["dur"] for e in b)
+        over += sum(e["ts"] < last_bwd for e in c)
+        print(f"  {s['name']}: {len(c)} buckets, {sum(e['ts'] < last_bwd for e in c)} started during the backward; "
+              f"all-reduce {sum(e['dur'] for e in c) / 1e3:.2f} ms, backward {sum(e['dur'] for e in b) / 1e3:.2f} ms")
+print(f"{sys.argv[1]}: {'PASS' if over else 'FAIL'} ({len(comm)} bucket slices, {over} overlapping the backward)")
+PY
+      done
       ;;
     ddp) # all of the data-parallel checks below, in one call
       bash "$0" ddp_eq ddp_graph ddp_resume ddp_kill ddp_bench

@@ -17,9 +17,15 @@ if [ $rc -ne 0 ]; then
   tail -20 "$T/run.log"
   exit 1
 fi
+# a bad window is refused with where it was given
+bad=$(tools/train examples/quickstart.ini run.steps=2 run.trace=9-3 run.out_dir="$T/bad" 2>&1)
+case "$bad" in
+  *"[run] trace = '9-3': give the steps to trace as FIRST-LAST"*) bad_ok="[       OK ] trace: run.trace = 9-3 refused" ;;
+  *) bad_ok="[  FAILED  ] trace: run.trace = 9-3 not refused as expected: $bad" ;;
+esac
 # the checks, then the page in Debian's headless chromium (no console
 # error, the plots drawn); one total for tools/test.sh's count
-out=$({ python3 "$HERE/observe_check.py" "$T/run"; python3 "$HERE/report_render.py" "$T/run/report.html" "$T/report.png"; } 2>&1)
+out=$({ echo "$bad_ok"; python3 "$HERE/observe_check.py" "$T/run"; python3 "$HERE/report_render.py" "$T/run/report.html" "$T/report.png"; } 2>&1)
 echo "$out" | grep -v '^\[  PASSED  \]\|^\[  FAILED  \] [0-9]* test(s), listed above'
 passed=$(echo "$out" | grep -c '^\[       OK \]')
 failed=$(echo "$out" | grep -c '^\[  FAILED  \] [^0-9]')

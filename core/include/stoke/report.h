@@ -35,6 +35,8 @@ typedef struct stoke_report {
   int64_t n_evals;
   const stoke_summary *summary;
   const stoke_plan *plan;       /* memory by kind; NULL: left out */
+  int64_t trace_first, trace_last; /* run.trace's steps (0: none) */
+  double trace_ms, untraced_ms;    /* their median device step time, and the other steps' (first left out) */
 } stoke_report;
 
 /* Writes the page to `path` (through a temporary file and a rename). */

@@ -22,6 +22,7 @@ typedef struct stoke_data_config {
   int64_t workers;       /* 0: auto */
   int64_t prefetch;
   int shuffle, drop_last, on_device; /* [data] only (0 for [eval_data]) */
+  double max_skipped;    /* [data] only: the loader's fail-fast fraction (0 for [eval_data]: the default) */
   /* [data] only: u8 images' per-channel mean and std as op attributes ("0.485:0.456") */
   char mean[256], std[256];
 } stoke_data_config;
@@ -38,7 +39,7 @@ typedef struct stoke_run_config {
     stoke_show progress;
     int64_t device_index, steps, accumulate, seed, log_every, checkpoint_every, loss_scale_growth;
     double bucket_mb, comm_timeout, epochs, eval_every, loss_scale_init;
-    int profile_ops, checkpoint, deterministic, fuse, grad_sums_in_place, cuda_graph, conv_autotune;
+    int profile_ops, checkpoint, overwrite, deterministic, fuse, grad_sums_in_place, cuda_graph, conv_autotune;
     const char *recompute; /* none, auto or node-name patterns (core/recompute.c) */
     double memory_gb;      /* the device memory to plan for (0: ask the device) */
     const char *tensorboard; /* "false", "true" (out_dir) or a folder */

@@ -131,9 +131,12 @@
  * compiler makes of a batch_norm whose output only a relu reads (run.fuse)
  * when an engine has the fused kernels. Inputs, outputs, attributes and
  * running-statistics update as batch_norm's; backward reads x, weight,
- * saved_* and y (the ReLU mask is y > 0).
+ * bias and saved_*, not y: the ReLU's mask, y > 0, is recomputed as
+ * (x - saved_mean) (weight saved_invstd) + bias > 0 (rounded to y's dtype),
+ * the saved f32 invstd used as the forward uses it.
  * bn_add_relu: y = max(bn(x) + r, 0), the ResNet block's tail (batch_norm
  * -> add -> relu), with the residual r[x's shape] as input 5; backward
+ * reads x, weight, saved_* and y (the mask, y > 0, needs r otherwise) and
  * also writes dr, the masked output gradient that flows into the add. */
 #define STOKE_OP_BN_RELU "bn_relu"
 #define STOKE_OP_BN_ADD_RELU "bn_add_relu"
@@ -223,9 +226,10 @@
 #define STOKE_NORMALIZE_DTYPE 3  /* str: "f32", "bf16" or "f16", the output's dtype (the graph's) */
 
 /* cast: f32 samples -> the graph's float dtype (f32, bf16, f16) and, for
- * 4-D images, from the sources' NCHW memory order to the output's layout
- * (NHWC on the GPU): the first node when an f32 source feeds a graph of
- * another dtype or layout. No backward. */
+ * 4-D images, from the memory order the source declares (CHW unless it
+ * says STOKE_NHWC) to the output's layout (NHWC on the GPU): the first node
+ * when an f32 source feeds a graph of another dtype or layout. No
+ * backward. */
 #define STOKE_OP_CAST "cast"
 #define STOKE_CAST_DTYPE 0 /* str: "f32", "bf16", "f16" or "f64" */
 
