@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "stoke/core.h"
+#include "nvtx.h"
 #include "stoke/graph.h"
 #include "stoke/ops.h"
 #include "stoke/rng.h"
@@ -30,6 +31,7 @@ struct stoke_exec {
    * timers[n + 1] after the update; ms[] accumulates per node (n: update) */
   void **timers;
   double *ms;
+  double *last_ms; /* the last profiled step's, per node and the update (the trace) */
   int64_t profiled_steps;
   int profiling;
   node_args amp_check, amp_update, grad_norm;
@@ -348,6 +350,7 @@ void stoke_exec_free(stoke_exec *x) {
       if (x->timers[i]) x->dev->timer_destroy(x->dev_self, x->timers[i]);
   free(x->timers);
   free(x->ms);
+  free(x->last_ms);
   free(x->args);
   free(x);
 }
@@ -364,7 +367,8 @@ stoke_err *stoke_exec_profile(stoke_exec *x, int on) {
   if (on && !x->timers) {
     x->timers = calloc((size_t)n + 2, sizeof *x->timers);
     x->ms = calloc((size_t)n + 1, sizeof *x->ms);
-    if (!x->timers || !x->ms) return STOKE_ERR(STOKE_E_OOM, "out of memory for the profile");
+    x->last_ms = calloc((size_t)n + 1, sizeof *x->last_ms);
+    if (!x->timers || !x->ms || !x->last_ms) return STOKE_ERR(STOKE_E_OOM, "out of memory for the profile");
     for (int i = 0; i < n + 2; i++) STOKE_PROPAGATE(x->dev->timer_create(x->dev_self, &x->timers[i]));
   }
   x->profiling = on;
@@ -382,6 +386,7 @@ static stoke_err *profile_collect(stoke_exec *x) {
     float ms = 0;
     STOKE_PROPAGATE(x->dev->timer_elapsed_ms(x->dev_self, a, b, &ms));
     x->ms[i] += ms;
+    x->last_ms[i] = ms;
   }
   x->profiled_steps++;
   return NULL;
@@ -447,7 +452,9 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
     /* a backward node gets its forward node's seed (dropout regenerates its mask) */
     uint64_t k = node->pass == STOKE_BWD ? (uint64_t)node->fwd : (uint64_t)i;
     na->a.seed = stoke_hash3(step_seed, k, 0x5eedull);
+    stoke_range_push(node->n.name);
     stoke_err *e = node->kernel->run(&na->a, node->kstate);
+    stoke_range_pop();
     if (!e) e = tick(x, i);
     if (e)
       return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name,
@@ -598,6 +605,11 @@ stoke_err *stoke_exec_count_ops(stoke_exec *x, const stoke_opt_args_v1 *opt, int
 static int by_op_ms(const void *a, const void *b) {
   double x = ((const stoke_op_time *)a)->ms, y = ((const stoke_op_time *)b)->ms;
   return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int stoke_exec_profile_last(const stoke_exec *x, const double **ms) {
+  *ms = x->last_ms;
+  return x->profiled_steps ? x->p->g->n_nodes + 1 : 0;
 }
 
 int stoke_exec_profile_rows(stoke_exec *x, stoke_op_time *out, int cap) {

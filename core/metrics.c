@@ -8,15 +8,25 @@
 
 #include "stoke/core.h"
 #include "stoke/metrics.h"
+#include "stoke/report.h"
+#include "stoke/tensorboard.h"
 
 struct stoke_metrics {
   stoke_metrics_opts o;
   FILE *jsonl;
-  double *step_s;      /* every step's time */
+  stoke_tb *tb;        /* TensorBoard scalars, or NULL */
+  stoke_log_row *rows; /* every logged step, for the report */
+  int64_t n_rows, cap_rows;
+  stoke_eval_row *evals;
+  int64_t n_evals, cap_evals;
+  double *step_ms;     /* every step's device time (stoke/steptime.h), in order */
   int64_t n, cap;
+  int64_t interval_first; /* step_ms index of the interval's first step */
+  double *host_ms;     /* every step's host time (launches), the data wait excluded */
+  int64_t n_host, cap_host;
   double *rates;       /* samples/s of each logged interval */
   int64_t n_rates, cap_rates;
-  double interval_s, wait_total, interval_wait;
+  double wait_total, interval_wait, interval_host;
   int64_t interval_steps;
   double first_loss, last_loss, elapsed;
   int has_loss;
@@ -43,6 +53,11 @@ stoke_err *stoke_metrics_new(const stoke_metrics_opts *o, stoke_metrics **out) {
     free(m);
     return STOKE_ERR(STOKE_E_IO, "cannot write metrics to '%s': %s", o->jsonl_path, strerror(errno));
   }
+  stoke_err *e = o->tensorboard_dir ? stoke_tb_open(o->tensorboard_dir, &m->tb) : NULL;
+  if (e) {
+    stoke_metrics_free(m);
+    return stoke_err_wrap(e, __FILE__, __LINE__, "[run] tensorboard");
+  }
   *out = m;
   return NULL;
 }
@@ -50,7 +65,11 @@ stoke_err *stoke_metrics_new(const stoke_metrics_opts *o, stoke_metrics **out) {
 void stoke_metrics_free(stoke_metrics *m) {
   if (!m) return;
   if (m->jsonl) fclose(m->jsonl);
-  free(m->step_s);
+  stoke_tb_close(m->tb);
+  free(m->rows);
+  free(m->evals);
+  free(m->step_ms);
+  free(m->host_ms);
   free(m->rates);
   free(m);
 }
@@ -73,6 +92,18 @@ static void push(double **v, int64_t *n, int64_t *cap, double x) {
   (*v)[(*n)++] = x;
 }
 
+/* Append one element to a growable array; a failed allocation loses it. */
+static void grow_push(void **v, int64_t *n, int64_t *cap, const void *x, size_t size) {
+  if (*n == *cap) {
+    int64_t c = *cap ? 2 * *cap : 64;
+    void *nv = realloc(*v, size * (size_t)c);
+    if (!nv) return;
+    *v = nv;
+    *cap = c;
+  }
+  memcpy((char *)*v + size * (size_t)(*n)++, x, size);
+}
+
 static void fmt_eta(double s, char *buf, size_t cap) {
   if (!isfinite(s) || s < 0) s = 0;
   long t = (long)(s + 0.5);
@@ -80,22 +111,62 @@ static void fmt_eta(double s, char *buf, size_t cap) {
   else snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
 }
 
-stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double step_s,
+void stoke_metrics_device(stoke_metrics *m, const double *ms, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    push(&m->step_ms, &m->n, &m->cap, ms[i]);
+    m->elapsed += 1e-3 * ms[i];
+  }
+}
+
+stoke_err *stoke_metrics_collect(stoke_metrics *m, stoke_steptime *t) {
+  const double *ms;
+  int64_t n;
+  STOKE_PROPAGATE(stoke_steptime_read(t, &ms, &n));
+  stoke_metrics_device(m, ms, n);
+  return NULL;
+}
+
+double stoke_metrics_last_ms(const stoke_metrics *m) { return m->n > 0 ? m->step_ms[m->n - 1] : NAN; }
+
+static double percentile_of(const double *v, int64_t n, double pct) {
+  double *tmp = n > 0 ? malloc(sizeof(double) * (size_t)n) : NULL;
+  if (!tmp) return NAN;
+  memcpy(tmp, v, sizeof(double) * (size_t)n);
+  double p = stoke_percentile(tmp, n, pct);
+  free(tmp);
+  return p;
+}
+
+static double max_of(const double *v, int64_t n) {
+  double x = NAN;
+  for (int64_t i = 0; i < n; i++)
+    if (!(v[i] <= x)) x = v[i];
+  return x;
+}
+
+stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double host_s,
                               double wait_s, int logged, double loss, double lr) {
-  push(&m->step_s, &m->n, &m->cap, step_s);
-  m->elapsed += step_s;
-  m->interval_s += step_s;
+  push(&m->host_ms, &m->n_host, &m->cap_host, 1e3 * host_s);
+  m->interval_host += host_s;
   m->interval_wait += wait_s;
   m->wait_total += wait_s;
   m->interval_steps++;
   if (!logged) return NULL;
-  double rate = m->interval_s > 0 ? (double)(m->interval_steps * m->o.samples_per_step) / m->interval_s : 0;
-  /* the first step carries start-up costs: keep it out of the median */
-  if (step > 1) push(&m->rates, &m->n_rates, &m->cap_rates, rate);
+  /* the interval's steps as the device ran them (stoke_metrics_device came first) */
+  const double *dev = m->step_ms + m->interval_first;
+  int64_t n_dev = m->n - m->interval_first;
+  double dev_ms = 0;
+  for (int64_t i = 0; i < n_dev; i++) dev_ms += dev[i];
+  double step_ms = n_dev > 0 ? dev_ms / (double)n_dev : NAN;
+  double p50 = percentile_of(dev, n_dev, 50), p95 = percentile_of(dev, n_dev, 95), mx = max_of(dev, n_dev);
+  double rate = dev_ms > 0 ? (double)(n_dev * m->o.samples_per_step) / (1e-3 * dev_ms) : 0;
+  /* the first step carries start-up costs (allocation, autotuning, graph
+   * capture): the interval it ends alone is kept out of the median */
+  if (step > m->o.start_step + 1) push(&m->rates, &m->n_rates, &m->cap_rates, rate);
   if (!m->has_loss) m->first_loss = loss;
   m->has_loss = 1;
   m->last_loss = loss;
-  double step_ms = 1e3 * m->interval_s / (double)m->interval_steps;
+  double host_ms = 1e3 * m->interval_host / (double)m->interval_steps;
   double wait_ms = 1e3 * m->interval_wait / (double)m->interval_steps;
   double mfu = m->o.peak_flops > 0 && step_ms > 0 ? m->o.flops_per_step / (step_ms * 1e-3) / m->o.peak_flops : NAN;
   double util = NAN, mem = NAN;
@@ -105,16 +176,18 @@ stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, dou
     if (mem > m->mem_max) m->mem_max = mem;
   }
   if (m->jsonl) {
-    char a[32], b[32], c[32], d[32], e[32];
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32];
     fprintf(m->jsonl,
             "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6g, \"lr\": %.6g, \"samples_per_s\": %.1f, "
-            "\"step_time_ms\": %.4f, \"data_wait_ms\": %.4f, \"mfu\": %s, \"gpu_util\": %s, \"gpu_mem_mib\": %s, "
+            "\"step_time_ms\": %s, \"step_time_ms_p50\": %s, \"step_time_ms_p95\": %s, \"step_time_ms_max\": %s, "
+            "\"host_ms\": %.4f, \"data_wait_ms\": %.4f, \"mfu\": %s, \"gpu_util\": %s, \"gpu_mem_mib\": %s, "
             "\"loss_scale\": %s, \"skipped_steps\": %s}\n",
-            (long long)step, (long long)epoch, loss, lr, rate, step_ms, wait_ms, json_num(mfu, a, sizeof a),
-            json_num(util, b, sizeof b), json_num(mem, c, sizeof c), json_num(m->scale, d, sizeof d),
-            json_num(m->skipped, e, sizeof e));
+            (long long)step, (long long)epoch, loss, lr, rate, json_num(step_ms, f, sizeof f),
+            json_num(p50, g, sizeof g), json_num(p95, h, sizeof h), json_num(mx, k, sizeof k), host_ms, wait_ms,
+            json_num(mfu, a, sizeof a), json_num(util, b, sizeof b), json_num(mem, c, sizeof c),
+            json_num(m->scale, d, sizeof d), json_num(m->skipped, e, sizeof e));
   }
-  double eta = (double)(m->o.total_steps - step) * m->elapsed / (double)(step - m->o.start_step);
+  double eta = (double)(m->o.total_steps - step) * m->elapsed / (double)(m->n > 0 ? m->n : 1);
   char eta_s[32];
   fmt_eta(eta, eta_s, sizeof eta_s);
   if (m->o.progress == STOKE_PROGRESS_BAR) {
@@ -122,18 +195,31 @@ stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, dou
     char bar[32];
     for (int i = 0; i < width; i++) bar[i] = i < done ? '=' : i == done ? '>' : ' ';
     bar[width] = 0;
-    fprintf(stderr, "\r step %lld/%lld [%s] loss %.4f  %.0f samples/s  data-wait %.2f ms  ETA %s   ",
-            (long long)step, (long long)m->o.total_steps, bar, loss, rate, wait_ms, eta_s);
+    fprintf(stderr, "\r step %lld/%lld [%s] loss %.4f  %.0f samples/s  step %.3f ms  data-wait %.2f ms  ETA %s   ",
+            (long long)step, (long long)m->o.total_steps, bar, loss, rate, step_ms, wait_ms, eta_s);
     if (step == m->o.total_steps) fputc('\n', stderr);
     fflush(stderr);
   } else if (m->o.progress == STOKE_PROGRESS_LINES) {
-    printf("step %lld/%lld  epoch %lld  loss %.4f  lr %.4g  %.0f samples/s  step %.3f ms  data-wait %.3f ms  ETA %s\n",
-           (long long)step, (long long)m->o.total_steps, (long long)epoch, loss, lr, rate, step_ms,
-           wait_ms, eta_s);
+    printf("step %lld/%lld  epoch %lld  loss %.4f  lr %.4g  %.0f samples/s  step %.3f ms (p50 %.3f, p95 %.3f, "
+           "max %.3f)  host %.3f ms  data-wait %.3f ms  ETA %s\n",
+           (long long)step, (long long)m->o.total_steps, (long long)epoch, loss, lr, rate, step_ms, p50, p95, mx,
+           host_ms, wait_ms, eta_s);
     fflush(stdout);
   }
-  m->interval_s = m->interval_wait = 0;
+  m->interval_host = m->interval_wait = 0;
   m->interval_steps = 0;
+  m->interval_first = m->n;
+  stoke_log_row row = {step, loss, lr, rate, step_ms, p50, p95, mx, host_ms, wait_ms, mfu, util, mem, m->scale};
+  grow_push((void **)&m->rows, &m->n_rows, &m->cap_rows, &row, sizeof row);
+  if (m->tb) {
+    static const char *const tags[] = {"train/loss",          "train/lr",           "perf/samples_per_s",
+                                       "perf/step_time_ms",   "perf/step_time_ms_p50", "perf/step_time_ms_p95",
+                                       "perf/step_time_ms_max", "perf/host_ms",     "perf/data_wait_ms",
+                                       "perf/mfu",            "gpu/utilization",    "gpu/memory_mib",
+                                       "train/loss_scale",    "train/skipped_steps"};
+    const double v[] = {loss, lr, rate, step_ms, p50, p95, mx, host_ms, wait_ms, mfu, util, mem, m->scale, m->skipped};
+    STOKE_PROPAGATE(stoke_tb_scalars(m->tb, step, tags, v, (int)(sizeof v / sizeof *v)));
+  }
   return jsonl_flushed(m);
 }
 
@@ -148,6 +234,13 @@ stoke_err *stoke_metrics_eval(stoke_metrics *m, int64_t step, int64_t epoch, dou
   if (m->jsonl)
     fprintf(m->jsonl, "{\"step\": %lld, \"epoch\": %lld, \"eval_loss\": %s, \"eval_accuracy\": %s}\n",
             (long long)step, (long long)epoch, json_num(loss, ja, sizeof ja), json_num(acc, jb, sizeof jb));
+  stoke_eval_row row = {step, loss, acc};
+  grow_push((void **)&m->evals, &m->n_evals, &m->cap_evals, &row, sizeof row);
+  if (m->tb) {
+    static const char *const tags[] = {"eval/loss", "eval/accuracy"};
+    const double v[] = {loss, acc};
+    STOKE_PROPAGATE(stoke_tb_scalars(m->tb, step, tags, v, 2));
+  }
   if (m->o.progress == STOKE_PROGRESS_BAR) fputc('\n', stderr);
   if (m->o.progress != STOKE_PROGRESS_OFF) {
     printf("eval after step %lld (epoch %lld): loss %.4f", (long long)step, (long long)epoch, loss);
@@ -174,22 +267,18 @@ double stoke_percentile(double *v, int64_t n, double pct) {
 void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s) {
   /* step-time percentiles leave out the first step (start-up) when there are more */
   int64_t skip = m->n > 1 ? 1 : 0;
-  double *tmp = malloc(sizeof(double) * (size_t)(m->n > 0 ? m->n : 1));
-  if (tmp && m->n > 0) {
-    memcpy(tmp, m->step_s + skip, sizeof(double) * (size_t)(m->n - skip));
-    s->step_ms_p50 = 1e3 * stoke_percentile(tmp, m->n - skip, 50);
-    s->step_ms_p95 = 1e3 * stoke_percentile(tmp, m->n - skip, 95);
-  }
-  free(tmp);
-  if (m->n_rates > 0) {
-    double *r = malloc(sizeof(double) * (size_t)m->n_rates);
-    if (r) {
-      memcpy(r, m->rates, sizeof(double) * (size_t)m->n_rates);
-      s->samples_per_s = stoke_percentile(r, m->n_rates, 50);
-      free(r);
-    }
-  } else if (m->elapsed > 0) {
-    s->samples_per_s = (double)(m->n * m->o.samples_per_step) / m->elapsed;
+  s->step_ms_p50 = percentile_of(m->step_ms + skip, m->n - skip, 50);
+  s->step_ms_p95 = percentile_of(m->step_ms + skip, m->n - skip, 95);
+  s->step_ms_max = max_of(m->step_ms + skip, m->n - skip);
+  skip = m->n_host > 1 ? 1 : 0;
+  s->host_ms_p50 = percentile_of(m->host_ms + skip, m->n_host - skip, 50);
+  if (m->n_rates > 0) s->samples_per_s = percentile_of(m->rates, m->n_rates, 50);
+  else if (m->elapsed > 0) s->samples_per_s = (double)(m->n * m->o.samples_per_step) / m->elapsed;
+  /* the bench's window: the same device times, summed */
+  int64_t w0 = m->o.time_warmup, w1 = m->o.time_warmup + m->o.time_steps;
+  if (m->o.time_steps > 0 && m->n >= w1) {
+    s->timed_ms = 0;
+    for (int64_t i = w0; i < w1; i++) s->timed_ms += m->step_ms[i];
   }
   s->first_loss = m->first_loss;
   s->final_loss = m->last_loss;
@@ -205,26 +294,35 @@ void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s) {
 }
 
 stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *status) {
-  char a[32], b[32], c[32], d[32], e[32];
+  char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32];
   if (m->jsonl)
     fprintf(m->jsonl,
             "{\"summary\": \"%s\", \"steps\": %lld, \"samples\": %lld, \"final_loss\": %.6g, "
-            "\"samples_per_s_median\": %.1f, \"step_time_ms_p50\": %.4f, \"step_time_ms_p95\": %.4f, "
-            "\"data_wait_s\": %.4f, \"flops_per_step\": %.6g, \"skipped_samples\": %lld, "
+            "\"samples_per_s_median\": %.1f, \"step_time_ms_p50\": %s, \"step_time_ms_p95\": %s, "
+            "\"step_time_ms_max\": %s, \"host_ms_p50\": %s, \"data_wait_s\": %.4f, \"flops_per_step\": %.6g, \"skipped_samples\": %lld, "
             "\"eval_loss\": %s, \"eval_accuracy\": %s, \"mfu\": %s, \"gpu_util_mean\": %s, "
             "\"gpu_mem_max_mib\": %s, \"gpu_ops_per_step\": %lld, \"launches_per_step\": %lld}\n",
             status, (long long)s->steps, (long long)s->samples, s->final_loss, s->samples_per_s,
-            s->step_ms_p50, s->step_ms_p95, s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples,
+            json_num(s->step_ms_p50, f, sizeof f), json_num(s->step_ms_p95, g, sizeof g),
+            json_num(s->step_ms_max, h, sizeof h), json_num(s->host_ms_p50, k, sizeof k), s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples,
             json_num(s->eval_loss, a, sizeof a), json_num(s->eval_accuracy, b, sizeof b),
             json_num(s->mfu, c, sizeof c), json_num(s->gpu_util_mean, d, sizeof d),
             json_num(s->gpu_mem_max_mib, e, sizeof e), (long long)s->gpu_ops_per_step,
             (long long)s->launches_per_step);
   stoke_err *err = jsonl_flushed(m);
+  if (!err && m->o.report_dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/report.html", m->o.report_dir);
+    stoke_report r = {m->o.run_name ? m->o.run_name : "", status, m->o.report_dir, m->rows, m->n_rows, m->evals,
+                      m->n_evals, s, m->o.plan};
+    err = stoke_report_write(path, &r);
+  }
   if (m->o.quiet || err) return err;
   printf("summary (%s): %lld steps, %lld samples, final loss %.4f (first %.4f)\n"
-         "  samples/s median %.0f, step time p50 %.3f ms, p95 %.3f ms, data wait %.3f s total\n",
+         "  samples/s median %.0f, step time p50 %.3f ms, p95 %.3f ms, max %.3f ms (device)\n"
+         "  host launch time p50 %.3f ms per step, data wait %.3f s total\n",
          status, (long long)s->steps, (long long)s->samples, s->final_loss, s->first_loss,
-         s->samples_per_s, s->step_ms_p50, s->step_ms_p95, s->data_wait_s);
+         s->samples_per_s, s->step_ms_p50, s->step_ms_p95, s->step_ms_max, s->host_ms_p50, s->data_wait_s);
   if (isfinite(s->mfu))
     printf("  MFU %.1f%% of %.0f TFLOP/s (datasheet peak for the precision), %.4g FLOPs per step\n",
            100 * s->mfu, s->peak_flops / 1e12, s->flops_per_step);
@@ -246,6 +344,8 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
            (long long)s->eval_samples);
   if (s->skipped_samples) printf("  %lld samples could not be read and were replaced (see log.txt)\n", (long long)s->skipped_samples);
   printf("  metrics: %s/metrics.jsonl\n", s->out_dir);
+  if (m->o.report_dir) printf("  report: %s/report.html (open it in a browser)\n", m->o.report_dir);
+  if (m->tb) printf("  TensorBoard: %s (tensorboard --logdir on its folder)\n", stoke_tb_path(m->tb));
   if (s->checkpoint[0]) printf("  checkpoint: %s (continue with run.resume=%s)\n", s->checkpoint, s->checkpoint);
   fflush(stdout);
   return NULL;

@@ -148,8 +148,8 @@ fail:
 
 static void run_close(run_state *s) {
   stoke_dp_close(s->dp);
-  for (int i = 0; i < 2; i++)
-    if (s->bench_t[i]) s->dev->timer_destroy(s->dev_self, s->bench_t[i]);
+  stoke_steptime_free(s->steptime);
+  stoke_trace_free(s->trace);
   stoke_metrics_free(s->metrics);
   stoke_nvml_close(s->nvml);
   run_stream_close(s, &s->eval); /* borrows the training executor's weights: first */

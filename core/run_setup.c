@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "stoke/core.h"
+#include "nvtx.h"
 #include "run_state.h"
 
 static const char *dist_getenv(const char *name, void *ctx) {
@@ -144,11 +145,11 @@ static stoke_err *find_place(run_state *s) {
 static stoke_err *open_folder(run_state *s) {
   const stoke_run_config *rc = &s->rc;
   const char *ini = s->o->ini_path;
-  char run_name[256], path[640];
-  if (rc->run.name[0]) snprintf(run_name, sizeof run_name, "%s", rc->run.name);
+  char *run_name = s->run_name, path[640];
+  if (rc->run.name[0]) snprintf(run_name, sizeof s->run_name, "%s", rc->run.name);
   else {
     const char *base = strrchr(ini, '/');
-    snprintf(run_name, sizeof run_name, "%s", base ? base + 1 : ini);
+    snprintf(run_name, sizeof s->run_name, "%s", base ? base + 1 : ini);
     char *dot = strrchr(run_name, '.');
     if (dot) *dot = 0;
   }
@@ -261,7 +262,8 @@ static stoke_err *open_data(run_state *s) {
 }
 
 /* The run's length in steps, the lr schedule, the evaluation period, and
- * the metrics (metrics.jsonl, the progress display). */
+ * the metrics (metrics.jsonl, the progress display, TensorBoard, the
+ * report, the step timers, the trace). */
 static stoke_err *plan_length(run_state *s) {
   const stoke_run_config *rc = &s->rc;
   int64_t accumulate = rc->run.accumulate, per_epoch = stoke_loader_batches_per_epoch(s->train.loader);
@@ -285,8 +287,22 @@ static stoke_err *plan_length(run_state *s) {
                                  : show == STOKE_SHOW_LINES      ? STOKE_PROGRESS_LINES
                                  : isatty(2)                     ? STOKE_PROGRESS_BAR
                                                                  : STOKE_PROGRESS_LINES,
-                           total, samples, quiet, s->start_step, flops, s->peak_flops, s->nvml};
-  return stoke_metrics_new(&mo, &s->metrics);
+                           total, samples, quiet, s->start_step, flops, s->peak_flops, s->nvml,
+                           s->o->time_warmup, s->o->time_steps};
+  if (!strcmp(rc->run.tensorboard, "true")) mo.tensorboard_dir = s->dir; /* rank N's: in rank N's folder */
+  else if (strcmp(rc->run.tensorboard, "false") && s->rank == 0) mo.tensorboard_dir = rc->run.tensorboard;
+  mo.report_dir = s->dir, mo.run_name = s->run_name, mo.plan = s->train.plan;
+  STOKE_PROPAGATE(stoke_metrics_new(&mo, &s->metrics));
+  STOKE_PROPAGATE(stoke_steptime_new(s->dev, s->dev_self, &s->steptime));
+  STOKE_TRY(stoke_trace_parse(rc->run.trace, &s->trace_first, &s->trace_last), "%s",
+            stoke_cfg_where(s->cfg, "run", "trace"));
+  if (s->trace_first) {
+    char path[640];
+    snprintf(path, sizeof path, "%s/trace.json", s->dir);
+    STOKE_PROPAGATE(stoke_trace_new(path, s->trace_first, s->trace_last, s->rank, &s->trace));
+    stoke_loader_on_fill(s->train.loader, stoke_trace_fill, s->trace);
+  }
+  return NULL;
 }
 
 /* cuda_graph as asked where it can be: not with profile_ops, not on a
@@ -295,6 +311,7 @@ static stoke_err *plan_length(run_state *s) {
 static stoke_err *choose_graphs(run_state *s) {
   const char *where = stoke_cfg_where(s->cfg, "run", "cuda_graph");
   s->cuda_graph = s->rc.run.cuda_graph;
+  stoke_nvtx_on = s->rc.run.nvtx;
   if (s->cuda_graph && s->rc.run.profile_ops) {
     stoke_log(STOKE_LOG_WARN, "run", "%s: cuda_graph = true with profile_ops = true: the profile times each "
               "kernel on its own, so this run does not use graphs", where);
@@ -331,5 +348,5 @@ stoke_err *run_open(run_state *s) {
   STOKE_PROPAGATE(run_check_room(s));
   s->good = s->start_step, s->good_epoch = s->resume.epoch;
   run_signals_catch(&s->sg);
-  return run_bench_mark(s, 0);
+  return NULL;
 }

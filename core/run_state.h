@@ -17,6 +17,8 @@
 #include "stoke/run.h"
 #include "stoke/run_config.h"
 #include "stoke/schedule.h"
+#include "stoke/steptime.h"
+#include "stoke/trace.h"
 #include "dp.h"
 
 /* One data stream (training or evaluation): its source, graph, plan,
@@ -54,6 +56,7 @@ typedef struct run_state {
   stoke_registry *reg;
   sig_guard sg;
   char dir[512];       /* the run's folder: config.ini, log.txt, plan.txt, metrics.jsonl */
+  char run_name[256];
   char metrics_path[640]; /* the metrics keep it for their messages */
   /* the engines of [run] backends, and the one that owns the device */
   const char *engines[STOKE_CFG_MAX_LIST];
@@ -76,7 +79,9 @@ typedef struct run_state {
   stoke_dist_env dist; /* read once from the launcher's variables; handed to the comm */
   int rank, world, local_rank;
   stoke_ckpt_meta resume; /* the checkpoint resumed from (step 0: none) */
-  void *bench_t[2]; /* the bench's timers around the timed steps */
+  stoke_steptime *steptime; /* each step's device time */
+  stoke_trace *trace;       /* run.trace's steps, or NULL */
+  int64_t trace_first, trace_last;
   /* what a checkpoint records, and where it goes ("": checkpoints off) */
   int64_t start_step;
   char ckpt[640];
@@ -125,7 +130,6 @@ stoke_err *run_feed(run_state *s, stream *st, const stoke_batch *b);
 /* core/step_loop.c: the steps, with the checkpoints and evaluations due
  * between them. */
 stoke_err *run_steps(run_state *s);
-stoke_err *run_bench_mark(run_state *s, int64_t done);
 stoke_err *run_check_log(const run_state *s);
 
 /* core/run_eval.c: one pass over [eval_data] into sum->eval_*. */

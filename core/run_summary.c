@@ -67,6 +67,7 @@ stoke_err *run_finish(run_state *s, stoke_err *e) {
   s->stop |= stoke_stop_signal != 0;
   sum->interrupted = s->stop;
   if (!e && s->rc.run.profile_ops) e = report_profile(s);
+  if (s->metrics && s->steptime && !e) e = stoke_metrics_collect(s->metrics, s->steptime); /* since the last log */
   stoke_metrics_summary(s->metrics, sum);
   sum->steps = s->step;
   sum->samples = (s->step - s->start_step) * s->train.batch * s->rc.run.accumulate * s->world;

@@ -6,6 +6,7 @@
 
 #include "stoke/core.h"
 #include "stoke/rng.h"
+#include "nvtx.h"
 #include "run_state.h"
 
 /* The optimizer's arguments for this step: lr from the schedule, the
@@ -38,6 +39,9 @@ static stoke_err *micro_batches(run_state *s, double *wait) {
       e = stoke_loader_next(s->train.loader, &b, &w);
       *wait += w;
       if (!b) break; /* a signal while waiting */
+      if (stoke_trace_has(s->trace, s->step + 1)) /* the arrow from the batch's making */
+        stoke_trace_flow(s->trace, STOKE_TRACE_STEP, (uint64_t)(b->epoch * s->per_epoch + b->index),
+                         stoke_trace_now(s->trace), 0);
       if (!e) e = run_feed(s, &s->train, b); /* then the host buffer may go back */
       s->epoch = b->epoch;
       stoke_loader_release(s->train.loader, b);
@@ -69,22 +73,38 @@ static stoke_err *report_ops(run_state *s) {
   return NULL;
 }
 
-/* The bench's timing (stoke_run_opts.time_steps), called with the number
- * of steps done: a timer on the compute stream when the warm-up is over
- * and one when the timed steps are; then the device time between them. */
-stoke_err *run_bench_mark(run_state *s, int64_t done) {
-  const stoke_run_opts *o = s->o;
-  if (!o->time_steps || (done != o->time_warmup && done != o->time_warmup + o->time_steps)) return NULL;
-  if (!s->dev->timer_create)
-    return STOKE_ERR(STOKE_E_UNSUPPORTED, "backend '%s' has no timers: the bench cannot time its steps", s->dev->name);
-  int end = done != o->time_warmup;
-  if (!s->bench_t[end]) STOKE_PROPAGATE(s->dev->timer_create(s->dev_self, &s->bench_t[end]));
-  STOKE_PROPAGATE(s->dev->timer_record(s->dev_self, s->bench_t[end], NULL));
-  if (!end) return NULL;
-  if (s->dev->timer_sync) STOKE_PROPAGATE(s->dev->timer_sync(s->dev_self, s->bench_t[1]));
-  float ms = 0;
-  STOKE_TRY(s->dev->timer_elapsed_ms(s->dev_self, s->bench_t[0], s->bench_t[1], &ms), "timing the bench's steps");
-  s->sum->timed_ms = ms;
+/* run.trace: the traced steps time every node (eager: the executor's
+ * profile) and wait for the device at their end, where their device time
+ * is read; the loader's workers are recorded from `prefetch` batches
+ * before the window. Called before (`end` = 0) and after each step. */
+static stoke_err *trace_step(run_state *s, int64_t step, double t0, double wait, int end) {
+  int graphs = s->cuda_graph, profile_ops = s->rc.run.profile_ops;
+  stoke_trace *t = s->trace;
+  if (!t) return NULL;
+  if (!end) {
+    stoke_trace_lead(t, step, (int)s->rc.data.prefetch + 2);
+    if (stoke_trace_has(t, step) && !stoke_trace_has(t, step - 1) && !graphs && !profile_ops)
+      STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 1));
+    return NULL;
+  }
+  if (!stoke_trace_has(t, step)) return NULL;
+  double launched = stoke_trace_now(t);
+  STOKE_PROPAGATE(stoke_metrics_collect(s->metrics, s->steptime)); /* the sync */
+  double synced = stoke_trace_now(t);
+  const double *node_ms = NULL;
+  int n = graphs ? 0 : stoke_exec_profile_last(s->train.x, &node_ms);
+  char name[64];
+  snprintf(name, sizeof name, "step %lld", (long long)step);
+  stoke_trace_slice(t, STOKE_TRACE_STEP, name, "step", t0, launched - t0, NULL);
+  if (wait > 0) stoke_trace_slice(t, STOKE_TRACE_STEP, "data wait", "wait", t0, 1e6 * wait, NULL);
+  stoke_trace_slice(t, STOKE_TRACE_STEP, "wait for the GPU (tracing)", "wait", launched, synced - launched, NULL);
+  stoke_trace_gpu_step(t, step, s->train.plan, node_ms, n, stoke_metrics_last_ms(s->metrics), synced,
+                       graphs ? (int)stoke_exec_graph_ops(s->train.x) : 0);
+  if (stoke_trace_has(t, step + 1)) return NULL;
+  if (!graphs && !profile_ops) STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 0));
+  stoke_trace_lead(t, step + 1, 0);
+  STOKE_TRY(stoke_trace_write(t), "[run] trace");
+  stoke_log(STOKE_LOG_INFO, "run", "trace written to %s (open it in ui.perfetto.dev)", stoke_trace_path(t));
   return NULL;
 }
 
@@ -94,10 +114,11 @@ stoke_err *run_check_log(const run_state *s) {
   return STOKE_ERR(STOKE_E_IO, "writing '%s/log.txt' failed (is the disk full?)", s->dir);
 }
 
-/* A logged step: the loss read back (the only host sync), the loss
- * scaler; a loss that is not finite stops the run. */
+/* A logged step: the loss read back (the only host sync), then the step
+ * timers, the loss scaler; a loss that is not finite stops the run. */
 static stoke_err *read_loss(run_state *s, double *loss) {
   STOKE_PROPAGATE(stoke_exec_read_loss(s->train.x, loss));
+  STOKE_PROPAGATE(stoke_metrics_collect(s->metrics, s->steptime)); /* the step timers, after that sync */
   float amp[4];
   if (stoke_exec_read_scaler(s->train.x, amp)) stoke_metrics_scaler(s->metrics, amp[0], amp[3]);
   if (isfinite(*loss)) return NULL;
@@ -132,10 +153,12 @@ static stoke_err *between_steps(run_state *s) {
     if (e) s->good = -1; /* the same save again on the way out would fail the same way */
     if (e) return e;
   }
+  if (s->ckpt[0] && ckpt_every > 0 && (step + 1) % ckpt_every == 0) stoke_steptime_pause(s->steptime);
   int64_t done = (step + 1) * accumulate, period = s->eval_period;
   if (!s->eval.x || period <= 0 || done / period == (done - accumulate) / period || step + 1 >= s->total || s->stop)
     return NULL;
   stoke_err *e = run_evaluate(s, s->sum);
+  stoke_steptime_pause(s->steptime);
   if (e && e->code == STOKE_E_INTERRUPTED) {
     stoke_err_free(e);
     s->stop = 1;
@@ -144,28 +167,49 @@ static stoke_err *between_steps(run_state *s) {
   return e ? e : stoke_metrics_eval(s->metrics, step + 1, s->epoch, s->sum->eval_loss, s->sum->eval_accuracy);
 }
 
+/* One step: its micro-batches between the step timers, inside an NVTX
+ * range, traced when in run.trace's window; *host gets the host's time
+ * issuing it (the data wait left out). */
+static stoke_err *take_step(run_state *s, double *host, double *wait) {
+  double t0 = now_s(), trace_t0 = s->trace ? stoke_trace_now(s->trace) : 0;
+  STOKE_PROPAGATE(trace_step(s, s->step + 1, trace_t0, 0, 0));
+  char range[32];
+  if (stoke_nvtx_on) snprintf(range, sizeof range, "step %lld", (long long)s->step + 1);
+  stoke_range_push(range);
+  STOKE_PROPAGATE(stoke_steptime_begin(s->steptime));
+  step_args(s);
+  stoke_err *e = micro_batches(s, wait);
+  if (e && e->code == STOKE_E_INTERRUPTED) return e;
+  if (!e) s->good = s->step + 1, s->good_epoch = s->epoch;
+  if (!e) e = stoke_steptime_end(s->steptime);
+  *host = now_s() - t0 - *wait;
+  stoke_range_pop();
+  if (!e) e = trace_step(s, s->step + 1, trace_t0, *wait, 1);
+  if (!e && !s->ops_reported && s->step > s->start_step) {
+    e = report_ops(s);
+    stoke_steptime_pause(s->steptime); /* the count captured a step: not the next step's time */
+  }
+  return e ? stoke_err_wrap(e, __FILE__, __LINE__, "step %lld", (long long)s->step + 1) : NULL;
+}
+
 stoke_err *run_steps(run_state *s) {
   stoke_err *e = NULL;
   for (s->step = s->start_step; s->step < s->total && !s->stop; s->step++) {
-    double t0 = now_s(), wait = 0;
-    step_args(s);
-    e = micro_batches(s, &wait);
-    if (e && e->code == STOKE_E_INTERRUPTED) {
-      stoke_err_free(e);
+    double host = 0, wait = 0;
+    if ((e = take_step(s, &host, &wait))) {
+      if (e->code != STOKE_E_INTERRUPTED) return e;
+      stoke_err_free(e); /* a signal: the step is dropped, a resume redoes it */
       s->stop = 1;
-      return NULL;
+      break;
     }
-    if (!e) s->good = s->step + 1, s->good_epoch = s->epoch;
-    if (!e && !s->ops_reported && s->step > s->start_step) e = report_ops(s);
-    if (!e) e = run_bench_mark(s, s->step + 1 - s->start_step);
-    if (e) return stoke_err_wrap(e, __FILE__, __LINE__, "step %lld", (long long)s->step + 1);
     int64_t step = s->step;
     int log_now = (step + 1) % s->rc.run.log_every == 0 || step + 1 == s->total || step == s->start_step;
     double loss = NAN;
     if (log_now && (e = read_loss(s, &loss))) return e;
-    if ((e = stoke_metrics_step(s->metrics, step + 1, s->epoch, now_s() - t0, wait, log_now, loss, s->opt.lr)))
-      return e;
+    if ((e = stoke_metrics_step(s->metrics, step + 1, s->epoch, host, wait, log_now, loss, s->opt.lr))) return e;
     if ((e = run_check_log(s)) || (e = agree_on_stop(s, log_now)) || (e = between_steps(s))) return e;
   }
+  if (s->trace && s->step >= s->trace_first && s->step < s->trace_last) /* the run ended inside the window */
+    return stoke_trace_write(s->trace);
   return NULL;
 }

@@ -20,6 +20,11 @@
 #             and the first lines of the run (the autocast nodes)
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
+#   kernels   tests/op/every_kernel_test with the GPU engines (every registered
+#             kernel against the cpu reference), KERNEL_REPS times (5), each
+#             run its own seed; per engine the kernel count and the worst
+#             error as a fraction of its tolerance (how close the derived
+#             tolerances are)
 #   epilogues cuBLASLt's activation epilogues against the plain products and
 #             the separate activation passes, heuristic and autotuned
 #             algorithms (tests/gpu/lt_epilogue_bench)
@@ -39,6 +44,10 @@
 #             gpt's checkpoint loaded into nanoGPT's module structure with
 #             load_state_dict(strict=True), its loss on the same tokens
 #             against stoke's
+#   steptime  issue 16: train's step times are device times: ResNet-50 bf16
+#             (examples/resnet50.ini, log_every 4 and 1) with and without
+#             cuda_graph, and tools/bench's median of the same two variants;
+#             the p50 step times must agree within 10% (PASS/FAIL lines)
 #   matrix    issue 11's ResNet matrix: each MATRIX cell depth:batch:res
 #             (ResNet-18/34/50, bf16, synthetic data on the device) through
 #             stoke's default configuration (fused + cudnn graph API + CUDA
@@ -51,6 +60,11 @@
 #             before build then one of this build, interleaved; B/A as
 #             tools/bench reports it (geometric mean of the paired ratios,
 #             95% t-interval on their logs)
+#   observe   issue 13: ResNet-50 with run.trace=20-24 (eager and CUDA graph)
+#             and run.tensorboard=true: the trace's lanes, op slices and what
+#             tracing cost in its steps; observe_check.py on the eager run;
+#             tools/bench A/B of the trace off/on and of NVTX off/on (eager and
+#             graphs); nsys's NVTX summary where nsys is installed
 #   ddp       data parallel on 2 GPUs, all of: ddp_eq (weights of a 2-GPU run
 #             against a 1-GPU run of the same global batch), ddp_resume (a
 #             2-GPU checkpoint resumed on 1 GPU), ddp_kill (a killed rank ends
@@ -91,6 +105,18 @@ PY
 log() { echo "== $*"; }
 for part in "$@"; do
   case "$part" in
+    kernels)
+      log "every kernel against the cpu reference, ${KERNEL_REPS:-5} runs"
+      for rep in $(seq "${KERNEL_REPS:-5}"); do
+        timeout 600 "$S/tests/every_kernel_test" > "$OUT/kernels.$rep.log" 2>&1
+        echo "run $rep rc=$? $(grep -m1 -o 'seed [0-9]*' "$OUT/kernels.$rep.log") $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/kernels.$rep.log" | tr '\n' ' ')"
+        grep -E '^\[  FAILED  \] [a-z]' "$OUT/kernels.$rep.log" | sort -u | head -20
+      done
+      grep -h -E '^  engine ' "$OUT/kernels.1.log"
+      # the worst error / tolerance per engine over every run
+      cat "$OUT"/kernels.*.log | awk '/ rel err .* tol / { e = $(NF - 2); t = $NF; if (t > 0 && e / t > w[$1]) { w[$1] = e / t; l[$1] = $0 } }
+        END { for (k in w) printf "worst %-14s %.3f of tol: %s\n", k, w[k], l[k] }'
+      ;;
     fp16)
       log "fp16 forced overflow"
       timeout 120 "$T" "$S/examples/mlp.ini" run.checkpoint=false run.precision=fp16 run.loss_scale_init=1e10 run.steps=40 run.log_every=1 \
@@ -198,6 +224,46 @@ PY
       done
       timeout 240 python3 "$S/anchors/loader_bench.py" "$S/photos" /tmp/anchor "$OUT/loader_anchor.json" 2>&1 | tail -1
       ;;
+    steptime)
+      log "issue 16: device step times, train with and without CUDA graphs against tools/bench"
+      w=${STEPTIME_W:-resnet50}
+      for le in 4 1; do
+        for g in true false; do
+          timeout 200 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=60 run.log_every=$le run.cuda_graph=$g \
+            run.progress=lines run.out_dir="$OUT/st_${w}_${le}_$g" > "$OUT/st_${w}_${le}_$g.log" 2>&1
+          echo "$w log_every=$le cuda_graph=$g rc=$?"; grep -A2 "samples/s median" "$OUT/st_${w}_${le}_$g.log" | head -2
+        done
+      done
+      timeout 400 "$S/bin/bench" "$S/examples/$w.ini" --rounds ${AB_ROUNDS:-3} --a run.cuda_graph=false \
+        --b run.cuda_graph=true --json "$OUT/st_bench.json" > "$OUT/st_bench.log" 2>&1
+      echo "bench rc=$?"; grep -E "^  (A|B) |B/A" "$OUT/st_bench.log"
+      python3 - "$OUT" "$w" <<'PY'
+import json, sys
+out, w = sys.argv[1], sys.argv[2]
+def summary(le, g):
+    try: return [json.loads(l) for l in open(f"{out}/st_{w}_{le}_{g}/metrics.jsonl") if '"summary"' in l][-1]
+    except Exception as e: print(f"FAIL no summary for log_every={le} cuda_graph={g}: {e}"); sys.exit(1)
+b = json.load(open(f"{out}/st_bench.json"))
+bench_ms = {v["name"]: 1e3 * v["batch"] / v["median"] for v in b["variants"]}
+ok = True
+def check(what, x, y):
+    global ok
+    r = x / y
+    good = 0.9 <= r <= 1.1
+    ok &= good
+    print(f"{'PASS' if good else 'FAIL'} {what}: {x:.3f} ms against {y:.3f} ms (ratio {r:.3f})")
+for le in (4, 1):
+    e, g = summary(le, "false"), summary(le, "true")
+    print(f"log_every={le}: eager p50 {e['step_time_ms_p50']:.3f} p95 {e['step_time_ms_p95']:.3f} max {e['step_time_ms_max']:.3f} "
+          f"host p50 {e['host_ms_p50']:.3f} | graph p50 {g['step_time_ms_p50']:.3f} p95 {g['step_time_ms_p95']:.3f} "
+          f"max {g['step_time_ms_max']:.3f} host p50 {g['host_ms_p50']:.3f} (ms)")
+    check(f"log_every={le} p50 graph vs eager", g["step_time_ms_p50"], e["step_time_ms_p50"])
+    check(f"log_every={le} p50 eager vs bench A (eager) median", e["step_time_ms_p50"], bench_ms["A"])
+    check(f"log_every={le} p50 graph vs bench B (graph) median", g["step_time_ms_p50"], bench_ms["B"])
+    check(f"log_every={le} samples/s median graph vs bench B", 1e3 * b["variants"][1]["batch"] / g["samples_per_s_median"], bench_ms["B"])
+print("steptime:", "PASS" if ok else "FAIL")
+PY
+      ;;
     matrix)
       cells=${MATRIX:-"50:256:224 50:128:224 50:64:224 50:32:224 50:256:160 50:256:128 50:128:288 34:256:224 18:256:224 18:64:160"}
       for c in $cells; do
@@ -266,6 +332,48 @@ print(f"binab {w}: before {med([a for a, _ in pairs]):,.0f} after {med([b for _,
       f"after/before {math.exp(m):.4f} [95% CI {math.exp(m - h):.4f}, {math.exp(m + h):.4f}]")
 PY
       done
+      ;;
+    observe)
+      log "issue 13: trace of steps 20-24 (eager and CUDA graph), TensorBoard, report; costs by tools/bench"
+      w=${OBSERVE_W:-resnet50}
+      for g in false true; do
+        timeout 200 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=40 run.log_every=1 run.cuda_graph=$g \
+          run.trace=20-24 run.tensorboard=true run.progress=off run.out_dir="$OUT/obs_${w}_$g" > "$OUT/obs_${w}_$g.log" 2>&1
+        echo "$w cuda_graph=$g rc=$?"
+        python3 - "$OUT/obs_${w}_$g" <<'PY'
+import json, statistics, sys
+d = sys.argv[1]
+t = json.load(open(f"{d}/trace.json"))["traceEvents"]
+rows = {r["step"]: r for r in map(json.loads, open(f"{d}/metrics.jsonl")) if "step_time_ms" in r}
+gpu_steps = [e for e in t if e.get("cat") == "step" and e["pid"] % 2 == 1]
+ops = [e for e in t if e.get("cat") == "op"]
+lanes = sorted({(e["pid"], e["tid"]) for e in t if e["ph"] == "X"})
+flows = [e for e in t if e["ph"] in "sf"]
+traced = [rows[s]["step_time_ms"] for s in range(20, 25) if s in rows]
+other = [rows[s]["step_time_ms"] for s in range(8, 19) if s in rows] + [rows[s]["step_time_ms"] for s in range(27, 41) if s in rows]
+print(f"  trace: {len(gpu_steps)} GPU steps, {len(ops)} op slices, {len(flows)} flow ends, lanes {lanes}")
+print(f"  op slices per step {len(ops) / max(1, len(gpu_steps)):.0f}; first ops: {[o['name'] for o in ops[:4]]}")
+if traced and other:
+    a, b = statistics.median(traced), statistics.median(other)
+    print(f"  step time traced (20-24) median {a:.3f} ms, untraced median {b:.3f} ms: tracing costs {100 * (a / b - 1):+.1f}% in its steps")
+print("  trace", "PASS" if len(gpu_steps) == 5 and (ops or "true" in d) else "FAIL")
+PY
+      done
+      TRACE=20-24 python3 "$HERE/observe_check.py" "$OUT/obs_${w}_false" | grep -v "^\[       OK"
+      log "tools/bench: trace of 5 steps off/on (whole-run rate), NVTX off/on"
+      timeout 300 "$S/bin/bench" "$S/examples/$w.ini" --rounds ${AB_ROUNDS:-3} --a run.trace= --b run.trace=14-18 > "$OUT/obs_trace_ab.log" 2>&1
+      echo "trace A/B rc=$?"; grep -E "^  (A|B) |B/A" "$OUT/obs_trace_ab.log"
+      for g in true false; do
+        timeout 300 "$S/bin/bench" "$S/examples/$w.ini" run.cuda_graph=$g --rounds ${AB_ROUNDS:-3} --a run.nvtx=false --b run.nvtx=true > "$OUT/obs_nvtx_$g.log" 2>&1
+        echo "nvtx A/B cuda_graph=$g rc=$?"; grep -E "^  (A|B) |B/A" "$OUT/obs_nvtx_$g.log"
+      done
+      if command -v nsys > /dev/null; then
+        timeout 200 nsys profile -o "$OUT/obs_nsys" --force-overwrite true "$T" "$S/examples/$w.ini" run.steps=12 \
+          run.cuda_graph=false run.checkpoint=false run.progress=off run.out_dir="$OUT/obs_nsys_run" > "$OUT/obs_nsys.log" 2>&1
+        nsys stats --report nvtx_sum "$OUT/obs_nsys.nsys-rep" 2>/dev/null | head -20
+      else
+        echo "nsys not installed here: NVTX names not checked"
+      fi
       ;;
     ddp) # all of the data-parallel checks below, in one call
       bash "$0" ddp_eq ddp_graph ddp_resume ddp_kill ddp_bench

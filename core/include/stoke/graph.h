@@ -266,6 +266,9 @@ typedef struct stoke_op_time {
   double ms;                        /* their time per profiled step */
 } stoke_op_time;
 int stoke_exec_profile_rows(stoke_exec *x, stoke_op_time *rows, int cap);
+/* The last profiled step's device time in ms per node, in plan order, then
+ * the update's: n_nodes + 1 values (0: no step profiled yet). */
+int stoke_exec_profile_last(const stoke_exec *x, const double **ms);
 /* Read the loss of the last forward (synchronizes with the device). */
 stoke_err *stoke_exec_read_loss(stoke_exec *x, double *loss);
 
