@@ -449,16 +449,17 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
     stoke_gnode *node = &g->nodes[i];
     node_args *na = &x->args[i];
     na->a.param_grad_beta = first_micro && !node->param_accumulate ? 0.0f : 1.0f;
-    /* a backward node gets its forward node's seed (dropout regenerates its mask) */
-    uint64_t k = node->pass == STOKE_BWD ? (uint64_t)node->fwd : (uint64_t)i;
+    /* a backward node, and a forward node's recomputed copy, get the
+     * forward node's seed (dropout regenerates its mask) */
+    uint64_t k = node->pass == STOKE_BWD || node->recompute ? (uint64_t)node->fwd : (uint64_t)i;
     na->a.seed = stoke_hash3(step_seed, k, 0x5eedull);
     stoke_range_push(node->n.name);
     stoke_err *e = node->kernel->run(&na->a, node->kstate);
     stoke_range_pop();
     if (!e) e = tick(x, i);
     if (e)
-      return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name,
-                            node->n.op, node->pass == STOKE_BWD ? "backward" : "forward",
+      return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name, node->n.op,
+                            node->pass == STOKE_BWD ? "backward" : node->recompute ? "recomputed forward" : "forward",
                             node->kernel->engine);
     if (x->hook) STOKE_PROPAGATE(x->hook(x->hook_ctx, i));
   }
@@ -607,6 +608,10 @@ static int by_op_ms(const void *a, const void *b) {
   return x < y ? 1 : x > y ? -1 : 0;
 }
 
+void *stoke_exec_profile_start(const stoke_exec *x) {
+  return x->timers && x->profiled_steps ? x->timers[x->p->g->n_nodes] : NULL;
+}
+
 int stoke_exec_profile_last(const stoke_exec *x, const double **ms) {
   *ms = x->last_ms;
   return x->profiled_steps ? x->p->g->n_nodes + 1 : 0;
@@ -623,7 +628,7 @@ int stoke_exec_profile_rows(stoke_exec *x, stoke_op_time *out, int cap) {
     stoke_op_time r = {.op = "optimizer+scaler"}; /* slot n: the update */
     if (i < n) {
       snprintf(r.op, sizeof r.op, "%s", g->nodes[i].n.op);
-      snprintf(r.pass, sizeof r.pass, "%s", g->nodes[i].pass == STOKE_BWD ? "bwd" : "fwd");
+      snprintf(r.pass, sizeof r.pass, "%s", g->nodes[i].pass == STOKE_BWD ? "bwd" : g->nodes[i].recompute ? "rec" : "fwd");
       snprintf(r.engine, sizeof r.engine, "%s", g->nodes[i].kernel->engine);
     }
     int k = 0;

@@ -293,19 +293,37 @@ void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s) {
   s->skipped_steps = m->skipped;
 }
 
+/* run.trace's cost, measured: the median device time of the traced steps
+ * against that of the others (the first step left out). */
+static void trace_cost(const stoke_metrics *m, double *traced, double *untraced) {
+  *traced = *untraced = NAN;
+  if (m->o.trace_first <= 0 || m->n < 2) return;
+  double *a = malloc(sizeof *a * (size_t)m->n), *b = malloc(sizeof *b * (size_t)m->n);
+  int64_t na = 0, nb = 0;
+  for (int64_t i = 1; a && b && i < m->n; i++) {
+    int64_t step = m->o.start_step + i + 1;
+    if (step >= m->o.trace_first && step <= m->o.trace_last) a[na++] = m->step_ms[i];
+    else b[nb++] = m->step_ms[i];
+  }
+  if (na && nb) *traced = stoke_percentile(a, na, 50), *untraced = stoke_percentile(b, nb, 50);
+  free(a);
+  free(b);
+}
+
 stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *status) {
   char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32];
   if (m->jsonl)
     fprintf(m->jsonl,
             "{\"summary\": \"%s\", \"steps\": %lld, \"samples\": %lld, \"final_loss\": %.6g, "
             "\"samples_per_s_median\": %.1f, \"step_time_ms_p50\": %s, \"step_time_ms_p95\": %s, "
-            "\"step_time_ms_max\": %s, \"host_ms_p50\": %s, \"data_wait_s\": %.4f, \"flops_per_step\": %.6g, \"skipped_samples\": %lld, "
+            "\"step_time_ms_max\": %s, \"host_ms_p50\": %s, \"data_wait_s\": %.4f, \"flops_per_step\": %.6g, "
+            "\"skipped_samples\": %lld, \"bad_samples\": %lld, "
             "\"eval_loss\": %s, \"eval_accuracy\": %s, \"mfu\": %s, \"gpu_util_mean\": %s, "
             "\"gpu_mem_max_mib\": %s, \"gpu_ops_per_step\": %lld, \"launches_per_step\": %lld}\n",
             status, (long long)s->steps, (long long)s->samples, s->final_loss, s->samples_per_s,
             json_num(s->step_ms_p50, f, sizeof f), json_num(s->step_ms_p95, g, sizeof g),
             json_num(s->step_ms_max, h, sizeof h), json_num(s->host_ms_p50, k, sizeof k), s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples,
-            json_num(s->eval_loss, a, sizeof a), json_num(s->eval_accuracy, b, sizeof b),
+            (long long)s->bad_samples, json_num(s->eval_loss, a, sizeof a), json_num(s->eval_accuracy, b, sizeof b),
             json_num(s->mfu, c, sizeof c), json_num(s->gpu_util_mean, d, sizeof d),
             json_num(s->gpu_mem_max_mib, e, sizeof e), (long long)s->gpu_ops_per_step,
             (long long)s->launches_per_step);
@@ -314,7 +332,8 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
     char path[4096];
     snprintf(path, sizeof path, "%s/report.html", m->o.report_dir);
     stoke_report r = {m->o.run_name ? m->o.run_name : "", status, m->o.report_dir, m->rows, m->n_rows, m->evals,
-                      m->n_evals, s, m->o.plan};
+                      m->n_evals, s, m->o.plan, m->o.trace_first, m->o.trace_last, NAN, NAN};
+    trace_cost(m, &r.trace_ms, &r.untraced_ms);
     err = stoke_report_write(path, &r);
   }
   if (m->o.quiet || err) return err;
@@ -342,10 +361,19 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
   else if (s->eval_loss == s->eval_loss)
     printf("  evaluation: loss %.4f (%.4f bits per token) over %lld sequences\n", s->eval_loss, s->eval_loss / log(2.0),
            (long long)s->eval_samples);
-  if (s->skipped_samples) printf("  %lld samples could not be read and were replaced (see log.txt)\n", (long long)s->skipped_samples);
+  if (s->skipped_samples)
+    printf("  %lld samples could not be read (each named once in log.txt); replaced %lld times\n",
+           (long long)s->bad_samples, (long long)s->skipped_samples);
   printf("  metrics: %s/metrics.jsonl\n", s->out_dir);
   if (m->o.report_dir) printf("  report: %s/report.html (open it in a browser)\n", m->o.report_dir);
   if (m->tb) printf("  TensorBoard: %s (tensorboard --logdir on its folder)\n", stoke_tb_path(m->tb));
+  double traced, untraced;
+  trace_cost(m, &traced, &untraced);
+  if (m->o.trace_first > 0)
+    printf("  trace of steps %lld-%lld: %s/trace.json (ui.perfetto.dev); traced steps' median %.3f ms against "
+           "%.3f ms untraced (%+.1f%%)\n",
+           (long long)m->o.trace_first, (long long)m->o.trace_last, s->out_dir, traced, untraced,
+           100 * (traced / untraced - 1));
   if (s->checkpoint[0]) printf("  checkpoint: %s (continue with run.resume=%s)\n", s->checkpoint, s->checkpoint);
   fflush(stdout);
   return NULL;

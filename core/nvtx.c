@@ -1,5 +1,10 @@
-/* core/nvtx.c: the switch of the NVTX ranges (core/nvtx.h), on unless a
- * run says run.nvtx = false. */
+/* core/nvtx.c: the switch of the NVTX ranges (core/nvtx.h): off until a
+ * run turns it on (run.nvtx, true by default). */
 #include "nvtx.h"
 
-volatile int stoke_nvtx_on = 1;
+int stoke_nvtx_flag;
+
+void stoke_nvtx_enable(int on) {
+  if (on) nvtxInitialize(NULL);
+  __atomic_store_n(&stoke_nvtx_flag, on, __ATOMIC_RELEASE);
+}

@@ -6,16 +6,22 @@
 
 #include <nvtx3/nvToolsExt.h>
 
-/* run.nvtx (on by default), set once when a run starts: NVTX ranges are
- * per process and per thread, like the tools that read them. */
-extern volatile int stoke_nvtx_on;
+/* run.nvtx: off until a run turns it on. NVTX ranges are per process and
+ * per thread, like the tools that read them. */
+extern int stoke_nvtx_flag;
+
+/* On: NVTX is initialized here, on the calling thread, before any loader
+ * worker may push a range (NVTX's own lazy start is not thread safe). */
+void stoke_nvtx_enable(int on);
+
+static inline int stoke_nvtx_on(void) { return __atomic_load_n(&stoke_nvtx_flag, __ATOMIC_ACQUIRE); }
 
 static inline void stoke_range_push(const char *name) {
-  if (stoke_nvtx_on) nvtxRangePushA(name);
+  if (stoke_nvtx_on()) nvtxRangePushA(name);
 }
 
 static inline void stoke_range_pop(void) {
-  if (stoke_nvtx_on) nvtxRangePop();
+  if (stoke_nvtx_on()) nvtxRangePop();
 }
 
 #endif

@@ -45,6 +45,11 @@ static void fmt_num(double v, char *b, size_t cap) {
 
 void stoke_svg_plot(FILE *f, const char *title, const char *unit, const double *x, int64_t n,
                     const stoke_svg_series *s, int ns) {
+  stoke_svg_plot_x(f, title, unit, "step", x, n, s, ns);
+}
+
+void stoke_svg_plot_x(FILE *f, const char *title, const char *unit, const char *xlabel, const double *x, int64_t n,
+                      const stoke_svg_series *s, int ns) {
   double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
   int64_t points = 0;
   for (int64_t i = 0; i < n; i++)
@@ -87,11 +92,14 @@ void stoke_svg_plot(FILE *f, const char *title, const char *unit, const double *
             ML, W - MR, PY(v), PY(v), ML - 4, PY(v) + 4, b);
   }
   double xs = tick_step(x1 - x0, 6);
+  if (xs < 1 && floor(x0) == x0 && floor(x1) == x1) xs = 1; /* whole x (steps, rounds): whole ticks */
   for (double v = ceil(x0 / xs) * xs; v <= x1 + xs * 1e-6; v += xs) {
     fmt_num(v, b, sizeof b);
     fprintf(f, "<text x=\"%.1f\" y=\"%d\" class=\"xl\">%s</text>\n", PX(v), H - MB + 16, b);
   }
-  fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"xl\">step</text>\n", W - MR - 12, H - 4);
+  fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"xl\">", W - MR - 12, H - 4);
+  stoke_html_text(f, xlabel);
+  fputs("</text>\n", f);
   for (int k = 0; k < ns; k++) { /* bands first, under the lines */
     int o = s[k].band_with;
     if (o < 0) continue;
@@ -127,8 +135,11 @@ void stoke_svg_plot(FILE *f, const char *title, const char *unit, const double *
     }
     fputs("\"/>\n", f);
   }
-  for (int k = 0; k < ns; k++) { /* the legend, top right */
-    int lx = W - MR - 100 * (ns - k);
+  int named = 0;
+  for (int k = 0; k < ns; k++) named += s[k].name[0] != 0;
+  for (int k = 0, at = 0; k < ns; k++) { /* the legend, top right; unnamed series (a band's edge) are left out */
+    if (!s[k].name[0]) continue;
+    int lx = W - MR - 100 * (named - at++);
     fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"4\" fill=\"%s\"%s/><text x=\"%d\" y=\"%d\" class=\"lg\">",
             lx, 12, s[k].color, s[k].band_with >= 0 ? " opacity=\"0.35\"" : "", lx + 18, 18);
     stoke_html_text(f, s[k].name);
@@ -175,7 +186,7 @@ void stoke_svg_bars(FILE *f, const char *title, const char *unit, const char *co
 
 static const char *style =
     "<style>body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1340px}"
-    "h1{font-size:20px}h2{font-size:16px;margin-top:28px}figure{display:inline-block;margin:6px}"
+    "h1{font-size:20px}h2{font-size:16px;margin-top:28px}figure{display:inline-block;margin:4px}"
     "svg{background:#fff;border:1px solid #ddd}.t{font-weight:600;font-size:13px}.yl{text-anchor:end;font-size:11px;fill:#555}"
     ".xl{text-anchor:middle;font-size:11px;fill:#555}.lg{font-size:11px}.g{stroke:#eee}"
     ".frame{fill:none;stroke:#999}.line{fill:none;stroke-width:1.6;stroke-linecap:round;stroke-linejoin:round}"
@@ -208,9 +219,13 @@ static void row_num(FILE *f, const char *name, double v, const char *fmt, const 
   fputs("<tr><th>", f);
   stoke_html_text(f, name);
   fputs("</th><td>", f);
-  if (isfinite(v)) fprintf(f, fmt, v);
-  else fputs("n/a", f);
-  fprintf(f, " %s</td></tr>\n", unit);
+  if (isfinite(v)) {
+    fprintf(f, fmt, v);
+    fprintf(f, " %s", unit);
+  } else {
+    fputs("n/a", f);
+  }
+  fputs("</td></tr>\n", f);
 }
 
 /* Column `off` (a double field) of the rows. */
@@ -248,7 +263,17 @@ static stoke_err *write_page(FILE *f, const stoke_report *r) {
   row_num(f, "evaluation top-1 accuracy", s->eval_accuracy, "%.4f", "");
   row_num(f, "GPU utilization (mean)", s->gpu_util_mean, "%.0f", "%");
   row_num(f, "GPU memory used (max)", s->gpu_mem_max_mib, "%.0f", "MiB");
-  fputs("</table>\n<h2>Training</h2>\n", f);
+  fputs("</table>\n", f);
+  if (r->trace_first > 0) {
+    fprintf(f, "<p>Trace of steps %lld-%lld in trace.json (open it in ui.perfetto.dev). What tracing cost: the "
+               "traced steps' median device step time ", (long long)r->trace_first, (long long)r->trace_last);
+    if (isfinite(r->trace_ms) && isfinite(r->untraced_ms))
+      fprintf(f, "%.3f ms against %.3f ms for the other steps (%+.1f%%).</p>\n", r->trace_ms, r->untraced_ms,
+              100 * (r->trace_ms / r->untraced_ms - 1));
+    else
+      fputs("is not known (too few steps on one side).</p>\n", f);
+  }
+  fputs("<h2>Training</h2>\n", f);
 
   double *x = malloc(sizeof *x * (size_t)(n + ne + 1)), *loss = COL(loss), *lr = COL(lr), *rate = COL(samples_per_s),
          *ms = COL(step_ms), *p50 = COL(step_ms_p50), *p95 = COL(step_ms_p95), *mx = COL(step_ms_max),
@@ -275,26 +300,31 @@ static stoke_err *write_page(FILE *f, const stoke_report *r) {
   free(lx), free(ltr);
   for (int64_t i = 0; i < ne; i++) evx[i] = (double)r->evals[i].step, ev[i] = r->evals[i].accuracy;
   if (ne) stoke_svg_plot(f, "evaluation top-1 accuracy", "", evx, ne, (stoke_svg_series[]){{"eval", "#e45756", ev, -1}}, 1);
-  stoke_svg_plot(f, "samples/s", "per logged interval, device time", x, n,
-                 (stoke_svg_series[]){{"samples/s", "#4c78a8", rate, -1}}, 1);
-  stoke_svg_plot(f, "step time", "ms, device", x, n,
-                 (stoke_svg_series[]){{"p50-p95", "#4c78a8", p50, 1}, {"p95", "#4c78a8", p95, -1},
-                                      {"mean", "#222222", ms, -1}, {"max", "#e45756", mx, -1}},
+  /* the speed plots leave out the first logged step (start-up: allocation,
+   * autotuning, graph capture), as the summary does, when there are more */
+  int k = n > 1; /* the first row is always the run's first step alone (run.c logs it) */
+  stoke_svg_plot(f, "samples/s", "per logged interval, device time", x + k, n - k,
+                 (stoke_svg_series[]){{"samples/s", "#4c78a8", rate + k, -1}}, 1);
+  stoke_svg_plot(f, "step time", "ms, device", x + k, n - k,
+                 (stoke_svg_series[]){{"p50-p95", "#4c78a8", p50 + k, 1}, {"p95", "#4c78a8", p95 + k, -1},
+                                      {"mean", "#222222", ms + k, -1}, {"max", "#e45756", mx + k, -1}},
                  4);
-  stoke_svg_plot(f, "host time per step", "ms",
-                 x, n, (stoke_svg_series[]){{"data wait", "#f58518", wait, -1}, {"host launch", "#54a24b", host, -1}}, 2);
+  stoke_svg_plot(f, "host time per step", "ms", x + k, n - k,
+                 (stoke_svg_series[]){{"data wait", "#f58518", wait + k, -1}, {"host launch", "#54a24b", host + k, -1}},
+                 2);
   stoke_svg_plot(f, "learning rate", "", x, n, (stoke_svg_series[]){{"lr", "#4c78a8", lr, -1}}, 1);
   stoke_svg_plot(f, "loss scale", "fp16 scaler", x, n, (stoke_svg_series[]){{"scale", "#b279a2", scale, -1}}, 1);
   stoke_svg_plot(f, "GPU utilization", "%, NVML", x, n, (stoke_svg_series[]){{"utilization", "#54a24b", util, -1}}, 1);
   stoke_svg_plot(f, "GPU memory used", "MiB, NVML", x, n, (stoke_svg_series[]){{"memory", "#f58518", mem, -1}}, 1);
   if (r->plan) {
     const stoke_plan *p = r->plan;
-    const char *labels[] = {"parameters", "gradients", "optimizer state + buffers", "activations", "workspace"};
+    const char *labels[] = {"parameters", "gradients", "optimizer state", "activations", "buffers (running stats)",
+                            "workspace (largest node's)"};
     double v[] = {p->bytes[STOKE_BUF_PARAMS] / 1048576.0, p->bytes[STOKE_BUF_GRADS] / 1048576.0,
-                  p->bytes[STOKE_BUF_STATE] / 1048576.0, p->bytes[STOKE_BUF_ARENA] / 1048576.0,
-                  p->workspace_bytes / 1048576.0};
+                  p->opt_state_bytes / 1048576.0,         p->bytes[STOKE_BUF_ARENA] / 1048576.0,
+                  p->bytes[STOKE_BUF_STATE] / 1048576.0,  p->workspace_bytes / 1048576.0};
     fputs("<h2>Memory of the plan</h2>\n", f);
-    stoke_svg_bars(f, "memory by kind", "MiB", labels, v, 5);
+    stoke_svg_bars(f, "memory by kind", "MiB", labels, v, 6);
   }
   file_pre(f, r->dir, "ops.txt", "Per-op time (profile_ops)");
   file_pre(f, r->dir, "config.ini", "Resolved config");

@@ -171,8 +171,13 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   memset(sum, 0, sizeof *sum);
   sum->eval_loss = sum->eval_accuracy = sum->timed_ms = NAN;
   STOKE_PROPAGATE(stoke_run_setup(o, &s.cfg, &s.reg));
-  stoke_err *e = run_open(&s);
-  if (!e) e = run_finish(&s, run_steps(&s));
+  stoke_err *e = run_read_config(&s);
+  if (!e && o->dry_run) {
+    e = run_dry(&s); /* the plan alone */
+  } else if (!e) {
+    e = run_open(&s);
+    if (!e) e = run_finish(&s, run_steps(&s));
+  }
   run_close(&s);
   return e;
 }

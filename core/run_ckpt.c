@@ -1,9 +1,17 @@
-/* core/run_ckpt.c: the run's checkpoints: room for one checked before any
- * compute, a save (atomic, core/checkpoint.c), and the save on every way
- * out, errors included, saying where the weights went. */
+/* core/run_ckpt.c: the run's checkpoints: out_dir claimed (another run's
+ * checkpoint kept, killed saves' leftovers removed), room for one checked
+ * before any compute, a save (atomic, core/checkpoint.c), and the save on
+ * every way out, errors included, saying where the weights went. */
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include "stoke/core.h"
 #include "run_state.h"
@@ -46,6 +54,45 @@ stoke_err *run_save_on_exit(run_state *s, stoke_err *e) {
     stoke_err_free(se);
   }
   return run_note_saved(s, e);
+}
+
+/* Before anything is written to out_dir: checkpoint files of processes
+ * killed mid-save (checkpoint.safetensors.tmp.PID, that PID gone from this
+ * machine) are removed, and another run's checkpoint there is kept: the
+ * run is refused unless it continues that checkpoint (run.resume names
+ * it) or run.overwrite = true says to start over. */
+stoke_err *run_claim_out_dir(const run_state *s) {
+  const stoke_cfg *c = s->cfg;
+  const char *dir = s->dir, *resume = s->rc.run.resume;
+  int want_ckpt = s->rc.run.checkpoint, overwrite = s->rc.run.overwrite;
+  DIR *d = opendir(dir);
+  for (struct dirent *de; d && (de = readdir(d));) {
+    static const char tmp[] = "checkpoint.safetensors.tmp.";
+    char *end;
+    if (strncmp(de->d_name, tmp, sizeof tmp - 1)) continue;
+    long pid = strtol(de->d_name + sizeof tmp - 1, &end, 10);
+    if (end == de->d_name + sizeof tmp - 1 || *end || pid <= 0 || pid > INT_MAX) continue;
+    if (pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) continue; /* still saving */
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    if (!unlink(path))
+      stoke_log(STOKE_LOG_INFO, "run", "removed %s, left by process %ld, which was killed while saving", path, pid);
+  }
+  if (d) closedir(d);
+  char ckpt[PATH_MAX];
+  snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", dir);
+  struct stat have, named;
+  if (!want_ckpt || overwrite || stat(ckpt, &have)) return NULL;
+  if (resume[0] && !stat(resume, &named) && named.st_dev == have.st_dev && named.st_ino == have.st_ino) return NULL;
+  stoke_ckpt_meta m;
+  char what[64] = "unreadable";
+  stoke_err *e = stoke_checkpoint_read_meta(ckpt, &m);
+  if (e) stoke_err_free(e);
+  else snprintf(what, sizeof what, "step %lld", (long long)m.step);
+  return STOKE_ERR(STOKE_E_INVALID,
+                   "%s: [run] out_dir '%s' holds another run's checkpoint (%s, %s): continue it with run.resume=%s, "
+                   "start over with run.overwrite=true (it is replaced at the first save), or choose another out_dir",
+                   stoke_cfg_where(c, "run", "out_dir"), dir, ckpt, what, ckpt);
 }
 
 /* Before any compute: room for a checkpoint in out_dir, on its disk and

@@ -55,6 +55,9 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"checkpoint", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "write checkpoints (false: none at all, e.g. for benchmarks)"},
     {"resume", STOKE_CFG_STR, "", 0, 0, NULL, "continue from this checkpoint file"},
+    {"overwrite", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "start over in an out_dir that holds another run's checkpoint (replaced at the first save); without it "
+     "such a run is refused unless run.resume names that checkpoint"},
     {"deterministic", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "bitwise-reproducible runs: deterministic algorithms only (the cpu backend always is)"},
     {"loss_scale_init", STOKE_CFG_FLOAT, "0", 0, 1e38, NULL,
@@ -76,6 +79,14 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"conv_autotune", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "time the candidate convolution (cuDNN) and matmul (cuBLASLt) algorithms once per shape and keep the "
      "fastest (cudnn.benchmark)"},
+    {"recompute", STOKE_CFG_STR, "none", 0, 0, NULL,
+     "activation recomputation: none; auto (the planner re-runs in backward the forward nodes cheapest to "
+     "recompute per byte they free, until the plan fits the memory budget); or node-name patterns, each "
+     "module they match recomputed as one segment (h.*.attn, layer3.*); the plan report says what is "
+     "recomputed, the memory saved and the FLOPs added"},
+    {"memory_gb", STOKE_CFG_FLOAT, "0", 0, 1e6, NULL,
+     "device memory to plan for, GiB (0: the device's free memory); batch_size = auto and recompute = auto "
+     "fit 85% of it. With --dry-run it plans for a GPU this machine does not have (80: an H100)"},
     {"tensorboard", STOKE_CFG_STR, "false", 0, 0, NULL,
      "TensorBoard scalars (loss, lr, samples/s, step times, data wait, MFU, GPU use, loss scale, evaluation) "
      "at every logged step: true writes the event file into out_dir (tensorboard --logdir runs), a folder "
@@ -308,11 +319,14 @@ static stoke_err *read_run(const stoke_cfg *c, stoke_run_config *rc) {
   RUN(stoke_cfg_float, "loss_scale_init", &rc->run.loss_scale_init);
   RUN(stoke_cfg_bool, "profile_ops", &rc->run.profile_ops);
   RUN(stoke_cfg_bool, "checkpoint", &rc->run.checkpoint);
+  RUN(stoke_cfg_bool, "overwrite", &rc->run.overwrite);
   RUN(stoke_cfg_bool, "deterministic", &rc->run.deterministic);
   RUN(stoke_cfg_bool, "fuse", &rc->run.fuse);
   RUN(stoke_cfg_bool, "grad_sums_in_place", &rc->run.grad_sums_in_place);
   RUN(stoke_cfg_bool, "cuda_graph", &rc->run.cuda_graph);
   RUN(stoke_cfg_bool, "conv_autotune", &rc->run.conv_autotune);
+  RUN(stoke_cfg_str, "recompute", &rc->run.recompute);
+  RUN(stoke_cfg_float, "memory_gb", &rc->run.memory_gb);
   RUN(stoke_cfg_str, "tensorboard", &rc->run.tensorboard);
   RUN(stoke_cfg_str, "trace", &rc->run.trace);
   RUN(stoke_cfg_bool, "nvtx", &rc->run.nvtx);

@@ -72,8 +72,9 @@ void run_close_engines(run_state *s) {
     }
 }
 
-static stoke_err *open_engines(run_state *s) {
-  int64_t dev_index = s->rc.run.device_index + s->local_rank; /* data parallel: one GPU per process of a node */
+/* The engines of [run] backends and the first that owns a device, none
+ * opened. */
+static stoke_err *pick_device(run_state *s) {
   for (int i = 0; i < s->n_engines; i++) {
     s->backs[i] = stoke_find_backend(s->reg, s->engines[i]);
     if (!s->backs[i]->device_engine && !s->dev) s->dev = s->backs[i];
@@ -82,6 +83,12 @@ static stoke_err *open_engines(run_state *s) {
     return STOKE_ERR(STOKE_E_INVALID,
                      "%s: [run] backends: none of the backends owns a device (cpu or cuda); add one",
                      stoke_cfg_where(s->cfg, "run", "backends"));
+  return NULL;
+}
+
+static stoke_err *open_engines(run_state *s) {
+  int64_t dev_index = s->rc.run.device_index + s->local_rank; /* data parallel: one GPU per process of a node */
+  STOKE_PROPAGATE(pick_device(s));
   /* the device engine opens first: the others get its state */
   int order[STOKE_CFG_MAX_LIST], n = 0;
   for (int i = 0; i < s->n_engines; i++)
@@ -162,6 +169,7 @@ static stoke_err *open_folder(run_state *s) {
   snprintf(s->sum->out_dir, sizeof s->sum->out_dir, "%s", s->dir);
   run_signals_ignore_xfsz(&s->sg);
   STOKE_TRY(mkdir_p(s->dir), "[run] out_dir");
+  if (s->rank == 0) STOKE_PROPAGATE(run_claim_out_dir(s));
   s->config_text = config_text(s->cfg);
   snprintf(path, sizeof path, "%s/config.ini", s->dir);
   STOKE_TRY(run_write_checked(path, put_config, s->cfg), "[run] out_dir");
@@ -175,6 +183,13 @@ static stoke_err *open_folder(run_state *s) {
   return NULL;
 }
 
+/* [run] layout: auto is NHWC on a GPU (channels_last), NCHW on the CPU. */
+static void pick_layout(run_state *s) {
+  s->layout = s->rc.run.layout != STOKE_LAYOUT_ANY ? s->rc.run.layout
+              : s->dev->device == STOKE_DEV_GPU    ? STOKE_NHWC
+                                                   : STOKE_NCHW;
+}
+
 /* The engines, the precision policy, the communicator; the layout, the
  * device's peak for MFU and its NVML handle. */
 static stoke_err *open_device(run_state *s) {
@@ -185,9 +200,7 @@ static stoke_err *open_device(run_state *s) {
   const stoke_precision_v1 *prec = s->prec = stoke_find_precision(s->reg, prec_name);
   if (strcmp(rc->run.comm, "single"))
     STOKE_PROPAGATE(stoke_dp_open(stoke_find_comm(s->reg, rc->run.comm), s->cfg, &s->dist, s->dev, s->dev_self, &s->dp));
-  s->layout = rc->run.layout != STOKE_LAYOUT_ANY ? rc->run.layout
-              : s->dev->device == STOKE_DEV_GPU  ? STOKE_NHWC
-                                                 : STOKE_NCHW;
+  pick_layout(s);
   stoke_device_info_v1 info = {0};
   if (s->dev->info) STOKE_TRY(s->dev->info(s->dev_self, &info), "asking the device for its peak");
   snprintf(sum->device, sizeof sum->device, "%s", info.name[0] ? info.name : s->dev->name);
@@ -292,10 +305,11 @@ static stoke_err *plan_length(run_state *s) {
   if (!strcmp(rc->run.tensorboard, "true")) mo.tensorboard_dir = s->dir; /* rank N's: in rank N's folder */
   else if (strcmp(rc->run.tensorboard, "false") && s->rank == 0) mo.tensorboard_dir = rc->run.tensorboard;
   mo.report_dir = s->dir, mo.run_name = s->run_name, mo.plan = s->train.plan;
-  STOKE_PROPAGATE(stoke_metrics_new(&mo, &s->metrics));
-  STOKE_PROPAGATE(stoke_steptime_new(s->dev, s->dev_self, &s->steptime));
   STOKE_TRY(stoke_trace_parse(rc->run.trace, &s->trace_first, &s->trace_last), "%s",
             stoke_cfg_where(s->cfg, "run", "trace"));
+  mo.trace_first = s->trace_first, mo.trace_last = s->trace_last;
+  STOKE_PROPAGATE(stoke_metrics_new(&mo, &s->metrics));
+  STOKE_PROPAGATE(stoke_steptime_new(s->dev, s->dev_self, &s->steptime));
   if (s->trace_first) {
     char path[640];
     snprintf(path, sizeof path, "%s/trace.json", s->dir);
@@ -311,7 +325,7 @@ static stoke_err *plan_length(run_state *s) {
 static stoke_err *choose_graphs(run_state *s) {
   const char *where = stoke_cfg_where(s->cfg, "run", "cuda_graph");
   s->cuda_graph = s->rc.run.cuda_graph;
-  stoke_nvtx_on = s->rc.run.nvtx;
+  stoke_nvtx_enable(s->rc.run.nvtx);
   if (s->cuda_graph && s->rc.run.profile_ops) {
     stoke_log(STOKE_LOG_WARN, "run", "%s: cuda_graph = true with profile_ops = true: the profile times each "
               "kernel on its own, so this run does not use graphs", where);
@@ -331,13 +345,57 @@ static stoke_err *choose_graphs(run_state *s) {
   return NULL;
 }
 
-stoke_err *run_open(run_state *s) {
+/* --dry-run: the training plan as the run would make it (batch_size =
+ * auto and recompute = auto included), its memory and FLOPs, and no
+ * training and no run folder: the answer before renting the GPU. With
+ * [run] memory_gb no device is opened (the backends' kernel tables come
+ * from their plugins; nothing is allocated or planned on a device);
+ * without it, the device is asked for its free memory. */
+stoke_err *run_dry(run_state *s) {
+  const stoke_run_opts *o = s->o;
+  const char *prec_name = s->rc.run.precision;
+  stoke_summary *sum = s->sum;
+  double budget, device;
+  char device_name[160];
+  s->n_engines = s->rc.run.n_backends;
+  memcpy(s->engines, s->rc.run.backends, sizeof s->engines);
+  if (s->rc.run.memory_gb > 0) STOKE_PROPAGATE(pick_device(s));
+  else STOKE_PROPAGATE(open_backends(s, &prec_name));
+  pick_layout(s);
+  STOKE_PROPAGATE(run_memory_budget(s, &budget, &device, device_name, sizeof device_name));
+  const stoke_precision_v1 *prec = stoke_find_precision(s->reg, prec_name);
+  STOKE_PROPAGATE(run_plan_stream(s, &s->train, &s->rc.data, prec, 1));
+  const stoke_plan *p = s->train.plan;
+  if (!o->quiet) stoke_plan_report(p, stdout);
+  double need = stoke_plan_device_bytes(p), act = (double)p->bytes[STOKE_BUF_ARENA];
+  double without = p->recompute_report ? (double)p->arena_without_recompute : act;
+  sum->flops_per_step = p->train_flops;
+  sum->dry_batch = s->train.batch;
+  sum->dry_plan_bytes = need;
+  sum->dry_recompute_flops = p->recompute_flops;
+  double unit = device >= 4 * 1073741824.0 ? 1073741824.0 : 1048576.0;
+  const char *u = unit > 1048576.0 ? "GiB" : "MiB";
+  printf("dry run (%s, %s): batch %lld; the plan needs %.2f %s of the %.2f %s budget (85%% of %.2f %s, %s)%s: "
+         "activations %.2f %s (%.2f %s without recomputation), parameters, gradients and optimizer state %.2f %s; "
+         "%.4g FLOPs per micro-batch, +%.1f%% recomputed\n",
+         prec_name, s->dev->name, (long long)s->train.batch, need / unit, u, budget / unit, u, device / unit, u,
+         device_name, need > budget ? " (DOES NOT FIT)" : "", act / unit, u, without / unit, u, (need - act) / unit, u,
+         p->train_flops, p->train_flops > 0 ? 100 * p->recompute_flops / p->train_flops : 0.0);
+  return NULL;
+}
+
+/* The config, read once; the optimizer's arguments from [optimizer]. */
+stoke_err *run_read_config(run_state *s) {
   STOKE_PROPAGATE(stoke_run_config_read(s->cfg, &s->rc));
   s->opt.weight_decay = s->rc.optimizer.weight_decay;
   s->opt.max_norm = s->rc.optimizer.grad_clip;
   const stoke_optimizer_v1 *optimizer = stoke_find_optimizer(s->reg, s->rc.optimizer.name);
   if (optimizer->configure)
     STOKE_TRY(optimizer->configure(s->cfg, "optimizer", &s->opt), "configuring optimizer '%s'", s->rc.optimizer.name);
+  return NULL;
+}
+
+stoke_err *run_open(run_state *s) {
   STOKE_PROPAGATE(find_place(s));
   STOKE_PROPAGATE(open_folder(s));
   STOKE_PROPAGATE(open_device(s));

@@ -114,15 +114,21 @@ void run_signals_catch(sig_guard *g);
 void run_signals_restore(sig_guard *g);
 int run_stop_now(const run_state *s);
 
-/* core/run_setup.c: the run's folder, devices, data, plans, metrics; and
- * the checked writes every phase uses. */
+/* core/run_setup.c: the config read and the optimizer configured; the
+ * run's folder, devices, data, plans, metrics (or --dry-run's plan alone);
+ * and the checked writes every phase uses. */
+stoke_err *run_read_config(run_state *s);
 stoke_err *run_open(run_state *s);
+stoke_err *run_dry(run_state *s);
 stoke_err *run_write_checked(const char *path, void (*put)(const void *, FILE *), const void *arg);
 void run_close_engines(run_state *s);
 
 /* core/run_stream.c: a stream's source, graph, plan, executor and loader;
  * a batch into its input. */
+stoke_err *run_plan_stream(run_state *s, stream *st, const stoke_data_config *dc, const stoke_precision_v1 *prec,
+                          int training);
 stoke_err *run_open_stream(run_state *s, stream *st, const stoke_data_config *dc, int training, int64_t start_batch);
+stoke_err *run_memory_budget(run_state *s, double *budget, double *device, char *name, size_t cap);
 void run_stream_close(run_state *s, stream *st);
 void run_report_precision(const stoke_precision_v1 *p, const stoke_graph *g, int quiet);
 stoke_err *run_feed(run_state *s, stream *st, const stoke_batch *b);
@@ -137,6 +143,7 @@ stoke_err *run_evaluate(run_state *s, stoke_summary *sum);
 
 /* core/run_ckpt.c: checkpoints: room for one before any compute, a save,
  * the save on every way out. */
+stoke_err *run_claim_out_dir(const run_state *s);
 stoke_err *run_check_room(const run_state *s);
 stoke_err *run_save(run_state *s, int64_t step, int64_t epoch);
 stoke_err *run_save_on_exit(run_state *s, stoke_err *e);

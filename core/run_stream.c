@@ -145,20 +145,44 @@ static stoke_err *auto_workers(run_state *s, stoke_loader_opts lo, int64_t *best
   return NULL;
 }
 
-/* Bytes a compiled plan asks of the device (the kernels' workspaces are
- * not known before their plan(); the margin covers them). */
-static double plan_bytes(const stoke_plan *p) {
-  double b = (double)p->opt_state_bytes;
-  for (int i = 0; i < STOKE_BUF_COUNT; i++) b += (double)p->bytes[i];
-  return b;
+/* The memory a plan may take: 85% of [run] memory_gb, or of the device's
+ * free memory (the kernels' workspaces are not known before their plan();
+ * the margin covers them); *device: the memory it is 85% of, `name` says
+ * where that figure comes from. */
+stoke_err *run_memory_budget(run_state *s, double *budget, double *device, char *name, size_t cap) {
+  double gb = s->rc.run.memory_gb;
+  stoke_device_info_v1 info = {0};
+  if (gb > 0) snprintf(info.name, sizeof info.name, "[run] memory_gb = %g", gb);
+  else if (s->dev && s->dev->info) STOKE_PROPAGATE(s->dev->info(s->dev_self, &info));
+  *device = gb > 0 ? gb * 1073741824.0 : (double)info.free_bytes;
+  *budget = 0.85 * *device;
+  if (name) snprintf(name, cap, "%s", info.name);
+  return NULL;
+}
+
+/* The compiler's options for a stream, from the run's config. */
+static stoke_err *plan_opts(run_state *s, const stoke_precision_v1 *prec, int training, stoke_plan_opts *po) {
+  const stoke_run_config *rc = &s->rc;
+  int det = rc->run.deterministic;
+  uint32_t flags = (prec->tf32 ? STOKE_KFLAG_TF32 : 0) | (det ? STOKE_KFLAG_DETERMINISTIC : 0) |
+                   (rc->run.conv_autotune && !det ? STOKE_KFLAG_AUTOTUNE : 0);
+  double init_scale = rc->run.loss_scale_init, budget = 0, device;
+  if (training && !strcmp(rc->run.recompute, "auto")) STOKE_PROPAGATE(run_memory_budget(s, &budget, &device, NULL, 0));
+  *po = (stoke_plan_opts){s->engines, s->n_engines, s->selves, training ? rc->optimizer.name : NULL, training, flags,
+                          training && prec->loss_scaling != STOKE_SCALING_NONE,
+                          init_scale > 0 ? init_scale : prec->init_scale, rc->run.fuse, rc->optimizer.grad_clip,
+                          !rc->optimizer.weight_decay_1d, !rc->run.grad_sums_in_place, prec,
+                          training ? rc->run.recompute : NULL, budget};
+  return NULL;
 }
 
 /* batch_size = auto: the largest power of two from 8 whose plan fits 85%
- * of the device's free memory (no trial-and-error allocation). */
+ * of the device's free memory (no trial-and-error allocation); with
+ * recompute = auto, each batch's plan recomputes what it must to fit. */
 static stoke_err *auto_batch(run_state *s, stream *st, const stoke_plan_opts *po, stoke_dtype dtype) {
-  stoke_device_info_v1 info = {0};
-  STOKE_PROPAGATE(s->dev->info ? s->dev->info(s->dev_self, &info) : NULL);
-  double budget = 0.85 * (double)info.free_bytes;
+  double budget, device;
+  char device_name[160];
+  STOKE_PROPAGATE(run_memory_budget(s, &budget, &device, device_name, sizeof device_name));
   int64_t best = 0, len = st->src->length(st->src_self);
   double need = 0, best_need = 0;
   for (int64_t b = 8; b <= len && b <= (1 << 20); b *= 2) {
@@ -166,7 +190,7 @@ static stoke_err *auto_batch(run_state *s, stream *st, const stoke_plan_opts *po
     stoke_err *e = build_graph(s, st, dtype, 1);
     stoke_plan *p = NULL;
     if (!e) e = stoke_compile(st->g, po, &p);
-    if (!e) need = plan_bytes(p);
+    if (!e) need = stoke_plan_device_bytes(p);
     stoke_plan_free(p);
     stoke_graph_free(st->g);
     st->g = NULL;
@@ -178,39 +202,39 @@ static stoke_err *auto_batch(run_state *s, stream *st, const stoke_plan_opts *po
   if (!best)
     return STOKE_ERR(STOKE_E_OOM,
                      "batch_size = auto: not even 8 samples fit: the plan needs %.1f MiB, %.1f MiB of the "
-                     "device's %.1f MiB free is the budget; use a smaller model or precision",
-                     need / 1048576, budget / 1048576, (double)info.free_bytes / 1048576);
+                     "device's %.1f MiB free is the budget; use a smaller model or precision, or [run] recompute = auto",
+                     need / 1048576, budget / 1048576, device / 1048576);
   st->batch = best;
   stoke_log(STOKE_LOG_INFO, "run",
-            "batch_size = auto: %lld (the plan needs %.1f MiB; %.1f MiB free on %s, 85%% is the budget)",
-            (long long)best, best_need / 1048576, (double)info.free_bytes / 1048576, info.name);
+            "batch_size = auto: %lld (the plan needs %.1f MiB; %.1f MiB free on %s, 85%% is the budget%s)",
+            (long long)best, best_need / 1048576, device / 1048576, device_name,
+            po->recompute && !strcmp(po->recompute, "auto") ? "; recompute = auto" : "");
   return NULL;
 }
 
-/* Open a stream's source, build and compile its graph, start its loader. */
-stoke_err *run_open_stream(run_state *s, stream *st, const stoke_data_config *dc, int training, int64_t start_batch) {
-  const stoke_run_config *rc = &s->rc;
-  const stoke_precision_v1 *prec = s->prec;
-  const char *section = dc->section;
+/* Open a stream's source, find its batch, build and compile its graph. */
+stoke_err *run_plan_stream(run_state *s, stream *st, const stoke_data_config *dc, const stoke_precision_v1 *prec,
+                          int training) {
   stoke_dtype dtype = prec->param_dtype;
-  int det = rc->run.deterministic;
-  uint32_t flags = (prec->tf32 ? STOKE_KFLAG_TF32 : 0) | (det ? STOKE_KFLAG_DETERMINISTIC : 0) |
-                   (rc->run.conv_autotune && !det ? STOKE_KFLAG_AUTOTUNE : 0);
-  uint64_t seed = (uint64_t)rc->run.seed;
-  int64_t workers = dc->workers;
-  st->section = section;
+  st->section = dc->section;
   st->batch = dc->batch;
   if (!st->batch && !training) st->batch = s->train.batch;
   st->src = stoke_find_source(s->reg, dc->source);
-  STOKE_TRY(st->src->open(s->cfg, section, &st->src_self), "opening [%s] source '%s'", section, dc->source);
-  double init_scale = rc->run.loss_scale_init;
-  stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? rc->optimizer.name : NULL, training, flags,
-                        training && prec->loss_scaling != STOKE_SCALING_NONE,
-                        init_scale > 0 ? init_scale : prec->init_scale, rc->run.fuse, rc->optimizer.grad_clip,
-                        !rc->optimizer.weight_decay_1d, !rc->run.grad_sums_in_place, prec};
+  STOKE_TRY(st->src->open(s->cfg, dc->section, &st->src_self), "opening [%s] source '%s'", dc->section, dc->source);
+  stoke_plan_opts po;
+  STOKE_PROPAGATE(plan_opts(s, prec, training, &po));
   if (!st->batch) STOKE_PROPAGATE(auto_batch(s, st, &po, dtype));
   STOKE_PROPAGATE(build_graph(s, st, dtype, training));
   STOKE_TRY(stoke_compile(st->g, &po, &st->plan), "compiling the %s graph", training ? "training" : "evaluation");
+  return NULL;
+}
+
+/* Plan a stream (run_plan_stream), bind its plan to the device, start its loader. */
+stoke_err *run_open_stream(run_state *s, stream *st, const stoke_data_config *dc, int training, int64_t start_batch) {
+  const char *section = dc->section;
+  uint64_t seed = (uint64_t)s->rc.run.seed;
+  int64_t workers = dc->workers;
+  STOKE_PROPAGATE(run_plan_stream(s, st, dc, s->prec, training));
   if (training)
     STOKE_TRY(stoke_exec_new(st->plan, s->dev, s->dev_self, seed, &st->x),
               "preparing the plan: parameters %.1f MiB, gradients %.1f MiB, optimizer state %.1f MiB, "

@@ -72,6 +72,7 @@ stoke_err *run_finish(run_state *s, stoke_err *e) {
   sum->steps = s->step;
   sum->samples = (s->step - s->start_step) * s->train.batch * s->rc.run.accumulate * s->world;
   sum->skipped_samples = stoke_loader_skipped(s->train.loader);
+  sum->bad_samples = stoke_loader_bad_samples(s->train.loader);
   if (!e && s->dp) e = report_ranks(s);
   if (!e) e = stoke_metrics_close(s->metrics, sum, s->stop ? "interrupted" : "done");
   if (!e) e = run_check_log(s);

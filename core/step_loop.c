@@ -39,10 +39,16 @@ static stoke_err *micro_batches(run_state *s, double *wait) {
       e = stoke_loader_next(s->train.loader, &b, &w);
       *wait += w;
       if (!b) break; /* a signal while waiting */
-      if (stoke_trace_has(s->trace, s->step + 1)) /* the arrow from the batch's making */
-        stoke_trace_flow(s->trace, STOKE_TRACE_STEP, (uint64_t)(b->epoch * s->per_epoch + b->index),
-                         stoke_trace_now(s->trace), 0);
+      int traced = stoke_trace_has(s->trace, s->step + 1);
+      double fed = traced ? stoke_trace_now(s->trace) : 0;
+      if (traced) { /* the wait, and the arrow from the batch's making */
+        stoke_trace_slice(s->trace, STOKE_TRACE_STEP, "data wait", "wait", fed - 1e6 * w, 1e6 * w, NULL);
+        stoke_trace_flow(s->trace, STOKE_TRACE_STEP, (uint64_t)(b->epoch * s->per_epoch + b->index), fed, 0);
+      }
       if (!e) e = run_feed(s, &s->train, b); /* then the host buffer may go back */
+      if (traced)
+        stoke_trace_slice(s->trace, STOKE_TRACE_STEP, "pinned copy (host to device)", "copy", fed,
+                          stoke_trace_now(s->trace) - fed, NULL);
       s->epoch = b->epoch;
       stoke_loader_release(s->train.loader, b);
     }
@@ -77,14 +83,16 @@ static stoke_err *report_ops(run_state *s) {
  * profile) and wait for the device at their end, where their device time
  * is read; the loader's workers are recorded from `prefetch` batches
  * before the window. Called before (`end` = 0) and after each step. */
-static stoke_err *trace_step(run_state *s, int64_t step, double t0, double wait, int end) {
+static stoke_err *trace_step(run_state *s, int64_t step, double t0, int end) {
   int graphs = s->cuda_graph, profile_ops = s->rc.run.profile_ops;
   stoke_trace *t = s->trace;
   if (!t) return NULL;
   if (!end) {
     stoke_trace_lead(t, step, (int)s->rc.data.prefetch + 2);
-    if (stoke_trace_has(t, step) && !stoke_trace_has(t, step - 1) && !graphs && !profile_ops)
-      STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 1));
+    if (stoke_trace_has(t, step) && !stoke_trace_has(t, step - 1) && !graphs) {
+      if (!profile_ops) STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 1));
+      if (s->dp) STOKE_PROPAGATE(stoke_dp_time_buckets(s->dp, 1));
+    }
     return NULL;
   }
   if (!stoke_trace_has(t, step)) return NULL;
@@ -96,12 +104,18 @@ static stoke_err *trace_step(run_state *s, int64_t step, double t0, double wait,
   char name[64];
   snprintf(name, sizeof name, "step %lld", (long long)step);
   stoke_trace_slice(t, STOKE_TRACE_STEP, name, "step", t0, launched - t0, NULL);
-  if (wait > 0) stoke_trace_slice(t, STOKE_TRACE_STEP, "data wait", "wait", t0, 1e6 * wait, NULL);
   stoke_trace_slice(t, STOKE_TRACE_STEP, "wait for the GPU (tracing)", "wait", launched, synced - launched, NULL);
   stoke_trace_gpu_step(t, step, s->train.plan, node_ms, n, stoke_metrics_last_ms(s->metrics), synced,
                        graphs ? (int)stoke_exec_graph_ops(s->train.x) : 0);
+  if (s->dp && !graphs) {
+    double at[256], ms[256];
+    size_t bytes[256];
+    int nb = stoke_dp_bucket_times(s->dp, stoke_exec_profile_start(s->train.x), at, ms, bytes, 256);
+    stoke_trace_gpu_buckets(t, at, ms, bytes, nb);
+  }
   if (stoke_trace_has(t, step + 1)) return NULL;
   if (!graphs && !profile_ops) STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 0));
+  if (!graphs && s->dp) STOKE_PROPAGATE(stoke_dp_time_buckets(s->dp, 0));
   stoke_trace_lead(t, step + 1, 0);
   STOKE_TRY(stoke_trace_write(t), "[run] trace");
   stoke_log(STOKE_LOG_INFO, "run", "trace written to %s (open it in ui.perfetto.dev)", stoke_trace_path(t));
@@ -172,9 +186,9 @@ static stoke_err *between_steps(run_state *s) {
  * issuing it (the data wait left out). */
 static stoke_err *take_step(run_state *s, double *host, double *wait) {
   double t0 = now_s(), trace_t0 = s->trace ? stoke_trace_now(s->trace) : 0;
-  STOKE_PROPAGATE(trace_step(s, s->step + 1, trace_t0, 0, 0));
+  STOKE_PROPAGATE(trace_step(s, s->step + 1, trace_t0, 0));
   char range[32];
-  if (stoke_nvtx_on) snprintf(range, sizeof range, "step %lld", (long long)s->step + 1);
+  if (stoke_nvtx_on()) snprintf(range, sizeof range, "step %lld", (long long)s->step + 1);
   stoke_range_push(range);
   STOKE_PROPAGATE(stoke_steptime_begin(s->steptime));
   step_args(s);
@@ -184,7 +198,7 @@ static stoke_err *take_step(run_state *s, double *host, double *wait) {
   if (!e) e = stoke_steptime_end(s->steptime);
   *host = now_s() - t0 - *wait;
   stoke_range_pop();
-  if (!e) e = trace_step(s, s->step + 1, trace_t0, *wait, 1);
+  if (!e) e = trace_step(s, s->step + 1, trace_t0, 1);
   if (!e && !s->ops_reported && s->step > s->start_step) {
     e = report_ops(s);
     stoke_steptime_pause(s->steptime); /* the count captured a step: not the next step's time */

@@ -28,6 +28,8 @@ struct stoke_trace {
   int rank;
   double t0;           /* CLOCK_MONOTONIC seconds at creation */
   volatile int recording;
+  double ops_start;    /* the last traced step's first node, on the GPU lane */
+  int comm_used;
   int lanes_used[64];  /* worker lanes seen */
   pthread_mutex_t mu;
   trace_ev *ev;
@@ -140,13 +142,14 @@ void stoke_trace_gpu_step(stoke_trace *t, int64_t step, const struct stoke_plan 
   double total = 0;
   for (int i = 0; i < n; i++) total += node_ms[i];
   double at = end - 1e3 * total;
+  t->ops_start = at;
   for (int i = 0; i < n; i++) {
     const char *what = "optimizer + scaler", *op = "update", *engine = "";
     const char *pass = "update";
     if (i < g->n_nodes) {
       const stoke_gnode *node = &g->nodes[i];
       what = node->n.name, op = node->n.op, engine = node->kernel ? node->kernel->engine : "";
-      pass = node->pass == STOKE_BWD ? "backward" : "forward";
+      pass = node->pass == STOKE_BWD ? "backward" : node->recompute ? "recompute" : "forward";
     } else if (p->opt_kernel) {
       engine = p->opt_kernel->engine;
     }
@@ -154,6 +157,17 @@ void stoke_trace_gpu_step(stoke_trace *t, int64_t step, const struct stoke_plan 
              engine, node_ms[i]);
     stoke_trace_slice(t, STOKE_TRACE_GPU, what, "op", at, 1e3 * node_ms[i], args);
     at += 1e3 * node_ms[i];
+  }
+}
+
+void stoke_trace_gpu_buckets(stoke_trace *t, const double *start_ms, const double *dur_ms, const size_t *bytes, int n) {
+  for (int i = 0; i < n; i++) {
+    char name[80], args[200];
+    snprintf(name, sizeof name, "all-reduce bucket %d", i + 1);
+    snprintf(args, sizeof args, "\"bytes\": %zu, \"ms\": %.4f, \"GB_per_s\": %.1f", bytes[i], dur_ms[i],
+             dur_ms[i] > 0 ? (double)bytes[i] / (dur_ms[i] * 1e6) : 0.0);
+    stoke_trace_slice(t, STOKE_TRACE_COMM, name, "comm", t->ops_start + 1e3 * start_ms[i], 1e3 * dur_ms[i], args);
+    t->comm_used = 1;
   }
 }
 
@@ -191,6 +205,7 @@ stoke_err *stoke_trace_write(stoke_trace *t) {
   meta(f, gpu, 0, "process", name, 2 * t->rank + 1);
   meta(f, host, STOKE_TRACE_STEP, "thread", "step loop", 0);
   meta(f, gpu, STOKE_TRACE_GPU, "thread", "compute stream", 0);
+  if (t->comm_used) meta(f, gpu, STOKE_TRACE_COMM, "thread", "comm stream (all-reduce buckets)", 1);
   for (int w = 0; w < 64; w++)
     if (t->lanes_used[w]) {
       snprintf(name, sizeof name, "loader worker %d", w);
@@ -199,7 +214,7 @@ stoke_err *stoke_trace_write(stoke_trace *t) {
   pthread_mutex_lock(&t->mu);
   for (size_t i = 0; i < t->n; i++) {
     const trace_ev *e = &t->ev[i];
-    int pid = e->lane == STOKE_TRACE_GPU ? gpu : host;
+    int pid = e->lane == STOKE_TRACE_GPU || e->lane == STOKE_TRACE_COMM ? gpu : host;
     fprintf(f, "{\"ph\": \"%c\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, ", e->ph, pid, e->lane, e->ts);
     if (e->ph == 'X') fprintf(f, "\"dur\": %.3f, ", e->dur);
     else fprintf(f, "\"id\": %llu, %s", (unsigned long long)e->id, e->ph == 'f' ? "\"bp\": \"e\", " : "");

@@ -537,7 +537,8 @@ static int op_changes(const bench_result *r, const char **labels, char (*buf)[96
     for (int i = 0; i < r->v[v].n_ops && n < cap; i++) {
       const stoke_op_time *o = &r->v[v].ops[i];
       char key[96];
-      snprintf(key, sizeof key, "%s %s [%s]", o->op, o->pass, o->engine);
+      if (o->engine[0]) snprintf(key, sizeof key, "%s %s [%s]", o->op, o->pass, o->engine);
+      else snprintf(key, sizeof key, "%s", o->op);
       int k = 0;
       while (k < n && strcmp(buf[k], key)) k++;
       if (k == n) {
@@ -581,17 +582,17 @@ void bench_write_html(const bench_result *r, FILE *f) {
   double x[BENCH_MAX_ROUNDS], ratio[BENCH_MAX_ROUNDS];
   for (int i = 0; i < n; i++) x[i] = i + 1;
   stoke_svg_series s[2] = {{"A", "#4c78a8", r->v[0].rate, -1}, {"B", "#e45756", r->v[1].rate, -1}};
-  stoke_svg_plot(f, "samples/s per round", "", x, n, s, r->n_variants);
+  stoke_svg_plot_x(f, "samples/s per round", "", "round", x, n, s, r->n_variants);
   if (r->n_variants > 1) {
     bench_ratio q = bench_ratio_paired(r->v[0].rate, r->v[1].rate, n < r->v[1].n ? n : r->v[1].n);
     fprintf(f, "<p><b>B/A = %.3f</b> (95%% CI %.3f - %.3f; t-interval on the log ratios of %d paired rounds)</p>\n",
             q.ratio, q.lo, q.hi, q.n);
     double lo[BENCH_MAX_ROUNDS], hi[BENCH_MAX_ROUNDS];
     for (int i = 0; i < q.n; i++) ratio[i] = r->v[1].rate[i] / r->v[0].rate[i], lo[i] = q.lo, hi[i] = q.hi;
-    stoke_svg_plot(f, "B/A per round", "the band: 95% interval of the mean", x, q.n,
-                   (stoke_svg_series[]){{"95% interval", "#54a24b", lo, 1}, {"hi", "#54a24b", hi, -1},
-                                        {"B/A", "#222222", ratio, -1}},
-                   3);
+    stoke_svg_plot_x(f, "B/A per round", "", "round", x, q.n,
+                     (stoke_svg_series[]){{"95% CI of B/A", "#54a24b", lo, 1}, {"", "#54a24b", hi, -1},
+                                          {"B/A", "#222222", ratio, -1}},
+                     3);
   }
   if (r->per_op && r->n_variants > 1) {
     const char *labels[2 * BENCH_MAX_OPS];

@@ -71,8 +71,11 @@ if evs:
                      ("perf/step_time_ms", "step_time_ms"), ("perf/step_time_ms_p95", "step_time_ms_p95"),
                      ("perf/data_wait_ms", "data_wait_ms"), ("perf/host_ms", "host_ms"), ("perf/mfu", "mfu")]:
         same(tag, key, steps)
-    same("eval/loss", "eval_loss", evals)
-    same("eval/accuracy", "eval_accuracy", evals)
+    if evals:
+        same("eval/loss", "eval_loss", evals)
+        same("eval/accuracy", "eval_accuracy", evals)
+    else:
+        print("(no evaluation in this run: eval/* not checked)")
 try:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(run)
@@ -174,6 +177,12 @@ if os.path.exists(path):
           and all(e["args"].get("engine") for e in ops), (len(ops), per_step, names[:4], plan[:4]))
     inside = all(any(g["ts"] - 1 <= o["ts"] and o["ts"] + o["dur"] <= g["ts"] + g["dur"] + 1 for g in gpu) for o in ops)
     check("trace: the op slices lie inside their step's GPU slice", inside)
+    check("trace: its cost is on the page and in the summary",
+          "What tracing cost: the traced steps' median device step time" in open(f"{run}/report.html").read())
+    copies = [e for e in ev if e.get("cat") == "copy" and e["pid"] % 2 == 0]
+    waits = [e for e in ev if e.get("cat") == "wait" and e["name"] == "data wait"]
+    check("trace: the pinned copy and the data wait of each traced step on the host lane",
+          len(copies) == len(want) and len(waits) == len(want), (len(copies), len(waits)))
     workers = {e["tid"] for e in ev if e.get("cat") == "loader"}
     named = {e["tid"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name" and "loader worker" in e["args"]["name"]}
     check("trace: loader worker lanes, named", workers and workers <= named, (workers, named))

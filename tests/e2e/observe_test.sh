@@ -3,7 +3,8 @@
 # MLP with an evaluation set, run.tensorboard = true and run.trace = 10-14; then
 # observe_check.py reads the event file back (its own CRC-32C and protobuf
 # decoder; TensorBoard's reader too where installed) against
-# metrics.jsonl, and checks report.html and trace.json. Prints cmocka-style lines.
+# metrics.jsonl, and checks report.html and trace.json; report_render.py
+# loads the page in headless chromium. Prints cmocka-style lines.
 set -uo pipefail
 T="${TEST_TMPDIR:-$(mktemp -d)}"
 HERE=tests/e2e
@@ -16,4 +17,18 @@ if [ $rc -ne 0 ]; then
   tail -20 "$T/run.log"
   exit 1
 fi
-python3 "$HERE/observe_check.py" "$T/run"
+# a bad window is refused with where it was given
+bad=$(tools/train examples/quickstart.ini run.steps=2 run.trace=9-3 run.out_dir="$T/bad" 2>&1)
+case "$bad" in
+  *"[run] trace = '9-3': give the steps to trace as FIRST-LAST"*) bad_ok="[       OK ] trace: run.trace = 9-3 refused" ;;
+  *) bad_ok="[  FAILED  ] trace: run.trace = 9-3 not refused as expected: $bad" ;;
+esac
+# the checks, then the page in Debian's headless chromium (no console
+# error, the plots drawn); one total for tools/test.sh's count
+out=$({ echo "$bad_ok"; python3 "$HERE/observe_check.py" "$T/run"; python3 "$HERE/report_render.py" "$T/run/report.html" "$T/report.png"; } 2>&1)
+echo "$out" | grep -v '^\[  PASSED  \]\|^\[  FAILED  \] [0-9]* test(s), listed above'
+passed=$(echo "$out" | grep -c '^\[       OK \]')
+failed=$(echo "$out" | grep -c '^\[  FAILED  \] [^0-9]')
+echo "[  PASSED  ] $passed test(s)."
+[ "$failed" -gt 0 ] && echo "[  FAILED  ] $failed test(s), listed above"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

@@ -32,7 +32,8 @@
  * Built twice from this file: //tests/op:every_kernel_test (CI: the cpu
  * backend and the example plugins) and //tests/gpu:every_kernel_test
  * (EVERY_KERNEL_GPU: also cuda, cudnn, cudnn_classic, cublaslt and fused,
- * run on the GPU machine by tools/gpu_check.sh). */
+ * run on the GPU machine by tools/gpu_check.sh). `every_kernel_test --list`
+ * lists the kernels and which have no case, opening no device. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -117,11 +118,11 @@ static stoke_err *open_engines(void) {
   return NULL;
 }
 
-static int setup(void **state) {
+static int setup(int open) {
   stoke_err *e = stoke_registry_new(&reg);
   for (int i = 0; i < N_PLUGINS && !e; i++)
     e = stoke_registry_load(reg, access(plugins[i][1], R_OK) ? plugins[i][0] : plugins[i][1]);
-  if (!e) e = open_engines();
+  if (!e && open) e = open_engines();
   if (e) {
     print_error("every_kernel_test setup: %s\n", e->msg);
     stoke_err_free(e);
@@ -131,7 +132,7 @@ static int setup(void **state) {
   return 0;
 }
 
-static int teardown(void **state) {
+static int teardown(void) {
   for (int i = n_engines - 1; i >= 0; i--)
     if (engines[i].b->close) engines[i].b->close(engines[i].self);
   stoke_registry_free(reg);
@@ -736,8 +737,10 @@ static void test_kernel(void **state) {
              "(case_table%s); add one",
              k->engine, k->op, pass_name(k->pass), stoke_dtype_name(k->dtype), stoke_layout_name(k->layout), k->op,
              k->pass == STOKE_OPT ? ", or opt_table in every_kernel_test.c" : "");
-  stoke_rng r = stoke_rng_seed(stoke_hash3(seed, (uint64_t)(uintptr_t)k->op[0] * 131 + (uint64_t)k->pass,
-                                           (uint64_t)k->dtype * 7 + (uint64_t)k->layout));
+  uint64_t name = 1469598103934665603ull; /* FNV-1a of engine/op: each kernel its own draws */
+  for (const char *p = k->engine; *p; p++) name = (name ^ (uint8_t)*p) * 1099511628211ull;
+  for (const char *p = k->op; *p; p++) name = (name ^ (uint8_t)*p) * 1099511628211ull;
+  stoke_rng r = stoke_rng_seed(stoke_hash3(seed, name, (uint64_t)k->pass * 64 + (uint64_t)k->dtype * 8 + k->layout));
   kcase cases[MAX_CASES];
   int n = gen(k, &r, cases);
   for (int i = 0; i < n; i++) {
@@ -755,8 +758,28 @@ static void test_kernel(void **state) {
   }
 }
 
-int main(void) {
-  if (setup(NULL)) return 1;
+/* --list: every registered kernel and whether its op has a case, without
+ * opening a device (what a GPU run would test, seen from any machine). */
+static int list_kernels(void) {
+  int n = 0, missing = 0;
+  for (const stoke_kernel_v1 *k; (k = stoke_registry_kernel(reg, n)); n++) {
+    int has = k->pass == STOKE_OPT ? opt_check(k->op) != NULL : case_gen(k->op) != NULL;
+    missing += !has;
+    printf("%-14s %-20s %-8s %-4s %-4s%s%s\n", k->engine, k->op, pass_name(k->pass), stoke_dtype_name(k->dtype),
+           stoke_layout_name(k->layout), k->accumulates ? " accumulates" : "", has ? "" : "  NO TEST CASE");
+  }
+  printf("%d kernels, %d without a test case\n", n, missing);
+  return missing != 0;
+}
+
+int main(int argc, char **argv) {
+  int list = argc > 1 && !strcmp(argv[1], "--list");
+  if (setup(!list)) return 1;
+  if (list) {
+    int rc = list_kernels();
+    stoke_registry_free(reg);
+    return rc;
+  }
   int n = 0;
   while (stoke_registry_kernel(reg, n)) n++;
   struct CMUnitTest *tests = calloc((size_t)n + 1, sizeof *tests);
@@ -776,6 +799,6 @@ int main(void) {
   int failed = _cmocka_run_group_tests("every_kernel", tests, (size_t)n, NULL, NULL);
   for (int i = 0; i < n; i++) free((void *)tests[i].name);
   free(tests);
-  teardown(NULL);
+  teardown();
   return failed;
 }

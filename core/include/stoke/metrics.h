@@ -32,6 +32,7 @@ typedef struct stoke_metrics_opts {
    * (NULL: none), titled with the run's name; the plan's memory by kind */
   const char *report_dir, *run_name;
   const stoke_plan *plan;
+  int64_t trace_first, trace_last; /* run.trace's steps (0: none): what tracing cost, measured */
 } stoke_metrics_opts;
 
 typedef struct stoke_metrics stoke_metrics;

@@ -35,6 +35,8 @@ typedef struct stoke_report {
   int64_t n_evals;
   const stoke_summary *summary;
   const stoke_plan *plan;       /* memory by kind; NULL: left out */
+  int64_t trace_first, trace_last; /* run.trace's steps (0: none) */
+  double trace_ms, untraced_ms;    /* their median device step time, and the other steps' (first left out) */
 } stoke_report;
 
 /* Writes the page to `path` (through a temporary file and a rename). */
@@ -44,12 +46,15 @@ stoke_err *stoke_report_write(const char *path, const stoke_report *r);
  * each series' y; NaN values break a line. A band fills between two
  * series (lo, hi). Writes a note instead when nothing was measured. */
 typedef struct stoke_svg_series {
-  const char *name, *color;
+  const char *name, *color; /* name "": not in the legend */
   const double *y;
   int band_with; /* >= 0: fill between this series and series[band_with] */
 } stoke_svg_series;
 void stoke_svg_plot(FILE *f, const char *title, const char *unit, const double *x, int64_t n,
                     const stoke_svg_series *s, int ns);
+/* The same with its own x axis label (stoke_svg_plot's is "step"). */
+void stoke_svg_plot_x(FILE *f, const char *title, const char *unit, const char *xlabel, const double *x, int64_t n,
+                      const stoke_svg_series *s, int ns);
 /* Horizontal bars (label, value), e.g. memory by kind or time per op. */
 void stoke_svg_bars(FILE *f, const char *title, const char *unit, const char *const *labels, const double *v, int n);
 /* A page's head (title, the report's style sheet) up to <body>. */

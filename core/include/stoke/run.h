@@ -24,7 +24,8 @@ typedef struct stoke_summary {
   double host_ms_p50;     /* the host's time issuing a step (launches), the data wait excluded */
   double data_wait_s;     /* total time the step waited for data */
   double flops_per_step;
-  int64_t skipped_samples;
+  int64_t skipped_samples; /* reads of unreadable samples (each time one came up) */
+  int64_t bad_samples;     /* the distinct unreadable samples among them */
   int interrupted;        /* stopped by SIGINT/SIGTERM */
   double eval_loss, eval_accuracy; /* the last evaluation (NaN: none) */
   double mfu;             /* model FLOPs utilization at the median rate (NaN: unknown peak) */
@@ -42,6 +43,11 @@ typedef struct stoke_summary {
   double timed_ms;        /* NaN: not timed */
   int n_op_rows;          /* rows of the per-op profile (profile_ops), maybe > op_rows_cap */
   int64_t eval_samples;   /* samples the last evaluation scored (unreadable ones are skipped) */
+  /* --dry-run (stoke_run_opts.dry_run): the batch, the bytes the plan asks
+   * of the device, and the FLOPs recomputation adds per micro-batch
+   * (flops_per_step: the model's, per micro-batch) */
+  int64_t dry_batch;
+  double dry_plan_bytes, dry_recompute_flops;
 } stoke_summary;
 
 typedef struct stoke_run_opts {
@@ -59,6 +65,9 @@ typedef struct stoke_run_opts {
   int64_t time_warmup, time_steps;
   stoke_op_time *op_rows;
   int op_rows_cap;
+  /* plan only (train --dry-run): the batch, memory and FLOPs the run
+   * would have, printed; no training, no run folder (core/run.c dry_run) */
+  int dry_run;
 } stoke_run_opts;
 
 /* Load the config and every plugin it names, declare their keys and

@@ -29,7 +29,7 @@ double stoke_trace_now(const stoke_trace *t);
 
 /* Lanes: the step loop and the loader's workers on the host process,
  * the compute stream on the GPU process. */
-enum { STOKE_TRACE_STEP = 0, STOKE_TRACE_GPU = 1, STOKE_TRACE_WORKER = 16 };
+enum { STOKE_TRACE_STEP = 0, STOKE_TRACE_GPU = 1, STOKE_TRACE_COMM = 2, STOKE_TRACE_WORKER = 16 };
 
 /* A slice on a lane (worker lanes: STOKE_TRACE_WORKER + worker); `args`
  * is JSON object members ("\"k\": 1, ...") or NULL. Thread safe. */
@@ -51,6 +51,11 @@ void stoke_trace_fill(void *trace, int worker, int64_t number, int64_t from, int
 struct stoke_plan;
 void stoke_trace_gpu_step(stoke_trace *t, int64_t step, const struct stoke_plan *p, const double *node_ms, int n,
                           double dev_ms, double end, int graph_ops);
+
+/* Data parallel: the last traced step's all-reduce buckets on the comm
+ * lane, each starting start_ms after that step's first node began (as
+ * stoke_dp_bucket_times gives them). */
+void stoke_trace_gpu_buckets(stoke_trace *t, const double *start_ms, const double *dur_ms, const size_t *bytes, int n);
 
 /* Writes the file (atomically). */
 stoke_err *stoke_trace_write(stoke_trace *t);
