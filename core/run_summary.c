@@ -71,7 +71,7 @@ stoke_err *run_finish(run_state *s, stoke_err *e) {
   stoke_metrics_summary(s->metrics, sum);
   sum->steps = s->step;
   sum->samples = (s->step - s->start_step) * s->train.batch * s->rc.run.accumulate * s->world;
-  sum->skipped_samples = stoke_loader_skipped(s->train.loader);
+  sum->skipped_samples = stoke_loader_skip_reasons(s->train.loader, sum->skip_reasons, sizeof sum->skip_reasons);
   sum->bad_samples = stoke_loader_bad_samples(s->train.loader);
   if (!e && s->dp) e = report_ranks(s);
   if (!e) e = stoke_metrics_close(s->metrics, sum, s->stop ? "interrupted" : "done");
