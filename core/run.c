@@ -280,6 +280,9 @@ typedef struct stream {
   void *stage;
   size_t stage_x;         /* bytes of samples; the labels follow */
   void *ev_copy, *ev_d2d; /* timers used as events */
+  void *ev_copy0;         /* the trace: before a traced step's copy (created on first use) */
+  int time_copy;          /* time the next copy into copy_ms (ms; NaN: not timed) */
+  double copy_ms;
   int d2d_pending;
   int lm;                 /* token windows: a language model, its loss against the next tokens */
 } stream;
@@ -333,6 +336,7 @@ static void stream_close(run_state *s, stream *st) {
   if (st->stage) s->dev->free(s->dev_self, st->stage);
   if (st->ev_copy) s->dev->timer_destroy(s->dev_self, st->ev_copy);
   if (st->ev_d2d) s->dev->timer_destroy(s->dev_self, st->ev_d2d);
+  if (st->ev_copy0) s->dev->timer_destroy(s->dev_self, st->ev_copy0);
   stoke_loader_free(st->loader);
   stoke_exec_free(st->x);
   stoke_plan_free(st->plan);
@@ -756,6 +760,7 @@ static void report_precision(const stoke_precision_v1 *p, const stoke_graph *g, 
 static stoke_err *feed(run_state *s, stream *st, const stoke_batch *b) {
   const stoke_backend_v1 *d = s->dev;
   size_t xb = stoke_loader_sample_bytes(st->loader) * (size_t)b->n, yb = sizeof(int32_t) * (size_t)b->n;
+  st->copy_ms = NAN;
   if (!st->stage) {
     STOKE_PROPAGATE(d->copy(s->dev_self, stoke_exec_input(st->x), b->x, xb, STOKE_COPY_H2D, NULL));
     STOKE_PROPAGATE(d->copy(s->dev_self, stoke_exec_labels(st->x), b->labels, yb, STOKE_COPY_H2D, NULL));
@@ -764,10 +769,19 @@ static stoke_err *feed(run_state *s, stream *st, const stoke_batch *b) {
   void *cs = d->copy_stream(s->dev_self), *stage_y = (char *)st->stage + st->stage_x;
   /* the staging buffer is free once the previous step's pick-up ran */
   if (st->d2d_pending) STOKE_PROPAGATE(d->stream_wait(s->dev_self, cs, st->ev_d2d));
+  if (st->time_copy) { /* the trace's copy lane */
+    if (!st->ev_copy0) STOKE_PROPAGATE(d->timer_create(s->dev_self, &st->ev_copy0));
+    STOKE_PROPAGATE(d->timer_record(s->dev_self, st->ev_copy0, cs));
+  }
   STOKE_PROPAGATE(d->copy(s->dev_self, st->stage, b->x, xb, STOKE_COPY_H2D, cs));
   STOKE_PROPAGATE(d->copy(s->dev_self, stage_y, b->labels, yb, STOKE_COPY_H2D, cs));
   STOKE_PROPAGATE(d->timer_record(s->dev_self, st->ev_copy, cs));
   STOKE_PROPAGATE(d->timer_sync(s->dev_self, st->ev_copy)); /* the host buffer is read */
+  if (st->time_copy) {
+    float ms = 0;
+    STOKE_PROPAGATE(d->timer_elapsed_ms(s->dev_self, st->ev_copy0, st->ev_copy, &ms));
+    st->copy_ms = ms;
+  }
   STOKE_PROPAGATE(d->stream_wait(s->dev_self, NULL, st->ev_copy));
   STOKE_PROPAGATE(d->copy(s->dev_self, stoke_exec_input(st->x), st->stage, xb, STOKE_COPY_D2D, NULL));
   STOKE_PROPAGATE(d->copy(s->dev_self, stoke_exec_labels(st->x), stage_y, yb, STOKE_COPY_D2D, NULL));
@@ -1326,10 +1340,15 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
           stoke_trace_slice(s.trace, STOKE_TRACE_STEP, "data wait", "wait", fed - 1e6 * w, 1e6 * w, NULL);
           stoke_trace_flow(s.trace, STOKE_TRACE_STEP, (uint64_t)(b->epoch * per_epoch + b->index), fed, 0);
         }
+        s.train.time_copy = traced;
         if (!e) e = feed(&s, &s.train, b); /* then the host buffer may go back */
-        if (traced)
-          stoke_trace_slice(s.trace, STOKE_TRACE_STEP, "pinned copy (host to device)", "copy", fed,
-                            stoke_trace_now(s.trace) - fed, NULL);
+        if (traced) {
+          double now = stoke_trace_now(s.trace);
+          stoke_trace_slice(s.trace, STOKE_TRACE_STEP, "pinned copy (host to device)", "copy", fed, now - fed, NULL);
+          if (isfinite(s.train.copy_ms)) /* on the copy stream, ended when feed's wait for it returned */
+            stoke_trace_slice(s.trace, STOKE_TRACE_COPY, "host to device (pinned batch)", "copy",
+                              now - 1e3 * s.train.copy_ms, 1e3 * s.train.copy_ms, NULL);
+        }
         epoch = b->epoch;
         stoke_loader_release(s.train.loader, b);
       }
