@@ -69,7 +69,7 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "(forward *_AUX_BIAS, backward DRELU/DGELU in the next linear's product) where the backend has them; "
      "off by default: on an H100 the bf16 mlp bench ran 10% slower with ReLU (cuBLASLt's DRELU product is "
      "slow) and no faster with GELU. Batch norm + ReLU (+ add) fuse without it when an engine listed before "
-     "the batch norm's has them (backends = fused, ...)"},
+     "the batch norm's, or the batch norm's own GPU engine, has them (backends = fused, ...)"},
     {"grad_sums_in_place", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "where two backward paths meet (a residual block's input), the second kernel adds its gradient into the "
      "first's buffer when it can (din_accumulate) instead of a separate add node; false keeps the adds (A/B)"},
