@@ -120,6 +120,10 @@ static const stoke_cfg_key_v1 data_keys[] = {
     {"mean", STOKE_CFG_LIST, "0", 0, 0, NULL,
      "u8 images: per-channel mean of x/255 (e.g. 0.485, 0.456, 0.406), subtracted on the device"},
     {"std", STOKE_CFG_LIST, "1", 0, 0, NULL, "u8 images: per-channel std of x/255"},
+    {"max_skipped", STOKE_CFG_FLOAT, "0.01", 1e-9, 1, NULL,
+     "stop when more than this fraction of the first 1000 samples read is unusable (a source error or a label "
+     "outside [0, classes)): the data or the source is wrong throughout; below it such samples are replaced and "
+     "counted by reason in the summary"},
     {"on_device", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "copy the first batch to the device once and train on it every step: times the step alone "
      "(BENCH.md's synthetic workloads), not a way to train"},
@@ -286,6 +290,7 @@ static stoke_err *read_data(const stoke_cfg *c, const char *section, stoke_data_
   STOKE_PROPAGATE(stoke_cfg_bool(c, section, "shuffle", &d->shuffle));
   STOKE_PROPAGATE(stoke_cfg_bool(c, section, "drop_last", &d->drop_last));
   STOKE_PROPAGATE(stoke_cfg_bool(c, section, "on_device", &d->on_device));
+  STOKE_PROPAGATE(stoke_cfg_float(c, section, "max_skipped", &d->max_skipped));
   STOKE_PROPAGATE(floats_attr(c, "mean", d->mean, sizeof d->mean));
   STOKE_PROPAGATE(floats_attr(c, "std", d->std, sizeof d->std));
   return NULL;
