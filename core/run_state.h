@@ -37,6 +37,9 @@ typedef struct stream {
   void *stage;
   size_t stage_x;         /* bytes of samples; the labels follow */
   void *ev_copy, *ev_d2d; /* timers used as events */
+  void *ev_copy0;         /* the trace: before a traced step's copy (created on first use) */
+  int time_copy;          /* time the next copy into copy_ms (ms; NaN: not timed) */
+  double copy_ms;
   int d2d_pending;
   int lm;                 /* token windows: a language model, its loss against the next tokens */
 } stream;

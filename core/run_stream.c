@@ -2,6 +2,7 @@
  * its source opened, the model's graph built and compiled, batch_size and
  * workers = auto resolved, the executor and the loader started; and a
  * batch copied into the stream's input. */
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -306,6 +307,7 @@ void run_report_precision(const stoke_precision_v1 *p, const stoke_graph *g, int
 stoke_err *run_feed(run_state *s, stream *st, const stoke_batch *b) {
   const stoke_backend_v1 *d = s->dev;
   size_t xb = stoke_loader_sample_bytes(st->loader) * (size_t)b->n, yb = sizeof(int32_t) * (size_t)b->n;
+  st->copy_ms = NAN;
   if (!st->stage) {
     STOKE_PROPAGATE(d->copy(s->dev_self, stoke_exec_input(st->x), b->x, xb, STOKE_COPY_H2D, NULL));
     STOKE_PROPAGATE(d->copy(s->dev_self, stoke_exec_labels(st->x), b->labels, yb, STOKE_COPY_H2D, NULL));
@@ -314,10 +316,19 @@ stoke_err *run_feed(run_state *s, stream *st, const stoke_batch *b) {
   void *cs = d->copy_stream(s->dev_self), *stage_y = (char *)st->stage + st->stage_x;
   /* the staging buffer is free once the previous step's pick-up ran */
   if (st->d2d_pending) STOKE_PROPAGATE(d->stream_wait(s->dev_self, cs, st->ev_d2d));
+  if (st->time_copy) { /* the trace's copy lane */
+    if (!st->ev_copy0) STOKE_PROPAGATE(d->timer_create(s->dev_self, &st->ev_copy0));
+    STOKE_PROPAGATE(d->timer_record(s->dev_self, st->ev_copy0, cs));
+  }
   STOKE_PROPAGATE(d->copy(s->dev_self, st->stage, b->x, xb, STOKE_COPY_H2D, cs));
   STOKE_PROPAGATE(d->copy(s->dev_self, stage_y, b->labels, yb, STOKE_COPY_H2D, cs));
   STOKE_PROPAGATE(d->timer_record(s->dev_self, st->ev_copy, cs));
   STOKE_PROPAGATE(d->timer_sync(s->dev_self, st->ev_copy)); /* the host buffer is read */
+  if (st->time_copy) {
+    float ms = 0;
+    STOKE_PROPAGATE(d->timer_elapsed_ms(s->dev_self, st->ev_copy0, st->ev_copy, &ms));
+    st->copy_ms = ms;
+  }
   STOKE_PROPAGATE(d->stream_wait(s->dev_self, NULL, st->ev_copy));
   STOKE_PROPAGATE(d->copy(s->dev_self, stoke_exec_input(st->x), st->stage, xb, STOKE_COPY_D2D, NULL));
   STOKE_PROPAGATE(d->copy(s->dev_self, stoke_exec_labels(st->x), stage_y, yb, STOKE_COPY_D2D, NULL));
@@ -331,6 +342,7 @@ void run_stream_close(run_state *s, stream *st) {
   if (st->stage) s->dev->free(s->dev_self, st->stage);
   if (st->ev_copy) s->dev->timer_destroy(s->dev_self, st->ev_copy);
   if (st->ev_d2d) s->dev->timer_destroy(s->dev_self, st->ev_d2d);
+  if (st->ev_copy0) s->dev->timer_destroy(s->dev_self, st->ev_copy0);
   stoke_loader_free(st->loader);
   stoke_exec_free(st->x);
   stoke_plan_free(st->plan);

@@ -45,10 +45,15 @@ static stoke_err *micro_batches(run_state *s, double *wait) {
         stoke_trace_slice(s->trace, STOKE_TRACE_STEP, "data wait", "wait", fed - 1e6 * w, 1e6 * w, NULL);
         stoke_trace_flow(s->trace, STOKE_TRACE_STEP, (uint64_t)(b->epoch * s->per_epoch + b->index), fed, 0);
       }
+      s->train.time_copy = traced;
       if (!e) e = run_feed(s, &s->train, b); /* then the host buffer may go back */
-      if (traced)
-        stoke_trace_slice(s->trace, STOKE_TRACE_STEP, "pinned copy (host to device)", "copy", fed,
-                          stoke_trace_now(s->trace) - fed, NULL);
+      if (traced) {
+        double now = stoke_trace_now(s->trace);
+        stoke_trace_slice(s->trace, STOKE_TRACE_STEP, "pinned copy (host to device)", "copy", fed, now - fed, NULL);
+        if (isfinite(s->train.copy_ms)) /* on the copy stream, ended when the feed's wait for it returned */
+          stoke_trace_slice(s->trace, STOKE_TRACE_COPY, "host to device (pinned batch)", "copy",
+                            now - 1e3 * s->train.copy_ms, 1e3 * s->train.copy_ms, NULL);
+      }
       s->epoch = b->epoch;
       stoke_loader_release(s->train.loader, b);
     }
