@@ -6,6 +6,7 @@
  * steps) and the way out (core/run_summary.c: last save, last
  * evaluation, summary). What they share: core/run_state.h. */
 #include <math.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
