@@ -6,6 +6,7 @@
  * stoke_loader_feed hands each batch to the device: the loader owns the
  * copy stream's use, a device staging buffer and the hand-off events. */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,6 +78,11 @@ struct stoke_loader {
   void *ev_copy, *ev_used;
   int used_pending;
   stoke_batch *held;
+  /* the trace's copy lane: time the next copies (the feed then waits for
+   * them, as a traced step waits for the device) */
+  void *ev_copy0;
+  int time_copy;
+  double copy_ms;
   /* stoke_loader_on_fill's hook (guarded by mu) and the workers' numbers */
   stoke_fill_hook hook;
   void *hook_ctx;
@@ -525,6 +531,7 @@ static void stage_close(stoke_loader *l) {
   if (l->stage) d->free(l->o.dev_self, l->stage);
   if (l->ev_copy) d->timer_destroy(l->o.dev_self, l->ev_copy);
   if (l->ev_used) d->timer_destroy(l->o.dev_self, l->ev_used);
+  if (l->ev_copy0) d->timer_destroy(l->o.dev_self, l->ev_copy0);
 }
 
 /* The slot fed last goes back to the workers once its copy is done (it
@@ -546,9 +553,19 @@ static stoke_err *copy_staged(stoke_loader *l, const stoke_batch *b, void *x, vo
   size_t xb = l->sample_bytes * (size_t)b->n, yb = sizeof(int32_t) * (size_t)b->n;
   /* the staging buffer is free once the previous batch moved on */
   if (l->used_pending) STOKE_PROPAGATE(d->stream_wait(self, cs, l->ev_used));
+  if (l->time_copy) {
+    if (!l->ev_copy0) STOKE_PROPAGATE(d->timer_create(self, &l->ev_copy0));
+    STOKE_PROPAGATE(d->timer_record(self, l->ev_copy0, cs));
+  }
   STOKE_PROPAGATE(d->copy(self, l->stage, b->x, xb, STOKE_COPY_H2D, cs));
   STOKE_PROPAGATE(d->copy(self, stage_y, b->labels, yb, STOKE_COPY_H2D, cs));
   STOKE_PROPAGATE(d->timer_record(self, l->ev_copy, cs));
+  if (l->time_copy) {
+    float ms = 0;
+    STOKE_PROPAGATE(d->timer_sync(self, l->ev_copy));
+    STOKE_PROPAGATE(d->timer_elapsed_ms(self, l->ev_copy0, l->ev_copy, &ms));
+    l->copy_ms = ms;
+  }
   STOKE_PROPAGATE(d->stream_wait(self, NULL, l->ev_copy));
   STOKE_PROPAGATE(d->copy(self, x, l->stage, xb, STOKE_COPY_D2D, NULL));
   STOKE_PROPAGATE(d->copy(self, labels, stage_y, yb, STOKE_COPY_D2D, NULL));
@@ -569,6 +586,7 @@ static stoke_err *copy_now(stoke_loader *l, const stoke_batch *b, void *x, void 
 stoke_err *stoke_loader_feed(stoke_loader *l, void *x, void *labels, int32_t *host_labels, stoke_fed *fed,
                              double *wait_s) {
   if (wait_s) *wait_s = 0;
+  l->copy_ms = NAN;
   STOKE_TRY(give_back_held(l), "loader: waiting for the last batch's copy");
   stoke_batch *b;
   stoke_err *e = stoke_loader_next(l, &b, wait_s);
@@ -583,3 +601,6 @@ stoke_err *stoke_loader_feed(stoke_loader *l, void *x, void *labels, int32_t *ho
   else stoke_loader_release(l, b);
   return e;
 }
+
+void stoke_loader_time_copy(stoke_loader *l, int on) { l->time_copy = on; }
+double stoke_loader_copy_ms(const stoke_loader *l) { return l->copy_ms; }

@@ -37,6 +37,7 @@ static stoke_err *micro_batches(run_state *s, double *wait) {
       int traced = stoke_trace_has(s->trace, s->step + 1);
       double t0 = traced ? stoke_trace_now(s->trace) : 0, w = 0;
       stoke_fed fed;
+      stoke_loader_time_copy(s->train.loader, traced);
       e = run_feed(&s->train, NULL, &fed, &w); /* the loader's hand-off: the host does not wait for the copy */
       *wait += w;
       if (e) break; /* a signal while waiting, or unreadable data */
@@ -44,8 +45,11 @@ static stoke_err *micro_batches(run_state *s, double *wait) {
         double got = t0 + 1e6 * w;
         stoke_trace_slice(s->trace, STOKE_TRACE_STEP, "data wait", "wait", t0, 1e6 * w, NULL);
         stoke_trace_flow(s->trace, STOKE_TRACE_STEP, (uint64_t)(fed.epoch * s->per_epoch + fed.index), got, 0);
-        stoke_trace_slice(s->trace, STOKE_TRACE_STEP, "pinned copy (host to device)", "copy", got,
-                          stoke_trace_now(s->trace) - got, NULL);
+        double now = stoke_trace_now(s->trace), ms = stoke_loader_copy_ms(s->train.loader);
+        stoke_trace_slice(s->trace, STOKE_TRACE_STEP, "pinned copy (host to device)", "copy", got, now - got, NULL);
+        if (isfinite(ms)) /* on the copy stream, ended when the feed's wait for it returned */
+          stoke_trace_slice(s->trace, STOKE_TRACE_COPY, "host to device (pinned batch)", "copy", now - 1e3 * ms,
+                            1e3 * ms, NULL);
       }
       s->epoch = fed.epoch;
     }

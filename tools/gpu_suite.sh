@@ -446,10 +446,12 @@ rows = {r["step"]: r for r in map(json.loads, open(f"{d}/metrics.jsonl")) if "st
 gpu_steps = [e for e in t if e.get("cat") == "step" and e["pid"] % 2 == 1]
 ops = [e for e in t if e.get("cat") == "op"]
 lanes = sorted({(e["pid"], e["tid"]) for e in t if e["ph"] == "X"})
+names = {(e["pid"], e["tid"]): e["args"]["name"] for e in t if e["ph"] == "M" and e["name"] == "thread_name"}
 flows = [e for e in t if e["ph"] in "sf"]
 traced = [rows[s]["step_time_ms"] for s in range(20, 25) if s in rows]
 other = [rows[s]["step_time_ms"] for s in range(8, 19) if s in rows] + [rows[s]["step_time_ms"] for s in range(27, 41) if s in rows]
-print(f"  trace: {len(gpu_steps)} GPU steps, {len(ops)} op slices, {len(flows)} flow ends, lanes {lanes}")
+print(f"  trace: {len(gpu_steps)} GPU steps, {len(ops)} op slices, {len(flows)} flow events, lanes "
+      f"{[names.get(l, l) for l in lanes]}")
 print(f"  op slices per step {len(ops) / max(1, len(gpu_steps)):.0f}; first ops: {[o['name'] for o in ops[:4]]}")
 if traced and other:
     a, b = statistics.median(traced), statistics.median(other)

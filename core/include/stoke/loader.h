@@ -88,6 +88,11 @@ typedef struct stoke_fed {
  * workers. Use either this or next/release on one loader. */
 stoke_err *stoke_loader_feed(stoke_loader *l, void *x, void *labels, int32_t *host_labels, stoke_fed *fed,
                              double *wait_s);
+/* The trace's copy lane: with `on`, the next feeds time their copy on the
+ * copy stream (and wait for it, as a traced step waits for the device);
+ * stoke_loader_copy_ms: the last feed's copy in ms (NaN: not timed). */
+void stoke_loader_time_copy(stoke_loader *l, int on);
+double stoke_loader_copy_ms(const stoke_loader *l);
 int64_t stoke_loader_batches_per_epoch(const stoke_loader *l);
 size_t stoke_loader_sample_bytes(const stoke_loader *l);
 /* A hook each worker calls after filling samples [from, to) of batch
