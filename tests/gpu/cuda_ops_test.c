@@ -106,20 +106,83 @@ static void test_global_avg_pool(void **state) {
       }
 }
 
-/* softmax_ce: rows of a warp (C <= 512) and of a block (C = 1000), label
- * smoothing 0 and 0.1. The loss is f32 whatever the logits' dtype. */
+/* softmax_ce: rows of a warp (C <= 512), of a block (C = 1000, 1001) and
+ * of whole 16-byte vectors (C = 520, 2056 and GPT-2's padded 50304: the
+ * vector kernels), label smoothing 0 and 0.1. The loss is f32 whatever the
+ * logits' dtype. The bound: g_tol over a row (the sums run over C), except
+ * fp16's gradients: dloss / N times probabilities near 1 / C fall below
+ * fp16's normal range (2^-14) where its spacing is a fixed 2^-24, so fp16
+ * keeps the low-precision bound and stays off the widest rows. */
 static void test_softmax_ce(void **state) {
-  static const int64_t nc[][2] = {{37, 129}, {64, 10}, {5, 1000}, {1, 1}, {300, 3}};
+  static const int64_t nc[][2] = {{37, 129}, {64, 10}, {5, 1000}, {1, 1},  {300, 3},
+                                  {7, 1001}, {9, 520}, {33, 2056}, {16, 50304}};
   static const char *attrs[] = {"label_smoothing=0", "label_smoothing=0.1"};
   for (int d = 0; d < 3; d++)
     for (int s = 0; s < (int)(sizeof nc / sizeof *nc); s++)
       for (int a = 0; a < 2; a++) {
+        if (dtypes[d] == STOKE_F16 && nc[s][1] > 4096) continue;
         g_case c = {.op = STOKE_OP_SOFTMAX_CE, .attrs = attrs[a], .n_in = 2,
                     .in_shape = {SHAPE2(nc[s][0], nc[s][1]), {1, {nc[s][0]}}}, .is_label = {0, 1},
-                    .classes = nc[s][1], .dtype = dtypes[d], .tol = tol_of(dtypes[d]), .training = 1,
+                    .classes = nc[s][1], .dtype = dtypes[d],
+                    .tol = dtypes[d] == STOKE_F16 ? G_TOL_LOW : g_tol(dtypes[d], nc[s][1]), .training = 1,
                     .backward = 1};
         g_check(&c);
       }
+}
+
+/* softmax_ce's backward with dlogits written over the logits (as the graph
+ * may plan it) against dlogits in their own memory: bitwise the same, for
+ * the vector kernel (C = 50304) and the plain one (C = 1001), bf16. */
+static void check_softmax_ce_in_place(int64_t n, int64_t cl) {
+  stoke_node_v1 node;
+  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_SOFTMAX_CE, "softmax_ce_in_place", "label_smoothing=0.1", &node);
+  if (e) fail_msg("%s", e->msg);
+  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 993, (uint64_t)cl));
+  stoke_shape xs = SHAPE2(n, cl), ls = {1, {n}}, one = {1, {1}};
+  g_tensor x, lab, loss, lse, dloss, dx;
+  g_alloc(&x, &xs, STOKE_BF16, STOKE_LAYOUT_ANY);
+  g_alloc(&lab, &ls, STOKE_I32, STOKE_LAYOUT_ANY);
+  g_alloc(&loss, &one, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&lse, &ls, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&dloss, &one, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&dx, &xs, STOKE_BF16, STOKE_LAYOUT_ANY);
+  g_fill(&x, &r, -4, 4, 0);
+  g_fill(&lab, &r, 0, (double)cl, 1);
+  g_fill(&dloss, &r, 0.5, 1.5, 0);
+  g_poison(&dx);
+  stoke_tensor in[2] = {x.dev, lab.dev}, out[2] = {loss.dev, lse.dev}, din[2] = {dx.dev, {0}},
+               dout[2] = {dloss.dev, {0}};
+  void *es = NULL;
+  const stoke_kernel_v1 *fk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_FWD, STOKE_BF16, STOKE_LAYOUT_ANY, &es);
+  const stoke_kernel_v1 *bk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_BWD, STOKE_BF16, STOKE_LAYOUT_ANY, &es);
+  stoke_kernel_args_v1 a = {.node = &node, .n_in = 2, .n_out = 2, .in = in, .out = out, .din = din, .dout = dout,
+                            .training = 1, .engine = es, .stream = g_dev->default_stream(g_dev_self)};
+  g_run(fk, &a, 1);
+  g_run(bk, &a, 1);
+  size_t bytes = (size_t)(n * cl) * 2;
+  void *want = malloc(bytes), *got = malloc(bytes);
+  g_dev_get(want, dx.dev.data, bytes);
+  din[0].data = x.dev.data; /* over the logits */
+  g_run(bk, &a, 1);
+  g_dev_get(got, x.dev.data, bytes);
+  print_message("  softmax_ce   bf16 %lldx%lld dlogits over the logits: %s\n", (long long)n, (long long)cl,
+                memcmp(want, got, bytes) ? "DIFFERENT" : "bitwise the same");
+  if (memcmp(want, got, bytes))
+    fail_msg("softmax_ce %lldx%lld: dlogits written over the logits differ from their own memory's (seed %llu)",
+             (long long)n, (long long)cl, (unsigned long long)g_seed);
+  free(want);
+  free(got);
+  g_free(&x);
+  g_free(&lab);
+  g_free(&loss);
+  g_free(&lse);
+  g_free(&dloss);
+  g_free(&dx);
+}
+
+static void test_softmax_ce_in_place(void **state) {
+  check_softmax_ce_in_place(24, 50304);
+  check_softmax_ce_in_place(24, 1001);
 }
 
 /* dropout p = 0.3 in training (the GPU regenerates the CPU's mask from the
@@ -340,6 +403,7 @@ int main(void) {
       cmocka_unit_test(test_dropout),
       cmocka_unit_test(test_normalize),
       cmocka_unit_test(test_softmax_ce_determinism_and_bad_label),
+      cmocka_unit_test(test_softmax_ce_in_place),
       cmocka_unit_test(test_autocast),
   };
   return cmocka_run_group_tests(tests, setup, g_teardown);
