@@ -1166,6 +1166,16 @@ static char *config_text(const stoke_cfg *c) {
   return buf;
 }
 
+/* Device memory the run allocated (MiB): both streams' execs and batch
+ * staging buffers; NaN when the device is the host. */
+static double device_mib(const run_state *s) {
+  if (s->dev->device != STOKE_DEV_GPU) return NAN;
+  size_t b = stoke_exec_device_bytes(s->train.x) + stoke_exec_device_bytes(s->eval.x);
+  for (const stream *st = &s->train; st; st = st == &s->train ? &s->eval : NULL)
+    if (st->stage) b += st->stage_x + sizeof(int32_t) * (size_t)st->batch;
+  return (double)b / 1048576.0;
+}
+
 /* GPU operations per step, with and without graphs, once known: with
  * graphs after the capture (the second step), without by recording one
  * step that does not run. */
@@ -1534,6 +1544,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     e = write_checked(path, put_ops, s.train.x);
   }
   stoke_metrics_summary(s.metrics, sum);
+  sum->dev_alloc_mib = device_mib(&s);
   sum->steps = step;
   sum->samples = (step - start_step) * batch * accumulate * s.world;
   sum->skipped_samples = stoke_loader_skipped(s.train.loader);
