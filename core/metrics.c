@@ -12,11 +12,14 @@
 struct stoke_metrics {
   stoke_metrics_opts o;
   FILE *jsonl;
-  double *step_s;      /* every step's time */
+  double *step_ms;     /* every step's device time (stoke/steptime.h), in order */
   int64_t n, cap;
+  int64_t interval_first; /* step_ms index of the interval's first step */
+  double *host_ms;     /* every step's host time (launches), the data wait excluded */
+  int64_t n_host, cap_host;
   double *rates;       /* samples/s of each logged interval */
   int64_t n_rates, cap_rates;
-  double interval_s, wait_total, interval_wait;
+  double wait_total, interval_wait, interval_host;
   int64_t interval_steps;
   double first_loss, last_loss, elapsed;
   int has_loss;
@@ -50,7 +53,8 @@ stoke_err *stoke_metrics_new(const stoke_metrics_opts *o, stoke_metrics **out) {
 void stoke_metrics_free(stoke_metrics *m) {
   if (!m) return;
   if (m->jsonl) fclose(m->jsonl);
-  free(m->step_s);
+  free(m->step_ms);
+  free(m->host_ms);
   free(m->rates);
   free(m);
 }
@@ -80,22 +84,60 @@ static void fmt_eta(double s, char *buf, size_t cap) {
   else snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
 }
 
-stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double step_s,
+void stoke_metrics_device(stoke_metrics *m, const double *ms, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    push(&m->step_ms, &m->n, &m->cap, ms[i]);
+    m->elapsed += 1e-3 * ms[i];
+  }
+}
+
+stoke_err *stoke_metrics_collect(stoke_metrics *m, stoke_steptime *t) {
+  const double *ms;
+  int64_t n;
+  STOKE_PROPAGATE(stoke_steptime_read(t, &ms, &n));
+  stoke_metrics_device(m, ms, n);
+  return NULL;
+}
+
+static double percentile_of(const double *v, int64_t n, double pct) {
+  double *tmp = n > 0 ? malloc(sizeof(double) * (size_t)n) : NULL;
+  if (!tmp) return NAN;
+  memcpy(tmp, v, sizeof(double) * (size_t)n);
+  double p = stoke_percentile(tmp, n, pct);
+  free(tmp);
+  return p;
+}
+
+static double max_of(const double *v, int64_t n) {
+  double x = NAN;
+  for (int64_t i = 0; i < n; i++)
+    if (!(v[i] <= x)) x = v[i];
+  return x;
+}
+
+stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, double host_s,
                               double wait_s, int logged, double loss, double lr) {
-  push(&m->step_s, &m->n, &m->cap, step_s);
-  m->elapsed += step_s;
-  m->interval_s += step_s;
+  push(&m->host_ms, &m->n_host, &m->cap_host, 1e3 * host_s);
+  m->interval_host += host_s;
   m->interval_wait += wait_s;
   m->wait_total += wait_s;
   m->interval_steps++;
   if (!logged) return NULL;
-  double rate = m->interval_s > 0 ? (double)(m->interval_steps * m->o.samples_per_step) / m->interval_s : 0;
-  /* the first step carries start-up costs: keep it out of the median */
-  if (step > 1) push(&m->rates, &m->n_rates, &m->cap_rates, rate);
+  /* the interval's steps as the device ran them (stoke_metrics_device came first) */
+  const double *dev = m->step_ms + m->interval_first;
+  int64_t n_dev = m->n - m->interval_first;
+  double dev_ms = 0;
+  for (int64_t i = 0; i < n_dev; i++) dev_ms += dev[i];
+  double step_ms = n_dev > 0 ? dev_ms / (double)n_dev : NAN;
+  double p50 = percentile_of(dev, n_dev, 50), p95 = percentile_of(dev, n_dev, 95), mx = max_of(dev, n_dev);
+  double rate = dev_ms > 0 ? (double)(n_dev * m->o.samples_per_step) / (1e-3 * dev_ms) : 0;
+  /* the first step carries start-up costs (allocation, autotuning, graph
+   * capture): the interval it ends alone is kept out of the median */
+  if (step > m->o.start_step + 1) push(&m->rates, &m->n_rates, &m->cap_rates, rate);
   if (!m->has_loss) m->first_loss = loss;
   m->has_loss = 1;
   m->last_loss = loss;
-  double step_ms = 1e3 * m->interval_s / (double)m->interval_steps;
+  double host_ms = 1e3 * m->interval_host / (double)m->interval_steps;
   double wait_ms = 1e3 * m->interval_wait / (double)m->interval_steps;
   double mfu = m->o.peak_flops > 0 && step_ms > 0 ? m->o.flops_per_step / (step_ms * 1e-3) / m->o.peak_flops : NAN;
   double util = NAN, mem = NAN;
@@ -105,16 +147,18 @@ stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, dou
     if (mem > m->mem_max) m->mem_max = mem;
   }
   if (m->jsonl) {
-    char a[32], b[32], c[32], d[32], e[32];
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32];
     fprintf(m->jsonl,
             "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6g, \"lr\": %.6g, \"samples_per_s\": %.1f, "
-            "\"step_time_ms\": %.4f, \"data_wait_ms\": %.4f, \"mfu\": %s, \"gpu_util\": %s, \"gpu_mem_mib\": %s, "
+            "\"step_time_ms\": %s, \"step_time_ms_p50\": %s, \"step_time_ms_p95\": %s, \"step_time_ms_max\": %s, "
+            "\"host_ms\": %.4f, \"data_wait_ms\": %.4f, \"mfu\": %s, \"gpu_util\": %s, \"gpu_mem_mib\": %s, "
             "\"loss_scale\": %s, \"skipped_steps\": %s}\n",
-            (long long)step, (long long)epoch, loss, lr, rate, step_ms, wait_ms, json_num(mfu, a, sizeof a),
-            json_num(util, b, sizeof b), json_num(mem, c, sizeof c), json_num(m->scale, d, sizeof d),
-            json_num(m->skipped, e, sizeof e));
+            (long long)step, (long long)epoch, loss, lr, rate, json_num(step_ms, f, sizeof f),
+            json_num(p50, g, sizeof g), json_num(p95, h, sizeof h), json_num(mx, k, sizeof k), host_ms, wait_ms,
+            json_num(mfu, a, sizeof a), json_num(util, b, sizeof b), json_num(mem, c, sizeof c),
+            json_num(m->scale, d, sizeof d), json_num(m->skipped, e, sizeof e));
   }
-  double eta = (double)(m->o.total_steps - step) * m->elapsed / (double)(step - m->o.start_step);
+  double eta = (double)(m->o.total_steps - step) * m->elapsed / (double)(m->n > 0 ? m->n : 1);
   char eta_s[32];
   fmt_eta(eta, eta_s, sizeof eta_s);
   if (m->o.progress == STOKE_PROGRESS_BAR) {
@@ -122,18 +166,20 @@ stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, dou
     char bar[32];
     for (int i = 0; i < width; i++) bar[i] = i < done ? '=' : i == done ? '>' : ' ';
     bar[width] = 0;
-    fprintf(stderr, "\r step %lld/%lld [%s] loss %.4f  %.0f samples/s  data-wait %.2f ms  ETA %s   ",
-            (long long)step, (long long)m->o.total_steps, bar, loss, rate, wait_ms, eta_s);
+    fprintf(stderr, "\r step %lld/%lld [%s] loss %.4f  %.0f samples/s  step %.3f ms  data-wait %.2f ms  ETA %s   ",
+            (long long)step, (long long)m->o.total_steps, bar, loss, rate, step_ms, wait_ms, eta_s);
     if (step == m->o.total_steps) fputc('\n', stderr);
     fflush(stderr);
   } else if (m->o.progress == STOKE_PROGRESS_LINES) {
-    printf("step %lld/%lld  epoch %lld  loss %.4f  lr %.4g  %.0f samples/s  step %.3f ms  data-wait %.3f ms  ETA %s\n",
-           (long long)step, (long long)m->o.total_steps, (long long)epoch, loss, lr, rate, step_ms,
-           wait_ms, eta_s);
+    printf("step %lld/%lld  epoch %lld  loss %.4f  lr %.4g  %.0f samples/s  step %.3f ms (p50 %.3f, p95 %.3f, "
+           "max %.3f)  host %.3f ms  data-wait %.3f ms  ETA %s\n",
+           (long long)step, (long long)m->o.total_steps, (long long)epoch, loss, lr, rate, step_ms, p50, p95, mx,
+           host_ms, wait_ms, eta_s);
     fflush(stdout);
   }
-  m->interval_s = m->interval_wait = 0;
+  m->interval_host = m->interval_wait = 0;
   m->interval_steps = 0;
+  m->interval_first = m->n;
   return jsonl_flushed(m);
 }
 
@@ -174,22 +220,18 @@ double stoke_percentile(double *v, int64_t n, double pct) {
 void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s) {
   /* step-time percentiles leave out the first step (start-up) when there are more */
   int64_t skip = m->n > 1 ? 1 : 0;
-  double *tmp = malloc(sizeof(double) * (size_t)(m->n > 0 ? m->n : 1));
-  if (tmp && m->n > 0) {
-    memcpy(tmp, m->step_s + skip, sizeof(double) * (size_t)(m->n - skip));
-    s->step_ms_p50 = 1e3 * stoke_percentile(tmp, m->n - skip, 50);
-    s->step_ms_p95 = 1e3 * stoke_percentile(tmp, m->n - skip, 95);
-  }
-  free(tmp);
-  if (m->n_rates > 0) {
-    double *r = malloc(sizeof(double) * (size_t)m->n_rates);
-    if (r) {
-      memcpy(r, m->rates, sizeof(double) * (size_t)m->n_rates);
-      s->samples_per_s = stoke_percentile(r, m->n_rates, 50);
-      free(r);
-    }
-  } else if (m->elapsed > 0) {
-    s->samples_per_s = (double)(m->n * m->o.samples_per_step) / m->elapsed;
+  s->step_ms_p50 = percentile_of(m->step_ms + skip, m->n - skip, 50);
+  s->step_ms_p95 = percentile_of(m->step_ms + skip, m->n - skip, 95);
+  s->step_ms_max = max_of(m->step_ms + skip, m->n - skip);
+  skip = m->n_host > 1 ? 1 : 0;
+  s->host_ms_p50 = percentile_of(m->host_ms + skip, m->n_host - skip, 50);
+  if (m->n_rates > 0) s->samples_per_s = percentile_of(m->rates, m->n_rates, 50);
+  else if (m->elapsed > 0) s->samples_per_s = (double)(m->n * m->o.samples_per_step) / m->elapsed;
+  /* the bench's window: the same device times, summed */
+  int64_t w0 = m->o.time_warmup, w1 = m->o.time_warmup + m->o.time_steps;
+  if (m->o.time_steps > 0 && m->n >= w1) {
+    s->timed_ms = 0;
+    for (int64_t i = w0; i < w1; i++) s->timed_ms += m->step_ms[i];
   }
   s->first_loss = m->first_loss;
   s->final_loss = m->last_loss;
@@ -205,28 +247,30 @@ void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s) {
 }
 
 stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *status) {
-  char a[32], b[32], c[32], d[32], e[32], f[32];
+  char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32], m_[32];
   if (m->jsonl)
     fprintf(m->jsonl,
             "{\"summary\": \"%s\", \"steps\": %lld, \"samples\": %lld, \"final_loss\": %.6g, "
-            "\"samples_per_s_median\": %.1f, \"step_time_ms_p50\": %.4f, \"step_time_ms_p95\": %.4f, "
-            "\"data_wait_s\": %.4f, \"flops_per_step\": %.6g, \"skipped_samples\": %lld, "
+            "\"samples_per_s_median\": %.1f, \"step_time_ms_p50\": %s, \"step_time_ms_p95\": %s, "
+            "\"step_time_ms_max\": %s, \"host_ms_p50\": %s, \"data_wait_s\": %.4f, \"flops_per_step\": %.6g, \"skipped_samples\": %lld, "
             "\"eval_loss\": %s, \"eval_accuracy\": %s, \"mfu\": %s, \"gpu_util_mean\": %s, "
             "\"gpu_mem_max_mib\": %s, \"device_alloc_mib\": %s, \"gpu_ops_per_step\": %lld, "
             "\"launches_per_step\": %lld}\n",
             status, (long long)s->steps, (long long)s->samples, s->final_loss, s->samples_per_s,
-            s->step_ms_p50, s->step_ms_p95, s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples,
+            json_num(s->step_ms_p50, f, sizeof f), json_num(s->step_ms_p95, g, sizeof g),
+            json_num(s->step_ms_max, h, sizeof h), json_num(s->host_ms_p50, k, sizeof k), s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples,
             json_num(s->eval_loss, a, sizeof a), json_num(s->eval_accuracy, b, sizeof b),
             json_num(s->mfu, c, sizeof c), json_num(s->gpu_util_mean, d, sizeof d),
-            json_num(s->gpu_mem_max_mib, e, sizeof e), json_num(s->dev_alloc_mib, f, sizeof f),
+            json_num(s->gpu_mem_max_mib, e, sizeof e), json_num(s->dev_alloc_mib, m_, sizeof m_),
             (long long)s->gpu_ops_per_step,
             (long long)s->launches_per_step);
   stoke_err *err = jsonl_flushed(m);
   if (m->o.quiet || err) return err;
   printf("summary (%s): %lld steps, %lld samples, final loss %.4f (first %.4f)\n"
-         "  samples/s median %.0f, step time p50 %.3f ms, p95 %.3f ms, data wait %.3f s total\n",
+         "  samples/s median %.0f, step time p50 %.3f ms, p95 %.3f ms, max %.3f ms (device)\n"
+         "  host launch time p50 %.3f ms per step, data wait %.3f s total\n",
          status, (long long)s->steps, (long long)s->samples, s->final_loss, s->first_loss,
-         s->samples_per_s, s->step_ms_p50, s->step_ms_p95, s->data_wait_s);
+         s->samples_per_s, s->step_ms_p50, s->step_ms_p95, s->step_ms_max, s->host_ms_p50, s->data_wait_s);
   if (isfinite(s->mfu))
     printf("  MFU %.1f%% of %.0f TFLOP/s (datasheet peak for the precision), %.4g FLOPs per step\n",
            100 * s->mfu, s->peak_flops / 1e12, s->flops_per_step);

@@ -5,6 +5,7 @@
 #ifndef STOKE_CORE_OPS_CNN_H
 #define STOKE_CORE_OPS_CNN_H
 
+#include "stoke/check.h" /* stoke_shape_str, for messages */
 #include "stoke/plugin.h"
 
 stoke_err *stoke_register_conv_ops(const stoke_registry_v1 *r);
@@ -12,13 +13,6 @@ stoke_err *stoke_register_pool_ops(const stoke_registry_v1 *r);
 stoke_err *stoke_register_norm_ops(const stoke_registry_v1 *r);
 stoke_err *stoke_register_seq_ops(const stoke_registry_v1 *r);
 stoke_err *stoke_register_convbn_ops(const stoke_registry_v1 *r);
-
-/* "[3, 4]", usable as a printf argument: stoke_shape_str(&s).s */
-typedef struct stoke_shape_text {
-  char s[96];
-} stoke_shape_text;
-
-stoke_shape_text stoke_shape_str(const stoke_shape *s);
 
 /* conv2d's shape inference and FLOPs (core/ops_conv.c), which conv_bn and
  * bn_relu_conv_bn (core/ops_convbn.c) share: inputs 0 and 1 are x and the

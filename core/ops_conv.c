@@ -8,15 +8,6 @@
 #include "stoke/ops.h"
 #include "ops_cnn.h"
 
-stoke_shape_text stoke_shape_str(const stoke_shape *s) {
-  stoke_shape_text t;
-  size_t n = (size_t)snprintf(t.s, sizeof t.s, "[");
-  for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
-    n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
-  if (n < sizeof t.s) snprintf(t.s + n, sizeof t.s - n, "]");
-  return t;
-}
-
 /* ---------------------------------------------------------------- conv2d */
 
 /* The (h, w) pair of an ints attribute: "2" is (2, 2), "2x1" is (2, 1); an

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "stoke/check.h"
 #include "stoke/core.h"
 #include "stoke/registry.h"
 
@@ -57,10 +58,6 @@ struct stoke_registry {
 
 static const char *kernel_pass_name(stoke_pass p) {
   return p == STOKE_FWD ? "forward" : p == STOKE_BWD ? "backward" : "update";
-}
-
-static const char *layout_name(stoke_layout l) {
-  return l == STOKE_NCHW ? "NCHW" : l == STOKE_NHWC ? "NHWC" : "any";
 }
 
 static int same_kernel(const stoke_kernel_v1 *a, const stoke_kernel_v1 *b) {
@@ -112,7 +109,7 @@ static stoke_err *add_part(stoke_registry *r, part_kind kind, const char *name,
                          "%s: duplicate registration: kernel %s/%s %s %s %s is already "
                          "registered by %s",
                          r->current_origin, k->engine, k->op, kernel_pass_name(k->pass),
-                         stoke_dtype_name(k->dtype), layout_name(k->layout), p->origin);
+                         stoke_dtype_name(k->dtype), stoke_layout_name(k->layout), p->origin);
       }
       return STOKE_ERR(STOKE_E_DUPLICATE,
                        "%s: duplicate registration: %s '%s' is already registered by %s",
@@ -438,6 +435,12 @@ const stoke_kernel_v1 *stoke_find_kernel(const stoke_registry *r, const char *en
     if (k->layout == STOKE_LAYOUT_ANY) any = k;
   }
   return any;
+}
+
+const stoke_kernel_v1 *stoke_registry_kernel(const stoke_registry *r, int i) {
+  for (int j = 0; j < r->n_parts; j++)
+    if (r->parts[j].kind == K_KERNEL && i-- == 0) return r->parts[j].def;
+  return NULL;
 }
 
 const char *stoke_registry_origin(const stoke_registry *r, const char *name) {

@@ -24,155 +24,11 @@
 #include "stoke/nvml.h"
 #include "stoke/rng.h"
 #include "stoke/run.h"
+#include "stoke/run_config.h"
 #include "stoke/schedule.h"
+#include "stoke/steptime.h"
 #include "stoke/ops.h"
 #include "dp.h"
-
-/* ------------------------------------------------------------ the keys */
-
-static const stoke_cfg_key_v1 run_keys[] = {
-    {"config_version", STOKE_CFG_INT, "1", 1, 1, NULL, "version of this config format (1)"},
-    {"name", STOKE_CFG_STR, "", 0, 0, NULL, "run name (default: the INI file's name)"},
-    {"backends", STOKE_CFG_LIST, "cpu", 0, 0, NULL,
-     "ordered compute backends; each node runs on the first that has a kernel for it"},
-    {"precision", STOKE_CFG_STR, "fp32", 0, 0, NULL,
-     "precision policy: fp32, tf32, bf16, fp16 (dynamic loss scaler), or one from a plugin, loaded by its name "
-     "(the cpu backend runs fp32, or f64)"},
-    {"comm", STOKE_CFG_STR, "single", 0, 0, NULL,
-     "communication: single (one process) or nccl (data parallel, one process per GPU, started by "
-     "tools/launch, torchrun, srun or mpirun; each rank reads its shard, gradients are averaged)"},
-    {"bucket_mb", STOKE_CFG_FLOAT, "25", 0.001, 1e6, NULL,
-     "data parallel: MiB of the flat gradient buffer all-reduced per call, each launched as soon as "
-     "backward produced it (the first bucket at most 1 MiB, as DDP's bucket_cap_mb)"},
-    {"comm_timeout", STOKE_CFG_FLOAT, "300", 1, 1e6, NULL,
-     "data parallel: seconds a collective may take before the communicator is aborted and the run "
-     "fails with the rank and the operation (a rank died or stalled)"},
-    {"device", STOKE_CFG_ENUM, "auto", 0, 0, "auto|gpu|cpu",
-     "auto: the backends given, or the cpu backend (fp32) with a warning when they need a GPU that is "
-     "not there; gpu: a missing GPU is an error"},
-    {"layout", STOKE_CFG_ENUM, "auto", 0, 0, "auto|nchw|nhwc",
-     "memory order of image activations (auto: nhwc on a GPU, as channels_last; nchw on the CPU)"},
-    {"device_index", STOKE_CFG_INT, "0", 0, 1024, NULL, "which device of the backend"},
-    {"steps", STOKE_CFG_INT, "0", 0, 1e15, NULL, "optimizer steps to run (0: use epochs)"},
-    {"epochs", STOKE_CFG_FLOAT, "1", 0, 1e9, NULL, "passes over the training data when steps = 0"},
-    {"accumulate", STOKE_CFG_INT, "1", 1, 1 << 20, NULL,
-     "micro-batches per optimizer step (gradient accumulation)"},
-    {"seed", STOKE_CFG_INT, "0", 0, 9.2e18, NULL, "seed of every random choice"},
-    {"log_every", STOKE_CFG_INT, "10", 1, 1e12, NULL,
-     "read the loss back and log every N steps (the only host sync)"},
-    {"out_dir", STOKE_CFG_STR, "", 0, 0, NULL,
-     "where config.ini, plan.txt and metrics.jsonl go (default runs/<name>)"},
-    {"progress", STOKE_CFG_ENUM, "auto", 0, 0, "auto|bar|lines|off",
-     "progress display: a bar on a terminal (auto), log lines, or nothing"},
-    {"eval_every", STOKE_CFG_FLOAT, "1", 0, 1e9, NULL,
-     "evaluate on [eval_data] every N epochs (and at the end); 0: only at the end"},
-    {"checkpoint_every", STOKE_CFG_INT, "0", 0, 1e15, NULL,
-     "write <out_dir>/checkpoint.safetensors every N steps (0: only at the end and on Ctrl-C)"},
-    {"profile_ops", STOKE_CFG_BOOL, "false", 0, 0, NULL,
-     "time every kernel from the second step on and print GPU time per op, engine and node at the end "
-     "(synchronizes every step: for finding where time goes, not for speed figures)"},
-    {"checkpoint", STOKE_CFG_BOOL, "true", 0, 0, NULL,
-     "write checkpoints (false: none at all, e.g. for benchmarks)"},
-    {"resume", STOKE_CFG_STR, "", 0, 0, NULL, "continue from this checkpoint file"},
-    {"deterministic", STOKE_CFG_BOOL, "false", 0, 0, NULL,
-     "bitwise-reproducible runs: deterministic algorithms only (the cpu backend always is)"},
-    {"loss_scale_init", STOKE_CFG_FLOAT, "0", 0, 1e38, NULL,
-     "fp16: the loss scaler's first scale (0: the policy's, 65536)"},
-    {"loss_scale_growth", STOKE_CFG_INT, "0", 0, 1e9, NULL,
-     "fp16: clean steps before the scale doubles (0: the policy's, 2000)"},
-    {"fuse", STOKE_CFG_BOOL, "false", 0, 0, NULL,
-     "let the compiler fuse linear -> relu|gelu(tanh) -> linear into cuBLASLt's activation epilogues "
-     "(forward *_AUX_BIAS, backward DRELU/DGELU in the next linear's product) where the backend has them; "
-     "off by default: on an H100 the bf16 mlp bench ran 10% slower with ReLU (cuBLASLt's DRELU product is "
-     "slow) and no faster with GELU. Batch norm + ReLU (+ add) fuse without it when an engine listed before "
-     "the batch norm's has them (backends = fused, ...)"},
-    {"grad_sums_in_place", STOKE_CFG_BOOL, "true", 0, 0, NULL,
-     "where two backward paths meet (a residual block's input), the second kernel adds its gradient into the "
-     "first's buffer when it can (din_accumulate) instead of a separate add node; false keeps the adds (A/B)"},
-    {"cuda_graph", STOKE_CFG_BOOL, "false", 0, 0, NULL,
-     "capture the whole step (forward, backward, optimizer, loss scaler) once as a CUDA graph and replay "
-     "it: one launch per step instead of one per kernel"},
-    {"conv_autotune", STOKE_CFG_BOOL, "true", 0, 0, NULL,
-     "time the candidate convolution (cuDNN) and matmul (cuBLASLt) algorithms once per shape and keep the "
-     "fastest (cudnn.benchmark)"},
-};
-
-static const stoke_cfg_key_v1 plugin_keys[] = {
-    {"path", STOKE_CFG_LIST, "", 0, 0, NULL,
-     "extra folders searched for libstoke_<name>.so, before STOKE_PLUGIN_PATH and the binary's folder"},
-    {"load", STOKE_CFG_LIST, "", 0, 0, NULL, "extra plugins to load by name (e.g. swish: new ops)"},
-};
-
-static const stoke_cfg_key_v1 data_keys[] = {
-    {"source", STOKE_CFG_STR, "synthetic", 0, 0, NULL, "data source plugin: synthetic, ..."},
-    {"batch_size", STOKE_CFG_STR, "128", 0, 0, NULL,
-     "samples per micro-batch, or auto: the largest power of two whose plan fits 85% of the device's "
-     "free memory"},
-    {"workers", STOKE_CFG_STR, "2", 0, 0, NULL,
-     "loader worker threads, or auto: time 1, 2, 4, ... up to the core count at start and keep the fastest"},
-    {"prefetch", STOKE_CFG_INT, "4", 1, 1024, NULL, "batches prepared ahead (ring of pinned buffers)"},
-    {"shuffle", STOKE_CFG_BOOL, "true", 0, 0, NULL, "reshuffle every epoch (seeded by seed, epoch)"},
-    {"drop_last", STOKE_CFG_BOOL, "true", 0, 0, NULL, "drop the last incomplete batch of an epoch"},
-    {"mean", STOKE_CFG_LIST, "0", 0, 0, NULL,
-     "u8 images: per-channel mean of x/255 (e.g. 0.485, 0.456, 0.406), subtracted on the device"},
-    {"std", STOKE_CFG_LIST, "1", 0, 0, NULL, "u8 images: per-channel std of x/255"},
-    {"on_device", STOKE_CFG_BOOL, "false", 0, 0, NULL,
-     "copy the first batch to the device once and train on it every step: times the step alone "
-     "(BENCH.md's synthetic workloads), not a way to train"},
-};
-
-static const stoke_cfg_key_v1 eval_data_keys[] = {
-    {"source", STOKE_CFG_STR, "", 0, 0, NULL,
-     "held-out data source (empty: no evaluation); its own keys go here too"},
-    {"batch_size", STOKE_CFG_STR, "256", 0, 0, NULL, "samples per evaluation batch (auto: the training one)"},
-    {"workers", STOKE_CFG_STR, "2", 0, 0, NULL, "loader worker threads (auto: as for training)"},
-    {"prefetch", STOKE_CFG_INT, "4", 1, 1024, NULL, "batches prepared ahead"},
-};
-
-static const stoke_cfg_key_v1 model_keys[] = {
-    {"name", STOKE_CFG_STR, "mlp", 0, 0, NULL, "model builder plugin: mlp, ..."},
-};
-
-static const stoke_cfg_key_v1 loss_keys[] = {
-    {"label_smoothing", STOKE_CFG_FLOAT, "0", 0, 0.999, NULL, "as nn.CrossEntropyLoss(label_smoothing)"},
-};
-
-static const stoke_cfg_key_v1 optimizer_keys[] = {
-    {"name", STOKE_CFG_STR, "sgd", 0, 0, NULL,
-     "the optimizer: sgd (torch.optim.SGD) or adamw (torch.optim.AdamW), or one from a plugin; its own keys "
-     "(momentum, nesterov; beta1, beta2, eps) go here too"},
-    {"lr", STOKE_CFG_FLOAT, "0.01", 0, 1e6, NULL, "learning rate"},
-    {"weight_decay", STOKE_CFG_FLOAT, "0", 0, 1e3, NULL,
-     "L2 penalty (SGD) or decoupled weight decay (AdamW)"},
-    {"weight_decay_1d", STOKE_CFG_BOOL, "true", 0, 0, NULL,
-     "weight decay on 1-D parameters too (biases, norm scales), as torch.optim does; false: only on parameters "
-     "of 2 or more dimensions (GPT-2's and nanoGPT's groups)"},
-    {"grad_clip", STOKE_CFG_FLOAT, "0", 0, 1e12, NULL,
-     "clip the gradients to this global L2 norm before each update (torch.nn.utils.clip_grad_norm_; 0: off); "
-     "the norm is computed on the device, with no host sync"},
-    {"schedule", STOKE_CFG_ENUM, "constant", 0, 0, "constant|cosine|step",
-     "after warm-up: constant lr, cosine decay to min_lr at the end, or x gamma every step_epochs"},
-    {"warmup_epochs", STOKE_CFG_FLOAT, "0", 0, 1e6, NULL, "linear warm-up from ~0 to lr"},
-    {"min_lr", STOKE_CFG_FLOAT, "0", 0, 1e6, NULL, "cosine: the final lr"},
-    {"step_epochs", STOKE_CFG_FLOAT, "0", 0, 1e6, NULL, "step: epochs between decays"},
-    {"gamma", STOKE_CFG_FLOAT, "0.1", 0, 1, NULL, "step: decay factor"},
-    {"lr_scale_with_batch", STOKE_CFG_BOOL, "false", 0, 0, NULL,
-     "linear scaling rule: lr x global batch / base_batch (Goyal et al.)"},
-    {"base_batch", STOKE_CFG_INT, "256", 1, 1 << 24, NULL, "the batch size lr is given for"},
-};
-
-#define DECLARE(c, sec, help, keys) stoke_cfg_declare(c, sec, help, keys, (int)(sizeof keys / sizeof *keys))
-
-stoke_err *stoke_declare_core_keys(stoke_cfg *c) {
-  STOKE_PROPAGATE(DECLARE(c, "run", "the run: backends, precision, length, seed, logging", run_keys));
-  STOKE_PROPAGATE(DECLARE(c, "plugins", "where plugins are found and extra ones to load", plugin_keys));
-  STOKE_PROPAGATE(DECLARE(c, "data", "training data: the source and the loader; the source's own keys go here too", data_keys));
-  STOKE_PROPAGATE(DECLARE(c, "eval_data", "held-out data for evaluation (loss, top-1 accuracy)", eval_data_keys));
-  STOKE_PROPAGATE(DECLARE(c, "model", "the model builder; its own keys go here too", model_keys));
-  STOKE_PROPAGATE(DECLARE(c, "loss", "softmax cross-entropy on the model's logits", loss_keys));
-  STOKE_PROPAGATE(DECLARE(c, "optimizer", "the optimizer, updating the flat parameter buffer", optimizer_keys));
-  return NULL;
-}
 
 /* --------------------------------------------------------- plugin setup */
 
@@ -244,50 +100,46 @@ stoke_err *stoke_run_setup(const stoke_run_opts *o, stoke_cfg **cfg_out, stoke_r
     STOKE_TRY_GOTO(e, fail, stoke_cfg_override(c, o->overrides[i]), "applying command-line overrides");
   STOKE_TRY_GOTO(e, fail, stoke_registry_new(&reg), "");
   for (int i = 0; i < o->n_plugin_dirs && n_dirs < 16; i++) dirs[n_dirs++] = o->plugin_dirs[i];
-  const char *list[STOKE_CFG_MAX_LIST];
-  int n = 0;
-  STOKE_TRY_GOTO(e, fail, stoke_cfg_list(c, "plugins", "path", list, &n), "");
-  for (int i = 0; i < n; i++) dirs[n_dirs++] = list[i];
+  stoke_run_config rc; /* the names of the parts: all a config may say before their keys are declared */
+  STOKE_TRY_GOTO(e, fail, stoke_run_config_names(c, &rc), "");
+  for (int i = 0; i < rc.plugins.n_path; i++) dirs[n_dirs++] = rc.plugins.path[i];
   for (int i = 0; i < n_dirs; i++) stoke_registry_add_path(reg, dirs[i]);
 
-  STOKE_TRY_GOTO(e, fail, stoke_cfg_list(c, "plugins", "load", list, &n), "");
-  for (int i = 0; i < n; i++)
-    STOKE_TRY_GOTO(e, fail, stoke_registry_load(reg, list[i]), "%s: [plugins] load = %s",
-                   stoke_cfg_where(c, "plugins", "load"), list[i]);
-  STOKE_TRY_GOTO(e, fail, stoke_cfg_list(c, "run", "backends", list, &n), "");
-  if (n == 0) {
+  for (int i = 0; i < rc.plugins.n_load; i++)
+    STOKE_TRY_GOTO(e, fail, stoke_registry_load(reg, rc.plugins.load[i]), "%s: [plugins] load = %s",
+                   stoke_cfg_where(c, "plugins", "load"), rc.plugins.load[i]);
+  if (rc.run.n_backends == 0) {
     e = STOKE_ERR(STOKE_E_INVALID, "%s: [run] backends is empty; name at least one, e.g. cpu",
                   stoke_cfg_where(c, "run", "backends"));
     goto fail;
   }
-  for (int i = 0; i < n; i++)
-    STOKE_TRY_GOTO(e, fail, load_part(reg, c, "run", "backends", "backend", list[i], dirs, n_dirs), "");
-  const char *name;
-  STOKE_TRY_GOTO(e, fail, stoke_cfg_str(c, "model", "name", &name), "");
+  for (int i = 0; i < rc.run.n_backends; i++)
+    STOKE_TRY_GOTO(e, fail, load_part(reg, c, "run", "backends", "backend", rc.run.backends[i], dirs, n_dirs), "");
+  const char *name = rc.model.name;
   STOKE_TRY_GOTO(e, fail, load_part(reg, c, "model", "name", "model", name, dirs, n_dirs), "");
   const stoke_model_v1 *m = stoke_find_model(reg, name);
   STOKE_TRY_GOTO(e, fail, stoke_cfg_declare(c, "model", NULL, m->keys, m->n_keys),
                  "declaring the keys of model '%s'", name);
-  STOKE_TRY_GOTO(e, fail, stoke_cfg_str(c, "data", "source", &name), "");
+  name = rc.data.source;
   STOKE_TRY_GOTO(e, fail, load_part(reg, c, "data", "source", "source", name, dirs, n_dirs), "");
   const stoke_source_v1 *s = stoke_find_source(reg, name);
   STOKE_TRY_GOTO(e, fail, stoke_cfg_declare(c, "data", NULL, s->keys, s->n_keys),
                  "declaring the keys of source '%s'", name);
-  STOKE_TRY_GOTO(e, fail, stoke_cfg_str(c, "eval_data", "source", &name), "");
+  name = rc.eval_data.source;
   if (name[0]) {
     STOKE_TRY_GOTO(e, fail, load_part(reg, c, "eval_data", "source", "source", name, dirs, n_dirs), "");
     s = stoke_find_source(reg, name);
     STOKE_TRY_GOTO(e, fail, stoke_cfg_declare(c, "eval_data", NULL, s->keys, s->n_keys),
                    "declaring the keys of source '%s'", name);
   }
-  STOKE_TRY_GOTO(e, fail, stoke_cfg_str(c, "optimizer", "name", &name), "");
+  name = rc.optimizer.name;
   STOKE_TRY_GOTO(e, fail, load_part(reg, c, "optimizer", "name", "optimizer", name, dirs, n_dirs), "");
   const stoke_optimizer_v1 *opt = stoke_find_optimizer(reg, name);
   STOKE_TRY_GOTO(e, fail, stoke_cfg_declare(c, "optimizer", NULL, opt->keys, opt->n_keys),
                  "declaring the keys of optimizer '%s'", name);
-  STOKE_TRY_GOTO(e, fail, stoke_cfg_str(c, "run", "precision", &name), "");
+  name = rc.run.precision;
   STOKE_TRY_GOTO(e, fail, load_part(reg, c, "run", "precision", "precision", name, dirs, n_dirs), "");
-  STOKE_TRY_GOTO(e, fail, stoke_cfg_str(c, "run", "comm", &name), "");
+  name = rc.run.comm;
   stoke_err *le = stoke_find_comm(reg, name) ? NULL : stoke_registry_load(reg, name);
   if (!stoke_find_comm(reg, name)) {
     char names[256];
@@ -306,59 +158,6 @@ fail:
   stoke_registry_free(reg);
   stoke_cfg_free(c);
   return e;
-}
-
-stoke_err *stoke_help_config(const char *const *plugin_dirs, int n_plugin_dirs, FILE *f) {
-  stoke_cfg *c = stoke_cfg_new();
-  if (!c) return STOKE_ERR(STOKE_E_OOM, "out of memory");
-  stoke_err *e = stoke_declare_core_keys(c);
-  if (e) {
-    stoke_cfg_free(c);
-    return e;
-  }
-  fprintf(f, "stoke run configuration: every section and key, with type, default and help.\n"
-             "Set keys in the INI file or on the command line as section.key=value.\n\n");
-  stoke_cfg_help(c, f);
-  stoke_cfg_free(c);
-  /* the keys of every model, source and optimizer, built in or a plugin on the search path */
-  stoke_registry *r = NULL;
-  STOKE_PROPAGATE(stoke_registry_new(&r));
-  for (int i = 0; i < n_plugin_dirs; i++) stoke_registry_add_path(r, plugin_dirs[i]);
-  char files[2048];
-  stoke_registry_available(r, files, sizeof files);
-  for (char *save = NULL, *t = strtok_r(files, ", ", &save); t; t = strtok_r(NULL, ", ", &save))
-    stoke_err_free(stoke_registry_load(r, t));
-  static const char *kinds[] = {"model", "source", "optimizer"}, *sections[] = {"model", "data", "optimizer"};
-  static const char *keys_of[] = {"name", "source", "name"};
-  for (int k = 0; k < 3; k++) {
-    char names[1024];
-    stoke_registry_names(r, kinds[k], names, sizeof names);
-    for (char *save = NULL, *t = strtok_r(names, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
-      const stoke_cfg_key_v1 *keys = NULL;
-      int n = 0;
-      const char *help = "";
-      if (k == 0) {
-        const stoke_model_v1 *m = stoke_find_model(r, t);
-        keys = m->keys, n = m->n_keys, help = m->help;
-      } else if (k == 1) {
-        const stoke_source_v1 *s = stoke_find_source(r, t);
-        keys = s->keys, n = s->n_keys, help = s->help;
-      } else {
-        const stoke_optimizer_v1 *o = stoke_find_optimizer(r, t);
-        keys = o->keys, n = o->n_keys, help = o->help;
-      }
-      stoke_cfg *pc = stoke_cfg_new();
-      if (!pc) break;
-      char sh[256];
-      snprintf(sh, sizeof sh, "with %s = %s: %s", keys_of[k], t, help);
-      stoke_err_free(stoke_cfg_declare(pc, sections[k], sh, keys, n));
-      fprintf(f, "\n");
-      stoke_cfg_help(pc, f);
-      stoke_cfg_free(pc);
-    }
-  }
-  stoke_registry_free(r);
-  return NULL;
 }
 
 /* --------------------------------------------------------------- train */
@@ -484,6 +283,7 @@ typedef struct stream {
 
 typedef struct run_state {
   stoke_cfg *cfg;
+  stoke_run_config rc; /* the config, read once */
   stoke_registry *reg;
   const char *engines[STOKE_CFG_MAX_LIST];
   void *selves[STOKE_CFG_MAX_LIST];
@@ -503,7 +303,7 @@ typedef struct run_state {
   stoke_dist_env dist; /* read once from the launcher's variables; handed to the comm */
   int rank, world, local_rank;
   stoke_ckpt_meta resume; /* the checkpoint resumed from (step 0: none) */
-  void *bench_t[2]; /* the bench's timers around the timed steps */
+  stoke_steptime *steptime; /* each step's device time */
   /* what a checkpoint records, and where it goes ("": checkpoints off) */
   int64_t seed, accumulate, start_step;
   const char *opt_name;
@@ -538,8 +338,7 @@ static void stream_close(run_state *s, stream *st) {
 
 static void run_close(run_state *s) {
   stoke_dp_close(s->dp);
-  for (int i = 0; i < 2; i++)
-    if (s->bench_t[i]) s->dev->timer_destroy(s->dev_self, s->bench_t[i]);
+  stoke_steptime_free(s->steptime);
   stoke_metrics_free(s->metrics);
   stoke_nvml_close(s->nvml);
   stream_close(s, &s->eval); /* borrows the training executor's weights: first */
@@ -559,11 +358,10 @@ static stoke_err *open_engines(run_state *s);
 /* Open the engines in order; the first that owns a device provides memory.
  * With device = auto and no GPU, fall back to the cpu backend, saying so. */
 static stoke_err *open_backends(run_state *s, const char **prec_name) {
-  const char *device;
-  STOKE_PROPAGATE(stoke_cfg_str(s->cfg, "run", "device", &device));
-  STOKE_PROPAGATE(stoke_cfg_list(s->cfg, "run", "backends", s->engines, &s->n_engines));
+  s->n_engines = s->rc.run.n_backends;
+  memcpy(s->engines, s->rc.run.backends, sizeof s->engines);
   stoke_err *e = open_engines(s);
-  if (!e || e->code != STOKE_E_NOT_FOUND || strcmp(device, "auto") || !s->dev || s->dev->device != STOKE_DEV_GPU)
+  if (!e || e->code != STOKE_E_NOT_FOUND || s->rc.run.device != STOKE_DEVICE_AUTO || !s->dev || s->dev->device != STOKE_DEV_GPU)
     return e;
   stoke_log(STOKE_LOG_WARN, "run", "%s; [run] device = auto: falling back to the cpu backend (fp32)", e->msg);
   stoke_err_free(e);
@@ -578,9 +376,7 @@ static stoke_err *open_backends(run_state *s, const char **prec_name) {
 }
 
 static stoke_err *open_engines(run_state *s) {
-  int64_t dev_index;
-  STOKE_PROPAGATE(stoke_cfg_int(s->cfg, "run", "device_index", &dev_index));
-  dev_index += s->local_rank; /* data parallel: one GPU per process of a node */
+  int64_t dev_index = s->rc.run.device_index + s->local_rank; /* data parallel: one GPU per process of a node */
   for (int i = 0; i < s->n_engines; i++) {
     s->backs[i] = stoke_find_backend(s->reg, s->engines[i]);
     if (!s->backs[i]->device_engine && !s->dev) s->dev = s->backs[i];
@@ -612,23 +408,6 @@ static stoke_err *open_engines(run_state *s) {
   return NULL;
 }
 
-/* "0.485, 0.456" (a LIST key) as the attribute text "0.485:0.456". */
-static stoke_err *floats_attr(const stoke_cfg *c, const char *key, char *out, size_t cap) {
-  const char *items[STOKE_CFG_MAX_LIST];
-  int n;
-  STOKE_PROPAGATE(stoke_cfg_list(c, "data", key, items, &n));
-  size_t used = 0;
-  out[0] = 0;
-  for (int i = 0; i < n; i++) {
-    char *end;
-    strtod(items[i], &end);
-    if (end == items[i] || *end)
-      return STOKE_ERR(STOKE_E_INVALID, "%s: [data] %s: '%s' is not a number",
-                       stoke_cfg_where(c, "data", key), key, items[i]);
-    used += (size_t)snprintf(out + used, cap - used, "%s%s", i ? ":" : "", items[i]);
-  }
-  return NULL;
-}
 
 /* The model's graph for a stream: inputs (u8 images are normalized by the
  * first node, on the device), the model, and the loss when training. */
@@ -684,10 +463,8 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
                        st->src->name);
     STOKE_PROPAGATE(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &xs, STOKE_U8, &x));
     g->values[x].layout = STOKE_NHWC; /* sources write HWC */
-    char mean[256], std[256], attrs[600];
-    STOKE_PROPAGATE(floats_attr(s->cfg, "mean", mean, sizeof mean));
-    STOKE_PROPAGATE(floats_attr(s->cfg, "std", std, sizeof std));
-    snprintf(attrs, sizeof attrs, "mean=%s, std=%s, layout=%s, dtype=%s", mean, std,
+    char attrs[600];
+    snprintf(attrs, sizeof attrs, "mean=%s, std=%s, layout=%s, dtype=%s", s->rc.data.mean, s->rc.data.std,
              s->layout == STOKE_NHWC ? "nhwc" : "nchw", stoke_dtype_name(dtype));
     int n;
     STOKE_TRY(stoke_graph_builder(g).node(g, STOKE_OP_NORMALIZE, "normalize", &x, 1, attrs, &n, 1),
@@ -710,8 +487,7 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
   }
   st->lm = targets >= 0;
   STOKE_PROPAGATE(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {st->batch}}, STOKE_I32, &y));
-  const char *mname;
-  STOKE_PROPAGATE(stoke_cfg_str(s->cfg, "model", "name", &mname));
+  const char *mname = s->rc.model.name;
   const stoke_model_v1 *m = stoke_find_model(s->reg, mname);
   stoke_builder_v1 b = stoke_graph_builder(g);
   STOKE_TRY(m->build(s->cfg, "model", &b, x, info.classes, &logits), "building model '%s'", mname);
@@ -723,31 +499,12 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
                      st->lm ? " (a row per token, a column per token id of the data's vocabulary)" : "");
   g->logits = logits;
   if (!training && !st->lm) return NULL; /* a language model's evaluation reads its loss */
-  double smoothing;
-  STOKE_PROPAGATE(stoke_cfg_float(s->cfg, "loss", "label_smoothing", &smoothing));
   char attrs[64];
-  snprintf(attrs, sizeof attrs, "label_smoothing=%.17g", smoothing);
+  snprintf(attrs, sizeof attrs, "label_smoothing=%.17g", s->rc.loss.label_smoothing);
   STOKE_PROPAGATE(stoke_graph_loss_on(g, logits, st->lm ? targets : y, attrs));
   return NULL;
 }
 
-/* A count key that may also say "auto" (*n = 0): batch_size, workers. */
-static stoke_err *count_or_auto(const stoke_cfg *c, const char *section, const char *key, int64_t max,
-                                const char *what, int64_t *n) {
-  const char *v;
-  STOKE_PROPAGATE(stoke_cfg_str(c, section, key, &v));
-  if (!strcmp(v, "auto")) {
-    *n = 0;
-    return NULL;
-  }
-  char *end;
-  long long x = strtoll(v, &end, 10);
-  if (end == v || *end || x < 1 || x > max)
-    return STOKE_ERR(STOKE_E_INVALID, "%s: [%s] %s = '%s': a %s (1 to %lld) or auto",
-                     stoke_cfg_where(c, section, key), section, key, v, what, (long long)max);
-  *n = x;
-  return NULL;
-}
 
 /* workers = auto: 1, 2, 4, ... up to the core count, each timed on a few
  * batches after a warm-up (what users sweep by hand); the fastest count
@@ -832,42 +589,26 @@ static stoke_err *auto_batch(run_state *s, stream *st, const stoke_plan_opts *po
 }
 
 /* Open a stream's source, build and compile its graph, start its loader. */
-static stoke_err *open_stream(run_state *s, stream *st, const char *section, const char *opt_name,
-                              const stoke_precision_v1 *prec, int training, uint64_t seed,
-                              int64_t start_batch) {
+static stoke_err *open_stream(run_state *s, stream *st, const stoke_data_config *dc,
+                              const stoke_precision_v1 *prec, int training, int64_t start_batch) {
+  const stoke_run_config *rc = &s->rc;
+  const char *section = dc->section;
   stoke_dtype dtype = prec->param_dtype;
-  int det, tune;
-  STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "run", "deterministic", &det));
-  STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "run", "conv_autotune", &tune));
+  int det = rc->run.deterministic;
   uint32_t flags = (prec->tf32 ? STOKE_KFLAG_TF32 : 0) | (det ? STOKE_KFLAG_DETERMINISTIC : 0) |
-                   (tune && !det ? STOKE_KFLAG_AUTOTUNE : 0);
-  const char *src_name;
-  int64_t workers = 0, prefetch;
-  int shuffle = 0, drop_last = 0;
+                   (rc->run.conv_autotune && !det ? STOKE_KFLAG_AUTOTUNE : 0);
+  uint64_t seed = (uint64_t)rc->run.seed;
+  int64_t workers = dc->workers;
   st->section = section;
-  STOKE_PROPAGATE(stoke_cfg_str(s->cfg, section, "source", &src_name));
-  STOKE_PROPAGATE(count_or_auto(s->cfg, section, "batch_size", 1 << 24, "number of samples", &st->batch));
+  st->batch = dc->batch;
   if (!st->batch && !training) st->batch = s->train.batch;
-  STOKE_PROPAGATE(count_or_auto(s->cfg, section, "workers", 1024, "thread count", &workers));
-  STOKE_PROPAGATE(stoke_cfg_int(s->cfg, section, "prefetch", &prefetch));
-  if (training) {
-    STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, section, "shuffle", &shuffle));
-    STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, section, "drop_last", &drop_last));
-  }
-  st->src = stoke_find_source(s->reg, src_name);
-  STOKE_TRY(st->src->open(s->cfg, section, &st->src_self), "opening [%s] source '%s'", section, src_name);
-  double init_scale;
-  STOKE_PROPAGATE(stoke_cfg_float(s->cfg, "run", "loss_scale_init", &init_scale));
-  int fuse, in_place;
-  STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "run", "fuse", &fuse));
-  double grad_clip;
-  int decay_1d;
-  STOKE_PROPAGATE(stoke_cfg_float(s->cfg, "optimizer", "grad_clip", &grad_clip));
-  STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "optimizer", "weight_decay_1d", &decay_1d));
-  STOKE_PROPAGATE(stoke_cfg_bool(s->cfg, "run", "grad_sums_in_place", &in_place));
-  stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? opt_name : NULL, training, flags,
+  st->src = stoke_find_source(s->reg, dc->source);
+  STOKE_TRY(st->src->open(s->cfg, section, &st->src_self), "opening [%s] source '%s'", section, dc->source);
+  double init_scale = rc->run.loss_scale_init;
+  stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? rc->optimizer.name : NULL, training, flags,
                         training && prec->loss_scaling != STOKE_SCALING_NONE,
-                        init_scale > 0 ? init_scale : prec->init_scale, fuse, grad_clip, !decay_1d, !in_place, prec};
+                        init_scale > 0 ? init_scale : prec->init_scale, rc->run.fuse, rc->optimizer.grad_clip,
+                        !rc->optimizer.weight_decay_1d, !rc->run.grad_sums_in_place, prec};
   if (!st->batch) STOKE_PROPAGATE(auto_batch(s, st, &po, dtype));
   STOKE_PROPAGATE(build_graph(s, st, dtype, training));
   STOKE_TRY(stoke_compile(st->g, &po, &st->plan), "compiling the %s graph", training ? "training" : "evaluation");
@@ -887,7 +628,7 @@ static stoke_err *open_stream(run_state *s, stream *st, const char *section, con
                                           s->resume.batch > 0 ? s->resume.batch : st->batch,
                                           s->resume.world, st->batch, s->world);
   stoke_loader_opts lo = {st->src, st->src_self, s->dev, s->dev_self, st->batch, (int)workers,
-                          (int)prefetch, shuffle, drop_last, seed, s->rank, s->world, start_batch,
+                          (int)dc->prefetch, dc->shuffle, dc->drop_last, seed, s->rank, s->world, start_batch,
                           s->dp ? NULL : &stop_signal, !training};
   if (!workers) STOKE_PROPAGATE(auto_workers(s, lo, &workers));
   lo.workers = (int)workers;
@@ -1194,24 +935,6 @@ static stoke_err *report_ops(run_state *s, int graphs, const stoke_opt_args_v1 *
   return NULL;
 }
 
-/* The bench's timing (stoke_run_opts.time_steps), called with the number
- * of steps done: a timer on the compute stream when the warm-up is over
- * and one when the timed steps are; then the device time between them. */
-static stoke_err *bench_mark(run_state *s, const stoke_run_opts *o, int64_t done, stoke_summary *sum) {
-  if (!o->time_steps || (done != o->time_warmup && done != o->time_warmup + o->time_steps)) return NULL;
-  if (!s->dev->timer_create)
-    return STOKE_ERR(STOKE_E_UNSUPPORTED, "backend '%s' has no timers: the bench cannot time its steps", s->dev->name);
-  int end = done != o->time_warmup;
-  if (!s->bench_t[end]) STOKE_PROPAGATE(s->dev->timer_create(s->dev_self, &s->bench_t[end]));
-  STOKE_PROPAGATE(s->dev->timer_record(s->dev_self, s->bench_t[end], NULL));
-  if (!end) return NULL;
-  if (s->dev->timer_sync) STOKE_PROPAGATE(s->dev->timer_sync(s->dev_self, s->bench_t[1]));
-  float ms = 0;
-  STOKE_TRY(s->dev->timer_elapsed_ms(s->dev_self, s->bench_t[0], s->bench_t[1], &ms), "timing the bench's steps");
-  sum->timed_ms = ms;
-  return NULL;
-}
-
 /* log.txt takes every log line: a write that failed is an error too. */
 static stoke_err *check_log(const run_state *s, const char *dir) {
   if (!s->log || !ferror(s->log)) return NULL;
@@ -1228,35 +951,21 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   sum->eval_loss = sum->eval_accuracy = sum->timed_ms = NAN;
   STOKE_PROPAGATE(stoke_run_setup(o, &s.cfg, &s.reg));
   stoke_cfg *c = s.cfg;
+  STOKE_TRY_GOTO(e, done, stoke_run_config_read(c, &s.rc), "");
+  const stoke_run_config *rc = &s.rc;
 
   /* -- the run's folder, its resolved config and log */
-  const char *name, *out_dir, *progress, *prec_name, *opt_name, *resume, *eval_src;
-  int64_t seed, steps, accumulate, log_every, ckpt_every;
-  double epochs, eval_every;
+  const char *name = rc->run.name, *out_dir = rc->run.out_dir, *prec_name = rc->run.precision;
+  const char *opt_name = rc->optimizer.name, *resume = rc->run.resume, *comm_name = rc->run.comm;
+  int64_t seed = rc->run.seed, steps = rc->run.steps, accumulate = rc->run.accumulate;
+  int64_t log_every = rc->run.log_every, ckpt_every = rc->run.checkpoint_every;
+  double epochs = rc->run.epochs, eval_every = rc->run.eval_every;
   stoke_opt_args_v1 opt = {0};
-#define GET(fn, sec, key, out) STOKE_TRY_GOTO(e, done, fn(c, sec, key, out), "")
-  GET(stoke_cfg_str, "run", "name", &name);
-  GET(stoke_cfg_str, "run", "out_dir", &out_dir);
-  GET(stoke_cfg_str, "run", "progress", &progress);
-  GET(stoke_cfg_str, "run", "precision", &prec_name);
-  GET(stoke_cfg_str, "run", "resume", &resume);
-  GET(stoke_cfg_int, "run", "seed", &seed);
-  GET(stoke_cfg_int, "run", "steps", &steps);
-  GET(stoke_cfg_float, "run", "epochs", &epochs);
-  GET(stoke_cfg_int, "run", "accumulate", &accumulate);
-  GET(stoke_cfg_int, "run", "log_every", &log_every);
-  GET(stoke_cfg_int, "run", "checkpoint_every", &ckpt_every);
-  GET(stoke_cfg_float, "run", "eval_every", &eval_every);
-  GET(stoke_cfg_str, "eval_data", "source", &eval_src);
-  GET(stoke_cfg_str, "optimizer", "name", &opt_name);
-  GET(stoke_cfg_float, "optimizer", "weight_decay", &opt.weight_decay);
-  GET(stoke_cfg_float, "optimizer", "grad_clip", &opt.max_norm);
+  opt.weight_decay = rc->optimizer.weight_decay;
+  opt.max_norm = rc->optimizer.grad_clip;
   const stoke_optimizer_v1 *optimizer = stoke_find_optimizer(s.reg, opt_name);
   if (optimizer->configure)
     STOKE_TRY_GOTO(e, done, optimizer->configure(c, "optimizer", &opt), "configuring optimizer '%s'", opt_name);
-  const char *comm_name;
-  GET(stoke_cfg_str, "run", "comm", &comm_name);
-#undef GET
   /* data parallel: which process this is (the comm plugin reads the same
    * variables); the GPU is device_index + the local rank */
   stoke_run_opts rank_opts = *o;
@@ -1307,10 +1016,9 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     STOKE_TRY_GOTO(e, done, stoke_dp_open(stoke_find_comm(s.reg, comm_name), c, &s.dist, s.dev, s.dev_self, &s.dp),
                    "");
   }
-  const char *layout;
-  STOKE_TRY_GOTO(e, done, stoke_cfg_str(c, "run", "layout", &layout), "");
-  s.layout = !strcmp(layout, "nhwc") ? STOKE_NHWC : !strcmp(layout, "nchw") ? STOKE_NCHW
-             : s.dev->device == STOKE_DEV_GPU ? STOKE_NHWC : STOKE_NCHW;
+  s.layout = rc->run.layout != STOKE_LAYOUT_ANY ? rc->run.layout
+             : s.dev->device == STOKE_DEV_GPU  ? STOKE_NHWC
+                                               : STOKE_NCHW;
   stoke_device_info_v1 info = {0};
   if (s.dev->info) STOKE_TRY_GOTO(e, done, s.dev->info(s.dev_self, &info), "asking the device for its peak");
   snprintf(sum->device, sizeof sum->device, "%s", info.name[0] ? info.name : s.dev->name);
@@ -1318,11 +1026,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   sum->gpu = s.dev->device == STOKE_DEV_GPU;
   double peak = prec->compute_dtype == STOKE_F32 ? (prec->tf32 ? info.peak_tf32 : info.peak_flops[STOKE_F32])
                                                  : info.peak_flops[prec->compute_dtype];
-  if (s.dev->device == STOKE_DEV_GPU) {
-    int64_t di;
-    STOKE_TRY_GOTO(e, done, stoke_cfg_int(c, "run", "device_index", &di), "");
-    s.nvml = stoke_nvml_open((int)di + s.local_rank);
-  }
+  if (s.dev->device == STOKE_DEV_GPU) s.nvml = stoke_nvml_open((int)rc->run.device_index + s.local_rank);
   if (s.dev->device == STOKE_DEV_CPU && prec->param_dtype != STOKE_F32 && prec->param_dtype != STOKE_F64) {
     e = STOKE_ERR(STOKE_E_UNSUPPORTED,
                   "%s: [run] precision = %s needs a GPU backend (%s parameters); the cpu backend runs fp32 (or f64)",
@@ -1339,8 +1043,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
                    stoke_cfg_where(c, "run", "resume"));
     start_step = s.resume.step;
   }
-  STOKE_TRY_GOTO(e, done, open_stream(&s, &s.train, "data", opt_name, prec, 1, (uint64_t)seed,
-                                      start_step * accumulate), "");
+  STOKE_TRY_GOTO(e, done, open_stream(&s, &s.train, &rc->data, prec, 1, start_step * accumulate), "");
   if (resume[0]) {
     STOKE_TRY_GOTO(e, done, stoke_checkpoint_load(s.train.x, resume, &meta), "%s: [run] resume",
                    stoke_cfg_where(c, "run", "resume"));
@@ -1355,9 +1058,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     if (!o->quiet) printf("stoke: resumed from %s at step %lld\n", resume, (long long)start_step);
   }
   if (strcmp(comm_name, "single")) {
-    double bucket_mb;
-    STOKE_TRY_GOTO(e, done, stoke_cfg_float(c, "run", "bucket_mb", &bucket_mb), "");
-    STOKE_TRY_GOTO(e, done, stoke_dp_attach(s.dp, s.train.x, bucket_mb * 1048576.0), "");
+    STOKE_TRY_GOTO(e, done, stoke_dp_attach(s.dp, s.train.x, rc->run.bucket_mb * 1048576.0), "");
     STOKE_TRY_GOTO(e, done, stoke_dp_broadcast_state(s.dp), "");
     char buckets[1024];
     stoke_dp_describe(s.dp, buckets, sizeof buckets);
@@ -1366,8 +1067,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
              s.world, comm_name, (long long)(s.train.batch * accumulate * s.world),
              (long long)(s.train.batch * accumulate), buckets);
   }
-  if (eval_src[0])
-    STOKE_TRY_GOTO(e, done, open_stream(&s, &s.eval, "eval_data", NULL, prec, 0, (uint64_t)seed, 0), "");
+  if (rc->eval_data.source[0]) STOKE_TRY_GOTO(e, done, open_stream(&s, &s.eval, &rc->eval_data, prec, 0, 0), "");
   report_precision(prec, s.train.g, o->quiet);
   snprintf(path, sizeof path, "%s/plan.txt", dir);
   STOKE_TRY_GOTO(e, done, write_checked(path, put_plan, s.train.plan), "[run] out_dir");
@@ -1382,26 +1082,28 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
               "[run] steps or epochs to continue", resume, (long long)start_step, (long long)total);
   int64_t batch = s.train.batch;
   stoke_lr_schedule sched;
-  STOKE_TRY_GOTO(e, done, stoke_lr_from_config(c, total, steps_per_epoch, batch * accumulate * s.world, &sched), "");
+  STOKE_TRY_GOTO(e, done, stoke_lr_schedule_make(rc, total, steps_per_epoch, batch * accumulate * s.world, &sched), "");
   sum->flops_per_step = s.train.plan->train_flops * (double)accumulate;
 
   snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-  stoke_metrics_opts mo = {path, !strcmp(progress, "off") || o->quiet ? STOKE_PROGRESS_OFF
-                                 : !strcmp(progress, "bar")            ? STOKE_PROGRESS_BAR
-                                 : !strcmp(progress, "lines")          ? STOKE_PROGRESS_LINES
-                                 : isatty(2)                           ? STOKE_PROGRESS_BAR
-                                                                       : STOKE_PROGRESS_LINES,
+  stoke_show show = rc->run.progress;
+  stoke_metrics_opts mo = {path, show == STOKE_SHOW_OFF || o->quiet ? STOKE_PROGRESS_OFF
+                                 : show == STOKE_SHOW_BAR            ? STOKE_PROGRESS_BAR
+                                 : show == STOKE_SHOW_LINES          ? STOKE_PROGRESS_LINES
+                                 : isatty(2)                         ? STOKE_PROGRESS_BAR
+                                                                     : STOKE_PROGRESS_LINES,
                            total, batch * accumulate * s.world, o->quiet, start_step,
-                           s.train.plan->train_flops * (double)accumulate, peak, s.nvml};
+                           s.train.plan->train_flops * (double)accumulate, peak, s.nvml,
+                           o->time_warmup, o->time_steps};
   STOKE_TRY_GOTO(e, done, stoke_metrics_new(&mo, &s.metrics), "");
+  STOKE_TRY_GOTO(e, done, stoke_steptime_new(s.dev, s.dev_self, &s.steptime), "");
 
   /* -- the step loop */
   int64_t step, epoch = 0;
   int64_t eval_period = eval_every > 0 ? (int64_t)llround(eval_every * (double)per_epoch) : 0;
-  int on_device, want_ckpt, profile_ops, cuda_graph;
-  int64_t growth;
-  STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "profile_ops", &profile_ops), "");
-  STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "cuda_graph", &cuda_graph), "");
+  int on_device = rc->data.on_device, want_ckpt = rc->run.checkpoint, profile_ops = rc->run.profile_ops;
+  int cuda_graph = rc->run.cuda_graph;
+  int64_t growth = rc->run.loss_scale_growth;
   if (cuda_graph && profile_ops) {
     stoke_log(STOKE_LOG_WARN, "run", "%s: cuda_graph = true with profile_ops = true: the profile times each "
               "kernel on its own, so this run does not use graphs", stoke_cfg_where(c, "run", "cuda_graph"));
@@ -1420,9 +1122,6 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   }
   if (cuda_graph) STOKE_TRY_GOTO(e, done, stoke_exec_graphs(s.train.x, 1), "%s", stoke_cfg_where(c, "run", "cuda_graph"));
   int ops_reported = s.dp != NULL; /* counting records a step: no collectives in a capture */
-  STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "run", "checkpoint", &want_ckpt), "");
-  STOKE_TRY_GOTO(e, done, stoke_cfg_bool(c, "data", "on_device", &on_device), "");
-  STOKE_TRY_GOTO(e, done, stoke_cfg_int(c, "run", "loss_scale_growth", &growth), "");
   s.seed = seed, s.accumulate = accumulate, s.start_step = start_step, s.opt_name = opt_name;
   if (want_ckpt) snprintf(s.ckpt, sizeof s.ckpt, "%s/checkpoint.safetensors", dir);
   STOKE_TRY_GOTO(e, done, check_room(&s, dir), "");
@@ -1432,9 +1131,9 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
    * diverged, or a save just failed */
   int64_t good = start_step, good_epoch = s.resume.epoch;
   signals_catch(&sg);
-  STOKE_TRY_GOTO(e, done, bench_mark(&s, o, 0, sum), "");
   for (step = start_step; step < total && !stop; step++) {
     double t0 = now_s(), wait = 0;
+    if ((e = stoke_steptime_begin(s.steptime))) break;
     opt.step = step + 1 - s.resume.skipped_steps; /* the device subtracts the skips since the start */
     opt.grad_scale = 1.0 / (double)accumulate;
     opt.lr = stoke_lr_at(&sched, step + 1);
@@ -1470,8 +1169,12 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
       break;
     }
     if (!e) good = step + 1, good_epoch = epoch;
-    if (!e && !ops_reported && step > start_step) e = report_ops(&s, cuda_graph, &opt, sum, &ops_reported);
-    if (!e) e = bench_mark(&s, o, step + 1 - start_step, sum);
+    if (!e) e = stoke_steptime_end(s.steptime);
+    double host = now_s() - t0 - wait;
+    if (!e && !ops_reported && step > start_step) {
+      e = report_ops(&s, cuda_graph, &opt, sum, &ops_reported);
+      stoke_steptime_pause(s.steptime); /* the count captured a step: not the next step's time */
+    }
     if (e) {
       e = stoke_err_wrap(e, __FILE__, __LINE__, "step %lld", (long long)step + 1);
       break;
@@ -1480,6 +1183,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     double loss = NAN;
     if (log_now) {
       if ((e = stoke_exec_read_loss(s.train.x, &loss))) break;
+      if ((e = stoke_metrics_collect(s.metrics, s.steptime))) break; /* the step timers, after that sync */
       float amp[4];
       if (stoke_exec_read_scaler(s.train.x, amp)) stoke_metrics_scaler(s.metrics, amp[0], amp[3]);
       if (!isfinite(loss)) {
@@ -1491,7 +1195,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
         break;
       }
     }
-    if ((e = stoke_metrics_step(s.metrics, step + 1, epoch, now_s() - t0, wait, log_now, loss, opt.lr))) break;
+    if ((e = stoke_metrics_step(s.metrics, step + 1, epoch, host, wait, log_now, loss, opt.lr))) break;
     if ((e = check_log(&s, dir))) break;
     /* a signal reaches the ranks at different steps: they agree on when to
      * stop at the next logged step (already a sync), so all stop together */
@@ -1509,10 +1213,12 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
       good = -1; /* the same save again on the way out would fail the same way */
       break;
     }
+    if (s.ckpt[0] && ckpt_every > 0 && (step + 1) % ckpt_every == 0) stoke_steptime_pause(s.steptime);
     int64_t done_batches = (step + 1) * accumulate;
     if (s.eval.x && eval_period > 0 && done_batches / eval_period != (done_batches - accumulate) / eval_period &&
         step + 1 < total && !stop) {
       e = evaluate(&s, sum);
+      stoke_steptime_pause(s.steptime);
       if (e && e->code == STOKE_E_INTERRUPTED) {
         stoke_err_free(e);
         e = NULL;
@@ -1543,6 +1249,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     snprintf(path, sizeof path, "%s/ops.txt", dir);
     e = write_checked(path, put_ops, s.train.x);
   }
+  if (s.metrics && s.steptime && !e) e = stoke_metrics_collect(s.metrics, s.steptime); /* steps since the last log */
   stoke_metrics_summary(s.metrics, sum);
   sum->dev_alloc_mib = device_mib(&s);
   sum->steps = step;

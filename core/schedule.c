@@ -1,10 +1,10 @@
 /* core/schedule.c: learning-rate schedules (warm-up, then constant, cosine
  * or step decay) and the linear scaling rule, from [optimizer]. */
 #include <math.h>
-#include <string.h>
 
 #include "stoke/config.h"
 #include "stoke/core.h"
+#include "stoke/run_config.h"
 #include "stoke/schedule.h"
 
 double stoke_lr_at(const stoke_lr_schedule *s, int64_t step) {
@@ -27,25 +27,15 @@ double stoke_lr_at(const stoke_lr_schedule *s, int64_t step) {
   }
 }
 
-stoke_err *stoke_lr_from_config(const stoke_cfg *c, int64_t total_steps, int64_t steps_per_epoch,
-                                int64_t global_batch, stoke_lr_schedule *out) {
-  const char *kind;
-  double lr, warmup, min_lr, step_epochs, gamma;
-  int scale;
-  int64_t base_batch;
-  STOKE_PROPAGATE(stoke_cfg_float(c, "optimizer", "lr", &lr));
-  STOKE_PROPAGATE(stoke_cfg_str(c, "optimizer", "schedule", &kind));
-  STOKE_PROPAGATE(stoke_cfg_float(c, "optimizer", "warmup_epochs", &warmup));
-  STOKE_PROPAGATE(stoke_cfg_float(c, "optimizer", "min_lr", &min_lr));
-  STOKE_PROPAGATE(stoke_cfg_float(c, "optimizer", "step_epochs", &step_epochs));
-  STOKE_PROPAGATE(stoke_cfg_float(c, "optimizer", "gamma", &gamma));
-  STOKE_PROPAGATE(stoke_cfg_bool(c, "optimizer", "lr_scale_with_batch", &scale));
-  STOKE_PROPAGATE(stoke_cfg_int(c, "optimizer", "base_batch", &base_batch));
+stoke_err *stoke_lr_schedule_make(const stoke_run_config *rc, int64_t total_steps, int64_t steps_per_epoch,
+                                  int64_t global_batch, stoke_lr_schedule *out) {
+  const stoke_cfg *c = rc->cfg;
+  double warmup = rc->optimizer.warmup_epochs;
   *out = (stoke_lr_schedule){0};
-  out->kind = !strcmp(kind, "cosine") ? STOKE_LR_COSINE : !strcmp(kind, "step") ? STOKE_LR_STEP
-                                                                                : STOKE_LR_CONSTANT;
+  out->kind = rc->optimizer.schedule;
   /* Goyal et al.: lr = base lr x global batch / base batch */
-  out->base_lr = scale ? lr * (double)global_batch / (double)base_batch : lr;
+  double lr = rc->optimizer.lr;
+  out->base_lr = rc->optimizer.lr_scale_with_batch ? lr * (double)global_batch / (double)rc->optimizer.base_batch : lr;
   out->warmup_steps = (int64_t)llround(warmup * (double)steps_per_epoch);
   if (out->warmup_steps >= total_steps && warmup > 0)
     return STOKE_ERR(STOKE_E_INVALID,
@@ -53,11 +43,18 @@ stoke_err *stoke_lr_from_config(const stoke_cfg *c, int64_t total_steps, int64_t
                      stoke_cfg_where(c, "optimizer", "warmup_epochs"), warmup,
                      (long long)out->warmup_steps, (long long)total_steps);
   out->total_steps = total_steps;
-  out->min_lr = min_lr;
-  out->step_every = (int64_t)llround(step_epochs * (double)steps_per_epoch);
+  out->min_lr = rc->optimizer.min_lr;
+  out->step_every = (int64_t)llround(rc->optimizer.step_epochs * (double)steps_per_epoch);
   if (out->kind == STOKE_LR_STEP && out->step_every < 1)
     return STOKE_ERR(STOKE_E_INVALID, "%s: [optimizer] schedule = step needs step_epochs > 0",
                      stoke_cfg_where(c, "optimizer", "step_epochs"));
-  out->gamma = gamma;
+  out->gamma = rc->optimizer.gamma;
   return NULL;
+}
+
+stoke_err *stoke_lr_from_config(const stoke_cfg *c, int64_t total_steps, int64_t steps_per_epoch,
+                                int64_t global_batch, stoke_lr_schedule *out) {
+  stoke_run_config rc;
+  STOKE_PROPAGATE(stoke_run_config_read(c, &rc));
+  return stoke_lr_schedule_make(&rc, total_steps, steps_per_epoch, global_batch, out);
 }

@@ -20,13 +20,17 @@ export LD_LIBRARY_PATH="$S/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/device.txt" 2>&1
 summary=""
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  for t in "$S"/tests/*_test; do
-    [ -x "$t" ] || continue
-    name=$(basename "$t")
-    timeout 300 "$t" > "$out/$name.log" 2>&1
-    rc=$?
-    line=$(grep -E '^\[  (PASSED|FAILED)  \]' "$out/$name.log" | tail -2 | tr '\n' ' ')
-    summary="$summary$name rc=$rc $line\n"
+  # TEST_REPS=N runs every test N times (each run draws its own seed)
+  for rep in $(seq "${TEST_REPS:-1}"); do
+    for t in "$S"/tests/*_test; do
+      [ -x "$t" ] || continue
+      name=$(basename "$t")
+      log="$out/$name.log"; [ "${TEST_REPS:-1}" -gt 1 ] && log="$out/$name.$rep.log"
+      timeout 300 "$t" > "$log" 2>&1
+      rc=$?
+      line=$(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | tail -2 | tr '\n' ' ')
+      summary="$summary$name#$rep rc=$rc $line $(grep -m1 -o -i 'seed[ =:]*[0-9]*' "$log")\n"
+    done
   done
 fi
 printf "device: %s\n" "$(cat "$out/device.txt")"

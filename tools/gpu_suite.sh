@@ -20,6 +20,11 @@
 #             and the first lines of the run (the autocast nodes)
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
+#   kernels   tests/op/every_kernel_test with the GPU engines (every registered
+#             kernel against the cpu reference), KERNEL_REPS times (5), each
+#             run its own seed; per engine the kernel count and the worst
+#             error as a fraction of its tolerance (how close the derived
+#             tolerances are)
 #   epilogues cuBLASLt's activation epilogues against the plain products and
 #             the separate activation passes, heuristic and autotuned
 #             algorithms (tests/gpu/lt_epilogue_bench)
@@ -40,6 +45,22 @@
 #             gpt's checkpoint loaded into nanoGPT's module structure with
 #             load_state_dict(strict=True), its loss on the same tokens
 #             against stoke's
+#   steptime  issue 16: train's step times are device times: ResNet-50 bf16
+#             (examples/resnet50.ini, log_every 4 and 1) with and without
+#             cuda_graph, and tools/bench's median of the same two variants;
+#             the p50 step times must agree within 10% (PASS/FAIL lines)
+#   matrix    issue 11's ResNet matrix: each MATRIX cell depth:batch:res
+#             (ResNet-18/34/50, bf16, synthetic data on the device) through
+#             stoke's default configuration (fused + cudnn graph API + CUDA
+#             graphs) and its baseline (cudnn, cublaslt, cuda; eager), then
+#             PyTorch (tools/resnet_matrix_torch.py, MATRIX_TORCH modes,
+#             compile-ro by default) for as many cells as MATRIX_S seconds allow
+#   binab     two builds A/B'd (issue 17's check): $BEFORE is another
+#             unpacked stage (bin/, its own plugins); for each BINAB_W
+#             workload, BINAB_R rounds of one tools/bench round of the
+#             before build then one of this build, interleaved; B/A as
+#             tools/bench reports it (geometric mean of the paired ratios,
+#             95% t-interval on their logs)
 #   ddp       data parallel on 2 GPUs, all of: ddp_eq (weights of a 2-GPU run
 #             against a 1-GPU run of the same global batch), ddp_resume (a
 #             2-GPU checkpoint resumed on 1 GPU), ddp_kill (a killed rank ends
@@ -80,6 +101,18 @@ PY
 log() { echo "== $*"; }
 for part in "$@"; do
   case "$part" in
+    kernels)
+      log "every kernel against the cpu reference, ${KERNEL_REPS:-5} runs"
+      for rep in $(seq "${KERNEL_REPS:-5}"); do
+        timeout 600 "$S/tests/every_kernel_test" > "$OUT/kernels.$rep.log" 2>&1
+        echo "run $rep rc=$? $(grep -m1 -o 'seed [0-9]*' "$OUT/kernels.$rep.log") $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/kernels.$rep.log" | tr '\n' ' ')"
+        grep -E '^\[  FAILED  \] [a-z]' "$OUT/kernels.$rep.log" | sort -u | head -20
+      done
+      grep -h -E '^  engine ' "$OUT/kernels.1.log"
+      # the worst error / tolerance per engine over every run
+      cat "$OUT"/kernels.*.log | awk '/ rel err .* tol / { e = $(NF - 2); t = $NF; if (t > 0 && e / t > w[$1]) { w[$1] = e / t; l[$1] = $0 } }
+        END { for (k in w) printf "worst %-14s %.3f of tol: %s\n", k, w[k], l[k] }'
+      ;;
     fp16)
       log "fp16 forced overflow"
       timeout 120 "$T" "$S/examples/mlp.ini" run.checkpoint=false run.precision=fp16 run.loss_scale_init=1e10 run.steps=40 run.log_every=1 \
@@ -186,6 +219,115 @@ PY
         echo "$ini bf16 rc=$?: $(grep -E 'samples/s median' "$OUT/$ini.log")"
       done
       timeout 240 python3 "$S/anchors/loader_bench.py" "$S/photos" /tmp/anchor "$OUT/loader_anchor.json" 2>&1 | tail -1
+      ;;
+    steptime)
+      log "issue 16: device step times, train with and without CUDA graphs against tools/bench"
+      w=${STEPTIME_W:-resnet50}
+      for le in 4 1; do
+        for g in true false; do
+          timeout 200 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=60 run.log_every=$le run.cuda_graph=$g \
+            run.progress=lines run.out_dir="$OUT/st_${w}_${le}_$g" > "$OUT/st_${w}_${le}_$g.log" 2>&1
+          echo "$w log_every=$le cuda_graph=$g rc=$?"; grep -A2 "samples/s median" "$OUT/st_${w}_${le}_$g.log" | head -2
+        done
+      done
+      timeout 400 "$S/bin/bench" "$S/examples/$w.ini" --rounds ${AB_ROUNDS:-3} --a run.cuda_graph=false \
+        --b run.cuda_graph=true --json "$OUT/st_bench.json" > "$OUT/st_bench.log" 2>&1
+      echo "bench rc=$?"; grep -E "^  (A|B) |B/A" "$OUT/st_bench.log"
+      python3 - "$OUT" "$w" <<'PY'
+import json, sys
+out, w = sys.argv[1], sys.argv[2]
+def summary(le, g):
+    try: return [json.loads(l) for l in open(f"{out}/st_{w}_{le}_{g}/metrics.jsonl") if '"summary"' in l][-1]
+    except Exception as e: print(f"FAIL no summary for log_every={le} cuda_graph={g}: {e}"); sys.exit(1)
+b = json.load(open(f"{out}/st_bench.json"))
+bench_ms = {v["name"]: 1e3 * v["batch"] / v["median"] for v in b["variants"]}
+ok = True
+def check(what, x, y):
+    global ok
+    r = x / y
+    good = 0.9 <= r <= 1.1
+    ok &= good
+    print(f"{'PASS' if good else 'FAIL'} {what}: {x:.3f} ms against {y:.3f} ms (ratio {r:.3f})")
+for le in (4, 1):
+    e, g = summary(le, "false"), summary(le, "true")
+    print(f"log_every={le}: eager p50 {e['step_time_ms_p50']:.3f} p95 {e['step_time_ms_p95']:.3f} max {e['step_time_ms_max']:.3f} "
+          f"host p50 {e['host_ms_p50']:.3f} | graph p50 {g['step_time_ms_p50']:.3f} p95 {g['step_time_ms_p95']:.3f} "
+          f"max {g['step_time_ms_max']:.3f} host p50 {g['host_ms_p50']:.3f} (ms)")
+    check(f"log_every={le} p50 graph vs eager", g["step_time_ms_p50"], e["step_time_ms_p50"])
+    check(f"log_every={le} p50 eager vs bench A (eager) median", e["step_time_ms_p50"], bench_ms["A"])
+    check(f"log_every={le} p50 graph vs bench B (graph) median", g["step_time_ms_p50"], bench_ms["B"])
+    check(f"log_every={le} samples/s median graph vs bench B", 1e3 * b["variants"][1]["batch"] / g["samples_per_s_median"], bench_ms["B"])
+print("steptime:", "PASS" if ok else "FAIL")
+PY
+      ;;
+    matrix)
+      cells=${MATRIX:-"50:256:224 50:128:224 50:64:224 50:32:224 50:256:160 50:256:128 50:128:288 34:256:224 18:256:224 18:64:160"}
+      for c in $cells; do
+        IFS=: read -r d b r <<< "$c"
+        for cfg in best base; do
+          extra=""
+          [ $cfg = base ] && extra="run.backends=cudnn,cublaslt,cuda run.cuda_graph=false"
+          o="$OUT/matrix_${d}_${b}_${r}_$cfg"
+          timeout 150 "$T" "$S/examples/resnet50.ini" run.checkpoint=false run.progress=lines run.steps=40 run.out_dir="$o" \
+            model.depth=$d data.batch_size=$b data.shape=3,$r,$r $extra > "$o.log" 2>&1
+          echo "stoke $c $cfg rc=$? $(grep -h '"summary"' "$o/metrics.jsonl" 2>/dev/null | python3 -c 'import json,sys; r=json.loads(sys.stdin.read() or "{}"); print("samples/s", r.get("samples_per_s_median"))')"
+        done
+      done
+      timeout "${MATRIX_S:-420}" python3 "$HERE/resnet_matrix_torch.py" "$OUT/matrix_torch.jsonl" "${MATRIX_TORCH:-compile-ro}" $cells 2>&1 | grep -v -i warn | tail -40
+      python3 - "$OUT" $cells <<'PY'
+import json, sys, os
+out, cells = sys.argv[1], sys.argv[2:]
+def stoke(c, cfg):
+    try:
+        rows = [json.loads(l) for l in open(f"{out}/matrix_{c.replace(':', '_')}_{cfg}/metrics.jsonl") if '"summary"' in l]
+        return rows[-1].get("samples_per_s_median")
+    except (OSError, IndexError, ValueError):
+        return None
+torch = {}
+if os.path.exists(f"{out}/matrix_torch.jsonl"):
+    for l in open(f"{out}/matrix_torch.jsonl"):
+        r = json.loads(l)
+        torch[f"{r['depth']}:{r['batch']}:{r['res']}"] = r.get("samples_per_s")
+f = lambda v: f"{v:,.0f}" if v else "-"
+print("| ResNet | batch | res | stoke best | stoke baseline | best/base | torch.compile-ro | best/torch |")
+print("|---|---|---|---|---|---|---|---|")
+for c in cells:
+    d, b, r = c.split(":")
+    s, base, t = stoke(c, "best"), stoke(c, "base"), torch.get(c)
+    print(f"| {d} | {b} | {r} | {f(s)} | {f(base)} | {s / base:.3f} |" if s and base else f"| {d} | {b} | {r} | {f(s)} | {f(base)} | - |", end="")
+    print(f" {f(t)} | {s / t:.3f} |" if s and t else f" {f(t)} | - |")
+PY
+      ;;
+    binab)
+      [ -x "${BEFORE:-}/bin/bench" ] || { echo "binab: BEFORE (an unpacked stage) has no bin/bench"; continue; }
+      for w in ${BINAB_W:-mlp resnet50 resnet18c}; do
+        for r in $(seq "${BINAB_R:-5}"); do
+          for side in before after; do
+            root=$S; [ $side = before ] && root=$BEFORE
+            STOKE_PLUGIN_PATH="$root/bin/plugins" timeout 200 "$root/bin/bench" "$S/examples/$w.ini" --rounds 1 \
+              --json "$OUT/binab_${w}_${side}_$r.json" run.out_dir="/tmp/binab_$side" > "$OUT/binab_${w}_${side}_$r.log" 2>&1 ||
+              { echo "binab $w $side round $r failed:"; tail -3 "$OUT/binab_${w}_${side}_$r.log"; }
+          done
+        done
+        python3 - "$OUT" "$w" "${BINAB_R:-5}" <<'PY'
+import json, math, sys
+out, w, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def sps(side, r):
+    try: return json.load(open(f"{out}/binab_{w}_{side}_{r}.json"))["variants"][0]["samples_per_s"][0]
+    except (OSError, KeyError, IndexError, ValueError): return None
+pairs = [(sps("before", r), sps("after", r)) for r in range(1, n + 1)]
+pairs = [(a, b) for a, b in pairs if a and b]
+if len(pairs) < 2: print(f"binab {w}: too few rounds ({len(pairs)})"); sys.exit()
+logs = [math.log(b / a) for a, b in pairs]
+m = sum(logs) / len(logs)
+sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (len(logs) - 1))
+t = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}.get(len(logs) - 1, 2.0)
+h = t * sd / math.sqrt(len(logs))
+med = lambda v: sorted(v)[len(v) // 2]
+print(f"binab {w}: before {med([a for a, _ in pairs]):,.0f} after {med([b for _, b in pairs]):,.0f} samples/s (medians of {len(pairs)}), "
+      f"after/before {math.exp(m):.4f} [95% CI {math.exp(m - h):.4f}, {math.exp(m + h):.4f}]")
+PY
+      done
       ;;
     ddp) # all of the data-parallel checks below, in one call
       bash "$0" ddp_eq ddp_graph ddp_resume ddp_kill ddp_bench
@@ -348,7 +490,7 @@ PY
     issue6)
       # issue 6's check, one call: loss curves, then the A/B runs (tools/bench),
       # then PyTorch eager and compile; FUSED="" drops the fused backend from B
-      base="run.backends=cudnn,cublaslt,cuda"
+      base="${I6_BASE:-run.backends=cudnn,cublaslt,cuda}" # I6_BASE: another baseline (cudnn_classic,...)
       fast="run.backends=${FUSED-fused,}cudnn,cublaslt,cuda run.cuda_graph=true"
       want() { [[ " ${I6:-curves ab torch} " == *" $1 "* ]]; } # I6: which of the three to run
       want curves && log "issue 6: loss curves, baseline against '$fast' (same seed, ${CURVE_STEPS:-200} steps)"

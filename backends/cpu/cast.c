@@ -9,17 +9,17 @@
 
 static stoke_err *cast_fwd(const stoke_kernel_args_v1 *a, void *state) {
   const char *op = STOKE_OP_CAST;
-  CHECK(check_counts(a, op, 0, 1, 1));
+  CHECK(stoke_check_counts(a, op, 0, 1, 1));
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   if (y->dtype != STOKE_F32 && y->dtype != STOKE_F64)
     return STOKE_PERR(STOKE_E_UNSUPPORTED,
                       "%s '%s': y %s is %s, the cpu backend casts to f32 or f64 only", op,
-                      node_name(a), shp(&y->shape).s, stoke_dtype_name(y->dtype));
+                      stoke_node_name(a), stoke_shape_str(&y->shape).s, stoke_dtype_name(y->dtype));
   if (stoke_numel(&x->shape) != stoke_numel(&y->shape))
     return STOKE_PERR(STOKE_E_UNSUPPORTED, "%s '%s': x %s and y %s differ in size", op,
-                      node_name(a), shp(&x->shape).s, shp(&y->shape).s);
+                      stoke_node_name(a), stoke_shape_str(&x->shape).s, stoke_shape_str(&y->shape).s);
   int64_t n = stoke_numel(&x->shape);
-  int nhwc_in = is_nhwc(x), nhwc_out = is_nhwc(y);
+  int nhwc_in = stoke_is_nhwc(x), nhwc_out = stoke_is_nhwc(y);
   if (nhwc_in == nhwc_out) {
     for (int64_t i = 0; i < n; i++) stoke_elem_set(y->data, y->dtype, i, stoke_elem_get(x->data, x->dtype, i));
     return NULL;
@@ -42,18 +42,18 @@ static stoke_err *cast_fwd(const stoke_kernel_args_v1 *a, void *state) {
  * backward dx = dy in x's dtype, accumulated into a parameter's gradient. */
 static stoke_err *autocast_check(const stoke_kernel_args_v1 *a, int bwd) {
   const char *op = STOKE_OP_AUTOCAST;
-  CHECK(check_counts(a, op, bwd, 1, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 1, 1));
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   int ok = (x->dtype == STOKE_F32 || x->dtype == STOKE_F64) && (y->dtype == STOKE_F32 || y->dtype == STOKE_F64);
   if (!ok)
     return STOKE_PERR(STOKE_E_UNSUPPORTED, "%s '%s': %s to %s; the cpu backend casts between f32 and f64", op,
-                      node_name(a), stoke_dtype_name(x->dtype), stoke_dtype_name(y->dtype));
-  if (!same_shape(&x->shape, &y->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x %s and y %s differ in shape", op, node_name(a), shp(&x->shape).s,
-                      shp(&y->shape).s);
+                      stoke_node_name(a), stoke_dtype_name(x->dtype), stoke_dtype_name(y->dtype));
+  if (!stoke_same_shape(&x->shape, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x %s and y %s differ in shape", op, stoke_node_name(a), stoke_shape_str(&x->shape).s,
+                      stoke_shape_str(&y->shape).s);
   if (!bwd) return NULL;
-  CHECK(check_grad(a, op, "x", &a->din[0], x));
-  return check_grad(a, op, "y", &a->dout[0], y);
+  CHECK(stoke_check_grad(a, op, "x", &a->din[0], x));
+  return stoke_check_grad(a, op, "y", &a->dout[0], y);
 }
 
 static stoke_err *autocast_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
@@ -74,7 +74,7 @@ static stoke_err *autocast_bwd(const stoke_kernel_args_v1 *a, void *state) {
   CHECK(autocast_check(a, 1));
   const stoke_tensor *dx = &a->din[0], *dy = &a->dout[0];
   if (!dx->data) return NULL;
-  double beta = grad_beta(a, 0);
+  double beta = stoke_grad_beta(a, 0);
   for (int64_t i = 0, n = stoke_numel(&dx->shape); i < n; i++) {
     double v = stoke_elem_get(dy->data, dy->dtype, i);
     stoke_elem_set(dx->data, dx->dtype, i, beta != 0 ? beta * stoke_elem_get(dx->data, dx->dtype, i) + v : v);
@@ -92,5 +92,5 @@ static const stoke_kernel_v1 kernels[] = {
 };
 
 stoke_err *cpu_register_cast(const stoke_registry_v1 *r) {
-  return cpu_add_kernels(r, kernels, sizeof kernels / sizeof *kernels);
+  return stoke_add_kernels(r, kernels, sizeof kernels / sizeof *kernels);
 }

@@ -1,5 +1,6 @@
-/* backends/cpu/check.h: the argument-check helpers shared by the CPU
- * kernels (cpu.c, kernels.inc, conv.c, pool.c, norm.c, cast.c).
+/* backends/cpu/check.h: the argument-check helpers of the CPU kernels
+ * (cpu.c, kernels.inc, conv.c, pool.c, norm.c, cast.c) beyond those every
+ * backend shares (stoke/check.h).
  *
  * The functions are defined once in check.c; the plugin is built with
  * -fvisibility=hidden, so they stay internal to libstoke_cpu.so. The checks
@@ -13,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "stoke/check.h"
 #include "stoke/plugin.h"
 
 /* Return the error of `expr`, if any, from the calling function. */
@@ -27,7 +29,7 @@
 #define CPU_KERNEL(op, pass, fn, sfx, dt, destroy) \
   {"cpu", op, pass, dt, STOKE_LAYOUT_ANY, CAT(fn##_plan, sfx), CAT(fn, sfx), destroy}
 /* The same, for a backward kernel that adds its gradients of the inputs
- * in `acc` (bits) into din on request (din_accumulate, via grad_beta). */
+ * in `acc` (bits) into din on request (din_accumulate, via stoke_grad_beta). */
 #define CPU_KERNEL_ACC(op, pass, fn, sfx, dt, destroy, acc) \
   {"cpu", op, pass, dt, STOKE_LAYOUT_ANY, CAT(fn##_plan, sfx), CAT(fn, sfx), destroy, acc}
 
@@ -48,57 +50,10 @@
     return check;                                                                    \
   }
 
-/* "[3, 4]", usable as a printf argument: shp(&t.shape).s */
-typedef struct shape_text {
-  char s[96];
-} shape_text;
-
-shape_text shp(const stoke_shape *s);
-
-/* The node's name, or "?" where the call has no node (or it no name). */
-const char *node_name(const stoke_kernel_args_v1 *a);
-
-int same_shape(const stoke_shape *x, const stoke_shape *y);
-
-/* A 4-D tensor whose layout says NHWC (any other is in NCHW order). */
-int is_nhwc(const stoke_tensor *t);
-
-/* At least n_in inputs and n_out outputs; in backward, gradient tensors. */
-stoke_err *check_counts(const stoke_kernel_args_v1 *a, const char *op, int bwd, int n_in,
-                        int n_out);
-
-stoke_err *check_dtype(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                       const stoke_tensor *t, stoke_dtype want);
-
-/* Tensor `t` must hold data in run. */
-stoke_err *check_data(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                      const stoke_tensor *t, int run);
-
-/* A gradient tensor that is requested (data != NULL) must have the shape
- * and dtype of the value it is the gradient of. */
-stoke_err *check_grad(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                      const stoke_tensor *g, const stoke_tensor *of);
-
 /* The dtypes of x = in[0] and y = out[0] are dt; forward: both hold data
  * in run; backward: their requested gradients din[0] and dout[0] match
  * them (the op checks what else its backward reads). */
 stoke_err *check_xy(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt, int bwd,
                     int run);
-
-/* The layout field names ANY, NCHW or NHWC. */
-stoke_err *check_layout_known(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                              const stoke_tensor *t);
-
-/* Gradient i is accumulated (din = beta * din + computed) when it is a
- * parameter gradient; activation gradients are overwritten (beta 0). */
-/* beta for din[i]: 1 when din_accumulate asks, else param_grad_beta for
- * parameter gradients, else 0 (overwrite). */
-double grad_beta(const stoke_kernel_args_v1 *a, int i);
-
-/* The destroy() of kernels without per-node state. */
-void destroy_none(void *state);
-
-/* Adds the n kernels of `k` to the registry. */
-stoke_err *cpu_add_kernels(const stoke_registry_v1 *r, const stoke_kernel_v1 *k, size_t n);
 
 #endif

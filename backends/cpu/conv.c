@@ -29,22 +29,6 @@
 #include "check.h"
 #include "cpu_cnn.h"
 
-static const char *layout_name(stoke_layout l) {
-  return l == STOKE_NHWC ? "NHWC" : l == STOKE_NCHW ? "NCHW" : "any";
-}
-
-/* A 4-D tensor `t` that states a layout must state x's (ANY follows x). */
-static stoke_err *check_layout(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                               const stoke_tensor *t, const stoke_tensor *x) {
-  if (t->shape.ndim != 4 || t->layout == STOKE_LAYOUT_ANY) return NULL;
-  stoke_layout want = is_nhwc(x) ? STOKE_NHWC : STOKE_NCHW;
-  if (t->layout != want)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s but x %s is %s", op, node_name(a),
-                      what, shp(&t->shape).s, layout_name(t->layout), shp(&x->shape).s,
-                      layout_name(x->layout));
-  return NULL;
-}
-
 /* --------------------------------------------------------- conv2d geometry */
 
 typedef struct conv_dims {
@@ -72,12 +56,12 @@ static stoke_err *conv_pair(const stoke_kernel_args_v1 *a, int idx, const char *
       *w = at->ints[1];
     } else if (at->n != 0) {
       return STOKE_PERR(STOKE_E_INVALID, "conv2d '%s': %s has %d values, expected 1 or 2",
-                        node_name(a), what, at->n);
+                        stoke_node_name(a), what, at->n);
     }
   }
   if (*h < min || *w < min)
     return STOKE_PERR(STOKE_E_INVALID, "conv2d '%s': %s %lldx%lld, each must be >= %lld",
-                      node_name(a), what, (long long)*h, (long long)*w, (long long)min);
+                      stoke_node_name(a), what, (long long)*h, (long long)*w, (long long)min);
   return NULL;
 }
 
@@ -87,7 +71,7 @@ static stoke_err *conv_geometry(const stoke_kernel_args_v1 *a, conv_dims *d) {
     return STOKE_PERR(STOKE_E_INVALID,
                       "conv2d '%s': expects x[N, C, H, W], weight[O, C/groups, kh, kw]; got x "
                       "%s, weight %s",
-                      node_name(a), shp(xs).s, shp(ws).s);
+                      stoke_node_name(a), stoke_shape_str(xs).s, stoke_shape_str(ws).s);
   memset(d, 0, sizeof *d);
   CHECK(conv_pair(a, STOKE_CONV2D_STRIDE, "stride", 1, 1, &d->sh, &d->sw));
   CHECK(conv_pair(a, STOKE_CONV2D_PADDING, "padding", 0, 0, &d->ph, &d->pw));
@@ -102,14 +86,14 @@ static stoke_err *conv_geometry(const stoke_kernel_args_v1 *a, conv_dims *d) {
     return STOKE_PERR(STOKE_E_INVALID,
                       "conv2d '%s': x %s and weight %s do not match groups %lld (weight must be "
                       "[O, C/groups, kh, kw], groups dividing C and O)",
-                      node_name(a), shp(xs).s, shp(ws).s, (long long)d->groups);
+                      stoke_node_name(a), stoke_shape_str(xs).s, stoke_shape_str(ws).s, (long long)d->groups);
   d->cg = d->c / d->groups;
   d->og = d->o / d->groups;
   int64_t eh = d->h + 2 * d->ph - d->dh * (d->kh - 1) - 1;
   int64_t ew = d->w + 2 * d->pw - d->dw * (d->kw - 1) - 1;
   if (eh < 0 || ew < 0)
     return STOKE_PERR(STOKE_E_INVALID, "conv2d '%s': kernel %s does not fit x %s: output < 1",
-                      node_name(a), shp(ws).s, shp(xs).s);
+                      stoke_node_name(a), stoke_shape_str(ws).s, stoke_shape_str(xs).s);
   d->ho = eh / d->sh + 1;
   d->wo = ew / d->sw + 1;
   d->hwo = d->ho * d->wo;
@@ -119,13 +103,13 @@ static stoke_err *conv_geometry(const stoke_kernel_args_v1 *a, conv_dims *d) {
     return STOKE_PERR(STOKE_E_INVALID,
                       "conv2d '%s': y is %s, expected [%lld, %lld, %lld, %lld] from x %s, "
                       "weight %s",
-                      node_name(a), shp(ys).s, (long long)d->n, (long long)d->o,
-                      (long long)d->ho, (long long)d->wo, shp(xs).s, shp(ws).s);
+                      stoke_node_name(a), stoke_shape_str(ys).s, (long long)d->n, (long long)d->o,
+                      (long long)d->ho, (long long)d->wo, stoke_shape_str(xs).s, stoke_shape_str(ws).s);
   /* BLAS takes int dimensions and leading dimensions */
   if (d->k > INT_MAX || d->hwo > INT_MAX || d->o > INT_MAX)
     return STOKE_PERR(STOKE_E_UNSUPPORTED, "conv2d '%s': x %s, weight %s: a GEMM dimension is "
-                      "beyond int", node_name(a), shp(xs).s, shp(ws).s);
-  d->nhwc = is_nhwc(&a->in[0]);
+                      "beyond int", stoke_node_name(a), stoke_shape_str(xs).s, stoke_shape_str(ws).s);
+  d->nhwc = stoke_is_nhwc(&a->in[0]);
   if (d->nhwc) {
     d->xw = d->c, d->xh = d->w * d->c, d->xc = 1;
     d->yc = 1, d->yp = d->o;
@@ -141,26 +125,26 @@ static stoke_err *conv_geometry(const stoke_kernel_args_v1 *a, conv_dims *d) {
 static stoke_err *conv_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run,
                              conv_dims *d) {
   const char *op = STOKE_OP_CONV2D;
-  CHECK(check_counts(a, op, bwd, 2, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 2, 1));
   CHECK(conv_geometry(a, d));
   const stoke_tensor *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
-  CHECK(check_dtype(a, op, "x", x, dt));
-  CHECK(check_dtype(a, op, "weight", w, dt));
-  CHECK(check_dtype(a, op, "y", y, dt));
-  CHECK(check_layout(a, op, "y", y, x));
+  CHECK(stoke_check_dtype(a, op, "x", x, dt));
+  CHECK(stoke_check_dtype(a, op, "weight", w, dt));
+  CHECK(stoke_check_dtype(a, op, "y", y, dt));
+  CHECK(stoke_check_layout(a, op, "y", y, x));
   if (!bwd) {
-    CHECK(check_data(a, op, "x", x, run));
-    CHECK(check_data(a, op, "weight", w, run));
-    return check_data(a, op, "y", y, run);
+    CHECK(stoke_check_data(a, op, "x", x, run));
+    CHECK(stoke_check_data(a, op, "weight", w, run));
+    return stoke_check_data(a, op, "y", y, run);
   }
-  CHECK(check_grad(a, op, "x", &a->din[0], x));
-  CHECK(check_grad(a, op, "weight", &a->din[1], w));
-  CHECK(check_grad(a, op, "y", &a->dout[0], y));
-  if (a->din[0].data) CHECK(check_layout(a, op, "dx", &a->din[0], x));
-  CHECK(check_layout(a, op, "dy", &a->dout[0], x));
-  CHECK(check_data(a, op, "dy", &a->dout[0], run));
-  if (a->din[0].data) CHECK(check_data(a, op, "weight", w, run)); /* dx from W */
-  if (a->din[1].data) CHECK(check_data(a, op, "x", x, run));      /* dW from x */
+  CHECK(stoke_check_grad(a, op, "x", &a->din[0], x));
+  CHECK(stoke_check_grad(a, op, "weight", &a->din[1], w));
+  CHECK(stoke_check_grad(a, op, "y", &a->dout[0], y));
+  if (a->din[0].data) CHECK(stoke_check_layout(a, op, "dx", &a->din[0], x));
+  CHECK(stoke_check_layout(a, op, "dy", &a->dout[0], x));
+  CHECK(stoke_check_data(a, op, "dy", &a->dout[0], run));
+  if (a->din[0].data) CHECK(stoke_check_data(a, op, "weight", w, run)); /* dx from W */
+  if (a->din[1].data) CHECK(stoke_check_data(a, op, "x", x, run));      /* dW from x */
   return NULL;
 }
 
@@ -213,14 +197,14 @@ static stoke_err *conv_plan_state(const stoke_kernel_args_v1 *a, const conv_dims
                                   void **state) {
   if (conv_direct(d)) return NULL; /* no buffer */
   conv_state *s = stoke_host->alloc(sizeof *s);
-  if (!s) return STOKE_PERR(STOKE_E_OOM, "conv2d '%s': out of host memory", node_name(a));
+  if (!s) return STOKE_PERR(STOKE_E_OOM, "conv2d '%s': out of host memory", stoke_node_name(a));
   s->bytes = (size_t)conv_chunk(d, elem, SIZE_MAX) * conv_sample_bytes(d, elem);
   s->col = stoke_host->alloc(s->bytes);
   if (!s->col) {
     stoke_host->free(s);
     return STOKE_PERR(STOKE_E_OOM,
                       "conv2d '%s': out of host memory for the %zu-byte im2col buffer",
-                      node_name(a), s->bytes);
+                      stoke_node_name(a), s->bytes);
   }
   *state = s;
   return NULL;
@@ -244,7 +228,7 @@ static stoke_err *conv_col(const stoke_kernel_args_v1 *a, const conv_dims *d, si
   *col = *tmp = stoke_host->alloc(bytes);
   if (!*col)
     return STOKE_PERR(STOKE_E_OOM, "conv2d '%s': out of host memory for %zu bytes",
-                      node_name(a), bytes);
+                      stoke_node_name(a), bytes);
   return NULL;
 }
 
@@ -253,56 +237,56 @@ static stoke_err *conv_col(const stoke_kernel_args_v1 *a, const conv_dims *d, si
 /* What every op below checks: dtypes, data, gradients against values. */
 static stoke_err *simple_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt,
                                int bwd, int run, int n_in) {
-  CHECK(check_counts(a, op, bwd, n_in, 1));
+  CHECK(stoke_check_counts(a, op, bwd, n_in, 1));
   const stoke_tensor *x = &a->in[0];
   CHECK(check_xy(a, op, dt, bwd, run));
   if (!bwd) return NULL;
-  if (a->din[0].data) CHECK(check_layout(a, op, "dx", &a->din[0], x));
-  CHECK(check_layout(a, op, "dy", &a->dout[0], x));
-  return check_data(a, op, "dy", &a->dout[0], run);
+  if (a->din[0].data) CHECK(stoke_check_layout(a, op, "dx", &a->din[0], x));
+  CHECK(stoke_check_layout(a, op, "dy", &a->dout[0], x));
+  return stoke_check_data(a, op, "dy", &a->dout[0], run);
 }
 
 static stoke_err *bias_add_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd,
                                  int run) {
   const char *op = STOKE_OP_BIAS_ADD;
-  CHECK(check_counts(a, op, bwd, 2, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 2, 1));
   const stoke_tensor *x = &a->in[0], *b = &a->in[1], *y = &a->out[0];
   if (x->shape.ndim < 2 || b->shape.ndim != 1 || b->shape.d[0] != x->shape.d[1] ||
-      !same_shape(&x->shape, &y->shape))
+      !stoke_same_shape(&x->shape, &y->shape))
     return STOKE_PERR(STOKE_E_INVALID,
                       "bias_add '%s': expects x[N, C, ...], bias[C] -> y like x; got x %s, bias "
                       "%s, y %s",
-                      node_name(a), shp(&x->shape).s, shp(&b->shape).s, shp(&y->shape).s);
-  CHECK(check_dtype(a, op, "bias", b, dt));
-  CHECK(check_layout(a, op, "y", y, x));
-  if (!bwd) CHECK(check_data(a, op, "bias", b, run));
-  else CHECK(check_grad(a, op, "bias", &a->din[1], b));
+                      stoke_node_name(a), stoke_shape_str(&x->shape).s, stoke_shape_str(&b->shape).s, stoke_shape_str(&y->shape).s);
+  CHECK(stoke_check_dtype(a, op, "bias", b, dt));
+  CHECK(stoke_check_layout(a, op, "y", y, x));
+  if (!bwd) CHECK(stoke_check_data(a, op, "bias", b, run));
+  else CHECK(stoke_check_grad(a, op, "bias", &a->din[1], b));
   return simple_check(a, op, dt, bwd, run, 2);
 }
 
 static stoke_err *flatten_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd,
                                 int run) {
   const char *op = STOKE_OP_FLATTEN;
-  CHECK(check_counts(a, op, bwd, 1, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 1, 1));
   const stoke_shape *xs = &a->in[0].shape, *ys = &a->out[0].shape;
   int64_t rest = 1;
   for (int i = 1; i < xs->ndim; i++) rest *= xs->d[i];
   if (xs->ndim < 2 || ys->ndim != 2 || ys->d[0] != xs->d[0] || ys->d[1] != rest)
     return STOKE_PERR(STOKE_E_INVALID, "flatten '%s': expects x[N, ...] -> y[N, prod]; got x %s, y %s",
-                      node_name(a), shp(xs).s, shp(ys).s);
+                      stoke_node_name(a), stoke_shape_str(xs).s, stoke_shape_str(ys).s);
   return simple_check(a, op, dt, bwd, run, 1);
 }
 
 static stoke_err *gap_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
   const char *op = STOKE_OP_GLOBAL_AVG_POOL;
-  CHECK(check_counts(a, op, bwd, 1, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 1, 1));
   const stoke_shape *xs = &a->in[0].shape, *ys = &a->out[0].shape;
   if (xs->ndim != 4 || xs->d[2] < 1 || xs->d[3] < 1 || ys->ndim != 2 || ys->d[0] != xs->d[0] ||
       ys->d[1] != xs->d[1])
     return STOKE_PERR(STOKE_E_INVALID,
                       "global_avg_pool '%s': expects x[N, C, H, W] (H, W >= 1) -> y[N, C]; got "
                       "x %s, y %s",
-                      node_name(a), shp(xs).s, shp(ys).s);
+                      stoke_node_name(a), stoke_shape_str(xs).s, stoke_shape_str(ys).s);
   return simple_check(a, op, dt, bwd, run, 1);
 }
 
@@ -319,12 +303,12 @@ static stoke_err *gap_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int b
 #define KERNELS(sfx, dt)                                                                 \
   KERNEL(STOKE_OP_CONV2D, STOKE_FWD, conv2d_fwd, sfx, dt, conv_destroy),                \
   CPU_KERNEL_ACC(STOKE_OP_CONV2D, STOKE_BWD, conv2d_bwd, sfx, dt, conv_destroy, 1u),    \
-  KERNEL(STOKE_OP_BIAS_ADD, STOKE_FWD, bias_add_fwd, sfx, dt, destroy_none),            \
-  KERNEL(STOKE_OP_BIAS_ADD, STOKE_BWD, bias_add_bwd, sfx, dt, destroy_none),            \
-  KERNEL(STOKE_OP_FLATTEN, STOKE_FWD, flatten_fwd, sfx, dt, destroy_none),              \
-  KERNEL(STOKE_OP_FLATTEN, STOKE_BWD, flatten_bwd, sfx, dt, destroy_none),              \
-  KERNEL(STOKE_OP_GLOBAL_AVG_POOL, STOKE_FWD, gap_fwd, sfx, dt, destroy_none),          \
-  KERNEL(STOKE_OP_GLOBAL_AVG_POOL, STOKE_BWD, gap_bwd, sfx, dt, destroy_none)
+  KERNEL(STOKE_OP_BIAS_ADD, STOKE_FWD, bias_add_fwd, sfx, dt, stoke_destroy_none),            \
+  KERNEL(STOKE_OP_BIAS_ADD, STOKE_BWD, bias_add_bwd, sfx, dt, stoke_destroy_none),            \
+  KERNEL(STOKE_OP_FLATTEN, STOKE_FWD, flatten_fwd, sfx, dt, stoke_destroy_none),              \
+  KERNEL(STOKE_OP_FLATTEN, STOKE_BWD, flatten_bwd, sfx, dt, stoke_destroy_none),              \
+  KERNEL(STOKE_OP_GLOBAL_AVG_POOL, STOKE_FWD, gap_fwd, sfx, dt, stoke_destroy_none),          \
+  KERNEL(STOKE_OP_GLOBAL_AVG_POOL, STOKE_BWD, gap_bwd, sfx, dt, stoke_destroy_none)
 
 static const stoke_kernel_v1 conv_kernels[] = {
     KERNELS(f32, STOKE_F32),
@@ -332,7 +316,7 @@ static const stoke_kernel_v1 conv_kernels[] = {
 };
 
 stoke_err *cpu_register_conv(const stoke_registry_v1 *r) {
-  return cpu_add_kernels(r, conv_kernels, sizeof conv_kernels / sizeof *conv_kernels);
+  return stoke_add_kernels(r, conv_kernels, sizeof conv_kernels / sizeof *conv_kernels);
 }
 
 const stoke_kernel_v1 *cpu_conv2d_kernel(stoke_pass pass, stoke_dtype dt) {
@@ -545,7 +529,7 @@ static stoke_err *FN(conv2d_bwd)(const stoke_kernel_args_v1 *a, void *state) {
   const T *x = a->in[0].data, *w = a->in[1].data, *dy = a->dout[0].data;
   T *dx = a->din[0].data, *dw = a->din[1].data;
   if (!dx && !dw) return NULL;
-  double bx = grad_beta(a, 0), bw = grad_beta(a, 1);
+  double bx = stoke_grad_beta(a, 0), bw = stoke_grad_beta(a, 1);
   if (d.n == 0) {
     if (dx) FN(scale)(dx, d.n * d.xn, bx);
     if (dw) FN(scale)(dw, d.o * d.k, bw);
@@ -604,7 +588,7 @@ PLAN(bias_add_bwd, bias_add_check(a, DT, 1, 0))
     const stoke_shape *s_ = &(x)->shape;                                    \
     int64_t n_ = s_->d[0], c_ = s_->d[1], rest_ = 1;                        \
     for (int k_ = 2; k_ < s_->ndim; k_++) rest_ *= s_->d[k_];               \
-    if (is_nhwc(x)) {                                                       \
+    if (stoke_is_nhwc(x)) {                                                       \
       for (int64_t r_ = 0; r_ < n_ * rest_; r_++)                           \
         for (int64_t ch = 0; ch < c_; ch++) {                               \
           int64_t i = r_ * c_ + ch;                                         \
@@ -634,7 +618,7 @@ static stoke_err *FN(bias_add_bwd)(const stoke_kernel_args_v1 *a, void *state) {
   const T *dy = a->dout[0].data;
   T *dx = a->din[0].data, *db = a->din[1].data;
   if (dx) {
-    double beta = grad_beta(a, 0);
+    double beta = stoke_grad_beta(a, 0);
     int64_t n = stoke_numel(&a->in[0].shape);
     for (int64_t i = 0; i < n; i++) ACC(T, dx[i], beta, dy[i]);
   }
@@ -642,8 +626,8 @@ static stoke_err *FN(bias_add_bwd)(const stoke_kernel_args_v1 *a, void *state) {
     const stoke_shape *s = &a->in[0].shape;
     int64_t n = s->d[0], c = s->d[1], rest = 1;
     for (int k = 2; k < s->ndim; k++) rest *= s->d[k];
-    double beta = grad_beta(a, 1);
-    int nhwc = is_nhwc(&a->in[0]);
+    double beta = stoke_grad_beta(a, 1);
+    int nhwc = stoke_is_nhwc(&a->in[0]);
     for (int64_t j = 0; j < c; j++) {
       double sum = 0;
       for (int64_t m = 0; m < n; m++)
@@ -679,7 +663,7 @@ static stoke_err *FN(flatten_fwd)(const stoke_kernel_args_v1 *a, void *state) {
   CHECK(flatten_check(a, DT, 0, 1));
   const T *x = a->in[0].data;
   T *y = a->out[0].data;
-  if (is_nhwc(&a->in[0])) FOR_NHWC(&a->in[0].shape, m, l, y[l] = x[m]);
+  if (stoke_is_nhwc(&a->in[0])) FOR_NHWC(&a->in[0].shape, m, l, y[l] = x[m]);
   else if (stoke_numel(&a->in[0].shape))
     memcpy(y, x, sizeof(T) * (size_t)stoke_numel(&a->in[0].shape));
   return NULL;
@@ -690,8 +674,8 @@ static stoke_err *FN(flatten_bwd)(const stoke_kernel_args_v1 *a, void *state) {
   const T *dy = a->dout[0].data;
   T *dx = a->din[0].data;
   if (!dx) return NULL;
-  double beta = grad_beta(a, 0);
-  if (is_nhwc(&a->in[0])) {
+  double beta = stoke_grad_beta(a, 0);
+  if (stoke_is_nhwc(&a->in[0])) {
     FOR_NHWC(&a->in[0].shape, m, l, ACC(T, dx[m], beta, dy[l]));
   } else {
     int64_t n = stoke_numel(&a->in[0].shape);
@@ -712,7 +696,7 @@ static stoke_err *FN(gap_fwd)(const stoke_kernel_args_v1 *a, void *state) {
   const T *x = a->in[0].data;
   T *y = a->out[0].data;
   int64_t n = s->d[0], c = s->d[1], hw = s->d[2] * s->d[3];
-  if (is_nhwc(&a->in[0])) {
+  if (stoke_is_nhwc(&a->in[0])) {
     for (int64_t m = 0; m < n; m++)
       for (int64_t j = 0; j < c; j++) {
         double sum = 0;
@@ -737,8 +721,8 @@ static stoke_err *FN(gap_bwd)(const stoke_kernel_args_v1 *a, void *state) {
   const stoke_shape *s = &a->in[0].shape;
   const T *dy = a->dout[0].data;
   int64_t n = s->d[0], c = s->d[1], hw = s->d[2] * s->d[3];
-  double beta = grad_beta(a, 0);
-  if (is_nhwc(&a->in[0])) {
+  double beta = stoke_grad_beta(a, 0);
+  if (stoke_is_nhwc(&a->in[0])) {
     for (int64_t m = 0; m < n; m++)
       for (int64_t p = 0; p < hw; p++)
         for (int64_t j = 0; j < c; j++)

@@ -43,9 +43,9 @@ static void cb_destroy(void *state) {
 static stoke_err *check_vec(const stoke_kernel_args_v1 *a, const char *op, const char *what,
                             const stoke_tensor *t, int64_t len, stoke_dtype dt) {
   if (t->shape.ndim != 1 || t->shape.d[0] != len)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, expected [%lld]", op, node_name(a), what,
-                      shp(&t->shape).s, (long long)len);
-  return check_dtype(a, op, what, t, dt);
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, expected [%lld]", op, stoke_node_name(a), what,
+                      stoke_shape_str(&t->shape).s, (long long)len);
+  return stoke_check_dtype(a, op, what, t, dt);
 }
 
 /* x (N, C, ...) as logical (N, C, S). */
@@ -62,13 +62,13 @@ static stoke_err *check_affine(const stoke_kernel_args_v1 *a, const char *op, in
                                const stoke_tensor *x, stoke_dtype dt, int data) {
   static const char *const names[] = {"mean", "invstd", "weight", "bias"};
   const char *x_name = pre[0] ? "p" : "y";
-  CHECK(check_layout_known(a, op, x_name, x));
-  CHECK(check_data(a, op, x_name, x, data));
+  CHECK(stoke_check_layout_known(a, op, x_name, x));
+  CHECK(stoke_check_data(a, op, x_name, x, data));
   for (int i = 0; i < 4; i++) {
     char what[32];
     snprintf(what, sizeof what, "%s%s", pre, names[i]);
     CHECK(check_vec(a, op, what, &a->in[at + i], x->shape.d[1], dt));
-    CHECK(check_data(a, op, what, &a->in[at + i], data));
+    CHECK(stoke_check_data(a, op, what, &a->in[at + i], data));
   }
   return NULL;
 }
@@ -81,7 +81,7 @@ static stoke_err *check_no_stat_grad(const stoke_kernel_args_v1 *a, const char *
     return STOKE_PERR(STOKE_E_INVALID,
                       "%s '%s': a gradient of %s was asked for; statistics take none (their readers "
                       "account for them, stoke/ops.h): the graph is wrong",
-                      op, node_name(a), what);
+                      op, stoke_node_name(a), what);
   return NULL;
 }
 
@@ -100,18 +100,18 @@ static stoke_err *pre_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int b
   const int pm = STOKE_BN_RELU_CONV_BN_P_MEAN, pw = STOKE_BN_RELU_CONV_BN_P_WEIGHT, pb = STOKE_BN_RELU_CONV_BN_P_BIAS;
   const stoke_tensor *p = &a->in[0];
   if (p->shape.ndim != 4)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': p is %s, expected [N, C, H, W]", op, node_name(a), shp(&p->shape).s);
-  CHECK(check_dtype(a, op, "p", p, dt));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': p is %s, expected [N, C, H, W]", op, stoke_node_name(a), stoke_shape_str(&p->shape).s);
+  CHECK(stoke_check_dtype(a, op, "p", p, dt));
   int wanted = !bwd || a->din[0].data || a->din[pw].data || a->din[pb].data ||
                a->din[STOKE_BN_RELU_CONV_BN_WEIGHT].data;
   CHECK(check_affine(a, op, pm, "p_", p, dt, run && wanted));
   if (!bwd) return NULL;
   CHECK(check_no_stat_grad(a, op, &a->din[pm], "p_mean"));
   CHECK(check_no_stat_grad(a, op, &a->din[STOKE_BN_RELU_CONV_BN_P_INVSTD], "p_invstd"));
-  CHECK(check_layout_known(a, op, "dp", &a->din[0]));
-  CHECK(check_grad(a, op, "p", &a->din[0], p));
-  CHECK(check_grad(a, op, "p_weight", &a->din[pw], &a->in[pw]));
-  return check_grad(a, op, "p_bias", &a->din[pb], &a->in[pb]);
+  CHECK(stoke_check_layout_known(a, op, "dp", &a->din[0]));
+  CHECK(stoke_check_grad(a, op, "p", &a->din[0], p));
+  CHECK(stoke_check_grad(a, op, "p_weight", &a->din[pw], &a->in[pw]));
+  return stoke_check_grad(a, op, "p_bias", &a->din[pb], &a->in[pb]);
 }
 
 /* What both check beyond conv2d's own checks (conv.c, on the view): eps
@@ -120,19 +120,19 @@ static stoke_err *pre_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int b
  * y's geometry with eps and momentum. */
 static stoke_err *conv_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run, int pre, bn_geom *g) {
   const char *op = conv_ops[pre];
-  CHECK(check_counts(a, op, bwd, pre ? 8 : 4, 3));
+  CHECK(stoke_check_counts(a, op, bwd, pre ? 8 : 4, 3));
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= STOKE_CONV_BN_MOMENTUM)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes eps and momentum missing", op, node_name(a));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes eps and momentum missing", op, stoke_node_name(a));
   const stoke_tensor *y = &a->out[0];
   if (y->shape.ndim != 4)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': y is %s, expected [N, K, Ho, Wo]", op, node_name(a),
-                      shp(&y->shape).s);
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': y is %s, expected [N, K, Ho, Wo]", op, stoke_node_name(a),
+                      stoke_shape_str(&y->shape).s);
   *g = geom_of(y);
   g->eps = n->attrs[STOKE_CONV_BN_EPS].f;
   g->momentum = n->attrs[STOKE_CONV_BN_MOMENTUM].f;
   if (!(g->eps > 0 && isfinite(g->eps)) || !(g->momentum >= 0 && g->momentum <= 1))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': eps %g must be > 0 and momentum %g in [0, 1]", op, node_name(a),
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': eps %g must be > 0 and momentum %g in [0, 1]", op, stoke_node_name(a),
                       g->eps, g->momentum);
   static const char *const stats[] = {"running_mean", "running_var", "saved_mean", "saved_invstd"};
   const stoke_tensor *st[] = {&a->in[conv_run[pre]], &a->in[conv_run[pre] + 1], &a->out[1], &a->out[2]};
@@ -142,10 +142,10 @@ static stoke_err *conv_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int 
     CHECK(check_no_stat_grad(a, op, &a->dout[1], "saved_mean"));
     return check_no_stat_grad(a, op, &a->dout[2], "saved_invstd");
   }
-  for (int i = 0; i < 4; i++) CHECK(check_data(a, op, stats[i], st[i], run));
+  for (int i = 0; i < 4; i++) CHECK(stoke_check_data(a, op, stats[i], st[i], run));
   if (run && a->training && g->n * g->s < 2)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': training needs more than 1 value per channel, y is %s", op,
-                      node_name(a), shp(&y->shape).s);
+                      stoke_node_name(a), stoke_shape_str(&y->shape).s);
   return NULL;
 }
 
@@ -216,7 +216,7 @@ static stoke_err *conv_plan(const stoke_kernel_args_v1 *a, void **state, size_t 
     if (k->destroy) k->destroy(cs);
     if (s) stoke_host->free(s);
     return STOKE_PERR(STOKE_E_OOM, "%s '%s': out of host memory for the kernel's buffers", conv_ops[pre],
-                      node_name(a));
+                      stoke_node_name(a));
   }
   s->conv = k;
   s->conv_state = cs;
@@ -235,7 +235,7 @@ static stoke_err *conv_buf(const stoke_kernel_args_v1 *a, stoke_dtype dt, cb_sta
   }
   *buf = *tmp = stoke_host->alloc(bytes ? bytes : 1);
   if (!*buf)
-    return STOKE_PERR(STOKE_E_OOM, "%s '%s': out of host memory for %zu bytes", conv_ops[1], node_name(a), bytes);
+    return STOKE_PERR(STOKE_E_OOM, "%s '%s': out of host memory for %zu bytes", conv_ops[1], stoke_node_name(a), bytes);
   return NULL;
 }
 
@@ -321,34 +321,34 @@ static const char *const apply_ops[] = {STOKE_OP_BN_APPLY, STOKE_OP_BN_APPLY_REL
 static stoke_err *apply_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run, int act, bn_geom *g) {
   const char *op = apply_ops[act];
   const int ri = STOKE_BN_APPLY_RESIDUAL;
-  CHECK(check_counts(a, op, bwd, act == 2 ? 6 : 5, 1));
+  CHECK(stoke_check_counts(a, op, bwd, act == 2 ? 6 : 5, 1));
   const stoke_tensor *y = &a->in[0], *out = &a->out[0];
-  if (y->shape.ndim < 2 || !same_shape(&y->shape, &out->shape) || (y->shape.ndim == 4 && is_nhwc(y) != is_nhwc(out)))
+  if (y->shape.ndim < 2 || !stoke_same_shape(&y->shape, &out->shape) || (y->shape.ndim == 4 && stoke_is_nhwc(y) != stoke_is_nhwc(out)))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects y[N, C, ...] -> out of y's shape and memory order, got y %s, out %s",
-                      op, node_name(a), shp(&y->shape).s, shp(&out->shape).s);
+                      op, stoke_node_name(a), stoke_shape_str(&y->shape).s, stoke_shape_str(&out->shape).s);
   *g = geom_of(y);
   g->relu = act >= 1;
   g->add = act == 2;
   CHECK(check_xy(a, op, dt, bwd, run));
-  CHECK(check_layout_known(a, op, "out", out));
+  CHECK(stoke_check_layout_known(a, op, "out", out));
   CHECK(check_affine(a, op, STOKE_BN_APPLY_MEAN, "", y, dt, run && !bwd));
   const stoke_tensor *r = g->add ? &a->in[ri] : NULL;
-  if (r && (!same_shape(&r->shape, &y->shape) || is_nhwc(r) != is_nhwc(y)))
+  if (r && (!stoke_same_shape(&r->shape, &y->shape) || stoke_is_nhwc(r) != stoke_is_nhwc(y)))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the residual %s must have y's shape %s and memory order", op,
-                      node_name(a), shp(&r->shape).s, shp(&y->shape).s);
-  if (r) CHECK(check_dtype(a, op, "residual", r, dt));
-  if (!bwd) return r ? check_data(a, op, "residual", r, run) : NULL;
+                      stoke_node_name(a), stoke_shape_str(&r->shape).s, stoke_shape_str(&y->shape).s);
+  if (r) CHECK(stoke_check_dtype(a, op, "residual", r, dt));
+  if (!bwd) return r ? stoke_check_data(a, op, "residual", r, run) : NULL;
   const int wi = STOKE_BN_APPLY_WEIGHT, bi = STOKE_BN_APPLY_BIAS;
   CHECK(check_no_stat_grad(a, op, &a->din[STOKE_BN_APPLY_MEAN], "mean"));
   CHECK(check_no_stat_grad(a, op, &a->din[STOKE_BN_APPLY_INVSTD], "invstd"));
-  CHECK(check_grad(a, op, "weight", &a->din[wi], &a->in[wi]));
-  CHECK(check_grad(a, op, "bias", &a->din[bi], &a->in[bi]));
-  if (r) CHECK(check_grad(a, op, "residual", &a->din[ri], r));
+  CHECK(stoke_check_grad(a, op, "weight", &a->din[wi], &a->in[wi]));
+  CHECK(stoke_check_grad(a, op, "bias", &a->din[bi], &a->in[bi]));
+  if (r) CHECK(stoke_check_grad(a, op, "residual", &a->din[ri], r));
   int any = a->din[0].data || a->din[wi].data || a->din[bi].data || (r && a->din[ri].data);
   if (!any) return NULL;
-  CHECK(check_data(a, op, "dout", &a->dout[0], run));
+  CHECK(stoke_check_data(a, op, "dout", &a->dout[0], run));
   static const char *const reads[] = {"y", "mean", "invstd", "weight", "bias", "residual"};
-  for (int i = 0; i < (g->relu ? (r ? 6 : 5) : 4); i++) CHECK(check_data(a, op, reads[i], &a->in[i], run));
+  for (int i = 0; i < (g->relu ? (r ? 6 : 5) : 4); i++) CHECK(stoke_check_data(a, op, reads[i], &a->in[i], run));
   return NULL;
 }
 
@@ -408,9 +408,9 @@ ALL_KERNELS(f64, STOKE_F64)
 #define TABLE(sfx, dt)                                                              \
   ENTRIES(STOKE_OP_CONV_BN, conv_bn, sfx, dt, cb_destroy),                          \
   ENTRIES(STOKE_OP_BN_RELU_CONV_BN, bn_relu_conv_bn, sfx, dt, cb_destroy),          \
-  ENTRIES(STOKE_OP_BN_APPLY, bn_apply, sfx, dt, destroy_none),                      \
-  ENTRIES(STOKE_OP_BN_APPLY_RELU, bn_apply_relu, sfx, dt, destroy_none),            \
-  ENTRIES(STOKE_OP_BN_APPLY_ADD_RELU, bn_apply_add_relu, sfx, dt, destroy_none)
+  ENTRIES(STOKE_OP_BN_APPLY, bn_apply, sfx, dt, stoke_destroy_none),                      \
+  ENTRIES(STOKE_OP_BN_APPLY_RELU, bn_apply_relu, sfx, dt, stoke_destroy_none),            \
+  ENTRIES(STOKE_OP_BN_APPLY_ADD_RELU, bn_apply_add_relu, sfx, dt, stoke_destroy_none)
 
 static const stoke_kernel_v1 convbn_kernels[] = {
     TABLE(f32, STOKE_F32),
@@ -418,5 +418,5 @@ static const stoke_kernel_v1 convbn_kernels[] = {
 };
 
 stoke_err *cpu_register_convbn(const stoke_registry_v1 *r) {
-  return cpu_add_kernels(r, convbn_kernels, sizeof convbn_kernels / sizeof *convbn_kernels);
+  return stoke_add_kernels(r, convbn_kernels, sizeof convbn_kernels / sizeof *convbn_kernels);
 }

@@ -147,14 +147,14 @@ static stoke_err *check_blas_dims(const stoke_kernel_args_v1 *a, const char *op,
   for (int i = 0; i < s->ndim; i++)
     if (s->d[i] < 0 || s->d[i] > INT_MAX)
       return STOKE_PERR(STOKE_E_UNSUPPORTED, "%s '%s': shape %s has a dimension beyond int",
-                        op, node_name(a), shp(s).s);
+                        op, stoke_node_name(a), stoke_shape_str(s).s);
   return NULL;
 }
 
 static stoke_err *linear_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd,
                                int run) {
   const char *op = STOKE_OP_LINEAR;
-  CHECK(check_counts(a, op, bwd, 3, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 3, 1));
   const stoke_tensor *x = &a->in[0], *w = &a->in[1], *b = &a->in[2], *y = &a->out[0];
   const stoke_shape *xs = &x->shape, *ws = &w->shape, *bs = &b->shape, *ys = &y->shape;
   if (xs->ndim != 2 || ws->ndim != 2 || bs->ndim != 1 || ys->ndim != 2 ||
@@ -163,26 +163,26 @@ static stoke_err *linear_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, in
     return STOKE_PERR(STOKE_E_INVALID,
                       "linear '%s': expects x[N, in], weight[out, in], bias[out] -> y[N, out]; "
                       "got x %s, weight %s, bias %s, y %s",
-                      node_name(a), shp(xs).s, shp(ws).s, shp(bs).s, shp(ys).s);
+                      stoke_node_name(a), stoke_shape_str(xs).s, stoke_shape_str(ws).s, stoke_shape_str(bs).s, stoke_shape_str(ys).s);
   CHECK(check_blas_dims(a, op, xs));
   CHECK(check_blas_dims(a, op, ws));
-  CHECK(check_dtype(a, op, "x", x, dt));
-  CHECK(check_dtype(a, op, "weight", w, dt));
-  CHECK(check_dtype(a, op, "bias", b, dt));
-  CHECK(check_dtype(a, op, "y", y, dt));
+  CHECK(stoke_check_dtype(a, op, "x", x, dt));
+  CHECK(stoke_check_dtype(a, op, "weight", w, dt));
+  CHECK(stoke_check_dtype(a, op, "bias", b, dt));
+  CHECK(stoke_check_dtype(a, op, "y", y, dt));
   if (!bwd) {
-    CHECK(check_data(a, op, "x", x, run));
-    CHECK(check_data(a, op, "weight", w, run));
-    CHECK(check_data(a, op, "bias", b, run));
-    return check_data(a, op, "y", y, run);
+    CHECK(stoke_check_data(a, op, "x", x, run));
+    CHECK(stoke_check_data(a, op, "weight", w, run));
+    CHECK(stoke_check_data(a, op, "bias", b, run));
+    return stoke_check_data(a, op, "y", y, run);
   }
-  CHECK(check_grad(a, op, "x", &a->din[0], x));
-  CHECK(check_grad(a, op, "weight", &a->din[1], w));
-  CHECK(check_grad(a, op, "bias", &a->din[2], b));
-  CHECK(check_grad(a, op, "y", &a->dout[0], y));
-  CHECK(check_data(a, op, "dy", &a->dout[0], run));
-  if (a->din[0].data) CHECK(check_data(a, op, "weight", w, run)); /* dx = dy W */
-  if (a->din[1].data) CHECK(check_data(a, op, "x", x, run));      /* dW = dy^T x */
+  CHECK(stoke_check_grad(a, op, "x", &a->din[0], x));
+  CHECK(stoke_check_grad(a, op, "weight", &a->din[1], w));
+  CHECK(stoke_check_grad(a, op, "bias", &a->din[2], b));
+  CHECK(stoke_check_grad(a, op, "y", &a->dout[0], y));
+  CHECK(stoke_check_data(a, op, "dy", &a->dout[0], run));
+  if (a->din[0].data) CHECK(stoke_check_data(a, op, "weight", w, run)); /* dx = dy W */
+  if (a->din[1].data) CHECK(stoke_check_data(a, op, "x", x, run));      /* dW = dy^T x */
   return NULL;
 }
 
@@ -190,15 +190,15 @@ static stoke_err *linear_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, in
  * (gelu): `reads`, named in the error. */
 static stoke_err *act_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt, int bwd, int run,
                             const stoke_tensor *reads, const char *what) {
-  CHECK(check_counts(a, op, bwd, 1, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 1, 1));
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
-  if (!same_shape(&x->shape, &y->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x is %s but y is %s", op, node_name(a),
-                      shp(&x->shape).s, shp(&y->shape).s);
+  if (!stoke_same_shape(&x->shape, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x is %s but y is %s", op, stoke_node_name(a),
+                      stoke_shape_str(&x->shape).s, stoke_shape_str(&y->shape).s);
   CHECK(check_xy(a, op, dt, bwd, run));
   if (!bwd) return NULL;
-  CHECK(check_data(a, op, "dy", &a->dout[0], run));
-  if (a->din[0].data) CHECK(check_data(a, op, what, reads, run));
+  CHECK(stoke_check_data(a, op, "dy", &a->dout[0], run));
+  if (a->din[0].data) CHECK(stoke_check_data(a, op, what, reads, run));
   return NULL;
 }
 
@@ -217,13 +217,13 @@ static stoke_err *act_aux_check(const stoke_kernel_args_v1 *a, const char *op, c
   int64_t cols = relu ? relu_mask_stride(y->d[1]) : y->d[1];
   stoke_dtype want = relu ? STOKE_U8 : dt;
   if (strcmp(act, "relu") && strcmp(act, "gelu"))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': act '%s' is neither relu nor gelu", op, node_name(a), act);
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': act '%s' is neither relu nor gelu", op, stoke_node_name(a), act);
   if (aux->shape.ndim != 2 || aux->shape.d[0] != y->d[0] || aux->shape.d[1] != cols)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': aux is %s, a %s aux for [%lld, %lld] is [%lld, %lld]", op,
-                      node_name(a), shp(&aux->shape).s, act, (long long)y->d[0], (long long)y->d[1],
+                      stoke_node_name(a), stoke_shape_str(&aux->shape).s, act, (long long)y->d[0], (long long)y->d[1],
                       (long long)y->d[0], (long long)cols);
-  CHECK(check_dtype(a, op, "aux", aux, want));
-  return check_data(a, op, "aux", aux, run);
+  CHECK(stoke_check_dtype(a, op, "aux", aux, want));
+  return stoke_check_data(a, op, "aux", aux, run);
 }
 
 static const char *act_attr(const stoke_kernel_args_v1 *a, int i, const char *def) {
@@ -235,7 +235,7 @@ static stoke_err *linear_act_check(const stoke_kernel_args_v1 *a, stoke_dtype dt
   CHECK(linear_check(a, dt, 0, run));
   if (a->n_out < 2)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs the outputs y and aux, got %d", STOKE_OP_LINEAR_ACT,
-                      node_name(a), a->n_out);
+                      stoke_node_name(a), a->n_out);
   return act_aux_check(a, STOKE_OP_LINEAR_ACT, act_attr(a, STOKE_LINEAR_ACT_ACT, ""), &a->out[1],
                        &a->out[0].shape, dt, run);
 }
@@ -247,38 +247,38 @@ static stoke_err *linear_dact_check(const stoke_kernel_args_v1 *a, stoke_dtype d
   CHECK(linear_check(a, dt, 1, run));
   if (a->n_in < 5)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs y1, weight, bias, aux1, bias1; got %d inputs", op,
-                      node_name(a), a->n_in);
+                      stoke_node_name(a), a->n_in);
   CHECK(act_aux_check(a, op, act_attr(a, STOKE_LINEAR_ACT_ACT, ""), &a->in[3], &a->in[0].shape, dt,
                       run && a->din[0].data));
   const stoke_tensor *b1 = &a->in[4];
   if (b1->shape.ndim != 1 || b1->shape.d[0] != a->in[0].shape.d[1])
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': bias1 is %s, expected [%lld]", op, node_name(a),
-                      shp(&b1->shape).s, (long long)a->in[0].shape.d[1]);
-  CHECK(check_grad(a, op, "bias1", &a->din[4], b1));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': bias1 is %s, expected [%lld]", op, stoke_node_name(a),
+                      stoke_shape_str(&b1->shape).s, (long long)a->in[0].shape.d[1]);
+  CHECK(stoke_check_grad(a, op, "bias1", &a->din[4], b1));
   if (a->din[4].data && !a->din[0].data)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': d bias1 is asked for without dz1", op, node_name(a));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': d bias1 is asked for without dz1", op, stoke_node_name(a));
   return NULL;
 }
 
 static stoke_err *add_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
   const char *op = STOKE_OP_ADD;
-  CHECK(check_counts(a, op, bwd, 2, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 2, 1));
   const stoke_tensor *x = &a->in[0], *z = &a->in[1], *y = &a->out[0];
-  if (!same_shape(&x->shape, &z->shape) || !same_shape(&x->shape, &y->shape))
+  if (!stoke_same_shape(&x->shape, &z->shape) || !stoke_same_shape(&x->shape, &y->shape))
     return STOKE_PERR(STOKE_E_INVALID, "add '%s': a %s, b %s and out %s differ in shape",
-                      node_name(a), shp(&x->shape).s, shp(&z->shape).s, shp(&y->shape).s);
-  CHECK(check_dtype(a, op, "a", x, dt));
-  CHECK(check_dtype(a, op, "b", z, dt));
-  CHECK(check_dtype(a, op, "out", y, dt));
+                      stoke_node_name(a), stoke_shape_str(&x->shape).s, stoke_shape_str(&z->shape).s, stoke_shape_str(&y->shape).s);
+  CHECK(stoke_check_dtype(a, op, "a", x, dt));
+  CHECK(stoke_check_dtype(a, op, "b", z, dt));
+  CHECK(stoke_check_dtype(a, op, "out", y, dt));
   if (!bwd) {
-    CHECK(check_data(a, op, "a", x, run));
-    CHECK(check_data(a, op, "b", z, run));
-    return check_data(a, op, "out", y, run);
+    CHECK(stoke_check_data(a, op, "a", x, run));
+    CHECK(stoke_check_data(a, op, "b", z, run));
+    return stoke_check_data(a, op, "out", y, run);
   }
-  CHECK(check_grad(a, op, "a", &a->din[0], x));
-  CHECK(check_grad(a, op, "b", &a->din[1], z));
-  CHECK(check_grad(a, op, "out", &a->dout[0], y));
-  return check_data(a, op, "dout", &a->dout[0], run);
+  CHECK(stoke_check_grad(a, op, "a", &a->din[0], x));
+  CHECK(stoke_check_grad(a, op, "b", &a->din[1], z));
+  CHECK(stoke_check_grad(a, op, "out", &a->dout[0], y));
+  return stoke_check_data(a, op, "dout", &a->dout[0], run);
 }
 
 static double softmax_ce_smoothing(const stoke_kernel_args_v1 *a) {
@@ -291,7 +291,7 @@ static double softmax_ce_smoothing(const stoke_kernel_args_v1 *a) {
 static stoke_err *softmax_ce_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd,
                                    int run) {
   const char *op = STOKE_OP_SOFTMAX_CE;
-  CHECK(check_counts(a, op, bwd, 2, 2));
+  CHECK(stoke_check_counts(a, op, bwd, 2, 2));
   const stoke_tensor *x = &a->in[0], *lab = &a->in[1], *loss = &a->out[0], *lse = &a->out[1];
   const stoke_shape *xs = &x->shape, *ls = &lab->shape;
   if (xs->ndim != 2 || ls->ndim != 1 || ls->d[0] != xs->d[0] || xs->d[0] < 1 || xs->d[1] < 1 ||
@@ -299,22 +299,22 @@ static stoke_err *softmax_ce_check(const stoke_kernel_args_v1 *a, stoke_dtype dt
     return STOKE_PERR(STOKE_E_INVALID,
                       "softmax_ce '%s': expects logits[N, C] (N, C >= 1), labels[N] -> loss[1], lse[N]; "
                       "got logits %s, labels %s, loss %s, lse %s",
-                      node_name(a), shp(xs).s, shp(ls).s, shp(&loss->shape).s, shp(&lse->shape).s);
+                      stoke_node_name(a), stoke_shape_str(xs).s, stoke_shape_str(ls).s, stoke_shape_str(&loss->shape).s, stoke_shape_str(&lse->shape).s);
   double smooth = softmax_ce_smoothing(a);
   if (!(smooth >= 0 && smooth < 1))
     return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': label_smoothing %g not in [0, 1)",
-                      node_name(a), smooth);
-  CHECK(check_dtype(a, op, "logits", x, dt));
-  CHECK(check_dtype(a, op, "labels", lab, STOKE_I32));
-  CHECK(check_dtype(a, op, "loss", loss, dt));
-  CHECK(check_dtype(a, op, "lse", lse, dt));
-  CHECK(check_data(a, op, "logits", x, run));
-  CHECK(check_data(a, op, "labels", lab, run));
-  CHECK(check_data(a, op, "lse", lse, run));
-  if (!bwd) return check_data(a, op, "loss", loss, run);
-  CHECK(check_grad(a, op, "logits", &a->din[0], x));
-  CHECK(check_grad(a, op, "loss", &a->dout[0], loss));
-  return check_data(a, op, "dloss", &a->dout[0], run);
+                      stoke_node_name(a), smooth);
+  CHECK(stoke_check_dtype(a, op, "logits", x, dt));
+  CHECK(stoke_check_dtype(a, op, "labels", lab, STOKE_I32));
+  CHECK(stoke_check_dtype(a, op, "loss", loss, dt));
+  CHECK(stoke_check_dtype(a, op, "lse", lse, dt));
+  CHECK(stoke_check_data(a, op, "logits", x, run));
+  CHECK(stoke_check_data(a, op, "labels", lab, run));
+  CHECK(stoke_check_data(a, op, "lse", lse, run));
+  if (!bwd) return stoke_check_data(a, op, "loss", loss, run);
+  CHECK(stoke_check_grad(a, op, "logits", &a->din[0], x));
+  CHECK(stoke_check_grad(a, op, "loss", &a->dout[0], loss));
+  return stoke_check_data(a, op, "dloss", &a->dout[0], run);
 }
 
 /* Labels are checked before use: one outside [0, C) would index out of
@@ -326,7 +326,7 @@ static stoke_err *softmax_ce_labels(const stoke_kernel_args_v1 *a) {
     if (lab[r] < 0 || lab[r] >= c)
       return STOKE_PERR(STOKE_E_DATA,
                         "softmax_ce '%s': row %lld has label %d, outside [0, %lld) classes",
-                        node_name(a), (long long)r, (int)lab[r], (long long)c);
+                        stoke_node_name(a), (long long)r, (int)lab[r], (long long)c);
   return NULL;
 }
 
@@ -337,7 +337,7 @@ static stoke_err *softmax_ce_labels(const stoke_kernel_args_v1 *a) {
 
 /* ============================================================ registration */
 
-#define KERNEL(op, pass, fn, sfx, dt) CPU_KERNEL(op, pass, fn, sfx, dt, destroy_none)
+#define KERNEL(op, pass, fn, sfx, dt) CPU_KERNEL(op, pass, fn, sfx, dt, stoke_destroy_none)
 /* A kernel with per-node state from plan(), freed by fn##_destroy. */
 #define KERNEL_STATE(op, pass, fn, sfx, dt) \
   CPU_KERNEL(op, pass, fn, sfx, dt, CAT(fn##_destroy, sfx))
@@ -365,7 +365,7 @@ static const stoke_kernel_v1 cpu_kernels[] = {
 static stoke_err *cpu_register(const stoke_host_v1 *host, const stoke_registry_v1 *r) {
   stoke_host = host;
   STOKE_PTRY(r->add_backend(r->self, &cpu_backend), "registering the cpu backend");
-  STOKE_PROPAGATE_P(cpu_add_kernels(r, cpu_kernels, sizeof cpu_kernels / sizeof *cpu_kernels));
+  STOKE_PROPAGATE_P(stoke_add_kernels(r, cpu_kernels, sizeof cpu_kernels / sizeof *cpu_kernels));
   STOKE_PROPAGATE_P(cpu_register_conv(r));
   STOKE_PROPAGATE_P(cpu_register_pool(r));
   STOKE_PROPAGATE_P(cpu_register_norm(r));

@@ -24,7 +24,7 @@
 static const char *const bn_ops[] = {STOKE_OP_BATCH_NORM, STOKE_OP_BN_RELU, STOKE_OP_BN_ADD_RELU};
 
 bn_strides bn_strides_of(const stoke_tensor *t, const bn_geom *g) {
-  if (is_nhwc(t)) return (bn_strides){g->c * g->s, 1, g->c};
+  if (stoke_is_nhwc(t)) return (bn_strides){g->c * g->s, 1, g->c};
   return (bn_strides){g->c * g->s, g->s, 1};
 }
 
@@ -37,21 +37,21 @@ static stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
   const char *op = bn_ops[act];
   g->relu = act >= 1;
   g->add = act == 2;
-  CHECK(check_counts(a, op, bwd, g->add ? 6 : 5, 3));
+  CHECK(stoke_check_counts(a, op, bwd, g->add ? 6 : 5, 3));
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= STOKE_BATCH_NORM_MOMENTUM)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes eps and momentum missing", op,
-                      node_name(a));
+                      stoke_node_name(a));
   g->eps = n->attrs[STOKE_BATCH_NORM_EPS].f;
   g->momentum = n->attrs[STOKE_BATCH_NORM_MOMENTUM].f;
   if (!(g->eps > 0 && isfinite(g->eps)) || !(g->momentum >= 0 && g->momentum <= 1))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': eps %g must be > 0 and momentum %g in [0, 1]",
-                      op, node_name(a), g->eps, g->momentum);
+                      op, stoke_node_name(a), g->eps, g->momentum);
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   const stoke_shape *xs = &x->shape;
-  if (xs->ndim < 2 || !same_shape(xs, &y->shape))
+  if (xs->ndim < 2 || !stoke_same_shape(xs, &y->shape))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[N, C, ...] -> y of x's shape, got x %s, y %s",
-                      op, node_name(a), shp(xs).s, shp(&y->shape).s);
+                      op, stoke_node_name(a), stoke_shape_str(xs).s, stoke_shape_str(&y->shape).s);
   g->n = xs->d[0];
   g->c = xs->d[1];
   g->s = 1;
@@ -60,50 +60,50 @@ static stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
   static const char *const out_names[] = {"y", "saved_mean", "saved_invstd"};
   for (int i = 1; i < 5; i++)
     if (a->in[i].shape.ndim != 1 || a->in[i].shape.d[0] != g->c)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, node_name(a),
-                        in_names[i], shp(&a->in[i].shape).s, shp(xs).s, (long long)g->c);
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, stoke_node_name(a),
+                        in_names[i], stoke_shape_str(&a->in[i].shape).s, stoke_shape_str(xs).s, (long long)g->c);
   for (int i = 1; i < 3; i++)
     if (a->out[i].shape.ndim != 1 || a->out[i].shape.d[0] != g->c)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, node_name(a),
-                        out_names[i], shp(&a->out[i].shape).s, shp(xs).s, (long long)g->c);
-  for (int i = 0; i < 5; i++) CHECK(check_dtype(a, op, in_names[i], &a->in[i], dt));
-  for (int i = 0; i < 3; i++) CHECK(check_dtype(a, op, out_names[i], &a->out[i], dt));
-  CHECK(check_layout_known(a, op, "x", x));
-  CHECK(check_layout_known(a, op, "y", y));
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, stoke_node_name(a),
+                        out_names[i], stoke_shape_str(&a->out[i].shape).s, stoke_shape_str(xs).s, (long long)g->c);
+  for (int i = 0; i < 5; i++) CHECK(stoke_check_dtype(a, op, in_names[i], &a->in[i], dt));
+  for (int i = 0; i < 3; i++) CHECK(stoke_check_dtype(a, op, out_names[i], &a->out[i], dt));
+  CHECK(stoke_check_layout_known(a, op, "x", x));
+  CHECK(stoke_check_layout_known(a, op, "y", y));
   const stoke_tensor *r = g->add ? &a->in[STOKE_BN_ADD_RELU_RESIDUAL] : NULL;
   if (r) {
-    if (!same_shape(&r->shape, xs) || is_nhwc(r) != is_nhwc(x))
+    if (!stoke_same_shape(&r->shape, xs) || stoke_is_nhwc(r) != stoke_is_nhwc(x))
       return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the residual %s must have x's shape %s and memory order", op,
-                        node_name(a), shp(&r->shape).s, shp(xs).s);
-    CHECK(check_dtype(a, op, "residual", r, dt));
-    if (!bwd) CHECK(check_data(a, op, "residual", r, run));
-    else CHECK(check_grad(a, op, "residual", &a->din[STOKE_BN_ADD_RELU_RESIDUAL], r));
+                        stoke_node_name(a), stoke_shape_str(&r->shape).s, stoke_shape_str(xs).s);
+    CHECK(stoke_check_dtype(a, op, "residual", r, dt));
+    if (!bwd) CHECK(stoke_check_data(a, op, "residual", r, run));
+    else CHECK(stoke_check_grad(a, op, "residual", &a->din[STOKE_BN_ADD_RELU_RESIDUAL], r));
   }
   if (!bwd) {
-    for (int i = 0; i < 5; i++) CHECK(check_data(a, op, in_names[i], &a->in[i], run));
-    for (int i = 0; i < 3; i++) CHECK(check_data(a, op, out_names[i], &a->out[i], run));
+    for (int i = 0; i < 5; i++) CHECK(stoke_check_data(a, op, in_names[i], &a->in[i], run));
+    for (int i = 0; i < 3; i++) CHECK(stoke_check_data(a, op, out_names[i], &a->out[i], run));
     /* PyTorch: "Expected more than 1 value per channel when training" */
     if (run && a->training && g->n * g->s < 2)
       return STOKE_PERR(STOKE_E_INVALID,
                         "%s '%s': training needs more than 1 value per channel, x is %s", op,
-                        node_name(a), shp(xs).s);
+                        stoke_node_name(a), stoke_shape_str(xs).s);
     return NULL;
   }
-  for (int i = 0; i < 3; i++) CHECK(check_grad(a, op, in_names[i], &a->din[i], &a->in[i]));
-  CHECK(check_grad(a, op, "y", &a->dout[0], y));
-  CHECK(check_layout_known(a, op, "dx", &a->din[0]));
-  CHECK(check_layout_known(a, op, "dy", &a->dout[0]));
+  for (int i = 0; i < 3; i++) CHECK(stoke_check_grad(a, op, in_names[i], &a->din[i], &a->in[i]));
+  CHECK(stoke_check_grad(a, op, "y", &a->dout[0], y));
+  CHECK(stoke_check_layout_known(a, op, "dx", &a->din[0]));
+  CHECK(stoke_check_layout_known(a, op, "dy", &a->dout[0]));
   int dx = a->din[0].data != NULL, dw = a->din[1].data != NULL, db = a->din[2].data != NULL;
-  if (dx || dw || db) CHECK(check_data(a, op, "dy", &a->dout[0], run));
+  if (dx || dw || db) CHECK(stoke_check_data(a, op, "dy", &a->dout[0], run));
   if (dx || dw) {
-    CHECK(check_data(a, op, "x (the forward input)", x, run));
-    CHECK(check_data(a, op, "saved_mean", &a->out[1], run));
-    CHECK(check_data(a, op, "saved_invstd", &a->out[2], run));
+    CHECK(stoke_check_data(a, op, "x (the forward input)", x, run));
+    CHECK(stoke_check_data(a, op, "saved_mean", &a->out[1], run));
+    CHECK(stoke_check_data(a, op, "saved_invstd", &a->out[2], run));
   }
-  if (dx) CHECK(check_data(a, op, "weight", &a->in[1], run));
+  if (dx) CHECK(stoke_check_data(a, op, "weight", &a->in[1], run));
   /* the ReLU's mask is y > 0 */
   if (g->relu && (dx || dw || db || (r && a->din[STOKE_BN_ADD_RELU_RESIDUAL].data)))
-    CHECK(check_data(a, op, "y (the forward output)", y, run));
+    CHECK(stoke_check_data(a, op, "y (the forward output)", y, run));
   return NULL;
 }
 
@@ -115,28 +115,28 @@ static stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
  * output whose layout field names an order must match the attribute. */
 static stoke_err *normalize_check(const stoke_kernel_args_v1 *a, int run, int *nhwc) {
   const char *op = STOKE_OP_NORMALIZE;
-  CHECK(check_counts(a, op, 0, 1, 1));
+  CHECK(stoke_check_counts(a, op, 0, 1, 1));
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= STOKE_NORMALIZE_LAYOUT)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes mean, std and layout missing", op,
-                      node_name(a));
+                      stoke_node_name(a));
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   const stoke_shape *xs = &x->shape;
-  if (xs->ndim != 4 || !same_shape(xs, &y->shape))
+  if (xs->ndim != 4 || !stoke_same_shape(xs, &y->shape))
     return STOKE_PERR(STOKE_E_INVALID,
                       "%s '%s': expects x[N, C, H, W] -> y of x's shape, got x %s, y %s", op,
-                      node_name(a), shp(xs).s, shp(&y->shape).s);
-  CHECK(check_dtype(a, op, "x", x, STOKE_U8));
-  CHECK(check_dtype(a, op, "y", y, STOKE_F32));
+                      stoke_node_name(a), stoke_shape_str(xs).s, stoke_shape_str(&y->shape).s);
+  CHECK(stoke_check_dtype(a, op, "x", x, STOKE_U8));
+  CHECK(stoke_check_dtype(a, op, "y", y, STOKE_F32));
   const stoke_attr_v1 *m = &n->attrs[STOKE_NORMALIZE_MEAN], *s = &n->attrs[STOKE_NORMALIZE_STD];
   int64_t c = xs->d[1];
   if ((m->n != 1 && m->n != c) || (s->n != 1 && s->n != c))
     return STOKE_PERR(STOKE_E_INVALID,
                       "%s '%s': mean (%d values) and std (%d values) need 1 or %lld values", op,
-                      node_name(a), m->n, s->n, (long long)c);
+                      stoke_node_name(a), m->n, s->n, (long long)c);
   for (int i = 0; i < s->n; i++)
     if (!(s->floats[i] > 0))
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': std %g must be > 0", op, node_name(a),
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': std %g must be > 0", op, stoke_node_name(a),
                         s->floats[i]);
   const char *l = n->attrs[STOKE_NORMALIZE_LAYOUT].s;
   if (!strcmp(l, "nhwc"))
@@ -145,13 +145,13 @@ static stoke_err *normalize_check(const stoke_kernel_args_v1 *a, int run, int *n
     *nhwc = 0;
   else
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': layout '%s' must be nchw or nhwc", op,
-                      node_name(a), l);
-  CHECK(check_layout_known(a, op, "y", y));
+                      stoke_node_name(a), l);
+  CHECK(stoke_check_layout_known(a, op, "y", y));
   if ((y->layout == STOKE_NHWC && !*nhwc) || (y->layout == STOKE_NCHW && *nhwc))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': layout attribute '%s' but the output is %s", op,
-                      node_name(a), l, y->layout == STOKE_NHWC ? "NHWC" : "NCHW");
-  CHECK(check_data(a, op, "x", x, run));
-  return check_data(a, op, "y", y, run);
+                      stoke_node_name(a), l, y->layout == STOKE_NHWC ? "NHWC" : "NCHW");
+  CHECK(stoke_check_data(a, op, "x", x, run));
+  return stoke_check_data(a, op, "y", y, run);
 }
 
 CPU_PLAN(normalize_fwd_plan, int nhwc, normalize_check(a, 0, &nhwc))
@@ -304,8 +304,8 @@ bn_job bn_job_from(const stoke_kernel_args_v1 *a, const bn_geom *g, stoke_dtype 
   j.dy = a->dout[0].data, j.sdy = bn_strides_of(&a->dout[0], g);
   j.dx = a->din[0].data, j.dw = a->din[wi].data, j.db = a->din[bi].data;
   j.sdx = bn_strides_of(&a->din[0], g);
-  j.bx = grad_beta(a, 0), j.bw = grad_beta(a, wi), j.bb = grad_beta(a, bi);
-  if (ri >= 0) j.dr = a->din[ri].data, j.sdr = bn_strides_of(&a->din[ri], g), j.br = grad_beta(a, ri);
+  j.bx = stoke_grad_beta(a, 0), j.bw = stoke_grad_beta(a, wi), j.bb = stoke_grad_beta(a, bi);
+  if (ri >= 0) j.dr = a->din[ri].data, j.sdr = bn_strides_of(&a->din[ri], g), j.br = stoke_grad_beta(a, ri);
   return j;
 }
 
@@ -364,7 +364,7 @@ BN_KERNELS(add_relu_f64, STOKE_F64, 2)
 
 /* ============================================================ registration */
 
-#define NKERNEL(op, pass, fn, sfx, dt) CPU_KERNEL(op, pass, fn, sfx, dt, destroy_none)
+#define NKERNEL(op, pass, fn, sfx, dt) CPU_KERNEL(op, pass, fn, sfx, dt, stoke_destroy_none)
 
 static const stoke_kernel_v1 norm_kernels[] = {
     NKERNEL(STOKE_OP_BATCH_NORM, STOKE_FWD, bn_fwd, f32, STOKE_F32),
@@ -380,9 +380,9 @@ static const stoke_kernel_v1 norm_kernels[] = {
     NKERNEL(STOKE_OP_BN_ADD_RELU, STOKE_FWD, bn_fwd, add_relu_f64, STOKE_F64),
     NKERNEL(STOKE_OP_BN_ADD_RELU, STOKE_BWD, bn_bwd, add_relu_f64, STOKE_F64),
     {"cpu", STOKE_OP_NORMALIZE, STOKE_FWD, STOKE_U8, STOKE_LAYOUT_ANY, normalize_fwd_plan,
-     normalize_fwd, destroy_none},
+     normalize_fwd, stoke_destroy_none},
 };
 
 stoke_err *cpu_register_norm(const stoke_registry_v1 *r) {
-  return cpu_add_kernels(r, norm_kernels, sizeof norm_kernels / sizeof *norm_kernels);
+  return stoke_add_kernels(r, norm_kernels, sizeof norm_kernels / sizeof *norm_kernels);
 }

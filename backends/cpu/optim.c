@@ -24,35 +24,35 @@ static stoke_err *opt_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, const
   int master = s && s->dtype != dt;
   if (a->n_in < (per_param || master ? 3 : 2) || !a->in)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs params, grads and state buffers, got %d inputs", op,
-                      node_name(a), a->n_in);
+                      stoke_node_name(a), a->n_in);
   int64_t np = stoke_numel(&p->shape);
   if (stoke_numel(&g->shape) != np)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': params %s and grads %s differ in size", op, node_name(a),
-                      shp(&p->shape).s, shp(&g->shape).s);
-  CHECK(check_dtype(a, op, "params", p, dt));
-  CHECK(check_dtype(a, op, "grads", g, dt));
-  CHECK(check_data(a, op, "params", p, run));
-  CHECK(check_data(a, op, "grads", g, run));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': params %s and grads %s differ in size", op, stoke_node_name(a),
+                      stoke_shape_str(&p->shape).s, stoke_shape_str(&g->shape).s);
+  CHECK(stoke_check_dtype(a, op, "params", p, dt));
+  CHECK(stoke_check_dtype(a, op, "grads", g, dt));
+  CHECK(stoke_check_data(a, op, "params", p, run));
+  CHECK(stoke_check_data(a, op, "grads", g, run));
   if (per_param || master) {
     if (master && !(dt == STOKE_F32 && s->dtype == STOKE_F64))
       return STOKE_PERR(STOKE_E_INVALID,
                         "%s '%s': state %s with %s params; the cpu kernels keep the state in the params' "
                         "dtype or, for f32 params, an f64 master copy",
-                        op, node_name(a), stoke_dtype_name(s->dtype), stoke_dtype_name(dt));
+                        op, stoke_node_name(a), stoke_dtype_name(s->dtype), stoke_dtype_name(dt));
     /* sgd without momentum reads only the master; the planner sizes the
      * state for momentum anyway */
     int64_t want = (per_param + master) * np, have = stoke_numel(&s->shape);
     if (per_param > 0 ? have != want : have < want)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': state %s should hold %s%lld x the %lld params", op, node_name(a),
-                        shp(&s->shape).s, per_param > 0 ? "" : "at least ", (long long)(per_param + master),
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': state %s should hold %s%lld x the %lld params", op, stoke_node_name(a),
+                        stoke_shape_str(&s->shape).s, per_param > 0 ? "" : "at least ", (long long)(per_param + master),
                         (long long)np);
-    CHECK(check_data(a, op, "state", s, run));
+    CHECK(stoke_check_data(a, op, "state", s, run));
   }
   if (run && !a->opt)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': no hyper-parameters (opt) given", op, node_name(a));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': no hyper-parameters (opt) given", op, stoke_node_name(a));
   if (run && !(a->opt->grad_scale > 0 && isfinite(a->opt->grad_scale)))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': grad_scale %g must be finite and > 0 (1 = no scaling)", op,
-                      node_name(a), a->opt->grad_scale);
+                      stoke_node_name(a), a->opt->grad_scale);
   return NULL;
 }
 
@@ -62,7 +62,7 @@ static stoke_err *sgd_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int r
   int mom = !a->opt || a->opt->momentum != 0;
   CHECK(opt_check(a, dt, STOKE_OP_SGD, mom ? 1 : 0, run));
   if (run && a->opt->nesterov && !(a->opt->momentum > 0))
-    return STOKE_PERR(STOKE_E_INVALID, "sgd '%s': nesterov needs momentum > 0 (got %g)", node_name(a),
+    return STOKE_PERR(STOKE_E_INVALID, "sgd '%s': nesterov needs momentum > 0 (got %g)", stoke_node_name(a),
                       a->opt->momentum);
   return NULL;
 }
@@ -72,10 +72,10 @@ static stoke_err *adamw_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int
   if (!run) return NULL;
   const stoke_opt_args_v1 *o = a->opt;
   if (o->step < 1)
-    return STOKE_PERR(STOKE_E_INVALID, "adamw '%s': step %lld, the first update is step 1", node_name(a),
+    return STOKE_PERR(STOKE_E_INVALID, "adamw '%s': step %lld, the first update is step 1", stoke_node_name(a),
                       (long long)o->step);
   if (!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1))
-    return STOKE_PERR(STOKE_E_INVALID, "adamw '%s': betas (%g, %g) not in [0, 1)", node_name(a), o->beta1,
+    return STOKE_PERR(STOKE_E_INVALID, "adamw '%s': betas (%g, %g) not in [0, 1)", stoke_node_name(a), o->beta1,
                       o->beta2);
   return NULL;
 }
@@ -185,15 +185,15 @@ static stoke_err *flat_check(const stoke_kernel_args_v1 *a, const char *op, stok
                              int run) {
   if (a->n_in < 2 || !a->in)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs the gradients and its state, got %d inputs", op,
-                      node_name(a), a->n_in);
-  CHECK(check_dtype(a, op, "gradients", &a->in[0], dt));
-  CHECK(check_dtype(a, op, "state", &a->in[1], STOKE_F32));
+                      stoke_node_name(a), a->n_in);
+  CHECK(stoke_check_dtype(a, op, "gradients", &a->in[0], dt));
+  CHECK(stoke_check_dtype(a, op, "state", &a->in[1], STOKE_F32));
   if (stoke_numel(&a->in[1].shape) != words)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': state %s should be f32[%lld]", op, node_name(a),
-                      shp(&a->in[1].shape).s, (long long)words);
-  CHECK(check_data(a, op, "gradients", &a->in[0], run));
-  CHECK(check_data(a, op, "state", &a->in[1], run));
-  if (run && !a->opt) return STOKE_PERR(STOKE_E_INVALID, "%s '%s': no opt arguments given", op, node_name(a));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': state %s should be f32[%lld]", op, stoke_node_name(a),
+                      stoke_shape_str(&a->in[1].shape).s, (long long)words);
+  CHECK(stoke_check_data(a, op, "gradients", &a->in[0], run));
+  CHECK(stoke_check_data(a, op, "state", &a->in[1], run));
+  if (run && !a->opt) return STOKE_PERR(STOKE_E_INVALID, "%s '%s': no opt arguments given", op, stoke_node_name(a));
   return NULL;
 }
 
@@ -239,7 +239,7 @@ static stoke_err *amp_update_run(const stoke_kernel_args_v1 *a, void *state) {
   if (a->n_in < 2 || !a->in || a->in[0].dtype != STOKE_F32 || stoke_numel(&a->in[0].shape) != 4 ||
       stoke_numel(&a->in[1].shape) != 1 || (a->in[1].dtype != STOKE_F32 && a->in[1].dtype != STOKE_F64))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs the f32[4] scaler state and a one-element f32/f64 loss seed",
-                      op, node_name(a));
+                      op, stoke_node_name(a));
   float *st = a->in[0].data;
   const stoke_opt_args_v1 *o = a->opt;
   double growth = o && o->growth_factor > 0 ? o->growth_factor : 2, back = o && o->backoff_factor > 0 ? o->backoff_factor : 0.5;
@@ -283,19 +283,19 @@ BOTH(f32, STOKE_F32)
 BOTH(f64, STOKE_F64)
 
 #define OPT_KERNELS(sfx, dt)                                                                                  \
-  {"cpu", STOKE_OP_SGD, STOKE_OPT, dt, STOKE_LAYOUT_ANY, sgd_plan_##sfx, sgd_run_##sfx, destroy_none},          \
-  {"cpu", STOKE_OP_ADAMW, STOKE_OPT, dt, STOKE_LAYOUT_ANY, adamw_plan_##sfx, adamw_run_##sfx, destroy_none},    \
+  {"cpu", STOKE_OP_SGD, STOKE_OPT, dt, STOKE_LAYOUT_ANY, sgd_plan_##sfx, sgd_run_##sfx, stoke_destroy_none},          \
+  {"cpu", STOKE_OP_ADAMW, STOKE_OPT, dt, STOKE_LAYOUT_ANY, adamw_plan_##sfx, adamw_run_##sfx, stoke_destroy_none},    \
   {"cpu", STOKE_OP_GRAD_NORM, STOKE_OPT, dt, STOKE_LAYOUT_ANY, grad_norm_plan_##sfx, grad_norm_run_##sfx,       \
-   destroy_none},                                                                                             \
+   stoke_destroy_none},                                                                                             \
   {"cpu", STOKE_OP_AMP_CHECK, STOKE_OPT, dt, STOKE_LAYOUT_ANY, amp_check_plan_##sfx, amp_check_run_##sfx,       \
-   destroy_none}
+   stoke_destroy_none}
 
 static const stoke_kernel_v1 kernels[] = {
     OPT_KERNELS(f32, STOKE_F32),
     OPT_KERNELS(f64, STOKE_F64),
-    {"cpu", STOKE_OP_AMP_UPDATE, STOKE_OPT, STOKE_F32, STOKE_LAYOUT_ANY, NULL, amp_update_run, destroy_none},
+    {"cpu", STOKE_OP_AMP_UPDATE, STOKE_OPT, STOKE_F32, STOKE_LAYOUT_ANY, NULL, amp_update_run, stoke_destroy_none},
 };
 
 stoke_err *cpu_register_optim(const stoke_registry_v1 *r) {
-  return cpu_add_kernels(r, kernels, sizeof kernels / sizeof *kernels);
+  return stoke_add_kernels(r, kernels, sizeof kernels / sizeof *kernels);
 }

@@ -25,11 +25,11 @@ static stoke_err *pool_pair(const stoke_kernel_args_v1 *a, const char *op, int i
                             const char *what, int64_t out[2]) {
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= idx)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attribute %s missing", op, node_name(a), what);
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attribute %s missing", op, stoke_node_name(a), what);
   const stoke_attr_v1 *at = &n->attrs[idx];
   if (at->n != 1 && at->n != 2)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s takes 1 or 2 integers, got %d", op,
-                      node_name(a), what, at->n);
+                      stoke_node_name(a), what, at->n);
   out[0] = at->ints[0];
   out[1] = at->n == 2 ? at->ints[1] : at->ints[0];
   return NULL;
@@ -45,7 +45,7 @@ static stoke_err *pool_geometry(const stoke_kernel_args_v1 *a, const char *op, p
       return STOKE_PERR(STOKE_E_INVALID,
                         "%s '%s': kernel %lldx%lld, stride %lldx%lld, padding %lldx%lld: need "
                         "kernel >= 1, stride >= 1, 0 <= padding <= kernel/2",
-                        op, node_name(a), (long long)g->k[0], (long long)g->k[1],
+                        op, stoke_node_name(a), (long long)g->k[0], (long long)g->k[1],
                         (long long)g->s[0], (long long)g->s[1], (long long)g->p[0],
                         (long long)g->p[1]);
   }
@@ -66,13 +66,13 @@ static pstrides pool_strides(const stoke_tensor *t) {
 /* x[N, C, H, W] -> y[N, C, Ho, Wo]; `max`: backward reads x. */
 static stoke_err *pool_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt,
                              int bwd, int run, int max, pool_geom *g) {
-  CHECK(check_counts(a, op, bwd, 1, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 1, 1));
   CHECK(pool_geometry(a, op, g));
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   const stoke_shape *xs = &x->shape, *ys = &y->shape;
   if (xs->ndim != 4)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[N, C, H, W], got x %s", op, node_name(a),
-                      shp(xs).s);
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[N, C, H, W], got x %s", op, stoke_node_name(a),
+                      stoke_shape_str(xs).s);
   int64_t o[2];
   for (int d = 0; d < 2; d++) {
     int64_t padded = xs->d[2 + d] + 2 * g->p[d];
@@ -80,29 +80,29 @@ static stoke_err *pool_check(const stoke_kernel_args_v1 *a, const char *op, stok
       return STOKE_PERR(STOKE_E_INVALID,
                         "%s '%s': kernel %lldx%lld is larger than the padded input (x %s, "
                         "padding %lldx%lld)",
-                        op, node_name(a), (long long)g->k[0], (long long)g->k[1], shp(xs).s,
+                        op, stoke_node_name(a), (long long)g->k[0], (long long)g->k[1], stoke_shape_str(xs).s,
                         (long long)g->p[0], (long long)g->p[1]);
     o[d] = (padded - g->k[d]) / g->s[d] + 1;
   }
   if (ys->ndim != 4 || ys->d[0] != xs->d[0] || ys->d[1] != xs->d[1] || ys->d[2] != o[0] ||
       ys->d[3] != o[1])
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x %s gives y [%lld, %lld, %lld, %lld], got y %s",
-                      op, node_name(a), shp(xs).s, (long long)xs->d[0], (long long)xs->d[1],
-                      (long long)o[0], (long long)o[1], shp(ys).s);
-  CHECK(check_dtype(a, op, "x", x, dt));
-  CHECK(check_dtype(a, op, "y", y, dt));
-  CHECK(check_layout_known(a, op, "x", x));
-  CHECK(check_layout_known(a, op, "y", y));
+                      op, stoke_node_name(a), stoke_shape_str(xs).s, (long long)xs->d[0], (long long)xs->d[1],
+                      (long long)o[0], (long long)o[1], stoke_shape_str(ys).s);
+  CHECK(stoke_check_dtype(a, op, "x", x, dt));
+  CHECK(stoke_check_dtype(a, op, "y", y, dt));
+  CHECK(stoke_check_layout_known(a, op, "x", x));
+  CHECK(stoke_check_layout_known(a, op, "y", y));
   if (!bwd) {
-    CHECK(check_data(a, op, "x", x, run));
-    return check_data(a, op, "y", y, run);
+    CHECK(stoke_check_data(a, op, "x", x, run));
+    return stoke_check_data(a, op, "y", y, run);
   }
-  CHECK(check_grad(a, op, "x", &a->din[0], x));
-  CHECK(check_grad(a, op, "y", &a->dout[0], y));
-  CHECK(check_layout_known(a, op, "dx", &a->din[0]));
-  CHECK(check_layout_known(a, op, "dy", &a->dout[0]));
-  CHECK(check_data(a, op, "dy", &a->dout[0], run));
-  if (max && a->din[0].data) CHECK(check_data(a, op, "x (the forward input)", x, run));
+  CHECK(stoke_check_grad(a, op, "x", &a->din[0], x));
+  CHECK(stoke_check_grad(a, op, "y", &a->dout[0], y));
+  CHECK(stoke_check_layout_known(a, op, "dx", &a->din[0]));
+  CHECK(stoke_check_layout_known(a, op, "dy", &a->dout[0]));
+  CHECK(stoke_check_data(a, op, "dy", &a->dout[0], run));
+  if (max && a->din[0].data) CHECK(stoke_check_data(a, op, "x (the forward input)", x, run));
   return NULL;
 }
 
@@ -111,19 +111,19 @@ static stoke_err *pool_check(const stoke_kernel_args_v1 *a, const char *op, stok
 static stoke_err *dropout_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run,
                                 double *p) {
   const char *op = STOKE_OP_DROPOUT;
-  CHECK(check_counts(a, op, bwd, 1, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 1, 1));
   if (!a->node || a->node->n_attrs <= STOKE_DROPOUT_P)
-    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': attribute p missing", node_name(a));
+    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': attribute p missing", stoke_node_name(a));
   *p = a->node->attrs[STOKE_DROPOUT_P].f;
   if (!(*p >= 0 && *p < 1))
-    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': p = %g not in [0, 1)", node_name(a), *p);
+    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': p = %g not in [0, 1)", stoke_node_name(a), *p);
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
-  if (!same_shape(&x->shape, &y->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': x is %s but y is %s", node_name(a),
-                      shp(&x->shape).s, shp(&y->shape).s);
+  if (!stoke_same_shape(&x->shape, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': x is %s but y is %s", stoke_node_name(a),
+                      stoke_shape_str(&x->shape).s, stoke_shape_str(&y->shape).s);
   CHECK(check_xy(a, op, dt, bwd, run));
   if (!bwd) return NULL;
-  return check_data(a, op, "dy", &a->dout[0], run);
+  return stoke_check_data(a, op, "dy", &a->dout[0], run);
 }
 
 /* ================================================================ kernels */
@@ -203,7 +203,7 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
     pstrides sx = pool_strides(xt), sdx = pool_strides(&a->din[0]),                        \
              sdy = pool_strides(dyt);                                                      \
     const int64_t *xd = xt->shape.d, *yd = dyt->shape.d;                                   \
-    double beta = grad_beta(a, 0);                                                        \
+    double beta = stoke_grad_beta(a, 0);                                                        \
     int64_t nx = stoke_numel(&xt->shape);                                                  \
     for (int64_t i = 0; i < nx; i++) ACC(T, dx[i], beta, 0);                              \
     int same = sx.c == sdx.c; /* x and dx in the same memory order */                     \
@@ -259,7 +259,7 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
     const T *dy = dyt->data;                                                               \
     pstrides sdx = pool_strides(dxt), sdy = pool_strides(dyt);                             \
     const int64_t *xd = dxt->shape.d, *yd = dyt->shape.d;                                  \
-    double inv = 1.0 / (double)(g.k[0] * g.k[1]), beta = grad_beta(a, 0);                \
+    double inv = 1.0 / (double)(g.k[0] * g.k[1]), beta = stoke_grad_beta(a, 0);                \
     for (int64_t n = 0; n < xd[0]; n++)                                                    \
       for (int64_t c = 0; c < xd[1]; c++)                                                  \
         for (int64_t h = 0; h < xd[2]; h++)                                                \
@@ -306,7 +306,7 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
     if (!dx) return NULL;                                                                  \
     const T *dy = a->dout[0].data;                                                         \
     int64_t nel = stoke_numel(&a->in[0].shape);                                            \
-    double beta = grad_beta(a, 0);                                                        \
+    double beta = stoke_grad_beta(a, 0);                                                        \
     if (!a->training || p == 0) {                                                          \
       for (int64_t i = 0; i < nel; i++) ACC(T, dx[i], beta, dy[i]);                       \
       return NULL;                                                                         \
@@ -322,7 +322,7 @@ POOL_KERNELS(double, f64, STOKE_F64)
 
 /* ============================================================ registration */
 
-#define PKERNEL(op, pass, fn, sfx, dt) CPU_KERNEL(op, pass, fn, sfx, dt, destroy_none)
+#define PKERNEL(op, pass, fn, sfx, dt) CPU_KERNEL(op, pass, fn, sfx, dt, stoke_destroy_none)
 #define PKERNELS(sfx, dt)                                            \
   PKERNEL(STOKE_OP_MAX_POOL2D, STOKE_FWD, max_pool_fwd, sfx, dt),    \
   PKERNEL(STOKE_OP_MAX_POOL2D, STOKE_BWD, max_pool_bwd, sfx, dt),    \
@@ -337,5 +337,5 @@ static const stoke_kernel_v1 pool_kernels[] = {
 };
 
 stoke_err *cpu_register_pool(const stoke_registry_v1 *r) {
-  return cpu_add_kernels(r, pool_kernels, sizeof pool_kernels / sizeof *pool_kernels);
+  return stoke_add_kernels(r, pool_kernels, sizeof pool_kernels / sizeof *pool_kernels);
 }

@@ -17,25 +17,25 @@
 
 static stoke_err *embedding_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
   const char *op = STOKE_OP_EMBEDDING;
-  CHECK(check_counts(a, op, bwd, 2, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 2, 1));
   const stoke_tensor *w = &a->in[0], *idx = &a->in[1], *y = &a->out[0];
   const stoke_shape *ws = &w->shape, *is = &idx->shape, *ys = &y->shape;
   int ok = ws->ndim == 2 && ys->ndim == is->ndim + 1 && ys->d[ys->ndim - 1] == ws->d[1];
   for (int i = 0; ok && i < is->ndim; i++) ok = ys->d[i] == is->d[i];
   if (!ok)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects weight[V, C], idx[...] -> out[..., C]; got weight %s, idx %s, out %s",
-                      op, node_name(a), shp(ws).s, shp(is).s, shp(ys).s);
-  CHECK(check_dtype(a, op, "weight", w, dt));
-  CHECK(check_dtype(a, op, "idx", idx, STOKE_I32));
-  CHECK(check_dtype(a, op, "out", y, dt));
-  CHECK(check_data(a, op, "idx", idx, run));
+                      op, stoke_node_name(a), stoke_shape_str(ws).s, stoke_shape_str(is).s, stoke_shape_str(ys).s);
+  CHECK(stoke_check_dtype(a, op, "weight", w, dt));
+  CHECK(stoke_check_dtype(a, op, "idx", idx, STOKE_I32));
+  CHECK(stoke_check_dtype(a, op, "out", y, dt));
+  CHECK(stoke_check_data(a, op, "idx", idx, run));
   if (!bwd) {
-    CHECK(check_data(a, op, "weight", w, run));
-    return check_data(a, op, "out", y, run);
+    CHECK(stoke_check_data(a, op, "weight", w, run));
+    return stoke_check_data(a, op, "out", y, run);
   }
-  CHECK(check_grad(a, op, "weight", &a->din[0], w));
-  CHECK(check_grad(a, op, "out", &a->dout[0], y));
-  return a->din[0].data ? check_data(a, op, "dout", &a->dout[0], run) : NULL;
+  CHECK(stoke_check_grad(a, op, "weight", &a->din[0], w));
+  CHECK(stoke_check_grad(a, op, "out", &a->dout[0], y));
+  return a->din[0].data ? stoke_check_data(a, op, "dout", &a->dout[0], run) : NULL;
 }
 
 /* Every index inside [0, V): one outside would read or write past the table. */
@@ -45,23 +45,23 @@ static stoke_err *embedding_indices(const stoke_kernel_args_v1 *a) {
   for (int64_t i = 0; i < n; i++)
     if (idx[i] < 0 || idx[i] >= v)
       return STOKE_PERR(STOKE_E_DATA, "embedding '%s': index %d at position %lld is outside [0, %lld) (the table's rows)",
-                        node_name(a), (int)idx[i], (long long)i, (long long)v);
+                        stoke_node_name(a), (int)idx[i], (long long)i, (long long)v);
   return NULL;
 }
 
 static stoke_err *pos_embedding_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
   const char *op = STOKE_OP_POSITION_EMBEDDING;
-  CHECK(check_counts(a, op, bwd, 2, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 2, 1));
   const stoke_tensor *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
   const stoke_shape *xs = &x->shape, *ws = &w->shape;
-  if (xs->ndim != 3 || ws->ndim != 2 || ws->d[1] != xs->d[2] || ws->d[0] < xs->d[1] || !same_shape(xs, &y->shape))
+  if (xs->ndim != 3 || ws->ndim != 2 || ws->d[1] != xs->d[2] || ws->d[0] < xs->d[1] || !stoke_same_shape(xs, &y->shape))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[B, T, C], weight[P >= T, C] -> y of x's shape; got x %s, weight %s, y %s",
-                      op, node_name(a), shp(xs).s, shp(ws).s, shp(&y->shape).s);
+                      op, stoke_node_name(a), stoke_shape_str(xs).s, stoke_shape_str(ws).s, stoke_shape_str(&y->shape).s);
   CHECK(check_xy(a, op, dt, bwd, run));
-  CHECK(check_dtype(a, op, "weight", w, dt));
-  if (!bwd) return check_data(a, op, "weight", w, run);
-  CHECK(check_grad(a, op, "weight", &a->din[1], w));
-  return check_data(a, op, "dy", &a->dout[0], run);
+  CHECK(stoke_check_dtype(a, op, "weight", w, dt));
+  if (!bwd) return stoke_check_data(a, op, "weight", w, run);
+  CHECK(stoke_check_grad(a, op, "weight", &a->din[1], w));
+  return stoke_check_data(a, op, "dy", &a->dout[0], run);
 }
 
 /* ------------------------------------------------------------ layer norm */
@@ -79,54 +79,54 @@ static stoke_err *ln_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
   g->add = add;
   g->w = add ? 2 : 1;
   g->y = add ? 1 : 0;
-  CHECK(check_counts(a, op, bwd, add ? 4 : 3, add ? 4 : 3));
+  CHECK(stoke_check_counts(a, op, bwd, add ? 4 : 3, add ? 4 : 3));
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= STOKE_LAYER_NORM_EPS)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attribute eps missing", op, node_name(a));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attribute eps missing", op, stoke_node_name(a));
   g->eps = n->attrs[STOKE_LAYER_NORM_EPS].f;
   const stoke_shape *xs = &a->in[0].shape;
   if (!(g->eps > 0) || xs->ndim < 1)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': eps %g must be > 0, x %s at least 1-D", op, node_name(a), g->eps,
-                      shp(xs).s);
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': eps %g must be > 0, x %s at least 1-D", op, stoke_node_name(a), g->eps,
+                      stoke_shape_str(xs).s);
   g->c = xs->d[xs->ndim - 1];
   g->rows = g->c ? stoke_numel(xs) / g->c : 0;
   stoke_dtype st = dt == STOKE_F64 ? STOKE_F64 : STOKE_F32;
   static const char *const add_names[] = {"a", "b", "weight", "bias"}, *const ln_names[] = {"x", "weight", "bias"};
   const char *const *names = add ? add_names : ln_names;
   for (int i = 0; i < (add ? 2 : 1); i++) {
-    if (!same_shape(&a->in[i].shape, xs) || !same_shape(&a->out[i].shape, xs))
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': inputs and outputs must all have x's shape %s", op, node_name(a),
-                        shp(xs).s);
-    CHECK(check_dtype(a, op, names[i], &a->in[i], dt));
-    CHECK(check_dtype(a, op, "y", &a->out[i], dt));
+    if (!stoke_same_shape(&a->in[i].shape, xs) || !stoke_same_shape(&a->out[i].shape, xs))
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': inputs and outputs must all have x's shape %s", op, stoke_node_name(a),
+                        stoke_shape_str(xs).s);
+    CHECK(stoke_check_dtype(a, op, names[i], &a->in[i], dt));
+    CHECK(stoke_check_dtype(a, op, "y", &a->out[i], dt));
   }
   for (int i = g->w; i < g->w + 2; i++) {
     if (a->in[i].shape.ndim != 1 || a->in[i].shape.d[0] != g->c)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, node_name(a), names[i],
-                        shp(&a->in[i].shape).s, shp(xs).s, (long long)g->c);
-    CHECK(check_dtype(a, op, names[i], &a->in[i], dt));
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, stoke_node_name(a), names[i],
+                        stoke_shape_str(&a->in[i].shape).s, stoke_shape_str(xs).s, (long long)g->c);
+    CHECK(stoke_check_dtype(a, op, names[i], &a->in[i], dt));
   }
   for (int j = g->y + 1; j < g->y + 3; j++) {
     if (a->out[j].shape.ndim != 1 || a->out[j].shape.d[0] != g->rows)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': mean and rstd must be [%lld], got %s", op, node_name(a),
-                        (long long)g->rows, shp(&a->out[j].shape).s);
-    CHECK(check_dtype(a, op, "mean/rstd", &a->out[j], st));
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': mean and rstd must be [%lld], got %s", op, stoke_node_name(a),
+                        (long long)g->rows, stoke_shape_str(&a->out[j].shape).s);
+    CHECK(stoke_check_dtype(a, op, "mean/rstd", &a->out[j], st));
   }
   int nin = add ? 4 : 3, nout = add ? 4 : 3;
   if (!bwd) {
-    for (int i = 0; i < nin; i++) CHECK(check_data(a, op, "input", &a->in[i], run));
-    for (int j = 0; j < nout; j++) CHECK(check_data(a, op, "output", &a->out[j], run));
+    for (int i = 0; i < nin; i++) CHECK(stoke_check_data(a, op, "input", &a->in[i], run));
+    for (int j = 0; j < nout; j++) CHECK(stoke_check_data(a, op, "output", &a->out[j], run));
     return NULL;
   }
-  for (int i = 0; i < nin; i++) CHECK(check_grad(a, op, names[i], &a->din[i], &a->in[i]));
-  CHECK(check_grad(a, op, "y", &a->dout[g->y], &a->out[g->y]));
-  if (add) CHECK(check_grad(a, op, "s", &a->dout[0], &a->out[0]));
-  CHECK(check_data(a, op, "dy", &a->dout[g->y], run));
+  for (int i = 0; i < nin; i++) CHECK(stoke_check_grad(a, op, names[i], &a->din[i], &a->in[i]));
+  CHECK(stoke_check_grad(a, op, "y", &a->dout[g->y], &a->out[g->y]));
+  if (add) CHECK(stoke_check_grad(a, op, "s", &a->dout[0], &a->out[0]));
+  CHECK(stoke_check_data(a, op, "dy", &a->dout[g->y], run));
   const stoke_tensor *x = add ? &a->out[0] : &a->in[0];
-  CHECK(check_data(a, op, add ? "s (the forward's sum)" : "x (the forward input)", x, run));
-  CHECK(check_data(a, op, "weight", &a->in[g->w], run));
-  CHECK(check_data(a, op, "mean", &a->out[g->y + 1], run));
-  return check_data(a, op, "rstd", &a->out[g->y + 2], run);
+  CHECK(stoke_check_data(a, op, add ? "s (the forward's sum)" : "x (the forward input)", x, run));
+  CHECK(stoke_check_data(a, op, "weight", &a->in[g->w], run));
+  CHECK(stoke_check_data(a, op, "mean", &a->out[g->y + 1], run));
+  return stoke_check_data(a, op, "rstd", &a->out[g->y + 2], run);
 }
 
 /* ------------------------------------------------------------- attention */
@@ -139,16 +139,16 @@ typedef struct att_geom {
 
 static stoke_err *attention_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run, att_geom *g) {
   const char *op = STOKE_OP_ATTENTION;
-  CHECK(check_counts(a, op, bwd, 1, 2));
+  CHECK(stoke_check_counts(a, op, bwd, 1, 2));
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= STOKE_ATTENTION_SCALE)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes n_head, causal and scale missing", op, node_name(a));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes n_head, causal and scale missing", op, stoke_node_name(a));
   const stoke_shape *xs = &a->in[0].shape, *ys = &a->out[0].shape, *ls = &a->out[1].shape;
   g->h = n->attrs[STOKE_ATTENTION_N_HEAD].i;
   g->causal = (int)n->attrs[STOKE_ATTENTION_CAUSAL].i;
   if (xs->ndim != 3 || xs->d[2] % 3 || g->h < 1 || (xs->d[2] / 3) % g->h)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects qkv[B, T, 3C] with C a multiple of n_head %lld; got %s", op,
-                      node_name(a), (long long)g->h, shp(xs).s);
+                      stoke_node_name(a), (long long)g->h, stoke_shape_str(xs).s);
   g->b = xs->d[0];
   g->t = xs->d[1];
   g->c = xs->d[2] / 3;
@@ -157,40 +157,40 @@ static stoke_err *attention_check(const stoke_kernel_args_v1 *a, stoke_dtype dt,
   if (ys->ndim != 3 || ys->d[0] != g->b || ys->d[1] != g->t || ys->d[2] != g->c || ls->ndim != 3 ||
       ls->d[0] != g->b || ls->d[1] != g->h || ls->d[2] != g->t)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': qkv %s -> y[B, T, C], lse[B, H, T]; got y %s, lse %s", op,
-                      node_name(a), shp(xs).s, shp(ys).s, shp(ls).s);
+                      stoke_node_name(a), stoke_shape_str(xs).s, stoke_shape_str(ys).s, stoke_shape_str(ls).s);
   CHECK(check_xy(a, op, dt, bwd, run));
-  CHECK(check_dtype(a, op, "lse", &a->out[1], dt == STOKE_F64 ? STOKE_F64 : STOKE_F32));
-  CHECK(check_data(a, op, "lse", &a->out[1], run));
+  CHECK(stoke_check_dtype(a, op, "lse", &a->out[1], dt == STOKE_F64 ? STOKE_F64 : STOKE_F32));
+  CHECK(stoke_check_data(a, op, "lse", &a->out[1], run));
   if (!bwd || !a->din[0].data) return NULL;
-  CHECK(check_data(a, op, "qkv (the forward input)", &a->in[0], run));
-  CHECK(check_data(a, op, "y (the forward output)", &a->out[0], run));
-  return check_data(a, op, "dy", &a->dout[0], run);
+  CHECK(stoke_check_data(a, op, "qkv (the forward input)", &a->in[0], run));
+  CHECK(stoke_check_data(a, op, "y (the forward output)", &a->out[0], run));
+  return stoke_check_data(a, op, "dy", &a->dout[0], run);
 }
 
 /* ---------------------------------------------------------------- matmul */
 
 static stoke_err *matmul_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
   const char *op = STOKE_OP_MATMUL;
-  CHECK(check_counts(a, op, bwd, 2, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 2, 1));
   const stoke_tensor *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
   const stoke_shape *xs = &x->shape, *ws = &w->shape, *ys = &y->shape;
   if (xs->ndim != 2 || ws->ndim != 2 || ys->ndim != 2 || xs->d[1] != ws->d[1] || ys->d[0] != xs->d[0] ||
       ys->d[1] != ws->d[0] || xs->d[0] > 0x7fffffff || xs->d[1] > 0x7fffffff || ws->d[0] > 0x7fffffff)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[N, in], weight[out, in] -> y[N, out] (int dimensions); got x %s, weight %s, y %s",
-                      op, node_name(a), shp(xs).s, shp(ws).s, shp(ys).s);
-  CHECK(check_dtype(a, op, "x", x, dt));
-  CHECK(check_dtype(a, op, "weight", w, dt));
-  CHECK(check_dtype(a, op, "y", y, dt));
+                      op, stoke_node_name(a), stoke_shape_str(xs).s, stoke_shape_str(ws).s, stoke_shape_str(ys).s);
+  CHECK(stoke_check_dtype(a, op, "x", x, dt));
+  CHECK(stoke_check_dtype(a, op, "weight", w, dt));
+  CHECK(stoke_check_dtype(a, op, "y", y, dt));
   if (!bwd) {
-    CHECK(check_data(a, op, "x", x, run));
-    CHECK(check_data(a, op, "weight", w, run));
-    return check_data(a, op, "y", y, run);
+    CHECK(stoke_check_data(a, op, "x", x, run));
+    CHECK(stoke_check_data(a, op, "weight", w, run));
+    return stoke_check_data(a, op, "y", y, run);
   }
-  CHECK(check_grad(a, op, "x", &a->din[0], x));
-  CHECK(check_grad(a, op, "weight", &a->din[1], w));
-  CHECK(check_data(a, op, "dy", &a->dout[0], run));
-  if (a->din[0].data) CHECK(check_data(a, op, "weight", w, run));
-  if (a->din[1].data) CHECK(check_data(a, op, "x", x, run));
+  CHECK(stoke_check_grad(a, op, "x", &a->din[0], x));
+  CHECK(stoke_check_grad(a, op, "weight", &a->din[1], w));
+  CHECK(stoke_check_data(a, op, "dy", &a->dout[0], run));
+  if (a->din[0].data) CHECK(stoke_check_data(a, op, "weight", w, run));
+  if (a->din[1].data) CHECK(stoke_check_data(a, op, "x", x, run));
   return NULL;
 }
 
@@ -219,24 +219,24 @@ static int dim_of(const stoke_kernel_args_v1 *a, int attr) {
 static stoke_err *view_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt, int bwd, int run,
                              int n_attrs) {
   if (!a->node || a->node->n_attrs < n_attrs)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes missing", op, node_name(a));
-  CHECK(check_counts(a, op, bwd, 1, 1));
-  CHECK(check_dtype(a, op, "x", &a->in[0], dt));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes missing", op, stoke_node_name(a));
+  CHECK(stoke_check_counts(a, op, bwd, 1, 1));
+  CHECK(stoke_check_dtype(a, op, "x", &a->in[0], dt));
   for (int j = 0; j < a->n_out; j++) {
-    CHECK(check_dtype(a, op, "output", &a->out[j], dt));
-    if (!bwd) CHECK(check_data(a, op, "output", &a->out[j], run));
-    else if (a->dout[j].data) CHECK(check_grad(a, op, "output", &a->dout[j], &a->out[j]));
+    CHECK(stoke_check_dtype(a, op, "output", &a->out[j], dt));
+    if (!bwd) CHECK(stoke_check_data(a, op, "output", &a->out[j], run));
+    else if (a->dout[j].data) CHECK(stoke_check_grad(a, op, "output", &a->dout[j], &a->out[j]));
   }
-  if (!bwd) return check_data(a, op, "x", &a->in[0], run);
-  return check_grad(a, op, "x", &a->din[0], &a->in[0]);
+  if (!bwd) return stoke_check_data(a, op, "x", &a->in[0], run);
+  return stoke_check_grad(a, op, "x", &a->din[0], &a->in[0]);
 }
 
 static stoke_err *reshape_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
   CHECK(view_check(a, STOKE_OP_RESHAPE, dt, bwd, run, 0));
   if (stoke_numel(&a->in[0].shape) != stoke_numel(&a->out[0].shape))
-    return STOKE_PERR(STOKE_E_INVALID, "reshape '%s': x %s and y %s differ in size", node_name(a),
-                      shp(&a->in[0].shape).s, shp(&a->out[0].shape).s);
-  return bwd ? check_data(a, STOKE_OP_RESHAPE, "dy", &a->dout[0], run) : NULL;
+    return STOKE_PERR(STOKE_E_INVALID, "reshape '%s': x %s and y %s differ in size", stoke_node_name(a),
+                      stoke_shape_str(&a->in[0].shape).s, stoke_shape_str(&a->out[0].shape).s);
+  return bwd ? stoke_check_data(a, STOKE_OP_RESHAPE, "dy", &a->dout[0], run) : NULL;
 }
 
 /* slice and split: outputs are parts of x along `dim` (slice: one, from
@@ -255,12 +255,12 @@ static stoke_err *parts_check(const stoke_kernel_args_v1 *a, const char *op, sto
     for (int i = 0; ok && i < xs->ndim; i++) ok = i == dim || ys->d[i] == xs->d[i];
     if (!ok)
       return STOKE_PERR(STOKE_E_INVALID, "%s '%s': output %d %s is not a part of x %s along dimension %d", op,
-                        node_name(a), j, shp(ys).s, shp(xs).s, dim);
+                        stoke_node_name(a), j, stoke_shape_str(ys).s, stoke_shape_str(xs).s, dim);
     sum += ys->d[dim];
   }
   if (sum > xs->d[dim] || (!slice && sum != xs->d[dim]))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the parts run to %lld, x %s has %lld along dimension %d", op,
-                      node_name(a), (long long)sum, shp(xs).s, (long long)xs->d[dim], dim);
+                      stoke_node_name(a), (long long)sum, stoke_shape_str(xs).s, (long long)xs->d[dim], dim);
   return NULL;
 }
 
@@ -278,8 +278,8 @@ static stoke_err *transpose_check(const stoke_kernel_args_v1 *a, stoke_dtype dt,
   for (int i = 0; ok && i < xs->ndim; i++) ok = ys->d[i] == xs->d[i == *d0 ? *d1 : i == *d1 ? *d0 : i];
   if (!ok)
     return STOKE_PERR(STOKE_E_INVALID, "transpose '%s': y %s is not x %s with dimensions %d and %d swapped",
-                      node_name(a), shp(ys).s, shp(xs).s, *d0, *d1);
-  return bwd ? check_data(a, STOKE_OP_TRANSPOSE, "dy", &a->dout[0], run) : NULL;
+                      stoke_node_name(a), stoke_shape_str(ys).s, stoke_shape_str(xs).s, *d0, *d1);
+  return bwd ? stoke_check_data(a, STOKE_OP_TRANSPOSE, "dy", &a->dout[0], run) : NULL;
 }
 
 /* Transpose as (A, P, M, Q, I) -> (A, Q, M, P, I), P and Q the swapped
@@ -360,12 +360,12 @@ CPU_PLAN(transpose_fwd_plan, int d[2], transpose_check(a, a->in[0].dtype, 0, 0, 
 
 /* ========================================================== registration */
 
-#define K(op, pass, fn, sfx, dt) CPU_KERNEL(op, pass, fn, sfx, dt, destroy_none)
+#define K(op, pass, fn, sfx, dt) CPU_KERNEL(op, pass, fn, sfx, dt, stoke_destroy_none)
 #define VIEW_FWD(dt)                                                                              \
-  {"cpu", STOKE_OP_RESHAPE, STOKE_FWD, dt, STOKE_LAYOUT_ANY, reshape_fwd_plan, reshape_fwd, destroy_none},     \
-  {"cpu", STOKE_OP_SLICE, STOKE_FWD, dt, STOKE_LAYOUT_ANY, slice_fwd_plan, slice_fwd, destroy_none},         \
-  {"cpu", STOKE_OP_SPLIT, STOKE_FWD, dt, STOKE_LAYOUT_ANY, split_fwd_plan, split_fwd, destroy_none},         \
-  {"cpu", STOKE_OP_TRANSPOSE, STOKE_FWD, dt, STOKE_LAYOUT_ANY, transpose_fwd_plan, transpose_fwd, destroy_none}
+  {"cpu", STOKE_OP_RESHAPE, STOKE_FWD, dt, STOKE_LAYOUT_ANY, reshape_fwd_plan, reshape_fwd, stoke_destroy_none},     \
+  {"cpu", STOKE_OP_SLICE, STOKE_FWD, dt, STOKE_LAYOUT_ANY, slice_fwd_plan, slice_fwd, stoke_destroy_none},         \
+  {"cpu", STOKE_OP_SPLIT, STOKE_FWD, dt, STOKE_LAYOUT_ANY, split_fwd_plan, split_fwd, stoke_destroy_none},         \
+  {"cpu", STOKE_OP_TRANSPOSE, STOKE_FWD, dt, STOKE_LAYOUT_ANY, transpose_fwd_plan, transpose_fwd, stoke_destroy_none}
 #define SEQ_KERNELS(sfx, dt)                                                    \
   K(STOKE_OP_EMBEDDING, STOKE_FWD, embedding_fwd, sfx, dt),                    \
   K(STOKE_OP_EMBEDDING, STOKE_BWD, embedding_bwd, sfx, dt),                    \
@@ -392,5 +392,5 @@ static const stoke_kernel_v1 seq_kernels[] = {
 };
 
 stoke_err *cpu_register_seq(const stoke_registry_v1 *r) {
-  return cpu_add_kernels(r, seq_kernels, sizeof seq_kernels / sizeof *seq_kernels);
+  return stoke_add_kernels(r, seq_kernels, sizeof seq_kernels / sizeof *seq_kernels);
 }

@@ -82,6 +82,7 @@
 
 #include "backends/cublaslt/lt_kernels.h"
 #include "backends/cuda/stoke_cuda.h"
+#include "stoke/check.h"
 #include "stoke/ops.h"
 
 const stoke_host_v1 *stoke_host;
@@ -567,10 +568,6 @@ static stoke_err *gemm_plan(lt_engine *E, const lt_state *s, const stoke_kernel_
 
 /* ----------------------------------------------------------------- checks */
 
-static const char *node_name(const stoke_kernel_args_v1 *a) {
-  return a->node && a->node->name ? a->node->name : "?";
-}
-
 static stoke_err *check_tensor(const stoke_kernel_args_v1 *a, const char *what, const stoke_tensor *t,
                                stoke_dtype dt, int ndim, int64_t d0, int64_t d1) {
   if (t->dtype != dt || t->shape.ndim != ndim || t->shape.d[0] != d0 || (ndim == 2 && t->shape.d[1] != d1)) {
@@ -578,7 +575,7 @@ static stoke_err *check_tensor(const stoke_kernel_args_v1 *a, const char *what, 
     if (ndim == 2) snprintf(want, sizeof want, "[%lld, %lld]", (long long)d0, (long long)d1);
     else snprintf(want, sizeof want, "[%lld]", (long long)d0);
     return STOKE_PERR(STOKE_E_INVALID, "cublaslt linear '%s': %s should be %s %s, got a %d-D %s tensor",
-                      node_name(a), what, stoke_dtype_name(dt), want, t->shape.ndim, stoke_dtype_name(t->dtype));
+                      stoke_node_name(a), what, stoke_dtype_name(dt), want, t->shape.ndim, stoke_dtype_name(t->dtype));
   }
   return NULL;
 }
@@ -591,11 +588,11 @@ static stoke_err *linear_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, in
   int nobias = is_matmul(a);
   if (a->n_in < (nobias ? 2 : 3) || a->n_out < 1 || !a->in || !a->out || (bwd && (!a->din || !a->dout)))
     return STOKE_PERR(STOKE_E_INVALID, "cublaslt %s '%s': expects x, weight%s -> y%s", nobias ? "matmul" : "linear",
-                      node_name(a), nobias ? "" : ", bias", bwd ? " with their gradients" : "");
+                      stoke_node_name(a), nobias ? "" : ", bias", bwd ? " with their gradients" : "");
   const stoke_shape *xs = &a->in[0].shape, *ws = &a->in[1].shape;
   if (xs->ndim != 2 || ws->ndim != 2)
     return STOKE_PERR(STOKE_E_INVALID, "cublaslt linear '%s': x and weight must be 2-D, got %d-D and %d-D",
-                      node_name(a), xs->ndim, ws->ndim);
+                      stoke_node_name(a), xs->ndim, ws->ndim);
   int64_t n = xs->d[0], k = xs->d[1], o = ws->d[0];
   STOKE_PROPAGATE_P(check_tensor(a, "x", &a->in[0], dt, 2, n, k));
   STOKE_PROPAGATE_P(check_tensor(a, "weight", &a->in[1], dt, 2, o, k));
@@ -608,9 +605,9 @@ static stoke_err *linear_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, in
     if (!nobias && a->din[2].data) STOKE_PROPAGATE_P(check_tensor(a, "dbias", &a->din[2], dt, 1, o, 0));
   }
   if (!a->engine)
-    return STOKE_PERR(STOKE_E_INVALID, "cublaslt linear '%s': the cublaslt engine is not open", node_name(a));
+    return STOKE_PERR(STOKE_E_INVALID, "cublaslt linear '%s': the cublaslt engine is not open", stoke_node_name(a));
   if (s) {
-    snprintf(s->node, sizeof s->node, "%.63s", node_name(a));
+    snprintf(s->node, sizeof s->node, "%.63s", stoke_node_name(a));
     s->dt = dt;
     s->n = n, s->k = k, s->o = o;
     s->nobias = nobias;
@@ -625,10 +622,6 @@ static stoke_err *check_align(const lt_state *s, const char *what, const void *p
                       "%d-byte aligned buffers)",
                       s->node, what, p, LT_ALIGN, LT_ALIGN);
   return NULL;
-}
-
-static float grad_beta(const stoke_kernel_args_v1 *a, int i) {
-  return (a->param_grads >> i) & 1u ? a->param_grad_beta : 0.f;
 }
 
 static stoke_err *new_state(lt_state **out) {
@@ -772,7 +765,7 @@ static stoke_err *matmul(lt_engine *E, const lt_state *s, const lt_gemm *g, cons
 
 static stoke_err *fwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_dtype dt) {
   lt_state *s = state;
-  if (!s) return STOKE_PERR(STOKE_E_INTERNAL, "cublaslt linear '%s': run() without plan()", node_name(a));
+  if (!s) return STOKE_PERR(STOKE_E_INTERNAL, "cublaslt linear '%s': run() without plan()", stoke_node_name(a));
   STOKE_PROPAGATE_P(linear_check(a, dt, 0, NULL));
   lt_engine *E = a->engine;
   cudaStream_t st = (cudaStream_t)a->stream;
@@ -867,7 +860,7 @@ static stoke_err *bwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
 
 static stoke_err *bwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_dtype dt) {
   lt_state *s = state;
-  if (!s) return STOKE_PERR(STOKE_E_INTERNAL, "cublaslt linear '%s': run() without plan()", node_name(a));
+  if (!s) return STOKE_PERR(STOKE_E_INTERNAL, "cublaslt linear '%s': run() without plan()", stoke_node_name(a));
   STOKE_PROPAGATE_P(linear_check(a, dt, 1, NULL));
   lt_engine *E = a->engine;
   cudaStream_t st = (cudaStream_t)a->stream;
@@ -876,15 +869,15 @@ static stoke_err *bwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_d
   int64_t n = s->n, k = s->k, o = s->o;
   int gemm = n && k && o;
   if (dx && n && k) { /* dx = dy W: overwritten (or beta dx for a parameter input) */
-    if (gemm) STOKE_PROPAGATE_P(matmul(E, s, &s->dx, a, w, dy, dx, grad_beta(a, 0)));
-    else LT_CUDA(stoke_lt_scale(dx, n * k, grad_beta(a, 0), dt, st), s, "dx");
+    if (gemm) STOKE_PROPAGATE_P(matmul(E, s, &s->dx, a, w, dy, dx, stoke_grad_beta(a, 0)));
+    else LT_CUDA(stoke_lt_scale(dx, n * k, stoke_grad_beta(a, 0), dt, st), s, "dx");
   }
   int db_done = 0;
   if (dw && o && k) { /* dW = beta dW + dy^T x */
-    float bw = grad_beta(a, 1);
+    float bw = stoke_grad_beta(a, 1);
     if (!gemm) {
       LT_CUDA(stoke_lt_scale(dw, o * k, bw, dt, st), s, "dW");
-    } else if (db && s->dw_bgrad.ready && grad_beta(a, 2) == 0.f) {
+    } else if (db && s->dw_bgrad.ready && stoke_grad_beta(a, 2) == 0.f) {
       LT_CHECK(cublasLtMatmulDescSetAttribute(s->dw_bgrad.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &db, sizeof db),
                s, "dW+db");
       STOKE_PROPAGATE_P(matmul(E, s, &s->dw_bgrad, a, x, dy, dw, bw));
@@ -894,7 +887,7 @@ static stoke_err *bwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_d
     }
   }
   if (db && !db_done) /* db = beta db + column sums of dy */
-    LT_CUDA(stoke_lt_colsum(db, dy, n, o, grad_beta(a, 2), dt, st), s, "db");
+    LT_CUDA(stoke_lt_colsum(db, dy, n, o, stoke_grad_beta(a, 2), dt, st), s, "db");
   return NULL;
 }
 
@@ -903,7 +896,7 @@ static stoke_err *bwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_d
 static stoke_err *relu_bwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_dtype dt) {
   lt_state *s = state;
   if (!s || !s->relu)
-    return STOKE_PERR(STOKE_E_INTERNAL, "cublaslt linear_relu '%s': run() without plan()", node_name(a));
+    return STOKE_PERR(STOKE_E_INTERNAL, "cublaslt linear_relu '%s': run() without plan()", stoke_node_name(a));
   STOKE_PROPAGATE_P(linear_check(a, dt, 1, NULL));
   int64_t n = s->n * s->o;
   if (n && (!a->out[0].data || !a->dout[0].data))
@@ -932,7 +925,7 @@ static stoke_err *relu_bwd_run_dt(const stoke_kernel_args_v1 *a, void *state, st
 static stoke_err *dact_bwd_run_dt(const stoke_kernel_args_v1 *a, void *state, stoke_dtype dt) {
   lt_state *s = state;
   if (!s || !s->act)
-    return STOKE_PERR(STOKE_E_INTERNAL, "cublaslt linear_dact '%s': run() without plan()", node_name(a));
+    return STOKE_PERR(STOKE_E_INTERNAL, "cublaslt linear_dact '%s': run() without plan()", stoke_node_name(a));
   STOKE_PROPAGATE_P(linear_check(a, dt, 1, NULL));
   lt_engine *E = a->engine;
   cudaStream_t st = (cudaStream_t)a->stream;
@@ -947,7 +940,7 @@ static stoke_err *dact_bwd_run_dt(const stoke_kernel_args_v1 *a, void *state, st
     int db_done = 0;
     if (!o) {
       LT_CUDA(stoke_lt_scale(dz, n * k, 0.f, dt, st), s, "dz1");
-    } else if (db1 && s->dx_dact_bgrad.ready && grad_beta(a, 4) == 0.f) {
+    } else if (db1 && s->dx_dact_bgrad.ready && stoke_grad_beta(a, 4) == 0.f) {
       STOKE_PROPAGATE_P(set_pointer(s, &s->dx_dact_bgrad, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux));
       STOKE_PROPAGATE_P(set_pointer(s, &s->dx_dact_bgrad, CUBLASLT_MATMUL_DESC_BIAS_POINTER, db1));
       STOKE_PROPAGATE_P(matmul(E, s, &s->dx_dact_bgrad, a, w, dy, dz, 0.f));
@@ -959,9 +952,9 @@ static stoke_err *dact_bwd_run_dt(const stoke_kernel_args_v1 *a, void *state, st
       STOKE_PROPAGATE_P(matmul(E, s, &s->dx, a, w, dy, dz, 0.f));
       LT_CUDA(stoke_lt_dact(dz, aux, n, k, s->aux_ld, s->act == LT_ACT_GELU, dt, st), s, "dz1 = dx * act'(z1)");
     }
-    if (db1 && !db_done) LT_CUDA(stoke_lt_colsum(db1, dz, n, k, grad_beta(a, 4), dt, st), s, "d bias1");
+    if (db1 && !db_done) LT_CUDA(stoke_lt_colsum(db1, dz, n, k, stoke_grad_beta(a, 4), dt, st), s, "d bias1");
   } else if (db1 && k) { /* no rows: d bias1 keeps beta times itself */
-    LT_CUDA(stoke_lt_scale(db1, k, grad_beta(a, 4), dt, st), s, "d bias1");
+    LT_CUDA(stoke_lt_scale(db1, k, stoke_grad_beta(a, 4), dt, st), s, "d bias1");
   }
   stoke_tensor din[STOKE_MAX_IO];
   memcpy(din, a->din, sizeof(stoke_tensor) * (size_t)a->n_in);

@@ -149,27 +149,27 @@ __global__ void __launch_bounds__(kAttThreads) att_dkv_kernel(const T *__restric
 stoke_err *att_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool run, att_dims *g) {
   const char *op = STOKE_OP_ATTENTION;
   if (a->n_in < 1 || a->n_out < 2 || !a->node || a->node->n_attrs <= STOKE_ATTENTION_SCALE || (bwd && (!a->din || !a->dout)))
-    return STOKE_PERR(STOKE_E_INVALID, "cuda %s '%s': expects qkv -> y, lse and the attributes", op, nname(a));
+    return STOKE_PERR(STOKE_E_INVALID, "cuda %s '%s': expects qkv -> y, lse and the attributes", op, stoke_node_name(a));
   const stoke_shape *x = &a->in[0].shape;
   g->h = a->node->attrs[STOKE_ATTENTION_N_HEAD].i;
   if (x->ndim != 3 || x->d[2] % 3 || g->h < 1 || (x->d[2] / 3) % g->h)
-    return STOKE_PERR(STOKE_E_INVALID, "cuda %s '%s': qkv %s must be [B, T, 3C], C a multiple of n_head", op, nname(a),
-                      shp(x).s);
+    return STOKE_PERR(STOKE_E_INVALID, "cuda %s '%s': qkv %s must be [B, T, 3C], C a multiple of n_head", op, stoke_node_name(a),
+                      stoke_shape_str(x).s);
   g->b = x->d[0], g->t = x->d[1], g->c = x->d[2] / 3, g->d = g->c / g->h;
   g->causal = (int)a->node->attrs[STOKE_ATTENTION_CAUSAL].i;
   double sc = a->node->attrs[STOKE_ATTENTION_SCALE].f;
   g->scale = (float)(sc > 0 ? sc : 1.0 / sqrt((double)g->d));
   if (g->t > kMaxT || g->b * g->h > 65535)
     return STOKE_PERR(STOKE_E_UNSUPPORTED, "cuda %s '%s': T = %lld (at most %lld) or B H = %lld (at most 65535); use "
-                      "cudnn's attention", op, nname(a), (long long)g->t, (long long)kMaxT, (long long)(g->b * g->h));
-  CHECK(check_dtype(a, op, "qkv", &a->in[0], dt));
-  CHECK(check_dtype(a, op, "y", &a->out[0], dt));
-  CHECK(check_dtype(a, op, "lse", &a->out[1], STOKE_F32));
-  CHECK(check_data(a, op, "qkv", &a->in[0], run));
-  CHECK(check_data(a, op, "y", &a->out[0], run));
-  CHECK(check_data(a, op, "lse", &a->out[1], run));
-  if (bwd) CHECK(check_grad(a, op, "qkv", &a->din[0], &a->in[0]));
-  if (bwd && a->din[0].data) CHECK(check_data(a, op, "dy", &a->dout[0], run));
+                      "cudnn's attention", op, stoke_node_name(a), (long long)g->t, (long long)kMaxT, (long long)(g->b * g->h));
+  CHECK(stoke_check_dtype(a, op, "qkv", &a->in[0], dt));
+  CHECK(stoke_check_dtype(a, op, "y", &a->out[0], dt));
+  CHECK(stoke_check_dtype(a, op, "lse", &a->out[1], STOKE_F32));
+  CHECK(stoke_check_data(a, op, "qkv", &a->in[0], run));
+  CHECK(stoke_check_data(a, op, "y", &a->out[0], run));
+  CHECK(stoke_check_data(a, op, "lse", &a->out[1], run));
+  if (bwd) CHECK(stoke_check_grad(a, op, "qkv", &a->din[0], &a->in[0]));
+  if (bwd && a->din[0].data) CHECK(stoke_check_data(a, op, "dy", &a->dout[0], run));
   return NULL;
 }
 
@@ -186,7 +186,7 @@ template <typename T> stoke_err *att_fwd(const stoke_kernel_args_v1 *a, void *) 
   dim3 grid((unsigned)g.t, (unsigned)(g.b * g.h));
   att_fwd_kernel<T><<<grid, kAttThreads, (size_t)g.t * sizeof(float), (cudaStream_t)a->stream>>>(
       static_cast<const T *>(a->in[0].data), static_cast<T *>(a->out[0].data), static_cast<float *>(a->out[1].data), g);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
@@ -198,24 +198,24 @@ template <typename T> stoke_err *att_bwd(const stoke_kernel_args_v1 *a, void *) 
   const T *x = static_cast<const T *>(a->in[0].data), *y = static_cast<const T *>(a->out[0].data);
   const T *dy = static_cast<const T *>(a->dout[0].data);
   const float *lse = static_cast<const float *>(a->out[1].data);
-  float beta = grad_beta(a, 0);
+  float beta = stoke_grad_beta(a, 0);
   dim3 grid((unsigned)g.t, (unsigned)(g.b * g.h));
   cudaStream_t st = (cudaStream_t)a->stream;
   att_dq_kernel<T><<<grid, kAttThreads, (size_t)g.t * sizeof(float), st>>>(x, y, lse, dy, dx, g, beta);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   att_dkv_kernel<T><<<grid, kAttThreads, 2 * (size_t)g.t * sizeof(float), st>>>(x, y, lse, dy, dx, g, beta);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
 #define ATT(T)                                                                                                  \
-  {"cuda", STOKE_OP_ATTENTION, STOKE_FWD, dtype_of<T>::value, STOKE_LAYOUT_ANY, att_plan<T, 0>, att_fwd<T>, destroy_none}, \
-  {"cuda", STOKE_OP_ATTENTION, STOKE_BWD, dtype_of<T>::value, STOKE_LAYOUT_ANY, att_plan<T, 1>, att_bwd<T>, destroy_none}
+  {"cuda", STOKE_OP_ATTENTION, STOKE_FWD, dtype_of<T>::value, STOKE_LAYOUT_ANY, att_plan<T, 0>, att_fwd<T>, stoke_destroy_none}, \
+  {"cuda", STOKE_OP_ATTENTION, STOKE_BWD, dtype_of<T>::value, STOKE_LAYOUT_ANY, att_plan<T, 1>, att_bwd<T>, stoke_destroy_none}
 
 const stoke_kernel_v1 att_kernels[] = {ATT(float), ATT(__nv_bfloat16), ATT(__half)};
 
 }  // namespace
 
 extern "C" stoke_err *stoke_cuda_register_attention(const stoke_registry_v1 *r) {
-  return add_kernels(r, att_kernels, sizeof att_kernels / sizeof *att_kernels);
+  return stoke_add_kernels(r, att_kernels, sizeof att_kernels / sizeof *att_kernels);
 }

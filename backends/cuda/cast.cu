@@ -26,7 +26,7 @@ __global__ void cast_kernel(const float *__restrict__ x, T *__restrict__ y, int6
 static stoke_err *cast_run(const stoke_kernel_args_v1 *a, void *st) {
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   int64_t n = stoke_numel(&y->shape);
-  int in_nhwc = is_nhwc(x), out_nhwc = is_nhwc(y);
+  int in_nhwc = stoke_is_nhwc(x), out_nhwc = stoke_is_nhwc(y);
   if (x->dtype != STOKE_F32 || n != stoke_numel(&x->shape) || (in_nhwc && !out_nhwc))
     return STOKE_PERR(STOKE_E_UNSUPPORTED, "cast '%s': takes f32, NCHW or flat, to f32/bf16/f16", a->node->name);
   int to_nhwc = !in_nhwc && out_nhwc;
@@ -73,16 +73,16 @@ static bool convert_any(const void *x, stoke_dtype from, void *y, stoke_dtype to
 static stoke_err *autocast_check(const stoke_kernel_args_v1 *a, bool bwd) {
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   if (a->n_in < 1 || a->n_out < 1 || (bwd && (!a->din || !a->dout)))
-    return STOKE_PERR(STOKE_E_INVALID, "autocast '%s': needs x and y (and their gradients in backward)", nname(a));
-  if (!same_shape(&x->shape, &y->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "autocast '%s': x %s and y %s differ in shape", nname(a), shp(&x->shape).s,
-                      shp(&y->shape).s);
+    return STOKE_PERR(STOKE_E_INVALID, "autocast '%s': needs x and y (and their gradients in backward)", stoke_node_name(a));
+  if (!stoke_same_shape(&x->shape, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "autocast '%s': x %s and y %s differ in shape", stoke_node_name(a), stoke_shape_str(&x->shape).s,
+                      stoke_shape_str(&y->shape).s);
   bool f32_in = x->dtype == STOKE_F32, low_out = y->dtype == STOKE_BF16 || y->dtype == STOKE_F16;
   bool low_in = x->dtype == STOKE_BF16 || x->dtype == STOKE_F16;
   if (!((f32_in && low_out) || (low_in && y->dtype == STOKE_F32)))
     return STOKE_PERR(STOKE_E_UNSUPPORTED, "autocast '%s': %s to %s; the cuda backend casts between f32 and bf16/f16",
-                      nname(a), stoke_dtype_name(x->dtype), stoke_dtype_name(y->dtype));
-  if (bwd) CHECK(check_grad(a, "autocast", "x", &a->din[0], x));
+                      stoke_node_name(a), stoke_dtype_name(x->dtype), stoke_dtype_name(y->dtype));
+  if (bwd) CHECK(stoke_check_grad(a, "autocast", "x", &a->din[0], x));
   return NULL;
 }
 
@@ -96,7 +96,7 @@ static stoke_err *autocast_fwd(const stoke_kernel_args_v1 *a, void *) {
   CHECK(autocast_check(a, false));
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   convert_any(x->data, x->dtype, y->data, y->dtype, stoke_numel(&x->shape), 0.0f, (cudaStream_t)a->stream);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
@@ -104,9 +104,9 @@ static stoke_err *autocast_bwd(const stoke_kernel_args_v1 *a, void *) {
   CHECK(autocast_check(a, true));
   const stoke_tensor *dx = &a->din[0], *dy = &a->dout[0];
   if (!dx->data) return NULL;
-  convert_any(dy->data, dy->dtype, dx->data, dx->dtype, stoke_numel(&dx->shape), grad_beta(a, 0),
+  convert_any(dy->data, dy->dtype, dx->data, dx->dtype, stoke_numel(&dx->shape), stoke_grad_beta(a, 0),
               (cudaStream_t)a->stream);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
@@ -121,5 +121,5 @@ static const stoke_kernel_v1 kernels[] = {
 };
 
 extern "C" stoke_err *stoke_cuda_register_cast(const stoke_registry_v1 *r) {
-  return add_kernels(r, kernels, sizeof kernels / sizeof *kernels);
+  return stoke_add_kernels(r, kernels, sizeof kernels / sizeof *kernels);
 }

@@ -91,7 +91,7 @@ stoke_err *launch_ew(const stoke_kernel_args_v1 *a, T *out, const T *x, const T 
     ew_kernel<T, V, Op><<<grid_for(n / V, kThreads, kMaxGrid), kThreads, 0, stream_of(a)>>>(out, x, z, n, beta, op);
   else
     ew_kernel<T, 1, Op><<<grid_for(n, kThreads, kMaxGrid), kThreads, 0, stream_of(a)>>>(out, x, z, n, beta, op);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
@@ -234,7 +234,7 @@ stoke_err *launch_row_sum(const stoke_kernel_args_v1 *a, const Tin *x, Tout *y, 
   else
     row_sum_kernel<Tin, Tout, 32>
         <<<grid_for(rows, kThreads / 32, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, y, rows, len, scale, beta);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
@@ -244,7 +244,7 @@ stoke_err *launch_col_sum(const stoke_kernel_args_v1 *a, const Tin *x, Tout *y, 
   if (batches <= 0 || cols <= 0) return NULL;
   dim3 grid(grid_for(cols, 32, kMaxGrid), (unsigned)(batches < kMaxGrid ? batches : kMaxGrid));
   col_sum_kernel<Tin, Tout><<<grid, kThreads, 0, stream_of(a)>>>(x, y, batches, rows, cols, scale, beta);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
@@ -468,59 +468,37 @@ __global__ void __launch_bounds__(kThreads)
 
 // ================================================================ checks
 
-const char *layout_name(stoke_layout l) { return l == STOKE_NHWC ? "NHWC" : l == STOKE_NCHW ? "NCHW" : "any"; }
-
-stoke_err *check_counts(const stoke_kernel_args_v1 *a, const char *op, int bwd, int n_in, int n_out) {
-  if (a->n_in < n_in || a->n_out < n_out || !a->in || !a->out)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs %d inputs and %d outputs, got %d and %d", op, nname(a), n_in,
-                      n_out, a->n_in, a->n_out);
-  if (bwd && (!a->din || !a->dout))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': backward called without gradient tensors", op, nname(a));
-  return NULL;
-}
-
-// A 4-D tensor `t` that states a layout must state x's (ANY follows x).
-stoke_err *check_layout(const stoke_kernel_args_v1 *a, const char *op, const char *what, const stoke_tensor *t,
-                        const stoke_tensor *x) {
-  if (t->shape.ndim != 4 || t->layout == STOKE_LAYOUT_ANY) return NULL;
-  stoke_layout want = is_nhwc(x) ? STOKE_NHWC : STOKE_NCHW;
-  if (t->layout != want)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s but x %s is %s", op, nname(a), what, shp(&t->shape).s,
-                      layout_name(t->layout), shp(&x->shape).s, layout_name(x->layout));
-  return NULL;
-}
-
 // x -> y of x's shape, both dtype dt (relu, dropout, and the x/y part of bias_add, flatten, gap
 // with `same` false). Backward: dx (if wanted) like x, dy like y and present.
 stoke_err *unary_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt, int bwd, int run, int n_in,
                        bool same) {
-  CHECK(check_counts(a, op, bwd, n_in, 1));
+  CHECK(stoke_check_counts(a, op, bwd, n_in, 1));
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
-  if (same && !same_shape(&x->shape, &y->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x is %s but y is %s", op, nname(a), shp(&x->shape).s,
-                      shp(&y->shape).s);
-  CHECK(check_dtype(a, op, "x", x, dt));
-  CHECK(check_dtype(a, op, "y", y, dt));
+  if (same && !stoke_same_shape(&x->shape, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x is %s but y is %s", op, stoke_node_name(a), stoke_shape_str(&x->shape).s,
+                      stoke_shape_str(&y->shape).s);
+  CHECK(stoke_check_dtype(a, op, "x", x, dt));
+  CHECK(stoke_check_dtype(a, op, "y", y, dt));
   if (!bwd) {
-    CHECK(check_data(a, op, "x", x, run));
-    return check_data(a, op, "y", y, run);
+    CHECK(stoke_check_data(a, op, "x", x, run));
+    return stoke_check_data(a, op, "y", y, run);
   }
-  CHECK(check_grad(a, op, "x", &a->din[0], x));
-  CHECK(check_grad(a, op, "y", &a->dout[0], y));
-  if (a->din[0].data) CHECK(check_layout(a, op, "dx", &a->din[0], x));
-  CHECK(check_layout(a, op, "dy", &a->dout[0], x));
-  return check_data(a, op, "dy", &a->dout[0], run);
+  CHECK(stoke_check_grad(a, op, "x", &a->din[0], x));
+  CHECK(stoke_check_grad(a, op, "y", &a->dout[0], y));
+  if (a->din[0].data) CHECK(stoke_check_layout(a, op, "dx", &a->din[0], x));
+  CHECK(stoke_check_layout(a, op, "dy", &a->dout[0], x));
+  return stoke_check_data(a, op, "dy", &a->dout[0], run);
 }
 
 stoke_err *relu_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
   CHECK(unary_check(a, STOKE_OP_RELU, dt, bwd, run, 1, true));
-  if (bwd && a->din[0].data) CHECK(check_data(a, STOKE_OP_RELU, "y (the forward output)", &a->out[0], run));
+  if (bwd && a->din[0].data) CHECK(stoke_check_data(a, STOKE_OP_RELU, "y (the forward output)", &a->out[0], run));
   return NULL;
 }
 
 stoke_err *gelu_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
   CHECK(unary_check(a, STOKE_OP_GELU, dt, bwd, run, 1, true));
-  if (bwd && a->din[0].data) CHECK(check_data(a, STOKE_OP_GELU, "x (the forward input)", &a->in[0], run));
+  if (bwd && a->din[0].data) CHECK(stoke_check_data(a, STOKE_OP_GELU, "x (the forward input)", &a->in[0], run));
   return NULL;
 }
 
@@ -531,70 +509,70 @@ bool gelu_tanh(const stoke_kernel_args_v1 *a) {
 
 stoke_err *add_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
   const char *op = STOKE_OP_ADD;
-  CHECK(check_counts(a, op, bwd, 2, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 2, 1));
   const stoke_tensor *x = &a->in[0], *z = &a->in[1], *y = &a->out[0];
-  if (!same_shape(&x->shape, &z->shape) || !same_shape(&x->shape, &y->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "add '%s': a %s, b %s and out %s differ in shape", nname(a), shp(&x->shape).s,
-                      shp(&z->shape).s, shp(&y->shape).s);
-  CHECK(check_dtype(a, op, "a", x, dt));
-  CHECK(check_dtype(a, op, "b", z, dt));
-  CHECK(check_dtype(a, op, "out", y, dt));
+  if (!stoke_same_shape(&x->shape, &z->shape) || !stoke_same_shape(&x->shape, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "add '%s': a %s, b %s and out %s differ in shape", stoke_node_name(a), stoke_shape_str(&x->shape).s,
+                      stoke_shape_str(&z->shape).s, stoke_shape_str(&y->shape).s);
+  CHECK(stoke_check_dtype(a, op, "a", x, dt));
+  CHECK(stoke_check_dtype(a, op, "b", z, dt));
+  CHECK(stoke_check_dtype(a, op, "out", y, dt));
   if (!bwd) {
-    CHECK(check_data(a, op, "a", x, run));
-    CHECK(check_data(a, op, "b", z, run));
-    return check_data(a, op, "out", y, run);
+    CHECK(stoke_check_data(a, op, "a", x, run));
+    CHECK(stoke_check_data(a, op, "b", z, run));
+    return stoke_check_data(a, op, "out", y, run);
   }
-  CHECK(check_grad(a, op, "a", &a->din[0], x));
-  CHECK(check_grad(a, op, "b", &a->din[1], z));
-  CHECK(check_grad(a, op, "out", &a->dout[0], y));
-  return check_data(a, op, "dout", &a->dout[0], run);
+  CHECK(stoke_check_grad(a, op, "a", &a->din[0], x));
+  CHECK(stoke_check_grad(a, op, "b", &a->din[1], z));
+  CHECK(stoke_check_grad(a, op, "out", &a->dout[0], y));
+  return stoke_check_data(a, op, "dout", &a->dout[0], run);
 }
 
 stoke_err *bias_add_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
   const char *op = STOKE_OP_BIAS_ADD;
-  CHECK(check_counts(a, op, bwd, 2, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 2, 1));
   const stoke_tensor *x = &a->in[0], *b = &a->in[1], *y = &a->out[0];
-  if (x->shape.ndim < 2 || b->shape.ndim != 1 || b->shape.d[0] != x->shape.d[1] || !same_shape(&x->shape, &y->shape))
+  if (x->shape.ndim < 2 || b->shape.ndim != 1 || b->shape.d[0] != x->shape.d[1] || !stoke_same_shape(&x->shape, &y->shape))
     return STOKE_PERR(STOKE_E_INVALID, "bias_add '%s': expects x[N, C, ...], bias[C] -> y like x; got x %s, bias %s, y %s",
-                      nname(a), shp(&x->shape).s, shp(&b->shape).s, shp(&y->shape).s);
-  CHECK(check_dtype(a, op, "bias", b, dt));
-  CHECK(check_layout(a, op, "y", y, x));
-  if (!bwd) CHECK(check_data(a, op, "bias", b, run));
-  else CHECK(check_grad(a, op, "bias", &a->din[1], b));
+                      stoke_node_name(a), stoke_shape_str(&x->shape).s, stoke_shape_str(&b->shape).s, stoke_shape_str(&y->shape).s);
+  CHECK(stoke_check_dtype(a, op, "bias", b, dt));
+  CHECK(stoke_check_layout(a, op, "y", y, x));
+  if (!bwd) CHECK(stoke_check_data(a, op, "bias", b, run));
+  else CHECK(stoke_check_grad(a, op, "bias", &a->din[1], b));
   return unary_check(a, op, dt, bwd, run, 2, true);
 }
 
 stoke_err *flatten_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
   const char *op = STOKE_OP_FLATTEN;
-  CHECK(check_counts(a, op, bwd, 1, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 1, 1));
   const stoke_shape *xs = &a->in[0].shape, *ys = &a->out[0].shape;
   int64_t rest = 1;
   for (int i = 1; i < xs->ndim; i++) rest *= xs->d[i];
   if (xs->ndim < 2 || ys->ndim != 2 || ys->d[0] != xs->d[0] || ys->d[1] != rest)
-    return STOKE_PERR(STOKE_E_INVALID, "flatten '%s': expects x[N, ...] -> y[N, prod]; got x %s, y %s", nname(a),
-                      shp(xs).s, shp(ys).s);
+    return STOKE_PERR(STOKE_E_INVALID, "flatten '%s': expects x[N, ...] -> y[N, prod]; got x %s, y %s", stoke_node_name(a),
+                      stoke_shape_str(xs).s, stoke_shape_str(ys).s);
   return unary_check(a, op, dt, bwd, run, 1, false);
 }
 
 stoke_err *gap_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
   const char *op = STOKE_OP_GLOBAL_AVG_POOL;
-  CHECK(check_counts(a, op, bwd, 1, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 1, 1));
   const stoke_shape *xs = &a->in[0].shape, *ys = &a->out[0].shape;
   if (xs->ndim != 4 || xs->d[2] < 1 || xs->d[3] < 1 || ys->ndim != 2 || ys->d[0] != xs->d[0] || ys->d[1] != xs->d[1])
     return STOKE_PERR(STOKE_E_INVALID,
-                      "global_avg_pool '%s': expects x[N, C, H, W] (H, W >= 1) -> y[N, C]; got x %s, y %s", nname(a),
-                      shp(xs).s, shp(ys).s);
+                      "global_avg_pool '%s': expects x[N, C, H, W] (H, W >= 1) -> y[N, C]; got x %s, y %s", stoke_node_name(a),
+                      stoke_shape_str(xs).s, stoke_shape_str(ys).s);
   return unary_check(a, op, dt, bwd, run, 1, false);
 }
 
 stoke_err *dropout_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run, double *p) {
   const char *op = STOKE_OP_DROPOUT;
-  CHECK(check_counts(a, op, bwd, 1, 1));
+  CHECK(stoke_check_counts(a, op, bwd, 1, 1));
   if (!a->node || a->node->n_attrs <= STOKE_DROPOUT_P)
-    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': attribute p missing", nname(a));
+    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': attribute p missing", stoke_node_name(a));
   *p = a->node->attrs[STOKE_DROPOUT_P].f;
   if (!(*p >= 0 && *p < 1))
-    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': p = %g not in [0, 1)", nname(a), *p);
+    return STOKE_PERR(STOKE_E_INVALID, "dropout '%s': p = %g not in [0, 1)", stoke_node_name(a), *p);
   return unary_check(a, op, dt, bwd, run, 1, true);
 }
 
@@ -608,7 +586,7 @@ float softmax_ce_smoothing(const stoke_kernel_args_v1 *a) {
 // the run reads it as f32); backward: dloss f32, dlogits like the logits.
 stoke_err *softmax_ce_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
   const char *op = STOKE_OP_SOFTMAX_CE;
-  CHECK(check_counts(a, op, bwd, 2, 2));
+  CHECK(stoke_check_counts(a, op, bwd, 2, 2));
   const stoke_tensor *x = &a->in[0], *lab = &a->in[1], *loss = &a->out[0], *lse = &a->out[1];
   const stoke_shape *xs = &x->shape, *ls = &lab->shape;
   if (xs->ndim != 2 || ls->ndim != 1 || ls->d[0] != xs->d[0] || xs->d[0] < 1 || xs->d[1] < 1 ||
@@ -616,27 +594,27 @@ stoke_err *softmax_ce_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int b
     return STOKE_PERR(STOKE_E_INVALID,
                       "softmax_ce '%s': expects logits[N, C] (N, C >= 1), labels[N] -> loss[1], lse[N]; got logits "
                       "%s, labels %s, loss %s, lse %s",
-                      nname(a), shp(xs).s, shp(ls).s, shp(&loss->shape).s, shp(&lse->shape).s);
-  CHECK(check_dtype(a, op, "lse", lse, STOKE_F32));
-  CHECK(check_data(a, op, "lse", lse, run));
+                      stoke_node_name(a), stoke_shape_str(xs).s, stoke_shape_str(ls).s, stoke_shape_str(&loss->shape).s, stoke_shape_str(&lse->shape).s);
+  CHECK(stoke_check_dtype(a, op, "lse", lse, STOKE_F32));
+  CHECK(stoke_check_data(a, op, "lse", lse, run));
   float smooth = softmax_ce_smoothing(a);
   if (!(smooth >= 0 && smooth < 1))
-    return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': label_smoothing %g not in [0, 1)", nname(a), (double)smooth);
-  CHECK(check_dtype(a, op, "logits", x, dt));
-  CHECK(check_dtype(a, op, "labels", lab, STOKE_I32));
-  CHECK(check_data(a, op, "logits", x, run));
-  CHECK(check_data(a, op, "labels", lab, run));
+    return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': label_smoothing %g not in [0, 1)", stoke_node_name(a), (double)smooth);
+  CHECK(stoke_check_dtype(a, op, "logits", x, dt));
+  CHECK(stoke_check_dtype(a, op, "labels", lab, STOKE_I32));
+  CHECK(stoke_check_data(a, op, "logits", x, run));
+  CHECK(stoke_check_data(a, op, "labels", lab, run));
   if (!bwd) {
-    CHECK(check_dtype(a, op, "loss", loss, STOKE_F32));
-    return check_data(a, op, "loss", loss, run);
+    CHECK(stoke_check_dtype(a, op, "loss", loss, STOKE_F32));
+    return stoke_check_data(a, op, "loss", loss, run);
   }
-  CHECK(check_grad(a, op, "logits", &a->din[0], x));
+  CHECK(stoke_check_grad(a, op, "logits", &a->din[0], x));
   const stoke_tensor *dl = &a->dout[0];
   if (stoke_numel(&dl->shape) != 1)
-    return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': dloss is %s, expects 1 element", nname(a),
-                      shp(&dl->shape).s);
-  CHECK(check_dtype(a, op, "dloss", dl, STOKE_F32));
-  return check_data(a, op, "dloss", dl, run);
+    return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': dloss is %s, expects 1 element", stoke_node_name(a),
+                      stoke_shape_str(&dl->shape).s);
+  CHECK(stoke_check_dtype(a, op, "dloss", dl, STOKE_F32));
+  return stoke_check_data(a, op, "dloss", dl, run);
 }
 
 // The forward's workspace: one f32 loss per row, summed in a fixed order by a second kernel.
@@ -646,40 +624,40 @@ size_t softmax_ce_workspace(const stoke_kernel_args_v1 *a) { return (size_t)a->i
 // or f16, in the memory order of the layout attribute.
 stoke_err *normalize_check(const stoke_kernel_args_v1 *a, int run, int *nhwc) {
   const char *op = STOKE_OP_NORMALIZE;
-  CHECK(check_counts(a, op, 0, 1, 1));
+  CHECK(stoke_check_counts(a, op, 0, 1, 1));
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= STOKE_NORMALIZE_LAYOUT)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes mean, std and layout missing", op, nname(a));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes mean, std and layout missing", op, stoke_node_name(a));
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   const stoke_shape *xs = &x->shape;
-  if (xs->ndim != 4 || !same_shape(xs, &y->shape))
+  if (xs->ndim != 4 || !stoke_same_shape(xs, &y->shape))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[N, C, H, W] -> y of x's shape, got x %s, y %s", op,
-                      nname(a), shp(xs).s, shp(&y->shape).s);
-  CHECK(check_dtype(a, op, "x", x, STOKE_U8));
+                      stoke_node_name(a), stoke_shape_str(xs).s, stoke_shape_str(&y->shape).s);
+  CHECK(stoke_check_dtype(a, op, "x", x, STOKE_U8));
   if (y->dtype != STOKE_F32 && y->dtype != STOKE_BF16 && y->dtype != STOKE_F16)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': y %s is %s, the cuda kernel writes f32, bf16 or f16", op, nname(a),
-                      shp(&y->shape).s, stoke_dtype_name(y->dtype));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': y %s is %s, the cuda kernel writes f32, bf16 or f16", op, stoke_node_name(a),
+                      stoke_shape_str(&y->shape).s, stoke_dtype_name(y->dtype));
   const stoke_attr_v1 *m = &n->attrs[STOKE_NORMALIZE_MEAN], *s = &n->attrs[STOKE_NORMALIZE_STD];
   int64_t c = xs->d[1];
   if ((m->n != 1 && m->n != c) || (s->n != 1 && s->n != c) || m->n < 1 || s->n < 1 ||
       m->n > STOKE_ATTR_MAX_INTS || s->n > STOKE_ATTR_MAX_INTS)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': mean (%d values) and std (%d values) need 1 or %lld values", op,
-                      nname(a), m->n, s->n, (long long)c);
+                      stoke_node_name(a), m->n, s->n, (long long)c);
   for (int i = 0; i < s->n; i++)
     if (!(s->floats[i] > 0))
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': std %g must be > 0", op, nname(a), s->floats[i]);
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': std %g must be > 0", op, stoke_node_name(a), s->floats[i]);
   const char *l = n->attrs[STOKE_NORMALIZE_LAYOUT].s;
   if (!strcmp(l, "nhwc"))
     *nhwc = 1;
   else if (!strcmp(l, "nchw"))
     *nhwc = 0;
   else
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': layout '%s' must be nchw or nhwc", op, nname(a), l);
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': layout '%s' must be nchw or nhwc", op, stoke_node_name(a), l);
   if ((y->layout == STOKE_NHWC && !*nhwc) || (y->layout == STOKE_NCHW && *nhwc))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': layout attribute '%s' but the output is %s", op, nname(a), l,
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': layout attribute '%s' but the output is %s", op, stoke_node_name(a), l,
                       y->layout == STOKE_NHWC ? "NHWC" : "NCHW");
-  CHECK(check_data(a, op, "x", x, run));
-  return check_data(a, op, "y", y, run);
+  CHECK(stoke_check_data(a, op, "x", x, run));
+  return stoke_check_data(a, op, "y", y, run);
 }
 
 // ================================================================ kernels
@@ -713,7 +691,7 @@ template <typename T> stoke_err *relu_bwd(const stoke_kernel_args_v1 *a, void *)
   CHECK(relu_check(a, dtype_of<T>::value, 1, 1));
   if (!a->din[0].data) return NULL;
   return launch_ew<T>(a, dp<T>(a->din[0]), dp<T>(a->out[0]), dp<T>(a->dout[0]), stoke_numel(&a->out[0].shape),
-                      grad_beta(a, 0), op_relu_grad{});
+                      stoke_grad_beta(a, 0), op_relu_grad{});
 }
 
 // ------------------------------------------------------------------- gelu
@@ -732,7 +710,7 @@ template <typename T> stoke_err *gelu_bwd(const stoke_kernel_args_v1 *a, void *)
   CHECK(gelu_check(a, dtype_of<T>::value, 1, 1));
   if (!a->din[0].data) return NULL;
   return launch_ew<T>(a, dp<T>(a->din[0]), dp<T>(a->in[0]), dp<T>(a->dout[0]), stoke_numel(&a->in[0].shape),
-                      grad_beta(a, 0), op_gelu_grad{gelu_tanh(a)});
+                      stoke_grad_beta(a, 0), op_gelu_grad{gelu_tanh(a)});
 }
 
 // -------------------------------------------------------------------- add
@@ -752,7 +730,7 @@ template <typename T> stoke_err *add_bwd(const stoke_kernel_args_v1 *a, void *) 
   int64_t n = stoke_numel(&a->out[0].shape);
   for (int k = 0; k < 2; k++)
     if (a->din[k].data)
-      CHECK(launch_ew<T>(a, dp<T>(a->din[k]), dp<T>(a->dout[0]), (const T *)NULL, n, grad_beta(a, k), op_copy{}));
+      CHECK(launch_ew<T>(a, dp<T>(a->din[k]), dp<T>(a->dout[0]), (const T *)NULL, n, stoke_grad_beta(a, k), op_copy{}));
   return NULL;
 }
 
@@ -773,7 +751,7 @@ PLAN(bias_add_bwd, bias_add_check(a, dtype_of<T>::value, 1, 0),
 template <typename T> stoke_err *bias_add_fwd(const stoke_kernel_args_v1 *a, void *) {
   CHECK(bias_add_check(a, dtype_of<T>::value, 0, 1));
   const stoke_shape *s = &a->in[0].shape;
-  op_bias_add<T> op{dp<T>(a->in[1]), s->d[1], rest_of(s), is_nhwc(&a->in[0])};
+  op_bias_add<T> op{dp<T>(a->in[1]), s->d[1], rest_of(s), stoke_is_nhwc(&a->in[0])};
   return launch_ew<T>(a, dp<T>(a->out[0]), dp<T>(a->in[0]), (const T *)NULL, stoke_numel(s), 0.f, op);
 }
 
@@ -784,18 +762,18 @@ template <typename T> stoke_err *bias_add_bwd(const stoke_kernel_args_v1 *a, voi
   const stoke_shape *s = &a->in[0].shape;
   const T *dy = dp<T>(a->dout[0]);
   if (a->din[0].data)
-    CHECK(launch_ew<T>(a, dp<T>(a->din[0]), dy, (const T *)NULL, stoke_numel(s), grad_beta(a, 0), op_copy{}));
+    CHECK(launch_ew<T>(a, dp<T>(a->din[0]), dy, (const T *)NULL, stoke_numel(s), stoke_grad_beta(a, 0), op_copy{}));
   T *db = dp<T>(a->din[1]);
   if (!db) return NULL;
   int64_t n = s->d[0], c = s->d[1], rest = rest_of(s);
-  float beta = grad_beta(a, 1);
+  float beta = stoke_grad_beta(a, 1);
   if (rest == 1 || n == 0 || c == 0) return launch_col_sum<T, T>(a, dy, db, 1, n * rest, c, 1.f, beta);
   size_t need = (size_t)(n * c) * sizeof(float);
   if (!a->workspace || a->workspace_bytes < need)
     return STOKE_PERR(STOKE_E_INVALID, "bias_add '%s': backward needs %zu bytes of workspace (plan), got %zu",
-                      nname(a), need, a->workspace_bytes);
+                      stoke_node_name(a), need, a->workspace_bytes);
   float *part = static_cast<float *>(a->workspace);
-  if (is_nhwc(&a->in[0])) CHECK(launch_col_sum<T, float>(a, dy, part, n, rest, c, 1.f, 0.f));
+  if (stoke_is_nhwc(&a->in[0])) CHECK(launch_col_sum<T, float>(a, dy, part, n, rest, c, 1.f, 0.f));
   else CHECK(launch_row_sum<T, float>(a, dy, part, n * c, rest, 1.f, 0.f));
   return launch_col_sum<float, T>(a, part, db, 1, n, c, 1.f, beta);
 }
@@ -810,7 +788,7 @@ template <typename T> stoke_err *flatten_fwd(const stoke_kernel_args_v1 *a, void
   CHECK(flatten_check(a, dtype_of<T>::value, 0, 1));
   const stoke_shape *s = &a->in[0].shape;
   int64_t n = stoke_numel(s);
-  if (is_nhwc(&a->in[0]))
+  if (stoke_is_nhwc(&a->in[0]))
     return launch_ew<T>(a, dp<T>(a->out[0]), (const T *)NULL, (const T *)NULL, n, 0.f,
                         op_nchw_from_nhwc<T>{dp<T>(a->in[0]), s->d[1], s->d[2] * s->d[3]});
   if (n > 0)
@@ -824,8 +802,8 @@ template <typename T> stoke_err *flatten_bwd(const stoke_kernel_args_v1 *a, void
   if (!a->din[0].data) return NULL;
   const stoke_shape *s = &a->in[0].shape;
   int64_t n = stoke_numel(s);
-  float beta = grad_beta(a, 0);
-  if (is_nhwc(&a->in[0]))
+  float beta = stoke_grad_beta(a, 0);
+  if (stoke_is_nhwc(&a->in[0]))
     return launch_ew<T>(a, dp<T>(a->din[0]), (const T *)NULL, (const T *)NULL, n, beta,
                         op_nhwc_from_nchw<T>{dp<T>(a->dout[0]), s->d[1], s->d[2] * s->d[3]});
   if (beta != 0.f) return launch_ew<T>(a, dp<T>(a->din[0]), dp<T>(a->dout[0]), (const T *)NULL, n, beta, op_copy{});
@@ -846,7 +824,7 @@ template <typename T> stoke_err *gap_fwd(const stoke_kernel_args_v1 *a, void *) 
   const stoke_shape *s = &a->in[0].shape;
   int64_t n = s->d[0], c = s->d[1], hw = s->d[2] * s->d[3];
   float inv = 1.f / (float)hw;
-  if (is_nhwc(&a->in[0])) return launch_col_sum<T, T>(a, dp<T>(a->in[0]), dp<T>(a->out[0]), n, hw, c, inv, 0.f);
+  if (stoke_is_nhwc(&a->in[0])) return launch_col_sum<T, T>(a, dp<T>(a->in[0]), dp<T>(a->out[0]), n, hw, c, inv, 0.f);
   return launch_row_sum<T, T>(a, dp<T>(a->in[0]), dp<T>(a->out[0]), n * c, hw, inv, 0.f);
 }
 
@@ -856,8 +834,8 @@ template <typename T> stoke_err *gap_bwd(const stoke_kernel_args_v1 *a, void *) 
   if (!a->din[0].data) return NULL;
   const stoke_shape *s = &a->in[0].shape;
   int64_t hw = s->d[2] * s->d[3];
-  op_gap_grad<T> op{dp<T>(a->dout[0]), s->d[1], hw, is_nhwc(&a->in[0]), 1.f / (float)hw};
-  return launch_ew<T>(a, dp<T>(a->din[0]), (const T *)NULL, (const T *)NULL, stoke_numel(s), grad_beta(a, 0), op);
+  op_gap_grad<T> op{dp<T>(a->dout[0]), s->d[1], hw, stoke_is_nhwc(&a->in[0]), 1.f / (float)hw};
+  return launch_ew<T>(a, dp<T>(a->din[0]), (const T *)NULL, (const T *)NULL, stoke_numel(s), stoke_grad_beta(a, 0), op);
 }
 
 // ------------------------------------------------------------- softmax_ce
@@ -878,7 +856,7 @@ template <typename T> stoke_err *softmax_ce_fwd(const stoke_kernel_args_v1 *a, v
   int64_t n = a->in[0].shape.d[0], c = a->in[0].shape.d[1];
   size_t need = softmax_ce_workspace(a);
   if (!a->workspace || a->workspace_bytes < need)
-    return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': needs %zu bytes of workspace (plan), got %zu", nname(a),
+    return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': needs %zu bytes of workspace (plan), got %zu", stoke_node_name(a),
                       need, a->workspace_bytes);
   float *row_loss = static_cast<float *>(a->workspace), *lse = static_cast<float *>(a->out[1].data);
   const T *x = dp<T>(a->in[0]);
@@ -893,9 +871,9 @@ template <typename T> stoke_err *softmax_ce_fwd(const stoke_kernel_args_v1 *a, v
   else
     softmax_ce_fwd_kernel<T, kThreads>
         <<<grid_for(n, 1, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, row_loss, lse, n, c, ls);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   loss_mean_kernel<<<1, kThreads, 0, stream_of(a)>>>(row_loss, static_cast<float *>(a->out[0].data), n);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
@@ -909,16 +887,16 @@ template <typename T> stoke_err *softmax_ce_bwd(const stoke_kernel_args_v1 *a, v
   const T *x = dp<T>(a->in[0]);
   const int32_t *lab = static_cast<const int32_t *>(a->in[1].data);
   const float *dloss = static_cast<const float *>(a->dout[0].data), *lse = static_cast<const float *>(a->out[1].data);
-  float ls = softmax_ce_smoothing(a), beta = grad_beta(a, 0);
+  float ls = softmax_ce_smoothing(a), beta = stoke_grad_beta(a, 0);
   if (c > kWarpRowMax && softmax_ce_vec<T>(c, x, dx)) {
     softmax_ce_bwd_vec_kernel<T>
         <<<grid_for(n, 1, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, lse, dloss, dx, n, c, ls, beta);
-    STOKE_CUDA_LAUNCH(nname(a));
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
     return NULL;
   }
   dim3 grid(grid_for(c, kThreads, 1024), (unsigned)(n < kMaxGrid ? n : kMaxGrid));
   softmax_ce_bwd_kernel<T><<<grid, kThreads, 0, stream_of(a)>>>(x, lab, lse, dloss, dx, n, c, ls, beta);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
@@ -960,7 +938,7 @@ template <typename T> stoke_err *dropout_bwd(const stoke_kernel_args_v1 *a, void
   CHECK(dropout_check(a, dtype_of<T>::value, 1, 1, &p));
   if (!a->din[0].data) return NULL;
   int64_t n = stoke_numel(&a->in[0].shape);
-  float beta = grad_beta(a, 0);
+  float beta = stoke_grad_beta(a, 0);
   if (!a->training || p == 0)
     return launch_ew<T>(a, dp<T>(a->din[0]), dp<T>(a->dout[0]), (const T *)NULL, n, beta, op_copy{});
   op_dropout op{a->seed, keep_threshold(p), (float)(1.0 / (1.0 - p))};
@@ -982,7 +960,7 @@ template <typename T> stoke_err *normalize_launch(const stoke_kernel_args_v1 *a,
   if (total <= 0) return NULL;
   normalize_kernel<T><<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, stream_of(a)>>>(
       static_cast<const uint8_t *>(a->in[0].data), dp<T>(a->out[0]), total, d[1], d[2] * d[3], nhwc, prm);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
@@ -1007,7 +985,7 @@ stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *) {
 // ================================================================ the table
 
 #define KERNEL(op, pass, fn, T) \
-  {"cuda", op, pass, dtype_of<T>::value, STOKE_LAYOUT_ANY, fn##_plan<T>, fn<T>, destroy_none}
+  {"cuda", op, pass, dtype_of<T>::value, STOKE_LAYOUT_ANY, fn##_plan<T>, fn<T>, stoke_destroy_none}
 #define KERNELS(T)                                                    \
   KERNEL(STOKE_OP_RELU, STOKE_FWD, relu_fwd, T),                      \
       KERNEL(STOKE_OP_RELU, STOKE_BWD, relu_bwd, T),                  \
@@ -1031,7 +1009,7 @@ const stoke_kernel_v1 elementwise_kernels[] = {
     KERNELS(__nv_bfloat16),
     KERNELS(__half),
     {"cuda", STOKE_OP_NORMALIZE, STOKE_FWD, STOKE_U8, STOKE_LAYOUT_ANY, normalize_fwd_plan, normalize_fwd,
-     destroy_none},
+     stoke_destroy_none},
 };
 
 #undef KERNELS

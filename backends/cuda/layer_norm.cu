@@ -281,7 +281,7 @@ __global__ void ln_bwd_w_part_kernel(const T *__restrict__ x, const T *__restric
 
 // ================================================================ host side
 
-#define LAUNCH_OK(a) STOKE_CUDA_LAUNCH(nname(a))
+#define LAUNCH_OK(a) STOKE_CUDA_LAUNCH(stoke_node_name(a))
 
 struct ln_geom {
   int64_t rows, c;
@@ -297,33 +297,33 @@ stoke_err *ln_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool
   int nin = add ? 4 : 3, nout = add ? 4 : 3;
   if (a->n_in < nin || a->n_out < nout || (bwd && (!a->din || !a->dout)) || !a->node ||
       a->node->n_attrs <= STOKE_LAYER_NORM_EPS)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects %d inputs, %d outputs and eps", op, nname(a), nin, nout);
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects %d inputs, %d outputs and eps", op, stoke_node_name(a), nin, nout);
   const stoke_shape *xs = &a->in[0].shape;
   g->eps = (float)a->node->attrs[STOKE_LAYER_NORM_EPS].f;
   g->c = xs->ndim ? xs->d[xs->ndim - 1] : 0;
   g->rows = g->c ? stoke_numel(xs) / g->c : 0;
   for (int i = 0; i < (add ? 2 : 1); i++)
-    if (!same_shape(&a->in[i].shape, xs) || !same_shape(&a->out[i].shape, xs))
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': inputs and outputs must have x's shape %s", op, nname(a), shp(xs).s);
+    if (!stoke_same_shape(&a->in[i].shape, xs) || !stoke_same_shape(&a->out[i].shape, xs))
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': inputs and outputs must have x's shape %s", op, stoke_node_name(a), stoke_shape_str(xs).s);
   for (int i = g->w; i < g->w + 2; i++)
     if (a->in[i].shape.ndim != 1 || a->in[i].shape.d[0] != g->c)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': weight and bias must be [%lld]", op, nname(a), (long long)g->c);
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': weight and bias must be [%lld]", op, stoke_node_name(a), (long long)g->c);
   for (int j = g->y + 1; j < g->y + 3; j++)
     if (a->out[j].shape.ndim != 1 || a->out[j].shape.d[0] != g->rows || a->out[j].dtype != STOKE_F32)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': mean and rstd must be f32 [%lld]", op, nname(a), (long long)g->rows);
-  for (int i = 0; i < nin; i++) CHECK(check_dtype(a, op, "input", &a->in[i], dt));
-  CHECK(check_dtype(a, op, "y", &a->out[g->y], dt));
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': mean and rstd must be f32 [%lld]", op, stoke_node_name(a), (long long)g->rows);
+  for (int i = 0; i < nin; i++) CHECK(stoke_check_dtype(a, op, "input", &a->in[i], dt));
+  CHECK(stoke_check_dtype(a, op, "y", &a->out[g->y], dt));
   if (!bwd) {
-    for (int i = 0; i < nin; i++) CHECK(check_data(a, op, "input", &a->in[i], run));
-    for (int j = 0; j < nout; j++) CHECK(check_data(a, op, "output", &a->out[j], run));
+    for (int i = 0; i < nin; i++) CHECK(stoke_check_data(a, op, "input", &a->in[i], run));
+    for (int j = 0; j < nout; j++) CHECK(stoke_check_data(a, op, "output", &a->out[j], run));
     return NULL;
   }
-  for (int i = 0; i < nin; i++) CHECK(check_grad(a, op, "input", &a->din[i], &a->in[i]));
-  CHECK(check_data(a, op, "dy", &a->dout[g->y], run));
-  CHECK(check_data(a, op, add ? "s" : "x", add ? &a->out[0] : &a->in[0], run));
-  CHECK(check_data(a, op, "weight", &a->in[g->w], run));
-  CHECK(check_data(a, op, "mean", &a->out[g->y + 1], run));
-  return check_data(a, op, "rstd", &a->out[g->y + 2], run);
+  for (int i = 0; i < nin; i++) CHECK(stoke_check_grad(a, op, "input", &a->din[i], &a->in[i]));
+  CHECK(stoke_check_data(a, op, "dy", &a->dout[g->y], run));
+  CHECK(stoke_check_data(a, op, add ? "s" : "x", add ? &a->out[0] : &a->in[0], run));
+  CHECK(stoke_check_data(a, op, "weight", &a->in[g->w], run));
+  CHECK(stoke_check_data(a, op, "mean", &a->out[g->y + 1], run));
+  return stoke_check_data(a, op, "rstd", &a->out[g->y + 2], run);
 }
 
 
@@ -400,13 +400,13 @@ template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, 
   const T *ds = ADD ? dp<T>(a->dout[0]) : (const T *)NULL;
   const float *mean = dp<float>(a->out[g.y + 1]), *rstd = dp<float>(a->out[g.y + 2]);
   T *dx = dp<T>(a->din[0]), *dx2 = ADD && a->din[1].data != a->din[0].data ? dp<T>(a->din[1]) : (T *)NULL;
-  float b0 = grad_beta(a, 0), b1 = ADD ? grad_beta(a, 1) : 0.f;
+  float b0 = stoke_grad_beta(a, 0), b1 = ADD ? stoke_grad_beta(a, 1) : 0.f;
   if (!dx && dx2) dx = dx2, dx2 = NULL, b0 = b1;
   T *dw = dp<T>(a->din[g.w]), *db = dp<T>(a->din[g.w + 1]);
   const bool want_w = dw || db;
   size_t need = (size_t)(kVecParts > kLnParts ? kVecParts : kLnParts) * (size_t)g.c * sizeof(float2);
   if (want_w && (a->workspace_bytes < need || !a->workspace))
-    return STOKE_PERR(STOKE_E_INTERNAL, "layer_norm '%s': needs %zu bytes of workspace, got %zu", nname(a), need,
+    return STOKE_PERR(STOKE_E_INTERNAL, "layer_norm '%s': needs %zu bytes of workspace, got %zu", stoke_node_name(a), need,
                       a->workspace_bytes);
   float2 *part = want_w ? static_cast<float2 *>(a->workspace) : (float2 *)NULL;
   int parts = kLnParts, it = vec_iters<T>(g.c, {x, w, dy, ds, dx, dx2});
@@ -430,15 +430,15 @@ template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, 
     }
   }
   if (!want_w) return NULL;
-  ln_part_sum_kernel<T><<<grid_for(g.c, 32, kGrid), kThreads, 0, st>>>(part, parts, dw, db, g.c, grad_beta(a, g.w),
-                                                                       grad_beta(a, g.w + 1));
+  ln_part_sum_kernel<T><<<grid_for(g.c, 32, kGrid), kThreads, 0, st>>>(part, parts, dw, db, g.c, stoke_grad_beta(a, g.w),
+                                                                       stoke_grad_beta(a, g.w + 1));
   LAUNCH_OK(a);
   return NULL;
 }
 
 // ------------------------------------------------------------- the table
 
-#define K(op, pass, plan, run, T) {"cuda", op, pass, dtype_of<T>::value, STOKE_LAYOUT_ANY, plan, run, destroy_none}
+#define K(op, pass, plan, run, T) {"cuda", op, pass, dtype_of<T>::value, STOKE_LAYOUT_ANY, plan, run, stoke_destroy_none}
 #define LN_KERNELS(T)                                                                                     \
   K(STOKE_OP_LAYER_NORM, STOKE_FWD, (ln_plan<T, 0, 0>), (ln_fwd<T, 0>), T),                               \
   K(STOKE_OP_LAYER_NORM, STOKE_BWD, (ln_plan<T, 0, 1>), (ln_bwd<T, 0>), T),                               \
@@ -450,5 +450,5 @@ const stoke_kernel_v1 ln_kernels[] = {LN_KERNELS(float), LN_KERNELS(__nv_bfloat1
 }  // namespace
 
 extern "C" stoke_err *stoke_cuda_register_layer_norm(const stoke_registry_v1 *r) {
-  return add_kernels(r, ln_kernels, sizeof ln_kernels / sizeof *ln_kernels);
+  return stoke_add_kernels(r, ln_kernels, sizeof ln_kernels / sizeof *ln_kernels);
 }

@@ -24,14 +24,6 @@ constexpr int64_t kMaxGrid = 65535 * 8;
 
 // -------------------------------------------------------- argument checks
 
-stoke_err *check_layout(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                        const stoke_tensor *t) {
-  if (t->layout != STOKE_LAYOUT_ANY && t->layout != STOKE_NCHW && t->layout != STOKE_NHWC)
-    return STOKE_PERR(STOKE_E_UNSUPPORTED, "%s '%s': %s has unknown layout %d", op, nname(a),
-                      what, (int)t->layout);
-  return NULL;
-}
-
 // ================================================================ batch_norm
 
 // x as logical (N, C, S), S the product of the trailing dimensions; m = N S
@@ -74,82 +66,82 @@ stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool bwd, boo
   const char *op = STOKE_OP_BATCH_NORM;
   if (a->n_in < 5 || a->n_out < 3 || !a->in || !a->out)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs 5 inputs and 3 outputs, got %d and %d",
-                      op, nname(a), a->n_in, a->n_out);
+                      op, stoke_node_name(a), a->n_in, a->n_out);
   if (bwd && (!a->din || !a->dout))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': backward called without gradient tensors", op,
-                      nname(a));
+                      stoke_node_name(a));
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= STOKE_BATCH_NORM_MOMENTUM)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes eps and momentum missing", op,
-                      nname(a));
+                      stoke_node_name(a));
   g->eps = n->attrs[STOKE_BATCH_NORM_EPS].f;
   g->momentum = n->attrs[STOKE_BATCH_NORM_MOMENTUM].f;
   if (!(g->eps > 0 && isfinite(g->eps)) || !(g->momentum >= 0 && g->momentum <= 1))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': eps %g must be > 0 and momentum %g in [0, 1]",
-                      op, nname(a), g->eps, g->momentum);
+                      op, stoke_node_name(a), g->eps, g->momentum);
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   const stoke_shape *xs = &x->shape;
-  if (xs->ndim < 2 || !same_shape(xs, &y->shape))
+  if (xs->ndim < 2 || !stoke_same_shape(xs, &y->shape))
     return STOKE_PERR(STOKE_E_INVALID,
                       "%s '%s': expects x[N, C, ...] -> y of x's shape, got x %s, y %s", op,
-                      nname(a), shp(xs).s, shp(&y->shape).s);
+                      stoke_node_name(a), stoke_shape_str(xs).s, stoke_shape_str(&y->shape).s);
   g->n = xs->d[0];
   g->c = xs->d[1];
   g->s = 1;
   for (int i = 2; i < xs->ndim; i++) g->s *= xs->d[i];
   g->m = g->n * g->s;
-  g->cl = is_nhwc(x) || g->s == 1;
+  g->cl = stoke_is_nhwc(x) || g->s == 1;
   bn_partition(g);
   static const char *const in_names[] = {"x", "weight", "bias", "running_mean", "running_var"};
   static const char *const out_names[] = {"y", "saved_mean", "saved_invstd"};
   for (int i = 1; i < 5; i++)
     if (a->in[i].shape.ndim != 1 || a->in[i].shape.d[0] != g->c)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, nname(a),
-                        in_names[i], shp(&a->in[i].shape).s, shp(xs).s, (long long)g->c);
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, stoke_node_name(a),
+                        in_names[i], stoke_shape_str(&a->in[i].shape).s, stoke_shape_str(xs).s, (long long)g->c);
   for (int i = 1; i < 3; i++)
     if (a->out[i].shape.ndim != 1 || a->out[i].shape.d[0] != g->c)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, nname(a),
-                        out_names[i], shp(&a->out[i].shape).s, shp(xs).s, (long long)g->c);
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, stoke_node_name(a),
+                        out_names[i], stoke_shape_str(&a->out[i].shape).s, stoke_shape_str(xs).s, (long long)g->c);
   for (int i = 0; i < 5; i++)
-    CHECK(check_dtype(a, op, in_names[i], &a->in[i], i < 3 ? dt : STOKE_F32));
+    CHECK(stoke_check_dtype(a, op, in_names[i], &a->in[i], i < 3 ? dt : STOKE_F32));
   for (int i = 0; i < 3; i++)
-    CHECK(check_dtype(a, op, out_names[i], &a->out[i], i < 1 ? dt : STOKE_F32));
-  CHECK(check_layout(a, op, "x", x));
-  CHECK(check_layout(a, op, "y", y));
-  if (is_nhwc(y) != is_nhwc(x))
+    CHECK(stoke_check_dtype(a, op, out_names[i], &a->out[i], i < 1 ? dt : STOKE_F32));
+  CHECK(stoke_check_layout_known(a, op, "x", x));
+  CHECK(stoke_check_layout_known(a, op, "y", y));
+  if (stoke_is_nhwc(y) != stoke_is_nhwc(x))
     return STOKE_PERR(STOKE_E_UNSUPPORTED,
                       "%s '%s': x is %s but y is %s; the cuda kernel needs one memory order", op,
-                      nname(a), is_nhwc(x) ? "NHWC" : "NCHW", is_nhwc(y) ? "NHWC" : "NCHW");
+                      stoke_node_name(a), stoke_is_nhwc(x) ? "NHWC" : "NCHW", stoke_is_nhwc(y) ? "NHWC" : "NCHW");
   if (!bwd) {
-    for (int i = 0; i < 5; i++) CHECK(check_data(a, op, in_names[i], &a->in[i], run));
-    for (int i = 0; i < 3; i++) CHECK(check_data(a, op, out_names[i], &a->out[i], run));
+    for (int i = 0; i < 5; i++) CHECK(stoke_check_data(a, op, in_names[i], &a->in[i], run));
+    for (int i = 0; i < 3; i++) CHECK(stoke_check_data(a, op, out_names[i], &a->out[i], run));
     // PyTorch: "Expected more than 1 value per channel when training"
     if (run && a->training && g->m < 2)
       return STOKE_PERR(STOKE_E_INVALID,
                         "%s '%s': training needs more than 1 value per channel, x is %s", op,
-                        nname(a), shp(xs).s);
+                        stoke_node_name(a), stoke_shape_str(xs).s);
   } else {
-    for (int i = 0; i < 3; i++) CHECK(check_grad(a, op, in_names[i], &a->din[i], &a->in[i]));
-    CHECK(check_grad(a, op, "y", &a->dout[0], y));
-    CHECK(check_layout(a, op, "dx", &a->din[0]));
-    CHECK(check_layout(a, op, "dy", &a->dout[0]));
-    if ((a->din[0].data && is_nhwc(&a->din[0]) != is_nhwc(x)) ||
-        (a->dout[0].data && is_nhwc(&a->dout[0]) != is_nhwc(x)))
+    for (int i = 0; i < 3; i++) CHECK(stoke_check_grad(a, op, in_names[i], &a->din[i], &a->in[i]));
+    CHECK(stoke_check_grad(a, op, "y", &a->dout[0], y));
+    CHECK(stoke_check_layout_known(a, op, "dx", &a->din[0]));
+    CHECK(stoke_check_layout_known(a, op, "dy", &a->dout[0]));
+    if ((a->din[0].data && stoke_is_nhwc(&a->din[0]) != stoke_is_nhwc(x)) ||
+        (a->dout[0].data && stoke_is_nhwc(&a->dout[0]) != stoke_is_nhwc(x)))
       return STOKE_PERR(STOKE_E_UNSUPPORTED,
                         "%s '%s': x, dx and dy must share one memory order for the cuda kernel",
-                        op, nname(a));
+                        op, stoke_node_name(a));
     bool dx = a->din[0].data != NULL, dw = a->din[1].data != NULL, db = a->din[2].data != NULL;
-    if (dx || dw || db) CHECK(check_data(a, op, "dy", &a->dout[0], run));
+    if (dx || dw || db) CHECK(stoke_check_data(a, op, "dy", &a->dout[0], run));
     if (dx || dw) {
-      CHECK(check_data(a, op, "x (the forward input)", x, run));
-      CHECK(check_data(a, op, "saved_mean", &a->out[1], run));
-      CHECK(check_data(a, op, "saved_invstd", &a->out[2], run));
+      CHECK(stoke_check_data(a, op, "x (the forward input)", x, run));
+      CHECK(stoke_check_data(a, op, "saved_mean", &a->out[1], run));
+      CHECK(stoke_check_data(a, op, "saved_invstd", &a->out[2], run));
     }
-    if (dx) CHECK(check_data(a, op, "weight", &a->in[1], run));
+    if (dx) CHECK(stoke_check_data(a, op, "weight", &a->in[1], run));
   }
   if (run && (bwd || a->training) && a->workspace_bytes < bn_workspace(g))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': workspace of %zu bytes, the kernel needs %zu",
-                      op, nname(a), a->workspace_bytes, bn_workspace(g));
+                      op, stoke_node_name(a), a->workspace_bytes, bn_workspace(g));
   return NULL;
 }
 
@@ -379,17 +371,17 @@ stoke_err *bn_fwd(const stoke_kernel_args_v1 *a, void *) {
     else
       bn_stats_cm<T><<<dim3((unsigned)g.c, (unsigned)g.parts), kThreads, 0, st>>>(
           x, g.c, g.s, g.m, g.rows, part);
-    STOKE_CUDA_LAUNCH(nname(a));
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
   }
   bn_finalize<<<(unsigned)((g.c + kThreads - 1) / kThreads), kThreads, 0, st>>>(
       part, g.parts, g.c, g.m, g.rows, g.eps, g.momentum, a->training, rm, rv, sm, si);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   int64_t total = g.m * g.c;
   if (total > 0) {
     bn_apply<T><<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(
         x, (T *)a->out[0].data, (const T *)a->in[1].data, (const T *)a->in[2].data, sm, si, total,
         g.c, g.s, g.cl ? 1 : 0);
-    STOKE_CUDA_LAUNCH(nname(a));
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
   }
   return NULL;
 }
@@ -412,21 +404,21 @@ stoke_err *bn_bwd(const stoke_kernel_args_v1 *a, void *) {
     else
       bn_gsum_cm<T><<<dim3((unsigned)g.c, (unsigned)g.parts), kThreads, 0, st>>>(
           x, dy, sm, si, need_x, g.c, g.s, g.m, g.rows, part);
-    STOKE_CUDA_LAUNCH(nname(a));
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
   } else {
     STOKE_CUDA(cudaMemsetAsync(part, 0, (size_t)g.parts * (size_t)g.c * sizeof(float2), st),
                "zeroing the batch_norm partial sums");
   }
   bn_gfinalize<T><<<(unsigned)((g.c + kThreads - 1) / kThreads), kThreads, 0, st>>>(
-      part, g.parts, g.c, (double)g.m, a->training, dw, grad_beta(a, 1), db, grad_beta(a, 2),
+      part, g.parts, g.c, (double)g.m, a->training, dw, stoke_grad_beta(a, 1), db, stoke_grad_beta(a, 2),
       mid);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   int64_t total = g.m * g.c;
   if (dx && total > 0) {
     bn_dx<T><<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(
-        x, dy, dx, (const T *)a->in[1].data, sm, si, mid, grad_beta(a, 0), total, g.c, g.s,
+        x, dy, dx, (const T *)a->in[1].data, sm, si, mid, stoke_grad_beta(a, 0), total, g.c, g.s,
         g.cl ? 1 : 0);
-    STOKE_CUDA_LAUNCH(nname(a));
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
   }
   return NULL;
 }
@@ -459,10 +451,10 @@ stoke_err *pool_pair(const stoke_kernel_args_v1 *a, const char *op, int idx, con
                      int64_t out[2]) {
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= idx)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attribute %s missing", op, nname(a), what);
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attribute %s missing", op, stoke_node_name(a), what);
   const stoke_attr_v1 *at = &n->attrs[idx];
   if (at->n != 1 && at->n != 2)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s takes 1 or 2 integers, got %d", op, nname(a),
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s takes 1 or 2 integers, got %d", op, stoke_node_name(a),
                       what, at->n);
   out[0] = at->ints[0];
   out[1] = at->n == 2 ? at->ints[1] : at->ints[0];
@@ -474,10 +466,10 @@ stoke_err *pool_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype
                       bool run, bool max, pool_desc *pd) {
   if (a->n_in < 1 || a->n_out < 1 || !a->in || !a->out)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs 1 input and 1 output, got %d and %d", op,
-                      nname(a), a->n_in, a->n_out);
+                      stoke_node_name(a), a->n_in, a->n_out);
   if (bwd && (!a->din || !a->dout))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': backward called without gradient tensors", op,
-                      nname(a));
+                      stoke_node_name(a));
   pool_geom g;
   CHECK(pool_pair(a, op, STOKE_POOL_KERNEL, "kernel", g.k));
   CHECK(pool_pair(a, op, STOKE_POOL_STRIDE, "stride", g.s));
@@ -488,14 +480,14 @@ stoke_err *pool_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype
       return STOKE_PERR(STOKE_E_INVALID,
                         "%s '%s': kernel %lldx%lld, stride %lldx%lld, padding %lldx%lld: need "
                         "kernel >= 1, stride >= 1, 0 <= padding <= kernel/2",
-                        op, nname(a), (long long)g.k[0], (long long)g.k[1], (long long)g.s[0],
+                        op, stoke_node_name(a), (long long)g.k[0], (long long)g.k[1], (long long)g.s[0],
                         (long long)g.s[1], (long long)g.p[0], (long long)g.p[1]);
   }
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   const stoke_shape *xs = &x->shape, *ys = &y->shape;
   if (xs->ndim != 4)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[N, C, H, W], got x %s", op, nname(a),
-                      shp(xs).s);
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[N, C, H, W], got x %s", op, stoke_node_name(a),
+                      stoke_shape_str(xs).s);
   int64_t o[2];
   for (int d = 0; d < 2; d++) {
     int64_t padded = xs->d[2 + d] + 2 * g.p[d];
@@ -503,32 +495,32 @@ stoke_err *pool_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype
       return STOKE_PERR(STOKE_E_INVALID,
                         "%s '%s': kernel %lldx%lld is larger than the padded input (x %s, "
                         "padding %lldx%lld)",
-                        op, nname(a), (long long)g.k[0], (long long)g.k[1], shp(xs).s,
+                        op, stoke_node_name(a), (long long)g.k[0], (long long)g.k[1], stoke_shape_str(xs).s,
                         (long long)g.p[0], (long long)g.p[1]);
     o[d] = (padded - g.k[d]) / g.s[d] + 1;
   }
   if (ys->ndim != 4 || ys->d[0] != xs->d[0] || ys->d[1] != xs->d[1] || ys->d[2] != o[0] ||
       ys->d[3] != o[1])
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x %s gives y [%lld, %lld, %lld, %lld], got y %s",
-                      op, nname(a), shp(xs).s, (long long)xs->d[0], (long long)xs->d[1],
-                      (long long)o[0], (long long)o[1], shp(ys).s);
-  CHECK(check_dtype(a, op, "x", x, dt));
-  CHECK(check_dtype(a, op, "y", y, dt));
-  CHECK(check_layout(a, op, "x", x));
-  CHECK(check_layout(a, op, "y", y));
+                      op, stoke_node_name(a), stoke_shape_str(xs).s, (long long)xs->d[0], (long long)xs->d[1],
+                      (long long)o[0], (long long)o[1], stoke_shape_str(ys).s);
+  CHECK(stoke_check_dtype(a, op, "x", x, dt));
+  CHECK(stoke_check_dtype(a, op, "y", y, dt));
+  CHECK(stoke_check_layout_known(a, op, "x", x));
+  CHECK(stoke_check_layout_known(a, op, "y", y));
   *pd = pool_desc{xs->d[0], xs->d[1], xs->d[2], xs->d[3], o[0], o[1],
                   g.k[0],   g.k[1],   g.s[0],   g.s[1],   g.p[0], g.p[1],
                   pool_strides(x), pool_strides(y), pool_strides(x)};
   if (!bwd) {
-    CHECK(check_data(a, op, "x", x, run));
-    return check_data(a, op, "y", y, run);
+    CHECK(stoke_check_data(a, op, "x", x, run));
+    return stoke_check_data(a, op, "y", y, run);
   }
-  CHECK(check_grad(a, op, "x", &a->din[0], x));
-  CHECK(check_grad(a, op, "y", &a->dout[0], y));
-  CHECK(check_layout(a, op, "dx", &a->din[0]));
-  CHECK(check_layout(a, op, "dy", &a->dout[0]));
-  CHECK(check_data(a, op, "dy", &a->dout[0], run));
-  if (max && a->din[0].data) CHECK(check_data(a, op, "x (the forward input)", x, run));
+  CHECK(stoke_check_grad(a, op, "x", &a->din[0], x));
+  CHECK(stoke_check_grad(a, op, "y", &a->dout[0], y));
+  CHECK(stoke_check_layout_known(a, op, "dx", &a->din[0]));
+  CHECK(stoke_check_layout_known(a, op, "dy", &a->dout[0]));
+  CHECK(stoke_check_data(a, op, "dy", &a->dout[0], run));
+  if (max && a->din[0].data) CHECK(stoke_check_data(a, op, "x (the forward input)", x, run));
   pd->sy = pool_strides(&a->dout[0]);
   pd->sdx = pool_strides(&a->din[0]);
   return NULL;
@@ -865,7 +857,7 @@ stoke_err *pool_fwd(const stoke_kernel_args_v1 *a, void *) {
   else
     avg_pool_fwd_k<T>
         <<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(x, y, d, nhwc, total);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
@@ -880,7 +872,7 @@ stoke_err *pool_bwd(const stoke_kernel_args_v1 *a, void *) {
   cudaStream_t st = (cudaStream_t)a->stream;
   const T *dy = (const T *)a->dout[0].data;
   int nhwc = a->din[0].layout == STOKE_NHWC;
-  float beta = grad_beta(a, 0);
+  float beta = stoke_grad_beta(a, 0);
   int64_t n_out = stoke_numel(&a->dout[0].shape);
   if (MAX && d.kh * d.kw <= 127 && a->workspace && a->workspace_bytes >= (size_t)n_out) {
     int8_t *arg = (int8_t *)a->workspace;
@@ -908,7 +900,7 @@ stoke_err *pool_bwd(const stoke_kernel_args_v1 *a, void *) {
   else
     avg_pool_bwd_k<T>
         <<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(dy, dx, d, nhwc, beta, total);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
@@ -916,17 +908,17 @@ stoke_err *pool_bwd(const stoke_kernel_args_v1 *a, void *) {
 
 #define NORM_KERNELS(T, DT)                                                                     \
   {"cuda", STOKE_OP_BATCH_NORM, STOKE_FWD, DT, STOKE_LAYOUT_ANY, bn_fwd_plan<T>, bn_fwd<T>,     \
-   destroy_none},                                                                               \
+   stoke_destroy_none},                                                                               \
   {"cuda", STOKE_OP_BATCH_NORM, STOKE_BWD, DT, STOKE_LAYOUT_ANY, bn_bwd_plan<T>, bn_bwd<T>,     \
-   destroy_none},                                                                               \
+   stoke_destroy_none},                                                                               \
   {"cuda", STOKE_OP_MAX_POOL2D, STOKE_FWD, DT, STOKE_LAYOUT_ANY, pool_fwd_plan<true, T>,        \
-   pool_fwd<true, T>, destroy_none},                                                            \
+   pool_fwd<true, T>, stoke_destroy_none},                                                            \
   {"cuda", STOKE_OP_MAX_POOL2D, STOKE_BWD, DT, STOKE_LAYOUT_ANY, pool_bwd_plan<true, T>,        \
-   pool_bwd<true, T>, destroy_none},                                                            \
+   pool_bwd<true, T>, stoke_destroy_none},                                                            \
   {"cuda", STOKE_OP_AVG_POOL2D, STOKE_FWD, DT, STOKE_LAYOUT_ANY, pool_fwd_plan<false, T>,       \
-   pool_fwd<false, T>, destroy_none},                                                           \
+   pool_fwd<false, T>, stoke_destroy_none},                                                           \
   {"cuda", STOKE_OP_AVG_POOL2D, STOKE_BWD, DT, STOKE_LAYOUT_ANY, pool_bwd_plan<false, T>,       \
-   pool_bwd<false, T>, destroy_none}
+   pool_bwd<false, T>, stoke_destroy_none}
 
 const stoke_kernel_v1 norm_kernels[] = {
     NORM_KERNELS(float, STOKE_F32),
@@ -937,5 +929,5 @@ const stoke_kernel_v1 norm_kernels[] = {
 }  // namespace
 
 extern "C" stoke_err *stoke_cuda_register_norm(const stoke_registry_v1 *r) {
-  return add_kernels(r, norm_kernels, sizeof norm_kernels / sizeof *norm_kernels);
+  return stoke_add_kernels(r, norm_kernels, sizeof norm_kernels / sizeof *norm_kernels);
 }

@@ -57,8 +57,8 @@ hooks hooks_of(const stoke_opt_args_v1 *o) {
 
 stoke_err *check_tensor(const stoke_kernel_args_v1 *a, const char *op, const char *what,
                         const stoke_tensor *t, stoke_dtype want, bool run) {
-  CHECK(check_dtype(a, op, what, t, want));
-  return check_data(a, op, what, t, run);
+  CHECK(stoke_check_dtype(a, op, what, t, want));
+  return stoke_check_data(a, op, what, t, run);
 }
 
 // in[0] params (dtype dt), in[1] grads (dt), in[2] state: f32 holding the
@@ -73,12 +73,12 @@ stoke_err *opt_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, const char *
   if (a->n_in < n_in || !a->in)
     return STOKE_PERR(STOKE_E_INVALID,
                       "%s '%s': needs params, grads and state buffers, got %d inputs", op,
-                      nname(a), a->n_in);
+                      stoke_node_name(a), a->n_in);
   const stoke_tensor *p = &a->in[0], *g = &a->in[1];
   int64_t np = stoke_numel(&p->shape);
   if (stoke_numel(&g->shape) != np)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': params %s and grads %s differ in size", op,
-                      nname(a), shp(&p->shape).s, shp(&g->shape).s);
+                      stoke_node_name(a), stoke_shape_str(&p->shape).s, stoke_shape_str(&g->shape).s);
   CHECK(check_tensor(a, op, "params", p, dt, run));
   CHECK(check_tensor(a, op, "grads", g, dt, run));
   if (need_state) {
@@ -89,18 +89,18 @@ stoke_err *opt_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, const char *
     bool ok = per_param > 0 ? have == want : have >= want;
     if (!ok)
       return STOKE_PERR(STOKE_E_INVALID,
-                        "%s '%s': state %s should hold %s%lld x the %lld params", op, nname(a),
-                        shp(&s->shape).s, per_param > 0 ? "" : "at least ",
+                        "%s '%s': state %s should hold %s%lld x the %lld params", op, stoke_node_name(a),
+                        stoke_shape_str(&s->shape).s, per_param > 0 ? "" : "at least ",
                         (long long)(per_param + (master ? 1 : 0)), (long long)np);
     CHECK(check_tensor(a, op, master ? "state (f32 master, then optimizer state)" : "state", s,
                         STOKE_F32, run));
   }
   if (run && !a->opt)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': no hyper-parameters (opt) given", op, nname(a));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': no hyper-parameters (opt) given", op, stoke_node_name(a));
   if (run && !(a->opt->grad_scale > 0 && isfinite(a->opt->grad_scale)))
     return STOKE_PERR(STOKE_E_INVALID,
                       "%s '%s': grad_scale %g must be finite and > 0 (1 = no scaling)", op,
-                      nname(a), a->opt->grad_scale);
+                      stoke_node_name(a), a->opt->grad_scale);
   return NULL;
 }
 
@@ -111,7 +111,7 @@ stoke_err *sgd_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool run) {
   CHECK(opt_check(a, dt, STOKE_OP_SGD, mom ? 1 : 0, run));
   if (run && a->opt->nesterov && !(a->opt->momentum > 0))
     return STOKE_PERR(STOKE_E_INVALID, "sgd '%s': nesterov needs momentum > 0 (got %g)",
-                      nname(a), a->opt->momentum);
+                      stoke_node_name(a), a->opt->momentum);
   return NULL;
 }
 
@@ -121,9 +121,9 @@ stoke_err *adamw_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool run) 
   const stoke_opt_args_v1 *o = a->opt;
   if (o->step < 1)
     return STOKE_PERR(STOKE_E_INVALID, "adamw '%s': step %lld, the first update is step 1",
-                      nname(a), (long long)o->step);
+                      stoke_node_name(a), (long long)o->step);
   if (!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1))
-    return STOKE_PERR(STOKE_E_INVALID, "adamw '%s': betas (%g, %g) not in [0, 1)", nname(a),
+    return STOKE_PERR(STOKE_E_INVALID, "adamw '%s': betas (%g, %g) not in [0, 1)", stoke_node_name(a),
                       o->beta1, o->beta2);
   return NULL;
 }
@@ -396,7 +396,7 @@ stoke_err *sgd_run(const stoke_kernel_args_v1 *a, void *) {
     sgd_kernel<T, kMaster, decltype(v)::value, decltype(g)::value>
         <<<grid, kThreads, 0, st>>>(w, grad, master, buf, n, h, k);
   });
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
@@ -420,7 +420,7 @@ stoke_err *adamw_run(const stoke_kernel_args_v1 *a, void *) {
     adamw_kernel<T, kMaster, decltype(vt)::value, decltype(g)::value>
         <<<grid, kThreads, 0, st>>>(w, grad, master, m, v, n, h, k);
   });
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
@@ -429,16 +429,16 @@ stoke_err *adamw_run(const stoke_kernel_args_v1 *a, void *) {
 stoke_err *norm_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool run) {
   const char *op = STOKE_OP_GRAD_NORM;
   if (a->n_in < 2 || !a->in)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs the gradients and f32[2], got %d inputs", op, nname(a),
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs the gradients and f32[2], got %d inputs", op, stoke_node_name(a),
                       a->n_in);
   CHECK(check_tensor(a, op, "gradients", &a->in[0], dt, run));
   CHECK(check_tensor(a, op, "[norm, factor]", &a->in[1], STOKE_F32, run));
   if (stoke_numel(&a->in[1].shape) != 2)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the output %s should be f32[2]", op, nname(a),
-                      shp(&a->in[1].shape).s);
-  if (run && !a->opt) return STOKE_PERR(STOKE_E_INVALID, "%s '%s': no opt arguments given", op, nname(a));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the output %s should be f32[2]", op, stoke_node_name(a),
+                      stoke_shape_str(&a->in[1].shape).s);
+  if (run && !a->opt) return STOKE_PERR(STOKE_E_INVALID, "%s '%s': no opt arguments given", op, stoke_node_name(a));
   if (run && a->workspace_bytes < kNormBlocks * sizeof(double))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': workspace of %zu bytes, plan() asked for %zu", op, nname(a),
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': workspace of %zu bytes, plan() asked for %zu", op, stoke_node_name(a),
                       a->workspace_bytes, kNormBlocks * sizeof(double));
   return NULL;
 }
@@ -467,17 +467,17 @@ stoke_err *grad_norm_run(const stoke_kernel_args_v1 *a, void *) {
   }
   norm_finish<<<1, kNormBlocks, 0, st>>>(part, (int)nb, (float *)a->in[1].data, a->opt->grad_scale, a->opt->amp,
                                          a->opt->max_norm);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
 #define OPT_KERNELS(T, DT)                                                                   \
   {"cuda", STOKE_OP_SGD, STOKE_OPT, DT, STOKE_LAYOUT_ANY, sgd_plan<T>, sgd_run<T>,           \
-   destroy_none},                                                                            \
+   stoke_destroy_none},                                                                            \
   {"cuda", STOKE_OP_ADAMW, STOKE_OPT, DT, STOKE_LAYOUT_ANY, adamw_plan<T>, adamw_run<T>,     \
-   destroy_none},                                                                            \
+   stoke_destroy_none},                                                                            \
   {"cuda", STOKE_OP_GRAD_NORM, STOKE_OPT, DT, STOKE_LAYOUT_ANY, grad_norm_plan<T>,           \
-   grad_norm_run<T>, destroy_none}
+   grad_norm_run<T>, stoke_destroy_none}
 
 const stoke_kernel_v1 optim_kernels[] = {
     OPT_KERNELS(float, STOKE_F32),
@@ -488,5 +488,5 @@ const stoke_kernel_v1 optim_kernels[] = {
 }  // namespace
 
 extern "C" stoke_err *stoke_cuda_register_optim(const stoke_registry_v1 *r) {
-  return add_kernels(r, optim_kernels, sizeof optim_kernels / sizeof *optim_kernels);
+  return stoke_add_kernels(r, optim_kernels, sizeof optim_kernels / sizeof *optim_kernels);
 }

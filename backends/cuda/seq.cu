@@ -126,31 +126,31 @@ __global__ void transpose_kernel(const T *__restrict__ x, T *y, int64_t A, int64
 
 unsigned blocks(int64_t n) { return grid_for(n, kThreads, kGrid); }
 
-#define LAUNCH_OK(a) STOKE_CUDA_LAUNCH(nname(a))
+#define LAUNCH_OK(a) STOKE_CUDA_LAUNCH(stoke_node_name(a))
 
 // ---------------------------------------------------------------- checks
 
 stoke_err *embedding_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool run) {
   const char *op = STOKE_OP_EMBEDDING;
   if (a->n_in < 2 || a->n_out < 1 || (bwd && (!a->din || !a->dout)))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects weight, idx -> out", op, nname(a));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects weight, idx -> out", op, stoke_node_name(a));
   const stoke_shape *ws = &a->in[0].shape, *is = &a->in[1].shape, *ys = &a->out[0].shape;
   bool ok = ws->ndim == 2 && ys->ndim == is->ndim + 1 && ys->d[ys->ndim - 1] == ws->d[1] &&
             stoke_numel(is) < ((int64_t)1 << 31) && ws->d[0] < ((int64_t)1 << 31);
   for (int i = 0; ok && i < is->ndim; i++) ok = ys->d[i] == is->d[i];
   if (!ok)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects weight[V, C], idx[...] -> out[..., C]; got %s, %s, %s", op,
-                      nname(a), shp(ws).s, shp(is).s, shp(ys).s);
-  CHECK(check_dtype(a, op, "weight", &a->in[0], dt));
-  CHECK(check_dtype(a, op, "idx", &a->in[1], STOKE_I32));
-  CHECK(check_dtype(a, op, "out", &a->out[0], dt));
-  CHECK(check_data(a, op, "idx", &a->in[1], run));
+                      stoke_node_name(a), stoke_shape_str(ws).s, stoke_shape_str(is).s, stoke_shape_str(ys).s);
+  CHECK(stoke_check_dtype(a, op, "weight", &a->in[0], dt));
+  CHECK(stoke_check_dtype(a, op, "idx", &a->in[1], STOKE_I32));
+  CHECK(stoke_check_dtype(a, op, "out", &a->out[0], dt));
+  CHECK(stoke_check_data(a, op, "idx", &a->in[1], run));
   if (!bwd) {
-    CHECK(check_data(a, op, "weight", &a->in[0], run));
-    return check_data(a, op, "out", &a->out[0], run);
+    CHECK(stoke_check_data(a, op, "weight", &a->in[0], run));
+    return stoke_check_data(a, op, "out", &a->out[0], run);
   }
-  CHECK(check_grad(a, op, "weight", &a->din[0], &a->in[0]));
-  return a->din[0].data ? check_data(a, op, "dout", &a->dout[0], run) : NULL;
+  CHECK(stoke_check_grad(a, op, "weight", &a->din[0], &a->in[0]));
+  return a->din[0].data ? stoke_check_data(a, op, "dout", &a->dout[0], run) : NULL;
 }
 
 // The backward's workspace: sorted keys and positions, the keys and positions sorted from, and
@@ -167,20 +167,20 @@ size_t embedding_workspace(const stoke_kernel_args_v1 *a, size_t *cub_bytes) {
 stoke_err *pos_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool run) {
   const char *op = STOKE_OP_POSITION_EMBEDDING;
   if (a->n_in < 2 || a->n_out < 1 || (bwd && (!a->din || !a->dout)))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x, weight -> y", op, nname(a));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x, weight -> y", op, stoke_node_name(a));
   const stoke_shape *xs = &a->in[0].shape, *ws = &a->in[1].shape;
-  if (xs->ndim != 3 || ws->ndim != 2 || ws->d[1] != xs->d[2] || ws->d[0] < xs->d[1] || !same_shape(xs, &a->out[0].shape))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[B, T, C], weight[P >= T, C]; got %s, %s", op, nname(a),
-                      shp(xs).s, shp(ws).s);
-  for (int i = 0; i < 2; i++) CHECK(check_dtype(a, op, i ? "weight" : "x", &a->in[i], dt));
-  CHECK(check_dtype(a, op, "y", &a->out[0], dt));
+  if (xs->ndim != 3 || ws->ndim != 2 || ws->d[1] != xs->d[2] || ws->d[0] < xs->d[1] || !stoke_same_shape(xs, &a->out[0].shape))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[B, T, C], weight[P >= T, C]; got %s, %s", op, stoke_node_name(a),
+                      stoke_shape_str(xs).s, stoke_shape_str(ws).s);
+  for (int i = 0; i < 2; i++) CHECK(stoke_check_dtype(a, op, i ? "weight" : "x", &a->in[i], dt));
+  CHECK(stoke_check_dtype(a, op, "y", &a->out[0], dt));
   if (!bwd) {
-    for (int i = 0; i < 2; i++) CHECK(check_data(a, op, i ? "weight" : "x", &a->in[i], run));
-    return check_data(a, op, "y", &a->out[0], run);
+    for (int i = 0; i < 2; i++) CHECK(stoke_check_data(a, op, i ? "weight" : "x", &a->in[i], run));
+    return stoke_check_data(a, op, "y", &a->out[0], run);
   }
-  CHECK(check_grad(a, op, "x", &a->din[0], &a->in[0]));
-  CHECK(check_grad(a, op, "weight", &a->din[1], &a->in[1]));
-  return check_data(a, op, "dy", &a->dout[0], run);
+  CHECK(stoke_check_grad(a, op, "x", &a->din[0], &a->in[0]));
+  CHECK(stoke_check_grad(a, op, "weight", &a->din[1], &a->in[1]));
+  return stoke_check_data(a, op, "dy", &a->dout[0], run);
 }
 
 // ---------------------------------------------------------------- kernels
@@ -216,12 +216,12 @@ template <typename T> stoke_err *embedding_bwd(const stoke_kernel_args_v1 *a, vo
   int64_t n = stoke_numel(&a->in[1].shape), c = a->in[0].shape.d[1], v = a->in[0].shape.d[0];
   size_t cub_bytes, need = embedding_workspace(a, &cub_bytes), slot = ((size_t)n * 4 + 255) / 256 * 256;
   if (a->workspace_bytes < need || !a->workspace)
-    return STOKE_PERR(STOKE_E_INTERNAL, "embedding '%s': needs %zu bytes of workspace, got %zu", nname(a), need,
+    return STOKE_PERR(STOKE_E_INTERNAL, "embedding '%s': needs %zu bytes of workspace, got %zu", stoke_node_name(a), need,
                       a->workspace_bytes);
   char *ws = static_cast<char *>(a->workspace);
   int32_t *pos_in = (int32_t *)ws, *keys = (int32_t *)(ws + slot), *pos = (int32_t *)(ws + 2 * slot);
   cudaStream_t st = stream_of(a);
-  scale_kernel<T><<<blocks(v * c), kThreads, 0, st>>>(dw, v * c, grad_beta(a, 0));
+  scale_kernel<T><<<blocks(v * c), kThreads, 0, st>>>(dw, v * c, stoke_grad_beta(a, 0));
   LAUNCH_OK(a);
   iota_kernel<<<blocks(n), kThreads, 0, st>>>(pos_in, n);
   LAUNCH_OK(a);
@@ -249,14 +249,14 @@ template <typename T> stoke_err *pos_bwd(const stoke_kernel_args_v1 *a, void *) 
   CHECK(pos_check(a, dtype_of<T>::value, 1, true));
   const int64_t *d = a->in[0].shape.d;
   int64_t n = d[0] * d[1] * d[2], all = stoke_numel(&a->in[1].shape);
-  if (a->din[0].data && (a->din[0].data != a->dout[0].data || grad_beta(a, 0) != 0.f)) {
+  if (a->din[0].data && (a->din[0].data != a->dout[0].data || stoke_grad_beta(a, 0) != 0.f)) {
     copy_acc_kernel<T><<<blocks(n), kThreads, 0, stream_of(a)>>>(dp<T>(a->dout[0]), dp<T>(a->din[0]), n,
-                                                                 grad_beta(a, 0));
+                                                                 stoke_grad_beta(a, 0));
     LAUNCH_OK(a);
   }
   if (a->din[1].data) {
     pos_bwd_w_kernel<T><<<blocks(all), kThreads, 0, stream_of(a)>>>(dp<T>(a->dout[0]), dp<T>(a->din[1]), d[0],
-                                                                     d[1] * d[2], all, grad_beta(a, 1));
+                                                                     d[1] * d[2], all, stoke_grad_beta(a, 1));
     LAUNCH_OK(a);
   }
   return NULL;
@@ -267,12 +267,12 @@ template <typename T> stoke_err *pos_bwd(const stoke_kernel_args_v1 *a, void *) 
 // The parts of a slice or split along dim: each output o, its start along dim.
 stoke_err *view_check(const stoke_kernel_args_v1 *a, const char *op, int bwd, bool run) {
   if (a->n_in < 1 || a->n_out < 1 || !a->node || (bwd && (!a->din || !a->dout)))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x -> outputs", op, nname(a));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x -> outputs", op, stoke_node_name(a));
   for (int j = 0; j < a->n_out; j++)
     if (a->out[j].dtype != a->in[0].dtype)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': output %d is %s, x %s", op, nname(a), j,
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': output %d is %s, x %s", op, stoke_node_name(a), j,
                         stoke_dtype_name(a->out[j].dtype), stoke_dtype_name(a->in[0].dtype));
-  if (!bwd) return check_data(a, op, "x", &a->in[0], run);
+  if (!bwd) return stoke_check_data(a, op, "x", &a->in[0], run);
   return NULL;
 }
 
@@ -303,7 +303,7 @@ stoke_err *launch_block_copy(const stoke_kernel_args_v1 *a, const T *src, T *dst
     LAUNCH_OK(a);
     return NULL;
   }
-  return STOKE_PERR(STOKE_E_UNSUPPORTED, "'%s': accumulating into an i32 gradient", nname(a));
+  return STOKE_PERR(STOKE_E_UNSUPPORTED, "'%s': accumulating into an i32 gradient", stoke_node_name(a));
 }
 
 template <typename T> stoke_err *reshape_fwd(const stoke_kernel_args_v1 *a, void *) {
@@ -316,7 +316,7 @@ template <typename T> stoke_err *reshape_bwd(const stoke_kernel_args_v1 *a, void
   CHECK(view_check(a, STOKE_OP_RESHAPE, 1, true));
   if (!a->din[0].data) return NULL;
   int64_t n = stoke_numel(&a->in[0].shape);
-  return launch_block_copy<T>(a, dp<T>(a->dout[0]), dp<T>(a->din[0]), 1, n, n, n, grad_beta(a, 0));
+  return launch_block_copy<T>(a, dp<T>(a->dout[0]), dp<T>(a->din[0]), 1, n, n, n, stoke_grad_beta(a, 0));
 }
 
 // slice and split forward: part j of x along dim, as an outer x (len inner) block copy.
@@ -342,7 +342,7 @@ template <typename T, int SLICE> stoke_err *parts_bwd(const stoke_kernel_args_v1
   int dim = view_dim(a, SLICE ? STOKE_SLICE_DIM : STOKE_SPLIT_DIM);
   int64_t outer, inner, at = SLICE ? a->node->attrs[STOKE_SLICE_START].i : 0, n = a->in[0].shape.d[dim];
   around(&a->in[0].shape, dim, &outer, &inner);
-  float beta = grad_beta(a, 0);
+  float beta = stoke_grad_beta(a, 0);
   scale_kernel<T><<<blocks(outer * n * inner), kThreads, 0, stream_of(a)>>>(dx, outer * n * inner, beta);
   LAUNCH_OK(a);
   for (int j = 0; j < a->n_out; j++) {
@@ -366,7 +366,7 @@ template <typename T, int BWD> stoke_err *transpose_run(const stoke_kernel_args_
   const stoke_shape *s = BWD ? &a->out[0].shape : &a->in[0].shape;  // the side read, as (A, P, M, Q, I)
   const T *x = BWD ? dp<T>(a->dout[0]) : dp<T>(a->in[0]);
   T *y = BWD ? dp<T>(a->din[0]) : dp<T>(a->out[0]);
-  float beta = BWD ? grad_beta(a, 0) : 0.f;
+  float beta = BWD ? stoke_grad_beta(a, 0) : 0.f;
   if (!y || (x == y && beta == 0.f)) return NULL; /* a view */
   int64_t A = 1, M = 1, I = 1;
   for (int k = 0; k < d0; k++) A *= s->d[k];
@@ -393,7 +393,7 @@ template <typename T> stoke_err *split_bwd(const stoke_kernel_args_v1 *a, void *
 
 // ------------------------------------------------------------- the table
 
-#define K(op, pass, plan, run, T) {"cuda", op, pass, dtype_of<T>::value, STOKE_LAYOUT_ANY, plan, run, destroy_none}
+#define K(op, pass, plan, run, T) {"cuda", op, pass, dtype_of<T>::value, STOKE_LAYOUT_ANY, plan, run, stoke_destroy_none}
 #define SEQ_KERNELS(T)                                                                                    \
   K(STOKE_OP_EMBEDDING, STOKE_FWD, embedding_fwd_plan<T>, embedding_fwd<T>, T),                           \
   K(STOKE_OP_EMBEDDING, STOKE_BWD, embedding_bwd_plan<T>, embedding_bwd<T>, T),                           \
@@ -418,5 +418,5 @@ const stoke_kernel_v1 seq_kernels[] = {
 }  // namespace
 
 extern "C" stoke_err *stoke_cuda_register_seq(const stoke_registry_v1 *r) {
-  return add_kernels(r, seq_kernels, sizeof seq_kernels / sizeof *seq_kernels);
+  return stoke_add_kernels(r, seq_kernels, sizeof seq_kernels / sizeof *seq_kernels);
 }

@@ -1,6 +1,6 @@
 // backends/cuda/types.cuh: the one copy of the helpers the CUDA kernel files share (.cu only):
-// element conversions, vectors, dtype traits, grid sizes, batch-norm statistics, node/shape text,
-// checks, registration.
+// element conversions, vectors, dtype traits, grid sizes, batch-norm statistics (the argument
+// checks every backend shares are in stoke/check.h).
 #ifndef STOKE_CUDA_TYPES_CUH
 #define STOKE_CUDA_TYPES_CUH
 
@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "stoke/check.h"
 #include "stoke/plugin.h"
 
 namespace {
@@ -109,79 +110,7 @@ __device__ __forceinline__ double bn_finish_channel(int training, double mean, d
   return invstd;
 }
 
-// -------------------------------------------------------- argument checks
-
-inline const char *nname(const stoke_kernel_args_v1 *a) {
-  return a->node && a->node->name ? a->node->name : "?";
-}
-
-struct shape_text {
-  char s[96];
-};
-
-inline shape_text shp(const stoke_shape *s) {
-  shape_text t;
-  size_t n = (size_t)snprintf(t.s, sizeof t.s, "[");
-  for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
-    n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
-  if (n < sizeof t.s) snprintf(t.s + n, sizeof t.s - n, "]");
-  return t;
-}
-
-inline bool same_shape(const stoke_shape *x, const stoke_shape *y) {
-  if (x->ndim != y->ndim) return false;
-  for (int i = 0; i < x->ndim; i++)
-    if (x->d[i] != y->d[i]) return false;
-  return true;
-}
-
-// Channels-last memory: a 4-D tensor labelled NHWC.
-inline bool is_nhwc(const stoke_tensor *t) { return t->shape.ndim == 4 && t->layout == STOKE_NHWC; }
-
-inline float grad_beta(const stoke_kernel_args_v1 *a, int i) {
-  return (a->param_grads >> i) & 1u ? a->param_grad_beta : 0.0f;
-}
-
-inline stoke_err *check_dtype(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                              const stoke_tensor *t, stoke_dtype want) {
-  if (t->dtype != want)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s, the cuda kernel expects %s", op,
-                      nname(a), what, shp(&t->shape).s, stoke_dtype_name(t->dtype),
-                      stoke_dtype_name(want));
-  return NULL;
-}
-
-inline stoke_err *check_data(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                             const stoke_tensor *t, bool run) {
-  if (run && !t->data)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s has no data", op, nname(a), what,
-                      shp(&t->shape).s);
-  return NULL;
-}
-
-// A requested gradient (data != NULL) has the shape and dtype of its value.
-inline stoke_err *check_grad(const stoke_kernel_args_v1 *a, const char *op, const char *what,
-                             const stoke_tensor *g, const stoke_tensor *of) {
-  if (!g->data) return NULL;
-  if (!same_shape(&g->shape, &of->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': gradient of %s is %s, the value is %s", op,
-                      nname(a), what, shp(&g->shape).s, shp(&of->shape).s);
-  return check_dtype(a, op, what, g, of->dtype);
-}
-
-// The destroy of a kernel whose plan keeps no state.
-inline void destroy_none(void *) {}
-
-// Adds kernels[0, n) to the registry; a failure names the kernel's op and dtype.
-inline stoke_err *add_kernels(const stoke_registry_v1 *r, const stoke_kernel_v1 *kernels,
-                              size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    const stoke_kernel_v1 *k = &kernels[i];
-    STOKE_PTRY(r->add_kernel(r->self, k), "registering cuda kernel %s (%s)", k->op,
-               stoke_dtype_name(k->dtype));
-  }
-  return NULL;
-}
+// Argument checks, node and shape text, registration: stoke/check.h.
 
 }  // namespace
 

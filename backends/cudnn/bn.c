@@ -66,8 +66,6 @@ typedef struct bn_state {
   char ctx[256];
 } bn_state;
 
-static const char *bn_nname(const stoke_kernel_args_v1 *a) { return a->node && a->node->name ? a->node->name : "?"; }
-
 static void bn_destroy(void *state) {
   bn_state *st = state;
   if (!st) return;
@@ -76,16 +74,9 @@ static void bn_destroy(void *state) {
   stoke_host->free(st);
 }
 
-static int same_shape(const stoke_shape *a, const stoke_shape *b) {
-  if (a->ndim != b->ndim) return 0;
-  for (int i = 0; i < a->ndim; i++)
-    if (a->d[i] != b->d[i]) return 0;
-  return 1;
-}
-
 /* Shapes, dtypes and layouts the kernel serves; fills the geometry. */
 static stoke_err *bn_validate(const stoke_kernel_args_v1 *a, stoke_dtype dt, stoke_layout lay, int bwd, bn_state *st) {
-  const char *nn = bn_nname(a);
+  const char *nn = stoke_node_name(a);
   if (a->n_in < 5 || a->n_out < 3 || !a->in || !a->out)
     return STOKE_PERR(STOKE_E_INVALID, "cudnn batch_norm '%s': needs 5 inputs and 3 outputs, got %d and %d", nn,
                       a->n_in, a->n_out);
@@ -106,8 +97,8 @@ static stoke_err *bn_validate(const stoke_kernel_args_v1 *a, stoke_dtype dt, sto
                       nn, x->shape.ndim);
   if (x->dtype != dt || x->layout != lay)
     return STOKE_PERR(STOKE_E_INVALID, "cudnn batch_norm '%s': kernel for %s %s called with x %s %s", nn,
-                      stoke_dtype_name(dt), lay == STOKE_NHWC ? "NHWC" : "NCHW", stoke_dtype_name(x->dtype),
-                      x->layout == STOKE_NHWC ? "NHWC" : x->layout == STOKE_NCHW ? "NCHW" : "any");
+                      stoke_dtype_name(dt), stoke_layout_name(lay), stoke_dtype_name(x->dtype),
+                      stoke_layout_name(x->layout));
   st->n = x->shape.d[0], st->c = x->shape.d[1], st->h = x->shape.d[2], st->w = x->shape.d[3];
   if (st->n < 1 || st->c < 1 || st->h < 1 || st->w < 1 || st->n > INT_MAX || st->c > INT_MAX || st->h > INT_MAX ||
       st->w > INT_MAX || stoke_numel(&x->shape) > INT_MAX)
@@ -115,7 +106,7 @@ static stoke_err *bn_validate(const stoke_kernel_args_v1 *a, stoke_dtype dt, sto
                       nn, (long long)st->n, (long long)st->c, (long long)st->h, (long long)st->w);
   static const char *const in_names[] = {"x", "weight", "bias", "running_mean", "running_var"};
   static const char *const out_names[] = {"y", "saved_mean", "saved_invstd"};
-  if (!same_shape(&x->shape, &a->out[0].shape) || a->out[0].dtype != dt || a->out[0].layout != lay)
+  if (!stoke_same_shape(&x->shape, &a->out[0].shape) || a->out[0].dtype != dt || a->out[0].layout != lay)
     return STOKE_PERR(STOKE_E_INVALID, "cudnn batch_norm '%s': y must have x's shape, dtype and layout", nn);
   for (int i = 1; i < 5; i++) {
     stoke_dtype want = i < 3 ? dt : STOKE_F32;
@@ -129,10 +120,10 @@ static stoke_err *bn_validate(const stoke_kernel_args_v1 *a, stoke_dtype dt, sto
                         (long long)st->c);
   if (bwd) {
     for (int i = 0; i < 3; i++)
-      if (a->din[i].data && (!same_shape(&a->din[i].shape, &a->in[i].shape) || a->din[i].dtype != dt ||
+      if (a->din[i].data && (!stoke_same_shape(&a->din[i].shape, &a->in[i].shape) || a->din[i].dtype != dt ||
                              (i == 0 && a->din[0].layout != lay)))
         return STOKE_PERR(STOKE_E_INVALID, "cudnn batch_norm '%s': gradient of %s must match it", nn, in_names[i]);
-    if (!same_shape(&a->dout[0].shape, &x->shape) || a->dout[0].dtype != dt || a->dout[0].layout != lay)
+    if (!stoke_same_shape(&a->dout[0].shape, &x->shape) || a->dout[0].dtype != dt || a->dout[0].layout != lay)
       return STOKE_PERR(STOKE_E_INVALID, "cudnn batch_norm '%s': dy must have x's shape, dtype and layout", nn);
   }
   if (a->training && st->n * st->h * st->w < 2)
@@ -149,7 +140,7 @@ static stoke_err *bn_plan(const stoke_kernel_args_v1 *a, void **state, size_t *w
   if (state) *state = NULL;
   if (workspace_bytes) *workspace_bytes = 0;
   cudnn_engine *eng = a->engine;
-  if (!eng) return STOKE_PERR(STOKE_E_INVALID, "cudnn batch_norm '%s': no engine state", bn_nname(a));
+  if (!eng) return STOKE_PERR(STOKE_E_INVALID, "cudnn batch_norm '%s': no engine state", stoke_node_name(a));
   bn_state *st = stoke_host->alloc(sizeof *st);
   if (!st) return STOKE_PERR(STOKE_E_OOM, "cudnn batch_norm: out of host memory");
   memset(st, 0, sizeof *st);
@@ -164,7 +155,7 @@ static stoke_err *bn_plan(const stoke_kernel_args_v1 *a, void **state, size_t *w
   st->dt = dt == STOKE_BF16 ? 1 : dt == STOKE_F16 ? 2 : 0;
   int nhwc = lay == STOKE_NHWC;
   st->mode = nhwc && dt != STOKE_F32 && a->training ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT : CUDNN_BATCHNORM_SPATIAL;
-  snprintf(st->ctx, sizeof st->ctx, "node '%s', x (%lld, %lld, %lld, %lld) %s %s, %s, mode %s", bn_nname(a),
+  snprintf(st->ctx, sizeof st->ctx, "node '%s', x (%lld, %lld, %lld, %lld) %s %s, %s, mode %s", stoke_node_name(a),
            (long long)st->n, (long long)st->c, (long long)st->h, (long long)st->w, stoke_dtype_name(dt),
            nhwc ? "NHWC" : "NCHW", a->training ? "training" : "eval",
            st->mode == CUDNN_BATCHNORM_SPATIAL_PERSISTENT ? "spatial-persistent" : "spatial");
@@ -231,7 +222,7 @@ static stoke_err *bn_layout_ws(const stoke_kernel_args_v1 *a, const bn_state *st
 }
 
 static stoke_err *bn_check_run(const stoke_kernel_args_v1 *a, const bn_state *st) {
-  if (!st) return STOKE_PERR(STOKE_E_INVALID, "cudnn batch_norm '%s': run without plan", bn_nname(a));
+  if (!st) return STOKE_PERR(STOKE_E_INVALID, "cudnn batch_norm '%s': run without plan", stoke_node_name(a));
   if (a->training != st->training)
     return STOKE_PERR(STOKE_E_INVALID, "cudnn batch_norm: planned for %s, run in %s; %s",
                       st->training ? "training" : "eval", a->training ? "training" : "eval", st->ctx);

@@ -255,7 +255,7 @@ static stoke_err *choose(const stoke_kernel_args_v1 *a, conv_state *st, cudnn_di
   if (st->w_region + ch.workspace > st->workspace) st->workspace = st->w_region + ch.workspace;
   char t[32] = "";
   if (ch.ms >= 0) snprintf(t, sizeof t, ", %.3f ms", (double)ch.ms);
-  stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s' %s: %s, %s math%s, workspace %.2f MiB (%s)", stoke_cudnn_node_name(a),
+  stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s' %s: %s, %s math%s, workspace %.2f MiB (%s)", stoke_node_name(a),
                   dir_names[d], algo_name(d, ch.algo), math_name(ch.math), t,
                   (double)ch.workspace / (1 << 20), how);
   return NULL;
@@ -269,10 +269,10 @@ static cudnnDataType_t data_type(stoke_dtype t) {
 static stoke_err *describe(const stoke_kernel_args_v1 *a, conv_state *st, int bwd) {
   if (!a->engine)
     return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': no engine state (backend 'cudnn' not opened)",
-                      stoke_cudnn_node_name(a));
+                      stoke_node_name(a));
   st->eng = a->engine;
   if (a->n_in < 2 || a->n_out < 1 || !a->in || !a->out || (bwd && (!a->din || !a->dout)))
-    return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': needs x, weight and y%s", stoke_cudnn_node_name(a),
+    return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': needs x, weight and y%s", stoke_node_name(a),
                       bwd ? " and their gradients" : "");
   const stoke_tensor *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
   int nhwc = x->layout == STOKE_NHWC;
@@ -285,7 +285,7 @@ static stoke_err *describe(const stoke_kernel_args_v1 *a, conv_state *st, int bw
   snprintf(st->ctx, sizeof st->ctx,
            "node '%s': x [%lld, %lld, %lld, %lld] %s %s, weight [%lld, %lld, %lld, %lld], y [%lld, %lld, %lld, "
            "%lld], stride %lldx%lld, padding %lldx%lld, dilation %lldx%lld, groups %lld",
-           stoke_cudnn_node_name(a), (long long)xd[0], (long long)xd[1], (long long)xd[2], (long long)xd[3],
+           stoke_node_name(a), (long long)xd[0], (long long)xd[1], (long long)xd[2], (long long)xd[3],
            nhwc ? "NHWC" : "NCHW", stoke_dtype_name(x->dtype), (long long)wd[0], (long long)wd[1],
            (long long)wd[2], (long long)wd[3], (long long)yd[0], (long long)yd[1], (long long)yd[2],
            (long long)yd[3], (long long)stride[0], (long long)stride[1], (long long)pad[0], (long long)pad[1],
@@ -399,7 +399,7 @@ static stoke_err *plan_dirs(const stoke_kernel_args_v1 *a, conv_state *st, int b
 
 stoke_err *stoke_cudnn_classic_plan(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes, int bwd) {
   conv_state *st = stoke_host->alloc(sizeof *st);
-  if (!st) return STOKE_PERR(STOKE_E_OOM, "cudnn conv2d '%s': out of host memory", stoke_cudnn_node_name(a));
+  if (!st) return STOKE_PERR(STOKE_E_OOM, "cudnn conv2d '%s': out of host memory", stoke_node_name(a));
   memset(st, 0, sizeof *st);
   stoke_err *e = plan_dirs(a, st, bwd);
   if (e) {

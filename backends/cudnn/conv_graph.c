@@ -71,13 +71,13 @@ typedef struct conv_geom {
 static stoke_err *geometry(const stoke_kernel_args_v1 *a, gconv_state *st, int bwd, conv_geom *cg0) {
   if (!a->engine)
     return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': no engine state (backend 'cudnn' not opened)",
-                      stoke_cudnn_node_name(a));
+                      stoke_node_name(a));
   if (a->n_in < 2 || a->n_out < 1 || !a->in || !a->out || (bwd && (!a->din || !a->dout)))
-    return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': needs x, weight and y%s", stoke_cudnn_node_name(a),
+    return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': needs x, weight and y%s", stoke_node_name(a),
                       bwd ? " and their gradients" : "");
   const stoke_tensor *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
   if (x->shape.ndim != 4 || w->shape.ndim != 4 || y->shape.ndim != 4)
-    return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': x, weight and y must be 4-D", stoke_cudnn_node_name(a));
+    return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d '%s': x, weight and y must be 4-D", stoke_node_name(a));
   memset(cg0, 0, sizeof *cg0);
   cg_conv_geom *cg = &cg0->g;
   memcpy(cg->x, x->shape.d, sizeof cg->x);
@@ -93,7 +93,7 @@ static stoke_err *geometry(const stoke_kernel_args_v1 *a, gconv_state *st, int b
   snprintf(st->ctx, sizeof st->ctx,
            "node '%s': x [%lld, %lld, %lld, %lld] %s %s, weight [%lld, %lld, %lld, %lld], y [%lld, %lld, %lld, "
            "%lld], stride %lldx%lld, padding %lldx%lld, dilation %lldx%lld, groups %lld",
-           stoke_cudnn_node_name(a), (long long)cg->x[0], (long long)cg->x[1], (long long)cg->x[2], (long long)cg->x[3],
+           stoke_node_name(a), (long long)cg->x[0], (long long)cg->x[1], (long long)cg->x[2], (long long)cg->x[3],
            cg->nhwc ? "NHWC" : "NCHW", stoke_dtype_name(x->dtype), (long long)cg->w[0], (long long)cg->w[1],
            (long long)cg->w[2], (long long)cg->w[3], (long long)cg->y[0], (long long)cg->y[1],
            (long long)cg->y[2], (long long)cg->y[3], (long long)cg->stride[0], (long long)cg->stride[1],
@@ -184,7 +184,7 @@ static stoke_err *make_stage_descs(gconv_state *st, const conv_geom *cg) {
 
 static stoke_err *gconv_plan(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes, int bwd) {
   gconv_state *st = stoke_host->alloc(sizeof *st);
-  if (!st) return STOKE_PERR(STOKE_E_OOM, "cudnn conv2d '%s': out of host memory", stoke_cudnn_node_name(a));
+  if (!st) return STOKE_PERR(STOKE_E_OOM, "cudnn conv2d '%s': out of host memory", stoke_node_name(a));
   memset(st, 0, sizeof *st);
   st->eng = a->engine;
   conv_geom cg;
@@ -199,7 +199,7 @@ static stoke_err *gconv_plan(const stoke_kernel_args_v1 *a, void **state, size_t
     e = plan_all(a, st, &cg, bwd, 1);
   }
   if (e && e->code == STOKE_E_UNSUPPORTED) { /* no graph engine: the classic API */
-    stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s': falls back to the classic API: %s", stoke_cudnn_node_name(a),
+    stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s': falls back to the classic API: %s", stoke_node_name(a),
                     e->msg);
     stoke_host->err_free(e);
     size_t ws = 0;

@@ -11,10 +11,6 @@ const stoke_host_v1 *stoke_host;
 
 stoke_err *stoke_cudnn_register_bn(const stoke_registry_v1 *r); /* bn.c */
 
-const char *stoke_cudnn_node_name(const stoke_kernel_args_v1 *a) {
-  return a->node && a->node->name ? a->node->name : "?";
-}
-
 void stoke_cudnn_attr_pair(const stoke_node_v1 *n, int idx, int64_t def, int64_t out[2]) {
   out[0] = out[1] = def;
   if (!n || n->n_attrs <= idx) return;
@@ -27,7 +23,7 @@ stoke_err *stoke_cudnn_check_run(const stoke_kernel_args_v1 *a, const void *stat
                                  const char *ctx) {
   if (!state)
     return STOKE_PERR(STOKE_E_INTERNAL, "cudnn %s '%s': run() without plan()", a->node ? a->node->op : "?",
-                      stoke_cudnn_node_name(a));
+                      stoke_node_name(a));
   if (a->workspace_bytes < workspace || (workspace && !a->workspace))
     return STOKE_PERR(STOKE_E_INTERNAL, "cudnn: workspace of %zu B given, plan() asked for %zu B; %s",
                       a->workspace_bytes, workspace, ctx);

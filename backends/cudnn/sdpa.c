@@ -191,8 +191,8 @@ static stoke_err *sdpa_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int 
   if (a->n_in < 1 || a->n_out < 2 || !a->node || a->node->n_attrs <= STOKE_ATTENTION_SCALE ||
       (bwd && (!a->din || !a->dout)))
     return STOKE_PERR(STOKE_E_INVALID, "cudnn %s '%s': expects qkv -> y, lse and the attributes", op,
-                      a->node && a->node->name ? a->node->name : "?");
-  const char *name = a->node->name ? a->node->name : "?";
+                      stoke_node_name(a));
+  const char *name = stoke_node_name(a);
   const stoke_shape *x = &a->in[0].shape;
   g->h = a->node->attrs[STOKE_ATTENTION_N_HEAD].i;
   if (x->ndim != 3 || x->d[2] % 3 || g->h < 1 || (x->d[2] / 3) % g->h)
@@ -414,7 +414,7 @@ static stoke_err *sdpa_plan(const stoke_kernel_args_v1 *a, void **state, size_t 
   cudnn_engine *eng = a->engine;
   if (!e && !eng) e = STOKE_PERR(STOKE_E_INVALID, "cudnn attention: the cudnn engine is not open");
   st->bwd = bwd;
-  snprintf(st->node, sizeof st->node, "%.63s", a->node && a->node->name ? a->node->name : "?");
+  snprintf(st->node, sizeof st->node, "%.63s", stoke_node_name(a));
   if (!e) e = make_plan(st, eng->handle);
   if (e) {
     sdpa_destroy(st);

@@ -15,6 +15,7 @@
 #include <cudnn.h>
 
 #include "backends/cuda/stoke_cuda.h"
+#include "stoke/check.h"
 
 /* Largest workspace an algorithm may ask for (autotune and heuristics). */
 #define CUDNN_WS_CAP ((size_t)256 << 20)
@@ -60,10 +61,9 @@ stoke_err *stoke_cudnn_err(cudnnStatus_t s, const char *file, int line, const ch
     if (cudnn_s_ != CUDNN_STATUS_SUCCESS) return stoke_cudnn_err(cudnn_s_, __FILE__, __LINE__, #call, (ctx)); \
   } while (0)
 
-/* Helpers of the conv kernels (cudnn.c): the node's name for messages; an
- * attribute pair (h, w), one value for both, two for HxW, none = def; and
- * run()'s check that plan() happened and its workspace is given. */
-const char *stoke_cudnn_node_name(const stoke_kernel_args_v1 *a);
+/* Helpers of the conv kernels (cudnn.c): an attribute pair (h, w), one
+ * value for both, two for HxW, none = def; and run()'s check that plan()
+ * happened and its workspace is given. */
 void stoke_cudnn_attr_pair(const stoke_node_v1 *n, int idx, int64_t def, int64_t out[2]);
 stoke_err *stoke_cudnn_check_run(const stoke_kernel_args_v1 *a, const void *state, size_t workspace,
                                  const char *ctx);

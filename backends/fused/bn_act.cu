@@ -398,36 +398,36 @@ stoke_err *check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool add, bool b
   int n_in = add ? 6 : 5;
   if (a->n_in < n_in || a->n_out < 3 || !a->in || !a->out || (bwd && (!a->din || !a->dout)))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs %d inputs and 3 outputs (and gradients in backward)", op,
-                      nname(a), n_in);
+                      stoke_node_name(a), n_in);
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= STOKE_BATCH_NORM_MOMENTUM)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes eps and momentum missing", op, nname(a));
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes eps and momentum missing", op, stoke_node_name(a));
   g->eps = n->attrs[STOKE_BATCH_NORM_EPS].f;
   g->momentum = n->attrs[STOKE_BATCH_NORM_MOMENTUM].f;
   if (!(g->eps > 0 && isfinite(g->eps)) || !(g->momentum >= 0 && g->momentum <= 1))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': eps %g must be > 0 and momentum %g in [0, 1]", op, nname(a),
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': eps %g must be > 0 and momentum %g in [0, 1]", op, stoke_node_name(a),
                       g->eps, g->momentum);
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
-  if (!is_nhwc(x) || !is_nhwc(y) || !same_shape(&x->shape, &y->shape))
+  if (!stoke_is_nhwc(x) || !stoke_is_nhwc(y) || !stoke_same_shape(&x->shape, &y->shape))
     return STOKE_PERR(STOKE_E_UNSUPPORTED,
                       "%s '%s': the fused kernels take 4-D NHWC x and y of one shape, got x %s, y %s", op,
-                      nname(a), shp(&x->shape).s, shp(&y->shape).s);
+                      stoke_node_name(a), stoke_shape_str(&x->shape).s, stoke_shape_str(&y->shape).s);
   int64_t c = x->shape.d[1], m = x->shape.d[0] * x->shape.d[2] * x->shape.d[3];
   static const char *const in_names[] = {"x", "weight", "bias", "running_mean", "running_var", "residual"};
   static const char *const out_names[] = {"y", "saved_mean", "saved_invstd"};
   for (int i = 1; i < 5; i++)
     if (a->in[i].shape.ndim != 1 || a->in[i].shape.d[0] != c)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, nname(a), in_names[i],
-                        shp(&a->in[i].shape).s, shp(&x->shape).s, (long long)c);
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, stoke_node_name(a), in_names[i],
+                        stoke_shape_str(&a->in[i].shape).s, stoke_shape_str(&x->shape).s, (long long)c);
   for (int j = 1; j < 3; j++)
     if (a->out[j].shape.ndim != 1 || a->out[j].shape.d[0] != c)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, nname(a), out_names[j],
-                        shp(&a->out[j].shape).s, shp(&x->shape).s, (long long)c);
-  for (int i = 0; i < n_in; i++) CHECK(check_dtype(a, op, in_names[i], &a->in[i], i == 3 || i == 4 ? STOKE_F32 : dt));
-  for (int j = 0; j < 3; j++) CHECK(check_dtype(a, op, out_names[j], &a->out[j], j ? STOKE_F32 : dt));
-  if (add && (!is_nhwc(&a->in[5]) || !same_shape(&a->in[5].shape, &x->shape)))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the residual %s must be NHWC of x's shape %s", op, nname(a),
-                      shp(&a->in[5].shape).s, shp(&x->shape).s);
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, stoke_node_name(a), out_names[j],
+                        stoke_shape_str(&a->out[j].shape).s, stoke_shape_str(&x->shape).s, (long long)c);
+  for (int i = 0; i < n_in; i++) CHECK(stoke_check_dtype(a, op, in_names[i], &a->in[i], i == 3 || i == 4 ? STOKE_F32 : dt));
+  for (int j = 0; j < 3; j++) CHECK(stoke_check_dtype(a, op, out_names[j], &a->out[j], j ? STOKE_F32 : dt));
+  if (add && (!stoke_is_nhwc(&a->in[5]) || !stoke_same_shape(&a->in[5].shape, &x->shape)))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the residual %s must be NHWC of x's shape %s", op, stoke_node_name(a),
+                      stoke_shape_str(&a->in[5].shape).s, stoke_shape_str(&x->shape).s);
   // vectors of 16 bytes when C allows and every activation is aligned
   int v = (int)(16 / stoke_dtype_size(dt));
   if (c % v) v = 1;
@@ -439,27 +439,27 @@ stoke_err *check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool add, bool b
   g->add = add;
   make_geom(g, m, c, v, sm_count);
   if (!bwd) {
-    for (int i = 0; i < n_in; i++) CHECK(check_data(a, op, in_names[i], &a->in[i], run));
-    for (int j = 0; j < 3; j++) CHECK(check_data(a, op, out_names[j], &a->out[j], run));
+    for (int i = 0; i < n_in; i++) CHECK(stoke_check_data(a, op, in_names[i], &a->in[i], run));
+    for (int j = 0; j < 3; j++) CHECK(stoke_check_data(a, op, out_names[j], &a->out[j], run));
     if (run && a->training && m < 2)
       return STOKE_PERR(STOKE_E_INVALID, "%s '%s': training needs more than 1 value per channel, x is %s", op,
-                        nname(a), shp(&x->shape).s);
+                        stoke_node_name(a), stoke_shape_str(&x->shape).s);
   } else {
-    for (int i = 0; i < 3; i++) CHECK(check_grad(a, op, in_names[i], &a->din[i], &a->in[i]));
-    if (add) CHECK(check_grad(a, op, "residual", &a->din[5], &a->in[5]));
-    CHECK(check_grad(a, op, "y", &a->dout[0], y));
-    if ((a->din[0].data && !is_nhwc(&a->din[0])) || (a->dout[0].data && !is_nhwc(&a->dout[0])) ||
-        (add && a->din[5].data && !is_nhwc(&a->din[5])))
-      return STOKE_PERR(STOKE_E_UNSUPPORTED, "%s '%s': dx, dy (and dr) must be NHWC as x", op, nname(a));
-    CHECK(check_data(a, op, "dy", &a->dout[0], run));
-    CHECK(check_data(a, op, "y (the forward output)", y, run));
-    CHECK(check_data(a, op, "x (the forward input)", x, run));
-    CHECK(check_data(a, op, "weight", &a->in[1], run));
-    CHECK(check_data(a, op, "saved_mean", &a->out[1], run));
-    CHECK(check_data(a, op, "saved_invstd", &a->out[2], run));
+    for (int i = 0; i < 3; i++) CHECK(stoke_check_grad(a, op, in_names[i], &a->din[i], &a->in[i]));
+    if (add) CHECK(stoke_check_grad(a, op, "residual", &a->din[5], &a->in[5]));
+    CHECK(stoke_check_grad(a, op, "y", &a->dout[0], y));
+    if ((a->din[0].data && !stoke_is_nhwc(&a->din[0])) || (a->dout[0].data && !stoke_is_nhwc(&a->dout[0])) ||
+        (add && a->din[5].data && !stoke_is_nhwc(&a->din[5])))
+      return STOKE_PERR(STOKE_E_UNSUPPORTED, "%s '%s': dx, dy (and dr) must be NHWC as x", op, stoke_node_name(a));
+    CHECK(stoke_check_data(a, op, "dy", &a->dout[0], run));
+    CHECK(stoke_check_data(a, op, "y (the forward output)", y, run));
+    CHECK(stoke_check_data(a, op, "x (the forward input)", x, run));
+    CHECK(stoke_check_data(a, op, "weight", &a->in[1], run));
+    CHECK(stoke_check_data(a, op, "saved_mean", &a->out[1], run));
+    CHECK(stoke_check_data(a, op, "saved_invstd", &a->out[2], run));
   }
   if (run && a->workspace_bytes < ws_bytes(g))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': workspace of %zu bytes, the kernel needs %zu", op, nname(a),
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': workspace of %zu bytes, the kernel needs %zu", op, stoke_node_name(a),
                       a->workspace_bytes, ws_bytes(g));
   return NULL;
 }
@@ -507,17 +507,17 @@ stoke_err *fwd_v(const stoke_kernel_args_v1 *a, const geom &g, int sms) {
   if (a->training) {
     size_t shm = 3 * (size_t)g.bx * g.by * V * sizeof(float);
     k_stats<T, V><<<dim3(g.gx, (unsigned)g.parts), blk, shm, st>>>(x, g.m, g.c, g.cv, g.rows, part);
-    STOKE_CUDA_LAUNCH(nname(a));
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
   }
   k_fin_fwd<T><<<(unsigned)((g.c + 31) / 32), dim3(32, kFinLanes), 0, st>>>(
       part, g.parts, g.c, g.m, g.rows, g.eps, g.momentum, a->training, (const T *)a->in[1].data,
       (const T *)a->in[2].data, (float *)a->in[3].data, (float *)a->in[4].data, (float *)a->out[1].data,
       (float *)a->out[2].data, scale, shift);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   k_apply<T, V, ADD><<<dim3(g.gx, row_blocks(g, sms)), blk, 0, st>>>(
       x, ADD ? (const T *)a->in[5].data : nullptr, (T *)a->out[0].data, (const float *)a->out[1].data, scale, shift,
       g.m, g.c, g.cv);
-  STOKE_CUDA_LAUNCH(nname(a));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
@@ -535,16 +535,16 @@ stoke_err *bwd_v(const stoke_kernel_args_v1 *a, const geom &g, int sms) {
   if (dx || dw || db) {
     size_t shm = 2 * (size_t)g.bx * g.by * V * sizeof(float);
     k_gsum<T, V><<<dim3(g.gx, (unsigned)g.parts), blk, shm, st>>>(x, dy, y, sm, g.m, g.c, g.cv, g.rows, part);
-    STOKE_CUDA_LAUNCH(nname(a));
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
     k_fin_bwd<T><<<(unsigned)((g.c + 31) / 32), dim3(32, kFinLanes), 0, st>>>(
-        part, g.parts, g.c, (double)g.m, a->training, (const T *)a->in[1].data, si, dw, grad_beta(a, 1), db,
-        grad_beta(a, 2), dx ? ca : nullptr, cb, cc);
-    STOKE_CUDA_LAUNCH(nname(a));
+        part, g.parts, g.c, (double)g.m, a->training, (const T *)a->in[1].data, si, dw, stoke_grad_beta(a, 1), db,
+        stoke_grad_beta(a, 2), dx ? ca : nullptr, cb, cc);
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
   }
   if (dx || dr) {
     k_dx<T, V, ADD><<<dim3(g.gx, row_blocks(g, sms)), blk, 0, st>>>(x, dy, y, dx, dr, sm, ca, cb, cc, g.m, g.c,
                                                                      g.cv);
-    STOKE_CUDA_LAUNCH(nname(a));
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
   }
   return NULL;
 }
@@ -568,10 +568,10 @@ stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *) {
 }
 
 #define BN_ACT_KERNELS(T, DT)                                                                              \
-  {"fused", STOKE_OP_BN_RELU, STOKE_FWD, DT, STOKE_NHWC, plan<T, false, false>, run_fwd<T, false>, destroy_none}, \
-  {"fused", STOKE_OP_BN_RELU, STOKE_BWD, DT, STOKE_NHWC, plan<T, false, true>, run_bwd<T, false>, destroy_none},  \
-  {"fused", STOKE_OP_BN_ADD_RELU, STOKE_FWD, DT, STOKE_NHWC, plan<T, true, false>, run_fwd<T, true>, destroy_none}, \
-  {"fused", STOKE_OP_BN_ADD_RELU, STOKE_BWD, DT, STOKE_NHWC, plan<T, true, true>, run_bwd<T, true>, destroy_none}
+  {"fused", STOKE_OP_BN_RELU, STOKE_FWD, DT, STOKE_NHWC, plan<T, false, false>, run_fwd<T, false>, stoke_destroy_none}, \
+  {"fused", STOKE_OP_BN_RELU, STOKE_BWD, DT, STOKE_NHWC, plan<T, false, true>, run_bwd<T, false>, stoke_destroy_none},  \
+  {"fused", STOKE_OP_BN_ADD_RELU, STOKE_FWD, DT, STOKE_NHWC, plan<T, true, false>, run_fwd<T, true>, stoke_destroy_none}, \
+  {"fused", STOKE_OP_BN_ADD_RELU, STOKE_BWD, DT, STOKE_NHWC, plan<T, true, true>, run_bwd<T, true>, stoke_destroy_none}
 
 const stoke_kernel_v1 kernels[] = {
     BN_ACT_KERNELS(__nv_bfloat16, STOKE_BF16),
@@ -582,5 +582,5 @@ const stoke_kernel_v1 kernels[] = {
 }  // namespace
 
 extern "C" stoke_err *stoke_fused_register_bn_act(const stoke_registry_v1 *r) {
-  return add_kernels(r, kernels, sizeof kernels / sizeof *kernels);
+  return stoke_add_kernels(r, kernels, sizeof kernels / sizeof *kernels);
 }

@@ -1,9 +1,8 @@
 /* tests/gpu/cudnn_bn_test.c: the cudnn engine's batch_norm kernels
- * (backends/cudnn/bn.c) against the CPU reference in f64 (gpu_harness.h),
- * in f32, bf16 and fp16, NCHW and NHWC, training and eval, forward and
- * backward; the running statistics after two training forwards and an
- * eval one; gradient accumulation (param_grad_beta 1) and unwanted
- * gradients against the cuda engine's kernels. Runs on a GPU machine only.
+ * (backends/cudnn/bn.c) beyond matching the CPU reference (that is
+ * every_kernel_test's): which engine serves which layout, gradient
+ * accumulation (param_grad_beta 1) with some gradients unwanted against
+ * the cuda engine's kernels, and a timing. Runs on a GPU machine only.
  *
  * g_setup_engine_first opens cuda first (cudnn runs on its device), then
  * reorders the engine list to (cudnn, cuda) so that g_gpu_kernel, like
@@ -62,113 +61,10 @@ static void test_registration(void **state) {
     }
 }
 
-static g_case bn_case(const stoke_shape *x, stoke_dtype dt, stoke_layout lay, int training) {
-  int64_t c = x->d[1];
-  g_case k = {.op = STOKE_OP_BATCH_NORM, .attrs = "eps=1e-5, momentum=0.2", .n_in = 5,
-              .in_shape = {*x, {1, {c}}, {1, {c}}, {1, {c}}, {1, {c}}},
-              .param_mask = (1u << 1) | (1u << 2), .state_mask = (1u << 3) | (1u << 4),
-              .layout = lay, .dtype = dt, .tol = tol_of(dt), .training = training, .backward = 1};
-  return k;
-}
-
-static void test_batch_norm(void **state) {
-  for (int d = 0; d < N_DTYPES; d++)
-    for (size_t s = 0; s < N_SHAPES; s++)
-      for (int l = 0; l < N_LAYOUTS; l++)
-        for (int training = 1; training >= 0; training--) {
-          const stoke_shape *x = &bn_shapes[s];
-          print_message("batch_norm %s (%lld, %lld, %lld, %lld) %s %s\n", stoke_dtype_name(dtypes[d]),
-                        (long long)x->d[0], (long long)x->d[1], (long long)x->d[2], (long long)x->d[3],
-                        lay_name(layouts[l]), training ? "training" : "eval");
-          expect_cudnn(STOKE_FWD, dtypes[d], layouts[l]);
-          expect_cudnn(STOKE_BWD, dtypes[d], layouts[l]);
-          g_case c = bn_case(x, dtypes[d], layouts[l], training);
-          g_check(&c);
-        }
-}
-
-/* As tests/gpu/cuda_norm_test.c: two training forwards then one eval
- * forward on both sides, the running stats compared after each (f32
- * tolerance for every dtype: f32 statistics of the same rounded x); eval
- * must leave them alone. */
-static void bn_running_stats(const stoke_shape *xs, stoke_dtype dt, stoke_layout lay) {
-  stoke_node_v1 node;
-  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_BATCH_NORM, "bn_running", "eps=1e-5, momentum=0.2", &node);
-  if (e) fail_msg("%s", e->msg);
-  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 1234 + (uint64_t)dt, (uint64_t)lay));
-  int64_t c = xs->d[1];
-  stoke_shape cs = {1, {c}};
-  g_tensor in[5], out[3];
-  g_alloc(&in[0], xs, dt, lay);
-  g_alloc(&in[1], &cs, dt, STOKE_LAYOUT_ANY);
-  g_alloc(&in[2], &cs, dt, STOKE_LAYOUT_ANY);
-  g_alloc(&in[3], &cs, STOKE_F32, STOKE_LAYOUT_ANY);
-  g_alloc(&in[4], &cs, STOKE_F32, STOKE_LAYOUT_ANY);
-  g_fill(&in[1], &r, -1, 1, 0);
-  g_fill(&in[2], &r, -1, 1, 0);
-  g_fill(&in[3], &r, -0.5, 0.5, 0);
-  g_fill(&in[4], &r, 0.5, 1.5, 0);
-  g_alloc2(&out[0], xs, STOKE_F64, dt, lay);
-  g_alloc2(&out[1], &cs, STOKE_F64, STOKE_F32, STOKE_LAYOUT_ANY);
-  g_alloc2(&out[2], &cs, STOKE_F64, STOKE_F32, STOKE_LAYOUT_ANY);
-  stoke_tensor ri[5], ro[3], gi[5], go[3];
-  for (int i = 0; i < 5; i++) ri[i] = in[i].ref, gi[i] = in[i].dev;
-  for (int j = 0; j < 3; j++) ro[j] = out[j].ref, go[j] = out[j].dev;
-  const stoke_kernel_v1 *rk = stoke_find_kernel(g_reg, "cpu", STOKE_OP_BATCH_NORM, STOKE_FWD, STOKE_F64, lay);
-  if (!rk) fail_msg("no CPU batch_norm kernel");
-  void *es = NULL;
-  const stoke_kernel_v1 *gk = g_gpu_kernel(STOKE_OP_BATCH_NORM, STOKE_FWD, dt, lay, &es);
-  if (strcmp(gk->engine, "cudnn")) fail_msg("running stats: picked %s, not cudnn", gk->engine);
-  for (int step = 0; step < 3; step++) {
-    int training = step < 2;
-    g_fill(&in[0], &r, -2, 3, 0); /* a mean away from 0 */
-    for (int j = 0; j < 3; j++) g_poison(&out[j]);
-    stoke_kernel_args_v1 ra = {.node = &node, .n_in = 5, .n_out = 3, .in = ri, .out = ro, .training = training};
-    stoke_kernel_args_v1 ga = ra;
-    ga.in = gi;
-    ga.out = go;
-    ga.engine = es;
-    ga.stream = g_dev->default_stream(g_dev_self);
-    float before[2][64], after[2][64];
-    int64_t nc = c < 64 ? c : 64;
-    for (int i = 0; i < 2; i++) g_dev_get(before[i], in[3 + i].dev.data, (size_t)nc * sizeof(float));
-    g_run(rk, &ra, 0);
-    g_run(gk, &ga, 1);
-    for (int i = 0; i < 2; i++) g_dev_get(after[i], in[3 + i].dev.data, (size_t)nc * sizeof(float));
-    static const char *const names[] = {"running_mean", "running_var"};
-    for (int i = 3; i < 5; i++) {
-      double mx, err = g_compare(&in[i], &mx);
-      print_message("  batch_norm %-12s %-5s %-4s (%lld, %lld, %lld, %lld) %s: rel err %.3g (max abs %.3g)\n",
-                    names[i - 3], stoke_dtype_name(dt), lay_name(lay), (long long)xs->d[0], (long long)xs->d[1],
-                    (long long)xs->d[2], (long long)xs->d[3], training ? "training" : "eval", err, mx);
-      if (!(err <= G_TOL_F32))
-        fail_msg("batch_norm %s after %s forward %d: relative error %.3g > %.3g (seed %llu)", names[i - 3],
-                 training ? "training" : "eval", step, err, G_TOL_F32, (unsigned long long)g_seed);
-      if (!training && memcmp(before[i - 3], after[i - 3], (size_t)nc * sizeof(float)))
-        fail_msg("batch_norm eval changed %s", names[i - 3]);
-    }
-    /* saved statistics too: batch mean / invstd (training) or running (eval) */
-    for (int j = 1; j < 3; j++) {
-      double mx, err = g_compare(&out[j], &mx);
-      if (!(err <= G_TOL_F32))
-        fail_msg("batch_norm saved statistic %d after %s forward %d: relative error %.3g", j,
-                 training ? "training" : "eval", step, err);
-    }
-  }
-  for (int i = 0; i < 5; i++) g_free(&in[i]);
-  for (int j = 0; j < 3; j++) g_free(&out[j]);
-}
-
-static void test_batch_norm_running_stats(void **state) {
-  for (int d = 0; d < N_DTYPES; d++)
-    for (size_t s = 0; s < N_SHAPES; s++)
-      for (int l = 0; l < N_LAYOUTS; l++) bn_running_stats(&bn_shapes[s], dtypes[d], layouts[l]);
-}
-
 /* Backward with param_grad_beta 1 (gradient accumulation onto nonzero dw,
  * db) and with some gradients not wanted (dx NULL: cuDNN writes a scratch
  * dx; dw or db NULL), cudnn against the cuda engine on the same device
- * data (the cuda kernel is checked against the CPU by cuda_norm_test). */
+ * data (the cuda kernel is checked against the CPU by every_kernel_test). */
 static void bn_accumulate(const stoke_shape *xs, stoke_dtype dt, stoke_layout lay, int training, int want) {
   stoke_node_v1 node;
   stoke_err *e = stoke_node_init(g_reg, STOKE_OP_BATCH_NORM, "bn_acc", "eps=1e-5, momentum=0.2", &node);
@@ -359,8 +255,6 @@ static void test_batch_norm_bench(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_registration),
-      cmocka_unit_test(test_batch_norm),
-      cmocka_unit_test(test_batch_norm_running_stats),
       cmocka_unit_test(test_batch_norm_accumulate),
       cmocka_unit_test(test_batch_norm_bench),
   };

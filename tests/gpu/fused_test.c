@@ -1,11 +1,11 @@
 /* tests/gpu/fused_test.c: the fused engine's bn_relu and bn_add_relu
  * kernels (backends/fused/bn_act.cu) against the CPU reference in f64
- * (gpu_harness.h): bf16, fp16 and f32, NHWC, training and eval, forward
- * (y, saved statistics, the running statistics updated in place) and
- * backward (dx, dweight, dbias, dr; dweight and dbias accumulated with
- * param_grad_beta 1 as well as overwritten), on ResNet shapes, channel
- * counts that are not a multiple of the vector width, and misaligned data
- * (the scalar fallback), with the engines ordered (fused, cuda) as
+ * (gpu_harness.h) where every_kernel_test (small random shapes, every
+ * dtype, accumulation) does not reach: ResNet-50's shapes (many
+ * partitions, channel blocks) and misaligned data (the scalar fallback):
+ * bf16, fp16 and f32, NHWC, training and eval, forward (y, saved
+ * statistics, the running statistics updated in place) and backward (dx,
+ * dweight, dbias, dr), with the engines ordered (fused, cuda) as
  * `backends = fused, ...` orders them. Outputs are poisoned first. The backward of both
  * sides reads the GPU's forward output y: the ReLU mask is y > 0, and the
  * GPU rounds bn(x) to the dtype before the residual add (as the unfused
@@ -151,9 +151,7 @@ static void check_case(const fcase *k) {
 static const int64_t shapes[][4] = {
     {16, 64, 56, 56}, /* ResNet-50 layer1 (3.2M values: many partitions) */
     {8, 2048, 7, 7},  /* layer4: channel blocks across x */
-    {4, 40, 7, 9},    /* 5 vectors per row */
-    {3, 12, 5, 5},    /* C not a multiple of 8: scalar bf16/fp16, vector f32 */
-};
+};                    /* small and odd channel counts: every_kernel_test */
 #define N_SHAPES ((int)(sizeof shapes / sizeof *shapes))
 
 static void run_all(stoke_dtype dt) {

@@ -1,7 +1,7 @@
 /* tests/op/conv_grad_test.c: the CPU kernels of the convolutional ops
  * (conv2d, bias_add, flatten, global_avg_pool) in both memory layouts:
  * every input gradient against central finite differences in double,
- * forwards against naive loops, NHWC against NCHW, f32 against f64,
+ * forwards against naive loops, NHWC against NCHW,
  * gradient accumulation, and the op types' shape inference and errors. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -204,17 +204,6 @@ static void test_conv2d_nhwc_matches_nchw(void **state) {
   }
 }
 
-static void test_conv2d_f32_matches_f64(void **state) {
-  for (int i = 0; i < N_CFGS; i++)
-    for (int li = 0; li < 2; li++) {
-      op_case c = conv_case(&cfgs[i], layouts[li]);
-      char label[96];
-      conv_label(label, sizeof label, &cfgs[i], layouts[li]);
-      check_f32(&c, label);
-      case_free(&c);
-    }
-}
-
 static void test_conv2d_param_grad_beta(void **state) {
   for (int i = 0; i < N_CFGS; i++)
     for (int li = 0; li < 2; li++) {
@@ -320,12 +309,6 @@ static void for_cases(case_fn make, int n_shapes, const char *op,
 static void test_bias_add_grad(void **state) { for_cases(bias_case, 4, "bias_add", grad_check); }
 static void test_flatten_grad(void **state) { for_cases(flatten_case, 4, "flatten", grad_check); }
 static void test_gap_grad(void **state) { for_cases(gap_case2, 2, "global_avg_pool", grad_check); }
-
-static void test_f32_matches_f64(void **state) {
-  for_cases(bias_case, 4, "bias_add", check_f32);
-  for_cases(flatten_case, 4, "flatten", check_f32);
-  for_cases(gap_case2, 2, "global_avg_pool", check_f32);
-}
 
 static void test_bias_add_param_grad_beta(void **state) {
   for_cases(bias_case, 4, "bias_add", check_accumulation);
@@ -636,7 +619,6 @@ int main(void) {
       H_TEST(test_conv2d_grad),
       H_TEST(test_conv2d_forward_naive),
       H_TEST(test_conv2d_nhwc_matches_nchw),
-      H_TEST(test_conv2d_f32_matches_f64),
       H_TEST(test_conv2d_param_grad_beta),
       H_TEST(test_conv2d_partial_grads),
       H_TEST(test_bias_add_grad),
@@ -647,7 +629,6 @@ int main(void) {
       H_TEST(test_gap_grad),
       H_TEST(test_gap_forward_naive),
       H_TEST(test_flatten_gap_backward_values),
-      H_TEST(test_f32_matches_f64),
       H_TEST(test_kernel_errors),
   };
   return cmocka_run_group_tests(tests, h_setup, h_teardown);

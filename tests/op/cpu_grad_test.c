@@ -1,6 +1,6 @@
 /* tests/op/cpu_grad_test.c: the CPU reference kernels: every input gradient
  * against central finite differences in double, gradient accumulation,
- * f32 against f64, forwards against naive loops (linear_relu against
+ * forwards against naive loops (linear_relu against
  * linear then relu), and the error cases. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -327,33 +327,6 @@ static void test_linear_no_dx(void **state) {
   case_free(&c);
 }
 
-static void test_f32_matches_f64(void **state) {
-  op_case c = linear_case(16, 33, 10);
-  check_f32(&c, c.op);
-  case_free(&c);
-  c = linear_relu_case(16, 33, 10);
-  check_f32(&c, c.op);
-  case_free(&c);
-  c = relu_case(8, 9);
-  check_f32(&c, c.op);
-  case_free(&c);
-  c = gelu_case(8, 9, "none");
-  check_f32(&c, c.op);
-  case_free(&c);
-  c = gelu_case(8, 9, "tanh");
-  check_f32(&c, c.op);
-  case_free(&c);
-  c = add_case(8, 9);
-  check_f32(&c, c.op);
-  case_free(&c);
-  c = softmax_ce_case(16, 10, 0.0);
-  check_f32(&c, c.op);
-  case_free(&c);
-  c = softmax_ce_case(16, 10, 0.2);
-  check_f32(&c, c.op);
-  case_free(&c);
-}
-
 static void test_linear_forward_naive(void **state) {
   op_case c = linear_case(5, 7, 3);
   run_fwd(&c, c.in, c.out);
@@ -500,7 +473,6 @@ int main(void) {
       H_TEST(test_softmax_ce_grad_label_smoothing),
       H_TEST(test_param_grad_beta),
       H_TEST(test_linear_no_dx),
-      H_TEST(test_f32_matches_f64),
       H_TEST(test_linear_forward_naive),
       H_TEST(test_softmax_ce_forward_naive),
       H_TEST(test_softmax_ce_known_value),

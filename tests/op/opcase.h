@@ -1,7 +1,7 @@
 /* tests/op/opcase.h: the finite-difference machinery the CPU op tests share:
  * one op call in f64 (op_case), forward and backward runs with outputs
- * poisoned, every gradient against central differences in double, f32
- * against f64, and gradient accumulation. Include after harness.h; every
+ * poisoned, every gradient against central differences in double, and
+ * gradient accumulation (f32 against f64: tests/op/every_kernel_test). Include after harness.h; every
  * helper is static. */
 #ifndef STOKE_TESTS_OP_OPCASE_H
 #define STOKE_TESTS_OP_OPCASE_H
@@ -13,7 +13,6 @@
 #define FD_H 1e-6
 #define FD_TOL 1e-6
 #define FD_FLOOR 1e-2
-#define F32_TOL 1e-5 /* ||f32 - f64|| / ||f64|| */
 
 #define OC_MAX 4 /* inputs and outputs of one case */
 
@@ -214,47 +213,6 @@ static void check_accumulation(op_case *c, const char *label) {
   free_din(c, base);
   free_din(c, acc);
   free_dout(c, r);
-}
-
-/* The f32 kernels against the f64 ones on the same (f32-representable)
- * inputs: every forward output and every input gradient. */
-static void check_f32(op_case *c, const char *label) {
-  stoke_tensor in32[OC_MAX], out32[OC_MAX], r[OC_MAX], r32[OC_MAX], din[OC_MAX], din32[OC_MAX];
-  for (int i = 0; i < c->n_in; i++) {
-    in32[i] = h_like(&c->in[i], c->in[i].dtype == STOKE_F64 ? STOKE_F32 : -1);
-    h_convert(&in32[i], &c->in[i]);
-    h_convert(&c->in[i], &in32[i]); /* the f64 run sees the same values */
-  }
-  make_outs(c, c->out, out32, STOKE_F32);
-  make_dout(c, r, -1);
-  make_dout(c, r32, STOKE_F32);
-  for (int j = 0; j < oc_outs(c); j++)
-    if (r[j].data) {
-      h_convert(&r32[j], &r[j]);
-      h_convert(&r[j], &r32[j]);
-    }
-  run_fwd(c, c->in, c->out);
-  run_fwd(c, in32, out32);
-  for (int j = 0; j < oc_outs(c); j++) {
-    double e = h_rel_norm(&out32[j], &c->out[j]);
-    H_CHECK(e < F32_TOL, "%s forward: output %d f32 vs f64 relative norm %.3g", label, j, e);
-  }
-  make_din(c, din, -1);
-  make_din(c, din32, STOKE_F32);
-  H_OK(try_bwd(c, c->in, c->out, din, r, 0.0f));
-  H_OK(try_bwd(c, in32, out32, din32, r32, 0.0f));
-  for (int i = 0; i < c->n_in; i++) {
-    if (!din[i].data) continue;
-    h_check_written(&din32[i], label);
-    double e = h_rel_norm(&din32[i], &din[i]);
-    H_CHECK(e < F32_TOL, "%s backward: din[%d] f32 vs f64 relative norm %.3g", label, i, e);
-  }
-  for (int i = 0; i < c->n_in; i++) h_free(&in32[i]);
-  free_outs(c, out32);
-  free_din(c, din);
-  free_din(c, din32);
-  free_dout(c, r);
-  free_dout(c, r32);
 }
 
 #endif

@@ -2,7 +2,7 @@
  * position_embedding, layer_norm, add_layer_norm, attention, matmul) and
  * the views (reshape, slice, split, transpose): every input gradient
  * against central finite differences in double, forwards against naive
- * loops, f32 against f64, gradient accumulation, the kernels' in-place
+ * loops, gradient accumulation, the kernels' in-place
  * forms (a view's output on its input, add_layer_norm's shared gradient,
  * softmax_ce's dlogits over the logits) and the error cases. */
 #include <setjmp.h>
@@ -158,14 +158,6 @@ static void test_grads(void **state) {
   for (int i = 0; i < N_CASES; i++) {
     op_case c = cases[i].make();
     grad_check(&c, cases[i].label);
-    case_free(&c);
-  }
-}
-
-static void test_f32_matches_f64(void **state) {
-  for (int i = 0; i < N_CASES; i++) {
-    op_case c = cases[i].make();
-    check_f32(&c, cases[i].label);
     case_free(&c);
   }
 }
@@ -379,7 +371,6 @@ static void test_infer_errors(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       H_TEST(test_grads),
-      H_TEST(test_f32_matches_f64),
       H_TEST(test_param_grad_beta),
       H_TEST(test_attention_forward_naive),
       H_TEST(test_layer_norm_forward_naive),

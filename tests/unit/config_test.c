@@ -1,5 +1,6 @@
 /* tests/unit/config_test.c: the strict INI config (core/config.c): typed
- * reads, defaults, overrides, exact error messages with line numbers, dump. */
+ * reads, defaults, overrides, exact error messages with line numbers, dump;
+ * the run's keys read once into stoke_run_config (core/run_config.c). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -13,6 +14,7 @@
 
 #include "stoke/config.h"
 #include "stoke/core.h"
+#include "stoke/run_config.h"
 
 /* ----------------------------------------------------------- fixtures */
 
@@ -705,6 +707,73 @@ static void declare_and_getter_misuse(void **state) {
   stoke_cfg_free(c);
 }
 
+/* ------------------------------------------------ the run's typed config */
+
+static stoke_cfg *run_cfg(const char *text) {
+  stoke_cfg *c = stoke_cfg_new();
+  ok(stoke_declare_core_keys(c));
+  ok(stoke_cfg_load_string(c, "r.ini", text));
+  return c;
+}
+
+/* Every kind of key lands in its typed field: given values, defaults,
+ * enums as enums, auto as 0, lists of numbers as op attributes. */
+static void run_config_typed(void **state) {
+  stoke_cfg *c = run_cfg("[run]\nsteps = 7\nlayout = nhwc\nprogress = off\nbackends = cuda, cpu\ncuda_graph = true\n"
+                         "[data]\nbatch_size = auto\nworkers = 3\nmean = 0.5, 0.25\non_device = true\n"
+                         "[eval_data]\nsource = synthetic\nbatch_size = 64\n"
+                         "[optimizer]\nname = adamw\nlr = 0.003\nschedule = step\nbase_batch = 512\n");
+  stoke_run_config rc;
+  ok(stoke_run_config_read(c, &rc));
+  assert_ptr_equal(rc.cfg, c);
+  assert_int_equal(rc.run.steps, 7);
+  assert_int_equal(rc.run.layout, STOKE_NHWC);
+  assert_int_equal(rc.run.progress, STOKE_SHOW_OFF);
+  assert_int_equal(rc.run.device, STOKE_DEVICE_AUTO);
+  assert_int_equal(rc.run.n_backends, 2);
+  assert_string_equal(rc.run.backends[0], "cuda");
+  assert_int_equal(rc.run.cuda_graph, 1);
+  assert_int_equal(rc.run.accumulate, 1);   /* defaults */
+  assert_int_equal(rc.run.log_every, 10);
+  assert_int_equal(rc.run.checkpoint, 1);
+  assert_string_equal(rc.run.precision, "fp32");
+  assert_string_equal(rc.data.section, "data");
+  assert_string_equal(rc.data.source, "synthetic");
+  assert_int_equal(rc.data.batch, 0); /* auto */
+  assert_int_equal(rc.data.workers, 3);
+  assert_int_equal(rc.data.prefetch, 4);
+  assert_int_equal(rc.data.shuffle, 1);
+  assert_int_equal(rc.data.on_device, 1);
+  assert_string_equal(rc.data.mean, "0.5:0.25");
+  assert_string_equal(rc.data.std, "1");
+  assert_string_equal(rc.eval_data.section, "eval_data");
+  assert_int_equal(rc.eval_data.batch, 64);
+  assert_int_equal(rc.eval_data.shuffle, 0);
+  assert_string_equal(rc.optimizer.name, "adamw");
+  assert_true(rc.optimizer.lr == 0.003);
+  assert_int_equal(rc.optimizer.schedule, STOKE_LR_STEP);
+  assert_int_equal(rc.optimizer.base_batch, 512);
+  assert_true(rc.loss.label_smoothing == 0);
+  stoke_cfg_free(c);
+}
+
+/* A bad value still names its file:line, read once at the start. */
+static void run_config_errors_say_where(void **state) {
+  stoke_run_config rc;
+  stoke_cfg *c = run_cfg("[run]\nsteps = 7\n[data]\nbatch_size = lots\n");
+  expect_err(stoke_run_config_read(c, &rc), STOKE_E_INVALID,
+             "r.ini:4: [data] batch_size = 'lots': a number of samples (1 to 16777216) or auto");
+  stoke_cfg_free(c);
+  c = run_cfg("[data]\nmean = 0.5, half\n");
+  expect_err(stoke_run_config_read(c, &rc), STOKE_E_INVALID, "r.ini:2: [data] mean: 'half' is not a number");
+  stoke_cfg_free(c);
+  /* [eval_data] is read only when it names a source */
+  c = run_cfg("[eval_data]\nworkers = many\n");
+  ok(stoke_run_config_read(c, &rc));
+  assert_string_equal(rc.eval_data.source, "");
+  stoke_cfg_free(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(good_file_every_type),
@@ -729,6 +798,8 @@ int main(void) {
       cmocka_unit_test(dump_round_trips),
       cmocka_unit_test(help_lists_every_key),
       cmocka_unit_test(declare_and_getter_misuse),
+      cmocka_unit_test(run_config_typed),
+      cmocka_unit_test(run_config_errors_say_where),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
 
 #include "stoke/nvml.h"
 #include "stoke/run.h"
+#include "stoke/steptime.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -23,17 +24,28 @@ typedef struct stoke_metrics_opts {
   double flops_per_step; /* model FLOPs of one optimizer step (3x forward) */
   double peak_flops;     /* the device's peak for the precision; 0 = unknown: MFU n/a */
   stoke_nvml *nvml;      /* GPU sampling, or NULL */
+  /* the bench's window (stoke_run_opts.time_warmup, time_steps): the
+   * summary's timed_ms sums these steps' device times; 0: none */
+  int64_t time_warmup, time_steps;
 } stoke_metrics_opts;
 
 typedef struct stoke_metrics stoke_metrics;
 
 stoke_err *stoke_metrics_new(const stoke_metrics_opts *o, stoke_metrics **out);
 void stoke_metrics_free(stoke_metrics *m);
-/* Record one step; when `logged`, `loss` holds the step's loss and a JSON
- * line (and a bar update or log line) is written. The calls that write
+/* The device times in ms of the next n steps (stoke/steptime.h), in order:
+ * what every step time, samples/s and MFU figure is computed from. They
+ * come in at each log step (before stoke_metrics_step) and at the end. */
+void stoke_metrics_device(stoke_metrics *m, const double *ms, int64_t n);
+/* The same from the step timers: every step they ended since the last call. */
+__attribute__((warn_unused_result)) stoke_err *stoke_metrics_collect(stoke_metrics *m, stoke_steptime *t);
+/* Record one step: `host_s` the host's time issuing it (launches, copies;
+ * the data wait excluded), `wait_s` its wait for the loader. When `logged`,
+ * `loss` holds the step's loss and a JSON line (and a bar update or log
+ * line) is written from the interval's device times. The calls that write
  * return an error when the line did not reach the file (a full disk). */
 __attribute__((warn_unused_result)) stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch,
-                                                                  double step_s, double wait_s, int logged,
+                                                                  double host_s, double wait_s, int logged,
                                                                   double loss, double lr);
 /* The loss scaler as read at the last log step (fp16 runs). */
 void stoke_metrics_scaler(stoke_metrics *m, double scale, double skipped);

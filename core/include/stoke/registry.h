@@ -52,6 +52,9 @@ const stoke_kernel_v1 *stoke_find_kernel(const stoke_registry *r,
                                          const char *engine, const char *op,
                                          stoke_pass pass, stoke_dtype dtype,
                                          stoke_layout layout);
+/* The i-th registered kernel (0, 1, ... in registration order), NULL past
+ * the last: what tests/op/every_kernel_test walks. */
+const stoke_kernel_v1 *stoke_registry_kernel(const stoke_registry *r, int i);
 /* The plugin file (or "built-in") that registered a name of any kind. */
 const char *stoke_registry_origin(const stoke_registry *r, const char *name);
 

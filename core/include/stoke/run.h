@@ -8,6 +8,7 @@
 #include "stoke/config.h"
 #include "stoke/graph.h"
 #include "stoke/registry.h"
+#include "stoke/run_config.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -17,8 +18,10 @@ typedef struct stoke_summary {
   int64_t steps;          /* optimizer steps taken */
   int64_t samples;
   double first_loss, final_loss;
-  double samples_per_s;   /* median over logged intervals */
-  double step_ms_p50, step_ms_p95;
+  /* device times (stoke/steptime.h), the first step left out */
+  double samples_per_s;   /* median over logged intervals: samples over the interval's device time */
+  double step_ms_p50, step_ms_p95, step_ms_max;
+  double host_ms_p50;     /* the host's time issuing a step (launches), the data wait excluded */
   double data_wait_s;     /* total time the step waited for data */
   double flops_per_step;
   int64_t skipped_samples;
@@ -52,18 +55,14 @@ typedef struct stoke_run_opts {
   int n_plugin_dirs;
   int quiet;                    /* no progress bar, no config print, no profile print */
   /* bench: the steps after the first time_warmup ones, time_steps of them,
-   * are timed with the device's timers (events on the compute stream on a
-   * GPU, the host clock on the CPU) into stoke_summary.timed_ms; with
+   * are timed into stoke_summary.timed_ms: the sum of their step times,
+   * the same device times train reports (stoke/steptime.h); with
    * [run] profile_ops the profile also starts after the warm-up, and its
    * rows land in op_rows (at most op_rows_cap). 0 / NULL: off. */
   int64_t time_warmup, time_steps;
   stoke_op_time *op_rows;
   int op_rows_cap;
 } stoke_run_opts;
-
-/* Declare the core's sections and keys ([run], [plugins], [data],
- * [model], [optimizer]). */
-stoke_err *stoke_declare_core_keys(stoke_cfg *c);
 
 /* Load the config and every plugin it names, declare their keys and
  * validate: the shared first half of train and bench. */

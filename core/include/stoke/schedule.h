@@ -23,9 +23,16 @@ typedef struct stoke_lr_schedule {
  * CosineAnnealingLR/StepLR would give after a linear warm-up. */
 double stoke_lr_at(const stoke_lr_schedule *s, int64_t step);
 
-/* Build the schedule from [optimizer] (lr, schedule, warmup_epochs,
- * min_lr, step_epochs, gamma, lr_scale_with_batch, base_batch) given the
- * run's length and the global batch. */
+struct stoke_run_config;
+
+/* The schedule of a config read once (stoke/run_config.h): [optimizer]'s
+ * lr, schedule, warmup_epochs, min_lr, step_epochs, gamma,
+ * lr_scale_with_batch and base_batch, given the run's length and the
+ * global batch. Errors name the key's file:line. */
+stoke_err *stoke_lr_schedule_make(const struct stoke_run_config *rc, int64_t total_steps, int64_t steps_per_epoch,
+                                  int64_t global_batch, stoke_lr_schedule *out);
+
+/* The same from a config not read yet (the core's keys declared). */
 stoke_err *stoke_lr_from_config(const stoke_cfg *c, int64_t total_steps, int64_t steps_per_epoch,
                                 int64_t global_batch, stoke_lr_schedule *out);
 

@@ -1,0 +1,348 @@
+/* core/run_config.c: the core's sections and keys ([run], [plugins], [data],
+ * [eval_data], [model], [loss], [optimizer]), `--help-config`, and the one
+ * read of them into the typed stoke_run_config the run uses. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "stoke/core.h"
+#include "stoke/registry.h"
+#include "stoke/run.h"
+#include "stoke/run_config.h"
+
+/* ------------------------------------------------------------ the keys */
+
+static const stoke_cfg_key_v1 run_keys[] = {
+    {"config_version", STOKE_CFG_INT, "1", 1, 1, NULL, "version of this config format (1)"},
+    {"name", STOKE_CFG_STR, "", 0, 0, NULL, "run name (default: the INI file's name)"},
+    {"backends", STOKE_CFG_LIST, "cpu", 0, 0, NULL,
+     "ordered compute backends; each node runs on the first that has a kernel for it"},
+    {"precision", STOKE_CFG_STR, "fp32", 0, 0, NULL,
+     "precision policy: fp32, tf32, bf16, fp16 (dynamic loss scaler), or one from a plugin, loaded by its name "
+     "(the cpu backend runs fp32, or f64)"},
+    {"comm", STOKE_CFG_STR, "single", 0, 0, NULL,
+     "communication: single (one process) or nccl (data parallel, one process per GPU, started by "
+     "tools/launch, torchrun, srun or mpirun; each rank reads its shard, gradients are averaged)"},
+    {"bucket_mb", STOKE_CFG_FLOAT, "25", 0.001, 1e6, NULL,
+     "data parallel: MiB of the flat gradient buffer all-reduced per call, each launched as soon as "
+     "backward produced it (the first bucket at most 1 MiB, as DDP's bucket_cap_mb)"},
+    {"comm_timeout", STOKE_CFG_FLOAT, "300", 1, 1e6, NULL,
+     "data parallel: seconds a collective may take before the communicator is aborted and the run "
+     "fails with the rank and the operation (a rank died or stalled)"},
+    {"device", STOKE_CFG_ENUM, "auto", 0, 0, "auto|gpu|cpu",
+     "auto: the backends given, or the cpu backend (fp32) with a warning when they need a GPU that is "
+     "not there; gpu: a missing GPU is an error"},
+    {"layout", STOKE_CFG_ENUM, "auto", 0, 0, "auto|nchw|nhwc",
+     "memory order of image activations (auto: nhwc on a GPU, as channels_last; nchw on the CPU)"},
+    {"device_index", STOKE_CFG_INT, "0", 0, 1024, NULL, "which device of the backend"},
+    {"steps", STOKE_CFG_INT, "0", 0, 1e15, NULL, "optimizer steps to run (0: use epochs)"},
+    {"epochs", STOKE_CFG_FLOAT, "1", 0, 1e9, NULL, "passes over the training data when steps = 0"},
+    {"accumulate", STOKE_CFG_INT, "1", 1, 1 << 20, NULL,
+     "micro-batches per optimizer step (gradient accumulation)"},
+    {"seed", STOKE_CFG_INT, "0", 0, 9.2e18, NULL, "seed of every random choice"},
+    {"log_every", STOKE_CFG_INT, "10", 1, 1e12, NULL,
+     "read the loss back and log every N steps (the only host sync)"},
+    {"out_dir", STOKE_CFG_STR, "", 0, 0, NULL,
+     "where config.ini, plan.txt and metrics.jsonl go (default runs/<name>)"},
+    {"progress", STOKE_CFG_ENUM, "auto", 0, 0, "auto|bar|lines|off",
+     "progress display: a bar on a terminal (auto), log lines, or nothing"},
+    {"eval_every", STOKE_CFG_FLOAT, "1", 0, 1e9, NULL,
+     "evaluate on [eval_data] every N epochs (and at the end); 0: only at the end"},
+    {"checkpoint_every", STOKE_CFG_INT, "0", 0, 1e15, NULL,
+     "write <out_dir>/checkpoint.safetensors every N steps (0: only at the end and on Ctrl-C)"},
+    {"profile_ops", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "time every kernel from the second step on and print GPU time per op, engine and node at the end "
+     "(synchronizes every step: for finding where time goes, not for speed figures)"},
+    {"checkpoint", STOKE_CFG_BOOL, "true", 0, 0, NULL,
+     "write checkpoints (false: none at all, e.g. for benchmarks)"},
+    {"resume", STOKE_CFG_STR, "", 0, 0, NULL, "continue from this checkpoint file"},
+    {"deterministic", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "bitwise-reproducible runs: deterministic algorithms only (the cpu backend always is)"},
+    {"loss_scale_init", STOKE_CFG_FLOAT, "0", 0, 1e38, NULL,
+     "fp16: the loss scaler's first scale (0: the policy's, 65536)"},
+    {"loss_scale_growth", STOKE_CFG_INT, "0", 0, 1e9, NULL,
+     "fp16: clean steps before the scale doubles (0: the policy's, 2000)"},
+    {"fuse", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "let the compiler fuse linear -> relu|gelu(tanh) -> linear into cuBLASLt's activation epilogues "
+     "(forward *_AUX_BIAS, backward DRELU/DGELU in the next linear's product) where the backend has them; "
+     "off by default: on an H100 the bf16 mlp bench ran 10% slower with ReLU (cuBLASLt's DRELU product is "
+     "slow) and no faster with GELU. Batch norm + ReLU (+ add) fuse without it when an engine listed before "
+     "the batch norm's has them (backends = fused, ...)"},
+    {"grad_sums_in_place", STOKE_CFG_BOOL, "true", 0, 0, NULL,
+     "where two backward paths meet (a residual block's input), the second kernel adds its gradient into the "
+     "first's buffer when it can (din_accumulate) instead of a separate add node; false keeps the adds (A/B)"},
+    {"cuda_graph", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "capture the whole step (forward, backward, optimizer, loss scaler) once as a CUDA graph and replay "
+     "it: one launch per step instead of one per kernel"},
+    {"conv_autotune", STOKE_CFG_BOOL, "true", 0, 0, NULL,
+     "time the candidate convolution (cuDNN) and matmul (cuBLASLt) algorithms once per shape and keep the "
+     "fastest (cudnn.benchmark)"},
+};
+
+static const stoke_cfg_key_v1 plugin_keys[] = {
+    {"path", STOKE_CFG_LIST, "", 0, 0, NULL,
+     "extra folders searched for libstoke_<name>.so, before STOKE_PLUGIN_PATH and the binary's folder"},
+    {"load", STOKE_CFG_LIST, "", 0, 0, NULL, "extra plugins to load by name (e.g. swish: new ops)"},
+};
+
+static const stoke_cfg_key_v1 data_keys[] = {
+    {"source", STOKE_CFG_STR, "synthetic", 0, 0, NULL, "data source plugin: synthetic, ..."},
+    {"batch_size", STOKE_CFG_STR, "128", 0, 0, NULL,
+     "samples per micro-batch, or auto: the largest power of two whose plan fits 85% of the device's "
+     "free memory"},
+    {"workers", STOKE_CFG_STR, "2", 0, 0, NULL,
+     "loader worker threads, or auto: time 1, 2, 4, ... up to the core count at start and keep the fastest"},
+    {"prefetch", STOKE_CFG_INT, "4", 1, 1024, NULL, "batches prepared ahead (ring of pinned buffers)"},
+    {"shuffle", STOKE_CFG_BOOL, "true", 0, 0, NULL, "reshuffle every epoch (seeded by seed, epoch)"},
+    {"drop_last", STOKE_CFG_BOOL, "true", 0, 0, NULL, "drop the last incomplete batch of an epoch"},
+    {"mean", STOKE_CFG_LIST, "0", 0, 0, NULL,
+     "u8 images: per-channel mean of x/255 (e.g. 0.485, 0.456, 0.406), subtracted on the device"},
+    {"std", STOKE_CFG_LIST, "1", 0, 0, NULL, "u8 images: per-channel std of x/255"},
+    {"on_device", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "copy the first batch to the device once and train on it every step: times the step alone "
+     "(BENCH.md's synthetic workloads), not a way to train"},
+};
+
+static const stoke_cfg_key_v1 eval_data_keys[] = {
+    {"source", STOKE_CFG_STR, "", 0, 0, NULL,
+     "held-out data source (empty: no evaluation); its own keys go here too"},
+    {"batch_size", STOKE_CFG_STR, "256", 0, 0, NULL, "samples per evaluation batch (auto: the training one)"},
+    {"workers", STOKE_CFG_STR, "2", 0, 0, NULL, "loader worker threads (auto: as for training)"},
+    {"prefetch", STOKE_CFG_INT, "4", 1, 1024, NULL, "batches prepared ahead"},
+};
+
+static const stoke_cfg_key_v1 model_keys[] = {
+    {"name", STOKE_CFG_STR, "mlp", 0, 0, NULL, "model builder plugin: mlp, ..."},
+};
+
+static const stoke_cfg_key_v1 loss_keys[] = {
+    {"label_smoothing", STOKE_CFG_FLOAT, "0", 0, 0.999, NULL, "as nn.CrossEntropyLoss(label_smoothing)"},
+};
+
+static const stoke_cfg_key_v1 optimizer_keys[] = {
+    {"name", STOKE_CFG_STR, "sgd", 0, 0, NULL,
+     "the optimizer: sgd (torch.optim.SGD) or adamw (torch.optim.AdamW), or one from a plugin; its own keys "
+     "(momentum, nesterov; beta1, beta2, eps) go here too"},
+    {"lr", STOKE_CFG_FLOAT, "0.01", 0, 1e6, NULL, "learning rate"},
+    {"weight_decay", STOKE_CFG_FLOAT, "0", 0, 1e3, NULL,
+     "L2 penalty (SGD) or decoupled weight decay (AdamW)"},
+    {"weight_decay_1d", STOKE_CFG_BOOL, "true", 0, 0, NULL,
+     "weight decay on 1-D parameters too (biases, norm scales), as torch.optim does; false: only on parameters "
+     "of 2 or more dimensions (GPT-2's and nanoGPT's groups)"},
+    {"grad_clip", STOKE_CFG_FLOAT, "0", 0, 1e12, NULL,
+     "clip the gradients to this global L2 norm before each update (torch.nn.utils.clip_grad_norm_; 0: off); "
+     "the norm is computed on the device, with no host sync"},
+    {"schedule", STOKE_CFG_ENUM, "constant", 0, 0, "constant|cosine|step",
+     "after warm-up: constant lr, cosine decay to min_lr at the end, or x gamma every step_epochs"},
+    {"warmup_epochs", STOKE_CFG_FLOAT, "0", 0, 1e6, NULL, "linear warm-up from ~0 to lr"},
+    {"min_lr", STOKE_CFG_FLOAT, "0", 0, 1e6, NULL, "cosine: the final lr"},
+    {"step_epochs", STOKE_CFG_FLOAT, "0", 0, 1e6, NULL, "step: epochs between decays"},
+    {"gamma", STOKE_CFG_FLOAT, "0.1", 0, 1, NULL, "step: decay factor"},
+    {"lr_scale_with_batch", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "linear scaling rule: lr x global batch / base_batch (Goyal et al.)"},
+    {"base_batch", STOKE_CFG_INT, "256", 1, 1 << 24, NULL, "the batch size lr is given for"},
+};
+
+#define DECLARE(c, sec, help, keys) stoke_cfg_declare(c, sec, help, keys, (int)(sizeof keys / sizeof *keys))
+
+stoke_err *stoke_declare_core_keys(stoke_cfg *c) {
+  STOKE_PROPAGATE(DECLARE(c, "run", "the run: backends, precision, length, seed, logging", run_keys));
+  STOKE_PROPAGATE(DECLARE(c, "plugins", "where plugins are found and extra ones to load", plugin_keys));
+  STOKE_PROPAGATE(DECLARE(c, "data", "training data: the source and the loader; the source's own keys go here too", data_keys));
+  STOKE_PROPAGATE(DECLARE(c, "eval_data", "held-out data for evaluation (loss, top-1 accuracy)", eval_data_keys));
+  STOKE_PROPAGATE(DECLARE(c, "model", "the model builder; its own keys go here too", model_keys));
+  STOKE_PROPAGATE(DECLARE(c, "loss", "softmax cross-entropy on the model's logits", loss_keys));
+  STOKE_PROPAGATE(DECLARE(c, "optimizer", "the optimizer, updating the flat parameter buffer", optimizer_keys));
+  return NULL;
+}
+
+
+stoke_err *stoke_help_config(const char *const *plugin_dirs, int n_plugin_dirs, FILE *f) {
+  stoke_cfg *c = stoke_cfg_new();
+  if (!c) return STOKE_ERR(STOKE_E_OOM, "out of memory");
+  stoke_err *e = stoke_declare_core_keys(c);
+  if (e) {
+    stoke_cfg_free(c);
+    return e;
+  }
+  fprintf(f, "stoke run configuration: every section and key, with type, default and help.\n"
+             "Set keys in the INI file or on the command line as section.key=value.\n\n");
+  stoke_cfg_help(c, f);
+  stoke_cfg_free(c);
+  /* the keys of every model, source and optimizer, built in or a plugin on the search path */
+  stoke_registry *r = NULL;
+  STOKE_PROPAGATE(stoke_registry_new(&r));
+  for (int i = 0; i < n_plugin_dirs; i++) stoke_registry_add_path(r, plugin_dirs[i]);
+  char files[2048];
+  stoke_registry_available(r, files, sizeof files);
+  for (char *save = NULL, *t = strtok_r(files, ", ", &save); t; t = strtok_r(NULL, ", ", &save))
+    stoke_err_free(stoke_registry_load(r, t));
+  static const char *kinds[] = {"model", "source", "optimizer"}, *sections[] = {"model", "data", "optimizer"};
+  static const char *keys_of[] = {"name", "source", "name"};
+  for (int k = 0; k < 3; k++) {
+    char names[1024];
+    stoke_registry_names(r, kinds[k], names, sizeof names);
+    for (char *save = NULL, *t = strtok_r(names, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
+      const stoke_cfg_key_v1 *keys = NULL;
+      int n = 0;
+      const char *help = "";
+      if (k == 0) {
+        const stoke_model_v1 *m = stoke_find_model(r, t);
+        keys = m->keys, n = m->n_keys, help = m->help;
+      } else if (k == 1) {
+        const stoke_source_v1 *s = stoke_find_source(r, t);
+        keys = s->keys, n = s->n_keys, help = s->help;
+      } else {
+        const stoke_optimizer_v1 *o = stoke_find_optimizer(r, t);
+        keys = o->keys, n = o->n_keys, help = o->help;
+      }
+      stoke_cfg *pc = stoke_cfg_new();
+      if (!pc) break;
+      char sh[256];
+      snprintf(sh, sizeof sh, "with %s = %s: %s", keys_of[k], t, help);
+      stoke_err_free(stoke_cfg_declare(pc, sections[k], sh, keys, n));
+      fprintf(f, "\n");
+      stoke_cfg_help(pc, f);
+      stoke_cfg_free(pc);
+    }
+  }
+  stoke_registry_free(r);
+  return NULL;
+}
+
+
+/* "0.485, 0.456" (a LIST key) as the attribute text "0.485:0.456". */
+static stoke_err *floats_attr(const stoke_cfg *c, const char *key, char *out, size_t cap) {
+  const char *items[STOKE_CFG_MAX_LIST];
+  int n;
+  STOKE_PROPAGATE(stoke_cfg_list(c, "data", key, items, &n));
+  size_t used = 0;
+  out[0] = 0;
+  for (int i = 0; i < n; i++) {
+    char *end;
+    strtod(items[i], &end);
+    if (end == items[i] || *end)
+      return STOKE_ERR(STOKE_E_INVALID, "%s: [data] %s: '%s' is not a number",
+                       stoke_cfg_where(c, "data", key), key, items[i]);
+    used += (size_t)snprintf(out + used, cap - used, "%s%s", i ? ":" : "", items[i]);
+  }
+  return NULL;
+}
+
+/* A count key that may also say "auto" (*n = 0): batch_size, workers. */
+static stoke_err *count_or_auto(const stoke_cfg *c, const char *section, const char *key, int64_t max,
+                                const char *what, int64_t *n) {
+  const char *v;
+  STOKE_PROPAGATE(stoke_cfg_str(c, section, key, &v));
+  if (!strcmp(v, "auto")) {
+    *n = 0;
+    return NULL;
+  }
+  char *end;
+  long long x = strtoll(v, &end, 10);
+  if (end == v || *end || x < 1 || x > max)
+    return STOKE_ERR(STOKE_E_INVALID, "%s: [%s] %s = '%s': a %s (1 to %lld) or auto",
+                     stoke_cfg_where(c, section, key), section, key, v, what, (long long)max);
+  *n = x;
+  return NULL;
+}
+
+/* One of the names of an ENUM key's choices, by its index. */
+static int choice(const char *v, const char *const *names, int n) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(v, names[i])) return i;
+  return 0;
+}
+
+static stoke_err *read_data(const stoke_cfg *c, const char *section, stoke_data_config *d) {
+  d->section = section; /* the source's name: stoke_run_config_names */
+  if (!d->source[0]) return NULL; /* [eval_data] without a source: no evaluation */
+  STOKE_PROPAGATE(count_or_auto(c, section, "batch_size", 1 << 24, "number of samples", &d->batch));
+  STOKE_PROPAGATE(count_or_auto(c, section, "workers", 1024, "thread count", &d->workers));
+  STOKE_PROPAGATE(stoke_cfg_int(c, section, "prefetch", &d->prefetch));
+  if (strcmp(section, "data")) return NULL;
+  STOKE_PROPAGATE(stoke_cfg_bool(c, section, "shuffle", &d->shuffle));
+  STOKE_PROPAGATE(stoke_cfg_bool(c, section, "drop_last", &d->drop_last));
+  STOKE_PROPAGATE(stoke_cfg_bool(c, section, "on_device", &d->on_device));
+  STOKE_PROPAGATE(floats_attr(c, "mean", d->mean, sizeof d->mean));
+  STOKE_PROPAGATE(floats_attr(c, "std", d->std, sizeof d->std));
+  return NULL;
+}
+
+static stoke_err *read_run(const stoke_cfg *c, stoke_run_config *rc) {
+  static const char *devices[] = {"auto", "gpu", "cpu"}, *shows[] = {"auto", "bar", "lines", "off"};
+  static const char *layouts[] = {"auto", "nchw", "nhwc"};
+  const char *v;
+#define RUN(fn, key, out) STOKE_PROPAGATE(fn(c, "run", key, out))
+  RUN(stoke_cfg_str, "name", &rc->run.name);
+  RUN(stoke_cfg_str, "out_dir", &rc->run.out_dir);
+  RUN(stoke_cfg_str, "resume", &rc->run.resume);
+  RUN(stoke_cfg_str, "device", &v);
+  rc->run.device = (stoke_device_choice)choice(v, devices, 3);
+  RUN(stoke_cfg_str, "layout", &v);
+  rc->run.layout = (stoke_layout)choice(v, layouts, 3); /* STOKE_LAYOUT_ANY, STOKE_NCHW, STOKE_NHWC */
+  RUN(stoke_cfg_str, "progress", &v);
+  rc->run.progress = (stoke_show)choice(v, shows, 4);
+  RUN(stoke_cfg_int, "device_index", &rc->run.device_index);
+  RUN(stoke_cfg_int, "steps", &rc->run.steps);
+  RUN(stoke_cfg_int, "accumulate", &rc->run.accumulate);
+  RUN(stoke_cfg_int, "seed", &rc->run.seed);
+  RUN(stoke_cfg_int, "log_every", &rc->run.log_every);
+  RUN(stoke_cfg_int, "checkpoint_every", &rc->run.checkpoint_every);
+  RUN(stoke_cfg_int, "loss_scale_growth", &rc->run.loss_scale_growth);
+  RUN(stoke_cfg_float, "bucket_mb", &rc->run.bucket_mb);
+  RUN(stoke_cfg_float, "comm_timeout", &rc->run.comm_timeout);
+  RUN(stoke_cfg_float, "epochs", &rc->run.epochs);
+  RUN(stoke_cfg_float, "eval_every", &rc->run.eval_every);
+  RUN(stoke_cfg_float, "loss_scale_init", &rc->run.loss_scale_init);
+  RUN(stoke_cfg_bool, "profile_ops", &rc->run.profile_ops);
+  RUN(stoke_cfg_bool, "checkpoint", &rc->run.checkpoint);
+  RUN(stoke_cfg_bool, "deterministic", &rc->run.deterministic);
+  RUN(stoke_cfg_bool, "fuse", &rc->run.fuse);
+  RUN(stoke_cfg_bool, "grad_sums_in_place", &rc->run.grad_sums_in_place);
+  RUN(stoke_cfg_bool, "cuda_graph", &rc->run.cuda_graph);
+  RUN(stoke_cfg_bool, "conv_autotune", &rc->run.conv_autotune);
+#undef RUN
+  return NULL;
+}
+
+static stoke_err *read_optimizer(const stoke_cfg *c, stoke_run_config *rc) {
+  static const char *kinds[] = {"constant", "cosine", "step"}; /* stoke_lr_kind's order */
+  const char *v;
+#define OPT(fn, key, out) STOKE_PROPAGATE(fn(c, "optimizer", key, out))
+  OPT(stoke_cfg_float, "lr", &rc->optimizer.lr);
+  OPT(stoke_cfg_float, "weight_decay", &rc->optimizer.weight_decay);
+  OPT(stoke_cfg_bool, "weight_decay_1d", &rc->optimizer.weight_decay_1d);
+  OPT(stoke_cfg_float, "grad_clip", &rc->optimizer.grad_clip);
+  OPT(stoke_cfg_str, "schedule", &v);
+  rc->optimizer.schedule = (stoke_lr_kind)choice(v, kinds, 3);
+  OPT(stoke_cfg_float, "warmup_epochs", &rc->optimizer.warmup_epochs);
+  OPT(stoke_cfg_float, "min_lr", &rc->optimizer.min_lr);
+  OPT(stoke_cfg_float, "step_epochs", &rc->optimizer.step_epochs);
+  OPT(stoke_cfg_float, "gamma", &rc->optimizer.gamma);
+  OPT(stoke_cfg_bool, "lr_scale_with_batch", &rc->optimizer.lr_scale_with_batch);
+  OPT(stoke_cfg_int, "base_batch", &rc->optimizer.base_batch);
+#undef OPT
+  return NULL;
+}
+
+stoke_err *stoke_run_config_names(const stoke_cfg *c, stoke_run_config *rc) {
+  *rc = (stoke_run_config){.cfg = c};
+  STOKE_PROPAGATE(stoke_cfg_list(c, "plugins", "path", rc->plugins.path, &rc->plugins.n_path));
+  STOKE_PROPAGATE(stoke_cfg_list(c, "plugins", "load", rc->plugins.load, &rc->plugins.n_load));
+  STOKE_PROPAGATE(stoke_cfg_list(c, "run", "backends", rc->run.backends, &rc->run.n_backends));
+  STOKE_PROPAGATE(stoke_cfg_str(c, "model", "name", &rc->model.name));
+  STOKE_PROPAGATE(stoke_cfg_str(c, "data", "source", &rc->data.source));
+  STOKE_PROPAGATE(stoke_cfg_str(c, "eval_data", "source", &rc->eval_data.source));
+  STOKE_PROPAGATE(stoke_cfg_str(c, "optimizer", "name", &rc->optimizer.name));
+  STOKE_PROPAGATE(stoke_cfg_str(c, "run", "precision", &rc->run.precision));
+  return stoke_cfg_str(c, "run", "comm", &rc->run.comm);
+}
+
+stoke_err *stoke_run_config_read(const stoke_cfg *c, stoke_run_config *rc) {
+  STOKE_PROPAGATE(stoke_run_config_names(c, rc));
+  STOKE_PROPAGATE(read_run(c, rc));
+  STOKE_PROPAGATE(read_data(c, "data", &rc->data));
+  STOKE_PROPAGATE(read_data(c, "eval_data", &rc->eval_data));
+  STOKE_PROPAGATE(stoke_cfg_float(c, "loss", "label_smoothing", &rc->loss.label_smoothing));
+  return read_optimizer(c, rc);
+}

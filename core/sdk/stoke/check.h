@@ -1,0 +1,140 @@
+/* stoke/check.h: the argument checks every backend's kernels share (names
+ * for messages, shape and layout tests, the typed checks that make an error
+ * naming the op, the node and the tensor), and the gradient beta a
+ * backward kernel applies. Static inline, C and CUDA C++ alike; the
+ * checks that make errors use the plugin's host table (stoke_host). */
+#ifndef STOKE_CHECK_H
+#define STOKE_CHECK_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "stoke/plugin.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The node's name, or "?" where the call has no node (or it no name). */
+static inline const char *stoke_node_name(const stoke_kernel_args_v1 *a) {
+  return a && a->node && a->node->name ? a->node->name : "?";
+}
+
+static inline int stoke_same_shape(const stoke_shape *x, const stoke_shape *y) {
+  if (x->ndim != y->ndim) return 0;
+  for (int i = 0; i < x->ndim; i++)
+    if (x->d[i] != y->d[i]) return 0;
+  return 1;
+}
+
+/* "NCHW", "NHWC" or "any". */
+static inline const char *stoke_layout_name(stoke_layout l) {
+  return l == STOKE_NHWC ? "NHWC" : l == STOKE_NCHW ? "NCHW" : "any";
+}
+
+/* A 4-D tensor whose layout says NHWC (channels-last); any other is in
+ * NCHW (or plain row-major) order. */
+static inline int stoke_is_nhwc(const stoke_tensor *t) {
+  return t->shape.ndim == 4 && t->layout == STOKE_NHWC;
+}
+
+/* "[3, 4]", usable as a printf argument: stoke_shape_str(&t.shape).s */
+typedef struct stoke_shape_text {
+  char s[96];
+} stoke_shape_text;
+
+static inline stoke_shape_text stoke_shape_str(const stoke_shape *s) {
+  stoke_shape_text t;
+  size_t n = (size_t)snprintf(t.s, sizeof t.s, "[");
+  for (int i = 0; i < s->ndim && i < STOKE_MAX_DIMS && n < sizeof t.s; i++)
+    n += (size_t)snprintf(t.s + n, sizeof t.s - n, i ? ", %lld" : "%lld", (long long)s->d[i]);
+  if (n < sizeof t.s) snprintf(t.s + n, sizeof t.s - n, "]");
+  return t;
+}
+
+/* The beta of a backward kernel's gradient of input i, din = beta din +
+ * computed: 1 when din_accumulate asks (another path wrote that value's
+ * gradient first), param_grad_beta for a parameter's gradient (gradient
+ * accumulation over micro-batches), else 0 (overwrite). */
+static inline float stoke_grad_beta(const stoke_kernel_args_v1 *a, int i) {
+  if ((a->din_accumulate >> i) & 1u) return 1.0f;
+  return (a->param_grads >> i) & 1u ? a->param_grad_beta : 0.0f;
+}
+
+/* At least n_in inputs and n_out outputs; in backward, gradient tensors. */
+static inline stoke_err *stoke_check_counts(const stoke_kernel_args_v1 *a, const char *op, int bwd, int n_in,
+                                            int n_out) {
+  if (a->n_in < n_in || a->n_out < n_out || !a->in || !a->out)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs %d input%s and %d output%s, got %d and %d", op,
+                      stoke_node_name(a), n_in, n_in == 1 ? "" : "s", n_out, n_out == 1 ? "" : "s", a->n_in,
+                      a->n_out);
+  if (bwd && (!a->din || !a->dout))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': backward called without gradient tensors", op, stoke_node_name(a));
+  return NULL;
+}
+
+/* The layout field of `what` names ANY, NCHW or NHWC. */
+static inline stoke_err *stoke_check_layout_known(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                                                  const stoke_tensor *t) {
+  if (t->layout == STOKE_LAYOUT_ANY || t->layout == STOKE_NCHW || t->layout == STOKE_NHWC) return NULL;
+  return STOKE_PERR(STOKE_E_UNSUPPORTED, "%s '%s': %s has unknown layout %d", op, stoke_node_name(a), what,
+                    (int)t->layout);
+}
+
+/* A 4-D tensor `t` that states a layout states x's (ANY follows x). */
+static inline stoke_err *stoke_check_layout(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                                            const stoke_tensor *t, const stoke_tensor *x) {
+  if (t->shape.ndim != 4 || t->layout == STOKE_LAYOUT_ANY) return NULL;
+  stoke_layout want = stoke_is_nhwc(x) ? STOKE_NHWC : STOKE_NCHW;
+  if (t->layout == want) return NULL;
+  return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s but x %s is %s", op, stoke_node_name(a), what,
+                    stoke_shape_str(&t->shape).s, stoke_layout_name(t->layout), stoke_shape_str(&x->shape).s,
+                    stoke_layout_name(x->layout));
+}
+
+/* Tensor `what` of op's node has dtype `want`. */
+static inline stoke_err *stoke_check_dtype(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                                           const stoke_tensor *t, stoke_dtype want) {
+  if (t->dtype == want) return NULL;
+  return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s is %s, the kernel expects %s", op, stoke_node_name(a), what,
+                    stoke_shape_str(&t->shape).s, stoke_dtype_name(t->dtype), stoke_dtype_name(want));
+}
+
+/* Tensor `what` holds data when `run` (plan() sees shapes only). */
+static inline stoke_err *stoke_check_data(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                                          const stoke_tensor *t, int run) {
+  if (!run || t->data) return NULL;
+  return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s %s has no data", op, stoke_node_name(a), what,
+                    stoke_shape_str(&t->shape).s);
+}
+
+/* A requested gradient g (data != NULL) has the shape and dtype of the
+ * value `of` it is the gradient of. */
+static inline stoke_err *stoke_check_grad(const stoke_kernel_args_v1 *a, const char *op, const char *what,
+                                          const stoke_tensor *g, const stoke_tensor *of) {
+  if (!g->data) return NULL;
+  if (!stoke_same_shape(&g->shape, &of->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': gradient of %s is %s, the value is %s", op, stoke_node_name(a),
+                      what, stoke_shape_str(&g->shape).s, stoke_shape_str(&of->shape).s);
+  return stoke_check_dtype(a, op, what, g, of->dtype);
+}
+
+/* The destroy() of kernels that keep no state. */
+static inline void stoke_destroy_none(void *state) { (void)state; }
+
+/* Adds kernels[0, n) to the registry; a failure names the engine, the op,
+ * the pass and the dtype. */
+static inline stoke_err *stoke_add_kernels(const stoke_registry_v1 *r, const stoke_kernel_v1 *kernels, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const stoke_kernel_v1 *k = &kernels[i];
+    STOKE_PTRY(r->add_kernel(r->self, k), "registering %s kernel %s (%s %s)", k->engine, k->op,
+               k->pass == STOKE_FWD ? "forward" : k->pass == STOKE_BWD ? "backward" : "update",
+               stoke_dtype_name(k->dtype));
+  }
+  return NULL;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

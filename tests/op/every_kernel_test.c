@@ -1,0 +1,781 @@
+/* tests/op/every_kernel_test.c: one test for every kernel, as ggml's
+ * test-backend-ops. It walks every (engine, op, pass, dtype, layout) kernel
+ * that the loaded backends registered and checks each against the CPU
+ * reference kernel of the same op in f64 (u8 and i32 inputs stay as they
+ * are), on random shapes, odd ones included, drawn from a seed that is
+ * fresh each run and printed (STOKE_TEST_SEED reruns one). Outputs are
+ * poisoned first (every byte 0xff: NaN in every float dtype), so an
+ * element a kernel does not write fails. A kernel whose op has no case
+ * generator in the table (tests/op/kernel_cases.h) fails the test, naming
+ * the op: a new kernel cannot ship untested.
+ *
+ * Each backward kernel runs twice: gradients overwritten (beta 0), then
+ * accumulated: parameter gradients under param_grad_beta = 1 and, for the
+ * inputs whose bit the kernel declares in `accumulates`, din_accumulate
+ * (beta 1), both onto random values that must be kept and added to; the
+ * other gradients poisoned again, to be overwritten.
+ *
+ * Tolerance on the relative-norm error ||got - want|| / ||want|| of each
+ * output, from the kernel's precision and the longest sum the case makes
+ * (K, set by its generator):
+ *     tol = 8 u(dtype) + 8 u(accumulator) sqrt(K)   [+ 4 u(tf32) with TF32]
+ * u the unit roundoff: f64 2^-53, f32 2^-24, fp16 2^-11, bf16 2^-8, the
+ * accumulator f32 for every dtype but f64. The first term is the rounding
+ * of the outputs (and of intermediates a kernel stores in its dtype), the
+ * second the rounding error of a K-term sum, which grows as sqrt(K) for
+ * random signs. u8 and i32 outputs must be exact.
+ *
+ * The cpu f64 kernels are the reference: here they run on every case too
+ * (outputs poisoned, gradients accumulated), against themselves; their
+ * gradients are checked against finite differences in the tests/op grad tests.
+ *
+ * Built twice from this file: //tests/op:every_kernel_test (CI: the cpu
+ * backend and the example plugins) and //tests/gpu:every_kernel_test
+ * (EVERY_KERNEL_GPU: also cuda, cudnn, cudnn_classic, cublaslt and fused,
+ * run on the GPU machine by tools/gpu_check.sh). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "stoke/check.h"
+#include "stoke/core.h"
+#include "stoke/graph.h"
+#include "stoke/ops.h"
+#include "stoke/registry.h"
+#include "stoke/rng.h"
+#include "tests/common/seed.h"
+
+/* ------------------------------------------------------------- engines */
+
+/* The plugins loaded: (name, its path in the Bazel runfiles; the name
+ * alone is looked up along STOKE_PLUGIN_PATH, as on the GPU machine). */
+static const char *const plugins[][2] = {
+    {"cpu", "backends/cpu/libstoke_cpu.so"},
+    {"swish", "plugins/swish/libstoke_swish.so"},
+    {"lion", "plugins/lion/libstoke_lion.so"},
+#ifdef EVERY_KERNEL_GPU
+    {"cuda", "backends/cuda/libstoke_cuda.so"},
+    {"cudnn", "backends/cudnn/libstoke_cudnn.so"},
+    {"cublaslt", "backends/cublaslt/libstoke_cublaslt.so"},
+    {"fused", "backends/fused/libstoke_fused.so"},
+#endif
+};
+#define N_PLUGINS (int)(sizeof plugins / sizeof *plugins)
+
+/* An open backend, and the backend that owns its device (itself for cpu
+ * and cuda): memory, copies and the stream come from the owner. */
+typedef struct engine {
+  const char *name;
+  const stoke_backend_v1 *b, *dev;
+  void *self, *dev_self;
+} engine;
+
+#define MAX_ENGINES 16
+static stoke_registry *reg;
+static engine engines[MAX_ENGINES];
+static int n_engines;
+static uint64_t seed;
+
+static void fail_err(stoke_err *e, const char *what) {
+  if (!e) return;
+  fail_msg("%s: %s (seed %llu)", what, e->msg, (unsigned long long)seed);
+}
+
+static engine *engine_of(const char *name) {
+  for (int i = 0; i < n_engines; i++)
+    if (!strcmp(engines[i].name, name)) return &engines[i];
+  return NULL;
+}
+
+/* Opens every registered backend: the device owners first. */
+static stoke_err *open_engines(void) {
+  char names[512];
+  stoke_registry_names(reg, "backend", names, sizeof names);
+  for (int owners = 1; owners >= 0; owners--) {
+    char buf[512], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", names);
+    for (char *n = strtok_r(buf, ", ", &save); n; n = strtok_r(NULL, ", ", &save)) {
+      const stoke_backend_v1 *b = stoke_find_backend(reg, n);
+      if (!b || (b->device_engine == NULL) != owners || n_engines == MAX_ENGINES) continue;
+      engine *e = &engines[n_engines];
+      e->name = b->name, e->b = b;
+      engine *owner = owners ? e : engine_of(b->device_engine);
+      if (!owner) return STOKE_ERR(STOKE_E_NOT_FOUND, "backend %s: its device %s is not loaded", n, b->device_engine);
+      STOKE_PROPAGATE(b->open(0, owners ? NULL : owner->self, &e->self));
+      e->dev = owner->b, e->dev_self = owners ? e->self : owner->self;
+      n_engines++;
+    }
+  }
+  return NULL;
+}
+
+static int setup(void **state) {
+  stoke_err *e = stoke_registry_new(&reg);
+  for (int i = 0; i < N_PLUGINS && !e; i++)
+    e = stoke_registry_load(reg, access(plugins[i][1], R_OK) ? plugins[i][0] : plugins[i][1]);
+  if (!e) e = open_engines();
+  if (e) {
+    print_error("every_kernel_test setup: %s\n", e->msg);
+    stoke_err_free(e);
+    return -1;
+  }
+  seed = test_seed("every_kernel_test");
+  return 0;
+}
+
+static int teardown(void **state) {
+  for (int i = n_engines - 1; i >= 0; i--)
+    if (engines[i].b->close) engines[i].b->close(engines[i].self);
+  stoke_registry_free(reg);
+  return 0;
+}
+
+#include "kernel_cases.h"
+
+/* ------------------------------------------------------------ tensors */
+
+/* One tensor on both sides: `ref` in host memory for the cpu reference
+ * (f64, or the integer dtype), `dut` on the tested engine's device. */
+typedef struct ktensor {
+  stoke_tensor ref, dut;
+  const engine *e;
+} ktensor;
+
+static stoke_dtype ref_dtype(stoke_dtype t) { return t == STOKE_I32 || t == STOKE_U8 ? t : STOKE_F64; }
+static int is_float(stoke_dtype t) { return t == STOKE_F32 || t == STOKE_F64 || t == STOKE_BF16 || t == STOKE_F16; }
+
+static void kt_alloc(ktensor *t, const engine *e, const stoke_shape *s, stoke_dtype rdt, stoke_dtype dt,
+                     stoke_layout lay) {
+  size_t n = (size_t)stoke_numel(s);
+  memset(t, 0, sizeof *t);
+  t->e = e;
+  t->ref = (stoke_tensor){calloc(n ? n : 1, stoke_dtype_size(rdt)), *s, rdt, lay, STOKE_DEV_CPU};
+  t->dut = (stoke_tensor){NULL, *s, dt, lay, e->b->device};
+  fail_err(e->dev->alloc(e->dev_self, n * stoke_dtype_size(dt) + 16, &t->dut.data), "device alloc");
+}
+
+static void kt_free(ktensor *t) {
+  free(t->ref.data);
+  if (t->dut.data) t->e->dev->free(t->e->dev_self, t->dut.data);
+  memset(t, 0, sizeof *t);
+}
+
+static size_t dut_bytes(const ktensor *t) { return (size_t)stoke_numel(&t->dut.shape) * stoke_dtype_size(t->dut.dtype); }
+
+static void kt_copy(const ktensor *t, void *dst, const void *src, size_t bytes, stoke_copy_kind kind) {
+  stoke_err *e = t->e->dev->copy(t->e->dev_self, dst, src, bytes, kind, NULL);
+  if (!e) e = t->e->dev->stream_sync(t->e->dev_self, NULL);
+  fail_err(e, kind == STOKE_COPY_H2D ? "upload" : "download");
+}
+
+/* The reference values rounded to the tested dtype, on both sides (so
+ * the two kernels read the same numbers). */
+static void kt_sync_up(ktensor *t) {
+  int64_t n = stoke_numel(&t->ref.shape);
+  void *h = malloc(dut_bytes(t) + 1);
+  for (int64_t i = 0; i < n; i++) {
+    stoke_elem_set(h, t->dut.dtype, i, stoke_elem_get(t->ref.data, t->ref.dtype, i));
+    stoke_elem_set(t->ref.data, t->ref.dtype, i, stoke_elem_get(h, t->dut.dtype, i));
+  }
+  kt_copy(t, t->dut.data, h, dut_bytes(t), STOKE_COPY_H2D);
+  free(h);
+}
+
+static void kt_fill(ktensor *t, stoke_rng *r, double lo, double hi, int integer) {
+  for (int64_t i = 0, n = stoke_numel(&t->ref.shape); i < n; i++) {
+    double v = lo + (hi - lo) * stoke_rng_uniform(r);
+    stoke_elem_set(t->ref.data, t->ref.dtype, i, integer ? floor(v) : v);
+  }
+  kt_sync_up(t);
+}
+
+static void kt_poison(ktensor *t) {
+  fail_err(t->e->dev->fill(t->e->dev_self, t->dut.data, 0xff, dut_bytes(t), NULL), "poison");
+  fail_err(t->e->dev->stream_sync(t->e->dev_self, NULL), "poison");
+}
+
+/* The tested side's values, as doubles. */
+static double *kt_download(const ktensor *t) {
+  int64_t n = stoke_numel(&t->dut.shape);
+  void *h = malloc(dut_bytes(t) + 1);
+  double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+  kt_copy(t, h, t->dut.data, dut_bytes(t), STOKE_COPY_D2H);
+  for (int64_t i = 0; i < n; i++) v[i] = stoke_elem_get(h, t->dut.dtype, i);
+  free(h);
+  return v;
+}
+
+/* ------------------------------------------------------------ checking */
+
+static double unit_roundoff(stoke_dtype t) {
+  switch (t) {
+    case STOKE_F64: return 0x1p-53;
+    case STOKE_F32: return 0x1p-24;
+    case STOKE_F16: return 0x1p-11;
+    case STOKE_BF16: return 0x1p-8;
+    default: return 0; /* integers: exact */
+  }
+}
+
+/* The tolerance of an output of dtype `out` of a kernel of dtype `dt`
+ * (see the top of the file). */
+static double tolerance(stoke_dtype dt, stoke_dtype out, uint32_t flags, double k) {
+  double u = fmax(unit_roundoff(is_float(dt) ? dt : out), unit_roundoff(out));
+  if (u == 0) return 0;
+  double acc = dt == STOKE_F64 ? 0x1p-53 : 0x1p-24;
+  return 8 * u + 8 * acc * sqrt(k > 1 ? k : 1) + (flags & STOKE_KFLAG_TF32 ? 4 * 0x1p-11 : 0);
+}
+
+typedef struct kcheck {
+  const stoke_kernel_v1 *k;
+  const kcase *c;
+  const char *mode; /* "", " overwrite", " accumulate" */
+} kcheck;
+
+/* got (the tested side) against want over n values: every element finite
+ * where want is, relative-norm error within tol. */
+static void expect_close(const kcheck *ck, const char *what, const double *got, const double *want, int64_t n,
+                         stoke_dtype out_dtype) {
+  const kcase *c = ck->c;
+  double num = 0, den = 0, mx = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (isfinite(want[i]) && !isfinite(got[i]))
+      fail_msg("%s/%s %s %s %s%s, case %s: %s element %lld of %lld is %g, want %g (not written?) (seed %llu)",
+               ck->k->engine, ck->k->op, pass_name(ck->k->pass), stoke_dtype_name(ck->k->dtype),
+               stoke_layout_name(c->layout), ck->mode, c->label, what, (long long)i, (long long)n, got[i], want[i],
+               (unsigned long long)seed);
+    double d = got[i] - want[i];
+    num += d * d;
+    den += want[i] * want[i];
+    if (fabs(d) > mx) mx = fabs(d);
+  }
+  double err = den > 0 ? sqrt(num / den) : sqrt(num);
+  double tol = tolerance(ck->k->dtype, out_dtype, c->flags, c->k);
+  print_message("  %-13s %-15s %-8s %-4s %-4s%-11s %-44s %-8s rel err %.2e tol %.2e\n", ck->k->engine, ck->k->op,
+                pass_name(ck->k->pass), stoke_dtype_name(ck->k->dtype), stoke_layout_name(c->layout), ck->mode,
+                c->label, what, err, tol);
+  if (!(err <= tol))
+    fail_msg("%s/%s %s %s %s%s, case %s: %s relative error %.3g > %.3g (max abs %.3g) (seed %llu)", ck->k->engine,
+             ck->k->op, pass_name(ck->k->pass), stoke_dtype_name(ck->k->dtype), stoke_layout_name(c->layout),
+             ck->mode, c->label, what, err, tol, mx, (unsigned long long)seed);
+}
+
+static void expect_tensor(const kcheck *ck, const char *what, const ktensor *t, const double *want) {
+  double *got = kt_download(t);
+  int64_t n = stoke_numel(&t->ref.shape);
+  double *w = (double *)want;
+  if (!w) {
+    w = malloc((size_t)(n ? n : 1) * sizeof *w);
+    for (int64_t i = 0; i < n; i++) w[i] = stoke_elem_get(t->ref.data, t->ref.dtype, i);
+  }
+  expect_close(ck, what, got, w, n, t->dut.dtype);
+  if (w != want) free(w);
+  free(got);
+}
+
+/* A ReLU bitmask (stoke/ops.h, linear_act: row i's bit j is bit j % 8 of
+ * byte i * stride + j / 8, stride a multiple of 16 bytes, padding bits 0)
+ * against the tested kernel's own output: set iff y > 0. */
+static void expect_relu_mask(const kcheck *ck, const ktensor *y, const ktensor *mask) {
+  double *yv = kt_download(y), *mv = kt_download(mask);
+  int64_t rows = y->dut.shape.d[0], cols = y->dut.shape.d[1], stride = mask->dut.shape.d[1];
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < stride * 8; j++) {
+      int bit = ((int)mv[i * stride + j / 8] >> (j % 8)) & 1, want = j < cols && yv[i * cols + j] > 0;
+      if (bit != want)
+        fail_msg("%s/%s %s %s, case %s: ReLU mask row %lld bit %lld is %d, y is %g (seed %llu)", ck->k->engine,
+                 ck->k->op, pass_name(ck->k->pass), stoke_dtype_name(ck->k->dtype), ck->c->label, (long long)i,
+                 (long long)j, bit, j < cols ? yv[i * cols + j] : 0.0, (unsigned long long)seed);
+    }
+  print_message("  %-13s %-15s ReLU mask of %lld x %lld: every bit as y > 0\n", ck->k->engine, ck->k->op,
+                (long long)rows, (long long)cols);
+  free(yv), free(mv);
+}
+
+/* plan, workspace, run, wait, destroy: as the executor does. */
+static void run_kernel(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, const engine *e, const char *who) {
+  void *state = NULL, *ws = NULL;
+  size_t wsb = 0;
+  a->engine = e->self;
+  a->stream = e->dev->default_stream ? e->dev->default_stream(e->dev_self) : NULL;
+  stoke_kernel_args_v1 pa = *a;
+  if (k->pass == STOKE_OPT) pa.opt = NULL; /* update kernels plan once, before any step */
+  stoke_err *err = k->plan ? k->plan(&pa, &state, &wsb) : NULL;
+  if (!err && wsb) err = e->dev->alloc(e->dev_self, wsb, &ws);
+  a->workspace = ws, a->workspace_bytes = wsb;
+  if (!err) err = k->run(a, state);
+  if (!err) err = e->dev->stream_sync(e->dev_self, NULL);
+  if (k->destroy && state) k->destroy(state);
+  if (ws) e->dev->free(e->dev_self, ws);
+  if (err)
+    fail_msg("%s kernel %s/%s %s %s: %s (seed %llu)", who, k->engine, k->op, pass_name(k->pass),
+             stoke_dtype_name(k->dtype), err->msg, (unsigned long long)seed);
+}
+
+/* ----------------------------------------------------- one op call */
+
+static const engine *cpu_engine(void) { return engine_of("cpu"); }
+
+/* The cpu reference kernel of the case's op and pass in the reference
+ * dtype of the first input. */
+static const stoke_kernel_v1 *ref_kernel(const kcase *c, stoke_pass p, stoke_dtype in0) {
+  return stoke_find_kernel(reg, "cpu", c->op, p, ref_dtype(in0), c->layout);
+}
+
+typedef struct call {
+  const kcase *c;
+  const stoke_op_type_v1 *t;
+  stoke_node_v1 node, ref_node;
+  int n_in, n_out;
+  ktensor in[STOKE_MAX_IO], out[STOKE_MAX_IO];
+} call;
+
+static stoke_dtype in_dtype(const kcase *c, const stoke_kernel_v1 *k, int i) {
+  if (c->in[i].dtype) return c->in[i].dtype;
+  switch (c->in[i].kind) {
+    case IN_LABEL: return STOKE_I32;
+    case IN_STAT: return k->dtype == STOKE_F64 ? STOKE_F64 : STOKE_F32;
+    default: return k->dtype;
+  }
+}
+
+static stoke_layout in_layout(const kcase *c, int i) {
+  if (c->in[i].layout) return c->in[i].layout;
+  return c->in[i].shape.ndim == 4 && c->in[i].kind != IN_PARAM ? c->layout : STOKE_LAYOUT_ANY;
+}
+
+/* Inputs drawn, outputs made (and poisoned) from the op's shape inference. */
+static void call_open(call *cl, const kcase *c, const stoke_kernel_v1 *k, const engine *e, stoke_rng *r) {
+  memset(cl, 0, sizeof *cl);
+  cl->c = c;
+  cl->t = stoke_find_op(reg, c->op);
+  if (!cl->t) fail_msg("op %s is not registered", c->op);
+  fail_err(stoke_node_init(reg, c->op, "kernel_test", c->attrs, &cl->node), c->label);
+  fail_err(stoke_node_init(reg, c->op, "kernel_test", c->ref_attrs ? c->ref_attrs : c->attrs, &cl->ref_node), c->label);
+  cl->n_in = c->n_in;
+  stoke_value_desc_v1 rin[STOKE_MAX_IO], din[STOKE_MAX_IO], rout[STOKE_MAX_IO], dout[STOKE_MAX_IO];
+  memset(rout, 0, sizeof rout);
+  memset(dout, 0, sizeof dout);
+  for (int i = 0; i < c->n_in; i++) {
+    stoke_dtype dt = in_dtype(c, k, i);
+    kt_alloc(&cl->in[i], e, &c->in[i].shape, ref_dtype(dt), dt, in_layout(c, i));
+    const kin *ki = &c->in[i];
+    switch (ki->kind) {
+      case IN_LABEL: kt_fill(&cl->in[i], r, 0, (double)ki->hi, 1); break;
+      case IN_U8: kt_fill(&cl->in[i], r, 0, 256, 1); break;
+      case IN_STAT: kt_fill(&cl->in[i], r, 0.5, 1.5, 0); break;
+      default: kt_fill(&cl->in[i], r, ki->hi > ki->lo ? ki->lo : -1, ki->hi > ki->lo ? ki->hi : 1, 0);
+    }
+    rin[i] = (stoke_value_desc_v1){c->in[i].shape, cl->in[i].ref.dtype};
+    din[i] = (stoke_value_desc_v1){c->in[i].shape, dt};
+  }
+  if (c->prep) {
+    stoke_tensor ref[STOKE_MAX_IO];
+    for (int i = 0; i < c->n_in; i++) ref[i] = cl->in[i].ref;
+    c->prep(c, ref, r);
+    for (int i = 0; i < c->n_in; i++) kt_sync_up(&cl->in[i]);
+  }
+  if (c->n_out) {
+    for (int j = 0; j < c->n_out; j++) {
+      rout[j] = (stoke_value_desc_v1){c->out[j], ref_dtype(k->dtype)};
+      dout[j] = (stoke_value_desc_v1){c->out[j], k->dtype};
+    }
+  } else {
+    fail_err(cl->t->infer(&cl->ref_node, rin, rout), "shape inference (reference)");
+    fail_err(cl->t->infer(&cl->node, din, dout), "shape inference");
+  }
+  cl->n_out = cl->t->n_outputs;
+  for (int j = 0; !cl->t->n_outputs && j < STOKE_MAX_IO && rout[j].shape.ndim; j++) cl->n_out = j + 1;
+  for (int j = 0; j < cl->n_out; j++) {
+    stoke_layout lay = rout[j].shape.ndim == 4 ? c->layout : STOKE_LAYOUT_ANY;
+    kt_alloc(&cl->out[j], e, &rout[j].shape, rout[j].dtype, dout[j].dtype, lay);
+    kt_poison(&cl->out[j]);
+  }
+}
+
+static void call_close(call *cl) {
+  for (int i = 0; i < cl->n_in; i++) kt_free(&cl->in[i]);
+  for (int j = 0; j < cl->n_out; j++) kt_free(&cl->out[j]);
+}
+
+static stoke_kernel_args_v1 args_of(call *cl, stoke_tensor *in, stoke_tensor *out, int ref) {
+  for (int i = 0; i < cl->n_in; i++) in[i] = ref ? cl->in[i].ref : cl->in[i].dut;
+  for (int j = 0; j < cl->n_out; j++) out[j] = ref ? cl->out[j].ref : cl->out[j].dut;
+  return (stoke_kernel_args_v1){.node = ref ? &cl->ref_node : &cl->node, .n_in = cl->n_in, .n_out = cl->n_out,
+                                .in = in, .out = out, .training = cl->c->training, .seed = stoke_hash3(seed, 7, 0),
+                                .flags = cl->c->flags};
+}
+
+static void check_forward(const stoke_kernel_v1 *k, const engine *e, const kcase *c, stoke_rng *r) {
+  call cl;
+  call_open(&cl, c, k, e, r);
+  const stoke_kernel_v1 *rk = ref_kernel(c, STOKE_FWD, cl.in[0].dut.dtype);
+  if (!rk) fail_msg("no cpu reference kernel for %s forward %s", c->op, stoke_dtype_name(ref_dtype(cl.in[0].dut.dtype)));
+  stoke_tensor ri[STOKE_MAX_IO], ro[STOKE_MAX_IO], gi[STOKE_MAX_IO], go[STOKE_MAX_IO];
+  stoke_kernel_args_v1 ra = args_of(&cl, ri, ro, 1), ga = args_of(&cl, gi, go, 0);
+  run_kernel(rk, &ra, cpu_engine(), "reference");
+  run_kernel(k, &ga, e, "tested");
+  kcheck ck = {k, c, ""};
+  for (int j = 0; j < cl.n_out; j++) {
+    if (c->skip_out >> j & 1) continue;
+    char what[16];
+    snprintf(what, sizeof what, "out%d", j);
+    expect_tensor(&ck, what, &cl.out[j], NULL);
+  }
+  if (c->relu_mask) expect_relu_mask(&ck, &cl.out[0], &cl.out[1]);
+  for (int i = 0; i < c->n_in; i++) /* running statistics, updated in place */
+    if (c->in[i].kind == IN_STAT && c->state_out >> i & 1) {
+      char what[16];
+      snprintf(what, sizeof what, "state%d", i);
+      expect_tensor(&ck, what, &cl.in[i], NULL);
+    }
+  call_close(&cl);
+}
+
+/* Inputs that get a gradient: floats that are no labels, statistics or
+ * no-grad inputs of the op. */
+static int wants_grad(const call *cl, int i) {
+  const kin *ki = &cl->c->in[i];
+  return ki->kind != IN_LABEL && ki->kind != IN_STAT && ki->kind != IN_U8 && !ki->no_grad &&
+         !(cl->t->no_grad_inputs >> i & 1) && is_float(cl->in[i].dut.dtype);
+}
+
+static void check_backward(const stoke_kernel_v1 *k, const engine *e, const kcase *c, stoke_rng *r) {
+  call cl;
+  call_open(&cl, c, k, e, r);
+  stoke_tensor ri[STOKE_MAX_IO], ro[STOKE_MAX_IO], gi[STOKE_MAX_IO], go[STOKE_MAX_IO];
+  stoke_kernel_args_v1 ra = args_of(&cl, ri, ro, 1), ga = args_of(&cl, gi, go, 0);
+  /* the forward outputs backward reads: the reference's, rounded to the
+   * tested dtype, on both sides */
+  const stoke_kernel_v1 *rf = ref_kernel(c, STOKE_FWD, cl.in[0].dut.dtype);
+  if (rf) {
+    run_kernel(rf, &ra, cpu_engine(), "reference forward");
+    for (int j = 0; j < cl.n_out; j++) kt_sync_up(&cl.out[j]);
+    for (int i = 0; i < c->n_in; i++) kt_sync_up(&cl.in[i]); /* running statistics moved */
+  }
+  for (int i = 0; i < cl.n_in; i++)
+    if (!(cl.t->bwd_needs & STOKE_BWD_NEEDS_INPUT(i))) ri[i].data = gi[i].data = NULL;
+  for (int j = 0; j < cl.n_out; j++)
+    if (!(cl.t->bwd_needs & STOKE_BWD_NEEDS_OUTPUT(j))) ro[j].data = go[j].data = NULL;
+  ktensor dout[STOKE_MAX_IO], dx[STOKE_MAX_IO];
+  stoke_tensor rdo[STOKE_MAX_IO], gdo[STOKE_MAX_IO], rdx[STOKE_MAX_IO], gdx[STOKE_MAX_IO];
+  memset(dout, 0, sizeof dout), memset(dx, 0, sizeof dx);
+  memset(rdo, 0, sizeof rdo), memset(gdo, 0, sizeof gdo), memset(rdx, 0, sizeof rdx), memset(gdx, 0, sizeof gdx);
+  uint32_t douts = c->douts ? c->douts : 1u, params = 0, acc = 0;
+  for (int j = 0; j < cl.n_out; j++) {
+    rdo[j] = cl.out[j].ref, gdo[j] = cl.out[j].dut;
+    rdo[j].data = gdo[j].data = NULL;
+    if (!(douts >> j & 1)) continue;
+    kt_alloc(&dout[j], e, &cl.out[j].ref.shape, cl.out[j].ref.dtype, cl.out[j].dut.dtype, cl.out[j].dut.layout);
+    kt_fill(&dout[j], r, -1, 1, 0);
+    rdo[j] = dout[j].ref, gdo[j] = dout[j].dut;
+  }
+  for (int i = 0; i < cl.n_in; i++) {
+    rdx[i] = cl.in[i].ref, gdx[i] = cl.in[i].dut;
+    rdx[i].data = gdx[i].data = NULL;
+    if (!wants_grad(&cl, i)) continue;
+    kt_alloc(&dx[i], e, &cl.in[i].ref.shape, cl.in[i].ref.dtype, cl.in[i].dut.dtype, cl.in[i].dut.layout);
+    kt_poison(&dx[i]);
+    rdx[i] = dx[i].ref, gdx[i] = dx[i].dut;
+    if (c->in[i].kind == IN_PARAM) params |= 1u << i;
+    if (k->accumulates >> i & 1) acc |= 1u << i;
+  }
+  ra.din = rdx, ra.dout = rdo, ga.din = gdx, ga.dout = gdo;
+  ra.param_grads = ga.param_grads = params;
+  const stoke_kernel_v1 *rb = ref_kernel(c, STOKE_BWD, cl.in[0].dut.dtype);
+  if (!rb) fail_msg("no cpu reference kernel for %s backward %s", c->op, stoke_dtype_name(ref_dtype(cl.in[0].dut.dtype)));
+  run_kernel(rb, &ra, cpu_engine(), "reference");
+  run_kernel(k, &ga, e, "tested");
+  kcheck ck = {k, c, " overwrite"};
+  for (int i = 0; i < cl.n_in; i++)
+    if (dx[i].ref.data) {
+      char what[16];
+      snprintf(what, sizeof what, "din%d", i);
+      expect_tensor(&ck, what, &dx[i], NULL);
+    }
+  /* accumulate: onto random values where the kernel adds, poisoned where it overwrites */
+  if (params | acc) {
+    ck.mode = " accumulate";
+    double *prior[STOKE_MAX_IO] = {0};
+    for (int i = 0; i < cl.n_in; i++) {
+      if (!dx[i].ref.data) continue;
+      int64_t n = stoke_numel(&dx[i].ref.shape);
+      double *grad = malloc((size_t)(n ? n : 1) * sizeof *grad);
+      for (int64_t q = 0; q < n; q++) grad[q] = stoke_elem_get(dx[i].ref.data, dx[i].ref.dtype, q);
+      if ((params | acc) >> i & 1) {
+        kt_fill(&dx[i], r, -1, 1, 0);
+        prior[i] = malloc((size_t)(n ? n : 1) * sizeof(double));
+        for (int64_t q = 0; q < n; q++) prior[i][q] = stoke_elem_get(dx[i].ref.data, dx[i].ref.dtype, q) + grad[q];
+      } else {
+        kt_poison(&dx[i]);
+        prior[i] = grad;
+        grad = NULL;
+      }
+      free(grad);
+    }
+    ga.param_grad_beta = 1.0f;
+    ga.din_accumulate = acc;
+    run_kernel(k, &ga, e, "tested");
+    for (int i = 0; i < cl.n_in; i++)
+      if (prior[i]) {
+        char what[24];
+        snprintf(what, sizeof what, "din%d%s", i, (params | acc) >> i & 1 ? " (+=)" : "");
+        expect_tensor(&ck, what, &dx[i], prior[i]);
+        free(prior[i]);
+      }
+  }
+  for (int j = 0; j < cl.n_out; j++) kt_free(&dout[j]);
+  for (int i = 0; i < cl.n_in; i++) kt_free(&dx[i]);
+  call_close(&cl);
+}
+
+/* --------------------------------------------------- optimizer steps */
+
+/* A flat buffer of n values on both sides (ref f64 for float dtypes). */
+static void kt_flat(ktensor *t, const engine *e, int64_t n, stoke_dtype rdt, stoke_dtype dt) {
+  stoke_shape s = S1(n);
+  kt_alloc(t, e, &s, rdt, dt, STOKE_LAYOUT_ANY);
+}
+
+/* The node an update-pass kernel is given (its name appears in messages). */
+static stoke_node_v1 opt_node(const stoke_kernel_v1 *k) { return (stoke_node_v1){.op = k->op, .name = "kernel_test"}; }
+
+/* The reference of an update-pass kernel: the cpu's in f64, else in its
+ * own dtype (amp_update is f32 only). */
+static const stoke_kernel_v1 *opt_ref(const stoke_kernel_v1 *k) {
+  const stoke_kernel_v1 *rk = stoke_find_kernel(reg, "cpu", k->op, STOKE_OPT, STOKE_F64, STOKE_LAYOUT_ANY);
+  return rk ? rk : stoke_find_kernel(reg, "cpu", k->op, STOKE_OPT, k->dtype, STOKE_LAYOUT_ANY);
+}
+
+/* An optimizer's update (any registered optimizer, a plugin's too: hyper[]
+ * all 0.5): three steps of fresh gradients on random parameters, state
+ * from zero. A parameter dtype below f32 keeps an f32 master copy at the
+ * start of the state (stoke_kernel_args_v1). Parameters, master and state
+ * compared after the last step. */
+static void check_update(const stoke_kernel_v1 *k, const engine *e, const kcase *c, stoke_rng *r) {
+  stoke_node_v1 node = opt_node(k);
+  const stoke_optimizer_v1 *o = stoke_find_optimizer(reg, k->op);
+  const stoke_kernel_v1 *rk = opt_ref(k);
+  if (!rk) fail_msg("no cpu reference kernel for update %s", k->op);
+  int64_t n = c->in[0].shape.d[0], ns = o->n_state;
+  int master = k->dtype == STOKE_BF16 || k->dtype == STOKE_F16;
+  stoke_dtype sdt = master ? STOKE_F32 : k->dtype, rdt = rk->dtype;
+  ktensor p, g, st;
+  kt_flat(&p, e, n, rdt, k->dtype);
+  kt_flat(&g, e, n, rdt, k->dtype);
+  kt_flat(&st, e, n * (ns + master), rdt, sdt);
+  kt_fill(&p, r, -1, 1, 0);
+  for (int64_t i = 0; i < n * (ns + master); i++)
+    stoke_elem_set(st.ref.data, rdt, i, i < n && master ? stoke_elem_get(p.ref.data, rdt, i) : 0);
+  kt_sync_up(&st);
+  /* the reference keeps no master: its state is the optimizer's alone */
+  ktensor rst;
+  kt_flat(&rst, cpu_engine(), n * ns > 0 ? n * ns : 1, rdt, rdt);
+  stoke_opt_args_v1 oa = {.lr = 0.01, .momentum = 0.9, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99,
+                          .eps = 1e-8, .nesterov = c->training, .grad_scale = 0.5};
+  for (int h = 0; h < STOKE_OPT_MAX_HYPER; h++) oa.hyper[h] = 0.5;
+  for (int step = 1; step <= 3; step++) {
+    kt_fill(&g, r, -1, 1, 0);
+    oa.step = step;
+    stoke_tensor ri[3] = {p.ref, g.ref, rst.ref}, gi[3] = {p.dut, g.dut, st.dut};
+    stoke_kernel_args_v1 ra = {.node = &node, .n_in = 3, .in = ri, .opt = &oa, .training = 1};
+    stoke_kernel_args_v1 ga = ra;
+    ga.in = gi;
+    run_kernel(rk, &ra, cpu_engine(), "reference");
+    run_kernel(k, &ga, e, "tested");
+  }
+  kcheck ck = {k, c, ""};
+  expect_tensor(&ck, "params", &p, NULL);
+  double *got = kt_download(&st), *want = malloc((size_t)(n * (ns + master)) * sizeof *want);
+  for (int64_t i = 0; i < n * (ns + master); i++)
+    want[i] = master && i < n ? stoke_elem_get(p.ref.data, rdt, i) : stoke_elem_get(rst.ref.data, rdt, i - (master ? n : 0));
+  expect_close(&ck, master ? "master, state" : "state", got, want, n * (ns + master), sdt);
+  free(got), free(want);
+  kt_free(&p), kt_free(&g), kt_free(&st), kt_free(&rst);
+}
+
+/* grad_norm: [norm, factor] of random gradients, and with one of them inf. */
+static void check_grad_norm(const stoke_kernel_v1 *k, const engine *e, const kcase *c, stoke_rng *r) {
+  stoke_node_v1 node = opt_node(k);
+  const stoke_kernel_v1 *rk = opt_ref(k);
+  if (!rk) fail_msg("no cpu reference kernel for %s", k->op);
+  ktensor g, out;
+  kt_flat(&g, e, c->in[0].shape.d[0], rk->dtype, k->dtype);
+  kt_flat(&out, e, 2, STOKE_F32, STOKE_F32);
+  kt_fill(&g, r, -1, 1, 0);
+  stoke_opt_args_v1 oa = {.grad_scale = 0.5, .max_norm = c->arg};
+  stoke_tensor ri[2] = {g.ref, out.ref}, gi[2] = {g.dut, out.dut};
+  stoke_kernel_args_v1 ra = {.node = &node, .n_in = 2, .in = ri, .opt = &oa}, ga = ra;
+  ga.in = gi;
+  kt_poison(&out);
+  run_kernel(rk, &ra, cpu_engine(), "reference");
+  run_kernel(k, &ga, e, "tested");
+  kcheck ck = {k, c, ""};
+  expect_tensor(&ck, "norm, factor", &out, NULL);
+  kt_free(&g), kt_free(&out);
+}
+
+/* amp_check: found_inf stays 0 on finite gradients and becomes 1 with one
+ * inf among them (at a random place). */
+static void check_amp_check(const stoke_kernel_v1 *k, const engine *e, const kcase *c, stoke_rng *r) {
+  stoke_node_v1 node = opt_node(k);
+  const stoke_kernel_v1 *rk = opt_ref(k);
+  if (!rk) fail_msg("no cpu reference kernel for %s", k->op);
+  int64_t n = c->in[0].shape.d[0];
+  ktensor g, st;
+  kt_flat(&g, e, n, rk->dtype, k->dtype);
+  kt_flat(&st, e, 4, STOKE_F32, STOKE_F32);
+  for (int bad = 0; bad < 2; bad++) {
+    kt_fill(&g, r, -1, 1, 0);
+    if (bad) {
+      stoke_elem_set(g.ref.data, g.ref.dtype, (int64_t)stoke_rng_below(r, (uint64_t)n), INFINITY);
+      kt_sync_up(&g);
+    }
+    float s0[4] = {1024, 3, 0, 1};
+    memcpy(st.ref.data, s0, sizeof s0);
+    kt_copy(&st, st.dut.data, s0, sizeof s0, STOKE_COPY_H2D);
+    stoke_opt_args_v1 oa = {0};
+    stoke_tensor ri[2] = {g.ref, st.ref}, gi[2] = {g.dut, st.dut};
+    stoke_kernel_args_v1 ra = {.node = &node, .n_in = 2, .in = ri, .opt = &oa}, ga = ra;
+    ga.in = gi;
+    run_kernel(rk, &ra, cpu_engine(), "reference");
+    run_kernel(k, &ga, e, "tested");
+    kcheck ck = {k, c, bad ? " one inf" : " finite"};
+    if (((float *)st.ref.data)[2] != (float)bad) fail_msg("reference amp_check: found_inf %g", ((float *)st.ref.data)[2]);
+    expect_tensor(&ck, "scaler state", &st, NULL);
+  }
+  kt_free(&g), kt_free(&st);
+}
+
+/* amp_update: a clean step that grows the scale (growth interval
+ * reached), a clean one that does not, and an overflow that backs off. */
+static void check_amp_update(const stoke_kernel_v1 *k, const engine *e, const kcase *c, stoke_rng *r) {
+  stoke_node_v1 node = opt_node(k);
+  const stoke_kernel_v1 *rk = opt_ref(k);
+  if (!rk) fail_msg("no cpu reference kernel for %s", k->op);
+  static const float starts[3][4] = {{1024, 1, 0, 2}, {1024, 0, 0, 0}, {512, 1, 1, 3}};
+  ktensor st, sd;
+  kt_flat(&st, e, 4, STOKE_F32, STOKE_F32);
+  kt_flat(&sd, e, 1, STOKE_F32, STOKE_F32);
+  for (int i = 0; i < 3; i++) {
+    memcpy(st.ref.data, starts[i], sizeof starts[i]);
+    kt_copy(&st, st.dut.data, starts[i], sizeof starts[i], STOKE_COPY_H2D);
+    kt_poison(&sd);
+    stoke_opt_args_v1 oa = {.growth_interval = 2, .growth_factor = 2, .backoff_factor = 0.5};
+    stoke_tensor ri[2] = {st.ref, sd.ref}, gi[2] = {st.dut, sd.dut};
+    stoke_kernel_args_v1 ra = {.node = &node, .n_in = 2, .in = ri, .opt = &oa}, ga = ra;
+    ga.in = gi;
+    run_kernel(rk, &ra, cpu_engine(), "reference");
+    run_kernel(k, &ga, e, "tested");
+    kcheck ck = {k, c, i == 2 ? " overflow" : " clean"};
+    expect_tensor(&ck, "scaler state", &st, NULL);
+    expect_tensor(&ck, "loss seed", &sd, NULL);
+  }
+  kt_free(&st), kt_free(&sd);
+}
+
+typedef void (*check_fn)(const stoke_kernel_v1 *k, const engine *e, const kcase *c, stoke_rng *r);
+
+/* The update-pass ops and their checks; an optimizer's update (a plugin's
+ * too) needs no entry. */
+static const struct {
+  const char *op;
+  check_fn check;
+} opt_table[] = {
+    {STOKE_OP_GRAD_NORM, check_grad_norm},
+    {STOKE_OP_AMP_CHECK, check_amp_check},
+    {STOKE_OP_AMP_UPDATE, check_amp_update},
+};
+
+static check_fn opt_check(const char *op) {
+  for (size_t i = 0; i < sizeof opt_table / sizeof *opt_table; i++)
+    if (!strcmp(opt_table[i].op, op)) return opt_table[i].check;
+  return stoke_find_optimizer(reg, op) ? check_update : NULL;
+}
+
+/* Update cases: flat buffers of odd lengths (every kernel's tail), one
+ * long enough for several blocks. */
+static int gen_opt(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
+  int n = 0;
+  int64_t lens[3] = {odd(r), pick(r, 100, 1000) * 4 + 1, 70001};
+  for (int i = 0; i < 3; i++) {
+    kcase *c = new_case(out, &n, k->op, "%lld values%s", (long long)lens[i], i == 1 ? ", nesterov" : "");
+    add_in(c, S1(lens[i]), IN_PARAM);
+    c->training = i == 1; /* nesterov, for sgd */
+    c->arg = i == 0 ? 1e6 : 0.1; /* grad_norm's max_norm: no clipping, then clipping */
+    c->k = strcmp(k->op, STOKE_OP_GRAD_NORM) ? 1 : (double)lens[i];
+  }
+  return n;
+}
+
+/* ---------------------------------------------------- the walk */
+
+static int has_4d_act(const kcase *c) {
+  for (int i = 0; i < c->n_in; i++)
+    if (c->in[i].shape.ndim == 4 && c->in[i].kind != IN_PARAM && !c->in[i].layout) return 1;
+  return 0;
+}
+
+/* One kernel: its cases, each in every layout it serves. */
+static void test_kernel(void **state) {
+  const stoke_kernel_v1 *k = *state;
+  const engine *e = engine_of(k->engine);
+  if (!e) fail_msg("kernel %s/%s: its engine %s is not open", k->engine, k->op, k->engine);
+  check_fn opt = k->pass == STOKE_OPT ? opt_check(k->op) : NULL;
+  case_fn gen = k->pass == STOKE_OPT ? (opt ? gen_opt : NULL) : case_gen(k->op);
+  if (!gen)
+    fail_msg("kernel %s/%s %s %s %s has no test case: op type '%s' has no generator in tests/op/kernel_cases.h "
+             "(case_table%s); add one",
+             k->engine, k->op, pass_name(k->pass), stoke_dtype_name(k->dtype), stoke_layout_name(k->layout), k->op,
+             k->pass == STOKE_OPT ? ", or opt_table in every_kernel_test.c" : "");
+  stoke_rng r = stoke_rng_seed(stoke_hash3(seed, (uint64_t)(uintptr_t)k->op[0] * 131 + (uint64_t)k->pass,
+                                           (uint64_t)k->dtype * 7 + (uint64_t)k->layout));
+  kcase cases[MAX_CASES];
+  int n = gen(k, &r, cases);
+  for (int i = 0; i < n; i++) {
+    kcase c = cases[i];
+    stoke_layout lays[2] = {c.layout, c.layout};
+    int n_lay = 1;
+    if (k->layout != STOKE_LAYOUT_ANY) lays[0] = k->layout;
+    else if (!c.layout && has_4d_act(&c)) lays[0] = STOKE_NCHW, lays[1] = STOKE_NHWC, n_lay = 2;
+    for (int l = 0; l < n_lay; l++) {
+      c.layout = lays[l];
+      if (k->pass == STOKE_OPT) opt(k, e, &c, &r);
+      else if (k->pass == STOKE_FWD) check_forward(k, e, &c, &r);
+      else check_backward(k, e, &c, &r);
+    }
+  }
+}
+
+int main(void) {
+  if (setup(NULL)) return 1;
+  int n = 0;
+  while (stoke_registry_kernel(reg, n)) n++;
+  struct CMUnitTest *tests = calloc((size_t)n + 1, sizeof *tests);
+  char line[160];
+  print_message("every_kernel_test: %d kernels registered\n", n);
+  for (int i = 0; i < n; i++) {
+    const stoke_kernel_v1 *k = stoke_registry_kernel(reg, i);
+    snprintf(line, sizeof line, "%s/%s %s %s %s%s", k->engine, k->op, pass_name(k->pass), stoke_dtype_name(k->dtype),
+             stoke_layout_name(k->layout), k->accumulates ? " (accumulates)" : "");
+    tests[i] = (struct CMUnitTest){strdup(line), test_kernel, NULL, NULL, (void *)k};
+  }
+  for (int i = 0; i < n_engines; i++) {
+    int count = 0;
+    for (int j = 0; j < n; j++) count += !strcmp(stoke_registry_kernel(reg, j)->engine, engines[i].name);
+    print_message("  engine %-14s %3d kernels\n", engines[i].name, count);
+  }
+  int failed = _cmocka_run_group_tests("every_kernel", tests, (size_t)n, NULL, NULL);
+  for (int i = 0; i < n; i++) free((void *)tests[i].name);
+  free(tests);
+  teardown(NULL);
+  return failed;
+}
