@@ -88,8 +88,9 @@ static void set_alias(stoke_graph *g, int v, int of, size_t off) {
 /* Views first (forward outputs, then reshape / transpose gradients), then
  * softmax_ce's in-place dlogits, which needs the spans the views made. */
 void stoke_plan_aliases(stoke_graph *g) {
-  for (int i = 0; i < g->n_fwd; i++) {
+  for (int i = 0; i < g->n_nodes; i++) {
     const stoke_gnode *n = &g->nodes[i];
+    if (i >= g->n_fwd && !n->recompute) continue; /* forward nodes, and their copies re-run in backward */
     for (int j = 0; j < n->n_out; j++) {
       size_t off;
       const stoke_value *y = &g->values[n->out[j]];

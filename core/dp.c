@@ -24,6 +24,8 @@ struct stoke_dp {
   int armed;
   void *stream;          /* the comm stream */
   void *ev_grads, *ev_done, *ev_a, *ev_b; /* timers used as events */
+  void **bucket_t;       /* the trace: each bucket's all-reduce start and end timers (2 per bucket), or NULL */
+  int timing;
   double *scratch;       /* device */
 };
 
@@ -34,9 +36,12 @@ static stoke_err *launch(stoke_dp *d, const stoke_dist_bucket *b) {
   STOKE_PROPAGATE(d->dev->timer_record(d->dev_self, d->ev_grads, NULL));
   STOKE_PROPAGATE(d->dev->stream_wait(d->dev_self, d->stream, d->ev_grads));
   size_t es = stoke_dtype_size(d->dtype);
+  int i = (int)(b - d->buckets);
+  if (d->timing) STOKE_PROPAGATE(d->dev->timer_record(d->dev_self, d->bucket_t[2 * i], d->stream));
   STOKE_TRY(d->comm->all_reduce(d->self, d->grads + b->offset, b->bytes / es, d->dtype, STOKE_AVG, d->stream),
             "all-reducing gradient bucket %d of %d (bytes %zu..%zu of the flat gradient buffer)",
-            (int)(b - d->buckets) + 1, d->n_buckets, b->offset, b->offset + b->bytes);
+            i + 1, d->n_buckets, b->offset, b->offset + b->bytes);
+  if (d->timing) STOKE_PROPAGATE(d->dev->timer_record(d->dev_self, d->bucket_t[2 * i + 1], d->stream));
   return NULL;
 }
 
@@ -161,6 +166,9 @@ void stoke_dp_close(stoke_dp *d) {
   void *evs[] = {d->ev_grads, d->ev_done, d->ev_a, d->ev_b};
   for (int i = 0; i < 4; i++)
     if (evs[i]) d->dev->timer_destroy(d->dev_self, evs[i]);
+  for (int i = 0; d->bucket_t && i < 2 * d->n_buckets; i++)
+    if (d->bucket_t[i]) d->dev->timer_destroy(d->dev_self, d->bucket_t[i]);
+  free(d->bucket_t);
   if (d->stream) d->dev->stream_destroy(d->dev_self, d->stream);
   if (d->scratch) d->dev->free(d->dev_self, d->scratch);
   free(d->buckets);
@@ -219,4 +227,31 @@ stoke_err *stoke_dp_bench(stoke_dp *d, int iters, double *ms, double *busbw_gbs)
   *ms = t / iters;
   *busbw_gbs = (double)bytes / (*ms * 1e-3) * 2.0 * (d->world - 1) / d->world / 1e9;
   return NULL;
+}
+
+stoke_err *stoke_dp_time_buckets(stoke_dp *d, int on) {
+  if (on && !d->bucket_t) {
+    d->bucket_t = calloc((size_t)(2 * d->n_buckets), sizeof *d->bucket_t);
+    if (!d->bucket_t) return STOKE_ERR(STOKE_E_OOM, "out of memory for the buckets' timers");
+    for (int i = 0; i < 2 * d->n_buckets; i++) STOKE_PROPAGATE(d->dev->timer_create(d->dev_self, &d->bucket_t[i]));
+  }
+  d->timing = on;
+  return NULL;
+}
+
+int stoke_dp_bucket_times(stoke_dp *d, void *ref, double *start_ms, double *dur_ms, size_t *bytes, int cap) {
+  if (!d->bucket_t || !ref) return 0;
+  int n = 0;
+  for (int i = 0; i < d->n_buckets && n < cap; i++, n++) {
+    float a = 0, b = 0;
+    /* the reference (recorded first, on the compute stream) to the start: never negative */
+    stoke_err *e = d->dev->timer_elapsed_ms(d->dev_self, ref, d->bucket_t[2 * i], &a);
+    if (!e) e = d->dev->timer_elapsed_ms(d->dev_self, d->bucket_t[2 * i], d->bucket_t[2 * i + 1], &b);
+    if (e) { /* not recorded in this step (e.g. a micro-batch without the all-reduce) */
+      stoke_err_free(e);
+      return n;
+    }
+    start_ms[n] = a, dur_ms[n] = b, bytes[n] = d->buckets[i].bytes;
+  }
+  return n;
 }

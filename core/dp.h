@@ -45,5 +45,12 @@ stoke_err *stoke_dp_gather(stoke_dp *d, double v, double *all);
 /* Time the all-reduce of the whole flat gradient buffer in one call:
  * ms per call and the bus bandwidth (nccl-tests' 2(n-1)/n convention). */
 stoke_err *stoke_dp_bench(stoke_dp *d, int iters, double *ms, double *busbw_gbs);
+/* The trace (run.trace): time each bucket's all-reduce on the comm stream
+ * from now on (on) or stop. After a timed step has finished on the device:
+ * each bucket's start after the timer `ref` (recorded on the compute stream
+ * before the step's first node) and its duration, in ms, and its bytes; the
+ * count (0: none timed). */
+stoke_err *stoke_dp_time_buckets(stoke_dp *d, int on);
+int stoke_dp_bucket_times(stoke_dp *d, void *ref, double *start_ms, double *dur_ms, size_t *bytes, int cap);
 
 #endif

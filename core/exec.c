@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "stoke/core.h"
+#include "nvtx.h"
 #include "stoke/graph.h"
 #include "stoke/ops.h"
 #include "stoke/rng.h"
@@ -31,6 +32,7 @@ struct stoke_exec {
    * timers[n + 1] after the update; ms[] accumulates per node (n: update) */
   void **timers;
   double *ms;
+  double *last_ms; /* the last profiled step's, per node and the update (the trace) */
   int64_t profiled_steps;
   int profiling;
   node_args amp_check, amp_update, grad_norm;
@@ -352,6 +354,7 @@ void stoke_exec_free(stoke_exec *x) {
       if (x->timers[i]) x->dev->timer_destroy(x->dev_self, x->timers[i]);
   free(x->timers);
   free(x->ms);
+  free(x->last_ms);
   free(x->args);
   free(x);
 }
@@ -368,7 +371,8 @@ stoke_err *stoke_exec_profile(stoke_exec *x, int on) {
   if (on && !x->timers) {
     x->timers = calloc((size_t)n + 2, sizeof *x->timers);
     x->ms = calloc((size_t)n + 1, sizeof *x->ms);
-    if (!x->timers || !x->ms) return STOKE_ERR(STOKE_E_OOM, "out of memory for the profile");
+    x->last_ms = calloc((size_t)n + 1, sizeof *x->last_ms);
+    if (!x->timers || !x->ms || !x->last_ms) return STOKE_ERR(STOKE_E_OOM, "out of memory for the profile");
     for (int i = 0; i < n + 2; i++) STOKE_PROPAGATE(x->dev->timer_create(x->dev_self, &x->timers[i]));
   }
   x->profiling = on;
@@ -386,6 +390,7 @@ static stoke_err *profile_collect(stoke_exec *x) {
     float ms = 0;
     STOKE_PROPAGATE(x->dev->timer_elapsed_ms(x->dev_self, a, b, &ms));
     x->ms[i] += ms;
+    x->last_ms[i] = ms;
   }
   x->profiled_steps++;
   return NULL;
@@ -448,14 +453,17 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
     stoke_gnode *node = &g->nodes[i];
     node_args *na = &x->args[i];
     na->a.param_grad_beta = first_micro && !node->param_accumulate ? 0.0f : 1.0f;
-    /* a backward node gets its forward node's seed (dropout regenerates its mask) */
-    uint64_t k = node->pass == STOKE_BWD ? (uint64_t)node->fwd : (uint64_t)i;
+    /* a backward node, and a forward node's recomputed copy, get the
+     * forward node's seed (dropout regenerates its mask) */
+    uint64_t k = node->pass == STOKE_BWD || node->recompute ? (uint64_t)node->fwd : (uint64_t)i;
     na->a.seed = stoke_hash3(step_seed, k, 0x5eedull);
+    stoke_range_push(node->n.name);
     stoke_err *e = node->kernel->run(&na->a, node->kstate);
+    stoke_range_pop();
     if (!e) e = tick(x, i);
     if (e)
-      return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name,
-                            node->n.op, node->pass == STOKE_BWD ? "backward" : "forward",
+      return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name, node->n.op,
+                            node->pass == STOKE_BWD ? "backward" : node->recompute ? "recomputed forward" : "forward",
                             node->kernel->engine);
     if (x->hook) STOKE_PROPAGATE(x->hook(x->hook_ctx, i));
   }
@@ -604,6 +612,15 @@ static int by_op_ms(const void *a, const void *b) {
   return x < y ? 1 : x > y ? -1 : 0;
 }
 
+void *stoke_exec_profile_start(const stoke_exec *x) {
+  return x->timers && x->profiled_steps ? x->timers[x->p->g->n_nodes] : NULL;
+}
+
+int stoke_exec_profile_last(const stoke_exec *x, const double **ms) {
+  *ms = x->last_ms;
+  return x->profiled_steps ? x->p->g->n_nodes + 1 : 0;
+}
+
 int stoke_exec_profile_rows(stoke_exec *x, stoke_op_time *out, int cap) {
   if (!x->profiled_steps) return 0;
   const stoke_graph *g = x->p->g;
@@ -615,7 +632,7 @@ int stoke_exec_profile_rows(stoke_exec *x, stoke_op_time *out, int cap) {
     stoke_op_time r = {.op = "optimizer+scaler"}; /* slot n: the update */
     if (i < n) {
       snprintf(r.op, sizeof r.op, "%s", g->nodes[i].n.op);
-      snprintf(r.pass, sizeof r.pass, "%s", g->nodes[i].pass == STOKE_BWD ? "bwd" : "fwd");
+      snprintf(r.pass, sizeof r.pass, "%s", g->nodes[i].pass == STOKE_BWD ? "bwd" : g->nodes[i].recompute ? "rec" : "fwd");
       snprintf(r.engine, sizeof r.engine, "%s", g->nodes[i].kernel->engine);
     }
     int k = 0;

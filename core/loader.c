@@ -12,6 +12,7 @@
 
 #include "stoke/core.h"
 #include "stoke/loader.h"
+#include "nvtx.h"
 #include "stoke/rng.h"
 
 typedef enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_FULL, SLOT_TAKEN } slot_state;
@@ -42,6 +43,10 @@ struct stoke_loader {
   /* permutation cache of one epoch (guarded by mu) */
   int64_t *perm;
   int64_t perm_epoch;
+  /* stoke_loader_on_fill's hook (guarded by mu) and the workers' numbers */
+  stoke_fill_hook hook;
+  void *hook_ctx;
+  int n_started;
 };
 
 static double now_s(void) {
@@ -135,6 +140,7 @@ static stoke_err *fill(stoke_loader *l, slot *s, int64_t number, int64_t from, i
 static void *worker(void *arg) {
   stoke_loader *l = arg;
   pthread_mutex_lock(&l->mu);
+  int id = l->n_started++;
   for (;;) {
     /* the next chunk, of a batch within the ring's reach */
     while (!l->stop && l->next_claim / l->chunks >= l->next_take + l->o.prefetch)
@@ -160,8 +166,19 @@ static void *worker(void *arg) {
     }
     int64_t from = chunk * l->chunk_size, to = from + l->chunk_size;
     if (to > s->b.n) to = s->b.n;
+    stoke_fill_hook hook = l->hook;
+    void *hook_ctx = l->hook_ctx;
     pthread_mutex_unlock(&l->mu);
+    double t0 = hook ? now_s() : 0;
+    int nvtx = stoke_nvtx_on(); /* read once: push and pop agree */
+    char range[48];
+    if (nvtx) {
+      snprintf(range, sizeof range, "decode batch %lld", (long long)number);
+      nvtxRangePushA(range);
+    }
     stoke_err *e = from < to ? fill(l, s, number, from, to) : NULL;
+    if (nvtx) nvtxRangePop();
+    if (hook) hook(hook_ctx, id, number, from, to, t0, now_s());
     pthread_mutex_lock(&l->mu);
     if (e && !s->err) s->err = e;
     else if (e) stoke_err_free(e);
@@ -308,6 +325,12 @@ void stoke_loader_release(stoke_loader *l, stoke_batch *b) {
 
 int64_t stoke_loader_batches_per_epoch(const stoke_loader *l) { return l->per_epoch; }
 size_t stoke_loader_sample_bytes(const stoke_loader *l) { return l->sample_bytes; }
+void stoke_loader_on_fill(stoke_loader *l, stoke_fill_hook hook, void *ctx) {
+  pthread_mutex_lock(&l->mu);
+  l->hook = hook, l->hook_ctx = ctx;
+  pthread_mutex_unlock(&l->mu);
+}
+
 int64_t stoke_loader_skipped(const stoke_loader *l) {
   pthread_mutex_lock((pthread_mutex_t *)&l->mu);
   int64_t n = l->skipped;

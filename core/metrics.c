@@ -8,10 +8,17 @@
 
 #include "stoke/core.h"
 #include "stoke/metrics.h"
+#include "stoke/report.h"
+#include "stoke/tensorboard.h"
 
 struct stoke_metrics {
   stoke_metrics_opts o;
   FILE *jsonl;
+  stoke_tb *tb;        /* TensorBoard scalars, or NULL */
+  stoke_log_row *rows; /* every logged step, for the report */
+  int64_t n_rows, cap_rows;
+  stoke_eval_row *evals;
+  int64_t n_evals, cap_evals;
   double *step_ms;     /* every step's device time (stoke/steptime.h), in order */
   int64_t n, cap;
   int64_t interval_first; /* step_ms index of the interval's first step */
@@ -46,6 +53,11 @@ stoke_err *stoke_metrics_new(const stoke_metrics_opts *o, stoke_metrics **out) {
     free(m);
     return STOKE_ERR(STOKE_E_IO, "cannot write metrics to '%s': %s", o->jsonl_path, strerror(errno));
   }
+  stoke_err *e = o->tensorboard_dir ? stoke_tb_open(o->tensorboard_dir, &m->tb) : NULL;
+  if (e) {
+    stoke_metrics_free(m);
+    return stoke_err_wrap(e, __FILE__, __LINE__, "[run] tensorboard");
+  }
   *out = m;
   return NULL;
 }
@@ -53,6 +65,9 @@ stoke_err *stoke_metrics_new(const stoke_metrics_opts *o, stoke_metrics **out) {
 void stoke_metrics_free(stoke_metrics *m) {
   if (!m) return;
   if (m->jsonl) fclose(m->jsonl);
+  stoke_tb_close(m->tb);
+  free(m->rows);
+  free(m->evals);
   free(m->step_ms);
   free(m->host_ms);
   free(m->rates);
@@ -77,6 +92,18 @@ static void push(double **v, int64_t *n, int64_t *cap, double x) {
   (*v)[(*n)++] = x;
 }
 
+/* Append one element to a growable array; a failed allocation loses it. */
+static void grow_push(void **v, int64_t *n, int64_t *cap, const void *x, size_t size) {
+  if (*n == *cap) {
+    int64_t c = *cap ? 2 * *cap : 64;
+    void *nv = realloc(*v, size * (size_t)c);
+    if (!nv) return;
+    *v = nv;
+    *cap = c;
+  }
+  memcpy((char *)*v + size * (size_t)(*n)++, x, size);
+}
+
 static void fmt_eta(double s, char *buf, size_t cap) {
   if (!isfinite(s) || s < 0) s = 0;
   long t = (long)(s + 0.5);
@@ -98,6 +125,8 @@ stoke_err *stoke_metrics_collect(stoke_metrics *m, stoke_steptime *t) {
   stoke_metrics_device(m, ms, n);
   return NULL;
 }
+
+double stoke_metrics_last_ms(const stoke_metrics *m) { return m->n > 0 ? m->step_ms[m->n - 1] : NAN; }
 
 static double percentile_of(const double *v, int64_t n, double pct) {
   double *tmp = n > 0 ? malloc(sizeof(double) * (size_t)n) : NULL;
@@ -180,6 +209,17 @@ stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, dou
   m->interval_host = m->interval_wait = 0;
   m->interval_steps = 0;
   m->interval_first = m->n;
+  stoke_log_row row = {step, loss, lr, rate, step_ms, p50, p95, mx, host_ms, wait_ms, mfu, util, mem, m->scale};
+  grow_push((void **)&m->rows, &m->n_rows, &m->cap_rows, &row, sizeof row);
+  if (m->tb) {
+    static const char *const tags[] = {"train/loss",          "train/lr",           "perf/samples_per_s",
+                                       "perf/step_time_ms",   "perf/step_time_ms_p50", "perf/step_time_ms_p95",
+                                       "perf/step_time_ms_max", "perf/host_ms",     "perf/data_wait_ms",
+                                       "perf/mfu",            "gpu/utilization",    "gpu/memory_mib",
+                                       "train/loss_scale",    "train/skipped_steps"};
+    const double v[] = {loss, lr, rate, step_ms, p50, p95, mx, host_ms, wait_ms, mfu, util, mem, m->scale, m->skipped};
+    STOKE_PROPAGATE(stoke_tb_scalars(m->tb, step, tags, v, (int)(sizeof v / sizeof *v)));
+  }
   return jsonl_flushed(m);
 }
 
@@ -194,6 +234,13 @@ stoke_err *stoke_metrics_eval(stoke_metrics *m, int64_t step, int64_t epoch, dou
   if (m->jsonl)
     fprintf(m->jsonl, "{\"step\": %lld, \"epoch\": %lld, \"eval_loss\": %s, \"eval_accuracy\": %s}\n",
             (long long)step, (long long)epoch, json_num(loss, ja, sizeof ja), json_num(acc, jb, sizeof jb));
+  stoke_eval_row row = {step, loss, acc};
+  grow_push((void **)&m->evals, &m->n_evals, &m->cap_evals, &row, sizeof row);
+  if (m->tb) {
+    static const char *const tags[] = {"eval/loss", "eval/accuracy"};
+    const double v[] = {loss, acc};
+    STOKE_PROPAGATE(stoke_tb_scalars(m->tb, step, tags, v, 2));
+  }
   if (m->o.progress == STOKE_PROGRESS_BAR) fputc('\n', stderr);
   if (m->o.progress != STOKE_PROGRESS_OFF) {
     printf("eval after step %lld (epoch %lld): loss %.4f", (long long)step, (long long)epoch, loss);
@@ -246,6 +293,23 @@ void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s) {
   s->skipped_steps = m->skipped;
 }
 
+/* run.trace's cost, measured: the median device time of the traced steps
+ * against that of the others (the first step left out). */
+static void trace_cost(const stoke_metrics *m, double *traced, double *untraced) {
+  *traced = *untraced = NAN;
+  if (m->o.trace_first <= 0 || m->n < 2) return;
+  double *a = malloc(sizeof *a * (size_t)m->n), *b = malloc(sizeof *b * (size_t)m->n);
+  int64_t na = 0, nb = 0;
+  for (int64_t i = 1; a && b && i < m->n; i++) {
+    int64_t step = m->o.start_step + i + 1;
+    if (step >= m->o.trace_first && step <= m->o.trace_last) a[na++] = m->step_ms[i];
+    else b[nb++] = m->step_ms[i];
+  }
+  if (na && nb) *traced = stoke_percentile(a, na, 50), *untraced = stoke_percentile(b, nb, 50);
+  free(a);
+  free(b);
+}
+
 stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *status) {
   char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32], m_[32];
   if (m->jsonl)
@@ -265,6 +329,14 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
             (long long)s->gpu_ops_per_step,
             (long long)s->launches_per_step);
   stoke_err *err = jsonl_flushed(m);
+  if (!err && m->o.report_dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/report.html", m->o.report_dir);
+    stoke_report r = {m->o.run_name ? m->o.run_name : "", status, m->o.report_dir, m->rows, m->n_rows, m->evals,
+                      m->n_evals, s, m->o.plan, m->o.trace_first, m->o.trace_last, NAN, NAN};
+    trace_cost(m, &r.trace_ms, &r.untraced_ms);
+    err = stoke_report_write(path, &r);
+  }
   if (m->o.quiet || err) return err;
   printf("summary (%s): %lld steps, %lld samples, final loss %.4f (first %.4f)\n"
          "  samples/s median %.0f, step time p50 %.3f ms, p95 %.3f ms, max %.3f ms (device)\n"
@@ -295,6 +367,15 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
            (long long)s->eval_samples);
   if (s->skipped_samples) printf("  %lld samples could not be read and were replaced (see log.txt)\n", (long long)s->skipped_samples);
   printf("  metrics: %s/metrics.jsonl\n", s->out_dir);
+  if (m->o.report_dir) printf("  report: %s/report.html (open it in a browser)\n", m->o.report_dir);
+  if (m->tb) printf("  TensorBoard: %s (tensorboard --logdir on its folder)\n", stoke_tb_path(m->tb));
+  double traced, untraced;
+  trace_cost(m, &traced, &untraced);
+  if (m->o.trace_first > 0)
+    printf("  trace of steps %lld-%lld: %s/trace.json (ui.perfetto.dev); traced steps' median %.3f ms against "
+           "%.3f ms untraced (%+.1f%%)\n",
+           (long long)m->o.trace_first, (long long)m->o.trace_last, s->out_dir, traced, untraced,
+           100 * (traced / untraced - 1));
   if (s->checkpoint[0]) printf("  checkpoint: %s (continue with run.resume=%s)\n", s->checkpoint, s->checkpoint);
   fflush(stdout);
   return NULL;

@@ -22,6 +22,8 @@ int stoke_fuse_grad_sums(stoke_graph *g);
 /* core/alias.c: views and in-place gradients share their input's memory */
 void stoke_plan_aliases(stoke_graph *g);
 void stoke_place_aliases(stoke_graph *g);
+/* core/recompute.c: forward nodes re-run in backward (run.recompute) */
+stoke_err *stoke_recompute(stoke_graph *g, const stoke_plan_opts *o, stoke_plan *p);
 
 #define ALIGN 256 /* bytes: every buffer offset, so GPU kernels can vectorize */
 
@@ -30,6 +32,8 @@ static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 static const char *pass_name(stoke_pass p) {
   return p == STOKE_FWD ? "forward" : p == STOKE_BWD ? "backward" : "update";
 }
+
+static const char *node_pass_name(const stoke_gnode *n) { return n->recompute ? "recompute" : pass_name(n->pass); }
 
 /* First engine in the ordered list with a kernel for the node. */
 static stoke_err *resolve(const stoke_graph *g, const stoke_plan_opts *o, stoke_gnode *n) {
@@ -123,6 +127,21 @@ static stoke_err *place_arena(stoke_graph *g, size_t *total) {
   free(order);
   free(placed);
   return NULL;
+}
+
+/* The activation arena: each arena value's size, its liveness, the
+ * aliases (views, in-place gradients) and the placement; *total its
+ * bytes. Run again from scratch on a changed graph (core/recompute.c
+ * weighs its choices with it). */
+stoke_err *stoke_plan_arena(stoke_graph *g, size_t *total) {
+  for (int v = 0; v < g->n_values; v++) {
+    stoke_value *val = &g->values[v];
+    val->alias = -1;
+    if (val->buffer == STOKE_BUF_ARENA) val->bytes = align_up((size_t)stoke_numel(&val->shape) * stoke_dtype_size(val->dtype));
+  }
+  liveness(g);
+  stoke_plan_aliases(g);
+  return place_arena(g, total);
 }
 
 /* The engine that would serve `op` (pass) for a value, or NULL. */
@@ -238,7 +257,7 @@ static void fuse_patterns_all(stoke_graph *g, const stoke_plan_opts *o) {
  * reads once, each it writes once (a backward node reads only what its
  * op's bwd_needs names, plus the output gradients). The sum over a step is
  * the bytes floor of node-by-node execution; fusion lowers it. */
-static double node_bytes(const stoke_graph *g, const stoke_gnode *n) {
+double stoke_node_bytes(const stoke_graph *g, const stoke_gnode *n) {
   double b = 0;
   int moves = 0; /* a view whose every result shares its input's memory moves nothing */
   for (int j = 0; j < n->n_out && n->pass == STOKE_FWD; j++) moves |= g->values[n->out[j]].alias != n->in[0];
@@ -411,9 +430,9 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   p->opt_state_bytes = p->opt_kernel ? (size_t)(p->opt_state_per_param + p->has_master) * elems *
                                            stoke_dtype_size(p->state_dtype)
                                      : 0;
-  liveness(g);
-  stoke_plan_aliases(g);
-  e = place_arena(g, &p->bytes[STOKE_BUF_ARENA]);
+  if (opts->training && opts->recompute && strcmp(opts->recompute, "none"))
+    e = stoke_recompute(g, opts, p);
+  if (!e) e = stoke_plan_arena(g, &p->bytes[STOKE_BUF_ARENA]);
   if (!e) e = plan_decay(g, opts, p);
   if (e) {
     stoke_plan_free(p);
@@ -422,8 +441,8 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   stoke_place_aliases(g);
   for (int i = 0; i < g->n_nodes; i++) {
     if (i < g->n_fwd) p->fwd_flops += g->nodes[i].flops;
-    p->train_flops += g->nodes[i].flops;
-    if (i < g->n_fwd || opts->training) p->step_bytes += node_bytes(g, &g->nodes[i]);
+    if (!g->nodes[i].recompute) p->train_flops += g->nodes[i].flops;
+    if (i < g->n_fwd || opts->training) p->step_bytes += stoke_node_bytes(g, &g->nodes[i]);
   }
   if (!opts->training) p->train_flops = p->fwd_flops;
   if (p->opt_kernel) {
@@ -436,9 +455,16 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   return NULL;
 }
 
+double stoke_plan_device_bytes(const stoke_plan *p) {
+  double b = (double)p->opt_state_bytes;
+  for (int i = 0; i < STOKE_BUF_COUNT; i++) b += (double)p->bytes[i];
+  return b;
+}
+
 void stoke_plan_free(stoke_plan *p) {
   if (!p) return;
   free(p->decay);
+  free(p->recompute_report);
   free(p);
 }
 
@@ -466,7 +492,7 @@ void stoke_plan_report(const stoke_plan *p, FILE *f) {
     char shape[64] = "-";
     int o = n->pass == STOKE_BWD ? n->din[0] >= 0 ? n->din[0] : n->din[1] : n->out[0];
     if (o >= 0) fmt_shape(&g->values[o].shape, shape, sizeof shape);
-    fprintf(f, "  %-24s %-10s %-9s %-7s %-20s %12.2f\n", n->n.name, n->n.op, pass_name(n->pass),
+    fprintf(f, "  %-24s %-10s %-9s %-7s %-20s %12.2f\n", n->n.name, n->n.op, node_pass_name(n),
             n->kernel ? n->kernel->engine : "?", shape, n->flops / 1e6);
   }
   if (p->grad_norm)
@@ -486,6 +512,7 @@ void stoke_plan_report(const stoke_plan *p, FILE *f) {
           a, b, c, d, e, p->workspace_bytes);
   fprintf(f, "FLOPs per step: forward %.4g, forward+backward %.4g\n", p->fwd_flops,
           p->train_flops);
+  if (p->recompute_report) fputs(p->recompute_report, f);
   if (p->n_accumulated)
     fprintf(f, "gradient sums: %d accumulated in place by their producers (din_accumulate), no add node\n",
             p->n_accumulated);

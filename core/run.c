@@ -27,8 +27,10 @@
 #include "stoke/run_config.h"
 #include "stoke/schedule.h"
 #include "stoke/steptime.h"
+#include "stoke/trace.h"
 #include "stoke/ops.h"
 #include "dp.h"
+#include "nvtx.h"
 
 /* --------------------------------------------------------- plugin setup */
 
@@ -304,6 +306,7 @@ typedef struct run_state {
   int rank, world, local_rank;
   stoke_ckpt_meta resume; /* the checkpoint resumed from (step 0: none) */
   stoke_steptime *steptime; /* each step's device time */
+  stoke_trace *trace;       /* run.trace's steps, or NULL */
   /* what a checkpoint records, and where it goes ("": checkpoints off) */
   int64_t seed, accumulate, start_step;
   const char *opt_name;
@@ -339,6 +342,7 @@ static void stream_close(run_state *s, stream *st) {
 static void run_close(run_state *s) {
   stoke_dp_close(s->dp);
   stoke_steptime_free(s->steptime);
+  stoke_trace_free(s->trace);
   stoke_metrics_free(s->metrics);
   stoke_nvml_close(s->nvml);
   stream_close(s, &s->eval); /* borrows the training executor's weights: first */
@@ -375,8 +379,9 @@ static stoke_err *open_backends(run_state *s, const char **prec_name) {
   return open_engines(s);
 }
 
-static stoke_err *open_engines(run_state *s) {
-  int64_t dev_index = s->rc.run.device_index + s->local_rank; /* data parallel: one GPU per process of a node */
+/* The engines of [run] backends and the first that owns a device, none
+ * opened. */
+static stoke_err *pick_device(run_state *s) {
   for (int i = 0; i < s->n_engines; i++) {
     s->backs[i] = stoke_find_backend(s->reg, s->engines[i]);
     if (!s->backs[i]->device_engine && !s->dev) s->dev = s->backs[i];
@@ -385,6 +390,12 @@ static stoke_err *open_engines(run_state *s) {
     return STOKE_ERR(STOKE_E_INVALID,
                      "%s: [run] backends: none of the backends owns a device (cpu or cuda); add one",
                      stoke_cfg_where(s->cfg, "run", "backends"));
+  return NULL;
+}
+
+static stoke_err *open_engines(run_state *s) {
+  int64_t dev_index = s->rc.run.device_index + s->local_rank; /* data parallel: one GPU per process of a node */
+  STOKE_PROPAGATE(pick_device(s));
   /* the device engine opens first: the others get its state */
   int order[STOKE_CFG_MAX_LIST], n = 0;
   for (int i = 0; i < s->n_engines; i++)
@@ -546,20 +557,44 @@ static stoke_err *auto_workers(run_state *s, stoke_loader_opts lo, int64_t *best
   return NULL;
 }
 
-/* Bytes a compiled plan asks of the device (the kernels' workspaces are
- * not known before their plan(); the margin covers them). */
-static double plan_bytes(const stoke_plan *p) {
-  double b = (double)p->opt_state_bytes;
-  for (int i = 0; i < STOKE_BUF_COUNT; i++) b += (double)p->bytes[i];
-  return b;
+/* The memory a plan may take: 85% of [run] memory_gb, or of the device's
+ * free memory (the kernels' workspaces are not known before their plan();
+ * the margin covers them); *device: the memory it is 85% of, `name` says
+ * where that figure comes from. */
+static stoke_err *memory_budget(run_state *s, double *budget, double *device, char *name, size_t cap) {
+  double gb = s->rc.run.memory_gb;
+  stoke_device_info_v1 info = {0};
+  if (gb > 0) snprintf(info.name, sizeof info.name, "[run] memory_gb = %g", gb);
+  else if (s->dev && s->dev->info) STOKE_PROPAGATE(s->dev->info(s->dev_self, &info));
+  *device = gb > 0 ? gb * 1073741824.0 : (double)info.free_bytes;
+  *budget = 0.85 * *device;
+  if (name) snprintf(name, cap, "%s", info.name);
+  return NULL;
+}
+
+/* The compiler's options for a stream, from the run's config. */
+static stoke_err *plan_opts(run_state *s, const stoke_precision_v1 *prec, int training, stoke_plan_opts *po) {
+  const stoke_run_config *rc = &s->rc;
+  int det = rc->run.deterministic;
+  uint32_t flags = (prec->tf32 ? STOKE_KFLAG_TF32 : 0) | (det ? STOKE_KFLAG_DETERMINISTIC : 0) |
+                   (rc->run.conv_autotune && !det ? STOKE_KFLAG_AUTOTUNE : 0);
+  double init_scale = rc->run.loss_scale_init, budget = 0, device;
+  if (training && !strcmp(rc->run.recompute, "auto")) STOKE_PROPAGATE(memory_budget(s, &budget, &device, NULL, 0));
+  *po = (stoke_plan_opts){s->engines, s->n_engines, s->selves, training ? rc->optimizer.name : NULL, training, flags,
+                          training && prec->loss_scaling != STOKE_SCALING_NONE,
+                          init_scale > 0 ? init_scale : prec->init_scale, rc->run.fuse, rc->optimizer.grad_clip,
+                          !rc->optimizer.weight_decay_1d, !rc->run.grad_sums_in_place, prec,
+                          training ? rc->run.recompute : NULL, budget};
+  return NULL;
 }
 
 /* batch_size = auto: the largest power of two from 8 whose plan fits 85%
- * of the device's free memory (no trial-and-error allocation). */
+ * of the device's free memory (no trial-and-error allocation); with
+ * recompute = auto, each batch's plan recomputes what it must to fit. */
 static stoke_err *auto_batch(run_state *s, stream *st, const stoke_plan_opts *po, stoke_dtype dtype) {
-  stoke_device_info_v1 info = {0};
-  STOKE_PROPAGATE(s->dev->info ? s->dev->info(s->dev_self, &info) : NULL);
-  double budget = 0.85 * (double)info.free_bytes;
+  double budget, device;
+  char device_name[160];
+  STOKE_PROPAGATE(memory_budget(s, &budget, &device, device_name, sizeof device_name));
   int64_t best = 0, len = st->src->length(st->src_self);
   double need = 0, best_need = 0;
   for (int64_t b = 8; b <= len && b <= (1 << 20); b *= 2) {
@@ -567,7 +602,7 @@ static stoke_err *auto_batch(run_state *s, stream *st, const stoke_plan_opts *po
     stoke_err *e = build_graph(s, st, dtype, 1);
     stoke_plan *p = NULL;
     if (!e) e = stoke_compile(st->g, po, &p);
-    if (!e) need = plan_bytes(p);
+    if (!e) need = stoke_plan_device_bytes(p);
     stoke_plan_free(p);
     stoke_graph_free(st->g);
     st->g = NULL;
@@ -579,39 +614,40 @@ static stoke_err *auto_batch(run_state *s, stream *st, const stoke_plan_opts *po
   if (!best)
     return STOKE_ERR(STOKE_E_OOM,
                      "batch_size = auto: not even 8 samples fit: the plan needs %.1f MiB, %.1f MiB of the "
-                     "device's %.1f MiB free is the budget; use a smaller model or precision",
-                     need / 1048576, budget / 1048576, (double)info.free_bytes / 1048576);
+                     "device's %.1f MiB free is the budget; use a smaller model or precision, or [run] recompute = auto",
+                     need / 1048576, budget / 1048576, device / 1048576);
   st->batch = best;
   stoke_log(STOKE_LOG_INFO, "run",
-            "batch_size = auto: %lld (the plan needs %.1f MiB; %.1f MiB free on %s, 85%% is the budget)",
-            (long long)best, best_need / 1048576, (double)info.free_bytes / 1048576, info.name);
+            "batch_size = auto: %lld (the plan needs %.1f MiB; %.1f MiB free on %s, 85%% is the budget%s)",
+            (long long)best, best_need / 1048576, device / 1048576, device_name,
+            po->recompute && !strcmp(po->recompute, "auto") ? "; recompute = auto" : "");
   return NULL;
 }
 
-/* Open a stream's source, build and compile its graph, start its loader. */
-static stoke_err *open_stream(run_state *s, stream *st, const stoke_data_config *dc,
-                              const stoke_precision_v1 *prec, int training, int64_t start_batch) {
-  const stoke_run_config *rc = &s->rc;
-  const char *section = dc->section;
+/* Open a stream's source, find its batch, build and compile its graph. */
+static stoke_err *plan_stream(run_state *s, stream *st, const stoke_data_config *dc, const stoke_precision_v1 *prec,
+                              int training) {
   stoke_dtype dtype = prec->param_dtype;
-  int det = rc->run.deterministic;
-  uint32_t flags = (prec->tf32 ? STOKE_KFLAG_TF32 : 0) | (det ? STOKE_KFLAG_DETERMINISTIC : 0) |
-                   (rc->run.conv_autotune && !det ? STOKE_KFLAG_AUTOTUNE : 0);
-  uint64_t seed = (uint64_t)rc->run.seed;
-  int64_t workers = dc->workers;
-  st->section = section;
+  st->section = dc->section;
   st->batch = dc->batch;
   if (!st->batch && !training) st->batch = s->train.batch;
   st->src = stoke_find_source(s->reg, dc->source);
-  STOKE_TRY(st->src->open(s->cfg, section, &st->src_self), "opening [%s] source '%s'", section, dc->source);
-  double init_scale = rc->run.loss_scale_init;
-  stoke_plan_opts po = {s->engines, s->n_engines, s->selves, training ? rc->optimizer.name : NULL, training, flags,
-                        training && prec->loss_scaling != STOKE_SCALING_NONE,
-                        init_scale > 0 ? init_scale : prec->init_scale, rc->run.fuse, rc->optimizer.grad_clip,
-                        !rc->optimizer.weight_decay_1d, !rc->run.grad_sums_in_place, prec};
+  STOKE_TRY(st->src->open(s->cfg, dc->section, &st->src_self), "opening [%s] source '%s'", dc->section, dc->source);
+  stoke_plan_opts po;
+  STOKE_PROPAGATE(plan_opts(s, prec, training, &po));
   if (!st->batch) STOKE_PROPAGATE(auto_batch(s, st, &po, dtype));
   STOKE_PROPAGATE(build_graph(s, st, dtype, training));
   STOKE_TRY(stoke_compile(st->g, &po, &st->plan), "compiling the %s graph", training ? "training" : "evaluation");
+  return NULL;
+}
+
+/* Plan a stream (plan_stream), bind its plan to the device, start its loader. */
+static stoke_err *open_stream(run_state *s, stream *st, const stoke_data_config *dc,
+                              const stoke_precision_v1 *prec, int training, int64_t start_batch) {
+  const char *section = dc->section;
+  uint64_t seed = (uint64_t)s->rc.run.seed;
+  int64_t workers = dc->workers;
+  STOKE_PROPAGATE(plan_stream(s, st, dc, prec, training));
   if (training)
     STOKE_TRY(stoke_exec_new(st->plan, s->dev, s->dev_self, seed, &st->x),
               "preparing the plan: parameters %.1f MiB, gradients %.1f MiB, optimizer state %.1f MiB, "
@@ -640,6 +676,49 @@ static stoke_err *open_stream(run_state *s, stream *st, const stoke_data_config 
     STOKE_PROPAGATE(s->dev->timer_create(s->dev_self, &st->ev_copy));
     STOKE_PROPAGATE(s->dev->timer_create(s->dev_self, &st->ev_d2d));
   }
+  return NULL;
+}
+
+/* [run] layout: auto is NHWC on a GPU (channels_last), NCHW on the CPU. */
+static void pick_layout(run_state *s) {
+  s->layout = s->rc.run.layout != STOKE_LAYOUT_ANY ? s->rc.run.layout
+              : s->dev->device == STOKE_DEV_GPU    ? STOKE_NHWC
+                                                   : STOKE_NCHW;
+}
+
+/* --dry-run: the training plan as the run would make it (batch_size =
+ * auto and recompute = auto included), its memory and FLOPs, and no
+ * training and no run folder: the answer before renting the GPU. With
+ * [run] memory_gb no device is opened (the backends' kernel tables come
+ * from their plugins; nothing is allocated or planned on a device);
+ * without it, the device is asked for its free memory. */
+static stoke_err *dry_run(run_state *s, const stoke_run_opts *o, const char *prec_name, stoke_summary *sum) {
+  double budget, device;
+  char device_name[160];
+  s->n_engines = s->rc.run.n_backends;
+  memcpy(s->engines, s->rc.run.backends, sizeof s->engines);
+  if (s->rc.run.memory_gb > 0) STOKE_PROPAGATE(pick_device(s));
+  else STOKE_PROPAGATE(open_backends(s, &prec_name));
+  pick_layout(s);
+  STOKE_PROPAGATE(memory_budget(s, &budget, &device, device_name, sizeof device_name));
+  const stoke_precision_v1 *prec = stoke_find_precision(s->reg, prec_name);
+  STOKE_PROPAGATE(plan_stream(s, &s->train, &s->rc.data, prec, 1));
+  const stoke_plan *p = s->train.plan;
+  if (!o->quiet) stoke_plan_report(p, stdout);
+  double need = stoke_plan_device_bytes(p), act = (double)p->bytes[STOKE_BUF_ARENA];
+  double without = p->recompute_report ? (double)p->arena_without_recompute : act;
+  sum->flops_per_step = p->train_flops;
+  sum->dry_batch = s->train.batch;
+  sum->dry_plan_bytes = need;
+  sum->dry_recompute_flops = p->recompute_flops;
+  double unit = device >= 4 * 1073741824.0 ? 1073741824.0 : 1048576.0;
+  const char *u = unit > 1048576.0 ? "GiB" : "MiB";
+  printf("dry run (%s, %s): batch %lld; the plan needs %.2f %s of the %.2f %s budget (85%% of %.2f %s, %s)%s: "
+         "activations %.2f %s (%.2f %s without recomputation), parameters, gradients and optimizer state %.2f %s; "
+         "%.4g FLOPs per micro-batch, +%.1f%% recomputed\n",
+         prec_name, s->dev->name, (long long)s->train.batch, need / unit, u, budget / unit, u, device / unit, u,
+         device_name, need > budget ? " (DOES NOT FIT)" : "", act / unit, u, without / unit, u, (need - act) / unit, u,
+         p->train_flops, p->train_flops > 0 ? 100 * p->recompute_flops / p->train_flops : 0.0);
   return NULL;
 }
 
@@ -935,6 +1014,48 @@ static stoke_err *report_ops(run_state *s, int graphs, const stoke_opt_args_v1 *
   return NULL;
 }
 
+/* run.trace: the traced steps time every node (eager: the executor's
+ * profile) and wait for the device at their end, where their device time
+ * is read; the loader's workers are recorded from `prefetch` batches
+ * before the window. Called before (`end` = 0) and after each step. */
+static stoke_err *trace_step(run_state *s, int64_t step, int graphs, int profile_ops, double t0, int end) {
+  stoke_trace *t = s->trace;
+  if (!t) return NULL;
+  if (!end) {
+    stoke_trace_lead(t, step, (int)s->rc.data.prefetch + 2);
+    if (stoke_trace_has(t, step) && !stoke_trace_has(t, step - 1) && !graphs) {
+      if (!profile_ops) STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 1));
+      if (s->dp) STOKE_PROPAGATE(stoke_dp_time_buckets(s->dp, 1));
+    }
+    return NULL;
+  }
+  if (!stoke_trace_has(t, step)) return NULL;
+  double launched = stoke_trace_now(t);
+  STOKE_PROPAGATE(stoke_metrics_collect(s->metrics, s->steptime)); /* the sync */
+  double synced = stoke_trace_now(t);
+  const double *node_ms = NULL;
+  int n = graphs ? 0 : stoke_exec_profile_last(s->train.x, &node_ms);
+  char name[64];
+  snprintf(name, sizeof name, "step %lld", (long long)step);
+  stoke_trace_slice(t, STOKE_TRACE_STEP, name, "step", t0, launched - t0, NULL);
+  stoke_trace_slice(t, STOKE_TRACE_STEP, "wait for the GPU (tracing)", "wait", launched, synced - launched, NULL);
+  stoke_trace_gpu_step(t, step, s->train.plan, node_ms, n, stoke_metrics_last_ms(s->metrics), synced,
+                       graphs ? (int)stoke_exec_graph_ops(s->train.x) : 0);
+  if (s->dp && !graphs) {
+    double at[256], ms[256];
+    size_t bytes[256];
+    int nb = stoke_dp_bucket_times(s->dp, stoke_exec_profile_start(s->train.x), at, ms, bytes, 256);
+    stoke_trace_gpu_buckets(t, at, ms, bytes, nb);
+  }
+  if (stoke_trace_has(t, step + 1)) return NULL;
+  if (!graphs && !profile_ops) STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 0));
+  if (!graphs && s->dp) STOKE_PROPAGATE(stoke_dp_time_buckets(s->dp, 0));
+  stoke_trace_lead(t, step + 1, 0);
+  STOKE_TRY(stoke_trace_write(t), "[run] trace");
+  stoke_log(STOKE_LOG_INFO, "run", "trace written to %s (open it in ui.perfetto.dev)", stoke_trace_path(t));
+  return NULL;
+}
+
 /* log.txt takes every log line: a write that failed is an error too. */
 static stoke_err *check_log(const run_state *s, const char *dir) {
   if (!s->log || !ferror(s->log)) return NULL;
@@ -966,6 +1087,10 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   const stoke_optimizer_v1 *optimizer = stoke_find_optimizer(s.reg, opt_name);
   if (optimizer->configure)
     STOKE_TRY_GOTO(e, done, optimizer->configure(c, "optimizer", &opt), "configuring optimizer '%s'", opt_name);
+  if (o->dry_run) {
+    e = dry_run(&s, o, prec_name, sum);
+    goto done;
+  }
   /* data parallel: which process this is (the comm plugin reads the same
    * variables); the GPU is device_index + the local rank */
   stoke_run_opts rank_opts = *o;
@@ -1016,9 +1141,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     STOKE_TRY_GOTO(e, done, stoke_dp_open(stoke_find_comm(s.reg, comm_name), c, &s.dist, s.dev, s.dev_self, &s.dp),
                    "");
   }
-  s.layout = rc->run.layout != STOKE_LAYOUT_ANY ? rc->run.layout
-             : s.dev->device == STOKE_DEV_GPU  ? STOKE_NHWC
-                                               : STOKE_NCHW;
+  pick_layout(&s);
   stoke_device_info_v1 info = {0};
   if (s.dev->info) STOKE_TRY_GOTO(e, done, s.dev->info(s.dev_self, &info), "asking the device for its peak");
   snprintf(sum->device, sizeof sum->device, "%s", info.name[0] ? info.name : s.dev->name);
@@ -1095,14 +1218,25 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
                            total, batch * accumulate * s.world, o->quiet, start_step,
                            s.train.plan->train_flops * (double)accumulate, peak, s.nvml,
                            o->time_warmup, o->time_steps};
+  if (!strcmp(rc->run.tensorboard, "true")) mo.tensorboard_dir = dir; /* rank N's: in rank N's folder */
+  else if (strcmp(rc->run.tensorboard, "false") && s.rank == 0) mo.tensorboard_dir = rc->run.tensorboard;
+  mo.report_dir = dir, mo.run_name = run_name, mo.plan = s.train.plan;
+  STOKE_TRY_GOTO(e, done, stoke_trace_parse(rc->run.trace, &mo.trace_first, &mo.trace_last), "%s",
+                 stoke_cfg_where(c, "run", "trace"));
   STOKE_TRY_GOTO(e, done, stoke_metrics_new(&mo, &s.metrics), "");
   STOKE_TRY_GOTO(e, done, stoke_steptime_new(s.dev, s.dev_self, &s.steptime), "");
+  if (mo.trace_first) {
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    STOKE_TRY_GOTO(e, done, stoke_trace_new(path, mo.trace_first, mo.trace_last, s.rank, &s.trace), "");
+    stoke_loader_on_fill(s.train.loader, stoke_trace_fill, s.trace);
+  }
 
   /* -- the step loop */
   int64_t step, epoch = 0;
   int64_t eval_period = eval_every > 0 ? (int64_t)llround(eval_every * (double)per_epoch) : 0;
   int on_device = rc->data.on_device, want_ckpt = rc->run.checkpoint, profile_ops = rc->run.profile_ops;
   int cuda_graph = rc->run.cuda_graph;
+  stoke_nvtx_enable(rc->run.nvtx);
   int64_t growth = rc->run.loss_scale_growth;
   if (cuda_graph && profile_ops) {
     stoke_log(STOKE_LOG_WARN, "run", "%s: cuda_graph = true with profile_ops = true: the profile times each "
@@ -1132,7 +1266,11 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   int64_t good = start_step, good_epoch = s.resume.epoch;
   signals_catch(&sg);
   for (step = start_step; step < total && !stop; step++) {
-    double t0 = now_s(), wait = 0;
+    double t0 = now_s(), wait = 0, trace_t0 = s.trace ? stoke_trace_now(s.trace) : 0;
+    if ((e = trace_step(&s, step + 1, cuda_graph, profile_ops, trace_t0, 0))) break;
+    char range[32];
+    if (stoke_nvtx_on()) snprintf(range, sizeof range, "step %lld", (long long)step + 1);
+    stoke_range_push(range);
     if ((e = stoke_steptime_begin(s.steptime))) break;
     opt.step = step + 1 - s.resume.skipped_steps; /* the device subtracts the skips since the start */
     opt.grad_scale = 1.0 / (double)accumulate;
@@ -1152,7 +1290,16 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
         e = stoke_loader_next(s.train.loader, &b, &w);
         wait += w;
         if (!b) break; /* a signal while waiting */
+        int traced = stoke_trace_has(s.trace, step + 1);
+        double fed = traced ? stoke_trace_now(s.trace) : 0;
+        if (traced) { /* the wait, and the arrow from the batch's making */
+          stoke_trace_slice(s.trace, STOKE_TRACE_STEP, "data wait", "wait", fed - 1e6 * w, 1e6 * w, NULL);
+          stoke_trace_flow(s.trace, STOKE_TRACE_STEP, (uint64_t)(b->epoch * per_epoch + b->index), fed, 0);
+        }
         if (!e) e = feed(&s, &s.train, b); /* then the host buffer may go back */
+        if (traced)
+          stoke_trace_slice(s.trace, STOKE_TRACE_STEP, "pinned copy (host to device)", "copy", fed,
+                            stoke_trace_now(s.trace) - fed, NULL);
         epoch = b->epoch;
         stoke_loader_release(s.train.loader, b);
       }
@@ -1171,6 +1318,8 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
     if (!e) good = step + 1, good_epoch = epoch;
     if (!e) e = stoke_steptime_end(s.steptime);
     double host = now_s() - t0 - wait;
+    stoke_range_pop();
+    if (!e) e = trace_step(&s, step + 1, cuda_graph, profile_ops, trace_t0, 1);
     if (!e && !ops_reported && step > start_step) {
       e = report_ops(&s, cuda_graph, &opt, sum, &ops_reported);
       stoke_steptime_pause(s.steptime); /* the count captured a step: not the next step's time */
@@ -1228,6 +1377,8 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
       }
     }
   }
+  if (!e && s.trace && step >= mo.trace_first && step < mo.trace_last) /* the run ended inside the window */
+    e = stoke_trace_write(s.trace);
   /* the last state is saved on every way out, then any error is reported;
    * signals are still caught: a save is never cut short by the first two */
   e = save_on_exit(&s, e, good, good_epoch, sum);

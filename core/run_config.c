@@ -76,6 +76,26 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"conv_autotune", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "time the candidate convolution (cuDNN) and matmul (cuBLASLt) algorithms once per shape and keep the "
      "fastest (cudnn.benchmark)"},
+    {"recompute", STOKE_CFG_STR, "none", 0, 0, NULL,
+     "activation recomputation: none; auto (the planner re-runs in backward the forward nodes cheapest to "
+     "recompute per byte they free, until the plan fits the memory budget); or node-name patterns, each "
+     "module they match recomputed as one segment (h.*.attn, layer3.*); the plan report says what is "
+     "recomputed, the memory saved and the FLOPs added"},
+    {"memory_gb", STOKE_CFG_FLOAT, "0", 0, 1e6, NULL,
+     "device memory to plan for, GiB (0: the device's free memory); batch_size = auto and recompute = auto "
+     "fit 85% of it. With --dry-run it plans for a GPU this machine does not have (80: an H100)"},
+    {"tensorboard", STOKE_CFG_STR, "false", 0, 0, NULL,
+     "TensorBoard scalars (loss, lr, samples/s, step times, data wait, MFU, GPU use, loss scale, evaluation) "
+     "at every logged step: true writes the event file into out_dir (tensorboard --logdir runs), a folder "
+     "writes it there, false none"},
+    {"trace", STOKE_CFG_STR, "", 0, 0, NULL,
+     "steps to trace into out_dir/trace.json (Chrome trace events: open in ui.perfetto.dev or chrome://tracing), "
+     "e.g. 20-24: the step loop, the loader's workers with arrows to the step using each batch, the compute "
+     "stream (each node as in plan.txt with its engine; one slice per step under cuda_graph); traced steps wait "
+     "for the device at their end (eager ones time every node), the others run as usual"},
+    {"nvtx", STOKE_CFG_BOOL, "true", 0, 0, NULL,
+     "NVTX ranges around each step, node and loader batch, for Nsight Systems (nsys profile shows stoke's "
+     "names); with no profiler attached a range costs a branch"},
 };
 
 static const stoke_cfg_key_v1 plugin_keys[] = {
@@ -301,6 +321,11 @@ static stoke_err *read_run(const stoke_cfg *c, stoke_run_config *rc) {
   RUN(stoke_cfg_bool, "grad_sums_in_place", &rc->run.grad_sums_in_place);
   RUN(stoke_cfg_bool, "cuda_graph", &rc->run.cuda_graph);
   RUN(stoke_cfg_bool, "conv_autotune", &rc->run.conv_autotune);
+  RUN(stoke_cfg_str, "recompute", &rc->run.recompute);
+  RUN(stoke_cfg_float, "memory_gb", &rc->run.memory_gb);
+  RUN(stoke_cfg_str, "tensorboard", &rc->run.tensorboard);
+  RUN(stoke_cfg_str, "trace", &rc->run.trace);
+  RUN(stoke_cfg_bool, "nvtx", &rc->run.nvtx);
 #undef RUN
   return NULL;
 }

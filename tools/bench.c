@@ -177,5 +177,6 @@ int main(int argc, char **argv) {
   rc = 0;
   if (a.json) rc |= write_file(a.json, bench_write_json, &r);
   if (a.md) rc |= write_file(a.md, bench_write_md, &r);
+  if (a.html) rc |= write_file(a.html, bench_write_html, &r);
   return rc;
 }

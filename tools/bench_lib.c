@@ -1,5 +1,6 @@
 /* tools/bench_lib.c: tools/bench's arguments, statistics and reports (see
  * bench_lib.h); nothing here touches a device. */
+#include "stoke/report.h"
 #include "tools/bench_lib.h"
 
 #include <errno.h>
@@ -14,7 +15,7 @@
 void bench_usage(FILE *f) {
   fprintf(f,
           "usage: bench RUN.INI [section.key=value ...] [--a section.key=value ...] [--b section.key=value ...]\n"
-          "             [--rounds 5] [--warmup 12] [--steps 40] [--per-op] [--json FILE] [--md FILE]\n"
+          "             [--rounds 5] [--warmup 12] [--steps 40] [--per-op] [--json FILE] [--md FILE] [--html FILE]\n"
           "       bench --loader RUN.INI [bench_loader options]   the loader alone (see bench_loader --help)\n"
           "\n"
           "Runs the training step of RUN.INI as variant A (with --a's overrides) and variant B (with\n"
@@ -27,7 +28,8 @@ void bench_usage(FILE *f) {
           "interval: the geometric mean of the paired rounds' ratios, with a t-interval on their\n"
           "logarithms. --per-op adds one profiled run per variant (not timed) and a table of GPU\n"
           "time per op, pass and engine for both and the change. --json and --md write the results\n"
-          "(device, precision, commit, date) as JSON and as markdown tables for BENCHMARKS.md.\n"
+          "(device, precision, commit, date) as JSON and as markdown tables for BENCHMARKS.md; --html\n"
+          "as a page with plots (rates per round, B/A, the per-op change).\n"
           "The bench sets run.steps, run.profile_ops, run.checkpoint=false and run.progress=off itself;\n"
           "each variant's runs write to <run.out_dir, default runs/bench_<ini name>>/<A|B>/ (plan.txt,\n"
           "metrics.jsonl).\n"
@@ -115,9 +117,11 @@ int bench_parse_args(int argc, char *const *argv, bench_args *a, char *err, size
       if (parse_count("--warmup", v, 0, 1000000, &a->warmup, err, cap)) return -1;
     } else if (opt_value(argc, argv, &i, "--steps", &v)) {
       if (parse_count("--steps", v, 1, 1000000, &a->steps, err, cap)) return -1;
-    } else if (opt_value(argc, argv, &i, "--json", &v) || opt_value(argc, argv, &i, "--md", &v)) {
-      if (!v || !v[0]) return fail(err, cap, "%s needs a file name", s[2] == 'j' ? "--json" : "--md");
-      *(s[2] == 'j' ? &a->json : &a->md) = v;
+    } else if (opt_value(argc, argv, &i, "--json", &v) || opt_value(argc, argv, &i, "--md", &v) ||
+               opt_value(argc, argv, &i, "--html", &v)) {
+      const char *opt = s[2] == 'j' ? "--json" : s[2] == 'm' ? "--md" : "--html";
+      if (!v || !v[0]) return fail(err, cap, "%s needs a file name", opt);
+      *(s[2] == 'j' ? &a->json : s[2] == 'm' ? &a->md : &a->html) = v;
     } else if (!strcmp(s, "--loader")) {
       return fail(err, cap, "--loader comes first: bench --loader RUN.INI [bench_loader options]");
     } else {
@@ -522,4 +526,80 @@ void bench_write_md(const bench_result *r, FILE *f) {
     if (r->n_variants == 2) fprintf(f, "| %s | %s | %s | %s |\n", c.name, c.ms0, c.ms1, c.ch);
     else fprintf(f, "| %s | %s |\n", c.name, c.ms0);
   }
+}
+
+/* ---------------------------------------------------------------- html */
+
+/* The per-op rows of A and B matched by op, pass and engine: B - A in ms. */
+static int op_changes(const bench_result *r, const char **labels, char (*buf)[96], double *d, int cap) {
+  int n = 0;
+  for (int v = 0; v < 2; v++)
+    for (int i = 0; i < r->v[v].n_ops && n < cap; i++) {
+      const stoke_op_time *o = &r->v[v].ops[i];
+      char key[96];
+      if (o->engine[0]) snprintf(key, sizeof key, "%s %s [%s]", o->op, o->pass, o->engine);
+      else snprintf(key, sizeof key, "%s", o->op);
+      int k = 0;
+      while (k < n && strcmp(buf[k], key)) k++;
+      if (k == n) {
+        snprintf(buf[n], sizeof buf[n], "%s", key);
+        labels[n] = buf[n];
+        d[n++] = 0;
+      }
+      d[k] += v ? o->ms : -o->ms;
+    }
+  return n;
+}
+
+void bench_write_html(const bench_result *r, FILE *f) {
+  char title[512];
+  snprintf(title, sizeof title, "stoke bench %s", r->ini);
+  stoke_html_head(f, title);
+  fputs("<h1>", f);
+  stoke_html_text(f, title);
+  fputs("</h1>\n<p>", f);
+  stoke_html_text(f, r->common);
+  fprintf(f, " &middot; %d rounds%s, %d warm-up + %d timed steps each, timed with %s; commit ", r->rounds,
+          r->n_variants > 1 ? " (A B interleaved)" : "", r->warmup, r->steps, r->gpu ? "device events" : "the host clock");
+  stoke_html_text(f, r->commit);
+  fputs(", ", f);
+  stoke_html_text(f, r->date);
+  fputs("</p>\n<table><tr><th>variant</th><th>overrides</th><th>device</th><th>precision</th><th>batch</th>"
+        "<th>samples/s median</th><th>min - max</th></tr>\n", f);
+  for (int v = 0; v < r->n_variants; v++) {
+    const bench_variant *x = &r->v[v];
+    bench_spread s = bench_spread_of(x->rate, x->n);
+    fprintf(f, "<tr><td>%s</td><td>", x->name);
+    stoke_html_text(f, x->overrides);
+    fputs("</td><td>", f);
+    stoke_html_text(f, x->device);
+    fputs("</td><td>", f);
+    stoke_html_text(f, x->precision);
+    fprintf(f, "</td><td>%lld</td><td>%.0f</td><td>%.0f - %.0f</td></tr>\n", (long long)x->batch, s.median, s.min, s.max);
+  }
+  fputs("</table>\n", f);
+  int n = r->v[0].n;
+  double x[BENCH_MAX_ROUNDS], ratio[BENCH_MAX_ROUNDS];
+  for (int i = 0; i < n; i++) x[i] = i + 1;
+  stoke_svg_series s[2] = {{"A", "#4c78a8", r->v[0].rate, -1}, {"B", "#e45756", r->v[1].rate, -1}};
+  stoke_svg_plot_x(f, "samples/s per round", "", "round", x, n, s, r->n_variants);
+  if (r->n_variants > 1) {
+    bench_ratio q = bench_ratio_paired(r->v[0].rate, r->v[1].rate, n < r->v[1].n ? n : r->v[1].n);
+    fprintf(f, "<p><b>B/A = %.3f</b> (95%% CI %.3f - %.3f; t-interval on the log ratios of %d paired rounds)</p>\n",
+            q.ratio, q.lo, q.hi, q.n);
+    double lo[BENCH_MAX_ROUNDS], hi[BENCH_MAX_ROUNDS];
+    for (int i = 0; i < q.n; i++) ratio[i] = r->v[1].rate[i] / r->v[0].rate[i], lo[i] = q.lo, hi[i] = q.hi;
+    stoke_svg_plot_x(f, "B/A per round", "", "round", x, q.n,
+                     (stoke_svg_series[]){{"95% CI of B/A", "#54a24b", lo, 1}, {"", "#54a24b", hi, -1},
+                                          {"B/A", "#222222", ratio, -1}},
+                     3);
+  }
+  if (r->per_op && r->n_variants > 1) {
+    const char *labels[2 * BENCH_MAX_OPS];
+    static char buf[2 * BENCH_MAX_OPS][96];
+    double d[2 * BENCH_MAX_OPS];
+    int k = op_changes(r, labels, buf, d, 2 * BENCH_MAX_OPS);
+    stoke_svg_bars(f, "per-op change, B - A", "ms per step", labels, d, k);
+  }
+  fputs("</body></html>\n", f);
 }

@@ -24,7 +24,7 @@ typedef struct bench_args {
   int n_ov[2];
   int variants; /* 1: no --b (a plain benchmark), 2: A/B */
   int rounds, warmup, steps, per_op;
-  const char *json, *md; /* NULL: not written */
+  const char *json, *md, *html; /* NULL: not written */
 } bench_args;
 
 /* The usage text (kept beside the parser so the two agree). */
@@ -97,5 +97,8 @@ void bench_commit(const char *exe_dir, char *out, size_t cap);
 void bench_print(const bench_result *r, FILE *f);
 void bench_write_json(const bench_result *r, FILE *f);
 void bench_write_md(const bench_result *r, FILE *f);
+/* The same as one self-contained HTML page (core/report.c's plots): the
+ * rounds' samples/s of A and B, B/A with its interval, the per-op change. */
+void bench_write_html(const bench_result *r, FILE *f);
 
 #endif

@@ -45,6 +45,19 @@
 #             gpt's checkpoint loaded into nanoGPT's module structure with
 #             load_state_dict(strict=True), its loss on the same tokens
 #             against stoke's
+#   ddp_recompute  (2 GPUs) issue 14 with data parallel: a small gpt, recompute
+#             none against h.* and auto, eager and CUDA graphs (fp32
+#             deterministic: weights bitwise equal expected)
+#   recompute issue 14 (run.recompute): weights after training with and without
+#             recomputation (fp32 deterministic: bitwise expected; bf16 and
+#             fp16 (scaler) with CUDA graphs, accumulation: the same loss
+#             curve, bitwise where the kernels are deterministic) for a small gpt and
+#             resnet18c; gpt2_124m and resnet50: the largest batch that fits
+#             with recompute = none and = auto (--dry-run on this GPU), peak
+#             memory and speed at B = 16, 32, 64 (gpt) and 256, 512, 1024
+#             (resnet50), A/B step time at equal B (tools/bench: none against
+#             h.*.attn and against auto at the budget h.*.attn fits), and
+#             PyTorch's torch.utils.checkpoint on every block (gpt_ckpt_torch.py)
 #   steptime  issue 16: train's step times are device times: ResNet-50 bf16
 #             (examples/resnet50.ini, log_every 4 and 1) with and without
 #             cuda_graph, and tools/bench's median of the same two variants;
@@ -61,6 +74,15 @@
 #             before build then one of this build, interleaved; B/A as
 #             tools/bench reports it (geometric mean of the paired ratios,
 #             95% t-interval on their logs)
+#   observe   issue 13: ResNet-50 with run.trace=20-24 (eager and CUDA graph)
+#             and run.tensorboard=true: the trace's lanes, op slices and what
+#             tracing cost in its steps; observe_check.py on the eager run;
+#             tools/bench A/B of the trace off/on and of NVTX off/on (eager and
+#             graphs); nsys's NVTX summary where nsys is installed
+#   observe_ddp  the trace of 3 eager ResNet-50 steps on 2 GPUs (tools/launch):
+#             each rank's all-reduce buckets on the comm lane, how many start
+#             while the backward still runs (the screenshot for BENCHMARKS.md:
+#             open $OUT/obs_ddp/trace.json in ui.perfetto.dev)
 #   ddp       data parallel on 2 GPUs, all of: ddp_eq (weights of a 2-GPU run
 #             against a 1-GPU run of the same global batch), ddp_resume (a
 #             2-GPU checkpoint resumed on 1 GPU), ddp_kill (a killed rank ends
@@ -220,6 +242,72 @@ PY
       done
       timeout 240 python3 "$S/anchors/loader_bench.py" "$S/photos" /tmp/anchor "$OUT/loader_anchor.json" 2>&1 | tail -1
       ;;
+    recompute)
+      set -f # the patterns (h.*) are words, not file globs
+      GPTS="$S/examples/gpt2_124m.ini model.n_layer=2 model.n_embd=128 model.n_head=4 model.context=128 data.shape=129
+            data.batch_size=8 run.steps=30 run.log_every=1 run.progress=off run.checkpoint=true"
+      RN="$S/examples/resnet18c.ini data.batch_size=64 run.steps=30 run.log_every=1 run.progress=off run.checkpoint=true"
+      for net in gpt rn; do
+        [ $net = gpt ] && base=$GPTS || base=$RN
+        [ $net = gpt ] && pats="h.*.attn h.* auto" || pats="layer*.* layer2.*,layer4.* auto"
+        for prec in fp32 bf16 fp16; do
+          [ $prec = fp32 ] && extra="run.deterministic=true run.cuda_graph=false" || extra="run.cuda_graph=true data.batch_size=4 run.accumulate=2"
+          [ $net = rn ] && [ $prec != fp32 ] && extra="run.cuda_graph=true data.batch_size=32 run.accumulate=2"
+          log "recompute correctness: $net $prec ($extra), none against each of: $pats"
+          timeout 300 "$T" $base $extra run.precision=$prec run.recompute=none run.out_dir="$OUT/rc_${net}_${prec}_none" \
+            > "$OUT/rc_${net}_${prec}_none.log" 2>&1; echo "none rc=$?"
+          for p in $pats; do
+            tag=$(echo "$p" | tr -c 'a-z0-9\n' '_')
+            mem=""; [ "$p" = auto ] && mem="run.memory_gb=0.001" # a budget nothing fits: auto recomputes all it can
+            timeout 300 "$T" $base $extra run.precision=$prec run.recompute="$p" $mem run.out_dir="$OUT/rc_${net}_${prec}_$tag" \
+              > "$OUT/rc_${net}_${prec}_$tag.log" 2>&1
+            echo "$p rc=$? $(grep -E '^recompute \(|error' "$OUT/rc_${net}_${prec}_$tag.log" | head -2 | tr '\n' ' ')"
+            compare "$OUT/rc_${net}_${prec}_none/checkpoint.safetensors" "$OUT/rc_${net}_${prec}_$tag/checkpoint.safetensors" \
+              "$net $prec none vs $p"
+            python3 "$HERE/loss_curves.py" "$net $prec (base: none)" "$OUT/rc_${net}_${prec}_none/metrics.jsonl" \
+              "$p=$OUT/rc_${net}_${prec}_$tag/metrics.jsonl" | tail -3
+          done
+        done
+      done
+      G="$S/examples/gpt2_124m.ini run.progress=off run.steps=30"
+      R50="$S/examples/resnet50.ini run.progress=off run.steps=30"
+      log "gpt2_124m / resnet50 bf16: the largest batch that fits this GPU (--dry-run, batch_size = auto)"
+      for rc in none auto; do
+        timeout 600 "$T" --dry-run $G data.batch_size=auto run.recompute=$rc 2>&1 | grep -E "^dry run|batch_size = auto|error"
+        timeout 600 "$T" --dry-run $R50 data.batch_size=auto run.recompute=$rc 2>&1 | grep -E "^dry run|batch_size = auto|error"
+      done
+      summary() { python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if 'summary' in l][-1]; print('samples/s', r['samples_per_s_median'], 'x', sys.argv[2], '=', round(r['samples_per_s_median'] * int(sys.argv[2])), 'per s; step ms p50', r['step_time_ms_p50'], '; peak GPU memory (NVML, MiB)', r['gpu_mem_max_mib'])" "$@" 2>/dev/null || echo "no summary"; }
+      # rc_runs TAG PER_SAMPLE BATCHES CONFIG...: each batch with recompute none and auto
+      rc_runs() {
+        local tag=$1 per=$2 batches=$3; shift 3
+        for b in $batches; do
+          for rc in none auto; do
+            log "$tag batch $b recompute=$rc"
+            timeout 600 "$T" "$@" data.batch_size=$b run.recompute=$rc run.out_dir="$OUT/rc_${tag}_${b}_$rc" \
+              > "$OUT/rc_${tag}_${b}_$rc.log" 2>&1
+            echo "rc=$? $(grep -E '^recompute \(|^memory:|error' "$OUT/rc_${tag}_${b}_$rc.log" | head -3 | tr '\n' ' ')"
+            summary "$OUT/rc_${tag}_${b}_$rc/metrics.jsonl" $per
+          done
+        done
+      }
+      rc_runs gpt2_124m 1024 "${RC_GPT_B:-16 32 64}" $G
+      rc_runs resnet50 1 "${RC_R50_B:-256 512 1024}" $R50
+      B=${RC_AB_B:-32}
+      log "gpt2_124m bf16 B=$B step time A/B: recompute none (A) against h.*.attn (B), then against auto at the budget h.*.attn fits"
+      timeout 900 "$S/bin/bench" $G data.batch_size=$B --rounds ${AB_ROUNDS:-3} run.out_dir="$OUT/rc_ab_attn_runs" \
+        --a run.recompute=none --b run.recompute=h.*.attn --json "$OUT/rc_ab_attn.json" --md "$OUT/rc_ab_attn.md" > "$OUT/rc_ab_attn.log" 2>&1; echo "rc=$?"; tail -6 "$OUT/rc_ab_attn.log"
+      need=$("$T" --dry-run $G data.batch_size=$B run.recompute=h.*.attn run.memory_gb=1000 2>&1 | grep -Eo 'the plan needs [0-9.]+' | grep -Eo '[0-9.]+$')
+      gb=$(python3 -c "print(round($need / 0.85 + 0.005, 3))" 2>/dev/null)
+      echo "h.*.attn's plan at B=$B needs $need GiB: auto with run.memory_gb=$gb"
+      timeout 900 "$S/bin/bench" $G data.batch_size=$B --rounds ${AB_ROUNDS:-3} run.out_dir="$OUT/rc_ab_auto_runs" \
+        --a run.recompute=none --b run.recompute=auto run.memory_gb=$gb --json "$OUT/rc_ab_auto.json" --md "$OUT/rc_ab_auto.md" > "$OUT/rc_ab_auto.log" 2>&1; echo "rc=$?"; tail -6 "$OUT/rc_ab_auto.log"
+      set +f
+      grep -hE "^recompute \(" "$OUT"/rc_ab_*_runs/B/plan.txt 2>/dev/null
+      log "PyTorch: torch.utils.checkpoint on every block (gpt_ckpt_torch.py), tokens/s and peak memory"
+      for b in 16 $B 64; do
+        B=$b timeout 900 python3 "$HERE/gpt_ckpt_torch.py" "$S/anchors" "$OUT/rc_torch.jsonl" bf16 bf16+ckpt bf16+compile bf16+compile+ckpt 2>&1 | grep '^{'
+      done
+      ;;
     steptime)
       log "issue 16: device step times, train with and without CUDA graphs against tools/bench"
       w=${STEPTIME_W:-resnet50}
@@ -329,8 +417,100 @@ print(f"binab {w}: before {med([a for a, _ in pairs]):,.0f} after {med([b for _,
 PY
       done
       ;;
+    observe)
+      log "issue 13: trace of steps 20-24 (eager and CUDA graph), TensorBoard, report; costs by tools/bench"
+      w=${OBSERVE_W:-resnet50}
+      for g in false true; do
+        timeout 200 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=40 run.log_every=1 run.cuda_graph=$g \
+          run.trace=20-24 run.tensorboard=true run.progress=off run.out_dir="$OUT/obs_${w}_$g" > "$OUT/obs_${w}_$g.log" 2>&1
+        echo "$w cuda_graph=$g rc=$?"
+        python3 - "$OUT/obs_${w}_$g" <<'PY'
+import json, statistics, sys
+d = sys.argv[1]
+t = json.load(open(f"{d}/trace.json"))["traceEvents"]
+rows = {r["step"]: r for r in map(json.loads, open(f"{d}/metrics.jsonl")) if "step_time_ms" in r}
+gpu_steps = [e for e in t if e.get("cat") == "step" and e["pid"] % 2 == 1]
+ops = [e for e in t if e.get("cat") == "op"]
+lanes = sorted({(e["pid"], e["tid"]) for e in t if e["ph"] == "X"})
+flows = [e for e in t if e["ph"] in "sf"]
+traced = [rows[s]["step_time_ms"] for s in range(20, 25) if s in rows]
+other = [rows[s]["step_time_ms"] for s in range(8, 19) if s in rows] + [rows[s]["step_time_ms"] for s in range(27, 41) if s in rows]
+print(f"  trace: {len(gpu_steps)} GPU steps, {len(ops)} op slices, {len(flows)} flow ends, lanes {lanes}")
+print(f"  op slices per step {len(ops) / max(1, len(gpu_steps)):.0f}; first ops: {[o['name'] for o in ops[:4]]}")
+if traced and other:
+    a, b = statistics.median(traced), statistics.median(other)
+    print(f"  step time traced (20-24) median {a:.3f} ms, untraced median {b:.3f} ms: tracing costs {100 * (a / b - 1):+.1f}% in its steps")
+print("  trace", "PASS" if len(gpu_steps) == 5 and (ops or "true" in d) else "FAIL")
+PY
+      done
+      TRACE=20-24 python3 "$HERE/observe_check.py" "$OUT/obs_${w}_false" | grep -v "^\[       OK"
+      log "tools/bench: trace of 5 steps off/on (whole-run rate), NVTX off/on"
+      timeout 300 "$S/bin/bench" "$S/examples/$w.ini" --rounds ${AB_ROUNDS:-3} --a run.trace= --b run.trace=14-18 > "$OUT/obs_trace_ab.log" 2>&1
+      echo "trace A/B rc=$?"; grep -E "^  (A|B) |B/A" "$OUT/obs_trace_ab.log"
+      for g in true false; do
+        timeout 300 "$S/bin/bench" "$S/examples/$w.ini" run.cuda_graph=$g --rounds ${AB_ROUNDS:-3} --a run.nvtx=false --b run.nvtx=true > "$OUT/obs_nvtx_$g.log" 2>&1
+        echo "nvtx A/B cuda_graph=$g rc=$?"; grep -E "^  (A|B) |B/A" "$OUT/obs_nvtx_$g.log"
+      done
+      if command -v nsys > /dev/null; then
+        timeout 200 nsys profile -o "$OUT/obs_nsys" --force-overwrite true "$T" "$S/examples/$w.ini" run.steps=12 \
+          run.cuda_graph=false run.checkpoint=false run.progress=off run.out_dir="$OUT/obs_nsys_run" > "$OUT/obs_nsys.log" 2>&1
+        nsys stats --report nvtx_sum "$OUT/obs_nsys.nsys-rep" 2>/dev/null | head -20
+      else
+        echo "nsys not installed here: NVTX names not checked"
+      fi
+      ;;
+    observe_ddp)
+      log "issue 13: trace of a data-parallel step on 2 GPUs: the all-reduce buckets against the backward"
+      timeout 200 $S/bin/launch --gpus 2 $S/examples/resnet50.ini run.cuda_graph=false run.checkpoint=false run.steps=30 \
+        run.log_every=1 run.trace=20-22 run.progress=off run.out_dir=$OUT/obs_ddp > $OUT/obs_ddp.log 2>&1
+      echo "2 GPUs rc=$?"
+      for f in $OUT/obs_ddp/trace.json $OUT/obs_ddp/rank1/trace.json; do
+        python3 - "$f" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))["traceEvents"]
+comm = [e for e in t if e.get("cat") == "comm"]
+ops = [e for e in t if e.get("cat") == "op"]
+bwd = [e for e in ops if e["args"].get("pass") == "backward"]
+if not comm or not bwd:
+    print(f"{sys.argv[1]}: FAIL {len(comm)} bucket slices, {len(bwd)} backward op slices"); sys.exit()
+# per step: the buckets that started before the last backward node ended overlap the backward
+steps = [e for e in t if e.get("cat") == "step" and e["pid"] % 2 == 1]
+over = 0
+for s in steps:
+    end = s["ts"] + s["dur"]
+    b = [e for e in bwd if s["ts"] <= e["ts"] <= end]
+    c = [e for e in comm if s["ts"] - 1e3 <= e["ts"] <= end]
+    if b and c:
+        last_bwd = max(e["ts"] + e["dur"] for e in b)
+        over += sum(e["ts"] < last_bwd for e in c)
+        print(f"  {s['name']}: {len(c)} buckets, {sum(e['ts'] < last_bwd for e in c)} started during the backward; "
+              f"all-reduce {sum(e['dur'] for e in c) / 1e3:.2f} ms, backward {sum(e['dur'] for e in b) / 1e3:.2f} ms")
+print(f"{sys.argv[1]}: {'PASS' if over else 'FAIL'} ({len(comm)} bucket slices, {over} overlapping the backward)")
+PY
+      done
+      ;;
     ddp) # all of the data-parallel checks below, in one call
       bash "$0" ddp_eq ddp_graph ddp_resume ddp_kill ddp_bench
+      ;;
+    ddp_recompute)
+      # issue 14 with data parallel: a small gpt on 2 GPUs, recompute none against patterns and auto (fp32
+      # deterministic: the weights bitwise equal), eager and with CUDA graphs; the buckets go as backward makes them
+      set -f
+      G2="$S/examples/gpt2_124m.ini model.n_layer=4 model.n_embd=128 model.n_head=4 model.context=128 data.shape=129
+          data.batch_size=8 data.on_device=false run.steps=20 run.precision=fp32 run.deterministic=true
+          run.checkpoint=true run.progress=off run.bucket_mb=0.25"
+      for graph in false true; do
+        for rc in none h.* auto; do
+          mem=""; [ $rc = auto ] && mem="run.memory_gb=0.001"
+          tag=$(echo "${graph}_$rc" | tr -c 'a-z0-9\n' '_')
+          timeout 200 $S/bin/launch --gpus 2 $G2 run.cuda_graph=$graph run.recompute=$rc $mem run.out_dir=$OUT/ddprc_$tag \
+            > $OUT/ddprc_$tag.log 2>&1; echo "2 GPUs cuda_graph=$graph recompute=$rc rc=$? $(grep -hE '^recompute \(|error' $OUT/ddprc_$tag.log | head -2 | tr '\n' ' ')"
+          [ $rc != none ] && compare $OUT/ddprc_${graph}_none/checkpoint.safetensors $OUT/ddprc_$tag/checkpoint.safetensors \
+            "2 GPUs cuda_graph=$graph: none vs $rc"
+        done
+      done
+      grep -hE "^data parallel:" $OUT/ddprc_false_auto.log
+      set +f
       ;;
     ddp_eq)
       log "data parallel: $(nvidia-smi --list-gpus | wc -l) GPUs, NCCL from ${nccl:-the system}"

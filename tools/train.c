@@ -12,6 +12,9 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: train RUN.INI [section.key=value ...]\n"
+          "       train --dry-run RUN.INI [section.key=value ...]\n"
+          "                               plan only: the batch (batch_size = auto), memory and FLOPs (recompute),\n"
+          "                               no training; with run.memory_gb=80 no GPU is needed\n"
           "       train --help-config     every config section and key, with defaults\n"
           "Trains the model the INI file describes; results go to runs/<name>/.\n"
           "Plugins are found in [plugins] path, STOKE_PLUGIN_PATH, and next to this binary.\n");
@@ -38,13 +41,18 @@ int main(int argc, char **argv) {
     }
     return 0;
   }
-  if (argv[1][0] == '-') {
-    fprintf(stderr, "stoke: error: unknown option '%s'\n", argv[1]);
+  int dry = !strcmp(argv[1], "--dry-run");
+  if (dry && argc < 3) {
     usage(stderr);
     return 2;
   }
-  stoke_run_opts o = {.ini_path = argv[1], .overrides = (const char *const *)argv + 2,
-                      .n_overrides = argc - 2};
+  if (argv[1 + dry][0] == '-') {
+    fprintf(stderr, "stoke: error: unknown option '%s'\n", argv[1 + dry]);
+    usage(stderr);
+    return 2;
+  }
+  stoke_run_opts o = {.ini_path = argv[1 + dry], .overrides = (const char *const *)argv + 2 + dry,
+                      .n_overrides = argc - 2 - dry, .dry_run = dry};
   stoke_summary s;
   stoke_err *e = stoke_train(&o, &s);
   if (e) {
@@ -52,6 +60,7 @@ int main(int argc, char **argv) {
     stoke_err_free(e);
     return 1;
   }
+  if (dry) return 0;
   if (s.interrupted)
     printf("stoke: stopped by a signal after step %lld; checkpoint: %s (continue with run.resume=%s)\n",
            (long long)s.steps, s.checkpoint[0] ? s.checkpoint : "none", s.checkpoint);

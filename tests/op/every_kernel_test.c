@@ -32,7 +32,8 @@
  * Built twice from this file: //tests/op:every_kernel_test (CI: the cpu
  * backend and the example plugins) and //tests/gpu:every_kernel_test
  * (EVERY_KERNEL_GPU: also cuda, cudnn, cudnn_classic, cublaslt and fused,
- * run on the GPU machine by tools/gpu_check.sh). */
+ * run on the GPU machine by tools/gpu_check.sh). `every_kernel_test --list`
+ * lists the kernels and which have no case, opening no device. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -117,11 +118,11 @@ static stoke_err *open_engines(void) {
   return NULL;
 }
 
-static int setup(void **state) {
+static int setup(int open) {
   stoke_err *e = stoke_registry_new(&reg);
   for (int i = 0; i < N_PLUGINS && !e; i++)
     e = stoke_registry_load(reg, access(plugins[i][1], R_OK) ? plugins[i][0] : plugins[i][1]);
-  if (!e) e = open_engines();
+  if (!e && open) e = open_engines();
   if (e) {
     print_error("every_kernel_test setup: %s\n", e->msg);
     stoke_err_free(e);
@@ -131,7 +132,7 @@ static int setup(void **state) {
   return 0;
 }
 
-static int teardown(void **state) {
+static int teardown(void) {
   for (int i = n_engines - 1; i >= 0; i--)
     if (engines[i].b->close) engines[i].b->close(engines[i].self);
   stoke_registry_free(reg);
@@ -755,8 +756,28 @@ static void test_kernel(void **state) {
   }
 }
 
-int main(void) {
-  if (setup(NULL)) return 1;
+/* --list: every registered kernel and whether its op has a case, without
+ * opening a device (what a GPU run would test, seen from any machine). */
+static int list_kernels(void) {
+  int n = 0, missing = 0;
+  for (const stoke_kernel_v1 *k; (k = stoke_registry_kernel(reg, n)); n++) {
+    int has = k->pass == STOKE_OPT ? opt_check(k->op) != NULL : case_gen(k->op) != NULL;
+    missing += !has;
+    printf("%-14s %-20s %-8s %-4s %-4s%s%s\n", k->engine, k->op, pass_name(k->pass), stoke_dtype_name(k->dtype),
+           stoke_layout_name(k->layout), k->accumulates ? " accumulates" : "", has ? "" : "  NO TEST CASE");
+  }
+  printf("%d kernels, %d without a test case\n", n, missing);
+  return missing != 0;
+}
+
+int main(int argc, char **argv) {
+  int list = argc > 1 && !strcmp(argv[1], "--list");
+  if (setup(!list)) return 1;
+  if (list) {
+    int rc = list_kernels();
+    stoke_registry_free(reg);
+    return rc;
+  }
   int n = 0;
   while (stoke_registry_kernel(reg, n)) n++;
   struct CMUnitTest *tests = calloc((size_t)n + 1, sizeof *tests);
@@ -776,6 +797,6 @@ int main(void) {
   int failed = _cmocka_run_group_tests("every_kernel", tests, (size_t)n, NULL, NULL);
   for (int i = 0; i < n; i++) free((void *)tests[i].name);
   free(tests);
-  teardown(NULL);
+  teardown();
   return failed;
 }

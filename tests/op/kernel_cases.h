@@ -176,7 +176,9 @@ static int gen_linear(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     add_in(c, SHAPE(o, in), IN_PARAM);
     if (bias) add_in(c, S1(o), IN_PARAM);
     c->k = (double)(in > b ? in : b);
-    c->flags = i == 2 && k->dtype == STOKE_F32 && gpu_engine(k) ? STOKE_KFLAG_TF32 : 0;
+    /* the GPU engines: autotuned, deterministic, TF32 (f32) */
+    static const uint32_t gpu_flags[3] = {STOKE_KFLAG_AUTOTUNE, STOKE_KFLAG_DETERMINISTIC, STOKE_KFLAG_TF32};
+    c->flags = gpu_engine(k) && (i < 2 || k->dtype == STOKE_F32) ? gpu_flags[i] : 0;
   }
   if (gpu_engine(k)) { /* GPT-2's output head, in part */
     int bias = strcmp(k->op, STOKE_OP_MATMUL) != 0;
@@ -638,20 +640,22 @@ static int gen_view(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   int64_t a = pick(r, 1, 4), b = odd(r), c_ = pick(r, 2, 12);
   stoke_shape x = SHAPE(a, b, c_);
   kcase *c;
+  /* i32 views (token windows): ids below GPT-2's vocabulary */
+  kin xin = {.shape = x, .kind = k->dtype == STOKE_I32 ? IN_LABEL : IN_ACT, .hi = k->dtype == STOKE_I32 ? 50257 : 0};
   if (!strcmp(k->op, STOKE_OP_RESHAPE)) {
     c = new_case(out, &n, k->op, "x %s to [%lld, -1]", shape_label(&x), (long long)a);
     snprintf(c->attrs, sizeof c->attrs, "shape=%lldx-1", (long long)a);
-    add_in(c, x, IN_ACT);
+    c->in[c->n_in++] = xin;
     c = new_case(out, &n, k->op, "x %s to [-1]", shape_label(&x));
     snprintf(c->attrs, sizeof c->attrs, "shape=-1");
-    add_in(c, x, IN_ACT);
+    c->in[c->n_in++] = xin;
   } else if (!strcmp(k->op, STOKE_OP_SLICE)) {
     for (int dim = 0; dim < 3; dim++) {
       int64_t len = pick(r, 1, x.d[dim]), start = pick(r, 0, x.d[dim] - len);
       c = new_case(out, &n, k->op, "x %s dim %d [%lld, +%lld)", shape_label(&x), dim, (long long)start, (long long)len);
       snprintf(c->attrs, sizeof c->attrs, "dim=%d, start=%lld, length=%lld", dim == 2 ? -1 : dim, (long long)start,
                (long long)len);
-      c->in[c->n_in++] = (kin){.shape = x, .kind = k->dtype == STOKE_I32 ? IN_LABEL : IN_ACT, .hi = k->dtype == STOKE_I32 ? 50257 : 0};
+      c->in[c->n_in++] = xin;
     }
   } else if (!strcmp(k->op, STOKE_OP_SPLIT)) {
     for (int dim = 0; dim < 3; dim++) {
@@ -660,7 +664,7 @@ static int gen_view(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
                    (long long)s1);
       if (s1) snprintf(c->attrs, sizeof c->attrs, "dim=%d, sizes=%lldx%lld", dim, (long long)(x.d[dim] - s1), (long long)s1);
       else snprintf(c->attrs, sizeof c->attrs, "dim=%d, sizes=%lld", dim, (long long)x.d[dim]);
-      add_in(c, x, IN_ACT);
+      c->in[c->n_in++] = xin;
       c->douts = s1 ? 3u : 1u;
     }
   } else {
@@ -668,7 +672,7 @@ static int gen_view(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     for (int i = 0; i < 3; i++) {
       c = new_case(out, &n, k->op, "x %s swap %d, %d", shape_label(&x), dd[i][0], dd[i][1]);
       snprintf(c->attrs, sizeof c->attrs, "dim0=%d, dim1=%d", dd[i][0], dd[i][1]);
-      add_in(c, x, IN_ACT);
+      c->in[c->n_in++] = xin;
     }
   }
   return n;

@@ -291,6 +291,24 @@ static void test_markdown(void **state) {
   }
 }
 
+/* The A/B page: both variants' rounds plotted, the ratio with its interval,
+ * the per-op change as bars (one per op, pass and engine of A or B). */
+static void test_html(void **state) {
+  bench_result r;
+  static char out[65536];
+  recorded(&r, 2);
+  render(bench_write_html, &r, out, sizeof out);
+  EXPECT_HAS(out, "<!DOCTYPE html>");
+  EXPECT_HAS(out, "data-points=\"6\" role=\"img\"><title>samples/s per round</title>");
+  EXPECT_HAS(out, "<b>B/A = 1.100</b> (95% CI 1.100 - 1.100; t-interval on the log ratios of 3 paired rounds)");
+  EXPECT_HAS(out, "<title>B/A per round</title>");
+  EXPECT_HAS(out, "<title>per-op change, B - A</title>");
+  EXPECT_HAS(out, ">relu fwd [cuda]</text>");
+  EXPECT_HAS(out, ">-0.25</text>"); /* only in A: its whole time gone */
+  assert_null(strstr(out, "<script"));
+  assert_non_null(strstr(out, "</body></html>"));
+}
+
 /* ---- a small JSON parser: the report must be one valid object */
 static const char *js_value(const char *p);
 static const char *js_ws(const char *p) {
@@ -367,7 +385,7 @@ int main(void) {
       cmocka_unit_test(test_parse_bad),    cmocka_unit_test(test_spread),
       cmocka_unit_test(test_t975),         cmocka_unit_test(test_ratio),
       cmocka_unit_test(test_rate),         cmocka_unit_test(test_commit),
-      cmocka_unit_test(test_text_report),  cmocka_unit_test(test_markdown),
+      cmocka_unit_test(test_text_report),  cmocka_unit_test(test_markdown), cmocka_unit_test(test_html),
       cmocka_unit_test(test_json),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -67,6 +67,10 @@ typedef struct stoke_gnode {
   /* a second user of a tied parameter: its parameter gradients always
    * accumulate onto what the earlier backward node wrote (beta 1) */
   int param_accumulate;
+  /* a forward node run again in the backward pass (core/recompute.c):
+   * pass STOKE_FWD, `fwd` the node it repeats (whose seed it takes, so a
+   * dropout mask comes out the same) */
+  int recompute;
   /* kernel resolution */
   const stoke_kernel_v1 *kernel;
   void *kstate;
@@ -137,6 +141,13 @@ typedef struct stoke_plan_opts {
    * and its master_dtype is the optimizer state's. NULL: the graph's dtype
    * for everything, f32 master weights for bf16/fp16 parameters. */
   const stoke_precision_v1 *precision;
+  /* Activation recomputation (core/recompute.c): NULL or "none"; "auto":
+   * the forward nodes cheapest to run again per byte they free are re-run
+   * in backward until the plan fits memory_budget; or a comma-separated
+   * list of node-name patterns ("h.*.attn, layer3.*"), each module they
+   * match recomputed as one segment. */
+  const char *recompute;
+  double memory_budget;       /* bytes the whole plan may take (recompute = auto); 0: no limit */
 } stoke_plan_opts;
 
 #define STOKE_MAX_ENGINES 32
@@ -166,6 +177,14 @@ typedef struct stoke_plan {
   size_t workspace_bytes;         /* largest node workspace */
   int n_schedule;                 /* nodes executed per micro-batch */
   int n_accumulated;              /* gradient sums done in place by their producers */
+  /* recomputation: forward nodes re-run in backward, their segments, the
+   * FLOPs they add per micro-batch (not in train_flops: MFU counts the
+   * model's FLOPs), the activation arena without them, and the report's
+   * list of segments (NULL: none) */
+  int n_recomputed, n_recompute_segments;
+  double recompute_flops;
+  size_t arena_without_recompute;
+  char *recompute_report;
 } stoke_plan;
 
 /* Derive backward (when opts->training), resolve every node to a kernel
@@ -177,6 +196,9 @@ void stoke_plan_free(stoke_plan *p);
 /* The value whose memory v is (itself unless v is a view or an in-place
  * gradient; core/alias.c) and v's byte offset in it. */
 int stoke_alias_root(const stoke_graph *g, int v, size_t *off);
+/* Bytes a compiled plan asks of the device besides the kernels'
+ * workspace: the flat buffers, the optimizer state and the arena. */
+double stoke_plan_device_bytes(const stoke_plan *p);
 /* The report: each node, its shapes, engine, FLOPs; memory by kind. */
 void stoke_plan_report(const stoke_plan *p, FILE *f);
 
@@ -266,11 +288,17 @@ stoke_err *stoke_exec_count_ops(stoke_exec *x, const stoke_opt_args_v1 *opt, int
  * report's first table prints, for tools (bench). Fills at most `cap`
  * rows; returns how many there are (0: nothing profiled). */
 typedef struct stoke_op_time {
-  char op[32], pass[4], engine[32]; /* pass: "fwd", "bwd" or "" */
+  char op[32], pass[4], engine[32]; /* pass: "fwd", "bwd", "rec" (recomputed in backward) or "" */
   int nodes;                        /* nodes of this op, pass and engine */
   double ms;                        /* their time per profiled step */
 } stoke_op_time;
 int stoke_exec_profile_rows(stoke_exec *x, stoke_op_time *rows, int cap);
+/* The last profiled step's device time in ms per node, in plan order, then
+ * the update's: n_nodes + 1 values (0: no step profiled yet). */
+int stoke_exec_profile_last(const stoke_exec *x, const double **ms);
+/* The timer recorded on the compute stream before the last profiled step's
+ * first node (NULL: none): where that step's node times start. */
+void *stoke_exec_profile_start(const stoke_exec *x);
 /* Read the loss of the last forward (synchronizes with the device). */
 stoke_err *stoke_exec_read_loss(stoke_exec *x, double *loss);
 

@@ -56,6 +56,12 @@ stoke_err *stoke_loader_next(stoke_loader *l, stoke_batch **b, double *wait_s);
 void stoke_loader_release(stoke_loader *l, stoke_batch *b);
 int64_t stoke_loader_batches_per_epoch(const stoke_loader *l);
 size_t stoke_loader_sample_bytes(const stoke_loader *l);
+/* A hook each worker calls after filling samples [from, to) of batch
+ * `number` (counted across epochs) between t0 and t1 (CLOCK_MONOTONIC
+ * seconds): the trace's loader lanes. NULL: none. */
+typedef void (*stoke_fill_hook)(void *ctx, int worker, int64_t number, int64_t from, int64_t to, double t0,
+                                double t1);
+void stoke_loader_on_fill(stoke_loader *l, stoke_fill_hook hook, void *ctx);
 /* Samples skipped so far because the source could not read them. */
 int64_t stoke_loader_skipped(const stoke_loader *l);
 

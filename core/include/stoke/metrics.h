@@ -27,6 +27,12 @@ typedef struct stoke_metrics_opts {
   /* the bench's window (stoke_run_opts.time_warmup, time_steps): the
    * summary's timed_ms sums these steps' device times; 0: none */
   int64_t time_warmup, time_steps;
+  const char *tensorboard_dir; /* TensorBoard scalars into this folder; NULL: none */
+  /* the HTML report, written by stoke_metrics_close into report_dir/report.html
+   * (NULL: none), titled with the run's name; the plan's memory by kind */
+  const char *report_dir, *run_name;
+  const stoke_plan *plan;
+  int64_t trace_first, trace_last; /* run.trace's steps (0: none): what tracing cost, measured */
 } stoke_metrics_opts;
 
 typedef struct stoke_metrics stoke_metrics;
@@ -37,6 +43,8 @@ void stoke_metrics_free(stoke_metrics *m);
  * what every step time, samples/s and MFU figure is computed from. They
  * come in at each log step (before stoke_metrics_step) and at the end. */
 void stoke_metrics_device(stoke_metrics *m, const double *ms, int64_t n);
+/* The last step's device time read so far (ms; NaN: none). */
+double stoke_metrics_last_ms(const stoke_metrics *m);
 /* The same from the step timers: every step they ended since the last call. */
 __attribute__((warn_unused_result)) stoke_err *stoke_metrics_collect(stoke_metrics *m, stoke_steptime *t);
 /* Record one step: `host_s` the host's time issuing it (launches, copies;

@@ -45,6 +45,11 @@ typedef struct stoke_summary {
   double timed_ms;        /* NaN: not timed */
   int n_op_rows;          /* rows of the per-op profile (profile_ops), maybe > op_rows_cap */
   int64_t eval_samples;   /* samples the last evaluation scored (unreadable ones are skipped) */
+  /* --dry-run (stoke_run_opts.dry_run): the batch, the bytes the plan asks
+   * of the device, and the FLOPs recomputation adds per micro-batch
+   * (flops_per_step: the model's, per micro-batch) */
+  int64_t dry_batch;
+  double dry_plan_bytes, dry_recompute_flops;
 } stoke_summary;
 
 typedef struct stoke_run_opts {
@@ -62,6 +67,9 @@ typedef struct stoke_run_opts {
   int64_t time_warmup, time_steps;
   stoke_op_time *op_rows;
   int op_rows_cap;
+  /* plan only (train --dry-run): the batch, memory and FLOPs the run
+   * would have, printed; no training, no run folder (core/run.c dry_run) */
+  int dry_run;
 } stoke_run_opts;
 
 /* Load the config and every plugin it names, declare their keys and

@@ -1,0 +1,174 @@
+/* tests/e2e/recompute_run_test.c: run.recompute through stoke_train on the
+ * CPU: a small GPT trained with recompute = none, a pattern list and auto
+ * (a tight run.memory_gb) gives the same losses, weights and summary FLOPs;
+ * --dry-run (stoke_run_opts.dry_run) plans without training or a run
+ * folder, and batch_size = auto finds a larger batch with recompute = auto
+ * than without at the same memory; a bad pattern is a clear error. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "stoke/core.h"
+#include "stoke/run.h"
+
+static const char *dirs[] = {"backends/cpu", "sources/synthetic", "models/gpt"};
+static char tmp[512], ini[600];
+
+static const char *gpt_ini =
+    "[run]\n"
+    "backends = cpu\n"
+    "steps = 6\n"
+    "accumulate = 2\n"
+    "seed = 5\n"
+    "log_every = 1\n"
+    "progress = off\n"
+    "checkpoint = true\n"
+    "\n"
+    "[data]\n"
+    "source = synthetic\n"
+    "tokens = true\n"
+    "shape = 17\n"
+    "classes = 64\n"
+    "length = 256\n"
+    "batch_size = 4\n"
+    "\n"
+    "[model]\n"
+    "name = gpt\n"
+    "n_layer = 2\n"
+    "n_head = 2\n"
+    "n_embd = 32\n"
+    "context = 16\n"
+    "\n"
+    "[optimizer]\n"
+    "name = adamw\n"
+    "lr = 1e-3\n";
+
+static int setup(void **state) {
+  snprintf(tmp, sizeof tmp, "%s/recompute_run_XXXXXX", getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp");
+  if (!mkdtemp(tmp)) return -1;
+  snprintf(ini, sizeof ini, "%s/gpt.ini", tmp);
+  FILE *f = fopen(ini, "w");
+  if (!f) return -1;
+  fputs(gpt_ini, f);
+  fclose(f);
+  return 0;
+}
+
+static stoke_err *run(const char *out, int dry, const char **over, int n_over, stoke_summary *s) {
+  const char *all[16];
+  char out_dir[700];
+  snprintf(out_dir, sizeof out_dir, "run.out_dir=%s/%s", tmp, out);
+  all[0] = out_dir;
+  for (int i = 0; i < n_over; i++) all[i + 1] = over[i];
+  stoke_run_opts o = {.ini_path = ini, .overrides = all, .n_overrides = n_over + 1, .plugin_dirs = dirs,
+                      .n_plugin_dirs = (int)(sizeof dirs / sizeof *dirs), .quiet = 1, .dry_run = dry};
+  return stoke_train(&o, s);
+}
+
+#define OK(expr)                                   \
+  do {                                             \
+    stoke_err *e_ = (expr);                        \
+    if (e_) fail_msg("%s: %s", #expr, e_->msg);    \
+  } while (0)
+
+/* The bytes of a whole file (NULL-terminated count in *n). */
+static char *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  *n = (size_t)ftell(f);
+  rewind(f);
+  char *b = malloc(*n + 1);
+  assert_int_equal(fread(b, 1, *n, f), *n);
+  fclose(f);
+  return b;
+}
+
+/* The tensors of two checkpoints (after their JSON headers, which carry
+ * the config) are the same bytes. */
+static void same_tensors(const char *a, const char *b) {
+  char pa[700], pb[700];
+  snprintf(pa, sizeof pa, "%s/%s/checkpoint.safetensors", tmp, a);
+  snprintf(pb, sizeof pb, "%s/%s/checkpoint.safetensors", tmp, b);
+  size_t na, nb;
+  char *x = slurp(pa, &na), *y = slurp(pb, &nb);
+  uint64_t ha = 0, hb = 0;
+  memcpy(&ha, x, 8); /* little-endian header length */
+  memcpy(&hb, y, 8);
+  assert_true(8 + ha < na && 8 + hb < nb);
+  assert_int_equal(na - ha, nb - hb);
+  if (memcmp(x + 8 + ha, y + 8 + hb, na - 8 - ha))
+    fail_msg("%s and %s differ: recomputation changed the trained weights", pa, pb);
+  free(x);
+  free(y);
+}
+
+static void test_same_training(void **state) {
+  stoke_summary s0, s1, s2;
+  OK(run("none", 0, (const char *[]){"run.recompute=none"}, 1, &s0));
+  OK(run("attn", 0, (const char *[]){"run.recompute=h.*.attn, h.*.mlp"}, 1, &s1));
+  OK(run("auto", 0, (const char *[]){"run.recompute=auto", "run.memory_gb=0.0001"}, 2, &s2));
+  assert_memory_equal(&s0.final_loss, &s1.final_loss, sizeof(double));
+  assert_memory_equal(&s0.final_loss, &s2.final_loss, sizeof(double));
+  /* the model's FLOPs (MFU's), not the recomputed ones */
+  assert_true(s0.flops_per_step == s1.flops_per_step && s0.flops_per_step == s2.flops_per_step);
+  same_tensors("none", "attn");
+  same_tensors("none", "auto");
+  /* the plan report says what is recomputed */
+  char path[700];
+  snprintf(path, sizeof path, "%s/auto/plan.txt", tmp);
+  size_t n;
+  char *plan = slurp(path, &n);
+  plan[n] = 0;
+  assert_non_null(strstr(plan, "recompute (auto, budget"));
+  assert_non_null(strstr(plan, "  segment transformer.h."));
+  free(plan);
+}
+
+static void test_dry_run(void **state) {
+  stoke_summary none, with;
+  /* 3 MiB: a few sequences fit with everything kept, more with recomputation */
+  OK(run("dry_none", 1, (const char *[]){"data.batch_size=auto", "run.memory_gb=0.003"}, 2, &none));
+  OK(run("dry_auto", 1, (const char *[]){"data.batch_size=auto", "run.memory_gb=0.003", "run.recompute=auto"}, 3,
+         &with));
+  print_message("batch_size = auto with 3 MiB: %lld without recomputation (%.0f bytes), %lld with (%.0f bytes, "
+                "+%.3g FLOPs)\n",
+                (long long)none.dry_batch, none.dry_plan_bytes, (long long)with.dry_batch, with.dry_plan_bytes,
+                with.dry_recompute_flops);
+  assert_true(none.dry_batch >= 8);
+  assert_true(with.dry_batch > none.dry_batch);
+  assert_true(with.dry_plan_bytes <= 0.85 * 0.003 * 1073741824.0);
+  assert_true(with.dry_recompute_flops > 0);
+  assert_int_equal(none.steps, 0);
+  /* nothing trained, no run folder */
+  char path[700];
+  struct stat st;
+  snprintf(path, sizeof path, "%s/dry_auto", tmp);
+  assert_int_not_equal(stat(path, &st), 0);
+}
+
+static void test_bad_pattern(void **state) {
+  stoke_summary s;
+  stoke_err *e = run("bad", 1, (const char *[]){"run.recompute=h.*.atn"}, 1, &s);
+  assert_non_null(e);
+  print_message("%s\n", e->msg);
+  assert_non_null(strstr(e->msg, "'h.*.atn' matches no forward node"));
+  stoke_err_free(e);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_same_training),
+      cmocka_unit_test(test_dry_run),
+      cmocka_unit_test(test_bad_pattern),
+  };
+  return cmocka_run_group_tests(tests, setup, NULL);
+}
