@@ -385,13 +385,22 @@ static stoke_err *jstring(jp *j, char **out) {
   return NULL;
 }
 
+/* A non-negative integer. The header is not NUL-terminated (the data or
+ * the end of the file follows), so its digits are copied out first. */
 static stoke_err *jint(jp *j, int64_t *v) {
   ws(j);
+  char digits[24];
+  size_t n = 0;
+  while (j->s + n < j->end && n < sizeof digits - 1 && isdigit((unsigned char)j->s[n])) {
+    digits[n] = j->s[n];
+    n++;
+  }
+  digits[n] = 0;
   char *e;
   errno = 0;
-  long long x = strtoll(j->s, &e, 10);
-  if (e == j->s || errno || e > j->end || x < 0) return bad(j, "bad integer");
-  j->s = e;
+  long long x = strtoll(digits, &e, 10);
+  if (!n || errno || n == sizeof digits - 1) return bad(j, "bad integer");
+  j->s += n;
   *v = x;
   return NULL;
 }
@@ -427,6 +436,10 @@ static size_t st_size(const char *dtype) {
 static int by_begin(const void *a, const void *b) {
   const stoke_st_tensor *x = a, *y = b;
   return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+static int by_name(const void *a, const void *b) {
+  return strcmp(((const stoke_st_tensor *)a)->name, ((const stoke_st_tensor *)b)->name);
 }
 
 /* The header: {"__metadata__": {k: "v", ...}, name: {dtype, shape, data_offsets}, ...} */
@@ -586,7 +599,20 @@ static stoke_err *read_whole(const char *path, unsigned char **out, size_t *size
 
 stoke_err *stoke_st_read(const char *path, stoke_st_file *f) {
   memset(f, 0, sizeof *f);
-  STOKE_PROPAGATE(read_whole(path, &f->bytes, &f->size));
+  unsigned char *bytes;
+  size_t size;
+  STOKE_PROPAGATE(read_whole(path, &bytes, &size));
+  return stoke_st_parse(bytes, size, path, f);
+}
+
+stoke_err *stoke_st_parse(unsigned char *bytes, size_t size, const char *path, stoke_st_file *f) {
+  memset(f, 0, sizeof *f);
+  f->bytes = bytes;
+  f->size = size;
+  if (size < 8) {
+    stoke_st_free(f);
+    return STOKE_ERR(STOKE_E_DATA, "checkpoint '%s' is truncated (%zu bytes)", path, size);
+  }
   stoke_err *e = NULL;
   uint64_t hlen = 0;
   for (int i = 0; i < 8 && !e; i++) hlen |= (uint64_t)f->bytes[i] << (8 * i);
@@ -598,6 +624,8 @@ stoke_err *stoke_st_read(const char *path, stoke_st_file *f) {
   if (!e) {
     jp j = {(const char *)f->bytes + 8, (const char *)f->bytes + 8 + hlen, path};
     e = parse_header(f, &j);
+    ws(&j); /* the header's padding */
+    if (!e && j.s != j.end) e = bad(&j, "bytes after the header's closing brace");
     f->data = f->bytes + 8 + hlen;
     f->data_size = f->size - 8 - hlen;
   }
@@ -605,7 +633,7 @@ stoke_err *stoke_st_read(const char *path, stoke_st_file *f) {
   if (!e) {
     stoke_st_tensor *sorted = malloc(sizeof *sorted * (size_t)(f->n_tensors ? f->n_tensors : 1));
     if (!sorted) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
-    if (!e) memcpy(sorted, f->tensors, sizeof *sorted * (size_t)f->n_tensors);
+    if (!e && f->n_tensors) memcpy(sorted, f->tensors, sizeof *sorted * (size_t)f->n_tensors);
     if (!e) qsort(sorted, (size_t)f->n_tensors, sizeof *sorted, by_begin);
     size_t at = 0;
     for (int i = 0; i < f->n_tensors && !e; i++) {
@@ -622,6 +650,11 @@ stoke_err *stoke_st_read(const char *path, stoke_st_file *f) {
       e = STOKE_ERR(STOKE_E_DATA,
                     "checkpoint '%s' is truncated or padded: tensors cover %zu bytes, the file holds %zu",
                     path, at, f->data_size);
+    /* one entry per name (a JSON object's keys are unique) */
+    if (!e) qsort(sorted, (size_t)f->n_tensors, sizeof *sorted, by_name);
+    for (int i = 1; i < f->n_tensors && !e; i++)
+      if (!strcmp(sorted[i].name, sorted[i - 1].name))
+        e = STOKE_ERR(STOKE_E_DATA, "checkpoint '%s': tensor '%s' appears twice in the header", path, sorted[i].name);
     free(sorted);
   }
   if (e) stoke_st_free(f);
@@ -747,13 +780,6 @@ static stoke_err *parse_meta(const stoke_st_file *f, const char *path, stoke_ckp
   return NULL;
 }
 
-stoke_err *stoke_checkpoint_read_meta(const char *path, stoke_ckpt_meta *m) {
-  stoke_st_file f;
-  STOKE_PROPAGATE(stoke_st_read(path, &f));
-  stoke_err *e = parse_meta(&f, path, m);
-  stoke_st_free(&f);
-  return e;
-}
 
 /* Each tensor's bytes against its checksum in the metadata, when the file
  * has them: *checked says whether. */
@@ -793,19 +819,37 @@ static stoke_err *check_data_crc(const stoke_st_file *f, const char *path, int *
   return NULL;
 }
 
+stoke_err *stoke_checkpoint_check(const stoke_st_file *f, const char *path, stoke_ckpt_meta *m) {
+  STOKE_PROPAGATE(parse_meta(f, path, m));
+  return check_data_crc(f, path, &m->data_checked);
+}
+
+/* The file read and checked: its run state, and with `data` its tensors. */
+static stoke_err *read_checked(const char *path, stoke_ckpt_meta *m, int data) {
+  stoke_st_file f;
+  STOKE_PROPAGATE(stoke_st_read(path, &f));
+  stoke_err *e = data ? stoke_checkpoint_check(&f, path, m) : parse_meta(&f, path, m);
+  stoke_st_free(&f);
+  return e;
+}
+
+stoke_err *stoke_checkpoint_read_meta(const char *path, stoke_ckpt_meta *m) { return read_checked(path, m, 0); }
+
+stoke_err *stoke_checkpoint_verify(const char *path, stoke_ckpt_meta *m) { return read_checked(path, m, 1); }
+
 stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_meta *m) {
   stoke_plan *p = stoke_exec_plan(x);
   stoke_st_file f;
   STOKE_PROPAGATE(stoke_st_read(path, &f));
-  stoke_err *e = parse_meta(&f, path, m);
-  if (!e) e = check_data_crc(&f, path, &m->data_checked);
+  stoke_err *e = stoke_checkpoint_check(&f, path, m);
   if (e) {
     stoke_st_free(&f);
     return e;
   }
   if (!m->data_checked || !m->meta_checked)
-    stoke_log(STOKE_LOG_WARN, "checkpoint",
-              "%s has no checksums (written by an older stoke): its bytes are loaded unverified", path);
+    stoke_log(STOKE_LOG_WARN, "checkpoint", "%s has no checksum of its %s (written by an older stoke?): %s unverified",
+              path, !m->data_checked && !m->meta_checked ? "tensors or run state" : !m->data_checked ? "tensors" : "run state",
+              !m->data_checked && !m->meta_checked ? "both are loaded" : "it is loaded");
   void *hb[3] = {0};
   size_t sizes[3];
   e = host_copies(x, hb, sizes);

@@ -40,6 +40,9 @@ struct stoke_loader {
   int64_t chunk_size;
   int stop;
   int64_t skipped;
+  /* the samples found unreadable (guarded by mu): a set of index + 1, open
+   * addressing, so each is warned about once per run */
+  int64_t *bad, n_bad, cap_bad;
   /* permutation cache of one epoch (guarded by mu) */
   int64_t *perm;
   int64_t perm_epoch;
@@ -87,6 +90,34 @@ static int64_t batch_n(const stoke_loader *l, int64_t number) {
   return first + n > l->shard_len ? l->shard_len - first : n;
 }
 
+/* Adds key (> 0) to the open-addressing table t of `cap` slots: 1 when new. */
+static int set_add(int64_t *t, int64_t cap, int64_t key) {
+  for (int64_t h = (int64_t)(stoke_hash3(0, 0, (uint64_t)key) % (uint64_t)cap);; h = (h + 1) % cap) {
+    if (t[h] == key) return 0;
+    if (!t[h]) {
+      t[h] = key;
+      return 1;
+    }
+  }
+}
+
+/* Adds sample k to the set of unreadable ones: 1 when it is new. Called
+ * with mu held; out of memory, it says new (a warning too many). */
+static int bad_insert(stoke_loader *l, int64_t k) {
+  if (2 * (l->n_bad + 1) > l->cap_bad) {
+    int64_t cap = l->cap_bad ? 2 * l->cap_bad : 64, *nb = calloc((size_t)cap, sizeof *nb);
+    if (!nb) return 1;
+    for (int64_t i = 0; i < l->cap_bad; i++)
+      if (l->bad[i]) set_add(nb, cap, l->bad[i]);
+    free(l->bad);
+    l->bad = nb;
+    l->cap_bad = cap;
+  }
+  int added = set_add(l->bad, l->cap_bad, k + 1);
+  l->n_bad += added;
+  return added;
+}
+
 /* Fill samples [from, to) of batch `number` into slot s. */
 static stoke_err *fill(stoke_loader *l, slot *s, int64_t number, int64_t from, int64_t to) {
   int64_t epoch = number / l->per_epoch, index = number % l->per_epoch;
@@ -117,13 +148,16 @@ static stoke_err *fill(stoke_loader *l, slot *s, int64_t number, int64_t from, i
       }
       pthread_mutex_lock(&l->mu);
       l->skipped++;
+      int first = bad_insert(l, k);
       pthread_mutex_unlock(&l->mu);
       if (re->code != STOKE_E_DATA || tries >= 16) {
         e = stoke_err_wrap(re, __FILE__, __LINE__, "reading sample %lld from source '%s'",
                            (long long)k, l->o.src->name);
         break;
       }
-      stoke_log(STOKE_LOG_WARN, "loader", "skipping sample %lld: %s", (long long)k, re->msg);
+      if (first) /* once per run; the summary counts them */
+        stoke_log(STOKE_LOG_WARN, "loader", "skipping sample %lld (said once, skipped every time): %s", (long long)k,
+                  re->msg);
       stoke_err_free(re);
       if (l->o.skip_bad) { /* a hole, never a duplicate */
         memset(dst, 0, l->sample_bytes);
@@ -274,6 +308,7 @@ void stoke_loader_free(stoke_loader *l) {
   pthread_cond_destroy(&l->cv_free);
   pthread_cond_destroy(&l->cv_full);
   free(l->perm);
+  free(l->bad);
   free(l->slots);
   free(l->threads);
   free(l);
@@ -334,6 +369,12 @@ void stoke_loader_on_fill(stoke_loader *l, stoke_fill_hook hook, void *ctx) {
 int64_t stoke_loader_skipped(const stoke_loader *l) {
   pthread_mutex_lock((pthread_mutex_t *)&l->mu);
   int64_t n = l->skipped;
+  pthread_mutex_unlock((pthread_mutex_t *)&l->mu);
+  return n;
+}
+int64_t stoke_loader_bad_samples(const stoke_loader *l) {
+  pthread_mutex_lock((pthread_mutex_t *)&l->mu);
+  int64_t n = l->n_bad;
   pthread_mutex_unlock((pthread_mutex_t *)&l->mu);
   return n;
 }

@@ -316,14 +316,15 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
     fprintf(m->jsonl,
             "{\"summary\": \"%s\", \"steps\": %lld, \"samples\": %lld, \"final_loss\": %.6g, "
             "\"samples_per_s_median\": %.1f, \"step_time_ms_p50\": %s, \"step_time_ms_p95\": %s, "
-            "\"step_time_ms_max\": %s, \"host_ms_p50\": %s, \"data_wait_s\": %.4f, \"flops_per_step\": %.6g, \"skipped_samples\": %lld, "
+            "\"step_time_ms_max\": %s, \"host_ms_p50\": %s, \"data_wait_s\": %.4f, \"flops_per_step\": %.6g, "
+            "\"skipped_samples\": %lld, \"bad_samples\": %lld, "
             "\"eval_loss\": %s, \"eval_accuracy\": %s, \"mfu\": %s, \"gpu_util_mean\": %s, "
             "\"gpu_mem_max_mib\": %s, \"device_alloc_mib\": %s, \"gpu_ops_per_step\": %lld, "
             "\"launches_per_step\": %lld}\n",
             status, (long long)s->steps, (long long)s->samples, s->final_loss, s->samples_per_s,
             json_num(s->step_ms_p50, f, sizeof f), json_num(s->step_ms_p95, g, sizeof g),
             json_num(s->step_ms_max, h, sizeof h), json_num(s->host_ms_p50, k, sizeof k), s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples,
-            json_num(s->eval_loss, a, sizeof a), json_num(s->eval_accuracy, b, sizeof b),
+            (long long)s->bad_samples, json_num(s->eval_loss, a, sizeof a), json_num(s->eval_accuracy, b, sizeof b),
             json_num(s->mfu, c, sizeof c), json_num(s->gpu_util_mean, d, sizeof d),
             json_num(s->gpu_mem_max_mib, e, sizeof e), json_num(s->dev_alloc_mib, m_, sizeof m_),
             (long long)s->gpu_ops_per_step,
@@ -365,7 +366,9 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
   else if (s->eval_loss == s->eval_loss)
     printf("  evaluation: loss %.4f (%.4f bits per token) over %lld sequences\n", s->eval_loss, s->eval_loss / log(2.0),
            (long long)s->eval_samples);
-  if (s->skipped_samples) printf("  %lld samples could not be read and were replaced (see log.txt)\n", (long long)s->skipped_samples);
+  if (s->skipped_samples)
+    printf("  %lld samples could not be read (each named once in log.txt); replaced %lld times\n",
+           (long long)s->bad_samples, (long long)s->skipped_samples);
   printf("  metrics: %s/metrics.jsonl\n", s->out_dir);
   if (m->o.report_dir) printf("  report: %s/report.html (open it in a browser)\n", m->o.report_dir);
   if (m->tb) printf("  TensorBoard: %s (tensorboard --logdir on its folder)\n", stoke_tb_path(m->tb));

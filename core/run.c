@@ -1,6 +1,7 @@
 /* core/run.c: a training run as the INI file says: strict config, plugin
  * loading by name, graph build and compile, the loader, the step loop
  * (loss read back only every log_every steps), metrics and the summary. */
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -929,6 +930,43 @@ static stoke_err *save_on_exit(run_state *s, stoke_err *e, int64_t good, int64_t
   return note_saved(s, e, good, sum);
 }
 
+/* Before anything is written to out_dir: checkpoint files of processes
+ * killed mid-save (checkpoint.safetensors.tmp.PID, that PID gone from this
+ * machine) are removed, and another run's checkpoint there is kept: the
+ * run is refused unless it continues that checkpoint (run.resume names
+ * it) or run.overwrite = true says to start over. */
+static stoke_err *claim_out_dir(const stoke_cfg *c, const char *dir, const char *resume, int want_ckpt,
+                                int overwrite) {
+  DIR *d = opendir(dir);
+  for (struct dirent *de; d && (de = readdir(d));) {
+    static const char tmp[] = "checkpoint.safetensors.tmp.";
+    char *end;
+    if (strncmp(de->d_name, tmp, sizeof tmp - 1)) continue;
+    long pid = strtol(de->d_name + sizeof tmp - 1, &end, 10);
+    if (end == de->d_name + sizeof tmp - 1 || *end || pid <= 0 || pid > INT_MAX) continue;
+    if (pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) continue; /* still saving */
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    if (!unlink(path))
+      stoke_log(STOKE_LOG_INFO, "run", "removed %s, left by process %ld, which was killed while saving", path, pid);
+  }
+  if (d) closedir(d);
+  char ckpt[PATH_MAX];
+  snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", dir);
+  struct stat have, named;
+  if (!want_ckpt || overwrite || stat(ckpt, &have)) return NULL;
+  if (resume[0] && !stat(resume, &named) && named.st_dev == have.st_dev && named.st_ino == have.st_ino) return NULL;
+  stoke_ckpt_meta m;
+  char what[64] = "unreadable";
+  stoke_err *e = stoke_checkpoint_read_meta(ckpt, &m);
+  if (e) stoke_err_free(e);
+  else snprintf(what, sizeof what, "step %lld", (long long)m.step);
+  return STOKE_ERR(STOKE_E_INVALID,
+                   "%s: [run] out_dir '%s' holds another run's checkpoint (%s, %s): continue it with run.resume=%s, "
+                   "start over with run.overwrite=true (it is replaced at the first save), or choose another out_dir",
+                   stoke_cfg_where(c, "run", "out_dir"), dir, ckpt, what, ckpt);
+}
+
 /* Before any compute: room for a checkpoint in out_dir, on its disk and
  * under the file-size limit, so that a run never trains for hours to fail
  * at its first save. */
@@ -1122,6 +1160,8 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   snprintf(sum->out_dir, sizeof sum->out_dir, "%s", dir);
   sig_set(&sg, 2, SIG_IGN); /* SIGXFSZ: see sig_guard */
   STOKE_TRY_GOTO(e, done, mkdir_p(dir), "[run] out_dir");
+  int want_ckpt = rc->run.checkpoint;
+  if (s.rank == 0) STOKE_TRY_GOTO(e, done, claim_out_dir(c, dir, resume, want_ckpt, rc->run.overwrite), "");
   s.config_text = config_text(c);
   char path[640];
   snprintf(path, sizeof path, "%s/config.ini", dir);
@@ -1234,7 +1274,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   /* -- the step loop */
   int64_t step, epoch = 0;
   int64_t eval_period = eval_every > 0 ? (int64_t)llround(eval_every * (double)per_epoch) : 0;
-  int on_device = rc->data.on_device, want_ckpt = rc->run.checkpoint, profile_ops = rc->run.profile_ops;
+  int on_device = rc->data.on_device, profile_ops = rc->run.profile_ops;
   int cuda_graph = rc->run.cuda_graph;
   stoke_nvtx_enable(rc->run.nvtx);
   int64_t growth = rc->run.loss_scale_growth;
@@ -1406,6 +1446,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   sum->steps = step;
   sum->samples = (step - start_step) * batch * accumulate * s.world;
   sum->skipped_samples = stoke_loader_skipped(s.train.loader);
+  sum->bad_samples = stoke_loader_bad_samples(s.train.loader);
   if (!e && s.dp) e = report_ranks(&s, sum, o->quiet);
   if (!e) e = stoke_metrics_close(s.metrics, sum, stop ? "interrupted" : "done");
   if (!e) e = check_log(&s, dir);

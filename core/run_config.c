@@ -55,6 +55,9 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"checkpoint", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "write checkpoints (false: none at all, e.g. for benchmarks)"},
     {"resume", STOKE_CFG_STR, "", 0, 0, NULL, "continue from this checkpoint file"},
+    {"overwrite", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "start over in an out_dir that holds another run's checkpoint (replaced at the first save); without it "
+     "such a run is refused unless run.resume names that checkpoint"},
     {"deterministic", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "bitwise-reproducible runs: deterministic algorithms only (the cpu backend always is)"},
     {"loss_scale_init", STOKE_CFG_FLOAT, "0", 0, 1e38, NULL,
@@ -316,6 +319,7 @@ static stoke_err *read_run(const stoke_cfg *c, stoke_run_config *rc) {
   RUN(stoke_cfg_float, "loss_scale_init", &rc->run.loss_scale_init);
   RUN(stoke_cfg_bool, "profile_ops", &rc->run.profile_ops);
   RUN(stoke_cfg_bool, "checkpoint", &rc->run.checkpoint);
+  RUN(stoke_cfg_bool, "overwrite", &rc->run.overwrite);
   RUN(stoke_cfg_bool, "deterministic", &rc->run.deterministic);
   RUN(stoke_cfg_bool, "fuse", &rc->run.fuse);
   RUN(stoke_cfg_bool, "grad_sums_in_place", &rc->run.grad_sums_in_place);

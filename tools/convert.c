@@ -31,6 +31,7 @@
 #include "sources/jpeg/walk.h"
 #include "sources/lmdb/record.h"
 #include "stoke/core.h"
+#include "idx.h"
 #include "text.h"
 
 #define BATCH_RECORDS 1000
@@ -327,50 +328,14 @@ static void summary(const writer *w, const stoke_meta *m, int64_t skipped, int64
 
 /* ---------------------------------------------------------------- idx */
 
-static stoke_err *gz_read(gzFile f, const char *path, void *buf, unsigned n, const char *what) {
-  int got = gzread(f, buf, n);
-  if (got == (int)n) return NULL;
-  int zerr = 0;
-  const char *msg = gzerror(f, &zerr);
-  if (got < 0 || (zerr != Z_OK && zerr != Z_BUF_ERROR))
-    return STOKE_ERR(STOKE_E_IO, "%s: cannot read %s: %s", path, what, zerr == Z_ERRNO ? strerror(errno) : msg);
-  return STOKE_ERR(STOKE_E_DATA, "%s: truncated: the file ends inside %s", path, what);
-}
-
-/* Opens an IDX file (gzread also reads plain files) and checks its magic;
- * dims[] gets its ndims sizes. */
-static stoke_err *idx_open(const char *path, uint32_t magic, int ndims, gzFile *out, uint32_t *dims) {
-  gzFile f = gzopen(path, "rb");
-  if (!f)
-    return STOKE_ERR(errno == ENOENT ? STOKE_E_NOT_FOUND : STOKE_E_IO, "%s: cannot open: %s", path,
-                     errno ? strerror(errno) : "out of memory");
-  unsigned char h[16];
-  stoke_err *e = gz_read(f, path, h, 4, "the IDX header");
-  uint32_t m = (uint32_t)h[0] << 24 | (uint32_t)h[1] << 16 | (uint32_t)h[2] << 8 | h[3];
-  if (!e && m != magic)
-    e = STOKE_ERR(STOKE_E_DATA, "%s: magic 0x%08x, expected 0x%08x (an IDX %s file)", path, m, magic,
-                  magic == 0x803 ? "image" : "label");
-  if (!e) e = gz_read(f, path, h, 4u * (unsigned)ndims, "the IDX header");
-  for (int i = 0; !e && i < ndims; i++) {
-    dims[i] = (uint32_t)h[4 * i] << 24 | (uint32_t)h[4 * i + 1] << 16 | (uint32_t)h[4 * i + 2] << 8 | h[4 * i + 3];
-    if (!dims[i]) e = STOKE_ERR(STOKE_E_DATA, "%s: dimension %d of the IDX header is 0", path, i);
-  }
-  if (e) {
-    gzclose(f);
-    return e;
-  }
-  *out = f;
-  return NULL;
-}
-
 static stoke_err *convert_idx(const char *images, const char *labels, const char *out, int force) {
   gzFile fi = NULL, fl = NULL;
   uint32_t di[3], dl[1];
   uint8_t *lab = NULL, *img = NULL;
   writer w = {0};
   stoke_err *e = NULL;
-  STOKE_TRY_GOTO(e, done, idx_open(images, 0x803, 3, &fi, di), "reading the images");
-  STOKE_TRY_GOTO(e, done, idx_open(labels, 0x801, 1, &fl, dl), "reading the labels");
+  STOKE_TRY_GOTO(e, done, stoke_idx_open(images, 0x803, 3, &fi, di), "reading the images");
+  STOKE_TRY_GOTO(e, done, stoke_idx_open(labels, 0x801, 1, &fl, dl), "reading the labels");
   if (di[0] != dl[0]) {
     e = STOKE_ERR(STOKE_E_DATA, "%s holds %u images but %s holds %u labels; they must match", images, di[0], labels,
                   dl[0]);
@@ -387,7 +352,7 @@ static stoke_err *convert_idx(const char *images, const char *labels, const char
     e = STOKE_ERR(STOKE_E_OOM, "out of memory");
     goto done;
   }
-  STOKE_TRY_GOTO(e, done, gz_read(fl, labels, lab, n, "the labels"), "");
+  STOKE_TRY_GOTO(e, done, stoke_idx_read(fl, labels, lab, n, "the labels"), "");
   unsigned max_label = 0;
   for (uint32_t i = 0; i < n; i++) max_label = lab[i] > max_label ? lab[i] : max_label;
   size_t rec = STOKE_REC_HEADER_BYTES + px + 32;
@@ -396,7 +361,7 @@ static stoke_err *convert_idx(const char *images, const char *labels, const char
   for (uint32_t i = 0; i < n; i++) {
     char what[64];
     snprintf(what, sizeof what, "image %u of %u", i, n);
-    STOKE_TRY_GOTO(e, done, gz_read(fi, images, img, px, what), "");
+    STOKE_TRY_GOTO(e, done, stoke_idx_read(fi, images, img, px, what), "");
     stoke_rec r = {STOKE_ENC_RAW, lab[i], di[1], di[2], 1, px, img};
     STOKE_TRY_GOTO(e, done, writer_add(&w, &r), "writing %s", out);
   }

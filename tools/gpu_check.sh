@@ -5,7 +5,23 @@
 # /tmp/stoke, runs every GPU test binary, then any extra command given as
 # arguments (run with the unpacked tree as $S). Full logs go to $OUT (or
 # ./gpu-out); the closing lines summarize.
+#
+#   bash .stage/gpu_check.sh [--repeat N] [--only NAME,...] [COMMAND...]
+#
+# --repeat N (or TEST_REPS=N) runs every test binary N times, as CI would on
+# every commit, each run with a fresh STOKE_TEST_SEED (the seed of the
+# tests' random inputs, on its line: a failure reruns with it), and ends
+# with the flakes: per test, runs, failures, and the seeds and test cases
+# that failed. --only runs just the named test binaries (cuda_ops_test,...).
 set -uo pipefail
+reps=${TEST_REPS:-1} only=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --repeat) reps=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
 ST="$(cd "$(dirname "$0")" && pwd)"
 final="${OUT:-gpu-out}"
 out=/tmp/stoke-out   # everything, packed into $OUT/logs.tar.gz at the end (the device tool returns 8 files)
@@ -19,22 +35,38 @@ export STOKE_PLUGIN_PATH="$S/bin/plugins"
 export LD_LIBRARY_PATH="$S/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/device.txt" 2>&1
 summary=""
+declare -A runs fails failed_seeds
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  # TEST_REPS=N runs every test N times (each run draws its own seed)
-  for rep in $(seq "${TEST_REPS:-1}"); do
+  for rep in $(seq "$reps"); do
     for t in "$S"/tests/*_test; do
       [ -x "$t" ] || continue
       name=$(basename "$t")
-      log="$out/$name.log"; [ "${TEST_REPS:-1}" -gt 1 ] && log="$out/$name.$rep.log"
-      timeout 300 "$t" > "$log" 2>&1
+      [ -z "$only" ] || [[ ",$only," == *",$name,"* ]] || continue
+      log="$out/$name.log"; [ "$reps" -gt 1 ] && log="$out/$name.$rep.log"
+      # a fresh seed every run (the tests' default, the time, repeats within a second)
+      seed=$(( ($(date +%s%N) / 1000 + rep * 7919) % 4294967296 ))
+      STOKE_TEST_SEED=$seed timeout 300 "$t" > "$log" 2>&1
       rc=$?
       line=$(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | tail -2 | tr '\n' ' ')
-      summary="$summary$name#$rep rc=$rc $line $(grep -m1 -o -i 'seed[ =:]*[0-9]*' "$log")\n"
+      summary="$summary$name#$rep rc=$rc $line seed $seed\n"
+      runs[$name]=$(( ${runs[$name]:-0} + 1 ))
+      if [ "$rc" -ne 0 ]; then
+        fails[$name]=$(( ${fails[$name]:-0} + 1 ))
+        cases=$(grep -E '^\[  FAILED  \] [a-z_]' "$log" | sed 's/.*\] //' | tr '\n' ',' | sed 's/,$//')
+        failed_seeds[$name]="${failed_seeds[$name]:-} $seed(${cases:-rc $rc})"
+      fi
     done
   done
 fi
 printf "device: %s\n" "$(cat "$out/device.txt")"
 printf "%b" "$summary"
+if [ "$reps" -gt 1 ]; then
+  printf '\nflakes over %d runs with fresh seeds (rerun one: STOKE_TEST_SEED=SEED $S/tests/NAME):\n' "$reps"
+  printf '%-26s %4s %5s  %s\n' test runs fails "seeds that failed (test cases)"
+  for name in $(printf '%s\n' "${!runs[@]}" | sort); do
+    printf '%-26s %4d %5d %s\n' "$name" "${runs[$name]}" "${fails[$name]:-0}" "${failed_seeds[$name]:-}"
+  done
+fi
 if [ $# -gt 0 ]; then
   OUT="$out" SUITE="$ST/gpu_suite.sh" bash -c "$*"
 fi

@@ -15,6 +15,7 @@ pkgs=(
   dataset-fashion-mnist            # the e2e accuracy tests (real data)
   fortunes                         # English text for the byte-level language model (examples/charlm.ini)
   libpcre2-dev                     # GPT-2's pre-tokenizing regex (tools/convert text --tokenizer gpt2)
+  clang libclang-rt-14-dev         # libFuzzer and the sanitizers for the fuzz targets (tools/fuzz.sh)
   chromium                         # report.html rendered headless in tests/e2e:observe_test
 )
 missing=()

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # tools/test.sh: set up, then run every test twice: a normal build and under
 # AddressSanitizer + UBSan (--config=asan), and the loader test under
-# ThreadSanitizer. Prints "N passed, N failed"
-# counting individual cmocka test cases; exits non-zero on any failure.
+# ThreadSanitizer, then every fuzz target under libFuzzer for a short budget
+# (tools/fuzz.sh; STOKE_FUZZ_BUDGET seconds each, default 25). Prints "N
+# passed, N failed" counting individual cmocka test cases (and each fuzz
+# target as one); exits non-zero on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh || exit 1
@@ -36,5 +38,15 @@ f=$(grep -Eo '^\[  FAILED  \] [0-9]+ test' "$log" | grep -Eo '[0-9]+' | tail -1)
 [ -z "$p$f" ] && f=1
 passed=$((passed + ${p:-0}))
 failed=$((failed + ${f:-0}))
+# the fuzz targets under libFuzzer (a finding's input lands in tests/fuzz/regress/)
+echo "== tools/fuzz.sh --budget ${STOKE_FUZZ_BUDGET:-25}" >&2
+fuzz_log=$(mktemp)
+tools/fuzz.sh --budget "${STOKE_FUZZ_BUDGET:-25}" | tee "$fuzz_log" || status=1
+f=$(awk -F'|' '$6 ~ /^ *[0-9]+ *$/ { n++; if ($6 + 0 > 0) bad++ } END { print n + 0, bad + 0 }' "$fuzz_log")
+set -- $f
+[ "$1" -eq 0 ] && { echo "tools/fuzz.sh ran no target" >&2; failed=$((failed + 1)); }
+passed=$((passed + $1 - $2))
+failed=$((failed + $2))
+rm -f "$fuzz_log"
 echo "$passed passed, $failed failed"
 [ "$status" -eq 0 ] && [ "$failed" -eq 0 ]

@@ -205,7 +205,7 @@ static void lm_close(void *self) {
 /* Checks that `file` starts with an LMDB meta page before LMDB sees it:
  * opening anything else would leave a lock file next to it. */
 static stoke_err *check_lmdb_file(const char *path, const char *file) {
-  int fd = open(file, O_RDONLY | O_CLOEXEC);
+  int fd = open(file, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* never waits on a FIFO swapped in since the stat */
   if (fd < 0)
     return STOKE_PERR(errno == ENOENT ? STOKE_E_NOT_FOUND : STOKE_E_IO, "lmdb %s: cannot open %s: %s", path, file,
                       strerror(errno));
@@ -327,10 +327,11 @@ static stoke_err *env_get(lmdb_src *s, int64_t max_readers) {
     snprintf(file, sizeof file, "%s", s->path);
     flags |= MDB_NOSUBDIR;
   }
-  STOKE_PROPAGATE_P(check_lmdb_file(s->path, file));
+  /* a FIFO would block the open below forever, a device would be mapped */
   struct stat fs;
   if (stat(file, &fs) != 0) return STOKE_PERR(STOKE_E_IO, "lmdb %s: cannot stat %s: %s", s->path, file, strerror(errno));
   if (!S_ISREG(fs.st_mode)) return STOKE_PERR(STOKE_E_IO, "lmdb %s: %s is not a file; " HOWTO, s->path, file);
+  STOKE_PROPAGATE_P(check_lmdb_file(s->path, file));
   stoke_err *e = NULL;
   pthread_mutex_lock(&envs_mu);
   shared_env *se = envs;

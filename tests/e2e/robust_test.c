@@ -2,7 +2,9 @@
  * signals during the final save and in the middle of a long step, errors
  * after training started (the weights are saved first), a full disk and a
  * file-size limit, crafted checkpoint metadata, a FIFO as run.resume, and
- * evaluations with unreadable files or more than 4096 classes. */
+ * evaluations with unreadable files or more than 4096 classes; bit flips
+ * anywhere in a checkpoint, stale temporary files and another run's
+ * checkpoint in out_dir (issue 15). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -455,20 +457,28 @@ static void test_memory_limit(void **state) {
 
 /* --------------------------------------------------- checkpoints (4, 5, 14) */
 
+/* The whole of a checkpoint file (free it) and its header's length. */
+static unsigned char *read_ckpt(const char *path, size_t *n, uint64_t *hlen) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  *n = (size_t)ftell(f);
+  rewind(f);
+  unsigned char *b = malloc(*n);
+  assert_int_equal(fread(b, 1, *n, f), *n);
+  fclose(f);
+  *hlen = 0;
+  for (int i = 0; i < 8; i++) *hlen |= (uint64_t)b[i] << (8 * i);
+  return b;
+}
+
 /* Reads a checkpoint, applies `edit` to its header text (replace `from`
  * by `to`, and drop the metadata checksum when `drop_crc`), writes it to
  * `out`. */
 static void craft(const char *in, const char *out, const char *from, const char *to, int drop_crc) {
-  FILE *f = fopen(in, "rb");
-  assert_non_null(f);
-  fseek(f, 0, SEEK_END);
-  size_t n = (size_t)ftell(f);
-  rewind(f);
-  unsigned char *b = malloc(n);
-  assert_int_equal(fread(b, 1, n, f), n);
-  fclose(f);
-  uint64_t hlen = 0;
-  for (int i = 0; i < 8; i++) hlen |= (uint64_t)b[i] << (8 * i);
+  size_t n;
+  uint64_t hlen;
+  unsigned char *b = read_ckpt(in, &n, &hlen);
   size_t cap = hlen + (to ? strlen(to) : 0) + 64;
   char *h = calloc(1, cap);
   memcpy(h, b + 8, hlen);
@@ -486,7 +496,7 @@ static void craft(const char *in, const char *out, const char *from, const char 
   while (strlen(h) > 0 && h[strlen(h) - 1] == ' ') h[strlen(h) - 1] = 0;
   while (strlen(h) % 8) strcat(h, " ");
   uint64_t nl = strlen(h);
-  f = fopen(out, "wb");
+  FILE *f = fopen(out, "wb");
   for (int i = 0; i < 8; i++) fputc((int)(nl >> (8 * i)) & 0xff, f);
   fwrite(h, 1, nl, f);
   fwrite(b + 8 + hlen, 1, n - 8 - hlen, f);
@@ -558,6 +568,87 @@ static void test_resume_not_a_file(void **state) {
   alarm(0);
 }
 
+/* ------------------------------------------ corrupt checkpoints (issue 15) */
+
+/* A flipped bit anywhere in a checkpoint: 100 random ones in the data
+ * section, 100 anywhere in the file, each refused by what a resume checks
+ * first (the structure, the run state's checksum, every tensor's). */
+static void test_bit_flips_detected(void **state) {
+  stoke_summary s;
+  stoke_err *e = run_in("flips", &s, OVER("run.steps=3", "optimizer.momentum=0.9"));
+  if (e) fail_msg("%s", e->msg);
+  char good[800], bad[800];
+  snprintf(good, sizeof good, "%s/flips/checkpoint.safetensors", tmp);
+  at_tmp(bad, sizeof bad, "flipped.safetensors");
+  size_t n;
+  uint64_t hlen;
+  unsigned char *b = read_ckpt(good, &n, &hlen);
+  uint64_t r = 12345;
+  int damaged_tensor = 0;
+  for (int trial = 0; trial < 200; trial++) {
+    r = r * 6364136223846793005ull + 1442695040888963407ull;
+    size_t lo = trial < 100 ? 8 + hlen : 0;
+    size_t at = lo + (size_t)((r >> 20) % (n - lo));
+    int bit = (int)((r >> 8) & 7);
+    b[at] ^= (unsigned char)(1 << bit);
+    write_file(bad, b, n);
+    b[at] ^= (unsigned char)(1 << bit);
+    stoke_ckpt_meta m;
+    e = stoke_checkpoint_verify(bad, &m);
+    if (!e) fail_msg("trial %d: bit %d of byte %zu (of %zu, header %llu) flipped, and the checkpoint verified", trial,
+                     bit, at, n, (unsigned long long)hlen);
+    damaged_tensor += strstr(e->msg, "is damaged: its bytes give CRC-32C") != NULL;
+    stoke_err_free(e);
+  }
+  print_message("200 of 200 flips refused; %d named the damaged tensor\n", damaged_tensor);
+  assert_true(damaged_tensor >= 100); /* every flip in the data names its tensor */
+  /* and a resume says which tensor */
+  b[8 + hlen + (n - 8 - hlen) / 2] ^= 4;
+  write_file(bad, b, n);
+  char resume[900];
+  snprintf(resume, sizeof resume, "run.resume=%s", bad);
+  EXPECT_RUN_ERR(run_in("flips_r", &s, OVER(resume)), "flipped.safetensors", "is damaged", "tensor '",
+                 "[run] resume");
+  free(b);
+}
+
+/* Temporary files of processes killed mid-save are removed at the next
+ * start in that folder (a live process's is kept); another run's
+ * checkpoint is never replaced silently. */
+static void test_out_dir_claimed(void **state) {
+  stoke_summary s;
+  char dir[800], path[900];
+  at_tmp(dir, sizeof dir, "claimed");
+  mkdir(dir, 0755);
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  waitpid(dead, NULL, 0);
+  snprintf(path, sizeof path, "%s/checkpoint.safetensors.tmp.%d", dir, (int)dead);
+  write_file(path, "half a checkpoint", 17);
+  snprintf(path, sizeof path, "%s/checkpoint.safetensors.tmp.%d", dir, (int)getppid());
+  write_file(path, "being written", 13);
+  stoke_err *e = run_in("claimed", &s, OVER("run.steps=2"));
+  if (e) fail_msg("%s", e->msg);
+  assert_int_equal(count_files("claimed", "checkpoint.safetensors.tmp."), 1); /* the live one */
+  unlink(path);
+  /* a second run there: refused, saying what to do */
+  EXPECT_RUN_ERR(run_in("claimed", &s, OVER("run.steps=2")), "holds another run's checkpoint", "step 2",
+                 "run.resume=", "run.overwrite=true");
+  assert_int_equal(ckpt_step("claimed"), 2);
+  /* continuing it, or starting over on purpose, is allowed */
+  char resume[900];
+  snprintf(resume, sizeof resume, "run.resume=%s/checkpoint.safetensors", dir);
+  e = run_in("claimed", &s, OVER("run.steps=4", resume));
+  if (e) fail_msg("%s", e->msg);
+  assert_int_equal(ckpt_step("claimed"), 4);
+  e = run_in("claimed", &s, OVER("run.steps=1", "run.overwrite=true"));
+  if (e) fail_msg("%s", e->msg);
+  assert_int_equal(ckpt_step("claimed"), 1);
+  /* without checkpoints nothing is at stake */
+  e = run_in("claimed", &s, OVER("run.steps=1", "run.checkpoint=false"));
+  if (e) fail_msg("%s", e->msg);
+}
+
 int main(void) {
   const char *t = getenv("TEST_TMPDIR");
   snprintf(tmp, sizeof tmp, "%s", t ? t : "/tmp");
@@ -575,6 +666,8 @@ int main(void) {
       cmocka_unit_test(test_memory_limit),
       cmocka_unit_test(test_crafted_metadata),
       cmocka_unit_test(test_resume_not_a_file),
+      cmocka_unit_test(test_bit_flips_detected),
+      cmocka_unit_test(test_out_dir_claimed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

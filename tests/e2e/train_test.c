@@ -64,13 +64,17 @@ static const char *write_ini(const char *name, const char *text) {
 
 static const char *out_sub = "out";
 
+/* Every run starts over in the same out_dir (run.overwrite: its last
+ * checkpoint is this test's own). */
 static stoke_err *run(const char *ini, const char **over, int n_over, stoke_summary *s) {
-  const char *all[16];
+  const char *all[17];
   char out_dir[700];
   snprintf(out_dir, sizeof out_dir, "run.out_dir=%s/%s", tmp, out_sub);
   all[0] = out_dir;
-  for (int i = 0; i < n_over; i++) all[i + 1] = over[i];
-  stoke_run_opts o = {.ini_path = ini, .overrides = all, .n_overrides = n_over + 1, .plugin_dirs = dirs,
+  all[1] = "run.overwrite=true";
+  int n = 2;
+  for (int i = 0; i < n_over && n < 17; i++) all[n++] = over[i];
+  stoke_run_opts o = {.ini_path = ini, .overrides = all, .n_overrides = n, .plugin_dirs = dirs,
                       .n_plugin_dirs = (int)(sizeof dirs / sizeof *dirs), .quiet = 1};
   return stoke_train(&o, s);
 }

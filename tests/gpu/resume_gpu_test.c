@@ -50,8 +50,9 @@ static void train(const char *ini_path, const char *sub, const char *opt, int st
   snprintf(st, sizeof st, "run.steps=%d", steps);
   snprintf(op, sizeof op, "optimizer.name=%s", opt);
   snprintf(res, sizeof res, "run.resume=%s", resume ? resume : "");
-  const char *over[] = {out, st, op, res};
-  stoke_run_opts o = {.ini_path = ini_path, .overrides = over, .n_overrides = 4, .quiet = 1};
+  /* run.overwrite: a repeated run of this test (tools/gpu_check.sh) starts over */
+  const char *over[] = {out, st, op, res, "run.overwrite=true"};
+  stoke_run_opts o = {.ini_path = ini_path, .overrides = over, .n_overrides = 5, .quiet = 1};
   stoke_err *e = stoke_train(&o, s);
   if (e) fail_msg("%s: %s", sub, e->msg);
 }

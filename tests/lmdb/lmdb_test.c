@@ -531,6 +531,15 @@ static void test_open_errors(void **state) {
   close_source(&o);
   snprintf(q, sizeof q, "%s-lock", p);
   assert_int_not_equal(access(q, F_OK), 0);
+  /* a FIFO as data.mdb: refused, never waited on (issue 19's campaign) */
+  tmp_path(p, sizeof p, "fifo.dir");
+  mkdir(p, 0775);
+  snprintf(q, sizeof q, "%s/data.mdb", p);
+  assert_int_equal(mkfifo(q, 0644), 0);
+  alarm(60);
+  EXPECT_ERR(open_source(&o, p, NULL), STOKE_E_IO, q, "is not a file");
+  alarm(0);
+  close_source(&o);
   /* a bad max_readers is a config error with its place */
   make_idx_pair("mr", 3, 2, 1);
   convert_idx("mr", 1, "mr.lmdb", p, sizeof p);

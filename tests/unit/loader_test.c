@@ -155,6 +155,31 @@ static void test_bad_samples_replaced_and_counted(void **state) {
   stoke_loader_free(l);
 }
 
+/* Over three epochs the same 11 bad samples come up again and again: each
+ * is warned about once (log.txt), and counted once among the bad ones. */
+static void test_bad_samples_warned_once(void **state) {
+  int bad = 1;
+  FILE *log = tmpfile();
+  assert_non_null(log);
+  stoke_log_set_file(log);
+  stoke_loader *l = open_loader(4, 4, 0, 1, 50, &bad);
+  for (int k = 0; k < 60; k++) { /* three epochs */
+    stoke_batch *b;
+    assert_null(stoke_loader_next(l, &b, NULL));
+    stoke_loader_release(l, b);
+  }
+  assert_true(stoke_loader_skipped(l) >= 33);
+  assert_int_equal(stoke_loader_bad_samples(l), 11);
+  stoke_loader_free(l);
+  stoke_log_set_file(NULL);
+  rewind(log);
+  char line[1024];
+  int warned = 0;
+  while (fgets(line, sizeof line, log)) warned += strstr(line, "skipping sample") != NULL;
+  fclose(log);
+  assert_int_equal(warned, 11);
+}
+
 /* Evaluation (skip_bad): an unreadable sample is a zeroed row with label
  * -1, and no other sample stands in for it: each index once per epoch. */
 static void test_eval_skips_bad_samples(void **state) {
@@ -223,6 +248,7 @@ int main(void) {
       cmocka_unit_test(test_shards_cover_each_sample_once),
       cmocka_unit_test(test_epochs_reshuffle),
       cmocka_unit_test(test_bad_samples_replaced_and_counted),
+      cmocka_unit_test(test_bad_samples_warned_once),
       cmocka_unit_test(test_eval_skips_bad_samples),
       cmocka_unit_test(test_cancel_ends_a_wait),
   };

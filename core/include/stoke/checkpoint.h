@@ -48,6 +48,12 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
  * (ranges, metadata checksum), without the tensors' checksums. */
 stoke_err *stoke_checkpoint_read_meta(const char *path, stoke_ckpt_meta *meta);
 
+/* Everything of `path` a resume checks before it touches the model: the
+ * safetensors structure, the run state (ranges, metadata checksum) and
+ * every tensor's checksum. meta->data_checked and meta->meta_checked say
+ * whether the file had checksums (older files have none). */
+stoke_err *stoke_checkpoint_verify(const char *path, stoke_ckpt_meta *meta);
+
 /* The bytes a checkpoint of this plan takes on disk (with its header, at
  * most): what the run checks free space against before it starts. */
 size_t stoke_checkpoint_bytes(const stoke_plan *p, const char *optimizer, size_t config_bytes);
@@ -78,6 +84,12 @@ typedef struct stoke_st_file {
  * tile the data section exactly, sizes that match dtype x shape). Anything
  * but a regular file (a FIFO, a device, a folder) is refused unread. */
 stoke_err *stoke_st_read(const char *path, stoke_st_file *out);
+/* The same on bytes already in memory: `bytes` (malloc'd) become the
+ * file's and are freed by stoke_st_free, or at once on an error. `path`
+ * names them in messages. */
+stoke_err *stoke_st_parse(unsigned char *bytes, size_t size, const char *path, stoke_st_file *out);
+/* The run state and the checksums of a parsed file, as stoke_checkpoint_verify. */
+stoke_err *stoke_checkpoint_check(const stoke_st_file *f, const char *path, stoke_ckpt_meta *meta);
 void stoke_st_free(stoke_st_file *f);
 const stoke_st_tensor *stoke_st_find(const stoke_st_file *f, const char *name);
 const char *stoke_st_meta(const stoke_st_file *f, const char *key);

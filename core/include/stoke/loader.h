@@ -64,6 +64,8 @@ typedef void (*stoke_fill_hook)(void *ctx, int worker, int64_t number, int64_t f
 void stoke_loader_on_fill(stoke_loader *l, stoke_fill_hook hook, void *ctx);
 /* Samples skipped so far because the source could not read them. */
 int64_t stoke_loader_skipped(const stoke_loader *l);
+/* The distinct samples among them (each warned about once per run). */
+int64_t stoke_loader_bad_samples(const stoke_loader *l);
 
 #ifdef __cplusplus
 }

@@ -24,7 +24,8 @@ typedef struct stoke_summary {
   double host_ms_p50;     /* the host's time issuing a step (launches), the data wait excluded */
   double data_wait_s;     /* total time the step waited for data */
   double flops_per_step;
-  int64_t skipped_samples;
+  int64_t skipped_samples; /* reads of unreadable samples (each time one came up) */
+  int64_t bad_samples;     /* the distinct unreadable samples among them */
   int interrupted;        /* stopped by SIGINT/SIGTERM */
   double eval_loss, eval_accuracy; /* the last evaluation (NaN: none) */
   double mfu;             /* model FLOPs utilization at the median rate (NaN: unknown peak) */
