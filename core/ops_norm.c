@@ -105,9 +105,11 @@ static const stoke_op_type_v1 ops[] = {
      STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(1) |
          STOKE_BWD_NEEDS_OUTPUT(2),
      (1u << 3) | (1u << 4), 1},
+    /* backward recomputes the ReLU's mask from x, the saved statistics,
+     * weight and bias instead of reading y: one tensor less per pass */
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_BN_RELU, "batch_norm then ReLU, fused by the compiler", 5, 3, bn_attrs, 2, infer_bn,
      flops_bn_relu,
-     STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(0) |
+     STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_INPUT(2) |
          STOKE_BWD_NEEDS_OUTPUT(1) | STOKE_BWD_NEEDS_OUTPUT(2),
      (1u << 3) | (1u << 4), 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_BN_ADD_RELU, "batch_norm, residual add, ReLU (a ResNet block's tail), fused by the compiler", 6,

@@ -38,6 +38,10 @@
 #             probe (tests/gpu/conv_bench), PyTorch's same convolutions
 #             (conv_bench_torch.py), then tools/bench A/B of the two engines
 #             on resnet50 and resnet18c (fused + CUDA graphs both sides)
+#   bn        the batch-norm family (bn_relu, bn_add_relu, the shortcuts'
+#             batch_norm) on every ResNet-50 shape against the memory floor
+#             (tests/gpu/bn_bench, BN_PRECS: bf16 f16), then ResNet-50's
+#             per-op profile (examples/resnet50.ini)
 #   gpt       GPT-2 124M bf16 (examples/gpt2_124m.ini): stoke at B = 16 and
 #             32 in tokens/s and device memory allocated (against PyTorch's
 #             peak_mem_gb), cuDNN flash attention, one per-op profile, the
@@ -148,6 +152,17 @@ prev = None
 for r in rows[:30]:
     print(r["step"], r["loss"], r["loss_scale"], r["skipped_steps"])
 PY
+      ;;
+    bn)
+      for prec in ${BN_PRECS:-bf16}; do
+        log "batch-norm family on ResNet-50's shapes, $prec (tests/gpu/bn_bench)"
+        timeout 150 "$S/tests/bn_bench" 256 $prec > "$OUT/bn_bench_$prec.log" 2>&1
+        echo "rc=$?"; cat "$OUT/bn_bench_$prec.log"
+      done
+      log "ResNet-50 bf16 per-op profile (examples/resnet50.ini)"
+      timeout 240 "$T" "$S/examples/resnet50.ini" run.steps=24 run.profile_ops=true run.progress=off run.checkpoint=false \
+        run.out_dir="$OUT/bn_prof" > "$OUT/bn_prof.log" 2>&1
+      echo "rc=$?"; sed -n '/per-op GPU time/,/slowest nodes/p' "$OUT/bn_prof.log" | head -30
       ;;
     gpt)
       for b in 16 32; do

@@ -101,9 +101,17 @@ static stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
     CHECK(stoke_check_data(a, op, "saved_invstd", &a->out[2], run));
   }
   if (dx) CHECK(stoke_check_data(a, op, "weight", &a->in[1], run));
-  /* the ReLU's mask is y > 0 */
-  if (g->relu && (dx || dw || db || (r && a->din[STOKE_BN_ADD_RELU_RESIDUAL].data)))
-    CHECK(stoke_check_data(a, op, "y (the forward output)", y, run));
+  /* the ReLU's mask: bn_add_relu's is y > 0; bn_relu's is recomputed from
+   * x, the saved statistics, weight and bias (its backward never reads y) */
+  int mask = g->relu && (dx || dw || db || (r && a->din[STOKE_BN_ADD_RELU_RESIDUAL].data));
+  if (mask && g->add) CHECK(stoke_check_data(a, op, "y (the forward output)", y, run));
+  if (mask && !g->add) {
+    CHECK(stoke_check_data(a, op, "x (the forward input)", x, run));
+    CHECK(stoke_check_data(a, op, "weight", &a->in[1], run));
+    CHECK(stoke_check_data(a, op, "bias", &a->in[2], run));
+    CHECK(stoke_check_data(a, op, "saved_mean", &a->out[1], run));
+    CHECK(stoke_check_data(a, op, "saved_invstd", &a->out[2], run));
+  }
   return NULL;
 }
 
@@ -310,11 +318,12 @@ bn_job bn_job_from(const stoke_kernel_args_v1 *a, const bn_geom *g, stoke_dtype 
 }
 
 /* The job of a batch_norm-family call: (x, weight, bias, running_mean,
- * running_var [, r]) -> (y, saved_mean, saved_invstd); the ReLU's mask
- * from y (bwd_needs keeps it). */
+ * running_var [, r]) -> (y, saved_mean, saved_invstd); bn_add_relu's ReLU
+ * mask from y (bwd_needs keeps it), bn_relu's recomputed from x (its
+ * bwd_needs keeps x, weight, bias and the saved statistics, not y). */
 static bn_job bn_job_of(const stoke_kernel_args_v1 *a, const bn_geom *g, stoke_dtype dt) {
   bn_job j = bn_job_from(a, g, dt, 1, 2, g->add ? STOKE_BN_ADD_RELU_RESIDUAL : -1);
-  j.mask_from_y = 1;
+  j.mask_from_y = g->add;
   return j;
 }
 
@@ -340,7 +349,7 @@ static stoke_err *bn_bwd(const stoke_kernel_args_v1 *a, stoke_dtype dt, int act)
   CHECK(bn_check(a, dt, 1, 1, &g, act));
   bn_job j = bn_job_of(a, &g, dt);
   if (!j.dx && !j.dw && !j.db && !j.dr) return NULL;
-  int need_x = j.dx || j.dw;
+  int need_x = j.dx || j.dw || (g.relu && !g.add);
   for (int64_t c = 0; c < g.c; c++) {
     double mean = need_x ? bn_stat_at(a->out[1].data, dt, c) : 0;
     double invstd = need_x ? bn_stat_at(a->out[2].data, dt, c) : 0;

@@ -1,30 +1,39 @@
-// backends/fused/bn_act.cu: bn_relu and bn_add_relu (stoke/ops.h), forward
-// and backward, for channels-last (NHWC) x in bf16, fp16 and f32: batch
-// norm, the residual add and the ReLU in one pass over the activations per
-// direction, instead of the two or three separate nodes' passes.
+// backends/fused/bn_act.cu: batch_norm, bn_relu and bn_add_relu (stoke/ops.h),
+// forward and backward, for channels-last (NHWC) x in bf16, fp16 and f32:
+// batch norm, the residual add and the ReLU in two passes over the
+// activations per direction, the fewest a batch norm allows.
 //
 // x is an (M, C) row-major matrix (M = N H W). A thread owns V contiguous
 // channels (one 16-byte vector: 8 bf16/fp16, 4 f32; V = 1 when C is not a
-// multiple) and walks rows, so its per-channel coefficients stay in
-// registers and every access is a coalesced vector load. Per-channel
-// statistics are two-stage, as apex's and cuDNN's: blocks of (channel
-// group, row partition) write partials (Welford mean and M2 forward; sums
-// of dz and dz (x - mean) backward), and a small kernel combines them in a
-// fixed order (double): deterministic, no atomics, no host sync, nothing
-// allocated (the workspace is the plan's), every launch on args->stream:
-// capturable in a CUDA graph.
+// multiple or the data is not 16-byte aligned) and walks rows, so its
+// per-channel coefficients stay in registers and every access is a
+// coalesced vector load, several in flight per thread. Every pass of a node
+// runs on one grid: (channel groups) x (row partitions), one block per
+// partition, sized to one wave of blocks (the small
+// 7x7 and 14x14 layers fill the 132 SMs too; the forward and the backward
+// each have their own grid). Per-channel reductions are
+// two-level and deterministic, no atomics: each block writes one partial
+// per channel (a fixed tree over its rows), a finalize kernel combines the
+// partials of a channel in a fixed order in double (one warp per channel).
+// Nothing is allocated (the workspace is the plan's) and every launch is on
+// args->stream: capturable in a CUDA graph.
 //
-// Training forward: stats -> finalize (saved_*, running update, per-channel
-// scale) -> apply y = max((x - mean) scale + bias (+ r), 0). Eval: the
-// finalize reads the running statistics. Backward: dz = dy (y > 0); sums ->
-// finalize (dweight, dbias with param_grad_beta; dx coefficients) -> dx =
-// A dz + B (x - mean) + C0 and, for bn_add_relu, dr = dz in the same pass.
+// Forward (training): stats (Welford partials of x) -> finalize (saved_*,
+// running statistics) -> apply y = act((x - mean) k + b), k = weight
+// invstd. Eval: the finalize copies the running statistics. Backward: one
+// reduction pass over dy and x (sum dz, sum dz (x - mean), dz the masked
+// dy) -> finalize (dweight, dbias with param_grad_beta; the dx
+// coefficients) -> one apply pass dx = k dz + B (x - mean) + C0 (and dr =
+// dz for bn_add_relu). bn_relu's ReLU mask is recomputed from x, the saved
+// statistics, weight and bias (the forward computes k the same way, from
+// the saved f32 invstd, so the mask is the forward's y > 0 exactly): its
+// backward never reads y (bwd_needs), 4 bytes per element less per bf16
+// value. bn_add_relu's mask needs the residual too, so it reads y, the same
+// bytes. The elementwise passes walk each partition from its end: the rows
+// the reduction pass read last are still in the L2 (50 MB on an H100).
 //
-// Measured (ResNet-50 bf16, batch 256, H100, run.profile_ops): the batch
-// norm, residual add and ReLU nodes took 36.3 ms per step as cudnn + cuda
-// nodes and 26.7 ms with these: 21.5 ms in them (bn_add_relu's backward
-// moves its 16 bytes per element at about 2.9 TB/s), the rest the
-// gradient-sum adds (2.8 ms) and the four shortcut batch norms (2.5 ms).
+// tests/gpu/bn_bench times each on ResNet-50's shapes against the bytes
+// floor; tests/gpu/fused_test checks each against the CPU reference.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -38,42 +47,53 @@
 
 namespace {
 
-// Rows a thread loads before using them (bytes in flight), fewer when it
-// reads several tensors (S streams) of wide vectors, so that 3 blocks of 256
-// threads fit an SM without spilling (at most 80 registers): 3 x 256 threads
-// x 48 B is still more than the ~15 KB per SM the H100 needs in flight.
-template <int V, int S> struct unroll {
-  static constexpr int n = V * S >= 16 ? 1 : V * S >= 8 ? 2 : 4;
-};
-#define BOUNDS __launch_bounds__(256, 3)
+// The activation after the normalization: none (batch_norm), ReLU
+// (bn_relu), residual add then ReLU (bn_add_relu).
+enum act { kNone = 0, kRelu = 1, kAddRelu = 2 };
 
-// The launch geometry and the problem, a function of the shape, V and the
-// device's SM count only: plan() and run() agree, results are reproducible.
+// Blocks of 256 threads; resident per SM: 3 in the forward passes (at most
+// 80 registers a thread), 2 in the backward ones, whose threads keep up to
+// 5 coefficients x V channels and 2 or 3 tensors' loads in registers (at
+// most 128: no spills).
+constexpr int kBlock = 256;
+constexpr int kFwdBlocksPerSm = 3, kBwdBlocksPerSm = 2;
+#define FWD_BOUNDS __launch_bounds__(kBlock, kFwdBlocksPerSm)
+#define BWD_BOUNDS __launch_bounds__(kBlock, kBwdBlocksPerSm)
+
+// Rows a thread loads before using them, S tensors each: 64 to 128 bytes in
+// flight per thread, 32 to 64 KB per SM, more than the H100's
+// latency-bandwidth product (about 20 KB per SM).
+template <int V, int S, bool BWD> struct unroll {
+  static constexpr int n = V == 1 || S == 1 || (BWD && S == 2) ? 4 : 2;
+};
+
+// The launch geometry, a function of the shape, V and the SM count only:
+// plan() and run() agree, results are reproducible on one device.
 struct geom {
   int64_t m, c;     // rows, channels
   int v;            // channels per vector
   int64_t cv;       // vectors per row
   int bx, by;       // threads: vectors across x, rows across y
   unsigned gx;      // channel-vector blocks
-  int parts;        // row partitions of the reductions
+  int parts;        // row partitions (grid y)
   int64_t rows;     // rows per partition (the last may hold fewer)
   double eps, momentum;
-  bool add;
+  int act;
 };
 
-void make_geom(geom *g, int64_t m, int64_t c, int v, int sm_count) {
+void make_geom(geom *g, int64_t m, int64_t c, int v, int sm_count, int blocks_per_sm) {
   g->m = m;
   g->c = c;
   g->v = v;
   g->cv = c / v;
   g->bx = (int)(g->cv < 32 ? g->cv : 32);
   int by = 1;
-  while (by * 2 * g->bx <= 256) by *= 2;
+  while (by * 2 * g->bx <= kBlock) by *= 2;
   g->by = by;
   g->gx = (unsigned)((g->cv + g->bx - 1) / g->bx);
-  // about 3 blocks per SM in all (a full wave), each with at least 4 rows per thread
-  int64_t target = 3 * (int64_t)(sm_count > 0 ? sm_count : 132);
-  int64_t p = (target + g->gx - 1) / g->gx;
+  // one full wave (never a second, nearly empty one), each thread with at least 4 rows
+  int64_t target = (int64_t)blocks_per_sm * (sm_count > 0 ? sm_count : 132);
+  int64_t p = target / g->gx;
   int64_t most = (m + (int64_t)by * 4 - 1) / ((int64_t)by * 4);
   if (p > most) p = most;
   if (p > 65535) p = 65535;
@@ -82,12 +102,11 @@ void make_geom(geom *g, int64_t m, int64_t c, int v, int sm_count) {
   g->parts = (int)((m + g->rows - 1) / g->rows);
 }
 
-// Workspace: per (partition, channel) a float2, then 4 per-channel f32
-// arrays (forward: scale, shift; backward: A, B, C0), each 256-aligned.
+// Workspace: per (channel, partition) a float2, then the backward's two
+// per-channel f32 coefficient arrays, each 256-aligned.
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 size_t ws_bytes(const geom *g) {
-  return align256((size_t)g->parts * (size_t)g->c * sizeof(float2)) +
-         4 * align256((size_t)g->c * sizeof(float));
+  return align256((size_t)g->parts * (size_t)g->c * sizeof(float2)) + 2 * align256((size_t)g->c * sizeof(float));
 }
 float *ws_coef(void *ws, const geom *g, int k) {
   return (float *)((char *)ws + align256((size_t)g->parts * (size_t)g->c * sizeof(float2)) +
@@ -97,10 +116,8 @@ float *ws_coef(void *ws, const geom *g, int k) {
 // ------------------------------------------------------------ vector access
 
 template <typename T, int V>
-__device__ __forceinline__ void load_v(const T *p, float (&f)[V]) {
-  vec<T, V> r = *(const vec<T, V> *)p;
-#pragma unroll
-  for (int i = 0; i < V; i++) f[i] = to_f(r.v[i]);
+__device__ __forceinline__ vec<T, V> ld(const T *p) {
+  return *(const vec<T, V> *)p;
 }
 
 template <typename T, int V>
@@ -117,39 +134,71 @@ __device__ __forceinline__ void load_coef(const float *p, float (&f)[V]) {
   for (int i = 0; i < V; i++) f[i] = p[i];
 }
 
+template <typename T, int V>
+__device__ __forceinline__ void load_param(const T *p, float (&f)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; i++) f[i] = to_f(p[i]);
+}
+
+// The per-channel scale k = weight saved_invstd, in f32 from the saved f32
+// invstd: the forward and bn_relu's backward compute the same k, so the
+// recomputed ReLU mask is the forward's.
+template <typename T, int V>
+__device__ __forceinline__ void load_scale(const T *w, const float *si, float (&k)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; i++) k[i] = to_f(w[i]) * si[i];
+}
+
+// The normalized value rounded to T, > 0: the forward's y > 0 (bn_relu).
+template <typename T>
+__device__ __forceinline__ bool positive(float v) {
+  return to_f(from_f<T>(v)) > 0.0f;
+}
+
+// Rows [r0, r1) of partition blockIdx.y, and the thread's vector index.
+struct part_rows {
+  int64_t r0, r1, vi;
+};
+__device__ __forceinline__ part_rows rows_of(int64_t M, int64_t R) {
+  part_rows p;
+  p.r0 = (int64_t)blockIdx.y * R;
+  p.r1 = p.r0 + R < M ? p.r0 + R : M;
+  p.vi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  return p;
+}
+
 // ----------------------------------------------------------------- forward
 
 // Block (channel group, partition p): per-thread Welford over its rows for
 // its V channels, a fixed tree over the block's rows, one partial per
-// channel: part[p C + c] = (mean, M2) of rows [p R, min((p+1) R, M)).
+// channel: part[c P + p] = (mean, M2) of rows [p R, min((p+1) R, M)).
 template <typename T, int V>
-__global__ void BOUNDS k_stats(const T *__restrict__ x, int64_t M, int64_t C, int64_t cv,
-                                               int64_t R, float2 *__restrict__ part) {
-  constexpr int kUnroll = unroll<V, 1>::n;
+__global__ void FWD_BOUNDS k_stats(const T *__restrict__ x, int64_t M, int64_t C, int64_t cv, int64_t R, int P,
+                               float2 *__restrict__ part) {
+  constexpr int U = unroll<V, 1, false>::n;
   extern __shared__ float sh[];  // [3][by][bx][V]
   int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
-  int64_t vi = (int64_t)blockIdx.x * bx + tx, p = blockIdx.y;
-  int64_t r0 = p * R, r1 = r0 + R < M ? r0 + R : M;
+  part_rows pr = rows_of(M, R);
   float cnt = 0, mean[V], m2[V];
 #pragma unroll
   for (int i = 0; i < V; i++) mean[i] = m2[i] = 0;
-  if (vi < cv) {
-    const T *xp = x + vi * V;
-    for (int64_t r = r0 + ty; r < r1; r += (int64_t)by * kUnroll) {
-      float f[kUnroll][V];
+  if (pr.vi < cv) {
+    const T *xp = x + pr.vi * V;
+    for (int64_t r = pr.r0 + ty; r < pr.r1; r += (int64_t)by * U) {
+      vec<T, V> rx[U];
 #pragma unroll
-      for (int u = 0; u < kUnroll; u++)
-        if (r + (int64_t)u * by < r1) load_v<T, V>(xp + (r + (int64_t)u * by) * C, f[u]);
+      for (int u = 0; u < U; u++)
+        if (r + (int64_t)u * by < pr.r1) rx[u] = ld<T, V>(xp + (r + (int64_t)u * by) * C);
 #pragma unroll
-      for (int u = 0; u < kUnroll; u++)
-        if (r + (int64_t)u * by < r1) {
+      for (int u = 0; u < U; u++)
+        if (r + (int64_t)u * by < pr.r1) {
           cnt += 1.0f;
-          float inv = 1.0f / cnt;
+          float inv = __frcp_rn(cnt);
 #pragma unroll
           for (int i = 0; i < V; i++) {
-            float d = f[u][i] - mean[i];
-            mean[i] += d * inv;
-            m2[i] += d * (f[u][i] - mean[i]);
+            float f = to_f(rx[u].v[i]), d = f - mean[i];
+            mean[i] = fmaf(d, inv, mean[i]);
+            m2[i] = fmaf(d, f - mean[i], m2[i]);
           }
         }
     }
@@ -167,219 +216,246 @@ __global__ void BOUNDS k_stats(const T *__restrict__ x, int64_t M, int64_t C, in
     }
     __syncthreads();
   }
-  if (ty == 0 && vi < cv)
+  if (ty == 0 && pr.vi < cv)
 #pragma unroll
-    for (int i = 0; i < V; i++) part[p * C + vi * V + i] = make_float2(sm[base + i], sq[base + i]);
+    for (int i = 0; i < V; i++) part[(pr.vi * V + i) * P + blockIdx.y] = make_float2(sm[base + i], sq[base + i]);
 }
 
-constexpr int kFinLanes = 8;  // partitions combined in parallel per channel by the finalizers
+constexpr int kFinWarps = 8;  // channels per finalize block, one warp each
 
-// Per channel (32 across x, kFinLanes partition lanes across y): combine the
-// partials in a fixed order (double); training: saved_* and the running
-// statistics (unbiased variance for running_var); eval: saved_* from the
-// running statistics. Then scale = w invstd and shift = b (f32), for the apply.
-template <typename T>
+// One warp per channel: lane l combines partitions l, l + 32, ... (Chan,
+// double), then a fixed butterfly over the lanes; training: saved_* and the
+// running statistics (unbiased variance for running_var); eval: saved_*
+// from the running statistics.
 __global__ void k_fin_fwd(const float2 *__restrict__ part, int P, int64_t C, int64_t M, int64_t R, double eps,
-                          double mom, int training, const T *__restrict__ w, const T *__restrict__ b, float *rm,
-                          float *rv, float *__restrict__ sm, float *__restrict__ si, float *__restrict__ scale,
-                          float *__restrict__ shift) {
-  __shared__ double sn[kFinLanes][32], smn[kFinLanes][32], sq[kFinLanes][32];
-  int tx = threadIdx.x, ty = threadIdx.y;
-  int64_t c = (int64_t)blockIdx.x * 32 + tx;
+                          double mom, int training, float *rm, float *rv, float *__restrict__ sm,
+                          float *__restrict__ si) {
+  int lane = threadIdx.x & 31;
+  int64_t c = (int64_t)blockIdx.x * kFinWarps + (threadIdx.x >> 5);
+  if (c >= C) return;
   double n = 0, mean = 0, q = 0;
-  if (training && c < C)
-    for (int p = ty; p < P; p += kFinLanes) chan_combine_part(n, mean, q, part, p, C, c, M, R);
-  sn[ty][tx] = n, smn[ty][tx] = mean, sq[ty][tx] = q;
-  __syncthreads();
-  if (ty != 0 || c >= C) return;
-  for (int l = 1; l < kFinLanes; l++) {
-    double nb = sn[l][tx];
-    if (nb == 0) continue;
-    double tot = n + nb, d = smn[l][tx] - mean;
-    mean += d * nb / tot;
-    q += sq[l][tx] + d * d * n * nb / tot;
-    n = tot;
+  if (training)
+    for (int p = lane; p < P; p += 32) {
+      int64_t r0 = (int64_t)p * R, r1 = r0 + R < M ? r0 + R : M;
+      double nb = (double)(r1 - r0);
+      float2 v = part[c * P + p];
+      double tot = n + nb, d = (double)v.x - mean;
+      mean += d * nb / tot;
+      q += (double)v.y + d * d * n * nb / tot;
+      n = tot;
+    }
+  for (int off = 16; off > 0; off >>= 1) {
+    double nb = __shfl_xor_sync(0xffffffffu, n, off), mb = __shfl_xor_sync(0xffffffffu, mean, off);
+    double qb = __shfl_xor_sync(0xffffffffu, q, off);
+    if (nb > 0) {
+      double tot = n + nb, d = mb - mean;
+      mean += d * nb / tot;
+      q += qb + d * d * n * nb / tot;
+      n = tot;
+    }
   }
-  double invstd = bn_finish_channel(training, mean, q, M, eps, mom, rm, rv, sm, si, c);
-  double k = (double)to_f(w[c]) * invstd;
-  scale[c] = (float)k;
-  shift[c] = to_f(b[c]);
+  if (lane == 0) bn_finish_channel(training, mean, q, M, eps, mom, rm, rv, sm, si, c);
 }
 
-// y = max((x - mean) scale + shift (+ r), 0). The bn value is rounded to T
-// before the add, as the unfused batch_norm -> add nodes do.
-template <typename T, int V, bool ADD>
-__global__ void BOUNDS k_apply(const T *__restrict__ x, const T *__restrict__ res, T *__restrict__ y,
-                                               const float *__restrict__ smean, const float *__restrict__ scale,
-                                               const float *__restrict__ shift, int64_t M, int64_t C, int64_t cv) {
-  constexpr int kUnroll = unroll<V, (ADD ? 2 : 1)>::n;
-  int64_t vi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (vi >= cv) return;
+// y = act((x - mean) k + b [rounded to T, + r]): the bn value is rounded to
+// T before the add, as the unfused batch_norm -> add nodes do. Walks the
+// partition from its end (the L2 still holds what k_stats read last).
+template <typename T, int V, int ACT>
+__global__ void FWD_BOUNDS k_apply(const T *__restrict__ x, const T *__restrict__ res, T *__restrict__ y,
+                               const float *__restrict__ smean, const float *__restrict__ sinv,
+                               const T *__restrict__ w, const T *__restrict__ b, int64_t M, int64_t C, int64_t cv,
+                               int64_t R) {
+  constexpr int U = unroll<V, (ACT == kAddRelu ? 2 : 1), false>::n;
+  part_rows pr = rows_of(M, R);
+  if (pr.vi >= cv) return;
+  int64_t c0 = pr.vi * V;
   float mean[V], k[V], s[V];
-  load_coef<V>(smean + vi * V, mean);
-  load_coef<V>(scale + vi * V, k);
-  load_coef<V>(shift + vi * V, s);
-  int64_t step = (int64_t)gridDim.y * blockDim.y;
-  for (int64_t r = (int64_t)blockIdx.y * blockDim.y + threadIdx.y; r < M; r += step * kUnroll) {
-    vec<T, V> rx[kUnroll], rr[kUnroll];
+  load_coef<V>(smean + c0, mean);
+  load_scale<T, V>(w + c0, sinv + c0, k);
+  load_param<T, V>(b + c0, s);
+  int by = blockDim.y;
+  for (int64_t r = pr.r1 - 1 - threadIdx.y; r >= pr.r0; r -= (int64_t)by * U) {
+    vec<T, V> rx[U], rr[U];
 #pragma unroll
-    for (int u = 0; u < kUnroll; u++)
-      if (r + u * step < M) {
-        rx[u] = *(const vec<T, V> *)(x + (r + u * step) * C + vi * V);
-        if (ADD) rr[u] = *(const vec<T, V> *)(res + (r + u * step) * C + vi * V);
+    for (int u = 0; u < U; u++)
+      if (r - (int64_t)u * by >= pr.r0) {
+        int64_t o = (r - (int64_t)u * by) * C + c0;
+        rx[u] = ld<T, V>(x + o);
+        if (ACT == kAddRelu) rr[u] = ld<T, V>(res + o);
       }
 #pragma unroll
-    for (int u = 0; u < kUnroll; u++)
-      if (r + u * step < M) {
+    for (int u = 0; u < U; u++)
+      if (r - (int64_t)u * by >= pr.r0) {
         float f[V];
 #pragma unroll
         for (int i = 0; i < V; i++) {
           float v = (to_f(rx[u].v[i]) - mean[i]) * k[i] + s[i];
-          if (ADD) v = to_f(from_f<T>(v)) + to_f(rr[u].v[i]);
-          f[i] = v > 0.0f ? v : 0.0f;
+          if (ACT == kAddRelu) v = to_f(from_f<T>(v)) + to_f(rr[u].v[i]);
+          f[i] = ACT == kNone ? v : v > 0.0f ? v : 0.0f;
         }
-        store_v<T, V>(y + (r + u * step) * C + vi * V, f);
+        store_v<T, V>(y + (r - (int64_t)u * by) * C + c0, f);
       }
   }
 }
 
 // ----------------------------------------------------------------- backward
 
-// dz = dy where y > 0, else 0 (the ReLU's gradient; NaN y gives 0).
-template <typename T>
-__device__ __forceinline__ float dz_of(T dy, T y) {
-  return to_f(y) > 0.0f ? to_f(dy) : 0.0f;
-}
+// The per-thread pieces of the backward: dz for element i of a row, the
+// ReLU's mask applied (bn_relu: recomputed; bn_add_relu: y > 0; NaN gives 0).
+template <typename T, int V, int ACT>
+struct dz_of {
+  float mean[V], k[V], s[V];  // bn_relu's recomputed mask: (x - mean) k + b > 0
+  __device__ __forceinline__ void load(const float *smean, const float *sinv, const T *w, const T *b, int64_t c0) {
+    load_coef<V>(smean + c0, mean);
+    if (ACT == kRelu) {
+      load_scale<T, V>(w + c0, sinv + c0, k);
+      load_param<T, V>(b + c0, s);
+    }
+  }
+  __device__ __forceinline__ float operator()(int i, T dy, T x, T y) const {
+    if (ACT == kRelu) return positive<T>((to_f(x) - mean[i]) * k[i] + s[i]) ? to_f(dy) : 0.0f;
+    if (ACT == kAddRelu) return to_f(y) > 0.0f ? to_f(dy) : 0.0f;
+    return to_f(dy);
+  }
+};
 
-// Block (channel group, partition p): part[p C + c] = (sum dz, sum dz (x - mean)).
-template <typename T, int V>
-__global__ void BOUNDS k_gsum(const T *__restrict__ x, const T *__restrict__ dy,
-                                              const T *__restrict__ y, const float *__restrict__ smean, int64_t M,
-                                              int64_t C, int64_t cv, int64_t R, float2 *__restrict__ part) {
-  constexpr int kUnroll = unroll<V, 3>::n;
+// Block (channel group, partition p): part[c P + p] = (sum dz, sum dz (x - mean)).
+template <typename T, int V, int ACT>
+__global__ void BWD_BOUNDS k_gsum(const T *__restrict__ x, const T *__restrict__ dy, const T *__restrict__ y,
+                              const float *__restrict__ smean, const float *__restrict__ sinv,
+                              const T *__restrict__ w, const T *__restrict__ b, int64_t M, int64_t C, int64_t cv,
+                              int64_t R, int P, float2 *__restrict__ part) {
+  constexpr int U = unroll<V, (ACT == kAddRelu ? 3 : 2), true>::n;
   extern __shared__ float sh[];  // [2][by][bx][V]
   int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
-  int64_t vi = (int64_t)blockIdx.x * bx + tx, p = blockIdx.y;
-  int64_t r0 = p * R, r1 = r0 + R < M ? r0 + R : M;
-  float s1[V], s2[V], mean[V];
+  part_rows pr = rows_of(M, R);
+  float s1[V], s2[V];
 #pragma unroll
   for (int i = 0; i < V; i++) s1[i] = s2[i] = 0;
-  if (vi < cv) {
-    load_coef<V>(smean + vi * V, mean);
-    int64_t off0 = vi * V;
-    for (int64_t r = r0 + ty; r < r1; r += (int64_t)by * kUnroll) {
-      vec<T, V> rx[kUnroll], rd[kUnroll], ry[kUnroll];  // packed: fewer registers
+  if (pr.vi < cv) {
+    int64_t c0 = pr.vi * V;
+    dz_of<T, V, ACT> dz;
+    dz.load(smean, sinv, w, b, c0);
+    for (int64_t r = pr.r0 + ty; r < pr.r1; r += (int64_t)by * U) {
+      vec<T, V> rx[U], rd[U], ry[U];
 #pragma unroll
-      for (int u = 0; u < kUnroll; u++)
-        if (r + (int64_t)u * by < r1) {
-          int64_t o = (r + (int64_t)u * by) * C + off0;
-          rx[u] = *(const vec<T, V> *)(x + o);
-          rd[u] = *(const vec<T, V> *)(dy + o);
-          ry[u] = *(const vec<T, V> *)(y + o);
+      for (int u = 0; u < U; u++)
+        if (r + (int64_t)u * by < pr.r1) {
+          int64_t o = (r + (int64_t)u * by) * C + c0;
+          rx[u] = ld<T, V>(x + o);
+          rd[u] = ld<T, V>(dy + o);
+          if (ACT == kAddRelu) ry[u] = ld<T, V>(y + o);
         }
 #pragma unroll
-      for (int u = 0; u < kUnroll; u++)
-        if (r + (int64_t)u * by < r1) {
+      for (int u = 0; u < U; u++)
+        if (r + (int64_t)u * by < pr.r1) {
 #pragma unroll
           for (int i = 0; i < V; i++) {
-            float dz = dz_of(rd[u].v[i], ry[u].v[i]);
-            s1[i] += dz;
-            s2[i] += dz * (to_f(rx[u].v[i]) - mean[i]);
+            float g = dz(i, rd[u].v[i], rx[u].v[i], ACT == kAddRelu ? ry[u].v[i] : rx[u].v[i]);
+            s1[i] += g;
+            s2[i] = fmaf(g, to_f(rx[u].v[i]) - dz.mean[i], s2[i]);
           }
         }
     }
   }
   int stride = by * bx * V, base = (ty * bx + tx) * V;
-  float *a = sh, *b = sh + stride;
+  float *a = sh, *q = sh + stride;
 #pragma unroll
-  for (int i = 0; i < V; i++) a[base + i] = s1[i], b[base + i] = s2[i];
+  for (int i = 0; i < V; i++) a[base + i] = s1[i], q[base + i] = s2[i];
   __syncthreads();
   for (int off = by / 2; off > 0; off >>= 1) {
     if (ty < off) {
       int o = base + off * bx * V;
 #pragma unroll
-      for (int i = 0; i < V; i++) a[base + i] += a[o + i], b[base + i] += b[o + i];
+      for (int i = 0; i < V; i++) a[base + i] += a[o + i], q[base + i] += q[o + i];
     }
     __syncthreads();
   }
-  if (ty == 0 && vi < cv)
+  if (ty == 0 && pr.vi < cv)
 #pragma unroll
-    for (int i = 0; i < V; i++) part[p * C + vi * V + i] = make_float2(a[base + i], b[base + i]);
+    for (int i = 0; i < V; i++) part[(pr.vi * V + i) * P + blockIdx.y] = make_float2(a[base + i], q[base + i]);
 }
 
-// Per channel: the partition sums in a fixed order (double); dbias = sum
-// dz, dweight = invstd sum dz (x - mean), each with param_grad_beta; the
-// dx coefficients, dx = A dz + B (x - mean) + C0: A = w invstd, and in
-// training B = -A invstd dweight / m, C0 = -A dbias / m (eval: 0, 0).
+// One warp per channel: the partition sums in a fixed order (double, lanes
+// then a butterfly); dbias = sum dz, dweight = invstd sum dz (x - mean),
+// each with param_grad_beta; the dx coefficients, dx = k dz + B (x - mean)
+// + C0: in training B = -k invstd dweight / m, C0 = -k dbias / m (eval: 0, 0).
 template <typename T>
 __global__ void k_fin_bwd(const float2 *__restrict__ part, int P, int64_t C, double m, int training,
                           const T *__restrict__ w, const float *__restrict__ si, T *dw, float bw, T *db, float bb,
-                          float *__restrict__ ca, float *__restrict__ cb, float *__restrict__ cc) {
-  __shared__ double s1s[kFinLanes][32], s2s[kFinLanes][32];
-  int tx = threadIdx.x, ty = threadIdx.y;
-  int64_t c = (int64_t)blockIdx.x * 32 + tx;
+                          float *__restrict__ cb, float *__restrict__ cc) {
+  int lane = threadIdx.x & 31;
+  int64_t c = (int64_t)blockIdx.x * kFinWarps + (threadIdx.x >> 5);
+  if (c >= C) return;
   double s1 = 0, s2 = 0;
-  if (c < C)
-    for (int p = ty; p < P; p += kFinLanes) {
-      float2 v = part[(int64_t)p * C + c];
-      s1 += (double)v.x;
-      s2 += (double)v.y;
-    }
-  s1s[ty][tx] = s1, s2s[ty][tx] = s2;
-  __syncthreads();
-  if (ty != 0 || c >= C) return;
-  for (int l = 1; l < kFinLanes; l++) s1 += s1s[l][tx], s2 += s2s[l][tx];
+  for (int p = lane; p < P; p += 32) {
+    float2 v = part[c * P + p];
+    s1 += (double)v.x;
+    s2 += (double)v.y;
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    s1 += __shfl_xor_sync(0xffffffffu, s1, off);
+    s2 += __shfl_xor_sync(0xffffffffu, s2, off);
+  }
+  if (lane) return;
   double invstd = (double)si[c], dwv = s2 * invstd;
   if (dw) acc(&dw[c], bw, (float)dwv);
   if (db) acc(&db[c], bb, (float)s1);
-  if (!ca) return;
-  double k = (double)to_f(w[c]) * invstd;
-  ca[c] = (float)k;
+  if (!cb) return;
+  double k = (double)(to_f(w[c]) * si[c]);
   cb[c] = training ? (float)(-k * invstd * dwv / m) : 0.0f;
   cc[c] = training ? (float)(-k * s1 / m) : 0.0f;
 }
 
-// dx = A dz + B (x - mean) + C0 (when dx is wanted) and dr = dz (ADD, when
-// wanted), dz = dy (y > 0), in one pass.
-template <typename T, int V, bool ADD>
-__global__ void BOUNDS k_dx(const T *__restrict__ x, const T *__restrict__ dy,
-                                            const T *__restrict__ y, T *__restrict__ dx, T *__restrict__ dr,
-                                            const float *__restrict__ smean, const float *__restrict__ ca,
-                                            const float *__restrict__ cb, const float *__restrict__ cc, int64_t M,
-                                            int64_t C, int64_t cv) {
-  constexpr int kUnroll = unroll<V, 3>::n;
-  int64_t vi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (vi >= cv) return;
-  float a[V], b[V], c0[V], mean[V];
+// dx = k dz + B (x - mean) + C0 (when dx is wanted) and dr = dz
+// (bn_add_relu, when wanted) in one pass, from the partition's end.
+template <typename T, int V, int ACT>
+__global__ void BWD_BOUNDS k_dx(const T *__restrict__ x, const T *__restrict__ dy, const T *__restrict__ y,
+                            T *__restrict__ dx, T *__restrict__ dr, const float *__restrict__ smean,
+                            const float *__restrict__ sinv, const T *__restrict__ w, const T *__restrict__ b,
+                            const float *__restrict__ cb, const float *__restrict__ cc, int64_t M, int64_t C,
+                            int64_t cv, int64_t R) {
+  constexpr int U = unroll<V, (ACT == kAddRelu ? 3 : 2), true>::n;
+  part_rows pr = rows_of(M, R);
+  if (pr.vi >= cv) return;
+  int64_t c0 = pr.vi * V;
+  dz_of<T, V, ACT> dz;
+  dz.load(smean, sinv, w, b, c0);
+  float a[V], bb[V], c00[V];
+  bool want_x = dx != nullptr || ACT == kRelu;
   if (dx) {
-    load_coef<V>(ca + vi * V, a);
-    load_coef<V>(cb + vi * V, b);
-    load_coef<V>(cc + vi * V, c0);
-    load_coef<V>(smean + vi * V, mean);
-  }
-  int64_t step = (int64_t)gridDim.y * blockDim.y;
-  for (int64_t r = (int64_t)blockIdx.y * blockDim.y + threadIdx.y; r < M; r += step * kUnroll) {
-    vec<T, V> rx[kUnroll], rd[kUnroll], ry[kUnroll];  // packed: fewer registers
+    if (ACT == kRelu) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; u++)
-      if (r + u * step < M) {
-        int64_t o = (r + u * step) * C + vi * V;
-        if (dx) rx[u] = *(const vec<T, V> *)(x + o);
-        rd[u] = *(const vec<T, V> *)(dy + o);
-        ry[u] = *(const vec<T, V> *)(y + o);
+      for (int i = 0; i < V; i++) a[i] = dz.k[i];
+    } else {
+      load_scale<T, V>(w + c0, sinv + c0, a);
+    }
+    load_coef<V>(cb + c0, bb);
+    load_coef<V>(cc + c0, c00);
+  }
+  int by = blockDim.y;
+  for (int64_t r = pr.r1 - 1 - threadIdx.y; r >= pr.r0; r -= (int64_t)by * U) {
+    vec<T, V> rx[U], rd[U], ry[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (r - (int64_t)u * by >= pr.r0) {
+        int64_t o = (r - (int64_t)u * by) * C + c0;
+        if (want_x) rx[u] = ld<T, V>(x + o);
+        rd[u] = ld<T, V>(dy + o);
+        if (ACT == kAddRelu) ry[u] = ld<T, V>(y + o);
       }
 #pragma unroll
-    for (int u = 0; u < kUnroll; u++)
-      if (r + u * step < M) {
-        int64_t o = (r + u * step) * C + vi * V;
-        float dz[V];
+    for (int u = 0; u < U; u++)
+      if (r - (int64_t)u * by >= pr.r0) {
+        int64_t o = (r - (int64_t)u * by) * C + c0;
+        float g[V];
 #pragma unroll
-        for (int i = 0; i < V; i++) dz[i] = dz_of(rd[u].v[i], ry[u].v[i]);
-        if (ADD && dr) store_v<T, V>(dr + o, dz);
+        for (int i = 0; i < V; i++) g[i] = dz(i, rd[u].v[i], rx[u].v[i], ACT == kAddRelu ? ry[u].v[i] : rx[u].v[i]);
+        if (ACT == kAddRelu && dr) store_v<T, V>(dr + o, g);
         if (dx) {
 #pragma unroll
-          for (int i = 0; i < V; i++) dz[i] = a[i] * dz[i] + b[i] * (to_f(rx[u].v[i]) - mean[i]) + c0[i];
-          store_v<T, V>(dx + o, dz);
+          for (int i = 0; i < V; i++) g[i] = a[i] * g[i] + bb[i] * (to_f(rx[u].v[i]) - dz.mean[i]) + c00[i];
+          store_v<T, V>(dx + o, g);
         }
       }
   }
@@ -387,14 +463,17 @@ __global__ void BOUNDS k_dx(const T *__restrict__ x, const T *__restrict__ dy,
 
 // ------------------------------------------------------------------- checks
 
-const char *op_name(bool add) { return add ? STOKE_OP_BN_ADD_RELU : STOKE_OP_BN_RELU; }
+const char *op_name(int act) {
+  return act == kAddRelu ? STOKE_OP_BN_ADD_RELU : act == kRelu ? STOKE_OP_BN_RELU : STOKE_OP_BATCH_NORM;
+}
 
 // x, y (and r) NHWC of dtype dt, weight and bias [C] of dt, running and
 // saved statistics f32 [C]; backward: the gradients that are wanted match
-// their values, and what the wanted ones read holds data.
-stoke_err *check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool add, bool bwd, bool run, int sm_count,
+// their values, and what the backward reads (bwd_needs) holds data.
+stoke_err *check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int act, bool bwd, bool run, int sm_count,
                  geom *g, int *v_out) {
-  const char *op = op_name(add);
+  const char *op = op_name(act);
+  bool add = act == kAddRelu;
   int n_in = add ? 6 : 5;
   if (a->n_in < n_in || a->n_out < 3 || !a->in || !a->out || (bwd && (!a->din || !a->dout)))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs %d inputs and 3 outputs (and gradients in backward)", op,
@@ -436,8 +515,8 @@ stoke_err *check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool add, bool b
   for (const void *p : acts)
     if (p && !aligned16(p)) v = 1;
   *v_out = v;
-  g->add = add;
-  make_geom(g, m, c, v, sm_count);
+  g->act = act;
+  make_geom(g, m, c, v, sm_count, bwd ? kBwdBlocksPerSm : kFwdBlocksPerSm);
   if (!bwd) {
     for (int i = 0; i < n_in; i++) CHECK(stoke_check_data(a, op, in_names[i], &a->in[i], run));
     for (int j = 0; j < 3; j++) CHECK(stoke_check_data(a, op, out_names[j], &a->out[j], run));
@@ -452,7 +531,8 @@ stoke_err *check(const stoke_kernel_args_v1 *a, stoke_dtype dt, bool add, bool b
         (add && a->din[5].data && !stoke_is_nhwc(&a->din[5])))
       return STOKE_PERR(STOKE_E_UNSUPPORTED, "%s '%s': dx, dy (and dr) must be NHWC as x", op, stoke_node_name(a));
     CHECK(stoke_check_data(a, op, "dy", &a->dout[0], run));
-    CHECK(stoke_check_data(a, op, "y (the forward output)", y, run));
+    if (add) CHECK(stoke_check_data(a, op, "y (the forward output: the ReLU's mask)", y, run));
+    if (act == kRelu) CHECK(stoke_check_data(a, op, "bias (the ReLU's mask is recomputed)", &a->in[2], run));
     CHECK(stoke_check_data(a, op, "x (the forward input)", x, run));
     CHECK(stoke_check_data(a, op, "weight", &a->in[1], run));
     CHECK(stoke_check_data(a, op, "saved_mean", &a->out[1], run));
@@ -469,109 +549,104 @@ int sm_count_of(const stoke_kernel_args_v1 *a) {
   return e && e->dev ? e->dev->sm_count : 0;
 }
 
-template <typename T, bool ADD, bool BWD>
+template <typename T, int ACT, bool BWD>
 stoke_err *plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
   geom g;
   int v;
   if (state) *state = NULL;
   if (ws) *ws = 0;
-  CHECK(check(a, dtype_of<T>::value, ADD, BWD, false, sm_count_of(a), &g, &v));
+  CHECK(check(a, dtype_of<T>::value, ACT, BWD, false, sm_count_of(a), &g, &v));
   // the plan sees no data pointers: size for the vector geometry and for
   // V = 1 (misaligned data at run time), whichever needs more
   size_t w = ws_bytes(&g);
   geom g1 = g;
-  make_geom(&g1, g.m, g.c, 1, sm_count_of(a));
+  make_geom(&g1, g.m, g.c, 1, sm_count_of(a), BWD ? kBwdBlocksPerSm : kFwdBlocksPerSm);
   if (ws_bytes(&g1) > w) w = ws_bytes(&g1);
   if (ws) *ws = w;
   return NULL;
 }
 
 dim3 block_of(const geom &g) { return dim3((unsigned)g.bx, (unsigned)g.by); }
+dim3 grid_of(const geom &g) { return dim3(g.gx, (unsigned)g.parts); }
+unsigned fin_blocks(const geom &g) { return (unsigned)((g.c + kFinWarps - 1) / kFinWarps); }
 
-// Blocks over rows for the elementwise passes: 3 per SM in all (a full wave).
-unsigned row_blocks(const geom &g, int sm_count) {
-  int64_t want = 3 * (int64_t)(sm_count > 0 ? sm_count : 132) / (int64_t)g.gx;
-  int64_t most = (g.m + g.by - 1) / g.by;
-  if (want > most) want = most;
-  if (want > 65535) want = 65535;
-  return (unsigned)(want < 1 ? 1 : want);
-}
-
-template <typename T, int V, bool ADD>
-stoke_err *fwd_v(const stoke_kernel_args_v1 *a, const geom &g, int sms) {
+template <typename T, int V, int ACT>
+stoke_err *fwd_v(const stoke_kernel_args_v1 *a, const geom &g) {
   cudaStream_t st = (cudaStream_t)a->stream;
   const T *x = (const T *)a->in[0].data;
   float2 *part = (float2 *)a->workspace;
-  float *scale = ws_coef(a->workspace, &g, 0), *shift = ws_coef(a->workspace, &g, 1);
-  dim3 blk = block_of(g);
+  float *sm = (float *)a->out[1].data, *si = (float *)a->out[2].data;
   if (a->training) {
     size_t shm = 3 * (size_t)g.bx * g.by * V * sizeof(float);
-    k_stats<T, V><<<dim3(g.gx, (unsigned)g.parts), blk, shm, st>>>(x, g.m, g.c, g.cv, g.rows, part);
+    k_stats<T, V><<<grid_of(g), block_of(g), shm, st>>>(x, g.m, g.c, g.cv, g.rows, g.parts, part);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
   }
-  k_fin_fwd<T><<<(unsigned)((g.c + 31) / 32), dim3(32, kFinLanes), 0, st>>>(
-      part, g.parts, g.c, g.m, g.rows, g.eps, g.momentum, a->training, (const T *)a->in[1].data,
-      (const T *)a->in[2].data, (float *)a->in[3].data, (float *)a->in[4].data, (float *)a->out[1].data,
-      (float *)a->out[2].data, scale, shift);
+  k_fin_fwd<<<fin_blocks(g), 32 * kFinWarps, 0, st>>>(part, g.parts, g.c, g.m, g.rows, g.eps, g.momentum,
+                                                     a->training, (float *)a->in[3].data, (float *)a->in[4].data,
+                                                     sm, si);
   STOKE_CUDA_LAUNCH(stoke_node_name(a));
-  k_apply<T, V, ADD><<<dim3(g.gx, row_blocks(g, sms)), blk, 0, st>>>(
-      x, ADD ? (const T *)a->in[5].data : nullptr, (T *)a->out[0].data, (const float *)a->out[1].data, scale, shift,
-      g.m, g.c, g.cv);
+  k_apply<T, V, ACT><<<grid_of(g), block_of(g), 0, st>>>(
+      x, ACT == kAddRelu ? (const T *)a->in[5].data : nullptr, (T *)a->out[0].data, sm, si,
+      (const T *)a->in[1].data, (const T *)a->in[2].data, g.m, g.c, g.cv, g.rows);
   STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
-template <typename T, int V, bool ADD>
-stoke_err *bwd_v(const stoke_kernel_args_v1 *a, const geom &g, int sms) {
+template <typename T, int V, int ACT>
+stoke_err *bwd_v(const stoke_kernel_args_v1 *a, const geom &g) {
   cudaStream_t st = (cudaStream_t)a->stream;
   T *dx = (T *)a->din[0].data, *dw = (T *)a->din[1].data, *db = (T *)a->din[2].data;
-  T *dr = ADD ? (T *)a->din[5].data : nullptr;
+  T *dr = ACT == kAddRelu ? (T *)a->din[5].data : nullptr;
   if (!dx && !dw && !db && !dr) return NULL;
-  const T *x = (const T *)a->in[0].data, *dy = (const T *)a->dout[0].data, *y = (const T *)a->out[0].data;
+  const T *x = (const T *)a->in[0].data, *dy = (const T *)a->dout[0].data;
+  const T *y = ACT == kAddRelu ? (const T *)a->out[0].data : nullptr;
+  const T *w = (const T *)a->in[1].data, *b = ACT == kRelu ? (const T *)a->in[2].data : nullptr;
   const float *sm = (const float *)a->out[1].data, *si = (const float *)a->out[2].data;
   float2 *part = (float2 *)a->workspace;
-  float *ca = ws_coef(a->workspace, &g, 0), *cb = ws_coef(a->workspace, &g, 1), *cc = ws_coef(a->workspace, &g, 2);
-  dim3 blk = block_of(g);
+  float *cb = ws_coef(a->workspace, &g, 0), *cc = ws_coef(a->workspace, &g, 1);
   if (dx || dw || db) {
     size_t shm = 2 * (size_t)g.bx * g.by * V * sizeof(float);
-    k_gsum<T, V><<<dim3(g.gx, (unsigned)g.parts), blk, shm, st>>>(x, dy, y, sm, g.m, g.c, g.cv, g.rows, part);
+    k_gsum<T, V, ACT><<<grid_of(g), block_of(g), shm, st>>>(x, dy, y, sm, si, w, b, g.m, g.c, g.cv, g.rows,
+                                                            g.parts, part);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
-    k_fin_bwd<T><<<(unsigned)((g.c + 31) / 32), dim3(32, kFinLanes), 0, st>>>(
-        part, g.parts, g.c, (double)g.m, a->training, (const T *)a->in[1].data, si, dw, stoke_grad_beta(a, 1), db,
-        stoke_grad_beta(a, 2), dx ? ca : nullptr, cb, cc);
+    k_fin_bwd<T><<<fin_blocks(g), 32 * kFinWarps, 0, st>>>(part, g.parts, g.c, (double)g.m, a->training, w, si,
+                                                           dw, stoke_grad_beta(a, 1), db, stoke_grad_beta(a, 2),
+                                                           dx ? cb : nullptr, cc);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
   }
   if (dx || dr) {
-    k_dx<T, V, ADD><<<dim3(g.gx, row_blocks(g, sms)), blk, 0, st>>>(x, dy, y, dx, dr, sm, ca, cb, cc, g.m, g.c,
-                                                                     g.cv);
+    k_dx<T, V, ACT><<<grid_of(g), block_of(g), 0, st>>>(x, dy, y, dx, dr, sm, si, w, b, cb, cc, g.m, g.c, g.cv,
+                                                        g.rows);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
   }
   return NULL;
 }
 
-template <typename T, bool ADD>
+template <typename T, int ACT>
 stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *) {
   geom g;
-  int v, sms = sm_count_of(a);
-  CHECK(check(a, dtype_of<T>::value, ADD, false, true, sms, &g, &v));
+  int v;
+  CHECK(check(a, dtype_of<T>::value, ACT, false, true, sm_count_of(a), &g, &v));
   constexpr int VV = 16 / sizeof(T);
-  return v == VV ? fwd_v<T, VV, ADD>(a, g, sms) : fwd_v<T, 1, ADD>(a, g, sms);
+  return v == VV ? fwd_v<T, VV, ACT>(a, g) : fwd_v<T, 1, ACT>(a, g);
 }
 
-template <typename T, bool ADD>
+template <typename T, int ACT>
 stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *) {
   geom g;
-  int v, sms = sm_count_of(a);
-  CHECK(check(a, dtype_of<T>::value, ADD, true, true, sms, &g, &v));
+  int v;
+  CHECK(check(a, dtype_of<T>::value, ACT, true, true, sm_count_of(a), &g, &v));
   constexpr int VV = 16 / sizeof(T);
-  return v == VV ? bwd_v<T, VV, ADD>(a, g, sms) : bwd_v<T, 1, ADD>(a, g, sms);
+  return v == VV ? bwd_v<T, VV, ACT>(a, g) : bwd_v<T, 1, ACT>(a, g);
 }
 
-#define BN_ACT_KERNELS(T, DT)                                                                              \
-  {"fused", STOKE_OP_BN_RELU, STOKE_FWD, DT, STOKE_NHWC, plan<T, false, false>, run_fwd<T, false>, stoke_destroy_none}, \
-  {"fused", STOKE_OP_BN_RELU, STOKE_BWD, DT, STOKE_NHWC, plan<T, false, true>, run_bwd<T, false>, stoke_destroy_none},  \
-  {"fused", STOKE_OP_BN_ADD_RELU, STOKE_FWD, DT, STOKE_NHWC, plan<T, true, false>, run_fwd<T, true>, stoke_destroy_none}, \
-  {"fused", STOKE_OP_BN_ADD_RELU, STOKE_BWD, DT, STOKE_NHWC, plan<T, true, true>, run_bwd<T, true>, stoke_destroy_none}
+#define BN_ACT_KERNELS(T, DT)                                                                                 \
+  {"fused", STOKE_OP_BN_RELU, STOKE_FWD, DT, STOKE_NHWC, plan<T, kRelu, false>, run_fwd<T, kRelu>, stoke_destroy_none}, \
+  {"fused", STOKE_OP_BN_RELU, STOKE_BWD, DT, STOKE_NHWC, plan<T, kRelu, true>, run_bwd<T, kRelu>, stoke_destroy_none},  \
+  {"fused", STOKE_OP_BN_ADD_RELU, STOKE_FWD, DT, STOKE_NHWC, plan<T, kAddRelu, false>, run_fwd<T, kAddRelu>,    \
+   stoke_destroy_none},                                                                                             \
+  {"fused", STOKE_OP_BN_ADD_RELU, STOKE_BWD, DT, STOKE_NHWC, plan<T, kAddRelu, true>, run_bwd<T, kAddRelu>,     \
+   stoke_destroy_none}
 
 const stoke_kernel_v1 kernels[] = {
     BN_ACT_KERNELS(__nv_bfloat16, STOKE_BF16),

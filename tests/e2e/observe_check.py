@@ -71,8 +71,11 @@ if evs:
                      ("perf/step_time_ms", "step_time_ms"), ("perf/step_time_ms_p95", "step_time_ms_p95"),
                      ("perf/data_wait_ms", "data_wait_ms"), ("perf/host_ms", "host_ms"), ("perf/mfu", "mfu")]:
         same(tag, key, steps)
-    same("eval/loss", "eval_loss", evals)
-    same("eval/accuracy", "eval_accuracy", evals)
+    if evals:
+        same("eval/loss", "eval_loss", evals)
+        same("eval/accuracy", "eval_accuracy", evals)
+    else:
+        print("(no evaluation in this run: eval/* not checked)")
 try:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(run)

@@ -737,8 +737,10 @@ static void test_kernel(void **state) {
              "(case_table%s); add one",
              k->engine, k->op, pass_name(k->pass), stoke_dtype_name(k->dtype), stoke_layout_name(k->layout), k->op,
              k->pass == STOKE_OPT ? ", or opt_table in every_kernel_test.c" : "");
-  stoke_rng r = stoke_rng_seed(stoke_hash3(seed, (uint64_t)(uintptr_t)k->op[0] * 131 + (uint64_t)k->pass,
-                                           (uint64_t)k->dtype * 7 + (uint64_t)k->layout));
+  uint64_t name = 1469598103934665603ull; /* FNV-1a of engine/op: each kernel its own draws */
+  for (const char *p = k->engine; *p; p++) name = (name ^ (uint8_t)*p) * 1099511628211ull;
+  for (const char *p = k->op; *p; p++) name = (name ^ (uint8_t)*p) * 1099511628211ull;
+  stoke_rng r = stoke_rng_seed(stoke_hash3(seed, name, (uint64_t)k->pass * 64 + (uint64_t)k->dtype * 8 + k->layout));
   kcase cases[MAX_CASES];
   int n = gen(k, &r, cases);
   for (int i = 0; i < n; i++) {

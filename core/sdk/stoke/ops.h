@@ -131,9 +131,12 @@
  * compiler makes of a batch_norm whose output only a relu reads (run.fuse)
  * when an engine has the fused kernels. Inputs, outputs, attributes and
  * running-statistics update as batch_norm's; backward reads x, weight,
- * saved_* and y (the ReLU mask is y > 0).
+ * bias and saved_*, not y: the ReLU's mask, y > 0, is recomputed as
+ * (x - saved_mean) (weight saved_invstd) + bias > 0 (rounded to y's dtype),
+ * the saved f32 invstd used as the forward uses it.
  * bn_add_relu: y = max(bn(x) + r, 0), the ResNet block's tail (batch_norm
  * -> add -> relu), with the residual r[x's shape] as input 5; backward
+ * reads x, weight, saved_* and y (the mask, y > 0, needs r otherwise) and
  * also writes dr, the masked output gradient that flows into the add. */
 #define STOKE_OP_BN_RELU "bn_relu"
 #define STOKE_OP_BN_ADD_RELU "bn_add_relu"
