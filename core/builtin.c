@@ -191,13 +191,13 @@ static const stoke_op_type_v1 ops[] = {
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_LINEAR_DACT, "linear backward with the previous activation's gradient (compiler-made)", 5, 1,
      linear_act_attrs, 2, infer_compiler_only, NULL,
      STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_INPUT(3), 0, 1},
-    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_ADD, "a + b (residual)", 2, 1, NULL, 0, infer_add, flops_elementwise, 0, 0, 1},
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_ADD, "a + b (residual)", 2, 1, NULL, 0, infer_add, flops_elementwise, STOKE_BWD_NEEDS_NOTHING, 0, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_CAST, "float conversion of the input batch", 1, 1, cast_attrs, 1, infer_cast, NULL, 0, 1u, 0},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_SOFTMAX_CE, "softmax cross-entropy, mean over the batch (nn.CrossEntropyLoss)", 2,
      2, softmax_ce_attrs, 1, infer_softmax_ce, flops_softmax_ce,
      STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(1), 1u << 1, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_AUTOCAST, "a float in another dtype, around ops kept in fp32 (compiler-made)",
-     1, 1, autocast_attrs, 1, infer_autocast, NULL, 0, 0, 1},
+     1, 1, autocast_attrs, 1, infer_autocast, NULL, STOKE_BWD_NEEDS_NOTHING, 0, 1},
 };
 
 /* The built-in precision policies, registered like a plugin's. No fp32

@@ -458,7 +458,9 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
     uint64_t k = node->pass == STOKE_BWD || node->recompute ? (uint64_t)node->fwd : (uint64_t)i;
     na->a.seed = stoke_hash3(step_seed, k, 0x5eedull);
     stoke_range_push(node->n.name);
+    stoke_crash_note_kernel(node->kernel, &na->a);
     stoke_err *e = node->kernel->run(&na->a, node->kstate);
+    stoke_crash_note_kernel(NULL, NULL);
     stoke_range_pop();
     if (!e) e = tick(x, i);
     if (e)

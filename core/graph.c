@@ -489,11 +489,21 @@ stoke_err *stoke_graph_derive_backward(stoke_graph *g) {
     stoke_gnode f = g->nodes[i]; /* copy: the array may move */
     int has_dout = 0;
     for (int j = 0; j < f.n_out; j++) has_dout |= g->values[f.out[j]].grad >= 0;
-    if (!has_dout || !f.type->has_backward) continue;
-    int wants = 0;
-    for (int k = 0; k < f.n_in; k++)
-      if (needs[f.in[k]] && !(f.type->no_grad_inputs & (1u << k))) wants = 1;
-    if (!wants) continue;
+    if (!has_dout) continue;
+    int wants = -1;
+    for (int k = 0; k < f.n_in && wants < 0; k++)
+      if (needs[f.in[k]] && !(f.type->no_grad_inputs & (1u << k))) wants = k;
+    if (wants < 0 || f.type->has_backward == STOKE_NO_GRAD) continue;
+    if (f.type->has_backward != STOKE_HAS_BACKWARD) {
+      const char *origin = stoke_registry_origin(g->reg, f.type->name);
+      e = STOKE_ERR(STOKE_E_UNSUPPORTED,
+                    "node '%s': op '%s' (from %s) has no backward (has_backward = 0), but its input %d ('%s') needs "
+                    "a gradient: the parameters before it would never train. Give the op backward kernels and set "
+                    ".has_backward = STOKE_HAS_BACKWARD in its stoke_op_type_v1, or .has_backward = STOKE_NO_GRAD to "
+                    "stop gradients here on purpose (as torch's .detach())",
+                    f.n.name, f.type->name, origin ? origin : "?", wants, g->values[f.in[wants]].name);
+      goto done;
+    }
     if (alias_add_grads(g, &f, needs, &e)) {
       if (e) goto done;
       continue;

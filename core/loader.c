@@ -17,6 +17,21 @@
 
 typedef enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_FULL, SLOT_TAKEN } slot_state;
 
+/* Skips of one kind: grouped by the message with its numbers blanked
+ * ("sample # is bad"), shown as its title ("label error: label 2 outside
+ * [0, 2)", or "source error") and the first example in full. */
+#define MAX_REASONS 8
+typedef struct skip_reason {
+  char key[128];
+  char title[96];
+  char example[256];
+  int64_t n;
+} skip_reason;
+
+/* The fail-fast rule's defaults: more than 1% of the first 1000 reads. */
+#define SKIP_WINDOW 1000
+#define SKIP_FRACTION 0.01
+
 typedef struct slot {
   stoke_batch b;
   slot_state state;
@@ -39,7 +54,12 @@ struct stoke_loader {
   int chunks;                     /* per batch */
   int64_t chunk_size;
   int stop;
-  int64_t skipped;
+  /* unreadable samples (guarded by mu): every read tried, those skipped,
+   * and the skips grouped by reason */
+  int64_t attempts, skipped;
+  skip_reason reasons[MAX_REASONS];
+  int n_reasons;
+  int64_t other_reasons; /* skips past the table's room */
   /* the samples found unreadable (guarded by mu): a set of index + 1, open
    * addressing, so each is warned about once per run */
   int64_t *bad, n_bad, cap_bad;
@@ -118,6 +138,86 @@ static int bad_insert(stoke_loader *l, int64_t k) {
   return added;
 }
 
+/* `msg` with each run of digits replaced by '#': one key per kind of error. */
+static void reason_key(const char *msg, char *key, size_t cap) {
+  size_t k = 0;
+  for (const char *p = msg; *p && *p != '\n' && k + 1 < cap; p++) {
+    if (*p >= '0' && *p <= '9') {
+      if (k == 0 || key[k - 1] != '#') key[k++] = '#';
+      continue;
+    }
+    key[k++] = *p;
+  }
+  key[k] = 0;
+}
+
+/* Count a skipped read under its reason. Called with mu held. */
+static void count_skip(stoke_loader *l, const char *key, const char *title, const char *example) {
+  l->skipped++;
+  for (int i = 0; i < l->n_reasons; i++)
+    if (!strcmp(l->reasons[i].key, key)) {
+      l->reasons[i].n++;
+      return;
+    }
+  if (l->n_reasons == MAX_REASONS) {
+    l->other_reasons++;
+    return;
+  }
+  skip_reason *r = &l->reasons[l->n_reasons++];
+  snprintf(r->key, sizeof r->key, "%s", key);
+  snprintf(r->title, sizeof r->title, "%s", title);
+  snprintf(r->example, sizeof r->example, "%s", example);
+  r->n = 1;
+}
+
+/* "\n    6 x label error: label 2 outside [0, 2), e.g. sample 3 has ..."
+ * a line per reason. Called with mu held. */
+static void reasons_text(const stoke_loader *l, char *buf, size_t cap) {
+  size_t used = 0;
+  buf[0] = 0;
+  for (int i = 0; i < l->n_reasons && used < cap; i++)
+    used += (size_t)snprintf(buf + used, cap - used, "\n    %lld x %s, e.g. %s", (long long)l->reasons[i].n,
+                             l->reasons[i].title, l->reasons[i].example);
+  if (l->other_reasons && used < cap)
+    snprintf(buf + used, cap - used, "\n    %lld x other reasons", (long long)l->other_reasons);
+}
+
+/* A read that failed with a data error, or gave a label outside [0,
+ * classes): counted by reason; an error that stops the loader when the
+ * skips pass the fail-fast limit within the first reads (a systematic
+ * fault of the source or the data, not a few corrupt files), else NULL. */
+static stoke_err *note_skip(stoke_loader *l, int64_t k, const stoke_err *re, int32_t label) {
+  char key[128], example[256];
+  const char *title = key;
+  if (!re) {
+    snprintf(key, sizeof key, "label error: label %d outside [0, %lld)", label, (long long)l->classes);
+    snprintf(example, sizeof example, "sample %lld has label %d; the source says classes = %lld, so labels count "
+             "0 to %lld", (long long)k, label, (long long)l->classes, (long long)l->classes - 1);
+  } else {
+    reason_key(re->msg, key, sizeof key);
+    title = "source error";
+    snprintf(example, sizeof example, "sample %lld: %s", (long long)k, re->msg);
+  }
+  pthread_mutex_lock(&l->mu);
+  count_skip(l, key, title, example);
+  int first = bad_insert(l, k);
+  int64_t skipped = l->skipped, attempts = l->attempts;
+  double frac = l->o.max_skipped > 0 ? l->o.max_skipped : SKIP_FRACTION;
+  char why[2048] = "";
+  /* evaluation (skip_bad) scores what it can read and says how many */
+  int stop = !l->o.skip_bad && attempts <= SKIP_WINDOW && (double)skipped > frac * SKIP_WINDOW;
+  if (stop) reasons_text(l, why, sizeof why);
+  pthread_mutex_unlock(&l->mu);
+  if (first) /* once per run; the summary counts them */
+    stoke_log(STOKE_LOG_WARN, "loader", "skipping %s (said once, skipped every time)", example);
+  if (!stop) return NULL;
+  return STOKE_ERR(STOKE_E_DATA,
+                   "source '%s': %lld of the first %lld samples read were skipped, more than %g%% of the first %d: "
+                   "the data or the source is wrong throughout, not a few damaged samples, so the run stops. "
+                   "By reason:%s\n  fix the source or the data (labels count from 0), or raise [data] max_skipped",
+                   l->o.src->name, (long long)skipped, (long long)attempts, 100 * frac, SKIP_WINDOW, why);
+}
+
 /* Fill samples [from, to) of batch `number` into slot s. */
 static stoke_err *fill(stoke_loader *l, slot *s, int64_t number, int64_t from, int64_t to) {
   int64_t epoch = number / l->per_epoch, index = number % l->per_epoch;
@@ -139,26 +239,25 @@ static stoke_err *fill(stoke_loader *l, slot *s, int64_t number, int64_t from, i
       int32_t label = -1;
       uint64_t seed = stoke_hash3(l->o.seed, (uint64_t)epoch, (uint64_t)k);
       stoke_err *re = l->o.src->read(l->o.src_self, k, seed, dst, &label);
-      if (!re && (label < 0 || label >= l->classes))
-        re = STOKE_ERR(STOKE_E_DATA, "%s: sample %lld has label %d outside [0, %lld)",
-                       l->o.src->name, (long long)k, label, (long long)l->classes);
-      if (!re) {
+      pthread_mutex_lock(&l->mu);
+      l->attempts++;
+      pthread_mutex_unlock(&l->mu);
+      int bad_label = !re && (label < 0 || label >= l->classes);
+      if (!re && !bad_label) {
         s->b.labels[from + i] = label;
         break;
       }
-      pthread_mutex_lock(&l->mu);
-      l->skipped++;
-      int first = bad_insert(l, k);
-      pthread_mutex_unlock(&l->mu);
-      if (re->code != STOKE_E_DATA || tries >= 16) {
+      if (re && re->code != STOKE_E_DATA) {
         e = stoke_err_wrap(re, __FILE__, __LINE__, "reading sample %lld from source '%s'",
                            (long long)k, l->o.src->name);
         break;
       }
-      if (first) /* once per run; the summary counts them */
-        stoke_log(STOKE_LOG_WARN, "loader", "skipping sample %lld (said once, skipped every time): %s", (long long)k,
-                  re->msg);
+      e = note_skip(l, k, re, label);
       stoke_err_free(re);
+      if (!e && tries >= 16)
+        e = STOKE_ERR(STOKE_E_DATA, "source '%s': 17 samples in a row from %lld on could not be used (see the "
+                      "warnings above)", l->o.src->name, (long long)idx[i]);
+      if (e) break;
       if (l->o.skip_bad) { /* a hole, never a duplicate */
         memset(dst, 0, l->sample_bytes);
         s->b.labels[from + i] = -1;
@@ -372,9 +471,18 @@ int64_t stoke_loader_skipped(const stoke_loader *l) {
   pthread_mutex_unlock((pthread_mutex_t *)&l->mu);
   return n;
 }
+
 int64_t stoke_loader_bad_samples(const stoke_loader *l) {
   pthread_mutex_lock((pthread_mutex_t *)&l->mu);
   int64_t n = l->n_bad;
+  pthread_mutex_unlock((pthread_mutex_t *)&l->mu);
+  return n;
+}
+
+int64_t stoke_loader_skip_reasons(const stoke_loader *l, char *buf, size_t cap) {
+  pthread_mutex_lock((pthread_mutex_t *)&l->mu);
+  int64_t n = l->skipped;
+  reasons_text(l, buf, cap);
   pthread_mutex_unlock((pthread_mutex_t *)&l->mu);
   return n;
 }

@@ -367,8 +367,8 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
     printf("  evaluation: loss %.4f (%.4f bits per token) over %lld sequences\n", s->eval_loss, s->eval_loss / log(2.0),
            (long long)s->eval_samples);
   if (s->skipped_samples)
-    printf("  %lld samples could not be read (each named once in log.txt); replaced %lld times\n",
-           (long long)s->bad_samples, (long long)s->skipped_samples);
+    printf("  %lld samples could not be used (each named once in log.txt); replaced %lld times, by reason:%s\n",
+           (long long)s->bad_samples, (long long)s->skipped_samples, s->skip_reasons);
   printf("  metrics: %s/metrics.jsonl\n", s->out_dir);
   if (m->o.report_dir) printf("  report: %s/report.html (open it in a browser)\n", m->o.report_dir);
   if (m->tb) printf("  TensorBoard: %s (tensorboard --logdir on its folder)\n", stoke_tb_path(m->tb));

@@ -166,11 +166,11 @@ static const stoke_op_type_v1 conv_ops[] = {
      conv2d_attrs, (int)(sizeof conv2d_attrs / sizeof *conv2d_attrs), stoke_conv2d_infer,
      stoke_conv2d_flops, STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1), 0, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_BIAS_ADD, "x + bias per channel (dim 1), the conv bias", 2, 1, NULL, 0,
-     infer_bias_add, flops_numel_in, 0, 0, 1},
+     infer_bias_add, flops_numel_in, STOKE_BWD_NEEDS_NOTHING, 0, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_FLATTEN, "[N, ...] -> [N, prod(...)] in logical (C, H, W) order", 1, 1, NULL, 0,
-     infer_flatten, flops_none, 0, 0, 1},
+     infer_flatten, flops_none, STOKE_BWD_NEEDS_NOTHING, 0, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_GLOBAL_AVG_POOL, "mean over H and W: [N, C, H, W] -> [N, C]", 1, 1, NULL, 0,
-     infer_global_avg_pool, flops_numel_in, 0, 0, 1},
+     infer_global_avg_pool, flops_numel_in, STOKE_BWD_NEEDS_NOTHING, 0, 1},
 };
 
 stoke_err *stoke_register_conv_ops(const stoke_registry_v1 *r) {

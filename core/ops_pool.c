@@ -126,10 +126,10 @@ static const stoke_op_type_v1 pool_ops[] = {
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_MAX_POOL2D, "max pooling (nn.MaxPool2d, floor mode, -inf padding)", 1, 1,
      pool_attrs, 3, infer_pool, flops_pool, STOKE_BWD_NEEDS_INPUT(0), 0, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_AVG_POOL2D, "average pooling (nn.AvgPool2d, count_include_pad, floor mode)", 1, 1,
-     pool_attrs, 3, infer_pool, flops_pool, 0, 0, 1},
+     pool_attrs, 3, infer_pool, flops_pool, STOKE_BWD_NEEDS_NOTHING, 0, 1},
     /* backward regenerates the mask from the seed: reads nothing */
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_DROPOUT, "inverted dropout (nn.Dropout); identity in eval", 1, 1, dropout_attrs, 1,
-     infer_dropout, flops_dropout, 0, 0, 1},
+     infer_dropout, flops_dropout, STOKE_BWD_NEEDS_NOTHING, 0, 1},
 };
 
 stoke_err *stoke_register_pool_ops(const stoke_registry_v1 *r) {

@@ -261,7 +261,7 @@ static const stoke_op_type_v1 ops[] = {
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_EMBEDDING, "row lookup weight[idx] (nn.Embedding); scatter-add backward", 2, 1, NULL, 0,
      infer_embedding, flops_none, IN(1), 1u << 1, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_POSITION_EMBEDDING, "x + weight[t] over (b, t): learned positions (GPT-2's wpe)", 2, 1, NULL, 0,
-     infer_position_embedding, flops_elementwise, 0, 0, 1},
+     infer_position_embedding, flops_elementwise, STOKE_BWD_NEEDS_NOTHING, 0, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_LAYER_NORM, "layer normalization over the last dimension (nn.LayerNorm)", 3, 3, ln_attrs, 1,
      infer_layer_norm, flops_layer_norm, IN(0) | IN(1) | OUT(1) | OUT(2), 0, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_ADD_LAYER_NORM, "residual add then layer_norm, one pass (s = a + b, y = layer_norm(s))", 4, 4,
@@ -271,13 +271,13 @@ static const stoke_op_type_v1 ops[] = {
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_MATMUL, "x W^T, a linear without bias (nn.Linear(bias=False))", 2, 1, NULL, 0, infer_matmul,
      flops_matmul, IN(0) | IN(1), 0, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_RESHAPE, "the same elements in another shape (a view)", 1, 1, reshape_attrs, 1, infer_reshape,
-     flops_none, 0, 0, 1},
+     flops_none, STOKE_BWD_NEEDS_NOTHING, 0, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_SLICE, "narrow one dimension (torch.narrow; a view where the memory order allows)", 1, 1,
-     slice_attrs, 3, infer_slice, flops_none, 0, 0, 1},
+     slice_attrs, 3, infer_slice, flops_none, STOKE_BWD_NEEDS_NOTHING, 0, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_SPLIT, "parts along one dimension (torch.split; views where the memory order allows)", 1, 0,
-     split_attrs, 2, infer_split, flops_none, 0, 0, 1},
+     split_attrs, 2, infer_split, flops_none, STOKE_BWD_NEEDS_NOTHING, 0, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_TRANSPOSE, "swap two dimensions (a view where the memory order allows, else a copy)", 1, 1,
-     transpose_attrs, 2, infer_transpose, flops_none, 0, 0, 1},
+     transpose_attrs, 2, infer_transpose, flops_none, STOKE_BWD_NEEDS_NOTHING, 0, 1},
 };
 
 stoke_err *stoke_register_seq_ops(const stoke_registry_v1 *r) {

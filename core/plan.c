@@ -157,24 +157,34 @@ static const char *engine_for(const stoke_graph *g, const stoke_plan_opts *o, co
  * node when an engine has its forward and backward kernels and comes no
  * later in the backends list than the engine that serves the head (so a
  * fused op never trades a better engine's head kernel for a worse one);
- * the same engine as the head's only with [run] fuse = true:
+ * the same engine as the head's only with [run] fuse = true, except for
+ * patterns marked gpu_own on a GPU engine:
  *   linear -> relu: the ReLU in the matmul's epilogue (cublaslt);
  *   batch_norm -> relu and batch_norm -> add -> relu: one pass per
- *   direction over the activations instead of two or three (fused).
+ *   direction over the activations instead of two or three (fused, which
+ *   serves the lone batch_norm too: gpu_own; the cpu reference keeps the
+ *   nodes apart unless run.fuse).
  * The fused node takes the head's inputs (then the add's other input) and
  * attributes, its name, and the tail's output; it sits where the tail was,
  * after every node that makes one of its inputs (a ResNet block's
  * shortcut branch comes after its main branch's last batch_norm). */
 typedef struct fuse_pattern {
   const char *head, *tail, *fused;
-  int add; /* an add between head and tail; its other input joins the fused node */
+  int add;     /* an add between head and tail; its other input joins the fused node */
+  int gpu_own; /* a GPU engine that serves the head fuses it without run.fuse (never slower) */
 } fuse_pattern;
 
 static const fuse_pattern fuse_patterns[] = {
-    {STOKE_OP_LINEAR, STOKE_OP_RELU, STOKE_OP_LINEAR_RELU, 0},
-    {STOKE_OP_BATCH_NORM, STOKE_OP_RELU, STOKE_OP_BN_RELU, 0},
-    {STOKE_OP_BATCH_NORM, STOKE_OP_RELU, STOKE_OP_BN_ADD_RELU, 1},
+    {STOKE_OP_LINEAR, STOKE_OP_RELU, STOKE_OP_LINEAR_RELU, 0, 0},
+    {STOKE_OP_BATCH_NORM, STOKE_OP_RELU, STOKE_OP_BN_RELU, 0, 1},
+    {STOKE_OP_BATCH_NORM, STOKE_OP_RELU, STOKE_OP_BN_ADD_RELU, 1, 1},
 };
+
+/* Whether engine `name` runs on the GPU. */
+static int engine_on_gpu(const stoke_graph *g, const char *name) {
+  const stoke_backend_v1 *b = name ? stoke_find_backend(g->reg, name) : NULL;
+  return b && b->device == STOKE_DEV_GPU;
+}
 
 /* Index of engine `name` in the list, or n_engines when absent. */
 static int engine_rank(const stoke_plan_opts *o, const char *name) {
@@ -225,8 +235,10 @@ static int fuse_at(stoke_graph *g, const stoke_plan_opts *o, const fuse_pattern 
   if (fwd >= o->n_engines || bwd >= o->n_engines || fwd > head || bwd > head) return 0;
   /* an engine listed before the head's for its fused kernels (backends =
    * fused, ...) asks for them; the head's own engine (cublaslt's ReLU
-   * epilogue, the cpu reference) fuses only with [run] fuse = true */
-  if (!o->fuse && (fwd == head || bwd == head)) return 0;
+   * epilogue, the cpu reference) fuses only with [run] fuse = true, but
+   * for gpu_own patterns on a GPU engine (fused's batch norms) */
+  if (!o->fuse && (fwd == head || bwd == head) && !(p->gpu_own && engine_on_gpu(g, o->engines[head])))
+    return 0;
   const stoke_op_type_v1 *ft = stoke_find_op(g->reg, p->fused);
   stoke_gnode f = g->nodes[h];
   if (!ft || f.n_in + (other >= 0) != ft->n_inputs || f.n_out != ft->n_outputs) return 0;

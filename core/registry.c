@@ -127,11 +127,41 @@ static stoke_err *add_part(stoke_registry *r, part_kind kind, const char *name,
   return NULL;
 }
 
+/* What an op says about its backward, checked where it is registered (a
+ * newcomer's usual mistakes: a backward with bwd_needs left 0 is handed
+ * NULL inputs; has_backward is 1, 0 or STOKE_NO_GRAD). */
+static stoke_err *check_op_backward(const stoke_registry *r, const stoke_op_type_v1 *o) {
+  const char *nm = o->name ? o->name : "?";
+  if (o->has_backward != 0 && o->has_backward != STOKE_HAS_BACKWARD && o->has_backward != STOKE_NO_GRAD)
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "%s: op '%s': has_backward = %d; say STOKE_HAS_BACKWARD (1: it has backward kernels) or "
+                     "STOKE_NO_GRAD (gradients stop here on purpose)", r->current_origin, nm, o->has_backward);
+  uint32_t known = STOKE_BWD_NEEDS_NOTHING;
+  for (int i = 0; i < o->n_inputs; i++) known |= STOKE_BWD_NEEDS_INPUT(i);
+  for (int j = 0; j < (o->n_outputs ? o->n_outputs : STOKE_MAX_IO); j++) known |= STOKE_BWD_NEEDS_OUTPUT(j);
+  if (o->has_backward == STOKE_HAS_BACKWARD && !o->bwd_needs)
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "%s: op '%s' has a backward (has_backward = 1) but bwd_needs is 0: say what its backward kernel "
+                     "reads besides the output gradients, e.g. .bwd_needs = STOKE_BWD_NEEDS_INPUT(0) (x) or "
+                     "STOKE_BWD_NEEDS_OUTPUT(0) (y); STOKE_BWD_NEEDS_NOTHING if it reads neither. Inputs and "
+                     "outputs not named there reach the backward kernel with data == NULL",
+                     r->current_origin, nm);
+  if (o->bwd_needs & ~known)
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "%s: op '%s': bwd_needs 0x%x names inputs or outputs the op does not have (%d inputs, %d "
+                     "outputs)", r->current_origin, nm, o->bwd_needs & ~known, o->n_inputs, o->n_outputs);
+  if ((o->bwd_needs & STOKE_BWD_NEEDS_NOTHING) && (o->bwd_needs & ~STOKE_BWD_NEEDS_NOTHING))
+    return STOKE_ERR(STOKE_E_INVALID, "%s: op '%s': bwd_needs says STOKE_BWD_NEEDS_NOTHING and names values too",
+                     r->current_origin, nm);
+  return NULL;
+}
+
 static stoke_err *api_add_op(void *s, const stoke_op_type_v1 *o) {
   STOKE_PROPAGATE(check_part_abi(s, K_OP, o));
   if (o->n_inputs > STOKE_MAX_IO || o->n_outputs > STOKE_MAX_IO || o->n_attrs > STOKE_MAX_ATTRS)
     return STOKE_ERR(STOKE_E_INVALID, "op '%s': more than %d inputs/outputs or %d attributes",
                      o->name, STOKE_MAX_IO, STOKE_MAX_ATTRS);
+  STOKE_PROPAGATE(check_op_backward(s, o));
   return add_part(s, K_OP, o->name, o);
 }
 static stoke_err *api_add_kernel(void *s, const stoke_kernel_v1 *k) {

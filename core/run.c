@@ -473,6 +473,11 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
     if (info.shape.ndim != 3)
       return STOKE_ERR(STOKE_E_UNSUPPORTED, "source '%s' gives u8 samples that are not images (C, H, W)",
                        st->src->name);
+    if (info.layout == STOKE_NCHW)
+      return STOKE_ERR(STOKE_E_UNSUPPORTED,
+                       "source '%s' says its u8 images are STOKE_NCHW (CHW memory order); u8 images are read as "
+                       "HWC (as decoders write them): write HWC and say STOKE_NHWC, or give f32 samples",
+                       st->src->name);
     STOKE_PROPAGATE(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &xs, STOKE_U8, &x));
     g->values[x].layout = STOKE_NHWC; /* sources write HWC */
     char attrs[600];
@@ -485,8 +490,10 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
   } else if (info.dtype == STOKE_F32) {
     /* the batch arrives as f32; a low-precision graph converts it first */
     STOKE_PROPAGATE(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &xs, STOKE_F32, &x));
-    g->values[x].layout = xs.ndim == 4 ? STOKE_NCHW : STOKE_LAYOUT_ANY; /* sources write CHW */
-    if (dtype != STOKE_F32 || (xs.ndim == 4 && s->layout != STOKE_NCHW)) {
+    /* images in the memory order the source declares (CHW unless it says STOKE_NHWC) */
+    stoke_layout in = info.layout == STOKE_NHWC ? STOKE_NHWC : STOKE_NCHW;
+    g->values[x].layout = xs.ndim == 4 ? in : STOKE_LAYOUT_ANY;
+    if (dtype != STOKE_F32 || (xs.ndim == 4 && s->layout != in)) {
       char attrs[32];
       snprintf(attrs, sizeof attrs, "dtype=%s", stoke_dtype_name(dtype));
       int c;
@@ -666,7 +673,7 @@ static stoke_err *open_stream(run_state *s, stream *st, const stoke_data_config 
                                           s->resume.world, st->batch, s->world);
   stoke_loader_opts lo = {st->src, st->src_self, s->dev, s->dev_self, st->batch, (int)workers,
                           (int)dc->prefetch, dc->shuffle, dc->drop_last, seed, s->rank, s->world, start_batch,
-                          s->dp ? NULL : &stop_signal, !training};
+                          s->dp ? NULL : &stop_signal, !training, dc->max_skipped};
   if (!workers) STOKE_PROPAGATE(auto_workers(s, lo, &workers));
   lo.workers = (int)workers;
   STOKE_TRY(stoke_loader_new(&lo, &st->loader), "starting the [%s] loader", section);
@@ -1445,7 +1452,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   sum->dev_alloc_mib = device_mib(&s);
   sum->steps = step;
   sum->samples = (step - start_step) * batch * accumulate * s.world;
-  sum->skipped_samples = stoke_loader_skipped(s.train.loader);
+  sum->skipped_samples = stoke_loader_skip_reasons(s.train.loader, sum->skip_reasons, sizeof sum->skip_reasons);
   sum->bad_samples = stoke_loader_bad_samples(s.train.loader);
   if (!e && s.dp) e = report_ranks(&s, sum, o->quiet);
   if (!e) e = stoke_metrics_close(s.metrics, sum, stop ? "interrupted" : "done");

@@ -69,7 +69,7 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "(forward *_AUX_BIAS, backward DRELU/DGELU in the next linear's product) where the backend has them; "
      "off by default: on an H100 the bf16 mlp bench ran 10% slower with ReLU (cuBLASLt's DRELU product is "
      "slow) and no faster with GELU. Batch norm + ReLU (+ add) fuse without it when an engine listed before "
-     "the batch norm's has them (backends = fused, ...)"},
+     "the batch norm's, or the batch norm's own GPU engine, has them (backends = fused, ...)"},
     {"grad_sums_in_place", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "where two backward paths meet (a residual block's input), the second kernel adds its gradient into the "
      "first's buffer when it can (din_accumulate) instead of a separate add node; false keeps the adds (A/B)"},
@@ -120,6 +120,10 @@ static const stoke_cfg_key_v1 data_keys[] = {
     {"mean", STOKE_CFG_LIST, "0", 0, 0, NULL,
      "u8 images: per-channel mean of x/255 (e.g. 0.485, 0.456, 0.406), subtracted on the device"},
     {"std", STOKE_CFG_LIST, "1", 0, 0, NULL, "u8 images: per-channel std of x/255"},
+    {"max_skipped", STOKE_CFG_FLOAT, "0.01", 1e-9, 1, NULL,
+     "stop when more than this fraction of the first 1000 samples read is unusable (a source error or a label "
+     "outside [0, classes)): the data or the source is wrong throughout; below it such samples are replaced and "
+     "counted by reason in the summary"},
     {"on_device", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "copy the first batch to the device once and train on it every step: times the step alone "
      "(BENCH.md's synthetic workloads), not a way to train"},
@@ -286,6 +290,7 @@ static stoke_err *read_data(const stoke_cfg *c, const char *section, stoke_data_
   STOKE_PROPAGATE(stoke_cfg_bool(c, section, "shuffle", &d->shuffle));
   STOKE_PROPAGATE(stoke_cfg_bool(c, section, "drop_last", &d->drop_last));
   STOKE_PROPAGATE(stoke_cfg_bool(c, section, "on_device", &d->on_device));
+  STOKE_PROPAGATE(stoke_cfg_float(c, section, "max_skipped", &d->max_skipped));
   STOKE_PROPAGATE(floats_attr(c, "mean", d->mean, sizeof d->mean));
   STOKE_PROPAGATE(floats_attr(c, "std", d->std, sizeof d->std));
   return NULL;

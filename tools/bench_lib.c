@@ -322,12 +322,84 @@ static int ratio_of(const bench_result *r, bench_ratio *q) {
   return 1;
 }
 
+/* ms of one round's timed window: `steps` steps of `batch` samples at `rate`. */
+static double window_ms(const bench_result *r, const bench_variant *x) {
+  bench_spread s = bench_spread_of(x->rate, x->n);
+  return (double)x->batch * r->steps / s.median * 1000;
+}
+
+/* Append "; " and the window's shortness to `buf` when it is short; the
+ * --steps that reach the threshold go to *steps (0: not short). */
+static void short_window(const bench_result *r, char *buf, size_t cap, int *steps) {
+  double min_ms = r->gpu ? BENCH_MIN_WINDOW_MS_GPU : BENCH_MIN_WINDOW_MS, shortest = INFINITY;
+  for (int v = 0; v < r->n_variants; v++) {
+    double ms = window_ms(r, &r->v[v]);
+    if (ms < shortest) shortest = ms;
+  }
+  *steps = 0;
+  if (!(shortest < min_ms)) return;
+  double want = ceil(r->steps * min_ms / shortest / 10) * 10;
+  *steps = want > 1e6 ? 1000000 : (int)want;
+  snprintf(buf, cap, "each round timed only %.0f ms of %s", shortest, timing(r));
+}
+
+void bench_verdict_of(const bench_result *r, bench_verdict *out) {
+  memset(out, 0, sizeof *out);
+  char shortness[128] = "";
+  int steps;
+  short_window(r, shortness, sizeof shortness, &steps);
+  if (steps)
+    snprintf(out->warn[out->n_warn++], sizeof out->warn[0],
+             "%s (under %.0f ms, so start-up noise and the clock's resolution weigh in); try --steps %d",
+             shortness, r->gpu ? BENCH_MIN_WINDOW_MS_GPU : BENCH_MIN_WINDOW_MS, steps);
+  for (int v = 0; v < r->n_variants && out->n_warn < 3; v++) {
+    bench_spread s = bench_spread_of(r->v[v].rate, r->v[v].n);
+    double spread = (s.max - s.min) / s.median;
+    if (s.n >= 2 && spread > BENCH_WIDE_SPREAD)
+      snprintf(out->warn[out->n_warn++], sizeof out->warn[0],
+               "%s's rounds spread over %.0f%% of their median (more than %.0f%%): the machine is busy or the "
+               "rounds are short; more --rounds narrow the interval",
+               r->v[v].name, 100 * spread, 100 * BENCH_WIDE_SPREAD);
+  }
+  bench_ratio q;
+  if (!ratio_of(r, &q)) return;
+  if (q.n < 2) {
+    snprintf(out->line, sizeof out->line, "inconclusive: one round of each gives no interval; use --rounds 5");
+    return;
+  }
+  if (q.lo > 1 || q.hi < 1) {
+    int faster = q.lo > 1;
+    double d = faster ? q.ratio - 1 : 1 - q.ratio, a = faster ? q.lo - 1 : 1 - q.hi, b = faster ? q.hi - 1 : 1 - q.lo;
+    snprintf(out->line, sizeof out->line, "B is %s by %.1f%% (95%% CI %.1f%% to %.1f%%)", faster ? "faster" : "slower",
+             100 * d, 100 * a, 100 * b);
+  } else if (q.hi / q.lo <= BENCH_WIDE_CI) {
+    snprintf(out->line, sizeof out->line,
+             "no difference detected (the interval %.3f to %.3f includes 1.0: any difference is within %.0f%%)", q.lo,
+             q.hi, 100 * fmax(1 - q.lo, q.hi - 1));
+  } else {
+    snprintf(out->line, sizeof out->line, "inconclusive: the interval spans %.3gx to %.3gx%s%s; try %s", q.lo, q.hi,
+             shortness[0] ? "; " : "", shortness, steps ? "" : "more --rounds");
+    if (steps) {
+      size_t n = strlen(out->line);
+      snprintf(out->line + n, sizeof out->line - n, "--steps %d", steps);
+    }
+  }
+}
+
+/* "commit unknown (not a git checkout ...)" once, in the report's header */
+static const char *commit_words(const bench_result *r, char *buf, size_t cap) {
+  if (strcmp(r->commit, "unknown")) return r->commit;
+  snprintf(buf, cap, "unknown (not a git checkout; set STOKE_COMMIT to name it)");
+  return buf;
+}
+
 void bench_print(const bench_result *r, FILE *f) {
   char a[32], b[32], c[32];
   fprintf(f, "stoke bench: %s%s%s, %d round%s%s, %d warm-up + %d timed steps each, timed with %s\n", r->ini,
           r->common && r->common[0] ? " " : "", r->common ? r->common : "", r->rounds, r->rounds == 1 ? "" : "s",
           r->n_variants == 2 ? " (A B interleaved)" : "", r->warmup, r->steps, timing(r));
-  fprintf(f, "device %s, commit %s, %s\n", r->v[0].device, r->commit, r->date);
+  char cw[96];
+  fprintf(f, "device %s, commit %s, %s\n", r->v[0].device, commit_words(r, cw, sizeof cw), r->date);
   for (int v = 0; v < r->n_variants; v++) {
     const bench_variant *x = &r->v[v];
     bench_spread s = bench_spread_of(x->rate, x->n);
@@ -345,6 +417,10 @@ void bench_print(const bench_result *r, FILE *f) {
               q.hi, q.n);
     else fprintf(f, "  B/A %.3f (one round: no confidence interval; use --rounds 3 or more)\n", q.ratio);
   }
+  bench_verdict v;
+  bench_verdict_of(r, &v);
+  if (v.line[0]) fprintf(f, "  verdict: %s\n", v.line);
+  for (int i = 0; i < v.n_warn; i++) fprintf(f, "  warning: %s\n", v.warn[i]);
   if (!r->per_op) return;
   op_pair pairs[2 * BENCH_MAX_OPS];
   double total[2];
@@ -444,6 +520,16 @@ void bench_write_json(const bench_result *r, FILE *f) {
     fprintf(f, "],\"paired_rounds\":%d,\"method\":\"geometric mean of paired ratios, t-interval on their logs\"}",
             q.n);
   }
+  bench_verdict vd;
+  bench_verdict_of(r, &vd);
+  fprintf(f, ",\"verdict\":");
+  json_str(f, vd.line);
+  fprintf(f, ",\"warnings\":[");
+  for (int i = 0; i < vd.n_warn; i++) {
+    if (i) fputc(',', f);
+    json_str(f, vd.warn[i]);
+  }
+  fputc(']', f);
   if (r->per_op) {
     op_pair pairs[2 * BENCH_MAX_OPS];
     double total[2];
@@ -503,6 +589,10 @@ void bench_write_md(const bench_result *r, FILE *f) {
               q.lo, q.hi, q.n);
     else fprintf(f, "B/A = %.3f (one round, no confidence interval).\n", q.ratio);
   }
+  bench_verdict vd;
+  bench_verdict_of(r, &vd);
+  if (vd.line[0]) fprintf(f, "Verdict: %s.\n", vd.line);
+  for (int i = 0; i < vd.n_warn; i++) fprintf(f, "Warning: %s.\n", vd.warn[i]);
   fprintf(f, "`");
   md_cell(f, r->ini);
   if (r->common && r->common[0]) {
@@ -587,6 +677,16 @@ void bench_write_html(const bench_result *r, FILE *f) {
     bench_ratio q = bench_ratio_paired(r->v[0].rate, r->v[1].rate, n < r->v[1].n ? n : r->v[1].n);
     fprintf(f, "<p><b>B/A = %.3f</b> (95%% CI %.3f - %.3f; t-interval on the log ratios of %d paired rounds)</p>\n",
             q.ratio, q.lo, q.hi, q.n);
+    bench_verdict vd;
+    bench_verdict_of(r, &vd);
+    fputs("<p><b>Verdict:</b> ", f);
+    stoke_html_text(f, vd.line);
+    fputs("</p>\n", f);
+    for (int i = 0; i < vd.n_warn; i++) {
+      fputs("<p>Warning: ", f);
+      stoke_html_text(f, vd.warn[i]);
+      fputs("</p>\n", f);
+    }
     double lo[BENCH_MAX_ROUNDS], hi[BENCH_MAX_ROUNDS];
     for (int i = 0; i < q.n; i++) ratio[i] = r->v[1].rate[i] / r->v[0].rate[i], lo[i] = q.lo, hi[i] = q.hi;
     stoke_svg_plot_x(f, "B/A per round", "", "round", x, q.n,

@@ -87,6 +87,27 @@ typedef struct bench_result {
   bench_variant v[2];
 } bench_result;
 
+/* What the A/B numbers say, in words. `line` is the verdict:
+ *   "B is faster by 12% (95% CI 8% to 16%)" / "B is slower by ...",
+ *   "no difference detected (the interval includes 1.0: ...)",
+ *   "inconclusive: the interval spans 0.14x to 12x; ..." (an interval
+ *   that includes 1.0 but is wider than BENCH_WIDE_CI, or one round);
+ * one variant: "" (no comparison). warn[] holds what makes the numbers
+ * weak: a timed window per round shorter than BENCH_MIN_WINDOW_MS (host
+ * clock) or BENCH_MIN_WINDOW_MS_GPU (device events), with the --steps
+ * that would reach it, and rounds of a variant spread wider than
+ * BENCH_WIDE_SPREAD of their median. */
+#define BENCH_MIN_WINDOW_MS 1000.0
+#define BENCH_MIN_WINDOW_MS_GPU 100.0
+#define BENCH_WIDE_CI 1.2      /* hi / lo of the B/A interval */
+#define BENCH_WIDE_SPREAD 0.10 /* (max - min) / median of a variant's rounds */
+typedef struct bench_verdict {
+  char line[256];
+  char warn[3][256];
+  int n_warn;
+} bench_verdict;
+void bench_verdict_of(const bench_result *r, bench_verdict *out);
+
 /* The commit: $STOKE_COMMIT, else a file COMMIT in `exe_dir` (written by
  * tools/gpu_stage.sh), else `git rev-parse` in the working folder (with
  * "-dirty" for uncommitted changes to tracked files), else "unknown". */

@@ -9,6 +9,7 @@
 
 #include "stoke/checkpoint.h"
 #include "stoke/core.h"
+#include "stoke/graph.h"
 #include "stoke/run.h"
 
 static void usage(FILE *f) {
@@ -75,6 +76,7 @@ int main(int argc, char **argv) {
   stoke_run_opts o = {.ini_path = argv[1 + dry], .overrides = (const char *const *)argv + 2 + dry,
                       .n_overrides = argc - 2 - dry, .dry_run = dry};
   stoke_summary s;
+  stoke_crash_guard_install(); /* a crashing kernel names itself */
   stoke_err *e = stoke_train(&o, &s);
   if (e) {
     fprintf(stderr, "stoke: error: %s\n", e->msg);

@@ -29,8 +29,10 @@
 // the saved f32 invstd, so the mask is the forward's y > 0 exactly): its
 // backward never reads y (bwd_needs), 4 bytes per element less per bf16
 // value. bn_add_relu's mask needs the residual too, so it reads y, the same
-// bytes. The elementwise passes walk each partition from its end: the rows
-// the reduction pass read last are still in the L2 (50 MB on an H100).
+// bytes. The reduction passes walk each partition from its end, the
+// elementwise passes from its start: the first finds the end of x (dy),
+// which the node before wrote last, still in the L2 (50 MB on an H100), the
+// second the rows the first read last.
 //
 // tests/gpu/bn_bench times each on ResNet-50's shapes against the bytes
 // floor; tests/gpu/fused_test checks each against the CPU reference.
@@ -184,14 +186,14 @@ __global__ void FWD_BOUNDS k_stats(const T *__restrict__ x, int64_t M, int64_t C
   for (int i = 0; i < V; i++) mean[i] = m2[i] = 0;
   if (pr.vi < cv) {
     const T *xp = x + pr.vi * V;
-    for (int64_t r = pr.r0 + ty; r < pr.r1; r += (int64_t)by * U) {
+    for (int64_t r = pr.r1 - 1 - ty; r >= pr.r0; r -= (int64_t)by * U) {
       vec<T, V> rx[U];
 #pragma unroll
       for (int u = 0; u < U; u++)
-        if (r + (int64_t)u * by < pr.r1) rx[u] = ld<T, V>(xp + (r + (int64_t)u * by) * C);
+        if (r - (int64_t)u * by >= pr.r0) rx[u] = ld<T, V>(xp + (r - (int64_t)u * by) * C);
 #pragma unroll
       for (int u = 0; u < U; u++)
-        if (r + (int64_t)u * by < pr.r1) {
+        if (r - (int64_t)u * by >= pr.r0) {
           cnt += 1.0f;
           float inv = __frcp_rn(cnt);
 #pragma unroll
@@ -222,6 +224,7 @@ __global__ void FWD_BOUNDS k_stats(const T *__restrict__ x, int64_t M, int64_t C
 }
 
 constexpr int kFinWarps = 8;  // channels per finalize block, one warp each
+constexpr int kFinChunk = 8;  // partials a lane loads before combining them
 
 // One warp per channel: lane l combines partitions l, l + 32, ... (Chan,
 // double), then a fixed butterfly over the lanes; training: saved_* and the
@@ -235,22 +238,29 @@ __global__ void k_fin_fwd(const float2 *__restrict__ part, int P, int64_t C, int
   if (c >= C) return;
   double n = 0, mean = 0, q = 0;
   if (training)
-    for (int p = lane; p < P; p += 32) {
-      int64_t r0 = (int64_t)p * R, r1 = r0 + R < M ? r0 + R : M;
-      double nb = (double)(r1 - r0);
-      float2 v = part[c * P + p];
-      double tot = n + nb, d = (double)v.x - mean;
-      mean += d * nb / tot;
-      q += (double)v.y + d * d * n * nb / tot;
-      n = tot;
+    for (int p0 = lane; p0 < P; p0 += 32 * kFinChunk) {
+      float2 v[kFinChunk];  // loaded before any is combined: one L2 round trip per chunk
+#pragma unroll
+      for (int j = 0; j < kFinChunk; j++)
+        if (p0 + 32 * j < P) v[j] = part[c * P + p0 + 32 * j];
+#pragma unroll
+      for (int j = 0; j < kFinChunk; j++) {
+        int p = p0 + 32 * j;
+        if (p >= P) break;
+        int64_t r0 = (int64_t)p * R, r1 = r0 + R < M ? r0 + R : M;
+        double nb = (double)(r1 - r0), tot = n + nb, f = nb / tot, d = (double)v[j].x - mean;
+        mean += d * f;
+        q += (double)v[j].y + d * d * n * f;
+        n = tot;
+      }
     }
   for (int off = 16; off > 0; off >>= 1) {
     double nb = __shfl_xor_sync(0xffffffffu, n, off), mb = __shfl_xor_sync(0xffffffffu, mean, off);
     double qb = __shfl_xor_sync(0xffffffffu, q, off);
     if (nb > 0) {
-      double tot = n + nb, d = mb - mean;
-      mean += d * nb / tot;
-      q += qb + d * d * n * nb / tot;
+      double tot = n + nb, f = nb / tot, d = mb - mean;
+      mean += d * f;
+      q += qb + d * d * n * f;
       n = tot;
     }
   }
@@ -259,7 +269,7 @@ __global__ void k_fin_fwd(const float2 *__restrict__ part, int P, int64_t C, int
 
 // y = act((x - mean) k + b [rounded to T, + r]): the bn value is rounded to
 // T before the add, as the unfused batch_norm -> add nodes do. Walks the
-// partition from its end (the L2 still holds what k_stats read last).
+// partition from its start (the L2 still holds what k_stats read last).
 template <typename T, int V, int ACT>
 __global__ void FWD_BOUNDS k_apply(const T *__restrict__ x, const T *__restrict__ res, T *__restrict__ y,
                                const float *__restrict__ smean, const float *__restrict__ sinv,
@@ -274,18 +284,18 @@ __global__ void FWD_BOUNDS k_apply(const T *__restrict__ x, const T *__restrict_
   load_scale<T, V>(w + c0, sinv + c0, k);
   load_param<T, V>(b + c0, s);
   int by = blockDim.y;
-  for (int64_t r = pr.r1 - 1 - threadIdx.y; r >= pr.r0; r -= (int64_t)by * U) {
+  for (int64_t r = pr.r0 + threadIdx.y; r < pr.r1; r += (int64_t)by * U) {
     vec<T, V> rx[U], rr[U];
 #pragma unroll
     for (int u = 0; u < U; u++)
-      if (r - (int64_t)u * by >= pr.r0) {
-        int64_t o = (r - (int64_t)u * by) * C + c0;
+      if (r + (int64_t)u * by < pr.r1) {
+        int64_t o = (r + (int64_t)u * by) * C + c0;
         rx[u] = ld<T, V>(x + o);
         if (ACT == kAddRelu) rr[u] = ld<T, V>(res + o);
       }
 #pragma unroll
     for (int u = 0; u < U; u++)
-      if (r - (int64_t)u * by >= pr.r0) {
+      if (r + (int64_t)u * by < pr.r1) {
         float f[V];
 #pragma unroll
         for (int i = 0; i < V; i++) {
@@ -293,7 +303,7 @@ __global__ void FWD_BOUNDS k_apply(const T *__restrict__ x, const T *__restrict_
           if (ACT == kAddRelu) v = to_f(from_f<T>(v)) + to_f(rr[u].v[i]);
           f[i] = ACT == kNone ? v : v > 0.0f ? v : 0.0f;
         }
-        store_v<T, V>(y + (r - (int64_t)u * by) * C + c0, f);
+        store_v<T, V>(y + (r + (int64_t)u * by) * C + c0, f);
       }
   }
 }
@@ -336,19 +346,19 @@ __global__ void BWD_BOUNDS k_gsum(const T *__restrict__ x, const T *__restrict__
     int64_t c0 = pr.vi * V;
     dz_of<T, V, ACT> dz;
     dz.load(smean, sinv, w, b, c0);
-    for (int64_t r = pr.r0 + ty; r < pr.r1; r += (int64_t)by * U) {
+    for (int64_t r = pr.r1 - 1 - ty; r >= pr.r0; r -= (int64_t)by * U) {
       vec<T, V> rx[U], rd[U], ry[U];
 #pragma unroll
       for (int u = 0; u < U; u++)
-        if (r + (int64_t)u * by < pr.r1) {
-          int64_t o = (r + (int64_t)u * by) * C + c0;
+        if (r - (int64_t)u * by >= pr.r0) {
+          int64_t o = (r - (int64_t)u * by) * C + c0;
           rx[u] = ld<T, V>(x + o);
           rd[u] = ld<T, V>(dy + o);
           if (ACT == kAddRelu) ry[u] = ld<T, V>(y + o);
         }
 #pragma unroll
       for (int u = 0; u < U; u++)
-        if (r + (int64_t)u * by < pr.r1) {
+        if (r - (int64_t)u * by >= pr.r0) {
 #pragma unroll
           for (int i = 0; i < V; i++) {
             float g = dz(i, rd[u].v[i], rx[u].v[i], ACT == kAddRelu ? ry[u].v[i] : rx[u].v[i]);
@@ -388,10 +398,12 @@ __global__ void k_fin_bwd(const float2 *__restrict__ part, int P, int64_t C, dou
   int64_t c = (int64_t)blockIdx.x * kFinWarps + (threadIdx.x >> 5);
   if (c >= C) return;
   double s1 = 0, s2 = 0;
-  for (int p = lane; p < P; p += 32) {
-    float2 v = part[c * P + p];
-    s1 += (double)v.x;
-    s2 += (double)v.y;
+  for (int p0 = lane; p0 < P; p0 += 32 * kFinChunk) {
+    float2 v[kFinChunk];
+#pragma unroll
+    for (int j = 0; j < kFinChunk; j++) v[j] = p0 + 32 * j < P ? part[c * P + p0 + 32 * j] : make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < kFinChunk; j++) s1 += (double)v[j].x, s2 += (double)v[j].y;
   }
   for (int off = 16; off > 0; off >>= 1) {
     s1 += __shfl_xor_sync(0xffffffffu, s1, off);
@@ -408,7 +420,7 @@ __global__ void k_fin_bwd(const float2 *__restrict__ part, int P, int64_t C, dou
 }
 
 // dx = k dz + B (x - mean) + C0 (when dx is wanted) and dr = dz
-// (bn_add_relu, when wanted) in one pass, from the partition's end.
+// (bn_add_relu, when wanted) in one pass, from the partition's start.
 template <typename T, int V, int ACT>
 __global__ void BWD_BOUNDS k_dx(const T *__restrict__ x, const T *__restrict__ dy, const T *__restrict__ y,
                             T *__restrict__ dx, T *__restrict__ dr, const float *__restrict__ smean,
@@ -434,20 +446,20 @@ __global__ void BWD_BOUNDS k_dx(const T *__restrict__ x, const T *__restrict__ d
     load_coef<V>(cc + c0, c00);
   }
   int by = blockDim.y;
-  for (int64_t r = pr.r1 - 1 - threadIdx.y; r >= pr.r0; r -= (int64_t)by * U) {
+  for (int64_t r = pr.r0 + threadIdx.y; r < pr.r1; r += (int64_t)by * U) {
     vec<T, V> rx[U], rd[U], ry[U];
 #pragma unroll
     for (int u = 0; u < U; u++)
-      if (r - (int64_t)u * by >= pr.r0) {
-        int64_t o = (r - (int64_t)u * by) * C + c0;
+      if (r + (int64_t)u * by < pr.r1) {
+        int64_t o = (r + (int64_t)u * by) * C + c0;
         if (want_x) rx[u] = ld<T, V>(x + o);
         rd[u] = ld<T, V>(dy + o);
         if (ACT == kAddRelu) ry[u] = ld<T, V>(y + o);
       }
 #pragma unroll
     for (int u = 0; u < U; u++)
-      if (r - (int64_t)u * by >= pr.r0) {
-        int64_t o = (r - (int64_t)u * by) * C + c0;
+      if (r + (int64_t)u * by < pr.r1) {
+        int64_t o = (r + (int64_t)u * by) * C + c0;
         float g[V];
 #pragma unroll
         for (int i = 0; i < V; i++) g[i] = dz(i, rd[u].v[i], rx[u].v[i], ACT == kAddRelu ? ry[u].v[i] : rx[u].v[i]);
@@ -641,6 +653,10 @@ stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *) {
 }
 
 #define BN_ACT_KERNELS(T, DT)                                                                                 \
+  {"fused", STOKE_OP_BATCH_NORM, STOKE_FWD, DT, STOKE_NHWC, plan<T, kNone, false>, run_fwd<T, kNone>,           \
+   stoke_destroy_none},                                                                                       \
+  {"fused", STOKE_OP_BATCH_NORM, STOKE_BWD, DT, STOKE_NHWC, plan<T, kNone, true>, run_bwd<T, kNone>,            \
+   stoke_destroy_none},                                                                                       \
   {"fused", STOKE_OP_BN_RELU, STOKE_FWD, DT, STOKE_NHWC, plan<T, kRelu, false>, run_fwd<T, kRelu>, stoke_destroy_none}, \
   {"fused", STOKE_OP_BN_RELU, STOKE_BWD, DT, STOKE_NHWC, plan<T, kRelu, true>, run_bwd<T, kRelu>, stoke_destroy_none},  \
   {"fused", STOKE_OP_BN_ADD_RELU, STOKE_FWD, DT, STOKE_NHWC, plan<T, kAddRelu, false>, run_fwd<T, kAddRelu>,    \

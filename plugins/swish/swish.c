@@ -33,7 +33,7 @@ static const stoke_op_type_v1 swish_op = {
     .infer = infer,
     .flops = flops,
     .bwd_needs = STOKE_BWD_NEEDS_INPUT(0), /* the derivative needs x */
-    .has_backward = 1,
+    .has_backward = STOKE_HAS_BACKWARD,
 };
 
 /* y = x s(x); dy/dx = s(x) (1 + x (1 - s(x))) */

@@ -7,12 +7,15 @@
  * the apply pass; backward: dy and x (and y) read by the reduction pass,
  * read again and dx (and dr) written by the apply pass) over the H100's
  * 3.35 TB/s, and a device copy's measured rate for scale. Inputs are random
- * (never zeros); the L2 is flushed before each timed call (the step's
- * convolutions come between these nodes). Per-step totals count each
- * shape's uses. tools/gpu_suite.sh runs it (part bn).
+ * (never zeros). Before each timed call the L2 is flushed (a 128 MB fill),
+ * then the node's producer is imitated: x (forward) or dy (backward) is
+ * written again by a copy, as the convolution before it writes it in the
+ * step, so what of it the L2 still holds is there as in the step. Per-step
+ * totals count each shape's uses. tools/gpu_suite.sh runs it (part bn).
  *
  *   bn_bench [batch] [bf16|f16] [reps]
- * BN_ENGINES=fused,cudnn,cuda (default) picks the engines, in order. */
+ * BN_ENGINES=fused,cudnn,cuda (default) picks the engines, in order;
+ * BN_ONLY=<shape name> times that site alone. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,8 +105,16 @@ static float median(float *ms, int n) {
 static void *flush_buf;
 static const size_t flush_bytes = 128u << 20; /* over the H100's 50 MB L2 */
 
-/* Median ms of `reps` calls of k (after one untimed), the L2 flushed before each. */
-static float time_kernel(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, int reps) {
+/* What runs before each call: the L2 flushed, then `bytes` of src copied
+ * to dst (the producer writing the node's input). */
+typedef struct prep {
+  void *dst;
+  const void *src;
+  size_t bytes;
+} prep;
+
+/* Median ms of `reps` calls of k (after one untimed), p run before each. */
+static float time_kernel(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, int reps, const prep *p) {
   void *state = NULL, *ws = NULL;
   size_t wsb = 0;
   DIE(k->plan ? k->plan(a, &state, &wsb) : NULL);
@@ -116,6 +127,7 @@ static float time_kernel(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, int 
   if (reps > 64) reps = 64;
   for (int r = 0; r < reps + 1; r++) {
     DIE(dev->fill(dev_self, flush_buf, r & 0xff, flush_bytes, a->stream));
+    DIE(dev->copy(dev_self, p->dst, p->src, p->bytes, STOKE_COPY_D2D, a->stream));
     DIE(dev->timer_record(dev_self, t[0], a->stream));
     DIE(k->run(a, state));
     DIE(dev->timer_record(dev_self, t[1], a->stream));
@@ -183,14 +195,21 @@ static void run_site(const site *s, int64_t batch, stoke_dtype dt, int reps, sto
     din[i] = (stoke_tensor){dalloc((size_t)(act ? n : s->c) * es), act ? xs : cs, dt,
                             act ? STOKE_NHWC : STOKE_LAYOUT_ANY, STOKE_DEV_GPU};
   }
+  /* the producers' data: x and dy as first drawn, copied in before each call */
+  void *x0 = dalloc((size_t)n * es), *dy0 = dalloc((size_t)n * es);
+  DIE(dev->copy(dev_self, x0, in[0].data, (size_t)n * es, STOKE_COPY_D2D, NULL));
+  DIE(dev->copy(dev_self, dy0, dout[0].data, (size_t)n * es, STOKE_COPY_D2D, NULL));
+  prep px = {in[0].data, x0, (size_t)n * es}, pdy = {dout[0].data, dy0, (size_t)n * es};
   void *stream = dev->default_stream(dev_self);
   stoke_kernel_args_v1 a = {.node = &node, .n_in = n_in, .n_out = 3, .in = in, .out = o, .training = 1,
                             .engine = fself, .stream = stream};
-  out[0] = time_kernel(kf, &a, reps);
+  out[0] = time_kernel(kf, &a, reps, &px);
   /* backward: every input's gradient (the parameters' overwritten) */
   stoke_kernel_args_v1 b = a;
   b.engine = bself, b.din = din, b.dout = dout, b.param_grads = 6, b.param_grad_beta = 0;
-  out[1] = time_kernel(kb, &b, reps);
+  out[1] = time_kernel(kb, &b, reps, &pdy);
+  dev->free(dev_self, x0);
+  dev->free(dev_self, dy0);
   for (int i = 0; i < n_in; i++) dev->free(dev_self, in[i].data), dev->free(dev_self, din[i].data);
   for (int j = 0; j < 3; j++) dev->free(dev_self, o[j].data);
   dev->free(dev_self, dout[0].data);
@@ -245,7 +264,7 @@ int main(int argc, char **argv) {
   flush_buf = dalloc(flush_bytes);
   double copy_gbs = copy_rate();
   stoke_rng rng = stoke_rng_seed(12345);
-  printf("bn_bench batch %lld %s, %d reps (median), L2 flushed before each call; engines %s\n", (long long)batch,
+  printf("bn_bench batch %lld %s, %d reps (median), L2 flushed and x (dy) rewritten before each call; engines %s\n", (long long)batch,
          stoke_dtype_name(dt), reps, getenv("BN_ENGINES") ? getenv("BN_ENGINES") : "fused,cudnn,cuda");
   printf("device copy: %.0f GB/s (read + write); floor = the two-pass bytes at %.0f GB/s\n", copy_gbs, PEAK_GBS);
   printf("%-12s %-14s %4s %7s | %8s %8s %6s %4s | %8s %8s %6s %4s\n", "op", "shape", "uses", "engine", "fwd ms",
@@ -253,8 +272,10 @@ int main(int argc, char **argv) {
   double tot[3][4] = {{0}}; /* per op kind: fwd ms, fwd floor, bwd ms, bwd floor (uses counted) */
   const char *kinds[3] = {STOKE_OP_BN_RELU, STOKE_OP_BN_ADD_RELU, STOKE_OP_BATCH_NORM};
   size_t es = stoke_dtype_size(dt);
+  const char *only = getenv("BN_ONLY"); /* a site's name: that one alone (under ncu) */
   for (int i = 0; i < N_SITES; i++) {
     const site *s = &sites[i];
+    if (only && strcmp(only, s->what)) continue;
     float ms[2];
     const char *eng;
     run_site(s, batch, dt, reps, &rng, ms, &eng);

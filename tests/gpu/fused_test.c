@@ -1,5 +1,5 @@
-/* tests/gpu/fused_test.c: the fused engine's bn_relu and bn_add_relu
- * kernels (backends/fused/bn_act.cu) against the CPU reference in f64
+/* tests/gpu/fused_test.c: the fused engine's batch_norm, bn_relu and
+ * bn_add_relu kernels (backends/fused/bn_act.cu) against the CPU reference in f64
  * (gpu_harness.h) where every_kernel_test (small random shapes, every
  * dtype, accumulation) does not reach: ResNet-50's shapes (many row
  * partitions; the 14x14 and 7x7 layers' channel blocks) and misaligned
@@ -38,12 +38,16 @@ static int setup(void **state) { return g_setup_engine_first("fused"); /* (fused
 
 typedef struct fcase {
   int64_t n, c, h, w;
-  int add, training, beta, misalign;
+  int act, training, beta, misalign; /* act: 0 batch_norm, 1 bn_relu, 2 bn_add_relu */
   stoke_dtype dt;
   int rep; /* which of the seeds drawn from the run's */
 } fcase;
 
 #define U32 5.960464477539063e-08 /* 2^-24 */
+
+static const char *op_of(const fcase *k) {
+  return k->act == 2 ? STOKE_OP_BN_ADD_RELU : k->act == 1 ? STOKE_OP_BN_RELU : STOKE_OP_BATCH_NORM;
+}
 
 /* See the top: the f32 arithmetic's share for m values per channel. */
 static double tol_f32_part(int64_t m) { return U32 * (8.0 * sqrt((double)m) + 64.0); }
@@ -90,24 +94,25 @@ static void pull_into_ref(g_tensor *t) {
 static void expect(const char *what, const g_tensor *t, const fcase *k, double tol) {
   double mx, err = g_compare(t, &mx);
   print_message("  %-11s %-4s %-8s (%lld, %lld, %lld, %lld)%s seed %d %-14s rel err %.3g (max abs %.3g, tol %.2g)\n",
-                k->add ? "bn_add_relu" : "bn_relu", stoke_dtype_name(k->dt), k->training ? "training" : "eval",
+                op_of(k), stoke_dtype_name(k->dt), k->training ? "training" : "eval",
                 (long long)k->n, (long long)k->c, (long long)k->h, (long long)k->w, k->misalign ? " misaligned" : "",
                 k->rep, what, err, mx, tol);
   if (!(err <= tol))
-    fail_msg("%s %s %s: relative error %.3g > %.3g (seed %llu)", k->add ? "bn_add_relu" : "bn_relu",
+    fail_msg("%s %s %s: relative error %.3g > %.3g (seed %llu)", op_of(k),
              stoke_dtype_name(k->dt), what, err, tol, (unsigned long long)g_seed);
 }
 
 static void check_case(const fcase *k) {
-  const char *op = k->add ? STOKE_OP_BN_ADD_RELU : STOKE_OP_BN_RELU;
+  const char *op = op_of(k);
+  int add = k->act == 2;
   stoke_node_v1 node;
   stoke_err *e = stoke_node_init(g_reg, op, "fused_test", "eps=1e-5, momentum=0.2", &node);
   if (e) fail_msg("%s", e->msg);
   int64_t m = k->n * k->h * k->w;
   double tol = tol_for(k->dt, m), tol_stat = tol_f32_part(m);
   stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, (uint64_t)k->c * 131 + (uint64_t)k->dt + ((uint64_t)k->rep << 32),
-                                           (uint64_t)k->add));
-  int n_in = k->add ? 6 : 5;
+                                           (uint64_t)k->act));
+  int n_in = add ? 6 : 5;
   stoke_shape xs = {4, {k->n, k->c, k->h, k->w}}, cs = {1, {k->c}};
   g_tensor in[6], out[3], din[6], dy;
   memset(in, 0, sizeof in);
@@ -126,7 +131,7 @@ static void check_case(const fcase *k) {
     /* move the data one element on: refill x and r there */
     in[0].dev.data = (char *)in[0].dev.data + shift;
     g_fill(&in[0], &r, -1, 1, 0);
-    if (k->add) {
+    if (add) {
       in[5].dev.data = (char *)in[5].dev.data + shift;
       g_fill(&in[5], &r, -1, 1, 0);
     }
@@ -154,7 +159,7 @@ static void check_case(const fcase *k) {
   g_alloc2(&dy, &xs, STOKE_F64, k->dt, STOKE_NHWC);
   if (shift) dy.dev.data = (char *)dy.dev.data + shift;
   g_fill(&dy, &r, -1, 1, 0);
-  if (!k->add) zero_dy_near_kink(&dy, &in[0], &in[1], &in[2], &out[1], &out[2], k->c);
+  if (k->act == 1) zero_dy_near_kink(&dy, &in[0], &in[1], &in[2], &out[1], &out[2], k->c);
   stoke_tensor rdin[6], gdin[6], rdout[3], gdout[3];
   memset(rdin, 0, sizeof rdin);
   memset(gdin, 0, sizeof gdin);
@@ -192,7 +197,7 @@ static void check_case(const fcase *k) {
     in[0].dev.data = (char *)in[0].dev.data - shift;
     out[0].dev.data = (char *)out[0].dev.data - shift;
     dy.dev.data = (char *)dy.dev.data - shift;
-    if (k->add) in[5].dev.data = (char *)in[5].dev.data - shift;
+    if (add) in[5].dev.data = (char *)in[5].dev.data - shift;
     for (int i = 0; i < n_in; i++)
       if (din[i].dev.data && i != 1 && i != 2) din[i].dev.data = (char *)din[i].dev.data - shift;
   }
@@ -211,13 +216,13 @@ static const int64_t shapes[][4] = {
 static void run_all(stoke_dtype dt) {
   for (int rep = 0; rep < 3; rep++) {
     for (int s = 0; s < N_SHAPES; s++)
-      for (int add = 0; add < 2; add++)
+      for (int act = 0; act < 3; act++)
         for (int training = 1; training >= 0; training--) {
-          fcase k = {shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], add, training, 0, 0, dt, rep};
+          fcase k = {shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], act, training, 0, 0, dt, rep};
           check_case(&k);
         }
-    for (int add = 0; add < 2; add++) {
-      fcase beta = {4, 40, 7, 9, add, 1, 1, 0, dt, rep}, mis = {4, 64, 6, 5, add, 1, 0, 1, dt, rep};
+    for (int act = 0; act < 3; act++) {
+      fcase beta = {4, 40, 7, 9, act, 1, 1, 0, dt, rep}, mis = {4, 64, 6, 5, act, 1, 0, 1, dt, rep};
       check_case(&beta);
       check_case(&mis);
     }

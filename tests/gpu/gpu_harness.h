@@ -356,7 +356,7 @@ G_FN void g_check(const g_case *c) {
     if (!(err <= tol)) fail_msg("%s forward output %d: relative error %.3g > %.3g (seed %llu)", c->op, j, err, tol,
                                 (unsigned long long)g_seed);
   }
-  if (c->backward && t->has_backward) {
+  if (c->backward && t->has_backward == STOKE_HAS_BACKWARD) {
     stoke_tensor rdin[STOKE_MAX_IO], rdout[STOKE_MAX_IO], gdin[STOKE_MAX_IO], gdout[STOKE_MAX_IO];
     memset(rdin, 0, sizeof rdin);
     memset(gdin, 0, sizeof gdin);

@@ -463,7 +463,7 @@ static void test_op_types(void **state) {
     t = stoke_find_op(h_reg, others[i]);
     assert_non_null(t);
     assert_int_equal(t->n_inputs, n_in[i]);
-    assert_int_equal(t->bwd_needs, 0);
+    assert_int_equal(t->bwd_needs, STOKE_BWD_NEEDS_NOTHING);
     assert_int_equal(t->no_grad_inputs, 0);
     assert_true(t->has_backward);
   }

@@ -42,7 +42,9 @@ typedef struct kcase {
   int relu_mask;      /* 1: output 1 is output 0's ReLU bitmask, checked bit by bit against the
                        * tested kernel's own output 0 (linear_act's aux) */
   uint32_t state_out; /* IN_STAT inputs the forward updates in place: compared */
-  double k;           /* the longest sum in forward or backward (the tolerance's K) */
+  double k;           /* the tolerance's K: the longest sum in forward or backward, or the
+                       * product of the lengths of sums that feed one another (a
+                       * gradient summed over rows of a product's gradient) */
   double arg;         /* an op's own number (grad_norm's max_norm) */
   /* Output shapes for an op the compiler makes, whose inference refuses a
    * stand-alone node (linear_dact); 0: inferred. Their dtype is the kernel's. */
@@ -50,6 +52,9 @@ typedef struct kcase {
   stoke_shape out[STOKE_MAX_IO];
   /* After the inputs are drawn: make them consistent (host, reference side). */
   void (*prep)(const struct kcase *c, stoke_tensor *ref, stoke_rng *r);
+  /* Backward, after the reference forward and the output gradients are
+   * drawn: zero the gradients the two sides may mask differently. */
+  void (*prep_dout)(const struct kcase *c, const stoke_tensor *in, const stoke_tensor *out, stoke_tensor *dout);
 } kcase;
 
 #define MAX_CASES 12
@@ -63,6 +68,15 @@ static int64_t pick(stoke_rng *r, int64_t lo, int64_t hi) { return lo + (int64_t
 /* An odd size: 1, a prime, or one past a power of two. */
 static int64_t odd(stoke_rng *r) {
   static const int64_t v[] = {1, 3, 5, 7, 11, 13, 17, 31, 33};
+  return v[stoke_rng_below(r, sizeof v / sizeof *v)];
+}
+
+/* An odd size of at least 5: for a dimension a parameter's gradient keeps
+ * (bias, weight rows, channels). A gradient that is a sum of random-sign
+ * terms over few elements can cancel to near 0, where a relative error
+ * means nothing; with 5 or more the norm averages that out. */
+static int64_t odd5(stoke_rng *r) {
+  static const int64_t v[] = {5, 7, 11, 13, 17, 31, 33};
   return v[stoke_rng_below(r, sizeof v / sizeof *v)];
 }
 
@@ -168,7 +182,7 @@ static int gen_dropout(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
 static int gen_linear(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   int n = 0;
   for (int i = 0; i < 3; i++) {
-    int64_t b = i == 2 ? odd(r) : pick(r, 2, 64), in = i == 1 ? odd(r) : pick(r, 8, 130), o = pick(r, 1, 70);
+    int64_t b = i == 2 ? odd(r) : pick(r, 2, 64), in = i == 1 ? odd(r) : pick(r, 8, 130), o = pick(r, 5, 70);
     int bias = strcmp(k->op, STOKE_OP_MATMUL) != 0;
     kcase *c = new_case(out, &n, k->op, "x [%lld, %lld] W [%lld, %lld]", (long long)b, (long long)in, (long long)o,
                         (long long)in);
@@ -199,7 +213,7 @@ static int gen_linear_act(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   static const char *acts[] = {"act=relu", "act=gelu, approximate=tanh", "act=gelu, approximate=none"};
   int n_acts = strcmp(k->engine, "cublaslt") ? 3 : 2; /* cuBLASLt's epilogues: relu and gelu's tanh form */
   for (int i = 0; i < n_acts; i++) {
-    int64_t b = pick(r, 1, 40), in = i ? odd(r) : pick(r, 8, 100), o = i == 2 ? 129 : pick(r, 1, 70);
+    int64_t b = pick(r, 1, 40), in = i ? odd(r) : pick(r, 8, 100), o = i == 2 ? 129 : pick(r, 5, 70);
     kcase *c = new_case(out, &n, k->op, "[%lld, %lld] -> %lld %s", (long long)b, (long long)in, (long long)o, acts[i]);
     snprintf(c->attrs, sizeof c->attrs, "%s", acts[i]);
     add_in(c, SHAPE(b, in), IN_ACT);
@@ -245,7 +259,7 @@ static int gen_linear_dact(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   static const char *acts[] = {"act=relu", "act=gelu, approximate=tanh", "act=gelu, approximate=none"};
   int n_acts = strcmp(k->engine, "cublaslt") ? 3 : 2; /* cuBLASLt's epilogues: relu and gelu's tanh form */
   for (int i = 0; i < n_acts; i++) {
-    int64_t b = pick(r, 1, 40), in = i ? pick(r, 1, 140) : 129, o = pick(r, 1, 70);
+    int64_t b = pick(r, 1, 40), in = i ? pick(r, 5, 140) : 129, o = pick(r, 5, 70);
     int relu = i == 0;
     kcase *c = new_case(out, &n, k->op, "y1 [%lld, %lld] W [%lld, %lld] %s", (long long)b, (long long)in, (long long)o,
                         (long long)in, acts[i]);
@@ -258,7 +272,7 @@ static int gen_linear_dact(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     add_in(c, S1(in), IN_PARAM); /* bias1: d bias1 is asked for */
     c->n_out = 1, c->out[0] = SHAPE(b, o);
     c->prep = prep_dact;
-    c->k = (double)(o > b ? o : b);
+    c->k = (double)(o * b); /* d bias1 sums dz1 over rows, each a sum over o */
   }
   return n;
 }
@@ -300,7 +314,7 @@ static int gen_conv2d(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     int kh, stride, pad, dil, groups;
   } g[] = {{3, 1, 1, 1, 1}, {3, 2, 1, 1, 1}, {1, 1, 0, 1, 1}, {5, 2, 2, 1, 1}, {3, 1, 1, 1, 2}, {3, 1, 2, 2, 1}};
   for (int i = 0; i < 6; i++) {
-    int64_t grp = g[i].groups, cin = grp * pick(r, 1, 6), o = grp * pick(r, 1, 9);
+    int64_t grp = g[i].groups, cin = grp * pick(r, 1, 6), o = grp * pick(r, 3, 9);
     int64_t b = pick(r, 1, 3), h = pick(r, 4, 11), w = i & 1 ? odd(r) + 4 : pick(r, 4, 11);
     kcase *c = new_case(out, &n, k->op, "x [%lld, %lld, %lld, %lld] %dx%d s%d p%d d%d g%d", (long long)b,
                         (long long)cin, (long long)h, (long long)w, g[i].kh, g[i].kh, g[i].stride, g[i].pad, g[i].dil,
@@ -333,8 +347,8 @@ static int gen_conv2d(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
 
 static int gen_bias_add(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   int n = 0;
-  stoke_shape xs[4] = {SHAPE(pick(r, 1, 40), pick(r, 1, 130)), SHAPE(odd(r), pick(r, 2, 9), odd(r)),
-                       SHAPE(pick(r, 1, 4), odd(r), pick(r, 2, 12), odd(r)), SHAPE(pick(r, 1, 5), 70, 1, 1)};
+  stoke_shape xs[4] = {SHAPE(pick(r, 1, 40), pick(r, 5, 130)), SHAPE(odd(r), pick(r, 5, 9), odd(r)),
+                       SHAPE(pick(r, 1, 4), odd5(r), pick(r, 2, 12), odd(r)), SHAPE(pick(r, 1, 5), 70, 1, 1)};
   for (int i = 0; i < 4; i++) {
     kcase *c = new_case(out, &n, k->op, "x %s", shape_label(&xs[i]));
     add_in(c, xs[i], IN_ACT);
@@ -408,6 +422,60 @@ static int gen_pool(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
 
 /* ------------------------------------------------------- batch norm */
 
+/* A ReLU mask recomputed from the inputs (bn_relu's, bn_apply_relu's,
+ * bn_relu_conv_bn's) is computed in f32 on one side and in f64 on the
+ * other: a pre-activation within rounding of 0 may take the other side of
+ * the mask, which changes a gradient by a whole element, not a rounding.
+ * The cases keep such elements out (fused_test does the same). */
+#define MASK_MARGIN 1e-3
+
+/* Channel of element i of a [N, C, ...] tensor in its layout. */
+static int64_t channel_of(const stoke_tensor *t, int64_t i) {
+  const stoke_shape *s = &t->shape;
+  if (stoke_is_nhwc(t)) return i % s->d[1];
+  int64_t inner = stoke_numel(s) / (s->d[0] * s->d[1]);
+  return (i / inner) % s->d[1];
+}
+
+/* bn_relu (training: statistics of the batch, known after the forward):
+ * dy = 0 where the pre-activation (x - mean) invstd weight + bias lies
+ * within MASK_MARGIN of 0. */
+static void prep_dout_bn_relu(const kcase *c, const stoke_tensor *in, const stoke_tensor *out, stoke_tensor *dout) {
+  if (strcmp(c->op, STOKE_OP_BN_RELU)) return;
+  for (int64_t i = 0, n = stoke_numel(&in[0].shape); i < n; i++) {
+    int64_t ch = channel_of(&in[0], i);
+    double pre = (stoke_elem_get(in[0].data, in[0].dtype, i) - stoke_elem_get(out[1].data, out[1].dtype, ch)) *
+                     stoke_elem_get(out[2].data, out[2].dtype, ch) * stoke_elem_get(in[1].data, in[1].dtype, ch) +
+                 stoke_elem_get(in[2].data, in[2].dtype, ch);
+    if (fabs(pre) < MASK_MARGIN) stoke_elem_set(dout[0].data, dout[0].dtype, i, 0);
+  }
+}
+
+/* Inputs (v, mean, invstd, weight, bias[, r]) whose ReLU is recomputed
+ * from them (already rounded to the tested dtype): where the
+ * pre-activation (plus r, when given) is within 0.05 of 0, v moves it up
+ * by 0.1. bn_apply_add_relu rounds b to the dtype before adding r (up to
+ * ~0.01 off in bf16), and v's own rounding after the move shifts it by
+ * ~0.012 at most: the mask then agrees on both sides. */
+static void nudge_off_zero(const stoke_tensor *v, const stoke_tensor *mean, const stoke_tensor *invstd,
+                           const stoke_tensor *w, const stoke_tensor *b, const stoke_tensor *r) {
+  for (int64_t i = 0, n = stoke_numel(&v->shape); i < n; i++) {
+    int64_t ch = channel_of(v, i);
+    double scale = stoke_elem_get(invstd->data, invstd->dtype, ch) * stoke_elem_get(w->data, w->dtype, ch);
+    double pre = (stoke_elem_get(v->data, v->dtype, i) - stoke_elem_get(mean->data, mean->dtype, ch)) * scale +
+                 stoke_elem_get(b->data, b->dtype, ch) + (r ? stoke_elem_get(r->data, r->dtype, i) : 0);
+    if (fabs(pre) < 0.05) stoke_elem_set(v->data, v->dtype, i, stoke_elem_get(v->data, v->dtype, i) + 0.1 / scale);
+  }
+}
+
+static void prep_bn_apply(const kcase *c, stoke_tensor *ref, stoke_rng *r) {
+  if (strcmp(c->op, STOKE_OP_BN_APPLY)) nudge_off_zero(&ref[0], &ref[1], &ref[2], &ref[3], &ref[4], c->n_in > 5 ? &ref[5] : NULL);
+}
+
+static void prep_bn_relu_conv_bn(const kcase *c, stoke_tensor *ref, stoke_rng *r) {
+  nudge_off_zero(&ref[0], &ref[1], &ref[2], &ref[3], &ref[4], NULL);
+}
+
 /* (x, weight, bias, running_mean, running_var[, r]): training and eval,
  * 4-D and 2-D, the running statistics compared after the forward. */
 static int gen_batch_norm(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
@@ -415,7 +483,7 @@ static int gen_batch_norm(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   int four_only = !strcmp(k->engine, "fused") || !strcmp(k->engine, "cudnn") || add || strcmp(k->op, STOKE_OP_BATCH_NORM);
   for (int i = 0; i < 4; i++) {
     int training = i != 1, two_d = i == 3 && !four_only;
-    int64_t b = pick(r, 2, 6), ch = i == 2 ? odd(r) : i == 0 ? 8 * pick(r, 1, 8) : pick(r, 1, 40);
+    int64_t b = pick(r, 2, 6), ch = i == 2 ? odd5(r) : i == 0 ? 8 * pick(r, 1, 8) : pick(r, 5, 40);
     int64_t h = pick(r, 1, 9), w = odd(r);
     stoke_shape xs = two_d ? SHAPE(b * 3, ch) : SHAPE(b, ch, h, w);
     kcase *c = new_case(out, &n, k->op, "x %s %s", shape_label(&xs), training ? "training" : "eval");
@@ -427,6 +495,7 @@ static int gen_batch_norm(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     add_in(c, S1(ch), IN_STAT);
     add_in(c, S1(ch), IN_STAT);
     if (add) add_in(c, xs, IN_ACT);
+    c->prep_dout = prep_dout_bn_relu;
     c->state_out = 3u << 3;
     c->k = (double)(stoke_numel(&xs) / ch);
   }
@@ -438,7 +507,7 @@ static int gen_conv_bn(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   int n = 0;
   for (int i = 0; i < 4; i++) {
     int kh = i & 1 ? 3 : 1, stride = i == 3 ? 2 : 1, pad = kh / 2, training = i != 2;
-    int64_t b = pick(r, 1, 3), cin = pick(r, 1, 7), o = i == 1 ? odd(r) : pick(r, 1, 9), h = pick(r, 3, 9), w = odd(r) + 2;
+    int64_t b = pick(r, 1, 3), cin = pick(r, 1, 7), o = i == 1 ? odd5(r) : pick(r, 5, 9), h = pick(r, 3, 9), w = odd(r) + 2;
     kcase *c = new_case(out, &n, k->op, "x [%lld, %lld, %lld, %lld] W %lldx%d %s", (long long)b, (long long)cin,
                         (long long)h, (long long)w, (long long)o, kh, training ? "training" : "eval");
     snprintf(c->attrs, sizeof c->attrs, "stride=%d, padding=%d, eps=1e-5, momentum=0.2", stride, pad);
@@ -457,7 +526,7 @@ static int gen_bn_relu_conv_bn(const stoke_kernel_v1 *k, stoke_rng *r, kcase *ou
   int n = 0;
   for (int i = 0; i < 3; i++) {
     int kh = i == 1 ? 1 : 3, training = i != 2;
-    int64_t b = pick(r, 1, 3), cin = i ? odd(r) : pick(r, 1, 7), o = pick(r, 1, 9), h = pick(r, 3, 8), w = pick(r, 3, 8);
+    int64_t b = pick(r, 1, 3), cin = i ? odd5(r) : pick(r, 5, 7), o = pick(r, 5, 9), h = pick(r, 3, 8), w = pick(r, 3, 8);
     kcase *c = new_case(out, &n, k->op, "p [%lld, %lld, %lld, %lld] W %lldx%d %s", (long long)b, (long long)cin,
                         (long long)h, (long long)w, (long long)o, kh, training ? "training" : "eval");
     snprintf(c->attrs, sizeof c->attrs, "stride=1, padding=%d, eps=1e-5, momentum=0.2", kh / 2);
@@ -471,7 +540,8 @@ static int gen_bn_relu_conv_bn(const stoke_kernel_v1 *k, stoke_rng *r, kcase *ou
     add_in(c, S1(o), IN_STAT);
     add_in(c, S1(o), IN_STAT);
     c->state_out = 3u << 6;
-    c->k = (double)(b * h * w > cin * 9 ? b * h * w : cin * 9);
+    c->prep = prep_bn_relu_conv_bn;
+    c->k = (double)(o * kh * kh * b * h * w); /* dp's sums over rows of dgrad's */
   }
   return n;
 }
@@ -480,7 +550,7 @@ static int gen_bn_apply(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   int n = 0, add = !strcmp(k->op, STOKE_OP_BN_APPLY_ADD_RELU);
   for (int i = 0; i < 3; i++) {
     int training = i != 1;
-    int64_t b = pick(r, 1, 4), ch = i == 2 ? odd(r) : pick(r, 1, 20);
+    int64_t b = pick(r, 1, 4), ch = i == 2 ? odd5(r) : pick(r, 5, 20);
     stoke_shape ys = i == 2 ? SHAPE(b * 5, ch) : SHAPE(b, ch, pick(r, 1, 7), odd(r));
     kcase *c = new_case(out, &n, k->op, "y %s %s", shape_label(&ys), training ? "training" : "eval");
     c->training = training;
@@ -490,6 +560,7 @@ static int gen_bn_apply(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     c->in[c->n_in++] = (kin){.shape = S1(ch), .kind = IN_PARAM, .lo = 0.5, .hi = 1.5};
     add_in(c, S1(ch), IN_PARAM);
     if (add) add_in(c, ys, IN_ACT);
+    c->prep = prep_bn_apply;
     c->k = (double)(stoke_numel(&ys) / ch);
   }
   return n;
@@ -556,7 +627,7 @@ static int gen_cast(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
 static int gen_embedding(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   int n = 0;
   for (int i = 0; i < 3; i++) {
-    int64_t v = i == 2 ? 1 : pick(r, 2, 60), c_ = i == 1 ? odd(r) : pick(r, 1, 130), b = pick(r, 1, 4), t = odd(r);
+    int64_t v = i == 2 ? 1 : pick(r, 2, 60), c_ = i == 1 ? odd5(r) : pick(r, 5, 130), b = pick(r, 1, 4), t = odd(r);
     kcase *c = new_case(out, &n, k->op, "weight [%lld, %lld] idx [%lld, %lld]", (long long)v, (long long)c_,
                         (long long)b, (long long)t);
     add_in(c, SHAPE(v, c_), IN_PARAM);
@@ -575,7 +646,7 @@ static int gen_embedding(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
 static int gen_position_embedding(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   int n = 0;
   for (int i = 0; i < 3; i++) {
-    int64_t b = pick(r, 1, 4), t = odd(r), ch = i ? odd(r) : pick(r, 1, 100), p = t + pick(r, 0, 5);
+    int64_t b = pick(r, 1, 4), t = odd(r), ch = i ? odd5(r) : pick(r, 5, 100), p = t + pick(r, 0, 5);
     kcase *c = new_case(out, &n, k->op, "x [%lld, %lld, %lld] weight [%lld, %lld]", (long long)b, (long long)t,
                         (long long)ch, (long long)p, (long long)ch);
     add_in(c, SHAPE(b, t, ch), IN_ACT);
@@ -601,7 +672,7 @@ static void ln_case(kcase *out, int *n, const stoke_kernel_v1 *k, int add, stoke
 static int gen_layer_norm(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   int n = 0, add = !strcmp(k->op, STOKE_OP_ADD_LAYER_NORM);
   for (int i = 0; i < 4; i++) {
-    int64_t rows = i == 1 ? 1 : pick(r, 1, 40), ch = i == 2 ? 768 : i == 3 ? odd(r) : pick(r, 2, 200);
+    int64_t rows = i == 1 ? 1 : pick(r, 1, 40), ch = i == 2 ? 768 : i == 3 ? odd5(r) : pick(r, 5, 200);
     ln_case(out, &n, k, add, i == 0 ? SHAPE(pick(r, 1, 3), rows, ch) : SHAPE(rows, ch));
   }
   /* the cuda register path: whole 16-byte vectors up to 1024 columns, more
@@ -623,13 +694,13 @@ static int gen_attention(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
                         (long long)d, causal ? "causal" : "full");
     snprintf(c->attrs, sizeof c->attrs, "n_head=%lld, causal=%d", (long long)h, causal);
     add_in(c, SHAPE(b, t, 3 * h * d), IN_ACT);
-    c->k = (double)(t > d ? t : d);
+    c->k = (double)(t * d); /* dq sums over keys of dS, itself from sums over the head */
   }
   if (gpu_engine(k)) { /* GPT-2's head size */
     kcase *c = new_case(out, &n, k->op, "qkv [2, 256, 3x4x64] causal");
     snprintf(c->attrs, sizeof c->attrs, "n_head=4, causal=1");
     add_in(c, SHAPE(2, 256, 3 * 4 * 64), IN_ACT);
-    c->k = 256;
+    c->k = 256 * 64;
   }
   return n;
 }

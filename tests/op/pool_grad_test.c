@@ -268,14 +268,14 @@ static void test_op_types(void **state) {
     for (int i = 0; i < 3; i++) assert_int_equal(t->attrs[i].type, STOKE_ATTR_INTS);
   }
   assert_int_equal(stoke_find_op(h_reg, STOKE_OP_MAX_POOL2D)->bwd_needs, STOKE_BWD_NEEDS_INPUT(0));
-  assert_int_equal(stoke_find_op(h_reg, STOKE_OP_AVG_POOL2D)->bwd_needs, 0);
+  assert_int_equal(stoke_find_op(h_reg, STOKE_OP_AVG_POOL2D)->bwd_needs, STOKE_BWD_NEEDS_NOTHING);
   const stoke_op_type_v1 *d = stoke_find_op(h_reg, STOKE_OP_DROPOUT);
   assert_non_null(d);
   assert_int_equal(d->n_attrs, 1);
   assert_string_equal(d->attrs[STOKE_DROPOUT_P].name, "p");
   assert_int_equal(d->attrs[STOKE_DROPOUT_P].type, STOKE_ATTR_FLOAT);
   assert_string_equal(d->attrs[STOKE_DROPOUT_P].def, "0.5");
-  assert_int_equal(d->bwd_needs, 0);
+  assert_int_equal(d->bwd_needs, STOKE_BWD_NEEDS_NOTHING);
   assert_true(d->has_backward);
   static const char *const ops[] = {STOKE_OP_MAX_POOL2D, STOKE_OP_AVG_POOL2D, STOKE_OP_DROPOUT};
   for (int o = 0; o < 3; o++)

@@ -379,6 +379,76 @@ static void test_json(void **state) {
   assert_null(strstr(out, "\"name\":\"B\""));
 }
 
+/* Recorded rates for A and B, 3 rounds of 40 steps of 64 samples on the host clock. */
+static void rounds_of(bench_result *r, const double a[3], const double b[3]) {
+  recorded(r, 2);
+  r->gpu = 0;
+  r->per_op = 0;
+  for (int v = 0; v < 2; v++) {
+    r->v[v].batch = 64;
+    memcpy(r->v[v].rate, v ? b : a, 3 * sizeof(double));
+  }
+}
+
+static void expect_verdict(const bench_result *r, const char *line, int n_warn) {
+  bench_verdict v;
+  bench_verdict_of(r, &v);
+  if (!strstr(v.line, line)) {
+    print_error("verdict \"%s\" lacks \"%s\"\n", v.line, line);
+    fail();
+  }
+  if (v.n_warn != n_warn) {
+    print_error("%d warnings, want %d:\n", v.n_warn, n_warn);
+    for (int i = 0; i < v.n_warn; i++) print_error("  %s\n", v.warn[i]);
+    fail();
+  }
+}
+
+/* The verdict in words (issue 18): a newcomer's three rounds of 40-250 ms
+ * on the host clock gave "B/A 1.310 (95% CI 0.138 - 12.409)", which read
+ * as 31% faster; it is inconclusive, with the window and the --steps that
+ * would do. Clear differences, none, and wide rounds say so. */
+static void test_verdict(void **state) {
+  bench_result r;
+  /* 64 x 40 samples in 40 to 250 ms: 64,000 to 10,240 samples/s */
+  rounds_of(&r, (const double[]){64000, 10240, 30000}, (const double[]){10240, 64000, 90000});
+  expect_verdict(&r, "inconclusive: the interval spans", 3);
+  bench_verdict v;
+  bench_verdict_of(&r, &v);
+  EXPECT_HAS(v.line, "x to ");
+  EXPECT_HAS(v.line, "; each round timed only 40 ms of the host clock; try --steps 1000");
+  EXPECT_HAS(v.warn[0], "each round timed only 40 ms of the host clock (under 1000 ms");
+  EXPECT_HAS(v.warn[1], "A's rounds spread over");
+  /* 2 s rounds, B 12% faster each time, give or take 1% */
+  rounds_of(&r, (const double[]){1280, 1300, 1270}, (const double[]){1280 * 1.12, 1300 * 1.11, 1270 * 1.13});
+  expect_verdict(&r, "B is faster by 12.0% (95% CI ", 0);
+  rounds_of(&r, (const double[]){1280, 1300, 1270}, (const double[]){1280 * 0.9, 1300 * 0.91, 1270 * 0.89});
+  expect_verdict(&r, "B is slower by 10.0% (95% CI ", 0);
+  /* an A/A control: ratios around 1 */
+  rounds_of(&r, (const double[]){1280, 1300, 1270}, (const double[]){1290, 1295, 1265});
+  expect_verdict(&r, "no difference detected (the interval ", 0);
+  /* one variant: no verdict, the warnings still */
+  recorded(&r, 1);
+  bench_verdict_of(&r, &v);
+  assert_string_equal(v.line, "");
+  assert_int_equal(v.n_warn, 1); /* 1.0 - 1.2 M: 18% spread */
+  /* the reports carry it; an unknown commit is explained once */
+  rounds_of(&r, (const double[]){1280, 1300, 1270}, (const double[]){1290, 1295, 1265});
+  snprintf(r.commit, sizeof r.commit, "unknown");
+  static char out[65536];
+  render(bench_print, &r, out, sizeof out);
+  EXPECT_HAS(out, "  verdict: no difference detected");
+  EXPECT_HAS(out, "commit unknown (not a git checkout; set STOKE_COMMIT to name it)");
+  assert_null(strstr(strstr(out, "not a git checkout") + 1, "not a git checkout"));
+  render(bench_write_md, &r, out, sizeof out);
+  EXPECT_HAS(out, "Verdict: no difference detected");
+  render(bench_write_json, &r, out, sizeof out);
+  EXPECT_HAS(out, "\"verdict\":\"no difference detected");
+  EXPECT_HAS(out, "\"warnings\":[]");
+  render(bench_write_html, &r, out, sizeof out);
+  EXPECT_HAS(out, "<p><b>Verdict:</b> no difference detected");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parse_good),   cmocka_unit_test(test_parse_defaults_and_one_variant),
@@ -386,7 +456,7 @@ int main(void) {
       cmocka_unit_test(test_t975),         cmocka_unit_test(test_ratio),
       cmocka_unit_test(test_rate),         cmocka_unit_test(test_commit),
       cmocka_unit_test(test_text_report),  cmocka_unit_test(test_markdown), cmocka_unit_test(test_html),
-      cmocka_unit_test(test_json),
+      cmocka_unit_test(test_json),         cmocka_unit_test(test_verdict),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,12 +28,13 @@
 /* Sample i: FEAT int32 values i, i+1, ... and a few derived from the
  * augmentation seed, so a half-written sample or a wrong seed shows. */
 static stoke_err *idx_read(void *self, int64_t index, uint64_t seed, void *dst, int32_t *label) {
-  int *bad = self;
-  if (bad && index % 97 == 13) return stoke_err_new(STOKE_E_DATA, __FILE__, __LINE__, "sample %lld is bad", (long long)index);
+  int *bad = self; /* 1: every 97th sample unreadable; 2: labels 1 to 10 of 10 classes */
+  if (bad && *bad == 1 && index % 97 == 13)
+    return stoke_err_new(STOKE_E_DATA, __FILE__, __LINE__, "sample %lld is bad", (long long)index);
   int32_t *x = dst;
   for (int i = 0; i < FEAT - 1; i++) x[i] = (int32_t)index + i;
   x[FEAT - 1] = (int32_t)(seed & 0x7fffffff);
-  *label = (int32_t)(index % 10);
+  *label = (int32_t)(index % 10) + (bad && *bad == 2);
   return NULL;
 }
 static int64_t idx_length(void *self) { return LEN; }
@@ -55,7 +56,8 @@ static void h_free(void *self, void *p) { stoke_free(p); }
 static const stoke_backend_v1 host = {.name = "host", .alloc_host = h_alloc, .free_host = h_free};
 
 static stoke_loader *open_loader(int workers, int prefetch, int rank, int world, int64_t batch, void *bad) {
-  stoke_loader_opts o = {&idx_source, bad, &host, NULL, batch, workers, prefetch, 1, 1, 42, rank, world, 0, NULL, 0};
+  /* 11 bad samples in 1000: more than the default 1% would stop the loader */
+  stoke_loader_opts o = {&idx_source, bad, &host, NULL, batch, workers, prefetch, 1, 1, 42, rank, world, 0, NULL, 0, 0.02};
   stoke_loader *l;
   stoke_err *e = stoke_loader_new(&o, &l);
   if (e) fail_msg("%s", e->msg);
@@ -155,6 +157,44 @@ static void test_bad_samples_replaced_and_counted(void **state) {
   stoke_loader_free(l);
 }
 
+/* Fail fast (issue 18): labels off by one make every tenth sample's label
+ * 10 of 10 classes; the loader stops within the first batches with the
+ * skips by reason, the label error named as one, instead of training on
+ * what is left. Below the limit the skips are counted by reason. */
+static void test_systematic_bad_data_stops(void **state) {
+  int shifted = 2;
+  stoke_loader_opts o = {&idx_source, &shifted, &host, NULL, 50, 2, 2, 1, 1, 42, 0, 1, 0, NULL, 0, 0};
+  stoke_loader *l;
+  if (stoke_loader_new(&o, &l)) fail();
+  stoke_err *e = NULL;
+  for (int k = 0; k < 20 && !e; k++) {
+    stoke_batch *b;
+    e = stoke_loader_next(l, &b, NULL);
+    if (b) stoke_loader_release(l, b);
+  }
+  assert_non_null(e);
+  assert_int_equal(e->code, STOKE_E_DATA);
+  print_message("%s\n", e->msg);
+  assert_non_null(strstr(e->msg, "source 'index'"));
+  assert_non_null(strstr(e->msg, "more than 1% of the first 1000"));
+  assert_non_null(strstr(e->msg, "x label error: label 10 outside [0, 10)"));
+  assert_non_null(strstr(e->msg, "the source says classes = 10, so labels count 0 to 9"));
+  stoke_err_free(e);
+  stoke_loader_free(l);
+
+  int bad = 1; /* 11 in 1000 under a 2% limit: replaced and counted */
+  l = open_loader(2, 2, 0, 1, 100, &bad);
+  for (int k = 0; k < 10; k++) {
+    stoke_batch *b;
+    assert_null(stoke_loader_next(l, &b, NULL));
+    stoke_loader_release(l, b);
+  }
+  char why[1024];
+  assert_true(stoke_loader_skip_reasons(l, why, sizeof why) >= 11);
+  assert_non_null(strstr(why, "x source error, e.g. sample "));
+  stoke_loader_free(l);
+}
+
 /* Over three epochs the same 11 bad samples come up again and again: each
  * is warned about once (log.txt), and counted once among the bad ones. */
 static void test_bad_samples_warned_once(void **state) {
@@ -184,7 +224,7 @@ static void test_bad_samples_warned_once(void **state) {
  * -1, and no other sample stands in for it: each index once per epoch. */
 static void test_eval_skips_bad_samples(void **state) {
   int bad = 1;
-  stoke_loader_opts o = {&idx_source, &bad, &host, NULL, 64, 3, 2, 0, 0, 42, 0, 1, 0, NULL, 1};
+  stoke_loader_opts o = {&idx_source, &bad, &host, NULL, 64, 3, 2, 0, 0, 42, 0, 1, 0, NULL, 1, 0.02};
   stoke_loader *l;
   if (stoke_loader_new(&o, &l)) fail();
   int seen[LEN] = {0}, marked = 0, good = 0;
@@ -250,6 +290,7 @@ int main(void) {
       cmocka_unit_test(test_bad_samples_replaced_and_counted),
       cmocka_unit_test(test_bad_samples_warned_once),
       cmocka_unit_test(test_eval_skips_bad_samples),
+      cmocka_unit_test(test_systematic_bad_data_stops),
       cmocka_unit_test(test_cancel_ends_a_wait),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

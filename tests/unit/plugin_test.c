@@ -381,6 +381,65 @@ static void test_plugin_path_env(void **state) {
   rmdir(dir);
 }
 
+/* ------------------------------------------- what an op says of its backward */
+
+static stoke_err *same_infer(const stoke_node_v1 *n, const stoke_value_desc_v1 *in, stoke_value_desc_v1 *out) {
+  out[0] = in[0];
+  return NULL;
+}
+
+static const stoke_op_type_v1 *bad_op; /* the op the plugin below registers */
+static stoke_err *reg_bad_op(const stoke_host_v1 *h, const stoke_registry_v1 *r) { return r->add_op(r->self, bad_op); }
+
+static stoke_err *add_op_plugin(stoke_registry *r, const stoke_op_type_v1 *op) {
+  static const stoke_plugin_v1 p = {STOKE_ABI_VERSION, sizeof(stoke_plugin_v1), "op_rules", "", reg_bad_op};
+  bad_op = op;
+  return stoke_registry_add_plugin(r, &p, "op_rules.so");
+}
+
+/* A backward that does not say what it reads is refused where the op is
+ * registered (issue 18: it was handed NULL inputs and crashed); so are
+ * has_backward values other than 0, 1 and STOKE_NO_GRAD, and bwd_needs
+ * naming values the op does not have. */
+static void test_op_backward_declarations(void **state) {
+  stoke_registry *r = new_registry();
+  stoke_op_type_v1 op = {STOKE_ABI(stoke_op_type_v1), .name = "leaky", .n_inputs = 1, .n_outputs = 1,
+                         .infer = same_infer, .has_backward = STOKE_HAS_BACKWARD};
+  stoke_err *e = add_op_plugin(r, &op);
+  EXPECT_CODE(e, STOKE_E_INVALID);
+  EXPECT_HAS(e, "op_rules.so");
+  EXPECT_HAS(e, "op 'leaky' has a backward");
+  EXPECT_HAS(e, "bwd_needs is 0");
+  EXPECT_HAS(e, "STOKE_BWD_NEEDS_INPUT(0)");
+  EXPECT_HAS(e, "STOKE_BWD_NEEDS_NOTHING");
+  stoke_err_free(e);
+  op.bwd_needs = STOKE_BWD_NEEDS_INPUT(1); /* it has one input */
+  e = add_op_plugin(r, &op);
+  EXPECT_CODE(e, STOKE_E_INVALID);
+  EXPECT_HAS(e, "does not have");
+  stoke_err_free(e);
+  op.bwd_needs = STOKE_BWD_NEEDS_NOTHING | STOKE_BWD_NEEDS_INPUT(0);
+  e = add_op_plugin(r, &op);
+  EXPECT_CODE(e, STOKE_E_INVALID);
+  stoke_err_free(e);
+  op.bwd_needs = STOKE_BWD_NEEDS_INPUT(0);
+  op.has_backward = 2;
+  e = add_op_plugin(r, &op);
+  EXPECT_CODE(e, STOKE_E_INVALID);
+  EXPECT_HAS(e, "has_backward = 2");
+  stoke_err_free(e);
+  op.has_backward = STOKE_HAS_BACKWARD;
+  EXPECT_OK(add_op_plugin(r, &op));
+  op.name = "leaky_nothing";
+  op.bwd_needs = STOKE_BWD_NEEDS_NOTHING;
+  EXPECT_OK(add_op_plugin(r, &op));
+  op.name = "leaky_detached";
+  op.bwd_needs = 0;
+  op.has_backward = STOKE_NO_GRAD;
+  EXPECT_OK(add_op_plugin(r, &op));
+  stoke_registry_free(r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_good_loads_by_name),
@@ -396,6 +455,7 @@ int main(void) {
       cmocka_unit_test(test_duplicate_between_plugins),
       cmocka_unit_test(test_failed_register_rolls_back),
       cmocka_unit_test(test_plugin_path_env),
+      cmocka_unit_test(test_op_backward_declarations),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

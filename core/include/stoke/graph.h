@@ -254,6 +254,12 @@ typedef stoke_err *(*stoke_exec_hook)(void *ctx, int node);
 #define STOKE_EXEC_HOOK_UPDATE (-1)
 #define STOKE_EXEC_HOOK_REPLAYED (-2)
 void stoke_exec_set_hook(stoke_exec *x, stoke_exec_hook hook, void *ctx);
+/* Crash notes (core/crash.c): the executor names the kernel it runs (NULL
+ * after it), and once installed a SIGSEGV or SIGBUS inside it prints the
+ * node, op, pass and engine, and for a backward the inputs and outputs it
+ * got without data (not in the op's bwd_needs), before dying of it. */
+void stoke_crash_note_kernel(const stoke_kernel_v1 *k, const stoke_kernel_args_v1 *a);
+void stoke_crash_guard_install(void);
 /* One optimizer update over the flat buffers. */
 stoke_err *stoke_exec_update(stoke_exec *x, const stoke_opt_args_v1 *opt);
 /* The loss scaler's state (scale, good steps, found_inf, skipped steps);

@@ -33,6 +33,12 @@ typedef struct stoke_loader_opts {
   /* evaluation: an unreadable sample leaves its row zeroed with label -1
    * instead of being replaced by the next one (0: replaced, for training) */
   int skip_bad;
+  /* Fail fast: when more than this fraction of the first 1000 samples read
+   * is skipped (unreadable, or a label outside [0, classes)), the loader
+   * stops with the counts by reason: the data or the source is wrong
+   * throughout. 0: 0.01. Not for evaluation (skip_bad): it reports the
+   * samples it scored. */
+  double max_skipped;
 } stoke_loader_opts;
 
 typedef struct stoke_batch {
@@ -48,9 +54,10 @@ stoke_err *stoke_loader_new(const stoke_loader_opts *o, stoke_loader **out);
 void stoke_loader_free(stoke_loader *l);
 /* The next batch in order (blocks until filled, or until opts.cancel is
  * set: then *b is NULL). *wait_s gets the time it blocked: the data-wait
- * metric. A sample the source cannot read is logged, counted and replaced
- * by the next index (or marked, with skip_bad). On any other error *b is
- * still the batch, to be released. */
+ * metric. A sample the source cannot read (STOKE_E_DATA) or that has a
+ * label outside [0, classes) is counted by reason and replaced by the next
+ * index (or marked, with skip_bad); past opts.max_skipped it is an error.
+ * On any error *b is still the batch, to be released. */
 stoke_err *stoke_loader_next(stoke_loader *l, stoke_batch **b, double *wait_s);
 /* Give the batch's buffer back to the workers. */
 void stoke_loader_release(stoke_loader *l, stoke_batch *b);
@@ -66,6 +73,9 @@ void stoke_loader_on_fill(stoke_loader *l, stoke_fill_hook hook, void *ctx);
 int64_t stoke_loader_skipped(const stoke_loader *l);
 /* The distinct samples among them (each warned about once per run). */
 int64_t stoke_loader_bad_samples(const stoke_loader *l);
+/* The same count, and in `buf` one line per reason ("\n    6 x label
+ * error: label 2 outside [0, 2) (e.g. sample 3 ...)"). */
+int64_t stoke_loader_skip_reasons(const stoke_loader *l, char *buf, size_t cap);
 
 #ifdef __cplusplus
 }

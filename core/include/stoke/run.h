@@ -51,6 +51,7 @@ typedef struct stoke_summary {
    * (flops_per_step: the model's, per micro-batch) */
   int64_t dry_batch;
   double dry_plan_bytes, dry_recompute_flops;
+  char skip_reasons[1024]; /* the skipped training samples by reason, a line each ("" if none) */
 } stoke_summary;
 
 typedef struct stoke_run_opts {

@@ -22,6 +22,7 @@ typedef struct stoke_data_config {
   int64_t workers;       /* 0: auto */
   int64_t prefetch;
   int shuffle, drop_last, on_device; /* [data] only (0 for [eval_data]) */
+  double max_skipped;    /* [data] only: the loader's fail-fast fraction (0 for [eval_data]: the default) */
   /* [data] only: u8 images' per-channel mean and std as op attributes ("0.485:0.456") */
   char mean[256], std[256];
 } stoke_data_config;

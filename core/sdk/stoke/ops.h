@@ -226,9 +226,10 @@
 #define STOKE_NORMALIZE_DTYPE 3  /* str: "f32", "bf16" or "f16", the output's dtype (the graph's) */
 
 /* cast: f32 samples -> the graph's float dtype (f32, bf16, f16) and, for
- * 4-D images, from the sources' NCHW memory order to the output's layout
- * (NHWC on the GPU): the first node when an f32 source feeds a graph of
- * another dtype or layout. No backward. */
+ * 4-D images, from the memory order the source declares (CHW unless it
+ * says STOKE_NHWC) to the output's layout (NHWC on the GPU): the first node
+ * when an f32 source feeds a graph of another dtype or layout. No
+ * backward. */
 #define STOKE_OP_CAST "cast"
 #define STOKE_CAST_DTYPE 0 /* str: "f32", "bf16", "f16" or "f64" */
 

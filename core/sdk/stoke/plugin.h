@@ -22,8 +22,9 @@
 extern "C" {
 #endif
 
-/* 2: every registered part versioned (see plugins/README.md, "ABI history") */
-#define STOKE_ABI_VERSION 2u
+/* 3: what an op's backward reads and whether it has one are checked (see
+ * plugins/README.md, "ABI history") */
+#define STOKE_ABI_VERSION 3u
 #define STOKE_PLUGIN_SYMBOL "stoke_plugin_v1_entry"
 
 /* The first fields of every part a plugin registers, in this order. */
@@ -186,6 +187,16 @@ typedef struct stoke_value_desc_v1 {
 
 #define STOKE_BWD_NEEDS_INPUT(i) (1u << (i))
 #define STOKE_BWD_NEEDS_OUTPUT(i) (1u << (16 + (i)))
+/* A backward that reads nothing but the output gradients (add, reshape):
+ * said on purpose, since a bwd_needs left 0 is refused (ABI 3). */
+#define STOKE_BWD_NEEDS_NOTHING (1u << 15)
+
+/* stoke_op_type_v1.has_backward: */
+#define STOKE_HAS_BACKWARD 1
+/* The gradient stops at this op on purpose (torch's .detach()): nothing
+ * before it gets a gradient through it. An op left at 0 on a path that
+ * needs gradients is refused by the compiler (ABI 3). */
+#define STOKE_NO_GRAD (-1)
 
 typedef struct stoke_op_type_v1 {
   uint32_t abi_version; /* STOKE_ABI_VERSION */
@@ -203,12 +214,17 @@ typedef struct stoke_op_type_v1 {
   double (*flops)(const stoke_node_v1 *node, const stoke_value_desc_v1 *in,
                   const stoke_value_desc_v1 *out);
   /* What the backward kernel reads besides the output gradients:
-   * STOKE_BWD_NEEDS_INPUT(i) | STOKE_BWD_NEEDS_OUTPUT(j). The memory
-   * planner keeps exactly these alive until backward. */
+   * STOKE_BWD_NEEDS_INPUT(i) | STOKE_BWD_NEEDS_OUTPUT(j), or
+   * STOKE_BWD_NEEDS_NOTHING. The memory planner keeps exactly these alive
+   * until backward; the others reach the kernel with data == NULL.
+   * Required with a backward: 0 is refused when the op is registered. */
   uint32_t bwd_needs;
   /* Inputs that never receive a gradient (labels): bit i for input i. */
   uint32_t no_grad_inputs;
-  /* 0 for ops without a backward (metrics). */
+  /* STOKE_HAS_BACKWARD (1): backward kernels exist (pass STOKE_BWD).
+   * STOKE_NO_GRAD: gradients stop here on purpose. 0 (not said): fine
+   * where no gradient flows (the input's cast, metrics), refused by the
+   * compiler on a path that needs gradients. */
   int has_backward;
 } stoke_op_type_v1;
 
@@ -411,7 +427,10 @@ typedef struct stoke_backend_v1 {
 typedef struct stoke_sample_info_v1 {
   stoke_shape shape;   /* one sample, e.g. (F) or (C, H, W) */
   stoke_dtype dtype;   /* what read() writes: F32 or U8 */
-  stoke_layout layout; /* for images: HWC order is STOKE_NHWC */
+  /* Images' memory order, honoured by the core: f32 samples are CHW
+   * unless STOKE_NHWC (HWC) is said; u8 images are HWC (STOKE_NHWC or
+   * ANY; STOKE_NCHW is refused). */
+  stoke_layout layout;
   int64_t classes;
 } stoke_sample_info_v1;
 

@@ -1,0 +1,113 @@
+/* tests/e2e/newcomer_test.c: the mistakes issue 18 made on purpose, each a
+ * whole run through stoke_train with a plugin that makes it
+ * (tests/e2e/newcomer.c): an op left without a backward is refused by
+ * the compiler, naming the op and the fix (it froze the layers before it);
+ * an f32 source that writes HWC images and says STOKE_NHWC is read in that
+ * order (it was taken as CHW); labels off by one stop the loader with the
+ * label error counted (it trained on class 0 alone). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stoke/core.h"
+#include "stoke/run.h"
+
+static const char *dirs[] = {"backends/cpu", "sources/synthetic", "models/mlp", "tests/e2e"};
+static char tmp[512];
+
+static const char *base_ini =
+    "[run]\n"
+    "backends = cpu\n"
+    "steps = 4\n"
+    "log_every = 2\n"
+    "progress = off\n"
+    "checkpoint = false\n"
+    "[plugins]\n"
+    "load = newcomer\n"
+    "[data]\n"
+    "batch_size = 16\n"
+    "[model]\n"
+    "name = mlp\n";
+
+static stoke_err *run(const char **over, int n_over, stoke_summary *s) {
+  char ini[600], out_dir[700];
+  snprintf(ini, sizeof ini, "%s/newcomer.ini", tmp);
+  FILE *f = fopen(ini, "w");
+  assert_non_null(f);
+  fputs(base_ini, f);
+  fclose(f);
+  const char *all[16];
+  snprintf(out_dir, sizeof out_dir, "run.out_dir=%s/out", tmp);
+  all[0] = out_dir;
+  for (int i = 0; i < n_over; i++) all[i + 1] = over[i];
+  stoke_run_opts o = {.ini_path = ini, .overrides = all, .n_overrides = n_over + 1, .plugin_dirs = dirs,
+                      .n_plugin_dirs = (int)(sizeof dirs / sizeof *dirs), .quiet = 1};
+  return stoke_train(&o, s);
+}
+
+/* The run fails and its message holds every one of `subs` (NULL-ended). */
+static void expect_error(const char **over, int n_over, const char *const *subs) {
+  stoke_summary s;
+  stoke_err *e = run(over, n_over, &s);
+  if (!e) fail_msg("the run succeeded (final loss %.4f); expected an error", s.final_loss);
+  for (int i = 0; subs[i]; i++)
+    if (!strstr(e->msg, subs[i])) {
+      print_error("message lacks \"%s\":\n%s\n", subs[i], e->msg);
+      stoke_err_free(e);
+      fail();
+    }
+  print_message("%s\n", e->msg);
+  stoke_err_free(e);
+}
+
+static void expect_ok(const char **over, int n_over) {
+  stoke_summary s;
+  stoke_err *e = run(over, n_over, &s);
+  if (e) {
+    print_error("%s\n", e->msg);
+    stoke_err_free(e);
+    fail();
+  }
+}
+
+/* has_backward left 0 on an op between trained layers. */
+static void test_op_without_backward_refused(void **state) {
+  const char *over[] = {"data.source=synthetic", "data.shape=8", "data.classes=2", "model.hidden=8",
+                        "model.activation=frozen"};
+  const char *subs[] = {"op 'frozen'", "has no backward", "has_backward = STOKE_HAS_BACKWARD", "STOKE_NO_GRAD",
+                        "libstoke_newcomer.so", NULL};
+  expect_error(over, 5, subs);
+}
+
+/* f32 images written HWC and said STOKE_NHWC: the probe finds every
+ * element at its place (on the CPU the core converts them to NCHW). */
+static void test_source_layout_honoured(void **state) {
+  const char *over[] = {"data.source=hwc", "model.name=probe"};
+  expect_ok(over, 2);
+}
+
+/* Labels 1 and 2 of 2 classes: the loader stops at once with the label
+ * error counted (it replaced half the samples and trained on class 0). */
+static void test_labels_off_by_one_stop(void **state) {
+  const char *over[] = {"data.source=off_by_one", "model.hidden=8"};
+  const char *subs[] = {"source 'off_by_one'", "x label error: label 2 outside [0, 2)",
+                        "the source says classes = 2, so labels count 0 to 1", "[data] max_skipped", NULL};
+  expect_error(over, 2, subs);
+}
+
+int main(void) {
+  const char *t = getenv("TEST_TMPDIR");
+  snprintf(tmp, sizeof tmp, "%s", t ? t : "/tmp");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_op_without_backward_refused),
+      cmocka_unit_test(test_source_layout_honoured),
+      cmocka_unit_test(test_labels_off_by_one_stop),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
