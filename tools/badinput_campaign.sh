@@ -56,6 +56,8 @@ stage() { # bazel's outputs -> $1 (train, convert, make_jpeg_bench, plugins/)
 }
 if [ "$build" = 1 ]; then
   rm -rf "$work" && mkdir -p "$work"
+  # what the binaries are built from, for the table
+  echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo +changes)" > "$work/commit"
   targets="//tools:train //tools:convert //tools:make_jpeg_bench //tools:bench_loader"
   bazel build --config=asan $targets >&2 || exit 1
   stage "$BIN"
@@ -433,7 +435,7 @@ fi
 
 # ------------------------------------------------------------ the table
 echo
-echo "Bad-input campaign, seed $seed, scale $scale, timeout ${timeout_s}s, $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null)"
+echo "Bad-input campaign, seed $seed, scale $scale, timeout ${timeout_s}s, binaries of $(cat "$work/commit" 2>/dev/null)"
 awk -F'\t' '
   { n[$1]++; c[$1, $2]++; t++; tc[$2]++; if (!($1 in seen)) { seen[$1] = 1; order[++k] = $1 } }
   END {

@@ -16,6 +16,7 @@ pkgs=(
   fortunes                         # English text for the byte-level language model (examples/charlm.ini)
   libpcre2-dev                     # GPT-2's pre-tokenizing regex (tools/convert text --tokenizer gpt2)
   clang libclang-rt-14-dev         # libFuzzer and the sanitizers for the fuzz targets (tools/fuzz.sh)
+  python3-pil libjpeg-turbo-progs  # tests/jpeg:pil_test: stoke's JPEG decode against PIL's, files from cjpeg
   chromium                         # report.html rendered headless in tests/e2e:observe_test
 )
 missing=()

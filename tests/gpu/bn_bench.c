@@ -25,6 +25,7 @@
 #include "stoke/graph.h"
 #include "stoke/ops.h"
 #include "stoke/registry.h"
+#include "tests/gpu/bench_util.h"
 #include "stoke/rng.h"
 
 #define PEAK_GBS 3350.0 /* H100 SXM datasheet */
@@ -61,14 +62,7 @@ static const char *engines[8];
 static void *engine_self[8];
 static int n_engines;
 
-#define DIE(e)                                                                   \
-  do {                                                                           \
-    stoke_err *e_ = (e);                                                         \
-    if (e_) {                                                                    \
-      fprintf(stderr, "bn_bench: %s:%d: %s\n", __FILE__, __LINE__, e_->msg);    \
-      exit(1);                                                                   \
-    }                                                                            \
-  } while (0)
+#define DIE(e) BENCH_DIE("bn_bench", e)
 
 static void *dalloc(size_t bytes) {
   void *p;
@@ -90,16 +84,6 @@ static void fill_random(void *d, stoke_dtype dt, int64_t n, double lo, double hi
   }
   DIE(dev->stream_sync(dev_self, NULL));
   free(h);
-}
-
-static float median(float *ms, int n) {
-  for (int i = 0; i < n; i++)
-    for (int j = i + 1; j < n; j++)
-      if (ms[j] < ms[i]) {
-        float x = ms[i];
-        ms[i] = ms[j], ms[j] = x;
-      }
-  return ms[n / 2];
 }
 
 static void *flush_buf;
@@ -138,7 +122,7 @@ static float time_kernel(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, int 
   dev->timer_destroy(dev_self, t[1]);
   if (ws) dev->free(dev_self, ws);
   if (k->destroy && state) k->destroy(state);
-  return median(ms, reps);
+  return bench_median(ms, reps);
 }
 
 /* The first engine with a kernel for (op, pass, dt, NHWC). */
@@ -235,7 +219,7 @@ static double copy_rate(void) {
   dev->timer_destroy(dev_self, t[1]);
   dev->free(dev_self, a);
   dev->free(dev_self, b);
-  return 2.0 * (double)bytes / (median(ms, 7) * 1e-3) / 1e9;
+  return 2.0 * (double)bytes / (bench_median(ms, 7) * 1e-3) / 1e9;
 }
 
 int main(int argc, char **argv) {

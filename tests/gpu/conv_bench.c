@@ -18,6 +18,7 @@
 #include "stoke/graph.h"
 #include "stoke/ops.h"
 #include "stoke/registry.h"
+#include "tests/gpu/bench_util.h"
 
 const stoke_host_v1 *stoke_host; /* graph.c's (compiled into this binary for the probe) */
 
@@ -74,31 +75,13 @@ static stoke_registry *reg;
 static const stoke_backend_v1 *dev;
 static void *dev_self;
 
-#define DIE(e)                                                      \
-  do {                                                              \
-    stoke_err *e_ = (e);                                            \
-    if (e_) {                                                       \
-      fprintf(stderr, "conv_bench: %s:%d: %s\n", __FILE__, __LINE__, e_->msg); \
-      exit(1);                                                      \
-    }                                                               \
-  } while (0)
+#define DIE(e) BENCH_DIE("conv_bench", e)
 
 static void *dalloc(size_t bytes, int byte) {
   void *p;
   DIE(dev->alloc(dev_self, bytes, &p));
   DIE(dev->fill(dev_self, p, byte, bytes, NULL));
   return p;
-}
-
-/* The median of n timings (sorts them). */
-static float median(float *ms, int n) {
-  for (int i = 0; i < n; i++)
-    for (int j = i + 1; j < n; j++)
-      if (ms[j] < ms[i]) {
-        float x = ms[i];
-        ms[i] = ms[j], ms[j] = x;
-      }
-  return ms[n / 2];
 }
 
 /* Median of `reps` timed runs of one kernel call (after plan and 2 warm-ups), ms. */
@@ -124,7 +107,7 @@ static float time_kernel(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, int 
     DIE(dev->timer_sync(dev_self, t[1]));
     if (r >= 2) DIE(dev->timer_elapsed_ms(dev_self, t[0], t[1], &ms[r - 2]));
   }
-  float m = median(ms, reps);
+  float m = bench_median(ms, reps);
   dev->timer_destroy(dev_self, t[0]);
   dev->timer_destroy(dev_self, t[1]);
   if (ws) dev->free(dev_self, ws);
@@ -194,7 +177,7 @@ static float time_plan(cudnn_engine *eng, const cg_plan *pl, void **ptrs, void *
     DIE(dev->timer_sync(dev_self, t[1]));
     if (r >= 2) DIE(dev->timer_elapsed_ms(dev_self, t[0], t[1], &ms[r - 2]));
   }
-  float m = median(ms, 9);
+  float m = bench_median(ms, 9);
   dev->timer_destroy(dev_self, t[0]);
   dev->timer_destroy(dev_self, t[1]);
   if (ws) dev->free(dev_self, ws);

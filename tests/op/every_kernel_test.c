@@ -290,18 +290,19 @@ static void expect_tensor(const kcheck *ck, const char *what, const ktensor *t, 
 }
 
 /* A ReLU bitmask (stoke/ops.h, linear_act: row i's bit j is bit j % 8 of
- * byte i * stride + j / 8, stride a multiple of 16 bytes, padding bits 0)
+ * byte i * stride + j / 8, stride a multiple of 16 bytes; the padding bits
+ * past `out` are unspecified: cuBLASLt sets them from its tiles' rows)
  * against the tested kernel's own output: set iff y > 0. */
 static void expect_relu_mask(const kcheck *ck, const ktensor *y, const ktensor *mask) {
   double *yv = kt_download(y), *mv = kt_download(mask);
   int64_t rows = y->dut.shape.d[0], cols = y->dut.shape.d[1], stride = mask->dut.shape.d[1];
   for (int64_t i = 0; i < rows; i++)
-    for (int64_t j = 0; j < stride * 8; j++) {
-      int bit = ((int)mv[i * stride + j / 8] >> (j % 8)) & 1, want = j < cols && yv[i * cols + j] > 0;
+    for (int64_t j = 0; j < cols && j < stride * 8; j++) {
+      int bit = ((int)mv[i * stride + j / 8] >> (j % 8)) & 1, want = yv[i * cols + j] > 0;
       if (bit != want)
         fail_msg("%s/%s %s %s, case %s: ReLU mask row %lld bit %lld is %d, y is %g (seed %llu)", ck->k->engine,
                  ck->k->op, pass_name(ck->k->pass), stoke_dtype_name(ck->k->dtype), ck->c->label, (long long)i,
-                 (long long)j, bit, j < cols ? yv[i * cols + j] : 0.0, (unsigned long long)seed);
+                 (long long)j, bit, yv[i * cols + j], (unsigned long long)seed);
     }
   print_message("  %-13s %-15s ReLU mask of %lld x %lld: every bit as y > 0\n", ck->k->engine, ck->k->op,
                 (long long)rows, (long long)cols);

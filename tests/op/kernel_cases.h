@@ -238,7 +238,7 @@ static void prep_dact(const kcase *c, stoke_tensor *ref, stoke_rng *r) {
   int64_t rows = y->shape.d[0], cols = y->shape.d[1];
   int relu = strstr(c->attrs, "relu") != NULL, tanh_form = strstr(c->attrs, "tanh") != NULL;
   int64_t stride = (cols + 127) / 128 * 16;
-  if (relu) memset(ref[3].data, 0, (size_t)(rows * stride)); /* padding bits 0, as ops.h says */
+  if (relu) memset(ref[3].data, 0, (size_t)(rows * stride)); /* padding bits (unspecified): 0 */
   for (int64_t i = 0; i < rows; i++)
     for (int64_t j = 0; j < cols; j++) {
       double z = -1 + 2 * stoke_rng_uniform(r);

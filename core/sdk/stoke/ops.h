@@ -31,7 +31,8 @@
  *   y = act(z), z = x W^T + b;  aux: what the gradient needs of z:
  *   act = relu: u8[N, ceil(out / 128) * 16], a bitmask; bit j of row i is
  *     bit j % 8 of byte i * stride + j / 8, set iff z[i, j] > 0 (bits past
- *     `out` are 0). cuBLASLt's RELU_AUX layout: 1 bit per element, a
+ *     `out` are unspecified: cuBLASLt writes whole tiles' bits, so a
+ *     reader looks at j < out only). cuBLASLt's RELU_AUX layout: 1 bit per element, a
  *     leading dimension that is a multiple of 128 bits.
  *   act = gelu: z itself, [N, out] in y's dtype (GELU_AUX).
  * It has no backward of its own: the compiler hands the activation's

@@ -1,0 +1,120 @@
+/* core/run_ckpt.c: the run's checkpoints: out_dir claimed (another run's
+ * checkpoint kept, killed saves' leftovers removed), room for one checked
+ * before any compute, a save (atomic, core/checkpoint.c), and the save on
+ * every way out, errors included, saying where the weights went. */
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "stoke/core.h"
+#include "run_state.h"
+
+stoke_err *run_save(run_state *s, int64_t step, int64_t epoch) {
+  if (s->rank > 0) return NULL; /* data parallel: the weights are the same everywhere */
+  float amp[4] = {1, 0, 0, 0};
+  int scaled = stoke_exec_read_scaler(s->train.x, amp);
+  /* skipped before the resume, and since (the scaler counts from it) */
+  stoke_ckpt_meta m = {.step = step, .epoch = epoch, .seed = s->rc.run.seed, .accumulate = s->rc.run.accumulate,
+                       .loss_scale = scaled ? amp[0] : 1.0, .world = s->world, .batch = s->train.batch,
+                       .skipped_steps = s->resume.skipped_steps + (int64_t)amp[3]};
+  snprintf(m.optimizer, sizeof m.optimizer, "%s", s->rc.optimizer.name);
+  STOKE_TRY(stoke_checkpoint_save(s->train.x, s->ckpt, &m, s->config_text), "saving the checkpoint at step %lld",
+            (long long)step);
+  return NULL;
+}
+
+/* An error after the weights of step s->good were saved says where they are. */
+stoke_err *run_note_saved(const run_state *s, stoke_err *e) {
+  const stoke_summary *sum = s->sum;
+  if (e && sum->checkpoint[0] && s->rank == 0)
+    e = stoke_err_note(e, "the weights after step %lld were saved first: %s (continue with run.resume=%s)",
+                       (long long)s->good, sum->checkpoint, sum->checkpoint);
+  return e;
+}
+
+/* On the way out, after an error too: save the weights of the last whole
+ * step s->good (nothing when checkpoints are off, nothing was trained
+ * since the start, or s->good is -1: an error may have left the weights
+ * half updated, or they diverged), then return the error, which says
+ * where the weights went. */
+stoke_err *run_save_on_exit(run_state *s, stoke_err *e) {
+  if (!s->ckpt[0] || s->good <= s->start_step) return e;
+  stoke_err *se = run_save(s, s->good, s->good_epoch);
+  if (!se) snprintf(s->sum->checkpoint, sizeof s->sum->checkpoint, "%s", s->ckpt);
+  if (!e) return se;
+  if (se) {
+    e = stoke_err_note(e, "the weights after step %lld could not be saved either: %s", (long long)s->good, se->msg);
+    stoke_err_free(se);
+  }
+  return run_note_saved(s, e);
+}
+
+/* Before anything is written to out_dir: checkpoint files of processes
+ * killed mid-save (checkpoint.safetensors.tmp.PID, that PID gone from this
+ * machine) are removed, and another run's checkpoint there is kept: the
+ * run is refused unless it continues that checkpoint (run.resume names
+ * it) or run.overwrite = true says to start over. */
+stoke_err *run_claim_out_dir(const run_state *s) {
+  const stoke_cfg *c = s->cfg;
+  const char *dir = s->dir, *resume = s->rc.run.resume;
+  int want_ckpt = s->rc.run.checkpoint, overwrite = s->rc.run.overwrite;
+  DIR *d = opendir(dir);
+  for (struct dirent *de; d && (de = readdir(d));) {
+    static const char tmp[] = "checkpoint.safetensors.tmp.";
+    char *end;
+    if (strncmp(de->d_name, tmp, sizeof tmp - 1)) continue;
+    long pid = strtol(de->d_name + sizeof tmp - 1, &end, 10);
+    if (end == de->d_name + sizeof tmp - 1 || *end || pid <= 0 || pid > INT_MAX) continue;
+    if (pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) continue; /* still saving */
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    if (!unlink(path))
+      stoke_log(STOKE_LOG_INFO, "run", "removed %s, left by process %ld, which was killed while saving", path, pid);
+  }
+  if (d) closedir(d);
+  char ckpt[PATH_MAX];
+  snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", dir);
+  struct stat have, named;
+  if (!want_ckpt || overwrite || stat(ckpt, &have)) return NULL;
+  if (resume[0] && !stat(resume, &named) && named.st_dev == have.st_dev && named.st_ino == have.st_ino) return NULL;
+  stoke_ckpt_meta m;
+  char what[64] = "unreadable";
+  stoke_err *e = stoke_checkpoint_read_meta(ckpt, &m);
+  if (e) stoke_err_free(e);
+  else snprintf(what, sizeof what, "step %lld", (long long)m.step);
+  return STOKE_ERR(STOKE_E_INVALID,
+                   "%s: [run] out_dir '%s' holds another run's checkpoint (%s, %s): continue it with run.resume=%s, "
+                   "start over with run.overwrite=true (it is replaced at the first save), or choose another out_dir",
+                   stoke_cfg_where(c, "run", "out_dir"), dir, ckpt, what, ckpt);
+}
+
+/* Before any compute: room for a checkpoint in out_dir, on its disk and
+ * under the file-size limit, so that a run never trains for hours to fail
+ * at its first save. */
+stoke_err *run_check_room(const run_state *s) {
+  if (!s->ckpt[0] || s->rank > 0) return NULL;
+  const char *opt_name = s->rc.optimizer.name;
+  size_t need = stoke_checkpoint_bytes(s->train.plan, opt_name, s->config_text ? strlen(s->config_text) : 0);
+  size_t logs = (size_t)1 << 20; /* metrics.jsonl, log.txt, plan.txt */
+  struct statvfs v;
+  if (statvfs(s->dir, &v) == 0 && (double)v.f_bavail * (double)v.f_frsize < (double)(need + logs))
+    return STOKE_ERR(STOKE_E_IO,
+                     "%s: [run] out_dir '%s' has %.1f MiB free, and this run's checkpoint needs %.1f MiB (plus its "
+                     "logs): free some space, set run.out_dir to another disk, or set run.checkpoint = false",
+                     stoke_cfg_where(s->cfg, "run", "out_dir"), s->dir,
+                     (double)v.f_bavail * (double)v.f_frsize / 1048576.0, need / 1048576.0);
+  struct rlimit r;
+  if (getrlimit(RLIMIT_FSIZE, &r) == 0 && r.rlim_cur != RLIM_INFINITY && r.rlim_cur < need)
+    return STOKE_ERR(STOKE_E_IO,
+                     "the file-size limit (ulimit -f) is %.1f MiB, and this run's checkpoint is %.1f MiB: raise the "
+                     "limit or set run.checkpoint = false",
+                     (double)r.rlim_cur / 1048576.0, need / 1048576.0);
+  return NULL;
+}

@@ -1,0 +1,123 @@
+/* core/run_eval.c: evaluation on [eval_data] with the forward-only plan:
+ * mean cross-entropy and top-1 accuracy of a classifier, or a language
+ * model's mean next-token loss; data parallel ranks sum their shards. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stoke/core.h"
+#include "stoke/eval.h"
+#include "run_state.h"
+
+/* stoke_eval_rows over the rows the loader could read: a row it could not
+ * read has label -1 and is left out, never counted. */
+static stoke_err *eval_readable_rows(const void *logits, stoke_dtype dt, int64_t rows, int64_t classes,
+                                     const int32_t *labels, stoke_eval_sums *sums) {
+  size_t row_bytes = (size_t)classes * stoke_dtype_size(dt);
+  for (int64_t r = 0; r < rows;) {
+    int64_t end = r;
+    while (end < rows && labels[end] >= 0) end++;
+    if (end > r)
+      STOKE_PROPAGATE(stoke_eval_rows((const char *)logits + (size_t)r * row_bytes, dt, end - r, classes,
+                                      labels + r, sums));
+    r = end + 1; /* past the unreadable row */
+  }
+  return NULL;
+}
+
+/* A language model's evaluation: the mean next-token cross-entropy over
+ * every whole batch, computed on the device by the loss node (the logits
+ * of a GPT-2 batch, 1.6 GB, never travel); a last partial batch is left
+ * out. No accuracy (NaN), as nanoGPT's estimate_loss. */
+static stoke_err *evaluate_lm(run_state *s, stoke_summary *sum) {
+  stream *st = &s->eval;
+  double total = 0, count = 0, l;
+  int64_t nb = stoke_loader_batches_per_epoch(st->loader), left_out = 0;
+  stoke_err *e = NULL;
+  for (int64_t i = 0; i < nb && !e; i++) {
+    stoke_batch *b;
+    if (run_stop_now(s)) {
+      e = STOKE_ERR(STOKE_E_INTERRUPTED, "evaluation interrupted");
+      break;
+    }
+    e = stoke_loader_next(st->loader, &b, NULL);
+    if (!b) break; /* interrupted while waiting */
+    int whole = !e && b->n == st->batch;
+    left_out += whole ? 0 : b->n;
+    if (whole) e = run_feed(s, st, b);
+    stoke_loader_release(st->loader, b);
+    if (whole && !e) e = stoke_exec_forward_backward(st->x, 1, 0);
+    if (whole && !e) e = stoke_exec_read_loss(st->x, &l);
+    if (whole && !e) total += l, count += 1;
+  }
+  if (!e && s->dp) { /* each rank evaluated its shard */
+    double v[2] = {total, count};
+    e = stoke_dp_sum(s->dp, v, 2);
+    total = v[0], count = v[1];
+  }
+  if (!e && !count)
+    e = STOKE_ERR(STOKE_E_DATA, "%s: [eval_data] gave no whole batch of %lld sequences to evaluate",
+                  stoke_cfg_where(s->cfg, "eval_data", "batch_size"), (long long)st->batch);
+  if (e) return e->code == STOKE_E_INTERRUPTED ? e : stoke_err_wrap(e, __FILE__, __LINE__, "evaluating on [eval_data]");
+  if (left_out) stoke_log(STOKE_LOG_DEBUG, "eval", "a last partial batch of %lld sequences left out", (long long)left_out);
+  sum->eval_loss = total / count;
+  sum->eval_accuracy = NAN;
+  sum->eval_samples = (int64_t)count * st->batch;
+  return NULL;
+}
+
+/* One pass over the evaluation data with the forward-only plan: mean
+ * cross-entropy and top-1 accuracy over every sample that could be read
+ * (a last partial batch counts only its real rows; the loader marks an
+ * unreadable sample with label -1 instead of replacing it). A signal
+ * stops it (STOKE_E_INTERRUPTED). A language model: evaluate_lm. */
+stoke_err *run_evaluate(run_state *s, stoke_summary *sum) {
+  stream *st = &s->eval;
+  if (st->lm) return evaluate_lm(s, sum);
+  const stoke_value *lv = &st->g->values[st->g->logits];
+  int64_t classes = lv->shape.d[1];
+  size_t lbytes = (size_t)stoke_numel(&lv->shape) * stoke_dtype_size(lv->dtype);
+  void *logits = malloc(lbytes);
+  int32_t *labels = malloc(sizeof(int32_t) * (size_t)st->batch);
+  if (!logits || !labels) {
+    free(logits);
+    free(labels);
+    return STOKE_ERR(STOKE_E_OOM, "out of memory for evaluation");
+  }
+  stoke_eval_sums sums = {0};
+  stoke_err *e = NULL;
+  int64_t nb = stoke_loader_batches_per_epoch(st->loader);
+  for (int64_t i = 0; i < nb && !e; i++) {
+    stoke_batch *b;
+    if (run_stop_now(s)) {
+      e = STOKE_ERR(STOKE_E_INTERRUPTED, "evaluation interrupted");
+      break;
+    }
+    e = stoke_loader_next(st->loader, &b, NULL);
+    if (!b) break; /* interrupted while waiting */
+    int64_t n = b->n;
+    if (!e) {
+      memcpy(labels, b->labels, sizeof(int32_t) * (size_t)n);
+      e = run_feed(s, st, b);
+    }
+    stoke_loader_release(st->loader, b);
+    if (!e) e = stoke_exec_forward_backward(st->x, 1, 0);
+    if (!e) e = stoke_exec_read(st->x, st->g->logits, logits, lbytes);
+    if (!e) e = eval_readable_rows(logits, lv->dtype, n, classes, labels, &sums); /* the graph's dtype */
+  }
+  free(logits);
+  free(labels);
+  if (!e && s->dp) { /* each rank evaluated its shard */
+    double v[3] = {sums.loss, (double)sums.correct, (double)sums.count};
+    e = stoke_dp_sum(s->dp, v, 3);
+    sums.loss = v[0], sums.correct = (int64_t)v[1], sums.count = (int64_t)v[2];
+  }
+  if (!e && !sums.count)
+    e = STOKE_ERR(STOKE_E_DATA, "%s: no sample of [eval_data] could be read (each is in the log with its reason)",
+                  stoke_cfg_where(s->cfg, "eval_data", "source"));
+  if (e) return e->code == STOKE_E_INTERRUPTED ? e : stoke_err_wrap(e, __FILE__, __LINE__, "evaluating on [eval_data]");
+  sum->eval_loss = sums.loss / (double)sums.count;
+  sum->eval_accuracy = (double)sums.correct / (double)sums.count;
+  sum->eval_samples = sums.count;
+  return NULL;
+}
