@@ -236,6 +236,19 @@ static const stoke_comm_v1 single_comm = {
 
 stoke_err *stoke_register_optimizers(const stoke_registry_v1 *r); /* core/optimizers.c */
 
+/* The compiler's fusion patterns (core/plan.c applies every registered
+ * one, these and plugins' alike; see stoke_fusion_v1). */
+#define FUSION(NAME, HELP, HEAD, TAIL, FUSED, ADD, GPU_OWN) \
+  {STOKE_ABI(stoke_fusion_v1), NAME, HELP, HEAD, TAIL, FUSED, ADD, GPU_OWN}
+static const stoke_fusion_v1 fusions[] = {
+    FUSION("linear_relu", "the ReLU in the matmul's epilogue (cublaslt)", STOKE_OP_LINEAR, STOKE_OP_RELU,
+           STOKE_OP_LINEAR_RELU, 0, 0),
+    FUSION("bn_relu", "batch norm and ReLU in one pass each way (fused)", STOKE_OP_BATCH_NORM, STOKE_OP_RELU,
+           STOKE_OP_BN_RELU, 0, 1),
+    FUSION("bn_add_relu", "a ResNet block's tail in one pass each way (fused)", STOKE_OP_BATCH_NORM, STOKE_OP_RELU,
+           STOKE_OP_BN_ADD_RELU, 1, 1),
+};
+
 static stoke_err *builtin_register(const stoke_host_v1 *host, const stoke_registry_v1 *r) {
   for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) STOKE_PROPAGATE(r->add_op(r->self, &ops[i]));
   for (size_t i = 0; i < sizeof precisions / sizeof *precisions; i++) {
@@ -248,6 +261,7 @@ static stoke_err *builtin_register(const stoke_host_v1 *host, const stoke_regist
   STOKE_PROPAGATE(stoke_register_optimizers(r));
   STOKE_PROPAGATE(stoke_register_seq_ops(r));
   STOKE_PROPAGATE(stoke_register_convbn_ops(r));
+  for (size_t i = 0; i < sizeof fusions / sizeof *fusions; i++) STOKE_PROPAGATE(r->add_fusion(r->self, &fusions[i]));
   return NULL;
 }
 

@@ -228,6 +228,8 @@ static stoke_err *parse_attrs(const stoke_op_type_v1 *t, stoke_node_v1 *n, const
         return STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): unknown attribute '%s' (attributes: %s)",
                          n->name, t->name, name, list[0] ? list : "none");
       }
+      if (given[k])
+        return STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): attribute '%s' given twice", n->name, t->name, name);
       STOKE_PROPAGATE(parse_attr(&t->attrs[k], val, &n->attrs[k], n->name, t->name));
       given[k] = 1;
     }
@@ -253,8 +255,34 @@ stoke_err *stoke_node_init(const stoke_registry *reg, const char *op, const char
   return parse_attrs(t, node, attrs);
 }
 
-static stoke_err *add_node(stoke_graph *g, const char *op, const char *name, const int *inputs,
+/* "leaky_relu(negative_slope=0.1)", as an INI key names an activation:
+ * the op's name into `op`, and the attributes in parentheses after
+ * `attrs` (a model's own) into `merged`. 0 when `text` has no '('. */
+static stoke_err *split_op_text(const char *text, const char *attrs, char *op, size_t op_cap, char *merged,
+                                size_t cap, int *split) {
+  const char *paren = strchr(text, '(');
+  size_t len = strlen(text);
+  *split = paren != NULL;
+  if (!paren) return NULL;
+  while (len && (text[len - 1] == ' ' || text[len - 1] == '\t')) len--;
+  if (text[len - 1] != ')' || (size_t)(paren - text) >= op_cap || len >= cap)
+    return STOKE_ERR(STOKE_E_INVALID, "op '%s': write an op with attributes as name(attr=value, ...)", text);
+  size_t n = (size_t)(paren - text);
+  while (n && text[n - 1] == ' ') n--;
+  snprintf(op, op_cap, "%.*s", (int)n, text);
+  int inner = (int)(len - 1 - (size_t)(paren - text) - 1);
+  int own = attrs && attrs[0];
+  snprintf(merged, cap, "%s%s%.*s", own ? attrs : "", own && inner > 0 ? ", " : "", inner, paren + 1);
+  return NULL;
+}
+
+static stoke_err *add_node(stoke_graph *g, const char *op_text, const char *name, const int *inputs,
                            int n_inputs, const char *attrs, int *outputs, int n_outputs) {
+  char op_buf[64], attr_buf[512];
+  int split;
+  STOKE_PROPAGATE(split_op_text(op_text, attrs, op_buf, sizeof op_buf, attr_buf, sizeof attr_buf, &split));
+  const char *op = split ? op_buf : op_text;
+  if (split) attrs = attr_buf;
   const stoke_op_type_v1 *t = stoke_find_op(g->reg, op);
   if (!t) {
     char names[1024];

@@ -2,8 +2,11 @@
  * into ring slot b % K, split into chunks of samples that any worker may
  * claim, so all workers keep busy however deep the ring is; the consumer
  * takes batches strictly in order, so results do not depend on the worker
- * count. Sample order: a Fisher-Yates shuffle seeded by (seed, epoch). */
+ * count. Sample order: a Fisher-Yates shuffle seeded by (seed, epoch).
+ * stoke_loader_feed hands each batch to the device: the loader owns the
+ * copy stream's use, a device staging buffer and the hand-off events. */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +26,7 @@ typedef enum { SLOT_FREE = 0, SLOT_FILLING, SLOT_FULL, SLOT_TAKEN } slot_state;
 #define MAX_REASONS 8
 typedef struct skip_reason {
   char key[128];
-  char title[96];
+  char title[128];
   char example[256];
   int64_t n;
 } skip_reason;
@@ -66,6 +69,20 @@ struct stoke_loader {
   /* permutation cache of one epoch (guarded by mu) */
   int64_t *perm;
   int64_t perm_epoch;
+  /* the hand-off (consumer thread only): the device staging buffer
+   * (samples, then labels at stage_x), the copy's event, the event after
+   * which the staging buffer is free again, and the slot whose copy may
+   * still be running (it goes back to the workers at the next feed) */
+  void *stage;
+  size_t stage_x;
+  void *ev_copy, *ev_used;
+  int used_pending;
+  stoke_batch *held;
+  /* the trace's copy lane: time the next copies (the feed then waits for
+   * them, as a traced step waits for the device) */
+  void *ev_copy0;
+  int time_copy;
+  double copy_ms;
   /* stoke_loader_on_fill's hook (guarded by mu) and the workers' numbers */
   stoke_fill_hook hook;
   void *hook_ctx;
@@ -324,6 +341,9 @@ static void *worker(void *arg) {
   return NULL;
 }
 
+static stoke_err *stage_open(stoke_loader *l);
+static void stage_close(stoke_loader *l);
+
 stoke_err *stoke_loader_new(const stoke_loader_opts *o, stoke_loader **out) {
   if (o->batch < 1 || o->workers < 1 || o->prefetch < 1 || o->world < 1 || o->rank < 0 || o->rank >= o->world)
     return STOKE_ERR(STOKE_E_INVALID, "loader: batch, workers, prefetch must be >= 1 and rank < world");
@@ -376,6 +396,7 @@ stoke_err *stoke_loader_new(const stoke_loader_opts *o, stoke_loader **out) {
     if (e) e = stoke_err_wrap(e, __FILE__, __LINE__, "allocating %d pinned batch buffers of %zu bytes",
                               o->prefetch, l->sample_bytes * (size_t)o->batch);
   }
+  if (!e) e = stage_open(l);
   for (int i = 0; i < o->workers && !e; i++) {
     int rc = pthread_create(&l->threads[i], NULL, worker, l);
     if (rc) e = STOKE_ERR(STOKE_E_INTERNAL, "loader: cannot start worker thread: %s", strerror(rc));
@@ -397,6 +418,7 @@ void stoke_loader_free(stoke_loader *l) {
   pthread_cond_broadcast(&l->cv_full);
   pthread_mutex_unlock(&l->mu);
   for (int i = 0; i < l->n_threads; i++) pthread_join(l->threads[i], NULL);
+  stage_close(l);
   if (l->slots)
     for (int i = 0; i < l->o.prefetch; i++) {
       if (l->slots[i].b.x) l->o.dev->free_host(l->o.dev_self, l->slots[i].b.x);
@@ -443,6 +465,7 @@ stoke_err *stoke_loader_next(stoke_loader *l, stoke_batch **b, double *wait_s) {
   stoke_err *e = s->err;
   s->err = NULL;
   s->state = SLOT_TAKEN;
+  l->next_take++; /* the slot goes back by stoke_loader_release, maybe later */
   pthread_mutex_unlock(&l->mu);
   if (wait_s) *wait_s = now_s() - t0;
   *b = &s->b;
@@ -452,7 +475,6 @@ stoke_err *stoke_loader_next(stoke_loader *l, stoke_batch **b, double *wait_s) {
 void stoke_loader_release(stoke_loader *l, stoke_batch *b) {
   pthread_mutex_lock(&l->mu);
   l->slots[b->slot].state = SLOT_FREE;
-  l->next_take++;
   pthread_cond_broadcast(&l->cv_free);
   pthread_mutex_unlock(&l->mu);
 }
@@ -486,3 +508,99 @@ int64_t stoke_loader_skip_reasons(const stoke_loader *l, char *buf, size_t cap) 
   pthread_mutex_unlock((pthread_mutex_t *)&l->mu);
   return n;
 }
+
+/* ------------------------------------------------- the hand-off to the device */
+
+/* The hand-off's device side (opts.feed on a device with a copy stream):
+ * the staging buffer batches land in, the events that order it. */
+static stoke_err *stage_open(stoke_loader *l) {
+  const stoke_backend_v1 *d = l->o.dev;
+  if (!l->o.feed || !d->copy_stream || !d->stream_wait || !d->timer_sync || !d->timer_create) return NULL;
+  l->stage_x = (l->sample_bytes * (size_t)l->o.batch + 255) / 256 * 256;
+  STOKE_TRY(d->alloc(l->o.dev_self, l->stage_x + sizeof(int32_t) * (size_t)l->o.batch, &l->stage),
+            "allocating the loader's device staging buffer (%zu bytes)", l->stage_x);
+  STOKE_PROPAGATE(d->timer_create(l->o.dev_self, &l->ev_copy));
+  return d->timer_create(l->o.dev_self, &l->ev_used);
+}
+
+static void stage_close(stoke_loader *l) {
+  const stoke_backend_v1 *d = l->o.dev;
+  /* the device is done with the pinned slot and the staging buffer first */
+  if (l->held) stoke_err_free(d->timer_sync(l->o.dev_self, l->ev_copy));
+  if (l->used_pending) stoke_err_free(d->timer_sync(l->o.dev_self, l->ev_used));
+  if (l->stage) d->free(l->o.dev_self, l->stage);
+  if (l->ev_copy) d->timer_destroy(l->o.dev_self, l->ev_copy);
+  if (l->ev_used) d->timer_destroy(l->o.dev_self, l->ev_used);
+  if (l->ev_copy0) d->timer_destroy(l->o.dev_self, l->ev_copy0);
+}
+
+/* The slot fed last goes back to the workers once its copy is done (it
+ * was issued a step ago: normally done by now). */
+static stoke_err *give_back_held(stoke_loader *l) {
+  if (!l->held) return NULL;
+  stoke_err *e = l->o.dev->timer_sync(l->o.dev_self, l->ev_copy);
+  stoke_loader_release(l, l->held);
+  l->held = NULL;
+  return e;
+}
+
+/* Host slot -> staging buffer on the copy stream; the compute stream
+ * waits for that copy (the host does not), then moves the batch into x and
+ * labels, and marks the staging buffer free again. */
+static stoke_err *copy_staged(stoke_loader *l, const stoke_batch *b, void *x, void *labels) {
+  const stoke_backend_v1 *d = l->o.dev;
+  void *self = l->o.dev_self, *cs = d->copy_stream(self), *stage_y = (char *)l->stage + l->stage_x;
+  size_t xb = l->sample_bytes * (size_t)b->n, yb = sizeof(int32_t) * (size_t)b->n;
+  /* the staging buffer is free once the previous batch moved on */
+  if (l->used_pending) STOKE_PROPAGATE(d->stream_wait(self, cs, l->ev_used));
+  if (l->time_copy) {
+    if (!l->ev_copy0) STOKE_PROPAGATE(d->timer_create(self, &l->ev_copy0));
+    STOKE_PROPAGATE(d->timer_record(self, l->ev_copy0, cs));
+  }
+  STOKE_PROPAGATE(d->copy(self, l->stage, b->x, xb, STOKE_COPY_H2D, cs));
+  STOKE_PROPAGATE(d->copy(self, stage_y, b->labels, yb, STOKE_COPY_H2D, cs));
+  STOKE_PROPAGATE(d->timer_record(self, l->ev_copy, cs));
+  if (l->time_copy) {
+    float ms = 0;
+    STOKE_PROPAGATE(d->timer_sync(self, l->ev_copy));
+    STOKE_PROPAGATE(d->timer_elapsed_ms(self, l->ev_copy0, l->ev_copy, &ms));
+    l->copy_ms = ms;
+  }
+  STOKE_PROPAGATE(d->stream_wait(self, NULL, l->ev_copy));
+  STOKE_PROPAGATE(d->copy(self, x, l->stage, xb, STOKE_COPY_D2D, NULL));
+  STOKE_PROPAGATE(d->copy(self, labels, stage_y, yb, STOKE_COPY_D2D, NULL));
+  STOKE_PROPAGATE(d->timer_record(self, l->ev_used, NULL));
+  l->used_pending = 1;
+  return NULL;
+}
+
+/* No copy stream (the CPU): a copy the host waits for. */
+static stoke_err *copy_now(stoke_loader *l, const stoke_batch *b, void *x, void *labels) {
+  const stoke_backend_v1 *d = l->o.dev;
+  size_t xb = l->sample_bytes * (size_t)b->n, yb = sizeof(int32_t) * (size_t)b->n;
+  STOKE_PROPAGATE(d->copy(l->o.dev_self, x, b->x, xb, STOKE_COPY_H2D, NULL));
+  STOKE_PROPAGATE(d->copy(l->o.dev_self, labels, b->labels, yb, STOKE_COPY_H2D, NULL));
+  return d->stream_sync ? d->stream_sync(l->o.dev_self, NULL) : NULL;
+}
+
+stoke_err *stoke_loader_feed(stoke_loader *l, void *x, void *labels, int32_t *host_labels, stoke_fed *fed,
+                             double *wait_s) {
+  if (wait_s) *wait_s = 0;
+  l->copy_ms = NAN;
+  STOKE_TRY(give_back_held(l), "loader: waiting for the last batch's copy");
+  stoke_batch *b;
+  stoke_err *e = stoke_loader_next(l, &b, wait_s);
+  if (!b) return e; /* cancelled */
+  if (!e) {
+    *fed = (stoke_fed){b->n, b->epoch, b->index};
+    if (host_labels) memcpy(host_labels, b->labels, sizeof(int32_t) * (size_t)b->n);
+    e = l->stage ? copy_staged(l, b, x, labels) : copy_now(l, b, x, labels);
+  }
+  /* staged, the device may still read the slot: it goes back next time */
+  if (l->stage) l->held = b;
+  else stoke_loader_release(l, b);
+  return e;
+}
+
+void stoke_loader_time_copy(stoke_loader *l, int on) { l->time_copy = on; }
+double stoke_loader_copy_ms(const stoke_loader *l) { return l->copy_ms; }

@@ -35,6 +35,26 @@ static const char *pass_name(stoke_pass p) {
 
 static const char *node_pass_name(const stoke_gnode *n) { return n->recompute ? "recompute" : pass_name(n->pass); }
 
+/* The engines registered (by any loaded plugin) with a kernel of this
+ * op, pass and dtype, for the "no kernel" message: "cublaslt (from
+ * libstoke_cublaslt.so)". */
+typedef struct engines_with {
+  const char *op;
+  stoke_pass pass;
+  stoke_dtype dtype;
+  char text[256];
+  size_t used;
+} engines_with;
+
+static void note_engine(void *ctx, const void *part, const char *origin) {
+  engines_with *w = ctx;
+  const stoke_kernel_v1 *k = part;
+  if (strcmp(k->op, w->op) || k->pass != w->pass || k->dtype != w->dtype || w->used >= sizeof w->text ||
+      strstr(w->text, k->engine))
+    return;
+  w->used += (size_t)snprintf(w->text + w->used, sizeof w->text - w->used, "%s%s", w->used ? ", " : "", k->engine);
+}
+
 /* First engine in the ordered list with a kernel for the node. */
 static stoke_err *resolve(const stoke_graph *g, const stoke_plan_opts *o, stoke_gnode *n) {
   const stoke_value *x = &g->values[n->in[0]];
@@ -46,10 +66,14 @@ static stoke_err *resolve(const stoke_graph *g, const stoke_plan_opts *o, stoke_
   size_t used = 0;
   for (int i = 0; i < o->n_engines && used < sizeof list; i++)
     used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", o->engines[i]);
+  engines_with w = {n->n.op, n->pass, x->dtype, "", 0};
+  stoke_registry_each(g->reg, "kernel", note_engine, &w);
   return STOKE_ERR(STOKE_E_UNSUPPORTED,
-                   "node '%s': no kernel for op '%s' (%s, %s) in backends [%s]; add a backend "
-                   "that has one to [run] backends, or load the plugin that provides it",
-                   n->n.name, n->n.op, pass_name(n->pass), stoke_dtype_name(x->dtype), list);
+                   "node '%s': no kernel for op '%s' (%s, %s) in backends [%s]; %s%s%s", n->n.name, n->n.op,
+                   pass_name(n->pass), stoke_dtype_name(x->dtype), list,
+                   w.used ? "these backends have one: " : "no loaded backend has one: load the plugin that provides "
+                                                          "it ([plugins] load) or add its backend to [run] backends",
+                   w.text, w.used ? " (add one to [run] backends)" : "");
 }
 
 /* Schedule positions where each arena value is written and read. */
@@ -152,7 +176,8 @@ static const char *engine_for(const stoke_graph *g, const stoke_plan_opts *o, co
   return NULL;
 }
 
-/* Fusion patterns: a chain head -> [add ->] tail of forward nodes, each
+/* Fusion patterns (stoke_fusion_v1, registered by the core and by
+ * plugins): a chain head -> [add ->] tail of forward nodes, each
  * intermediate value read by the next node alone, becomes one `fused`
  * node when an engine has its forward and backward kernels and comes no
  * later in the backends list than the engine that serves the head (so a
@@ -168,17 +193,6 @@ static const char *engine_for(const stoke_graph *g, const stoke_plan_opts *o, co
  * attributes, its name, and the tail's output; it sits where the tail was,
  * after every node that makes one of its inputs (a ResNet block's
  * shortcut branch comes after its main branch's last batch_norm). */
-typedef struct fuse_pattern {
-  const char *head, *tail, *fused;
-  int add;     /* an add between head and tail; its other input joins the fused node */
-  int gpu_own; /* a GPU engine that serves the head fuses it without run.fuse (never slower) */
-} fuse_pattern;
-
-static const fuse_pattern fuse_patterns[] = {
-    {STOKE_OP_LINEAR, STOKE_OP_RELU, STOKE_OP_LINEAR_RELU, 0, 0},
-    {STOKE_OP_BATCH_NORM, STOKE_OP_RELU, STOKE_OP_BN_RELU, 0, 1},
-    {STOKE_OP_BATCH_NORM, STOKE_OP_RELU, STOKE_OP_BN_ADD_RELU, 1, 1},
-};
 
 /* Whether engine `name` runs on the GPU. */
 static int engine_on_gpu(const stoke_graph *g, const char *name) {
@@ -210,7 +224,7 @@ static void drop_value(stoke_graph *g, int v) {
 }
 
 /* Apply pattern p at tail node t if it matches; 1 when the graph changed. */
-static int fuse_at(stoke_graph *g, const stoke_plan_opts *o, const fuse_pattern *p, int t) {
+static int fuse_at(stoke_graph *g, const stoke_plan_opts *o, const stoke_fusion_v1 *p, int t) {
   stoke_gnode *tn = &g->nodes[t];
   if (strcmp(tn->n.op, p->tail)) return 0;
   int mid = -1, h = g->values[tn->in[0]].producer, other = -1;
@@ -241,7 +255,10 @@ static int fuse_at(stoke_graph *g, const stoke_plan_opts *o, const fuse_pattern 
     return 0;
   const stoke_op_type_v1 *ft = stoke_find_op(g->reg, p->fused);
   stoke_gnode f = g->nodes[h];
-  if (!ft || f.n_in + (other >= 0) != ft->n_inputs || f.n_out != ft->n_outputs) return 0;
+  if (!ft || f.n_in + (other >= 0) != ft->n_inputs || f.n_out != ft->n_outputs ||
+      f.n.n_attrs + tn->n.n_attrs != ft->n_attrs)
+    return 0;
+  for (int i = 0; i < tn->n.n_attrs; i++) f.n.attrs[f.n.n_attrs++] = tn->n.attrs[i]; /* the head's, then the tail's */
   f.type = ft;
   f.n.op = ft->name;
   f.flops += tn->flops + (mid >= 0 ? g->nodes[mid].flops : 0);
@@ -259,10 +276,23 @@ static int fuse_at(stoke_graph *g, const stoke_plan_opts *o, const fuse_pattern 
   return 1;
 }
 
+typedef struct fusion_list {
+  const stoke_fusion_v1 *f[64];
+  int n;
+} fusion_list;
+
+static void collect_fusion(void *ctx, const void *part, const char *origin) {
+  fusion_list *l = ctx;
+  if (l->n < 64) l->f[l->n++] = part;
+}
+
+/* Every registered pattern, the core's first, in registration order. */
 static void fuse_patterns_all(stoke_graph *g, const stoke_plan_opts *o) {
-  for (size_t p = 0; p < sizeof fuse_patterns / sizeof *fuse_patterns; p++)
+  fusion_list l = {.n = 0};
+  stoke_registry_each(g->reg, "fusion", collect_fusion, &l);
+  for (int p = 0; p < l.n; p++)
     for (int t = 0; t < g->n_fwd; t++)
-      if (fuse_at(g, o, &fuse_patterns[p], t)) t = -1; /* indices moved: rescan */
+      if (fuse_at(g, o, l.f[p], t)) t = -1; /* indices moved: rescan */
 }
 
 /* The least memory traffic of one node run on its own: each value it

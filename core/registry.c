@@ -17,9 +17,9 @@
 
 extern const stoke_plugin_v1 stoke_builtin_plugin; /* core/builtin.c */
 
-typedef enum { K_OP, K_BACKEND, K_SOURCE, K_MODEL, K_PRECISION, K_COMM, K_OPTIMIZER, K_KERNEL, K_COUNT } part_kind;
+typedef enum { K_OP, K_BACKEND, K_SOURCE, K_MODEL, K_PRECISION, K_COMM, K_OPTIMIZER, K_FUSION, K_KERNEL, K_COUNT } part_kind;
 static const char *kind_names[K_COUNT] = {"op", "backend", "source", "model", "precision", "comm", "optimizer",
-                                          "kernel"};
+                                          "fusion", "kernel"};
 
 /* every versioned part has its name where stoke_part_v1 says */
 #define NAME_AT_PART_OFFSET(T) \
@@ -31,6 +31,7 @@ NAME_AT_PART_OFFSET(stoke_model_v1);
 NAME_AT_PART_OFFSET(stoke_precision_v1);
 NAME_AT_PART_OFFSET(stoke_comm_v1);
 NAME_AT_PART_OFFSET(stoke_optimizer_v1);
+NAME_AT_PART_OFFSET(stoke_fusion_v1);
 
 typedef struct part {
   part_kind kind;
@@ -70,7 +71,7 @@ static int same_kernel(const stoke_kernel_v1 *a, const stoke_kernel_v1 *b) {
 static const size_t kind_sizes[K_COUNT] = {sizeof(stoke_op_type_v1), sizeof(stoke_backend_v1),
                                            sizeof(stoke_source_v1),  sizeof(stoke_model_v1),
                                            sizeof(stoke_precision_v1), sizeof(stoke_comm_v1),
-                                           sizeof(stoke_optimizer_v1), 0};
+                                           sizeof(stoke_optimizer_v1), sizeof(stoke_fusion_v1), 0};
 
 /* The versioned header every part but kernels starts with, checked before
  * any other field is read (a part built for another ABI may have another
@@ -193,12 +194,20 @@ static stoke_err *api_add_optimizer(void *s, const stoke_optimizer_v1 *o) {
   return add_part(s, K_OPTIMIZER, o->name, o);
 }
 
+static stoke_err *api_add_fusion(void *s, const stoke_fusion_v1 *f) {
+  STOKE_PROPAGATE(check_part_abi(s, K_FUSION, f));
+  if (!f->head || !f->tail || !f->fused || !f->head[0] || !f->tail[0] || !f->fused[0])
+    return STOKE_ERR(STOKE_E_INVALID, "%s: fusion pattern '%s' needs the head, tail and fused ops' names",
+                     ((const stoke_registry *)s)->current_origin, f->name ? f->name : "?");
+  return add_part(s, K_FUSION, f->name, f);
+}
+
 stoke_err *stoke_registry_new(stoke_registry **out) {
   stoke_registry *r = calloc(1, sizeof *r);
   if (!r) return STOKE_ERR(STOKE_E_OOM, "out of memory creating the registry");
   r->api = (stoke_registry_v1){r, api_add_op, api_add_kernel, api_add_backend,
                                api_add_source, api_add_model, api_add_precision,
-                               api_add_comm, api_add_optimizer};
+                               api_add_comm, api_add_optimizer, api_add_fusion};
   stoke_err *e = stoke_registry_add_plugin(r, &stoke_builtin_plugin, "built-in");
   if (e) {
     stoke_registry_free(r);
@@ -488,4 +497,19 @@ void stoke_registry_names(const stoke_registry *r, const char *kind, char *buf, 
     used += (size_t)snprintf(buf + used, cap - used, "%s%s", first ? "" : ", ", r->parts[i].name);
     first = 0;
   }
+}
+
+void stoke_registry_each(const stoke_registry *r, const char *kind, stoke_registry_visit fn, void *ctx) {
+  for (int i = 0; i < r->n_parts; i++)
+    if (!strcmp(kind_names[r->parts[i].kind], kind)) fn(ctx, r->parts[i].def, r->parts[i].origin);
+}
+
+const char *stoke_registry_plugin_path(const stoke_registry *r, const char *name) {
+  char real[PATH_MAX], other[PATH_MAX];
+  int have_real = realpath(name, real) != NULL;
+  for (int i = 0; i < r->n_libs; i++)
+    if (!strcmp(r->libs[i].name, name) || !strcmp(r->libs[i].path, name) ||
+        (have_real && realpath(r->libs[i].path, other) && !strcmp(real, other)))
+      return r->libs[i].path;
+  return NULL;
 }

@@ -6,6 +6,7 @@
  * steps) and the way out (core/run_summary.c: last save, last
  * evaluation, summary). What they share: core/run_state.h. */
 #include <math.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,7 +87,18 @@ stoke_err *stoke_run_setup(const stoke_run_opts *o, stoke_cfg **cfg_out, stoke_r
   for (int i = 0; i < o->n_plugin_dirs && n_dirs < 16; i++) dirs[n_dirs++] = o->plugin_dirs[i];
   stoke_run_config rc; /* the names of the parts: all a config may say before their keys are declared */
   STOKE_TRY_GOTO(e, fail, stoke_run_config_names(c, &rc), "");
-  for (int i = 0; i < rc.plugins.n_path; i++) dirs[n_dirs++] = rc.plugins.path[i];
+  /* a relative [plugins] path in the INI file is relative to the file's folder */
+  static char rel[STOKE_CFG_MAX_LIST][PATH_MAX];
+  const char *slash = strrchr(o->ini_path, '/');
+  int from_file = strcmp(stoke_cfg_where(c, "plugins", "path"), "command line") != 0;
+  for (int i = 0; i < rc.plugins.n_path; i++) {
+    const char *p = rc.plugins.path[i];
+    if (from_file && p[0] != '/' && slash) {
+      snprintf(rel[i], sizeof rel[i], "%.*s/%s", (int)(slash - o->ini_path), o->ini_path, p);
+      p = rel[i];
+    }
+    dirs[n_dirs++] = p;
+  }
   for (int i = 0; i < n_dirs; i++) stoke_registry_add_path(reg, dirs[i]);
 
   for (int i = 0; i < rc.plugins.n_load; i++)

@@ -183,6 +183,18 @@ stoke_err *stoke_declare_core_keys(stoke_cfg *c) {
 }
 
 
+static void print_op(void *ctx, const void *part, const char *origin) {
+  static const char *types[] = {"int", "float", "ints", "str", "floats"};
+  const stoke_op_type_v1 *op = part;
+  FILE *f = ctx;
+  fprintf(f, "  %s: %s%s%s%s\n", op->name, op->help ? op->help : "", strcmp(origin, "built-in") ? " [" : "",
+          strcmp(origin, "built-in") ? origin : "", strcmp(origin, "built-in") ? "]" : "");
+  for (int i = 0; i < op->n_attrs; i++)
+    fprintf(f, "      %s (%s, %s%s): %s\n", op->attrs[i].name,
+            (unsigned)op->attrs[i].type < 5 ? types[op->attrs[i].type] : "?", op->attrs[i].def ? "default " : "required",
+            op->attrs[i].def ? op->attrs[i].def : "", op->attrs[i].help ? op->attrs[i].help : "");
+}
+
 stoke_err *stoke_help_config(const char *const *plugin_dirs, int n_plugin_dirs, FILE *f) {
   stoke_cfg *c = stoke_cfg_new();
   if (!c) return STOKE_ERR(STOKE_E_OOM, "out of memory");
@@ -232,6 +244,10 @@ stoke_err *stoke_help_config(const char *const *plugin_dirs, int n_plugin_dirs, 
       stoke_cfg_free(pc);
     }
   }
+  /* the ops, with their attributes: what a model's activation key (or a
+   * builder's node()) takes, as name(attr=value, ...) */
+  fprintf(f, "\nops (an INI key naming an op may give its attributes: leaky_relu(negative_slope=0.1)):\n");
+  stoke_registry_each(r, "op", print_op, f);
   stoke_registry_free(r);
   return NULL;
 }

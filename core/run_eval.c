@@ -25,6 +25,14 @@ static stoke_err *eval_readable_rows(const void *logits, stoke_dtype dt, int64_t
   return NULL;
 }
 
+/* The next evaluation batch into the forward plan's input (host_labels:
+ * a host copy of its labels, or NULL), unless a signal came:
+ * STOKE_E_INTERRUPTED. */
+static stoke_err *next_batch(run_state *s, int32_t *host_labels, stoke_fed *fed) {
+  if (run_stop_now(s)) return STOKE_ERR(STOKE_E_INTERRUPTED, "evaluation interrupted");
+  return run_feed(&s->eval, host_labels, fed, NULL);
+}
+
 /* A language model's evaluation: the mean next-token cross-entropy over
  * every whole batch, computed on the device by the loss node (the logits
  * of a GPT-2 batch, 1.6 GB, never travel); a last partial batch is left
@@ -35,20 +43,15 @@ static stoke_err *evaluate_lm(run_state *s, stoke_summary *sum) {
   int64_t nb = stoke_loader_batches_per_epoch(st->loader), left_out = 0;
   stoke_err *e = NULL;
   for (int64_t i = 0; i < nb && !e; i++) {
-    stoke_batch *b;
-    if (run_stop_now(s)) {
-      e = STOKE_ERR(STOKE_E_INTERRUPTED, "evaluation interrupted");
-      break;
+    stoke_fed fed;
+    if ((e = next_batch(s, NULL, &fed))) break;
+    if (fed.n < st->batch) { /* a last partial batch: fed, not run */
+      left_out += fed.n;
+      continue;
     }
-    e = stoke_loader_next(st->loader, &b, NULL);
-    if (!b) break; /* interrupted while waiting */
-    int whole = !e && b->n == st->batch;
-    left_out += whole ? 0 : b->n;
-    if (whole) e = run_feed(s, st, b);
-    stoke_loader_release(st->loader, b);
-    if (whole && !e) e = stoke_exec_forward_backward(st->x, 1, 0);
-    if (whole && !e) e = stoke_exec_read_loss(st->x, &l);
-    if (whole && !e) total += l, count += 1;
+    e = stoke_exec_forward_backward(st->x, 1, 0);
+    if (!e) e = stoke_exec_read_loss(st->x, &l);
+    if (!e) total += l, count += 1;
   }
   if (!e && s->dp) { /* each rank evaluated its shard */
     double v[2] = {total, count};
@@ -88,22 +91,11 @@ stoke_err *run_evaluate(run_state *s, stoke_summary *sum) {
   stoke_err *e = NULL;
   int64_t nb = stoke_loader_batches_per_epoch(st->loader);
   for (int64_t i = 0; i < nb && !e; i++) {
-    stoke_batch *b;
-    if (run_stop_now(s)) {
-      e = STOKE_ERR(STOKE_E_INTERRUPTED, "evaluation interrupted");
-      break;
-    }
-    e = stoke_loader_next(st->loader, &b, NULL);
-    if (!b) break; /* interrupted while waiting */
-    int64_t n = b->n;
-    if (!e) {
-      memcpy(labels, b->labels, sizeof(int32_t) * (size_t)n);
-      e = run_feed(s, st, b);
-    }
-    stoke_loader_release(st->loader, b);
-    if (!e) e = stoke_exec_forward_backward(st->x, 1, 0);
+    stoke_fed fed;
+    if ((e = next_batch(s, labels, &fed))) break;
+    e = stoke_exec_forward_backward(st->x, 1, 0);
     if (!e) e = stoke_exec_read(st->x, st->g->logits, logits, lbytes);
-    if (!e) e = eval_readable_rows(logits, lv->dtype, n, classes, labels, &sums); /* the graph's dtype */
+    if (!e) e = eval_readable_rows(logits, lv->dtype, fed.n, classes, labels, &sums); /* the graph's dtype */
   }
   free(logits);
   free(labels);

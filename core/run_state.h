@@ -32,12 +32,6 @@ typedef struct stream {
   stoke_exec *x;
   stoke_loader *loader;
   int64_t batch;
-  /* overlapped copies (GPU): batches land in a device staging buffer on
-   * the copy stream, then move to the input value on the compute stream */
-  void *stage;
-  size_t stage_x;         /* bytes of samples; the labels follow */
-  void *ev_copy, *ev_d2d; /* timers used as events */
-  int d2d_pending;
   int lm;                 /* token windows: a language model, its loss against the next tokens */
 } stream;
 
@@ -124,14 +118,14 @@ stoke_err *run_write_checked(const char *path, void (*put)(const void *, FILE *)
 void run_close_engines(run_state *s);
 
 /* core/run_stream.c: a stream's source, graph, plan, executor and loader;
- * a batch into its input. */
+ * the next batch into its input (the loader's hand-off). */
 stoke_err *run_plan_stream(run_state *s, stream *st, const stoke_data_config *dc, const stoke_precision_v1 *prec,
                           int training);
 stoke_err *run_open_stream(run_state *s, stream *st, const stoke_data_config *dc, int training, int64_t start_batch);
 stoke_err *run_memory_budget(run_state *s, double *budget, double *device, char *name, size_t cap);
 void run_stream_close(run_state *s, stream *st);
 void run_report_precision(const stoke_precision_v1 *p, const stoke_graph *g, int quiet);
-stoke_err *run_feed(run_state *s, stream *st, const stoke_batch *b);
+stoke_err *run_feed(stream *st, int32_t *host_labels, stoke_fed *fed, double *wait_s);
 
 /* core/step_loop.c: the steps, with the checkpoints and evaluations due
  * between them. */

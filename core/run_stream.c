@@ -125,6 +125,7 @@ static stoke_err *auto_workers(run_state *s, stoke_loader_opts lo, int64_t *best
   for (int64_t w = 1; w <= cores && w <= 64; w *= 2) {
     lo.workers = (int)w;
     lo.shuffle = 1;
+    lo.feed = 0; /* host batches only: timed, not handed over */
     stoke_loader *l;
     STOKE_TRY(stoke_loader_new(&lo, &l), "workers = auto, trying %lld", (long long)w);
     /* the ring's first `prefetch` batches were made before anyone asked:
@@ -259,17 +260,10 @@ stoke_err *run_open_stream(run_state *s, stream *st, const stoke_data_config *dc
                                           s->resume.world, st->batch, s->world);
   stoke_loader_opts lo = {st->src, st->src_self, s->dev, s->dev_self, st->batch, (int)workers,
                           (int)dc->prefetch, dc->shuffle, dc->drop_last, seed, s->rank, s->world, start_batch,
-                          s->dp ? NULL : &stoke_stop_signal, !training, dc->max_skipped};
+                          s->dp ? NULL : &stoke_stop_signal, !training, dc->max_skipped, 1};
   if (!workers) STOKE_PROPAGATE(auto_workers(s, lo, &workers));
   lo.workers = (int)workers;
   STOKE_TRY(stoke_loader_new(&lo, &st->loader), "starting the [%s] loader", section);
-  if (s->dev->copy_stream && s->dev->stream_wait && s->dev->timer_sync && s->dev->timer_create) {
-    st->stage_x = (stoke_loader_sample_bytes(st->loader) * (size_t)st->batch + 255) / 256 * 256;
-    STOKE_TRY(s->dev->alloc(s->dev_self, st->stage_x + sizeof(int32_t) * (size_t)st->batch, &st->stage),
-              "allocating the [%s] batch staging buffer", section);
-    STOKE_PROPAGATE(s->dev->timer_create(s->dev_self, &st->ev_copy));
-    STOKE_PROPAGATE(s->dev->timer_create(s->dev_self, &st->ev_d2d));
-  }
   return NULL;
 }
 
@@ -298,40 +292,15 @@ void run_report_precision(const stoke_precision_v1 *p, const stoke_graph *g, int
   }
 }
 
-/* Copy a batch into the stream's input and label values; when it returns,
- * the host batch buffer may go back to the loader. On a GPU the copy runs
- * on the copy stream into a staging buffer while the compute stream is
- * still busy with the previous step, and the compute stream picks it up
- * (device-to-device, after an event) right before this step's kernels. */
-stoke_err *run_feed(run_state *s, stream *st, const stoke_batch *b) {
-  const stoke_backend_v1 *d = s->dev;
-  size_t xb = stoke_loader_sample_bytes(st->loader) * (size_t)b->n, yb = sizeof(int32_t) * (size_t)b->n;
-  if (!st->stage) {
-    STOKE_PROPAGATE(d->copy(s->dev_self, stoke_exec_input(st->x), b->x, xb, STOKE_COPY_H2D, NULL));
-    STOKE_PROPAGATE(d->copy(s->dev_self, stoke_exec_labels(st->x), b->labels, yb, STOKE_COPY_H2D, NULL));
-    return d->stream_sync ? d->stream_sync(s->dev_self, NULL) : NULL;
-  }
-  void *cs = d->copy_stream(s->dev_self), *stage_y = (char *)st->stage + st->stage_x;
-  /* the staging buffer is free once the previous step's pick-up ran */
-  if (st->d2d_pending) STOKE_PROPAGATE(d->stream_wait(s->dev_self, cs, st->ev_d2d));
-  STOKE_PROPAGATE(d->copy(s->dev_self, st->stage, b->x, xb, STOKE_COPY_H2D, cs));
-  STOKE_PROPAGATE(d->copy(s->dev_self, stage_y, b->labels, yb, STOKE_COPY_H2D, cs));
-  STOKE_PROPAGATE(d->timer_record(s->dev_self, st->ev_copy, cs));
-  STOKE_PROPAGATE(d->timer_sync(s->dev_self, st->ev_copy)); /* the host buffer is read */
-  STOKE_PROPAGATE(d->stream_wait(s->dev_self, NULL, st->ev_copy));
-  STOKE_PROPAGATE(d->copy(s->dev_self, stoke_exec_input(st->x), st->stage, xb, STOKE_COPY_D2D, NULL));
-  STOKE_PROPAGATE(d->copy(s->dev_self, stoke_exec_labels(st->x), stage_y, yb, STOKE_COPY_D2D, NULL));
-  STOKE_PROPAGATE(d->timer_record(s->dev_self, st->ev_d2d, NULL));
-  st->d2d_pending = 1;
-  return NULL;
+/* The next batch into the stream's input and label values, by the
+ * loader's hand-off (stoke_loader_feed): on a GPU the compute stream
+ * waits for its copy, the host does not. */
+stoke_err *run_feed(stream *st, int32_t *host_labels, stoke_fed *fed, double *wait_s) {
+  return stoke_loader_feed(st->loader, stoke_exec_input(st->x), stoke_exec_labels(st->x), host_labels, fed, wait_s);
 }
 
 void run_stream_close(run_state *s, stream *st) {
-  if (st->d2d_pending && s->dev->timer_sync) stoke_err_free(s->dev->timer_sync(s->dev_self, st->ev_d2d));
-  if (st->stage) s->dev->free(s->dev_self, st->stage);
-  if (st->ev_copy) s->dev->timer_destroy(s->dev_self, st->ev_copy);
-  if (st->ev_d2d) s->dev->timer_destroy(s->dev_self, st->ev_d2d);
-  stoke_loader_free(st->loader);
+  stoke_loader_free(st->loader); /* waits for its copies */
   stoke_exec_free(st->x);
   stoke_plan_free(st->plan);
   stoke_graph_free(st->g);

@@ -182,6 +182,7 @@ static const stoke_host_v1 host_table = {
     .cfg_str = stoke_cfg_str,
     .cfg_ints = stoke_cfg_ints,
     .cfg_where = stoke_cfg_where,
+    .cfg_list = stoke_cfg_list,
 };
 
 const stoke_host_v1 *stoke_host_table(void) { return &host_table; }

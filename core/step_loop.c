@@ -34,23 +34,24 @@ static stoke_err *micro_batches(run_state *s, double *wait) {
     if (run_stop_now(s)) return STOKE_ERR(STOKE_E_INTERRUPTED, "interrupted");
     if (s->dp) stoke_dp_arm(s->dp, micro == accumulate - 1);
     if (!s->rc.data.on_device || s->step == s->start_step) {
-      stoke_batch *b;
-      double w = 0;
-      e = stoke_loader_next(s->train.loader, &b, &w);
-      *wait += w;
-      if (!b) break; /* a signal while waiting */
       int traced = stoke_trace_has(s->trace, s->step + 1);
-      double fed = traced ? stoke_trace_now(s->trace) : 0;
-      if (traced) { /* the wait, and the arrow from the batch's making */
-        stoke_trace_slice(s->trace, STOKE_TRACE_STEP, "data wait", "wait", fed - 1e6 * w, 1e6 * w, NULL);
-        stoke_trace_flow(s->trace, STOKE_TRACE_STEP, (uint64_t)(b->epoch * s->per_epoch + b->index), fed, 0);
+      double t0 = traced ? stoke_trace_now(s->trace) : 0, w = 0;
+      stoke_fed fed;
+      stoke_loader_time_copy(s->train.loader, traced);
+      e = run_feed(&s->train, NULL, &fed, &w); /* the loader's hand-off: the host does not wait for the copy */
+      *wait += w;
+      if (e) break; /* a signal while waiting, or unreadable data */
+      if (traced) { /* the wait, the arrow from the batch's making, the hand-off */
+        double got = t0 + 1e6 * w;
+        stoke_trace_slice(s->trace, STOKE_TRACE_STEP, "data wait", "wait", t0, 1e6 * w, NULL);
+        stoke_trace_flow(s->trace, STOKE_TRACE_STEP, (uint64_t)(fed.epoch * s->per_epoch + fed.index), got, 0);
+        double now = stoke_trace_now(s->trace), ms = stoke_loader_copy_ms(s->train.loader);
+        stoke_trace_slice(s->trace, STOKE_TRACE_STEP, "pinned copy (host to device)", "copy", got, now - got, NULL);
+        if (isfinite(ms)) /* on the copy stream, ended when the feed's wait for it returned */
+          stoke_trace_slice(s->trace, STOKE_TRACE_COPY, "host to device (pinned batch)", "copy", now - 1e3 * ms,
+                            1e3 * ms, NULL);
       }
-      if (!e) e = run_feed(s, &s->train, b); /* then the host buffer may go back */
-      if (traced)
-        stoke_trace_slice(s->trace, STOKE_TRACE_STEP, "pinned copy (host to device)", "copy", fed,
-                          stoke_trace_now(s->trace) - fed, NULL);
-      s->epoch = b->epoch;
-      stoke_loader_release(s->train.loader, b);
+      s->epoch = fed.epoch;
     }
     if (!e) {
       e = stoke_exec_micro(s->train.x, micro == 0, micro == accumulate - 1,

@@ -29,7 +29,7 @@ struct stoke_trace {
   double t0;           /* CLOCK_MONOTONIC seconds at creation */
   volatile int recording;
   double ops_start;    /* the last traced step's first node, on the GPU lane */
-  int comm_used;
+  int comm_used, copy_used;
   int lanes_used[64];  /* worker lanes seen */
   pthread_mutex_t mu;
   trace_ev *ev;
@@ -96,6 +96,7 @@ static void add(stoke_trace *t, const trace_ev *e) {
   }
   t->ev[t->n++] = *e;
   if (e->lane >= STOKE_TRACE_WORKER && e->lane < STOKE_TRACE_WORKER + 64) t->lanes_used[e->lane - STOKE_TRACE_WORKER] = 1;
+  if (e->lane == STOKE_TRACE_COPY) t->copy_used = 1;
   pthread_mutex_unlock(&t->mu);
 }
 
@@ -206,6 +207,7 @@ stoke_err *stoke_trace_write(stoke_trace *t) {
   meta(f, host, STOKE_TRACE_STEP, "thread", "step loop", 0);
   meta(f, gpu, STOKE_TRACE_GPU, "thread", "compute stream", 0);
   if (t->comm_used) meta(f, gpu, STOKE_TRACE_COMM, "thread", "comm stream (all-reduce buckets)", 1);
+  if (t->copy_used) meta(f, gpu, STOKE_TRACE_COPY, "thread", "copy stream (host to device)", 2);
   for (int w = 0; w < 64; w++)
     if (t->lanes_used[w]) {
       snprintf(name, sizeof name, "loader worker %d", w);
@@ -214,7 +216,7 @@ stoke_err *stoke_trace_write(stoke_trace *t) {
   pthread_mutex_lock(&t->mu);
   for (size_t i = 0; i < t->n; i++) {
     const trace_ev *e = &t->ev[i];
-    int pid = e->lane == STOKE_TRACE_GPU || e->lane == STOKE_TRACE_COMM ? gpu : host;
+    int pid = e->lane == STOKE_TRACE_GPU || e->lane == STOKE_TRACE_COMM || e->lane == STOKE_TRACE_COPY ? gpu : host;
     fprintf(f, "{\"ph\": \"%c\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, ", e->ph, pid, e->lane, e->ts);
     if (e->ph == 'X') fprintf(f, "\"dur\": %.3f, ", e->dur);
     else fprintf(f, "\"id\": %llu, %s", (unsigned long long)e->id, e->ph == 'f' ? "\"bp\": \"e\", " : "");

@@ -41,7 +41,8 @@ command -v "$CC" > /dev/null || { echo "fuzz.sh: no $CC (apt-get install clang, 
 # ------------------------------------------------------------ build
 # Every object instrumented for coverage (fuzzer-no-link) and sanitized.
 FLAGS=(-g -O1 -std=gnu11 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined
-       -fno-sanitize-recover=undefined -Icore/include -Icore/sdk -I. -D_GNU_SOURCE -w)
+       -fno-sanitize-recover=undefined -Icore/include -Icore/sdk -I. -I"${CUDA_HOME:-/usr/local/cuda}/include"
+       -D_GNU_SOURCE -w) # CUDA's include: the core's NVTX ranges (header-only nvtx3)
 LIBS=(-l:libinih.a -l:libjpeg.a -l:libz.a -ldl -lpthread -lm)
 obj=$out/obj bin=$out/bin
 mkdir -p "$obj" "$bin"

@@ -18,6 +18,9 @@
 #   policies  issue 17's precision policy from a plugin: bf16_fp32norm (batch
 #             norm and the loss in f32) against bf16 and fp32, loss curves
 #             and the first lines of the run (the autocast nodes)
+#   plugkit   issue 18: tools/plugin_check on the example CUDA op plugin
+#             (leaky_relu's cuda kernels against its cpu ones), and
+#             examples/spirals.ini trained with backends = cuda, cpu
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
 #   kernels   tests/op/every_kernel_test with the GPU engines (every registered
@@ -52,16 +55,22 @@
 #   ddp_recompute  (2 GPUs) issue 14 with data parallel: a small gpt, recompute
 #             none against h.* and auto, eager and CUDA graphs (fp32
 #             deterministic: weights bitwise equal expected)
-#   recompute issue 14 (run.recompute): weights after training with and without
+#   recompute issue 14 (run.recompute), all of:
+#             recompute_eq: weights after training with and without
 #             recomputation (fp32 deterministic: bitwise expected; bf16 and
 #             fp16 (scaler) with CUDA graphs, accumulation: the same loss
-#             curve, bitwise where the kernels are deterministic) for a small gpt and
-#             resnet18c; gpt2_124m and resnet50: the largest batch that fits
-#             with recompute = none and = auto (--dry-run on this GPU), peak
-#             memory and speed at B = 16, 32, 64 (gpt) and 256, 512, 1024
-#             (resnet50), A/B step time at equal B (tools/bench: none against
-#             h.*.attn and against auto at the budget h.*.attn fits), and
-#             PyTorch's torch.utils.checkpoint on every block (gpt_ckpt_torch.py)
+#             curve, bitwise where the kernels are deterministic) for a small
+#             gpt and resnet18c;
+#             recompute_fit: gpt2_124m and resnet50, the largest batch that
+#             fits with recompute = none and = auto (--dry-run on this GPU),
+#             peak memory and speed at B = 16, 128, 256 (gpt, RC_GPT_B) and
+#             256, 1024, 2048 (resnet50, RC_R50_B);
+#             recompute_ab: A/B step time at equal B (RC_AB_B, 32; tools/bench:
+#             none against h.*.attn, and against auto at the budget h.*.attn
+#             fits);
+#             recompute_torch: PyTorch's torch.utils.checkpoint on every block
+#             (gpt_ckpt_torch.py) at B = RC_TORCH_B (16 32 64), then stoke's
+#             recompute = auto at the same B within PyTorch's checkpointed peak
 #   steptime  issue 16: train's step times are device times: ResNet-50 bf16
 #             (examples/resnet50.ini, log_every 4 and 1) with and without
 #             cuda_graph, and tools/bench's median of the same two variants;
@@ -257,7 +266,10 @@ PY
       done
       timeout 240 python3 "$S/anchors/loader_bench.py" "$S/photos" /tmp/anchor "$OUT/loader_anchor.json" 2>&1 | tail -1
       ;;
-    recompute)
+    recompute) # all of issue 14's parts below, in one call (over 10 minutes: give each its own call where that limits)
+      bash "$0" recompute_eq recompute_fit recompute_ab recompute_torch
+      ;;
+    recompute_eq)
       set -f # the patterns (h.*) are words, not file globs
       GPTS="$S/examples/gpt2_124m.ini model.n_layer=2 model.n_embd=128 model.n_head=4 model.context=128 data.shape=129
             data.batch_size=8 run.steps=30 run.log_every=1 run.progress=off run.checkpoint=true"
@@ -265,7 +277,7 @@ PY
       for net in gpt rn; do
         [ $net = gpt ] && base=$GPTS || base=$RN
         [ $net = gpt ] && pats="h.*.attn h.* auto" || pats="layer*.* layer2.*,layer4.* auto"
-        for prec in fp32 bf16 fp16; do
+        for prec in ${RC_EQ_PREC:-fp32 bf16 fp16}; do
           [ $prec = fp32 ] && extra="run.deterministic=true run.cuda_graph=false" || extra="run.cuda_graph=true data.batch_size=4 run.accumulate=2"
           [ $net = rn ] && [ $prec != fp32 ] && extra="run.cuda_graph=true data.batch_size=32 run.accumulate=2"
           log "recompute correctness: $net $prec ($extra), none against each of: $pats"
@@ -284,6 +296,9 @@ PY
           done
         done
       done
+      set +f
+      ;;
+    recompute_fit)
       G="$S/examples/gpt2_124m.ini run.progress=off run.steps=30"
       R50="$S/examples/resnet50.ini run.progress=off run.steps=30"
       log "gpt2_124m / resnet50 bf16: the largest batch that fits this GPU (--dry-run, batch_size = auto)"
@@ -305,8 +320,12 @@ PY
           done
         done
       }
-      rc_runs gpt2_124m 1024 "${RC_GPT_B:-16 32 64}" $G
-      rc_runs resnet50 1 "${RC_R50_B:-256 512 1024}" $R50
+      rc_runs gpt2_124m 1024 "${RC_GPT_B:-16 128 256}" $G
+      rc_runs resnet50 1 "${RC_R50_B:-256 1024 2048}" $R50
+      ;;
+    recompute_ab)
+      set -f
+      G="$S/examples/gpt2_124m.ini run.progress=off run.steps=30"
       B=${RC_AB_B:-32}
       log "gpt2_124m bf16 B=$B step time A/B: recompute none (A) against h.*.attn (B), then against auto at the budget h.*.attn fits"
       timeout 900 "$S/bin/bench" $G data.batch_size=$B --rounds ${AB_ROUNDS:-3} run.out_dir="$OUT/rc_ab_attn_runs" \
@@ -318,9 +337,20 @@ PY
         --a run.recompute=none --b run.recompute=auto run.memory_gb=$gb --json "$OUT/rc_ab_auto.json" --md "$OUT/rc_ab_auto.md" > "$OUT/rc_ab_auto.log" 2>&1; echo "rc=$?"; tail -6 "$OUT/rc_ab_auto.log"
       set +f
       grep -hE "^recompute \(" "$OUT"/rc_ab_*_runs/B/plan.txt 2>/dev/null
+      ;;
+    recompute_torch)
       log "PyTorch: torch.utils.checkpoint on every block (gpt_ckpt_torch.py), tokens/s and peak memory"
-      for b in 16 $B 64; do
-        B=$b timeout 900 python3 "$HERE/gpt_ckpt_torch.py" "$S/anchors" "$OUT/rc_torch.jsonl" bf16 bf16+ckpt bf16+compile bf16+compile+ckpt 2>&1 | grep '^{'
+      for b in ${RC_TORCH_B:-16 32 64}; do
+        B=$b timeout 900 python3 "$HERE/gpt_ckpt_torch.py" "$S/anchors" "$OUT/rc_torch.jsonl" ${RC_TORCH_MODES:-bf16 bf16+ckpt bf16+compile+ckpt} 2>&1 | grep '^{'
+        # the same call in stoke: recompute = auto with PyTorch's checkpointed peak as the memory (85% of memory_gb is the budget)
+        peak=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; r=[x for x in r if x.get('B')==$b and x.get('mode')=='bf16+ckpt' and 'peak_mem_gb' in x]; print(round(r[-1]['peak_mem_gb'] * 1e9 / 2**30 / 0.85, 3))" "$OUT/rc_torch.jsonl" 2>/dev/null)
+        [ -z "$peak" ] && { echo "B=$b: no PyTorch checkpointed peak"; continue; }
+        log "stoke gpt2_124m bf16 B=$b recompute=auto run.memory_gb=$peak (the plan within PyTorch's checkpointed peak)"
+        timeout 600 "$T" "$S/examples/gpt2_124m.ini" run.progress=off run.steps=30 data.batch_size=$b run.recompute=auto \
+          run.memory_gb=$peak run.out_dir="$OUT/rc_vs_torch_$b" > "$OUT/rc_vs_torch_$b.log" 2>&1
+        echo "rc=$? $(grep -E '^recompute \(|^memory:|error' "$OUT/rc_vs_torch_$b.log" | head -3 | tr '\n' ' ')"
+        python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if 'summary' in l][-1]; print('stoke tokens/s', round(r['samples_per_s_median'] * 1024), '; peak GPU memory (NVML, MiB, with the CUDA context)', r['gpu_mem_max_mib'])" \
+          "$OUT/rc_vs_torch_$b/metrics.jsonl" 2>/dev/null || echo "no summary"
       done
       ;;
     steptime)
@@ -447,10 +477,12 @@ rows = {r["step"]: r for r in map(json.loads, open(f"{d}/metrics.jsonl")) if "st
 gpu_steps = [e for e in t if e.get("cat") == "step" and e["pid"] % 2 == 1]
 ops = [e for e in t if e.get("cat") == "op"]
 lanes = sorted({(e["pid"], e["tid"]) for e in t if e["ph"] == "X"})
+names = {(e["pid"], e["tid"]): e["args"]["name"] for e in t if e["ph"] == "M" and e["name"] == "thread_name"}
 flows = [e for e in t if e["ph"] in "sf"]
 traced = [rows[s]["step_time_ms"] for s in range(20, 25) if s in rows]
 other = [rows[s]["step_time_ms"] for s in range(8, 19) if s in rows] + [rows[s]["step_time_ms"] for s in range(27, 41) if s in rows]
-print(f"  trace: {len(gpu_steps)} GPU steps, {len(ops)} op slices, {len(flows)} flow ends, lanes {lanes}")
+print(f"  trace: {len(gpu_steps)} GPU steps, {len(ops)} op slices, {len(flows)} flow events, lanes "
+      f"{[names.get(l, l) for l in lanes]}")
 print(f"  op slices per step {len(ops) / max(1, len(gpu_steps)):.0f}; first ops: {[o['name'] for o in ops[:4]]}")
 if traced and other:
     a, b = statistics.median(traced), statistics.median(other)
@@ -651,6 +683,15 @@ PY
         python3 "$HERE/loss_curves.py" "adamw $prec groups+clip" "$OUT/o_${prec}_clip1_eager/metrics.jsonl" \
           graph="$OUT/o_${prec}_clip1_graph/metrics.jsonl" "no clipping"="$OUT/o_${prec}_noclip_eager/metrics.jsonl"
       done
+      ;;
+    plugkit)
+      log "issue 18: the plugin test kit on the GPU: the example CUDA op plugin's kernels against its cpu kernels, and a run with them"
+      timeout 120 "$S/bin/plugin_check" "$S/bin/plugins/libstoke_leaky_relu.so" > "$OUT/plugkit_check.log" 2>&1
+      echo "plugin_check leaky_relu rc=$? (0: pass) $(grep -cE '^ok .*cuda f32 kernel' "$OUT/plugkit_check.log") cuda checks ok, $(grep -c '^FAIL' "$OUT/plugkit_check.log") failed, $(grep -c '^skip' "$OUT/plugkit_check.log") skipped"
+      grep -E 'cuda|FAIL|skip' "$OUT/plugkit_check.log" | head -8
+      timeout 200 "$T" "$S/examples/spirals.ini" run.backends=cuda,cpu run.steps=600 run.progress=off \
+        run.out_dir="$OUT/plugkit_spirals" > "$OUT/plugkit_spirals.log" 2>&1
+      echo "spirals on cuda,cpu rc=$? $(grep -E 'leaky_relu.*cuda|evaluation|error' "$OUT/plugkit_spirals.log" | head -3 | tr '\n' ' ')"
       ;;
     policies)
       log "issue 17: a precision policy from a plugin (bf16_fp32norm: batch norm and the loss in f32) against bf16 and fp32"

@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include "stoke/checkpoint.h"
+#include "stoke/config.h"
 #include "stoke/core.h"
 #include "stoke/graph.h"
 #include "stoke/run.h"
+#include "stoke/run_config.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -18,7 +20,8 @@ static void usage(FILE *f) {
           "       train --dry-run RUN.INI [section.key=value ...]\n"
           "                               plan only: the batch (batch_size = auto), memory and FLOPs (recompute),\n"
           "                               no training; with run.memory_gb=80 no GPU is needed\n"
-          "       train --help-config     every config section and key, with defaults\n"
+          "       train --help-config [RUN.INI]  every config section and key, with defaults, and the\n"
+          "                                ops with their attributes (with RUN.INI: its plugin path too)\n"
           "       train --verify FILE     check a checkpoint (structure, run state, every checksum)\n"
           "Trains the model the INI file describes; results go to runs/<name>/.\n"
           "Plugins are found in [plugins] path, STOKE_PLUGIN_PATH, and next to this binary.\n");
@@ -37,7 +40,22 @@ int main(int argc, char **argv) {
     return argc < 2 ? 2 : 0;
   }
   if (!strcmp(argv[1], "--help-config")) {
-    stoke_err *e = stoke_help_config(NULL, 0, stdout);
+    /* with an INI file: its [plugins] path too (relative to the file's folder) */
+    const char *dirs[STOKE_CFG_MAX_LIST];
+    static char rel[STOKE_CFG_MAX_LIST][4096];
+    int n = 0;
+    stoke_cfg *c = argc > 2 ? stoke_cfg_new() : NULL;
+    stoke_err *e = c ? stoke_declare_core_keys(c) : NULL;
+    if (!e && c) e = stoke_cfg_load_file(c, argv[2]);
+    if (!e && c) e = stoke_cfg_list(c, "plugins", "path", dirs, &n);
+    const char *slash = argc > 2 ? strrchr(argv[2], '/') : NULL;
+    for (int i = 0; !e && i < n; i++)
+      if (dirs[i][0] != '/' && slash) {
+        snprintf(rel[i], sizeof rel[i], "%.*s/%s", (int)(slash - argv[2]), argv[2], dirs[i]);
+        dirs[i] = rel[i];
+      }
+    if (!e) e = stoke_help_config(dirs, n, stdout);
+    stoke_cfg_free(c);
     if (e) {
       fprintf(stderr, "stoke: error: %s\n", e->msg);
       stoke_err_free(e);

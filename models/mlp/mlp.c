@@ -13,7 +13,8 @@ const stoke_host_v1 *stoke_host;
 static const stoke_cfg_key_v1 keys[] = {
     {"hidden", STOKE_CFG_INTS, "256, 256", 1, 1 << 20, NULL, "widths of the hidden layers, e.g. 4096, 4096"},
     {"activation", STOKE_CFG_STR, "relu", 0, 0, NULL,
-     "op between layers: relu, gelu, or any one-input op a plugin registers (e.g. swish)"},
+     "op between layers: relu, gelu, or any one-input op a plugin registers (e.g. swish), with its attributes in "
+     "parentheses: leaky_relu(negative_slope=0.1), gelu(approximate=tanh)"},
     {"approximate", STOKE_CFG_ENUM, "none", 0, 0, "none|tanh",
      "with activation = gelu: none (erf) or tanh, as nn.GELU(approximate=...)"},
 };

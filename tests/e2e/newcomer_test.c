@@ -11,9 +11,12 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "stoke/core.h"
 #include "stoke/run.h"
@@ -35,12 +38,12 @@ static const char *base_ini =
     "[model]\n"
     "name = mlp\n";
 
-static stoke_err *run(const char **over, int n_over, stoke_summary *s) {
+static stoke_err *run_ini(const char *name, const char *text, const char **over, int n_over, stoke_summary *s) {
   char ini[600], out_dir[700];
-  snprintf(ini, sizeof ini, "%s/newcomer.ini", tmp);
+  snprintf(ini, sizeof ini, "%s/%s", tmp, name);
   FILE *f = fopen(ini, "w");
   assert_non_null(f);
-  fputs(base_ini, f);
+  fputs(text, f);
   fclose(f);
   const char *all[16];
   snprintf(out_dir, sizeof out_dir, "run.out_dir=%s/out", tmp);
@@ -49,6 +52,10 @@ static stoke_err *run(const char **over, int n_over, stoke_summary *s) {
   stoke_run_opts o = {.ini_path = ini, .overrides = all, .n_overrides = n_over + 1, .plugin_dirs = dirs,
                       .n_plugin_dirs = (int)(sizeof dirs / sizeof *dirs), .quiet = 1};
   return stoke_train(&o, s);
+}
+
+static stoke_err *run(const char **over, int n_over, stoke_summary *s) {
+  return run_ini("newcomer.ini", base_ini, over, n_over, s);
 }
 
 /* The run fails and its message holds every one of `subs` (NULL-ended). */
@@ -101,6 +108,29 @@ static void test_labels_off_by_one_stop(void **state) {
   expect_error(over, 2, subs);
 }
 
+/* [plugins] path = p in sub/rel.ini is sub/p, not p in the working folder. */
+static void test_plugin_path_relative_to_ini(void **state) {
+  char dir[700], link[800], target[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/sub", tmp);
+  mkdir(dir, 0755);
+  snprintf(dir, sizeof dir, "%s/sub/p", tmp);
+  mkdir(dir, 0755);
+  snprintf(link, sizeof link, "%s/libstoke_nc_rel.so", dir);
+  assert_non_null(realpath("tests/e2e/libstoke_newcomer.so", target));
+  unlink(link);
+  assert_int_equal(symlink(target, link), 0);
+  const char *text = "[run]\nbackends = cpu\nsteps = 2\nprogress = off\ncheckpoint = false\n"
+                     "[plugins]\npath = p\nload = nc_rel\n[data]\nsource = hwc\nbatch_size = 16\n"
+                     "[model]\nname = probe\n";
+  stoke_summary s;
+  stoke_err *e = run_ini("sub/rel.ini", text, NULL, 0, &s);
+  if (e) {
+    print_error("%s\n", e->msg);
+    stoke_err_free(e);
+    fail();
+  }
+}
+
 int main(void) {
   const char *t = getenv("TEST_TMPDIR");
   snprintf(tmp, sizeof tmp, "%s", t ? t : "/tmp");
@@ -108,6 +138,7 @@ int main(void) {
       cmocka_unit_test(test_op_without_backward_refused),
       cmocka_unit_test(test_source_layout_honoured),
       cmocka_unit_test(test_labels_off_by_one_stop),
+      cmocka_unit_test(test_plugin_path_relative_to_ini),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -273,6 +273,23 @@ static void test_errors(void **state) {
   assert_int_equal(e->code, STOKE_E_UNSUPPORTED);
   assert_non_null(strstr(e->msg, "node 'r': no kernel for op 'relu'"));
   assert_non_null(strstr(e->msg, "[cudnn]"));
+  /* and the backends that have one (issue 18: the cpu plugin is loaded) */
+  assert_non_null(strstr(e->msg, "these backends have one: cpu"));
+  stoke_err_free(e);
+  stoke_graph_free(g);
+  OK(stoke_graph_new(reg, STOKE_F32, STOKE_LAYOUT_ANY, &g));
+  b = stoke_graph_builder(g);
+  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){2, {4, 3}}, STOKE_F32, &x));
+  /* an op's attributes in parentheses, as an INI key names it; given twice: refused */
+  OK(b.node(g, "dropout(p=0.25)", "d", &x, 1, "", &out, 1));
+  assert_true(g->nodes[g->n_nodes - 1].n.attrs[STOKE_DROPOUT_P].f == 0.25);
+  e = b.node(g, "dropout(p=0.25)", "d2", &x, 1, "p=0.5", &out, 1);
+  assert_non_null(e);
+  assert_non_null(strstr(e->msg, "attribute 'p' given twice"));
+  stoke_err_free(e);
+  e = b.node(g, "dropout(p=0.25", "d3", &x, 1, "", &out, 1);
+  assert_non_null(e);
+  assert_non_null(strstr(e->msg, "name(attr=value, ...)"));
   stoke_err_free(e);
   stoke_graph_free(g);
 }

@@ -3,7 +3,8 @@
  * workers, every sample is seen exactly once per epoch across the shards of
  * several ranks, epochs roll over and reshuffle, a bad sample is replaced
  * and counted (or, for evaluation, left out and marked, never duplicated),
- * a cancel flag ends a wait for a batch that does not come, and (run under
+ * a cancel flag ends a wait for a batch that does not come, the hand-off
+ * (stoke_loader_feed) delivers what next() would, and (run under
  * ThreadSanitizer by tools/test.sh) the ring never hands out a buffer still
  * being filled. */
 #include <stdarg.h>
@@ -54,6 +55,14 @@ static stoke_err *h_alloc(void *self, size_t n, void **p) {
 }
 static void h_free(void *self, void *p) { stoke_free(p); }
 static const stoke_backend_v1 host = {.name = "host", .alloc_host = h_alloc, .free_host = h_free};
+
+/* A device without a copy stream, as the cpu backend: the hand-off's
+ * synchronous path (tests/gpu/loader_feed_test checks the staged one). */
+static stoke_err *h_copy(void *self, void *dst, const void *src, size_t n, stoke_copy_kind kind, void *stream) {
+  memcpy(dst, src, n);
+  return NULL;
+}
+static const stoke_backend_v1 host_dev = {.name = "host", .alloc_host = h_alloc, .free_host = h_free, .copy = h_copy};
 
 static stoke_loader *open_loader(int workers, int prefetch, int rank, int world, int64_t batch, void *bad) {
   /* 11 bad samples in 1000: more than the default 1% would stop the loader */
@@ -282,6 +291,40 @@ static void test_cancel_ends_a_wait(void **state) {
   stoke_loader_free(l);
 }
 
+/* stoke_loader_feed hands over, into "device" buffers, the samples,
+ * labels and place of the batches a host loader with the same seed gives,
+ * a last partial batch of each epoch included (drop_last = 0). */
+static void test_feed_matches_next(void **state) {
+  stoke_loader_opts o = {&idx_source, NULL, &host_dev, NULL, 64, 3, 2, 1, 0, 7, 0, 1, 0, NULL, 0};
+  o.feed = 1;
+  stoke_loader *fed_l, *next_l;
+  assert_null(stoke_loader_new(&o, &fed_l));
+  o.feed = 0;
+  assert_null(stoke_loader_new(&o, &next_l));
+  int32_t x[64 * FEAT], y[64], host_y[64];
+  int64_t partial = 0;
+  for (int k = 0; k < 3 * 16; k++) { /* 3 epochs of 15 whole batches and one of 40 */
+    memset(x, 0xff, sizeof x), memset(y, 0xff, sizeof y);
+    stoke_fed f;
+    double wait = -1;
+    stoke_batch *b;
+    assert_null(stoke_loader_feed(fed_l, x, y, host_y, &f, &wait));
+    assert_null(stoke_loader_next(next_l, &b, NULL));
+    assert_true(wait >= 0);
+    assert_int_equal(f.n, b->n);
+    assert_int_equal(f.epoch, b->epoch);
+    assert_int_equal(f.index, b->index);
+    partial += b->n < 64;
+    assert_memory_equal(x, b->x, sizeof(int32_t) * FEAT * (size_t)b->n);
+    assert_memory_equal(y, b->labels, sizeof(int32_t) * (size_t)b->n);
+    assert_memory_equal(host_y, b->labels, sizeof(int32_t) * (size_t)b->n);
+    stoke_loader_release(next_l, b);
+  }
+  assert_int_equal(partial, 3);
+  stoke_loader_free(fed_l);
+  stoke_loader_free(next_l);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_same_batches_any_worker_count),
@@ -292,6 +335,7 @@ int main(void) {
       cmocka_unit_test(test_eval_skips_bad_samples),
       cmocka_unit_test(test_systematic_bad_data_stops),
       cmocka_unit_test(test_cancel_ends_a_wait),
+      cmocka_unit_test(test_feed_matches_next),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

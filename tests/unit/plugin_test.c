@@ -440,6 +440,41 @@ static void test_op_backward_declarations(void **state) {
   stoke_registry_free(r);
 }
 
+/* Fusion patterns (ABI 3): the core's own are registered in the table a
+ * plugin adds to; a pattern needs its three ops' names, and a name taken
+ * is a duplicate. */
+static const stoke_fusion_v1 *fusion_to_add;
+static stoke_err *reg_fusion(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
+  return r->add_fusion(r->self, fusion_to_add);
+}
+
+static stoke_err *add_fusion_plugin(stoke_registry *r, const stoke_fusion_v1 *f) {
+  static const stoke_plugin_v1 p = {STOKE_ABI_VERSION, sizeof(stoke_plugin_v1), "fusions", "", reg_fusion};
+  fusion_to_add = f;
+  return stoke_registry_add_plugin(r, &p, "fusions.so");
+}
+
+static void test_fusion_patterns(void **state) {
+  stoke_registry *r = new_registry();
+  char names[512];
+  stoke_registry_names(r, "fusion", names, sizeof names);
+  assert_string_equal(names, "linear_relu, bn_relu, bn_add_relu");
+  stoke_fusion_v1 f = {STOKE_ABI(stoke_fusion_v1), "linear_leaky", "", "linear", NULL, "linear_leaky", 0, 0};
+  stoke_err *e = add_fusion_plugin(r, &f);
+  EXPECT_CODE(e, STOKE_E_INVALID);
+  EXPECT_HAS(e, "fusion pattern 'linear_leaky' needs the head, tail and fused ops' names");
+  stoke_err_free(e);
+  f.tail = "leaky_relu";
+  EXPECT_OK(add_fusion_plugin(r, &f));
+  f.name = "bn_relu";
+  e = add_fusion_plugin(r, &f);
+  EXPECT_CODE(e, STOKE_E_DUPLICATE);
+  stoke_err_free(e);
+  stoke_registry_names(r, "fusion", names, sizeof names);
+  assert_string_equal(names, "linear_relu, bn_relu, bn_add_relu, linear_leaky");
+  stoke_registry_free(r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_good_loads_by_name),
@@ -456,6 +491,7 @@ int main(void) {
       cmocka_unit_test(test_failed_register_rolls_back),
       cmocka_unit_test(test_plugin_path_env),
       cmocka_unit_test(test_op_backward_declarations),
+      cmocka_unit_test(test_fusion_patterns),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,8 @@
 /* stoke/loader.h: the loader engine: persistent worker threads fill a ring
  * of K pinned batch buffers from a source, in a seeded shuffled order; the
- * training loop takes full batches and gives them back. */
+ * training loop has each batch handed to the device (stoke_loader_feed:
+ * the loader's copy stream, staging buffer and hand-off event, as Caffe's
+ * prefetching data layer), or takes host batches and gives them back. */
 #ifndef STOKE_LOADER_H
 #define STOKE_LOADER_H
 
@@ -39,6 +41,10 @@ typedef struct stoke_loader_opts {
    * throughout. 0: 0.01. Not for evaluation (skip_bad): it reports the
    * samples it scored. */
   double max_skipped;
+  /* 1: batches go to the device through stoke_loader_feed; on a device
+   * with a copy stream the loader allocates its staging buffer (a batch)
+   * and events at start */
+  int feed;
 } stoke_loader_opts;
 
 typedef struct stoke_batch {
@@ -61,6 +67,32 @@ void stoke_loader_free(stoke_loader *l);
 stoke_err *stoke_loader_next(stoke_loader *l, stoke_batch **b, double *wait_s);
 /* Give the batch's buffer back to the workers. */
 void stoke_loader_release(stoke_loader *l, stoke_batch *b);
+
+/* What stoke_loader_feed handed over. */
+typedef struct stoke_fed {
+  int64_t n;            /* samples (< batch only when !drop_last) */
+  int64_t epoch, index; /* index within the epoch */
+} stoke_fed;
+
+/* The next batch in order (opts.feed), handed to the device: its samples
+ * into x (batch x sample bytes) and its labels into `labels` (int32), both
+ * device memory, in order on the compute stream, so the kernels issued
+ * after this call read it; host_labels (may be NULL) gets a host copy of
+ * the labels. On a device with a copy stream the pinned slot is copied on
+ * that stream into the loader's staging buffer, the compute stream waits
+ * for the copy's event and moves the batch into x and labels: the host
+ * never waits for this batch's copy (the slot goes back to the workers at
+ * the next feed, when the copy, issued a step earlier, is done). Without
+ * one (the CPU) the copy is synchronous. Waiting, cancel and unreadable
+ * samples as stoke_loader_next; *wait_s: the time blocked waiting for the
+ * workers. Use either this or next/release on one loader. */
+stoke_err *stoke_loader_feed(stoke_loader *l, void *x, void *labels, int32_t *host_labels, stoke_fed *fed,
+                             double *wait_s);
+/* The trace's copy lane: with `on`, the next feeds time their copy on the
+ * copy stream (and wait for it, as a traced step waits for the device);
+ * stoke_loader_copy_ms: the last feed's copy in ms (NaN: not timed). */
+void stoke_loader_time_copy(stoke_loader *l, int on);
+double stoke_loader_copy_ms(const stoke_loader *l);
 int64_t stoke_loader_batches_per_epoch(const stoke_loader *l);
 size_t stoke_loader_sample_bytes(const stoke_loader *l);
 /* A hook each worker calls after filling samples [from, to) of batch

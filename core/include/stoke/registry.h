@@ -55,6 +55,15 @@ const stoke_kernel_v1 *stoke_find_kernel(const stoke_registry *r,
 /* The i-th registered kernel (0, 1, ... in registration order), NULL past
  * the last: what tests/op/every_kernel_test walks. */
 const stoke_kernel_v1 *stoke_registry_kernel(const stoke_registry *r, int i);
+/* Every registered part of one kind (as stoke_registry_names names them),
+ * in registration order, with the file (or "built-in") that registered
+ * it: fn(ctx, part, origin), part a const stoke_<kind>_v1 * (kernels:
+ * stoke_kernel_v1, fusions: stoke_fusion_v1). */
+typedef void (*stoke_registry_visit)(void *ctx, const void *part, const char *origin);
+void stoke_registry_each(const stoke_registry *r, const char *kind, stoke_registry_visit fn, void *ctx);
+/* The file a plugin was loaded from (the origin its parts carry), by the
+ * name or path it was loaded as; NULL when not loaded. */
+const char *stoke_registry_plugin_path(const stoke_registry *r, const char *name);
 /* The plugin file (or "built-in") that registered a name of any kind. */
 const char *stoke_registry_origin(const stoke_registry *r, const char *name);
 

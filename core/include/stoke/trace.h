@@ -29,7 +29,7 @@ double stoke_trace_now(const stoke_trace *t);
 
 /* Lanes: the step loop and the loader's workers on the host process,
  * the compute stream on the GPU process. */
-enum { STOKE_TRACE_STEP = 0, STOKE_TRACE_GPU = 1, STOKE_TRACE_COMM = 2, STOKE_TRACE_WORKER = 16 };
+enum { STOKE_TRACE_STEP = 0, STOKE_TRACE_GPU = 1, STOKE_TRACE_COMM = 2, STOKE_TRACE_COPY = 3, STOKE_TRACE_WORKER = 16 };
 
 /* A slice on a lane (worker lanes: STOKE_TRACE_WORKER + worker); `args`
  * is JSON object members ("\"k\": 1, ...") or NULL. Thread safe. */

@@ -117,6 +117,11 @@ typedef struct stoke_host_v1 {
   /* Where a key was set, "run.ini:12" or "default", for messages. */
   const char *(*cfg_where)(const stoke_cfg *c, const char *section,
                            const char *key);
+  /* -- appended in ABI 3 */
+  /* LIST: up to STOKE_CFG_MAX_LIST names ("cudnn, cuda"); the strings
+   * live as long as the config. */
+  stoke_err *(*cfg_list)(const stoke_cfg *c, const char *section,
+                         const char *key, const char **out, int *n);
 } stoke_host_v1;
 
 /* Plugins keep the host table they were given in this hidden global
@@ -615,6 +620,29 @@ typedef struct stoke_comm_v1 {
   stoke_err *(*watch)(void *self, void *stream, const char *what);
 } stoke_comm_v1;
 
+/* ------------------------------------------------------ fusion patterns */
+
+/* A fusion pattern (ABI 3), in the table the core's own patterns are in
+ * (linear -> relu, batch_norm -> [add ->] relu): a chain of forward nodes
+ * head -> [add ->] tail, each intermediate value read by the next node
+ * alone, becomes one node of op `fused` where an engine has the fused
+ * op's forward and backward kernels and comes no later in [run] backends
+ * than the engine serving the head (the head's own engine only with
+ * [run] fuse = true). The fused node takes the head's inputs (then the
+ * add's other input), the head's attributes followed by the tail's (the
+ * fused op declares both, in that order), the head's name and the tail's
+ * output. The ops may come from any plugin; the compiler looks them up by
+ * name when it compiles. */
+typedef struct stoke_fusion_v1 {
+  uint32_t abi_version; /* STOKE_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(stoke_fusion_v1) */
+  const char *name;     /* the pattern's, unique: "linear_leaky_relu" */
+  const char *help;
+  const char *head, *tail, *fused; /* op names */
+  int add;              /* 1: head -> add -> tail, the add's other input joins */
+  int gpu_own;          /* 1: a GPU engine serving the head fuses it without [run] fuse (never slower) */
+} stoke_fusion_v1;
+
 /* -------------------------------------------------------------- registry */
 
 /* Where a plugin adds its parts. Each add fails with STOKE_E_ABI when the
@@ -633,6 +661,7 @@ typedef struct stoke_registry_v1 {
   stoke_err *(*add_precision)(void *self, const stoke_precision_v1 *p);
   stoke_err *(*add_comm)(void *self, const stoke_comm_v1 *c);
   stoke_err *(*add_optimizer)(void *self, const stoke_optimizer_v1 *o); /* ABI 2 */
+  stoke_err *(*add_fusion)(void *self, const stoke_fusion_v1 *f);       /* ABI 3 */
 } stoke_registry_v1;
 
 /* ----------------------------------------------------------- the entry */

@@ -1,0 +1,82 @@
+/* tests/sdk/bad_kit.c: a plugin with the mistakes plugin_check must find:
+ * `mis_relu` reads its output in backward but declares its input;
+ * `bad_grad` has a backward off by a factor of 2; `sloppy` is a source
+ * whose labels count from 1, whose second value is left unwritten and
+ * whose third depends on a counter (not on (index, seed)). */
+#include "stoke/plugin.h"
+
+const stoke_host_v1 *stoke_host;
+
+static stoke_err *infer(const stoke_node_v1 *n, const stoke_value_desc_v1 *in, stoke_value_desc_v1 *out) {
+  out[0] = in[0];
+  return NULL;
+}
+
+static stoke_err *relu_fwd(const stoke_kernel_args_v1 *a, void *st) {
+  const double *x = a->in[0].data;
+  double *y = a->out[0].data;
+  for (int64_t i = 0, n = stoke_numel(&a->in[0].shape); i < n; i++) y[i] = x[i] > 0 ? x[i] : 0;
+  return NULL;
+}
+static stoke_err *relu_bwd(const stoke_kernel_args_v1 *a, void *st) { /* reads y: undeclared */
+  const double *y = a->out[0].data, *dy = a->dout[0].data;
+  double *dx = a->din[0].data;
+  for (int64_t i = 0, n = stoke_numel(&a->in[0].shape); i < n; i++) dx[i] = y[i] > 0 ? dy[i] : 0;
+  return NULL;
+}
+static stoke_err *sq_fwd(const stoke_kernel_args_v1 *a, void *st) {
+  const double *x = a->in[0].data;
+  double *y = a->out[0].data;
+  for (int64_t i = 0, n = stoke_numel(&a->in[0].shape); i < n; i++) y[i] = x[i] * x[i];
+  return NULL;
+}
+static stoke_err *sq_bwd(const stoke_kernel_args_v1 *a, void *st) { /* d x^2 = 2x dy: this forgets the 2 */
+  const double *x = a->in[0].data, *dy = a->dout[0].data;
+  double *dx = a->din[0].data;
+  for (int64_t i = 0, n = stoke_numel(&a->in[0].shape); i < n; i++) dx[i] = x[i] * dy[i];
+  return NULL;
+}
+
+static const stoke_op_type_v1 ops[] = {
+    {STOKE_ABI(stoke_op_type_v1), .name = "mis_relu", .n_inputs = 1, .n_outputs = 1, .infer = infer,
+     .bwd_needs = STOKE_BWD_NEEDS_INPUT(0), .has_backward = STOKE_HAS_BACKWARD},
+    {STOKE_ABI(stoke_op_type_v1), .name = "bad_grad", .n_inputs = 1, .n_outputs = 1, .infer = infer,
+     .bwd_needs = STOKE_BWD_NEEDS_INPUT(0), .has_backward = STOKE_HAS_BACKWARD},
+};
+static const stoke_kernel_v1 kernels[] = {
+    {.engine = "cpu", .op = "mis_relu", .pass = STOKE_FWD, .dtype = STOKE_F64, .run = relu_fwd},
+    {.engine = "cpu", .op = "mis_relu", .pass = STOKE_BWD, .dtype = STOKE_F64, .run = relu_bwd},
+    {.engine = "cpu", .op = "bad_grad", .pass = STOKE_FWD, .dtype = STOKE_F64, .run = sq_fwd},
+    {.engine = "cpu", .op = "bad_grad", .pass = STOKE_BWD, .dtype = STOKE_F64, .run = sq_bwd},
+};
+
+static int dummy;
+static stoke_err *s_open(const stoke_cfg *c, const char *sec, void **self) {
+  *self = &dummy;
+  return NULL;
+}
+static int64_t s_length(void *self) { return 100; }
+static stoke_err *s_info(void *self, stoke_sample_info_v1 *o) {
+  *o = (stoke_sample_info_v1){.shape = {1, {3}}, .dtype = STOKE_F32, .classes = 2};
+  return NULL;
+}
+static int counter;
+static stoke_err *s_read(void *self, int64_t index, uint64_t seed, void *dst, int32_t *label) {
+  float *x = dst;
+  x[0] = (float)index;
+  x[2] = (float)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+  *label = (int32_t)(index % 2) + 1;
+  return NULL;
+}
+static const stoke_source_v1 sloppy = {STOKE_ABI(stoke_source_v1), "sloppy", "", NULL, 0, s_open, NULL, s_length,
+                                       s_info, s_read};
+
+static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
+  stoke_host = h;
+  for (int i = 0; i < 2; i++) STOKE_PROPAGATE_P(r->add_op(r->self, &ops[i]));
+  for (int i = 0; i < 4; i++) STOKE_PROPAGATE_P(r->add_kernel(r->self, &kernels[i]));
+  return r->add_source(r->self, &sloppy);
+}
+
+STOKE_EXPORT const stoke_plugin_v1 stoke_plugin_v1_entry = {STOKE_ABI_VERSION, sizeof(stoke_plugin_v1), "bad_kit",
+                                                            "plugin_check's mistakes", reg};

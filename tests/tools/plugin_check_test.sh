@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# tests/tools/plugin_check_test.sh: the plugin test kit (tools/plugin_check)
+# passes the example plugins (swish, leaky_relu with its CUDA kernels, the
+# spirals source) and finds each mistake of tests/sdk/bad_kit.c: a backward
+# reading an output bwd_needs does not name (named, not a crash), a wrong
+# gradient, labels counting from 1, bytes left unwritten and a read that
+# depends on more than (index, seed).
+set -uo pipefail
+out="${TEST_TMPDIR:-$(mktemp -d)}"
+pc=tools/plugin_check
+fail=0
+check() { # check LOG WANTED_EXIT PLUGIN...
+  local log="$1" want="$2"
+  shift 2
+  "$pc" "$@" > "$log" 2>&1
+  local rc=$?
+  if [ "$rc" -ne "$want" ]; then
+    echo "FAIL: plugin_check $* exited $rc, expected $want:"
+    cat "$log"
+    fail=1
+  fi
+}
+has() { # has LOG TEXT
+  if ! grep -qF -- "$2" "$1"; then
+    echo "FAIL: $(basename "$1") lacks: $2"
+    cat "$1"
+    fail=1
+  fi
+}
+n=0
+for p in plugins/swish/libstoke_swish.so plugins/leaky_relu/libstoke_leaky_relu.so plugins/spirals/libstoke_spirals.so; do
+  log="$out/$(basename "$p" .so).log"
+  check "$log" 0 "$p"
+  n=$((n + 1))
+done
+has "$out/libstoke_swish.log" "ok   op swish [3x5]: gradient against finite differences (f64)"
+has "$out/libstoke_leaky_relu.log" "ok   op leaky_relu [6x33] (negative_slope=0.1): gradient against finite differences (f64)"
+has "$out/libstoke_leaky_relu.log" "ok   op leaky_relu [2x3x5x7] (negative_slope=0.25): backward reads only what bwd_needs names"
+has "$out/libstoke_leaky_relu.log" "cuda f32 kernel against the cpu's"
+has "$out/libstoke_spirals.log" "ok   source spirals: 4 threads read what one thread reads"
+has "$out/libstoke_spirals.log" "ok   source spirals: the same (index, seed) gives the same sample, every byte written"
+log="$out/bad_kit.log"
+check "$log" 1 tests/sdk/libstoke_bad_kit.so
+has "$log" "FAIL op mis_relu [3x5]: backward reads only what bwd_needs names: it crashed when output 0 (STOKE_BWD_NEEDS_OUTPUT(0)) had no data"
+has "$log" "FAIL op bad_grad [3x5]: gradient against finite differences (f64): relative error"
+has "$log" "FAIL source sloppy: labels in [0, classes): sample 1 has label 2, outside [0, 2)"
+has "$log" "FAIL source sloppy: the same (index, seed) gives the same sample, every byte written: sample 0 read twice differs at byte 4"
+n=$((n + 1))
+[ "$fail" -eq 0 ] || exit 1
+echo "[==========] $n test(s) run."
+echo "[  PASSED  ] $n test(s)."

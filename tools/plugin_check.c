@@ -1,0 +1,799 @@
+/* tools/plugin_check: the plugin test kit. `plugin_check libstoke_x.so`
+ * loads a plugin beside the cpu backend (and a GPU backend, where one
+ * opens) and checks what it registers as stoke checks its own parts:
+ *  - every op, on its test cases (stoke/testkit.h; else every input of one
+ *    shape): the cpu forward in f64 with its outputs poisoned (each element
+ *    must be written), its backward against central differences in double
+ *    (torch.autograd.gradcheck's test), the backward handed only what
+ *    bwd_needs names (a read of anything else is caught and named, not a
+ *    crash), and parameter gradients honouring param_grad_beta;
+ *  - every kernel of another engine (a GPU's): against the cpu kernel on
+ *    the same random inputs, outputs poisoned, tolerance by its dtype;
+ *  - every source: its sample info, labels in [0, classes), the same bytes
+ *    for the same (index, seed) and every byte written, reads from 4
+ *    threads equal to one thread's, and the memory order the core reads.
+ * One line per check; exit 0 when every check passed, 1 otherwise. */
+#include <dlfcn.h>
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stoke/config.h"
+#include "stoke/core.h"
+#include "stoke/graph.h"
+#include "stoke/registry.h"
+#include "stoke/rng.h"
+#include "stoke/testkit.h"
+
+#define FD_H 1e-6     /* central-difference step */
+#define FD_TOL 1e-6   /* |analytic - numeric| / max(|a|, |n|, FD_FLOOR) */
+#define FD_FLOOR 1e-2 /* so gradients near 0 do not divide by ~0 */
+#define MAX_CASES 64
+
+typedef struct kit {
+  stoke_registry *reg;
+  const char *plugin; /* its file, as loaded */
+  const stoke_backend_v1 *cpu, *gpu;
+  void *cpu_self, *gpu_self;
+  const stoke_testkit_v1 *cases; /* the plugin's, or NULL */
+  const char *ini;               /* --ini: the sources' keys */
+  uint64_t seed;
+  int checks, failures;
+} kit;
+
+/* ------------------------------------------------------------ reporting */
+
+static void result(kit *k, int ok, const char *what, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void result(kit *k, int ok, const char *what, const char *fmt, ...) {
+  k->checks++;
+  k->failures += !ok;
+  printf("%s %s", ok ? "ok  " : "FAIL", what);
+  if (fmt && fmt[0]) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf(": ");
+    vprintf(fmt, ap);
+    va_end(ap);
+  }
+  printf("\n");
+}
+
+static int fail_err(kit *k, const char *what, stoke_err *e) {
+  result(k, 0, what, "%s", e->msg);
+  stoke_err_free(e);
+  return 0;
+}
+
+/* ------------------------------------------------------ host tensors */
+
+static stoke_tensor host_tensor(const stoke_shape *s, stoke_dtype dt) {
+  stoke_tensor t = {calloc((size_t)stoke_numel(s) + 1, stoke_dtype_size(dt) ? stoke_dtype_size(dt) : 8), *s, dt,
+                    s->ndim == 4 ? STOKE_NCHW : STOKE_LAYOUT_ANY, STOKE_DEV_CPU};
+  return t;
+}
+
+static void poison(stoke_tensor *t) { memset(t->data, 0xff, stoke_tensor_bytes(t)); /* NaN in every float dtype */ }
+
+static int64_t first_nan(const stoke_tensor *t) {
+  for (int64_t i = 0, n = stoke_numel(&t->shape); i < n; i++)
+    if (isnan(stoke_elem_get(t->data, t->dtype, i))) return i;
+  return -1;
+}
+
+/* -------------------------------------------------------- one op call */
+
+typedef struct call {
+  const stoke_op_type_v1 *op;
+  stoke_node_v1 node;
+  char label[160]; /* "op leaky_relu [3, 5] (negative_slope=0.1)" */
+  int n_in, n_out;
+  stoke_tensor in[STOKE_MAX_IO], out[STOKE_MAX_IO];
+  uint32_t ints, params; /* inputs holding indices; inputs that may be parameters */
+} call;
+
+static void call_free(call *c) {
+  for (int i = 0; i < c->n_in; i++) free(c->in[i].data);
+  for (int j = 0; j < c->n_out; j++) free(c->out[j].data);
+}
+
+static stoke_kernel_args_v1 args_of(const call *c, const stoke_tensor *in, const stoke_tensor *out) {
+  return (stoke_kernel_args_v1){.node = &c->node, .n_in = c->n_in, .n_out = c->n_out, .in = in, .out = out,
+                                .training = 1};
+}
+
+/* Run a kernel on the cpu backend under a SIGSEGV/SIGBUS guard: 1 when it
+ * crashed (a read through a NULL it was handed). */
+static sigjmp_buf crash_jmp;
+static void on_crash(int sig) { siglongjmp(crash_jmp, sig); }
+
+static int guarded(const stoke_kernel_v1 *kern, const stoke_kernel_args_v1 *a, void *state, stoke_err **e) {
+  struct sigaction sa = {0}, old_segv, old_bus;
+  sa.sa_handler = on_crash;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_NODEFER;
+  sigaction(SIGSEGV, &sa, &old_segv);
+  sigaction(SIGBUS, &sa, &old_bus);
+  int crashed = 0;
+  *e = NULL;
+  if (sigsetjmp(crash_jmp, 1) == 0) *e = kern->run(a, state);
+  else crashed = 1;
+  sigaction(SIGSEGV, &old_segv, NULL);
+  sigaction(SIGBUS, &old_bus, NULL);
+  return crashed;
+}
+
+/* plan (when it has one), workspace, run, destroy; `crashed` as guarded(). */
+static stoke_err *run_kernel(const stoke_kernel_v1 *kern, stoke_kernel_args_v1 a, int *crashed) {
+  void *state = NULL, *ws = NULL;
+  size_t wsb = 0;
+  *crashed = 0;
+  if (kern->plan) STOKE_TRY(kern->plan(&a, &state, &wsb), "plan() of %s %s", kern->engine, kern->op);
+  if (wsb && !(ws = calloc(1, wsb))) return STOKE_ERR(STOKE_E_OOM, "workspace of %zu bytes", wsb);
+  a.workspace = ws;
+  a.workspace_bytes = wsb;
+  stoke_err *e;
+  *crashed = guarded(kern, &a, state, &e);
+  if (kern->destroy && state) kern->destroy(state);
+  free(ws);
+  return e;
+}
+
+/* The f64 forward, outputs poisoned and checked whole. */
+static stoke_err *forward(const call *c, const stoke_kernel_v1 *kern, stoke_tensor *out) {
+  for (int j = 0; j < c->n_out; j++) poison(&out[j]);
+  int crashed;
+  STOKE_PROPAGATE(run_kernel(kern, args_of(c, c->in, out), &crashed));
+  if (crashed) return STOKE_ERR(STOKE_E_INTERNAL, "the forward kernel crashed (SIGSEGV)");
+  for (int j = 0; j < c->n_out; j++) {
+    int64_t at = first_nan(&out[j]);
+    if (at >= 0)
+      return STOKE_ERR(STOKE_E_INVALID,
+                       "output %d element %lld is NaN after the forward: left unwritten (outputs are poisoned with "
+                       "NaN first) or computed as NaN", j, (long long)at);
+  }
+  return NULL;
+}
+
+/* L = sum_j sum r_j * out_j, with r the fixed random weights in `w`. */
+static double weighted(const call *c, const stoke_tensor *out, const stoke_tensor *w) {
+  double l = 0;
+  for (int j = 0; j < c->n_out; j++)
+    for (int64_t i = 0, n = stoke_numel(&out[j].shape); i < n; i++)
+      l += stoke_elem_get(out[j].data, out[j].dtype, i) * stoke_elem_get(w[j].data, w[j].dtype, i);
+  return l;
+}
+
+/* Inputs that get a gradient from this call. */
+static uint32_t grad_inputs(const call *c) {
+  uint32_t m = 0;
+  for (int i = 0; i < c->n_in; i++)
+    if (!(c->op->no_grad_inputs >> i & 1u) && !(c->ints >> i & 1u)) m |= 1u << i;
+  return m;
+}
+
+/* din = backward(dout = w): `live` says which inputs/outputs hold data
+ * (bit i: input i, bit 16 + j: output j); `params`/`beta` as in a run. */
+static stoke_err *backward(const call *c, const stoke_kernel_v1 *kern, const stoke_tensor *w, uint32_t live,
+                           uint32_t params, float beta, stoke_tensor *din, int *crashed) {
+  stoke_tensor in[STOKE_MAX_IO], out[STOKE_MAX_IO];
+  for (int i = 0; i < c->n_in; i++) {
+    in[i] = c->in[i];
+    if (!(live >> i & 1u)) in[i].data = NULL;
+  }
+  for (int j = 0; j < c->n_out; j++) {
+    out[j] = c->out[j];
+    if (!(live >> (16 + j) & 1u)) out[j].data = NULL;
+  }
+  stoke_kernel_args_v1 a = args_of(c, in, out);
+  a.din = din;
+  a.dout = w;
+  a.param_grads = params;
+  a.param_grad_beta = beta;
+  return run_kernel(kern, a, crashed);
+}
+
+/* What the backward may read: the op's bwd_needs as a live mask. */
+static uint32_t needs_mask(const stoke_op_type_v1 *op) {
+  return op->bwd_needs & STOKE_BWD_NEEDS_NOTHING ? 0 : op->bwd_needs;
+}
+
+static const char *needs_name(int bit, char *buf, size_t cap) {
+  if (bit < 16) snprintf(buf, cap, "input %d (STOKE_BWD_NEEDS_INPUT(%d))", bit, bit);
+  else snprintf(buf, cap, "output %d (STOKE_BWD_NEEDS_OUTPUT(%d))", bit - 16, bit - 16);
+  return buf;
+}
+
+/* ---------------------------------------------------------- op checks */
+
+/* The backward with only bwd_needs live must not read anything else: run
+ * it with each undeclared value withheld alone and name the ones it reads. */
+static void check_bwd_needs(kit *k, const call *c, const stoke_kernel_v1 *bwd, const stoke_tensor *w,
+                            stoke_tensor *din) {
+  char what[256];
+  snprintf(what, sizeof what, "%s: backward reads only what bwd_needs names", c->label);
+  uint32_t all = 0, needs = needs_mask(c->op);
+  for (int i = 0; i < c->n_in; i++) all |= 1u << i;
+  for (int j = 0; j < c->n_out; j++) all |= 1u << (16 + j);
+  char bad[512] = "";
+  size_t used = 0;
+  for (int b = 0; b < 32; b++) {
+    if (!(all >> b & 1u) || (needs >> b & 1u)) continue;
+    int crashed;
+    stoke_err *e = backward(c, bwd, w, all & ~(1u << b), 0, 0, din, &crashed);
+    stoke_err_free(e);
+    char nm[64];
+    if (crashed && used < sizeof bad)
+      used += (size_t)snprintf(bad + used, sizeof bad - used, "%s%s", used ? ", " : "", needs_name(b, nm, sizeof nm));
+  }
+  if (used)
+    result(k, 0, what,
+           "it crashed when %s had no data: add %s to the op's bwd_needs (the executor hands values it does not "
+           "name as data == NULL, and frees them before the backward)",
+           bad, bad);
+  else result(k, 1, what, NULL);
+}
+
+/* The analytic gradient against central differences, in double. */
+static void check_gradient(kit *k, call *c, const stoke_kernel_v1 *fwd, const stoke_kernel_v1 *bwd) {
+  char what[256];
+  snprintf(what, sizeof what, "%s: gradient against finite differences (f64)", c->label);
+  stoke_tensor w[STOKE_MAX_IO], din[STOKE_MAX_IO], tmp[STOKE_MAX_IO];
+  stoke_rng r = stoke_rng_seed(stoke_hash3(k->seed, 0x9ad, 0));
+  memset(din, 0, sizeof din);
+  for (int j = 0; j < c->n_out; j++) {
+    w[j] = host_tensor(&c->out[j].shape, c->out[j].dtype);
+    tmp[j] = host_tensor(&c->out[j].shape, c->out[j].dtype);
+    for (int64_t i = 0, n = stoke_numel(&w[j].shape); i < n; i++) stoke_elem_set(w[j].data, w[j].dtype, i, stoke_rng_normal(&r));
+  }
+  uint32_t want = grad_inputs(c), live = needs_mask(c->op);
+  for (int i = 0; i < c->n_in; i++)
+    if (want >> i & 1u) {
+      din[i] = host_tensor(&c->in[i].shape, c->in[i].dtype);
+      poison(&din[i]);
+    }
+  int crashed;
+  stoke_err *e = backward(c, bwd, w, live, 0, 0, din, &crashed);
+  if (crashed) {
+    /* name what it reads, then stop: its gradients mean nothing */
+    uint32_t all = 0;
+    for (int i = 0; i < c->n_in; i++) all |= 1u << i;
+    for (int j = 0; j < c->n_out; j++) all |= 1u << (16 + j);
+    stoke_err_free(e);
+    e = NULL;
+    stoke_err_free(backward(c, bwd, w, all, 0, 0, din, &crashed));
+    if (!crashed) check_bwd_needs(k, c, bwd, w, din);
+    else result(k, 0, what, "the backward kernel crashed with every input and output present");
+    goto done;
+  }
+  if (e) {
+    fail_err(k, what, e);
+    goto done;
+  }
+  check_bwd_needs(k, c, bwd, w, din);
+  double worst = 0;
+  char where[160] = "";
+  for (int i = 0; i < c->n_in && !e; i++) {
+    if (!(want >> i & 1u)) continue;
+    int64_t nan = first_nan(&din[i]);
+    if (nan >= 0) {
+      result(k, 0, what, "gradient of input %d, element %lld, is NaN: unwritten (poisoned first) or computed as NaN", i,
+             (long long)nan);
+      goto done;
+    }
+    for (int64_t x = 0, n = stoke_numel(&c->in[i].shape); x < n && !e; x++) {
+      double v = stoke_elem_get(c->in[i].data, c->in[i].dtype, x), lp = 0, lm = 0;
+      stoke_elem_set(c->in[i].data, c->in[i].dtype, x, v + FD_H);
+      if (!(e = forward(c, fwd, tmp))) lp = weighted(c, tmp, w);
+      stoke_elem_set(c->in[i].data, c->in[i].dtype, x, v - FD_H);
+      if (!e && !(e = forward(c, fwd, tmp))) lm = weighted(c, tmp, w);
+      stoke_elem_set(c->in[i].data, c->in[i].dtype, x, v);
+      if (e) break;
+      double num = (lp - lm) / (2 * FD_H), ana = stoke_elem_get(din[i].data, din[i].dtype, x);
+      double rel = fabs(ana - num) / fmax(fmax(fabs(ana), fabs(num)), FD_FLOOR);
+      if (rel > worst) {
+        worst = rel;
+        snprintf(where, sizeof where, "input %d element %lld: backward %.9g, finite differences %.9g", i,
+                 (long long)x, ana, num);
+      }
+    }
+  }
+  if (e) fail_err(k, what, e);
+  else if (worst > FD_TOL) result(k, 0, what, "relative error %.3g > %g at %s", worst, FD_TOL, where);
+  else result(k, 1, what, "largest relative error %.2g", worst);
+  /* a parameter's gradient accumulates: din = beta din + computed */
+  uint32_t params = c->params & want;
+  if (!e && params) {
+    snprintf(what, sizeof what, "%s: parameter gradients honour param_grad_beta", c->label);
+    stoke_tensor acc[STOKE_MAX_IO];
+    memset(acc, 0, sizeof acc);
+    for (int i = 0; i < c->n_in; i++)
+      if (want >> i & 1u) {
+        acc[i] = host_tensor(&c->in[i].shape, c->in[i].dtype);
+        for (int64_t x = 0, n = stoke_numel(&acc[i].shape); x < n; x++) stoke_elem_set(acc[i].data, acc[i].dtype, x, 1.0);
+      }
+    e = backward(c, bwd, w, live, params, 1.0f, acc, &crashed);
+    double bad = 0;
+    int bad_in = -1;
+    for (int i = 0; i < c->n_in && !e; i++)
+      for (int64_t x = 0, n = (params >> i & 1u) ? stoke_numel(&acc[i].shape) : 0; x < n; x++) {
+        double d = fabs(stoke_elem_get(acc[i].data, acc[i].dtype, x) - 1.0 - stoke_elem_get(din[i].data, din[i].dtype, x));
+        if (d > bad) bad = d, bad_in = i;
+      }
+    if (e) fail_err(k, what, e);
+    else if (crashed) result(k, 0, what, "the backward crashed");
+    else if (bad > 1e-9)
+      result(k, 0, what, "input %d: with beta 1 and the gradient preset to 1 it should hold 1 + the gradient (off by %.3g)",
+             bad_in, bad);
+    else result(k, 1, what, NULL);
+    for (int i = 0; i < c->n_in; i++) free(acc[i].data);
+  }
+done:
+  for (int j = 0; j < c->n_out; j++) free(w[j].data), free(tmp[j].data);
+  for (int i = 0; i < c->n_in; i++) free(din[i].data);
+}
+
+/* ----------------------------------------------------- other engines */
+
+/* The relative L2 error a kernel of dtype dt may have against the f64
+ * reference (stoke's GPU tests: f32 1e-5 per the design, here with room
+ * for reduction order; tf32/bf16/f16 1e-2). */
+static double tolerance(stoke_dtype dt) { return dt == STOKE_F32 ? 1e-4 : dt == STOKE_F64 ? 1e-9 : 2e-2; }
+
+typedef struct engine {
+  const stoke_backend_v1 *b, *dev; /* the engine, and the one owning its device */
+  void *self, *dev_self;
+} engine;
+
+/* Open the engine named `name` (and its device's engine), or say why not. */
+static stoke_err *open_engine(kit *k, const char *name, engine *out) {
+  memset(out, 0, sizeof *out);
+  out->b = stoke_find_backend(k->reg, name);
+  if (!out->b) {
+    stoke_err_free(stoke_registry_load(k->reg, name));
+    out->b = stoke_find_backend(k->reg, name);
+  }
+  if (!out->b) return STOKE_ERR(STOKE_E_NOT_FOUND, "no backend '%s' registered or found as a plugin", name);
+  out->dev = out->b;
+  if (out->b->device_engine) {
+    engine d;
+    STOKE_PROPAGATE(open_engine(k, out->b->device_engine, &d));
+    out->dev = d.b;
+    out->dev_self = d.self;
+  }
+  if (out->b->open) STOKE_PROPAGATE(out->b->open(0, out->dev_self, &out->self));
+  if (!out->b->device_engine) out->dev_self = out->self;
+  return NULL;
+}
+
+/* Kernel `kern` (engine E, dtype dt) against the cpu's f64 results `ref`:
+ * inputs rounded to dt, copied to E's device, outputs poisoned there. */
+static void check_engine_kernel(kit *k, const call *c, const stoke_kernel_v1 *kern, const stoke_tensor *ref) {
+  char what[256];
+  snprintf(what, sizeof what, "%s: %s %s kernel against the cpu's", c->label, kern->engine, stoke_dtype_name(kern->dtype));
+  engine en;
+  stoke_err *e = open_engine(k, kern->engine, &en);
+  if (e) {
+    printf("skip %s: cannot open engine '%s' here: %s\n", what, kern->engine, e->msg);
+    stoke_err_free(e);
+    return;
+  }
+  stoke_tensor hin[STOKE_MAX_IO], din[STOKE_MAX_IO], dout[STOKE_MAX_IO], hout[STOKE_MAX_IO];
+  memset(din, 0, sizeof din);
+  memset(dout, 0, sizeof dout);
+  int gpu = en.dev->device == STOKE_DEV_GPU;
+  for (int i = 0; i < c->n_in && !e; i++) {
+    stoke_dtype dt = c->ints >> i & 1u ? STOKE_I32 : kern->dtype;
+    hin[i] = host_tensor(&c->in[i].shape, dt);
+    for (int64_t x = 0, n = stoke_numel(&c->in[i].shape); x < n; x++)
+      stoke_elem_set(hin[i].data, dt, x, stoke_elem_get(c->in[i].data, c->in[i].dtype, x));
+    din[i] = hin[i];
+    din[i].device = gpu ? STOKE_DEV_GPU : STOKE_DEV_CPU;
+    e = en.dev->alloc(en.dev_self, stoke_tensor_bytes(&hin[i]), &din[i].data);
+    if (!e) e = en.dev->copy(en.dev_self, din[i].data, hin[i].data, stoke_tensor_bytes(&hin[i]), STOKE_COPY_H2D, NULL);
+  }
+  for (int j = 0; j < c->n_out && !e; j++) {
+    stoke_dtype dt = c->out[j].dtype == STOKE_F64 ? kern->dtype : c->out[j].dtype;
+    hout[j] = host_tensor(&c->out[j].shape, dt);
+    dout[j] = hout[j];
+    dout[j].device = din[0].device;
+    e = en.dev->alloc(en.dev_self, stoke_tensor_bytes(&hout[j]), &dout[j].data);
+    if (!e) e = en.dev->fill(en.dev_self, dout[j].data, 0xff, stoke_tensor_bytes(&hout[j]), NULL);
+  }
+  if (!e) {
+    stoke_kernel_args_v1 a = args_of(c, din, dout);
+    a.engine = en.self;
+    a.stream = en.dev->default_stream ? en.dev->default_stream(en.dev_self) : NULL;
+    void *state = NULL, *ws = NULL;
+    size_t wsb = 0;
+    if (kern->plan) e = kern->plan(&a, &state, &wsb);
+    if (!e && wsb) e = en.dev->alloc(en.dev_self, wsb, &ws);
+    a.workspace = ws;
+    a.workspace_bytes = wsb;
+    if (!e) e = kern->run(&a, state);
+    if (!e && en.dev->stream_sync) e = en.dev->stream_sync(en.dev_self, NULL);
+    if (kern->destroy && state) kern->destroy(state);
+    if (ws) en.dev->free(en.dev_self, ws);
+  }
+  double worst = 0;
+  int worst_out = 0;
+  for (int j = 0; j < c->n_out && !e; j++) {
+    e = en.dev->copy(en.dev_self, hout[j].data, dout[j].data, stoke_tensor_bytes(&hout[j]), STOKE_COPY_D2H, NULL);
+    int64_t nan = e ? -1 : first_nan(&hout[j]);
+    if (nan >= 0) e = STOKE_ERR(STOKE_E_INVALID, "output %d element %lld is NaN: unwritten (poisoned first)", j, (long long)nan);
+    double num = 0, den = 0;
+    for (int64_t x = 0, n = e ? 0 : stoke_numel(&hout[j].shape); x < n; x++) {
+      double g = stoke_elem_get(hout[j].data, hout[j].dtype, x), r = stoke_elem_get(ref[j].data, ref[j].dtype, x);
+      num += (g - r) * (g - r);
+      den += r * r;
+    }
+    double rel = sqrt(num / fmax(den, 1e-30));
+    if (rel > worst) worst = rel, worst_out = j;
+  }
+  if (e) fail_err(k, what, e);
+  else if (worst > tolerance(kern->dtype))
+    result(k, 0, what, "output %d: relative L2 error %.3g > %g (%s)", worst_out, worst, tolerance(kern->dtype),
+           stoke_dtype_name(kern->dtype));
+  else result(k, 1, what, "relative L2 error %.2g (tolerance %g)", worst, tolerance(kern->dtype));
+  for (int i = 0; i < c->n_in; i++) {
+    if (din[i].data) en.dev->free(en.dev_self, din[i].data);
+    free(hin[i].data);
+  }
+  for (int j = 0; j < c->n_out; j++) {
+    if (dout[j].data) en.dev->free(en.dev_self, dout[j].data);
+    free(hout[j].data);
+  }
+  if (en.b->close) en.b->close(en.self);
+  if (en.dev != en.b && en.dev->close) en.dev->close(en.dev_self);
+}
+
+/* ------------------------------------------------------------- cases */
+
+/* Build call c for `op` from test case t (NULL: shape `s` for every input). */
+static stoke_err *make_call(kit *k, const stoke_op_type_v1 *op, const stoke_testcase_v1 *t, const stoke_shape *s,
+                            call *c) {
+  memset(c, 0, sizeof *c);
+  c->op = op;
+  c->n_in = op->n_inputs;
+  if (t && t->n_inputs != op->n_inputs)
+    return STOKE_ERR(STOKE_E_INVALID, "test case of op '%s' gives %d input shapes, the op takes %d", op->name,
+                     t->n_inputs, op->n_inputs);
+  STOKE_PROPAGATE(stoke_node_init(k->reg, op->name, "check", t ? t->attrs : NULL, &c->node));
+  c->ints = t ? t->int_inputs : 0;
+  c->params = t ? t->param_inputs : 0;
+  stoke_value_desc_v1 in[STOKE_MAX_IO], out[STOKE_MAX_IO];
+  memset(out, 0, sizeof out);
+  for (int i = 0; i < c->n_in; i++) in[i] = (stoke_value_desc_v1){t ? t->shapes[i] : *s, c->ints >> i & 1u ? STOKE_I32 : STOKE_F64};
+  STOKE_TRY(op->infer(&c->node, in, out), "shape inference of op '%s'", op->name);
+  c->n_out = op->n_outputs;
+  if (!c->n_out)
+    while (c->n_out < STOKE_MAX_IO && out[c->n_out].shape.ndim) c->n_out++;
+  double lo = t && (t->lo || t->hi) ? t->lo : -2, hi = t && (t->lo || t->hi) ? t->hi : 2;
+  stoke_rng r = stoke_rng_seed(stoke_hash3(k->seed, 0xca5e, 0));
+  for (int i = 0; i < c->n_in; i++) {
+    c->in[i] = host_tensor(&in[i].shape, in[i].dtype);
+    for (int64_t x = 0, n = stoke_numel(&in[i].shape); x < n; x++)
+      stoke_elem_set(c->in[i].data, in[i].dtype, x,
+                     c->ints >> i & 1u ? (double)stoke_rng_below(&r, (uint64_t)(t->int_max > 0 ? t->int_max : 2))
+                                       : lo + (hi - lo) * stoke_rng_uniform(&r));
+  }
+  for (int j = 0; j < c->n_out; j++) c->out[j] = host_tensor(&out[j].shape, out[j].dtype);
+  char shapes[96] = "";
+  size_t used = 0;
+  for (int d = 0; d < in[0].shape.ndim && used < sizeof shapes; d++)
+    used += (size_t)snprintf(shapes + used, sizeof shapes - used, "%s%lld", d ? "x" : "", (long long)in[0].shape.d[d]);
+  snprintf(c->label, sizeof c->label, "op %s [%s]%s%s%s", op->name, shapes, t && t->attrs ? " (" : "",
+           t && t->attrs ? t->attrs : "", t && t->attrs ? ")" : "");
+  return NULL;
+}
+
+typedef struct kernel_list {
+  const stoke_kernel_v1 *k[256];
+  int n;
+  const char *origin; /* keep those registered by this file only (NULL: all) */
+} kernel_list;
+
+static void collect_kernel(void *ctx, const void *part, const char *origin) {
+  kernel_list *l = ctx;
+  if (l->n < 256 && (!l->origin || !strcmp(origin, l->origin))) l->k[l->n++] = part;
+}
+
+/* Every check of one call: the f64 forward and backward on the cpu,
+ * then each other engine's kernels of the op (plugin's own or not). */
+static void check_call(kit *k, call *c, const kernel_list *all) {
+  char what[256];
+  stoke_layout lay = c->in[0].layout;
+  const stoke_kernel_v1 *fwd = stoke_find_kernel(k->reg, "cpu", c->op->name, STOKE_FWD, STOKE_F64, lay);
+  snprintf(what, sizeof what, "%s: cpu forward in f64, every output element written", c->label);
+  if (!fwd) {
+    result(k, 0, what, "no cpu kernel for STOKE_F64: the gradient check runs in double; register the f32 body for "
+                       "STOKE_F64 too (plugins/swish does, from one macro)");
+    return;
+  }
+  stoke_err *e = forward(c, fwd, c->out);
+  if (e) {
+    fail_err(k, what, e);
+    return;
+  }
+  result(k, 1, what, NULL);
+  if (c->op->has_backward == STOKE_HAS_BACKWARD) {
+    const stoke_kernel_v1 *bwd = stoke_find_kernel(k->reg, "cpu", c->op->name, STOKE_BWD, STOKE_F64, lay);
+    snprintf(what, sizeof what, "%s: cpu backward in f64", c->label);
+    if (!bwd) result(k, 0, what, "has_backward is set but no cpu STOKE_BWD kernel for STOKE_F64 is registered");
+    else check_gradient(k, c, fwd, bwd);
+  }
+  for (int i = 0; i < all->n; i++) {
+    const stoke_kernel_v1 *kern = all->k[i];
+    if (strcmp(kern->op, c->op->name) || !strcmp(kern->engine, "cpu") || kern->pass != STOKE_FWD) continue;
+    check_engine_kernel(k, c, kern, c->out);
+  }
+}
+
+static void check_op(kit *k, const stoke_op_type_v1 *op, const kernel_list *all) {
+  int given = 0;
+  for (int i = 0; k->cases && i < k->cases->n_cases; i++) {
+    const stoke_testcase_v1 *t = &k->cases->cases[i];
+    if (strcmp(t->op, op->name)) continue;
+    given++;
+    call c;
+    stoke_err *e = make_call(k, op, t, NULL, &c);
+    if (e) fail_err(k, op->name, e);
+    else check_call(k, &c, all);
+    call_free(&c);
+  }
+  if (given) return;
+  /* no case given: every input of one shape, a matrix, then an image batch */
+  static const stoke_shape tries[] = {{2, {3, 5}}, {4, {2, 3, 4, 5}}};
+  char why[512] = "";
+  for (size_t s = 0; s < sizeof tries / sizeof *tries; s++) {
+    call c;
+    stoke_err *e = make_call(k, op, NULL, &tries[s], &c);
+    if (!e) {
+      check_call(k, &c, all);
+      call_free(&c);
+      return;
+    }
+    snprintf(why, sizeof why, "%s", e->msg);
+    stoke_err_free(e);
+    call_free(&c);
+  }
+  char what[160];
+  snprintf(what, sizeof what, "op %s", op->name);
+  result(k, 0, what,
+         "no test case, and every input shaped [3, 5] or [2, 3, 4, 5] is refused (%s): give its input shapes in "
+         "stoke_testkit_v1_entry (stoke/testkit.h)", why);
+}
+
+/* ----------------------------------------------------------- sources */
+
+#define SRC_SAMPLES 64
+#define SRC_THREADS 4
+
+typedef struct src_run {
+  const stoke_source_v1 *s;
+  void *self;
+  const int64_t *idx;
+  int n;
+  size_t bytes;
+  uint64_t seed;
+  unsigned char *x; /* n x bytes */
+  int32_t *y;
+  int fill_byte;
+  stoke_err *e;
+} src_run;
+
+/* Read samples idx[0..n) into x, every byte preset to `fill`. */
+static void *read_all(void *arg) {
+  src_run *r = arg;
+  memset(r->x, r->fill_byte, (size_t)r->n * r->bytes);
+  for (int i = 0; i < r->n && !r->e; i++)
+    r->e = r->s->read(r->self, r->idx[i], stoke_hash3(r->seed, 0, (uint64_t)r->idx[i]), r->x + (size_t)i * r->bytes,
+                      &r->y[i]);
+  return NULL;
+}
+
+static src_run src_alloc(const stoke_source_v1 *s, void *self, const int64_t *idx, int n, size_t bytes, int fill) {
+  src_run r = {s, self, idx, n, bytes, 0x5eed, malloc((size_t)n * bytes), calloc((size_t)n, sizeof(int32_t)), fill,
+               NULL};
+  return r;
+}
+
+static void src_free(src_run *r) {
+  free(r->x);
+  free(r->y);
+  stoke_err_free(r->e);
+}
+
+/* Opens the source with its keys' defaults, or --ini's [data] section. */
+static stoke_err *open_source(kit *k, const stoke_source_v1 *s, stoke_cfg **cfg, void **self) {
+  *cfg = stoke_cfg_new();
+  if (!*cfg) return STOKE_ERR(STOKE_E_OOM, "out of memory");
+  STOKE_PROPAGATE(stoke_cfg_declare(*cfg, "data", "the source's keys", s->keys, s->n_keys));
+  if (k->ini) STOKE_PROPAGATE(stoke_cfg_load_file(*cfg, k->ini));
+  return s->open(*cfg, "data", self);
+}
+
+static void check_source(kit *k, const stoke_source_v1 *s) {
+  char what[160];
+  snprintf(what, sizeof what, "source %s: opens%s", s->name, k->ini ? " with --ini's [data]" : " with its defaults");
+  stoke_cfg *cfg = NULL;
+  void *self = NULL;
+  stoke_err *e = open_source(k, s, &cfg, &self);
+  if (e) {
+    fail_err(k, what, stoke_err_note(e, "give the keys it needs with --ini FILE ([data] section)"));
+    stoke_cfg_free(cfg);
+    return;
+  }
+  result(k, 1, what, NULL);
+  stoke_sample_info_v1 info;
+  int64_t len = s->length(self);
+  snprintf(what, sizeof what, "source %s: length and sample info", s->name);
+  e = s->info(self, &info);
+  int64_t numel = e ? 0 : stoke_numel(&info.shape);
+  if (!e && len < 1) e = STOKE_ERR(STOKE_E_INVALID, "length() is %lld", (long long)len);
+  if (!e && (info.shape.ndim < 1 || info.shape.ndim > 3 || numel < 1))
+    e = STOKE_ERR(STOKE_E_INVALID, "a sample's shape has %d dimensions and %lld elements (1 to 3 dimensions)",
+                  info.shape.ndim, (long long)numel);
+  if (!e && info.dtype != STOKE_F32 && info.dtype != STOKE_U8 && info.dtype != STOKE_I32)
+    e = STOKE_ERR(STOKE_E_INVALID, "samples are %s; the core reads f32, u8 images or i32 token windows",
+                  stoke_dtype_name(info.dtype));
+  if (!e && info.dtype != STOKE_I32 && info.classes < 2)
+    e = STOKE_ERR(STOKE_E_INVALID, "classes = %lld: a classifier needs 2 or more", (long long)info.classes);
+  if (!e && info.dtype == STOKE_U8 && (info.shape.ndim != 3 || info.layout == STOKE_NCHW))
+    e = STOKE_ERR(STOKE_E_INVALID, "u8 samples must be images (C, H, W) written HWC (STOKE_NHWC); this says %s%s",
+                  info.shape.ndim != 3 ? "another shape" : "STOKE_NCHW", "");
+  if (e) {
+    fail_err(k, what, e);
+    goto done;
+  }
+  result(k, 1, what, "%lld samples of %lld %s values, %lld classes%s", (long long)len, (long long)numel,
+         stoke_dtype_name(info.dtype), (long long)info.classes,
+         info.shape.ndim == 3 ? (info.dtype == STOKE_U8 || info.layout == STOKE_NHWC
+                                     ? "; images read as HWC (STOKE_NHWC)"
+                                     : "; images read as CHW (say STOKE_NHWC if read() writes HWC)")
+                              : "");
+  /* the first samples and some from the rest */
+  int64_t idx[SRC_SAMPLES];
+  int n = len < SRC_SAMPLES ? (int)len : SRC_SAMPLES;
+  stoke_rng rng = stoke_rng_seed(stoke_hash3(k->seed, 0x50c, 0));
+  for (int i = 0; i < n; i++) idx[i] = i < n / 2 ? i : (int64_t)stoke_rng_below(&rng, (uint64_t)len);
+  size_t bytes = (size_t)numel * stoke_dtype_size(info.dtype);
+  src_run a = src_alloc(s, self, idx, n, bytes, 0x00), b = src_alloc(s, self, idx, n, bytes, 0xff);
+  read_all(&a);
+  read_all(&b);
+  snprintf(what, sizeof what, "source %s: read() of %d samples", s->name, n);
+  if (a.e || b.e) {
+    result(k, 0, what, "%s", (a.e ? a.e : b.e)->msg);
+    goto free_runs;
+  }
+  result(k, 1, what, NULL);
+  snprintf(what, sizeof what, "source %s: labels in [0, classes)", s->name);
+  int bad = -1;
+  for (int i = 0; i < n && bad < 0 && info.dtype != STOKE_I32; i++)
+    if (a.y[i] < 0 || a.y[i] >= info.classes) bad = i;
+  if (bad >= 0)
+    result(k, 0, what, "sample %lld has label %d, outside [0, %lld): labels count from 0", (long long)idx[bad], a.y[bad],
+           (long long)info.classes);
+  else result(k, 1, what, NULL);
+  snprintf(what, sizeof what, "source %s: the same (index, seed) gives the same sample, every byte written", s->name);
+  int diff = -1;
+  for (int i = 0; i < n && diff < 0; i++)
+    if (memcmp(a.x + i * bytes, b.x + i * bytes, bytes) || a.y[i] != b.y[i]) diff = i;
+  if (diff >= 0) {
+    size_t at = 0;
+    while (at < bytes && a.x[diff * bytes + at] == b.x[diff * bytes + at]) at++;
+    result(k, 0, what,
+           "sample %lld read twice differs at byte %zu of %zu (preset to 0x00, then 0xff): read() leaves bytes "
+           "unwritten or depends on something besides (index, seed)",
+           (long long)idx[diff], at, bytes);
+  } else {
+    result(k, 1, what, NULL);
+  }
+  snprintf(what, sizeof what, "source %s: %d threads read what one thread reads", s->name, SRC_THREADS);
+  src_run t[SRC_THREADS];
+  pthread_t th[SRC_THREADS];
+  for (int i = 0; i < SRC_THREADS; i++) t[i] = src_alloc(s, self, idx, n, bytes, 0x00);
+  for (int i = 0; i < SRC_THREADS; i++) pthread_create(&th[i], NULL, read_all, &t[i]);
+  for (int i = 0; i < SRC_THREADS; i++) pthread_join(th[i], NULL);
+  int thread_bad = -1;
+  for (int i = 0; i < SRC_THREADS && thread_bad < 0; i++)
+    if (t[i].e || memcmp(t[i].x, a.x, (size_t)n * bytes) || memcmp(t[i].y, a.y, sizeof(int32_t) * (size_t)n))
+      thread_bad = i;
+  if (thread_bad >= 0)
+    result(k, 0, what, "thread %d read other samples%s%s: read() is not safe to call concurrently (the loader does)",
+           thread_bad, t[thread_bad].e ? ": " : "", t[thread_bad].e ? t[thread_bad].e->msg : "");
+  else result(k, 1, what, NULL);
+  for (int i = 0; i < SRC_THREADS; i++) src_free(&t[i]);
+free_runs:
+  src_free(&a);
+  src_free(&b);
+done:
+  if (s->close) s->close(self);
+  stoke_cfg_free(cfg);
+}
+
+/* ------------------------------------------------------------- main */
+
+typedef struct part_list {
+  const void *p[128];
+  int n;
+  const char *origin;
+} part_list;
+
+static void collect(void *ctx, const void *part, const char *origin) {
+  part_list *l = ctx;
+  if (l->n < 128 && !strcmp(origin, l->origin)) l->p[l->n++] = part;
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: plugin_check PLUGIN [--ini FILE] [--seed N]\n"
+             "  PLUGIN  libstoke_<name>.so (a path) or a plugin name on the search path\n"
+             "  --ini   an INI file whose [data] section gives the keys a source needs to open\n"
+             "Checks every op, kernel and source the plugin registers (see plugins/README.md, \"The test kit\").\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  kit k = {0};
+  k.seed = 1;
+  for (int i = 2; i < argc; i++) {
+    if (!strcmp(argv[i], "--ini") && i + 1 < argc) k.ini = argv[++i];
+    else if (!strcmp(argv[i], "--seed") && i + 1 < argc) k.seed = strtoull(argv[++i], NULL, 10);
+    else {
+      fprintf(stderr, "plugin_check: unknown argument '%s'\n", argv[i]);
+      usage(stderr);
+      return 2;
+    }
+  }
+  stoke_err *e = stoke_registry_new(&k.reg);
+  if (!e) e = stoke_registry_load(k.reg, "cpu");
+  if (!e) e = stoke_registry_load(k.reg, argv[1]);
+  if (e) {
+    fprintf(stderr, "plugin_check: %s\n", e->msg);
+    stoke_err_free(e);
+    stoke_registry_free(k.reg);
+    return 1;
+  }
+  /* the file the plugin was loaded from names its parts' origin */
+  k.plugin = stoke_registry_plugin_path(k.reg, argv[1]);
+  void *h = dlopen(k.plugin, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  k.cases = h ? dlsym(h, STOKE_TESTKIT_SYMBOL) : NULL;
+  if (k.cases && (k.cases->abi_version != STOKE_ABI_VERSION || k.cases->struct_size != sizeof(stoke_testkit_v1))) {
+    fprintf(stderr, "plugin_check: %s: %s says ABI %u, %u bytes; this kit is ABI %u, %zu bytes: rebuild the plugin\n",
+            k.plugin, STOKE_TESTKIT_SYMBOL, k.cases->abi_version, k.cases->struct_size, STOKE_ABI_VERSION,
+            sizeof(stoke_testkit_v1));
+    return 1;
+  }
+  printf("plugin_check %s (seed %llu): %s\n", k.plugin, (unsigned long long)k.seed,
+         k.cases ? "with its test cases (stoke_testkit_v1_entry)" : "no test cases exported: inputs of one shape");
+  kernel_list all = {.origin = NULL};
+  stoke_registry_each(k.reg, "kernel", collect_kernel, &all);
+  part_list ops = {.origin = k.plugin}, srcs = {.origin = k.plugin};
+  stoke_registry_each(k.reg, "op", collect, &ops);
+  stoke_registry_each(k.reg, "source", collect, &srcs);
+  for (int i = 0; i < ops.n; i++) check_op(&k, ops.p[i], &all);
+  /* kernels for ops of others (a CUDA kernel for a core op): against the cpu's */
+  kernel_list mine = {.origin = k.plugin};
+  stoke_registry_each(k.reg, "kernel", collect_kernel, &mine);
+  for (int i = 0; i < mine.n; i++) {
+    const stoke_kernel_v1 *kern = mine.k[i];
+    int own = 0;
+    for (int j = 0; j < ops.n; j++) own |= !strcmp(((const stoke_op_type_v1 *)ops.p[j])->name, kern->op);
+    const stoke_op_type_v1 *op = stoke_find_op(k.reg, kern->op);
+    if (own || !op || kern->pass != STOKE_FWD || !strcmp(kern->engine, "cpu")) continue;
+    check_op(&k, op, &(kernel_list){{kern}, 1, NULL});
+  }
+  for (int i = 0; i < srcs.n; i++) check_source(&k, srcs.p[i]);
+  if (!ops.n && !mine.n && !srcs.n) printf("note: the plugin registers no op, kernel or source: nothing to check\n");
+  printf("%d checks, %d failed\n", k.checks, k.failures);
+  if (h) dlclose(h);
+  stoke_registry_free(k.reg);
+  return k.failures ? 1 : 0;
+}
