@@ -58,13 +58,12 @@ static stoke_err *last_evaluation(run_state *s) {
   return run_note_saved(s, e);
 }
 
-/* Device memory the run allocated (MiB): both streams' execs and batch
- * staging buffers; NaN when the device is the host. */
+/* Device memory the run's plans allocated (MiB): both streams' execs (the
+ * loader's one-batch staging buffers aside); NaN when the device is the
+ * host. */
 static double device_mib(const run_state *s) {
   if (!s->dev || s->dev->device != STOKE_DEV_GPU) return NAN;
   size_t b = stoke_exec_device_bytes(s->train.x) + stoke_exec_device_bytes(s->eval.x);
-  for (const stream *st = &s->train; st; st = st == &s->train ? &s->eval : NULL)
-    if (st->stage) b += st->stage_x + sizeof(int32_t) * (size_t)st->batch;
   return (double)b / 1048576.0;
 }
 
