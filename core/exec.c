@@ -26,6 +26,7 @@ struct stoke_exec {
   int borrowed[STOKE_BUF_COUNT]; /* shared from another exec: not ours to free */
   void *opt_state;
   void *workspace;
+  size_t dev_bytes; /* device memory this exec allocated (stoke_exec_device_bytes) */
   float *amp; /* loss scaler state on the device, or NULL */
   /* profile: timers[i] is recorded after node i, timers[n] at the start,
    * timers[n + 1] after the update; ms[] accumulates per node (n: update) */
@@ -141,8 +142,11 @@ static stoke_err *dev_alloc(stoke_exec *x, size_t bytes, void **ptr, const char 
   *ptr = NULL;
   if (!bytes) return NULL;
   STOKE_TRY(x->dev->alloc(x->dev_self, bytes, ptr), "allocating %s (%zu bytes)", what, bytes);
+  x->dev_bytes += bytes;
   return NULL;
 }
+
+size_t stoke_exec_device_bytes(const stoke_exec *x) { return x ? x->dev_bytes : 0; }
 
 /* Write `v` into the loss seed (d loss, in the loss's dtype). */
 static stoke_err *write_seed(stoke_exec *x, double v) {

@@ -311,7 +311,7 @@ static void trace_cost(const stoke_metrics *m, double *traced, double *untraced)
 }
 
 stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *status) {
-  char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32];
+  char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32], m_[32];
   if (m->jsonl)
     fprintf(m->jsonl,
             "{\"summary\": \"%s\", \"steps\": %lld, \"samples\": %lld, \"final_loss\": %.6g, "
@@ -319,13 +319,15 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
             "\"step_time_ms_max\": %s, \"host_ms_p50\": %s, \"data_wait_s\": %.4f, \"flops_per_step\": %.6g, "
             "\"skipped_samples\": %lld, \"bad_samples\": %lld, "
             "\"eval_loss\": %s, \"eval_accuracy\": %s, \"mfu\": %s, \"gpu_util_mean\": %s, "
-            "\"gpu_mem_max_mib\": %s, \"gpu_ops_per_step\": %lld, \"launches_per_step\": %lld}\n",
+            "\"gpu_mem_max_mib\": %s, \"device_alloc_mib\": %s, \"gpu_ops_per_step\": %lld, "
+            "\"launches_per_step\": %lld}\n",
             status, (long long)s->steps, (long long)s->samples, s->final_loss, s->samples_per_s,
             json_num(s->step_ms_p50, f, sizeof f), json_num(s->step_ms_p95, g, sizeof g),
             json_num(s->step_ms_max, h, sizeof h), json_num(s->host_ms_p50, k, sizeof k), s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples,
             (long long)s->bad_samples, json_num(s->eval_loss, a, sizeof a), json_num(s->eval_accuracy, b, sizeof b),
             json_num(s->mfu, c, sizeof c), json_num(s->gpu_util_mean, d, sizeof d),
-            json_num(s->gpu_mem_max_mib, e, sizeof e), (long long)s->gpu_ops_per_step,
+            json_num(s->gpu_mem_max_mib, e, sizeof e), json_num(s->dev_alloc_mib, m_, sizeof m_),
+            (long long)s->gpu_ops_per_step,
             (long long)s->launches_per_step);
   stoke_err *err = jsonl_flushed(m);
   if (!err && m->o.report_dir) {
@@ -352,6 +354,9 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
   if (isfinite(s->gpu_util_mean))
     printf("  GPU utilization %.0f%% (mean of samples), memory used up to %.0f MiB\n", s->gpu_util_mean,
            s->gpu_mem_max_mib);
+  if (isfinite(s->dev_alloc_mib))
+    printf("  device memory allocated by stoke %.0f MiB (%.2f GB), held through every step: its peak\n",
+           s->dev_alloc_mib, s->dev_alloc_mib * 1048576.0 / 1e9);
   if (s->gpu_ops_per_step)
     printf("  %lld GPU operations per step, %lld launch%s per step\n", (long long)s->gpu_ops_per_step,
            (long long)s->launches_per_step, s->launches_per_step == 1 ? " (CUDA graph)" : "es");

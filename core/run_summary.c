@@ -58,6 +58,15 @@ static stoke_err *last_evaluation(run_state *s) {
   return run_note_saved(s, e);
 }
 
+/* Device memory the run's plans allocated (MiB): both streams' execs (the
+ * loader's one-batch staging buffers aside); NaN when the device is the
+ * host. */
+static double device_mib(const run_state *s) {
+  if (!s->dev || s->dev->device != STOKE_DEV_GPU) return NAN;
+  size_t b = stoke_exec_device_bytes(s->train.x) + stoke_exec_device_bytes(s->eval.x);
+  return (double)b / 1048576.0;
+}
+
 /* The last state is saved on every way out, then any error is reported;
  * signals are still caught: a save is never cut short by the first two. */
 stoke_err *run_finish(run_state *s, stoke_err *e) {
@@ -69,6 +78,7 @@ stoke_err *run_finish(run_state *s, stoke_err *e) {
   if (!e && s->rc.run.profile_ops) e = report_profile(s);
   if (s->metrics && s->steptime && !e) e = stoke_metrics_collect(s->metrics, s->steptime); /* since the last log */
   stoke_metrics_summary(s->metrics, sum);
+  sum->dev_alloc_mib = device_mib(s);
   sum->steps = s->step;
   sum->samples = (s->step - s->start_step) * s->train.batch * s->rc.run.accumulate * s->world;
   sum->skipped_samples = stoke_loader_skip_reasons(s->train.loader, sum->skip_reasons, sizeof sum->skip_reasons);

@@ -46,7 +46,8 @@
 #             (tests/gpu/bn_bench, BN_PRECS: bf16 f16), then ResNet-50's
 #             per-op profile (examples/resnet50.ini)
 #   gpt       GPT-2 124M bf16 (examples/gpt2_124m.ini): stoke at B = 16 and
-#             32 in tokens/s (cuDNN flash attention), one per-op profile, the
+#             32 in tokens/s and device memory allocated (against PyTorch's
+#             peak_mem_gb), cuDNN flash attention, one per-op profile, the
 #             PyTorch anchor (gpt_bench.py, eager and compile), and a small
 #             gpt's checkpoint loaded into nanoGPT's module structure with
 #             load_state_dict(strict=True), its loss on the same tokens
@@ -178,7 +179,7 @@ PY
         timeout 900 "$T" "$S/examples/gpt2_124m.ini" data.batch_size=$b run.progress=lines run.out_dir="$OUT/gpt_$b" \
           > "$OUT/gpt_$b.log" 2>&1
         echo "rc=$?"; grep -E "summary|MFU|memory|operations|error" "$OUT/gpt_$b.log" | head -8
-        python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if 'summary' in l][-1]; print('tokens/s', round(r['samples_per_s_median'] * 1024))" \
+        python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if 'summary' in l][-1]; print('tokens/s', round(r['samples_per_s_median'] * 1024), ' device memory allocated', round(r.get('device_alloc_mib', float('nan')) * 1048576 / 1e9, 2), 'GB (PyTorch peak_mem_gb: max_memory_allocated)')" \
           "$OUT/gpt_$b/metrics.jsonl" 2>/dev/null
       done
       log "gpt2_124m bf16 B=16 per-op profile"

@@ -258,6 +258,7 @@ static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
   STOKE_PROPAGATE_P(stoke_cuda_register_amp(r));
   STOKE_PROPAGATE_P(stoke_cuda_register_cast(r));
   STOKE_PROPAGATE_P(stoke_cuda_register_seq(r));
+  STOKE_PROPAGATE_P(stoke_cuda_register_layer_norm(r));
   STOKE_PROPAGATE_P(stoke_cuda_register_attention(r));
   return NULL;
 }

@@ -347,6 +347,96 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Rows of whole 16-byte vectors (C a multiple of 8 for bf16/fp16, of 4 for f32, 16-byte aligned
+// logits), the large-vocabulary case: a block per row, each thread kUnroll vectors in flight.
+constexpr int kUnroll = 4;
+
+// The forward as softmax_ce_fwd_kernel (TPR = kThreads), reading whole vectors: each vector's max,
+// then its exps against it merged into the thread's (max, sum).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    softmax_ce_fwd_vec_kernel(const T *__restrict__ x, const int32_t *__restrict__ lab, float *__restrict__ row_loss,
+                              float *__restrict__ lse_out, int64_t n, int64_t c, float ls) {
+  constexpr int V = 16 / sizeof(T);
+  constexpr int64_t step = (int64_t)kThreads * V;
+  __shared__ float sm[kThreads / 32];
+  __shared__ float2 sm2[kThreads / 32];
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const T *row = x + r * c;
+    float m = -INFINITY, s = 0.f, sx = 0.f;
+    for (int64_t j0 = (int64_t)threadIdx.x * V; j0 < c; j0 += step * kUnroll) {
+      vec<T, V> xv[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; u++)
+        if (j0 + u * step < c) xv[u] = *reinterpret_cast<const vec<T, V> *>(row + j0 + u * step);
+#pragma unroll
+      for (int u = 0; u < kUnroll; u++) {
+        if (j0 + u * step >= c) continue;
+        float cm = -INFINITY, cs = 0.f;
+#pragma unroll
+        for (int k = 0; k < V; k++) cm = fmaxf(cm, to_f(xv[u].v[k]));
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+          const float v = to_f(xv[u].v[k]);
+          cs += __expf(v - cm);
+          sx += v;
+        }
+        online_merge(m, s, cm, cs);
+      }
+    }
+    group_online<kThreads>(m, s, sm2);
+    sx = group_reduce<kThreads, false>(sx, sm);
+    if (threadIdx.x == 0) {
+      const int32_t l = lab[r];
+      const bool bad = l < 0 || (int64_t)l >= c;
+      const int64_t lc = l < 0 ? 0 : (int64_t)l >= c ? c - 1 : l;
+      const float lse = m + logf(s);
+      const float loss = -(1.f - ls) * (to_f(row[lc]) - lse) - ls / (float)c * (sx - (float)c * lse);
+      row_loss[r] = bad ? NAN : loss;
+      lse_out[r] = lse;
+    }
+  }
+}
+
+// The backward as softmax_ce_bwd_kernel, a block per row reading and writing whole vectors; dx may
+// be the logits' memory (each thread reads its vectors before it writes them).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    softmax_ce_bwd_vec_kernel(const T *x, const int32_t *__restrict__ lab, const float *__restrict__ lse,
+                              const float *__restrict__ dloss, T *dx, int64_t n, int64_t c, float ls, float beta) {
+  constexpr int V = 16 / sizeof(T);
+  constexpr int64_t step = (int64_t)kThreads * V;
+  const float g = dloss[0] / (float)n, base = ls / (float)c;
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const int32_t l = lab[r];
+    const bool bad = l < 0 || (int64_t)l >= c;
+    const float lr = lse[r];
+    const T *xr = x + r * c;
+    T *dr = dx + r * c;
+    for (int64_t j0 = (int64_t)threadIdx.x * V; j0 < c; j0 += step * kUnroll) {
+      vec<T, V> xv[kUnroll], o[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; u++)
+        if (j0 + u * step < c) {
+          xv[u] = *reinterpret_cast<const vec<T, V> *>(xr + j0 + u * step);
+          if (beta != 0.f) o[u] = *reinterpret_cast<const vec<T, V> *>(dr + j0 + u * step);
+        }
+#pragma unroll
+      for (int u = 0; u < kUnroll; u++) {
+        const int64_t j = j0 + u * step;
+        if (j >= c) continue;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+          const float target = base + (j + k == (int64_t)l ? 1.f - ls : 0.f);
+          const float v = bad ? NAN : g * (__expf(to_f(xv[u].v[k]) - lr) - target);
+          o[u].v[k] = from_f<T>(beta != 0.f ? beta * to_f(o[u].v[k]) + v : v);
+        }
+        *reinterpret_cast<vec<T, V> *>(dr + j) = o[u];
+      }
+    }
+  }
+}
+
 // -------------------------------------------------------------- normalize
 
 struct norm_params {
@@ -756,6 +846,11 @@ PLAN(softmax_ce_bwd, softmax_ce_check(a, dtype_of<T>::value, 1, 0), 0)
 // Rows of up to 512 classes take a warp each (8 rows a block), longer rows a block each.
 constexpr int64_t kWarpRowMax = 512;
 
+// Longer rows of whole 16-byte vectors, 16-byte aligned, take the vector kernels.
+template <typename T> bool softmax_ce_vec(int64_t c, const void *x, const void *dx) {
+  return c % (16 / (int64_t)sizeof(T)) == 0 && aligned16(x) && aligned16(dx);
+}
+
 template <typename T> stoke_err *softmax_ce_fwd(const stoke_kernel_args_v1 *a, void *) {
   CHECK(softmax_ce_check(a, dtype_of<T>::value, 0, 1));
   int64_t n = a->in[0].shape.d[0], c = a->in[0].shape.d[1];
@@ -767,7 +862,10 @@ template <typename T> stoke_err *softmax_ce_fwd(const stoke_kernel_args_v1 *a, v
   const T *x = dp<T>(a->in[0]);
   const int32_t *lab = static_cast<const int32_t *>(a->in[1].data);
   float ls = softmax_ce_smoothing(a);
-  if (c <= kWarpRowMax)
+  if (c > kWarpRowMax && softmax_ce_vec<T>(c, x, x))
+    softmax_ce_fwd_vec_kernel<T>
+        <<<grid_for(n, 1, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, row_loss, lse, n, c, ls);
+  else if (c <= kWarpRowMax)
     softmax_ce_fwd_kernel<T, 32>
         <<<grid_for(n, kThreads / 32, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, row_loss, lse, n, c, ls);
   else
@@ -779,7 +877,8 @@ template <typename T> stoke_err *softmax_ce_fwd(const stoke_kernel_args_v1 *a, v
   return NULL;
 }
 
-// A 2-D grid: columns in blocks of kThreads (x), rows (y): coalesced whatever C is.
+// Vector rows: a block per row; others a 2-D grid, columns in blocks of kThreads (x), rows (y):
+// coalesced whatever C is.
 template <typename T> stoke_err *softmax_ce_bwd(const stoke_kernel_args_v1 *a, void *) {
   CHECK(softmax_ce_check(a, dtype_of<T>::value, 1, 1));
   T *dx = dp<T>(a->din[0]);
@@ -789,6 +888,12 @@ template <typename T> stoke_err *softmax_ce_bwd(const stoke_kernel_args_v1 *a, v
   const int32_t *lab = static_cast<const int32_t *>(a->in[1].data);
   const float *dloss = static_cast<const float *>(a->dout[0].data), *lse = static_cast<const float *>(a->out[1].data);
   float ls = softmax_ce_smoothing(a), beta = stoke_grad_beta(a, 0);
+  if (c > kWarpRowMax && softmax_ce_vec<T>(c, x, dx)) {
+    softmax_ce_bwd_vec_kernel<T>
+        <<<grid_for(n, 1, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, lse, dloss, dx, n, c, ls, beta);
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
+    return NULL;
+  }
   dim3 grid(grid_for(c, kThreads, 1024), (unsigned)(n < kMaxGrid ? n : kMaxGrid));
   softmax_ce_bwd_kernel<T><<<grid, kThreads, 0, stream_of(a)>>>(x, lab, lse, dloss, dx, n, c, ls, beta);
   STOKE_CUDA_LAUNCH(stoke_node_name(a));

@@ -1,5 +1,5 @@
 // backends/cuda/seq.cu: the cuda backend's kernels of the sequence ops (embedding,
-// position_embedding, layer_norm, add_layer_norm) and of the views (reshape, slice, split,
+// position_embedding; layer norms are in layer_norm.cu) and of the views (reshape, slice, split,
 // transpose); see stoke/ops.h. f32, bf16 and fp16; arithmetic in float, reductions in a fixed
 // order (deterministic: no float atomics), the CPU reference's semantics (backends/cpu/seq.c).
 #include <cuda_bf16.h>
@@ -25,13 +25,6 @@ template <> struct dtype_of<int32_t> { static constexpr stoke_dtype value = STOK
 cudaStream_t stream_of(const stoke_kernel_args_v1 *a) { return (cudaStream_t)a->stream; }
 
 template <typename T> T *dp(const stoke_tensor &t) { return static_cast<T *>(t.data); }
-
-// Warp sum (every lane gets it).
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // d[i] = beta * d[i] for i < n (0 when beta is 0, without reading d).
 template <typename T> __global__ void scale_kernel(T *d, int64_t n, float beta) {
@@ -99,100 +92,6 @@ template <typename T>
 __global__ void copy_acc_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t n, float beta) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     acc(y + i, beta, to_f(x[i]));
-}
-
-// ------------------------------------------------------------ layer norm
-
-// One warp per row: s = a + b rounded to T (add_layer_norm) or x, its mean and biased variance
-// (two passes over the row, in float), y = (s - mean) rstd w + bias.
-template <typename T>
-__global__ void ln_fwd_kernel(const T *__restrict__ a, const T *__restrict__ b, T *__restrict__ s_out,
-                              const T *__restrict__ w, const T *__restrict__ bias, T *__restrict__ y,
-                              float *__restrict__ mean, float *__restrict__ rstd, int64_t rows, int64_t c, float eps) {
-  const int lane = threadIdx.x % 32;
-  const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-  for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
-    const T *ar = a + r * c;
-    float sum = 0.f;
-    for (int64_t j = lane; j < c; j += 32) {
-      float v = to_f(ar[j]);
-      if (b) {
-        T sv = from_f<T>(v + to_f(b[r * c + j]));
-        s_out[r * c + j] = sv;
-        v = to_f(sv);
-      }
-      sum += v;
-    }
-    const T *xr = b ? s_out + r * c : ar;
-    __syncwarp();
-    float m = warp_sum(sum) / (float)c, q = 0.f;
-    for (int64_t j = lane; j < c; j += 32) {
-      float d = to_f(xr[j]) - m;
-      q += d * d;
-    }
-    float rs = rsqrtf(warp_sum(q) / (float)c + eps);
-    for (int64_t j = lane; j < c; j += 32)
-      y[r * c + j] = from_f<T>((to_f(xr[j]) - m) * rs * to_f(w[j]) + to_f(bias[j]));
-    if (lane == 0) mean[r] = m, rstd[r] = rs;
-  }
-}
-
-// dx per row (one warp): rstd (gy - mean(gy) - xhat mean(gy xhat)) (+ ds), gy = dy w, into dx and
-// dx2 (add_layer_norm's second input, when it has its own memory).
-template <typename T>
-__global__ void ln_bwd_x_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ dy,
-                                const T *__restrict__ ds, const float *__restrict__ mean,
-                                const float *__restrict__ rstd, T *dx, T *dx2, int64_t rows, int64_t c, float b0,
-                                float b1) {
-  const int lane = threadIdx.x % 32;
-  const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-  for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
-    float m = mean[r], rs = rstd[r], mg = 0.f, mgx = 0.f;
-    for (int64_t j = lane; j < c; j += 32) {
-      float gy = to_f(dy[r * c + j]) * to_f(w[j]);
-      mg += gy;
-      mgx += gy * (to_f(x[r * c + j]) - m) * rs;
-    }
-    mg = warp_sum(mg) / (float)c;
-    mgx = warp_sum(mgx) / (float)c;
-    for (int64_t j = lane; j < c; j += 32) {
-      int64_t i = r * c + j;
-      float xh = (to_f(x[i]) - m) * rs, gy = to_f(dy[i]) * to_f(w[j]);
-      float v = rs * (gy - mg - xh * mgx) + (ds ? to_f(ds[i]) : 0.f);
-      acc(dx + i, b0, v);
-      if (dx2) acc(dx2 + i, b1, v);
-    }
-  }
-}
-
-constexpr int kLnParts = 64;  // row partitions of the weight and bias gradients
-
-// part[p, j] = (sum dy xhat, sum dy) over partition p's rows of column j (a thread per column).
-template <typename T>
-__global__ void ln_bwd_w_part_kernel(const T *__restrict__ x, const T *__restrict__ dy, const float *__restrict__ mean,
-                                     const float *__restrict__ rstd, float2 *__restrict__ part, int64_t rows, int64_t c) {
-  const int p = blockIdx.y;
-  const int64_t per = (rows + kLnParts - 1) / kLnParts, r0 = p * per, r1 = r0 + per < rows ? r0 + per : rows;
-  for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < c; j += (int64_t)gridDim.x * blockDim.x) {
-    float sw = 0.f, sb = 0.f;
-    for (int64_t r = r0; r < r1; r++) {
-      float d = to_f(dy[r * c + j]);
-      sw += d * (to_f(x[r * c + j]) - mean[r]) * rstd[r];
-      sb += d;
-    }
-    part[(int64_t)p * c + j] = make_float2(sw, sb);
-  }
-}
-
-// dweight = beta dweight + sum of the partitions in order; dbias likewise.
-template <typename T>
-__global__ void ln_bwd_w_sum_kernel(const float2 *__restrict__ part, T *dw, T *db, int64_t c, float bw, float bb) {
-  for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < c; j += (int64_t)gridDim.x * blockDim.x) {
-    float sw = 0.f, sb = 0.f;
-    for (int p = 0; p < kLnParts; p++) sw += part[(int64_t)p * c + j].x, sb += part[(int64_t)p * c + j].y;
-    if (dw) acc(dw + j, bw, sw);
-    if (db) acc(db + j, bb, sb);
-  }
 }
 
 // ----------------------------------------------------------------- views
@@ -284,49 +183,6 @@ stoke_err *pos_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, boo
   return stoke_check_data(a, op, "dy", &a->dout[0], run);
 }
 
-struct ln_geom {
-  int64_t rows, c;
-  float eps;
-  int add, w, y;
-};
-
-stoke_err *ln_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool run, int add, ln_geom *g) {
-  const char *op = add ? STOKE_OP_ADD_LAYER_NORM : STOKE_OP_LAYER_NORM;
-  g->add = add;
-  g->w = add ? 2 : 1;
-  g->y = add ? 1 : 0;
-  int nin = add ? 4 : 3, nout = add ? 4 : 3;
-  if (a->n_in < nin || a->n_out < nout || (bwd && (!a->din || !a->dout)) || !a->node ||
-      a->node->n_attrs <= STOKE_LAYER_NORM_EPS)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects %d inputs, %d outputs and eps", op, stoke_node_name(a), nin, nout);
-  const stoke_shape *xs = &a->in[0].shape;
-  g->eps = (float)a->node->attrs[STOKE_LAYER_NORM_EPS].f;
-  g->c = xs->ndim ? xs->d[xs->ndim - 1] : 0;
-  g->rows = g->c ? stoke_numel(xs) / g->c : 0;
-  for (int i = 0; i < (add ? 2 : 1); i++)
-    if (!stoke_same_shape(&a->in[i].shape, xs) || !stoke_same_shape(&a->out[i].shape, xs))
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': inputs and outputs must have x's shape %s", op, stoke_node_name(a), stoke_shape_str(xs).s);
-  for (int i = g->w; i < g->w + 2; i++)
-    if (a->in[i].shape.ndim != 1 || a->in[i].shape.d[0] != g->c)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': weight and bias must be [%lld]", op, stoke_node_name(a), (long long)g->c);
-  for (int j = g->y + 1; j < g->y + 3; j++)
-    if (a->out[j].shape.ndim != 1 || a->out[j].shape.d[0] != g->rows || a->out[j].dtype != STOKE_F32)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': mean and rstd must be f32 [%lld]", op, stoke_node_name(a), (long long)g->rows);
-  for (int i = 0; i < nin; i++) CHECK(stoke_check_dtype(a, op, "input", &a->in[i], dt));
-  CHECK(stoke_check_dtype(a, op, "y", &a->out[g->y], dt));
-  if (!bwd) {
-    for (int i = 0; i < nin; i++) CHECK(stoke_check_data(a, op, "input", &a->in[i], run));
-    for (int j = 0; j < nout; j++) CHECK(stoke_check_data(a, op, "output", &a->out[j], run));
-    return NULL;
-  }
-  for (int i = 0; i < nin; i++) CHECK(stoke_check_grad(a, op, "input", &a->din[i], &a->in[i]));
-  CHECK(stoke_check_data(a, op, "dy", &a->dout[g->y], run));
-  CHECK(stoke_check_data(a, op, add ? "s" : "x", add ? &a->out[0] : &a->in[0], run));
-  CHECK(stoke_check_data(a, op, "weight", &a->in[g->w], run));
-  CHECK(stoke_check_data(a, op, "mean", &a->out[g->y + 1], run));
-  return stoke_check_data(a, op, "rstd", &a->out[g->y + 2], run);
-}
-
 // ---------------------------------------------------------------- kernels
 
 #define PLAN(name, check, ws)                                                                \
@@ -403,62 +259,6 @@ template <typename T> stoke_err *pos_bwd(const stoke_kernel_args_v1 *a, void *) 
                                                                      d[1] * d[2], all, stoke_grad_beta(a, 1));
     LAUNCH_OK(a);
   }
-  return NULL;
-}
-
-template <int ADD> stoke_err *ln_plan_any(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, size_t *w) {
-  ln_geom g;
-  CHECK(ln_check(a, dt, bwd, false, ADD, &g));
-  if (w) *w = bwd ? (size_t)kLnParts * (size_t)g.c * sizeof(float2) : 0;
-  return NULL;
-}
-
-template <typename T, int ADD, int BWD> stoke_err *ln_plan(const stoke_kernel_args_v1 *a, void **state, size_t *w) {
-  if (state) *state = NULL;
-  if (w) *w = 0;
-  return ln_plan_any<ADD>(a, dtype_of<T>::value, BWD, w);
-}
-
-template <typename T, int ADD> stoke_err *ln_fwd(const stoke_kernel_args_v1 *a, void *) {
-  ln_geom g;
-  CHECK(ln_check(a, dtype_of<T>::value, 0, true, ADD, &g));
-  if (!g.rows) return NULL;
-  ln_fwd_kernel<T><<<grid_for(g.rows, kThreads / 32, kGrid), kThreads, 0, stream_of(a)>>>(
-      dp<T>(a->in[0]), ADD ? dp<T>(a->in[1]) : (const T *)NULL, ADD ? dp<T>(a->out[0]) : (T *)NULL, dp<T>(a->in[g.w]),
-      dp<T>(a->in[g.w + 1]), dp<T>(a->out[g.y]), dp<float>(a->out[g.y + 1]), dp<float>(a->out[g.y + 2]), g.rows, g.c,
-      g.eps);
-  LAUNCH_OK(a);
-  return NULL;
-}
-
-template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, void *) {
-  ln_geom g;
-  CHECK(ln_check(a, dtype_of<T>::value, 1, true, ADD, &g));
-  if (!g.rows) return NULL;
-  cudaStream_t st = stream_of(a);
-  const T *x = ADD ? dp<T>(a->out[0]) : dp<T>(a->in[0]), *dy = dp<T>(a->dout[g.y]);
-  const float *mean = dp<float>(a->out[g.y + 1]), *rstd = dp<float>(a->out[g.y + 2]);
-  T *dx = dp<T>(a->din[0]), *dx2 = ADD && a->din[1].data != a->din[0].data ? dp<T>(a->din[1]) : (T *)NULL;
-  float b0 = stoke_grad_beta(a, 0), b1 = ADD ? stoke_grad_beta(a, 1) : 0.f;
-  if (!dx && dx2) dx = dx2, dx2 = NULL, b0 = b1;
-  if (dx) {
-    ln_bwd_x_kernel<T><<<grid_for(g.rows, kThreads / 32, kGrid), kThreads, 0, st>>>(
-        x, dp<T>(a->in[g.w]), dy, ADD ? dp<T>(a->dout[0]) : (const T *)NULL, mean, rstd, dx, dx2, g.rows, g.c, b0, b1);
-    LAUNCH_OK(a);
-  }
-  T *dw = dp<T>(a->din[g.w]), *db = dp<T>(a->din[g.w + 1]);
-  if (!dw && !db) return NULL;
-  size_t need = (size_t)kLnParts * (size_t)g.c * sizeof(float2);
-  if (a->workspace_bytes < need || !a->workspace)
-    return STOKE_PERR(STOKE_E_INTERNAL, "layer_norm '%s': needs %zu bytes of workspace, got %zu", stoke_node_name(a), need,
-                      a->workspace_bytes);
-  float2 *part = static_cast<float2 *>(a->workspace);
-  dim3 grid(grid_for(g.c, kThreads, 64), kLnParts);
-  ln_bwd_w_part_kernel<T><<<grid, kThreads, 0, st>>>(x, dy, mean, rstd, part, g.rows, g.c);
-  LAUNCH_OK(a);
-  ln_bwd_w_sum_kernel<T><<<blocks(g.c), kThreads, 0, st>>>(part, dw, db, g.c, stoke_grad_beta(a, g.w),
-                                                           stoke_grad_beta(a, g.w + 1));
-  LAUNCH_OK(a);
   return NULL;
 }
 
@@ -599,10 +399,6 @@ template <typename T> stoke_err *split_bwd(const stoke_kernel_args_v1 *a, void *
   K(STOKE_OP_EMBEDDING, STOKE_BWD, embedding_bwd_plan<T>, embedding_bwd<T>, T),                           \
   K(STOKE_OP_POSITION_EMBEDDING, STOKE_FWD, pos_fwd_plan<T>, pos_fwd<T>, T),                              \
   K(STOKE_OP_POSITION_EMBEDDING, STOKE_BWD, pos_bwd_plan<T>, pos_bwd<T>, T),                              \
-  K(STOKE_OP_LAYER_NORM, STOKE_FWD, (ln_plan<T, 0, 0>), (ln_fwd<T, 0>), T),                               \
-  K(STOKE_OP_LAYER_NORM, STOKE_BWD, (ln_plan<T, 0, 1>), (ln_bwd<T, 0>), T),                               \
-  K(STOKE_OP_ADD_LAYER_NORM, STOKE_FWD, (ln_plan<T, 1, 0>), (ln_fwd<T, 1>), T),                           \
-  K(STOKE_OP_ADD_LAYER_NORM, STOKE_BWD, (ln_plan<T, 1, 1>), (ln_bwd<T, 1>), T),                           \
   K(STOKE_OP_RESHAPE, STOKE_FWD, view_plan<T>, reshape_fwd<T>, T),                                        \
   K(STOKE_OP_RESHAPE, STOKE_BWD, view_plan<T>, reshape_bwd<T>, T),                                        \
   K(STOKE_OP_SLICE, STOKE_BWD, view_plan<T>, slice_bwd<T>, T),                                            \

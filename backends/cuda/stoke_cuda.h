@@ -58,6 +58,7 @@ stoke_err *stoke_cuda_register_optim(const stoke_registry_v1 *r);
 stoke_err *stoke_cuda_register_amp(const stoke_registry_v1 *r);
 stoke_err *stoke_cuda_register_cast(const stoke_registry_v1 *r);
 stoke_err *stoke_cuda_register_seq(const stoke_registry_v1 *r); /* seq.cu: transformer ops, views */
+stoke_err *stoke_cuda_register_layer_norm(const stoke_registry_v1 *r); /* layer_norm.cu */
 stoke_err *stoke_cuda_register_attention(const stoke_registry_v1 *r); /* attention.cu: the plain kernel */
 
 #ifdef __cplusplus

@@ -1,7 +1,10 @@
-/* tests/gpu/cuda_ops_test.c: what the cuda backend's elementwise kernels
- * promise beyond matching the CPU reference (that is every_kernel_test's):
+/* tests/gpu/cuda_ops_test.c: what the cuda backend's kernels promise
+ * beyond matching the CPU reference (that is every_kernel_test's):
  * softmax_ce's loss bitwise the same run to run and NaN for a label out of
- * range, autocast equal to the host's rounding bit for bit. Runs on a GPU
+ * range, its dlogits the same bits when written over the logits,
+ * add_layer_norm's backward the same bits with its gradients in one
+ * in-place buffer and its weight gradients accumulated, autocast equal to
+ * the host's rounding bit for bit. Runs on a GPU
  * machine only. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +19,7 @@ static int setup(void **state) {
   return g_setup_engines(engines, 1);
 }
 
+#define SHAPE1(a) {1, {a}}
 #define SHAPE2(a, b) {2, {a, b}}
 
 /* softmax_ce on the GPU alone: the loss is bitwise the same on a second run
@@ -152,9 +156,163 @@ static void test_autocast(void **state) {
     }
 }
 
+/* softmax_ce's backward with dlogits written over the logits (as the graph
+ * may plan it) against dlogits in their own memory: bitwise the same, for
+ * the vector kernel (C = 50304) and the plain one (C = 1001), bf16. */
+static void check_softmax_ce_in_place(int64_t n, int64_t cl) {
+  stoke_node_v1 node;
+  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_SOFTMAX_CE, "softmax_ce_in_place", "label_smoothing=0.1", &node);
+  if (e) fail_msg("%s", e->msg);
+  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 993, (uint64_t)cl));
+  stoke_shape xs = SHAPE2(n, cl), ls = {1, {n}}, one = {1, {1}};
+  g_tensor x, lab, loss, lse, dloss, dx;
+  g_alloc(&x, &xs, STOKE_BF16, STOKE_LAYOUT_ANY);
+  g_alloc(&lab, &ls, STOKE_I32, STOKE_LAYOUT_ANY);
+  g_alloc(&loss, &one, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&lse, &ls, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&dloss, &one, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&dx, &xs, STOKE_BF16, STOKE_LAYOUT_ANY);
+  g_fill(&x, &r, -4, 4, 0);
+  g_fill(&lab, &r, 0, (double)cl, 1);
+  g_fill(&dloss, &r, 0.5, 1.5, 0);
+  g_poison(&dx);
+  stoke_tensor in[2] = {x.dev, lab.dev}, out[2] = {loss.dev, lse.dev}, din[2] = {dx.dev, {0}},
+               dout[2] = {dloss.dev, {0}};
+  void *es = NULL;
+  const stoke_kernel_v1 *fk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_FWD, STOKE_BF16, STOKE_LAYOUT_ANY, &es);
+  const stoke_kernel_v1 *bk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_BWD, STOKE_BF16, STOKE_LAYOUT_ANY, &es);
+  stoke_kernel_args_v1 a = {.node = &node, .n_in = 2, .n_out = 2, .in = in, .out = out, .din = din, .dout = dout,
+                            .training = 1, .engine = es, .stream = g_dev->default_stream(g_dev_self)};
+  g_run(fk, &a, 1);
+  g_run(bk, &a, 1);
+  size_t bytes = (size_t)(n * cl) * 2;
+  void *want = malloc(bytes), *got = malloc(bytes);
+  g_dev_get(want, dx.dev.data, bytes);
+  din[0].data = x.dev.data; /* over the logits */
+  g_run(bk, &a, 1);
+  g_dev_get(got, x.dev.data, bytes);
+  print_message("  softmax_ce   bf16 %lldx%lld dlogits over the logits: %s\n", (long long)n, (long long)cl,
+                memcmp(want, got, bytes) ? "DIFFERENT" : "bitwise the same");
+  if (memcmp(want, got, bytes))
+    fail_msg("softmax_ce %lldx%lld: dlogits written over the logits differ from their own memory's (seed %llu)",
+             (long long)n, (long long)cl, (unsigned long long)g_seed);
+  free(want);
+  free(got);
+  g_free(&x);
+  g_free(&lab);
+  g_free(&loss);
+  g_free(&lse);
+  g_free(&dloss);
+  g_free(&dx);
+}
+
+static void test_softmax_ce_in_place(void **state) {
+  check_softmax_ce_in_place(24, 50304);
+  check_softmax_ce_in_place(24, 1001);
+}
+
+/* Device buffer of `like`'s size holding a copy of it. */
+static void *dev_copy(const g_tensor *like) {
+  size_t bytes = (size_t)stoke_numel(&like->dev.shape) * stoke_dtype_size(like->dev.dtype);
+  void *p = g_dev_alloc(bytes);
+  stoke_err *e = g_dev->copy(g_dev_self, p, like->dev.data, bytes, STOKE_COPY_D2D, NULL);
+  if (!e) e = g_dev->stream_sync(g_dev_self, NULL);
+  if (e) fail_msg("device copy: %s", e->msg);
+  return p;
+}
+
+static void *host_copy(const void *dev, size_t bytes) {
+  void *h = malloc(bytes);
+  g_dev_get(h, dev, bytes);
+  return h;
+}
+
+/* add_layer_norm's backward as the graph may run it: both inputs'
+ * gradients in one buffer, that buffer the sum's gradient (ds, in place),
+ * and dweight, dbias accumulated (param_grad_beta 1) onto the first run's.
+ * Against a first run with separate memory and beta 0: dx bitwise the same
+ * (one kernel, the same arithmetic); dweight and dbias twice the first
+ * run's, bitwise in f32 (v + v is exact), within the format's rounding in
+ * bf16 and fp16. */
+static void check_ln_aliases(stoke_dtype dt, int64_t rows, int64_t cols) {
+  stoke_node_v1 node;
+  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_ADD_LAYER_NORM, "ln_alias_test", "eps=1e-5", &node);
+  if (e) fail_msg("%s", e->msg);
+  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 4242, (uint64_t)dt));
+  stoke_shape xs = SHAPE2(rows, cols), ws = SHAPE1(cols), rs = SHAPE1(rows);
+  g_tensor in[4], out[4], dy, ds, dx[2], dw[2];
+  for (int i = 0; i < 4; i++) {
+    g_alloc(&in[i], i < 2 ? &xs : &ws, dt, STOKE_LAYOUT_ANY);
+    g_fill(&in[i], &r, -1, 1, 0);
+    g_alloc(&out[i], i < 2 ? &xs : &rs, i < 2 ? dt : STOKE_F32, STOKE_LAYOUT_ANY);
+  }
+  g_alloc(&dy, &xs, dt, STOKE_LAYOUT_ANY);
+  g_alloc(&ds, &xs, dt, STOKE_LAYOUT_ANY);
+  g_fill(&dy, &r, -1, 1, 0);
+  g_fill(&ds, &r, -1, 1, 0);
+  for (int i = 0; i < 2; i++) {
+    g_alloc(&dx[i], &xs, dt, STOKE_LAYOUT_ANY);
+    g_alloc(&dw[i], &ws, dt, STOKE_LAYOUT_ANY);
+    g_poison(&dx[i]);
+    g_poison(&dw[i]);
+  }
+  stoke_tensor ti[4], to[4], tdin[4], tdout[4];
+  for (int i = 0; i < 4; i++) ti[i] = in[i].dev, to[i] = out[i].dev;
+  tdin[0] = dx[0].dev, tdin[1] = dx[1].dev, tdin[2] = dw[0].dev, tdin[3] = dw[1].dev;
+  tdout[0] = ds.dev, tdout[1] = dy.dev, tdout[2] = tdout[3] = (stoke_tensor){0};
+  void *es = NULL;
+  const stoke_kernel_v1 *fk = g_gpu_kernel(STOKE_OP_ADD_LAYER_NORM, STOKE_FWD, dt, STOKE_LAYOUT_ANY, &es);
+  const stoke_kernel_v1 *bk = g_gpu_kernel(STOKE_OP_ADD_LAYER_NORM, STOKE_BWD, dt, STOKE_LAYOUT_ANY, &es);
+  stoke_kernel_args_v1 a = {.node = &node, .n_in = 4, .n_out = 4, .in = ti, .out = to, .din = tdin, .dout = tdout,
+                            .training = 1, .engine = es, .stream = g_dev->default_stream(g_dev_self),
+                            .param_grads = 12, .param_grad_beta = 0};
+  g_run(fk, &a, 1);
+  g_run(bk, &a, 1);
+  size_t xb = (size_t)(rows * cols) * stoke_dtype_size(dt), wb = (size_t)cols * stoke_dtype_size(dt);
+  void *want_dx = host_copy(dx[0].dev.data, xb), *want_dx2 = host_copy(dx[1].dev.data, xb);
+  void *want_dw = host_copy(dw[0].dev.data, wb), *want_db = host_copy(dw[1].dev.data, wb);
+  if (memcmp(want_dx, want_dx2, xb)) fail_msg("add_layer_norm %s: the two inputs' gradients differ", stoke_dtype_name(dt));
+  void *shared = dev_copy(&ds); /* ds, then both inputs' gradients */
+  tdout[0].data = tdin[0].data = tdin[1].data = shared;
+  a.param_grad_beta = 1;
+  g_run(bk, &a, 1);
+  void *got_dx = host_copy(shared, xb), *got_dw = host_copy(dw[0].dev.data, wb), *got_db = host_copy(dw[1].dev.data, wb);
+  if (memcmp(want_dx, got_dx, xb))
+    fail_msg("add_layer_norm %s %lldx%lld: dx in the shared, in-place buffer differs from dx in its own (seed %llu)",
+             stoke_dtype_name(dt), (long long)rows, (long long)cols, (unsigned long long)g_seed);
+  double num = 0, den = 0;
+  for (int64_t j = 0; j < 2 * cols; j++) {
+    const void *w = j < cols ? want_dw : want_db, *g = j < cols ? got_dw : got_db;
+    double want = 2 * g_get(w, dt, j % cols), got = g_get(g, dt, j % cols);
+    num += (got - want) * (got - want);
+    den += want * want;
+  }
+  double err = sqrt(num / den), tol = dt == STOKE_F32 ? 0 : g_tol(dt, 1);
+  print_message("  add_layer_norm %-5s %lldx%lld aliased dx bitwise, accumulated dweight/dbias rel err %.3g\n",
+                stoke_dtype_name(dt), (long long)rows, (long long)cols, err);
+  if (!(err <= tol)) fail_msg("add_layer_norm %s: accumulated dweight, dbias rel err %.3g > %.3g (seed %llu)",
+                              stoke_dtype_name(dt), err, tol, (unsigned long long)g_seed);
+  free(want_dx), free(want_dx2), free(want_dw), free(want_db), free(got_dx), free(got_dw), free(got_db);
+  g_dev->free(g_dev_self, shared);
+  for (int i = 0; i < 4; i++) g_free(&in[i]), g_free(&out[i]);
+  for (int i = 0; i < 2; i++) g_free(&dx[i]), g_free(&dw[i]);
+  g_free(&dy);
+  g_free(&ds);
+}
+
+static void test_layer_norm_aliases(void **state) {
+  static const stoke_dtype dtypes[] = {STOKE_F32, STOKE_BF16, STOKE_F16};
+  for (int d = 0; d < 3; d++) {
+    check_ln_aliases(dtypes[d], 2100, 768); /* the register path */
+    check_ln_aliases(dtypes[d], 37, 129);   /* the plain kernels */
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_softmax_ce_determinism_and_bad_label),
+      cmocka_unit_test(test_softmax_ce_in_place),
+      cmocka_unit_test(test_layer_norm_aliases),
       cmocka_unit_test(test_autocast),
   };
   return cmocka_run_group_tests(tests, setup, g_teardown);

@@ -36,6 +36,17 @@ static uint64_t g_seed;
 #define G_TOL_TF32 1e-3
 #define G_TOL_LOW 1e-2 /* bf16, fp16 */
 
+/* A bound derived from the number format and the reduction length: the
+ * output rounded to `t` (unit roundoff u: 2^-8 bf16, 2^-11 fp16, 2^-24
+ * f32) after float arithmetic whose sums run over n terms (error growing
+ * as sqrt(n) float roundoffs); 3 u covers the output's rounding and that
+ * of a rounded intermediate (add_layer_norm's sum), 8 sqrt(n) 2^-24 the
+ * float sums with margin. */
+G_FN double g_tol(stoke_dtype t, int64_t n) {
+  double u = t == STOKE_BF16 ? 0x1p-8 : t == STOKE_F16 ? 0x1p-11 : 0x1p-24;
+  return 3 * u + 8 * sqrt((double)(n > 1 ? n : 1)) * 0x1p-24;
+}
+
 G_FN stoke_err *g_load(const char *name) {
   char path[256];
   snprintf(path, sizeof path, "%s", name);

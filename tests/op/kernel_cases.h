@@ -290,6 +290,19 @@ static int gen_softmax_ce(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     c->in[c->n_in++] = (kin){.shape = S1(rows), .kind = IN_LABEL, .hi = (double)cl};
     c->k = (double)(cl > rows ? cl : rows);
   }
+  /* rows of whole 16-byte vectors longer than 512 (the cuda vector
+   * kernels): one of 8 k classes, and GPT-2's padded vocabulary, but not
+   * in fp16, where dloss / N times probabilities near 1 / 50304 fall below
+   * its normal range (its spacing there, 2^-24, is no longer relative) */
+  for (int i = 0; i < 2; i++) {
+    if (i && k->dtype == STOKE_F16) break;
+    int64_t rows = pick(r, 1, 6), cl = i ? 50304 : 8 * pick(r, 65, 400);
+    kcase *c = new_case(out, &n, k->op, "logits [%lld, %lld] smoothing 0.1", (long long)rows, (long long)cl);
+    snprintf(c->attrs, sizeof c->attrs, "label_smoothing=0.1");
+    c->in[c->n_in++] = (kin){.shape = SHAPE(rows, cl), .kind = IN_ACT, .lo = -4, .hi = 4};
+    c->in[c->n_in++] = (kin){.shape = S1(rows), .kind = IN_LABEL, .hi = (double)cl};
+    c->k = (double)cl;
+  }
   return n;
 }
 
@@ -643,20 +656,29 @@ static int gen_position_embedding(const stoke_kernel_v1 *k, stoke_rng *r, kcase 
   return n;
 }
 
+/* One layer norm case on x: weight near 1, bias, both parameters. */
+static void ln_case(kcase *out, int *n, const stoke_kernel_v1 *k, int add, stoke_shape xs) {
+  int64_t ch = xs.d[xs.ndim - 1], rows = stoke_numel(&xs) / ch;
+  kcase *c = new_case(out, n, k->op, "x %s", shape_label(&xs));
+  snprintf(c->attrs, sizeof c->attrs, "eps=1e-5");
+  add_in(c, xs, IN_ACT);
+  if (add) add_in(c, xs, IN_ACT);
+  c->in[c->n_in++] = (kin){.shape = S1(ch), .kind = IN_PARAM, .lo = 0.5, .hi = 1.5};
+  add_in(c, S1(ch), IN_PARAM);
+  c->douts = add ? 3u : 1u;
+  c->k = (double)(rows > ch ? rows : ch);
+}
+
 static int gen_layer_norm(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   int n = 0, add = !strcmp(k->op, STOKE_OP_ADD_LAYER_NORM);
   for (int i = 0; i < 4; i++) {
     int64_t rows = i == 1 ? 1 : pick(r, 1, 40), ch = i == 2 ? 768 : i == 3 ? odd5(r) : pick(r, 5, 200);
-    stoke_shape xs = i == 0 ? SHAPE(pick(r, 1, 3), rows, ch) : SHAPE(rows, ch);
-    kcase *c = new_case(out, &n, k->op, "x %s", shape_label(&xs));
-    snprintf(c->attrs, sizeof c->attrs, "eps=1e-5");
-    add_in(c, xs, IN_ACT);
-    if (add) add_in(c, xs, IN_ACT);
-    c->in[c->n_in++] = (kin){.shape = S1(ch), .kind = IN_PARAM, .lo = 0.5, .hi = 1.5};
-    add_in(c, S1(ch), IN_PARAM);
-    c->douts = add ? 3u : 1u;
-    c->k = (double)(stoke_numel(&xs) / ch > ch ? stoke_numel(&xs) / ch : ch);
+    ln_case(out, &n, k, add, i == 0 ? SHAPE(pick(r, 1, 3), rows, ch) : SHAPE(rows, ch));
   }
+  /* the cuda register path: whole 16-byte vectors up to 1024 columns, more
+   * rows than its backward's 256 blocks take in one pass */
+  ln_case(out, &n, k, add, SHAPE(pick(r, 40, 300), 8 * pick(r, 1, 128)));
+  ln_case(out, &n, k, add, SHAPE(2100, 1024));
   return n;
 }
 

@@ -217,6 +217,11 @@ stoke_err *stoke_exec_new(stoke_plan *p, const stoke_backend_v1 *device,
  * must declare the same parameters and state in the same order. */
 stoke_err *stoke_exec_new_shared(stoke_plan *p, stoke_exec *share, stoke_exec **out);
 void stoke_exec_free(stoke_exec *x);
+/* Device memory the exec allocated (its buffers, optimizer state and
+ * workspace; a shared exec counts only its own), all of it held from
+ * stoke_exec_new to stoke_exec_free: the step's peak, as PyTorch's
+ * max_memory_allocated counts tensors and workspaces. */
+size_t stoke_exec_device_bytes(const stoke_exec *x);
 stoke_plan *stoke_exec_plan(stoke_exec *x);
 /* A copy between host and the executor's device (synchronizes). */
 stoke_err *stoke_exec_copy(stoke_exec *x, void *dst, const void *src, size_t bytes,

@@ -31,6 +31,9 @@ typedef struct stoke_summary {
   double mfu;             /* model FLOPs utilization at the median rate (NaN: unknown peak) */
   double peak_flops;      /* the peak MFU is taken against (0: unknown) */
   double gpu_util_mean, gpu_mem_max_mib; /* NVML samples (NaN: none) */
+  double dev_alloc_mib;   /* device memory stoke's plans allocated for the run (buffers, optimizer state,
+                             workspace), held through every step: the step's peak, the
+                             counterpart of torch.cuda.max_memory_allocated (NaN: not a GPU run) */
   double loss_scale, skipped_steps; /* fp16 loss scaler at the end (NaN: none) */
   int64_t gpu_ops_per_step;  /* GPU operations in one step (0: unknown, e.g. the CPU) */
   int64_t launches_per_step; /* 1 with cuda_graph = true, else gpu_ops_per_step */

@@ -1,0 +1,454 @@
+// backends/cuda/layer_norm.cu: the cuda backend's layer_norm and add_layer_norm (s = x + r rounded
+// to the dtype, then normalized), forward and backward, f32, bf16 and fp16; see stoke/ops.h.
+// Rows of at most 1024 columns in whole 16-byte vectors take the register path: a warp per row held
+// in registers, one read of each input and one write of each output, and the backward's weight and
+// bias gradients summed in the same pass (per block, then the blocks in order), as llm.c's fused
+// layernorm backward does. Other rows take the plain warp-per-row kernels. Arithmetic in float,
+// reductions in a fixed order (no float atomics: the same bits on every run), the CPU reference's
+// semantics (backends/cpu/seq.c).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include <initializer_list>
+#include <type_traits>
+
+#include "backends/cuda/stoke_cuda.h"
+#include "backends/cuda/types.cuh"
+#include "stoke/ops.h"
+
+namespace {
+
+constexpr int64_t kGrid = 65535;
+constexpr int kWarps = kThreads / 32; // rows a block works on at once
+constexpr int kLnParts = 64;          // plain path: row partitions of the weight and bias gradients
+constexpr int kVecMaxC = 1024;        // register path: the widest row (32 floats a lane)
+constexpr int kVecParts = 256;        // register path: most blocks of the backward, each one partial
+
+cudaStream_t stream_of(const stoke_kernel_args_v1 *a) { return (cudaStream_t)a->stream; }
+
+template <typename T> T *dp(const stoke_tensor &t) { return static_cast<T *>(t.data); }
+
+// Warp sum (every lane gets it).
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// 16 bytes of a row: 8 bf16/fp16 or 4 f32 elements.
+template <typename T> using row_vec = vec<T, 16 / sizeof(T)>;
+template <typename T> __device__ __forceinline__ row_vec<T> ld(const T *p) {
+  return *reinterpret_cast<const row_vec<T> *>(p);
+}
+template <typename T> __device__ __forceinline__ void st(T *p, const row_vec<T> &v) {
+  *reinterpret_cast<row_vec<T> *>(p) = v;
+}
+
+// ------------------------------------------------------ register path
+
+// One warp per row: lane l holds the row's vectors l, l + 32, ... (IT slots; those past C unused).
+// s = a + b rounded to T (add_layer_norm) or a, its mean and biased variance in float (two passes
+// over the registers), y = (s - mean) rstd w + bias.
+template <typename T, int IT>
+__global__ void __launch_bounds__(kThreads)
+    ln_fwd_vec_kernel(const T *__restrict__ a, const T *__restrict__ b, T *__restrict__ s_out,
+                      const T *__restrict__ w, const T *__restrict__ bias, T *__restrict__ y,
+                      float *__restrict__ mean, float *__restrict__ rstd, int64_t rows, int c, float eps) {
+  constexpr int V = 16 / sizeof(T);
+  const int lane = threadIdx.x % 32;
+  for (int64_t r = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32; r < rows; r += (int64_t)gridDim.x * kWarps) {
+    float v[IT][V] = {};
+    float sum = 0.f;
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+      const int j = (it * 32 + lane) * V;
+      if (j >= c) continue;
+      row_vec<T> x = ld(a + r * c + j);
+      if (b) {
+        const row_vec<T> xb = ld(b + r * c + j);
+#pragma unroll
+        for (int k = 0; k < V; k++) x.v[k] = from_f<T>(to_f(x.v[k]) + to_f(xb.v[k]));
+        st(s_out + r * c + j, x);
+      }
+#pragma unroll
+      for (int k = 0; k < V; k++) v[it][k] = to_f(x.v[k]), sum += v[it][k];
+    }
+    const float m = warp_sum(sum) / (float)c;
+    float q = 0.f;
+#pragma unroll
+    for (int it = 0; it < IT; it++)
+      if ((it * 32 + lane) * V < c)
+#pragma unroll
+        for (int k = 0; k < V; k++) q += (v[it][k] - m) * (v[it][k] - m);
+    const float rs = rsqrtf(warp_sum(q) / (float)c + eps);
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+      const int j = (it * 32 + lane) * V;
+      if (j >= c) continue;
+      const row_vec<T> wv = ld(w + j), bv = ld(bias + j);
+      row_vec<T> o;
+#pragma unroll
+      for (int k = 0; k < V; k++) o.v[k] = from_f<T>((v[it][k] - m) * rs * to_f(wv.v[k]) + to_f(bv.v[k]));
+      st(y + r * c + j, o);
+    }
+    if (lane == 0) mean[r] = m, rstd[r] = rs;
+  }
+}
+
+// Backward, a warp per row as above: dx = rstd (gy - mean(gy) - xhat mean(gy xhat)) (+ ds),
+// gy = dy w, into dx (and dx2: add_layer_norm's second input, when it has its own memory); in the
+// same pass each lane sums dy xhat and dy over its warp's rows, and the block's warps add theirs in
+// order into part[block] (when part is given; ln_part_sum_kernel adds the blocks). dx may share
+// memory with x, dy or ds: each element is read before it is written, by the same thread.
+template <typename T, int IT>
+__global__ void __launch_bounds__(kThreads)
+    ln_bwd_vec_kernel(const T *x, const T *__restrict__ w, const T *dy, const T *ds, const float *__restrict__ mean,
+                      const float *__restrict__ rstd, T *dx, T *dx2, float2 *__restrict__ part, int64_t rows, int c,
+                      float b0, float b1) {
+  constexpr int V = 16 / sizeof(T);
+  __shared__ float2 blk[kVecMaxC];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float sw[IT][V] = {}, sb[IT][V] = {};
+  row_vec<T> wv[IT];
+#pragma unroll
+  for (int it = 0; it < IT; it++)
+    if ((it * 32 + lane) * V < c) wv[it] = ld(w + (it * 32 + lane) * V);
+  for (int64_t r = (int64_t)blockIdx.x * kWarps + warp; r < rows; r += (int64_t)gridDim.x * kWarps) {
+    const float m = mean[r], rs = rstd[r];
+    row_vec<T> xv[IT], gv[IT];
+    float mg = 0.f, mgx = 0.f;
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+      const int j = (it * 32 + lane) * V;
+      if (j >= c) continue;
+      xv[it] = ld(x + r * c + j);
+      gv[it] = ld(dy + r * c + j);
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        const float xh = (to_f(xv[it].v[k]) - m) * rs, d = to_f(gv[it].v[k]), g = d * to_f(wv[it].v[k]);
+        mg += g;
+        mgx += g * xh;
+        sw[it][k] += d * xh;
+        sb[it][k] += d;
+      }
+    }
+    mg = warp_sum(mg) / (float)c;
+    mgx = warp_sum(mgx) / (float)c;
+    if (!dx) continue;
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+      const int j = (it * 32 + lane) * V;
+      if (j >= c) continue;
+      row_vec<T> sv, o, o2;
+      if (ds) sv = ld(ds + r * c + j);
+      if (b0 != 0.f) o = ld(dx + r * c + j);
+      if (dx2 && b1 != 0.f) o2 = ld(dx2 + r * c + j);
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        const float xh = (to_f(xv[it].v[k]) - m) * rs, g = to_f(gv[it].v[k]) * to_f(wv[it].v[k]);
+        const float v = rs * (g - mg - xh * mgx) + (ds ? to_f(sv.v[k]) : 0.f);
+        o.v[k] = from_f<T>(b0 != 0.f ? b0 * to_f(o.v[k]) + v : v);
+        if (dx2) o2.v[k] = from_f<T>(b1 != 0.f ? b1 * to_f(o2.v[k]) + v : v);
+      }
+      st(dx + r * c + j, o);
+      if (dx2) st(dx2 + r * c + j, o2);
+    }
+  }
+  if (!part) return;
+  for (int k = 0; k < kWarps; k++) {
+    if (warp == k)
+#pragma unroll
+      for (int it = 0; it < IT; it++) {
+        const int j = (it * 32 + lane) * V;
+        if (j >= c) continue;
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+          const float2 p = k ? blk[j + e] : make_float2(0.f, 0.f);
+          blk[j + e] = make_float2(p.x + sw[it][e], p.y + sb[it][e]);
+        }
+      }
+    __syncthreads();
+  }
+  for (int j = threadIdx.x; j < c; j += kThreads) part[(int64_t)blockIdx.x * c + j] = blk[j];
+}
+
+// dweight[j] = beta dweight[j] + the .x of column j's parts added in order (dbias likewise from .y):
+// a block is 32 columns x kWarps phases over the parts, the phase sums added in order.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    ln_part_sum_kernel(const float2 *__restrict__ part, int parts, T *dw, T *db, int64_t c, float bw, float bb) {
+  __shared__ float2 sm[kWarps][33];
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const int64_t j = (int64_t)blockIdx.x * 32 + tx;
+  float sw = 0.f, sb = 0.f;
+  for (int p = ty; j < c && p < parts; p += kWarps) {
+    const float2 v = part[(int64_t)p * c + j];
+    sw += v.x;
+    sb += v.y;
+  }
+  sm[ty][tx] = make_float2(sw, sb);
+  __syncthreads();
+  if (ty || j >= c) return;
+  for (int k = 1; k < kWarps; k++) sw += sm[k][tx].x, sb += sm[k][tx].y;
+  if (dw) acc(dw + j, bw, sw);
+  if (db) acc(db + j, bb, sb);
+}
+
+// --------------------------------------------------------- plain path
+
+// One warp per row, read from memory: s = a + b rounded to T (add_layer_norm) or x, its mean and
+// biased variance (two passes over the row, in float), y = (s - mean) rstd w + bias.
+template <typename T>
+__global__ void ln_fwd_kernel(const T *__restrict__ a, const T *__restrict__ b, T *__restrict__ s_out,
+                              const T *__restrict__ w, const T *__restrict__ bias, T *__restrict__ y,
+                              float *__restrict__ mean, float *__restrict__ rstd, int64_t rows, int64_t c, float eps) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+  for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
+    const T *ar = a + r * c;
+    float sum = 0.f;
+    for (int64_t j = lane; j < c; j += 32) {
+      float v = to_f(ar[j]);
+      if (b) {
+        T sv = from_f<T>(v + to_f(b[r * c + j]));
+        s_out[r * c + j] = sv;
+        v = to_f(sv);
+      }
+      sum += v;
+    }
+    const T *xr = b ? s_out + r * c : ar;
+    __syncwarp();
+    float m = warp_sum(sum) / (float)c, q = 0.f;
+    for (int64_t j = lane; j < c; j += 32) {
+      float d = to_f(xr[j]) - m;
+      q += d * d;
+    }
+    float rs = rsqrtf(warp_sum(q) / (float)c + eps);
+    for (int64_t j = lane; j < c; j += 32)
+      y[r * c + j] = from_f<T>((to_f(xr[j]) - m) * rs * to_f(w[j]) + to_f(bias[j]));
+    if (lane == 0) mean[r] = m, rstd[r] = rs;
+  }
+}
+
+// dx per row (one warp): rstd (gy - mean(gy) - xhat mean(gy xhat)) (+ ds), gy = dy w, into dx and
+// dx2 (add_layer_norm's second input, when it has its own memory).
+template <typename T>
+__global__ void ln_bwd_x_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ dy,
+                                const T *__restrict__ ds, const float *__restrict__ mean,
+                                const float *__restrict__ rstd, T *dx, T *dx2, int64_t rows, int64_t c, float b0,
+                                float b1) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+  for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
+    float m = mean[r], rs = rstd[r], mg = 0.f, mgx = 0.f;
+    for (int64_t j = lane; j < c; j += 32) {
+      float gy = to_f(dy[r * c + j]) * to_f(w[j]);
+      mg += gy;
+      mgx += gy * (to_f(x[r * c + j]) - m) * rs;
+    }
+    mg = warp_sum(mg) / (float)c;
+    mgx = warp_sum(mgx) / (float)c;
+    for (int64_t j = lane; j < c; j += 32) {
+      int64_t i = r * c + j;
+      float xh = (to_f(x[i]) - m) * rs, gy = to_f(dy[i]) * to_f(w[j]);
+      float v = rs * (gy - mg - xh * mgx) + (ds ? to_f(ds[i]) : 0.f);
+      acc(dx + i, b0, v);
+      if (dx2) acc(dx2 + i, b1, v);
+    }
+  }
+}
+
+// part[p, j] = (sum dy xhat, sum dy) over partition p's rows of column j (a thread per column).
+template <typename T>
+__global__ void ln_bwd_w_part_kernel(const T *__restrict__ x, const T *__restrict__ dy, const float *__restrict__ mean,
+                                     const float *__restrict__ rstd, float2 *__restrict__ part, int64_t rows, int64_t c) {
+  const int p = blockIdx.y;
+  const int64_t per = (rows + kLnParts - 1) / kLnParts, r0 = p * per, r1 = r0 + per < rows ? r0 + per : rows;
+  for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < c; j += (int64_t)gridDim.x * blockDim.x) {
+    float sw = 0.f, sb = 0.f;
+    for (int64_t r = r0; r < r1; r++) {
+      float d = to_f(dy[r * c + j]);
+      sw += d * (to_f(x[r * c + j]) - mean[r]) * rstd[r];
+      sb += d;
+    }
+    part[(int64_t)p * c + j] = make_float2(sw, sb);
+  }
+}
+
+
+// ================================================================ host side
+
+#define LAUNCH_OK(a) STOKE_CUDA_LAUNCH(stoke_node_name(a))
+
+struct ln_geom {
+  int64_t rows, c;
+  float eps;
+  int add, w, y;
+};
+
+stoke_err *ln_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool run, int add, ln_geom *g) {
+  const char *op = add ? STOKE_OP_ADD_LAYER_NORM : STOKE_OP_LAYER_NORM;
+  g->add = add;
+  g->w = add ? 2 : 1;
+  g->y = add ? 1 : 0;
+  int nin = add ? 4 : 3, nout = add ? 4 : 3;
+  if (a->n_in < nin || a->n_out < nout || (bwd && (!a->din || !a->dout)) || !a->node ||
+      a->node->n_attrs <= STOKE_LAYER_NORM_EPS)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects %d inputs, %d outputs and eps", op, stoke_node_name(a), nin, nout);
+  const stoke_shape *xs = &a->in[0].shape;
+  g->eps = (float)a->node->attrs[STOKE_LAYER_NORM_EPS].f;
+  g->c = xs->ndim ? xs->d[xs->ndim - 1] : 0;
+  g->rows = g->c ? stoke_numel(xs) / g->c : 0;
+  for (int i = 0; i < (add ? 2 : 1); i++)
+    if (!stoke_same_shape(&a->in[i].shape, xs) || !stoke_same_shape(&a->out[i].shape, xs))
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': inputs and outputs must have x's shape %s", op, stoke_node_name(a), stoke_shape_str(xs).s);
+  for (int i = g->w; i < g->w + 2; i++)
+    if (a->in[i].shape.ndim != 1 || a->in[i].shape.d[0] != g->c)
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': weight and bias must be [%lld]", op, stoke_node_name(a), (long long)g->c);
+  for (int j = g->y + 1; j < g->y + 3; j++)
+    if (a->out[j].shape.ndim != 1 || a->out[j].shape.d[0] != g->rows || a->out[j].dtype != STOKE_F32)
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': mean and rstd must be f32 [%lld]", op, stoke_node_name(a), (long long)g->rows);
+  for (int i = 0; i < nin; i++) CHECK(stoke_check_dtype(a, op, "input", &a->in[i], dt));
+  CHECK(stoke_check_dtype(a, op, "y", &a->out[g->y], dt));
+  if (!bwd) {
+    for (int i = 0; i < nin; i++) CHECK(stoke_check_data(a, op, "input", &a->in[i], run));
+    for (int j = 0; j < nout; j++) CHECK(stoke_check_data(a, op, "output", &a->out[j], run));
+    return NULL;
+  }
+  for (int i = 0; i < nin; i++) CHECK(stoke_check_grad(a, op, "input", &a->din[i], &a->in[i]));
+  CHECK(stoke_check_data(a, op, "dy", &a->dout[g->y], run));
+  CHECK(stoke_check_data(a, op, add ? "s" : "x", add ? &a->out[0] : &a->in[0], run));
+  CHECK(stoke_check_data(a, op, "weight", &a->in[g->w], run));
+  CHECK(stoke_check_data(a, op, "mean", &a->out[g->y + 1], run));
+  return stoke_check_data(a, op, "rstd", &a->out[g->y + 2], run);
+}
+
+
+// The register path's vector slots per lane for rows of c elements, or 0 (the plain path): c whole
+// 16-byte vectors, at most kVecMaxC, every given pointer 16-byte aligned. 5 and 7 round up.
+template <typename T> int vec_iters(int64_t c, std::initializer_list<const void *> ptrs) {
+  constexpr int V = 16 / sizeof(T);
+  if (c % V || c > kVecMaxC) return 0;
+  for (const void *p : ptrs)
+    if (p && !aligned16(p)) return 0;
+  int it = (int)((c / V + 31) / 32);
+  return it <= 4 ? it : it <= 6 ? 6 : 8;
+}
+
+// f(std::integral_constant<int, it>()) for the slot counts vec_iters gives.
+template <typename F> void with_iters(int it, F f) {
+  switch (it) {
+    case 1: f(std::integral_constant<int, 1>()); break;
+    case 2: f(std::integral_constant<int, 2>()); break;
+    case 3: f(std::integral_constant<int, 3>()); break;
+    case 4: f(std::integral_constant<int, 4>()); break;
+    case 6: f(std::integral_constant<int, 6>()); break;
+    default: f(std::integral_constant<int, 8>()); break;
+  }
+}
+
+// The register path's backward blocks (each one partial of dweight and dbias): a block per kWarps
+// rows, at most kVecParts; the rows alone decide it, so the sums' order is the same on any device.
+int vec_parts(int64_t rows) {
+  int64_t p = (rows + kWarps - 1) / kWarps;
+  return (int)(p < kVecParts ? p : kVecParts);
+}
+
+template <int ADD> stoke_err *ln_plan_any(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, size_t *w) {
+  ln_geom g;
+  CHECK(ln_check(a, dt, bwd, false, ADD, &g));
+  if (w) *w = bwd ? (size_t)(kVecParts > kLnParts ? kVecParts : kLnParts) * (size_t)g.c * sizeof(float2) : 0;
+  return NULL;
+}
+
+template <typename T, int ADD, int BWD> stoke_err *ln_plan(const stoke_kernel_args_v1 *a, void **state, size_t *w) {
+  if (state) *state = NULL;
+  if (w) *w = 0;
+  return ln_plan_any<ADD>(a, dtype_of<T>::value, BWD, w);
+}
+
+template <typename T, int ADD> stoke_err *ln_fwd(const stoke_kernel_args_v1 *a, void *) {
+  ln_geom g;
+  CHECK(ln_check(a, dtype_of<T>::value, 0, true, ADD, &g));
+  if (!g.rows) return NULL;
+  const T *x = dp<T>(a->in[0]), *r = ADD ? dp<T>(a->in[1]) : (const T *)NULL;
+  const T *w = dp<T>(a->in[g.w]), *bias = dp<T>(a->in[g.w + 1]);
+  T *s = ADD ? dp<T>(a->out[0]) : (T *)NULL, *y = dp<T>(a->out[g.y]);
+  float *mean = dp<float>(a->out[g.y + 1]), *rstd = dp<float>(a->out[g.y + 2]);
+  const unsigned grid = grid_for(g.rows, kWarps, kGrid);
+  int it = vec_iters<T>(g.c, {x, r, w, bias, s, y});
+  if (it)
+    with_iters(it, [&](auto k) {
+      ln_fwd_vec_kernel<T, decltype(k)::value>
+          <<<grid, kThreads, 0, stream_of(a)>>>(x, r, s, w, bias, y, mean, rstd, g.rows, (int)g.c, g.eps);
+    });
+  else
+    ln_fwd_kernel<T><<<grid, kThreads, 0, stream_of(a)>>>(x, r, s, w, bias, y, mean, rstd, g.rows, g.c, g.eps);
+  LAUNCH_OK(a);
+  return NULL;
+}
+
+template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, void *) {
+  ln_geom g;
+  CHECK(ln_check(a, dtype_of<T>::value, 1, true, ADD, &g));
+  if (!g.rows) return NULL;
+  cudaStream_t st = stream_of(a);
+  const T *x = ADD ? dp<T>(a->out[0]) : dp<T>(a->in[0]), *dy = dp<T>(a->dout[g.y]), *w = dp<T>(a->in[g.w]);
+  const T *ds = ADD ? dp<T>(a->dout[0]) : (const T *)NULL;
+  const float *mean = dp<float>(a->out[g.y + 1]), *rstd = dp<float>(a->out[g.y + 2]);
+  T *dx = dp<T>(a->din[0]), *dx2 = ADD && a->din[1].data != a->din[0].data ? dp<T>(a->din[1]) : (T *)NULL;
+  float b0 = stoke_grad_beta(a, 0), b1 = ADD ? stoke_grad_beta(a, 1) : 0.f;
+  if (!dx && dx2) dx = dx2, dx2 = NULL, b0 = b1;
+  T *dw = dp<T>(a->din[g.w]), *db = dp<T>(a->din[g.w + 1]);
+  const bool want_w = dw || db;
+  size_t need = (size_t)(kVecParts > kLnParts ? kVecParts : kLnParts) * (size_t)g.c * sizeof(float2);
+  if (want_w && (a->workspace_bytes < need || !a->workspace))
+    return STOKE_PERR(STOKE_E_INTERNAL, "layer_norm '%s': needs %zu bytes of workspace, got %zu", stoke_node_name(a), need,
+                      a->workspace_bytes);
+  float2 *part = want_w ? static_cast<float2 *>(a->workspace) : (float2 *)NULL;
+  int parts = kLnParts, it = vec_iters<T>(g.c, {x, w, dy, ds, dx, dx2});
+  if (it) {
+    parts = vec_parts(g.rows);
+    with_iters(it, [&](auto k) {
+      ln_bwd_vec_kernel<T, decltype(k)::value>
+          <<<parts, kThreads, 0, st>>>(x, w, dy, ds, mean, rstd, dx, dx2, part, g.rows, (int)g.c, b0, b1);
+    });
+    LAUNCH_OK(a);
+  } else {
+    if (dx) {
+      ln_bwd_x_kernel<T><<<grid_for(g.rows, kWarps, kGrid), kThreads, 0, st>>>(x, w, dy, ds, mean, rstd, dx, dx2,
+                                                                                g.rows, g.c, b0, b1);
+      LAUNCH_OK(a);
+    }
+    if (want_w) {
+      dim3 grid(grid_for(g.c, kThreads, 64), kLnParts);
+      ln_bwd_w_part_kernel<T><<<grid, kThreads, 0, st>>>(x, dy, mean, rstd, part, g.rows, g.c);
+      LAUNCH_OK(a);
+    }
+  }
+  if (!want_w) return NULL;
+  ln_part_sum_kernel<T><<<grid_for(g.c, 32, kGrid), kThreads, 0, st>>>(part, parts, dw, db, g.c, stoke_grad_beta(a, g.w),
+                                                                       stoke_grad_beta(a, g.w + 1));
+  LAUNCH_OK(a);
+  return NULL;
+}
+
+// ------------------------------------------------------------- the table
+
+#define K(op, pass, plan, run, T) {"cuda", op, pass, dtype_of<T>::value, STOKE_LAYOUT_ANY, plan, run, stoke_destroy_none}
+#define LN_KERNELS(T)                                                                                     \
+  K(STOKE_OP_LAYER_NORM, STOKE_FWD, (ln_plan<T, 0, 0>), (ln_fwd<T, 0>), T),                               \
+  K(STOKE_OP_LAYER_NORM, STOKE_BWD, (ln_plan<T, 0, 1>), (ln_bwd<T, 0>), T),                               \
+  K(STOKE_OP_ADD_LAYER_NORM, STOKE_FWD, (ln_plan<T, 1, 0>), (ln_fwd<T, 1>), T),                           \
+  K(STOKE_OP_ADD_LAYER_NORM, STOKE_BWD, (ln_plan<T, 1, 1>), (ln_bwd<T, 1>), T)
+
+const stoke_kernel_v1 ln_kernels[] = {LN_KERNELS(float), LN_KERNELS(__nv_bfloat16), LN_KERNELS(__half)};
+
+}  // namespace
+
+extern "C" stoke_err *stoke_cuda_register_layer_norm(const stoke_registry_v1 *r) {
+  return stoke_add_kernels(r, ln_kernels, sizeof ln_kernels / sizeof *ln_kernels);
+}
