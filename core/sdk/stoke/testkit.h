@@ -5,8 +5,8 @@
  * [2, 3, 4, 5]. Export the table beside the entry:
  *
  *   static const stoke_testcase_v1 cases[] = {
- *       {"leaky_relu", "negative_slope=0.1", 1, {{2, {4, 6}}}},
- *       {"my_linear", NULL, 3, {{2, {4, 8}}, {2, {5, 8}}, {1, {5}}}, .param_inputs = 6},
+ *       {.op = "leaky_relu", .attrs = "negative_slope=0.1", .n_inputs = 1, .shapes = {{2, {4, 6}}}},
+ *       {.op = "my_linear", .n_inputs = 3, .shapes = {{2, {4, 8}}, {2, {5, 8}}, {1, {5}}}, .param_inputs = 6},
  *   };
  *   STOKE_EXPORT const stoke_testkit_v1 stoke_testkit_v1_entry = {
  *       STOKE_ABI(stoke_testkit_v1), cases, sizeof cases / sizeof *cases};
