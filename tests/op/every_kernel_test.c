@@ -292,20 +292,45 @@ static void expect_tensor(const kcheck *ck, const char *what, const ktensor *t, 
 /* A ReLU bitmask (stoke/ops.h, linear_act: row i's bit j is bit j % 8 of
  * byte i * stride + j / 8, stride a multiple of 16 bytes; the padding bits
  * past `out` are unspecified: cuBLASLt sets them from its tiles' rows)
- * against the tested kernel's own output: set iff y > 0. */
-static void expect_relu_mask(const kcheck *ck, const ktensor *y, const ktensor *mask) {
+ * against the tested kernel's own output: set iff y > 0. One exception, a
+ * tie: cuBLASLt decides the bit on its f32 sum z while y is rounded to the
+ * output dtype after the bias (H100, bf16: bit 1 with y = 0 at seeds
+ * 1310301843 and 1795449250), so where y is 0 and the f64 reference puts z
+ * (from the inputs)
+ * within 4 units of the dtype's rounding (tf32's for f32) of 0, relative
+ * to the output's RMS, either bit is a valid subgradient. */
+static double pre_activation(const ktensor *in, int64_t i, int64_t j) { /* z[i, j] = x[i] . W[j] + b[j] in f64 */
+  int64_t k = in[0].ref.shape.d[1];
+  double z = stoke_elem_get(in[2].ref.data, in[2].ref.dtype, j);
+  for (int64_t t = 0; t < k; t++)
+    z += stoke_elem_get(in[0].ref.data, in[0].ref.dtype, i * k + t) * stoke_elem_get(in[1].ref.data, in[1].ref.dtype, j * k + t);
+  return z;
+}
+
+static void expect_relu_mask(const kcheck *ck, const ktensor *in, const ktensor *y, const ktensor *mask) {
   double *yv = kt_download(y), *mv = kt_download(mask);
   int64_t rows = y->dut.shape.d[0], cols = y->dut.shape.d[1], stride = mask->dut.shape.d[1];
+  double rms = 0, u = ck->k->dtype == STOKE_BF16 ? 0x1p-8 : ck->k->dtype == STOKE_F64 ? 0x1p-53 : 0x1p-11;
+  for (int64_t i = 0; i < rows * cols; i++) {
+    double r = stoke_elem_get(y->ref.data, y->ref.dtype, i);
+    rms += r * r;
+  }
+  rms = sqrt(rms / (double)(rows * cols > 0 ? rows * cols : 1));
+  int64_t ties = 0;
   for (int64_t i = 0; i < rows; i++)
     for (int64_t j = 0; j < cols && j < stride * 8; j++) {
       int bit = ((int)mv[i * stride + j / 8] >> (j % 8)) & 1, want = yv[i * cols + j] > 0;
-      if (bit != want)
-        fail_msg("%s/%s %s %s, case %s: ReLU mask row %lld bit %lld is %d, y is %g (seed %llu)", ck->k->engine,
-                 ck->k->op, pass_name(ck->k->pass), stoke_dtype_name(ck->k->dtype), ck->c->label, (long long)i,
-                 (long long)j, bit, yv[i * cols + j], (unsigned long long)seed);
+      if (bit == want) continue;
+      if (yv[i * cols + j] == 0 && fabs(pre_activation(in, i, j)) <= 4 * u * rms) {
+        ties++;
+        continue;
+      }
+      fail_msg("%s/%s %s %s, case %s: ReLU mask row %lld bit %lld is %d, y is %g (seed %llu)", ck->k->engine,
+               ck->k->op, pass_name(ck->k->pass), stoke_dtype_name(ck->k->dtype), ck->c->label, (long long)i,
+               (long long)j, bit, yv[i * cols + j], (unsigned long long)seed);
     }
-  print_message("  %-13s %-15s ReLU mask of %lld x %lld: every bit as y > 0\n", ck->k->engine, ck->k->op,
-                (long long)rows, (long long)cols);
+  print_message("  %-13s %-15s ReLU mask of %lld x %lld: every bit as y > 0 (%lld ties at 0)\n", ck->k->engine,
+                ck->k->op, (long long)rows, (long long)cols, (long long)ties);
   free(yv), free(mv);
 }
 
@@ -439,7 +464,7 @@ static void check_forward(const stoke_kernel_v1 *k, const engine *e, const kcase
     snprintf(what, sizeof what, "out%d", j);
     expect_tensor(&ck, what, &cl.out[j], NULL);
   }
-  if (c->relu_mask) expect_relu_mask(&ck, &cl.out[0], &cl.out[1]);
+  if (c->relu_mask) expect_relu_mask(&ck, cl.in, &cl.out[0], &cl.out[1]);
   for (int i = 0; i < c->n_in; i++) /* running statistics, updated in place */
     if (c->in[i].kind == IN_STAT && c->state_out >> i & 1) {
       char what[16];
