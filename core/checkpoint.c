@@ -739,6 +739,14 @@ static stoke_err *parse_meta(const stoke_st_file *f, const char *path, stoke_ckp
   if (!ver || strcmp(ver, "1"))
     return STOKE_ERR(STOKE_E_DATA, "'%s' is not a stoke checkpoint of version %d (found %.40s)", path,
                      STOKE_CKPT_VERSION, ver ? ver : "none");
+  /* a file written since the checksums exist carries both, an older one neither: one alone means the
+   * other's key was damaged (a flipped bit in "stoke_meta_crc32c" otherwise read as an old file) */
+  const char *has_meta = stoke_st_meta(f, META_CRC_KEY), *has_data = stoke_st_meta(f, CRC_KEY);
+  if (!has_meta != !has_data)
+    return STOKE_ERR(STOKE_E_DATA,
+                     "checkpoint '%s': its metadata has \"%s\" but no \"%s\": a metadata key is damaged; resume "
+                     "from another checkpoint",
+                     path, has_meta ? META_CRC_KEY : CRC_KEY, has_meta ? CRC_KEY : META_CRC_KEY);
   STOKE_PROPAGATE(check_meta_crc(f, path, &m->meta_checked));
   const int64_t max = INT64_MAX;
   STOKE_PROPAGATE(meta_int(f, path, "step", 0, max, 1, 0, &m->step));
