@@ -108,14 +108,19 @@ static __attribute__((unused)) double cpu_check_gradients(stoke_exec *x, double 
     if (g->values[v].kind != STOKE_VAL_PARAM) continue;
     int64_t off = (int64_t)(g->values[v].offset / sizeof(double));
     for (int64_t i = 0; i < stoke_numel(&g->values[v].shape); i++) {
-      double keep = params[off + i], h = 1e-6;
-      params[off + i] = keep + h;
-      double lp = cpu_loss(x);
-      params[off + i] = keep - h;
-      double lm = cpu_loss(x);
-      params[off + i] = keep;
-      double num = (lp - lm) / (2 * h), an = analytic[off + i];
-      double err = fabs(num - an) / fmax(1e-4, fabs(num) + fabs(an));
+      double keep = params[off + i], an = analytic[off + i], num = 0, err = INFINITY;
+      /* a step across a ReLU's kink (a pre-activation within h of 0) moves the difference by the
+       * kink's jump (graph_test seed 1795452820: 0.2% off at h = 1e-6): a miss is tried again
+       * 100x closer, where the kink is 100x less likely, and the closer of the two counts */
+      for (double h = 1e-6; h >= 1e-8 && !(err <= tol); h /= 100) {
+        params[off + i] = keep + h;
+        double lp = cpu_loss(x);
+        params[off + i] = keep - h;
+        double lm = cpu_loss(x);
+        params[off + i] = keep;
+        double n_h = (lp - lm) / (2 * h), e_h = fabs(n_h - an) / fmax(1e-4, fabs(n_h) + fabs(an));
+        if (!(e_h >= err)) num = n_h, err = e_h;
+      }
       if (err > worst) worst = err;
       if (!(err <= tol))
         fail_msg("d loss / d %s[%lld]: analytic %.10g, finite difference %.10g (seed %llu)", g->values[v].name,
