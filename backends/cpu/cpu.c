@@ -260,26 +260,6 @@ static stoke_err *linear_dact_check(const stoke_kernel_args_v1 *a, stoke_dtype d
   return NULL;
 }
 
-static stoke_err *add_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
-  const char *op = STOKE_OP_ADD;
-  CHECK(stoke_check_counts(a, op, bwd, 2, 1));
-  const stoke_tensor *x = &a->in[0], *z = &a->in[1], *y = &a->out[0];
-  if (!stoke_same_shape(&x->shape, &z->shape) || !stoke_same_shape(&x->shape, &y->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "add '%s': a %s, b %s and out %s differ in shape",
-                      stoke_node_name(a), stoke_shape_str(&x->shape).s, stoke_shape_str(&z->shape).s, stoke_shape_str(&y->shape).s);
-  CHECK(stoke_check_dtype(a, op, "a", x, dt));
-  CHECK(stoke_check_dtype(a, op, "b", z, dt));
-  CHECK(stoke_check_dtype(a, op, "out", y, dt));
-  if (!bwd) {
-    CHECK(stoke_check_data(a, op, "a", x, run));
-    CHECK(stoke_check_data(a, op, "b", z, run));
-    return stoke_check_data(a, op, "out", y, run);
-  }
-  CHECK(stoke_check_grad(a, op, "a", &a->din[0], x));
-  CHECK(stoke_check_grad(a, op, "b", &a->din[1], z));
-  CHECK(stoke_check_grad(a, op, "out", &a->dout[0], y));
-  return stoke_check_data(a, op, "dout", &a->dout[0], run);
-}
 
 static double softmax_ce_smoothing(const stoke_kernel_args_v1 *a) {
   const stoke_node_v1 *n = a->node;

@@ -507,26 +507,6 @@ bool gelu_tanh(const stoke_kernel_args_v1 *a) {
          !strcmp(a->node->attrs[STOKE_GELU_APPROXIMATE].s, "tanh");
 }
 
-stoke_err *add_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
-  const char *op = STOKE_OP_ADD;
-  CHECK(stoke_check_counts(a, op, bwd, 2, 1));
-  const stoke_tensor *x = &a->in[0], *z = &a->in[1], *y = &a->out[0];
-  if (!stoke_same_shape(&x->shape, &z->shape) || !stoke_same_shape(&x->shape, &y->shape))
-    return STOKE_PERR(STOKE_E_INVALID, "add '%s': a %s, b %s and out %s differ in shape", stoke_node_name(a), stoke_shape_str(&x->shape).s,
-                      stoke_shape_str(&z->shape).s, stoke_shape_str(&y->shape).s);
-  CHECK(stoke_check_dtype(a, op, "a", x, dt));
-  CHECK(stoke_check_dtype(a, op, "b", z, dt));
-  CHECK(stoke_check_dtype(a, op, "out", y, dt));
-  if (!bwd) {
-    CHECK(stoke_check_data(a, op, "a", x, run));
-    CHECK(stoke_check_data(a, op, "b", z, run));
-    return stoke_check_data(a, op, "out", y, run);
-  }
-  CHECK(stoke_check_grad(a, op, "a", &a->din[0], x));
-  CHECK(stoke_check_grad(a, op, "b", &a->din[1], z));
-  CHECK(stoke_check_grad(a, op, "out", &a->dout[0], y));
-  return stoke_check_data(a, op, "dout", &a->dout[0], run);
-}
 
 stoke_err *bias_add_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
   const char *op = STOKE_OP_BIAS_ADD;
@@ -715,18 +695,18 @@ template <typename T> stoke_err *gelu_bwd(const stoke_kernel_args_v1 *a, void *)
 
 // -------------------------------------------------------------------- add
 
-PLAN(add_fwd, add_check(a, dtype_of<T>::value, 0, 0), 0)
-PLAN(add_bwd, add_check(a, dtype_of<T>::value, 1, 0), 0)
+PLAN(add_fwd, stoke_check_add(a, dtype_of<T>::value, 0, 0), 0)
+PLAN(add_bwd, stoke_check_add(a, dtype_of<T>::value, 1, 0), 0)
 
 template <typename T> stoke_err *add_fwd(const stoke_kernel_args_v1 *a, void *) {
-  CHECK(add_check(a, dtype_of<T>::value, 0, 1));
+  CHECK(stoke_check_add(a, dtype_of<T>::value, 0, 1));
   return launch_ew<T>(a, dp<T>(a->out[0]), dp<T>(a->in[0]), dp<T>(a->in[1]), stoke_numel(&a->in[0].shape), 0.f,
                       op_add{});
 }
 
 // da = dout, db = dout (each only if asked for).
 template <typename T> stoke_err *add_bwd(const stoke_kernel_args_v1 *a, void *) {
-  CHECK(add_check(a, dtype_of<T>::value, 1, 1));
+  CHECK(stoke_check_add(a, dtype_of<T>::value, 1, 1));
   int64_t n = stoke_numel(&a->out[0].shape);
   for (int k = 0; k < 2; k++)
     if (a->din[k].data)

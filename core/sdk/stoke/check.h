@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "stoke/ops.h"
 #include "stoke/plugin.h"
 
 #ifdef __cplusplus
@@ -117,6 +118,29 @@ static inline stoke_err *stoke_check_grad(const stoke_kernel_args_v1 *a, const c
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': gradient of %s is %s, the value is %s", op, stoke_node_name(a),
                       what, stoke_shape_str(&g->shape).s, stoke_shape_str(&of->shape).s);
   return stoke_check_dtype(a, op, what, g, of->dtype);
+}
+
+/* add: out = a + b, all of one shape and dtype; backward da, db from dout
+ * (the cpu and cuda engines' common check). */
+static inline stoke_err *stoke_check_add(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
+  const char *op = STOKE_OP_ADD;
+  STOKE_PROPAGATE_P(stoke_check_counts(a, op, bwd, 2, 1));
+  const stoke_tensor *x = &a->in[0], *z = &a->in[1], *y = &a->out[0];
+  if (!stoke_same_shape(&x->shape, &z->shape) || !stoke_same_shape(&x->shape, &y->shape))
+    return STOKE_PERR(STOKE_E_INVALID, "add '%s': a %s, b %s and out %s differ in shape", stoke_node_name(a),
+                      stoke_shape_str(&x->shape).s, stoke_shape_str(&z->shape).s, stoke_shape_str(&y->shape).s);
+  STOKE_PROPAGATE_P(stoke_check_dtype(a, op, "a", x, dt));
+  STOKE_PROPAGATE_P(stoke_check_dtype(a, op, "b", z, dt));
+  STOKE_PROPAGATE_P(stoke_check_dtype(a, op, "out", y, dt));
+  if (!bwd) {
+    STOKE_PROPAGATE_P(stoke_check_data(a, op, "a", x, run));
+    STOKE_PROPAGATE_P(stoke_check_data(a, op, "b", z, run));
+    return stoke_check_data(a, op, "out", y, run);
+  }
+  STOKE_PROPAGATE_P(stoke_check_grad(a, op, "a", &a->din[0], x));
+  STOKE_PROPAGATE_P(stoke_check_grad(a, op, "b", &a->din[1], z));
+  STOKE_PROPAGATE_P(stoke_check_grad(a, op, "out", &a->dout[0], y));
+  return stoke_check_data(a, op, "dout", &a->dout[0], run);
 }
 
 /* The destroy() of kernels that keep no state. */
