@@ -19,7 +19,8 @@
 #             norm and the loss in f32) against bf16 and fp32, loss curves
 #             and the first lines of the run (the autocast nodes)
 #   plugkit   issue 18: tools/plugin_check on the example CUDA op plugin
-#             (leaky_relu's cuda kernels against its cpu ones), and
+#             (leaky_relu's cuda kernels, forward and backward, against its
+#             cpu f64 ones), and
 #             examples/spirals.ini trained with backends = cuda, cpu
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
@@ -685,10 +686,13 @@ PY
       done
       ;;
     plugkit)
-      log "issue 18: the plugin test kit on the GPU: the example CUDA op plugin's kernels against its cpu kernels, and a run with them"
-      timeout 120 "$S/bin/plugin_check" "$S/bin/plugins/libstoke_leaky_relu.so" > "$OUT/plugkit_check.log" 2>&1
-      echo "plugin_check leaky_relu rc=$? (0: pass) $(grep -cE '^ok .*cuda f32 kernel' "$OUT/plugkit_check.log") cuda checks ok, $(grep -c '^FAIL' "$OUT/plugkit_check.log") failed, $(grep -c '^skip' "$OUT/plugkit_check.log") skipped"
-      grep -E 'cuda|FAIL|skip' "$OUT/plugkit_check.log" | head -8
+      log "issue 18: the plugin test kit on the GPU: each example CUDA op plugin's kernels, forward and backward, against its cpu f64 kernels, and a run with them"
+      for so in leaky_relu; do
+        L="$OUT/plugkit_$so.log"
+        timeout 120 "$S/bin/plugin_check" "$S/bin/plugins/libstoke_$so.so" > "$L" 2>&1
+        echo "plugin_check $so rc=$? (0: pass): cuda forward $(grep -cE '^ok .*: cuda [a-z0-9]+ forward kernel' "$L") ok, cuda backward $(grep -cE '^ok .*: cuda [a-z0-9]+ backward kernel' "$L") ok, $(grep -c '^FAIL' "$L") failed, $(grep -c '^skip' "$L") skipped"
+        grep -E 'cuda|FAIL|skip' "$L" | head -8
+      done
       timeout 200 "$T" "$S/examples/spirals.ini" run.backends=cuda,cpu run.steps=600 run.progress=off \
         run.out_dir="$OUT/plugkit_spirals" > "$OUT/plugkit_spirals.log" 2>&1
       echo "spirals on cuda,cpu rc=$? $(grep -E 'leaky_relu.*cuda|evaluation|error' "$OUT/plugkit_spirals.log" | head -3 | tr '\n' ' ')"
