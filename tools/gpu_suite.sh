@@ -135,6 +135,17 @@ print("   per weight: " + ", ".join(f"{r[3]} {r[0]:.1e}" for r in w))
 PY
 }
 log() { echo "== $*"; }
+# stoke_gpt B LABEL OVERRIDES...: gpt2_124m bf16 at batch B, 30 steps: tokens/s, the plan and NVML's peak
+stoke_gpt() {
+  local b=$1 label=$2; shift 2
+  local tag=$(echo "$label" | tr -c 'a-zA-Z0-9\n' '_')
+  log "stoke gpt2_124m bf16 B=$b $label"
+  timeout 600 "$T" "$S/examples/gpt2_124m.ini" run.progress=off run.steps=30 data.batch_size=$b "$@" \
+    run.out_dir="$OUT/gpt_${b}_$tag" > "$OUT/gpt_${b}_$tag.log" 2>&1
+  echo "rc=$? $(grep -E '^recompute \(|^dry run|^stoke: error|^memory:' "$OUT/gpt_${b}_$tag.log" | head -3 | tr '\n' ' ')"
+  python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if 'summary' in l][-1]; print('stoke tokens/s', round(r['samples_per_s_median'] * 1024), '; peak GPU memory of the process (NVML, MiB, with the CUDA context)', r['gpu_mem_max_mib'])" \
+    "$OUT/gpt_${b}_$tag/metrics.jsonl" 2>/dev/null || echo "no summary"
+}
 for part in "$@"; do
   case "$part" in
     kernels)
@@ -353,15 +364,15 @@ PY
       log "PyTorch: torch.utils.checkpoint on every block (gpt_ckpt_torch.py), tokens/s and peak memory"
       for b in ${RC_TORCH_B:-16 32 64}; do
         B=$b timeout 900 python3 "$HERE/gpt_ckpt_torch.py" "$S/anchors" "$OUT/rc_torch.jsonl" ${RC_TORCH_MODES:-bf16 bf16+ckpt bf16+compile+ckpt} 2>&1 | grep '^{'
-        # the same call in stoke: recompute = auto with PyTorch's checkpointed peak as the memory (85% of memory_gb is the budget)
-        peak=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; r=[x for x in r if x.get('B')==$b and x.get('mode')=='bf16+ckpt' and 'peak_mem_gb' in x]; print(round(r[-1]['peak_mem_gb'] * 1e9 / 2**30 / 0.85, 3))" "$OUT/rc_torch.jsonl" 2>/dev/null)
-        [ -z "$peak" ] && { echo "B=$b: no PyTorch checkpointed peak"; continue; }
-        log "stoke gpt2_124m bf16 B=$b recompute=auto run.memory_gb=$peak (the plan within PyTorch's checkpointed peak)"
-        timeout 600 "$T" "$S/examples/gpt2_124m.ini" run.progress=off run.steps=30 data.batch_size=$b run.recompute=auto \
-          run.memory_gb=$peak run.out_dir="$OUT/rc_vs_torch_$b" > "$OUT/rc_vs_torch_$b.log" 2>&1
-        echo "rc=$? $(grep -E '^recompute \(|^memory:|^stoke: error' "$OUT/rc_vs_torch_$b.log" | head -3 | tr '\n' ' ')"
-        python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if 'summary' in l][-1]; print('stoke tokens/s', round(r['samples_per_s_median'] * 1024), '; peak GPU memory (NVML, MiB, with the CUDA context)', r['gpu_mem_max_mib'])" \
-          "$OUT/rc_vs_torch_$b/metrics.jsonl" 2>/dev/null || echo "no summary"
+        # the same B in stoke: recompute = auto with each checkpointed PyTorch peak as the plan's budget
+        # (memory_gb = peak / 0.85: 85% of memory_gb is the budget), and h.* (every block, as PyTorch)
+        for mode in ${RC_TORCH_MODES:-bf16+ckpt bf16+compile+ckpt}; do
+          case $mode in *ckpt) ;; *) continue ;; esac
+          gb=$(python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; r=[x for x in r if x.get('B')==$b and x.get('mode')=='$mode' and 'peak_mem_gb' in x]; print(round(r[-1]['peak_mem_gb'] * 1e9 / 2**30 / 0.85, 3))" "$OUT/rc_torch.jsonl" 2>/dev/null)
+          [ -z "$gb" ] && { echo "B=$b: no PyTorch $mode peak"; continue; }
+          stoke_gpt $b "auto (budget: PyTorch $mode's peak)" run.recompute=auto run.memory_gb=$gb
+        done
+        set -f; stoke_gpt $b "h.* (every block)" run.recompute=h.*; set +f
       done
       ;;
     steptime)
