@@ -148,7 +148,8 @@ static stoke_err *find_place(run_state *s) {
 }
 
 /* The run's folder (out_dir, or runs/<name>; ranks > 0 beside rank 0's),
- * its resolved config and its log. */
+ * its resolved config (printed by announce() once the run is set up) and
+ * its log. */
 static stoke_err *open_folder(run_state *s) {
   const stoke_run_config *rc = &s->rc;
   const char *ini = s->o->ini_path;
@@ -176,10 +177,6 @@ static stoke_err *open_folder(run_state *s) {
   snprintf(path, sizeof path, "%s/log.txt", s->dir);
   s->log = fopen(path, "a");
   if (s->log) stoke_log_set_file(s->log);
-  if (!s->o->quiet) {
-    printf("stoke: run '%s', resolved config (saved to %s/config.ini):\n", run_name, s->dir);
-    stoke_cfg_dump(s->cfg, stdout);
-  }
   return NULL;
 }
 
@@ -266,11 +263,9 @@ static stoke_err *open_data(run_state *s) {
   if (rc->run.resume[0]) STOKE_PROPAGATE(load_resume(s));
   if (s->dp) STOKE_PROPAGATE(attach_ranks(s));
   if (rc->eval_data.source[0]) STOKE_PROPAGATE(run_open_stream(s, &s->eval, &rc->eval_data, 0, 0));
-  run_report_precision(s->prec, s->train.g, s->o->quiet);
   char path[640];
   snprintf(path, sizeof path, "%s/plan.txt", s->dir);
   STOKE_TRY(run_write_checked(path, put_plan, s->train.plan), "[run] out_dir");
-  if (!s->o->quiet) stoke_plan_report(s->train.plan, stdout);
   return NULL;
 }
 
@@ -395,6 +390,18 @@ stoke_err *run_read_config(run_state *s) {
   return NULL;
 }
 
+/* The resolved config, the precision and the plan, printed once the run
+ * is set up: an error found before training (a config value, a plugin, a
+ * graph the compiler refuses) is the last thing on the screen, not
+ * something above a hundred lines of config. */
+static void announce(run_state *s) {
+  if (s->o->quiet) return;
+  printf("stoke: run '%s', resolved config (saved to %s/config.ini):\n", s->run_name, s->dir);
+  stoke_cfg_dump(s->cfg, stdout);
+  run_report_precision(s->prec, s->train.g, 0);
+  stoke_plan_report(s->train.plan, stdout);
+}
+
 stoke_err *run_open(run_state *s) {
   STOKE_PROPAGATE(find_place(s));
   STOKE_PROPAGATE(open_folder(s));
@@ -404,6 +411,7 @@ stoke_err *run_open(run_state *s) {
   STOKE_PROPAGATE(choose_graphs(s));
   if (s->rc.run.checkpoint) snprintf(s->ckpt, sizeof s->ckpt, "%s/checkpoint.safetensors", s->dir);
   STOKE_PROPAGATE(run_check_room(s));
+  announce(s);
   s->good = s->start_step, s->good_epoch = s->resume.epoch;
   run_signals_catch(&s->sg);
   return NULL;

@@ -7,8 +7,10 @@
  *    (torch.autograd.gradcheck's test), the backward handed only what
  *    bwd_needs names (a read of anything else is caught and named, not a
  *    crash), and parameter gradients honouring param_grad_beta;
- *  - every kernel of another engine (a GPU's): against the cpu kernel on
- *    the same random inputs, outputs poisoned, tolerance by its dtype;
+ *  - every other kernel of the op (a GPU's; the cpu's in f32), forward and
+ *    backward: against the cpu f64 kernel of the same pass on the same
+ *    random inputs and output gradient, outputs poisoned on its device,
+ *    tolerance from its precision and the longest sum it can make;
  *  - every source: its sample info, labels in [0, classes), the same bytes
  *    for the same (index, seed) and every byte written, reads from 4
  *    threads equal to one thread's, and the memory order the core reads.
@@ -281,7 +283,9 @@ static void check_gradient(kit *k, call *c, const stoke_kernel_v1 *fwd, const st
     if (!(want >> i & 1u)) continue;
     int64_t nan = first_nan(&din[i]);
     if (nan >= 0) {
-      result(k, 0, what, "gradient of input %d, element %lld, is NaN: unwritten (poisoned first) or computed as NaN", i,
+      result(k, 0, what,
+             "gradient of input %d, element %lld, is NaN: unwritten (poisoned first) or computed as NaN (with "
+             "param_grad_beta 0 a gradient is overwritten: 0 x the old value is NaN when that was NaN)", i,
              (long long)nan);
       goto done;
     }
@@ -339,14 +343,54 @@ done:
 
 /* ----------------------------------------------------- other engines */
 
-/* The relative L2 error a kernel of dtype dt may have against the f64
- * reference (stoke's GPU tests: f32 1e-5 per the design, here with room
- * for reduction order; tf32/bf16/f16 1e-2). */
-static double tolerance(stoke_dtype dt) { return dt == STOKE_F32 ? 1e-4 : dt == STOKE_F64 ? 1e-9 : 2e-2; }
+/* The unit roundoff of a float dtype (0 for integers: exact). */
+static double unit_roundoff(stoke_dtype dt) {
+  switch (dt) {
+  case STOKE_F64: return 0x1p-53;
+  case STOKE_F32: return 0x1p-24;
+  case STOKE_F16: return 0x1p-11;
+  case STOKE_BF16: return 0x1p-8;
+  default: return 0;
+  }
+}
+
+/* The relative-norm error a kernel of dtype dt may have against the cpu's
+ * f64 results on the same inputs (rounded to dt first), derived as
+ * tests/op/every_kernel_test derives it: 8 u(dt) for the rounding of the
+ * outputs and of what the kernel stores in its dtype, plus 8 u(acc)
+ * sqrt(K) for a K-term sum in the accumulator (f32 for every dtype but
+ * f64), u the unit roundoff. The kit does not know an op's sums, so K is
+ * the element count of the call's largest tensor: no sum is longer. */
+static double tolerance(stoke_dtype dt, double k) {
+  double acc = dt == STOKE_F64 ? 0x1p-53 : 0x1p-24;
+  return 8 * unit_roundoff(dt) + 8 * acc * sqrt(k > 1 ? k : 1);
+}
+
+/* v rounded to dtype dt (as a kernel of dt is handed it), as a double. */
+static double round_to(stoke_dtype dt, double v) {
+  unsigned char b[8];
+  stoke_elem_set(b, dt, 0, v);
+  return stoke_elem_get(b, dt, 0);
+}
+
+/* The errors are relative to the reference's norm, but not to less than
+ * an RMS of ERR_FLOOR per element: a sum of random-sign terms can cancel
+ * to near 0, and its rounding is relative to the terms, not to the rest. */
+#define ERR_FLOOR 1e-2
+
+static double longest_sum(const call *c) {
+  int64_t k = 1;
+  for (int i = 0; i < c->n_in; i++)
+    if (stoke_numel(&c->in[i].shape) > k) k = stoke_numel(&c->in[i].shape);
+  for (int j = 0; j < c->n_out; j++)
+    if (stoke_numel(&c->out[j].shape) > k) k = stoke_numel(&c->out[j].shape);
+  return (double)k;
+}
 
 typedef struct engine {
   const stoke_backend_v1 *b, *dev; /* the engine, and the one owning its device */
   void *self, *dev_self;
+  int gpu;
 } engine;
 
 /* Open the engine named `name` (and its device's engine), or say why not. */
@@ -367,14 +411,110 @@ static stoke_err *open_engine(kit *k, const char *name, engine *out) {
   }
   if (out->b->open) STOKE_PROPAGATE(out->b->open(0, out->dev_self, &out->self));
   if (!out->b->device_engine) out->dev_self = out->self;
+  out->gpu = out->dev->device == STOKE_DEV_GPU;
   return NULL;
 }
 
-/* Kernel `kern` (engine E, dtype dt) against the cpu's f64 results `ref`:
- * inputs rounded to dt, copied to E's device, outputs poisoned there. */
-static void check_engine_kernel(kit *k, const call *c, const stoke_kernel_v1 *kern, const stoke_tensor *ref) {
-  char what[256];
-  snprintf(what, sizeof what, "%s: %s %s kernel against the cpu's", c->label, kern->engine, stoke_dtype_name(kern->dtype));
+static void close_engine(engine *en) {
+  if (en->b->close) en->b->close(en->self);
+  if (en->dev != en->b && en->dev->close) en->dev->close(en->dev_self);
+}
+
+/* A tensor of dtype dt on the engine's device: `from`'s values (f64 on the
+ * host) rounded to dt, or every byte 0xff (NaN) when `from` is NULL. */
+static stoke_err *to_device(const engine *en, const stoke_shape *s, stoke_dtype dt, const stoke_tensor *from,
+                            stoke_tensor *d) {
+  *d = host_tensor(s, dt);
+  void *host = d->data;
+  d->data = NULL;
+  d->device = en->gpu ? STOKE_DEV_GPU : STOKE_DEV_CPU;
+  size_t bytes = stoke_tensor_bytes(d);
+  stoke_err *e = en->dev->alloc(en->dev_self, bytes ? bytes : 1, &d->data);
+  if (!e && from) {
+    for (int64_t x = 0, n = stoke_numel(s); x < n; x++) stoke_elem_set(host, dt, x, stoke_elem_get(from->data, from->dtype, x));
+    e = en->dev->copy(en->dev_self, d->data, host, bytes, STOKE_COPY_H2D, NULL);
+  } else if (!e) {
+    e = en->dev->fill(en->dev_self, d->data, 0xff, bytes, NULL);
+  }
+  free(host);
+  return e;
+}
+
+static void free_device(const engine *en, stoke_tensor *t, int n) {
+  for (int i = 0; i < n; i++)
+    if (t[i].data) en->dev->free(en->dev_self, t[i].data), t[i].data = NULL;
+}
+
+/* The relative-norm error of device tensor `d` against the f64 `want`;
+ * an error when an element is NaN (poisoned and never written). */
+static stoke_err *device_error(const engine *en, const stoke_tensor *d, const stoke_tensor *want, double *err) {
+  stoke_tensor h = host_tensor(&d->shape, d->dtype);
+  stoke_err *e = en->dev->copy(en->dev_self, h.data, d->data, stoke_tensor_bytes(&h), STOKE_COPY_D2H, NULL);
+  int64_t nan = e ? -1 : first_nan(&h), n = stoke_numel(&h.shape);
+  if (nan >= 0) e = STOKE_ERR(STOKE_E_INVALID, "element %lld of %lld is NaN: unwritten (poisoned first) or computed as NaN",
+                              (long long)nan, (long long)n);
+  double num = 0, den = 0;
+  for (int64_t x = 0; x < n && !e; x++) {
+    double g = stoke_elem_get(h.data, h.dtype, x), r = stoke_elem_get(want->data, want->dtype, x);
+    num += (g - r) * (g - r);
+    den += r * r;
+  }
+  *err = sqrt(num / fmax(den, (double)n * ERR_FLOOR * ERR_FLOOR));
+  free(h.data);
+  return e;
+}
+
+/* plan, workspace, run and wait, on the engine's default stream. */
+static stoke_err *run_on(const engine *en, const stoke_kernel_v1 *kern, stoke_kernel_args_v1 a) {
+  a.engine = en->self;
+  a.stream = en->dev->default_stream ? en->dev->default_stream(en->dev_self) : NULL;
+  void *state = NULL, *ws = NULL;
+  size_t wsb = 0;
+  stoke_err *e = kern->plan ? kern->plan(&a, &state, &wsb) : NULL;
+  if (!e && wsb) e = en->dev->alloc(en->dev_self, wsb, &ws);
+  a.workspace = ws;
+  a.workspace_bytes = wsb;
+  if (!e) e = kern->run(&a, state);
+  if (!e && en->dev->stream_sync) e = en->dev->stream_sync(en->dev_self, NULL);
+  if (kern->destroy && state) kern->destroy(state);
+  if (ws) en->dev->free(en->dev_self, ws);
+  return e;
+}
+
+/* One output or gradient compared; the worst so far kept in worst and at. */
+static void compare(const engine *en, const stoke_tensor *d, const stoke_tensor *want, const char *name, int idx,
+                    stoke_err **e, double *worst, char *at, size_t cap) {
+  double err = 0;
+  if (*e) return;
+  *e = device_error(en, d, want, &err);
+  if (*e) *e = stoke_err_note(*e, "%s %d", name, idx);
+  else if (err > *worst) *worst = err, snprintf(at, cap, "%s %d", name, idx);
+}
+
+static void report_engine(kit *k, const char *what, stoke_err *e, double worst, const char *at, double tol) {
+  if (e) fail_err(k, what, e);
+  else if (worst > tol) result(k, 0, what, "%s: relative error %.3g > tolerance %.3g", at, worst, tol);
+  else result(k, 1, what, "relative error %.2g (tolerance %.2g)", worst, tol);
+}
+
+/* Kernel `kern` (engine E, dtype dt, forward or backward) against the
+ * cpu's f64 kernel of the same pass on the same random inputs (rounded to
+ * dt for both), its outputs poisoned on E's device first. A backward gets
+ * what a run hands it: the inputs and outputs its op's bwd_needs names
+ * (the others data == NULL), a random output gradient, every input
+ * gradient poisoned (param_grad_beta 0); then, for inputs a case marks as
+ * parameters, gradients preset to random values and accumulated (beta 1). */
+static void check_engine_kernel(kit *k, const call *c, const stoke_kernel_v1 *kern) {
+  int bwd = kern->pass == STOKE_BWD;
+  char what[320];
+  snprintf(what, sizeof what, "%s: %s %s %s kernel against the cpu f64 one", c->label, kern->engine,
+           stoke_dtype_name(kern->dtype), bwd ? "backward" : "forward");
+  const stoke_kernel_v1 *ref_fwd = stoke_find_kernel(k->reg, "cpu", c->op->name, STOKE_FWD, STOKE_F64, c->in[0].layout);
+  const stoke_kernel_v1 *ref_bwd = stoke_find_kernel(k->reg, "cpu", c->op->name, STOKE_BWD, STOKE_F64, c->in[0].layout);
+  if (bwd && !ref_bwd) {
+    result(k, 0, what, "no cpu STOKE_BWD kernel in STOKE_F64 to compare it with");
+    return;
+  }
   engine en;
   stoke_err *e = open_engine(k, kern->engine, &en);
   if (e) {
@@ -382,73 +522,102 @@ static void check_engine_kernel(kit *k, const call *c, const stoke_kernel_v1 *ke
     stoke_err_free(e);
     return;
   }
-  stoke_tensor hin[STOKE_MAX_IO], din[STOKE_MAX_IO], dout[STOKE_MAX_IO], hout[STOKE_MAX_IO];
-  memset(din, 0, sizeof din);
-  memset(dout, 0, sizeof dout);
-  int gpu = en.dev->device == STOKE_DEV_GPU;
-  for (int i = 0; i < c->n_in && !e; i++) {
-    stoke_dtype dt = c->ints >> i & 1u ? STOKE_I32 : kern->dtype;
-    hin[i] = host_tensor(&c->in[i].shape, dt);
-    for (int64_t x = 0, n = stoke_numel(&c->in[i].shape); x < n; x++)
-      stoke_elem_set(hin[i].data, dt, x, stoke_elem_get(c->in[i].data, c->in[i].dtype, x));
-    din[i] = hin[i];
-    din[i].device = gpu ? STOKE_DEV_GPU : STOKE_DEV_CPU;
-    e = en.dev->alloc(en.dev_self, stoke_tensor_bytes(&hin[i]), &din[i].data);
-    if (!e) e = en.dev->copy(en.dev_self, din[i].data, hin[i].data, stoke_tensor_bytes(&hin[i]), STOKE_COPY_H2D, NULL);
-  }
-  for (int j = 0; j < c->n_out && !e; j++) {
-    stoke_dtype dt = c->out[j].dtype == STOKE_F64 ? kern->dtype : c->out[j].dtype;
-    hout[j] = host_tensor(&c->out[j].shape, dt);
-    dout[j] = hout[j];
-    dout[j].device = din[0].device;
-    e = en.dev->alloc(en.dev_self, stoke_tensor_bytes(&hout[j]), &dout[j].data);
-    if (!e) e = en.dev->fill(en.dev_self, dout[j].data, 0xff, stoke_tensor_bytes(&hout[j]), NULL);
-  }
-  if (!e) {
-    stoke_kernel_args_v1 a = args_of(c, din, dout);
-    a.engine = en.self;
-    a.stream = en.dev->default_stream ? en.dev->default_stream(en.dev_self) : NULL;
-    void *state = NULL, *ws = NULL;
-    size_t wsb = 0;
-    if (kern->plan) e = kern->plan(&a, &state, &wsb);
-    if (!e && wsb) e = en.dev->alloc(en.dev_self, wsb, &ws);
-    a.workspace = ws;
-    a.workspace_bytes = wsb;
-    if (!e) e = kern->run(&a, state);
-    if (!e && en.dev->stream_sync) e = en.dev->stream_sync(en.dev_self, NULL);
-    if (kern->destroy && state) kern->destroy(state);
-    if (ws) en.dev->free(en.dev_self, ws);
-  }
-  double worst = 0;
-  int worst_out = 0;
-  for (int j = 0; j < c->n_out && !e; j++) {
-    e = en.dev->copy(en.dev_self, hout[j].data, dout[j].data, stoke_tensor_bytes(&hout[j]), STOKE_COPY_D2H, NULL);
-    int64_t nan = e ? -1 : first_nan(&hout[j]);
-    if (nan >= 0) e = STOKE_ERR(STOKE_E_INVALID, "output %d element %lld is NaN: unwritten (poisoned first)", j, (long long)nan);
-    double num = 0, den = 0;
-    for (int64_t x = 0, n = e ? 0 : stoke_numel(&hout[j].shape); x < n; x++) {
-      double g = stoke_elem_get(hout[j].data, hout[j].dtype, x), r = stoke_elem_get(ref[j].data, ref[j].dtype, x);
-      num += (g - r) * (g - r);
-      den += r * r;
-    }
-    double rel = sqrt(num / fmax(den, 1e-30));
-    if (rel > worst) worst = rel, worst_out = j;
-  }
-  if (e) fail_err(k, what, e);
-  else if (worst > tolerance(kern->dtype))
-    result(k, 0, what, "output %d: relative L2 error %.3g > %g (%s)", worst_out, worst, tolerance(kern->dtype),
-           stoke_dtype_name(kern->dtype));
-  else result(k, 1, what, "relative L2 error %.2g (tolerance %g)", worst, tolerance(kern->dtype));
+  stoke_dtype dt = kern->dtype;
+  /* the reference: the cpu f64 kernels on the inputs rounded to dt */
+  call r = *c;
+  stoke_tensor w[STOKE_MAX_IO], rdin[STOKE_MAX_IO], preset[STOKE_MAX_IO];
+  stoke_tensor din[STOKE_MAX_IO], dout[STOKE_MAX_IO], dw[STOKE_MAX_IO], ddin[STOKE_MAX_IO];
+  memset(w, 0, sizeof w), memset(rdin, 0, sizeof rdin), memset(preset, 0, sizeof preset);
+  memset(din, 0, sizeof din), memset(dout, 0, sizeof dout), memset(dw, 0, sizeof dw), memset(ddin, 0, sizeof ddin);
+  stoke_rng rng = stoke_rng_seed(stoke_hash3(k->seed, 0xe61, (uint64_t)bwd));
   for (int i = 0; i < c->n_in; i++) {
-    if (din[i].data) en.dev->free(en.dev_self, din[i].data);
-    free(hin[i].data);
+    r.in[i] = host_tensor(&c->in[i].shape, c->in[i].dtype);
+    stoke_dtype as = c->ints >> i & 1u ? STOKE_I32 : dt;
+    for (int64_t x = 0, n = stoke_numel(&c->in[i].shape); x < n; x++)
+      stoke_elem_set(r.in[i].data, r.in[i].dtype, x, round_to(as, stoke_elem_get(c->in[i].data, c->in[i].dtype, x)));
   }
-  for (int j = 0; j < c->n_out; j++) {
-    if (dout[j].data) en.dev->free(en.dev_self, dout[j].data);
-    free(hout[j].data);
+  for (int j = 0; j < c->n_out; j++) r.out[j] = host_tensor(&c->out[j].shape, c->out[j].dtype);
+  e = forward(&r, ref_fwd, r.out);
+  uint32_t want = grad_inputs(c), live = needs_mask(c->op), params = bwd ? c->params & want : 0;
+  if (!e && bwd) {
+    for (int j = 0; j < c->n_out; j++) {
+      w[j] = host_tensor(&c->out[j].shape, c->out[j].dtype);
+      for (int64_t x = 0, n = stoke_numel(&w[j].shape); x < n; x++)
+        stoke_elem_set(w[j].data, w[j].dtype, x, round_to(dt, stoke_rng_normal(&rng)));
+    }
+    for (int i = 0; i < c->n_in; i++)
+      if (want >> i & 1u) rdin[i] = host_tensor(&c->in[i].shape, c->in[i].dtype);
+    int crashed;
+    e = backward(&r, ref_bwd, w, live, 0, 0, rdin, &crashed);
+    if (!e && crashed) e = STOKE_ERR(STOKE_E_INTERNAL, "the cpu backward crashed (see its own check above)");
   }
-  if (en.b->close) en.b->close(en.self);
-  if (en.dev != en.b && en.dev->close) en.dev->close(en.dev_self);
+  if (e) {
+    fail_err(k, what, stoke_err_note(e, "computing the cpu f64 reference"));
+    goto done;
+  }
+  /* the device side: inputs (a backward: only those bwd_needs names) */
+  for (int i = 0; i < c->n_in && !e; i++)
+    if (!bwd || live >> i & 1u) e = to_device(&en, &c->in[i].shape, c->ints >> i & 1u ? STOKE_I32 : dt, &r.in[i], &din[i]);
+  for (int j = 0; j < c->n_out && !e; j++) {
+    stoke_dtype odt = c->out[j].dtype == STOKE_F64 ? dt : c->out[j].dtype;
+    if (!bwd) e = to_device(&en, &c->out[j].shape, odt, NULL, &dout[j]);
+    else {
+      if (live >> (16 + j) & 1u) e = to_device(&en, &c->out[j].shape, odt, &r.out[j], &dout[j]);
+      if (!e) e = to_device(&en, &c->out[j].shape, odt, &w[j], &dw[j]);
+    }
+  }
+  for (int i = 0; i < c->n_in && !e && bwd; i++)
+    if (want >> i & 1u) e = to_device(&en, &c->in[i].shape, dt, NULL, &ddin[i]);
+  for (int i = 0; i < c->n_in; i++) { /* a run's shapes on a NULL pointer: the descriptor is there */
+    din[i].shape = c->in[i].shape, ddin[i].shape = c->in[i].shape;
+    if (!din[i].data) din[i].dtype = c->ints >> i & 1u ? STOKE_I32 : dt, din[i].layout = c->in[i].layout;
+    if (!ddin[i].data) ddin[i].dtype = dt;
+  }
+  for (int j = 0; j < c->n_out; j++)
+    if (!dout[j].data) dout[j].shape = c->out[j].shape, dout[j].dtype = c->out[j].dtype == STOKE_F64 ? dt : c->out[j].dtype;
+  stoke_kernel_args_v1 a = args_of(c, din, dout);
+  if (bwd) a.din = ddin, a.dout = dw, a.param_grads = params, a.param_grad_beta = 0;
+  if (!e) e = run_on(&en, kern, a);
+  if (e && bwd)
+    e = stoke_err_note(e, "a run hands a backward only the inputs and outputs its op's bwd_needs names (the others "
+                          "with data == NULL): reading another one faults on the device");
+  double tol = tolerance(dt, longest_sum(c)), worst = 0;
+  char at[64] = "";
+  for (int j = 0; j < c->n_out && !bwd; j++)
+    compare(&en, &dout[j], &r.out[j], "output", j, &e, &worst, at, sizeof at);
+  for (int i = 0; i < c->n_in && bwd; i++)
+    if (want >> i & 1u) compare(&en, &ddin[i], &rdin[i], "gradient of input", i, &e, &worst, at, sizeof at);
+  report_engine(k, what, e, worst, at, tol);
+  if (e || !params) goto done;
+  /* parameter gradients accumulate: din = 1 x (random preset) + computed */
+  snprintf(what, sizeof what, "%s: %s %s backward kernel, parameter gradients accumulated (param_grad_beta 1)",
+           c->label, kern->engine, stoke_dtype_name(dt));
+  for (int i = 0; i < c->n_in && !e; i++) {
+    if (!(want >> i & 1u)) continue;
+    free_device(&en, &ddin[i], 1);
+    preset[i] = host_tensor(&c->in[i].shape, c->in[i].dtype);
+    stoke_tensor sum = host_tensor(&c->in[i].shape, c->in[i].dtype);
+    for (int64_t x = 0, n = stoke_numel(&c->in[i].shape); x < n; x++) {
+      double v = round_to(dt, stoke_rng_normal(&rng));
+      stoke_elem_set(preset[i].data, preset[i].dtype, x, v);
+      stoke_elem_set(sum.data, sum.dtype, x, (params >> i & 1u ? v : 0) + stoke_elem_get(rdin[i].data, rdin[i].dtype, x));
+    }
+    e = to_device(&en, &c->in[i].shape, dt, params >> i & 1u ? &preset[i] : NULL, &ddin[i]);
+    memcpy(rdin[i].data, sum.data, stoke_tensor_bytes(&sum));
+    free(sum.data);
+  }
+  a.param_grad_beta = 1;
+  if (!e) e = run_on(&en, kern, a);
+  worst = 0;
+  for (int i = 0; i < c->n_in; i++)
+    if (want >> i & 1u) compare(&en, &ddin[i], &rdin[i], "gradient of input", i, &e, &worst, at, sizeof at);
+  report_engine(k, what, e, worst, at, tol);
+done:
+  free_device(&en, din, c->n_in), free_device(&en, ddin, c->n_in);
+  free_device(&en, dout, c->n_out), free_device(&en, dw, c->n_out);
+  for (int i = 0; i < c->n_in; i++) free(r.in[i].data), free(rdin[i].data), free(preset[i].data);
+  for (int j = 0; j < c->n_out; j++) free(r.out[j].data), free(w[j].data);
+  close_engine(&en);
 }
 
 /* ------------------------------------------------------------- cases */
@@ -528,8 +697,10 @@ static void check_call(kit *k, call *c, const kernel_list *all) {
   }
   for (int i = 0; i < all->n; i++) {
     const stoke_kernel_v1 *kern = all->k[i];
-    if (strcmp(kern->op, c->op->name) || !strcmp(kern->engine, "cpu") || kern->pass != STOKE_FWD) continue;
-    check_engine_kernel(k, c, kern, c->out);
+    if (strcmp(kern->op, c->op->name) || kern->pass == STOKE_OPT) continue;
+    if (!strcmp(kern->engine, "cpu") && kern->dtype == STOKE_F64) continue; /* the reference itself */
+    if (kern->pass == STOKE_BWD && c->op->has_backward != STOKE_HAS_BACKWARD) continue;
+    check_engine_kernel(k, c, kern);
   }
 }
 
@@ -784,11 +955,15 @@ int main(int argc, char **argv) {
   stoke_registry_each(k.reg, "kernel", collect_kernel, &mine);
   for (int i = 0; i < mine.n; i++) {
     const stoke_kernel_v1 *kern = mine.k[i];
-    int own = 0;
+    int own = 0, seen = 0;
     for (int j = 0; j < ops.n; j++) own |= !strcmp(((const stoke_op_type_v1 *)ops.p[j])->name, kern->op);
+    for (int j = 0; j < i; j++) seen |= !strcmp(mine.k[j]->op, kern->op) && strcmp(mine.k[j]->engine, "cpu");
     const stoke_op_type_v1 *op = stoke_find_op(k.reg, kern->op);
-    if (own || !op || kern->pass != STOKE_FWD || !strcmp(kern->engine, "cpu")) continue;
-    check_op(&k, op, &(kernel_list){{kern}, 1, NULL});
+    if (own || seen || !op || !strcmp(kern->engine, "cpu")) continue;
+    kernel_list of_op = {.origin = NULL}; /* this plugin's kernels of the op, forward and backward */
+    for (int j = i; j < mine.n; j++)
+      if (!strcmp(mine.k[j]->op, kern->op)) of_op.k[of_op.n++] = mine.k[j];
+    check_op(&k, op, &of_op);
   }
   for (int i = 0; i < srcs.n; i++) check_source(&k, srcs.p[i]);
   if (!ops.n && !mine.n && !srcs.n) printf("note: the plugin registers no op, kernel or source: nothing to check\n");

@@ -4,7 +4,8 @@
  * the compiler, naming the op and the fix (it froze the layers before it);
  * an f32 source that writes HWC images and says STOKE_NHWC is read in that
  * order (it was taken as CHW); labels off by one stop the loader with the
- * label error counted (it trained on class 0 alone). */
+ * label error counted (it trained on class 0 alone); a plugin's fusion
+ * pattern fuses and trains as the unfused graph (tests/e2e/plugfuse.c). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -38,7 +39,8 @@ static const char *base_ini =
     "[model]\n"
     "name = mlp\n";
 
-static stoke_err *run_ini(const char *name, const char *text, const char **over, int n_over, stoke_summary *s) {
+static stoke_err *run_in(const char *name, const char *text, const char *out, const char **over, int n_over,
+                         stoke_summary *s) {
   char ini[600], out_dir[700];
   snprintf(ini, sizeof ini, "%s/%s", tmp, name);
   FILE *f = fopen(ini, "w");
@@ -46,12 +48,16 @@ static stoke_err *run_ini(const char *name, const char *text, const char **over,
   fputs(text, f);
   fclose(f);
   const char *all[16];
-  snprintf(out_dir, sizeof out_dir, "run.out_dir=%s/out", tmp);
+  snprintf(out_dir, sizeof out_dir, "run.out_dir=%s/%s", tmp, out);
   all[0] = out_dir;
   for (int i = 0; i < n_over; i++) all[i + 1] = over[i];
   stoke_run_opts o = {.ini_path = ini, .overrides = all, .n_overrides = n_over + 1, .plugin_dirs = dirs,
                       .n_plugin_dirs = (int)(sizeof dirs / sizeof *dirs), .quiet = 1};
   return stoke_train(&o, s);
+}
+
+static stoke_err *run_ini(const char *name, const char *text, const char **over, int n_over, stoke_summary *s) {
+  return run_in(name, text, "out", over, n_over, s);
 }
 
 static stoke_err *run(const char **over, int n_over, stoke_summary *s) {
@@ -131,6 +137,57 @@ static void test_plugin_path_relative_to_ini(void **state) {
   }
 }
 
+/* The whole of a small file, or fail. */
+static char *slurp(const char *dir, const char *name) {
+  char path[800];
+  snprintf(path, sizeof path, "%s/%s/%s", tmp, dir, name);
+  FILE *f = fopen(path, "rb");
+  if (!f) fail_msg("cannot open %s", path);
+  static char buf[2][1 << 16];
+  static int which;
+  char *b = buf[which ^= 1];
+  size_t n = fread(b, 1, sizeof buf[0] - 1, f);
+  b[n] = 0;
+  fclose(f);
+  return b;
+}
+
+/* A plugin's fusion pattern (tests/e2e/plugfuse.c: shift -> softsign,
+ * registered through stoke_fusion_v1) fuses in the compiled graph of a
+ * model that contains it once run.fuse asks the head's engine to (the cpu
+ * here), and the fused run trains bit for bit as the unfused one: every
+ * logged loss and the final one equal. */
+static void test_plugin_fusion_pattern(void **state) {
+  const char *text = "[run]\nbackends = cpu\nsteps = 12\nlog_every = 1\nprogress = off\ncheckpoint = false\n"
+                     "[plugins]\nload = plugfuse\n[data]\nsource = synthetic\nshape = 12\nclasses = 3\n"
+                     "batch_size = 16\n[model]\nname = plugnet\n";
+  const char *fuse[] = {"run.fuse=true"}, *apart[] = {"run.fuse=false"};
+  stoke_summary a, b;
+  stoke_err *e = run_in("plugfuse.ini", text, "apart", apart, 1, &a);
+  if (!e) e = run_in("plugfuse.ini", text, "fused", fuse, 1, &b);
+  if (e) {
+    print_error("%s\n", e->msg);
+    stoke_err_free(e);
+    fail();
+  }
+  const char *plan_apart = slurp("apart", "plan.txt"), *plan_fused = slurp("fused", "plan.txt");
+  if (!strstr(plan_fused, "shift_softsign"))
+    fail_msg("the fused plan has no shift_softsign node:\n%s", plan_fused);
+  if (!strstr(plan_apart, "softsign") || strstr(plan_apart, "shift_softsign")) fail_msg("the unfused plan fused:\n%s", plan_apart);
+  print_message("fused plan:\n%s", plan_fused);
+  char *ma = strdup(slurp("apart", "metrics.jsonl")), *mb = strdup(slurp("fused", "metrics.jsonl"));
+  int steps = 0;
+  for (char *pa = ma, *pb = mb; (pa = strstr(pa, "\"loss\":")) && (pb = strstr(pb, "\"loss\":")); pa++, pb++, steps++) {
+    double la = strtod(pa + 7, NULL), lb = strtod(pb + 7, NULL);
+    if (la != lb) fail_msg("step %d: loss %.17g unfused, %.17g fused", steps + 1, la, lb);
+  }
+  free(ma);
+  free(mb);
+  assert_int_equal(steps, 12);
+  assert_true(a.final_loss == b.final_loss);
+  print_message("12 steps, every loss equal (final %.9g)\n", b.final_loss);
+}
+
 int main(void) {
   const char *t = getenv("TEST_TMPDIR");
   snprintf(tmp, sizeof tmp, "%s", t ? t : "/tmp");
@@ -139,6 +196,7 @@ int main(void) {
       cmocka_unit_test(test_source_layout_honoured),
       cmocka_unit_test(test_labels_off_by_one_stop),
       cmocka_unit_test(test_plugin_path_relative_to_ini),
+      cmocka_unit_test(test_plugin_fusion_pattern),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,9 @@
 # passes the example plugins (swish, leaky_relu with its CUDA kernels, the
 # spirals source) and finds each mistake of tests/sdk/bad_kit.c: a backward
 # reading an output bwd_needs does not name (named, not a crash), a wrong
-# gradient, labels counting from 1, bytes left unwritten and a read that
+# gradient, an f32 backward that disagrees with the f64 one, an f32
+# backward overwriting a parameter's gradient under param_grad_beta 1,
+# labels counting from 1, bytes left unwritten and a read that
 # depends on more than (index, seed).
 set -uo pipefail
 out="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -36,13 +38,18 @@ done
 has "$out/libstoke_swish.log" "ok   op swish [3x5]: gradient against finite differences (f64)"
 has "$out/libstoke_leaky_relu.log" "ok   op leaky_relu [6x33] (negative_slope=0.1): gradient against finite differences (f64)"
 has "$out/libstoke_leaky_relu.log" "ok   op leaky_relu [2x3x5x7] (negative_slope=0.25): backward reads only what bwd_needs names"
-has "$out/libstoke_leaky_relu.log" "cuda f32 kernel against the cpu's"
+has "$out/libstoke_leaky_relu.log" "ok   op leaky_relu [6x33] (negative_slope=0.1): cpu f32 backward kernel against the cpu f64 one"
+has "$out/libstoke_leaky_relu.log" "cuda f32 forward kernel against the cpu f64 one"
+has "$out/libstoke_leaky_relu.log" "cuda f32 backward kernel against the cpu f64 one"
 has "$out/libstoke_spirals.log" "ok   source spirals: 4 threads read what one thread reads"
 has "$out/libstoke_spirals.log" "ok   source spirals: the same (index, seed) gives the same sample, every byte written"
 log="$out/bad_kit.log"
 check "$log" 1 tests/sdk/libstoke_bad_kit.so
 has "$log" "FAIL op mis_relu [3x5]: backward reads only what bwd_needs names: it crashed when output 0 (STOKE_BWD_NEEDS_OUTPUT(0)) had no data"
 has "$log" "FAIL op bad_grad [3x5]: gradient against finite differences (f64): relative error"
+has "$log" "FAIL op f32_grad [3x5]: cpu f32 backward kernel against the cpu f64 one: gradient of input 0: relative error 0.5 > tolerance"
+has "$log" "ok   op mul_param [3x5]: cpu f32 backward kernel against the cpu f64 one"
+has "$log" "FAIL op mul_param [3x5]: cpu f32 backward kernel, parameter gradients accumulated (param_grad_beta 1): gradient of input 1"
 has "$log" "FAIL source sloppy: labels in [0, classes): sample 1 has label 2, outside [0, 2)"
 has "$log" "FAIL source sloppy: the same (index, seed) gives the same sample, every byte written: sample 0 read twice differs at byte 4"
 n=$((n + 1))

@@ -1,0 +1,95 @@
+/* tests/e2e/train_cli_test.c: what the `train` binary prints for a
+ * plugin author (issue 18's smaller points), run as a child process:
+ * `--help-config run.ini` finds the plugins of the INI's [plugins] path
+ * (relative to the INI's folder) and lists their ops with attributes and
+ * their models' keys; an error found before training (here the compiler's
+ * "no kernel", which names the engine that has one) is printed with no
+ * resolved config above it, while a run that starts prints the config. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tests/tools/child.h"
+
+static char out[1 << 20];
+static char ini[PATH_MAX];
+
+/* tmp/cli/run.ini with `text`, and tmp/cli/plug/libstoke_plugfuse.so
+ * (found only through the INI's `[plugins] path = plug`). */
+static void write_ini(const char *text) {
+  char dir[PATH_MAX], link[PATH_MAX + 32], target[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/cli", tmpdir());
+  mkdir(dir, 0755);
+  snprintf(dir, sizeof dir, "%s/cli/plug", tmpdir());
+  mkdir(dir, 0755);
+  snprintf(link, sizeof link, "%s/libstoke_plugfuse.so", dir);
+  assert_non_null(realpath("tests/e2e/libstoke_plugfuse.so", target));
+  unlink(link);
+  assert_int_equal(symlink(target, link), 0);
+  assert_int_equal(write_tmp(ini, sizeof ini, "cli/run.ini", text), 0);
+}
+
+static void test_help_config_reads_the_ini_plugin_path(void **state) {
+  write_ini("[plugins]\npath = plug\n");
+  /* --help-config loads every plugin it finds, the GPU ones too: under
+   * ASan their CUDA libraries' load-time allocations (72,704 bytes, an
+   * unloaded module's) read as leaks, as tests/tools/plugins_list_test says */
+  const char *asan = getenv("ASAN_OPTIONS");
+  char opts[512], asan_was[400];
+  snprintf(asan_was, sizeof asan_was, "%s", asan ? asan : "");
+  snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan ? ":" : "");
+  setenv("ASAN_OPTIONS", opts, 1);
+  const char *args[] = {"--help-config", ini, NULL};
+  assert_int_equal(run_child("tools/train", args, out, sizeof out), 0);
+  EXPECT_HAS(out, "shift_softsign: softsign(shift(x)) in one pass");
+  EXPECT_HAS(out, "      by (float, default 0.5): shift's\n      gain (float, default 1): softsign's\n");
+  EXPECT_HAS(out, "with name = plugnet: linear -> shift -> softsign -> linear");
+  EXPECT_HAS(out, "leaky_relu: "); /* the plugins beside train too */
+  EXPECT_HAS(out, "      negative_slope (float, default 0.01)");
+  const char *none[] = {"--help-config", NULL};
+  assert_int_equal(run_child("tools/train", none, out, sizeof out), 0);
+  if (asan) setenv("ASAN_OPTIONS", asan_was, 1);
+  else unsetenv("ASAN_OPTIONS");
+  if (strstr(out, "shift_softsign")) fail_msg("without the INI file its plugin path was read anyway");
+}
+
+static const char *run_ini_fmt = "[run]\nbackends = cpu\nsteps = 2\nprogress = off\ncheckpoint = false\n"
+                                 "out_dir = %s/cli/out\n[plugins]\npath = plug\nload = plugfuse\n"
+                                 "[data]\nsource = synthetic\nshape = 8\nclasses = 2\nbatch_size = 8\n"
+                                 "[model]\nname = mlp\nhidden = 8\nactivation = %s\n";
+
+static int train_with(const char *activation) {
+  char text[1024];
+  snprintf(text, sizeof text, run_ini_fmt, tmpdir(), activation);
+  write_ini(text);
+  const char *args[] = {ini, NULL};
+  return run_child("tools/train", args, out, sizeof out);
+}
+
+static void test_error_before_the_config_dump(void **state) {
+  assert_int_equal(train_with("elsewhere_act"), 1);
+  EXPECT_HAS(out, "stoke: error: node 'layers.1': no kernel for op 'elsewhere_act' (forward, f32) in backends [cpu]; "
+             "these backends have one: elsewhere (add one to [run] backends)");
+  if (strstr(out, "resolved config")) fail_msg("the config was printed before the error:\n%s", out);
+  /* the same run with an op the cpu serves starts, and prints its config first */
+  assert_int_equal(train_with("softsign(gain=2)"), 0);
+  EXPECT_HAS(out, "stoke: run 'run', resolved config (saved to ");
+  EXPECT_HAS(out, "activation = softsign(gain=2)");
+  char *cfg = strstr(out, "resolved config"), *plan = strstr(out, "plan: ");
+  assert_non_null(plan);
+  assert_true(cfg < plan);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_help_config_reads_the_ini_plugin_path),
+      cmocka_unit_test(test_error_before_the_config_dump),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
