@@ -15,42 +15,8 @@
 
 /* ========================================================= argument checks */
 
-/* ------------------------------------------------------------- pool geometry */
-
-typedef struct pool_geom {
-  int64_t k[2], s[2], p[2];
-} pool_geom;
-
-static stoke_err *pool_pair(const stoke_kernel_args_v1 *a, const char *op, int idx,
-                            const char *what, int64_t out[2]) {
-  const stoke_node_v1 *n = a->node;
-  if (!n || n->n_attrs <= idx)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attribute %s missing", op, stoke_node_name(a), what);
-  const stoke_attr_v1 *at = &n->attrs[idx];
-  if (at->n != 1 && at->n != 2)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s takes 1 or 2 integers, got %d", op,
-                      stoke_node_name(a), what, at->n);
-  out[0] = at->ints[0];
-  out[1] = at->n == 2 ? at->ints[1] : at->ints[0];
-  return NULL;
-}
-
-static stoke_err *pool_geometry(const stoke_kernel_args_v1 *a, const char *op, pool_geom *g) {
-  CHECK(pool_pair(a, op, STOKE_POOL_KERNEL, "kernel", g->k));
-  CHECK(pool_pair(a, op, STOKE_POOL_STRIDE, "stride", g->s));
-  CHECK(pool_pair(a, op, STOKE_POOL_PADDING, "padding", g->p));
-  for (int d = 0; d < 2; d++) {
-    if (g->s[d] == 0) g->s[d] = g->k[d];
-    if (g->k[d] < 1 || g->s[d] < 1 || g->p[d] < 0 || g->p[d] > g->k[d] / 2)
-      return STOKE_PERR(STOKE_E_INVALID,
-                        "%s '%s': kernel %lldx%lld, stride %lldx%lld, padding %lldx%lld: need "
-                        "kernel >= 1, stride >= 1, 0 <= padding <= kernel/2",
-                        op, stoke_node_name(a), (long long)g->k[0], (long long)g->k[1],
-                        (long long)g->s[0], (long long)g->s[1], (long long)g->p[0],
-                        (long long)g->p[1]);
-  }
-  return NULL;
-}
+/* Pools: stoke_check_pool (stoke/check.h), shared with the cuda engine. */
+typedef stoke_pool_geom pool_geom;
 
 /* Element strides of a logical (N, C, H, W) tensor from its layout. */
 typedef struct pstrides {
@@ -61,49 +27,6 @@ static pstrides pool_strides(const stoke_tensor *t) {
   const int64_t *d = t->shape.d;
   if (t->layout == STOKE_NHWC) return (pstrides){d[1] * d[2] * d[3], 1, d[3] * d[1], d[1]};
   return (pstrides){d[1] * d[2] * d[3], d[2] * d[3], d[3], 1};
-}
-
-/* x[N, C, H, W] -> y[N, C, Ho, Wo]; `max`: backward reads x. */
-static stoke_err *pool_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt,
-                             int bwd, int run, int max, pool_geom *g) {
-  CHECK(stoke_check_counts(a, op, bwd, 1, 1));
-  CHECK(pool_geometry(a, op, g));
-  const stoke_tensor *x = &a->in[0], *y = &a->out[0];
-  const stoke_shape *xs = &x->shape, *ys = &y->shape;
-  if (xs->ndim != 4)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[N, C, H, W], got x %s", op, stoke_node_name(a),
-                      stoke_shape_str(xs).s);
-  int64_t o[2];
-  for (int d = 0; d < 2; d++) {
-    int64_t padded = xs->d[2 + d] + 2 * g->p[d];
-    if (padded < g->k[d])
-      return STOKE_PERR(STOKE_E_INVALID,
-                        "%s '%s': kernel %lldx%lld is larger than the padded input (x %s, "
-                        "padding %lldx%lld)",
-                        op, stoke_node_name(a), (long long)g->k[0], (long long)g->k[1], stoke_shape_str(xs).s,
-                        (long long)g->p[0], (long long)g->p[1]);
-    o[d] = (padded - g->k[d]) / g->s[d] + 1;
-  }
-  if (ys->ndim != 4 || ys->d[0] != xs->d[0] || ys->d[1] != xs->d[1] || ys->d[2] != o[0] ||
-      ys->d[3] != o[1])
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x %s gives y [%lld, %lld, %lld, %lld], got y %s",
-                      op, stoke_node_name(a), stoke_shape_str(xs).s, (long long)xs->d[0], (long long)xs->d[1],
-                      (long long)o[0], (long long)o[1], stoke_shape_str(ys).s);
-  CHECK(stoke_check_dtype(a, op, "x", x, dt));
-  CHECK(stoke_check_dtype(a, op, "y", y, dt));
-  CHECK(stoke_check_layout_known(a, op, "x", x));
-  CHECK(stoke_check_layout_known(a, op, "y", y));
-  if (!bwd) {
-    CHECK(stoke_check_data(a, op, "x", x, run));
-    return stoke_check_data(a, op, "y", y, run);
-  }
-  CHECK(stoke_check_grad(a, op, "x", &a->din[0], x));
-  CHECK(stoke_check_grad(a, op, "y", &a->dout[0], y));
-  CHECK(stoke_check_layout_known(a, op, "dx", &a->din[0]));
-  CHECK(stoke_check_layout_known(a, op, "dy", &a->dout[0]));
-  CHECK(stoke_check_data(a, op, "dy", &a->dout[0], run));
-  if (max && a->din[0].data) CHECK(stoke_check_data(a, op, "x (the forward input)", x, run));
-  return NULL;
 }
 
 /* ---------------------------------------------------------------- dropout */
@@ -163,20 +86,20 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
   POOL_ARGMAX(T, SFX)                                                                      \
                                                                                            \
   CPU_PLAN(max_pool_fwd_plan_##SFX, pool_geom g,                                           \
-           pool_check(a, STOKE_OP_MAX_POOL2D, DT, 0, 0, 1, &g))                            \
+           stoke_check_pool(a, STOKE_OP_MAX_POOL2D, DT, 0, 0, 1, &g))                      \
   CPU_PLAN(max_pool_bwd_plan_##SFX, pool_geom g,                                           \
-           pool_check(a, STOKE_OP_MAX_POOL2D, DT, 1, 0, 1, &g))                            \
+           stoke_check_pool(a, STOKE_OP_MAX_POOL2D, DT, 1, 0, 1, &g))                      \
   CPU_PLAN(avg_pool_fwd_plan_##SFX, pool_geom g,                                           \
-           pool_check(a, STOKE_OP_AVG_POOL2D, DT, 0, 0, 0, &g))                            \
+           stoke_check_pool(a, STOKE_OP_AVG_POOL2D, DT, 0, 0, 0, &g))                      \
   CPU_PLAN(avg_pool_bwd_plan_##SFX, pool_geom g,                                           \
-           pool_check(a, STOKE_OP_AVG_POOL2D, DT, 1, 0, 0, &g))                            \
+           stoke_check_pool(a, STOKE_OP_AVG_POOL2D, DT, 1, 0, 0, &g))                      \
   CPU_PLAN(dropout_fwd_plan_##SFX, double p, dropout_check(a, DT, 0, 0, &p))               \
   CPU_PLAN(dropout_bwd_plan_##SFX, double p, dropout_check(a, DT, 1, 0, &p))               \
                                                                                            \
   /* y = max over each window (first maximum in scan order) */                             \
   static stoke_err *max_pool_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {      \
     pool_geom g;                                                                           \
-    CHECK(pool_check(a, STOKE_OP_MAX_POOL2D, DT, 0, 1, 1, &g));                           \
+    CHECK(stoke_check_pool(a, STOKE_OP_MAX_POOL2D, DT, 0, 1, 1, &g));                     \
     const stoke_tensor *xt = &a->in[0], *yt = &a->out[0];                                  \
     const T *x = xt->data;                                                                 \
     T *y = yt->data;                                                                       \
@@ -195,7 +118,7 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
   /* dx[first argmax of each window] += dy, from x (bwd_needs input 0) */                  \
   static stoke_err *max_pool_bwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {      \
     pool_geom g;                                                                           \
-    CHECK(pool_check(a, STOKE_OP_MAX_POOL2D, DT, 1, 1, 1, &g));                           \
+    CHECK(stoke_check_pool(a, STOKE_OP_MAX_POOL2D, DT, 1, 1, 1, &g));                     \
     T *dx = a->din[0].data;                                                                \
     if (!dx) return NULL;                                                                  \
     const stoke_tensor *xt = &a->in[0], *dyt = &a->dout[0];                                \
@@ -227,7 +150,7 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
   /* y = sum over the window of the real elements / (kh kw) (padding counts) */            \
   static stoke_err *avg_pool_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {      \
     pool_geom g;                                                                           \
-    CHECK(pool_check(a, STOKE_OP_AVG_POOL2D, DT, 0, 1, 0, &g));                           \
+    CHECK(stoke_check_pool(a, STOKE_OP_AVG_POOL2D, DT, 0, 1, 0, &g));                     \
     const stoke_tensor *xt = &a->in[0], *yt = &a->out[0];                                  \
     const T *x = xt->data;                                                                 \
     T *y = yt->data;                                                                       \
@@ -252,7 +175,7 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
    * summed in double */                                                                   \
   static stoke_err *avg_pool_bwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {      \
     pool_geom g;                                                                           \
-    CHECK(pool_check(a, STOKE_OP_AVG_POOL2D, DT, 1, 1, 0, &g));                           \
+    CHECK(stoke_check_pool(a, STOKE_OP_AVG_POOL2D, DT, 1, 1, 0, &g));                     \
     T *dx = a->din[0].data;                                                                \
     if (!dx) return NULL;                                                                  \
     const stoke_tensor *dxt = &a->din[0], *dyt = &a->dout[0];                              \

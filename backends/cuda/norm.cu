@@ -425,10 +425,6 @@ stoke_err *bn_bwd(const stoke_kernel_args_v1 *a, void *) {
 
 // ===================================================================== pools
 
-struct pool_geom {
-  int64_t k[2], s[2], p[2];
-};
-
 // Element strides of a logical (N, C, H, W) tensor.
 struct pstrides {
   int64_t n, c, h, w;
@@ -447,82 +443,21 @@ struct pool_desc {
   pstrides sx, sy, sdx; // x, y (or dy), dx
 };
 
-stoke_err *pool_pair(const stoke_kernel_args_v1 *a, const char *op, int idx, const char *what,
-                     int64_t out[2]) {
-  const stoke_node_v1 *n = a->node;
-  if (!n || n->n_attrs <= idx)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attribute %s missing", op, stoke_node_name(a), what);
-  const stoke_attr_v1 *at = &n->attrs[idx];
-  if (at->n != 1 && at->n != 2)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s takes 1 or 2 integers, got %d", op, stoke_node_name(a),
-                      what, at->n);
-  out[0] = at->ints[0];
-  out[1] = at->n == 2 ? at->ints[1] : at->ints[0];
-  return NULL;
-}
-
-// x[N, C, H, W] -> y[N, C, Ho, Wo] of dtype dt; `max`: backward reads x.
+// x[N, C, H, W] -> y[N, C, Ho, Wo] of dtype dt (stoke_check_pool) and the
+// kernels' description; `max`: backward reads x.
 stoke_err *pool_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt, bool bwd,
                       bool run, bool max, pool_desc *pd) {
-  if (a->n_in < 1 || a->n_out < 1 || !a->in || !a->out)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs 1 input and 1 output, got %d and %d", op,
-                      stoke_node_name(a), a->n_in, a->n_out);
-  if (bwd && (!a->din || !a->dout))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': backward called without gradient tensors", op,
-                      stoke_node_name(a));
-  pool_geom g;
-  CHECK(pool_pair(a, op, STOKE_POOL_KERNEL, "kernel", g.k));
-  CHECK(pool_pair(a, op, STOKE_POOL_STRIDE, "stride", g.s));
-  CHECK(pool_pair(a, op, STOKE_POOL_PADDING, "padding", g.p));
-  for (int d = 0; d < 2; d++) {
-    if (g.s[d] == 0) g.s[d] = g.k[d];
-    if (g.k[d] < 1 || g.s[d] < 1 || g.p[d] < 0 || g.p[d] > g.k[d] / 2)
-      return STOKE_PERR(STOKE_E_INVALID,
-                        "%s '%s': kernel %lldx%lld, stride %lldx%lld, padding %lldx%lld: need "
-                        "kernel >= 1, stride >= 1, 0 <= padding <= kernel/2",
-                        op, stoke_node_name(a), (long long)g.k[0], (long long)g.k[1], (long long)g.s[0],
-                        (long long)g.s[1], (long long)g.p[0], (long long)g.p[1]);
-  }
+  stoke_pool_geom g;
+  CHECK(stoke_check_pool(a, op, dt, bwd, run, max, &g));
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
-  const stoke_shape *xs = &x->shape, *ys = &y->shape;
-  if (xs->ndim != 4)
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[N, C, H, W], got x %s", op, stoke_node_name(a),
-                      stoke_shape_str(xs).s);
-  int64_t o[2];
-  for (int d = 0; d < 2; d++) {
-    int64_t padded = xs->d[2 + d] + 2 * g.p[d];
-    if (padded < g.k[d])
-      return STOKE_PERR(STOKE_E_INVALID,
-                        "%s '%s': kernel %lldx%lld is larger than the padded input (x %s, "
-                        "padding %lldx%lld)",
-                        op, stoke_node_name(a), (long long)g.k[0], (long long)g.k[1], stoke_shape_str(xs).s,
-                        (long long)g.p[0], (long long)g.p[1]);
-    o[d] = (padded - g.k[d]) / g.s[d] + 1;
-  }
-  if (ys->ndim != 4 || ys->d[0] != xs->d[0] || ys->d[1] != xs->d[1] || ys->d[2] != o[0] ||
-      ys->d[3] != o[1])
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x %s gives y [%lld, %lld, %lld, %lld], got y %s",
-                      op, stoke_node_name(a), stoke_shape_str(xs).s, (long long)xs->d[0], (long long)xs->d[1],
-                      (long long)o[0], (long long)o[1], stoke_shape_str(ys).s);
-  CHECK(stoke_check_dtype(a, op, "x", x, dt));
-  CHECK(stoke_check_dtype(a, op, "y", y, dt));
-  CHECK(stoke_check_layout_known(a, op, "x", x));
-  CHECK(stoke_check_layout_known(a, op, "y", y));
-  *pd = pool_desc{xs->d[0], xs->d[1], xs->d[2], xs->d[3], o[0], o[1],
-                  g.k[0],   g.k[1],   g.s[0],   g.s[1],   g.p[0], g.p[1],
+  const stoke_shape *xs = &x->shape;
+  *pd = pool_desc{xs->d[0], xs->d[1], xs->d[2], xs->d[3], g.out[0], g.out[1],
+                  g.k[0],   g.k[1],   g.s[0],   g.s[1],   g.p[0],   g.p[1],
                   pool_strides(x), pool_strides(y), pool_strides(x)};
-  if (!bwd) {
-    CHECK(stoke_check_data(a, op, "x", x, run));
-    return stoke_check_data(a, op, "y", y, run);
+  if (bwd) {
+    pd->sy = pool_strides(&a->dout[0]);
+    pd->sdx = pool_strides(&a->din[0]);
   }
-  CHECK(stoke_check_grad(a, op, "x", &a->din[0], x));
-  CHECK(stoke_check_grad(a, op, "y", &a->dout[0], y));
-  CHECK(stoke_check_layout_known(a, op, "dx", &a->din[0]));
-  CHECK(stoke_check_layout_known(a, op, "dy", &a->dout[0]));
-  CHECK(stoke_check_data(a, op, "dy", &a->dout[0], run));
-  if (max && a->din[0].data) CHECK(stoke_check_data(a, op, "x (the forward input)", x, run));
-  pd->sy = pool_strides(&a->dout[0]);
-  pd->sdx = pool_strides(&a->din[0]);
   return NULL;
 }
 

@@ -520,24 +520,46 @@ static void test_max_pool_ties(void **state) {
       }
 }
 
-/* Kernel-side errors name the node: bad geometry, wrong output shape. */
+/* The kernel's error is `want`, word for word (E_INVALID). */
+static void expect_pool_error(const char *op, stoke_kernel_args_v1 *a, const char *want) {
+  stoke_err *e = h_run(h_kernel(op, STOKE_FWD, STOKE_F64), a);
+  assert_non_null(e);
+  assert_int_equal(e->code, STOKE_E_INVALID);
+  H_CHECK(!strcmp(e->msg, want), "message: %s\nwanted:  %s", e->msg, want);
+  stoke_err_free(e);
+}
+
+/* Kernel-side errors (stoke_check_pool, which the cuda engine shares) name
+ * the op and the node: bad geometry, attributes, wrong output shape. */
 static void test_pool_kernel_errors(void **state) {
+  char want[512];
   for (int o = 0; o < 2; o++) {
+    const char *op = pool_ops[o];
     static const pool_cfg bad_pad = {"k2 p2", 1, 1, 1, {2, 2}, {1, 1}, {2, 2}};
-    stoke_node_v1 node = pool_node(pool_ops[o], &bad_pad, "pool_k");
+    stoke_node_v1 node = pool_node(op, &bad_pad, "pool_k");
     stoke_tensor x = make4(STOKE_F64, STOKE_NCHW, 1, 2, 4, 4), y = make4(STOKE_F64, STOKE_NCHW, 1, 2, 7, 7);
     stoke_kernel_args_v1 a = args1(&node, &x, &y);
-    stoke_err *e = h_run(h_kernel(pool_ops[o], STOKE_FWD, STOKE_F64), &a);
-    assert_non_null(e);
-    assert_int_equal(e->code, STOKE_E_INVALID);
-    H_CHECK(strstr(e->msg, "'pool_k'") != NULL, "message: %s", e->msg);
-    stoke_err_free(e);
-    node = pool_node(pool_ops[o], &cfgs[0], "pool_k"); /* 4x4 -> 2x2, not 7x7 */
-    e = h_run(h_kernel(pool_ops[o], STOKE_FWD, STOKE_F64), &a);
-    assert_non_null(e);
-    assert_int_equal(e->code, STOKE_E_INVALID);
-    H_CHECK(strstr(e->msg, "'pool_k'") && strstr(e->msg, "[1, 2, 7, 7]"), "message: %s", e->msg);
-    stoke_err_free(e);
+    snprintf(want, sizeof want,
+             "%s 'pool_k': kernel 2x2, stride 1x1, padding 2x2: need kernel >= 1, stride >= 1, 0 <= padding <= "
+             "kernel/2",
+             op);
+    expect_pool_error(op, &a, want);
+    node = pool_node(op, &cfgs[0], "pool_k"); /* 4x4 -> 2x2, not 7x7 */
+    snprintf(want, sizeof want, "%s 'pool_k': x [1, 2, 4, 4] gives y [1, 2, 2, 2], got y [1, 2, 7, 7]", op);
+    expect_pool_error(op, &a, want);
+    static const pool_cfg big = {"k5", 1, 1, 1, {5, 5}, {1, 1}, {0, 0}};
+    node = pool_node(op, &big, "pool_k");
+    snprintf(want, sizeof want,
+             "%s 'pool_k': kernel 5x5 is larger than the padded input (x [1, 2, 4, 4], padding 0x0)", op);
+    expect_pool_error(op, &a, want);
+    node = pool_node(op, &cfgs[0], "pool_k");
+    node.attrs[STOKE_POOL_STRIDE].n = 3;
+    snprintf(want, sizeof want, "%s 'pool_k': stride takes 1 or 2 integers, got 3", op);
+    expect_pool_error(op, &a, want);
+    node.attrs[STOKE_POOL_STRIDE].n = 1;
+    node.n_attrs = 2;
+    snprintf(want, sizeof want, "%s 'pool_k': attribute padding missing", op);
+    expect_pool_error(op, &a, want);
     h_free(&x);
     h_free(&y);
   }

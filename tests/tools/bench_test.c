@@ -25,17 +25,7 @@ static int setup(void **state) {
                    "[run]\n"
                    "backends = cpu\n"
                    "seed = 3\n"
-                   "log_every = 2\n"
-                   "[data]\n"
-                   "source = synthetic\n"
-                   "shape = 32\n"
-                   "classes = 4\n"
-                   "length = 4096\n"
-                   "batch_size = 16\n"
-                   "workers = 1\n"
-                   "[model]\n"
-                   "name = mlp\n"
-                   "hidden = 32\n");
+                   "log_every = 2\n" TINY_MLP_INI "hidden = 32\n");
 }
 
 static char *slurp(const char *path) {

@@ -61,14 +61,30 @@ static inline int run_child(const char *tool, const char *const *args, char *out
 }
 
 /* Runs the tool and fails the test, showing its output, unless it exits 0. */
-#define RUN_OK(tool, out, ...)                                                           \
-  do {                                                                                   \
-    int rc_ = run_child((tool), (const char *const[]){__VA_ARGS__, NULL}, out, sizeof out); \
-    if (rc_ != 0) {                                                                      \
-      print_error("%s exited %d:\n%s\n", (tool), rc_, out);                              \
-      fail();                                                                            \
-    }                                                                                    \
-  } while (0)
+static inline void run_ok(const char *tool, const char *const *args, char *out, size_t cap) {
+  int rc = run_child(tool, args, out, cap);
+  if (rc != 0) {
+    print_error("%s exited %d:\n%s\n", tool, rc, out);
+    fail();
+  }
+}
+
+/* run_ok with the arguments listed, into the array `out`. */
+#define RUN_OK(tool, out, ...) run_ok((tool), (const char *const[]){__VA_ARGS__, NULL}, out, sizeof out)
+
+/* The [data] and [model] of the tools' tests: a small MLP on 4096
+ * synthetic samples of 32 features, 4 classes, batches of 16 (the INI
+ * adds its [run] section and model.hidden). */
+#define TINY_MLP_INI                                                                     \
+  "[data]\n"                                                                             \
+  "source = synthetic\n"                                                                 \
+  "shape = 32\n"                                                                         \
+  "classes = 4\n"                                                                        \
+  "length = 4096\n"                                                                      \
+  "batch_size = 16\n"                                                                    \
+  "workers = 1\n"                                                                        \
+  "[model]\n"                                                                            \
+  "name = mlp\n"
 
 static void expect_has(const char *text, const char *sub, const char *file, int line) {
   if (!strstr(text, sub)) {

@@ -96,17 +96,7 @@ static int setup(void **state) {
                    "backends = cpu\n"
                    "seed = 3\n"
                    "checkpoint = false\n"
-                   "progress = lines\n"
-                   "[data]\n"
-                   "source = synthetic\n"
-                   "shape = 32\n"
-                   "classes = 4\n"
-                   "length = 4096\n"
-                   "batch_size = 16\n"
-                   "workers = 1\n"
-                   "[model]\n"
-                   "name = mlp\n"
-                   "hidden = 64\n");
+                   "progress = lines\n" TINY_MLP_INI "hidden = 64\n");
 }
 
 /* The number after "key": in a JSON line (NaN: absent or null). */
@@ -185,11 +175,7 @@ static void train(const char *sub, const char *log_every, const char *steps, cha
                   size_t jcap) {
   char dir[4200];
   snprintf(dir, sizeof dir, "run.out_dir=%s/%s", tmpdir(), sub);
-  int rc = run_child("tools/train", (const char *const[]){ini, dir, log_every, steps, NULL}, out, cap);
-  if (rc) {
-    print_error("train exited %d:\n%s\n", rc, out);
-    fail();
-  }
+  run_ok("tools/train", (const char *const[]){ini, dir, log_every, steps, NULL}, out, cap);
   snprintf(jsonl, jcap, "%s/%s/metrics.jsonl", tmpdir(), sub);
 }
 
@@ -275,13 +261,8 @@ static void test_bench_same_times(void **state) {
   static char out[65536], json[4300], dir[4300], jsonl[4400], sum[4096];
   snprintf(json, sizeof json, "%s/bench.json", tmpdir());
   snprintf(dir, sizeof dir, "run.out_dir=%s/bench", tmpdir());
-  int rc = run_child("tools/bench", (const char *const[]){ini, dir, "run.log_every=1", "--rounds", "1", "--warmup", "3",
-                                                          "--steps", "6", "--json", json, NULL},
-                     out, sizeof out);
-  if (rc) {
-    print_error("bench exited %d:\n%s\n", rc, out);
-    fail();
-  }
+  RUN_OK("tools/bench", out, ini, dir, "run.log_every=1", "--rounds", "1", "--warmup", "3", "--steps", "6", "--json",
+         json);
   FILE *f = fopen(json, "r");
   assert_non_null(f);
   static char text[65536];

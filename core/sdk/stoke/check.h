@@ -143,6 +143,83 @@ static inline stoke_err *stoke_check_add(const stoke_kernel_args_v1 *a, stoke_dt
   return stoke_check_data(a, op, "dout", &a->dout[0], run);
 }
 
+/* max_pool2d, avg_pool2d: kernel, stride and padding as (h, w), and the
+ * output's (Ho, Wo) they give. */
+typedef struct stoke_pool_geom {
+  int64_t k[2], s[2], p[2];
+  int64_t out[2];
+} stoke_pool_geom;
+
+/* A pool attribute: 1 integer (both sides) or 2 (h, w). */
+static inline stoke_err *stoke_pool_pair(const stoke_kernel_args_v1 *a, const char *op, int idx, const char *what,
+                                         int64_t out[2]) {
+  const stoke_node_v1 *n = a->node;
+  if (!n || n->n_attrs <= idx)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attribute %s missing", op, stoke_node_name(a), what);
+  const stoke_attr_v1 *at = &n->attrs[idx];
+  if (at->n != 1 && at->n != 2)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s takes 1 or 2 integers, got %d", op, stoke_node_name(a), what,
+                      at->n);
+  out[0] = at->ints[0];
+  out[1] = at->n == 2 ? at->ints[1] : at->ints[0];
+  return NULL;
+}
+
+/* max_pool2d / avg_pool2d: x[N, C, H, W] -> y[N, C, Ho, Wo] of dtype dt,
+ * the geometry into *g (stride 0: the kernel's); `max`: backward reads x
+ * (the cpu and cuda engines' common check). */
+static inline stoke_err *stoke_check_pool(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt, int bwd,
+                                          int run, int max, stoke_pool_geom *g) {
+  STOKE_PROPAGATE_P(stoke_check_counts(a, op, bwd, 1, 1));
+  STOKE_PROPAGATE_P(stoke_pool_pair(a, op, STOKE_POOL_KERNEL, "kernel", g->k));
+  STOKE_PROPAGATE_P(stoke_pool_pair(a, op, STOKE_POOL_STRIDE, "stride", g->s));
+  STOKE_PROPAGATE_P(stoke_pool_pair(a, op, STOKE_POOL_PADDING, "padding", g->p));
+  for (int d = 0; d < 2; d++) {
+    if (g->s[d] == 0) g->s[d] = g->k[d];
+    if (g->k[d] < 1 || g->s[d] < 1 || g->p[d] < 0 || g->p[d] > g->k[d] / 2)
+      return STOKE_PERR(STOKE_E_INVALID,
+                        "%s '%s': kernel %lldx%lld, stride %lldx%lld, padding %lldx%lld: need "
+                        "kernel >= 1, stride >= 1, 0 <= padding <= kernel/2",
+                        op, stoke_node_name(a), (long long)g->k[0], (long long)g->k[1], (long long)g->s[0],
+                        (long long)g->s[1], (long long)g->p[0], (long long)g->p[1]);
+  }
+  const stoke_tensor *x = &a->in[0], *y = &a->out[0];
+  const stoke_shape *xs = &x->shape, *ys = &y->shape;
+  if (xs->ndim != 4)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects x[N, C, H, W], got x %s", op, stoke_node_name(a),
+                      stoke_shape_str(xs).s);
+  for (int d = 0; d < 2; d++) {
+    int64_t padded = xs->d[2 + d] + 2 * g->p[d];
+    if (padded < g->k[d])
+      return STOKE_PERR(STOKE_E_INVALID,
+                        "%s '%s': kernel %lldx%lld is larger than the padded input (x %s, "
+                        "padding %lldx%lld)",
+                        op, stoke_node_name(a), (long long)g->k[0], (long long)g->k[1], stoke_shape_str(xs).s,
+                        (long long)g->p[0], (long long)g->p[1]);
+    g->out[d] = (padded - g->k[d]) / g->s[d] + 1;
+  }
+  if (ys->ndim != 4 || ys->d[0] != xs->d[0] || ys->d[1] != xs->d[1] || ys->d[2] != g->out[0] ||
+      ys->d[3] != g->out[1])
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x %s gives y [%lld, %lld, %lld, %lld], got y %s", op,
+                      stoke_node_name(a), stoke_shape_str(xs).s, (long long)xs->d[0], (long long)xs->d[1],
+                      (long long)g->out[0], (long long)g->out[1], stoke_shape_str(ys).s);
+  STOKE_PROPAGATE_P(stoke_check_dtype(a, op, "x", x, dt));
+  STOKE_PROPAGATE_P(stoke_check_dtype(a, op, "y", y, dt));
+  STOKE_PROPAGATE_P(stoke_check_layout_known(a, op, "x", x));
+  STOKE_PROPAGATE_P(stoke_check_layout_known(a, op, "y", y));
+  if (!bwd) {
+    STOKE_PROPAGATE_P(stoke_check_data(a, op, "x", x, run));
+    return stoke_check_data(a, op, "y", y, run);
+  }
+  STOKE_PROPAGATE_P(stoke_check_grad(a, op, "x", &a->din[0], x));
+  STOKE_PROPAGATE_P(stoke_check_grad(a, op, "y", &a->dout[0], y));
+  STOKE_PROPAGATE_P(stoke_check_layout_known(a, op, "dx", &a->din[0]));
+  STOKE_PROPAGATE_P(stoke_check_layout_known(a, op, "dy", &a->dout[0]));
+  STOKE_PROPAGATE_P(stoke_check_data(a, op, "dy", &a->dout[0], run));
+  if (max && a->din[0].data) STOKE_PROPAGATE_P(stoke_check_data(a, op, "x (the forward input)", x, run));
+  return NULL;
+}
+
 /* The destroy() of kernels that keep no state. */
 static inline void stoke_destroy_none(void *state) { (void)state; }
 
