@@ -18,10 +18,12 @@
 #   policies  issue 17's precision policy from a plugin: bf16_fp32norm (batch
 #             norm and the loss in f32) against bf16 and fp32, loss curves
 #             and the first lines of the run (the autocast nodes)
-#   plugkit   issue 18: tools/plugin_check on the example CUDA op plugin
-#             (leaky_relu's cuda kernels, forward and backward, against its
-#             cpu f64 ones), and
-#             examples/spirals.ini trained with backends = cuda, cpu
+#   plugkit   issue 18: tools/plugin_check on the CUDA op plugins, the
+#             example (leaky_relu) and the new-user trial's (hardswish,
+#             tests/plugins/newuser): their cuda kernels, forward and
+#             backward, against their cpu f64 ones; examples/spirals.ini
+#             trained with backends = cuda, cpu, with leaky_relu and with
+#             hardswish
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
 #   kernels   tests/op/every_kernel_test with the GPU engines (every registered
@@ -687,7 +689,7 @@ PY
       ;;
     plugkit)
       log "issue 18: the plugin test kit on the GPU: each example CUDA op plugin's kernels, forward and backward, against its cpu f64 kernels, and a run with them"
-      for so in leaky_relu; do
+      for so in leaky_relu hardswish; do
         L="$OUT/plugkit_$so.log"
         timeout 120 "$S/bin/plugin_check" "$S/bin/plugins/libstoke_$so.so" > "$L" 2>&1
         echo "plugin_check $so rc=$? (0: pass): cuda forward $(grep -cE '^ok .*: cuda [a-z0-9]+ forward kernel' "$L") ok, cuda backward $(grep -cE '^ok .*: cuda [a-z0-9]+ backward kernel' "$L") ok, $(grep -c '^FAIL' "$L") failed, $(grep -c '^skip' "$L") skipped"
@@ -695,7 +697,11 @@ PY
       done
       timeout 200 "$T" "$S/examples/spirals.ini" run.backends=cuda,cpu run.steps=600 run.progress=off \
         run.out_dir="$OUT/plugkit_spirals" > "$OUT/plugkit_spirals.log" 2>&1
-      echo "spirals on cuda,cpu rc=$? $(grep -E 'leaky_relu.*cuda|evaluation|error' "$OUT/plugkit_spirals.log" | head -3 | tr '\n' ' ')"
+      echo "spirals on cuda,cpu rc=$? $(grep -v '^;' "$OUT/plugkit_spirals.log" | grep -E '^  layers.1 |evaluation:|error' | head -3 | tr -s ' \n' ' ')"
+      # the new user's op (tests/plugins/newuser) in a run: its cuda kernels train the spirals MLP
+      timeout 200 "$T" "$S/examples/spirals.ini" plugins.load=hardswish model.activation=hardswish run.backends=cuda,cpu \
+        run.steps=600 run.progress=off run.out_dir="$OUT/plugkit_hardswish" > "$OUT/plugkit_hardswish.log" 2>&1
+      echo "hardswish spirals on cuda,cpu rc=$? $(grep -v '^;' "$OUT/plugkit_hardswish.log" | grep -E '^  layers.1 |evaluation:|error' | head -3 | tr -s ' \n' ' ')"
       ;;
     policies)
       log "issue 17: a precision policy from a plugin (bf16_fp32norm: batch norm and the loss in f32) against bf16 and fp32"
