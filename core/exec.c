@@ -51,6 +51,7 @@ struct stoke_exec {
   void *graph[2][2];
   int uses[2][2];
   int64_t graph_ops;
+  int64_t replays; /* micro-batches run as a graph launch */
   double *live;
 };
 
@@ -552,6 +553,7 @@ stoke_err *stoke_exec_graphs(stoke_exec *x, int on) {
 }
 
 int64_t stoke_exec_graph_ops(stoke_exec *x) { return x->graph_ops; }
+int64_t stoke_exec_graph_replays(const stoke_exec *x) { return x->replays; }
 
 /* Eager: forward and backward, then the update on the last micro-batch. */
 static stoke_err *micro_eager(stoke_exec *x, int first, int last, uint64_t seed, const stoke_opt_args_v1 *opt) {
@@ -594,9 +596,17 @@ stoke_err *stoke_exec_micro(stoke_exec *x, int first_micro, int last_micro, uint
               "writing the step's learning rate for the graph");
   }
   void **gr = &x->graph[first_micro][last_micro];
+  /* profiled (run.trace's window): eagerly, each kernel timed on its own;
+   * the same launches with the same arguments as the capture (the update
+   * reads lr and step from `live`), so the graph, untouched, replays after */
+  if (x->profiling) {
+    if (!*gr) x->uses[first_micro][last_micro] = 1; /* as good as the first, eager use */
+    return micro_eager(x, first_micro, last_micro, step_seed, &o);
+  }
   if (!*gr && x->uses[first_micro][last_micro]++ == 0) return micro_eager(x, first_micro, last_micro, step_seed, &o);
   if (!*gr) STOKE_PROPAGATE(capture(x, first_micro, last_micro, step_seed, &o, gr));
   STOKE_TRY(x->dev->graph_launch(x->dev_self, *gr, x->stream), "replaying the step's graph");
+  x->replays++;
   if (x->hook) STOKE_PROPAGATE(x->hook(x->hook_ctx, STOKE_EXEC_HOOK_REPLAYED));
   return NULL;
 }

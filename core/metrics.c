@@ -320,7 +320,7 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
             "\"skipped_samples\": %lld, \"bad_samples\": %lld, "
             "\"eval_loss\": %s, \"eval_accuracy\": %s, \"mfu\": %s, \"gpu_util_mean\": %s, "
             "\"gpu_mem_max_mib\": %s, \"device_alloc_mib\": %s, \"gpu_ops_per_step\": %lld, "
-            "\"launches_per_step\": %lld}\n",
+            "\"launches_per_step\": %lld, \"cuda_graph_replays\": %lld}\n",
             status, (long long)s->steps, (long long)s->samples, s->final_loss, s->samples_per_s,
             json_num(s->step_ms_p50, f, sizeof f), json_num(s->step_ms_p95, g, sizeof g),
             json_num(s->step_ms_max, h, sizeof h), json_num(s->host_ms_p50, k, sizeof k), s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples,
@@ -328,7 +328,7 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
             json_num(s->mfu, c, sizeof c), json_num(s->gpu_util_mean, d, sizeof d),
             json_num(s->gpu_mem_max_mib, e, sizeof e), json_num(s->dev_alloc_mib, m_, sizeof m_),
             (long long)s->gpu_ops_per_step,
-            (long long)s->launches_per_step);
+            (long long)s->launches_per_step, (long long)s->graph_replays);
   stoke_err *err = jsonl_flushed(m);
   if (!err && m->o.report_dir) {
     char path[4096];
@@ -360,6 +360,9 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
   if (s->gpu_ops_per_step)
     printf("  %lld GPU operations per step, %lld launch%s per step\n", (long long)s->gpu_ops_per_step,
            (long long)s->launches_per_step, s->launches_per_step == 1 ? " (CUDA graph)" : "es");
+  if (s->graph_replays)
+    printf("  %lld micro-batches replayed the CUDA graph (the first%s ran eagerly)\n", (long long)s->graph_replays,
+           m->o.trace_first > 0 ? " and the traced steps" : "");
   if (s->eval_accuracy == s->eval_accuracy)
     printf("  evaluation: loss %.4f, top-1 accuracy %.4f over %lld samples\n", s->eval_loss, s->eval_accuracy,
            (long long)s->eval_samples);

@@ -272,6 +272,9 @@ static stoke_err *write_page(FILE *f, const stoke_report *r) {
               100 * (r->trace_ms / r->untraced_ms - 1));
     else
       fputs("is not known (too few steps on one side).</p>\n", f);
+    if (s->graph_replays)
+      fputs("<p>The other steps replayed the step's CUDA graph; the traced steps ran eagerly, outside it, each kernel "
+            "timed on its own: their per-op and step times are eager times (the same kernels and results).</p>\n", f);
   }
   fputs("<h2>Training</h2>\n", f);
 

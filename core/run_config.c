@@ -94,8 +94,9 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"trace", STOKE_CFG_STR, "", 0, 0, NULL,
      "steps to trace into out_dir/trace.json (Chrome trace events: open in ui.perfetto.dev or chrome://tracing), "
      "e.g. 20-24: the step loop, the loader's workers with arrows to the step using each batch, the compute "
-     "stream (each node as in plan.txt with its engine; one slice per step under cuda_graph); traced steps wait "
-     "for the device at their end (eager ones time every node), the others run as usual"},
+     "stream (each node as in plan.txt with its engine); traced steps time every node and wait for the device at "
+     "their end, and under cuda_graph run eagerly, outside the graph (eager times, the same results); the others "
+     "run as usual"},
     {"nvtx", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "NVTX ranges around each step, node and loader batch, for Nsight Systems (nsys profile shows stoke's "
      "names); with no profiler attached a range costs a branch"},

@@ -79,6 +79,7 @@ stoke_err *run_finish(run_state *s, stoke_err *e) {
   if (s->metrics && s->steptime && !e) e = stoke_metrics_collect(s->metrics, s->steptime); /* since the last log */
   stoke_metrics_summary(s->metrics, sum);
   sum->dev_alloc_mib = device_mib(s);
+  sum->graph_replays = s->train.x ? stoke_exec_graph_replays(s->train.x) : 0;
   sum->steps = s->step;
   sum->samples = (s->step - s->start_step) * s->train.batch * s->rc.run.accumulate * s->world;
   sum->skipped_samples = stoke_loader_skip_reasons(s->train.loader, sum->skip_reasons, sizeof sum->skip_reasons);

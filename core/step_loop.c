@@ -80,19 +80,25 @@ static stoke_err *report_ops(run_state *s) {
   return NULL;
 }
 
-/* run.trace: the traced steps time every node (eager: the executor's
- * profile) and wait for the device at their end, where their device time
- * is read; the loader's workers are recorded from `prefetch` batches
- * before the window. Called before (`end` = 0) and after each step. */
+/* run.trace: the traced steps time every node (the executor's profile;
+ * under cuda_graph that runs them eagerly, outside the graph: the same
+ * kernels and arguments, replayed again after the window) and wait for the
+ * device at their end, where their device time is read; the loader's
+ * workers are recorded from `prefetch` batches before the window. Called
+ * before (`end` = 0) and after each step. */
 static stoke_err *trace_step(run_state *s, int64_t step, double t0, int end) {
   int graphs = s->cuda_graph, profile_ops = s->rc.run.profile_ops;
   stoke_trace *t = s->trace;
   if (!t) return NULL;
   if (!end) {
     stoke_trace_lead(t, step, (int)s->rc.data.prefetch + 2);
-    if (stoke_trace_has(t, step) && !stoke_trace_has(t, step - 1) && !graphs) {
+    if (stoke_trace_has(t, step) && (!stoke_trace_has(t, step - 1) || step == s->start_step + 1)) { /* or resumed in it */
       if (!profile_ops) STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 1));
       if (s->dp) STOKE_PROPAGATE(stoke_dp_time_buckets(s->dp, 1));
+      if (graphs)
+        stoke_log(STOKE_LOG_INFO, "run", "[run] trace: steps %lld-%lld run eagerly, outside the CUDA graph, each kernel "
+                  "timed: their per-op and step times are eager times; the other steps replay the graph",
+                  (long long)s->trace_first, (long long)s->trace_last);
     }
     return NULL;
   }
@@ -101,22 +107,21 @@ static stoke_err *trace_step(run_state *s, int64_t step, double t0, int end) {
   STOKE_PROPAGATE(stoke_metrics_collect(s->metrics, s->steptime)); /* the sync */
   double synced = stoke_trace_now(t);
   const double *node_ms = NULL;
-  int n = graphs ? 0 : stoke_exec_profile_last(s->train.x, &node_ms);
+  int n = stoke_exec_profile_last(s->train.x, &node_ms);
   char name[64];
   snprintf(name, sizeof name, "step %lld", (long long)step);
   stoke_trace_slice(t, STOKE_TRACE_STEP, name, "step", t0, launched - t0, NULL);
   stoke_trace_slice(t, STOKE_TRACE_STEP, "wait for the GPU (tracing)", "wait", launched, synced - launched, NULL);
-  stoke_trace_gpu_step(t, step, s->train.plan, node_ms, n, stoke_metrics_last_ms(s->metrics), synced,
-                       graphs ? (int)stoke_exec_graph_ops(s->train.x) : 0);
-  if (s->dp && !graphs) {
+  stoke_trace_gpu_step(t, step, s->train.plan, node_ms, n, stoke_metrics_last_ms(s->metrics), synced, graphs);
+  if (s->dp) {
     double at[256], ms[256];
     size_t bytes[256];
     int nb = stoke_dp_bucket_times(s->dp, stoke_exec_profile_start(s->train.x), at, ms, bytes, 256);
     stoke_trace_gpu_buckets(t, at, ms, bytes, nb);
   }
   if (stoke_trace_has(t, step + 1)) return NULL;
-  if (!graphs && !profile_ops) STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 0));
-  if (!graphs && s->dp) STOKE_PROPAGATE(stoke_dp_time_buckets(s->dp, 0));
+  if (!profile_ops) STOKE_PROPAGATE(stoke_exec_profile(s->train.x, 0)); /* under cuda_graph: replays from here */
+  if (s->dp) STOKE_PROPAGATE(stoke_dp_time_buckets(s->dp, 0));
   stoke_trace_lead(t, step + 1, 0);
   STOKE_TRY(stoke_trace_write(t), "[run] trace");
   stoke_log(STOKE_LOG_INFO, "run", "trace written to %s (open it in ui.perfetto.dev)", stoke_trace_path(t));

@@ -2,7 +2,23 @@
  * names collected in memory (a mutex: the loader's workers add theirs),
  * written once as Chrome trace-event JSON ({"traceEvents": [...]}), which
  * Perfetto UI and chrome://tracing open. Outside the window nothing is
- * recorded: the calls return at the first test. */
+ * recorded: the calls return at the first test.
+ *
+ * The GPU lane's per-node slices come from device events around each node
+ * (the executor's profile), and under cuda_graph too: a traced step runs
+ * eagerly, outside the graph (core/exec.c stoke_exec_micro), its kernels
+ * the graph's with the same buffers and arguments (the update reads lr and
+ * step from the device as the replay does), so the weights, the loss
+ * scaler, clipping and accumulation come out as the replay's; the graph is
+ * not touched and the steps after the window replay it. The trace says so
+ * (the step slices' "cuda_graph" arg, the GPU process's label): per-op and
+ * step times of traced steps are eager times, which a graph's replay beats
+ * by the launch gaps (the summary's "traced steps' median" against the
+ * others shows by how much). CUPTI's activity records would time the
+ * replay's own kernels, but naming them after plan nodes needs a map from
+ * each captured graph node to the node that launched it, built at capture,
+ * plus CUPTI's buffer callbacks and libcupti at run time: far more code
+ * and another dependency, for launch gaps that the step times show. */
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -13,6 +29,9 @@
 
 #include "stoke/graph.h"
 #include "stoke/trace.h"
+
+/* Under cuda_graph, on each traced step's GPU slice and the trace's label. */
+#define EAGER_NOTE "traced steps run eagerly, outside the CUDA graph: their per-op times are eager times"
 
 typedef struct {
   char name[80], cat[16], args[200];
@@ -30,6 +49,7 @@ struct stoke_trace {
   volatile int recording;
   double ops_start;    /* the last traced step's first node, on the GPU lane */
   int comm_used, copy_used;
+  int eager_of_graph;  /* the run replays a CUDA graph; its traced steps ran eagerly */
   int lanes_used[64];  /* worker lanes seen */
   pthread_mutex_t mu;
   trace_ev *ev;
@@ -132,10 +152,11 @@ void stoke_trace_fill(void *trace, int worker, int64_t number, int64_t from, int
 }
 
 void stoke_trace_gpu_step(stoke_trace *t, int64_t step, const struct stoke_plan *p, const double *node_ms, int n,
-                          double dev_ms, double end, int graph_ops) {
+                          double dev_ms, double end, int graphs) {
   char name[80], args[200];
   snprintf(name, sizeof name, "step %lld", (long long)step);
-  if (graph_ops) snprintf(args, sizeof args, "\"device_ms\": %.4f, \"cuda_graph\": true, \"gpu_ops\": %d", dev_ms, graph_ops);
+  t->eager_of_graph |= graphs;
+  if (graphs) snprintf(args, sizeof args, "\"device_ms\": %.4f, \"cuda_graph\": \"%s\"", dev_ms, EAGER_NOTE);
   else snprintf(args, sizeof args, "\"device_ms\": %.4f", dev_ms);
   stoke_trace_slice(t, STOKE_TRACE_GPU, name, "step", end - 1e3 * dev_ms, 1e3 * dev_ms, args);
   if (!node_ms || !p) return;
@@ -206,6 +227,9 @@ stoke_err *stoke_trace_write(stoke_trace *t) {
   meta(f, gpu, 0, "process", name, 2 * t->rank + 1);
   meta(f, host, STOKE_TRACE_STEP, "thread", "step loop", 0);
   meta(f, gpu, STOKE_TRACE_GPU, "thread", "compute stream", 0);
+  if (t->eager_of_graph)
+    fprintf(f, "{\"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"name\": \"process_labels\", \"args\": {\"labels\": "
+               "\"%s\"}},\n", gpu, EAGER_NOTE);
   if (t->comm_used) meta(f, gpu, STOKE_TRACE_COMM, "thread", "comm stream (all-reduce buckets)", 1);
   if (t->copy_used) meta(f, gpu, STOKE_TRACE_COPY, "thread", "copy stream (host to device)", 2);
   for (int w = 0; w < 64; w++)
@@ -229,7 +253,8 @@ stoke_err *stoke_trace_write(stoke_trace *t) {
   pthread_mutex_unlock(&t->mu);
   /* the list ends with the trace's own span, so no comma dangles */
   fprintf(f, "{\"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"name\": \"process_labels\", \"args\": {\"labels\": "
-             "\"stoke steps %lld-%lld\"}}\n]}\n", host, (long long)t->first, (long long)t->last);
+             "\"stoke steps %lld-%lld%s%s\"}}\n]}\n", host, (long long)t->first, (long long)t->last,
+          t->eager_of_graph ? "; " : "", t->eager_of_graph ? EAGER_NOTE : "");
   int bad = ferror(f);
   if (fclose(f) || bad) {
     remove(tmp);

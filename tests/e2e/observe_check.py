@@ -5,6 +5,13 @@ own reader where it is installed) against metrics.jsonl, and report.html
 lines; exits non-zero on a failure.
 
     python3 observe_check.py RUN_DIR
+
+TRACE=FIRST-LAST names the traced steps (10-14 if unset). Under
+run.cuda_graph = true (GRAPH=1: required) the traced steps must have run eagerly with every
+node timed, and every other step but the first replayed the graph
+(the summary's cuda_graph_replays). SAME_AS=OTHER_RUN_DIR: the run's
+checkpoint (weights, optimizer state, loss scale) and its logged losses
+must equal that run's, bitwise (SAME_TOL=x: within x relative, by norm).
 """
 import configparser
 import glob
@@ -13,6 +20,8 @@ import json
 import math
 import os
 import re
+import statistics
+import struct
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -150,6 +159,94 @@ if os.path.exists(path):
           m and abs(float(m.group(1)) - summary["step_time_ms_p50"]) < 6e-4 and "[optimizer]" in text
           and "plan:" in text, (m and m.group(1), summary["step_time_ms_p50"]))
 
+def graph_checks(cfg, ev, gpu, first, last):
+    """run.cuda_graph = true: traced steps eager (and saying so), the others replays."""
+    note = "traced steps run eagerly, outside the CUDA graph"
+    check("trace (cuda_graph): each traced step's GPU slice says it ran eagerly, outside the graph",
+          gpu and all(note in str(e["args"].get("cuda_graph", "")) for e in gpu), [e["args"] for e in gpu[:2]])
+    check("trace (cuda_graph): the GPU process's label says so", any(
+        e["ph"] == "M" and e["name"] == "process_labels" and e["pid"] % 2 == 1 and note in e["args"]["labels"]
+        for e in ev))
+    acc = int(cfg.get("run", "accumulate", fallback="1").split()[0])
+    n, traced = summary["steps"], last - first + 1
+    # every micro-batch kind runs eagerly at its first use (step 1), traced or not; the rest replay
+    want = acc * (n - traced - (0 if first <= 1 else 1))
+    check(f"summary (cuda_graph): every micro-batch outside the window and step 1 replayed the graph ({want})",
+          summary.get("cuda_graph_replays") == want and summary.get("launches_per_step") == 1,
+          (summary.get("cuda_graph_replays"), summary.get("launches_per_step")))
+    ms = {r["step"]: r["step_time_ms"] for r in steps if r.get("step_time_ms") is not None}
+    before = [ms[i] for i in range(3, first) if i in ms]
+    after = [ms[i] for i in range(last + 2, n + 1) if i in ms]
+    inside = [ms[i] for i in range(first, last + 1) if i in ms]
+    if len(before) >= 3 and len(after) >= 3:
+        b, a = statistics.median(before), statistics.median(after)
+        print(f"  step time median: before the window {b:.3f} ms, traced (eager) "
+              f"{statistics.median(inside) if inside else float('nan'):.3f} ms, after {a:.3f} ms")
+        check("step time (cuda_graph): the steps after the window run at the graph's speed again "
+              "(median within 25% of the steps before it)", 0.8 <= a / b <= 1.25, (b, a))
+    else:
+        print("  (too few steps before or after the window to compare graph speed)")
+
+
+def safetensors(path):
+    """{name: (dtype, shape, bytes)} and the metadata of a .safetensors file."""
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    meta = head.pop("__metadata__", {})
+    return {k: (v["dtype"], v["shape"], raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in head.items()}, meta
+
+
+def floats(dtype, b):
+    if dtype == "F32":
+        return struct.unpack(f"<{len(b) // 4}f", b)
+    if dtype == "F64":
+        return struct.unpack(f"<{len(b) // 8}d", b)
+    if dtype == "F16":
+        return struct.unpack(f"<{len(b) // 2}e", b)
+    if dtype == "BF16":
+        return [struct.unpack("<f", b"\0\0" + b[i:i + 2])[0] for i in range(0, len(b), 2)]
+    return None
+
+
+def same_as(other):
+    """The same training, bitwise (or within SAME_TOL): checkpoint and logged losses."""
+    tol = float(os.environ.get("SAME_TOL", "0"))
+    a, ma = safetensors(f"{run}/checkpoint.safetensors")
+    b, mb = safetensors(f"{other}/checkpoint.safetensors")
+    check("same run: the checkpoints hold the same tensors", a.keys() == b.keys(), sorted(a.keys() ^ b.keys())[:4])
+    differ, worst = [], (0.0, None)
+    for k in sorted(a.keys() & b.keys()):
+        if a[k][:2] != b[k][:2]:
+            differ.append(k)
+            continue
+        if a[k][2] == b[k][2]:
+            continue
+        differ.append(k)
+        x, y = floats(a[k][0], a[k][2]), floats(b[k][0], b[k][2])
+        if x is not None:
+            d = math.sqrt(sum((p - q) ** 2 for p, q in zip(x, y))) / max(math.sqrt(sum(p * p for p in x)), 1e-30)
+            worst = max(worst, (d, k), key=lambda t: t[0])
+    weights = [k for k in differ if not k.startswith("optimizer.")]
+    print(f"  same run: {len(differ)} of {len(a)} tensors differ ({len(weights)} weights); worst {worst[1]} "
+          f"{worst[0]:.2e} relative")
+    if tol == 0:
+        check("same run: weights and optimizer state bitwise equal", not differ, differ[:4])
+    else:
+        check(f"same run: weights and optimizer state within {tol:g} relative", worst[0] <= tol
+              and not [k for k in differ if a[k][:2] != b[k][:2]], worst)
+    keys = ("step", "loss_scale", "skipped_steps")
+    check("same run: the checkpoint's step, loss scale and skipped steps", all(ma.get(k) == mb.get(k) for k in keys),
+          [(k, ma.get(k), mb.get(k)) for k in keys])
+    other_rows = {r["step"]: r for r in map(json.loads, open(f"{other}/metrics.jsonl")) if "loss" in r}
+    bad = [(r["step"], r["loss"], other_rows.get(r["step"], {}).get("loss")) for r in steps
+           if r["step"] not in other_rows or not (r["loss"] == other_rows[r["step"]]["loss"]
+                                                   or abs(r["loss"] - other_rows[r["step"]]["loss"]) <= tol * abs(r["loss"]))
+           or r.get("loss_scale") != other_rows[r["step"]].get("loss_scale")]
+    check(f"same run: every logged loss and loss scale equal ({len(steps)} steps)", steps and not bad, bad[:3])
+
+
 # ------------------------------------------------------------ trace.json
 path = f"{run}/trace.json"
 if os.path.exists(path):
@@ -169,15 +266,21 @@ if os.path.exists(path):
     check("trace: each GPU step's time is metrics.jsonl's", all(
         abs(e["dur"] / 1e3 - by_step[int(e["name"].split()[1])]["step_time_ms"]) < 2e-3 * max(1, e["dur"] / 1e3)
         for e in gpu), [(e["name"], e["dur"]) for e in gpu])
-    plan = [l.split()[0] for l in open(f"{run}/plan.txt").read().split("\n")[2:] if l.startswith("  ") and len(l.split()) > 3]
+    rows = [l.split() for l in open(f"{run}/plan.txt").read().split("\n")[2:] if l.startswith("  ") and len(l.split()) > 3]
+    plan = [r[0] for r in rows if r[2] != "update"]  # the nodes (grad_clip and optimizer: the update's rows)
     ops = [e for e in ev if e.get("cat") == "op"]
     names = [e["name"] for e in ops]
-    per_step = len(plan)  # the nodes, then "optimizer + scaler" (the plan's optimizer row)
+    per_step = len(plan) + 1  # the nodes, then "optimizer + scaler" (the update: clipping, optimizer, scaler)
     check("trace: every node of the plan per traced step, named as in plan.txt, with engine",
-          len(ops) == per_step * len(want) and names[:per_step - 1] == plan[:per_step - 1]
+          len(ops) == per_step * len(want)
+          and names == (plan + ["optimizer + scaler"]) * len(want)
           and all(e["args"].get("engine") for e in ops), (len(ops), per_step, names[:4], plan[:4]))
     inside = all(any(g["ts"] - 1 <= o["ts"] and o["ts"] + o["dur"] <= g["ts"] + g["dur"] + 1 for g in gpu) for o in ops)
     check("trace: the op slices lie inside their step's GPU slice", inside)
+    lane = {(e["pid"], e["tid"]) for e in ops}
+    compute = {(e["pid"], e["tid"]) for e in ev if e["ph"] == "M" and e["name"] == "thread_name"
+               and e["args"]["name"] == "compute stream"}
+    check("trace: the op slices are on the compute stream's lane", ops and lane <= compute, (lane, compute))
     check("trace: its cost is on the page and in the summary",
           "What tracing cost: the traced steps' median device step time" in open(f"{run}/report.html").read())
     # data made on the device (data.on_device = true: gpu_suite's synthetic resnet50) has no
@@ -198,6 +301,16 @@ if os.path.exists(path):
         ends = [e["id"] for e in ev if e["ph"] == "f"]
         check("trace: an arrow from each used batch's decode to its step", len(ends) == len(want) and set(ends) <= starts,
               (ends, sorted(starts)[:10]))
+
+    cfg_graph = configparser.ConfigParser(inline_comment_prefixes=(";", "#"), strict=False, interpolation=None)
+    cfg_graph.read(f"{run}/config.ini")
+    if os.environ.get("GRAPH") or (cfg_graph.get("run", "cuda_graph", fallback="false").strip() == "true"
+                                   and summary.get("launches_per_step") == 1):
+        graph_checks(cfg_graph, ev, gpu, first, last)
+
+
+if os.environ.get("SAME_AS"):
+    same_as(os.environ["SAME_AS"])
 
 print(f"[  PASSED  ] {passed} test(s).")
 if failed:

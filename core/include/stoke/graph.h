@@ -278,7 +278,11 @@ void stoke_exec_profile_report(stoke_exec *x, FILE *f);
  * update when `last_micro` (forward_backward + update). With graphs on,
  * each (first, last) kind runs eagerly once, is captured on its second
  * use and replayed from then on: no launch but the graph's, and the
- * update reads lr and step from the device. */
+ * update reads lr and step from the device. While the profile is on
+ * (run.trace's window) a micro-batch runs eagerly instead, each kernel
+ * timed: the launches the graph holds, with the same buffers and
+ * arguments, so the result is the replay's; the graph is kept and
+ * replayed again once the profile is off. */
 stoke_err *stoke_exec_micro(stoke_exec *x, int first_micro, int last_micro, uint64_t step_seed,
                             const stoke_opt_args_v1 *opt);
 /* Whole-step graphs on or off: an error names why they cannot be used (a
@@ -286,6 +290,8 @@ stoke_err *stoke_exec_micro(stoke_exec *x, int first_micro, int last_micro, uint
 stoke_err *stoke_exec_graphs(stoke_exec *x, int on);
 /* GPU operations in one whole step as captured (0: not captured yet). */
 int64_t stoke_exec_graph_ops(stoke_exec *x);
+/* Micro-batches run as a launch of their captured graph so far. */
+int64_t stoke_exec_graph_replays(const stoke_exec *x);
 /* Count them without graphs on: records the step once (nothing runs) and
  * throws the graph away; 0 where the device cannot capture. */
 stoke_err *stoke_exec_count_ops(stoke_exec *x, const stoke_opt_args_v1 *opt, int64_t *ops);

@@ -37,6 +37,7 @@ typedef struct stoke_summary {
   double loss_scale, skipped_steps; /* fp16 loss scaler at the end (NaN: none) */
   int64_t gpu_ops_per_step;  /* GPU operations in one step (0: unknown, e.g. the CPU) */
   int64_t launches_per_step; /* 1 with cuda_graph = true, else gpu_ops_per_step */
+  int64_t graph_replays;     /* micro-batches run as a CUDA graph launch (not: the first, those traced) */
   char out_dir[512];
   char checkpoint[640];   /* the checkpoint written at the end ("" if none) */
   /* for the bench (stoke_run_opts.time_steps): the device, the precision

@@ -45,12 +45,14 @@ void stoke_trace_fill(void *trace, int worker, int64_t number, int64_t from, int
 
 /* A traced step on the GPU lane: its device time `dev_ms`, ending at host
  * time `end` (just after the sync that ended the step's timing), and when
- * node_ms is given (an eager step, timed per node: stoke_exec_profile_last)
+ * node_ms is given (the step timed per node: stoke_exec_profile_last)
  * each node of the plan as a slice named as in plan.txt, with its op, pass
- * and engine, laid end to end back from the step's end. */
+ * and engine, laid end to end back from the step's end. `graphs`: the run
+ * replays a CUDA graph and this step ran eagerly instead (the trace says
+ * its times are eager times). */
 struct stoke_plan;
 void stoke_trace_gpu_step(stoke_trace *t, int64_t step, const struct stoke_plan *p, const double *node_ms, int n,
-                          double dev_ms, double end, int graph_ops);
+                          double dev_ms, double end, int graphs);
 
 /* Data parallel: the last traced step's all-reduce buckets on the comm
  * lane, each starting start_ms after that step's first node began (as
