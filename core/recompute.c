@@ -31,7 +31,9 @@
  *     would keep alive); groups of equal weight (the same node in every
  *     layer) are tried cheapest first, each kept only when the placed arena
  *     shrinks, until the plan fits memory_budget; of the group that makes
- *     it fit, only as many of its first layers as it takes. Chosen nodes that follow each
+ *     it fit, only as many of its first layers as it takes; where that
+ *     does not fit, whole blocks, first blocks first, as few as fit (as
+ *     torch.utils.checkpoint on every block). Chosen nodes that follow each
  *     other inside one block (the name up to its first number: h.3,
  *     layer3.1) form one segment, so a product and its activation can be
  *     re-run together.
@@ -403,6 +405,55 @@ static stoke_err *weigh_prefix(const stoke_graph *g, double fixed, const char *c
   return NULL;
 }
 
+/* When node by node does not fit (each group alone must shrink the
+ * arena, and some only pay together: a product's output is freed only when
+ * the layer norm before it is re-run too), whole blocks, as a
+ * torch.utils.checkpoint on every block would: the first blocks first
+ * (they free the most), as few as make the plan fit, or all of them where
+ * that is smaller than the node-by-node choice. chosen[] is updated. */
+static stoke_err *whole_blocks(const stoke_graph *g, double fixed, double budget, char *chosen, char *trial, int *tseg,
+                               int *order, double *best) {
+  int nf = g->n_fwd, nb = 0;
+  /* order[b]: the first node of the b-th block, in forward order */
+  for (int i = 0; i < nf; i++) {
+    if (!block_len(g->nodes[i].name_buf) || !eligible(g, i) || is_view(&g->nodes[i])) continue;
+    int seen = 0;
+    for (int b = 0; b < nb && !seen; b++) seen = same_block(g, order[b], i);
+    if (!seen) order[nb++] = i;
+  }
+  if (!nb) return NULL;
+  /* the blocks' nodes, block by block; ends[b]: one past block b's last */
+  int *nodes = malloc(sizeof *nodes * 2 * (size_t)nf), *ends = nodes + nf, n = 0;
+  if (!nodes) return STOKE_ERR(STOKE_E_OOM, "out of memory weighing recomputation");
+  for (int b = 0; b < nb; b++) {
+    /* views too: a block is one run of chosen nodes, so one segment (a view
+     * between two chosen nodes would split it, and the split keeps the
+     * first part's outputs alive for the second) */
+    for (int i = 0; i < nf; i++)
+      if (eligible(g, i) && same_block(g, order[b], i)) nodes[n++] = i;
+    ends[b] = n;
+  }
+  double total;
+  stoke_err *e = weigh_prefix(g, fixed, chosen, nodes, n, trial, tseg, &total);
+  if (!e && total < *best) {
+    int lo = 1, hi = nb;
+    while (!e && total <= budget && lo < hi) {
+      int mid = (lo + hi) / 2;
+      double t;
+      e = weigh_prefix(g, fixed, chosen, nodes, ends[mid - 1], trial, tseg, &t);
+      if (!e && t <= budget) hi = mid;
+      else lo = mid + 1;
+    }
+    if (!e) e = weigh_prefix(g, fixed, chosen, nodes, total <= budget ? ends[hi - 1] : n, trial, tseg, &total);
+    if (!e) {
+      *best = total;
+      memcpy(chosen, trial, (size_t)nf);
+    }
+  }
+  free(nodes);
+  return e;
+}
+
 static stoke_err *choose_auto(stoke_graph *g, double fixed, double budget, int *seg) {
   int nf = g->n_fwd;
   for (int i = 0; i < nf; i++) seg[i] = -1;
@@ -455,6 +506,7 @@ static stoke_err *choose_auto(stoke_graph *g, double fixed, double budget, int *
     }
     a = z;
   }
+  if (!e && best > budget) e = whole_blocks(g, fixed, budget, chosen, trial, tseg, order, &best);
   if (!e) runs_to_segments(g, chosen, seg);
 done:
   free(c);

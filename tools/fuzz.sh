@@ -7,7 +7,7 @@
 #
 #   tools/fuzz.sh [--budget SECONDS] [--jobs N] [--out DIR] [TARGET...]
 #
-# Targets: ini safetensors record jpeg shard idx (default: all), each run
+# Targets: ini safetensors record lmdb jpeg shard idx (default: all), each run
 # --budget seconds (default 30) starting from its seeds
 # (tests/fuzz/corpus/NAME) and past findings (tests/fuzz/regress/NAME).
 # A finding (crash, sanitizer report, leak, timeout over 10 s, more than
@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(ini safetensors record jpeg shard idx)
+[ ${#targets[@]} -gt 0 ] || targets=(ini safetensors record lmdb jpeg shard idx)
 CC=${CC:-clang}
 command -v "$CC" > /dev/null || { echo "fuzz.sh: no $CC (apt-get install clang, or tools/setup.sh)" >&2; exit 1; }
 
@@ -43,16 +43,19 @@ command -v "$CC" > /dev/null || { echo "fuzz.sh: no $CC (apt-get install clang, 
 FLAGS=(-g -O1 -std=gnu11 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined
        -fno-sanitize-recover=undefined -Icore/include -Icore/sdk -I. -I"${CUDA_HOME:-/usr/local/cuda}/include"
        -D_GNU_SOURCE -w) # CUDA's include: the core's NVTX ranges (header-only nvtx3)
-LIBS=(-l:libinih.a -l:libjpeg.a -l:libz.a -ldl -lpthread -lm)
+LIBS=(-l:libinih.a -l:libjpeg.a -l:libz.a -l:liblmdb.a -ldl -lpthread -lm)
 obj=$out/obj bin=$out/bin
 mkdir -p "$obj" "$bin"
-srcs=(core/*.c sources/lmdb/record.c sources/jpeg/decode.c sources/jpeg/sample.c sources/jpeg/crop.c
-      sources/tokens/shard.c tools/idx.c)
+srcs=(core/*.c sources/lmdb/record.c sources/lmdb/guard.c sources/jpeg/decode.c sources/jpeg/sample.c
+      sources/jpeg/crop.c sources/tokens/shard.c tools/idx.c)
+# a plugin's own source, linked only into its target (it defines the
+# plugin's entry and host symbols)
+declare -A own=([lmdb]=sources/lmdb/lmdb.c)
 objs=()
 pids=()
-for s in "${srcs[@]}"; do
+for s in "${srcs[@]}" "${own[@]}"; do
   o=$obj/$(echo "$s" | tr / _).o
-  objs+=("$o")
+  [[ " ${own[*]} " == *" $s "* ]] || objs+=("$o")
   # rebuilt when the source or any header is newer
   if [ ! -f "$o" ] || [ "$s" -nt "$o" ] || [ -n "$(find core/include core/sdk sources tools -name '*.h' -newer "$o" | head -1)" ]; then
     "$CC" "${FLAGS[@]}" -c "$s" -o "$o" &
@@ -63,7 +66,10 @@ done
 for p in "${pids[@]}"; do wait "$p" || exit 1; done
 for t in "${targets[@]}"; do
   [ -f "tests/fuzz/${t}_fuzz.c" ] || { echo "fuzz.sh: no target '$t' (tests/fuzz/${t}_fuzz.c)" >&2; exit 2; }
-  "$CC" "${FLAGS[@]}" -fsanitize=fuzzer "tests/fuzz/${t}_fuzz.c" "${objs[@]}" "${LIBS[@]}" -o "$bin/${t}_fuzz" || exit 1
+  extra=()
+  [ -n "${own[$t]:-}" ] && extra=("$obj/$(echo "${own[$t]}" | tr / _).o")
+  "$CC" "${FLAGS[@]}" -fsanitize=fuzzer "tests/fuzz/${t}_fuzz.c" "${objs[@]}" "${extra[@]}" "${LIBS[@]}" \
+    -o "$bin/${t}_fuzz" || exit 1
 done
 
 # ------------------------------------------------------------ run
@@ -73,6 +79,7 @@ status=0
 table=""
 for t in "${targets[@]}"; do
   work=$out/corpus/$t findings=$out/findings/$t
+  rm -rf "$findings" # this run's findings only (past ones are in tests/fuzz/regress)
   mkdir -p "$work" "$findings"
   log=$out/$t.log
   seeds=(tests/fuzz/corpus/$t)
@@ -81,8 +88,8 @@ for t in "${targets[@]}"; do
   "$bin/${t}_fuzz" -max_total_time="$budget" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
     -artifact_prefix="$findings/" "$work" "${seeds[@]}" > "$log" 2>&1
   rc=$?
-  execs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$')
-  rate=$(grep -oE 'stat::average_exec_per_sec: *[0-9]+' "$log" | grep -oE '[0-9]+$')
+  execs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | tail -1 | grep -oE '[0-9]+$')
+  rate=$(grep -oE 'stat::average_exec_per_sec: *[0-9]+' "$log" | tail -1 | grep -oE '[0-9]+$')
   cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | grep -oE '[0-9]+')
   found=$(find "$findings" -type f | wc -l)
   if [ "$rc" -ne 0 ] || [ "$found" -gt 0 ]; then

@@ -49,6 +49,8 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
       rc=$?
       line=$(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | tail -2 | tr '\n' ' ')
       summary="$summary$name#$rep rc=$rc $line seed $seed\n"
+      # as it goes too: a call cut off at its time limit still shows what ran
+      echo "$name#$rep rc=$rc $line seed $seed" >> "$final/progress.txt"
       runs[$name]=$(( ${runs[$name]:-0} + 1 ))
       if [ "$rc" -ne 0 ]; then
         fails[$name]=$(( ${fails[$name]:-0} + 1 ))

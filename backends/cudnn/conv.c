@@ -174,11 +174,24 @@ static void free_tune(tune_bufs *tb) {
   memset(tb, 0, sizeof *tb);
 }
 
-/* Zeroed temporary x, w, y and up to CUDNN_WS_CAP of workspace (less when
- * the device is short of memory), so the search never touches live data. */
+/* The bytes of x, w and y: what the workspace cap scales with. */
+static void conv_bytes(const stoke_kernel_args_v1 *a, size_t *bx, size_t *bw, size_t *by) {
+  *bx = stoke_tensor_bytes(&a->in[0]);
+  *bw = stoke_tensor_bytes(&a->in[1]);
+  *by = (size_t)stoke_numel(&a->out[0].shape) * stoke_dtype_size(a->in[0].dtype);
+}
+
+static size_t conv_ws_cap(const stoke_kernel_args_v1 *a) {
+  size_t bx, bw, by;
+  conv_bytes(a, &bx, &bw, &by);
+  return cudnn_ws_cap(bx + bw + by);
+}
+
+/* Zeroed temporary x, w, y and up to the workspace cap (less when the
+ * device is short of memory), so the search never touches live data. */
 static stoke_err *alloc_tune(const stoke_kernel_args_v1 *a, conv_state *st, tune_bufs *tb) {
-  size_t bx = stoke_tensor_bytes(&a->in[0]), bw = stoke_tensor_bytes(&a->in[1]);
-  size_t by = (size_t)stoke_numel(&a->out[0].shape) * stoke_dtype_size(a->in[0].dtype);
+  size_t bx, bw, by;
+  conv_bytes(a, &bx, &bw, &by);
   cudaStream_t s = a->stream;
   if (cudaMalloc(&tb->x, bx) != cudaSuccess || cudaMalloc(&tb->w, bw) != cudaSuccess ||
       cudaMalloc(&tb->y, by) != cudaSuccess) {
@@ -190,7 +203,7 @@ static stoke_err *alloc_tune(const stoke_kernel_args_v1 *a, conv_state *st, tune
   STOKE_CUDA(cudaMemsetAsync(tb->x, 0, bx, s));
   STOKE_CUDA(cudaMemsetAsync(tb->w, 0, bw, s));
   STOKE_CUDA(cudaMemsetAsync(tb->y, 0, by, s));
-  for (size_t b = CUDNN_WS_CAP; b >= ((size_t)1 << 20); b /= 2) {
+  for (size_t b = cudnn_ws_cap(bx + bw + by); b >= ((size_t)1 << 20); b /= 2) {
     if (cudaMalloc(&tb->ws, b) == cudaSuccess) {
       tb->ws_bytes = b;
       break;
@@ -225,6 +238,7 @@ static stoke_err *choose(const stoke_kernel_args_v1 *a, conv_state *st, cudnn_di
     int n = 0;
     STOKE_PROPAGATE_P(list_perfs(st, d, autotune ? tb : NULL, p, &n));
     int det = (a->flags & STOKE_KFLAG_DETERMINISTIC) != 0, found = 0;
+    size_t cap = conv_ws_cap(a);
     int n_ok = 0, n_det = 0;
     for (int i = 0; i < n && !found; i++) {
       if (p[i].status != CUDNN_STATUS_SUCCESS) continue;
@@ -234,10 +248,10 @@ static stoke_err *choose(const stoke_kernel_args_v1 *a, conv_state *st, cudnn_di
       /* true fp32 asked: cuDNN reports CUDNN_FMA_MATH for algorithms that
        * honour it; anything else could use TF32 tensor cores */
       if (st->math == CUDNN_FMA_MATH && p[i].math != CUDNN_FMA_MATH) continue;
-      if (p[i].memory > CUDNN_WS_CAP) continue;
+      if (p[i].memory > cap) continue;
       CUDNN_CHECK(cudnnSetConvolutionMathType(st->conv[d], p[i].math), st->ctx);
       size_t ws = 0;
-      if (workspace_of(st, d, p[i].algo, &ws) != CUDNN_STATUS_SUCCESS || ws > CUDNN_WS_CAP) continue;
+      if (workspace_of(st, d, p[i].algo, &ws) != CUDNN_STATUS_SUCCESS || ws > cap) continue;
       ch = (cudnn_algo_choice){p[i].algo, p[i].math, ws, autotune ? p[i].time : -1.0f};
       found = 1;
     }
@@ -246,7 +260,7 @@ static stoke_err *choose(const stoke_kernel_args_v1 *a, conv_state *st, cudnn_di
                         "cudnn: no %s algorithm for conv2d: %d candidates, %d ran, %d deterministic%s, none "
                         "with %s math within the %zu MiB workspace cap; %s",
                         dir_names[d], n, n_ok, n_det, det ? " (required)" : "", math_name(st->math),
-                        CUDNN_WS_CAP >> 20, st->ctx);
+                        cap >> 20, st->ctx);
     stoke_cudnn_cache_put(eng, &key, &ch);
     how = autotune ? "autotuned" : "heuristic";
   }

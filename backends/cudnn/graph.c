@@ -338,6 +338,14 @@ static void tune_free(tune_mem *t) {
   memset(t, 0, sizeof *t);
 }
 
+/* The workspace cap of graph g: cudnn_ws_cap of its real tensors' bytes. */
+static size_t graph_ws_cap(const cg_graph *g) {
+  size_t b = 0;
+  for (int i = 0; i < g->n_tensors; i++)
+    if (!g->is_virtual[i]) b += g->bytes[i];
+  return cudnn_ws_cap(b);
+}
+
 static stoke_err *tune_alloc(const cg_graph *g, const cg_plan *shape, tune_mem *t, cudaStream_t s) {
   memset(t, 0, sizeof *t);
   for (int i = 0, k = 0; i < g->n_tensors; i++) {
@@ -353,7 +361,7 @@ static stoke_err *tune_alloc(const cg_graph *g, const cg_plan *shape, tune_mem *
     k++;
   }
   (void)shape;
-  for (size_t b = CUDNN_WS_CAP; b >= ((size_t)1 << 20); b /= 2) {
+  for (size_t b = graph_ws_cap(g); b >= ((size_t)1 << 20); b /= 2) {
     if (cudaMalloc(&t->ws, b) == cudaSuccess) {
       t->ws_bytes = b;
       break;
@@ -437,7 +445,7 @@ static stoke_err *choose_plan(cudnn_engine *eng, cg_graph *g, cudnnBackendDescri
     cand.plan = build_plan(eng, cfgs[i], &cand.workspace);
     if (!cand.plan) continue;
     out->built++;
-    if ((size_t)cand.workspace > CUDNN_WS_CAP) {
+    if ((size_t)cand.workspace > graph_ws_cap(g)) {
       skipped_ws++;
       cudnnBackendDestroyDescriptor(cand.plan);
       continue;
@@ -481,7 +489,7 @@ static stoke_err *choose_plan(cudnn_engine *eng, cg_graph *g, cudnnBackendDescri
                       "cudnn graph: no engine runs this graph: %d configurations from cuDNN's heuristics, %d "
                       "built (%d skipped as nondeterministic, %d as TF32 for f32, %d over the %zu MiB workspace "
                       "cap); %s",
-                      n, out->built, skipped_det, skipped_tf32, skipped_ws, CUDNN_WS_CAP >> 20, g->ctx);
+                      n, out->built, skipped_det, skipped_tf32, skipped_ws, graph_ws_cap(g) >> 20, g->ctx);
   return NULL;
 }
 

@@ -17,8 +17,18 @@
 #include "backends/cuda/stoke_cuda.h"
 #include "stoke/check.h"
 
-/* Largest workspace an algorithm may ask for (autotune and heuristics). */
+/* The largest workspace an algorithm or engine may ask for (autotune and
+ * heuristics): 256 MiB, or as many bytes as the tensors the call reads and
+ * writes where that is more. Engines' scratch grows with the batch: the
+ * fastest fprop of ResNet-50's stem (3 input channels) takes 196 MiB at
+ * batch 256 and 4x that at 1024, and a fixed 256 MiB cap sent the stem to
+ * engines 6x (fprop) and 56x (backward) slower there (BENCHMARKS.md, issue
+ * 14). One workspace region serves every node (core/exec.c: the largest
+ * any kernel asked for), and the plan counts it. */
 #define CUDNN_WS_CAP ((size_t)256 << 20)
+static inline size_t cudnn_ws_cap(size_t tensor_bytes) {
+  return tensor_bytes > CUDNN_WS_CAP ? tensor_bytes : CUDNN_WS_CAP;
+}
 #define CUDNN_CACHE_MAX 256
 
 /* Which cuDNN convolution call an algorithm choice is for. */

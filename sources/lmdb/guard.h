@@ -1,6 +1,7 @@
 /* sources/lmdb/guard.h: runs LMDB's reading of a data set so that a fault
- * inside it (SIGBUS or SIGSEGV from a damaged or cut-short file, or one of
- * LMDB's internal assertions) comes back as an error instead of ending the
+ * inside it (SIGBUS or SIGSEGV from a damaged or cut-short file, one of
+ * LMDB's internal assertions, or a loop: a call that runs past its CPU
+ * time limit) comes back as an error instead of ending or hanging the
  * process. */
 #ifndef STOKE_LMDB_GUARD_H
 #define STOKE_LMDB_GUARD_H
@@ -18,6 +19,13 @@ void stoke_lmdb_guard_release(void);
  * happened in `why` (cap bytes). Memory fn allocated before a fault is
  * not freed: a fault means a damaged file, which stops the run. */
 int stoke_lmdb_guarded(int (*fn)(void *), void *arg, char *why, size_t cap);
+
+/* The CPU time one guarded call may use (its thread's, so waiting on the
+ * disk does not count) before it is stopped as a loop; 10 s unless set.
+ * One record's fetch and decode takes milliseconds, but a damaged page
+ * can send LMDB's binary search round forever (a page header counting
+ * fewer than zero keys). <= 0: no limit. */
+void stoke_lmdb_guard_set_cpu_limit_ms(long ms);
 
 /* For mdb_env_set_assert: inside a guarded call, leaves it with LMDB's
  * message (outside one, LMDB aborts as it would anyway). */

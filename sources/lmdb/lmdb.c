@@ -13,9 +13,10 @@
  * object, see BUILD). Every damaged record is STOKE_E_DATA naming the path,
  * key and index, which the loader logs, counts and replaces.
  *
- * A damaged database must not end the process: at open the file must hold
- * every page its meta page counts (a copy cut short is refused with both
- * sizes), every value LMDB returns must lie inside the file, and LMDB's
+ * A damaged database must not end the process: at open its meta pages
+ * must give a sane page size and the file must hold every page they count
+ * (a copy cut short is refused with both sizes), every value LMDB returns
+ * must lie inside the file, and LMDB's
  * reading runs under guard.h, which turns a fault (SIGBUS, SIGSEGV) or an
  * LMDB assertion from a damaged page into an error naming the database.
  * One environment per file and process (an LMDB rule): [data] and
@@ -202,42 +203,80 @@ static void lm_close(void *self) {
   free(s);
 }
 
-/* Checks that `file` starts with an LMDB meta page before LMDB sees it:
- * opening anything else would leave a lock file next to it. */
-static stoke_err *check_lmdb_file(const char *path, const char *file) {
+/* LMDB's meta pages (mdb.c, data version 1, 64-bit): a 16-byte page
+ * header, then MDB_meta: magic, version, fixed address, map size, the
+ * free and main databases' MDB_db (48 bytes each; the first one's md_pad
+ * is the page size), the last page number, the transaction id. */
+enum {
+  META_MAGIC = 16,
+  META_PSIZE = 16 + 24,
+  META_LAST_PG = 16 + 120,
+  META_TXNID = 16 + 128,
+  META_BYTES = 16 + 136,
+};
+
+static uint64_t meta_u64(const unsigned char *m, int at) {
+  uint64_t v;
+  memcpy(&v, m + at, sizeof v); /* LMDB files are in the writer's byte order; stoke's hosts are little-endian */
+  return v;
+}
+
+static uint32_t meta_u32(const unsigned char *m, int at) {
+  uint32_t v;
+  memcpy(&v, m + at, sizeof v);
+  return v;
+}
+
+/* Checks `file`'s two meta pages before LMDB sees it, and gives its size.
+ * Not an LMDB file at all: opening it would leave a lock file next to it.
+ * LMDB itself trusts what it reads there: a page size of 0 divides by zero
+ * in mdb_env_open, a wrong one on the newer page puts its second meta page
+ * outside the mapping (a fault in mdb_env_open, outside any guard), and a
+ * file shorter than its last page faults (SIGBUS) on the first read of a
+ * page past the end. Pages LMDB reads later are numbered below the last
+ * page (mdb_page_get), so inside the file; what lies in them is guard.c's. */
+static stoke_err *check_lmdb_file(const char *path, const char *file, size_t *file_size) {
   int fd = open(file, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* never waits on a FIFO swapped in since the stat */
   if (fd < 0)
     return STOKE_PERR(errno == ENOENT ? STOKE_E_NOT_FOUND : STOKE_E_IO, "lmdb %s: cannot open %s: %s", path, file,
                       strerror(errno));
-  unsigned char head[24];
-  ssize_t n = pread(fd, head, sizeof head, 0);
-  close(fd);
-  /* page header (16 bytes), then the meta: magic 0xBEEFC0DE, version 1 */
-  uint32_t magic = n == (ssize_t)sizeof head ? (uint32_t)head[16] | (uint32_t)head[17] << 8 |
-                                                   (uint32_t)head[18] << 16 | (uint32_t)head[19] << 24
-                                             : 0;
-  if (magic != 0xBEEFC0DEu)
-    return STOKE_PERR(STOKE_E_IO, "lmdb %s: %s is not an LMDB database (%s); " HOWTO, path, file,
-                      n < 0 ? strerror(errno) : n < (ssize_t)sizeof head ? "too short" : "no LMDB magic");
-  return NULL;
-}
-
-/* Every page the meta page counts must be in the file: a copy cut short
- * would fault (SIGBUS) on the first read of a page past its end. */
-static stoke_err *check_pages(const char *path, const char *file, MDB_env *env, size_t *file_size) {
-  MDB_envinfo info;
-  MDB_stat st;
+  unsigned char m[2][META_BYTES];
   struct stat fs;
-  int rc = mdb_env_info(env, &info);
-  if (!rc) rc = mdb_env_stat(env, &st);
-  if (rc) return STOKE_PERR(STOKE_E_IO, "lmdb %s: reading its meta page failed: %s", path, mdb_strerror(rc));
-  if (stat(file, &fs) != 0) return STOKE_PERR(STOKE_E_IO, "lmdb %s: cannot stat %s: %s", path, file, strerror(errno));
-  unsigned long long need = ((unsigned long long)info.me_last_pgno + 1) * st.ms_psize;
-  if ((unsigned long long)fs.st_size < need || need > info.me_mapsize)
+  ssize_t n = fstat(fd, &fs) ? -1 : pread(fd, m[0], META_BYTES, 0);
+  int err = errno;
+  uint32_t magic = n >= META_MAGIC + 4 ? meta_u32(m[0], META_MAGIC) : 0;
+  if (magic != 0xBEEFC0DEu) {
+    close(fd);
+    return STOKE_PERR(STOKE_E_IO, "lmdb %s: %s is not an LMDB database (%s); " HOWTO, path, file,
+                      n < 0 ? strerror(err) : n < META_MAGIC + 4 ? "too short" : "no LMDB magic");
+  }
+  uint32_t psize = meta_u32(m[0], META_PSIZE);
+  int psize_ok = psize >= 512 && psize <= 65536 && !(psize & (psize - 1));
+  ssize_t n1 = psize_ok ? pread(fd, m[1], META_BYTES, psize) : 0;
+  close(fd);
+  if (!psize_ok)
     return STOKE_PERR(STOKE_E_IO,
-                      "lmdb %s: %s is %lld bytes, but its meta page counts %llu pages of %u bytes (%llu bytes): "
-                      "the file was cut short (an interrupted copy?) or is damaged; copy or convert the data set again",
-                      path, file, (long long)fs.st_size, (unsigned long long)info.me_last_pgno + 1, st.ms_psize, need);
+                      "lmdb %s: %s is damaged: its first meta page gives a page size of %u bytes (LMDB writes a "
+                      "power of two from 512 to 65536); copy or convert the data set again",
+                      path, file, psize);
+  if (n < META_BYTES || n1 < META_BYTES)
+    return STOKE_PERR(STOKE_E_IO,
+                      "lmdb %s: %s is %lld bytes, too short for its two meta pages of %u bytes: the file was cut "
+                      "short (an interrupted copy?) or is damaged; copy or convert the data set again",
+                      path, file, (long long)fs.st_size, psize);
+  if (meta_u32(m[1], META_MAGIC) != 0xBEEFC0DEu || meta_u32(m[1], META_PSIZE) != psize)
+    return STOKE_PERR(STOKE_E_IO,
+                      "lmdb %s: %s is damaged: its second meta page %s; copy or convert the data set again", path,
+                      file, meta_u32(m[1], META_MAGIC) != 0xBEEFC0DEu ? "has no LMDB magic" : "gives another page size");
+  /* the newer meta page is the one LMDB reads (mdb_env_pick_meta) */
+  const unsigned char *cur = m[meta_u64(m[0], META_TXNID) < meta_u64(m[1], META_TXNID)];
+  uint64_t last = meta_u64(cur, META_LAST_PG), pages = (uint64_t)fs.st_size / psize;
+  if (last >= pages)
+    return STOKE_PERR(STOKE_E_IO,
+                      "lmdb %s: %s is %lld bytes, but its meta page counts pages up to number %llu of %u bytes "
+                      "(%llu in the file): the file was cut short (an interrupted copy?) or is damaged; copy or "
+                      "convert the data set again",
+                      path, file, (long long)fs.st_size, (unsigned long long)last, psize, (unsigned long long)pages);
   *file_size = (size_t)fs.st_size;
   return NULL;
 }
@@ -264,8 +303,7 @@ static const char *find_map(dev_t dev, ino_t ino) {
 }
 
 /* A new environment on `file`, read-only; NULL and an error if it cannot be. */
-static stoke_err *env_open(const char *path, const char *file, unsigned flags, int64_t max_readers,
-                           shared_env *se) {
+static stoke_err *env_open(const char *path, unsigned flags, int64_t max_readers, shared_env *se) {
   int rc = 0;
   for (int attempt = 0; attempt < 2; attempt++) {
     rc = mdb_env_create(&se->env);
@@ -289,12 +327,6 @@ static stoke_err *env_open(const char *path, const char *file, unsigned flags, i
   }
   if (rc) return STOKE_PERR(STOKE_E_IO, "lmdb %s: mdb_env_open failed: %s; " HOWTO, path, mdb_strerror(rc));
   se->flags = flags;
-  stoke_err *e = check_pages(path, file, se->env, &se->file_size);
-  if (e) {
-    mdb_env_close(se->env);
-    se->env = NULL;
-    return e;
-  }
   if (!(flags & MDB_NOLOCK)) {
     int dead = 0;
     rc = mdb_reader_check(se->env, &dead);
@@ -331,7 +363,8 @@ static stoke_err *env_get(lmdb_src *s, int64_t max_readers) {
   struct stat fs;
   if (stat(file, &fs) != 0) return STOKE_PERR(STOKE_E_IO, "lmdb %s: cannot stat %s: %s", s->path, file, strerror(errno));
   if (!S_ISREG(fs.st_mode)) return STOKE_PERR(STOKE_E_IO, "lmdb %s: %s is not a file; " HOWTO, s->path, file);
-  STOKE_PROPAGATE_P(check_lmdb_file(s->path, file));
+  size_t file_size;
+  STOKE_PROPAGATE_P(check_lmdb_file(s->path, file, &file_size));
   stoke_err *e = NULL;
   pthread_mutex_lock(&envs_mu);
   shared_env *se = envs;
@@ -340,12 +373,13 @@ static stoke_err *env_get(lmdb_src *s, int64_t max_readers) {
     se->users++;
   } else if (!(se = calloc(1, sizeof *se))) {
     e = STOKE_PERR(STOKE_E_OOM, "lmdb: out of memory");
-  } else if ((e = env_open(s->path, file, flags, max_readers, se))) {
+  } else if ((e = env_open(s->path, flags, max_readers, se))) {
     free(se);
     se = NULL;
   } else {
     se->dev = fs.st_dev;
     se->ino = fs.st_ino;
+    se->file_size = file_size;
     se->map = find_map(fs.st_dev, fs.st_ino);
     se->users = 1;
     se->next = envs;
@@ -435,6 +469,12 @@ static stoke_err *open_caffe(lmdb_src *s, MDB_txn *txn, MDB_cursor **curp) {
   if (rc) return STOKE_PERR(STOKE_E_IO, "lmdb %s: mdb_stat failed: %s", s->path, mdb_strerror(rc));
   if (st.ms_entries == 0)
     return STOKE_PERR(STOKE_E_DATA, "lmdb %s: the database is empty; " HOWTO, s->path);
+  /* a leaf node takes at least 10 bytes (header, a key byte, its index) */
+  if (st.ms_entries > s->shared->file_size / 10)
+    return STOKE_PERR(STOKE_E_IO,
+                      "lmdb %s: its meta page counts %llu entries, more than a file of %zu bytes can hold: the file "
+                      "is damaged; copy or convert the data set again",
+                      s->path, (unsigned long long)st.ms_entries, s->shared->file_size);
   size_t n = st.ms_entries, keys_cap = n * 16 + 64, keys_len = 0;
   s->key_off = malloc(sizeof(size_t) * (n + 1));
   s->keys = malloc(keys_cap);

@@ -2,12 +2,14 @@
 # tests/fuzz/make_corpus.sh: regenerates the seed corpora of tests/fuzz
 # (committed; run again only to change them): INI files from examples/,
 # JPEGs of every kind libjpeg-turbo writes (make_jpeg_seeds.c), stoke
-# records, metadata entries and Caffe Datums, token shards, IDX files, and
-# checkpoints written by tools/train (built first: bazel build //tools:train).
+# records, metadata entries and Caffe Datums, token shards, IDX files,
+# checkpoints written by tools/train and whole LMDB data sets written by
+# tools/convert (built first: bazel build //tools:train //tools:convert)
+# and make_lmdb_seeds.c (Caffe databases).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 C=tests/fuzz/corpus
-rm -rf "$C" && mkdir -p "$C"/{ini,jpeg,record,shard,idx,safetensors}
+rm -rf "$C" && mkdir -p "$C"/{ini,jpeg,record,shard,idx,safetensors,lmdb}
 cp examples/quickstart.ini examples/mlp.ini examples/fmnist_cnn.ini examples/gpt2_124m.ini examples/resnet50_jpeg.ini "$C/ini/"
 printf '[run]\nbackends = cpu\nsteps = 3\n\n[data]\nsource = synthetic\n%%%%\nrun.steps=5\noptimizer.lr=0.1\n' > "$C/ini/overrides.ini"
 tmp=$(mktemp -d)
@@ -72,5 +74,36 @@ def st(h, data=b""):
 open(C + "/safetensors/plain", "wb").write(st('{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', bytes(8)))
 open(C + "/safetensors/empty", "wb").write(st("{}"))
 PY
+# whole LMDB data sets (a data.mdb each): stoke raw records on one leaf
+# page and on several (a branch page), JPEG records, raw records on
+# overflow pages; Caffe Datum databases
+CV=bazel-bin/tools/convert
+if [ -x "$CV" ]; then
+  python3 - "$tmp" <<'PY'
+import os, struct, sys
+t = sys.argv[1]
+for name, n in (("small", 20), ("pages", 120)):
+    open(f"{t}/{name}-images", "wb").write(struct.pack(">IIII", 0x803, n, 8, 8) + bytes((i * 7) % 256 for i in range(n * 64)))
+    open(f"{t}/{name}-labels", "wb").write(struct.pack(">II", 0x801, n) + bytes(i % 10 for i in range(n)))
+for c in ("root/c0", "root/c1", "big/c0"):
+    os.makedirs(f"{t}/{c}")
+PY
+  cp "$C/jpeg/444.jpg" "$tmp/root/c0/a.jpg"
+  cp "$C/jpeg/gray.jpg" "$tmp/root/c0/b.jpg"
+  cp "$C/jpeg/420.jpg" "$tmp/root/c1/c.jpg"
+  cp "$C/jpeg/420.jpg" "$tmp/big/c0/c.jpg"
+  for name in small pages; do
+    "$CV" idx --images "$tmp/$name-images" --labels "$tmp/$name-labels" --out "$tmp/$name" > /dev/null
+    cp "$tmp/$name/data.mdb" "$C/lmdb/idx_$name"
+  done
+  "$CV" folder --root "$tmp/root" --out "$tmp/jpeg" --size 16x16 --encoding jpeg --quality 50 --threads 1 > /dev/null
+  cp "$tmp/jpeg/data.mdb" "$C/lmdb/folder_jpeg"
+  "$CV" folder --root "$tmp/big" --out "$tmp/big.lmdb" --size 48x48 --encoding raw --threads 1 > /dev/null
+  cp "$tmp/big.lmdb/data.mdb" "$C/lmdb/folder_overflow"
+else
+  echo "make_corpus: no $CV (bazel build //tools:convert): stoke LMDB seeds not made" >&2
+fi
+gcc -O1 -o "$tmp/lmdb_gen" tests/fuzz/make_lmdb_seeds.c -l:liblmdb.a -lpthread
+"$tmp/lmdb_gen" "$C/lmdb" "$C/jpeg/420.jpg"
 rm -rf "$tmp"
 ls -R "$C" | wc -l

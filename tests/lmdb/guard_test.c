@@ -1,8 +1,10 @@
 /* tests/lmdb/guard_test.c: sources/lmdb/guard.h on real faults: a read of a
  * page with no access (SIGSEGV), past the end of a file's mapping (SIGBUS)
  * and an LMDB assertion inside a guarded call each come back as -1 with
- * what happened, again and again; the same fault outside a guarded call
- * still ends the process; the old handlers come back after the last user. */
+ * what happened, again and again; a guarded call that loops is stopped at
+ * its CPU time limit (a sleeping one is not); the same fault outside a
+ * guarded call still ends the process; the old handlers come back after
+ * the last user. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -14,7 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <pthread.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sources/lmdb/guard.h"
@@ -63,6 +67,48 @@ static void test_faults_come_back_as_errors(void **state) {
   stoke_lmdb_guard_release();
 }
 
+static int spin(void *p) { /* LMDB's binary search on a damaged page, as far as the clock can tell */
+  for (volatile unsigned long i = 0;; i++)
+    if (p && i == ~0ul) return 1;
+}
+
+static int doze(void *p) {
+  struct timespec ts = {0, 300 * 1000000L};
+  nanosleep(&ts, NULL);
+  return *(int *)p;
+}
+
+static void *spin_thread(void *p) {
+  char why[256];
+  int rc = stoke_lmdb_guarded(spin, NULL, why, sizeof why);
+  return rc == -1 && strstr(why, "ms of CPU time") ? p : NULL;
+}
+
+static void test_loop_stopped_at_cpu_limit(void **state) {
+  stoke_lmdb_guard_retain();
+  stoke_lmdb_guard_set_cpu_limit_ms(150);
+  char why[256];
+  for (int i = 0; i < 3; i++) { /* again and again: the timer is re-armed */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(stoke_lmdb_guarded(spin, NULL, why, sizeof why), -1);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_non_null(strstr(why, "more than 150 ms of CPU time"));
+    assert_true(t1.tv_sec - t0.tv_sec < 30); /* stopped, not run to the end */
+  }
+  /* time asleep (the disk) is not CPU time: 300 ms asleep under 150 ms */
+  int v = 5;
+  assert_int_equal(stoke_lmdb_guarded(doze, &v, why, sizeof why), 5);
+  /* the timer is per thread: another thread's loop is stopped in it */
+  pthread_t th;
+  void *res = NULL;
+  assert_int_equal(pthread_create(&th, NULL, spin_thread, &v), 0);
+  assert_int_equal(pthread_join(th, &res), 0);
+  assert_ptr_equal(res, &v);
+  stoke_lmdb_guard_set_cpu_limit_ms(10000);
+  stoke_lmdb_guard_release();
+}
+
 /* Outside a guarded call a fault is not swallowed: the process ends (by
  * the signal, or by the sanitizer's report when one runs). */
 static void test_unguarded_fault_still_ends_the_process(void **state) {
@@ -96,6 +142,7 @@ static void test_handlers_restored(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_faults_come_back_as_errors),
+      cmocka_unit_test(test_loop_stopped_at_cpu_limit),
       cmocka_unit_test(test_unguarded_fault_still_ends_the_process),
       cmocka_unit_test(test_handlers_restored),
   };

@@ -185,6 +185,9 @@ static const spec resnet50 = {"resnet50 (width 4)", "resnet", "depth = 50\nwidth
 static const spec gpt = {"gpt (2 layers, d 32)", "gpt", "n_layer = 2\nn_head = 2\nn_embd = 32\ncontext = 16\n",
                          {1, {16}}, 3, 64, 1};
 
+static const spec gpt4 = {"gpt (4 layers, d 64, context 64)", "gpt", "n_layer = 4\nn_head = 2\nn_embd = 64\ncontext = 64\n",
+                          {1, {64}}, 8, 256, 1};
+
 static void test_mlp(void **state) {
   for (int dt = 0; dt < 2; dt++)
     for (int fuse = 0; fuse < 2; fuse++) {
@@ -249,10 +252,32 @@ static void check_auto(const spec *s, stoke_dtype dt, int fuse) {
   check_equal(s, dt, fuse, "auto", budget);
 }
 
+/* auto's least is no more than recomputing every block (a
+ * torch.utils.checkpoint on each): where node by node does not reach the
+ * budget, whole blocks do; gradients stay equal there too. */
+static void check_auto_least(const spec *s, stoke_dtype dt, int fuse, const char *every_block) {
+  stoke_graph *g = build(s, dt);
+  stoke_plan *p = compile(g, fuse, every_block, 0);
+  double blocks = stoke_plan_device_bytes(p);
+  stoke_plan_free(p);
+  stoke_graph_free(g);
+  g = build(s, dt);
+  p = compile(g, fuse, "auto", 1);
+  double least = stoke_plan_device_bytes(p);
+  print_message("%s: auto's least %.0f bytes, every block (%s) %.0f\n", s->label, least, every_block, blocks);
+  assert_true(least <= blocks);
+  stoke_plan_free(p);
+  stoke_graph_free(g);
+  check_equal(s, dt, fuse, "auto", 1);
+}
+
 static void test_auto(void **state) {
   check_auto(&mlp, STOKE_F64, 0);
   check_auto(&resnet, STOKE_F32, 1);
   check_auto(&gpt, STOKE_F32, 0);
+  check_auto_least(&gpt, STOKE_F32, 0, "h.*");
+  check_auto_least(&gpt4, STOKE_F32, 0, "h.*");
+  check_auto_least(&resnet, STOKE_F32, 1, "layer*.*");
 }
 
 /* x -> linear -> dropout(0.3) -> relu -> linear: the recomputed dropout
