@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ST="${STAGE:-.stage}"
-bazel build -c opt //tools:train //tools:launch //tools:bench //tools:convert //tools:bench_loader //tools:make_jpeg_bench //tools:plugin_check //tools:plugins //tests/gpu:all //backends/...
+bazel build -c opt //tools:train //tools:launch //tools:bench //tools:convert //tools:bench_loader //tools:make_jpeg_bench //tools:plugin_check //tools:plugins //tests/gpu:all //backends/... //tests/plugins/newuser:hardswish
 rm -rf $ST && mkdir -p $ST/bin/plugins $ST/tests $ST/anchors
 cp bazel-bin/tools/train $ST/bin/
 for t in launch bench convert bench_loader make_jpeg_bench plugin_check; do cp bazel-bin/tools/$t $ST/bin/; done
@@ -17,6 +17,8 @@ for t in launch bench convert bench_loader make_jpeg_bench plugin_check; do cp b
 echo "$(git rev-parse --short=12 HEAD)$(git status --porcelain --untracked-files=no | grep -q . && echo -dirty)" > $ST/bin/COMMIT
 cp bazel-bin/tools/plugins/*.so $ST/bin/plugins/
 for so in $(find -L bazel-bin/backends -type f -name 'libstoke_*.so'); do cp "$so" $ST/bin/plugins/; done
+# issue 18's new-user CUDA op plugin (tests/plugins/newuser), for gpu_suite part plugkit
+cp bazel-bin/tests/plugins/newuser/libstoke_hardswish.so $ST/bin/plugins/
 # the GPU test and bench binaries that tests/gpu/BUILD declares now (bazel-bin keeps the binaries of
 # targets since removed: staged, they failed at setup on the GPU)
 for t in $(bazel query 'kind("cc_binary|cc_test", //tests/gpu:all)' 2>/dev/null | sed 's|^//tests/gpu:||'); do

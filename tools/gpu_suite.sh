@@ -18,10 +18,12 @@
 #   policies  issue 17's precision policy from a plugin: bf16_fp32norm (batch
 #             norm and the loss in f32) against bf16 and fp32, loss curves
 #             and the first lines of the run (the autocast nodes)
-#   plugkit   issue 18: tools/plugin_check on the example CUDA op plugin
-#             (leaky_relu's cuda kernels, forward and backward, against its
-#             cpu f64 ones), and
-#             examples/spirals.ini trained with backends = cuda, cpu
+#   plugkit   issue 18: tools/plugin_check on the CUDA op plugins, the
+#             example (leaky_relu) and the new-user trial's (hardswish,
+#             tests/plugins/newuser): their cuda kernels, forward and
+#             backward, against their cpu f64 ones; examples/spirals.ini
+#             trained with backends = cuda, with leaky_relu and with
+#             hardswish
 #   loader    jpeg-bench folder: stoke's loader by worker count, ResNet-50
 #             bf16 trained from it against synthetic data, PyTorch's loader
 #   kernels   tests/op/every_kernel_test with the GPU engines (every registered
@@ -543,11 +545,12 @@ PY
       log "issue 13: traced steps under CUDA graphs: per-op slices, replays after the window, training as untraced"
       ok=1
       # tag workload steps window settings: fp32 resnet18c (bitwise expected); mlp fp16 whose scaler starts at
-      # 1e10 (skipped steps, then growth, around the window) with clipping and gradient accumulation
-      for spec in "rn18c resnet18c 30 10-12 run.precision=fp32 data.batch_size=64" \
-                  "mlp16 mlp 40 12-26 run.precision=fp16 run.loss_scale_init=1e10 run.accumulate=2 optimizer.grad_clip=1
+      # 1e10 (skipped steps while it halves, then clean ones, across the window) with clipping and accumulation
+      # (SPEED: the graph-speed check; mlp16's steps before its window skip their update, those after do not)
+      for spec in "rn18c resnet18c 30 10-12 1 run.precision=fp32 data.batch_size=64" \
+                  "mlp16 mlp 40 12-26 0 run.precision=fp16 run.loss_scale_init=1e10 run.accumulate=2 optimizer.grad_clip=1
                    model.hidden=1024,1024 data.batch_size=1024"; do
-        set -- $spec; tag=$1; w=$2; n=$3; win=$4; shift 4
+        set -- $spec; tag=$1; w=$2; n=$3; win=$4; speed=$5; shift 5
         for tr in $win off; do
           d="$OUT/og_${tag}_$tr"; spec_tr=$tr; [ $tr = off ] && spec_tr=""
           timeout 300 "$T" "$S/examples/$w.ini" run.cuda_graph=true run.deterministic=true run.conv_autotune=false \
@@ -556,7 +559,7 @@ PY
           rc=$?; [ $rc -ne 0 ] && ok=0
           echo "$tag trace=$tr rc=$rc $(grep -hE 'replayed the CUDA graph|run eagerly, outside|^stoke: error' "$d.log" | head -3 | tr '\n' ' ')"
         done
-        GRAPH=1 TRACE=$win SAME_AS="$OUT/og_${tag}_off" python3 "$HERE/observe_check.py" "$OUT/og_${tag}_$win" \
+        GRAPH=1 TRACE=$win SPEED=$speed SAME_AS="$OUT/og_${tag}_off" python3 "$HERE/observe_check.py" "$OUT/og_${tag}_$win" \
           > "$OUT/og_${tag}_check.log" 2>&1 || ok=0
         grep -v "^\[       OK" "$OUT/og_${tag}_check.log"
       done
@@ -742,7 +745,7 @@ PY
       ;;
     plugkit)
       log "issue 18: the plugin test kit on the GPU: each example CUDA op plugin's kernels, forward and backward, against its cpu f64 kernels, and a run with them"
-      for so in leaky_relu; do
+      for so in leaky_relu hardswish; do
         L="$OUT/plugkit_$so.log"
         timeout 120 "$S/bin/plugin_check" "$S/bin/plugins/libstoke_$so.so" > "$L" 2>&1
         echo "plugin_check $so rc=$? (0: pass): cuda forward $(grep -cE '^ok .*: cuda [a-z0-9]+ forward kernel' "$L") ok, cuda backward $(grep -cE '^ok .*: cuda [a-z0-9]+ backward kernel' "$L") ok, $(grep -c '^FAIL' "$L") failed, $(grep -c '^skip' "$L") skipped"
@@ -750,7 +753,11 @@ PY
       done
       timeout 200 "$T" "$S/examples/spirals.ini" run.backends=cuda run.steps=600 run.progress=off \
         run.out_dir="$OUT/plugkit_spirals" > "$OUT/plugkit_spirals.log" 2>&1
-      echo "spirals on cuda rc=$? $(grep -E 'leaky_relu.*cuda|evaluation|^stoke: error' "$OUT/plugkit_spirals.log" | head -3 | tr '\n' ' ')"
+      echo "spirals on cuda rc=$? $(grep -v '^;' "$OUT/plugkit_spirals.log" | grep -E '^  layers.1 |evaluation:|^stoke: error' | head -3 | tr -s ' \n' ' ')"
+      # the new user's op (tests/plugins/newuser) in a run: its cuda kernels train the spirals MLP
+      timeout 200 "$T" "$S/examples/spirals.ini" plugins.load=hardswish model.activation=hardswish run.backends=cuda \
+        run.steps=600 run.progress=off run.out_dir="$OUT/plugkit_hardswish" > "$OUT/plugkit_hardswish.log" 2>&1
+      echo "hardswish spirals on cuda rc=$? $(grep -v '^;' "$OUT/plugkit_hardswish.log" | grep -E '^  layers.1 |evaluation:|^stoke: error' | head -3 | tr -s ' \n' ' ')"
       ;;
     policies)
       log "issue 17: a precision policy from a plugin (bf16_fp32norm: batch norm and the loss in f32) against bf16 and fp32"

@@ -942,17 +942,19 @@ int main(int argc, char **argv) {
             sizeof(stoke_testkit_v1));
     return 1;
   }
-  printf("plugin_check %s (seed %llu): %s\n", k.plugin, (unsigned long long)k.seed,
-         k.cases ? "with its test cases (stoke_testkit_v1_entry)" : "no test cases exported: inputs of one shape");
   kernel_list all = {.origin = NULL};
   stoke_registry_each(k.reg, "kernel", collect_kernel, &all);
   part_list ops = {.origin = k.plugin}, srcs = {.origin = k.plugin};
   stoke_registry_each(k.reg, "op", collect, &ops);
   stoke_registry_each(k.reg, "source", collect, &srcs);
-  for (int i = 0; i < ops.n; i++) check_op(&k, ops.p[i], &all);
-  /* kernels for ops of others (a CUDA kernel for a core op): against the cpu's */
   kernel_list mine = {.origin = k.plugin};
   stoke_registry_each(k.reg, "kernel", collect_kernel, &mine);
+  printf("plugin_check %s (seed %llu)%s\n", k.plugin, (unsigned long long)k.seed,
+         k.cases                 ? ": with its test cases (stoke_testkit_v1_entry)"
+         : ops.n || mine.n       ? ": no test cases exported, every op input of one shape (stoke/testkit.h gives others)"
+                                 : "");
+  for (int i = 0; i < ops.n; i++) check_op(&k, ops.p[i], &all);
+  /* kernels for ops of others (a CUDA kernel for a core op): against the cpu's */
   for (int i = 0; i < mine.n; i++) {
     const stoke_kernel_v1 *kern = mine.k[i];
     int own = 0, seen = 0;

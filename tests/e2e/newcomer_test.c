@@ -5,7 +5,8 @@
  * an f32 source that writes HWC images and says STOKE_NHWC is read in that
  * order (it was taken as CHW); labels off by one stop the loader with the
  * label error counted (it trained on class 0 alone); a plugin's fusion
- * pattern fuses and trains as the unfused graph (tests/e2e/plugfuse.c). */
+ * pattern fuses and trains as the unfused graph, and op attributes given in
+ * a plugin model's LIST key reach the kernels (tests/e2e/plugfuse.c). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -188,6 +189,36 @@ static void test_plugin_fusion_pattern(void **state) {
   print_message("12 steps, every loss equal (final %.9g)\n", b.final_loss);
 }
 
+/* Op attributes from the INI reach the kernels: plugnet's LIST key
+ * `between` (the host table's cfg_list) names its ops with attributes;
+ * softsign(gain=1) trains as softsign (the default) bit for bit, and
+ * softsign(gain=2) does not. */
+static void test_op_attributes_from_the_ini(void **state) {
+  const char *text = "[run]\nbackends = cpu\nsteps = 6\nprogress = off\ncheckpoint = false\n"
+                     "[plugins]\nload = plugfuse\n[data]\nsource = synthetic\nshape = 12\nclasses = 3\n"
+                     "batch_size = 16\n[model]\nname = plugnet\n";
+  const char *runs[][1] = {{"model.between=shift(by=0.25), softsign"},
+                           {"model.between=shift(by=0.25), softsign(gain=1)"},
+                           {"model.between=shift(by=0.25), softsign(gain=2)"}};
+  stoke_summary s[3];
+  for (int i = 0; i < 3; i++) {
+    char out[16];
+    snprintf(out, sizeof out, "attrs%d", i);
+    stoke_err *e = run_in("attrs.ini", text, out, runs[i], 1, &s[i]);
+    if (e) {
+      print_error("%s: %s\n", runs[i][0], e->msg);
+      stoke_err_free(e);
+      fail();
+    }
+  }
+  print_message("final losses: default gain %.17g, gain=1 %.17g, gain=2 %.17g\n", s[0].final_loss, s[1].final_loss,
+                s[2].final_loss);
+  assert_true(s[0].final_loss == s[1].final_loss);
+  assert_true(s[0].final_loss != s[2].final_loss);
+  const char *plan = slurp("attrs2", "plan.txt");
+  if (!strstr(plan, "between.1 ") || !strstr(plan, "softsign")) fail_msg("plugnet's between ops are not in the plan:\n%s", plan);
+}
+
 int main(void) {
   const char *t = getenv("TEST_TMPDIR");
   snprintf(tmp, sizeof tmp, "%s", t ? t : "/tmp");
@@ -197,6 +228,7 @@ int main(void) {
       cmocka_unit_test(test_labels_off_by_one_stop),
       cmocka_unit_test(test_plugin_path_relative_to_ini),
       cmocka_unit_test(test_plugin_fusion_pattern),
+      cmocka_unit_test(test_op_attributes_from_the_ini),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,7 @@ node timed, and every other step but the first replayed the graph
 (the summary's cuda_graph_replays). SAME_AS=OTHER_RUN_DIR: the run's
 checkpoint (weights, optimizer state, loss scale) and its logged losses
 must equal that run's, bitwise (SAME_TOL=x: within x relative, by norm).
+SPEED=0 leaves out the graph-speed check (the step times are printed).
 """
 import configparser
 import glob
@@ -182,8 +183,9 @@ def graph_checks(cfg, ev, gpu, first, last):
         b, a = statistics.median(before), statistics.median(after)
         print(f"  step time median: before the window {b:.3f} ms, traced (eager) "
               f"{statistics.median(inside) if inside else float('nan'):.3f} ms, after {a:.3f} ms")
-        check("step time (cuda_graph): the steps after the window run at the graph's speed again "
-              "(median within 25% of the steps before it)", 0.8 <= a / b <= 1.25, (b, a))
+        if os.environ.get("SPEED", "1") != "0":  # SPEED=0: the steps before and after differ in work
+            check("step time (cuda_graph): the steps after the window run at the graph's speed again "
+                  "(median within 25% of the steps before it)", 0.8 <= a / b <= 1.25, (b, a))
     else:
         print("  (too few steps before or after the window to compare graph speed)")
 

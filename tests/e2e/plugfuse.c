@@ -109,6 +109,8 @@ static const stoke_fusion_v1 pattern = {STOKE_ABI(stoke_fusion_v1), "shift_softs
 
 static const stoke_cfg_key_v1 keys[] = {
     {"hidden", STOKE_CFG_INT, "24", 1, 1 << 16, NULL, "the hidden layer's width"},
+    {"between", STOKE_CFG_LIST, "shift(by=0.25), softsign(gain=1.5)", 0, 0, NULL,
+     "the one-input ops between the two linear layers, in order, each with its attributes"},
 };
 
 static stoke_err *linear(const stoke_builder_v1 *b, int x, int64_t in, int64_t out, const char *name, int *y) {
@@ -126,16 +128,24 @@ static stoke_err *linear(const stoke_builder_v1 *b, int x, int64_t in, int64_t o
 static stoke_err *build(const stoke_cfg *c, const char *sec, const stoke_builder_v1 *b, int input, int64_t classes,
                         int *logits) {
   int64_t hidden;
+  const char *between[STOKE_CFG_MAX_LIST];
+  int n_between = 0;
   STOKE_PROPAGATE_P(stoke_host->cfg_int(c, sec, "hidden", &hidden));
+  STOKE_PROPAGATE_P(stoke_host->cfg_list(c, sec, "between", between, &n_between));
   stoke_shape s;
   STOKE_PROPAGATE_P(b->shape_of(b->g, input, &s));
-  int x = input, h, t, a;
+  int x = input, h;
   if (s.ndim > 2) STOKE_PROPAGATE_P(b->node(b->g, STOKE_OP_FLATTEN, "flatten", &input, 1, "", &x, 1));
   STOKE_PROPAGATE_P(b->shape_of(b->g, x, &s));
   STOKE_PROPAGATE_P(linear(b, x, s.d[1], hidden, "fc1", &h));
-  STOKE_PROPAGATE_P(b->node(b->g, "shift", "shift", &h, 1, "by=0.25", &t, 1));
-  STOKE_PROPAGATE_P(b->node(b->g, "softsign", "softsign", &t, 1, "gain=1.5", &a, 1));
-  return linear(b, a, hidden, classes, "fc2", logits);
+  for (int i = 0; i < n_between; i++) { /* "softsign(gain=1.5)": the op and its attributes */
+    char name[32];
+    snprintf(name, sizeof name, "between.%d", i);
+    int y;
+    STOKE_PTRY(b->node(b->g, between[i], name, &h, 1, "", &y, 1), "%s: [%s] between", stoke_host->cfg_where(c, sec, "between"), sec);
+    h = y;
+  }
+  return linear(b, h, hidden, classes, "fc2", logits);
 }
 
 static const stoke_model_v1 model = {STOKE_ABI(stoke_model_v1), "plugnet",

@@ -215,7 +215,8 @@ typedef struct stoke_op_type_v1 {
   /* Output shapes and dtypes from the inputs'; errors name the node. */
   stoke_err *(*infer)(const stoke_node_v1 *node, const stoke_value_desc_v1 *in,
                       stoke_value_desc_v1 *out);
-  /* Forward FLOPs for one call (2 per multiply-add); backward counts 2x. */
+  /* Forward FLOPs for one call (2 per multiply-add); backward counts 2x.
+   * May be NULL: the op then counts 0 in the run's FLOPs and MFU. */
   double (*flops)(const stoke_node_v1 *node, const stoke_value_desc_v1 *in,
                   const stoke_value_desc_v1 *out);
   /* What the backward kernel reads besides the output gradients:
@@ -453,8 +454,11 @@ typedef struct stoke_source_v1 {
   int64_t (*length)(void *self);
   stoke_err *(*info)(void *self, stoke_sample_info_v1 *out);
   /* Decode and augment sample `index` into `dst` (one sample's bytes) and
-   * its class into *label. `seed` is derived from (run seed, epoch, index):
-   * the same seed must give the same sample on any thread. */
+   * its class into *label, 0 to classes - 1. `seed` is derived from (run
+   * seed, epoch, index), so it changes every epoch: draw augmentation from
+   * it; what the sample itself is should depend on the index (and a seed
+   * key of the source's own for generated data). The same (index, seed)
+   * must give the same bytes on any thread; write every byte of `dst`. */
   stoke_err *(*read)(void *self, int64_t index, uint64_t seed, void *dst,
                      int32_t *label);
 } stoke_source_v1;

@@ -31,7 +31,9 @@ typedef struct stoke_testcase_v1 {
   /* Inputs holding class or index values (i32 in [0, int_max)), no gradient. */
   uint32_t int_inputs;
   int64_t int_max;
-  double lo, hi; /* float inputs uniform in [lo, hi); both 0: [-2, 2) */
+  /* Float inputs uniform in [lo, hi); both 0: [-2, 2). Widen it so every
+   * piece of a piecewise op is reached (hardswish: -5, 5). */
+  double lo, hi;
 } stoke_testcase_v1;
 
 typedef struct stoke_testkit_v1 {
