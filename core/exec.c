@@ -50,7 +50,8 @@ struct stoke_exec {
   int graphs_on;
   void *graph[2][2];
   int uses[2][2];
-  int64_t graph_ops;
+  int64_t graph_ops;       /* a whole step's, for stoke_exec_count_ops */
+  int64_t kind_ops[2][2];  /* each captured graph's, [first][last] */
   int64_t replays; /* micro-batches run as a graph launch */
   double *live;
 };
@@ -552,7 +553,12 @@ stoke_err *stoke_exec_graphs(stoke_exec *x, int on) {
   return NULL;
 }
 
-int64_t stoke_exec_graph_ops(stoke_exec *x) { return x->graph_ops; }
+int64_t stoke_exec_graph_ops(const stoke_exec *x, int64_t accumulate) {
+  if (accumulate <= 1) return x->kind_ops[1][1];
+  int64_t first = x->kind_ops[1][0], middle = x->kind_ops[0][0], last = x->kind_ops[0][1];
+  if (!first || !last || (accumulate > 2 && !middle)) return 0;
+  return first + (accumulate - 2) * middle + last;
+}
 int64_t stoke_exec_graph_replays(const stoke_exec *x) { return x->replays; }
 
 /* Eager: forward and backward, then the update on the last micro-batch. */
@@ -578,6 +584,7 @@ static stoke_err *capture(stoke_exec *x, int first, int last, uint64_t seed, con
   }
   STOKE_PROPAGATE(e2);
   if (last && first) x->graph_ops = ops; /* one whole step */
+  if (graph) x->kind_ops[first][last] = ops;
   if (graph) *graph = gr;
   else x->dev->graph_destroy(x->dev_self, gr);
   return NULL;

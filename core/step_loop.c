@@ -67,16 +67,23 @@ static stoke_err *micro_batches(run_state *s, double *wait) {
  * step that does not run. */
 static stoke_err *report_ops(run_state *s) {
   int graphs = s->cuda_graph;
-  int64_t ops = stoke_exec_graph_ops(s->train.x);
+  int64_t ops = graphs ? stoke_exec_graph_ops(s->train.x, s->rc.run.accumulate) : 0;
   if (!graphs && !ops) STOKE_TRY(stoke_exec_count_ops(s->train.x, &s->opt, &ops), "counting the step's GPU operations");
   if (!graphs || ops) s->ops_reported = 1;
   if (!ops) return NULL;
   s->sum->gpu_ops_per_step = ops;
-  s->sum->launches_per_step = graphs ? 1 : ops;
+  s->sum->launches_per_step = graphs ? s->rc.run.accumulate : ops; /* a graph per micro-batch */
   /* (the summary and its JSON line repeat it at the end) */
-  stoke_log(STOKE_LOG_INFO, "run", "one step is %lld GPU operations (kernels, copies, memsets): %s", (long long)ops,
-            graphs ? "replayed as 1 CUDA graph launch (cuda_graph = true)"
-                   : "launched one by one (cuda_graph = true would make them 1 graph launch)");
+  if (graphs)
+    stoke_log(STOKE_LOG_INFO, "run",
+              "one step is %lld GPU operations (kernels, copies, memsets): replayed as %lld CUDA graph launch%s "
+              "(cuda_graph = true; one per micro-batch)",
+              (long long)ops, (long long)s->rc.run.accumulate, s->rc.run.accumulate == 1 ? "" : "es");
+  else
+    stoke_log(STOKE_LOG_INFO, "run",
+              "one step is %lld GPU operations (kernels, copies, memsets): launched one by one (cuda_graph = true "
+              "would make them 1 graph launch per micro-batch)",
+              (long long)ops);
   return NULL;
 }
 

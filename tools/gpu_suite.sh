@@ -526,6 +526,7 @@ PY
       done
       TRACE=20-24 python3 "$HERE/observe_check.py" "$OUT/obs_${w}_false" | grep -v "^\[       OK"
       GRAPH=1 TRACE=20-24 python3 "$HERE/observe_check.py" "$OUT/obs_${w}_true" | grep -v "^\[       OK"
+      [ "${OBSERVE_QUICK:-0}" = 1 ] && continue # the runs above only: no bench rounds, no nsys
       log "tools/bench: trace of 5 steps off/on (whole-run rate), NVTX off/on"
       timeout 300 "$S/bin/bench" "$S/examples/$w.ini" --rounds ${AB_ROUNDS:-3} --a run.trace= --b run.trace=14-18 > "$OUT/obs_trace_ab.log" 2>&1
       echo "trace A/B rc=$?"; grep -E "^  (A|B) |B/A" "$OUT/obs_trace_ab.log"

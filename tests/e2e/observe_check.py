@@ -173,7 +173,7 @@ def graph_checks(cfg, ev, gpu, first, last):
     # every micro-batch kind runs eagerly at its first use (step 1), traced or not; the rest replay
     want = acc * (n - traced - (0 if first <= 1 else 1))
     check(f"summary (cuda_graph): every micro-batch outside the window and step 1 replayed the graph ({want})",
-          summary.get("cuda_graph_replays") == want and summary.get("launches_per_step") == 1,
+          summary.get("cuda_graph_replays") == want and summary.get("launches_per_step") == acc,
           (summary.get("cuda_graph_replays"), summary.get("launches_per_step")))
     ms = {r["step"]: r["step_time_ms"] for r in steps if r.get("step_time_ms") is not None}
     before = [ms[i] for i in range(3, first) if i in ms]
@@ -307,7 +307,7 @@ if os.path.exists(path):
     cfg_graph = configparser.ConfigParser(inline_comment_prefixes=(";", "#"), strict=False, interpolation=None)
     cfg_graph.read(f"{run}/config.ini")
     if os.environ.get("GRAPH") or (cfg_graph.get("run", "cuda_graph", fallback="false").strip() == "true"
-                                   and summary.get("launches_per_step") == 1):
+                                   and 0 < summary.get("launches_per_step", 0) <= int(cfg_graph.get("run", "accumulate", fallback="1").split()[0])):
         graph_checks(cfg_graph, ev, gpu, first, last)
 
 

@@ -288,8 +288,10 @@ stoke_err *stoke_exec_micro(stoke_exec *x, int first_micro, int last_micro, uint
 /* Whole-step graphs on or off: an error names why they cannot be used (a
  * device without capture, dropout, the per-op profile). */
 stoke_err *stoke_exec_graphs(stoke_exec *x, int on);
-/* GPU operations in one whole step as captured (0: not captured yet). */
-int64_t stoke_exec_graph_ops(stoke_exec *x);
+/* GPU operations in one step of `accumulate` micro-batches as captured
+ * (the first, middle and last micro-batch each have their graph; 0 until
+ * each graph that step uses is captured). */
+int64_t stoke_exec_graph_ops(const stoke_exec *x, int64_t accumulate);
 /* Micro-batches run as a launch of their captured graph so far. */
 int64_t stoke_exec_graph_replays(const stoke_exec *x);
 /* Count them without graphs on: records the step once (nothing runs) and

@@ -36,7 +36,7 @@ typedef struct stoke_summary {
                              counterpart of torch.cuda.max_memory_allocated (NaN: not a GPU run) */
   double loss_scale, skipped_steps; /* fp16 loss scaler at the end (NaN: none) */
   int64_t gpu_ops_per_step;  /* GPU operations in one step (0: unknown, e.g. the CPU) */
-  int64_t launches_per_step; /* 1 with cuda_graph = true, else gpu_ops_per_step */
+  int64_t launches_per_step; /* with cuda_graph = true 1 per micro-batch (accumulate), else gpu_ops_per_step */
   int64_t graph_replays;     /* micro-batches run as a CUDA graph launch (not: the first, those traced) */
   char out_dir[512];
   char checkpoint[640];   /* the checkpoint written at the end ("" if none) */
