@@ -21,10 +21,12 @@ void stoke_lmdb_guard_release(void);
 int stoke_lmdb_guarded(int (*fn)(void *), void *arg, char *why, size_t cap);
 
 /* The CPU time one guarded call may use (its thread's, so waiting on the
- * disk does not count) before it is stopped as a loop; 10 s unless set.
- * One record's fetch and decode takes milliseconds, but a damaged page
- * can send LMDB's binary search round forever (a page header counting
- * fewer than zero keys). <= 0: no limit. */
+ * disk does not count) before it is stopped as a loop: it is stopped
+ * between one and two times `ms` (a timer ticks every `ms` of each
+ * guarded thread's CPU time); 10 s unless set. One record's fetch and
+ * decode takes milliseconds, but a damaged page can send LMDB's binary
+ * search round forever (a page header counting fewer than zero keys).
+ * <= 0: no limit. */
 void stoke_lmdb_guard_set_cpu_limit_ms(long ms);
 
 /* For mdb_env_set_assert: inside a guarded call, leaves it with LMDB's

@@ -99,6 +99,15 @@ static void test_loop_stopped_at_cpu_limit(void **state) {
   /* time asleep (the disk) is not CPU time: 300 ms asleep under 150 ms */
   int v = 5;
   assert_int_equal(stoke_lmdb_guarded(doze, &v, why, sizeof why), 5);
+  /* ticks outside guarded calls are ignored, and short calls between
+   * them are never stopped: 2 s of CPU in 40 ms slices, a call after each */
+  for (int i = 0; i < 50; i++) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    do clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 40000000L);
+    assert_int_equal(stoke_lmdb_guarded(fine, &v, why, sizeof why), 5);
+  }
   /* the timer is per thread: another thread's loop is stopped in it */
   pthread_t th;
   void *res = NULL;
