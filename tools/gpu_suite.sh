@@ -752,11 +752,11 @@ PY
         echo "plugin_check $so rc=$? (0: pass): cuda forward $(grep -cE '^ok .*: cuda [a-z0-9]+ forward kernel' "$L") ok, cuda backward $(grep -cE '^ok .*: cuda [a-z0-9]+ backward kernel' "$L") ok, $(grep -c '^FAIL' "$L") failed, $(grep -c '^skip' "$L") skipped"
         grep -E 'cuda|FAIL|skip' "$L" | head -8
       done
-      timeout 200 "$T" "$S/examples/spirals.ini" run.backends=cuda run.steps=600 run.progress=off \
+      timeout 200 "$T" "$S/examples/spirals.ini" run.backends=cublaslt,cuda run.steps=600 run.progress=off \
         run.out_dir="$OUT/plugkit_spirals" > "$OUT/plugkit_spirals.log" 2>&1
       echo "spirals on cuda rc=$? $(grep -v '^;' "$OUT/plugkit_spirals.log" | grep -E '^  layers.1 |evaluation:|^stoke: error' | head -3 | tr -s ' \n' ' ')"
       # the new user's op (tests/plugins/newuser) in a run: its cuda kernels train the spirals MLP
-      timeout 200 "$T" "$S/examples/spirals.ini" plugins.load=hardswish model.activation=hardswish run.backends=cuda \
+      timeout 200 "$T" "$S/examples/spirals.ini" plugins.load=hardswish model.activation=hardswish run.backends=cublaslt,cuda \
         run.steps=600 run.progress=off run.out_dir="$OUT/plugkit_hardswish" > "$OUT/plugkit_hardswish.log" 2>&1
       echo "hardswish spirals on cuda rc=$? $(grep -v '^;' "$OUT/plugkit_hardswish.log" | grep -E '^  layers.1 |evaluation:|^stoke: error' | head -3 | tr -s ' \n' ' ')"
       ;;
