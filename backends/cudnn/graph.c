@@ -498,8 +498,8 @@ static stoke_err *choose_plan(cudnn_engine *eng, cg_graph *g, cudnnBackendDescri
   if (!out->plan)
     return STOKE_PERR(STOKE_E_UNSUPPORTED,
                       "cudnn graph: no engine runs this graph: %d configurations from cuDNN's heuristics, %d "
-                      "built (%d skipped as nondeterministic, %d as TF32 or FFT/Winograd for f32, %d over the %zu MiB workspace "
-                      "cap); %s",
+                      "built (%d skipped as nondeterministic, %d as TF32 or FFT/Winograd for f32, %d over the %zu "
+                      "MiB workspace cap); %s",
                       n, out->built, skipped_det, skipped_tf32, skipped_ws, graph_ws_cap(g) >> 20, g->ctx);
   return NULL;
 }
@@ -593,7 +593,9 @@ stoke_err *cg_plan_get(cudnn_engine *eng, cg_graph *g, const void *key, size_t k
     lossy.allow_lossy = 1;
     stoke_host->err_free(e);
     e = choose_plan(eng, g, opg, &lossy, &p);
-    if (!e) stoke_host->log(STOKE_LOG_INFO, "cudnn", "%s: f32 with an FFT/Winograd engine (no other runs it); %s", what, g->ctx);
+    if (!e)
+      stoke_host->log(STOKE_LOG_INFO, "cudnn", "%s: f32 with an FFT/Winograd engine (no other runs it); %s", what,
+                      g->ctx);
   }
   cudnnBackendDestroyDescriptor(opg);
   if (e) return e;
