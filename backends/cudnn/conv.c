@@ -174,6 +174,22 @@ static void free_tune(tune_bufs *tb) {
   memset(tb, 0, sizeof *tb);
 }
 
+/* An FFT or Winograd algorithm of call d. */
+static int lossy_algo(cudnn_dir d, int algo) {
+  switch (d) {
+    case CUDNN_DIR_FWD:
+      return algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT || algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+             algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+    case CUDNN_DIR_BWD_DATA:
+      return algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+             algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
+             algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+    default:
+      return algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+             algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+  }
+}
+
 /* The bytes of x, w and y: what the workspace cap scales with. */
 static void conv_bytes(const stoke_kernel_args_v1 *a, size_t *bx, size_t *bw, size_t *by) {
   *bx = stoke_tensor_bytes(&a->in[0]);
@@ -214,6 +230,31 @@ static stoke_err *alloc_tune(const stoke_kernel_args_v1 *a, conv_state *st, tune
   return NULL;
 }
 
+/* The first of the n listed algorithms that succeeded, fits the workspace
+ * cap, is deterministic when asked, honours the requested precision and,
+ * unless allow_lossy, is no FFT or Winograd one (*found, *ch). */
+static stoke_err *pick(conv_state *st, cudnn_dir d, const perf *p, int n, int det, size_t cap, int allow_lossy,
+                       int autotune, cudnn_algo_choice *ch, int *found, int *n_ok, int *n_det) {
+  *n_ok = *n_det = 0;
+  for (int i = 0; i < n && !*found; i++) {
+    if (p[i].status != CUDNN_STATUS_SUCCESS) continue;
+    ++*n_ok;
+    if (det && p[i].det != CUDNN_DETERMINISTIC) continue;
+    ++*n_det;
+    /* true fp32 asked: cuDNN reports CUDNN_FMA_MATH for algorithms that
+     * honour it; anything else could use TF32 tensor cores */
+    if (st->math == CUDNN_FMA_MATH && p[i].math != CUDNN_FMA_MATH) continue;
+    if (!allow_lossy && lossy_algo(d, p[i].algo)) continue;
+    if (p[i].memory > cap) continue;
+    CUDNN_CHECK(cudnnSetConvolutionMathType(st->conv[d], p[i].math), st->ctx);
+    size_t ws = 0;
+    if (workspace_of(st, d, p[i].algo, &ws) != CUDNN_STATUS_SUCCESS || ws > cap) continue;
+    *ch = (cudnn_algo_choice){p[i].algo, p[i].math, ws, autotune ? p[i].time : -1.0f};
+    *found = 1;
+  }
+  return NULL;
+}
+
 /* Choose the algorithm of call `d`: from the cache, else timed (tb set) or
  * by heuristics; the first candidate that succeeded, fits the workspace
  * cap, is deterministic when asked and honours the requested precision. */
@@ -237,24 +278,13 @@ static stoke_err *choose(const stoke_kernel_args_v1 *a, conv_state *st, cudnn_di
     perf p[MAX_PERF];
     int n = 0;
     STOKE_PROPAGATE_P(list_perfs(st, d, autotune ? tb : NULL, p, &n));
-    int det = (a->flags & STOKE_KFLAG_DETERMINISTIC) != 0, found = 0;
+    int det = (a->flags & STOKE_KFLAG_DETERMINISTIC) != 0, found = 0, n_ok = 0, n_det = 0;
     size_t cap = conv_ws_cap(a);
-    int n_ok = 0, n_det = 0;
-    for (int i = 0; i < n && !found; i++) {
-      if (p[i].status != CUDNN_STATUS_SUCCESS) continue;
-      n_ok++;
-      if (det && p[i].det != CUDNN_DETERMINISTIC) continue;
-      n_det++;
-      /* true fp32 asked: cuDNN reports CUDNN_FMA_MATH for algorithms that
-       * honour it; anything else could use TF32 tensor cores */
-      if (st->math == CUDNN_FMA_MATH && p[i].math != CUDNN_FMA_MATH) continue;
-      if (p[i].memory > cap) continue;
-      CUDNN_CHECK(cudnnSetConvolutionMathType(st->conv[d], p[i].math), st->ctx);
-      size_t ws = 0;
-      if (workspace_of(st, d, p[i].algo, &ws) != CUDNN_STATUS_SUCCESS || ws > cap) continue;
-      ch = (cudnn_algo_choice){p[i].algo, p[i].math, ws, autotune ? p[i].time : -1.0f};
-      found = 1;
-    }
+    /* true f32: FFT and Winograd algorithms (error relative to the largest
+     * value, not to each sum: graph.c says what they did to ResNet's stem)
+     * only where no other one runs: a second pass */
+    for (int pass = st->math == CUDNN_FMA_MATH ? 0 : 1; pass < 2 && !found; pass++)
+      STOKE_PROPAGATE_P(pick(st, d, p, n, det, cap, pass, autotune, &ch, &found, &n_ok, &n_det));
     if (!found)
       return STOKE_PERR(STOKE_E_UNSUPPORTED,
                         "cudnn: no %s algorithm for conv2d: %d candidates, %d ran, %d deterministic%s, none "

@@ -87,7 +87,8 @@ typedef struct cg_plan {
 typedef struct cg_choice {
   int autotune;      /* time the candidates that build, keep the fastest */
   int deterministic; /* skip engines with the NONDETERMINISTIC note */
-  int no_tf32;       /* f32 data: skip tensor-core engines (they would use TF32) */
+  int no_tf32;       /* f32 data: skip tensor-core engines (they would use TF32) and FFT/Winograd ones */
+  int allow_lossy;   /* with no_tf32: FFT/Winograd engines allowed (set when nothing else runs) */
   int max_candidates;/* autotune: time at most this many (0: 12) */
   void *stream;      /* where the timing runs */
 } cg_choice;

@@ -25,6 +25,7 @@
 #include "stoke/ops.h"
 #include "stoke/rng.h"
 #include "stoke/run.h"
+#include "tests/common/seed.h"
 
 #define N 8
 #define CLASSES 10
@@ -93,8 +94,8 @@ static void check_resnet18(int fused) {
   side ref = {.engines = {"cpu"}, .n = 1, .dev = cpu.dev, .selves = {cpu.selves[0]}};
   build(&ref, STOKE_NCHW, STOKE_F64);
   /* one batch: NCHW for the CPU, the same values transposed to NHWC for the GPU */
-  uint64_t seed = (uint64_t)time(NULL);
-  print_message("seed %llu\n", (unsigned long long)seed);
+  /* the fused test draws another batch than the unfused one in the same second */
+  uint64_t seed = test_seed(fused ? "resnet18 fused" : "resnet18") + (uint64_t)fused;
   stoke_rng r = stoke_rng_seed(seed);
   float *xc = stoke_exec_input(cpu.x), *xg = malloc(sizeof(float) * N * 3 * 32 * 32);
   int32_t *yc = stoke_exec_labels(cpu.x);
@@ -171,12 +172,48 @@ static void check_resnet18(int fused) {
     }
     num_c64 += tc, num_g64 += tg, den64 += t64;
     double ec = sqrt(tc / t64), eg = sqrt(tg / t64), bound = fmax(10 * ec, 1e-5);
+    /* A convolution before a training batch norm is scale invariant: the
+     * loss does not change along its weight, so each output filter's
+     * gradient is orthogonal to the filter, exactly. In fp32 the part
+     * along the filter is the residue of batch norm's backward sums
+     * (mean(dy), mean(dy xhat)): the CPU accumulates them in f64
+     * (backends/cpu/bn.h), the GPU kernels in f32 partial sums, and where the gradient is small against that
+     * residue (the stem's, some batches) the two differ by far more than
+     * 10x. So 4-D weights are judged on the part that carries information,
+     * orthogonal to each filter, under the same 10x bound; the part along
+     * it only within 1% of the gradient (a TF32 or bf16 error shows in both). */
+    double oc = 0, og = 0, o64 = 0, along = 0;
+    if (val->shape.ndim == 4) {
+      const float *w = (const float *)stoke_exec_buffer(cpu.x, STOKE_BUF_PARAMS) + off;
+      size_t per = n / (size_t)val->shape.d[0];
+      for (size_t f = 0; f < (size_t)val->shape.d[0]; f++) {
+        const float *wf = w + f * per;
+        double ww = 0, pc = 0, pg = 0, p64 = 0;
+        for (size_t i = 0; i < per; i++) {
+          ww += (double)wf[i] * wf[i];
+          pc += (double)gc[off + f * per + i] * wf[i];
+          pg += (double)gg[off + f * per + i] * wf[i];
+          p64 += g64[f * per + i] * wf[i];
+        }
+        if (ww == 0) ww = 1;
+        for (size_t i = 0; i < per; i++) {
+          double r64 = g64[f * per + i] - p64 / ww * wf[i];
+          double rc = gc[off + f * per + i] - pc / ww * wf[i] - r64, rg = gg[off + f * per + i] - pg / ww * wf[i] - r64;
+          oc += rc * rc, og += rg * rg, o64 += r64 * r64;
+        }
+        along += (pg - p64) * (pg - p64) / ww;
+      }
+      oc = sqrt(oc / fmax(o64, 1e-300)), og = sqrt(og / fmax(o64, 1e-300)), along = sqrt(along / t64);
+    }
+    int ok = eg <= bound || (val->shape.ndim == 4 && og <= fmax(10 * oc, 1e-5) && along <= 1e-2);
     if (e > 1e-5 || eg > bound)
-      print_message("  %-28s gpu vs cpu %.3g; vs f64: cpu %.3g, gpu %.3g (bound %.3g)\n", val->name, e, ec, eg,
-                    bound);
-    if (!(eg <= bound))
-      fail_msg("gradient of %s: relative error against f64 %.3g, more than 10x the CPU fp32's %.3g", val->name,
-               eg, ec);
+      print_message("  %-28s gpu vs cpu %.3g; vs f64: cpu %.3g, gpu %.3g (bound %.3g); orthogonal to the filters: "
+                    "cpu %.3g, gpu %.3g; along them: gpu %.3g\n",
+                    val->name, e, ec, eg, bound, oc, og, along);
+    if (!ok)
+      fail_msg("gradient of %s: relative error against f64 %.3g, more than 10x the CPU fp32's %.3g (orthogonal to "
+               "the filters: gpu %.3g, cpu %.3g; along them %.3g)",
+               val->name, eg, ec, og, oc, along);
   }
   /* (the padding between parameters stays poisoned: only parameters count) */
   double all = sqrt(num / den);
