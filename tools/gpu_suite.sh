@@ -115,6 +115,9 @@
 #             the other within comm_timeout), ddp_bench (all-reduce bus
 #             bandwidth of a 234 MB gradient buffer; ResNet-50 bf16 256/GPU on
 #             1 and 2 GPUs beside PyTorch DDP)
+#   ddp_gpt   GPT-2 124M bf16 B=16 per GPU on 1 and 2 GPUs: tokens/s and scaling
+#   two_gpu   what waits for a 2-GPU machine, in one call: observe_ddp,
+#             ddp_recompute, ddp_gpt, ddp_graph, ddp_bench
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)" # the stage folder: loss_curves.py beside this script
 T="$S/bin/train"
@@ -595,6 +598,25 @@ for s in steps:
 print(f"{sys.argv[1]}: {'PASS' if over else 'FAIL'} ({len(comm)} bucket slices, {over} overlapping the backward)")
 PY
       done
+      ;;
+    two_gpu) # what waits for a 2-GPU machine (nvidia-h200-x2), about 9 minutes: issue 13's trace of the
+      # buckets, issue 14's recompute under data parallel, issue 12's GPT-2 scaling, issue 11's graphs with nccl
+      bash "$0" observe_ddp ddp_recompute ddp_gpt ddp_graph ddp_bench
+      ;;
+    ddp_gpt) # issue 12: GPT-2 124M bf16, B=16 per GPU, 1 and 2 GPUs (the scaling goal: >= 98%)
+      log "gpt2_124m bf16 B=16 per GPU: 1 and 2 GPUs"
+      g="$S/examples/gpt2_124m.ini run.checkpoint=false run.progress=off run.steps=40"
+      timeout 150 $T $g run.out_dir=$OUT/gpt1 > $OUT/gpt1.log 2>&1; echo "1 GPU rc=$?"
+      timeout 200 $S/bin/launch --gpus 2 $g run.out_dir=$OUT/gpt2 > $OUT/gpt2.log 2>&1; echo "2 GPUs rc=$?"
+      grep -hE "^data parallel:|gradient all-reduce" $OUT/gpt2.log | head -3
+      python3 - $OUT/gpt1/metrics.jsonl $OUT/gpt2/metrics.jsonl <<'PY'
+import json, sys
+def rate(p):
+    try: return [json.loads(l) for l in open(p) if '"summary"' in l][-1]["samples_per_s_median"] * 1024
+    except Exception: return float("nan")
+one, two = rate(sys.argv[1]), rate(sys.argv[2])
+print(f"stoke GPT-2 124M bf16 B=16/GPU: 1 GPU {one:.0f} tokens/s, 2 GPUs {two:.0f} ({two/2:.0f} per GPU), scaling {100*two/(2*one):.1f}%")
+PY
       ;;
     ddp) # all of the data-parallel checks below, in one call
       bash "$0" ddp_eq ddp_graph ddp_resume ddp_kill ddp_bench

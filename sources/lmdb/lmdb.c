@@ -409,6 +409,7 @@ static void env_put(shared_env *se) {
  * point anywhere, and past the file's end the mapping faults). */
 static int in_file(const lmdb_src *s, const MDB_val *v) {
   const char *p = v->mv_data, *m = s->shared->map;
+  if (!p) return 0; /* LMDB did not set it (see open_caffe) */
   if (!m) return 1;
   return p >= m && v->mv_size <= s->shared->file_size && (size_t)(p - m) <= s->shared->file_size - v->mv_size;
 }
@@ -489,9 +490,14 @@ static stoke_err *open_caffe(lmdb_src *s, MDB_txn *txn, MDB_cursor **curp) {
   int64_t max_label = -1;
   int have_shape = 0;
   char why[STOKE_WHY_BYTES], first_bad[1024] = "";
-  MDB_val k, v;
-  for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && i < n; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-    if (i == 0 && v.mv_size >= 4 && !memcmp(v.mv_data, STOKE_REC_MAGIC, 4)) {
+  /* v is cleared before each call: on a page whose damaged header says
+   * LEAF2 LMDB returns success without setting it (found by
+   * tests/fuzz:lmdb), and a cleared value is not in the file */
+  MDB_val k = {0, NULL}, v = {0, NULL};
+  for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && i < n;
+       v = (MDB_val){0, NULL}, rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    int inside = in_file(s, &v);
+    if (i == 0 && inside && v.mv_size >= 4 && !memcmp(v.mv_data, STOKE_REC_MAGIC, 4)) {
       e = STOKE_PERR(STOKE_E_DATA,
                      "lmdb %s: holds stoke records but no " STOKE_META_KEY
                      " metadata entry: the conversion did not finish; run convert again with --force",
@@ -512,7 +518,7 @@ static stoke_err *open_caffe(lmdb_src *s, MDB_txn *txn, MDB_cursor **curp) {
     s->key_off[i] = keys_len;
     keys_len += k.mv_size;
     stoke_datum d;
-    int ok = in_file(s, &v);
+    int ok = inside;
     if (!ok) snprintf(why, sizeof why, "its value lies outside the file (a damaged page)");
     else ok = stoke_datum_decode(v.mv_data, v.mv_size, &d, why, sizeof why) == 0;
     if (ok && !have_shape) {
@@ -572,7 +578,7 @@ static int read_layout(void *arg) {
   if (!rc) rc = mdb_dbi_open(j->txn, NULL, 0, &s->dbi);
   if (rc) j->e = STOKE_PERR(STOKE_E_IO, "lmdb %s: cannot open the database: %s", s->path, mdb_strerror(rc));
   if (!j->e) {
-    MDB_val k = {strlen(STOKE_META_KEY), (void *)STOKE_META_KEY}, v;
+    MDB_val k = {strlen(STOKE_META_KEY), (void *)STOKE_META_KEY}, v = {0, NULL}; /* not set on a LEAF2 page */
     rc = mdb_get(j->txn, s->dbi, &k, &v);
     if (rc == 0 && !in_file(s, &v))
       j->e = STOKE_PERR(STOKE_E_IO, "lmdb %s: its " STOKE_META_KEY " entry lies outside the file: it is damaged",
