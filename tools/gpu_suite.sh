@@ -105,10 +105,15 @@
 #             window; checkpoint and losses bitwise equal to the untraced run's
 #             (run.deterministic, conv_autotune off). Pass: each run rc=0, no
 #             FAILED line, "observe_graph: PASS"
-#   observe_ddp  the trace of 3 eager ResNet-50 steps on 2 GPUs (tools/launch):
+#   observe_ddp  the trace of 3 ResNet-50 steps on 2 GPUs (tools/launch), eager
+#             and with run.cuda_graph=true (traced steps eager, buckets timed):
 #             each rank's all-reduce buckets on the comm lane, how many start
-#             while the backward still runs (the screenshot for BENCHMARKS.md:
-#             open $OUT/obs_ddp/trace.json in ui.perfetto.dev)
+#             while the backward still runs; both ranks of step 21 drawn by
+#             trace_svg.py into $OUT/obs_ddp_timeline.svg (eager) and
+#             obs_ddp_graph_timeline.svg (BENCHMARKS.md's picture: the
+#             chromium line at the part). Pass: both runs rc=0, each rank's
+#             "PASS (N bucket slices, M overlapping the backward)", the SVGs
+#             written, "observe_ddp: PASS"
 #   ddp       data parallel on 2 GPUs, all of: ddp_eq (weights of a 2-GPU run
 #             against a 1-GPU run of the same global batch), ddp_resume (a
 #             2-GPU checkpoint resumed on 1 GPU), ddp_kill (a killed rank ends
@@ -570,12 +575,22 @@ PY
       echo "observe_graph: $([ $ok = 1 ] && echo PASS || echo FAIL)"
       ;;
     observe_ddp)
+      # the trace of 3 steps on 2 GPUs, eager and under CUDA graphs (traced steps run eagerly there, the
+      # bucket timers on), each rank's buckets against its backward; then both ranks of step 21 (the window's
+      # middle: the first traced step also pays the switch to timing) drawn in one picture,
+      # $OUT/obs_ddp_timeline.svg (eager) and obs_ddp_graph_timeline.svg. BENCHMARKS.md's PNG of it, on the
+      # build machine (chromium, no GPU; H = the height trace_svg.py printed below):
+      #   chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1600,H \
+      #     --screenshot=docs/ddp_trace.png file://$PWD/obs_ddp_timeline.svg
       log "issue 13: trace of a data-parallel step on 2 GPUs: the all-reduce buckets against the backward"
-      timeout 200 $S/bin/launch --gpus 2 $S/examples/resnet50.ini run.cuda_graph=false run.checkpoint=false run.steps=30 \
-        run.log_every=1 run.trace=20-22 run.progress=off run.out_dir=$OUT/obs_ddp > $OUT/obs_ddp.log 2>&1
-      echo "2 GPUs rc=$?"
-      for f in $OUT/obs_ddp/trace.json $OUT/obs_ddp/rank1/trace.json; do
-        python3 - "$f" <<'PY'
+      ok=1
+      for graph in false true; do
+        d=$OUT/obs_ddp; [ $graph = true ] && d=$OUT/obs_ddp_graph
+        timeout 200 $S/bin/launch --gpus 2 $S/examples/resnet50.ini run.cuda_graph=$graph run.checkpoint=false \
+          run.steps=30 run.log_every=1 run.trace=20-22 run.progress=off run.out_dir=$d > $d.log 2>&1
+        rc=$?; echo "2 GPUs cuda_graph=$graph rc=$rc"; [ $rc -ne 0 ] && { ok=0; tail -5 $d.log; }
+        for f in $d/trace.json $d/rank1/trace.json; do
+          python3 - "$f" <<'PY' | tee $d.check.log
 import json, sys
 t = json.load(open(sys.argv[1]))["traceEvents"]
 comm = [e for e in t if e.get("cat") == "comm"]
@@ -597,7 +612,15 @@ for s in steps:
               f"all-reduce {sum(e['dur'] for e in c) / 1e3:.2f} ms, backward {sum(e['dur'] for e in b) / 1e3:.2f} ms")
 print(f"{sys.argv[1]}: {'PASS' if over else 'FAIL'} ({len(comm)} bucket slices, {over} overlapping the backward)")
 PY
+          grep -q ": PASS (" $d.check.log || ok=0
+        done
+        svg=$OUT/obs_ddp_timeline.svg; [ $graph = true ] && svg=$OUT/obs_ddp_graph_timeline.svg
+        what=eager; [ $graph = true ] && what="cuda_graph = true (traced steps eager)"
+        python3 "$HERE/trace_svg.py" $d/trace.json $d/rank1/trace.json --steps 21 -o $svg \
+          --title "stoke: ResNet-50 on 2 GPUs, data parallel, step 21, $what: all-reduce buckets against the backward" \
+          || ok=0
       done
+      echo "observe_ddp: $([ $ok = 1 ] && echo PASS || echo FAIL)"
       ;;
     two_gpu) # what waits for a 2-GPU machine (nvidia-h200-x2), about 9 minutes: issue 13's trace of the
       # buckets, issue 14's recompute under data parallel, issue 12's GPT-2 scaling, issue 11's graphs with nccl

@@ -235,18 +235,21 @@ def main():
     if a.steps and a.window:
         sys.exit("trace_svg: give --steps or --window, not both")
     traces, notes = [], []
+    # each file named from the folder above the one they share: obs_ddp/trace.json, obs_ddp/rank1/trace.json
+    common = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in a.traces])
+    short = [os.path.relpath(os.path.abspath(p), os.path.dirname(common)) for p in a.traces]
     for i, path in enumerate(a.traces):
         ev = load(path)
         pname = lanes_of(ev)[0]
         ranks = sorted({int(m.group(1)) for n in pname.values() for m in [re.match(r"rank (\d+)", n)] if m})
         label = f"rank {ranks[0]}" if len(ranks) == 1 else f"trace {i + 1}"
-        label += f" ({path})"
+        label += f" ({short[i]})"
         if a.window:
             m = re.fullmatch(r"\s*([0-9.]+)\s*-\s*([0-9.]+)\s*", a.window)
             if not m or float(m.group(2)) <= float(m.group(1)):
                 sys.exit(f"trace_svg: --window '{a.window}': give A-B in ms with A < B, e.g. 120-135")
             t0, t1 = 1e3 * float(m.group(1)), 1e3 * float(m.group(2))
-            note = f"{a.window} ms on each trace's own clock"
+            note = f"{a.window} ms on each trace's own clock; time 0 = {m.group(1)} ms"
         else:
             spec = a.steps or str(first_step(ev) or "")
             m = re.fullmatch(r"(\d+)(?:-(\d+))?", spec)
@@ -265,6 +268,12 @@ def main():
         notes.append(note)
     title = a.title or "stoke trace: " + ", ".join(t[0].split(" (")[0] for t in traces)
     svg, height, n_lanes, n_slices = render(traces, a.width, title, notes[0])
+    if not n_slices:
+        spans = [(min(e["ts"] for e in ev if e.get("ph") == "X") / 1e3,
+                  max(e["ts"] + e.get("dur", 0) for e in ev if e.get("ph") == "X") / 1e3) for _, ev, _, _ in traces
+                 if any(e.get("ph") == "X" for e in ev)]
+        sys.exit(f"trace_svg: no slice in the window {a.window or a.steps}; the traces span "
+                 + ", ".join(f"{x:.1f}-{y:.1f} ms" for x, y in spans))
     if a.out.endswith((".html", ".htm")):
         text = (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title></head>"
                 f"<body style=\"margin:0\">\n{svg}</body></html>\n")

@@ -6,8 +6,9 @@ with no console error (forward and backward ops' colors counted on the
 screenshot). Two ranks: the run's trace as rank 0 and a rank 1 made from it
 (pids and names moved, all-reduce buckets added on a comm lane, two of
 three starting before the backward ends), stacked in one picture with the
-overlap in rank 1's label. Bad steps and a file that is not a trace are
-refused with a message. Prints cmocka-style lines.
+overlap in rank 1's label. Bad steps, a file that is not a trace and a
+--window with nothing in it are refused with a message. Prints
+cmocka-style lines.
 
     python3 trace_svg_check.py RUN_DIR TRACE_SVG.py WORK_DIR
 """
@@ -117,6 +118,22 @@ if r.returncode == 0:
     with open(f"{work}/steps.svg", "w") as f:
         f.write(page[svg_at:page.index("</svg>") + 6])
     same_picture(f"steps {steps[0]}-{steps[-1]}", f"{work}/steps.svg", [ev0], steps[0], steps[-1])
+
+# a window in ms on the trace's clock: the last traced step's GPU slice
+gpu = [e for e in ev0 if e.get("cat") == "step" and e["pid"] == 1][-1]
+a, b = gpu["ts"] / 1e3, (gpu["ts"] + gpu["dur"]) / 1e3
+r = draw(f"{run}/trace.json", "-o", f"{work}/window.svg", "--window", f"{a:.3f}-{b:.3f}")
+if r.returncode == 0:
+    got = {k: v[1] for k, v in drawn(f"{work}/window.svg")[0].items() if v[1]}
+    want = expected(ev0, 1e3 * round(a, 3), 1e3 * round(b, 3))
+    check("trace_svg --window: one rectangle per slice in it", got == want,
+          [(k, len(got.get(k, [])), len(v)) for k, v in want.items()])
+else:
+    check("trace_svg --window: one rectangle per slice in it", False, r.stderr)
+last = max(e["ts"] + e.get("dur", 0) for e in ev0 if e["ph"] == "X") / 1e3
+r = draw(f"{run}/trace.json", "-o", f"{work}/bad.svg", "--window", f"{last + 10:.0f}-{last + 20:.0f}")
+check("trace_svg --window: a window after the trace is refused, saying where the trace is",
+      r.returncode != 0 and "no slice in the window" in r.stderr and "the traces span" in r.stderr, r.stderr)
 
 # ------------------------------------------------------------ two ranks
 # rank 1: the same run moved to pids 2, 3, with three buckets on a comm lane
