@@ -306,9 +306,13 @@ PY
       GPTS="$S/examples/gpt2_124m.ini model.n_layer=2 model.n_embd=128 model.n_head=4 model.context=128 data.shape=129
             data.batch_size=8 run.steps=30 run.log_every=1 run.progress=off run.checkpoint=true"
       RN="$S/examples/resnet18c.ini data.batch_size=64 run.steps=30 run.log_every=1 run.progress=off run.checkpoint=true"
-      for net in ${RC_EQ_NETS:-gpt rn}; do
-        [ $net = gpt ] && base=$GPTS || base=$RN
-        [ $net = gpt ] && pats="h.*.attn h.* auto" || pats="layer*.* layer2.*,layer4.* auto"
+      MLPR="$S/examples/mlp.ini run.steps=30 run.log_every=1 run.progress=off run.checkpoint=true"
+      for net in ${RC_EQ_NETS:-gpt rn mlp}; do
+        case $net in
+          gpt) base=$GPTS pats="h.*.attn h.* auto" ;;
+          rn) base=$RN pats="layer*.* layer2.*,layer4.* auto" ;;
+          mlp) base=$MLPR pats="layers.* auto" ;;
+        esac
         for prec in ${RC_EQ_PREC:-fp32 bf16 fp16}; do
           # deterministic engines everywhere: then recomputation must change nothing, bit for bit (with
           # run.conv_autotune's timed choice two runs may pick different engines and differ by rounding)
