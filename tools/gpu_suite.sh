@@ -626,8 +626,10 @@ PY
       done
       echo "observe_ddp: $([ $ok = 1 ] && echo PASS || echo FAIL)"
       ;;
-    two_gpu) # what waits for a 2-GPU machine (nvidia-h200-x2), about 9 minutes: issue 13's trace of the
-      # buckets, issue 14's recompute under data parallel, issue 12's GPT-2 scaling, issue 11's graphs with nccl
+    two_gpu) # what waits for a 2-GPU machine (nvidia-h200-x2), about 9 minutes before observe_ddp ran twice (eager
+      # and graphs: a minute or two more; near the 10-minute limit, run observe_ddp in its own call): issue 13's
+      # trace of the buckets, issue 14's recompute under data parallel, issue 12's GPT-2 scaling, issue 11's
+      # graphs with nccl
       bash "$0" observe_ddp ddp_recompute ddp_gpt ddp_graph ddp_bench
       ;;
     ddp_gpt) # issue 12: GPT-2 124M bf16, B=16 per GPU, 1 and 2 GPUs (the scaling goal: >= 98%)
