@@ -79,6 +79,22 @@ stoke_err *stoke_dp_finish(stoke_dp *d) {
 
 /* The bucket plan from the compiled graph: each parameter gradient's
  * place in the flat buffer and the last backward node that writes it. */
+int stoke_graph_param_grads(const stoke_graph *g, struct stoke_dist_grad *out, int *slot) {
+  int n = 0;
+  for (int v = 0; v < g->n_values; v++) {
+    slot[v] = -1;
+    if (g->values[v].kind != STOKE_VAL_PARAM_GRAD) continue;
+    slot[v] = n;
+    out[n++] = (stoke_dist_grad){g->values[v].offset, g->values[v].bytes, -1};
+  }
+  for (int i = g->n_fwd; i < g->n_nodes; i++)
+    for (int k = 0; k < g->nodes[i].n_in; k++) {
+      int v = g->nodes[i].din[k];
+      if (v >= 0 && slot[v] >= 0) out[slot[v]].ready = i;
+    }
+  return n;
+}
+
 static stoke_err *plan_buckets(stoke_dp *d, double bucket_bytes) {
   stoke_plan *p = stoke_exec_plan(d->x);
   const stoke_graph *g = p->g;
@@ -90,18 +106,7 @@ static stoke_err *plan_buckets(stoke_dp *d, double bucket_bytes) {
     free(gr);
     return STOKE_ERR(STOKE_E_OOM, "out of memory for the bucket plan");
   }
-  int n = 0;
-  for (int v = 0; v < g->n_values; v++) {
-    slot[v] = -1;
-    if (g->values[v].kind != STOKE_VAL_PARAM_GRAD) continue;
-    slot[v] = n;
-    gr[n++] = (stoke_dist_grad){g->values[v].offset, g->values[v].bytes, -1};
-  }
-  for (int i = g->n_fwd; i < g->n_nodes; i++)
-    for (int k = 0; k < g->nodes[i].n_in; k++) {
-      int v = g->nodes[i].din[k];
-      if (v >= 0 && slot[v] >= 0) gr[slot[v]].ready = i;
-    }
+  int n = stoke_graph_param_grads(g, gr, slot);
   size_t cap = bucket_bytes < 1 ? 1 : (size_t)bucket_bytes;
   d->n_buckets = stoke_dist_plan_buckets(gr, n, p->bytes[STOKE_BUF_GRADS], cap < FIRST_BUCKET_BYTES ? cap : FIRST_BUCKET_BYTES,
                                          cap, g->n_nodes - 1, d->buckets, g->n_values + 1);

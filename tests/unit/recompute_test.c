@@ -17,6 +17,7 @@
 
 #include "stoke/config.h"
 #include "stoke/core.h"
+#include "stoke/dist.h"
 #include "stoke/graph.h"
 #include "stoke/ops.h"
 #include "stoke/run.h"
@@ -280,6 +281,61 @@ static void test_auto(void **state) {
   check_auto_least(&resnet, STOKE_F32, 1, "layer*.*");
 }
 
+/* Data parallel with recomputation: the gradient buckets are planned from
+ * the backward nodes that write each parameter's gradient (core/dp.c). With
+ * recomputation every gradient is still written by a backward node (the
+ * forward copies write none), in the same order as without, so the buckets
+ * come out the same and launch in the same order. */
+static int by_ready(const void *a, const void *b) {
+  const stoke_dist_grad *x = a, *y = b;
+  return x->ready != y->ready ? (x->ready < y->ready ? -1 : 1) : (x->offset < y->offset ? -1 : 1);
+}
+
+static void check_buckets(const spec *s, int fuse, const char *recompute, double budget) {
+  stoke_graph *ga = build(s, STOKE_F32), *gb = build(s, STOKE_F32);
+  stoke_plan *pa = compile(ga, fuse, "none", 0), *pb = compile(gb, fuse, recompute, budget);
+  assert_true(pb->n_recomputed > 0);
+  stoke_dist_grad *a = malloc(sizeof *a * (size_t)ga->n_values), *b = malloc(sizeof *b * (size_t)gb->n_values);
+  int *sa = malloc(sizeof *sa * (size_t)ga->n_values), *sb = malloc(sizeof *sb * (size_t)gb->n_values);
+  int na = stoke_graph_param_grads(ga, a, sa), nb = stoke_graph_param_grads(gb, b, sb);
+  assert_int_equal(na, nb);
+  assert_true(na > 0);
+  for (int k = 0; k < nb; k++) {
+    assert_true(a[k].offset == b[k].offset && a[k].bytes == b[k].bytes);
+    /* written last by a backward node that takes it as its input gradient */
+    assert_true(b[k].ready >= gb->n_fwd && gb->nodes[b[k].ready].pass == STOKE_BWD);
+    assert_false(gb->nodes[b[k].ready].recompute);
+  }
+  qsort(a, (size_t)na, sizeof *a, by_ready);
+  qsort(b, (size_t)nb, sizeof *b, by_ready);
+  for (int k = 0; k < nb; k++)
+    if (a[k].offset != b[k].offset)
+      fail_msg("%s recompute=%s: gradient %d of %d becomes final at another place in backward's order", s->label,
+               recompute, k, nb);
+  stoke_dist_bucket ba[256], bb[256];
+  size_t total = pa->bytes[STOKE_BUF_GRADS];
+  assert_true(total == pb->bytes[STOKE_BUF_GRADS]);
+  int ka = stoke_dist_plan_buckets(a, na, total, total / 16 + 1, total / 4 + 1, ga->n_nodes - 1, ba, 256);
+  int kb = stoke_dist_plan_buckets(b, nb, total, total / 16 + 1, total / 4 + 1, gb->n_nodes - 1, bb, 256);
+  assert_int_equal(ka, kb);
+  assert_true(kb > 1);
+  for (int k = 0; k < kb; k++) assert_true(ba[k].offset == bb[k].offset && ba[k].bytes == bb[k].bytes);
+  print_message("%s recompute=%s: %d gradients, %d buckets in the same order as without\n", s->label, recompute, nb,
+                kb);
+  free(a), free(b), free(sa), free(sb);
+  stoke_plan_free(pa);
+  stoke_plan_free(pb);
+  stoke_graph_free(ga);
+  stoke_graph_free(gb);
+}
+
+static void test_buckets(void **state) {
+  check_buckets(&gpt4, 0, "h.*", 0);
+  check_buckets(&gpt4, 0, "auto", 1);
+  check_buckets(&resnet, 1, "layer*.*", 0);
+  check_buckets(&mlp, 1, "layers.*", 0);
+}
+
 /* x -> linear -> dropout(0.3) -> relu -> linear: the recomputed dropout
  * draws the forward's mask again. */
 static void test_dropout(void **state) {
@@ -356,6 +412,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mlp),     cmocka_unit_test(test_resnet),  cmocka_unit_test(test_gpt),
       cmocka_unit_test(test_auto),    cmocka_unit_test(test_dropout), cmocka_unit_test(test_patterns),
+      cmocka_unit_test(test_buckets),
   };
   return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
 }
