@@ -79,8 +79,9 @@ stoke_err *stoke_dp_finish(stoke_dp *d) {
 
 /* The bucket plan from the compiled graph: each parameter gradient's
  * place in the flat buffer and the last backward node that writes it. */
-int stoke_graph_param_grads(const stoke_graph *g, struct stoke_dist_grad *out, int *slot) {
-  int n = 0;
+int stoke_graph_param_grads(const stoke_graph *g, struct stoke_dist_grad *out) {
+  int *slot = malloc(sizeof *slot * (size_t)(g->n_values ? g->n_values : 1)), n = 0;
+  if (!slot) return -1;
   for (int v = 0; v < g->n_values; v++) {
     slot[v] = -1;
     if (g->values[v].kind != STOKE_VAL_PARAM_GRAD) continue;
@@ -92,25 +93,23 @@ int stoke_graph_param_grads(const stoke_graph *g, struct stoke_dist_grad *out, i
       int v = g->nodes[i].din[k];
       if (v >= 0 && slot[v] >= 0) out[slot[v]].ready = i;
     }
+  free(slot);
   return n;
 }
 
 static stoke_err *plan_buckets(stoke_dp *d, double bucket_bytes) {
   stoke_plan *p = stoke_exec_plan(d->x);
   const stoke_graph *g = p->g;
-  int *slot = malloc(sizeof *slot * (size_t)g->n_values);
   stoke_dist_grad *gr = malloc(sizeof *gr * (size_t)(g->n_values + 1));
   d->buckets = malloc(sizeof *d->buckets * (size_t)(g->n_values + 1));
-  if (!slot || !gr || !d->buckets) {
-    free(slot);
+  int n = gr && d->buckets ? stoke_graph_param_grads(g, gr) : -1;
+  if (n < 0) {
     free(gr);
     return STOKE_ERR(STOKE_E_OOM, "out of memory for the bucket plan");
   }
-  int n = stoke_graph_param_grads(g, gr, slot);
   size_t cap = bucket_bytes < 1 ? 1 : (size_t)bucket_bytes;
   d->n_buckets = stoke_dist_plan_buckets(gr, n, p->bytes[STOKE_BUF_GRADS], cap < FIRST_BUCKET_BYTES ? cap : FIRST_BUCKET_BYTES,
                                          cap, g->n_nodes - 1, d->buckets, g->n_values + 1);
-  free(slot);
   free(gr);
   if (d->n_buckets < 0) return STOKE_ERR(STOKE_E_INTERNAL, "planning gradient buckets");
   return NULL;

@@ -50,8 +50,7 @@ struct stoke_exec {
   int graphs_on;
   void *graph[2][2];
   int uses[2][2];
-  int64_t graph_ops;       /* a whole step's, for stoke_exec_count_ops */
-  int64_t kind_ops[2][2];  /* each captured graph's, [first][last] */
+  int64_t kind_ops[2][2]; /* GPU operations of each captured micro-batch kind, [first][last] */
   int64_t replays; /* micro-batches run as a graph launch */
   double *live;
 };
@@ -583,8 +582,7 @@ static stoke_err *capture(stoke_exec *x, int first, int last, uint64_t seed, con
     return stoke_err_wrap(e, __FILE__, __LINE__, "capturing the step into a graph ([run] cuda_graph = false avoids it)");
   }
   STOKE_PROPAGATE(e2);
-  if (last && first) x->graph_ops = ops; /* one whole step */
-  if (graph) x->kind_ops[first][last] = ops;
+  x->kind_ops[first][last] = ops; /* [1][1]: one whole step */
   if (graph) *graph = gr;
   else x->dev->graph_destroy(x->dev_self, gr);
   return NULL;
@@ -621,8 +619,8 @@ stoke_err *stoke_exec_micro(stoke_exec *x, int first_micro, int last_micro, uint
 stoke_err *stoke_exec_count_ops(stoke_exec *x, const stoke_opt_args_v1 *opt, int64_t *ops) {
   *ops = 0;
   if (!x->dev->capture_begin || !x->p->opt_kernel || x->profiling) return NULL;
-  if (!x->graph_ops) STOKE_PROPAGATE(capture(x, 1, 1, 0, opt, NULL));
-  *ops = x->graph_ops;
+  if (!x->kind_ops[1][1]) STOKE_PROPAGATE(capture(x, 1, 1, 0, opt, NULL));
+  *ops = x->kind_ops[1][1];
   return NULL;
 }
 

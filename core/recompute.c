@@ -405,6 +405,32 @@ static stoke_err *weigh_prefix(const stoke_graph *g, double fixed, const char *c
   return NULL;
 }
 
+/* Adds to `chosen` the nodes of `order` up to one of the unit ends[] (one
+ * past each unit's last node: a node, a block), if all of them shrink the
+ * plan below *best: the fewest leading units that make it fit the budget
+ * (stop as soon as the plan fits, not a layer later), or all where none
+ * does; *best becomes the plan's bytes. */
+static stoke_err *take_prefix(const stoke_graph *g, double fixed, double budget, char *chosen, const int *order,
+                              const int *ends, int units, char *trial, int *tseg, double *best) {
+  double total;
+  stoke_err *e = weigh_prefix(g, fixed, chosen, order, ends[units - 1], trial, tseg, &total);
+  if (e || total >= *best) return e;
+  int lo = 1, hi = units;
+  while (!e && total <= budget && lo < hi) {
+    int mid = (lo + hi) / 2;
+    double t;
+    e = weigh_prefix(g, fixed, chosen, order, ends[mid - 1], trial, tseg, &t);
+    if (!e && t <= budget) hi = mid;
+    else lo = mid + 1;
+  }
+  if (!e) e = weigh_prefix(g, fixed, chosen, order, ends[(total <= budget ? hi : units) - 1], trial, tseg, &total);
+  if (!e) {
+    *best = total;
+    memcpy(chosen, trial, (size_t)g->n_fwd);
+  }
+  return e;
+}
+
 /* When node by node does not fit (each group alone must shrink the
  * arena, and some only pay together: a product's output is freed only when
  * the layer norm before it is re-run too), whole blocks, as a
@@ -433,23 +459,7 @@ static stoke_err *whole_blocks(const stoke_graph *g, double fixed, double budget
       if (eligible(g, i) && same_block(g, order[b], i)) nodes[n++] = i;
     ends[b] = n;
   }
-  double total;
-  stoke_err *e = weigh_prefix(g, fixed, chosen, nodes, n, trial, tseg, &total);
-  if (!e && total < *best) {
-    int lo = 1, hi = nb;
-    while (!e && total <= budget && lo < hi) {
-      int mid = (lo + hi) / 2;
-      double t;
-      e = weigh_prefix(g, fixed, chosen, nodes, ends[mid - 1], trial, tseg, &t);
-      if (!e && t <= budget) hi = mid;
-      else lo = mid + 1;
-    }
-    if (!e) e = weigh_prefix(g, fixed, chosen, nodes, total <= budget ? ends[hi - 1] : n, trial, tseg, &total);
-    if (!e) {
-      *best = total;
-      memcpy(chosen, trial, (size_t)nf);
-    }
-  }
+  stoke_err *e = take_prefix(g, fixed, budget, chosen, nodes, ends, nb, trial, tseg, best);
   free(nodes);
   return e;
 }
@@ -463,8 +473,9 @@ static stoke_err *choose_auto(stoke_graph *g, double fixed, double budget, int *
   rc_cand *c = malloc(sizeof *c * (size_t)nf);
   char *chosen = calloc((size_t)nf, 1), *trial = calloc((size_t)nf, 1);
   int *tseg = malloc(sizeof *tseg * (size_t)nf), *order = malloc(sizeof *order * (size_t)nf), n = 0;
+  int *ones = malloc(sizeof *ones * (size_t)nf); /* a group's units: each node alone */
   stoke_err *e = NULL;
-  if (!c || !chosen || !trial || !tseg || !order) {
+  if (!c || !chosen || !trial || !tseg || !order || !ones) {
     e = STOKE_ERR(STOKE_E_OOM, "out of memory weighing recomputation");
     goto done;
   }
@@ -474,6 +485,7 @@ static stoke_err *choose_auto(stoke_graph *g, double fixed, double budget, int *
       c[n++] = (rc_cand){i, (rerun_cost(g, i) + 1) / freed};
   }
   qsort(c, (size_t)n, sizeof *c, by_ratio);
+  for (int k = 0; k < nf; k++) ones[k] = k + 1;
   double best = fixed + (double)arena;
   for (int a = 0; a < n && best > budget && !e;) {
     /* a group: the same op at the same weight (one node of every layer) */
@@ -485,30 +497,13 @@ static stoke_err *choose_auto(stoke_graph *g, double fixed, double budget, int *
      * most (their copies are made last in backward) */
     for (int k = a; k < z; k++) order[k - a] = c[k].node;
     qsort(order, (size_t)(z - a), sizeof *order, by_index);
-    double total;
-    e = weigh_prefix(g, fixed, chosen, order, z - a, trial, tseg, &total);
-    if (!e && total < best) {
-      /* it fits with the whole group: the fewest of its first nodes that
-       * still fit (stop as soon as the plan fits, not a layer later) */
-      int lo = 1, hi = z - a;
-      while (!e && total <= budget && lo < hi) {
-        int mid = (lo + hi) / 2;
-        double t;
-        e = weigh_prefix(g, fixed, chosen, order, mid, trial, tseg, &t);
-        if (!e && t <= budget) hi = mid;
-        else lo = mid + 1;
-      }
-      if (!e) e = weigh_prefix(g, fixed, chosen, order, total <= budget ? hi : z - a, trial, tseg, &total);
-      if (!e) {
-        best = total;
-        memcpy(chosen, trial, (size_t)nf);
-      }
-    }
+    e = take_prefix(g, fixed, budget, chosen, order, ones, z - a, trial, tseg, &best);
     a = z;
   }
   if (!e && best > budget) e = whole_blocks(g, fixed, budget, chosen, trial, tseg, order, &best);
   if (!e) runs_to_segments(g, chosen, seg);
 done:
+  free(ones);
   free(c);
   free(chosen);
   free(trial);

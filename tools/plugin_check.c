@@ -343,17 +343,6 @@ done:
 
 /* ----------------------------------------------------- other engines */
 
-/* The unit roundoff of a float dtype (0 for integers: exact). */
-static double unit_roundoff(stoke_dtype dt) {
-  switch (dt) {
-  case STOKE_F64: return 0x1p-53;
-  case STOKE_F32: return 0x1p-24;
-  case STOKE_F16: return 0x1p-11;
-  case STOKE_BF16: return 0x1p-8;
-  default: return 0;
-  }
-}
-
 /* The relative-norm error a kernel of dtype dt may have against the cpu's
  * f64 results on the same inputs (rounded to dt first), derived as
  * tests/op/every_kernel_test derives it: 8 u(dt) for the rounding of the
@@ -363,7 +352,7 @@ static double unit_roundoff(stoke_dtype dt) {
  * the element count of the call's largest tensor: no sum is longer. */
 static double tolerance(stoke_dtype dt, double k) {
   double acc = dt == STOKE_F64 ? 0x1p-53 : 0x1p-24;
-  return 8 * unit_roundoff(dt) + 8 * acc * sqrt(k > 1 ? k : 1);
+  return 8 * stoke_dtype_unit_roundoff(dt) + 8 * acc * sqrt(k > 1 ? k : 1);
 }
 
 /* v rounded to dtype dt (as a kernel of dt is handed it), as a double. */

@@ -216,15 +216,6 @@ static double *kt_download(const ktensor *t) {
 
 /* ------------------------------------------------------------ checking */
 
-static double unit_roundoff(stoke_dtype t) {
-  switch (t) {
-    case STOKE_F64: return 0x1p-53;
-    case STOKE_F32: return 0x1p-24;
-    case STOKE_F16: return 0x1p-11;
-    case STOKE_BF16: return 0x1p-8;
-    default: return 0; /* integers: exact */
-  }
-}
 
 /* The error is relative to the output's norm, but not to less than an RMS
  * of ERR_FLOOR per element: a sum of random-sign terms (a bias gradient, a
@@ -236,7 +227,7 @@ static double unit_roundoff(stoke_dtype t) {
 /* The tolerance of an output of dtype `out` of a kernel of dtype `dt`
  * (see the top of the file). */
 static double tolerance(stoke_dtype dt, stoke_dtype out, uint32_t flags, double k) {
-  double u = fmax(unit_roundoff(is_float(dt) ? dt : out), unit_roundoff(out));
+  double u = fmax(stoke_dtype_unit_roundoff(is_float(dt) ? dt : out), stoke_dtype_unit_roundoff(out));
   if (u == 0) return 0;
   double acc = dt == STOKE_F64 ? 0x1p-53 : 0x1p-24;
   return 8 * u + 8 * acc * sqrt(k > 1 ? k : 1) + (flags & STOKE_KFLAG_TF32 ? 4 * 0x1p-11 : 0);

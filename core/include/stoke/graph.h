@@ -295,10 +295,10 @@ int64_t stoke_exec_graph_ops(const stoke_exec *x, int64_t accumulate);
 /* Data parallel's view of a compiled graph (core/dp.c): each parameter
  * gradient's place in the flat buffer and `ready`, the schedule index of
  * the last backward node that writes it (recomputed forward copies write
- * none), in value order; out and slot (value -> its index in out, or -1)
- * have room for g->n_values. Returns how many. */
+ * none), in value order; out has room for g->n_values. Returns how many,
+ * or -1 out of memory. */
 struct stoke_dist_grad;
-int stoke_graph_param_grads(const stoke_graph *g, struct stoke_dist_grad *out, int *slot);
+int stoke_graph_param_grads(const stoke_graph *g, struct stoke_dist_grad *out);
 /* Micro-batches run as a launch of their captured graph so far. */
 int64_t stoke_exec_graph_replays(const stoke_exec *x);
 /* Count them without graphs on: records the step once (nothing runs) and

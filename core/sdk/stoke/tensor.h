@@ -66,6 +66,18 @@ static inline size_t stoke_dtype_size(stoke_dtype t) {
   }
 }
 
+/* The unit roundoff of a float dtype (half an ulp at 1): 2^-53 f64, 2^-24
+ * f32, 2^-11 fp16, 2^-8 bf16; 0 for integers (exact). */
+static inline double stoke_dtype_unit_roundoff(stoke_dtype t) {
+  switch (t) {
+    case STOKE_F64: return 0x1p-53;
+    case STOKE_F32: return 0x1p-24;
+    case STOKE_F16: return 0x1p-11;
+    case STOKE_BF16: return 0x1p-8;
+    default: return 0;
+  }
+}
+
 static inline const char *stoke_dtype_name(stoke_dtype t) {
   static const char *const names[] = {"f32", "f16", "bf16", "i32", "u8", "f64"};
   return (unsigned)t < STOKE_DTYPE_COUNT ? names[t] : "?";
