@@ -348,8 +348,7 @@ void stoke_exec_free(stoke_exec *x) {
   if (x->clip) x->dev->free(x->dev_self, x->clip);
   if (x->decay) x->dev->free(x->dev_self, x->decay);
   if (x->live) x->dev->free(x->dev_self, x->live);
-  for (int i = 0; i < 4; i++)
-    if (x->graph[i / 2][i % 2]) x->dev->graph_destroy(x->dev_self, x->graph[i / 2][i % 2]);
+  stoke_err_free(stoke_exec_graphs(x, 0));
   if (x->timers)
     for (int i = 0; i < x->p->g->n_nodes + 2; i++)
       if (x->timers[i]) x->dev->timer_destroy(x->dev_self, x->timers[i]);
@@ -527,8 +526,13 @@ stoke_err *stoke_exec_read_loss(stoke_exec *x, double *loss) {
 /* ------------------------------------------------------ whole-step graphs */
 
 stoke_err *stoke_exec_graphs(stoke_exec *x, int on) {
-  if (!on) {
+  if (!on) { /* the captured graphs go too (they hold the comm's captured collectives) */
     x->graphs_on = 0;
+    for (int i = 0; i < 4; i++) {
+      if (x->graph[i / 2][i % 2]) x->dev->graph_destroy(x->dev_self, x->graph[i / 2][i % 2]);
+      x->graph[i / 2][i % 2] = NULL;
+      x->uses[i / 2][i % 2] = 0;
+    }
     return NULL;
   }
   if (!x->dev->capture_begin || !x->dev->capture_end || !x->dev->graph_launch)

@@ -159,6 +159,9 @@ fail:
 /* --------------------------------------------------------------- train */
 
 static void run_close(run_state *s) {
+  /* the step graphs hold the buckets' captured all-reduces: NCCL's abort in
+   * dp_close would wait for them forever (seen on 2 H200s, NCCL 2.28) */
+  if (s->train.x) stoke_err_free(stoke_exec_graphs(s->train.x, 0));
   stoke_dp_close(s->dp);
   stoke_steptime_free(s->steptime);
   stoke_trace_free(s->trace);

@@ -120,7 +120,15 @@
 #             the other within comm_timeout), ddp_bench (all-reduce bus
 #             bandwidth of a 234 MB gradient buffer; ResNet-50 bf16 256/GPU on
 #             1 and 2 GPUs beside PyTorch DDP)
-#   ddp_gpt   GPT-2 124M bf16 B=16 per GPU on 1 and 2 GPUs: tokens/s and scaling
+#   ddp_gpt   GPT-2 124M bf16 B=16 per GPU on 1 and 2 GPUs: tokens/s and scaling;
+#             DDP_GPT_VARIANTS (label:environment:overrides) A/B the 2-GPU run
+#             (NCCL_MAX_NCHANNELS, run.bucket_mb), DDP_GPT_STEPS its length
+#   ddp_graph_diag  where a 2-GPU run with cuda_graph = true stops: the mlp on
+#             1 and 2 GPUs cut at 40 s each, a stuck rank's host stacks
+#             (cuda-gdb) at 30 s, NCCL's variables each way, and PyTorch's own
+#             captured all-reduce (nccl_graph_check.py) as the control. Found
+#             (2026-11-23) that NCCL's abort waits for every graph holding its
+#             captured collectives: the step graphs now go first
 #   two_gpu   what waits for a 2-GPU machine: two_gpu_a (observe_ddp,
 #             ddp_recompute) and two_gpu_b (ddp_gpt, ddp_graph, ddp_bench),
 #             each one device call
@@ -589,7 +597,7 @@ PY
       #     --screenshot=docs/ddp_trace.png file://$PWD/obs_ddp_timeline.svg
       log "issue 13: trace of a data-parallel step on 2 GPUs: the all-reduce buckets against the backward"
       ok=1
-      for graph in false true; do
+      for graph in ${OBS_DDP_GRAPH:-false true}; do
         d=$OUT/obs_ddp; [ $graph = true ] && d=$OUT/obs_ddp_graph
         timeout 200 $S/bin/launch --gpus 2 $S/examples/resnet50.ini run.cuda_graph=$graph run.checkpoint=false \
           run.steps=30 run.log_every=1 run.trace=20-22 run.progress=off run.out_dir=$d > $d.log 2>&1
@@ -637,20 +645,25 @@ PY
     two_gpu_b) # issue 12's GPT-2 scaling, issue 11's graphs with nccl and its 2-GPU ResNet-50 speed
       bash "$0" ddp_gpt ddp_graph ddp_bench
       ;;
-    ddp_gpt) # issue 12: GPT-2 124M bf16, B=16 per GPU, 1 and 2 GPUs (the scaling goal: >= 98%)
+    ddp_gpt) # issue 12: GPT-2 124M bf16, B=16 per GPU, 1 and 2 GPUs (the scaling goal: >= 98%); variants
+      # label:environment:overrides for the 2-GPU run (DDP_GPT_VARIANTS), e.g. NCCL's channel count
       log "gpt2_124m bf16 B=16 per GPU: 1 and 2 GPUs"
-      g="$S/examples/gpt2_124m.ini run.checkpoint=false run.progress=off run.steps=40"
+      g="$S/examples/gpt2_124m.ini run.checkpoint=false run.progress=off run.steps=${DDP_GPT_STEPS:-40}"
       timeout 150 $T $g run.out_dir=$OUT/gpt1 > $OUT/gpt1.log 2>&1; echo "1 GPU rc=$?"
-      timeout 200 $S/bin/launch --gpus 2 $g run.out_dir=$OUT/gpt2 > $OUT/gpt2.log 2>&1; echo "2 GPUs rc=$?"
-      grep -hE "^data parallel:|gradient all-reduce" $OUT/gpt2.log | head -3
-      python3 - $OUT/gpt1/metrics.jsonl $OUT/gpt2/metrics.jsonl <<'PY'
+      for v in ${DDP_GPT_VARIANTS:-default::}; do
+        IFS=: read label envs over <<< "$v"
+        timeout 200 env $envs $S/bin/launch --gpus 2 $g $over run.out_dir=$OUT/gpt2_$label > $OUT/gpt2_$label.log 2>&1
+        echo "2 GPUs $label ($envs $over) rc=$?"
+        grep -hE "^data parallel:|gradient all-reduce" $OUT/gpt2_$label.log | head -3
+        python3 - $OUT/gpt1/metrics.jsonl $OUT/gpt2_$label/metrics.jsonl $label <<'PY'
 import json, sys
 def rate(p):
     try: return [json.loads(l) for l in open(p) if '"summary"' in l][-1]["samples_per_s_median"] * 1024
     except Exception: return float("nan")
 one, two = rate(sys.argv[1]), rate(sys.argv[2])
-print(f"stoke GPT-2 124M bf16 B=16/GPU: 1 GPU {one:.0f} tokens/s, 2 GPUs {two:.0f} ({two/2:.0f} per GPU), scaling {100*two/(2*one):.1f}%")
+print(f"stoke GPT-2 124M bf16 B=16/GPU {sys.argv[3]}: 1 GPU {one:.0f} tokens/s, 2 GPUs {two:.0f} ({two/2:.0f} per GPU), scaling {100*two/(2*one):.1f}%")
 PY
+      done
       ;;
     ddp) # all of the data-parallel checks below, in one call
       bash "$0" ddp_eq ddp_graph ddp_resume ddp_kill ddp_bench
@@ -667,7 +680,7 @@ PY
           mem=""; [ $rc = auto ] && mem="run.memory_gb=0.001"
           tag=$(echo "${graph}_$rc" | tr -c 'a-z0-9\n' '_')
           timeout 200 $S/bin/launch --gpus 2 $G2 run.cuda_graph=$graph run.recompute=$rc $mem run.out_dir=$OUT/ddprc_$tag \
-            > $OUT/ddprc_$tag.log 2>&1; echo "2 GPUs cuda_graph=$graph recompute=$rc rc=$? $(grep -hE '^recompute \(|error' $OUT/ddprc_$tag.log | head -2 | tr '\n' ' ')"
+            > $OUT/ddprc_$tag.log 2>&1; echo "2 GPUs cuda_graph=$graph recompute=$rc rc=$? $(grep -hE '^recompute \(|^stoke: error' $OUT/ddprc_$tag.log | head -2 | tr '\n' ' ')"
           [ $rc != none ] && compare $OUT/ddprc_${graph}_none/checkpoint.safetensors $OUT/ddprc_$tag/checkpoint.safetensors \
             "2 GPUs cuda_graph=$graph: none vs $rc"
         done
@@ -688,6 +701,30 @@ PY
         compare $OUT/eq1_$tag/checkpoint.safetensors $OUT/eq2_$tag/checkpoint.safetensors "$prec deterministic=$det, $n steps"
       done
       grep -hE "^data parallel:|gradient all-reduce" $OUT/eq2_fp32_dettrue_30.log
+      ;;
+    ddp_graph_diag)
+      # why 2 GPUs with cuda_graph = true did not finish (2026-11-23, H200 x2): the mlp on 1 and 2 GPUs,
+      # each run cut at 40 s; a stuck rank's host stacks (cuda-gdb) at 30 s; NCCL's own variables each
+      # way; PyTorch's captured all-reduce on the same machine as the control
+      log "2 GPUs, cuda_graph = true: where it stops"
+      gdb=$(command -v cuda-gdb || ls /usr/local/cuda*/bin/cuda-gdb 2>/dev/null | head -1)
+      timeout 60 python3 -m torch.distributed.run --standalone --nproc_per_node=2 "$HERE/nccl_graph_check.py" \
+        > $OUT/diag_torch.log 2>&1; echo "pytorch: rc=$? $(grep -h PASS\|FAIL $OUT/diag_torch.log | tr '\n' ' ')"
+      for v in "1::" "2::" "2:NCCL_GRAPH_REGISTER=0:" "2:NCCL_GRAPH_MIXING_SUPPORT=0:" "2::run.log_every=1000"; do
+        IFS=: read n envs over <<< "$v"; tag=diag_${n}_$(echo "$envs$over" | tr -dc 'A-Za-z0-9_')
+        g=""; [ "$n$envs$over" = 2 ] && g=$gdb # the stacks once: the plain 2-GPU run
+        ( for i in $(seq 30); do sleep 1; pgrep -f "$S/bin/train" > /dev/null || exit 0; done
+          nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
+          for p in $(pgrep -f "$S/bin/train"); do
+            echo "== pid $p: $(tr '\0' ' ' < /proc/$p/cmdline | head -c 80)"; cat /proc/$p/wchan; echo
+            [ -n "$g" ] && timeout 25 $g -p $p -batch -ex "info threads" -ex "thread apply all bt 12" 2>&1 | grep -E "^#|^Thread|^\*|^  [0-9]" | head -80
+          done ) > $OUT/$tag.stacks 2>&1 &
+        wpid=$!
+        timeout -s INT -k 5 40 env NCCL_DEBUG=WARN $envs $S/bin/launch --gpus $n $MLP run.cuda_graph=true run.deterministic=true \
+          run.steps=30 run.log_every=1 $over data.batch_size=256 run.checkpoint=false run.out_dir=$OUT/$tag > $OUT/$tag.log 2>&1
+        rc=$?; wait $wpid 2>/dev/null; pkill -9 -f "$S/bin/train"; sleep 1
+        echo "$n GPU(s) $envs $over: rc=$rc, last: $(grep -hE '^step|error' $OUT/$tag.log | tail -2 | tr '\n' ' ')"
+      done
       ;;
     ddp_graph)
       # CUDA graphs with the all-reduces captured inside: the same weights as

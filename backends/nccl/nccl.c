@@ -234,9 +234,27 @@ static int nccl_type(stoke_dtype t, ncclDataType_t *out) {
   }
 }
 
-/* Before a collective (mu held): the communicator must be alive and the
- * ring must have room (the watchdog retires finished ones). */
-static stoke_err *admit_locked(nccl_comm *c) {
+/* A collective enqueued while `stream` is being captured into a CUDA graph
+ * runs only when the graph is replayed: it is not followed here (an event
+ * recorded now would be part of the graph); the core calls watch() after
+ * each replay instead. */
+static int capturing(void *stream) {
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing((cudaStream_t)stream, &st) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return st == cudaStreamCaptureStatusActive;
+}
+
+/* Before a collective on `stream` (mu held): the communicator must be
+ * alive and the ring must have room (the watchdog retires finished ones).
+ * While `stream` is being captured nothing is queried: the capture is
+ * thread-local, and cudaEventQuery from the capturing thread is one of the
+ * calls that invalidate it ("operation not permitted when stream is
+ * capturing"); nothing captured is tracked either, so no room is needed. */
+static stoke_err *admit_locked(nccl_comm *c, void *stream) {
+  if (capturing(stream)) return c->failed ? STOKE_PERR(STOKE_E_DEVICE, "nccl: %s", c->why) : NULL;
   for (;;) {
     check_locked(c);
     if (c->failed) return STOKE_PERR(STOKE_E_DEVICE, "nccl: %s", c->why);
@@ -263,23 +281,10 @@ static stoke_err *track_locked(nccl_comm *c, cudaStream_t stream, const char *fm
   return NULL;
 }
 
-/* A collective enqueued while `stream` is being captured into a CUDA graph
- * runs only when the graph is replayed: it is not followed here (an event
- * recorded now would be part of the graph); the core calls watch() after
- * each replay instead. */
-static int capturing(void *stream) {
-  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing((cudaStream_t)stream, &st) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return st == cudaStreamCaptureStatusActive;
-}
-
 static stoke_err *nccl_watch(void *self, void *stream, const char *what) {
   nccl_comm *c = self;
   pthread_mutex_lock(&c->mu);
-  stoke_err *e = admit_locked(c);
+  stoke_err *e = admit_locked(c, stream);
   if (!e) e = track_locked(c, (cudaStream_t)stream, "%s", what);
   pthread_mutex_unlock(&c->mu);
   return e;
@@ -291,7 +296,7 @@ static stoke_err *nccl_all_reduce(void *self, void *buf, size_t count, stoke_dty
   ncclDataType_t t;
   if (!nccl_type(dtype, &t)) return STOKE_PERR(STOKE_E_UNSUPPORTED, "nccl: all_reduce of dtype %d", (int)dtype);
   pthread_mutex_lock(&c->mu);
-  stoke_err *e = admit_locked(c);
+  stoke_err *e = admit_locked(c, stream);
   if (!e) {
     ncclResult_t r = ncclAllReduce(buf, buf, count, t, op == STOKE_AVG ? ncclAvg : ncclSum, c->comm,
                                    (cudaStream_t)stream);
@@ -309,7 +314,7 @@ static stoke_err *nccl_broadcast(void *self, void *buf, size_t count, stoke_dtyp
   ncclDataType_t t;
   if (!nccl_type(dtype, &t)) return STOKE_PERR(STOKE_E_UNSUPPORTED, "nccl: broadcast of dtype %d", (int)dtype);
   pthread_mutex_lock(&c->mu);
-  stoke_err *e = admit_locked(c);
+  stoke_err *e = admit_locked(c, stream);
   if (!e) {
     ncclResult_t r = ncclBroadcast(buf, buf, count, t, root, c->comm, (cudaStream_t)stream);
     if (r != ncclSuccess) e = NCCL_ERR(c, r, "broadcast of %zu elements from rank %d", count, root);

@@ -29,6 +29,7 @@
 
 #define N 8
 #define CLASSES 10
+#define FLIP 2e-2 /* a ReLU flip's size in a gradient tensor: see check_resnet18 */
 
 static stoke_registry *reg;
 static stoke_cfg *cfg;
@@ -123,7 +124,26 @@ static void check_resnet18(int fused) {
   /* the GPU's gradients are poisoned: every one must be written */
   size_t gbytes = gpu.p->bytes[STOKE_BUF_GRADS];
   OK(gpu.dev->fill(gpu.selves[d], stoke_exec_buffer(gpu.x, STOKE_BUF_GRADS), 0xff, gbytes, NULL));
-  OK(stoke_exec_forward_backward(ref.x, 1, 7));
+  /* How much fp32 rounding can move each gradient for this batch, measured:
+   * the f64 network again with its input and parameters moved by up to one
+   * fp32 unit roundoff each (PERTURBED draws), the largest change kept per
+   * tensor (sens below). */
+  size_t n64 = ref.p->bytes[STOKE_BUF_GRADS] / sizeof(double);
+  double *pd0 = malloc(ref.p->bytes[STOKE_BUF_PARAMS]), *g64p = calloc(n64, sizeof(double));
+  double *gr = malloc(ref.p->bytes[STOKE_BUF_GRADS]), *sens_num = calloc(n64, sizeof(double));
+  double *pd = stoke_exec_buffer(ref.x, STOKE_BUF_PARAMS);
+  memcpy(pd0, pd, ref.p->bytes[STOKE_BUF_PARAMS]);
+  const double u32 = stoke_dtype_unit_roundoff(STOKE_F32);
+  enum { PERTURBED = 2 };
+  for (int k = 0; k <= PERTURBED; k++) { /* k = 0: the exact f32 values */
+    for (size_t i = 0; k && i < ref.p->bytes[STOKE_BUF_PARAMS] / sizeof(double); i++)
+      pd[i] = pd0[i] * (1 + u32 * (2 * stoke_rng_uniform(&r) - 1));
+    for (int i = 0; i < N * 3 * 32 * 32; i++) xr[i] = xc[i] * (k ? 1 + u32 * (2 * stoke_rng_uniform(&r) - 1) : 1);
+    OK(stoke_exec_forward_backward(ref.x, 1, 7));
+    memcpy(k ? g64p : gr, stoke_exec_buffer(ref.x, STOKE_BUF_GRADS), ref.p->bytes[STOKE_BUF_GRADS]);
+    for (size_t i = 0; k && i < n64; i++) sens_num[i] = fmax(sens_num[i], fabs(g64p[i] - gr[i]));
+  }
+  memcpy(pd, pd0, ref.p->bytes[STOKE_BUF_PARAMS]);
   OK(stoke_exec_forward_backward(cpu.x, 1, 7));
   OK(stoke_exec_forward_backward(gpu.x, 1, 7));
   double lc, lg;
@@ -134,9 +154,9 @@ static void check_resnet18(int fused) {
   /* parameters and their gradients share offsets: same model, same order */
   assert_int_equal(gbytes, cpu.p->bytes[STOKE_BUF_GRADS]);
   float *gc = stoke_exec_buffer(cpu.x, STOKE_BUF_GRADS), *gg = malloc(gbytes);
-  const double *gr = stoke_exec_buffer(ref.x, STOKE_BUF_GRADS);
   OK(stoke_exec_copy(gpu.x, gg, stoke_exec_buffer(gpu.x, STOKE_BUF_GRADS), gbytes, STOKE_COPY_D2H));
   double worst = 0, num = 0, den = 0, num_c64 = 0, num_g64 = 0, den64 = 0;
+  int n_checked = 0, flips = 0, head_checked = 0;
   const stoke_graph *g = cpu.g;
   for (int v = 0; v < g->n_values; v++) {
     const stoke_value *val = &g->values[v];
@@ -146,23 +166,38 @@ static void check_resnet18(int fused) {
      * 20 layers whose batch norms see as few as 8x4x4 values. Typically
      * (H100) the worst tensor differs from the CPU's by 3.6e-6 and all
      * gradients together by 1.7e-6, the CPU's own fp32 gradients being
-     * 8e-7 from the f64 ones and the GPU's 1.5e-6. But a tensor whose
-     * gradient is a sum with heavy cancellation (conv1.weight: 8x32x32
-     * terms per element of both signs, through the whole backward chain)
-     * is only as accurate as fp32 can make it for that batch: 3 of 10
-     * fresh seeds gave conv1.weight 8e-4 to 3.8e-3 between GPU and CPU.
-     * So each tensor's bound is derived from that batch's conditioning,
-     * measured: the GPU's error against f64 may be at most 10x the CPU
-     * fp32's own error against f64 (both are fp32 over the same sums in
-     * other orders), with a floor of 1e-5 for tensors the CPU gets almost
-     * exactly. A kernel that loses precision (TF32, a reduced-precision
-     * reduction) is caught, cancellation is not held against it. */
+     * 8e-7 from the f64 ones and the GPU's 1.5e-6. Each tensor's bound is
+     * 10x the larger of two measures of what fp32 can do for this batch:
+     * the CPU fp32's own error against f64, and the f64 network's change
+     * when its input and weights move by one fp32 rounding (sens; 4e-7 in
+     * all). Floor 1e-5.
+     *
+     * But a ReLU whose input is within fp32 rounding of 0 goes the other
+     * way in fp32 than in f64, and then every gradient behind it in the
+     * backward moves by a few 1e-3 at once: on 2 of 5 fresh seeds (H200,
+     * 2026-11-23; seeds 4200015146 and 4206687155) the GPU was 3.4e-3 and
+     * 5.8e-3 from f64 on a tensor where the CPU was 1e-6 from it and sens
+     * 4e-7: a discrete decision, not rounding or a conditioning the bound
+     * could measure (on other seeds the CPU's own fp32 flips the same
+     * way, 4.7e-3 in all; a flip in layer4 moved 60 tensors and all
+     * gradients together by 5.4e-3). So a tensor over its bound is a flip
+     * suspect, printed, and fails only beyond FLIP (2e-2, 2x the largest
+     * flip seen, 1.0e-2), the sum over all gradients too once a flip was seen.
+     * Precision loss cannot hide behind that: the head (fc.weight, fc.bias)
+     * comes after the last ReLU, no flip moves it by more than rounding,
+     * and it keeps the strict bound: it sees the whole forward, where TF32
+     * (2^-11) or a reduced-precision sum would show by 1e-4 or more; and
+     * kernel by kernel the per-op GPU tests (cuda_ops_test, cudnn_bn_test,
+     * cudnn_test, fused_test) hold each backward to tolerances from its
+     * reduction length. */
     double e = rel(gg + off, gc + off, n);
     if (e > worst) worst = e;
     /* against f64: the same value id in the f64 plan (same build), at its own offset */
     const double *g64 = gr + ref.g->values[v].offset / sizeof(double);
-    double tc = 0, tg = 0, t64 = 0;
+    const double *s64 = sens_num + ref.g->values[v].offset / sizeof(double);
+    double tc = 0, tg = 0, t64 = 0, ts = 0;
     for (size_t i = 0; i < n; i++) {
+      ts += s64[i] * s64[i];
       double d = (double)gg[off + i] - gc[off + i];
       num += d * d;
       den += (double)gc[off + i] * gc[off + i];
@@ -171,7 +206,7 @@ static void check_resnet18(int fused) {
       t64 += g64[i] * g64[i];
     }
     num_c64 += tc, num_g64 += tg, den64 += t64;
-    double ec = sqrt(tc / t64), eg = sqrt(tg / t64), bound = fmax(10 * ec, 1e-5);
+    double ec = sqrt(tc / t64), eg = sqrt(tg / t64), sens = sqrt(ts / t64), bound = fmax(10 * fmax(ec, sens), 1e-5);
     /* A convolution before a training batch norm is scale invariant: the
      * loss does not change along its weight, so each output filter's
      * gradient is orthogonal to the filter, exactly. In fp32 the part
@@ -205,22 +240,37 @@ static void check_resnet18(int fused) {
       }
       oc = sqrt(oc / fmax(o64, 1e-300)), og = sqrt(og / fmax(o64, 1e-300)), along = sqrt(along / t64);
     }
-    int ok = eg <= bound || (val->shape.ndim == 4 && og <= fmax(10 * oc, 1e-5) && along <= 1e-2);
+    int ok = eg <= bound || (val->shape.ndim == 4 && og <= fmax(10 * fmax(oc, sens), 1e-5) && along <= 1e-2);
+    int head = !strncmp(val->name, "fc.", 3); /* after the last ReLU: no flip reaches it */
+    head_checked += head;
+    if (!ok && !head && eg <= FLIP) { /* a ReLU decided the other way (above) */
+      print_message("  %-28s over its bound %.3g by a ReLU flip's size (%.3g <= %g)\n", val->name, bound, eg, FLIP);
+      flips++, ok = 1;
+    }
     if (e > 1e-5 || eg > bound)
-      print_message("  %-28s gpu vs cpu %.3g; vs f64: cpu %.3g, gpu %.3g (bound %.3g); orthogonal to the filters: "
-                    "cpu %.3g, gpu %.3g; along them: gpu %.3g\n",
-                    val->name, e, ec, eg, bound, oc, og, along);
+      print_message("  %-28s gpu vs cpu %.3g; vs f64: cpu %.3g, gpu %.3g, sens %.3g (bound %.3g); orthogonal to the "
+                    "filters: cpu %.3g, gpu %.3g; along them: gpu %.3g\n",
+                    val->name, e, ec, eg, sens, bound, oc, og, along);
     if (!ok)
-      fail_msg("gradient of %s: relative error against f64 %.3g, more than 10x the CPU fp32's %.3g (orthogonal to "
-               "the filters: gpu %.3g, cpu %.3g; along them %.3g)",
-               val->name, eg, ec, og, oc, along);
+      fail_msg("gradient of %s: relative error against f64 %.3g, more than 10x both the CPU fp32's %.3g and the "
+               "f64 network's change under fp32-sized perturbations %.3g, beyond a ReLU flip's %g (orthogonal to the filters: gpu %.3g, cpu "
+               "%.3g; along them %.3g)",
+               val->name, eg, ec, sens, FLIP, og, oc, along);
+    n_checked++;
   }
   /* (the padding between parameters stays poisoned: only parameters count) */
   double all = sqrt(num / den);
   print_message("all parameter gradients: relative error %.3g; against f64: cpu fp32 %.3g, gpu fp32 %.3g\n", all,
                 sqrt(num_c64 / den64), sqrt(num_g64 / den64));
   /* all gradients together: dominated by the large, well-conditioned tensors */
-  assert_true(sqrt(num_g64 / den64) <= fmax(10 * sqrt(num_c64 / den64), 1e-5));
+  assert_true(n_checked > 0 && head_checked == 2);
+  if (flips) print_message("%d tensor%s over the rounding bound within a ReLU flip's size\n", flips, flips == 1 ? "" : "s");
+  double all_sens = 0;
+  for (size_t i = 0; i < n64; i++) all_sens += sens_num[i] * sens_num[i];
+  all_sens = sqrt(all_sens / den64);
+  print_message("all parameter gradients' change under fp32-sized perturbations (f64): %.3g\n", all_sens);
+  double all_bound = fmax(10 * fmax(sqrt(num_c64 / den64), all_sens), 1e-5);
+  assert_true(sqrt(num_g64 / den64) <= (flips ? FLIP : all_bound));
   print_message("worst parameter-gradient relative error %.3g over %lld parameters\n", worst,
                 (long long)cpu.p->n_params);
   size_t sbytes = cpu.p->bytes[STOKE_BUF_STATE];
@@ -232,6 +282,10 @@ static void check_resnet18(int fused) {
   free(xg);
   free(gg);
   free(sg);
+  free(pd0);
+  free(g64p);
+  free(gr);
+  free(sens_num);
   stoke_exec_free(gpu.x);
   stoke_exec_free(cpu.x);
   stoke_exec_free(ref.x);

@@ -286,7 +286,9 @@ void stoke_exec_profile_report(stoke_exec *x, FILE *f);
 stoke_err *stoke_exec_micro(stoke_exec *x, int first_micro, int last_micro, uint64_t step_seed,
                             const stoke_opt_args_v1 *opt);
 /* Whole-step graphs on or off: an error names why they cannot be used (a
- * device without capture, dropout, the per-op profile). */
+ * device without capture, dropout, the per-op profile). Off destroys the
+ * graphs captured so far: before a comm that captured collectives into
+ * them closes (NCCL's abort waits for every graph holding its work). */
 stoke_err *stoke_exec_graphs(stoke_exec *x, int on);
 /* GPU operations in one step of `accumulate` micro-batches as captured
  * (the first, middle and last micro-batch each have their graph; 0 until
