@@ -617,7 +617,9 @@ over = 0
 for s in steps:
     end = s["ts"] + s["dur"]
     b = [e for e in bwd if s["ts"] <= e["ts"] <= end]
-    c = [e for e in comm if s["ts"] - 1e3 <= e["ts"] <= end]
+    # the step's own buckets: from its first forward node on (the one before may still be all-reducing)
+    f = [e["ts"] for e in ops if e["args"].get("pass") == "forward" and s["ts"] <= e["ts"] <= end]
+    c = [e for e in comm if (min(f) if f else s["ts"]) <= e["ts"] <= end]
     if b and c:
         last_bwd = max(e["ts"] + e["dur"] for e in b)
         over += sum(e["ts"] < last_bwd for e in c)

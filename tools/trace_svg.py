@@ -113,10 +113,13 @@ def rows(slices):
 
 
 def bucket_overlap(ev, t0, t1):
-    """(buckets in the window, how many started before the last backward node ended), per step."""
-    comm = [e for e in ev if e.get("ph") == "X" and e.get("cat") == "comm" and t0 <= e["ts"] <= t1]
-    bwd = [e for e in ev if e.get("ph") == "X" and e.get("cat") == "op"
-           and e.get("args", {}).get("pass") == "backward" and t0 <= e["ts"] <= t1]
+    """(the window's buckets, how many started before the last backward node ended). The window's
+    own: from its first forward node on (the window opens on the host, where the step before may
+    still be all-reducing its last bucket)."""
+    ops = [e for e in ev if e.get("ph") == "X" and e.get("cat") == "op" and t0 <= e["ts"] <= t1]
+    first_fwd = min((e["ts"] for e in ops if e.get("args", {}).get("pass") == "forward"), default=t0)
+    comm = [e for e in ev if e.get("ph") == "X" and e.get("cat") == "comm" and first_fwd <= e["ts"] <= t1]
+    bwd = [e for e in ops if e.get("args", {}).get("pass") == "backward"]
     if not comm:
         return None
     last_bwd = max((e["ts"] + e["dur"] for e in bwd), default=-math.inf)
