@@ -601,10 +601,23 @@ static stoke_err *describe(const stoke_graph *g, const int *seg, const stoke_pla
     if (!g->nodes[i].recompute) step += g->nodes[i].flops;
   used += (size_t)snprintf(r + used, cap - used,
                            "recompute (%s%s): %d forward nodes re-run in backward in %d segments; activations %s -> "
-                           "%s (%s saved); +%.4g FLOPs per step (+%.1f%% of forward+backward)\n",
+                           "%s (%s %s); +%.4g FLOPs per step (+%.1f%% of forward+backward)\n",
                            !strcmp(o->recompute, "auto") ? "auto" : o->recompute, budget_s, p->n_recomputed,
-                           p->n_recompute_segments, before_s, after_s, saved_s, p->recompute_flops,
+                           p->n_recompute_segments, before_s, after_s, saved_s + (saved_s[0] == '-'),
+                           after > p->arena_without_recompute ? "more" : "saved", p->recompute_flops,
                            step > 0 ? 100 * p->recompute_flops / step : 0.0);
+  if (p->n_recomputed && after > p->arena_without_recompute && strcmp(o->recompute, "auto")) {
+    /* e.g. examples/mlp.ini with layers.*: only the last ReLU is a node of its own, and its input is kept
+     * for the backward anyway, so the re-run output is one more buffer (auto never picks such a segment) */
+    used += (size_t)snprintf(r + used, cap - used,
+                             "  this costs %s of memory instead of saving it: the re-run outputs live beside "
+                             "inputs the backward keeps anyway; recompute other nodes, or use auto\n",
+                             saved_s + (saved_s[0] == '-'));
+    stoke_log(STOKE_LOG_WARN, "plan",
+              "[run] recompute = %s costs %s of activation memory instead of saving it (the plan report says "
+              "which segments re-run); recompute other nodes, or use auto",
+              o->recompute, saved_s + (saved_s[0] == '-'));
+  }
   if (!p->n_recomputed)
     used += (size_t)snprintf(r + used, cap - used, "  nothing recomputed: %s\n",
                              !strcmp(o->recompute, "auto") ? "the plan fits the budget without it"

@@ -407,8 +407,29 @@ static void test_patterns(void **state) {
   stoke_graph_free(g);
 }
 
+/* A pattern that costs memory is said so: a ReLU alone, whose input the
+ * backward keeps anyway (as layers.* on examples/mlp.ini with cuBLASLt,
+ * where only the last ReLU is a node of its own: 15.6 MiB more). */
+static void test_pattern_costs_memory(void **state) {
+  static const spec relu_mlp = {"mlp (relu)", "mlp", "hidden = 48, 48, 48, 48\n", {1, {24}}, 16, 10, 0};
+  stoke_graph *g = build(&relu_mlp, STOKE_F32);
+  stoke_plan *p = compile(g, 0, "layers.7", 0);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  stoke_plan_report(p, f);
+  fclose(f);
+  print_message("%s", strstr(text, "recompute ("));
+  assert_true(p->bytes[STOKE_BUF_ARENA] > p->arena_without_recompute);
+  assert_non_null(strstr(text, "of memory instead of saving it"));
+  free(text);
+  stoke_plan_free(p);
+  stoke_graph_free(g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_pattern_costs_memory),
       cmocka_unit_test(test_mlp),     cmocka_unit_test(test_resnet),  cmocka_unit_test(test_gpt),
       cmocka_unit_test(test_auto),    cmocka_unit_test(test_dropout), cmocka_unit_test(test_patterns),
       cmocka_unit_test(test_buckets),
