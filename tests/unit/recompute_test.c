@@ -376,6 +376,17 @@ static void test_dropout(void **state) {
 
 /* A pattern that matches nothing is an error naming it; the report names
  * the segments. */
+/* The plan report as text (malloc'd), its recompute lines printed. */
+static char *report_text(const stoke_plan *p) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  stoke_plan_report(p, f);
+  fclose(f);
+  print_message("%s", strstr(text, "recompute ("));
+  return text;
+}
+
 static void test_patterns(void **state) {
   stoke_graph *g = build(&gpt, STOKE_F32);
   static const char *engines[] = {"cpu"};
@@ -391,12 +402,7 @@ static void test_patterns(void **state) {
   stoke_graph_free(g);
   g = build(&gpt, STOKE_F32);
   p = compile(g, 0, "h.*.attn", 0);
-  char *text = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&text, &len);
-  stoke_plan_report(p, f);
-  fclose(f);
-  print_message("%s", strstr(text, "recompute ("));
+  char *text = report_text(p);
   /* one segment per block's attention module */
   assert_int_equal(p->n_recompute_segments, 2);
   assert_non_null(strstr(text, "segment transformer.h.0.attn"));
@@ -414,12 +420,7 @@ static void test_pattern_costs_memory(void **state) {
   static const spec relu_mlp = {"mlp (relu)", "mlp", "hidden = 48, 48, 48, 48\n", {1, {24}}, 16, 10, 0};
   stoke_graph *g = build(&relu_mlp, STOKE_F32);
   stoke_plan *p = compile(g, 0, "layers.7", 0);
-  char *text = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&text, &len);
-  stoke_plan_report(p, f);
-  fclose(f);
-  print_message("%s", strstr(text, "recompute ("));
+  char *text = report_text(p);
   assert_true(p->bytes[STOKE_BUF_ARENA] > p->arena_without_recompute);
   assert_non_null(strstr(text, "of memory instead of saving it"));
   free(text);
