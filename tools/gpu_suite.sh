@@ -122,7 +122,9 @@
 #             1 and 2 GPUs beside PyTorch DDP)
 #   ddp_gpt   GPT-2 124M bf16 B=16 per GPU on 1 and 2 GPUs: tokens/s and scaling;
 #             DDP_GPT_VARIANTS (label:environment:overrides) A/B the 2-GPU run
-#             (NCCL_MAX_NCHANNELS, run.bucket_mb), DDP_GPT_STEPS its length
+#             (NCCL_MAX_NCHANNELS, run.bucket_mb), DDP_GPT_STEPS its length;
+#             DDP_GPT_TORCH=1 adds PyTorch DDP (tools/gpt_ddp_torch.py, eager and
+#             compiled, 1 and 2 GPUs) for the scaling beside stoke's
 #   ddp_graph_diag  where a 2-GPU run with cuda_graph = true stops: the mlp on
 #             1 and 2 GPUs cut at 40 s each, a stuck rank's host stacks
 #             (cuda-gdb) at 30 s, NCCL's variables each way, and PyTorch's own
@@ -666,6 +668,24 @@ one, two = rate(sys.argv[1]), rate(sys.argv[2])
 print(f"stoke GPT-2 124M bf16 B=16/GPU {sys.argv[3]}: 1 GPU {one:.0f} tokens/s, 2 GPUs {two:.0f} ({two/2:.0f} per GPU), scaling {100*two/(2*one):.1f}%")
 PY
       done
+      if [ "${DDP_GPT_TORCH:-0}" = 1 ]; then # PyTorch DDP on the same machine, 1 and 2 GPUs (eager and compiled)
+        rm -f $OUT/gpt_ddp_torch.jsonl
+        for mode in bf16 bf16+compile; do
+          for n in 1 2; do
+            B=16 timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node=$n "$HERE/gpt_ddp_torch.py" \
+              "$S/anchors" $OUT/gpt_ddp_torch.jsonl $mode > $OUT/gpt_ddp_torch_${mode}_$n.log 2>&1
+            echo "pytorch DDP $mode $n GPU(s) rc=$?"
+          done
+        done
+        python3 - $OUT/gpt_ddp_torch.jsonl <<'PY'
+import json, sys
+r = {(d["mode"], d["world"]): d["tokens_per_s_total"] for d in map(json.loads, open(sys.argv[1]))}
+for mode in ("bf16", "bf16+compile"):
+    if (mode, 1) in r and (mode, 2) in r:
+        print(f"pytorch DDP GPT-2 124M {mode} B=16/GPU: 1 GPU {r[mode, 1]} tokens/s, 2 GPUs {r[mode, 2]}, "
+              f"scaling {100 * r[mode, 2] / (2 * r[mode, 1]):.1f}%")
+PY
+      fi
       ;;
     ddp) # all of the data-parallel checks below, in one call
       bash "$0" ddp_eq ddp_graph ddp_resume ddp_kill ddp_bench
