@@ -125,6 +125,8 @@
 #             (NCCL_MAX_NCHANNELS, run.bucket_mb), DDP_GPT_STEPS its length;
 #             DDP_GPT_TORCH=1 adds PyTorch DDP (tools/gpt_ddp_torch.py, eager and
 #             compiled, 1 and 2 GPUs) for the scaling beside stoke's
+#   ddp_gpt_rounds  the same scaling with the 1- and 2-GPU runs interleaved
+#             (DDP_GPT_ROUNDS, 3; DDP_GPT_STEPS, 60): each round's and the median
 #   ddp_graph_diag  where a 2-GPU run with cuda_graph = true stops: the mlp on
 #             1 and 2 GPUs cut at 40 s each, a stuck rank's host stacks
 #             (cuda-gdb) at 30 s, NCCL's variables each way, and PyTorch's own
@@ -686,6 +688,28 @@ for mode in ("bf16", "bf16+compile"):
               f"scaling {100 * r[mode, 2] / (2 * r[mode, 1]):.1f}%")
 PY
       fi
+      ;;
+    ddp_gpt_rounds) # issue 12's scaling, interleaved: 1 GPU and 2 GPUs alternately DDP_GPT_ROUNDS times (3), so
+      # that clock drift between two long runs (seen: 31.5 -> 32.6 ms over 80 steps on one GPU) is in both
+      log "gpt2_124m bf16 B=16 per GPU: 1 and 2 GPUs alternately, ${DDP_GPT_ROUNDS:-3} rounds"
+      g="$S/examples/gpt2_124m.ini run.checkpoint=false run.progress=off run.steps=${DDP_GPT_STEPS:-60}"
+      for r in $(seq ${DDP_GPT_ROUNDS:-3}); do
+        timeout 150 $T $g run.out_dir=$OUT/gptr1_$r > $OUT/gptr1_$r.log 2>&1; echo "round $r: 1 GPU rc=$?"
+        timeout 200 $S/bin/launch --gpus 2 $g run.out_dir=$OUT/gptr2_$r > $OUT/gptr2_$r.log 2>&1; echo "round $r: 2 GPUs rc=$?"
+      done
+      python3 - $OUT ${DDP_GPT_ROUNDS:-3} <<'PY'
+import json, statistics, sys
+def rate(p):
+    try: return [json.loads(l) for l in open(p) if '"summary"' in l][-1]["samples_per_s_median"] * 1024
+    except Exception: return float("nan")
+s = []
+for r in range(1, int(sys.argv[2]) + 1):
+    one, two = rate(f"{sys.argv[1]}/gptr1_{r}/metrics.jsonl"), rate(f"{sys.argv[1]}/gptr2_{r}/metrics.jsonl")
+    s.append(two / (2 * one))
+    print(f"  round {r}: 1 GPU {one:.0f} tokens/s, 2 GPUs {two:.0f}, scaling {100 * s[-1]:.1f}%")
+print(f"stoke GPT-2 124M bf16 B=16/GPU, interleaved: scaling median {100 * statistics.median(s):.1f}% "
+      f"(rounds {', '.join(f'{100 * x:.1f}' for x in s)})")
+PY
       ;;
     ddp) # all of the data-parallel checks below, in one call
       bash "$0" ddp_eq ddp_graph ddp_resume ddp_kill ddp_bench
