@@ -24,7 +24,7 @@
 #include "stoke/run.h"
 
 static const char *dirs[] = {"backends/cpu", "sources/synthetic", "models/mlp", "plugins/swish", "backends/cuda",
-                             "plugins/lion", "plugins/bf16_fp32norm", "tests/e2e"};
+                             "plugins/lion", "plugins/bf16_fp32norm", "tests/e2e", "tests/plugins/dies"};
 static char tmp[512];
 
 static const char *base_ini =
@@ -175,7 +175,8 @@ static void test_messages(void **state) {
   print_message("%s\n", e->msg);
   assert_non_null(strstr(e->msg, "typo.ini:22: [optimizer] unknown key 'momentun' (did you mean 'momentum'?)"));
   stoke_err_free(e);
-  /* a backend that does not exist: the ones that do are listed */
+  /* a backend that does not exist: the ones that do are listed (every plugin on the path loaded to see,
+   * each in a child process: tests/plugins/dies ends the process that loads it) */
   const char *bad[] = {"optimizer.momentun=", "run.backends=cdua"};
   char fixed[2048];
   snprintf(fixed, sizeof fixed, "%s", base_ini);
