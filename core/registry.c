@@ -5,10 +5,13 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "stoke/check.h"
@@ -326,6 +329,26 @@ stoke_err *stoke_registry_add_plugin(stoke_registry *r, const stoke_plugin_v1 *p
     free(l->path);
   }
   return e;
+}
+
+int stoke_registry_load_survives(stoke_registry *r, const char *name) {
+  fflush(NULL); /* the child's exit must not write the parent's buffers again */
+  pid_t pid = fork();
+  if (pid < 0) return 1; /* no child: load it here as before */
+  if (pid == 0) {
+    stoke_err *e = stoke_registry_load(r, name);
+    _exit(e ? 2 : 0);
+  }
+  int st = 0;
+  for (int i = 0; i < 1000; i++) { /* 10 s */
+    pid_t w = waitpid(pid, &st, WNOHANG);
+    if (w == pid) return WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 2);
+    if (w < 0 && errno != EINTR) return 0;
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &st, 0);
+  return 0;
 }
 
 stoke_err *stoke_registry_load(stoke_registry *r, const char *name) {

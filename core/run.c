@@ -7,13 +7,9 @@
  * evaluation, summary). What they share: core/run_state.h. */
 #include <math.h>
 #include <limits.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "stoke/core.h"
 #include "stoke/registry.h"
@@ -21,76 +17,20 @@
 
 /* --------------------------------------------------------- plugin setup */
 
-/* The parts of `kind` that plugin `name` registers, "a, b", loaded in a
- * child process: any library on the search path is loaded here, and one
- * that dies while loading (a foreign build; an ASan-built one in a normal
- * process exits with "ASan runtime does not come first") takes the child,
- * not the error message being written. Empty when the child fails or
- * takes more than 10 s. */
-static void names_in_child(const char *const *dirs, int n_dirs, const char *name, const char *kind, char *out,
-                           size_t cap) {
-  out[0] = 0;
-  int fd[2];
-  if (pipe(fd)) return;
-  fflush(NULL); /* the child's exit must not write the parent's buffers again */
-  pid_t pid = fork();
-  if (pid < 0) {
-    close(fd[0]);
-    close(fd[1]);
-    return;
-  }
-  if (pid == 0) {
-    close(fd[0]);
-    char names[1024] = "";
-    stoke_registry *r = NULL;
-    if (!stoke_registry_new(&r)) {
-      for (int i = 0; i < n_dirs; i++) stoke_registry_add_path(r, dirs[i]);
-      stoke_err *e = stoke_registry_load(r, name);
-      if (!e) stoke_registry_names(r, kind, names, sizeof names);
-    }
-    ssize_t w = write(fd[1], names, strlen(names));
-    _exit(w < 0);
-  }
-  close(fd[1]);
-  size_t got = 0;
-  struct pollfd p = {.fd = fd[0], .events = POLLIN};
-  while (got + 1 < cap && poll(&p, 1, 10000) > 0) {
-    ssize_t n = read(fd[0], out + got, cap - 1 - got);
-    if (n <= 0) break;
-    got += (size_t)n;
-  }
-  out[got] = 0;
-  close(fd[0]);
-  int st = 0;
-  if (waitpid(pid, &st, WNOHANG) == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-  }
-  if (!WIFEXITED(st) || WEXITSTATUS(st)) out[0] = 0; /* what it wrote before dying may be partial */
-}
-
-/* Every part of `kind` that any plugin on the search path registers (the
- * built-in ones, then each plugin's, once each). */
+/* Every part of `kind` that any plugin on the search path registers (a
+ * plugin that would end the process that loads it is left out). */
 static void list_available(stoke_registry *cur, const char *const *dirs, int n_dirs,
                            const char *kind, char *buf, size_t cap) {
   stoke_registry *r = NULL;
   buf[0] = 0;
   if (stoke_registry_new(&r)) return;
-  stoke_registry_names(r, kind, buf, cap); /* built in */
-  stoke_registry_free(r);
-  size_t used = strlen(buf);
+  for (int i = 0; i < n_dirs; i++) stoke_registry_add_path(r, dirs[i]);
   char files[2048];
   stoke_registry_available(cur, files, sizeof files);
-  for (char *save = NULL, *t = strtok_r(files, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
-    char names[1024];
-    names_in_child(dirs, n_dirs, t, kind, names, sizeof names);
-    for (char *s2 = NULL, *n = strtok_r(names, ", ", &s2); n && used + 1 < cap; n = strtok_r(NULL, ", ", &s2)) {
-      int dup = 0;
-      for (const char *q = strstr(buf, n); q && !dup; q = strstr(q + 1, n)) /* a whole entry already listed */
-        dup = (q == buf || q[-1] == ' ') && (q[strlen(n)] == ',' || q[strlen(n)] == 0);
-      if (!dup) used += (size_t)snprintf(buf + used, cap - used, "%s%s", used ? ", " : "", n);
-    }
-  }
+  for (char *save = NULL, *t = strtok_r(files, ", ", &save); t; t = strtok_r(NULL, ", ", &save))
+    if (stoke_registry_load_survives(r, t)) stoke_err_free(stoke_registry_load(r, t));
+  stoke_registry_names(r, kind, buf, cap);
+  stoke_registry_free(r);
 }
 
 /* The registered part of `kind` named `name`, or NULL. */
