@@ -14,7 +14,7 @@ rm -rf $ST && mkdir -p $ST/bin/plugins $ST/tests $ST/anchors
 cp bazel-bin/tools/train $ST/bin/
 for t in launch bench convert bench_loader make_jpeg_bench plugin_check; do cp bazel-bin/tools/$t $ST/bin/; done
 # the commit, for tools/bench's reports (the GPU machine has no .git)
-echo "$(git rev-parse --short=12 HEAD)$(git status --porcelain --untracked-files=no | grep -q . && echo -dirty)" > $ST/bin/COMMIT
+echo "$(git rev-parse --short=12 HEAD)$([ -n "$(git status --porcelain --untracked-files=no)" ] && echo -dirty)" > $ST/bin/COMMIT
 cp bazel-bin/tools/plugins/*.so $ST/bin/plugins/
 for so in $(find -L bazel-bin/backends -type f -name 'libstoke_*.so'); do cp "$so" $ST/bin/plugins/; done
 # issue 18's new-user CUDA op plugin (tests/plugins/newuser), for gpu_suite part plugkit

@@ -140,7 +140,7 @@ set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)" # the stage folder: loss_curves.py beside this script
 T="$S/bin/train"
 # NCCL: the system's, else the one PyTorch's wheels bring
-if ! ldconfig -p | grep -q libnccl.so.2; then
+if ! ldconfig -p | grep libnccl.so.2 > /dev/null; then # (grep -q would close the pipe early: SIGPIPE under pipefail)
   nccl=$(find /opt /usr/local /usr/lib -name 'libnccl.so.2' 2>/dev/null | head -1)
   [ -n "$nccl" ] && export LD_LIBRARY_PATH="$(dirname "$nccl"):$LD_LIBRARY_PATH"
 fi

@@ -12,7 +12,9 @@ sdk=$(ls core/sdk/stoke)
 dirs="backends sources models plugins"
 while IFS=: read -r file line text; do
   h=$(echo "$text" | sed -E 's/.*#include "stoke\/([^"]+)".*/\1/')
-  if ! echo "$sdk" | grep -qx "$h"; then
+  # a here-string, not a pipe: under pipefail `echo | grep -q` fails when grep exits
+  # before echo has written (SIGPIPE), which once failed this test on ops.h
+  if ! grep -qx "$h" <<< "$sdk"; then
     echo "FAIL: $file:$line includes stoke/$h, which is not an SDK header (core/sdk/stoke/)"
     fail=1
   fi
