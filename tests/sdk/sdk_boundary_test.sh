@@ -12,8 +12,8 @@ sdk=$(ls core/sdk/stoke)
 dirs="backends sources models plugins"
 while IFS=: read -r file line text; do
   h=$(echo "$text" | sed -E 's/.*#include "stoke\/([^"]+)".*/\1/')
-  # a here-string, not a pipe: under pipefail `echo | grep -q` fails when grep exits
-  # before echo has written (SIGPIPE), which once failed this test on ops.h
+  # a here-string, not a pipe (under pipefail a pipe into grep -q can fail by SIGPIPE);
+  # this check once failed on ops.h, an SDK header, for a reason not found (2026-11-23)
   if ! grep -qx "$h" <<< "$sdk"; then
     echo "FAIL: $file:$line includes stoke/$h, which is not an SDK header (core/sdk/stoke/)"
     fail=1
