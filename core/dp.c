@@ -164,6 +164,9 @@ stoke_err *stoke_dp_attach(stoke_dp *d, stoke_exec *x, double bucket_bytes) {
 
 void stoke_dp_close(stoke_dp *d) {
   if (!d) return;
+  /* the executor's step graphs hold the buckets' captured all-reduces: they go before the comm, whose
+   * abort waits for every graph holding its work (forever: seen on 2 H200s, NCCL 2.28) */
+  if (d->x) stoke_err_free(stoke_exec_graphs(d->x, 0));
   if (d->x) stoke_exec_set_hook(d->x, NULL, NULL);
   if (d->stream) stoke_err_free(d->dev->stream_sync(d->dev_self, d->stream));
   if (d->self) d->comm->close(d->self);

@@ -21,6 +21,8 @@ stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, const 
 /* Plan the buckets of the training executor `x` (`bucket_bytes`, the
  * first one at most 1 MiB as in DDP) and hook it. */
 stoke_err *stoke_dp_attach(stoke_dp *d, stoke_exec *x, double bucket_bytes);
+/* Closes the comm; the attached executor's step graphs (which hold captured
+ * all-reduces) are destroyed first and the executor unhooked. */
 void stoke_dp_close(stoke_dp *d);
 /* How the buckets came out, for the log: "7 buckets: 1.0, 25.3, ... MiB". */
 void stoke_dp_describe(const stoke_dp *d, char *buf, size_t cap);

@@ -406,24 +406,26 @@ static stoke_err *weigh_prefix(const stoke_graph *g, double fixed, const char *c
 }
 
 /* Adds to `chosen` the nodes of `order` up to one of the unit ends[] (one
- * past each unit's last node: a node, a block), if all of them shrink the
- * plan below *best: the fewest leading units that make it fit the budget
- * (stop as soon as the plan fits, not a layer later), or all where none
- * does; *best becomes the plan's bytes. */
+ * past each unit's last node: a block; NULL: each node its own unit), if
+ * all of them shrink the plan below *best: the fewest leading units that
+ * make it fit the budget (stop as soon as the plan fits, not a layer
+ * later), or all where none does; *best becomes the plan's bytes. */
 static stoke_err *take_prefix(const stoke_graph *g, double fixed, double budget, char *chosen, const int *order,
                               const int *ends, int units, char *trial, int *tseg, double *best) {
+#define END(u) (ends ? ends[(u) - 1] : (u)) /* nodes in the first u units */
   double total;
-  stoke_err *e = weigh_prefix(g, fixed, chosen, order, ends[units - 1], trial, tseg, &total);
+  stoke_err *e = weigh_prefix(g, fixed, chosen, order, END(units), trial, tseg, &total);
   if (e || total >= *best) return e;
   int lo = 1, hi = units;
   while (!e && total <= budget && lo < hi) {
     int mid = (lo + hi) / 2;
     double t;
-    e = weigh_prefix(g, fixed, chosen, order, ends[mid - 1], trial, tseg, &t);
+    e = weigh_prefix(g, fixed, chosen, order, END(mid), trial, tseg, &t);
     if (!e && t <= budget) hi = mid;
     else lo = mid + 1;
   }
-  if (!e) e = weigh_prefix(g, fixed, chosen, order, ends[(total <= budget ? hi : units) - 1], trial, tseg, &total);
+  if (!e) e = weigh_prefix(g, fixed, chosen, order, END(total <= budget ? hi : units), trial, tseg, &total);
+#undef END
   if (!e) {
     *best = total;
     memcpy(chosen, trial, (size_t)g->n_fwd);
@@ -473,9 +475,8 @@ static stoke_err *choose_auto(stoke_graph *g, double fixed, double budget, int *
   rc_cand *c = malloc(sizeof *c * (size_t)nf);
   char *chosen = calloc((size_t)nf, 1), *trial = calloc((size_t)nf, 1);
   int *tseg = malloc(sizeof *tseg * (size_t)nf), *order = malloc(sizeof *order * (size_t)nf), n = 0;
-  int *ones = malloc(sizeof *ones * (size_t)nf); /* a group's units: each node alone */
   stoke_err *e = NULL;
-  if (!c || !chosen || !trial || !tseg || !order || !ones) {
+  if (!c || !chosen || !trial || !tseg || !order) {
     e = STOKE_ERR(STOKE_E_OOM, "out of memory weighing recomputation");
     goto done;
   }
@@ -485,7 +486,6 @@ static stoke_err *choose_auto(stoke_graph *g, double fixed, double budget, int *
       c[n++] = (rc_cand){i, (rerun_cost(g, i) + 1) / freed};
   }
   qsort(c, (size_t)n, sizeof *c, by_ratio);
-  for (int k = 0; k < nf; k++) ones[k] = k + 1;
   double best = fixed + (double)arena;
   for (int a = 0; a < n && best > budget && !e;) {
     /* a group: the same op at the same weight (one node of every layer) */
@@ -497,13 +497,12 @@ static stoke_err *choose_auto(stoke_graph *g, double fixed, double budget, int *
      * most (their copies are made last in backward) */
     for (int k = a; k < z; k++) order[k - a] = c[k].node;
     qsort(order, (size_t)(z - a), sizeof *order, by_index);
-    e = take_prefix(g, fixed, budget, chosen, order, ones, z - a, trial, tseg, &best);
+    e = take_prefix(g, fixed, budget, chosen, order, NULL, z - a, trial, tseg, &best);
     a = z;
   }
   if (!e && best > budget) e = whole_blocks(g, fixed, budget, chosen, trial, tseg, order, &best);
   if (!e) runs_to_segments(g, chosen, seg);
 done:
-  free(ones);
   free(c);
   free(chosen);
   free(trial);
@@ -577,7 +576,7 @@ static stoke_err *choose_patterns(const stoke_graph *g, const char *list, int *s
 
 static void fmt_mib(double b, char *buf, size_t cap) {
   if (b >= 1073741824.0) snprintf(buf, cap, "%.2f GiB", b / 1073741824.0);
-  else if (fabs(b) >= 1048576.0) snprintf(buf, cap, "%.1f MiB", b / 1048576.0);
+  else if (b >= 1048576.0) snprintf(buf, cap, "%.1f MiB", b / 1048576.0);
   else snprintf(buf, cap, "%.1f KiB", b / 1024.0);
 }
 
@@ -590,7 +589,8 @@ static stoke_err *describe(const stoke_graph *g, const int *seg, const stoke_pla
   char before_s[32], after_s[32], saved_s[32], budget_s[64] = "";
   fmt_mib((double)p->arena_without_recompute, before_s, sizeof before_s);
   fmt_mib((double)after, after_s, sizeof after_s);
-  fmt_mib((double)p->arena_without_recompute - (double)after, saved_s, sizeof saved_s);
+  int grew = after > p->arena_without_recompute; /* recomputing costs memory here: said below */
+  fmt_mib(fabs((double)p->arena_without_recompute - (double)after), saved_s, sizeof saved_s);
   if (!strcmp(o->recompute, "auto")) {
     char b[32];
     fmt_mib(o->memory_budget, b, sizeof b);
@@ -603,20 +603,19 @@ static stoke_err *describe(const stoke_graph *g, const int *seg, const stoke_pla
                            "recompute (%s%s): %d forward nodes re-run in backward in %d segments; activations %s -> "
                            "%s (%s %s); +%.4g FLOPs per step (+%.1f%% of forward+backward)\n",
                            !strcmp(o->recompute, "auto") ? "auto" : o->recompute, budget_s, p->n_recomputed,
-                           p->n_recompute_segments, before_s, after_s, saved_s + (saved_s[0] == '-'),
-                           after > p->arena_without_recompute ? "more" : "saved", p->recompute_flops,
+                           p->n_recompute_segments, before_s, after_s, saved_s, grew ? "more" : "saved", p->recompute_flops,
                            step > 0 ? 100 * p->recompute_flops / step : 0.0);
-  if (p->n_recomputed && after > p->arena_without_recompute && strcmp(o->recompute, "auto")) {
+  if (p->n_recomputed && grew && strcmp(o->recompute, "auto")) {
     /* e.g. examples/mlp.ini with layers.*: only the last ReLU is a node of its own, and its input is kept
      * for the backward anyway, so the re-run output is one more buffer (auto never picks such a segment) */
     used += (size_t)snprintf(r + used, cap - used,
                              "  this costs %s of memory instead of saving it: the re-run outputs live beside "
                              "inputs the backward keeps anyway; recompute other nodes, or use auto\n",
-                             saved_s + (saved_s[0] == '-'));
+                             saved_s);
     stoke_log(STOKE_LOG_WARN, "plan",
               "[run] recompute = %s costs %s of activation memory instead of saving it (the plan report says "
               "which segments re-run); recompute other nodes, or use auto",
-              o->recompute, saved_s + (saved_s[0] == '-'));
+              o->recompute, saved_s);
   }
   if (!p->n_recomputed)
     used += (size_t)snprintf(r + used, cap - used, "  nothing recomputed: %s\n",

@@ -331,7 +331,11 @@ stoke_err *stoke_registry_add_plugin(stoke_registry *r, const stoke_plugin_v1 *p
   return e;
 }
 
-int stoke_registry_load_survives(stoke_registry *r, const char *name) {
+/* Whether loading plugin `name` leaves the process alive, tried in a child
+ * process (10 s at most): 0 for a library that ends the process loading it
+ * or hangs; 1 otherwise, a load failing with an error included (loading it
+ * here returns the error). */
+static int load_survives(stoke_registry *r, const char *name) {
   fflush(NULL); /* the child's exit must not write the parent's buffers again */
   pid_t pid = fork();
   if (pid < 0) return 1; /* no child: load it here as before */
@@ -465,6 +469,15 @@ void stoke_registry_available(stoke_registry *r, char *buf, size_t cap) {
   qsort(seen, (size_t)n_seen, sizeof seen[0], (int (*)(const void *, const void *))strcmp);
   for (int j = 0; j < n_seen && used < cap; j++)
     used += (size_t)snprintf(buf + used, cap - used, "%s%s", j ? ", " : "", seen[j]);
+}
+
+void stoke_registry_load_every(stoke_registry *r, stoke_registry *from, FILE *say) {
+  char files[2048];
+  stoke_registry_available(from ? from : r, files, sizeof files);
+  for (char *save = NULL, *t = strtok_r(files, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
+    if (load_survives(r, t)) stoke_err_free(stoke_registry_load(r, t));
+    else if (say) fprintf(say, "(plugin '%s' on the search path ends the process that loads it: left out)\n", t);
+  }
 }
 
 static const void *find(const stoke_registry *r, part_kind kind, const char *name) {

@@ -25,10 +25,7 @@ static void list_available(stoke_registry *cur, const char *const *dirs, int n_d
   buf[0] = 0;
   if (stoke_registry_new(&r)) return;
   for (int i = 0; i < n_dirs; i++) stoke_registry_add_path(r, dirs[i]);
-  char files[2048];
-  stoke_registry_available(cur, files, sizeof files);
-  for (char *save = NULL, *t = strtok_r(files, ", ", &save); t; t = strtok_r(NULL, ", ", &save))
-    if (stoke_registry_load_survives(r, t)) stoke_err_free(stoke_registry_load(r, t));
+  stoke_registry_load_every(r, cur, NULL);
   stoke_registry_names(r, kind, buf, cap);
   stoke_registry_free(r);
 }
@@ -160,9 +157,6 @@ fail:
 /* --------------------------------------------------------------- train */
 
 static void run_close(run_state *s) {
-  /* the step graphs hold the buckets' captured all-reduces: NCCL's abort in
-   * dp_close would wait for them forever (seen on 2 H200s, NCCL 2.28) */
-  if (s->train.x) stoke_err_free(stoke_exec_graphs(s->train.x, 0));
   stoke_dp_close(s->dp);
   stoke_steptime_free(s->steptime);
   stoke_trace_free(s->trace);

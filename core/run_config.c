@@ -212,12 +212,7 @@ stoke_err *stoke_help_config(const char *const *plugin_dirs, int n_plugin_dirs, 
   stoke_registry *r = NULL;
   STOKE_PROPAGATE(stoke_registry_new(&r));
   for (int i = 0; i < n_plugin_dirs; i++) stoke_registry_add_path(r, plugin_dirs[i]);
-  char files[2048];
-  stoke_registry_available(r, files, sizeof files);
-  for (char *save = NULL, *t = strtok_r(files, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
-    if (stoke_registry_load_survives(r, t)) stoke_err_free(stoke_registry_load(r, t));
-    else fprintf(f, "(plugin '%s' on the search path ends the process that loads it: left out)\n", t);
-  }
+  stoke_registry_load_every(r, NULL, f);
   static const char *kinds[] = {"model", "source", "optimizer"}, *sections[] = {"model", "data", "optimizer"};
   static const char *keys_of[] = {"name", "source", "name"};
   for (int k = 0; k < 3; k++) {

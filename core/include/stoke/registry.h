@@ -4,6 +4,8 @@
 #ifndef STOKE_REGISTRY_H
 #define STOKE_REGISTRY_H
 
+#include <stdio.h>
+
 #include "stoke/plugin.h"
 
 #ifdef __cplusplus
@@ -67,13 +69,14 @@ const char *stoke_registry_plugin_path(const stoke_registry *r, const char *name
 /* The plugin file (or "built-in") that registered a name of any kind. */
 const char *stoke_registry_origin(const stoke_registry *r, const char *name);
 
-/* Whether loading plugin `name` leaves the process alive, tried in a child
- * process (10 s at most): 0 for a library that ends the process that
- * loads it (a foreign build; an ASan-built plugin in a normal process exits
- * with "ASan runtime does not come first") or hangs; 1 otherwise, a load
- * that fails with an error included (loading it here returns the error).
- * For the listings that load every plugin on the search path. */
-int stoke_registry_load_survives(stoke_registry *r, const char *name);
+/* Loads into r every plugin on `from`'s search path (r's own when NULL),
+ * each tried in a child process first (10 s at most): one that ends the
+ * process loading it (a foreign build; an ASan-built plugin in a normal
+ * process exits with "ASan runtime does not come first") or hangs is left
+ * out, and named on `say` when not NULL. Load errors are dropped. For the
+ * listings of everything on the search path (a typo's "available",
+ * --help-config). */
+void stoke_registry_load_every(stoke_registry *r, stoke_registry *from, FILE *say);
 
 /* Names of every registered part of one kind, comma-separated, for
  * messages ("backends: cpu, cuda"). kind: "op", "backend", "source",

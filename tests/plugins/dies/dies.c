@@ -1,9 +1,9 @@
 /* tests/plugins/dies: a library on the plugin search path that ends the
  * process while it is being loaded, as an ASan-built plugin does in a normal
  * process ("ASan runtime does not come first", then exit 1). stoke loads
- * every plugin on the path only to list what is available after a typo
- * (core/run.c list_available), in a child process: train_test checks that
- * the message still comes. */
+ * every plugin on the path only to list what is there (after a typo, and
+ * --help-config: stoke_registry_load_every), each first in a child process:
+ * train_test and train_cli_test check that the listing still comes. */
 #include <unistd.h>
 
 #include "stoke/plugin.h"
