@@ -148,6 +148,18 @@ export NCCL_NVLS_ENABLE=0 # KINDS.md: multicast stays off
 # data parallel checks: a small mlp read through the loader (each rank its shard)
 MLP="$S/examples/mlp.ini run.backends=cublaslt,cuda run.log_every=10 run.progress=lines data.on_device=false
      data.shape=256 data.classes=100 model.hidden=1024,1024 optimizer.lr=0.05"
+# scaling ONE_GPU_DIR TWO_GPU_DIR PER_SAMPLE UNIT: "1 GPU X UNIT, 2 GPUs Y (Z per GPU), scaling S%" from the two
+# runs' summaries (samples/s median over logged intervals, times PER_SAMPLE: 1024 tokens a GPT-2 sequence)
+scaling() {
+  python3 - "$@" <<'PY'
+import json, sys
+def rate(d):
+    try: return [json.loads(l) for l in open(d + "/metrics.jsonl") if '"summary"' in l][-1]["samples_per_s_median"] * float(sys.argv[3])
+    except Exception: return float("nan")
+one, two = rate(sys.argv[1]), rate(sys.argv[2])
+print(f"1 GPU {one:.0f} {sys.argv[4]}, 2 GPUs {two:.0f} ({two/2:.0f} per GPU), scaling {100*two/(2*one):.1f}%")
+PY
+}
 # compare A.safetensors B.safetensors LABEL: the worst relative difference of the weights and of the optimizer state
 compare() {
   python3 - "$@" <<'PY'
@@ -607,23 +619,20 @@ PY
           run.steps=30 run.log_every=1 run.trace=20-22 run.progress=off run.out_dir=$d > $d.log 2>&1
         rc=$?; echo "2 GPUs cuda_graph=$graph rc=$rc"; [ $rc -ne 0 ] && { ok=0; tail -5 $d.log; }
         for f in $d/trace.json $d/rank1/trace.json; do
-          python3 - "$f" <<'PY' | tee $d.check.log
+          python3 - "$f" "$HERE" <<'PY' | tee $d.check.log
 import json, sys
+sys.path.insert(0, sys.argv[2])
+from trace_svg import window_buckets  # a step's own buckets: the picture's rule
 t = json.load(open(sys.argv[1]))["traceEvents"]
 comm = [e for e in t if e.get("cat") == "comm"]
-ops = [e for e in t if e.get("cat") == "op"]
-bwd = [e for e in ops if e["args"].get("pass") == "backward"]
+bwd = [e for e in t if e.get("cat") == "op" and e["args"].get("pass") == "backward"]
 if not comm or not bwd:
     print(f"{sys.argv[1]}: FAIL {len(comm)} bucket slices, {len(bwd)} backward op slices"); sys.exit()
 # per step: the buckets that started before the last backward node ended overlap the backward
 steps = [e for e in t if e.get("cat") == "step" and e["pid"] % 2 == 1]
 over = 0
 for s in steps:
-    end = s["ts"] + s["dur"]
-    b = [e for e in bwd if s["ts"] <= e["ts"] <= end]
-    # the step's own buckets: from its first forward node on (the one before may still be all-reducing)
-    f = [e["ts"] for e in ops if e["args"].get("pass") == "forward" and s["ts"] <= e["ts"] <= end]
-    c = [e for e in comm if (min(f) if f else s["ts"]) <= e["ts"] <= end]
+    c, b = window_buckets(t, s["ts"], s["ts"] + s["dur"])
     if b and c:
         last_bwd = max(e["ts"] + e["dur"] for e in b)
         over += sum(e["ts"] < last_bwd for e in c)
@@ -661,14 +670,7 @@ PY
         timeout 200 env $envs $S/bin/launch --gpus 2 $g $over run.out_dir=$OUT/gpt2_$label > $OUT/gpt2_$label.log 2>&1
         echo "2 GPUs $label ($envs $over) rc=$?"
         grep -hE "^data parallel:|gradient all-reduce" $OUT/gpt2_$label.log | head -3
-        python3 - $OUT/gpt1/metrics.jsonl $OUT/gpt2_$label/metrics.jsonl $label <<'PY'
-import json, sys
-def rate(p):
-    try: return [json.loads(l) for l in open(p) if '"summary"' in l][-1]["samples_per_s_median"] * 1024
-    except Exception: return float("nan")
-one, two = rate(sys.argv[1]), rate(sys.argv[2])
-print(f"stoke GPT-2 124M bf16 B=16/GPU {sys.argv[3]}: 1 GPU {one:.0f} tokens/s, 2 GPUs {two:.0f} ({two/2:.0f} per GPU), scaling {100*two/(2*one):.1f}%")
-PY
+        echo "stoke GPT-2 124M bf16 B=16/GPU $label: $(scaling $OUT/gpt1 $OUT/gpt2_$label 1024 tokens/s)"
       done
       if [ "${DDP_GPT_TORCH:-0}" = 1 ]; then # PyTorch DDP on the same machine, 1 and 2 GPUs (eager and compiled)
         rm -f $OUT/gpt_ddp_torch.jsonl
@@ -693,23 +695,14 @@ PY
       # that clock drift between two long runs (seen: 31.5 -> 32.6 ms over 80 steps on one GPU) is in both
       log "gpt2_124m bf16 B=16 per GPU: 1 and 2 GPUs alternately, ${DDP_GPT_ROUNDS:-3} rounds"
       g="$S/examples/gpt2_124m.ini run.checkpoint=false run.progress=off run.steps=${DDP_GPT_STEPS:-60}"
+      rm -f $OUT/gptr.txt
       for r in $(seq ${DDP_GPT_ROUNDS:-3}); do
         timeout 150 $T $g run.out_dir=$OUT/gptr1_$r > $OUT/gptr1_$r.log 2>&1; echo "round $r: 1 GPU rc=$?"
         timeout 200 $S/bin/launch --gpus 2 $g run.out_dir=$OUT/gptr2_$r > $OUT/gptr2_$r.log 2>&1; echo "round $r: 2 GPUs rc=$?"
+        echo "  round $r: $(scaling $OUT/gptr1_$r $OUT/gptr2_$r 1024 tokens/s)" | tee -a $OUT/gptr.txt
       done
-      python3 - $OUT ${DDP_GPT_ROUNDS:-3} <<'PY'
-import json, statistics, sys
-def rate(p):
-    try: return [json.loads(l) for l in open(p) if '"summary"' in l][-1]["samples_per_s_median"] * 1024
-    except Exception: return float("nan")
-s = []
-for r in range(1, int(sys.argv[2]) + 1):
-    one, two = rate(f"{sys.argv[1]}/gptr1_{r}/metrics.jsonl"), rate(f"{sys.argv[1]}/gptr2_{r}/metrics.jsonl")
-    s.append(two / (2 * one))
-    print(f"  round {r}: 1 GPU {one:.0f} tokens/s, 2 GPUs {two:.0f}, scaling {100 * s[-1]:.1f}%")
-print(f"stoke GPT-2 124M bf16 B=16/GPU, interleaved: scaling median {100 * statistics.median(s):.1f}% "
-      f"(rounds {', '.join(f'{100 * x:.1f}' for x in s)})")
-PY
+      echo "stoke GPT-2 124M bf16 B=16/GPU, interleaved: scaling median $(sed -n 's/.*scaling \([0-9.na]*\)%.*/\1/p' $OUT/gptr.txt |
+        sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}')%"
       ;;
     ddp) # all of the data-parallel checks below, in one call
       bash "$0" ddp_eq ddp_graph ddp_resume ddp_kill ddp_bench
@@ -822,14 +815,7 @@ PY
         timeout 150 env $envs $S/bin/launch --gpus 2 $rn $over run.bucket_mb=${DDP_BUCKET_MB:-25} \
           run.out_dir=$OUT/rn2_$label > $OUT/rn2_$label.log 2>&1
         echo "stoke 2 GPUs $label ($envs): rc=$?"; grep -hE "^data parallel:|gradient all-reduce|data parallel over" $OUT/rn2_$label.log
-        python3 - $OUT/rn1_$label/metrics.jsonl $OUT/rn2_$label/metrics.jsonl $label <<'PY'
-import json, sys
-def rate(p):
-    try: return [json.loads(l) for l in open(p) if '"summary"' in l][-1]["samples_per_s_median"]
-    except Exception: return float("nan")
-one, two = rate(sys.argv[1]), rate(sys.argv[2])
-print(f"stoke ResNet-50 bf16 {sys.argv[3]}: 1 GPU {one:.0f} img/s, 2 GPUs {two:.0f} img/s ({two/2:.0f} per GPU), scaling {100*two/(2*one):.1f}%")
-PY
+        echo "stoke ResNet-50 bf16 $label: $(scaling $OUT/rn1_$label $OUT/rn2_$label 1 img/s)"
       done
       rm -f $OUT/ddp_anchor.jsonl
       for n in ${DDP_ANCHOR:-1 2}; do

@@ -112,14 +112,19 @@ def rows(slices):
     return out
 
 
-def bucket_overlap(ev, t0, t1):
-    """(the window's buckets, how many started before the last backward node ended). The window's
-    own: from its first forward node on (the window opens on the host, where the step before may
-    still be all-reducing its last bucket)."""
+def window_buckets(ev, t0, t1):
+    """(the window's all-reduce bucket slices, its backward op slices). The window's own buckets: from
+    its first forward node on (the window opens on the host, where the step before may still be
+    all-reducing its last bucket). gpu_suite's observe_ddp check uses it too."""
     ops = [e for e in ev if e.get("ph") == "X" and e.get("cat") == "op" and t0 <= e["ts"] <= t1]
     first_fwd = min((e["ts"] for e in ops if e.get("args", {}).get("pass") == "forward"), default=t0)
     comm = [e for e in ev if e.get("ph") == "X" and e.get("cat") == "comm" and first_fwd <= e["ts"] <= t1]
-    bwd = [e for e in ops if e.get("args", {}).get("pass") == "backward"]
+    return comm, [e for e in ops if e.get("args", {}).get("pass") == "backward"]
+
+
+def bucket_overlap(ev, t0, t1):
+    """(buckets in the window, how many started before the last backward node ended), or None."""
+    comm, bwd = window_buckets(ev, t0, t1)
     if not comm:
         return None
     last_bwd = max((e["ts"] + e["dur"] for e in bwd), default=-math.inf)
