@@ -247,14 +247,14 @@ static int capturing(void *stream) {
   return st == cudaStreamCaptureStatusActive;
 }
 
-/* Before a collective on `stream` (mu held): the communicator must be
- * alive and the ring must have room (the watchdog retires finished ones).
- * While `stream` is being captured nothing is queried: the capture is
+/* Before a collective (mu held): the communicator must be alive and the
+ * ring must have room (the watchdog retires finished ones). While its
+ * stream is being captured (`captured`) nothing is queried: the capture is
  * thread-local, and cudaEventQuery from the capturing thread is one of the
  * calls that invalidate it ("operation not permitted when stream is
  * capturing"); nothing captured is tracked either, so no room is needed. */
-static stoke_err *admit_locked(nccl_comm *c, void *stream) {
-  if (capturing(stream)) return c->failed ? STOKE_PERR(STOKE_E_DEVICE, "nccl: %s", c->why) : NULL;
+static stoke_err *admit_locked(nccl_comm *c, int captured) {
+  if (captured) return c->failed ? STOKE_PERR(STOKE_E_DEVICE, "nccl: %s", c->why) : NULL;
   for (;;) {
     check_locked(c);
     if (c->failed) return STOKE_PERR(STOKE_E_DEVICE, "nccl: %s", c->why);
@@ -284,7 +284,7 @@ static stoke_err *track_locked(nccl_comm *c, cudaStream_t stream, const char *fm
 static stoke_err *nccl_watch(void *self, void *stream, const char *what) {
   nccl_comm *c = self;
   pthread_mutex_lock(&c->mu);
-  stoke_err *e = admit_locked(c, stream);
+  stoke_err *e = admit_locked(c, capturing(stream));
   if (!e) e = track_locked(c, (cudaStream_t)stream, "%s", what);
   pthread_mutex_unlock(&c->mu);
   return e;
@@ -295,14 +295,15 @@ static stoke_err *nccl_all_reduce(void *self, void *buf, size_t count, stoke_dty
   nccl_comm *c = self;
   ncclDataType_t t;
   if (!nccl_type(dtype, &t)) return STOKE_PERR(STOKE_E_UNSUPPORTED, "nccl: all_reduce of dtype %d", (int)dtype);
+  int captured = capturing(stream);
   pthread_mutex_lock(&c->mu);
-  stoke_err *e = admit_locked(c, stream);
+  stoke_err *e = admit_locked(c, captured);
   if (!e) {
     ncclResult_t r = ncclAllReduce(buf, buf, count, t, op == STOKE_AVG ? ncclAvg : ncclSum, c->comm,
                                    (cudaStream_t)stream);
     if (r != ncclSuccess) e = NCCL_ERR(c, r, "all_reduce of %zu elements", count);
   }
-  if (!e && !capturing(stream))
+  if (!e && !captured)
     e = track_locked(c, stream, "all_reduce #%llu (%zu elements, %.1f MiB)", (unsigned long long)c->issued, count,
                      (double)(count * stoke_dtype_size(dtype)) / 1048576.0);
   pthread_mutex_unlock(&c->mu);
@@ -314,7 +315,7 @@ static stoke_err *nccl_broadcast(void *self, void *buf, size_t count, stoke_dtyp
   ncclDataType_t t;
   if (!nccl_type(dtype, &t)) return STOKE_PERR(STOKE_E_UNSUPPORTED, "nccl: broadcast of dtype %d", (int)dtype);
   pthread_mutex_lock(&c->mu);
-  stoke_err *e = admit_locked(c, stream);
+  stoke_err *e = admit_locked(c, capturing(stream));
   if (!e) {
     ncclResult_t r = ncclBroadcast(buf, buf, count, t, root, c->comm, (cudaStream_t)stream);
     if (r != ncclSuccess) e = NCCL_ERR(c, r, "broadcast of %zu elements from rank %d", count, root);

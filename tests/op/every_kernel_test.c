@@ -216,7 +216,6 @@ static double *kt_download(const ktensor *t) {
 
 /* ------------------------------------------------------------ checking */
 
-
 /* The error is relative to the output's norm, but not to less than an RMS
  * of ERR_FLOOR per element: a sum of random-sign terms (a bias gradient, a
  * row's mean) can cancel to near 0, and its rounding error is relative to
