@@ -822,7 +822,7 @@ PY
         timeout 150 python3 -m torch.distributed.run --standalone --nproc_per_node=$n $S/anchors/ddp_bench.py $OUT/ddp_anchor.jsonl \
           > $OUT/ddp_anchor_$n.log 2>&1; echo "pytorch DDP $n GPU(s) rc=$?"; tail -1 $OUT/ddp_anchor_$n.log
       done
-      python3 - $OUT/ddp_anchor.jsonl <<'PY'
+      [ -s $OUT/ddp_anchor.jsonl ] && python3 - $OUT/ddp_anchor.jsonl <<'PY' # (DDP_ANCHOR=" ": none ran)
 import json, sys
 r = {d["world"]: d for d in map(json.loads, open(sys.argv[1]))}
 if 1 in r and 2 in r:
