@@ -4,10 +4,13 @@
  * installed). The graphs are those of cudnn-frontend's flash MHA samples
  * (what its sdpa node expands to): forward Q K^T -> scale -> causal mask
  * (GEN_INDEX row >= column, BINARY_SELECT) -> softmax with the stats
- * max + log(sum) written out -> dropout (p = 0: the engine's pattern wants
- * it) -> P V; backward dO.O summed per row, P recomputed from the stats,
- * dV = P^T dO, dS = P (dO V^T - sum), dQ = scale dS K (through an f32
- * accumulator), dK = scale dS^T Q. Q, K, V are strided views of qkv
+ * max + log(sum) written out -> P V; backward dO.O summed per row, P
+ * recomputed from the stats, dV = P^T dO, dS = P (dO V^T - sum), dQ =
+ * scale dS K (through an f32 accumulator), dK = scale dS^T Q. Without
+ * dropout, as cudnn-frontend 1.x builds them for p = 0 on cuDNN 9; the
+ * older fused-attention pattern with a p = 0 dropout (an RNG node, its mask
+ * multiplied in) is the fallback when no engine takes the graph without it
+ * (the plan says which, once). Q, K, V are strided views of qkv
  * [B, T, 3, H, D] and O of y [B, T, H, D]: no copies, as llm.c's
  * cudnn_att.cpp. bf16 and fp16 (flash attention has no f32 engine); one
  * graph and plan per node, built in plan(); run() makes the variant pack
@@ -265,7 +268,7 @@ static bdesc dropout_none(sgraph *g, const sdpa_geom *s, bdesc x, bdesc *mask_ou
 }
 
 /* Forward: O = softmax(masked scores) V, the stats (max + log sum) out. */
-static void build_fwd(sgraph *g, const sdpa_geom *s) {
+static void build_fwd(sgraph *g, const sdpa_geom *s, int dropout) {
   cudnnDataType_t f = CUDNN_DATA_FLOAT;
   bdesc q = tensor(g, ID_Q, s->io, s->q_dim, s->q_str, 0, 0);
   bdesc kt = tensor(g, ID_K, s->io, s->kt_dim, s->kt_str, 0, 0);
@@ -274,7 +277,7 @@ static void build_fwd(sgraph *g, const sdpa_geom *s) {
   bdesc mx = tensor(g, 0, f, s->r_dim, s->r_str, 0, 0), sub = tensor(g, 0, f, s->s_dim, s->s_str, 0, 0);
   bdesc ex = tensor(g, 0, f, s->s_dim, s->s_str, 0, 0), sum = tensor(g, 0, f, s->r_dim, s->r_str, 0, 0);
   bdesc lg = tensor(g, 0, f, s->r_dim, s->r_str, 0, 0), stats = tensor(g, ID_STATS, f, s->r_dim, s->r_str, 0, 0);
-  bdesc p = tensor(g, 0, f, s->s_dim, s->s_str, 0, 1);
+  bdesc p = dropout ? tensor(g, 0, f, s->s_dim, s->s_str, 0, 1) : tensor(g, 0, s->io, s->s_dim, s->s_str, 0, 0);
   reduction(g, CUDNN_REDUCE_TENSOR_MAX, x, mx);
   pointwise(g, CUDNN_POINTWISE_SUB, f, x, mx, NULL, sub, -1);
   pointwise(g, CUDNN_POINTWISE_EXP, f, sub, NULL, NULL, ex, -1);
@@ -282,14 +285,14 @@ static void build_fwd(sgraph *g, const sdpa_geom *s) {
   pointwise(g, CUDNN_POINTWISE_LOG, f, sum, NULL, NULL, lg, -1);
   pointwise(g, CUDNN_POINTWISE_ADD, f, mx, lg, NULL, stats, -1);
   pointwise(g, CUDNN_POINTWISE_DIV, f, ex, sum, NULL, p, -1);
-  bdesc pd = dropout_none(g, s, p, NULL);
+  bdesc pd = dropout ? dropout_none(g, s, p, NULL) : p;
   bdesc v = tensor(g, ID_V, s->io, s->q_dim, s->q_str, 0, 0);
   bdesc o = tensor(g, ID_O, s->io, s->o_dim, s->o_str, 0, 0);
   matmul(g, pd, v, o);
 }
 
 /* Backward (flash attention's, as the frontend sample): see the top. */
-static void build_bwd(sgraph *g, const sdpa_geom *s) {
+static void build_bwd(sgraph *g, const sdpa_geom *s, int dropout) {
   cudnnDataType_t f = CUDNN_DATA_FLOAT;
   bdesc o = tensor(g, ID_O, s->io, s->o_dim, s->o_str, 0, 0), dout = tensor(g, ID_DO, s->io, s->o_dim, s->o_str, 0, 0);
   bdesc dot = tensor(g, 0, f, s->o_dim, s->o_str, 0, 0), red = tensor(g, 0, f, s->r_dim, s->r_str, 0, 0);
@@ -304,8 +307,8 @@ static void build_bwd(sgraph *g, const sdpa_geom *s) {
   bdesc sub = tensor(g, 0, f, s->s_dim, s->s_str, 0, 0), p = tensor(g, 0, f, s->s_dim, s->s_str, 0, 0);
   pointwise(g, CUDNN_POINTWISE_SUB, f, x, stats, NULL, sub, -1);
   pointwise(g, CUDNN_POINTWISE_EXP, f, sub, NULL, NULL, p, -1);
-  bdesc dmask;
-  bdesc pd = dropout_none(g, s, p, &dmask);
+  bdesc dmask = NULL;
+  bdesc pd = dropout ? dropout_none(g, s, p, &dmask) : p;
   bdesc pt = tensor(g, 0, s->io, s->st_dim, s->st_tr, 0, 0);
   reshape(g, pd, pt);
   bdesc dq = tensor(g, ID_DQ, s->io, s->q_dim, s->q_str, 0, 0), dk = tensor(g, ID_DK, s->io, s->q_dim, s->q_str, 0, 0);
@@ -316,17 +319,19 @@ static void build_bwd(sgraph *g, const sdpa_geom *s) {
   bdesc dsm = tensor(g, 0, f, s->s_dim, s->s_str, 0, 0), dss = tensor(g, 0, f, s->s_dim, s->s_str, 0, 0);
   bdesc dp = tensor(g, 0, f, s->s_dim, s->s_str, 0, 0), dpd = tensor(g, 0, f, s->s_dim, s->s_str, 0, 0);
   bdesc dps = tensor(g, 0, f, s->s_dim, s->s_str, 0, 0);
-  pointwise(g, CUDNN_POINTWISE_MUL, f, ds, dmask, NULL, dsm, -1);
-  pointwise(g, CUDNN_POINTWISE_SUB, f, dsm, sum, NULL, dss, -1);
+  if (dropout) pointwise(g, CUDNN_POINTWISE_MUL, f, ds, dmask, NULL, dsm, -1);
+  pointwise(g, CUDNN_POINTWISE_SUB, f, dropout ? dsm : ds, sum, NULL, dss, -1);
   pointwise(g, CUDNN_POINTWISE_MUL, f, dss, p, NULL, dp, -1);
-  bdesc dscale = tensor(g, ID_DROP_SCALE, s->io, s->one, s->one, 1, 0);
-  pointwise(g, CUDNN_POINTWISE_MUL, f, dp, dscale, NULL, dpd, -1);
-  pointwise(g, CUDNN_POINTWISE_MUL, f, dpd, scale, NULL, dps, -1);
+  if (dropout) {
+    bdesc dscale = tensor(g, ID_DROP_SCALE, s->io, s->one, s->one, 1, 0);
+    pointwise(g, CUDNN_POINTWISE_MUL, f, dp, dscale, NULL, dpd, -1);
+  }
+  pointwise(g, CUDNN_POINTWISE_MUL, f, dropout ? dpd : dp, scale, NULL, dps, -1);
   bdesc k = tensor(g, 0, s->io, s->q_dim, s->q_str, 0, 0);
   reshape(g, kt, k);
   bdesc acc = tensor(g, ID_DQ_ACCUM, f, s->q_dim, s->acc_str, 0, 1);
   matmul(g, dps, k, acc);
-  bdesc dpt = tensor(g, 0, f, s->st_dim, s->st_tr, 0, 0);
+  bdesc dpt = tensor(g, 0, dropout ? f : s->io, s->st_dim, s->st_tr, 0, 0); /* dS^T in the io type, as the frontend */
   reshape(g, dps, dpt);
   matmul(g, dpt, q, dk);
   pointwise(g, CUDNN_POINTWISE_IDENTITY, f, acc, NULL, NULL, dq, -1);
@@ -341,6 +346,7 @@ typedef struct sdpa_state {
   int64_t ws;     /* the engine's workspace */
   size_t extra;   /* ours after it: seed, offset (int64), backward: the row sums and the dQ accumulator */
   int bwd;
+  int dropout;    /* the fallback graph (with a p = 0 dropout) made the plan */
   char node[64];
 } sdpa_state;
 
@@ -354,13 +360,13 @@ static void sdpa_destroy(void *state) {
 #define SDPA_ALIGN 256
 static size_t up(size_t n) { return (n + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN; }
 
-/* The graph, cuDNN's heuristics (mode A), and the first engine
- * configuration that makes an execution plan. */
-static stoke_err *make_plan(sdpa_state *st, cudnnHandle_t h) {
+/* The graph (st->dropout says which), cuDNN's heuristics (mode A), and the
+ * first engine configuration that makes an execution plan. */
+static stoke_err *make_plan_of(sdpa_state *st, cudnnHandle_t h) {
   sgraph *g = &st->g;
   g->next_virtual = ID_VIRTUAL;
-  if (st->bwd) build_bwd(g, &st->s);
-  else build_fwd(g, &st->s);
+  if (st->bwd) build_bwd(g, &st->s, st->dropout);
+  else build_fwd(g, &st->s, st->dropout);
   bdesc graph = make(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
   set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g->n_ops, g->ops);
@@ -401,6 +407,29 @@ static stoke_err *make_plan(sdpa_state *st, cudnnHandle_t h) {
   const sdpa_geom *s = &st->s;
   st->extra = up(2 * sizeof(int64_t)) +
               (st->bwd ? up((size_t)(s->b * s->h * s->t) * 4) + up((size_t)(s->b * s->h * s->t * s->d) * 4) : 0);
+  return NULL;
+}
+
+/* The graph without dropout; when no engine takes it, the older pattern
+ * with a p = 0 dropout (said once per direction: it is slower). */
+static stoke_err *make_plan(sdpa_state *st, cudnnHandle_t h) {
+  st->dropout = 0;
+  stoke_err *e = make_plan_of(st, h);
+  if (!e) return NULL;
+  free_graph(&st->g);
+  memset(&st->g, 0, sizeof st->g);
+  st->plan = NULL;
+  st->dropout = 1;
+  stoke_err *e2 = make_plan_of(st, h);
+  if (e2) {
+    stoke_host->err_free(e2);
+    return e;
+  }
+  static int said[2];
+  if (!said[st->bwd]++)
+    stoke_host->log(STOKE_LOG_WARN, "cudnn", "attention %s: no engine takes the graph without dropout (%s); using the "
+                    "pattern with a p = 0 dropout, which is slower", st->bwd ? "backward" : "forward", e->msg);
+  stoke_host->err_free(e);
   return NULL;
 }
 
@@ -449,8 +478,8 @@ static stoke_err *sdpa_run(const stoke_kernel_args_v1 *a, void *state, stoke_dty
   int n = 0;
 #define BIND(id, p) (ids[n] = (id), ptrs[n++] = (void *)(p))
   BIND(ID_Q, qkv), BIND(ID_K, qkv + c * es), BIND(ID_V, qkv + 2 * c * es), BIND(ID_O, a->out[0].data);
-  BIND(ID_STATS, a->out[1].data), BIND(ID_SCALE, &scale), BIND(ID_MASK, &mask), BIND(ID_SEED, seed);
-  BIND(ID_OFFSET, offset), BIND(ID_DROP_SCALE, &one_io);
+  BIND(ID_STATS, a->out[1].data), BIND(ID_SCALE, &scale), BIND(ID_MASK, &mask);
+  if (st->dropout) BIND(ID_SEED, seed), BIND(ID_OFFSET, offset), BIND(ID_DROP_SCALE, &one_io);
   cudaStream_t stream = (cudaStream_t)a->stream;
   CUDNN_CHECK(cudnnSetStream(eng->handle, stream), st->node);
   STOKE_CUDA(cudaMemsetAsync(ours, 0, st->extra, stream)); /* seed, offset; the dQ accumulator starts at 0 */
