@@ -25,7 +25,8 @@ constexpr int64_t kGrid = 65535;
 constexpr int kWarps = kThreads / 32; // rows a block works on at once
 constexpr int kLnParts = 64;          // plain path: row partitions of the weight and bias gradients
 constexpr int kVecMaxC = 1024;        // register path: the widest row (32 floats a lane)
-constexpr int kVecParts = 256;        // register path: most blocks of the backward, each one partial
+constexpr int kVecParts = 512;        // register path: most blocks of the backward, each one partial
+constexpr int kBwdWarps = 4;          // register path, backward: rows a block works on at once
 
 cudaStream_t stream_of(const stoke_kernel_args_v1 *a) { return (cudaStream_t)a->stream; }
 
@@ -100,23 +101,31 @@ __global__ void __launch_bounds__(kThreads)
 
 // Backward, a warp per row as above: dx = rstd (gy - mean(gy) - xhat mean(gy xhat)) (+ ds),
 // gy = dy w, into dx (and dx2: add_layer_norm's second input, when it has its own memory); in the
-// same pass each lane sums dy xhat and dy over its warp's rows, and the block's warps add theirs in
-// order into part[block] (when part is given; ln_part_sum_kernel adds the blocks). dx may share
-// memory with x, dy or ds: each element is read before it is written, by the same thread.
+// same pass each lane sums dy xhat and dy over its warp's rows into the warp's slice of shared
+// memory (lane-major, so the 32 lanes hit 32 banks), and the block adds its kBwdWarps slices in
+// order into part[block] (when part is given; ln_part_sum_kernel adds the blocks). The sums live
+// in shared memory, not registers: in registers (48 floats a lane at 768 bf16 columns) the kernel
+// took 170 registers and one 256-thread block an SM, 2.4x its bytes floor (BENCHMARKS.md run 9);
+// here 128-thread blocks at <= 128 registers run 4 to an SM. dx may share memory with x, dy or
+// ds: each element is read before it is written, by the same thread.
 template <typename T, int IT>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kBwdWarps * 32, 4)
     ln_bwd_vec_kernel(const T *x, const T *__restrict__ w, const T *dy, const T *ds, const float *__restrict__ mean,
                       const float *__restrict__ rstd, T *dx, T *dx2, float2 *__restrict__ part, int64_t rows, int c,
                       float b0, float b1) {
   constexpr int V = 16 / sizeof(T);
-  __shared__ float2 blk[kVecMaxC];
+  // [warp][slot][lane]: the column (it 32 + lane) V + k. vec_iters keeps IT V <= kVecMaxC / 32 (the 16-bit
+  // types never take IT 6 or 8): the bound only sizes those unused instantiations within 48 KiB.
+  constexpr int kSlots = IT * V < kVecMaxC / 32 ? IT * V : kVecMaxC / 32;
+  __shared__ float2 acc[kBwdWarps][kSlots][32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float sw[IT][V] = {}, sb[IT][V] = {};
+#pragma unroll
+  for (int e = 0; e < kSlots; e++) acc[warp][e][lane] = make_float2(0.f, 0.f);
   row_vec<T> wv[IT];
 #pragma unroll
   for (int it = 0; it < IT; it++)
     if ((it * 32 + lane) * V < c) wv[it] = ld(w + (it * 32 + lane) * V);
-  for (int64_t r = (int64_t)blockIdx.x * kWarps + warp; r < rows; r += (int64_t)gridDim.x * kWarps) {
+  for (int64_t r = (int64_t)blockIdx.x * kBwdWarps + warp; r < rows; r += (int64_t)gridDim.x * kBwdWarps) {
     const float m = mean[r], rs = rstd[r];
     row_vec<T> xv[IT], gv[IT];
     float mg = 0.f, mgx = 0.f;
@@ -126,13 +135,20 @@ __global__ void __launch_bounds__(kThreads)
       if (j >= c) continue;
       xv[it] = ld(x + r * c + j);
       gv[it] = ld(dy + r * c + j);
+    }
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+      const int j = (it * 32 + lane) * V;
+      if (j >= c) continue;
 #pragma unroll
       for (int k = 0; k < V; k++) {
         const float xh = (to_f(xv[it].v[k]) - m) * rs, d = to_f(gv[it].v[k]), g = d * to_f(wv[it].v[k]);
         mg += g;
         mgx += g * xh;
-        sw[it][k] += d * xh;
-        sb[it][k] += d;
+        if (part) {
+          float2 &a = acc[warp][it * V + k][lane];
+          a = make_float2(a.x + d * xh, a.y + d);
+        }
       }
     }
     mg = warp_sum(mg) / (float)c;
@@ -158,21 +174,14 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (!part) return;
-  for (int k = 0; k < kWarps; k++) {
-    if (warp == k)
+  __syncthreads();
+  for (int j = threadIdx.x; j < c; j += kBwdWarps * 32) { /* the warps' slices of column j, in order */
+    const int e = (j / V / 32) * V + j % V, l = (j / V) % 32;
+    float2 t = acc[0][e][l];
 #pragma unroll
-      for (int it = 0; it < IT; it++) {
-        const int j = (it * 32 + lane) * V;
-        if (j >= c) continue;
-#pragma unroll
-        for (int e = 0; e < V; e++) {
-          const float2 p = k ? blk[j + e] : make_float2(0.f, 0.f);
-          blk[j + e] = make_float2(p.x + sw[it][e], p.y + sb[it][e]);
-        }
-      }
-    __syncthreads();
+    for (int q = 1; q < kBwdWarps; q++) t = make_float2(t.x + acc[q][e][l].x, t.y + acc[q][e][l].y);
+    part[(int64_t)blockIdx.x * c + j] = t;
   }
-  for (int j = threadIdx.x; j < c; j += kThreads) part[(int64_t)blockIdx.x * c + j] = blk[j];
 }
 
 // dweight[j] = beta dweight[j] + the .x of column j's parts added in order (dbias likewise from .y):
@@ -350,10 +359,11 @@ template <typename F> void with_iters(int it, F f) {
   }
 }
 
-// The register path's backward blocks (each one partial of dweight and dbias): a block per kWarps
-// rows, at most kVecParts; the rows alone decide it, so the sums' order is the same on any device.
+// The register path's backward blocks (each one partial of dweight and dbias): a block per
+// kBwdWarps rows, at most kVecParts; the rows alone decide it, so the sums' order is the same on any
+// device.
 int vec_parts(int64_t rows) {
-  int64_t p = (rows + kWarps - 1) / kWarps;
+  int64_t p = (rows + kBwdWarps - 1) / kBwdWarps;
   return (int)(p < kVecParts ? p : kVecParts);
 }
 
@@ -414,7 +424,7 @@ template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, 
     parts = vec_parts(g.rows);
     with_iters(it, [&](auto k) {
       ln_bwd_vec_kernel<T, decltype(k)::value>
-          <<<parts, kThreads, 0, st>>>(x, w, dy, ds, mean, rstd, dx, dx2, part, g.rows, (int)g.c, b0, b1);
+          <<<parts, kBwdWarps * 32, 0, st>>>(x, w, dy, ds, mean, rstd, dx, dx2, part, g.rows, (int)g.c, b0, b1);
     });
     LAUNCH_OK(a);
   } else {
