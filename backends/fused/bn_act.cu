@@ -28,8 +28,10 @@
 // statistics, weight and bias (the forward computes k the same way, from
 // the saved f32 invstd, so the mask is the forward's y > 0 exactly): its
 // backward never reads y (bwd_needs), 4 bytes per element less per bf16
-// value. bn_add_relu's mask needs the residual too, so it reads y, the same
-// bytes. The reduction passes walk each partition from its end, the
+// value. bn_add_relu's mask needs the residual too, so its reduction pass
+// reads y and writes dr = dz (the residual's gradient, when wanted), and its
+// apply pass reads dz back from dr instead of dy and y: 14 bytes per bf16
+// value instead of 16. The reduction passes walk each partition from its end, the
 // elementwise passes from its start: the first finds the end of x (dy),
 // which the node before wrote last, still in the L2 (50 MB on an H100), the
 // second the rows the first read last.
@@ -330,11 +332,13 @@ struct dz_of {
 };
 
 // Block (channel group, partition p): part[c P + p] = (sum dz, sum dz (x - mean)).
+// bn_add_relu: dr = dz too, when dr is given (the apply pass then reads dz from it). dr may be dy's
+// memory: each element is read before it is written, by the same thread.
 template <typename T, int V, int ACT>
-__global__ void BWD_BOUNDS k_gsum(const T *__restrict__ x, const T *__restrict__ dy, const T *__restrict__ y,
+__global__ void BWD_BOUNDS k_gsum(const T *__restrict__ x, const T *dy, const T *__restrict__ y,
                               const float *__restrict__ smean, const float *__restrict__ sinv,
                               const T *__restrict__ w, const T *__restrict__ b, int64_t M, int64_t C, int64_t cv,
-                              int64_t R, int P, float2 *__restrict__ part) {
+                              int64_t R, int P, float2 *__restrict__ part, T *dr) {
   constexpr int U = unroll<V, (ACT == kAddRelu ? 3 : 2), true>::n;
   extern __shared__ float sh[];  // [2][by][bx][V]
   int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
@@ -359,12 +363,14 @@ __global__ void BWD_BOUNDS k_gsum(const T *__restrict__ x, const T *__restrict__
 #pragma unroll
       for (int u = 0; u < U; u++)
         if (r - (int64_t)u * by >= pr.r0) {
+          float g[V];
 #pragma unroll
           for (int i = 0; i < V; i++) {
-            float g = dz(i, rd[u].v[i], rx[u].v[i], ACT == kAddRelu ? ry[u].v[i] : rx[u].v[i]);
-            s1[i] += g;
-            s2[i] = fmaf(g, to_f(rx[u].v[i]) - dz.mean[i], s2[i]);
+            g[i] = dz(i, rd[u].v[i], rx[u].v[i], ACT == kAddRelu ? ry[u].v[i] : rx[u].v[i]);
+            s1[i] += g[i];
+            s2[i] = fmaf(g[i], to_f(rx[u].v[i]) - dz.mean[i], s2[i]);
           }
+          if (ACT == kAddRelu && dr) store_v<T, V>(dr + (r - (int64_t)u * by) * C + c0, g);
         }
     }
   }
@@ -421,13 +427,15 @@ __global__ void k_fin_bwd(const float2 *__restrict__ part, int P, int64_t C, dou
 
 // dx = k dz + B (x - mean) + C0 (when dx is wanted) and dr = dz
 // (bn_add_relu, when wanted) in one pass, from the partition's start.
-template <typename T, int V, int ACT>
+// DZ (bn_add_relu): dz is read from dr, which the reduction pass wrote,
+// instead of being made from dy and y.
+template <typename T, int V, int ACT, bool DZ = false>
 __global__ void BWD_BOUNDS k_dx(const T *__restrict__ x, const T *__restrict__ dy, const T *__restrict__ y,
                             T *__restrict__ dx, T *__restrict__ dr, const float *__restrict__ smean,
                             const float *__restrict__ sinv, const T *__restrict__ w, const T *__restrict__ b,
                             const float *__restrict__ cb, const float *__restrict__ cc, int64_t M, int64_t C,
                             int64_t cv, int64_t R) {
-  constexpr int U = unroll<V, (ACT == kAddRelu ? 3 : 2), true>::n;
+  constexpr int U = unroll<V, (ACT == kAddRelu && !DZ ? 3 : 2), true>::n;
   part_rows pr = rows_of(M, R);
   if (pr.vi >= cv) return;
   int64_t c0 = pr.vi * V;
@@ -453,8 +461,8 @@ __global__ void BWD_BOUNDS k_dx(const T *__restrict__ x, const T *__restrict__ d
       if (r + (int64_t)u * by < pr.r1) {
         int64_t o = (r + (int64_t)u * by) * C + c0;
         if (want_x) rx[u] = ld<T, V>(x + o);
-        rd[u] = ld<T, V>(dy + o);
-        if (ACT == kAddRelu) ry[u] = ld<T, V>(y + o);
+        rd[u] = ld<T, V>((DZ ? dr : dy) + o);
+        if (ACT == kAddRelu && !DZ) ry[u] = ld<T, V>(y + o);
       }
 #pragma unroll
     for (int u = 0; u < U; u++)
@@ -462,8 +470,9 @@ __global__ void BWD_BOUNDS k_dx(const T *__restrict__ x, const T *__restrict__ d
         int64_t o = (r + (int64_t)u * by) * C + c0;
         float g[V];
 #pragma unroll
-        for (int i = 0; i < V; i++) g[i] = dz(i, rd[u].v[i], rx[u].v[i], ACT == kAddRelu ? ry[u].v[i] : rx[u].v[i]);
-        if (ACT == kAddRelu && dr) store_v<T, V>(dr + o, g);
+        for (int i = 0; i < V; i++)
+          g[i] = DZ ? to_f(rd[u].v[i]) : dz(i, rd[u].v[i], rx[u].v[i], ACT == kAddRelu ? ry[u].v[i] : rx[u].v[i]);
+        if (ACT == kAddRelu && dr && !DZ) store_v<T, V>(dr + o, g);
         if (dx) {
 #pragma unroll
           for (int i = 0; i < V; i++) g[i] = a[i] * g[i] + bb[i] * (to_f(rx[u].v[i]) - dz.mean[i]) + c00[i];
@@ -616,17 +625,24 @@ stoke_err *bwd_v(const stoke_kernel_args_v1 *a, const geom &g) {
   const float *sm = (const float *)a->out[1].data, *si = (const float *)a->out[2].data;
   float2 *part = (float2 *)a->workspace;
   float *cb = ws_coef(a->workspace, &g, 0), *cc = ws_coef(a->workspace, &g, 1);
+  /* bn_add_relu with both passes: the first writes dr = dz, the second reads it back (not when dr
+   * is x's or y's memory, which the passes still read) */
+  const bool dz_in_dr = ACT == kAddRelu && dr && (dx || dw || db) && (const T *)dr != x && (const T *)dr != y;
   if (dx || dw || db) {
     size_t shm = 2 * (size_t)g.bx * g.by * V * sizeof(float);
     k_gsum<T, V, ACT><<<grid_of(g), block_of(g), shm, st>>>(x, dy, y, sm, si, w, b, g.m, g.c, g.cv, g.rows,
-                                                            g.parts, part);
+                                                            g.parts, part, dz_in_dr ? dr : nullptr);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
     k_fin_bwd<T><<<fin_blocks(g), 32 * kFinWarps, 0, st>>>(part, g.parts, g.c, (double)g.m, a->training, w, si,
                                                            dw, stoke_grad_beta(a, 1), db, stoke_grad_beta(a, 2),
                                                            dx ? cb : nullptr, cc);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
   }
-  if (dx || dr) {
+  if (dz_in_dr && dx) {
+    k_dx<T, V, ACT, true><<<grid_of(g), block_of(g), 0, st>>>(x, dy, y, dx, dr, sm, si, w, b, cb, cc, g.m, g.c,
+                                                              g.cv, g.rows);
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
+  } else if (!dz_in_dr && (dx || dr)) {
     k_dx<T, V, ACT><<<grid_of(g), block_of(g), 0, st>>>(x, dy, y, dx, dr, sm, si, w, b, cb, cc, g.m, g.c, g.cv,
                                                         g.rows);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));

@@ -5,7 +5,8 @@
  * time against the memory floor: the bytes the two-pass algorithm must move
  * (forward: x read by the statistics pass, x (and r) read and y written by
  * the apply pass; backward: dy and x (and y) read by the reduction pass,
- * read again and dx (and dr) written by the apply pass) over the H100's
+ * read again and dx written by the apply pass; bn_add_relu's reduction pass
+ * writes dr, its apply pass reads x and dr) over the H100's
  * 3.35 TB/s, and a device copy's measured rate for scale. Inputs are random
  * (never zeros). Before each timed call the L2 is flushed (a 128 MB fill),
  * then the node's producer is imitated: x (forward) or dy (backward) is
@@ -138,11 +139,14 @@ static const stoke_kernel_v1 *find(const char *op, stoke_pass pass, stoke_dtype 
 }
 
 /* The floor's bytes per element, in elements of the activation dtype:
- * forward and backward of the two-pass algorithm (see the top). */
+ * forward and backward of the two-pass algorithm (see the top).
+ * bn_add_relu's backward: x, dy, y read and dr written by the reduction
+ * pass, x and dr read and dx written by the apply pass (backends/fused/
+ * bn_act.cu: the apply pass reads dz back from dr). */
 static void floor_elems(const char *op, double *fwd, double *bwd) {
   int add = !strcmp(op, STOKE_OP_BN_ADD_RELU);
   *fwd = add ? 4 : 3;
-  *bwd = add ? 8 : 5;
+  *bwd = add ? 7 : 5;
 }
 
 /* Forward and backward ms of one site; 0 when no engine serves it. */
