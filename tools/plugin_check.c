@@ -351,8 +351,7 @@ done:
  * f64), u the unit roundoff. The kit does not know an op's sums, so K is
  * the element count of the call's largest tensor: no sum is longer. */
 static double tolerance(stoke_dtype dt, double k) {
-  double acc = dt == STOKE_F64 ? 0x1p-53 : 0x1p-24;
-  return 8 * stoke_dtype_unit_roundoff(dt) + 8 * acc * sqrt(k > 1 ? k : 1);
+  return 8 * stoke_dtype_unit_roundoff(dt) + 8 * stoke_sum_roundoff(dt, k);
 }
 
 /* v rounded to dtype dt (as a kernel of dt is handed it), as a double. */

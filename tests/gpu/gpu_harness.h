@@ -44,7 +44,7 @@ static uint64_t g_seed;
  * float sums with margin. */
 G_FN double g_tol(stoke_dtype t, int64_t n) {
   double u = t == STOKE_BF16 ? 0x1p-8 : t == STOKE_F16 ? 0x1p-11 : 0x1p-24;
-  return 3 * u + 8 * sqrt((double)(n > 1 ? n : 1)) * 0x1p-24;
+  return 3 * u + 8 * stoke_sum_roundoff(STOKE_F32, (double)n);
 }
 
 G_FN stoke_err *g_load(const char *name) {

@@ -228,8 +228,7 @@ static double *kt_download(const ktensor *t) {
 static double tolerance(stoke_dtype dt, stoke_dtype out, uint32_t flags, double k) {
   double u = fmax(stoke_dtype_unit_roundoff(is_float(dt) ? dt : out), stoke_dtype_unit_roundoff(out));
   if (u == 0) return 0;
-  double acc = dt == STOKE_F64 ? 0x1p-53 : 0x1p-24;
-  return 8 * u + 8 * acc * sqrt(k > 1 ? k : 1) + (flags & STOKE_KFLAG_TF32 ? 4 * 0x1p-11 : 0);
+  return 8 * u + 8 * stoke_sum_roundoff(dt, k) + (flags & STOKE_KFLAG_TF32 ? 4 * 0x1p-11 : 0);
 }
 
 typedef struct kcheck {

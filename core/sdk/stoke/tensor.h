@@ -3,6 +3,7 @@
 #ifndef STOKE_TENSOR_H
 #define STOKE_TENSOR_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -76,6 +77,14 @@ static inline double stoke_dtype_unit_roundoff(stoke_dtype t) {
     case STOKE_BF16: return 0x1p-8;
     default: return 0;
   }
+}
+
+/* The relative rounding error a sum of k terms gathers in the accumulator
+ * of a kernel of dtype t (f32 for every dtype but f64): u(acc) sqrt(k), the
+ * random-walk bound the kernel tests (tests/op/every_kernel_test, the
+ * plugin kit's tools/plugin_check, tests/gpu) build their tolerances on. */
+static inline double stoke_sum_roundoff(stoke_dtype t, double k) {
+  return (t == STOKE_F64 ? 0x1p-53 : 0x1p-24) * sqrt(k > 1 ? k : 1);
 }
 
 static inline const char *stoke_dtype_name(stoke_dtype t) {
