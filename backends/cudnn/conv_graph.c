@@ -18,10 +18,20 @@
  * transposed, and added onto dW with cudnnAddTensor/cudnnTransformTensor.
  * A problem no graph engine runs falls back to the classic API (conv.c),
  * once, with a log line that says why. dx honours din_accumulate (beta 1,
- * a second plan), so a residual block's input gradient needs no add. */
+ * a second plan), so a residual block's input gradient needs no add.
+ *
+ * Inputs with few channels (at most 8, 16-bit NHWC: ResNet's stem) can
+ * take the unfolded path (conv_unfold.cu): the kernel's taps copied into
+ * the channels in the workspace, then a 1x1 (all taps) or R x 1 (width
+ * taps) convolution that cuDNN runs on its fast tensor-core kernels. With
+ * autotune the direct plan and both unfoldings are timed (the unfold
+ * kernel counted) and the fastest kept; without, all taps are unfolded for
+ * at most 4 channels. Backward unfolds only for the weight's gradient
+ * (the stem's input needs none). */
 #include <stdio.h>
 #include <string.h>
 
+#include "conv_unfold.h"
 #include "graph.h"
 #include "stoke/ops.h"
 
@@ -45,8 +55,17 @@ typedef struct gconv_state {
   void *classic;      /* fallback state (conv.c) when no graph engine runs the problem */
   cudnnTensorDescriptor_t w_oihw, w_ohwi; /* for the staging transposes */
   cudnnDataType_t data;
+  /* the unfolded path (conv_unfold.cu): CU_NONE, or how x is unfolded; the
+   * plans above are then the unfolded problem's, and the workspace starts
+   * with the packed weight (or its gradient) and the unfolded x */
+  int unfold;
+  cu_unfold_geom ug;
+  size_t u_xu_off;
   char ctx[320];
 } gconv_state;
+
+enum { CU_NONE = 0, CU_WIDTH = 1, CU_FULL = 2 };
+static const char *const unfold_names[3] = {"direct", "width taps unfolded", "all taps unfolded (a 1x1 convolution)"};
 
 static cudnnDataType_t data_type(stoke_dtype t) {
   return t == STOKE_F16 ? CUDNN_DATA_HALF : t == STOKE_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
@@ -136,8 +155,8 @@ static stoke_err *plan_dir(const stoke_kernel_args_v1 *a, gconv_state *st, const
   if (!e) e = cg_conv(&g, kind, cg.pad, cg.stride, cg.dil, x, w, y, beta);
   static const char *const what[3] = {"conv2d fprop", "conv2d dgrad", "conv2d wgrad"};
   char label[96];
-  snprintf(label, sizeof label, "%s%s%s", what[kind], w_krsc ? " (weight staged OHWI)" : "",
-           beta != 0 ? " (accumulating)" : "");
+  snprintf(label, sizeof label, "%s%s%s%s", what[kind], st->unfold ? " (input unfolded)" : "",
+           w_krsc && !st->unfold ? " (weight staged OHWI)" : "", beta != 0 ? " (accumulating)" : "");
   cg_choice c = {.autotune = (a->flags & STOKE_KFLAG_AUTOTUNE) != 0,
                  .deterministic = (a->flags & STOKE_KFLAG_DETERMINISTIC) != 0,
                  .no_tf32 = cg0->dtype == STOKE_F32 && !(a->flags & STOKE_KFLAG_TF32),
@@ -182,6 +201,158 @@ static stoke_err *make_stage_descs(gconv_state *st, const conv_geom *cg) {
   return NULL;
 }
 
+/* The direct path: the weight as it is first; staged OHWI when no engine
+ * takes that mix (NHWC). STOKE_E_UNSUPPORTED when no engine runs it. */
+static stoke_err *plan_direct(const stoke_kernel_args_v1 *a, gconv_state *st, const conv_geom *cg, int bwd) {
+  st->unfold = CU_NONE;
+  st->w_krsc = 0;
+  stoke_err *e = plan_all(a, st, cg, bwd, 0);
+  if (e && e->code == STOKE_E_UNSUPPORTED && cg->g.nhwc) {
+    stoke_host->err_free(e);
+    st->w_krsc = 1;
+    e = plan_all(a, st, cg, bwd, 1);
+  }
+  return e;
+}
+
+/* Whether the unfolded path (conv_unfold.cu) can serve this node's pass:
+ * 16-bit NHWC, groups 1, dilation 1, at most 8 input channels, a kernel
+ * larger than 1x1, and in backward the weight's gradient only (the stem's
+ * input is data: it needs none). */
+static int unfold_eligible(const stoke_kernel_args_v1 *a, const conv_geom *cg, int bwd) {
+  const cg_conv_geom *g = &cg->g;
+  if (!g->nhwc || (cg->dtype != STOKE_BF16 && cg->dtype != STOKE_F16) || cg->groups != 1) return 0;
+  if (g->dil[0] != 1 || g->dil[1] != 1 || g->x[1] > 8 || g->w[2] * g->w[3] < 2) return 0;
+  if (bwd && (a->din[0].data || !a->din[1].data)) return 0;
+  for (int i = 0; i < 4; i++)
+    if (g->x[i] > (1 << 24) || g->y[i] > (1 << 24) || g->w[i] > (1 << 24)) return 0;
+  return 1;
+}
+
+/* The unfolding of mode `mode` and the problem it leaves: x' NHWC
+ * [n, cu, hu, wu], the packed weight [o, cu, r', 1] in OHWI order. */
+static void unfold_geom(const conv_geom *cg, int mode, cu_unfold_geom *u, conv_geom *ucg) {
+  const cg_conv_geom *g = &cg->g;
+  memset(u, 0, sizeof *u);
+  u->n = (int)g->x[0], u->c = (int)g->x[1], u->h = (int)g->x[2], u->w = (int)g->x[3];
+  u->o = (int)g->w[0], u->r = (int)g->w[2], u->s = (int)g->w[3];
+  u->sh = (int)g->stride[0], u->sw = (int)g->stride[1], u->ph = (int)g->pad[0], u->pw = (int)g->pad[1];
+  u->full = mode == CU_FULL;
+  int taps = u->full ? u->r * u->s : u->s;
+  u->cu = (taps * u->c + 7) / 8 * 8;
+  u->hu = u->full ? (int)g->y[2] : u->h;
+  u->wu = (int)g->y[3];
+  *ucg = *cg;
+  cg_conv_geom *v = &ucg->g;
+  v->x[1] = v->w[1] = u->cu, v->x[2] = u->hu, v->x[3] = u->wu;
+  v->w[2] = u->full ? 1 : u->r, v->w[3] = 1;
+  v->stride[0] = u->full ? 1 : u->sh, v->stride[1] = 1;
+  v->pad[0] = u->full ? 0 : u->ph, v->pad[1] = 0;
+}
+
+static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+/* The unfolded path's plans (st->ug, the workspace's layout). */
+static stoke_err *plan_unfolded(const stoke_kernel_args_v1 *a, gconv_state *st, const conv_geom *cg, int bwd,
+                                int mode) {
+  conv_geom ucg;
+  unfold_geom(cg, mode, &st->ug, &ucg);
+  st->unfold = mode;
+  st->w_krsc = 1;
+  stoke_err *e = plan_all(a, st, &ucg, bwd, 1);
+  if (e) st->unfold = CU_NONE;
+  return e;
+}
+
+/* Median of 3 timed unfoldings (after one warm-up) on temporaries, ms; -1
+ * when it could not be timed. */
+static float time_unfold(const cu_unfold_geom *u, cudaStream_t s) {
+  size_t xb = (size_t)u->n * u->h * u->w * u->c * 2, ub = (size_t)stoke_cudnn_unfold_numel(u) * 2;
+  void *x = NULL, *xu = NULL;
+  cudaEvent_t ev[4] = {0};
+  float out = -1, ms[3];
+  if (cudaMalloc(&x, xb) != cudaSuccess || cudaMalloc(&xu, ub) != cudaSuccess) goto done;
+  cudaMemsetAsync(x, 0x3c, xb, s);
+  for (int i = 0; i < 4; i++)
+    if (cudaEventCreate(&ev[i]) != cudaSuccess) goto done;
+  if (stoke_cudnn_unfold(x, xu, u, s)) goto done;
+  for (int r = 0; r < 3; r++) {
+    cudaEventRecord(ev[r], s);
+    stoke_cudnn_unfold(x, xu, u, s);
+    cudaEventRecord(ev[r + 1], s);
+  }
+  if (cudaEventSynchronize(ev[3]) != cudaSuccess) goto done;
+  for (int r = 0; r < 3; r++) cudaEventElapsedTime(&ms[r], ev[r], ev[r + 1]);
+  out = ms[0] < ms[1] ? (ms[1] < ms[2] ? ms[1] : ms[0] < ms[2] ? ms[2] : ms[0])
+                      : (ms[0] < ms[2] ? ms[0] : ms[1] < ms[2] ? ms[2] : ms[1]);
+done:
+  for (int i = 0; i < 4; i++)
+    if (ev[i]) cudaEventDestroy(ev[i]);
+  if (x) cudaFree(x);
+  if (xu) cudaFree(xu);
+  cudaGetLastError();
+  return out;
+}
+
+/* The measured time of the plan this pass runs (autotune), or -1. */
+static float pass_ms(const gconv_state *st, int bwd) {
+  const cg_plan *p = bwd ? st->wgrad : st->fprop;
+  return p ? p->ms : -1;
+}
+
+/* Which path runs a pass that can be unfolded: forced (the engine's
+ * conv_unfold_force, for tests), timed with autotune (the direct plan
+ * against each unfolding, its unfold kernel counted), else all taps
+ * unfolded for at most 4 channels (the measured case: ResNet's stem,
+ * BENCHMARKS.md run 14). Leaves st planned for the choice. */
+static stoke_err *choose_unfold(const stoke_kernel_args_v1 *a, gconv_state *st, const conv_geom *cg, int bwd) {
+  int force = st->eng->conv_unfold_force;
+  const char *pass = bwd ? "wgrad" : "fprop";
+  if (force == 1) return plan_direct(a, st, cg, bwd);
+  int mode = force == 2 ? CU_WIDTH : force == 3 ? CU_FULL : CU_NONE;
+  if (!mode && !(a->flags & STOKE_KFLAG_AUTOTUNE)) mode = cg->g.x[1] <= 4 ? CU_FULL : CU_NONE;
+  if (mode) {
+    stoke_err *e = plan_unfolded(a, st, cg, bwd, mode);
+    if (!e) {
+      stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s' %s: %s (%d channels)%s", stoke_node_name(a), pass,
+                      unfold_names[mode], st->ug.cu, force ? ", forced" : "");
+      return NULL;
+    }
+    if (e->code != STOKE_E_UNSUPPORTED) return e;
+    stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s' %s: %s has no engine, direct: %s", stoke_node_name(a),
+                    pass, unfold_names[mode], e->msg);
+    stoke_host->err_free(e);
+    return plan_direct(a, st, cg, bwd);
+  }
+  if (force || cg->g.x[1] > 8) return plan_direct(a, st, cg, bwd);
+  /* timed: each candidate's plan time plus its unfolding */
+  float t[3] = {-1, -1, -1}, tu[3] = {0, 0, 0};
+  stoke_err *e = plan_direct(a, st, cg, bwd);
+  if (e && e->code != STOKE_E_UNSUPPORTED) return e;
+  if (e) stoke_host->err_free(e);
+  else t[CU_NONE] = pass_ms(st, bwd);
+  for (int m = CU_WIDTH; m <= CU_FULL; m++) {
+    e = plan_unfolded(a, st, cg, bwd, m);
+    if (e && e->code != STOKE_E_UNSUPPORTED) return e;
+    if (e) {
+      stoke_host->err_free(e);
+      continue;
+    }
+    tu[m] = time_unfold(&st->ug, (cudaStream_t)a->stream);
+    if (pass_ms(st, bwd) >= 0 && tu[m] >= 0) t[m] = pass_ms(st, bwd) + tu[m];
+  }
+  int best = -1;
+  for (int m = 0; m < 3; m++)
+    if (t[m] >= 0 && (best < 0 || t[m] < t[best])) best = m;
+  if (best < 0) best = CU_NONE; /* nothing timed: the direct path (or its fallback) */
+  stoke_host->log(STOKE_LOG_INFO, "cudnn",
+                  "conv2d '%s' %s: %s (timed: direct %.3f ms, width taps unfolded %.3f (unfold %.3f), all taps "
+                  "unfolded %.3f (unfold %.3f); -1: no engine)",
+                  stoke_node_name(a), pass, unfold_names[best], (double)t[0], (double)t[1], (double)tu[1],
+                  (double)t[2], (double)tu[2]);
+  return best == CU_NONE ? plan_direct(a, st, cg, bwd) : plan_unfolded(a, st, cg, bwd, best); /* cached plans */
+}
+
 static stoke_err *gconv_plan(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes, int bwd) {
   gconv_state *st = stoke_host->alloc(sizeof *st);
   if (!st) return STOKE_PERR(STOKE_E_OOM, "cudnn conv2d '%s': out of host memory", stoke_node_name(a));
@@ -191,13 +362,7 @@ static stoke_err *gconv_plan(const stoke_kernel_args_v1 *a, void **state, size_t
   stoke_err *e = geometry(a, st, bwd, &cg);
   if (e) goto fail;
   st->data = cg.g.dt;
-  /* NHWC: the weight as it is first; staged OHWI when no engine takes it */
-  e = plan_all(a, st, &cg, bwd, 0);
-  if (e && e->code == STOKE_E_UNSUPPORTED && cg.g.nhwc) {
-    stoke_host->err_free(e);
-    st->w_krsc = 1;
-    e = plan_all(a, st, &cg, bwd, 1);
-  }
+  e = unfold_eligible(a, &cg, bwd) ? choose_unfold(a, st, &cg, bwd) : plan_direct(a, st, &cg, bwd);
   if (e && e->code == STOKE_E_UNSUPPORTED) { /* no graph engine: the classic API */
     stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s': falls back to the classic API: %s", stoke_node_name(a),
                     e->msg);
@@ -212,9 +377,15 @@ static stoke_err *gconv_plan(const stoke_kernel_args_v1 *a, void **state, size_t
   if (e) goto fail;
   e = make_stage_descs(st, &cg);
   if (e) goto fail;
-  /* the staged W (or dW, when accumulated or transposed) leads the workspace */
-  int needs_region = st->w_krsc || (bwd && a->din[1].data);
-  st->w_region = needs_region ? (stoke_tensor_bytes(&a->in[1]) + 255) & ~(size_t)255 : 0;
+  if (st->unfold) {
+    /* the packed weight (or its gradient), then the unfolded x */
+    st->u_xu_off = align256((size_t)st->ug.o * (st->ug.full ? 1 : st->ug.r) * st->ug.cu * 2);
+    st->w_region = st->u_xu_off + align256((size_t)stoke_cudnn_unfold_numel(&st->ug) * 2);
+  } else {
+    /* the staged W (or dW, when accumulated or transposed) leads the workspace */
+    int needs_region = st->w_krsc || (bwd && a->din[1].data);
+    st->w_region = needs_region ? align256(stoke_tensor_bytes(&a->in[1])) : 0;
+  }
   st->workspace = st->w_region + max_ws(st);
   *state = st;
   *workspace_bytes = st->workspace;
@@ -254,6 +425,13 @@ static stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *state) {
   STOKE_PROPAGATE_P(stoke_cudnn_check_run(a, st, st ? st->workspace : 0, st ? st->ctx : ""));
   if (!a->in[0].data || !a->out[0].data)
     return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d forward: x or y has no data; %s", st->ctx);
+  if (st->unfold) {
+    char *ws = a->workspace;
+    STOKE_CUDA((cudaError_t)stoke_cudnn_unfold_pack_w(a->in[1].data, ws, &st->ug, a->stream));
+    STOKE_CUDA((cudaError_t)stoke_cudnn_unfold(a->in[0].data, ws + st->u_xu_off, &st->ug, a->stream));
+    void *ptrs[3] = {ws + st->u_xu_off, ws, a->out[0].data};
+    return cg_execute(st->eng, st->fprop, ptrs, plan_ws(a, st), a->stream, st->ctx);
+  }
   void *w;
   STOKE_PROPAGATE_P(weight_for(a, st, &w));
   void *ptrs[3] = {a->in[0].data, w, a->out[0].data};
@@ -282,7 +460,16 @@ static stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *state) {
     void *ptrs[3] = {dx, w, dy};
     STOKE_PROPAGATE_P(cg_execute(st->eng, acc ? st->dgrad_acc : st->dgrad, ptrs, plan_ws(a, st), a->stream, st->ctx));
   }
-  if (dw) {
+  if (dw && st->unfold) { /* dW = unpack(wgrad(unfold(x), dy)), added with beta */
+    if (!a->in[0].data) return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d backward: x has no data; %s", st->ctx);
+    float beta = (a->param_grads & 2u) ? a->param_grad_beta : 0.0f;
+    char *ws = a->workspace;
+    STOKE_CUDA((cudaError_t)stoke_cudnn_unfold(a->in[0].data, ws + st->u_xu_off, &st->ug, a->stream));
+    void *ptrs[3] = {ws + st->u_xu_off, ws, dy};
+    STOKE_PROPAGATE_P(cg_execute(st->eng, st->wgrad, ptrs, plan_ws(a, st), a->stream, st->ctx));
+    STOKE_CUDA((cudaError_t)stoke_cudnn_unfold_unpack_dw(ws, dw, &st->ug, st->data == CUDNN_DATA_HALF ? 2 : 1, beta,
+                                                          a->stream));
+  } else if (dw) {
     if (!a->in[0].data) return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d backward: x has no data; %s", st->ctx);
     float beta = (a->param_grads & 2u) ? a->param_grad_beta : 0.0f;
     /* straight into dW when its layout is the plan's and nothing accumulates */

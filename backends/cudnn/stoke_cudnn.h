@@ -59,6 +59,10 @@ typedef struct cudnn_engine {
   cudnn_conv_key keys[CUDNN_CACHE_MAX];
   cudnn_algo_choice vals[CUDNN_CACHE_MAX];
   struct cg_cache *plans;
+  /* conv2d's unfolded path for few input channels (conv_graph.c): 0 chooses
+   * (timed with autotune, else a rule); tests force 1 direct, 2 width taps
+   * unfolded, 3 all taps unfolded, to check each path against the CPU */
+  int conv_unfold_force;
 } cudnn_engine;
 
 /* A cuDNN status as a stoke error: the call, cuDNN's message (and its last

@@ -1,5 +1,6 @@
 /* tests/gpu/cudnn_test.c: the cudnn engine's conv2d plan cache under many
- * nodes planned at once (each against the CPU reference; every kernel's
+ * nodes planned at once, and conv2d's unfolded path for few input channels
+ * in each of its forms (each against the CPU reference; every kernel's
  * shapes, dtypes, layouts and flags are every_kernel_test's). Runs on a
  * GPU machine only. */
 #include <stdarg.h>
@@ -8,6 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "backends/cudnn/stoke_cudnn.h"
 #include "gpu_harness.h"
 
 static int setup(void **state) {
@@ -73,8 +75,88 @@ static void test_many_plans_kept(void **state) {
   }
 }
 
+/* conv2d with 1-8 input channels (ResNet's stem and odd ones: padding,
+ * strides, odd sizes, a channel count whose unfolding needs zero padding)
+ * through each path the engine can take (conv_graph.c): forced direct,
+ * width taps unfolded, all taps unfolded, and the engine's own choice with
+ * and without autotune. Forward y, then backward dW alone (the stem's input
+ * needs no gradient: the case that unfolds) overwritten (poisoned first)
+ * and accumulated (param_grad_beta 1 onto random values). Tolerance:
+ * g_tol of the dtype and the longest float sum (C R S terms for y, N Ho Wo
+ * for dW); the unfolded path only reorders those sums. */
+static void test_unfolded_paths(void **state) {
+  static const struct {
+    int64_t b, c, h, w, o, k, stride, pad;
+  } cs[] = {{2, 3, 23, 21, 16, 7, 2, 3}, {3, 4, 9, 11, 8, 3, 1, 1}, {2, 1, 13, 13, 24, 5, 2, 2},
+            {1, 8, 10, 7, 16, 3, 2, 1}, {2, 3, 8, 8, 8, 7, 2, 3}};
+  static const stoke_dtype dts[2] = {STOKE_BF16, STOKE_F16};
+  static const char *const how[5] = {"engine's rule", "forced direct", "width taps unfolded", "all taps unfolded",
+                                     "engine's timed choice"};
+  const stoke_kernel_v1 *rf = stoke_find_kernel(g_reg, "cpu", STOKE_OP_CONV2D, STOKE_FWD, STOKE_F64, STOKE_NHWC);
+  const stoke_kernel_v1 *rb = stoke_find_kernel(g_reg, "cpu", STOKE_OP_CONV2D, STOKE_BWD, STOKE_F64, STOKE_NHWC);
+  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 77, 0));
+  for (size_t ci = 0; ci < sizeof cs / sizeof *cs; ci++)
+    for (int di = 0; di < 2; di++)
+      for (int mode = 0; mode < 5; mode++) {
+        stoke_dtype dt = dts[di];
+        void *es = NULL;
+        const stoke_kernel_v1 *gf = g_gpu_kernel(STOKE_OP_CONV2D, STOKE_FWD, dt, STOKE_NHWC, &es);
+        const stoke_kernel_v1 *gb = g_gpu_kernel(STOKE_OP_CONV2D, STOKE_BWD, dt, STOKE_NHWC, &es);
+        ((cudnn_engine *)es)->conv_unfold_force = mode < 4 ? mode : 0;
+        char attrs[64];
+        snprintf(attrs, sizeof attrs, "stride=%lld, padding=%lld", (long long)cs[ci].stride, (long long)cs[ci].pad);
+        stoke_node_v1 node;
+        stoke_err *e = stoke_node_init(g_reg, STOKE_OP_CONV2D, "stem", attrs, &node);
+        if (e) fail_msg("%s", e->msg);
+        int64_t ho = (cs[ci].h + 2 * cs[ci].pad - cs[ci].k) / cs[ci].stride + 1;
+        int64_t wo = (cs[ci].w + 2 * cs[ci].pad - cs[ci].k) / cs[ci].stride + 1;
+        g_tensor x, w, y, dy, dw;
+        g_alloc(&x, &(stoke_shape){4, {cs[ci].b, cs[ci].c, cs[ci].h, cs[ci].w}}, dt, STOKE_NHWC);
+        g_alloc(&w, &(stoke_shape){4, {cs[ci].o, cs[ci].c, cs[ci].k, cs[ci].k}}, dt, STOKE_LAYOUT_ANY);
+        g_alloc(&dw, &w.ref.shape, dt, STOKE_LAYOUT_ANY);
+        g_alloc(&y, &(stoke_shape){4, {cs[ci].b, cs[ci].o, ho, wo}}, dt, STOKE_NHWC);
+        g_alloc(&dy, &y.ref.shape, dt, STOKE_NHWC);
+        g_fill(&x, &r, -1, 1, 0);
+        g_fill(&w, &r, -1, 1, 0);
+        g_fill(&dy, &r, -1, 1, 0);
+        g_poison(&y);
+        uint32_t flags = mode == 4 ? STOKE_KFLAG_AUTOTUNE : 0;
+        char what[160];
+        snprintf(what, sizeof what, "x [%lld, %lld, %lld, %lld] %lldx%lld s%lld p%lld %s, %s (seed %llu)",
+                 (long long)cs[ci].b, (long long)cs[ci].c, (long long)cs[ci].h, (long long)cs[ci].w,
+                 (long long)cs[ci].k, (long long)cs[ci].k, (long long)cs[ci].stride, (long long)cs[ci].pad,
+                 stoke_dtype_name(dt), how[mode], (unsigned long long)g_seed);
+        stoke_tensor gin[2] = {x.dev, w.dev}, gout[1] = {y.dev}, rin[2] = {x.ref, w.ref}, rout[1] = {y.ref};
+        stoke_kernel_args_v1 ga = {.node = &node, .n_in = 2, .n_out = 1, .in = gin, .out = gout, .training = 1,
+                                   .engine = es, .stream = g_dev->default_stream(g_dev_self), .flags = flags};
+        stoke_kernel_args_v1 ra = {.node = &node, .n_in = 2, .n_out = 1, .in = rin, .out = rout, .training = 1};
+        g_run(gf, &ga, 1);
+        g_run(rf, &ra, 0);
+        double tol = g_tol(dt, cs[ci].c * cs[ci].k * cs[ci].k);
+        double err = g_compare(&y, NULL);
+        if (!(err <= tol)) fail_msg("y: relative error %.3g > %.3g; %s", err, tol, what);
+        /* dW alone, overwritten then accumulated onto random values */
+        tol = g_tol(dt, cs[ci].b * ho * wo);
+        for (int acc = 0; acc < 2; acc++) {
+          if (acc) g_fill(&dw, &r, -1, 1, 0);
+          else g_poison(&dw);
+          stoke_tensor gdin[2] = {{0}, dw.dev}, gdout[1] = {dy.dev}, rdin[2] = {{0}, dw.ref}, rdout[1] = {dy.ref};
+          ga.din = gdin, ga.dout = gdout, ga.param_grads = 2u, ga.param_grad_beta = (float)acc;
+          ra.din = rdin, ra.dout = rdout, ra.param_grads = 2u, ra.param_grad_beta = (float)acc;
+          g_run(gb, &ga, 1);
+          g_run(rb, &ra, 0);
+          err = g_compare(&dw, NULL);
+          if (!(err <= tol)) fail_msg("dW (%s): relative error %.3g > %.3g; %s", acc ? "accumulated" : "overwritten", err,
+                                      tol, what);
+        }
+        ga.din = ga.dout = NULL;
+        g_free(&x), g_free(&w), g_free(&y), g_free(&dy), g_free(&dw);
+        ((cudnn_engine *)es)->conv_unfold_force = 0;
+      }
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_many_plans_kept),
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_many_plans_kept), cmocka_unit_test(test_unfolded_paths),
   };
   return cmocka_run_group_tests(tests, setup, g_teardown);
 }

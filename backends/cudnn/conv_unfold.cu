@@ -1,0 +1,170 @@
+// backends/cudnn/conv_unfold.cu: the kernels of conv2d's unfolded path
+// (conv_graph.c) for inputs with few channels, ResNet's stem above all:
+// cuDNN's bf16 kernels for a 7x7/2 convolution over 3 channels run at
+// about 17 TFLOP/s on the H100 (BENCHMARKS.md run 7: 1.81 ms forward at
+// batch 256, while fp16 takes 0.60), because a 3-channel reduction does not
+// fill the tensor cores' 16-wide K. Unfolding the kernel's taps into the
+// channels turns the problem into one cuDNN runs fast:
+//   full fold:  x'[n, ho, wo, (r, s, c)] = x[n, ho*sh - ph + r, wo*sw - pw + s, c]
+//               then a 1x1 convolution (a GEMM) over R*S*C channels;
+//   width fold: x'[n, h, wo, (s, c)] = x[n, h, wo*sw - pw + s, c]
+//               then an R x 1 convolution, stride (sh, 1), padding (ph, 0),
+//               over S*C channels;
+// each channel count padded with zeros to a multiple of 8 (16-byte rows for
+// the tensor-core kernels). The weight is packed to match, [O][R'][1][C']
+// (OHWI), and the weight gradient unpacked back to OIHW.
+//
+// Unfolding copies 16-bit values (bf16 and fp16 alike, zero is 0x0000 in
+// both) without arithmetic, so the unfolded convolution computes exactly
+// the products and float sums of the direct one, in another order. Plain C
+// entry points (conv_graph.c is C), returning a cudaError_t; dtype codes
+// for the unpack: 1 bf16, 2 f16.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "conv_unfold.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// One thread writes 8 consecutive unfolded channels (16 bytes) of one
+// output position; consecutive threads cover a position's row, then the
+// next position's, so the writes are coalesced. The reads gather from x's
+// rows (C contiguous values per tap), which the L1 and L2 serve.
+__global__ void k_unfold(const uint16_t *__restrict__ x, uint4 *__restrict__ xu, cu_unfold_geom g,
+                         long long groups_total) {
+  long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= groups_total) return;
+  int gpr = g.cu / 8;  // 8-channel groups per unfolded position
+  long long pos = t / gpr;
+  int k0 = (int)(t - pos * gpr) * 8;
+  int wo = (int)(pos % g.wu);
+  long long q = pos / g.wu;
+  int hu = (int)(q % g.hu);
+  long long n = q / g.hu;
+  int taps = g.full ? g.r * g.s : g.s;
+  int real = taps * g.c;
+  // (r, s, c) of channel k0, then stepped: one set of divisions a thread
+  int c = k0 % g.c, tap = k0 / g.c;
+  int r = g.full ? tap / g.s : 0, s = g.full ? tap % g.s : tap;
+  const uint16_t *xn = x + n * g.h * g.w * g.c;
+  uint16_t v[8];
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    uint16_t val = 0;
+    if (k0 + j < real) {
+      int hi = g.full ? hu * g.sh - g.ph + r : hu;
+      int wi = wo * g.sw - g.pw + s;
+      if (hi >= 0 && hi < g.h && wi >= 0 && wi < g.w) val = xn[((long long)hi * g.w + wi) * g.c + c];
+    }
+    v[j] = val;
+    if (++c == g.c) {
+      c = 0;
+      if (++s == g.s) s = 0, r++;
+    }
+  }
+  uint4 out;
+  out.x = (uint32_t)v[0] | (uint32_t)v[1] << 16;
+  out.y = (uint32_t)v[2] | (uint32_t)v[3] << 16;
+  out.z = (uint32_t)v[4] | (uint32_t)v[5] << 16;
+  out.w = (uint32_t)v[6] | (uint32_t)v[7] << 16;
+  xu[t] = out;
+}
+
+// The unfolded tensor's index (o, r', c') of weight element [o][c][r][s]
+// (OIHW), -1 for none; wp is [O][R'][C'] with R' = 1 (full) or R (width).
+__device__ __forceinline__ long long packed_index(const cu_unfold_geom &g, int o, int c, int r, int s) {
+  int rp = g.full ? 0 : r;
+  int kp = (g.full ? r * g.s + s : s) * g.c + c;
+  int rows = g.full ? 1 : g.r;
+  return ((long long)o * rows + rp) * g.cu + kp;
+}
+
+// wp = pack(w): every element of wp written, the padding channels 0.
+__global__ void k_pack_w(const uint16_t *__restrict__ w, uint16_t *__restrict__ wp, cu_unfold_geom g, long long n) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  // i over wp: [o][r'][k']
+  int kp = (int)(i % g.cu);
+  long long q = i / g.cu;
+  int rows = g.full ? 1 : g.r;
+  int rp = (int)(q % rows);
+  int o = (int)(q / rows);
+  int taps = g.full ? g.r * g.s : g.s;
+  uint16_t val = 0;
+  if (kp < taps * g.c) {
+    int c = kp % g.c, tap = kp / g.c;
+    int r = g.full ? tap / g.s : rp, s = g.full ? tap % g.s : tap;
+    val = w[(((long long)o * g.c + c) * g.r + r) * g.s + s];
+  }
+  wp[i] = val;
+}
+
+template <typename T>
+__device__ __forceinline__ float to_f(T v);
+template <>
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <>
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f(float v) { return __float2bfloat16(v); }
+template <>
+__device__ __forceinline__ __half from_f(float v) { return __float2half(v); }
+
+// dw[o][c][r][s] = dwp[packed] + beta dw (beta 0: dw not read; it may hold
+// NaN). The padding channels of dwp are never read.
+template <typename T>
+__global__ void k_unpack_dw(const T *__restrict__ dwp, T *__restrict__ dw, cu_unfold_geom g, float beta, long long n) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  int s = (int)(i % g.s);
+  long long q = i / g.s;
+  int r = (int)(q % g.r);
+  q /= g.r;
+  int c = (int)(q % g.c);
+  int o = (int)(q / g.c);
+  float v = to_f(dwp[packed_index(g, o, c, r, s)]);
+  if (beta != 0.0f) v += beta * to_f(dw[i]);
+  dw[i] = from_f<T>(v);
+}
+
+unsigned blocks(long long n) { return (unsigned)((n + kThreads - 1) / kThreads); }
+
+int launched(void) { return (int)cudaGetLastError(); }
+
+}  // namespace
+
+extern "C" long long stoke_cudnn_unfold_numel(const cu_unfold_geom *g) {
+  return (long long)g->n * g->hu * g->wu * g->cu;
+}
+
+extern "C" int stoke_cudnn_unfold(const void *x, void *xu, const cu_unfold_geom *g, void *stream) {
+  long long groups = stoke_cudnn_unfold_numel(g) / 8;
+  if (groups <= 0 || g->cu % 8) return (int)cudaErrorInvalidValue;
+  k_unfold<<<blocks(groups), kThreads, 0, (cudaStream_t)stream>>>((const uint16_t *)x, (uint4 *)xu, *g, groups);
+  return launched();
+}
+
+extern "C" int stoke_cudnn_unfold_pack_w(const void *w, void *wp, const cu_unfold_geom *g, void *stream) {
+  long long n = (long long)g->o * (g->full ? 1 : g->r) * g->cu;
+  k_pack_w<<<blocks(n), kThreads, 0, (cudaStream_t)stream>>>((const uint16_t *)w, (uint16_t *)wp, *g, n);
+  return launched();
+}
+
+extern "C" int stoke_cudnn_unfold_unpack_dw(const void *dwp, void *dw, const cu_unfold_geom *g, int dt, float beta,
+                                            void *stream) {
+  long long n = (long long)g->o * g->c * g->r * g->s;
+  cudaStream_t s = (cudaStream_t)stream;
+  if (dt == 1)
+    k_unpack_dw<<<blocks(n), kThreads, 0, s>>>((const __nv_bfloat16 *)dwp, (__nv_bfloat16 *)dw, *g, beta, n);
+  else if (dt == 2)
+    k_unpack_dw<<<blocks(n), kThreads, 0, s>>>((const __half *)dwp, (__half *)dw, *g, beta, n);
+  else
+    return (int)cudaErrorInvalidValue;
+  return launched();
+}
