@@ -24,9 +24,9 @@
  * take the unfolded path (conv_unfold.cu): the kernel's taps copied into
  * the channels in the workspace, then a 1x1 (all taps) or R x 1 (width
  * taps) convolution that cuDNN runs on its fast tensor-core kernels. With
- * autotune the direct plan and both unfoldings are timed (the unfold
- * kernel counted) and the fastest kept; without, all taps are unfolded for
- * at most 4 channels. Backward unfolds only for the weight's gradient
+ * autotune the direct plan and the unfoldings are timed (the unfold
+ * kernel counted) and the fastest kept; without, the width taps are
+ * unfolded (into 32-channel rows) for at most 4 channels. Backward unfolds only for the weight's gradient
  * (the stem's input needs none). */
 #include <stdio.h>
 #include <string.h>
@@ -64,8 +64,13 @@ typedef struct gconv_state {
   char ctx[320];
 } gconv_state;
 
-enum { CU_NONE = 0, CU_WIDTH = 1, CU_FULL = 2 };
-static const char *const unfold_names[3] = {"direct", "width taps unfolded", "all taps unfolded (a 1x1 convolution)"};
+/* The paths: direct, width taps unfolded (channels padded to a multiple of
+ * 8, or of 32: cuDNN's R x 1 kernels ran the stem's 24 channels 1.9x
+ * slower than 32, BENCHMARKS.md run 14), all taps unfolded. */
+enum { CU_NONE = 0, CU_WIDTH = 1, CU_FULL = 2, CU_WIDTH32 = 3, CU_MODES = 4 };
+static const char *const unfold_names[CU_MODES] = {"direct", "width taps unfolded",
+                                                   "all taps unfolded (a 1x1 convolution)",
+                                                   "width taps unfolded, 32-channel rows"};
 
 static cudnnDataType_t data_type(stoke_dtype t) {
   return t == STOKE_F16 ? CUDNN_DATA_HALF : t == STOKE_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
@@ -238,8 +243,8 @@ static void unfold_geom(const conv_geom *cg, int mode, cu_unfold_geom *u, conv_g
   u->o = (int)g->w[0], u->r = (int)g->w[2], u->s = (int)g->w[3];
   u->sh = (int)g->stride[0], u->sw = (int)g->stride[1], u->ph = (int)g->pad[0], u->pw = (int)g->pad[1];
   u->full = mode == CU_FULL;
-  int taps = u->full ? u->r * u->s : u->s;
-  u->cu = (taps * u->c + 7) / 8 * 8;
+  int taps = u->full ? u->r * u->s : u->s, align = mode == CU_WIDTH32 ? 32 : 8;
+  u->cu = (taps * u->c + align - 1) / align * align;
   u->hu = u->full ? (int)g->y[2] : u->h;
   u->wu = (int)g->y[3];
   *ucg = *cg;
@@ -302,15 +307,15 @@ static float pass_ms(const gconv_state *st, int bwd) {
 
 /* Which path runs a pass that can be unfolded: forced (the engine's
  * conv_unfold_force, for tests), timed with autotune (the direct plan
- * against each unfolding, its unfold kernel counted), else all taps
- * unfolded for at most 4 channels (the measured case: ResNet's stem,
- * BENCHMARKS.md run 14). Leaves st planned for the choice. */
+ * against each unfolding, its unfold kernel counted), else the width taps
+ * unfolded into 32-channel rows for at most 4 channels (the measured case:
+ * ResNet's stem, BENCHMARKS.md run 14). Leaves st planned for the choice. */
 static stoke_err *choose_unfold(const stoke_kernel_args_v1 *a, gconv_state *st, const conv_geom *cg, int bwd) {
   int force = st->eng->conv_unfold_force;
   const char *pass = bwd ? "wgrad" : "fprop";
   if (force == 1) return plan_direct(a, st, cg, bwd);
-  int mode = force == 2 ? CU_WIDTH : force == 3 ? CU_FULL : CU_NONE;
-  if (!mode && !(a->flags & STOKE_KFLAG_AUTOTUNE)) mode = cg->g.x[1] <= 4 ? CU_FULL : CU_NONE;
+  int mode = force == 2 ? CU_WIDTH : force == 3 ? CU_FULL : force == 4 ? CU_WIDTH32 : CU_NONE;
+  if (!mode && !(a->flags & STOKE_KFLAG_AUTOTUNE)) mode = cg->g.x[1] <= 4 ? CU_WIDTH32 : CU_NONE;
   if (mode) {
     stoke_err *e = plan_unfolded(a, st, cg, bwd, mode);
     if (!e) {
@@ -326,12 +331,12 @@ static stoke_err *choose_unfold(const stoke_kernel_args_v1 *a, gconv_state *st, 
   }
   if (force || cg->g.x[1] > 8) return plan_direct(a, st, cg, bwd);
   /* timed: each candidate's plan time plus its unfolding */
-  float t[3] = {-1, -1, -1}, tu[3] = {0, 0, 0};
+  float t[CU_MODES] = {-1, -1, -1, -1}, tu[CU_MODES] = {0, 0, 0, 0};
   stoke_err *e = plan_direct(a, st, cg, bwd);
   if (e && e->code != STOKE_E_UNSUPPORTED) return e;
   if (e) stoke_host->err_free(e);
   else t[CU_NONE] = pass_ms(st, bwd);
-  for (int m = CU_WIDTH; m <= CU_FULL; m++) {
+  for (int m = CU_WIDTH; m < CU_MODES; m++) {
     e = plan_unfolded(a, st, cg, bwd, m);
     if (e && e->code != STOKE_E_UNSUPPORTED) return e;
     if (e) {
@@ -342,14 +347,14 @@ static stoke_err *choose_unfold(const stoke_kernel_args_v1 *a, gconv_state *st, 
     if (pass_ms(st, bwd) >= 0 && tu[m] >= 0) t[m] = pass_ms(st, bwd) + tu[m];
   }
   int best = -1;
-  for (int m = 0; m < 3; m++)
+  for (int m = 0; m < CU_MODES; m++)
     if (t[m] >= 0 && (best < 0 || t[m] < t[best])) best = m;
   if (best < 0) best = CU_NONE; /* nothing timed: the direct path (or its fallback) */
   stoke_host->log(STOKE_LOG_INFO, "cudnn",
-                  "conv2d '%s' %s: %s (timed: direct %.3f ms, width taps unfolded %.3f (unfold %.3f), all taps "
-                  "unfolded %.3f (unfold %.3f); -1: no engine)",
+                  "conv2d '%s' %s: %s (timed: direct %.3f ms, width taps unfolded %.3f (unfold %.3f), into "
+                  "32-channel rows %.3f (unfold %.3f), all taps unfolded %.3f (unfold %.3f); -1: no engine)",
                   stoke_node_name(a), pass, unfold_names[best], (double)t[0], (double)t[1], (double)tu[1],
-                  (double)t[2], (double)tu[2]);
+                  (double)t[3], (double)tu[3], (double)t[2], (double)tu[2]);
   return best == CU_NONE ? plan_direct(a, st, cg, bwd) : plan_unfolded(a, st, cg, bwd, best); /* cached plans */
 }
 

@@ -10,7 +10,8 @@ extern "C" {
 /* One convolution (x NHWC [n, h, w, c], weight OIHW [o, c, r, s], dilation
  * 1, groups 1) and its unfolding: full (1) folds every tap (r, s) into the
  * channels, else only the width taps s. The unfolded input is NHWC
- * [n, hu, wu, cu]: full: (ho, wo, pad8(r s c)); width: (h, wo, pad8(s c)). */
+ * [n, hu, wu, cu]: full: (ho, wo, pad(r s c)); width: (h, wo, pad(s c)),
+ * the channels padded with zeros to a multiple of 8 or 32 (cu). */
 typedef struct cu_unfold_geom {
   int n, h, w, c, o, r, s, sh, sw, ph, pw;
   int full;

@@ -61,7 +61,8 @@ typedef struct cudnn_engine {
   struct cg_cache *plans;
   /* conv2d's unfolded path for few input channels (conv_graph.c): 0 chooses
    * (timed with autotune, else a rule); tests force 1 direct, 2 width taps
-   * unfolded, 3 all taps unfolded, to check each path against the CPU */
+   * unfolded, 3 all taps unfolded, 4 width taps unfolded into 32-channel
+   * rows, to check each path against the CPU */
   int conv_unfold_force;
 } cudnn_engine;
 

@@ -78,8 +78,8 @@ static void test_many_plans_kept(void **state) {
 /* conv2d with 1-8 input channels (ResNet's stem and odd ones: padding,
  * strides, odd sizes, a channel count whose unfolding needs zero padding)
  * through each path the engine can take (conv_graph.c): forced direct,
- * width taps unfolded, all taps unfolded, and the engine's own choice with
- * and without autotune. Forward y, then backward dW alone (the stem's input
+ * width taps unfolded (8- and 32-channel rows), all taps unfolded, and the
+ * engine's own choice with and without autotune. Forward y, then backward dW alone (the stem's input
  * needs no gradient: the case that unfolds) overwritten (poisoned first)
  * and accumulated (param_grad_beta 1 onto random values). Tolerance:
  * g_tol of the dtype and the longest float sum (C R S terms for y, N Ho Wo
@@ -88,21 +88,23 @@ static void test_unfolded_paths(void **state) {
   static const struct {
     int64_t b, c, h, w, o, k, stride, pad;
   } cs[] = {{2, 3, 23, 21, 16, 7, 2, 3}, {3, 4, 9, 11, 8, 3, 1, 1}, {2, 1, 13, 13, 24, 5, 2, 2},
-            {1, 8, 10, 7, 16, 3, 2, 1}, {2, 3, 8, 8, 8, 7, 2, 3}};
+            {1, 8, 10, 7, 16, 3, 2, 1}, {2, 3, 8, 8, 8, 7, 2, 3},
+            /* rows too wide for the shared-memory unfold with all taps: the gather kernel */
+            {1, 8, 9, 500, 8, 7, 2, 3}};
   static const stoke_dtype dts[2] = {STOKE_BF16, STOKE_F16};
-  static const char *const how[5] = {"engine's rule", "forced direct", "width taps unfolded", "all taps unfolded",
-                                     "engine's timed choice"};
+  static const char *const how[6] = {"engine's rule", "forced direct", "width taps unfolded", "all taps unfolded",
+                                     "width taps unfolded into 32-channel rows", "engine's timed choice"};
   const stoke_kernel_v1 *rf = stoke_find_kernel(g_reg, "cpu", STOKE_OP_CONV2D, STOKE_FWD, STOKE_F64, STOKE_NHWC);
   const stoke_kernel_v1 *rb = stoke_find_kernel(g_reg, "cpu", STOKE_OP_CONV2D, STOKE_BWD, STOKE_F64, STOKE_NHWC);
   stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 77, 0));
   for (size_t ci = 0; ci < sizeof cs / sizeof *cs; ci++)
     for (int di = 0; di < 2; di++)
-      for (int mode = 0; mode < 5; mode++) {
+      for (int mode = 0; mode < 6; mode++) {
         stoke_dtype dt = dts[di];
         void *es = NULL;
         const stoke_kernel_v1 *gf = g_gpu_kernel(STOKE_OP_CONV2D, STOKE_FWD, dt, STOKE_NHWC, &es);
         const stoke_kernel_v1 *gb = g_gpu_kernel(STOKE_OP_CONV2D, STOKE_BWD, dt, STOKE_NHWC, &es);
-        ((cudnn_engine *)es)->conv_unfold_force = mode < 4 ? mode : 0;
+        ((cudnn_engine *)es)->conv_unfold_force = mode < 5 ? mode : 0;
         char attrs[64];
         snprintf(attrs, sizeof attrs, "stride=%lld, padding=%lld", (long long)cs[ci].stride, (long long)cs[ci].pad);
         stoke_node_v1 node;
@@ -120,7 +122,7 @@ static void test_unfolded_paths(void **state) {
         g_fill(&w, &r, -1, 1, 0);
         g_fill(&dy, &r, -1, 1, 0);
         g_poison(&y);
-        uint32_t flags = mode == 4 ? STOKE_KFLAG_AUTOTUNE : 0;
+        uint32_t flags = mode == 5 ? STOKE_KFLAG_AUTOTUNE : 0;
         char what[160];
         snprintf(what, sizeof what, "x [%lld, %lld, %lld, %lld] %lldx%lld s%lld p%lld %s, %s (seed %llu)",
                  (long long)cs[ci].b, (long long)cs[ci].c, (long long)cs[ci].h, (long long)cs[ci].w,
