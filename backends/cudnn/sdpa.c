@@ -13,7 +13,9 @@
  * (the plan says which, once). Q, K, V are strided views of qkv
  * [B, T, 3, H, D] and O of y [B, T, H, D]: no copies, as llm.c's
  * cudnn_att.cpp. bf16 and fp16 (flash attention has no f32 engine); one
- * graph and plan per node, built in plan(); run() makes the variant pack
+ * graph and plan per node, built in plan() (the heuristics' first engine
+ * configuration, or with autotune, run.conv_autotune, the fastest of those
+ * that build, timed on temporaries); run() makes the variant pack
  * and executes on the node's stream (no device allocation: graph capture
  * works). */
 #include <math.h>
@@ -360,9 +362,15 @@ static void sdpa_destroy(void *state) {
 #define SDPA_ALIGN 256
 static size_t up(size_t n) { return (n + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN; }
 
+static stoke_err *time_plans(sdpa_state *st, cudnn_engine *eng, bdesc *plans, int n, const int64_t *ws, void *stream,
+                             float *ms);
+
 /* The graph (st->dropout says which), cuDNN's heuristics (mode A), and the
- * first engine configuration that makes an execution plan. */
-static stoke_err *make_plan_of(sdpa_state *st, cudnnHandle_t h) {
+ * engine configurations that make an execution plan: the first, or with
+ * autotune the fastest of them, timed on temporaries (cuDNN offers several
+ * for the flash-attention graphs, as cudnn-frontend's autotune times). */
+static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, void *stream) {
+  cudnnHandle_t h = eng->handle;
   sgraph *g = &st->g;
   g->next_virtual = ID_VIRTUAL;
   if (st->bwd) build_bwd(g, &st->s, st->dropout);
@@ -389,38 +397,56 @@ static stoke_err *make_plan_of(sdpa_state *st, cudnnHandle_t h) {
            (long long)st->s.b, (long long)st->s.t, (long long)st->s.h, (long long)st->s.d);
   if (g->st != CUDNN_STATUS_SUCCESS) return stoke_cudnn_err(g->st, __FILE__, __LINE__, g->failed, ctx);
   cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
-  for (int64_t i = 0; i < n_cfg && !st->plan; i++) {
+  bdesc built[8];
+  int64_t wss[8];
+  int n_built = 0;
+  for (int64_t i = 0; i < n_cfg && (autotune || !n_built); i++) {
     bdesc plan = make(g, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     set(g, plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
     set(g, plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]);
     if (g->st != CUDNN_STATUS_SUCCESS) break;
     last = cudnnBackendFinalize(plan);
-    if (last == CUDNN_STATUS_SUCCESS) st->plan = plan;
+    int64_t n;
+    if (last == CUDNN_STATUS_SUCCESS &&
+        cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
+                                 &wss[n_built]) == CUDNN_STATUS_SUCCESS)
+      built[n_built++] = plan;
   }
-  if (!st->plan)
+  if (!n_built)
     return stoke_cudnn_err(g->st != CUDNN_STATUS_SUCCESS ? g->st : last, __FILE__, __LINE__,
                            "no engine configuration of the SDPA graph made an execution plan", ctx);
-  int64_t n;
-  CUDNN_CHECK(cudnnBackendGetAttribute(st->plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
-                                       &st->ws),
-              ctx);
   const sdpa_geom *s = &st->s;
   st->extra = up(2 * sizeof(int64_t)) +
               (st->bwd ? up((size_t)(s->b * s->h * s->t) * 4) + up((size_t)(s->b * s->h * s->t * s->d) * 4) : 0);
+  int best = 0;
+  if (n_built > 1) {
+    float ms[8];
+    STOKE_PROPAGATE_P(time_plans(st, eng, built, n_built, wss, stream, ms));
+    char list[256] = "";
+    for (int i = 0; i < n_built; i++) {
+      if (ms[i] >= 0 && (ms[best] < 0 || ms[i] < ms[best])) best = i;
+      size_t l = strlen(list);
+      snprintf(list + l, sizeof list - l, "%s%.3f", i ? ", " : "", (double)ms[i]);
+    }
+    stoke_host->log(STOKE_LOG_INFO, "cudnn", "%s: engine configuration %d of %lld (timed, ms: %s; -1 failed)", ctx,
+                    best + 1, (long long)n_cfg, list);
+  }
+  st->plan = built[best];
+  st->ws = wss[best];
   return NULL;
 }
 
 /* The graph without dropout; when no engine takes it, the older pattern
  * with a p = 0 dropout (said once per direction: it is slower). */
-static stoke_err *make_plan(sdpa_state *st, cudnnHandle_t h) {
+static stoke_err *make_plan(sdpa_state *st, cudnn_engine *eng, int autotune, void *stream) {
   st->dropout = 0;
-  stoke_err *e = make_plan_of(st, h);
+  stoke_err *e = make_plan_of(st, eng, autotune, stream);
   if (!e) return NULL;
   free_graph(&st->g);
   memset(&st->g, 0, sizeof st->g);
   st->plan = NULL;
   st->dropout = 1;
-  stoke_err *e2 = make_plan_of(st, h);
+  stoke_err *e2 = make_plan_of(st, eng, autotune, stream);
   if (e2) {
     stoke_host->err_free(e2);
     return e;
@@ -444,7 +470,7 @@ static stoke_err *sdpa_plan(const stoke_kernel_args_v1 *a, void **state, size_t 
   if (!e && !eng) e = STOKE_PERR(STOKE_E_INVALID, "cudnn attention: the cudnn engine is not open");
   st->bwd = bwd;
   snprintf(st->node, sizeof st->node, "%.63s", stoke_node_name(a));
-  if (!e) e = make_plan(st, eng->handle);
+  if (!e) e = make_plan(st, eng, (a->flags & STOKE_KFLAG_AUTOTUNE) != 0, a->stream);
   if (e) {
     sdpa_destroy(st);
     return e;
@@ -453,6 +479,9 @@ static stoke_err *sdpa_plan(const stoke_kernel_args_v1 *a, void **state, size_t 
   *ws = up((size_t)st->ws) + st->extra;
   return NULL;
 }
+
+static stoke_err *sdpa_exec(const sdpa_state *st, cudnn_engine *eng, bdesc plan, int64_t ws_bytes, void *qkv_p,
+                            void *y, void *stats, void *dy, void *dqkv_p, void *workspace, void *stream_p);
 
 /* The data of each unique id, then execute on the node's stream. */
 static stoke_err *sdpa_run(const stoke_kernel_args_v1 *a, void *state, stoke_dtype dt) {
@@ -465,44 +494,104 @@ static stoke_err *sdpa_run(const stoke_kernel_args_v1 *a, void *state, stoke_dty
   if (a->workspace_bytes < need || (need && !a->workspace))
     return STOKE_PERR(STOKE_E_INTERNAL, "cudnn attention '%s': needs %zu bytes of workspace, got %zu", st->node, need,
                       a->workspace_bytes);
-  cudnn_engine *eng = a->engine;
-  char *ws = a->workspace, *ours = ws + up((size_t)st->ws);
+  return sdpa_exec(st, a->engine, st->plan, st->ws, a->in[0].data, a->out[0].data, a->out[1].data,
+                   st->bwd ? a->dout[0].data : NULL, st->bwd ? a->din[0].data : NULL, a->workspace, a->stream);
+}
+
+/* Execute `plan` (workspace ws_bytes of the engine's) on the given tensors:
+ * qkv, y, the lse stats, and for backward dy and dqkv; `workspace` holds
+ * the engine's part, then ours (sdpa_state.extra). */
+static stoke_err *sdpa_exec(const sdpa_state *st, cudnn_engine *eng, bdesc plan, int64_t ws_bytes, void *qkv_p,
+                            void *y, void *stats, void *dy, void *dqkv_p, void *workspace, void *stream_p) {
+  const sdpa_geom s = st->s;
+  cudnnDataType_t io = s.io;
+  char *ws = workspace, *ours = ws + up((size_t)ws_bytes);
   int64_t c = s.h * s.d;
-  char *qkv = a->in[0].data;
+  char *qkv = qkv_p;
   size_t es = 2; /* bf16, fp16 */
   float scale = (float)s.scale, mask = -1e30f, one_f = 1.f;
-  uint16_t one_io = dt == STOKE_BF16 ? 0x3f80 : 0x3c00; /* 1.0, the dropout scale in the io type */
+  uint16_t one_io = io == CUDNN_DATA_BFLOAT16 ? 0x3f80 : 0x3c00; /* 1.0, the dropout scale in the io type */
   void *seed = ours, *offset = ours + sizeof(int64_t);
   int64_t ids[20];
   void *ptrs[20];
   int n = 0;
 #define BIND(id, p) (ids[n] = (id), ptrs[n++] = (void *)(p))
-  BIND(ID_Q, qkv), BIND(ID_K, qkv + c * es), BIND(ID_V, qkv + 2 * c * es), BIND(ID_O, a->out[0].data);
-  BIND(ID_STATS, a->out[1].data), BIND(ID_SCALE, &scale), BIND(ID_MASK, &mask);
+  BIND(ID_Q, qkv), BIND(ID_K, qkv + c * es), BIND(ID_V, qkv + 2 * c * es), BIND(ID_O, y);
+  BIND(ID_STATS, stats), BIND(ID_SCALE, &scale), BIND(ID_MASK, &mask);
   if (st->dropout) BIND(ID_SEED, seed), BIND(ID_OFFSET, offset), BIND(ID_DROP_SCALE, &one_io);
-  cudaStream_t stream = (cudaStream_t)a->stream;
+  cudaStream_t stream = (cudaStream_t)stream_p;
   CUDNN_CHECK(cudnnSetStream(eng->handle, stream), st->node);
   STOKE_CUDA(cudaMemsetAsync(ours, 0, st->extra, stream)); /* seed, offset; the dQ accumulator starts at 0 */
   if (st->bwd) {
-    char *dqkv = a->din[0].data, *sum = ours + up(2 * sizeof(int64_t));
-    BIND(ID_DO, a->dout[0].data), BIND(ID_DQ, dqkv), BIND(ID_DK, dqkv + c * es), BIND(ID_DV, dqkv + 2 * c * es);
+    char *dqkv = dqkv_p, *sum = ours + up(2 * sizeof(int64_t));
+    BIND(ID_DO, dy), BIND(ID_DQ, dqkv), BIND(ID_DK, dqkv + c * es), BIND(ID_DV, dqkv + 2 * c * es);
     BIND(ID_SUM, sum), BIND(ID_DQ_ACCUM, sum + up((size_t)(s.b * s.h * s.t) * 4)), BIND(ID_PROB, &one_f);
   }
 #undef BIND
   bdesc vp;
   CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp), st->node);
-  void *wsp = st->ws ? ws : NULL;
+  void *wsp = ws_bytes ? ws : NULL;
   cudnnStatus_t r = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, ids);
   if (r == CUDNN_STATUS_SUCCESS)
     r = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
   if (r == CUDNN_STATUS_SUCCESS)
     r = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &wsp);
   if (r == CUDNN_STATUS_SUCCESS) r = cudnnBackendFinalize(vp);
-  if (r == CUDNN_STATUS_SUCCESS) r = cudnnBackendExecute(eng->handle, st->plan, vp);
+  if (r == CUDNN_STATUS_SUCCESS) r = cudnnBackendExecute(eng->handle, plan, vp);
   cudnnBackendDestroyDescriptor(vp);
   if (r != CUDNN_STATUS_SUCCESS)
     return stoke_cudnn_err(r, __FILE__, __LINE__, "cudnnBackendExecute (SDPA)", st->node);
   return NULL;
+}
+
+/* Each plan's median of 3 timed runs (after one warm-up) on temporaries
+ * (a non-zero pattern, finite), ms; -1 where it failed. */
+static stoke_err *time_plans(sdpa_state *st, cudnn_engine *eng, bdesc *plans, int n, const int64_t *ws, void *stream,
+                             float *ms) {
+  const sdpa_geom *s = &st->s;
+  size_t c = (size_t)(s->b * s->t * s->h * s->d), rows = (size_t)(s->b * s->h * s->t), wmax = 0;
+  for (int i = 0; i < n; i++)
+    if ((size_t)ws[i] > wmax) wmax = (size_t)ws[i];
+  size_t bytes[6] = {3 * c * 2, c * 2, rows * 4, c * 2, 3 * c * 2, up(wmax) + st->extra};
+  void *p[6] = {0};
+  cudaEvent_t ev[4] = {0};
+  stoke_err *e = NULL;
+  for (int i = 0; i < 6 && !e; i++) {
+    if (cudaMalloc(&p[i], bytes[i]) != cudaSuccess)
+      e = STOKE_PERR(STOKE_E_OOM, "cudnn attention '%s': autotune: no device memory for %zu B of temporaries",
+                     st->node, bytes[i]);
+    else
+      cudaMemsetAsync(p[i], 0x3c, bytes[i], (cudaStream_t)stream); /* bf16 0.0115, fp16 1.06, f32 0.0115 */
+  }
+  for (int i = 0; i < 4 && !e; i++)
+    if (cudaEventCreate(&ev[i]) != cudaSuccess) e = STOKE_PERR(STOKE_E_DEVICE, "cudnn attention: cudaEventCreate");
+  for (int k = 0; k < n && !e; k++) {
+    ms[k] = -1;
+    stoke_err *x = NULL;
+    float t[3];
+    for (int r = 0; r < 4 && !x; r++) {
+      if (r) cudaEventRecord(ev[r - 1], (cudaStream_t)stream);
+      x = sdpa_exec(st, eng, plans[k], ws[k], p[0], p[1], p[2], st->bwd ? p[3] : NULL, st->bwd ? p[4] : NULL, p[5],
+                    stream);
+      if (r) cudaEventRecord(ev[r], (cudaStream_t)stream);
+      if (r && !x && cudaEventSynchronize(ev[r]) == cudaSuccess) cudaEventElapsedTime(&t[r - 1], ev[r - 1], ev[r]);
+    }
+    if (x) {
+      stoke_host->err_free(x);
+      cudaStreamSynchronize((cudaStream_t)stream);
+      cudaGetLastError();
+      continue;
+    }
+    ms[k] = t[0] < t[1] ? (t[1] < t[2] ? t[1] : t[0] < t[2] ? t[2] : t[0])
+                        : (t[0] < t[2] ? t[0] : t[1] < t[2] ? t[2] : t[1]);
+  }
+  cudaStreamSynchronize((cudaStream_t)stream);
+  for (int i = 0; i < 4; i++)
+    if (ev[i]) cudaEventDestroy(ev[i]);
+  for (int i = 0; i < 6; i++)
+    if (p[i]) cudaFree(p[i]);
+  cudaGetLastError();
+  return e;
 }
 
 #define SDPA_KERNELS(sfx, DT)                                                                          \
