@@ -231,7 +231,8 @@ static int unfold_eligible(const stoke_kernel_args_v1 *a, const conv_geom *cg, i
   if (bwd && (a->din[0].data || !a->din[1].data)) return 0;
   for (int i = 0; i < 4; i++)
     if (g->x[i] > (1 << 24) || g->y[i] > (1 << 24) || g->w[i] > (1 << 24)) return 0;
-  return 1;
+  /* the unfold kernels' grid: one block per unfolded row (n x h rows at most) */
+  return g->x[0] * (g->x[2] > g->y[2] ? g->x[2] : g->y[2]) <= INT32_MAX;
 }
 
 /* The unfolding of mode `mode` and the problem it leaves: x' NHWC
