@@ -270,32 +270,30 @@ static stoke_err *plan_unfolded(const stoke_kernel_args_v1 *a, gconv_state *st, 
   return e;
 }
 
-/* Median of 3 timed unfoldings (after one warm-up) on temporaries, ms; -1
- * when it could not be timed. */
+/* One unfolding on the timing temporaries. */
+typedef struct unfold_run {
+  const cu_unfold_geom *u;
+  void *x, *xu;
+  cudaStream_t s;
+} unfold_run;
+
+static int run_unfold(void *ctx) {
+  unfold_run *r = ctx;
+  return stoke_cudnn_unfold(r->x, r->xu, r->u, r->s) != 0;
+}
+
+/* The unfolding's time on temporaries (cg_time3), ms; -1 when it could not
+ * be timed. */
 static float time_unfold(const cu_unfold_geom *u, cudaStream_t s) {
   size_t xb = (size_t)u->n * u->h * u->w * u->c * 2, ub = (size_t)stoke_cudnn_unfold_numel(u) * 2;
-  void *x = NULL, *xu = NULL;
-  cudaEvent_t ev[4] = {0};
-  float out = -1, ms[3];
-  if (cudaMalloc(&x, xb) != cudaSuccess || cudaMalloc(&xu, ub) != cudaSuccess) goto done;
-  cudaMemsetAsync(x, 0x3c, xb, s);
-  for (int i = 0; i < 4; i++)
-    if (cudaEventCreate(&ev[i]) != cudaSuccess) goto done;
-  if (stoke_cudnn_unfold(x, xu, u, s)) goto done;
-  for (int r = 0; r < 3; r++) {
-    cudaEventRecord(ev[r], s);
-    stoke_cudnn_unfold(x, xu, u, s);
-    cudaEventRecord(ev[r + 1], s);
+  unfold_run r = {u, NULL, NULL, s};
+  float out = -1;
+  if (cudaMalloc(&r.x, xb) == cudaSuccess && cudaMalloc(&r.xu, ub) == cudaSuccess) {
+    cudaMemsetAsync(r.x, 0x3c, xb, s);
+    out = cg_time3(run_unfold, &r, s);
   }
-  if (cudaEventSynchronize(ev[3]) != cudaSuccess) goto done;
-  for (int r = 0; r < 3; r++) cudaEventElapsedTime(&ms[r], ev[r], ev[r + 1]);
-  out = ms[0] < ms[1] ? (ms[1] < ms[2] ? ms[1] : ms[0] < ms[2] ? ms[2] : ms[0])
-                      : (ms[0] < ms[2] ? ms[0] : ms[1] < ms[2] ? ms[2] : ms[1]);
-done:
-  for (int i = 0; i < 4; i++)
-    if (ev[i]) cudaEventDestroy(ev[i]);
-  if (x) cudaFree(x);
-  if (xu) cudaFree(xu);
+  if (r.x) cudaFree(r.x);
+  if (r.xu) cudaFree(r.xu);
   cudaGetLastError();
   return out;
 }
@@ -330,7 +328,7 @@ static stoke_err *choose_unfold(const stoke_kernel_args_v1 *a, gconv_state *st, 
     stoke_host->err_free(e);
     return plan_direct(a, st, cg, bwd);
   }
-  if (force || cg->g.x[1] > 8) return plan_direct(a, st, cg, bwd);
+  if (force) return plan_direct(a, st, cg, bwd);
   /* timed: each candidate's plan time plus its unfolding */
   float t[CU_MODES] = {-1, -1, -1, -1}, tu[CU_MODES] = {0, 0, 0, 0};
   stoke_err *e = plan_direct(a, st, cg, bwd);

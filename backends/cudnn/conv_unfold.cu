@@ -19,16 +19,15 @@
 // the products and float sums of the direct one, in another order. Plain C
 // entry points (conv_graph.c is C), returning a cudaError_t; dtype codes
 // for the unpack: 1 bf16, 2 f16.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
-#include <stdint.h>
 
+#include "backends/cuda/types.cuh"
 #include "conv_unfold.h"
 
 namespace {
 
-constexpr int kThreads = 256;
+// 8 unfolded channels of 16-bit values: one 16-byte store
+typedef vec<uint16_t, 8> vec8;
 
 // One block makes one unfolded row xu[n, hu, :, :]: it stages the input
 // rows that row reads (R rows for the full fold, one for the width fold)
@@ -38,7 +37,7 @@ constexpr int kThreads = 256;
 // memory. Global reads are whole rows, writes are contiguous: the kernel
 // moves its bytes near the copy rate (the per-element gather below took
 // 3-5x longer: BENCHMARKS.md run 14).
-__global__ void k_unfold_rows(const uint16_t *__restrict__ x, uint4 *__restrict__ xu, cu_unfold_geom g) {
+__global__ void k_unfold_rows(const uint16_t *__restrict__ x, vec8 *__restrict__ xu, cu_unfold_geom g) {
   extern __shared__ uint16_t sm[];
   const int rows = g.full ? g.r : 1, wp = g.w + 2 * g.pw, rowlen = wp * g.c;
   int *koff = reinterpret_cast<int *>(sm + ((rows * rowlen + 1) & ~1));
@@ -64,21 +63,16 @@ __global__ void k_unfold_rows(const uint16_t *__restrict__ x, uint4 *__restrict_
   }
   __syncthreads();
   const int gpr = g.cu / 8, total = g.wu * gpr;
-  uint4 *dst = xu + row * total;
+  vec8 *dst = xu + row * total;
   for (int t = threadIdx.x; t < total; t += blockDim.x) {
     int wo = t / gpr, k0 = (t - wo * gpr) * 8;
     const uint16_t *base = sm + wo * g.sw * g.c;
-    uint16_t v[8];
+    vec8 out;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
       int o = koff[k0 + j];
-      v[j] = o >= 0 ? base[o] : (uint16_t)0;
+      out.v[j] = o >= 0 ? base[o] : (uint16_t)0;
     }
-    uint4 out;
-    out.x = (uint32_t)v[0] | (uint32_t)v[1] << 16;
-    out.y = (uint32_t)v[2] | (uint32_t)v[3] << 16;
-    out.z = (uint32_t)v[4] | (uint32_t)v[5] << 16;
-    out.w = (uint32_t)v[6] | (uint32_t)v[7] << 16;
     dst[t] = out;
   }
 }
@@ -93,7 +87,7 @@ size_t rows_smem(const cu_unfold_geom &g) {
 // The fallback for shapes whose rows do not fit in shared memory: one
 // thread writes 8 consecutive unfolded channels (16 bytes) of one output
 // position, gathering each from x (the L1 and L2 serve the reuse).
-__global__ void k_unfold(const uint16_t *__restrict__ x, uint4 *__restrict__ xu, cu_unfold_geom g,
+__global__ void k_unfold(const uint16_t *__restrict__ x, vec8 *__restrict__ xu, cu_unfold_geom g,
                          long long groups_total) {
   long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= groups_total) return;
@@ -110,7 +104,7 @@ __global__ void k_unfold(const uint16_t *__restrict__ x, uint4 *__restrict__ xu,
   int c = k0 % g.c, tap = k0 / g.c;
   int r = g.full ? tap / g.s : 0, s = g.full ? tap % g.s : tap;
   const uint16_t *xn = x + n * g.h * g.w * g.c;
-  uint16_t v[8];
+  vec8 out;
 #pragma unroll
   for (int j = 0; j < 8; j++) {
     uint16_t val = 0;
@@ -119,17 +113,12 @@ __global__ void k_unfold(const uint16_t *__restrict__ x, uint4 *__restrict__ xu,
       int wi = wo * g.sw - g.pw + s;
       if (hi >= 0 && hi < g.h && wi >= 0 && wi < g.w) val = xn[((long long)hi * g.w + wi) * g.c + c];
     }
-    v[j] = val;
+    out.v[j] = val;
     if (++c == g.c) {
       c = 0;
       if (++s == g.s) s = 0, r++;
     }
   }
-  uint4 out;
-  out.x = (uint32_t)v[0] | (uint32_t)v[1] << 16;
-  out.y = (uint32_t)v[2] | (uint32_t)v[3] << 16;
-  out.z = (uint32_t)v[4] | (uint32_t)v[5] << 16;
-  out.w = (uint32_t)v[6] | (uint32_t)v[7] << 16;
   xu[t] = out;
 }
 
@@ -162,19 +151,6 @@ __global__ void k_pack_w(const uint16_t *__restrict__ w, uint16_t *__restrict__ 
   wp[i] = val;
 }
 
-template <typename T>
-__device__ __forceinline__ float to_f(T v);
-template <>
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <>
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-template <typename T>
-__device__ __forceinline__ T from_f(float v);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f(float v) { return __float2bfloat16(v); }
-template <>
-__device__ __forceinline__ __half from_f(float v) { return __float2half(v); }
-
 // dw[o][c][r][s] = dwp[packed] + beta dw (beta 0: dw not read; it may hold
 // NaN). The padding channels of dwp are never read.
 template <typename T>
@@ -187,9 +163,7 @@ __global__ void k_unpack_dw(const T *__restrict__ dwp, T *__restrict__ dw, cu_un
   q /= g.r;
   int c = (int)(q % g.c);
   int o = (int)(q / g.c);
-  float v = to_f(dwp[packed_index(g, o, c, r, s)]);
-  if (beta != 0.0f) v += beta * to_f(dw[i]);
-  dw[i] = from_f<T>(v);
+  acc(&dw[i], beta, to_f(dwp[packed_index(g, o, c, r, s)]));
 }
 
 unsigned blocks(long long n) { return (unsigned)((n + kThreads - 1) / kThreads); }
@@ -208,10 +182,10 @@ extern "C" int stoke_cudnn_unfold(const void *x, void *xu, const cu_unfold_geom 
   size_t smem = rows_smem(*g);
   if (smem <= 48 * 1024) {
     k_unfold_rows<<<(unsigned)((long long)g->n * g->hu), 128, smem, (cudaStream_t)stream>>>((const uint16_t *)x,
-                                                                                          (uint4 *)xu, *g);
+                                                                                          (vec8 *)xu, *g);
     return launched();
   }
-  k_unfold<<<blocks(groups), kThreads, 0, (cudaStream_t)stream>>>((const uint16_t *)x, (uint4 *)xu, *g, groups);
+  k_unfold<<<blocks(groups), kThreads, 0, (cudaStream_t)stream>>>((const uint16_t *)x, (vec8 *)xu, *g, groups);
   return launched();
 }
 

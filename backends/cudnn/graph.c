@@ -383,34 +383,49 @@ static int cmp_float(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Median of 3 timed runs after one warm-up, in ms; < 0 when it failed. */
-static float time_plan(cudnn_engine *eng, const cg_plan *p, tune_mem *t, cudaStream_t s) {
-  if ((size_t)p->workspace > t->ws_bytes) return -1;
-  cudaEvent_t ev[4];
-  for (int i = 0; i < 4; i++)
-    if (cudaEventCreate(&ev[i]) != cudaSuccess) {
-      for (int j = 0; j < i; j++) cudaEventDestroy(ev[j]);
-      cudaGetLastError();
-      return -1;
-    }
-  float ms[3] = {-1, -1, -1};
-  stoke_err *e = cg_execute(eng, p, t->ptrs, t->ws, s, "autotune");
-  for (int r = 0; r < 3 && !e; r++) {
+float cg_time3(int (*run)(void *ctx), void *ctx, cudaStream_t s) {
+  cudaEvent_t ev[4] = {0};
+  float ms[3], out = -1;
+  int ok = 1;
+  for (int i = 0; i < 4 && ok; i++) ok = cudaEventCreate(&ev[i]) == cudaSuccess;
+  if (ok) ok = !run(ctx); /* the warm-up */
+  for (int r = 0; r < 3 && ok; r++) {
     cudaEventRecord(ev[r], s);
-    e = cg_execute(eng, p, t->ptrs, t->ws, s, "autotune");
+    ok = !run(ctx);
     cudaEventRecord(ev[r + 1], s);
   }
-  float out = -1;
-  if (!e && cudaEventSynchronize(ev[3]) == cudaSuccess) {
+  if (ok && cudaEventSynchronize(ev[3]) == cudaSuccess) {
     for (int r = 0; r < 3; r++) cudaEventElapsedTime(&ms[r], ev[r], ev[r + 1]);
     qsort(ms, 3, sizeof *ms, cmp_float);
     out = ms[1];
   }
-  if (e) stoke_host->err_free(e);
   cudaStreamSynchronize(s);
   cudaGetLastError();
-  for (int i = 0; i < 4; i++) cudaEventDestroy(ev[i]);
+  for (int i = 0; i < 4; i++)
+    if (ev[i]) cudaEventDestroy(ev[i]);
   return out;
+}
+
+/* One execution of a candidate plan on the timing temporaries. */
+typedef struct plan_run {
+  cudnn_engine *eng;
+  const cg_plan *p;
+  tune_mem *t;
+  cudaStream_t s;
+} plan_run;
+
+static int run_plan(void *ctx) {
+  plan_run *r = ctx;
+  stoke_err *e = cg_execute(r->eng, r->p, r->t->ptrs, r->t->ws, r->s, "autotune");
+  if (e) stoke_host->err_free(e);
+  return e != NULL;
+}
+
+/* Median of 3 timed runs after one warm-up, in ms; < 0 when it failed. */
+static float time_plan(cudnn_engine *eng, const cg_plan *p, tune_mem *t, cudaStream_t s) {
+  if ((size_t)p->workspace > t->ws_bytes) return -1;
+  plan_run r = {eng, p, t, s};
+  return cg_time3(run_plan, &r, s);
 }
 
 /* Choose and build the plan of a finalized operation graph. */

@@ -101,6 +101,11 @@ typedef struct cg_choice {
 stoke_err *cg_plan_get(cudnn_engine *eng, cg_graph *g, const void *key, size_t key_bytes, const cg_choice *c,
                        const char *what, const cg_plan **out);
 
+/* Autotune's timing: the median of 3 timed calls of run(ctx) (0: it ran)
+ * on stream s after one warm-up, in ms; -1 when a call or the events
+ * failed. Waits for the stream and clears CUDA's error state after. */
+float cg_time3(int (*run)(void *ctx), void *ctx, cudaStream_t s);
+
 /* Execute a plan with the data pointers of its real tensors (in the order
  * of plan->uids) and `workspace` (at least plan->workspace bytes) on
  * `stream`. */

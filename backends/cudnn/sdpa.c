@@ -15,7 +15,8 @@
  * cudnn_att.cpp. bf16 and fp16 (flash attention has no f32 engine); one
  * graph and plan per node, built in plan() (the heuristics' first engine
  * configuration, or with autotune, run.conv_autotune, the fastest of those
- * that build, timed on temporaries); run() makes the variant pack
+ * that build, timed on temporaries once per problem: the engine keeps the
+ * choice for identical nodes); run() makes the variant pack
  * and executes on the node's stream (no device allocation: graph capture
  * works). */
 #include <math.h>
@@ -23,6 +24,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "graph.h"
 #include "stoke/ops.h"
 #include "stoke_cudnn.h"
 
@@ -365,12 +367,27 @@ static size_t up(size_t n) { return (n + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALI
 static stoke_err *time_plans(sdpa_state *st, cudnn_engine *eng, bdesc *plans, int n, const int64_t *ws, void *stream,
                              float *ms);
 
+/* The engine's record of timed choices: the configuration index of a
+ * problem (B, T, H, D, io type, backward, dropout), or -1. */
+static int sdpa_choice_get(const cudnn_engine *e, const int64_t *key) {
+  for (int i = 0; i < e->n_sdpa; i++)
+    if (!memcmp(e->sdpa_keys[i], key, sizeof e->sdpa_keys[i])) return e->sdpa_best[i];
+  return -1;
+}
+
+static void sdpa_choice_put(cudnn_engine *e, const int64_t *key, int best) {
+  if (e->n_sdpa >= CUDNN_SDPA_CACHE) return; /* full: later problems are timed again, still correct */
+  memcpy(e->sdpa_keys[e->n_sdpa], key, sizeof e->sdpa_keys[0]);
+  e->sdpa_best[e->n_sdpa++] = best;
+}
+
 /* The graph (st->dropout says which), cuDNN's heuristics (mode A), and the
  * engine configurations that make an execution plan: the first, or with
  * autotune the fastest of them, timed on temporaries (cuDNN offers several
  * for the flash-attention graphs, as cudnn-frontend's autotune times). */
 static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, void *stream) {
   cudnnHandle_t h = eng->handle;
+  const sdpa_geom *s0 = &st->s;
   sgraph *g = &st->g;
   g->next_virtual = ID_VIRTUAL;
   if (st->bwd) build_bwd(g, &st->s, st->dropout);
@@ -398,9 +415,13 @@ static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, 
   if (g->st != CUDNN_STATUS_SUCCESS) return stoke_cudnn_err(g->st, __FILE__, __LINE__, g->failed, ctx);
   cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
   bdesc built[8];
-  int64_t wss[8];
+  int64_t wss[8], cfg_of[8];
   int n_built = 0;
-  for (int64_t i = 0; i < n_cfg && (autotune || !n_built); i++) {
+  /* an identical problem timed before (another layer's node): its choice,
+   * built alone (the configurations after it, untimed, if it fails) */
+  int64_t key[CUDNN_SDPA_KEY] = {s0->b, s0->t, s0->h, s0->d, (int64_t)s0->io, st->bwd, st->dropout};
+  int cached = autotune ? sdpa_choice_get(eng, key) : -1, timing = autotune && cached < 0;
+  for (int64_t i = cached > 0 ? cached : 0; i < n_cfg && (timing || !n_built); i++) {
     bdesc plan = make(g, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     set(g, plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
     set(g, plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]);
@@ -410,14 +431,13 @@ static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, 
     if (last == CUDNN_STATUS_SUCCESS &&
         cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
                                  &wss[n_built]) == CUDNN_STATUS_SUCCESS)
-      built[n_built++] = plan;
+      cfg_of[n_built] = i, built[n_built++] = plan;
   }
   if (!n_built)
     return stoke_cudnn_err(g->st != CUDNN_STATUS_SUCCESS ? g->st : last, __FILE__, __LINE__,
                            "no engine configuration of the SDPA graph made an execution plan", ctx);
-  const sdpa_geom *s = &st->s;
   st->extra = up(2 * sizeof(int64_t)) +
-              (st->bwd ? up((size_t)(s->b * s->h * s->t) * 4) + up((size_t)(s->b * s->h * s->t * s->d) * 4) : 0);
+              (st->bwd ? up((size_t)(s0->b * s0->h * s0->t) * 4) + up((size_t)(s0->b * s0->h * s0->t * s0->d) * 4) : 0);
   int best = 0;
   if (n_built > 1) {
     float ms[8];
@@ -428,9 +448,10 @@ static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, 
       size_t l = strlen(list);
       snprintf(list + l, sizeof list - l, "%s%.3f", i ? ", " : "", (double)ms[i]);
     }
-    stoke_host->log(STOKE_LOG_INFO, "cudnn", "%s: engine configuration %d of %lld (timed, ms: %s; -1 failed)", ctx,
-                    best + 1, (long long)n_cfg, list);
+    stoke_host->log(STOKE_LOG_INFO, "cudnn", "%s: engine configuration %lld of %lld (timed, ms: %s; -1 failed)", ctx,
+                    (long long)cfg_of[best] + 1, (long long)n_cfg, list);
   }
+  if (timing) sdpa_choice_put(eng, key, (int)cfg_of[best]);
   st->plan = built[best];
   st->ws = wss[best];
   return NULL;
@@ -544,8 +565,28 @@ static stoke_err *sdpa_exec(const sdpa_state *st, cudnn_engine *eng, bdesc plan,
   return NULL;
 }
 
-/* Each plan's median of 3 timed runs (after one warm-up) on temporaries
- * (a non-zero pattern, finite), ms; -1 where it failed. */
+/* One execution of a candidate plan on the timing temporaries p: qkv, y,
+ * stats, dy, dqkv, workspace. */
+typedef struct sdpa_run_ctx {
+  sdpa_state *st;
+  cudnn_engine *eng;
+  bdesc plan;
+  int64_t ws;
+  void *p[6];
+  void *stream;
+} sdpa_run_ctx;
+
+static int run_sdpa(void *ctx) {
+  sdpa_run_ctx *r = ctx;
+  int bwd = r->st->bwd;
+  stoke_err *e = sdpa_exec(r->st, r->eng, r->plan, r->ws, r->p[0], r->p[1], r->p[2], bwd ? r->p[3] : NULL,
+                           bwd ? r->p[4] : NULL, r->p[5], r->stream);
+  if (e) stoke_host->err_free(e);
+  return e != NULL;
+}
+
+/* Each plan's time (cg_time3) on temporaries (a non-zero pattern, finite),
+ * ms; -1 where it failed. */
 static stoke_err *time_plans(sdpa_state *st, cudnn_engine *eng, bdesc *plans, int n, const int64_t *ws, void *stream,
                              float *ms) {
   const sdpa_geom *s = &st->s;
@@ -553,43 +594,21 @@ static stoke_err *time_plans(sdpa_state *st, cudnn_engine *eng, bdesc *plans, in
   for (int i = 0; i < n; i++)
     if ((size_t)ws[i] > wmax) wmax = (size_t)ws[i];
   size_t bytes[6] = {3 * c * 2, c * 2, rows * 4, c * 2, 3 * c * 2, up(wmax) + st->extra};
-  void *p[6] = {0};
-  cudaEvent_t ev[4] = {0};
+  sdpa_run_ctx r = {st, eng, NULL, 0, {0}, stream};
   stoke_err *e = NULL;
   for (int i = 0; i < 6 && !e; i++) {
-    if (cudaMalloc(&p[i], bytes[i]) != cudaSuccess)
+    if (cudaMalloc(&r.p[i], bytes[i]) != cudaSuccess)
       e = STOKE_PERR(STOKE_E_OOM, "cudnn attention '%s': autotune: no device memory for %zu B of temporaries",
                      st->node, bytes[i]);
     else
-      cudaMemsetAsync(p[i], 0x3c, bytes[i], (cudaStream_t)stream); /* bf16 0.0115, fp16 1.06, f32 0.0115 */
+      cudaMemsetAsync(r.p[i], 0x3c, bytes[i], (cudaStream_t)stream); /* bf16 0.0115, fp16 1.06, f32 0.0115 */
   }
-  for (int i = 0; i < 4 && !e; i++)
-    if (cudaEventCreate(&ev[i]) != cudaSuccess) e = STOKE_PERR(STOKE_E_DEVICE, "cudnn attention: cudaEventCreate");
   for (int k = 0; k < n && !e; k++) {
-    ms[k] = -1;
-    stoke_err *x = NULL;
-    float t[3];
-    for (int r = 0; r < 4 && !x; r++) {
-      if (r) cudaEventRecord(ev[r - 1], (cudaStream_t)stream);
-      x = sdpa_exec(st, eng, plans[k], ws[k], p[0], p[1], p[2], st->bwd ? p[3] : NULL, st->bwd ? p[4] : NULL, p[5],
-                    stream);
-      if (r) cudaEventRecord(ev[r], (cudaStream_t)stream);
-      if (r && !x && cudaEventSynchronize(ev[r]) == cudaSuccess) cudaEventElapsedTime(&t[r - 1], ev[r - 1], ev[r]);
-    }
-    if (x) {
-      stoke_host->err_free(x);
-      cudaStreamSynchronize((cudaStream_t)stream);
-      cudaGetLastError();
-      continue;
-    }
-    ms[k] = t[0] < t[1] ? (t[1] < t[2] ? t[1] : t[0] < t[2] ? t[2] : t[0])
-                        : (t[0] < t[2] ? t[0] : t[1] < t[2] ? t[2] : t[1]);
+    r.plan = plans[k], r.ws = ws[k];
+    ms[k] = cg_time3(run_sdpa, &r, (cudaStream_t)stream);
   }
-  cudaStreamSynchronize((cudaStream_t)stream);
-  for (int i = 0; i < 4; i++)
-    if (ev[i]) cudaEventDestroy(ev[i]);
   for (int i = 0; i < 6; i++)
-    if (p[i]) cudaFree(p[i]);
+    if (r.p[i]) cudaFree(r.p[i]);
   cudaGetLastError();
   return e;
 }

@@ -30,6 +30,8 @@ static inline size_t cudnn_ws_cap(size_t tensor_bytes) {
   return tensor_bytes > CUDNN_WS_CAP ? tensor_bytes : CUDNN_WS_CAP;
 }
 #define CUDNN_CACHE_MAX 256
+#define CUDNN_SDPA_CACHE 32 /* attention problems whose timed choice the engine keeps */
+#define CUDNN_SDPA_KEY 7
 
 /* Which cuDNN convolution call an algorithm choice is for. */
 typedef enum cudnn_dir { CUDNN_DIR_FWD = 0, CUDNN_DIR_BWD_DATA, CUDNN_DIR_BWD_FILTER, CUDNN_DIR_COUNT } cudnn_dir;
@@ -64,6 +66,11 @@ typedef struct cudnn_engine {
    * unfolded, 3 all taps unfolded, 4 width taps unfolded into 32-channel
    * rows, to check each path against the CPU */
   int conv_unfold_force;
+  /* attention's timed engine configuration per problem (sdpa.c): identical
+   * nodes (every layer's) are timed once */
+  int n_sdpa;
+  int64_t sdpa_keys[CUDNN_SDPA_CACHE][CUDNN_SDPA_KEY];
+  int sdpa_best[CUDNN_SDPA_CACHE];
 } cudnn_engine;
 
 /* A cuDNN status as a stoke error: the call, cuDNN's message (and its last
