@@ -22,25 +22,94 @@ __global__ void scale(T *d, int64_t n, float beta) {
     d[i] = from_f<T>(beta != 0.f ? beta * to_f(d[i]) : 0.f);
 }
 
-// One block per 32 columns; its 32 x COLSUM_Y threads stride over the rows
-// (each thread in a fixed order), then row 0 of the block adds the
-// COLSUM_Y partial sums in a fixed order: the same bits on every run.
-constexpr int COLSUM_Y = 16;
+// Column sums db = beta db + sum_i dy[i, :] of a row-major dy[rows, cols]
+// (the bias gradient), bitwise reproducible: a fixed partition of the rows
+// and fixed orders everywhere, no atomics. A thread owns V contiguous
+// columns (one 16-byte load: 8 bf16/fp16, 4 f32; V = 1 when cols or dy's
+// address do not allow it), a block 32 x V columns and CS_Y row lanes;
+// each of `parts` row partitions writes its block's f32 sums to the
+// workspace, and a second kernel adds a column's partials in partition
+// order (one partition: the first kernel writes db itself). The grid has
+// about CS_BLOCKS blocks, so every SM streams several rows at once: the
+// single-pass kernel this replaced (one block per 32 columns, one 2-byte
+// load per thread per row) had 24-96 blocks on GPT-2's widths, too few
+// loads in flight to approach the memory's bandwidth.
+constexpr int CS_Y = 8;          // row lanes per block (blocks of 32 x CS_Y threads)
+constexpr int64_t CS_BLOCKS = 1024;  // the grid's target size (about 8 blocks per H100/H200 SM)
+constexpr int64_t CS_MIN_ROWS = 64;  // rows per partition at least
+
+struct cs_grid {
+  int v;                 // columns per thread
+  int64_t col_blocks, parts, rows_per_part;
+};
+
+static cs_grid cs_shape(int64_t rows, int64_t cols, int v) {
+  cs_grid g;
+  g.v = v;
+  g.col_blocks = (cols + 32 * v - 1) / (32 * v);
+  int64_t want = CS_BLOCKS / (g.col_blocks > 0 ? g.col_blocks : 1), most = (rows + CS_MIN_ROWS - 1) / CS_MIN_ROWS;
+  g.parts = want < most ? want : most;
+  if (g.parts < 1) g.parts = 1;
+  g.rows_per_part = (rows + g.parts - 1) / g.parts;
+  g.parts = g.rows_per_part ? (rows + g.rows_per_part - 1) / g.rows_per_part : 1;
+  return g;
+}
+
+static size_t cs_ws(const cs_grid &g, int64_t cols) {
+  return g.parts > 1 ? (size_t)g.parts * (size_t)cols * sizeof(float) : 0;
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(32 * CS_Y)
+    colsum_part(float *__restrict__ part, T *db, const T *__restrict__ dy, int64_t rows, int64_t cols,
+                int64_t rows_per_part, float beta) {
+  __shared__ float sm[CS_Y][32 * V + 1];
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const int64_t c0 = ((int64_t)blockIdx.x * 32 + tx) * V;
+  const int64_t r0 = (int64_t)blockIdx.y * rows_per_part;
+  const int64_t r1 = r0 + rows_per_part < rows ? r0 + rows_per_part : rows;
+  float s[V];
+#pragma unroll
+  for (int v = 0; v < V; v++) s[v] = 0.f;
+  if (c0 < cols) {
+    int64_t i = r0 + ty;
+    // four rows in flight per thread, then the rest
+    for (; i + 3 * CS_Y < r1; i += 4 * CS_Y) {
+      vec<T, V> a[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) a[u] = *(const vec<T, V> *)(dy + (i + u * CS_Y) * cols + c0);
+#pragma unroll
+      for (int u = 0; u < 4; u++)
+#pragma unroll
+        for (int v = 0; v < V; v++) s[v] += to_f(a[u].v[v]);
+    }
+    for (; i < r1; i += CS_Y) {
+      vec<T, V> a = *(const vec<T, V> *)(dy + i * cols + c0);
+#pragma unroll
+      for (int v = 0; v < V; v++) s[v] += to_f(a.v[v]);
+    }
+  }
+#pragma unroll
+  for (int v = 0; v < V; v++) sm[ty][tx * V + v] = s[v];
+  __syncthreads();
+  for (int c = threadIdx.x; c < 32 * V; c += 32 * CS_Y) {
+    const int64_t j = (int64_t)blockIdx.x * 32 * V + c;
+    if (j >= cols) continue;
+    float t = sm[0][c];
+#pragma unroll
+    for (int y = 1; y < CS_Y; y++) t += sm[y][c];
+    if (gridDim.y == 1) acc(db + j, beta, t);
+    else part[(int64_t)blockIdx.y * cols + j] = t;
+  }
+}
 
 template <typename T>
-__global__ void colsum(T *db, const T *dy, int64_t rows, int64_t cols, float beta) {
-  __shared__ float part[COLSUM_Y][33];
-  int64_t j = blockIdx.x * 32 + threadIdx.x;
-  float s = 0.f;
-  if (j < cols)
-    for (int64_t i = threadIdx.y; i < rows; i += COLSUM_Y) s += to_f(dy[i * cols + j]);
-  part[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && j < cols) {
-    float t = 0.f;
-    for (int r = 0; r < COLSUM_Y; r++) t += part[r][threadIdx.x];
-    db[j] = from_f<T>(beta != 0.f ? beta * to_f(db[j]) + t : t);
-  }
+__global__ void colsum_final(T *db, const float *__restrict__ part, int64_t parts, int64_t cols, float beta) {
+  const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  float t = 0.f;
+  for (int64_t p = 0; p < parts; p++) t += part[p * cols + j];
+  acc(db + j, beta, t);
 }
 
 template <typename T>
@@ -132,11 +201,39 @@ cudaError_t launch_scale(void *d, int64_t n, float beta, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+// The vector width dy allows: 16 bytes per load when every row starts 16-byte aligned.
 template <typename T>
-cudaError_t launch_colsum(void *db, const void *dy, int64_t rows, int64_t cols, float beta, cudaStream_t s) {
+int cs_width(const void *dy, int64_t cols) {
+  constexpr int V = 16 / sizeof(T);
+  return cols % V == 0 && aligned16(dy) ? V : 1;
+}
+
+template <typename T>
+size_t colsum_workspace(int64_t rows, int64_t cols) {
+  size_t a = cs_ws(cs_shape(rows, cols, 1), cols), b = cs_ws(cs_shape(rows, cols, 16 / sizeof(T)), cols);
+  return a > b ? a : b;
+}
+
+template <typename T>
+cudaError_t launch_colsum(void *db, const void *dy, int64_t rows, int64_t cols, float beta, void *ws,
+                          size_t ws_bytes, cudaStream_t s) {
   if (cols <= 0) return cudaSuccess;
-  dim3 block(32, COLSUM_Y);
-  colsum<T><<<(unsigned)((cols + 31) / 32), block, 0, s>>>((T *)db, (const T *)dy, rows, cols, beta);
+  constexpr int VV = 16 / sizeof(T);
+  cs_grid g = cs_shape(rows, cols, cs_width<T>(dy, cols));
+  if (cs_ws(g, cols) > ws_bytes || !ws) { /* no room for partials: one partition (slower, still exact order) */
+    g.parts = 1;
+    g.rows_per_part = rows;
+  }
+  dim3 grid((unsigned)g.col_blocks, (unsigned)g.parts);
+  if (g.v == VV)
+    colsum_part<T, VV><<<grid, 32 * CS_Y, 0, s>>>((float *)ws, (T *)db, (const T *)dy, rows, cols,
+                                                   g.rows_per_part, beta);
+  else
+    colsum_part<T, 1><<<grid, 32 * CS_Y, 0, s>>>((float *)ws, (T *)db, (const T *)dy, rows, cols,
+                                                  g.rows_per_part, beta);
+  if (g.parts > 1)
+    colsum_final<T><<<grid_for(cols, kThreads, 1 << 30), kThreads, 0, s>>>((T *)db, (const float *)ws, g.parts,
+                                                                          cols, beta);
   return cudaGetLastError();
 }
 
@@ -186,8 +283,17 @@ extern "C" cudaError_t stoke_lt_scale(void *d, int64_t n, float beta, stoke_dtyp
 }
 
 extern "C" cudaError_t stoke_lt_colsum(void *db, const void *dy, int64_t rows, int64_t cols, float beta,
-                                       stoke_dtype dt, cudaStream_t s) {
-  BY_DTYPE(dt, launch_colsum<T>(db, dy, rows, cols, beta, s));
+                                       stoke_dtype dt, void *ws, size_t ws_bytes, cudaStream_t s) {
+  BY_DTYPE(dt, launch_colsum<T>(db, dy, rows, cols, beta, ws, ws_bytes, s));
+}
+
+extern "C" size_t stoke_lt_colsum_workspace(int64_t rows, int64_t cols, stoke_dtype dt) {
+  switch (dt) {
+    case STOKE_F32: return colsum_workspace<float>(rows, cols);
+    case STOKE_F16: return colsum_workspace<__half>(rows, cols);
+    case STOKE_BF16: return colsum_workspace<__nv_bfloat16>(rows, cols);
+    default: return 0;
+  }
 }
 
 extern "C" cudaError_t stoke_lt_relu(void *y, int64_t n, stoke_dtype dt, cudaStream_t s) {

@@ -24,10 +24,16 @@ cudaError_t stoke_lt_bias_rows(void *y, const void *b, int64_t rows, int64_t col
 cudaError_t stoke_lt_scale(void *d, int64_t n, float beta, stoke_dtype dt, cudaStream_t s);
 
 /* db[j] = beta * db[j] + sum_i dy[i, j] for a row-major dy[rows, cols],
- * summed in f32 in a fixed order (bitwise reproducible); db is not read
- * when beta is 0. */
+ * summed in f32 in a fixed order (bitwise reproducible for the same
+ * shapes, alignment and workspace); db is not read when beta is 0. The
+ * row partitions' partial sums go to ws: with fewer than
+ * stoke_lt_colsum_workspace(rows, cols, dt) bytes there, one partition
+ * runs (correct, slower). */
 cudaError_t stoke_lt_colsum(void *db, const void *dy, int64_t rows, int64_t cols, float beta, stoke_dtype dt,
-                            cudaStream_t s);
+                            void *ws, size_t ws_bytes, cudaStream_t s);
+
+/* The workspace stoke_lt_colsum uses at most for a dy[rows, cols] of dt. */
+size_t stoke_lt_colsum_workspace(int64_t rows, int64_t cols, stoke_dtype dt);
 
 /* y[0..n) = max(y, 0) in place (NaN stays NaN): linear_relu's forward
  * when no algorithm has the RELU_BIAS epilogue. */

@@ -259,10 +259,22 @@ static void expect_close(const kcheck *ck, const char *what, const double *got, 
   print_message("  %-13s %-15s %-8s %-4s %-4s%-11s %-44s %-8s rel err %.2e tol %.2e\n", ck->k->engine, ck->k->op,
                 pass_name(ck->k->pass), stoke_dtype_name(ck->k->dtype), stoke_layout_name(c->layout), ck->mode,
                 c->label, what, err, tol);
-  if (!(err <= tol))
+  if (!(err <= tol)) { /* the three worst elements: one outlier, or an error everywhere? */
+    int64_t worst[3] = {-1, -1, -1};
+    for (int64_t i = 0; i < n; i++)
+      for (int w = 0; w < 3; w++)
+        if (worst[w] < 0 || fabs(got[i] - want[i]) > fabs(got[worst[w]] - want[worst[w]])) {
+          for (int v = 2; v > w; v--) worst[v] = worst[v - 1];
+          worst[w] = i;
+          break;
+        }
+    for (int w = 0; w < 3 && worst[w] >= 0; w++)
+      print_message("    element %lld of %lld: got %.9g want %.9g\n", (long long)worst[w], (long long)n, got[worst[w]],
+                    want[worst[w]]);
     fail_msg("%s/%s %s %s %s%s, case %s: %s relative error %.3g > %.3g (max abs %.3g) (seed %llu)", ck->k->engine,
              ck->k->op, pass_name(ck->k->pass), stoke_dtype_name(ck->k->dtype), stoke_layout_name(c->layout),
              ck->mode, c->label, what, err, tol, mx, (unsigned long long)seed);
+  }
 }
 
 static void expect_tensor(const kcheck *ck, const char *what, const ktensor *t, const double *want) {

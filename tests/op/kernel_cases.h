@@ -694,6 +694,21 @@ static int gen_position_embedding(const stoke_kernel_v1 *k, stoke_rng *r, kcase 
 }
 
 /* One layer norm case on x: weight near 1, bias, both parameters. */
+/* add_layer_norm rounds s = a + b to the kernel's dtype before its
+ * statistics (stoke/ops.h), which the f64 reference, adding exactly, does
+ * not: a saved mean then differs by the average of the C roundings of s,
+ * u |s| / sqrt(C) in size, which the relative-norm check measures against
+ * ERR_FLOOR when the mean itself is near 0 (seed 266005693, bf16, one row
+ * of 165: mean 0.0086 off by 3.5e-4). a and b on the grid of 2^-7 in
+ * [-1, 1] make every s exact in bf16 (8 significant bits hold multiples of
+ * 2^-7 below 2), fp16 and f32, so the two sides normalize the same s. */
+static void prep_exact_sum(const kcase *c, stoke_tensor *ref, stoke_rng *r) {
+  (void)c, (void)r;
+  for (int i = 0; i < 2; i++)
+    for (int64_t j = 0, n = stoke_numel(&ref[i].shape); j < n; j++)
+      stoke_elem_set(ref[i].data, ref[i].dtype, j, round(stoke_elem_get(ref[i].data, ref[i].dtype, j) * 128) / 128);
+}
+
 static void ln_case(kcase *out, int *n, const stoke_kernel_v1 *k, int add, stoke_shape xs) {
   int64_t ch = xs.d[xs.ndim - 1], rows = stoke_numel(&xs) / ch;
   kcase *c = new_case(out, n, k->op, "x %s", shape_label(&xs));
@@ -703,6 +718,7 @@ static void ln_case(kcase *out, int *n, const stoke_kernel_v1 *k, int add, stoke
   c->in[c->n_in++] = (kin){.shape = S1(ch), .kind = IN_PARAM, .lo = 0.5, .hi = 1.5};
   add_in(c, S1(ch), IN_PARAM);
   c->douts = add ? 3u : 1u;
+  if (add) c->prep = prep_exact_sum;
   c->k = (double)(rows > ch ? rows : ch);
 }
 
