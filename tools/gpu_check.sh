@@ -12,7 +12,8 @@
 # every commit, each run with a fresh STOKE_TEST_SEED (the seed of the
 # tests' random inputs, on its line: a failure reruns with it), and ends
 # with the flakes: per test, runs, failures, and the seeds and test cases
-# that failed. --only runs just the named test binaries (cuda_ops_test,...).
+# that failed, then every_kernel_test's closest margins (tools/test_margins.py).
+# --only runs just the named test binaries (cuda_ops_test,...).
 set -uo pipefail
 reps=${TEST_REPS:-1} only=""
 while [ $# -gt 0 ]; do
@@ -69,6 +70,8 @@ if [ "$reps" -gt 1 ]; then
     printf '%-26s %4d %5d %s\n' "$name" "${runs[$name]}" "${fails[$name]:-0}" "${failed_seeds[$name]:-}"
   done
 fi
+# how close the kernel checks came to their tolerances (tools/test_margins.py): a ratio near 1 flakes
+ls "$out"/every_kernel_test*.log > /dev/null 2>&1 && python3 "$ST/test_margins.py" "$out"/every_kernel_test*.log --top 6
 if [ $# -gt 0 ]; then
   OUT="$out" SUITE="$ST/gpu_suite.sh" bash -c "$*"
 fi

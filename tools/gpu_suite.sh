@@ -201,9 +201,8 @@ for part in "$@"; do
         grep -E '^\[  FAILED  \] [a-z]' "$OUT/kernels.$rep.log" | sort -u | head -20
       done
       grep -h -E '^  engine ' "$OUT/kernels.1.log"
-      # the worst error / tolerance per engine over every run
-      cat "$OUT"/kernels.*.log | awk '/ rel err .* tol / { e = $(NF - 2); t = $NF; if (t > 0 && e / t > w[$1]) { w[$1] = e / t; l[$1] = $0 } }
-        END { for (k in w) printf "worst %-14s %.3f of tol: %s\n", k, w[k], l[k] }'
+      # the worst error / tolerance per check over every run
+      python3 "$HERE/test_margins.py" "$OUT"/kernels.*.log --top 15
       ;;
     fp16)
       log "fp16 forced overflow"

@@ -36,7 +36,7 @@ __global__ void scale(T *d, int64_t n, float beta) {
 // loads in flight to approach the memory's bandwidth.
 constexpr int CS_Y = 8;          // row lanes per block (blocks of 32 x CS_Y threads)
 constexpr int64_t CS_BLOCKS = 1024;  // the grid's target size (about 8 blocks per H100/H200 SM)
-constexpr int64_t CS_MIN_ROWS = 64;  // rows per partition at least
+constexpr int64_t CS_MIN_ROWS = 128;  // rows per partition at least (16 per row lane)
 
 struct cs_grid {
   int v;                 // columns per thread
@@ -103,13 +103,24 @@ __global__ void __launch_bounds__(32 * CS_Y)
   }
 }
 
+// The partials of 32 columns a block: lane y adds partitions y, y + CS_Y, ... in order, then the
+// CS_Y lane sums are added in order.
 template <typename T>
-__global__ void colsum_final(T *db, const float *__restrict__ part, int64_t parts, int64_t cols, float beta) {
-  const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= cols) return;
+__global__ void __launch_bounds__(32 * CS_Y)
+    colsum_final(T *db, const float *__restrict__ part, int64_t parts, int64_t cols, float beta) {
+  __shared__ float sm[CS_Y][33];
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const int64_t j = (int64_t)blockIdx.x * 32 + tx;
   float t = 0.f;
-  for (int64_t p = 0; p < parts; p++) t += part[p * cols + j];
-  acc(db + j, beta, t);
+  if (j < cols)
+    for (int64_t p = ty; p < parts; p += CS_Y) t += part[p * cols + j];
+  sm[ty][tx] = t;
+  __syncthreads();
+  if (ty == 0 && j < cols) {
+#pragma unroll
+    for (int y = 1; y < CS_Y; y++) t += sm[y][tx];
+    acc(db + j, beta, t);
+  }
 }
 
 template <typename T>
@@ -232,8 +243,8 @@ cudaError_t launch_colsum(void *db, const void *dy, int64_t rows, int64_t cols, 
     colsum_part<T, 1><<<grid, 32 * CS_Y, 0, s>>>((float *)ws, (T *)db, (const T *)dy, rows, cols,
                                                   g.rows_per_part, beta);
   if (g.parts > 1)
-    colsum_final<T><<<grid_for(cols, kThreads, 1 << 30), kThreads, 0, s>>>((T *)db, (const float *)ws, g.parts,
-                                                                          cols, beta);
+    colsum_final<T><<<(unsigned)((cols + 31) / 32), 32 * CS_Y, 0, s>>>((T *)db, (const float *)ws, g.parts, cols,
+                                                                     beta);
   return cudaGetLastError();
 }
 
