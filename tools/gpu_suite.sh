@@ -925,13 +925,19 @@ PY
       # convs stay on cudnn), i.e. other roundings of the same math: how far two correct bf16 runs
       # drift apart on these workloads
       noise="run.backends=cublaslt,cuda,cudnn"
+      # CURVE_SEEDS: several seeds (one curve of a chaotic run, ResNet-50 at lr 0.1 on random labels, cannot
+      # tell a rounding difference from a defect); CURVE_ARGS: overrides for every run (optimizer.lr=0.02)
       want curves && for w in ${CURVE_W:-mlp resnet18c resnet50}; do
-        for v in base fast noise; do
-          timeout 120 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=${CURVE_STEPS:-200} run.log_every=1 run.progress=off run.deterministic=true \
-            ${!v} run.out_dir="$OUT/c_${w}_$v" > "$OUT/c_${w}_$v.log" 2>&1 || { echo "$w $v failed:"; tail -3 "$OUT/c_${w}_$v.log"; }
+        for seed in ${CURVE_SEEDS:-0}; do
+          tag=${w}_s$seed
+          for v in base fast noise; do
+            timeout 120 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=${CURVE_STEPS:-200} run.log_every=1 run.progress=off run.deterministic=true \
+              run.seed=$seed ${CURVE_ARGS:-} ${!v} run.out_dir="$OUT/c_${tag}_$v" > "$OUT/c_${tag}_$v.log" 2>&1 ||
+              { echo "$w $v failed:"; tail -3 "$OUT/c_${tag}_$v.log"; }
+          done
+          python3 "$HERE/loss_curves.py" "$w seed $seed${CURVE_ARGS:+ ($CURVE_ARGS)}" "$OUT/c_${tag}_base/metrics.jsonl" \
+            "fused+graph"="$OUT/c_${tag}_fast/metrics.jsonl" "the cuda engine's batch norm (noise)"="$OUT/c_${tag}_noise/metrics.jsonl"
         done
-        python3 "$HERE/loss_curves.py" "$w" "$OUT/c_${w}_base/metrics.jsonl" "fused+graph"="$OUT/c_${w}_fast/metrics.jsonl" \
-          "the cuda engine's batch norm (noise)"="$OUT/c_${w}_noise/metrics.jsonl"
       done
       want ab && log "issue 6: A/B (tools/bench, ${AB_ROUNDS:-3} rounds)"
       want ab && for wp in ${AB_W:-mlp:bf16 resnet50:bf16 resnet50:fp16 resnet18c:bf16}; do
