@@ -56,7 +56,7 @@
 #             load_state_dict(strict=True), its loss on the same tokens
 #             against stoke's
 #   gpt_graph GPT-2 124M bf16 B = 16 eager against cuda_graph = true,
-#             alternating GPT_GRAPH_R (2) rounds, tokens/s and step p50
+#             alternating GPT_GRAPH_R (2) rounds (stoke_gpt: tokens/s, memory)
 #   ddp_recompute  (2 GPUs) issue 14 with data parallel: a small gpt, recompute
 #             none against h.* and auto, eager and CUDA graphs (fp32
 #             deterministic: weights bitwise equal expected)
@@ -290,12 +290,7 @@ PY
       ;;
     gpt_graph) # GPT-2 124M bf16 B=16 eager against CUDA graphs (the INI sets none), alternating GPT_GRAPH_R (2) rounds
       for r in $(seq "${GPT_GRAPH_R:-2}"); do
-        for g in false true; do
-          timeout 300 "$T" "$S/examples/gpt2_124m.ini" run.cuda_graph=$g run.progress=lines run.out_dir="$OUT/gg_${g}_$r" \
-            > "$OUT/gg_${g}_$r.log" 2>&1 || { echo "cuda_graph=$g failed:"; tail -3 "$OUT/gg_${g}_$r.log"; }
-          python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if 'summary' in l][-1]; print('cuda_graph=' + sys.argv[2], 'round', sys.argv[3], 'tokens/s', round(r['samples_per_s_median'] * 1024), 'step p50', r['step_time_ms_p50'])" \
-            "$OUT/gg_${g}_$r/metrics.jsonl" $g $r 2>/dev/null
-        done
+        for g in false true; do stoke_gpt 16 "cuda_graph=$g round $r" run.cuda_graph=$g; done
       done
       ;;
     fmnist)

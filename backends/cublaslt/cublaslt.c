@@ -398,6 +398,40 @@ static stoke_err *tune_time(lt_engine *E, const lt_state *s, const lt_gemm *g, c
   return NULL;
 }
 
+/* What a timing needs: `bytes` of scratch operands on the device, filled
+ * with 0x3c bytes on the stream (0.0115 in f32 and bf16, 1.06 in fp16;
+ * some mask bits set), so no live buffer is touched, and the
+ * LT_TUNE_REPS + 1 events around the timed calls. */
+typedef struct lt_timing {
+  char *buf;
+  cudaEvent_t ev[LT_TUNE_REPS + 1];
+  int n_ev;
+} lt_timing;
+
+/* t->buf NULL (nothing held) when the device has no room for the scratch;
+ * else the status of the fill and the events (close the timing either
+ * way). */
+static cudaError_t timing_open(lt_timing *t, size_t bytes, cudaStream_t st) {
+  memset(t, 0, sizeof *t);
+  if (cudaMalloc((void **)&t->buf, bytes) != cudaSuccess) {
+    cudaGetLastError(); /* clear the allocation failure */
+    t->buf = NULL;
+    return cudaErrorMemoryAllocation;
+  }
+  cudaError_t ce = cudaMemsetAsync(t->buf, 0x3c, bytes, st);
+  for (; ce == cudaSuccess && t->n_ev <= LT_TUNE_REPS; t->n_ev++) ce = cudaEventCreate(&t->ev[t->n_ev]);
+  return ce;
+}
+
+/* The events destroyed and the scratch freed: cudaFree's status. */
+static cudaError_t timing_close(lt_timing *t) {
+  for (int i = 0; i < t->n_ev; i++)
+    if (t->ev[i]) cudaEventDestroy(t->ev[i]);
+  cudaError_t ce = t->buf ? cudaFree(t->buf) : cudaSuccess;
+  memset(t, 0, sizeof *t);
+  return ce;
+}
+
 /* Autotune one product (key k, descriptors in g) among the heuristic's
  * `found` candidates: those that succeeded, fit the workspace cap and (when
  * deterministic) are reproducible are timed on scratch operands filled
@@ -425,39 +459,34 @@ static stoke_err *tune(lt_engine *E, const lt_state *s, const lt_gemm *g, const 
                   round_up((size_t)k->aux_ld * k->n * elt), round_up(ws)};
   size_t total = 0;
   for (int i = 0; i < 6; i++) total += sz[i];
-  char *buf = NULL;
-  if (cudaMalloc((void **)&buf, total) != cudaSuccess) {
-    cudaGetLastError(); /* clear the allocation failure */
+  lt_timing t;
+  cudaError_t ce = timing_open(&t, total, (cudaStream_t)a->stream);
+  if (!t.buf) {
     stoke_host->log(STOKE_LOG_WARN, LT_WHO,
                     "autotune of " LT_CTX_FMT " skipped: no device memory for %.1f MiB of scratch operands; the "
                     "heuristic's first algorithm is used",
                     LT_CTX_ARGS(s, g->what), (double)total / (1 << 20));
     return NULL;
   }
+  char *buf = t.buf;
   lt_scratch x = {buf, buf + sz[0], buf + sz[0] + sz[1], buf + sz[0] + sz[1] + sz[2],
                   buf + sz[0] + sz[1] + sz[2] + sz[3], buf + sz[0] + sz[1] + sz[2] + sz[3] + sz[4], ws};
-  cudaEvent_t ev[LT_TUNE_REPS + 1] = {0};
-  int n_ev = 0;
   stoke_err *e = NULL;
-  /* 0x3c bytes: 0.0115 in f32 and bf16, 1.06 in fp16; some mask bits set */
-  cudaError_t ce = cudaMemsetAsync(buf, 0x3c, total, (cudaStream_t)a->stream);
-  for (; ce == cudaSuccess && n_ev <= LT_TUNE_REPS; n_ev++) ce = cudaEventCreate(&ev[n_ev]);
   if (ce != cudaSuccess)
     e = STOKE_PERR(STOKE_E_DEVICE, "cublaslt autotune of " LT_CTX_FMT ": %s", LT_CTX_ARGS(s, g->what),
                    cudaGetErrorString(ce));
   if (!e && epi_uses_bias(k->epi)) e = set_pointer(s, g, CUBLASLT_MATMUL_DESC_BIAS_POINTER, x.bias);
   if (!e && k->aux_ld) e = set_pointer(s, g, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, x.aux);
-  if (!e) e = tune_time(E, s, g, a, res, ok, found, &x, ev, out);
+  if (!e) e = tune_time(E, s, g, a, res, ok, found, &x, t.ev, out);
   /* run() sets these per call; leave no pointer to freed memory behind */
   const void *none = NULL;
   if (epi_uses_bias(k->epi))
     cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &none, sizeof none);
   if (k->aux_ld) cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &none, sizeof none);
-  for (int i = 0; i < n_ev; i++)
-    if (ev[i]) cudaEventDestroy(ev[i]);
-  if (cudaFree(buf) != cudaSuccess && !e)
+  ce = timing_close(&t);
+  if (ce != cudaSuccess && !e)
     e = STOKE_PERR(STOKE_E_DEVICE, "cublaslt autotune of " LT_CTX_FMT ": cudaFree of the scratch failed: %s",
-                   LT_CTX_ARGS(s, g->what), cudaGetErrorString(cudaGetLastError()));
+                   LT_CTX_ARGS(s, g->what), cudaGetErrorString(ce));
   return e;
 }
 
@@ -476,31 +505,25 @@ static stoke_err *time_colsum(lt_engine *E, const lt_state *s, const stoke_kerne
   size_t elt = stoke_dtype_size(s->dt), sz[3] = {round_up((size_t)rows * (size_t)cols * elt),
                                                   round_up((size_t)cols * elt),
                                                   round_up(stoke_lt_colsum_workspace(rows, cols, s->dt))};
-  char *buf = NULL;
-  if (cudaMalloc((void **)&buf, sz[0] + sz[1] + sz[2]) != cudaSuccess) {
-    cudaGetLastError(); /* clear the allocation failure: the epilogue stays */
-    return NULL;
-  }
   cudaStream_t st = (cudaStream_t)a->stream;
-  cudaEvent_t ev[LT_TUNE_REPS + 1] = {0};
-  int n_ev = 0;
+  lt_timing t;
+  cudaError_t ce = timing_open(&t, sz[0] + sz[1] + sz[2], st);
+  if (!t.buf) return NULL; /* no room for the scratch: the epilogue stays */
+  char *buf = t.buf;
   stoke_err *e = NULL;
-  cudaError_t ce = cudaMemsetAsync(buf, 0x3c, sz[0] + sz[1] + sz[2], st);
-  for (; ce == cudaSuccess && n_ev <= LT_TUNE_REPS; n_ev++) ce = cudaEventCreate(&ev[n_ev]);
   /* once untimed (loads the kernel), then the timed calls */
   for (int r = -1; ce == cudaSuccess && r < LT_TUNE_REPS; r++) {
     ce = stoke_lt_colsum(buf + sz[0], buf, rows, cols, 0.f, s->dt, buf + sz[0] + sz[1], sz[2], st);
-    if (ce == cudaSuccess) ce = cudaEventRecord(ev[r + 1], st);
+    if (ce == cudaSuccess) ce = cudaEventRecord(t.ev[r + 1], st);
   }
   if (ce != cudaSuccess)
     e = STOKE_PERR(STOKE_E_DEVICE, "cublaslt: timing the bias gradient's column sum of " LT_CTX_FMT ": %s",
                    LT_CTX_ARGS(s, "db"), cudaGetErrorString(ce));
-  if (!e) e = fastest_rep(s, "db", ev, ms);
-  for (int i = 0; i < n_ev; i++)
-    if (ev[i]) cudaEventDestroy(ev[i]);
-  if (cudaFree(buf) != cudaSuccess && !e)
+  if (!e) e = fastest_rep(s, "db", t.ev, ms);
+  ce = timing_close(&t);
+  if (ce != cudaSuccess && !e)
     e = STOKE_PERR(STOKE_E_DEVICE, "cublaslt: cudaFree of the column sum's scratch failed: %s",
-                   cudaGetErrorString(cudaGetLastError()));
+                   cudaGetErrorString(ce));
   if (!e && *ms >= 0.f && E->n_cs < LT_CACHE_MAX) {
     E->cs_keys[E->n_cs][0] = rows, E->cs_keys[E->n_cs][1] = cols, E->cs_keys[E->n_cs][2] = (int64_t)s->dt;
     E->cs_ms[E->n_cs++] = *ms;

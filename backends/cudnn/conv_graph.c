@@ -279,7 +279,7 @@ typedef struct unfold_run {
 
 static int run_unfold(void *ctx) {
   unfold_run *r = ctx;
-  return stoke_cudnn_unfold(r->x, r->xu, r->u, r->s) != 0;
+  return stoke_cudnn_unfold(r->x, r->xu, r->u, r->s) != cudaSuccess;
 }
 
 /* The unfolding's time on temporaries (cg_time3), ms; -1 when it could not
@@ -431,8 +431,8 @@ static stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *state) {
     return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d forward: x or y has no data; %s", st->ctx);
   if (st->unfold) {
     char *ws = a->workspace;
-    STOKE_CUDA((cudaError_t)stoke_cudnn_unfold_pack_w(a->in[1].data, ws, &st->ug, a->stream));
-    STOKE_CUDA((cudaError_t)stoke_cudnn_unfold(a->in[0].data, ws + st->u_xu_off, &st->ug, a->stream));
+    STOKE_CUDA(stoke_cudnn_unfold_pack_w(a->in[1].data, ws, &st->ug, a->stream));
+    STOKE_CUDA(stoke_cudnn_unfold(a->in[0].data, ws + st->u_xu_off, &st->ug, a->stream));
     void *ptrs[3] = {ws + st->u_xu_off, ws, a->out[0].data};
     return cg_execute(st->eng, st->fprop, ptrs, plan_ws(a, st), a->stream, st->ctx);
   }
@@ -468,11 +468,11 @@ static stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *state) {
     if (!a->in[0].data) return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d backward: x has no data; %s", st->ctx);
     float beta = (a->param_grads & 2u) ? a->param_grad_beta : 0.0f;
     char *ws = a->workspace;
-    STOKE_CUDA((cudaError_t)stoke_cudnn_unfold(a->in[0].data, ws + st->u_xu_off, &st->ug, a->stream));
+    STOKE_CUDA(stoke_cudnn_unfold(a->in[0].data, ws + st->u_xu_off, &st->ug, a->stream));
     void *ptrs[3] = {ws + st->u_xu_off, ws, dy};
     STOKE_PROPAGATE_P(cg_execute(st->eng, st->wgrad, ptrs, plan_ws(a, st), a->stream, st->ctx));
-    STOKE_CUDA((cudaError_t)stoke_cudnn_unfold_unpack_dw(ws, dw, &st->ug, st->data == CUDNN_DATA_HALF ? 2 : 1, beta,
-                                                          a->stream));
+    stoke_dtype dt = st->data == CUDNN_DATA_HALF ? STOKE_F16 : STOKE_BF16; /* the unfolded path is 16-bit only */
+    STOKE_CUDA(stoke_cudnn_unfold_unpack_dw(ws, dw, &st->ug, dt, beta, a->stream));
   } else if (dw) {
     if (!a->in[0].data) return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d backward: x has no data; %s", st->ctx);
     float beta = (a->param_grads & 2u) ? a->param_grad_beta : 0.0f;

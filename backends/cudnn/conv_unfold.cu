@@ -17,8 +17,7 @@
 // Unfolding copies 16-bit values (bf16 and fp16 alike, zero is 0x0000 in
 // both) without arithmetic, so the unfolded convolution computes exactly
 // the products and float sums of the direct one, in another order. Plain C
-// entry points (conv_graph.c is C), returning a cudaError_t; dtype codes
-// for the unpack: 1 bf16, 2 f16.
+// entry points (conv_graph.c is C), returning the launch's cudaError_t.
 #include <cuda_runtime_api.h>
 
 #include "backends/cuda/types.cuh"
@@ -168,7 +167,7 @@ __global__ void k_unpack_dw(const T *__restrict__ dwp, T *__restrict__ dw, cu_un
 
 unsigned blocks(long long n) { return (unsigned)((n + kThreads - 1) / kThreads); }
 
-int launched(void) { return (int)cudaGetLastError(); }
+cudaError_t launched(void) { return cudaGetLastError(); }
 
 }  // namespace
 
@@ -176,34 +175,34 @@ extern "C" long long stoke_cudnn_unfold_numel(const cu_unfold_geom *g) {
   return (long long)g->n * g->hu * g->wu * g->cu;
 }
 
-extern "C" int stoke_cudnn_unfold(const void *x, void *xu, const cu_unfold_geom *g, void *stream) {
+extern "C" cudaError_t stoke_cudnn_unfold(const void *x, void *xu, const cu_unfold_geom *g, cudaStream_t stream) {
   long long groups = stoke_cudnn_unfold_numel(g) / 8;
-  if (groups <= 0 || g->cu % 8) return (int)cudaErrorInvalidValue;
+  if (groups <= 0 || g->cu % 8) return cudaErrorInvalidValue;
   size_t smem = rows_smem(*g);
   if (smem <= 48 * 1024) {
-    k_unfold_rows<<<(unsigned)((long long)g->n * g->hu), 128, smem, (cudaStream_t)stream>>>((const uint16_t *)x,
+    k_unfold_rows<<<(unsigned)((long long)g->n * g->hu), 128, smem, stream>>>((const uint16_t *)x,
                                                                                           (vec8 *)xu, *g);
     return launched();
   }
-  k_unfold<<<blocks(groups), kThreads, 0, (cudaStream_t)stream>>>((const uint16_t *)x, (vec8 *)xu, *g, groups);
+  k_unfold<<<blocks(groups), kThreads, 0, stream>>>((const uint16_t *)x, (vec8 *)xu, *g, groups);
   return launched();
 }
 
-extern "C" int stoke_cudnn_unfold_pack_w(const void *w, void *wp, const cu_unfold_geom *g, void *stream) {
+extern "C" cudaError_t stoke_cudnn_unfold_pack_w(const void *w, void *wp, const cu_unfold_geom *g,
+                                                 cudaStream_t stream) {
   long long n = (long long)g->o * (g->full ? 1 : g->r) * g->cu;
-  k_pack_w<<<blocks(n), kThreads, 0, (cudaStream_t)stream>>>((const uint16_t *)w, (uint16_t *)wp, *g, n);
+  k_pack_w<<<blocks(n), kThreads, 0, stream>>>((const uint16_t *)w, (uint16_t *)wp, *g, n);
   return launched();
 }
 
-extern "C" int stoke_cudnn_unfold_unpack_dw(const void *dwp, void *dw, const cu_unfold_geom *g, int dt, float beta,
-                                            void *stream) {
+extern "C" cudaError_t stoke_cudnn_unfold_unpack_dw(const void *dwp, void *dw, const cu_unfold_geom *g,
+                                                    stoke_dtype dt, float beta, cudaStream_t s) {
   long long n = (long long)g->o * g->c * g->r * g->s;
-  cudaStream_t s = (cudaStream_t)stream;
-  if (dt == 1)
+  if (dt == STOKE_BF16)
     k_unpack_dw<<<blocks(n), kThreads, 0, s>>>((const __nv_bfloat16 *)dwp, (__nv_bfloat16 *)dw, *g, beta, n);
-  else if (dt == 2)
+  else if (dt == STOKE_F16)
     k_unpack_dw<<<blocks(n), kThreads, 0, s>>>((const __half *)dwp, (__half *)dw, *g, beta, n);
   else
-    return (int)cudaErrorInvalidValue;
+    return cudaErrorInvalidValue;
   return launched();
 }

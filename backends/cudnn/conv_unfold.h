@@ -3,6 +3,10 @@
 #ifndef STOKE_CUDNN_CONV_UNFOLD_H
 #define STOKE_CUDNN_CONV_UNFOLD_H
 
+#include <cuda_runtime_api.h>
+
+#include "stoke/tensor.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -20,14 +24,14 @@ typedef struct cu_unfold_geom {
 
 /* Elements of the unfolded input. */
 long long stoke_cudnn_unfold_numel(const cu_unfold_geom *g);
-/* xu = unfold(x) (16-bit values). Each returns the launch's cudaError_t. */
-int stoke_cudnn_unfold(const void *x, void *xu, const cu_unfold_geom *g, void *stream);
+/* xu = unfold(x) (16-bit values). Each returns the launch's status. */
+cudaError_t stoke_cudnn_unfold(const void *x, void *xu, const cu_unfold_geom *g, cudaStream_t stream);
 /* wp [o][r'][1][cu] (OHWI, r' = 1 full or r width) = the weight packed to
  * match, zeros in the padding channels. */
-int stoke_cudnn_unfold_pack_w(const void *w, void *wp, const cu_unfold_geom *g, void *stream);
-/* dw (OIHW) = dwp unpacked + beta dw; dt 1 bf16, 2 f16. */
-int stoke_cudnn_unfold_unpack_dw(const void *dwp, void *dw, const cu_unfold_geom *g, int dt, float beta,
-                                 void *stream);
+cudaError_t stoke_cudnn_unfold_pack_w(const void *w, void *wp, const cu_unfold_geom *g, cudaStream_t stream);
+/* dw (OIHW) = dwp unpacked + beta dw; dt STOKE_BF16 or STOKE_F16. */
+cudaError_t stoke_cudnn_unfold_unpack_dw(const void *dwp, void *dw, const cu_unfold_geom *g, stoke_dtype dt,
+                                         float beta, cudaStream_t stream);
 
 #ifdef __cplusplus
 }
