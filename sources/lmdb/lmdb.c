@@ -486,16 +486,27 @@ static stoke_err *open_caffe(lmdb_src *s, MDB_txn *txn, MDB_cursor **curp) {
   cur = *curp;
   if (rc) return STOKE_PERR(STOKE_E_IO, "lmdb %s: mdb_cursor_open failed: %s", s->path, mdb_strerror(rc));
   stoke_err *e = NULL;
-  size_t i = 0, bad = 0;
+  size_t i = 0, bad = 0, lost = 0; /* lost: records skipped for their key (also in bad) */
   int64_t max_label = -1;
   int have_shape = 0;
   char why[STOKE_WHY_BYTES], first_bad[1024] = "";
-  /* v is cleared before each call: on a page whose damaged header says
-   * LEAF2 LMDB returns success without setting it (found by
-   * tests/fuzz:lmdb), and a cleared value is not in the file */
+  /* k and v are cleared before each call: on a page whose damaged header
+   * says LEAF2 LMDB returns success without setting v (found by
+   * tests/fuzz:lmdb), and a cleared value is not in the file. A key is
+   * checked as a value is: on a damaged page it can point, or run, past the
+   * file (tests/fuzz/regress/lmdb/key_outside_file: a 2048-byte key read
+   * from the heap beside the map); such a record cannot be kept in the key
+   * table, so it is skipped and counted with the undecodable ones. */
   MDB_val k = {0, NULL}, v = {0, NULL};
   for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && i < n;
-       v = (MDB_val){0, NULL}, rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+       k = (MDB_val){0, NULL}, v = (MDB_val){0, NULL}, rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    if (!in_file(s, &k)) {
+      lost++;
+      if (bad++ == 0)
+        snprintf(first_bad, sizeof first_bad, "the record after index %zu: its key lies outside the file (a damaged "
+                 "page)", i);
+      continue;
+    }
     int inside = in_file(s, &v);
     if (i == 0 && inside && v.mv_size >= 4 && !memcmp(v.mv_data, STOKE_REC_MAGIC, 4)) {
       e = STOKE_PERR(STOKE_E_DATA,
@@ -563,7 +574,7 @@ static stoke_err *open_caffe(lmdb_src *s, MDB_txn *txn, MDB_cursor **curp) {
     return STOKE_PERR(STOKE_E_DATA, "lmdb %s: no Caffe record has a label >= 0", s->path);
   if (bad)
     stoke_host->log(STOKE_LOG_WARN, "lmdb", "%s: %zu of %zu Caffe records cannot be decoded and will be skipped; first: %s",
-                    s->path, bad, i, first_bad);
+                    s->path, bad, i + lost, first_bad);
   s->classes = max_label + 1;
   s->caffe = 1;
   return NULL;
