@@ -65,6 +65,8 @@ typedef struct shared_env {
   unsigned flags;
   const char *map; /* the file's mapping and its size when opened */
   size_t file_size;
+  size_t map_bytes; /* the bytes of the file the mapping covers: LMDB maps the size its meta page asks for,
+                     * which a damaged file can set below the file's size */
   int users;
   struct shared_env *next;
 } shared_env;
@@ -281,11 +283,12 @@ static stoke_err *check_lmdb_file(const char *path, const char *file, size_t *fi
   return NULL;
 }
 
-/* Where the file (dev, ino) is mapped in this process: LMDB does not say
- * (mdb_env_info's me_mapaddr is the fixed address a writer asked for),
- * /proc/self/maps does. NULL when not found: values are then not checked
- * against the file, and the guard alone catches what they fault on. */
-static const char *find_map(dev_t dev, ino_t ino) {
+/* Where the file (dev, ino) is mapped in this process, and how many bytes
+ * (*bytes): LMDB does not say (mdb_env_info's me_mapaddr is the fixed
+ * address a writer asked for), /proc/self/maps does. NULL when not found:
+ * values are then not checked against the file, and the guard alone
+ * catches what they fault on. */
+static const char *find_map(dev_t dev, ino_t ino, size_t *bytes) {
   FILE *f = fopen("/proc/self/maps", "r");
   if (!f) return NULL;
   char line[4352];
@@ -295,8 +298,10 @@ static const char *find_map(dev_t dev, ino_t ino) {
     unsigned maj, min;
     char perms[8];
     if (sscanf(line, "%llx-%llx %7s %llx %x:%x %llu", &start, &end, perms, &off, &maj, &min, &node) == 7 &&
-        node == (unsigned long long)ino && maj == major(dev) && min == minor(dev) && off == 0)
+        node == (unsigned long long)ino && maj == major(dev) && min == minor(dev) && off == 0) {
       found = (const char *)(uintptr_t)start;
+      *bytes = (size_t)(end - start);
+    }
   }
   fclose(f);
   return found;
@@ -380,7 +385,9 @@ static stoke_err *env_get(lmdb_src *s, int64_t max_readers) {
     se->dev = fs.st_dev;
     se->ino = fs.st_ino;
     se->file_size = file_size;
-    se->map = find_map(fs.st_dev, fs.st_ino);
+    size_t mapped = 0;
+    se->map = find_map(fs.st_dev, fs.st_ino, &mapped);
+    se->map_bytes = mapped < file_size ? mapped : file_size;
     se->users = 1;
     se->next = envs;
     envs = se;
@@ -405,13 +412,15 @@ static void env_put(shared_env *se) {
   pthread_mutex_unlock(&envs_mu);
 }
 
-/* Whether a value LMDB returned lies inside the file (a damaged node can
- * point anywhere, and past the file's end the mapping faults). */
+/* Whether a value (or key) LMDB returned lies inside the mapped part of
+ * the file (a damaged node can point anywhere; past the mapping's end lies
+ * other memory or none). */
 static int in_file(const lmdb_src *s, const MDB_val *v) {
   const char *p = v->mv_data, *m = s->shared->map;
   if (!p) return 0; /* LMDB did not set it (see open_caffe) */
   if (!m) return 1;
-  return p >= m && v->mv_size <= s->shared->file_size && (size_t)(p - m) <= s->shared->file_size - v->mv_size;
+  size_t n = s->shared->map_bytes;
+  return p >= m && v->mv_size <= n && (size_t)(p - m) <= n - v->mv_size;
 }
 
 /* The samples' channels from the data set's own (`own`) and [data]
@@ -494,9 +503,10 @@ static stoke_err *open_caffe(lmdb_src *s, MDB_txn *txn, MDB_cursor **curp) {
    * says LEAF2 LMDB returns success without setting v (found by
    * tests/fuzz:lmdb), and a cleared value is not in the file. A key is
    * checked as a value is: on a damaged page it can point, or run, past the
-   * file (tests/fuzz/regress/lmdb/key_outside_file: a 2048-byte key read
-   * from the heap beside the map); such a record cannot be kept in the key
-   * table, so it is skipped and counted with the undecodable ones. */
+   * mapping (tests/fuzz/regress/lmdb/key_outside_file: 12,288 of the file's
+   * 23,164 bytes mapped, a 2048-byte key read from the heap beyond them);
+   * such a record cannot be kept in the key table, so it is skipped and
+   * counted with the undecodable ones. */
   MDB_val k = {0, NULL}, v = {0, NULL};
   for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && i < n;
        k = (MDB_val){0, NULL}, v = (MDB_val){0, NULL}, rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
