@@ -5,7 +5,7 @@
 # tools/setup.sh installs them), outside Bazel, from the same sources as
 # the Bazel build.
 #
-#   tools/fuzz.sh [--budget SECONDS] [--jobs N] [--out DIR] [TARGET...]
+#   tools/fuzz.sh [--budget SECONDS] [--seed N] [--jobs N] [--out DIR] [TARGET...]
 #
 # Targets: ini safetensors record lmdb jpeg shard idx (default: all), each run
 # --budget seconds (default 30) starting from its seeds
@@ -18,18 +18,27 @@
 # repository are not touched. The closing table gives, per target,
 # executions, executions/s, coverage (edges) and findings.
 #
+# --seed N: libFuzzer's random seed, and each target starts from the
+# repository's seeds and regress inputs alone (the corpus of earlier runs in
+# --out is set aside): the same inputs in the same order on every machine,
+# so a verdict can be reproduced. tools/test.sh (the README's test command,
+# CI) runs seeded; without --seed, libFuzzer draws a seed and resumes the
+# grown corpus: exploration, which finds what a fixed seed never reaches.
+#
 # A longer run of one target: tools/fuzz.sh --budget 600 jpeg
 # By hand: /tmp/stoke-fuzz/bin/jpeg_fuzz -help=1 (libFuzzer's options).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-budget=30 out=/tmp/stoke-fuzz jobs=1
+budget=30 out=/tmp/stoke-fuzz jobs=1 seed=""
+
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --budget) budget=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --seed) seed=$2; shift 2 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -80,12 +89,18 @@ table=""
 for t in "${targets[@]}"; do
   work=$out/corpus/$t findings=$out/findings/$t
   rm -rf "$findings" # this run's findings only (past ones are in tests/fuzz/regress)
+  seeded=()
+  if [ -n "$seed" ]; then
+    work=$out/corpus-seeded/$t
+    rm -rf "$work"
+    seeded=(-seed="$seed")
+  fi
   mkdir -p "$work" "$findings"
   log=$out/$t.log
   seeds=(tests/fuzz/corpus/$t)
   [ -d "tests/fuzz/regress/$t" ] && seeds+=("tests/fuzz/regress/$t")
-  echo "== $t: ${budget}s" >&2
-  "$bin/${t}_fuzz" -max_total_time="$budget" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
+  echo "== $t: ${budget}s${seed:+, seed $seed}" >&2
+  "$bin/${t}_fuzz" "${seeded[@]}" -max_total_time="$budget" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
     -artifact_prefix="$findings/" "$work" "${seeds[@]}" > "$log" 2>&1
   rc=$?
   execs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | tail -1 | grep -oE '[0-9]+$')

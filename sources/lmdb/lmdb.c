@@ -423,6 +423,47 @@ static int in_file(const lmdb_src *s, const MDB_val *v) {
   return p >= m && v->mv_size <= n && (size_t)(p - m) <= n - v->mv_size;
 }
 
+/* LMDB's key comparison with the page's key checked first. LMDB compares
+ * the key it looks for with node keys on branch and leaf pages, which it
+ * trusts: on a damaged page a node's key size (up to 64 KiB) or a LEAF2
+ * key width runs past the mapping, and LMDB's memcmp reads what lies
+ * beyond (tools/fuzz.sh: ASan heap-buffer-overflow, 2048 bytes read in
+ * mdb_node_search under mdb_get). LMDB's comparator has no context
+ * argument, so the source whose lookup runs is thread-local: set around
+ * every LMDB call that searches (read_layout, read_guarded), NULL
+ * elsewhere (nothing is then checked). A key outside the mapping marks the
+ * lookup damaged; the caller reports it and ignores what LMDB returned.
+ * Otherwise the order is LMDB's default (mdb_cmp_memn: bytes, then length),
+ * the order stoke's and Caffe's databases are written in. */
+static __thread const lmdb_src *tl_src;
+static __thread const void *tl_key; /* the key looked for: ours, not in the file */
+static __thread int tl_damaged;
+
+static int page_key_ok(const MDB_val *v) { return v->mv_data == tl_key || v->mv_size == 0 || in_file(tl_src, v); }
+
+static void lookup_begin(const lmdb_src *s, const MDB_val *key) {
+  tl_src = s;
+  tl_key = key->mv_data;
+  tl_damaged = 0;
+}
+
+static int lookup_end(void) {
+  tl_src = NULL;
+  tl_key = NULL;
+  return tl_damaged;
+}
+
+static int cmp_checked(const MDB_val *a, const MDB_val *b) {
+  if (tl_src && (!page_key_ok(a) || !page_key_ok(b))) {
+    tl_damaged = 1;
+    return -1;
+  }
+  size_t len = a->mv_size < b->mv_size ? a->mv_size : b->mv_size;
+  int d = len ? memcmp(a->mv_data, b->mv_data, len) : 0;
+  if (d) return d;
+  return a->mv_size < b->mv_size ? -1 : a->mv_size > b->mv_size;
+}
+
 /* The samples' channels from the data set's own (`own`) and [data]
  * channels: JPEG data converts to any; raw pixels are what they are. */
 static stoke_err *pick_channels(lmdb_src *s, uint32_t own, int jpeg) {
@@ -597,11 +638,16 @@ static int read_layout(void *arg) {
   lmdb_src *s = j->s;
   int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &j->txn);
   if (!rc) rc = mdb_dbi_open(j->txn, NULL, 0, &s->dbi);
+  if (!rc) rc = mdb_set_compare(j->txn, s->dbi, cmp_checked);
   if (rc) j->e = STOKE_PERR(STOKE_E_IO, "lmdb %s: cannot open the database: %s", s->path, mdb_strerror(rc));
   if (!j->e) {
     MDB_val k = {strlen(STOKE_META_KEY), (void *)STOKE_META_KEY}, v = {0, NULL}; /* not set on a LEAF2 page */
+    lookup_begin(s, &k);
     rc = mdb_get(j->txn, s->dbi, &k, &v);
-    if (rc == 0 && !in_file(s, &v))
+    if (lookup_end())
+      j->e = STOKE_PERR(STOKE_E_IO, "lmdb %s: looking up " STOKE_META_KEY " met a key outside the file: it is "
+                        "damaged", s->path);
+    else if (rc == 0 && !in_file(s, &v))
       j->e = STOKE_PERR(STOKE_E_IO, "lmdb %s: its " STOKE_META_KEY " entry lies outside the file: it is damaged",
                         s->path);
     else if (rc == 0) j->e = open_stoke(s, j->txn, &v);
@@ -643,6 +689,7 @@ static stoke_err *lm_open(const stoke_cfg *c, const char *sec, void **self) {
   char why[STOKE_WHY_BYTES];
   layout_job j = {s, NULL, NULL, NULL};
   if (!e && stoke_lmdb_guarded(read_layout, &j, why, sizeof why)) {
+    lookup_end(); /* a fault mid-lookup leaves it set */
     if (j.cur) mdb_cursor_close(j.cur); /* LMDB was left mid-call: let go of what it held */
     if (j.txn) mdb_txn_abort(j.txn);
     if (j.e) stoke_host->err_free(j.e);
@@ -729,7 +776,14 @@ typedef struct read_job {
 
 static int read_guarded(void *arg) {
   read_job *j = arg;
+  lookup_begin(j->s, &j->k);
   j->rc = mdb_get(j->txn, j->s->dbi, &j->k, &j->v);
+  if (lookup_end()) {
+    snprintf(j->why, sizeof j->why, "a key on the way to it lies outside the file (a damaged page)");
+    j->rc = 0;
+    j->bad = 1;
+    return 0;
+  }
   if (j->rc) return 0;
   if (!in_file(j->s, &j->v)) {
     snprintf(j->why, sizeof j->why, "its value lies outside the file (a damaged page)");
@@ -750,6 +804,7 @@ static stoke_err *lm_read(void *self, int64_t index, uint64_t seed, void *dst, i
   read_job j = {s, NULL, key_of(s, index, kb), {0, NULL}, dst, label, 0, 0, ""};
   STOKE_PROPAGATE_P(txn_get(s, &j.txn));
   if (stoke_lmdb_guarded(read_guarded, &j, fault, sizeof fault)) {
+    lookup_end(); /* a fault mid-lookup leaves it set */
     mdb_txn_abort(j.txn); /* not back to the pool: LMDB was left mid-call */
     show_key(j.k.mv_data, j.k.mv_size, ks, sizeof ks);
     return STOKE_PERR(STOKE_E_IO, "lmdb %s: record %s (index %lld): %s; copy or convert the data set again", s->path,

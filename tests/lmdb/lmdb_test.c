@@ -633,14 +633,9 @@ static void test_cut_short_refused(void **state) {
   free(b);
 }
 
-/* The main database's root moved (meta pages) to the file's last page,
- * whose node offsets all point past the end of the file: LMDB's first key
- * comparison faults. That fault is an error naming the data set. */
-static void test_damaged_page_is_an_error(void **state) {
-  (void)state;
-  char bad[4096];
-  size_t n;
-  uint8_t *b = converted_bytes("fault", &n);
+/* The main database's root page copied over the file's last page (4096-byte
+ * pages), and both meta pages pointing there: the page to damage. */
+static uint8_t *root_to_last_page(uint8_t *b, size_t n) {
   const size_t ps = 4096, last = n / ps - 1;
   for (int m = 0; m < 2; m++) { /* MDB_meta after the 16-byte page header */
     uint8_t *meta = b + m * ps + 16;
@@ -651,14 +646,64 @@ static void test_damaged_page_is_an_error(void **state) {
   }
   uint8_t *page = b + last * ps;
   memcpy(page, &last, 8); /* mp_pgno */
+  return page;
+}
+
+/* The damaged bytes b[0..n) as the data set `name` in the test's folder
+ * (its path in bad); b is freed. */
+static void write_damaged(char *bad, size_t cap, const char *name, uint8_t *b, size_t n) {
+  tmp_path(bad, cap, name);
+  spill(bad, b, n);
+  free(b);
+}
+
+/* The main database's root moved (meta pages) to the file's last page,
+ * whose node offsets all point past the end of the file: LMDB's first key
+ * comparison faults. That fault is an error naming the data set. */
+static void test_damaged_page_is_an_error(void **state) {
+  (void)state;
+  char bad[4096];
+  size_t n;
+  uint8_t *b = converted_bytes("fault", &n);
+  uint8_t *page = root_to_last_page(b, n);
   uint16_t lower;
   memcpy(&lower, page + 12, 2);
   for (size_t off = 16; off < lower; off += 2) memcpy(page + off, &(uint16_t){0xfff0}, 2);
-  tmp_path(bad, sizeof bad, "fault-bad.lmdb");
-  spill(bad, b, n);
-  free(b);
+  write_damaged(bad, sizeof bad, "fault-bad.lmdb", b, n);
   opened o;
   EXPECT_ERR(open_source(&o, bad, NULL), STOKE_E_IO, bad, "while LMDB read the file", "damaged");
+  close_source(&o);
+}
+
+/* The root moved to the file's last page as above, whose nodes now stay
+ * inside the page but whose keys run 98 bytes past the end of the file:
+ * LMDB compares the key it looks for with them and, trusting the page,
+ * read beyond the file (tools/fuzz.sh: ASan heap-buffer-overflow in
+ * mdb_node_search; tests/fuzz/regress/lmdb/node_key_outside_map). The
+ * source's comparator checks a page's key before comparing: the lookup of
+ * the metadata entry is refused as damaged, naming the data set, before a
+ * byte past the file is read (without the check: a fault, "while LMDB read
+ * the file", or a compare of whatever lies beyond). */
+static void test_page_key_past_the_file(void **state) {
+  (void)state;
+  char bad[4096];
+  size_t n;
+  uint8_t *b = converted_bytes("keypast", &n);
+  const size_t ps = 4096, last = n / ps - 1;
+  uint8_t *page = root_to_last_page(b, n);
+  uint16_t lower, flags;
+  memcpy(&flags, page + 10, 2);
+  assert_true(flags & 0x01); /* P_BRANCH: the root of 3000 records */
+  memcpy(&lower, page + 12, 2);
+  /* every node header (8 bytes: child page, flags, key size) at the page's
+   * last 10 bytes, its key from byte 4094 on, 100 bytes long */
+  const uint16_t at = (uint16_t)(ps - 10), ksize = 100;
+  memcpy(page + at + 6, &ksize, 2);
+  for (size_t off = 16; off < lower; off += 2) memcpy(page + off, &at, 2);
+  assert_true(last * ps + at + 8 + ksize > n); /* the key runs past the file */
+  write_damaged(bad, sizeof bad, "keypast-bad.lmdb", b, n);
+  opened o;
+  EXPECT_ERR(open_source(&o, bad, NULL), STOKE_E_IO, bad, "met a key outside the file", "damaged");
   close_source(&o);
 }
 
@@ -1059,6 +1104,7 @@ int main(void) {
       cmocka_unit_test(test_open_errors),
       cmocka_unit_test(test_cut_short_refused),
       cmocka_unit_test(test_damaged_page_is_an_error),
+      cmocka_unit_test(test_page_key_past_the_file),
       cmocka_unit_test(test_same_data_set_twice),
       cmocka_unit_test(test_caffe_datum),
       cmocka_unit_test(test_caffe_encoded),
