@@ -189,7 +189,7 @@ static void pick_layout(run_state *s) {
 
 /* The engines, the precision policy, the communicator; the layout, the
  * device's peak for MFU and its NVML handle. */
-static stoke_err *open_device(run_state *s) {
+stoke_err *run_open_device(run_state *s) {
   const stoke_run_config *rc = &s->rc;
   stoke_summary *sum = s->sum;
   const char *prec_name = rc->run.precision;
@@ -405,7 +405,7 @@ static void announce(run_state *s) {
 stoke_err *run_open(run_state *s) {
   STOKE_PROPAGATE(find_place(s));
   STOKE_PROPAGATE(open_folder(s));
-  STOKE_PROPAGATE(open_device(s));
+  STOKE_PROPAGATE(run_open_device(s));
   STOKE_PROPAGATE(open_data(s));
   STOKE_PROPAGATE(plan_length(s));
   STOKE_PROPAGATE(choose_graphs(s));

@@ -114,6 +114,9 @@ int run_stop_now(const run_state *s);
 stoke_err *run_read_config(run_state *s);
 stoke_err *run_open(run_state *s);
 stoke_err *run_dry(run_state *s);
+/* the engines, precision, comm and layout (run_open's part, alone for
+ * core/run_generate.c) */
+stoke_err *run_open_device(run_state *s);
 stoke_err *run_write_checked(const char *path, void (*put)(const void *, FILE *), const void *arg);
 void run_close_engines(run_state *s);
 

@@ -76,6 +76,7 @@ static void smap_free(smap *m) {
 struct stoke_bpe {
   smap enc, ranks;             /* token -> id; "first second" -> merge rank */
   char byte_char[256][3];      /* bytes_to_unicode, as UTF-8 */
+  const char *token[STOKE_BPE_VOCAB]; /* id -> its token (a key of enc), for decoding */
   pcre2_code *re;
   pcre2_match_data *md;
 };
@@ -181,6 +182,8 @@ static stoke_err *load_encoder(stoke_bpe *b, const char *path) {
     count++;
   }
   free(text);
+  for (size_t i = 0; !e && i < b->enc.cap; i++)
+    if (b->enc.key[i]) b->token[b->enc.val[i]] = b->enc.key[i];
   if (!e && count != STOKE_BPE_VOCAB)
     e = STOKE_ERR(STOKE_E_DATA, "bpe: '%s' has %d tokens, GPT-2's encoder.json has %d", path, count, STOKE_BPE_VOCAB);
   return e;
@@ -322,4 +325,21 @@ stoke_err *stoke_bpe_encode(const stoke_bpe *b, const char *text, size_t n, int3
     *ids = NULL;
   }
   return e;
+}
+
+/* ------------------------------------------------------------ decoding */
+
+size_t stoke_bpe_decode(const stoke_bpe *b, int32_t id, char *out, size_t cap) {
+  const char *t = id >= 0 && id < STOKE_BPE_VOCAB ? b->token[id] : NULL;
+  size_t n = 0;
+  /* each UTF-8 character of the token is one byte_char: back to its byte */
+  while (t && *t && n < cap) {
+    int len = (unsigned char)*t < 0x80 ? 1 : 2, byte = -1;
+    for (int c = 0; c < 256 && byte < 0; c++)
+      if (!strncmp(b->byte_char[c], t, (size_t)len) && (int)strlen(b->byte_char[c]) == len) byte = c;
+    if (byte < 0) break; /* not GPT-2's alphabet: load_encoder took it, so never */
+    out[n++] = (char)byte;
+    t += len;
+  }
+  return n;
 }

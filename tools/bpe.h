@@ -20,4 +20,9 @@ void stoke_bpe_free(stoke_bpe *b);
  * *ids is malloc'ed. */
 stoke_err *stoke_bpe_encode(const stoke_bpe *b, const char *text, size_t n, int32_t **ids, int64_t *count);
 
+/* The bytes of token `id` into out (at most cap; a token is at most 128
+ * bytes): their count, 0 for an id outside the vocabulary. Concatenated,
+ * the bytes of a text's ids are the text (encode's inverse). */
+size_t stoke_bpe_decode(const stoke_bpe *b, int32_t id, char *out, size_t cap);
+
 #endif

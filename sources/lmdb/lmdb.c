@@ -368,7 +368,7 @@ static stoke_err *env_get(lmdb_src *s, int64_t max_readers) {
   struct stat fs;
   if (stat(file, &fs) != 0) return STOKE_PERR(STOKE_E_IO, "lmdb %s: cannot stat %s: %s", s->path, file, strerror(errno));
   if (!S_ISREG(fs.st_mode)) return STOKE_PERR(STOKE_E_IO, "lmdb %s: %s is not a file; " HOWTO, s->path, file);
-  size_t file_size;
+  size_t file_size = 0;
   STOKE_PROPAGATE_P(check_lmdb_file(s->path, file, &file_size));
   stoke_err *e = NULL;
   pthread_mutex_lock(&envs_mu);
@@ -639,6 +639,9 @@ static int read_layout(void *arg) {
   int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &j->txn);
   if (!rc) rc = mdb_dbi_open(j->txn, NULL, 0, &s->dbi);
   if (!rc) rc = mdb_set_compare(j->txn, s->dbi, cmp_checked);
+  /* a damaged meta page can flag the database MDB_DUPSORT: its value
+   * comparisons go through the same check */
+  if (!rc) rc = mdb_set_dupsort(j->txn, s->dbi, cmp_checked);
   if (rc) j->e = STOKE_PERR(STOKE_E_IO, "lmdb %s: cannot open the database: %s", s->path, mdb_strerror(rc));
   if (!j->e) {
     MDB_val k = {strlen(STOKE_META_KEY), (void *)STOKE_META_KEY}, v = {0, NULL}; /* not set on a LEAF2 page */

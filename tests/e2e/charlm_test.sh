@@ -69,6 +69,37 @@ else
   echo "[  FAILED  ] charlm: checkpoint: $names"
   failed=$((failed + 1))
 fi
+# generation (tools/generate) from the trained checkpoint: English-like
+# text (the same model after one step: 46% of 1000 bytes printable), a
+# seed repeats its text and another seed does not, and the greedy
+# continuation depends neither on the token padding the window after the
+# text (the model is causal; reading the wrong row would see it) nor on
+# text beyond the context (cropped to the last 64 tokens, as nanoGPT does)
+# verdict STATUS OK_TEXT FAIL_TEXT: a cmocka-style line, counted
+verdict() {
+  if [ "$1" = 0 ]; then echo "[       OK ] charlm: $2"; passed=$((passed + 1))
+  else echo "[  FAILED  ] charlm: $3"; failed=$((failed + 1)); fi
+}
+gen() { tools/generate examples/charlm.ini "$T/charlm/checkpoint.safetensors" data.path="$T/data/fortunes_train_*.bin" \
+          eval_data.path="$T/data/fortunes_val_000000.bin" "$@"; }
+frac=$(gen --prompt "The " --tokens 1000 --seed 1 2> "$T/gen.err" | python3 -c '
+import sys
+d = sys.stdin.buffer.read()[4:-1]  # the prompt and the closing newline left out
+print("%d %.4f" % (len(d), sum(32 <= b < 127 or b in (9, 10) for b in d) / max(len(d), 1)))')
+[ "${frac%% *}" = 1000 ] && awk -v f="${frac#* }" 'BEGIN { exit !(f >= 0.95) }'
+verdict $? "generate: 1000 bytes at temperature 0.8, ${frac#* } of them printable (>= 0.95)" \
+  "generate: '$frac' (bytes, printable fraction; needs 1000 and >= 0.95): $(tail -3 "$T/gen.err")"
+a=$(gen --prompt "A " --tokens 64 --seed 7 --ids) b=$(gen --prompt "A " --tokens 64 --seed 7 --ids)
+c=$(gen --prompt "A " --tokens 64 --seed 8 --ids)
+[ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c" ] && [ "$(echo "$a" | wc -l)" = 64 ]
+verdict $? "generate: seed 7 twice gives one text, seed 8 another" \
+  "generate: seeds: 7 '$(echo $a | head -c 80)', 7 again '$(echo $b | head -c 80)', 8 '$(echo $c | head -c 80)'"
+long="$(head -c 300 /usr/share/games/fortunes/fortunes | tr -cd '[:print:]\n' | head -c 100)"
+g0=$(gen --prompt "The cat " --tokens 24 --temperature 0 --ids --pad 0) g1=$(gen --prompt "The cat " --tokens 24 --temperature 0 --ids --pad 101)
+l100=$(gen --prompt "$long" --tokens 24 --temperature 0 --ids) l64=$(gen --prompt "${long: -64}" --tokens 24 --temperature 0 --ids)
+[ -n "$g0" ] && [ "$g0" = "$g1" ] && [ -n "$l100" ] && [ "$l100" = "$l64" ]
+verdict $? "generate: greedy text the same with pad token 0 or 101, and from 100 bytes or their last 64" \
+  "generate: pad 0 '$(echo $g0)' / pad 101 '$(echo $g1)'; 100 bytes '$(echo $l100)' / last 64 '$(echo $l64)'"
 # resume: a tiny gpt stopped at step 3 and resumed gives the losses of the
 # uninterrupted run (the tied weight's two names load back)
 tiny="examples/charlm.ini data.path=$T/data/fortunes_train_*.bin eval_data.path=$T/data/fortunes_val_000000.bin

