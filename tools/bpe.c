@@ -127,8 +127,12 @@ static void put_utf8(char **o, unsigned cp) {
 
 /* A JSON string at *s (past its opening quote) into malloc'ed UTF-8. */
 static char *json_string(const char **s) {
-  const char *p = *s;
-  char *out = malloc(4 * strlen(p) + 1), *o = out;
+  const char *p = *s, *end = p;
+  /* the string's own length (an escape skips the character after it): not
+   * the rest of the file's, which made loading encoder.json quadratic (a
+   * 1 MB strlen and allocation per token; 30 s under ASan) */
+  while (*end && *end != '"') end += end[0] == '\\' && end[1] ? 2 : 1;
+  char *out = malloc(4 * (size_t)(end - p) + 1), *o = out;
   if (!out) return NULL;
   while (*p && *p != '"') {
     if (*p != '\\') {
@@ -136,11 +140,13 @@ static char *json_string(const char **s) {
       continue;
     }
     p++;
+    if (!*p) break; /* a file cut after a backslash */
     char c = *p++;
     if (c == 'u') {
+      if (!p[0] || !p[1] || !p[2] || !p[3]) break; /* cut inside the escape: never read past the end */
       unsigned cp = (unsigned)strtoul((char[5]){p[0], p[1], p[2], p[3], 0}, NULL, 16);
       p += 4;
-      if (cp >= 0xD800 && cp < 0xDC00 && p[0] == '\\' && p[1] == 'u') {
+      if (cp >= 0xD800 && cp < 0xDC00 && p[0] == '\\' && p[1] == 'u' && p[2] && p[3] && p[4] && p[5]) {
         unsigned lo = (unsigned)strtoul((char[5]){p[2], p[3], p[4], p[5], 0}, NULL, 16);
         cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
         p += 6;

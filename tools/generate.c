@@ -34,12 +34,15 @@ static void usage(FILE *f) {
 typedef struct out_ctx {
   const stoke_bpe *bpe;
   int ids;
+  const char *prompt; /* printed before the first token: not at all when setting up fails */
+  int started;
 } out_ctx;
 
 static int put_token(void *ctx, int32_t tok, const float *row, int64_t vocab) {
   (void)row;
   (void)vocab;
-  const out_ctx *o = ctx;
+  out_ctx *o = ctx;
+  if (!o->started++ && !o->ids) fputs(o->prompt, stdout);
   if (o->ids) {
     printf("%d\n", tok);
   } else if (o->bpe) {
@@ -149,16 +152,16 @@ int main(int argc, char **argv) {
   } else {
     e = STOKE_ERR(STOKE_E_OOM, "generate: out of memory");
   }
-  free(text);
   oc.bpe = bpe;
   g.prompt = ids, g.n_prompt = n, g.on_token = put_token, g.ctx = &oc;
   g.tokenizer_vocab = bpe ? STOKE_BPE_VOCAB : 256;
   g.tokenizer = bpe ? "with GPT-2's BPE" : "as bytes (for GPT-2's BPE give --encoder encoder.json --vocab-bpe vocab.bpe)";
   stoke_run_opts o = {.ini_path = argv[1], .overrides = overrides, .n_overrides = n_over, .quiet = 1};
-  if (!e && !oc.ids) fputs(prompt, stdout);
+  oc.prompt = prompt;
   if (!e) e = stoke_generate(&o, argv[2], &g, NULL);
-  if (!oc.ids) putchar('\n');
+  if (oc.started && !oc.ids) putchar('\n');
   free(ids);
+  free(text);
   stoke_bpe_free(bpe);
   return e ? fail(e) : 0;
 }
