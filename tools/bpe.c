@@ -105,6 +105,7 @@ static stoke_err *slurp(const char *path, char **buf, size_t *n) {
   fclose(f);
   if (!*buf || got != (size_t)sz) {
     free(*buf);
+    *buf = NULL;
     return STOKE_ERR(STOKE_E_IO, "bpe: cannot read '%s'", path);
   }
   (*buf)[got] = 0;
@@ -134,19 +135,21 @@ static char *json_string(const char **s) {
   while (*end && *end != '"') end += end[0] == '\\' && end[1] ? 2 : 1;
   char *out = malloc(4 * (size_t)(end - p) + 1), *o = out;
   if (!out) return NULL;
-  while (*p && *p != '"') {
+  /* everything below stays inside [*s, end): an escape cut short by the
+   * string's end (or the file's) ends it */
+  while (p < end) {
     if (*p != '\\') {
       *o++ = *p++;
       continue;
     }
     p++;
-    if (!*p) break; /* a file cut after a backslash */
+    if (p >= end) break;
     char c = *p++;
     if (c == 'u') {
-      if (!p[0] || !p[1] || !p[2] || !p[3]) break; /* cut inside the escape: never read past the end */
+      if (end - p < 4) break;
       unsigned cp = (unsigned)strtoul((char[5]){p[0], p[1], p[2], p[3], 0}, NULL, 16);
       p += 4;
-      if (cp >= 0xD800 && cp < 0xDC00 && p[0] == '\\' && p[1] == 'u' && p[2] && p[3] && p[4] && p[5]) {
+      if (cp >= 0xD800 && cp < 0xDC00 && end - p >= 6 && p[0] == '\\' && p[1] == 'u') {
         unsigned lo = (unsigned)strtoul((char[5]){p[2], p[3], p[4], p[5], 0}, NULL, 16);
         cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
         p += 6;
@@ -157,15 +160,12 @@ static char *json_string(const char **s) {
     }
   }
   *o = 0;
-  *s = *p ? p + 1 : p;
+  *s = *end ? end + 1 : end;
   return out;
 }
 
 /* encoder.json: {"token": id, ...} */
-static stoke_err *load_encoder(stoke_bpe *b, const char *path) {
-  char *text;
-  size_t n;
-  STOKE_PROPAGATE(slurp(path, &text, &n));
+static stoke_err *load_encoder(stoke_bpe *b, const char *text, const char *path) {
   stoke_err *e = smap_init(&b->enc, 65536) ? STOKE_ERR(STOKE_E_OOM, "bpe: out of memory") : NULL;
   const char *p = text;
   int count = 0;
@@ -187,7 +187,6 @@ static stoke_err *load_encoder(stoke_bpe *b, const char *path) {
     p = end;
     count++;
   }
-  free(text);
   for (size_t i = 0; !e && i < b->enc.cap; i++)
     if (b->enc.key[i]) b->token[b->enc.val[i]] = b->enc.key[i];
   if (!e && count != STOKE_BPE_VOCAB)
@@ -196,10 +195,7 @@ static stoke_err *load_encoder(stoke_bpe *b, const char *path) {
 }
 
 /* vocab.bpe: "#version: 0.2" then one merge "first second" a line, by rank. */
-static stoke_err *load_merges(stoke_bpe *b, const char *path) {
-  char *text;
-  size_t n;
-  STOKE_PROPAGATE(slurp(path, &text, &n));
+static stoke_err *load_merges(stoke_bpe *b, char *text, const char *path) {
   stoke_err *e = smap_init(&b->ranks, 65536) ? STOKE_ERR(STOKE_E_OOM, "bpe: out of memory") : NULL;
   int rank = 0;
   for (char *save = NULL, *line = strtok_r(text, "\n", &save); line && !e; line = strtok_r(NULL, "\n", &save)) {
@@ -209,18 +205,29 @@ static stoke_err *load_merges(stoke_bpe *b, const char *path) {
     if (!k || smap_put(&b->ranks, k, rank++))
       e = STOKE_ERR(STOKE_E_DATA, "bpe: '%s' line '%.40s' is not a merge \"first second\"", path, line);
   }
-  free(text);
   if (!e && rank != STOKE_BPE_VOCAB - 257)
     e = STOKE_ERR(STOKE_E_DATA, "bpe: '%s' has %d merges, GPT-2's vocab.bpe has %d", path, rank, STOKE_BPE_VOCAB - 257);
   return e;
 }
 
 stoke_err *stoke_bpe_load(const char *encoder_json, const char *vocab_bpe, stoke_bpe **out) {
+  char *enc = NULL, *merges = NULL;
+  size_t n;
+  stoke_err *e = slurp(encoder_json, &enc, &n);
+  if (!e) e = slurp(vocab_bpe, &merges, &n);
+  if (!e) e = stoke_bpe_parse(enc, merges, encoder_json, vocab_bpe, out);
+  free(enc);
+  free(merges);
+  return e;
+}
+
+stoke_err *stoke_bpe_parse(const char *encoder_text, char *merges_text, const char *encoder_name,
+                           const char *merges_name, stoke_bpe **out) {
   stoke_bpe *b = calloc(1, sizeof *b);
   if (!b) return STOKE_ERR(STOKE_E_OOM, "bpe: out of memory");
   make_byte_chars(b);
-  stoke_err *e = load_encoder(b, encoder_json);
-  if (!e) e = load_merges(b, vocab_bpe);
+  stoke_err *e = load_encoder(b, encoder_text, encoder_name);
+  if (!e) e = load_merges(b, merges_text, merges_name);
   int code;
   PCRE2_SIZE at;
   if (!e) b->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_MATCH_INVALID_UTF, &code,

@@ -15,6 +15,10 @@
 typedef struct stoke_bpe stoke_bpe;
 
 stoke_err *stoke_bpe_load(const char *encoder_json, const char *vocab_bpe, stoke_bpe **out);
+/* The same from the files' texts (NUL-terminated; merges_text is cut up
+ * in place); the names are for messages (tests/fuzz/bpe_fuzz.c). */
+stoke_err *stoke_bpe_parse(const char *encoder_text, char *merges_text, const char *encoder_name,
+                           const char *merges_name, stoke_bpe **out);
 void stoke_bpe_free(stoke_bpe *b);
 /* The ids of n bytes of text (UTF-8; invalid sequences pass as bytes);
  * *ids is malloc'ed. */

@@ -7,7 +7,7 @@
 #
 #   tools/fuzz.sh [--budget SECONDS] [--seed N] [--jobs N] [--out DIR] [TARGET...]
 #
-# Targets: ini safetensors record lmdb jpeg shard idx (default: all), each run
+# Targets: ini safetensors record lmdb jpeg shard idx bpe (default: all), each run
 # --budget seconds (default 30) starting from its seeds
 # (tests/fuzz/corpus/NAME) and past findings (tests/fuzz/regress/NAME).
 # A finding (crash, sanitizer report, leak, timeout over 10 s, more than
@@ -43,7 +43,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(ini safetensors record lmdb jpeg shard idx)
+[ ${#targets[@]} -gt 0 ] || targets=(ini safetensors record lmdb jpeg shard idx bpe)
 CC=${CC:-clang}
 command -v "$CC" > /dev/null || { echo "fuzz.sh: no $CC (apt-get install clang, or tools/setup.sh)" >&2; exit 1; }
 
@@ -52,11 +52,11 @@ command -v "$CC" > /dev/null || { echo "fuzz.sh: no $CC (apt-get install clang, 
 FLAGS=(-g -O1 -std=gnu11 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined
        -fno-sanitize-recover=undefined -Icore/include -Icore/sdk -I. -I"${CUDA_HOME:-/usr/local/cuda}/include"
        -D_GNU_SOURCE -w) # CUDA's include: the core's NVTX ranges (header-only nvtx3)
-LIBS=(-l:libinih.a -l:libjpeg.a -l:libz.a -l:liblmdb.a -ldl -lpthread -lm)
+LIBS=(-l:libinih.a -l:libjpeg.a -l:libz.a -l:liblmdb.a -l:libpcre2-8.a -ldl -lpthread -lm)
 obj=$out/obj bin=$out/bin
 mkdir -p "$obj" "$bin"
 srcs=(core/*.c sources/lmdb/record.c sources/lmdb/guard.c sources/jpeg/decode.c sources/jpeg/sample.c
-      sources/jpeg/crop.c sources/tokens/shard.c tools/idx.c)
+      sources/jpeg/crop.c sources/tokens/shard.c tools/idx.c tools/bpe.c)
 # a plugin's own source, linked only into its target (it defines the
 # plugin's entry and host symbols)
 declare -A own=([lmdb]=sources/lmdb/lmdb.c)
