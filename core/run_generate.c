@@ -92,14 +92,16 @@ static stoke_err *gen_open(gen *G, const stoke_run_opts *o, const char *checkpoi
   return NULL;
 }
 
-/* The logits row of window position `pos` as f32. */
+/* The logits row of window position `pos` as f32: that row alone comes
+ * back (GPT-2's whole [1024, 50304] bf16 logits would be 103 MB a token). */
 static stoke_err *row_at(gen *G, int64_t pos, int64_t vocab, int64_t width) {
   stream *st = &G->s.train;
-  const stoke_value *lv = &st->g->values[st->g->logits];
-  size_t bytes = (size_t)stoke_numel(&lv->shape) * stoke_dtype_size(lv->dtype);
-  STOKE_PROPAGATE(stoke_exec_read(st->x, st->g->logits, G->logits, bytes));
+  stoke_tensor lt = stoke_exec_tensor(st->x, st->g->logits);
+  size_t es = stoke_dtype_size(lt.dtype);
+  STOKE_PROPAGATE(stoke_exec_copy(st->x, G->logits, (const char *)lt.data + (size_t)(pos * width) * es,
+                                  (size_t)vocab * es, STOKE_COPY_D2H));
   for (int64_t c = 0; c < vocab; c++) {
-    G->row[c] = (float)stoke_elem_get(G->logits, lv->dtype, pos * width + c);
+    G->row[c] = (float)stoke_elem_get(G->logits, lt.dtype, c);
     if (!isfinite(G->row[c]))
       return STOKE_ERR(STOKE_E_NUMERIC,
                        "the model's logit %lld at position %lld is %g: the checkpoint's weights give no "
@@ -137,7 +139,7 @@ static stoke_err *gen_run(gen *G, const stoke_gen_opts *g, int64_t *vocab_out) {
   G->window = malloc(sizeof(int32_t) * (size_t)(t + 1));
   G->row = malloc(sizeof(float) * (size_t)vocab);
   G->scratch = malloc(sizeof(float) * (size_t)vocab);
-  G->logits = malloc((size_t)stoke_numel(&lv->shape) * stoke_dtype_size(lv->dtype));
+  G->logits = malloc((size_t)vocab * stoke_dtype_size(lv->dtype));
   if (!G->text || !G->window || !G->row || !G->scratch || !G->logits)
     return STOKE_ERR(STOKE_E_OOM, "generate: out of memory");
   memcpy(G->text, g->prompt, sizeof(int32_t) * (size_t)g->n_prompt);
