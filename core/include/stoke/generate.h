@@ -3,7 +3,8 @@
  * run's INI, its weights from a checkpoint, one token at a time sampled
  * from the last position's logits, as nanoGPT's sample.py and llm.c's
  * generation do (temperature, top-k; no key-value cache: each token runs
- * the forward plan over the window of the last `context` tokens). */
+ * the forward plan over the window of the last [data] seq_len tokens, the
+ * length the model was trained on). */
 #ifndef STOKE_GENERATE_H
 #define STOKE_GENERATE_H
 
@@ -21,7 +22,7 @@ extern "C" {
 typedef int (*stoke_gen_token_fn)(void *ctx, int32_t token, const float *row, int64_t vocab);
 
 typedef struct stoke_gen_opts {
-  const int32_t *prompt; /* at least one token; longer than the context: its last `context` tokens */
+  const int32_t *prompt; /* at least one token; longer than [data] seq_len: its last seq_len tokens */
   int64_t n_prompt;
   int64_t max_new;       /* tokens to generate */
   double temperature;    /* 0: greedy (the first largest logit) */
