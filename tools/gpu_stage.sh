@@ -9,10 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ST="${STAGE:-.stage}"
-bazel build -c opt //tools:train //tools:launch //tools:bench //tools:convert //tools:bench_loader //tools:make_jpeg_bench //tools:plugin_check //tools:plugins //tests/gpu:all //backends/... //tests/plugins/newuser:hardswish
+bazel build -c opt //tools:train //tools:generate //tools:launch //tools:bench //tools:convert //tools:bench_loader //tools:make_jpeg_bench //tools:plugin_check //tools:plugins //tests/gpu:all //backends/... //tests/plugins/newuser:hardswish
 rm -rf $ST && mkdir -p $ST/bin/plugins $ST/tests $ST/anchors
 cp bazel-bin/tools/train $ST/bin/
-for t in launch bench convert bench_loader make_jpeg_bench plugin_check; do cp bazel-bin/tools/$t $ST/bin/; done
+for t in generate launch bench convert bench_loader make_jpeg_bench plugin_check; do cp bazel-bin/tools/$t $ST/bin/; done
 # the commit, for tools/bench's reports (the GPU machine has no .git)
 echo "$(git rev-parse --short=12 HEAD)$([ -n "$(git status --porcelain --untracked-files=no)" ] && echo -dirty)" > $ST/bin/COMMIT
 cp bazel-bin/tools/plugins/*.so $ST/bin/plugins/

@@ -2,6 +2,9 @@
 # tools/gpu_suite.sh: the GPU machine's end-to-end runs, called by
 # tools/gpu_check.sh with $S (unpacked stage) and $OUT set. Parts by name:
 #   fp16      fp16 run whose loss scaler is forced to overflow
+#   generate  tools/generate on the GPU: a small bf16 gpt trained 20 steps,
+#             greedy text with two pad tokens, a seed twice, and the same
+#             checkpoint sampled on the cpu backend
 #   fmnist    Fashion-MNIST CNN on the GPU (convert + train + eval)
 #   bench     stoke's mlp / resnet50 / resnet18c in tf32, bf16, fp16
 #   torch     PyTorch anchors (eager, and compile with TORCH_COMPILE=1)
@@ -205,6 +208,27 @@ for part in "$@"; do
       grep -h -E '^  engine ' "$OUT/kernels.1.log"
       # the worst error / tolerance per check over every run
       python3 "$HERE/test_margins.py" "$OUT"/kernels.*.log --top 15
+      ;;
+    generate)
+      # tools/generate on the GPU (bf16 forward plan, the logits row read from the device): a small gpt
+      # trained 20 steps on random bytes, then the invariants charlm_test checks on the CPU: greedy text
+      # independent of the pad token, a seed repeating its text; and on the cpu backend from the same
+      # checkpoint (bf16 tensors into an fp32 plan)
+      small="run.checkpoint=true data.classes=256 data.shape=257 model.context=256 model.n_layer=2 model.n_embd=128 model.n_head=2"
+      log "generate: train a small gpt (bf16), then sample"
+      timeout 300 "$T" "$S/examples/gpt2_124m.ini" run.progress=off run.steps=20 $small run.out_dir="$OUT/gen_train" \
+        > "$OUT/gen_train.log" 2>&1
+      echo "train rc=$?"
+      G="$S/bin/generate"
+      ck="$OUT/gen_train/checkpoint.safetensors"
+      for a in "--pad 0" "--pad 101" "--seed 5 --temperature 1" "--seed 5 --temperature 1"; do
+        timeout 120 "$G" "$S/examples/gpt2_124m.ini" "$ck" $small --prompt "The cat" --tokens 48 --ids $a \
+          > "$OUT/gen_${a// /_}.ids" 2> "$OUT/gen_${a// /_}.err"
+        echo "generate $a: rc=$? $(wc -l < "$OUT/gen_${a// /_}.ids") tokens, md5 $(md5sum < "$OUT/gen_${a// /_}.ids" | cut -c1-12) $(head -c 300 "$OUT/gen_${a// /_}.err")"
+      done
+      timeout 300 "$G" "$S/examples/gpt2_124m.ini" "$ck" $small run.backends=cpu run.precision=fp32 run.device=cpu \
+        --prompt "The cat" --tokens 16 --ids --pad 0 > "$OUT/gen_cpu.ids" 2> "$OUT/gen_cpu.err"
+      echo "generate on the cpu from the bf16 checkpoint: rc=$? $(wc -l < "$OUT/gen_cpu.ids") tokens $(head -c 300 "$OUT/gen_cpu.err")"
       ;;
     fp16)
       log "fp16 forced overflow"
