@@ -85,6 +85,12 @@ static const char *st_dtype(stoke_dtype t) {
   }
 }
 
+/* A safetensors float dtype as stoke's, or -1 for any other. */
+static int st_float(const char *d) {
+  return !strcmp(d, "F32") ? STOKE_F32 : !strcmp(d, "F16") ? STOKE_F16 : !strcmp(d, "BF16") ? STOKE_BF16
+         : !strcmp(d, "F64") ? STOKE_F64 : -1;
+}
+
 /* One tensor of the file: where its bytes are in host memory. */
 typedef struct entry {
   char name[128];
@@ -867,7 +873,8 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
   entry *ents = e ? NULL : calloc((size_t)cap, sizeof *ents);
   if (!e && !ents) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
   int64_t nbt = 0;
-  int n = e ? 0 : list_entries(p, hb, want_opt, 0, &nbt, ents, cap);
+  int n = e ? 0 : list_entries(p, hb, want_opt, 0, &nbt, ents, cap), converted = 0;
+  const char *conv_from = "", *conv_to = "";
   for (int i = 0; i < n && !e; i++) {
     if (!strcmp(ents[i].dtype, "I64")) continue; /* num_batches_tracked: informational */
     const stoke_st_tensor *t = stoke_st_find(&f, ents[i].name);
@@ -876,15 +883,33 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
                     ents[i].name);
       break;
     }
-    int same = t->ndim == ents[i].shape.ndim && !strcmp(t->dtype, ents[i].dtype);
+    int same = t->ndim == ents[i].shape.ndim;
     for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == ents[i].shape.d[d];
-    if (!same) {
+    int from = st_float(t->dtype), to = st_float(ents[i].dtype);
+    if (!same || (strcmp(t->dtype, ents[i].dtype) && (from < 0 || to < 0))) {
       e = STOKE_ERR(STOKE_E_DATA, "checkpoint '%s': tensor '%s' is %s %d-D, the model needs %s %d-D of another shape",
                     path, ents[i].name, t->dtype, t->ndim, ents[i].dtype, ents[i].shape.ndim);
       break;
     }
-    memcpy((void *)ents[i].src, f.data + t->begin, ents[i].bytes);
+    if (!strcmp(t->dtype, ents[i].dtype)) {
+      memcpy((void *)ents[i].src, f.data + t->begin, ents[i].bytes);
+      continue;
+    }
+    /* another float precision (a bf16 GPU run's weights into an fp32 plan, on the cpu backend say): each
+     * value converted, rounded to nearest even where it narrows, as PyTorch's load_state_dict copies */
+    int64_t count = stoke_numel(&ents[i].shape);
+    size_t es = stoke_dtype_size((stoke_dtype)from);
+    for (int64_t k = 0; k < count; k++) {
+      double v8; /* the file's offsets need not be aligned for the dtype: each value copied out first */
+      memcpy(&v8, f.data + t->begin + (size_t)k * es, es);
+      stoke_elem_set((void *)ents[i].src, (stoke_dtype)to, k, stoke_elem_get(&v8, (stoke_dtype)from, 0));
+    }
+    converted++, conv_from = t->dtype, conv_to = ents[i].dtype;
   }
+  if (!e && converted)
+    stoke_log(STOKE_LOG_INFO, "checkpoint", "%s: %d tensors converted from the file's %s to the model's %s (rounded "
+              "to nearest even where narrower), as PyTorch's load_state_dict copies them", path, converted, conv_from,
+              conv_to);
   if (!e && p->opt_kernel && !want_opt && hb[2] && p->has_master) {
     /* another optimizer's checkpoint: fresh state, the master copy from the parameters */
     const stoke_graph *g = p->g;

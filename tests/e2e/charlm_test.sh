@@ -120,6 +120,20 @@ else
   tail -5 "$T/tiny_c.log"
   failed=$((failed + 1))
 fi
+# checkpoints across float precisions (as PyTorch's load_state_dict copies):
+# tiny_a's weights rewritten as F64 (exact) give the f32 file's greedy text
+# bit for bit; as BF16 (a bf16 GPU run's file) they load with a note and
+# training resumes from them
+for d in F64 BF16; do python3 tests/e2e/ckpt_dtype.py "$T/tiny_a/checkpoint.safetensors" "$T/tiny_$d.safetensors" $d; done
+overrides=${tiny#examples/charlm.ini}
+tg() { tools/generate examples/charlm.ini "$1" $overrides --prompt "The " --tokens 12 --temperature 0 --ids 2> "$T/tg.err"; }
+f32=$(tg "$T/tiny_a/checkpoint.safetensors") f64=$(tg "$T/tiny_F64.safetensors") b16=$(tg "$T/tiny_BF16.safetensors")
+note=$(grep -c "converted from the file's BF16 to the model's F32" "$T/tg.err")
+tools/train $tiny run.steps=8 run.out_dir="$T/tiny_d" run.resume="$T/tiny_BF16.safetensors" > "$T/tiny_d.log" 2>&1
+rc=$?
+[ -n "$f32" ] && [ "$f32" = "$f64" ] && [ "$(echo "$b16" | wc -l)" = 12 ] && [ "$note" = 1 ] && [ $rc = 0 ]
+verdict $? "checkpoints in F64 and BF16 load into the fp32 model (F64: the same greedy text; BF16: resumed training)" \
+  "dtypes: f32 '$(echo $f32)' f64 '$(echo $f64)' bf16 '$(echo $b16)', note $note, resume rc $rc: $(tail -2 "$T/tiny_d.log")"
 [ $passed -gt 0 ] && echo "[  PASSED  ] $passed test(s)."
 [ $failed -gt 0 ] && echo "[  FAILED  ] $failed test(s), listed above"
 [ $failed -eq 0 ]
