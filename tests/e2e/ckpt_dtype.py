@@ -9,20 +9,9 @@ import json
 import struct
 import sys
 
+from tfevents import crc32c  # beside this file: TensorBoard's records use the same CRC-32C
+
 CRC_KEY = "stoke_crc32c"
-_table = []
-for i in range(256):
-    c = i
-    for _ in range(8):
-        c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-    _table.append(c)
-
-
-def crc32c(data):
-    c = 0xFFFFFFFF
-    for b in data:
-        c = _table[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
 
 
 def decode(raw, dtype):
