@@ -122,10 +122,10 @@ static stoke_err *gen_run(gen *G, const stoke_gen_opts *g, int64_t *vocab_out) {
   if (vocab_out) *vocab_out = vocab;
   if (g->tokenizer_vocab && g->tokenizer_vocab != vocab)
     return STOKE_ERR(STOKE_E_INVALID,
-                     "%s: the model reads [data] vocab = %lld tokens, but the prompt was tokenized %s (%lld "
-                     "tokens): tokenize as the data was converted",
-                     stoke_cfg_where(G->s.cfg, "data", "vocab"), (long long)vocab, g->tokenizer ? g->tokenizer : "",
-                     (long long)g->tokenizer_vocab);
+                     "%s: the model reads [data] vocab = %lld tokens, but the prompt's tokenizer has %lld (%s): "
+                     "tokenize as the data was converted",
+                     stoke_cfg_where(G->s.cfg, "data", "vocab"), (long long)vocab, (long long)g->tokenizer_vocab,
+                     g->tokenizer ? g->tokenizer : "?");
   if (g->n_prompt < 1) return STOKE_ERR(STOKE_E_INVALID, "generate: the prompt is empty: give at least one token");
   for (int64_t i = 0; i < g->n_prompt; i++)
     if (g->prompt[i] < 0 || g->prompt[i] >= vocab)

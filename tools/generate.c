@@ -155,7 +155,7 @@ int main(int argc, char **argv) {
   oc.bpe = bpe;
   g.prompt = ids, g.n_prompt = n, g.on_token = put_token, g.ctx = &oc;
   g.tokenizer_vocab = bpe ? STOKE_BPE_VOCAB : 256;
-  g.tokenizer = bpe ? "with GPT-2's BPE" : "as bytes (for GPT-2's BPE give --encoder encoder.json --vocab-bpe vocab.bpe)";
+  g.tokenizer = bpe ? "GPT-2's BPE" : "bytes; for GPT-2's BPE give --encoder encoder.json --vocab-bpe vocab.bpe";
   stoke_run_opts o = {.ini_path = argv[1], .overrides = overrides, .n_overrides = n_over, .quiet = 1};
   oc.prompt = prompt;
   if (!e) e = stoke_generate(&o, argv[2], &g, NULL);

