@@ -85,10 +85,12 @@ static const char *st_dtype(stoke_dtype t) {
   }
 }
 
-/* A safetensors float dtype as stoke's, or -1 for any other. */
+/* A safetensors float dtype as stoke's (st_dtype's names read back), or -1 for any other. */
 static int st_float(const char *d) {
-  return !strcmp(d, "F32") ? STOKE_F32 : !strcmp(d, "F16") ? STOKE_F16 : !strcmp(d, "BF16") ? STOKE_BF16
-         : !strcmp(d, "F64") ? STOKE_F64 : -1;
+  static const stoke_dtype floats[] = {STOKE_F32, STOKE_F16, STOKE_BF16, STOKE_F64};
+  for (size_t i = 0; i < sizeof floats / sizeof *floats; i++)
+    if (!strcmp(d, st_dtype(floats[i]))) return floats[i];
+  return -1;
 }
 
 /* One tensor of the file: where its bytes are in host memory. */

@@ -76,6 +76,7 @@ static void smap_free(smap *m) {
 struct stoke_bpe {
   smap enc, ranks;             /* token -> id; "first second" -> merge rank */
   char byte_char[256][3];      /* bytes_to_unicode, as UTF-8 */
+  short byte_of[324];          /* its inverse: code point (< 256 + 68) -> byte, -1 for none */
   const char *token[STOKE_BPE_VOCAB]; /* id -> its token (a key of enc), for decoding */
   pcre2_code *re;
   pcre2_match_data *md;
@@ -85,9 +86,11 @@ struct stoke_bpe {
  * 68 to U+0100 onwards, in byte order. */
 static void make_byte_chars(stoke_bpe *b) {
   int n = 0;
+  memset(b->byte_of, 0xff, sizeof b->byte_of);
   for (int c = 0; c < 256; c++) {
     int printable = (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF);
     int cp = printable ? c : 256 + n++;
+    b->byte_of[cp] = (short)c;
     char *o = b->byte_char[c];
     if (cp < 0x80) o[0] = (char)cp, o[1] = 0;
     else o[0] = (char)(0xC0 | cp >> 6), o[1] = (char)(0x80 | (cp & 0x3F)), o[2] = 0;
@@ -316,6 +319,12 @@ stoke_err *stoke_bpe_encode(const stoke_bpe *b, const char *text, size_t n, int3
   int64_t cap = 0;
   *ids = NULL;
   *count = 0;
+  if (!b) { /* byte level: the ids are the bytes */
+    if (!(*ids = malloc(sizeof(int32_t) * (n ? n : 1)))) return STOKE_ERR(STOKE_E_OOM, "bpe: out of memory");
+    for (size_t i = 0; i < n; i++) (*ids)[i] = (unsigned char)text[i];
+    *count = (int64_t)n;
+    return NULL;
+  }
   stoke_err *e = NULL;
   PCRE2_SIZE at = 0;
   while (!e && at < n) {
@@ -345,14 +354,15 @@ stoke_err *stoke_bpe_encode(const stoke_bpe *b, const char *text, size_t n, int3
 size_t stoke_bpe_decode(const stoke_bpe *b, int32_t id, char *out, size_t cap) {
   const char *t = id >= 0 && id < STOKE_BPE_VOCAB ? b->token[id] : NULL;
   size_t n = 0;
-  /* each UTF-8 character of the token is one byte_char: back to its byte */
-  while (t && *t && n < cap) {
-    int len = (unsigned char)*t < 0x80 ? 1 : 2, byte = -1;
-    for (int c = 0; c < 256 && byte < 0; c++)
-      if (!strncmp(b->byte_char[c], t, (size_t)len) && (int)strlen(b->byte_char[c]) == len) byte = c;
-    if (byte < 0) break; /* not GPT-2's alphabet: load_encoder took it, so never */
-    out[n++] = (char)byte;
-    t += len;
+  /* each UTF-8 character of the token (1 or 2 bytes: code points below
+   * 324) is one byte_char: back to its byte */
+  for (const unsigned char *u = (const unsigned char *)t; u && *u && n < cap;) {
+    int two = *u >= 0x80;
+    if (two && ((*u & 0xE0) != 0xC0 || (u[1] & 0xC0) != 0x80)) break; /* not a 2-byte character */
+    unsigned cp = two ? (unsigned)(*u & 0x1F) << 6 | (u[1] & 0x3F) : *u;
+    if (cp >= sizeof b->byte_of / sizeof *b->byte_of || b->byte_of[cp] < 0) break; /* not GPT-2's alphabet */
+    out[n++] = (char)b->byte_of[cp];
+    u += *u < 0x80 ? 1 : 2;
   }
   return n;
 }

@@ -21,7 +21,8 @@ stoke_err *stoke_bpe_parse(const char *encoder_text, char *merges_text, const ch
                            const char *merges_name, stoke_bpe **out);
 void stoke_bpe_free(stoke_bpe *b);
 /* The ids of n bytes of text (UTF-8; invalid sequences pass as bytes);
- * *ids is malloc'ed. */
+ * *ids is malloc'ed. b NULL: the byte-level tokenizer (vocabulary 256,
+ * the ids are the bytes). */
 stoke_err *stoke_bpe_encode(const stoke_bpe *b, const char *text, size_t n, int32_t **ids, int64_t *count);
 
 /* The bytes of token `id` into out (at most cap; a token is at most 128

@@ -7,7 +7,8 @@
 #
 #   tools/fuzz.sh [--budget SECONDS] [--seed N] [--jobs N] [--out DIR] [TARGET...]
 #
-# Targets: ini safetensors record lmdb jpeg shard idx bpe (default: all), each run
+# Targets: every tests/fuzz/NAME_fuzz.c (bpe idx ini jpeg lmdb record
+# safetensors shard; default: all), each run
 # --budget seconds (default 30) starting from its seeds
 # (tests/fuzz/corpus/NAME) and past findings (tests/fuzz/regress/NAME).
 # A finding (crash, sanitizer report, leak, timeout over 10 s, more than
@@ -30,7 +31,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 budget=30 out=/tmp/stoke-fuzz jobs=1 seed=""
-
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -43,7 +43,9 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(ini safetensors record lmdb jpeg shard idx bpe)
+if [ ${#targets[@]} -eq 0 ]; then
+  for f in tests/fuzz/*_fuzz.c; do t=${f##*/}; targets+=("${t%_fuzz.c}"); done
+fi
 CC=${CC:-clang}
 command -v "$CC" > /dev/null || { echo "fuzz.sh: no $CC (apt-get install clang, or tools/setup.sh)" >&2; exit 1; }
 

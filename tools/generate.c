@@ -141,17 +141,10 @@ int main(int argc, char **argv) {
     stoke_err *e = stoke_bpe_load(encoder, merges, &bpe);
     if (e) return fail(e);
   }
-  /* the prompt as the data was tokenized */
+  /* the prompt as the data was tokenized (bytes without the files) */
   int32_t *ids = NULL;
   int64_t n = 0;
-  stoke_err *e = NULL;
-  if (bpe) {
-    e = stoke_bpe_encode(bpe, prompt, strlen(prompt), &ids, &n);
-  } else if ((ids = malloc(sizeof(int32_t) * (strlen(prompt) + 1)))) {
-    for (const unsigned char *p = (const unsigned char *)prompt; *p; p++) ids[n++] = *p;
-  } else {
-    e = STOKE_ERR(STOKE_E_OOM, "generate: out of memory");
-  }
+  stoke_err *e = stoke_bpe_encode(bpe, prompt, strlen(prompt), &ids, &n);
   oc.bpe = bpe;
   g.prompt = ids, g.n_prompt = n, g.on_token = put_token, g.ctx = &oc;
   g.tokenizer_vocab = bpe ? STOKE_BPE_VOCAB : 256;

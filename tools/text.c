@@ -177,16 +177,9 @@ static stoke_err *make_parent(const char *prefix) {
 /* A document's tokens: its bytes (byte-level), or <|endoftext|> and its BPE. */
 static stoke_err *tokenize(const text_opts *o, const stoke_bpe *bpe, const char *text, size_t n, toks *doc) {
   doc->n = 0;
-  if (!bpe) {
-    for (size_t i = 0; i < n; i++) {
-      uint16_t b = (unsigned char)text[i];
-      STOKE_PROPAGATE(push(doc, &b, 1));
-    }
-    return NULL;
-  }
   uint16_t eot = STOKE_BPE_EOT;
-  STOKE_PROPAGATE(push(doc, &eot, 1));
-  int32_t *ids = NULL;
+  if (bpe) STOKE_PROPAGATE(push(doc, &eot, 1));
+  int32_t *ids = NULL; /* bytes without bpe */
   int64_t k = 0;
   STOKE_PROPAGATE(stoke_bpe_encode(bpe, text, n, &ids, &k));
   stoke_err *e = NULL;

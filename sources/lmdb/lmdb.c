@@ -430,7 +430,7 @@ static int in_file(const lmdb_src *s, const MDB_val *v) {
  * beyond (tools/fuzz.sh: ASan heap-buffer-overflow, 2048 bytes read in
  * mdb_node_search under mdb_get). LMDB's comparator has no context
  * argument, so the source whose lookup runs is thread-local: set around
- * every LMDB call that searches (read_layout, read_guarded), NULL
+ * every LMDB search (get_checked), NULL
  * elsewhere (nothing is then checked). A key outside the mapping marks the
  * lookup damaged; the caller reports it and ignores what LMDB returned.
  * Otherwise the order is LMDB's default (mdb_cmp_memn: bytes, then length),
@@ -441,16 +441,24 @@ static __thread int tl_damaged;
 
 static int page_key_ok(const MDB_val *v) { return v->mv_data == tl_key || v->mv_size == 0 || in_file(tl_src, v); }
 
-static void lookup_begin(const lmdb_src *s, const MDB_val *key) {
-  tl_src = s;
-  tl_key = key->mv_data;
-  tl_damaged = 0;
-}
-
+/* Clears the lookup's thread-local state; whether it met a damaged key. */
 static int lookup_end(void) {
   tl_src = NULL;
   tl_key = NULL;
   return tl_damaged;
+}
+
+/* mdb_get with the comparator's state set around it; *damaged: a key on
+ * the way lay outside the file (what LMDB returned is then meaningless).
+ * A fault inside leaves the state set: the guard's caller calls
+ * lookup_end(). */
+static int get_checked(const lmdb_src *s, MDB_txn *txn, MDB_val *k, MDB_val *v, int *damaged) {
+  tl_src = s;
+  tl_key = k->mv_data;
+  tl_damaged = 0;
+  int rc = mdb_get(txn, s->dbi, k, v);
+  *damaged = lookup_end();
+  return rc;
 }
 
 static int cmp_checked(const MDB_val *a, const MDB_val *b) {
@@ -645,9 +653,9 @@ static int read_layout(void *arg) {
   if (rc) j->e = STOKE_PERR(STOKE_E_IO, "lmdb %s: cannot open the database: %s", s->path, mdb_strerror(rc));
   if (!j->e) {
     MDB_val k = {strlen(STOKE_META_KEY), (void *)STOKE_META_KEY}, v = {0, NULL}; /* not set on a LEAF2 page */
-    lookup_begin(s, &k);
-    rc = mdb_get(j->txn, s->dbi, &k, &v);
-    if (lookup_end())
+    int damaged;
+    rc = get_checked(s, j->txn, &k, &v, &damaged);
+    if (damaged)
       j->e = STOKE_PERR(STOKE_E_IO, "lmdb %s: looking up " STOKE_META_KEY " met a key outside the file: it is "
                         "damaged", s->path);
     else if (rc == 0 && !in_file(s, &v))
@@ -779,9 +787,9 @@ typedef struct read_job {
 
 static int read_guarded(void *arg) {
   read_job *j = arg;
-  lookup_begin(j->s, &j->k);
-  j->rc = mdb_get(j->txn, j->s->dbi, &j->k, &j->v);
-  if (lookup_end()) {
+  int damaged;
+  j->rc = get_checked(j->s, j->txn, &j->k, &j->v, &damaged);
+  if (damaged) {
     snprintf(j->why, sizeof j->why, "a key on the way to it lies outside the file (a damaged page)");
     j->rc = 0;
     j->bad = 1;
