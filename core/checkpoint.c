@@ -100,6 +100,7 @@ typedef struct entry {
   stoke_shape shape;
   const void *src;
   size_t bytes;
+  int tied_to; /* a tied parameter's other name: the entry of its first (its value's own), else -1 */
 } entry;
 
 static int is_opt_kind(const stoke_value *v) { return v->kind == STOKE_VAL_PARAM; }
@@ -126,11 +127,13 @@ static int list_entries(const stoke_plan *p, void *const *hb, const char *opt, i
     e->shape = val->shape;
     e->src = at(hb, b, val->offset);
     e->bytes = (size_t)stoke_numel(&val->shape) * stoke_dtype_size(val->dtype);
+    e->tied_to = -1;
     /* a tied parameter again under each other name (PyTorch's state_dict
      * lists it under each) */
     for (int t = 0; t < g->n_tied && n < cap; t++)
       if (g->tied[t].value == v) {
         out[n] = *e;
+        out[n].tied_to = (int)(e - out);
         snprintf(out[n++].name, sizeof e->name, "%s", g->tied[t].name);
       }
     /* PyTorch's BatchNorm also keeps num_batches_tracked (int64, 0-d) */
@@ -144,6 +147,7 @@ static int list_entries(const stoke_plan *p, void *const *hb, const char *opt, i
       *nbt_store = nbt;
       t->src = nbt_store;
       t->bytes = sizeof(int64_t);
+      t->tied_to = -1;
     }
   }
   if (!opt || !p->opt_kernel || !p->opt_state_bytes || (hb && !hb[2])) return n;
@@ -164,6 +168,7 @@ static int list_entries(const stoke_plan *p, void *const *hb, const char *opt, i
       e->dtype = st_dtype(p->state_dtype);
       e->src = at(hb, 2, ((size_t)(k + p->has_master) * flat + val->offset / es) * ss);
       e->bytes = (size_t)stoke_numel(&val->shape) * ss;
+      e->tied_to = -1;
     }
   return n;
 }
@@ -877,9 +882,29 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
   int64_t nbt = 0;
   int n = e ? 0 : list_entries(p, hb, want_opt, 0, &nbt, ents, cap), converted = 0;
   const char *conv_from = "", *conv_to = "";
+  /* Across precisions the master copy (a bf16 or fp16 plan's fp32 weights,
+   * "optimizer.NAME.master") stands in for the parameter where it is the
+   * more exact one: a plan without one (fp32, the cpu backend) takes the
+   * parameter from the file's master, and a plan with one loading a file
+   * without (an fp32 run's) takes its master from the file's parameter, at
+   * the file's precision (not from the parameter rounded to bf16). */
+  int from_master = 0, master_from_param = 0;
   for (int i = 0; i < n && !e; i++) {
     if (!strcmp(ents[i].dtype, "I64")) continue; /* num_batches_tracked: informational */
     const stoke_st_tensor *t = stoke_st_find(&f, ents[i].name);
+    char alt[160];
+    size_t len = strlen(ents[i].name);
+    int is_master = !strncmp(ents[i].name, "optimizer.", 10) && len > 17 && !strcmp(ents[i].name + len - 7, ".master");
+    if (!t && is_master) {
+      snprintf(alt, sizeof alt, "%.*s", (int)(len - 17), ents[i].name + 10);
+      if ((t = stoke_st_find(&f, alt))) master_from_param++;
+    } else if (t && !p->has_master && !is_master && strcmp(t->dtype, ents[i].dtype)) {
+      /* (a tied parameter's master is under its first name) */
+      snprintf(alt, sizeof alt, "optimizer.%s.master", ents[ents[i].tied_to >= 0 ? ents[i].tied_to : i].name);
+      const stoke_st_tensor *mt = stoke_st_find(&f, alt);
+      if (mt && mt->ndim == t->ndim && !memcmp(mt->shape, t->shape, sizeof(t->shape[0]) * (size_t)t->ndim))
+        t = mt, from_master += ents[i].tied_to < 0;
+    }
     if (!t) {
       e = STOKE_ERR(STOKE_E_DATA, "checkpoint '%s' has no tensor '%s' (saved from another model?)", path,
                     ents[i].name);
@@ -912,6 +937,12 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
     stoke_log(STOKE_LOG_INFO, "checkpoint", "%s: %d tensors converted from the file's %s to the model's %s (rounded "
               "to nearest even where narrower), as PyTorch's load_state_dict copies them", path, converted, conv_from,
               conv_to);
+  if (!e && from_master)
+    stoke_log(STOKE_LOG_INFO, "checkpoint", "%s: %d parameters taken from the file's fp32 master copies (the run's "
+              "exact weights), not from its rounded parameters", path, from_master);
+  if (!e && master_from_param)
+    stoke_log(STOKE_LOG_INFO, "checkpoint", "%s has no master copies (written by an fp32 run): the %s plan's %d master "
+              "weights are the file's parameters", path, stoke_dtype_name(p->g->dtype), master_from_param);
   if (!e && p->opt_kernel && !want_opt && hb[2] && p->has_master) {
     /* another optimizer's checkpoint: fresh state, the master copy from the parameters */
     const stoke_graph *g = p->g;

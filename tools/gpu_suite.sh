@@ -221,14 +221,24 @@ for part in "$@"; do
       echo "train rc=$?"
       G="$S/bin/generate"
       ck="$OUT/gen_train/checkpoint.safetensors"
+      i=0 # (numbered: the same arguments twice must be two files)
       for a in "--pad 0" "--pad 101" "--seed 5 --temperature 1" "--seed 5 --temperature 1"; do
-        timeout 120 "$G" "$S/examples/gpt2_124m.ini" "$ck" $small --prompt "The cat" --tokens 48 --ids $a \
-          > "$OUT/gen_${a// /_}.ids" 2> "$OUT/gen_${a// /_}.err"
-        echo "generate $a: rc=$? $(wc -l < "$OUT/gen_${a// /_}.ids") tokens, md5 $(md5sum < "$OUT/gen_${a// /_}.ids" | cut -c1-12) $(head -c 300 "$OUT/gen_${a// /_}.err")"
+        f="$OUT/gen_$((++i))_${a// /_}"
+        timeout 120 "$G" "$S/examples/gpt2_124m.ini" "$ck" $small --prompt "The cat" --tokens 48 --ids $a > "$f.ids" 2> "$f.err"
+        echo "generate $a: rc=$? $(wc -l < "$f.ids") tokens, md5 $(md5sum < "$f.ids" | cut -c1-12) $(grep -v '^stoke info' "$f.err" | head -c 300)"
       done
       timeout 300 "$G" "$S/examples/gpt2_124m.ini" "$ck" $small run.backends=cpu run.precision=fp32 run.device=cpu \
         --prompt "The cat" --tokens 16 --ids --pad 0 > "$OUT/gen_cpu.ids" 2> "$OUT/gen_cpu.err"
       echo "generate on the cpu from the bf16 checkpoint: rc=$? $(wc -l < "$OUT/gen_cpu.ids") tokens $(head -c 300 "$OUT/gen_cpu.err")"
+      # checkpoints across precisions on the GPU: an fp32 run's file (no master copies) resumed by a bf16 plan,
+      # which takes its fp32 masters from the file's parameters
+      log "an fp32 checkpoint resumed in bf16"
+      timeout 300 "$T" "$S/examples/gpt2_124m.ini" run.progress=off run.steps=10 $small run.precision=fp32 \
+        run.out_dir="$OUT/gen_f32" > "$OUT/gen_f32.log" 2>&1
+      echo "fp32 train rc=$? $(grep -m1 '^summary' "$OUT/gen_f32.log")"
+      timeout 300 "$T" "$S/examples/gpt2_124m.ini" run.progress=off run.steps=20 $small \
+        run.resume="$OUT/gen_f32/checkpoint.safetensors" run.out_dir="$OUT/gen_f32_bf16" > "$OUT/gen_f32_bf16.log" 2>&1
+      echo "bf16 resume rc=$? master note: $(grep -c 'has no master copies' "$OUT/gen_f32_bf16.log"); $(grep -E '^stoke error|^summary' "$OUT/gen_f32_bf16.log" | head -3 | tr '\n' ' ')"
       ;;
     fp16)
       log "fp16 forced overflow"

@@ -123,17 +123,26 @@ fi
 # checkpoints across float precisions (as PyTorch's load_state_dict copies):
 # tiny_a's weights rewritten as F64 (exact) give the f32 file's greedy text
 # bit for bit; as BF16 (a bf16 GPU run's file) they load with a note and
-# training resumes from them
+# training resumes from them; as BF16 with the fp32 master copies a bf16 run
+# also writes, the fp32 model takes the masters: resumed, steps 7-8 have the
+# losses of the run resumed from the f32 file, where BF16 alone does not
 for d in F64 BF16; do python3 tests/e2e/ckpt_dtype.py "$T/tiny_a/checkpoint.safetensors" "$T/tiny_$d.safetensors" $d; done
+python3 tests/e2e/ckpt_dtype.py "$T/tiny_a/checkpoint.safetensors" "$T/tiny_BF16M.safetensors" BF16 --master
 overrides=${tiny#examples/charlm.ini}
 tg() { tools/generate examples/charlm.ini "$1" $overrides --prompt "The " --tokens 12 --temperature 0 --ids 2> "$T/tg.err"; }
 f32=$(tg "$T/tiny_a/checkpoint.safetensors") f64=$(tg "$T/tiny_F64.safetensors") b16=$(tg "$T/tiny_BF16.safetensors")
 note=$(grep -c "converted from the file's BF16 to the model's F32" "$T/tg.err")
-tools/train $tiny run.steps=8 run.out_dir="$T/tiny_d" run.resume="$T/tiny_BF16.safetensors" > "$T/tiny_d.log" 2>&1
-rc=$?
-[ -n "$f32" ] && [ "$f32" = "$f64" ] && [ "$(echo "$b16" | wc -l)" = 12 ] && [ "$note" = 1 ] && [ $rc = 0 ]
-verdict $? "checkpoints in F64 and BF16 load into the fp32 model (F64: the same greedy text; BF16: resumed training)" \
-  "dtypes: f32 '$(echo $f32)' f64 '$(echo $f64)' bf16 '$(echo $b16)', note $note, resume rc $rc: $(tail -2 "$T/tiny_d.log")"
+for d in a BF16 BF16M; do
+  ck="$T/tiny_$d.safetensors"; [ $d = a ] && ck="$T/tiny_a/checkpoint.safetensors"
+  tools/train $tiny run.steps=8 run.out_dir="$T/tiny_r$d" run.resume="$ck" > "$T/tiny_r$d.log" 2>&1 || echo "resume from $d: rc $?"
+done
+losses78() { sed -n 's/^{"step": \([78]\),.*"loss": \([0-9.e+-]*\),.*/\1 \2/p' "$T/tiny_r$1/metrics.jsonl"; }
+ra=$(losses78 a) rb=$(losses78 BF16) rm=$(losses78 BF16M)
+mnote=$(grep -c "parameters taken from the file's fp32 master copies" "$T/tiny_rBF16M.log")
+[ -n "$f32" ] && [ "$f32" = "$f64" ] && [ "$(echo "$b16" | wc -l)" = 12 ] && [ "$note" = 1 ] &&
+  [ "$(echo "$ra" | wc -l)" = 2 ] && [ "$(echo "$rb" | wc -l)" = 2 ] && [ "$rm" = "$ra" ] && [ "$rb" != "$ra" ] && [ "$mnote" = 1 ]
+verdict $? "checkpoints in F64 and BF16 load into the fp32 model (F64: the same greedy text; BF16: resumed; BF16 with fp32 masters: resumed with the f32 file's losses $(echo $ra), BF16 alone $(echo $rb))" \
+  "dtypes: f32 '$(echo $f32)' f64 '$(echo $f64)' bf16 '$(echo $b16)', note $note; resumed steps 7-8 from f32 '$(echo $ra)', bf16 '$(echo $rb)', bf16 + masters '$(echo $rm)' (master note $mnote): $(tail -2 "$T/tiny_rBF16M.log")"
 [ $passed -gt 0 ] && echo "[  PASSED  ] $passed test(s)."
 [ $failed -gt 0 ] && echo "[  FAILED  ] $failed test(s), listed above"
 [ $failed -eq 0 ]
