@@ -233,10 +233,10 @@ for part in "$@"; do
       # checkpoints across precisions on the GPU: an fp32 run's file (no master copies) resumed by a bf16 plan,
       # which takes its fp32 masters from the file's parameters
       log "an fp32 checkpoint resumed in bf16"
-      timeout 300 "$T" "$S/examples/gpt2_124m.ini" run.progress=off run.steps=10 $small run.precision=fp32 \
+      timeout 300 "$T" "$S/examples/gpt2_124m.ini" run.progress=off run.steps=20 $small run.precision=fp32 \
         run.out_dir="$OUT/gen_f32" > "$OUT/gen_f32.log" 2>&1
       echo "fp32 train rc=$? $(grep -m1 '^summary' "$OUT/gen_f32.log")"
-      timeout 300 "$T" "$S/examples/gpt2_124m.ini" run.progress=off run.steps=20 $small \
+      timeout 300 "$T" "$S/examples/gpt2_124m.ini" run.progress=off run.steps=30 $small \
         run.resume="$OUT/gen_f32/checkpoint.safetensors" run.out_dir="$OUT/gen_f32_bf16" > "$OUT/gen_f32_bf16.log" 2>&1
       echo "bf16 resume rc=$? master note: $(grep -c 'has no master copies' "$OUT/gen_f32_bf16.log"); $(grep -E '^stoke error|^summary' "$OUT/gen_f32_bf16.log" | head -3 | tr '\n' ' ')"
       ;;
@@ -968,16 +968,27 @@ PY
       noise="run.backends=cublaslt,cuda,cudnn"
       # CURVE_SEEDS: several seeds (one curve of a chaotic run, ResNet-50 at lr 0.1 on random labels, cannot
       # tell a rounding difference from a defect); CURVE_ARGS: overrides for every run (optimizer.lr=0.02)
+      # CURVE_VARIANTS: which runs to set against the baseline; fused and graph split the fast one in two (a bisection)
+      # and fp32 (TF32 off): which of two bf16 runs is nearer the exact curve (CURVE_REF=fp32 compares each with it)
+      fused="run.backends=fused,cudnn,cublaslt,cuda" graph="$base run.cuda_graph=true" fp32="$base run.precision=fp32"
+      declare -A vlabel=([fast]="fused+graph" [noise]="the cuda engine's batch norm (noise)" [fused]="fused, no graph"
+        [graph]="graph, not fused" [fp32]="fp32, TF32 off" [base]="the baseline")
       want curves && for w in ${CURVE_W:-mlp resnet18c resnet50}; do
         for seed in ${CURVE_SEEDS:-0}; do
-          tag=${w}_s$seed
-          for v in base fast noise; do
+          tag=${w}_s$seed${CURVE_TAG:-}
+          vs=()
+          for v in base ${CURVE_VARIANTS:-fast noise}; do
             timeout 120 "$T" "$S/examples/$w.ini" run.checkpoint=false run.steps=${CURVE_STEPS:-200} run.log_every=1 run.progress=off run.deterministic=true \
               run.seed=$seed ${CURVE_ARGS:-} ${!v} run.out_dir="$OUT/c_${tag}_$v" > "$OUT/c_${tag}_$v.log" 2>&1 ||
               { echo "$w $v failed:"; tail -3 "$OUT/c_${tag}_$v.log"; }
+            [ $v = base ] || vs+=("${vlabel[$v]}=$OUT/c_${tag}_$v/metrics.jsonl")
           done
-          python3 "$HERE/loss_curves.py" "$w seed $seed${CURVE_ARGS:+ ($CURVE_ARGS)}" "$OUT/c_${tag}_base/metrics.jsonl" \
-            "fused+graph"="$OUT/c_${tag}_fast/metrics.jsonl" "the cuda engine's batch norm (noise)"="$OUT/c_${tag}_noise/metrics.jsonl"
+          python3 "$HERE/loss_curves.py" "$w seed $seed${CURVE_ARGS:+ ($CURVE_ARGS)}" "$OUT/c_${tag}_base/metrics.jsonl" "${vs[@]}"
+          if [ -n "${CURVE_REF:-}" ]; then
+            vs=("${vlabel[base]}=$OUT/c_${tag}_base/metrics.jsonl")
+            for v in ${CURVE_VARIANTS:-fast noise}; do [ $v = $CURVE_REF ] || vs+=("${vlabel[$v]}=$OUT/c_${tag}_$v/metrics.jsonl"); done
+            python3 "$HERE/loss_curves.py" "$w seed $seed against ${vlabel[$CURVE_REF]}" "$OUT/c_${tag}_$CURVE_REF/metrics.jsonl" "${vs[@]}"
+          fi
         done
       done
       want ab && log "issue 6: A/B (tools/bench, ${AB_ROUNDS:-3} rounds)"
