@@ -404,12 +404,14 @@ static void prep_distinct(const kcase *c, stoke_tensor *ref, stoke_rng *r) {
 
 static int gen_pool(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   int n = 0;
+  /* the last two: 16 channels, so that NHWC takes the GPU's vectorized
+   * kernels (channels a multiple of 16 bytes' worth), ResNet's 3x3/2 among them */
   static const struct {
     int kernel, stride, pad;
-  } g[] = {{2, 2, 0}, {3, 2, 1}, {3, 1, 1}, {2, 1, 0}};
+  } g[] = {{2, 2, 0}, {3, 2, 1}, {3, 1, 1}, {2, 1, 0}, {3, 2, 1}, {2, 2, 0}};
   int max = !strcmp(k->op, STOKE_OP_MAX_POOL2D);
-  for (int i = 0; i < 4; i++) {
-    int64_t b = pick(r, 1, 3), ch = i & 1 ? odd(r) : pick(r, 1, 8), h = pick(r, 3, 15), w = pick(r, 3, 15);
+  for (int i = 0; i < 6; i++) {
+    int64_t b = pick(r, 1, 3), ch = i >= 4 ? 16 : i & 1 ? odd(r) : pick(r, 1, 8), h = pick(r, 3, 15), w = pick(r, 3, 15);
     kcase *c = new_case(out, &n, k->op, "x [%lld, %lld, %lld, %lld] k%d s%d p%d", (long long)b, (long long)ch,
                         (long long)h, (long long)w, g[i].kernel, g[i].stride, g[i].pad);
     snprintf(c->attrs, sizeof c->attrs, "kernel=%d, stride=%d, padding=%d", g[i].kernel, g[i].stride, g[i].pad);
