@@ -826,28 +826,9 @@ static stoke_err *parse_text(stoke_cfg *c, const char *name, const char *text, s
 /* Read an INI file whole, then parse it. */
 stoke_err *stoke_cfg_load_file(stoke_cfg *c, const char *path) {
   if (!c || !path) return STOKE_ERR(STOKE_E_INTERNAL, "stoke_cfg_load_file: NULL argument");
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return STOKE_ERR(errno == ENOENT ? STOKE_E_NOT_FOUND : STOKE_E_IO,
-                     "cannot open config '%s': %s", path, strerror(errno));
-  size_t len = 0, cap = 4096;
-  char *buf = malloc(cap);
-  stoke_err *err = NULL;
-  while (buf) {
-    if (len == cap) {
-      char *b = realloc(buf, cap * 2);
-      if (!b) break;
-      buf = b;
-      cap *= 2;
-    }
-    size_t got = fread(buf + len, 1, cap - len, f);
-    len += got;
-    if (got == 0) break;
-  }
-  if (!buf || len == cap) err = OOM_ERR();
-  else if (ferror(f))
-    err = STOKE_ERR(STOKE_E_IO, "cannot read config '%s': %s", path, strerror(errno));
-  fclose(f);
+  char *buf;
+  size_t len;
+  stoke_err *err = stoke_read_file(path, "config", &buf, &len);
   if (!err) err = parse_text(c, path, buf, len);
   free(buf);
   return err;

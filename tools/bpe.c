@@ -97,25 +97,6 @@ static void make_byte_chars(stoke_bpe *b) {
   }
 }
 
-static stoke_err *slurp(const char *path, char **buf, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return STOKE_ERR(STOKE_E_NOT_FOUND, "bpe: cannot open '%s'", path);
-  fseek(f, 0, SEEK_END);
-  long sz = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  *buf = sz >= 0 ? malloc((size_t)sz + 1) : NULL;
-  size_t got = *buf ? fread(*buf, 1, (size_t)sz, f) : 0;
-  fclose(f);
-  if (!*buf || got != (size_t)sz) {
-    free(*buf);
-    *buf = NULL;
-    return STOKE_ERR(STOKE_E_IO, "bpe: cannot read '%s'", path);
-  }
-  (*buf)[got] = 0;
-  *n = got;
-  return NULL;
-}
-
 static void put_utf8(char **o, unsigned cp) {
   unsigned char *p = (unsigned char *)*o;
   if (cp < 0x80) *p++ = (unsigned char)cp;
@@ -216,8 +197,8 @@ static stoke_err *load_merges(stoke_bpe *b, char *text, const char *path) {
 stoke_err *stoke_bpe_load(const char *encoder_json, const char *vocab_bpe, stoke_bpe **out) {
   char *enc = NULL, *merges = NULL;
   size_t n;
-  stoke_err *e = slurp(encoder_json, &enc, &n);
-  if (!e) e = slurp(vocab_bpe, &merges, &n);
+  stoke_err *e = stoke_read_file(encoder_json, "GPT-2 tokenizer file", &enc, &n);
+  if (!e) e = stoke_read_file(vocab_bpe, "GPT-2 tokenizer file", &merges, &n);
   if (!e) e = stoke_bpe_parse(enc, merges, encoder_json, vocab_bpe, out);
   free(enc);
   free(merges);

@@ -446,28 +446,20 @@ static void resize_bilinear(const uint8_t *src, int sw, int sh, uint8_t *dst, in
   free(fx);
 }
 
+/* The file whole, or -1 with why (in the job's report line). */
 static int read_file(const char *path, unsigned char **buf, size_t *n, char *why, size_t cap) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    snprintf(why, cap, "cannot open: %s", strerror(errno));
+  stoke_err *e = stoke_read_file(path, "image", (char **)buf, n);
+  if (e) {
+    snprintf(why, cap, "%s", e->msg);
+    stoke_err_free(e);
     return -1;
   }
-  struct stat st;
-  if (fstat(fileno(f), &st) != 0 || st.st_size <= 0) {
-    snprintf(why, cap, "%s", st.st_size == 0 ? "empty file" : strerror(errno));
-    fclose(f);
-    return -1;
-  }
-  *n = (size_t)st.st_size;
-  *buf = malloc(*n);
-  if (!*buf || fread(*buf, 1, *n, f) != *n) {
-    snprintf(why, cap, "cannot read: %s", *buf ? strerror(errno) : "out of memory");
+  if (*n == 0) {
+    snprintf(why, cap, "empty file");
     free(*buf);
     *buf = NULL;
-    fclose(f);
     return -1;
   }
-  fclose(f);
   return 0;
 }
 

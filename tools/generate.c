@@ -55,25 +55,6 @@ static int put_token(void *ctx, int32_t tok, const float *row, int64_t vocab) {
   return 0;
 }
 
-static char *read_file(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  size_t cap = 4096, n = 0, r;
-  char *b = malloc(cap + 1);
-  while (b && (r = fread(b + n, 1, cap - n, f)) > 0) {
-    n += r;
-    if (n == cap) {
-      char *nb = realloc(b, 2 * cap + 1);
-      if (!nb) free(b);
-      b = nb;
-      cap *= 2;
-    }
-  }
-  fclose(f);
-  if (b) b[n] = 0;
-  return b;
-}
-
 static int fail(stoke_err *e) {
   fprintf(stderr, "stoke: error: %s\n", e->msg);
   stoke_err_free(e);
@@ -125,9 +106,12 @@ int main(int argc, char **argv) {
     }
     i += takes;
   }
-  char *text = prompt_file ? read_file(prompt_file) : NULL;
-  if (prompt_file && !text) {
-    fprintf(stderr, "stoke: error: generate: cannot read --prompt-file %s\n", prompt_file);
+  char *text = NULL;
+  size_t text_len = 0;
+  stoke_err *re = prompt_file ? stoke_read_file(prompt_file, "--prompt-file", &text, &text_len) : NULL;
+  if (re) {
+    fprintf(stderr, "stoke: error: generate: %s\n", re->msg);
+    stoke_err_free(re);
     return 1;
   }
   if (text) prompt = text;

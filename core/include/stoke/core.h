@@ -54,6 +54,11 @@ void stoke_log_set_file(FILE *f);
 void *stoke_alloc(size_t bytes);
 void stoke_free(void *p);
 
+/* A whole file in memory (read to its end: a pipe too), with a NUL after
+ * its *n bytes; free() it. `what` names it in the error ("config",
+ * "tokenizer file"): "cannot open config 'path': reason". */
+stoke_err *stoke_read_file(const char *path, const char *what, char **buf, size_t *n);
+
 /* The host-services table handed to plugins. */
 const stoke_host_v1 *stoke_host_table(void);
 
