@@ -100,8 +100,17 @@ typedef struct entry {
   stoke_shape shape;
   const void *src;
   size_t bytes;
-  int tied_to; /* a tied parameter's other name: the entry of its first (its value's own), else -1 */
+  /* a parameter (under each of its names) or its master copy: which
+   * parameter, for loading across precisions; 0 / NULL for the rest */
+  enum { ENT_OTHER, ENT_PARAM, ENT_MASTER } role;
+  const stoke_value *param;
 } entry;
+
+/* An optimizer tensor's name, as torch.optim's state_dict and the master
+ * copy: "optimizer.<parameter>.<state>". */
+static void opt_name(char *out, size_t cap, const stoke_value *param, const char *state) {
+  snprintf(out, cap, "optimizer.%.80s.%s", param->name, state);
+}
 
 static int is_opt_kind(const stoke_value *v) { return v->kind == STOKE_VAL_PARAM; }
 
@@ -112,7 +121,8 @@ static const void *at(void *const *hb, int b, size_t off) { return hb ? (const c
 /* Every tensor of a checkpoint of this plan, in a fixed order; host
  * copies of the device buffers are made by the caller. `hb` holds host
  * pointers for params, state and optimizer state (NULL: only names and
- * sizes are wanted). */
+ * sizes are wanted). `out` comes zeroed (callers calloc it): what an entry
+ * does not set stays ENT_OTHER / NULL. */
 static int list_entries(const stoke_plan *p, void *const *hb, const char *opt, int64_t nbt,
                         int64_t *nbt_store, entry *out, int cap) {
   const stoke_graph *g = p->g;
@@ -127,13 +137,12 @@ static int list_entries(const stoke_plan *p, void *const *hb, const char *opt, i
     e->shape = val->shape;
     e->src = at(hb, b, val->offset);
     e->bytes = (size_t)stoke_numel(&val->shape) * stoke_dtype_size(val->dtype);
-    e->tied_to = -1;
+    if (val->kind == STOKE_VAL_PARAM) e->role = ENT_PARAM, e->param = val;
     /* a tied parameter again under each other name (PyTorch's state_dict
      * lists it under each) */
     for (int t = 0; t < g->n_tied && n < cap; t++)
       if (g->tied[t].value == v) {
         out[n] = *e;
-        out[n].tied_to = (int)(e - out);
         snprintf(out[n++].name, sizeof e->name, "%s", g->tied[t].name);
       }
     /* PyTorch's BatchNorm also keeps num_batches_tracked (int64, 0-d) */
@@ -147,7 +156,6 @@ static int list_entries(const stoke_plan *p, void *const *hb, const char *opt, i
       *nbt_store = nbt;
       t->src = nbt_store;
       t->bytes = sizeof(int64_t);
-      t->tied_to = -1;
     }
   }
   if (!opt || !p->opt_kernel || !p->opt_state_bytes || (hb && !hb[2])) return n;
@@ -162,13 +170,12 @@ static int list_entries(const stoke_plan *p, void *const *hb, const char *opt, i
       const stoke_value *val = &g->values[v];
       if (!is_opt_kind(val)) continue;
       entry *e = &out[n++];
-      snprintf(e->name, sizeof e->name, "optimizer.%.80s.%s", val->name,
-               k < 0 ? "master" : p->opt->state_names[k]);
+      opt_name(e->name, sizeof e->name, val, k < 0 ? "master" : p->opt->state_names[k]);
       e->shape = val->shape;
       e->dtype = st_dtype(p->state_dtype);
       e->src = at(hb, 2, ((size_t)(k + p->has_master) * flat + val->offset / es) * ss);
       e->bytes = (size_t)stoke_numel(&val->shape) * ss;
-      e->tied_to = -1;
+      if (k < 0) e->role = ENT_MASTER, e->param = val;
     }
   return n;
 }
@@ -892,18 +899,14 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
   for (int i = 0; i < n && !e; i++) {
     if (!strcmp(ents[i].dtype, "I64")) continue; /* num_batches_tracked: informational */
     const stoke_st_tensor *t = stoke_st_find(&f, ents[i].name);
-    char alt[160];
-    size_t len = strlen(ents[i].name);
-    int is_master = !strncmp(ents[i].name, "optimizer.", 10) && len > 17 && !strcmp(ents[i].name + len - 7, ".master");
-    if (!t && is_master) {
-      snprintf(alt, sizeof alt, "%.*s", (int)(len - 17), ents[i].name + 10);
-      if ((t = stoke_st_find(&f, alt))) master_from_param++;
-    } else if (t && !p->has_master && !is_master && strcmp(t->dtype, ents[i].dtype)) {
-      /* (a tied parameter's master is under its first name) */
-      snprintf(alt, sizeof alt, "optimizer.%s.master", ents[ents[i].tied_to >= 0 ? ents[i].tied_to : i].name);
-      const stoke_st_tensor *mt = stoke_st_find(&f, alt);
+    if (!t && ents[i].role == ENT_MASTER) {
+      if ((t = stoke_st_find(&f, ents[i].param->name))) master_from_param++;
+    } else if (t && ents[i].role == ENT_PARAM && !p->has_master && strcmp(t->dtype, ents[i].dtype)) {
+      char mname[sizeof ents[i].name]; /* (a tied parameter's master is under its value's name) */
+      opt_name(mname, sizeof mname, ents[i].param, "master");
+      const stoke_st_tensor *mt = stoke_st_find(&f, mname);
       if (mt && mt->ndim == t->ndim && !memcmp(mt->shape, t->shape, sizeof(t->shape[0]) * (size_t)t->ndim))
-        t = mt, from_master += ents[i].tied_to < 0;
+        t = mt, from_master += !strcmp(ents[i].name, ents[i].param->name);
     }
     if (!t) {
       e = STOKE_ERR(STOKE_E_DATA, "checkpoint '%s' has no tensor '%s' (saved from another model?)", path,
