@@ -267,7 +267,8 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
     node_args *na = &x->args[i];
     for (int k = 0; k < n->n_in; k++) {
       na->in[k] = stoke_exec_tensor(x, n->in[k]);
-      if (n->pass == STOKE_BWD && !(n->type->bwd_needs & STOKE_BWD_NEEDS_INPUT(k))) na->in[k].data = NULL;
+      if (n->pass == STOKE_BWD && !n->with_forward && !(n->type->bwd_needs & STOKE_BWD_NEEDS_INPUT(k)))
+        na->in[k].data = NULL;
       if (n->pass == STOKE_BWD && n->din[k] >= 0) {
         na->din[k] = stoke_exec_tensor(x, n->din[k]);
         if (g->values[n->din[k]].kind == STOKE_VAL_PARAM_GRAD) na->a.param_grads |= 1u << k;
@@ -275,7 +276,8 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
     }
     for (int j = 0; j < n->n_out; j++) {
       na->out[j] = stoke_exec_tensor(x, n->out[j]);
-      if (n->pass == STOKE_BWD && !(n->type->bwd_needs & STOKE_BWD_NEEDS_OUTPUT(j))) na->out[j].data = NULL;
+      if (n->pass == STOKE_BWD && !n->with_forward && !(n->type->bwd_needs & STOKE_BWD_NEEDS_OUTPUT(j)))
+        na->out[j].data = NULL;
       if (n->pass == STOKE_BWD && n->dout[j] >= 0) na->dout[j] = stoke_exec_tensor(x, n->dout[j]);
     }
     na->a = (stoke_kernel_args_v1){
@@ -283,7 +285,7 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
         .din = n->pass == STOKE_BWD ? na->din : NULL, .dout = n->pass == STOKE_BWD ? na->dout : NULL,
         .param_grads = na->a.param_grads, .training = p->opts.training,
         .engine = engine_self(p, n->kernel), .flags = p->opts.flags, .stream = x->stream,
-        .din_accumulate = n->din_accumulate};
+        .din_accumulate = n->din_accumulate, .with_forward = n->pass == STOKE_BWD && n->with_forward};
     if (n->kernel->plan) {
       e = n->kernel->plan(&na->a, &n->kstate, &n->workspace);
       if (e) e = stoke_err_wrap(e, __FILE__, __LINE__, "planning kernel of node '%s' (%s)", n->n.name, n->kernel->engine);
@@ -452,6 +454,12 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
   for (int i = 0; i < n; i++) {
     stoke_gnode *node = &g->nodes[i];
     node_args *na = &x->args[i];
+    if (node->with_forward && node->pass == STOKE_FWD && n > g->n_fwd) {
+      /* the next node, its backward, computes its outputs too: nothing is
+       * enqueued here, so the hook is not called */
+      STOKE_PROPAGATE(tick(x, i));
+      continue;
+    }
     na->a.param_grad_beta = first_micro && !node->param_accumulate ? 0.0f : 1.0f;
     /* a backward node, and a forward node's recomputed copy, get the
      * forward node's seed (dropout regenerates its mask) */

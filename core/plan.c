@@ -19,6 +19,7 @@ stoke_err *stoke_fuse_act_grad(stoke_graph *g);
 void stoke_graph_drop_fwd_node(stoke_graph *g, int r);
 /* core/fuse_grad.c: gradient sums accumulated by their producers */
 int stoke_fuse_grad_sums(stoke_graph *g);
+int stoke_fuse_fwd_in_bwd(stoke_graph *g);
 /* core/alias.c: views and in-place gradients share their input's memory */
 void stoke_plan_aliases(stoke_graph *g);
 void stoke_place_aliases(stoke_graph *g);
@@ -33,7 +34,9 @@ static const char *pass_name(stoke_pass p) {
   return p == STOKE_FWD ? "forward" : p == STOKE_BWD ? "backward" : "update";
 }
 
-static const char *node_pass_name(const stoke_gnode *n) { return n->recompute ? "recompute" : pass_name(n->pass); }
+static const char *node_pass_name(const stoke_gnode *n) {
+  return n->recompute ? "recompute" : n->with_forward && n->pass == STOKE_FWD ? "in bwd" : pass_name(n->pass);
+}
 
 /* The engines registered (by any loaded plugin) with a kernel of this
  * op, pass and dtype, for the "no kernel" message: "cublaslt (from
@@ -474,6 +477,7 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
                                      : 0;
   if (opts->training && opts->recompute && strcmp(opts->recompute, "none"))
     e = stoke_recompute(g, opts, p);
+  if (!e && opts->training && !opts->no_fwd_in_bwd) p->n_fwd_in_bwd = stoke_fuse_fwd_in_bwd(g);
   if (!e) e = stoke_plan_arena(g, &p->bytes[STOKE_BUF_ARENA]);
   if (!e) e = plan_decay(g, opts, p);
   if (e) {
@@ -484,7 +488,9 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   for (int i = 0; i < g->n_nodes; i++) {
     if (i < g->n_fwd) p->fwd_flops += g->nodes[i].flops;
     if (!g->nodes[i].recompute) p->train_flops += g->nodes[i].flops;
-    if (i < g->n_fwd || opts->training) p->step_bytes += stoke_node_bytes(g, &g->nodes[i]);
+    /* a forward done by its backward kernel reads its inputs once, there */
+    if ((i < g->n_fwd || opts->training) && !(g->nodes[i].with_forward && g->nodes[i].pass == STOKE_FWD))
+      p->step_bytes += stoke_node_bytes(g, &g->nodes[i]);
   }
   if (!opts->training) p->train_flops = p->fwd_flops;
   if (p->opt_kernel) {
@@ -558,6 +564,10 @@ void stoke_plan_report(const stoke_plan *p, FILE *f) {
   if (p->n_accumulated)
     fprintf(f, "gradient sums: %d accumulated in place by their producers (din_accumulate), no add node\n",
             p->n_accumulated);
+  for (int i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i].with_forward && g->nodes[i].pass == STOKE_FWD)
+      fprintf(f, "forward in backward: %s '%s' done by its backward kernel's call (%s)\n",
+              g->nodes[i].n.op, g->nodes[i].n.name, g->nodes[i + 1].kernel->engine);
   fprintf(f, "memory traffic per step, each node reading its inputs and writing its outputs once: %.4g bytes\n",
           p->step_bytes);
 }

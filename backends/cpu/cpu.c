@@ -335,7 +335,8 @@ static stoke_err *softmax_ce_labels(const stoke_kernel_args_v1 *a) {
   KERNEL(STOKE_OP_ADD, STOKE_FWD, add_fwd, sfx, dt),               \
   KERNEL(STOKE_OP_ADD, STOKE_BWD, add_bwd, sfx, dt),               \
   KERNEL(STOKE_OP_SOFTMAX_CE, STOKE_FWD, softmax_ce_fwd, sfx, dt), \
-  KERNEL(STOKE_OP_SOFTMAX_CE, STOKE_BWD, softmax_ce_bwd, sfx, dt)
+  {"cpu", STOKE_OP_SOFTMAX_CE, STOKE_BWD, dt, STOKE_LAYOUT_ANY, CAT(softmax_ce_bwd_plan, sfx),  \
+   CAT(softmax_ce_bwd, sfx), stoke_destroy_none, 0, STOKE_KCAP_WITH_FORWARD}
 
 static const stoke_kernel_v1 cpu_kernels[] = {
     KERNELS(f32, STOKE_F32),

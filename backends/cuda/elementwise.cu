@@ -437,6 +437,87 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// softmax_ce's forward and backward as one kernel, when the compiler dropped the forward node
+// (args.with_forward; core/fuse_grad.c): a block per row keeps the row in shared memory while it
+// reads it for the online max and sum, then writes dlogits from there. The logits are read from
+// memory once instead of twice (GPT-2: 1.65 GB of bf16 logits a step). Each thread reads back only
+// the vectors it stored; the label's logit, read by thread 0, crosses threads after the
+// reductions' barriers, and the barrier at the row's end keeps the next row's stores after it.
+// dx may be the logits' memory (the row is in shared memory before any of it is written).
+constexpr int kFusedThreads = 512;
+
+template <typename T>
+__global__ void __launch_bounds__(kFusedThreads, 2)
+    softmax_ce_fused_kernel(const T *x, const int32_t *__restrict__ lab, float *__restrict__ row_loss,
+                            float *__restrict__ lse_out, const float *__restrict__ dloss, T *dx, int64_t n, int64_t c,
+                            float ls, float beta) {
+  constexpr int V = 16 / sizeof(T);
+  constexpr int64_t step = (int64_t)kFusedThreads * V;
+  extern __shared__ uint4 row_smem[];  // c / V vectors: the row
+  vec<T, V> *cache = reinterpret_cast<vec<T, V> *>(row_smem);
+  __shared__ float sm[kFusedThreads / 32];
+  __shared__ float2 sm2[kFusedThreads / 32];
+  const float g = dloss[0] / (float)n, base = ls / (float)c;
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const T *xr = x + r * c;
+    T *dr = dx + r * c;
+    float m = -INFINITY, s = 0.f, sx = 0.f;
+    for (int64_t j0 = (int64_t)threadIdx.x * V; j0 < c; j0 += step * kUnroll) {
+      vec<T, V> xv[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; u++)
+        if (j0 + u * step < c) xv[u] = *reinterpret_cast<const vec<T, V> *>(xr + j0 + u * step);
+#pragma unroll
+      for (int u = 0; u < kUnroll; u++) {
+        if (j0 + u * step >= c) continue;
+        cache[(j0 + u * step) / V] = xv[u];
+        float cm = -INFINITY, cs = 0.f;
+#pragma unroll
+        for (int k = 0; k < V; k++) cm = fmaxf(cm, to_f(xv[u].v[k]));
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+          const float v = to_f(xv[u].v[k]);
+          cs += __expf(v - cm);
+          sx += v;
+        }
+        online_merge(m, s, cm, cs);
+      }
+    }
+    group_online<kFusedThreads>(m, s, sm2);
+    sx = group_reduce<kFusedThreads, false>(sx, sm);
+    const int32_t l = lab[r];
+    const bool bad = l < 0 || (int64_t)l >= c;
+    const float lr = m + logf(s);
+    if (threadIdx.x == 0) {
+      const int64_t lc = l < 0 ? 0 : (int64_t)l >= c ? c - 1 : l;
+      const float xl = to_f(reinterpret_cast<const T *>(cache)[lc]);
+      const float loss = -(1.f - ls) * (xl - lr) - ls / (float)c * (sx - (float)c * lr);
+      row_loss[r] = bad ? NAN : loss;
+      lse_out[r] = lr;
+    }
+    for (int64_t j0 = (int64_t)threadIdx.x * V; j0 < c; j0 += step * kUnroll) {
+      vec<T, V> o[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; u++)
+        if (beta != 0.f && j0 + u * step < c) o[u] = *reinterpret_cast<const vec<T, V> *>(dr + j0 + u * step);
+#pragma unroll
+      for (int u = 0; u < kUnroll; u++) {
+        const int64_t j = j0 + u * step;
+        if (j >= c) continue;
+        const vec<T, V> xv = cache[j / V];
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+          const float target = base + (j + k == (int64_t)l ? 1.f - ls : 0.f);
+          const float v = bad ? NAN : g * (__expf(to_f(xv.v[k]) - lr) - target);
+          o[u].v[k] = from_f<T>(beta != 0.f ? beta * to_f(o[u].v[k]) + v : v);
+        }
+        *reinterpret_cast<vec<T, V> *>(dr + j) = o[u];
+      }
+    }
+    __syncthreads();
+  }
+}
+
 // -------------------------------------------------------------- normalize
 
 struct norm_params {
@@ -821,7 +902,6 @@ template <typename T> stoke_err *gap_bwd(const stoke_kernel_args_v1 *a, void *) 
 // ------------------------------------------------------------- softmax_ce
 
 PLAN(softmax_ce_fwd, softmax_ce_check(a, dtype_of<T>::value, 0, 0), softmax_ce_workspace(a))
-PLAN(softmax_ce_bwd, softmax_ce_check(a, dtype_of<T>::value, 1, 0), 0)
 
 // Rows of up to 512 classes take a warp each (8 rows a block), longer rows a block each.
 constexpr int64_t kWarpRowMax = 512;
@@ -829,6 +909,35 @@ constexpr int64_t kWarpRowMax = 512;
 // Longer rows of whole 16-byte vectors, 16-byte aligned, take the vector kernels.
 template <typename T> bool softmax_ce_vec(int64_t c, const void *x, const void *dx) {
   return c % (16 / (int64_t)sizeof(T)) == 0 && aligned16(x) && aligned16(dx);
+}
+
+// The one-kernel forward and backward (softmax_ce_fused_kernel) takes rows of whole vectors longer
+// than a warp's rows whose bytes fit the shared memory a block may opt into (227 KB on an H100:
+// 113,000 bf16 classes, 56,000 f32), with the kernel's own 192 bytes of reductions beside them.
+template <typename T> bool softmax_ce_fused_fits(int64_t c) {
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return c > kWarpRowMax && c % (16 / (int64_t)sizeof(T)) == 0 && c * (int64_t)sizeof(T) + 256 <= optin;
+}
+
+// The backward; with with_forward also the forward's workspace (the rows' losses), and the fused
+// kernel allowed the row's shared memory (once per plan, outside any graph capture).
+template <typename T> stoke_err *softmax_ce_bwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
+  if (state) *state = NULL;
+  if (ws) *ws = 0;
+  CHECK(softmax_ce_check(a, dtype_of<T>::value, 1, 0));
+  if (!a->with_forward) return NULL;
+  CHECK(softmax_ce_check(a, dtype_of<T>::value, 0, 0));
+  if (ws) *ws = softmax_ce_workspace(a);
+  int64_t c = a->in[0].shape.d[1];
+  if (softmax_ce_fused_fits<T>(c))
+    STOKE_CUDA(cudaFuncSetAttribute(softmax_ce_fused_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)(c * (int64_t)sizeof(T))));
+  return NULL;
 }
 
 template <typename T> stoke_err *softmax_ce_fwd(const stoke_kernel_args_v1 *a, void *) {
@@ -859,8 +968,37 @@ template <typename T> stoke_err *softmax_ce_fwd(const stoke_kernel_args_v1 *a, v
 
 // Vector rows: a block per row; others a 2-D grid, columns in blocks of kThreads (x), rows (y):
 // coalesced whatever C is.
+// The forward and the backward at once (with_forward) in one kernel: rows that fit shared memory,
+// whole vectors, dx wanted (softmax_ce_bwd runs the two kernels in turn otherwise).
+template <typename T> stoke_err *softmax_ce_fwd_bwd(const stoke_kernel_args_v1 *a) {
+  CHECK(softmax_ce_check(a, dtype_of<T>::value, 0, 1));
+  T *dx = dp<T>(a->din[0]);
+  int64_t n = a->in[0].shape.d[0], c = a->in[0].shape.d[1];
+  const T *x = dp<T>(a->in[0]);
+  size_t need = softmax_ce_workspace(a);
+  if (!a->workspace || a->workspace_bytes < need)
+    return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': needs %zu bytes of workspace (plan), got %zu", stoke_node_name(a),
+                      need, a->workspace_bytes);
+  float *row_loss = static_cast<float *>(a->workspace), *lse = static_cast<float *>(a->out[1].data);
+  const int32_t *lab = static_cast<const int32_t *>(a->in[1].data);
+  const float *dloss = static_cast<const float *>(a->dout[0].data);
+  softmax_ce_fused_kernel<T>
+      <<<grid_for(n, 1, kMaxGrid), kFusedThreads, (size_t)c * sizeof(T), stream_of(a)>>>(
+          x, lab, row_loss, lse, dloss, dx, n, c, softmax_ce_smoothing(a), stoke_grad_beta(a, 0));
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
+  loss_mean_kernel<<<1, kThreads, 0, stream_of(a)>>>(row_loss, static_cast<float *>(a->out[0].data), n);
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
+  return NULL;
+}
+
 template <typename T> stoke_err *softmax_ce_bwd(const stoke_kernel_args_v1 *a, void *) {
   CHECK(softmax_ce_check(a, dtype_of<T>::value, 1, 1));
+  if (a->with_forward) {
+    T *dxw = dp<T>(a->din[0]);
+    int64_t c = a->in[0].shape.d[1];
+    if (dxw && softmax_ce_vec<T>(c, a->in[0].data, dxw) && softmax_ce_fused_fits<T>(c)) return softmax_ce_fwd_bwd<T>(a);
+    CHECK(softmax_ce_fwd<T>(a, NULL));
+  }
   T *dx = dp<T>(a->din[0]);
   if (!dx) return NULL;
   int64_t n = a->in[0].shape.d[0], c = a->in[0].shape.d[1];
@@ -980,7 +1118,8 @@ stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *) {
       KERNEL(STOKE_OP_GLOBAL_AVG_POOL, STOKE_FWD, gap_fwd, T),        \
       KERNEL(STOKE_OP_GLOBAL_AVG_POOL, STOKE_BWD, gap_bwd, T),        \
       KERNEL(STOKE_OP_SOFTMAX_CE, STOKE_FWD, softmax_ce_fwd, T),      \
-      KERNEL(STOKE_OP_SOFTMAX_CE, STOKE_BWD, softmax_ce_bwd, T),      \
+      {"cuda", STOKE_OP_SOFTMAX_CE, STOKE_BWD, dtype_of<T>::value, STOKE_LAYOUT_ANY, softmax_ce_bwd_plan<T>, \
+       softmax_ce_bwd<T>, stoke_destroy_none, 0, STOKE_KCAP_WITH_FORWARD}, \
       KERNEL(STOKE_OP_DROPOUT, STOKE_FWD, dropout_fwd, T),            \
       KERNEL(STOKE_OP_DROPOUT, STOKE_BWD, dropout_bwd, T)
 

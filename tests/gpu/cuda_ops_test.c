@@ -206,9 +206,83 @@ static void check_softmax_ce_in_place(int64_t n, int64_t cl) {
   g_free(&dx);
 }
 
+/* softmax_ce's backward doing the forward's work too (with_forward, as the
+ * compiler runs it when it drops the forward node; bf16): dlogits over the
+ * logits against dlogits in their own memory, and a second run, bitwise the
+ * same (dlogits, loss, lse); the loss and lse against the forward kernel's
+ * within f32 rounding of a C-term sum. C = 50304 takes the one-kernel path,
+ * C = 1001 the two kernels in turn. Outputs poisoned before each run. */
+static void check_softmax_ce_with_forward(int64_t n, int64_t cl) {
+  stoke_node_v1 node;
+  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_SOFTMAX_CE, "softmax_ce_with_forward", "label_smoothing=0.1", &node);
+  if (e) fail_msg("%s", e->msg);
+  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 994, (uint64_t)cl));
+  stoke_shape xs = SHAPE2(n, cl), ls = {1, {n}}, one = {1, {1}};
+  g_tensor x, lab, loss, lse, dloss, dx;
+  g_alloc(&x, &xs, STOKE_BF16, STOKE_LAYOUT_ANY);
+  g_alloc(&lab, &ls, STOKE_I32, STOKE_LAYOUT_ANY);
+  g_alloc(&loss, &one, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&lse, &ls, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&dloss, &one, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&dx, &xs, STOKE_BF16, STOKE_LAYOUT_ANY);
+  g_fill(&x, &r, -4, 4, 0);
+  g_fill(&lab, &r, 0, (double)cl, 1);
+  g_fill(&dloss, &r, 0.5, 1.5, 0);
+  size_t bytes = (size_t)(n * cl) * 2, lbytes = (size_t)n * 4;
+  void *want = malloc(bytes), *got = malloc(bytes);
+  float *lse_f = malloc(lbytes), *lse_w = malloc(lbytes), *lse_g = malloc(lbytes), loss_f, loss_w, loss_g;
+  stoke_tensor in[2] = {x.dev, lab.dev}, out[2] = {loss.dev, lse.dev}, din[2] = {dx.dev, {0}},
+               dout[2] = {dloss.dev, {0}};
+  void *es = NULL;
+  const stoke_kernel_v1 *fk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_FWD, STOKE_BF16, STOKE_LAYOUT_ANY, &es);
+  const stoke_kernel_v1 *bk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_BWD, STOKE_BF16, STOKE_LAYOUT_ANY, &es);
+  if (!(bk->caps & STOKE_KCAP_WITH_FORWARD)) fail_msg("the GPU softmax_ce backward lost STOKE_KCAP_WITH_FORWARD");
+  stoke_kernel_args_v1 a = {.node = &node, .n_in = 2, .n_out = 2, .in = in, .out = out, .din = din, .dout = dout,
+                            .training = 1, .engine = es, .stream = g_dev->default_stream(g_dev_self)};
+  g_run(fk, &a, 1); /* the forward kernel's loss and lse */
+  g_dev_get(&loss_f, loss.dev.data, 4);
+  g_dev_get(lse_f, lse.dev.data, lbytes);
+  a.with_forward = 1;
+  for (int run = 0; run < 3; run++) {
+    g_poison(&loss), g_poison(&lse);
+    if (run < 2) g_poison(&dx);
+    din[0].data = run < 2 ? dx.dev.data : x.dev.data; /* the third over the logits */
+    g_run(bk, &a, 1);
+    g_dev_get(run ? got : want, din[0].data, bytes);
+    g_dev_get(run ? &loss_g : &loss_w, loss.dev.data, 4);
+    g_dev_get(run ? lse_g : lse_w, lse.dev.data, lbytes);
+    int same = !memcmp(want, got, bytes) && !memcmp(lse_w, lse_g, lbytes) && loss_w == loss_g;
+    print_message("  softmax_ce   bf16 %lldx%lld with forward, %s: %s (loss %.9g)\n", (long long)n, (long long)cl,
+                  run == 0 ? "first" : run == 1 ? "again" : "over the logits", run == 0 ? "-" : same ? "bitwise the same" : "DIFFERENT",
+                  (double)(run ? loss_g : loss_w));
+    if (run && !same)
+      fail_msg("softmax_ce %lldx%lld with forward, %s: dlogits, loss or lse differ from the first run (seed %llu)",
+               (long long)n, (long long)cl, run == 1 ? "run again" : "over the logits", (unsigned long long)g_seed);
+  }
+  /* the forward kernel sums the same C terms in another order: f32 rounding of a C-term sum, relative
+   * 2^-24 sqrt(C) per term at most, times 8 for the exp and log around it */
+  double tol = 8 * ldexp(1, -24) * sqrt((double)cl);
+  for (int64_t i = 0; i < n; i++)
+    if (fabs(lse_w[i] - lse_f[i]) > tol * fabs(lse_f[i]) + 1e-6)
+      fail_msg("softmax_ce with forward: lse[%lld] %.9g, the forward kernel's %.9g (seed %llu)", (long long)i,
+               (double)lse_w[i], (double)lse_f[i], (unsigned long long)g_seed);
+  if (fabs(loss_w - loss_f) > tol * fabs(loss_f))
+    fail_msg("softmax_ce with forward: loss %.9g, the forward kernel's %.9g (seed %llu)", (double)loss_w, (double)loss_f,
+             (unsigned long long)g_seed);
+  free(want), free(got), free(lse_f), free(lse_w), free(lse_g);
+  g_free(&x);
+  g_free(&lab);
+  g_free(&loss);
+  g_free(&lse);
+  g_free(&dloss);
+  g_free(&dx);
+}
+
 static void test_softmax_ce_in_place(void **state) {
   check_softmax_ce_in_place(24, 50304);
   check_softmax_ce_in_place(24, 1001);
+  check_softmax_ce_with_forward(40, 50304);
+  check_softmax_ce_with_forward(40, 1001);
 }
 
 /* Device buffer of `like`'s size holding a copy of it. */

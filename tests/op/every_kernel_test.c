@@ -13,7 +13,9 @@
  * accumulated: parameter gradients under param_grad_beta = 1 and, for the
  * inputs whose bit the kernel declares in `accumulates`, din_accumulate
  * (beta 1), both onto random values that must be kept and added to; the
- * other gradients poisoned again, to be overwritten.
+ * other gradients poisoned again, to be overwritten. A backward kernel
+ * that can do its forward's work too (caps STOKE_KCAP_WITH_FORWARD) runs a
+ * third time with with_forward, its forward outputs poisoned and checked.
  *
  * Tolerance on the relative-norm error ||got - want|| / ||want|| of each
  * output (||want|| at least 1e-2 RMS: ERR_FLOOR), from the kernel's
@@ -544,6 +546,34 @@ static void check_backward(const stoke_kernel_v1 *k, const engine *e, const kcas
       snprintf(what, sizeof what, "din%d", i);
       expect_tensor(&ck, what, &dx[i], NULL);
     }
+  /* with forward (STOKE_KCAP_WITH_FORWARD): the forward's outputs poisoned
+   * and made by this backward call too, every input and output live, as
+   * the compiler runs it when it drops the forward node */
+  if (k->caps & STOKE_KCAP_WITH_FORWARD) {
+    ck.mode = " with forward";
+    for (int i = 0; i < cl.n_in; i++) gi[i] = cl.in[i].dut;
+    for (int j = 0; j < cl.n_out; j++) {
+      go[j] = cl.out[j].dut;
+      kt_poison(&cl.out[j]);
+    }
+    for (int i = 0; i < cl.n_in; i++)
+      if (dx[i].ref.data) kt_poison(&dx[i]);
+    ga.with_forward = 1;
+    run_kernel(k, &ga, e, "tested");
+    ga.with_forward = 0;
+    for (int j = 0; j < cl.n_out; j++) {
+      if (c->skip_out >> j & 1) continue;
+      char what[16];
+      snprintf(what, sizeof what, "out%d", j);
+      expect_tensor(&ck, what, &cl.out[j], NULL);
+    }
+    for (int i = 0; i < cl.n_in; i++)
+      if (dx[i].ref.data) {
+        char what[16];
+        snprintf(what, sizeof what, "din%d", i);
+        expect_tensor(&ck, what, &dx[i], NULL);
+      }
+  }
   /* accumulate: onto random values where the kernel adds, poisoned where it overwrites */
   if (params | acc) {
     ck.mode = " accumulate";

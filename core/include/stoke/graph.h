@@ -71,6 +71,10 @@ typedef struct stoke_gnode {
    * pass STOKE_FWD, `fwd` the node it repeats (whose seed it takes, so a
    * dropout mask comes out the same) */
   int recompute;
+  /* forward-in-backward (core/fuse_grad.c): on a forward node, 1 when the
+   * backward node right after it does its work (the executor skips it);
+   * on that backward node, 1 (its kernel gets with_forward) */
+  int with_forward;
   /* kernel resolution */
   const stoke_kernel_v1 *kernel;
   void *kstate;
@@ -148,6 +152,8 @@ typedef struct stoke_plan_opts {
    * match recomputed as one segment. */
   const char *recompute;
   double memory_budget;       /* bytes the whole plan may take (recompute = auto); 0: no limit */
+  int no_fwd_in_bwd;          /* run softmax_ce's forward as its own node even when its backward kernel
+                               * could do both (core/fuse_grad.c; for A/B runs and tests) */
 } stoke_plan_opts;
 
 #define STOKE_MAX_ENGINES 32
@@ -177,6 +183,7 @@ typedef struct stoke_plan {
   size_t workspace_bytes;         /* largest node workspace */
   int n_schedule;                 /* nodes executed per micro-batch */
   int n_accumulated;              /* gradient sums done in place by their producers */
+  int n_fwd_in_bwd;               /* forward nodes whose backward kernel does their work */
   /* recomputation: forward nodes re-run in backward, their segments, the
    * FLOPs they add per micro-batch (not in train_flops: MFU counts the
    * model's FLOPs), the activation arena without them, and the report's

@@ -22,9 +22,10 @@
 extern "C" {
 #endif
 
-/* 3: what an op's backward reads and whether it has one are checked (see
- * plugins/README.md, "ABI history") */
-#define STOKE_ABI_VERSION 3u
+/* 4: stoke_kernel_v1.caps and stoke_kernel_args_v1.with_forward, a
+ * backward kernel doing its forward's work too (see plugins/README.md,
+ * "ABI history") */
+#define STOKE_ABI_VERSION 4u
 #define STOKE_PLUGIN_SYMBOL "stoke_plugin_v1_entry"
 
 /* The first fields of every part a plugin registers, in this order. */
@@ -329,7 +330,18 @@ typedef struct stoke_kernel_args_v1 {
    * input: the shortcut's gradient, then the main branch's). Set only for
    * kernels whose `accumulates` has bit i (stoke_kernel_v1). */
   uint32_t din_accumulate;
+  /* Appended (ABI 4): 1 on a backward kernel whose caps has
+   * STOKE_KCAP_WITH_FORWARD when the compiler dropped its forward node
+   * (the node just before it): the kernel computes the forward's outputs
+   * too, from `in`, before or while it makes the gradients. Every `in`
+   * and `out` then holds data (bwd_needs or not). */
+  int with_forward;
 } stoke_kernel_args_v1;
+
+/* stoke_kernel_v1.caps bits. STOKE_KCAP_WITH_FORWARD: this backward
+ * kernel honours stoke_kernel_args_v1.with_forward (softmax_ce on the
+ * GPU: log-sum-exp, loss and dlogits in one read of the logits). */
+#define STOKE_KCAP_WITH_FORWARD (1u << 0)
 
 /* One entry of a backend's kernel table: (op, pass, dtype, layout) ->
  * {plan, run}. `plan` runs once per node when the graph is compiled (it may
@@ -352,6 +364,8 @@ typedef struct stoke_kernel_v1 {
    * of input i into din[i] (stoke_kernel_args_v1.din_accumulate), so the
    * compiler needs no separate add node where two gradients meet. */
   uint32_t accumulates;
+  /* Appended (ABI 4): STOKE_KCAP_* bits. */
+  uint32_t caps;
 } stoke_kernel_v1;
 
 /* --------------------------------------------------------------- backends */
