@@ -44,6 +44,7 @@ static stoke_err *infer_bn_add_relu(const stoke_node_v1 *n, const stoke_value_de
       in[STOKE_BN_ADD_RELU_RESIDUAL].dtype != in[0].dtype)
     return STOKE_ERR(STOKE_E_INVALID, "bn_add_relu '%s': the residual must have x's shape and dtype",
                      n->name);
+  out[STOKE_BN_ADD_RELU_MASK] = (stoke_value_desc_v1){{1, {stoke_relu_mask_bytes(stoke_numel(x))}}, STOKE_U8};
   return NULL;
 }
 
@@ -112,10 +113,11 @@ static const stoke_op_type_v1 ops[] = {
      STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_INPUT(2) |
          STOKE_BWD_NEEDS_OUTPUT(1) | STOKE_BWD_NEEDS_OUTPUT(2),
      (1u << 3) | (1u << 4), 1},
+    /* backward reads the ReLU's bitmask (output 3), not y */
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_BN_ADD_RELU, "batch_norm, residual add, ReLU (a ResNet block's tail), fused by the compiler", 6,
-     3, bn_attrs, 2, infer_bn_add_relu, flops_bn_add_relu,
-     STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(0) |
-         STOKE_BWD_NEEDS_OUTPUT(1) | STOKE_BWD_NEEDS_OUTPUT(2),
+     4, bn_attrs, 2, infer_bn_add_relu, flops_bn_add_relu,
+     STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(1) |
+         STOKE_BWD_NEEDS_OUTPUT(2) | STOKE_BWD_NEEDS_OUTPUT(STOKE_BN_ADD_RELU_MASK),
      (1u << 3) | (1u << 4), 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_NORMALIZE, "u8 image to normalized float (ToTensor + Normalize)", 1, 1,
      normalize_attrs, 4, infer_normalize, flops_normalize, 0, 1u << 0, 0},

@@ -20,6 +20,8 @@ void stoke_graph_drop_fwd_node(stoke_graph *g, int r);
 /* core/fuse_grad.c: gradient sums accumulated by their producers */
 int stoke_fuse_grad_sums(stoke_graph *g);
 int stoke_fuse_fwd_in_bwd(stoke_graph *g);
+stoke_err *stoke_graph_new_value(stoke_graph *g, const char *name, stoke_value_kind kind, const stoke_shape *shape,
+                                 stoke_dtype dtype, int *id); /* core/graph.c */
 /* core/alias.c: views and in-place gradients share their input's memory */
 void stoke_plan_aliases(stoke_graph *g);
 void stoke_place_aliases(stoke_graph *g);
@@ -258,7 +260,7 @@ static int fuse_at(stoke_graph *g, const stoke_plan_opts *o, const stoke_fusion_
     return 0;
   const stoke_op_type_v1 *ft = stoke_find_op(g->reg, p->fused);
   stoke_gnode f = g->nodes[h];
-  if (!ft || f.n_in + (other >= 0) != ft->n_inputs || f.n_out != ft->n_outputs ||
+  if (!ft || f.n_in + (other >= 0) != ft->n_inputs || f.n_out > ft->n_outputs ||
       f.n.n_attrs + tn->n.n_attrs != ft->n_attrs)
     return 0;
   for (int i = 0; i < tn->n.n_attrs; i++) f.n.attrs[f.n.n_attrs++] = tn->n.attrs[i]; /* the head's, then the tail's */
@@ -266,6 +268,28 @@ static int fuse_at(stoke_graph *g, const stoke_plan_opts *o, const stoke_fusion_
   f.n.op = ft->name;
   f.flops += tn->flops + (mid >= 0 ? g->nodes[mid].flops : 0);
   if (other >= 0) f.in[f.n_in++] = other;
+  if (f.n_out < ft->n_outputs) {
+    /* outputs the fused op has beyond the head's (bn_add_relu's ReLU
+     * bitmask for its backward): new values, shaped by the op's inference */
+    stoke_value_desc_v1 in[STOKE_MAX_IO], out[STOKE_MAX_IO];
+    memset(out, 0, sizeof out);
+    for (int i = 0; i < f.n_in; i++) in[i] = (stoke_value_desc_v1){g->values[f.in[i]].shape, g->values[f.in[i]].dtype};
+    stoke_err *e = ft->infer(&f.n, in, out);
+    if (e) {
+      stoke_err_free(e);
+      return 0;
+    }
+    for (int j = f.n_out; j < ft->n_outputs; j++) {
+      char vn[96];
+      snprintf(vn, sizeof vn, "%s:%d", f.n.name, j);
+      if ((e = stoke_graph_new_value(g, vn, STOKE_VAL_ACT, &out[j].shape, out[j].dtype, &f.out[j]))) {
+        stoke_err_free(e);
+        return 0;
+      }
+    }
+    f.n_out = ft->n_outputs;
+    tn = &g->nodes[t];
+  }
   int y = tn->out[0];
   f.out[0] = y;
   drop_value(g, hv);

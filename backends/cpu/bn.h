@@ -34,7 +34,9 @@ typedef struct bn_job {
   stoke_dtype dt; /* STOKE_F32 or STOKE_F64 */
   bn_geom g;
   int training;    /* backward: through the batch statistics (1) or with them constant (0) */
-  int mask_from_y; /* the ReLU's mask: y > 0 (y kept), else recomputed from x, bias (and r) */
+  /* bn_add_relu's ReLU bitmask (stoke/ops.h): written by the forward, read by
+   * the backward; NULL: the mask is recomputed from x, weight and bias */
+  uint8_t *mask;
   const void *x, *w, *b, *r;
   void *y;
   const void *dy;

@@ -37,7 +37,7 @@ static stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
   const char *op = bn_ops[act];
   g->relu = act >= 1;
   g->add = act == 2;
-  CHECK(stoke_check_counts(a, op, bwd, g->add ? 6 : 5, 3));
+  CHECK(stoke_check_counts(a, op, bwd, g->add ? 6 : 5, g->add ? 4 : 3));
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= STOKE_BATCH_NORM_MOMENTUM)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes eps and momentum missing", op,
@@ -71,6 +71,15 @@ static stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
   CHECK(stoke_check_layout_known(a, op, "x", x));
   CHECK(stoke_check_layout_known(a, op, "y", y));
   const stoke_tensor *r = g->add ? &a->in[STOKE_BN_ADD_RELU_RESIDUAL] : NULL;
+  const stoke_tensor *mk = g->add ? &a->out[STOKE_BN_ADD_RELU_MASK] : NULL;
+  if (mk) {
+    int64_t want = stoke_relu_mask_bytes(stoke_numel(xs));
+    if (mk->shape.ndim != 1 || mk->shape.d[0] != want)
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the ReLU mask is %s, x %s needs [%lld] bytes", op, stoke_node_name(a),
+                        stoke_shape_str(&mk->shape).s, stoke_shape_str(xs).s, (long long)want);
+    CHECK(stoke_check_dtype(a, op, "relu_mask", mk, STOKE_U8));
+    if (!bwd) CHECK(stoke_check_data(a, op, "relu_mask", mk, run));
+  }
   if (r) {
     if (!stoke_same_shape(&r->shape, xs) || stoke_is_nhwc(r) != stoke_is_nhwc(x))
       return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the residual %s must have x's shape %s and memory order", op,
@@ -101,10 +110,11 @@ static stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
     CHECK(stoke_check_data(a, op, "saved_invstd", &a->out[2], run));
   }
   if (dx) CHECK(stoke_check_data(a, op, "weight", &a->in[1], run));
-  /* the ReLU's mask: bn_add_relu's is y > 0; bn_relu's is recomputed from
-   * x, the saved statistics, weight and bias (its backward never reads y) */
+  /* the ReLU's mask: bn_add_relu's is the forward's bitmask; bn_relu's is
+   * recomputed from x, the saved statistics, weight and bias (neither
+   * backward reads y) */
   int mask = g->relu && (dx || dw || db || (r && a->din[STOKE_BN_ADD_RELU_RESIDUAL].data));
-  if (mask && g->add) CHECK(stoke_check_data(a, op, "y (the forward output)", y, run));
+  if (mask && g->add) CHECK(stoke_check_data(a, op, "relu_mask (the forward's output 3)", mk, run));
   if (mask && !g->add) {
     CHECK(stoke_check_data(a, op, "x (the forward input)", x, run));
     CHECK(stoke_check_data(a, op, "weight", &a->in[1], run));
@@ -241,17 +251,22 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
       for (int64_t s = 0; s < j->g.s; s++) {                                                \
         T v = bn_pre_##SFX(j, n, c, s, mean, scale, shift);                                 \
         if (j->g.relu && !(v > 0)) v = (T)0;                                                \
-        y[NOFF(j->sy, n, c, s)] = v;                                                        \
+        int64_t o = NOFF(j->sy, n, c, s);                                                   \
+        y[o] = v;                                                                           \
+        if (j->mask && v > 0) j->mask[o >> 3] |= (uint8_t)(1u << (o & 7));                  \
       }                                                                                     \
   }                                                                                         \
                                                                                             \
-  /* dy at (n, c, s), masked by the ReLU (y > 0, or the recomputed                          \
+  /* dy at (n, c, s), masked by the ReLU (the forward's bitmask, or the recomputed        \
    * pre-activation > 0: scale and shift are then the forward's). */                        \
   static inline double bn_gy_##SFX(const bn_job *j, int64_t n, int64_t c, int64_t s, double mean, \
                                    double scale, double shift) {                            \
     double d = (double)((const T *)j->dy)[NOFF(j->sdy, n, c, s)];                           \
     if (!j->g.relu) return d;                                                               \
-    if (j->mask_from_y) return ((const T *)j->y)[NOFF(j->sy, n, c, s)] > 0 ? d : 0.0;       \
+    if (j->mask) {                                                                          \
+      int64_t o = NOFF(j->sy, n, c, s);                                                     \
+      return (j->mask[o >> 3] >> (o & 7)) & 1 ? d : 0.0;                                    \
+    }                                                                                       \
     return bn_pre_##SFX(j, n, c, s, mean, scale, shift) > 0 ? d : 0.0;                      \
   }                                                                                         \
                                                                                             \
@@ -259,7 +274,7 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
     const T *x = j->x, *w = j->w;                                                           \
     T *dx = j->dx, *dw = j->dw, *db = j->db, *dr = j->dr;                                   \
     double m = (double)(j->g.n * j->g.s);                                                   \
-    int need_x = dx || dw, recompute = j->g.relu && !j->mask_from_y;                        \
+    int need_x = dx || dw, recompute = j->g.relu && !j->mask;                               \
     double scale = recompute ? (double)w[c] * invstd : 0;                                   \
     double shift = recompute ? (double)((const T *)j->b)[c] : 0;                            \
     double sdy_c = 0, sdyx_c = 0;                                                           \
@@ -318,12 +333,13 @@ bn_job bn_job_from(const stoke_kernel_args_v1 *a, const bn_geom *g, stoke_dtype 
 }
 
 /* The job of a batch_norm-family call: (x, weight, bias, running_mean,
- * running_var [, r]) -> (y, saved_mean, saved_invstd); bn_add_relu's ReLU
- * mask from y (bwd_needs keeps it), bn_relu's recomputed from x (its
- * bwd_needs keeps x, weight, bias and the saved statistics, not y). */
+ * running_var [, r]) -> (y, saved_mean, saved_invstd [, relu_mask]);
+ * bn_add_relu's ReLU mask is its output 3 (bwd_needs keeps it), bn_relu's
+ * recomputed from x (its bwd_needs keeps x, weight, bias and the saved
+ * statistics, not y). */
 static bn_job bn_job_of(const stoke_kernel_args_v1 *a, const bn_geom *g, stoke_dtype dt) {
   bn_job j = bn_job_from(a, g, dt, 1, 2, g->add ? STOKE_BN_ADD_RELU_RESIDUAL : -1);
-  j.mask_from_y = g->add;
+  if (g->add) j.mask = a->out[STOKE_BN_ADD_RELU_MASK].data;
   return j;
 }
 
@@ -334,6 +350,7 @@ static stoke_err *bn_fwd(const stoke_kernel_args_v1 *a, stoke_dtype dt, int act)
   bn_geom g;
   CHECK(bn_check(a, dt, 0, 1, &g, act));
   bn_job j = bn_job_of(a, &g, dt);
+  if (j.mask) memset(j.mask, 0, (size_t)a->out[STOKE_BN_ADD_RELU_MASK].shape.d[0]);
   for (int64_t c = 0; c < g.c; c++) {
     double mean, invstd;
     bn_stats(&j, c, a->in[3].data, a->in[4].data, a->out[1].data, a->out[2].data, &mean, &invstd);

@@ -28,10 +28,11 @@
 // statistics, weight and bias (the forward computes k the same way, from
 // the saved f32 invstd, so the mask is the forward's y > 0 exactly): its
 // backward never reads y (bwd_needs), 4 bytes per element less per bf16
-// value. bn_add_relu's mask needs the residual too, so its reduction pass
-// reads y and writes dr = dz (the residual's gradient, when wanted), and its
-// apply pass reads dz back from dr instead of dy and y: 14 bytes per bf16
-// value instead of 16. The reduction passes walk each partition from its end, the
+// value. bn_add_relu's mask needs the residual too, so its forward writes it
+// as a bitmask (output 3, one bit an element), which the reduction pass reads
+// instead of y (2 bytes a bf16 value become 1/8) as it writes dr = dz (the
+// residual's gradient, when wanted); the apply pass reads dz back from dr:
+// 12.1 bytes per bf16 value (14 when it read y). The reduction passes walk each partition from its end, the
 // elementwise passes from its start: the first finds the end of x (dy),
 // which the node before wrote last, still in the L2 (50 MB on an H100), the
 // second the rows the first read last.
@@ -269,14 +270,33 @@ __global__ void k_fin_fwd(const float2 *__restrict__ part, int P, int64_t C, int
   if (lane == 0) bn_finish_channel(training, mean, q, M, eps, mom, rm, rv, sm, si, c);
 }
 
+// bn_add_relu's ReLU bitmask (stoke/ops.h): bit e of the mask is element e of y > 0, as stored
+// (rounded to T). Elements o .. o + V - 1 of a thread's vector: with V = 8 (bf16, fp16) o is a
+// multiple of 8 (C is) and the thread owns the byte; otherwise V bits of a 32-bit word shared with
+// other threads, set by atomicOr into a mask cleared before the pass.
+template <typename T, int V>
+__device__ __forceinline__ void store_mask(uint8_t *mask, int64_t o, const float (&f)[V]) {
+  unsigned bits = 0;
+#pragma unroll
+  for (int i = 0; i < V; i++) bits |= (to_f(from_f<T>(f[i])) > 0.0f ? 1u : 0u) << i;
+  if (V == 8) mask[o >> 3] = (uint8_t)bits;
+  else if (bits) atomicOr(reinterpret_cast<unsigned *>(mask) + (o >> 5), bits << (o & 31));
+}
+
+// The V mask bits of elements o .. o + V - 1 (bit i: element o + i).
+template <int V> __device__ __forceinline__ unsigned load_mask(const uint8_t *mask, int64_t o) {
+  if (V == 8) return mask[o >> 3];
+  return (reinterpret_cast<const unsigned *>(mask)[o >> 5] >> (o & 31)) & ((1u << V) - 1u);
+}
+
 // y = act((x - mean) k + b [rounded to T, + r]): the bn value is rounded to
 // T before the add, as the unfused batch_norm -> add nodes do. Walks the
 // partition from its start (the L2 still holds what k_stats read last).
 template <typename T, int V, int ACT>
 __global__ void FWD_BOUNDS k_apply(const T *__restrict__ x, const T *__restrict__ res, T *__restrict__ y,
-                               const float *__restrict__ smean, const float *__restrict__ sinv,
-                               const T *__restrict__ w, const T *__restrict__ b, int64_t M, int64_t C, int64_t cv,
-                               int64_t R) {
+                               uint8_t *__restrict__ mask, const float *__restrict__ smean,
+                               const float *__restrict__ sinv, const T *__restrict__ w, const T *__restrict__ b,
+                               int64_t M, int64_t C, int64_t cv, int64_t R) {
   constexpr int U = unroll<V, (ACT == kAddRelu ? 2 : 1), false>::n;
   part_rows pr = rows_of(M, R);
   if (pr.vi >= cv) return;
@@ -306,6 +326,7 @@ __global__ void FWD_BOUNDS k_apply(const T *__restrict__ x, const T *__restrict_
           f[i] = ACT == kNone ? v : v > 0.0f ? v : 0.0f;
         }
         store_v<T, V>(y + (r + (int64_t)u * by) * C + c0, f);
+        if (ACT == kAddRelu) store_mask<T, V>(mask, (r + (int64_t)u * by) * C + c0, f);
       }
   }
 }
@@ -313,7 +334,8 @@ __global__ void FWD_BOUNDS k_apply(const T *__restrict__ x, const T *__restrict_
 // ----------------------------------------------------------------- backward
 
 // The per-thread pieces of the backward: dz for element i of a row, the
-// ReLU's mask applied (bn_relu: recomputed; bn_add_relu: y > 0; NaN gives 0).
+// ReLU's mask applied (bn_relu: recomputed; bn_add_relu: bit i of the
+// forward's bitmask, y > 0 as stored, so NaN gives 0).
 template <typename T, int V, int ACT>
 struct dz_of {
   float mean[V], k[V], s[V];  // bn_relu's recomputed mask: (x - mean) k + b > 0
@@ -324,9 +346,9 @@ struct dz_of {
       load_param<T, V>(b + c0, s);
     }
   }
-  __device__ __forceinline__ float operator()(int i, T dy, T x, T y) const {
+  __device__ __forceinline__ float operator()(int i, T dy, T x, unsigned bits) const {
     if (ACT == kRelu) return positive<T>((to_f(x) - mean[i]) * k[i] + s[i]) ? to_f(dy) : 0.0f;
-    if (ACT == kAddRelu) return to_f(y) > 0.0f ? to_f(dy) : 0.0f;
+    if (ACT == kAddRelu) return (bits >> i) & 1u ? to_f(dy) : 0.0f;
     return to_f(dy);
   }
 };
@@ -335,7 +357,7 @@ struct dz_of {
 // bn_add_relu: dr = dz too, when dr is given (the apply pass then reads dz from it). dr may be dy's
 // memory: each element is read before it is written, by the same thread.
 template <typename T, int V, int ACT>
-__global__ void BWD_BOUNDS k_gsum(const T *__restrict__ x, const T *dy, const T *__restrict__ y,
+__global__ void BWD_BOUNDS k_gsum(const T *__restrict__ x, const T *dy, const uint8_t *__restrict__ mask,
                               const float *__restrict__ smean, const float *__restrict__ sinv,
                               const T *__restrict__ w, const T *__restrict__ b, int64_t M, int64_t C, int64_t cv,
                               int64_t R, int P, float2 *__restrict__ part, T *dr) {
@@ -351,14 +373,15 @@ __global__ void BWD_BOUNDS k_gsum(const T *__restrict__ x, const T *dy, const T 
     dz_of<T, V, ACT> dz;
     dz.load(smean, sinv, w, b, c0);
     for (int64_t r = pr.r1 - 1 - ty; r >= pr.r0; r -= (int64_t)by * U) {
-      vec<T, V> rx[U], rd[U], ry[U];
+      vec<T, V> rx[U], rd[U];
+      unsigned rm[U];
 #pragma unroll
       for (int u = 0; u < U; u++)
         if (r - (int64_t)u * by >= pr.r0) {
           int64_t o = (r - (int64_t)u * by) * C + c0;
           rx[u] = ld<T, V>(x + o);
           rd[u] = ld<T, V>(dy + o);
-          if (ACT == kAddRelu) ry[u] = ld<T, V>(y + o);
+          rm[u] = ACT == kAddRelu ? load_mask<V>(mask, o) : 0u;
         }
 #pragma unroll
       for (int u = 0; u < U; u++)
@@ -366,7 +389,7 @@ __global__ void BWD_BOUNDS k_gsum(const T *__restrict__ x, const T *dy, const T 
           float g[V];
 #pragma unroll
           for (int i = 0; i < V; i++) {
-            g[i] = dz(i, rd[u].v[i], rx[u].v[i], ACT == kAddRelu ? ry[u].v[i] : rx[u].v[i]);
+            g[i] = dz(i, rd[u].v[i], rx[u].v[i], rm[u]);
             s1[i] += g[i];
             s2[i] = fmaf(g[i], to_f(rx[u].v[i]) - dz.mean[i], s2[i]);
           }
@@ -430,7 +453,7 @@ __global__ void k_fin_bwd(const float2 *__restrict__ part, int P, int64_t C, dou
 // DZ (bn_add_relu): dz is read from dr, which the reduction pass wrote,
 // instead of being made from dy and y.
 template <typename T, int V, int ACT, bool DZ = false>
-__global__ void BWD_BOUNDS k_dx(const T *__restrict__ x, const T *__restrict__ dy, const T *__restrict__ y,
+__global__ void BWD_BOUNDS k_dx(const T *__restrict__ x, const T *__restrict__ dy, const uint8_t *__restrict__ mask,
                             T *__restrict__ dx, T *__restrict__ dr, const float *__restrict__ smean,
                             const float *__restrict__ sinv, const T *__restrict__ w, const T *__restrict__ b,
                             const float *__restrict__ cb, const float *__restrict__ cc, int64_t M, int64_t C,
@@ -455,14 +478,15 @@ __global__ void BWD_BOUNDS k_dx(const T *__restrict__ x, const T *__restrict__ d
   }
   int by = blockDim.y;
   for (int64_t r = pr.r0 + threadIdx.y; r < pr.r1; r += (int64_t)by * U) {
-    vec<T, V> rx[U], rd[U], ry[U];
+    vec<T, V> rx[U], rd[U];
+    unsigned rm[U];
 #pragma unroll
     for (int u = 0; u < U; u++)
       if (r + (int64_t)u * by < pr.r1) {
         int64_t o = (r + (int64_t)u * by) * C + c0;
         if (want_x) rx[u] = ld<T, V>(x + o);
         rd[u] = ld<T, V>((DZ ? dr : dy) + o);
-        if (ACT == kAddRelu && !DZ) ry[u] = ld<T, V>(y + o);
+        rm[u] = ACT == kAddRelu && !DZ ? load_mask<V>(mask, o) : 0u;
       }
 #pragma unroll
     for (int u = 0; u < U; u++)
@@ -471,7 +495,7 @@ __global__ void BWD_BOUNDS k_dx(const T *__restrict__ x, const T *__restrict__ d
         float g[V];
 #pragma unroll
         for (int i = 0; i < V; i++)
-          g[i] = DZ ? to_f(rd[u].v[i]) : dz(i, rd[u].v[i], rx[u].v[i], ACT == kAddRelu ? ry[u].v[i] : rx[u].v[i]);
+          g[i] = DZ ? to_f(rd[u].v[i]) : dz(i, rd[u].v[i], rx[u].v[i], rm[u]);
         if (ACT == kAddRelu && dr && !DZ) store_v<T, V>(dr + o, g);
         if (dx) {
 #pragma unroll
@@ -496,9 +520,10 @@ stoke_err *check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int act, bool bw
   const char *op = op_name(act);
   bool add = act == kAddRelu;
   int n_in = add ? 6 : 5;
-  if (a->n_in < n_in || a->n_out < 3 || !a->in || !a->out || (bwd && (!a->din || !a->dout)))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs %d inputs and 3 outputs (and gradients in backward)", op,
-                      stoke_node_name(a), n_in);
+  int n_out = add ? 4 : 3;
+  if (a->n_in < n_in || a->n_out < n_out || !a->in || !a->out || (bwd && (!a->din || !a->dout)))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs %d inputs and %d outputs (and gradients in backward)", op,
+                      stoke_node_name(a), n_in, n_out);
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= STOKE_BATCH_NORM_MOMENTUM)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes eps and momentum missing", op, stoke_node_name(a));
@@ -528,6 +553,17 @@ stoke_err *check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int act, bool bw
   if (add && (!stoke_is_nhwc(&a->in[5]) || !stoke_same_shape(&a->in[5].shape, &x->shape)))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the residual %s must be NHWC of x's shape %s", op, stoke_node_name(a),
                       stoke_shape_str(&a->in[5].shape).s, stoke_shape_str(&x->shape).s);
+  const stoke_tensor *mk = add ? &a->out[STOKE_BN_ADD_RELU_MASK] : nullptr;
+  if (mk) {
+    int64_t want = stoke_relu_mask_bytes(stoke_numel(&x->shape));
+    if (mk->shape.ndim != 1 || mk->shape.d[0] != want)
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the ReLU mask is %s, x %s needs [%lld] bytes", op, stoke_node_name(a),
+                        stoke_shape_str(&mk->shape).s, stoke_shape_str(&x->shape).s, (long long)want);
+    CHECK(stoke_check_dtype(a, op, "relu_mask", mk, STOKE_U8));
+    if (mk->data && ((uintptr_t)mk->data & 3u))
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the ReLU mask must be 4-byte aligned", op, stoke_node_name(a));
+    CHECK(stoke_check_data(a, op, "relu_mask (the forward's output 3)", mk, run));
+  }
   // vectors of 16 bytes when C allows and every activation is aligned
   int v = (int)(16 / stoke_dtype_size(dt));
   if (c % v) v = 1;
@@ -552,7 +588,6 @@ stoke_err *check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int act, bool bw
         (add && a->din[5].data && !stoke_is_nhwc(&a->din[5])))
       return STOKE_PERR(STOKE_E_UNSUPPORTED, "%s '%s': dx, dy (and dr) must be NHWC as x", op, stoke_node_name(a));
     CHECK(stoke_check_data(a, op, "dy", &a->dout[0], run));
-    if (add) CHECK(stoke_check_data(a, op, "y (the forward output: the ReLU's mask)", y, run));
     if (act == kRelu) CHECK(stoke_check_data(a, op, "bias (the ReLU's mask is recomputed)", &a->in[2], run));
     CHECK(stoke_check_data(a, op, "x (the forward input)", x, run));
     CHECK(stoke_check_data(a, op, "weight", &a->in[1], run));
@@ -606,8 +641,11 @@ stoke_err *fwd_v(const stoke_kernel_args_v1 *a, const geom &g) {
                                                      a->training, (float *)a->in[3].data, (float *)a->in[4].data,
                                                      sm, si);
   STOKE_CUDA_LAUNCH(stoke_node_name(a));
+  uint8_t *mask = ACT == kAddRelu ? (uint8_t *)a->out[STOKE_BN_ADD_RELU_MASK].data : nullptr;
+  if (ACT == kAddRelu && V != 8)  // bits set by atomicOr (store_mask)
+    STOKE_CUDA(cudaMemsetAsync(mask, 0, (size_t)a->out[STOKE_BN_ADD_RELU_MASK].shape.d[0], st));
   k_apply<T, V, ACT><<<grid_of(g), block_of(g), 0, st>>>(
-      x, ACT == kAddRelu ? (const T *)a->in[5].data : nullptr, (T *)a->out[0].data, sm, si,
+      x, ACT == kAddRelu ? (const T *)a->in[5].data : nullptr, (T *)a->out[0].data, mask, sm, si,
       (const T *)a->in[1].data, (const T *)a->in[2].data, g.m, g.c, g.cv, g.rows);
   STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
@@ -620,17 +658,17 @@ stoke_err *bwd_v(const stoke_kernel_args_v1 *a, const geom &g) {
   T *dr = ACT == kAddRelu ? (T *)a->din[5].data : nullptr;
   if (!dx && !dw && !db && !dr) return NULL;
   const T *x = (const T *)a->in[0].data, *dy = (const T *)a->dout[0].data;
-  const T *y = ACT == kAddRelu ? (const T *)a->out[0].data : nullptr;
+  const uint8_t *mask = ACT == kAddRelu ? (const uint8_t *)a->out[STOKE_BN_ADD_RELU_MASK].data : nullptr;
   const T *w = (const T *)a->in[1].data, *b = ACT == kRelu ? (const T *)a->in[2].data : nullptr;
   const float *sm = (const float *)a->out[1].data, *si = (const float *)a->out[2].data;
   float2 *part = (float2 *)a->workspace;
   float *cb = ws_coef(a->workspace, &g, 0), *cc = ws_coef(a->workspace, &g, 1);
   /* bn_add_relu with both passes: the first writes dr = dz, the second reads it back (not when dr
-   * is x's or y's memory, which the passes still read) */
-  const bool dz_in_dr = ACT == kAddRelu && dr && (dx || dw || db) && (const T *)dr != x && (const T *)dr != y;
+   * is x's memory, which the passes still read) */
+  const bool dz_in_dr = ACT == kAddRelu && dr && (dx || dw || db) && (const T *)dr != x;
   if (dx || dw || db) {
     size_t shm = 2 * (size_t)g.bx * g.by * V * sizeof(float);
-    k_gsum<T, V, ACT><<<grid_of(g), block_of(g), shm, st>>>(x, dy, y, sm, si, w, b, g.m, g.c, g.cv, g.rows,
+    k_gsum<T, V, ACT><<<grid_of(g), block_of(g), shm, st>>>(x, dy, mask, sm, si, w, b, g.m, g.c, g.cv, g.rows,
                                                             g.parts, part, dz_in_dr ? dr : nullptr);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
     k_fin_bwd<T><<<fin_blocks(g), 32 * kFinWarps, 0, st>>>(part, g.parts, g.c, (double)g.m, a->training, w, si,
@@ -639,11 +677,11 @@ stoke_err *bwd_v(const stoke_kernel_args_v1 *a, const geom &g) {
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
   }
   if (dz_in_dr && dx) {
-    k_dx<T, V, ACT, true><<<grid_of(g), block_of(g), 0, st>>>(x, dy, y, dx, dr, sm, si, w, b, cb, cc, g.m, g.c,
+    k_dx<T, V, ACT, true><<<grid_of(g), block_of(g), 0, st>>>(x, dy, mask, dx, dr, sm, si, w, b, cb, cc, g.m, g.c,
                                                               g.cv, g.rows);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
   } else if (!dz_in_dr && (dx || dr)) {
-    k_dx<T, V, ACT><<<grid_of(g), block_of(g), 0, st>>>(x, dy, y, dx, dr, sm, si, w, b, cb, cc, g.m, g.c, g.cv,
+    k_dx<T, V, ACT><<<grid_of(g), block_of(g), 0, st>>>(x, dy, mask, dx, dr, sm, si, w, b, cb, cc, g.m, g.c, g.cv,
                                                         g.rows);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
   }

@@ -140,13 +140,15 @@ static const stoke_kernel_v1 *find(const char *op, stoke_pass pass, stoke_dtype 
 
 /* The floor's bytes per element, in elements of the activation dtype:
  * forward and backward of the two-pass algorithm (see the top).
- * bn_add_relu's backward: x, dy, y read and dr written by the reduction
- * pass, x and dr read and dx written by the apply pass (backends/fused/
- * bn_act.cu: the apply pass reads dz back from dr). */
-static void floor_elems(const char *op, double *fwd, double *bwd) {
+ * bn_add_relu's forward also writes the ReLU bitmask (1/8 byte an
+ * element); its backward: x, dy and the bitmask read and dr written by the
+ * reduction pass, x and dr read and dx written by the apply pass
+ * (backends/fused/bn_act.cu: the apply pass reads dz back from dr). */
+static void floor_elems(const char *op, double *fwd, double *bwd, stoke_dtype dt) {
   int add = !strcmp(op, STOKE_OP_BN_ADD_RELU);
-  *fwd = add ? 4 : 3;
-  *bwd = add ? 7 : 5;
+  double bit = 0.125 / (double)stoke_dtype_size(dt); /* a mask bit in elements */
+  *fwd = add ? 4 + bit : 3;
+  *bwd = add ? 6 + bit : 5;
 }
 
 /* Forward and backward ms of one site; 0 when no engine serves it. */
@@ -163,7 +165,7 @@ static void run_site(const site *s, int64_t batch, stoke_dtype dt, int reps, sto
   stoke_shape xs = {4, {batch, s->c, s->h, s->h}}, cs = {1, {s->c}};
   int64_t n = stoke_numel(&xs);
   size_t es = stoke_dtype_size(dt);
-  stoke_tensor in[6], o[3], din[6], dout[3];
+  stoke_tensor in[6], o[4], din[6], dout[4];
   memset(in, 0, sizeof in), memset(o, 0, sizeof o), memset(din, 0, sizeof din), memset(dout, 0, sizeof dout);
   for (int i = 0; i < n_in; i++) {
     int act = i == 0 || i == 5, stat = i == 3 || i == 4;
@@ -175,6 +177,10 @@ static void run_site(const site *s, int64_t batch, stoke_dtype dt, int reps, sto
   }
   o[0] = (stoke_tensor){dalloc((size_t)n * es), xs, dt, STOKE_NHWC, STOKE_DEV_GPU};
   for (int j = 1; j < 3; j++) o[j] = (stoke_tensor){dalloc((size_t)s->c * 4), cs, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU};
+  if (add) {
+    stoke_shape ms = {1, {stoke_relu_mask_bytes(n)}};
+    o[3] = (stoke_tensor){dalloc((size_t)ms.d[0]), ms, STOKE_U8, STOKE_LAYOUT_ANY, STOKE_DEV_GPU};
+  }
   dout[0] = (stoke_tensor){dalloc((size_t)n * es), xs, dt, STOKE_NHWC, STOKE_DEV_GPU};
   fill_random(dout[0].data, dt, n, -1, 1, rng);
   for (int i = 0; i < n_in; i++) {
@@ -189,7 +195,7 @@ static void run_site(const site *s, int64_t batch, stoke_dtype dt, int reps, sto
   DIE(dev->copy(dev_self, dy0, dout[0].data, (size_t)n * es, STOKE_COPY_D2D, NULL));
   prep px = {in[0].data, x0, (size_t)n * es}, pdy = {dout[0].data, dy0, (size_t)n * es};
   void *stream = dev->default_stream(dev_self);
-  stoke_kernel_args_v1 a = {.node = &node, .n_in = n_in, .n_out = 3, .in = in, .out = o, .training = 1,
+  stoke_kernel_args_v1 a = {.node = &node, .n_in = n_in, .n_out = add ? 4 : 3, .in = in, .out = o, .training = 1,
                             .engine = fself, .stream = stream};
   out[0] = time_kernel(kf, &a, reps, &px);
   /* backward: every input's gradient (the parameters' overwritten) */
@@ -199,7 +205,7 @@ static void run_site(const site *s, int64_t batch, stoke_dtype dt, int reps, sto
   dev->free(dev_self, x0);
   dev->free(dev_self, dy0);
   for (int i = 0; i < n_in; i++) dev->free(dev_self, in[i].data), dev->free(dev_self, din[i].data);
-  for (int j = 0; j < 3; j++) dev->free(dev_self, o[j].data);
+  for (int j = 0; j < (add ? 4 : 3); j++) dev->free(dev_self, o[j].data);
   dev->free(dev_self, dout[0].data);
 }
 
@@ -268,7 +274,7 @@ int main(int argc, char **argv) {
     const char *eng;
     run_site(s, batch, dt, reps, &rng, ms, &eng);
     double n = (double)batch * (double)(s->c * s->h * s->h), ef, eb;
-    floor_elems(s->op, &ef, &eb);
+    floor_elems(s->op, &ef, &eb, dt);
     double bf = ef * n * (double)es, bb = eb * n * (double)es;
     double ff = bf / PEAK_GBS / 1e6, fb = bb / PEAK_GBS / 1e6; /* ms */
     printf("%-12s %-14s %4lld %7s | %8.3f %8.3f %6.0f %3.0f%% | %8.3f %8.3f %6.0f %3.0f%%\n", s->op, s->what,

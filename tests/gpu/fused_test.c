@@ -10,10 +10,11 @@
  * the run's, with the engines ordered (fused, cuda) as `backends = fused,
  * ...` orders them. Outputs are poisoned first.
  *
- * The ReLU's mask near 0: bn_add_relu's backward reads y on both sides (the
- * GPU's y is copied into the reference: the GPU rounds bn(x) to the dtype
- * before the residual add, as the unfused nodes do, where the f64
- * reference does not). bn_relu's backward recomputes the mask from x on
+ * The ReLU's mask near 0: bn_add_relu's backward reads the forward's ReLU
+ * bitmask on both sides (the GPU's mask is copied into the reference: the
+ * GPU rounds bn(x) to the dtype before the residual add, as the unfused
+ * nodes do, where the f64 reference does not); the GPU's mask is checked
+ * bit by bit against its own y > 0. bn_relu's backward recomputes the mask from x on
  * each side, in f32 on the GPU and f64 on the CPU, so dy is drawn as 0
  * where the pre-activation lies within 1e-3 of 0: the two masks may differ
  * only where the gradient is 0 anyway.
@@ -114,7 +115,9 @@ static void check_case(const fcase *k) {
                                            (uint64_t)k->act));
   int n_in = add ? 6 : 5;
   stoke_shape xs = {4, {k->n, k->c, k->h, k->w}}, cs = {1, {k->c}};
-  g_tensor in[6], out[3], din[6], dy;
+  g_tensor in[6], out[4], din[6], dy;
+  int n_out = add ? 4 : 3;
+  stoke_shape ms = {1, {stoke_relu_mask_bytes(stoke_numel(&xs))}};
   memset(in, 0, sizeof in);
   memset(din, 0, sizeof din);
   for (int i = 0; i < n_in; i++) {
@@ -126,6 +129,7 @@ static void check_case(const fcase *k) {
   }
   g_alloc2(&out[0], &xs, STOKE_F64, k->dt, STOKE_NHWC);
   for (int j = 1; j < 3; j++) g_alloc2(&out[j], &cs, STOKE_F64, STOKE_F32, STOKE_LAYOUT_ANY);
+  if (add) g_alloc2(&out[3], &ms, STOKE_U8, STOKE_U8, STOKE_LAYOUT_ANY);
   size_t shift = k->misalign ? stoke_dtype_size(k->dt) : 0; /* off the 16-byte grid: the scalar path */
   if (shift) {
     /* move the data one element on: refill x and r there */
@@ -137,11 +141,11 @@ static void check_case(const fcase *k) {
     }
     out[0].dev.data = (char *)out[0].dev.data + shift;
   }
-  for (int j = 0; j < 3; j++) g_poison(&out[j]);
-  stoke_tensor ri[6], gi[6], ro[3], go[3];
+  for (int j = 0; j < n_out; j++) g_poison(&out[j]);
+  stoke_tensor ri[6], gi[6], ro[4], go[4];
   for (int i = 0; i < n_in; i++) ri[i] = in[i].ref, gi[i] = in[i].dev;
-  for (int j = 0; j < 3; j++) ro[j] = out[j].ref, go[j] = out[j].dev;
-  stoke_kernel_args_v1 ra = {.node = &node, .n_in = n_in, .n_out = 3, .in = ri, .out = ro, .training = k->training};
+  for (int j = 0; j < n_out; j++) ro[j] = out[j].ref, go[j] = out[j].dev;
+  stoke_kernel_args_v1 ra = {.node = &node, .n_in = n_in, .n_out = n_out, .in = ri, .out = ro, .training = k->training};
   stoke_kernel_args_v1 ga = ra;
   ga.in = gi, ga.out = go, ga.engine = g_engine_self_of("fused"), ga.stream = g_dev->default_stream(g_dev_self);
   const stoke_kernel_v1 *rk = stoke_find_kernel(g_reg, "cpu", op, STOKE_FWD, STOKE_F64, STOKE_NHWC);
@@ -154,13 +158,27 @@ static void check_case(const fcase *k) {
   expect("saved_invstd", &out[2], k, tol_stat);
   expect("running_mean", &in[3], k, tol_stat);
   expect("running_var", &in[4], k, tol_stat);
-  /* backward on the GPU's y (see the top) */
+  if (add) { /* the bitmask: bit e exactly the GPU's own y element e > 0 */
+    int64_t ne = stoke_numel(&xs);
+    size_t yb = (size_t)ne * stoke_dtype_size(k->dt), mb = (size_t)ms.d[0];
+    uint8_t *hm = malloc(mb);
+    void *hy = malloc(yb);
+    g_dev_get(hm, out[3].dev.data, mb);
+    g_dev_get(hy, out[0].dev.data, yb);
+    for (int64_t e = 0; e < ne; e++)
+      if (((hm[e / 8] >> (e % 8)) & 1) != (g_get(hy, k->dt, e) > 0))
+        fail_msg("%s %s: ReLU mask bit %lld is %d, y there is %g (seed %llu)", op, stoke_dtype_name(k->dt),
+                 (long long)e, (hm[e / 8] >> (e % 8)) & 1, g_get(hy, k->dt, e), (unsigned long long)g_seed);
+    free(hm), free(hy);
+  }
+  /* backward on the GPU's y and mask (see the top) */
   pull_into_ref(&out[0]);
+  if (add) pull_into_ref(&out[3]);
   g_alloc2(&dy, &xs, STOKE_F64, k->dt, STOKE_NHWC);
   if (shift) dy.dev.data = (char *)dy.dev.data + shift;
   g_fill(&dy, &r, -1, 1, 0);
   if (k->act == 1) zero_dy_near_kink(&dy, &in[0], &in[1], &in[2], &out[1], &out[2], k->c);
-  stoke_tensor rdin[6], gdin[6], rdout[3], gdout[3];
+  stoke_tensor rdin[6], gdin[6], rdout[4], gdout[4];
   memset(rdin, 0, sizeof rdin);
   memset(gdin, 0, sizeof gdin);
   memset(rdout, 0, sizeof rdout);
@@ -178,7 +196,7 @@ static void check_case(const fcase *k) {
   for (int i = 0; i < n_in; i++)
     if (!(t->bwd_needs & STOKE_BWD_NEEDS_INPUT(i))) ri[i].data = gi[i].data = NULL;
   /* only what bwd_needs keeps holds data: bn_relu's backward must not read y */
-  for (int j = 0; j < 3; j++)
+  for (int j = 0; j < n_out; j++)
     if (!(t->bwd_needs & STOKE_BWD_NEEDS_OUTPUT(j))) ro[j].data = go[j].data = NULL;
   stoke_kernel_args_v1 rb = ra, gb = ga;
   rb.din = rdin, rb.dout = rdout, gb.din = gdin, gb.dout = gdout;
@@ -203,7 +221,7 @@ static void check_case(const fcase *k) {
   }
   g_free(&dy);
   for (int i = 0; i < n_in; i++) g_free(&in[i]), g_free(&din[i]);
-  for (int j = 0; j < 3; j++) g_free(&out[j]);
+  for (int j = 0; j < n_out; j++) g_free(&out[j]);
 }
 
 static const int64_t shapes[][4] = {

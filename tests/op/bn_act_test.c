@@ -31,12 +31,12 @@ static const shape_cfg cfgs[] = {
 #define N_CFGS ((int)(sizeof cfgs / sizeof *cfgs))
 
 /* One fused call: in = x, weight, bias, running_mean, running_var (, r);
- * out = y, saved_mean, saved_invstd; rm0/rv0 the running statistics as
- * made, to put back. */
+ * out = y, saved_mean, saved_invstd (, the ReLU bitmask); rm0/rv0 the
+ * running statistics as made, to put back. */
 typedef struct act_case {
   stoke_node_v1 node;
-  int add;
-  stoke_tensor in[6], out[3], rm0, rv0;
+  int add, n_out;
+  stoke_tensor in[6], out[4], rm0, rv0;
 } act_case;
 
 static stoke_tensor x_like(stoke_dtype dt, const shape_cfg *g) {
@@ -70,6 +70,8 @@ static act_case make_case(stoke_dtype dt, const shape_cfg *g, int add) {
   b.out[0] = h_like(&b.in[0], -1);
   b.out[1] = h_tensor(dt, 1, g->c);
   b.out[2] = h_tensor(dt, 1, g->c);
+  b.n_out = add ? 4 : 3;
+  if (add) b.out[3] = h_tensor(STOKE_U8, 1, stoke_relu_mask_bytes(h_numel(&b.in[0])));
   b.rm0 = h_like(&b.in[3], -1);
   b.rv0 = h_like(&b.in[4], -1);
   h_convert(&b.rm0, &b.in[3]);
@@ -79,7 +81,7 @@ static act_case make_case(stoke_dtype dt, const shape_cfg *g, int add) {
 
 static void free_case(act_case *b) {
   for (int i = 0; i < 6; i++) h_free(&b->in[i]);
-  for (int i = 0; i < 3; i++) h_free(&b->out[i]);
+  for (int i = 0; i < b->n_out; i++) h_free(&b->out[i]);
   h_free(&b->rm0);
   h_free(&b->rv0);
 }
@@ -103,10 +105,16 @@ static stoke_kernel_args_v1 args_of(const stoke_node_v1 *node, int n_in, int n_o
 }
 
 static void fused_fwd(const act_case *b, stoke_tensor *out, int training) {
-  for (int i = 0; i < 3; i++) h_poison(&out[i]);
-  stoke_kernel_args_v1 a = args_of(&b->node, b->add ? 6 : 5, 3, b->in, out, training);
+  for (int i = 0; i < b->n_out; i++) memset(out[i].data, 0xff, stoke_tensor_bytes(&out[i]));
+  stoke_kernel_args_v1 a = args_of(&b->node, b->add ? 6 : 5, b->n_out, b->in, out, training);
   H_OK(h_run(h_kernel(b->node.op, STOKE_FWD, b->in[0].dtype), &a));
   for (int i = 0; i < 3; i++) h_check_written(&out[i], "fused forward");
+  if (!b->add) return;
+  /* the bitmask: bit e exactly y's element e > 0 (memory order) */
+  const uint8_t *m = out[3].data;
+  for (int64_t e = 0; e < h_numel(&out[0]); e++)
+    H_CHECK(((m[e / 8] >> (e % 8)) & 1) == (h_get(&out[0], e) > 0), "bn_add_relu ReLU mask bit %lld is %d, y %g",
+            (long long)e, (m[e / 8] >> (e % 8)) & 1, h_get(&out[0], e));
 }
 
 /* din (x, weight, bias, and r for bn_add_relu, poisoned) from dy; only
@@ -115,19 +123,19 @@ static void fused_bwd(const act_case *b, const stoke_tensor *dy, stoke_tensor *d
   const stoke_op_type_v1 *t = stoke_find_op(h_reg, b->node.op);
   assert_non_null(t);
   int n_in = b->add ? 6 : 5;
-  stoke_tensor in[6], out[3], dout[3];
+  stoke_tensor in[6], out[4], dout[4];
   for (int i = 0; i < n_in; i++) {
     in[i] = b->in[i];
     if (!(t->bwd_needs & STOKE_BWD_NEEDS_INPUT(i))) in[i].data = NULL;
   }
-  for (int j = 0; j < 3; j++) {
+  for (int j = 0; j < b->n_out; j++) {
     out[j] = b->out[j];
     if (!(t->bwd_needs & STOKE_BWD_NEEDS_OUTPUT(j))) out[j].data = NULL;
     dout[j] = b->out[j];
     dout[j].data = NULL;
   }
   dout[0] = *dy;
-  stoke_kernel_args_v1 a = args_of(&b->node, n_in, 3, in, out, training);
+  stoke_kernel_args_v1 a = args_of(&b->node, n_in, b->n_out, in, out, training);
   a.din = din;
   a.dout = dout;
   a.param_grads = 6;
@@ -239,8 +247,8 @@ static void test_matches_unfused_nodes(void **state) {
 /* dL/d in[i][j] for L = sum(y R), central differences; the running
  * statistics are put back before each forward. */
 static double numeric(act_case *b, const stoke_tensor *r, int i, int64_t j, int training) {
-  stoke_tensor yp[3], ym[3];
-  for (int k = 0; k < 3; k++) yp[k] = h_like(&b->out[k], -1), ym[k] = h_like(&b->out[k], -1);
+  stoke_tensor yp[4], ym[4];
+  for (int k = 0; k < b->n_out; k++) yp[k] = h_like(&b->out[k], -1), ym[k] = h_like(&b->out[k], -1);
   double v = h_get(&b->in[i], j);
   h_set(&b->in[i], j, v + FD_H);
   restore_running(b);
@@ -252,7 +260,7 @@ static double numeric(act_case *b, const stoke_tensor *r, int i, int64_t j, int 
   restore_running(b);
   double d = 0;
   for (int64_t k = 0; k < h_numel(&yp[0]); k++) d += (h_get(&yp[0], k) - h_get(&ym[0], k)) * h_get(r, k);
-  for (int k = 0; k < 3; k++) h_free(&yp[k]), h_free(&ym[k]);
+  for (int k = 0; k < b->n_out; k++) h_free(&yp[k]), h_free(&ym[k]);
   return d / (2 * FD_H);
 }
 
@@ -321,7 +329,7 @@ static void test_param_grad_beta(void **state) {
 static void test_errors(void **state) {
   act_case b = make_case(STOKE_F64, &cfgs[1], 1);
   b.in[5].shape.d[3] += 1;
-  stoke_kernel_args_v1 a = args_of(&b.node, 6, 3, b.in, b.out, 1);
+  stoke_kernel_args_v1 a = args_of(&b.node, 6, 4, b.in, b.out, 1);
   stoke_err *e = h_run(h_kernel(STOKE_OP_BN_ADD_RELU, STOKE_FWD, STOKE_F64), &a);
   assert_non_null(e);
   assert_int_equal(e->code, STOKE_E_INVALID);

@@ -337,6 +337,28 @@ static void expect_relu_mask(const kcheck *ck, const ktensor *in, const ktensor 
   free(yv), free(mv);
 }
 
+/* A flat ReLU bitmask (stoke/ops.h, bn_add_relu's output 3): bit e of byte
+ * e / 8 is element e of y, in memory order as the tested kernel stored it,
+ * > 0. Exact: the mask is defined from the stored y, so no tie is allowed. */
+static void expect_flat_mask(const kcheck *ck, const ktensor *y, const ktensor *mask) {
+  double *yv = kt_download(y), *mv = kt_download(mask);
+  int64_t n = stoke_numel(&y->dut.shape), set = 0;
+  if (stoke_numel(&mask->dut.shape) < (n + 7) / 8)
+    fail_msg("%s/%s, case %s: ReLU mask of %lld bytes for %lld elements", ck->k->engine, ck->k->op, ck->c->label,
+             (long long)stoke_numel(&mask->dut.shape), (long long)n);
+  for (int64_t e = 0; e < n; e++) {
+    int bit = ((int)mv[e / 8] >> (e % 8)) & 1, want = yv[e] > 0;
+    set += bit;
+    if (bit != want)
+      fail_msg("%s/%s %s %s, case %s: ReLU mask bit %lld is %d, y there is %g (seed %llu)", ck->k->engine, ck->k->op,
+               pass_name(ck->k->pass), stoke_dtype_name(ck->k->dtype), ck->c->label, (long long)e, bit, yv[e],
+               (unsigned long long)seed);
+  }
+  print_message("  %-13s %-15s ReLU bitmask of %lld elements: every bit as y > 0 (%lld set)\n", ck->k->engine,
+                ck->k->op, (long long)n, (long long)set);
+  free(yv), free(mv);
+}
+
 /* plan, workspace, run, wait, destroy: as the executor does. */
 static void run_kernel(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, const engine *e, const char *who) {
   void *state = NULL, *ws = NULL;
@@ -468,6 +490,7 @@ static void check_forward(const stoke_kernel_v1 *k, const engine *e, const kcase
     expect_tensor(&ck, what, &cl.out[j], NULL);
   }
   if (c->relu_mask) expect_relu_mask(&ck, cl.in, &cl.out[0], &cl.out[1]);
+  if (c->flat_mask_out) expect_flat_mask(&ck, &cl.out[0], &cl.out[c->flat_mask_out]);
   for (int i = 0; i < c->n_in; i++) /* running statistics, updated in place */
     if (c->in[i].kind == IN_STAT && c->state_out >> i & 1) {
       char what[16];

@@ -41,6 +41,9 @@ typedef struct kcase {
                        * differ where z rounds to 0): */
   int relu_mask;      /* 1: output 1 is output 0's ReLU bitmask, checked bit by bit against the
                        * tested kernel's own output 0 (linear_act's aux) */
+  int flat_mask_out;  /* > 0: that output is output 0's flat ReLU bitmask (bn_add_relu's, stoke/ops.h:
+                       * bit e = element e of y > 0 as stored), checked exactly against the tested
+                       * kernel's own output 0 and not against the reference */
   uint32_t state_out; /* IN_STAT inputs the forward updates in place: compared */
   double k;           /* the tolerance's K: the longest sum in forward or backward, or the
                        * product of the lengths of sums that feed one another (a
@@ -533,6 +536,7 @@ static int gen_batch_norm(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     add_in(c, S1(ch), IN_STAT);
     add_in(c, S1(ch), IN_STAT);
     if (add) add_in(c, xs, IN_ACT);
+    if (add) c->skip_out = 1u << STOKE_BN_ADD_RELU_MASK, c->flat_mask_out = STOKE_BN_ADD_RELU_MASK;
     c->prep = prep_bn_spread;
     c->prep_dout = prep_dout_bn_relu;
     c->state_out = 3u << 3;

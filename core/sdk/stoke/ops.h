@@ -4,6 +4,8 @@
 #ifndef STOKE_OPS_H
 #define STOKE_OPS_H
 
+#include <stdint.h>
+
 /* linear: in (x[N, in], weight[out, in], bias[out]) -> y[N, out]
  * (PyTorch's nn.Linear layout: y = x W^T + b). No attributes. */
 #define STOKE_OP_LINEAR "linear"
@@ -136,12 +138,19 @@
  * (x - saved_mean) (weight saved_invstd) + bias > 0 (rounded to y's dtype),
  * the saved f32 invstd used as the forward uses it.
  * bn_add_relu: y = max(bn(x) + r, 0), the ResNet block's tail (batch_norm
- * -> add -> relu), with the residual r[x's shape] as input 5; backward
- * reads x, weight, saved_* and y (the mask, y > 0, needs r otherwise) and
- * also writes dr, the masked output gradient that flows into the add. */
+ * -> add -> relu), with the residual r[x's shape] as input 5 and the
+ * ReLU's mask as output 3: u8 [stoke_relu_mask_bytes(numel of y)], bit
+ * i % 8 of byte i / 8 set when element i of y, in y's memory order and as
+ * stored (rounded to its dtype), is > 0 (the padding bits unspecified).
+ * Backward reads x, weight, saved_* and the mask (not y: 2 bytes an element
+ * of bf16 become 1/8) and also writes dr, the masked output gradient that
+ * flows into the add. */
 #define STOKE_OP_BN_RELU "bn_relu"
 #define STOKE_OP_BN_ADD_RELU "bn_add_relu"
 #define STOKE_BN_ADD_RELU_RESIDUAL 5 /* the input index of r */
+#define STOKE_BN_ADD_RELU_MASK 3     /* the output index of the ReLU's mask */
+/* Bytes of a ReLU bitmask over n elements: one bit each, rounded up to 16. */
+static inline int64_t stoke_relu_mask_bytes(int64_t n) { return (n + 127) / 128 * 16; }
 
 /* ---- batch norm folded into convolutions (core/ops_convbn.c; made by the
  * compiler's conv-bn pass, core/fuse_convbn.c, run.fuse_conv_bn). A
