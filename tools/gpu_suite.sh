@@ -282,7 +282,7 @@ PY
       B=16 timeout 900 python3 "$S/anchors/gpt_bench.py" "$OUT/gpt_torch.jsonl" bf16 bf16+compile 2>&1 | tail -2
       log "a small gpt's checkpoint in nanoGPT's module, strict"
       timeout 600 "$T" "$S/examples/gpt2_124m.ini" model.n_layer=2 model.n_embd=128 model.n_head=4 model.context=128 \
-        data.shape=129 data.batch_size=8 run.steps=20 run.checkpoint=true run.out_dir="$OUT/gpt_small" \
+        data.shape=129 data.batch_size=8 run.steps=20 optimizer.warmup_epochs=0.001 run.checkpoint=true run.out_dir="$OUT/gpt_small" \
         > "$OUT/gpt_small.log" 2>&1
       echo "rc=$?"
       python3 - "$OUT/gpt_small/checkpoint.safetensors" <<'PY'

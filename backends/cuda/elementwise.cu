@@ -348,90 +348,127 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Rows of whole 16-byte vectors (C a multiple of 8 for bf16/fp16, of 4 for f32, 16-byte aligned
-// logits), the large-vocabulary case: a block per row, each thread kUnroll vectors in flight.
+// logits), the large-vocabulary case: a block of kSceThreads per row, thread t taking vectors t,
+// t + kSceThreads, ... in that order. The forward, the backward and the one-kernel forward+backward
+// (softmax_ce_fused_kernel) share the per-vector arithmetic below and that order, so the three give
+// the same bits: dropping the forward node into the backward ([run] fwd_in_bwd) changes no result.
 constexpr int kUnroll = 4;
+constexpr int kSceThreads = 512;
+constexpr float kLog2e = 1.4426950408889634f;
 
-// The forward as softmax_ce_fwd_kernel (TPR = kThreads), reading whole vectors: each vector's max,
-// then its exps against it merged into the thread's (max, sum).
+// 2^x by the hardware's approximation, subnormal results flushed to 0 (as __expf does): exps that
+// far below the row's largest (e^-87) change neither its sum nor a bf16 gradient.
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// One vector absorbed into a thread's online (max m, sum s) and plain sum sx: the vector's max, then
+// its exps against it (exp(f - cm) as one FMA and one ex2), merged.
+template <typename T, int V>
+__device__ __forceinline__ void sce_absorb(const vec<T, V> &xv, float &m, float &s, float &sx) {
+  float cm = -INFINITY, cs = 0.f;
+#pragma unroll
+  for (int k = 0; k < V; k++) cm = fmaxf(cm, to_f(xv.v[k]));
+  const float cm2 = cm * kLog2e;
+#pragma unroll
+  for (int k = 0; k < V; k++) {
+    const float f = to_f(xv.v[k]);
+    cs += ex2_ftz(fmaf(f, kLog2e, -cm2));
+    sx += f;
+  }
+  online_merge(m, s, cm, cs);
+}
+
+// Row r's lse and loss from the block's (m, s, sx) and the label's logit xl, by thread 0.
+__device__ __forceinline__ void sce_row_out(float m, float s, float sx, float xl, bool bad, int64_t c, float ls,
+                                            int64_t r, float *row_loss, float *lse_out) {
+  const float lr = m + logf(s);
+  const float loss = -(1.f - ls) * (xl - lr) - ls / (float)c * (sx - (float)c * lr);
+  row_loss[r] = bad ? NAN : loss;
+  lse_out[r] = lr;
+}
+
+// The gradient of one vector (elements j .. j + V - 1, vector index v): d = g exp(x - lse) - g target as
+// g exp2(x log2e - lse log2e) - g base, the label's element (in vector lv) lowered by g (1 - ls) by the
+// thread that holds it; lr2 = lse log2e, NaN for a bad row (NaN throughout); then beta o + d.
+template <typename T, int V>
+__device__ __forceinline__ vec<T, V> sce_grad(const vec<T, V> &xv, vec<T, V> o, int64_t v, int64_t j, int64_t lv,
+                                              int32_t l, float g, float lr2, float gb, float gl, float beta) {
+  float d[V];
+#pragma unroll
+  for (int k = 0; k < V; k++) d[k] = fmaf(g, ex2_ftz(fmaf(to_f(xv.v[k]), kLog2e, -lr2)), -gb);
+  if (v == lv) {
+#pragma unroll
+    for (int k = 0; k < V; k++)
+      if (j + k == (int64_t)l) d[k] -= gl;
+  }
+#pragma unroll
+  for (int k = 0; k < V; k++) o.v[k] = from_f<T>(beta != 0.f ? beta * to_f(o.v[k]) + d[k] : d[k]);
+  return o;
+}
+
+// The forward, a block per row, kUnroll vectors a thread in flight.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kSceThreads)
     softmax_ce_fwd_vec_kernel(const T *__restrict__ x, const int32_t *__restrict__ lab, float *__restrict__ row_loss,
                               float *__restrict__ lse_out, int64_t n, int64_t c, float ls) {
   constexpr int V = 16 / sizeof(T);
-  constexpr int64_t step = (int64_t)kThreads * V;
-  __shared__ float sm[kThreads / 32];
-  __shared__ float2 sm2[kThreads / 32];
+  __shared__ float sm[kSceThreads / 32];
+  __shared__ float2 sm2[kSceThreads / 32];
+  const int64_t nv = c / V;
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
-    const T *row = x + r * c;
+    const vec<T, V> *row = reinterpret_cast<const vec<T, V> *>(x + r * c);
     float m = -INFINITY, s = 0.f, sx = 0.f;
-    for (int64_t j0 = (int64_t)threadIdx.x * V; j0 < c; j0 += step * kUnroll) {
+    for (int64_t v0 = threadIdx.x; v0 < nv; v0 += (int64_t)kSceThreads * kUnroll) {
       vec<T, V> xv[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; u++)
-        if (j0 + u * step < c) xv[u] = *reinterpret_cast<const vec<T, V> *>(row + j0 + u * step);
+        if (v0 + u * kSceThreads < nv) xv[u] = row[v0 + u * kSceThreads];
 #pragma unroll
-      for (int u = 0; u < kUnroll; u++) {
-        if (j0 + u * step >= c) continue;
-        float cm = -INFINITY, cs = 0.f;
-#pragma unroll
-        for (int k = 0; k < V; k++) cm = fmaxf(cm, to_f(xv[u].v[k]));
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-          const float v = to_f(xv[u].v[k]);
-          cs += __expf(v - cm);
-          sx += v;
-        }
-        online_merge(m, s, cm, cs);
-      }
+      for (int u = 0; u < kUnroll; u++)
+        if (v0 + u * kSceThreads < nv) sce_absorb<T, V>(xv[u], m, s, sx);
     }
-    group_online<kThreads>(m, s, sm2);
-    sx = group_reduce<kThreads, false>(sx, sm);
+    group_online<kSceThreads>(m, s, sm2);
+    sx = group_reduce<kSceThreads, false>(sx, sm);
     if (threadIdx.x == 0) {
       const int32_t l = lab[r];
       const bool bad = l < 0 || (int64_t)l >= c;
       const int64_t lc = l < 0 ? 0 : (int64_t)l >= c ? c - 1 : l;
-      const float lse = m + logf(s);
-      const float loss = -(1.f - ls) * (to_f(row[lc]) - lse) - ls / (float)c * (sx - (float)c * lse);
-      row_loss[r] = bad ? NAN : loss;
-      lse_out[r] = lse;
+      sce_row_out(m, s, sx, to_f(x[r * c + lc]), bad, c, ls, r, row_loss, lse_out);
     }
   }
 }
 
-// The backward as softmax_ce_bwd_kernel, a block per row reading and writing whole vectors; dx may
-// be the logits' memory (each thread reads its vectors before it writes them).
+// The backward, a block per row reading and writing whole vectors; dx may be the logits' memory
+// (each thread reads its vectors before it writes them).
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kSceThreads)
     softmax_ce_bwd_vec_kernel(const T *x, const int32_t *__restrict__ lab, const float *__restrict__ lse,
                               const float *__restrict__ dloss, T *dx, int64_t n, int64_t c, float ls, float beta) {
   constexpr int V = 16 / sizeof(T);
-  constexpr int64_t step = (int64_t)kThreads * V;
-  const float g = dloss[0] / (float)n, base = ls / (float)c;
+  const float g = dloss[0] / (float)n, gb = g * (ls / (float)c), gl = g * (1.f - ls);
+  const int64_t nv = c / V;
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const int32_t l = lab[r];
     const bool bad = l < 0 || (int64_t)l >= c;
-    const float lr = lse[r];
-    const T *xr = x + r * c;
-    T *dr = dx + r * c;
-    for (int64_t j0 = (int64_t)threadIdx.x * V; j0 < c; j0 += step * kUnroll) {
+    const float lr2 = bad ? NAN : lse[r] * kLog2e;
+    const int64_t lv = bad ? -1 : (int64_t)l / V;
+    const vec<T, V> *xr = reinterpret_cast<const vec<T, V> *>(x + r * c);
+    vec<T, V> *dr = reinterpret_cast<vec<T, V> *>(dx + r * c);
+    for (int64_t v0 = threadIdx.x; v0 < nv; v0 += (int64_t)kSceThreads * kUnroll) {
       vec<T, V> xv[kUnroll], o[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; u++)
-        if (j0 + u * step < c) {
-          xv[u] = *reinterpret_cast<const vec<T, V> *>(xr + j0 + u * step);
-          if (beta != 0.f) o[u] = *reinterpret_cast<const vec<T, V> *>(dr + j0 + u * step);
+        if (v0 + u * kSceThreads < nv) {
+          xv[u] = xr[v0 + u * kSceThreads];
+          if (beta != 0.f) o[u] = dr[v0 + u * kSceThreads];
         }
 #pragma unroll
       for (int u = 0; u < kUnroll; u++) {
-        const int64_t j = j0 + u * step;
-        if (j >= c) continue;
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-          const float target = base + (j + k == (int64_t)l ? 1.f - ls : 0.f);
-          const float v = bad ? NAN : g * (__expf(to_f(xv[u].v[k]) - lr) - target);
-          o[u].v[k] = from_f<T>(beta != 0.f ? beta * to_f(o[u].v[k]) + v : v);
-        }
-        *reinterpret_cast<vec<T, V> *>(dr + j) = o[u];
+        const int64_t v = v0 + u * kSceThreads;
+        if (v < nv) dr[v] = sce_grad<T, V>(xv[u], o[u], v, v * V, lv, l, g, lr2, gb, gl, beta);
       }
     }
   }
@@ -447,78 +484,48 @@ __global__ void __launch_bounds__(kThreads)
 // after its wait); the label's logit, read by thread 0, crosses threads after the reductions'
 // barriers, and the barrier at the row's end keeps the next row's copies after every read.
 // dx may be the logits' memory (the row is in shared memory before any of it is written).
-constexpr int kFusedThreads = 512;
-constexpr float kLog2e = 1.4426950408889634f;
-
 template <typename T>
-__global__ void __launch_bounds__(kFusedThreads, 2)
+__global__ void __launch_bounds__(kSceThreads, 2)
     softmax_ce_fused_kernel(const T *x, const int32_t *__restrict__ lab, float *__restrict__ row_loss,
                             float *__restrict__ lse_out, const float *__restrict__ dloss, T *dx, int64_t n, int64_t c,
                             float ls, float beta) {
   constexpr int V = 16 / sizeof(T);
   extern __shared__ uint4 row_smem[];  // c / V vectors: the row
   vec<T, V> *cache = reinterpret_cast<vec<T, V> *>(row_smem);
-  __shared__ float sm[kFusedThreads / 32];
-  __shared__ float2 sm2[kFusedThreads / 32];
-  const float g = dloss[0] / (float)n, base = ls / (float)c;
+  __shared__ float sm[kSceThreads / 32];
+  __shared__ float2 sm2[kSceThreads / 32];
+  const float g = dloss[0] / (float)n, gb = g * (ls / (float)c), gl = g * (1.f - ls);
   const int64_t nv = c / V;
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const T *xr = x + r * c;
-    T *dr = dx + r * c;
-    for (int64_t v = threadIdx.x; v < nv; v += kFusedThreads) {
+    vec<T, V> *dr = reinterpret_cast<vec<T, V> *>(dx + r * c);
+    for (int64_t v = threadIdx.x; v < nv; v += kSceThreads) {
       const unsigned dst = (unsigned)__cvta_generic_to_shared(&cache[v]);
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(xr + v * V) : "memory");
     }
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
     float m = -INFINITY, s = 0.f, sx = 0.f;
-    for (int64_t v = threadIdx.x; v < nv; v += kFusedThreads) {
-      const vec<T, V> xv = cache[v];
-      float cm = -INFINITY, cs = 0.f;
-#pragma unroll
-      for (int k = 0; k < V; k++) cm = fmaxf(cm, to_f(xv.v[k]));
-      const float cm2 = cm * kLog2e;
-#pragma unroll
-      for (int k = 0; k < V; k++) {
-        const float f = to_f(xv.v[k]);
-        cs += exp2f(fmaf(f, kLog2e, -cm2));  // exp(f - cm): one FMA and one ex2
-        sx += f;
-      }
-      online_merge(m, s, cm, cs);
+    for (int64_t v = threadIdx.x; v < nv; v += kSceThreads) {
+      const vec<T, V> xv = cache[v];  // one 16-byte shared load (by reference: one per element)
+      sce_absorb<T, V>(xv, m, s, sx);
     }
-    group_online<kFusedThreads>(m, s, sm2);
-    sx = group_reduce<kFusedThreads, false>(sx, sm);
+    group_online<kSceThreads>(m, s, sm2);
+    sx = group_reduce<kSceThreads, false>(sx, sm);
     const int32_t l = lab[r];
     const bool bad = l < 0 || (int64_t)l >= c;
-    const float lr = m + logf(s);
     if (threadIdx.x == 0) {
       const int64_t lc = l < 0 ? 0 : (int64_t)l >= c ? c - 1 : l;
-      const float xl = to_f(reinterpret_cast<const T *>(cache)[lc]);
-      const float loss = -(1.f - ls) * (xl - lr) - ls / (float)c * (sx - (float)c * lr);
-      row_loss[r] = bad ? NAN : loss;
-      lse_out[r] = lr;
+      sce_row_out(m, s, sx, to_f(reinterpret_cast<const T *>(cache)[lc]), bad, c, ls, r, row_loss, lse_out);
     }
-    // d = g exp(x - lse) - g target as g exp2(x log2e - lse log2e) - g base, the label's element
-    // (target 1 - ls + base) fixed by the thread that holds it: three float instructions an element
-    // besides the conversions. A bad row is NaN throughout.
-    const float lr2 = bad ? NAN : lr * kLog2e, gb = g * base;
+    // lse as sce_row_out rounds it, so the gradient is the backward kernel's bit for bit
+    const float lr2 = bad ? NAN : (m + logf(s)) * kLog2e;
     const int64_t lv = bad ? -1 : (int64_t)l / V;
 #pragma unroll 4
-    for (int64_t v = threadIdx.x; v < nv; v += kFusedThreads) {
-      const int64_t j = v * V;
+    for (int64_t v = threadIdx.x; v < nv; v += kSceThreads) {
       const vec<T, V> xv = cache[v];
       vec<T, V> o;
-      if (beta != 0.f) o = *reinterpret_cast<const vec<T, V> *>(dr + j);
-      float d[V];
-#pragma unroll
-      for (int k = 0; k < V; k++) d[k] = fmaf(g, exp2f(fmaf(to_f(xv.v[k]), kLog2e, -lr2)), -gb);
-      if (v == lv) {
-#pragma unroll
-        for (int k = 0; k < V; k++)
-          if (j + k == (int64_t)l) d[k] -= g * (1.f - ls);
-      }
-#pragma unroll
-      for (int k = 0; k < V; k++) o.v[k] = from_f<T>(beta != 0.f ? beta * to_f(o.v[k]) + d[k] : d[k]);
-      *reinterpret_cast<vec<T, V> *>(dr + j) = o;
+      if (beta != 0.f) o = dr[v];
+      dr[v] = sce_grad<T, V>(xv, o, v, v * V, lv, l, g, lr2, gb, gl, beta);
     }
     __syncthreads();
   }
@@ -959,7 +966,7 @@ template <typename T> stoke_err *softmax_ce_fwd(const stoke_kernel_args_v1 *a, v
   float ls = softmax_ce_smoothing(a);
   if (c > kWarpRowMax && softmax_ce_vec<T>(c, x, x))
     softmax_ce_fwd_vec_kernel<T>
-        <<<grid_for(n, 1, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, row_loss, lse, n, c, ls);
+        <<<grid_for(n, 1, kMaxGrid), kSceThreads, 0, stream_of(a)>>>(x, lab, row_loss, lse, n, c, ls);
   else if (c <= kWarpRowMax)
     softmax_ce_fwd_kernel<T, 32>
         <<<grid_for(n, kThreads / 32, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, row_loss, lse, n, c, ls);
@@ -989,7 +996,7 @@ template <typename T> stoke_err *softmax_ce_fwd_bwd(const stoke_kernel_args_v1 *
   const int32_t *lab = static_cast<const int32_t *>(a->in[1].data);
   const float *dloss = static_cast<const float *>(a->dout[0].data);
   softmax_ce_fused_kernel<T>
-      <<<grid_for(n, 1, kMaxGrid), kFusedThreads, (size_t)c * sizeof(T), stream_of(a)>>>(
+      <<<grid_for(n, 1, kMaxGrid), kSceThreads, (size_t)c * sizeof(T), stream_of(a)>>>(
           x, lab, row_loss, lse, dloss, dx, n, c, softmax_ce_smoothing(a), stoke_grad_beta(a, 0));
   STOKE_CUDA_LAUNCH(stoke_node_name(a));
   loss_mean_kernel<<<1, kThreads, 0, stream_of(a)>>>(row_loss, static_cast<float *>(a->out[0].data), n);
@@ -1014,7 +1021,7 @@ template <typename T> stoke_err *softmax_ce_bwd(const stoke_kernel_args_v1 *a, v
   float ls = softmax_ce_smoothing(a), beta = stoke_grad_beta(a, 0);
   if (c > kWarpRowMax && softmax_ce_vec<T>(c, x, dx)) {
     softmax_ce_bwd_vec_kernel<T>
-        <<<grid_for(n, 1, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, lse, dloss, dx, n, c, ls, beta);
+        <<<grid_for(n, 1, kMaxGrid), kSceThreads, 0, stream_of(a)>>>(x, lab, lse, dloss, dx, n, c, ls, beta);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
     return NULL;
   }
