@@ -240,6 +240,68 @@ static void check_bwd_needs(kit *k, const call *c, const stoke_kernel_v1 *bwd, c
   else result(k, 1, what, NULL);
 }
 
+/* A backward kernel whose caps has STOKE_KCAP_WITH_FORWARD, run as the
+ * compiler runs it when it drops the forward node (the loss): every input
+ * and output holding data, with_forward set, the outputs poisoned. Its
+ * outputs must be the forward kernel's (c->out) and its gradients the plain
+ * backward's (din_ref), to f64 rounding. */
+static void check_with_forward(kit *k, const call *c, const stoke_kernel_v1 *bwd, const stoke_tensor *w,
+                               const stoke_tensor *din_ref) {
+  char what[256], bad[256] = "";
+  snprintf(what, sizeof what, "%s: backward with with_forward also writes the forward's outputs (STOKE_KCAP_WITH_FORWARD)",
+           c->label);
+  stoke_tensor out[STOKE_MAX_IO], din[STOKE_MAX_IO];
+  memset(din, 0, sizeof din);
+  uint32_t want = grad_inputs(c);
+  for (int j = 0; j < c->n_out; j++) {
+    out[j] = host_tensor(&c->out[j].shape, c->out[j].dtype);
+    poison(&out[j]);
+  }
+  for (int i = 0; i < c->n_in; i++)
+    if (want >> i & 1u) {
+      din[i] = host_tensor(&c->in[i].shape, c->in[i].dtype);
+      poison(&din[i]);
+    }
+  stoke_kernel_args_v1 a = args_of(c, c->in, out);
+  a.din = din;
+  a.dout = w;
+  a.with_forward = 1;
+  int crashed;
+  stoke_err *e = run_kernel(bwd, a, &crashed);
+  for (int j = 0; j < c->n_out && !e && !crashed && !bad[0]; j++)
+    for (int64_t x = 0, n = stoke_numel(&out[j].shape); x < n; x++) {
+      double got = stoke_elem_get(out[j].data, out[j].dtype, x), ref = stoke_elem_get(c->out[j].data, c->out[j].dtype, x);
+      if (isnan(got) && !isnan(ref)) {
+        snprintf(bad, sizeof bad, "output %d element %lld is NaN: left unwritten (outputs are poisoned with NaN first)", j,
+                 (long long)x);
+        break;
+      }
+      if (fabs(got - ref) > 1e-9 * fmax(1, fabs(ref))) {
+        snprintf(bad, sizeof bad, "output %d element %lld is %.9g, the forward kernel's %.9g", j, (long long)x, got, ref);
+        break;
+      }
+    }
+  for (int i = 0; i < c->n_in && !e && !crashed && !bad[0]; i++)
+    for (int64_t x = 0, n = (want >> i & 1u) ? stoke_numel(&din[i].shape) : 0; x < n; x++) {
+      double got = stoke_elem_get(din[i].data, din[i].dtype, x), ref = stoke_elem_get(din_ref[i].data, din_ref[i].dtype, x);
+      if (!(fabs(got - ref) <= 1e-9 * fmax(1, fabs(ref)))) {
+        snprintf(bad, sizeof bad, "gradient of input %d element %lld is %.9g, the plain backward's %.9g", i, (long long)x,
+                 got, ref);
+        break;
+      }
+    }
+  if (e) fail_err(k, what, e);
+  else if (crashed) result(k, 0, what, "the backward crashed when called with with_forward (every input and output holds data)");
+  else if (bad[0])
+    result(k, 0, what,
+           "%s; with with_forward set the kernel must compute every forward output as its forward kernel does, or "
+           "leave STOKE_KCAP_WITH_FORWARD out of its caps",
+           bad);
+  else result(k, 1, what, NULL);
+  for (int j = 0; j < c->n_out; j++) free(out[j].data);
+  for (int i = 0; i < c->n_in; i++) free(din[i].data);
+}
+
 /* The analytic gradient against central differences, in double. */
 static void check_gradient(kit *k, call *c, const stoke_kernel_v1 *fwd, const stoke_kernel_v1 *bwd) {
   char what[256];
@@ -336,6 +398,7 @@ static void check_gradient(kit *k, call *c, const stoke_kernel_v1 *fwd, const st
     else result(k, 1, what, NULL);
     for (int i = 0; i < c->n_in; i++) free(acc[i].data);
   }
+  if (!e && (bwd->caps & STOKE_KCAP_WITH_FORWARD)) check_with_forward(k, c, bwd, w, din);
 done:
   for (int j = 0; j < c->n_out; j++) free(w[j].data), free(tmp[j].data);
   for (int i = 0; i < c->n_in; i++) free(din[i].data);

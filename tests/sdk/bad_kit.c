@@ -3,7 +3,8 @@
  * `bad_grad` has a backward off by a factor of 2; `f32_grad` is right in
  * f64 but its f32 backward (the kernel a run trains with) drops the 2;
  * `mul_param`'s f32 backward overwrites its parameter's gradient where
- * param_grad_beta 1 asks to add to it; `sloppy` is a source
+ * param_grad_beta 1 asks to add to it; `lazy_fwd`'s backward declares
+ * STOKE_KCAP_WITH_FORWARD but never writes the forward's output; `sloppy` is a source
  * whose labels count from 1, whose second value is left unwritten and
  * whose third depends on a counter (not on (index, seed)). */
 #include "stoke/plugin.h"
@@ -90,6 +91,8 @@ static const stoke_op_type_v1 ops[] = {
      .bwd_needs = STOKE_BWD_NEEDS_INPUT(0), .has_backward = STOKE_HAS_BACKWARD},
     {STOKE_ABI(stoke_op_type_v1), .name = "mul_param", .n_inputs = 2, .n_outputs = 1, .infer = infer,
      .bwd_needs = STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1), .has_backward = STOKE_HAS_BACKWARD},
+    {STOKE_ABI(stoke_op_type_v1), .name = "lazy_fwd", .n_inputs = 1, .n_outputs = 1, .infer = infer,
+     .bwd_needs = STOKE_BWD_NEEDS_INPUT(0), .has_backward = STOKE_HAS_BACKWARD},
 };
 static const stoke_kernel_v1 kernels[] = {
     {.engine = "cpu", .op = "f32_grad", .pass = STOKE_FWD, .dtype = STOKE_F64, .run = sq_fwd},
@@ -104,6 +107,10 @@ static const stoke_kernel_v1 kernels[] = {
     {.engine = "cpu", .op = "mis_relu", .pass = STOKE_BWD, .dtype = STOKE_F64, .run = relu_bwd},
     {.engine = "cpu", .op = "bad_grad", .pass = STOKE_FWD, .dtype = STOKE_F64, .run = sq_fwd},
     {.engine = "cpu", .op = "bad_grad", .pass = STOKE_BWD, .dtype = STOKE_F64, .run = sq_bwd},
+    {.engine = "cpu", .op = "lazy_fwd", .pass = STOKE_FWD, .dtype = STOKE_F64, .run = sq_fwd},
+    /* says it can do the forward's work too, and ignores with_forward */
+    {.engine = "cpu", .op = "lazy_fwd", .pass = STOKE_BWD, .dtype = STOKE_F64, .run = sq_bwd_right,
+     .caps = STOKE_KCAP_WITH_FORWARD},
 };
 
 static int dummy;

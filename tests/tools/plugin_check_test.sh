@@ -5,8 +5,9 @@
 # reading an output bwd_needs does not name (named, not a crash), a wrong
 # gradient, an f32 backward that disagrees with the f64 one, an f32
 # backward overwriting a parameter's gradient under param_grad_beta 1,
-# labels counting from 1, bytes left unwritten and a read that
-# depends on more than (index, seed).
+# labels counting from 1, bytes left unwritten, a read that depends on more
+# than (index, seed), and a backward that claims STOKE_KCAP_WITH_FORWARD but
+# leaves the forward's output unwritten.
 set -uo pipefail
 out="${TEST_TMPDIR:-$(mktemp -d)}"
 pc=tools/plugin_check
@@ -50,6 +51,8 @@ has "$log" "FAIL op bad_grad [3x5]: gradient against finite differences (f64): r
 has "$log" "FAIL op f32_grad [3x5]: cpu f32 backward kernel against the cpu f64 one: gradient of input 0: relative error 0.5 > tolerance"
 has "$log" "ok   op mul_param [3x5]: cpu f32 backward kernel against the cpu f64 one"
 has "$log" "FAIL op mul_param [3x5]: cpu f32 backward kernel, parameter gradients accumulated (param_grad_beta 1): gradient of input 1"
+has "$log" "ok   op lazy_fwd [3x5]: gradient against finite differences (f64)"
+has "$log" "FAIL op lazy_fwd [3x5]: backward with with_forward also writes the forward's outputs (STOKE_KCAP_WITH_FORWARD): output 0 element 0 is NaN: left unwritten"
 has "$log" "FAIL source sloppy: labels in [0, classes): sample 1 has label 2, outside [0, 2)"
 has "$log" "FAIL source sloppy: the same (index, seed) gives the same sample, every byte written: sample 0 read twice differs at byte 4"
 n=$((n + 1))
