@@ -156,41 +156,65 @@ static void test_autocast(void **state) {
     }
 }
 
+/* One softmax_ce call on the GPU, bf16 logits [n, cl] in [-4, 4), labels,
+ * dloss in [0.5, 1.5) drawn from the run's seed and `salt`; dlogits in
+ * their own memory (din[0]) poisoned; args wired as the executor wires a
+ * backward node (every input and output live). */
+typedef struct sce_call {
+  stoke_node_v1 node;
+  g_tensor x, lab, loss, lse, dloss, dx;
+  stoke_tensor in[2], out[2], din[2], dout[2];
+  const stoke_kernel_v1 *fk, *bk;
+  stoke_kernel_args_v1 a;
+  size_t bytes, lbytes; /* of the logits, of lse */
+} sce_call;
+
+static void sce_open(sce_call *c, int64_t n, int64_t cl, uint64_t salt, const char *name) {
+  memset(c, 0, sizeof *c);
+  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_SOFTMAX_CE, name, "label_smoothing=0.1", &c->node);
+  if (e) fail_msg("%s", e->msg);
+  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, salt, (uint64_t)cl));
+  stoke_shape xs = SHAPE2(n, cl), ls = {1, {n}}, one = {1, {1}};
+  g_alloc(&c->x, &xs, STOKE_BF16, STOKE_LAYOUT_ANY);
+  g_alloc(&c->lab, &ls, STOKE_I32, STOKE_LAYOUT_ANY);
+  g_alloc(&c->loss, &one, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&c->lse, &ls, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&c->dloss, &one, STOKE_F32, STOKE_LAYOUT_ANY);
+  g_alloc(&c->dx, &xs, STOKE_BF16, STOKE_LAYOUT_ANY);
+  g_fill(&c->x, &r, -4, 4, 0);
+  g_fill(&c->lab, &r, 0, (double)cl, 1);
+  g_fill(&c->dloss, &r, 0.5, 1.5, 0);
+  g_poison(&c->dx);
+  c->in[0] = c->x.dev, c->in[1] = c->lab.dev, c->out[0] = c->loss.dev, c->out[1] = c->lse.dev;
+  c->din[0] = c->dx.dev, c->dout[0] = c->dloss.dev;
+  void *es = NULL;
+  c->fk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_FWD, STOKE_BF16, STOKE_LAYOUT_ANY, &es);
+  c->bk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_BWD, STOKE_BF16, STOKE_LAYOUT_ANY, &es);
+  c->a = (stoke_kernel_args_v1){.node = &c->node, .n_in = 2, .n_out = 2, .in = c->in, .out = c->out, .din = c->din,
+                                .dout = c->dout, .training = 1, .engine = es, .stream = g_dev->default_stream(g_dev_self)};
+  c->bytes = (size_t)(n * cl) * 2;
+  c->lbytes = (size_t)n * 4;
+}
+
+static void sce_close(sce_call *c) {
+  g_tensor *t[] = {&c->x, &c->lab, &c->loss, &c->lse, &c->dloss, &c->dx};
+  for (int i = 0; i < 6; i++) g_free(t[i]);
+}
+
 /* softmax_ce's backward with dlogits written over the logits (as the graph
  * may plan it) against dlogits in their own memory: bitwise the same, for
  * the vector kernel (C = 50304) and the plain one (C = 1001), bf16. */
 static void check_softmax_ce_in_place(int64_t n, int64_t cl) {
-  stoke_node_v1 node;
-  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_SOFTMAX_CE, "softmax_ce_in_place", "label_smoothing=0.1", &node);
-  if (e) fail_msg("%s", e->msg);
-  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 993, (uint64_t)cl));
-  stoke_shape xs = SHAPE2(n, cl), ls = {1, {n}}, one = {1, {1}};
-  g_tensor x, lab, loss, lse, dloss, dx;
-  g_alloc(&x, &xs, STOKE_BF16, STOKE_LAYOUT_ANY);
-  g_alloc(&lab, &ls, STOKE_I32, STOKE_LAYOUT_ANY);
-  g_alloc(&loss, &one, STOKE_F32, STOKE_LAYOUT_ANY);
-  g_alloc(&lse, &ls, STOKE_F32, STOKE_LAYOUT_ANY);
-  g_alloc(&dloss, &one, STOKE_F32, STOKE_LAYOUT_ANY);
-  g_alloc(&dx, &xs, STOKE_BF16, STOKE_LAYOUT_ANY);
-  g_fill(&x, &r, -4, 4, 0);
-  g_fill(&lab, &r, 0, (double)cl, 1);
-  g_fill(&dloss, &r, 0.5, 1.5, 0);
-  g_poison(&dx);
-  stoke_tensor in[2] = {x.dev, lab.dev}, out[2] = {loss.dev, lse.dev}, din[2] = {dx.dev, {0}},
-               dout[2] = {dloss.dev, {0}};
-  void *es = NULL;
-  const stoke_kernel_v1 *fk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_FWD, STOKE_BF16, STOKE_LAYOUT_ANY, &es);
-  const stoke_kernel_v1 *bk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_BWD, STOKE_BF16, STOKE_LAYOUT_ANY, &es);
-  stoke_kernel_args_v1 a = {.node = &node, .n_in = 2, .n_out = 2, .in = in, .out = out, .din = din, .dout = dout,
-                            .training = 1, .engine = es, .stream = g_dev->default_stream(g_dev_self)};
-  g_run(fk, &a, 1);
-  g_run(bk, &a, 1);
-  size_t bytes = (size_t)(n * cl) * 2;
+  sce_call c;
+  sce_open(&c, n, cl, 993, "softmax_ce_in_place");
+  g_run(c.fk, &c.a, 1);
+  g_run(c.bk, &c.a, 1);
+  size_t bytes = c.bytes;
   void *want = malloc(bytes), *got = malloc(bytes);
-  g_dev_get(want, dx.dev.data, bytes);
-  din[0].data = x.dev.data; /* over the logits */
-  g_run(bk, &a, 1);
-  g_dev_get(got, x.dev.data, bytes);
+  g_dev_get(want, c.dx.dev.data, bytes);
+  c.din[0].data = c.x.dev.data; /* over the logits */
+  g_run(c.bk, &c.a, 1);
+  g_dev_get(got, c.x.dev.data, bytes);
   print_message("  softmax_ce   bf16 %lldx%lld dlogits over the logits: %s\n", (long long)n, (long long)cl,
                 memcmp(want, got, bytes) ? "DIFFERENT" : "bitwise the same");
   if (memcmp(want, got, bytes))
@@ -198,12 +222,7 @@ static void check_softmax_ce_in_place(int64_t n, int64_t cl) {
              (long long)n, (long long)cl, (unsigned long long)g_seed);
   free(want);
   free(got);
-  g_free(&x);
-  g_free(&lab);
-  g_free(&loss);
-  g_free(&lse);
-  g_free(&dloss);
-  g_free(&dx);
+  sce_close(&c);
 }
 
 /* softmax_ce's backward doing the forward's work too (with_forward, as the
@@ -214,47 +233,27 @@ static void check_softmax_ce_in_place(int64_t n, int64_t cl) {
  * logits, bitwise the same again. C = 50304 takes the one-kernel path,
  * C = 1001 the two kernels in turn. Outputs poisoned before each run. */
 static void check_softmax_ce_with_forward(int64_t n, int64_t cl) {
-  stoke_node_v1 node;
-  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_SOFTMAX_CE, "softmax_ce_with_forward", "label_smoothing=0.1", &node);
-  if (e) fail_msg("%s", e->msg);
-  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 994, (uint64_t)cl));
-  stoke_shape xs = SHAPE2(n, cl), ls = {1, {n}}, one = {1, {1}};
-  g_tensor x, lab, loss, lse, dloss, dx;
-  g_alloc(&x, &xs, STOKE_BF16, STOKE_LAYOUT_ANY);
-  g_alloc(&lab, &ls, STOKE_I32, STOKE_LAYOUT_ANY);
-  g_alloc(&loss, &one, STOKE_F32, STOKE_LAYOUT_ANY);
-  g_alloc(&lse, &ls, STOKE_F32, STOKE_LAYOUT_ANY);
-  g_alloc(&dloss, &one, STOKE_F32, STOKE_LAYOUT_ANY);
-  g_alloc(&dx, &xs, STOKE_BF16, STOKE_LAYOUT_ANY);
-  g_fill(&x, &r, -4, 4, 0);
-  g_fill(&lab, &r, 0, (double)cl, 1);
-  g_fill(&dloss, &r, 0.5, 1.5, 0);
-  size_t bytes = (size_t)(n * cl) * 2, lbytes = (size_t)n * 4;
+  sce_call c;
+  sce_open(&c, n, cl, 994, "softmax_ce_with_forward");
+  size_t bytes = c.bytes, lbytes = c.lbytes;
   void *want = malloc(bytes), *got = malloc(bytes), *unf = malloc(bytes);
   float *lse_f = malloc(lbytes), *lse_w = malloc(lbytes), *lse_g = malloc(lbytes), loss_f, loss_w, loss_g;
-  stoke_tensor in[2] = {x.dev, lab.dev}, out[2] = {loss.dev, lse.dev}, din[2] = {dx.dev, {0}},
-               dout[2] = {dloss.dev, {0}};
-  void *es = NULL;
-  const stoke_kernel_v1 *fk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_FWD, STOKE_BF16, STOKE_LAYOUT_ANY, &es);
-  const stoke_kernel_v1 *bk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_BWD, STOKE_BF16, STOKE_LAYOUT_ANY, &es);
-  if (!(bk->caps & STOKE_KCAP_WITH_FORWARD)) fail_msg("the GPU softmax_ce backward lost STOKE_KCAP_WITH_FORWARD");
-  stoke_kernel_args_v1 a = {.node = &node, .n_in = 2, .n_out = 2, .in = in, .out = out, .din = din, .dout = dout,
-                            .training = 1, .engine = es, .stream = g_dev->default_stream(g_dev_self)};
-  g_poison(&loss), g_poison(&lse), g_poison(&dx);
-  g_run(fk, &a, 1); /* the forward kernel's loss and lse, then the backward kernel's dlogits */
-  g_run(bk, &a, 1);
-  g_dev_get(&loss_f, loss.dev.data, 4);
-  g_dev_get(lse_f, lse.dev.data, lbytes);
-  g_dev_get(unf, dx.dev.data, bytes);
-  a.with_forward = 1;
+  if (!(c.bk->caps & STOKE_KCAP_WITH_FORWARD)) fail_msg("the GPU softmax_ce backward lost STOKE_KCAP_WITH_FORWARD");
+  g_poison(&c.loss), g_poison(&c.lse), g_poison(&c.dx);
+  g_run(c.fk, &c.a, 1); /* the forward kernel's loss and lse, then the backward kernel's dlogits */
+  g_run(c.bk, &c.a, 1);
+  g_dev_get(&loss_f, c.loss.dev.data, 4);
+  g_dev_get(lse_f, c.lse.dev.data, lbytes);
+  g_dev_get(unf, c.dx.dev.data, bytes);
+  c.a.with_forward = 1;
   for (int run = 0; run < 3; run++) {
-    g_poison(&loss), g_poison(&lse);
-    if (run < 2) g_poison(&dx);
-    din[0].data = run < 2 ? dx.dev.data : x.dev.data; /* the third over the logits */
-    g_run(bk, &a, 1);
-    g_dev_get(run ? got : want, din[0].data, bytes);
-    g_dev_get(run ? &loss_g : &loss_w, loss.dev.data, 4);
-    g_dev_get(run ? lse_g : lse_w, lse.dev.data, lbytes);
+    g_poison(&c.loss), g_poison(&c.lse);
+    if (run < 2) g_poison(&c.dx);
+    c.din[0].data = run < 2 ? c.dx.dev.data : c.x.dev.data; /* the third over the logits */
+    g_run(c.bk, &c.a, 1);
+    g_dev_get(run ? got : want, c.din[0].data, bytes);
+    g_dev_get(run ? &loss_g : &loss_w, c.loss.dev.data, 4);
+    g_dev_get(run ? lse_g : lse_w, c.lse.dev.data, lbytes);
     int same = !memcmp(want, got, bytes) && !memcmp(lse_w, lse_g, lbytes) && loss_w == loss_g;
     print_message("  softmax_ce   bf16 %lldx%lld with forward, %s: %s (loss %.9g)\n", (long long)n, (long long)cl,
                   run == 0 ? "first" : run == 1 ? "again" : "over the logits", run == 0 ? "-" : same ? "bitwise the same" : "DIFFERENT",
@@ -271,12 +270,7 @@ static void check_softmax_ce_with_forward(int64_t n, int64_t cl) {
     fail_msg("softmax_ce %lldx%lld with forward: dlogits, loss or lse differ from the two kernels' (seed %llu)",
              (long long)n, (long long)cl, (unsigned long long)g_seed);
   free(want), free(got), free(unf), free(lse_f), free(lse_w), free(lse_g);
-  g_free(&x);
-  g_free(&lab);
-  g_free(&loss);
-  g_free(&lse);
-  g_free(&dloss);
-  g_free(&dx);
+  sce_close(&c);
 }
 
 static void test_softmax_ce_in_place(void **state) {
