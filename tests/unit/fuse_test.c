@@ -4,7 +4,8 @@
  * other input made by a node that comes after the batch_norm, as a ResNet
  * shortcut), a batch_norm whose output has two readers stays, and the
  * fused graph's loss, every parameter gradient and the running statistics
- * after a step equal the unfused graph's. */
+ * after a step equal the unfused graph's; the loss's forward done by its
+ * backward kernel (forward in backward) changes no bit. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -131,9 +132,60 @@ static void test_fused_graph_matches(void **state) {
   stoke_graph_free(gf);
 }
 
+/* Forward in backward (core/fuse_grad.c): the loss's forward node, right
+ * before its backward node, is marked and skipped, and the backward kernel
+ * (the cpu's softmax_ce has STOKE_KCAP_WITH_FORWARD) writes the loss too:
+ * the loss, poisoned before the step, and every gradient equal a plan that
+ * keeps the two nodes (opts.no_fwd_in_bwd), bit for bit; the plan says so. */
+static void test_fwd_in_bwd(void **state) {
+  const int64_t n = 4, c = 3, hw = 3, classes = 5;
+  stoke_graph *gm = block(n, c, hw, classes), *gk = block(n, c, hw, classes);
+  static const char *engines[] = {"cpu"};
+  void *selves[] = {cpu_self};
+  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .training = 1};
+  stoke_plan *pm, *pk;
+  OK(stoke_compile(gm, &o, &pm));
+  o.no_fwd_in_bwd = 1;
+  OK(stoke_compile(gk, &o, &pk));
+  assert_int_equal(pm->n_fwd_in_bwd, 1);
+  assert_int_equal(pk->n_fwd_in_bwd, 0);
+  const stoke_gnode *lf = &gm->nodes[gm->n_fwd - 1], *lb = &gm->nodes[gm->n_fwd];
+  assert_string_equal(lf->n.op, STOKE_OP_SOFTMAX_CE);
+  assert_true(lf->with_forward && lf->pass == STOKE_FWD);
+  assert_true(lb->with_forward && lb->pass == STOKE_BWD && lb->fwd == gm->n_fwd - 1);
+  for (int i = 0; i < gk->n_nodes; i++) assert_false(gk->nodes[i].with_forward);
+  char *rep = NULL;
+  size_t rep_len = 0;
+  FILE *f = open_memstream(&rep, &rep_len);
+  stoke_plan_report(pm, f);
+  fclose(f);
+  if (!strstr(rep, "forward in backward: softmax_ce 'loss' done by its backward kernel's call (cpu)"))
+    fail_msg("the plan does not say the loss's forward runs in its backward:\n%s", rep);
+  free(rep);
+  stoke_exec *xm, *xk;
+  OK(stoke_exec_new(pm, cpu, cpu_self, seed, &xm));
+  OK(stoke_exec_new(pk, cpu, cpu_self, seed, &xk));
+  *(double *)stoke_exec_tensor(xm, gm->loss).data = NAN; /* written by the backward node, or the test fails */
+  int64_t numel = n * c * hw * hw;
+  double lm = step(xm, gm, n, numel, classes), lk = step(xk, gk, n, numel, classes);
+  print_message("loss with the forward in the backward %.17g, as two nodes %.17g\n", lm, lk);
+  assert_true(isfinite(lm));
+  assert_true(lm == lk);
+  assert_int_equal(pm->bytes[STOKE_BUF_GRADS], pk->bytes[STOKE_BUF_GRADS]);
+  assert_memory_equal(stoke_exec_buffer(xm, STOKE_BUF_GRADS), stoke_exec_buffer(xk, STOKE_BUF_GRADS),
+                      pm->bytes[STOKE_BUF_GRADS]);
+  stoke_exec_free(xm);
+  stoke_exec_free(xk);
+  stoke_plan_free(pm);
+  stoke_plan_free(pk);
+  stoke_graph_free(gm);
+  stoke_graph_free(gk);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fused_graph_matches),
+      cmocka_unit_test(test_fwd_in_bwd),
   };
   return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
 }
