@@ -95,6 +95,16 @@ static void test_fused_graph_matches(void **state) {
   assert_int_equal(count_fwd(gf, STOKE_OP_RELU), 1);       /* relu3 */
   assert_int_equal(count_fwd(gf, STOKE_OP_ADD), 1);        /* add2 */
   assert_int_equal(gf->n_fwd, gu->n_fwd - 3);
+  /* bn_add_relu gets its 4th output, the ReLU bitmask its backward reads */
+  for (int i = 0; i < gf->n_fwd; i++) {
+    const stoke_gnode *nd = &gf->nodes[i];
+    if (strcmp(nd->n.op, STOKE_OP_BN_ADD_RELU)) continue;
+    assert_int_equal(nd->n_out, 4);
+    const stoke_value *mk = &gf->values[nd->out[STOKE_BN_ADD_RELU_MASK]];
+    assert_int_equal(mk->dtype, STOKE_U8);
+    assert_int_equal(mk->producer, i);
+    assert_int_equal(stoke_numel(&mk->shape), stoke_relu_mask_bytes(n * c * hw * hw));
+  }
   /* every node after the ones making its inputs */
   for (int i = 0; i < gf->n_nodes; i++)
     for (int k = 0; k < gf->nodes[i].n_in; k++) {
