@@ -454,7 +454,7 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
   for (int i = 0; i < n; i++) {
     stoke_gnode *node = &g->nodes[i];
     node_args *na = &x->args[i];
-    if (node->with_forward && node->pass == STOKE_FWD && n > g->n_fwd) {
+    if (stoke_node_in_bwd(node)) {
       /* the next node, its backward, computes its outputs too: nothing is
        * enqueued here, so the hook is not called */
       STOKE_PROPAGATE(tick(x, i));

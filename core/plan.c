@@ -37,7 +37,7 @@ static const char *pass_name(stoke_pass p) {
 }
 
 static const char *node_pass_name(const stoke_gnode *n) {
-  return n->recompute ? "recompute" : n->with_forward && n->pass == STOKE_FWD ? "in bwd" : pass_name(n->pass);
+  return n->recompute ? "recompute" : stoke_node_in_bwd(n) ? "in bwd" : pass_name(n->pass);
 }
 
 /* The engines registered (by any loaded plugin) with a kernel of this
@@ -513,7 +513,7 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
     if (i < g->n_fwd) p->fwd_flops += g->nodes[i].flops;
     if (!g->nodes[i].recompute) p->train_flops += g->nodes[i].flops;
     /* a forward done by its backward kernel reads its inputs once, there */
-    if ((i < g->n_fwd || opts->training) && !(g->nodes[i].with_forward && g->nodes[i].pass == STOKE_FWD))
+    if ((i < g->n_fwd || opts->training) && !stoke_node_in_bwd(&g->nodes[i]))
       p->step_bytes += stoke_node_bytes(g, &g->nodes[i]);
   }
   if (!opts->training) p->train_flops = p->fwd_flops;
@@ -589,7 +589,7 @@ void stoke_plan_report(const stoke_plan *p, FILE *f) {
     fprintf(f, "gradient sums: %d accumulated in place by their producers (din_accumulate), no add node\n",
             p->n_accumulated);
   for (int i = 0; i < g->n_nodes; i++)
-    if (g->nodes[i].with_forward && g->nodes[i].pass == STOKE_FWD)
+    if (stoke_node_in_bwd(&g->nodes[i]))
       fprintf(f, "forward in backward: %s '%s' done by its backward kernel's call (%s)\n",
               g->nodes[i].n.op, g->nodes[i].n.name, g->nodes[i + 1].kernel->engine);
   fprintf(f, "memory traffic per step, each node reading its inputs and writing its outputs once: %.4g bytes\n",

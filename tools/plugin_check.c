@@ -240,6 +240,16 @@ static void check_bwd_needs(kit *k, const call *c, const stoke_kernel_v1 *bwd, c
   else result(k, 1, what, NULL);
 }
 
+/* The first element of `got` not within f64 rounding of `ref` (NaN where
+ * ref is not counts), or -1. */
+static int64_t first_off(const stoke_tensor *got, const stoke_tensor *ref, double *g, double *r) {
+  for (int64_t x = 0, n = stoke_numel(&got->shape); x < n; x++) {
+    *g = stoke_elem_get(got->data, got->dtype, x), *r = stoke_elem_get(ref->data, ref->dtype, x);
+    if (!(fabs(*g - *r) <= 1e-9 * fmax(1, fabs(*r))) && !(isnan(*g) && isnan(*r))) return x;
+  }
+  return -1;
+}
+
 /* A backward kernel whose caps has STOKE_KCAP_WITH_FORWARD, run as the
  * compiler runs it when it drops the forward node (the loss): every input
  * and output holding data, with_forward set, the outputs poisoned. Its
@@ -268,28 +278,19 @@ static void check_with_forward(kit *k, const call *c, const stoke_kernel_v1 *bwd
   a.with_forward = 1;
   int crashed;
   stoke_err *e = run_kernel(bwd, a, &crashed);
+  double got, ref;
+  int64_t x;
   for (int j = 0; j < c->n_out && !e && !crashed && !bad[0]; j++)
-    for (int64_t x = 0, n = stoke_numel(&out[j].shape); x < n; x++) {
-      double got = stoke_elem_get(out[j].data, out[j].dtype, x), ref = stoke_elem_get(c->out[j].data, c->out[j].dtype, x);
-      if (isnan(got) && !isnan(ref)) {
+    if ((x = first_off(&out[j], &c->out[j], &got, &ref)) >= 0) {
+      if (isnan(got))
         snprintf(bad, sizeof bad, "output %d element %lld is NaN: left unwritten (outputs are poisoned with NaN first)", j,
                  (long long)x);
-        break;
-      }
-      if (fabs(got - ref) > 1e-9 * fmax(1, fabs(ref))) {
-        snprintf(bad, sizeof bad, "output %d element %lld is %.9g, the forward kernel's %.9g", j, (long long)x, got, ref);
-        break;
-      }
+      else snprintf(bad, sizeof bad, "output %d element %lld is %.9g, the forward kernel's %.9g", j, (long long)x, got, ref);
     }
   for (int i = 0; i < c->n_in && !e && !crashed && !bad[0]; i++)
-    for (int64_t x = 0, n = (want >> i & 1u) ? stoke_numel(&din[i].shape) : 0; x < n; x++) {
-      double got = stoke_elem_get(din[i].data, din[i].dtype, x), ref = stoke_elem_get(din_ref[i].data, din_ref[i].dtype, x);
-      if (!(fabs(got - ref) <= 1e-9 * fmax(1, fabs(ref)))) {
-        snprintf(bad, sizeof bad, "gradient of input %d element %lld is %.9g, the plain backward's %.9g", i, (long long)x,
-                 got, ref);
-        break;
-      }
-    }
+    if ((want >> i & 1u) && (x = first_off(&din[i], &din_ref[i], &got, &ref)) >= 0)
+      snprintf(bad, sizeof bad, "gradient of input %d element %lld is %.9g, the plain backward's %.9g", i, (long long)x,
+               got, ref);
   if (e) fail_err(k, what, e);
   else if (crashed) result(k, 0, what, "the backward crashed when called with with_forward (every input and output holds data)");
   else if (bad[0])

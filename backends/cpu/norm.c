@@ -72,14 +72,8 @@ static stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
   CHECK(stoke_check_layout_known(a, op, "y", y));
   const stoke_tensor *r = g->add ? &a->in[STOKE_BN_ADD_RELU_RESIDUAL] : NULL;
   const stoke_tensor *mk = g->add ? &a->out[STOKE_BN_ADD_RELU_MASK] : NULL;
-  if (mk) {
-    int64_t want = stoke_relu_mask_bytes(stoke_numel(xs));
-    if (mk->shape.ndim != 1 || mk->shape.d[0] != want)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the ReLU mask is %s, x %s needs [%lld] bytes", op, stoke_node_name(a),
-                        stoke_shape_str(&mk->shape).s, stoke_shape_str(xs).s, (long long)want);
-    CHECK(stoke_check_dtype(a, op, "relu_mask", mk, STOKE_U8));
-    if (!bwd) CHECK(stoke_check_data(a, op, "relu_mask", mk, run));
-  }
+  /* the forward writes the mask; the backward reads it where the ReLU is needed (below) */
+  if (mk) CHECK(stoke_check_relu_mask(a, op, mk, x, run && !bwd));
   if (r) {
     if (!stoke_same_shape(&r->shape, xs) || stoke_is_nhwc(r) != stoke_is_nhwc(x))
       return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the residual %s must have x's shape %s and memory order", op,
@@ -114,7 +108,7 @@ static stoke_err *bn_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
    * recomputed from x, the saved statistics, weight and bias (neither
    * backward reads y) */
   int mask = g->relu && (dx || dw || db || (r && a->din[STOKE_BN_ADD_RELU_RESIDUAL].data));
-  if (mask && g->add) CHECK(stoke_check_data(a, op, "relu_mask (the forward's output 3)", mk, run));
+  if (mask && g->add) CHECK(stoke_check_relu_mask(a, op, mk, x, run));
   if (mask && !g->add) {
     CHECK(stoke_check_data(a, op, "x (the forward input)", x, run));
     CHECK(stoke_check_data(a, op, "weight", &a->in[1], run));

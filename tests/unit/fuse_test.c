@@ -84,10 +84,30 @@ static double step(stoke_exec *x, const stoke_graph *g, int64_t n, int64_t numel
   return cpu_loss(x);
 }
 
+/* Two plans of one block (the test's two variants) and their executors. */
+typedef struct pair {
+  stoke_graph *g[2];
+  stoke_plan *p[2];
+  stoke_exec *x[2];
+} pair;
+
+static void pair_execs(pair *q) {
+  for (int i = 0; i < 2; i++) OK(stoke_exec_new(q->p[i], cpu, cpu_self, seed, &q->x[i]));
+}
+
+static void pair_free(pair *q) {
+  for (int i = 0; i < 2; i++) {
+    stoke_exec_free(q->x[i]);
+    stoke_plan_free(q->p[i]);
+    stoke_graph_free(q->g[i]);
+  }
+}
+
 static void test_fused_graph_matches(void **state) {
   const int64_t n = 4, c = 3, hw = 3, classes = 5;
-  stoke_graph *gu = block(n, c, hw, classes), *gf = block(n, c, hw, classes);
-  stoke_plan *pu = cpu_compile(gu, NULL, 0), *pf = cpu_compile(gf, NULL, 1);
+  pair q = {{block(n, c, hw, classes), block(n, c, hw, classes)}};
+  stoke_graph *gu = q.g[0], *gf = q.g[1];
+  stoke_plan *pu = q.p[0] = cpu_compile(gu, NULL, 0), *pf = q.p[1] = cpu_compile(gf, NULL, 1);
   assert_int_equal(count_fwd(gu, STOKE_OP_BATCH_NORM), 4);
   assert_int_equal(count_fwd(gf, STOKE_OP_BN_RELU), 1);
   assert_int_equal(count_fwd(gf, STOKE_OP_BN_ADD_RELU), 1);
@@ -113,9 +133,8 @@ static void test_fused_graph_matches(void **state) {
         fail_msg("node %d '%s' reads a value made by node %d", i, gf->nodes[i].n.name, pr);
     }
   assert_int_equal(pf->n_params, pu->n_params);
-  stoke_exec *xu, *xf;
-  OK(stoke_exec_new(pu, cpu, cpu_self, seed, &xu));
-  OK(stoke_exec_new(pf, cpu, cpu_self, seed, &xf));
+  pair_execs(&q);
+  stoke_exec *xu = q.x[0], *xf = q.x[1];
   int64_t numel = n * c * hw * hw;
   double lu = step(xu, gu, n, numel, classes), lf = step(xf, gf, n, numel, classes);
   print_message("loss unfused %.17g, fused %.17g\n", lu, lf);
@@ -134,12 +153,7 @@ static void test_fused_graph_matches(void **state) {
     }
     print_message("%s: worst relative difference %.3g\n", b ? "running statistics" : "gradients", worst);
   }
-  stoke_exec_free(xu);
-  stoke_exec_free(xf);
-  stoke_plan_free(pu);
-  stoke_plan_free(pf);
-  stoke_graph_free(gu);
-  stoke_graph_free(gf);
+  pair_free(&q);
 }
 
 /* Forward in backward (core/fuse_grad.c): the loss's forward node, right
@@ -149,14 +163,15 @@ static void test_fused_graph_matches(void **state) {
  * keeps the two nodes (opts.no_fwd_in_bwd), bit for bit; the plan says so. */
 static void test_fwd_in_bwd(void **state) {
   const int64_t n = 4, c = 3, hw = 3, classes = 5;
-  stoke_graph *gm = block(n, c, hw, classes), *gk = block(n, c, hw, classes);
+  pair q = {{block(n, c, hw, classes), block(n, c, hw, classes)}};
+  stoke_graph *gm = q.g[0], *gk = q.g[1];
   static const char *engines[] = {"cpu"};
   void *selves[] = {cpu_self};
   stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .training = 1};
-  stoke_plan *pm, *pk;
-  OK(stoke_compile(gm, &o, &pm));
+  OK(stoke_compile(gm, &o, &q.p[0]));
   o.no_fwd_in_bwd = 1;
-  OK(stoke_compile(gk, &o, &pk));
+  OK(stoke_compile(gk, &o, &q.p[1]));
+  stoke_plan *pm = q.p[0], *pk = q.p[1];
   assert_int_equal(pm->n_fwd_in_bwd, 1);
   assert_int_equal(pk->n_fwd_in_bwd, 0);
   const stoke_gnode *lf = &gm->nodes[gm->n_fwd - 1], *lb = &gm->nodes[gm->n_fwd];
@@ -172,9 +187,8 @@ static void test_fwd_in_bwd(void **state) {
   if (!strstr(rep, "forward in backward: softmax_ce 'loss' done by its backward kernel's call (cpu)"))
     fail_msg("the plan does not say the loss's forward runs in its backward:\n%s", rep);
   free(rep);
-  stoke_exec *xm, *xk;
-  OK(stoke_exec_new(pm, cpu, cpu_self, seed, &xm));
-  OK(stoke_exec_new(pk, cpu, cpu_self, seed, &xk));
+  pair_execs(&q);
+  stoke_exec *xm = q.x[0], *xk = q.x[1];
   *(double *)stoke_exec_tensor(xm, gm->loss).data = NAN; /* written by the backward node, or the test fails */
   int64_t numel = n * c * hw * hw;
   double lm = step(xm, gm, n, numel, classes), lk = step(xk, gk, n, numel, classes);
@@ -184,12 +198,7 @@ static void test_fwd_in_bwd(void **state) {
   assert_int_equal(pm->bytes[STOKE_BUF_GRADS], pk->bytes[STOKE_BUF_GRADS]);
   assert_memory_equal(stoke_exec_buffer(xm, STOKE_BUF_GRADS), stoke_exec_buffer(xk, STOKE_BUF_GRADS),
                       pm->bytes[STOKE_BUF_GRADS]);
-  stoke_exec_free(xm);
-  stoke_exec_free(xk);
-  stoke_plan_free(pm);
-  stoke_plan_free(pk);
-  stoke_graph_free(gm);
-  stoke_graph_free(gk);
+  pair_free(&q);
 }
 
 int main(void) {

@@ -81,6 +81,10 @@ typedef struct stoke_gnode {
   size_t workspace;
 } stoke_gnode;
 
+/* A forward node whose work the backward node after it does (the
+ * executor skips it; core/fuse_grad.c). */
+static inline int stoke_node_in_bwd(const stoke_gnode *n) { return n->with_forward && n->pass == STOKE_FWD; }
+
 /* A parameter's second name in checkpoints (a tied weight). */
 typedef struct stoke_tied_name {
   int value;

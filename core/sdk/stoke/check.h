@@ -120,6 +120,18 @@ static inline stoke_err *stoke_check_grad(const stoke_kernel_args_v1 *a, const c
   return stoke_check_dtype(a, op, what, g, of->dtype);
 }
 
+/* A ReLU bitmask over x's elements (stoke/ops.h, bn_add_relu's output 3):
+ * u8 [stoke_relu_mask_bytes(numel of x)], holding data when `run`. */
+static inline stoke_err *stoke_check_relu_mask(const stoke_kernel_args_v1 *a, const char *op, const stoke_tensor *mask,
+                                               const stoke_tensor *x, int run) {
+  int64_t want = stoke_relu_mask_bytes(stoke_numel(&x->shape));
+  if (mask->shape.ndim != 1 || mask->shape.d[0] != want)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the ReLU mask is %s, x %s needs [%lld] bytes", op, stoke_node_name(a),
+                      stoke_shape_str(&mask->shape).s, stoke_shape_str(&x->shape).s, (long long)want);
+  STOKE_PROPAGATE_P(stoke_check_dtype(a, op, "relu_mask", mask, STOKE_U8));
+  return stoke_check_data(a, op, "relu_mask (the forward's output 3)", mask, run);
+}
+
 /* add: out = a + b, all of one shape and dtype; backward da, db from dout
  * (the cpu and cuda engines' common check). */
 static inline stoke_err *stoke_check_add(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run) {
