@@ -58,6 +58,8 @@
 #             gpt's checkpoint loaded into nanoGPT's module structure with
 #             load_state_dict(strict=True), its loss on the same tokens
 #             against stoke's
+#   gpt_det   GPT-2 124M bf16 B = 8 under run.deterministic, twice: every
+#             step's loss and the weights must be the same bits (PASS/FAIL line)
 #   gpt_graph GPT-2 124M bf16 B = 16 eager against cuda_graph = true,
 #             alternating GPT_GRAPH_R (2) rounds (stoke_gpt: tokens/s, memory)
 #   ddp_recompute  (2 GPUs) issue 14 with data parallel: a small gpt, recompute
@@ -326,6 +328,20 @@ PY
       for r in $(seq "${GPT_GRAPH_R:-2}"); do
         for g in false true; do stoke_gpt 16 "cuda_graph=$g round $r" run.cuda_graph=$g; done
       done
+      ;;
+    gpt_det)
+      log "gpt2_124m bf16 B=8 under run.deterministic, two runs: the same bits"
+      for r in 1 2; do
+        timeout 600 "$T" "$S/examples/gpt2_124m.ini" data.batch_size=8 run.steps=12 run.log_every=1 optimizer.warmup_epochs=0.001 \
+          run.deterministic=true run.progress=off run.checkpoint=true run.out_dir="$OUT/gpt_det_$r" > "$OUT/gpt_det_$r.log" 2>&1
+        echo "run $r rc=$? $(grep -E 'deterministic engine|^stoke: error' "$OUT/gpt_det_$r.log" | head -2 | tr '\n' ' ')"
+      done
+      compare "$OUT/gpt_det_1/checkpoint.safetensors" "$OUT/gpt_det_2/checkpoint.safetensors" "gpt_det run 1 vs 2" \
+        | tee "$OUT/gpt_det_compare.txt" | head -1
+      python3 "$HERE/loss_curves.py" "gpt_det (base: run 1)" "$OUT/gpt_det_1/metrics.jsonl" "run2=$OUT/gpt_det_2/metrics.jsonl" \
+        | tee "$OUT/gpt_det_curves.txt" | tail -2
+      if grep -q "weights bitwise equal True" "$OUT/gpt_det_compare.txt" && grep -q " 12 steps, 12 identical" "$OUT/gpt_det_curves.txt"
+      then echo "gpt_det: PASS"; else echo "gpt_det: FAIL"; fi
       ;;
     fmnist)
       log "fashion-mnist CNN on the GPU"

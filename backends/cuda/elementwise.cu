@@ -937,6 +937,16 @@ template <typename T> bool softmax_ce_fused_fits(int64_t c) {
   return c > kWarpRowMax && c % (16 / (int64_t)sizeof(T)) == 0 && c * (int64_t)sizeof(T) + 256 <= optin;
 }
 
+// What the backward's plan decided, so run() asks the device nothing: with_forward in one kernel
+// (softmax_ce_fused_kernel). No state (run() without plan, or rows that do not fit): two kernels.
+struct sce_bwd_state {
+  bool one_kernel;
+};
+
+static void sce_bwd_destroy(void *state) {
+  if (state) stoke_host->free(state);
+}
+
 // The backward; with with_forward also the forward's workspace (the rows' losses), and the fused
 // kernel allowed the row's shared memory (once per plan, outside any graph capture).
 template <typename T> stoke_err *softmax_ce_bwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
@@ -947,20 +957,38 @@ template <typename T> stoke_err *softmax_ce_bwd_plan(const stoke_kernel_args_v1 
   CHECK(softmax_ce_check(a, dtype_of<T>::value, 0, 0));
   if (ws) *ws = softmax_ce_workspace(a);
   int64_t c = a->in[0].shape.d[1];
-  if (softmax_ce_fused_fits<T>(c))
-    STOKE_CUDA(cudaFuncSetAttribute(softmax_ce_fused_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)(c * (int64_t)sizeof(T))));
+  if (!softmax_ce_fused_fits<T>(c) || !state) return NULL;
+  STOKE_CUDA(cudaFuncSetAttribute(softmax_ce_fused_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)(c * (int64_t)sizeof(T))));
+  auto *st = static_cast<sce_bwd_state *>(stoke_host->alloc(sizeof(sce_bwd_state)));
+  if (!st) return STOKE_PERR(STOKE_E_OOM, "softmax_ce '%s': out of host memory", stoke_node_name(a));
+  st->one_kernel = true;
+  *state = st;
+  return NULL;
+}
+
+// The rows' losses: in the workspace the plan asked for.
+static stoke_err *sce_row_losses(const stoke_kernel_args_v1 *a, float **row_loss) {
+  size_t need = softmax_ce_workspace(a);
+  if (!a->workspace || a->workspace_bytes < need)
+    return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': needs %zu bytes of workspace (plan), got %zu", stoke_node_name(a),
+                      need, a->workspace_bytes);
+  *row_loss = static_cast<float *>(a->workspace);
+  return NULL;
+}
+
+// loss = the mean of the rows' losses (one block: the same order every call).
+static stoke_err *sce_loss_mean(const stoke_kernel_args_v1 *a, const float *row_loss) {
+  loss_mean_kernel<<<1, kThreads, 0, stream_of(a)>>>(row_loss, static_cast<float *>(a->out[0].data), a->in[0].shape.d[0]);
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
 template <typename T> stoke_err *softmax_ce_fwd(const stoke_kernel_args_v1 *a, void *) {
   CHECK(softmax_ce_check(a, dtype_of<T>::value, 0, 1));
   int64_t n = a->in[0].shape.d[0], c = a->in[0].shape.d[1];
-  size_t need = softmax_ce_workspace(a);
-  if (!a->workspace || a->workspace_bytes < need)
-    return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': needs %zu bytes of workspace (plan), got %zu", stoke_node_name(a),
-                      need, a->workspace_bytes);
-  float *row_loss = static_cast<float *>(a->workspace), *lse = static_cast<float *>(a->out[1].data);
+  float *row_loss, *lse = static_cast<float *>(a->out[1].data);
+  CHECK(sce_row_losses(a, &row_loss));
   const T *x = dp<T>(a->in[0]);
   const int32_t *lab = static_cast<const int32_t *>(a->in[1].data);
   float ls = softmax_ce_smoothing(a);
@@ -974,9 +1002,7 @@ template <typename T> stoke_err *softmax_ce_fwd(const stoke_kernel_args_v1 *a, v
     softmax_ce_fwd_kernel<T, kThreads>
         <<<grid_for(n, 1, kMaxGrid), kThreads, 0, stream_of(a)>>>(x, lab, row_loss, lse, n, c, ls);
   STOKE_CUDA_LAUNCH(stoke_node_name(a));
-  loss_mean_kernel<<<1, kThreads, 0, stream_of(a)>>>(row_loss, static_cast<float *>(a->out[0].data), n);
-  STOKE_CUDA_LAUNCH(stoke_node_name(a));
-  return NULL;
+  return sce_loss_mean(a, row_loss);
 }
 
 // Vector rows: a block per row; others a 2-D grid, columns in blocks of kThreads (x), rows (y):
@@ -988,28 +1014,24 @@ template <typename T> stoke_err *softmax_ce_fwd_bwd(const stoke_kernel_args_v1 *
   T *dx = dp<T>(a->din[0]);
   int64_t n = a->in[0].shape.d[0], c = a->in[0].shape.d[1];
   const T *x = dp<T>(a->in[0]);
-  size_t need = softmax_ce_workspace(a);
-  if (!a->workspace || a->workspace_bytes < need)
-    return STOKE_PERR(STOKE_E_INVALID, "softmax_ce '%s': needs %zu bytes of workspace (plan), got %zu", stoke_node_name(a),
-                      need, a->workspace_bytes);
-  float *row_loss = static_cast<float *>(a->workspace), *lse = static_cast<float *>(a->out[1].data);
+  float *row_loss, *lse = static_cast<float *>(a->out[1].data);
+  CHECK(sce_row_losses(a, &row_loss));
   const int32_t *lab = static_cast<const int32_t *>(a->in[1].data);
   const float *dloss = static_cast<const float *>(a->dout[0].data);
   softmax_ce_fused_kernel<T>
       <<<grid_for(n, 1, kMaxGrid), kSceThreads, (size_t)c * sizeof(T), stream_of(a)>>>(
           x, lab, row_loss, lse, dloss, dx, n, c, softmax_ce_smoothing(a), stoke_grad_beta(a, 0));
   STOKE_CUDA_LAUNCH(stoke_node_name(a));
-  loss_mean_kernel<<<1, kThreads, 0, stream_of(a)>>>(row_loss, static_cast<float *>(a->out[0].data), n);
-  STOKE_CUDA_LAUNCH(stoke_node_name(a));
-  return NULL;
+  return sce_loss_mean(a, row_loss);
 }
 
-template <typename T> stoke_err *softmax_ce_bwd(const stoke_kernel_args_v1 *a, void *) {
+template <typename T> stoke_err *softmax_ce_bwd(const stoke_kernel_args_v1 *a, void *state) {
   CHECK(softmax_ce_check(a, dtype_of<T>::value, 1, 1));
   if (a->with_forward) {
     T *dxw = dp<T>(a->din[0]);
-    int64_t c = a->in[0].shape.d[1];
-    if (dxw && softmax_ce_vec<T>(c, a->in[0].data, dxw) && softmax_ce_fused_fits<T>(c)) return softmax_ce_fwd_bwd<T>(a);
+    const auto *st = static_cast<const sce_bwd_state *>(state);
+    if (dxw && st && st->one_kernel && softmax_ce_vec<T>(a->in[0].shape.d[1], a->in[0].data, dxw))
+      return softmax_ce_fwd_bwd<T>(a);
     CHECK(softmax_ce_fwd<T>(a, NULL));
   }
   T *dx = dp<T>(a->din[0]);
@@ -1132,7 +1154,7 @@ stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *) {
       KERNEL(STOKE_OP_GLOBAL_AVG_POOL, STOKE_BWD, gap_bwd, T),        \
       KERNEL(STOKE_OP_SOFTMAX_CE, STOKE_FWD, softmax_ce_fwd, T),      \
       {"cuda", STOKE_OP_SOFTMAX_CE, STOKE_BWD, dtype_of<T>::value, STOKE_LAYOUT_ANY, softmax_ce_bwd_plan<T>, \
-       softmax_ce_bwd<T>, stoke_destroy_none, 0, STOKE_KCAP_WITH_FORWARD}, \
+       softmax_ce_bwd<T>, sce_bwd_destroy, 0, STOKE_KCAP_WITH_FORWARD}, \
       KERNEL(STOKE_OP_DROPOUT, STOKE_FWD, dropout_fwd, T),            \
       KERNEL(STOKE_OP_DROPOUT, STOKE_BWD, dropout_bwd, T)
 

@@ -310,6 +310,11 @@ static int read_cfg(cudnnBackendDescriptor_t cfg, cfg_info *ci) {
   return rc;
 }
 
+int cg_cfg_nondeterministic(cudnnBackendDescriptor_t cfg) {
+  cfg_info ci;
+  return read_cfg(cfg, &ci) ? -1 : ci.nondeterministic;
+}
+
 /* An execution plan of configuration `cfg`; NULL plan when it does not build. */
 static cudnnBackendDescriptor_t build_plan(cudnn_engine *eng, cudnnBackendDescriptor_t cfg, int64_t *ws) {
   cudnnBackendDescriptor_t p;

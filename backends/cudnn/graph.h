@@ -101,6 +101,10 @@ typedef struct cg_choice {
 stoke_err *cg_plan_get(cudnn_engine *eng, cg_graph *g, const void *key, size_t key_bytes, const cg_choice *c,
                        const char *what, const cg_plan **out);
 
+/* 1 when engine configuration `cfg` (from cuDNN's heuristics) carries the
+ * NONDETERMINISTIC numerical note, 0 when not, -1 when it cannot be read. */
+int cg_cfg_nondeterministic(cudnnBackendDescriptor_t cfg);
+
 /* Autotune's timing: the median of 3 timed calls of run(ctx) (0: it ran)
  * on stream s after one warm-up, in ms; -1 when a call or the events
  * failed. Waits for the stream and clears CUDA's error state after. */

@@ -6,7 +6,13 @@
  * (GEN_INDEX row >= column, BINARY_SELECT) -> softmax with the stats
  * max + log(sum) written out -> P V; backward dO.O summed per row, P
  * recomputed from the stats, dV = P^T dO, dS = P (dO V^T - sum), dQ =
- * scale dS K (through an f32 accumulator), dK = scale dS^T Q. Without
+ * scale dS K (through an f32 accumulator), dK = scale dS^T Q. Under
+ * STOKE_KFLAG_DETERMINISTIC (run.deterministic) dQ is the product's own
+ * output, no accumulator: cudnn-frontend's deterministic backward on Hopper
+ * (set_deterministic_algorithm), whose engine does not sum dQ with atomics;
+ * configurations with cuDNN's NONDETERMINISTIC note are skipped too. When
+ * no engine takes that graph, the plan says so once and uses the default
+ * one (its dQ sums are not bitwise reproducible run to run). Without
  * dropout, as cudnn-frontend 1.x builds them for p = 0 on cuDNN 9; the
  * older fused-attention pattern with a p = 0 dropout (an RNG node, its mask
  * multiplied in) is the fallback when no engine takes the graph without it
@@ -295,8 +301,9 @@ static void build_fwd(sgraph *g, const sdpa_geom *s, int dropout) {
   matmul(g, pd, v, o);
 }
 
-/* Backward (flash attention's, as the frontend sample): see the top. */
-static void build_bwd(sgraph *g, const sdpa_geom *s, int dropout) {
+/* Backward (flash attention's, as the frontend sample): see the top; det:
+ * dQ written by its product (no f32 accumulator). */
+static void build_bwd(sgraph *g, const sdpa_geom *s, int dropout, int det) {
   cudnnDataType_t f = CUDNN_DATA_FLOAT;
   bdesc o = tensor(g, ID_O, s->io, s->o_dim, s->o_str, 0, 0), dout = tensor(g, ID_DO, s->io, s->o_dim, s->o_str, 0, 0);
   bdesc dot = tensor(g, 0, f, s->o_dim, s->o_str, 0, 0), red = tensor(g, 0, f, s->r_dim, s->r_str, 0, 0);
@@ -333,12 +340,12 @@ static void build_bwd(sgraph *g, const sdpa_geom *s, int dropout) {
   pointwise(g, CUDNN_POINTWISE_MUL, f, dropout ? dpd : dp, scale, NULL, dps, -1);
   bdesc k = tensor(g, 0, s->io, s->q_dim, s->q_str, 0, 0);
   reshape(g, kt, k);
-  bdesc acc = tensor(g, ID_DQ_ACCUM, f, s->q_dim, s->acc_str, 0, 1);
-  matmul(g, dps, k, acc);
+  bdesc acc = det ? NULL : tensor(g, ID_DQ_ACCUM, f, s->q_dim, s->acc_str, 0, 1);
+  matmul(g, dps, k, det ? dq : acc);
   bdesc dpt = tensor(g, 0, dropout ? f : s->io, s->st_dim, s->st_tr, 0, 0); /* dS^T in the io type, as the frontend */
   reshape(g, dps, dpt);
   matmul(g, dpt, q, dk);
-  pointwise(g, CUDNN_POINTWISE_IDENTITY, f, acc, NULL, NULL, dq, -1);
+  if (!det) pointwise(g, CUDNN_POINTWISE_IDENTITY, f, acc, NULL, NULL, dq, -1);
 }
 
 /* ------------------------------------------------------- plan and run */
@@ -351,6 +358,7 @@ typedef struct sdpa_state {
   size_t extra;   /* ours after it: seed, offset (int64), backward: the row sums and the dQ accumulator */
   int bwd;
   int dropout;    /* the fallback graph (with a p = 0 dropout) made the plan */
+  int det;        /* backward: the deterministic graph made the plan (no dQ accumulator) */
   char node[64];
 } sdpa_state;
 
@@ -368,7 +376,7 @@ static stoke_err *time_plans(sdpa_state *st, cudnn_engine *eng, bdesc *plans, in
                              float *ms);
 
 /* The engine's record of timed choices: the configuration index of a
- * problem (B, T, H, D, io type, backward, dropout), or -1. */
+ * problem (B, T, H, D, io type, backward, dropout, deterministic), or -1. */
 static int sdpa_choice_get(const cudnn_engine *e, const int64_t *key) {
   for (int i = 0; i < e->n_sdpa; i++)
     if (!memcmp(e->sdpa_keys[i], key, sizeof e->sdpa_keys[i])) return e->sdpa_best[i];
@@ -381,7 +389,8 @@ static void sdpa_choice_put(cudnn_engine *e, const int64_t *key, int best) {
   e->sdpa_best[e->n_sdpa++] = best;
 }
 
-/* The graph (st->dropout says which), cuDNN's heuristics (mode A), and the
+/* The graph (st->dropout and st->det say which), cuDNN's heuristics (mode
+ * A; under st->det without configurations noted NONDETERMINISTIC), and the
  * engine configurations that make an execution plan: the first, or with
  * autotune the fastest of them, timed on temporaries (cuDNN offers several
  * for the flash-attention graphs, as cudnn-frontend's autotune times). */
@@ -390,7 +399,7 @@ static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, 
   const sdpa_geom *s0 = &st->s;
   sgraph *g = &st->g;
   g->next_virtual = ID_VIRTUAL;
-  if (st->bwd) build_bwd(g, &st->s, st->dropout);
+  if (st->bwd) build_bwd(g, &st->s, st->dropout, st->det);
   else build_fwd(g, &st->s, st->dropout);
   bdesc graph = make(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
@@ -419,9 +428,10 @@ static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, 
   int n_built = 0;
   /* an identical problem timed before (another layer's node): its choice,
    * built alone (the configurations after it, untimed, if it fails) */
-  int64_t key[CUDNN_SDPA_KEY] = {s0->b, s0->t, s0->h, s0->d, (int64_t)s0->io, st->bwd, st->dropout};
+  int64_t key[CUDNN_SDPA_KEY] = {s0->b, s0->t, s0->h, s0->d, (int64_t)s0->io, st->bwd, st->dropout, st->det};
   int cached = autotune ? sdpa_choice_get(eng, key) : -1, timing = autotune && cached < 0;
   for (int64_t i = cached > 0 ? cached : 0; i < n_cfg && (timing || !n_built); i++) {
+    if (st->det && cg_cfg_nondeterministic(cfgs[i]) != 0) continue; /* unreadable notes: not known deterministic */
     bdesc plan = make(g, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     set(g, plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
     set(g, plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]);
@@ -437,7 +447,8 @@ static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, 
     return stoke_cudnn_err(g->st != CUDNN_STATUS_SUCCESS ? g->st : last, __FILE__, __LINE__,
                            "no engine configuration of the SDPA graph made an execution plan", ctx);
   st->extra = up(2 * sizeof(int64_t)) +
-              (st->bwd ? up((size_t)(s0->b * s0->h * s0->t) * 4) + up((size_t)(s0->b * s0->h * s0->t * s0->d) * 4) : 0);
+              (st->bwd ? up((size_t)(s0->b * s0->h * s0->t) * 4) : 0) +
+              (st->bwd && !st->det ? up((size_t)(s0->b * s0->h * s0->t * s0->d) * 4) : 0);
   int best = 0;
   if (n_built > 1) {
     float ms[8];
@@ -457,15 +468,34 @@ static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, 
   return NULL;
 }
 
-/* The graph without dropout; when no engine takes it, the older pattern
- * with a p = 0 dropout (said once per direction: it is slower). */
-static stoke_err *make_plan(sdpa_state *st, cudnn_engine *eng, int autotune, void *stream) {
-  st->dropout = 0;
-  stoke_err *e = make_plan_of(st, eng, autotune, stream);
-  if (!e) return NULL;
+static void reset_graph(sdpa_state *st) {
   free_graph(&st->g);
   memset(&st->g, 0, sizeof st->g);
   st->plan = NULL;
+}
+
+/* The graph without dropout; when no engine takes it, the older pattern
+ * with a p = 0 dropout (said once per direction: it is slower). Under
+ * `det` (backward) first the deterministic graph; when no engine takes it,
+ * the default one, said once. */
+static stoke_err *make_plan(sdpa_state *st, cudnn_engine *eng, int autotune, int det, void *stream) {
+  st->dropout = 0;
+  if (det && st->bwd) {
+    st->det = 1;
+    stoke_err *ed = make_plan_of(st, eng, autotune, stream);
+    if (!ed) return NULL;
+    static int said_det;
+    if (!said_det++)
+      stoke_host->log(STOKE_LOG_WARN, "cudnn", "attention backward '%s': no deterministic engine takes the graph (%s); "
+                      "using the default one, whose dQ sums are not bitwise reproducible from run to run", st->node,
+                      ed->msg);
+    stoke_host->err_free(ed);
+    reset_graph(st);
+    st->det = 0;
+  }
+  stoke_err *e = make_plan_of(st, eng, autotune, stream);
+  if (!e) return NULL;
+  reset_graph(st);
   st->dropout = 1;
   stoke_err *e2 = make_plan_of(st, eng, autotune, stream);
   if (e2) {
@@ -491,7 +521,9 @@ static stoke_err *sdpa_plan(const stoke_kernel_args_v1 *a, void **state, size_t 
   if (!e && !eng) e = STOKE_PERR(STOKE_E_INVALID, "cudnn attention: the cudnn engine is not open");
   st->bwd = bwd;
   snprintf(st->node, sizeof st->node, "%.63s", stoke_node_name(a));
-  if (!e) e = make_plan(st, eng, (a->flags & STOKE_KFLAG_AUTOTUNE) != 0, a->stream);
+  if (!e)
+    e = make_plan(st, eng, (a->flags & STOKE_KFLAG_AUTOTUNE) != 0, (a->flags & STOKE_KFLAG_DETERMINISTIC) != 0,
+                  a->stream);
   if (e) {
     sdpa_destroy(st);
     return e;
@@ -542,11 +574,12 @@ static stoke_err *sdpa_exec(const sdpa_state *st, cudnn_engine *eng, bdesc plan,
   if (st->dropout) BIND(ID_SEED, seed), BIND(ID_OFFSET, offset), BIND(ID_DROP_SCALE, &one_io);
   cudaStream_t stream = (cudaStream_t)stream_p;
   CUDNN_CHECK(cudnnSetStream(eng->handle, stream), st->node);
-  STOKE_CUDA(cudaMemsetAsync(ours, 0, st->extra, stream)); /* seed, offset; the dQ accumulator starts at 0 */
+  STOKE_CUDA(cudaMemsetAsync(ours, 0, st->extra, stream)); /* seed, offset; a dQ accumulator starts at 0 */
   if (st->bwd) {
     char *dqkv = dqkv_p, *sum = ours + up(2 * sizeof(int64_t));
     BIND(ID_DO, dy), BIND(ID_DQ, dqkv), BIND(ID_DK, dqkv + c * es), BIND(ID_DV, dqkv + 2 * c * es);
-    BIND(ID_SUM, sum), BIND(ID_DQ_ACCUM, sum + up((size_t)(s.b * s.h * s.t) * 4)), BIND(ID_PROB, &one_f);
+    BIND(ID_SUM, sum), BIND(ID_PROB, &one_f);
+    if (!st->det) BIND(ID_DQ_ACCUM, sum + up((size_t)(s.b * s.h * s.t) * 4));
   }
 #undef BIND
   bdesc vp;

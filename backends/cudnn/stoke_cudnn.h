@@ -31,7 +31,7 @@ static inline size_t cudnn_ws_cap(size_t tensor_bytes) {
 }
 #define CUDNN_CACHE_MAX 256
 #define CUDNN_SDPA_CACHE 32 /* attention problems whose timed choice the engine keeps */
-#define CUDNN_SDPA_KEY 7
+#define CUDNN_SDPA_KEY 8
 
 /* Which cuDNN convolution call an algorithm choice is for. */
 typedef enum cudnn_dir { CUDNN_DIR_FWD = 0, CUDNN_DIR_BWD_DATA, CUDNN_DIR_BWD_FILTER, CUDNN_DIR_COUNT } cudnn_dir;

@@ -555,14 +555,9 @@ stoke_err *check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int act, bool bw
                       stoke_shape_str(&a->in[5].shape).s, stoke_shape_str(&x->shape).s);
   const stoke_tensor *mk = add ? &a->out[STOKE_BN_ADD_RELU_MASK] : nullptr;
   if (mk) {
-    int64_t want = stoke_relu_mask_bytes(stoke_numel(&x->shape));
-    if (mk->shape.ndim != 1 || mk->shape.d[0] != want)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the ReLU mask is %s, x %s needs [%lld] bytes", op, stoke_node_name(a),
-                        stoke_shape_str(&mk->shape).s, stoke_shape_str(&x->shape).s, (long long)want);
-    CHECK(stoke_check_dtype(a, op, "relu_mask", mk, STOKE_U8));
-    if (mk->data && ((uintptr_t)mk->data & 3u))
+    CHECK(stoke_check_relu_mask(a, op, mk, x, run));
+    if (mk->data && ((uintptr_t)mk->data & 3u))  // atomicOr sets its bits a word at a time (store_mask)
       return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the ReLU mask must be 4-byte aligned", op, stoke_node_name(a));
-    CHECK(stoke_check_data(a, op, "relu_mask (the forward's output 3)", mk, run));
   }
   // vectors of 16 bytes when C allows and every activation is aligned
   int v = (int)(16 / stoke_dtype_size(dt));

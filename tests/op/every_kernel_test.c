@@ -16,6 +16,9 @@
  * other gradients poisoned again, to be overwritten. A backward kernel
  * that can do its forward's work too (caps STOKE_KCAP_WITH_FORWARD) runs a
  * third time with with_forward, its forward outputs poisoned and checked.
+ * A case under STOKE_KFLAG_DETERMINISTIC runs its backward once more on
+ * poisoned gradients, which must come out the same bit for bit (the flag's
+ * promise: flash attention's dQ summed with atomics would break it).
  *
  * Tolerance on the relative-norm error ||got - want|| / ||want|| of each
  * output (||want|| at least 1e-2 RMS: ERR_FLOOR), from the kernel's
@@ -236,7 +239,7 @@ static double tolerance(stoke_dtype dt, stoke_dtype out, uint32_t flags, double 
 typedef struct kcheck {
   const stoke_kernel_v1 *k;
   const kcase *c;
-  const char *mode; /* "", " overwrite", " accumulate" */
+  const char *mode; /* "", " overwrite", " again", " with forward", " accumulate" */
 } kcheck;
 
 /* got (the tested side) against want over n values: every element finite
@@ -290,6 +293,29 @@ static void expect_tensor(const kcheck *ck, const char *what, const ktensor *t, 
   expect_close(ck, what, got, w, n, t->dut.dtype);
   if (w != want) free(w);
   free(got);
+}
+
+/* The tested side's bytes now against `first`, those of an earlier call
+ * on the same inputs: every element the same bits. */
+static void expect_same_bits(const kcheck *ck, const char *what, const ktensor *t, const unsigned char *first) {
+  size_t bytes = dut_bytes(t), es = stoke_dtype_size(t->dut.dtype);
+  unsigned char *now = malloc(bytes + 1);
+  kt_copy(t, now, t->dut.data, bytes, STOKE_COPY_D2H);
+  int64_t n_diff = 0, at = -1;
+  for (size_t i = 0; i < bytes; i += es)
+    if (memcmp(now + i, first + i, es)) {
+      if (at < 0) at = (int64_t)(i / es);
+      n_diff++;
+    }
+  free(now);
+  print_message("  %-13s %-15s %-8s %-4s %-4s%-11s %-44s %-8s %lld of %zu elements differ from the first call\n",
+                ck->k->engine, ck->k->op, pass_name(ck->k->pass), stoke_dtype_name(ck->k->dtype),
+                stoke_layout_name(ck->c->layout), ck->mode, ck->c->label, what, (long long)n_diff, bytes / es);
+  if (n_diff)
+    fail_msg("%s/%s %s %s, case %s%s: %s of a second call differs from the first's in %lld elements (the first at "
+             "%lld) though STOKE_KFLAG_DETERMINISTIC is set (seed %llu)", ck->k->engine, ck->k->op,
+             pass_name(ck->k->pass), stoke_dtype_name(ck->k->dtype), ck->c->label, ck->mode, what, (long long)n_diff,
+             (long long)at, (unsigned long long)seed);
 }
 
 /* A ReLU bitmask (stoke/ops.h, linear_act: row i's bit j is bit j % 8 of
@@ -569,6 +595,25 @@ static void check_backward(const stoke_kernel_v1 *k, const engine *e, const kcas
       snprintf(what, sizeof what, "din%d", i);
       expect_tensor(&ck, what, &dx[i], NULL);
     }
+  /* deterministic: the same call again, the gradients poisoned, the same bits */
+  if (c->flags & STOKE_KFLAG_DETERMINISTIC) {
+    ck.mode = " again";
+    unsigned char *first[STOKE_MAX_IO] = {0};
+    for (int i = 0; i < cl.n_in; i++)
+      if (dx[i].ref.data) {
+        first[i] = malloc(dut_bytes(&dx[i]) + 1);
+        kt_copy(&dx[i], first[i], dx[i].dut.data, dut_bytes(&dx[i]), STOKE_COPY_D2H);
+        kt_poison(&dx[i]);
+      }
+    run_kernel(k, &ga, e, "tested");
+    for (int i = 0; i < cl.n_in; i++)
+      if (first[i]) {
+        char what[16];
+        snprintf(what, sizeof what, "din%d", i);
+        expect_same_bits(&ck, what, &dx[i], first[i]);
+        free(first[i]);
+      }
+  }
   /* with forward (STOKE_KCAP_WITH_FORWARD): the forward's outputs poisoned
    * and made by this backward call too, every input and output live, as
    * the compiler runs it when it drops the forward node */

@@ -760,6 +760,13 @@ static int gen_attention(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     snprintf(c->attrs, sizeof c->attrs, "n_head=4, causal=1");
     add_in(c, SHAPE(2, 256, 3 * 4 * 64), IN_ACT);
     c->k = 256 * 64;
+    /* run.deterministic: long enough that dQ sums over several key blocks
+     * (flash attention's default engine adds them with atomics) */
+    c = new_case(out, &n, k->op, "qkv [2, 1024, 3x2x64] causal, deterministic");
+    snprintf(c->attrs, sizeof c->attrs, "n_head=2, causal=1");
+    add_in(c, SHAPE(2, 1024, 3 * 2 * 64), IN_ACT);
+    c->k = 1024 * 64;
+    c->flags = STOKE_KFLAG_DETERMINISTIC;
   }
   return n;
 }
