@@ -408,7 +408,8 @@ static void prep_distinct(const kcase *c, stoke_tensor *ref, stoke_rng *r) {
 static int gen_pool(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   int n = 0;
   /* the last two: 16 channels, so that NHWC takes the GPU's vectorized
-   * kernels (channels a multiple of 16 bytes' worth), ResNet's 3x3/2 among them */
+   * kernels (channels a multiple of 16 bytes' worth; rows this short take its row tiles),
+   * ResNet's 3x3/2 among them */
   static const struct {
     int kernel, stride, pad;
   } g[] = {{2, 2, 0}, {3, 2, 1}, {3, 1, 1}, {2, 1, 0}, {3, 2, 1}, {2, 2, 0}};
@@ -422,6 +423,14 @@ static int gen_pool(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     if (max) c->prep = prep_distinct;
     c->k = (double)(g[i].kernel * g[i].kernel);
   }
+  /* rows too wide for the GPU's row tiles (3 rows of 65 x 128 channels: over 48 KB in bf16 and
+   * f32), so that its per-window vectorized kernels stay tested too; 325 values a plane keep
+   * prep_distinct's exact in bf16 */
+  kcase *c = new_case(out, &n, k->op, "x [1, 128, 5, 65] k3 s2 p1");
+  snprintf(c->attrs, sizeof c->attrs, "kernel=3, stride=2, padding=1");
+  add_in(c, SHAPE(1, 128, 5, 65), IN_ACT);
+  if (max) c->prep = prep_distinct;
+  c->k = 9;
   return n;
 }
 
