@@ -468,6 +468,7 @@ static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, 
   return NULL;
 }
 
+/* Drops a graph no engine took (its descriptors, no plan) before the next attempt. */
 static void reset_graph(sdpa_state *st) {
   free_graph(&st->g);
   memset(&st->g, 0, sizeof st->g);
