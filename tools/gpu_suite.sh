@@ -60,6 +60,11 @@
 #             against stoke's
 #   gpt_det   GPT-2 124M bf16 B = 8 under run.deterministic, twice: every
 #             step's loss and the weights must be the same bits (PASS/FAIL line)
+#   ncu       Nsight Compute (clocks left alone) on one workload's kernels:
+#             NCU_INI (examples/resnet50.ini), NCU_KERNELS (an ncu -k regex;
+#             max_pool), launches NCU_SKIP (3) then NCU_COUNT (6); speed of
+#             light, occupancy and launch statistics, a line per launch
+#             (ncu_summary.py: DRAM and SM % of peak, occupancy, registers)
 #   gpt_graph GPT-2 124M bf16 B = 16 eager against cuda_graph = true,
 #             alternating GPT_GRAPH_R (2) rounds (stoke_gpt: tokens/s, memory)
 #   ddp_recompute  (2 GPUs) issue 14 with data parallel: a small gpt, recompute
@@ -328,6 +333,15 @@ PY
       for r in $(seq "${GPT_GRAPH_R:-2}"); do
         for g in false true; do stoke_gpt 16 "cuda_graph=$g round $r" run.cuda_graph=$g; done
       done
+      ;;
+    ncu)
+      ini=${NCU_INI:-$S/examples/resnet50.ini}
+      log "ncu on $(basename "$ini"): kernels /${NCU_KERNELS:-max_pool}/, launches ${NCU_SKIP:-3} skipped, ${NCU_COUNT:-6} profiled"
+      (cd /tmp && timeout 400 ncu --clock-control none -k "regex:${NCU_KERNELS:-max_pool}" --launch-skip "${NCU_SKIP:-3}" \
+        --launch-count "${NCU_COUNT:-6}" --section SpeedOfLight --section Occupancy --section LaunchStats \
+        "$T" "$ini" run.steps=3 run.cuda_graph=false run.progress=off run.out_dir=/tmp/stoke_ncu > "$OUT/ncu.txt" 2>&1)
+      echo "ncu rc=$?"
+      python3 "$HERE/ncu_summary.py" "$OUT/ncu.txt"
       ;;
     gpt_det)
       log "gpt2_124m bf16 B=8 under run.deterministic, two runs: the same bits"
