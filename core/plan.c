@@ -288,7 +288,6 @@ static int fuse_at(stoke_graph *g, const stoke_plan_opts *o, const stoke_fusion_
       }
     }
     f.n_out = ft->n_outputs;
-    tn = &g->nodes[t];
   }
   int y = tn->out[0];
   f.out[0] = y;

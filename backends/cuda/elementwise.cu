@@ -499,11 +499,9 @@ __global__ void __launch_bounds__(kSceThreads, 2)
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const T *xr = x + r * c;
     vec<T, V> *dr = reinterpret_cast<vec<T, V> *>(dx + r * c);
-    for (int64_t v = threadIdx.x; v < nv; v += kSceThreads) {
-      const unsigned dst = (unsigned)__cvta_generic_to_shared(&cache[v]);
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(xr + v * V) : "memory");
-    }
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+    for (int64_t v = threadIdx.x; v < nv; v += kSceThreads) cp_async16(&cache[v], xr + v * V);
+    cp_async_commit();
+    cp_async_wait_all();
     float m = -INFINITY, s = 0.f, sx = 0.f;
     for (int64_t v = threadIdx.x; v < nv; v += kSceThreads) {
       const vec<T, V> xv = cache[v];  // one 16-byte shared load (by reference: one per element)
@@ -937,15 +935,10 @@ template <typename T> bool softmax_ce_fused_fits(int64_t c) {
   return c > kWarpRowMax && c % (16 / (int64_t)sizeof(T)) == 0 && c * (int64_t)sizeof(T) + 256 <= optin;
 }
 
-// What the backward's plan decided, so run() asks the device nothing: with_forward in one kernel
-// (softmax_ce_fused_kernel). No state (run() without plan, or rows that do not fit): two kernels.
-struct sce_bwd_state {
-  bool one_kernel;
-};
-
-static void sce_bwd_destroy(void *state) {
-  if (state) stoke_host->free(state);
-}
+// The backward's node state when its plan chose the one-kernel forward and backward
+// (softmax_ce_fused_kernel), so run() asks the device nothing: a tag, nothing to free. No state
+// (run() without plan, or rows that do not fit): the two kernels in turn.
+static int sce_one_kernel_tag;
 
 // The backward; with with_forward also the forward's workspace (the rows' losses), and the fused
 // kernel allowed the row's shared memory (once per plan, outside any graph capture).
@@ -960,10 +953,7 @@ template <typename T> stoke_err *softmax_ce_bwd_plan(const stoke_kernel_args_v1 
   if (!softmax_ce_fused_fits<T>(c) || !state) return NULL;
   STOKE_CUDA(cudaFuncSetAttribute(softmax_ce_fused_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)(c * (int64_t)sizeof(T))));
-  auto *st = static_cast<sce_bwd_state *>(stoke_host->alloc(sizeof(sce_bwd_state)));
-  if (!st) return STOKE_PERR(STOKE_E_OOM, "softmax_ce '%s': out of host memory", stoke_node_name(a));
-  st->one_kernel = true;
-  *state = st;
+  *state = &sce_one_kernel_tag;
   return NULL;
 }
 
@@ -1005,8 +995,6 @@ template <typename T> stoke_err *softmax_ce_fwd(const stoke_kernel_args_v1 *a, v
   return sce_loss_mean(a, row_loss);
 }
 
-// Vector rows: a block per row; others a 2-D grid, columns in blocks of kThreads (x), rows (y):
-// coalesced whatever C is.
 // The forward and the backward at once (with_forward) in one kernel: rows that fit shared memory,
 // whole vectors, dx wanted (softmax_ce_bwd runs the two kernels in turn otherwise).
 template <typename T> stoke_err *softmax_ce_fwd_bwd(const stoke_kernel_args_v1 *a) {
@@ -1025,12 +1013,14 @@ template <typename T> stoke_err *softmax_ce_fwd_bwd(const stoke_kernel_args_v1 *
   return sce_loss_mean(a, row_loss);
 }
 
+// Vector rows: a block per row; others a 2-D grid, columns in blocks of kThreads (x), rows (y):
+// coalesced whatever C is. With with_forward, the forward first: in one kernel when the plan chose
+// it (state), else the forward kernel.
 template <typename T> stoke_err *softmax_ce_bwd(const stoke_kernel_args_v1 *a, void *state) {
   CHECK(softmax_ce_check(a, dtype_of<T>::value, 1, 1));
   if (a->with_forward) {
     T *dxw = dp<T>(a->din[0]);
-    const auto *st = static_cast<const sce_bwd_state *>(state);
-    if (dxw && st && st->one_kernel && softmax_ce_vec<T>(a->in[0].shape.d[1], a->in[0].data, dxw))
+    if (dxw && state == &sce_one_kernel_tag && softmax_ce_vec<T>(a->in[0].shape.d[1], a->in[0].data, dxw))
       return softmax_ce_fwd_bwd<T>(a);
     CHECK(softmax_ce_fwd<T>(a, NULL));
   }
@@ -1154,7 +1144,7 @@ stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *) {
       KERNEL(STOKE_OP_GLOBAL_AVG_POOL, STOKE_BWD, gap_bwd, T),        \
       KERNEL(STOKE_OP_SOFTMAX_CE, STOKE_FWD, softmax_ce_fwd, T),      \
       {"cuda", STOKE_OP_SOFTMAX_CE, STOKE_BWD, dtype_of<T>::value, STOKE_LAYOUT_ANY, softmax_ce_bwd_plan<T>, \
-       softmax_ce_bwd<T>, sce_bwd_destroy, 0, STOKE_KCAP_WITH_FORWARD}, \
+       softmax_ce_bwd<T>, stoke_destroy_none, 0, STOKE_KCAP_WITH_FORWARD}, \
       KERNEL(STOKE_OP_DROPOUT, STOKE_FWD, dropout_fwd, T),            \
       KERNEL(STOKE_OP_DROPOUT, STOKE_BWD, dropout_bwd, T)
 

@@ -736,16 +736,13 @@ __device__ __forceinline__ void pool_tile_load(uint4 *dst, const void *plane, in
     const int r = r0 + k;
     if (r < 0 || r >= rows) continue;
     const uint4 *sr = src + (int64_t)r * row_vecs;
-    for (int i = threadIdx.x; i < row_vecs; i += blockDim.x) {
-      unsigned d = (unsigned)__cvta_generic_to_shared(dst + k * row_vecs + i);
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(sr + i) : "memory");
-    }
+    for (int i = threadIdx.x; i < row_vecs; i += blockDim.x) cp_async16(dst + k * row_vecs + i, sr + i);
   }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  cp_async_commit();
 }
 
 __device__ __forceinline__ void pool_tile_wait() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  cp_async_wait_all();
   __syncthreads();
 }
 

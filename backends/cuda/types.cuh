@@ -47,6 +47,17 @@ template <typename T, int V> struct alignas(sizeof(T) * V) vec {
 
 inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
+// Asynchronous copies (cp.async): 16 bytes from global to shared memory without passing through
+// registers, so a thread can have many in flight at once; a commit closes the thread's group of
+// copies issued so far, and the wait returns when all of its committed copies have landed.
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(smem)),
+               "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
 // -------------------------------------------------------------- launch shapes
 
 constexpr int kThreads = 256;  // threads per block, unless a kernel says otherwise

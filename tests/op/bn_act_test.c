@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "tests/common/relu_mask.h"
 
 #define FD_H 1e-6
 #define FD_TOL 1e-6
@@ -112,9 +113,8 @@ static void fused_fwd(const act_case *b, stoke_tensor *out, int training) {
   if (!b->add) return;
   /* the bitmask: bit e exactly y's element e > 0 (memory order) */
   const uint8_t *m = out[3].data;
-  for (int64_t e = 0; e < h_numel(&out[0]); e++)
-    H_CHECK(((m[e / 8] >> (e % 8)) & 1) == (h_get(&out[0], e) > 0), "bn_add_relu ReLU mask bit %lld is %d, y %g",
-            (long long)e, (m[e / 8] >> (e % 8)) & 1, h_get(&out[0], e));
+  int64_t e = relu_mask_first_wrong(m, out[0].data, out[0].dtype, h_numel(&out[0]));
+  if (e >= 0) H_FAIL("bn_add_relu ReLU mask bit %lld is %d, y %g", (long long)e, relu_mask_bit(m, e), h_get(&out[0], e));
 }
 
 /* din (x, weight, bias, and r for bn_add_relu, poisoned) from dy; only

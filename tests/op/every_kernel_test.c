@@ -57,6 +57,7 @@
 #include "stoke/ops.h"
 #include "stoke/registry.h"
 #include "stoke/rng.h"
+#include "tests/common/relu_mask.h"
 #include "tests/common/seed.h"
 
 /* ------------------------------------------------------------- engines */
@@ -367,19 +368,19 @@ static void expect_relu_mask(const kcheck *ck, const ktensor *in, const ktensor 
  * e / 8 is element e of y, in memory order as the tested kernel stored it,
  * > 0. Exact: the mask is defined from the stored y, so no tie is allowed. */
 static void expect_flat_mask(const kcheck *ck, const ktensor *y, const ktensor *mask) {
-  double *yv = kt_download(y), *mv = kt_download(mask);
+  double *yv = kt_download(y);
   int64_t n = stoke_numel(&y->dut.shape), set = 0;
   if (stoke_numel(&mask->dut.shape) < (n + 7) / 8)
     fail_msg("%s/%s, case %s: ReLU mask of %lld bytes for %lld elements", ck->k->engine, ck->k->op, ck->c->label,
              (long long)stoke_numel(&mask->dut.shape), (long long)n);
-  for (int64_t e = 0; e < n; e++) {
-    int bit = ((int)mv[e / 8] >> (e % 8)) & 1, want = yv[e] > 0;
-    set += bit;
-    if (bit != want)
-      fail_msg("%s/%s %s %s, case %s: ReLU mask bit %lld is %d, y there is %g (seed %llu)", ck->k->engine, ck->k->op,
-               pass_name(ck->k->pass), stoke_dtype_name(ck->k->dtype), ck->c->label, (long long)e, bit, yv[e],
-               (unsigned long long)seed);
-  }
+  uint8_t *mv = malloc(dut_bytes(mask) + 1);
+  kt_copy(mask, mv, mask->dut.data, dut_bytes(mask), STOKE_COPY_D2H);
+  int64_t e = relu_mask_first_wrong(mv, yv, STOKE_F64, n);
+  if (e >= 0)
+    fail_msg("%s/%s %s %s, case %s: ReLU mask bit %lld is %d, y there is %g (seed %llu)", ck->k->engine, ck->k->op,
+             pass_name(ck->k->pass), stoke_dtype_name(ck->k->dtype), ck->c->label, (long long)e,
+             relu_mask_bit(mv, e), yv[e], (unsigned long long)seed);
+  for (int64_t i = 0; i < n; i++) set += yv[i] > 0;
   print_message("  %-13s %-15s ReLU bitmask of %lld elements: every bit as y > 0 (%lld set)\n", ck->k->engine,
                 ck->k->op, (long long)n, (long long)set);
   free(yv), free(mv);
@@ -499,6 +500,26 @@ static stoke_kernel_args_v1 args_of(call *cl, stoke_tensor *in, stoke_tensor *ou
                                 .flags = cl->c->flags};
 }
 
+/* The call's outputs (those the case compares) against the reference's. */
+static void expect_outputs(const kcheck *ck, const call *cl) {
+  for (int j = 0; j < cl->n_out; j++) {
+    if (ck->c->skip_out >> j & 1) continue;
+    char what[16];
+    snprintf(what, sizeof what, "out%d", j);
+    expect_tensor(ck, what, &cl->out[j], NULL);
+  }
+}
+
+/* The input gradients made (dx[i] allocated) against the reference's. */
+static void expect_input_grads(const kcheck *ck, const call *cl, const ktensor *dx) {
+  for (int i = 0; i < cl->n_in; i++)
+    if (dx[i].ref.data) {
+      char what[16];
+      snprintf(what, sizeof what, "din%d", i);
+      expect_tensor(ck, what, &dx[i], NULL);
+    }
+}
+
 static void check_forward(const stoke_kernel_v1 *k, const engine *e, const kcase *c, stoke_rng *r) {
   call cl;
   call_open(&cl, c, k, e, r);
@@ -509,12 +530,7 @@ static void check_forward(const stoke_kernel_v1 *k, const engine *e, const kcase
   run_kernel(rk, &ra, cpu_engine(), "reference");
   run_kernel(k, &ga, e, "tested");
   kcheck ck = {k, c, ""};
-  for (int j = 0; j < cl.n_out; j++) {
-    if (c->skip_out >> j & 1) continue;
-    char what[16];
-    snprintf(what, sizeof what, "out%d", j);
-    expect_tensor(&ck, what, &cl.out[j], NULL);
-  }
+  expect_outputs(&ck, &cl);
   if (c->relu_mask) expect_relu_mask(&ck, cl.in, &cl.out[0], &cl.out[1]);
   if (c->flat_mask_out) expect_flat_mask(&ck, &cl.out[0], &cl.out[c->flat_mask_out]);
   for (int i = 0; i < c->n_in; i++) /* running statistics, updated in place */
@@ -589,12 +605,7 @@ static void check_backward(const stoke_kernel_v1 *k, const engine *e, const kcas
   run_kernel(rb, &ra, cpu_engine(), "reference");
   run_kernel(k, &ga, e, "tested");
   kcheck ck = {k, c, " overwrite"};
-  for (int i = 0; i < cl.n_in; i++)
-    if (dx[i].ref.data) {
-      char what[16];
-      snprintf(what, sizeof what, "din%d", i);
-      expect_tensor(&ck, what, &dx[i], NULL);
-    }
+  expect_input_grads(&ck, &cl, dx);
   /* deterministic: the same call again, the gradients poisoned, the same bits */
   if (c->flags & STOKE_KFLAG_DETERMINISTIC) {
     ck.mode = " again";
@@ -629,18 +640,8 @@ static void check_backward(const stoke_kernel_v1 *k, const engine *e, const kcas
     ga.with_forward = 1;
     run_kernel(k, &ga, e, "tested");
     ga.with_forward = 0;
-    for (int j = 0; j < cl.n_out; j++) {
-      if (c->skip_out >> j & 1) continue;
-      char what[16];
-      snprintf(what, sizeof what, "out%d", j);
-      expect_tensor(&ck, what, &cl.out[j], NULL);
-    }
-    for (int i = 0; i < cl.n_in; i++)
-      if (dx[i].ref.data) {
-        char what[16];
-        snprintf(what, sizeof what, "din%d", i);
-        expect_tensor(&ck, what, &dx[i], NULL);
-      }
+    expect_outputs(&ck, &cl);
+    expect_input_grads(&ck, &cl, dx);
   }
   /* accumulate: onto random values where the kernel adds, poisoned where it overwrites */
   if (params | acc) {

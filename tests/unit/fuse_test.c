@@ -84,6 +84,9 @@ static double step(stoke_exec *x, const stoke_graph *g, int64_t n, int64_t numel
   return cpu_loss(x);
 }
 
+/* The block both tests build: batch, channels, side, classes. */
+enum { BN = 4, BC = 3, BHW = 3, BCLASSES = 5 };
+
 /* Two plans of one block (the test's two variants) and their executors. */
 typedef struct pair {
   stoke_graph *g[2];
@@ -95,6 +98,14 @@ static void pair_execs(pair *q) {
   for (int i = 0; i < 2; i++) OK(stoke_exec_new(q->p[i], cpu, cpu_self, seed, &q->x[i]));
 }
 
+/* Two copies of the block, to be compiled two ways. */
+static pair pair_blocks(void) { return (pair){{block(BN, BC, BHW, BCLASSES), block(BN, BC, BHW, BCLASSES)}}; }
+
+/* One step of each executor on the same batch (step()): the two losses. */
+static void pair_steps(pair *q, double loss[2]) {
+  for (int i = 0; i < 2; i++) loss[i] = step(q->x[i], q->g[i], BN, BN * BC * BHW * BHW, BCLASSES);
+}
+
 static void pair_free(pair *q) {
   for (int i = 0; i < 2; i++) {
     stoke_exec_free(q->x[i]);
@@ -104,8 +115,7 @@ static void pair_free(pair *q) {
 }
 
 static void test_fused_graph_matches(void **state) {
-  const int64_t n = 4, c = 3, hw = 3, classes = 5;
-  pair q = {{block(n, c, hw, classes), block(n, c, hw, classes)}};
+  pair q = pair_blocks();
   stoke_graph *gu = q.g[0], *gf = q.g[1];
   stoke_plan *pu = q.p[0] = cpu_compile(gu, NULL, 0), *pf = q.p[1] = cpu_compile(gf, NULL, 1);
   assert_int_equal(count_fwd(gu, STOKE_OP_BATCH_NORM), 4);
@@ -123,7 +133,7 @@ static void test_fused_graph_matches(void **state) {
     const stoke_value *mk = &gf->values[nd->out[STOKE_BN_ADD_RELU_MASK]];
     assert_int_equal(mk->dtype, STOKE_U8);
     assert_int_equal(mk->producer, i);
-    assert_int_equal(stoke_numel(&mk->shape), stoke_relu_mask_bytes(n * c * hw * hw));
+    assert_int_equal(stoke_numel(&mk->shape), stoke_relu_mask_bytes(BN * BC * BHW * BHW));
   }
   /* every node after the ones making its inputs */
   for (int i = 0; i < gf->n_nodes; i++)
@@ -134,12 +144,12 @@ static void test_fused_graph_matches(void **state) {
     }
   assert_int_equal(pf->n_params, pu->n_params);
   pair_execs(&q);
+  double l[2];
+  pair_steps(&q, l);
+  print_message("loss unfused %.17g, fused %.17g\n", l[0], l[1]);
+  assert_true(isfinite(l[0]));
+  assert_true(fabs(l[0] - l[1]) <= 1e-13 * fabs(l[0]));
   stoke_exec *xu = q.x[0], *xf = q.x[1];
-  int64_t numel = n * c * hw * hw;
-  double lu = step(xu, gu, n, numel, classes), lf = step(xf, gf, n, numel, classes);
-  print_message("loss unfused %.17g, fused %.17g\n", lu, lf);
-  assert_true(isfinite(lu));
-  assert_true(fabs(lu - lf) <= 1e-13 * fabs(lu));
   static const stoke_buffer_id bufs[] = {STOKE_BUF_GRADS, STOKE_BUF_STATE};
   for (int b = 0; b < 2; b++) {
     assert_int_equal(pu->bytes[bufs[b]], pf->bytes[bufs[b]]);
@@ -162,8 +172,7 @@ static void test_fused_graph_matches(void **state) {
  * the loss, poisoned before the step, and every gradient equal a plan that
  * keeps the two nodes (opts.no_fwd_in_bwd), bit for bit; the plan says so. */
 static void test_fwd_in_bwd(void **state) {
-  const int64_t n = 4, c = 3, hw = 3, classes = 5;
-  pair q = {{block(n, c, hw, classes), block(n, c, hw, classes)}};
+  pair q = pair_blocks();
   stoke_graph *gm = q.g[0], *gk = q.g[1];
   static const char *engines[] = {"cpu"};
   void *selves[] = {cpu_self};
@@ -190,11 +199,11 @@ static void test_fwd_in_bwd(void **state) {
   pair_execs(&q);
   stoke_exec *xm = q.x[0], *xk = q.x[1];
   *(double *)stoke_exec_tensor(xm, gm->loss).data = NAN; /* written by the backward node, or the test fails */
-  int64_t numel = n * c * hw * hw;
-  double lm = step(xm, gm, n, numel, classes), lk = step(xk, gk, n, numel, classes);
-  print_message("loss with the forward in the backward %.17g, as two nodes %.17g\n", lm, lk);
-  assert_true(isfinite(lm));
-  assert_true(lm == lk);
+  double l[2];
+  pair_steps(&q, l);
+  print_message("loss with the forward in the backward %.17g, as two nodes %.17g\n", l[0], l[1]);
+  assert_true(isfinite(l[0]));
+  assert_true(l[0] == l[1]);
   assert_int_equal(pm->bytes[STOKE_BUF_GRADS], pk->bytes[STOKE_BUF_GRADS]);
   assert_memory_equal(stoke_exec_buffer(xm, STOKE_BUF_GRADS), stoke_exec_buffer(xk, STOKE_BUF_GRADS),
                       pm->bytes[STOKE_BUF_GRADS]);
