@@ -20,9 +20,7 @@
 //
 // Forward (training): stats (Welford partials of x) -> finalize (saved_*,
 // running statistics) -> apply y = act((x - mean) k + b), k = weight
-// invstd. When every block's rows of x fit in its shared memory (ResNet-50's
-// 14x14 and 7x7 layers at batch 256), the three are one cooperative kernel
-// that reads x once (k_fwd_one). Eval: the finalize copies the running statistics. Backward: one
+// invstd. Eval: the finalize copies the running statistics. Backward: one
 // reduction pass over dy and x (sum dz, sum dz (x - mean), dz the masked
 // dy) -> finalize (dweight, dbias with param_grad_beta; the dx
 // coefficients) -> one apply pass dx = k dz + B (x - mean) + C0 (and dr =
@@ -42,7 +40,6 @@
 // tests/gpu/bn_bench times each on ResNet-50's shapes against the bytes
 // floor; tests/gpu/fused_test checks each against the CPU reference.
 #include <cuda_bf16.h>
-#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
 #include <math.h>
@@ -66,9 +63,6 @@ enum act { kNone = 0, kRelu = 1, kAddRelu = 2 };
 constexpr int kBlock = 256;
 constexpr int kFwdBlocksPerSm = 3, kBwdBlocksPerSm = 2;
 #define FWD_BOUNDS __launch_bounds__(kBlock, kFwdBlocksPerSm)
-// k_fwd_one: 2 blocks an SM, so that a tile of ResNet-50's 14x14 layers at
-// batch 256 fits in shared memory (256@14: 190 rows of 512 bytes, 97 KB).
-constexpr int kOneBlocksPerSm = 2;
 #define BWD_BOUNDS __launch_bounds__(kBlock, kBwdBlocksPerSm)
 
 // Rows a thread loads before using them, S tensors each: 64 to 128 bytes in
@@ -180,45 +174,19 @@ __device__ __forceinline__ part_rows rows_of(int64_t M, int64_t R) {
 
 // ----------------------------------------------------------------- forward
 
-// Per-thread Welford over rows [r0, r1) of the thread's V channels, walked
-// from the end: row r's vector at xs + (r - xr0) rs (x in global memory:
-// rs = C; a tile of rows in shared memory: rs = the tile's row length).
-template <typename T, int V>
-__device__ __forceinline__ void stats_rows(const T *xs, int64_t rs, int64_t xr0, int64_t r0, int64_t r1,
-                                           float &cnt, float (&mean)[V], float (&m2)[V]) {
-  constexpr int U = unroll<V, 1, false>::n;
-  int ty = threadIdx.y, by = blockDim.y;
-  for (int64_t r = r1 - 1 - ty; r >= r0; r -= (int64_t)by * U) {
-    vec<T, V> rx[U];
-#pragma unroll
-    for (int u = 0; u < U; u++)
-      if (r - (int64_t)u * by >= r0) rx[u] = ld<T, V>(xs + (r - (int64_t)u * by - xr0) * rs);
-#pragma unroll
-    for (int u = 0; u < U; u++)
-      if (r - (int64_t)u * by >= r0) {
-        cnt += 1.0f;
-        float inv = __frcp_rn(cnt);
-#pragma unroll
-        for (int i = 0; i < V; i++) {
-          float f = to_f(rx[u].v[i]), d = f - mean[i];
-          mean[i] = fmaf(d, inv, mean[i]);
-          m2[i] = fmaf(d, f - mean[i], m2[i]);
-        }
-      }
-  }
-}
-
-// Floats of shared memory stats_reduce needs: half the block's rows of threads,
-// each a count and V means and M2s.
+// Floats of shared memory stats_reduce needs: half the block's rows of
+// threads, each a count and V means and M2s (a third of what one slot per
+// thread takes; bn_bench, H200: the forward at 64@56, 128@28, 1024@14 and
+// 2048@7 4-12% faster with it, BENCHMARKS.md run 19).
 inline size_t stats_red_floats(int bx, int by, int v) { return (size_t)(by / 2 > 0 ? by / 2 : 1) * bx * (2 * v + 1); }
 
-// The block's fixed tree over its rows of threads (row ty takes row ty + off's
-// partial, off = by/2, by/4, ..., 1; Chan's formula, the count shared by the V
-// channels): row 0 ends with the block's (mean, M2), written as the partition's
-// partial part[c P + blockIdx.y] when `on`. red: stats_red_floats() floats.
+// The block's fixed tree over its rows of threads: row ty takes row ty +
+// off's partial (off = by/2, by/4, ..., 1; Chan's formula, the count shared
+// by the V channels), so row 0 ends with the block's (mean, M2), written as
+// the partition's partial part[c P + blockIdx.y] when `on`.
 template <int V>
-__device__ __forceinline__ void stats_reduce(float *red, bool on, int64_t vi, int P, float2 *part, float cnt,
-                                             float (&mean)[V], float (&m2)[V]) {
+__device__ __forceinline__ void stats_reduce(float *red, bool on, int64_t vi, int P, float2 *__restrict__ part,
+                                             float cnt, float (&mean)[V], float (&m2)[V]) {
   int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x;
   for (int off = blockDim.y / 2; off > 0; off >>= 1) {
     float *slot = red + (size_t)((ty & (off - 1)) * bx + tx) * (2 * V + 1);
@@ -246,68 +214,90 @@ __device__ __forceinline__ void stats_reduce(float *red, bool on, int64_t vi, in
 }
 
 // Block (channel group, partition p): per-thread Welford over its rows for
-// its V channels, a fixed tree over the block's rows, one partial per
-// channel: part[c P + p] = (mean, M2) of rows [p R, min((p+1) R, M)).
+// its V channels, a fixed tree over the block's rows (stats_reduce), one
+// partial per channel: part[c P + p] = (mean, M2) of rows
+// [p R, min((p+1) R, M)).
 template <typename T, int V>
 __global__ void FWD_BOUNDS k_stats(const T *__restrict__ x, int64_t M, int64_t C, int64_t cv, int64_t R, int P,
                                float2 *__restrict__ part) {
+  constexpr int U = unroll<V, 1, false>::n;
   extern __shared__ float sh[];  // stats_red_floats()
+  int ty = threadIdx.y, by = blockDim.y;
   part_rows pr = rows_of(M, R);
   float cnt = 0, mean[V], m2[V];
 #pragma unroll
   for (int i = 0; i < V; i++) mean[i] = m2[i] = 0;
-  if (pr.vi < cv) stats_rows<T, V>(x + pr.vi * V, C, 0, pr.r0, pr.r1, cnt, mean, m2);
+  if (pr.vi < cv) {
+    const T *xp = x + pr.vi * V;
+    for (int64_t r = pr.r1 - 1 - ty; r >= pr.r0; r -= (int64_t)by * U) {
+      vec<T, V> rx[U];
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        if (r - (int64_t)u * by >= pr.r0) rx[u] = ld<T, V>(xp + (r - (int64_t)u * by) * C);
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        if (r - (int64_t)u * by >= pr.r0) {
+          cnt += 1.0f;
+          float inv = __frcp_rn(cnt);
+#pragma unroll
+          for (int i = 0; i < V; i++) {
+            float f = to_f(rx[u].v[i]), d = f - mean[i];
+            mean[i] = fmaf(d, inv, mean[i]);
+            m2[i] = fmaf(d, f - mean[i], m2[i]);
+          }
+        }
+    }
+  }
   stats_reduce<V>(sh, pr.vi < cv, pr.vi, P, part, cnt, mean, m2);
 }
 
 constexpr int kFinWarps = 8;  // channels per finalize block, one warp each
 constexpr int kFinChunk = 8;  // partials a lane loads before combining them
 
-// Channel c's statistics by one warp: lane l combines partitions l, l + 32,
-// ... (Chan, double), then a fixed butterfly over the lanes; training:
-// saved_* and the running statistics (unbiased variance for running_var);
-// eval: saved_* from the running statistics. The partials are read through
-// the L2 (__ldcg): k_fwd_one's blocks wrote them in the same kernel.
-__device__ __forceinline__ void fin_fwd_channel(const float2 *part, int P, int64_t C, int64_t M, int64_t R,
-                                                double eps, double mom, int training, float *rm, float *rv,
-                                                float *sm, float *si, int64_t c, int lane) {
-  double n = 0, mean = 0, q = 0;
-  if (training)
-    for (int p0 = lane; p0 < P; p0 += 32 * kFinChunk) {
-      float2 v[kFinChunk];  // loaded before any is combined: one L2 round trip per chunk
-#pragma unroll
-      for (int j = 0; j < kFinChunk; j++)
-        if (p0 + 32 * j < P) v[j] = __ldcg(&part[c * P + p0 + 32 * j]);
-#pragma unroll
-      for (int j = 0; j < kFinChunk; j++) {
-        int p = p0 + 32 * j;
-        if (p >= P) break;
-        int64_t r0 = (int64_t)p * R, r1 = r0 + R < M ? r0 + R : M;
-        double nb = (double)(r1 - r0), tot = n + nb, f = nb / tot, d = (double)v[j].x - mean;
-        mean += d * f;
-        q += (double)v[j].y + d * d * n * f;
-        n = tot;
-      }
-    }
-  for (int off = 16; off > 0; off >>= 1) {
-    double nb = __shfl_xor_sync(0xffffffffu, n, off), mb = __shfl_xor_sync(0xffffffffu, mean, off);
-    double qb = __shfl_xor_sync(0xffffffffu, q, off);
-    if (nb > 0) {
-      double tot = n + nb, f = nb / tot, d = mb - mean;
-      mean += d * f;
-      q += qb + d * d * n * f;
-      n = tot;
-    }
-  }
-  if (lane == 0) bn_finish_channel(training, mean, q, M, eps, mom, rm, rv, sm, si, c);
+// A warp's sum of v in double, the same in every lane (lane 0's: the
+// butterfly's order differs per lane).
+__device__ __forceinline__ double warp_sum_d(double v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return __shfl_sync(0xffffffffu, v, 0);
 }
 
-// One warp per channel (fin_fwd_channel).
+// One warp per channel, in double: the mean of the M values as the
+// partitions' means weighted by their row counts, then M2 as the sum of the
+// partitions' M2 plus n_p (mean_p - mean)^2 (the two-pass form of Chan's
+// combination: one division, where the pairwise form divides per partial,
+// a chain of double divisions that made this kernel 5 us); lane l takes
+// partitions l, l + 32, ..., kFinChunk loads in flight, then a butterfly.
+// Training: saved_* and the running statistics (unbiased variance for
+// running_var); eval: saved_* from the running statistics.
 __global__ void k_fin_fwd(const float2 *__restrict__ part, int P, int64_t C, int64_t M, int64_t R, double eps,
                           double mom, int training, float *rm, float *rv, float *__restrict__ sm,
                           float *__restrict__ si) {
+  int lane = threadIdx.x & 31;
   int64_t c = (int64_t)blockIdx.x * kFinWarps + (threadIdx.x >> 5);
-  if (c < C) fin_fwd_channel(part, P, C, M, R, eps, mom, training, rm, rv, sm, si, c, threadIdx.x & 31);
+  if (c >= C) return;
+  double mean = 0, q = 0;
+  if (training) {
+    const float2 *pc = part + c * P;
+    for (int pass = 0; pass < 2; pass++) {
+      double acc = 0;
+      for (int p0 = lane; p0 < P; p0 += 32 * kFinChunk) {
+        float2 v[kFinChunk];  // loaded before any is used: one L2 round trip per chunk
+#pragma unroll
+        for (int j = 0; j < kFinChunk; j++)
+          if (p0 + 32 * j < P) v[j] = pc[p0 + 32 * j];
+#pragma unroll
+        for (int j = 0; j < kFinChunk; j++) {
+          int64_t r0 = (int64_t)(p0 + 32 * j) * R;
+          if (p0 + 32 * j >= P) break;
+          double nb = (double)(r0 + R < M ? R : M - r0), d = (double)v[j].x - mean;
+          acc = pass == 0 ? fma(nb, (double)v[j].x, acc) : acc + (double)v[j].y + nb * d * d;
+        }
+      }
+      if (pass == 0) mean = warp_sum_d(acc) / (double)M;
+      else q = warp_sum_d(acc);
+    }
+  }
+  if (lane == 0) bn_finish_channel(training, mean, q, M, eps, mom, rm, rv, sm, si, c);
 }
 
 // bn_add_relu's ReLU bitmask (stoke/ops.h): bit e of the mask is element e of y > 0, as stored
@@ -329,30 +319,35 @@ template <int V> __device__ __forceinline__ unsigned load_mask(const uint8_t *ma
   return (reinterpret_cast<const unsigned *>(mask)[o >> 5] >> (o & 31)) & ((1u << V) - 1u);
 }
 
-// y = act((x - mean) k + b [rounded to T, + r]) over rows [r0, r1) of the
-// thread's V channels c0..: the bn value is rounded to T before the add, as
-// the unfused batch_norm -> add nodes do. Row r of x at xs + (r - xr0) rs
-// (as stats_rows); res, y and the mask are (M, C) in global memory. Walks
-// from the partition's start (k_apply: the L2 still holds what k_stats read
-// last).
+// y = act((x - mean) k + b [rounded to T, + r]): the bn value is rounded to
+// T before the add, as the unfused batch_norm -> add nodes do. Walks the
+// partition from its start (the L2 still holds what k_stats read last).
 template <typename T, int V, int ACT>
-__device__ __forceinline__ void apply_rows(const T *xs, int64_t rs, int64_t xr0, const T *__restrict__ res,
-                                           T *__restrict__ y, uint8_t *__restrict__ mask, const float (&mean)[V],
-                                           const float (&k)[V], const float (&s)[V], int64_t r0, int64_t r1,
-                                           int64_t C, int64_t c0) {
+__global__ void FWD_BOUNDS k_apply(const T *__restrict__ x, const T *__restrict__ res, T *__restrict__ y,
+                               uint8_t *__restrict__ mask, const float *__restrict__ smean,
+                               const float *__restrict__ sinv, const T *__restrict__ w, const T *__restrict__ b,
+                               int64_t M, int64_t C, int64_t cv, int64_t R) {
   constexpr int U = unroll<V, (ACT == kAddRelu ? 2 : 1), false>::n;
+  part_rows pr = rows_of(M, R);
+  if (pr.vi >= cv) return;
+  int64_t c0 = pr.vi * V;
+  float mean[V], k[V], s[V];
+  load_coef<V>(smean + c0, mean);
+  load_scale<T, V>(w + c0, sinv + c0, k);
+  load_param<T, V>(b + c0, s);
   int by = blockDim.y;
-  for (int64_t r = r0 + threadIdx.y; r < r1; r += (int64_t)by * U) {
+  for (int64_t r = pr.r0 + threadIdx.y; r < pr.r1; r += (int64_t)by * U) {
     vec<T, V> rx[U], rr[U];
 #pragma unroll
     for (int u = 0; u < U; u++)
-      if (r + (int64_t)u * by < r1) {
-        rx[u] = ld<T, V>(xs + (r + (int64_t)u * by - xr0) * rs);
-        if (ACT == kAddRelu) rr[u] = ld<T, V>(res + (r + (int64_t)u * by) * C + c0);
+      if (r + (int64_t)u * by < pr.r1) {
+        int64_t o = (r + (int64_t)u * by) * C + c0;
+        rx[u] = ld<T, V>(x + o);
+        if (ACT == kAddRelu) rr[u] = ld<T, V>(res + o);
       }
 #pragma unroll
     for (int u = 0; u < U; u++)
-      if (r + (int64_t)u * by < r1) {
+      if (r + (int64_t)u * by < pr.r1) {
         float f[V];
 #pragma unroll
         for (int i = 0; i < V; i++) {
@@ -364,70 +359,6 @@ __device__ __forceinline__ void apply_rows(const T *xs, int64_t rs, int64_t xr0,
         if (ACT == kAddRelu) store_mask<T, V>(mask, (r + (int64_t)u * by) * C + c0, f);
       }
   }
-}
-
-template <typename T, int V, int ACT>
-__global__ void FWD_BOUNDS k_apply(const T *__restrict__ x, const T *__restrict__ res, T *__restrict__ y,
-                               uint8_t *__restrict__ mask, const float *__restrict__ smean,
-                               const float *__restrict__ sinv, const T *__restrict__ w, const T *__restrict__ b,
-                               int64_t M, int64_t C, int64_t cv, int64_t R) {
-  part_rows pr = rows_of(M, R);
-  if (pr.vi >= cv) return;
-  int64_t c0 = pr.vi * V;
-  float mean[V], k[V], s[V];
-  load_coef<V>(smean + c0, mean);
-  load_scale<T, V>(w + c0, sinv + c0, k);
-  load_param<T, V>(b + c0, s);
-  apply_rows<T, V, ACT>(x + c0, C, 0, res, y, mask, mean, k, s, pr.r0, pr.r1, C, c0);
-}
-
-// The forward in one cooperative kernel, when every block's rows of x fit in
-// its shared memory (the small 14x14 and 7x7 layers; run_fwd decides): the
-// block copies its tile of x in (cp.async, every copy in flight at once),
-// takes its partials from there (stats_rows, stats_reduce: the same partials
-// k_stats makes on the same geometry), the grid waits, one warp per channel
-// combines them (fin_fwd_channel), the grid waits, and the block writes y
-// from the tile. x is read once instead of twice, and the finalize and two
-// kernel boundaries go. Dynamic shared memory: the tile, rows x (bx V) of T
-// (one_tile_bytes), then stats_red_floats() floats. Launched cooperatively
-// (all blocks resident: grid.sync), which CUDA graphs capture.
-template <typename T, int V, int ACT>
-__global__ void __launch_bounds__(kBlock, kOneBlocksPerSm) k_fwd_one(const T *__restrict__ x, const T *__restrict__ res, T *__restrict__ y,
-                                 uint8_t *__restrict__ mask, const T *__restrict__ w, const T *__restrict__ b,
-                                 int64_t M, int64_t C, int64_t cv, int64_t R, int P, float2 *part,
-                                 size_t tile_bytes, double eps, double mom, float *rm, float *rv, float *sm,
-                                 float *si) {
-  extern __shared__ __align__(16) unsigned char one_sh[];
-  part_rows pr = rows_of(M, R);
-  bool on = pr.vi < cv;
-  int64_t rs = (int64_t)blockDim.x * V, c0 = pr.vi * V;
-  T *tile = (T *)one_sh + threadIdx.x * V;
-  if (on)  // the rows this thread's stats_rows reads: no barrier before it
-    for (int64_t r = pr.r1 - 1 - threadIdx.y; r >= pr.r0; r -= blockDim.y)
-      cp_async16(tile + (r - pr.r0) * rs, x + r * C + c0);
-  cp_async_commit();
-  cp_async_wait_all();
-  float cnt = 0, mean[V], m2[V];
-#pragma unroll
-  for (int i = 0; i < V; i++) mean[i] = m2[i] = 0;
-  if (on) stats_rows<T, V>(tile, rs, pr.r0, pr.r0, pr.r1, cnt, mean, m2);
-  stats_reduce<V>((float *)(one_sh + tile_bytes), on, pr.vi, P, part, cnt, mean, m2);
-  cooperative_groups::grid_group grid = cooperative_groups::this_grid();
-  grid.sync();
-  int warps = (int)(blockDim.x * blockDim.y) / 32;
-  int64_t gw = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * warps + (threadIdx.y * blockDim.x + threadIdx.x) / 32;
-  for (int64_t c = gw; c < C; c += (int64_t)gridDim.x * gridDim.y * warps)
-    fin_fwd_channel(part, P, C, M, R, eps, mom, 1, rm, rv, sm, si, c, (threadIdx.y * blockDim.x + threadIdx.x) & 31);
-  grid.sync();
-  if (!on) return;
-  float k[V], s[V];
-#pragma unroll
-  for (int i = 0; i < V; i++) {  // through the L2: written by other blocks of this kernel
-    mean[i] = __ldcg(sm + c0 + i);
-    k[i] = to_f(w[c0 + i]) * __ldcg(si + c0 + i);
-    s[i] = to_f(b[c0 + i]);
-  }
-  apply_rows<T, V, ACT>(tile, rs, pr.r0, res, y, mask, mean, k, s, pr.r0, pr.r1, C, c0);
 }
 
 // ----------------------------------------------------------------- backward
@@ -461,7 +392,7 @@ __global__ void BWD_BOUNDS k_gsum(const T *__restrict__ x, const T *dy, const ui
                               const T *__restrict__ w, const T *__restrict__ b, int64_t M, int64_t C, int64_t cv,
                               int64_t R, int P, float2 *__restrict__ part, T *dr) {
   constexpr int U = unroll<V, (ACT == kAddRelu ? 3 : 2), true>::n;
-  extern __shared__ float sh[];  // [2][by][bx][V]
+  extern __shared__ float sh[];  // [max(by / 2, 1)][bx][2 V]: the sums of half the rows of threads
   int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
   part_rows pr = rows_of(M, R);
   float s1[V], s2[V];
@@ -496,22 +427,21 @@ __global__ void BWD_BOUNDS k_gsum(const T *__restrict__ x, const T *dy, const ui
         }
     }
   }
-  int stride = by * bx * V, base = (ty * bx + tx) * V;
-  float *a = sh, *q = sh + stride;
-#pragma unroll
-  for (int i = 0; i < V; i++) a[base + i] = s1[i], q[base + i] = s2[i];
-  __syncthreads();
+  // the fixed tree of stats_reduce: row ty adds row ty + off's sums, through half the block's rows of slots
   for (int off = by / 2; off > 0; off >>= 1) {
-    if (ty < off) {
-      int o = base + off * bx * V;
+    float *slot = sh + (size_t)((ty & (off - 1)) * bx + tx) * (2 * V);
+    if (ty >= off && ty < 2 * off)
 #pragma unroll
-      for (int i = 0; i < V; i++) a[base + i] += a[o + i], q[base + i] += q[o + i];
-    }
+      for (int i = 0; i < V; i++) slot[i] = s1[i], slot[V + i] = s2[i];
+    __syncthreads();
+    if (ty < off)
+#pragma unroll
+      for (int i = 0; i < V; i++) s1[i] += slot[i], s2[i] += slot[V + i];
     __syncthreads();
   }
   if (ty == 0 && pr.vi < cv)
 #pragma unroll
-    for (int i = 0; i < V; i++) part[(pr.vi * V + i) * P + blockIdx.y] = make_float2(a[base + i], q[base + i]);
+    for (int i = 0; i < V; i++) part[(pr.vi * V + i) * P + blockIdx.y] = make_float2(s1[i], s2[i]);
 }
 
 // One warp per channel: the partition sums in a fixed order (double, lanes
@@ -699,41 +629,6 @@ int sm_count_of(const stoke_kernel_args_v1 *a) {
   return e && e->dev ? e->dev->sm_count : 0;
 }
 
-size_t one_tile_bytes(const geom &g, size_t tsize) { return ((size_t)g.rows * g.bx * g.v * tsize + 15) / 16 * 16; }
-size_t one_smem(const geom &g, size_t tsize) {
-  return one_tile_bytes(g, tsize) + stats_red_floats(g.bx, g.by, g.v) * sizeof(float);
-}
-
-// The tag k_fwd_one's plan leaves as the node's state: this shape's training
-// forward takes the one kernel, when its data are 16-byte aligned.
-const char one_tag = 0;
-
-// Whether k_fwd_one serves the vector geometry g (V = 16 bytes) on this
-// device: cooperative launches supported, and with its tile in shared memory
-// every block of the grid resident at once. Sets the kernel's shared-memory
-// limit (a host-side attribute, set here, before any capture).
-template <typename T, int ACT>
-bool one_fits(const stoke_kernel_args_v1 *a, const geom &g) {
-  constexpr int VV = 16 / sizeof(T);
-  const stoke_fused_engine *e = (const stoke_fused_engine *)a->engine;
-  if (!e || !e->dev || g.v != VV) return false;
-  int coop = 0, most = 0, nb = 0;
-  size_t shm = one_smem(g, sizeof(T));
-  if (cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, e->dev->index) != cudaSuccess ||
-      cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, e->dev->index) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  if (!coop || shm > (size_t)most) return false;
-  if (cudaFuncSetAttribute(k_fwd_one<T, VV, ACT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm) !=
-          cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_fwd_one<T, VV, ACT>, g.bx * g.by, shm) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return (int64_t)nb * e->dev->sm_count >= (int64_t)g.gx * g.parts;
-}
-
 template <typename T, int ACT, bool BWD>
 stoke_err *plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
   geom g;
@@ -747,14 +642,6 @@ stoke_err *plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
   geom g1 = g;
   make_geom(&g1, g.m, g.c, 1, sm_count_of(a), BWD ? kBwdBlocksPerSm : kFwdBlocksPerSm);
   if (ws_bytes(&g1) > w) w = ws_bytes(&g1);
-  if (!BWD) {  // and for the one kernel's
-    geom go = g;
-    make_geom(&go, g.m, g.c, g.v, sm_count_of(a), kOneBlocksPerSm);
-    if (one_fits<T, ACT>(a, go)) {
-      if (ws_bytes(&go) > w) w = ws_bytes(&go);
-      if (state) *state = (void *)&one_tag;
-    }
-  }
   if (ws) *ws = w;
   return NULL;
 }
@@ -804,7 +691,7 @@ stoke_err *bwd_v(const stoke_kernel_args_v1 *a, const geom &g) {
    * is x's memory, which the passes still read) */
   const bool dz_in_dr = ACT == kAddRelu && dr && (dx || dw || db) && (const T *)dr != x;
   if (dx || dw || db) {
-    size_t shm = 2 * (size_t)g.bx * g.by * V * sizeof(float);
+    size_t shm = (size_t)(g.by / 2 > 0 ? g.by / 2 : 1) * g.bx * 2 * V * sizeof(float);
     k_gsum<T, V, ACT><<<grid_of(g), block_of(g), shm, st>>>(x, dy, mask, sm, si, w, b, g.m, g.c, g.cv, g.rows,
                                                             g.parts, part, dz_in_dr ? dr : nullptr);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
@@ -825,51 +712,12 @@ stoke_err *bwd_v(const stoke_kernel_args_v1 *a, const geom &g) {
   return NULL;
 }
 
-// The training forward as k_fwd_one (one_fits() said it serves g). Returns
-// cudaErrorCooperativeLaunchTooLarge, nothing launched, when the blocks
-// cannot all be resident now (run_fwd then takes the three kernels).
-template <typename T, int V, int ACT>
-cudaError_t fwd_one(const stoke_kernel_args_v1 *a, const geom &g) {
-  uint8_t *mask = ACT == kAddRelu ? (uint8_t *)a->out[STOKE_BN_ADD_RELU_MASK].data : nullptr;
-  cudaStream_t st = (cudaStream_t)a->stream;
-  if (ACT == kAddRelu && V != 8) {  // bits set by atomicOr (store_mask)
-    cudaError_t e = cudaMemsetAsync(mask, 0, (size_t)a->out[STOKE_BN_ADD_RELU_MASK].shape.d[0], st);
-    if (e != cudaSuccess) return e;
-  }
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute coop[1];
-  coop[0].id = cudaLaunchAttributeCooperative;
-  coop[0].val.cooperative = 1;
-  cfg.gridDim = grid_of(g);
-  cfg.blockDim = block_of(g);
-  cfg.dynamicSmemBytes = one_smem(g, sizeof(T));
-  cfg.stream = st;
-  cfg.attrs = coop;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, k_fwd_one<T, V, ACT>, (const T *)a->in[0].data,
-                            ACT == kAddRelu ? (const T *)a->in[5].data : (const T *)nullptr, (T *)a->out[0].data,
-                            mask, (const T *)a->in[1].data, (const T *)a->in[2].data, g.m, g.c, g.cv, g.rows,
-                            g.parts, (float2 *)a->workspace, one_tile_bytes(g, sizeof(T)), g.eps, g.momentum,
-                            (float *)a->in[3].data, (float *)a->in[4].data, (float *)a->out[1].data,
-                            (float *)a->out[2].data);
-}
-
 template <typename T, int ACT>
-stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *state) {
+stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *) {
   geom g;
   int v;
   CHECK(check(a, dtype_of<T>::value, ACT, false, true, sm_count_of(a), &g, &v));
   constexpr int VV = 16 / sizeof(T);
-  if (state == &one_tag && v == VV && a->training) {
-    geom go = g;
-    make_geom(&go, g.m, g.c, VV, sm_count_of(a), kOneBlocksPerSm);
-    cudaError_t e = fwd_one<T, VV, ACT>(a, go);
-    if (e == cudaSuccess) return NULL;
-    cudaGetLastError();
-    if (e != cudaErrorCooperativeLaunchTooLarge)
-      return STOKE_PERR(STOKE_E_DEVICE, "%s '%s': the one-kernel forward (k_fwd_one) failed to launch: %s",
-                        op_name(ACT), stoke_node_name(a), cudaGetErrorString(e));
-  }
   return v == VV ? fwd_v<T, VV, ACT>(a, g) : fwd_v<T, 1, ACT>(a, g);
 }
 
