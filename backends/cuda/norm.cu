@@ -632,35 +632,55 @@ __global__ void max_pool_bwd_arg_k(const int8_t *__restrict__ arg, const T *__re
   }
 }
 
+// The window taps: KH x KW when known at compile time (ResNet's 3 x 3: unrolled, no loop
+// overhead), else kh x kw.
+template <int KH, int KW> struct taps {
+  int kh, kw;
+  __device__ __forceinline__ int rows() const { return KH ? KH : kh; }
+  __device__ __forceinline__ int cols() const { return KW ? KW : kw; }
+};
+
+// f(tap, its V lanes) for each tap of the window at (h0, w0) that lies in the image, in row-major
+// order (tap = r * kw + q). Vectors of the thread's channel group cg; image row h0 + r at
+// (roff + r) * row_vecs in t: a whole NHWC plane (roff = h0) or a tile of the window's rows
+// (roff = 0).
+template <typename T, int V, int KH, int KW, typename F>
+__device__ __forceinline__ void for_each_tap(const vec<T, V> *__restrict__ t, int roff, int row_vecs, int CG, int cg,
+                                             int h0, int H, int w0, int W, taps<KH, KW> k, F f) {
+#pragma unroll
+  for (int r = 0; r < k.rows(); r++) {
+    if (h0 + r < 0 || h0 + r >= H) continue;
+#pragma unroll
+    for (int q = 0; q < k.cols(); q++) {
+      if (w0 + q < 0 || w0 + q >= W) continue;
+      f(r * k.cols() + q, t[(roff + r) * row_vecs + (w0 + q) * CG + cg]);
+    }
+  }
+}
+
+// Each lane's window maximum (best, in float) and its first index (a; -1 for an empty window) by
+// the scan: a NaN wins over any number, the first of equals is kept.
+template <typename T, int V, int KH, int KW>
+__device__ __forceinline__ void window_scan(const vec<T, V> *__restrict__ t, int roff, int row_vecs, int CG, int cg,
+                                            int h0, int H, int w0, int W, taps<KH, KW> k, float best[V], int a[V]) {
+#pragma unroll
+  for (int j = 0; j < V; j++) best[j] = -INFINITY, a[j] = -1;
+  for_each_tap<T, V>(t, roff, row_vecs, CG, cg, h0, H, w0, W, k, [&](int tap, const vec<T, V> &v) {
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+      float f = to_f(v.v[j]);
+      if (a[j] < 0 || f > best[j] || (isnan(f) && !isnan(best[j]))) best[j] = f, a[j] = tap;
+    }
+  });
+}
+
 // NHWC with C a multiple of V (16 bytes of channels): one thread takes V
 // channels of one position, with 16-byte loads and one index decode for
 // all of them, 32-bit indices (the caller checks they fit). The same
 // comparisons and sums in the same order as the kernels above, lane by
 // lane: ResNet-50's max pool (64 x 112 x 112 -> 56 x 56) took 1.6 ms
 // forward and 4.4 ms backward with one element per thread.
-template <typename T, int V>
-__device__ __forceinline__ void max_window_v(const T *__restrict__ xn, const pool_desc &d, int oh, int ow,
-                                             int cg, float best[V], int a[V]) {
-  const int h0 = oh * (int)d.sh - (int)d.ph, w0 = ow * (int)d.sw - (int)d.pw, C = (int)d.C;
-#pragma unroll
-  for (int k = 0; k < V; k++) best[k] = -INFINITY, a[k] = -1;
-  for (int r = 0; r < (int)d.kh; r++) {
-    int h = h0 + r;
-    if (h < 0 || h >= (int)d.H) continue;
-    for (int q = 0; q < (int)d.kw; q++) {
-      int w = w0 + q;
-      if (w < 0 || w >= (int)d.W) continue;
-      vec<T, V> v = *reinterpret_cast<const vec<T, V> *>(xn + ((int64_t)h * d.W + w) * C + cg * V);
-#pragma unroll
-      for (int k = 0; k < V; k++) {
-        float f = to_f(v.v[k]);
-        if (a[k] < 0 || f > best[k] || (isnan(f) && !isnan(best[k]))) best[k] = f, a[k] = r * (int)d.kw + q;
-      }
-    }
-  }
-}
-
-// y (when not NULL) gets each window's maximum, arg (when not NULL) its index.
+// y (when not NULL) gets each window's maximum, arg (when not NULL) its index (window_scan).
 template <typename T, int V>
 __global__ void max_pool_fwd_v(const T *__restrict__ x, T *__restrict__ y, int8_t *__restrict__ arg,
                                pool_desc d, int total) {
@@ -669,7 +689,10 @@ __global__ void max_pool_fwd_v(const T *__restrict__ x, T *__restrict__ y, int8_
     int cg = i % CG, p = i / CG, ow = p % Wo, oh = (p / Wo) % Ho, n = p / Wo / Ho;
     float best[V];
     int a[V];
-    max_window_v<T, V>(x + (int64_t)n * d.H * d.W * d.C, d, oh, ow, cg, best, a);
+    const int h0 = oh * (int)d.sh - (int)d.ph;
+    window_scan<T, V>(reinterpret_cast<const vec<T, V> *>(x + (int64_t)n * d.H * d.W * d.C), h0, (int)d.W * CG, CG,
+                      cg, h0, (int)d.H, ow * (int)d.sw - (int)d.pw, (int)d.W, taps<0, 0>{(int)d.kh, (int)d.kw}, best,
+                      a);
     int64_t o = (int64_t)i * V; /* NHWC output: position-major, then channels */
     if (y) {
       vec<T, V> out;
@@ -763,32 +786,6 @@ template <> struct pair2<__half> {
   }
 };
 
-// The window taps: KH x KW when known at compile time (ResNet's 3 x 3: unrolled, no loop
-// overhead), else kh x kw.
-template <int KH, int KW> struct taps {
-  int kh, kw;
-  __device__ __forceinline__ int rows() const { return KH ? KH : kh; }
-  __device__ __forceinline__ int cols() const { return KW ? KW : kw; }
-};
-
-// f(tap, its V lanes as pairs) for each tap of the window that lies in the image, in row-major
-// order (tap = r * kw + q), from the tile t of the window's rows (row r at r * row_vecs vectors;
-// the thread's channel group cg).
-template <typename T, int V, int KH, int KW, typename F>
-__device__ __forceinline__ void for_each_tap(const vec<T, V> *t, int row_vecs, int CG, int cg, int h0, int H, int w0,
-                                             int W, taps<KH, KW> k, F f) {
-#pragma unroll
-  for (int r = 0; r < k.rows(); r++) {
-    if (h0 + r < 0 || h0 + r >= H) continue;
-#pragma unroll
-    for (int q = 0; q < k.cols(); q++) {
-      if (w0 + q < 0 || w0 + q >= W) continue;
-      const vec<T, V> v = t[r * row_vecs + (w0 + q) * CG + cg];
-      f(r * k.cols() + q, reinterpret_cast<const typename pair2<T>::type *>(&v));
-    }
-  }
-}
-
 // The window's maximum, V lanes, from the tile t of its rows (row r at r * row_vecs vectors; the
 // thread's channel group cg) by packed NaN-propagating max: a NaN wins, as in the scan; -inf for
 // an empty window. Where +0 and -0 tie either may come out (the scan keeps the first; they are
@@ -800,7 +797,8 @@ __device__ __forceinline__ void window_max2(const vec<T, V> *t, int row_vecs, in
   const T ninf = from_f<T>(-INFINITY);
 #pragma unroll
   for (int j = 0; j < V / 2; j++) m[j] = P{ninf, ninf};
-  for_each_tap<T, V>(t, row_vecs, CG, cg, h0, H, w0, W, k, [&](int, const P *pv) {
+  for_each_tap<T, V>(t, 0, row_vecs, CG, cg, h0, H, w0, W, k, [&](int, const vec<T, V> &v) {
+    const P *pv = reinterpret_cast<const P *>(&v);
 #pragma unroll
     for (int j = 0; j < V / 2; j++) m[j] = __hmax2_nan(m[j], pv[j]);
   });
@@ -820,7 +818,8 @@ __device__ __forceinline__ bool window_arg2(const vec<T, V> *t, int row_vecs, in
     if (__hisnan(m[j].x) || __hisnan(m[j].y)) return false;
     found[j] = 0, idx[j] = 0;
   }
-  for_each_tap<T, V>(t, row_vecs, CG, cg, h0, H, w0, W, k, [&](int tap, const P *pv) {
+  for_each_tap<T, V>(t, 0, row_vecs, CG, cg, h0, H, w0, W, k, [&](int tap, const vec<T, V> &v) {
+    const P *pv = reinterpret_cast<const P *>(&v);
     const unsigned tap2 = (unsigned)tap * 0x00010001u;
 #pragma unroll
     for (int j = 0; j < V / 2; j++) {
@@ -864,21 +863,7 @@ __device__ __forceinline__ void fwd_row(const vec<T, V> *t, T *__restrict__ y, i
     }
     float best[V];
     int a[V];
-#pragma unroll
-    for (int j = 0; j < V; j++) best[j] = -INFINITY, a[j] = -1;
-    for (int r = 0; r < k.rows(); r++) {
-      if (h0 + r < 0 || h0 + r >= H) continue;
-      for (int q = 0; q < k.cols(); q++) {
-        const int w = w0 + q;
-        if (w < 0 || w >= W) continue;
-        const vec<T, V> v = t[r * row_vecs + w * CG + cg];
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-          float f = to_f(v.v[j]);
-          if (a[j] < 0 || f > best[j] || (isnan(f) && !isnan(best[j]))) best[j] = f, a[j] = r * k.cols() + q;
-        }
-      }
-    }
+    window_scan<T, V>(t, 0, row_vecs, CG, cg, h0, H, w0, W, k, best, a);
     if (y && sizeof(T) != 2) {
       vec<T, V> ov;
 #pragma unroll
@@ -1060,10 +1045,11 @@ stoke_err *pool_fwd(const stoke_kernel_args_v1 *a, void *) {
   T *y = (T *)a->out[0].data;
   int nhwc = a->out[0].layout == STOKE_NHWC;
   constexpr int V = 16 / sizeof(T);
-  size_t tile = MAX && pool_vec_ok<T>(a, d, false) ? pool_tile_bytes<T>(d, false) : 0;
+  const bool vec_ok = MAX && pool_vec_ok<T>(a, d, false);
+  size_t tile = vec_ok ? pool_tile_bytes<T>(d, false) : 0;
   if (tile)
     max_pool_fwd_rows<T, V><<<grid_for(d.N * d.Ho, 1, kMaxGrid), pool_tile_threads(d.C / V), tile, st>>>(x, y, NULL, d);
-  else if (MAX && pool_vec_ok<T>(a, d, false))
+  else if (vec_ok)
     max_pool_fwd_v<T, V><<<grid_for(total / V, kThreads, kMaxGrid), kThreads, 0, st>>>(x, y, NULL, d,
                                                                                     (int)(total / V));
   else if (MAX)
@@ -1093,14 +1079,14 @@ stoke_err *pool_bwd(const stoke_kernel_args_v1 *a, void *) {
     int8_t *arg = (int8_t *)a->workspace;
     int y_nhwc = a->dout[0].layout == STOKE_NHWC;
     constexpr int V = 16 / sizeof(T);
-    size_t tile_f = pool_vec_ok<T>(a, d, true) ? pool_tile_bytes<T>(d, false) : 0;
-    size_t tile_b = pool_vec_ok<T>(a, d, true) ? pool_tile_bytes<T>(d, true) : 0;
+    const bool vec_ok = pool_vec_ok<T>(a, d, true);
+    size_t tile_f = vec_ok ? pool_tile_bytes<T>(d, false) : 0, tile_b = vec_ok ? pool_tile_bytes<T>(d, true) : 0;
     if (tile_f && tile_b) {
       max_pool_fwd_rows<T, V><<<grid_for(d.N * d.Ho, 1, kMaxGrid), pool_tile_threads(d.C / V), tile_f, st>>>(
           (const T *)a->in[0].data, NULL, arg, d);
       max_pool_bwd_rows<T, V><<<grid_for(d.N * d.H, 1, kMaxGrid), pool_tile_threads(d.C / V), tile_b, st>>>(
           arg, dy, dx, d, beta);
-    } else if (pool_vec_ok<T>(a, d, true)) {
+    } else if (vec_ok) {
       max_pool_fwd_v<T, V><<<grid_for(n_out / V, kThreads, kMaxGrid), kThreads, 0, st>>>(
           (const T *)a->in[0].data, NULL, arg, d, (int)(n_out / V));
       max_pool_bwd_v<T, V><<<grid_for(total / V, kThreads, kMaxGrid), kThreads, 0, st>>>(arg, dy, dx, d, beta,

@@ -383,6 +383,9 @@ struct dz_of {
   }
 };
 
+// Floats of shared memory k_gsum's tree needs: half the block's rows of threads, 2 V sums each.
+inline size_t sums_red_floats(int bx, int by, int v) { return (size_t)(by / 2 > 0 ? by / 2 : 1) * bx * 2 * v; }
+
 // Block (channel group, partition p): part[c P + p] = (sum dz, sum dz (x - mean)).
 // bn_add_relu: dr = dz too, when dr is given (the apply pass then reads dz from it). dr may be dy's
 // memory: each element is read before it is written, by the same thread.
@@ -392,7 +395,7 @@ __global__ void BWD_BOUNDS k_gsum(const T *__restrict__ x, const T *dy, const ui
                               const T *__restrict__ w, const T *__restrict__ b, int64_t M, int64_t C, int64_t cv,
                               int64_t R, int P, float2 *__restrict__ part, T *dr) {
   constexpr int U = unroll<V, (ACT == kAddRelu ? 3 : 2), true>::n;
-  extern __shared__ float sh[];  // [max(by / 2, 1)][bx][2 V]: the sums of half the rows of threads
+  extern __shared__ float sh[];  // sums_red_floats(): [max(by / 2, 1)][bx][2 V]
   int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
   part_rows pr = rows_of(M, R);
   float s1[V], s2[V];
@@ -691,7 +694,7 @@ stoke_err *bwd_v(const stoke_kernel_args_v1 *a, const geom &g) {
    * is x's memory, which the passes still read) */
   const bool dz_in_dr = ACT == kAddRelu && dr && (dx || dw || db) && (const T *)dr != x;
   if (dx || dw || db) {
-    size_t shm = (size_t)(g.by / 2 > 0 ? g.by / 2 : 1) * g.bx * 2 * V * sizeof(float);
+    size_t shm = sums_red_floats(g.bx, g.by, V) * sizeof(float);
     k_gsum<T, V, ACT><<<grid_of(g), block_of(g), shm, st>>>(x, dy, mask, sm, si, w, b, g.m, g.c, g.cv, g.rows,
                                                             g.parts, part, dz_in_dr ? dr : nullptr);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
