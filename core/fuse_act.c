@@ -1,8 +1,10 @@
-/* core/fuse_act.c: the compiler's activation-epilogue fusion (run.fuse):
+/* core/fuse_act.c: the compiler's linear fusions (run.fuse):
  * linear -> relu|gelu(tanh) -> linear becomes linear_act -> linear, and,
  * once backward is derived, the activation's gradient moves into the next
  * linear's backward (linear_dact), so a GPU engine applies it in the
- * epilogue of the product that makes the gradient (stoke/ops.h).
+ * epilogue of the product that makes the gradient (stoke/ops.h); and a
+ * linear whose output only an add_layer_norm reads gives its bias to it
+ * (stoke_fuse_bias_ln, below).
  *
  * Forward (stoke_fuse_linear_act, before backward derivation):
  *   L1: z = linear(x1, W1, b1);  A: y1 = act(z);  L2: linear(y1, W2, b2)
@@ -130,9 +132,79 @@ stoke_err *stoke_fuse_linear_act(stoke_graph *g, const stoke_plan_opts *o) {
   return NULL;
 }
 
+/* The bias fold (before backward derivation, after stoke_fuse_linear_act):
+ *   L: r = linear(x, W, b);  N: (s, y, ...) = add_layer_norm(a, r, w, beta)
+ *   ->  L: r = matmul(x, W);  N: (s, y, ...) = add_bias_layer_norm(a, r, w, beta, b)
+ * when r is read by N alone, and the engines that serve the linear and the
+ * add_layer_norm also serve matmul and add_bias_layer_norm both ways. The
+ * bias gradient then comes out of the layer norm's backward, which makes
+ * the gradient of r (the column sums of it, next to dweight and dbias),
+ * instead of the product's BGRADB epilogue or a column-sum pass over r's
+ * gradient: on GPT-2 124M (H200) those cost 0.013-0.014 ms a product for
+ * attn.c_proj and mlp.c_proj, 0.33 ms a step (BENCHMARKS.md run 20). The
+ * forward adds b in the layer norm's sum (s rounded once) and the product
+ * loses its bias epilogue. A linear_act's next linear (mlp.c_proj) folds
+ * too: its linear_dact backward then writes no bias gradient. */
+stoke_err *stoke_fuse_bias_ln(stoke_graph *g, const stoke_plan_opts *o) {
+  const stoke_op_type_v1 *mm = stoke_find_op(g->reg, STOKE_OP_MATMUL);
+  const stoke_op_type_v1 *abln = stoke_find_op(g->reg, STOKE_OP_ADD_BIAS_LAYER_NORM);
+  if (!mm || !abln) return NULL;
+  for (int t = 0; t < g->n_fwd; t++) {
+    stoke_gnode *nn = &g->nodes[t];
+    if (!is_op(nn, STOKE_OP_ADD_LAYER_NORM) || nn->in[0] == nn->in[1]) continue;
+    for (int k = 0; k < 2; k++) {
+      int r = nn->in[k], l = g->values[r].producer;
+      if (l < 0 || !is_op(&g->nodes[l], STOKE_OP_LINEAR) || r == g->logits || r == g->loss ||
+          readers(g, r, NULL, NULL) != 1)
+        continue;
+      stoke_gnode *ln = &g->nodes[l];
+      const stoke_value *x = &g->values[ln->in[0]], *a = &g->values[nn->in[0]];
+      const char *lin = serving(g, o, STOKE_OP_LINEAR, STOKE_FWD, x);
+      const char *mf = serving(g, o, STOKE_OP_MATMUL, STOKE_FWD, x), *mb = serving(g, o, STOKE_OP_MATMUL, STOKE_BWD, x);
+      const char *lnf = serving(g, o, STOKE_OP_ADD_LAYER_NORM, STOKE_FWD, a);
+      const char *af = serving(g, o, STOKE_OP_ADD_BIAS_LAYER_NORM, STOKE_FWD, a);
+      const char *ab = serving(g, o, STOKE_OP_ADD_BIAS_LAYER_NORM, STOKE_BWD, a);
+      if (!lin || !mf || !mb || !lnf || !af || !ab || strcmp(lin, mf) || strcmp(lin, mb) || strcmp(lnf, af) ||
+          strcmp(lnf, ab))
+        continue;
+      stoke_value_desc_v1 in[5], out[4];
+      for (int i = 0; i < 4; i++) in[i] = (stoke_value_desc_v1){g->values[nn->in[i]].shape, g->values[nn->in[i]].dtype};
+      in[4] = (stoke_value_desc_v1){g->values[ln->in[2]].shape, g->values[ln->in[2]].dtype};
+      stoke_node_v1 folded = nn->n;
+      folded.op = abln->name;
+      stoke_err *e = abln->infer(&folded, in, out);
+      if (e) { /* a bias that does not fit (shape or dtype): leave the pair as it is */
+        stoke_err_free(e);
+        continue;
+      }
+      nn->type = abln;
+      nn->n.op = abln->name;
+      nn->in[4] = ln->in[2];
+      nn->n_in = 5;
+      ln->type = mm;
+      ln->n.op = mm->name;
+      ln->n_in = 2;
+      ln->in[2] = -1;
+      break;
+    }
+  }
+  return NULL;
+}
+
 /* 1: d bias1 in the dz1 product's epilogue (D*_BGRAD), 0: in B1's dW1
  * product (BGRADB), measured faster (above). */
 #define BIAS_IN_DZ 0
+
+/* The bias that forward node f (a matmul) gave to the add_bias_layer_norm
+ * that reads its output (stoke_fuse_bias_ln), or -1. */
+static int folded_bias(const stoke_graph *g, int f) {
+  if (f < 0 || f >= g->n_fwd) return -1;
+  int node = -1, slot = -1;
+  if (readers(g, g->nodes[f].out[0], &node, &slot) != 1 || slot > 1 ||
+      !is_op(&g->nodes[node], STOKE_OP_ADD_BIAS_LAYER_NORM))
+    return -1;
+  return g->nodes[node].in[4];
+}
 
 /* The backward node of forward node f, or -1. */
 static int backward_of(const stoke_graph *g, int f) {
@@ -163,7 +235,9 @@ stoke_err *stoke_fuse_act_grad(stoke_graph *g) {
     if (b1 < 0) continue; /* nothing upstream wants a gradient */
     int dy1 = g->nodes[b1].dout[0], b2 = dy1 >= 0 ? g->values[dy1].producer : -1;
     stoke_gnode *n2 = b2 >= 0 ? &g->nodes[b2] : NULL;
-    if (!dact || !n2 || n2->pass != STOKE_BWD || !is_op(n2, STOKE_OP_LINEAR) || n2->din[0] != dy1 ||
+    /* a next linear that gave its bias to an add_bias_layer_norm is a matmul now: fb is that bias */
+    int fb = n2 && is_op(n2, STOKE_OP_MATMUL) ? folded_bias(g, n2->fwd) : -1;
+    if (!dact || !n2 || n2->pass != STOKE_BWD || !(is_op(n2, STOKE_OP_LINEAR) || fb >= 0) || n2->din[0] != dy1 ||
         n2->in[0] != ln->out[0] || other_uses(g, dy1, b1))
       return STOKE_ERR(STOKE_E_INTERNAL,
                        "node '%s' (linear_act): the gradient of its output does not come from one linear's "
@@ -179,6 +253,11 @@ stoke_err *stoke_fuse_act_grad(stoke_graph *g) {
     n2->n.n_attrs = ln->n.n_attrs;
     memcpy(n2->n.attrs, ln->n.attrs, sizeof n2->n.attrs);
     n2->n_in = 5;
+    if (fb >= 0) { /* linear_dact's b2: its gradient comes from the layer norm */
+      n2->in[2] = fb;
+      n2->din[2] = -1;
+      n2->n_out = 1;
+    }
     n2->in[3] = ln->out[1];
     n2->in[4] = ln->in[2];
     n2->din[3] = -1;

@@ -460,11 +460,13 @@ static int alias_add_grads(stoke_graph *g, const stoke_gnode *f, const char *nee
   return 1;
 }
 
-/* add_layer_norm's backward writes the same gradient into a and b: one
- * value serves both when neither is a parameter and neither has a
- * gradient from elsewhere yet. */
+/* add_layer_norm's (and add_bias_layer_norm's) backward writes the same
+ * gradient into a and b: one value serves both when neither is a parameter
+ * and neither has a gradient from elsewhere yet. */
 static int shares_grad(const stoke_graph *g, const stoke_gnode *f, const char *needs) {
-  if (strcmp(f->n.op, STOKE_OP_ADD_LAYER_NORM) || f->in[0] == f->in[1]) return 0;
+  if ((strcmp(f->n.op, STOKE_OP_ADD_LAYER_NORM) && strcmp(f->n.op, STOKE_OP_ADD_BIAS_LAYER_NORM)) ||
+      f->in[0] == f->in[1])
+    return 0;
   for (int k = 0; k < 2; k++) {
     const stoke_value *v = &g->values[f->in[k]];
     if (!needs[f->in[k]] || v->kind == STOKE_VAL_PARAM || v->grad >= 0 || v->dtype != g->values[f->in[0]].dtype)
@@ -568,7 +570,7 @@ stoke_err *stoke_graph_derive_backward(stoke_graph *g) {
           g->values[v].grad = gv;
         }
       } else if (k == 1 && share) {
-        gv = g->nodes[id].din[0]; /* add_layer_norm: a and b get the same gradient */
+        gv = g->nodes[id].din[0]; /* add_(bias_)layer_norm: a and b get the same gradient */
         g->values[v].grad = gv;
       } else if (val->grad < 0) {
         if ((e = new_value(g, gname, STOKE_VAL_GRAD, &val->shape, val->dtype, &gv))) goto done;

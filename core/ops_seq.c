@@ -99,9 +99,19 @@ static stoke_err *infer_add_layer_norm(const stoke_node_v1 *n, const stoke_value
                                        stoke_value_desc_v1 *out) {
   const stoke_shape *a = &in[0].shape, *b = &in[1].shape;
   if (a->ndim != b->ndim || memcmp(a->d, b->d, sizeof(int64_t) * (size_t)a->ndim) || in[0].dtype != in[1].dtype)
-    return STOKE_ERR(STOKE_E_INVALID, "add_layer_norm '%s': a and b differ in shape or dtype", n->name);
+    return STOKE_ERR(STOKE_E_INVALID, "%s '%s': a and b differ in shape or dtype", n->op, n->name);
   out[0] = in[0];
   return ln_shapes(n, in, 0, 2, out, 1);
+}
+
+static stoke_err *infer_add_bias_layer_norm(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                                            stoke_value_desc_v1 *out) {
+  STOKE_PROPAGATE(infer_add_layer_norm(n, in, out));
+  const stoke_shape *a = &in[0].shape;
+  if (in[4].shape.ndim != 1 || in[4].shape.d[0] != a->d[a->ndim - 1] || in[4].dtype != in[0].dtype)
+    return STOKE_ERR(STOKE_E_INVALID, "add_bias_layer_norm '%s': c (added to every row) must be [%lld] of the "
+                     "input's dtype", n->name, (long long)a->d[a->ndim - 1]);
+  return NULL;
 }
 
 static double flops_layer_norm(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
@@ -266,6 +276,8 @@ static const stoke_op_type_v1 ops[] = {
      infer_layer_norm, flops_layer_norm, IN(0) | IN(1) | OUT(1) | OUT(2), 0, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_ADD_LAYER_NORM, "residual add then layer_norm, one pass (s = a + b, y = layer_norm(s))", 4, 4,
      ln_attrs, 1, infer_add_layer_norm, flops_add_layer_norm, IN(2) | OUT(0) | OUT(2) | OUT(3), 0, 1},
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_ADD_BIAS_LAYER_NORM, "add_layer_norm with a per-channel c added to the sum (a linear's bias moved in: s = a + b + c)",
+     5, 4, ln_attrs, 1, infer_add_bias_layer_norm, flops_add_layer_norm, IN(2) | OUT(0) | OUT(2) | OUT(3), 0, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_ATTENTION, "causal scaled dot-product attention over packed qkv (flash attention on GPUs)", 1, 2,
      attention_attrs, 3, infer_attention, flops_attention, IN(0) | OUT(0) | OUT(1), 0, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_MATMUL, "x W^T, a linear without bias (nn.Linear(bias=False))", 2, 1, NULL, 0, infer_matmul,

@@ -16,6 +16,7 @@ stoke_err *stoke_autocast_islands(stoke_graph *g, const char *policy, const char
 /* core/fuse_act.c: linear -> relu|gelu -> linear epilogue fusion */
 stoke_err *stoke_fuse_linear_act(stoke_graph *g, const stoke_plan_opts *o);
 stoke_err *stoke_fuse_act_grad(stoke_graph *g);
+stoke_err *stoke_fuse_bias_ln(stoke_graph *g, const stoke_plan_opts *o);
 void stoke_graph_drop_fwd_node(stoke_graph *g, int r);
 /* core/fuse_grad.c: gradient sums accumulated by their producers */
 int stoke_fuse_grad_sums(stoke_graph *g);
@@ -442,6 +443,7 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
     STOKE_PROPAGATE(stoke_autocast_islands(g, opts->precision->name, opts->precision->fp32_ops));
   }
   if (opts->fuse) STOKE_TRY(stoke_fuse_linear_act(g, opts), "fusing activations into linears");
+  if (opts->fuse) STOKE_TRY(stoke_fuse_bias_ln(g, opts), "moving linears' biases into layer norms");
   fuse_patterns_all(g, opts);
   if (opts->training) STOKE_TRY(stoke_graph_derive_backward(g), "deriving the backward pass");
   if (opts->training && opts->fuse) STOKE_TRY(stoke_fuse_act_grad(g), "fusing activation gradients");

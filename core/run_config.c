@@ -66,8 +66,9 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "fp16: clean steps before the scale doubles (0: the policy's, 2000)"},
     {"fuse", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "let the compiler fuse linear -> relu|gelu(tanh) -> linear into cuBLASLt's activation epilogues "
-     "(forward *_AUX_BIAS, backward DRELU/DGELU in the next linear's product) where the backend has them; "
-     "off by default: on an H100 the bf16 mlp bench ran 10% slower with ReLU (cuBLASLt's DRELU product is "
+     "(forward *_AUX_BIAS, backward DRELU/DGELU in the next linear's product) where the backend has them, and "
+     "move the bias of a linear whose output only an add_layer_norm reads into it (add_bias_layer_norm: the "
+     "bias gradient summed in the layer norm's backward pass); off by default: on an H100 the bf16 mlp bench ran 10% slower with ReLU (cuBLASLt's DRELU product is "
      "slow) and no faster with GELU. Batch norm + ReLU (+ add) fuse without it when an engine listed before "
      "the batch norm's, or the batch norm's own GPU engine, has them (backends = fused, ...)"},
     {"grad_sums_in_place", STOKE_CFG_BOOL, "true", 0, 0, NULL,

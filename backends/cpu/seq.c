@@ -7,6 +7,7 @@
  * in seq_kernels.inc, included once for float and once for double. */
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -69,17 +70,19 @@ static stoke_err *pos_embedding_check(const stoke_kernel_args_v1 *a, stoke_dtype
 typedef struct ln_geom {
   int64_t rows, c;
   double eps;
-  int add;   /* add_layer_norm: inputs (a, b, w, bias), outputs (s, y, mean, rstd) */
+  int add;   /* 1 add_layer_norm: inputs (a, b, w, bias), outputs (s, y, mean, rstd); 2 add_bias_layer_norm:
+              * inputs (a, b, w, bias, c) */
   int x, w;  /* index of the normalized input (or output s) and of the weight */
   int y;     /* index of the output y; mean and rstd follow */
 } ln_geom;
 
 static stoke_err *ln_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run, int add, ln_geom *g) {
-  const char *op = add ? STOKE_OP_ADD_LAYER_NORM : STOKE_OP_LAYER_NORM;
+  const char *op = add == 2 ? STOKE_OP_ADD_BIAS_LAYER_NORM : add ? STOKE_OP_ADD_LAYER_NORM : STOKE_OP_LAYER_NORM;
   g->add = add;
   g->w = add ? 2 : 1;
   g->y = add ? 1 : 0;
-  CHECK(stoke_check_counts(a, op, bwd, add ? 4 : 3, add ? 4 : 3));
+  int nin = add == 2 ? 5 : add ? 4 : 3, nout = add ? 4 : 3;
+  CHECK(stoke_check_counts(a, op, bwd, nin, nout));
   const stoke_node_v1 *n = a->node;
   if (!n || n->n_attrs <= STOKE_LAYER_NORM_EPS)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attribute eps missing", op, stoke_node_name(a));
@@ -91,7 +94,7 @@ static stoke_err *ln_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
   g->c = xs->d[xs->ndim - 1];
   g->rows = g->c ? stoke_numel(xs) / g->c : 0;
   stoke_dtype st = dt == STOKE_F64 ? STOKE_F64 : STOKE_F32;
-  static const char *const add_names[] = {"a", "b", "weight", "bias"}, *const ln_names[] = {"x", "weight", "bias"};
+  static const char *const add_names[] = {"a", "b", "weight", "bias", "c"}, *const ln_names[] = {"x", "weight", "bias"};
   const char *const *names = add ? add_names : ln_names;
   for (int i = 0; i < (add ? 2 : 1); i++) {
     if (!stoke_same_shape(&a->in[i].shape, xs) || !stoke_same_shape(&a->out[i].shape, xs))
@@ -100,7 +103,7 @@ static stoke_err *ln_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
     CHECK(stoke_check_dtype(a, op, names[i], &a->in[i], dt));
     CHECK(stoke_check_dtype(a, op, "y", &a->out[i], dt));
   }
-  for (int i = g->w; i < g->w + 2; i++) {
+  for (int i = g->w; i < nin; i++) {
     if (a->in[i].shape.ndim != 1 || a->in[i].shape.d[0] != g->c)
       return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, stoke_node_name(a), names[i],
                         stoke_shape_str(&a->in[i].shape).s, stoke_shape_str(xs).s, (long long)g->c);
@@ -112,7 +115,6 @@ static stoke_err *ln_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
                         (long long)g->rows, stoke_shape_str(&a->out[j].shape).s);
     CHECK(stoke_check_dtype(a, op, "mean/rstd", &a->out[j], st));
   }
-  int nin = add ? 4 : 3, nout = add ? 4 : 3;
   if (!bwd) {
     for (int i = 0; i < nin; i++) CHECK(stoke_check_data(a, op, "input", &a->in[i], run));
     for (int j = 0; j < nout; j++) CHECK(stoke_check_data(a, op, "output", &a->out[j], run));
@@ -375,6 +377,8 @@ CPU_PLAN(transpose_fwd_plan, int d[2], transpose_check(a, a->in[0].dtype, 0, 0, 
   K(STOKE_OP_LAYER_NORM, STOKE_BWD, layer_norm_bwd, sfx, dt),                  \
   K(STOKE_OP_ADD_LAYER_NORM, STOKE_FWD, add_layer_norm_fwd, sfx, dt),          \
   K(STOKE_OP_ADD_LAYER_NORM, STOKE_BWD, add_layer_norm_bwd, sfx, dt),          \
+  K(STOKE_OP_ADD_BIAS_LAYER_NORM, STOKE_FWD, add_bias_layer_norm_fwd, sfx, dt), \
+  K(STOKE_OP_ADD_BIAS_LAYER_NORM, STOKE_BWD, add_bias_layer_norm_bwd, sfx, dt), \
   CPU_KERNEL(STOKE_OP_ATTENTION, STOKE_FWD, attention_fwd, sfx, dt, CAT(attention_destroy, sfx)), \
   CPU_KERNEL(STOKE_OP_ATTENTION, STOKE_BWD, attention_bwd, sfx, dt, CAT(attention_destroy, sfx)), \
   K(STOKE_OP_MATMUL, STOKE_FWD, matmul_fwd, sfx, dt),                          \

@@ -935,14 +935,16 @@ static stoke_err *bwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
   }
   lt_engine *E = a->engine;
   uint64_t n = (uint64_t)s->n, k = (uint64_t)s->k, o = (uint64_t)s->o;
-  /* plan what may be wanted: din[i].data may be NULL at plan time */
+  /* plan what may be wanted: din[i].data may be NULL at plan time, but a gradient nobody wants has no shape
+   * (linear_dact's b2 after core/fuse_act.c's bias fold) */
+  int want_db = !s->nobias && a->din[2].shape.ndim > 0;
   if (n && k && o) {
     e = gemm_plan(E, s, a, &s->dx, "dx", CUBLAS_OP_N, CUBLAS_OP_N, k, n, o, s->k, s->o, s->k,
                   CUBLASLT_EPILOGUE_DEFAULT, 0, 0);
     if (!e)
       e = gemm_plan(E, s, a, &s->dw, "dW", CUBLAS_OP_N, CUBLAS_OP_T, k, o, n, s->k, s->o, s->k,
                     CUBLASLT_EPILOGUE_DEFAULT, 0, 0);
-    if (!e && !(a->flags & STOKE_KFLAG_DETERMINISTIC) && !s->nobias)
+    if (!e && !(a->flags & STOKE_KFLAG_DETERMINISTIC) && want_db)
       e = gemm_plan(E, s, a, &s->dw_bgrad, "dW+db", CUBLAS_OP_N, CUBLAS_OP_T, k, o, n, s->k, s->o, s->k,
                     CUBLASLT_EPILOGUE_BGRADB, 0, 1);
     /* linear_dact: dz1 = dx * act'(z1) in the dx product's epilogue, with d bias1 (not accumulating, not
@@ -954,7 +956,7 @@ static stoke_err *bwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
       e = gemm_plan(E, s, a, &s->dx_dact, "dz1", CUBLAS_OP_N, CUBLAS_OP_N, k, n, o, s->k, s->o, s->k,
                     act_bwd_epilogue(s, 0), s->aux_ld, 1);
   }
-  if (!e && n && k && o && !s->nobias) e = choose_bgrad(E, s, a, &s->dw_bgrad, &s->dw, s->n, s->o);
+  if (!e && n && k && o && want_db) e = choose_bgrad(E, s, a, &s->dw_bgrad, &s->dw, s->n, s->o);
   if (!e && n && k && o && dact) e = choose_bgrad(E, s, a, &s->dx_dact_bgrad, &s->dx_dact, s->n, s->k);
   if (e) {
     lt_destroy(s);
@@ -973,7 +975,7 @@ static stoke_err *bwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
   *state = s;
   /* the column sums' partials (db over dy[N, O]; d bias1 over dz1[N, K]) share the products' workspace: they
    * run after them */
-  size_t cs = max_ws(s->nobias ? 0 : stoke_lt_colsum_workspace(s->n, s->o, dt),
+  size_t cs = max_ws(want_db ? stoke_lt_colsum_workspace(s->n, s->o, dt) : 0,
                      dact ? stoke_lt_colsum_workspace(s->n, s->k, dt) : 0);
   *workspace_bytes = s->dz_bytes + max_ws(max_ws(max_ws(s->dx.ws, s->dx_dact.ws), cs),
                                           max_ws(s->dx_dact_bgrad.ws, max_ws(s->dw.ws, s->dw_bgrad.ws)));

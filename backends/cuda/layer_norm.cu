@@ -1,5 +1,7 @@
-// backends/cuda/layer_norm.cu: the cuda backend's layer_norm and add_layer_norm (s = x + r rounded
-// to the dtype, then normalized), forward and backward, f32, bf16 and fp16; see stoke/ops.h.
+// backends/cuda/layer_norm.cu: the cuda backend's layer_norm, add_layer_norm (s = x + r rounded
+// to the dtype, then normalized) and add_bias_layer_norm (s = x + r + c), forward and backward, f32,
+// bf16 and fp16; see stoke/ops.h. add_bias_layer_norm's dc, the column sums of the gradient written
+// to x and r, is summed in the same pass as dweight and dbias.
 // Rows of at most 1024 columns in whole 16-byte vectors take the register path: a warp per row held
 // in registers, one read of each input and one write of each output, and the backward's weight and
 // bias gradients summed in the same pass (per block, then the blocks in order), as llm.c's fused
@@ -55,8 +57,8 @@ template <typename T> __device__ __forceinline__ void st(T *p, const row_vec<T> 
 // over the registers), y = (s - mean) rstd w + bias.
 template <typename T, int IT>
 __global__ void __launch_bounds__(kThreads)
-    ln_fwd_vec_kernel(const T *__restrict__ a, const T *__restrict__ b, T *__restrict__ s_out,
-                      const T *__restrict__ w, const T *__restrict__ bias, T *__restrict__ y,
+    ln_fwd_vec_kernel(const T *__restrict__ a, const T *__restrict__ b, const T *__restrict__ cb,
+                      T *__restrict__ s_out, const T *__restrict__ w, const T *__restrict__ bias, T *__restrict__ y,
                       float *__restrict__ mean, float *__restrict__ rstd, int64_t rows, int c, float eps) {
   constexpr int V = 16 / sizeof(T);
   const int lane = threadIdx.x % 32;
@@ -70,8 +72,14 @@ __global__ void __launch_bounds__(kThreads)
       row_vec<T> x = ld(a + r * c + j);
       if (b) {
         const row_vec<T> xb = ld(b + r * c + j);
+        if (cb) {
+          const row_vec<T> xc = ld(cb + j);
 #pragma unroll
-        for (int k = 0; k < V; k++) x.v[k] = from_f<T>(to_f(x.v[k]) + to_f(xb.v[k]));
+          for (int k = 0; k < V; k++) x.v[k] = from_f<T>(to_f(x.v[k]) + to_f(xb.v[k]) + to_f(xc.v[k]));
+        } else {
+#pragma unroll
+          for (int k = 0; k < V; k++) x.v[k] = from_f<T>(to_f(x.v[k]) + to_f(xb.v[k]));
+        }
         st(s_out + r * c + j, x);
       }
 #pragma unroll
@@ -101,26 +109,38 @@ __global__ void __launch_bounds__(kThreads)
 
 // Backward, a warp per row as above: dx = rstd (gy - mean(gy) - xhat mean(gy xhat)) (+ ds),
 // gy = dy w, into dx (and dx2: add_layer_norm's second input, when it has its own memory); in the
-// same pass each lane sums dy xhat and dy over its warp's rows into the warp's slice of shared
-// memory (lane-major, so the 32 lanes hit 32 banks), and the block adds its kBwdWarps slices in
-// order into part[block] (when part is given; ln_part_sum_kernel adds the blocks). The sums live
-// in shared memory, not registers: in registers (48 floats a lane at 768 bf16 columns) the kernel
-// took 170 registers and one 256-thread block an SM, 2.4x its bytes floor (BENCHMARKS.md run 9);
-// here 128-thread blocks at <= 128 registers run 4 to an SM. dx may share memory with x, dy or
-// ds: each element is read before it is written, by the same thread.
-template <typename T, int IT>
+// same pass each lane sums dy xhat and dy (and with DC, add_bias_layer_norm, dx's value itself)
+// over its warp's rows into the warp's slice of shared memory (lane-major, so the 32 lanes hit 32
+// banks), and the block adds its kBwdWarps slices in order into part[block] (and part3[block])
+// when part is given; ln_part_sum_kernel adds the blocks. The sums live in shared memory, not
+// registers: in registers (48 floats a lane at 768 bf16 columns) the kernel took 170 registers and
+// one 256-thread block an SM, 2.4x its bytes floor (BENCHMARKS.md run 9); here 128-thread blocks at
+// <= 128 registers run 4 to an SM. The shared memory is dynamic (ln_bwd_vec_smem): with DC, 1024
+// columns need 48 KiB and a little more. dx may share memory with x, dy or ds: each element is read
+// before it is written, by the same thread.
+template <int IT, int V> __host__ __device__ constexpr int ln_slots() { return IT * V < kVecMaxC / 32 ? IT * V : kVecMaxC / 32; }
+template <typename T, int IT, bool DC> constexpr size_t ln_bwd_vec_smem() {
+  return (size_t)kBwdWarps * ln_slots<IT, 16 / sizeof(T)>() * 32 * (sizeof(float2) + (DC ? sizeof(float) : 0));
+}
+
+template <typename T, int IT, bool DC>
 __global__ void __launch_bounds__(kBwdWarps * 32, 4)
     ln_bwd_vec_kernel(const T *x, const T *__restrict__ w, const T *dy, const T *ds, const float *__restrict__ mean,
-                      const float *__restrict__ rstd, T *dx, T *dx2, float2 *__restrict__ part, int64_t rows, int c,
-                      float b0, float b1) {
+                      const float *__restrict__ rstd, T *dx, T *dx2, float2 *__restrict__ part,
+                      float *__restrict__ part3, int64_t rows, int c, float b0, float b1) {
   constexpr int V = 16 / sizeof(T);
   // [warp][slot][lane]: the column (it 32 + lane) V + k. vec_iters keeps IT V <= kVecMaxC / 32 (the 16-bit
-  // types never take IT 6 or 8): the bound only sizes those unused instantiations within 48 KiB.
-  constexpr int kSlots = IT * V < kVecMaxC / 32 ? IT * V : kVecMaxC / 32;
-  __shared__ float2 acc[kBwdWarps][kSlots][32];
+  // types never take IT 6 or 8): the bound only sizes those unused instantiations.
+  constexpr int kSlots = ln_slots<IT, V>();
+  extern __shared__ float4 ln_smem[];
+  float2(*acc)[kSlots][32] = reinterpret_cast<float2(*)[kSlots][32]>(ln_smem);
+  float(*acc3)[kSlots][32] = reinterpret_cast<float(*)[kSlots][32]>(&acc[kBwdWarps][0][0]);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
-  for (int e = 0; e < kSlots; e++) acc[warp][e][lane] = make_float2(0.f, 0.f);
+  for (int e = 0; e < kSlots; e++) {
+    acc[warp][e][lane] = make_float2(0.f, 0.f);
+    if (DC) acc3[warp][e][lane] = 0.f;
+  }
   row_vec<T> wv[IT];
 #pragma unroll
   for (int it = 0; it < IT; it++)
@@ -153,23 +173,24 @@ __global__ void __launch_bounds__(kBwdWarps * 32, 4)
     }
     mg = warp_sum(mg) / (float)c;
     mgx = warp_sum(mgx) / (float)c;
-    if (!dx) continue;
+    if (!dx && !DC) continue;
 #pragma unroll
     for (int it = 0; it < IT; it++) {
       const int j = (it * 32 + lane) * V;
       if (j >= c) continue;
       row_vec<T> sv, o, o2;
       if (ds) sv = ld(ds + r * c + j);
-      if (b0 != 0.f) o = ld(dx + r * c + j);
+      if (dx && b0 != 0.f) o = ld(dx + r * c + j);
       if (dx2 && b1 != 0.f) o2 = ld(dx2 + r * c + j);
 #pragma unroll
       for (int k = 0; k < V; k++) {
         const float xh = (to_f(xv[it].v[k]) - m) * rs, g = to_f(gv[it].v[k]) * to_f(wv[it].v[k]);
         const float v = rs * (g - mg - xh * mgx) + (ds ? to_f(sv.v[k]) : 0.f);
-        o.v[k] = from_f<T>(b0 != 0.f ? b0 * to_f(o.v[k]) + v : v);
+        if (DC) acc3[warp][it * V + k][lane] += v;
+        if (dx) o.v[k] = from_f<T>(b0 != 0.f ? b0 * to_f(o.v[k]) + v : v);
         if (dx2) o2.v[k] = from_f<T>(b1 != 0.f ? b1 * to_f(o2.v[k]) + v : v);
       }
-      st(dx + r * c + j, o);
+      if (dx) st(dx + r * c + j, o);
       if (dx2) st(dx2 + r * c + j, o2);
     }
   }
@@ -181,39 +202,50 @@ __global__ void __launch_bounds__(kBwdWarps * 32, 4)
 #pragma unroll
     for (int q = 1; q < kBwdWarps; q++) t = make_float2(t.x + acc[q][e][l].x, t.y + acc[q][e][l].y);
     part[(int64_t)blockIdx.x * c + j] = t;
+    if (DC) {
+      float t3 = acc3[0][e][l];
+#pragma unroll
+      for (int q = 1; q < kBwdWarps; q++) t3 += acc3[q][e][l];
+      part3[(int64_t)blockIdx.x * c + j] = t3;
+    }
   }
 }
 
-// dweight[j] = beta dweight[j] + the .x of column j's parts added in order (dbias likewise from .y):
-// a block is 32 columns x kWarps phases over the parts, the phase sums added in order.
+// dweight[j] = beta dweight[j] + the .x of column j's parts added in order (dbias likewise from .y,
+// dc from part3 when given): a block is 32 columns x kWarps phases over the parts, the phase sums
+// added in order.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    ln_part_sum_kernel(const float2 *__restrict__ part, int parts, T *dw, T *db, int64_t c, float bw, float bb) {
-  __shared__ float2 sm[kWarps][33];
+    ln_part_sum_kernel(const float2 *__restrict__ part, const float *__restrict__ part3, int parts, T *dw, T *db,
+                       T *dc, int64_t c, float bw, float bb, float bc) {
+  __shared__ float3 sm[kWarps][33];
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
   const int64_t j = (int64_t)blockIdx.x * 32 + tx;
-  float sw = 0.f, sb = 0.f;
+  float sw = 0.f, sb = 0.f, sc = 0.f;
   for (int p = ty; j < c && p < parts; p += kWarps) {
     const float2 v = part[(int64_t)p * c + j];
     sw += v.x;
     sb += v.y;
+    if (part3) sc += part3[(int64_t)p * c + j];
   }
-  sm[ty][tx] = make_float2(sw, sb);
+  sm[ty][tx] = make_float3(sw, sb, sc);
   __syncthreads();
   if (ty || j >= c) return;
-  for (int k = 1; k < kWarps; k++) sw += sm[k][tx].x, sb += sm[k][tx].y;
+  for (int k = 1; k < kWarps; k++) sw += sm[k][tx].x, sb += sm[k][tx].y, sc += sm[k][tx].z;
   if (dw) acc(dw + j, bw, sw);
   if (db) acc(db + j, bb, sb);
+  if (dc) acc(dc + j, bc, sc);
 }
 
 // --------------------------------------------------------- plain path
 
-// One warp per row, read from memory: s = a + b rounded to T (add_layer_norm) or x, its mean and
+// One warp per row, read from memory: s = a + b (+ c) rounded to T (add_layer_norm) or x, its mean and
 // biased variance (two passes over the row, in float), y = (s - mean) rstd w + bias.
 template <typename T>
-__global__ void ln_fwd_kernel(const T *__restrict__ a, const T *__restrict__ b, T *__restrict__ s_out,
-                              const T *__restrict__ w, const T *__restrict__ bias, T *__restrict__ y,
-                              float *__restrict__ mean, float *__restrict__ rstd, int64_t rows, int64_t c, float eps) {
+__global__ void ln_fwd_kernel(const T *__restrict__ a, const T *__restrict__ b, const T *__restrict__ cb,
+                              T *__restrict__ s_out, const T *__restrict__ w, const T *__restrict__ bias,
+                              T *__restrict__ y, float *__restrict__ mean, float *__restrict__ rstd, int64_t rows,
+                              int64_t c, float eps) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
   for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
@@ -222,7 +254,7 @@ __global__ void ln_fwd_kernel(const T *__restrict__ a, const T *__restrict__ b, 
     for (int64_t j = lane; j < c; j += 32) {
       float v = to_f(ar[j]);
       if (b) {
-        T sv = from_f<T>(v + to_f(b[r * c + j]));
+        T sv = from_f<T>(v + to_f(b[r * c + j]) + (cb ? to_f(cb[j]) : 0.f));
         s_out[r * c + j] = sv;
         v = to_f(sv);
       }
@@ -243,12 +275,13 @@ __global__ void ln_fwd_kernel(const T *__restrict__ a, const T *__restrict__ b, 
 }
 
 // dx per row (one warp): rstd (gy - mean(gy) - xhat mean(gy xhat)) (+ ds), gy = dy w, into dx and
-// dx2 (add_layer_norm's second input, when it has its own memory).
+// dx2 (add_layer_norm's second input, when it has its own memory); the row's (mean(gy),
+// mean(gy xhat)) into rowstat when given (add_bias_layer_norm's dc: ln_bwd_w_part_kernel).
 template <typename T>
 __global__ void ln_bwd_x_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ dy,
                                 const T *__restrict__ ds, const float *__restrict__ mean,
-                                const float *__restrict__ rstd, T *dx, T *dx2, int64_t rows, int64_t c, float b0,
-                                float b1) {
+                                const float *__restrict__ rstd, T *dx, T *dx2, float2 *__restrict__ rowstat,
+                                int64_t rows, int64_t c, float b0, float b1) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
   for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
@@ -260,7 +293,8 @@ __global__ void ln_bwd_x_kernel(const T *__restrict__ x, const T *__restrict__ w
     }
     mg = warp_sum(mg) / (float)c;
     mgx = warp_sum(mgx) / (float)c;
-    for (int64_t j = lane; j < c; j += 32) {
+    if (rowstat && lane == 0) rowstat[r] = make_float2(mg, mgx);
+    for (int64_t j = lane; dx && j < c; j += 32) {
       int64_t i = r * c + j;
       float xh = (to_f(x[i]) - m) * rs, gy = to_f(dy[i]) * to_f(w[j]);
       float v = rs * (gy - mg - xh * mgx) + (ds ? to_f(ds[i]) : 0.f);
@@ -270,20 +304,26 @@ __global__ void ln_bwd_x_kernel(const T *__restrict__ x, const T *__restrict__ w
   }
 }
 
-// part[p, j] = (sum dy xhat, sum dy) over partition p's rows of column j (a thread per column).
+// part[p, j] = (sum dy xhat, sum dy) over partition p's rows of column j (a thread per column); with
+// rowstat (ln_bwd_x_kernel's), part3[p, j] = the sum of the gradient dx's values, recomputed in float.
 template <typename T>
-__global__ void ln_bwd_w_part_kernel(const T *__restrict__ x, const T *__restrict__ dy, const float *__restrict__ mean,
-                                     const float *__restrict__ rstd, float2 *__restrict__ part, int64_t rows, int64_t c) {
+__global__ void ln_bwd_w_part_kernel(const T *__restrict__ x, const T *__restrict__ dy, const T *__restrict__ w,
+                                     const T *__restrict__ ds, const float *__restrict__ mean,
+                                     const float *__restrict__ rstd, const float2 *__restrict__ rowstat,
+                                     float2 *__restrict__ part, float *__restrict__ part3, int64_t rows, int64_t c) {
   const int p = blockIdx.y;
   const int64_t per = (rows + kLnParts - 1) / kLnParts, r0 = p * per, r1 = r0 + per < rows ? r0 + per : rows;
   for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < c; j += (int64_t)gridDim.x * blockDim.x) {
-    float sw = 0.f, sb = 0.f;
+    float sw = 0.f, sb = 0.f, sc = 0.f;
     for (int64_t r = r0; r < r1; r++) {
-      float d = to_f(dy[r * c + j]);
-      sw += d * (to_f(x[r * c + j]) - mean[r]) * rstd[r];
+      const float d = to_f(dy[r * c + j]), xh = (to_f(x[r * c + j]) - mean[r]) * rstd[r];
+      sw += d * xh;
       sb += d;
+      if (rowstat)
+        sc += rstd[r] * (d * to_f(w[j]) - rowstat[r].x - xh * rowstat[r].y) + (ds ? to_f(ds[r * c + j]) : 0.f);
     }
     part[(int64_t)p * c + j] = make_float2(sw, sb);
+    if (rowstat) part3[(int64_t)p * c + j] = sc;
   }
 }
 
@@ -299,11 +339,11 @@ struct ln_geom {
 };
 
 stoke_err *ln_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool run, int add, ln_geom *g) {
-  const char *op = add ? STOKE_OP_ADD_LAYER_NORM : STOKE_OP_LAYER_NORM;
+  const char *op = add == 2 ? STOKE_OP_ADD_BIAS_LAYER_NORM : add ? STOKE_OP_ADD_LAYER_NORM : STOKE_OP_LAYER_NORM;
   g->add = add;
   g->w = add ? 2 : 1;
   g->y = add ? 1 : 0;
-  int nin = add ? 4 : 3, nout = add ? 4 : 3;
+  int nin = add == 2 ? 5 : add ? 4 : 3, nout = add ? 4 : 3;
   if (a->n_in < nin || a->n_out < nout || (bwd && (!a->din || !a->dout)) || !a->node ||
       a->node->n_attrs <= STOKE_LAYER_NORM_EPS)
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': expects %d inputs, %d outputs and eps", op, stoke_node_name(a), nin, nout);
@@ -314,9 +354,10 @@ stoke_err *ln_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool
   for (int i = 0; i < (add ? 2 : 1); i++)
     if (!stoke_same_shape(&a->in[i].shape, xs) || !stoke_same_shape(&a->out[i].shape, xs))
       return STOKE_PERR(STOKE_E_INVALID, "%s '%s': inputs and outputs must have x's shape %s", op, stoke_node_name(a), stoke_shape_str(xs).s);
-  for (int i = g->w; i < g->w + 2; i++)
+  for (int i = g->w; i < nin; i++)
     if (a->in[i].shape.ndim != 1 || a->in[i].shape.d[0] != g->c)
-      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': weight and bias must be [%lld]", op, stoke_node_name(a), (long long)g->c);
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': weight, bias%s must be [%lld]", op, stoke_node_name(a),
+                        add == 2 ? " and c" : "", (long long)g->c);
   for (int j = g->y + 1; j < g->y + 3; j++)
     if (a->out[j].shape.ndim != 1 || a->out[j].shape.d[0] != g->rows || a->out[j].dtype != STOKE_F32)
       return STOKE_PERR(STOKE_E_INVALID, "%s '%s': mean and rstd must be f32 [%lld]", op, stoke_node_name(a), (long long)g->rows);
@@ -367,10 +408,19 @@ int vec_parts(int64_t rows) {
   return (int)(p < kVecParts ? p : kVecParts);
 }
 
+// The backward's workspace: the blocks' float2 partials of dweight and dbias, then for
+// add_bias_layer_norm (ADD 2) the float partials of dc and the plain path's per-row statistics.
+constexpr int kParts = kVecParts > kLnParts ? kVecParts : kLnParts;
+size_t ln_bwd_workspace(const ln_geom &g) {
+  size_t b = (size_t)kParts * (size_t)g.c * sizeof(float2);
+  if (g.add == 2) b += (size_t)kParts * (size_t)g.c * sizeof(float) + (size_t)g.rows * sizeof(float2);
+  return b;
+}
+
 template <int ADD> stoke_err *ln_plan_any(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, size_t *w) {
   ln_geom g;
   CHECK(ln_check(a, dt, bwd, false, ADD, &g));
-  if (w) *w = bwd ? (size_t)(kVecParts > kLnParts ? kVecParts : kLnParts) * (size_t)g.c * sizeof(float2) : 0;
+  if (w) *w = bwd ? ln_bwd_workspace(g) : 0;
   return NULL;
 }
 
@@ -385,20 +435,37 @@ template <typename T, int ADD> stoke_err *ln_fwd(const stoke_kernel_args_v1 *a, 
   CHECK(ln_check(a, dtype_of<T>::value, 0, true, ADD, &g));
   if (!g.rows) return NULL;
   const T *x = dp<T>(a->in[0]), *r = ADD ? dp<T>(a->in[1]) : (const T *)NULL;
-  const T *w = dp<T>(a->in[g.w]), *bias = dp<T>(a->in[g.w + 1]);
+  const T *w = dp<T>(a->in[g.w]), *bias = dp<T>(a->in[g.w + 1]), *cb = ADD == 2 ? dp<T>(a->in[4]) : (const T *)NULL;
   T *s = ADD ? dp<T>(a->out[0]) : (T *)NULL, *y = dp<T>(a->out[g.y]);
   float *mean = dp<float>(a->out[g.y + 1]), *rstd = dp<float>(a->out[g.y + 2]);
   const unsigned grid = grid_for(g.rows, kWarps, kGrid);
-  int it = vec_iters<T>(g.c, {x, r, w, bias, s, y});
+  int it = vec_iters<T>(g.c, {x, r, w, bias, cb, s, y});
   if (it)
     with_iters(it, [&](auto k) {
       ln_fwd_vec_kernel<T, decltype(k)::value>
-          <<<grid, kThreads, 0, stream_of(a)>>>(x, r, s, w, bias, y, mean, rstd, g.rows, (int)g.c, g.eps);
+          <<<grid, kThreads, 0, stream_of(a)>>>(x, r, cb, s, w, bias, y, mean, rstd, g.rows, (int)g.c, g.eps);
     });
   else
-    ln_fwd_kernel<T><<<grid, kThreads, 0, stream_of(a)>>>(x, r, s, w, bias, y, mean, rstd, g.rows, g.c, g.eps);
+    ln_fwd_kernel<T><<<grid, kThreads, 0, stream_of(a)>>>(x, r, cb, s, w, bias, y, mean, rstd, g.rows, g.c, g.eps);
   LAUNCH_OK(a);
   return NULL;
+}
+
+// The register path's backward, with its dynamic shared memory (over 48 KiB only with DC past 768
+// columns: then the attribute is set, per launch, since it belongs to the current device).
+template <typename T, int IT, bool DC>
+cudaError_t launch_bwd_vec(int parts, cudaStream_t st, const T *x, const T *w, const T *dy, const T *ds,
+                           const float *mean, const float *rstd, T *dx, T *dx2, float2 *part, float *part3,
+                           int64_t rows, int c, float b0, float b1) {
+  constexpr size_t smem = ln_bwd_vec_smem<T, IT, DC>();
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(ln_bwd_vec_kernel<T, IT, DC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e != cudaSuccess) return e;
+  }
+  ln_bwd_vec_kernel<T, IT, DC><<<parts, kBwdWarps * 32, smem, st>>>(x, w, dy, ds, mean, rstd, dx, dx2, part, part3,
+                                                                     rows, c, b0, b1);
+  return cudaGetLastError();
 }
 
 template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, void *) {
@@ -412,36 +479,45 @@ template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, 
   T *dx = dp<T>(a->din[0]), *dx2 = ADD && a->din[1].data != a->din[0].data ? dp<T>(a->din[1]) : (T *)NULL;
   float b0 = stoke_grad_beta(a, 0), b1 = ADD ? stoke_grad_beta(a, 1) : 0.f;
   if (!dx && dx2) dx = dx2, dx2 = NULL, b0 = b1;
-  T *dw = dp<T>(a->din[g.w]), *db = dp<T>(a->din[g.w + 1]);
-  const bool want_w = dw || db;
-  size_t need = (size_t)(kVecParts > kLnParts ? kVecParts : kLnParts) * (size_t)g.c * sizeof(float2);
+  T *dw = dp<T>(a->din[g.w]), *db = dp<T>(a->din[g.w + 1]), *dc = ADD == 2 ? dp<T>(a->din[4]) : (T *)NULL;
+  const bool want_w = dw || db || dc;
+  size_t need = ln_bwd_workspace(g);
   if (want_w && (a->workspace_bytes < need || !a->workspace))
     return STOKE_PERR(STOKE_E_INTERNAL, "layer_norm '%s': needs %zu bytes of workspace, got %zu", stoke_node_name(a), need,
                       a->workspace_bytes);
   float2 *part = want_w ? static_cast<float2 *>(a->workspace) : (float2 *)NULL;
+  float *part3 = dc ? reinterpret_cast<float *>(part + (size_t)kParts * g.c) : (float *)NULL;
+  float2 *rowstat = dc ? reinterpret_cast<float2 *>(part3 + (size_t)kParts * g.c) : (float2 *)NULL;
   int parts = kLnParts, it = vec_iters<T>(g.c, {x, w, dy, ds, dx, dx2});
   if (it) {
     parts = vec_parts(g.rows);
+    cudaError_t e = cudaSuccess;
     with_iters(it, [&](auto k) {
-      ln_bwd_vec_kernel<T, decltype(k)::value>
-          <<<parts, kBwdWarps * 32, 0, st>>>(x, w, dy, ds, mean, rstd, dx, dx2, part, g.rows, (int)g.c, b0, b1);
+      e = dc ? launch_bwd_vec<T, decltype(k)::value, true>(parts, st, x, w, dy, ds, mean, rstd, dx, dx2, part, part3,
+                                                            g.rows, (int)g.c, b0, b1)
+             : launch_bwd_vec<T, decltype(k)::value, false>(parts, st, x, w, dy, ds, mean, rstd, dx, dx2, part,
+                                                             NULL, g.rows, (int)g.c, b0, b1);
     });
+    if (e != cudaSuccess)
+      return STOKE_PERR(STOKE_E_DEVICE, "%s '%s': backward launch failed: %s", a->node->op, stoke_node_name(a),
+                        cudaGetErrorString(e));
     LAUNCH_OK(a);
   } else {
-    if (dx) {
+    if (dx || dc) {
       ln_bwd_x_kernel<T><<<grid_for(g.rows, kWarps, kGrid), kThreads, 0, st>>>(x, w, dy, ds, mean, rstd, dx, dx2,
-                                                                                g.rows, g.c, b0, b1);
+                                                                                rowstat, g.rows, g.c, b0, b1);
       LAUNCH_OK(a);
     }
     if (want_w) {
       dim3 grid(grid_for(g.c, kThreads, 64), kLnParts);
-      ln_bwd_w_part_kernel<T><<<grid, kThreads, 0, st>>>(x, dy, mean, rstd, part, g.rows, g.c);
+      ln_bwd_w_part_kernel<T><<<grid, kThreads, 0, st>>>(x, dy, w, ds, mean, rstd, rowstat, part, part3, g.rows, g.c);
       LAUNCH_OK(a);
     }
   }
   if (!want_w) return NULL;
-  ln_part_sum_kernel<T><<<grid_for(g.c, 32, kGrid), kThreads, 0, st>>>(part, parts, dw, db, g.c, stoke_grad_beta(a, g.w),
-                                                                       stoke_grad_beta(a, g.w + 1));
+  ln_part_sum_kernel<T><<<grid_for(g.c, 32, kGrid), kThreads, 0, st>>>(
+      part, part3, parts, dw, db, dc, g.c, stoke_grad_beta(a, g.w), stoke_grad_beta(a, g.w + 1),
+      ADD == 2 ? stoke_grad_beta(a, 4) : 0.f);
   LAUNCH_OK(a);
   return NULL;
 }
@@ -453,7 +529,9 @@ template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, 
   K(STOKE_OP_LAYER_NORM, STOKE_FWD, (ln_plan<T, 0, 0>), (ln_fwd<T, 0>), T),                               \
   K(STOKE_OP_LAYER_NORM, STOKE_BWD, (ln_plan<T, 0, 1>), (ln_bwd<T, 0>), T),                               \
   K(STOKE_OP_ADD_LAYER_NORM, STOKE_FWD, (ln_plan<T, 1, 0>), (ln_fwd<T, 1>), T),                           \
-  K(STOKE_OP_ADD_LAYER_NORM, STOKE_BWD, (ln_plan<T, 1, 1>), (ln_bwd<T, 1>), T)
+  K(STOKE_OP_ADD_LAYER_NORM, STOKE_BWD, (ln_plan<T, 1, 1>), (ln_bwd<T, 1>), T),                           \
+  K(STOKE_OP_ADD_BIAS_LAYER_NORM, STOKE_FWD, (ln_plan<T, 2, 0>), (ln_fwd<T, 2>), T),                      \
+  K(STOKE_OP_ADD_BIAS_LAYER_NORM, STOKE_BWD, (ln_plan<T, 2, 1>), (ln_bwd<T, 2>), T)
 
 const stoke_kernel_v1 ln_kernels[] = {LN_KERNELS(float), LN_KERNELS(__nv_bfloat16), LN_KERNELS(__half)};
 

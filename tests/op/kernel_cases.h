@@ -730,6 +730,15 @@ static void prep_exact_sum(const kcase *c, stoke_tensor *ref, stoke_rng *r) {
       stoke_elem_set(ref[i].data, ref[i].dtype, j, round(stoke_elem_get(ref[i].data, ref[i].dtype, j) * 128) / 128);
 }
 
+/* add_bias_layer_norm's s = a + b + c[j]: the three on the grid of 2^-7 in
+ * [-1/2, 1/2], so |s| < 2 and every s is exact in bf16 as above. */
+static void prep_exact_sum3(const kcase *c, stoke_tensor *ref, stoke_rng *r) {
+  (void)c, (void)r;
+  for (int i = 0; i < 5; i += i == 1 ? 3 : 1)
+    for (int64_t j = 0, n = stoke_numel(&ref[i].shape); j < n; j++)
+      stoke_elem_set(ref[i].data, ref[i].dtype, j, round(stoke_elem_get(ref[i].data, ref[i].dtype, j) * 64) / 128);
+}
+
 static void ln_case(kcase *out, int *n, const stoke_kernel_v1 *k, int add, stoke_shape xs) {
   int64_t ch = xs.d[xs.ndim - 1], rows = stoke_numel(&xs) / ch;
   kcase *c = new_case(out, n, k->op, "x %s", shape_label(&xs));
@@ -738,13 +747,14 @@ static void ln_case(kcase *out, int *n, const stoke_kernel_v1 *k, int add, stoke
   if (add) add_in(c, xs, IN_ACT);
   c->in[c->n_in++] = (kin){.shape = S1(ch), .kind = IN_PARAM, .lo = 0.5, .hi = 1.5};
   add_in(c, S1(ch), IN_PARAM);
+  if (add == 2) add_in(c, S1(ch), IN_PARAM); /* add_bias_layer_norm's c */
   c->douts = add ? 3u : 1u;
-  if (add) c->prep = prep_exact_sum;
+  if (add) c->prep = add == 2 ? prep_exact_sum3 : prep_exact_sum;
   c->k = (double)(rows > ch ? rows : ch);
 }
 
 static int gen_layer_norm(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
-  int n = 0, add = !strcmp(k->op, STOKE_OP_ADD_LAYER_NORM);
+  int n = 0, add = !strcmp(k->op, STOKE_OP_ADD_BIAS_LAYER_NORM) ? 2 : !strcmp(k->op, STOKE_OP_ADD_LAYER_NORM);
   for (int i = 0; i < 4; i++) {
     int64_t rows = i == 1 ? 1 : pick(r, 1, 40), ch = i == 2 ? 768 : i == 3 ? odd5(r) : pick(r, 5, 200);
     ln_case(out, &n, k, add, i == 0 ? SHAPE(pick(r, 1, 3), rows, ch) : SHAPE(rows, ch));
@@ -870,6 +880,7 @@ static const struct {
     {STOKE_OP_POSITION_EMBEDDING, gen_position_embedding},
     {STOKE_OP_LAYER_NORM, gen_layer_norm},
     {STOKE_OP_ADD_LAYER_NORM, gen_layer_norm},
+    {STOKE_OP_ADD_BIAS_LAYER_NORM, gen_layer_norm},
     {STOKE_OP_ATTENTION, gen_attention},
     {STOKE_OP_RESHAPE, gen_view},
     {STOKE_OP_SLICE, gen_view},

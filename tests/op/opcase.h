@@ -14,7 +14,7 @@
 #define FD_TOL 1e-6
 #define FD_FLOOR 1e-2
 
-#define OC_MAX 4 /* inputs and outputs of one case */
+#define OC_MAX 5 /* inputs and outputs of one case */
 
 /* One op call: inputs and outputs in f64, which inputs get a gradient and
  * which of those are parameters (accumulated under param_grad_beta), and

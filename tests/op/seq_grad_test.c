@@ -50,9 +50,11 @@ static op_case pos_case(int64_t b, int64_t t, int64_t c, int64_t p) {
   return k;
 }
 
-/* layer_norm on x[2, 3, C] (rows of different means and spreads). */
+/* layer_norm on x[2, 3, C] (rows of different means and spreads); add 1:
+ * add_layer_norm, 2: add_bias_layer_norm (its c last). */
 static op_case ln_case(int add, int64_t c) {
-  op_case k = new_case(add ? STOKE_OP_ADD_LAYER_NORM : STOKE_OP_LAYER_NORM, "eps=1e-5", add ? 4 : 3, add ? 4 : 3);
+  op_case k = new_case(add == 2 ? STOKE_OP_ADD_BIAS_LAYER_NORM : add ? STOKE_OP_ADD_LAYER_NORM : STOKE_OP_LAYER_NORM,
+                       "eps=1e-5", add == 2 ? 5 : add ? 4 : 3, add ? 4 : 3);
   int xs = add ? 2 : 1;
   for (int i = 0; i < xs; i++) {
     k.in[i] = h_tensor(STOKE_F64, 3, (int64_t)2, (int64_t)3, c);
@@ -65,11 +67,15 @@ static op_case ln_case(int add, int64_t c) {
   k.in[xs + 1] = h_tensor(STOKE_F64, 1, c);
   h_random(&k.in[xs], 0.5, 1.5);
   h_random(&k.in[xs + 1], -1, 1);
+  if (add == 2) {
+    k.in[4] = h_tensor(STOKE_F64, 1, c);
+    h_random(&k.in[4], -1, 1);
+  }
   for (int j = 0; j < xs; j++) k.out[j] = h_like(&k.in[0], -1);
   k.out[xs] = h_tensor(STOKE_F64, 1, (int64_t)6);
   k.out[xs + 1] = h_tensor(STOKE_F64, 1, (int64_t)6);
-  k.grads = add ? 15 : 7;
-  k.params = add ? 12 : 6;
+  k.grads = add == 2 ? 31 : add ? 15 : 7;
+  k.params = add == 2 ? 28 : add ? 12 : 6;
   k.douts = add ? 3 : 1; /* s and y carry gradients; mean and rstd are saved statistics */
   return k;
 }
@@ -139,6 +145,7 @@ static op_case emb_c(void) { return embedding_case(5, 4); }
 static op_case pos_c(void) { return pos_case(2, 3, 4, 5); }
 static op_case ln_c(void) { return ln_case(0, 7); }
 static op_case add_ln_c(void) { return ln_case(1, 7); }
+static op_case add_bias_ln_c(void) { return ln_case(2, 7); }
 static op_case att_causal_c(void) { return attention_case(2, 5, 2, 3, 1); }
 static op_case att_full_c(void) { return attention_case(1, 4, 3, 2, 0); }
 static op_case matmul_c(void) { return matmul_case(4, 5, 3); }
@@ -148,7 +155,8 @@ static const struct {
   case_fn make;
 } cases[] = {
     {"embedding", emb_c},           {"position_embedding", pos_c}, {"layer_norm", ln_c},
-    {"add_layer_norm", add_ln_c},   {"attention causal", att_causal_c}, {"attention full", att_full_c},
+    {"add_layer_norm", add_ln_c},   {"add_bias_layer_norm", add_bias_ln_c},
+    {"attention causal", att_causal_c}, {"attention full", att_full_c},
     {"matmul", matmul_c},           {"reshape", reshape_c},        {"slice", slice_c},
     {"split", split_c},             {"transpose", transpose_c},
 };

@@ -4,12 +4,15 @@
  * causal attention, GELU MLP): its gradient against finite differences in
  * double, the memory it shares (views, the in-place dlogits, one gradient
  * for both inputs of add_layer_norm), the tied weight's two gradients
- * summed under accumulation, and the errors of weight tying. */
+ * summed under accumulation, the errors of weight tying, and run.fuse's
+ * linear fusions on it (the GELU in c_fc's product, c_proj's and
+ * mlp_proj's biases moved into the add_bias_layer_norms after them). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 #include <string.h>
 
 #include "stoke/core.h"
@@ -181,6 +184,71 @@ static void test_tied_accumulation(void **state) {
   stoke_graph_free(m.g);
 }
 
+static int count_op(const stoke_graph *g, const char *op, int bwd) {
+  int k = 0;
+  for (int i = bwd ? g->n_fwd : 0; i < (bwd ? g->n_nodes : g->n_fwd); i++) k += !strcmp(g->nodes[i].n.op, op);
+  return k;
+}
+
+/* run.fuse on the block (core/fuse_act.c): c_fc -> gelu -> mlp_proj becomes
+ * linear_act and linear_dact, and c_proj and mlp_proj give their biases to
+ * ln_2 and ln_f (matmul -> add_bias_layer_norm). The fused graph's
+ * gradient against finite differences, and its loss and every parameter
+ * gradient against the unfused graph's on the same batch. */
+static void test_bias_fold(void **state) {
+  lm m[2] = {build_lm(), build_lm()};
+  stoke_plan *p[2] = {cpu_compile(m[0].g, NULL, 0), cpu_compile(m[1].g, NULL, 1)};
+  stoke_graph *gf = m[1].g;
+  assert_int_equal(count_op(m[0].g, STOKE_OP_ADD_BIAS_LAYER_NORM, 0), 0);
+  assert_int_equal(count_op(gf, STOKE_OP_ADD_BIAS_LAYER_NORM, 0), 2);
+  assert_int_equal(count_op(gf, STOKE_OP_ADD_LAYER_NORM, 0), 0);
+  assert_int_equal(count_op(gf, STOKE_OP_MATMUL, 0), 3); /* c_proj, mlp_proj, lm_head */
+  assert_int_equal(count_op(gf, STOKE_OP_LINEAR_ACT, 0), 1);
+  assert_int_equal(count_op(gf, STOKE_OP_LINEAR_DACT, 1), 1);
+  assert_int_equal(count_op(gf, STOKE_OP_ADD_BIAS_LAYER_NORM, 1), 2);
+  for (int i = gf->n_fwd; i < gf->n_nodes; i++) { /* each folded bias's gradient: one writer, the layer norm */
+    const stoke_gnode *n = &gf->nodes[i];
+    if (!strcmp(n->n.op, STOKE_OP_LINEAR_DACT)) {
+      assert_int_equal(n->din[2], -1);
+      assert_string_equal(gf->values[n->in[2]].name, "mlp.bias");
+    }
+    if (!strcmp(n->n.op, STOKE_OP_ADD_BIAS_LAYER_NORM)) {
+      assert_true(n->din[4] >= 0);
+      assert_int_equal(gf->values[n->din[4]].producer, i);
+    }
+  }
+  stoke_exec *x[2];
+  double loss[2];
+  for (int k = 0; k < 2; k++) {
+    OK(stoke_exec_new(p[k], cpu, cpu_self, seed, &x[k]));
+    *(double *)stoke_exec_tensor(x[k], m[k].g->seed).data = 1.0;
+    random_tokens(x[k], seed);
+    loss[k] = cpu_loss(x[k]);
+  }
+  print_message("loss unfused %.17g, fused %.17g\n", loss[0], loss[1]);
+  assert_true(isfinite(loss[0]) && fabs(loss[0] - loss[1]) <= 1e-13 * fabs(loss[0]));
+  assert_int_equal(p[0]->bytes[STOKE_BUF_GRADS], p[1]->bytes[STOKE_BUF_GRADS]);
+  const double *gu = stoke_exec_buffer(x[0], STOKE_BUF_GRADS), *gfb = stoke_exec_buffer(x[1], STOKE_BUF_GRADS);
+  for (int v = 0; v < gf->n_values; v++) {
+    const stoke_value *val = &gf->values[v];
+    if (val->kind != STOKE_VAL_PARAM) continue;
+    for (size_t i = val->offset / sizeof(double); i < val->offset / sizeof(double) + (size_t)stoke_numel(&val->shape); i++)
+      if (!(fabs(gu[i] - gfb[i]) <= 1e-11 * fmax(1e-3, fabs(gu[i]))))
+        fail_msg("%s: gradient %.15g unfused, %.15g fused (seed %llu)", val->name, gu[i], gfb[i],
+                 (unsigned long long)seed);
+  }
+  int compared;
+  double worst = cpu_check_gradients(x[1], 1e-5, &compared);
+  print_message("fused block: %d parameters against finite differences, worst relative error %.3g\n", compared,
+                worst);
+  assert_int_equal(compared, (int)p[1]->n_params);
+  for (int k = 0; k < 2; k++) {
+    stoke_exec_free(x[k]);
+    stoke_plan_free(p[k]);
+    stoke_graph_free(m[k].g);
+  }
+}
+
 static void test_errors(void **state) {
   stoke_graph *g;
   OK(stoke_graph_new(reg, STOKE_F64, STOKE_LAYOUT_ANY, &g));
@@ -213,6 +281,7 @@ int main(void) {
       cmocka_unit_test(test_gradient),
       cmocka_unit_test(test_memory_sharing),
       cmocka_unit_test(test_tied_accumulation),
+      cmocka_unit_test(test_bias_fold),
       cmocka_unit_test(test_errors),
   };
   return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);

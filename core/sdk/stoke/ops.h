@@ -278,6 +278,17 @@ static inline int64_t stoke_relu_mask_bytes(int64_t n) { return (n + 127) / 128 
  * a kernel then writes it once. Attributes as layer_norm's. */
 #define STOKE_OP_ADD_LAYER_NORM "add_layer_norm"
 
+/* add_bias_layer_norm: add_layer_norm with a per-channel vector added to
+ * the sum, (a, b, weight[C], bias[C], c[C]) -> (s = a + b + c, y =
+ * layer_norm(s), mean, rstd), s rounded once to the dtype. What the
+ * compiler makes of a linear whose output only an add_layer_norm reads
+ * (run.fuse, core/fuse_bias_ln.c): the linear loses its bias to c, so the
+ * bias gradient, the column sums of g over the rows, comes out of the pass
+ * that makes g instead of a pass of its own over the linear's output
+ * gradient. Backward as add_layer_norm's, and din[4] = sum over rows of g.
+ * Attributes as layer_norm's. */
+#define STOKE_OP_ADD_BIAS_LAYER_NORM "add_bias_layer_norm"
+
 /* attention: causal scaled dot-product attention over the packed output of
  * one linear, qkv[B, T, 3C] -> (y[B, T, C], lse[B, H, T]), H heads of
  * D = C / H: q, k, v are qkv[..., 0:C], [C:2C], [2C:3C], each viewed as
