@@ -443,7 +443,8 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
     STOKE_PROPAGATE(stoke_autocast_islands(g, opts->precision->name, opts->precision->fp32_ops));
   }
   if (opts->fuse) STOKE_TRY(stoke_fuse_linear_act(g, opts), "fusing activations into linears");
-  if (opts->fuse) STOKE_TRY(stoke_fuse_bias_ln(g, opts), "moving linears' biases into layer norms");
+  if (opts->fuse && !opts->no_bias_fold)
+    STOKE_TRY(stoke_fuse_bias_ln(g, opts), "moving linears' biases into layer norms");
   fuse_patterns_all(g, opts);
   if (opts->training) STOKE_TRY(stoke_graph_derive_backward(g), "deriving the backward pass");
   if (opts->training && opts->fuse) STOKE_TRY(stoke_fuse_act_grad(g), "fusing activation gradients");

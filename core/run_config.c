@@ -74,6 +74,10 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"grad_sums_in_place", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "where two backward paths meet (a residual block's input), the second kernel adds its gradient into the "
      "first's buffer when it can (din_accumulate) instead of a separate add node; false keeps the adds (A/B)"},
+    {"fuse_bias_norm", STOKE_CFG_BOOL, "true", 0, 0, NULL,
+     "with fuse = true: a linear whose output only an add_layer_norm reads gives its bias to it "
+     "(add_bias_layer_norm), whose backward sums the bias gradient in its own pass; false keeps the bias in "
+     "the linear (A/B)"},
     {"fwd_in_bwd", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "the loss's forward (softmax_ce) done by its backward kernel where that kernel can (the GPU's): one read "
      "of the logits for the loss and dlogits instead of two; false runs them as two nodes (A/B)"},
@@ -347,6 +351,7 @@ static stoke_err *read_run(const stoke_cfg *c, stoke_run_config *rc) {
   RUN(stoke_cfg_bool, "fuse", &rc->run.fuse);
   RUN(stoke_cfg_bool, "grad_sums_in_place", &rc->run.grad_sums_in_place);
   RUN(stoke_cfg_bool, "fwd_in_bwd", &rc->run.fwd_in_bwd);
+  RUN(stoke_cfg_bool, "fuse_bias_norm", &rc->run.fuse_bias_norm);
   RUN(stoke_cfg_bool, "cuda_graph", &rc->run.cuda_graph);
   RUN(stoke_cfg_bool, "conv_autotune", &rc->run.conv_autotune);
   RUN(stoke_cfg_str, "recompute", &rc->run.recompute);

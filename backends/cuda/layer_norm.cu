@@ -212,17 +212,31 @@ __global__ void __launch_bounds__(kBwdWarps * 32, 4)
 }
 
 // dweight[j] = beta dweight[j] + the .x of column j's parts added in order (dbias likewise from .y,
-// dc from part3 when given): a block is 32 columns x kWarps phases over the parts, the phase sums
-// added in order.
+// dc from part3 when given): a block is 32 columns x kSumPhases phases over the parts, four loads
+// in flight a thread, the phase sums added in order. (With kWarps phases and one load at a time, the
+// chain of up to 64 dependent L2 reads a thread took ~10 us of GPT-2's ~50 us layer-norm backward.)
+constexpr int kSumPhases = 32;
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(32 * kSumPhases)
     ln_part_sum_kernel(const float2 *__restrict__ part, const float *__restrict__ part3, int parts, T *dw, T *db,
                        T *dc, int64_t c, float bw, float bb, float bc) {
-  __shared__ float3 sm[kWarps][33];
+  __shared__ float3 sm[kSumPhases][33];
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
   const int64_t j = (int64_t)blockIdx.x * 32 + tx;
   float sw = 0.f, sb = 0.f, sc = 0.f;
-  for (int p = ty; j < c && p < parts; p += kWarps) {
+  int p = ty;
+  for (; j < c && p + 3 * kSumPhases < parts; p += 4 * kSumPhases) {
+    float2 v[4];
+    float v3[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      v[u] = part[(int64_t)(p + u * kSumPhases) * c + j];
+      if (part3) v3[u] = part3[(int64_t)(p + u * kSumPhases) * c + j];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) sw += v[u].x, sb += v[u].y, sc += v3[u];
+  }
+  for (; j < c && p < parts; p += kSumPhases) {
     const float2 v = part[(int64_t)p * c + j];
     sw += v.x;
     sb += v.y;
@@ -231,7 +245,7 @@ __global__ void __launch_bounds__(kThreads)
   sm[ty][tx] = make_float3(sw, sb, sc);
   __syncthreads();
   if (ty || j >= c) return;
-  for (int k = 1; k < kWarps; k++) sw += sm[k][tx].x, sb += sm[k][tx].y, sc += sm[k][tx].z;
+  for (int k = 1; k < kSumPhases; k++) sw += sm[k][tx].x, sb += sm[k][tx].y, sc += sm[k][tx].z;
   if (dw) acc(dw + j, bw, sw);
   if (db) acc(db + j, bb, sb);
   if (dc) acc(dc + j, bc, sc);
@@ -515,7 +529,7 @@ template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, 
     }
   }
   if (!want_w) return NULL;
-  ln_part_sum_kernel<T><<<grid_for(g.c, 32, kGrid), kThreads, 0, st>>>(
+  ln_part_sum_kernel<T><<<grid_for(g.c, 32, kGrid), 32 * kSumPhases, 0, st>>>(
       part, part3, parts, dw, db, dc, g.c, stoke_grad_beta(a, g.w), stoke_grad_beta(a, g.w + 1),
       ADD == 2 ? stoke_grad_beta(a, 4) : 0.f);
   LAUNCH_OK(a);

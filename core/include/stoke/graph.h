@@ -158,6 +158,8 @@ typedef struct stoke_plan_opts {
   double memory_budget;       /* bytes the whole plan may take (recompute = auto); 0: no limit */
   int no_fwd_in_bwd;          /* run softmax_ce's forward as its own node even when its backward kernel
                                * could do both (core/fuse_grad.c; for A/B runs and tests) */
+  int no_bias_fold;           /* with fuse: keep linears' biases out of the add_layer_norms after them
+                               * (core/fuse_act.c's stoke_fuse_bias_ln; for A/B runs) */
 } stoke_plan_opts;
 
 #define STOKE_MAX_ENGINES 32
