@@ -140,10 +140,12 @@ stoke_err *stoke_fuse_linear_act(stoke_graph *g, const stoke_plan_opts *o) {
  * bias gradient then comes out of the layer norm's backward, which makes
  * the gradient of r (the column sums of it, next to dweight and dbias),
  * instead of the product's BGRADB epilogue or a column-sum pass over r's
- * gradient: on GPT-2 124M (H200) those cost 0.013-0.014 ms a product for
- * attn.c_proj and mlp.c_proj, 0.33 ms a step (BENCHMARKS.md run 20). The
- * forward adds b in the layer norm's sum (s rounded once) and the product
- * loses its bias epilogue. A linear_act's next linear (mlp.c_proj) folds
+ * gradient. On GPT-2 124M (H200) the products lost 0.22 ms a step of bias
+ * epilogues, the layer norm's backward gained less with its third column
+ * sum, and the step ran 0.5% faster than with the fold off (BENCHMARKS.md
+ * run 20; run.fuse_bias_norm = false turns it off). The forward adds b in
+ * the layer norm's sum (s rounded once) and the product loses its bias
+ * epilogue. A linear_act's next linear (mlp.c_proj) folds
  * too: its linear_dact backward then writes no bias gradient. */
 stoke_err *stoke_fuse_bias_ln(stoke_graph *g, const stoke_plan_opts *o) {
   const stoke_op_type_v1 *mm = stoke_find_op(g->reg, STOKE_OP_MATMUL);

@@ -82,6 +82,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include "backends/cublaslt/lt_algo_desc.h"
 #include "backends/cublaslt/lt_kernels.h"
 #include "backends/cuda/stoke_cuda.h"
 #include "stoke/check.h"
@@ -307,22 +308,6 @@ static int algo_reproducible(const cublasLtMatmulAlgo_t *algo) {
          (splitk > 1 && (red == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE || red == CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE));
 }
 
-/* "algo 66 tile 20 stages 35 cluster 0 split-K 1" (cublasLt.h's enums). */
-static void algo_desc(const cublasLtMatmulAlgo_t *algo, char *buf, size_t size) {
-  int32_t id = -1, splitk = 1;
-  uint32_t tile = 0, stages = 0, red = 0;
-  uint16_t cluster = 0;
-  size_t w = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
-  cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
-  cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
-  cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster, &w);
-  cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
-  cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red, &w);
-  snprintf(buf, size, "algo %d tile %u stages %u cluster %u split-K %d", id, tile, stages, (unsigned)cluster, splitk);
-  if (splitk > 1) snprintf(buf + strlen(buf), size - strlen(buf), " (reduction %u)", red);
-}
-
 static const lt_choice *cache_get(const lt_engine *E, const lt_key *k) {
   for (int i = 0; i < E->n_cache; i++)
     if (!memcmp(&E->keys[i], k, sizeof *k)) return &E->vals[i];
@@ -385,7 +370,7 @@ static stoke_err *tune_time(lt_engine *E, const lt_state *s, const lt_gemm *g, c
     STOKE_PROPAGATE_P(fastest_rep(s, g->what, ev, &best));
     if (!ran[i]) continue;
     char desc[128];
-    algo_desc(&res[i].algo, desc, sizeof desc);
+    stoke_lt_algo_desc(&res[i].algo, desc, sizeof desc);
     stoke_host->log(STOKE_LOG_DEBUG, LT_WHO, "%s '%s' %s candidate %d: %s, %.4f ms, workspace %zu bytes", s->op,
                     s->node, g->what, i, desc, (double)best, res[i].workspaceSize);
     if (i == 0) out->first_ms = best;
@@ -562,7 +547,7 @@ static stoke_err *choose_bgrad(lt_engine *E, lt_state *s, const stoke_kernel_arg
 static void log_choice(const lt_state *s, const lt_gemm *g, const lt_key *k, const lt_choice *c, int n_cand,
                        const char *how) {
   char desc[128];
-  algo_desc(&c->algo, desc, sizeof desc);
+  stoke_lt_algo_desc(&c->algo, desc, sizeof desc);
   char first[48] = "";
   if (c->first_ms >= 0.f) snprintf(first, sizeof first, ", heuristic's first %.4f ms", (double)c->first_ms);
   char cands[48] = "";

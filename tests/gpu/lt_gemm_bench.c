@@ -21,6 +21,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include "backends/cublaslt/lt_algo_desc.h"
+
 #define WARMUP 3
 #define TIMED 20
 #define MAX_CAND 32
@@ -105,21 +107,6 @@ static float time_algo(const prod *p, const cublasLtMatmulAlgo_t *algo, size_t w
   return ms[TIMED / 2];
 }
 
-static void desc(const cublasLtMatmulAlgo_t *algo, char *buf, size_t size) {
-  int32_t id = -1, splitk = 1;
-  uint32_t tile = 0, stages = 0, red = 0;
-  uint16_t cluster = 0;
-  size_t w = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
-  cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
-  cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
-  cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster, &w);
-  cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
-  cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red, &w);
-  snprintf(buf, size, "algo %d tile %u stages %u cluster %u split-K %d red %u", id, tile, stages, (unsigned)cluster,
-           splitk, red);
-}
-
 /* Every heuristic candidate of one product; with `splits`, the split-K
  * variants of the first few too. Returns the best ms. */
 static float sweep(const char *name, const prod *p, double flop, const void *A, const void *B, void *D,
@@ -138,7 +125,7 @@ static float sweep(const char *name, const prod *p, double flop, const void *A, 
   for (int i = 0; i < found; i++) {
     if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
     float ms = time_algo(p, &res[i].algo, res[i].workspaceSize, A, B, D);
-    desc(&res[i].algo, d, sizeof d);
+    stoke_lt_algo_desc(&res[i].algo, d, sizeof d);
     printf("  %-22s cand %2d %-58s ws %8zu  %.4f ms  %6.1f TFLOP/s\n", name, i, d, res[i].workspaceSize, ms,
            ms > 0 ? flop / ms / 1e9 : 0.0);
     if (i == 0) first = ms;
@@ -168,7 +155,7 @@ static float sweep(const char *name, const prod *p, double flop, const void *A, 
             chk.workspaceSize > WS_BYTES)
           continue;
         float ms = time_algo(p, &al, chk.workspaceSize, A, B, D);
-        desc(&al, d, sizeof d);
+        stoke_lt_algo_desc(&al, d, sizeof d);
         printf("  %-22s split  %-58s ws %8zu  %.4f ms  %6.1f TFLOP/s\n", name, d, chk.workspaceSize, ms,
                ms > 0 ? flop / ms / 1e9 : 0.0);
         if (ms > 0 && (best < 0 || ms < best)) best = ms, memcpy(bestd, d, sizeof d);
