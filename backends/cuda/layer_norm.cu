@@ -115,12 +115,17 @@ __global__ void __launch_bounds__(kThreads)
 // when part is given; ln_part_sum_kernel adds the blocks. The sums live in shared memory, not
 // registers: in registers (48 floats a lane at 768 bf16 columns) the kernel took 170 registers and
 // one 256-thread block an SM, 2.4x its bytes floor (BENCHMARKS.md run 9); here 128-thread blocks at
-// <= 128 registers run 4 to an SM. The shared memory is dynamic (ln_bwd_vec_smem): with DC, 1024
-// columns need 48 KiB and a little more. dx may share memory with x, dy or ds: each element is read
-// before it is written, by the same thread.
+// <= 128 registers run 4 to an SM. A warp's next row (x, dy, then ds) is copied into its own
+// shared memory (cp.async) while it works on the current one, so a warp has a row in flight
+// without registers for it: with the loads issued only at each row's start the kernel moved 2.4
+// TB/s (ncu: DRAM 50%, BENCHMARKS.md run 20). Each lane copies and reads back only its own
+// slots. The shared memory is dynamic (ln_bwd_vec_smem), over 48 KiB with DC or past 768 columns.
+// dx may share memory with x, dy or ds: each element is read before it is written, by the same
+// thread; the rows in flight are other rows.
 template <int IT, int V> __host__ __device__ constexpr int ln_slots() { return IT * V < kVecMaxC / 32 ? IT * V : kVecMaxC / 32; }
-template <typename T, int IT, bool DC> constexpr size_t ln_bwd_vec_smem() {
-  return (size_t)kBwdWarps * ln_slots<IT, 16 / sizeof(T)>() * 32 * (sizeof(float2) + (DC ? sizeof(float) : 0));
+template <typename T, int IT, bool DC> __host__ __device__ constexpr size_t ln_bwd_vec_smem() {
+  return (size_t)kBwdWarps * ln_slots<IT, 16 / sizeof(T)>() * 32 * (sizeof(float2) + (DC ? sizeof(float) : 0)) +
+         (size_t)kBwdWarps * 3 * IT * 32 * 16; /* the staged row: x, dy, ds */
 }
 
 template <typename T, int IT, bool DC>
@@ -136,6 +141,16 @@ __global__ void __launch_bounds__(kBwdWarps * 32, 4)
   float2(*acc)[kSlots][32] = reinterpret_cast<float2(*)[kSlots][32]>(ln_smem);
   float(*acc3)[kSlots][32] = reinterpret_cast<float(*)[kSlots][32]>(&acc[kBwdWarps][0][0]);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // this warp's staged row: [0] x, [1] dy, [2] ds, each [IT][32] vectors
+  row_vec<T>(*stage)[IT][32] = reinterpret_cast<row_vec<T>(*)[IT][32]>(
+      (char *)ln_smem + ln_bwd_vec_smem<T, IT, DC>() - (size_t)kBwdWarps * 3 * IT * 32 * 16) + 3 * warp;
+  auto stage_in = [&](int which, const T *src, int64_t row) {
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+      const int j = (it * 32 + lane) * V;
+      if (j < c) cp_async16(&stage[which][it][lane], src + row * c + j);
+    }
+  };
 #pragma unroll
   for (int e = 0; e < kSlots; e++) {
     acc[warp][e][lane] = make_float2(0.f, 0.f);
@@ -145,17 +160,31 @@ __global__ void __launch_bounds__(kBwdWarps * 32, 4)
 #pragma unroll
   for (int it = 0; it < IT; it++)
     if ((it * 32 + lane) * V < c) wv[it] = ld(w + (it * 32 + lane) * V);
-  for (int64_t r = (int64_t)blockIdx.x * kBwdWarps + warp; r < rows; r += (int64_t)gridDim.x * kBwdWarps) {
+  const int64_t stride = (int64_t)gridDim.x * kBwdWarps;
+  int64_t r = (int64_t)blockIdx.x * kBwdWarps + warp;
+  if (r < rows) {
+    stage_in(0, x, r);
+    stage_in(1, dy, r);
+    if (ds) stage_in(2, ds, r);
+  }
+  cp_async_commit();
+  for (; r < rows; r += stride) {
     const float m = mean[r], rs = rstd[r];
     row_vec<T> xv[IT], gv[IT];
     float mg = 0.f, mgx = 0.f;
+    cp_async_wait_all();
 #pragma unroll
     for (int it = 0; it < IT; it++) {
       const int j = (it * 32 + lane) * V;
       if (j >= c) continue;
-      xv[it] = ld(x + r * c + j);
-      gv[it] = ld(dy + r * c + j);
+      xv[it] = stage[0][it][lane];
+      gv[it] = stage[1][it][lane];
     }
+    if (r + stride < rows) { /* the next row's x and dy, while this one is worked on */
+      stage_in(0, x, r + stride);
+      stage_in(1, dy, r + stride);
+    }
+    cp_async_commit();
 #pragma unroll
     for (int it = 0; it < IT; it++) {
       const int j = (it * 32 + lane) * V;
@@ -179,7 +208,7 @@ __global__ void __launch_bounds__(kBwdWarps * 32, 4)
       const int j = (it * 32 + lane) * V;
       if (j >= c) continue;
       row_vec<T> sv, o, o2;
-      if (ds) sv = ld(ds + r * c + j);
+      if (ds) sv = stage[2][it][lane];
       if (dx && b0 != 0.f) o = ld(dx + r * c + j);
       if (dx2 && b1 != 0.f) o2 = ld(dx2 + r * c + j);
 #pragma unroll
@@ -193,7 +222,10 @@ __global__ void __launch_bounds__(kBwdWarps * 32, 4)
       if (dx) st(dx + r * c + j, o);
       if (dx2) st(dx2 + r * c + j, o2);
     }
+    if (ds && r + stride < rows) stage_in(2, ds, r + stride); /* this row's ds is read */
+    cp_async_commit();
   }
+  cp_async_wait_all();
   if (!part) return;
   __syncthreads();
   for (int j = threadIdx.x; j < c; j += kBwdWarps * 32) { /* the warps' slices of column j, in order */
