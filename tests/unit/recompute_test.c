@@ -215,6 +215,9 @@ static void test_gpt(void **state) {
     check_equal(&gpt, d, 0, "h.*.attn", 0);
     check_equal(&gpt, d, 0, "h.*", 0);
     check_equal(&gpt, d, 0, "h.*.mlp.gelu, h.*.ln_1", 0);
+    /* fused: c_fc's GELU in its product, c_proj's biases in add_bias_layer_norm (core/fuse_act.c) */
+    check_equal(&gpt, d, 1, "h.*", 0);
+    check_equal(&gpt, d, 1, "h.*.ln_1, h.*.attn", 0);
   }
 }
 
