@@ -34,6 +34,9 @@
 #             run its own seed; per engine the kernel count and the worst
 #             error as a fraction of its tolerance (how close the derived
 #             tolerances are)
+#   gemms     GPT-2 124M's 12 linear products: every cuBLASLt candidate,
+#             split-K and strided-batch splits of the weight gradients
+#             (tests/gpu/lt_gemm_bench), then PyTorch's time (gemm_torch.py)
 #   epilogues cuBLASLt's activation epilogues against the plain products and
 #             the separate activation passes, heuristic and autotuned
 #             algorithms (tests/gpu/lt_epilogue_bench)
@@ -1030,6 +1033,12 @@ PY
       done
       want torch && log "issue 6: PyTorch"
       want torch && python3 "$S/anchors/torch_bench.py" "$OUT/torch.jsonl" ${TORCH_MODES:-mlp:bf16 resnet50:bf16 resnet50:fp16 resnet18c:bf16 mlp:bf16+compile resnet50:bf16+compile resnet18c:bf16+compile-ro} 2>&1 | grep -v Warning | tail -12
+      ;;
+    gemms) # GPT-2 124M's 12 linear products: every cuBLASLt candidate (lt_gemm_bench) and PyTorch's time, same call
+      log "GPT-2's linear products: cuBLASLt candidates and PyTorch"
+      timeout 300 "$S/tests/lt_gemm_bench" 16384 > "$OUT/lt_gemm_bench.log" 2>&1
+      echo "rc=$?"; grep -v "^  " "$OUT/lt_gemm_bench.log" | cut -c1-160
+      timeout 300 python3 "$HERE/gemm_torch.py" 16384 2>&1 | tee "$OUT/gemm_torch.log"
       ;;
     epilogues)
       log "cuBLASLt activation epilogues, 4096^3"
