@@ -247,6 +247,20 @@ static void test_bias_fold(void **state) {
     stoke_plan_free(p[k]);
     stoke_graph_free(m[k].g);
   }
+  /* run.fuse_bias_norm = false (opts.no_bias_fold): the activation fusion alone */
+  lm k = build_lm();
+  static const char *engines[] = {"cpu"};
+  void *selves[] = {cpu_self};
+  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .training = 1, .fuse = 1,
+                       .no_bias_fold = 1};
+  stoke_plan *pk;
+  OK(stoke_compile(k.g, &o, &pk));
+  assert_int_equal(count_op(k.g, STOKE_OP_ADD_BIAS_LAYER_NORM, 0), 0);
+  assert_int_equal(count_op(k.g, STOKE_OP_ADD_LAYER_NORM, 0), 2);
+  assert_int_equal(count_op(k.g, STOKE_OP_LINEAR_ACT, 0), 1);
+  assert_int_equal(count_op(k.g, STOKE_OP_MATMUL, 0), 1);
+  stoke_plan_free(pk);
+  stoke_graph_free(k.g);
 }
 
 static void test_errors(void **state) {
