@@ -123,9 +123,18 @@ __global__ void __launch_bounds__(kThreads)
 // dx may share memory with x, dy or ds: each element is read before it is written, by the same
 // thread; the rows in flight are other rows.
 template <int IT, int V> __host__ __device__ constexpr int ln_slots() { return IT * V < kVecMaxC / 32 ? IT * V : kVecMaxC / 32; }
+// The block's shared memory: the warps' column sums, then their staged rows (x, dy, ds).
+template <typename T, int IT, bool DC> __host__ __device__ constexpr size_t ln_bwd_vec_acc_bytes() {
+  return (size_t)kBwdWarps * ln_slots<IT, 16 / sizeof(T)>() * 32 * (sizeof(float2) + (DC ? sizeof(float) : 0));
+}
 template <typename T, int IT, bool DC> __host__ __device__ constexpr size_t ln_bwd_vec_smem() {
-  return (size_t)kBwdWarps * ln_slots<IT, 16 / sizeof(T)>() * 32 * (sizeof(float2) + (DC ? sizeof(float) : 0)) +
-         (size_t)kBwdWarps * 3 * IT * 32 * 16; /* the staged row: x, dy, ds */
+  return ln_bwd_vec_acc_bytes<T, IT, DC>() + (size_t)kBwdWarps * 3 * IT * 32 * 16;
+}
+
+// One element of the layer norm's input gradient, rstd (gy - mean(gy) - xhat mean(gy xhat)), ds
+// not included: every kernel that writes dx or sums it (the plain path's dc) computes it so.
+__device__ __forceinline__ float ln_dx(float rs, float gy, float mg, float xh, float mgx) {
+  return rs * (gy - mg - xh * mgx);
 }
 
 template <typename T, int IT, bool DC>
@@ -142,8 +151,8 @@ __global__ void __launch_bounds__(kBwdWarps * 32, 4)
   float(*acc3)[kSlots][32] = reinterpret_cast<float(*)[kSlots][32]>(&acc[kBwdWarps][0][0]);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // this warp's staged row: [0] x, [1] dy, [2] ds, each [IT][32] vectors
-  row_vec<T>(*stage)[IT][32] = reinterpret_cast<row_vec<T>(*)[IT][32]>(
-      (char *)ln_smem + ln_bwd_vec_smem<T, IT, DC>() - (size_t)kBwdWarps * 3 * IT * 32 * 16) + 3 * warp;
+  row_vec<T>(*stage)[IT][32] =
+      reinterpret_cast<row_vec<T>(*)[IT][32]>((char *)ln_smem + ln_bwd_vec_acc_bytes<T, IT, DC>()) + 3 * warp;
   auto stage_in = [&](int which, const T *src, int64_t row) {
 #pragma unroll
     for (int it = 0; it < IT; it++) {
@@ -214,7 +223,7 @@ __global__ void __launch_bounds__(kBwdWarps * 32, 4)
 #pragma unroll
       for (int k = 0; k < V; k++) {
         const float xh = (to_f(xv[it].v[k]) - m) * rs, g = to_f(gv[it].v[k]) * to_f(wv[it].v[k]);
-        const float v = rs * (g - mg - xh * mgx) + (ds ? to_f(sv.v[k]) : 0.f);
+        const float v = ln_dx(rs, g, mg, xh, mgx) + (ds ? to_f(sv.v[k]) : 0.f);
         if (DC) acc3[warp][it * V + k][lane] += v;
         if (dx) o.v[k] = from_f<T>(b0 != 0.f ? b0 * to_f(o.v[k]) + v : v);
         if (dx2) o2.v[k] = from_f<T>(b1 != 0.f ? b1 * to_f(o2.v[k]) + v : v);
@@ -343,7 +352,7 @@ __global__ void ln_bwd_x_kernel(const T *__restrict__ x, const T *__restrict__ w
     for (int64_t j = lane; dx && j < c; j += 32) {
       int64_t i = r * c + j;
       float xh = (to_f(x[i]) - m) * rs, gy = to_f(dy[i]) * to_f(w[j]);
-      float v = rs * (gy - mg - xh * mgx) + (ds ? to_f(ds[i]) : 0.f);
+      float v = ln_dx(rs, gy, mg, xh, mgx) + (ds ? to_f(ds[i]) : 0.f);
       acc(dx + i, b0, v);
       if (dx2) acc(dx2 + i, b1, v);
     }
@@ -366,7 +375,7 @@ __global__ void ln_bwd_w_part_kernel(const T *__restrict__ x, const T *__restric
       sw += d * xh;
       sb += d;
       if (rowstat)
-        sc += rstd[r] * (d * to_f(w[j]) - rowstat[r].x - xh * rowstat[r].y) + (ds ? to_f(ds[r * c + j]) : 0.f);
+        sc += ln_dx(rstd[r], d * to_f(w[j]), rowstat[r].x, xh, rowstat[r].y) + (ds ? to_f(ds[r * c + j]) : 0.f);
     }
     part[(int64_t)p * c + j] = make_float2(sw, sb);
     if (rowstat) part3[(int64_t)p * c + j] = sc;
@@ -470,10 +479,18 @@ template <int ADD> stoke_err *ln_plan_any(const stoke_kernel_args_v1 *a, stoke_d
   return NULL;
 }
 
+template <typename T> cudaError_t ln_bwd_smem_limit(int64_t c);
+
 template <typename T, int ADD, int BWD> stoke_err *ln_plan(const stoke_kernel_args_v1 *a, void **state, size_t *w) {
   if (state) *state = NULL;
   if (w) *w = 0;
-  return ln_plan_any<ADD>(a, dtype_of<T>::value, BWD, w);
+  CHECK(ln_plan_any<ADD>(a, dtype_of<T>::value, BWD, w));
+  const stoke_shape *xs = &a->in[0].shape;
+  cudaError_t e = BWD && xs->ndim ? ln_bwd_smem_limit<T>(xs->d[xs->ndim - 1]) : cudaSuccess;
+  if (e != cudaSuccess)
+    return STOKE_PERR(STOKE_E_DEVICE, "%s '%s': raising the backward kernel's shared-memory limit failed: %s",
+                      a->node->op, stoke_node_name(a), cudaGetErrorString(e));
+  return NULL;
 }
 
 template <typename T, int ADD> stoke_err *ln_fwd(const stoke_kernel_args_v1 *a, void *) {
@@ -497,21 +514,33 @@ template <typename T, int ADD> stoke_err *ln_fwd(const stoke_kernel_args_v1 *a, 
   return NULL;
 }
 
-// The register path's backward, with its dynamic shared memory (over 48 KiB only with DC past 768
-// columns: then the attribute is set, per launch, since it belongs to the current device).
+// The register path's backward, with its dynamic shared memory (over 48 KiB with DC at GPT-2's 768
+// columns, and past 768 without: ln_bwd_smem_limit raised it in plan()).
 template <typename T, int IT, bool DC>
 cudaError_t launch_bwd_vec(int parts, cudaStream_t st, const T *x, const T *w, const T *dy, const T *ds,
                            const float *mean, const float *rstd, T *dx, T *dx2, float2 *part, float *part3,
                            int64_t rows, int c, float b0, float b1) {
-  constexpr size_t smem = ln_bwd_vec_smem<T, IT, DC>();
-  if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(ln_bwd_vec_kernel<T, IT, DC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem);
-    if (e != cudaSuccess) return e;
-  }
-  ln_bwd_vec_kernel<T, IT, DC><<<parts, kBwdWarps * 32, smem, st>>>(x, w, dy, ds, mean, rstd, dx, dx2, part, part3,
-                                                                     rows, c, b0, b1);
+  ln_bwd_vec_kernel<T, IT, DC><<<parts, kBwdWarps * 32, ln_bwd_vec_smem<T, IT, DC>(), st>>>(
+      x, w, dy, ds, mean, rstd, dx, dx2, part, part3, rows, c, b0, b1);
   return cudaGetLastError();
+}
+
+// The register path's backward kernels for rows of c elements allowed the dynamic shared memory
+// they take past 48 KiB, on the current device: once, at plan time, not at every launch.
+template <typename T> cudaError_t ln_bwd_smem_limit(int64_t c) {
+  const int it = vec_iters<T>(c, {});
+  cudaError_t e = cudaSuccess;
+  if (it)
+    with_iters(it, [&](auto k) {
+      constexpr int IT = decltype(k)::value;
+      if (ln_bwd_vec_smem<T, IT, false>() > 48 * 1024)
+        e = cudaFuncSetAttribute(ln_bwd_vec_kernel<T, IT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)ln_bwd_vec_smem<T, IT, false>());
+      if (e == cudaSuccess && ln_bwd_vec_smem<T, IT, true>() > 48 * 1024)
+        e = cudaFuncSetAttribute(ln_bwd_vec_kernel<T, IT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)ln_bwd_vec_smem<T, IT, true>());
+    });
+  return e;
 }
 
 template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, void *) {

@@ -174,41 +174,53 @@ __device__ __forceinline__ part_rows rows_of(int64_t M, int64_t R) {
 
 // ----------------------------------------------------------------- forward
 
-// Floats of shared memory stats_reduce needs: half the block's rows of
-// threads, each a count and V means and M2s (a third of what one slot per
-// thread takes; bn_bench, H200: the forward at 64@56, 128@28, 1024@14 and
+// Floats of shared memory row_tree needs for W floats a thread: half the
+// block's rows of threads (a third of what one slot per thread took for the
+// statistics; bn_bench, H200: the forward at 64@56, 128@28, 1024@14 and
 // 2048@7 4-12% faster with it, BENCHMARKS.md run 19).
-inline size_t stats_red_floats(int bx, int by, int v) { return (size_t)(by / 2 > 0 ? by / 2 : 1) * bx * (2 * v + 1); }
+inline size_t tree_floats(int bx, int by, int w) { return (size_t)(by / 2 > 0 ? by / 2 : 1) * bx * w; }
 
-// The block's fixed tree over its rows of threads: row ty takes row ty +
-// off's partial (off = by/2, by/4, ..., 1; Chan's formula, the count shared
-// by the V channels), so row 0 ends with the block's (mean, M2), written as
-// the partition's partial part[c P + blockIdx.y] when `on`.
+// The block's fixed tree over its rows of threads: for off = by/2, by/4,
+// ..., 1, row ty + off puts its W floats in a slot (put) and row ty takes
+// them (take), through half the block's rows of slots, so row 0 ends with
+// the block's result. The same sums in the same order on every device.
+template <int W, typename Put, typename Take>
+__device__ __forceinline__ void row_tree(float *red, Put put, Take take) {
+  int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x;
+  for (int off = blockDim.y / 2; off > 0; off >>= 1) {
+    float *slot = red + (size_t)((ty & (off - 1)) * bx + tx) * W;
+    if (ty >= off && ty < 2 * off) put(slot);
+    __syncthreads();
+    if (ty < off) take(slot);
+    __syncthreads();
+  }
+}
+
+// The statistics' tree (row_tree, Chan's formula, the count shared by the
+// V channels): row 0 ends with the block's (mean, M2), written as the
+// partition's partial part[c P + blockIdx.y] when `on`.
 template <int V>
 __device__ __forceinline__ void stats_reduce(float *red, bool on, int64_t vi, int P, float2 *__restrict__ part,
                                              float cnt, float (&mean)[V], float (&m2)[V]) {
-  int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x;
-  for (int off = blockDim.y / 2; off > 0; off >>= 1) {
-    float *slot = red + (size_t)((ty & (off - 1)) * bx + tx) * (2 * V + 1);
-    if (ty >= off && ty < 2 * off) {
-      slot[0] = cnt;
+  row_tree<2 * V + 1>(
+      red,
+      [&](float *slot) {
+        slot[0] = cnt;
 #pragma unroll
-      for (int i = 0; i < V; i++) slot[1 + i] = mean[i], slot[1 + V + i] = m2[i];
-    }
-    __syncthreads();
-    if (ty < off && slot[0] != 0.0f) {
-      float nb = slot[0], n = cnt + nb, f = nb / n;
+        for (int i = 0; i < V; i++) slot[1 + i] = mean[i], slot[1 + V + i] = m2[i];
+      },
+      [&](const float *slot) {
+        if (slot[0] == 0.0f) return;
+        float nb = slot[0], n = cnt + nb, f = nb / n;
 #pragma unroll
-      for (int i = 0; i < V; i++) {
-        float d = slot[1 + i] - mean[i];
-        mean[i] += d * f;
-        m2[i] += slot[1 + V + i] + d * d * cnt * f;
-      }
-      cnt = n;
-    }
-    __syncthreads();
-  }
-  if (ty == 0 && on)
+        for (int i = 0; i < V; i++) {
+          float d = slot[1 + i] - mean[i];
+          mean[i] += d * f;
+          m2[i] += slot[1 + V + i] + d * d * cnt * f;
+        }
+        cnt = n;
+      });
+  if (threadIdx.y == 0 && on)
 #pragma unroll
     for (int i = 0; i < V; i++) part[(vi * V + i) * P + blockIdx.y] = make_float2(mean[i], m2[i]);
 }
@@ -221,7 +233,7 @@ template <typename T, int V>
 __global__ void FWD_BOUNDS k_stats(const T *__restrict__ x, int64_t M, int64_t C, int64_t cv, int64_t R, int P,
                                float2 *__restrict__ part) {
   constexpr int U = unroll<V, 1, false>::n;
-  extern __shared__ float sh[];  // stats_red_floats()
+  extern __shared__ float sh[];  // tree_floats(bx, by, 2 V + 1)
   int ty = threadIdx.y, by = blockDim.y;
   part_rows pr = rows_of(M, R);
   float cnt = 0, mean[V], m2[V];
@@ -383,9 +395,6 @@ struct dz_of {
   }
 };
 
-// Floats of shared memory k_gsum's tree needs: half the block's rows of threads, 2 V sums each.
-inline size_t sums_red_floats(int bx, int by, int v) { return (size_t)(by / 2 > 0 ? by / 2 : 1) * bx * 2 * v; }
-
 // Block (channel group, partition p): part[c P + p] = (sum dz, sum dz (x - mean)).
 // bn_add_relu: dr = dz too, when dr is given (the apply pass then reads dz from it). dr may be dy's
 // memory: each element is read before it is written, by the same thread.
@@ -395,8 +404,8 @@ __global__ void BWD_BOUNDS k_gsum(const T *__restrict__ x, const T *dy, const ui
                               const T *__restrict__ w, const T *__restrict__ b, int64_t M, int64_t C, int64_t cv,
                               int64_t R, int P, float2 *__restrict__ part, T *dr) {
   constexpr int U = unroll<V, (ACT == kAddRelu ? 3 : 2), true>::n;
-  extern __shared__ float sh[];  // sums_red_floats(): [max(by / 2, 1)][bx][2 V]
-  int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
+  extern __shared__ float sh[];  // tree_floats(bx, by, 2 V)
+  int ty = threadIdx.y, by = blockDim.y;
   part_rows pr = rows_of(M, R);
   float s1[V], s2[V];
 #pragma unroll
@@ -430,18 +439,16 @@ __global__ void BWD_BOUNDS k_gsum(const T *__restrict__ x, const T *dy, const ui
         }
     }
   }
-  // the fixed tree of stats_reduce: row ty adds row ty + off's sums, through half the block's rows of slots
-  for (int off = by / 2; off > 0; off >>= 1) {
-    float *slot = sh + (size_t)((ty & (off - 1)) * bx + tx) * (2 * V);
-    if (ty >= off && ty < 2 * off)
+  row_tree<2 * V>(
+      sh,
+      [&](float *slot) {
 #pragma unroll
-      for (int i = 0; i < V; i++) slot[i] = s1[i], slot[V + i] = s2[i];
-    __syncthreads();
-    if (ty < off)
+        for (int i = 0; i < V; i++) slot[i] = s1[i], slot[V + i] = s2[i];
+      },
+      [&](const float *slot) {
 #pragma unroll
-      for (int i = 0; i < V; i++) s1[i] += slot[i], s2[i] += slot[V + i];
-    __syncthreads();
-  }
+        for (int i = 0; i < V; i++) s1[i] += slot[i], s2[i] += slot[V + i];
+      });
   if (ty == 0 && pr.vi < cv)
 #pragma unroll
     for (int i = 0; i < V; i++) part[(pr.vi * V + i) * P + blockIdx.y] = make_float2(s1[i], s2[i]);
@@ -660,7 +667,7 @@ stoke_err *fwd_v(const stoke_kernel_args_v1 *a, const geom &g) {
   float2 *part = (float2 *)a->workspace;
   float *sm = (float *)a->out[1].data, *si = (float *)a->out[2].data;
   if (a->training) {
-    size_t shm = stats_red_floats(g.bx, g.by, V) * sizeof(float);
+    size_t shm = tree_floats(g.bx, g.by, 2 * V + 1) * sizeof(float);
     k_stats<T, V><<<grid_of(g), block_of(g), shm, st>>>(x, g.m, g.c, g.cv, g.rows, g.parts, part);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
   }
@@ -694,7 +701,7 @@ stoke_err *bwd_v(const stoke_kernel_args_v1 *a, const geom &g) {
    * is x's memory, which the passes still read) */
   const bool dz_in_dr = ACT == kAddRelu && dr && (dx || dw || db) && (const T *)dr != x;
   if (dx || dw || db) {
-    size_t shm = sums_red_floats(g.bx, g.by, V) * sizeof(float);
+    size_t shm = tree_floats(g.bx, g.by, 2 * V) * sizeof(float);
     k_gsum<T, V, ACT><<<grid_of(g), block_of(g), shm, st>>>(x, dy, mask, sm, si, w, b, g.m, g.c, g.cv, g.rows,
                                                             g.parts, part, dz_in_dr ? dr : nullptr);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
