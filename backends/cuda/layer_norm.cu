@@ -171,17 +171,24 @@ __global__ void __launch_bounds__(kBwdWarps * 32, 4)
     if ((it * 32 + lane) * V < c) wv[it] = ld(w + (it * 32 + lane) * V);
   const int64_t stride = (int64_t)gridDim.x * kBwdWarps;
   int64_t r = (int64_t)blockIdx.x * kBwdWarps + warp;
+  // Two copy groups a row, committed in this order: A (x, dy) and B (ds). A row waits for its A at
+  // its start and for its B only before its second loop, so the next row's ds, issued at the end of
+  // a row, lands while the next row's first loop runs (with one wait for both, every row waited a
+  // full memory latency for its ds). The row's mean and rstd are loaded a row ahead too.
+  float m_next = 0.f, rs_next = 0.f;
   if (r < rows) {
     stage_in(0, x, r);
     stage_in(1, dy, r);
-    if (ds) stage_in(2, ds, r);
+    m_next = mean[r], rs_next = rstd[r];
   }
-  cp_async_commit();
+  cp_async_commit(); /* A */
+  if (r < rows && ds) stage_in(2, ds, r);
+  cp_async_commit(); /* B */
   for (; r < rows; r += stride) {
-    const float m = mean[r], rs = rstd[r];
+    const float m = m_next, rs = rs_next;
     row_vec<T> xv[IT], gv[IT];
     float mg = 0.f, mgx = 0.f;
-    cp_async_wait_all();
+    cp_async_wait_but_last(); /* this row's A */
 #pragma unroll
     for (int it = 0; it < IT; it++) {
       const int j = (it * 32 + lane) * V;
@@ -192,8 +199,9 @@ __global__ void __launch_bounds__(kBwdWarps * 32, 4)
     if (r + stride < rows) { /* the next row's x and dy, while this one is worked on */
       stage_in(0, x, r + stride);
       stage_in(1, dy, r + stride);
+      m_next = mean[r + stride], rs_next = rstd[r + stride];
     }
-    cp_async_commit();
+    cp_async_commit(); /* the next row's A */
 #pragma unroll
     for (int it = 0; it < IT; it++) {
       const int j = (it * 32 + lane) * V;
@@ -211,28 +219,30 @@ __global__ void __launch_bounds__(kBwdWarps * 32, 4)
     }
     mg = warp_sum(mg) / (float)c;
     mgx = warp_sum(mgx) / (float)c;
-    if (!dx && !DC) continue;
+    cp_async_wait_but_last(); /* this row's B */
+    if (dx || DC) {
 #pragma unroll
-    for (int it = 0; it < IT; it++) {
-      const int j = (it * 32 + lane) * V;
-      if (j >= c) continue;
-      row_vec<T> sv, o, o2;
-      if (ds) sv = stage[2][it][lane];
-      if (dx && b0 != 0.f) o = ld(dx + r * c + j);
-      if (dx2 && b1 != 0.f) o2 = ld(dx2 + r * c + j);
+      for (int it = 0; it < IT; it++) {
+        const int j = (it * 32 + lane) * V;
+        if (j >= c) continue;
+        row_vec<T> sv, o, o2;
+        if (ds) sv = stage[2][it][lane];
+        if (dx && b0 != 0.f) o = ld(dx + r * c + j);
+        if (dx2 && b1 != 0.f) o2 = ld(dx2 + r * c + j);
 #pragma unroll
-      for (int k = 0; k < V; k++) {
-        const float xh = (to_f(xv[it].v[k]) - m) * rs, g = to_f(gv[it].v[k]) * to_f(wv[it].v[k]);
-        const float v = ln_dx(rs, g, mg, xh, mgx) + (ds ? to_f(sv.v[k]) : 0.f);
-        if (DC) acc3[warp][it * V + k][lane] += v;
-        if (dx) o.v[k] = from_f<T>(b0 != 0.f ? b0 * to_f(o.v[k]) + v : v);
-        if (dx2) o2.v[k] = from_f<T>(b1 != 0.f ? b1 * to_f(o2.v[k]) + v : v);
+        for (int k = 0; k < V; k++) {
+          const float xh = (to_f(xv[it].v[k]) - m) * rs, g = to_f(gv[it].v[k]) * to_f(wv[it].v[k]);
+          const float v = ln_dx(rs, g, mg, xh, mgx) + (ds ? to_f(sv.v[k]) : 0.f);
+          if (DC) acc3[warp][it * V + k][lane] += v;
+          if (dx) o.v[k] = from_f<T>(b0 != 0.f ? b0 * to_f(o.v[k]) + v : v);
+          if (dx2) o2.v[k] = from_f<T>(b1 != 0.f ? b1 * to_f(o2.v[k]) + v : v);
+        }
+        if (dx) st(dx + r * c + j, o);
+        if (dx2) st(dx2 + r * c + j, o2);
       }
-      if (dx) st(dx + r * c + j, o);
-      if (dx2) st(dx2 + r * c + j, o2);
     }
     if (ds && r + stride < rows) stage_in(2, ds, r + stride); /* this row's ds is read */
-    cp_async_commit();
+    cp_async_commit(); /* the next row's B */
   }
   cp_async_wait_all();
   if (!part) return;
