@@ -63,9 +63,15 @@ __global__ void embedding_bwd_kernel(const int32_t *__restrict__ keys, const int
   }
 }
 
-__global__ void iota_kernel(int32_t *p, int64_t n) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    p[i] = (int32_t)i;
+// The sort's input: each token id, an id outside [0, V) as V (so the sort needs only the bits of V,
+// and such ids sort last, in one run the backward skips), and its position.
+__global__ void token_keys_kernel(const int32_t *__restrict__ idx, int32_t *__restrict__ keys,
+                                  int32_t *__restrict__ pos, int64_t n, int64_t v) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int32_t t = idx[i];
+    keys[i] = t >= 0 && t < v ? t : (int32_t)v;
+    pos[i] = (int32_t)i;
+  }
 }
 
 // --------------------------------------------------- position_embedding
@@ -153,7 +159,7 @@ stoke_err *embedding_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bw
   return a->din[0].data ? stoke_check_data(a, op, "dout", &a->dout[0], run) : NULL;
 }
 
-// The backward's workspace: sorted keys and positions, the keys and positions sorted from, and
+// The backward's workspace: the keys and positions sorted from, sorted keys and positions, and
 // cub's own temporary storage.
 size_t embedding_workspace(const stoke_kernel_args_v1 *a, size_t *cub_bytes) {
   int n = (int)stoke_numel(&a->in[1].shape);
@@ -161,7 +167,7 @@ size_t embedding_workspace(const stoke_kernel_args_v1 *a, size_t *cub_bytes) {
   cub::DeviceRadixSort::SortPairs(NULL, tmp, (const int32_t *)NULL, (int32_t *)NULL, (const int32_t *)NULL,
                                   (int32_t *)NULL, n);
   if (cub_bytes) *cub_bytes = tmp;
-  return 3 * (((size_t)n * 4 + 255) / 256 * 256) + tmp;
+  return 4 * (((size_t)n * 4 + 255) / 256 * 256) + tmp;
 }
 
 stoke_err *pos_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool run) {
@@ -219,14 +225,24 @@ template <typename T> stoke_err *embedding_bwd(const stoke_kernel_args_v1 *a, vo
     return STOKE_PERR(STOKE_E_INTERNAL, "embedding '%s': needs %zu bytes of workspace, got %zu", stoke_node_name(a), need,
                       a->workspace_bytes);
   char *ws = static_cast<char *>(a->workspace);
-  int32_t *pos_in = (int32_t *)ws, *keys = (int32_t *)(ws + slot), *pos = (int32_t *)(ws + 2 * slot);
+  int32_t *keys_in = (int32_t *)ws, *pos_in = (int32_t *)(ws + slot), *keys = (int32_t *)(ws + 2 * slot),
+          *pos = (int32_t *)(ws + 3 * slot);
   cudaStream_t st = stream_of(a);
-  scale_kernel<T><<<blocks(v * c), kThreads, 0, st>>>(dw, v * c, stoke_grad_beta(a, 0));
+  // dweight = beta dweight first: nothing to do at beta 1 (the tied head's gradient, written
+  // before, is added to), a memset at 0; a pass over the whole table only for another beta.
+  const float beta = stoke_grad_beta(a, 0);
+  if (beta == 0.f) {
+    STOKE_CUDA(cudaMemsetAsync(dw, 0, (size_t)(v * c) * sizeof(T), st));
+  } else if (beta != 1.f) {
+    scale_kernel<T><<<blocks(v * c), kThreads, 0, st>>>(dw, v * c, beta);
+    LAUNCH_OK(a);
+  }
+  token_keys_kernel<<<blocks(n), kThreads, 0, st>>>(dp<int32_t>(a->in[1]), keys_in, pos_in, n, v);
   LAUNCH_OK(a);
-  iota_kernel<<<blocks(n), kThreads, 0, st>>>(pos_in, n);
-  LAUNCH_OK(a);
-  STOKE_CUDA(cub::DeviceRadixSort::SortPairs(ws + 3 * slot, cub_bytes, dp<int32_t>(a->in[1]), keys, pos_in, pos,
-                                             (int)n, 0, 32, st));
+  int bits = 1;
+  while (bits < 31 && ((int64_t)1 << bits) <= v) bits++; /* keys are in [0, V] */
+  STOKE_CUDA(cub::DeviceRadixSort::SortPairs(ws + 4 * slot, cub_bytes, keys_in, keys, pos_in, pos, (int)n, 0, bits,
+                                             st));
   embedding_bwd_kernel<T><<<grid_for(n, 1, kGrid), kThreads, 0, st>>>(keys, pos, dp<T>(a->dout[0]), dw, n, c, v);
   LAUNCH_OK(a);
   return NULL;
