@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <initializer_list>
+
 #include <cub/device/device_radix_sort.cuh>
 
 #include "backends/cuda/stoke_cuda.h"
@@ -98,6 +100,88 @@ template <typename T>
 __global__ void copy_acc_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t n, float beta) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     acc(y + i, beta, to_f(x[i]));
+}
+
+// The same three kernels and the embedding's forward a 16-byte vector (8 bf16 / fp16 or 4 f32
+// elements) a thread, where the rows are whole vectors and every pointer is 16-byte aligned
+// (vec_ok): the element-a-thread loops with a 64-bit division each moved GPT-2's [16, 1024, 768]
+// at a quarter of the bytes rate (per-op profile, BENCHMARKS.md run 21). Same arithmetic per
+// element, so the same bits.
+template <typename T> using v16 = vec<T, 16 / sizeof(T)>;
+template <typename T> constexpr int64_t kV = 16 / sizeof(T);
+
+template <typename T>
+__global__ void embedding_fwd_vec_kernel(const T *__restrict__ w, const int32_t *__restrict__ idx, T *__restrict__ y,
+                                         int64_t rows, int64_t cv, int64_t v) {
+  const v16<T> *wv = reinterpret_cast<const v16<T> *>(w);
+  v16<T> *yv = reinterpret_cast<v16<T> *>(y);
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * cv; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / cv, j = i - r * cv;
+    const int32_t t = idx[r];
+    if (t >= 0 && t < v) {
+      yv[i] = wv[(int64_t)t * cv + j];
+    } else {
+      v16<T> o;
+#pragma unroll
+      for (int k = 0; k < kV<T>; k++) o.v[k] = from_f<T>(NAN);
+      yv[i] = o;
+    }
+  }
+}
+
+template <typename T>
+__global__ void pos_fwd_vec_kernel(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y, int64_t nv,
+                                   int64_t tcv) {
+  const v16<T> *xv = reinterpret_cast<const v16<T> *>(x), *wv = reinterpret_cast<const v16<T> *>(w);
+  v16<T> *yv = reinterpret_cast<v16<T> *>(y);
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += (int64_t)gridDim.x * blockDim.x) {
+    const v16<T> a = xv[i], b = wv[i % tcv];
+    v16<T> o;
+#pragma unroll
+    for (int k = 0; k < kV<T>; k++) o.v[k] = from_f<T>(to_f(a.v[k]) + to_f(b.v[k]));
+    yv[i] = o;
+  }
+}
+
+template <typename T>
+__global__ void pos_bwd_w_vec_kernel(const T *__restrict__ dy, T *__restrict__ dw, int64_t b, int64_t tcv,
+                                     int64_t allv, float beta) {
+  const v16<T> *dyv = reinterpret_cast<const v16<T> *>(dy);
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < allv; i += (int64_t)gridDim.x * blockDim.x) {
+    float s[kV<T>] = {};
+    for (int64_t k = 0; i < tcv && k < b; k++) {
+      const v16<T> d = dyv[k * tcv + i];
+#pragma unroll
+      for (int e = 0; e < kV<T>; e++) s[e] += to_f(d.v[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < kV<T>; e++) acc(dw + i * kV<T> + e, beta, s[e]);
+  }
+}
+
+template <typename T>
+__global__ void copy_acc_vec_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t nv, float beta) {
+  const v16<T> *xv = reinterpret_cast<const v16<T> *>(x);
+  v16<T> *yv = reinterpret_cast<v16<T> *>(y);
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += (int64_t)gridDim.x * blockDim.x) {
+    const v16<T> a = xv[i];
+    if (beta == 0.f) {
+      yv[i] = a;
+    } else {
+      v16<T> o = yv[i];
+#pragma unroll
+      for (int k = 0; k < kV<T>; k++) o.v[k] = from_f<T>(beta * to_f(o.v[k]) + to_f(a.v[k]));
+      yv[i] = o;
+    }
+  }
+}
+
+// Rows of c elements are whole 16-byte vectors and every pointer is 16-byte aligned.
+template <typename T> bool vec_ok(int64_t c, std::initializer_list<const void *> ps) {
+  if (c % kV<T>) return false;
+  for (const void *p : ps)
+    if (p && !aligned16(p)) return false;
+  return true;
 }
 
 // ----------------------------------------------------------------- views
@@ -207,8 +291,12 @@ PLAN(embedding_bwd, embedding_check(a, dtype_of<T>::value, 1, false), embedding_
 template <typename T> stoke_err *embedding_fwd(const stoke_kernel_args_v1 *a, void *) {
   CHECK(embedding_check(a, dtype_of<T>::value, 0, true));
   int64_t rows = stoke_numel(&a->in[1].shape), c = a->in[0].shape.d[1];
-  embedding_fwd_kernel<T><<<blocks(rows * c), kThreads, 0, stream_of(a)>>>(
-      dp<T>(a->in[0]), dp<int32_t>(a->in[1]), dp<T>(a->out[0]), rows, c, a->in[0].shape.d[0]);
+  if (vec_ok<T>(c, {a->in[0].data, a->out[0].data}))
+    embedding_fwd_vec_kernel<T><<<blocks(rows * c / kV<T>), kThreads, 0, stream_of(a)>>>(
+        dp<T>(a->in[0]), dp<int32_t>(a->in[1]), dp<T>(a->out[0]), rows, c / kV<T>, a->in[0].shape.d[0]);
+  else
+    embedding_fwd_kernel<T><<<blocks(rows * c), kThreads, 0, stream_of(a)>>>(
+        dp<T>(a->in[0]), dp<int32_t>(a->in[1]), dp<T>(a->out[0]), rows, c, a->in[0].shape.d[0]);
   LAUNCH_OK(a);
   return NULL;
 }
@@ -255,8 +343,12 @@ template <typename T> stoke_err *pos_fwd(const stoke_kernel_args_v1 *a, void *) 
   CHECK(pos_check(a, dtype_of<T>::value, 0, true));
   const int64_t *d = a->in[0].shape.d;
   int64_t n = d[0] * d[1] * d[2];
-  pos_fwd_kernel<T><<<blocks(n), kThreads, 0, stream_of(a)>>>(dp<T>(a->in[0]), dp<T>(a->in[1]), dp<T>(a->out[0]), n,
-                                                               d[1] * d[2]);
+  if (vec_ok<T>(d[2], {a->in[0].data, a->in[1].data, a->out[0].data}))
+    pos_fwd_vec_kernel<T><<<blocks(n / kV<T>), kThreads, 0, stream_of(a)>>>(
+        dp<T>(a->in[0]), dp<T>(a->in[1]), dp<T>(a->out[0]), n / kV<T>, d[1] * d[2] / kV<T>);
+  else
+    pos_fwd_kernel<T><<<blocks(n), kThreads, 0, stream_of(a)>>>(dp<T>(a->in[0]), dp<T>(a->in[1]), dp<T>(a->out[0]),
+                                                                 n, d[1] * d[2]);
   LAUNCH_OK(a);
   return NULL;
 }
@@ -265,14 +357,23 @@ template <typename T> stoke_err *pos_bwd(const stoke_kernel_args_v1 *a, void *) 
   CHECK(pos_check(a, dtype_of<T>::value, 1, true));
   const int64_t *d = a->in[0].shape.d;
   int64_t n = d[0] * d[1] * d[2], all = stoke_numel(&a->in[1].shape);
+  const bool vec = vec_ok<T>(d[2], {a->dout[0].data, a->din[0].data, a->din[1].data});
   if (a->din[0].data && (a->din[0].data != a->dout[0].data || stoke_grad_beta(a, 0) != 0.f)) {
-    copy_acc_kernel<T><<<blocks(n), kThreads, 0, stream_of(a)>>>(dp<T>(a->dout[0]), dp<T>(a->din[0]), n,
-                                                                 stoke_grad_beta(a, 0));
+    if (vec)
+      copy_acc_vec_kernel<T><<<blocks(n / kV<T>), kThreads, 0, stream_of(a)>>>(dp<T>(a->dout[0]), dp<T>(a->din[0]),
+                                                                             n / kV<T>, stoke_grad_beta(a, 0));
+    else
+      copy_acc_kernel<T><<<blocks(n), kThreads, 0, stream_of(a)>>>(dp<T>(a->dout[0]), dp<T>(a->din[0]), n,
+                                                                   stoke_grad_beta(a, 0));
     LAUNCH_OK(a);
   }
   if (a->din[1].data) {
-    pos_bwd_w_kernel<T><<<blocks(all), kThreads, 0, stream_of(a)>>>(dp<T>(a->dout[0]), dp<T>(a->din[1]), d[0],
-                                                                     d[1] * d[2], all, stoke_grad_beta(a, 1));
+    if (vec)
+      pos_bwd_w_vec_kernel<T><<<blocks(all / kV<T>), kThreads, 0, stream_of(a)>>>(
+          dp<T>(a->dout[0]), dp<T>(a->din[1]), d[0], d[1] * d[2] / kV<T>, all / kV<T>, stoke_grad_beta(a, 1));
+    else
+      pos_bwd_w_kernel<T><<<blocks(all), kThreads, 0, stream_of(a)>>>(dp<T>(a->dout[0]), dp<T>(a->din[1]), d[0],
+                                                                       d[1] * d[2], all, stoke_grad_beta(a, 1));
     LAUNCH_OK(a);
   }
   return NULL;

@@ -692,7 +692,7 @@ static int gen_embedding(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     c->in[c->n_in++] = (kin){.shape = SHAPE(b, t), .kind = IN_LABEL, .hi = (double)v};
     c->k = (double)(b * t);
   }
-  if (gpu_engine(k)) {
+  if (gpu_engine(k)) { /* also the cuda forward's vector path (rows of whole 16-byte vectors) */
     kcase *c = new_case(out, &n, k->op, "weight [1000, 64] idx [8, 64]");
     add_in(c, SHAPE(1000, 64), IN_PARAM);
     c->in[c->n_in++] = (kin){.shape = SHAPE(8, 64), .kind = IN_LABEL, .hi = 1000};
@@ -710,6 +710,12 @@ static int gen_position_embedding(const stoke_kernel_v1 *k, stoke_rng *r, kcase 
     add_in(c, SHAPE(b, t, ch), IN_ACT);
     add_in(c, SHAPE(p, ch), IN_PARAM);
     c->k = (double)b;
+  }
+  if (gpu_engine(k)) { /* rows of whole 16-byte vectors: the cuda kernels' vector path */
+    kcase *c = new_case(out, &n, k->op, "x [3, 16, 64] weight [20, 64]");
+    add_in(c, SHAPE(3, 16, 64), IN_ACT);
+    add_in(c, SHAPE(20, 64), IN_PARAM);
+    c->k = 3;
   }
   return n;
 }
