@@ -41,8 +41,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// 16 bytes of a row: 8 bf16/fp16 or 4 f32 elements.
-template <typename T> using row_vec = vec<T, 16 / sizeof(T)>;
 template <typename T> __device__ __forceinline__ row_vec<T> ld(const T *p) {
   return *reinterpret_cast<const row_vec<T> *>(p);
 }
@@ -446,9 +444,7 @@ stoke_err *ln_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool
 // 16-byte vectors, at most kVecMaxC, every given pointer 16-byte aligned. 5 and 7 round up.
 template <typename T> int vec_iters(int64_t c, std::initializer_list<const void *> ptrs) {
   constexpr int V = 16 / sizeof(T);
-  if (c % V || c > kVecMaxC) return 0;
-  for (const void *p : ptrs)
-    if (p && !aligned16(p)) return 0;
+  if (c % V || c > kVecMaxC || !all_aligned16(ptrs)) return 0;
   int it = (int)((c / V + 31) / 32);
   return it <= 4 ? it : it <= 6 ? 6 : 8;
 }

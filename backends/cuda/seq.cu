@@ -9,8 +9,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#include <initializer_list>
-
 #include <cub/device/device_radix_sort.cuh>
 
 #include "backends/cuda/stoke_cuda.h"
@@ -107,21 +105,20 @@ __global__ void copy_acc_kernel(const T *__restrict__ x, T *__restrict__ y, int6
 // (vec_ok): the element-a-thread loops with a 64-bit division each moved GPT-2's [16, 1024, 768]
 // at a quarter of the bytes rate (per-op profile, BENCHMARKS.md run 21). Same arithmetic per
 // element, so the same bits.
-template <typename T> using v16 = vec<T, 16 / sizeof(T)>;
 template <typename T> constexpr int64_t kV = 16 / sizeof(T);
 
 template <typename T>
 __global__ void embedding_fwd_vec_kernel(const T *__restrict__ w, const int32_t *__restrict__ idx, T *__restrict__ y,
                                          int64_t rows, int64_t cv, int64_t v) {
-  const v16<T> *wv = reinterpret_cast<const v16<T> *>(w);
-  v16<T> *yv = reinterpret_cast<v16<T> *>(y);
+  const row_vec<T> *wv = reinterpret_cast<const row_vec<T> *>(w);
+  row_vec<T> *yv = reinterpret_cast<row_vec<T> *>(y);
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * cv; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / cv, j = i - r * cv;
     const int32_t t = idx[r];
     if (t >= 0 && t < v) {
       yv[i] = wv[(int64_t)t * cv + j];
     } else {
-      v16<T> o;
+      row_vec<T> o;
 #pragma unroll
       for (int k = 0; k < kV<T>; k++) o.v[k] = from_f<T>(NAN);
       yv[i] = o;
@@ -132,11 +129,11 @@ __global__ void embedding_fwd_vec_kernel(const T *__restrict__ w, const int32_t 
 template <typename T>
 __global__ void pos_fwd_vec_kernel(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y, int64_t nv,
                                    int64_t tcv) {
-  const v16<T> *xv = reinterpret_cast<const v16<T> *>(x), *wv = reinterpret_cast<const v16<T> *>(w);
-  v16<T> *yv = reinterpret_cast<v16<T> *>(y);
+  const row_vec<T> *xv = reinterpret_cast<const row_vec<T> *>(x), *wv = reinterpret_cast<const row_vec<T> *>(w);
+  row_vec<T> *yv = reinterpret_cast<row_vec<T> *>(y);
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += (int64_t)gridDim.x * blockDim.x) {
-    const v16<T> a = xv[i], b = wv[i % tcv];
-    v16<T> o;
+    const row_vec<T> a = xv[i], b = wv[i % tcv];
+    row_vec<T> o;
 #pragma unroll
     for (int k = 0; k < kV<T>; k++) o.v[k] = from_f<T>(to_f(a.v[k]) + to_f(b.v[k]));
     yv[i] = o;
@@ -146,11 +143,11 @@ __global__ void pos_fwd_vec_kernel(const T *__restrict__ x, const T *__restrict_
 template <typename T>
 __global__ void pos_bwd_w_vec_kernel(const T *__restrict__ dy, T *__restrict__ dw, int64_t b, int64_t tcv,
                                      int64_t allv, float beta) {
-  const v16<T> *dyv = reinterpret_cast<const v16<T> *>(dy);
+  const row_vec<T> *dyv = reinterpret_cast<const row_vec<T> *>(dy);
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < allv; i += (int64_t)gridDim.x * blockDim.x) {
     float s[kV<T>] = {};
     for (int64_t k = 0; i < tcv && k < b; k++) {
-      const v16<T> d = dyv[k * tcv + i];
+      const row_vec<T> d = dyv[k * tcv + i];
 #pragma unroll
       for (int e = 0; e < kV<T>; e++) s[e] += to_f(d.v[e]);
     }
@@ -161,14 +158,14 @@ __global__ void pos_bwd_w_vec_kernel(const T *__restrict__ dy, T *__restrict__ d
 
 template <typename T>
 __global__ void copy_acc_vec_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t nv, float beta) {
-  const v16<T> *xv = reinterpret_cast<const v16<T> *>(x);
-  v16<T> *yv = reinterpret_cast<v16<T> *>(y);
+  const row_vec<T> *xv = reinterpret_cast<const row_vec<T> *>(x);
+  row_vec<T> *yv = reinterpret_cast<row_vec<T> *>(y);
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += (int64_t)gridDim.x * blockDim.x) {
-    const v16<T> a = xv[i];
+    const row_vec<T> a = xv[i];
     if (beta == 0.f) {
       yv[i] = a;
     } else {
-      v16<T> o = yv[i];
+      row_vec<T> o = yv[i];
 #pragma unroll
       for (int k = 0; k < kV<T>; k++) o.v[k] = from_f<T>(beta * to_f(o.v[k]) + to_f(a.v[k]));
       yv[i] = o;
@@ -178,10 +175,7 @@ __global__ void copy_acc_vec_kernel(const T *__restrict__ x, T *__restrict__ y, 
 
 // Rows of c elements are whole 16-byte vectors and every pointer is 16-byte aligned.
 template <typename T> bool vec_ok(int64_t c, std::initializer_list<const void *> ps) {
-  if (c % kV<T>) return false;
-  for (const void *p : ps)
-    if (p && !aligned16(p)) return false;
-  return true;
+  return c % kV<T> == 0 && all_aligned16(ps);
 }
 
 // ----------------------------------------------------------------- views

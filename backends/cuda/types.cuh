@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <initializer_list>
+
 #include "stoke/check.h"
 #include "stoke/plugin.h"
 
@@ -45,7 +47,16 @@ template <typename T, int V> struct alignas(sizeof(T) * V) vec {
   T v[V];
 };
 
+// 16 bytes of a row: 8 bf16/fp16 or 4 f32 elements.
+template <typename T> using row_vec = vec<T, 16 / sizeof(T)>;
+
 inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+// Every pointer given (NULL ones skipped) 16-byte aligned.
+inline bool all_aligned16(std::initializer_list<const void *> ps) {
+  for (const void *p : ps)
+    if (p && !aligned16(p)) return false;
+  return true;
+}
 
 // Asynchronous copies (cp.async): 16 bytes from global to shared memory without passing through
 // registers, so a thread can have many in flight at once; a commit closes the thread's group of
