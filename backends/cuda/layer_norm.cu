@@ -536,15 +536,15 @@ cudaError_t launch_bwd_vec(int parts, cudaStream_t st, const T *x, const T *w, c
 template <typename T> cudaError_t ln_bwd_smem_limit(int64_t c) {
   const int it = vec_iters<T>(c, {});
   cudaError_t e = cudaSuccess;
+  auto raise = [&](const void *kernel, size_t bytes) {
+    if (e == cudaSuccess && bytes > 48 * 1024)
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+  };
   if (it)
     with_iters(it, [&](auto k) {
       constexpr int IT = decltype(k)::value;
-      if (ln_bwd_vec_smem<T, IT, false>() > 48 * 1024)
-        e = cudaFuncSetAttribute(ln_bwd_vec_kernel<T, IT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)ln_bwd_vec_smem<T, IT, false>());
-      if (e == cudaSuccess && ln_bwd_vec_smem<T, IT, true>() > 48 * 1024)
-        e = cudaFuncSetAttribute(ln_bwd_vec_kernel<T, IT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)ln_bwd_vec_smem<T, IT, true>());
+      raise((const void *)ln_bwd_vec_kernel<T, IT, false>, ln_bwd_vec_smem<T, IT, false>());
+      raise((const void *)ln_bwd_vec_kernel<T, IT, true>, ln_bwd_vec_smem<T, IT, true>());
     });
   return e;
 }

@@ -720,7 +720,12 @@ static int gen_position_embedding(const stoke_kernel_v1 *k, stoke_rng *r, kcase 
   return n;
 }
 
-/* One layer norm case on x: weight near 1, bias, both parameters. */
+/* Every element of t as round(v * scale) 2^-7: on the grid of 2^-7. */
+static void to_grid(stoke_tensor *t, double scale) {
+  for (int64_t j = 0, n = stoke_numel(&t->shape); j < n; j++)
+    stoke_elem_set(t->data, t->dtype, j, round(stoke_elem_get(t->data, t->dtype, j) * scale) / 128);
+}
+
 /* add_layer_norm rounds s = a + b to the kernel's dtype before its
  * statistics (stoke/ops.h), which the f64 reference, adding exactly, does
  * not: a saved mean then differs by the average of the C roundings of s,
@@ -729,12 +734,6 @@ static int gen_position_embedding(const stoke_kernel_v1 *k, stoke_rng *r, kcase 
  * of 165: mean 0.0086 off by 3.5e-4). a and b on the grid of 2^-7 in
  * [-1, 1] make every s exact in bf16 (8 significant bits hold multiples of
  * 2^-7 below 2), fp16 and f32, so the two sides normalize the same s. */
-/* Every element of t as round(v * scale) 2^-7: on the grid of 2^-7. */
-static void to_grid(stoke_tensor *t, double scale) {
-  for (int64_t j = 0, n = stoke_numel(&t->shape); j < n; j++)
-    stoke_elem_set(t->data, t->dtype, j, round(stoke_elem_get(t->data, t->dtype, j) * scale) / 128);
-}
-
 static void prep_exact_sum(const kcase *c, stoke_tensor *ref, stoke_rng *r) {
   (void)c, (void)r;
   to_grid(&ref[0], 128);
@@ -750,6 +749,7 @@ static void prep_exact_sum3(const kcase *c, stoke_tensor *ref, stoke_rng *r) {
   to_grid(&ref[4], 64);
 }
 
+/* One layer norm case on x: weight near 1, bias, both parameters. */
 static void ln_case(kcase *out, int *n, const stoke_kernel_v1 *k, int add, stoke_shape xs) {
   int64_t ch = xs.d[xs.ndim - 1], rows = stoke_numel(&xs) / ch;
   kcase *c = new_case(out, n, k->op, "x %s", shape_label(&xs));
