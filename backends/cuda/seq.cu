@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include <cub/device/device_radix_sort.cuh>
 
 #include "backends/cuda/stoke_cuda.h"
@@ -33,17 +35,6 @@ template <typename T> __global__ void scale_kernel(T *d, int64_t n, float beta) 
 }
 
 // ------------------------------------------------------------- embedding
-
-// out row i = weight row idx[i]; an index outside [0, V) gives a NaN row (no host sync to say so).
-template <typename T>
-__global__ void embedding_fwd_kernel(const T *__restrict__ w, const int32_t *__restrict__ idx, T *__restrict__ y,
-                                     int64_t rows, int64_t c, int64_t v) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * c; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t r = i / c, j = i - r * c;
-    int32_t t = idx[r];
-    y[i] = t >= 0 && t < v ? w[(int64_t)t * c + j] : from_f<T>(NAN);
-  }
-}
 
 // After a stable sort of (token, position): each run of one token, summed over its positions in
 // order into dweight's row (a block per run start; other blocks exit at once). Deterministic.
@@ -76,101 +67,86 @@ __global__ void token_keys_kernel(const int32_t *__restrict__ idx, int32_t *__re
 
 // --------------------------------------------------- position_embedding
 
-template <typename T>
-__global__ void pos_fwd_kernel(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y, int64_t n,
-                               int64_t tc) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    y[i] = from_f<T>(to_f(x[i]) + to_f(w[i % tc]));
-}
+// V elements a thread: 1, or a 16-byte vector (8 bf16 / fp16 or 4 f32 elements) where the rows are
+// whole vectors and every pointer is 16-byte aligned (vec_ok). One element a thread, with a 64-bit
+// division each, moved GPT-2's [16, 1024, 768] at a quarter of the bytes rate (per-op profile,
+// BENCHMARKS.md run 21). The same arithmetic per element at either V, so the same bits.
 
-// dweight[t, c] = beta dweight + sum over b of dy[b, t, c] (rows t >= T: beta dweight).
-template <typename T>
-__global__ void pos_bwd_w_kernel(const T *__restrict__ dy, T *__restrict__ dw, int64_t b, int64_t tc, int64_t all,
-                                 float beta) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < all; i += (int64_t)gridDim.x * blockDim.x) {
-    float s = 0.f;
-    for (int64_t k = 0; i < tc && k < b; k++) s += to_f(dy[k * tc + i]);
-    acc(dw + i, beta, s);
-  }
-}
-
-template <typename T>
-__global__ void copy_acc_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t n, float beta) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    acc(y + i, beta, to_f(x[i]));
-}
-
-// The same three kernels and the embedding's forward a 16-byte vector (8 bf16 / fp16 or 4 f32
-// elements) a thread, where the rows are whole vectors and every pointer is 16-byte aligned
-// (vec_ok): the element-a-thread loops with a 64-bit division each moved GPT-2's [16, 1024, 768]
-// at a quarter of the bytes rate (per-op profile, BENCHMARKS.md run 21). Same arithmetic per
-// element, so the same bits.
-template <typename T> constexpr int64_t kV = 16 / sizeof(T);
-
-template <typename T>
-__global__ void embedding_fwd_vec_kernel(const T *__restrict__ w, const int32_t *__restrict__ idx, T *__restrict__ y,
-                                         int64_t rows, int64_t cv, int64_t v) {
-  const row_vec<T> *wv = reinterpret_cast<const row_vec<T> *>(w);
-  row_vec<T> *yv = reinterpret_cast<row_vec<T> *>(y);
+// out row i = weight row idx[i]; an index outside [0, V) gives a NaN row (no host sync to say so).
+template <typename T, int V>
+__global__ void embedding_fwd_kernel(const T *__restrict__ w, const int32_t *__restrict__ idx, T *__restrict__ y,
+                                     int64_t rows, int64_t cv, int64_t v) {
+  const vec<T, V> *wv = reinterpret_cast<const vec<T, V> *>(w);
+  vec<T, V> *yv = reinterpret_cast<vec<T, V> *>(y);
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * cv; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / cv, j = i - r * cv;
     const int32_t t = idx[r];
     if (t >= 0 && t < v) {
       yv[i] = wv[(int64_t)t * cv + j];
     } else {
-      row_vec<T> o;
+      vec<T, V> o;
 #pragma unroll
-      for (int k = 0; k < kV<T>; k++) o.v[k] = from_f<T>(NAN);
+      for (int k = 0; k < V; k++) o.v[k] = from_f<T>(NAN);
       yv[i] = o;
     }
   }
 }
 
-template <typename T>
-__global__ void pos_fwd_vec_kernel(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y, int64_t nv,
-                                   int64_t tcv) {
-  const row_vec<T> *xv = reinterpret_cast<const row_vec<T> *>(x), *wv = reinterpret_cast<const row_vec<T> *>(w);
-  row_vec<T> *yv = reinterpret_cast<row_vec<T> *>(y);
+// y[b, t, c] = x[b, t, c] + weight[t, c]; nv vectors of x, tcv of a [T, C] slice.
+template <typename T, int V>
+__global__ void pos_fwd_kernel(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y, int64_t nv,
+                               int64_t tcv) {
+  const vec<T, V> *xv = reinterpret_cast<const vec<T, V> *>(x), *wv = reinterpret_cast<const vec<T, V> *>(w);
+  vec<T, V> *yv = reinterpret_cast<vec<T, V> *>(y);
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += (int64_t)gridDim.x * blockDim.x) {
-    const row_vec<T> a = xv[i], b = wv[i % tcv];
-    row_vec<T> o;
+    const vec<T, V> a = xv[i], b = wv[i % tcv];
+    vec<T, V> o;
 #pragma unroll
-    for (int k = 0; k < kV<T>; k++) o.v[k] = from_f<T>(to_f(a.v[k]) + to_f(b.v[k]));
+    for (int k = 0; k < V; k++) o.v[k] = from_f<T>(to_f(a.v[k]) + to_f(b.v[k]));
     yv[i] = o;
   }
 }
 
-template <typename T>
-__global__ void pos_bwd_w_vec_kernel(const T *__restrict__ dy, T *__restrict__ dw, int64_t b, int64_t tcv,
-                                     int64_t allv, float beta) {
-  const row_vec<T> *dyv = reinterpret_cast<const row_vec<T> *>(dy);
+// dweight[t, c] = beta dweight + sum over b of dy[b, t, c] (rows t >= T: beta dweight).
+template <typename T, int V>
+__global__ void pos_bwd_w_kernel(const T *__restrict__ dy, T *__restrict__ dw, int64_t b, int64_t tcv, int64_t allv,
+                                 float beta) {
+  const vec<T, V> *dyv = reinterpret_cast<const vec<T, V> *>(dy);
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < allv; i += (int64_t)gridDim.x * blockDim.x) {
-    float s[kV<T>] = {};
+    float s[V] = {};
     for (int64_t k = 0; i < tcv && k < b; k++) {
-      const row_vec<T> d = dyv[k * tcv + i];
+      const vec<T, V> d = dyv[k * tcv + i];
 #pragma unroll
-      for (int e = 0; e < kV<T>; e++) s[e] += to_f(d.v[e]);
+      for (int e = 0; e < V; e++) s[e] += to_f(d.v[e]);
     }
 #pragma unroll
-    for (int e = 0; e < kV<T>; e++) acc(dw + i * kV<T> + e, beta, s[e]);
+    for (int e = 0; e < V; e++) acc(dw + i * V + e, beta, s[e]);
   }
 }
 
-template <typename T>
-__global__ void copy_acc_vec_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t nv, float beta) {
-  const row_vec<T> *xv = reinterpret_cast<const row_vec<T> *>(x);
-  row_vec<T> *yv = reinterpret_cast<row_vec<T> *>(y);
+// y = beta y + x.
+template <typename T, int V>
+__global__ void copy_acc_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t nv, float beta) {
+  const vec<T, V> *xv = reinterpret_cast<const vec<T, V> *>(x);
+  vec<T, V> *yv = reinterpret_cast<vec<T, V> *>(y);
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += (int64_t)gridDim.x * blockDim.x) {
-    const row_vec<T> a = xv[i];
+    const vec<T, V> a = xv[i];
     if (beta == 0.f) {
       yv[i] = a;
     } else {
-      row_vec<T> o = yv[i];
+      vec<T, V> o = yv[i];
 #pragma unroll
-      for (int k = 0; k < kV<T>; k++) o.v[k] = from_f<T>(beta * to_f(o.v[k]) + to_f(a.v[k]));
+      for (int k = 0; k < V; k++) o.v[k] = from_f<T>(beta * to_f(o.v[k]) + to_f(a.v[k]));
       yv[i] = o;
     }
   }
+}
+
+template <typename T> constexpr int64_t kV = 16 / sizeof(T);
+
+// f(std::integral_constant<int, V>()), V = kV<T> when `vec` (vec_ok), else 1: its result.
+template <typename T, typename F> stoke_err *with_v(bool vec, F f) {
+  return vec ? f(std::integral_constant<int, (int)kV<T>>()) : f(std::integral_constant<int, 1>());
 }
 
 // Rows of c elements are whole 16-byte vectors and every pointer is 16-byte aligned.
@@ -285,14 +261,13 @@ PLAN(embedding_bwd, embedding_check(a, dtype_of<T>::value, 1, false), embedding_
 template <typename T> stoke_err *embedding_fwd(const stoke_kernel_args_v1 *a, void *) {
   CHECK(embedding_check(a, dtype_of<T>::value, 0, true));
   int64_t rows = stoke_numel(&a->in[1].shape), c = a->in[0].shape.d[1];
-  if (vec_ok<T>(c, {a->in[0].data, a->out[0].data}))
-    embedding_fwd_vec_kernel<T><<<blocks(rows * c / kV<T>), kThreads, 0, stream_of(a)>>>(
-        dp<T>(a->in[0]), dp<int32_t>(a->in[1]), dp<T>(a->out[0]), rows, c / kV<T>, a->in[0].shape.d[0]);
-  else
-    embedding_fwd_kernel<T><<<blocks(rows * c), kThreads, 0, stream_of(a)>>>(
-        dp<T>(a->in[0]), dp<int32_t>(a->in[1]), dp<T>(a->out[0]), rows, c, a->in[0].shape.d[0]);
-  LAUNCH_OK(a);
-  return NULL;
+  return with_v<T>(vec_ok<T>(c, {a->in[0].data, a->out[0].data}), [&](auto k) -> stoke_err * {
+    constexpr int V = decltype(k)::value;
+    embedding_fwd_kernel<T, V><<<blocks(rows * c / V), kThreads, 0, stream_of(a)>>>(
+        dp<T>(a->in[0]), dp<int32_t>(a->in[1]), dp<T>(a->out[0]), rows, c / V, a->in[0].shape.d[0]);
+    LAUNCH_OK(a);
+    return NULL;
+  });
 }
 
 // dweight = beta dweight, then a stable radix sort of (index, position) and each index's rows
@@ -337,40 +312,33 @@ template <typename T> stoke_err *pos_fwd(const stoke_kernel_args_v1 *a, void *) 
   CHECK(pos_check(a, dtype_of<T>::value, 0, true));
   const int64_t *d = a->in[0].shape.d;
   int64_t n = d[0] * d[1] * d[2];
-  if (vec_ok<T>(d[2], {a->in[0].data, a->in[1].data, a->out[0].data}))
-    pos_fwd_vec_kernel<T><<<blocks(n / kV<T>), kThreads, 0, stream_of(a)>>>(
-        dp<T>(a->in[0]), dp<T>(a->in[1]), dp<T>(a->out[0]), n / kV<T>, d[1] * d[2] / kV<T>);
-  else
-    pos_fwd_kernel<T><<<blocks(n), kThreads, 0, stream_of(a)>>>(dp<T>(a->in[0]), dp<T>(a->in[1]), dp<T>(a->out[0]),
-                                                                 n, d[1] * d[2]);
-  LAUNCH_OK(a);
-  return NULL;
+  return with_v<T>(vec_ok<T>(d[2], {a->in[0].data, a->in[1].data, a->out[0].data}), [&](auto k) -> stoke_err * {
+    constexpr int V = decltype(k)::value;
+    pos_fwd_kernel<T, V><<<blocks(n / V), kThreads, 0, stream_of(a)>>>(dp<T>(a->in[0]), dp<T>(a->in[1]),
+                                                                       dp<T>(a->out[0]), n / V, d[1] * d[2] / V);
+    LAUNCH_OK(a);
+    return NULL;
+  });
 }
 
 template <typename T> stoke_err *pos_bwd(const stoke_kernel_args_v1 *a, void *) {
   CHECK(pos_check(a, dtype_of<T>::value, 1, true));
   const int64_t *d = a->in[0].shape.d;
   int64_t n = d[0] * d[1] * d[2], all = stoke_numel(&a->in[1].shape);
-  const bool vec = vec_ok<T>(d[2], {a->dout[0].data, a->din[0].data, a->din[1].data});
-  if (a->din[0].data && (a->din[0].data != a->dout[0].data || stoke_grad_beta(a, 0) != 0.f)) {
-    if (vec)
-      copy_acc_vec_kernel<T><<<blocks(n / kV<T>), kThreads, 0, stream_of(a)>>>(dp<T>(a->dout[0]), dp<T>(a->din[0]),
-                                                                             n / kV<T>, stoke_grad_beta(a, 0));
-    else
-      copy_acc_kernel<T><<<blocks(n), kThreads, 0, stream_of(a)>>>(dp<T>(a->dout[0]), dp<T>(a->din[0]), n,
-                                                                   stoke_grad_beta(a, 0));
-    LAUNCH_OK(a);
-  }
-  if (a->din[1].data) {
-    if (vec)
-      pos_bwd_w_vec_kernel<T><<<blocks(all / kV<T>), kThreads, 0, stream_of(a)>>>(
-          dp<T>(a->dout[0]), dp<T>(a->din[1]), d[0], d[1] * d[2] / kV<T>, all / kV<T>, stoke_grad_beta(a, 1));
-    else
-      pos_bwd_w_kernel<T><<<blocks(all), kThreads, 0, stream_of(a)>>>(dp<T>(a->dout[0]), dp<T>(a->din[1]), d[0],
-                                                                       d[1] * d[2], all, stoke_grad_beta(a, 1));
-    LAUNCH_OK(a);
-  }
-  return NULL;
+  return with_v<T>(vec_ok<T>(d[2], {a->dout[0].data, a->din[0].data, a->din[1].data}), [&](auto k) -> stoke_err * {
+    constexpr int V = decltype(k)::value;
+    if (a->din[0].data && (a->din[0].data != a->dout[0].data || stoke_grad_beta(a, 0) != 0.f)) {
+      copy_acc_kernel<T, V><<<blocks(n / V), kThreads, 0, stream_of(a)>>>(dp<T>(a->dout[0]), dp<T>(a->din[0]),
+                                                                          n / V, stoke_grad_beta(a, 0));
+      LAUNCH_OK(a);
+    }
+    if (a->din[1].data) {
+      pos_bwd_w_kernel<T, V><<<blocks(all / V), kThreads, 0, stream_of(a)>>>(
+          dp<T>(a->dout[0]), dp<T>(a->din[1]), d[0], d[1] * d[2] / V, all / V, stoke_grad_beta(a, 1));
+      LAUNCH_OK(a);
+    }
+    return NULL;
+  });
 }
 
 // ---------------------------------------------------------------- views
