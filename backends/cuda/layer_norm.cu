@@ -605,14 +605,19 @@ template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, 
 
 // ------------------------------------------------------------- the table
 
-#define K(op, pass, plan, run, T) {"cuda", op, pass, dtype_of<T>::value, STOKE_LAYOUT_ANY, plan, run, stoke_destroy_none}
+// layer_norm's backward adds its input gradient into din[0] when the compiler asks (accumulates bit 0,
+// din_accumulate, through stoke_grad_beta): GPT-2's embedding output feeds ln_1 and the residual,
+// and its gradient sum then needs no add node. The add forms declare none: their two input
+// gradients may share memory (dx2 NULL), where accumulating one would add into the other.
+#define K(op, pass, plan, run, T, acc) \
+  {"cuda", op, pass, dtype_of<T>::value, STOKE_LAYOUT_ANY, plan, run, stoke_destroy_none, acc}
 #define LN_KERNELS(T)                                                                                     \
-  K(STOKE_OP_LAYER_NORM, STOKE_FWD, (ln_plan<T, 0, 0>), (ln_fwd<T, 0>), T),                               \
-  K(STOKE_OP_LAYER_NORM, STOKE_BWD, (ln_plan<T, 0, 1>), (ln_bwd<T, 0>), T),                               \
-  K(STOKE_OP_ADD_LAYER_NORM, STOKE_FWD, (ln_plan<T, 1, 0>), (ln_fwd<T, 1>), T),                           \
-  K(STOKE_OP_ADD_LAYER_NORM, STOKE_BWD, (ln_plan<T, 1, 1>), (ln_bwd<T, 1>), T),                           \
-  K(STOKE_OP_ADD_BIAS_LAYER_NORM, STOKE_FWD, (ln_plan<T, 2, 0>), (ln_fwd<T, 2>), T),                      \
-  K(STOKE_OP_ADD_BIAS_LAYER_NORM, STOKE_BWD, (ln_plan<T, 2, 1>), (ln_bwd<T, 2>), T)
+  K(STOKE_OP_LAYER_NORM, STOKE_FWD, (ln_plan<T, 0, 0>), (ln_fwd<T, 0>), T, 0),                            \
+  K(STOKE_OP_LAYER_NORM, STOKE_BWD, (ln_plan<T, 0, 1>), (ln_bwd<T, 0>), T, 1u),                           \
+  K(STOKE_OP_ADD_LAYER_NORM, STOKE_FWD, (ln_plan<T, 1, 0>), (ln_fwd<T, 1>), T, 0),                        \
+  K(STOKE_OP_ADD_LAYER_NORM, STOKE_BWD, (ln_plan<T, 1, 1>), (ln_bwd<T, 1>), T, 0),                       \
+  K(STOKE_OP_ADD_BIAS_LAYER_NORM, STOKE_FWD, (ln_plan<T, 2, 0>), (ln_fwd<T, 2>), T, 0),                   \
+  K(STOKE_OP_ADD_BIAS_LAYER_NORM, STOKE_BWD, (ln_plan<T, 2, 1>), (ln_bwd<T, 2>), T, 0)
 
 const stoke_kernel_v1 ln_kernels[] = {LN_KERNELS(float), LN_KERNELS(__nv_bfloat16), LN_KERNELS(__half)};
 
