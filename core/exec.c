@@ -53,6 +53,16 @@ struct stoke_exec {
   int64_t kind_ops[2][2]; /* GPU operations of each captured micro-batch kind, [first][last] */
   int64_t replays; /* micro-batches run as a graph launch */
   double *live;
+  /* [run] wgrad_stream: the side stream and its workspace; fork, the event
+   * the side stream waits on before a side node; per node, done[i], the
+   * event after its side work, and join[i], the node before which the
+   * compute stream waits for it (the plan's, or earlier where a node
+   * between writes what the side work reads: side_checked_join); pend[],
+   * the side nodes not waited for yet */
+  void *side, *side_ws, *fork;
+  void **done;
+  int *join, *pend;
+  int n_pend;
 };
 
 void stoke_exec_set_hook(stoke_exec *x, stoke_exec_hook hook, void *ctx) {
@@ -224,6 +234,93 @@ static stoke_err *prepare_update(stoke_exec *x) {
   return plan_update_kernel(x, p->opt_kernel, "optimizer", x->opt_t, 3, &x->opt);
 }
 
+/* Does [a, a + an) overlap [b, b + bn)? */
+static int ranges_meet(const char *a, size_t an, const char *b, size_t bn) {
+  return a && b && a < b + bn && b < a + an;
+}
+
+/* The memory node i touches: `writes` 1 its outputs (a backward's din, a
+ * forward's out; a with_forward backward's out too), 0 everything it
+ * reads or writes. Does any of it meet [p, p + bytes)? */
+static int node_meets(stoke_exec *x, int i, int writes, const char *p, size_t bytes) {
+  const stoke_gnode *n = &x->p->g->nodes[i];
+  const stoke_value *v = x->p->g->values;
+  int bwd = n->pass == STOKE_BWD;
+  for (int k = 0; k < n->n_in; k++) {
+    if (!writes && ranges_meet(x->args[i].in[k].data, v[n->in[k]].bytes, p, bytes)) return 1;
+    if (bwd && n->din[k] >= 0 && ranges_meet(x->args[i].din[k].data, v[n->din[k]].bytes, p, bytes)) return 1;
+  }
+  for (int j = 0; j < n->n_out; j++) {
+    if ((!writes || !bwd || n->with_forward) && ranges_meet(x->args[i].out[j].data, v[n->out[j]].bytes, p, bytes))
+      return 1;
+    if (!writes && bwd && n->dout[j] >= 0 && ranges_meet(x->args[i].dout[j].data, v[n->dout[j]].bytes, p, bytes))
+      return 1;
+  }
+  return 0;
+}
+
+/* The node before which the compute stream must wait for side node i's
+ * work: the plan's join, or the first node before it that writes memory
+ * the side work reads (its in, out, dout) or touches its parameter
+ * gradients. The plan's liveness should leave none; this holds whatever
+ * the placement did. */
+static int side_checked_join(stoke_exec *x, int i) {
+  const stoke_gnode *n = &x->p->g->nodes[i];
+  const stoke_value *v = x->p->g->values;
+  const node_args *na = &x->args[i];
+  for (int j = i + 1; j < n->side_join; j++) {
+    if (stoke_node_in_bwd(&x->p->g->nodes[j])) continue; /* its work runs in the next node */
+    for (int k = 0; k < n->n_in; k++) {
+      if (node_meets(x, j, 1, na->in[k].data, v[n->in[k]].bytes)) return j;
+      if (n->din[k] >= 0 && v[n->din[k]].kind == STOKE_VAL_PARAM_GRAD &&
+          node_meets(x, j, 0, na->din[k].data, v[n->din[k]].bytes))
+        return j;
+    }
+    for (int q = 0; q < n->n_out; q++) {
+      if (node_meets(x, j, 1, na->out[q].data, v[n->out[q]].bytes)) return j;
+      if (n->dout[q] >= 0 && node_meets(x, j, 1, na->dout[q].data, v[n->dout[q]].bytes)) return j;
+    }
+  }
+  return n->side_join;
+}
+
+/* [run] wgrad_stream on a device with streams and events (not the CPU:
+ * its kernels run in order anyway): the side stream, its workspace (as
+ * large as the compute stream's: a side kernel never shares it) and the
+ * events; each side node's checked join. */
+static stoke_err *side_setup(stoke_exec *x) {
+  const stoke_backend_v1 *d = x->dev;
+  int n = x->p->g->n_nodes;
+  if (!x->p->n_side || !x->stream || !d->stream_create || !d->timer_create || !d->timer_record || !d->stream_wait)
+    return NULL;
+  x->done = calloc((size_t)n, sizeof *x->done);
+  x->join = calloc((size_t)n, sizeof *x->join);
+  x->pend = calloc((size_t)n, sizeof *x->pend);
+  if (!x->done || !x->join || !x->pend) return STOKE_ERR(STOKE_E_OOM, "out of memory");
+  STOKE_TRY(d->stream_create(x->dev_self, &x->side), "creating the side stream ([run] wgrad_stream)");
+  STOKE_PROPAGATE(dev_alloc(x, x->p->workspace_bytes, &x->side_ws, "the side stream's workspace ([run] wgrad_stream)"));
+  STOKE_PROPAGATE(d->timer_create(x->dev_self, &x->fork));
+  for (int i = 0; i < n; i++) {
+    if (!x->p->g->nodes[i].side) continue;
+    STOKE_PROPAGATE(d->timer_create(x->dev_self, &x->done[i]));
+    x->join[i] = side_checked_join(x, i);
+  }
+  return NULL;
+}
+
+/* The compute stream waits for the side work due before node `at`
+ * (x->p->g->n_nodes: all of it). */
+static stoke_err *side_wait(stoke_exec *x, int at) {
+  int keep = 0;
+  for (int k = 0; k < x->n_pend; k++) {
+    int i = x->pend[k];
+    if (x->join[i] <= at) STOKE_PROPAGATE(x->dev->stream_wait(x->dev_self, x->stream, x->done[i]));
+    else x->pend[keep++] = i;
+  }
+  x->n_pend = keep;
+  return NULL;
+}
+
 static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev_self, uint64_t seed,
                            stoke_exec *share, stoke_exec **out) {
   stoke_graph *g = p->g;
@@ -294,6 +391,7 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
   }
   if (!e) e = prepare_update(x);
   if (!e) e = dev_alloc(x, p->workspace_bytes, &x->workspace, "kernel workspace");
+  if (!e) e = side_setup(x);
   for (int i = 0; i < g->n_nodes && !e; i++) {
     x->args[i].a.workspace = x->workspace;
     x->args[i].a.workspace_bytes = p->workspace_bytes;
@@ -346,6 +444,14 @@ void stoke_exec_free(stoke_exec *x) {
     if (x->buf[b] && !x->borrowed[b]) x->dev->free(x->dev_self, x->buf[b]);
   if (x->opt_state) x->dev->free(x->dev_self, x->opt_state);
   if (x->workspace) x->dev->free(x->dev_self, x->workspace);
+  if (x->side_ws) x->dev->free(x->dev_self, x->side_ws);
+  if (x->side) x->dev->stream_destroy(x->dev_self, x->side);
+  if (x->fork) x->dev->timer_destroy(x->dev_self, x->fork);
+  for (int i = 0; x->done && i < g->n_nodes; i++)
+    if (x->done[i]) x->dev->timer_destroy(x->dev_self, x->done[i]);
+  free(x->done);
+  free(x->join);
+  free(x->pend);
   if (x->amp) x->dev->free(x->dev_self, x->amp);
   if (x->clip) x->dev->free(x->dev_self, x->clip);
   if (x->decay) x->dev->free(x->dev_self, x->decay);
@@ -451,9 +557,14 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
   int n = x->p->opts.training ? g->n_nodes : g->n_fwd;
   /* with accumulate > 1 the profile holds the last micro-batch's nodes */
   STOKE_PROPAGATE(tick(x, g->n_nodes));
+  /* the side stream: not while profiling (each node's time is its own) nor
+   * with a hook (data parallel: a bucket's all-reduce follows the hook) */
+  int side = x->side && !x->profiling && !x->hook;
+  x->n_pend = 0;
   for (int i = 0; i < n; i++) {
     stoke_gnode *node = &g->nodes[i];
     node_args *na = &x->args[i];
+    if (side && x->n_pend) STOKE_PROPAGATE(side_wait(x, i));
     if (stoke_node_in_bwd(node)) {
       /* the next node, its backward, computes its outputs too: nothing is
        * enqueued here, so the hook is not called */
@@ -465,11 +576,23 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
      * forward node's seed (dropout regenerates its mask) */
     uint64_t k = node->pass == STOKE_BWD || node->recompute ? (uint64_t)node->fwd : (uint64_t)i;
     na->a.seed = stoke_hash3(step_seed, k, 0x5eedull);
+    int fork = side && node->side;
+    na->a.side_stream = fork ? x->side : NULL;
+    na->a.side_workspace = fork ? x->side_ws : NULL;
+    na->a.side_workspace_bytes = fork ? x->p->workspace_bytes : 0;
+    if (fork) { /* the side stream starts after everything issued so far */
+      STOKE_PROPAGATE(x->dev->timer_record(x->dev_self, x->fork, x->stream));
+      STOKE_PROPAGATE(x->dev->stream_wait(x->dev_self, x->side, x->fork));
+    }
     stoke_range_push(node->n.name);
     stoke_crash_note_kernel(node->kernel, &na->a);
     stoke_err *e = node->kernel->run(&na->a, node->kstate);
     stoke_crash_note_kernel(NULL, NULL);
     stoke_range_pop();
+    if (!e && fork) {
+      e = x->dev->timer_record(x->dev_self, x->done[i], x->side);
+      x->pend[x->n_pend++] = i;
+    }
     if (!e) e = tick(x, i);
     if (e)
       return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name, node->n.op,
@@ -477,6 +600,7 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
                             node->kernel->engine);
     if (x->hook) STOKE_PROPAGATE(x->hook(x->hook_ctx, i));
   }
+  if (x->n_pend) STOKE_PROPAGATE(side_wait(x, g->n_nodes)); /* before the update, the loss read, a capture's end */
   return NULL;
 }
 

@@ -62,6 +62,21 @@ static void note_engine(void *ctx, const void *part, const char *origin) {
 }
 
 /* First engine in the ordered list with a kernel for the node. */
+/* [run] wgrad_stream: backward nodes whose kernel may compute their
+ * parameter gradients on the side stream; their count. */
+static int mark_side(stoke_graph *g, int lag) {
+  int count = 0;
+  for (int i = 0; i < g->n_nodes; i++) {
+    stoke_gnode *n = &g->nodes[i];
+    n->side = 0;
+    if (n->pass != STOKE_BWD || !n->kernel || !(n->kernel->caps & STOKE_KCAP_SIDE_GRADS)) continue;
+    for (int k = 0; k < n->n_in && !n->side; k++)
+      if (n->din[k] >= 0 && g->values[n->din[k]].kind == STOKE_VAL_PARAM_GRAD) n->side = lag;
+    count += n->side > 0;
+  }
+  return count;
+}
+
 static stoke_err *resolve(const stoke_graph *g, const stoke_plan_opts *o, stoke_gnode *n) {
   const stoke_value *x = &g->values[n->in[0]];
   for (int i = 0; i < o->n_engines; i++) {
@@ -82,9 +97,42 @@ static stoke_err *resolve(const stoke_graph *g, const stoke_plan_opts *o, stoke_
                    w.text, w.used ? " (add one to [run] backends)" : "");
 }
 
-/* Schedule positions where each arena value is written and read. */
+/* Does node m read or write one of node n's parameter gradients? */
+static int touches_param_grads(const stoke_graph *g, const stoke_gnode *n, const stoke_gnode *m) {
+  for (int k = 0; k < n->n_in; k++) {
+    int d = n->din[k];
+    if (d < 0 || g->values[d].kind != STOKE_VAL_PARAM_GRAD) continue;
+    for (int q = 0; q < m->n_in; q++)
+      if (m->in[q] == d || m->din[q] == d) return 1;
+    for (int q = 0; q < m->n_out; q++)
+      if (m->out[q] == d || m->dout[q] == d) return 1;
+  }
+  return 0;
+}
+
+/* [run] wgrad_stream: where the main stream waits for each side node's
+ * parameter gradients: before the side-th side node after it, or before
+ * the first node that reads or writes one of those gradients (a tied
+ * weight's second backward), else at the backward's end. */
+static void side_joins(stoke_graph *g) {
+  for (int i = 0; i < g->n_nodes; i++) {
+    stoke_gnode *n = &g->nodes[i];
+    n->side_join = 0;
+    if (!n->side) continue;
+    int j = i + 1;
+    for (int forks = 0; j < g->n_nodes; j++) {
+      const stoke_gnode *m = &g->nodes[j];
+      if ((m->side && ++forks == n->side) || touches_param_grads(g, n, m)) break;
+    }
+    n->side_join = j;
+  }
+}
+
+/* Schedule positions where each arena value is written and read; what a
+ * side node reads stays live until the node before its join. */
 static void liveness(stoke_graph *g) {
   int end = g->n_nodes;
+  side_joins(g);
   for (int v = 0; v < g->n_values; v++) {
     stoke_value *val = &g->values[v];
     int whole = val->kind == STOKE_VAL_INPUT || val->kind == STOKE_VAL_LABEL ||
@@ -94,15 +142,16 @@ static void liveness(stoke_graph *g) {
   }
   for (int i = 0; i < g->n_nodes; i++) {
     stoke_gnode *n = &g->nodes[i];
+    int until = n->side ? n->side_join - 1 : i; /* the side work reads them until its join */
     for (int k = 0; k < n->n_in; k++) {
       int reads = n->pass != STOKE_BWD || (n->type->bwd_needs & STOKE_BWD_NEEDS_INPUT(k));
-      if (reads && g->values[n->in[k]].last < i) g->values[n->in[k]].last = i;
+      if (reads && g->values[n->in[k]].last < until) g->values[n->in[k]].last = until;
     }
     for (int j = 0; j < n->n_out; j++) {
       if (n->pass == STOKE_BWD) {
-        if ((n->type->bwd_needs & STOKE_BWD_NEEDS_OUTPUT(j)) && g->values[n->out[j]].last < i)
-          g->values[n->out[j]].last = i;
-        if (n->dout[j] >= 0 && g->values[n->dout[j]].last < i) g->values[n->dout[j]].last = i;
+        if ((n->type->bwd_needs & STOKE_BWD_NEEDS_OUTPUT(j)) && g->values[n->out[j]].last < until)
+          g->values[n->out[j]].last = until;
+        if (n->dout[j] >= 0 && g->values[n->dout[j]].last < until) g->values[n->dout[j]].last = until;
       }
     }
     if (n->pass == STOKE_BWD)
@@ -462,6 +511,7 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   stoke_err *e = NULL;
   for (int i = 0; i < g->n_nodes && !e; i++) e = resolve(g, opts, &g->nodes[i]);
   if (!e && opts->training && !opts->no_grad_accumulate) p->n_accumulated = stoke_fuse_grad_sums(g);
+  if (!e && opts->training && opts->wgrad_stream > 0) p->n_side = mark_side(g, opts->wgrad_stream);
   p->n_schedule = g->n_nodes;
   if (!e && opts->training && opts->optimizer) e = resolve_update(g, opts, p);
   if (e) {
@@ -590,6 +640,11 @@ void stoke_plan_report(const stoke_plan *p, FILE *f) {
   if (p->n_accumulated)
     fprintf(f, "gradient sums: %d accumulated in place by their producers (din_accumulate), no add node\n",
             p->n_accumulated);
+  if (p->n_side)
+    fprintf(f, "weight gradients: %d backward nodes may compute theirs on a second stream (wgrad_stream = %d), "
+            "with a second workspace as large as the first; the compute stream waits for each before the node %d such "
+            "nodes later (or before one touching its gradients)\n",
+            p->n_side, p->opts.wgrad_stream, p->opts.wgrad_stream);
   for (int i = 0; i < g->n_nodes; i++)
     if (stoke_node_in_bwd(&g->nodes[i]))
       fprintf(f, "forward in backward: %s '%s' done by its backward kernel's call (%s)\n",

@@ -81,6 +81,12 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"fwd_in_bwd", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "the loss's forward (softmax_ce) done by its backward kernel where that kernel can (the GPU's): one read "
      "of the logits for the loss and dlogits instead of two; false runs them as two nodes (A/B)"},
+    {"wgrad_stream", STOKE_CFG_INT, "0", 0, 64, NULL,
+     "0: every kernel on the compute stream. k > 0: backward kernels that can (cuDNN's convolutions) compute "
+     "their weight gradients on a second stream, overlapping the input-gradient chain; the compute stream "
+     "waits for each before the k-th such node after it. The memory they read stays allocated until then "
+     "(the plan's activations grow) and a second workspace is allocated. Off under data parallel and while "
+     "profiling (run.profile_ops)"},
     {"cuda_graph", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "capture the whole step (forward, backward, optimizer, loss scaler) once as a CUDA graph and replay "
      "it: one launch per step instead of one per kernel"},
@@ -334,6 +340,7 @@ static stoke_err *read_run(const stoke_cfg *c, stoke_run_config *rc) {
   rc->run.progress = (stoke_show)choice(v, shows, 4);
   RUN(stoke_cfg_int, "device_index", &rc->run.device_index);
   RUN(stoke_cfg_int, "steps", &rc->run.steps);
+  RUN(stoke_cfg_int, "wgrad_stream", &rc->run.wgrad_stream);
   RUN(stoke_cfg_int, "accumulate", &rc->run.accumulate);
   RUN(stoke_cfg_int, "seed", &rc->run.seed);
   RUN(stoke_cfg_int, "log_every", &rc->run.log_every);

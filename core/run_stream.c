@@ -181,7 +181,9 @@ static stoke_err *plan_opts(run_state *s, const stoke_precision_v1 *prec, int tr
                           init_scale > 0 ? init_scale : prec->init_scale, rc->run.fuse, rc->optimizer.grad_clip,
                           !rc->optimizer.weight_decay_1d, !rc->run.grad_sums_in_place, prec,
                           training ? rc->run.recompute : NULL, budget, !rc->run.fwd_in_bwd,
-                          !rc->run.fuse_bias_norm};
+                          !rc->run.fuse_bias_norm,
+                          /* data parallel: a bucket's all-reduce follows each node, so no side stream */
+                          s->world > 1 ? 0 : (int)rc->run.wgrad_stream};
   return NULL;
 }
 

@@ -442,8 +442,42 @@ static stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *state) {
   return cg_execute(st->eng, st->fprop, ptrs, plan_ws(a, st), a->stream, st->ctx);
 }
 
+/* dW (param_grad_beta: 0 overwrites, else accumulates) on `stream` with
+ * the workspace at `ws`: the compute stream's, or the side stream's
+ * ([run] wgrad_stream), laid out alike. */
+static stoke_err *run_wgrad(const stoke_kernel_args_v1 *a, const gconv_state *st, void *dy, void *dw, void *stream,
+                            char *ws) {
+  if (!a->in[0].data) return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d backward: x has no data; %s", st->ctx);
+  float beta = (a->param_grads & 2u) ? a->param_grad_beta : 0.0f;
+  void *plan_ws = ws ? ws + st->w_region : NULL;
+  if (st->unfold) { /* dW = unpack(wgrad(unfold(x), dy)), added with beta */
+    STOKE_CUDA(stoke_cudnn_unfold(a->in[0].data, ws + st->u_xu_off, &st->ug, stream));
+    void *ptrs[3] = {ws + st->u_xu_off, ws, dy};
+    STOKE_PROPAGATE_P(cg_execute(st->eng, st->wgrad, ptrs, plan_ws, stream, st->ctx));
+    stoke_dtype dt = st->data == CUDNN_DATA_HALF ? STOKE_F16 : STOKE_BF16; /* the unfolded path is 16-bit only */
+    STOKE_CUDA(stoke_cudnn_unfold_unpack_dw(ws, dw, &st->ug, dt, beta, stream));
+    return NULL;
+  }
+  /* straight into dW when its layout is the plan's and nothing accumulates */
+  int direct = !st->w_krsc && beta == 0.0f;
+  void *target = direct ? dw : ws;
+  void *ptrs[3] = {a->in[0].data, target, dy};
+  STOKE_PROPAGATE_P(cg_execute(st->eng, st->wgrad, ptrs, plan_ws, stream, st->ctx));
+  if (!direct) {
+    cudnnHandle_t h = st->eng->handle;
+    const float one = 1.0f;
+    CUDNN_CHECK(cudnnSetStream(h, (cudaStream_t)stream), st->ctx);
+    if (st->w_krsc)
+      CUDNN_CHECK(cudnnTransformTensor(h, &one, st->w_ohwi, ws, &beta, st->w_oihw, dw), st->ctx);
+    else
+      CUDNN_CHECK(cudnnAddTensor(h, &one, st->w_oihw, ws, &beta, st->w_oihw, dw), st->ctx);
+  }
+  return NULL;
+}
+
 /* dx (overwritten, or added with din_accumulate / a parameter's beta) and
- * dW (param_grad_beta: 0 overwrites, else accumulates). */
+ * dW. Given a side stream (STOKE_KCAP_SIDE_GRADS), dW goes there first,
+ * with the side workspace, and dx follows on the compute stream. */
 static stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *state) {
   gconv_state *st = state;
   if (st && st->classic) return stoke_cudnn_classic_run_bwd(a, st->classic);
@@ -453,7 +487,8 @@ static stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *state) {
   if ((dx && !st->dgrad) || (dw && !st->wgrad))
     return STOKE_PERR(STOKE_E_INTERNAL, "cudnn conv2d backward: a gradient is wanted that plan() did not see; %s",
                       st->ctx);
-  cudnnHandle_t h = st->eng->handle;
+  int side = dw && a->side_stream && a->side_workspace && a->side_workspace_bytes >= st->workspace;
+  if (side) STOKE_PROPAGATE_P(run_wgrad(a, st, dy, dw, a->side_stream, a->side_workspace));
   if (dx) {
     void *w;
     STOKE_PROPAGATE_P(weight_for(a, st, &w));
@@ -464,40 +499,19 @@ static stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *state) {
     void *ptrs[3] = {dx, w, dy};
     STOKE_PROPAGATE_P(cg_execute(st->eng, acc ? st->dgrad_acc : st->dgrad, ptrs, plan_ws(a, st), a->stream, st->ctx));
   }
-  if (dw && st->unfold) { /* dW = unpack(wgrad(unfold(x), dy)), added with beta */
-    if (!a->in[0].data) return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d backward: x has no data; %s", st->ctx);
-    float beta = (a->param_grads & 2u) ? a->param_grad_beta : 0.0f;
-    char *ws = a->workspace;
-    STOKE_CUDA(stoke_cudnn_unfold(a->in[0].data, ws + st->u_xu_off, &st->ug, a->stream));
-    void *ptrs[3] = {ws + st->u_xu_off, ws, dy};
-    STOKE_PROPAGATE_P(cg_execute(st->eng, st->wgrad, ptrs, plan_ws(a, st), a->stream, st->ctx));
-    stoke_dtype dt = st->data == CUDNN_DATA_HALF ? STOKE_F16 : STOKE_BF16; /* the unfolded path is 16-bit only */
-    STOKE_CUDA(stoke_cudnn_unfold_unpack_dw(ws, dw, &st->ug, dt, beta, a->stream));
-  } else if (dw) {
-    if (!a->in[0].data) return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d backward: x has no data; %s", st->ctx);
-    float beta = (a->param_grads & 2u) ? a->param_grad_beta : 0.0f;
-    /* straight into dW when its layout is the plan's and nothing accumulates */
-    int direct = !st->w_krsc && beta == 0.0f;
-    void *target = direct ? dw : a->workspace;
-    void *ptrs[3] = {a->in[0].data, target, dy};
-    STOKE_PROPAGATE_P(cg_execute(st->eng, st->wgrad, ptrs, plan_ws(a, st), a->stream, st->ctx));
-    if (!direct) {
-      const float one = 1.0f;
-      CUDNN_CHECK(cudnnSetStream(h, (cudaStream_t)a->stream), st->ctx);
-      if (st->w_krsc)
-        CUDNN_CHECK(cudnnTransformTensor(h, &one, st->w_ohwi, a->workspace, &beta, st->w_oihw, dw), st->ctx);
-      else
-        CUDNN_CHECK(cudnnAddTensor(h, &one, st->w_oihw, a->workspace, &beta, st->w_oihw, dw), st->ctx);
-    }
-  }
+  if (dw && !side) STOKE_PROPAGATE_P(run_wgrad(a, st, dy, dw, a->stream, a->workspace));
+  if (side && !dx) /* the handle back on the compute stream (every call here sets it; this is for any other) */
+    CUDNN_CHECK(cudnnSetStream(st->eng->handle, (cudaStream_t)a->stream), st->ctx);
   return NULL;
 }
 
 /* Every layout (the kernel reads x's), three dtypes, both passes; the
- * backward adds dx into its buffer on request (din_accumulate bit 0). */
-#define GCONV_KERNELS(dt)                                                                              \
-  {"cudnn", STOKE_OP_CONV2D, STOKE_FWD, dt, STOKE_LAYOUT_ANY, plan_fwd, run_fwd, gconv_destroy, 0},   \
-  {"cudnn", STOKE_OP_CONV2D, STOKE_BWD, dt, STOKE_LAYOUT_ANY, plan_bwd, run_bwd, gconv_destroy, 1u}
+ * backward adds dx into its buffer on request (din_accumulate bit 0) and
+ * may put dW on the side stream. */
+#define GCONV_KERNELS(dt)                                                                                            \
+  {"cudnn", STOKE_OP_CONV2D, STOKE_FWD, dt, STOKE_LAYOUT_ANY, plan_fwd, run_fwd, gconv_destroy, 0, 0},              \
+  {"cudnn", STOKE_OP_CONV2D, STOKE_BWD, dt, STOKE_LAYOUT_ANY, plan_bwd, run_bwd, gconv_destroy, 1u,                \
+   STOKE_KCAP_SIDE_GRADS}
 
 static const stoke_kernel_v1 kernels[] = {GCONV_KERNELS(STOKE_F32), GCONV_KERNELS(STOKE_BF16),
                                           GCONV_KERNELS(STOKE_F16)};

@@ -75,6 +75,12 @@ typedef struct stoke_gnode {
    * backward node right after it does its work (the executor skips it);
    * on that backward node, 1 (its kernel gets with_forward) */
   int with_forward;
+  /* [run] wgrad_stream (core/plan.c): on a backward node whose kernel may
+   * put its parameter gradients on the side stream (STOKE_KCAP_SIDE_GRADS),
+   * `side` is the key's value, the lag; `side_join` the node before which
+   * the main stream waits for that side work (n_nodes: the backward's end).
+   * The liveness keeps what the side work reads alive until then. 0: none. */
+  int side, side_join;
   /* kernel resolution */
   const stoke_kernel_v1 *kernel;
   void *kstate;
@@ -160,6 +166,11 @@ typedef struct stoke_plan_opts {
                                * could do both (core/fuse_grad.c; for A/B runs and tests) */
   int no_bias_fold;           /* with fuse: keep linears' biases out of the add_layer_norms after them
                                * (core/fuse_act.c's stoke_fuse_bias_ln; for A/B runs) */
+  /* [run] wgrad_stream: 0 runs everything on the compute stream; k > 0 lets
+   * backward kernels with STOKE_KCAP_SIDE_GRADS compute their parameter
+   * gradients on a second stream, each waited for before the k-th such node
+   * after it (or before the first node that touches those gradients). */
+  int wgrad_stream;
 } stoke_plan_opts;
 
 #define STOKE_MAX_ENGINES 32
@@ -190,6 +201,7 @@ typedef struct stoke_plan {
   int n_schedule;                 /* nodes executed per micro-batch */
   int n_accumulated;              /* gradient sums done in place by their producers */
   int n_fwd_in_bwd;               /* forward nodes whose backward kernel does their work */
+  int n_side;                     /* backward nodes whose parameter gradients may run on the side stream ([run] wgrad_stream) */
   /* recomputation: forward nodes re-run in backward, their segments, the
    * FLOPs they add per micro-batch (not in train_flops: MFU counts the
    * model's FLOPs), the activation arena without them, and the report's

@@ -41,6 +41,7 @@ typedef struct stoke_run_config {
     double bucket_mb, comm_timeout, epochs, eval_every, loss_scale_init;
     int profile_ops, checkpoint, overwrite, deterministic, fuse, grad_sums_in_place, fwd_in_bwd, cuda_graph, conv_autotune;
     int fuse_bias_norm;    /* with fuse: linear biases into the add_layer_norms after them */
+    int64_t wgrad_stream;  /* > 0: weight gradients on a second stream, joined k such nodes later */
     const char *recompute; /* none, auto or node-name patterns (core/recompute.c) */
     double memory_gb;      /* the device memory to plan for (0: ask the device) */
     const char *tensorboard; /* "false", "true" (out_dir) or a folder */

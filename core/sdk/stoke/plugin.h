@@ -22,10 +22,10 @@
 extern "C" {
 #endif
 
-/* 4: stoke_kernel_v1.caps and stoke_kernel_args_v1.with_forward, a
- * backward kernel doing its forward's work too (see plugins/README.md,
- * "ABI history") */
-#define STOKE_ABI_VERSION 4u
+/* 5: stoke_kernel_args_v1.side_stream and side_workspace, a backward
+ * kernel's parameter gradients on a second stream (STOKE_KCAP_SIDE_GRADS;
+ * see plugins/README.md, "ABI history") */
+#define STOKE_ABI_VERSION 5u
 #define STOKE_PLUGIN_SYMBOL "stoke_plugin_v1_entry"
 
 /* The first fields of every part a plugin registers, in this order. */
@@ -336,12 +336,30 @@ typedef struct stoke_kernel_args_v1 {
    * too, from `in`, before or while it makes the gradients. Every `in`
    * and `out` then holds data (bwd_needs or not). */
   int with_forward;
+  /* Appended (ABI 5): non-NULL on a backward kernel whose caps has
+   * STOKE_KCAP_SIDE_GRADS when the executor lets it compute its parameter
+   * gradients (din[i] with param_grads bit i) on this second stream, with
+   * this workspace (as large as `workspace`, never shared with it). The
+   * side stream already waits for everything issued to `stream` before the
+   * call; the executor makes `stream` wait for the side stream before
+   * anything reads those gradients or overwrites what the side work reads
+   * (the node's in, out and dout). Everything else stays on `stream`.
+   * NULL: all on `stream`, as before. */
+  void *side_stream;
+  void *side_workspace;
+  size_t side_workspace_bytes;
 } stoke_kernel_args_v1;
 
 /* stoke_kernel_v1.caps bits. STOKE_KCAP_WITH_FORWARD: this backward
  * kernel honours stoke_kernel_args_v1.with_forward (softmax_ce on the
  * GPU: log-sum-exp, loss and dlogits in one read of the logits). */
 #define STOKE_KCAP_WITH_FORWARD (1u << 0)
+/* STOKE_KCAP_SIDE_GRADS: this backward kernel may put its parameter
+ * gradients on stoke_kernel_args_v1.side_stream ([run] wgrad_stream): the
+ * weight-gradient product overlaps the input-gradient chain (cuDNN's
+ * convolutions). A kernel may ignore the side stream; it must not use it
+ * for din of activations. */
+#define STOKE_KCAP_SIDE_GRADS (1u << 1)
 
 /* One entry of a backend's kernel table: (op, pass, dtype, layout) ->
  * {plan, run}. `plan` runs once per node when the graph is compiled (it may
