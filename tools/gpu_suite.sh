@@ -63,6 +63,10 @@
 #             against stoke's
 #   gpt_det   GPT-2 124M bf16 B = 8 under run.deterministic, twice: every
 #             step's loss and the weights must be the same bits (PASS/FAIL line)
+#   wgrad     [run] wgrad_stream: resnet18c bf16 under run.deterministic with
+#             the weight gradients on the side stream (lag 1, 2, 64) against
+#             none, eager and CUDA graphs: every step's loss and the weights
+#             the same bits (PASS/FAIL line)
 #   ncu       Nsight Compute (clocks left alone) on one workload's kernels:
 #             NCU_INI (examples/resnet50.ini), NCU_KERNELS (an ncu -k regex;
 #             max_pool), launches NCU_SKIP (3) then NCU_COUNT (6); speed of
@@ -345,6 +349,26 @@ PY
         "$T" "$ini" run.steps=3 run.cuda_graph=false run.progress=off run.out_dir=/tmp/stoke_ncu > "$OUT/ncu.txt" 2>&1)
       echo "ncu rc=$?"
       python3 "$HERE/ncu_summary.py" "$OUT/ncu.txt"
+      ;;
+    wgrad) # [run] wgrad_stream: the same bits with the weight gradients on the side stream
+      log "resnet18c bf16 under run.deterministic, wgrad_stream 0 against 1, 2 and 64, eager and CUDA graphs: the same bits"
+      ok=1
+      for cg in false true; do
+        for k in 0 1 2 64; do
+          timeout 300 "$T" "$S/examples/resnet18c.ini" run.steps=12 run.log_every=1 run.deterministic=true \
+            run.cuda_graph=$cg run.wgrad_stream=$k run.progress=off run.checkpoint=true \
+            run.out_dir="$OUT/wgrad_${cg}_$k" > "$OUT/wgrad_${cg}_$k.log" 2>&1
+          echo "cuda_graph=$cg wgrad_stream=$k rc=$? $(grep -hE 'wgrad_stream:|^stoke: error' "$OUT/wgrad_${cg}_$k.log" | head -2 | tr '\n' ' ')"
+          [ "$k" = 0 ] && continue
+          compare "$OUT/wgrad_${cg}_0/checkpoint.safetensors" "$OUT/wgrad_${cg}_$k/checkpoint.safetensors" \
+            "cuda_graph=$cg wgrad_stream 0 vs $k" > "$OUT/wgrad_${cg}_$k.cmp"
+          python3 "$HERE/loss_curves.py" "wgrad (base: 0)" "$OUT/wgrad_${cg}_0/metrics.jsonl" \
+            "k$k=$OUT/wgrad_${cg}_$k/metrics.jsonl" > "$OUT/wgrad_${cg}_$k.curves"
+          head -1 "$OUT/wgrad_${cg}_$k.cmp"; tail -1 "$OUT/wgrad_${cg}_$k.curves"
+          grep -q "weights bitwise equal True" "$OUT/wgrad_${cg}_$k.cmp" && grep -q " 12 steps, 12 identical" "$OUT/wgrad_${cg}_$k.curves" || ok=0
+        done
+      done
+      [ $ok = 1 ] && echo "wgrad: PASS" || echo "wgrad: FAIL"
       ;;
     gpt_det)
       log "gpt2_124m bf16 B=8 under run.deterministic, two runs: the same bits"
