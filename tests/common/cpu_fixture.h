@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,6 +65,17 @@ static __attribute__((unused)) stoke_plan *cpu_compile(stoke_graph *g, const cha
   stoke_plan *p;
   OK(stoke_compile(g, &o, &p));
   return p;
+}
+
+/* Fails unless the plan report of p holds `text`; `what` is the claim. */
+static __attribute__((unused)) void cpu_expect_report(const stoke_plan *p, const char *text, const char *what) {
+  char *rep = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&rep, &len);
+  stoke_plan_report(p, f);
+  fclose(f);
+  if (!strstr(rep, text)) fail_msg("the plan does not say %s:\n%s", what, rep);
+  free(rep);
 }
 
 /* A random batch for an f64 graph, drawn from `rng_seed`: `numel` normal
