@@ -11,7 +11,14 @@
  *   - the plan report says so;
  *   - on the CPU (no side stream: the kernels run in order) the loss and
  *     every gradient equal the plan without the key's, bit for bit, and
- *     match central differences. */
+ *     match central differences;
+ *   - the executor's stream protocol, on the cpu backend given a second
+ *     stream and events that only log what is asked of them (the kernels
+ *     still run in order, so the results are the CPU's): each side node's
+ *     kernel gets the side stream and workspace after the side stream waits
+ *     for the compute stream, its end is recorded on the side stream, and
+ *     the compute stream waits for that record after the node and before
+ *     its join, every side node's by the backward's end. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -47,8 +54,25 @@ static stoke_err *scale_fwd(const stoke_kernel_args_v1 *a, void *state) {
 
 /* dx overwritten; dw = beta dw + sum over rows of dy x. A side stream is
  * never given on the CPU: the test fails if it is. */
+/* The stream protocol's log (test_side_protocol): 'K' a scale backward
+ * kernel (its node's index), 'R' an event recorded, 'W' a stream waiting for
+ * one. */
+typedef struct proto_ev {
+  char what;
+  const void *event, *stream;
+  int node;
+} proto_ev;
+static proto_ev proto[256];
+static int n_proto, logging; /* logging: the recording backend is in use */
+static void proto_add(char what, const void *event, const void *stream, int node) {
+  if (n_proto < 256) proto[n_proto++] = (proto_ev){what, event, stream, node};
+}
+
 static stoke_err *scale_bwd(const stoke_kernel_args_v1 *a, void *state) {
-  if (a->side_stream) return STOKE_ERR(STOKE_E_INTERNAL, "a side stream on the CPU");
+  if (a->side_stream && !logging) return STOKE_ERR(STOKE_E_INTERNAL, "a side stream on the CPU");
+  /* event: 1 when the side workspace is as large as the compute stream's and not the same memory */
+  int own_ws = a->side_workspace_bytes == a->workspace_bytes && (!a->workspace || a->side_workspace != a->workspace);
+  if (logging) proto_add('K', own_ws ? (void *)proto : NULL, a->side_stream, atoi(a->node->name + 1));
   const double *x = a->in[0].data, *w = a->in[1].data, *dy = a->dout[0].data;
   double *dx = a->din[0].data, *dw = a->din[1].data;
   if (dx)
@@ -236,10 +260,90 @@ static void test_side_same_step(void **state) {
   }
 }
 
+/* The cpu backend with a second stream and events that log (no device: its
+ * kernels still run in order when called). */
+static int main_stream, side_stream_id;
+static void *rec_default_stream(void *self) { return &main_stream; }
+static stoke_err *rec_stream_create(void *self, void **s) {
+  *s = &side_stream_id;
+  return NULL;
+}
+static void rec_stream_destroy(void *self, void *s) {}
+static stoke_err *rec_record(void *self, void *t, void *stream) {
+  proto_add('R', t, stream, -1);
+  return NULL;
+}
+static stoke_err *rec_wait(void *self, void *stream, void *t) {
+  proto_add('W', t, stream, -1);
+  return NULL;
+}
+
+/* Where in the log: the first entry at or after `from` matching. */
+static int find(int from, char what, const void *event, const void *stream, int node) {
+  for (int k = from; k < n_proto; k++)
+    if (proto[k].what == what && (!event || proto[k].event == event) && (!stream || proto[k].stream == stream) &&
+        (node < 0 || proto[k].node == node))
+      return k;
+  return -1;
+}
+
+static void test_side_protocol(void **state) {
+  stoke_backend_v1 rec = *cpu;
+  rec.default_stream = rec_default_stream;
+  rec.stream_create = rec_stream_create;
+  rec.stream_destroy = rec_stream_destroy;
+  rec.timer_record = rec_record;
+  rec.stream_wait = rec_wait;
+  for (int lag = 1; lag <= 3; lag += 2) {
+    stoke_graph *g = chain();
+    stoke_plan *p = compile(g, lag);
+    stoke_exec *x;
+    OK(stoke_exec_new(p, &rec, cpu_self, seed, &x));
+    cpu_random_batch(x, seed, N * C, N, CLASSES);
+    *(double *)stoke_exec_tensor(x, g->seed).data = 1.0;
+    n_proto = 0;
+    logging = 1;
+    OK(stoke_exec_forward_backward(x, 1, 7));
+    logging = 0;
+    const char *names[] = {"s1", "s2", "s3", "s4"};
+    int waited = 0;
+    for (int s = 0; s < 4; s++) {
+      int i = bwd_node(g, names[s]), join = g->nodes[i].side_join;
+      int k = find(0, 'K', NULL, NULL, s + 1);
+      if (k < 0) fail_msg("lag %d: %s's backward kernel did not run", lag, names[s]);
+      if (proto[k].stream != &side_stream_id || !proto[k].event)
+        fail_msg("lag %d: %s's backward kernel got no side stream or no workspace of its own", lag, names[s]);
+      /* before it: the fork recorded on the compute stream, the side stream waiting for it */
+      if (k < 2 || proto[k - 2].what != 'R' || proto[k - 2].stream != &main_stream || proto[k - 1].what != 'W' ||
+          proto[k - 1].stream != &side_stream_id || proto[k - 1].event != proto[k - 2].event)
+        fail_msg("lag %d: %s's side work does not start after the compute stream's work", lag, names[s]);
+      /* after it: its end recorded on the side stream, then the compute stream waits for that */
+      if (k + 1 >= n_proto || proto[k + 1].what != 'R' || proto[k + 1].stream != &side_stream_id)
+        fail_msg("lag %d: %s's side work's end is not recorded on the side stream", lag, names[s]);
+      int w = find(k + 2, 'W', proto[k + 1].event, &main_stream, -1);
+      if (w < 0) fail_msg("lag %d: the compute stream never waits for %s's side work", lag, names[s]);
+      waited++;
+      /* the wait comes before the join node when that is a scale's backward */
+      for (int t = 0; t < 4; t++)
+        if (bwd_node(g, names[t]) == join) {
+          int kj = find(0, 'K', NULL, NULL, t + 1);
+          if (!(w < kj))
+            fail_msg("lag %d: %s's side work is waited for after its join node (%s's backward) ran", lag, names[s],
+                     names[t]);
+        }
+    }
+    assert_int_equal(waited, 4);
+    stoke_exec_free(x);
+    stoke_plan_free(p);
+    stoke_graph_free(g);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_side_joins),
       cmocka_unit_test(test_side_same_step),
+      cmocka_unit_test(test_side_protocol),
   };
   return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
 }
