@@ -61,7 +61,6 @@ static void note_engine(void *ctx, const void *part, const char *origin) {
   w->used += (size_t)snprintf(w->text + w->used, sizeof w->text - w->used, "%s%s", w->used ? ", " : "", k->engine);
 }
 
-/* First engine in the ordered list with a kernel for the node. */
 /* [run] wgrad_stream: backward nodes whose kernel may compute their
  * parameter gradients on the side stream; their count. */
 static int mark_side(stoke_graph *g, int lag) {
@@ -77,6 +76,7 @@ static int mark_side(stoke_graph *g, int lag) {
   return count;
 }
 
+/* First engine in the ordered list with a kernel for the node. */
 static stoke_err *resolve(const stoke_graph *g, const stoke_plan_opts *o, stoke_gnode *n) {
   const stoke_value *x = &g->values[n->in[0]];
   for (int i = 0; i < o->n_engines; i++) {
@@ -642,8 +642,8 @@ void stoke_plan_report(const stoke_plan *p, FILE *f) {
             p->n_accumulated);
   if (p->n_side)
     fprintf(f, "weight gradients: %d backward nodes may compute theirs on a second stream (wgrad_stream = %d), "
-            "with a second workspace as large as the first; the compute stream waits for each before the node %d such "
-            "nodes later (or before one touching its gradients)\n",
+            "with a second workspace as large as the first; the compute stream waits for each at most %d such nodes "
+            "later (sooner before a node touching its gradients)\n",
             p->n_side, p->opts.wgrad_stream, p->opts.wgrad_stream);
   for (int i = 0; i < g->n_nodes; i++)
     if (stoke_node_in_bwd(&g->nodes[i]))

@@ -487,7 +487,7 @@ static stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *state) {
   if ((dx && !st->dgrad) || (dw && !st->wgrad))
     return STOKE_PERR(STOKE_E_INTERNAL, "cudnn conv2d backward: a gradient is wanted that plan() did not see; %s",
                       st->ctx);
-  int side = dw && a->side_stream && a->side_workspace && a->side_workspace_bytes >= st->workspace;
+  int side = dw && a->side_stream && a->side_workspace_bytes >= st->workspace && (a->side_workspace || !st->workspace);
   if (side) STOKE_PROPAGATE_P(run_wgrad(a, st, dy, dw, a->side_stream, a->side_workspace));
   if (dx) {
     void *w;
