@@ -67,13 +67,19 @@ static __attribute__((unused)) stoke_plan *cpu_compile(stoke_graph *g, const cha
   return p;
 }
 
-/* Fails unless the plan report of p holds `text`; `what` is the claim. */
-static __attribute__((unused)) void cpu_expect_report(const stoke_plan *p, const char *text, const char *what) {
+/* The plan report of p as text (malloc'd). */
+static __attribute__((unused)) char *cpu_plan_report(const stoke_plan *p) {
   char *rep = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&rep, &len);
   stoke_plan_report(p, f);
   fclose(f);
+  return rep;
+}
+
+/* Fails unless the plan report of p holds `text`; `what` is the claim. */
+static __attribute__((unused)) void cpu_expect_report(const stoke_plan *p, const char *text, const char *what) {
+  char *rep = cpu_plan_report(p);
   if (!strstr(rep, text)) fail_msg("the plan does not say %s:\n%s", what, rep);
   free(rep);
 }
