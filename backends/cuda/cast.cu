@@ -23,6 +23,38 @@ __global__ void cast_kernel(const float *__restrict__ x, T *__restrict__ y, int6
   }
 }
 
+// NCHW -> NHWC for a few channels (an image batch's 3): a thread per pixel, its C reads
+// coalesced across the warp (consecutive pixels of one plane) and its C writes consecutive. The
+// per-element kernel above divides three times in 64 bits per element and reads with a stride of
+// H W across a warp: 0.21 ms for ResNet-50's 154 MB batch, four times its bytes' time. 32-bit
+// indices (the caller checks the sizes); the same roundings, so the same bits.
+template <typename T, int C>
+__global__ void __launch_bounds__(kThreads)
+    cast_nhwc_small(const float *__restrict__ x, T *__restrict__ y, int32_t pixels, int32_t HW) {
+  for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < pixels; i += gridDim.x * blockDim.x) {
+    const int32_t b = i / HW, p = i - b * HW;
+    const float *src = x + (int64_t)b * C * HW + p;
+    T v[C];
+#pragma unroll
+    for (int c = 0; c < C; c++) v[c] = from_f<T>(src[(int64_t)c * HW]);
+#pragma unroll
+    for (int c = 0; c < C; c++) y[(int64_t)i * C + c] = v[c];
+  }
+}
+
+template <typename T>
+bool launch_cast_small(const float *x, T *y, int64_t C, int64_t HW, int64_t n, cudaStream_t s) {
+  if (n >= INT32_MAX) return false;
+  const int32_t pixels = (int32_t)(n / C);
+  const unsigned blocks = grid_for(pixels, kThreads, 65535);
+  switch (C) {
+    case 1: cast_nhwc_small<T, 1><<<blocks, kThreads, 0, s>>>(x, y, pixels, (int32_t)HW); return true;
+    case 3: cast_nhwc_small<T, 3><<<blocks, kThreads, 0, s>>>(x, y, pixels, (int32_t)HW); return true;
+    case 4: cast_nhwc_small<T, 4><<<blocks, kThreads, 0, s>>>(x, y, pixels, (int32_t)HW); return true;
+    default: return false;
+  }
+}
+
 static stoke_err *cast_run(const stoke_kernel_args_v1 *a, void *st) {
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   int64_t n = stoke_numel(&y->shape);
@@ -33,6 +65,19 @@ static stoke_err *cast_run(const stoke_kernel_args_v1 *a, void *st) {
   int64_t C = y->shape.ndim == 4 ? y->shape.d[1] : 1, HW = y->shape.ndim == 4 ? y->shape.d[2] * y->shape.d[3] : 1;
   unsigned blocks = grid_for(n, kThreads, 65535);
   cudaStream_t s = (cudaStream_t)a->stream;
+  if (to_nhwc && n > 0) {
+    bool done = false;
+    switch (y->dtype) {
+      case STOKE_F32: done = launch_cast_small((const float *)x->data, (float *)y->data, C, HW, n, s); break;
+      case STOKE_BF16: done = launch_cast_small((const float *)x->data, (__nv_bfloat16 *)y->data, C, HW, n, s); break;
+      case STOKE_F16: done = launch_cast_small((const float *)x->data, (__half *)y->data, C, HW, n, s); break;
+      default: break;
+    }
+    if (done) {
+      STOKE_CUDA_LAUNCH(a->node->name);
+      return NULL;
+    }
+  }
   switch (y->dtype) {
     case STOKE_F32: cast_kernel<float><<<blocks, kThreads, 0, s>>>((const float *)x->data, (float *)y->data, n, to_nhwc, C, HW); break;
     case STOKE_BF16: cast_kernel<__nv_bfloat16><<<blocks, kThreads, 0, s>>>((const float *)x->data, (__nv_bfloat16 *)y->data, n, to_nhwc, C, HW); break;

@@ -887,6 +887,61 @@ template <typename T> stoke_err *flatten_bwd(const stoke_kernel_args_v1 *a, void
 
 // -------------------------------------------------------- global_avg_pool
 
+// NHWC with C a multiple of V (16-byte vectors) and the tensors 16-byte aligned: a thread per
+// vector of channels. The forward sums its column down the H W rows of a sample in order; the
+// backward writes one vector of dx from one of dy. 32-bit indices (gap_nhwc_vec_ok checks the
+// sizes). The generic kernels (col_sum_kernel, ew_kernel with op_gap_grad) read 2 bytes a thread
+// and divide in 64 bits per element: 0.04 and 0.08 ms for ResNet-50's last 51 MB, three to six
+// times the bytes' time.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    gap_fwd_nhwc_v(const T *__restrict__ x, T *__restrict__ y, int32_t hw, int32_t cv, float inv) {
+  const int32_t n = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= cv) return;
+  const vec<T, V> *src = reinterpret_cast<const vec<T, V> *>(x) + (int64_t)n * hw * cv + j;
+  float s[V];
+#pragma unroll
+  for (int k = 0; k < V; k++) s[k] = 0.f;
+#pragma unroll 7
+  for (int32_t r = 0; r < hw; r++) {
+    const vec<T, V> v = src[(int64_t)r * cv];
+#pragma unroll
+    for (int k = 0; k < V; k++) s[k] += to_f(v.v[k]);
+  }
+  vec<T, V> o;
+#pragma unroll
+  for (int k = 0; k < V; k++) o.v[k] = from_f<T>(s[k] * inv);
+  reinterpret_cast<vec<T, V> *>(y)[(int64_t)n * cv + j] = o;
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    gap_bwd_nhwc_v(const T *__restrict__ dy, T *dx, int32_t hw, int32_t cv, float inv, float beta) {
+  const int32_t n = blockIdx.y, per = hw * cv;
+  for (int32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < per; j += gridDim.x * blockDim.x) {
+    const vec<T, V> g = reinterpret_cast<const vec<T, V> *>(dy)[(int64_t)n * cv + j % cv];
+    vec<T, V> *d = reinterpret_cast<vec<T, V> *>(dx) + (int64_t)n * per + j;
+    vec<T, V> o;
+    if (beta != 0.f) o = *d;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+      const float v = to_f(g.v[k]) * inv;
+      o.v[k] = from_f<T>(beta != 0.f ? v + beta * to_f(o.v[k]) : v);
+    }
+    *d = o;
+  }
+}
+
+// The vector kernels serve an NHWC call: C a multiple of V, the two tensors 16-byte aligned, a
+// sample's vectors and the batch within a grid's y (65535).
+template <typename T>
+bool gap_nhwc_vec_ok(const stoke_kernel_args_v1 *a, const void *big, const void *small) {
+  constexpr int V = 16 / sizeof(T);
+  const stoke_shape *s = &a->in[0].shape;
+  return stoke_is_nhwc(&a->in[0]) && s->d[1] % V == 0 && s->d[0] <= kMaxGrid &&
+         s->d[1] * s->d[2] * s->d[3] < INT32_MAX && all_aligned16({big, small});
+}
+
 PLAN(gap_fwd, gap_check(a, dtype_of<T>::value, 0, 0), 0)
 PLAN(gap_bwd, gap_check(a, dtype_of<T>::value, 1, 0), 0)
 
@@ -896,6 +951,14 @@ template <typename T> stoke_err *gap_fwd(const stoke_kernel_args_v1 *a, void *) 
   const stoke_shape *s = &a->in[0].shape;
   int64_t n = s->d[0], c = s->d[1], hw = s->d[2] * s->d[3];
   float inv = 1.f / (float)hw;
+  if (n > 0 && gap_nhwc_vec_ok<T>(a, a->in[0].data, a->out[0].data)) {
+    constexpr int V = 16 / sizeof(T);
+    const int32_t cv = (int32_t)(c / V);
+    gap_fwd_nhwc_v<T, V><<<dim3(grid_for(cv, kThreads, kMaxGrid), (unsigned)n), kThreads, 0, stream_of(a)>>>(
+        dp<T>(a->in[0]), dp<T>(a->out[0]), (int32_t)hw, cv, inv);
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
+    return NULL;
+  }
   if (stoke_is_nhwc(&a->in[0])) return launch_col_sum<T, T>(a, dp<T>(a->in[0]), dp<T>(a->out[0]), n, hw, c, inv, 0.f);
   return launch_row_sum<T, T>(a, dp<T>(a->in[0]), dp<T>(a->out[0]), n * c, hw, inv, 0.f);
 }
@@ -906,6 +969,14 @@ template <typename T> stoke_err *gap_bwd(const stoke_kernel_args_v1 *a, void *) 
   if (!a->din[0].data) return NULL;
   const stoke_shape *s = &a->in[0].shape;
   int64_t hw = s->d[2] * s->d[3];
+  if (s->d[0] > 0 && gap_nhwc_vec_ok<T>(a, a->din[0].data, a->dout[0].data)) {
+    constexpr int V = 16 / sizeof(T);
+    const int32_t cv = (int32_t)(s->d[1] / V), per = (int32_t)(hw * cv);
+    gap_bwd_nhwc_v<T, V><<<dim3(grid_for(per, kThreads, 64), (unsigned)s->d[0]), kThreads, 0, stream_of(a)>>>(
+        dp<T>(a->dout[0]), dp<T>(a->din[0]), (int32_t)hw, cv, 1.f / (float)hw, stoke_grad_beta(a, 0));
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
+    return NULL;
+  }
   op_gap_grad<T> op{dp<T>(a->dout[0]), s->d[1], hw, stoke_is_nhwc(&a->in[0]), 1.f / (float)hw};
   return launch_ew<T>(a, dp<T>(a->din[0]), (const T *)NULL, (const T *)NULL, stoke_numel(s), stoke_grad_beta(a, 0), op);
 }

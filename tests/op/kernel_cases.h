@@ -373,9 +373,11 @@ static int gen_flatten(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
 
 static int gen_global_avg_pool(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   int n = 0;
-  stoke_shape xs[3] = {SHAPE(pick(r, 1, 4), odd(r), pick(r, 1, 12), odd(r)), SHAPE(2, 3, 33, 35),
-                       SHAPE(pick(r, 1, 4), 70, pick(r, 1, 3), pick(r, 1, 3))};
-  for (int i = 0; i < 3; i++) {
+  /* the fourth: channels a multiple of 16, the cuda kernels' 16-byte vectors in NHWC */
+  stoke_shape xs[4] = {SHAPE(pick(r, 1, 4), odd(r), pick(r, 1, 12), odd(r)), SHAPE(2, 3, 33, 35),
+                       SHAPE(pick(r, 1, 4), 70, pick(r, 1, 3), pick(r, 1, 3)),
+                       SHAPE(pick(r, 1, 3), 16 * pick(r, 1, 4), pick(r, 1, 8), odd(r))};
+  for (int i = 0; i < 4; i++) {
     kcase *c = new_case(out, &n, k->op, "x %s", shape_label(&xs[i]));
     add_in(c, xs[i], IN_ACT);
     c->k = (double)(xs[i].d[2] * xs[i].d[3]);
@@ -667,9 +669,14 @@ static int gen_cast(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     if (cpu) to[n_to++] = STOKE_F64; /* the cpu casts to f32 and f64 */
     else to[n_to++] = STOKE_BF16, to[n_to++] = STOKE_F16;
   }
+  /* 4-D: one case with 1, 3 or 4 channels (the cuda cast's per-pixel path for image batches), one
+   * with 5 or more (its per-element path) */
+  static const int64_t few[] = {1, 3, 4};
   for (int t = 0; t < n_to; t++)
-    for (int four = 0; four < 2; four++) {
-      stoke_shape s = four ? SHAPE(pick(r, 1, 3), odd(r), pick(r, 1, 9), odd(r)) : SHAPE(pick(r, 1, 40), pick(r, 1, 300));
+    for (int shape = 0; shape < 3; shape++) {
+      int four = shape > 0;
+      int64_t ch = shape == 1 ? few[stoke_rng_below(r, 3)] : odd5(r);
+      stoke_shape s = four ? SHAPE(pick(r, 1, 3), ch, pick(r, 1, 9), odd(r)) : SHAPE(pick(r, 1, 40), pick(r, 1, 300));
       kcase *c = new_case(out, &n, k->op, "x %s to %s", shape_label(&s), stoke_dtype_name(to[t]));
       snprintf(c->attrs, sizeof c->attrs, "dtype=%s", stoke_dtype_name(to[t]));
       c->ref_attrs = "dtype=f64";
