@@ -80,6 +80,21 @@ static stoke_err *infer_pool(const stoke_node_v1 *n, const stoke_value_desc_v1 *
   return NULL;
 }
 
+/* max_pool2d_idx: max_pool2d's y, then the u8 index of y's shape */
+static stoke_err *infer_pool_idx(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                                 stoke_value_desc_v1 *out) {
+  STOKE_PROPAGATE(infer_pool(n, in, out));
+  pool_geom g;
+  STOKE_PROPAGATE(pool_geometry(n, &g));
+  if (g.k[0] * g.k[1] > STOKE_POOL_MAX_INDEX)
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "%s '%s': a %lldx%lld window has more than %d positions, too many for a one-byte index; "
+                     "use max_pool2d",
+                     OPN(n), n->name, (long long)g.k[0], (long long)g.k[1], STOKE_POOL_MAX_INDEX);
+  out[1] = (stoke_value_desc_v1){out[0].shape, STOKE_U8};
+  return NULL;
+}
+
 /* One comparison or add per window element. */
 static double flops_pool(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
                          const stoke_value_desc_v1 *out) {
@@ -125,6 +140,10 @@ static const stoke_op_type_v1 pool_ops[] = {
     /* max backward recomputes each window's first maximum from x */
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_MAX_POOL2D, "max pooling (nn.MaxPool2d, floor mode, -inf padding)", 1, 1,
      pool_attrs, 3, infer_pool, flops_pool, STOKE_BWD_NEEDS_INPUT(0), 0, 1},
+    /* backward reads the forward's window indices (output 1), not x */
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_MAX_POOL2D_IDX,
+     "max pooling that saves each window's argmax for backward (put in place of max_pool2d by the compiler)", 1, 2,
+     pool_attrs, 3, infer_pool_idx, flops_pool, STOKE_BWD_NEEDS_OUTPUT(1), 0, 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_AVG_POOL2D, "average pooling (nn.AvgPool2d, count_include_pad, floor mode)", 1, 1,
      pool_attrs, 3, infer_pool, flops_pool, STOKE_BWD_NEEDS_NOTHING, 0, 1},
     /* backward regenerates the mask from the seed: reads nothing */

@@ -1,6 +1,7 @@
 /* backends/cpu/pool.c: CPU reference kernels (f32, f64); see stoke/ops.h.
  *
- * max_pool2d, avg_pool2d (NCHW and NHWC memory, shapes logical N, C, H, W)
+ * max_pool2d, max_pool2d_idx, avg_pool2d (NCHW and NHWC memory, shapes logical N, C, H,
+ * W)
  * and dropout. The type-independent parts (argument checks, geometry) are
  * plain functions; the kernel bodies are written once in POOL_KERNELS and
  * instantiated for float and double at the bottom. */
@@ -56,13 +57,14 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
   return n * st.n + c * st.c + h * st.h + w * st.w;
 }
 
-/* Index of the first maximum of the window at (oh, ow) of channel (n, c)
- * in row-major scan order; -inf padding never wins (every window holds a
- * real element since padding <= kernel/2). A NaN wins, as in PyTorch. */
+/* Offset in x of the first maximum of the window at (oh, ow) of channel
+ * (n, c) in row-major scan order, and its position in the window (i kw + j)
+ * into *pos when pos is given; -inf padding never wins (every window holds
+ * a real element since padding <= kernel/2). A NaN wins, as in PyTorch. */
 #define POOL_ARGMAX(T, SFX)                                                          \
   static int64_t max_window_##SFX(const T *x, pstrides sx, const stoke_shape *xs,    \
                                   const pool_geom *g, int64_t n, int64_t c,          \
-                                  int64_t oh, int64_t ow) {                          \
+                                  int64_t oh, int64_t ow, int64_t *pos) {            \
     int64_t h0 = oh * g->s[0] - g->p[0], w0 = ow * g->s[1] - g->p[1], arg = -1;      \
     T best = (T)-INFINITY;                                                           \
     for (int64_t i = 0; i < g->k[0]; i++) {                                          \
@@ -76,6 +78,7 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
         if (arg < 0 || v > best || (isnan(v) && !isnan(best))) {                     \
           best = v;                                                                  \
           arg = off;                                                                 \
+          if (pos) *pos = i * g->k[1] + j;                                           \
         }                                                                            \
       }                                                                              \
     }                                                                                \
@@ -89,6 +92,10 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
            stoke_check_pool(a, STOKE_OP_MAX_POOL2D, DT, 0, 0, 1, &g))                      \
   CPU_PLAN(max_pool_bwd_plan_##SFX, pool_geom g,                                           \
            stoke_check_pool(a, STOKE_OP_MAX_POOL2D, DT, 1, 0, 1, &g))                      \
+  CPU_PLAN(max_pool_idx_fwd_plan_##SFX, pool_geom g,                                       \
+           stoke_check_pool(a, STOKE_OP_MAX_POOL2D_IDX, DT, 0, 0, 2, &g))                  \
+  CPU_PLAN(max_pool_idx_bwd_plan_##SFX, pool_geom g,                                       \
+           stoke_check_pool(a, STOKE_OP_MAX_POOL2D_IDX, DT, 1, 0, 2, &g))                  \
   CPU_PLAN(avg_pool_fwd_plan_##SFX, pool_geom g,                                           \
            stoke_check_pool(a, STOKE_OP_AVG_POOL2D, DT, 0, 0, 0, &g))                      \
   CPU_PLAN(avg_pool_bwd_plan_##SFX, pool_geom g,                                           \
@@ -109,7 +116,7 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
       for (int64_t c = 0; c < yd[1]; c++)                                                  \
         for (int64_t oh = 0; oh < yd[2]; oh++)                                             \
           for (int64_t ow = 0; ow < yd[3]; ow++) {                                         \
-            int64_t arg = max_window_##SFX(x, sx, &xt->shape, &g, n, c, oh, ow);           \
+            int64_t arg = max_window_##SFX(x, sx, &xt->shape, &g, n, c, oh, ow, NULL);     \
             y[POFF(sy, n, c, oh, ow)] = arg >= 0 ? x[arg] : (T)-INFINITY;                  \
           }                                                                                \
     return NULL;                                                                           \
@@ -134,7 +141,7 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
       for (int64_t c = 0; c < yd[1]; c++)                                                  \
         for (int64_t oh = 0; oh < yd[2]; oh++)                                             \
           for (int64_t ow = 0; ow < yd[3]; ow++) {                                         \
-            int64_t arg = max_window_##SFX(x, sx, &xt->shape, &g, n, c, oh, ow);           \
+            int64_t arg = max_window_##SFX(x, sx, &xt->shape, &g, n, c, oh, ow, NULL);     \
             if (arg < 0) continue;                                                         \
             if (!same) { /* logical (h, w) of arg, then dx's offset */                     \
               int64_t r = arg - n * sx.n - c * sx.c;                                       \
@@ -144,6 +151,62 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
             dx[arg] = (T)((double)dx[arg] + (double)dy[POFF(sdy, n, c, oh, ow)]);          \
           }                                                                                \
     (void)xd;                                                                              \
+    return NULL;                                                                           \
+  }                                                                                        \
+                                                                                           \
+  /* max_pool2d_idx: y as max_pool2d's, and each window's first maximum's position          \
+   * (i kw + j) as u8 in index (output 1, y's layout) */                                   \
+  static stoke_err *max_pool_idx_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {  \
+    pool_geom g;                                                                           \
+    CHECK(stoke_check_pool(a, STOKE_OP_MAX_POOL2D_IDX, DT, 0, 1, 2, &g));                 \
+    const stoke_tensor *xt = &a->in[0], *yt = &a->out[0];                                  \
+    const T *x = xt->data;                                                                 \
+    T *y = yt->data;                                                                       \
+    uint8_t *ix = a->out[1].data;                                                          \
+    pstrides sx = pool_strides(xt), sy = pool_strides(yt);                                 \
+    const int64_t *yd = yt->shape.d;                                                       \
+    for (int64_t n = 0; n < yd[0]; n++)                                                    \
+      for (int64_t c = 0; c < yd[1]; c++)                                                  \
+        for (int64_t oh = 0; oh < yd[2]; oh++)                                             \
+          for (int64_t ow = 0; ow < yd[3]; ow++) {                                         \
+            int64_t pos = 0, o = POFF(sy, n, c, oh, ow);                                   \
+            int64_t arg = max_window_##SFX(x, sx, &xt->shape, &g, n, c, oh, ow, &pos);     \
+            y[o] = arg >= 0 ? x[arg] : (T)-INFINITY;                                       \
+            ix[o] = (uint8_t)pos;                                                          \
+          }                                                                                \
+    return NULL;                                                                           \
+  }                                                                                        \
+                                                                                           \
+  /* dx[the position index names in each window] += dy, in max_pool2d's order             \
+   * (bwd_needs output 1: the index; x is not read) */                                     \
+  static stoke_err *max_pool_idx_bwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {  \
+    pool_geom g;                                                                           \
+    CHECK(stoke_check_pool(a, STOKE_OP_MAX_POOL2D_IDX, DT, 1, 1, 2, &g));                 \
+    T *dx = a->din[0].data;                                                                \
+    if (!dx) return NULL;                                                                  \
+    const stoke_tensor *dxt = &a->din[0], *dyt = &a->dout[0];                              \
+    const T *dy = dyt->data;                                                               \
+    const uint8_t *ix = a->out[1].data;                                                    \
+    pstrides sdx = pool_strides(dxt), sdy = pool_strides(dyt), si = pool_strides(&a->out[1]); \
+    const int64_t *xd = dxt->shape.d, *yd = dyt->shape.d;                                  \
+    double beta = stoke_grad_beta(a, 0);                                                   \
+    int64_t nx = stoke_numel(&dxt->shape);                                                 \
+    for (int64_t i = 0; i < nx; i++) ACC(T, dx[i], beta, 0);                              \
+    for (int64_t n = 0; n < yd[0]; n++)                                                    \
+      for (int64_t c = 0; c < yd[1]; c++)                                                  \
+        for (int64_t oh = 0; oh < yd[2]; oh++)                                             \
+          for (int64_t ow = 0; ow < yd[3]; ow++) {                                         \
+            int64_t pos = ix[POFF(si, n, c, oh, ow)];                                      \
+            int64_t h = oh * g.s[0] - g.p[0] + pos / g.k[1], w = ow * g.s[1] - g.p[1] + pos % g.k[1]; \
+            if (pos >= g.k[0] * g.k[1] || h < 0 || h >= xd[2] || w < 0 || w >= xd[3])     \
+              return STOKE_PERR(STOKE_E_INVALID,                                           \
+                                "max_pool2d_idx '%s': index %lld at output (%lld, %lld, %lld, %lld) is no "  \
+                                "position of a %lldx%lld window inside x (not the forward's index?)",        \
+                                stoke_node_name(a), (long long)pos, (long long)n, (long long)c,             \
+                                (long long)oh, (long long)ow, (long long)g.k[0], (long long)g.k[1]);        \
+            int64_t at = POFF(sdx, n, c, h, w);                                            \
+            dx[at] = (T)((double)dx[at] + (double)dy[POFF(sdy, n, c, oh, ow)]);            \
+          }                                                                                \
     return NULL;                                                                           \
   }                                                                                        \
                                                                                            \
@@ -249,6 +312,8 @@ POOL_KERNELS(double, f64, STOKE_F64)
 #define PKERNELS(sfx, dt)                                            \
   PKERNEL(STOKE_OP_MAX_POOL2D, STOKE_FWD, max_pool_fwd, sfx, dt),    \
   PKERNEL(STOKE_OP_MAX_POOL2D, STOKE_BWD, max_pool_bwd, sfx, dt),    \
+  PKERNEL(STOKE_OP_MAX_POOL2D_IDX, STOKE_FWD, max_pool_idx_fwd, sfx, dt), \
+  PKERNEL(STOKE_OP_MAX_POOL2D_IDX, STOKE_BWD, max_pool_idx_bwd, sfx, dt), \
   PKERNEL(STOKE_OP_AVG_POOL2D, STOKE_FWD, avg_pool_fwd, sfx, dt),    \
   PKERNEL(STOKE_OP_AVG_POOL2D, STOKE_BWD, avg_pool_bwd, sfx, dt),    \
   PKERNEL(STOKE_OP_DROPOUT, STOKE_FWD, dropout_fwd, sfx, dt),        \

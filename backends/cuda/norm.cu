@@ -444,9 +444,9 @@ struct pool_desc {
 };
 
 // x[N, C, H, W] -> y[N, C, Ho, Wo] of dtype dt (stoke_check_pool) and the
-// kernels' description; `max`: backward reads x.
+// kernels' description; `max`: 0 avg, 1 max_pool2d (backward reads x), 2 max_pool2d_idx.
 stoke_err *pool_check(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt, bool bwd,
-                      bool run, bool max, pool_desc *pd) {
+                      bool run, int max, pool_desc *pd) {
   stoke_pool_geom g;
   CHECK(stoke_check_pool(a, op, dt, bwd, run, max, &g));
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
@@ -1012,32 +1012,84 @@ __global__ void avg_pool_bwd_k(const T *__restrict__ dy, T *dx, pool_desc d, int
   }
 }
 
-template <bool MAX, typename T>
+// The three pool ops the kernels below serve: KIND 0 avg_pool2d, 1 max_pool2d (backward reads x
+// and finds each window's index again), 2 max_pool2d_idx (the forward writes the indices as its
+// output 1, the backward reads them).
+constexpr const char *pool_op(int kind) {
+  return kind == 0 ? STOKE_OP_AVG_POOL2D : kind == 1 ? STOKE_OP_MAX_POOL2D : STOKE_OP_MAX_POOL2D_IDX;
+}
+
+template <int KIND, typename T>
 stoke_err *pool_fwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
   pool_desc d;
   if (state) *state = NULL;
   if (ws) *ws = 0;
-  return pool_check(a, MAX ? STOKE_OP_MAX_POOL2D : STOKE_OP_AVG_POOL2D, dtype_of<T>::value, false,
-                    false, MAX, &d);
+  return pool_check(a, pool_op(KIND), dtype_of<T>::value, false, false, KIND, &d);
 }
 
-template <bool MAX, typename T>
+template <int KIND, typename T>
 stoke_err *pool_bwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
   pool_desc d;
   if (state) *state = NULL;
   if (ws) *ws = 0;
-  CHECK(pool_check(a, MAX ? STOKE_OP_MAX_POOL2D : STOKE_OP_AVG_POOL2D, dtype_of<T>::value, true,
-                    false, MAX, &d));
-  /* max pool: one int8 window index per output, for the two-pass backward */
-  if (MAX && ws && d.kh * d.kw <= 127) *ws = (size_t)stoke_numel(&a->dout[0].shape);
+  CHECK(pool_check(a, pool_op(KIND), dtype_of<T>::value, true, false, KIND, &d));
+  /* max_pool2d: one int8 window index per output, for the two-pass backward */
+  if (KIND == 1 && ws && d.kh * d.kw <= 127) *ws = (size_t)stoke_numel(&a->dout[0].shape);
   return NULL;
 }
 
-template <bool MAX, typename T>
+// The window indices of every output into arg (y's layout) from x, and y when given, by the
+// fastest kernel the call allows.
+template <typename T>
+void max_pool_index(const stoke_kernel_args_v1 *a, const pool_desc &d, T *y, int8_t *arg, cudaStream_t st) {
+  constexpr int V = 16 / sizeof(T);
+  const T *x = (const T *)a->in[0].data;
+  const int64_t n_out = d.N * d.C * d.Ho * d.Wo;
+  const int y_nhwc = a->out[0].layout == STOKE_NHWC;
+  const bool vec_ok = pool_vec_ok<T>(a, d, false) && aligned16(arg);
+  const size_t tile = vec_ok ? pool_tile_bytes<T>(d, false) : 0;
+  if (tile)
+    max_pool_fwd_rows<T, V><<<grid_for(d.N * d.Ho, 1, kMaxGrid), pool_tile_threads(d.C / V), tile, st>>>(x, y, arg, d);
+  else if (vec_ok)
+    max_pool_fwd_v<T, V><<<grid_for(n_out / V, kThreads, kMaxGrid), kThreads, 0, st>>>(x, y, arg, d, (int)(n_out / V));
+  else {
+    if (y) max_pool_fwd_k<T><<<grid_for(n_out, kThreads, kMaxGrid), kThreads, 0, st>>>(x, y, d, y_nhwc, n_out);
+    if (n_out < INT32_MAX)
+      max_pool_arg_k<T, int32_t>
+          <<<grid_for(n_out, kThreads, kMaxGrid), kThreads, 0, st>>>(x, arg, d, y_nhwc, (int32_t)n_out);
+    else
+      max_pool_arg_k<T, int64_t><<<grid_for(n_out, kThreads, kMaxGrid), kThreads, 0, st>>>(x, arg, d, y_nhwc, n_out);
+  }
+}
+
+// dx from dy and the window indices arg (dy's layout), by the fastest kernel the call allows.
+template <typename T>
+void max_pool_gather(const stoke_kernel_args_v1 *a, const pool_desc &d, const int8_t *arg, float beta,
+                     cudaStream_t st) {
+  constexpr int V = 16 / sizeof(T);
+  const T *dy = (const T *)a->dout[0].data;
+  T *dx = (T *)a->din[0].data;
+  const int64_t total = d.N * d.C * d.H * d.W;
+  const bool vec_ok = pool_vec_ok<T>(a, d, true) && aligned16(arg);
+  const size_t tile = vec_ok ? pool_tile_bytes<T>(d, true) : 0;
+  if (tile)
+    max_pool_bwd_rows<T, V><<<grid_for(d.N * d.H, 1, kMaxGrid), pool_tile_threads(d.C / V), tile, st>>>(arg, dy, dx, d,
+                                                                                                    beta);
+  else if (vec_ok)
+    max_pool_bwd_v<T, V><<<grid_for(total / V, kThreads, kMaxGrid), kThreads, 0, st>>>(arg, dy, dx, d, beta,
+                                                                                     (int)(total / V));
+  else if (total < INT32_MAX && d.N * d.C * d.Ho * d.Wo < INT32_MAX)
+    max_pool_bwd_arg_k<T, int32_t><<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(
+        arg, dy, dx, d, a->din[0].layout == STOKE_NHWC, beta, (int32_t)total);
+  else
+    max_pool_bwd_arg_k<T, int64_t><<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(
+        arg, dy, dx, d, a->din[0].layout == STOKE_NHWC, beta, total);
+}
+
+template <int KIND, typename T>
 stoke_err *pool_fwd(const stoke_kernel_args_v1 *a, void *) {
   pool_desc d;
-  CHECK(pool_check(a, MAX ? STOKE_OP_MAX_POOL2D : STOKE_OP_AVG_POOL2D, dtype_of<T>::value, false,
-                    true, MAX, &d));
+  CHECK(pool_check(a, pool_op(KIND), dtype_of<T>::value, false, true, KIND, &d));
   int64_t total = stoke_numel(&a->out[0].shape);
   if (total == 0) return NULL;
   cudaStream_t st = (cudaStream_t)a->stream;
@@ -1045,14 +1097,16 @@ stoke_err *pool_fwd(const stoke_kernel_args_v1 *a, void *) {
   T *y = (T *)a->out[0].data;
   int nhwc = a->out[0].layout == STOKE_NHWC;
   constexpr int V = 16 / sizeof(T);
-  const bool vec_ok = MAX && pool_vec_ok<T>(a, d, false);
+  const bool vec_ok = KIND == 1 && pool_vec_ok<T>(a, d, false);
   size_t tile = vec_ok ? pool_tile_bytes<T>(d, false) : 0;
-  if (tile)
+  if (KIND == 2)
+    max_pool_index<T>(a, d, y, (int8_t *)a->out[1].data, st);
+  else if (tile)
     max_pool_fwd_rows<T, V><<<grid_for(d.N * d.Ho, 1, kMaxGrid), pool_tile_threads(d.C / V), tile, st>>>(x, y, NULL, d);
   else if (vec_ok)
     max_pool_fwd_v<T, V><<<grid_for(total / V, kThreads, kMaxGrid), kThreads, 0, st>>>(x, y, NULL, d,
                                                                                     (int)(total / V));
-  else if (MAX)
+  else if (KIND == 1)
     max_pool_fwd_k<T>
         <<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(x, y, d, nhwc, total);
   else
@@ -1062,11 +1116,10 @@ stoke_err *pool_fwd(const stoke_kernel_args_v1 *a, void *) {
   return NULL;
 }
 
-template <bool MAX, typename T>
+template <int KIND, typename T>
 stoke_err *pool_bwd(const stoke_kernel_args_v1 *a, void *) {
   pool_desc d;
-  CHECK(pool_check(a, MAX ? STOKE_OP_MAX_POOL2D : STOKE_OP_AVG_POOL2D, dtype_of<T>::value, true,
-                    true, MAX, &d));
+  CHECK(pool_check(a, pool_op(KIND), dtype_of<T>::value, true, true, KIND, &d));
   T *dx = (T *)a->din[0].data;
   int64_t total = stoke_numel(&a->din[0].shape);
   if (!dx || total == 0) return NULL;
@@ -1075,34 +1128,13 @@ stoke_err *pool_bwd(const stoke_kernel_args_v1 *a, void *) {
   int nhwc = a->din[0].layout == STOKE_NHWC;
   float beta = stoke_grad_beta(a, 0);
   int64_t n_out = stoke_numel(&a->dout[0].shape);
-  if (MAX && d.kh * d.kw <= 127 && a->workspace && a->workspace_bytes >= (size_t)n_out) {
-    int8_t *arg = (int8_t *)a->workspace;
-    int y_nhwc = a->dout[0].layout == STOKE_NHWC;
-    constexpr int V = 16 / sizeof(T);
-    const bool vec_ok = pool_vec_ok<T>(a, d, true);
-    size_t tile_f = vec_ok ? pool_tile_bytes<T>(d, false) : 0, tile_b = vec_ok ? pool_tile_bytes<T>(d, true) : 0;
-    if (tile_f && tile_b) {
-      max_pool_fwd_rows<T, V><<<grid_for(d.N * d.Ho, 1, kMaxGrid), pool_tile_threads(d.C / V), tile_f, st>>>(
-          (const T *)a->in[0].data, NULL, arg, d);
-      max_pool_bwd_rows<T, V><<<grid_for(d.N * d.H, 1, kMaxGrid), pool_tile_threads(d.C / V), tile_b, st>>>(
-          arg, dy, dx, d, beta);
-    } else if (vec_ok) {
-      max_pool_fwd_v<T, V><<<grid_for(n_out / V, kThreads, kMaxGrid), kThreads, 0, st>>>(
-          (const T *)a->in[0].data, NULL, arg, d, (int)(n_out / V));
-      max_pool_bwd_v<T, V><<<grid_for(total / V, kThreads, kMaxGrid), kThreads, 0, st>>>(arg, dy, dx, d, beta,
-                                                                                       (int)(total / V));
-    } else if (total < INT32_MAX && n_out < INT32_MAX) {
-      max_pool_arg_k<T, int32_t><<<grid_for(n_out, kThreads, kMaxGrid), kThreads, 0, st>>>(
-          (const T *)a->in[0].data, arg, d, y_nhwc, (int32_t)n_out);
-      max_pool_bwd_arg_k<T, int32_t><<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(
-          arg, dy, dx, d, nhwc, beta, (int32_t)total);
-    } else {
-      max_pool_arg_k<T, int64_t><<<grid_for(n_out, kThreads, kMaxGrid), kThreads, 0, st>>>(
-          (const T *)a->in[0].data, arg, d, y_nhwc, n_out);
-      max_pool_bwd_arg_k<T, int64_t><<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(
-          arg, dy, dx, d, nhwc, beta, total);
-    }
-  } else if (MAX)
+  if (KIND == 2)  // the forward's indices
+    max_pool_gather<T>(a, d, (const int8_t *)a->out[1].data, beta, st);
+  else if (KIND == 1 && d.kh * d.kw <= 127 && a->workspace && a->workspace_bytes >= (size_t)n_out) {
+    int8_t *arg = (int8_t *)a->workspace;  // found again from x, then gathered
+    max_pool_index<T>(a, d, (T *)NULL, arg, st);
+    max_pool_gather<T>(a, d, arg, beta, st);
+  } else if (KIND == 1)
     max_pool_bwd_k<T><<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(
         (const T *)a->in[0].data, dy, dx, d, nhwc, beta, total);
   else
@@ -1119,14 +1151,18 @@ stoke_err *pool_bwd(const stoke_kernel_args_v1 *a, void *) {
    stoke_destroy_none},                                                                               \
   {"cuda", STOKE_OP_BATCH_NORM, STOKE_BWD, DT, STOKE_LAYOUT_ANY, bn_bwd_plan<T>, bn_bwd<T>,     \
    stoke_destroy_none},                                                                               \
-  {"cuda", STOKE_OP_MAX_POOL2D, STOKE_FWD, DT, STOKE_LAYOUT_ANY, pool_fwd_plan<true, T>,        \
-   pool_fwd<true, T>, stoke_destroy_none},                                                            \
-  {"cuda", STOKE_OP_MAX_POOL2D, STOKE_BWD, DT, STOKE_LAYOUT_ANY, pool_bwd_plan<true, T>,        \
-   pool_bwd<true, T>, stoke_destroy_none},                                                            \
-  {"cuda", STOKE_OP_AVG_POOL2D, STOKE_FWD, DT, STOKE_LAYOUT_ANY, pool_fwd_plan<false, T>,       \
-   pool_fwd<false, T>, stoke_destroy_none},                                                           \
-  {"cuda", STOKE_OP_AVG_POOL2D, STOKE_BWD, DT, STOKE_LAYOUT_ANY, pool_bwd_plan<false, T>,       \
-   pool_bwd<false, T>, stoke_destroy_none}
+  {"cuda", STOKE_OP_MAX_POOL2D, STOKE_FWD, DT, STOKE_LAYOUT_ANY, pool_fwd_plan<1, T>,           \
+   pool_fwd<1, T>, stoke_destroy_none},                                                               \
+  {"cuda", STOKE_OP_MAX_POOL2D, STOKE_BWD, DT, STOKE_LAYOUT_ANY, pool_bwd_plan<1, T>,           \
+   pool_bwd<1, T>, stoke_destroy_none},                                                               \
+  {"cuda", STOKE_OP_MAX_POOL2D_IDX, STOKE_FWD, DT, STOKE_LAYOUT_ANY, pool_fwd_plan<2, T>,       \
+   pool_fwd<2, T>, stoke_destroy_none},                                                               \
+  {"cuda", STOKE_OP_MAX_POOL2D_IDX, STOKE_BWD, DT, STOKE_LAYOUT_ANY, pool_bwd_plan<2, T>,       \
+   pool_bwd<2, T>, stoke_destroy_none},                                                               \
+  {"cuda", STOKE_OP_AVG_POOL2D, STOKE_FWD, DT, STOKE_LAYOUT_ANY, pool_fwd_plan<0, T>,           \
+   pool_fwd<0, T>, stoke_destroy_none},                                                               \
+  {"cuda", STOKE_OP_AVG_POOL2D, STOKE_BWD, DT, STOKE_LAYOUT_ANY, pool_bwd_plan<0, T>,           \
+   pool_bwd<0, T>, stoke_destroy_none}
 
 const stoke_kernel_v1 norm_kernels[] = {
     NORM_KERNELS(float, STOKE_F32),

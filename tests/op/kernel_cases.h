@@ -415,7 +415,7 @@ static int gen_pool(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   static const struct {
     int kernel, stride, pad;
   } g[] = {{2, 2, 0}, {3, 2, 1}, {3, 1, 1}, {2, 1, 0}, {3, 2, 1}, {2, 2, 0}};
-  int max = !strcmp(k->op, STOKE_OP_MAX_POOL2D);
+  int max = !strcmp(k->op, STOKE_OP_MAX_POOL2D) || !strcmp(k->op, STOKE_OP_MAX_POOL2D_IDX);
   for (int i = 0; i < 6; i++) {
     int64_t b = pick(r, 1, 3), ch = i >= 4 ? 16 : i & 1 ? odd(r) : pick(r, 1, 8), h = pick(r, 3, 15), w = pick(r, 3, 15);
     kcase *c = new_case(out, &n, k->op, "x [%lld, %lld, %lld, %lld] k%d s%d p%d", (long long)b, (long long)ch,
@@ -882,6 +882,7 @@ static const struct {
     {STOKE_OP_FLATTEN, gen_flatten},
     {STOKE_OP_GLOBAL_AVG_POOL, gen_global_avg_pool},
     {STOKE_OP_MAX_POOL2D, gen_pool},
+    {STOKE_OP_MAX_POOL2D_IDX, gen_pool},
     {STOKE_OP_AVG_POOL2D, gen_pool},
     {STOKE_OP_BATCH_NORM, gen_batch_norm},
     {STOKE_OP_BN_RELU, gen_batch_norm},

@@ -2,7 +2,8 @@
  * types (attributes, shape inference and its errors), and the CPU kernels:
  * forwards against naive loops in double, every gradient against central
  * finite differences in double, NHWC against NCHW, max
- * pool ties, and the dropout mask (rate, scale, seed, backward). */
+ * pool ties, max_pool2d_idx against max_pool2d, and the dropout mask
+ * (rate, scale, seed, backward). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -520,6 +521,107 @@ static void test_max_pool_ties(void **state) {
       }
 }
 
+/* max_pool2d_idx, the op the compiler puts in place of a training graph's
+ * max_pool2d: its y is max_pool2d's bit for bit, its index (output 1, u8,
+ * y's layout) names each window's first maximum (ref_pool's, in scan
+ * order), and its backward, given the index and not x, gives max_pool2d's
+ * dx bit for bit (whose gradient test_pool_grad checks against finite
+ * differences), overwritten and accumulated; distinct values and ties,
+ * both layouts, f32 and f64. */
+static void test_max_pool_idx(void **state) {
+  const stoke_op_type_v1 *t = stoke_find_op(h_reg, STOKE_OP_MAX_POOL2D_IDX);
+  assert_non_null(t);
+  assert_int_equal(t->n_inputs, 1);
+  assert_int_equal(t->n_outputs, 2);
+  assert_int_equal(t->bwd_needs, STOKE_BWD_NEEDS_OUTPUT(1));
+  for (int c = 0; c < N_CFGS; c++)
+    for (int l = 0; l < 2; l++)
+      for (int v = 0; v < 2; v++)
+        for (int d = 0; d < 2; d++) {
+          stoke_dtype dt = d ? STOKE_F64 : STOKE_F32;
+          stoke_node_v1 mp = pool_node(STOKE_OP_MAX_POOL2D, &cfgs[c], "pool1");
+          stoke_node_v1 mi = pool_node(STOKE_OP_MAX_POOL2D_IDX, &cfgs[c], "pool1");
+          stoke_tensor x = make4(dt, layouts[l], XN, XC, XH, XW);
+          if (v) fill_distinct(&x);
+          else
+            for (int64_t i = 0; i < h_numel(&x); i++) h_set(&x, i, (double)(h_next() % 3));
+          stoke_tensor y1 = pool_out(&x, &cfgs[c], -1), y2 = h_like(&y1, -1), ix = h_like(&y1, STOKE_U8);
+          stoke_value_desc_v1 in = {x.shape, dt}, out[2];
+          H_OK(t->infer(&mi, &in, out));
+          H_CHECK(out[1].shape.ndim == 4 && !memcmp(out[1].shape.d, y1.shape.d, 4 * sizeof(int64_t)) &&
+                      out[1].dtype == STOKE_U8,
+                  "%s: the index is not y's shape in u8 (%d dims, %s)", cfgs[c].label, out[1].shape.ndim,
+                  stoke_dtype_name(out[1].dtype));
+          run_fwd(&mp, &x, &y1, 1, 0);
+          stoke_tensor outs[2] = {y2, ix};
+          h_poison(&outs[0]);
+          memset(outs[1].data, 0xff, (size_t)h_numel(&outs[1])); /* 255: no position, so every index must be written */
+          stoke_kernel_args_v1 a = args1(&mi, &x, outs);
+          a.n_out = 2;
+          H_OK(h_run(h_kernel(STOKE_OP_MAX_POOL2D_IDX, STOKE_FWD, dt), &a));
+          assert_memory_equal(y1.data, outs[0].data, (size_t)h_numel(&y1) * stoke_dtype_size(dt));
+          geo g = cfg_geo(&cfgs[c]);
+          const int64_t *yd = y1.shape.d;
+          const uint8_t *iv = outs[1].data;
+          for (int64_t n = 0; n < yd[0]; n++)
+            for (int64_t ch = 0; ch < yd[1]; ch++)
+              for (int64_t oh = 0; oh < yd[2]; oh++)
+                for (int64_t ow = 0; ow < yd[3]; ow++) {
+                  int64_t ah = -1, aw = -1;
+                  ref_pool(STOKE_OP_MAX_POOL2D, &g, &x, n, ch, oh, ow, &ah, &aw);
+                  int64_t want = (ah - (oh * g.s[0] - g.p[0])) * g.k[1] + (aw - (ow * g.s[1] - g.p[1]));
+                  int64_t got = iv[off4(&y1, n, ch, oh, ow)];
+                  H_CHECK(got == want, "%s %s %s: index at (%lld, %lld, %lld, %lld) is %lld, want %lld", cfgs[c].label,
+                          layout_names[l], stoke_dtype_name(dt), (long long)n, (long long)ch, (long long)oh,
+                          (long long)ow, (long long)got, (long long)want);
+                }
+          /* backward: overwritten, then accumulated onto the same random start */
+          stoke_tensor dy = h_like(&y1, -1), dx1 = h_like(&x, -1), dx2 = h_like(&x, -1), start = h_like(&x, -1);
+          h_random(&dy, -1, 1);
+          h_random(&start, -1, 1);
+          for (int accumulate = 0; accumulate < 2; accumulate++) {
+            run_bwd(&mp, &x, &y1, &dx1, &dy, 1, 0);
+            if (accumulate) { /* dx1 = start + max_pool2d's dx, in the kernel's rounding */
+              stoke_kernel_args_v1 b = args1(&mp, &x, &y1);
+              memcpy(dx1.data, start.data, (size_t)h_numel(&x) * stoke_dtype_size(dt));
+              b.din = &dx1, b.dout = &dy, b.din_accumulate = 1;
+              H_OK(h_run(h_kernel(STOKE_OP_MAX_POOL2D, STOKE_BWD, dt), &b));
+            }
+            stoke_tensor nx = x, bo[2] = {y2, outs[1]};
+            nx.data = NULL, bo[0].data = NULL; /* bwd_needs: the index alone */
+            if (accumulate) memcpy(dx2.data, start.data, (size_t)h_numel(&x) * stoke_dtype_size(dt));
+            else h_poison(&dx2);
+            stoke_kernel_args_v1 b = args1(&mi, &nx, bo);
+            b.n_out = 2, b.din = &dx2, b.dout = &dy, b.din_accumulate = (uint32_t)accumulate;
+            H_OK(h_run(h_kernel(STOKE_OP_MAX_POOL2D_IDX, STOKE_BWD, dt), &b));
+            H_CHECK(!memcmp(dx1.data, dx2.data, (size_t)h_numel(&x) * stoke_dtype_size(dt)),
+                    "%s %s %s %s: max_pool2d_idx's dx differs from max_pool2d's", cfgs[c].label, layout_names[l],
+                    stoke_dtype_name(dt), accumulate ? "accumulated" : "overwritten");
+          }
+          /* an index that names no position of the window: an error naming the node */
+          ((uint8_t *)outs[1].data)[0] = 200;
+          stoke_tensor nx = x, bo[2] = {y2, outs[1]};
+          nx.data = NULL;
+          stoke_kernel_args_v1 b = args1(&mi, &nx, bo);
+          b.n_out = 2, b.din = &dx2, b.dout = &dy;
+          stoke_err *e = h_run(h_kernel(STOKE_OP_MAX_POOL2D_IDX, STOKE_BWD, dt), &b);
+          assert_non_null(e);
+          H_CHECK(strstr(e->msg, "max_pool2d_idx 'pool1': index 200") != NULL, "message: %s", e->msg);
+          stoke_err_free(e);
+          h_free(&x), h_free(&y1), h_free(&y2), h_free(&ix), h_free(&dy), h_free(&dx1), h_free(&dx2),
+              h_free(&start);
+        }
+  /* a window of more positions than a byte index names: refused by infer, naming the node */
+  static const pool_cfg big = {"k12", 1, 1, 1, {12, 12}, {1, 1}, {0, 0}};
+  stoke_node_v1 mi = pool_node(STOKE_OP_MAX_POOL2D_IDX, &big, "pool_big");
+  stoke_value_desc_v1 in = {{4, {1, 1, 12, 12}}, STOKE_F32}, out[2];
+  stoke_err *e = t->infer(&mi, &in, out);
+  assert_non_null(e);
+  H_CHECK(strstr(e->msg, "max_pool2d_idx 'pool_big': a 12x12 window has more than 127 positions") != NULL,
+          "message: %s", e->msg);
+  stoke_err_free(e);
+}
+
 /* The kernel's error is `want`, word for word (E_INVALID). */
 static void expect_pool_error(const char *op, stoke_kernel_args_v1 *a, const char *want) {
   stoke_err *e = h_run(h_kernel(op, STOKE_FWD, STOKE_F64), a);
@@ -735,6 +837,7 @@ int main(void) {
       H_TEST(test_pool_grad),
       H_TEST(test_pool_nhwc_matches_nchw),
       H_TEST(test_max_pool_ties),
+      H_TEST(test_max_pool_idx),
       H_TEST(test_pool_kernel_errors),
       H_TEST(test_dropout_eval_identity),
       H_TEST(test_dropout_mask),

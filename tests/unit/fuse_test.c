@@ -5,7 +5,8 @@
  * shortcut), a batch_norm whose output has two readers stays, and the
  * fused graph's loss, every parameter gradient and the running statistics
  * after a step equal the unfused graph's; the loss's forward done by its
- * backward kernel (forward in backward) changes no bit. */
+ * backward kernel (forward in backward) changes no bit; a training
+ * max_pool2d saves its window indices (max_pool2d_idx) with the same bits. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -204,10 +205,99 @@ static void test_fwd_in_bwd(void **state) {
   pair_free(&q);
 }
 
+/* x -> bn1 -> relu -> max_pool2d (3x3, stride 2, padding 1) -> flatten -> fc -> loss, and a second
+ * max_pool2d straight on the input (no gradient flows there) feeding a second fc into the logits. */
+static stoke_graph *pool_net(void) {
+  stoke_graph *g;
+  OK(stoke_graph_new(reg, STOKE_F64, STOKE_NHWC, &g));
+  stoke_builder_v1 b = stoke_graph_builder(g);
+  int x, y, h, p, p2, f, f2, w, w2, bias, bias2, l1, l2, logits;
+  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){4, {BN, BC, 5, 5}}, STOKE_F64, &x));
+  OK(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {BN}}, STOKE_I32, &y));
+  OK(b.node(g, STOKE_OP_RELU, "relu1", (int[]){bn(g, x, "bn1", BC)}, 1, "", &h, 1));
+  OK(b.node(g, STOKE_OP_MAX_POOL2D, "pool", &h, 1, "kernel=3, stride=2, padding=1", &p, 1));
+  OK(b.node(g, STOKE_OP_MAX_POOL2D, "pool_in", &x, 1, "kernel=3, stride=2, padding=1", &p2, 1));
+  OK(b.node(g, STOKE_OP_FLATTEN, "flatten", &p, 1, "", &f, 1));
+  OK(b.node(g, STOKE_OP_FLATTEN, "flatten2", &p2, 1, "", &f2, 1));
+  OK(b.param(g, "fc.weight", &(stoke_shape){2, {BCLASSES, BC * 9}}, (stoke_init_v1){STOKE_INIT_UNIFORM, -0.5, 0.5},
+             &w));
+  OK(b.param(g, "fc2.weight", &(stoke_shape){2, {BCLASSES, BC * 9}}, (stoke_init_v1){STOKE_INIT_UNIFORM, -0.5, 0.5},
+             &w2));
+  OK(b.param(g, "fc.bias", &(stoke_shape){1, {BCLASSES}}, (stoke_init_v1){STOKE_INIT_ZEROS, 0, 0}, &bias));
+  OK(b.param(g, "fc2.bias", &(stoke_shape){1, {BCLASSES}}, (stoke_init_v1){STOKE_INIT_ZEROS, 0, 0}, &bias2));
+  OK(b.node(g, STOKE_OP_LINEAR, "fc", (int[]){f, w, bias}, 3, "", &l1, 1));
+  OK(b.node(g, STOKE_OP_LINEAR, "fc2", (int[]){f2, w2, bias2}, 3, "", &l2, 1));
+  OK(b.node(g, STOKE_OP_ADD, "sum", (int[]){l1, l2}, 2, "", &logits, 1));
+  OK(stoke_graph_loss(g, logits, ""));
+  return g;
+}
+
+/* Training: the max_pool2d whose input gets a gradient becomes max_pool2d_idx, with its index (u8,
+ * the pooled output's shape and layout) a second output its backward reads; the one on the input
+ * stays. The loss and every gradient equal the plan without it ([run] pool_index = false) bit for
+ * bit, and the plan says so. An eval plan keeps max_pool2d. */
+static void test_max_pool_index(void **state) {
+  stoke_graph *g[2] = {pool_net(), pool_net()};
+  static const char *engines[] = {"cpu"};
+  void *selves[] = {cpu_self};
+  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .training = 1};
+  stoke_plan *p[2];
+  stoke_exec *x[2];
+  OK(stoke_compile(g[0], &o, &p[0]));
+  o.no_pool_index = 1;
+  OK(stoke_compile(g[1], &o, &p[1]));
+  assert_int_equal(p[0]->n_pool_index, 1);
+  assert_int_equal(p[1]->n_pool_index, 0);
+  assert_int_equal(count_fwd(g[0], STOKE_OP_MAX_POOL2D_IDX), 1);
+  assert_int_equal(count_fwd(g[0], STOKE_OP_MAX_POOL2D), 1);
+  assert_int_equal(count_fwd(g[1], STOKE_OP_MAX_POOL2D), 2);
+  for (int i = 0; i < g[0]->n_fwd; i++) {
+    const stoke_gnode *nd = &g[0]->nodes[i];
+    if (!strcmp(nd->n.name, "pool_in")) assert_string_equal(nd->n.op, STOKE_OP_MAX_POOL2D);
+    if (strcmp(nd->n.op, STOKE_OP_MAX_POOL2D_IDX)) continue;
+    assert_string_equal(nd->n.name, "pool");
+    assert_int_equal(nd->n_out, 2);
+    const stoke_value *ix = &g[0]->values[nd->out[1]], *y = &g[0]->values[nd->out[0]];
+    assert_string_equal(ix->name, "pool:index");
+    assert_int_equal(ix->dtype, STOKE_U8);
+    assert_int_equal(ix->producer, i);
+    assert_int_equal(ix->layout, y->layout);
+    assert_memory_equal(ix->shape.d, y->shape.d, sizeof(int64_t) * 4);
+  }
+  cpu_expect_report(p[0], "max pools: 1 save their window indices for backward (max_pool2d_idx)",
+                    "which max pools save their indices");
+  char *rep = cpu_plan_report(p[1]);
+  if (strstr(rep, "max pools:")) fail_msg("pool_index off, yet the plan says:\n%s", rep);
+  free(rep);
+  for (int i = 0; i < 2; i++) OK(stoke_exec_new(p[i], cpu, cpu_self, seed, &x[i]));
+  double l[2];
+  for (int i = 0; i < 2; i++) l[i] = step(x[i], g[i], BN, BN * BC * 25, BCLASSES);
+  print_message("loss with saved indices %.17g, without %.17g\n", l[0], l[1]);
+  assert_true(isfinite(l[0]));
+  assert_true(l[0] == l[1]);
+  assert_int_equal(p[0]->bytes[STOKE_BUF_GRADS], p[1]->bytes[STOKE_BUF_GRADS]);
+  assert_memory_equal(stoke_exec_buffer(x[0], STOKE_BUF_GRADS), stoke_exec_buffer(x[1], STOKE_BUF_GRADS),
+                      p[0]->bytes[STOKE_BUF_GRADS]);
+  for (int i = 0; i < 2; i++) {
+    stoke_exec_free(x[i]);
+    stoke_plan_free(p[i]);
+    stoke_graph_free(g[i]);
+  }
+  stoke_graph *ge = pool_net();
+  stoke_plan *pe;
+  o.no_pool_index = 0, o.training = 0;
+  OK(stoke_compile(ge, &o, &pe));
+  assert_int_equal(pe->n_pool_index, 0);
+  assert_int_equal(count_fwd(ge, STOKE_OP_MAX_POOL2D), 2);
+  stoke_plan_free(pe);
+  stoke_graph_free(ge);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fused_graph_matches),
       cmocka_unit_test(test_fwd_in_bwd),
+      cmocka_unit_test(test_max_pool_index),
   };
   return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
 }

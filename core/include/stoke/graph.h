@@ -171,6 +171,10 @@ typedef struct stoke_plan_opts {
    * gradients on a second stream, each waited for before the k-th such node
    * after it (or before the first node that touches those gradients). */
   int wgrad_stream;
+  /* keep max_pool2d as it is in training instead of max_pool2d_idx, whose
+   * forward saves the window indices its backward reads (core/plan.c's
+   * index_max_pools; [run] pool_index = false, for A/B runs and tests) */
+  int no_pool_index;
 } stoke_plan_opts;
 
 #define STOKE_MAX_ENGINES 32
@@ -201,6 +205,7 @@ typedef struct stoke_plan {
   int n_schedule;                 /* nodes executed per micro-batch */
   int n_accumulated;              /* gradient sums done in place by their producers */
   int n_fwd_in_bwd;               /* forward nodes whose backward kernel does their work */
+  int n_pool_index;               /* max_pool2d nodes made max_pool2d_idx (their indices saved for backward) */
   int n_side;                     /* backward nodes whose parameter gradients may run on the side stream ([run] wgrad_stream) */
   /* recomputation: forward nodes re-run in backward, their segments, the
    * FLOPs they add per micro-batch (not in train_flops: MFU counts the

@@ -177,12 +177,15 @@ static inline stoke_err *stoke_pool_pair(const stoke_kernel_args_v1 *a, const ch
   return NULL;
 }
 
-/* max_pool2d / avg_pool2d: x[N, C, H, W] -> y[N, C, Ho, Wo] of dtype dt,
- * the geometry into *g (stride 0: the kernel's); `max`: backward reads x
- * (the cpu and cuda engines' common check). */
+/* max_pool2d / avg_pool2d / max_pool2d_idx: x[N, C, H, W] -> y[N, C, Ho, Wo]
+ * of dtype dt, the geometry into *g (stride 0: the kernel's). `max`: 0 for
+ * avg_pool2d; 1 for max_pool2d, whose backward reads x; 2 for
+ * max_pool2d_idx, whose output 1 is the u8 window index of y's shape and
+ * layout, read by its backward instead of x (the cpu and cuda engines'
+ * common check). */
 static inline stoke_err *stoke_check_pool(const stoke_kernel_args_v1 *a, const char *op, stoke_dtype dt, int bwd,
                                           int run, int max, stoke_pool_geom *g) {
-  STOKE_PROPAGATE_P(stoke_check_counts(a, op, bwd, 1, 1));
+  STOKE_PROPAGATE_P(stoke_check_counts(a, op, bwd, 1, max == 2 ? 2 : 1));
   STOKE_PROPAGATE_P(stoke_pool_pair(a, op, STOKE_POOL_KERNEL, "kernel", g->k));
   STOKE_PROPAGATE_P(stoke_pool_pair(a, op, STOKE_POOL_STRIDE, "stride", g->s));
   STOKE_PROPAGATE_P(stoke_pool_pair(a, op, STOKE_POOL_PADDING, "padding", g->p));
@@ -219,8 +222,20 @@ static inline stoke_err *stoke_check_pool(const stoke_kernel_args_v1 *a, const c
   STOKE_PROPAGATE_P(stoke_check_dtype(a, op, "y", y, dt));
   STOKE_PROPAGATE_P(stoke_check_layout_known(a, op, "x", x));
   STOKE_PROPAGATE_P(stoke_check_layout_known(a, op, "y", y));
+  const stoke_tensor *ix = max == 2 ? &a->out[1] : NULL;
+  if (ix) {
+    if (g->k[0] * g->k[1] > STOKE_POOL_MAX_INDEX)
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': a %lldx%lld window has more than %d positions for its u8 index", op,
+                        stoke_node_name(a), (long long)g->k[0], (long long)g->k[1], STOKE_POOL_MAX_INDEX);
+    STOKE_PROPAGATE_P(stoke_check_dtype(a, op, "index", ix, STOKE_U8));
+    if (!stoke_same_shape(&ix->shape, ys) || stoke_is_nhwc(ix) != stoke_is_nhwc(y))
+      return STOKE_PERR(STOKE_E_INVALID, "%s '%s': index %s (%s) must have y's shape %s and layout (%s)", op,
+                        stoke_node_name(a), stoke_shape_str(&ix->shape).s, stoke_layout_name(ix->layout),
+                        stoke_shape_str(ys).s, stoke_layout_name(y->layout));
+  }
   if (!bwd) {
     STOKE_PROPAGATE_P(stoke_check_data(a, op, "x", x, run));
+    if (ix) STOKE_PROPAGATE_P(stoke_check_data(a, op, "index", ix, run));
     return stoke_check_data(a, op, "y", y, run);
   }
   STOKE_PROPAGATE_P(stoke_check_grad(a, op, "x", &a->din[0], x));
@@ -228,7 +243,8 @@ static inline stoke_err *stoke_check_pool(const stoke_kernel_args_v1 *a, const c
   STOKE_PROPAGATE_P(stoke_check_layout_known(a, op, "dx", &a->din[0]));
   STOKE_PROPAGATE_P(stoke_check_layout_known(a, op, "dy", &a->dout[0]));
   STOKE_PROPAGATE_P(stoke_check_data(a, op, "dy", &a->dout[0], run));
-  if (max && a->din[0].data) STOKE_PROPAGATE_P(stoke_check_data(a, op, "x (the forward input)", x, run));
+  if (max == 1 && a->din[0].data) STOKE_PROPAGATE_P(stoke_check_data(a, op, "x (the forward input)", x, run));
+  if (ix && a->din[0].data) STOKE_PROPAGATE_P(stoke_check_data(a, op, "index (the forward's output 1)", ix, run));
   return NULL;
 }
 

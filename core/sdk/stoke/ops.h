@@ -105,6 +105,16 @@
  * nn.AvgPool2d (count_include_pad=True, ceil_mode=False). */
 #define STOKE_OP_MAX_POOL2D "max_pool2d"
 #define STOKE_OP_AVG_POOL2D "avg_pool2d"
+/* max_pool2d_idx: max_pool2d that also writes, per output, the position of
+ * its window's first maximum: x[N, C, H, W] -> (y[N, C, Ho, Wo],
+ * index[N, C, Ho, Wo] u8 in y's layout, kh kw positions row-major inside the
+ * padded window; at most 127 of them). Its backward reads the index, not x:
+ * dx[h, w] = the sum of dy over the windows whose index points at (h, w).
+ * The compiler puts it in place of a training graph's max_pool2d when an
+ * engine serves it (as PyTorch's max_pool2d saves its indices for backward),
+ * so x need not stay alive until backward and is not read again. */
+#define STOKE_OP_MAX_POOL2D_IDX "max_pool2d_idx"
+#define STOKE_POOL_MAX_INDEX 127 /* window positions a u8 index may name */
 #define STOKE_POOL_KERNEL 0  /* ints, required */
 #define STOKE_POOL_STRIDE 1  /* ints, default = kernel ("0" means kernel) */
 #define STOKE_POOL_PADDING 2 /* ints, "0" */
