@@ -67,6 +67,9 @@
 #             the weight gradients on the side stream (lag 1, 2, 64) against
 #             none, eager and CUDA graphs: every step's loss and the weights
 #             the same bits (PASS/FAIL line)
+#   pool_index [run] pool_index: resnet50 bf16 (batch 32) under run.deterministic,
+#             max_pool2d's indices saved (max_pool2d_idx) against found again,
+#             eager and CUDA graphs: the same bits (PASS/FAIL line)
 #   ncu       Nsight Compute (clocks left alone) on one workload's kernels:
 #             NCU_INI (examples/resnet50.ini), NCU_KERNELS (an ncu -k regex;
 #             max_pool), launches NCU_SKIP (3) then NCU_COUNT (6); speed of
@@ -199,6 +202,17 @@ print("   per weight: " + ", ".join(f"{r[3]} {r[0]:.1e}" for r in w))
 PY
 }
 log() { echo "== $*"; }
+# same_bits BASE DIR LABEL STEPS: the run in DIR against the run in BASE (both with run.checkpoint=true
+# and run.log_every=1): the checkpoints' weights bitwise (compare) and every logged loss (loss_curves.py),
+# the two summary lines printed, the details in DIR.cmp and DIR.curves; true when both are the same bits
+same_bits() {
+  local base=$1 dir=$2 label=$3 steps=$4
+  compare "$base/checkpoint.safetensors" "$dir/checkpoint.safetensors" "$label" > "$dir.cmp"
+  python3 "$HERE/loss_curves.py" "$label (base: $(basename "$base"))" "$base/metrics.jsonl" "run=$dir/metrics.jsonl" \
+    > "$dir.curves"
+  head -1 "$dir.cmp"; tail -1 "$dir.curves"
+  grep -q "weights bitwise equal True" "$dir.cmp" && grep -q " $steps steps, $steps identical" "$dir.curves"
+}
 # stoke_gpt B LABEL OVERRIDES...: gpt2_124m bf16 at batch B, 30 steps: tokens/s, the plan and NVML's peak
 stoke_gpt() {
   local b=$1 label=$2; shift 2
@@ -360,15 +374,24 @@ PY
             run.out_dir="$OUT/wgrad_${cg}_$k" > "$OUT/wgrad_${cg}_$k.log" 2>&1
           echo "cuda_graph=$cg wgrad_stream=$k rc=$? $(grep -hE 'wgrad_stream:|^stoke: error' "$OUT/wgrad_${cg}_$k.log" | head -2 | tr '\n' ' ')"
           [ "$k" = 0 ] && continue
-          compare "$OUT/wgrad_${cg}_0/checkpoint.safetensors" "$OUT/wgrad_${cg}_$k/checkpoint.safetensors" \
-            "cuda_graph=$cg wgrad_stream 0 vs $k" > "$OUT/wgrad_${cg}_$k.cmp"
-          python3 "$HERE/loss_curves.py" "wgrad (base: 0)" "$OUT/wgrad_${cg}_0/metrics.jsonl" \
-            "k$k=$OUT/wgrad_${cg}_$k/metrics.jsonl" > "$OUT/wgrad_${cg}_$k.curves"
-          head -1 "$OUT/wgrad_${cg}_$k.cmp"; tail -1 "$OUT/wgrad_${cg}_$k.curves"
-          grep -q "weights bitwise equal True" "$OUT/wgrad_${cg}_$k.cmp" && grep -q " 12 steps, 12 identical" "$OUT/wgrad_${cg}_$k.curves" || ok=0
+          same_bits "$OUT/wgrad_${cg}_0" "$OUT/wgrad_${cg}_$k" "cuda_graph=$cg wgrad_stream 0 vs $k" 12 || ok=0
         done
       done
       [ $ok = 1 ] && echo "wgrad: PASS" || echo "wgrad: FAIL"
+      ;;
+    pool_index) # [run] pool_index: max_pool2d_idx's saved window indices change no bit
+      log "resnet50 bf16 (batch 32) under run.deterministic, pool_index false against true, eager and CUDA graphs: the same bits"
+      ok=1
+      for cg in false true; do
+        for pi in false true; do
+          timeout 300 "$T" "$S/examples/resnet50.ini" data.batch_size=32 run.steps=10 run.log_every=1 run.deterministic=true \
+            run.cuda_graph=$cg run.pool_index=$pi run.progress=off run.checkpoint=true \
+            run.out_dir="$OUT/pidx_${cg}_$pi" > "$OUT/pidx_${cg}_$pi.log" 2>&1
+          echo "cuda_graph=$cg pool_index=$pi rc=$? $(grep -hE '^max pools:|^stoke: error' "$OUT/pidx_${cg}_$pi.log" | head -2 | tr '\n' ' ')"
+        done
+        same_bits "$OUT/pidx_${cg}_false" "$OUT/pidx_${cg}_true" "cuda_graph=$cg pool_index false vs true" 10 || ok=0
+      done
+      [ $ok = 1 ] && echo "pool_index: PASS" || echo "pool_index: FAIL"
       ;;
     gpt_det)
       log "gpt2_124m bf16 B=8 under run.deterministic, two runs: the same bits"
@@ -377,12 +400,7 @@ PY
           run.deterministic=true run.progress=off run.checkpoint=true run.out_dir="$OUT/gpt_det_$r" > "$OUT/gpt_det_$r.log" 2>&1
         echo "run $r rc=$? $(grep -E 'deterministic engine|^stoke: error' "$OUT/gpt_det_$r.log" | head -2 | tr '\n' ' ')"
       done
-      compare "$OUT/gpt_det_1/checkpoint.safetensors" "$OUT/gpt_det_2/checkpoint.safetensors" "gpt_det run 1 vs 2" \
-        | tee "$OUT/gpt_det_compare.txt" | head -1
-      python3 "$HERE/loss_curves.py" "gpt_det (base: run 1)" "$OUT/gpt_det_1/metrics.jsonl" "run2=$OUT/gpt_det_2/metrics.jsonl" \
-        | tee "$OUT/gpt_det_curves.txt" | tail -2
-      if grep -q "weights bitwise equal True" "$OUT/gpt_det_compare.txt" && grep -q " 12 steps, 12 identical" "$OUT/gpt_det_curves.txt"
-      then echo "gpt_det: PASS"; else echo "gpt_det: FAIL"; fi
+      if same_bits "$OUT/gpt_det_1" "$OUT/gpt_det_2" "gpt_det run 1 vs 2" 12; then echo "gpt_det: PASS"; else echo "gpt_det: FAIL"; fi
       ;;
     fmnist)
       log "fashion-mnist CNN on the GPU"
