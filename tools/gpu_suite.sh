@@ -70,6 +70,10 @@
 #   pool_index [run] pool_index: resnet50 bf16 (batch 32) under run.deterministic,
 #             max_pool2d's indices saved (max_pool2d_idx) against found again,
 #             eager and CUDA graphs: the same bits (PASS/FAIL line)
+#   samebits  a plugin change that must keep every bit: resnet18c and resnet50
+#             (SB_W) bf16 at batch SB_BATCH (64) under run.deterministic with
+#             CUDA graphs, 10 steps with BEFORE's plugins (an unpacked stage)
+#             and with these: the same bits (PASS/FAIL line)
 #   ncu       Nsight Compute (clocks left alone) on one workload's kernels:
 #             NCU_INI (examples/resnet50.ini), NCU_KERNELS (an ncu -k regex;
 #             max_pool), launches NCU_SKIP (3) then NCU_COUNT (6); speed of
@@ -378,6 +382,22 @@ PY
         done
       done
       [ $ok = 1 ] && echo "wgrad: PASS" || echo "wgrad: FAIL"
+      ;;
+    samebits) # a plugin change that must not change a bit: BEFORE's plugins against these
+      [ -d "${BEFORE:-}/bin/plugins" ] || { echo "samebits: BEFORE (an unpacked stage) has no bin/plugins"; continue; }
+      ok=1
+      for w in ${SB_W:-resnet18c resnet50}; do
+        log "$w bf16 (batch ${SB_BATCH:-64}) under run.deterministic with CUDA graphs, BEFORE's plugins against these: the same bits"
+        for side in before after; do
+          root=$S; [ $side = before ] && root=$BEFORE
+          STOKE_PLUGIN_PATH="$root/bin/plugins" timeout 300 "$T" "$S/examples/$w.ini" data.batch_size=${SB_BATCH:-64} \
+            run.steps=10 run.log_every=1 run.deterministic=true run.progress=off run.checkpoint=true \
+            run.out_dir="$OUT/sb_${w}_$side" > "$OUT/sb_${w}_$side.log" 2>&1
+          echo "$side rc=$?"
+        done
+        same_bits "$OUT/sb_${w}_before" "$OUT/sb_${w}_after" "$w before vs after" 10 || ok=0
+      done
+      [ $ok = 1 ] && echo "samebits: PASS" || echo "samebits: FAIL"
       ;;
     pool_index) # [run] pool_index: max_pool2d_idx's saved window indices change no bit
       log "resnet50 bf16 (batch 32) under run.deterministic, pool_index false against true, eager and CUDA graphs: the same bits"
