@@ -89,6 +89,8 @@ static void test_unfolded_paths(void **state) {
     int64_t b, c, h, w, o, k, stride, pad;
   } cs[] = {{2, 3, 23, 21, 16, 7, 2, 3}, {3, 4, 9, 11, 8, 3, 1, 1}, {2, 1, 13, 13, 24, 5, 2, 2},
             {1, 8, 10, 7, 16, 3, 2, 1}, {2, 3, 8, 8, 8, 7, 2, 3},
+            /* ResNet-18c's stem (3x3, stride 1, 3 channels): an odd step between positions in the staged row */
+            {2, 3, 12, 10, 16, 3, 1, 1},
             /* rows too wide for the shared-memory unfold with all taps: the gather kernel */
             {1, 8, 9, 500, 8, 7, 2, 3}};
   static const stoke_dtype dts[2] = {STOKE_BF16, STOKE_F16};
