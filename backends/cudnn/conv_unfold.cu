@@ -78,60 +78,48 @@ __global__ void k_unfold_rows(const uint16_t *__restrict__ x, vec8 *__restrict__
 
 // The width fold: unfolded channel k of position wo is x[n, h, wo sw - pw + k / c, k % c], which is
 // value wo sw c + k of the input row staged with pw zero columns each side, so a vector of 8 channels
-// is 8 consecutive staged values, read as four 32-bit words when sw c is even. A block stages
-// kWidthRows consecutive rows at once (consecutive in x and in xu too), then writes their vectors:
-// no table, no division per staged value, few barriers per byte. k_unfold_rows, which looks each
-// channel up in a table, took 0.22 ms for ResNet-50's stem (77 MB in, 411 MB out: half the copy
-// rate), once in the forward and once for the weight gradient.
-constexpr int kWidthRows = 4;
-
-// Values of one staged row: the padded row, then cu of slack (zeros) for the last vectors' reads,
-// rounded up to even (each row starts on a 32-bit word).
-__host__ __device__ inline int width_staged(const cu_unfold_geom &g) {
-  return ((g.w + 2 * g.pw) * g.c + g.cu + 1) & ~1;
-}
-
+// is 8 consecutive staged values, read as four 32-bit words when sw c is even. A block makes row after
+// row (no table, no division per staged value). k_unfold_rows, which looks each channel up in a
+// table, took 0.22 ms for ResNet-50's stem (77 MB in, 411 MB out: half the copy rate), once in the
+// forward and once for the weight gradient.
 __global__ void __launch_bounds__(256)
     k_unfold_width(const uint16_t *__restrict__ x, vec8 *__restrict__ xu, cu_unfold_geom g, long long rows) {
-  extern __shared__ uint32_t smw[];  // kWidthRows staged rows
+  extern __shared__ uint32_t smw[];  // the staged row, then cu values of slack (zeros)
   uint16_t *sm = reinterpret_cast<uint16_t *>(smw);
-  const int lead = g.pw * g.c, inner = g.w * g.c, staged = width_staged(g);
+  const int lead = g.pw * g.c, inner = g.w * g.c, staged = (g.w + 2 * g.pw) * g.c + g.cu;
   const int real = g.s * g.c, gpr = g.cu / 8, total = g.wu * gpr, step = g.sw * g.c;
-  for (long long r0 = (long long)blockIdx.x * kWidthRows; r0 < rows; r0 += (long long)gridDim.x * kWidthRows) {
-    const int nr = rows - r0 < kWidthRows ? (int)(rows - r0) : kWidthRows;
-    __syncthreads();  // the previous rows' vectors are read
-    for (int rr = 0; rr < nr; rr++) {
-      const uint16_t *src = x + (r0 + rr) * inner;  // row n hu + h is input row (n, h): hu = h
-      for (int i = threadIdx.x; i < staged; i += blockDim.x) {
-        const int j = i - lead;
-        sm[rr * staged + i] = j >= 0 && j < inner ? src[j] : (uint16_t)0;
-      }
+  for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+    const uint16_t *src = x + row * inner;  // row n hu + h is input row (n, h): hu = h
+    __syncthreads();                         // the previous row's vectors are read
+    for (int i = threadIdx.x; i < staged; i += blockDim.x) {
+      const int j = i - lead;
+      sm[i] = j >= 0 && j < inner ? src[j] : (uint16_t)0;
     }
     __syncthreads();
-    for (int rr = 0; rr < nr; rr++) {
-      vec8 *dst = xu + (r0 + rr) * total;
-      for (int t = threadIdx.x; t < total; t += blockDim.x) {
-        const int wo = t / gpr, k0 = (t - wo * gpr) * 8, base = rr * staged + wo * step + k0;
-        vec8 out;
-        if (step % 2 == 0) {
-          const uint32_t *w = smw + base / 2;
-          uint32_t *o = reinterpret_cast<uint32_t *>(out.v);
+    vec8 *dst = xu + row * total;
+    for (int t = threadIdx.x; t < total; t += blockDim.x) {
+      const int wo = t / gpr, k0 = (t - wo * gpr) * 8, base = wo * step + k0;
+      vec8 out;
+      if (step % 2 == 0) {
+        const uint32_t *w = smw + base / 2;
+        uint32_t *o = reinterpret_cast<uint32_t *>(out.v);
 #pragma unroll
-          for (int j = 0; j < 4; j++) o[j] = w[j];
-        } else {
+        for (int j = 0; j < 4; j++) o[j] = w[j];
+      } else {
 #pragma unroll
-          for (int j = 0; j < 8; j++) out.v[j] = sm[base + j];
-        }
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-          if (k0 + j >= real) out.v[j] = 0;
-        dst[t] = out;
+        for (int j = 0; j < 8; j++) out.v[j] = sm[base + j];
       }
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        if (k0 + j >= real) out.v[j] = 0;
+      dst[t] = out;
     }
   }
 }
 
-size_t width_smem(const cu_unfold_geom &g) { return (size_t)kWidthRows * width_staged(g) * 2; }
+size_t width_smem(const cu_unfold_geom &g) {
+  return (size_t)(((g.w + 2 * g.pw) * g.c + g.cu + 1) / 2) * 4;
+}
 
 // The shared memory k_unfold_rows needs for g: the staged rows, then the
 // channel table.
@@ -237,8 +225,7 @@ extern "C" cudaError_t stoke_cudnn_unfold(const void *x, void *xu, const cu_unfo
   if (groups <= 0 || g->cu % 8) return cudaErrorInvalidValue;
   if (!g->full && width_smem(*g) <= 48 * 1024) {
     const long long rows = (long long)g->n * g->hu;
-    const long long blocks_needed = (rows + kWidthRows - 1) / kWidthRows;
-    k_unfold_width<<<(unsigned)(blocks_needed < 65535 ? blocks_needed : 65535), 256, width_smem(*g), stream>>>(
+    k_unfold_width<<<(unsigned)(rows < 4 * 65535LL ? (rows + 3) / 4 : 65535), 256, width_smem(*g), stream>>>(
         (const uint16_t *)x, (vec8 *)xu, *g, rows);
     return launched();
   }
