@@ -1,10 +1,9 @@
 /* backends/cpu/pool.c: CPU reference kernels (f32, f64); see stoke/ops.h.
  *
- * max_pool2d, max_pool2d_idx, avg_pool2d (NCHW and NHWC memory, shapes logical N, C, H,
- * W)
- * and dropout. The type-independent parts (argument checks, geometry) are
- * plain functions; the kernel bodies are written once in POOL_KERNELS and
- * instantiated for float and double at the bottom. */
+ * max_pool2d, max_pool2d_idx, avg_pool2d (NCHW and NHWC memory, shapes
+ * logical N, C, H, W) and dropout. The type-independent parts (argument
+ * checks, geometry) are plain functions; the kernel bodies are written once
+ * in POOL_KERNELS and instantiated for float and double at the bottom. */
 #include <math.h>
 #include <string.h>
 
