@@ -371,21 +371,34 @@ static void fuse_patterns_all(stoke_graph *g, const stoke_plan_opts *o) {
       if (fuse_at(g, o, l.f[p], t)) t = -1; /* indices moved: rescan */
 }
 
-/* Training: each max_pool2d whose max_pool2d_idx kernels come no later in
- * the backends list than its own becomes one, its window indices (u8, y's
- * shape and layout) a new value "<node>:index" that backward reads instead
- * of x (as PyTorch's max_pool2d saves its indices). x then need not live
- * until backward, and the backward does not scan the windows again: in
- * ResNet-50 (bf16, batch 256) that pass read 411 MB of x each step. A
- * window of more than STOKE_POOL_MAX_INDEX positions keeps max_pool2d. */
+/* Training: each max_pool2d with a parameter upstream of its input, whose
+ * max_pool2d_idx kernels come no later in the backends list than its own,
+ * becomes one, its window indices (u8, y's shape and layout) a new value
+ * "<node>:index" that backward reads instead of x (as PyTorch's max_pool2d
+ * saves its indices). x then need not live until backward, and the
+ * backward does not scan the windows again: in ResNet-50 (bf16, batch 256)
+ * that pass read 411 MB of x each step. A window of more than
+ * STOKE_POOL_MAX_INDEX positions keeps max_pool2d. */
 static int index_max_pools(stoke_graph *g, const stoke_plan_opts *o) {
   const stoke_op_type_v1 *ft = stoke_find_op(g->reg, STOKE_OP_MAX_POOL2D_IDX);
+  /* grad[v]: a parameter is upstream of v, so backward may need v's gradient (as
+   * stoke_graph_derive_backward decides); a max pool without one keeps max_pool2d: nothing would
+   * read its index. Values added below are never a max pool's input. */
+  char *grad = ft ? calloc((size_t)g->n_values + 1, 1) : NULL;
+  if (!grad) return 0;
+  for (int v = 0; v < g->n_values; v++) grad[v] = g->values[v].kind == STOKE_VAL_PARAM;
+  for (int i = 0; i < g->n_fwd; i++) {
+    const stoke_gnode *nd = &g->nodes[i];
+    int any = 0;
+    for (int k = 0; k < nd->n_in; k++)
+      if (!(nd->type->no_grad_inputs & (1u << k))) any |= grad[nd->in[k]];
+    for (int j = 0; j < nd->n_out; j++) grad[nd->out[j]] = (char)any;
+  }
   int n = 0;
-  for (int i = 0; ft && i < g->n_fwd; i++) {
+  for (int i = 0; i < g->n_fwd; i++) {
     stoke_gnode *nd = &g->nodes[i];
-    if (strcmp(nd->n.op, STOKE_OP_MAX_POOL2D) || nd->n_out != 1) continue;
+    if (strcmp(nd->n.op, STOKE_OP_MAX_POOL2D) || nd->n_out != 1 || !grad[nd->in[0]]) continue;
     const stoke_value *x = &g->values[nd->in[0]];
-    if (x->kind == STOKE_VAL_INPUT) continue; /* no gradient flows into a batch */
     int own = engine_rank(o, engine_for(g, o, STOKE_OP_MAX_POOL2D, STOKE_FWD, x));
     int fwd = engine_rank(o, engine_for(g, o, ft->name, STOKE_FWD, x));
     int bwd = engine_rank(o, engine_for(g, o, ft->name, STOKE_BWD, x));
@@ -408,6 +421,7 @@ static int index_max_pools(stoke_graph *g, const stoke_plan_opts *o) {
     nd->out[nd->n_out++] = v;
     n++;
   }
+  free(grad);
   return n;
 }
 

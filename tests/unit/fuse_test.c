@@ -206,17 +206,19 @@ static void test_fwd_in_bwd(void **state) {
 }
 
 /* x -> bn1 -> relu -> max_pool2d (3x3, stride 2, padding 1) -> flatten -> fc -> loss, and a second
- * max_pool2d straight on the input (no gradient flows there) feeding a second fc into the logits. */
+ * max_pool2d on relu(x), no parameter upstream (no gradient flows there), feeding a second fc into
+ * the logits. */
 static stoke_graph *pool_net(void) {
   stoke_graph *g;
   OK(stoke_graph_new(reg, STOKE_F64, STOKE_NHWC, &g));
   stoke_builder_v1 b = stoke_graph_builder(g);
-  int x, y, h, p, p2, f, f2, w, w2, bias, bias2, l1, l2, logits;
+  int x, y, h, p, p2, f, f2, w, w2, bias, bias2, l1, l2, logits, rx;
   OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){4, {BN, BC, 5, 5}}, STOKE_F64, &x));
   OK(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {BN}}, STOKE_I32, &y));
   OK(b.node(g, STOKE_OP_RELU, "relu1", (int[]){bn(g, x, "bn1", BC)}, 1, "", &h, 1));
   OK(b.node(g, STOKE_OP_MAX_POOL2D, "pool", &h, 1, "kernel=3, stride=2, padding=1", &p, 1));
-  OK(b.node(g, STOKE_OP_MAX_POOL2D, "pool_in", &x, 1, "kernel=3, stride=2, padding=1", &p2, 1));
+  OK(b.node(g, STOKE_OP_RELU, "relu_in", &x, 1, "", &rx, 1));
+  OK(b.node(g, STOKE_OP_MAX_POOL2D, "pool_in", &rx, 1, "kernel=3, stride=2, padding=1", &p2, 1));
   OK(b.node(g, STOKE_OP_FLATTEN, "flatten", &p, 1, "", &f, 1));
   OK(b.node(g, STOKE_OP_FLATTEN, "flatten2", &p2, 1, "", &f2, 1));
   OK(b.param(g, "fc.weight", &(stoke_shape){2, {BCLASSES, BC * 9}}, (stoke_init_v1){STOKE_INIT_UNIFORM, -0.5, 0.5},
@@ -233,9 +235,9 @@ static stoke_graph *pool_net(void) {
 }
 
 /* Training: the max_pool2d whose input gets a gradient becomes max_pool2d_idx, with its index (u8,
- * the pooled output's shape and layout) a second output its backward reads; the one on the input
- * stays. The loss and every gradient equal the plan without it ([run] pool_index = false) bit for
- * bit, and the plan says so. An eval plan keeps max_pool2d. */
+ * the pooled output's shape and layout) a second output its backward reads; the one with no
+ * parameter upstream stays. The loss and every gradient equal the plan without it ([run]
+ * pool_index = false) bit for bit, and the plan says so. An eval plan keeps max_pool2d. */
 static void test_max_pool_index(void **state) {
   stoke_graph *g[2] = {pool_net(), pool_net()};
   static const char *engines[] = {"cpu"};
