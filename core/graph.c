@@ -495,19 +495,26 @@ static stoke_err *check_tied(const stoke_graph *g, int id) {
  * order, emit its backward node; gradients of a value used by several
  * nodes are summed by `add` nodes; parameter gradients land in the flat
  * gradient buffer. */
-stoke_err *stoke_graph_derive_backward(stoke_graph *g) {
-  if (g->loss < 0) return STOKE_ERR(STOKE_E_INTERNAL, "training plan without a loss");
-  int n_fwd = g->n_fwd;
-  char *needs = calloc((size_t)g->n_values + 1, 1);
-  if (!needs) return STOKE_ERR(STOKE_E_OOM, "out of memory");
+/* needs[v] (n_values of them) = 1 where a parameter is upstream of value v
+ * through the forward nodes' gradient-taking inputs: the values whose
+ * gradient backward may make (also core/plan.c's index_max_pools). */
+void stoke_graph_grad_flow(const stoke_graph *g, char *needs) {
   for (int v = 0; v < g->n_values; v++) needs[v] = g->values[v].kind == STOKE_VAL_PARAM;
-  for (int i = 0; i < n_fwd; i++) {
-    stoke_gnode *n = &g->nodes[i];
+  for (int i = 0; i < g->n_fwd; i++) {
+    const stoke_gnode *n = &g->nodes[i];
     int any = 0;
     for (int k = 0; k < n->n_in; k++)
       if (!(n->type->no_grad_inputs & (1u << k))) any |= needs[n->in[k]];
     for (int j = 0; j < n->n_out; j++) needs[n->out[j]] = (char)any;
   }
+}
+
+stoke_err *stoke_graph_derive_backward(stoke_graph *g) {
+  if (g->loss < 0) return STOKE_ERR(STOKE_E_INTERNAL, "training plan without a loss");
+  int n_fwd = g->n_fwd;
+  char *needs = calloc((size_t)g->n_values + 1, 1);
+  if (!needs) return STOKE_ERR(STOKE_E_OOM, "out of memory");
+  stoke_graph_grad_flow(g, needs);
   stoke_err *e = NULL;
   int seed;
   e = new_value(g, "loss.grad", STOKE_VAL_SEED, &g->values[g->loss].shape, g->values[g->loss].dtype,

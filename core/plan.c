@@ -11,6 +11,7 @@
 #include "stoke/ops.h"
 
 stoke_err *stoke_graph_derive_backward(stoke_graph *g); /* core/graph.c */
+void stoke_graph_grad_flow(const stoke_graph *g, char *needs); /* core/graph.c */
 /* core/autocast.c: the precision policy's fp32_ops in f32 */
 stoke_err *stoke_autocast_islands(stoke_graph *g, const char *policy, const char *fp32_ops);
 /* core/fuse_act.c: linear -> relu|gelu -> linear epilogue fusion */
@@ -278,6 +279,35 @@ static void drop_value(stoke_graph *g, int v) {
   g->values[v].shape = (stoke_shape){1, {1}};
 }
 
+/* Node f (a copy, not yet in the graph's list, or a node of it) as op ft:
+ * the outputs ft has beyond f's first n_out become new values, shaped by
+ * ft's inference over f's inputs and attributes and named "<node>:<j>" (or
+ * "<node>:<suffix>" for a single one), 4-D ones in the layout of f's
+ * output 0. 0, with f unchanged, where the inference refuses (a pool window
+ * too large for its index) or memory runs out. */
+static int add_outputs(stoke_graph *g, stoke_gnode *f, const stoke_op_type_v1 *ft, const char *suffix) {
+  if (f->n_out >= ft->n_outputs) return 1;
+  stoke_value_desc_v1 in[STOKE_MAX_IO], out[STOKE_MAX_IO];
+  memset(out, 0, sizeof out);
+  for (int i = 0; i < f->n_in; i++) in[i] = (stoke_value_desc_v1){g->values[f->in[i]].shape, g->values[f->in[i]].dtype};
+  stoke_err *e = ft->infer(&f->n, in, out);
+  int ids[STOKE_MAX_IO];
+  for (int j = f->n_out; j < ft->n_outputs && !e; j++) {
+    char vn[96];
+    if (suffix) snprintf(vn, sizeof vn, "%s:%s", f->n.name, suffix);
+    else snprintf(vn, sizeof vn, "%s:%d", f->n.name, j);
+    e = stoke_graph_new_value(g, vn, STOKE_VAL_ACT, &out[j].shape, out[j].dtype, &ids[j]);
+    if (!e && out[j].shape.ndim == 4) g->values[ids[j]].layout = g->values[f->out[0]].layout;
+  }
+  if (e) {
+    stoke_err_free(e);
+    return 0;
+  }
+  for (int j = f->n_out; j < ft->n_outputs; j++) f->out[j] = ids[j];
+  f->n_out = ft->n_outputs;
+  return 1;
+}
+
 /* Apply pattern p at tail node t if it matches; 1 when the graph changed. */
 static int fuse_at(stoke_graph *g, const stoke_plan_opts *o, const stoke_fusion_v1 *p, int t) {
   stoke_gnode *tn = &g->nodes[t];
@@ -318,27 +348,8 @@ static int fuse_at(stoke_graph *g, const stoke_plan_opts *o, const stoke_fusion_
   f.n.op = ft->name;
   f.flops += tn->flops + (mid >= 0 ? g->nodes[mid].flops : 0);
   if (other >= 0) f.in[f.n_in++] = other;
-  if (f.n_out < ft->n_outputs) {
-    /* outputs the fused op has beyond the head's (bn_add_relu's ReLU
-     * bitmask for its backward): new values, shaped by the op's inference */
-    stoke_value_desc_v1 in[STOKE_MAX_IO], out[STOKE_MAX_IO];
-    memset(out, 0, sizeof out);
-    for (int i = 0; i < f.n_in; i++) in[i] = (stoke_value_desc_v1){g->values[f.in[i]].shape, g->values[f.in[i]].dtype};
-    stoke_err *e = ft->infer(&f.n, in, out);
-    if (e) {
-      stoke_err_free(e);
-      return 0;
-    }
-    for (int j = f.n_out; j < ft->n_outputs; j++) {
-      char vn[96];
-      snprintf(vn, sizeof vn, "%s:%d", f.n.name, j);
-      if ((e = stoke_graph_new_value(g, vn, STOKE_VAL_ACT, &out[j].shape, out[j].dtype, &f.out[j]))) {
-        stoke_err_free(e);
-        return 0;
-      }
-    }
-    f.n_out = ft->n_outputs;
-  }
+  /* outputs the fused op has beyond the head's (bn_add_relu's ReLU bitmask for its backward) */
+  if (!add_outputs(g, &f, ft, NULL)) return 0;
   int y = tn->out[0];
   f.out[0] = y;
   drop_value(g, hv);
@@ -386,14 +397,7 @@ static int index_max_pools(stoke_graph *g, const stoke_plan_opts *o) {
    * read its index. Values added below are never a max pool's input. */
   char *grad = ft ? calloc((size_t)g->n_values + 1, 1) : NULL;
   if (!grad) return 0;
-  for (int v = 0; v < g->n_values; v++) grad[v] = g->values[v].kind == STOKE_VAL_PARAM;
-  for (int i = 0; i < g->n_fwd; i++) {
-    const stoke_gnode *nd = &g->nodes[i];
-    int any = 0;
-    for (int k = 0; k < nd->n_in; k++)
-      if (!(nd->type->no_grad_inputs & (1u << k))) any |= grad[nd->in[k]];
-    for (int j = 0; j < nd->n_out; j++) grad[nd->out[j]] = (char)any;
-  }
+  stoke_graph_grad_flow(g, grad);
   int n = 0;
   for (int i = 0; i < g->n_fwd; i++) {
     stoke_gnode *nd = &g->nodes[i];
@@ -403,22 +407,11 @@ static int index_max_pools(stoke_graph *g, const stoke_plan_opts *o) {
     int fwd = engine_rank(o, engine_for(g, o, ft->name, STOKE_FWD, x));
     int bwd = engine_rank(o, engine_for(g, o, ft->name, STOKE_BWD, x));
     if (fwd >= o->n_engines || bwd >= o->n_engines || fwd > own || bwd > own) continue;
-    stoke_value_desc_v1 in = {x->shape, x->dtype}, out[STOKE_MAX_IO];
-    memset(out, 0, sizeof out);
-    stoke_err *e = ft->infer(&nd->n, &in, out);
-    char vn[96];
-    int v = -1;
-    snprintf(vn, sizeof vn, "%s:index", nd->n.name);
-    if (!e) e = stoke_graph_new_value(g, vn, STOKE_VAL_ACT, &out[1].shape, out[1].dtype, &v);
-    if (e) { /* a window too large for the index, or no memory: the node stays max_pool2d */
-      stoke_err_free(e);
-      continue;
-    }
-    g->values[v].layout = g->values[nd->out[0]].layout;
-    g->values[v].producer = i;
+    /* a window too large for the index, or no memory: the node stays max_pool2d */
+    if (!add_outputs(g, nd, ft, "index")) continue;
+    g->values[nd->out[1]].producer = i;
     nd->type = ft;
     nd->n.op = ft->name;
-    nd->out[nd->n_out++] = v;
     n++;
   }
   free(grad);
