@@ -102,23 +102,35 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
   CPU_PLAN(dropout_fwd_plan_##SFX, double p, dropout_check(a, DT, 0, 0, &p))               \
   CPU_PLAN(dropout_bwd_plan_##SFX, double p, dropout_check(a, DT, 1, 0, &p))               \
                                                                                            \
-  /* y = max over each window (first maximum in scan order) */                             \
-  static stoke_err *max_pool_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {      \
+  /* y = max over each window (first maximum in scan order); with idx                      \
+   * (max_pool2d_idx) also that maximum's position (i kw + j) as u8 in output 1             \
+   * (y's layout) */                                                                       \
+  static stoke_err *max_pool_y_##SFX(const stoke_kernel_args_v1 *a, int idx) {            \
     pool_geom g;                                                                           \
-    CHECK(stoke_check_pool(a, STOKE_OP_MAX_POOL2D, DT, 0, 1, 1, &g));                     \
+    CHECK(stoke_check_pool(a, idx ? STOKE_OP_MAX_POOL2D_IDX : STOKE_OP_MAX_POOL2D, DT, 0, 1, \
+                           idx ? 2 : 1, &g));                                              \
     const stoke_tensor *xt = &a->in[0], *yt = &a->out[0];                                  \
     const T *x = xt->data;                                                                 \
     T *y = yt->data;                                                                       \
+    uint8_t *ix = idx ? a->out[1].data : NULL;                                             \
     pstrides sx = pool_strides(xt), sy = pool_strides(yt);                                 \
     const int64_t *yd = yt->shape.d;                                                       \
     for (int64_t n = 0; n < yd[0]; n++)                                                    \
       for (int64_t c = 0; c < yd[1]; c++)                                                  \
         for (int64_t oh = 0; oh < yd[2]; oh++)                                             \
           for (int64_t ow = 0; ow < yd[3]; ow++) {                                         \
-            int64_t arg = max_window_##SFX(x, sx, &xt->shape, &g, n, c, oh, ow, NULL);     \
-            y[POFF(sy, n, c, oh, ow)] = arg >= 0 ? x[arg] : (T)-INFINITY;                  \
+            int64_t pos = 0, o = POFF(sy, n, c, oh, ow);                                   \
+            int64_t arg = max_window_##SFX(x, sx, &xt->shape, &g, n, c, oh, ow, &pos);     \
+            y[o] = arg >= 0 ? x[arg] : (T)-INFINITY;                                       \
+            if (ix) ix[o] = (uint8_t)pos;                                                  \
           }                                                                                \
     return NULL;                                                                           \
+  }                                                                                        \
+  static stoke_err *max_pool_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {      \
+    return max_pool_y_##SFX(a, 0);                                                         \
+  }                                                                                        \
+  static stoke_err *max_pool_idx_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {  \
+    return max_pool_y_##SFX(a, 1);                                                         \
   }                                                                                        \
                                                                                            \
   /* dx[first argmax of each window] += dy, from x (bwd_needs input 0) */                  \
@@ -150,29 +162,6 @@ static inline int64_t POFF(pstrides st, int64_t n, int64_t c, int64_t h, int64_t
             dx[arg] = (T)((double)dx[arg] + (double)dy[POFF(sdy, n, c, oh, ow)]);          \
           }                                                                                \
     (void)xd;                                                                              \
-    return NULL;                                                                           \
-  }                                                                                        \
-                                                                                           \
-  /* max_pool2d_idx: y as max_pool2d's, and each window's first maximum's position          \
-   * (i kw + j) as u8 in index (output 1, y's layout) */                                   \
-  static stoke_err *max_pool_idx_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) {  \
-    pool_geom g;                                                                           \
-    CHECK(stoke_check_pool(a, STOKE_OP_MAX_POOL2D_IDX, DT, 0, 1, 2, &g));                 \
-    const stoke_tensor *xt = &a->in[0], *yt = &a->out[0];                                  \
-    const T *x = xt->data;                                                                 \
-    T *y = yt->data;                                                                       \
-    uint8_t *ix = a->out[1].data;                                                          \
-    pstrides sx = pool_strides(xt), sy = pool_strides(yt);                                 \
-    const int64_t *yd = yt->shape.d;                                                       \
-    for (int64_t n = 0; n < yd[0]; n++)                                                    \
-      for (int64_t c = 0; c < yd[1]; c++)                                                  \
-        for (int64_t oh = 0; oh < yd[2]; oh++)                                             \
-          for (int64_t ow = 0; ow < yd[3]; ow++) {                                         \
-            int64_t pos = 0, o = POFF(sy, n, c, oh, ow);                                   \
-            int64_t arg = max_window_##SFX(x, sx, &xt->shape, &g, n, c, oh, ow, &pos);     \
-            y[o] = arg >= 0 ? x[arg] : (T)-INFINITY;                                       \
-            ix[o] = (uint8_t)pos;                                                          \
-          }                                                                                \
     return NULL;                                                                           \
   }                                                                                        \
                                                                                            \
