@@ -461,8 +461,9 @@ PY
     recompute) # all of issue 14's parts below, in one call (over 10 minutes: give each its own call where that limits)
       bash "$0" recompute_eq recompute_fit recompute_ab recompute_torch
       ;;
-    recompute_eq)
+    recompute_eq) # every recompute pattern against none: the same weights and losses, bit for bit
       set -f # the patterns (h.*) are words, not file globs
+      ok=1
       GPTS="$S/examples/gpt2_124m.ini model.n_layer=2 model.n_embd=128 model.n_head=4 model.context=128 data.shape=129
             data.batch_size=8 run.steps=30 run.log_every=1 run.progress=off run.checkpoint=true"
       RN="$S/examples/resnet18c.ini data.batch_size=64 run.steps=30 run.log_every=1 run.progress=off run.checkpoint=true"
@@ -487,14 +488,12 @@ PY
             timeout 300 "$T" $base $extra run.precision=$prec run.recompute="$p" $mem run.out_dir="$OUT/rc_${net}_${prec}_$tag" \
               > "$OUT/rc_${net}_${prec}_$tag.log" 2>&1
             echo "$p rc=$? $(grep -E '^recompute \(|^stoke: error' "$OUT/rc_${net}_${prec}_$tag.log" | head -2 | tr '\n' ' ')"
-            compare "$OUT/rc_${net}_${prec}_none/checkpoint.safetensors" "$OUT/rc_${net}_${prec}_$tag/checkpoint.safetensors" \
-              "$net $prec none vs $p"
-            python3 "$HERE/loss_curves.py" "$net $prec (base: none)" "$OUT/rc_${net}_${prec}_none/metrics.jsonl" \
-              "$p=$OUT/rc_${net}_${prec}_$tag/metrics.jsonl" | tail -3
+            same_bits "$OUT/rc_${net}_${prec}_none" "$OUT/rc_${net}_${prec}_$tag" "$net $prec none vs $p" 30 || ok=0
           done
         done
       done
       set +f
+      [ $ok = 1 ] && echo "recompute_eq: PASS" || echo "recompute_eq: FAIL"
       ;;
     recompute_fit)
       G="$S/examples/gpt2_124m.ini run.progress=off run.steps=30"

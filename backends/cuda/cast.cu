@@ -42,17 +42,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// y = x in T, NCHW -> NHWC when to_nhwc: the per-pixel kernel for 1, 3 or 4 channels within
+// 32-bit indices, else the per-element one.
 template <typename T>
-bool launch_cast_small(const float *x, T *y, int64_t C, int64_t HW, int64_t n, cudaStream_t s) {
-  if (n >= INT32_MAX) return false;
-  const int32_t pixels = (int32_t)(n / C);
-  const unsigned blocks = grid_for(pixels, kThreads, 65535);
-  switch (C) {
-    case 1: cast_nhwc_small<T, 1><<<blocks, kThreads, 0, s>>>(x, y, pixels, (int32_t)HW); return true;
-    case 3: cast_nhwc_small<T, 3><<<blocks, kThreads, 0, s>>>(x, y, pixels, (int32_t)HW); return true;
-    case 4: cast_nhwc_small<T, 4><<<blocks, kThreads, 0, s>>>(x, y, pixels, (int32_t)HW); return true;
-    default: return false;
+void launch_cast(const float *x, T *y, int64_t n, int to_nhwc, int64_t C, int64_t HW, cudaStream_t s) {
+  if (to_nhwc && n > 0 && n < INT32_MAX && (C == 1 || C == 3 || C == 4)) {
+    const int32_t pixels = (int32_t)(n / C);
+    const unsigned blocks = grid_for(pixels, kThreads, 65535);
+    if (C == 1) cast_nhwc_small<T, 1><<<blocks, kThreads, 0, s>>>(x, y, pixels, (int32_t)HW);
+    else if (C == 3) cast_nhwc_small<T, 3><<<blocks, kThreads, 0, s>>>(x, y, pixels, (int32_t)HW);
+    else cast_nhwc_small<T, 4><<<blocks, kThreads, 0, s>>>(x, y, pixels, (int32_t)HW);
+    return;
   }
+  cast_kernel<T><<<grid_for(n, kThreads, 65535), kThreads, 0, s>>>(x, y, n, to_nhwc, C, HW);
 }
 
 static stoke_err *cast_run(const stoke_kernel_args_v1 *a, void *st) {
@@ -63,25 +65,12 @@ static stoke_err *cast_run(const stoke_kernel_args_v1 *a, void *st) {
     return STOKE_PERR(STOKE_E_UNSUPPORTED, "cast '%s': takes f32, NCHW or flat, to f32/bf16/f16", a->node->name);
   int to_nhwc = !in_nhwc && out_nhwc;
   int64_t C = y->shape.ndim == 4 ? y->shape.d[1] : 1, HW = y->shape.ndim == 4 ? y->shape.d[2] * y->shape.d[3] : 1;
-  unsigned blocks = grid_for(n, kThreads, 65535);
   cudaStream_t s = (cudaStream_t)a->stream;
-  if (to_nhwc && n > 0) {
-    bool done = false;
-    switch (y->dtype) {
-      case STOKE_F32: done = launch_cast_small((const float *)x->data, (float *)y->data, C, HW, n, s); break;
-      case STOKE_BF16: done = launch_cast_small((const float *)x->data, (__nv_bfloat16 *)y->data, C, HW, n, s); break;
-      case STOKE_F16: done = launch_cast_small((const float *)x->data, (__half *)y->data, C, HW, n, s); break;
-      default: break;
-    }
-    if (done) {
-      STOKE_CUDA_LAUNCH(a->node->name);
-      return NULL;
-    }
-  }
+  const float *xs = (const float *)x->data;
   switch (y->dtype) {
-    case STOKE_F32: cast_kernel<float><<<blocks, kThreads, 0, s>>>((const float *)x->data, (float *)y->data, n, to_nhwc, C, HW); break;
-    case STOKE_BF16: cast_kernel<__nv_bfloat16><<<blocks, kThreads, 0, s>>>((const float *)x->data, (__nv_bfloat16 *)y->data, n, to_nhwc, C, HW); break;
-    case STOKE_F16: cast_kernel<__half><<<blocks, kThreads, 0, s>>>((const float *)x->data, (__half *)y->data, n, to_nhwc, C, HW); break;
+    case STOKE_F32: launch_cast(xs, (float *)y->data, n, to_nhwc, C, HW, s); break;
+    case STOKE_BF16: launch_cast(xs, (__nv_bfloat16 *)y->data, n, to_nhwc, C, HW, s); break;
+    case STOKE_F16: launch_cast(xs, (__half *)y->data, n, to_nhwc, C, HW, s); break;
     default: return STOKE_PERR(STOKE_E_UNSUPPORTED, "cast '%s': output dtype %s", a->node->name, stoke_dtype_name(y->dtype));
   }
   STOKE_CUDA_LAUNCH(a->node->name);

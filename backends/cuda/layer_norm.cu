@@ -19,6 +19,7 @@
 
 #include "backends/cuda/stoke_cuda.h"
 #include "backends/cuda/types.cuh"
+#include "backends/cuda/ew.cuh"
 #include "stoke/ops.h"
 
 namespace {
@@ -29,8 +30,6 @@ constexpr int kLnParts = 64;          // plain path: row partitions of the weigh
 constexpr int kVecMaxC = 1024;        // register path: the widest row (32 floats a lane)
 constexpr int kVecParts = 512;        // register path: most blocks of the backward, each one partial
 constexpr int kBwdWarps = 4;          // register path, backward: rows a block works on at once
-
-cudaStream_t stream_of(const stoke_kernel_args_v1 *a) { return (cudaStream_t)a->stream; }
 
 template <typename T> T *dp(const stoke_tensor &t) { return static_cast<T *>(t.data); }
 

@@ -1098,8 +1098,9 @@ stoke_err *pool_bwd_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws
   return NULL;
 }
 
-// The window indices of every output into arg (y's layout) from x, and y when given, by the
-// fastest kernel the call allows.
+// y and the window indices of every output (arg, y's layout) from x, each when given, by the
+// fastest kernel the call allows: max_pool2d's forward (no arg), max_pool2d_idx's (both) and
+// max_pool2d's backward without saved indices (no y).
 template <typename T>
 void max_pool_index(const stoke_kernel_args_v1 *a, const pool_desc &d, T *y, int8_t *arg, cudaStream_t st) {
   constexpr int V = 16 / sizeof(T);
@@ -1114,6 +1115,7 @@ void max_pool_index(const stoke_kernel_args_v1 *a, const pool_desc &d, T *y, int
     max_pool_fwd_v<T, V><<<grid_for(n_out / V, kThreads, kMaxGrid), kThreads, 0, st>>>(x, y, arg, d, (int)(n_out / V));
   else {
     if (y) max_pool_fwd_k<T><<<grid_for(n_out, kThreads, kMaxGrid), kThreads, 0, st>>>(x, y, d, y_nhwc, n_out);
+    if (!arg) return;
     if (n_out < INT32_MAX)
       max_pool_arg_k<T, int32_t>
           <<<grid_for(n_out, kThreads, kMaxGrid), kThreads, 0, st>>>(x, arg, d, y_nhwc, (int32_t)n_out);
@@ -1156,25 +1158,12 @@ stoke_err *pool_fwd(const stoke_kernel_args_v1 *a, void *) {
   int64_t total = stoke_numel(&a->out[0].shape);
   if (total == 0) return NULL;
   cudaStream_t st = (cudaStream_t)a->stream;
-  const T *x = (const T *)a->in[0].data;
   T *y = (T *)a->out[0].data;
-  int nhwc = a->out[0].layout == STOKE_NHWC;
-  constexpr int V = 16 / sizeof(T);
-  const bool vec_ok = KIND == 1 && pool_vec_ok<T>(a, d, false);
-  size_t tile = vec_ok ? pool_tile_bytes<T>(d, false) : 0;
-  if (KIND == 2)
-    max_pool_index<T>(a, d, y, (int8_t *)a->out[1].data, st);
-  else if (tile)
-    max_pool_fwd_rows<T, V><<<grid_for(d.N * d.Ho, 1, kMaxGrid), pool_tile_threads(d.C / V), tile, st>>>(x, y, NULL, d);
-  else if (vec_ok)
-    max_pool_fwd_v<T, V><<<grid_for(total / V, kThreads, kMaxGrid), kThreads, 0, st>>>(x, y, NULL, d,
-                                                                                    (int)(total / V));
-  else if (KIND == 1)
-    max_pool_fwd_k<T>
-        <<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(x, y, d, nhwc, total);
-  else
-    avg_pool_fwd_k<T>
-        <<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(x, y, d, nhwc, total);
+  if (KIND == 0)
+    avg_pool_fwd_k<T><<<grid_for(total, kThreads, kMaxGrid), kThreads, 0, st>>>(
+        (const T *)a->in[0].data, y, d, a->out[0].layout == STOKE_NHWC, total);
+  else  // max_pool2d_idx writes the indices too
+    max_pool_index<T>(a, d, y, KIND == 2 ? (int8_t *)a->out[1].data : (int8_t *)NULL, st);
   STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }

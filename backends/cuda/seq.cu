@@ -15,6 +15,7 @@
 
 #include "backends/cuda/stoke_cuda.h"
 #include "backends/cuda/types.cuh"
+#include "backends/cuda/ew.cuh"
 #include "stoke/ops.h"
 
 namespace {
@@ -23,8 +24,6 @@ constexpr int64_t kGrid = 65535;
 
 // Token ids are sliced and reshaped too (plain copies only: beta is 0 for them).
 template <> struct dtype_of<int32_t> { static constexpr stoke_dtype value = STOKE_I32; };
-
-cudaStream_t stream_of(const stoke_kernel_args_v1 *a) { return (cudaStream_t)a->stream; }
 
 template <typename T> T *dp(const stoke_tensor &t) { return static_cast<T *>(t.data); }
 
@@ -121,24 +120,6 @@ __global__ void pos_bwd_w_kernel(const T *__restrict__ dy, T *__restrict__ dw, i
     }
 #pragma unroll
     for (int e = 0; e < V; e++) acc(dw + i * V + e, beta, s[e]);
-  }
-}
-
-// y = beta y + x.
-template <typename T, int V>
-__global__ void copy_acc_kernel(const T *__restrict__ x, T *__restrict__ y, int64_t nv, float beta) {
-  const vec<T, V> *xv = reinterpret_cast<const vec<T, V> *>(x);
-  vec<T, V> *yv = reinterpret_cast<vec<T, V> *>(y);
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += (int64_t)gridDim.x * blockDim.x) {
-    const vec<T, V> a = xv[i];
-    if (beta == 0.f) {
-      yv[i] = a;
-    } else {
-      vec<T, V> o = yv[i];
-#pragma unroll
-      for (int k = 0; k < V; k++) o.v[k] = from_f<T>(beta * to_f(o.v[k]) + to_f(a.v[k]));
-      yv[i] = o;
-    }
   }
 }
 
@@ -327,11 +308,9 @@ template <typename T> stoke_err *pos_bwd(const stoke_kernel_args_v1 *a, void *) 
   int64_t n = d[0] * d[1] * d[2], all = stoke_numel(&a->in[1].shape);
   return with_v<T>(vec_ok<T>(d[2], {a->dout[0].data, a->din[0].data, a->din[1].data}), [&](auto k) -> stoke_err * {
     constexpr int V = decltype(k)::value;
-    if (a->din[0].data && (a->din[0].data != a->dout[0].data || stoke_grad_beta(a, 0) != 0.f)) {
-      copy_acc_kernel<T, V><<<blocks(n / V), kThreads, 0, stream_of(a)>>>(dp<T>(a->dout[0]), dp<T>(a->din[0]),
-                                                                          n / V, stoke_grad_beta(a, 0));
-      LAUNCH_OK(a);
-    }
+    if (a->din[0].data && (a->din[0].data != a->dout[0].data || stoke_grad_beta(a, 0) != 0.f))
+      CHECK(launch_ew<T>(a, dp<T>(a->din[0]), dp<T>(a->dout[0]), (const T *)NULL, n, stoke_grad_beta(a, 0),
+                         op_copy{}));
     if (a->din[1].data) {
       pos_bwd_w_kernel<T, V><<<blocks(all / V), kThreads, 0, stream_of(a)>>>(
           dp<T>(a->dout[0]), dp<T>(a->din[1]), d[0], d[1] * d[2] / V, all / V, stoke_grad_beta(a, 1));

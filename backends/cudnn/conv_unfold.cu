@@ -19,6 +19,7 @@
 // the products and float sums of the direct one, in another order. Plain C
 // entry points (conv_graph.c is C), returning the launch's cudaError_t.
 #include <cuda_runtime_api.h>
+#include <stdint.h>
 
 #include "backends/cuda/types.cuh"
 #include "conv_unfold.h"
@@ -28,34 +29,33 @@ namespace {
 // 8 unfolded channels of 16-bit values: one 16-byte store
 typedef vec<uint16_t, 8> vec8;
 
-// One block makes one unfolded row xu[n, hu, :, :]: it stages the input
-// rows that row reads (R rows for the full fold, one for the width fold)
-// in shared memory with the padding columns and rows as zeros, and a table
-// of each unfolded channel's offset in that stage (-1: a padding channel);
-// then every thread writes 16-byte vectors of 8 channels read from shared
-// memory. Global reads are whole rows, writes are contiguous: the kernel
-// moves its bytes near the copy rate (the per-element gather below took
-// 3-5x longer: BENCHMARKS.md run 14).
+// The full fold: one block makes one unfolded row xu[n, ho, :, :]. It
+// stages the R input rows that row reads in shared memory with the padding
+// columns and rows as zeros, and a table of each unfolded channel's offset
+// in that stage (-1: a padding channel); then every thread writes 16-byte
+// vectors of 8 channels read from shared memory. Global reads are whole
+// rows, writes are contiguous: the kernel moves its bytes near the copy rate
+// (the per-element gather below took 3-5x longer: BENCHMARKS.md run 14).
+// The width fold takes k_unfold_width, whose shared memory is smaller.
 __global__ void k_unfold_rows(const uint16_t *__restrict__ x, vec8 *__restrict__ xu, cu_unfold_geom g) {
   extern __shared__ uint16_t sm[];
-  const int rows = g.full ? g.r : 1, wp = g.w + 2 * g.pw, rowlen = wp * g.c;
-  int *koff = reinterpret_cast<int *>(sm + ((rows * rowlen + 1) & ~1));
-  const long long row = blockIdx.x;  // n * hu + hu
-  const int hu = (int)(row % g.hu);
+  const int wp = g.w + 2 * g.pw, rowlen = wp * g.c;
+  int *koff = reinterpret_cast<int *>(sm + ((g.r * rowlen + 1) & ~1));
+  const long long row = blockIdx.x;  // n * hu + ho
+  const int ho = (int)(row % g.hu);
   const long long n = row / g.hu;
   for (int k = threadIdx.x; k < g.cu; k += blockDim.x) {
-    int taps = g.full ? g.r * g.s : g.s, o = -1;
-    if (k < taps * g.c) {
+    int o = -1;
+    if (k < g.r * g.s * g.c) {
       int c = k % g.c, tap = k / g.c;
-      int r = g.full ? tap / g.s : 0, s = g.full ? tap % g.s : tap;
-      o = r * rowlen + s * g.c + c;
+      o = (tap / g.s) * rowlen + (tap % g.s) * g.c + c;
     }
     koff[k] = o;
   }
   const uint16_t *xn = x + n * g.h * g.w * g.c;
-  for (int i = threadIdx.x; i < rows * rowlen; i += blockDim.x) {
+  for (int i = threadIdx.x; i < g.r * rowlen; i += blockDim.x) {
     int rr = i / rowlen, j = i - rr * rowlen;
-    int hi = g.full ? hu * g.sh - g.ph + rr : hu, wi = j / g.c - g.pw;
+    int hi = ho * g.sh - g.ph + rr, wi = j / g.c - g.pw;
     uint16_t v = 0;
     if (hi >= 0 && hi < g.h && wi >= 0 && wi < g.w) v = xn[((long long)hi * g.w + wi) * g.c + j % g.c];
     sm[i] = v;
@@ -79,8 +79,8 @@ __global__ void k_unfold_rows(const uint16_t *__restrict__ x, vec8 *__restrict__
 // The width fold: unfolded channel k of position wo is x[n, h, wo sw - pw + k / c, k % c], which is
 // value wo sw c + k of the input row staged with pw zero columns each side, so a vector of 8 channels
 // is 8 consecutive staged values, read as four 32-bit words when sw c is even. A block makes row after
-// row (no table, no division per staged value). k_unfold_rows, which looks each channel up in a
-// table, took 0.22 ms for ResNet-50's stem (77 MB in, 411 MB out: half the copy rate), once in the
+// row (no table, no division per staged value). k_unfold_rows's table lookups (its width-fold form,
+// since removed) took 0.22 ms for ResNet-50's stem (77 MB in, 411 MB out: half the copy rate), once in the
 // forward and once for the weight gradient.
 __global__ void __launch_bounds__(256)
     k_unfold_width(const uint16_t *__restrict__ x, vec8 *__restrict__ xu, cu_unfold_geom g, long long rows) {
@@ -121,10 +121,10 @@ size_t width_smem(const cu_unfold_geom &g) {
   return (size_t)(((g.w + 2 * g.pw) * g.c + g.cu + 1) / 2) * 4;
 }
 
-// The shared memory k_unfold_rows needs for g: the staged rows, then the
-// channel table.
+// The shared memory k_unfold_rows needs for g (the full fold): the staged
+// rows, then the channel table.
 size_t rows_smem(const cu_unfold_geom &g) {
-  size_t rows = g.full ? g.r : 1, vals = rows * (g.w + 2 * g.pw) * g.c;
+  size_t vals = (size_t)g.r * (g.w + 2 * g.pw) * g.c;
   return ((vals + 1) & ~(size_t)1) * 2 + (size_t)g.cu * 4;
 }
 
@@ -229,7 +229,7 @@ extern "C" cudaError_t stoke_cudnn_unfold(const void *x, void *xu, const cu_unfo
         (const uint16_t *)x, (vec8 *)xu, *g, rows);
     return launched();
   }
-  size_t smem = rows_smem(*g);
+  size_t smem = g->full ? rows_smem(*g) : SIZE_MAX;
   if (smem <= 48 * 1024) {
     k_unfold_rows<<<(unsigned)((long long)g->n * g->hu), 128, smem, stream>>>((const uint16_t *)x,
                                                                                           (vec8 *)xu, *g);
