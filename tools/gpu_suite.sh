@@ -383,7 +383,8 @@ PY
       done
       [ $ok = 1 ] && echo "wgrad: PASS" || echo "wgrad: FAIL"
       ;;
-    samebits) # a plugin change that must not change a bit: BEFORE's plugins against these
+    samebits) # a plugin change that must not change a bit: BEFORE's plugins against these (SB_W workloads
+              # at batch SB_BATCH, SB_EXTRA more overrides: gpt2_124m needs optimizer.warmup_epochs=0.0001)
       [ -d "${BEFORE:-}/bin/plugins" ] || { echo "samebits: BEFORE (an unpacked stage) has no bin/plugins"; continue; }
       ok=1
       for w in ${SB_W:-resnet18c resnet50}; do
@@ -391,7 +392,7 @@ PY
         for side in before after; do
           root=$S; [ $side = before ] && root=$BEFORE
           STOKE_PLUGIN_PATH="$root/bin/plugins" timeout 300 "$T" "$S/examples/$w.ini" data.batch_size=${SB_BATCH:-64} \
-            run.steps=10 run.log_every=1 run.deterministic=true run.progress=off run.checkpoint=true \
+            run.steps=10 run.log_every=1 run.deterministic=true run.progress=off run.checkpoint=true ${SB_EXTRA:-} \
             run.out_dir="$OUT/sb_${w}_$side" > "$OUT/sb_${w}_$side.log" 2>&1
           echo "$side rc=$?"
         done
