@@ -21,6 +21,8 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "backends/cuda/types.cuh"
 #include "conv_unfold.h"
 
@@ -81,21 +83,45 @@ __global__ void k_unfold_rows(const uint16_t *__restrict__ x, vec8 *__restrict__
 // is 8 consecutive staged values, read as four 32-bit words when sw c is even. A block makes row after
 // row (no table, no division per staged value). k_unfold_rows's table lookups (its width-fold form,
 // since removed) took 0.22 ms for ResNet-50's stem (77 MB in, 411 MB out: half the copy rate), once in the
-// forward and once for the weight gradient.
+// forward and once for the weight gradient; this kernel 0.17 ms with the row loaded after the previous
+// row's vectors were written, its DRAM half busy (ncu: 50-58%). PRE > 0: each thread holds its PRE
+// staged values of the block's next row in registers, loaded while this row's vectors are written, so a
+// block never waits for its row's loads (staged <= PRE x 256); 0.147 ms (BENCHMARKS.md run 24). PRE = 0:
+// loaded in place, for rows longer than 1,024 values.
+template <int PRE>
 __global__ void __launch_bounds__(256)
     k_unfold_width(const uint16_t *__restrict__ x, vec8 *__restrict__ xu, cu_unfold_geom g, long long rows) {
   extern __shared__ uint32_t smw[];  // the staged row, then cu values of slack (zeros)
   uint16_t *sm = reinterpret_cast<uint16_t *>(smw);
   const int lead = g.pw * g.c, inner = g.w * g.c, staged = (g.w + 2 * g.pw) * g.c + g.cu;
   const int real = g.s * g.c, gpr = g.cu / 8, total = g.wu * gpr, step = g.sw * g.c;
+  uint16_t nx[PRE > 0 ? PRE : 1];
+  auto fetch = [&](long long row) {
+    const uint16_t *src = x + row * inner;
+#pragma unroll
+    for (int k = 0; k < PRE; k++) {
+      const int i = threadIdx.x + k * blockDim.x, j = i - lead;
+      nx[k] = i < staged && j >= 0 && j < inner ? src[j] : (uint16_t)0;
+    }
+  };
+  if (PRE > 0 && (long long)blockIdx.x < rows) fetch(blockIdx.x);
   for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
-    const uint16_t *src = x + row * inner;  // row n hu + h is input row (n, h): hu = h
     __syncthreads();                         // the previous row's vectors are read
-    for (int i = threadIdx.x; i < staged; i += blockDim.x) {
-      const int j = i - lead;
-      sm[i] = j >= 0 && j < inner ? src[j] : (uint16_t)0;
+    if (PRE > 0) {
+#pragma unroll
+      for (int k = 0; k < PRE; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < staged) sm[i] = nx[k];
+      }
+    } else {
+      const uint16_t *src = x + row * inner;  // row n hu + h is input row (n, h): hu = h
+      for (int i = threadIdx.x; i < staged; i += blockDim.x) {
+        const int j = i - lead;
+        sm[i] = j >= 0 && j < inner ? src[j] : (uint16_t)0;
+      }
     }
     __syncthreads();
+    if (PRE > 0 && row + gridDim.x < rows) fetch(row + gridDim.x);  // in flight while this row is written
     vec8 *dst = xu + row * total;
     for (int t = threadIdx.x; t < total; t += blockDim.x) {
       const int wo = t / gpr, k0 = (t - wo * gpr) * 8, base = wo * step + k0;
@@ -225,8 +251,16 @@ extern "C" cudaError_t stoke_cudnn_unfold(const void *x, void *xu, const cu_unfo
   if (groups <= 0 || g->cu % 8) return cudaErrorInvalidValue;
   if (!g->full && width_smem(*g) <= 48 * 1024) {
     const long long rows = (long long)g->n * g->hu;
-    k_unfold_width<<<(unsigned)(rows < 4 * 65535LL ? (rows + 3) / 4 : 65535), 256, width_smem(*g), stream>>>(
-        (const uint16_t *)x, (vec8 *)xu, *g, rows);
+    const unsigned grid = (unsigned)(rows < 4 * 65535LL ? (rows + 3) / 4 : 65535);
+    const int staged = (g->w + 2 * g->pw) * g->c + g->cu;
+    auto launch = [&](auto pre) {
+      k_unfold_width<decltype(pre)::value><<<grid, 256, width_smem(*g), stream>>>((const uint16_t *)x, (vec8 *)xu, *g, rows);
+    };
+    if (staged <= 256) launch(std::integral_constant<int, 1>());
+    else if (staged <= 512) launch(std::integral_constant<int, 2>());
+    else if (staged <= 768) launch(std::integral_constant<int, 3>());
+    else if (staged <= 1024) launch(std::integral_constant<int, 4>());
+    else launch(std::integral_constant<int, 0>());
     return launched();
   }
   size_t smem = g->full ? rows_smem(*g) : SIZE_MAX;

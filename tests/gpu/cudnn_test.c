@@ -91,7 +91,11 @@ static void test_unfolded_paths(void **state) {
             {1, 8, 10, 7, 16, 3, 2, 1}, {2, 3, 8, 8, 8, 7, 2, 3},
             /* ResNet-18c's stem (3x3, stride 1, 3 channels): an odd step between positions in the staged row */
             {2, 3, 12, 10, 16, 3, 1, 1},
-            /* rows too wide for the shared-memory unfold with all taps: the gather kernel */
+            /* staged rows of 400, 650 and 950 values: the width unfold's prefetch of 2, 3 and 4 values a
+               thread, over 4 rows a block */
+            {1, 4, 7, 90, 8, 3, 1, 1}, {2, 3, 10, 200, 8, 7, 2, 3}, {1, 3, 9, 300, 8, 7, 2, 3},
+            /* rows too wide for the shared-memory unfold with all taps: the gather kernel (and the width
+               unfold's rows of 4,112 values, loaded in place) */
             {1, 8, 9, 500, 8, 7, 2, 3}};
   static const stoke_dtype dts[2] = {STOKE_BF16, STOKE_F16};
   static const char *const how[6] = {"engine's rule", "forced direct", "width taps unfolded", "all taps unfolded",
