@@ -376,7 +376,8 @@ stoke_err *run_dry(run_state *s) {
   const char *u = unit > 1048576.0 ? "GiB" : "MiB";
   printf("dry run (%s, %s): batch %lld; the plan needs %.2f %s of the %.2f %s budget (85%% of %.2f %s, %s)%s: "
          "activations %.2f %s (%.2f %s without recomputation), parameters, gradients and optimizer state %.2f %s; "
-         "%.4g FLOPs per micro-batch, +%.1f%% recomputed\n",
+         "%.4g FLOPs per micro-batch, +%.1f%% recomputed; the kernels' workspaces are not in it (they are sized "
+         "when the kernels are planned on the device, which a dry run does not do): the 15%% margin is for them\n",
          prec_name, s->dev->name, (long long)s->train.batch, need / unit, u, budget / unit, u, device / unit, u,
          device_name, need > budget ? " (DOES NOT FIT)" : "", act / unit, u, without / unit, u, (need - act) / unit, u,
          p->train_flops, p->train_flops > 0 ? 100 * p->recompute_flops / p->train_flops : 0.0);
