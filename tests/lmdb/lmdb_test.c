@@ -34,19 +34,13 @@
 #include "stoke/registry.h"
 #include "tests/common/expect.h"
 #include "tests/common/source_fixture.h"
-
-extern char **environ;
+#include "tests/tools/child.h" /* tmpdir, run_child_env, EXPECT_HAS */
 
 /* Runfiles-relative (Bazel runs tests from the runfiles root). */
 #define CONVERT "tools/convert"
 #define PLUGIN "sources/lmdb/libstoke_lmdb.so"
 
 /* ----------------------------------------------------------- helpers */
-
-static const char *tmpdir(void) {
-  const char *t = getenv("TEST_TMPDIR");
-  return t && t[0] ? t : "/tmp";
-}
 
 /* A fresh path under the test's temporary folder. */
 static char *tmp_path(char *buf, size_t cap, const char *name) {
@@ -55,50 +49,12 @@ static char *tmp_path(char *buf, size_t cap, const char *name) {
 }
 
 
-static void expect_has(const char *text, const char *sub, const char *file, int line) {
-  if (!strstr(text, sub)) {
-    print_error("%s:%d: output lacks \"%s\":\n%s\n", file, line, sub, text);
-    _fail(file, line);
-  }
-}
-#define EXPECT_HAS(text, sub) expect_has((text), (sub), __FILE__, __LINE__)
 
 /* Runs tools/convert with `args` (NULL-terminated) and, when `env` is not
  * NULL, one extra NAME=VALUE in its environment. Its stdout and stderr
  * together land in `out`. Returns the exit code (-1: killed). */
 static int run_convert(const char *const *args, const char *env, char *out, size_t cap) {
-  char log[4096];
-  tmp_path(log, sizeof log, "convert.log");
-  const char *argv[32] = {CONVERT};
-  int n = 1;
-  for (; args[n - 1] && n < 31; n++) argv[n] = args[n - 1];
-  argv[n] = NULL;
-  int ne = 0;
-  while (environ[ne]) ne++;
-  char **envp = calloc((size_t)ne + 2, sizeof *envp);
-  assert_non_null(envp);
-  memcpy(envp, environ, sizeof *envp * (size_t)ne);
-  if (env) envp[ne] = (char *)env;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid;
-  int rc = posix_spawn(&pid, CONVERT, &fa, NULL, (char *const *)argv, envp);
-  posix_spawn_file_actions_destroy(&fa);
-  free(envp);
-  if (rc) {
-    print_error("cannot start %s: %s\n", CONVERT, strerror(rc));
-    fail();
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  FILE *f = fopen(log, "rb");
-  size_t got = f ? fread(out, 1, cap - 1, f) : 0;
-  out[got] = 0;
-  if (f) fclose(f);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run_child_env(CONVERT, args, env, out, cap);
 }
 
 #define CONVERT_OK(out, ...)                                                          \

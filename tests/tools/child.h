@@ -29,23 +29,32 @@ static __attribute__((unused)) int write_tmp(char *path, size_t cap, const char 
   return fclose(f);
 }
 
-/* Runs `tool` with `args` (NULL-terminated); its stdout and stderr together
- * land in `out` (`cap` bytes, NUL-terminated). Returns the exit code (-1:
- * killed by a signal). */
-static inline int run_child(const char *tool, const char *const *args, char *out, size_t cap) {
+/* Runs `tool` with `args` (NULL-terminated) and, when `env` is not NULL, one
+ * extra NAME=VALUE in its environment; its stdout and stderr together land
+ * in `out` (`cap` bytes, NUL-terminated). Returns the exit code (-1: killed
+ * by a signal). */
+static __attribute__((unused)) int run_child_env(const char *tool, const char *const *args, const char *env,
+                                                 char *out, size_t cap) {
   char log[4096];
   snprintf(log, sizeof log, "%s/child.log", tmpdir());
   const char *argv[64] = {tool};
   int n = 1;
   for (; args[n - 1] && n < 63; n++) argv[n] = args[n - 1];
   argv[n] = NULL;
+  int ne = 0;
+  while (environ[ne]) ne++;
+  char **envp = calloc((size_t)ne + 2, sizeof *envp);
+  assert_non_null(envp);
+  memcpy(envp, environ, sizeof *envp * (size_t)ne);
+  if (env) envp[ne] = (char *)env;
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
   pid_t pid;
-  int rc = posix_spawn(&pid, tool, &fa, NULL, (char *const *)argv, environ);
+  int rc = posix_spawn(&pid, tool, &fa, NULL, (char *const *)argv, envp);
   posix_spawn_file_actions_destroy(&fa);
+  free(envp);
   if (rc) {
     print_error("cannot start %s: %s\n", tool, strerror(rc));
     fail();
@@ -58,6 +67,11 @@ static inline int run_child(const char *tool, const char *const *args, char *out
   out[got] = 0;
   if (f) fclose(f);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* run_child_env with the environment as it is. */
+static inline int run_child(const char *tool, const char *const *args, char *out, size_t cap) {
+  return run_child_env(tool, args, NULL, out, cap);
 }
 
 /* Runs the tool and fails the test, showing its output, unless it exits 0. */
