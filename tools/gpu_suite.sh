@@ -73,7 +73,8 @@
 #   samebits  a plugin change that must keep every bit: resnet18c and resnet50
 #             (SB_W) bf16 at batch SB_BATCH (64) under run.deterministic with
 #             CUDA graphs, 10 steps with BEFORE's plugins (an unpacked stage)
-#             and with these: the same bits (PASS/FAIL line)
+#             and with these (SB_EXTRA: more overrides): the same bits
+#             (PASS/FAIL line)
 #   ncu       Nsight Compute (clocks left alone) on one workload's kernels:
 #             NCU_INI (examples/resnet50.ini), NCU_KERNELS (an ncu -k regex;
 #             max_pool), launches NCU_SKIP (3) then NCU_COUNT (6); speed of
@@ -85,11 +86,11 @@
 #             none against h.* and auto, eager and CUDA graphs (fp32
 #             deterministic: weights bitwise equal expected)
 #   recompute issue 14 (run.recompute), all of:
-#             recompute_eq: weights after training with and without
-#             recomputation (fp32 deterministic: bitwise expected; bf16 and
-#             fp16 (scaler) with CUDA graphs, accumulation: the same loss
-#             curve, bitwise where the kernels are deterministic) for a small
-#             gpt and resnet18c;
+#             recompute_eq: training with and without recomputation, all
+#             under run.deterministic (fp32 eager; bf16 and fp16 (scaler)
+#             with CUDA graphs and accumulation) for a small gpt, resnet18c
+#             and the mlp (RC_EQ_NETS, RC_EQ_PREC): the same weights and
+#             every loss bit for bit (same_bits), a PASS/FAIL line;
 #             recompute_fit: gpt2_124m and resnet50, the largest batch that
 #             fits with recompute = none and = auto (--dry-run on this GPU),
 #             peak memory and speed at B = 16, 128, 256 (gpt, RC_GPT_B) and
