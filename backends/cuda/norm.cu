@@ -804,34 +804,39 @@ __device__ __forceinline__ void window_max2(const vec<T, V> *t, int row_vecs, in
   });
 }
 
-// The first tap of each lane equal to its maximum m (row-major scan order, as max_window): packed
-// equality masks, lanes two at a time; -1 where the window is empty. Returns false when a lane's
-// maximum is NaN (the caller's scan finds its first NaN).
+// The window's maximum m (as window_max2: the same packed maxima in the same order) and the first tap of
+// each lane equal to it (a, row-major scan order, as max_window; -1 where the window is empty), in one
+// pass over the taps. A lane's index moves to a tap whose value is strictly greater than the maximum
+// so far, so it ends at the first tap equal (==, +0 and -0 alike) to the final maximum. Returns false
+// when a lane's maximum is NaN (the caller's scan finds its first NaN). It replaced a second pass
+// that looked for the maximum among the taps again (0.187 ms for ResNet-50's max pool forward
+// against 0.132 without indices, BENCHMARKS.md run 23).
 template <typename T, int V, int KH, int KW>
-__device__ __forceinline__ bool window_arg2(const vec<T, V> *t, int row_vecs, int CG, int cg, int h0, int H, int w0,
-                                            int W, taps<KH, KW> k, const typename pair2<T>::type m[V / 2],
-                                            int8_t a[V]) {
+__device__ __forceinline__ bool window_maxarg2(const vec<T, V> *t, int row_vecs, int CG, int cg, int h0, int H,
+                                               int w0, int W, taps<KH, KW> k, typename pair2<T>::type m[V / 2],
+                                               int8_t a[V]) {
   using P = typename pair2<T>::type;
-  unsigned found[V / 2], idx[V / 2];
+  const T ninf = from_f<T>(-INFINITY);
+  unsigned idx[V / 2];
+  bool any = false;
 #pragma unroll
-  for (int j = 0; j < V / 2; j++) {
-    if (__hisnan(m[j].x) || __hisnan(m[j].y)) return false;
-    found[j] = 0, idx[j] = 0;
-  }
+  for (int j = 0; j < V / 2; j++) m[j] = P{ninf, ninf}, idx[j] = 0;
   for_each_tap<T, V>(t, 0, row_vecs, CG, cg, h0, H, w0, W, k, [&](int tap, const vec<T, V> &v) {
     const P *pv = reinterpret_cast<const P *>(&v);
     const unsigned tap2 = (unsigned)tap * 0x00010001u;
 #pragma unroll
     for (int j = 0; j < V / 2; j++) {
-      const unsigned eq = __heq2_mask(pv[j], m[j]);
-      idx[j] |= eq & ~found[j] & tap2;
-      found[j] |= eq;
+      const unsigned up = any ? __hgt2_mask(pv[j], m[j]) : 0xffffffffu;
+      idx[j] = (idx[j] & ~up) | (tap2 & up);
+      m[j] = __hmax2_nan(m[j], pv[j]);
     }
+    any = true;
   });
 #pragma unroll
   for (int j = 0; j < V / 2; j++) {
-    a[2 * j] = found[j] & 0xffffu ? (int8_t)(idx[j] & 0xffffu) : (int8_t)-1;
-    a[2 * j + 1] = found[j] >> 16 ? (int8_t)(idx[j] >> 16) : (int8_t)-1;
+    if (__hisnan(m[j].x) || __hisnan(m[j].y)) return false;
+    a[2 * j] = any ? (int8_t)(idx[j] & 0xffffu) : (int8_t)-1;
+    a[2 * j + 1] = any ? (int8_t)(idx[j] >> 16) : (int8_t)-1;
   }
   return true;
 }
@@ -853,10 +858,14 @@ __device__ __forceinline__ void fwd_row(const vec<T, V> *t, T *__restrict__ y, i
     vec<int8_t, V> av;
     if constexpr (sizeof(T) == 2) {
       typename pair2<T>::type m[V / 2];
-      window_max2<T, V>(t, row_vecs, CG, cg, h0, H, w0, W, k, m);
+      if (!arg) {
+        window_max2<T, V>(t, row_vecs, CG, cg, h0, H, w0, W, k, m);
+        if (y) *reinterpret_cast<vec<T, V> *>(y + out) = *reinterpret_cast<const vec<T, V> *>(m);
+        continue;
+      }
+      const bool ok = window_maxarg2<T, V>(t, row_vecs, CG, cg, h0, H, w0, W, k, m, av.v);
       if (y) *reinterpret_cast<vec<T, V> *>(y + out) = *reinterpret_cast<const vec<T, V> *>(m);
-      if (!arg) continue;
-      if (window_arg2<T, V>(t, row_vecs, CG, cg, h0, H, w0, W, k, m, av.v)) {
+      if (ok) {
         *reinterpret_cast<vec<int8_t, V> *>(arg + out) = av;
         continue;
       }

@@ -88,20 +88,30 @@ __global__ void k_unfold_rows(const uint16_t *__restrict__ x, vec8 *__restrict__
 // staged values of the block's next row in registers, loaded while this row's vectors are written, so a
 // block never waits for its row's loads (staged <= PRE x 256); 0.147 ms (BENCHMARKS.md run 24). PRE = 0:
 // loaded in place, for rows longer than 1,024 values.
+// Values in the width fold's staged row: the input row with pw zero columns each side, then cu values of slack
+// (zeros) that the last position's vector may read past the row.
+__host__ __device__ __forceinline__ int width_staged(const cu_unfold_geom &g) { return (g.w + 2 * g.pw) * g.c + g.cu; }
+
+// Staged value i of the input row at src: zero in the padding columns and the slack.
+__device__ __forceinline__ uint16_t staged_at(const uint16_t *__restrict__ src, const cu_unfold_geom &g, int i) {
+  const int j = i - g.pw * g.c;
+  return j >= 0 && j < g.w * g.c ? src[j] : (uint16_t)0;
+}
+
 template <int PRE>
 __global__ void __launch_bounds__(256)
     k_unfold_width(const uint16_t *__restrict__ x, vec8 *__restrict__ xu, cu_unfold_geom g, long long rows) {
   extern __shared__ uint32_t smw[];  // the staged row, then cu values of slack (zeros)
   uint16_t *sm = reinterpret_cast<uint16_t *>(smw);
-  const int lead = g.pw * g.c, inner = g.w * g.c, staged = (g.w + 2 * g.pw) * g.c + g.cu;
+  const int inner = g.w * g.c, staged = width_staged(g);
   const int real = g.s * g.c, gpr = g.cu / 8, total = g.wu * gpr, step = g.sw * g.c;
   uint16_t nx[PRE > 0 ? PRE : 1];
   auto fetch = [&](long long row) {
     const uint16_t *src = x + row * inner;
 #pragma unroll
     for (int k = 0; k < PRE; k++) {
-      const int i = threadIdx.x + k * blockDim.x, j = i - lead;
-      nx[k] = i < staged && j >= 0 && j < inner ? src[j] : (uint16_t)0;
+      const int i = threadIdx.x + k * blockDim.x;
+      nx[k] = i < staged ? staged_at(src, g, i) : (uint16_t)0;
     }
   };
   if (PRE > 0 && (long long)blockIdx.x < rows) fetch(blockIdx.x);
@@ -115,10 +125,7 @@ __global__ void __launch_bounds__(256)
       }
     } else {
       const uint16_t *src = x + row * inner;  // row n hu + h is input row (n, h): hu = h
-      for (int i = threadIdx.x; i < staged; i += blockDim.x) {
-        const int j = i - lead;
-        sm[i] = j >= 0 && j < inner ? src[j] : (uint16_t)0;
-      }
+      for (int i = threadIdx.x; i < staged; i += blockDim.x) sm[i] = staged_at(src, g, i);
     }
     __syncthreads();
     if (PRE > 0 && row + gridDim.x < rows) fetch(row + gridDim.x);  // in flight while this row is written
@@ -143,9 +150,7 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-size_t width_smem(const cu_unfold_geom &g) {
-  return (size_t)(((g.w + 2 * g.pw) * g.c + g.cu + 1) / 2) * 4;
-}
+size_t width_smem(const cu_unfold_geom &g) { return (size_t)((width_staged(g) + 1) / 2) * 4; }
 
 // The shared memory k_unfold_rows needs for g (the full fold): the staged
 // rows, then the channel table.
@@ -252,7 +257,7 @@ extern "C" cudaError_t stoke_cudnn_unfold(const void *x, void *xu, const cu_unfo
   if (!g->full && width_smem(*g) <= 48 * 1024) {
     const long long rows = (long long)g->n * g->hu;
     const unsigned grid = (unsigned)(rows < 4 * 65535LL ? (rows + 3) / 4 : 65535);
-    const int staged = (g->w + 2 * g->pw) * g->c + g->cu;
+    const int staged = width_staged(*g);
     auto launch = [&](auto pre) {
       k_unfold_width<decltype(pre)::value><<<grid, 256, width_smem(*g), stream>>>((const uint16_t *)x, (vec8 *)xu, *g, rows);
     };

@@ -382,13 +382,16 @@ static void test_layer_norm_aliases(void **state) {
  * tiles): y is NaN where the window holds one, else its maximum; each dy goes to the window's
  * first NaN (its first maximum when it has none), the CPU reference's rule, summed over windows in
  * (oh, ow) order in float. Against a host scan, bit for bit: bf16 and fp16 take the packed
- * kernels' NaN path (the window's maximum NaN: its index found by the scan), f32 the scan. */
-static void check_max_pool_nan(stoke_dtype dt) {
+ * kernels' NaN path (the window's maximum NaN: its index found by the scan), f32 the scan.
+ * `tied`: the other values from {-1, -0, +0, 0.5, 1}, so most windows hold their maximum more
+ * than once (+0 and -0 equal): the packed one-pass index must pick the first. */
+static void check_max_pool_nan(stoke_dtype dt, int tied) {
+  static const float levels[5] = {-1.0f, -0.0f, 0.0f, 0.5f, 1.0f};
   const int64_t N = 2, C = 16, H = 9, W = 9, Ho = 5, Wo = 5, nx = N * C * H * W, ny = N * C * Ho * Wo;
   stoke_node_v1 node;
   stoke_err *e = stoke_node_init(g_reg, STOKE_OP_MAX_POOL2D, "max_pool_nan", "kernel=3, stride=2, padding=1", &node);
   if (e) fail_msg("%s", e->msg);
-  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 5150, (uint64_t)dt));
+  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 5150 + tied, (uint64_t)dt));
   stoke_shape xs = {4, {N, C, H, W}}, ys = {4, {N, C, Ho, Wo}};
   g_tensor x, y, dy, dx;
   g_alloc(&x, &xs, dt, STOKE_NHWC), g_alloc(&dx, &xs, dt, STOKE_NHWC);
@@ -398,7 +401,10 @@ static void check_max_pool_nan(stoke_dtype dt) {
        *hdy = malloc((size_t)ny * es), *tmp = malloc(es);
   float *want_dx = calloc((size_t)nx, sizeof *want_dx);
   for (int64_t i = 0; i < nx; i++)
-    stoke_elem_set(hx, dt, i, stoke_rng_below(&r, 9) ? 2 * stoke_rng_uniform(&r) - 1 : NAN);
+    stoke_elem_set(hx, dt, i,
+                   !stoke_rng_below(&r, 9) ? NAN
+                   : tied                  ? levels[stoke_rng_below(&r, 5)]
+                                           : 2 * stoke_rng_uniform(&r) - 1);
   for (int64_t i = 0; i < ny; i++) stoke_elem_set(hdy, dt, i, 2 * stoke_rng_uniform(&r) - 1);
   g_dev_put(x.dev.data, hx, (size_t)nx * es);
   g_dev_put(dy.dev.data, hdy, (size_t)ny * es);
@@ -413,20 +419,22 @@ static void check_max_pool_nan(stoke_dtype dt) {
   g_run(bk, &a, 1);
   g_dev_get(hy, y.dev.data, (size_t)ny * es);
   g_dev_get(hdx, dx.dev.data, (size_t)nx * es);
-  int64_t bad_y = 0, nan_windows = 0, bad_dx = 0;
+  int64_t bad_y = 0, nan_windows = 0, bad_dx = 0, tie_windows = 0;
   for (int64_t n = 0; n < N; n++)
     for (int64_t oh = 0; oh < Ho; oh++)
       for (int64_t ow = 0; ow < Wo; ow++)
         for (int64_t c = 0; c < C; c++) {
           double best = -INFINITY;
-          int64_t arg = -1, yi = ((n * Ho + oh) * Wo + ow) * C + c;
+          int64_t arg = -1, yi = ((n * Ho + oh) * Wo + ow) * C + c, equal = 0;
           for (int64_t h = 2 * oh - 1; h <= 2 * oh + 1; h++)
             for (int64_t w = 2 * ow - 1; w <= 2 * ow + 1; w++) {
               if (h < 0 || h >= H || w < 0 || w >= W) continue;
               int64_t xi = ((n * H + h) * W + w) * C + c;
               double v = stoke_elem_get(hx, dt, xi);
-              if (arg < 0 || v > best || (isnan(v) && !isnan(best))) best = v, arg = xi;
+              if (arg < 0 || v > best || (isnan(v) && !isnan(best))) best = v, arg = xi, equal = 1;
+              else if (v == best) equal++;
             }
+          tie_windows += equal > 1;
           double got = stoke_elem_get(hy, dt, yi);
           nan_windows += isnan(best);
           bad_y += !(isnan(best) ? isnan(got) : got == best);
@@ -436,21 +444,24 @@ static void check_max_pool_nan(stoke_dtype dt) {
     stoke_elem_set(tmp, dt, 0, want_dx[i]);
     bad_dx += memcmp(tmp, hdx + i * (int64_t)es, es) != 0;
   }
-  print_message("  max_pool2d   %-4s NHWC %lld windows (%lld with a NaN): y %lld wrong, dx %lld of %lld not bitwise the "
-                "host's\n", stoke_dtype_name(dt), (long long)ny, (long long)nan_windows, (long long)bad_y,
-                (long long)bad_dx, (long long)nx);
-  if (bad_y || bad_dx || !nan_windows)
-    fail_msg("max_pool2d %s with NaNs: %lld outputs and %lld input gradients differ from the first-NaN-wins scan "
-             "(%lld windows held a NaN) (seed %llu)", stoke_dtype_name(dt), (long long)bad_y, (long long)bad_dx,
-             (long long)nan_windows, (unsigned long long)g_seed);
+  print_message("  max_pool2d   %-4s NHWC %lld windows (%lld with a NaN, %lld with a tied maximum): y %lld wrong, dx "
+                "%lld of %lld not bitwise the host's\n", stoke_dtype_name(dt), (long long)ny, (long long)nan_windows,
+                (long long)tie_windows, (long long)bad_y, (long long)bad_dx, (long long)nx);
+  if (bad_y || bad_dx || !nan_windows || (tied && !tie_windows))
+    fail_msg("max_pool2d %s with NaNs%s: %lld outputs and %lld input gradients differ from the first-NaN-wins scan "
+             "(%lld windows held a NaN, %lld a tied maximum) (seed %llu)", stoke_dtype_name(dt),
+             tied ? " and ties" : "", (long long)bad_y, (long long)bad_dx, (long long)nan_windows,
+             (long long)tie_windows, (unsigned long long)g_seed);
   free(hx), free(hdx), free(hy), free(hdy), free(tmp), free(want_dx);
   g_free(&x), g_free(&y), g_free(&dy), g_free(&dx);
 }
 
 static void test_max_pool_nan(void **state) {
-  check_max_pool_nan(STOKE_BF16);
-  check_max_pool_nan(STOKE_F16);
-  check_max_pool_nan(STOKE_F32);
+  for (int tied = 0; tied < 2; tied++) {
+    check_max_pool_nan(STOKE_BF16, tied);
+    check_max_pool_nan(STOKE_F16, tied);
+    check_max_pool_nan(STOKE_F32, tied);
+  }
 }
 
 int main(void) {

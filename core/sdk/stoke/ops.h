@@ -162,11 +162,15 @@
 /* Bytes of a ReLU bitmask over n elements: one bit each, rounded up to 16. */
 static inline int64_t stoke_relu_mask_bytes(int64_t n) { return (n + 127) / 128 * 16; }
 
-/* ---- batch norm folded into convolutions (core/ops_convbn.c; made by the
- * compiler's conv-bn pass, core/fuse_convbn.c, run.fuse_conv_bn). A
- * conv2d -> batch_norm pair becomes a conv_bn, which writes the convolution
- * and the batch statistics of its output, and an apply op where the
- * batch_norm's output was read, which normalizes with those statistics.
+/* ---- batch norm folded into convolutions (core/ops_convbn.c; CPU
+ * reference kernels in backends/cpu/convbn.c). No compiler pass makes them
+ * yet, and no GPU backend serves them: cuDNN 9.14's runtime-fusion engines
+ * run none of these graphs in bf16 and gain nothing in fp16 on the H100
+ * (BENCHMARKS.md run 7), so a model or plugin that wants them builds them
+ * itself. A conv2d -> batch_norm pair becomes a conv_bn, which writes
+ * the convolution and the batch statistics of its output, and an apply op
+ * where the batch_norm's output was read, which normalizes with those
+ * statistics.
  * Statistics (mean, invstd, running) are f32 (f64 for f64 x), weights and
  * biases have x's dtype; 4-D tensors are NCHW or NHWC by their layout.
  *
