@@ -230,7 +230,7 @@ static uint32_t meta_crc(meta_kv *kv, int n) {
 
 /* `{"__metadata__":{` the run state, its checksum, `}` left open for more. */
 static void header_meta(sbuf *h, const stoke_ckpt_meta *m, const char *optimizer, const char *config_text) {
-  char num[9][40];
+  char num[10][40];
   snprintf(num[0], sizeof num[0], "%d", STOKE_CKPT_VERSION);
   snprintf(num[1], sizeof num[1], "%lld", (long long)m->step);
   snprintf(num[2], sizeof num[2], "%lld", (long long)m->epoch);
@@ -240,19 +240,78 @@ static void header_meta(sbuf *h, const stoke_ckpt_meta *m, const char *optimizer
   snprintf(num[6], sizeof num[6], "%lld", (long long)(m->world > 0 ? m->world : 1));
   snprintf(num[7], sizeof num[7], "%lld", (long long)m->batch);
   snprintf(num[8], sizeof num[8], "%lld", (long long)m->skipped_steps);
-  meta_kv kv[12] = {{"format", "pt"},         {"stoke_checkpoint_version", num[0]},
+  snprintf(num[9], sizeof num[9], "%lld", (long long)m->loss_scale_good_steps);
+  meta_kv kv[13] = {{"format", "pt"},         {"stoke_checkpoint_version", num[0]},
                     {"step", num[1]},         {"epoch", num[2]},
                     {"seed", num[3]},         {"accumulate", num[4]},
                     {"loss_scale", num[5]},   {"world", num[6]},
                     {"batch", num[7]},        {"skipped_steps", num[8]},
+                    {"loss_scale_good_steps", num[9]},
                     {"optimizer", optimizer}, {"config", config_text}};
-  int n = config_text ? 12 : 11;
+  int n = config_text ? 13 : 12;
   sb_put(h, "{\"__metadata__\":{");
   for (int i = 0; i < n; i++) {
     sb_put(h, "%s\"%s\":", i ? "," : "", kv[i].key);
     sb_json_str(h, kv[i].val);
   }
   sb_put(h, ",\"" META_CRC_KEY "\":\"%08x\"", meta_crc(kv, n));
+}
+
+/* Whether a tensor of a checkpoint belongs to this plan's model, or is
+ * not the model's at all: the optimizer's state and master copies (of
+ * this optimizer or another) and BatchNorm's num_batches_tracked. */
+static int model_knows(const char *name, const entry *ents, int n) {
+  size_t len = strlen(name);
+  if (!strncmp(name, "optimizer.", 10) || (len > 20 && !strcmp(name + len - 20, ".num_batches_tracked"))) return 1;
+  for (int i = 0; i < n; i++)
+    if (!strcmp(ents[i].name, name)) return 1;
+  return 0;
+}
+
+/* Values of a float tensor (its bytes at src, the safetensors dtype) that
+ * are NaN or infinite: the exponent bits all ones. */
+static int64_t count_nonfinite(const void *src, const char *dtype, size_t bytes) {
+  int64_t bad = 0;
+  if (!strcmp(dtype, "F32")) {
+    for (size_t i = 0; i < bytes / 4; i++) {
+      uint32_t v;
+      memcpy(&v, (const char *)src + 4 * i, 4);
+      bad += (v & 0x7f800000u) == 0x7f800000u;
+    }
+  } else if (!strcmp(dtype, "F64")) {
+    for (size_t i = 0; i < bytes / 8; i++) {
+      uint64_t v;
+      memcpy(&v, (const char *)src + 8 * i, 8);
+      bad += (v & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+    }
+  } else if (!strcmp(dtype, "BF16") || !strcmp(dtype, "F16")) {
+    const uint16_t mask = !strcmp(dtype, "BF16") ? 0x7f80u : 0x7c00u;
+    for (size_t i = 0; i < bytes / 2; i++) {
+      uint16_t v;
+      memcpy(&v, (const char *)src + 2 * i, 2);
+      bad += (v & mask) == mask;
+    }
+  }
+  return bad;
+}
+
+/* The weights must be finite to be saved: a diverged run's NaN or Inf
+ * parameters (or their master copies, or the optimizer's state) never
+ * replace the last good checkpoint. The loss, read only at logged steps,
+ * cannot tell: a save between them, or on the way out after Ctrl-C, would
+ * otherwise write whatever the last update left. */
+static stoke_err *check_finite(const entry *ents, int n, const char *path, int64_t step) {
+  for (int i = 0; i < n; i++) {
+    if (ents[i].role == ENT_OTHER && strncmp(ents[i].name, "optimizer.", 10)) continue; /* running statistics */
+    int64_t bad = count_nonfinite(ents[i].src, ents[i].dtype, ents[i].bytes);
+    if (bad)
+      return STOKE_ERR(STOKE_E_NUMERIC,
+                       "not saved: after step %lld, '%s' holds %lld NaN or infinite values (training diverged); "
+                       "the checkpoint already at '%s', if any, is kept. Lower [optimizer] lr or check the data, "
+                       "then continue from that checkpoint",
+                       (long long)step, ents[i].name, (long long)bad, path);
+  }
+  return NULL;
 }
 
 stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ckpt_meta *m,
@@ -275,6 +334,7 @@ stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ck
   if (e) goto out;
   int64_t nbt_val = m->step * m->accumulate, nbt_store = 0;
   int n = list_entries(p, hb, p->opt_kernel ? m->optimizer : NULL, nbt_val, &nbt_store, ents, cap);
+  if ((e = check_finite(ents, n, path, m->step))) goto out;
   header_meta(&h, m, p->opt_kernel ? m->optimizer : "", config_text);
   sb_put(&h, ",\"" CRC_KEY "\":\"");
   for (int i = 0; i < n; i++)
@@ -313,11 +373,14 @@ stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ck
     /* make the rename itself durable */
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", path);
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-      fsync(dfd);
-      close(dfd);
-    }
+    const char *folder = dirname(dir);
+    int dfd = open(folder, O_RDONLY | O_DIRECTORY);
+    /* a file system that cannot sync folders (EINVAL) has nothing to sync; any other failure is said, not
+     * hidden: the file is complete, but a power loss may undo its rename */
+    if ((dfd < 0 || fsync(dfd)) && errno != EINVAL && errno != ENOTSUP)
+      stoke_log(STOKE_LOG_WARN, "checkpoint", "'%s' is written, but syncing its folder '%s' failed: %s (a power "
+                "loss may leave the previous checkpoint there)", path, folder, strerror(errno));
+    if (dfd >= 0) close(dfd);
   }
 out:
   if (fd >= 0) close(fd);
@@ -795,6 +858,8 @@ static stoke_err *parse_meta(const stoke_st_file *f, const char *path, stoke_ckp
                      path, ls);
   /* of `step`, those the loss scaler skipped (AdamW's bias corrections count the others) */
   STOKE_PROPAGATE(meta_int(f, path, "skipped_steps", 0, m->step, 0, 0, &m->skipped_steps));
+  /* the scaler's clean steps since its last change (0 in files written before it was kept) */
+  STOKE_PROPAGATE(meta_int(f, path, "loss_scale_good_steps", 0, m->step, 0, 0, &m->loss_scale_good_steps));
   /* an optimizer's name (a plugin's too): a C identifier, or empty */
   const char *opt = stoke_st_meta(f, "optimizer");
   int name_ok = !opt || strlen(opt) < sizeof m->optimizer;
@@ -936,6 +1001,18 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
     }
     converted++, conv_from = t->dtype, conv_to = ents[i].dtype;
   }
+  /* The other way round: model tensors in the file that this plan lacks (a deeper network's layers, more
+   * transformer blocks) mean another model, as PyTorch's load_state_dict(strict=True) says. */
+  int extra = 0, first = -1;
+  for (int t = 0; t < f.n_tensors && !e; t++)
+    if (!model_knows(f.tensors[t].name, ents, n)) extra++, first = first < 0 ? t : first;
+  if (extra)
+    e = STOKE_ERR(STOKE_E_DATA, "checkpoint '%s' has %d tensor%s this model does not have, '%s' the first: it was "
+                  "saved from another model (more layers or blocks?); set [model] as the run that wrote it had it, "
+                  "or start without run.resume", path, extra, extra == 1 ? "" : "s", f.tensors[first].name);
+  if (!e && p->opt_kernel && !want_opt && m->optimizer[0])
+    stoke_log(STOKE_LOG_WARN, "checkpoint", "%s was written by optimizer '%s', this run uses '%s': the weights are "
+              "loaded, the optimizer's state (momentum, moments) starts fresh", path, m->optimizer, p->opt->name);
   if (!e && converted)
     stoke_log(STOKE_LOG_INFO, "checkpoint", "%s: %d tensors converted from the file's %s to the model's %s (rounded "
               "to nearest even where narrower), as PyTorch's load_state_dict copies them", path, converted, conv_from,

@@ -630,9 +630,9 @@ stoke_err *stoke_exec_update(stoke_exec *x, const stoke_opt_args_v1 *opt) {
   return NULL;
 }
 
-stoke_err *stoke_exec_set_scale(stoke_exec *x, float scale) {
+stoke_err *stoke_exec_set_scale(stoke_exec *x, float scale, float good_steps) {
   if (!x->amp) return NULL;
-  float st[4] = {scale, 0, 0, 0};
+  float st[4] = {scale, good_steps, 0, 0};
   STOKE_PROPAGATE(stoke_exec_copy(x, x->amp, st, sizeof st, STOKE_COPY_H2D));
   return write_seed(x, scale);
 }

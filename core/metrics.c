@@ -49,7 +49,8 @@ stoke_err *stoke_metrics_new(const stoke_metrics_opts *o, stoke_metrics **out) {
   m->o = *o;
   m->first_loss = m->last_loss = NAN;
   m->scale = m->skipped = NAN;
-  if (o->jsonl_path && !(m->jsonl = fopen(o->jsonl_path, "w"))) {
+  /* a resumed run (start_step > 0) continues the file its first part wrote, as log.txt does */
+  if (o->jsonl_path && !(m->jsonl = fopen(o->jsonl_path, o->start_step > 0 ? "a" : "w"))) {
     free(m);
     return STOKE_ERR(STOKE_E_IO, "cannot write metrics to '%s': %s", o->jsonl_path, strerror(errno));
   }

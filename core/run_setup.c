@@ -222,7 +222,8 @@ static stoke_err *load_resume(run_state *s) {
   STOKE_TRY(stoke_checkpoint_load(s->train.x, resume, &meta), "%s: [run] resume",
             stoke_cfg_where(s->cfg, "run", "resume"));
   if (meta.loss_scale > 0)
-    STOKE_TRY(stoke_exec_set_scale(s->train.x, (float)meta.loss_scale), "restoring the loss scale");
+    STOKE_TRY(stoke_exec_set_scale(s->train.x, (float)meta.loss_scale, (float)meta.loss_scale_good_steps),
+              "restoring the loss scale");
   s->resume.skipped_steps = meta.skipped_steps;
   if (meta.seed != seed || meta.accumulate != accumulate)
     stoke_log(STOKE_LOG_WARN, "run",

@@ -94,7 +94,7 @@ def write_st(path, header, data, pad=True):
 
 
 META_FIELDS = ["step", "epoch", "seed", "accumulate", "loss_scale", "optimizer", "world", "batch",
-               "skipped_steps", "stoke_checkpoint_version"]
+               "skipped_steps", "loss_scale_good_steps", "stoke_checkpoint_version"]
 
 
 def ckpt(seed, kind, src, dst):

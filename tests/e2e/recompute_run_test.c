@@ -3,7 +3,9 @@
  * (a tight run.memory_gb) gives the same losses, weights and summary FLOPs;
  * --dry-run (stoke_run_opts.dry_run) plans without training or a run
  * folder, and batch_size = auto finds a larger batch with recompute = auto
- * than without at the same memory; a bad pattern is a clear error. */
+ * than without at the same memory; a bad pattern is a clear error. And,
+ * while a small GPT is at hand: a checkpoint of a larger one (a block more)
+ * is refused on resume, as PyTorch's strict load refuses it. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -164,11 +166,28 @@ static void test_bad_pattern(void **state) {
   stoke_err_free(e);
 }
 
+/* A checkpoint of the 2-block GPT resumed by a 1-block one: every tensor
+ * the smaller model needs is there with its shape, but the file has a
+ * block more. Refused, naming the first tensor the model lacks. */
+static void test_larger_model_refused(void **state) {
+  stoke_summary s;
+  OK(run("larger", 0, (const char *[]){"run.recompute=none"}, 1, &s));
+  char resume[700];
+  snprintf(resume, sizeof resume, "run.resume=%s", s.checkpoint);
+  stoke_err *e = run("larger", 0, (const char *[]){resume, "run.steps=10", "model.n_layer=1"}, 3, &s);
+  if (!e) fail_msg("a 2-block checkpoint was loaded into a 1-block model");
+  print_message("%s\n", e->msg);
+  assert_non_null(strstr(e->msg, "this model does not have"));
+  assert_non_null(strstr(e->msg, "transformer.h.1."));
+  stoke_err_free(e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_same_training),
       cmocka_unit_test(test_dry_run),
       cmocka_unit_test(test_bad_pattern),
+      cmocka_unit_test(test_larger_model_refused),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -81,14 +81,18 @@ static stoke_err *run(const char *ini, const char **over, int n_over, stoke_summ
 
 /* base_ini with the typo fixed, or, when `over` picks another optimizer
  * than sgd, without the momentum line (a key of sgd's only). */
-static void train_ok(const char **over, int n_over, stoke_summary *s) {
+static stoke_err *train(const char **over, int n_over, stoke_summary *s) {
   static char fixed[2048];
   snprintf(fixed, sizeof fixed, "%s", base_ini);
   char *typo = strstr(fixed, "momentun");
   memcpy(typo, "momentum", 8);
   for (int i = 0; i < n_over; i++)
     if (!strncmp(over[i], "optimizer.name=", 15) && strcmp(over[i] + 15, "sgd")) *typo = 0;
-  stoke_err *e = run(write_ini("ok.ini", fixed), over, n_over, s);
+  return run(write_ini("ok.ini", fixed), over, n_over, s);
+}
+
+static void train_ok(const char **over, int n_over, stoke_summary *s) {
+  stoke_err *e = train(over, n_over, s);
   if (e) {
     print_error("%s\n", e->msg);
     stoke_err_free(e);
@@ -367,6 +371,147 @@ static void test_resume_equals_uninterrupted(void **state) {
   same_tensors(full.checkpoint, again.checkpoint);
 }
 
+/* The dynamic loss scaler resumes where it was: its scale and its count of
+ * clean steps since the last change (test_fp32_dynamic doubles the scale
+ * every 4 clean steps). 6 steps, then 3 more from the checkpoint, leave
+ * the scale the 9 straight steps leave (doubled at steps 4 and 8); a count
+ * restarted at the resume would double it at step 10 instead. */
+static void test_resume_keeps_scaler(void **state) {
+  stoke_summary full, half, rest;
+  const char *o9[] = {"run.steps=9", "optimizer.name=adamw", "optimizer.lr=0.003", "plugins.load=test_policies",
+                      "run.precision=test_fp32_dynamic", "run.deterministic=true"};
+  out_sub = "sc_full";
+  train_ok(o9, 6, &full);
+  const char *o6[] = {"run.steps=6", "optimizer.name=adamw", "optimizer.lr=0.003", "plugins.load=test_policies",
+                      "run.precision=test_fp32_dynamic", "run.deterministic=true"};
+  out_sub = "sc_half";
+  train_ok(o6, 6, &half);
+  char resume[700];
+  snprintf(resume, sizeof resume, "run.resume=%s", half.checkpoint);
+  const char *o_rest[] = {"run.steps=9", "optimizer.name=adamw", "optimizer.lr=0.003", "plugins.load=test_policies",
+                          "run.precision=test_fp32_dynamic", "run.deterministic=true", resume};
+  out_sub = "sc_rest";
+  train_ok(o_rest, 7, &rest);
+  out_sub = "out";
+  stoke_ckpt_meta a, b, h;
+  stoke_err *e = stoke_checkpoint_read_meta(full.checkpoint, &a);
+  if (!e) e = stoke_checkpoint_read_meta(rest.checkpoint, &b);
+  if (!e) e = stoke_checkpoint_read_meta(half.checkpoint, &h);
+  if (e) fail_msg("%s", e->msg);
+  print_message("loss scale at 6: %g (%lld clean steps); at 9: straight %g (%lld), resumed %g (%lld)\n", h.loss_scale,
+                (long long)h.loss_scale_good_steps, a.loss_scale, (long long)a.loss_scale_good_steps, b.loss_scale,
+                (long long)b.loss_scale_good_steps);
+  assert_true(h.loss_scale_good_steps == 2 && a.loss_scale_good_steps == 1);
+  assert_true(a.loss_scale == b.loss_scale && a.loss_scale == 4 * (double)(1 << 20));
+  assert_int_equal(a.loss_scale_good_steps, b.loss_scale_good_steps);
+  assert_memory_equal(&full.final_loss, &rest.final_loss, sizeof(double));
+  same_tensors(full.checkpoint, rest.checkpoint);
+}
+
+/* The bytes of a whole file, NUL-terminated (its size in *n). */
+static char *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) fail_msg("cannot open %s", path);
+  fseek(f, 0, SEEK_END);
+  *n = (size_t)ftell(f);
+  rewind(f);
+  char *b = malloc(*n + 1);
+  assert_int_equal(fread(b, 1, *n, f), *n);
+  b[*n] = 0;
+  fclose(f);
+  return b;
+}
+
+static int count(const char *text, const char *what) {
+  int n = 0;
+  for (const char *p = text; (p = strstr(p, what)); p += strlen(what)) n++;
+  return n;
+}
+
+/* 10 good steps saved; then the same run resumed at a learning rate that
+ * blows the weights up, saving every 2 steps and reading the loss only at
+ * step 40. The saves before the blow-up go through; the first after it is
+ * refused by the weights themselves (no loss was read there) and stops the
+ * run, so the file left is a whole checkpoint whose every float is finite,
+ * of a step before the refused one. */
+static void test_nan_weights_not_saved(void **state) {
+  stoke_summary s;
+  out_sub = "nan";
+  train_ok((const char *[]){"run.steps=10"}, 1, &s);
+  char resume[700];
+  snprintf(resume, sizeof resume, "run.resume=%s", s.checkpoint);
+  const char *over[] = {resume, "run.steps=40", "run.log_every=40", "run.checkpoint_every=2", "optimizer.lr=1e6"};
+  stoke_err *e = train(over, 5, &s);
+  out_sub = "out";
+  if (!e) fail_msg("training at lr 1e6 did not fail");
+  print_message("the diverged run: %s\n", e->msg);
+  assert_non_null(strstr(e->msg, "not saved"));
+  assert_non_null(strstr(e->msg, "NaN or infinite"));
+  const char *at = strstr(e->msg, "after step ");
+  assert_non_null(at);
+  long long refused = atoll(at + 11);
+  stoke_err_free(e);
+  char path[760];
+  snprintf(path, sizeof path, "%s/nan/checkpoint.safetensors", tmp);
+  stoke_st_file f;
+  stoke_err *le = stoke_st_read(path, &f);
+  if (le) fail_msg("%s", le->msg);
+  long long kept = atoll(stoke_st_meta(&f, "step"));
+  int64_t floats = 0;
+  for (int t = 0; t < f.n_tensors; t++) {
+    const stoke_st_tensor *x = &f.tensors[t];
+    if (strcmp(x->dtype, "F32")) continue;
+    for (size_t b = x->begin; b < x->end; b += 4, floats++) {
+      float v;
+      memcpy(&v, f.data + b, 4);
+      if (!isfinite(v)) fail_msg("the kept checkpoint (step %lld) has a non-finite value in '%s'", kept, x->name);
+    }
+  }
+  print_message("kept: step %lld, %lld floats all finite; refused: step %lld\n", kept, (long long)floats, refused);
+  assert_true(kept >= 10 && kept < refused);
+  stoke_st_free(&f);
+}
+
+/* Resumed in the same folder, metrics.jsonl keeps the first part's lines
+ * and gets the rest after them. */
+static void test_metrics_appended(void **state) {
+  stoke_summary s;
+  out_sub = "metrics";
+  train_ok((const char *[]){"run.steps=6", "run.log_every=1"}, 2, &s);
+  char resume[700], path[760];
+  snprintf(resume, sizeof resume, "run.resume=%s", s.checkpoint);
+  train_ok((const char *[]){resume, "run.steps=10", "run.log_every=1"}, 3, &s);
+  out_sub = "out";
+  snprintf(path, sizeof path, "%s/metrics/metrics.jsonl", tmp);
+  size_t n;
+  char *text = slurp(path, &n);
+  print_message("metrics.jsonl after the resume: %d step lines, %d summaries\n", count(text, "\"step\": "),
+                count(text, "\"summary\""));
+  assert_non_null(strstr(text, "\"step\": 1,"));  /* the first part's */
+  assert_non_null(strstr(text, "\"step\": 10,")); /* the resumed part's */
+  assert_int_equal(count(text, "\"summary\""), 2);
+  free(text);
+}
+
+/* SGD's checkpoint resumed with AdamW: the weights load, and log.txt says
+ * the optimizer's state starts fresh. */
+static void test_other_optimizer_said(void **state) {
+  stoke_summary s;
+  out_sub = "optim";
+  train_ok((const char *[]){"run.steps=6"}, 1, &s);
+  char resume[700], path[760];
+  snprintf(resume, sizeof resume, "run.resume=%s", s.checkpoint);
+  train_ok((const char *[]){resume, "run.steps=8", "optimizer.name=adamw", "optimizer.lr=0.002"}, 4, &s);
+  out_sub = "out";
+  assert_int_equal(s.steps, 8);
+  snprintf(path, sizeof path, "%s/optim/log.txt", tmp);
+  size_t n;
+  char *text = slurp(path, &n);
+  assert_non_null(strstr(text, "written by optimizer 'sgd', this run uses 'adamw'"));
+  assert_non_null(strstr(text, "starts fresh"));
+  free(text);
+}
+
 /* A checkpoint cut short anywhere is refused, never taken for a good one. */
 static void test_truncated_checkpoint_refused(void **state) {
   stoke_summary s;
@@ -472,6 +617,10 @@ int main(void) {
       cmocka_unit_test(test_no_gpu),
       cmocka_unit_test(test_batch_auto),
       cmocka_unit_test(test_resume_equals_uninterrupted),
+      cmocka_unit_test(test_resume_keeps_scaler),
+      cmocka_unit_test(test_nan_weights_not_saved),
+      cmocka_unit_test(test_metrics_appended),
+      cmocka_unit_test(test_other_optimizer_said),
       cmocka_unit_test(test_truncated_checkpoint_refused),
       cmocka_unit_test(test_sigint_saves),
   };

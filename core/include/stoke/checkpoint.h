@@ -22,6 +22,9 @@ typedef struct stoke_ckpt_meta {
   int64_t world;       /* processes that trained it (data parallel; 1 when absent) */
   int64_t batch;       /* samples per micro-batch on each (0: not recorded) */
   int64_t skipped_steps; /* of `step`, those the loss scaler skipped (no update applied) */
+  /* the loss scaler's clean steps since its scale last changed (it grows the scale after
+   * [optimizer] growth_interval of them), so a resumed run grows it when the original would */
+  int64_t loss_scale_good_steps;
   /* read back: whether the file had checksums of its run state and data
    * (older files have none and load unverified, with a warning) */
   int meta_checked, data_checked;

@@ -295,9 +295,10 @@ stoke_err *stoke_exec_update(stoke_exec *x, const stoke_opt_args_v1 *opt);
 /* The loss scaler's state (scale, good steps, found_inf, skipped steps);
  * returns 0 without a scaler. Synchronizes. */
 int stoke_exec_read_scaler(stoke_exec *x, float out[4]);
-/* Restore the scale (resume): good steps and flags start at 0, and the
- * loss seed takes the scale. No-op without a scaler. */
-stoke_err *stoke_exec_set_scale(stoke_exec *x, float scale);
+/* Restore the scaler (resume): the scale and its count of clean steps
+ * since it last changed; the flags start at 0, and the loss seed takes the
+ * scale. No-op without a scaler. */
+stoke_err *stoke_exec_set_scale(stoke_exec *x, float scale, float good_steps);
 /* Per-op profile: when on, every kernel of the following steps is timed
  * with the device's timers (this synchronizes once per step: a profiling
  * mode, not for speed runs). The report gives time per node and per op
