@@ -66,9 +66,14 @@ struct stoke_loader {
   /* the samples found unreadable (guarded by mu): a set of index + 1, open
    * addressing, so each is warned about once per run */
   int64_t *bad, n_bad, cap_bad;
-  /* permutation cache of one epoch (guarded by mu) */
-  int64_t *perm;
-  int64_t perm_epoch;
+  /* the sample orders of two epochs (guarded by mu): epoch e in slot e % 2,
+   * so the workers filling the last batches of one epoch and the first of
+   * the next do not shuffle the data set again and again; `shuf` is the
+   * whole data set's order, the shuffle's scratch (allocated with the
+   * loader: an epoch never starts unshuffled for want of memory) */
+  int64_t *perm[2];
+  int64_t perm_epoch[2];
+  int64_t *shuf;
   /* the hand-off (consumer thread only): the device staging buffer
    * (samples, then labels at stage_x), the copy's event, the event after
    * which the staging buffer is free again, and the slot whose copy may
@@ -96,29 +101,27 @@ static double now_s(void) {
 }
 
 /* The shard's sample order for an epoch. Called with mu held. */
-static void make_perm(stoke_loader *l, int64_t epoch) {
-  if (l->perm_epoch == epoch) return;
+static const int64_t *make_perm(stoke_loader *l, int64_t epoch) {
+  int64_t *perm = l->perm[epoch % 2];
+  if (l->perm_epoch[epoch % 2] == epoch) return perm;
   int64_t n = l->shard_len;
-  for (int64_t i = 0; i < n; i++) l->perm[i] = i * l->o.world + l->o.rank;
+  for (int64_t i = 0; i < n; i++) perm[i] = i * l->o.world + l->o.rank;
   if (l->o.shuffle) {
     /* shuffle the whole data set, then take this rank's share: every
      * sample once per epoch across ranks */
-    int64_t total = l->o.src->length(l->o.src_self);
+    int64_t total = l->o.src->length(l->o.src_self), *all = l->shuf;
     stoke_rng r = stoke_rng_seed(stoke_hash3(l->o.seed, (uint64_t)epoch, 0x5f0ff1eull));
-    int64_t *all = malloc(sizeof(int64_t) * (size_t)total);
-    if (all) {
-      for (int64_t i = 0; i < total; i++) all[i] = i;
-      for (int64_t i = total - 1; i > 0; i--) {
-        int64_t j = (int64_t)stoke_rng_below(&r, (uint64_t)(i + 1));
-        int64_t t = all[i];
-        all[i] = all[j];
-        all[j] = t;
-      }
-      for (int64_t i = 0; i < n; i++) l->perm[i] = all[i * l->o.world + l->o.rank];
-      free(all);
+    for (int64_t i = 0; i < total; i++) all[i] = i;
+    for (int64_t i = total - 1; i > 0; i--) {
+      int64_t j = (int64_t)stoke_rng_below(&r, (uint64_t)(i + 1));
+      int64_t t = all[i];
+      all[i] = all[j];
+      all[j] = t;
     }
+    for (int64_t i = 0; i < n; i++) perm[i] = all[i * l->o.world + l->o.rank];
   }
-  l->perm_epoch = epoch;
+  l->perm_epoch[epoch % 2] = epoch;
+  return perm;
 }
 
 /* The batch's size (smaller only for the last batch without drop_last). */
@@ -244,8 +247,7 @@ static stoke_err *fill(stoke_loader *l, slot *s, int64_t number, int64_t from, i
   int64_t *idx = n <= 4096 ? ids : malloc(sizeof(int64_t) * (size_t)n);
   if (!idx) return STOKE_ERR(STOKE_E_OOM, "loader: out of memory");
   pthread_mutex_lock(&l->mu);
-  make_perm(l, epoch);
-  memcpy(idx, l->perm + first, sizeof(int64_t) * (size_t)n);
+  memcpy(idx, make_perm(l, epoch) + first, sizeof(int64_t) * (size_t)n);
   pthread_mutex_unlock(&l->mu);
   stoke_err *e = NULL;
   int64_t total = l->o.src->length(l->o.src_self);
@@ -350,7 +352,7 @@ stoke_err *stoke_loader_new(const stoke_loader_opts *o, stoke_loader **out) {
   stoke_loader *l = calloc(1, sizeof *l);
   if (!l) return STOKE_ERR(STOKE_E_OOM, "loader: out of memory");
   l->o = *o;
-  l->perm_epoch = -1;
+  l->perm_epoch[0] = l->perm_epoch[1] = -1;
   /* chunks: enough that every worker has work with the ring's batches in
    * flight, at least 4 samples each */
   int64_t want = (2 * (int64_t)o->workers + o->prefetch - 1) / o->prefetch;
@@ -374,7 +376,7 @@ stoke_err *stoke_loader_new(const stoke_loader_opts *o, stoke_loader **out) {
     free(l);
     return STOKE_ERR(STOKE_E_INVALID,
                      "loader: source '%s' has %lld samples (%lld for this rank), fewer than one "
-                     "batch of %lld; lower batch_size or set drop_last = false",
+                     "batch of %lld; lower batch_size",
                      o->src->name, (long long)total, (long long)total / o->world, (long long)o->batch);
   }
   pthread_mutex_init(&l->mu, NULL);
@@ -384,10 +386,14 @@ stoke_err *stoke_loader_new(const stoke_loader_opts *o, stoke_loader **out) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the cancel poll's timed waits */
   pthread_cond_init(&l->cv_full, &ca);
   pthread_condattr_destroy(&ca);
-  l->perm = malloc(sizeof(int64_t) * (size_t)l->shard_len);
+  l->perm[0] = malloc(sizeof(int64_t) * (size_t)l->shard_len);
+  l->perm[1] = malloc(sizeof(int64_t) * (size_t)l->shard_len);
+  l->shuf = o->shuffle ? malloc(sizeof(int64_t) * (size_t)total) : NULL;
   l->slots = calloc((size_t)o->prefetch, sizeof *l->slots);
   l->threads = calloc((size_t)o->workers, sizeof *l->threads);
-  if (!l->perm || !l->slots || !l->threads) e = STOKE_ERR(STOKE_E_OOM, "loader: out of memory");
+  if (!l->perm[0] || !l->perm[1] || (o->shuffle && !l->shuf) || !l->slots || !l->threads)
+    e = STOKE_ERR(STOKE_E_OOM, "loader: out of memory for %lld samples' order and the batch ring",
+                  (long long)total);
   for (int i = 0; i < o->prefetch && !e; i++) {
     slot *s = &l->slots[i];
     s->b.slot = i;
@@ -428,7 +434,9 @@ void stoke_loader_free(stoke_loader *l) {
   pthread_mutex_destroy(&l->mu);
   pthread_cond_destroy(&l->cv_free);
   pthread_cond_destroy(&l->cv_full);
-  free(l->perm);
+  free(l->perm[0]);
+  free(l->perm[1]);
+  free(l->shuf);
   free(l->bad);
   free(l->slots);
   free(l->threads);

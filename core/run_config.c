@@ -135,7 +135,8 @@ static const stoke_cfg_key_v1 data_keys[] = {
      "loader worker threads, or auto: time 1, 2, 4, ... up to the core count at start and keep the fastest"},
     {"prefetch", STOKE_CFG_INT, "4", 1, 1024, NULL, "batches prepared ahead (ring of pinned buffers)"},
     {"shuffle", STOKE_CFG_BOOL, "true", 0, 0, NULL, "reshuffle every epoch (seeded by seed, epoch)"},
-    {"drop_last", STOKE_CFG_BOOL, "true", 0, 0, NULL, "drop the last incomplete batch of an epoch"},
+    {"drop_last", STOKE_CFG_BOOL, "true", 0, 0, NULL,
+     "drop the last incomplete batch of an epoch (training needs true: the plan's batch is fixed)"},
     {"mean", STOKE_CFG_LIST, "0", 0, 0, NULL,
      "u8 images: per-channel mean of x/255 (e.g. 0.485, 0.456, 0.406), subtracted on the device"},
     {"std", STOKE_CFG_LIST, "1", 0, 0, NULL, "u8 images: per-channel std of x/255"},
@@ -321,6 +322,15 @@ static stoke_err *read_data(const stoke_cfg *c, const char *section, stoke_data_
   if (strcmp(section, "data")) return NULL;
   STOKE_PROPAGATE(stoke_cfg_bool(c, section, "shuffle", &d->shuffle));
   STOKE_PROPAGATE(stoke_cfg_bool(c, section, "drop_last", &d->drop_last));
+  /* The plan's batch is fixed (one compiled graph, CUDA graphs), so a short last batch would run with the
+   * previous batch's rows (or never-written ones) in its tail: refused, not trained on. */
+  if (!d->drop_last)
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "%s: [data] drop_last = false is not supported for training: every step runs the plan's fixed "
+                     "batch of batch_size samples, so the last short batch of an epoch cannot be trained on its own. "
+                     "Keep drop_last = true (the default: each epoch's remainder is dropped, a different one each "
+                     "epoch when shuffled), or pick a batch_size that divides the data set",
+                     stoke_cfg_where(c, section, "drop_last"));
   STOKE_PROPAGATE(stoke_cfg_bool(c, section, "on_device", &d->on_device));
   STOKE_PROPAGATE(stoke_cfg_float(c, section, "max_skipped", &d->max_skipped));
   STOKE_PROPAGATE(floats_attr(c, "mean", d->mean, sizeof d->mean));

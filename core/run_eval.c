@@ -36,17 +36,26 @@ static stoke_err *next_batch(run_state *s, int32_t *host_labels, stoke_fed *fed)
 /* A language model's evaluation: the mean next-token cross-entropy over
  * every whole batch, computed on the device by the loss node (the logits
  * of a GPT-2 batch, 1.6 GB, never travel); a last partial batch is left
- * out. No accuracy (NaN), as nanoGPT's estimate_loss. */
+ * out, and so is a batch holding a window the source could not read (the
+ * loader fills it with zeros and marks its label -1: scored, its zeros
+ * would pass for text). No accuracy (NaN), as nanoGPT's estimate_loss. */
 static stoke_err *evaluate_lm(run_state *s, stoke_summary *sum) {
   stream *st = &s->eval;
   double total = 0, count = 0, l;
-  int64_t nb = stoke_loader_batches_per_epoch(st->loader), left_out = 0;
-  stoke_err *e = NULL;
+  int64_t nb = stoke_loader_batches_per_epoch(st->loader), left_out = 0, unreadable = 0;
+  int32_t *labels = malloc(sizeof(int32_t) * (size_t)st->batch);
+  stoke_err *e = labels ? NULL : STOKE_ERR(STOKE_E_OOM, "out of memory for evaluation");
   for (int64_t i = 0; i < nb && !e; i++) {
     stoke_fed fed;
-    if ((e = next_batch(s, NULL, &fed))) break;
+    if ((e = next_batch(s, labels, &fed))) break;
     if (fed.n < st->batch) { /* a last partial batch: fed, not run */
       left_out += fed.n;
+      continue;
+    }
+    int bad = 0;
+    for (int64_t r = 0; r < fed.n; r++) bad += labels[r] < 0;
+    if (bad) {
+      unreadable += fed.n;
       continue;
     }
     e = stoke_exec_forward_backward(st->x, 1, 0);
@@ -58,11 +67,17 @@ static stoke_err *evaluate_lm(run_state *s, stoke_summary *sum) {
     e = stoke_dp_sum(s->dp, v, 2);
     total = v[0], count = v[1];
   }
+  free(labels);
   if (!e && !count)
-    e = STOKE_ERR(STOKE_E_DATA, "%s: [eval_data] gave no whole batch of %lld sequences to evaluate",
-                  stoke_cfg_where(s->cfg, "eval_data", "batch_size"), (long long)st->batch);
+    e = STOKE_ERR(STOKE_E_DATA, "%s: [eval_data] gave no whole batch of %lld readable sequences to evaluate%s",
+                  stoke_cfg_where(s->cfg, "eval_data", "batch_size"), (long long)st->batch,
+                  unreadable ? " (batches with an unreadable window are left out: each window is in the log with "
+                               "its reason)" : "");
   if (e) return e->code == STOKE_E_INTERRUPTED ? e : stoke_err_wrap(e, __FILE__, __LINE__, "evaluating on [eval_data]");
   if (left_out) stoke_log(STOKE_LOG_DEBUG, "eval", "a last partial batch of %lld sequences left out", (long long)left_out);
+  if (unreadable)
+    stoke_log(STOKE_LOG_WARN, "eval", "%lld sequences in batches holding an unreadable window were left out of the "
+              "evaluation loss (each window is in the log with its reason)", (long long)unreadable);
   sum->eval_loss = total / count;
   sum->eval_accuracy = NAN;
   sum->eval_samples = (int64_t)count * st->batch;

@@ -190,7 +190,8 @@ static int list_one(stoke_image_list *out, nodes *all, size_t k, strv *files) {
 static int walk_class(stoke_image_list *out, const char *cdir, const struct stat *st, strv *paths) {
   nodes all = {0};
   int rc = nodes_push(&all, strdup(cdir), -1, st);
-  strv *per = NULL; /* files of each folder */
+  strv *per = NULL; /* files of each folder: n_per of them set (all.n may run ahead when a listing fails) */
+  size_t n_per = 0;
   for (size_t k = 0; !rc && k < all.n; k++) {
     strv *np = realloc(per, (k + 1) * sizeof *per);
     if (!np) {
@@ -199,6 +200,7 @@ static int walk_class(stoke_image_list *out, const char *cdir, const struct stat
     }
     per = np;
     memset(&per[k], 0, sizeof per[k]);
+    n_per = k + 1;
     rc = list_one(out, &all, k, &per[k]);
   }
   /* folders by path (sorted(os.walk(...))), files sorted in each */
@@ -224,7 +226,7 @@ static int walk_class(stoke_image_list *out, const char *cdir, const struct stat
       f->v[j] = NULL;
     }
   }
-  for (size_t k = 0; per && k < all.n; k++) strv_free(&per[k]);
+  for (size_t k = 0; k < n_per; k++) strv_free(&per[k]);
   free(per);
   free(order);
   nodes_free(&all);

@@ -202,6 +202,12 @@ void stoke_lmdb_on_assert(MDB_env *env, const char *msg) {
   siglongjmp(g->jb, 1);
 }
 
+void stoke_lmdb_guard_progress(void) {
+  if (!current) return;
+  calls++; /* the next tick sees a number it has not seen: no whole period on one record */
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+}
+
 void stoke_lmdb_guard_set_cpu_limit_ms(long ms) { __atomic_store_n(&cpu_limit_ms, ms, __ATOMIC_RELAXED); }
 
 int stoke_lmdb_guarded(int (*fn)(void *), void *arg, char *why, size_t cap) {

@@ -607,6 +607,7 @@ static stoke_err *open_caffe(lmdb_src *s, MDB_txn *txn, MDB_cursor **curp) {
       have_shape = ok;
       s->encoding = d.encoded ? STOKE_ENC_JPEG : STOKE_ENC_RAW;
     }
+    stoke_lmdb_guard_progress(); /* a record done: the CPU limit is per record, not for the whole scan */
     if (ok) {
       if (d.label > max_label) max_label = d.label;
     } else if (bad++ == 0) {

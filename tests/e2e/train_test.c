@@ -204,6 +204,14 @@ static void test_messages(void **state) {
   assert_non_null(e);
   assert_non_null(strstr(e->msg, "unknown model 'resnet9000'; models available: mlp"));
   stoke_err_free(e);
+  /* drop_last = false: the fixed batch cannot train a short one (its tail would be the last batch's rows) */
+  const char *dl[] = {"data.drop_last=false"};
+  e = run(write_ini("drop.ini", fixed), dl, 1, &s);
+  assert_non_null(e);
+  print_message("%s\n", e->msg);
+  assert_non_null(strstr(e->msg, "drop_last = false is not supported for training"));
+  assert_non_null(strstr(e->msg, "drop_last"));
+  stoke_err_free(e);
 }
 
 /* No GPU (this machine, CI): a GPU backend with device = gpu is a clear

@@ -72,6 +72,19 @@ static int spin(void *p) { /* LMDB's binary search on a damaged page, as far as 
     if (p && i == ~0ul) return 1;
 }
 
+/* The open's scan, as far as the clock can tell: 1.2 s of CPU in one guarded call (8 times the
+ * limit the test sets), a record done every 20 ms. */
+static int scan_records(void *p) {
+  for (int rec = 0; rec < 60; rec++) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    do clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 20000000L);
+    stoke_lmdb_guard_progress();
+  }
+  return *(int *)p;
+}
+
 static int doze(void *p) {
   struct timespec ts = {0, 300 * 1000000L};
   nanosleep(&ts, NULL);
@@ -108,6 +121,9 @@ static void test_loop_stopped_at_cpu_limit(void **state) {
     while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 40000000L);
     assert_int_equal(stoke_lmdb_guarded(fine, &v, why, sizeof why), 5);
   }
+  /* a long call that reports each record done is not a loop: the limit is per record */
+  assert_int_equal(stoke_lmdb_guarded(scan_records, &v, why, sizeof why), 5);
+  stoke_lmdb_guard_progress(); /* outside a guarded call: nothing */
   /* the timer is per thread: another thread's loop is stopped in it */
   pthread_t th;
   void *res = NULL;

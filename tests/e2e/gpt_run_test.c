@@ -1,27 +1,30 @@
-/* tests/e2e/recompute_run_test.c: run.recompute through stoke_train on the
- * CPU: a small GPT trained with recompute = none, a pattern list and auto
- * (a tight run.memory_gb) gives the same losses, weights and summary FLOPs;
- * --dry-run (stoke_run_opts.dry_run) plans without training or a run
- * folder, and batch_size = auto finds a larger batch with recompute = auto
- * than without at the same memory; a bad pattern is a clear error. And,
- * while a small GPT is at hand: a checkpoint of a larger one (a block more)
- * is refused on resume, as PyTorch's strict load refuses it. */
+/* tests/e2e/gpt_run_test.c: a small GPT through stoke_train on the CPU.
+ * run.recompute: the GPT trained with recompute = none, a pattern list and
+ * auto (a tight run.memory_gb) gives the same losses, weights and summary
+ * FLOPs; --dry-run (stoke_run_opts.dry_run) plans without training or a
+ * run folder, and batch_size = auto finds a larger batch with recompute =
+ * auto than without at the same memory; a bad pattern is a clear error.
+ * Resume: a checkpoint of a larger GPT (a block more) is refused, as
+ * PyTorch's strict load refuses it. Evaluation on a token shard: a batch
+ * holding a window the source cannot read is left out of the loss. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "sources/tokens/shard.h"
 #include "stoke/core.h"
 #include "stoke/run.h"
 
-static const char *dirs[] = {"backends/cpu", "sources/synthetic", "models/gpt"};
+static const char *dirs[] = {"backends/cpu", "sources/synthetic", "sources/tokens", "models/gpt"};
 static char tmp[512], ini[600];
 
 static const char *gpt_ini =
@@ -54,7 +57,7 @@ static const char *gpt_ini =
     "lr = 1e-3\n";
 
 static int setup(void **state) {
-  snprintf(tmp, sizeof tmp, "%s/recompute_run_XXXXXX", getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp");
+  snprintf(tmp, sizeof tmp, "%s/gpt_run_XXXXXX", getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp");
   if (!mkdtemp(tmp)) return -1;
   snprintf(ini, sizeof ini, "%s/gpt.ini", tmp);
   FILE *f = fopen(ini, "w");
@@ -182,12 +185,59 @@ static void test_larger_model_refused(void **state) {
   stoke_err_free(e);
 }
 
+/* A shard of n tokens, i % 64 at position i, but token 100 (outside the
+ * vocabulary of 64) at position `bad` (none when negative). */
+static void write_tokens(const char *path, int64_t n, int64_t bad) {
+  unsigned char h[STOKE_SHARD_HEADER_BYTES];
+  stoke_shard_header(h, n);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(h, 1, sizeof h, f), sizeof h);
+  for (int64_t i = 0; i < n; i++) {
+    uint16_t t = i == bad ? 100 : (uint16_t)(i % 64);
+    unsigned char b[2] = {(unsigned char)t, (unsigned char)(t >> 8)};
+    assert_int_equal(fwrite(b, 1, 2, f), 2);
+  }
+  fclose(f);
+}
+
+/* [eval_data] on a shard with one token outside the vocabulary: the loader
+ * marks that window unreadable (zeros, label -1), and the evaluation leaves
+ * its whole batch out of the loss (and says so in log.txt) rather than
+ * scoring the zeros as text: a batch fewer than on the clean shard. */
+static void test_eval_leaves_out_unreadable(void **state) {
+  char clean[700], bad[700], over[760], log[760];
+  snprintf(clean, sizeof clean, "%s/clean.bin", tmp);
+  snprintf(bad, sizeof bad, "%s/bad.bin", tmp);
+  write_tokens(clean, 2048, -1);
+  write_tokens(bad, 2048, 1000);
+  stoke_summary s[2];
+  for (int k = 0; k < 2; k++) {
+    snprintf(over, sizeof over, "eval_data.path=%s", k ? bad : clean);
+    const char *o[] = {"eval_data.source=tokens", over, "eval_data.seq_len=16", "eval_data.vocab=64",
+                       "eval_data.order=sequential", "eval_data.batch_size=4", "run.eval_every=0",
+                       "run.recompute=none"};
+    OK(run(k ? "eval_bad" : "eval_clean", 0, o, 8, &s[k]));
+  }
+  print_message("eval: clean shard %lld sequences, loss %.4f; with one bad token %lld, loss %.4f\n",
+                (long long)s[0].eval_samples, s[0].eval_loss, (long long)s[1].eval_samples, s[1].eval_loss);
+  assert_true(s[0].eval_samples > 0 && isfinite(s[1].eval_loss));
+  assert_true(s[1].eval_samples < s[0].eval_samples);
+  assert_int_equal((s[0].eval_samples - s[1].eval_samples) % 4, 0);
+  snprintf(log, sizeof log, "%s/eval_bad/log.txt", tmp);
+  size_t n;
+  char *text = slurp(log, &n);
+  assert_non_null(strstr(text, "left out of the evaluation loss"));
+  free(text);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_same_training),
       cmocka_unit_test(test_dry_run),
       cmocka_unit_test(test_bad_pattern),
       cmocka_unit_test(test_larger_model_refused),
+      cmocka_unit_test(test_eval_leaves_out_unreadable),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }
