@@ -78,16 +78,6 @@ __global__ void k_unfold_rows(const uint16_t *__restrict__ x, vec8 *__restrict__
   }
 }
 
-// The width fold: unfolded channel k of position wo is x[n, h, wo sw - pw + k / c, k % c], which is
-// value wo sw c + k of the input row staged with pw zero columns each side, so a vector of 8 channels
-// is 8 consecutive staged values, read as four 32-bit words when sw c is even. A block makes row after
-// row (no table, no division per staged value). k_unfold_rows's table lookups (its width-fold form,
-// since removed) took 0.22 ms for ResNet-50's stem (77 MB in, 411 MB out: half the copy rate), once in the
-// forward and once for the weight gradient; this kernel 0.17 ms with the row loaded after the previous
-// row's vectors were written, its DRAM half busy (ncu: 50-58%). PRE > 0: each thread holds its PRE
-// staged values of the block's next row in registers, loaded while this row's vectors are written, so a
-// block never waits for its row's loads (staged <= PRE x 256); 0.147 ms (BENCHMARKS.md run 24). PRE = 0:
-// loaded in place, for rows longer than 1,024 values.
 // Values in the width fold's staged row: the input row with pw zero columns each side, then cu values of slack
 // (zeros) that the last position's vector may read past the row.
 __host__ __device__ __forceinline__ int width_staged(const cu_unfold_geom &g) { return (g.w + 2 * g.pw) * g.c + g.cu; }
@@ -98,6 +88,16 @@ __device__ __forceinline__ uint16_t staged_at(const uint16_t *__restrict__ src, 
   return j >= 0 && j < g.w * g.c ? src[j] : (uint16_t)0;
 }
 
+// The width fold: unfolded channel k of position wo is x[n, h, wo sw - pw + k / c, k % c], which is
+// value wo sw c + k of the input row staged with pw zero columns each side, so a vector of 8 channels
+// is 8 consecutive staged values, read as four 32-bit words when sw c is even. A block makes row after
+// row (no table, no division per staged value). k_unfold_rows's table lookups (its width-fold form,
+// since removed) took 0.22 ms for ResNet-50's stem (77 MB in, 411 MB out: half the copy rate), once in the
+// forward and once for the weight gradient; this kernel 0.17 ms with the row loaded after the previous
+// row's vectors were written, its DRAM half busy (ncu: 50-58%). PRE > 0: each thread holds its PRE
+// staged values of the block's next row in registers, loaded while this row's vectors are written, so a
+// block never waits for its row's loads (staged <= PRE x 256); 0.147 ms (BENCHMARKS.md run 24). PRE = 0:
+// loaded in place, for rows longer than 1,024 values.
 template <int PRE>
 __global__ void __launch_bounds__(256)
     k_unfold_width(const uint16_t *__restrict__ x, vec8 *__restrict__ xu, cu_unfold_geom g, long long rows) {
