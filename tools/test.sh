@@ -11,10 +11,16 @@ cd "$(dirname "$0")/.."
 tools/setup.sh || exit 1
 passed=0
 failed=0
+# the logs of today's test targets only: bazel-testlogs keeps the logs of
+# targets since renamed or removed, which would be counted again
+targets=$(bazel query 'tests(//...)' 2>/dev/null | sed -e 's|^//||' -e 's|:|/|')
 count() { # sum cmocka results over the test logs of the last bazel run
-  local log p f
+  local log p f t
   while IFS= read -r log; do
     [ -n "$filter" ] && case "$log" in *fmnist_test*) continue ;; esac
+    t=${log#bazel-testlogs/}
+    t=${t%/test.log}
+    [ -n "$targets" ] && ! grep -qxF "$t" <<<"$targets" && continue
     p=$(grep -Eo '^\[  PASSED  \] [0-9]+' "$log" | grep -Eo '[0-9]+$' | tail -1)
     f=$(grep -Eo '^\[  FAILED  \] [0-9]+ test' "$log" | grep -Eo '[0-9]+' | tail -1)
     if [ -z "$p$f" ]; then f=1; echo "no cmocka result in $log (crashed?)" >&2; fi
