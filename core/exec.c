@@ -28,6 +28,7 @@ struct stoke_exec {
   void *workspace;
   size_t dev_bytes; /* device memory this exec allocated (stoke_exec_device_bytes) */
   float *amp; /* loss scaler state on the device, or NULL */
+  void *state_kept; /* the state buffer at the step's start (stoke_exec_state_keep), or NULL */
   /* profile: timers[i] is recorded after node i, timers[n] at the start,
    * timers[n + 1] after the update; ms[] accumulates per node (n: update) */
   void **timers;
@@ -432,6 +433,23 @@ stoke_err *stoke_exec_copy(stoke_exec *x, void *dst, const void *src, size_t byt
   return x->dev->stream_sync ? x->dev->stream_sync(x->dev_self, NULL) : NULL;
 }
 
+stoke_err *stoke_exec_state_keep(stoke_exec *x) {
+  size_t n = x->p->bytes[STOKE_BUF_STATE];
+  if (!n || !x->buf[STOKE_BUF_STATE]) return NULL;
+  if (!x->state_kept) STOKE_PROPAGATE(dev_alloc(x, n, &x->state_kept, "the running statistics kept at a step's start"));
+  STOKE_TRY(x->dev->copy(x->dev_self, x->state_kept, x->buf[STOKE_BUF_STATE], n, STOKE_COPY_D2D, x->stream),
+            "keeping the running statistics at the step's start");
+  return NULL;
+}
+
+stoke_err *stoke_exec_state_restore(stoke_exec *x) {
+  size_t n = x->p->bytes[STOKE_BUF_STATE];
+  if (!n || !x->state_kept) return NULL;
+  STOKE_TRY(x->dev->copy(x->dev_self, x->buf[STOKE_BUF_STATE], x->state_kept, n, STOKE_COPY_D2D, x->stream),
+            "putting back the running statistics of the step's start");
+  return x->dev->stream_sync ? x->dev->stream_sync(x->dev_self, x->stream) : NULL;
+}
+
 stoke_err *stoke_exec_read(stoke_exec *x, int value, void *host, size_t bytes) {
   STOKE_TRY(x->dev->copy(x->dev_self, host, value_ptr(x, value), bytes, STOKE_COPY_D2H, NULL),
             "reading '%s' from the device", x->p->g->values[value].name);
@@ -458,6 +476,7 @@ void stoke_exec_free(stoke_exec *x) {
   free(x->join);
   free(x->pend);
   if (x->amp) x->dev->free(x->dev_self, x->amp);
+  if (x->state_kept) x->dev->free(x->dev_self, x->state_kept);
   if (x->clip) x->dev->free(x->dev_self, x->clip);
   if (x->decay) x->dev->free(x->dev_self, x->decay);
   if (x->live) x->dev->free(x->dev_self, x->live);

@@ -28,10 +28,16 @@ static void step_args(run_state *s) {
  * gets the time spent waiting for data. A signal drops the step (a
  * resume redoes it): STOKE_E_INTERRUPTED. */
 static stoke_err *micro_batches(run_state *s, double *wait) {
-  int64_t accumulate = s->rc.run.accumulate;
+  int64_t accumulate = s->rc.run.accumulate, micro = 0;
   stoke_err *e = NULL;
-  for (int64_t micro = 0; micro < accumulate && !e; micro++) {
-    if (run_stop_now(s)) return STOKE_ERR(STOKE_E_INTERRUPTED, "interrupted");
+  /* a step a signal may drop after some of its micro-batches: their forwards move the running statistics,
+   * so the step's start is kept to be put back (the resume redoes the step) */
+  if (accumulate > 1) e = stoke_exec_state_keep(s->train.x);
+  for (; micro < accumulate && !e; micro++) {
+    if (run_stop_now(s)) {
+      e = STOKE_ERR(STOKE_E_INTERRUPTED, "interrupted");
+      break;
+    }
     if (s->dp) stoke_dp_arm(s->dp, micro == accumulate - 1);
     if (!s->rc.data.on_device || s->step == s->start_step) {
       int traced = stoke_trace_has(s->trace, s->step + 1);
@@ -57,6 +63,14 @@ static stoke_err *micro_batches(run_state *s, double *wait) {
       e = stoke_exec_micro(s->train.x, micro == 0, micro == accumulate - 1,
                            stoke_hash3((uint64_t)s->rc.run.seed, (uint64_t)s->step, (uint64_t)micro), &s->opt);
       if (e && micro == accumulate - 1) s->good = -1; /* the update may be half applied */
+    }
+  }
+  if (e && e->code == STOKE_E_INTERRUPTED && micro > 0 && accumulate > 1) {
+    stoke_err *re = stoke_exec_state_restore(s->train.x);
+    if (re) { /* the save on the way out would keep statistics that the resume moves again */
+      s->good = -1;
+      stoke_err_free(e);
+      return re;
     }
   }
   return e;

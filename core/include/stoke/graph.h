@@ -256,6 +256,13 @@ stoke_plan *stoke_exec_plan(stoke_exec *x);
 /* A copy between host and the executor's device (synchronizes). */
 stoke_err *stoke_exec_copy(stoke_exec *x, void *dst, const void *src, size_t bytes,
                            stoke_copy_kind kind);
+/* A step of several micro-batches that a signal drops halfway: each
+ * micro-batch's forward has updated the state buffer (batch norms' running
+ * statistics) already, and the resume redoes them. keep copies the state
+ * buffer on the device (in stream order, no sync) at the step's start;
+ * restore puts it back (synchronizes). No-ops without a state buffer. */
+stoke_err *stoke_exec_state_keep(stoke_exec *x);
+stoke_err *stoke_exec_state_restore(stoke_exec *x);
 /* Copy `value`'s contents to host memory (synchronizes). */
 stoke_err *stoke_exec_read(stoke_exec *x, int value, void *host, size_t bytes);
 
