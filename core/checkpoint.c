@@ -257,6 +257,35 @@ static void header_meta(sbuf *h, const stoke_ckpt_meta *m, const char *optimizer
   sb_put(h, ",\"" META_CRC_KEY "\":\"%08x\"", meta_crc(kv, n));
 }
 
+/* This machine's name as a file name part: dots and slashes made '_'. */
+static void host_tag(char *out, size_t cap) {
+  char h[256] = "";
+  if (gethostname(h, sizeof h - 1)) snprintf(h, sizeof h, "host");
+  h[sizeof h - 1] = 0;
+  snprintf(out, cap, "%.63s", h[0] ? h : "host");
+  for (char *c = out; *c; c++)
+    if (*c == '.' || *c == '/') *c = '_';
+}
+
+void stoke_checkpoint_tmp_path(const char *path, char *out, size_t cap) {
+  char host[64];
+  host_tag(host, sizeof host);
+  snprintf(out, cap, "%s.tmp.%s.%d", path, host, (int)getpid());
+}
+
+long stoke_checkpoint_tmp_pid(const char *suffix) {
+  const char *dot = strrchr(suffix, '.'), *num = dot ? dot + 1 : suffix;
+  if (dot) { /* "<host>.<pid>": only this machine's */
+    char host[64];
+    host_tag(host, sizeof host);
+    if ((size_t)(dot - suffix) != strlen(host) || strncmp(suffix, host, strlen(host))) return 0;
+  }
+  char *end;
+  long pid = strtol(num, &end, 10);
+  if (end == num || *end || pid <= 0 || pid > INT_MAX) return 0;
+  return pid;
+}
+
 /* Whether a tensor of a checkpoint belongs to this plan's model, or is
  * not the model's at all: the optimizer's state and master copies (of
  * this optimizer or another) and BatchNorm's num_batches_tracked. */
@@ -329,8 +358,8 @@ stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ck
   if (!e && !ents) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
   sbuf h = {0};
   int fd = -1;
-  char tmp[PATH_MAX + 32];
-  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+  char tmp[PATH_MAX + 96];
+  stoke_checkpoint_tmp_path(path, tmp, sizeof tmp);
   if (e) goto out;
   int64_t nbt_val = m->step * m->accumulate, nbt_store = 0;
   int n = list_entries(p, hb, p->opt_kernel ? m->optimizer : NULL, nbt_val, &nbt_store, ents, cap);

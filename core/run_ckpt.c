@@ -58,8 +58,9 @@ stoke_err *run_save_on_exit(run_state *s, stoke_err *e) {
 }
 
 /* Before anything is written to out_dir: checkpoint files of processes
- * killed mid-save (checkpoint.safetensors.tmp.PID, that PID gone from this
- * machine) are removed, and another run's checkpoint there is kept: the
+ * killed mid-save (checkpoint.safetensors.tmp.HOST.PID of this machine,
+ * that PID gone) are removed (another machine's, in a shared folder, are
+ * left to it), and another run's checkpoint there is kept: the
  * run is refused unless it continues that checkpoint (run.resume names
  * it) or run.overwrite = true says to start over. */
 stoke_err *run_claim_out_dir(const run_state *s) {
@@ -69,10 +70,9 @@ stoke_err *run_claim_out_dir(const run_state *s) {
   DIR *d = opendir(dir);
   for (struct dirent *de; d && (de = readdir(d));) {
     static const char tmp[] = "checkpoint.safetensors.tmp.";
-    char *end;
     if (strncmp(de->d_name, tmp, sizeof tmp - 1)) continue;
-    long pid = strtol(de->d_name + sizeof tmp - 1, &end, 10);
-    if (end == de->d_name + sizeof tmp - 1 || *end || pid <= 0 || pid > INT_MAX) continue;
+    long pid = stoke_checkpoint_tmp_pid(de->d_name + sizeof tmp - 1); /* 0: another machine's */
+    if (!pid) continue;
     if (pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) continue; /* still saving */
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", dir, de->d_name);

@@ -681,25 +681,37 @@ static void test_bit_flips_detected(void **state) {
   free(b);
 }
 
-/* Temporary files of processes killed mid-save are removed at the next
- * start in that folder (a live process's is kept); another run's
+/* Temporary files of this machine's processes killed mid-save are removed
+ * at the next start in that folder (a live process's is kept, and so is
+ * another machine's, whose PIDs mean nothing here); another run's
  * checkpoint is never replaced silently. */
 static void test_out_dir_claimed(void **state) {
   stoke_summary s;
-  char dir[800], path[900];
+  char dir[800], ckpt[900], path[1000], other[1000], live[1000];
   at_tmp(dir, sizeof dir, "claimed");
   mkdir(dir, 0755);
+  snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", dir);
   pid_t dead = fork();
   if (dead == 0) _exit(0);
   waitpid(dead, NULL, 0);
-  snprintf(path, sizeof path, "%s/checkpoint.safetensors.tmp.%d", dir, (int)dead);
+  stoke_checkpoint_tmp_path(ckpt, path, sizeof path); /* this process's name, the dead child's PID */
+  snprintf(strrchr(path, '.') + 1, 16, "%d", (int)dead);
   write_file(path, "half a checkpoint", 17);
-  snprintf(path, sizeof path, "%s/checkpoint.safetensors.tmp.%d", dir, (int)getppid());
-  write_file(path, "being written", 13);
+  snprintf(path, sizeof path, "%s.tmp.%d", ckpt, (int)dead); /* as stoke named them before the host */
+  write_file(path, "half a checkpoint", 17);
+  snprintf(other, sizeof other, "%s.tmp.another-machine.%d", ckpt, (int)dead);
+  write_file(other, "another machine's", 17);
+  stoke_checkpoint_tmp_path(ckpt, live, sizeof live);
+  snprintf(strrchr(live, '.') + 1, 16, "%d", (int)getppid());
+  write_file(live, "being written", 13);
   stoke_err *e = run_in("claimed", &s, OVER("run.steps=2"));
   if (e) fail_msg("%s", e->msg);
-  assert_int_equal(count_files("claimed", "checkpoint.safetensors.tmp."), 1); /* the live one */
-  unlink(path);
+  assert_int_equal(count_files("claimed", "checkpoint.safetensors.tmp."), 2); /* the live one, the other machine's */
+  struct stat st;
+  assert_int_equal(stat(other, &st), 0);
+  assert_int_equal(stat(live, &st), 0);
+  unlink(live);
+  unlink(other);
   /* a second run there: refused, saying what to do */
   EXPECT_RUN_ERR(run_in("claimed", &s, OVER("run.steps=2")), "holds another run's checkpoint", "step 2",
                  "run.resume=", "run.overwrite=true");

@@ -39,6 +39,16 @@ typedef struct stoke_ckpt_meta {
 stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ckpt_meta *meta,
                                  const char *config_text);
 
+/* The temporary file a save writes before its rename,
+ * "<path>.tmp.<host>.<pid>": this machine's name (dots and slashes made
+ * '_') and this process, so that runs on machines sharing a folder (NFS)
+ * never take or remove each other's. */
+void stoke_checkpoint_tmp_path(const char *path, char *out, size_t cap);
+/* For the part of a file name after "<file>.tmp.": the PID of a temporary
+ * file this machine's process wrote ("<host>.<pid>", or "<pid>" as stoke
+ * named them before), or 0 for another machine's or no such name. */
+long stoke_checkpoint_tmp_pid(const char *suffix);
+
 /* Read `path` back into the executor's buffers. Every tensor the plan
  * needs must be there with its shape and dtype; a truncated or corrupt
  * file, a missing tensor, a shape mismatch, a tensor whose bytes fail their
