@@ -283,22 +283,30 @@ static stoke_err *check_lmdb_file(const char *path, const char *file, size_t *fi
   return NULL;
 }
 
-/* Where the file (dev, ino) is mapped in this process, and how many bytes
- * (*bytes): LMDB does not say (mdb_env_info's me_mapaddr is the fixed
- * address a writer asked for), /proc/self/maps does. NULL when not found:
- * values are then not checked against the file, and the guard alone
- * catches what they fault on. */
-static const char *find_map(dev_t dev, ino_t ino, size_t *bytes) {
+/* Where the file (dev, ino) at `file` is mapped in this process, and how
+ * many bytes (*bytes): LMDB does not say (mdb_env_info's me_mapaddr is the
+ * fixed address a writer asked for), /proc/self/maps does. The device
+ * there is not always stat()'s (btrfs subvolumes, overlayfs before Linux
+ * 6.8), so a line with the inode and the file's resolved path counts too.
+ * NULL when not found: values are then not checked against the file (the
+ * caller warns), and the guard alone catches what they fault on. */
+static const char *find_map(const char *file, dev_t dev, ino_t ino, size_t *bytes) {
   FILE *f = fopen("/proc/self/maps", "r");
   if (!f) return NULL;
-  char line[4352];
+  char line[4352], real[4096];
+  int have_real = realpath(file, real) != NULL;
   const char *found = NULL;
   while (!found && fgets(line, sizeof line, f)) {
     unsigned long long start, end, off, node;
     unsigned maj, min;
     char perms[8];
-    if (sscanf(line, "%llx-%llx %7s %llx %x:%x %llu", &start, &end, perms, &off, &maj, &min, &node) == 7 &&
-        node == (unsigned long long)ino && maj == major(dev) && min == minor(dev) && off == 0) {
+    int at = 0;
+    if (sscanf(line, "%llx-%llx %7s %llx %x:%x %llu %n", &start, &end, perms, &off, &maj, &min, &node, &at) < 7 ||
+        node != (unsigned long long)ino || off != 0)
+      continue;
+    line[strcspn(line, "\n")] = 0;
+    int same_dev = maj == major(dev) && min == minor(dev);
+    if (same_dev || (have_real && at > 0 && !strcmp(line + at, real))) {
       found = (const char *)(uintptr_t)start;
       *bytes = (size_t)(end - start);
     }
@@ -386,7 +394,10 @@ static stoke_err *env_get(lmdb_src *s, int64_t max_readers) {
     se->ino = fs.st_ino;
     se->file_size = file_size;
     size_t mapped = 0;
-    se->map = find_map(fs.st_dev, fs.st_ino, &mapped);
+    se->map = find_map(file, fs.st_dev, fs.st_ino, &mapped);
+    if (!se->map)
+      stoke_host->log(STOKE_LOG_WARN, "lmdb", "%s: its mapping is not in /proc/self/maps, so keys and values are not "
+                      "checked against the file's bounds (a damaged file is still caught by the fault guard)", file);
     se->map_bytes = mapped < file_size ? mapped : file_size;
     se->users = 1;
     se->next = envs;
