@@ -685,6 +685,15 @@ static void track_section(parse_state *p, const char *s, size_t n) {
     was_space = isspace((unsigned char)s[i]);
   }
   if (i >= n) return; /* no ']': inih reports the syntax error */
+  /* inih ignores the rest of the line; only a comment may follow ("[run] steps = 5" would lose the key) */
+  size_t j = i + 1;
+  while (j < n && isspace((unsigned char)s[j])) j++;
+  if (j < n && !strchr(";#", s[j])) {
+    p->err = STOKE_ERR(STOKE_E_INVALID, "%s:%d: text after the section header: '%.*s' (put each key = value on a line "
+                       "of its own after [%.*s])", p->name, p->line, (int)(n - j > 40 ? 40 : n - j), s + j,
+                       (int)(i - 1), s + 1);
+    return;
+  }
   char *name = dup_trim(s + 1, i - 1);
   if (!name) {
     p->err = OOM_ERR();
@@ -719,6 +728,11 @@ static char *read_line(char *str, int num, void *stream) {
   }
   if (memchr(s, '\0', n)) {
     p->err = STOKE_ERR(STOKE_E_INVALID, "%s:%d: NUL byte in line", p->name, p->line);
+    return NULL;
+  }
+  if (memchr(s, '\r', content)) { /* lines ended by CR alone would be read as one line, its keys lost */
+    p->err = STOKE_ERR(STOKE_E_INVALID, "%s:%d: a carriage return inside a line (the file's lines end with CR alone, "
+                       "as old Mac files do?): save it with LF (or CR LF) line endings", p->name, p->line);
     return NULL;
   }
   if (num < 0 || n + 1 > (size_t)num) {

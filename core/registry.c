@@ -103,6 +103,10 @@ static stoke_err *add_part(stoke_registry *r, part_kind kind, const char *name,
   if (!name || !name[0])
     return STOKE_ERR(STOKE_E_INVALID, "%s: a %s was registered without a name",
                      r->current_origin, kind_names[kind]);
+  /* an INI list names parts ("backends = cudnn, cuda"): a space or a comma in a name could not be chosen */
+  if (kind != K_KERNEL && name[strspn(name, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")])
+    return STOKE_ERR(STOKE_E_INVALID, "%s: %s '%s': a name is letters, digits, '_', '.' and '-' only (an INI "
+                     "file names it, in lists too)", r->current_origin, kind_names[kind], name);
   for (int i = 0; i < r->n_parts; i++) {
     part *p = &r->parts[i];
     if (p->kind != kind) continue;
@@ -160,8 +164,41 @@ static stoke_err *check_op_backward(const stoke_registry *r, const stoke_op_type
   return NULL;
 }
 
+/* The callbacks a part of `kind` cannot work without: NULL ones are the
+ * plugin writer's mistake, said here rather than as a crash at the first
+ * use (a run, or the test kit). */
+static stoke_err *check_callbacks(const stoke_registry *r, part_kind kind, const void *def) {
+  const char *missing = NULL;
+  switch (kind) {
+    case K_OP: {
+      const stoke_op_type_v1 *o = def;
+      if (!o->infer) missing = "infer";
+      else if (o->n_attrs > 0 && !o->attrs) missing = "attrs (n_attrs > 0)";
+      break;
+    }
+    case K_SOURCE: {
+      const stoke_source_v1 *x = def;
+      missing = !x->open ? "open" : !x->length ? "length" : !x->info ? "info" : !x->read ? "read" : NULL;
+      break;
+    }
+    case K_MODEL: missing = !((const stoke_model_v1 *)def)->build ? "build" : NULL; break;
+    case K_COMM: {
+      const stoke_comm_v1 *c = def;
+      missing = !c->open ? "open" : !c->all_reduce ? "all_reduce" : NULL;
+      break;
+    }
+    default: break;
+  }
+  if (!missing) return NULL;
+  const char *name = ((const stoke_part_v1 *)def)->name;
+  if (kind == K_OP) name = ((const stoke_op_type_v1 *)def)->name;
+  return STOKE_ERR(STOKE_E_INVALID, "%s: %s '%s' has no %s function (NULL): set it in the struct the plugin registers",
+                   r->current_origin, kind_names[kind], name ? name : "?", missing);
+}
+
 static stoke_err *api_add_op(void *s, const stoke_op_type_v1 *o) {
   STOKE_PROPAGATE(check_part_abi(s, K_OP, o));
+  STOKE_PROPAGATE(check_callbacks(s, K_OP, o));
   if (o->n_inputs > STOKE_MAX_IO || o->n_outputs > STOKE_MAX_IO || o->n_attrs > STOKE_MAX_ATTRS)
     return STOKE_ERR(STOKE_E_INVALID, "op '%s': more than %d inputs/outputs or %d attributes",
                      o->name, STOKE_MAX_IO, STOKE_MAX_ATTRS);
@@ -177,6 +214,7 @@ static stoke_err *api_add_kernel(void *s, const stoke_kernel_v1 *k) {
 /* A versioned part of `kind`: its header first, then the name. */
 static stoke_err *add_versioned(void *s, part_kind kind, const void *def) {
   STOKE_PROPAGATE(check_part_abi(s, kind, def));
+  STOKE_PROPAGATE(check_callbacks(s, kind, def));
   return add_part(s, kind, ((const stoke_part_v1 *)def)->name, def);
 }
 static stoke_err *api_add_backend(void *s, const stoke_backend_v1 *b) { return add_versioned(s, K_BACKEND, b); }

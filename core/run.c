@@ -57,6 +57,9 @@ static stoke_err *load_part(stoke_registry *reg, const stoke_cfg *c, const char 
       stoke_err_free(e);
       return NULL;
     }
+    /* libstoke_<base>.so is there but would not load: that is the reason to show, not only "no such file" */
+    if (e2 && e2->code != STOKE_E_NOT_FOUND)
+      e = stoke_err_note(e, "libstoke_%s.so, which would hold '%s', did not load: %s", base, name, e2->msg);
     stoke_err_free(e2);
   }
   if (!e && find_part(reg, kind, name)) return NULL;

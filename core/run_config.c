@@ -279,11 +279,18 @@ static stoke_err *floats_attr(const stoke_cfg *c, const char *key, char *out, si
   out[0] = 0;
   for (int i = 0; i < n; i++) {
     char *end;
-    strtod(items[i], &end);
-    if (end == items[i] || *end)
-      return STOKE_ERR(STOKE_E_INVALID, "%s: [data] %s: '%s' is not a number",
+    double v = strtod(items[i], &end);
+    if (end == items[i] || *end || !isfinite(v))
+      return STOKE_ERR(STOKE_E_INVALID, "%s: [data] %s: '%s' is not a finite number",
                        stoke_cfg_where(c, "data", key), key, items[i]);
-    used += (size_t)snprintf(out + used, cap - used, "%s%s", i ? ":" : "", items[i]);
+    if (!strcmp(key, "std") && !(v > 0))
+      return STOKE_ERR(STOKE_E_INVALID, "%s: [data] std: %s must be > 0 (the inputs are divided by it)",
+                       stoke_cfg_where(c, "data", key), items[i]);
+    int k = snprintf(out + used, cap - used, "%s%s", i ? ":" : "", items[i]);
+    if (k < 0 || (size_t)k >= cap - used)
+      return STOKE_ERR(STOKE_E_INVALID, "%s: [data] %s: the list is longer than %zu characters (one value a "
+                       "channel, e.g. 0.485, 0.456, 0.406)", stoke_cfg_where(c, "data", key), key, cap - 1);
+    used += (size_t)k;
   }
   return NULL;
 }

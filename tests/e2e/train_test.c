@@ -171,6 +171,17 @@ static void test_cuda_graph_on_cpu(void **state) {
   assert_int_equal(b.launches_per_step, 0);
 }
 
+/* `text` with `over` fails, its message holding each of `says` (NULL-ended). */
+static void refused(const char *text, const char **over, int n_over, const char *const *says) {
+  stoke_summary s;
+  stoke_err *e = run(write_ini("refused.ini", text), over, n_over, &s);
+  if (!e) fail_msg("the run succeeded; expected an error saying '%s'", says[0]);
+  print_message("%s\n", e->msg);
+  for (int i = 0; says[i]; i++)
+    if (!strstr(e->msg, says[i])) fail_msg("the error lacks '%s'", says[i]);
+  stoke_err_free(e);
+}
+
 static void test_messages(void **state) {
   stoke_summary s;
   /* a typo in a key: line number and suggestion */
@@ -204,14 +215,23 @@ static void test_messages(void **state) {
   assert_non_null(e);
   assert_non_null(strstr(e->msg, "unknown model 'resnet9000'; models available: mlp"));
   stoke_err_free(e);
+  /* an engine named base_variant lives in libstoke_base.so (cudnn_classic): when that file is there but does not
+   * load, its own error is the one to see, not only "no libstoke_base_variant.so" */
+  char junk_dir[700], junk[760], path_over[800];
+  snprintf(junk_dir, sizeof junk_dir, "%s/junkplug", tmp);
+  mkdir(junk_dir, 0755);
+  snprintf(junk, sizeof junk, "%s/libstoke_zzz.so", junk_dir);
+  FILE *jf = fopen(junk, "w");
+  assert_non_null(jf);
+  fputs("not an ELF file", jf);
+  fclose(jf);
+  snprintf(path_over, sizeof path_over, "plugins.path=%s", junk_dir);
+  refused(fixed, (const char *[]){path_over, "run.backends=zzz_fast"}, 2,
+          (const char *[]){"unknown backend 'zzz_fast'", "libstoke_zzz.so, which would hold 'zzz_fast', did not load",
+                           NULL});
   /* drop_last = false: the fixed batch cannot train a short one (its tail would be the last batch's rows) */
-  const char *dl[] = {"data.drop_last=false"};
-  e = run(write_ini("drop.ini", fixed), dl, 1, &s);
-  assert_non_null(e);
-  print_message("%s\n", e->msg);
-  assert_non_null(strstr(e->msg, "drop_last = false is not supported for training"));
-  assert_non_null(strstr(e->msg, "drop_last"));
-  stoke_err_free(e);
+  refused(fixed, (const char *[]){"data.drop_last=false"}, 1,
+          (const char *[]){"[data] drop_last = false is not supported for training", NULL});
 }
 
 /* No GPU (this machine, CI): a GPU backend with device = gpu is a clear

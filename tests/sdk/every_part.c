@@ -43,9 +43,16 @@ static const stoke_backend_v1 backend = {V(stoke_backend_v1, 1), .name = "every_
                                          .help = "registers only", .device = STOKE_DEV_CPU,
                                          .device_engine = "cpu"};
 
+/* the callbacks the loader requires of each kind (never called here) */
+static stoke_err *unused(const char *what) { return STOKE_PERR(STOKE_E_UNSUPPORTED, "every_part: %s", what); }
+static stoke_err *s_open(const stoke_cfg *c, const char *section, void **self) { return unused("open"); }
 static int64_t length(void *self) { return 0; }
+static stoke_err *s_info(void *self, stoke_sample_info_v1 *out) { return unused("info"); }
+static stoke_err *s_read(void *self, int64_t index, uint64_t seed, void *dst, int32_t *label) {
+  return unused("read");
+}
 static const stoke_source_v1 source = {V(stoke_source_v1, 2), .name = "every_source", .help = "empty",
-                                       .length = length};
+                                       .open = s_open, .length = length, .info = s_info, .read = s_read};
 
 static stoke_err *build(const stoke_cfg *cfg, const char *section, const stoke_builder_v1 *b, int input,
                         int64_t classes, int *logits) {
@@ -59,7 +66,15 @@ static const stoke_precision_v1 precision = {V(stoke_precision_v1, 4), .name = "
                                              .help = "fp32", .param_dtype = STOKE_F32,
                                              .compute_dtype = STOKE_F32, .master_dtype = STOKE_F32};
 
-static const stoke_comm_v1 comm = {V(stoke_comm_v1, 5), .name = "every_comm", .help = "registers only"};
+static stoke_err *c_open(const stoke_cfg *cfg, const stoke_comm_place_v1 *place, void **self) {
+  return unused("comm open");
+}
+static stoke_err *c_all_reduce(void *self, void *buf, size_t count, stoke_dtype dt, stoke_reduce_op op,
+                                void *stream) {
+  return unused("all_reduce");
+}
+static const stoke_comm_v1 comm = {V(stoke_comm_v1, 5), .name = "every_comm", .help = "registers only",
+                                   .open = c_open, .all_reduce = c_all_reduce};
 
 static const stoke_optimizer_v1 optimizer = {V(stoke_optimizer_v1, 6), .name = "every_optimizer",
                                              .help = "registers only", .n_state = 1,

@@ -539,20 +539,30 @@ static void missing_file(void **state) {
   stoke_cfg_free(c);
 }
 
+/* Lines that are neither key = value, a [section] nor a comment. inih drops
+ * what follows "]" (a key there would be lost without a word), and lines
+ * ended by CR alone are one long line to it (every key after the first
+ * header lost): both are errors too. */
 static void syntax_errors(void **state) {
   (void)state;
-  stoke_cfg *c = make_cfg();
-  expect_err(stoke_cfg_load_string(c, "run.ini", "[run]\n\nsteps 5\n"), STOKE_E_INVALID,
-             "run.ini:3: syntax error: 'steps 5' is not 'key = value', a [section] or a comment");
-  stoke_cfg_free(c);
-  c = make_cfg();
-  expect_err(stoke_cfg_load_string(c, "run.ini", "; x\n[run\nsteps = 5\n"), STOKE_E_INVALID,
-             "run.ini:2: syntax error: '[run' has no closing ']'");
-  stoke_cfg_free(c);
-  c = make_cfg();
-  expect_err(stoke_cfg_load_string(c, "run.ini", "[run]\n= 5\n"), STOKE_E_INVALID,
-             "run.ini:2: syntax error: no key name before '='");
-  stoke_cfg_free(c);
+  static const struct {
+    const char *text, *want;
+  } cases[] = {
+      {"[run]\n\nsteps 5\n", "run.ini:3: syntax error: 'steps 5' is not 'key = value', a [section] or a comment"},
+      {"; x\n[run\nsteps = 5\n", "run.ini:2: syntax error: '[run' has no closing ']'"},
+      {"[run]\n= 5\n", "run.ini:2: syntax error: no key name before '='"},
+      {"; x\n[run] steps = 5\n",
+       "run.ini:2: text after the section header: 'steps = 5' (put each key = value on a line of its own after [run])"},
+      {"[run]]\nsteps = 5\n",
+       "run.ini:1: text after the section header: ']' (put each key = value on a line of its own after [run])"},
+      {"[run]\rsteps = 5\rlr = 99\r", "run.ini:1: a carriage return inside a line (the file's lines end with CR alone, "
+                                       "as old Mac files do?): save it with LF (or CR LF) line endings"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    stoke_cfg *c = make_cfg();
+    expect_err(stoke_cfg_load_string(c, "run.ini", cases[i].text), STOKE_E_INVALID, cases[i].want);
+    stoke_cfg_free(c);
+  }
 }
 
 static void comments_keep_line_numbers(void **state) {
@@ -765,7 +775,27 @@ static void run_config_errors_say_where(void **state) {
              "r.ini:4: [data] batch_size = 'lots': a number of samples (1 to 16777216) or auto");
   stoke_cfg_free(c);
   c = run_cfg("[data]\nmean = 0.5, half\n");
-  expect_err(stoke_run_config_read(c, &rc), STOKE_E_INVALID, "r.ini:2: [data] mean: 'half' is not a number");
+  expect_err(stoke_run_config_read(c, &rc), STOKE_E_INVALID, "r.ini:2: [data] mean: 'half' is not a finite number");
+  stoke_cfg_free(c);
+  c = run_cfg("[data]\nstd = 0.2, nan\n");
+  expect_err(stoke_run_config_read(c, &rc), STOKE_E_INVALID, "r.ini:2: [data] std: 'nan' is not a finite number");
+  stoke_cfg_free(c);
+  c = run_cfg("[data]\n\nstd = 0.2, 0\n");
+  expect_err(stoke_run_config_read(c, &rc), STOKE_E_INVALID,
+             "r.ini:3: [data] std: 0 must be > 0 (the inputs are divided by it)");
+  stoke_cfg_free(c);
+  /* a list longer than its 255 characters: refused, never written past them */
+  char long_mean[1200] = "[data]\nmean = ";
+  for (int i = 0; i < 6; i++) {
+    size_t at = strlen(long_mean);
+    memset(long_mean + at, '1', 150);
+    strcpy(long_mean + at + 150, i < 5 ? ", " : "\n");
+    long_mean[at] = '0', long_mean[at + 1] = '.';
+  }
+  c = run_cfg(long_mean);
+  expect_err(stoke_run_config_read(c, &rc), STOKE_E_INVALID,
+             "r.ini:2: [data] mean: the list is longer than 255 characters (one value a channel, e.g. 0.485, 0.456, "
+             "0.406)");
   stoke_cfg_free(c);
   /* [eval_data] is read only when it names a source */
   c = run_cfg("[eval_data]\nworkers = many\n");

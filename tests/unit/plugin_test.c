@@ -440,6 +440,58 @@ static void test_op_backward_declarations(void **state) {
   stoke_registry_free(r);
 }
 
+/* A part without a callback it cannot work without (an op's infer, a
+ * source's read, a model's build), or with a name an INI list cannot hold,
+ * is refused where it is registered, naming what is missing: it used to
+ * register and crash at its first use (a run, or the test kit). */
+static const stoke_source_v1 *source_to_add;
+static const stoke_model_v1 *model_to_add;
+static stoke_err *reg_parts(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
+  if (source_to_add) return r->add_source(r->self, source_to_add);
+  return r->add_model(r->self, model_to_add);
+}
+
+static stoke_err *add_parts_plugin(stoke_registry *r, const stoke_source_v1 *s, const stoke_model_v1 *m) {
+  static const stoke_plugin_v1 p = {STOKE_ABI_VERSION, sizeof(stoke_plugin_v1), "parts", "", reg_parts};
+  source_to_add = s, model_to_add = m;
+  return stoke_registry_add_plugin(r, &p, "parts.so");
+}
+
+static stoke_err *no_build(const stoke_cfg *c, const char *s, const stoke_builder_v1 *b, int x, int64_t k, int *l) {
+  return NULL;
+}
+
+static void test_required_callbacks_and_names(void **state) {
+  stoke_registry *r = new_registry();
+  stoke_op_type_v1 op = {STOKE_ABI(stoke_op_type_v1), .name = "noinfer", .n_inputs = 1, .n_outputs = 1,
+                         .has_backward = STOKE_NO_GRAD};
+  stoke_err *e = add_op_plugin(r, &op);
+  EXPECT_CODE(e, STOKE_E_INVALID);
+  EXPECT_HAS(e, "op 'noinfer' has no infer function");
+  stoke_err_free(e);
+  op.infer = same_infer, op.n_attrs = 1;
+  e = add_op_plugin(r, &op);
+  EXPECT_HAS(e, "op 'noinfer' has no attrs (n_attrs > 0) function");
+  stoke_err_free(e);
+  stoke_source_v1 src = {STOKE_ABI(stoke_source_v1), .name = "empty"};
+  e = add_parts_plugin(r, &src, NULL);
+  EXPECT_CODE(e, STOKE_E_INVALID);
+  EXPECT_HAS(e, "parts.so: source 'empty' has no open function");
+  stoke_err_free(e);
+  stoke_model_v1 m = {STOKE_ABI(stoke_model_v1), .name = "nobuild"};
+  e = add_parts_plugin(r, NULL, &m);
+  EXPECT_HAS(e, "model 'nobuild' has no build function");
+  stoke_err_free(e);
+  m.name = "tiny net", m.build = no_build;
+  e = add_parts_plugin(r, NULL, &m);
+  EXPECT_CODE(e, STOKE_E_INVALID);
+  EXPECT_HAS(e, "model 'tiny net': a name is letters, digits, '_', '.' and '-' only");
+  stoke_err_free(e);
+  m.name = "tiny_net-2.0";
+  EXPECT_OK(add_parts_plugin(r, NULL, &m));
+  stoke_registry_free(r);
+}
+
 /* Fusion patterns (ABI 3): the core's own are registered in the table a
  * plugin adds to; a pattern needs its three ops' names, and a name taken
  * is a duplicate. */
@@ -492,6 +544,7 @@ int main(void) {
       cmocka_unit_test(test_plugin_path_env),
       cmocka_unit_test(test_op_backward_declarations),
       cmocka_unit_test(test_fusion_patterns),
+      cmocka_unit_test(test_required_callbacks_and_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
