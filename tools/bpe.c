@@ -183,6 +183,8 @@ static stoke_err *load_merges(stoke_bpe *b, char *text, const char *path) {
   stoke_err *e = smap_init(&b->ranks, 65536) ? STOKE_ERR(STOKE_E_OOM, "bpe: out of memory") : NULL;
   int rank = 0;
   for (char *save = NULL, *line = strtok_r(text, "\n", &save); line && !e; line = strtok_r(NULL, "\n", &save)) {
+    size_t len = strlen(line);
+    if (len && line[len - 1] == '\r') line[len - 1] = 0; /* CR LF line endings (a copy made on Windows) */
     if (!strncmp(line, "#version", 8) || !line[0]) continue; /* merges of '#' start with '#' too */
     char *sp = strchr(line, ' ');
     char *k = sp ? strdup(line) : NULL;
@@ -310,12 +312,19 @@ stoke_err *stoke_bpe_encode(const stoke_bpe *b, const char *text, size_t n, int3
   PCRE2_SIZE at = 0;
   while (!e && at < n) {
     int rc = pcre2_match(b->re, (PCRE2_SPTR)text, n, at, 0, b->md, NULL);
-    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc == PCRE2_ERROR_NOMATCH) { /* only bytes no pattern matches are left: invalid UTF-8 */
+      e = bpe_token(b, (const unsigned char *)text + at, n - at, ids, count, &cap);
+      break;
+    }
     if (rc < 0) {
       e = STOKE_ERR(STOKE_E_INTERNAL, "bpe: PCRE2 match error %d at byte %zu", rc, (size_t)at);
       break;
     }
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(b->md);
+    /* PCRE2_MATCH_INVALID_UTF steps over bytes that are not UTF-8: they pass as bytes, a pre-token of their
+     * own (byte-level BPE encodes any byte), so that decoding gives the text back */
+    if (ov[0] > at) e = bpe_token(b, (const unsigned char *)text + at, ov[0] - at, ids, count, &cap);
+    if (e) break;
     if (ov[1] == ov[0]) { /* never for this pattern; step on rather than loop */
       at = ov[0] + 1;
       continue;

@@ -5,6 +5,8 @@
  * bytes for vocab = 256, GPT-2's BPE for vocab 50257 (with its
  * encoder.json and vocab.bpe). Tokens are printed as they come. main()
  * decides the exit code; the library only returns errors. */
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +86,7 @@ int main(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     char *end = NULL;
     int takes = 1;
+    errno = 0;
     if (!strcmp(a, "--prompt") && v) prompt = v;
     else if (!strcmp(a, "--prompt-file") && v) prompt_file = v;
     else if (!strcmp(a, "--encoder") && v) encoder = v;
@@ -100,8 +103,10 @@ int main(int argc, char **argv) {
       usage(stderr);
       return 2;
     }
-    if (end && (*end || end == v || g.max_new < 0 || g.temperature < 0 || g.top_k < 0)) {
-      fprintf(stderr, "stoke: error: generate: %s wants a number >= 0, not '%s'\n", a, v);
+    /* out of range (ERANGE), not a number, or more new tokens than a buffer of them could hold */
+    if (end && (*end || end == v || errno == ERANGE || g.max_new < 0 || g.max_new > 1000000000 ||
+                !(g.temperature >= 0) || isinf(g.temperature) || g.top_k < 0)) {
+      fprintf(stderr, "stoke: error: generate: %s wants a number >= 0 (--tokens at most 1000000000), not '%s'\n", a, v);
       return 2;
     }
     i += takes;

@@ -3,15 +3,18 @@
  * torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
  * MASTER_ADDR, MASTER_PORT) and `run.comm=nccl`; with --nnodes and
  * --node-rank it is one node of several. A program other than an INI file
- * runs as it is (`launch --gpus 2 -- prog args`). SIGINT and SIGTERM go to
- * every rank (a second one kills them); when one rank fails, the others
- * are stopped and the launcher says which rank failed and how. */
+ * runs as it is (`launch --gpus 2 -- prog args`). SIGINT, SIGTERM, SIGHUP
+ * and SIGQUIT go to every rank (a second one kills them), to its whole
+ * process group (a wrapper script's children too); when one rank fails,
+ * the others are stopped and the launcher says which rank failed and how;
+ * a rank whose launcher dies (kill -9) gets SIGTERM. */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -22,6 +25,12 @@ static volatile sig_atomic_t got_signal, signals;
 static void on_signal(int sig) {
   got_signal = sig;
   signals++;
+}
+
+/* `sig` to rank `pid` and everything it started: each rank leads its own
+ * process group (a rank that has not made it yet gets it alone). */
+static void signal_rank(pid_t pid, int sig) {
+  if (kill(-pid, sig) && errno == ESRCH) kill(pid, sig);
 }
 
 static void usage(FILE *f) {
@@ -143,8 +152,9 @@ int main(int argc, char **argv) {
 
   struct sigaction sa = {0};
   sa.sa_handler = on_signal; /* no SA_RESTART: waits return on a signal */
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
+  static const int forwarded_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+  for (int k = 0; k < 4; k++) sigaction(forwarded_signals[k], &sa, NULL);
+  const pid_t launcher = getpid();
   int world = nnodes * gpus;
   pid_t pids[MAX_RANKS];
   int alive = 0;
@@ -153,13 +163,15 @@ int main(int argc, char **argv) {
     pid_t pid = fork();
     if (pid < 0) {
       fprintf(stderr, "launch: error: fork: %s\n", strerror(errno));
-      for (int k = 0; k < r; k++) kill(pids[k], SIGKILL);
+      for (int k = 0; k < r; k++) signal_rank(pids[k], SIGKILL);
       return 1;
     }
     if (pid == 0) {
       setpgid(0, 0); /* Ctrl-C reaches the launcher only, which forwards it once */
-      signal(SIGINT, SIG_DFL);
-      signal(SIGTERM, SIG_DFL);
+      for (int k = 0; k < 4; k++) signal(forwarded_signals[k], SIG_DFL);
+      /* the launcher killed outright (its signals never come): SIGTERM, as a forwarded one */
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != launcher) _exit(1); /* it died before the line above */
 #define SETI(name, x) (snprintf(v, sizeof v, "%d", (x)), setenv(name, v, 1))
       SETI("RANK", node_rank * gpus + r);
       SETI("WORLD_SIZE", world);
@@ -173,6 +185,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "launch: error: cannot start '%s': %s\n", cmd[0], strerror(errno));
       _exit(127);
     }
+    setpgid(pid, pid); /* as the child does: either may run first */
     pids[r] = pid;
     alive++;
   }
@@ -189,7 +202,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "launch: %s: %s every rank\n", strsignal(got_signal),
               sig == SIGKILL ? "killing" : "passing it to");
       for (int r = 0; r < gpus; r++)
-        if (pids[r] > 0) kill(pids[r], sig);
+        if (pids[r] > 0) signal_rank(pids[r], sig);
     }
     int status;
     pid_t pid = waitpid(-1, &status, WNOHANG);
@@ -199,7 +212,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "launch: %d rank%s still running %d s after the failure: killing them\n", alive,
                 alive == 1 ? "" : "s", grace);
         for (int r = 0; r < gpus; r++)
-          if (pids[r] > 0) kill(pids[r], SIGKILL);
+          if (pids[r] > 0) signal_rank(pids[r], SIGKILL);
         stop_at = now_s() + 1e9;
       }
       usleep(50 * 1000);
@@ -219,7 +232,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "launch: rank %d (local rank %d, pid %d) %s; stopping the other %d rank%s\n", failed_rank, r,
               (int)pid, how, alive, alive == 1 ? "" : "s");
       for (int k = 0; k < gpus; k++)
-        if (pids[k] > 0) kill(pids[k], SIGTERM);
+        if (pids[k] > 0) signal_rank(pids[k], SIGTERM);
       stop_at = now_s();
     }
   }

