@@ -889,10 +889,15 @@ stoke_err *stoke_cfg_override(stoke_cfg *c, const char *assignment) {
 /* ------------------------------------------------------------- checking */
 
 /* Every raw entry, in the order given: the first problem. */
-stoke_err *stoke_cfg_validate(const stoke_cfg *c) {
+stoke_err *stoke_cfg_validate(const stoke_cfg *c) { return stoke_cfg_validate_but(c, NULL, 0); }
+
+stoke_err *stoke_cfg_validate_but(const stoke_cfg *c, const char *const *later, int n_later) {
   if (!c) return STOKE_ERR(STOKE_E_INTERNAL, "stoke_cfg_validate: NULL config");
   for (int i = 0; i < c->n_ents; i++) {
     const entry *en = &c->ents[i];
+    int skip = 0;
+    for (int k = 0; k < n_later && !skip; k++) skip = en->section && !strcmp(en->section, later[k]);
+    if (skip) continue;
     /* a declared key whose value an override (or a later file) replaced is
      * not checked: `train run.ini model.name=x model.hidden=128` must be able
      * to replace a value the new model would reject */

@@ -372,24 +372,40 @@ stoke_err *stoke_registry_add_plugin(stoke_registry *r, const stoke_plugin_v1 *p
 /* Whether loading plugin `name` leaves the process alive, tried in a child
  * process (10 s at most): 0 for a library that ends the process loading it
  * or hangs; 1 otherwise, a load failing with an error included (loading it
- * here returns the error). */
+ * here returns the error). The child says it came back from the load by a
+ * byte through a pipe: its exit code alone cannot tell, since a library
+ * may end the process with any code, 0 included. */
 static int load_survives(stoke_registry *r, const char *name) {
+  int fds[2];
+  if (pipe(fds)) return 1; /* no pipe: load it here as before */
   fflush(NULL); /* the child's exit must not write the parent's buffers again */
   pid_t pid = fork();
-  if (pid < 0) return 1; /* no child: load it here as before */
-  if (pid == 0) {
-    stoke_err *e = stoke_registry_load(r, name);
-    _exit(e ? 2 : 0);
+  if (pid < 0) {
+    close(fds[0]), close(fds[1]);
+    return 1; /* no child: load it here as before */
   }
-  int st = 0;
+  if (pid == 0) {
+    close(fds[0]);
+    stoke_err *e = stoke_registry_load(r, name);
+    ssize_t w = write(fds[1], e ? "E" : "S", 1);
+    _exit(w == 1 ? 0 : 3);
+  }
+  close(fds[1]);
+  int st = 0, alive = 0;
   for (int i = 0; i < 1000; i++) { /* 10 s */
     pid_t w = waitpid(pid, &st, WNOHANG);
-    if (w == pid) return WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 2);
-    if (w < 0 && errno != EINTR) return 0;
+    if (w == pid) {
+      char b = 0;
+      alive = WIFEXITED(st) && WEXITSTATUS(st) == 0 && read(fds[0], &b, 1) == 1 && (b == 'S' || b == 'E');
+      close(fds[0]);
+      return alive;
+    }
+    if (w < 0 && errno != EINTR) break;
     nanosleep(&(struct timespec){0, 10000000}, NULL);
   }
-  kill(pid, SIGKILL);
+  if (!alive) kill(pid, SIGKILL);
   waitpid(pid, &st, 0);
+  close(fds[0]);
   return 0;
 }
 

@@ -84,6 +84,10 @@ stoke_err *stoke_run_setup(const stoke_run_opts *o, stoke_cfg **cfg_out, stoke_r
   STOKE_TRY_GOTO(e, fail, stoke_cfg_load_file(c, o->ini_path), "loading the config");
   for (int i = 0; i < o->n_overrides; i++)
     STOKE_TRY_GOTO(e, fail, stoke_cfg_override(c, o->overrides[i]), "applying command-line overrides");
+  /* [run], [plugins] and the sections' names now: a typo there ("paht = dir") said before it sends the
+   * plugin search astray; the parts' sections once their keys are declared (stoke_cfg_validate below) */
+  static const char *const part_sections[] = {"model", "data", "eval_data", "optimizer"};
+  STOKE_TRY_GOTO(e, fail, stoke_cfg_validate_but(c, part_sections, 4), "checking the config");
   STOKE_TRY_GOTO(e, fail, stoke_registry_new(&reg), "");
   for (int i = 0; i < o->n_plugin_dirs && n_dirs < 16; i++) dirs[n_dirs++] = o->plugin_dirs[i];
   stoke_run_config rc; /* the names of the parts: all a config may say before their keys are declared */

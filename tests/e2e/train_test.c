@@ -203,6 +203,11 @@ static void test_messages(void **state) {
   assert_non_null(strstr(e->msg, "backends available: cpu"));
   assert_non_null(strstr(e->msg, "libstoke_cdua.so"));
   stoke_err_free(e);
+  /* the same with the dying plugin ending the process with exit code 0: the probe's child must still be seen to
+   * die (it once took code 0 for "loaded", loaded the library here and this test process ended) */
+  setenv("STOKE_TEST_DIES_CODE", "0", 1);
+  refused(fixed, bad + 1, 1, (const char *[]){"unknown backend 'cdua'", "backends available: cpu", NULL});
+  unsetenv("STOKE_TEST_DIES_CODE");
   /* a precision the CPU cannot run */
   const char *bf[] = {"run.precision=bf16"};
   e = run(write_ini("prec.ini", fixed), bf, 1, &s);
@@ -229,6 +234,11 @@ static void test_messages(void **state) {
   refused(fixed, (const char *[]){path_over, "run.backends=zzz_fast"}, 2,
           (const char *[]){"unknown backend 'zzz_fast'", "libstoke_zzz.so, which would hold 'zzz_fast', did not load",
                            NULL});
+  /* a typo in [plugins] is said before the plugins are looked for (it used to read "plugin 'myspir' not found,
+   * add a folder with [plugins] path = ...", the typo never named) */
+  char typo_plugins[2400];
+  snprintf(typo_plugins, sizeof typo_plugins, "%s\n[plugins]\npaht = somewhere\nload = myspir\n", fixed);
+  refused(typo_plugins, NULL, 0, (const char *[]){"[plugins] unknown key 'paht' (did you mean 'path'?)", NULL});
   /* drop_last = false: the fixed batch cannot train a short one (its tail would be the last batch's rows) */
   refused(fixed, (const char *[]){"data.drop_last=false"}, 1,
           (const char *[]){"[data] drop_last = false is not supported for training", NULL});

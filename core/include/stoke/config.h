@@ -40,6 +40,11 @@ stoke_err *stoke_cfg_override(stoke_cfg *c, const char *assignment);
  *   run.ini:42: [optimizer] unknown key 'momentun' (did you mean 'momentum'?)
  * Call after every plugin has declared its keys. */
 stoke_err *stoke_cfg_validate(const stoke_cfg *c);
+/* The same for every section but the `n_later` named, whose keys parts
+ * declare once they are loaded ([model], [data], ...): a typo in the core's
+ * own sections ([run], [plugins]) or in a section's name is found before
+ * any plugin is looked for. */
+stoke_err *stoke_cfg_validate_but(const stoke_cfg *c, const char *const *later, int n_later);
 
 /* Typed reads (also in the host table): the value given, else the default.
  * Reading an undeclared key or with the wrong type is STOKE_E_INTERNAL;

@@ -3,12 +3,18 @@
  * process ("ASan runtime does not come first", then exit 1). stoke loads
  * every plugin on the path only to list what is there (after a typo, and
  * --help-config: stoke_registry_load_every), each first in a child process:
- * train_test and train_cli_test check that the listing still comes. */
+ * train_test and train_cli_test check that the listing still comes. Its
+ * exit code is 1, or STOKE_TEST_DIES_CODE (0: a library that ends the
+ * process "successfully", which the child's exit code cannot tell apart). */
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "stoke/plugin.h"
 
-__attribute__((constructor)) static void die_on_load(void) { _exit(1); }
+__attribute__((constructor)) static void die_on_load(void) {
+  const char *code = getenv("STOKE_TEST_DIES_CODE");
+  _exit(code ? atoi(code) : 1);
+}
 
 static stoke_err *reg(const stoke_host_v1 *h, const stoke_registry_v1 *r) { return NULL; }
 
