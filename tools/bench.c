@@ -109,15 +109,19 @@ static stoke_err *run_variant(const bench_args *a, int v, int profile, bench_var
   return NULL;
 }
 
+/* A report written whole or not at all: a temporary file beside `path`, renamed over it. */
 static int write_file(const char *path, void (*fn)(const bench_result *, FILE *), const bench_result *r) {
-  FILE *f = fopen(path, "w");
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+  FILE *f = fopen(tmp, "w");
   if (!f) {
-    fprintf(stderr, "stoke: error: cannot write '%s': %s\n", path, strerror(errno));
+    fprintf(stderr, "stoke: error: cannot write '%s': %s\n", tmp, strerror(errno));
     return 1;
   }
   fn(r, f);
-  if (fclose(f)) {
+  if (fclose(f) || rename(tmp, path)) {
     fprintf(stderr, "stoke: error: writing '%s' failed: %s\n", path, strerror(errno));
+    unlink(tmp);
     return 1;
   }
   return 0;

@@ -301,9 +301,13 @@ int main(int argc, char **argv) {
   stoke_run_opts o = {.ini_path = ini, .overrides = overrides, .n_overrides = n_over, .quiet = 1};
   bench b = {0};
   stoke_err *e = bench_open(&b, &o);
+  /* the report goes to a temporary file, renamed over --json only when every count was measured: a failed or
+   * interrupted run leaves the previous report whole */
   FILE *jf = NULL;
-  if (!e && json && !(jf = fopen(json, "w")))
-    e = STOKE_ERR(STOKE_E_IO, "--json %s: cannot create: %s", json, strerror(errno));
+  char jtmp[4200] = "";
+  if (json) snprintf(jtmp, sizeof jtmp, "%s.tmp.%d", json, (int)getpid());
+  if (!e && json && !(jf = fopen(jtmp, "w")))
+    e = STOKE_ERR(STOKE_E_IO, "--json %s: cannot create '%s': %s", json, jtmp, strerror(errno));
   if (e) {
     bench_close(&b);
     free(overrides);
@@ -314,7 +318,7 @@ int main(int argc, char **argv) {
   if (e) {
     bench_close(&b);
     free(overrides);
-    if (jf) fclose(jf);
+    if (jf) fclose(jf), unlink(jtmp);
     return report(stoke_err_wrap(e, __FILE__, __LINE__, "source '%s'", b.src->name));
   }
   char shape[96] = "";
@@ -347,6 +351,9 @@ int main(int argc, char **argv) {
     if (r.images_per_s > best.images_per_s) best = r;
   }
   if (jf && fclose(jf) != 0 && !e) e = STOKE_ERR(STOKE_E_IO, "--json %s: cannot write: %s", json, strerror(errno));
+  if (jf && !e && rename(jtmp, json))
+    e = STOKE_ERR(STOKE_E_IO, "--json %s: renaming '%s' to it: %s", json, jtmp, strerror(errno));
+  if (jf && e) unlink(jtmp);
   if (!e)
     printf("best: %d workers, %.1f images/s (%.1f per worker)\n", best.workers, best.images_per_s,
            best.workers ? best.images_per_s / best.workers : 0);

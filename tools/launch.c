@@ -39,7 +39,8 @@ static void usage(FILE *f) {
           "       launch [options] -- PROGRAM [args ...]\n"
           "Starts one process per local GPU with torchrun's variables; an INI file is\n"
           "trained by the train binary beside this one with run.comm=nccl.\n"
-          "  --gpus N          processes on this node (default: every GPU, from nvidia-smi)\n"
+          "  --gpus N          processes on this node (default: one per GPU in CUDA_VISIBLE_DEVICES,\n"
+          "                    else every GPU, from nvidia-smi)\n"
           "  --nnodes N        nodes in the job (default 1)\n"
           "  --node-rank R     this node's index, 0 to N-1 (default 0)\n"
           "  --master-addr A   rank 0's node (default 127.0.0.1; required with --nnodes > 1)\n"
@@ -47,8 +48,23 @@ static void usage(FILE *f) {
           "  --grace S         seconds the others get to stop after a failure (default 10)\n");
 }
 
-/* GPUs on this machine, from nvidia-smi (0 when it cannot tell). */
+/* GPUs this job may use: CUDA_VISIBLE_DEVICES's entries when it is set (as
+ * CUDA reads it: up to the first entry that is not a device, "-1" none),
+ * else every GPU on the machine, from nvidia-smi (0 when it cannot tell). */
 static int count_gpus(void) {
+  const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+  if (vis) {
+    int n = 0;
+    for (const char *p = vis; *p;) {
+      size_t k = strcspn(p, ",");
+      while (k && *p == ' ') p++, k--;
+      if (!k || *p == '-') break;
+      n++;
+      p += k;
+      if (*p == ',') p++;
+    }
+    return n;
+  }
   FILE *p = popen("nvidia-smi --list-gpus 2>/dev/null", "r");
   if (!p) return 0;
   char line[512];
@@ -126,7 +142,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (!gpus && !(gpus = count_gpus())) {
-    fprintf(stderr, "launch: error: no GPU found (nvidia-smi --list-gpus); say how many processes with --gpus N\n");
+    fprintf(stderr, "launch: error: no GPU found (CUDA_VISIBLE_DEVICES, or nvidia-smi --list-gpus); say how many "
+                    "processes with --gpus N\n");
     return 2;
   }
   /* the command: train beside this binary for an INI file, else as given */

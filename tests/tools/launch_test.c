@@ -173,6 +173,21 @@ static void test_launcher_gone_leaves_nothing(void **state) {
   }
 }
 
+/* Without --gpus: one rank per GPU that CUDA_VISIBLE_DEVICES lets the job use (not every GPU nvidia-smi lists,
+ * whose extra ranks would fail); "-1" lets it use none. */
+static void test_visible_devices(void **state) {
+  (void)state;
+  char out[8192];
+  int rc = run_child_env(LAUNCH, (const char *const[]){"--", "/bin/true", NULL}, "CUDA_VISIBLE_DEVICES=0,2,5", out,
+                         sizeof out);
+  assert_int_equal(rc, 0);
+  EXPECT_HAS(out, "3 processes on this node (ranks 0 to 2 of 3)");
+  rc = run_child_env(LAUNCH, (const char *const[]){"--", "/bin/true", NULL}, "CUDA_VISIBLE_DEVICES=-1", out,
+                     sizeof out);
+  assert_int_equal(rc, 2);
+  EXPECT_HAS(out, "no GPU found (CUDA_VISIBLE_DEVICES");
+}
+
 static void test_bad_options(void **state) {
   (void)state;
   char out[8192];
@@ -194,6 +209,7 @@ int main(void) {
       cmocka_unit_test(test_failing_rank_stops_the_others), cmocka_unit_test(test_killed_rank),
       cmocka_unit_test(test_grace_then_kill),        cmocka_unit_test(test_bad_options),
       cmocka_unit_test(test_children_of_a_rank_stopped), cmocka_unit_test(test_launcher_gone_leaves_nothing),
+      cmocka_unit_test(test_visible_devices),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
