@@ -1,6 +1,7 @@
 /* core/readfile.c: a whole file read into memory, for the config (INI),
  * GPT-2's tokenizer files, a prompt file and the images tools/convert
- * reads: one reader instead of one per caller. */
+ * reads: one reader instead of one per caller; and a file written whole
+ * through a temporary name (the report, the trace, the benchmarks' JSON). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,4 +42,21 @@ stoke_err *stoke_read_file(const char *path, const char *what, char **buf, size_
   b[len] = 0;
   *buf = b, *n = len;
   return NULL;
+}
+
+stoke_err *stoke_write_begin(const char *path, const char *what, char *tmp, size_t cap, FILE **f) {
+  *f = NULL;
+  if ((size_t)snprintf(tmp, cap, "%s.tmp", path) >= cap)
+    return STOKE_ERR(STOKE_E_INVALID, "the %s's path '%s' is too long", what, path);
+  if (!(*f = fopen(tmp, "w"))) return STOKE_ERR(STOKE_E_IO, "cannot write the %s '%s': %s", what, tmp, strerror(errno));
+  return NULL;
+}
+
+stoke_err *stoke_write_end(FILE *f, const char *tmp, const char *path, const char *what, stoke_err *e) {
+  int bad = ferror(f);
+  if ((fclose(f) || bad) && !e)
+    e = STOKE_ERR(STOKE_E_IO, "writing the %s '%s' failed: %s (is the disk full?)", what, tmp, strerror(errno));
+  if (!e && rename(tmp, path)) e = STOKE_ERR(STOKE_E_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+  if (e) remove(tmp);
+  return e;
 }

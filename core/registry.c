@@ -190,8 +190,7 @@ static stoke_err *check_callbacks(const stoke_registry *r, part_kind kind, const
     default: break;
   }
   if (!missing) return NULL;
-  const char *name = ((const stoke_part_v1 *)def)->name;
-  if (kind == K_OP) name = ((const stoke_op_type_v1 *)def)->name;
+  const char *name = ((const stoke_part_v1 *)def)->name; /* an op type starts with the same header */
   return STOKE_ERR(STOKE_E_INVALID, "%s: %s '%s' has no %s function (NULL): set it in the struct the plugin registers",
                    r->current_origin, kind_names[kind], name ? name : "?", missing);
 }
@@ -391,19 +390,19 @@ static int load_survives(stoke_registry *r, const char *name) {
     _exit(w == 1 ? 0 : 3);
   }
   close(fds[1]);
-  int st = 0, alive = 0;
+  int st = 0;
   for (int i = 0; i < 1000; i++) { /* 10 s */
     pid_t w = waitpid(pid, &st, WNOHANG);
     if (w == pid) {
       char b = 0;
-      alive = WIFEXITED(st) && WEXITSTATUS(st) == 0 && read(fds[0], &b, 1) == 1 && (b == 'S' || b == 'E');
+      int alive = WIFEXITED(st) && WEXITSTATUS(st) == 0 && read(fds[0], &b, 1) == 1 && (b == 'S' || b == 'E');
       close(fds[0]);
       return alive;
     }
     if (w < 0 && errno != EINTR) break;
     nanosleep(&(struct timespec){0, 10000000}, NULL);
   }
-  if (!alive) kill(pid, SIGKILL);
+  kill(pid, SIGKILL);
   waitpid(pid, &st, 0);
   close(fds[0]);
   return 0;

@@ -341,15 +341,7 @@ out:
 
 stoke_err *stoke_report_write(const char *path, const stoke_report *r) {
   char tmp[PATH_MAX];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "w");
-  if (!f) return STOKE_ERR(STOKE_E_IO, "cannot write the report '%s': %s", tmp, strerror(errno));
-  stoke_err *e = write_page(f, r);
-  int bad = ferror(f);
-  if (fclose(f) || bad) {
-    if (!e) e = STOKE_ERR(STOKE_E_IO, "writing the report '%s' failed: %s (is the disk full?)", tmp, strerror(errno));
-  }
-  if (!e && rename(tmp, path)) e = STOKE_ERR(STOKE_E_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
-  if (e) remove(tmp);
-  return e;
+  FILE *f;
+  STOKE_PROPAGATE(stoke_write_begin(path, "report", tmp, sizeof tmp, &f));
+  return stoke_write_end(f, tmp, path, "report", write_page(f, r));
 }

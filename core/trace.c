@@ -215,9 +215,8 @@ static void meta(FILE *f, int pid, int tid, const char *what, const char *name, 
 
 stoke_err *stoke_trace_write(stoke_trace *t) {
   char tmp[PATH_MAX + 8];
-  snprintf(tmp, sizeof tmp, "%s.tmp", t->path);
-  FILE *f = fopen(tmp, "w");
-  if (!f) return STOKE_ERR(STOKE_E_IO, "cannot write the trace '%s': %s", tmp, strerror(errno));
+  FILE *f;
+  STOKE_PROPAGATE(stoke_write_begin(t->path, "trace", tmp, sizeof tmp, &f));
   int host = 2 * t->rank, gpu = 2 * t->rank + 1;
   char name[64];
   fputs("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", f);
@@ -255,11 +254,5 @@ stoke_err *stoke_trace_write(stoke_trace *t) {
   fprintf(f, "{\"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"name\": \"process_labels\", \"args\": {\"labels\": "
              "\"stoke steps %lld-%lld%s%s\"}}\n]}\n", host, (long long)t->first, (long long)t->last,
           t->eager_of_graph ? "; " : "", t->eager_of_graph ? EAGER_NOTE : "");
-  int bad = ferror(f);
-  if (fclose(f) || bad) {
-    remove(tmp);
-    return STOKE_ERR(STOKE_E_IO, "writing the trace '%s' failed: %s (is the disk full?)", tmp, strerror(errno));
-  }
-  if (rename(tmp, t->path)) return STOKE_ERR(STOKE_E_IO, "cannot rename '%s': %s", tmp, strerror(errno));
-  return NULL;
+  return stoke_write_end(f, tmp, t->path, "trace", NULL);
 }

@@ -109,22 +109,19 @@ static stoke_err *run_variant(const bench_args *a, int v, int profile, bench_var
   return NULL;
 }
 
-/* A report written whole or not at all: a temporary file beside `path`, renamed over it. */
+/* A report written whole or not at all (stoke_write_begin/end: a temporary file renamed over `path`). */
 static int write_file(const char *path, void (*fn)(const bench_result *, FILE *), const bench_result *r) {
   char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-  FILE *f = fopen(tmp, "w");
-  if (!f) {
-    fprintf(stderr, "stoke: error: cannot write '%s': %s\n", tmp, strerror(errno));
-    return 1;
+  FILE *f;
+  stoke_err *e = stoke_write_begin(path, "benchmark report", tmp, sizeof tmp, &f);
+  if (!e) {
+    fn(r, f);
+    e = stoke_write_end(f, tmp, path, "benchmark report", NULL);
   }
-  fn(r, f);
-  if (fclose(f) || rename(tmp, path)) {
-    fprintf(stderr, "stoke: error: writing '%s' failed: %s\n", path, strerror(errno));
-    unlink(tmp);
-    return 1;
-  }
-  return 0;
+  if (!e) return 0;
+  fprintf(stderr, "stoke: error: %s\n", e->msg);
+  stoke_err_free(e);
+  return 1;
 }
 
 int main(int argc, char **argv) {

@@ -302,12 +302,10 @@ int main(int argc, char **argv) {
   bench b = {0};
   stoke_err *e = bench_open(&b, &o);
   /* the report goes to a temporary file, renamed over --json only when every count was measured: a failed or
-   * interrupted run leaves the previous report whole */
+   * interrupted run leaves the previous report whole (stoke_write_begin/end) */
   FILE *jf = NULL;
   char jtmp[4200] = "";
-  if (json) snprintf(jtmp, sizeof jtmp, "%s.tmp.%d", json, (int)getpid());
-  if (!e && json && !(jf = fopen(jtmp, "w")))
-    e = STOKE_ERR(STOKE_E_IO, "--json %s: cannot create '%s': %s", json, jtmp, strerror(errno));
+  if (!e && json) e = stoke_write_begin(json, "--json report", jtmp, sizeof jtmp, &jf);
   if (e) {
     bench_close(&b);
     free(overrides);
@@ -316,10 +314,11 @@ int main(int argc, char **argv) {
   stoke_sample_info_v1 info = {0};
   e = b.src->info(b.src_self, &info);
   if (e) {
+    e = stoke_err_wrap(e, __FILE__, __LINE__, "source '%s'", b.src->name); /* before bench_close frees the source */
+    if (jf) e = stoke_write_end(jf, jtmp, json, "--json report", e); /* given e: the temporary file goes */
     bench_close(&b);
     free(overrides);
-    if (jf) fclose(jf), unlink(jtmp);
-    return report(stoke_err_wrap(e, __FILE__, __LINE__, "source '%s'", b.src->name));
+    return report(e);
   }
   char shape[96] = "";
   for (int i = 0, k = 0; i < info.shape.ndim; i++)
@@ -350,10 +349,7 @@ int main(int argc, char **argv) {
     }
     if (r.images_per_s > best.images_per_s) best = r;
   }
-  if (jf && fclose(jf) != 0 && !e) e = STOKE_ERR(STOKE_E_IO, "--json %s: cannot write: %s", json, strerror(errno));
-  if (jf && !e && rename(jtmp, json))
-    e = STOKE_ERR(STOKE_E_IO, "--json %s: renaming '%s' to it: %s", json, jtmp, strerror(errno));
-  if (jf && e) unlink(jtmp);
+  if (jf) e = stoke_write_end(jf, jtmp, json, "--json report", e);
   if (!e)
     printf("best: %d workers, %.1f images/s (%.1f per worker)\n", best.workers, best.images_per_s,
            best.workers ? best.images_per_s / best.workers : 0);

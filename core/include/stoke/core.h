@@ -59,6 +59,15 @@ void stoke_free(void *p);
  * "tokenizer file"): "cannot open config 'path': reason". */
 stoke_err *stoke_read_file(const char *path, const char *what, char **buf, size_t *n);
 
+/* A file written whole or not at all (a report, a trace, a benchmark's
+ * JSON): stoke_write_begin opens "<path>.tmp" (tmp: cap bytes, at least
+ * strlen(path) + 5) for writing; stoke_write_end checks the stream for a
+ * write error (a full disk), closes it and renames it over `path`, or,
+ * given an error (`e`, already the caller's) or on one of its own, removes
+ * it and returns the error. `what` names the file in messages ("report"). */
+stoke_err *stoke_write_begin(const char *path, const char *what, char *tmp, size_t cap, FILE **f);
+stoke_err *stoke_write_end(FILE *f, const char *tmp, const char *path, const char *what, stoke_err *e);
+
 /* The host-services table handed to plugins. */
 const stoke_host_v1 *stoke_host_table(void);
 
