@@ -370,14 +370,19 @@ stoke_err *stoke_loader_new(const stoke_loader_opts *o, stoke_loader **out) {
   l->classes = l->info.classes;
   l->sample_bytes = (size_t)stoke_numel(&l->info.shape) * stoke_dtype_size(l->info.dtype);
   int64_t total = o->src->length(o->src_self);
-  l->shard_len = total / o->world; /* equal shards: the remainder is dropped */
+  /* Training (drop_last): equal shards, so that every rank runs the same
+   * number of steps (each ends in an all-reduce); the remainder is dropped.
+   * Evaluation (drop_last = 0): rank r takes samples r, r + world, ...,
+   * so that every sample is scored once across the ranks (the first
+   * total % world ranks one more each); the ranks share only the sums. */
+  l->shard_len = o->drop_last ? total / o->world : (total - o->rank + o->world - 1) / o->world;
   l->per_epoch = o->drop_last ? l->shard_len / o->batch : (l->shard_len + o->batch - 1) / o->batch;
   if (l->per_epoch < 1) {
     free(l);
     return STOKE_ERR(STOKE_E_INVALID,
                      "loader: source '%s' has %lld samples (%lld for this rank), fewer than one "
                      "batch of %lld; lower batch_size",
-                     o->src->name, (long long)total, (long long)total / o->world, (long long)o->batch);
+                     o->src->name, (long long)total, (long long)l->shard_len, (long long)o->batch);
   }
   pthread_mutex_init(&l->mu, NULL);
   pthread_cond_init(&l->cv_free, NULL);

@@ -131,6 +131,42 @@ static void test_shards_cover_each_sample_once(void **state) {
   }
 }
 
+/* Evaluation's loader (drop_last = 0, not shuffled, as run_open_stream
+ * opens [eval_data]): the shards are uneven so that every sample is scored
+ * exactly once across the ranks; 1000 samples over 3 ranks: 334, 333, 333,
+ * each rank's last batch short. (Equal shards dropped up to world - 1.) */
+static void test_eval_shards_score_every_sample(void **state) {
+  const int world = 3;
+  int seen[LEN];
+  memset(seen, 0, sizeof seen);
+  int64_t rows = 0;
+  for (int r = 0; r < world; r++) {
+    stoke_loader_opts o = {&idx_source, NULL, &host, NULL, 10, 2, 3, 0, 0, 42, r, world, 0, NULL, 1, 0};
+    stoke_loader *l;
+    stoke_err *e = stoke_loader_new(&o, &l);
+    if (e) fail_msg("%s", e->msg);
+    int64_t per = stoke_loader_batches_per_epoch(l), mine = (LEN - r + world - 1) / world;
+    assert_int_equal(per, (mine + 9) / 10);
+    for (int64_t k = 0; k < per; k++) {
+      stoke_batch *b;
+      assert_null(stoke_loader_next(l, &b, NULL));
+      check_batch(b);
+      assert_int_equal(b->n, k + 1 < per ? 10 : mine - 10 * (per - 1));
+      for (int64_t s = 0; s < b->n; s++) {
+        int32_t i = ((const int32_t *)b->x)[s * FEAT];
+        assert_int_equal(i % world, r);
+        seen[i]++;
+      }
+      rows += b->n;
+      stoke_loader_release(l, b);
+    }
+    stoke_loader_free(l);
+  }
+  assert_int_equal(rows, LEN);
+  for (int i = 0; i < LEN; i++)
+    if (seen[i] != 1) fail_msg("sample %d scored %d times", i, seen[i]);
+}
+
 static void test_epochs_reshuffle(void **state) {
   stoke_loader *l = open_loader(2, 3, 0, 1, 100, NULL);
   int32_t first[2] = {-1, -1};
@@ -329,6 +365,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_same_batches_any_worker_count),
       cmocka_unit_test(test_shards_cover_each_sample_once),
+      cmocka_unit_test(test_eval_shards_score_every_sample),
       cmocka_unit_test(test_epochs_reshuffle),
       cmocka_unit_test(test_bad_samples_replaced_and_counted),
       cmocka_unit_test(test_bad_samples_warned_once),

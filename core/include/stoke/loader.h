@@ -27,7 +27,8 @@ typedef struct stoke_loader_opts {
   int shuffle;
   int drop_last;
   uint64_t seed;
-  int rank, world;  /* shard: rank takes every world-th sample */
+  int rank, world;  /* shard: rank takes every world-th sample (drop_last: equal shards, the
+                     * remainder dropped; else the first total % world ranks one more) */
   int64_t start_batch; /* resume: the first batch to deliver (counted across epochs) */
   /* a flag (set by a signal handler) that makes stoke_loader_next stop
    * waiting: it returns STOKE_E_INTERRUPTED with *b = NULL; NULL: none */
