@@ -256,8 +256,12 @@ stoke_err *run_open_stream(run_state *s, stream *st, const stoke_data_config *dc
   else
     STOKE_TRY(stoke_exec_new_shared(st->plan, s->train.x, &st->x), "preparing the evaluation plan");
   /* resumed: the same place in the global sample order, whatever the
-   * number of processes or the batch size it was saved with */
-  if (training && s->resume.step > 0)
+   * number of processes or the batch size it was saved with; with
+   * on_device the run trains on its first batch every step, so a resumed
+   * one takes the first batch again (an uninterrupted run's), not the one
+   * at its step */
+  if (training && dc->on_device) start_batch = 0;
+  else if (training && s->resume.step > 0)
     start_batch = stoke_dist_resume_batch(s->resume.step, s->resume.accumulate,
                                           s->resume.batch > 0 ? s->resume.batch : st->batch,
                                           s->resume.world, st->batch, s->world);

@@ -446,6 +446,29 @@ static void test_resume_keeps_scaler(void **state) {
   same_tensors(full.checkpoint, rest.checkpoint);
 }
 
+/* [data] on_device = true trains on the run's first batch every step (the
+ * benchmark mode): a run resumed from step 6 trains on that same batch, so
+ * 6 + 3 steps give the 9 straight steps' tensors bit for bit (the resume
+ * took the batch at step 6 before: the runs parted at step 7). */
+static void test_resume_on_device(void **state) {
+  stoke_summary full, half, rest;
+  const char *o9[] = {"run.steps=9", "data.on_device=true", "run.deterministic=true", "run.log_every=3"};
+  out_sub = "od_full";
+  train_ok(o9, 4, &full);
+  const char *o6[] = {"run.steps=6", "data.on_device=true", "run.deterministic=true", "run.log_every=3"};
+  out_sub = "od_half";
+  train_ok(o6, 4, &half);
+  char resume[700];
+  snprintf(resume, sizeof resume, "run.resume=%s", half.checkpoint);
+  const char *o_rest[] = {"run.steps=9", "data.on_device=true", "run.deterministic=true", "run.log_every=3", resume};
+  out_sub = "od_rest";
+  train_ok(o_rest, 5, &rest);
+  out_sub = "out";
+  print_message("on_device, loss at 9: straight %.9g, resumed %.9g\n", full.final_loss, rest.final_loss);
+  assert_memory_equal(&full.final_loss, &rest.final_loss, sizeof(double));
+  same_tensors(full.checkpoint, rest.checkpoint);
+}
+
 /* The bytes of a whole file, NUL-terminated (its size in *n). */
 static char *slurp(const char *path, size_t *n) {
   FILE *f = fopen(path, "rb");
@@ -656,6 +679,7 @@ int main(void) {
       cmocka_unit_test(test_batch_auto),
       cmocka_unit_test(test_resume_equals_uninterrupted),
       cmocka_unit_test(test_resume_keeps_scaler),
+      cmocka_unit_test(test_resume_on_device),
       cmocka_unit_test(test_nan_weights_not_saved),
       cmocka_unit_test(test_metrics_appended),
       cmocka_unit_test(test_other_optimizer_said),
