@@ -236,19 +236,19 @@ stoke_err *convert_text(const text_opts *o) {
   if (!e && !train.n)
     e = STOKE_ERR(STOKE_E_DATA, "convert text: %d input file%s gave no tokens to train on (empty?): nothing written",
                   in.n, in.n == 1 ? "" : "s");
-  if (!e && val.n > INT32_MAX)
-    e = STOKE_ERR(STOKE_E_INVALID, "convert text: the validation split has %lld tokens, more than one shard holds "
-                  "(%d): lower --val", (long long)val.n, INT32_MAX);
   glob_t old = {0};
   if (!e) e = old_shards(o->out, &old);
   if (!e && old.gl_pathc && !o->force)
     e = STOKE_ERR(STOKE_E_INVALID, "convert text: '%s' exists (a shard of an earlier conversion, %zu in all): --force "
                   "replaces the whole set, or choose another --out", old.gl_pathv[0], (size_t)old.gl_pathc);
   char path[4096];
-  int shards = 0;
-  if (!e && o->val > 0) {
-    snprintf(path, sizeof path, "%s_val_%06d.bin", o->out, 0);
-    e = write_shard(path, val.t, val.n, o->force);
+  /* llm.c's names: the validation split from PREFIX_val_000000.bin on, the training shards from
+   * PREFIX_train_000001.bin; each at most --shard-tokens (the header counts in int32) */
+  int shards = 0, val_shards = 0;
+  for (int64_t at = 0; !e && o->val > 0 && (at < val.n || !at); at += o->shard_tokens) {
+    int64_t n = val.n - at < o->shard_tokens ? val.n - at : o->shard_tokens;
+    snprintf(path, sizeof path, "%s_val_%06d.bin", o->out, val_shards++);
+    e = write_shard(path, val.t + at, n, o->force);
   }
   for (int64_t at = 0; !e && at < train.n; at += o->shard_tokens) {
     int64_t n = train.n - at < o->shard_tokens ? train.n - at : o->shard_tokens;
@@ -258,8 +258,10 @@ stoke_err *convert_text(const text_opts *o) {
   for (size_t i = 0; !e && i < old.gl_pathc; i++) { /* --force: the earlier set's shards not written again */
     const char *p = old.gl_pathv[i];
     int again = 0;
-    snprintf(path, sizeof path, "%s_val_%06d.bin", o->out, 0);
-    again = o->val > 0 && !strcmp(p, path);
+    for (int k = 0; k < val_shards && !again; k++) {
+      snprintf(path, sizeof path, "%s_val_%06d.bin", o->out, k);
+      again = !strcmp(p, path);
+    }
     for (int k = 1; k <= shards && !again; k++) {
       snprintf(path, sizeof path, "%s_train_%06d.bin", o->out, k);
       again = !strcmp(p, path);
@@ -269,10 +271,10 @@ stoke_err *convert_text(const text_opts *o) {
   }
   globfree(&old);
   if (!e)
-    printf("convert: wrote %lld training tokens in %d shard%s (%s_train_*.bin) and %lld validation tokens (%s_val_000000.bin) "
-           "from %d files, tokenizer %s (vocabulary %d)\n",
-           (long long)train.n, shards, shards == 1 ? "" : "s", o->out, (long long)val.n, o->out, in.n, o->tokenizer,
-           gpt2 ? STOKE_BPE_VOCAB : 256);
+    printf("convert: wrote %lld training tokens in %d shard%s (%s_train_*.bin) and %lld validation tokens in %d "
+           "(%s_val_*.bin) from %d files, tokenizer %s (vocabulary %d)\n",
+           (long long)train.n, shards, shards == 1 ? "" : "s", o->out, (long long)val.n, val_shards, o->out, in.n,
+           o->tokenizer, gpt2 ? STOKE_BPE_VOCAB : 256);
   for (int i = 0; i < in.n; i++) free(in.p[i]);
   free(in.p);
   free(train.t);

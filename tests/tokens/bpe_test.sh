@@ -140,6 +140,17 @@ for arg in "--tokens 99999999999999999999" "--tokens 4611686018427387904" "--tem
 done
 if [ $bad = 0 ]; then passed=$((passed + 1)); echo "ok: generate refuses out-of-range numbers"
 else failed=$((failed + 1)); echo "FAIL: generate took an out-of-range number: '$msg'"; fi
+# a validation split larger than one shard goes into several (PREFIX_val_000000.bin, 000001, ...), each at most
+# --shard-tokens, together the file's last bytes in order (one shard whose int32 count could not hold it was refused)
+"$convert" text --input texts/6_long_word.txt --val 0.5 --shard-tokens 900 --out out/vsplit --force >/dev/null
+vals=$(ls out/vsplit_val_*.bin | tr '\n' ' ')
+got=$(for f in out/vsplit_val_*.bin; do od -An -tu2 -v -j1024 "$f"; done | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')
+want=$(tail -c 2000 texts/6_long_word.txt | od -An -tu1 -v | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')
+if [ "$vals" = "out/vsplit_val_000000.bin out/vsplit_val_000001.bin out/vsplit_val_000002.bin " ] && [ "$got" = "$want" ]; then
+  passed=$((passed + 1)); echo "ok: a validation split in 3 shards"
+else
+  failed=$((failed + 1)); echo "FAIL: validation split shards: $vals"
+fi
 # byte level: the ids are the file's bytes
 "$convert" text --input texts/3_unicode.txt --val 0 --out out/bytes --force >/dev/null
 got=$(od -An -tu2 -v -j1024 out/bytes_train_000001.bin | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')
