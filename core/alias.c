@@ -62,11 +62,19 @@ static int view_offset(const stoke_graph *g, const stoke_gnode *n, int j, size_t
 }
 
 /* A gradient value only this backward node writes, in the arena (not a
- * parameter's, which accumulates in the flat buffer), with no alias yet. */
+ * parameter's, which accumulates in the flat buffer), with no alias yet.
+ * A folded gradient sum (core/fuse_grad.c) has another node add into the
+ * value (din_accumulate): as a view of the node's own input gradient, that
+ * add would land in memory other values may share (add gives one gradient
+ * to both its inputs), so such a value keeps its own memory. */
 static int fresh_grad(const stoke_graph *g, int v, int node) {
-  const stoke_value *val = &g->values[v];
-  return v >= 0 && val->kind == STOKE_VAL_GRAD && val->buffer == STOKE_BUF_ARENA && val->producer == node &&
-         val->alias < 0;
+  const stoke_value *val = v >= 0 ? &g->values[v] : NULL;
+  if (!val || val->kind != STOKE_VAL_GRAD || val->buffer != STOKE_BUF_ARENA || val->producer != node || val->alias >= 0)
+    return 0;
+  for (int i = g->n_fwd; i < g->n_nodes; i++)
+    for (int k = 0; k < g->nodes[i].n_in; k++)
+      if (g->nodes[i].din[k] == v && ((g->nodes[i].din_accumulate >> k) & 1u)) return 0;
+  return 1;
 }
 
 /* The schedule span of every value sharing root r: [first, last]. */
