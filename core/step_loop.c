@@ -65,10 +65,16 @@ static stoke_err *micro_batches(run_state *s, double *wait) {
       if (e && micro == accumulate - 1) s->good = -1; /* the update may be half applied */
     }
   }
-  if (e && e->code == STOKE_E_INTERRUPTED && micro > 0 && accumulate > 1) {
+  /* a dropped step (a signal, or an error: unreadable data, a kernel's failure) whose micro-batches ran: the
+   * save on the way out is of the last whole step, so its running statistics are put back */
+  if (e && micro > 0 && accumulate > 1) {
     stoke_err *re = stoke_exec_state_restore(s->train.x);
-    if (re) { /* the save on the way out would keep statistics that the resume moves again */
+    if (re) { /* the save would keep statistics that the resume moves again */
       s->good = -1;
+      if (e->code != STOKE_E_INTERRUPTED) { /* the step's own error says more */
+        stoke_err_free(re);
+        return e;
+      }
       stoke_err_free(e);
       return re;
     }

@@ -69,6 +69,12 @@ static const char *at_tmp(char *buf, size_t cap, const char *name) {
 /* The INI the runs read: base_ini, or a test's own while it sets it. */
 static const char *ini_text;
 
+/* The teardown of a test that sets ini_text: base_ini again, also after a failure. */
+static int reset_ini(void **state) {
+  ini_text = NULL;
+  return 0;
+}
+
 static const char *ini_path(void) {
   static char path[600];
   at_tmp(path, sizeof path, "robust.ini");
@@ -345,6 +351,19 @@ static void write_file(const char *path, const void *data, size_t n) {
   fclose(f);
 }
 
+/* An 8 x 8 JPEG at `path`, its pixels drawn from `salt`. */
+static void write_jpeg(const char *path, int salt) {
+  uint8_t px[8 * 8 * 3];
+  for (int k = 0; k < (int)sizeof px; k++) px[k] = (uint8_t)(k * 7 + salt);
+  tjhandle t = tjInitCompress();
+  unsigned char *jpg = NULL;
+  unsigned long jn = 0;
+  assert_int_equal(tjCompress2(t, px, 8, 0, 8, TJPF_RGB, &jpg, &jn, TJSAMP_444, 90, 0), 0);
+  write_file(path, jpg, jn);
+  tjFree(jpg);
+  tjDestroy(t);
+}
+
 /* An image folder of 2 classes, each holding `bad` files that are not JPEGs
  * and `good` 8 x 8 JPEGs. */
 static void image_folder(const char *name, int good, int bad) {
@@ -359,16 +378,8 @@ static void image_folder(const char *name, int good, int bad) {
       write_file(p, "not a JPEG at all", 17);
     }
     for (int i = 0; i < good; i++) {
-      uint8_t px[8 * 8 * 3];
-      for (int k = 0; k < (int)sizeof px; k++) px[k] = (uint8_t)(k * 7 + i * 31 + c * 101);
-      tjhandle t = tjInitCompress();
-      unsigned char *jpg = NULL;
-      unsigned long jn = 0;
-      assert_int_equal(tjCompress2(t, px, 8, 0, 8, TJPF_RGB, &jpg, &jn, TJSAMP_444, 90, 0), 0);
       snprintf(p, sizeof p, "%s/%s/c%d/good%d.jpg", tmp, name, c, i);
-      write_file(p, jpg, jn);
-      tjFree(jpg);
-      tjDestroy(t);
+      write_jpeg(p, i * 31 + c * 101);
     }
   }
 }
@@ -405,6 +416,65 @@ static void test_eval_skips_bad(void **state) {
   if (e) fail_msg("%s", e->msg);
   print_message("eval over %lld samples: accuracy %.4f\n", (long long)s.eval_samples, s.eval_accuracy);
   assert_int_equal(s.eval_samples, 11);
+}
+
+/* A data error in the middle of an accumulated step: samples 0-9 are
+ * JPEGs, 10-39 are not (in order: shuffle off), so the loader gives up in
+ * micro-batch 2 of step 3 (batches of 2, 2 a step). The step is dropped,
+ * and the checkpoint saved on the way out must hold the running statistics
+ * of a run that stopped after step 2, bit for bit: micro-batch 1 of step 3
+ * had moved them (only a signal put them back). */
+static void test_data_error_mid_step_keeps_statistics(void **state) {
+  char p[800];
+  for (int c = 0; c < 2; c++) {
+    snprintf(p, sizeof p, "%s/goodbad/c%d", tmp, c);
+    mkdir(at_tmp(p, sizeof p, "goodbad"), 0755);
+    snprintf(p, sizeof p, "%s/goodbad/c%d", tmp, c);
+    mkdir(p, 0755);
+  }
+  for (int i = 0; i < 10; i++) {
+    snprintf(p, sizeof p, "%s/goodbad/c0/a%02d.jpg", tmp, i);
+    write_jpeg(p, i * 37);
+  }
+  for (int i = 0; i < 30; i++) {
+    snprintf(p, sizeof p, "%s/goodbad/c0/b%02d.jpg", tmp, i);
+    write_file(p, "not a JPEG at all", 17);
+  }
+  snprintf(p, sizeof p, "%s/goodbad/c1/a00.jpg", tmp);
+  write_jpeg(p, 5);
+  char root[800];
+  snprintf(root, sizeof root, "data.root=%s/goodbad", tmp);
+  ini_text = "[run]\nbackends = cpu\nseed = 5\nprogress = off\nlog_every = 1\naccumulate = 2\n"
+             "[data]\nsource = jpeg\nsize = 8\ntrain = false\nresize = 8\n"
+             "batch_size = 2\nshuffle = false\nworkers = 1\n"
+             "[model]\nname = resnet\ndepth = 18\nstem = cifar\nwidth = 2\n"
+             "[optimizer]\nname = sgd\nlr = 0.05\n";
+  stoke_summary s;
+  stoke_err *e = run_in("de_two", &s, OVER(root, "run.steps=2"));
+  if (e) fail_msg("%s", e->msg);
+  EXPECT_RUN_ERR(run_in("de_mid", &s, OVER(root, "run.steps=4")), "while step 3", "after step 2 were saved");
+  ini_text = NULL;
+  assert_int_equal(ckpt_step("de_mid"), 2);
+  char a[800], b[800];
+  snprintf(a, sizeof a, "%s/de_two/checkpoint.safetensors", tmp);
+  snprintf(b, sizeof b, "%s/de_mid/checkpoint.safetensors", tmp);
+  stoke_st_file fa, fb;
+  stoke_err *re = stoke_st_read(a, &fa);
+  if (!re) re = stoke_st_read(b, &fb);
+  if (re) fail_msg("%s", re->msg);
+  int stats = 0;
+  for (int i = 0; i < fa.n_tensors; i++) {
+    const stoke_st_tensor *ta = &fa.tensors[i], *tb = stoke_st_find(&fb, ta->name);
+    if (!strstr(ta->name, ".running_")) continue;
+    assert_non_null(tb);
+    if (ta->end - ta->begin != tb->end - tb->begin || memcmp(fa.data + ta->begin, fb.data + tb->begin, ta->end - ta->begin))
+      fail_msg("%s saved after the failed step is not step 2's: its first micro-batch moved it", ta->name);
+    stats++;
+  }
+  print_message("%d running statistics tensors equal to those of a run stopped after step 2\n", stats);
+  assert_true(stats >= 40);
+  stoke_st_free(&fa);
+  stoke_st_free(&fb);
 }
 
 /* More than 4096 classes: the evaluation scores every class. */
@@ -460,6 +530,15 @@ static void test_metrics_write_fails(void **state) {
 /* A real full disk (a small tmpfs; needs root, else skipped): with no
  * byte free config.ini already fails; with a little free, the checkpoint's
  * size is checked before training. */
+/* test_full_disk's teardown: the tmpfs goes even when the test failed
+ * before its own umount (left mounted in the test's folder, it stops
+ * bazel's next build: "Source forest creation failed"). */
+static int unmount_tiny(void **state) {
+  char mnt[700];
+  umount2(at_tmp(mnt, sizeof mnt, "tiny"), MNT_DETACH);
+  return 0;
+}
+
 static void test_full_disk(void **state) {
   char mnt[700];
   at_tmp(mnt, sizeof mnt, "tiny");
@@ -737,14 +816,15 @@ int main(void) {
       cmocka_unit_test(test_sigterm_during_final_save),
       cmocka_unit_test(test_third_signal_quits),
       cmocka_unit_test(test_ctrl_c_mid_step),
-      cmocka_unit_test(test_ctrl_c_mid_step_keeps_statistics),
+      cmocka_unit_test_teardown(test_ctrl_c_mid_step_keeps_statistics, reset_ini),
       cmocka_unit_test(test_eval_error_saves_first),
       cmocka_unit_test(test_eval_skips_bad),
+      cmocka_unit_test_teardown(test_data_error_mid_step_keeps_statistics, reset_ini),
       cmocka_unit_test(test_eval_many_classes),
       cmocka_unit_test(test_eval_must_match),
       cmocka_unit_test(test_file_limit_refused_at_start),
       cmocka_unit_test(test_metrics_write_fails),
-      cmocka_unit_test(test_full_disk),
+      cmocka_unit_test_teardown(test_full_disk, unmount_tiny),
       cmocka_unit_test(test_memory_limit),
       cmocka_unit_test(test_crafted_metadata),
       cmocka_unit_test(test_resume_not_a_file),
