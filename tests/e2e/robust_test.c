@@ -298,6 +298,34 @@ static void test_ctrl_c_mid_step(void **state) {
   assert_non_null(strstr(child_log("midstep"), "stopped by a signal after step 1"));
 }
 
+/* The running statistics in <out_b>'s checkpoint are those in <out_a>'s (a
+ * run that stopped after `step`), bit for bit: at least the 40 tensors of
+ * the tests' small ResNet. */
+static void same_running_stats(const char *out_a, const char *out_b, int step) {
+  char a[800], b[800];
+  snprintf(a, sizeof a, "%s/%s/checkpoint.safetensors", tmp, out_a);
+  snprintf(b, sizeof b, "%s/%s/checkpoint.safetensors", tmp, out_b);
+  stoke_st_file fa, fb;
+  stoke_err *re = stoke_st_read(a, &fa);
+  if (!re) re = stoke_st_read(b, &fb);
+  if (re) fail_msg("%s", re->msg);
+  int stats = 0;
+  for (int i = 0; i < fa.n_tensors; i++) {
+    const stoke_st_tensor *ta = &fa.tensors[i];
+    if (!strstr(ta->name, ".running_")) continue;
+    const stoke_st_tensor *tb = stoke_st_find(&fb, ta->name);
+    assert_non_null(tb);
+    assert_int_equal(ta->end - ta->begin, tb->end - tb->begin);
+    if (memcmp(fa.data + ta->begin, fb.data + tb->begin, ta->end - ta->begin))
+      fail_msg("%s after the dropped step is not step %d's: the dropped micro-batches moved it", ta->name, step);
+    stats++;
+  }
+  print_message("%d running statistics tensors equal to those of a run stopped after step %d\n", stats, step);
+  assert_true(stats >= 40);
+  stoke_st_free(&fa);
+  stoke_st_free(&fb);
+}
+
 /* The same with batch norms: the dropped step's micro-batches have moved
  * the running statistics already, so the run puts back those of the step's
  * start before it saves (a resume redoes the step). The checkpoint of the
@@ -318,28 +346,7 @@ static void test_ctrl_c_mid_step_keeps_statistics(void **state) {
   expect_exit(wait_child(pid, 300), 0, "bn_mid");
   ini_text = NULL;
   assert_int_equal(ckpt_step("bn_mid"), 1);
-  char a[800], b[800];
-  snprintf(a, sizeof a, "%s/bn_one/checkpoint.safetensors", tmp);
-  snprintf(b, sizeof b, "%s/bn_mid/checkpoint.safetensors", tmp);
-  stoke_st_file fa, fb;
-  stoke_err *re = stoke_st_read(a, &fa);
-  if (!re) re = stoke_st_read(b, &fb);
-  if (re) fail_msg("%s", re->msg);
-  int stats = 0;
-  for (int i = 0; i < fa.n_tensors; i++) {
-    const stoke_st_tensor *ta = &fa.tensors[i];
-    if (!strstr(ta->name, ".running_")) continue;
-    const stoke_st_tensor *tb = stoke_st_find(&fb, ta->name);
-    assert_non_null(tb);
-    assert_int_equal(ta->end - ta->begin, tb->end - tb->begin);
-    if (memcmp(fa.data + ta->begin, fb.data + tb->begin, ta->end - ta->begin))
-      fail_msg("%s after the dropped step is not step 1's: the dropped micro-batches moved it", ta->name);
-    stats++;
-  }
-  print_message("%d running statistics tensors equal to those of a run stopped after step 1\n", stats);
-  assert_true(stats >= 40);
-  stoke_st_free(&fa);
-  stoke_st_free(&fb);
+  same_running_stats("bn_one", "bn_mid", 1);
 }
 
 /* ---------------------------------------------- errors save first (2, 10) */
@@ -455,26 +462,7 @@ static void test_data_error_mid_step_keeps_statistics(void **state) {
   EXPECT_RUN_ERR(run_in("de_mid", &s, OVER(root, "run.steps=4")), "while step 3", "after step 2 were saved");
   ini_text = NULL;
   assert_int_equal(ckpt_step("de_mid"), 2);
-  char a[800], b[800];
-  snprintf(a, sizeof a, "%s/de_two/checkpoint.safetensors", tmp);
-  snprintf(b, sizeof b, "%s/de_mid/checkpoint.safetensors", tmp);
-  stoke_st_file fa, fb;
-  stoke_err *re = stoke_st_read(a, &fa);
-  if (!re) re = stoke_st_read(b, &fb);
-  if (re) fail_msg("%s", re->msg);
-  int stats = 0;
-  for (int i = 0; i < fa.n_tensors; i++) {
-    const stoke_st_tensor *ta = &fa.tensors[i], *tb = stoke_st_find(&fb, ta->name);
-    if (!strstr(ta->name, ".running_")) continue;
-    assert_non_null(tb);
-    if (ta->end - ta->begin != tb->end - tb->begin || memcmp(fa.data + ta->begin, fb.data + tb->begin, ta->end - ta->begin))
-      fail_msg("%s saved after the failed step is not step 2's: its first micro-batch moved it", ta->name);
-    stats++;
-  }
-  print_message("%d running statistics tensors equal to those of a run stopped after step 2\n", stats);
-  assert_true(stats >= 40);
-  stoke_st_free(&fa);
-  stoke_st_free(&fb);
+  same_running_stats("de_two", "de_mid", 2);
 }
 
 /* More than 4096 classes: the evaluation scores every class. */
