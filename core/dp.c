@@ -8,7 +8,7 @@
 #include "stoke/core.h"
 
 #define FIRST_BUCKET_BYTES (1u << 20) /* DDP's first bucket: communication starts early */
-#define SCRATCH 64                    /* doubles for host-value reductions */
+#define SCRATCH 64                    /* doubles for host-value reductions, at least (a rank each to gather) */
 
 struct stoke_dp {
   const stoke_comm_v1 *comm;
@@ -26,7 +26,8 @@ struct stoke_dp {
   void *ev_grads, *ev_done, *ev_a, *ev_b; /* timers used as events */
   void **bucket_t;       /* the trace: each bucket's all-reduce start and end timers (2 per bucket), or NULL */
   int timing;
-  double *scratch;       /* device */
+  double *scratch;       /* device, n_scratch doubles */
+  int n_scratch;
 };
 
 int stoke_dp_graphs(const stoke_dp *d) { return d->comm->watch != NULL; }
@@ -144,7 +145,8 @@ stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, const 
   e = dev->stream_create(dev_self, &d->stream);
   void **evs[] = {&d->ev_grads, &d->ev_done, &d->ev_a, &d->ev_b};
   for (int i = 0; i < 4 && !e; i++) e = dev->timer_create(dev_self, evs[i]);
-  if (!e) e = dev->alloc(dev_self, SCRATCH * sizeof(double), (void **)&d->scratch);
+  d->n_scratch = env->world > SCRATCH ? env->world : SCRATCH;
+  if (!e) e = dev->alloc(dev_self, (size_t)d->n_scratch * sizeof(double), (void **)&d->scratch);
   if (e) {
     stoke_dp_close(d);
     return e;
@@ -205,7 +207,7 @@ stoke_err *stoke_dp_broadcast_state(stoke_dp *d) {
 }
 
 stoke_err *stoke_dp_sum(stoke_dp *d, double *v, int n) {
-  if (n > SCRATCH) return STOKE_ERR(STOKE_E_INTERNAL, "stoke_dp_sum: %d values, at most %d", n, SCRATCH);
+  if (n > d->n_scratch) return STOKE_ERR(STOKE_E_INTERNAL, "stoke_dp_sum: %d values, at most %d", n, d->n_scratch);
   size_t bytes = sizeof(double) * (size_t)n;
   STOKE_PROPAGATE(d->dev->copy(d->dev_self, d->scratch, v, bytes, STOKE_COPY_H2D, NULL));
   STOKE_PROPAGATE(d->comm->all_reduce(d->self, d->scratch, (size_t)n, STOKE_F64, STOKE_SUM,
@@ -215,7 +217,6 @@ stoke_err *stoke_dp_sum(stoke_dp *d, double *v, int n) {
 }
 
 stoke_err *stoke_dp_gather(stoke_dp *d, double v, double *all) {
-  if (d->world > SCRATCH) return STOKE_ERR(STOKE_E_UNSUPPORTED, "gathering over more than %d ranks", SCRATCH);
   for (int r = 0; r < d->world; r++) all[r] = r == d->rank ? v : 0;
   return stoke_dp_sum(d, all, d->world);
 }

@@ -312,17 +312,19 @@ static void trace_cost(const stoke_metrics *m, double *traced, double *untraced)
 }
 
 stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *status) {
-  char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32], m_[32];
+  /* no step logged (a signal during step 1, a resume with nothing to train): the loss is NaN, written null */
+  char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32], m_[32], fl[32], rate[32];
   if (m->jsonl)
     fprintf(m->jsonl,
-            "{\"summary\": \"%s\", \"steps\": %lld, \"samples\": %lld, \"final_loss\": %.6g, "
-            "\"samples_per_s_median\": %.1f, \"step_time_ms_p50\": %s, \"step_time_ms_p95\": %s, "
+            "{\"summary\": \"%s\", \"steps\": %lld, \"samples\": %lld, \"final_loss\": %s, "
+            "\"samples_per_s_median\": %s, \"step_time_ms_p50\": %s, \"step_time_ms_p95\": %s, "
             "\"step_time_ms_max\": %s, \"host_ms_p50\": %s, \"data_wait_s\": %.4f, \"flops_per_step\": %.6g, "
             "\"skipped_samples\": %lld, \"bad_samples\": %lld, "
             "\"eval_loss\": %s, \"eval_accuracy\": %s, \"mfu\": %s, \"gpu_util_mean\": %s, "
             "\"gpu_mem_max_mib\": %s, \"device_alloc_mib\": %s, \"gpu_ops_per_step\": %lld, "
             "\"launches_per_step\": %lld, \"cuda_graph_replays\": %lld}\n",
-            status, (long long)s->steps, (long long)s->samples, s->final_loss, s->samples_per_s,
+            status, (long long)s->steps, (long long)s->samples, json_num(s->final_loss, fl, sizeof fl),
+            isfinite(s->samples_per_s) ? (snprintf(rate, sizeof rate, "%.1f", s->samples_per_s), rate) : "null",
             json_num(s->step_ms_p50, f, sizeof f), json_num(s->step_ms_p95, g, sizeof g),
             json_num(s->step_ms_max, h, sizeof h), json_num(s->host_ms_p50, k, sizeof k), s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples,
             (long long)s->bad_samples, json_num(s->eval_loss, a, sizeof a), json_num(s->eval_accuracy, b, sizeof b),

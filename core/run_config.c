@@ -386,6 +386,9 @@ static stoke_err *read_run(const stoke_cfg *c, stoke_run_config *rc) {
   RUN(stoke_cfg_str, "recompute", &rc->run.recompute);
   RUN(stoke_cfg_float, "memory_gb", &rc->run.memory_gb);
   RUN(stoke_cfg_str, "tensorboard", &rc->run.tensorboard);
+  if (!rc->run.tensorboard[0])
+    return STOKE_ERR(STOKE_E_INVALID, "%s: [run] tensorboard is empty: true (the event file in out_dir), false, or "
+                     "a folder", stoke_cfg_where(c, "run", "tensorboard"));
   RUN(stoke_cfg_str, "trace", &rc->run.trace);
   RUN(stoke_cfg_bool, "nvtx", &rc->run.nvtx);
 #undef RUN

@@ -161,12 +161,14 @@ static stoke_err *open_folder(run_state *s) {
     char *dot = strrchr(run_name, '.');
     if (dot) *dot = 0;
   }
+  /* room for /rankN: cut short, rank N's folder would be another's and the ranks would write over its files */
+  size_t len = rc->run.out_dir[0] ? strlen(rc->run.out_dir) : strlen("runs/") + strlen(run_name);
+  if (len > sizeof s->dir - 32)
+    return STOKE_ERR(STOKE_E_INVALID, "%s: [run] out_dir is too long: %zu characters, at most %zu",
+                     stoke_cfg_where(s->cfg, "run", "out_dir"), len, sizeof s->dir - 32);
   if (rc->run.out_dir[0]) snprintf(s->dir, sizeof s->dir, "%s", rc->run.out_dir);
   else snprintf(s->dir, sizeof s->dir, "runs/%s", run_name);
-  if (s->rank > 0) {
-    size_t len = strlen(s->dir);
-    snprintf(s->dir + len, sizeof s->dir - len, "/rank%d", s->rank);
-  }
+  if (s->rank > 0) snprintf(s->dir + len, sizeof s->dir - len, "/rank%d", s->rank);
   snprintf(s->sum->out_dir, sizeof s->sum->out_dir, "%s", s->dir);
   run_signals_ignore_xfsz(&s->sg);
   STOKE_TRY(mkdir_p(s->dir), "[run] out_dir");

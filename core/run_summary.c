@@ -3,6 +3,7 @@
  * summary (printed, in metrics.jsonl and in stoke_summary). */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "stoke/core.h"
@@ -13,14 +14,20 @@
 static stoke_err *report_ranks(run_state *s) {
   const stoke_summary *sum = s->sum;
   int quiet = s->o->quiet;
-  double waits[64], ms = 0, bw = 0;
-  STOKE_TRY(stoke_dp_gather(s->dp, sum->data_wait_s, waits), "gathering every rank's data wait");
-  STOKE_TRY(stoke_dp_bench(s->dp, 20, &ms, &bw), "timing the gradient all-reduce");
+  double *waits = malloc(sizeof(double) * (size_t)s->world), ms = 0, bw = 0;
+  if (!waits) return STOKE_ERR(STOKE_E_OOM, "out of memory for %d ranks' data waits", s->world);
+  stoke_err *e = stoke_dp_gather(s->dp, sum->data_wait_s, waits);
+  if (e) {
+    free(waits);
+    return stoke_err_wrap(e, __FILE__, __LINE__, "gathering every rank's data wait");
+  }
   size_t bytes = s->train.plan->bytes[STOKE_BUF_GRADS];
   char line[1024];
   size_t used = 0;
   for (int r = 0; r < s->world && used < sizeof line; r++)
     used += (size_t)snprintf(line + used, sizeof line - used, "%s%d: %.3f s", r ? ", " : "", r, waits[r]);
+  free(waits);
+  STOKE_TRY(stoke_dp_bench(s->dp, 20, &ms, &bw), "timing the gradient all-reduce");
   stoke_log(STOKE_LOG_INFO, "dp", "data wait by rank: %s", line);
   stoke_log(STOKE_LOG_INFO, "dp",
             "all-reduce of the flat gradient buffer (%.1f MiB): %.3f ms, bus bandwidth %.1f GB/s over %d ranks",

@@ -146,6 +146,11 @@ int main(int argc, char **argv) {
                     "processes with --gpus N\n");
     return 2;
   }
+  if (gpus > MAX_RANKS) { /* counted from CUDA_VISIBLE_DEVICES: --gpus is checked when read */
+    fprintf(stderr, "launch: error: %d GPUs in CUDA_VISIBLE_DEVICES, at most %d processes on a node; say how many "
+                    "with --gpus N\n", gpus, MAX_RANKS);
+    return 2;
+  }
   /* the command: train beside this binary for an INI file, else as given */
   const char *cmd[1024];
   int n = 0;

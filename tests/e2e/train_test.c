@@ -242,6 +242,12 @@ static void test_messages(void **state) {
   /* drop_last = false: the fixed batch cannot train a short one (its tail would be the last batch's rows) */
   refused(fixed, (const char *[]){"data.drop_last=false"}, 1,
           (const char *[]){"[data] drop_last = false is not supported for training", NULL});
+  /* an empty tensorboard folder (the folder code read past the path's end) */
+  refused(fixed, (const char *[]){"run.tensorboard="}, 1, (const char *[]){"[run] tensorboard is empty", NULL});
+  /* an out_dir so long that rank N's folder (<out_dir>/rankN) or a file in it would be cut short */
+  static char long_dir[1200];
+  snprintf(long_dir, sizeof long_dir, "run.out_dir=%s/%0900d", tmp, 7);
+  refused(fixed, (const char *[]){long_dir}, 1, (const char *[]){"[run] out_dir", "too long", NULL});
 }
 
 /* No GPU (this machine, CI): a GPU backend with device = gpu is a clear
@@ -483,6 +489,32 @@ static char *slurp(const char *path, size_t *n) {
   return b;
 }
 
+/* A resume with nothing left to train (the checkpoint is at the run's last
+ * step) logs no step: metrics.jsonl's summary must still be JSON, its loss
+ * null, not a bare nan (Python's json.loads refused the line). */
+static void test_summary_json_without_steps(void **state) {
+  stoke_summary a, b;
+  const char *o3[] = {"run.steps=3"};
+  out_sub = "nj_a";
+  train_ok(o3, 1, &a);
+  char resume[700];
+  snprintf(resume, sizeof resume, "run.resume=%s", a.checkpoint);
+  const char *again[] = {"run.steps=3", resume};
+  out_sub = "nj_b";
+  train_ok(again, 2, &b);
+  out_sub = "out";
+  char path[800];
+  snprintf(path, sizeof path, "%s/nj_b/metrics.jsonl", tmp);
+  size_t n;
+  char *text = slurp(path, &n);
+  const char *sum = strstr(text, "{\"summary\"");
+  if (!sum) fail_msg("no summary line in %s:\n%s", path, text);
+  print_message("%s", sum);
+  if (strstr(sum, "nan") || strstr(sum, "inf") || !strstr(sum, "\"final_loss\": null"))
+    fail_msg("the summary is not JSON (a bare nan or inf), or its loss is not null: %s", sum);
+  free(text);
+}
+
 static int count(const char *text, const char *what) {
   int n = 0;
   for (const char *p = text; (p = strstr(p, what)); p += strlen(what)) n++;
@@ -680,6 +712,7 @@ int main(void) {
       cmocka_unit_test(test_resume_equals_uninterrupted),
       cmocka_unit_test(test_resume_keeps_scaler),
       cmocka_unit_test(test_resume_on_device),
+      cmocka_unit_test(test_summary_json_without_steps),
       cmocka_unit_test(test_nan_weights_not_saved),
       cmocka_unit_test(test_metrics_appended),
       cmocka_unit_test(test_other_optimizer_said),

@@ -186,6 +186,13 @@ static void test_visible_devices(void **state) {
                      sizeof out);
   assert_int_equal(rc, 2);
   EXPECT_HAS(out, "no GPU found (CUDA_VISIBLE_DEVICES");
+  /* more entries than a node's ranks: refused (the ranks' table overflowed) */
+  static char many[2000];
+  size_t used = (size_t)snprintf(many, sizeof many, "CUDA_VISIBLE_DEVICES=0");
+  for (int i = 1; i < 300; i++) used += (size_t)snprintf(many + used, sizeof many - used, ",%d", i);
+  rc = run_child_env(LAUNCH, (const char *const[]){"--", "/bin/true", NULL}, many, out, sizeof out);
+  assert_int_equal(rc, 2);
+  EXPECT_HAS(out, "300 GPUs in CUDA_VISIBLE_DEVICES, at most 256");
 }
 
 static void test_bad_options(void **state) {
