@@ -46,7 +46,8 @@ __global__ void __launch_bounds__(kThreads)
 // 32-bit indices, else the per-element one.
 template <typename T>
 void launch_cast(const float *x, T *y, int64_t n, int to_nhwc, int64_t C, int64_t HW, cudaStream_t s) {
-  if (to_nhwc && n > 0 && n < INT32_MAX && (C == 1 || C == 3 || C == 4)) {
+  /* i + the grid's stride stays within int32 (65535 x 256 threads) */
+  if (to_nhwc && n > 0 && n < INT32_MAX / 2 && (C == 1 || C == 3 || C == 4)) {
     const int32_t pixels = (int32_t)(n / C);
     const unsigned blocks = grid_for(pixels, kThreads, 65535);
     if (C == 1) cast_nhwc_small<T, 1><<<blocks, kThreads, 0, s>>>(x, y, pixels, (int32_t)HW);

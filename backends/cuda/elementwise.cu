@@ -161,19 +161,22 @@ __global__ void __launch_bounds__(kThreads)
                    float scale, float beta) {
   __shared__ float sm[8][33];
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
-  const int64_t j = (int64_t)blockIdx.x * 32 + tx;
-  for (int64_t b = blockIdx.y; b < batches; b += gridDim.y) {
-    float s = 0.f;
-    if (j < cols)
-      for (int64_t r = ty; r < rows; r += 8) s += to_f(x[(b * rows + r) * cols + j]);
-    __syncthreads();
-    sm[ty][tx] = s;
-    __syncthreads();
-    if (ty == 0 && j < cols) {
-      float t = sm[0][tx];
+  // the grid is capped (kMaxGrid blocks of 32 columns): blocks step over the columns past it
+  for (int64_t j0 = (int64_t)blockIdx.x * 32; j0 < cols; j0 += (int64_t)gridDim.x * 32) {
+    const int64_t j = j0 + tx;
+    for (int64_t b = blockIdx.y; b < batches; b += gridDim.y) {
+      float s = 0.f;
+      if (j < cols)
+        for (int64_t r = ty; r < rows; r += 8) s += to_f(x[(b * rows + r) * cols + j]);
+      __syncthreads();
+      sm[ty][tx] = s;
+      __syncthreads();
+      if (ty == 0 && j < cols) {
+        float t = sm[0][tx];
 #pragma unroll
-      for (int k = 1; k < 8; k++) t += sm[k][tx];
-      acc(y + b * cols + j, beta, t * scale);
+        for (int k = 1; k < 8; k++) t += sm[k][tx];
+        acc(y + b * cols + j, beta, t * scale);
+      }
     }
   }
 }
@@ -204,14 +207,23 @@ stoke_err *launch_col_sum(const stoke_kernel_args_v1 *a, const Tin *x, Tout *y, 
 
 // ------------------------------------------------------------- softmax_ce
 
-// Online max and sum of exp for one value: (m, s) absorbs x.
+// Online max and sum of exp for one value: (m, s) absorbs x. A -inf (a masked class) adds nothing:
+// exp(x - m) with both -inf would be exp(NaN), and the row's sum NaN.
 __device__ __forceinline__ void online_add(float &m, float &s, float x) {
   if (x > m) {
     s = s * __expf(m - x) + 1.f; /* exp(-inf) = 0 on the first value */
     m = x;
-  } else {
+  } else if (x != -INFINITY) {
     s += __expf(x - m);
   }
+}
+
+// A row's loss, -(1 - ls) log p[label] - ls / C sum_j log p_j, from the label's logit xl, the row's
+// lse and the sum of its logits sx; without smoothing the sum's term is left out, not 0 x sx
+// (a -inf logit makes sx -inf, and 0 x -inf is NaN; PyTorch's loss stays finite there).
+__device__ __forceinline__ float sce_loss(float xl, float lse, float sx, int64_t c, float ls) {
+  const float nll = -(xl - lse);
+  return ls == 0.f ? nll : (1.f - ls) * nll - ls / (float)c * (sx - (float)c * lse);
 }
 
 // Two (max, sum) partials combined.
@@ -264,7 +276,7 @@ __global__ void __launch_bounds__(kThreads)
       bool bad = l < 0 || (int64_t)l >= c;
       int64_t lc = l < 0 ? 0 : (int64_t)l >= c ? c - 1 : l;
       float lse = m + logf(s);
-      float loss = -(1.f - ls) * (to_f(row[lc]) - lse) - ls / (float)c * (sx - (float)c * lse);
+      float loss = sce_loss(to_f(row[lc]), lse, sx, c, ls);
       row_loss[r] = bad ? NAN : loss;
       lse_out[r] = lse;
     }
@@ -339,7 +351,7 @@ __device__ __forceinline__ void sce_absorb(const vec<T, V> &xv, float &m, float 
 __device__ __forceinline__ void sce_row_out(float m, float s, float sx, float xl, bool bad, int64_t c, float ls,
                                             int64_t r, float *row_loss, float *lse_out) {
   const float lr = m + logf(s);
-  const float loss = -(1.f - ls) * (xl - lr) - ls / (float)c * (sx - (float)c * lr);
+  const float loss = sce_loss(xl, lr, sx, c, ls);
   row_loss[r] = bad ? NAN : loss;
   lse_out[r] = lr;
 }

@@ -595,6 +595,9 @@ template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, 
     }
   }
   if (!want_w) return NULL;
+  if (g.c > kGrid * 32) /* a block per 32 columns, no loop over more: columns past the grid would keep stale sums */
+    return STOKE_PERR(STOKE_E_UNSUPPORTED, "%s '%s': %lld columns, at most %lld for the weight gradients' sums",
+                      a->node->op, stoke_node_name(a), (long long)g.c, (long long)(kGrid * 32));
   ln_part_sum_kernel<T><<<grid_for(g.c, 32, kGrid), 32 * kSumPhases, 0, st>>>(
       part, part3, parts, dw, db, dc, g.c, stoke_grad_beta(a, g.w), stoke_grad_beta(a, g.w + 1),
       ADD == 2 ? stoke_grad_beta(a, 4) : 0.f);

@@ -1125,7 +1125,9 @@ void max_pool_index(const stoke_kernel_args_v1 *a, const pool_desc &d, T *y, int
   else {
     if (y) max_pool_fwd_k<T><<<grid_for(n_out, kThreads, kMaxGrid), kThreads, 0, st>>>(x, y, d, y_nhwc, n_out);
     if (!arg) return;
-    if (n_out < INT32_MAX)
+    /* 32-bit indices only when x's offsets fit too (x is about 4x y for a stride-2 pool), with room for the
+     * grid stride past the end */
+    if (n_out < INT32_MAX / 2 && d.N * d.C * d.H * d.W < INT32_MAX / 2)
       max_pool_arg_k<T, int32_t>
           <<<grid_for(n_out, kThreads, kMaxGrid), kThreads, 0, st>>>(x, arg, d, y_nhwc, (int32_t)n_out);
     else

@@ -351,6 +351,10 @@ template <typename T>
 stoke_err *launch_block_copy(const stoke_kernel_args_v1 *a, const T *src, T *dst, int64_t outer, int64_t len,
                              int64_t ss, int64_t ds, float beta) {
   if (outer * len <= 0 || (src == dst && ss == ds && beta == 0.f)) return NULL;
+  if (beta == 0.f && ss == len && ds == len) { /* contiguous: one plain copy (a 2-D copy's pitch is capped, ~2^31) */
+    STOKE_CUDA(cudaMemcpyAsync(dst, src, (size_t)(outer * len) * sizeof(T), cudaMemcpyDeviceToDevice, stream_of(a)));
+    return NULL;
+  }
   if (beta == 0.f) {
     STOKE_CUDA(cudaMemcpy2DAsync(dst, (size_t)ds * sizeof(T), src, (size_t)ss * sizeof(T), (size_t)len * sizeof(T),
                                  (size_t)outer, cudaMemcpyDeviceToDevice, stream_of(a)));

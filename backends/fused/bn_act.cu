@@ -607,6 +607,9 @@ stoke_err *check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int act, bool bw
     if (p && !aligned16(p)) v = 1;
   *v_out = v;
   g->act = act;
+  if (m < 1 || c < 1) /* make_geom divides by the rows and loops on the channels */
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': x is %s, empty: no batch norm to run", op, stoke_node_name(a),
+                      stoke_shape_str(&x->shape).s);
   make_geom(g, m, c, v, sm_count, bwd ? kBwdBlocksPerSm : kFwdBlocksPerSm);
   if (!bwd) {
     for (int i = 0; i < n_in; i++) CHECK(stoke_check_data(a, op, in_names[i], &a->in[i], run));

@@ -91,6 +91,100 @@ static void test_softmax_ce_determinism_and_bad_label(void **state) {
   g_free(&dx);
 }
 
+/* softmax_ce with masked classes (-inf logits, never the label's) and no
+ * smoothing, as PyTorch scores them: a finite loss, zero gradients at the
+ * masked classes, the rest against a host computation in double. Every
+ * kernel family: 10 classes (a warp a row), 1000 (whole 16-byte vectors,
+ * a block a row), 1001 (a block a row, element by element); f32 and bf16.
+ * (The loss was NaN: 0 x sum(x) with sum(x) = -inf; the warp kernel's sum
+ * was NaN too: exp(-inf - -inf).) Tolerances: the kernel sums C exps in f32
+ * with __expf (2 ulp), so lse is within (2C + 8) u32 of exact (u32 = 2^-24),
+ * relative; the loss is measured against max(|loss|, 1); the gradient,
+ * normwise, adds the output's rounding (2^-8 in bf16). */
+static void test_softmax_ce_masked_classes(void **state) {
+  static const int64_t classes[] = {10, 1000, 1001};
+  static const stoke_dtype dts[] = {STOKE_F32, STOKE_BF16};
+  const int64_t n = 64;
+  stoke_node_v1 node;
+  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_SOFTMAX_CE, "softmax_ce_masked", "", &node);
+  if (e) fail_msg("%s", e->msg);
+  for (int ci = 0; ci < 3; ci++)
+    for (int di = 0; di < 2; di++) {
+      const int64_t cl = classes[ci];
+      const stoke_dtype dt = dts[di];
+      const size_t es = stoke_dtype_size(dt);
+      stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 995, (uint64_t)(cl * 2 + di)));
+      char *hx = malloc((size_t)(n * cl) * es), *hg = malloc((size_t)(n * cl) * es);
+      double *xv = malloc(sizeof(double) * (size_t)(n * cl));
+      int32_t *lab = malloc(sizeof(int32_t) * (size_t)n);
+      int masked = 0;
+      for (int64_t i = 0; i < n; i++) lab[i] = (int32_t)stoke_rng_below(&r, (uint64_t)cl);
+      for (int64_t i = 0; i < n * cl; i++) {
+        double v = -4 + 8 * stoke_rng_uniform(&r);
+        if (i % cl != lab[i / cl] && stoke_rng_uniform(&r) < 0.3) v = -INFINITY, masked++;
+        g_set(hx, dt, i, v);
+        xv[i] = g_get(hx, dt, i); /* rounded */
+      }
+      float dloss = (float)(0.5 + stoke_rng_uniform(&r)), loss = NAN;
+      void *dx_ = g_dev_alloc((size_t)(n * cl) * es), *dlab = g_dev_alloc(sizeof(int32_t) * (size_t)n);
+      void *dl = g_dev_alloc(4), *dlse = g_dev_alloc(4 * (size_t)n), *ddl = g_dev_alloc(4),
+           *dgx = g_dev_alloc((size_t)(n * cl) * es);
+      g_dev_put(dx_, hx, (size_t)(n * cl) * es);
+      g_dev_put(dlab, lab, sizeof(int32_t) * (size_t)n);
+      g_dev_put(ddl, &dloss, 4);
+      e = g_dev->fill(g_dev_self, dl, 0xff, 4, NULL); /* poisoned */
+      if (!e) e = g_dev->fill(g_dev_self, dgx, 0xff, (size_t)(n * cl) * es, NULL);
+      if (e) fail_msg("poison: %s", e->msg);
+      stoke_tensor in[2] = {{dx_, {2, {n, cl}}, dt, STOKE_LAYOUT_ANY, STOKE_DEV_GPU},
+                            {dlab, {1, {n}}, STOKE_I32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}};
+      stoke_tensor out[2] = {{dl, {1, {1}}, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU},
+                             {dlse, {1, {n}}, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}};
+      stoke_tensor din[2] = {{dgx, {2, {n, cl}}, dt, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}, {0}};
+      stoke_tensor dout[2] = {{ddl, {1, {1}}, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}, {0}};
+      void *es_ = NULL;
+      const stoke_kernel_v1 *fk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_FWD, dt, STOKE_LAYOUT_ANY, &es_);
+      const stoke_kernel_v1 *bk = g_gpu_kernel(STOKE_OP_SOFTMAX_CE, STOKE_BWD, dt, STOKE_LAYOUT_ANY, &es_);
+      stoke_kernel_args_v1 a = {.node = &node, .n_in = 2, .n_out = 2, .in = in, .out = out, .din = din,
+                                .dout = dout, .training = 1, .engine = es_,
+                                .stream = g_dev->default_stream(g_dev_self)};
+      g_run(fk, &a, 1);
+      g_run(bk, &a, 1);
+      g_dev_get(&loss, dl, 4);
+      g_dev_get(hg, dgx, (size_t)(n * cl) * es);
+      /* the host's: lse over the finite logits, loss = mean(lse - x[label]), dx = dloss / n (softmax - onehot) */
+      double want = 0, num = 0, den = 0;
+      int bad = 0;
+      for (int64_t row = 0; row < n; row++) {
+        const double *x = xv + row * cl;
+        double m = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < cl; j++) m = fmax(m, x[j]);
+        for (int64_t j = 0; j < cl; j++) sum += exp(x[j] - m);
+        double lse = m + log(sum);
+        want += (lse - x[lab[row]]) / (double)n;
+        for (int64_t j = 0; j < cl; j++) {
+          double gw = (double)dloss / (double)n * (exp(x[j] - lse) - (j == lab[row])), got = g_get(hg, dt, row * cl + j);
+          if (!isfinite(got) || (x[j] == -INFINITY && got != 0)) bad++;
+          num += (got - gw) * (got - gw), den += gw * gw;
+        }
+      }
+      const double u = 0x1p-24, tol_l = (2.0 * (double)cl + 8) * u, u_out = dt == STOKE_BF16 ? 0x1p-8 : u;
+      const double err_l = fabs(loss - want) / fmax(fabs(want), 1), err_g = sqrt(num / den);
+      print_message("  softmax_ce   %s %lldx%lld, %d of %lld logits -inf: loss %.7g (host %.7g, error %.2g of %.2g), "
+                    "dlogits error %.2g of %.2g\n", stoke_dtype_name(dt), (long long)n, (long long)cl, masked,
+                    (long long)(n * cl), (double)loss, want, err_l, tol_l, err_g, 2 * u_out + tol_l);
+      if (!isfinite(loss) || err_l > tol_l)
+        fail_msg("softmax_ce %s %lld classes with -inf logits: loss %g, host %g (seed %llu)", stoke_dtype_name(dt),
+                 (long long)cl, (double)loss, want, (unsigned long long)g_seed);
+      if (bad || !(err_g <= 2 * u_out + tol_l))
+        fail_msg("softmax_ce %s %lld classes with -inf logits: %d gradients NaN or nonzero at a masked class, "
+                 "normwise error %g (seed %llu)", stoke_dtype_name(dt), (long long)cl, bad, err_g,
+                 (unsigned long long)g_seed);
+      void *bufs[] = {dx_, dlab, dl, dlse, ddl, dgx};
+      for (int i = 0; i < 6; i++) g_dev->free(g_dev_self, bufs[i]);
+      free(hx), free(hg), free(xv), free(lab);
+    }
+}
+
 /* autocast (the precision policies' fp32 ops) between f32 and bf16/f16:
  * a cast has one right answer, so the GPU's must equal the host's rounding
  * bit for bit; backward into a parameter's gradient (beta 1) adds in f32
@@ -468,6 +562,7 @@ static void test_max_pool_nan(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_softmax_ce_determinism_and_bad_label),
+      cmocka_unit_test(test_softmax_ce_masked_classes),
       cmocka_unit_test(test_softmax_ce_in_place),
       cmocka_unit_test(test_layer_norm_aliases),
       cmocka_unit_test(test_autocast),
