@@ -241,14 +241,17 @@ static void header_meta(sbuf *h, const stoke_ckpt_meta *m, const char *optimizer
   snprintf(num[7], sizeof num[7], "%lld", (long long)m->batch);
   snprintf(num[8], sizeof num[8], "%lld", (long long)m->skipped_steps);
   snprintf(num[9], sizeof num[9], "%lld", (long long)m->loss_scale_good_steps);
+  /* loss_scale only from a run with a loss scaler: a run without one (fp32, tf32, bf16) has no scale to
+   * carry, and an fp16 run resuming its file starts from its own initial scale, not from 1 */
   meta_kv kv[13] = {{"format", "pt"},         {"stoke_checkpoint_version", num[0]},
                     {"step", num[1]},         {"epoch", num[2]},
                     {"seed", num[3]},         {"accumulate", num[4]},
-                    {"loss_scale", num[5]},   {"world", num[6]},
-                    {"batch", num[7]},        {"skipped_steps", num[8]},
-                    {"loss_scale_good_steps", num[9]},
-                    {"optimizer", optimizer}, {"config", config_text}};
-  int n = config_text ? 13 : 12;
+                    {"world", num[6]},        {"batch", num[7]},
+                    {"skipped_steps", num[8]}, {"loss_scale_good_steps", num[9]},
+                    {"optimizer", optimizer}};
+  int n = 11;
+  if (m->loss_scale > 0) kv[n++] = (meta_kv){"loss_scale", num[5]};
+  if (config_text) kv[n++] = (meta_kv){"config", config_text};
   sb_put(h, "{\"__metadata__\":{");
   for (int i = 0; i < n; i++) {
     sb_put(h, "%s\"%s\":", i ? "," : "", kv[i].key);
@@ -879,7 +882,7 @@ static stoke_err *parse_meta(const stoke_st_file *f, const char *path, stoke_ckp
   STOKE_PROPAGATE(meta_int(f, path, "epoch", 0, seen, 1, 0, &m->epoch));
   const char *ls = stoke_st_meta(f, "loss_scale");
   char *end = NULL;
-  m->loss_scale = ls ? strtod(ls, &end) : 1;
+  m->loss_scale = ls ? strtod(ls, &end) : 0; /* absent: the run that wrote it had no loss scaler */
   if (ls && (end == ls || *end || !isfinite(m->loss_scale) || m->loss_scale <= 0 || m->loss_scale > 3.4e38))
     return STOKE_ERR(STOKE_E_DATA,
                      "checkpoint '%s': metadata field \"loss_scale\" = \"%.40s\" is not a positive finite number: the "

@@ -179,9 +179,9 @@ static const stoke_cfg_key_v1 optimizer_keys[] = {
      "clip the gradients to this global L2 norm before each update (torch.nn.utils.clip_grad_norm_; 0: off); "
      "the norm is computed on the device, with no host sync"},
     {"schedule", STOKE_CFG_ENUM, "constant", 0, 0, "constant|cosine|step",
-     "after warm-up: constant lr, cosine decay to min_lr at the end, or x gamma every step_epochs"},
+     "after warm-up: constant lr, cosine decay to min_lr at the last step (nanoGPT's get_lr), or x gamma every step_epochs"},
     {"warmup_epochs", STOKE_CFG_FLOAT, "0", 0, 1e6, NULL, "linear warm-up from ~0 to lr"},
-    {"min_lr", STOKE_CFG_FLOAT, "0", 0, 1e6, NULL, "cosine: the final lr"},
+    {"min_lr", STOKE_CFG_FLOAT, "0", 0, 1e6, NULL, "cosine: the lr of the last step"},
     {"step_epochs", STOKE_CFG_FLOAT, "0", 0, 1e6, NULL, "step: epochs between decays"},
     {"gamma", STOKE_CFG_FLOAT, "0.1", 0, 1, NULL, "step: decay factor"},
     {"lr_scale_with_batch", STOKE_CFG_BOOL, "false", 0, 0, NULL,

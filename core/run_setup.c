@@ -223,10 +223,16 @@ static stoke_err *load_resume(run_state *s) {
   stoke_ckpt_meta meta = {0};
   STOKE_TRY(stoke_checkpoint_load(s->train.x, resume, &meta), "%s: [run] resume",
             stoke_cfg_where(s->cfg, "run", "resume"));
-  if (meta.loss_scale > 0)
+  if (meta.loss_scale > 0) /* 0: the file's run had no scaler; this run's starts from its initial scale */
     STOKE_TRY(stoke_exec_set_scale(s->train.x, (float)meta.loss_scale, (float)meta.loss_scale_good_steps),
               "restoring the loss scale");
-  s->resume.skipped_steps = meta.skipped_steps;
+  /* the loss scaler's skipped steps, in this run's steps when those differ (AdamW's bias corrections subtract
+   * them from the step) */
+  s->resume.skipped_steps = meta.step > 0 ? meta.skipped_steps * s->start_step / meta.step : 0;
+  /* AdamW's bias corrections count the updates its moments hold: none when the file's optimizer was another
+   * (its state starts fresh), so the first update here is its step 1, as a fresh run's */
+  if (s->train.plan->opt && strcmp(meta.optimizer, s->train.plan->opt->name))
+    s->resume.skipped_steps = s->start_step;
   if (meta.seed != seed || meta.accumulate != accumulate)
     stoke_log(STOKE_LOG_WARN, "run",
               "resuming from %s, saved with seed %lld and accumulate %lld, now %lld and %lld: the run "
@@ -267,7 +273,24 @@ static stoke_err *open_data(run_state *s) {
     s->start_step = s->resume.step;
   }
   STOKE_PROPAGATE(run_open_stream(s, &s->train, &rc->data, 1, s->start_step * rc->run.accumulate));
-  if (rc->run.resume[0]) STOKE_PROPAGATE(load_resume(s));
+  if (rc->run.resume[0]) {
+    /* saved with another batch, accumulate or world: the run goes on from the same sample (run_open_stream),
+     * so its step count, the schedule's place and the run's length are this run's steps to that sample */
+    int64_t micro = stoke_dist_resume_batch(s->resume.step, s->resume.accumulate,
+                                            s->resume.batch > 0 ? s->resume.batch : s->train.batch, s->resume.world,
+                                            s->train.batch, s->world);
+    int64_t step = micro / rc->run.accumulate;
+    if (step != s->resume.step) {
+      stoke_log(STOKE_LOG_INFO, "run", "%s: step %lld of %lld samples a step is step %lld of this run's %lld%s",
+                rc->run.resume, (long long)s->resume.step,
+                (long long)(s->resume.accumulate * (s->resume.batch > 0 ? s->resume.batch : s->train.batch) *
+                            s->resume.world),
+                (long long)step, (long long)(rc->run.accumulate * s->train.batch * s->world),
+                micro % rc->run.accumulate ? " (the data goes on from the middle of a step's micro-batches)" : "");
+      s->start_step = step;
+    }
+    STOKE_PROPAGATE(load_resume(s));
+  }
   if (s->dp) STOKE_PROPAGATE(attach_ranks(s));
   if (rc->eval_data.source[0]) STOKE_PROPAGATE(run_open_stream(s, &s->eval, &rc->eval_data, 0, 0));
   char path[640];

@@ -13,9 +13,11 @@ double stoke_lr_at(const stoke_lr_schedule *s, int64_t step) {
   int64_t t = step - s->warmup_steps; /* steps since warm-up, 1-based */
   switch (s->kind) {
     case STOKE_LR_COSINE: {
+      /* nanoGPT's get_lr: from base_lr where the warm-up ends (its last step, or step 1 without one) down to
+       * min_lr at the run's last step, which runs at min_lr */
       int64_t span = s->total_steps - s->warmup_steps;
       if (span <= 0) return s->base_lr;
-      double frac = (double)(t - 1) / (double)span;
+      double frac = s->warmup_steps > 0 ? (double)t / (double)span : span > 1 ? (double)(t - 1) / (double)(span - 1) : 1;
       if (frac > 1) frac = 1;
       return s->min_lr + 0.5 * (s->base_lr - s->min_lr) * (1 + cos(M_PI * frac));
     }

@@ -475,6 +475,106 @@ static void test_resume_on_device(void **state) {
   same_tensors(full.checkpoint, rest.checkpoint);
 }
 
+/* Resumed with another batch size: the run goes on from the same sample,
+ * so its step is this run's step to that sample. 8 steps of 64 (512
+ * samples), then steps = 24 at batch 32: from step 16, 8 steps of 32 (it
+ * went on from step 8 and trained 16, the schedule one half behind). */
+static void test_resume_other_batch(void **state) {
+  stoke_summary a, b;
+  const char *o8[] = {"run.steps=8"};
+  out_sub = "ob_a";
+  train_ok(o8, 1, &a);
+  char resume[700];
+  snprintf(resume, sizeof resume, "run.resume=%s", a.checkpoint);
+  const char *more[] = {"run.steps=24", "data.batch_size=32", resume};
+  out_sub = "ob_b";
+  train_ok(more, 3, &b);
+  out_sub = "out";
+  print_message("resumed at batch 32: %lld samples to step %lld\n", (long long)b.samples, (long long)b.steps);
+  assert_int_equal(b.steps, 24);
+  assert_int_equal(b.samples, 8 * 32);
+}
+
+/* The first element-wise ratio |update| / lr of one AdamW step, median over
+ * every weight (a fresh AdamW moves each weight by about lr: m / sqrt(v) =
+ * g / |g| at step 1). */
+static double median_step_over_lr(const char *before, const char *after, double lr) {
+  stoke_st_file fa, fb;
+  stoke_err *e = stoke_st_read(before, &fa);
+  if (!e) e = stoke_st_read(after, &fb);
+  if (e) fail_msg("%s", e->msg);
+  double *r = NULL;
+  size_t n = 0;
+  for (int i = 0; i < fa.n_tensors; i++) {
+    const stoke_st_tensor *ta = &fa.tensors[i], *tb = stoke_st_find(&fb, ta->name);
+    if (!tb || !strncmp(ta->name, "optimizer.", 10) || strcmp(ta->dtype, "F32")) continue;
+    size_t k = (ta->end - ta->begin) / 4;
+    r = realloc(r, sizeof *r * (n + k));
+    for (size_t j = 0; j < k; j++) {
+      float x, y;
+      memcpy(&x, fa.data + ta->begin + 4 * j, 4);
+      memcpy(&y, fb.data + tb->begin + 4 * j, 4);
+      r[n++] = fabs((double)y - (double)x) / lr;
+    }
+  }
+  stoke_st_free(&fa);
+  stoke_st_free(&fb);
+  if (!n) fail_msg("no f32 weights in %s", before);
+  for (size_t i = 1; i < n; i++) /* insertion sort: a few thousand weights */
+    for (size_t j = i; j > 0 && r[j - 1] > r[j]; j--) {
+      double t = r[j];
+      r[j] = r[j - 1], r[j - 1] = t;
+    }
+  double med = r[n / 2];
+  free(r);
+  return med;
+}
+
+/* An SGD checkpoint resumed with AdamW: its moments start at zero, so its
+ * bias corrections must count from 1 again, not from the file's step (at
+ * step 5 a fresh m and v moved each weight by 0.52 lr instead of lr). */
+static void test_other_optimizer_counts_from_one(void **state) {
+  stoke_summary a, b;
+  const char *o4[] = {"run.steps=4"};
+  out_sub = "oo_a";
+  train_ok(o4, 1, &a);
+  char resume[700];
+  snprintf(resume, sizeof resume, "run.resume=%s", a.checkpoint);
+  const char *one[] = {"run.steps=5", "optimizer.name=adamw", "optimizer.lr=0.001", "optimizer.weight_decay=0",
+                       resume};
+  out_sub = "oo_b";
+  train_ok(one, 5, &b);
+  out_sub = "out";
+  double med = median_step_over_lr(a.checkpoint, b.checkpoint, 0.001);
+  print_message("AdamW's first step after SGD's 4: median |update| = %.4f lr (1 from step 1)\n", med);
+  assert_true(med > 0.95 && med < 1.05);
+}
+
+/* A checkpoint of a run without a loss scaler (fp32) resumed by one with a
+ * dynamic scaler starts at the scaler's initial scale (2^20 here), not at
+ * 1 (the file said 1 for "no scaler": fp16 gradients would underflow for
+ * thousands of steps while the scale grew back). 2 steps: no growth yet. */
+static void test_scale_not_from_a_run_without_one(void **state) {
+  stoke_summary a, b;
+  const char *o3[] = {"run.steps=3"};
+  out_sub = "ns_a";
+  train_ok(o3, 1, &a);
+  char resume[700];
+  snprintf(resume, sizeof resume, "run.resume=%s", a.checkpoint);
+  const char *dyn[] = {"run.steps=5", "plugins.load=test_policies", "run.precision=test_fp32_dynamic", resume};
+  out_sub = "ns_b";
+  train_ok(dyn, 4, &b);
+  out_sub = "out";
+  stoke_ckpt_meta ma, mb;
+  stoke_err *e = stoke_checkpoint_read_meta(a.checkpoint, &ma);
+  if (!e) e = stoke_checkpoint_read_meta(b.checkpoint, &mb);
+  if (e) fail_msg("%s", e->msg);
+  print_message("fp32's file: loss scale %g (0: none); resumed with a dynamic scaler: %g\n", ma.loss_scale,
+                mb.loss_scale);
+  assert_true(ma.loss_scale == 0);
+  assert_true(mb.loss_scale == (double)(1 << 20));
+}
+
 /* The bytes of a whole file, NUL-terminated (its size in *n). */
 static char *slurp(const char *path, size_t *n) {
   FILE *f = fopen(path, "rb");
@@ -712,6 +812,9 @@ int main(void) {
       cmocka_unit_test(test_resume_equals_uninterrupted),
       cmocka_unit_test(test_resume_keeps_scaler),
       cmocka_unit_test(test_resume_on_device),
+      cmocka_unit_test(test_resume_other_batch),
+      cmocka_unit_test(test_other_optimizer_counts_from_one),
+      cmocka_unit_test(test_scale_not_from_a_run_without_one),
       cmocka_unit_test(test_summary_json_without_steps),
       cmocka_unit_test(test_nan_weights_not_saved),
       cmocka_unit_test(test_metrics_appended),

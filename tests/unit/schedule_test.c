@@ -22,10 +22,16 @@ static void test_warmup_cosine_step(void **state) {
   stoke_lr_schedule s = {STOKE_LR_COSINE, 0.1, 10, 110, 0.001, 0, 0};
   near(stoke_lr_at(&s, 1), 0.01);  /* 0.1 * 1/10 */
   near(stoke_lr_at(&s, 5), 0.05);
-  near(stoke_lr_at(&s, 10), 0.1);  /* end of warm-up */
-  near(stoke_lr_at(&s, 11), 0.1);  /* cosine starts at the top: cos(0) */
-  near(stoke_lr_at(&s, 61), 0.001 + 0.5 * 0.099 * (1 + cos(M_PI * 0.5))); /* half-way */
-  near(stoke_lr_at(&s, 111), 0.001); /* the end */
+  near(stoke_lr_at(&s, 10), 0.1);  /* end of warm-up: the cosine's top, cos(0) */
+  near(stoke_lr_at(&s, 11), 0.001 + 0.5 * 0.099 * (1 + cos(M_PI * 0.01))); /* 1 of its 100 steps */
+  near(stoke_lr_at(&s, 60), 0.001 + 0.5 * 0.099 * (1 + cos(M_PI * 0.5))); /* half-way */
+  near(stoke_lr_at(&s, 110), 0.001); /* the run's last step runs at min_lr (nanoGPT's get_lr) */
+  near(stoke_lr_at(&s, 111), 0.001);
+  /* without a warm-up: base_lr at step 1, min_lr at the last */
+  s = (stoke_lr_schedule){STOKE_LR_COSINE, 0.1, 0, 101, 0.001, 0, 0};
+  near(stoke_lr_at(&s, 1), 0.1);
+  near(stoke_lr_at(&s, 51), 0.001 + 0.5 * 0.099 * (1 + cos(M_PI * 0.5)));
+  near(stoke_lr_at(&s, 101), 0.001);
   s = (stoke_lr_schedule){STOKE_LR_STEP, 0.1, 0, 100, 0, 30, 0.1};
   near(stoke_lr_at(&s, 1), 0.1);
   near(stoke_lr_at(&s, 30), 0.1);

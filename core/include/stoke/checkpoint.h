@@ -17,7 +17,7 @@ typedef struct stoke_ckpt_meta {
   int64_t epoch;
   int64_t seed;
   int64_t accumulate;
-  double loss_scale;
+  double loss_scale;   /* the loss scaler's scale; 0: the run had no scaler (fp32, tf32, bf16) */
   char optimizer[32];  /* the optimizer's name ("sgd", "adamw", ...): its tensors are loaded only into the same */
   int64_t world;       /* processes that trained it (data parallel; 1 when absent) */
   int64_t batch;       /* samples per micro-batch on each (0: not recorded) */

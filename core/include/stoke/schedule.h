@@ -13,14 +13,16 @@ typedef struct stoke_lr_schedule {
   stoke_lr_kind kind;
   double base_lr;        /* after the linear scaling rule, if on */
   int64_t warmup_steps;  /* linear from base_lr/warmup_steps up to base_lr */
-  int64_t total_steps;   /* cosine: decays to min_lr at total_steps */
+  int64_t total_steps;   /* cosine: min_lr at total_steps, the last step */
   double min_lr;         /* cosine floor */
   int64_t step_every;    /* step: multiply by gamma every step_every steps */
   double gamma;
 } stoke_lr_schedule;
 
-/* The lr of optimizer step `step` (1-based), as PyTorch's LambdaLR/
- * CosineAnnealingLR/StepLR would give after a linear warm-up. */
+/* The lr of optimizer step `step` (1-based): a linear warm-up to base_lr
+ * at step warmup_steps, then constant, StepLR's steps, or nanoGPT's cosine
+ * (get_lr), which falls from base_lr at the warm-up's last step (step 1
+ * without one) to min_lr at step total_steps, the run's last. */
 double stoke_lr_at(const stoke_lr_schedule *s, int64_t step);
 
 struct stoke_run_config;
