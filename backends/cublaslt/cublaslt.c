@@ -626,9 +626,17 @@ static stoke_err *gemm_plan(lt_engine *E, const lt_state *s, const stoke_kernel_
   memset(res, 0, sizeof res);
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(E->h, g->op, g->a, g->b, g->c, g->c, pref, autotune ? LT_TUNE_MAX : 1, res,
-                                        &found);
+    st = cublasLtMatmulAlgoGetHeuristic(E->h, g->op, g->a, g->b, g->c, g->c, pref,
+                                        autotune || key.det ? LT_TUNE_MAX : 1, res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && key.det) {
+    /* deterministic: the first candidate the reproducibility check passes (the reduction mask asks for no
+     * split-K, but the heuristic's first is not checked otherwise), also when autotune times none */
+    int r = 0;
+    while (r < found && !(res[r].state == CUBLAS_STATUS_SUCCESS && algo_reproducible(&res[r].algo))) r++;
+    if (r == found) found = 0; /* none: reported below as no algorithm */
+    else if (r) res[0] = res[r];
+  }
   if (st == CUBLAS_STATUS_SUCCESS && found > 0 && res[0].state == CUBLAS_STATUS_SUCCESS) {
     g->algo = res[0].algo;
     g->ws = res[0].workspaceSize;

@@ -243,9 +243,10 @@ static stoke_err *heur_configs(cudnn_engine *eng, cg_graph *g, cudnnBackendDescr
     s = cudnnBackendGetAttribute(h, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, NULL);
   if (s == CUDNN_STATUS_SUCCESS && count > 0) {
     if (count > cap) count = cap;
-    int made = 0;
-    for (; made < count && s == CUDNN_STATUS_SUCCESS; made++)
-      s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfgs[made]);
+    int made = 0; /* descriptors created: a failed create leaves its slot unset, never destroyed */
+    while (made < count && (s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfgs[made])) ==
+                               CUDNN_STATUS_SUCCESS)
+      made++;
     int64_t got = 0;
     if (s == CUDNN_STATUS_SUCCESS)
       s = cudnnBackendGetAttribute(h, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
@@ -441,7 +442,11 @@ static stoke_err *choose_plan(cudnn_engine *eng, cg_graph *g, cudnnBackendDescri
   int n = 0, n_mode;
   static const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_INSTANT, CUDNN_HEUR_MODE_FALLBACK};
   for (int m = 0; m < 2; m++) {
-    STOKE_PROPAGATE_P(heur_configs(eng, g, opg, modes[m], cfgs + n, CAP, &n_mode));
+    stoke_err *he = heur_configs(eng, g, opg, modes[m], cfgs + n, CAP, &n_mode);
+    if (he) { /* the first mode's configurations go too */
+      for (int i = 0; i < n; i++) cudnnBackendDestroyDescriptor(cfgs[i]);
+      return he;
+    }
     n += n_mode;
   }
   memset(out, 0, sizeof *out);
@@ -605,7 +610,9 @@ stoke_err *cg_plan_get(cudnn_engine *eng, cg_graph *g, const void *key, size_t k
     return e;
   }
   cg_plan p;
-  CG_CHECK(cudnnSetStream(eng->handle, (cudaStream_t)c->stream));
+  cudnnStatus_t ss = cudnnSetStream(eng->handle, (cudaStream_t)c->stream);
+  if (ss != CUDNN_STATUS_SUCCESS) cudnnBackendDestroyDescriptor(opg); /* not left behind by the error */
+  CG_CHECK(ss);
   stoke_err *e = choose_plan(eng, g, opg, c, &p);
   if (e && e->code == STOKE_E_UNSUPPORTED && c->no_tf32 && !c->allow_lossy) {
     /* f32 with no exact engine: an FFT/Winograd one rather than none */

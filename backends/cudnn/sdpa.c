@@ -417,6 +417,7 @@ static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, 
     g->st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 8, &n_cfg,
                                      cfgs);
     if (g->st != CUDNN_STATUS_SUCCESS) g->failed = "reading the heuristics' engine configurations";
+    if (n_cfg > 8) n_cfg = 8; /* the count may be all cuDNN has; 8 were written */
   }
   char ctx[160];
   snprintf(ctx, sizeof ctx, "attention '%s' %s: B %lld, T %lld, H %lld, D %lld", st->node, st->bwd ? "backward" : "forward",
