@@ -141,7 +141,14 @@ int stoke_dist_plan_buckets(const stoke_dist_grad *grads, int n_grads, size_t to
 }
 
 int64_t stoke_dist_resume_batch(int64_t step, int64_t accumulate, int64_t batch, int64_t world,
-                                int64_t new_batch, int64_t new_world) {
+                                int64_t new_batch, int64_t new_world, int64_t total) {
   if (new_batch < 1 || new_world < 1) return 0;
-  return step * accumulate * batch * world / (new_batch * new_world);
+  int64_t n = step * accumulate; /* micro-batches each process read */
+  int64_t per = total > 0 && batch > 0 && world > 0 ? total / world / batch : 0;
+  int64_t new_per = total > 0 ? total / new_world / new_batch : 0;
+  if (per < 1 || new_per < 1) return n * batch * world / (new_batch * new_world);
+  /* an epoch drops its remainder, which depends on the batch and the world: the same epoch, then the same
+   * place in its global order (the next epoch's start when the new epoch is shorter) */
+  int64_t epoch = n / per, at = (n % per) * batch * world / (new_batch * new_world);
+  return epoch * new_per + (at < new_per ? at : new_per);
 }

@@ -377,12 +377,15 @@ stoke_err *stoke_loader_new(const stoke_loader_opts *o, stoke_loader **out) {
    * total % world ranks one more each); the ranks share only the sums. */
   l->shard_len = o->drop_last ? total / o->world : (total - o->rank + o->world - 1) / o->world;
   l->per_epoch = o->drop_last ? l->shard_len / o->batch : (l->shard_len + o->batch - 1) / o->batch;
-  if (l->per_epoch < 1) {
+  /* decided alike on every rank (uneven shards: a rank has none exactly when total < world), so that no rank
+   * goes on into collectives the failed ones never join */
+  if (o->drop_last ? l->per_epoch < 1 : total < o->world) {
+    int64_t mine = l->shard_len;
     free(l);
     return STOKE_ERR(STOKE_E_INVALID,
-                     "loader: source '%s' has %lld samples (%lld for this rank), fewer than one "
-                     "batch of %lld; lower batch_size",
-                     o->src->name, (long long)total, (long long)l->shard_len, (long long)o->batch);
+                     "loader: source '%s' has %lld samples (%lld for this rank of %d), fewer than %s",
+                     o->src->name, (long long)total, (long long)mine, o->world,
+                     o->drop_last ? "one batch a rank; lower batch_size" : "one a rank; use more data or fewer ranks");
   }
   pthread_mutex_init(&l->mu, NULL);
   pthread_cond_init(&l->cv_free, NULL);

@@ -191,13 +191,26 @@ static void test_buckets_out_of_order(void **state) {
 static void test_resume_mapping(void **state) {
   (void)state;
   /* same job: the step times accumulate */
-  assert_int_equal(stoke_dist_resume_batch(10, 2, 64, 1, 64, 1), 20);
+  assert_int_equal(stoke_dist_resume_batch(10, 2, 64, 1, 64, 1, 0), 20);
   /* saved on 2 GPUs at 64 each, resumed on 4 at 64: half the batches */
-  assert_int_equal(stoke_dist_resume_batch(10, 1, 64, 2, 64, 4), 5);
+  assert_int_equal(stoke_dist_resume_batch(10, 1, 64, 2, 64, 4, 0), 5);
   /* saved on 4 at 32, resumed on 1 at 128: the same global batch */
-  assert_int_equal(stoke_dist_resume_batch(7, 1, 32, 4, 128, 1), 7);
+  assert_int_equal(stoke_dist_resume_batch(7, 1, 32, 4, 128, 1, 0), 7);
   /* not a whole batch: rounded down (at most one global batch again) */
-  assert_int_equal(stoke_dist_resume_batch(3, 1, 64, 1, 64, 2), 1);
+  assert_int_equal(stoke_dist_resume_batch(3, 1, 64, 1, 64, 2, 0), 1);
+  /* the data set known: in epoch 0 the same as counting samples */
+  assert_int_equal(stoke_dist_resume_batch(10, 1, 64, 2, 64, 4, 100000), 5);
+  /* past an epoch the dropped remainders differ: 1000 samples, batch 64 -> 32 (15 -> 31 batches an epoch): step 20
+   * is epoch 1's batch 5 (its samples 320-383), which is batch 10 of epoch 1 at 32 = 31 + 10, not 20 x 2 = 40 (a
+   * batch of epoch 1 again) */
+  assert_int_equal(stoke_dist_resume_batch(20, 1, 64, 1, 32, 1, 1000), 41);
+  /* 1 -> 3 processes, batch 10 (100 -> 33 batches an epoch): step 100 is the start of epoch 1, batch 33 on 3
+   * (counting samples gave 33 as well here); step 150: epoch 1's batch 50, samples 500-509 -> batch 16 of epoch 1 */
+  assert_int_equal(stoke_dist_resume_batch(100, 1, 10, 1, 10, 3, 1000), 33);
+  assert_int_equal(stoke_dist_resume_batch(150, 1, 10, 1, 10, 3, 1000), 33 + 16);
+  /* the helper's case: ImageNet, 256 a GPU, 8 -> 4 GPUs at step 31,250 (the start of epoch 50: 625 steps an
+   * epoch on 8, 1,251 on 4): epoch 50's first batch on 4, 62,550, not 62,500 (epoch 49 again) */
+  assert_int_equal(stoke_dist_resume_batch(31250, 1, 256, 8, 256, 4, 1281167), 50 * 1251);
 }
 
 /* ------------------------------------------------------- loader shards */

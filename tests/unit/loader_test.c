@@ -165,6 +165,16 @@ static void test_eval_shards_score_every_sample(void **state) {
   assert_int_equal(rows, LEN);
   for (int i = 0; i < LEN; i++)
     if (seen[i] != 1) fail_msg("sample %d scored %d times", i, seen[i]);
+  /* more ranks than samples: every rank refuses alike (rank 0 had one, so only the others stopped, and rank 0
+   * went on into collectives they never joined) */
+  for (int r = 0; r < 2; r++) {
+    stoke_loader_opts o = {&idx_source, NULL, &host, NULL, 10, 1, 1, 0, 0, 42, r, 1001, 0, NULL, 1, 0};
+    stoke_loader *l = NULL;
+    stoke_err *e = stoke_loader_new(&o, &l);
+    if (!e) fail_msg("rank %d of 1001 over %d samples opened its loader", r, LEN);
+    assert_non_null(strstr(e->msg, "fewer than one a rank"));
+    stoke_err_free(e);
+  }
 }
 
 static void test_epochs_reshuffle(void **state) {

@@ -64,11 +64,13 @@ int stoke_dist_plan_buckets(const stoke_dist_grad *grads, int n_grads, size_t to
 /* Resume: the checkpoint was saved after `step` optimizer steps of
  * `accumulate` micro-batches of `batch` samples on each of `world`
  * processes; the run goes on with `new_batch` per micro-batch on
- * `new_world`. Returns the first per-process micro-batch to read so that
- * no sample of the global order is read twice (rounded down: at most one
- * global batch is seen again when the global batch changed). */
+ * `new_world`, over a data set of `total` samples (0: unknown) whose
+ * epochs drop their remainder. Returns the first per-process micro-batch
+ * to read: the same epoch, and in it the same place of the global order
+ * (rounded down: at most one global batch is seen again when the global
+ * batch changed). */
 int64_t stoke_dist_resume_batch(int64_t step, int64_t accumulate, int64_t batch, int64_t world,
-                                int64_t new_batch, int64_t new_world);
+                                int64_t new_batch, int64_t new_world, int64_t total);
 
 #ifdef __cplusplus
 }
