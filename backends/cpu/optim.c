@@ -5,6 +5,7 @@
  * steps (amp_check, amp_update). Every GPU update kernel is checked
  * against these. The state is in the master dtype: the parameters' own, or
  * f64 for f32 parameters (then it starts with the f64 master copy). */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -245,11 +246,12 @@ static stoke_err *amp_update_run(const stoke_kernel_args_v1 *a, void *state) {
   double growth = o && o->growth_factor > 0 ? o->growth_factor : 2, back = o && o->backoff_factor > 0 ? o->backoff_factor : 0.5;
   int64_t interval = o ? o->growth_interval : 2000;
   if (st[2] != 0.0f) {
-    st[0] *= (float)back; /* in float, as the GPU kernel */
+    st[0] = fmaxf(st[0] * (float)back, FLT_MIN); /* in float, as the GPU kernel; never 0 */
     st[1] = 0;
     st[3] += 1.0f;
   } else if (interval > 0 && st[1] + 1 >= (float)interval) {
-    st[0] *= (float)growth;
+    float grown = st[0] * (float)growth;
+    if (isfinite(grown)) st[0] = grown; /* as PyTorch: a growth past float's range keeps the scale */
     st[1] = 0;
   } else {
     st[1] += 1;

@@ -1,6 +1,7 @@
 // backends/cuda/amp.cu: the dynamic loss scaler's two device-side steps
 // (amp_check, amp_update; see stoke/ops.h): whether any gradient is inf or
 // NaN, and the new scale and loss seed, decided without a host sync.
+#include <cfloat>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -21,13 +22,15 @@ __global__ void check_kernel(const T *g, int64_t n, float *state) {
 __global__ void update_kernel(float *state, float *seed, int64_t growth, float growth_factor, float backoff) {
   float scale = state[0], good = state[1];
   if (state[2] != 0.0f) {
-    scale *= backoff;
+    scale = fmaxf(scale * backoff, FLT_MIN); /* never 0: a clean step would divide the gradients by it */
     good = 0;
     state[3] += 1.0f;
   } else {
     good += 1;
     if (growth > 0 && good >= (float)growth) {
-      scale *= growth_factor;
+      const float grown = scale * growth_factor;
+      if (isfinite(grown)) scale = grown; /* as PyTorch: a growth past float's range keeps the scale (at inf every
+                                           * later step overflowed and was skipped, the run stalled) */
       good = 0;
     }
   }

@@ -458,6 +458,25 @@ static void test_loss_scaler(void **state) {
                gseed, rs[0], rs[1], rs[2], rs[3], rseed);
   }
   print_message("  amp_update: 8 steps equal, scale %g, %g skipped\n", rs[0], rs[3]);
+  /* the range's ends, as the CPU's: a growth past float keeps the scale, backoffs stop at FLT_MIN */
+  float ends[2][4] = {{0x1p127f, 1, 0, 0}, {0x1p-126f, 0, 1, 0}};
+  for (int k = 0; k < 2; k++) {
+    stoke_opt_args_v1 o = {.growth_interval = 2, .backoff_factor = 0.5};
+    memcpy(rs, ends[k], sizeof rs);
+    g_dev_put(dst, ends[k], sizeof rs);
+    stoke_shape four = {1, {4}}, one = {1, {1}};
+    stoke_tensor rt[2] = {{rs, four, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_CPU}, {&rseed, one, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_CPU}};
+    stoke_tensor gt[2] = {{dst, four, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}, {dseed, one, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}};
+    stoke_node_v1 node = {.op = "loss_scaler", .name = "loss_scaler"};
+    stoke_kernel_args_v1 ra = {.node = &node, .n_in = 2, .in = rt, .opt = &o};
+    stoke_kernel_args_v1 ga = {.node = &node, .n_in = 2, .in = gt, .opt = &o, .engine = eself,
+                               .stream = g_dev->default_stream(g_dev_self)};
+    g_run(ru, &ra, 0);
+    g_run(gu, &ga, 1);
+    g_dev_get(gs, dst, sizeof gs);
+    if (memcmp(gs, rs, sizeof gs) || !isfinite(gs[0]) || gs[0] <= 0)
+      fail_msg("amp_update at float's %s: gpu scale %g, cpu %g", k ? "bottom" : "top", gs[0], rs[0]);
+  }
   g_dev->free(g_dev_self, dst);
   g_dev->free(g_dev_self, dseed);
 }

@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <float.h>
+
 #include "harness.h"
 
 #define N 3
@@ -158,6 +160,18 @@ static void test_loss_scaler(void **state) {
     st[2] = 1;
     scaler(STOKE_OP_AMP_UPDATE, 0, NULL, 0, st, &seed32, STOKE_F32, &o);
     H_CHECK(st[0] == 65536 && st[3] == 2, "static: scale %g skipped %g", st[0], st[3]);
+    /* a growth past float's range keeps the scale (PyTorch's rule; at inf every later step was skipped), and
+     * backoffs stop at the smallest normal float, never 0 (a clean step divides the gradients by it) */
+    float top[4] = {0x1p127f, 1, 0, 0}, bottom[4] = {0x1p-125f, 0, 1, 0};
+    o.growth_interval = 2, o.backoff_factor = 0.5;
+    scaler(STOKE_OP_AMP_UPDATE, 0, NULL, 0, top, &seed32, STOKE_F32, &o);
+    H_CHECK(top[0] == 0x1p127f && top[1] == 0 && seed32 == 0x1p127f, "growth past float: scale %g good %g", top[0],
+            top[1]);
+    for (int k = 0; k < 3; k++) {
+      bottom[2] = 1;
+      scaler(STOKE_OP_AMP_UPDATE, 0, NULL, 0, bottom, &seed32, STOKE_F32, &o);
+    }
+    H_CHECK(bottom[0] == FLT_MIN && seed32 == FLT_MIN, "backoffs below float's smallest normal: scale %g", bottom[0]);
   }
 }
 
