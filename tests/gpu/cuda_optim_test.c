@@ -390,6 +390,23 @@ static void test_grad_norm(void **state) {
 
 /* ------------------------------------------------------------ the scaler */
 
+/* One amp_update on the CPU (state rs, seed *rseed) and on the GPU (dst,
+ * dseed), the GPU's state and seed read back into gs and *gseed. */
+static void amp_update_both(const stoke_kernel_v1 *gu, const stoke_kernel_v1 *ru, void *eself, stoke_opt_args_v1 *o,
+                            float *rs, float *rseed, float *dst, float *dseed, float *gs, float *gseed) {
+  stoke_shape four = {1, {4}}, one = {1, {1}};
+  stoke_tensor rt[2] = {{rs, four, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_CPU}, {rseed, one, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_CPU}};
+  stoke_tensor gt[2] = {{dst, four, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}, {dseed, one, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}};
+  stoke_node_v1 node = {.op = "loss_scaler", .name = "loss_scaler"};
+  stoke_kernel_args_v1 ra = {.node = &node, .n_in = 2, .in = rt, .opt = o};
+  stoke_kernel_args_v1 ga = {.node = &node, .n_in = 2, .in = gt, .opt = o, .engine = eself,
+                             .stream = g_dev->default_stream(g_dev_self)};
+  g_run(ru, &ra, 0);
+  g_run(gu, &ga, 1);
+  g_dev_get(gs, dst, 4 * sizeof(float));
+  g_dev_get(gseed, dseed, sizeof *gseed);
+}
+
 /* amp_check: found_inf from a gradient buffer with nothing, an inf, a NaN
  * (at the tail); amp_update: a sequence of overflows and clean steps,
  * dynamic (growth 2) and static, against the CPU's state and seed. */
@@ -442,17 +459,7 @@ static void test_loss_scaler(void **state) {
     g_dev_get(gs, dst, sizeof gs);
     gs[2] = (float)found[k];
     g_dev_put(dst, gs, sizeof gs);
-    stoke_shape four = {1, {4}}, one = {1, {1}};
-    stoke_tensor rt[2] = {{rs, four, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_CPU}, {&rseed, one, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_CPU}};
-    stoke_tensor gt[2] = {{dst, four, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}, {dseed, one, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}};
-    stoke_node_v1 node = {.op = "loss_scaler", .name = "loss_scaler"};
-    stoke_kernel_args_v1 ra = {.node = &node, .n_in = 2, .in = rt, .opt = &o};
-    stoke_kernel_args_v1 ga = {.node = &node, .n_in = 2, .in = gt, .opt = &o, .engine = eself,
-                               .stream = g_dev->default_stream(g_dev_self)};
-    g_run(ru, &ra, 0);
-    g_run(gu, &ga, 1);
-    g_dev_get(gs, dst, sizeof gs);
-    g_dev_get(&gseed, dseed, sizeof gseed);
+    amp_update_both(gu, ru, eself, &o, rs, &rseed, dst, dseed, gs, &gseed);
     if (memcmp(gs, rs, sizeof gs) || gseed != rseed)
       fail_msg("amp_update step %d: gpu [%g %g %g %g] seed %g, cpu [%g %g %g %g] seed %g", k, gs[0], gs[1], gs[2], gs[3],
                gseed, rs[0], rs[1], rs[2], rs[3], rseed);
@@ -464,16 +471,7 @@ static void test_loss_scaler(void **state) {
     stoke_opt_args_v1 o = {.growth_interval = 2, .backoff_factor = 0.5};
     memcpy(rs, ends[k], sizeof rs);
     g_dev_put(dst, ends[k], sizeof rs);
-    stoke_shape four = {1, {4}}, one = {1, {1}};
-    stoke_tensor rt[2] = {{rs, four, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_CPU}, {&rseed, one, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_CPU}};
-    stoke_tensor gt[2] = {{dst, four, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}, {dseed, one, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU}};
-    stoke_node_v1 node = {.op = "loss_scaler", .name = "loss_scaler"};
-    stoke_kernel_args_v1 ra = {.node = &node, .n_in = 2, .in = rt, .opt = &o};
-    stoke_kernel_args_v1 ga = {.node = &node, .n_in = 2, .in = gt, .opt = &o, .engine = eself,
-                               .stream = g_dev->default_stream(g_dev_self)};
-    g_run(ru, &ra, 0);
-    g_run(gu, &ga, 1);
-    g_dev_get(gs, dst, sizeof gs);
+    amp_update_both(gu, ru, eself, &o, rs, &rseed, dst, dseed, gs, &gseed);
     if (memcmp(gs, rs, sizeof gs) || !isfinite(gs[0]) || gs[0] <= 0)
       fail_msg("amp_update at float's %s: gpu scale %g, cpu %g", k ? "bottom" : "top", gs[0], rs[0]);
   }
