@@ -244,7 +244,7 @@ static stoke_err *normalize_fwd(const stoke_kernel_args_v1 *a, void *state) {
     for (int64_t n = 0; n < j->g.n; n++)                                                    \
       for (int64_t s = 0; s < j->g.s; s++) {                                                \
         T v = bn_pre_##SFX(j, n, c, s, mean, scale, shift);                                 \
-        if (j->g.relu && !(v > 0)) v = (T)0;                                                \
+        if (j->g.relu && v <= 0) v = (T)0; /* NaN stays NaN, as the relu node */           \
         int64_t o = NOFF(j->sy, n, c, s);                                                   \
         y[o] = v;                                                                           \
         if (j->mask && v > 0) j->mask[o >> 3] |= (uint8_t)(1u << (o & 7));                  \

@@ -365,7 +365,7 @@ __global__ void FWD_BOUNDS k_apply(const T *__restrict__ x, const T *__restrict_
         for (int i = 0; i < V; i++) {
           float v = (to_f(rx[u].v[i]) - mean[i]) * k[i] + s[i];
           if (ACT == kAddRelu) v = to_f(from_f<T>(v)) + to_f(rr[u].v[i]);
-          f[i] = ACT == kNone ? v : v > 0.0f ? v : 0.0f;
+          f[i] = ACT == kNone || !(v <= 0.0f) ? v : 0.0f;  // NaN stays NaN, as torch.relu
         }
         store_v<T, V>(y + (r + (int64_t)u * by) * C + c0, f);
         if (ACT == kAddRelu) store_mask<T, V>(mask, (r + (int64_t)u * by) * C + c0, f);

@@ -244,6 +244,24 @@ static void test_matches_unfused_nodes(void **state) {
         for (int training = 0; training < 2; training++) check_composition(dts[d], &cfgs[g], add, training);
 }
 
+/* A NaN stays NaN through the fused ReLU, as torch.relu and the CPU's own
+ * relu node keep it (eval: each y from its own x; it came out 0, hiding a
+ * NaN from an inference); its mask bit is 0 (its gradient 0, as PyTorch's). */
+static void test_nan_stays_nan(void **state) {
+  for (int add = 0; add < 2; add++) {
+    act_case b = make_case(STOKE_F32, &cfgs[1], add);
+    h_set(&b.in[0], 3, NAN);
+    /* zeros first, not the NaN poison: y[3] must be a NaN the kernel wrote */
+    for (int i = 0; i < b.n_out; i++) memset(b.out[i].data, 0, stoke_tensor_bytes(&b.out[i]));
+    stoke_kernel_args_v1 a = args_of(&b.node, add ? 6 : 5, b.n_out, b.in, b.out, 0);
+    H_OK(h_run(h_kernel(b.node.op, STOKE_FWD, STOKE_F32), &a));
+    H_CHECK(isnan(h_get(&b.out[0], 3)), "%s eval: y[3] = %g from x[3] = NaN", add ? "bn_add_relu" : "bn_relu",
+            h_get(&b.out[0], 3));
+    if (add) H_CHECK(!relu_mask_bit(b.out[3].data, 3), "bn_add_relu: the NaN's mask bit is set");
+    free_case(&b);
+  }
+}
+
 /* dL/d in[i][j] for L = sum(y R), central differences; the running
  * statistics are put back before each forward. */
 static double numeric(act_case *b, const stoke_tensor *r, int i, int64_t j, int training) {
@@ -343,6 +361,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       H_TEST(test_matches_unfused_nodes),
       H_TEST(test_finite_differences),
+      H_TEST(test_nan_stays_nan),
       H_TEST(test_param_grad_beta),
       H_TEST(test_errors),
   };
