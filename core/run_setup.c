@@ -286,7 +286,7 @@ static stoke_err *open_data(run_state *s) {
                 (long long)(s->resume.accumulate * (s->resume.batch > 0 ? s->resume.batch : s->train.batch) *
                             s->resume.world),
                 (long long)step, (long long)(rc->run.accumulate * s->train.batch * s->world),
-                micro % rc->run.accumulate ? " (the data goes on from the middle of a step's micro-batches)" : "");
+                micro % rc->run.accumulate ? " (from that step's first micro-batch: a few are read again)" : "");
       s->start_step = step;
     }
     STOKE_PROPAGATE(load_resume(s));

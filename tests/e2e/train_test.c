@@ -495,6 +495,35 @@ static void test_resume_other_batch(void **state) {
   assert_int_equal(b.samples, 8 * 32);
 }
 
+/* Resumed with another accumulate, from a sample in the middle of a step:
+ * the data starts at that step's first micro-batch, so the next checkpoint
+ * says where the data is. 3 steps of 1 micro-batch, then accumulate 2 to
+ * step 4, then to step 5 from that file: the same tensors as going on from
+ * the first file to step 5 in one run (the loader had gone on from batch 3
+ * while the file said step 4 x 2 = 8: batch 8 was trained twice). */
+static void test_chained_resume_mid_step(void **state) {
+  stoke_summary a, b, c, d;
+  const char *o3[] = {"run.steps=3", "run.deterministic=true"};
+  out_sub = "cr_a";
+  train_ok(o3, 2, &a);
+  char ra[700], rb[700];
+  snprintf(ra, sizeof ra, "run.resume=%s", a.checkpoint);
+  const char *to4[] = {"run.steps=4", "run.accumulate=2", "run.deterministic=true", ra};
+  out_sub = "cr_b";
+  train_ok(to4, 4, &b);
+  snprintf(rb, sizeof rb, "run.resume=%s", b.checkpoint);
+  const char *to5[] = {"run.steps=5", "run.accumulate=2", "run.deterministic=true", rb};
+  out_sub = "cr_c";
+  train_ok(to5, 4, &c);
+  const char *straight[] = {"run.steps=5", "run.accumulate=2", "run.deterministic=true", ra};
+  out_sub = "cr_d";
+  train_ok(straight, 4, &d);
+  out_sub = "out";
+  print_message("accumulate 1 -> 2 from step 3: loss at 5 in two resumes %.9g, in one %.9g\n", c.final_loss,
+                d.final_loss);
+  same_tensors(c.checkpoint, d.checkpoint);
+}
+
 /* The first element-wise ratio |update| / lr of one AdamW step, median over
  * every weight (a fresh AdamW moves each weight by about lr: m / sqrt(v) =
  * g / |g| at step 1). */
@@ -813,6 +842,7 @@ int main(void) {
       cmocka_unit_test(test_resume_keeps_scaler),
       cmocka_unit_test(test_resume_on_device),
       cmocka_unit_test(test_resume_other_batch),
+      cmocka_unit_test(test_chained_resume_mid_step),
       cmocka_unit_test(test_other_optimizer_counts_from_one),
       cmocka_unit_test(test_scale_not_from_a_run_without_one),
       cmocka_unit_test(test_summary_json_without_steps),
