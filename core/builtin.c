@@ -2,6 +2,7 @@
  * stoke_plugin_v1 mechanism as every .so: the built-in op types (shape
  * inference, FLOPs, what backward needs), the precision policies, the
  * single-process comm and the optimizers (core/optimizers.c). */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -110,7 +111,7 @@ static stoke_err *infer_softmax_ce(const stoke_node_v1 *n, const stoke_value_des
     return STOKE_ERR(STOKE_E_INVALID,
                      "softmax_ce '%s': expects logits[N, C] and i32 labels[N]", n->name);
   double ls = n->attrs[STOKE_SOFTMAX_CE_LABEL_SMOOTHING].f;
-  if (ls < 0 || ls >= 1)
+  if (!(ls >= 0 && ls < 1)) /* NaN fails too */
     return STOKE_ERR(STOKE_E_INVALID, "softmax_ce '%s': label_smoothing %g not in [0, 1)",
                      n->name, ls);
   out[0].shape = (stoke_shape){1, {1}};

@@ -334,6 +334,21 @@ static stoke_err *add_node(stoke_graph *g, const char *op_text, const char *name
   n = &g->nodes[id];
   if (!e) e = parse_attrs(t, &n->n, attrs);
   if (!e) e = t->infer(&n->n, in, out);
+  /* what an op's infer wrote (a plugin's too): every output given, 1 to STOKE_MAX_DIMS dimensions of at least 1,
+   * a known dtype; unchecked, a negative size or a 9-dimension shape went into the memory plan */
+  for (int i = 0; i < n_outputs && !e; i++) {
+    const stoke_shape *os = &out[i].shape;
+    int ok = os->ndim >= 1 && os->ndim <= STOKE_MAX_DIMS && (unsigned)out[i].dtype < STOKE_DTYPE_COUNT;
+    for (int k = 0; ok && k < os->ndim; k++) ok = os->d[k] >= 1;
+    if (!ok && !(variadic && i == n_outputs - 1 && !os->ndim)) { /* (a variadic op's count is checked below) */
+      char dims[160] = "";
+      for (int k = 0, used = 0; k < os->ndim && k < STOKE_MAX_DIMS && used < (int)sizeof dims; k++)
+        used += snprintf(dims + used, sizeof dims - (size_t)used, "%s%lld", k ? ", " : "", (long long)os->d[k]);
+      e = STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): its infer() gave output %d %d dimensions [%s], dtype %d: not a "
+                    "shape (1 to %d dimensions, each >= 1) or not a dtype; a plugin op's infer must set every output",
+                    nm, op, i, os->ndim, dims, (int)out[i].dtype, STOKE_MAX_DIMS);
+    }
+  }
   if (!e && variadic && (!out[n_outputs - 1].shape.ndim || (n_outputs < STOKE_MAX_IO && out[n_outputs].shape.ndim)))
     e = STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): given %d outputs, its attributes make another number", nm, op,
                   n_outputs);

@@ -1,6 +1,7 @@
 /* core/ops_norm.c: built-in op types batch_norm (with running statistics
  * as STATE inputs), its fused forms bn_relu and bn_add_relu, and normalize
  * (u8 images to normalized floats); see stoke/ops.h. */
+#include <math.h>
 #include <string.h>
 
 #include "ops_cnn.h"
@@ -19,8 +20,9 @@ static stoke_err *infer_bn(const stoke_node_v1 *n, const stoke_value_desc_v1 *in
       return STOKE_ERR(STOKE_E_INVALID,
                        "batch_norm '%s': weight, bias, running_mean and running_var must be [%lld]",
                        n->name, (long long)c);
-  if (n->attrs[STOKE_BATCH_NORM_EPS].f <= 0 || n->attrs[STOKE_BATCH_NORM_MOMENTUM].f < 0 ||
-      n->attrs[STOKE_BATCH_NORM_MOMENTUM].f > 1)
+  /* written so that NaN fails too */
+  if (!(n->attrs[STOKE_BATCH_NORM_EPS].f > 0 && isfinite(n->attrs[STOKE_BATCH_NORM_EPS].f)) ||
+      !(n->attrs[STOKE_BATCH_NORM_MOMENTUM].f >= 0 && n->attrs[STOKE_BATCH_NORM_MOMENTUM].f <= 1))
     return STOKE_ERR(STOKE_E_INVALID, "batch_norm '%s': eps must be > 0 and momentum in [0, 1]",
                      n->name);
   out[0] = in[0];

@@ -145,7 +145,7 @@ static stoke_err *infer_attention(const stoke_node_v1 *n, const stoke_value_desc
                      (long long)c);
   if (n->attrs[STOKE_ATTENTION_CAUSAL].i != 0 && n->attrs[STOKE_ATTENTION_CAUSAL].i != 1)
     return STOKE_ERR(STOKE_E_INVALID, "attention '%s': causal must be 0 or 1", n->name);
-  if (n->attrs[STOKE_ATTENTION_SCALE].f < 0)
+  if (!(n->attrs[STOKE_ATTENTION_SCALE].f >= 0 && isfinite(n->attrs[STOKE_ATTENTION_SCALE].f))) /* NaN fails too */
     return STOKE_ERR(STOKE_E_INVALID, "attention '%s': scale must be > 0 (or 0: 1/sqrt(head size))", n->name);
   out[0] = (stoke_value_desc_v1){{3, {x->d[0], x->d[1], c}}, in[0].dtype};
   out[1] = (stoke_value_desc_v1){{3, {x->d[0], h, x->d[1]}}, stat_dtype(in[0].dtype)};
@@ -197,6 +197,9 @@ static stoke_err *infer_reshape(const stoke_node_v1 *n, const stoke_value_desc_v
     else if (s->ints[i] < 1)
       return STOKE_ERR(STOKE_E_INVALID, "reshape '%s': dimension %d is %lld (one -1 at most, the rest >= 1)",
                        n->name, i, (long long)s->ints[i]);
+    else if (s->ints[i] > total || known > total / s->ints[i]) /* more than the elements (the product would wrap) */
+      return STOKE_ERR(STOKE_E_INVALID, "reshape '%s': the shape asked for holds more than the %lld elements",
+                       n->name, (long long)total);
     else known *= s->ints[i];
   }
   out[0].shape.ndim = s->n;
@@ -212,7 +215,7 @@ static stoke_err *infer_slice(const stoke_node_v1 *n, const stoke_value_desc_v1 
   int d = 0;
   STOKE_PROPAGATE(dim_attr(n, n->attrs[STOKE_SLICE_DIM].i, in[0].shape.ndim, "dim", &d));
   int64_t start = n->attrs[STOKE_SLICE_START].i, len = n->attrs[STOKE_SLICE_LENGTH].i;
-  if (start < 0 || len < 1 || start + len > in[0].shape.d[d])
+  if (start < 0 || len < 1 || len > in[0].shape.d[d] || start > in[0].shape.d[d] - len) /* (start + len may wrap) */
     return STOKE_ERR(STOKE_E_INVALID, "slice '%s': [%lld, %lld) is not inside dimension %d of size %lld", n->name,
                      (long long)start, (long long)(start + len), d, (long long)in[0].shape.d[d]);
   out[0] = in[0];
@@ -227,6 +230,9 @@ static stoke_err *infer_split(const stoke_node_v1 *n, const stoke_value_desc_v1 
   int64_t sum = 0;
   for (int i = 0; i < s->n; i++) {
     if (s->ints[i] < 1) return STOKE_ERR(STOKE_E_INVALID, "split '%s': sizes must be >= 1", n->name);
+    if (s->ints[i] > in[0].shape.d[d] - sum) /* past the dimension (the sum would wrap) */
+      return STOKE_ERR(STOKE_E_INVALID, "split '%s': sizes sum past dimension %d of size %lld", n->name, d,
+                       (long long)in[0].shape.d[d]);
     sum += s->ints[i];
     out[i] = in[0];
     out[i].shape.d[d] = s->ints[i];

@@ -258,9 +258,13 @@ static stoke_err *parts_check(const stoke_kernel_args_v1 *a, const char *op, sto
     if (!ok)
       return STOKE_PERR(STOKE_E_INVALID, "%s '%s': output %d %s is not a part of x %s along dimension %d", op,
                         stoke_node_name(a), j, stoke_shape_str(ys).s, stoke_shape_str(xs).s, dim);
+    if (*first < 0 || ys->d[dim] > xs->d[dim] - sum) { /* past x (sum + the part could wrap) */
+      sum = -1;
+      break;
+    }
     sum += ys->d[dim];
   }
-  if (sum > xs->d[dim] || (!slice && sum != xs->d[dim]))
+  if (sum < 0 || sum > xs->d[dim] || (!slice && sum != xs->d[dim]))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the parts run to %lld, x %s has %lld along dimension %d", op,
                       stoke_node_name(a), (long long)sum, stoke_shape_str(xs).s, (long long)xs->d[dim], dim);
   return NULL;

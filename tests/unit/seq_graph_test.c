@@ -263,6 +263,20 @@ static void test_bias_fold(void **state) {
   stoke_graph_free(k.g);
 }
 
+/* An op whose infer is wrong: case 0 sets out[0] only (out[1] left unset), case 1 gives out[1] a negative
+ * size. */
+static int bad_infer_kind;
+static stoke_err *bad_infer(const stoke_node_v1 *n, const stoke_value_desc_v1 *in, stoke_value_desc_v1 *out) {
+  out[0] = in[0];
+  if (bad_infer_kind == 1) out[1] = (stoke_value_desc_v1){{2, {3, -4}}, in[0].dtype};
+  return NULL;
+}
+static const stoke_op_type_v1 bad_infer_op = {STOKE_ABI(stoke_op_type_v1), .name = "bad_infer", .n_inputs = 1,
+                                              .n_outputs = 2, .infer = bad_infer};
+static stoke_err *reg_bad_infer(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
+  return r->add_op(r->self, &bad_infer_op);
+}
+
 static void test_errors(void **state) {
   stoke_graph *g;
   OK(stoke_graph_new(reg, STOKE_F64, STOKE_LAYOUT_ANY, &g));
@@ -286,6 +300,35 @@ static void test_errors(void **state) {
   assert_true(strstr(e->msg, "given 3 outputs") != NULL);
   stoke_err_free(e);
   OK(b.node(g, STOKE_OP_SPLIT, "sp", &x, 1, "dim=1, sizes=1x3", parts, 2));
+  /* sizes whose sums wrap past int64 are refused, not taken for the dimension (a slice at 2^63 - 1 read before
+   * x's memory; a reshape to 2^60 + 1 x 16 of 12 elements, and split sizes of 2^62, were accepted) */
+  static const struct {
+    const char *op, *attrs, *says;
+    int n_out;
+  } wraps[] = {
+      {STOKE_OP_SLICE, "dim=1, start=9223372036854775807, length=1", "is not inside dimension 1", 1},
+      {STOKE_OP_RESHAPE, "shape=1152921504606846977x16", "holds more than the 12 elements", 1},
+      {STOKE_OP_SPLIT, "dim=1, sizes=4611686018427387904x4611686018427387904x4611686018427387904x"
+                       "4611686018427387904x4", "sum past dimension 1", 5},
+  };
+  for (int i = 0; i < 3; i++) {
+    int outs[5];
+    e = b.node(g, wraps[i].op, "wrap", &x, 1, wraps[i].attrs, outs, wraps[i].n_out);
+    if (!e) fail_msg("%s %s was accepted", wraps[i].op, wraps[i].attrs);
+    if (!strstr(e->msg, wraps[i].says)) fail_msg("%s: %s", wraps[i].op, e->msg);
+    stoke_err_free(e);
+  }
+  /* an op whose infer leaves an output unset, or gives a negative size: refused, naming the node */
+  static const stoke_plugin_v1 bad = {STOKE_ABI_VERSION, sizeof(stoke_plugin_v1), "bad_infer", "", reg_bad_infer};
+  OK(stoke_registry_add_plugin(reg, &bad, "seq_graph_test.c"));
+  for (int k = 0; k < 2; k++) {
+    bad_infer_kind = k;
+    int outs[2];
+    e = b.node(g, "bad_infer", "bi", &x, 1, "", outs, 2);
+    if (!e) fail_msg("bad_infer case %d was accepted", k);
+    if (!strstr(e->msg, "node 'bi' (bad_infer): its infer() gave output")) fail_msg("%s", e->msg);
+    stoke_err_free(e);
+  }
   (void)out;
   stoke_graph_free(g);
 }
