@@ -216,8 +216,8 @@ static stoke_err *infer_slice(const stoke_node_v1 *n, const stoke_value_desc_v1 
   STOKE_PROPAGATE(dim_attr(n, n->attrs[STOKE_SLICE_DIM].i, in[0].shape.ndim, "dim", &d));
   int64_t start = n->attrs[STOKE_SLICE_START].i, len = n->attrs[STOKE_SLICE_LENGTH].i;
   if (start < 0 || len < 1 || len > in[0].shape.d[d] || start > in[0].shape.d[d] - len) /* (start + len may wrap) */
-    return STOKE_ERR(STOKE_E_INVALID, "slice '%s': [%lld, %lld) is not inside dimension %d of size %lld", n->name,
-                     (long long)start, (long long)(start + len), d, (long long)in[0].shape.d[d]);
+    return STOKE_ERR(STOKE_E_INVALID, "slice '%s': %lld values from %lld is not inside dimension %d of size %lld",
+                     n->name, (long long)len, (long long)start, d, (long long)in[0].shape.d[d]);
   out[0] = in[0];
   out[0].shape.d[d] = len;
   return NULL;
