@@ -288,20 +288,21 @@ static stoke_err *add_node(stoke_graph *g, const char *op_text, const char *name
     char names[1024];
     stoke_registry_names(g->reg, "op", names, sizeof names);
     return STOKE_ERR(STOKE_E_NOT_FOUND,
-                     "unknown op '%s' (ops registered: %s; an op from a plugin needs "
+                     "node '%s': unknown op '%s' (ops registered: %s; an op from a plugin needs "
                      "[plugins] load = <plugin>)",
-                     op, names);
+                     name && *name ? name : "(unnamed)", op, names);
   }
   if (g->n_fwd != g->n_nodes)
     return STOKE_ERR(STOKE_E_INTERNAL, "nodes added after the graph was compiled");
   int variadic = t->n_outputs == 0; /* split: as many outputs as its infer makes */
   if (n_inputs != t->n_inputs || (variadic ? n_outputs < 1 || n_outputs > STOKE_MAX_IO : n_outputs != t->n_outputs))
-    return STOKE_ERR(STOKE_E_INVALID, "op '%s' takes %d inputs and %s%d outputs, given %d and %d", op,
-                     t->n_inputs, variadic ? "1 to " : "", variadic ? STOKE_MAX_IO : t->n_outputs, n_inputs,
-                     n_outputs);
+    return STOKE_ERR(STOKE_E_INVALID, "node '%s': op '%s' takes %d inputs and %s%d outputs, given %d and %d",
+                     name && *name ? name : "(unnamed)", op, t->n_inputs, variadic ? "1 to " : "",
+                     variadic ? STOKE_MAX_IO : t->n_outputs, n_inputs, n_outputs);
   for (int i = 0; i < n_inputs; i++)
     if (inputs[i] < 0 || inputs[i] >= g->n_values)
-      return STOKE_ERR(STOKE_E_INVALID, "op '%s': input %d is not a value of this graph", op, i);
+      return STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): input %d is not a value of this graph",
+                       name && *name ? name : "(unnamed)", op, i);
   int id;
   STOKE_PROPAGATE(new_node(g, &id));
   stoke_gnode *n = &g->nodes[id];

@@ -248,8 +248,17 @@ static void test_errors(void **state) {
   stoke_err *e = b.node(g, "reluu", "a", &x, 1, "", &out, 1);
   assert_non_null(e);
   assert_int_equal(e->code, STOKE_E_NOT_FOUND);
-  assert_non_null(strstr(e->msg, "unknown op 'reluu'"));
+  assert_non_null(strstr(e->msg, "node 'a': unknown op 'reluu'"));
   assert_non_null(strstr(e->msg, "relu"));
+  stoke_err_free(e);
+  /* a wrong input count and a value of no graph: the node named too */
+  e = b.node(g, STOKE_OP_RELU, "two", (int[]){x, x}, 2, "", &out, 1);
+  assert_non_null(e);
+  assert_non_null(strstr(e->msg, "node 'two': op 'relu' takes 1 inputs"));
+  stoke_err_free(e);
+  e = b.node(g, STOKE_OP_RELU, "stray", (int[]){999}, 1, "", &out, 1);
+  assert_non_null(e);
+  assert_non_null(strstr(e->msg, "node 'stray' (relu): input 0 is not a value of this graph"));
   stoke_err_free(e);
   /* shape mismatch: names the node */
   OK(b.param(g, "w", &(stoke_shape){2, {2, 5}}, (stoke_init_v1){0}, &w));
