@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "stoke/check.h"
 #include "stoke/core.h"
 #include "stoke/graph.h"
 #include "stoke/ops.h"
@@ -283,6 +284,7 @@ static stoke_err *add_node(stoke_graph *g, const char *op_text, const char *name
   STOKE_PROPAGATE(split_op_text(op_text, attrs, op_buf, sizeof op_buf, attr_buf, sizeof attr_buf, &split));
   const char *op = split ? op_buf : op_text;
   if (split) attrs = attr_buf;
+  const char *shown = name && *name ? name : "(unnamed)"; /* the node's name in errors before it has one */
   const stoke_op_type_v1 *t = stoke_find_op(g->reg, op);
   if (!t) {
     char names[1024];
@@ -290,19 +292,18 @@ static stoke_err *add_node(stoke_graph *g, const char *op_text, const char *name
     return STOKE_ERR(STOKE_E_NOT_FOUND,
                      "node '%s': unknown op '%s' (ops registered: %s; an op from a plugin needs "
                      "[plugins] load = <plugin>)",
-                     name && *name ? name : "(unnamed)", op, names);
+                     shown, op, names);
   }
   if (g->n_fwd != g->n_nodes)
     return STOKE_ERR(STOKE_E_INTERNAL, "nodes added after the graph was compiled");
   int variadic = t->n_outputs == 0; /* split: as many outputs as its infer makes */
   if (n_inputs != t->n_inputs || (variadic ? n_outputs < 1 || n_outputs > STOKE_MAX_IO : n_outputs != t->n_outputs))
     return STOKE_ERR(STOKE_E_INVALID, "node '%s': op '%s' takes %d inputs and %s%d outputs, given %d and %d",
-                     name && *name ? name : "(unnamed)", op, t->n_inputs, variadic ? "1 to " : "",
+                     shown, op, t->n_inputs, variadic ? "1 to " : "",
                      variadic ? STOKE_MAX_IO : t->n_outputs, n_inputs, n_outputs);
   for (int i = 0; i < n_inputs; i++)
     if (inputs[i] < 0 || inputs[i] >= g->n_values)
-      return STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): input %d is not a value of this graph",
-                       name && *name ? name : "(unnamed)", op, i);
+      return STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): input %d is not a value of this graph", shown, op, i);
   int id;
   STOKE_PROPAGATE(new_node(g, &id));
   stoke_gnode *n = &g->nodes[id];
@@ -342,12 +343,9 @@ static stoke_err *add_node(stoke_graph *g, const char *op_text, const char *name
     int ok = os->ndim >= 1 && os->ndim <= STOKE_MAX_DIMS && (unsigned)out[i].dtype < STOKE_DTYPE_COUNT;
     for (int k = 0; ok && k < os->ndim; k++) ok = os->d[k] >= 1;
     if (!ok && !(variadic && i == n_outputs - 1 && !os->ndim)) { /* (a variadic op's count is checked below) */
-      char dims[160] = "";
-      for (int k = 0, used = 0; k < os->ndim && k < STOKE_MAX_DIMS && used < (int)sizeof dims; k++)
-        used += snprintf(dims + used, sizeof dims - (size_t)used, "%s%lld", k ? ", " : "", (long long)os->d[k]);
-      e = STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): its infer() gave output %d %d dimensions [%s], dtype %d: not a "
+      e = STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): its infer() gave output %d %d dimensions %s, dtype %d: not a "
                     "shape (1 to %d dimensions, each >= 1) or not a dtype; a plugin op's infer must set every output",
-                    nm, op, i, os->ndim, dims, (int)out[i].dtype, STOKE_MAX_DIMS);
+                    nm, op, i, os->ndim, stoke_shape_str(os).s, (int)out[i].dtype, STOKE_MAX_DIMS);
     }
   }
   if (!e && variadic && (!out[n_outputs - 1].shape.ndim || (n_outputs < STOKE_MAX_IO && out[n_outputs].shape.ndim)))

@@ -75,12 +75,13 @@ void stoke_metrics_free(stoke_metrics *m) {
   free(m);
 }
 
-/* A number for JSON: NaN and infinities (no value) are null. */
-static const char *json_num(double v, char *buf, size_t cap) {
-  if (isfinite(v)) snprintf(buf, cap, "%.6g", v);
+/* A number for JSON in `fmt`: NaN and infinities (no value) are null. */
+static const char *json_fmt(double v, const char *fmt, char *buf, size_t cap) {
+  if (isfinite(v)) snprintf(buf, cap, fmt, v);
   else snprintf(buf, cap, "null");
   return buf;
 }
+static const char *json_num(double v, char *buf, size_t cap) { return json_fmt(v, "%.6g", buf, cap); }
 
 static void push(double **v, int64_t *n, int64_t *cap, double x) {
   if (*n == *cap) {
@@ -324,7 +325,7 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
             "\"gpu_mem_max_mib\": %s, \"device_alloc_mib\": %s, \"gpu_ops_per_step\": %lld, "
             "\"launches_per_step\": %lld, \"cuda_graph_replays\": %lld}\n",
             status, (long long)s->steps, (long long)s->samples, json_num(s->final_loss, fl, sizeof fl),
-            isfinite(s->samples_per_s) ? (snprintf(rate, sizeof rate, "%.1f", s->samples_per_s), rate) : "null",
+            json_fmt(s->samples_per_s, "%.1f", rate, sizeof rate),
             json_num(s->step_ms_p50, f, sizeof f), json_num(s->step_ms_p95, g, sizeof g),
             json_num(s->step_ms_max, h, sizeof h), json_num(s->host_ms_p50, k, sizeof k), s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples,
             (long long)s->bad_samples, json_num(s->eval_loss, a, sizeof a), json_num(s->eval_accuracy, b, sizeof b),

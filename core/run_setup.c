@@ -276,9 +276,7 @@ static stoke_err *open_data(run_state *s) {
   if (rc->run.resume[0]) {
     /* saved with another batch, accumulate or world: the run goes on from the same sample (run_open_stream),
      * so its step count, the schedule's place and the run's length are this run's steps to that sample */
-    int64_t micro = stoke_dist_resume_batch(s->resume.step, s->resume.accumulate,
-                                            s->resume.batch > 0 ? s->resume.batch : s->train.batch, s->resume.world,
-                                            s->train.batch, s->world, s->train.src->length(s->train.src_self));
+    int64_t micro = s->train.resume_micro;
     int64_t step = micro / rc->run.accumulate;
     if (step != s->resume.step) {
       stoke_log(STOKE_LOG_INFO, "run", "%s: step %lld of %lld samples a step is step %lld of this run's %lld%s",

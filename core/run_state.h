@@ -32,6 +32,7 @@ typedef struct stream {
   stoke_exec *x;
   stoke_loader *loader;
   int64_t batch;
+  int64_t resume_micro;   /* resumed training: the per-rank micro-batch of the file's sample position */
   int lm;                 /* token windows: a language model, its loss against the next tokens */
 } stream;
 

@@ -260,15 +260,14 @@ stoke_err *run_open_stream(run_state *s, stream *st, const stoke_data_config *dc
    * on_device the run trains on its first batch every step, so a resumed
    * one takes the first batch again (an uninterrupted run's), not the one
    * at its step */
+  if (training && s->resume.step > 0)
+    st->resume_micro = stoke_dist_resume_batch(s->resume.step, s->resume.accumulate,
+                                               s->resume.batch > 0 ? s->resume.batch : st->batch, s->resume.world,
+                                               st->batch, s->world, st->src->length(st->src_self));
   if (training && dc->on_device) start_batch = 0;
-  else if (training && s->resume.step > 0) {
-    start_batch = stoke_dist_resume_batch(s->resume.step, s->resume.accumulate,
-                                          s->resume.batch > 0 ? s->resume.batch : st->batch,
-                                          s->resume.world, st->batch, s->world, st->src->length(st->src_self));
-    /* from a whole step's first micro-batch (another accumulate: up to accumulate - 1 read again), so that
-     * the next checkpoint's step says where the data is */
-    start_batch -= start_batch % s->rc.run.accumulate;
-  }
+  else if (training && s->resume.step > 0) /* from a whole step's first micro-batch (another accumulate: up to
+                                             * accumulate - 1 read again): the next file's step says where the data is */
+    start_batch = st->resume_micro - st->resume_micro % s->rc.run.accumulate;
   stoke_loader_opts lo = {st->src, st->src_self, s->dev, s->dev_self, st->batch, (int)workers,
                           (int)dc->prefetch, dc->shuffle, dc->drop_last, seed, s->rank, s->world, start_batch,
                           s->dp ? NULL : &stoke_stop_signal, !training, dc->max_skipped, 1};

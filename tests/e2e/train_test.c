@@ -100,6 +100,23 @@ static void train_ok(const char **over, int n_over, stoke_summary *s) {
   }
 }
 
+/* train_ok with the results in <tmp>/<sub>. */
+static void train_in(const char *sub, const char **over, int n_over, stoke_summary *s) {
+  out_sub = sub;
+  train_ok(over, n_over, s);
+  out_sub = "out";
+}
+
+/* train_in, resumed from `from`'s checkpoint (run.resume added to `over`). */
+static void resume_in(const char *sub, const stoke_summary *from, const char **over, int n_over, stoke_summary *s) {
+  const char *all[16];
+  char resume[700];
+  snprintf(resume, sizeof resume, "run.resume=%s", from->checkpoint);
+  for (int i = 0; i < n_over && i < 15; i++) all[i] = over[i];
+  all[n_over < 15 ? n_over : 15] = resume;
+  train_in(sub, all, (n_over < 15 ? n_over : 15) + 1, s);
+}
+
 static void test_mlp_learns(void **state) {
   stoke_summary s;
   train_ok(NULL, 0, &s);
@@ -459,17 +476,10 @@ static void test_resume_keeps_scaler(void **state) {
 static void test_resume_on_device(void **state) {
   stoke_summary full, half, rest;
   const char *o9[] = {"run.steps=9", "data.on_device=true", "run.deterministic=true", "run.log_every=3"};
-  out_sub = "od_full";
-  train_ok(o9, 4, &full);
+  train_in("od_full", o9, 4, &full);
   const char *o6[] = {"run.steps=6", "data.on_device=true", "run.deterministic=true", "run.log_every=3"};
-  out_sub = "od_half";
-  train_ok(o6, 4, &half);
-  char resume[700];
-  snprintf(resume, sizeof resume, "run.resume=%s", half.checkpoint);
-  const char *o_rest[] = {"run.steps=9", "data.on_device=true", "run.deterministic=true", "run.log_every=3", resume};
-  out_sub = "od_rest";
-  train_ok(o_rest, 5, &rest);
-  out_sub = "out";
+  train_in("od_half", o6, 4, &half);
+  resume_in("od_rest", &half, o9, 4, &rest);
   print_message("on_device, loss at 9: straight %.9g, resumed %.9g\n", full.final_loss, rest.final_loss);
   assert_memory_equal(&full.final_loss, &rest.final_loss, sizeof(double));
   same_tensors(full.checkpoint, rest.checkpoint);
@@ -482,14 +492,9 @@ static void test_resume_on_device(void **state) {
 static void test_resume_other_batch(void **state) {
   stoke_summary a, b;
   const char *o8[] = {"run.steps=8"};
-  out_sub = "ob_a";
-  train_ok(o8, 1, &a);
-  char resume[700];
-  snprintf(resume, sizeof resume, "run.resume=%s", a.checkpoint);
-  const char *more[] = {"run.steps=24", "data.batch_size=32", resume};
-  out_sub = "ob_b";
-  train_ok(more, 3, &b);
-  out_sub = "out";
+  train_in("ob_a", o8, 1, &a);
+  const char *more[] = {"run.steps=24", "data.batch_size=32"};
+  resume_in("ob_b", &a, more, 2, &b);
   print_message("resumed at batch 32: %lld samples to step %lld\n", (long long)b.samples, (long long)b.steps);
   assert_int_equal(b.steps, 24);
   assert_int_equal(b.samples, 8 * 32);
@@ -504,21 +509,12 @@ static void test_resume_other_batch(void **state) {
 static void test_chained_resume_mid_step(void **state) {
   stoke_summary a, b, c, d;
   const char *o3[] = {"run.steps=3", "run.deterministic=true"};
-  out_sub = "cr_a";
-  train_ok(o3, 2, &a);
-  char ra[700], rb[700];
-  snprintf(ra, sizeof ra, "run.resume=%s", a.checkpoint);
-  const char *to4[] = {"run.steps=4", "run.accumulate=2", "run.deterministic=true", ra};
-  out_sub = "cr_b";
-  train_ok(to4, 4, &b);
-  snprintf(rb, sizeof rb, "run.resume=%s", b.checkpoint);
-  const char *to5[] = {"run.steps=5", "run.accumulate=2", "run.deterministic=true", rb};
-  out_sub = "cr_c";
-  train_ok(to5, 4, &c);
-  const char *straight[] = {"run.steps=5", "run.accumulate=2", "run.deterministic=true", ra};
-  out_sub = "cr_d";
-  train_ok(straight, 4, &d);
-  out_sub = "out";
+  train_in("cr_a", o3, 2, &a);
+  const char *to4[] = {"run.steps=4", "run.accumulate=2", "run.deterministic=true"};
+  resume_in("cr_b", &a, to4, 3, &b);
+  const char *to5[] = {"run.steps=5", "run.accumulate=2", "run.deterministic=true"};
+  resume_in("cr_c", &b, to5, 3, &c);
+  resume_in("cr_d", &a, to5, 3, &d);
   print_message("accumulate 1 -> 2 from step 3: loss at 5 in two resumes %.9g, in one %.9g\n", c.final_loss,
                 d.final_loss);
   same_tensors(c.checkpoint, d.checkpoint);
@@ -565,15 +561,9 @@ static double median_step_over_lr(const char *before, const char *after, double 
 static void test_other_optimizer_counts_from_one(void **state) {
   stoke_summary a, b;
   const char *o4[] = {"run.steps=4"};
-  out_sub = "oo_a";
-  train_ok(o4, 1, &a);
-  char resume[700];
-  snprintf(resume, sizeof resume, "run.resume=%s", a.checkpoint);
-  const char *one[] = {"run.steps=5", "optimizer.name=adamw", "optimizer.lr=0.001", "optimizer.weight_decay=0",
-                       resume};
-  out_sub = "oo_b";
-  train_ok(one, 5, &b);
-  out_sub = "out";
+  train_in("oo_a", o4, 1, &a);
+  const char *one[] = {"run.steps=5", "optimizer.name=adamw", "optimizer.lr=0.001", "optimizer.weight_decay=0"};
+  resume_in("oo_b", &a, one, 4, &b);
   double med = median_step_over_lr(a.checkpoint, b.checkpoint, 0.001);
   print_message("AdamW's first step after SGD's 4: median |update| = %.4f lr (1 from step 1)\n", med);
   assert_true(med > 0.95 && med < 1.05);
@@ -586,14 +576,9 @@ static void test_other_optimizer_counts_from_one(void **state) {
 static void test_scale_not_from_a_run_without_one(void **state) {
   stoke_summary a, b;
   const char *o3[] = {"run.steps=3"};
-  out_sub = "ns_a";
-  train_ok(o3, 1, &a);
-  char resume[700];
-  snprintf(resume, sizeof resume, "run.resume=%s", a.checkpoint);
-  const char *dyn[] = {"run.steps=5", "plugins.load=test_policies", "run.precision=test_fp32_dynamic", resume};
-  out_sub = "ns_b";
-  train_ok(dyn, 4, &b);
-  out_sub = "out";
+  train_in("ns_a", o3, 1, &a);
+  const char *dyn[] = {"run.steps=5", "plugins.load=test_policies", "run.precision=test_fp32_dynamic"};
+  resume_in("ns_b", &a, dyn, 3, &b);
   stoke_ckpt_meta ma, mb;
   stoke_err *e = stoke_checkpoint_read_meta(a.checkpoint, &ma);
   if (!e) e = stoke_checkpoint_read_meta(b.checkpoint, &mb);
@@ -624,14 +609,8 @@ static char *slurp(const char *path, size_t *n) {
 static void test_summary_json_without_steps(void **state) {
   stoke_summary a, b;
   const char *o3[] = {"run.steps=3"};
-  out_sub = "nj_a";
-  train_ok(o3, 1, &a);
-  char resume[700];
-  snprintf(resume, sizeof resume, "run.resume=%s", a.checkpoint);
-  const char *again[] = {"run.steps=3", resume};
-  out_sub = "nj_b";
-  train_ok(again, 2, &b);
-  out_sub = "out";
+  train_in("nj_a", o3, 1, &a);
+  resume_in("nj_b", &a, o3, 1, &b);
   char path[800];
   snprintf(path, sizeof path, "%s/nj_b/metrics.jsonl", tmp);
   size_t n;
