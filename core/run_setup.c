@@ -253,7 +253,7 @@ static stoke_err *attach_ranks(run_state *s) {
     printf("data parallel: %d processes (comm %s), %lld samples per step (%lld per process), gradients in %s\n",
            s->world, s->rc.run.comm, (long long)(s->train.batch * accumulate * s->world),
            (long long)(s->train.batch * accumulate), buckets);
-  if (s->rc.run.wgrad_stream > 0)
+  if (s->world > 1 && s->rc.run.wgrad_stream > 0)
     stoke_log(STOKE_LOG_INFO, "run",
               "[run] wgrad_stream = %lld is off under data parallel: each node's gradients go to their bucket's "
               "all-reduce as the node ends", (long long)s->rc.run.wgrad_stream);
