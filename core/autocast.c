@@ -16,6 +16,8 @@
 stoke_err *stoke_graph_new_value(stoke_graph *g, const char *name, stoke_value_kind kind, const stoke_shape *shape,
                                  stoke_dtype dtype, int *id);
 stoke_err *stoke_graph_append_fwd(stoke_graph *g, const stoke_gnode *n);
+stoke_err *stoke_graph_append_unary(stoke_graph *g, const char *op, const char *name, const char *attrs, int in,
+                                    int out);
 
 #define MAX_OPS 32
 
@@ -56,20 +58,9 @@ static int read_later(const stoke_graph *g, const stoke_gnode *old, int n, int f
 
 /* Append an autocast node `name` from value `in` to value `out`. */
 static stoke_err *append_cast(stoke_graph *g, const char *name, int in, int out) {
-  stoke_gnode c;
-  memset(&c, 0, sizeof c);
-  for (int i = 0; i < STOKE_MAX_IO; i++) c.in[i] = c.out[i] = c.din[i] = c.dout[i] = -1;
-  snprintf(c.name_buf, sizeof c.name_buf, "%.63s", name);
   char attrs[32];
   snprintf(attrs, sizeof attrs, "dtype=%s", stoke_dtype_name(g->values[out].dtype));
-  STOKE_PROPAGATE(stoke_node_init(g->reg, STOKE_OP_AUTOCAST, c.name_buf, attrs, &c.n));
-  c.type = stoke_find_op(g->reg, STOKE_OP_AUTOCAST);
-  c.pass = STOKE_FWD;
-  c.fwd = -1;
-  c.n_in = c.n_out = 1;
-  c.in[0] = in;
-  c.out[0] = out;
-  return stoke_graph_append_fwd(g, &c);
+  return stoke_graph_append_unary(g, STOKE_OP_AUTOCAST, name, attrs, in, out);
 }
 
 /* A new activation value like v (shape, layout) in dtype dt. */

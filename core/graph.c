@@ -91,6 +91,24 @@ stoke_err *stoke_graph_append_fwd(stoke_graph *g, const stoke_gnode *src) {
   return NULL;
 }
 
+/* A compiler pass's new forward node: `op` named `name` (at most 63
+ * characters kept) with attributes `attrs`, from value `in` to value `out`. */
+stoke_err *stoke_graph_append_unary(stoke_graph *g, const char *op, const char *name, const char *attrs, int in,
+                                    int out) {
+  stoke_gnode c;
+  memset(&c, 0, sizeof c);
+  for (int i = 0; i < STOKE_MAX_IO; i++) c.in[i] = c.out[i] = c.din[i] = c.dout[i] = -1;
+  snprintf(c.name_buf, sizeof c.name_buf, "%.63s", name);
+  STOKE_PROPAGATE(stoke_node_init(g->reg, op, c.name_buf, attrs, &c.n));
+  c.type = stoke_find_op(g->reg, op);
+  c.pass = STOKE_FWD;
+  c.fwd = -1;
+  c.n_in = c.n_out = 1;
+  c.in[0] = in;
+  c.out[0] = out;
+  return stoke_graph_append_fwd(g, &c);
+}
+
 stoke_err *stoke_graph_input(stoke_graph *g, const char *name, stoke_value_kind kind,
                              const stoke_shape *shape, stoke_dtype dtype, int *value) {
   STOKE_TRY(new_value(g, name, kind, shape, dtype, value), "adding input '%s'", name);
@@ -435,6 +453,7 @@ static stoke_err *add_grad_sum(stoke_graph *g, int v, int part) {
   char gname[80];
   snprintf(gname, sizeof gname, "%s.grad.sum%d", g->values[v].name, sid);
   STOKE_PROPAGATE(new_value(g, gname, STOKE_VAL_GRAD, &g->values[v].shape, g->values[v].dtype, &sum));
+  g->values[sum].layout = g->values[v].layout;
   stoke_gnode *a = &g->nodes[sid];
   a->type = add;
   a->pass = STOKE_FWD;
@@ -603,6 +622,7 @@ stoke_err *stoke_graph_derive_backward(stoke_graph *g) {
         sums[n_sums][0] = v;
         sums[n_sums++][1] = gv;
       }
+      g->values[gv].layout = g->values[v].layout; /* a gradient is in its value's memory order (core/layout.c) */
       g->nodes[id].din[k] = gv;
       if (!g->nodes[id].param_accumulate || g->values[gv].kind != STOKE_VAL_PARAM_GRAD) g->values[gv].producer = id;
     }

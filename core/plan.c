@@ -29,6 +29,7 @@ void stoke_plan_aliases(stoke_graph *g);
 void stoke_place_aliases(stoke_graph *g);
 /* core/recompute.c: forward nodes re-run in backward (run.recompute) */
 stoke_err *stoke_recompute(stoke_graph *g, const stoke_plan_opts *o, stoke_plan *p);
+stoke_err *stoke_layout_pass(stoke_graph *g, int *n_converted, int *n_relabelled, char *names, size_t cap);
 
 #define ALIGN 256 /* bytes: every buffer offset, so GPU kernels can vectorize */
 
@@ -531,6 +532,10 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   if (opts->n_engines < 1) return STOKE_ERR(STOKE_E_INVALID, "no backend given");
   if (opts->n_engines > STOKE_MAX_ENGINES)
     return STOKE_ERR(STOKE_E_INVALID, "more than %d backends given", STOKE_MAX_ENGINES);
+  /* every 4-D value in the memory order its readers assume (NHWC graphs), before anything else reads the graph */
+  int n_conv = 0, n_relabel = 0;
+  char conv_names[256];
+  STOKE_PROPAGATE(stoke_layout_pass(g, &n_conv, &n_relabel, conv_names, sizeof conv_names));
   /* the policy's fp32 ops first (a fusion must not swallow one), then
    * linear -> relu|gelu -> linear into cuBLASLt's epilogues (run.fuse),
    * then the pattern table (see fuse_at for when each applies) */
@@ -550,6 +555,9 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   p->g = g;
   p->opts = *opts;
   p->n_pool_index = n_pool_index;
+  p->n_layout_converted = n_conv;
+  p->n_layout_relabelled = n_relabel;
+  snprintf(p->layout_converted, sizeof p->layout_converted, "%s", conv_names);
   /* the plan keeps its own copy of the engine list: callers' arrays may go */
   for (int i = 0; i < opts->n_engines; i++) {
     p->engines[i] = opts->engines[i];
@@ -694,6 +702,14 @@ void stoke_plan_report(const stoke_plan *p, FILE *f) {
             "with a second workspace as large as the first; the compute stream waits for each at most %d such nodes "
             "later (sooner before a node touching its gradients)\n",
             p->n_side, p->opts.wgrad_stream, p->opts.wgrad_stream);
+  if (p->n_layout_converted)
+    fprintf(f, "memory order: %d 4-D value%s copied between NHWC and row-major order for readers that assume the "
+            "other (a transpose each, as torch's .contiguous()): %s%s\n",
+            p->n_layout_converted, p->n_layout_converted == 1 ? "" : "s", p->layout_converted,
+            strlen(p->layout_converted) >= sizeof p->layout_converted - 1 ? " ..." : "");
+  if (p->n_layout_relabelled)
+    fprintf(f, "memory order: %d 4-D value%s relabelled between NHWC and row-major, no copy (C or H W is 1: one "
+            "memory either way)\n", p->n_layout_relabelled, p->n_layout_relabelled == 1 ? "" : "s");
   if (p->n_pool_index)
     fprintf(f, "max pools: %d save their window indices for backward (max_pool2d_idx), which reads them instead of "
             "the input\n", p->n_pool_index);

@@ -206,6 +206,10 @@ typedef struct stoke_plan {
   int n_accumulated;              /* gradient sums done in place by their producers */
   int n_fwd_in_bwd;               /* forward nodes whose backward kernel does their work */
   int n_pool_index;               /* max_pool2d nodes made max_pool2d_idx (their indices saved for backward) */
+  /* core/layout.c: 4-D values converted between NHWC and row-major order for a reader that assumes the other
+   * (a copy each), values relabelled where both orders are one memory (C or H W is 1), the first names */
+  int n_layout_converted, n_layout_relabelled;
+  char layout_converted[256];
   int n_side;                     /* backward nodes whose parameter gradients may run on the side stream ([run] wgrad_stream) */
   /* recomputation: forward nodes re-run in backward, their segments, the
    * FLOPs they add per micro-batch (not in train_flops: MFU counts the

@@ -42,6 +42,8 @@ void stoke_registry_available(stoke_registry *r, char *buf, size_t cap);
 
 /* Lookups: NULL when absent. */
 const stoke_op_type_v1 *stoke_find_op(const stoke_registry *r, const char *name);
+/* Whether op type `name` is the core's own (registered by core/builtin.c), not a plugin's. */
+int stoke_op_is_builtin(const stoke_registry *r, const char *name);
 const stoke_backend_v1 *stoke_find_backend(const stoke_registry *r, const char *name);
 const stoke_source_v1 *stoke_find_source(const stoke_registry *r, const char *name);
 const stoke_model_v1 *stoke_find_model(const stoke_registry *r, const char *name);

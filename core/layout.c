@@ -1,0 +1,213 @@
+/* core/layout.c: the compiler pass that keeps every 4-D value's memory
+ * order what its readers assume, in a graph laid out NHWC (the GPU's
+ * default, channels_last).
+ *
+ * Shapes are always logical (N, C, H, W); a value's `layout` says its
+ * memory order. The ops that index by channel and pixel (convolutions,
+ * batch norms, pools, bias_add, flatten: "aware" below) honour that field
+ * and run in NHWC. The ops that index memory as a dense row-major array
+ * (reshape, slice, split, transpose, linear, matmul, layer norms,
+ * attention, softmax_ce, embeddings, and a plugin's op unless it is purely
+ * elementwise: "row-major") see the logical order only when the memory is
+ * NCHW. Before this pass every 4-D value was labelled NHWC, so a reshape or
+ * transpose of a convolution's output read pixels as channels, and a
+ * convolution of a reshaped vector read channels as pixels: silently wrong
+ * numbers (a ViT's patch embedding, conv -> reshape -> transpose, is the
+ * common case; the built-in models never mix the two kinds).
+ *
+ * The pass walks the forward nodes in order and labels each 4-D output:
+ * an aware op's NHWC, a row-major op's NCHW (row-major), an elementwise
+ * op's (relu, gelu, add, dropout, autocast, a plugin op whose inputs and
+ * outputs all have one shape) that of its first 4-D input. Where a reader
+ * gets a 4-D activation in the other order, the pass puts a conversion in
+ * front of it, as PyTorch's reshape copies a channels_last tensor it cannot
+ * view (x.contiguous()): reshape to (N, H W, C) or (N, C, H W), a
+ * transpose of the last two dimensions (the one copy), and a reshape back
+ * to (N, C, H, W) in the wanted order. The reshapes are views (core/alias.c)
+ * and the backward of the three is the conversion back, so gradients need
+ * nothing more. When C = 1 or H W = 1 both orders are the same memory: a
+ * row-major reader takes the value as it is, an aware or elementwise one
+ * gets a relabelling reshape (a view). Each value is converted at most once
+ * per order; the plan report says how many and which. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stoke/core.h"
+#include "stoke/graph.h"
+#include "stoke/ops.h"
+#include "stoke/registry.h"
+
+/* core/graph.c */
+stoke_err *stoke_graph_new_value(stoke_graph *g, const char *name, stoke_value_kind kind, const stoke_shape *shape,
+                                 stoke_dtype dtype, int *id);
+stoke_err *stoke_graph_append_fwd(stoke_graph *g, const stoke_gnode *n);
+stoke_err *stoke_graph_append_unary(stoke_graph *g, const char *op, const char *name, const char *attrs, int in,
+                                    int out);
+
+typedef enum { ROW_MAJOR, AWARE, ELEMENTWISE, KEEP } layout_class;
+
+static int in_list(const char *op, const char *const *list) {
+  for (int i = 0; list[i]; i++)
+    if (!strcmp(op, list[i])) return 1;
+  return 0;
+}
+
+static int same_shape(const stoke_shape *a, const stoke_shape *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->d[i] != b->d[i]) return 0;
+  return 1;
+}
+
+/* What node f assumes of its 4-D inputs' memory order. */
+static layout_class classify(const stoke_graph *g, const stoke_gnode *f) {
+  static const char *const aware[] = {STOKE_OP_CONV2D,        STOKE_OP_BIAS_ADD,     STOKE_OP_FLATTEN,
+                                      STOKE_OP_GLOBAL_AVG_POOL, STOKE_OP_MAX_POOL2D, STOKE_OP_AVG_POOL2D,
+                                      STOKE_OP_MAX_POOL2D_IDX, STOKE_OP_BATCH_NORM,  STOKE_OP_BN_RELU,
+                                      STOKE_OP_BN_ADD_RELU,    STOKE_OP_CONV_BN,     STOKE_OP_BN_RELU_CONV_BN,
+                                      STOKE_OP_BN_APPLY,       STOKE_OP_BN_APPLY_RELU, STOKE_OP_BN_APPLY_ADD_RELU,
+                                      NULL};
+  static const char *const elementwise[] = {STOKE_OP_RELU,    STOKE_OP_GELU,     STOKE_OP_ADD,
+                                            STOKE_OP_DROPOUT, STOKE_OP_AUTOCAST, NULL};
+  /* the input's conversion: its output's order is its layout attribute, its input the source's */
+  static const char *const keep[] = {STOKE_OP_NORMALIZE, STOKE_OP_CAST, NULL};
+  const char *op = f->n.op;
+  if (in_list(op, aware)) return AWARE;
+  if (in_list(op, elementwise)) return ELEMENTWISE;
+  if (in_list(op, keep)) return KEEP;
+  if (stoke_op_is_builtin(g->reg, op)) return ROW_MAJOR;
+  /* a plugin's op: elementwise when every input and output has one shape */
+  if (f->n_in < 1 || f->n_out < 1) return ROW_MAJOR;
+  const stoke_shape *s = &g->values[f->in[0]].shape;
+  for (int k = 1; k < f->n_in; k++)
+    if (!same_shape(&g->values[f->in[k]].shape, s)) return ROW_MAJOR;
+  for (int j = 0; j < f->n_out; j++)
+    if (!same_shape(&g->values[f->out[j]].shape, s)) return ROW_MAJOR;
+  return ELEMENTWISE;
+}
+
+/* A 4-D value whose order the pass manages: an activation (a parameter's
+ * order is its own, convolution weights KRSC in NHWC graphs). */
+static int managed(const stoke_graph *g, int v) {
+  const stoke_value *val = &g->values[v];
+  return val->shape.ndim == 4 && (val->kind == STOKE_VAL_ACT || val->kind == STOKE_VAL_INPUT) &&
+         (val->layout == STOKE_NCHW || val->layout == STOKE_NHWC);
+}
+
+typedef struct pass {
+  stoke_graph *g;
+  int *done;   /* per original value and order: its converted value, or -1 */
+  int n_orig;
+  int count;   /* values converted (a copy each) */
+  int relabel; /* values relabelled (C = 1 or H W = 1: no copy) */
+  char names[256];
+} pass;
+
+/* A node `op` from value in to a new value `shape` in order `layout`. */
+static stoke_err *append(pass *ps, const char *op, const char *name, const char *attrs, int in,
+                         const stoke_shape *shape, stoke_layout layout, int *out) {
+  stoke_graph *g = ps->g;
+  STOKE_PROPAGATE(stoke_graph_new_value(g, name, STOKE_VAL_ACT, shape, g->values[in].dtype, out));
+  g->values[*out].layout = shape->ndim == 4 ? layout : STOKE_LAYOUT_ANY;
+  return stoke_graph_append_unary(g, op, name, attrs, in, *out);
+}
+
+/* Value v in order `want` (appending the conversion once), for a reader
+ * of class `cls`. */
+static stoke_err *convert(pass *ps, int v, stoke_layout want, layout_class cls, int *out) {
+  stoke_graph *g = ps->g;
+  int slot = 2 * v + (want == STOKE_NHWC);
+  if (v < ps->n_orig && ps->done[slot] >= 0) {
+    *out = ps->done[slot];
+    return NULL;
+  }
+  const stoke_value *val = &g->values[v];
+  int64_t n = val->shape.d[0], c = val->shape.d[1], h = val->shape.d[2], w = val->shape.d[3];
+  const char *to = want == STOKE_NHWC ? "nhwc" : "nchw";
+  char name[96], attrs[96], base[72];
+  snprintf(base, sizeof base, "%.60s.%s", val->name, to);
+  snprintf(attrs, sizeof attrs, "shape=%lldx%lldx%lldx%lld", (long long)n, (long long)c, (long long)h,
+           (long long)w);
+  stoke_shape s4 = val->shape;
+  if (c == 1 || h * w == 1) { /* the same memory either way */
+    if (cls == ROW_MAJOR) {
+      *out = v;
+      return NULL;
+    }
+    STOKE_PROPAGATE(append(ps, STOKE_OP_RESHAPE, base, attrs, v, &s4, want, out));
+    ps->relabel++;
+  } else {
+    /* NHWC memory is row-major (N, H W, C); NCHW memory is row-major (N, C, H W) */
+    stoke_shape from = want == STOKE_NCHW ? (stoke_shape){3, {n, h * w, c}} : (stoke_shape){3, {n, c, h * w}};
+    stoke_shape swapped = {3, {n, from.d[2], from.d[1]}};
+    int a, t;
+    snprintf(name, sizeof name, "%s.view", base);
+    char a3[96];
+    snprintf(a3, sizeof a3, "shape=%lldx%lldx%lld", (long long)from.d[0], (long long)from.d[1],
+             (long long)from.d[2]);
+    STOKE_PROPAGATE(append(ps, STOKE_OP_RESHAPE, name, a3, v, &from, STOKE_LAYOUT_ANY, &a));
+    snprintf(name, sizeof name, "%s.transpose", base);
+    STOKE_PROPAGATE(append(ps, STOKE_OP_TRANSPOSE, name, "dim0=1, dim1=2", a, &swapped, STOKE_LAYOUT_ANY, &t));
+    STOKE_PROPAGATE(append(ps, STOKE_OP_RESHAPE, base, attrs, t, &s4, want, out));
+    size_t used = strlen(ps->names);
+    if (used + 2 < sizeof ps->names)
+      snprintf(ps->names + used, sizeof ps->names - used, "%s'%s' to %s", ps->count ? ", " : "",
+               g->values[v].name, want == STOKE_NHWC ? "NHWC" : "row-major");
+    ps->count++;
+  }
+  if (v < ps->n_orig) ps->done[slot] = *out;
+  return NULL;
+}
+
+/* Node f with its 4-D inputs in the order it assumes, its 4-D outputs
+ * labelled with the order it writes. */
+static stoke_err *place(pass *ps, stoke_gnode f) {
+  stoke_graph *g = ps->g;
+  layout_class cls = classify(g, &f);
+  stoke_layout want = STOKE_LAYOUT_ANY;
+  if (cls == AWARE) want = STOKE_NHWC;
+  if (cls == ROW_MAJOR) want = STOKE_NCHW;
+  if (cls == ELEMENTWISE)
+    for (int k = 0; k < f.n_in && want == STOKE_LAYOUT_ANY; k++)
+      if (managed(g, f.in[k])) want = g->values[f.in[k]].layout;
+  if (cls != KEEP && want != STOKE_LAYOUT_ANY)
+    for (int k = 0; k < f.n_in; k++)
+      if (managed(g, f.in[k]) && g->values[f.in[k]].layout != want)
+        STOKE_TRY(convert(ps, f.in[k], want, cls, &f.in[k]), "node '%s' (%s): its input %d in %s order",
+                  f.name_buf, f.n.op, k, want == STOKE_NHWC ? "NHWC" : "row-major");
+  if (cls != KEEP)
+    for (int j = 0; j < f.n_out; j++) {
+      stoke_value *y = &g->values[f.out[j]];
+      if (y->shape.ndim == 4 && y->layout != STOKE_LAYOUT_ANY)
+        y->layout = cls == ROW_MAJOR ? STOKE_NCHW : want != STOKE_LAYOUT_ANY ? want : g->layout;
+    }
+  return stoke_graph_append_fwd(g, &f);
+}
+
+stoke_err *stoke_layout_pass(stoke_graph *g, int *n_converted, int *n_relabelled, char *names, size_t cap) {
+  *n_converted = *n_relabelled = 0;
+  if (names && cap) names[0] = 0;
+  if (g->layout != STOKE_NHWC) return NULL; /* every 4-D value is row-major already */
+  if (g->n_nodes != g->n_fwd) return STOKE_ERR(STOKE_E_INTERNAL, "layout pass after backward derivation");
+  int n = g->n_nodes;
+  pass ps = {g, malloc(sizeof(int) * 2 * (size_t)(g->n_values + 1)), g->n_values, 0, 0, {0}};
+  stoke_gnode *old = malloc(sizeof *old * (size_t)(n + 1));
+  if (!ps.done || !old) {
+    free(ps.done);
+    free(old);
+    return STOKE_ERR(STOKE_E_OOM, "out of memory for the layout pass");
+  }
+  for (int i = 0; i < 2 * g->n_values; i++) ps.done[i] = -1;
+  memcpy(old, g->nodes, sizeof *old * (size_t)n);
+  g->n_nodes = g->n_fwd = 0;
+  stoke_err *e = NULL;
+  for (int i = 0; i < n && !e; i++) e = place(&ps, old[i]);
+  free(old);
+  free(ps.done);
+  *n_converted = ps.count;
+  *n_relabelled = ps.relabel;
+  if (names && cap) snprintf(names, cap, "%s", ps.names);
+  return e ? stoke_err_wrap(e, __FILE__, __LINE__, "keeping 4-D values in the memory order their readers assume")
+           : NULL;
+}

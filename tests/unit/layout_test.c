@@ -1,0 +1,196 @@
+/* tests/unit/layout_test.c: the memory-order pass (core/layout.c) on the
+ * CPU, whose kernels run NHWC too. One network mixes the two kinds of
+ * readers of 4-D values: a vector reshaped into an image and convolved (a
+ * decoder's first layer), a convolution's output reshaped and transposed
+ * into tokens for a linear (a ViT's patch embedding) and back, an add of a
+ * convolution's output and a reshaped one, a one-channel convolution
+ * reshaped, a (N, C, 1, 1) reshape given a bias_add. Built NCHW (every value
+ * row-major: the reference) and NHWC (the GPU's default), with the same
+ * input and the same weights, the NHWC run's
+ * loss and every gradient equal the NCHW run's to f64 rounding. Before the
+ * pass the NHWC graph read pixels as channels. The NHWC graph's gradients
+ * also match central differences (the conversions' backward), and the plan
+ * says what it converted: 3 values copied, 1 relabelled. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stoke/core.h"
+#include "stoke/graph.h"
+#include "stoke/ops.h"
+#include "stoke/registry.h"
+#include "stoke/rng.h"
+#include "tests/common/cpu_fixture.h"
+
+static int setup(void **state) { return cpu_fixture_setup("layout_test"); }
+
+enum { N = 2, C0 = 2, C1 = 3, C2 = 2, H = 3, W = 4, CLASSES = 3 };
+
+static int param(stoke_graph *g, const char *name, stoke_shape s) {
+  stoke_builder_v1 b = stoke_graph_builder(g);
+  int v;
+  OK(b.param(g, name, &s, (stoke_init_v1){STOKE_INIT_UNIFORM, -0.5, 0.5}, &v));
+  return v;
+}
+
+static int node(stoke_graph *g, const char *op, const char *name, const int *in, int n_in, const char *attrs) {
+  stoke_builder_v1 b = stoke_graph_builder(g);
+  int y;
+  OK(b.node(g, op, name, in, n_in, attrs, &y, 1));
+  return y;
+}
+
+static stoke_graph *net(stoke_layout layout) {
+  stoke_graph *g;
+  OK(stoke_graph_new(reg, STOKE_F64, layout, &g));
+  int x, lab;
+  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){2, {N, C0 * H * W}}, STOKE_F64, &x));
+  OK(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {N}}, STOKE_I32, &lab));
+  char a[96];
+  snprintf(a, sizeof a, "shape=%dx%dx%dx%d", N, C0, H, W);
+  int img = node(g, STOKE_OP_RESHAPE, "img", &x, 1, a); /* a vector made an image, then convolved */
+  int c1 = node(g, STOKE_OP_CONV2D, "conv1", (int[]){img, param(g, "conv1.weight", (stoke_shape){4, {C1, C0, 3, 3}})},
+                2, "padding=1");
+  int r1 = node(g, STOKE_OP_RELU, "relu1", &c1, 1, "");
+  /* patch embedding: (N, C, H W) -> tokens (N, H W, C) -> a linear per token -> back to an image */
+  snprintf(a, sizeof a, "shape=%dx%dx%d", N, C1, H * W);
+  int seq = node(g, STOKE_OP_RESHAPE, "seq", &r1, 1, a);
+  int tok = node(g, STOKE_OP_TRANSPOSE, "tokens", &seq, 1, "dim0=1, dim1=2");
+  snprintf(a, sizeof a, "shape=%dx%d", N * H * W, C1);
+  int flat = node(g, STOKE_OP_RESHAPE, "rows", &tok, 1, a);
+  int mix = node(g, STOKE_OP_LINEAR, "mix", (int[]){flat, param(g, "mix.weight", (stoke_shape){2, {C1, C1}}),
+                                                   param(g, "mix.bias", (stoke_shape){1, {C1}})}, 3, "");
+  snprintf(a, sizeof a, "shape=%dx%dx%d", N, H * W, C1);
+  int tok2 = node(g, STOKE_OP_RESHAPE, "tokens2", &mix, 1, a);
+  int seq2 = node(g, STOKE_OP_TRANSPOSE, "seq2", &tok2, 1, "dim0=1, dim1=2");
+  snprintf(a, sizeof a, "shape=%dx%dx%dx%d", N, C1, H, W);
+  int img2 = node(g, STOKE_OP_RESHAPE, "img2", &seq2, 1, a);
+  int sum = node(g, STOKE_OP_ADD, "sum", (int[]){r1, img2}, 2, ""); /* NHWC + row-major */
+  int c2 = node(g, STOKE_OP_CONV2D, "conv2", (int[]){sum, param(g, "conv2.weight", (stoke_shape){4, {C2, C1, 1, 1}})},
+                2, "");
+  int f = node(g, STOKE_OP_FLATTEN, "flatten", &c2, 1, "");
+  int logits = node(g, STOKE_OP_LINEAR, "fc", (int[]){f, param(g, "fc.weight", (stoke_shape){2, {CLASSES, C2 * H * W}}),
+                                                     param(g, "fc.bias", (stoke_shape){1, {CLASSES}})}, 3, "");
+  /* one channel: either order is one memory, the reshape reads it as it is */
+  int c3 = node(g, STOKE_OP_CONV2D, "conv3", (int[]){sum, param(g, "conv3.weight", (stoke_shape){4, {1, C1, 1, 1}})},
+                2, "");
+  snprintf(a, sizeof a, "shape=%dx%d", N, H * W);
+  int p3 = node(g, STOKE_OP_RESHAPE, "plane", &c3, 1, a);
+  int l3 = node(g, STOKE_OP_LINEAR, "fc3", (int[]){p3, param(g, "fc3.weight", (stoke_shape){2, {CLASSES, H * W}}),
+                                                  param(g, "fc3.bias", (stoke_shape){1, {CLASSES}})}, 3, "");
+  /* (N, C, 1, 1) from a reshape, given a per-channel bias (relabelled, no copy) */
+  int gap = node(g, STOKE_OP_GLOBAL_AVG_POOL, "gap", &c2, 1, "");
+  snprintf(a, sizeof a, "shape=%dx%dx1x1", N, C2);
+  int px = node(g, STOKE_OP_RESHAPE, "pixel", &gap, 1, a);
+  int pb = node(g, STOKE_OP_BIAS_ADD, "pixel_bias", (int[]){px, param(g, "pixel.bias", (stoke_shape){1, {C2}})}, 2, "");
+  snprintf(a, sizeof a, "shape=%dx%d", N, C2);
+  int pv = node(g, STOKE_OP_RESHAPE, "pixel_vec", &pb, 1, a);
+  int l4 = node(g, STOKE_OP_LINEAR, "fc4", (int[]){pv, param(g, "fc4.weight", (stoke_shape){2, {CLASSES, C2}}),
+                                                  param(g, "fc4.bias", (stoke_shape){1, {CLASSES}})}, 3, "");
+  int out = node(g, STOKE_OP_ADD, "logits3", (int[]){logits, l3}, 2, "");
+  out = node(g, STOKE_OP_ADD, "logits", (int[]){out, l4}, 2, "");
+  OK(stoke_graph_loss(g, out, ""));
+  return g;
+}
+
+static int find_value(const stoke_graph *g, const char *name) {
+  for (int v = 0; v < g->n_values; v++)
+    if (!strcmp(g->values[v].name, name)) return v;
+  fail_msg("no value '%s'", name);
+  return -1;
+}
+
+/* Calls f(a's element, b's element) over every parameter of b, matched by
+ * name (the cpu's convolution weights are [O, C, kh, kw] in either graph). */
+static void each_param(stoke_exec *xa, stoke_exec *xb, void (*f)(double *, double *, const char *), int grads) {
+  const stoke_graph *ga = stoke_exec_plan(xa)->g, *gb = stoke_exec_plan(xb)->g;
+  stoke_buffer_id buf = grads ? STOKE_BUF_GRADS : STOKE_BUF_PARAMS;
+  double *ba = stoke_exec_buffer(xa, buf), *bb = stoke_exec_buffer(xb, buf);
+  for (int v = 0; v < gb->n_values; v++) {
+    const stoke_value *vb = &gb->values[v];
+    if (vb->kind != STOKE_VAL_PARAM) continue;
+    const stoke_value *va = &ga->values[find_value(ga, vb->name)];
+    double *pa = ba + va->offset / sizeof(double), *pb = bb + vb->offset / sizeof(double);
+    for (int64_t i = 0; i < stoke_numel(&vb->shape); i++) f(pa + i, pb + i, vb->name);
+  }
+}
+
+static void copy_a_to_b(double *a, double *b, const char *name) {
+  (void)name;
+  *b = *a;
+}
+
+static double worst;
+static void compare(double *a, double *b, const char *name) {
+  double e = fabs(*a - *b) / fmax(1e-12, fabs(*a));
+  if (e > worst) worst = e;
+  if (!(e <= 1e-10)) fail_msg("gradient of %s: NCHW %.17g, NHWC %.17g (seed %llu)", name, *a, *b, (unsigned long long)seed);
+}
+
+static int count_op(const stoke_graph *g, const char *op) {
+  int k = 0;
+  for (int i = 0; i < g->n_fwd; i++) k += !strcmp(g->nodes[i].n.op, op);
+  return k;
+}
+
+static void test_nhwc_equals_row_major(void **state) {
+  stoke_graph *ga = net(STOKE_NCHW), *gb = net(STOKE_NHWC);
+  int fwd_before = gb->n_fwd;
+  stoke_plan *pa = cpu_compile(ga, NULL, 0), *pb = cpu_compile(gb, NULL, 0);
+  /* the reference graph is untouched; the NHWC one got 3 conversions (reshape, transpose, reshape) and one
+   * relabelling reshape */
+  assert_int_equal(pa->n_layout_converted + pa->n_layout_relabelled, 0);
+  assert_int_equal(pb->n_layout_converted, 3);
+  assert_int_equal(pb->n_layout_relabelled, 1);
+  assert_int_equal(gb->n_fwd, fwd_before + 3 * 3 + 1);
+  assert_int_equal(count_op(gb, STOKE_OP_TRANSPOSE), count_op(ga, STOKE_OP_TRANSPOSE) + 3);
+  cpu_expect_report(pb, "memory order: 3 4-D values copied between NHWC and row-major order",
+                    "how many values it converted");
+  cpu_expect_report(pb, "'img' to NHWC, 'relu1' to row-major, 'img2' to NHWC", "which values, in which order");
+  cpu_expect_report(pb, "memory order: 1 4-D value relabelled", "the relabelled value");
+  /* what the readers see */
+  assert_int_equal(gb->values[find_value(gb, "conv1")].layout, STOKE_NHWC);
+  assert_int_equal(gb->values[find_value(gb, "img2")].layout, STOKE_NCHW);
+  assert_int_equal(gb->values[find_value(gb, "sum")].layout, STOKE_NHWC);
+  stoke_exec *xa, *xb;
+  OK(stoke_exec_new(pa, cpu, cpu_self, seed, &xa));
+  OK(stoke_exec_new(pb, cpu, cpu_self, seed, &xb));
+  each_param(xa, xb, copy_a_to_b, 0);
+  cpu_random_batch(xa, seed, N * C0 * H * W, N, CLASSES);
+  cpu_random_batch(xb, seed, N * C0 * H * W, N, CLASSES);
+  *(double *)stoke_exec_tensor(xa, ga->seed).data = 1.0;
+  *(double *)stoke_exec_tensor(xb, gb->seed).data = 1.0;
+  double *grads = stoke_exec_buffer(xb, STOKE_BUF_GRADS);
+  for (size_t i = 0; i < pb->bytes[STOKE_BUF_GRADS] / sizeof(double); i++) grads[i] = NAN; /* poisoned */
+  double la = cpu_loss(xa), lb = cpu_loss(xb);
+  print_message("loss NCHW %.17g, NHWC %.17g\n", la, lb);
+  assert_true(isfinite(la));
+  assert_true(fabs(la - lb) <= 1e-12 * fabs(la));
+  worst = 0;
+  each_param(xa, xb, compare, 1);
+  print_message("gradients: worst relative difference %.3g\n", worst);
+  /* the NHWC graph's own gradients against central differences (the conversions' backward) */
+  int compared = 0;
+  double fd = cpu_check_gradients(xb, 1e-6, &compared);
+  print_message("NHWC gradients against central differences: %d parameters, worst %.3g\n", compared, fd);
+  stoke_exec_free(xa);
+  stoke_exec_free(xb);
+  stoke_plan_free(pa);
+  stoke_plan_free(pb);
+  stoke_graph_free(ga);
+  stoke_graph_free(gb);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_nhwc_equals_row_major),
+  };
+  return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
+}
