@@ -1,16 +1,11 @@
 /* tests/unit/layout_test.c: the memory-order pass (core/layout.c) on the
- * CPU, whose kernels run NHWC too. One network mixes the two kinds of
- * readers of 4-D values: a vector reshaped into an image and convolved (a
- * decoder's first layer), a convolution's output reshaped and transposed
- * into tokens for a linear (a ViT's patch embedding) and back, an add of a
- * convolution's output and a reshaped one, a one-channel convolution
- * reshaped, a (N, C, 1, 1) reshape given a bias_add. Built NCHW (every value
- * row-major: the reference) and NHWC (the GPU's default), with the same
- * input and the same weights, the NHWC run's
- * loss and every gradient equal the NCHW run's to f64 rounding. Before the
- * pass the NHWC graph read pixels as channels. The NHWC graph's gradients
- * also match central differences (the conversions' backward), and the plan
- * says what it converted: 3 values copied, 1 relabelled. */
+ * CPU, whose kernels run NHWC too, on tests/common/layout_net.h's network.
+ * Built NCHW (every value row-major: the reference) and NHWC (the GPU's
+ * default), with the same input and the same weights, the NHWC run's loss
+ * and every gradient equal the NCHW run's to f64 rounding. Before the pass
+ * the NHWC graph read pixels as channels. The NHWC graph's gradients also
+ * match central differences (the conversions' backward), and the plan says
+ * what it converted: 3 values copied, 1 relabelled. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -28,77 +23,9 @@
 #include "stoke/registry.h"
 #include "stoke/rng.h"
 #include "tests/common/cpu_fixture.h"
+#include "tests/common/layout_net.h"
 
 static int setup(void **state) { return cpu_fixture_setup("layout_test"); }
-
-enum { N = 2, C0 = 2, C1 = 3, C2 = 2, H = 3, W = 4, CLASSES = 3 };
-
-static int param(stoke_graph *g, const char *name, stoke_shape s) {
-  stoke_builder_v1 b = stoke_graph_builder(g);
-  int v;
-  OK(b.param(g, name, &s, (stoke_init_v1){STOKE_INIT_UNIFORM, -0.5, 0.5}, &v));
-  return v;
-}
-
-static int node(stoke_graph *g, const char *op, const char *name, const int *in, int n_in, const char *attrs) {
-  stoke_builder_v1 b = stoke_graph_builder(g);
-  int y;
-  OK(b.node(g, op, name, in, n_in, attrs, &y, 1));
-  return y;
-}
-
-static stoke_graph *net(stoke_layout layout) {
-  stoke_graph *g;
-  OK(stoke_graph_new(reg, STOKE_F64, layout, &g));
-  int x, lab;
-  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){2, {N, C0 * H * W}}, STOKE_F64, &x));
-  OK(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {N}}, STOKE_I32, &lab));
-  char a[96];
-  snprintf(a, sizeof a, "shape=%dx%dx%dx%d", N, C0, H, W);
-  int img = node(g, STOKE_OP_RESHAPE, "img", &x, 1, a); /* a vector made an image, then convolved */
-  int c1 = node(g, STOKE_OP_CONV2D, "conv1", (int[]){img, param(g, "conv1.weight", (stoke_shape){4, {C1, C0, 3, 3}})},
-                2, "padding=1");
-  int r1 = node(g, STOKE_OP_RELU, "relu1", &c1, 1, "");
-  /* patch embedding: (N, C, H W) -> tokens (N, H W, C) -> a linear per token -> back to an image */
-  snprintf(a, sizeof a, "shape=%dx%dx%d", N, C1, H * W);
-  int seq = node(g, STOKE_OP_RESHAPE, "seq", &r1, 1, a);
-  int tok = node(g, STOKE_OP_TRANSPOSE, "tokens", &seq, 1, "dim0=1, dim1=2");
-  snprintf(a, sizeof a, "shape=%dx%d", N * H * W, C1);
-  int flat = node(g, STOKE_OP_RESHAPE, "rows", &tok, 1, a);
-  int mix = node(g, STOKE_OP_LINEAR, "mix", (int[]){flat, param(g, "mix.weight", (stoke_shape){2, {C1, C1}}),
-                                                   param(g, "mix.bias", (stoke_shape){1, {C1}})}, 3, "");
-  snprintf(a, sizeof a, "shape=%dx%dx%d", N, H * W, C1);
-  int tok2 = node(g, STOKE_OP_RESHAPE, "tokens2", &mix, 1, a);
-  int seq2 = node(g, STOKE_OP_TRANSPOSE, "seq2", &tok2, 1, "dim0=1, dim1=2");
-  snprintf(a, sizeof a, "shape=%dx%dx%dx%d", N, C1, H, W);
-  int img2 = node(g, STOKE_OP_RESHAPE, "img2", &seq2, 1, a);
-  int sum = node(g, STOKE_OP_ADD, "sum", (int[]){r1, img2}, 2, ""); /* NHWC + row-major */
-  int c2 = node(g, STOKE_OP_CONV2D, "conv2", (int[]){sum, param(g, "conv2.weight", (stoke_shape){4, {C2, C1, 1, 1}})},
-                2, "");
-  int f = node(g, STOKE_OP_FLATTEN, "flatten", &c2, 1, "");
-  int logits = node(g, STOKE_OP_LINEAR, "fc", (int[]){f, param(g, "fc.weight", (stoke_shape){2, {CLASSES, C2 * H * W}}),
-                                                     param(g, "fc.bias", (stoke_shape){1, {CLASSES}})}, 3, "");
-  /* one channel: either order is one memory, the reshape reads it as it is */
-  int c3 = node(g, STOKE_OP_CONV2D, "conv3", (int[]){sum, param(g, "conv3.weight", (stoke_shape){4, {1, C1, 1, 1}})},
-                2, "");
-  snprintf(a, sizeof a, "shape=%dx%d", N, H * W);
-  int p3 = node(g, STOKE_OP_RESHAPE, "plane", &c3, 1, a);
-  int l3 = node(g, STOKE_OP_LINEAR, "fc3", (int[]){p3, param(g, "fc3.weight", (stoke_shape){2, {CLASSES, H * W}}),
-                                                  param(g, "fc3.bias", (stoke_shape){1, {CLASSES}})}, 3, "");
-  /* (N, C, 1, 1) from a reshape, given a per-channel bias (relabelled, no copy) */
-  int gap = node(g, STOKE_OP_GLOBAL_AVG_POOL, "gap", &c2, 1, "");
-  snprintf(a, sizeof a, "shape=%dx%dx1x1", N, C2);
-  int px = node(g, STOKE_OP_RESHAPE, "pixel", &gap, 1, a);
-  int pb = node(g, STOKE_OP_BIAS_ADD, "pixel_bias", (int[]){px, param(g, "pixel.bias", (stoke_shape){1, {C2}})}, 2, "");
-  snprintf(a, sizeof a, "shape=%dx%d", N, C2);
-  int pv = node(g, STOKE_OP_RESHAPE, "pixel_vec", &pb, 1, a);
-  int l4 = node(g, STOKE_OP_LINEAR, "fc4", (int[]){pv, param(g, "fc4.weight", (stoke_shape){2, {CLASSES, C2}}),
-                                                  param(g, "fc4.bias", (stoke_shape){1, {CLASSES}})}, 3, "");
-  int out = node(g, STOKE_OP_ADD, "logits3", (int[]){logits, l3}, 2, "");
-  out = node(g, STOKE_OP_ADD, "logits", (int[]){out, l4}, 2, "");
-  OK(stoke_graph_loss(g, out, ""));
-  return g;
-}
 
 static int find_value(const stoke_graph *g, const char *name) {
   for (int v = 0; v < g->n_values; v++)
@@ -131,7 +58,8 @@ static double worst;
 static void compare(double *a, double *b, const char *name) {
   double e = fabs(*a - *b) / fmax(1e-12, fabs(*a));
   if (e > worst) worst = e;
-  if (!(e <= 1e-10)) fail_msg("gradient of %s: NCHW %.17g, NHWC %.17g (seed %llu)", name, *a, *b, (unsigned long long)seed);
+  if (!(e <= 1e-10))
+    fail_msg("gradient of %s: NCHW %.17g, NHWC %.17g (seed %llu)", name, *a, *b, (unsigned long long)seed);
 }
 
 static int count_op(const stoke_graph *g, const char *op) {
@@ -141,11 +69,11 @@ static int count_op(const stoke_graph *g, const char *op) {
 }
 
 static void test_nhwc_equals_row_major(void **state) {
-  stoke_graph *ga = net(STOKE_NCHW), *gb = net(STOKE_NHWC);
+  stoke_graph *ga = layout_net(reg, STOKE_NCHW, STOKE_F64), *gb = layout_net(reg, STOKE_NHWC, STOKE_F64);
   int fwd_before = gb->n_fwd;
   stoke_plan *pa = cpu_compile(ga, NULL, 0), *pb = cpu_compile(gb, NULL, 0);
-  /* the reference graph is untouched; the NHWC one got 3 conversions (reshape, transpose, reshape) and one
-   * relabelling reshape */
+  /* the reference graph is untouched; the NHWC one got 3 conversions (reshape,
+   * transpose, reshape) and one relabelling reshape */
   assert_int_equal(pa->n_layout_converted + pa->n_layout_relabelled, 0);
   assert_int_equal(pb->n_layout_converted, 3);
   assert_int_equal(pb->n_layout_relabelled, 1);
@@ -153,7 +81,7 @@ static void test_nhwc_equals_row_major(void **state) {
   assert_int_equal(count_op(gb, STOKE_OP_TRANSPOSE), count_op(ga, STOKE_OP_TRANSPOSE) + 3);
   cpu_expect_report(pb, "memory order: 3 4-D values copied between NHWC and row-major order",
                     "how many values it converted");
-  cpu_expect_report(pb, "'img' to NHWC, 'relu1' to row-major, 'img2' to NHWC", "which values, in which order");
+  cpu_expect_report(pb, "'img' to NHWC, 'gelu1' to row-major, 'img2' to NHWC", "which values, in which order");
   cpu_expect_report(pb, "memory order: 1 4-D value relabelled", "the relabelled value");
   /* what the readers see */
   assert_int_equal(gb->values[find_value(gb, "conv1")].layout, STOKE_NHWC);
@@ -163,8 +91,8 @@ static void test_nhwc_equals_row_major(void **state) {
   OK(stoke_exec_new(pa, cpu, cpu_self, seed, &xa));
   OK(stoke_exec_new(pb, cpu, cpu_self, seed, &xb));
   each_param(xa, xb, copy_a_to_b, 0);
-  cpu_random_batch(xa, seed, N * C0 * H * W, N, CLASSES);
-  cpu_random_batch(xb, seed, N * C0 * H * W, N, CLASSES);
+  cpu_random_batch(xa, seed, LN_N * LN_C0 * LN_H * LN_W, LN_N, LN_CLASSES);
+  cpu_random_batch(xb, seed, LN_N * LN_C0 * LN_H * LN_W, LN_N, LN_CLASSES);
   *(double *)stoke_exec_tensor(xa, ga->seed).data = 1.0;
   *(double *)stoke_exec_tensor(xb, gb->seed).data = 1.0;
   double *grads = stoke_exec_buffer(xb, STOKE_BUF_GRADS);
@@ -176,7 +104,8 @@ static void test_nhwc_equals_row_major(void **state) {
   worst = 0;
   each_param(xa, xb, compare, 1);
   print_message("gradients: worst relative difference %.3g\n", worst);
-  /* the NHWC graph's own gradients against central differences (the conversions' backward) */
+  /* the NHWC graph's own gradients against central differences (the
+   * conversions' backward) */
   int compared = 0;
   double fd = cpu_check_gradients(xb, 1e-6, &compared);
   print_message("NHWC gradients against central differences: %d parameters, worst %.3g\n", compared, fd);
