@@ -542,8 +542,48 @@ void stoke_graph_grad_flow(const stoke_graph *g, char *needs) {
   }
 }
 
+/* A forward node that reads one parameter twice (torch's w @ w.T) reads it
+ * the second time through a reshape to its own shape, a view: each read
+ * then has its own gradient, the reshape's added to the parameter's as a
+ * tied weight's is. (Both reads' gradients would otherwise be written to
+ * the one buffer, each over the other.) */
+static stoke_err *repeated_params(stoke_graph *g) {
+  int n = g->n_fwd, any = 0;
+  for (int i = 0; i < n && !any; i++)
+    for (int k = 1; k < g->nodes[i].n_in; k++)
+      for (int j = 0; j < k; j++)
+        any |= g->nodes[i].in[j] == g->nodes[i].in[k] && g->values[g->nodes[i].in[k]].kind == STOKE_VAL_PARAM;
+  if (!any) return NULL;
+  stoke_gnode *old = malloc(sizeof *old * (size_t)n);
+  if (!old) return STOKE_ERR(STOKE_E_OOM, "out of memory");
+  memcpy(old, g->nodes, sizeof *old * (size_t)n);
+  g->n_nodes = g->n_fwd = 0;
+  stoke_err *e = NULL;
+  for (int i = 0; i < n && !e; i++) {
+    stoke_gnode f = old[i];
+    for (int k = 1; k < f.n_in && !e; k++) {
+      int v = f.in[k], again = 0;
+      for (int j = 0; j < k; j++) again |= old[i].in[j] == v;
+      if (!again || g->values[v].kind != STOKE_VAL_PARAM) continue;
+      char name[80], attrs[160] = "shape=";
+      snprintf(name, sizeof name, "%.50s.again.%d", g->values[v].name, k);
+      for (int d = 0; d < g->values[v].shape.ndim; d++)
+        snprintf(attrs + strlen(attrs), sizeof attrs - strlen(attrs), "%s%lld", d ? "x" : "",
+                 (long long)g->values[v].shape.d[d]);
+      int r;
+      e = new_value(g, name, STOKE_VAL_ACT, &g->values[v].shape, g->values[v].dtype, &r);
+      if (!e) e = stoke_graph_append_unary(g, STOKE_OP_RESHAPE, name, attrs, v, r);
+      f.in[k] = r;
+    }
+    if (!e) e = stoke_graph_append_fwd(g, &f);
+  }
+  free(old);
+  return e;
+}
+
 stoke_err *stoke_graph_derive_backward(stoke_graph *g) {
   if (g->loss < 0) return STOKE_ERR(STOKE_E_INTERNAL, "training plan without a loss");
+  STOKE_PROPAGATE(repeated_params(g));
   int n_fwd = g->n_fwd;
   char *needs = calloc((size_t)g->n_values + 1, 1);
   if (!needs) return STOKE_ERR(STOKE_E_OOM, "out of memory");

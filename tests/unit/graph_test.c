@@ -238,6 +238,52 @@ static void test_fused_activations(void **state) {
   }
 }
 
+/* x[N,4] -> matmul with P = W W^T -> loss: the node making P reads parameter W twice (torch's w @ w.T). The
+ * compiler reads it the second time through a reshape (core/graph.c repeated_params): the gradient of W is the
+ * sum of both uses (central differences), and equals the graph that writes the reshape itself, bit for bit. */
+static stoke_graph *gram(int via_reshape) {
+  stoke_graph *g;
+  OK(stoke_graph_new(reg, STOKE_F64, STOKE_LAYOUT_ANY, &g));
+  stoke_builder_v1 b = stoke_graph_builder(g);
+  int x, y, w, w2, pm, logits;
+  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){2, {3, 4}}, STOKE_F64, &x));
+  OK(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {3}}, STOKE_I32, &y));
+  OK(b.param(g, "w", &(stoke_shape){2, {4, 4}}, (stoke_init_v1){STOKE_INIT_UNIFORM, -0.5, 0.5}, &w));
+  w2 = w;
+  if (via_reshape) OK(b.node(g, STOKE_OP_RESHAPE, "w_again", &w, 1, "shape=4x4", &w2, 1));
+  OK(b.node(g, STOKE_OP_MATMUL, "gram", (int[]){w, w2}, 2, "", &pm, 1));
+  OK(b.node(g, STOKE_OP_MATMUL, "head", (int[]){x, pm}, 2, "", &logits, 1));
+  OK(stoke_graph_loss(g, logits, ""));
+  return g;
+}
+
+static void test_parameter_twice_in_one_node(void **state) {
+  stoke_graph *g[2];
+  stoke_plan *p[2];
+  stoke_exec *x[2];
+  double *grad[2];
+  for (int i = 0; i < 2; i++) {
+    g[i] = gram(i);
+    p[i] = cpu_compile(g[i], NULL, 0);
+    OK(stoke_exec_new(p[i], cpu, cpu_self, seed, &x[i]));
+    *(double *)stoke_exec_tensor(x[i], g[i]->seed).data = 1.0;
+    cpu_random_batch(x[i], seed, 3 * 4, 3, 4);
+    grad[i] = stoke_exec_buffer(x[i], STOKE_BUF_GRADS);
+  }
+  int compared;
+  double worst = cpu_check_gradients(x[0], 1e-6, &compared);
+  print_message("W W^T: %d gradients, worst relative error %.3g against central differences\n", compared, worst);
+  assert_int_equal(compared, 16);
+  cpu_loss(x[1]);
+  cpu_loss(x[0]);
+  assert_memory_equal(grad[0], grad[1], 16 * sizeof(double));
+  for (int i = 0; i < 2; i++) {
+    stoke_exec_free(x[i]);
+    stoke_plan_free(p[i]);
+    stoke_graph_free(g[i]);
+  }
+}
+
 static void test_errors(void **state) {
   stoke_graph *g;
   OK(stoke_graph_new(reg, STOKE_F32, STOKE_LAYOUT_ANY, &g));
@@ -310,6 +356,7 @@ int main(void) {
       cmocka_unit_test(test_whole_graph_gradient),
       cmocka_unit_test(test_fused_activations),
       cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_parameter_twice_in_one_node),
   };
   return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
 }
