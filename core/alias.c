@@ -35,7 +35,8 @@ static int64_t prod(const stoke_shape *s, int from, int to) {
 
 /* When output j of forward node n can be its input's memory: 1 and the
  * byte offset in it. reshape always; slice and split when every dimension
- * before `dim` is 1 (each part is one dense run); transpose when at most
+ * before `dim` is 1 (each part is one dense run) and the part starts on a
+ * 16-byte boundary; transpose when at most
  * one dimension from dim0 to dim1 is larger than 1 (the order is kept). */
 static int view_offset(const stoke_graph *g, const stoke_gnode *n, int j, size_t *off) {
   const stoke_value *x = &g->values[n->in[0]];
@@ -49,7 +50,11 @@ static int view_offset(const stoke_graph *g, const stoke_gnode *n, int j, size_t
     int64_t at = slice ? n->n.attrs[STOKE_SLICE_START].i : 0;
     for (int k = 0; k < j; k++) at += g->values[n->out[k]].shape.d[d];
     *off = (size_t)(at * prod(&x->shape, d + 1, x->shape.ndim)) * es;
-    return 1;
+    /* a part that would start off a 16-byte boundary is copied: cuDNN and cuBLASLt refuse such pointers
+     * (BAD_PARAM_MISALIGNED_POINTER) at run time, after the plan, and vector kernels take a slower path */
+    size_t base = 0;
+    stoke_alias_root(g, n->in[0], &base);
+    return (base + *off) % 16 == 0;
   }
   if (is_op(n, STOKE_OP_TRANSPOSE)) {
     int a = norm_dim(&x->shape, n->n.attrs[STOKE_TRANSPOSE_DIM0].i);

@@ -272,8 +272,18 @@ static stoke_err *choose(const stoke_kernel_args_v1 *a, conv_state *st, cudnn_di
   } else {
     int autotune = (a->flags & STOKE_KFLAG_AUTOTUNE) != 0;
     if (autotune && !*tune_ready) {
-      STOKE_PROPAGATE_P(alloc_tune(a, st, tb));
-      *tune_ready = 1;
+      stoke_err *te = alloc_tune(a, st, tb);
+      if (te && te->code == STOKE_E_OOM) {
+        /* the run's memory leaves no room for the timing copies: cuDNN's heuristic order, untimed (as
+         * cudnn.benchmark falls back when its search cannot allocate) */
+        stoke_host->log(STOKE_LOG_WARN, "cudnn", "%s; took cuDNN's heuristic choice untimed", te->msg);
+        stoke_host->err_free(te);
+        autotune = 0;
+      } else if (te) {
+        return te;
+      } else {
+        *tune_ready = 1;
+      }
     }
     perf p[MAX_PERF];
     int n = 0;

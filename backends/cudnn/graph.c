@@ -454,7 +454,7 @@ static stoke_err *choose_plan(cudnn_engine *eng, cg_graph *g, cudnnBackendDescri
   out->ms = -1;
   for (int i = 0; i < g->n_tensors && out->n_uids < CG_MAX_TENSORS; i++)
     if (!g->is_virtual[i]) out->uids[out->n_uids++] = g->uids[i];
-  int limit = c->autotune ? (c->max_candidates > 0 ? c->max_candidates : 12) : 1;
+  int tune = c->autotune, limit = tune ? (c->max_candidates > 0 ? c->max_candidates : 12) : 1;
   int timed = 0, skipped_det = 0, skipped_tf32 = 0, skipped_ws = 0;
   tune_mem tm;
   int tm_ready = 0;
@@ -489,15 +489,23 @@ static stoke_err *choose_plan(cudnn_engine *eng, cg_graph *g, cudnnBackendDescri
     cand.engine_id = ci.id;
     cand.runtime_compiled = ci.runtime_compiled;
     timed++;
-    if (c->autotune) {
-      if (!tm_ready) {
-        e = tune_alloc(g, &cand, &tm, s);
-        if (e) {
-          cudnnBackendDestroyDescriptor(cand.plan);
-          break;
-        }
+    if (tune && !tm_ready) {
+      e = tune_alloc(g, &cand, &tm, s);
+      if (e && e->code == STOKE_E_OOM) {
+        /* the run's memory leaves no room for the timing copies: this candidate, cuDNN's heuristic order's
+         * first that fits, untimed (as cudnn.benchmark falls back when its search cannot allocate) */
+        stoke_host->log(STOKE_LOG_WARN, "cudnn", "%s; took cuDNN's heuristic choice untimed", e->msg);
+        stoke_host->err_free(e);
+        e = NULL;
+        tune = 0, limit = timed;
+      } else if (e) {
+        cudnnBackendDestroyDescriptor(cand.plan);
+        break;
+      } else {
         tm_ready = 1;
       }
+    }
+    if (tune) {
       cand.ms = time_plan(eng, &cand, &tm, s);
       if (cand.ms < 0) {
         cudnnBackendDestroyDescriptor(cand.plan);

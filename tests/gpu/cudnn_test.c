@@ -1,8 +1,8 @@
 /* tests/gpu/cudnn_test.c: the cudnn engine's conv2d plan cache under many
  * nodes planned at once, and conv2d's unfolded path for few input channels
  * in each of its forms (each against the CPU reference; every kernel's
- * shapes, dtypes, layouts and flags are every_kernel_test's). Runs on a
- * GPU machine only. */
+ * shapes, dtypes, layouts and flags are every_kernel_test's), and autotune
+ * with no memory left to time in. Runs on a GPU machine only. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -163,8 +163,77 @@ static void test_unfolded_paths(void **state) {
       }
 }
 
+/* conv_autotune when the run's memory leaves no room for the timing copies
+ * (a batch that fills the device, the arena allocated before the kernels
+ * are planned): the plan takes cuDNN's heuristic choice untimed, with a
+ * warning, instead of failing the run (graph.c choose_plan; conv.c and
+ * sdpa.c do the same). The device is filled to 16 MiB free before the
+ * plan, less than the 36 MiB of x, w and y copies the timing needs; freed
+ * before the run, which is checked against the CPU. */
+static void test_autotune_without_memory(void **state) {
+  const stoke_kernel_v1 *rk = stoke_find_kernel(g_reg, "cpu", STOKE_OP_CONV2D, STOKE_FWD, STOKE_F64, STOKE_NHWC);
+  void *es = NULL;
+  const stoke_kernel_v1 *gk = g_gpu_kernel(STOKE_OP_CONV2D, STOKE_FWD, STOKE_BF16, STOKE_NHWC, &es);
+  stoke_node_v1 node;
+  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_CONV2D, "tight", "stride=1, padding=1", &node);
+  if (e) fail_msg("%s", e->msg);
+  g_tensor x, w, y;
+  g_alloc(&x, &(stoke_shape){4, {32, 48, 64, 64}}, STOKE_BF16, STOKE_NHWC);
+  g_alloc(&w, &(stoke_shape){4, {48, 48, 3, 3}}, STOKE_BF16, STOKE_LAYOUT_ANY);
+  g_alloc(&y, &(stoke_shape){4, {32, 48, 64, 64}}, STOKE_BF16, STOKE_NHWC);
+  stoke_rng r = stoke_rng_seed(g_seed);
+  g_fill(&x, &r, -1, 1, 0);
+  g_fill(&w, &r, -1, 1, 0);
+  g_poison(&y);
+  enum { MAX_HOG = 1024 };
+  void *hog[MAX_HOG];
+  int n_hog = 0;
+  for (size_t b = (size_t)1 << 30; b >= ((size_t)1 << 20) && n_hog < MAX_HOG;) {
+    stoke_err *he = g_dev->alloc(g_dev_self, b, &hog[n_hog]);
+    if (he) {
+      stoke_err_free(he);
+      b /= 2;
+    } else {
+      n_hog++;
+    }
+  }
+  /* give back 16 MiB of 1 MiB pieces (the smallest last) */
+  for (int i = 0; i < 16 && n_hog > 0; i++) g_dev->free(g_dev_self, hog[--n_hog]);
+  stoke_device_info_v1 info = {0};
+  e = g_dev->info(g_dev_self, &info);
+  if (e) fail_msg("%s", e->msg);
+  print_message("free before the plan: %.1f MiB (the timing copies need 36 MiB)\n", info.free_bytes / 1048576.0);
+  assert_true(info.free_bytes < (size_t)30 << 20);
+  stoke_tensor gin[2] = {x.dev, w.dev}, gout[1] = {y.dev};
+  stoke_kernel_args_v1 ga = {.node = &node, .n_in = 2, .n_out = 1, .in = gin, .out = gout, .training = 1,
+                             .engine = es, .stream = g_dev->default_stream(g_dev_self), .flags = STOKE_KFLAG_AUTOTUNE};
+  void *st = NULL, *ws = NULL;
+  size_t wsb = 0;
+  e = gk->plan(&ga, &st, &wsb);
+  while (n_hog > 0) g_dev->free(g_dev_self, hog[--n_hog]);
+  if (e) fail_msg("plan with autotune and 16 MiB free: %s", e->msg);
+  if (wsb) {
+    e = g_dev->alloc(g_dev_self, wsb, &ws);
+    if (e) fail_msg("%s", e->msg);
+  }
+  ga.workspace = ws, ga.workspace_bytes = wsb;
+  e = gk->run(&ga, st);
+  if (!e) e = g_dev->stream_sync(g_dev_self, NULL);
+  if (e) fail_msg("run: %s", e->msg);
+  stoke_tensor rin[2] = {x.ref, w.ref}, rout[1] = {y.ref};
+  stoke_kernel_args_v1 ra = {.node = &node, .n_in = 2, .n_out = 1, .in = rin, .out = rout, .training = 1};
+  g_run(rk, &ra, 0);
+  double err = g_compare(&y, NULL);
+  print_message("untimed choice: relative error %.3g against the CPU\n", err);
+  if (!(err <= G_TOL_LOW)) fail_msg("relative error %.3g (seed %llu)", err, (unsigned long long)g_seed);
+  gk->destroy(st);
+  if (ws) g_dev->free(g_dev_self, ws);
+  g_free(&x), g_free(&w), g_free(&y);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_many_plans_kept), cmocka_unit_test(test_unfolded_paths),
+                                     cmocka_unit_test(test_autotune_without_memory),
   };
   return cmocka_run_group_tests(tests, setup, g_teardown);
 }
