@@ -148,6 +148,8 @@ int main(int argc, char **argv) {
   join(a.common, a.n_common, common, sizeof common);
   r.ini = a.ini;
   r.common = common;
+  r.common_ov = a.common;
+  r.n_common_ov = a.n_common;
   r.warmup = a.warmup;
   r.steps = a.steps;
   r.rounds = a.rounds;
@@ -159,6 +161,8 @@ int main(int argc, char **argv) {
   for (int v = 0; v < a.variants; v++) {
     snprintf(r.v[v].name, sizeof r.v[v].name, "%c", 'A' + v);
     join(a.ov[v], a.n_ov[v], r.v[v].overrides, sizeof r.v[v].overrides);
+    memcpy(r.v[v].ov, a.ov[v], sizeof(const char *) * (size_t)a.n_ov[v]);
+    r.v[v].n_ov = a.n_ov[v];
   }
   /* the rounds, interleaved; then the profile runs (synchronizing every
    * step, so never counted in the rates) */

@@ -455,15 +455,13 @@ static void json_num(FILE *f, double x) {
   else fputs("null", f);
 }
 
-/* Space-separated overrides as a JSON array of strings. */
-static void json_words(FILE *f, const char *words) {
-  char buf[1024];
-  snprintf(buf, sizeof buf, "%s", words ? words : "");
+/* Overrides as a JSON array of strings, one each (a value may hold spaces:
+ * run.backends=fused, cudnn). */
+static void json_list(FILE *f, const char *const *w, int n) {
   fputc('[', f);
-  int first = 1;
-  for (char *save = NULL, *t = strtok_r(buf, " ", &save); t; t = strtok_r(NULL, " ", &save), first = 0) {
-    if (!first) fputc(',', f);
-    json_str(f, t);
+  for (int i = 0; i < n; i++) {
+    if (i) fputc(',', f);
+    json_str(f, w[i]);
   }
   fputc(']', f);
 }
@@ -472,7 +470,7 @@ void bench_write_json(const bench_result *r, FILE *f) {
   fprintf(f, "{\"tool\":\"stoke bench\",\"ini\":");
   json_str(f, r->ini);
   fprintf(f, ",\"overrides\":");
-  json_words(f, r->common);
+  json_list(f, r->common_ov, r->n_common_ov);
   fprintf(f, ",\"commit\":");
   json_str(f, r->commit);
   fprintf(f, ",\"date\":");
@@ -486,7 +484,7 @@ void bench_write_json(const bench_result *r, FILE *f) {
     fprintf(f, "%s{\"name\":", v ? "," : "");
     json_str(f, x->name);
     fprintf(f, ",\"overrides\":");
-    json_words(f, x->overrides);
+    json_list(f, x->ov, x->n_ov);
     fprintf(f, ",\"device\":");
     json_str(f, x->device);
     fprintf(f, ",\"precision\":");

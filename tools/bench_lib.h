@@ -67,7 +67,9 @@ double bench_rate(int64_t batch, int64_t steps, double ms);
 
 typedef struct bench_variant {
   char name[2];            /* "A" or "B" */
-  char overrides[1024];    /* the variant's own overrides, space-separated */
+  char overrides[1024];    /* the variant's own overrides, space-separated (the text reports) */
+  const char *ov[BENCH_MAX_OV]; /* the same, one each (JSON: a value may hold spaces) */
+  int n_ov;
   char device[128], precision[32];
   int64_t batch;           /* samples per optimizer step */
   double rate[BENCH_MAX_ROUNDS]; /* samples/s per round */
@@ -79,7 +81,9 @@ typedef struct bench_variant {
 
 typedef struct bench_result {
   const char *ini;
-  const char *common;      /* overrides of both, space-separated */
+  const char *common;      /* overrides of both, space-separated (the text reports) */
+  const char *const *common_ov; /* the same, one each (JSON) */
+  int n_common_ov;
   int warmup, steps, rounds, per_op;
   int gpu;                 /* timed with device events (1) or the host clock (0) */
   char commit[64], date[32];

@@ -201,6 +201,9 @@ static void recorded(bench_result *r, int variants) {
   memset(r, 0, sizeof *r);
   r->ini = "examples/mlp.ini";
   r->common = "run.precision=bf16";
+  static const char *common[] = {"run.precision=bf16"};
+  r->common_ov = common;
+  r->n_common_ov = 1;
   r->warmup = 12;
   r->steps = 40;
   r->rounds = 3;
@@ -218,6 +221,9 @@ static void recorded(bench_result *r, int variants) {
     bench_variant *x = &r->v[v];
     x->name[0] = (char)('A' + v);
     snprintf(x->overrides, sizeof x->overrides, "%s", v ? "run.fuse=true model.x=a|b" : "run.fuse=false");
+    x->n_ov = v ? 2 : 1;
+    x->ov[0] = v ? "run.fuse=true" : "run.fuse=false";
+    x->ov[1] = "model.x=a|b";
     snprintf(x->device, sizeof x->device, "NVIDIA H100 \"80GB\"");
     snprintf(x->precision, sizeof x->precision, "bf16");
     x->batch = 4096;
@@ -353,13 +359,18 @@ static void test_json(void **state) {
   bench_result r;
   char out[8192];
   recorded(&r, 2);
+  /* a value with a space is one string (it was split in two) */
+  static const char *common[] = {"run.precision=bf16", "run.backends=fused, cudnn"};
+  r.common_ov = common;
+  r.n_common_ov = 2;
   render(bench_write_json, &r, out, sizeof out);
   const char *end = js_value(out);
   if (!end || *js_ws(end)) {
     print_error("not one JSON object (stops at %s):\n%s\n", end ? end : "?", out);
     fail();
   }
-  EXPECT_HAS(out, "{\"tool\":\"stoke bench\",\"ini\":\"examples/mlp.ini\",\"overrides\":[\"run.precision=bf16\"],"
+  EXPECT_HAS(out, "{\"tool\":\"stoke bench\",\"ini\":\"examples/mlp.ini\",\"overrides\":[\"run.precision=bf16\","
+                  "\"run.backends=fused, cudnn\"],"
                   "\"commit\":\"0123abcd\",\"date\":\"2026-11-22 12:00 UTC\",\"rounds\":3,\"warmup_steps\":12,"
                   "\"timed_steps\":40,\"timing\":\"device events\"");
   EXPECT_HAS(out, "{\"name\":\"B\",\"overrides\":[\"run.fuse=true\",\"model.x=a|b\"],\"device\":\"NVIDIA H100 "
