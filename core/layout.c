@@ -18,7 +18,11 @@
  * The pass walks the forward nodes in order and labels each 4-D output:
  * an aware op's NHWC, a row-major op's NCHW (row-major), an elementwise
  * op's (relu, gelu, add, dropout, autocast, a plugin op whose inputs and
- * outputs all have one shape) that of its first 4-D input. Where a reader
+ * outputs all have one shape) that of its first 4-D activation input.
+ * Parameters and state are row-major in memory in every graph (a
+ * convolution's weight [O, C, kh, kw], staged by the kernels as they need,
+ * and what checkpoints hold): they are labelled so, and converted like an
+ * activation for any reader but an aware op. Where a reader
  * gets a 4-D activation in the other order, the pass puts a conversion in
  * front of it, as PyTorch's reshape copies a channels_last tensor it cannot
  * view (x.contiguous()): reshape to (N, H W, C) or (N, C, H W), a
@@ -87,12 +91,17 @@ static layout_class classify(const stoke_graph *g, const stoke_gnode *f) {
   return ELEMENTWISE;
 }
 
-/* A 4-D value whose order the pass manages: an activation (a parameter's
- * order is its own, convolution weights KRSC in NHWC graphs). */
-static int managed(const stoke_graph *g, int v) {
+static int persistent(const stoke_value *val) { return val->kind == STOKE_VAL_PARAM || val->kind == STOKE_VAL_STATE; }
+
+/* A 4-D value whose order the pass manages: an activation, or a parameter
+ * or state tensor read by anything but an aware op (a convolution's weight
+ * is [O, C, kh, kw] in memory for every engine, whatever the graph's
+ * layout: the kernels stage it as they need). */
+static int managed(const stoke_graph *g, int v, layout_class reader) {
   const stoke_value *val = &g->values[v];
-  return val->shape.ndim == 4 && (val->kind == STOKE_VAL_ACT || val->kind == STOKE_VAL_INPUT) &&
-         (val->layout == STOKE_NCHW || val->layout == STOKE_NHWC);
+  if (val->shape.ndim != 4 || (val->layout != STOKE_NCHW && val->layout != STOKE_NHWC)) return 0;
+  if (persistent(val)) return reader != AWARE;
+  return val->kind == STOKE_VAL_ACT || val->kind == STOKE_VAL_INPUT;
 }
 
 typedef struct pass {
@@ -168,12 +177,13 @@ static stoke_err *place(pass *ps, stoke_gnode f) {
   stoke_layout want = STOKE_LAYOUT_ANY;
   if (cls == AWARE) want = STOKE_NHWC;
   if (cls == ROW_MAJOR) want = STOKE_NCHW;
-  if (cls == ELEMENTWISE)
-    for (int k = 0; k < f.n_in && want == STOKE_LAYOUT_ANY; k++)
-      if (managed(g, f.in[k])) want = g->values[f.in[k]].layout;
+  if (cls == ELEMENTWISE) /* its first 4-D activation's order (a parameter is converted, not the activation) */
+    for (int pass = 0; pass < 2 && want == STOKE_LAYOUT_ANY; pass++)
+      for (int k = 0; k < f.n_in && want == STOKE_LAYOUT_ANY; k++)
+        if (managed(g, f.in[k], cls) && (pass || !persistent(&g->values[f.in[k]]))) want = g->values[f.in[k]].layout;
   if (cls != KEEP && want != STOKE_LAYOUT_ANY)
     for (int k = 0; k < f.n_in; k++)
-      if (managed(g, f.in[k]) && g->values[f.in[k]].layout != want)
+      if (managed(g, f.in[k], cls) && g->values[f.in[k]].layout != want)
         STOKE_TRY(convert(ps, f.in[k], want, cls, &f.in[k]), "node '%s' (%s): its input %d in %s order",
                   f.name_buf, f.n.op, k, want == STOKE_NHWC ? "NHWC" : "row-major");
   if (cls != KEEP)
@@ -199,6 +209,9 @@ stoke_err *stoke_layout_pass(stoke_graph *g, int *n_converted, int *n_relabelled
     return STOKE_ERR(STOKE_E_OOM, "out of memory for the layout pass");
   }
   for (int i = 0; i < 2 * g->n_values; i++) ps.done[i] = -1;
+  /* parameters and state are row-major in memory (and in checkpoints) in every graph */
+  for (int v = 0; v < g->n_values; v++)
+    if (persistent(&g->values[v]) && g->values[v].shape.ndim == 4) g->values[v].layout = STOKE_NCHW;
   memcpy(old, g->nodes, sizeof *old * (size_t)n);
   g->n_nodes = g->n_fwd = 0;
   stoke_err *e = NULL;

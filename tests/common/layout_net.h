@@ -5,8 +5,9 @@
  * convolution's output reshaped and transposed into tokens for a linear (a
  * ViT's patch embedding) and back, an add of a convolution's output and a
  * reshaped one, a one-channel convolution reshaped, a (N, C, 1, 1) reshape
- * given a bias_add. In an NHWC graph the compiler converts 3 values (img,
- * gelu1, img2) and relabels 1 (pixel). Include after cmocka.h, with OK(expr)
+ * given a bias_add, a 4-D parameter added to an activation. In an NHWC graph
+ * the compiler converts 4 values (img, gelu1, img2, pos) and relabels 1
+ * (pixel). Include after cmocka.h, with OK(expr)
  * defined. */
 #ifndef STOKE_TESTS_LAYOUT_NET_H
 #define STOKE_TESTS_LAYOUT_NET_H
@@ -61,7 +62,10 @@ static __attribute__((unused)) stoke_graph *layout_net(stoke_registry *reg, stok
   int seq2 = ln_node(g, STOKE_OP_TRANSPOSE, "seq2", &tok2, 1, "dim0=1, dim1=2");
   snprintf(a, sizeof a, "shape=%dx%dx%dx%d", LN_N, LN_C1, LN_H, LN_W);
   int img2 = ln_node(g, STOKE_OP_RESHAPE, "img2", &seq2, 1, a);
-  int sum = ln_node(g, STOKE_OP_ADD, "sum", (int[]){r1, img2}, 2, ""); /* NHWC + row-major */
+  int sum0 = ln_node(g, STOKE_OP_ADD, "sum0", (int[]){r1, img2}, 2, ""); /* NHWC + row-major */
+  /* a 4-D parameter (a learned position table): row-major in memory, converted for the NHWC add */
+  int sum = ln_node(g, STOKE_OP_ADD, "sum",
+                    (int[]){sum0, ln_param(g, "pos", (stoke_shape){4, {LN_N, LN_C1, LN_H, LN_W}})}, 2, "");
   int c2 = ln_node(g, STOKE_OP_CONV2D, "conv2",
                    (int[]){sum, ln_param(g, "conv2.weight", (stoke_shape){4, {LN_C2, LN_C1, 1, 1}})}, 2, "");
   int f = ln_node(g, STOKE_OP_FLATTEN, "flatten", &c2, 1, "");

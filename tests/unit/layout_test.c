@@ -5,7 +5,7 @@
  * and every gradient equal the NCHW run's to f64 rounding. Before the pass
  * the NHWC graph read pixels as channels. The NHWC graph's gradients also
  * match central differences (the conversions' backward), and the plan says
- * what it converted: 3 values copied, 1 relabelled. */
+ * what it converted: 4 values copied, 1 relabelled. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -72,16 +72,16 @@ static void test_nhwc_equals_row_major(void **state) {
   stoke_graph *ga = layout_net(reg, STOKE_NCHW, STOKE_F64), *gb = layout_net(reg, STOKE_NHWC, STOKE_F64);
   int fwd_before = gb->n_fwd;
   stoke_plan *pa = cpu_compile(ga, NULL, 0), *pb = cpu_compile(gb, NULL, 0);
-  /* the reference graph is untouched; the NHWC one got 3 conversions (reshape,
+  /* the reference graph is untouched; the NHWC one got 4 conversions (reshape,
    * transpose, reshape) and one relabelling reshape */
   assert_int_equal(pa->n_layout_converted + pa->n_layout_relabelled, 0);
-  assert_int_equal(pb->n_layout_converted, 3);
+  assert_int_equal(pb->n_layout_converted, 4);
   assert_int_equal(pb->n_layout_relabelled, 1);
-  assert_int_equal(gb->n_fwd, fwd_before + 3 * 3 + 1);
-  assert_int_equal(count_op(gb, STOKE_OP_TRANSPOSE), count_op(ga, STOKE_OP_TRANSPOSE) + 3);
-  cpu_expect_report(pb, "memory order: 3 4-D values copied between NHWC and row-major order",
+  assert_int_equal(gb->n_fwd, fwd_before + 4 * 3 + 1);
+  assert_int_equal(count_op(gb, STOKE_OP_TRANSPOSE), count_op(ga, STOKE_OP_TRANSPOSE) + 4);
+  cpu_expect_report(pb, "memory order: 4 4-D values copied between NHWC and row-major order",
                     "how many values it converted");
-  cpu_expect_report(pb, "'img' to NHWC, 'gelu1' to row-major, 'img2' to NHWC", "which values, in which order");
+  cpu_expect_report(pb, "'img' to NHWC, 'gelu1' to row-major, 'img2' to NHWC, 'pos' to NHWC", "which values, in which order");
   cpu_expect_report(pb, "memory order: 1 4-D value relabelled", "the relabelled value");
   /* what the readers see */
   assert_int_equal(gb->values[find_value(gb, "conv1")].layout, STOKE_NHWC);
