@@ -244,6 +244,7 @@ stoke_err *stoke_dp_bench(stoke_dp *d, int iters, double *ms, double *busbw_gbs)
 }
 
 stoke_err *stoke_dp_time_buckets(stoke_dp *d, int on) {
+  if (d->world == 1) return NULL; /* no bucket is launched (stoke_dp_attach): nothing to time */
   if (on && !d->bucket_t) {
     d->bucket_t = calloc((size_t)(2 * d->n_buckets), sizeof *d->bucket_t);
     if (!d->bucket_t) return STOKE_ERR(STOKE_E_OOM, "out of memory for the buckets' timers");

@@ -572,6 +572,7 @@ static stoke_err *repeated_params(stoke_graph *g) {
                  (long long)g->values[v].shape.d[d]);
       int r;
       e = new_value(g, name, STOKE_VAL_ACT, &g->values[v].shape, g->values[v].dtype, &r);
+      if (!e) g->values[r].layout = g->values[v].layout; /* the parameter's memory, viewed */
       if (!e) e = stoke_graph_append_unary(g, STOKE_OP_RESHAPE, name, attrs, v, r);
       f.in[k] = r;
     }

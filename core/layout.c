@@ -93,15 +93,21 @@ static layout_class classify(const stoke_graph *g, const stoke_gnode *f) {
 
 static int persistent(const stoke_value *val) { return val->kind == STOKE_VAL_PARAM || val->kind == STOKE_VAL_STATE; }
 
-/* A 4-D value whose order the pass manages: an activation, or a parameter
- * or state tensor read by anything but an aware op (a convolution's weight
- * is [O, C, kh, kw] in memory for every engine, whatever the graph's
- * layout: the kernels stage it as they need). */
-static int managed(const stoke_graph *g, int v, layout_class reader) {
+/* A 4-D value whose order the pass manages (any kind: an activation, an
+ * input, a parameter or state tensor). */
+static int managed(const stoke_graph *g, int v) {
   const stoke_value *val = &g->values[v];
-  if (val->shape.ndim != 4 || (val->layout != STOKE_NCHW && val->layout != STOKE_NHWC)) return 0;
-  if (persistent(val)) return reader != AWARE;
-  return val->kind == STOKE_VAL_ACT || val->kind == STOKE_VAL_INPUT;
+  return val->shape.ndim == 4 && (val->layout == STOKE_NCHW || val->layout == STOKE_NHWC);
+}
+
+/* Input k of aware node f is a convolution's filter: [O, C, kh, kw] in
+ * memory on every engine (the kernels stage it as they need), whatever the
+ * graph's layout, so row-major for the pass, whoever made it. */
+static int is_filter(const stoke_gnode *f, int k) {
+  const char *op = f->n.op;
+  if (!strcmp(op, STOKE_OP_CONV2D) || !strcmp(op, STOKE_OP_CONV_BN)) return k == 1;
+  if (!strcmp(op, STOKE_OP_BN_RELU_CONV_BN)) return k == STOKE_BN_RELU_CONV_BN_WEIGHT;
+  return 0;
 }
 
 typedef struct pass {
@@ -123,8 +129,9 @@ static stoke_err *append(pass *ps, const char *op, const char *name, const char 
 }
 
 /* Value v in order `want` (appending the conversion once), for a reader
- * of class `cls`. */
-static stoke_err *convert(pass *ps, int v, stoke_layout want, layout_class cls, int *out) {
+ * that indexes memory without reading the label (`raw`: a row-major op,
+ * a filter) or one that checks it. */
+static stoke_err *convert(pass *ps, int v, stoke_layout want, int raw, int *out) {
   stoke_graph *g = ps->g;
   int slot = 2 * v + (want == STOKE_NHWC);
   if (v < ps->n_orig && ps->done[slot] >= 0) {
@@ -140,7 +147,7 @@ static stoke_err *convert(pass *ps, int v, stoke_layout want, layout_class cls, 
            (long long)w);
   stoke_shape s4 = val->shape;
   if (c == 1 || h * w == 1) { /* the same memory either way */
-    if (cls == ROW_MAJOR) {
+    if (raw) { /* taken as it is (not kept as v's conversion: a later reader may check the label) */
       *out = v;
       return NULL;
     }
@@ -174,24 +181,39 @@ static stoke_err *convert(pass *ps, int v, stoke_layout want, layout_class cls, 
 static stoke_err *place(pass *ps, stoke_gnode f) {
   stoke_graph *g = ps->g;
   layout_class cls = classify(g, &f);
-  stoke_layout want = STOKE_LAYOUT_ANY;
-  if (cls == AWARE) want = STOKE_NHWC;
-  if (cls == ROW_MAJOR) want = STOKE_NCHW;
-  if (cls == ELEMENTWISE) /* its first 4-D activation's order (a parameter is converted, not the activation) */
-    for (int pass = 0; pass < 2 && want == STOKE_LAYOUT_ANY; pass++)
-      for (int k = 0; k < f.n_in && want == STOKE_LAYOUT_ANY; k++)
-        if (managed(g, f.in[k], cls) && (pass || !persistent(&g->values[f.in[k]]))) want = g->values[f.in[k]].layout;
-  if (cls != KEEP && want != STOKE_LAYOUT_ANY)
-    for (int k = 0; k < f.n_in; k++)
-      if (managed(g, f.in[k], cls) && g->values[f.in[k]].layout != want)
-        STOKE_TRY(convert(ps, f.in[k], want, cls, &f.in[k]), "node '%s' (%s): its input %d in %s order",
-                  f.name_buf, f.n.op, k, want == STOKE_NHWC ? "NHWC" : "row-major");
-  if (cls != KEEP)
-    for (int j = 0; j < f.n_out; j++) {
-      stoke_value *y = &g->values[f.out[j]];
-      if (y->shape.ndim == 4 && y->layout != STOKE_LAYOUT_ANY)
-        y->layout = cls == ROW_MAJOR ? STOKE_NCHW : want != STOKE_LAYOUT_ANY ? want : g->layout;
+  /* an elementwise op's order: a 4-D state's (updated in place: never a copy), else its first activation's
+   * (a parameter is converted, not the activation), else its first 4-D input's */
+  stoke_layout along = STOKE_LAYOUT_ANY;
+  for (int pass = 0; pass < 3 && cls == ELEMENTWISE && along == STOKE_LAYOUT_ANY; pass++)
+    for (int k = 0; k < f.n_in && along == STOKE_LAYOUT_ANY; k++) {
+      const stoke_value *val = &g->values[f.in[k]];
+      if (managed(g, f.in[k]) && (pass == 2 || (pass == 0) == (val->kind == STOKE_VAL_STATE)) &&
+          (pass != 1 || !persistent(val)))
+        along = val->layout;
     }
+  for (int k = 0; k < f.n_in && cls != KEEP; k++) {
+    int v = f.in[k], filter = cls == AWARE && is_filter(&f, k);
+    if (!managed(g, v)) continue;
+    stoke_layout want = cls == ROW_MAJOR || filter ? STOKE_NCHW : cls == AWARE ? STOKE_NHWC : along;
+    if (g->values[v].layout == want) continue;
+    if (g->values[v].kind == STOKE_VAL_STATE)
+      return STOKE_ERR(STOKE_E_UNSUPPORTED,
+                       "node '%s' (%s) reads 4-D state '%s' (updated in place, row-major) as input %d, which it "
+                       "reads in NHWC order: a copy would leave the state unchanged. Read it through an op that "
+                       "takes it row-major, or set [run] layout = nchw",
+                       f.name_buf, f.n.op, g->values[v].name, k);
+    STOKE_TRY(convert(ps, v, want, cls == ROW_MAJOR || filter, &f.in[k]), "node '%s' (%s): its input %d in %s order",
+              f.name_buf, f.n.op, k, want == STOKE_NHWC ? "NHWC" : "row-major");
+  }
+  stoke_layout out = cls == ROW_MAJOR ? STOKE_NCHW : cls == AWARE ? STOKE_NHWC : along;
+  if (cls == KEEP) /* normalize: its layout attribute; cast: as made (the graph's) */
+    out = !strcmp(f.n.op, STOKE_OP_NORMALIZE) && !strcmp(f.n.attrs[STOKE_NORMALIZE_LAYOUT].s, "nchw") ? STOKE_NCHW
+                                                                                                     : g->layout;
+  if (out == STOKE_LAYOUT_ANY) out = g->layout;
+  for (int j = 0; j < f.n_out; j++) {
+    stoke_value *y = &g->values[f.out[j]];
+    if (y->shape.ndim == 4 && y->layout != STOKE_LAYOUT_ANY) y->layout = out;
+  }
   return stoke_graph_append_fwd(g, &f);
 }
 

@@ -172,7 +172,11 @@ static stoke_err *cuda_timer_sync(void *self, void *t) {
 }
 
 static stoke_err *cuda_timer_elapsed(void *self, void *a, void *b, float *ms) {
-  STOKE_CUDA(cudaEventElapsedTime(ms, (cudaEvent_t)a, (cudaEvent_t)b));
+  cudaError_t e = cudaEventElapsedTime(ms, (cudaEvent_t)a, (cudaEvent_t)b);
+  /* an event not recorded (yet) is an answer, not a fault: cleared, so the next launch's check does not take it
+   * for its own */
+  if (e != cudaSuccess) cudaGetLastError();
+  STOKE_CUDA(e);
   return NULL;
 }
 

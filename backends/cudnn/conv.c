@@ -216,9 +216,11 @@ static stoke_err *alloc_tune(const stoke_kernel_args_v1 *a, conv_state *st, tune
     return STOKE_PERR(STOKE_E_OOM, "cudnn autotune: no device memory for temporary buffers (%zu B); %s",
                       bx + bw + by, st->ctx);
   }
-  STOKE_CUDA(cudaMemsetAsync(tb->x, 0, bx, s));
-  STOKE_CUDA(cudaMemsetAsync(tb->w, 0, bw, s));
-  STOKE_CUDA(cudaMemsetAsync(tb->y, 0, by, s));
+  cudaError_t ce = cudaMemsetAsync(tb->x, 0, bx, s);
+  if (ce == cudaSuccess) ce = cudaMemsetAsync(tb->w, 0, bw, s);
+  if (ce == cudaSuccess) ce = cudaMemsetAsync(tb->y, 0, by, s);
+  if (ce != cudaSuccess) free_tune(tb); /* the caller keeps nothing of a failed set-up */
+  STOKE_CUDA(ce);
   for (size_t b = cudnn_ws_cap(bx + bw + by); b >= ((size_t)1 << 20); b /= 2) {
     if (cudaMalloc(&tb->ws, b) == cudaSuccess) {
       tb->ws_bytes = b;

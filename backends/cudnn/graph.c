@@ -506,13 +506,16 @@ static stoke_err *choose_plan(cudnn_engine *eng, cg_graph *g, cudnnBackendDescri
       }
     }
     if (tune) {
-      cand.ms = time_plan(eng, &cand, &tm, s);
-      if (cand.ms < 0) {
+      /* a workspace the timing could not allocate (the device is short of memory): kept untimed when nothing
+       * else has been, as cuDNN's heuristic order's first that fits; a timed candidate replaces it */
+      int short_ws = (size_t)cand.workspace > tm.ws_bytes;
+      cand.ms = short_ws ? -1 : time_plan(eng, &cand, &tm, s);
+      if (cand.ms < 0 && !(short_ws && !out->plan)) {
         cudnnBackendDestroyDescriptor(cand.plan);
         continue;
       }
     }
-    if (!out->plan || (cand.ms >= 0 && cand.ms < out->ms)) {
+    if (!out->plan || (cand.ms >= 0 && (out->ms < 0 || cand.ms < out->ms))) {
       if (out->plan) cudnnBackendDestroyDescriptor(out->plan);
       int cands = out->candidates, built = out->built;
       *out = cand;

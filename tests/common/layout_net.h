@@ -5,8 +5,9 @@
  * convolution's output reshaped and transposed into tokens for a linear (a
  * ViT's patch embedding) and back, an add of a convolution's output and a
  * reshaped one, a one-channel convolution reshaped, a (N, C, 1, 1) reshape
- * given a bias_add, a 4-D parameter added to an activation. In an NHWC graph
- * the compiler converts 4 values (img, gelu1, img2, pos) and relabels 1
+ * given a bias_add, a 4-D parameter added to an activation, a filter made by
+ * a reshape, a 4-D parameter as bias_add's image. In an NHWC graph the
+ * compiler converts 5 values (img, gelu1, img2, pos, pimg.p) and relabels 1
  * (pixel). Include after cmocka.h, with OK(expr)
  * defined. */
 #ifndef STOKE_TESTS_LAYOUT_NET_H
@@ -68,6 +69,18 @@ static __attribute__((unused)) stoke_graph *layout_net(stoke_registry *reg, stok
                     (int[]){sum0, ln_param(g, "pos", (stoke_shape){4, {LN_N, LN_C1, LN_H, LN_W}})}, 2, "");
   int c2 = ln_node(g, STOKE_OP_CONV2D, "conv2",
                    (int[]){sum, ln_param(g, "conv2.weight", (stoke_shape){4, {LN_C2, LN_C1, 1, 1}})}, 2, "");
+  /* a filter made by ops (a reshaped matrix: row-major, as every engine's filters are) */
+  snprintf(a, sizeof a, "shape=%dx%dx3x3", LN_C2, LN_C1);
+  int wv = ln_node(g, STOKE_OP_RESHAPE, "conv4.filter",
+                   (int[]){ln_param(g, "conv4.w2d", (stoke_shape){2, {LN_C2, LN_C1 * 9}})}, 1, a);
+  int c4 = ln_node(g, STOKE_OP_CONV2D, "conv4", (int[]){sum, wv}, 2, "padding=1");
+  /* a 4-D parameter as an image: converted for bias_add */
+  int pimg = ln_node(g, STOKE_OP_BIAS_ADD, "pimg",
+                     (int[]){ln_param(g, "pimg.p", (stoke_shape){4, {LN_N, LN_C2, LN_H, LN_W}}),
+                             ln_param(g, "pimg.b", (stoke_shape){1, {LN_C2}})},
+                     2, "");
+  int c24 = ln_node(g, STOKE_OP_ADD, "c24", (int[]){c2, c4}, 2, "");
+  c2 = ln_node(g, STOKE_OP_ADD, "c2all", (int[]){c24, pimg}, 2, "");
   int f = ln_node(g, STOKE_OP_FLATTEN, "flatten", &c2, 1, "");
   int logits = ln_node(g, STOKE_OP_LINEAR, "fc",
                        (int[]){f, ln_param(g, "fc.weight", (stoke_shape){2, {LN_CLASSES, LN_C2 * LN_H * LN_W}}),

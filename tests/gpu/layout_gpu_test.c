@@ -3,7 +3,7 @@
  * transposes, a linear per token mixed) in fp32 on cudnn, cublaslt and cuda
  * in NHWC, the order a GPU run uses, against the same network in f64 on the
  * CPU in NCHW (every value row-major), from the same weights and batch. The
- * GPU plan converts 4 values and relabels 1; its loss and every parameter
+ * GPU plan converts 5 values and relabels 1; its loss and every parameter
  * gradient (poisoned first) agree with the CPU's to fp32 rounding. Before
  * the pass the GPU read the convolution's output pixels as channels. */
 #include <stdarg.h>
@@ -49,7 +49,7 @@ static void test_nhwc_gpu_equals_cpu(void **state) {
   stoke_plan *pc, *pg;
   OK(stoke_compile(gc, &oc, &pc));
   OK(stoke_compile(gg, &og, &pg));
-  assert_int_equal(pg->n_layout_converted, 4);
+  assert_int_equal(pg->n_layout_converted, 5);
   assert_int_equal(pg->n_layout_relabelled, 1);
   stoke_exec *xc, *xg;
   uint64_t seed = test_seed("layout_gpu_test");
@@ -87,11 +87,11 @@ static void test_nhwc_gpu_equals_cpu(void **state) {
   OK(stoke_exec_read_loss(xg, &lg));
   OK(stoke_exec_copy(xg, dg, stoke_exec_buffer(xg, STOKE_BUF_GRADS), gbytes, STOKE_COPY_D2H));
   const double *dc = stoke_exec_buffer(xc, STOKE_BUF_GRADS);
-  /* Tolerance: fp32 against f64, each result a sum of at most K = 72 rounded products along its longest
-   * path (conv1's 18 taps, the token linear's 3, conv2's 3, fc's 24 inputs, and the weight gradients' sums
+  /* Tolerance: fp32 against f64, each result a sum of at most K = 96 rounded products along its longest
+   * path (conv1's 18 taps, the token linear's 3, conv4's 27, fc's 24 inputs, and the weight gradients' sums
    * over N H W = 24 positions): |error| <= K u32 |terms|, with u32 = 2^-24. Norm-wise per tensor, with the
-   * terms no larger than the result times 4 (inputs and weights of either sign, |x| <= 3): 4 K u32 = 1.7e-5. */
-  const double tol = 4 * 72 * stoke_dtype_unit_roundoff(STOKE_F32);
+   * terms no larger than the result times 4 (inputs and weights of either sign, |x| <= 3): 4 K u32 = 2.3e-5. */
+  const double tol = 4 * 96 * stoke_dtype_unit_roundoff(STOKE_F32);
   print_message("loss: cpu f64 %.9f, gpu fp32 %.9f (seed %llu)\n", lc, lg, (unsigned long long)seed);
   assert_true(fabs(lc - lg) <= tol * fabs(lc));
   double worst = 0;
