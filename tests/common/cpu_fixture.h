@@ -67,6 +67,20 @@ static __attribute__((unused)) stoke_plan *cpu_compile(stoke_graph *g, const cha
   return p;
 }
 
+/* Compiling g for training on the cpu engine alone must fail with a
+ * message that holds `text`; the message is printed. */
+static __attribute__((unused)) void cpu_expect_compile_error(stoke_graph *g, const char *text) {
+  static const char *engines[] = {"cpu"};
+  void *selves[] = {cpu_self};
+  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .training = 1};
+  stoke_plan *p = NULL;
+  stoke_err *e = stoke_compile(g, &o, &p);
+  if (!e) fail_msg("compiled; expected an error holding \"%s\"", text);
+  print_message("%s\n", e->msg);
+  if (!strstr(e->msg, text)) fail_msg("the error does not say \"%s\"", text);
+  stoke_err_free(e);
+}
+
 /* The plan report of p as text (malloc'd). */
 static __attribute__((unused)) char *cpu_plan_report(const stoke_plan *p) {
   char *rep = NULL;
