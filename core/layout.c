@@ -22,17 +22,18 @@
  * Parameters and state are row-major in memory in every graph (a
  * convolution's weight [O, C, kh, kw], staged by the kernels as they need,
  * and what checkpoints hold): they are labelled so, and converted like an
- * activation for any reader but an aware op. Where a reader
+ * activation where a reader wants NHWC (not as a convolution's filter,
+ * which every engine reads row-major, whoever made it). Where a reader
  * gets a 4-D activation in the other order, the pass puts a conversion in
  * front of it, as PyTorch's reshape copies a channels_last tensor it cannot
  * view (x.contiguous()): reshape to (N, H W, C) or (N, C, H W), a
  * transpose of the last two dimensions (the one copy), and a reshape back
  * to (N, C, H, W) in the wanted order. The reshapes are views (core/alias.c)
  * and the backward of the three is the conversion back, so gradients need
- * nothing more. When C = 1 or H W = 1 both orders are the same memory: a
- * row-major reader takes the value as it is, an aware or elementwise one
- * gets a relabelling reshape (a view). Each value is converted at most once
- * per order; the plan report says how many and which. */
+ * nothing more. When C = 1 or H W = 1 both orders are the same memory: the
+ * reader gets a relabelling reshape (a view; kernels are found by, and
+ * check, their inputs' labels). Each value is converted at most once per
+ * order; the plan report says how many and which. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,10 +129,8 @@ static stoke_err *append(pass *ps, const char *op, const char *name, const char 
   return stoke_graph_append_unary(g, op, name, attrs, in, *out);
 }
 
-/* Value v in order `want` (appending the conversion once), for a reader
- * that indexes memory without reading the label (`raw`: a row-major op,
- * a filter) or one that checks it. */
-static stoke_err *convert(pass *ps, int v, stoke_layout want, int raw, int *out) {
+/* Value v in order `want`, the conversion appended once. */
+static stoke_err *convert(pass *ps, int v, stoke_layout want, int *out) {
   stoke_graph *g = ps->g;
   int slot = 2 * v + (want == STOKE_NHWC);
   if (v < ps->n_orig && ps->done[slot] >= 0) {
@@ -146,11 +145,8 @@ static stoke_err *convert(pass *ps, int v, stoke_layout want, int raw, int *out)
   snprintf(attrs, sizeof attrs, "shape=%lldx%lldx%lldx%lld", (long long)n, (long long)c, (long long)h,
            (long long)w);
   stoke_shape s4 = val->shape;
-  if (c == 1 || h * w == 1) { /* the same memory either way */
-    if (raw) { /* taken as it is (not kept as v's conversion: a later reader may check the label) */
-      *out = v;
-      return NULL;
-    }
+  if (c == 1 || h * w == 1) { /* the same memory either way: a view with the wanted label (kernels are found
+                                * by, and check, their inputs' labels; a gradient shared by two inputs takes one) */
     STOKE_PROPAGATE(append(ps, STOKE_OP_RESHAPE, base, attrs, v, &s4, want, out));
     ps->relabel++;
   } else {
@@ -181,8 +177,9 @@ static stoke_err *convert(pass *ps, int v, stoke_layout want, int raw, int *out)
 static stoke_err *place(pass *ps, stoke_gnode f) {
   stoke_graph *g = ps->g;
   layout_class cls = classify(g, &f);
-  /* an elementwise op's order: a 4-D state's (updated in place: never a copy), else its first activation's
-   * (a parameter is converted, not the activation), else its first 4-D input's */
+  /* an elementwise op's order: a 4-D state's (a plugin's op may update it in place: never a copy), else its
+   * first activation's (a parameter is converted, not the activation), else its first 4-D input's. Only an
+   * aware op's image input copies a state, and none of those writes its image. */
   stoke_layout along = STOKE_LAYOUT_ANY;
   for (int pass = 0; pass < 3 && cls == ELEMENTWISE && along == STOKE_LAYOUT_ANY; pass++)
     for (int k = 0; k < f.n_in && along == STOKE_LAYOUT_ANY; k++) {
@@ -196,13 +193,7 @@ static stoke_err *place(pass *ps, stoke_gnode f) {
     if (!managed(g, v)) continue;
     stoke_layout want = cls == ROW_MAJOR || filter ? STOKE_NCHW : cls == AWARE ? STOKE_NHWC : along;
     if (g->values[v].layout == want) continue;
-    if (g->values[v].kind == STOKE_VAL_STATE)
-      return STOKE_ERR(STOKE_E_UNSUPPORTED,
-                       "node '%s' (%s) reads 4-D state '%s' (updated in place, row-major) as input %d, which it "
-                       "reads in NHWC order: a copy would leave the state unchanged. Read it through an op that "
-                       "takes it row-major, or set [run] layout = nchw",
-                       f.name_buf, f.n.op, g->values[v].name, k);
-    STOKE_TRY(convert(ps, v, want, cls == ROW_MAJOR || filter, &f.in[k]), "node '%s' (%s): its input %d in %s order",
+    STOKE_TRY(convert(ps, v, want, &f.in[k]), "node '%s' (%s): its input %d in %s order",
               f.name_buf, f.n.op, k, want == STOKE_NHWC ? "NHWC" : "row-major");
   }
   stoke_layout out = cls == ROW_MAJOR ? STOKE_NCHW : cls == AWARE ? STOKE_NHWC : along;

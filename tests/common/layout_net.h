@@ -7,8 +7,8 @@
  * reshaped one, a one-channel convolution reshaped, a (N, C, 1, 1) reshape
  * given a bias_add, a 4-D parameter added to an activation, a filter made by
  * a reshape, a 4-D parameter as bias_add's image. In an NHWC graph the
- * compiler converts 5 values (img, gelu1, img2, pos, pimg.p) and relabels 1
- * (pixel). Include after cmocka.h, with OK(expr)
+ * compiler converts 5 values (img, gelu1, img2, pos, pimg.p) and relabels 3
+ * (conv3 for plane, pixel for pixel_bias, pixel_bias for pixel_vec). Include after cmocka.h, with OK(expr)
  * defined. */
 #ifndef STOKE_TESTS_LAYOUT_NET_H
 #define STOKE_TESTS_LAYOUT_NET_H
