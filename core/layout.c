@@ -18,7 +18,8 @@
  * The pass walks the forward nodes in order and labels each 4-D output:
  * an aware op's NHWC, a row-major op's NCHW (row-major), an elementwise
  * op's (relu, gelu, add, dropout, autocast, a plugin op whose inputs and
- * outputs all have one shape) that of its first 4-D activation input.
+ * outputs all have one shape) a 4-D state input's order, else NHWC when
+ * one of its 4-D activations comes in NHWC, else row-major.
  * Parameters and state are row-major in memory in every graph (a
  * convolution's weight [O, C, kh, kw], staged by the kernels as they need,
  * and what checkpoints hold): they are labelled so, and converted like an
@@ -177,15 +178,19 @@ static stoke_err *convert(pass *ps, int v, stoke_layout want, int *out) {
 static stoke_err *place(pass *ps, stoke_gnode f) {
   stoke_graph *g = ps->g;
   layout_class cls = classify(g, &f);
-  /* an elementwise op's order: a 4-D state's (a plugin's op may update it in place: never a copy), else its
-   * first activation's (a parameter is converted, not the activation), else its first 4-D input's. Only an
-   * aware op's image input copies a state, and none of those writes its image. */
+  /* an elementwise op's order: a 4-D state's (a plugin's op may update it in place: never a copy), else NHWC
+   * when an activation comes in NHWC (the convolutions' order: fewer copies where they follow), else its first
+   * activation's (a parameter is converted, not the activation), else its first 4-D input's. Only an aware op's
+   * image input copies a state, and none of those writes its image. */
   stoke_layout along = STOKE_LAYOUT_ANY;
-  for (int pass = 0; pass < 3 && cls == ELEMENTWISE && along == STOKE_LAYOUT_ANY; pass++)
+  for (int pass = 0; pass < 4 && cls == ELEMENTWISE && along == STOKE_LAYOUT_ANY; pass++)
     for (int k = 0; k < f.n_in && along == STOKE_LAYOUT_ANY; k++) {
       const stoke_value *val = &g->values[f.in[k]];
-      if (managed(g, f.in[k]) && (pass == 2 || (pass == 0) == (val->kind == STOKE_VAL_STATE)) &&
-          (pass != 1 || !persistent(val)))
+      int state = val->kind == STOKE_VAL_STATE, act = !persistent(val);
+      if (managed(g, f.in[k]) && (pass == 0   ? state
+                                  : pass == 1 ? act && val->layout == STOKE_NHWC
+                                  : pass == 2 ? act
+                                              : 1))
         along = val->layout;
     }
   for (int k = 0; k < f.n_in && cls != KEEP; k++) {

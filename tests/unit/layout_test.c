@@ -183,10 +183,40 @@ static void test_state_and_shared_gradient(void **state) {
   }
 }
 
+/* An add of a row-major value and a convolution's output, convolved
+ * next, runs in NHWC: the row-major value is converted once (the copy the
+ * first convolution already needed), not the convolution's output and the
+ * sum back again. */
+static void test_elementwise_prefers_nhwc(void **state) {
+  stoke_graph *g;
+  OK(stoke_graph_new(reg, STOKE_F64, STOKE_NHWC, &g));
+  stoke_builder_v1 b = stoke_graph_builder(g);
+  stoke_init_v1 u = {STOKE_INIT_UNIFORM, -0.5, 0.5};
+  int x, lab, img, w1, c1, s, w2, c2, f, w3, logits;
+  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){2, {2, 48}}, STOKE_F64, &x));
+  OK(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {2}}, STOKE_I32, &lab));
+  OK(b.node(g, STOKE_OP_RESHAPE, "img", &x, 1, "shape=2x3x4x4", &img, 1));
+  OK(b.param(g, "w1", &(stoke_shape){4, {3, 3, 3, 3}}, u, &w1));
+  OK(b.node(g, STOKE_OP_CONV2D, "c1", (int[]){img, w1}, 2, "padding=1", &c1, 1));
+  OK(b.node(g, STOKE_OP_ADD, "s", (int[]){img, c1}, 2, "", &s, 1)); /* row-major first */
+  OK(b.param(g, "w2", &(stoke_shape){4, {3, 3, 3, 3}}, u, &w2));
+  OK(b.node(g, STOKE_OP_CONV2D, "c2", (int[]){s, w2}, 2, "padding=1", &c2, 1));
+  OK(b.node(g, STOKE_OP_FLATTEN, "f", &c2, 1, "", &f, 1));
+  OK(b.param(g, "w3", &(stoke_shape){2, {3, 48}}, u, &w3));
+  OK(b.node(g, STOKE_OP_MATMUL, "logits", (int[]){f, w3}, 2, "", &logits, 1));
+  OK(stoke_graph_loss(g, logits, ""));
+  stoke_plan *p = cpu_compile(g, NULL, 0);
+  assert_int_equal(p->n_layout_converted, 1);
+  assert_int_equal(g->values[s].layout, STOKE_NHWC);
+  stoke_plan_free(p);
+  stoke_graph_free(g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_nhwc_equals_row_major),
       cmocka_unit_test(test_state_and_shared_gradient),
+      cmocka_unit_test(test_elementwise_prefers_nhwc),
   };
   return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
 }
