@@ -134,7 +134,9 @@ static stoke_err *append(pass *ps, const char *op, const char *name, const char 
 static stoke_err *convert(pass *ps, int v, stoke_layout want, int *out) {
   stoke_graph *g = ps->g;
   int slot = 2 * v + (want == STOKE_NHWC);
-  if (v < ps->n_orig && ps->done[slot] >= 0) {
+  /* a state's copy is made again for each reader: a plugin's op may update the state in between */
+  int keep = v < ps->n_orig && g->values[v].kind != STOKE_VAL_STATE;
+  if (keep && ps->done[slot] >= 0) {
     *out = ps->done[slot];
     return NULL;
   }
@@ -169,7 +171,7 @@ static stoke_err *convert(pass *ps, int v, stoke_layout want, int *out) {
                g->values[v].name, want == STOKE_NHWC ? "NHWC" : "row-major");
     ps->count++;
   }
-  if (v < ps->n_orig) ps->done[slot] = *out;
+  if (keep) ps->done[slot] = *out;
   return NULL;
 }
 

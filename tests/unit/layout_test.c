@@ -122,7 +122,7 @@ static void test_nhwc_equals_row_major(void **state) {
 /* A 4-D state read as an image (bias_add's input) is copied into NHWC like
  * a parameter (no built-in image reader writes its image; a plugin's
  * elementwise op takes the state's order instead): the same loss as the
- * NCHW graph, bit for bit. And a [N, C, 1, 1] value from a convolution read
+ * NCHW graph, bit for bit. And a [N, 1, 1, W] value from a convolution read
  * by add_layer_norm beside a row-major one: one memory, relabelled by a
  * view, so the gradient the two share has one label (it compiled, and the
  * executor refused the bias_add backward: "dy is NCHW but x is NHWC"). */
@@ -137,45 +137,161 @@ static stoke_graph *state_net(stoke_layout layout) {
   OK(b.state(g, "carry", &(stoke_shape){4, {2, 3, 4, 4}}, (stoke_init_v1){STOKE_INIT_ZEROS, 0, 0}, &st));
   OK(b.param(g, "b", &(stoke_shape){1, {3}}, u, &bias));
   OK(b.node(g, STOKE_OP_BIAS_ADD, "lift", (int[]){st, bias}, 2, "", &y, 1));
-  OK(b.param(g, "w4", &(stoke_shape){4, {4, 3, 4, 4}}, u, &w4));
-  OK(b.node(g, STOKE_OP_CONV2D, "squash", (int[]){y, w4}, 2, "", &c, 1)); /* [2, 4, 1, 1], NHWC */
+  /* the state convolved too: its backward reads the state's NHWC copy (kept, or recomputed) */
+  int ws, cs;
+  OK(b.param(g, "ws", &(stoke_shape){4, {3, 3, 1, 1}}, u, &ws));
+  OK(b.node(g, STOKE_OP_CONV2D, "mix", (int[]){st, ws}, 2, "", &cs, 1));
+  OK(b.node(g, STOKE_OP_ADD, "lift2", (int[]){y, cs}, 2, "", &y, 1));
+  OK(b.param(g, "w4", &(stoke_shape){4, {1, 3, 4, 1}}, u, &w4));
+  OK(b.node(g, STOKE_OP_CONV2D, "squash", (int[]){y, w4}, 2, "", &c, 1)); /* [2, 1, 1, 4], NHWC */
   OK(b.param(g, "w", &(stoke_shape){2, {4, 48}}, u, &w));
   OK(b.node(g, STOKE_OP_MATMUL, "proj", (int[]){x, w}, 2, "", &f, 1));
-  OK(b.node(g, STOKE_OP_RESHAPE, "proj4", &f, 1, "shape=2x4x1x1", &r, 1)); /* row-major */
-  OK(b.param(g, "ln.weight", &(stoke_shape){1, {1}}, u, &lw));
-  OK(b.param(g, "ln.bias", &(stoke_shape){1, {1}}, u, &lb));
+  OK(b.node(g, STOKE_OP_RESHAPE, "proj4", &f, 1, "shape=2x1x1x4", &r, 1)); /* row-major */
+  OK(b.param(g, "ln.weight", &(stoke_shape){1, {4}}, u, &lw));
+  OK(b.param(g, "ln.bias", &(stoke_shape){1, {4}}, u, &lb));
   OK(b.node(g, STOKE_OP_ADD_LAYER_NORM, "ln", (int[]){c, r, lw, lb}, 4, "", ln, 4));
   OK(b.node(g, STOKE_OP_RESHAPE, "vec", &ln[1], 1, "shape=2x4", &v, 1));
   OK(b.param(g, "head", &(stoke_shape){2, {3, 4}}, u, &head));
-  OK(b.node(g, STOKE_OP_MATMUL, "logits", (int[]){v, head}, 2, "", &logits, 1));
+  int l1, vc, head2, l2;
+  OK(b.node(g, STOKE_OP_MATMUL, "l1", (int[]){v, head}, 2, "", &l1, 1));
+  /* squash's output read again, reshaped (its relabelling view shared with the layer norm) */
+  OK(b.node(g, STOKE_OP_RESHAPE, "squash_vec", &c, 1, "shape=2x4", &vc, 1));
+  OK(b.param(g, "head2", &(stoke_shape){2, {3, 4}}, u, &head2));
+  OK(b.node(g, STOKE_OP_MATMUL, "l2", (int[]){vc, head2}, 2, "", &l2, 1));
+  OK(b.node(g, STOKE_OP_ADD, "logits", (int[]){l1, l2}, 2, "", &logits, 1));
   (void)ab;
   OK(stoke_graph_loss(g, logits, ""));
   return g;
 }
 
+/* Plan p's executor (*x), its state drawn from state_seed, one step on a
+ * random batch of 2 x 48 inputs and 3 classes: the loss. */
+static double step_with_state(stoke_plan *p, stoke_exec **x, uint64_t state_seed) {
+  OK(stoke_exec_new(p, cpu, cpu_self, seed, x));
+  stoke_rng r = stoke_rng_seed(state_seed);
+  double *st = stoke_exec_buffer(*x, STOKE_BUF_STATE);
+  for (size_t k = 0; k < p->bytes[STOKE_BUF_STATE] / sizeof(double); k++) st[k] = stoke_rng_normal(&r);
+  cpu_random_batch(*x, seed, 2 * 48, 2, 3);
+  *(double *)stoke_exec_tensor(*x, p->g->seed).data = 1.0;
+  return cpu_loss(*x);
+}
+
 static void test_state_and_shared_gradient(void **state) {
-  stoke_graph *g[2] = {state_net(STOKE_NCHW), state_net(STOKE_NHWC)};
+  /* NCHW, NHWC, and NHWC with the state's conversions recomputed in backward ("carry*" matches them: a
+   * recomputed copy read a scratch clone of the state, made for nodes that update a state in place) */
+  stoke_graph *g[3] = {state_net(STOKE_NCHW), state_net(STOKE_NHWC), state_net(STOKE_NHWC)};
+  stoke_plan *p[3];
+  stoke_exec *x[3];
+  double loss[3];
+  for (int i = 0; i < 3; i++) {
+    static const char *engines[] = {"cpu"};
+    void *selves[] = {cpu_self};
+    stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .training = 1,
+                         .recompute = i == 2 ? "carry*" : NULL};
+    OK(stoke_compile(g[i], &o, &p[i]));
+    loss[i] = step_with_state(p[i], &x[i], seed + 1);
+  }
+  print_message("loss NCHW %.17g, NHWC %.17g, NHWC recomputed %.17g; the NHWC plan: %d copied, %d relabelled, %d "
+                "recomputed\n", loss[0], loss[1], loss[2], p[1]->n_layout_converted, p[1]->n_layout_relabelled,
+                p[2]->n_recomputed);
+  assert_true(loss[0] == loss[1] && loss[0] == loss[2]);
+  assert_int_equal(p[1]->n_layout_converted, 2);   /* carry to NHWC, once per reader (lift, mix) */
+  assert_int_equal(p[1]->n_layout_relabelled, 1); /* squash, for add_layer_norm beside proj4 */
+  assert_true(p[2]->n_recomputed > 0);
+  worst = 0;
+  each_param(x[0], x[1], compare, 1);
+  each_param(x[0], x[2], compare, 1);
+  print_message("gradients against NCHW: worst relative difference %.3g\n", worst);
+  int compared;
+  double fd = cpu_check_gradients(x[1], 1e-5, &compared);
+  print_message("NHWC gradients against central differences: %d parameters, worst %.3g\n", compared, fd);
+  for (int i = 0; i < 3; i++) {
+    stoke_exec_free(x[i]);
+    stoke_plan_free(p[i]);
+    stoke_graph_free(g[i]);
+  }
+}
+
+/* A 4-D state that a plugin's op updates in place between two readers that
+ * want it NHWC: each reader's copy is made after what came before it (a
+ * copy kept from the first reader gave the second the state before the
+ * update). The op, "ema": y = a + s, then s = (s + a) / 2 in place. */
+static stoke_err *ema_infer(const stoke_node_v1 *n, const stoke_value_desc_v1 *in, stoke_value_desc_v1 *out) {
+  (void)n;
+  out[0] = in[0];
+  return NULL;
+}
+static stoke_err *ema_fwd(const stoke_kernel_args_v1 *a, void *st) {
+  (void)st;
+  const double *x = a->in[0].data;
+  double *s = a->in[1].data, *y = a->out[0].data;
+  for (int64_t i = 0; i < stoke_numel(&a->in[0].shape); i++) y[i] = x[i] + s[i], s[i] = (s[i] + x[i]) / 2;
+  return NULL;
+}
+static stoke_err *ema_bwd(const stoke_kernel_args_v1 *a, void *st) {
+  (void)st;
+  if (a->din[0].data)
+    for (int64_t i = 0; i < stoke_numel(&a->in[0].shape); i++)
+      ((double *)a->din[0].data)[i] = ((const double *)a->dout[0].data)[i];
+  return NULL;
+}
+static const stoke_op_type_v1 ema_op = {STOKE_ABI(stoke_op_type_v1), .name = "ema", .n_inputs = 2, .n_outputs = 1,
+                                        .infer = ema_infer, .bwd_needs = STOKE_BWD_NEEDS_NOTHING,
+                                        .no_grad_inputs = 2, .has_backward = STOKE_HAS_BACKWARD};
+static const stoke_kernel_v1 ema_kernels[] = {
+    {"cpu", "ema", STOKE_FWD, STOKE_F64, STOKE_LAYOUT_ANY, NULL, ema_fwd, NULL, 0, 0},
+    {"cpu", "ema", STOKE_BWD, STOKE_F64, STOKE_LAYOUT_ANY, NULL, ema_bwd, NULL, 0, 0}};
+static stoke_err *reg_ema(const stoke_host_v1 *h, const stoke_registry_v1 *r) {
+  (void)h;
+  STOKE_PROPAGATE_P(r->add_op(r->self, &ema_op));
+  for (int i = 0; i < 2; i++) STOKE_PROPAGATE_P(r->add_kernel(r->self, &ema_kernels[i]));
+  return NULL;
+}
+
+static stoke_graph *ema_net(stoke_layout layout) {
+  stoke_graph *g;
+  OK(stoke_graph_new(reg, STOKE_F64, layout, &g));
+  stoke_builder_v1 b = stoke_graph_builder(g);
+  stoke_init_v1 u = {STOKE_INIT_UNIFORM, -0.5, 0.5};
+  int x, lab, img, w1, c1, st, b1, b2, y1, e, y2, s1, s2, f, w3, logits;
+  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){2, {2, 48}}, STOKE_F64, &x));
+  OK(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {2}}, STOKE_I32, &lab));
+  OK(b.node(g, STOKE_OP_RESHAPE, "img", &x, 1, "shape=2x3x4x4", &img, 1));
+  OK(b.param(g, "w1", &(stoke_shape){4, {3, 3, 3, 3}}, u, &w1));
+  OK(b.node(g, STOKE_OP_CONV2D, "c1", (int[]){img, w1}, 2, "padding=1", &c1, 1));
+  OK(b.state(g, "avg", &(stoke_shape){4, {2, 3, 4, 4}}, (stoke_init_v1){STOKE_INIT_ZEROS, 0, 0}, &st));
+  OK(b.param(g, "b1", &(stoke_shape){1, {3}}, u, &b1));
+  OK(b.param(g, "b2", &(stoke_shape){1, {3}}, u, &b2));
+  OK(b.node(g, STOKE_OP_BIAS_ADD, "before", (int[]){st, b1}, 2, "", &y1, 1));
+  OK(b.node(g, "ema", "ema", (int[]){c1, st}, 2, "", &e, 1));
+  OK(b.node(g, STOKE_OP_BIAS_ADD, "after", (int[]){st, b2}, 2, "", &y2, 1));
+  OK(b.node(g, STOKE_OP_ADD, "s1", (int[]){y1, y2}, 2, "", &s1, 1));
+  OK(b.node(g, STOKE_OP_ADD, "s2", (int[]){s1, e}, 2, "", &s2, 1));
+  OK(b.node(g, STOKE_OP_FLATTEN, "f", &s2, 1, "", &f, 1));
+  OK(b.param(g, "w3", &(stoke_shape){2, {3, 48}}, u, &w3));
+  OK(b.node(g, STOKE_OP_MATMUL, "logits", (int[]){f, w3}, 2, "", &logits, 1));
+  OK(stoke_graph_loss(g, logits, ""));
+  return g;
+}
+
+static void test_state_updated_between_readers(void **state) {
+  static int registered;
+  static const stoke_plugin_v1 plug = {STOKE_ABI_VERSION, sizeof(stoke_plugin_v1), "ema", "", reg_ema};
+  if (!registered++) OK(stoke_registry_add_plugin(reg, &plug, "layout_test.c"));
+  stoke_graph *g[2] = {ema_net(STOKE_NCHW), ema_net(STOKE_NHWC)};
   stoke_plan *p[2];
   stoke_exec *x[2];
   double loss[2];
   for (int i = 0; i < 2; i++) {
     p[i] = cpu_compile(g[i], NULL, 0);
-    OK(stoke_exec_new(p[i], cpu, cpu_self, seed, &x[i]));
-    stoke_rng r = stoke_rng_seed(seed + 1);
-    double *st = stoke_exec_buffer(x[i], STOKE_BUF_STATE);
-    for (size_t k = 0; k < p[i]->bytes[STOKE_BUF_STATE] / sizeof(double); k++) st[k] = stoke_rng_normal(&r);
-    cpu_random_batch(x[i], seed, 2 * 48, 2, 3);
-    *(double *)stoke_exec_tensor(x[i], g[i]->seed).data = 1.0;
-    loss[i] = cpu_loss(x[i]);
+    loss[i] = step_with_state(p[i], &x[i], seed + 2);
   }
-  print_message("loss NCHW %.17g, NHWC %.17g; the NHWC plan: %d copied, %d relabelled\n", loss[0], loss[1],
-                p[1]->n_layout_converted, p[1]->n_layout_relabelled);
-  assert_true(loss[0] == loss[1]);
-  assert_int_equal(p[1]->n_layout_converted, 1);   /* carry, to NHWC for bias_add */
-  assert_int_equal(p[1]->n_layout_relabelled, 1); /* squash, for add_layer_norm beside proj4 */
-  int compared;
-  double worst = cpu_check_gradients(x[1], 1e-5, &compared);
-  print_message("NHWC gradients against central differences: %d parameters, worst %.3g\n", compared, worst);
+  print_message("loss NCHW %.17g, NHWC %.17g; NHWC copies %d\n", loss[0], loss[1], p[1]->n_layout_converted);
+  assert_true(fabs(loss[0] - loss[1]) <= 1e-13 * fabs(loss[0]));
+  /* img and c1 (ema takes the state's order), avg for before and again for after, ema's output for s2 */
+  assert_int_equal(p[1]->n_layout_converted, 5);
+  assert_memory_equal(stoke_exec_buffer(x[0], STOKE_BUF_STATE), stoke_exec_buffer(x[1], STOKE_BUF_STATE),
+                      p[0]->bytes[STOKE_BUF_STATE]);
   for (int i = 0; i < 2; i++) {
     stoke_exec_free(x[i]);
     stoke_plan_free(p[i]);
@@ -216,6 +332,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_nhwc_equals_row_major),
       cmocka_unit_test(test_state_and_shared_gradient),
+      cmocka_unit_test(test_state_updated_between_readers),
       cmocka_unit_test(test_elementwise_prefers_nhwc),
   };
   return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
