@@ -27,8 +27,13 @@ static stoke_err *report_ranks(run_state *s) {
   for (int r = 0; r < s->world && used < sizeof line; r++)
     used += (size_t)snprintf(line + used, sizeof line - used, "%s%d: %.3f s", r ? ", " : "", r, waits[r]);
   free(waits);
-  STOKE_TRY(stoke_dp_bench(s->dp, 20, &ms, &bw), "timing the gradient all-reduce");
   stoke_log(STOKE_LOG_INFO, "dp", "data wait by rank: %s", line);
+  if (s->world == 1) { /* no all-reduce runs (stoke_dp_attach): nothing to time */
+    if (!quiet)
+      printf("  data parallel over 1 process: data wait %.3f s; no gradient all-reduce\n", sum->data_wait_s);
+    return NULL;
+  }
+  STOKE_TRY(stoke_dp_bench(s->dp, 20, &ms, &bw), "timing the gradient all-reduce");
   stoke_log(STOKE_LOG_INFO, "dp",
             "all-reduce of the flat gradient buffer (%.1f MiB): %.3f ms, bus bandwidth %.1f GB/s over %d ranks",
             bytes / 1048576.0, ms, bw, s->world);
