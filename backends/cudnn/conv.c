@@ -275,17 +275,9 @@ static stoke_err *choose(const stoke_kernel_args_v1 *a, conv_state *st, cudnn_di
     int autotune = (a->flags & STOKE_KFLAG_AUTOTUNE) != 0;
     if (autotune && !*tune_ready) {
       stoke_err *te = alloc_tune(a, st, tb);
-      if (te && te->code == STOKE_E_OOM) {
-        /* the run's memory leaves no room for the timing copies: cuDNN's heuristic order, untimed (as
-         * cudnn.benchmark falls back when its search cannot allocate) */
-        stoke_host->log(STOKE_LOG_WARN, "cudnn", "%s; took cuDNN's heuristic choice untimed", te->msg);
-        stoke_host->err_free(te);
-        autotune = 0;
-      } else if (te) {
-        return te;
-      } else {
-        *tune_ready = 1;
-      }
+      if (cudnn_tune_fallback(&te, NULL)) autotune = 0; /* cuDNN's heuristic order */
+      else if (te) return te;
+      else *tune_ready = 1;
     }
     perf p[MAX_PERF];
     int n = 0;

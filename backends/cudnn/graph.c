@@ -491,12 +491,7 @@ static stoke_err *choose_plan(cudnn_engine *eng, cg_graph *g, cudnnBackendDescri
     timed++;
     if (tune && !tm_ready) {
       e = tune_alloc(g, &cand, &tm, s);
-      if (e && e->code == STOKE_E_OOM) {
-        /* the run's memory leaves no room for the timing copies: this candidate, cuDNN's heuristic order's
-         * first that fits, untimed (as cudnn.benchmark falls back when its search cannot allocate) */
-        stoke_host->log(STOKE_LOG_WARN, "cudnn", "%s; took cuDNN's heuristic choice untimed", e->msg);
-        stoke_host->err_free(e);
-        e = NULL;
+      if (cudnn_tune_fallback(&e, NULL)) { /* this candidate, the heuristic order's first that fits */
         tune = 0, limit = timed;
       } else if (e) {
         cudnnBackendDestroyDescriptor(cand.plan);

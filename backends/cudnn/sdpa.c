@@ -453,14 +453,8 @@ static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, 
   int best = 0;
   stoke_err *te = NULL;
   float ms[8];
-  if (n_built > 1 && (te = time_plans(st, eng, built, n_built, wss, stream, ms)) && te->code == STOKE_E_OOM) {
-    /* the run's memory leaves no room for the timing copies: cuDNN's own first choice, untimed and not cached
-     * (as cudnn.benchmark falls back when its search cannot allocate) */
-    stoke_host->log(STOKE_LOG_WARN, "cudnn", "%s: %s; took cuDNN's first engine configuration untimed", ctx, te->msg);
-    stoke_host->err_free(te);
-    te = NULL;
-    n_built = 1, timing = 0;
-  }
+  if (n_built > 1 && (te = time_plans(st, eng, built, n_built, wss, stream, ms)) && cudnn_tune_fallback(&te, ctx))
+    n_built = 1, timing = 0; /* cuDNN's first configuration, not cached */
   if (te) return te; /* the plans are the graph's descriptors: freed with it */
   if (n_built > 1) {
     char list[256] = "";

@@ -29,6 +29,18 @@
 static inline size_t cudnn_ws_cap(size_t tensor_bytes) {
   return tensor_bytes > CUDNN_WS_CAP ? tensor_bytes : CUDNN_WS_CAP;
 }
+/* Autotune's timing could not allocate its temporaries (*e, out of device
+ * memory: the run's arena left no room): says so once per problem, that
+ * the heuristic's choice is taken untimed, as cudnn.benchmark falls back,
+ * frees *e and returns 1. Any other error: 0, *e left to the caller. */
+static inline int cudnn_tune_fallback(stoke_err **e, const char *ctx) {
+  if (!*e || (*e)->code != STOKE_E_OOM) return 0;
+  stoke_host->log(STOKE_LOG_WARN, "cudnn", "%s%s%s; took cuDNN's heuristic choice untimed", ctx ? ctx : "",
+                  ctx ? ": " : "", (*e)->msg);
+  stoke_host->err_free(*e);
+  *e = NULL;
+  return 1;
+}
 #define CUDNN_CACHE_MAX 256
 #define CUDNN_SDPA_CACHE 32 /* attention problems whose timed choice the engine keeps */
 #define CUDNN_SDPA_KEY 8
