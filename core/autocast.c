@@ -12,13 +12,6 @@
 #include "stoke/graph.h"
 #include "stoke/ops.h"
 
-/* core/graph.c */
-stoke_err *stoke_graph_new_value(stoke_graph *g, const char *name, stoke_value_kind kind, const stoke_shape *shape,
-                                 stoke_dtype dtype, int *id);
-stoke_err *stoke_graph_append_fwd(stoke_graph *g, const stoke_gnode *n);
-stoke_err *stoke_graph_append_unary(stoke_graph *g, const char *op, const char *name, const char *attrs, int in,
-                                    int out);
-
 #define MAX_OPS 32
 
 /* The policy's list, each name a registered op type. */
@@ -122,31 +115,30 @@ static stoke_err *island(stoke_graph *g, stoke_gnode f, const stoke_gnode *old, 
   return NULL;
 }
 
+/* The pass's state: the policy's ops, f32[v] for the values before it. */
+typedef struct islands {
+  stoke_graph *g;
+  char (*ops)[32];
+  int n_ops, *f32, n_orig;
+} islands;
+
+static stoke_err *place(void *ctx, const stoke_gnode *old, int n, int i) {
+  islands *is = ctx;
+  for (int k = 0; k < is->n_ops; k++)
+    if (!strcmp(old[i].n.op, is->ops[k])) return island(is->g, old[i], old, n, i, is->f32, is->n_orig);
+  return stoke_graph_append_fwd(is->g, &old[i]);
+}
+
 stoke_err *stoke_autocast_islands(stoke_graph *g, const char *policy, const char *fp32_ops) {
   char ops[MAX_OPS][32];
   int n_ops = 0;
   if (!fp32_ops || !fp32_ops[0]) return NULL;
   STOKE_PROPAGATE(parse_ops(g, policy, fp32_ops, ops, &n_ops));
   if (g->dtype == STOKE_F32 || !n_ops) return NULL;
-  if (g->n_nodes != g->n_fwd) return STOKE_ERR(STOKE_E_INTERNAL, "fp32 islands after backward derivation");
-  int n = g->n_nodes, n_values = g->n_values;
-  stoke_gnode *old = malloc(sizeof *old * (size_t)(n + 1));
-  int *f32 = malloc(sizeof *f32 * (size_t)(g->n_values + 1));
-  if (!old || !f32) {
-    free(old);
-    free(f32);
-    return STOKE_ERR(STOKE_E_OOM, "out of memory for the fp32 islands");
-  }
-  memcpy(old, g->nodes, sizeof *old * (size_t)n);
-  for (int v = 0; v < g->n_values; v++) f32[v] = -1; /* values added later are never island inputs */
-  g->n_nodes = g->n_fwd = 0;
-  stoke_err *e = NULL;
-  for (int i = 0; i < n && !e; i++) {
-    int isl = 0;
-    for (int k = 0; k < n_ops && !isl; k++) isl = !strcmp(old[i].n.op, ops[k]);
-    e = isl ? island(g, old[i], old, n, i, f32, n_values) : stoke_graph_append_fwd(g, &old[i]);
-  }
-  free(old);
-  free(f32);
+  islands is = {g, ops, n_ops, malloc(sizeof(int) * (size_t)(g->n_values + 1)), g->n_values};
+  if (!is.f32) return STOKE_ERR(STOKE_E_OOM, "out of memory for the fp32 islands");
+  for (int v = 0; v < g->n_values; v++) is.f32[v] = -1; /* values added later are never island inputs */
+  stoke_err *e = stoke_graph_rewrite_fwd(g, place, &is);
+  free(is.f32);
   return e ? stoke_err_wrap(e, __FILE__, __LINE__, "keeping precision '%s''s fp32_ops in fp32", policy) : NULL;
 }

@@ -109,6 +109,36 @@ stoke_err *stoke_graph_append_unary(stoke_graph *g, const char *op, const char *
   return stoke_graph_append_fwd(g, &c);
 }
 
+/* A compiler pass's reshape (a view where core/alias.c can): a new
+ * activation `name` of `shape`, in memory order `layout` when 4-D, from
+ * value `in` by a reshape node of the same name. */
+stoke_err *stoke_graph_append_reshape(stoke_graph *g, const char *name, int in, const stoke_shape *shape,
+                                      stoke_layout layout, int *out) {
+  char attrs[160] = "shape=";
+  for (int d = 0; d < shape->ndim; d++)
+    snprintf(attrs + strlen(attrs), sizeof attrs - strlen(attrs), "%s%lld", d ? "x" : "", (long long)shape->d[d]);
+  STOKE_PROPAGATE(new_value(g, name, STOKE_VAL_ACT, shape, g->values[in].dtype, out));
+  g->values[*out].layout = shape->ndim == 4 ? layout : STOKE_LAYOUT_ANY;
+  return stoke_graph_append_unary(g, STOKE_OP_RESHAPE, name, attrs, in, *out);
+}
+
+/* A compiler pass over the forward nodes in order, before backward
+ * derivation: the forward list is emptied and each old node i of the n
+ * handed to `place`, which appends it, changed or not, with any new nodes
+ * before or after it (stoke_graph_append_*). */
+stoke_err *stoke_graph_rewrite_fwd(stoke_graph *g, stoke_fwd_place place, void *ctx) {
+  if (g->n_nodes != g->n_fwd) return STOKE_ERR(STOKE_E_INTERNAL, "a forward pass after backward derivation");
+  int n = g->n_fwd;
+  stoke_gnode *old = malloc(sizeof *old * (size_t)(n + 1));
+  if (!old) return STOKE_ERR(STOKE_E_OOM, "out of memory for a compiler pass");
+  memcpy(old, g->nodes, sizeof *old * (size_t)n);
+  g->n_nodes = g->n_fwd = 0;
+  stoke_err *e = NULL;
+  for (int i = 0; i < n && !e; i++) e = place(ctx, old, n, i);
+  free(old);
+  return e;
+}
+
 stoke_err *stoke_graph_input(stoke_graph *g, const char *name, stoke_value_kind kind,
                              const stoke_shape *shape, stoke_dtype dtype, int *value) {
   STOKE_TRY(new_value(g, name, kind, shape, dtype, value), "adding input '%s'", name);
@@ -547,39 +577,29 @@ void stoke_graph_grad_flow(const stoke_graph *g, char *needs) {
  * then has its own gradient, the reshape's added to the parameter's as a
  * tied weight's is. (Both reads' gradients would otherwise be written to
  * the one buffer, each over the other.) */
+static stoke_err *place_repeated(void *ctx, const stoke_gnode *old, int n, int i) {
+  (void)n;
+  stoke_graph *g = ctx;
+  stoke_gnode f = old[i];
+  for (int k = 1; k < f.n_in; k++) {
+    int v = f.in[k], again = 0;
+    for (int j = 0; j < k; j++) again |= old[i].in[j] == v;
+    if (!again || g->values[v].kind != STOKE_VAL_PARAM) continue;
+    char name[80];
+    snprintf(name, sizeof name, "%.50s.again.%d", g->values[v].name, k);
+    /* the parameter's memory, viewed: its shape and order */
+    STOKE_PROPAGATE(stoke_graph_append_reshape(g, name, v, &g->values[v].shape, g->values[v].layout, &f.in[k]));
+  }
+  return stoke_graph_append_fwd(g, &f);
+}
+
 static stoke_err *repeated_params(stoke_graph *g) {
-  int n = g->n_fwd, any = 0;
-  for (int i = 0; i < n && !any; i++)
+  int any = 0;
+  for (int i = 0; i < g->n_fwd && !any; i++)
     for (int k = 1; k < g->nodes[i].n_in; k++)
       for (int j = 0; j < k; j++)
         any |= g->nodes[i].in[j] == g->nodes[i].in[k] && g->values[g->nodes[i].in[k]].kind == STOKE_VAL_PARAM;
-  if (!any) return NULL;
-  stoke_gnode *old = malloc(sizeof *old * (size_t)n);
-  if (!old) return STOKE_ERR(STOKE_E_OOM, "out of memory");
-  memcpy(old, g->nodes, sizeof *old * (size_t)n);
-  g->n_nodes = g->n_fwd = 0;
-  stoke_err *e = NULL;
-  for (int i = 0; i < n && !e; i++) {
-    stoke_gnode f = old[i];
-    for (int k = 1; k < f.n_in && !e; k++) {
-      int v = f.in[k], again = 0;
-      for (int j = 0; j < k; j++) again |= old[i].in[j] == v;
-      if (!again || g->values[v].kind != STOKE_VAL_PARAM) continue;
-      char name[80], attrs[160] = "shape=";
-      snprintf(name, sizeof name, "%.50s.again.%d", g->values[v].name, k);
-      for (int d = 0; d < g->values[v].shape.ndim; d++)
-        snprintf(attrs + strlen(attrs), sizeof attrs - strlen(attrs), "%s%lld", d ? "x" : "",
-                 (long long)g->values[v].shape.d[d]);
-      int r;
-      e = new_value(g, name, STOKE_VAL_ACT, &g->values[v].shape, g->values[v].dtype, &r);
-      if (!e) g->values[r].layout = g->values[v].layout; /* the parameter's memory, viewed */
-      if (!e) e = stoke_graph_append_unary(g, STOKE_OP_RESHAPE, name, attrs, v, r);
-      f.in[k] = r;
-    }
-    if (!e) e = stoke_graph_append_fwd(g, &f);
-  }
-  free(old);
-  return e;
+  return any ? stoke_graph_rewrite_fwd(g, place_repeated, g) : NULL;
 }
 
 stoke_err *stoke_graph_derive_backward(stoke_graph *g) {

@@ -44,13 +44,6 @@
 #include "stoke/ops.h"
 #include "stoke/registry.h"
 
-/* core/graph.c */
-stoke_err *stoke_graph_new_value(stoke_graph *g, const char *name, stoke_value_kind kind, const stoke_shape *shape,
-                                 stoke_dtype dtype, int *id);
-stoke_err *stoke_graph_append_fwd(stoke_graph *g, const stoke_gnode *n);
-stoke_err *stoke_graph_append_unary(stoke_graph *g, const char *op, const char *name, const char *attrs, int in,
-                                    int out);
-
 typedef enum { ROW_MAJOR, AWARE, ELEMENTWISE, KEEP } layout_class;
 
 static int in_list(const char *op, const char *const *list) {
@@ -121,15 +114,6 @@ typedef struct pass {
   char names[256];
 } pass;
 
-/* A node `op` from value in to a new value `shape` in order `layout`. */
-static stoke_err *append(pass *ps, const char *op, const char *name, const char *attrs, int in,
-                         const stoke_shape *shape, stoke_layout layout, int *out) {
-  stoke_graph *g = ps->g;
-  STOKE_PROPAGATE(stoke_graph_new_value(g, name, STOKE_VAL_ACT, shape, g->values[in].dtype, out));
-  g->values[*out].layout = shape->ndim == 4 ? layout : STOKE_LAYOUT_ANY;
-  return stoke_graph_append_unary(g, op, name, attrs, in, *out);
-}
-
 /* Value v in order `want`, the conversion appended once. */
 static stoke_err *convert(pass *ps, int v, stoke_layout want, int *out) {
   stoke_graph *g = ps->g;
@@ -142,15 +126,12 @@ static stoke_err *convert(pass *ps, int v, stoke_layout want, int *out) {
   }
   const stoke_value *val = &g->values[v];
   int64_t n = val->shape.d[0], c = val->shape.d[1], h = val->shape.d[2], w = val->shape.d[3];
-  const char *to = want == STOKE_NHWC ? "nhwc" : "nchw";
-  char name[96], attrs[96], base[72];
-  snprintf(base, sizeof base, "%.60s.%s", val->name, to);
-  snprintf(attrs, sizeof attrs, "shape=%lldx%lldx%lldx%lld", (long long)n, (long long)c, (long long)h,
-           (long long)w);
+  char name[96], base[72];
+  snprintf(base, sizeof base, "%.60s.%s", val->name, want == STOKE_NHWC ? "nhwc" : "nchw");
   stoke_shape s4 = val->shape;
   if (c == 1 || h * w == 1) { /* the same memory either way: a view with the wanted label (kernels are found
                                 * by, and check, their inputs' labels; a gradient shared by two inputs takes one) */
-    STOKE_PROPAGATE(append(ps, STOKE_OP_RESHAPE, base, attrs, v, &s4, want, out));
+    STOKE_PROPAGATE(stoke_graph_append_reshape(g, base, v, &s4, want, out));
     ps->relabel++;
   } else {
     /* NHWC memory is row-major (N, H W, C); NCHW memory is row-major (N, C, H W) */
@@ -158,13 +139,11 @@ static stoke_err *convert(pass *ps, int v, stoke_layout want, int *out) {
     stoke_shape swapped = {3, {n, from.d[2], from.d[1]}};
     int a, t;
     snprintf(name, sizeof name, "%s.view", base);
-    char a3[96];
-    snprintf(a3, sizeof a3, "shape=%lldx%lldx%lld", (long long)from.d[0], (long long)from.d[1],
-             (long long)from.d[2]);
-    STOKE_PROPAGATE(append(ps, STOKE_OP_RESHAPE, name, a3, v, &from, STOKE_LAYOUT_ANY, &a));
+    STOKE_PROPAGATE(stoke_graph_append_reshape(g, name, v, &from, STOKE_LAYOUT_ANY, &a));
     snprintf(name, sizeof name, "%s.transpose", base);
-    STOKE_PROPAGATE(append(ps, STOKE_OP_TRANSPOSE, name, "dim0=1, dim1=2", a, &swapped, STOKE_LAYOUT_ANY, &t));
-    STOKE_PROPAGATE(append(ps, STOKE_OP_RESHAPE, base, attrs, t, &s4, want, out));
+    STOKE_PROPAGATE(stoke_graph_new_value(g, name, STOKE_VAL_ACT, &swapped, g->values[v].dtype, &t));
+    STOKE_PROPAGATE(stoke_graph_append_unary(g, STOKE_OP_TRANSPOSE, name, "dim0=1, dim1=2", a, t));
+    STOKE_PROPAGATE(stoke_graph_append_reshape(g, base, t, &s4, want, out));
     size_t used = strlen(ps->names);
     if (used + 2 < sizeof ps->names)
       snprintf(ps->names + used, sizeof ps->names - used, "%s'%s' to %s", ps->count ? ", " : "",
@@ -177,8 +156,11 @@ static stoke_err *convert(pass *ps, int v, stoke_layout want, int *out) {
 
 /* Node f with its 4-D inputs in the order it assumes, its 4-D outputs
  * labelled with the order it writes. */
-static stoke_err *place(pass *ps, stoke_gnode f) {
+static stoke_err *place(void *ctx, const stoke_gnode *old, int n_old, int i) {
+  (void)n_old;
+  pass *ps = ctx;
   stoke_graph *g = ps->g;
+  stoke_gnode f = old[i];
   layout_class cls = classify(g, &f);
   /* an elementwise op's order: a 4-D state's (a plugin's op may update it in place: never a copy), else NHWC
    * when an activation comes in NHWC (the convolutions' order: fewer copies where they follow), else its first
@@ -219,24 +201,13 @@ stoke_err *stoke_layout_pass(stoke_graph *g, int *n_converted, int *n_relabelled
   *n_converted = *n_relabelled = 0;
   if (names && cap) names[0] = 0;
   if (g->layout != STOKE_NHWC) return NULL; /* every 4-D value is row-major already */
-  if (g->n_nodes != g->n_fwd) return STOKE_ERR(STOKE_E_INTERNAL, "layout pass after backward derivation");
-  int n = g->n_nodes;
   pass ps = {g, malloc(sizeof(int) * 2 * (size_t)(g->n_values + 1)), g->n_values, 0, 0, {0}};
-  stoke_gnode *old = malloc(sizeof *old * (size_t)(n + 1));
-  if (!ps.done || !old) {
-    free(ps.done);
-    free(old);
-    return STOKE_ERR(STOKE_E_OOM, "out of memory for the layout pass");
-  }
+  if (!ps.done) return STOKE_ERR(STOKE_E_OOM, "out of memory for the layout pass");
   for (int i = 0; i < 2 * g->n_values; i++) ps.done[i] = -1;
   /* parameters and state are row-major in memory (and in checkpoints) in every graph */
   for (int v = 0; v < g->n_values; v++)
     if (persistent(&g->values[v]) && g->values[v].shape.ndim == 4) g->values[v].layout = STOKE_NCHW;
-  memcpy(old, g->nodes, sizeof *old * (size_t)n);
-  g->n_nodes = g->n_fwd = 0;
-  stoke_err *e = NULL;
-  for (int i = 0; i < n && !e; i++) e = place(&ps, old[i]);
-  free(old);
+  stoke_err *e = stoke_graph_rewrite_fwd(g, place, &ps);
   free(ps.done);
   *n_converted = ps.count;
   *n_relabelled = ps.relabel;

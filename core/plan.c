@@ -22,8 +22,6 @@ void stoke_graph_drop_fwd_node(stoke_graph *g, int r);
 /* core/fuse_grad.c: gradient sums accumulated by their producers */
 int stoke_fuse_grad_sums(stoke_graph *g);
 int stoke_fuse_fwd_in_bwd(stoke_graph *g);
-stoke_err *stoke_graph_new_value(stoke_graph *g, const char *name, stoke_value_kind kind, const stoke_shape *shape,
-                                 stoke_dtype dtype, int *id); /* core/graph.c */
 /* core/alias.c: views and in-place gradients share their input's memory */
 void stoke_plan_aliases(stoke_graph *g);
 void stoke_place_aliases(stoke_graph *g);

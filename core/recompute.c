@@ -54,8 +54,6 @@
 /* core/plan.c, core/graph.c */
 stoke_err *stoke_plan_arena(stoke_graph *g, size_t *total);
 double stoke_node_bytes(const stoke_graph *g, const stoke_gnode *n);
-stoke_err *stoke_graph_new_value(stoke_graph *g, const char *name, stoke_value_kind kind, const stoke_shape *shape,
-                                 stoke_dtype dtype, int *id);
 
 static int is_op(const stoke_gnode *n, const char *op) { return !strcmp(n->n.op, op); }
 
@@ -160,15 +158,6 @@ static void mark(const stoke_graph *g, const int *seg, int n_seg, rc_work *w) {
   }
 }
 
-/* A view op (reshape, transpose, slice, split: core/layout.c's conversions
- * of a 4-D state among them) never writes its input: its copy reads the
- * state itself, not a scratch copy (which holds nothing). */
-static int reads_only(const stoke_gnode *n) {
-  const char *op = n->n.op;
-  return !strcmp(op, STOKE_OP_RESHAPE) || !strcmp(op, STOKE_OP_TRANSPOSE) || !strcmp(op, STOKE_OP_SLICE) ||
-         !strcmp(op, STOKE_OP_SPLIT);
-}
-
 /* Forward node f's copy, to run at schedule place `at`. */
 static stoke_err *make_copy(stoke_graph *g, int f, int at, const int *seg, const rc_work *w, stoke_gnode *c) {
   *c = g->nodes[f];
@@ -181,7 +170,9 @@ static stoke_err *make_copy(stoke_graph *g, int f, int at, const int *seg, const
   for (int k = 0; k < c->n_in; k++) {
     int u = c->in[k];
     if (w->drop[u] && w->segv[u] == seg[f]) c->in[k] = w->clone[u];
-    else if (g->values[u].kind == STOKE_VAL_STATE && !reads_only(c)) /* updated in place: a scratch copy takes it */
+    /* a state is updated in place: a scratch copy takes it, but a view (a 4-D state's conversion,
+     * core/layout.c) writes nothing and reads the state itself (a scratch copy holds nothing) */
+    else if (g->values[u].kind == STOKE_VAL_STATE && !is_view(c))
       STOKE_PROPAGATE(clone_value(g, u, ".scratch", at, &c->in[k]));
   }
   for (int j = 0; j < c->n_out; j++) {

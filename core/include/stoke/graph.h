@@ -136,6 +136,25 @@ stoke_err *stoke_graph_loss_on(stoke_graph *g, int logits, int labels, const cha
  * is taken against, cut on the device (core/lm.c). */
 stoke_err *stoke_lm_inputs(stoke_graph *g, int windows, int *tokens, int *targets);
 
+/* What the compiler's passes (core/autocast.c, layout.c, graph.c) use to change a graph. */
+stoke_err *stoke_graph_new_value(stoke_graph *g, const char *name, stoke_value_kind kind, const stoke_shape *shape,
+                                 stoke_dtype dtype, int *id);
+/* Appends a copy of forward node n, its outputs' producer. */
+stoke_err *stoke_graph_append_fwd(stoke_graph *g, const stoke_gnode *n);
+/* A new forward node: `op` named `name` (63 characters kept) with
+ * attributes `attrs`, from value `in` to value `out`. */
+stoke_err *stoke_graph_append_unary(stoke_graph *g, const char *op, const char *name, const char *attrs, int in,
+                                    int out);
+/* A reshape (a view where core/alias.c can): a new activation `name` of
+ * `shape`, in memory order `layout` when 4-D, from value `in`. */
+stoke_err *stoke_graph_append_reshape(stoke_graph *g, const char *name, int in, const stoke_shape *shape,
+                                      stoke_layout layout, int *out);
+/* A pass over the forward nodes in order, before backward derivation: the
+ * forward list is emptied and `place` called with each old node i of the
+ * n, to append it, changed or not, with any new nodes around it. */
+typedef stoke_err *(*stoke_fwd_place)(void *ctx, const stoke_gnode *old, int n, int i);
+stoke_err *stoke_graph_rewrite_fwd(stoke_graph *g, stoke_fwd_place place, void *ctx);
+
 /* -------------------------------------------------------------- compile */
 
 typedef struct stoke_plan_opts {
