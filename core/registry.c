@@ -543,7 +543,8 @@ static const void *find(const stoke_registry *r, part_kind kind, const char *nam
 const stoke_op_type_v1 *stoke_find_op(const stoke_registry *r, const char *n) { return find(r, K_OP, n); }
 int stoke_op_is_builtin(const stoke_registry *r, const char *n) {
   for (int i = 0; n && i < r->n_parts; i++)
-    if (r->parts[i].kind == K_OP && !strcmp(r->parts[i].name, n)) return r->parts[i].def && !strcmp(r->parts[i].origin, "built-in");
+    if (r->parts[i].kind == K_OP && !strcmp(r->parts[i].name, n))
+      return r->parts[i].def && !strcmp(r->parts[i].origin, "built-in");
   return 0;
 }
 const stoke_backend_v1 *stoke_find_backend(const stoke_registry *r, const char *n) { return find(r, K_BACKEND, n); }
