@@ -20,8 +20,8 @@ stoke_err *run_save(run_state *s, int64_t step, int64_t epoch) {
   if (s->rank > 0) return NULL; /* data parallel: the weights are the same everywhere */
   float amp[4] = {1, 0, 0, 0};
   int scaled = stoke_exec_read_scaler(s->train.x, amp);
-  /* skipped before the resume, and since (the scaler counts from it) */
-  /* loss_scale 0: no scaler (the file leaves the key out) */
+  /* loss_scale 0: no scaler (the file leaves the key out); skipped steps: before the resume, and since (the
+   * scaler counts from it) */
   stoke_ckpt_meta m = {.step = step, .epoch = epoch, .seed = s->rc.run.seed, .accumulate = s->rc.run.accumulate,
                        .loss_scale = scaled ? amp[0] : 0, .world = s->world, .batch = s->train.batch,
                        .skipped_steps = s->resume.skipped_steps + (int64_t)amp[3],

@@ -107,9 +107,7 @@ static void test_nhwc_equals_row_major(void **state) {
   /* the NHWC graph's own gradients against central differences (the
    * conversions' backward) */
   int compared = 0;
-  /* 1e-5: a central difference at h = 1e-6 carries f64 rounding of about eps |loss| / h = 5e-10, against the
-   * check's floor of 1e-4 for small gradients (graph_test's whole-graph check uses the same) */
-  double fd = cpu_check_gradients(xb, 1e-5, &compared);
+  double fd = cpu_check_gradients(xb, 1e-6, &compared);
   print_message("NHWC gradients against central differences: %d parameters, worst %.3g\n", compared, fd);
   stoke_exec_free(xa);
   stoke_exec_free(xb);
@@ -203,7 +201,7 @@ static void test_state_and_shared_gradient(void **state) {
   each_param(x[0], x[2], compare, 1);
   print_message("gradients against NCHW: worst relative difference %.3g\n", worst);
   int compared;
-  double fd = cpu_check_gradients(x[1], 1e-5, &compared);
+  double fd = cpu_check_gradients(x[1], 1e-6, &compared);
   print_message("NHWC gradients against central differences: %d parameters, worst %.3g\n", compared, fd);
   for (int i = 0; i < 3; i++) {
     stoke_exec_free(x[i]);
