@@ -34,7 +34,9 @@
  * nothing more. When C = 1 or H W = 1 both orders are the same memory: the
  * reader gets a relabelling reshape (a view; kernels are found by, and
  * check, their inputs' labels). Each value is converted at most once per
- * order; the plan report says how many and which. */
+ * order; the plan report says how many and which. The input batch's cast
+ * (f32 to the graph's dtype and layout) writes row-major when only
+ * row-major ops read it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,10 +156,22 @@ static stoke_err *convert(pass *ps, int v, stoke_layout want, int *out) {
   return NULL;
 }
 
+/* Whether every forward node after i that reads value v reads memory
+ * row-major (and one does): the input batch's cast then writes it so. */
+static int read_row_major(const stoke_graph *g, const stoke_gnode *old, int n_old, int i, int v) {
+  int readers = 0;
+  for (int j = i + 1; j < n_old; j++)
+    for (int k = 0; k < old[j].n_in; k++)
+      if (old[j].in[k] == v) {
+        if (classify(g, &old[j]) != ROW_MAJOR) return 0;
+        readers++;
+      }
+  return readers > 0;
+}
+
 /* Node f with its 4-D inputs in the order it assumes, its 4-D outputs
  * labelled with the order it writes. */
 static stoke_err *place(void *ctx, const stoke_gnode *old, int n_old, int i) {
-  (void)n_old;
   pass *ps = ctx;
   stoke_graph *g = ps->g;
   stoke_gnode f = old[i];
@@ -186,9 +200,14 @@ static stoke_err *place(void *ctx, const stoke_gnode *old, int n_old, int i) {
               f.name_buf, f.n.op, k, want == STOKE_NHWC ? "NHWC" : "row-major");
   }
   stoke_layout out = cls == ROW_MAJOR ? STOKE_NCHW : cls == AWARE ? STOKE_NHWC : along;
-  if (cls == KEEP) /* normalize: its layout attribute; cast: as made (the graph's) */
-    out = !strcmp(f.n.op, STOKE_OP_NORMALIZE) && !strcmp(f.n.attrs[STOKE_NORMALIZE_LAYOUT].s, "nchw") ? STOKE_NCHW
-                                                                                                     : g->layout;
+  if (cls == KEEP) /* normalize: its layout attribute; cast: the graph's, but row-major from a row-major batch
+                    * when only row-major ops read it (a ViT's patchify: no transposition there and back) */
+    out = !strcmp(f.n.op, STOKE_OP_NORMALIZE) ? (!strcmp(f.n.attrs[STOKE_NORMALIZE_LAYOUT].s, "nchw") ? STOKE_NCHW
+                                                                                                   : g->layout)
+          : managed(g, f.in[0]) && g->values[f.in[0]].layout == STOKE_NCHW &&
+                  read_row_major(g, old, n_old, i, f.out[0])
+              ? STOKE_NCHW
+              : g->layout;
   if (out == STOKE_LAYOUT_ANY) out = g->layout;
   for (int j = 0; j < f.n_out; j++) {
     stoke_value *y = &g->values[f.out[j]];

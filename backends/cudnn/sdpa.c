@@ -10,9 +10,9 @@
  * STOKE_KFLAG_DETERMINISTIC (run.deterministic) dQ is the product's own
  * output, no accumulator: cudnn-frontend's deterministic backward on Hopper
  * (set_deterministic_algorithm), whose engine does not sum dQ with atomics;
- * configurations with cuDNN's NONDETERMINISTIC note are skipped too. When
- * no engine takes that graph, the plan says so once and uses the default
- * one (its dQ sums are not bitwise reproducible run to run). Without
+ * configurations with cuDNN's NONDETERMINISTIC note are skipped in both
+ * directions. When no engine takes that, the plan says so once per
+ * direction and uses the default (then not bitwise reproducible). Without
  * dropout, as cudnn-frontend 1.x builds them for p = 0 on cuDNN 9; the
  * older fused-attention pattern with a p = 0 dropout (an RNG node, its mask
  * multiplied in) is the fallback when no engine takes the graph without it
@@ -359,6 +359,7 @@ typedef struct sdpa_state {
   int bwd;
   int dropout;    /* the fallback graph (with a p = 0 dropout) made the plan */
   int det;        /* backward: the deterministic graph made the plan (no dQ accumulator) */
+  int det_only;   /* only configurations not noted NONDETERMINISTIC (forward under deterministic, or st->det) */
   char node[64];
 } sdpa_state;
 
@@ -390,7 +391,7 @@ static void sdpa_choice_put(cudnn_engine *e, const int64_t *key, int best) {
 }
 
 /* The graph (st->dropout and st->det say which), cuDNN's heuristics (mode
- * A; under st->det without configurations noted NONDETERMINISTIC), and the
+ * A; under st->det_only without configurations noted NONDETERMINISTIC), and the
  * engine configurations that make an execution plan: the first, or with
  * autotune the fastest of them, timed on temporaries (cuDNN offers several
  * for the flash-attention graphs, as cudnn-frontend's autotune times). */
@@ -429,10 +430,11 @@ static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, 
   int n_built = 0;
   /* an identical problem timed before (another layer's node): its choice,
    * built alone (the configurations after it, untimed, if it fails) */
-  int64_t key[CUDNN_SDPA_KEY] = {s0->b, s0->t, s0->h, s0->d, (int64_t)s0->io, st->bwd, st->dropout, st->det};
+  int64_t key[CUDNN_SDPA_KEY] = {s0->b, s0->t, s0->h, s0->d, (int64_t)s0->io, st->bwd, st->dropout,
+                                 st->det + 2 * st->det_only};
   int cached = autotune ? sdpa_choice_get(eng, key) : -1, timing = autotune && cached < 0;
   for (int64_t i = cached > 0 ? cached : 0; i < n_cfg && (timing || !n_built); i++) {
-    if (st->det && cg_cfg_nondeterministic(cfgs[i]) != 0) continue; /* unreadable notes: not known deterministic */
+    if (st->det_only && cg_cfg_nondeterministic(cfgs[i]) != 0) continue; /* unreadable notes: not known deterministic */
     bdesc plan = make(g, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     set(g, plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
     set(g, plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]);
@@ -453,8 +455,11 @@ static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, 
   int best = 0;
   stoke_err *te = NULL;
   float ms[8];
+  /* no memory to time in: cuDNN's first configuration, cached as the
+   * convolutions' untimed choice is (the memory does not come back during a
+   * run; the next identical node would only warn again) */
   if (n_built > 1 && (te = time_plans(st, eng, built, n_built, wss, stream, ms)) && cudnn_tune_fallback(&te, ctx))
-    n_built = 1, timing = 0; /* cuDNN's first configuration, not cached */
+    n_built = 1;
   if (te) return te; /* the plans are the graph's descriptors: freed with it */
   if (n_built > 1) {
     char list[256] = "";
@@ -481,22 +486,25 @@ static void reset_graph(sdpa_state *st) {
 
 /* The graph without dropout; when no engine takes it, the older pattern
  * with a p = 0 dropout (said once per direction: it is slower). Under
- * `det` (backward) first the deterministic graph; when no engine takes it,
- * the default one, said once. */
+ * `det` first the deterministic choice (backward: the deterministic graph;
+ * both: no configuration noted NONDETERMINISTIC); when no engine takes it,
+ * the default one, said once per direction. */
 static stoke_err *make_plan(sdpa_state *st, cudnn_engine *eng, int autotune, int det, void *stream) {
   st->dropout = 0;
-  if (det && st->bwd) {
-    st->det = 1;
+  if (det) {
+    st->det = st->bwd;
+    st->det_only = 1;
     stoke_err *ed = make_plan_of(st, eng, autotune, stream);
     if (!ed) return NULL;
-    static int said_det;
-    if (!said_det++)
-      stoke_host->log(STOKE_LOG_WARN, "cudnn", "attention backward '%s': no deterministic engine takes the graph (%s); "
-                      "using the default one, whose dQ sums are not bitwise reproducible from run to run", st->node,
-                      ed->msg);
+    static int said_det[2];
+    if (!said_det[st->bwd]++)
+      stoke_host->log(STOKE_LOG_WARN, "cudnn", "attention %s '%s': no deterministic engine takes the graph (%s); "
+                      "using the default one, whose %s not bitwise reproducible from run to run",
+                      st->bwd ? "backward" : "forward", st->node, ed->msg,
+                      st->bwd ? "dQ sums are" : "results may be");
     stoke_host->err_free(ed);
     reset_graph(st);
-    st->det = 0;
+    st->det = st->det_only = 0;
   }
   stoke_err *e = make_plan_of(st, eng, autotune, stream);
   if (!e) return NULL;

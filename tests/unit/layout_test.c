@@ -326,12 +326,79 @@ static void test_elementwise_prefers_nhwc(void **state) {
   stoke_graph_free(g);
 }
 
+/* The input batch's cast (an f32 NCHW batch to the graph's dtype and
+ * layout) writes row-major when only row-major ops read it: a ViT's
+ * patchify (reshape, transpose) gets the batch with no transposition into
+ * NHWC and a conversion back; the same loss as the NCHW graph, bit for bit.
+ * With a convolution reading it, it writes NHWC as before. */
+static stoke_graph *cast_net(stoke_layout layout, int conv) {
+  stoke_graph *g;
+  OK(stoke_graph_new(reg, STOKE_F64, layout, &g));
+  stoke_builder_v1 b = stoke_graph_builder(g);
+  stoke_init_v1 u = {STOKE_INIT_UNIFORM, -0.5, 0.5};
+  int x, lab, c, a, t, f, w, logits;
+  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){4, {2, 3, 4, 4}}, STOKE_F32, &x));
+  g->values[x].layout = STOKE_NCHW; /* as core/run_stream.c labels a CHW source's batch */
+  OK(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {2}}, STOKE_I32, &lab));
+  OK(b.node(g, STOKE_OP_CAST, "cast", &x, 1, "dtype=f64", &c, 1));
+  if (conv) {
+    OK(b.param(g, "w0", &(stoke_shape){4, {3, 3, 3, 3}}, u, &w));
+    OK(b.node(g, STOKE_OP_CONV2D, "c0", (int[]){c, w}, 2, "padding=1", &f, 1));
+    OK(b.node(g, STOKE_OP_FLATTEN, "f", &f, 1, "", &f, 1));
+  } else { /* patches of one pixel: (N, C, H W) -> (N, H W, C) -> rows */
+    OK(b.node(g, STOKE_OP_RESHAPE, "seq", &c, 1, "shape=2x3x16", &a, 1));
+    OK(b.node(g, STOKE_OP_TRANSPOSE, "tokens", &a, 1, "dim0=1, dim1=2", &t, 1));
+    OK(b.node(g, STOKE_OP_RESHAPE, "f", &t, 1, "shape=2x48", &f, 1));
+  }
+  OK(b.param(g, "w", &(stoke_shape){2, {3, 48}}, u, &w));
+  OK(b.node(g, STOKE_OP_MATMUL, "logits", (int[]){f, w}, 2, "", &logits, 1));
+  OK(stoke_graph_loss(g, logits, ""));
+  return g;
+}
+
+/* An executor of plan p with the test's batch written (the same for every seed's call). */
+static stoke_exec *cast_net_exec(stoke_graph *g, stoke_plan *p) {
+  stoke_exec *x;
+  OK(stoke_exec_new(p, cpu, cpu_self, seed, &x));
+  stoke_rng r = stoke_rng_seed(seed);
+  float *in = stoke_exec_tensor(x, g->input).data;
+  for (int i = 0; i < 96; i++) in[i] = (float)stoke_rng_normal(&r);
+  int32_t *lab = stoke_exec_labels(x);
+  for (int i = 0; i < 2; i++) lab[i] = (int32_t)stoke_rng_below(&r, 3);
+  *(double *)stoke_exec_tensor(x, g->seed).data = 1.0;
+  return x;
+}
+
+static void test_cast_follows_readers(void **state) {
+  stoke_graph *ga = cast_net(STOKE_NCHW, 0), *gb = cast_net(STOKE_NHWC, 0), *gc = cast_net(STOKE_NHWC, 1);
+  stoke_plan *pa = cpu_compile(ga, NULL, 0), *pb = cpu_compile(gb, NULL, 0), *pc = cpu_compile(gc, NULL, 0);
+  assert_int_equal(gb->values[find_value(gb, "cast")].layout, STOKE_NCHW);
+  assert_int_equal(pb->n_layout_converted + pb->n_layout_relabelled, 0); /* was 1: 'cast' to row-major */
+  assert_int_equal(gc->values[find_value(gc, "cast")].layout, STOKE_NHWC);
+  assert_int_equal(pc->n_layout_converted, 0);
+  stoke_exec *xa = cast_net_exec(ga, pa), *xb = cast_net_exec(gb, pb);
+  each_param(xa, xb, copy_a_to_b, 0);
+  double la = cpu_loss(xa), lb = cpu_loss(xb);
+  print_message("loss NCHW %.17g, NHWC %.17g\n", la, lb);
+  assert_true(isfinite(la));
+  assert_true(la == lb);
+  stoke_exec_free(xa);
+  stoke_exec_free(xb);
+  stoke_plan_free(pa);
+  stoke_plan_free(pb);
+  stoke_plan_free(pc);
+  stoke_graph_free(ga);
+  stoke_graph_free(gb);
+  stoke_graph_free(gc);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_nhwc_equals_row_major),
       cmocka_unit_test(test_state_and_shared_gradient),
       cmocka_unit_test(test_state_updated_between_readers),
       cmocka_unit_test(test_elementwise_prefers_nhwc),
+      cmocka_unit_test(test_cast_follows_readers),
   };
   return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
 }
