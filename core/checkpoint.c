@@ -26,6 +26,7 @@
  * keeps metadata as strings, so the file stays loadable there. */
 #define CRC_KEY "stoke_crc32c"
 #define META_CRC_KEY "stoke_meta_crc32c"
+#define TENSOR_ORDER_KEY "tensor_order"
 
 /* ------------------------------------------------------------ writing */
 
@@ -243,13 +244,15 @@ static void header_meta(sbuf *h, const stoke_ckpt_meta *m, const char *optimizer
   snprintf(num[9], sizeof num[9], "%lld", (long long)m->loss_scale_good_steps);
   /* loss_scale only from a run with a loss scaler: a run without one (fp32, tf32, bf16) has no scale to
    * carry, and an fp16 run resuming its file starts from its own initial scale, not from 1 */
-  meta_kv kv[13] = {{"format", "pt"},         {"stoke_checkpoint_version", num[0]},
+  /* tensor_order: 4-D tensors are row-major (N, C, H, W) whatever the run's layout (since 2026-11-29; before, a
+   * 4-D parameter or state tensor that is no convolution's filter was written in an NHWC run's memory order) */
+  meta_kv kv[14] = {{"format", "pt"},         {"stoke_checkpoint_version", num[0]},
                     {"step", num[1]},         {"epoch", num[2]},
                     {"seed", num[3]},         {"accumulate", num[4]},
                     {"world", num[6]},        {"batch", num[7]},
                     {"skipped_steps", num[8]}, {"loss_scale_good_steps", num[9]},
-                    {"optimizer", optimizer}};
-  int n = 11;
+                    {"optimizer", optimizer}, {TENSOR_ORDER_KEY, "row-major"}};
+  int n = 12;
   if (m->loss_scale > 0) kv[n++] = (meta_kv){"loss_scale", num[5]};
   if (config_text) kv[n++] = (meta_kv){"config", config_text};
   sb_put(h, "{\"__metadata__\":{");
@@ -962,6 +965,39 @@ stoke_err *stoke_checkpoint_read_meta(const char *path, stoke_ckpt_meta *m) { re
 
 stoke_err *stoke_checkpoint_verify(const char *path, stoke_ckpt_meta *m) { return read_checked(path, m, 1); }
 
+/* A file without tensor_order was written before 4-D tensors were kept
+ * row-major in every graph: a 4-D parameter or state tensor that is no
+ * convolution's filter was then saved in the run's memory order, NHWC in a
+ * GPU run's graph (filters were [O, C, kh, kw] always). Unless the file's
+ * config says the run was NCHW (layout = nchw, or device = cpu), such
+ * tensors may load permuted: said once, naming them, with the fix. */
+static void warn_old_order(const stoke_plan *p, const stoke_st_file *f, const char *path) {
+  if (stoke_st_meta(f, TENSOR_ORDER_KEY)) return;
+  const char *cfg = stoke_st_meta(f, "config");
+  if (cfg && (strstr(cfg, "\nlayout = nchw") || strstr(cfg, "\ndevice = cpu"))) return;
+  const stoke_graph *g = p->g;
+  char names[256] = "";
+  int count = 0;
+  for (int v = 0; v < g->n_values; v++) {
+    const stoke_value *val = &g->values[v];
+    if ((val->kind != STOKE_VAL_PARAM && val->kind != STOKE_VAL_STATE) || val->shape.ndim != 4 ||
+        stoke_value_is_filter(g, v))
+      continue;
+    size_t used = strlen(names);
+    if (used + 4 < sizeof names) snprintf(names + used, sizeof names - used, "%s'%s'", count ? ", " : "", val->name);
+    count++;
+  }
+  if (count)
+    stoke_log(STOKE_LOG_WARN, "checkpoint",
+              "%s was written before stoke kept 4-D tensors row-major (no \"" TENSOR_ORDER_KEY "\" in its metadata), "
+              "and its config does not say the run was NCHW: if it came from a GPU (NHWC) run, %d tensor%s of 4 dimensions that "
+              "%s no convolution's filter (%s) %s in NHWC memory order and load%s permuted. Check them, or permute "
+              "each [a, b, c, d] in the file (PyTorch: t.reshape(a, c, d, b).permute(0, 3, 1, 2)) and its optimizer "
+              "state the same way",
+              path, count, count == 1 ? "" : "s", count == 1 ? "is" : "are", names, count == 1 ? "is" : "are",
+              count == 1 ? "s" : "");
+}
+
 stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_meta *m) {
   stoke_plan *p = stoke_exec_plan(x);
   stoke_st_file f;
@@ -1042,6 +1078,7 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
     e = STOKE_ERR(STOKE_E_DATA, "checkpoint '%s' has %d tensor%s this model does not have, '%s' the first: it was "
                   "saved from another model (more layers or blocks?); set [model] as the run that wrote it had it, "
                   "or start without run.resume", path, extra, extra == 1 ? "" : "s", f.tensors[first].name);
+  if (!e) warn_old_order(p, &f, path);
   if (!e && p->opt_kernel && !want_opt && m->optimizer[0])
     stoke_log(STOKE_LOG_WARN, "checkpoint", "%s was written by optimizer '%s', this run uses '%s': the weights are "
               "loaded, the optimizer's state (momentum, moments) starts fresh", path, m->optimizer, p->opt->name);

@@ -107,6 +107,13 @@ static int is_filter(const stoke_gnode *f, int k) {
   return 0;
 }
 
+int stoke_value_is_filter(const stoke_graph *g, int v) {
+  for (int i = 0; i < g->n_fwd; i++)
+    for (int k = 0; k < g->nodes[i].n_in; k++)
+      if (g->nodes[i].in[k] == v && is_filter(&g->nodes[i], k)) return 1;
+  return 0;
+}
+
 typedef struct pass {
   stoke_graph *g;
   int *done;   /* per original value and order: its converted value, or -1 */

@@ -31,7 +31,7 @@ mkdir -p $ST/photos && cp ../shared/data/photos/*.jpg $ST/photos/ 2>/dev/null ||
 cp -r examples $ST/
 cp tools/gpu_check.sh tools/gpu_suite.sh tools/loss_curves.py tools/conv_bench_torch.py tools/resnet_matrix_torch.py tools/gpt_ckpt_torch.py tools/test_margins.py \
   tests/e2e/observe_check.py tests/e2e/tfevents.py tools/trace_svg.py tools/nccl_graph_check.py tools/gpt_ddp_torch.py \
-  tools/ncu_summary.py tools/gemm_torch.py tools/overlap_torch.py $ST/
+  tools/ncu_summary.py tools/gemm_torch.py tools/overlap_torch.py tools/ce_overlap_torch.py $ST/
 # shared libraries the GPU machine (Ubuntu 24.04) may lack: cmocka for the
 # test binaries, the CUDA 13 runtime the plugins were built against
 mkdir -p $ST/lib

@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/common/slurp.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,19 +86,6 @@ static stoke_err *run(const char *out, int dry, const char **over, int n_over, s
     if (e_) fail_msg("%s: %s", #expr, e_->msg);    \
   } while (0)
 
-/* The bytes of a whole file (NULL-terminated count in *n). */
-static char *slurp(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  assert_non_null(f);
-  fseek(f, 0, SEEK_END);
-  *n = (size_t)ftell(f);
-  rewind(f);
-  char *b = malloc(*n + 1);
-  assert_int_equal(fread(b, 1, *n, f), *n);
-  fclose(f);
-  return b;
-}
-
 /* The tensors of two checkpoints (after their JSON headers, which carry
  * the config) are the same bytes. */
 static void same_tensors(const char *a, const char *b) {
@@ -104,7 +93,7 @@ static void same_tensors(const char *a, const char *b) {
   snprintf(pa, sizeof pa, "%s/%s/checkpoint.safetensors", tmp, a);
   snprintf(pb, sizeof pb, "%s/%s/checkpoint.safetensors", tmp, b);
   size_t na, nb;
-  char *x = slurp(pa, &na), *y = slurp(pb, &nb);
+  char *x = test_slurp(pa, &na), *y = test_slurp(pb, &nb);
   uint64_t ha = 0, hb = 0;
   memcpy(&ha, x, 8); /* little-endian header length */
   memcpy(&hb, y, 8);
@@ -131,7 +120,7 @@ static void test_same_training(void **state) {
   char path[700];
   snprintf(path, sizeof path, "%s/auto/plan.txt", tmp);
   size_t n;
-  char *plan = slurp(path, &n);
+  char *plan = test_slurp(path, &n);
   plan[n] = 0;
   assert_non_null(strstr(plan, "recompute (auto, budget"));
   assert_non_null(strstr(plan, "  segment transformer.h."));
@@ -226,7 +215,7 @@ static void test_eval_leaves_out_unreadable(void **state) {
   assert_int_equal((s[0].eval_samples - s[1].eval_samples) % 4, 0);
   snprintf(log, sizeof log, "%s/eval_bad/log.txt", tmp);
   size_t n;
-  char *text = slurp(log, &n);
+  char *text = test_slurp(log, &n);
   assert_non_null(strstr(text, "left out of the evaluation loss"));
   free(text);
 }

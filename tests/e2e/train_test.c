@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/common/slurp.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -589,20 +591,6 @@ static void test_scale_not_from_a_run_without_one(void **state) {
   assert_true(mb.loss_scale == (double)(1 << 20));
 }
 
-/* The bytes of a whole file, NUL-terminated (its size in *n). */
-static char *slurp(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) fail_msg("cannot open %s", path);
-  fseek(f, 0, SEEK_END);
-  *n = (size_t)ftell(f);
-  rewind(f);
-  char *b = malloc(*n + 1);
-  assert_int_equal(fread(b, 1, *n, f), *n);
-  b[*n] = 0;
-  fclose(f);
-  return b;
-}
-
 /* A resume with nothing left to train (the checkpoint is at the run's last
  * step) logs no step: metrics.jsonl's summary must still be JSON, its loss
  * null, not a bare nan (Python's json.loads refused the line). */
@@ -614,7 +602,7 @@ static void test_summary_json_without_steps(void **state) {
   char path[800];
   snprintf(path, sizeof path, "%s/nj_b/metrics.jsonl", tmp);
   size_t n;
-  char *text = slurp(path, &n);
+  char *text = test_slurp(path, &n);
   const char *sum = strstr(text, "{\"summary\"");
   if (!sum) fail_msg("no summary line in %s:\n%s", path, text);
   print_message("%s", sum);
@@ -685,7 +673,7 @@ static void test_metrics_appended(void **state) {
   out_sub = "out";
   snprintf(path, sizeof path, "%s/metrics/metrics.jsonl", tmp);
   size_t n;
-  char *text = slurp(path, &n);
+  char *text = test_slurp(path, &n);
   print_message("metrics.jsonl after the resume: %d step lines, %d summaries\n", count(text, "\"step\": "),
                 count(text, "\"summary\""));
   assert_non_null(strstr(text, "\"step\": 1,"));  /* the first part's */
@@ -707,7 +695,7 @@ static void test_other_optimizer_said(void **state) {
   assert_int_equal(s.steps, 8);
   snprintf(path, sizeof path, "%s/optim/log.txt", tmp);
   size_t n;
-  char *text = slurp(path, &n);
+  char *text = test_slurp(path, &n);
   assert_non_null(strstr(text, "written by optimizer 'sgd', this run uses 'adamw'"));
   assert_non_null(strstr(text, "starts fresh"));
   free(text);

@@ -12,11 +12,14 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/common/slurp.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "stoke/checkpoint.h"
 #include "stoke/core.h"
 #include "stoke/graph.h"
 #include "stoke/ops.h"
@@ -392,6 +395,90 @@ static void test_cast_follows_readers(void **state) {
   stoke_graph_free(gc);
 }
 
+/* ---------------------------------------------- checkpoints' 4-D order */
+
+/* `in` as a file of before tensor_order: the key and both checksums
+ * dropped from its header (a file with a metadata checksum over other keys
+ * is refused), written to `out`. */
+static void strip_order(const char *in, const char *out) {
+  size_t n;
+  char *b = test_slurp(in, &n);
+  uint64_t hl = 0;
+  for (int i = 0; i < 8; i++) hl |= (uint64_t)(unsigned char)b[i] << (8 * i);
+  char *h = calloc(1, hl + 1);
+  memcpy(h, b + 8, hl);
+  static const char *const keys[] = {",\"tensor_order\":\"", ",\"stoke_meta_crc32c\":\"", ",\"stoke_crc32c\":\""};
+  for (int k = 0; k < 3; k++) {
+    char *c = strstr(h, keys[k]);
+    assert_non_null(c);
+    char *end = strchr(c + strlen(keys[k]), '"');
+    memmove(c, end + 1, strlen(end + 1) + 1);
+  }
+  while (strlen(h) % 8) strcat(h, " "); /* h has room: it only shrank */
+  uint64_t nl = strlen(h);
+  FILE *f = fopen(out, "wb");
+  for (int i = 0; i < 8; i++) fputc((int)(nl >> (8 * i)) & 0xff, f);
+  fwrite(h, 1, nl, f);
+  fwrite(b + 8 + hl, 1, n - 8 - hl, f);
+  fclose(f);
+  free(h);
+  free(b);
+}
+
+/* Loads `path` into x with the log going to a file: what it said. */
+static char *load_said(stoke_exec *x, const char *path) {
+  char logp[600];
+  snprintf(logp, sizeof logp, "%s.log", path);
+  FILE *lf = fopen(logp, "w+");
+  assert_non_null(lf);
+  stoke_log_set_file(lf);
+  stoke_ckpt_meta m;
+  OK(stoke_checkpoint_load(x, path, &m));
+  stoke_log_set_file(NULL);
+  fclose(lf);
+  size_t n;
+  return test_slurp(logp, &n);
+}
+
+/* A checkpoint now says its 4-D tensors are row-major (tensor_order). One
+ * written before (no key) by a run whose config does not say NCHW loads
+ * with a warning that names the 4-D parameters that are no convolution's
+ * filter (they were in NHWC memory order in a GPU run's graph), not the
+ * filters; with layout = nchw in its config, no warning. */
+static void test_checkpoint_order(void **state) {
+  stoke_graph *g = layout_net(reg, STOKE_NHWC, STOKE_F64);
+  stoke_plan *p = cpu_compile(g, NULL, 0);
+  stoke_exec *x;
+  OK(stoke_exec_new(p, cpu, cpu_self, seed, &x));
+  const char *dir = getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp";
+  char now[512], old[512], nchw[512], old_nchw[512];
+  snprintf(now, sizeof now, "%s/layout_order.safetensors", dir);
+  snprintf(old, sizeof old, "%s/layout_order_old.safetensors", dir);
+  snprintf(nchw, sizeof nchw, "%s/layout_order_nchw.safetensors", dir);
+  snprintf(old_nchw, sizeof old_nchw, "%s/layout_order_nchw_old.safetensors", dir);
+  stoke_ckpt_meta m = {.step = 1, .accumulate = 1, .world = 1, .batch = LN_N};
+  OK(stoke_checkpoint_save(x, now, &m, "[run]\ndevice = gpu\nlayout = auto\n"));
+  OK(stoke_checkpoint_save(x, nchw, &m, "[run]\ndevice = gpu\nlayout = nchw\n"));
+  strip_order(now, old);
+  strip_order(nchw, old_nchw);
+  char *said = load_said(x, now);
+  assert_null(strstr(said, "row-major"));
+  free(said);
+  said = load_said(x, old);
+  print_message("%s", said);
+  assert_non_null(strstr(said, "written before stoke kept 4-D tensors row-major"));
+  assert_non_null(strstr(said, "'pos'"));
+  assert_non_null(strstr(said, "'pimg.p'"));
+  assert_null(strstr(said, "conv1.weight"));
+  free(said);
+  said = load_said(x, old_nchw);
+  assert_null(strstr(said, "row-major"));
+  free(said);
+  stoke_exec_free(x);
+  stoke_plan_free(p);
+  stoke_graph_free(g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_nhwc_equals_row_major),
@@ -399,6 +486,7 @@ int main(void) {
       cmocka_unit_test(test_state_updated_between_readers),
       cmocka_unit_test(test_elementwise_prefers_nhwc),
       cmocka_unit_test(test_cast_follows_readers),
+      cmocka_unit_test(test_checkpoint_order),
   };
   return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
 }
