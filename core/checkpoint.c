@@ -969,12 +969,14 @@ stoke_err *stoke_checkpoint_verify(const char *path, stoke_ckpt_meta *m) { retur
  * row-major in every graph: a 4-D parameter or state tensor that is no
  * convolution's filter was then saved in the run's memory order, NHWC in a
  * GPU run's graph (filters were [O, C, kh, kw] always). Unless the file's
- * config says the run was NCHW (layout = nchw, or device = cpu), such
- * tensors may load permuted: said once, naming them, with the fix. */
+ * config says the run was NCHW (layout = nchw, or layout = auto with device
+ * = cpu; layout = nhwc is NHWC on the CPU too), such tensors may load
+ * permuted: said at each load of such a file, naming them, with the fix. */
 static void warn_old_order(const stoke_plan *p, const stoke_st_file *f, const char *path) {
   if (stoke_st_meta(f, TENSOR_ORDER_KEY)) return;
   const char *cfg = stoke_st_meta(f, "config");
-  if (cfg && (strstr(cfg, "\nlayout = nchw") || strstr(cfg, "\ndevice = cpu"))) return;
+  if (cfg && (strstr(cfg, "\nlayout = nchw") || (strstr(cfg, "\ndevice = cpu") && !strstr(cfg, "\nlayout = nhwc"))))
+    return;
   const stoke_graph *g = p->g;
   char names[256] = "";
   int count = 0;

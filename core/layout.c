@@ -107,12 +107,23 @@ static int is_filter(const stoke_gnode *f, int k) {
   return 0;
 }
 
-int stoke_value_is_filter(const stoke_graph *g, int v) {
+/* Through the copies and views a compiler pass may put between a
+ * parameter and its convolution: an autocast (fp32_ops = conv2d), a
+ * reshape (a parameter read twice by one node); `depth` bounds the walk. */
+static int feeds_filter(const stoke_graph *g, int v, int depth) {
   for (int i = 0; i < g->n_fwd; i++)
-    for (int k = 0; k < g->nodes[i].n_in; k++)
-      if (g->nodes[i].in[k] == v && is_filter(&g->nodes[i], k)) return 1;
+    for (int k = 0; k < g->nodes[i].n_in; k++) {
+      const stoke_gnode *f = &g->nodes[i];
+      if (f->in[k] != v) continue;
+      if (is_filter(f, k)) return 1;
+      if (depth > 0 && f->n_out == 1 && (!strcmp(f->n.op, STOKE_OP_AUTOCAST) || !strcmp(f->n.op, STOKE_OP_RESHAPE)) &&
+          feeds_filter(g, f->out[0], depth - 1))
+        return 1;
+    }
   return 0;
 }
+
+int stoke_value_is_filter(const stoke_graph *g, int v) { return feeds_filter(g, v, 4); }
 
 typedef struct pass {
   stoke_graph *g;

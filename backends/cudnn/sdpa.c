@@ -43,7 +43,9 @@ enum {
   ID_DO, ID_DQ, ID_DK, ID_DV, ID_DQ_ACCUM, ID_SUM, ID_PROB, ID_VIRTUAL = 100
 };
 
-#define SDPA_MAX_DESC 160
+#define SDPA_MAX_DESC 192
+#define SDPA_CFGS 16 /* engine configurations read from the heuristics */
+#define SDPA_PLANS 8 /* of them, plans built (and timed) */
 
 /* A graph under construction: every descriptor made (freed at the end),
  * the operations, the first failure (later calls do nothing). */
@@ -411,29 +413,31 @@ static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, 
   set(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
   set(g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
   finalize(g, heur, "finalizing the engine heuristics");
-  bdesc cfgs[8];
+  /* up to SDPA_CFGS of the heuristics' configurations (under det_only the deterministic ones may come after the
+   * first few), of which at most SDPA_PLANS become plans (timed with autotune) */
+  bdesc cfgs[SDPA_CFGS];
   int64_t n_cfg = 0;
-  for (int i = 0; i < 8; i++) cfgs[i] = make(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+  for (int i = 0; i < SDPA_CFGS; i++) cfgs[i] = make(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
   if (g->st == CUDNN_STATUS_SUCCESS) {
-    g->st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 8, &n_cfg,
-                                     cfgs);
+    g->st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, SDPA_CFGS,
+                                     &n_cfg, cfgs);
     if (g->st != CUDNN_STATUS_SUCCESS) g->failed = "reading the heuristics' engine configurations";
-    if (n_cfg > 8) n_cfg = 8; /* the count may be all cuDNN has; 8 were written */
+    if (n_cfg > SDPA_CFGS) n_cfg = SDPA_CFGS; /* the count may be all cuDNN has; SDPA_CFGS were written */
   }
   char ctx[160];
   snprintf(ctx, sizeof ctx, "attention '%s' %s: B %lld, T %lld, H %lld, D %lld", st->node, st->bwd ? "backward" : "forward",
            (long long)st->s.b, (long long)st->s.t, (long long)st->s.h, (long long)st->s.d);
   if (g->st != CUDNN_STATUS_SUCCESS) return stoke_cudnn_err(g->st, __FILE__, __LINE__, g->failed, ctx);
   cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
-  bdesc built[8];
-  int64_t wss[8], cfg_of[8];
+  bdesc built[SDPA_PLANS];
+  int64_t wss[SDPA_PLANS], cfg_of[SDPA_PLANS];
   int n_built = 0;
   /* an identical problem timed before (another layer's node): its choice,
    * built alone (the configurations after it, untimed, if it fails) */
   int64_t key[CUDNN_SDPA_KEY] = {s0->b, s0->t, s0->h, s0->d, (int64_t)s0->io, st->bwd, st->dropout,
                                  st->det + 2 * st->det_only};
   int cached = autotune ? sdpa_choice_get(eng, key) : -1, timing = autotune && cached < 0;
-  for (int64_t i = cached > 0 ? cached : 0; i < n_cfg && (timing || !n_built); i++) {
+  for (int64_t i = cached > 0 ? cached : 0; i < n_cfg && n_built < SDPA_PLANS && (timing || !n_built); i++) {
     if (st->det_only && cg_cfg_nondeterministic(cfgs[i]) != 0) continue; /* unreadable notes: not known deterministic */
     bdesc plan = make(g, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     set(g, plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
@@ -454,7 +458,7 @@ static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, 
               (st->bwd && !st->det ? up((size_t)(s0->b * s0->h * s0->t * s0->d) * 4) : 0);
   int best = 0;
   stoke_err *te = NULL;
-  float ms[8];
+  float ms[SDPA_PLANS];
   /* no memory to time in: cuDNN's first configuration, cached as the
    * convolutions' untimed choice is (the memory does not come back during a
    * run; the next identical node would only warn again) */
@@ -486,41 +490,38 @@ static void reset_graph(sdpa_state *st) {
 
 /* The graph without dropout; when no engine takes it, the older pattern
  * with a p = 0 dropout (said once per direction: it is slower). Under
- * `det` first the deterministic choice (backward: the deterministic graph;
- * both: no configuration noted NONDETERMINISTIC); when no engine takes it,
- * the default one, said once per direction. */
+ * `det` both first with the deterministic choice (backward: the
+ * deterministic graph; both: no configuration noted NONDETERMINISTIC);
+ * when no engine takes either so, the default ones, said once per
+ * direction. The error, when nothing works, is the first attempt's. */
 static stoke_err *make_plan(sdpa_state *st, cudnn_engine *eng, int autotune, int det, void *stream) {
-  st->dropout = 0;
-  if (det) {
-    st->det = st->bwd;
-    st->det_only = 1;
-    stoke_err *ed = make_plan_of(st, eng, autotune, stream);
-    if (!ed) return NULL;
-    static int said_det[2];
-    if (!said_det[st->bwd]++)
-      stoke_host->log(STOKE_LOG_WARN, "cudnn", "attention %s '%s': no deterministic engine takes the graph (%s); "
-                      "using the default one, whose %s not bitwise reproducible from run to run",
-                      st->bwd ? "backward" : "forward", st->node, ed->msg,
-                      st->bwd ? "dQ sums are" : "results may be");
-    stoke_host->err_free(ed);
-    reset_graph(st);
-    st->det = st->det_only = 0;
-  }
-  stoke_err *e = make_plan_of(st, eng, autotune, stream);
-  if (!e) return NULL;
-  reset_graph(st);
-  st->dropout = 1;
-  stoke_err *e2 = make_plan_of(st, eng, autotune, stream);
-  if (e2) {
-    stoke_host->err_free(e2);
-    return e;
-  }
-  static int said[2];
-  if (!said[st->bwd]++)
-    stoke_host->log(STOKE_LOG_WARN, "cudnn", "attention %s: no engine takes the graph without dropout (%s); using the "
-                    "pattern with a p = 0 dropout, which is slower", st->bwd ? "backward" : "forward", e->msg);
-  stoke_host->err_free(e);
-  return NULL;
+  stoke_err *first = NULL;
+  for (int d = det; d >= 0; d--)
+    for (int drop = 0; drop < 2; drop++) {
+      st->det = d && st->bwd;
+      st->det_only = d;
+      st->dropout = drop;
+      stoke_err *e = make_plan_of(st, eng, autotune, stream);
+      if (!e) {
+        static int said_det[2], said_drop[2];
+        if (det && !d && !said_det[st->bwd]++)
+          stoke_host->log(STOKE_LOG_WARN, "cudnn", "attention %s '%s': no deterministic engine takes the graph (%s); "
+                          "using the default one, whose %s not bitwise reproducible from run to run",
+                          st->bwd ? "backward" : "forward", st->node, first ? first->msg : "",
+                          st->bwd ? "dQ sums are" : "results may be");
+        if (drop && !said_drop[st->bwd]++)
+          stoke_host->log(STOKE_LOG_WARN, "cudnn", "attention %s: no engine takes the graph without dropout%s%s%s; "
+                          "using the pattern with a p = 0 dropout, which is slower", st->bwd ? "backward" : "forward",
+                          first ? " (" : "", first ? first->msg : "", first ? ")" : "");
+        if (first) stoke_host->err_free(first);
+        return NULL;
+      }
+      if (!first) first = e; /* the first attempt's reason is the one to report */
+      else stoke_host->err_free(e);
+      reset_graph(st);
+    }
+  st->det = st->det_only = st->dropout = 0;
+  return first;
 }
 
 static stoke_err *sdpa_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws, stoke_dtype dt, int bwd) {

@@ -474,8 +474,49 @@ static void test_checkpoint_order(void **state) {
   said = load_said(x, old_nchw);
   assert_null(strstr(said, "row-major"));
   free(said);
+  /* device = cpu says NCHW only with layout = auto: layout = nhwc is NHWC on the CPU too */
+  char cpu[512], cpu_old[512];
+  snprintf(cpu, sizeof cpu, "%s/layout_order_cpu.safetensors", dir);
+  snprintf(cpu_old, sizeof cpu_old, "%s/layout_order_cpu_old.safetensors", dir);
+  static const char *const cpu_cfg[] = {"[run]\ndevice = cpu\nlayout = auto\n", "[run]\ndevice = cpu\nlayout = nhwc\n"};
+  for (int k = 0; k < 2; k++) {
+    OK(stoke_checkpoint_save(x, cpu, &m, cpu_cfg[k]));
+    strip_order(cpu, cpu_old);
+    said = load_said(x, cpu_old);
+    if (k) assert_non_null(strstr(said, "'pos'"));
+    else assert_null(strstr(said, "row-major"));
+    free(said);
+  }
   stoke_exec_free(x);
   stoke_plan_free(p);
+  stoke_graph_free(g);
+}
+
+/* A parameter that reaches a convolution's filter input through a view
+ * (or an autocast) is a filter for the checkpoint's order check; a 4-D
+ * parameter added to an image is not. */
+static void test_filter_through_views(void **state) {
+  stoke_graph *g;
+  OK(stoke_graph_new(reg, STOKE_F64, STOKE_NHWC, &g));
+  stoke_builder_v1 b = stoke_graph_builder(g);
+  stoke_init_v1 u = {STOKE_INIT_UNIFORM, -0.5, 0.5};
+  int x, lab, img, w, wv, pos, s, c, f, w3, logits;
+  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){2, {2, 48}}, STOKE_F64, &x));
+  OK(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {2}}, STOKE_I32, &lab));
+  OK(b.node(g, STOKE_OP_RESHAPE, "img", &x, 1, "shape=2x3x4x4", &img, 1));
+  OK(b.param(g, "pos", &(stoke_shape){4, {2, 3, 4, 4}}, u, &pos));
+  OK(b.node(g, STOKE_OP_ADD, "s", (int[]){img, pos}, 2, "", &s, 1));
+  OK(b.param(g, "w", &(stoke_shape){2, {3, 27}}, u, &w));
+  OK(b.node(g, STOKE_OP_RESHAPE, "w.view", &w, 1, "shape=3x3x3x3", &wv, 1));
+  OK(b.node(g, STOKE_OP_CONV2D, "c", (int[]){s, wv}, 2, "padding=1", &c, 1));
+  OK(b.node(g, STOKE_OP_FLATTEN, "f", &c, 1, "", &f, 1));
+  OK(b.param(g, "w3", &(stoke_shape){2, {3, 48}}, u, &w3));
+  OK(b.node(g, STOKE_OP_MATMUL, "logits", (int[]){f, w3}, 2, "", &logits, 1));
+  OK(stoke_graph_loss(g, logits, ""));
+  assert_true(stoke_value_is_filter(g, wv));
+  assert_true(stoke_value_is_filter(g, w));
+  assert_false(stoke_value_is_filter(g, pos));
+  assert_false(stoke_value_is_filter(g, w3));
   stoke_graph_free(g);
 }
 
@@ -487,6 +528,7 @@ int main(void) {
       cmocka_unit_test(test_elementwise_prefers_nhwc),
       cmocka_unit_test(test_cast_follows_readers),
       cmocka_unit_test(test_checkpoint_order),
+      cmocka_unit_test(test_filter_through_views),
   };
   return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
 }

@@ -154,9 +154,10 @@ stoke_err *stoke_graph_append_reshape(stoke_graph *g, const char *name, int in, 
  * n, to append it, changed or not, with any new nodes around it. */
 typedef stoke_err *(*stoke_fwd_place)(void *ctx, const stoke_gnode *old, int n, int i);
 stoke_err *stoke_graph_rewrite_fwd(stoke_graph *g, stoke_fwd_place place, void *ctx);
-/* Whether value v is read as a convolution's filter by a forward node
- * (core/layout.c): [O, C, kh, kw] in memory on every engine and in every
- * checkpoint, whatever the graph's layout. */
+/* Whether value v is read as a convolution's filter by a forward node,
+ * directly or through autocasts and reshapes (core/layout.c): [O, C, kh,
+ * kw] in memory on every engine and in every checkpoint, whatever the
+ * graph's layout. */
 int stoke_value_is_filter(const stoke_graph *g, int v);
 
 /* -------------------------------------------------------------- compile */
