@@ -112,14 +112,26 @@ stoke_err *stoke_graph_append_unary(stoke_graph *g, const char *op, const char *
 /* A compiler pass's reshape (a view where core/alias.c can): a new
  * activation `name` of `shape`, in memory order `layout` when 4-D, from
  * value `in` by a reshape node of the same name. */
+/* A reshape's attributes: "shape=AxBx...". */
+static void reshape_attrs(const stoke_shape *shape, char *attrs, size_t cap) {
+  snprintf(attrs, cap, "shape=");
+  for (int d = 0; d < shape->ndim; d++)
+    snprintf(attrs + strlen(attrs), cap - strlen(attrs), "%s%lld", d ? "x" : "", (long long)shape->d[d]);
+}
+
 stoke_err *stoke_graph_append_reshape(stoke_graph *g, const char *name, int in, const stoke_shape *shape,
                                       stoke_layout layout, int *out) {
-  char attrs[160] = "shape=";
-  for (int d = 0; d < shape->ndim; d++)
-    snprintf(attrs + strlen(attrs), sizeof attrs - strlen(attrs), "%s%lld", d ? "x" : "", (long long)shape->d[d]);
+  char attrs[160];
+  reshape_attrs(shape, attrs, sizeof attrs);
   STOKE_PROPAGATE(new_value(g, name, STOKE_VAL_ACT, shape, g->values[in].dtype, out));
   g->values[*out].layout = shape->ndim == 4 ? layout : STOKE_LAYOUT_ANY;
   return stoke_graph_append_unary(g, STOKE_OP_RESHAPE, name, attrs, in, *out);
+}
+
+stoke_err *stoke_graph_append_view_into(stoke_graph *g, const char *name, int in, int out) {
+  char attrs[160];
+  reshape_attrs(&g->values[out].shape, attrs, sizeof attrs);
+  return stoke_graph_append_unary(g, STOKE_OP_RESHAPE, name, attrs, in, out);
 }
 
 /* A compiler pass over the forward nodes in order, before backward

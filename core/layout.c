@@ -36,7 +36,8 @@
  * check, their inputs' labels). Each value is converted at most once per
  * order; the plan report says how many and which. The input batch's cast
  * (f32 to the graph's dtype and layout) writes row-major when only
- * row-major ops read it. */
+ * row-major ops read it, and is a view when that leaves it nothing to do
+ * (an f32 batch into an f32 graph). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -231,6 +232,11 @@ static stoke_err *place(void *ctx, const stoke_gnode *old, int n_old, int i) {
     stoke_value *y = &g->values[f.out[j]];
     if (y->shape.ndim == 4 && y->layout != STOKE_LAYOUT_ANY) y->layout = out;
   }
+  /* a cast of an f32 batch into an f32 graph exists to transpose it into NHWC: kept row-major it would copy the
+   * batch as it is, so a view takes its place */
+  if (!strcmp(f.n.op, STOKE_OP_CAST) && g->values[f.out[0]].layout == g->values[f.in[0]].layout &&
+      g->values[f.out[0]].dtype == g->values[f.in[0]].dtype)
+    return stoke_graph_append_view_into(g, f.name_buf, f.in[0], f.out[0]);
   return stoke_graph_append_fwd(g, &f);
 }
 

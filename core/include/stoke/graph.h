@@ -149,6 +149,9 @@ stoke_err *stoke_graph_append_unary(stoke_graph *g, const char *op, const char *
  * `shape`, in memory order `layout` when 4-D, from value `in`. */
 stoke_err *stoke_graph_append_reshape(stoke_graph *g, const char *name, int in, const stoke_shape *shape,
                                       stoke_layout layout, int *out);
+/* A reshape from value `in` to the existing value `out` (its shape and
+ * layout as they are): a node that only relabels memory takes its place. */
+stoke_err *stoke_graph_append_view_into(stoke_graph *g, const char *name, int in, int out);
 /* A pass over the forward nodes in order, before backward derivation: the
  * forward list is emptied and `place` called with each old node i of the
  * n, to append it, changed or not, with any new nodes around it. */
