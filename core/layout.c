@@ -234,8 +234,8 @@ static stoke_err *place(void *ctx, const stoke_gnode *old, int n_old, int i) {
   }
   /* a cast of an f32 batch into an f32 graph exists to transpose it into NHWC: kept row-major it would copy the
    * batch as it is, so a view takes its place */
-  if (!strcmp(f.n.op, STOKE_OP_CAST) && g->values[f.out[0]].layout == g->values[f.in[0]].layout &&
-      g->values[f.out[0]].dtype == g->values[f.in[0]].dtype)
+  const stoke_value *cin = &g->values[f.in[0]], *cout = &g->values[f.out[0]];
+  if (!strcmp(f.n.op, STOKE_OP_CAST) && managed(g, f.in[0]) && cout->layout == cin->layout && cout->dtype == cin->dtype)
     return stoke_graph_append_view_into(g, f.name_buf, f.in[0], f.out[0]);
   return stoke_graph_append_fwd(g, &f);
 }

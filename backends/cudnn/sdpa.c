@@ -493,35 +493,40 @@ static void reset_graph(sdpa_state *st) {
  * `det` both first with the deterministic choice (backward: the
  * deterministic graph; both: no configuration noted NONDETERMINISTIC);
  * when no engine takes either so, the default ones, said once per
- * direction. The error, when nothing works, is the first attempt's. */
+ * direction. When nothing works, the error is the default graph's. */
 static stoke_err *make_plan(sdpa_state *st, cudnn_engine *eng, int autotune, int det, void *stream) {
-  stoke_err *first = NULL;
-  for (int d = det; d >= 0; d--)
-    for (int drop = 0; drop < 2; drop++) {
+  stoke_err *nodrop[2] = {NULL, NULL}; /* why the graph without dropout failed, default [0] and deterministic [1] */
+  stoke_err *e = NULL;
+  for (int d = det; d >= 0 && !st->plan; d--)
+    for (int drop = 0; drop < 2 && !st->plan; drop++) {
       st->det = d && st->bwd;
       st->det_only = d;
       st->dropout = drop;
-      stoke_err *e = make_plan_of(st, eng, autotune, stream);
+      e = make_plan_of(st, eng, autotune, stream);
       if (!e) {
         static int said_det[2], said_drop[2];
         if (det && !d && !said_det[st->bwd]++)
           stoke_host->log(STOKE_LOG_WARN, "cudnn", "attention %s '%s': no deterministic engine takes the graph (%s); "
                           "using the default one, whose %s not bitwise reproducible from run to run",
-                          st->bwd ? "backward" : "forward", st->node, first ? first->msg : "",
+                          st->bwd ? "backward" : "forward", st->node, nodrop[1] ? nodrop[1]->msg : "",
                           st->bwd ? "dQ sums are" : "results may be");
         if (drop && !said_drop[st->bwd]++)
-          stoke_host->log(STOKE_LOG_WARN, "cudnn", "attention %s: no engine takes the graph without dropout%s%s%s; "
+          stoke_host->log(STOKE_LOG_WARN, "cudnn", "attention %s: no %sengine takes the graph without dropout (%s); "
                           "using the pattern with a p = 0 dropout, which is slower", st->bwd ? "backward" : "forward",
-                          first ? " (" : "", first ? first->msg : "", first ? ")" : "");
-        if (first) stoke_host->err_free(first);
-        return NULL;
+                          d ? "deterministic " : "", nodrop[d] ? nodrop[d]->msg : "");
+        break;
       }
-      if (!first) first = e; /* the first attempt's reason is the one to report */
+      if (!drop) nodrop[d] = e;
       else stoke_host->err_free(e);
       reset_graph(st);
     }
+  if (nodrop[1]) stoke_host->err_free(nodrop[1]);
+  if (!e) {
+    if (nodrop[0]) stoke_host->err_free(nodrop[0]);
+    return NULL;
+  }
   st->det = st->det_only = st->dropout = 0;
-  return first;
+  return nodrop[0]; /* the default graph's reason, as without `det` */
 }
 
 static stoke_err *sdpa_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws, stoke_dtype dt, int bwd) {

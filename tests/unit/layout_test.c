@@ -385,6 +385,24 @@ static void each_param_f32(stoke_exec *xa, stoke_exec *xb) {
   }
 }
 
+/* The loss of graph gb (NHWC) equals ga's (NCHW) bit for bit, gb's
+ * parameters copied from ga's; both graphs and plans are freed. */
+static void expect_same_cast_loss(stoke_graph *ga, stoke_plan *pa, stoke_graph *gb, stoke_plan *pb) {
+  stoke_exec *xa = cast_net_exec(ga, pa), *xb = cast_net_exec(gb, pb);
+  if (ga->dtype == STOKE_F32) each_param_f32(xa, xb);
+  else each_param(xa, xb, copy_a_to_b, 0);
+  double la = cpu_loss(xa), lb = cpu_loss(xb);
+  print_message("%s: loss NCHW %.17g, NHWC %.17g\n", stoke_dtype_name(ga->dtype), la, lb);
+  assert_true(isfinite(la));
+  assert_true(la == lb);
+  stoke_exec_free(xa);
+  stoke_exec_free(xb);
+  stoke_plan_free(pa);
+  stoke_plan_free(pb);
+  stoke_graph_free(ga);
+  stoke_graph_free(gb);
+}
+
 static void test_cast_follows_readers(void **state) {
   stoke_graph *ga = cast_net(STOKE_NCHW, 0, STOKE_F64), *gb = cast_net(STOKE_NHWC, 0, STOKE_F64),
               *gc = cast_net(STOKE_NHWC, 1, STOKE_F64);
@@ -393,20 +411,9 @@ static void test_cast_follows_readers(void **state) {
   assert_int_equal(pb->n_layout_converted + pb->n_layout_relabelled, 0); /* was 1: 'cast' to row-major */
   assert_int_equal(gc->values[find_value(gc, "cast")].layout, STOKE_NHWC);
   assert_int_equal(pc->n_layout_converted, 0);
-  stoke_exec *xa = cast_net_exec(ga, pa), *xb = cast_net_exec(gb, pb);
-  each_param(xa, xb, copy_a_to_b, 0);
-  double la = cpu_loss(xa), lb = cpu_loss(xb);
-  print_message("loss NCHW %.17g, NHWC %.17g\n", la, lb);
-  assert_true(isfinite(la));
-  assert_true(la == lb);
-  stoke_exec_free(xa);
-  stoke_exec_free(xb);
-  stoke_plan_free(pa);
-  stoke_plan_free(pb);
   stoke_plan_free(pc);
-  stoke_graph_free(ga);
-  stoke_graph_free(gb);
   stoke_graph_free(gc);
+  expect_same_cast_loss(ga, pa, gb, pb);
   /* an f32 batch into an f32 graph: nothing left for the cast to do, a view takes its place (no copy); the same
    * loss as the NCHW graph, whose cast copies */
   ga = cast_net(STOKE_NCHW, 0, STOKE_F32), gb = cast_net(STOKE_NHWC, 0, STOKE_F32);
@@ -416,18 +423,7 @@ static void test_cast_follows_readers(void **state) {
   assert_int_equal(pb->n_layout_converted, 0);
   size_t off;
   assert_int_equal(stoke_alias_root(gb, find_value(gb, "cast"), &off), gb->input); /* the batch's memory */
-  xa = cast_net_exec(ga, pa), xb = cast_net_exec(gb, pb);
-  each_param_f32(xa, xb);
-  la = cpu_loss(xa), lb = cpu_loss(xb);
-  print_message("f32: loss NCHW %.9g, NHWC (cast a view) %.9g\n", la, lb);
-  assert_true(isfinite(la));
-  assert_true(la == lb);
-  stoke_exec_free(xa);
-  stoke_exec_free(xb);
-  stoke_plan_free(pa);
-  stoke_plan_free(pb);
-  stoke_graph_free(ga);
-  stoke_graph_free(gb);
+  expect_same_cast_loss(ga, pa, gb, pb);
 }
 
 /* ---------------------------------------------- checkpoints' 4-D order */
