@@ -92,8 +92,9 @@ stoke_err *run_claim_out_dir(const run_state *s) {
   if (e) stoke_err_free(e);
   else snprintf(what, sizeof what, "step %lld", (long long)m.step);
   return STOKE_ERR(STOKE_E_INVALID,
-                   "%s: [run] out_dir '%s' holds another run's checkpoint (%s, %s): continue it with run.resume=%s, "
-                   "start over with run.overwrite=true (it is replaced at the first save), or choose another out_dir",
+                   "%s: [run] out_dir '%s' holds another run's checkpoint (%s, %s): continue it with run.resume=%s "
+                   "(or run.resume=auto), start over with run.overwrite=true (it is replaced at the first save), or "
+                   "choose another out_dir",
                    stoke_cfg_where(c, "run", "out_dir"), dir, ckpt, what, ckpt);
 }
 

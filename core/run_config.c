@@ -54,7 +54,9 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "(synchronizes every step: for finding where time goes, not for speed figures)"},
     {"checkpoint", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "write checkpoints (false: none at all, e.g. for benchmarks)"},
-    {"resume", STOKE_CFG_STR, "", 0, 0, NULL, "continue from this checkpoint file"},
+    {"resume", STOKE_CFG_STR, "", 0, 0, NULL,
+     "continue from this checkpoint file; auto: from out_dir's checkpoint when it has one, else start (a "
+     "preempted job's restart command)"},
     {"overwrite", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "start over in an out_dir that holds another run's checkpoint (replaced at the first save); without it "
      "such a run is refused unless run.resume names that checkpoint"},

@@ -168,6 +168,15 @@ static stoke_err *open_folder(run_state *s) {
                      stoke_cfg_where(s->cfg, "run", "out_dir"), len, sizeof s->dir - 32);
   if (rc->run.out_dir[0]) snprintf(s->dir, sizeof s->dir, "%s", rc->run.out_dir);
   else snprintf(s->dir, sizeof s->dir, "runs/%s", run_name);
+  /* run.resume = auto: the checkpoint rank 0 writes in out_dir, when there is one (every rank reads it) */
+  if (!strcmp(rc->run.resume, "auto")) {
+    struct stat st;
+    snprintf(s->resume_auto, sizeof s->resume_auto, "%s/checkpoint.safetensors", s->dir);
+    if (stat(s->resume_auto, &st)) s->resume_auto[0] = 0;
+    s->rc.run.resume = s->resume_auto;
+    stoke_log(STOKE_LOG_INFO, "run", "[run] resume = auto: %s", s->resume_auto[0] ? s->resume_auto
+                                                                 : "no checkpoint in out_dir, starting at step 0");
+  }
   if (s->rank > 0) snprintf(s->dir + len, sizeof s->dir - len, "/rank%d", s->rank);
   snprintf(s->sum->out_dir, sizeof s->sum->out_dir, "%s", s->dir);
   run_signals_ignore_xfsz(&s->sg);

@@ -51,6 +51,7 @@ typedef struct run_state {
   stoke_registry *reg;
   sig_guard sg;
   char dir[512];       /* the run's folder: config.ini, log.txt, plan.txt, metrics.jsonl */
+  char resume_auto[560]; /* run.resume = auto: out_dir's checkpoint when there is one (rc.run.resume points here) */
   char run_name[256];
   char metrics_path[640]; /* the metrics keep it for their messages */
   /* the engines of [run] backends, and the one that owns the device */

@@ -796,6 +796,15 @@ static void test_out_dir_claimed(void **state) {
   /* without checkpoints nothing is at stake */
   e = run_in("claimed", &s, OVER("run.steps=1", "run.checkpoint=false"));
   if (e) fail_msg("%s", e->msg);
+  /* run.resume = auto (a preempted job's one restart command): out_dir's checkpoint (step 1) is continued to
+   * step 3; in an empty out_dir the run starts at step 0 */
+  e = run_in("claimed", &s, OVER("run.steps=3", "run.resume=auto"));
+  if (e) fail_msg("%s", e->msg);
+  assert_int_equal(ckpt_step("claimed"), 3);
+  assert_int_equal(s.steps, 3);
+  e = run_in("claimed_auto", &s, OVER("run.steps=2", "run.resume=auto"));
+  if (e) fail_msg("%s", e->msg);
+  assert_int_equal(ckpt_step("claimed_auto"), 2);
 }
 
 int main(void) {
