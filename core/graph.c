@@ -109,9 +109,6 @@ stoke_err *stoke_graph_append_unary(stoke_graph *g, const char *op, const char *
   return stoke_graph_append_fwd(g, &c);
 }
 
-/* A compiler pass's reshape (a view where core/alias.c can): a new
- * activation `name` of `shape`, in memory order `layout` when 4-D, from
- * value `in` by a reshape node of the same name. */
 /* A reshape's attributes: "shape=AxBx...". */
 static void reshape_attrs(const stoke_shape *shape, char *attrs, size_t cap) {
   snprintf(attrs, cap, "shape=");
@@ -119,6 +116,9 @@ static void reshape_attrs(const stoke_shape *shape, char *attrs, size_t cap) {
     snprintf(attrs + strlen(attrs), cap - strlen(attrs), "%s%lld", d ? "x" : "", (long long)shape->d[d]);
 }
 
+/* A compiler pass's reshape (a view where core/alias.c can): a new
+ * activation `name` of `shape`, in memory order `layout` when 4-D, from
+ * value `in` by a reshape node of the same name. */
 stoke_err *stoke_graph_append_reshape(stoke_graph *g, const char *name, int in, const stoke_shape *shape,
                                       stoke_layout layout, int *out) {
   char attrs[160];

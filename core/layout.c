@@ -219,14 +219,14 @@ static stoke_err *place(void *ctx, const stoke_gnode *old, int n_old, int i) {
               f.name_buf, f.n.op, k, want == STOKE_NHWC ? "NHWC" : "row-major");
   }
   stoke_layout out = cls == ROW_MAJOR ? STOKE_NCHW : cls == AWARE ? STOKE_NHWC : along;
-  if (cls == KEEP) /* normalize: its layout attribute; cast: the graph's, but row-major from a row-major batch
-                    * when only row-major ops read it (a ViT's patchify: no transposition there and back) */
-    out = !strcmp(f.n.op, STOKE_OP_NORMALIZE) ? (!strcmp(f.n.attrs[STOKE_NORMALIZE_LAYOUT].s, "nchw") ? STOKE_NCHW
-                                                                                                   : g->layout)
-          : managed(g, f.in[0]) && g->values[f.in[0]].layout == STOKE_NCHW &&
-                  read_row_major(g, old, n_old, i, f.out[0])
-              ? STOKE_NCHW
-              : g->layout;
+  /* normalize: its layout attribute; cast: the graph's, but row-major from a row-major batch when only row-major
+   * ops read it (a ViT's patchify: no transposition there and back) */
+  int is_cast = cls == KEEP && !strcmp(f.n.op, STOKE_OP_CAST);
+  int row_major_batch = is_cast && managed(g, f.in[0]) && g->values[f.in[0]].layout == STOKE_NCHW;
+  if (cls == KEEP)
+    out = !is_cast ? (!strcmp(f.n.attrs[STOKE_NORMALIZE_LAYOUT].s, "nchw") ? STOKE_NCHW : g->layout)
+          : row_major_batch && read_row_major(g, old, n_old, i, f.out[0]) ? STOKE_NCHW
+                                                                          : g->layout;
   if (out == STOKE_LAYOUT_ANY) out = g->layout;
   for (int j = 0; j < f.n_out; j++) {
     stoke_value *y = &g->values[f.out[j]];
@@ -234,8 +234,7 @@ static stoke_err *place(void *ctx, const stoke_gnode *old, int n_old, int i) {
   }
   /* a cast of an f32 batch into an f32 graph exists to transpose it into NHWC: kept row-major it would copy the
    * batch as it is, so a view takes its place */
-  const stoke_value *cin = &g->values[f.in[0]], *cout = &g->values[f.out[0]];
-  if (!strcmp(f.n.op, STOKE_OP_CAST) && managed(g, f.in[0]) && cout->layout == cin->layout && cout->dtype == cin->dtype)
+  if (row_major_batch && out == STOKE_NCHW && g->values[f.out[0]].dtype == g->values[f.in[0]].dtype)
     return stoke_graph_append_view_into(g, f.name_buf, f.in[0], f.out[0]);
   return stoke_graph_append_fwd(g, &f);
 }

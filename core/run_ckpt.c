@@ -70,7 +70,7 @@ stoke_err *run_claim_out_dir(const run_state *s) {
   int want_ckpt = s->rc.run.checkpoint, overwrite = s->rc.run.overwrite;
   DIR *d = opendir(dir);
   for (struct dirent *de; d && (de = readdir(d));) {
-    static const char tmp[] = "checkpoint.safetensors.tmp.";
+    static const char tmp[] = RUN_CKPT_NAME ".tmp.";
     if (strncmp(de->d_name, tmp, sizeof tmp - 1)) continue;
     long pid = stoke_checkpoint_tmp_pid(de->d_name + sizeof tmp - 1); /* 0: another machine's */
     if (!pid) continue;
@@ -82,7 +82,7 @@ stoke_err *run_claim_out_dir(const run_state *s) {
   }
   if (d) closedir(d);
   char ckpt[PATH_MAX];
-  snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", dir);
+  snprintf(ckpt, sizeof ckpt, "%s/" RUN_CKPT_NAME, dir);
   struct stat have, named;
   if (!want_ckpt || overwrite || stat(ckpt, &have)) return NULL;
   if (resume[0] && !stat(resume, &named) && named.st_dev == have.st_dev && named.st_ino == have.st_ino) return NULL;

@@ -171,7 +171,7 @@ static stoke_err *open_folder(run_state *s) {
   /* run.resume = auto: the checkpoint rank 0 writes in out_dir, when there is one (every rank reads it) */
   if (!strcmp(rc->run.resume, "auto")) {
     struct stat st;
-    snprintf(s->resume_auto, sizeof s->resume_auto, "%s/checkpoint.safetensors", s->dir);
+    snprintf(s->resume_auto, sizeof s->resume_auto, "%s/" RUN_CKPT_NAME, s->dir);
     if (stat(s->resume_auto, &st)) s->resume_auto[0] = 0;
     s->rc.run.resume = s->resume_auto;
     stoke_log(STOKE_LOG_INFO, "run", "[run] resume = auto: %s", s->resume_auto[0] ? s->resume_auto
@@ -447,7 +447,7 @@ stoke_err *run_open(run_state *s) {
   STOKE_PROPAGATE(open_data(s));
   STOKE_PROPAGATE(plan_length(s));
   STOKE_PROPAGATE(choose_graphs(s));
-  if (s->rc.run.checkpoint) snprintf(s->ckpt, sizeof s->ckpt, "%s/checkpoint.safetensors", s->dir);
+  if (s->rc.run.checkpoint) snprintf(s->ckpt, sizeof s->ckpt, "%s/" RUN_CKPT_NAME, s->dir);
   STOKE_PROPAGATE(run_check_room(s));
   announce(s);
   s->good = s->start_step, s->good_epoch = s->resume.epoch;

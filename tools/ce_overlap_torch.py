@@ -61,6 +61,15 @@ class Gpu:
         return dx, dw
 
 
+def each_waits_for_other(g0, g1):
+    """Each GPU's comm stream waits for what the other's has queued so far."""
+    e0, e1 = torch.cuda.Event(), torch.cuda.Event()
+    e0.record(g0.comm)
+    e1.record(g1.comm)
+    g0.comm.wait_event(e1)
+    g1.comm.wait_event(e0)
+
+
 def run(gpus, mode, n_buckets_every):
     """One step: returns (products ms on GPU 0, step ms)."""
     nl = 4 * L
@@ -74,7 +83,7 @@ def run(gpus, mode, n_buckets_every):
         g.compute.wait_stream(torch.cuda.current_stream(g.dev))
         g.comm.wait_stream(torch.cuda.current_stream(g.dev))
         start[g.d].record(g.compute)
-    ready = []  # per bucket, per gpu: event after its layers
+    b = -1  # the bucket being exchanged
     for i in range(nl):
         for g in gpus:
             torch.cuda.set_device(g.d)
@@ -87,8 +96,7 @@ def run(gpus, mode, n_buckets_every):
                 e = torch.cuda.Event()
                 e.record(g.compute)
                 evs.append(e)
-            ready.append(evs)
-            b = len(ready) - 1
+            b += 1
             lo = b * bsz
             hi = min(GRAD_ELEMS, lo + bsz)
             if mode in ("nccl", "nccl0"):
@@ -103,23 +111,15 @@ def run(gpus, mode, n_buckets_every):
                     g.comm.wait_event(evs[1])
                 # reduce-scatter: GPU 0 owns the first half, GPU 1 the second
                 with torch.cuda.stream(g0.comm):
-                    g1.scratch[:half].copy_(g0.grads[lo + half:hi][:half], non_blocking=True)
+                    g1.scratch[:half].copy_(g0.grads[lo + half:lo + 2 * half], non_blocking=True)
                 with torch.cuda.stream(g1.comm):
                     g0.scratch[:half].copy_(g1.grads[lo:lo + half], non_blocking=True)
-                c0, c1 = torch.cuda.Event(), torch.cuda.Event()
-                c0.record(g0.comm)
-                c1.record(g1.comm)
-                g0.comm.wait_event(c1)
-                g1.comm.wait_event(c0)
+                each_waits_for_other(g0, g1)
                 with torch.cuda.stream(g0.comm):
                     g0.grads[lo:lo + half].add_(g0.scratch[:half])
                 with torch.cuda.stream(g1.comm):
                     g1.grads[lo + half:lo + 2 * half].add_(g1.scratch[:half])
-                a0, a1 = torch.cuda.Event(), torch.cuda.Event()
-                a0.record(g0.comm)
-                a1.record(g1.comm)
-                g0.comm.wait_event(a1)
-                g1.comm.wait_event(a0)
+                each_waits_for_other(g0, g1)
                 # all-gather: each sends its reduced half back
                 with torch.cuda.stream(g0.comm):
                     g1.grads[lo:lo + half].copy_(g0.grads[lo:lo + half], non_blocking=True)

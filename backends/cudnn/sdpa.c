@@ -496,13 +496,12 @@ static void reset_graph(sdpa_state *st) {
  * direction. When nothing works, the error is the default graph's. */
 static stoke_err *make_plan(sdpa_state *st, cudnn_engine *eng, int autotune, int det, void *stream) {
   stoke_err *nodrop[2] = {NULL, NULL}; /* why the graph without dropout failed, default [0] and deterministic [1] */
-  stoke_err *e = NULL;
   for (int d = det; d >= 0 && !st->plan; d--)
     for (int drop = 0; drop < 2 && !st->plan; drop++) {
       st->det = d && st->bwd;
       st->det_only = d;
       st->dropout = drop;
-      e = make_plan_of(st, eng, autotune, stream);
+      stoke_err *e = make_plan_of(st, eng, autotune, stream);
       if (!e) {
         static int said_det[2], said_drop[2];
         if (det && !d && !said_det[st->bwd]++)
@@ -521,7 +520,7 @@ static stoke_err *make_plan(sdpa_state *st, cudnn_engine *eng, int autotune, int
       reset_graph(st);
     }
   if (nodrop[1]) stoke_host->err_free(nodrop[1]);
-  if (!e) {
+  if (st->plan) {
     if (nodrop[0]) stoke_host->err_free(nodrop[0]);
     return NULL;
   }
