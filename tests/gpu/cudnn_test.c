@@ -266,9 +266,98 @@ static void test_autotune_without_memory(void **state) {
   g_free(&x), g_free(&w), g_free(&y);
 }
 
+/* The log lines written while `f` runs (stoke_log_set_file). */
+static char *log_of(void (*f)(void *), void *ctx) {
+  FILE *lf = tmpfile();
+  assert_non_null(lf);
+  stoke_log_set_file(lf);
+  f(ctx);
+  stoke_log_set_file(NULL);
+  long n = ftell(lf);
+  rewind(lf);
+  char *text = calloc(1, (size_t)n + 1);
+  assert_int_equal(fread(text, 1, (size_t)n, lf), (size_t)n);
+  fclose(lf);
+  return text;
+}
+
+typedef struct attn_plan {
+  const stoke_kernel_v1 *k;
+  stoke_kernel_args_v1 *a;
+  void *state;
+  size_t ws;
+} attn_plan;
+
+static void plan_attention(void *ctx) {
+  attn_plan *p = ctx;
+  stoke_err *e = p->k->plan(p->a, &p->state, &p->ws);
+  if (e) fail_msg("attention plan with autotune and the device nearly full: %s", e->msg);
+}
+
+/* The same for attention (sdpa.c), on GPT-2's shape: with no memory for
+ * the timing's temporaries (72 MiB of qkv alone) the plan takes cuDNN's first
+ * configuration untimed, with a warning, and keeps it for the shape: a
+ * second node of the same shape plans without timing or warning. Then the
+ * untimed choice runs, against the CPU. */
+static void test_attention_autotune_without_memory(void **state) {
+  enum { B = 16, T = 1024, H = 12, D = 64 };
+  const stoke_kernel_v1 *rk = stoke_find_kernel(g_reg, "cpu", STOKE_OP_ATTENTION, STOKE_FWD, STOKE_F64, STOKE_LAYOUT_ANY);
+  void *es = NULL;
+  const stoke_kernel_v1 *gk = g_gpu_kernel(STOKE_OP_ATTENTION, STOKE_FWD, STOKE_BF16, STOKE_LAYOUT_ANY, &es);
+  if (!rk) fail_msg("no cpu attention kernel");
+  stoke_node_v1 node;
+  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_ATTENTION, "tight_attn", "n_head=12, causal=1", &node);
+  if (e) fail_msg("%s", e->msg);
+  g_tensor qkv, y, lse;
+  g_alloc(&qkv, &(stoke_shape){3, {B, T, 3 * H * D}}, STOKE_BF16, STOKE_LAYOUT_ANY);
+  g_alloc(&y, &(stoke_shape){3, {B, T, H * D}}, STOKE_BF16, STOKE_LAYOUT_ANY);
+  g_alloc(&lse, &(stoke_shape){3, {B, H, T}}, STOKE_F32, STOKE_LAYOUT_ANY);
+  stoke_rng r = stoke_rng_seed(g_seed);
+  g_fill(&qkv, &r, -1, 1, 0);
+  g_poison(&y);
+  g_poison(&lse);
+  stoke_tensor gin[1] = {qkv.dev}, gout[2] = {y.dev, lse.dev};
+  stoke_kernel_args_v1 ga = {.node = &node, .n_in = 1, .n_out = 2, .in = gin, .out = gout, .training = 1,
+                             .engine = es, .stream = g_dev->default_stream(g_dev_self), .flags = STOKE_KFLAG_AUTOTUNE};
+  g_hog hog;
+  g_fill_device(&hog, 48, 72); /* room to build the plans, none for the 72 MiB of qkv's timing copy */
+  attn_plan first = {gk, &ga, NULL, 0}, again = {gk, &ga, NULL, 0};
+  char *said1 = log_of(plan_attention, &first), *said2 = log_of(plan_attention, &again);
+  g_unhog(&hog);
+  print_message("first plan said: %s", said1);
+  print_message("second plan said: %s", said2[0] ? said2 : "(nothing)\n");
+  if (!strstr(said1, "took cuDNN's heuristic choice untimed"))
+    fail_msg("the first plan did not say it took the untimed choice: %s", said1);
+  if (strstr(said2, "untimed") || strstr(said2, "timed, ms"))
+    fail_msg("the second plan of the same shape timed or warned again: %s", said2);
+  free(said1);
+  free(said2);
+  gk->destroy(again.state);
+  void *ws = NULL;
+  if (first.ws) {
+    e = g_dev->alloc(g_dev_self, first.ws, &ws);
+    if (e) fail_msg("%s", e->msg);
+  }
+  ga.workspace = ws, ga.workspace_bytes = first.ws;
+  e = gk->run(&ga, first.state);
+  if (!e) e = g_dev->stream_sync(g_dev_self, NULL);
+  if (e) fail_msg("run: %s", e->msg);
+  stoke_tensor rin[1] = {qkv.ref}, rout[2] = {y.ref, lse.ref};
+  stoke_kernel_args_v1 ra = {.node = &node, .n_in = 1, .n_out = 2, .in = rin, .out = rout, .training = 1};
+  g_run(rk, &ra, 0);
+  double err = g_compare(&y, NULL), tol = g_tol(STOKE_BF16, T);
+  print_message("untimed attention: relative error %.3g against the CPU (bound %.3g from bf16 and T = %d)\n", err,
+                tol, T);
+  if (!(err <= tol)) fail_msg("relative error %.3g > %.3g (seed %llu)", err, tol, (unsigned long long)g_seed);
+  gk->destroy(first.state);
+  if (ws) g_dev->free(g_dev_self, ws);
+  g_free(&qkv), g_free(&y), g_free(&lse);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_many_plans_kept), cmocka_unit_test(test_unfolded_paths),
                                      cmocka_unit_test(test_autotune_without_memory),
+                                     cmocka_unit_test(test_attention_autotune_without_memory),
   };
   return cmocka_run_group_tests(tests, setup, g_teardown);
 }

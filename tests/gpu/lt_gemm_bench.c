@@ -11,6 +11,8 @@
  * data). Each line: median of 20 timed calls after 3 warm-up calls, in
  * ms and TFLOP/s. A benchmark, not a test. GPU machine only.
  *   lt_gemm_bench [tokens]          every product of the four linears
+ *   lt_gemm_bench rn50 [batch] [px] ResNet-50's stride-1 1x1 convolutions
+ *                                   as the same three products (NHWC rows)
  * The layouts are the engine's (cublaslt.c's header): forward m = O,
  * n = N, k = K; dx m = K, n = N, k = O; dW m = K, n = O, k = N. */
 #include <stdint.h>
@@ -184,8 +186,21 @@ static void *dev_random(size_t n, unsigned seed) {
   return d;
 }
 
+/* ResNet-50's stride-1 1x1 convolutions as linears over M = N H W rows
+ * (NHWC: X [M, C] row-major, W [K, C]): uses a step, C in, K out, H at 224. */
+static const struct {
+  const char *name;
+  int64_t c, k, h;
+  int uses;
+} RN50_1X1[] = {{"l1 64-64", 64, 64, 56, 1},     {"l1 64-256", 64, 256, 56, 4},   {"l1 256-64", 256, 64, 56, 2},
+                {"l2 256-128", 256, 128, 56, 1}, {"l2 128-512", 128, 512, 28, 4}, {"l2 512-128", 512, 128, 28, 3},
+                {"l3 512-256", 512, 256, 28, 1}, {"l3 256-1024", 256, 1024, 14, 6}, {"l3 1024-256", 1024, 256, 14, 5},
+                {"l4 1024-512", 1024, 512, 14, 1}, {"l4 512-2048", 512, 2048, 7, 3}, {"l4 2048-512", 2048, 512, 7, 2}};
+
 int main(int argc, char **argv) {
-  int64_t N = argc > 1 ? atoll(argv[1]) : 16384;
+  int rn50 = argc > 1 && !strcmp(argv[1], "rn50");
+  int64_t N = rn50 ? 0 : argc > 1 ? atoll(argv[1]) : 16384;
+  int64_t batch = rn50 && argc > 2 ? atoll(argv[2]) : 256, res = rn50 && argc > 3 ? atoll(argv[3]) : 224;
   CK(cudaStreamCreate(&S));
   LK(cublasLtCreate(&H));
   CK(cudaMalloc(&WS, WS_BYTES));
@@ -193,38 +208,62 @@ int main(int argc, char **argv) {
   CK(cudaEventCreate(&E1));
   struct {
     const char *name;
-    int64_t K, O;
-  } lin[] = {{"c_attn", 768, 2304}, {"attn.c_proj", 768, 768}, {"c_fc", 768, 3072}, {"mlp.c_proj", 3072, 768}};
-  int64_t big = N * 3072;
-  void *X = dev_random((size_t)big, 1), *DY = dev_random((size_t)big, 2), *Wt = dev_random(3072 * 768, 3);
+    int64_t K, O, N;
+    int uses;
+  } lin[16] = {{"c_attn", 768, 2304, N, 1}, {"attn.c_proj", 768, 768, N, 1}, {"c_fc", 768, 3072, N, 1},
+               {"mlp.c_proj", 3072, 768, N, 1}};
+  size_t nlin = 4;
+  if (rn50) {
+    nlin = sizeof RN50_1X1 / sizeof *RN50_1X1;
+    for (size_t i = 0; i < nlin; i++) {
+      int64_t h = RN50_1X1[i].h * res / 224;
+      lin[i].name = RN50_1X1[i].name, lin[i].K = RN50_1X1[i].c, lin[i].O = RN50_1X1[i].k;
+      lin[i].N = batch * h * h, lin[i].uses = RN50_1X1[i].uses;
+    }
+  }
+  int64_t big = 0, wmax = 3072 * 768;
+  for (size_t l = 0; l < nlin; l++) {
+    int64_t io = lin[l].N * (lin[l].K > lin[l].O ? lin[l].K : lin[l].O);
+    if (io > big) big = io;
+    if (lin[l].K * lin[l].O > wmax) wmax = lin[l].K * lin[l].O;
+  }
+  void *X = dev_random((size_t)big, 1), *DY = dev_random((size_t)big, 2), *Wt = dev_random((size_t)wmax, 3);
   void *D;
   CK(cudaMalloc(&D, (size_t)big * 4 * 4));
-  printf("lt_gemm_bench: N = %lld tokens, bf16, f32 compute, cuBLASLt %zu\n", (long long)N, cublasLtGetVersion());
-  for (size_t l = 0; l < sizeof lin / sizeof *lin; l++) {
-    int64_t K = lin[l].K, O = lin[l].O;
-    double flop = 2.0 * (double)N * (double)K * (double)O;
+  if (rn50)
+    printf("lt_gemm_bench: ResNet-50's stride-1 1x1 convolutions as products, batch %lld, %lld px, bf16, f32 "
+           "compute, cuBLASLt %zu\n",
+           (long long)batch, (long long)res, cublasLtGetVersion());
+  else
+    printf("lt_gemm_bench: N = %lld tokens, bf16, f32 compute, cuBLASLt %zu\n", (long long)N, cublasLtGetVersion());
+  double step[3] = {0, 0, 0};
+  for (size_t l = 0; l < nlin; l++) {
+    int64_t K = lin[l].K, O = lin[l].O, Nl = lin[l].N;
+    double flop = 2.0 * (double)Nl * (double)K * (double)O;
     char name[64];
     snprintf(name, sizeof name, "%s fwd", lin[l].name);
-    prod p = make(CUBLAS_OP_T, CUBLAS_OP_N, O, N, K, K, K, O, CUDA_R_16BF, 1, 0, 0, 0);
-    sweep(name, &p, flop, Wt, X, D, 0);
+    prod p = make(CUBLAS_OP_T, CUBLAS_OP_N, O, Nl, K, K, K, O, CUDA_R_16BF, 1, 0, 0, 0);
+    step[0] += lin[l].uses * sweep(name, &p, flop, Wt, X, D, 0);
     unmake(&p);
     snprintf(name, sizeof name, "%s dx", lin[l].name);
-    p = make(CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, K, O, K, CUDA_R_16BF, 1, 0, 0, 0);
-    sweep(name, &p, flop, Wt, DY, D, 0);
+    p = make(CUBLAS_OP_N, CUBLAS_OP_N, K, Nl, O, K, O, K, CUDA_R_16BF, 1, 0, 0, 0);
+    step[1] += lin[l].uses * sweep(name, &p, flop, Wt, DY, D, 0);
     unmake(&p);
     snprintf(name, sizeof name, "%s dW", lin[l].name);
-    p = make(CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, K, O, K, CUDA_R_16BF, 1, 0, 0, 0);
-    sweep(name, &p, flop, X, DY, D, 1);
+    p = make(CUBLAS_OP_N, CUBLAS_OP_T, K, O, Nl, K, O, K, CUDA_R_16BF, 1, 0, 0, 0);
+    step[2] += lin[l].uses * sweep(name, &p, flop, X, DY, D, 1);
     unmake(&p);
-    for (int sb = 2; sb <= 8; sb *= 2) { /* the tokens split into sb strided batches, f32 partials */
-      int64_t nb = N / sb;
+    for (int sb = 2; !rn50 && sb <= 8; sb *= 2) { /* the tokens split into sb strided batches, f32 partials */
+      int64_t nb = Nl / sb;
       snprintf(name, sizeof name, "%s dW batch%d", lin[l].name, sb);
       p = make(CUBLAS_OP_N, CUBLAS_OP_T, K, O, nb, K, O, K, CUDA_R_32F, sb, K * nb, O * nb, K * O);
-      float ms = sweep(name, &p, flop, X, DY, D, 0);
+      sweep(name, &p, flop, X, DY, D, 0);
       printf("%-24s + reduction of %d f32 partials: %.1f MB read\n", name, sb, (double)sb * K * O * 4 / 1e6);
-      (void)ms;
       unmake(&p);
     }
   }
+  if (rn50)
+    printf("per step (uses counted), best candidates: fwd %.3f ms, dx %.3f ms, dW %.3f ms, all %.3f ms\n", step[0],
+           step[1], step[2], step[0] + step[1] + step[2]);
   return 0;
 }
