@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "conv_lt.h"
 #include "graph.h"
 #include "stoke_cudnn.h"
 
@@ -78,6 +79,7 @@ static void cudnn_close(void *self) {
   cudnn_engine *e = self;
   if (!e) return;
   cg_cache_free(e);
+  clt_engine_close(e);
   cudnnDestroy(e->handle);
   stoke_host->free(e);
 }
