@@ -287,6 +287,27 @@ static int epi_uses_bias(cublasLtEpilogue_t e) {
          e == CUBLASLT_EPILOGUE_DRELU_BGRAD || e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
 }
 
+/* Under STOKE_KFLAG_DETERMINISTIC the heuristic is asked for algorithms
+ * without split-K reductions (REDUCTION_SCHEME_MASK = NONE); each timed
+ * candidate's configuration is checked again here. Reproducible: no split
+ * (SPLITK_NUM 1), or a fixed split whose partial sums are reduced in a
+ * separate pass (COMPUTE_TYPE / OUTPUT_TYPE). Refused: a split added into
+ * the output in place (INPLACE), and SPLITK_NUM -1, which the H100's
+ * heuristic reports for some algorithms (with workspace for partial sums)
+ * and whose summation order cublasLt.h does not document. */
+static int algo_reproducible(const cublasLtMatmulAlgo_t *algo) {
+  int32_t splitk = 1;
+  uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE;
+  size_t w = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w) !=
+          CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red, &w) !=
+          CUBLAS_STATUS_SUCCESS)
+    return 0;
+  return splitk == 1 ||
+         (splitk > 1 && (red == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE || red == CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE));
+}
+
 static const lt_choice *cache_get(const lt_engine *E, const lt_key *k) {
   for (int i = 0; i < E->n_cache; i++)
     if (!memcmp(&E->keys[i], k, sizeof *k)) return &E->vals[i];
@@ -411,7 +432,7 @@ static stoke_err *tune(lt_engine *E, const lt_state *s, const lt_gemm *g, const 
   size_t ws = 0;
   for (int i = 0; i < found; i++) {
     ok[i] = res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= LT_WORKSPACE_BYTES &&
-            (!k->det || stoke_lt_algo_reproducible(&res[i].algo));
+            (!k->det || algo_reproducible(&res[i].algo));
     if (ok[i] && res[i].workspaceSize > ws) ws = res[i].workspaceSize;
     n_ok += ok[i];
   }
@@ -612,7 +633,7 @@ static stoke_err *gemm_plan(lt_engine *E, const lt_state *s, const stoke_kernel_
     /* deterministic: the first candidate the reproducibility check passes (the reduction mask asks for no
      * split-K, but the heuristic's first is not checked otherwise), also when autotune times none */
     int r = 0;
-    while (r < found && !(res[r].state == CUBLAS_STATUS_SUCCESS && stoke_lt_algo_reproducible(&res[r].algo))) r++;
+    while (r < found && !(res[r].state == CUBLAS_STATUS_SUCCESS && algo_reproducible(&res[r].algo))) r++;
     if (r == found) found = 0; /* none: reported below as no algorithm */
     else if (r) res[0] = res[r];
   }

@@ -27,16 +27,10 @@
  * autotune the direct plan and the unfoldings are timed (the unfold
  * kernel counted) and the fastest kept; without, the width taps are
  * unfolded (into 32-channel rows) for at most 4 channels. Backward unfolds only for the weight's gradient
- * (the stem's input needs none).
- *
- * A 1x1 convolution (stride 1, no padding, NHWC, 16-bit) is also a plain
- * product over N H W rows: with autotune each pass's cuBLASLt product
- * (conv_lt.c) is timed beside cuDNN's plan and the faster runs. */
-#include <stdint.h>
+ * (the stem's input needs none). */
 #include <stdio.h>
 #include <string.h>
 
-#include "conv_lt.h"
 #include "conv_unfold.h"
 #include "graph.h"
 #include "stoke/ops.h"
@@ -67,9 +61,6 @@ typedef struct gconv_state {
   int unfold;
   cu_unfold_geom ug;
   size_t u_xu_off;
-  /* 1x1 convolutions (conv_lt.c): a pass's cuBLASLt product where it timed
-   * faster than the cuDNN plan above (by cg_conv_kind; NULL: cuDNN's) */
-  clt_prod *lt[3];
   char ctx[320];
 } gconv_state;
 
@@ -91,7 +82,6 @@ static void gconv_destroy(void *state) {
   if (st->classic) stoke_cudnn_classic_destroy(st->classic);
   if (st->w_oihw) cudnnDestroyTensorDescriptor(st->w_oihw);
   if (st->w_ohwi) cudnnDestroyTensorDescriptor(st->w_ohwi);
-  for (int k = 0; k < 3; k++) clt_free(st->lt[k]);
   stoke_host->free(st);
 }
 
@@ -367,32 +357,6 @@ static stoke_err *choose_unfold(const stoke_kernel_args_v1 *a, gconv_state *st, 
   return best == CU_NONE ? plan_direct(a, st, cg, bwd) : plan_unfolded(a, st, cg, bwd, best); /* cached plans */
 }
 
-/* A 1x1 convolution's passes as cuBLASLt products where they are faster
- * (conv_lt.h): with autotune each pass's product is timed as cuDNN's plan
- * was and the faster kept, said once per problem; without, cuDNN's plan
- * (tests force either). The cuDNN plans stay: a call whose pointers are
- * not 256-byte aligned (the heuristic's assumption) runs them. */
-static stoke_err *choose_products(const stoke_kernel_args_v1 *a, gconv_state *st, const conv_geom *cg) {
-  int force = st->eng->conv_gemm_force;
-  if (force == 1 || (!force && !(a->flags & STOKE_KFLAG_AUTOTUNE))) return NULL;
-  static const char *const what[3] = {"fprop", "dgrad", "wgrad"};
-  const cg_plan *plans[3] = {st->fprop, st->dgrad, st->wgrad};
-  for (int k = 0; k < 3; k++) {
-    if (!plans[k]) continue;
-    clt_prod *p = NULL;
-    STOKE_PROPAGATE_P(clt_plan(st->eng, (cg_conv_kind)k, &cg->g, (a->flags & STOKE_KFLAG_DETERMINISTIC) != 0,
-                               a->stream, st->ctx, &p));
-    if (!p) continue;
-    int take = force == 2 || (plans[k]->ms >= 0 && p->ms < plans[k]->ms);
-    if (!p->cached)
-      stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d %s as a cuBLASLt product: %.3f ms against cuDNN's %.3f: %s; %s",
-                      what[k], (double)p->ms, (double)plans[k]->ms, take ? "the product" : "cuDNN", st->ctx);
-    if (take) st->lt[k] = p;
-    else clt_free(p);
-  }
-  return NULL;
-}
-
 static stoke_err *gconv_plan(const stoke_kernel_args_v1 *a, void **state, size_t *workspace_bytes, int bwd) {
   gconv_state *st = stoke_host->alloc(sizeof *st);
   if (!st) return STOKE_PERR(STOKE_E_OOM, "cudnn conv2d '%s': out of host memory", stoke_node_name(a));
@@ -403,7 +367,6 @@ static stoke_err *gconv_plan(const stoke_kernel_args_v1 *a, void **state, size_t
   if (e) goto fail;
   st->data = cg.g.dt;
   e = unfold_eligible(a, &cg, bwd) ? choose_unfold(a, st, &cg, bwd) : plan_direct(a, st, &cg, bwd);
-  if (!e && !st->unfold && clt_eligible(&cg.g, cg.groups)) e = choose_products(a, st, &cg);
   if (e && e->code == STOKE_E_UNSUPPORTED) { /* no graph engine: the classic API */
     stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s': falls back to the classic API: %s", stoke_node_name(a),
                     e->msg);
@@ -427,10 +390,7 @@ static stoke_err *gconv_plan(const stoke_kernel_args_v1 *a, void **state, size_t
     int needs_region = st->w_krsc || (bwd && a->din[1].data);
     st->w_region = needs_region ? align256(stoke_tensor_bytes(&a->in[1])) : 0;
   }
-  size_t ws = max_ws(st);
-  for (int k = 0; k < 3; k++)
-    if (st->lt[k] && st->lt[k]->ws > ws) ws = st->lt[k]->ws;
-  st->workspace = st->w_region + ws;
+  st->workspace = st->w_region + max_ws(st);
   *state = st;
   *workspace_bytes = st->workspace;
   return NULL;
@@ -463,12 +423,6 @@ static stoke_err *weight_for(const stoke_kernel_args_v1 *a, const gconv_state *s
   return NULL;
 }
 
-/* Whether a pass runs as its product: chosen, and every operand on the
- * 256-byte alignment cuBLASLt's heuristic assumed. */
-static int use_product(const gconv_state *st, cg_conv_kind k, const void *p0, const void *p1, const void *p2) {
-  return st->lt[k] && !(((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2) & 255u);
-}
-
 static stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *state) {
   gconv_state *st = state;
   if (st && st->classic) return stoke_cudnn_classic_run_fwd(a, st->classic);
@@ -482,9 +436,6 @@ static stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *state) {
     void *ptrs[3] = {ws + st->u_xu_off, ws, a->out[0].data};
     return cg_execute(st->eng, st->fprop, ptrs, plan_ws(a, st), a->stream, st->ctx);
   }
-  if (use_product(st, CG_FPROP, a->in[0].data, a->in[1].data, a->out[0].data))
-    return clt_run(st->eng, st->lt[CG_FPROP], CG_FPROP, a->in[0].data, a->in[1].data, a->out[0].data, 0.0f,
-                   plan_ws(a, st), a->stream, st->ctx);
   void *w;
   STOKE_PROPAGATE_P(weight_for(a, st, &w));
   void *ptrs[3] = {a->in[0].data, w, a->out[0].data};
@@ -507,8 +458,6 @@ static stoke_err *run_wgrad(const stoke_kernel_args_v1 *a, const gconv_state *st
     STOKE_CUDA(stoke_cudnn_unfold_unpack_dw(ws, dw, &st->ug, dt, beta, stream));
     return NULL;
   }
-  if (use_product(st, CG_WGRAD, a->in[0].data, dy, dw)) /* dW [K, C] is the product's D: beta accumulates */
-    return clt_run(st->eng, st->lt[CG_WGRAD], CG_WGRAD, a->in[0].data, dy, dw, beta, plan_ws, stream, st->ctx);
   /* straight into dW when its layout is the plan's and nothing accumulates */
   int direct = !st->w_krsc && beta == 0.0f;
   void *target = direct ? dw : ws;
@@ -541,20 +490,14 @@ static stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *state) {
   int side = dw && a->side_stream && a->side_workspace_bytes >= st->workspace && (a->side_workspace || !st->workspace);
   if (side) STOKE_PROPAGATE_P(run_wgrad(a, st, dy, dw, a->side_stream, a->side_workspace));
   if (dx) {
+    void *w;
+    STOKE_PROPAGATE_P(weight_for(a, st, &w));
     int acc = (a->din_accumulate & 1u) || ((a->param_grads & 1u) && a->param_grad_beta != 0);
     if (acc && !st->dgrad_acc)
       return STOKE_PERR(STOKE_E_INTERNAL, "cudnn conv2d backward: dx must accumulate but plan() did not see it; %s",
                         st->ctx);
-    if (use_product(st, CG_DGRAD, dy, a->in[1].data, dx))
-      STOKE_PROPAGATE_P(clt_run(st->eng, st->lt[CG_DGRAD], CG_DGRAD, dy, a->in[1].data, dx, acc ? 1.0f : 0.0f,
-                                plan_ws(a, st), a->stream, st->ctx));
-    else {
-      void *w;
-      STOKE_PROPAGATE_P(weight_for(a, st, &w));
-      void *ptrs[3] = {dx, w, dy};
-      STOKE_PROPAGATE_P(
-          cg_execute(st->eng, acc ? st->dgrad_acc : st->dgrad, ptrs, plan_ws(a, st), a->stream, st->ctx));
-    }
+    void *ptrs[3] = {dx, w, dy};
+    STOKE_PROPAGATE_P(cg_execute(st->eng, acc ? st->dgrad_acc : st->dgrad, ptrs, plan_ws(a, st), a->stream, st->ctx));
   }
   if (dw && !side) STOKE_PROPAGATE_P(run_wgrad(a, st, dy, dw, a->stream, a->workspace));
   if (side && !dx) /* the handle back on the compute stream (every call here sets it; this is for any other) */

@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "conv_lt.h"
 #include "graph.h"
 #include "stoke_cudnn.h"
 
@@ -79,7 +78,6 @@ static void cudnn_close(void *self) {
   cudnn_engine *e = self;
   if (!e) return;
   cg_cache_free(e);
-  clt_engine_close(e);
   cudnnDestroy(e->handle);
   stoke_host->free(e);
 }

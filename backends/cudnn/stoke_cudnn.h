@@ -64,8 +64,7 @@ typedef struct cudnn_algo_choice {
   float ms;  /* measured time (autotune) or -1 (heuristic) */
 } cudnn_algo_choice;
 
-struct cg_cache;  /* graph.c: execution plans by problem */
-struct clt_cache; /* conv_lt.c: the cuBLASLt handle and the products' timed choices */
+struct cg_cache; /* graph.c: execution plans by problem */
 
 typedef struct cudnn_engine {
   stoke_cuda_device *dev;
@@ -79,12 +78,6 @@ typedef struct cudnn_engine {
    * unfolded, 3 all taps unfolded, 4 width taps unfolded into 32-channel
    * rows, to check each path against the CPU */
   int conv_unfold_force;
-  /* 1x1 convolutions as cuBLASLt products (conv_lt.c), made at first use;
-   * conv_gemm_force: 0 chooses (timed against cuDNN with autotune, else
-   * cuDNN), tests force 1 cuDNN, 2 the product wherever eligible */
-  struct clt_cache *lt;
-  int conv_gemm_force;
-  uint64_t conv_products_run; /* passes run as products (tests read it) */
   /* attention's timed engine configuration per problem (sdpa.c): identical
    * nodes (every layer's) are timed once */
   int n_sdpa;
