@@ -335,8 +335,8 @@ static void test_attention_autotune_without_memory(void **state) {
   stoke_tensor gin[1] = {qkv.dev}, gout[2] = {y.dev, lse.dev};
   stoke_kernel_args_v1 ga = {.node = &node, .n_in = 1, .n_out = 2, .in = gin, .out = gout, .training = 1,
                              .engine = es, .stream = g_dev->default_stream(g_dev_self), .flags = STOKE_KFLAG_AUTOTUNE};
-  /* the same problem first, with memory: cuDNN loads every configuration's kernels (which needs device memory:
-   * on a full device only the first configuration built, so nothing was timed) and times them; then the engine's
+  /* the same problem first, with memory: the premise, that cuDNN offers this shape several configurations to
+   * time (else a full device would change nothing), and every configuration's kernels loaded; then the engine's
    * record of that choice is cleared, so the planning below must choose again */
   attn_plan warm = {gk, &ga, NULL, 0};
   char *said0 = log_of(plan_attention, &warm);
