@@ -18,11 +18,11 @@
 #include "stoke/run_config.h"
 #include "stoke/schedule.h"
 #include "stoke/steptime.h"
+#include "stoke/trace.h"
+#include "dp.h"
 
 /* The run's checkpoint in its out_dir (rank 0's): written, claimed, resumed by run.resume = auto. */
 #define RUN_CKPT_NAME "checkpoint.safetensors"
-#include "stoke/trace.h"
-#include "dp.h"
 
 /* One data stream (training or evaluation): its source, graph, plan,
  * executor and loader. */

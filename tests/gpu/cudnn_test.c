@@ -11,6 +11,7 @@
 
 #include "backends/cudnn/stoke_cudnn.h"
 #include "gpu_harness.h"
+#include "tests/common/log_capture.h"
 
 static int setup(void **state) {
   static const char *engines[] = {"cuda", "cudnn"};
@@ -279,21 +280,6 @@ static void test_autotune_without_memory(void **state) {
   g_free(&x), g_free(&w), g_free(&y);
 }
 
-/* The log lines written while `f` runs (stoke_log_set_file). */
-static char *log_of(void (*f)(void *), void *ctx) {
-  FILE *lf = tmpfile();
-  assert_non_null(lf);
-  stoke_log_set_file(lf);
-  f(ctx);
-  stoke_log_set_file(NULL);
-  long n = ftell(lf);
-  rewind(lf);
-  char *text = calloc(1, (size_t)n + 1);
-  assert_int_equal(fread(text, 1, (size_t)n, lf), (size_t)n);
-  fclose(lf);
-  return text;
-}
-
 typedef struct attn_plan {
   const stoke_kernel_v1 *k;
   stoke_kernel_args_v1 *a;
@@ -339,7 +325,7 @@ static void test_attention_autotune_without_memory(void **state) {
    * time (else a full device would change nothing), and every configuration's kernels loaded; then the engine's
    * record of that choice is cleared, so the planning below must choose again */
   attn_plan warm = {gk, &ga, NULL, 0};
-  char *said0 = log_of(plan_attention, &warm);
+  char *said0 = test_log_of(plan_attention, &warm);
   print_message("the plan with memory said: %s", said0);
   if (!strstr(said0, "timed, ms")) fail_msg("with memory, the plan timed nothing: %s", said0);
   free(said0);
@@ -348,7 +334,7 @@ static void test_attention_autotune_without_memory(void **state) {
   g_hog hog;
   g_fill_device(&hog, 48, 72); /* room to build the plans, none for the 72 MiB of qkv's timing copy */
   attn_plan first = {gk, &ga, NULL, 0}, again = {gk, &ga, NULL, 0};
-  char *said1 = log_of(plan_attention, &first), *said2 = log_of(plan_attention, &again);
+  char *said1 = test_log_of(plan_attention, &first), *said2 = test_log_of(plan_attention, &again);
   g_unhog(&hog);
   print_message("first plan said: %s", said1);
   print_message("second plan said: %s", said2[0] ? said2 : "(nothing)\n");

@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 #include "tests/common/ckpt_craft.h"
-#include "tests/common/slurp.h"
+#include "tests/common/log_capture.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -53,9 +53,16 @@ static void each_param(stoke_exec *xa, stoke_exec *xb, void (*f)(double *, doubl
   }
 }
 
-static void copy_a_to_b(double *a, double *b, const char *name) {
-  (void)name;
-  *b = *a;
+/* b's parameters set to a's (the same dtype), matched by name. */
+static void copy_params(stoke_exec *xa, stoke_exec *xb) {
+  const stoke_graph *ga = stoke_exec_plan(xa)->g, *gb = stoke_exec_plan(xb)->g;
+  char *ba = stoke_exec_buffer(xa, STOKE_BUF_PARAMS), *bb = stoke_exec_buffer(xb, STOKE_BUF_PARAMS);
+  for (int v = 0; v < gb->n_values; v++) {
+    const stoke_value *vb = &gb->values[v];
+    if (vb->kind != STOKE_VAL_PARAM) continue;
+    const stoke_value *va = &ga->values[find_value(ga, vb->name)];
+    memcpy(bb + vb->offset, ba + va->offset, (size_t)stoke_numel(&vb->shape) * stoke_dtype_size(vb->dtype));
+  }
 }
 
 static double worst;
@@ -121,7 +128,7 @@ static void test_nhwc_equals_row_major(void **state) {
   stoke_exec *xa, *xb;
   OK(stoke_exec_new(pa, cpu, cpu_self, seed, &xa));
   OK(stoke_exec_new(pb, cpu, cpu_self, seed, &xb));
-  each_param(xa, xb, copy_a_to_b, 0);
+  copy_params(xa, xb);
   cpu_random_batch(xa, seed, LN_N * LN_C0 * LN_H * LN_W, LN_N, LN_CLASSES);
   cpu_random_batch(xb, seed, LN_N * LN_C0 * LN_H * LN_W, LN_N, LN_CLASSES);
   *(double *)stoke_exec_tensor(xa, ga->seed).data = 1.0;
@@ -379,24 +386,11 @@ static stoke_exec *cast_net_exec(stoke_graph *g, stoke_plan *p) {
   return x;
 }
 
-/* b's f32 parameters from a's, matched by name. */
-static void each_param_f32(stoke_exec *xa, stoke_exec *xb) {
-  const stoke_graph *ga = stoke_exec_plan(xa)->g, *gb = stoke_exec_plan(xb)->g;
-  char *ba = stoke_exec_buffer(xa, STOKE_BUF_PARAMS), *bb = stoke_exec_buffer(xb, STOKE_BUF_PARAMS);
-  for (int v = 0; v < gb->n_values; v++) {
-    const stoke_value *vb = &gb->values[v];
-    if (vb->kind != STOKE_VAL_PARAM) continue;
-    const stoke_value *va = &ga->values[find_value(ga, vb->name)];
-    memcpy(bb + vb->offset, ba + va->offset, (size_t)stoke_numel(&vb->shape) * sizeof(float));
-  }
-}
-
 /* The loss of graph gb (NHWC) equals ga's (NCHW) bit for bit, gb's
  * parameters copied from ga's; both graphs and plans are freed. */
 static void expect_same_cast_loss(stoke_graph *ga, stoke_plan *pa, stoke_graph *gb, stoke_plan *pb) {
   stoke_exec *xa = cast_net_exec(ga, pa), *xb = cast_net_exec(gb, pb);
-  if (ga->dtype == STOKE_F32) each_param_f32(xa, xb);
-  else each_param(xa, xb, copy_a_to_b, 0);
+  copy_params(xa, xb);
   double la = cpu_loss(xa), lb = cpu_loss(xb);
   print_message("%s: loss NCHW %.17g, NHWC %.17g\n", stoke_dtype_name(ga->dtype), la, lb);
   assert_true(isfinite(la));
@@ -441,20 +435,19 @@ static void strip_order(const char *in, const char *out) {
   craft(in, out, ",\"tensor_order\":\"row-major\"", "", 1);
 }
 
-/* Loads `path` into x with the log going to a file: what it said. */
-static char *load_said(stoke_exec *x, const char *path) {
-  char logp[600];
-  snprintf(logp, sizeof logp, "%s.log", path);
-  FILE *lf = fopen(logp, "w+");
-  assert_non_null(lf);
-  stoke_log_set_file(lf);
+/* A checkpoint load: what it said. */
+typedef struct ckpt_load {
+  stoke_exec *x;
+  const char *path;
+} ckpt_load;
+
+static void load_ckpt(void *ctx) {
+  const ckpt_load *c = ctx;
   stoke_ckpt_meta m;
-  OK(stoke_checkpoint_load(x, path, &m));
-  stoke_log_set_file(NULL);
-  fclose(lf);
-  size_t n;
-  return test_slurp(logp, &n);
+  OK(stoke_checkpoint_load(c->x, c->path, &m));
 }
+
+static char *load_said(stoke_exec *x, const char *path) { return test_log_of(load_ckpt, &(ckpt_load){x, path}); }
 
 /* A checkpoint now says its 4-D tensors are row-major (tensor_order). One
  * written before (no key) by a run whose config does not say NCHW loads
