@@ -69,7 +69,7 @@ static layout_class classify(const stoke_graph *g, const stoke_gnode *f) {
                                       STOKE_OP_MAX_POOL2D_IDX, STOKE_OP_BATCH_NORM,  STOKE_OP_BN_RELU,
                                       STOKE_OP_BN_ADD_RELU,    STOKE_OP_CONV_BN,     STOKE_OP_BN_RELU_CONV_BN,
                                       STOKE_OP_BN_APPLY,       STOKE_OP_BN_APPLY_RELU, STOKE_OP_BN_APPLY_ADD_RELU,
-                                      NULL};
+                                      STOKE_OP_BN_ADD_BN_RELU, NULL};
   static const char *const elementwise[] = {STOKE_OP_RELU,    STOKE_OP_GELU,     STOKE_OP_ADD,
                                             STOKE_OP_DROPOUT, STOKE_OP_AUTOCAST, NULL};
   /* the input's conversion: its output's order is its layout attribute, its input the source's */

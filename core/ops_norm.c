@@ -1,5 +1,5 @@
 /* core/ops_norm.c: built-in op types batch_norm (with running statistics
- * as STATE inputs), its fused forms bn_relu and bn_add_relu, and normalize
+ * as STATE inputs), its fused forms bn_relu, bn_add_relu and bn_add_bn_relu, and normalize
  * (u8 images to normalized floats); see stoke/ops.h. */
 #include <math.h>
 #include <string.h>
@@ -50,6 +50,27 @@ static stoke_err *infer_bn_add_relu(const stoke_node_v1 *n, const stoke_value_de
   return NULL;
 }
 
+/* bn_add_bn_relu: bn_add_relu's inputs (r the shortcut's x), then the
+ * shortcut batch norm's weight, bias and running statistics [C]; its
+ * saved statistics after bn_add_relu's outputs */
+static stoke_err *infer_bn_add_bn_relu(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                                       stoke_value_desc_v1 *out) {
+  STOKE_PROPAGATE(infer_bn_add_relu(n, in, out));
+  int64_t c = in[0].shape.d[1];
+  for (int i = STOKE_BN2_WEIGHT; i < STOKE_BN2_WEIGHT + 4; i++)
+    if (in[i].shape.ndim != 1 || in[i].shape.d[0] != c)
+      return STOKE_ERR(STOKE_E_INVALID,
+                       "bn_add_bn_relu '%s': the shortcut's weight, bias, running_mean and running_var must be [%lld]",
+                       n->name, (long long)c);
+  double eps = n->attrs[STOKE_BN2_EPS].f, mom = n->attrs[STOKE_BN2_EPS + 1].f;
+  if (!(eps > 0 && isfinite(eps)) || !(mom >= 0 && mom <= 1))
+    return STOKE_ERR(STOKE_E_INVALID, "bn_add_bn_relu '%s': the shortcut's eps must be > 0 and momentum in [0, 1]",
+                     n->name);
+  out[STOKE_BN2_SAVED_MEAN] = out[1];
+  out[STOKE_BN2_SAVED_MEAN + 1] = out[2];
+  return NULL;
+}
+
 /* batch_norm's FLOPs, one per output for the ReLU (and one for the add) */
 static double flops_bn_relu(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
                             const stoke_value_desc_v1 *out) {
@@ -61,9 +82,20 @@ static double flops_bn_add_relu(const stoke_node_v1 *n, const stoke_value_desc_v
   return flops_bn(n, in, out) + 2.0 * (double)stoke_numel(&in[0].shape);
 }
 
+static double flops_bn_add_bn_relu(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
+                                   const stoke_value_desc_v1 *out) {
+  return 2.0 * flops_bn(n, in, out) + 2.0 * (double)stoke_numel(&in[0].shape);
+}
+
 static const stoke_attr_decl_v1 bn_attrs[] = {
     {"eps", STOKE_ATTR_FLOAT, "1e-5", "added to the variance"},
     {"momentum", STOKE_ATTR_FLOAT, "0.1", "running statistics update factor (PyTorch's)"},
+};
+static const stoke_attr_decl_v1 bn2_attrs[] = {
+    {"eps", STOKE_ATTR_FLOAT, "1e-5", "added to the variance"},
+    {"momentum", STOKE_ATTR_FLOAT, "0.1", "running statistics update factor (PyTorch's)"},
+    {"shortcut_eps", STOKE_ATTR_FLOAT, "1e-5", "the shortcut batch norm's eps"},
+    {"shortcut_momentum", STOKE_ATTR_FLOAT, "0.1", "the shortcut batch norm's momentum"},
 };
 
 static stoke_err *infer_normalize(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
@@ -121,6 +153,15 @@ static const stoke_op_type_v1 ops[] = {
      STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_OUTPUT(1) |
          STOKE_BWD_NEEDS_OUTPUT(2) | STOKE_BWD_NEEDS_OUTPUT(STOKE_BN_ADD_RELU_MASK),
      (1u << 3) | (1u << 4), 1},
+    /* backward reads both batch norms' x, weight and saved statistics and the mask */
+    {STOKE_ABI(stoke_op_type_v1), STOKE_OP_BN_ADD_BN_RELU,
+     "batch_norm, residual add of a second batch_norm, ReLU (a downsampling ResNet block's tail), joined by the compiler",
+     10, 6, bn2_attrs, 4, infer_bn_add_bn_relu, flops_bn_add_bn_relu,
+     STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_INPUT(STOKE_BN_ADD_RELU_RESIDUAL) |
+         STOKE_BWD_NEEDS_INPUT(STOKE_BN2_WEIGHT) | STOKE_BWD_NEEDS_OUTPUT(1) | STOKE_BWD_NEEDS_OUTPUT(2) |
+         STOKE_BWD_NEEDS_OUTPUT(STOKE_BN_ADD_RELU_MASK) | STOKE_BWD_NEEDS_OUTPUT(STOKE_BN2_SAVED_MEAN) |
+         STOKE_BWD_NEEDS_OUTPUT(STOKE_BN2_SAVED_MEAN + 1),
+     (1u << 3) | (1u << 4) | (1u << (STOKE_BN2_WEIGHT + 2)) | (1u << (STOKE_BN2_WEIGHT + 3)), 1},
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_NORMALIZE, "u8 image to normalized float (ToTensor + Normalize)", 1, 1,
      normalize_attrs, 4, infer_normalize, flops_normalize, 0, 1u << 0, 0},
 };

@@ -381,6 +381,55 @@ static void fuse_patterns_all(stoke_graph *g, const stoke_plan_opts *o) {
       if (fuse_at(g, o, l.f[p], t)) t = -1; /* indices moved: rescan */
 }
 
+/* Each bn_add_relu whose residual only a batch_norm's output is (alone
+ * read by it: a ResNet block's strided shortcut, torchvision's downsample)
+ * takes that batch_norm in: bn_add_bn_relu, when an engine serving it
+ * comes no later in the backends list than the one serving the
+ * bn_add_relu (fused's kernels: x, r, dy read twice a direction, bn2(r)
+ * and the residual's gradient neither written nor read back). The node
+ * keeps the bn_add_relu's place, after the shortcut's convolution; the
+ * shortcut's saved statistics become its outputs 4 and 5, its attributes
+ * follow the main batch norm's. Returns how many it joined. */
+static int fuse_shortcut_bns(stoke_graph *g, const stoke_plan_opts *o) {
+  const stoke_op_type_v1 *ft = stoke_find_op(g->reg, STOKE_OP_BN_ADD_BN_RELU);
+  int n = 0;
+  for (int t = 0; ft && t < g->n_fwd; t++) {
+    stoke_gnode *tn = &g->nodes[t];
+    if (strcmp(tn->n.op, STOKE_OP_BN_ADD_RELU) || tn->n_in != 6 || tn->n_out != 4) continue;
+    int rv = tn->in[STOKE_BN_ADD_RELU_RESIDUAL], h = g->values[rv].producer;
+    if (h < 0 || h >= t || strcmp(g->nodes[h].n.op, STOKE_OP_BATCH_NORM) || g->nodes[h].n_in != 5 ||
+        g->nodes[h].n_out != 3 || g->nodes[h].n.n_attrs != 2 || only_reader(g, rv) != t)
+      continue;
+    const stoke_gnode *hn = &g->nodes[h];
+    const stoke_value *x = &g->values[tn->in[0]], *x2 = &g->values[hn->in[0]];
+    if (x2->dtype != x->dtype || x2->layout != x->layout || x2->shape.ndim != x->shape.ndim ||
+        memcmp(x2->shape.d, x->shape.d, sizeof *x->shape.d * (size_t)x->shape.ndim))
+      continue;
+    int own = engine_rank(o, engine_for(g, o, STOKE_OP_BN_ADD_RELU, STOKE_FWD, x));
+    int fwd = engine_rank(o, engine_for(g, o, ft->name, STOKE_FWD, x));
+    int bwd = engine_rank(o, engine_for(g, o, ft->name, STOKE_BWD, x));
+    if (fwd >= o->n_engines || bwd >= o->n_engines || fwd > own || bwd > own) continue;
+    /* inputs: bn_add_relu's (r becomes the shortcut's x), then the shortcut's weight, bias, running stats */
+    tn->in[STOKE_BN_ADD_RELU_RESIDUAL] = hn->in[0];
+    for (int i = 1; i < 5; i++) tn->in[STOKE_BN2_WEIGHT + i - 1] = hn->in[i];
+    tn->n_in = ft->n_inputs;
+    for (int i = 0; i < 2; i++) tn->n.attrs[tn->n.n_attrs++] = hn->n.attrs[i];
+    tn->out[STOKE_BN2_SAVED_MEAN] = hn->out[1];
+    tn->out[STOKE_BN2_SAVED_MEAN + 1] = hn->out[2];
+    tn->n_out = ft->n_outputs;
+    tn->type = ft;
+    tn->n.op = ft->name;
+    tn->flops += hn->flops;
+    g->values[hn->out[1]].producer = t;
+    g->values[hn->out[2]].producer = t;
+    drop_value(g, rv);
+    stoke_graph_drop_fwd_node(g, h);
+    t--; /* h < t: the node moved down one */
+    n++;
+  }
+  return n;
+}
+
 /* Training: each max_pool2d with a parameter upstream of its input, whose
  * max_pool2d_idx kernels come no later in the backends list than its own,
  * becomes one, its window indices (u8, y's shape and layout) a new value
@@ -545,6 +594,7 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   if (opts->fuse && !opts->no_bias_fold)
     STOKE_TRY(stoke_fuse_bias_ln(g, opts), "moving linears' biases into layer norms");
   fuse_patterns_all(g, opts);
+  int n_shortcut_bn = opts->no_fuse_shortcut ? 0 : fuse_shortcut_bns(g, opts);
   int n_pool_index = opts->training && !opts->no_pool_index ? index_max_pools(g, opts) : 0;
   if (opts->training) STOKE_TRY(stoke_graph_derive_backward(g), "deriving the backward pass");
   if (opts->training && opts->fuse) STOKE_TRY(stoke_fuse_act_grad(g), "fusing activation gradients");
@@ -553,6 +603,7 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   p->g = g;
   p->opts = *opts;
   p->n_pool_index = n_pool_index;
+  p->n_shortcut_bn = n_shortcut_bn;
   p->n_layout_converted = n_conv;
   p->n_layout_relabelled = n_relabel;
   snprintf(p->layout_converted, sizeof p->layout_converted, "%s", conv_names);
@@ -711,6 +762,9 @@ void stoke_plan_report(const stoke_plan *p, FILE *f) {
   if (p->n_pool_index)
     fprintf(f, "max pools: %d save their window indices for backward (max_pool2d_idx), which reads them instead of "
             "the input\n", p->n_pool_index);
+  if (p->n_shortcut_bn)
+    fprintf(f, "shortcut batch norms: %d joined to their block's bn_add_relu (bn_add_bn_relu: the shortcut's "
+            "normalized output and the residual's gradient are neither written nor read back)\n", p->n_shortcut_bn);
   for (int i = 0; i < g->n_nodes; i++)
     if (stoke_node_in_bwd(&g->nodes[i]))
       fprintf(f, "forward in backward: %s '%s' done by its backward kernel's call (%s)\n",

@@ -87,6 +87,10 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "in training, max_pool2d saves each window's argmax (one byte per output) in its forward and its backward "
      "reads that instead of the input, as PyTorch's does: the input need not stay alive and the windows are not "
      "scanned again (max_pool2d_idx); false keeps max_pool2d (A/B)"},
+    {"fuse_shortcut", STOKE_CFG_BOOL, "true", 0, 0, NULL,
+     "a ResNet block's strided shortcut batch norm joined to the block's batch norm, add and ReLU in one node "
+     "(bn_add_bn_relu, where an engine has it: fused): the shortcut's normalized output and the residual's "
+     "gradient are neither written nor read back; false keeps the batch_norm node (A/B)"},
     {"wgrad_stream", STOKE_CFG_INT, "0", 0, 64, NULL,
      "0: every kernel on the compute stream. k > 0: backward kernels that can (cuDNN's convolutions) compute "
      "their weight gradients on a second stream, overlapping the input-gradient chain; the compute stream "
@@ -382,6 +386,7 @@ static stoke_err *read_run(const stoke_cfg *c, stoke_run_config *rc) {
   RUN(stoke_cfg_bool, "grad_sums_in_place", &rc->run.grad_sums_in_place);
   RUN(stoke_cfg_bool, "fwd_in_bwd", &rc->run.fwd_in_bwd);
   RUN(stoke_cfg_bool, "pool_index", &rc->run.pool_index);
+  RUN(stoke_cfg_bool, "fuse_shortcut", &rc->run.fuse_shortcut);
   RUN(stoke_cfg_bool, "fuse_bias_norm", &rc->run.fuse_bias_norm);
   RUN(stoke_cfg_bool, "cuda_graph", &rc->run.cuda_graph);
   RUN(stoke_cfg_bool, "conv_autotune", &rc->run.conv_autotune);

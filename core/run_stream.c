@@ -183,7 +183,8 @@ static stoke_err *plan_opts(run_state *s, const stoke_precision_v1 *prec, int tr
                           training ? rc->run.recompute : NULL, budget, !rc->run.fwd_in_bwd,
                           !rc->run.fuse_bias_norm,
                           /* data parallel: a bucket's all-reduce follows each node, so no side stream */
-                          s->world > 1 ? 0 : (int)rc->run.wgrad_stream, !rc->run.pool_index};
+                          s->world > 1 ? 0 : (int)rc->run.wgrad_stream, !rc->run.pool_index,
+                          !rc->run.fuse_shortcut};
   return NULL;
 }
 

@@ -683,6 +683,9 @@ static stoke_err *make_call(kit *k, const stoke_op_type_v1 *op, const stoke_test
   if (t && t->n_inputs != op->n_inputs)
     return STOKE_ERR(STOKE_E_INVALID, "test case of op '%s' gives %d input shapes, the op takes %d", op->name,
                      t->n_inputs, op->n_inputs);
+  if (t && t->n_inputs > STOKE_TESTKIT_MAX_INPUTS)
+    return STOKE_ERR(STOKE_E_INVALID, "test case of op '%s' gives %d input shapes, a case holds at most %d (stoke/testkit.h)",
+                     op->name, t->n_inputs, STOKE_TESTKIT_MAX_INPUTS);
   STOKE_PROPAGATE(stoke_node_init(k->reg, op->name, "check", t ? t->attrs : NULL, &c->node));
   c->ints = t ? t->int_inputs : 0;
   c->params = t ? t->param_inputs : 0;

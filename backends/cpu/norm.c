@@ -1,7 +1,8 @@
 /* backends/cpu/norm.c: CPU reference kernels (f32, f64); see stoke/ops.h.
  *
  * batch_norm (forward and backward, training and eval; x is (N, C, ...),
- * 4-D x in NCHW or NHWC memory), its fused forms bn_relu and bn_add_relu
+ * 4-D x in NCHW or NHWC memory), its fused forms bn_relu, bn_add_relu and
+ * bn_add_bn_relu
  * (the same bodies with the ReLU, and the residual add, applied per
  * element: the reference the fused GPU kernels are checked against) and
  * normalize (u8 HWC images to f32 in the memory order its `layout`
@@ -382,6 +383,128 @@ BN_KERNELS(relu_f64, STOKE_F64, 1)
 BN_KERNELS(add_relu_f32, STOKE_F32, 2)
 BN_KERNELS(add_relu_f64, STOKE_F64, 2)
 
+/* ======================================================== bn_add_bn_relu */
+
+/* bn_add_bn_relu (stoke/ops.h) as the nodes it joins: the shortcut's
+ * batch_norm over r into a workspace copy of bn2(r), then bn_add_relu with
+ * that as its residual; backward: bn_add_relu's (its dr, the masked dy,
+ * into the workspace), then the shortcut's batch_norm backward from it.
+ * The reference the fused kernels are checked against, rounding where the
+ * unfused nodes round. The views below are those nodes' arguments: `a1`
+ * bn_add_relu's (inputs 0-5, outputs 0-3), `a2` the batch_norm's (r,
+ * inputs 6-9; outputs a y that is the workspace, 4 and 5), their gradient
+ * flags and betas moved to their own indices. */
+typedef struct bn2_view {
+  stoke_kernel_args_v1 a1, a2;
+  stoke_node_v1 n2;
+  stoke_tensor in1[6], in2[5], out2[3], din1[6], din2[5], dout2[1];
+  bn_geom g1, g2;
+} bn2_view;
+
+/* Bit `from` of m as bit `to`. */
+static uint32_t bit_to(uint32_t m, int from, int to) { return ((m >> from) & 1u) << to; }
+
+static size_t bn2_ws(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd) {
+  return (size_t)stoke_numel(&a->in[0].shape) * stoke_dtype_size(dt) * (bwd ? 2 : 1);
+}
+
+/* `ws` holds bn2(r) (forward) or dz, then dx before it is added into din[0] (backward). */
+static stoke_err *bn2_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, int run, bn2_view *v) {
+  const char *op = STOKE_OP_BN_ADD_BN_RELU;
+  CHECK(stoke_check_counts(a, op, bwd, 10, 6));
+  if (!a->node || a->node->n_attrs < 4)
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes eps, momentum, shortcut_eps, shortcut_momentum missing",
+                      op, stoke_node_name(a));
+  if (run && a->workspace_bytes < bn2_ws(a, dt, bwd))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': workspace of %zu bytes, the kernel needs %zu", op,
+                      stoke_node_name(a), a->workspace_bytes, bn2_ws(a, dt, bwd));
+  memset(v, 0, sizeof *v);
+  stoke_tensor ws0 = a->in[0], ws1 = a->in[0];
+  ws0.data = run ? a->workspace : NULL;
+  ws1.data = run ? (char *)a->workspace + bn2_ws(a, dt, 0) : NULL;
+  /* bn_add_relu: x, weight, bias, running stats, residual (bn2(r): the workspace in forward) */
+  for (int i = 0; i < 6; i++) v->in1[i] = a->in[i];
+  if (!bwd) v->in1[5] = ws0, v->in1[5].layout = a->in[5].layout;
+  v->a1 = *a;
+  v->a1.n_in = 6, v->a1.n_out = 4, v->a1.in = v->in1;
+  /* the shortcut's batch_norm: r, weight, bias, running stats -> bn2(r) (the workspace), saved stats */
+  v->in2[0] = a->in[5];
+  for (int i = 1; i < 5; i++) v->in2[i] = a->in[STOKE_BN2_WEIGHT + i - 1];
+  v->out2[0] = bwd ? a->in[5] : ws0;
+  v->out2[0].layout = a->in[5].layout;
+  if (bwd) v->out2[0].data = NULL; /* batch_norm's backward reads no y */
+  v->out2[1] = a->out[STOKE_BN2_SAVED_MEAN], v->out2[2] = a->out[STOKE_BN2_SAVED_MEAN + 1];
+  v->n2 = *a->node;
+  v->n2.attrs[STOKE_BATCH_NORM_EPS] = a->node->attrs[STOKE_BN2_EPS];
+  v->n2.attrs[STOKE_BATCH_NORM_MOMENTUM] = a->node->attrs[STOKE_BN2_EPS + 1];
+  v->n2.n_attrs = 2;
+  v->a2 = *a;
+  v->a2.node = &v->n2, v->a2.n_in = 5, v->a2.n_out = 3, v->a2.in = v->in2, v->a2.out = v->out2;
+  if (bwd) {
+    /* bn_add_relu's dx into the workspace (added into din[0] last: din[0] may share r's memory), its
+     * dr, the masked dy, into the workspace too, which the shortcut's backward takes as its dy */
+    for (int i = 0; i < 6; i++) v->din1[i] = a->din[i];
+    v->din1[0].data = a->din[0].data ? ws1.data : NULL;
+    v->din1[5] = ws0, v->din1[5].layout = a->in[5].layout;
+    v->a1.din = v->din1;
+    v->a1.param_grads = a->param_grads & 6u, v->a1.din_accumulate = a->din_accumulate & 6u;
+    for (int i = 0; i < 3; i++) v->din2[i] = a->din[i == 0 ? STOKE_BN_ADD_RELU_RESIDUAL : STOKE_BN2_WEIGHT + i - 1];
+    v->din2[3] = a->din[STOKE_BN2_WEIGHT + 2], v->din2[4] = a->din[STOKE_BN2_WEIGHT + 3];
+    v->dout2[0] = ws0, v->dout2[0].layout = a->in[5].layout;
+    v->a2.din = v->din2, v->a2.dout = v->dout2;
+    v->a2.param_grads = bit_to(a->param_grads, 5, 0) | bit_to(a->param_grads, 6, 1) | bit_to(a->param_grads, 7, 2);
+    v->a2.din_accumulate =
+        bit_to(a->din_accumulate, 5, 0) | bit_to(a->din_accumulate, 6, 1) | bit_to(a->din_accumulate, 7, 2);
+  }
+  CHECK(bn_check(&v->a1, dt, bwd, run, &v->g1, 2));
+  CHECK(bn_check(&v->a2, dt, bwd, run, &v->g2, 0));
+  return NULL;
+}
+
+static stoke_err *bn2_plan(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, void **state, size_t *ws) {
+  bn2_view v;
+  if (state) *state = NULL;
+  if (ws) *ws = 0;
+  CHECK(bn2_check(a, dt, bwd, 0, &v));
+  if (ws) *ws = bn2_ws(a, dt, bwd);
+  return NULL;
+}
+
+static stoke_err *bn2_fwd(const stoke_kernel_args_v1 *a, stoke_dtype dt) {
+  bn2_view v;
+  CHECK(bn2_check(a, dt, 0, 1, &v));
+  CHECK(bn_fwd(&v.a2, dt, 0));
+  return bn_fwd(&v.a1, dt, 2);
+}
+
+static stoke_err *bn2_bwd(const stoke_kernel_args_v1 *a, stoke_dtype dt) {
+  bn2_view v;
+  CHECK(bn2_check(a, dt, 1, 1, &v));
+  CHECK(bn_bwd(&v.a1, dt, 2));
+  CHECK(bn_bwd(&v.a2, dt, 0));
+  if (!a->din[0].data) return NULL;
+  double beta = stoke_grad_beta(a, 0);
+  const void *src = v.din1[0].data;
+  void *dst = a->din[0].data;
+  for (int64_t i = 0, n = stoke_numel(&a->in[0].shape); i < n; i++)
+    if (dt == STOKE_F64) ACC(double, ((double *)dst)[i], beta, ((const double *)src)[i]);
+    else ACC(float, ((float *)dst)[i], beta, ((const float *)src)[i]);
+  return NULL;
+}
+
+#define BN2_KERNELS(SFX, DT)                                                                                      \
+  static stoke_err *bn2_fwd_plan_##SFX(const stoke_kernel_args_v1 *a, void **st, size_t *ws) {                   \
+    return bn2_plan(a, DT, 0, st, ws);                                                                           \
+  }                                                                                                              \
+  static stoke_err *bn2_bwd_plan_##SFX(const stoke_kernel_args_v1 *a, void **st, size_t *ws) {                   \
+    return bn2_plan(a, DT, 1, st, ws);                                                                           \
+  }                                                                                                              \
+  static stoke_err *bn2_fwd_##SFX(const stoke_kernel_args_v1 *a, void *state) { return bn2_fwd(a, DT); }        \
+  static stoke_err *bn2_bwd_##SFX(const stoke_kernel_args_v1 *a, void *state) { return bn2_bwd(a, DT); }
+
+BN2_KERNELS(f32, STOKE_F32)
+BN2_KERNELS(f64, STOKE_F64)
+
 /* ============================================================ registration */
 
 #define NKERNEL(op, pass, fn, sfx, dt) CPU_KERNEL(op, pass, fn, sfx, dt, stoke_destroy_none)
@@ -399,6 +522,10 @@ static const stoke_kernel_v1 norm_kernels[] = {
     NKERNEL(STOKE_OP_BN_ADD_RELU, STOKE_BWD, bn_bwd, add_relu_f32, STOKE_F32),
     NKERNEL(STOKE_OP_BN_ADD_RELU, STOKE_FWD, bn_fwd, add_relu_f64, STOKE_F64),
     NKERNEL(STOKE_OP_BN_ADD_RELU, STOKE_BWD, bn_bwd, add_relu_f64, STOKE_F64),
+    NKERNEL(STOKE_OP_BN_ADD_BN_RELU, STOKE_FWD, bn2_fwd, f32, STOKE_F32),
+    NKERNEL(STOKE_OP_BN_ADD_BN_RELU, STOKE_BWD, bn2_bwd, f32, STOKE_F32),
+    NKERNEL(STOKE_OP_BN_ADD_BN_RELU, STOKE_FWD, bn2_fwd, f64, STOKE_F64),
+    NKERNEL(STOKE_OP_BN_ADD_BN_RELU, STOKE_BWD, bn2_bwd, f64, STOKE_F64),
     {"cpu", STOKE_OP_NORMALIZE, STOKE_FWD, STOKE_U8, STOKE_LAYOUT_ANY, normalize_fwd_plan,
      normalize_fwd, stoke_destroy_none},
 };

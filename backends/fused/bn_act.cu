@@ -54,7 +54,8 @@ namespace {
 
 // The activation after the normalization: none (batch_norm), ReLU
 // (bn_relu), residual add then ReLU (bn_add_relu).
-enum act { kNone = 0, kRelu = 1, kAddRelu = 2 };
+// bn_add_bn_relu (kDual): the residual is a second batch norm's input.
+enum act { kNone = 0, kRelu = 1, kAddRelu = 2, kDual = 3 };
 
 // Blocks of 256 threads; resident per SM: 3 in the forward passes (at most
 // 80 registers a thread), 2 in the backward ones, whose threads keep up to
@@ -83,6 +84,7 @@ struct geom {
   int parts;        // row partitions (grid y)
   int64_t rows;     // rows per partition (the last may hold fewer)
   double eps, momentum;
+  double eps2, momentum2;  // bn_add_bn_relu's shortcut batch norm
   int act;
 };
 
@@ -110,11 +112,18 @@ void make_geom(geom *g, int64_t m, int64_t c, int v, int sm_count, int blocks_pe
 // Workspace: per (channel, partition) a float2, then the backward's two
 // per-channel f32 coefficient arrays, each 256-aligned.
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+// bn_add_bn_relu: two partial arrays (the backward's reduction writes both
+// in one pass) and four coefficient arrays.
 size_t ws_bytes(const geom *g) {
-  return align256((size_t)g->parts * (size_t)g->c * sizeof(float2)) + 2 * align256((size_t)g->c * sizeof(float));
+  int two = g->act == kDual ? 2 : 1;
+  return two * (align256((size_t)g->parts * (size_t)g->c * sizeof(float2)) + 2 * align256((size_t)g->c * sizeof(float)));
+}
+float2 *ws_part(void *ws, const geom *g, int k) {
+  return (float2 *)((char *)ws + (size_t)k * align256((size_t)g->parts * (size_t)g->c * sizeof(float2)));
 }
 float *ws_coef(void *ws, const geom *g, int k) {
-  return (float *)((char *)ws + align256((size_t)g->parts * (size_t)g->c * sizeof(float2)) +
+  int two = g->act == kDual ? 2 : 1;
+  return (float *)((char *)ws + two * align256((size_t)g->parts * (size_t)g->c * sizeof(float2)) +
                    (size_t)k * align256((size_t)g->c * sizeof(float)));
 }
 
@@ -373,6 +382,56 @@ __global__ void FWD_BOUNDS k_apply(const T *__restrict__ x, const T *__restrict_
   }
 }
 
+// bn_add_bn_relu: y = relu(bn(x) + bn2(r)), each normalized value rounded
+// to T before the add, as batch_norm -> bn_add_relu round; the bitmask as
+// bn_add_relu's.
+// 2 blocks an SM (its grid made for that, fwd2_v): 6 coefficients x V channels
+// in registers spilled at the forward's 3 (80 registers).
+template <typename T, int V>
+__global__ void BWD_BOUNDS k_apply2(const T *__restrict__ x, const T *__restrict__ r, T *__restrict__ y,
+                                    uint8_t *__restrict__ mask, const float *__restrict__ smean,
+                                    const float *__restrict__ sinv, const T *__restrict__ w, const T *__restrict__ b,
+                                    const float *__restrict__ smean2, const float *__restrict__ sinv2,
+                                    const T *__restrict__ w2, const T *__restrict__ b2, int64_t M, int64_t C,
+                                    int64_t cv, int64_t R) {
+  constexpr int U = unroll<V, 2, false>::n;
+  part_rows pr = rows_of(M, R);
+  if (pr.vi >= cv) return;
+  int64_t c0 = pr.vi * V;
+  float mean[V], k[V], s[V], mean2[V], k2[V], s2[V];
+  load_coef<V>(smean + c0, mean);
+  load_scale<T, V>(w + c0, sinv + c0, k);
+  load_param<T, V>(b + c0, s);
+  load_coef<V>(smean2 + c0, mean2);
+  load_scale<T, V>(w2 + c0, sinv2 + c0, k2);
+  load_param<T, V>(b2 + c0, s2);
+  int by = blockDim.y;
+  for (int64_t rw = pr.r0 + threadIdx.y; rw < pr.r1; rw += (int64_t)by * U) {
+    vec<T, V> rx[U], rr[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (rw + (int64_t)u * by < pr.r1) {
+        int64_t o = (rw + (int64_t)u * by) * C + c0;
+        rx[u] = ld<T, V>(x + o);
+        rr[u] = ld<T, V>(r + o);
+      }
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (rw + (int64_t)u * by < pr.r1) {
+        float f[V];
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+          float v = to_f(from_f<T>((to_f(rx[u].v[i]) - mean[i]) * k[i] + s[i])) +
+                    to_f(from_f<T>((to_f(rr[u].v[i]) - mean2[i]) * k2[i] + s2[i]));
+          f[i] = !(v <= 0.0f) ? v : 0.0f;  // NaN stays NaN, as torch.relu
+        }
+        int64_t o = (rw + (int64_t)u * by) * C + c0;
+        store_v<T, V>(y + o, f);
+        store_mask<T, V>(mask, o, f);
+      }
+  }
+}
+
 // ----------------------------------------------------------------- backward
 
 // The per-thread pieces of the backward: dz for element i of a row, the
@@ -545,10 +604,151 @@ __global__ void BWD_BOUNDS k_dx(const T *__restrict__ x, const T *__restrict__ d
   }
 }
 
+// bn_add_bn_relu's reduction: dz = dy where the mask's bit is set; block
+// (channel group, partition p): part[c P + p] = (sum dz, sum dz (x - mean)),
+// part2[c P + p] = (sum dz, sum dz (r - mean2)). dz is not written: the
+// apply pass makes it again from dy and the mask (1/8 byte an element).
+template <typename T, int V>
+__global__ void BWD_BOUNDS k_gsum2(const T *__restrict__ x, const T *__restrict__ r, const T *__restrict__ dy,
+                                   const uint8_t *__restrict__ mask, const float *__restrict__ smean,
+                                   const float *__restrict__ smean2, int64_t M, int64_t C, int64_t cv, int64_t R,
+                                   int P, float2 *__restrict__ part, float2 *__restrict__ part2) {
+  constexpr int U = unroll<V, 3, true>::n;
+  extern __shared__ float sh[];  // tree_floats(bx, by, 3 V)
+  int ty = threadIdx.y, by = blockDim.y;
+  part_rows pr = rows_of(M, R);
+  float s1[V], s2[V], s3[V];
+#pragma unroll
+  for (int i = 0; i < V; i++) s1[i] = s2[i] = s3[i] = 0;
+  if (pr.vi < cv) {
+    int64_t c0 = pr.vi * V;
+    float mean[V], mean2[V];
+    load_coef<V>(smean + c0, mean);
+    load_coef<V>(smean2 + c0, mean2);
+    for (int64_t rw = pr.r1 - 1 - ty; rw >= pr.r0; rw -= (int64_t)by * U) {
+      vec<T, V> rx[U], rr[U], rd[U];
+      unsigned rm[U];
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        if (rw - (int64_t)u * by >= pr.r0) {
+          int64_t o = (rw - (int64_t)u * by) * C + c0;
+          rx[u] = ld<T, V>(x + o);
+          rr[u] = ld<T, V>(r + o);
+          rd[u] = ld<T, V>(dy + o);
+          rm[u] = load_mask<V>(mask, o);
+        }
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        if (rw - (int64_t)u * by >= pr.r0) {
+#pragma unroll
+          for (int i = 0; i < V; i++) {
+            float g = (rm[u] >> i) & 1u ? to_f(rd[u].v[i]) : 0.0f;
+            s1[i] += g;
+            s2[i] = fmaf(g, to_f(rx[u].v[i]) - mean[i], s2[i]);
+            s3[i] = fmaf(g, to_f(rr[u].v[i]) - mean2[i], s3[i]);
+          }
+        }
+    }
+  }
+  row_tree<3 * V>(
+      sh,
+      [&](float *slot) {
+#pragma unroll
+        for (int i = 0; i < V; i++) slot[i] = s1[i], slot[V + i] = s2[i], slot[2 * V + i] = s3[i];
+      },
+      [&](const float *slot) {
+#pragma unroll
+        for (int i = 0; i < V; i++) s1[i] += slot[i], s2[i] += slot[V + i], s3[i] += slot[2 * V + i];
+      });
+  if (ty == 0 && pr.vi < cv)
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+      part[(pr.vi * V + i) * P + blockIdx.y] = make_float2(s1[i], s2[i]);
+      part2[(pr.vi * V + i) * P + blockIdx.y] = make_float2(s1[i], s3[i]);
+    }
+}
+
+// bn_add_bn_relu's gradients in one pass: dx = k dz + B (x - mean) + C0 and
+// dr = k2 dz + B2 (r - mean2) + C02, dz = dy masked (each when wanted). dx
+// or dr may share the memory of x, r or dy (the planner's in-place
+// gradients): each element is read before it is written, by one thread.
+template <typename T, int V>
+__global__ void BWD_BOUNDS k_dx2(const T *x, const T *r, const T *dy, const uint8_t *__restrict__ mask, T *dx, T *dr,
+                                 const float *__restrict__ smean, const float *__restrict__ sinv,
+                                 const T *__restrict__ w, const float *__restrict__ cb, const float *__restrict__ cc,
+                                 const float *__restrict__ smean2, const float *__restrict__ sinv2,
+                                 const T *__restrict__ w2, const float *__restrict__ cb2,
+                                 const float *__restrict__ cc2, int64_t M, int64_t C, int64_t cv, int64_t R) {
+  // 8 coefficients x V channels in registers: with 16-byte vectors of 2-byte values (V = 8) one row
+  // at a time (two spilled at 128 registers), 24 KB in flight an SM
+  constexpr int U = V == 8 ? 1 : unroll<V, 3, true>::n;
+  part_rows pr = rows_of(M, R);
+  if (pr.vi >= cv) return;
+  int64_t c0 = pr.vi * V;
+  float a[V], bb[V], c00[V], mean[V], a2[V], bb2[V], c02[V], mean2[V];
+  load_coef<V>(smean + c0, mean);
+  load_coef<V>(smean2 + c0, mean2);
+  if (dx) {
+    load_scale<T, V>(w + c0, sinv + c0, a);
+    load_coef<V>(cb + c0, bb);
+    load_coef<V>(cc + c0, c00);
+  }
+  if (dr) {
+    load_scale<T, V>(w2 + c0, sinv2 + c0, a2);
+    load_coef<V>(cb2 + c0, bb2);
+    load_coef<V>(cc2 + c0, c02);
+  }
+  int by = blockDim.y;
+  for (int64_t rw = pr.r0 + threadIdx.y; rw < pr.r1; rw += (int64_t)by * U) {
+    vec<T, V> rx[U], rr[U], rd[U];
+    unsigned rm[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (rw + (int64_t)u * by < pr.r1) {
+        int64_t o = (rw + (int64_t)u * by) * C + c0;
+        if (dx) rx[u] = ld<T, V>(x + o);
+        if (dr) rr[u] = ld<T, V>(r + o);
+        rd[u] = ld<T, V>(dy + o);
+        rm[u] = load_mask<V>(mask, o);
+      }
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (rw + (int64_t)u * by < pr.r1) {
+        int64_t o = (rw + (int64_t)u * by) * C + c0;
+        float g[V], f[V];
+#pragma unroll
+        for (int i = 0; i < V; i++) g[i] = (rm[u] >> i) & 1u ? to_f(rd[u].v[i]) : 0.0f;
+        if (dx) {
+#pragma unroll
+          for (int i = 0; i < V; i++) f[i] = a[i] * g[i] + bb[i] * (to_f(rx[u].v[i]) - mean[i]) + c00[i];
+          store_v<T, V>(dx + o, f);
+        }
+        if (dr) {
+#pragma unroll
+          for (int i = 0; i < V; i++) f[i] = a2[i] * g[i] + bb2[i] * (to_f(rr[u].v[i]) - mean2[i]) + c02[i];
+          store_v<T, V>(dr + o, f);
+        }
+      }
+  }
+}
+
 // ------------------------------------------------------------------- checks
 
 const char *op_name(int act) {
-  return act == kAddRelu ? STOKE_OP_BN_ADD_RELU : act == kRelu ? STOKE_OP_BN_RELU : STOKE_OP_BATCH_NORM;
+  return act == kDual      ? STOKE_OP_BN_ADD_BN_RELU
+         : act == kAddRelu ? STOKE_OP_BN_ADD_RELU
+         : act == kRelu    ? STOKE_OP_BN_RELU
+                           : STOKE_OP_BATCH_NORM;
+}
+
+// An attribute pair (eps, momentum) from index i: eps > 0, momentum in [0, 1].
+stoke_err *eps_momentum(const stoke_kernel_args_v1 *a, const char *op, int i, double *eps, double *mom) {
+  *eps = a->node->attrs[i].f;
+  *mom = a->node->attrs[i + 1].f;
+  if (!(*eps > 0 && isfinite(*eps)) || !(*mom >= 0 && *mom <= 1))
+    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %seps %g must be > 0 and %smomentum %g in [0, 1]", op,
+                      stoke_node_name(a), i ? "shortcut_" : "", *eps, i ? "shortcut_" : "", *mom);
+  return NULL;
 }
 
 // x, y (and r) NHWC of dtype dt, weight and bias [C] of dt, running and
@@ -557,38 +757,42 @@ const char *op_name(int act) {
 stoke_err *check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int act, bool bwd, bool run, int sm_count,
                  geom *g, int *v_out) {
   const char *op = op_name(act);
-  bool add = act == kAddRelu;
-  int n_in = add ? 6 : 5;
-  int n_out = add ? 4 : 3;
+  bool dual = act == kDual, add = act == kAddRelu || dual;
+  int n_in = dual ? 10 : add ? 6 : 5;
+  int n_out = dual ? 6 : add ? 4 : 3;
   if (a->n_in < n_in || a->n_out < n_out || !a->in || !a->out || (bwd && (!a->din || !a->dout)))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': needs %d inputs and %d outputs (and gradients in backward)", op,
                       stoke_node_name(a), n_in, n_out);
   const stoke_node_v1 *n = a->node;
-  if (!n || n->n_attrs <= STOKE_BATCH_NORM_MOMENTUM)
+  if (!n || n->n_attrs < (dual ? 4 : 2))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': attributes eps and momentum missing", op, stoke_node_name(a));
-  g->eps = n->attrs[STOKE_BATCH_NORM_EPS].f;
-  g->momentum = n->attrs[STOKE_BATCH_NORM_MOMENTUM].f;
-  if (!(g->eps > 0 && isfinite(g->eps)) || !(g->momentum >= 0 && g->momentum <= 1))
-    return STOKE_PERR(STOKE_E_INVALID, "%s '%s': eps %g must be > 0 and momentum %g in [0, 1]", op, stoke_node_name(a),
-                      g->eps, g->momentum);
+  CHECK(eps_momentum(a, op, STOKE_BATCH_NORM_EPS, &g->eps, &g->momentum));
+  g->eps2 = g->momentum2 = 0;
+  if (dual) CHECK(eps_momentum(a, op, STOKE_BN2_EPS, &g->eps2, &g->momentum2));
   const stoke_tensor *x = &a->in[0], *y = &a->out[0];
   if (!stoke_is_nhwc(x) || !stoke_is_nhwc(y) || !stoke_same_shape(&x->shape, &y->shape))
     return STOKE_PERR(STOKE_E_UNSUPPORTED,
                       "%s '%s': the fused kernels take 4-D NHWC x and y of one shape, got x %s, y %s", op,
                       stoke_node_name(a), stoke_shape_str(&x->shape).s, stoke_shape_str(&y->shape).s);
   int64_t c = x->shape.d[1], m = x->shape.d[0] * x->shape.d[2] * x->shape.d[3];
-  static const char *const in_names[] = {"x", "weight", "bias", "running_mean", "running_var", "residual"};
-  static const char *const out_names[] = {"y", "saved_mean", "saved_invstd"};
-  for (int i = 1; i < 5; i++)
-    if (a->in[i].shape.ndim != 1 || a->in[i].shape.d[0] != c)
+  const char *const in_names[] = {"x",        "weight",          "bias",           "running_mean",
+                                         "running_var", dual ? "r" : "residual", "shortcut weight", "shortcut bias",
+                                         "shortcut running_mean", "shortcut running_var"};
+  static const char *const out_names[] = {"y", "saved_mean", "saved_invstd", "mask", "shortcut saved_mean",
+                                          "shortcut saved_invstd"};
+  for (int i = 1; i < n_in; i++)
+    if (i != 5 && (a->in[i].shape.ndim != 1 || a->in[i].shape.d[0] != c))
       return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, stoke_node_name(a), in_names[i],
                         stoke_shape_str(&a->in[i].shape).s, stoke_shape_str(&x->shape).s, (long long)c);
-  for (int j = 1; j < 3; j++)
-    if (a->out[j].shape.ndim != 1 || a->out[j].shape.d[0] != c)
+  for (int j = 1; j < n_out; j++)
+    if (j != 3 && (a->out[j].shape.ndim != 1 || a->out[j].shape.d[0] != c))
       return STOKE_PERR(STOKE_E_INVALID, "%s '%s': %s is %s, x %s needs [%lld]", op, stoke_node_name(a), out_names[j],
                         stoke_shape_str(&a->out[j].shape).s, stoke_shape_str(&x->shape).s, (long long)c);
-  for (int i = 0; i < n_in; i++) CHECK(stoke_check_dtype(a, op, in_names[i], &a->in[i], i == 3 || i == 4 ? STOKE_F32 : dt));
-  for (int j = 0; j < 3; j++) CHECK(stoke_check_dtype(a, op, out_names[j], &a->out[j], j ? STOKE_F32 : dt));
+  /* running statistics (inputs 3, 4, 8, 9) and saved ones (outputs 1, 2, 4, 5) are f32 */
+  for (int i = 0; i < n_in; i++)
+    CHECK(stoke_check_dtype(a, op, in_names[i], &a->in[i], i == 3 || i == 4 || i == 8 || i == 9 ? STOKE_F32 : dt));
+  for (int j = 0; j < n_out; j++)
+    if (j != 3) CHECK(stoke_check_dtype(a, op, out_names[j], &a->out[j], j ? STOKE_F32 : dt));
   if (add && (!stoke_is_nhwc(&a->in[5]) || !stoke_same_shape(&a->in[5].shape, &x->shape)))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': the residual %s must be NHWC of x's shape %s", op, stoke_node_name(a),
                       stoke_shape_str(&a->in[5].shape).s, stoke_shape_str(&x->shape).s);
@@ -613,7 +817,8 @@ stoke_err *check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int act, bool bw
   make_geom(g, m, c, v, sm_count, bwd ? kBwdBlocksPerSm : kFwdBlocksPerSm);
   if (!bwd) {
     for (int i = 0; i < n_in; i++) CHECK(stoke_check_data(a, op, in_names[i], &a->in[i], run));
-    for (int j = 0; j < 3; j++) CHECK(stoke_check_data(a, op, out_names[j], &a->out[j], run));
+    for (int j = 0; j < n_out; j++)
+      if (j != 3) CHECK(stoke_check_data(a, op, out_names[j], &a->out[j], run));
     if (run && a->training && m < 2)
       return STOKE_PERR(STOKE_E_INVALID, "%s '%s': training needs more than 1 value per channel, x is %s", op,
                         stoke_node_name(a), stoke_shape_str(&x->shape).s);
@@ -630,6 +835,15 @@ stoke_err *check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int act, bool bw
     CHECK(stoke_check_data(a, op, "weight", &a->in[1], run));
     CHECK(stoke_check_data(a, op, "saved_mean", &a->out[1], run));
     CHECK(stoke_check_data(a, op, "saved_invstd", &a->out[2], run));
+    if (dual) {
+      /* both batch norms' gradients come from the one masked dy: everything is read */
+      for (int i = 6; i < 8; i++) CHECK(stoke_check_grad(a, op, in_names[i], &a->din[i], &a->in[i]));
+      CHECK(stoke_check_data(a, op, "r (the shortcut's forward input)", &a->in[5], run));
+      CHECK(stoke_check_data(a, op, "shortcut weight", &a->in[6], run));
+      CHECK(stoke_check_data(a, op, "shortcut saved_mean", &a->out[4], run));
+      CHECK(stoke_check_data(a, op, "shortcut saved_invstd", &a->out[5], run));
+      CHECK(stoke_check_data(a, op, "mask", &a->out[3], run));
+    }
   }
   if (run && a->workspace_bytes < ws_bytes(g))
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': workspace of %zu bytes, the kernel needs %zu", op, stoke_node_name(a),
@@ -725,13 +939,85 @@ stoke_err *bwd_v(const stoke_kernel_args_v1 *a, const geom &g) {
   return NULL;
 }
 
+// bn_add_bn_relu forward: each batch norm's statistics and finalize (one
+// partial array, used in turn), then one apply pass over x and r.
+template <typename T, int V>
+stoke_err *fwd2_v(const stoke_kernel_args_v1 *a, const geom &g) {
+  cudaStream_t st = (cudaStream_t)a->stream;
+  float2 *part = ws_part(a->workspace, &g, 0);
+  const int io[2][5] = {{0, 3, 4, 1, 2}, {5, 8, 9, STOKE_BN2_SAVED_MEAN, STOKE_BN2_SAVED_MEAN + 1}};
+  for (int k = 0; k < 2; k++) {
+    if (a->training) {
+      size_t shm = tree_floats(g.bx, g.by, 2 * V + 1) * sizeof(float);
+      k_stats<T, V><<<grid_of(g), block_of(g), shm, st>>>((const T *)a->in[io[k][0]].data, g.m, g.c, g.cv, g.rows,
+                                                          g.parts, part);
+      STOKE_CUDA_LAUNCH(stoke_node_name(a));
+    }
+    k_fin_fwd<<<fin_blocks(g), 32 * kFinWarps, 0, st>>>(
+        part, g.parts, g.c, g.m, g.rows, k ? g.eps2 : g.eps, k ? g.momentum2 : g.momentum, a->training,
+        (float *)a->in[io[k][1]].data, (float *)a->in[io[k][2]].data, (float *)a->out[io[k][3]].data,
+        (float *)a->out[io[k][4]].data);
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
+  }
+  uint8_t *mask = (uint8_t *)a->out[STOKE_BN_ADD_RELU_MASK].data;
+  if (V != 8)  // bits set by atomicOr (store_mask)
+    STOKE_CUDA(cudaMemsetAsync(mask, 0, (size_t)a->out[STOKE_BN_ADD_RELU_MASK].shape.d[0], st));
+  geom ga = g;  // k_apply2 runs 2 blocks an SM
+  make_geom(&ga, g.m, g.c, V, sm_count_of(a), kBwdBlocksPerSm);
+  k_apply2<T, V><<<grid_of(ga), block_of(ga), 0, st>>>(
+      (const T *)a->in[0].data, (const T *)a->in[5].data, (T *)a->out[0].data, mask, (const float *)a->out[1].data,
+      (const float *)a->out[2].data, (const T *)a->in[1].data, (const T *)a->in[2].data,
+      (const float *)a->out[STOKE_BN2_SAVED_MEAN].data, (const float *)a->out[STOKE_BN2_SAVED_MEAN + 1].data,
+      (const T *)a->in[STOKE_BN2_WEIGHT].data, (const T *)a->in[STOKE_BN2_WEIGHT + 1].data, ga.m, ga.c, ga.cv, ga.rows);
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
+  return NULL;
+}
+
+// bn_add_bn_relu backward: one reduction pass over x, r, dy and the mask
+// (both batch norms' sums), the two finalizes, one pass writing dx and dr.
+template <typename T, int V>
+stoke_err *bwd2_v(const stoke_kernel_args_v1 *a, const geom &g) {
+  cudaStream_t st = (cudaStream_t)a->stream;
+  T *dx = (T *)a->din[0].data, *dw = (T *)a->din[1].data, *db = (T *)a->din[2].data;
+  T *dr = (T *)a->din[5].data, *dw2 = (T *)a->din[6].data, *db2 = (T *)a->din[7].data;
+  if (!dx && !dw && !db && !dr && !dw2 && !db2) return NULL;
+  const T *x = (const T *)a->in[0].data, *r = (const T *)a->in[5].data, *dy = (const T *)a->dout[0].data;
+  const uint8_t *mask = (const uint8_t *)a->out[STOKE_BN_ADD_RELU_MASK].data;
+  const T *w = (const T *)a->in[1].data, *w2 = (const T *)a->in[STOKE_BN2_WEIGHT].data;
+  const float *sm = (const float *)a->out[1].data, *si = (const float *)a->out[2].data;
+  const float *sm2 = (const float *)a->out[STOKE_BN2_SAVED_MEAN].data;
+  const float *si2 = (const float *)a->out[STOKE_BN2_SAVED_MEAN + 1].data;
+  float2 *part = ws_part(a->workspace, &g, 0), *part2 = ws_part(a->workspace, &g, 1);
+  float *cb = ws_coef(a->workspace, &g, 0), *cc = ws_coef(a->workspace, &g, 1);
+  float *cb2 = ws_coef(a->workspace, &g, 2), *cc2 = ws_coef(a->workspace, &g, 3);
+  size_t shm = tree_floats(g.bx, g.by, 3 * V) * sizeof(float);
+  k_gsum2<T, V><<<grid_of(g), block_of(g), shm, st>>>(x, r, dy, mask, sm, sm2, g.m, g.c, g.cv, g.rows, g.parts, part,
+                                                      part2);
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
+  k_fin_bwd<T><<<fin_blocks(g), 32 * kFinWarps, 0, st>>>(part, g.parts, g.c, (double)g.m, a->training, w, si, dw,
+                                                         stoke_grad_beta(a, 1), db, stoke_grad_beta(a, 2),
+                                                         dx ? cb : nullptr, cc);
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
+  k_fin_bwd<T><<<fin_blocks(g), 32 * kFinWarps, 0, st>>>(part2, g.parts, g.c, (double)g.m, a->training, w2, si2, dw2,
+                                                         stoke_grad_beta(a, 6), db2, stoke_grad_beta(a, 7),
+                                                         dr ? cb2 : nullptr, cc2);
+  STOKE_CUDA_LAUNCH(stoke_node_name(a));
+  if (dx || dr) {
+    k_dx2<T, V><<<grid_of(g), block_of(g), 0, st>>>(x, r, dy, mask, dx, dr, sm, si, w, cb, cc, sm2, si2, w2, cb2, cc2,
+                                                    g.m, g.c, g.cv, g.rows);
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
+  }
+  return NULL;
+}
+
 template <typename T, int ACT>
 stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *) {
   geom g;
   int v;
   CHECK(check(a, dtype_of<T>::value, ACT, false, true, sm_count_of(a), &g, &v));
   constexpr int VV = 16 / sizeof(T);
-  return v == VV ? fwd_v<T, VV, ACT>(a, g) : fwd_v<T, 1, ACT>(a, g);
+  if constexpr (ACT == kDual) return v == VV ? fwd2_v<T, VV>(a, g) : fwd2_v<T, 1>(a, g);
+  else return v == VV ? fwd_v<T, VV, ACT>(a, g) : fwd_v<T, 1, ACT>(a, g);
 }
 
 template <typename T, int ACT>
@@ -740,7 +1026,8 @@ stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *) {
   int v;
   CHECK(check(a, dtype_of<T>::value, ACT, true, true, sm_count_of(a), &g, &v));
   constexpr int VV = 16 / sizeof(T);
-  return v == VV ? bwd_v<T, VV, ACT>(a, g) : bwd_v<T, 1, ACT>(a, g);
+  if constexpr (ACT == kDual) return v == VV ? bwd2_v<T, VV>(a, g) : bwd2_v<T, 1>(a, g);
+  else return v == VV ? bwd_v<T, VV, ACT>(a, g) : bwd_v<T, 1, ACT>(a, g);
 }
 
 #define BN_ACT_KERNELS(T, DT)                                                                                 \
@@ -753,6 +1040,10 @@ stoke_err *run_bwd(const stoke_kernel_args_v1 *a, void *) {
   {"fused", STOKE_OP_BN_ADD_RELU, STOKE_FWD, DT, STOKE_NHWC, plan<T, kAddRelu, false>, run_fwd<T, kAddRelu>,    \
    stoke_destroy_none},                                                                                             \
   {"fused", STOKE_OP_BN_ADD_RELU, STOKE_BWD, DT, STOKE_NHWC, plan<T, kAddRelu, true>, run_bwd<T, kAddRelu>,     \
+   stoke_destroy_none},                                                                                             \
+  {"fused", STOKE_OP_BN_ADD_BN_RELU, STOKE_FWD, DT, STOKE_NHWC, plan<T, kDual, false>, run_fwd<T, kDual>,          \
+   stoke_destroy_none},                                                                                             \
+  {"fused", STOKE_OP_BN_ADD_BN_RELU, STOKE_BWD, DT, STOKE_NHWC, plan<T, kDual, true>, run_bwd<T, kDual>,           \
    stoke_destroy_none}
 
 const stoke_kernel_v1 kernels[] = {

@@ -1,7 +1,7 @@
 /* tests/op/bn_act_test.c: the CPU reference kernels of the fused ops
  * bn_relu and bn_add_relu: forward and backward equal, bit for bit, to the
  * unfused nodes they replace (batch_norm -> [add ->] relu, each the CPU's
- * own kernel), training and eval, (N, C) / NCHW / NHWC, f32 and f64, the
+ * own kernel; bn_add_bn_relu to batch_norm -> bn_add_relu), training and eval, (N, C) / NCHW / NHWC, f32 and f64, the
  * running statistics too; every gradient (x, weight, bias, residual)
  * against central finite differences in double; bad arguments refused. */
 #include <setjmp.h>
@@ -244,6 +244,131 @@ static void test_matches_unfused_nodes(void **state) {
         for (int training = 0; training < 2; training++) check_composition(dts[d], &cfgs[g], add, training);
 }
 
+/* bn_add_bn_relu against batch_norm (the shortcut, over r) -> bn_add_relu
+ * run node by node with the CPU's own kernels (checked above against the
+ * unfused nodes): y, the bitmask, both batch norms' saved and running
+ * statistics, and every gradient, bit for bit; the parameters' gradients
+ * with param_grad_beta 0 and 1 (accumulated onto random values). */
+static void check_dual(stoke_dtype dt, const shape_cfg *g, int training, float beta) {
+  char label[96];
+  snprintf(label, sizeof label, "bn_add_bn_relu %s %s %s beta %g", g->label, stoke_dtype_name(dt),
+           training ? "training" : "eval", beta);
+  act_case b = make_case(dt, g, 1); /* in[5], r, is the shortcut's x here */
+  h_random(&b.in[5], -2, 2);
+  stoke_tensor in[10], out[6], p2[4], p20[2];
+  for (int i = 0; i < 4; i++) p2[i] = h_tensor(dt, 1, g->c);
+  for (int64_t c = 0; c < g->c; c++) {
+    h_set(&p2[0], c, (h_next() & 1 ? 1 : -1) * h_uniform(0.5, 1.5));
+    h_set(&p2[1], c, h_uniform(-0.5, 0.5));
+    h_set(&p2[2], c, h_uniform(-0.5, 0.5));
+    h_set(&p2[3], c, h_uniform(0.5, 2));
+  }
+  for (int i = 0; i < 2; i++) p20[i] = h_like(&p2[2 + i], -1), h_convert(&p20[i], &p2[2 + i]);
+  for (int i = 0; i < 6; i++) in[i] = b.in[i];
+  for (int i = 0; i < 4; i++) in[STOKE_BN2_WEIGHT + i] = p2[i];
+  for (int j = 0; j < 4; j++) out[j] = b.out[j];
+  out[4] = h_like(&b.out[1], -1), out[5] = h_like(&b.out[2], -1);
+  for (int j = 0; j < 6; j++) memset(out[j].data, 0xff, stoke_tensor_bytes(&out[j]));
+  stoke_node_v1 node = h_node(STOKE_OP_BN_ADD_BN_RELU, "tail");
+  node.n_attrs = 4;
+  node.attrs[0].f = 1e-5, node.attrs[1].f = 0.1, node.attrs[2].f = 1e-3, node.attrs[3].f = 0.3;
+  stoke_kernel_args_v1 a = args_of(&node, 10, 6, in, out, training);
+  H_OK(h_run(h_kernel(STOKE_OP_BN_ADD_BN_RELU, STOKE_FWD, dt), &a));
+  for (int j = 0; j < 6; j++)
+    if (j != STOKE_BN_ADD_RELU_MASK) h_check_written(&out[j], label);
+  stoke_tensor run[4]; /* the dual's running statistics, then put back */
+  for (int i = 0; i < 2; i++) run[i] = h_like(&b.in[3 + i], -1), h_convert(&run[i], &b.in[3 + i]);
+  for (int i = 0; i < 2; i++) run[2 + i] = h_like(&p2[2 + i], -1), h_convert(&run[2 + i], &p2[2 + i]);
+  restore_running(&b);
+  for (int i = 0; i < 2; i++) h_convert(&p2[2 + i], &p20[i]);
+  /* node by node: the shortcut's batch_norm, then bn_add_relu with its output as the residual */
+  stoke_node_v1 bn = h_node(STOKE_OP_BATCH_NORM, "shortcut"), tail = h_node(STOKE_OP_BN_ADD_RELU, "tail");
+  bn.n_attrs = tail.n_attrs = 2;
+  bn.attrs[0] = node.attrs[2], bn.attrs[1] = node.attrs[3];
+  tail.attrs[0] = node.attrs[0], tail.attrs[1] = node.attrs[1];
+  stoke_tensor bin[5] = {b.in[5], p2[0], p2[1], p2[2], p2[3]};
+  stoke_tensor bout[3] = {h_like(&b.in[5], -1), h_like(&b.out[1], -1), h_like(&b.out[2], -1)};
+  a = args_of(&bn, 5, 3, bin, bout, training);
+  H_OK(h_run(h_kernel(STOKE_OP_BATCH_NORM, STOKE_FWD, dt), &a));
+  stoke_tensor tin[6], tout[4];
+  for (int i = 0; i < 5; i++) tin[i] = b.in[i];
+  tin[5] = bout[0];
+  for (int j = 0; j < 4; j++) tout[j] = h_like(&b.out[j], -1);
+  a = args_of(&tail, 6, 4, tin, tout, training);
+  H_OK(h_run(h_kernel(STOKE_OP_BN_ADD_RELU, STOKE_FWD, dt), &a));
+  static const char *const onames[] = {"y", "saved_mean", "saved_invstd", "mask", "shortcut saved_mean",
+                                       "shortcut saved_invstd"};
+  for (int j = 0; j < 4; j++) expect_same(&out[j], &tout[j], onames[j], label);
+  for (int j = 4; j < 6; j++) expect_same(&out[j], &bout[j - 3], onames[j], label);
+  for (int i = 0; i < 2; i++) expect_same(&run[i], &b.in[3 + i], i ? "running_var" : "running_mean", label);
+  for (int i = 0; i < 2; i++)
+    expect_same(&run[2 + i], &p2[2 + i], i ? "shortcut running_var" : "shortcut running_mean", label);
+  /* backward: every gradient from dy; the parameters' onto the same random values on both sides */
+  const stoke_op_type_v1 *t = stoke_find_op(h_reg, STOKE_OP_BN_ADD_BN_RELU);
+  assert_non_null(t);
+  stoke_tensor dy = h_like(&b.out[0], -1), din[10], pre[10], dout[6], bin_b[10], bout_b[6];
+  h_random(&dy, -1, 1);
+  memset(din, 0, sizeof din), memset(pre, 0, sizeof pre);
+  for (int i = 0; i < 10; i++) {
+    din[i] = in[i];
+    din[i].data = NULL;
+    if (i == 3 || i == 4 || i == 8 || i == 9) continue;
+    din[i] = h_like(&in[i], -1);
+    int param = i == 1 || i == 2 || i == 6 || i == 7;
+    if (param && beta != 0) h_random(&din[i], -1, 1);
+    else h_poison(&din[i]);
+    pre[i] = h_like(&in[i], -1);
+    h_convert(&pre[i], &din[i]);
+  }
+  for (int i = 0; i < 10; i++) {
+    bin_b[i] = in[i];
+    if (!(t->bwd_needs & STOKE_BWD_NEEDS_INPUT(i))) bin_b[i].data = NULL;
+  }
+  for (int j = 0; j < 6; j++) {
+    bout_b[j] = out[j];
+    if (!(t->bwd_needs & STOKE_BWD_NEEDS_OUTPUT(j))) bout_b[j].data = NULL;
+    dout[j] = out[j], dout[j].data = NULL;
+  }
+  dout[0] = dy;
+  a = args_of(&node, 10, 6, bin_b, bout_b, training);
+  a.din = din, a.dout = dout, a.param_grads = 0xc6u, a.param_grad_beta = beta;
+  H_OK(h_run(h_kernel(STOKE_OP_BN_ADD_BN_RELU, STOKE_BWD, dt), &a));
+  /* node by node: bn_add_relu (dr, the masked dy), then the shortcut's batch_norm from dr */
+  stoke_tensor tdin[6], tdout[4], dr = h_like(&b.in[5], -1);
+  for (int i = 0; i < 6; i++) {
+    tdin[i] = i == 5 ? dr : pre[i];
+    if (i == 3 || i == 4) tdin[i] = in[i], tdin[i].data = NULL;
+  }
+  for (int j = 0; j < 4; j++) tdout[j] = tout[j], tdout[j].data = NULL;
+  tdout[0] = dy;
+  a = args_of(&tail, 6, 4, tin, tout, training);
+  a.din = tdin, a.dout = tdout, a.param_grads = 6, a.param_grad_beta = beta;
+  H_OK(h_run(h_kernel(STOKE_OP_BN_ADD_RELU, STOKE_BWD, dt), &a));
+  stoke_tensor bdin[5] = {pre[5], pre[6], pre[7], in[8], in[9]}, bdout[3] = {dr, bout[1], bout[2]};
+  bdin[3].data = bdin[4].data = NULL;
+  bdout[1].data = bdout[2].data = NULL;
+  a = args_of(&bn, 5, 3, bin, bout, training);
+  a.din = bdin, a.dout = bdout, a.param_grads = 6, a.param_grad_beta = beta;
+  H_OK(h_run(h_kernel(STOKE_OP_BATCH_NORM, STOKE_BWD, dt), &a));
+  static const char *const gnames[] = {"dx", "dweight", "dbias", "", "", "dr", "shortcut dweight", "shortcut dbias"};
+  for (int i = 0; i < 8; i++)
+    if (din[i].data) expect_same(&din[i], &pre[i], gnames[i], label);
+  for (int i = 0; i < 10; i++) h_free(&din[i]), h_free(&pre[i]);
+  for (int i = 0; i < 4; i++) h_free(&p2[i]), h_free(&run[i]), h_free(&tout[i]);
+  for (int i = 0; i < 3; i++) h_free(&bout[i]);
+  for (int i = 0; i < 2; i++) h_free(&p20[i]);
+  h_free(&out[4]), h_free(&out[5]), h_free(&dy), h_free(&dr);
+  free_case(&b);
+}
+
+static void test_dual_matches_unfused_nodes(void **state) {
+  static const stoke_dtype dts[] = {STOKE_F64, STOKE_F32};
+  for (int d = 0; d < 2; d++)
+    for (int g = 0; g < N_CFGS; g++)
+      for (int training = 0; training < 2; training++)
+        for (int beta = 0; beta < 2; beta++) check_dual(dts[d], &cfgs[g], training, (float)beta);
+}
+
 /* A NaN stays NaN through the fused ReLU, as torch.relu and the CPU's own
  * relu node keep it (eval: each y from its own x; it came out 0, hiding a
  * NaN from an inference); its mask bit is 0 (its gradient 0, as PyTorch's). */
@@ -360,6 +485,7 @@ static void test_errors(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       H_TEST(test_matches_unfused_nodes),
+      H_TEST(test_dual_matches_unfused_nodes),
       H_TEST(test_finite_differences),
       H_TEST(test_nan_stays_nan),
       H_TEST(test_param_grad_beta),

@@ -202,8 +202,9 @@ H_FN double h_rel_norm(const stoke_tensor *a, const stoke_tensor *b) {
 
 /* ---------------------------------------------------------------- running */
 
-/* plan, run, destroy, the way the executor does; CPU kernels want no
- * workspace. */
+/* plan, workspace, run, destroy, the way the executor does (of the CPU
+ * kernels only bn_add_bn_relu's asks for workspace: the unfused nodes'
+ * intermediate value). */
 H_FN stoke_err *h_run(const stoke_kernel_v1 *k, const stoke_kernel_args_v1 *args) {
   stoke_kernel_args_v1 a = *args;
   void *state = NULL;
@@ -234,9 +235,12 @@ H_FN stoke_err *h_run(const stoke_kernel_v1 *k, const stoke_kernel_args_v1 *args
     p.dout = a.dout ? dout : NULL;
     stoke_err *e = k->plan(&p, &state, &ws);
     if (e) return e;
-    if (ws) fail_msg("cpu kernel %s asked for %zu bytes of workspace", k->op, ws);
   }
+  void *wsp = NULL;
+  if (ws && !(wsp = malloc(ws))) fail_msg("cpu kernel %s: no memory for %zu bytes of workspace", k->op, ws);
+  a.workspace = wsp, a.workspace_bytes = ws;
   stoke_err *e = k->run(&a, state);
+  free(wsp);
   if (k->destroy) k->destroy(state);
   return e;
 }

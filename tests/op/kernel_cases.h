@@ -502,11 +502,17 @@ static void prep_bn_relu_conv_bn(const kcase *c, stoke_tensor *ref, stoke_rng *r
  * against 1.15e-6, seed 3780078465, H100) with nothing wrong in the kernel.
  * Spreading the batch keeps invstd <= 2 and the terms O(1), as ResNet's
  * batches are; the kernels still see every shape. */
+static void spread_one(const stoke_tensor *x, int64_t ch);
 static void prep_bn_spread(const kcase *c, stoke_tensor *ref, stoke_rng *r) {
   (void)r;
   if (!c->training) return;
-  const stoke_tensor *x = &ref[0];
-  int64_t n = stoke_numel(&x->shape), ch = stoke_numel(&ref[1].shape);
+  spread_one(&ref[0], stoke_numel(&ref[1].shape));
+  if (!strcmp(c->op, STOKE_OP_BN_ADD_BN_RELU)) spread_one(&ref[5], stoke_numel(&ref[1].shape)); /* the shortcut's x */
+}
+
+/* x's every channel (of ch) spread to a standard deviation of at least 0.5 (prep_bn_spread). */
+static void spread_one(const stoke_tensor *x, int64_t ch) {
+  int64_t n = stoke_numel(&x->shape);
   double *sum = calloc((size_t)ch, sizeof *sum), *sq = calloc((size_t)ch, sizeof *sq);
   int64_t *cnt = calloc((size_t)ch, sizeof *cnt);
   if (!sum || !sq || !cnt) fail_msg("out of memory");
@@ -531,7 +537,7 @@ static void prep_bn_spread(const kcase *c, stoke_tensor *ref, stoke_rng *r) {
 /* (x, weight, bias, running_mean, running_var[, r]): training and eval,
  * 4-D and 2-D, the running statistics compared after the forward. */
 static int gen_batch_norm(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
-  int n = 0, add = !strcmp(k->op, STOKE_OP_BN_ADD_RELU);
+  int dual = !strcmp(k->op, STOKE_OP_BN_ADD_BN_RELU), n = 0, add = !strcmp(k->op, STOKE_OP_BN_ADD_RELU) || dual;
   int four_only = !strcmp(k->engine, "fused") || !strcmp(k->engine, "cudnn") || add || strcmp(k->op, STOKE_OP_BATCH_NORM);
   for (int i = 0; i < 4; i++) {
     int training = i != 1, two_d = i == 3 && !four_only;
@@ -545,7 +551,8 @@ static int gen_batch_norm(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     if (training && b * h * w < 3) h = 2;
     stoke_shape xs = two_d ? SHAPE(b * 3, ch) : SHAPE(b, ch, h, w);
     kcase *c = new_case(out, &n, k->op, "x %s %s", shape_label(&xs), training ? "training" : "eval");
-    snprintf(c->attrs, sizeof c->attrs, "eps=1e-5, momentum=0.2");
+    snprintf(c->attrs, sizeof c->attrs, dual ? "eps=1e-5, momentum=0.2, shortcut_eps=1e-3, shortcut_momentum=0.3"
+                                             : "eps=1e-5, momentum=0.2");
     c->training = training;
     add_in(c, xs, IN_ACT);
     c->in[c->n_in++] = (kin){.shape = S1(ch), .kind = IN_PARAM, .lo = 0.5, .hi = 1.5};
@@ -554,9 +561,15 @@ static int gen_batch_norm(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     add_in(c, S1(ch), IN_STAT);
     if (add) add_in(c, xs, IN_ACT);
     if (add) c->skip_out = 1u << STOKE_BN_ADD_RELU_MASK, c->flat_mask_out = STOKE_BN_ADD_RELU_MASK;
+    if (dual) { /* the shortcut batch norm's weight, bias and running statistics; r is its x */
+      c->in[c->n_in++] = (kin){.shape = S1(ch), .kind = IN_PARAM, .lo = 0.5, .hi = 1.5};
+      add_in(c, S1(ch), IN_PARAM);
+      add_in(c, S1(ch), IN_STAT);
+      add_in(c, S1(ch), IN_STAT);
+    }
     c->prep = prep_bn_spread;
     c->prep_dout = prep_dout_bn_relu;
-    c->state_out = 3u << 3;
+    c->state_out = 3u << 3 | (dual ? 3u << 8 : 0);
     c->k = (double)(stoke_numel(&xs) / ch);
   }
   return n;
@@ -887,6 +900,7 @@ static const struct {
     {STOKE_OP_BATCH_NORM, gen_batch_norm},
     {STOKE_OP_BN_RELU, gen_batch_norm},
     {STOKE_OP_BN_ADD_RELU, gen_batch_norm},
+    {STOKE_OP_BN_ADD_BN_RELU, gen_batch_norm},
     {STOKE_OP_CONV_BN, gen_conv_bn},
     {STOKE_OP_BN_RELU_CONV_BN, gen_bn_relu_conv_bn},
     {STOKE_OP_BN_APPLY, gen_bn_apply},

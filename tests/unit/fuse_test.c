@@ -2,7 +2,8 @@
  * CPU, whose reference kernels include the fused ops: batch_norm -> relu
  * and batch_norm -> add -> relu become bn_relu and bn_add_relu (the add's
  * other input made by a node that comes after the batch_norm, as a ResNet
- * shortcut), a batch_norm whose output has two readers stays, and the
+ * shortcut), that shortcut's own batch_norm is joined in (bn_add_bn_relu,
+ * unless fuse_shortcut is off), a batch_norm whose output has two readers stays, and the
  * fused graph's loss, every parameter gradient and the running statistics
  * after a step equal the unfused graph's; the loss's forward done by its
  * backward kernel (forward in backward) changes no bit; a training
@@ -115,26 +116,47 @@ static void pair_free(pair *q) {
   }
 }
 
-static void test_fused_graph_matches(void **state) {
+/* join: the shortcut bn3 joined to the block's bn_add_relu (bn_add_bn_relu,
+ * the default), or kept (opts.no_fuse_shortcut, [run] fuse_shortcut = false). */
+static void fused_graph_matches(int join) {
   pair q = pair_blocks();
   stoke_graph *gu = q.g[0], *gf = q.g[1];
-  stoke_plan *pu = q.p[0] = cpu_compile(gu, NULL, 0), *pf = q.p[1] = cpu_compile(gf, NULL, 1);
+  static const char *engines[] = {"cpu"};
+  void *selves[] = {cpu_self};
+  stoke_plan_opts o = {.engines = engines, .n_engines = 1, .engine_selves = selves, .training = 1, .fuse = 1,
+                       .no_fuse_shortcut = !join};
+  stoke_plan *pu = q.p[0] = cpu_compile(gu, NULL, 0), *pf;
+  OK(stoke_compile(gf, &o, &q.p[1]));
+  pf = q.p[1];
   assert_int_equal(count_fwd(gu, STOKE_OP_BATCH_NORM), 4);
   assert_int_equal(count_fwd(gf, STOKE_OP_BN_RELU), 1);
-  assert_int_equal(count_fwd(gf, STOKE_OP_BN_ADD_RELU), 1);
-  assert_int_equal(count_fwd(gf, STOKE_OP_BATCH_NORM), 2); /* the shortcut bn3, and bn4 (two readers) */
+  assert_int_equal(count_fwd(gf, STOKE_OP_BN_ADD_RELU), !join);
+  assert_int_equal(count_fwd(gf, STOKE_OP_BN_ADD_BN_RELU), join);
+  assert_int_equal(pf->n_shortcut_bn, join);
+  assert_int_equal(count_fwd(gf, STOKE_OP_BATCH_NORM), 2 - join); /* the shortcut bn3 unless joined, and bn4 (two readers) */
   assert_int_equal(count_fwd(gf, STOKE_OP_RELU), 1);       /* relu3 */
   assert_int_equal(count_fwd(gf, STOKE_OP_ADD), 1);        /* add2 */
-  assert_int_equal(gf->n_fwd, gu->n_fwd - 3);
-  /* bn_add_relu gets its 4th output, the ReLU bitmask its backward reads */
+  assert_int_equal(gf->n_fwd, gu->n_fwd - 3 - join);
+  if (join)
+    cpu_expect_report(pf, "shortcut batch norms: 1 joined to their block's bn_add_relu", "the shortcut joined");
+  /* bn_add_relu gets its 4th output, the ReLU bitmask its backward reads; bn_add_bn_relu the shortcut's
+   * statistics too, and its inputs (r the shortcut's x, then its weight, bias and running statistics) */
   for (int i = 0; i < gf->n_fwd; i++) {
     const stoke_gnode *nd = &gf->nodes[i];
-    if (strcmp(nd->n.op, STOKE_OP_BN_ADD_RELU)) continue;
-    assert_int_equal(nd->n_out, 4);
+    if (strcmp(nd->n.op, STOKE_OP_BN_ADD_RELU) && strcmp(nd->n.op, STOKE_OP_BN_ADD_BN_RELU)) continue;
+    assert_int_equal(nd->n_out, join ? 6 : 4);
+    assert_int_equal(nd->n_in, join ? 10 : 6);
     const stoke_value *mk = &gf->values[nd->out[STOKE_BN_ADD_RELU_MASK]];
     assert_int_equal(mk->dtype, STOKE_U8);
     assert_int_equal(mk->producer, i);
     assert_int_equal(stoke_numel(&mk->shape), stoke_relu_mask_bytes(BN * BC * BHW * BHW));
+    if (!join) continue;
+    assert_string_equal(nd->n.name, "bn2");
+    assert_string_equal(gf->values[nd->in[STOKE_BN2_WEIGHT]].name, "bn3.weight");
+    assert_string_equal(gf->values[nd->in[STOKE_BN2_WEIGHT + 3]].name, "bn3.running_var");
+    assert_string_equal(gf->values[nd->in[STOKE_BN_ADD_RELU_RESIDUAL]].name, gf->values[nd->in[0]].name);
+    for (int j = STOKE_BN2_SAVED_MEAN; j < 6; j++) assert_int_equal(gf->values[nd->out[j]].producer, i);
+    assert_int_equal(nd->n.n_attrs, 4);
   }
   /* every node after the ones making its inputs */
   for (int i = 0; i < gf->n_nodes; i++)
@@ -166,6 +188,9 @@ static void test_fused_graph_matches(void **state) {
   }
   pair_free(&q);
 }
+
+static void test_fused_graph_matches(void **state) { fused_graph_matches(1); }
+static void test_fused_graph_matches_shortcut_kept(void **state) { fused_graph_matches(0); }
 
 /* Forward in backward (core/fuse_grad.c): the loss's forward node, right
  * before its backward node, is marked and skipped, and the backward kernel
@@ -347,6 +372,7 @@ static void test_max_pool_index(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fused_graph_matches),
+      cmocka_unit_test(test_fused_graph_matches_shortcut_kept),
       cmocka_unit_test(test_fwd_in_bwd),
       cmocka_unit_test(test_max_pool_index),
       cmocka_unit_test(test_folded_sum_not_in_a_shared_view),

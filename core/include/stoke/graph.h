@@ -202,6 +202,10 @@ typedef struct stoke_plan_opts {
    * forward saves the window indices its backward reads (core/plan.c's
    * index_max_pools; [run] pool_index = false, for A/B runs and tests) */
   int no_pool_index;
+  /* keep a ResNet block's shortcut batch_norm apart from its bn_add_relu
+   * instead of joining them into bn_add_bn_relu (core/plan.c's
+   * fuse_shortcut_bns; [run] fuse_shortcut = false, for A/B runs and tests) */
+  int no_fuse_shortcut;
 } stoke_plan_opts;
 
 #define STOKE_MAX_ENGINES 32
@@ -233,6 +237,7 @@ typedef struct stoke_plan {
   int n_accumulated;              /* gradient sums done in place by their producers */
   int n_fwd_in_bwd;               /* forward nodes whose backward kernel does their work */
   int n_pool_index;               /* max_pool2d nodes made max_pool2d_idx (their indices saved for backward) */
+  int n_shortcut_bn;              /* shortcut batch_norms joined to their bn_add_relu (bn_add_bn_relu) */
   /* core/layout.c: 4-D values converted between NHWC and row-major order for a reader that assumes the other
    * (a copy each), values relabelled where both orders are one memory (C or H W is 1), the first names */
   int n_layout_converted, n_layout_relabelled;

@@ -159,6 +159,24 @@
 #define STOKE_OP_BN_ADD_RELU "bn_add_relu"
 #define STOKE_BN_ADD_RELU_RESIDUAL 5 /* the input index of r */
 #define STOKE_BN_ADD_RELU_MASK 3     /* the output index of the ReLU's mask */
+/* bn_add_bn_relu: y = max(bn(x) + bn2(r), 0), a ResNet block whose
+ * shortcut is a strided convolution and its batch norm (torchvision's
+ * downsample): the compiler joins a bn_add_relu and the batch_norm that
+ * alone makes its residual (run.fuse_shortcut). Inputs: bn_add_relu's six,
+ * r (5) now the shortcut batch norm's x, then that batch norm's weight,
+ * bias, running_mean and running_var (6-9, the running statistics STATE,
+ * updated in place). Outputs: bn_add_relu's four, then the shortcut's
+ * saved_mean and saved_invstd (4, 5). Attributes: eps and momentum of the
+ * main batch norm, then of the shortcut's. Each normalized value is rounded
+ * to y's dtype before the add, as the unfused nodes round, so it computes
+ * what batch_norm -> bn_add_relu computes, without writing bn2(r) and
+ * without reading it, or the residual's gradient, back: backward reads x,
+ * r, both weights and saved statistics and the mask, and writes dx and dr
+ * (r's gradient) from one masked dy. */
+#define STOKE_OP_BN_ADD_BN_RELU "bn_add_bn_relu"
+#define STOKE_BN2_WEIGHT 6       /* the shortcut's weight; bias 7, running_mean 8, running_var 9 */
+#define STOKE_BN2_SAVED_MEAN 4   /* the shortcut's saved_mean; saved_invstd 5 */
+#define STOKE_BN2_EPS 2          /* the shortcut's eps; momentum 3 */
 /* Bytes of a ReLU bitmask over n elements: one bit each, rounded up to 16. */
 static inline int64_t stoke_relu_mask_bytes(int64_t n) { return (n + 127) / 128 * 16; }
 

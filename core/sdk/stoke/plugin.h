@@ -174,7 +174,11 @@ typedef struct stoke_attr_v1 {
   char s[STOKE_ATTR_MAX_STR];
 } stoke_attr_v1;
 
-#define STOKE_MAX_IO 8
+/* Inputs (and outputs) a node may have. 12 since ABI 5's bn_add_bn_relu
+ * (10 inputs); no struct of this SDK holds STOKE_MAX_IO of anything (the
+ * test kit's cases keep 8 shapes: STOKE_TESTKIT_MAX_INPUTS), so parts
+ * built against 8 load unchanged. */
+#define STOKE_MAX_IO 12
 
 /* A graph node as an op or kernel sees it: attributes are in the order the
  * op type declared them, so kernels read them by index. */

@@ -20,11 +20,15 @@
 extern "C" {
 #endif
 
+/* Input shapes a case holds: 8, as when STOKE_MAX_IO was 8 (the struct's
+ * layout is the kit's ABI); an op with more inputs has no case here. */
+#define STOKE_TESTKIT_MAX_INPUTS 8
+
 typedef struct stoke_testcase_v1 {
   const char *op;
   const char *attrs; /* as a model passes them, "negative_slope=0.1"; NULL: the defaults */
   int n_inputs;
-  stoke_shape shapes[STOKE_MAX_IO];
+  stoke_shape shapes[STOKE_TESTKIT_MAX_INPUTS];
   /* Inputs that may be parameters (bit i): their gradient must honour
    * param_grad_beta (din = beta din + computed), which the kit checks. */
   uint32_t param_inputs;
