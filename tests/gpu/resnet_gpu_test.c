@@ -66,8 +66,8 @@ static void build(side *s, stoke_layout layout, stoke_dtype dt) {
 }
 
 /* Every ReLU's decisions in one forward pass, in the order the forward runs
- * them: per ReLU output (a relu node, or the fused bn_relu / bn_add_relu
- * nodes that end in one), which elements are 0, in NCHW order whatever the
+ * them: per ReLU output (a relu node, or the fused bn_relu / bn_add_relu /
+ * bn_add_bn_relu nodes that end in one), which elements are 0, in NCHW order whatever the
  * side's layout. Recorded from the executor's hook, after each node. */
 typedef struct relu_masks {
   const stoke_graph *g;
@@ -81,7 +81,8 @@ static stoke_err *record_relu(void *ctx, int node) {
   relu_masks *m = ctx;
   if (node < 0 || node >= m->g->n_fwd) return NULL;
   const stoke_gnode *nd = &m->g->nodes[node];
-  if (strcmp(nd->n.op, STOKE_OP_RELU) && strcmp(nd->n.op, STOKE_OP_BN_RELU) && strcmp(nd->n.op, STOKE_OP_BN_ADD_RELU))
+  if (strcmp(nd->n.op, STOKE_OP_RELU) && strcmp(nd->n.op, STOKE_OP_BN_RELU) && strcmp(nd->n.op, STOKE_OP_BN_ADD_RELU) &&
+      strcmp(nd->n.op, STOKE_OP_BN_ADD_BN_RELU))
     return NULL;
   const stoke_value *v = &m->g->values[nd->out[0]];
   assert_true(m->n < MAX_RELUS && v->shape.ndim == 4);
@@ -139,11 +140,16 @@ static void check_resnet18(int fused) {
   for (int i = 0; i < d; i++) OK(stoke_find_backend(reg, gpu.engines[i])->open(0, gpu.selves[d], &gpu.selves[i]));
   build(&cpu, STOKE_NCHW, STOKE_F32);
   build(&gpu, STOKE_NHWC, STOKE_F32);
-  int n_fused = 0;
-  for (int i = 0; i < gpu.g->n_fwd; i++)
-    n_fused += !strcmp(gpu.g->nodes[i].n.op, STOKE_OP_BN_RELU) || !strcmp(gpu.g->nodes[i].n.op, STOKE_OP_BN_ADD_RELU);
-  print_message("%s: %d fused batch-norm nodes\n", fused ? "fused" : "unfused", n_fused);
+  int n_fused = 0, n_dual = 0;
+  for (int i = 0; i < gpu.g->n_fwd; i++) {
+    const char *op = gpu.g->nodes[i].n.op;
+    n_dual += !strcmp(op, STOKE_OP_BN_ADD_BN_RELU);
+    n_fused += !strcmp(op, STOKE_OP_BN_RELU) || !strcmp(op, STOKE_OP_BN_ADD_RELU) || !strcmp(op, STOKE_OP_BN_ADD_BN_RELU);
+  }
+  print_message("%s: %d fused batch-norm nodes, %d with the shortcut's batch norm\n", fused ? "fused" : "unfused",
+                n_fused, n_dual);
   assert_int_equal(n_fused, fused ? 17 : 0); /* the stem's, 8 blocks x 2 */
+  assert_int_equal(n_dual, fused ? 3 : 0);   /* layer2-4's first blocks: a strided shortcut */
   /* the same network in f64 on the CPU: how far each fp32 side is from the
    * exact gradients (an fp32 reference is itself off by its own rounding) */
   side ref = {.engines = {"cpu"}, .n = 1, .dev = cpu.dev, .selves = {cpu.selves[0]}};
