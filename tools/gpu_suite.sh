@@ -67,6 +67,10 @@
 #             the weight gradients on the side stream (lag 1, 2, 64) against
 #             none, eager and CUDA graphs: every step's loss and the weights
 #             the same bits (PASS/FAIL line)
+#   shortcut  [run] fuse_shortcut: resnet50 bf16 (batch 32) under run.deterministic,
+#             the shortcut batch norms joined (bn_add_bn_relu) against kept, eager
+#             and CUDA graphs: every step's loss and the weights the same bits
+#             (PASS/FAIL line)
 #   pool_index [run] pool_index: resnet50 bf16 (batch 32) under run.deterministic,
 #             max_pool2d's indices saved (max_pool2d_idx) against found again,
 #             eager and CUDA graphs: the same bits (PASS/FAIL line)
@@ -414,6 +418,20 @@ PY
         same_bits "$OUT/pidx_${cg}_false" "$OUT/pidx_${cg}_true" "cuda_graph=$cg pool_index false vs true" 10 || ok=0
       done
       [ $ok = 1 ] && echo "pool_index: PASS" || echo "pool_index: FAIL"
+      ;;
+    shortcut) # [run] fuse_shortcut: bn_add_bn_relu computes what batch_norm -> bn_add_relu compute, bit for bit
+      log "resnet50 bf16 (batch 32) under run.deterministic, fuse_shortcut false against true, eager and CUDA graphs: the same bits"
+      ok=1
+      for cg in false true; do
+        for fs in false true; do
+          timeout 300 "$T" "$S/examples/resnet50.ini" data.batch_size=32 run.steps=10 run.log_every=1 run.deterministic=true \
+            run.cuda_graph=$cg run.fuse_shortcut=$fs run.progress=off run.checkpoint=true \
+            run.out_dir="$OUT/fsc_${cg}_$fs" > "$OUT/fsc_${cg}_$fs.log" 2>&1
+          echo "cuda_graph=$cg fuse_shortcut=$fs rc=$? $(grep -hE '^shortcut batch norms:|^stoke: error' "$OUT/fsc_${cg}_$fs.log" | head -2 | cut -c1-60 | tr '\n' ' ')"
+        done
+        same_bits "$OUT/fsc_${cg}_false" "$OUT/fsc_${cg}_true" "cuda_graph=$cg fuse_shortcut false vs true" 10 || ok=0
+      done
+      [ $ok = 1 ] && echo "shortcut: PASS" || echo "shortcut: FAIL"
       ;;
     gpt_det)
       log "gpt2_124m bf16 B=8 under run.deterministic, two runs: the same bits"
