@@ -192,6 +192,35 @@ static void fused_graph_matches(int join) {
 static void test_fused_graph_matches(void **state) { fused_graph_matches(1); }
 static void test_fused_graph_matches_shortcut_kept(void **state) { fused_graph_matches(0); }
 
+/* A shortcut batch norm whose output another node reads too stays a
+ * batch_norm: joined, its normalized output would not exist for that
+ * reader. x -> m = bn(x), s = bn(x); z = relu(m + s); q = z + s. */
+static void test_shortcut_with_two_readers_kept(void **state) {
+  stoke_graph *g;
+  OK(stoke_graph_new(reg, STOKE_F64, STOKE_NHWC, &g));
+  stoke_builder_v1 b = stoke_graph_builder(g);
+  int x, y, a, z, q, f, w, bias, logits;
+  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){4, {BN, BC, BHW, BHW}}, STOKE_F64, &x));
+  OK(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {BN}}, STOKE_I32, &y));
+  int m = bn(g, x, "m", BC), sc = bn(g, x, "s", BC);
+  OK(b.node(g, STOKE_OP_ADD, "add", (int[]){m, sc}, 2, "", &a, 1));
+  OK(b.node(g, STOKE_OP_RELU, "relu", &a, 1, "", &z, 1));
+  OK(b.node(g, STOKE_OP_ADD, "add2", (int[]){z, sc}, 2, "", &q, 1));
+  OK(b.node(g, STOKE_OP_FLATTEN, "flatten", &q, 1, "", &f, 1));
+  OK(b.param(g, "fc.weight", &(stoke_shape){2, {BCLASSES, BC * BHW * BHW}},
+             (stoke_init_v1){STOKE_INIT_UNIFORM, -0.5, 0.5}, &w));
+  OK(b.param(g, "fc.bias", &(stoke_shape){1, {BCLASSES}}, (stoke_init_v1){STOKE_INIT_ZEROS, 0, 0}, &bias));
+  OK(b.node(g, STOKE_OP_LINEAR, "fc", (int[]){f, w, bias}, 3, "", &logits, 1));
+  OK(stoke_graph_loss(g, logits, ""));
+  stoke_plan *p = cpu_compile(g, NULL, 1);
+  assert_int_equal(count_fwd(g, STOKE_OP_BN_ADD_RELU), 1);
+  assert_int_equal(count_fwd(g, STOKE_OP_BN_ADD_BN_RELU), 0);
+  assert_int_equal(count_fwd(g, STOKE_OP_BATCH_NORM), 1);
+  assert_int_equal(p->n_shortcut_bn, 0);
+  stoke_plan_free(p);
+  stoke_graph_free(g);
+}
+
 /* Forward in backward (core/fuse_grad.c): the loss's forward node, right
  * before its backward node, is marked and skipped, and the backward kernel
  * (the cpu's softmax_ce has STOKE_KCAP_WITH_FORWARD) writes the loss too:
@@ -373,6 +402,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fused_graph_matches),
       cmocka_unit_test(test_fused_graph_matches_shortcut_kept),
+      cmocka_unit_test(test_shortcut_with_two_readers_kept),
       cmocka_unit_test(test_fwd_in_bwd),
       cmocka_unit_test(test_max_pool_index),
       cmocka_unit_test(test_folded_sum_not_in_a_shared_view),
