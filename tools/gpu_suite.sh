@@ -50,7 +50,7 @@
 #             probe (tests/gpu/conv_bench), PyTorch's same convolutions
 #             (conv_bench_torch.py), then tools/bench A/B of the two engines
 #             on resnet50 and resnet18c (fused + CUDA graphs both sides)
-#   bn        the batch-norm family (bn_relu, bn_add_relu, the shortcuts'
+#   bn        the batch-norm family (bn_relu, bn_add_relu, bn_add_bn_relu; BN_SHORTCUT=kept: the shortcuts'
 #             batch_norm) on every ResNet-50 shape against the memory floor
 #             (tests/gpu/bn_bench, BN_PRECS: bf16 f16), then ResNet-50's
 #             per-op profile (examples/resnet50.ini)

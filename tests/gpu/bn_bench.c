@@ -1,12 +1,16 @@
 /* tests/gpu/bn_bench.c: not a test: times the batch-norm family of
- * ResNet-50's step (bn_relu and bn_add_relu, the downsample shortcuts'
- * batch_norm; training forward and backward) on each of its shapes, through
+ * ResNet-50's step (bn_relu, bn_add_relu, and bn_add_bn_relu where a block's
+ * downsample shortcut's batch norm is joined in, or with BN_SHORTCUT=kept
+ * that batch_norm on its own as run.fuse_shortcut = false plans it;
+ * training forward and backward) on each of its shapes, through
  * the first engine of (fused, cudnn, cuda) that serves each, and prints the
  * time against the memory floor: the bytes the two-pass algorithm must move
  * (forward: x read by the statistics pass, x (and r) read and y written by
  * the apply pass; backward: dy and x (and y) read by the reduction pass,
  * read again and dx written by the apply pass; bn_add_relu's reduction pass
- * writes dr, its apply pass reads x and dr) over the H100's
+ * writes dr, its apply pass reads x and dr; bn_add_bn_relu's statistics
+ * read x and r, its apply pass x and r, writing y, and its two backward
+ * passes each read x, r and dy, the second writing dx and dr) over the H100's
  * 3.35 TB/s, and a device copy's measured rate for scale. Inputs are random
  * (never zeros). Before each timed call the L2 is flushed (a 128 MB fill),
  * then the node's producer is imitated: x (forward) or dy (backward) is
@@ -33,26 +37,31 @@
 
 typedef struct site {
   const char *op, *what;
-  int64_t c, h, uses; /* channels, spatial size (square), uses per step */
+  int64_t c, h;         /* channels, spatial size (square) */
+  int64_t uses, uses_kept; /* uses per step with the shortcuts joined (the default), and kept apart */
 } site;
 
 static const site sites[] = {
-    {STOKE_OP_BN_RELU, "stem", 64, 112, 1},
-    {STOKE_OP_BN_RELU, "l1 64@56", 64, 56, 6},
-    {STOKE_OP_BN_RELU, "l2 128@56", 128, 56, 1},
-    {STOKE_OP_BN_RELU, "l2 128@28", 128, 28, 7},
-    {STOKE_OP_BN_RELU, "l3 256@28", 256, 28, 1},
-    {STOKE_OP_BN_RELU, "l3 256@14", 256, 14, 11},
-    {STOKE_OP_BN_RELU, "l4 512@14", 512, 14, 1},
-    {STOKE_OP_BN_RELU, "l4 512@7", 512, 7, 5},
-    {STOKE_OP_BN_ADD_RELU, "l1 256@56", 256, 56, 3},
-    {STOKE_OP_BN_ADD_RELU, "l2 512@28", 512, 28, 4},
-    {STOKE_OP_BN_ADD_RELU, "l3 1024@14", 1024, 14, 6},
-    {STOKE_OP_BN_ADD_RELU, "l4 2048@7", 2048, 7, 3},
-    {STOKE_OP_BATCH_NORM, "ds l1 256@56", 256, 56, 1},
-    {STOKE_OP_BATCH_NORM, "ds l2 512@28", 512, 28, 1},
-    {STOKE_OP_BATCH_NORM, "ds l3 1024@14", 1024, 14, 1},
-    {STOKE_OP_BATCH_NORM, "ds l4 2048@7", 2048, 7, 1},
+    {STOKE_OP_BN_RELU, "stem", 64, 112, 1, 1},
+    {STOKE_OP_BN_RELU, "l1 64@56", 64, 56, 6, 6},
+    {STOKE_OP_BN_RELU, "l2 128@56", 128, 56, 1, 1},
+    {STOKE_OP_BN_RELU, "l2 128@28", 128, 28, 7, 7},
+    {STOKE_OP_BN_RELU, "l3 256@28", 256, 28, 1, 1},
+    {STOKE_OP_BN_RELU, "l3 256@14", 256, 14, 11, 11},
+    {STOKE_OP_BN_RELU, "l4 512@14", 512, 14, 1, 1},
+    {STOKE_OP_BN_RELU, "l4 512@7", 512, 7, 5, 5},
+    {STOKE_OP_BN_ADD_RELU, "l1 256@56", 256, 56, 2, 3},
+    {STOKE_OP_BN_ADD_RELU, "l2 512@28", 512, 28, 3, 4},
+    {STOKE_OP_BN_ADD_RELU, "l3 1024@14", 1024, 14, 5, 6},
+    {STOKE_OP_BN_ADD_RELU, "l4 2048@7", 2048, 7, 2, 3},
+    {STOKE_OP_BN_ADD_BN_RELU, "ds l1 256@56", 256, 56, 1, 0},
+    {STOKE_OP_BN_ADD_BN_RELU, "ds l2 512@28", 512, 28, 1, 0},
+    {STOKE_OP_BN_ADD_BN_RELU, "ds l3 1024@14", 1024, 14, 1, 0},
+    {STOKE_OP_BN_ADD_BN_RELU, "ds l4 2048@7", 2048, 7, 1, 0},
+    {STOKE_OP_BATCH_NORM, "ds l1 256@56", 256, 56, 0, 1},
+    {STOKE_OP_BATCH_NORM, "ds l2 512@28", 512, 28, 0, 1},
+    {STOKE_OP_BATCH_NORM, "ds l3 1024@14", 1024, 14, 0, 1},
+    {STOKE_OP_BATCH_NORM, "ds l4 2048@7", 2048, 7, 0, 1},
 };
 #define N_SITES ((int)(sizeof sites / sizeof *sites))
 
@@ -145,38 +154,42 @@ static const stoke_kernel_v1 *find(const char *op, stoke_pass pass, stoke_dtype 
  * reduction pass, x and dr read and dx written by the apply pass
  * (backends/fused/bn_act.cu: the apply pass reads dz back from dr). */
 static void floor_elems(const char *op, double *fwd, double *bwd, stoke_dtype dt) {
-  int add = !strcmp(op, STOKE_OP_BN_ADD_RELU);
+  int add = !strcmp(op, STOKE_OP_BN_ADD_RELU), dual = !strcmp(op, STOKE_OP_BN_ADD_BN_RELU);
   double bit = 0.125 / (double)stoke_dtype_size(dt); /* a mask bit in elements */
-  *fwd = add ? 4 + bit : 3;
-  *bwd = add ? 6 + bit : 5;
+  *fwd = dual ? 5 + bit : add ? 4 + bit : 3;
+  *bwd = dual ? 8 + 2 * bit : add ? 6 + bit : 5;
 }
 
 /* Forward and backward ms of one site; 0 when no engine serves it. */
 static void run_site(const site *s, int64_t batch, stoke_dtype dt, int reps, stoke_rng *rng, float out[2],
                      const char **eng) {
-  int add = !strcmp(s->op, STOKE_OP_BN_ADD_RELU), n_in = add ? 6 : 5;
+  int dual = !strcmp(s->op, STOKE_OP_BN_ADD_BN_RELU), add = !strcmp(s->op, STOKE_OP_BN_ADD_RELU) || dual;
+  int n_in = dual ? 10 : add ? 6 : 5, n_out = dual ? 6 : add ? 4 : 3;
   void *fself = NULL, *bself = NULL;
   const stoke_kernel_v1 *kf = find(s->op, STOKE_FWD, dt, &fself), *kb = find(s->op, STOKE_BWD, dt, &bself);
   out[0] = out[1] = 0;
   *eng = kf ? kf->engine : "-";
   if (!kf || !kb) return;
   stoke_node_v1 node;
-  DIE(stoke_node_init(reg, s->op, s->what, "eps=1e-5, momentum=0.1", &node));
+  DIE(stoke_node_init(reg, s->op, s->what,
+                      dual ? "eps=1e-5, momentum=0.1, shortcut_eps=1e-5, shortcut_momentum=0.1" : "eps=1e-5, momentum=0.1",
+                      &node));
   stoke_shape xs = {4, {batch, s->c, s->h, s->h}}, cs = {1, {s->c}};
   int64_t n = stoke_numel(&xs);
   size_t es = stoke_dtype_size(dt);
-  stoke_tensor in[6], o[4], din[6], dout[4];
+  stoke_tensor in[10], o[6], din[10], dout[6];
   memset(in, 0, sizeof in), memset(o, 0, sizeof o), memset(din, 0, sizeof din), memset(dout, 0, sizeof dout);
   for (int i = 0; i < n_in; i++) {
-    int act = i == 0 || i == 5, stat = i == 3 || i == 4;
+    int act = i == 0 || i == 5, stat = i == 3 || i == 4 || i == 8 || i == 9, pos = i == 1 || i == 4 || i == 6 || i == 9;
     stoke_dtype t = stat ? STOKE_F32 : dt;
     in[i] = (stoke_tensor){dalloc((size_t)(act ? n : s->c) * stoke_dtype_size(t)), act ? xs : cs, t,
                            act ? STOKE_NHWC : STOKE_LAYOUT_ANY, STOKE_DEV_GPU};
-    double lo = i == 1 ? 0.5 : i == 4 ? 0.5 : -1, hi = i == 1 || i == 4 ? 1.5 : 1;
+    double lo = pos ? 0.5 : -1, hi = pos ? 1.5 : 1; /* weights and running variances positive */
     fill_random(in[i].data, t, act ? n : s->c, act ? -2 : lo, act ? 3 : hi, rng);
   }
   o[0] = (stoke_tensor){dalloc((size_t)n * es), xs, dt, STOKE_NHWC, STOKE_DEV_GPU};
-  for (int j = 1; j < 3; j++) o[j] = (stoke_tensor){dalloc((size_t)s->c * 4), cs, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU};
+  for (int j = 1; j < n_out; j++)
+    if (j != 3) o[j] = (stoke_tensor){dalloc((size_t)s->c * 4), cs, STOKE_F32, STOKE_LAYOUT_ANY, STOKE_DEV_GPU};
   if (add) {
     stoke_shape ms = {1, {stoke_relu_mask_bytes(n)}};
     o[3] = (stoke_tensor){dalloc((size_t)ms.d[0]), ms, STOKE_U8, STOKE_LAYOUT_ANY, STOKE_DEV_GPU};
@@ -184,7 +197,7 @@ static void run_site(const site *s, int64_t batch, stoke_dtype dt, int reps, sto
   dout[0] = (stoke_tensor){dalloc((size_t)n * es), xs, dt, STOKE_NHWC, STOKE_DEV_GPU};
   fill_random(dout[0].data, dt, n, -1, 1, rng);
   for (int i = 0; i < n_in; i++) {
-    if (i == 3 || i == 4) continue;
+    if (i == 3 || i == 4 || i == 8 || i == 9) continue;
     int act = i == 0 || i == 5;
     din[i] = (stoke_tensor){dalloc((size_t)(act ? n : s->c) * es), act ? xs : cs, dt,
                             act ? STOKE_NHWC : STOKE_LAYOUT_ANY, STOKE_DEV_GPU};
@@ -195,17 +208,17 @@ static void run_site(const site *s, int64_t batch, stoke_dtype dt, int reps, sto
   DIE(dev->copy(dev_self, dy0, dout[0].data, (size_t)n * es, STOKE_COPY_D2D, NULL));
   prep px = {in[0].data, x0, (size_t)n * es}, pdy = {dout[0].data, dy0, (size_t)n * es};
   void *stream = dev->default_stream(dev_self);
-  stoke_kernel_args_v1 a = {.node = &node, .n_in = n_in, .n_out = add ? 4 : 3, .in = in, .out = o, .training = 1,
+  stoke_kernel_args_v1 a = {.node = &node, .n_in = n_in, .n_out = n_out, .in = in, .out = o, .training = 1,
                             .engine = fself, .stream = stream};
   out[0] = time_kernel(kf, &a, reps, &px);
   /* backward: every input's gradient (the parameters' overwritten) */
   stoke_kernel_args_v1 b = a;
-  b.engine = bself, b.din = din, b.dout = dout, b.param_grads = 6, b.param_grad_beta = 0;
+  b.engine = bself, b.din = din, b.dout = dout, b.param_grads = dual ? 0xc6u : 6u, b.param_grad_beta = 0;
   out[1] = time_kernel(kb, &b, reps, &pdy);
   dev->free(dev_self, x0);
   dev->free(dev_self, dy0);
   for (int i = 0; i < n_in; i++) dev->free(dev_self, in[i].data), dev->free(dev_self, din[i].data);
-  for (int j = 0; j < (add ? 4 : 3); j++) dev->free(dev_self, o[j].data);
+  for (int j = 0; j < n_out; j++) dev->free(dev_self, o[j].data);
   dev->free(dev_self, dout[0].data);
 }
 
@@ -261,15 +274,17 @@ int main(int argc, char **argv) {
   printf("bn_bench batch %lld %s, %d reps (median), L2 flushed and x (dy) rewritten before each call; engines %s\n", (long long)batch,
          stoke_dtype_name(dt), reps, getenv("BN_ENGINES") ? getenv("BN_ENGINES") : "fused,cudnn,cuda");
   printf("device copy: %.0f GB/s (read + write); floor = the two-pass bytes at %.0f GB/s\n", copy_gbs, PEAK_GBS);
-  printf("%-12s %-14s %4s %7s | %8s %8s %6s %4s | %8s %8s %6s %4s\n", "op", "shape", "uses", "engine", "fwd ms",
+  printf("%-14s %-14s %4s %7s | %8s %8s %6s %4s | %8s %8s %6s %4s\n", "op", "shape", "uses", "engine", "fwd ms",
          "floor", "GB/s", "%", "bwd ms", "floor", "GB/s", "%");
-  double tot[3][4] = {{0}}; /* per op kind: fwd ms, fwd floor, bwd ms, bwd floor (uses counted) */
-  const char *kinds[3] = {STOKE_OP_BN_RELU, STOKE_OP_BN_ADD_RELU, STOKE_OP_BATCH_NORM};
+  double tot[4][4] = {{0}}; /* per op kind: fwd ms, fwd floor, bwd ms, bwd floor (uses counted) */
+  const char *kinds[4] = {STOKE_OP_BN_RELU, STOKE_OP_BN_ADD_RELU, STOKE_OP_BN_ADD_BN_RELU, STOKE_OP_BATCH_NORM};
+  int kept = getenv("BN_SHORTCUT") && !strcmp(getenv("BN_SHORTCUT"), "kept");
   size_t es = stoke_dtype_size(dt);
   const char *only = getenv("BN_ONLY"); /* a site's name: that one alone (under ncu) */
   for (int i = 0; i < N_SITES; i++) {
     const site *s = &sites[i];
-    if (only && strcmp(only, s->what)) continue;
+    int64_t uses = kept ? s->uses_kept : s->uses;
+    if (!uses || (only && strcmp(only, s->what))) continue;
     float ms[2];
     const char *eng;
     run_site(s, batch, dt, reps, &rng, ms, &eng);
@@ -277,22 +292,23 @@ int main(int argc, char **argv) {
     floor_elems(s->op, &ef, &eb, dt);
     double bf = ef * n * (double)es, bb = eb * n * (double)es;
     double ff = bf / PEAK_GBS / 1e6, fb = bb / PEAK_GBS / 1e6; /* ms */
-    printf("%-12s %-14s %4lld %7s | %8.3f %8.3f %6.0f %3.0f%% | %8.3f %8.3f %6.0f %3.0f%%\n", s->op, s->what,
-           (long long)s->uses, eng, ms[0], ff, bf / (ms[0] * 1e6), 100 * ff / ms[0], ms[1], fb, bb / (ms[1] * 1e6),
+    printf("%-14s %-14s %4lld %7s | %8.3f %8.3f %6.0f %3.0f%% | %8.3f %8.3f %6.0f %3.0f%%\n", s->op, s->what,
+           (long long)uses, eng, ms[0], ff, bf / (ms[0] * 1e6), 100 * ff / ms[0], ms[1], fb, bb / (ms[1] * 1e6),
            100 * fb / ms[1]);
     fflush(stdout);
     int k = 0;
-    while (k < 2 && strcmp(kinds[k], s->op)) k++;
-    tot[k][0] += ms[0] * s->uses, tot[k][1] += ff * s->uses, tot[k][2] += ms[1] * s->uses, tot[k][3] += fb * s->uses;
+    while (k < 3 && strcmp(kinds[k], s->op)) k++;
+    tot[k][0] += ms[0] * uses, tot[k][1] += ff * uses, tot[k][2] += ms[1] * uses, tot[k][3] += fb * uses;
   }
   double all[4] = {0};
   printf("per step (uses counted):\n");
-  for (int k = 0; k < 3; k++) {
-    printf("  %-12s fwd %7.3f ms (floor %6.3f, %3.0f%%)  bwd %7.3f ms (floor %6.3f, %3.0f%%)\n", kinds[k],
+  for (int k = 0; k < 4; k++) {
+    if (!tot[k][0]) continue;
+    printf("  %-14s fwd %7.3f ms (floor %6.3f, %3.0f%%)  bwd %7.3f ms (floor %6.3f, %3.0f%%)\n", kinds[k],
            tot[k][0], tot[k][1], 100 * tot[k][1] / tot[k][0], tot[k][2], tot[k][3], 100 * tot[k][3] / tot[k][2]);
     for (int j = 0; j < 4; j++) all[j] += tot[k][j];
   }
-  printf("  %-12s fwd %7.3f ms (floor %6.3f)  bwd %7.3f ms (floor %6.3f); total %.3f ms, floor %.3f ms (%.0f%%)\n",
+  printf("  %-14s fwd %7.3f ms (floor %6.3f)  bwd %7.3f ms (floor %6.3f); total %.3f ms, floor %.3f ms (%.0f%%)\n",
          "all", all[0], all[1], all[2], all[3], all[0] + all[2], all[1] + all[3],
          100 * (all[1] + all[3]) / (all[0] + all[2]));
   dev->free(dev_self, flush_buf);
