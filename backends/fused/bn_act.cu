@@ -1,7 +1,8 @@
-// backends/fused/bn_act.cu: batch_norm, bn_relu and bn_add_relu (stoke/ops.h),
-// forward and backward, for channels-last (NHWC) x in bf16, fp16 and f32:
-// batch norm, the residual add and the ReLU in two passes over the
-// activations per direction, the fewest a batch norm allows.
+// backends/fused/bn_act.cu: batch_norm, bn_relu, bn_add_relu and
+// bn_add_bn_relu (stoke/ops.h), forward and backward, for channels-last
+// (NHWC) x in bf16, fp16 and f32: batch norm, the residual add (of a second
+// batch norm's output, for bn_add_bn_relu) and the ReLU in two passes over
+// the activations per direction, the fewest a batch norm allows.
 //
 // x is an (M, C) row-major matrix (M = N H W). A thread owns V contiguous
 // channels (one 16-byte vector: 8 bf16/fp16, 4 f32; V = 1 when C is not a
@@ -32,7 +33,12 @@
 // as a bitmask (output 3, one bit an element), which the reduction pass reads
 // instead of y (2 bytes a bf16 value become 1/8) as it writes dr = dz (the
 // residual's gradient, when wanted); the apply pass reads dz back from dr:
-// 12.1 bytes per bf16 value (14 when it read y). The reduction passes walk each partition from its end, the
+// 12.1 bytes per bf16 value (14 when it read y). bn_add_bn_relu runs both
+// batch norms' statistics passes and finalizes, then one apply pass over x
+// and r; backward, one reduction pass over x, r, dy and the mask gives both
+// batch norms' sums (one dz feeds both), then one pass writes dx and dr.
+// bn2(r) and the residual's gradient are never written: 13 tensor passes
+// (forward 5, backward 8) where batch_norm then bn_add_relu take 18 (7, 11). The reduction passes walk each partition from its end, the
 // elementwise passes from its start: the first finds the end of x (dy),
 // which the node before wrote last, still in the L2 (50 MB on an H100), the
 // second the rows the first read last.
