@@ -8,6 +8,11 @@
 #include "stoke/core.h"
 #include "stoke/ops.h"
 
+/* eps > 0 and momentum in [0, 1], written so that NaN fails too */
+static int eps_momentum_ok(double eps, double momentum) {
+  return eps > 0 && isfinite(eps) && momentum >= 0 && momentum <= 1;
+}
+
 static stoke_err *infer_bn(const stoke_node_v1 *n, const stoke_value_desc_v1 *in,
                            stoke_value_desc_v1 *out) {
   const stoke_shape *x = &in[0].shape;
@@ -20,9 +25,7 @@ static stoke_err *infer_bn(const stoke_node_v1 *n, const stoke_value_desc_v1 *in
       return STOKE_ERR(STOKE_E_INVALID,
                        "batch_norm '%s': weight, bias, running_mean and running_var must be [%lld]",
                        n->name, (long long)c);
-  /* written so that NaN fails too */
-  if (!(n->attrs[STOKE_BATCH_NORM_EPS].f > 0 && isfinite(n->attrs[STOKE_BATCH_NORM_EPS].f)) ||
-      !(n->attrs[STOKE_BATCH_NORM_MOMENTUM].f >= 0 && n->attrs[STOKE_BATCH_NORM_MOMENTUM].f <= 1))
+  if (!eps_momentum_ok(n->attrs[STOKE_BATCH_NORM_EPS].f, n->attrs[STOKE_BATCH_NORM_MOMENTUM].f))
     return STOKE_ERR(STOKE_E_INVALID, "batch_norm '%s': eps must be > 0 and momentum in [0, 1]",
                      n->name);
   out[0] = in[0];
@@ -62,8 +65,7 @@ static stoke_err *infer_bn_add_bn_relu(const stoke_node_v1 *n, const stoke_value
       return STOKE_ERR(STOKE_E_INVALID,
                        "bn_add_bn_relu '%s': the shortcut's weight, bias, running_mean and running_var must be [%lld]",
                        n->name, (long long)c);
-  double eps = n->attrs[STOKE_BN2_EPS].f, mom = n->attrs[STOKE_BN2_EPS + 1].f;
-  if (!(eps > 0 && isfinite(eps)) || !(mom >= 0 && mom <= 1))
+  if (!eps_momentum_ok(n->attrs[STOKE_BN2_EPS].f, n->attrs[STOKE_BN2_EPS + 1].f))
     return STOKE_ERR(STOKE_E_INVALID, "bn_add_bn_relu '%s': the shortcut's eps must be > 0 and momentum in [0, 1]",
                      n->name);
   out[STOKE_BN2_SAVED_MEAN] = out[1];
@@ -87,11 +89,8 @@ static double flops_bn_add_bn_relu(const stoke_node_v1 *n, const stoke_value_des
   return 2.0 * flops_bn(n, in, out) + 2.0 * (double)stoke_numel(&in[0].shape);
 }
 
+/* batch_norm's attributes are the first two; bn_add_bn_relu's all four */
 static const stoke_attr_decl_v1 bn_attrs[] = {
-    {"eps", STOKE_ATTR_FLOAT, "1e-5", "added to the variance"},
-    {"momentum", STOKE_ATTR_FLOAT, "0.1", "running statistics update factor (PyTorch's)"},
-};
-static const stoke_attr_decl_v1 bn2_attrs[] = {
     {"eps", STOKE_ATTR_FLOAT, "1e-5", "added to the variance"},
     {"momentum", STOKE_ATTR_FLOAT, "0.1", "running statistics update factor (PyTorch's)"},
     {"shortcut_eps", STOKE_ATTR_FLOAT, "1e-5", "the shortcut batch norm's eps"},
@@ -156,7 +155,7 @@ static const stoke_op_type_v1 ops[] = {
     /* backward reads both batch norms' x, weight and saved statistics and the mask */
     {STOKE_ABI(stoke_op_type_v1), STOKE_OP_BN_ADD_BN_RELU,
      "batch_norm, residual add of a second batch_norm, ReLU (a downsampling ResNet block's tail), joined by the compiler",
-     10, 6, bn2_attrs, 4, infer_bn_add_bn_relu, flops_bn_add_bn_relu,
+     10, 6, bn_attrs, 4, infer_bn_add_bn_relu, flops_bn_add_bn_relu,
      STOKE_BWD_NEEDS_INPUT(0) | STOKE_BWD_NEEDS_INPUT(1) | STOKE_BWD_NEEDS_INPUT(STOKE_BN_ADD_RELU_RESIDUAL) |
          STOKE_BWD_NEEDS_INPUT(STOKE_BN2_WEIGHT) | STOKE_BWD_NEEDS_OUTPUT(1) | STOKE_BWD_NEEDS_OUTPUT(2) |
          STOKE_BWD_NEEDS_OUTPUT(STOKE_BN_ADD_RELU_MASK) | STOKE_BWD_NEEDS_OUTPUT(STOKE_BN2_SAVED_MEAN) |

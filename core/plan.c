@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "stoke/check.h"
 #include "stoke/core.h"
 #include "stoke/graph.h"
 #include "stoke/ops.h"
@@ -402,9 +403,7 @@ static int fuse_shortcut_bns(stoke_graph *g, const stoke_plan_opts *o) {
       continue;
     const stoke_gnode *hn = &g->nodes[h];
     const stoke_value *x = &g->values[tn->in[0]], *x2 = &g->values[hn->in[0]];
-    if (x2->dtype != x->dtype || x2->layout != x->layout || x2->shape.ndim != x->shape.ndim ||
-        memcmp(x2->shape.d, x->shape.d, sizeof *x->shape.d * (size_t)x->shape.ndim))
-      continue;
+    if (x2->dtype != x->dtype || x2->layout != x->layout || !stoke_same_shape(&x2->shape, &x->shape)) continue;
     int own = engine_rank(o, engine_for(g, o, STOKE_OP_BN_ADD_RELU, STOKE_FWD, x));
     int fwd = engine_rank(o, engine_for(g, o, ft->name, STOKE_FWD, x));
     int bwd = engine_rank(o, engine_for(g, o, ft->name, STOKE_BWD, x));

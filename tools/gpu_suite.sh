@@ -222,6 +222,23 @@ same_bits() {
   head -1 "$dir.cmp"; tail -1 "$dir.curves"
   grep -q "weights bitwise equal True" "$dir.cmp" && grep -q " $steps steps, $steps identical" "$dir.curves"
 }
+# switch_same_bits PART KEY PLAN_LINE: resnet50 bf16 (batch 32), 10 steps under run.deterministic with [run] KEY
+# false against true, eager and CUDA graphs: every step's loss and every weight the same bits (a "PART: PASS" or
+# "PART: FAIL" line); each run's line shows its plan's line matching PLAN_LINE
+switch_same_bits() {
+  local part=$1 key=$2 line=$3 ok=1 cg v
+  log "resnet50 bf16 (batch 32) under run.deterministic, $key false against true, eager and CUDA graphs: the same bits"
+  for cg in false true; do
+    for v in false true; do
+      timeout 300 "$T" "$S/examples/resnet50.ini" data.batch_size=32 run.steps=10 run.log_every=1 run.deterministic=true \
+        run.cuda_graph=$cg run.$key=$v run.progress=off run.checkpoint=true \
+        run.out_dir="$OUT/${part}_${cg}_$v" > "$OUT/${part}_${cg}_$v.log" 2>&1
+      echo "cuda_graph=$cg $key=$v rc=$? $(grep -hE "$line|^stoke: error" "$OUT/${part}_${cg}_$v.log" | head -2 | cut -c1-60 | tr '\n' ' ')"
+    done
+    same_bits "$OUT/${part}_${cg}_false" "$OUT/${part}_${cg}_true" "cuda_graph=$cg $key false vs true" 10 || ok=0
+  done
+  [ $ok = 1 ] && echo "$part: PASS" || echo "$part: FAIL"
+}
 # stoke_gpt B LABEL OVERRIDES...: gpt2_124m bf16 at batch B, 30 steps: tokens/s, the plan and NVML's peak
 stoke_gpt() {
   local b=$1 label=$2; shift 2
@@ -406,32 +423,10 @@ PY
       [ $ok = 1 ] && echo "samebits: PASS" || echo "samebits: FAIL"
       ;;
     pool_index) # [run] pool_index: max_pool2d_idx's saved window indices change no bit
-      log "resnet50 bf16 (batch 32) under run.deterministic, pool_index false against true, eager and CUDA graphs: the same bits"
-      ok=1
-      for cg in false true; do
-        for pi in false true; do
-          timeout 300 "$T" "$S/examples/resnet50.ini" data.batch_size=32 run.steps=10 run.log_every=1 run.deterministic=true \
-            run.cuda_graph=$cg run.pool_index=$pi run.progress=off run.checkpoint=true \
-            run.out_dir="$OUT/pidx_${cg}_$pi" > "$OUT/pidx_${cg}_$pi.log" 2>&1
-          echo "cuda_graph=$cg pool_index=$pi rc=$? $(grep -hE '^max pools:|^stoke: error' "$OUT/pidx_${cg}_$pi.log" | head -2 | tr '\n' ' ')"
-        done
-        same_bits "$OUT/pidx_${cg}_false" "$OUT/pidx_${cg}_true" "cuda_graph=$cg pool_index false vs true" 10 || ok=0
-      done
-      [ $ok = 1 ] && echo "pool_index: PASS" || echo "pool_index: FAIL"
+      switch_same_bits pool_index pool_index '^max pools:'
       ;;
     shortcut) # [run] fuse_shortcut: bn_add_bn_relu computes what batch_norm -> bn_add_relu compute, bit for bit
-      log "resnet50 bf16 (batch 32) under run.deterministic, fuse_shortcut false against true, eager and CUDA graphs: the same bits"
-      ok=1
-      for cg in false true; do
-        for fs in false true; do
-          timeout 300 "$T" "$S/examples/resnet50.ini" data.batch_size=32 run.steps=10 run.log_every=1 run.deterministic=true \
-            run.cuda_graph=$cg run.fuse_shortcut=$fs run.progress=off run.checkpoint=true \
-            run.out_dir="$OUT/fsc_${cg}_$fs" > "$OUT/fsc_${cg}_$fs.log" 2>&1
-          echo "cuda_graph=$cg fuse_shortcut=$fs rc=$? $(grep -hE '^shortcut batch norms:|^stoke: error' "$OUT/fsc_${cg}_$fs.log" | head -2 | cut -c1-60 | tr '\n' ' ')"
-        done
-        same_bits "$OUT/fsc_${cg}_false" "$OUT/fsc_${cg}_true" "cuda_graph=$cg fuse_shortcut false vs true" 10 || ok=0
-      done
-      [ $ok = 1 ] && echo "shortcut: PASS" || echo "shortcut: FAIL"
+      switch_same_bits shortcut fuse_shortcut '^shortcut batch norms:'
       ;;
     gpt_det)
       log "gpt2_124m bf16 B=8 under run.deterministic, two runs: the same bits"

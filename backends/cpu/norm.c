@@ -419,19 +419,19 @@ static stoke_err *bn2_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int b
     return STOKE_PERR(STOKE_E_INVALID, "%s '%s': workspace of %zu bytes, the kernel needs %zu", op,
                       stoke_node_name(a), a->workspace_bytes, bn2_ws(a, dt, bwd));
   memset(v, 0, sizeof *v);
-  stoke_tensor ws0 = a->in[0], ws1 = a->in[0];
+  /* the workspace's first half as an r-shaped tensor (x's shape, r's memory order), its second dx's */
+  stoke_tensor ws0 = a->in[5];
   ws0.data = run ? a->workspace : NULL;
-  ws1.data = run ? (char *)a->workspace + bn2_ws(a, dt, 0) : NULL;
+  void *ws_dx = run ? (char *)a->workspace + bn2_ws(a, dt, 0) : NULL;
   /* bn_add_relu: x, weight, bias, running stats, residual (bn2(r): the workspace in forward) */
   for (int i = 0; i < 6; i++) v->in1[i] = a->in[i];
-  if (!bwd) v->in1[5] = ws0, v->in1[5].layout = a->in[5].layout;
+  if (!bwd) v->in1[5] = ws0;
   v->a1 = *a;
   v->a1.n_in = 6, v->a1.n_out = 4, v->a1.in = v->in1;
   /* the shortcut's batch_norm: r, weight, bias, running stats -> bn2(r) (the workspace), saved stats */
   v->in2[0] = a->in[5];
   for (int i = 1; i < 5; i++) v->in2[i] = a->in[STOKE_BN2_WEIGHT + i - 1];
-  v->out2[0] = bwd ? a->in[5] : ws0;
-  v->out2[0].layout = a->in[5].layout;
+  v->out2[0] = ws0;
   if (bwd) v->out2[0].data = NULL; /* batch_norm's backward reads no y */
   v->out2[1] = a->out[STOKE_BN2_SAVED_MEAN], v->out2[2] = a->out[STOKE_BN2_SAVED_MEAN + 1];
   v->n2 = *a->node;
@@ -444,13 +444,13 @@ static stoke_err *bn2_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int b
     /* bn_add_relu's dx into the workspace (added into din[0] last: din[0] may share r's memory), its
      * dr, the masked dy, into the workspace too, which the shortcut's backward takes as its dy */
     for (int i = 0; i < 6; i++) v->din1[i] = a->din[i];
-    v->din1[0].data = a->din[0].data ? ws1.data : NULL;
-    v->din1[5] = ws0, v->din1[5].layout = a->in[5].layout;
+    v->din1[0].data = a->din[0].data ? ws_dx : NULL;
+    v->din1[5] = ws0;
     v->a1.din = v->din1;
     v->a1.param_grads = a->param_grads & 6u, v->a1.din_accumulate = a->din_accumulate & 6u;
     for (int i = 0; i < 3; i++) v->din2[i] = a->din[i == 0 ? STOKE_BN_ADD_RELU_RESIDUAL : STOKE_BN2_WEIGHT + i - 1];
     v->din2[3] = a->din[STOKE_BN2_WEIGHT + 2], v->din2[4] = a->din[STOKE_BN2_WEIGHT + 3];
-    v->dout2[0] = ws0, v->dout2[0].layout = a->in[5].layout;
+    v->dout2[0] = ws0;
     v->a2.din = v->din2, v->a2.dout = v->dout2;
     v->a2.param_grads = bit_to(a->param_grads, 5, 0) | bit_to(a->param_grads, 6, 1) | bit_to(a->param_grads, 7, 2);
     v->a2.din_accumulate =

@@ -120,17 +120,14 @@ void make_geom(geom *g, int64_t m, int64_t c, int v, int sm_count, int blocks_pe
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 // bn_add_bn_relu: two partial arrays (the backward's reduction writes both
 // in one pass) and four coefficient arrays.
+int n_bns(const geom *g) { return g->act == kDual ? 2 : 1; }
+size_t part_bytes(const geom *g) { return align256((size_t)g->parts * (size_t)g->c * sizeof(float2)); }
 size_t ws_bytes(const geom *g) {
-  int two = g->act == kDual ? 2 : 1;
-  return two * (align256((size_t)g->parts * (size_t)g->c * sizeof(float2)) + 2 * align256((size_t)g->c * sizeof(float)));
+  return n_bns(g) * (part_bytes(g) + 2 * align256((size_t)g->c * sizeof(float)));
 }
-float2 *ws_part(void *ws, const geom *g, int k) {
-  return (float2 *)((char *)ws + (size_t)k * align256((size_t)g->parts * (size_t)g->c * sizeof(float2)));
-}
+float2 *ws_part(void *ws, const geom *g, int k) { return (float2 *)((char *)ws + (size_t)k * part_bytes(g)); }
 float *ws_coef(void *ws, const geom *g, int k) {
-  int two = g->act == kDual ? 2 : 1;
-  return (float *)((char *)ws + two * align256((size_t)g->parts * (size_t)g->c * sizeof(float2)) +
-                   (size_t)k * align256((size_t)g->c * sizeof(float)));
+  return (float *)((char *)ws + n_bns(g) * part_bytes(g) + (size_t)k * align256((size_t)g->c * sizeof(float)));
 }
 
 // ------------------------------------------------------------ vector access
@@ -347,21 +344,32 @@ template <int V> __device__ __forceinline__ unsigned load_mask(const uint8_t *ma
 }
 
 // y = act((x - mean) k + b [rounded to T, + r]): the bn value is rounded to
-// T before the add, as the unfused batch_norm -> add nodes do. Walks the
-// partition from its start (the L2 still holds what k_stats read last).
+// T before the add, as the unfused batch_norm -> add nodes do; bn_add_bn_relu
+// adds bn2(r) = (r - mean2) k2 + b2, rounded to T as the shortcut's
+// batch_norm rounds its y. Walks the partition from its start (the L2 still
+// holds what k_stats read last). bn_add_bn_relu's runs 2 blocks an SM (its
+// grid made for that, fwd_v): 6 coefficients x V channels in registers
+// spilled at the forward's 3 (80 registers).
 template <typename T, int V, int ACT>
-__global__ void FWD_BOUNDS k_apply(const T *__restrict__ x, const T *__restrict__ res, T *__restrict__ y,
-                               uint8_t *__restrict__ mask, const float *__restrict__ smean,
-                               const float *__restrict__ sinv, const T *__restrict__ w, const T *__restrict__ b,
-                               int64_t M, int64_t C, int64_t cv, int64_t R) {
-  constexpr int U = unroll<V, (ACT == kAddRelu ? 2 : 1), false>::n;
+__global__ void __launch_bounds__(kBlock, ACT == kDual ? kBwdBlocksPerSm : kFwdBlocksPerSm)
+    k_apply(const T *__restrict__ x, const T *__restrict__ res, T *__restrict__ y, uint8_t *__restrict__ mask,
+            const float *__restrict__ smean, const float *__restrict__ sinv, const T *__restrict__ w,
+            const T *__restrict__ b, const float *__restrict__ smean2, const float *__restrict__ sinv2,
+            const T *__restrict__ w2, const T *__restrict__ b2, int64_t M, int64_t C, int64_t cv, int64_t R) {
+  constexpr bool kRes = ACT == kAddRelu || ACT == kDual;  // a second tensor read, the ReLU's bitmask written
+  constexpr int U = unroll<V, (kRes ? 2 : 1), false>::n;
   part_rows pr = rows_of(M, R);
   if (pr.vi >= cv) return;
   int64_t c0 = pr.vi * V;
-  float mean[V], k[V], s[V];
+  float mean[V], k[V], s[V], mean2[V], k2[V], s2[V];
   load_coef<V>(smean + c0, mean);
   load_scale<T, V>(w + c0, sinv + c0, k);
   load_param<T, V>(b + c0, s);
+  if constexpr (ACT == kDual) {
+    load_coef<V>(smean2 + c0, mean2);
+    load_scale<T, V>(w2 + c0, sinv2 + c0, k2);
+    load_param<T, V>(b2 + c0, s2);
+  }
   int by = blockDim.y;
   for (int64_t r = pr.r0 + threadIdx.y; r < pr.r1; r += (int64_t)by * U) {
     vec<T, V> rx[U], rr[U];
@@ -370,7 +378,7 @@ __global__ void FWD_BOUNDS k_apply(const T *__restrict__ x, const T *__restrict_
       if (r + (int64_t)u * by < pr.r1) {
         int64_t o = (r + (int64_t)u * by) * C + c0;
         rx[u] = ld<T, V>(x + o);
-        if (ACT == kAddRelu) rr[u] = ld<T, V>(res + o);
+        if (kRes) rr[u] = ld<T, V>(res + o);
       }
 #pragma unroll
     for (int u = 0; u < U; u++)
@@ -380,60 +388,11 @@ __global__ void FWD_BOUNDS k_apply(const T *__restrict__ x, const T *__restrict_
         for (int i = 0; i < V; i++) {
           float v = (to_f(rx[u].v[i]) - mean[i]) * k[i] + s[i];
           if (ACT == kAddRelu) v = to_f(from_f<T>(v)) + to_f(rr[u].v[i]);
+          if (ACT == kDual) v = to_f(from_f<T>(v)) + to_f(from_f<T>((to_f(rr[u].v[i]) - mean2[i]) * k2[i] + s2[i]));
           f[i] = ACT == kNone || !(v <= 0.0f) ? v : 0.0f;  // NaN stays NaN, as torch.relu
         }
         store_v<T, V>(y + (r + (int64_t)u * by) * C + c0, f);
-        if (ACT == kAddRelu) store_mask<T, V>(mask, (r + (int64_t)u * by) * C + c0, f);
-      }
-  }
-}
-
-// bn_add_bn_relu: y = relu(bn(x) + bn2(r)), each normalized value rounded
-// to T before the add, as batch_norm -> bn_add_relu round; the bitmask as
-// bn_add_relu's.
-// 2 blocks an SM (its grid made for that, fwd2_v): 6 coefficients x V channels
-// in registers spilled at the forward's 3 (80 registers).
-template <typename T, int V>
-__global__ void BWD_BOUNDS k_apply2(const T *__restrict__ x, const T *__restrict__ r, T *__restrict__ y,
-                                    uint8_t *__restrict__ mask, const float *__restrict__ smean,
-                                    const float *__restrict__ sinv, const T *__restrict__ w, const T *__restrict__ b,
-                                    const float *__restrict__ smean2, const float *__restrict__ sinv2,
-                                    const T *__restrict__ w2, const T *__restrict__ b2, int64_t M, int64_t C,
-                                    int64_t cv, int64_t R) {
-  constexpr int U = unroll<V, 2, false>::n;
-  part_rows pr = rows_of(M, R);
-  if (pr.vi >= cv) return;
-  int64_t c0 = pr.vi * V;
-  float mean[V], k[V], s[V], mean2[V], k2[V], s2[V];
-  load_coef<V>(smean + c0, mean);
-  load_scale<T, V>(w + c0, sinv + c0, k);
-  load_param<T, V>(b + c0, s);
-  load_coef<V>(smean2 + c0, mean2);
-  load_scale<T, V>(w2 + c0, sinv2 + c0, k2);
-  load_param<T, V>(b2 + c0, s2);
-  int by = blockDim.y;
-  for (int64_t rw = pr.r0 + threadIdx.y; rw < pr.r1; rw += (int64_t)by * U) {
-    vec<T, V> rx[U], rr[U];
-#pragma unroll
-    for (int u = 0; u < U; u++)
-      if (rw + (int64_t)u * by < pr.r1) {
-        int64_t o = (rw + (int64_t)u * by) * C + c0;
-        rx[u] = ld<T, V>(x + o);
-        rr[u] = ld<T, V>(r + o);
-      }
-#pragma unroll
-    for (int u = 0; u < U; u++)
-      if (rw + (int64_t)u * by < pr.r1) {
-        float f[V];
-#pragma unroll
-        for (int i = 0; i < V; i++) {
-          float v = to_f(from_f<T>((to_f(rx[u].v[i]) - mean[i]) * k[i] + s[i])) +
-                    to_f(from_f<T>((to_f(rr[u].v[i]) - mean2[i]) * k2[i] + s2[i]));
-          f[i] = !(v <= 0.0f) ? v : 0.0f;  // NaN stays NaN, as torch.relu
-        }
-        int64_t o = (rw + (int64_t)u * by) * C + c0;
-        store_v<T, V>(y + o, f);
-        store_mask<T, V>(mask, o, f);
+        if (kRes) store_mask<T, V>(mask, (r + (int64_t)u * by) * C + c0, f);
       }
   }
 }
@@ -441,8 +400,8 @@ __global__ void BWD_BOUNDS k_apply2(const T *__restrict__ x, const T *__restrict
 // ----------------------------------------------------------------- backward
 
 // The per-thread pieces of the backward: dz for element i of a row, the
-// ReLU's mask applied (bn_relu: recomputed; bn_add_relu: bit i of the
-// forward's bitmask, y > 0 as stored, so NaN gives 0).
+// ReLU's mask applied (bn_relu: recomputed; bn_add_relu, bn_add_bn_relu:
+// bit i of the forward's bitmask, y > 0 as stored, so NaN gives 0).
 template <typename T, int V, int ACT>
 struct dz_of {
   float mean[V], k[V], s[V];  // bn_relu's recomputed mask: (x - mean) k + b > 0
@@ -455,68 +414,86 @@ struct dz_of {
   }
   __device__ __forceinline__ float operator()(int i, T dy, T x, unsigned bits) const {
     if (ACT == kRelu) return positive<T>((to_f(x) - mean[i]) * k[i] + s[i]) ? to_f(dy) : 0.0f;
-    if (ACT == kAddRelu) return (bits >> i) & 1u ? to_f(dy) : 0.0f;
+    if (ACT == kAddRelu || ACT == kDual) return (bits >> i) & 1u ? to_f(dy) : 0.0f;
     return to_f(dy);
   }
 };
 
 // Block (channel group, partition p): part[c P + p] = (sum dz, sum dz (x - mean)).
 // bn_add_relu: dr = dz too, when dr is given (the apply pass then reads dz from it). dr may be dy's
-// memory: each element is read before it is written, by the same thread.
+// memory: each element is read before it is written, by the same thread. bn_add_bn_relu: also
+// part2[c P + p] = (sum dz, sum dz (r - mean2)), the shortcut's sums from the same dz, and dz is not
+// written (its apply pass makes it again from dy and the mask, 1/8 byte an element).
 template <typename T, int V, int ACT>
-__global__ void BWD_BOUNDS k_gsum(const T *__restrict__ x, const T *dy, const uint8_t *__restrict__ mask,
-                              const float *__restrict__ smean, const float *__restrict__ sinv,
-                              const T *__restrict__ w, const T *__restrict__ b, int64_t M, int64_t C, int64_t cv,
-                              int64_t R, int P, float2 *__restrict__ part, T *dr) {
-  constexpr int U = unroll<V, (ACT == kAddRelu ? 3 : 2), true>::n;
-  extern __shared__ float sh[];  // tree_floats(bx, by, 2 V)
+__global__ void BWD_BOUNDS k_gsum(const T *__restrict__ x, const T *__restrict__ r, const T *dy,
+                                  const uint8_t *__restrict__ mask, const float *__restrict__ smean,
+                                  const float *__restrict__ smean2, const float *__restrict__ sinv,
+                                  const T *__restrict__ w, const T *__restrict__ b, int64_t M, int64_t C, int64_t cv,
+                                  int64_t R, int P, float2 *__restrict__ part, float2 *__restrict__ part2, T *dr) {
+  constexpr bool kMask = ACT == kAddRelu || ACT == kDual;
+  constexpr int W = ACT == kDual ? 3 : 2;  // sums a channel: dz, dz (x - mean) [, dz (r - mean2)]
+  constexpr int U = unroll<V, (kMask ? 3 : 2), true>::n;
+  extern __shared__ float sh[];  // tree_floats(bx, by, W V)
   int ty = threadIdx.y, by = blockDim.y;
   part_rows pr = rows_of(M, R);
-  float s1[V], s2[V];
+  float s1[V], s2[V], s3[V];
 #pragma unroll
-  for (int i = 0; i < V; i++) s1[i] = s2[i] = 0;
+  for (int i = 0; i < V; i++) s1[i] = s2[i] = s3[i] = 0;
   if (pr.vi < cv) {
     int64_t c0 = pr.vi * V;
     dz_of<T, V, ACT> dz;
     dz.load(smean, sinv, w, b, c0);
-    for (int64_t r = pr.r1 - 1 - ty; r >= pr.r0; r -= (int64_t)by * U) {
-      vec<T, V> rx[U], rd[U];
+    float mean2[V];
+    if constexpr (ACT == kDual) load_coef<V>(smean2 + c0, mean2);
+    for (int64_t rw = pr.r1 - 1 - ty; rw >= pr.r0; rw -= (int64_t)by * U) {
+      vec<T, V> rx[U], rd[U], rr[U];
       unsigned rm[U];
 #pragma unroll
       for (int u = 0; u < U; u++)
-        if (r - (int64_t)u * by >= pr.r0) {
-          int64_t o = (r - (int64_t)u * by) * C + c0;
+        if (rw - (int64_t)u * by >= pr.r0) {
+          int64_t o = (rw - (int64_t)u * by) * C + c0;
           rx[u] = ld<T, V>(x + o);
+          if (ACT == kDual) rr[u] = ld<T, V>(r + o);
           rd[u] = ld<T, V>(dy + o);
-          rm[u] = ACT == kAddRelu ? load_mask<V>(mask, o) : 0u;
+          rm[u] = kMask ? load_mask<V>(mask, o) : 0u;
         }
 #pragma unroll
       for (int u = 0; u < U; u++)
-        if (r - (int64_t)u * by >= pr.r0) {
+        if (rw - (int64_t)u * by >= pr.r0) {
           float g[V];
 #pragma unroll
           for (int i = 0; i < V; i++) {
             g[i] = dz(i, rd[u].v[i], rx[u].v[i], rm[u]);
             s1[i] += g[i];
             s2[i] = fmaf(g[i], to_f(rx[u].v[i]) - dz.mean[i], s2[i]);
+            if (ACT == kDual) s3[i] = fmaf(g[i], to_f(rr[u].v[i]) - mean2[i], s3[i]);
           }
-          if (ACT == kAddRelu && dr) store_v<T, V>(dr + (r - (int64_t)u * by) * C + c0, g);
+          if (ACT == kAddRelu && dr) store_v<T, V>(dr + (rw - (int64_t)u * by) * C + c0, g);
         }
     }
   }
-  row_tree<2 * V>(
+  row_tree<W * V>(
       sh,
       [&](float *slot) {
 #pragma unroll
-        for (int i = 0; i < V; i++) slot[i] = s1[i], slot[V + i] = s2[i];
+        for (int i = 0; i < V; i++) {
+          slot[i] = s1[i], slot[V + i] = s2[i];
+          if (ACT == kDual) slot[2 * V + i] = s3[i];
+        }
       },
       [&](const float *slot) {
 #pragma unroll
-        for (int i = 0; i < V; i++) s1[i] += slot[i], s2[i] += slot[V + i];
+        for (int i = 0; i < V; i++) {
+          s1[i] += slot[i], s2[i] += slot[V + i];
+          if (ACT == kDual) s3[i] += slot[2 * V + i];
+        }
       });
   if (ty == 0 && pr.vi < cv)
 #pragma unroll
-    for (int i = 0; i < V; i++) part[(pr.vi * V + i) * P + blockIdx.y] = make_float2(s1[i], s2[i]);
+    for (int i = 0; i < V; i++) {
+      part[(pr.vi * V + i) * P + blockIdx.y] = make_float2(s1[i], s2[i]);
+      if (ACT == kDual) part2[(pr.vi * V + i) * P + blockIdx.y] = make_float2(s1[i], s3[i]);
+    }
 }
 
 // One warp per channel: the partition sums in a fixed order (double, lanes
@@ -610,74 +587,14 @@ __global__ void BWD_BOUNDS k_dx(const T *__restrict__ x, const T *__restrict__ d
   }
 }
 
-// bn_add_bn_relu's reduction: dz = dy where the mask's bit is set; block
-// (channel group, partition p): part[c P + p] = (sum dz, sum dz (x - mean)),
-// part2[c P + p] = (sum dz, sum dz (r - mean2)). dz is not written: the
-// apply pass makes it again from dy and the mask (1/8 byte an element).
-template <typename T, int V>
-__global__ void BWD_BOUNDS k_gsum2(const T *__restrict__ x, const T *__restrict__ r, const T *__restrict__ dy,
-                                   const uint8_t *__restrict__ mask, const float *__restrict__ smean,
-                                   const float *__restrict__ smean2, int64_t M, int64_t C, int64_t cv, int64_t R,
-                                   int P, float2 *__restrict__ part, float2 *__restrict__ part2) {
-  constexpr int U = unroll<V, 3, true>::n;
-  extern __shared__ float sh[];  // tree_floats(bx, by, 3 V)
-  int ty = threadIdx.y, by = blockDim.y;
-  part_rows pr = rows_of(M, R);
-  float s1[V], s2[V], s3[V];
-#pragma unroll
-  for (int i = 0; i < V; i++) s1[i] = s2[i] = s3[i] = 0;
-  if (pr.vi < cv) {
-    int64_t c0 = pr.vi * V;
-    float mean[V], mean2[V];
-    load_coef<V>(smean + c0, mean);
-    load_coef<V>(smean2 + c0, mean2);
-    for (int64_t rw = pr.r1 - 1 - ty; rw >= pr.r0; rw -= (int64_t)by * U) {
-      vec<T, V> rx[U], rr[U], rd[U];
-      unsigned rm[U];
-#pragma unroll
-      for (int u = 0; u < U; u++)
-        if (rw - (int64_t)u * by >= pr.r0) {
-          int64_t o = (rw - (int64_t)u * by) * C + c0;
-          rx[u] = ld<T, V>(x + o);
-          rr[u] = ld<T, V>(r + o);
-          rd[u] = ld<T, V>(dy + o);
-          rm[u] = load_mask<V>(mask, o);
-        }
-#pragma unroll
-      for (int u = 0; u < U; u++)
-        if (rw - (int64_t)u * by >= pr.r0) {
-#pragma unroll
-          for (int i = 0; i < V; i++) {
-            float g = (rm[u] >> i) & 1u ? to_f(rd[u].v[i]) : 0.0f;
-            s1[i] += g;
-            s2[i] = fmaf(g, to_f(rx[u].v[i]) - mean[i], s2[i]);
-            s3[i] = fmaf(g, to_f(rr[u].v[i]) - mean2[i], s3[i]);
-          }
-        }
-    }
-  }
-  row_tree<3 * V>(
-      sh,
-      [&](float *slot) {
-#pragma unroll
-        for (int i = 0; i < V; i++) slot[i] = s1[i], slot[V + i] = s2[i], slot[2 * V + i] = s3[i];
-      },
-      [&](const float *slot) {
-#pragma unroll
-        for (int i = 0; i < V; i++) s1[i] += slot[i], s2[i] += slot[V + i], s3[i] += slot[2 * V + i];
-      });
-  if (ty == 0 && pr.vi < cv)
-#pragma unroll
-    for (int i = 0; i < V; i++) {
-      part[(pr.vi * V + i) * P + blockIdx.y] = make_float2(s1[i], s2[i]);
-      part2[(pr.vi * V + i) * P + blockIdx.y] = make_float2(s1[i], s3[i]);
-    }
-}
-
 // bn_add_bn_relu's gradients in one pass: dx = k dz + B (x - mean) + C0 and
 // dr = k2 dz + B2 (r - mean2) + C02, dz = dy masked (each when wanted). dx
 // or dr may share the memory of x, r or dy (the planner's in-place
-// gradients): each element is read before it is written, by one thread.
+// gradients): each element is read before it is written, by one thread, so
+// none of them is __restrict__. Not k_dx with one more case: two outputs
+// with their own coefficients, 8 arrays of V, allow one row a thread in
+// flight (k_dx keeps 2 to 4), and k_dx's DZ path (dz read back) has no
+// counterpart here.
 template <typename T, int V>
 __global__ void BWD_BOUNDS k_dx2(const T *x, const T *r, const T *dy, const uint8_t *__restrict__ mask, T *dx, T *dr,
                                  const float *__restrict__ smean, const float *__restrict__ sinv,
@@ -781,9 +698,8 @@ stoke_err *check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int act, bool bw
                       "%s '%s': the fused kernels take 4-D NHWC x and y of one shape, got x %s, y %s", op,
                       stoke_node_name(a), stoke_shape_str(&x->shape).s, stoke_shape_str(&y->shape).s);
   int64_t c = x->shape.d[1], m = x->shape.d[0] * x->shape.d[2] * x->shape.d[3];
-  const char *const in_names[] = {"x",        "weight",          "bias",           "running_mean",
-                                         "running_var", dual ? "r" : "residual", "shortcut weight", "shortcut bias",
-                                         "shortcut running_mean", "shortcut running_var"};
+  const char *const in_names[] = {"x", "weight", "bias", "running_mean", "running_var", dual ? "r" : "residual",
+                                  "shortcut weight", "shortcut bias", "shortcut running_mean", "shortcut running_var"};
   static const char *const out_names[] = {"y", "saved_mean", "saved_invstd", "mask", "shortcut saved_mean",
                                           "shortcut saved_invstd"};
   for (int i = 1; i < n_in; i++)
@@ -883,27 +799,40 @@ dim3 block_of(const geom &g) { return dim3((unsigned)g.bx, (unsigned)g.by); }
 dim3 grid_of(const geom &g) { return dim3(g.gx, (unsigned)g.parts); }
 unsigned fin_blocks(const geom &g) { return (unsigned)((g.c + kFinWarps - 1) / kFinWarps); }
 
+// Each batch norm's statistics and finalize (bn_add_bn_relu's shortcut
+// second, the one partial array used in turn), then one apply pass.
 template <typename T, int V, int ACT>
 stoke_err *fwd_v(const stoke_kernel_args_v1 *a, const geom &g) {
   cudaStream_t st = (cudaStream_t)a->stream;
-  const T *x = (const T *)a->in[0].data;
-  float2 *part = (float2 *)a->workspace;
-  float *sm = (float *)a->out[1].data, *si = (float *)a->out[2].data;
-  if (a->training) {
-    size_t shm = tree_floats(g.bx, g.by, 2 * V + 1) * sizeof(float);
-    k_stats<T, V><<<grid_of(g), block_of(g), shm, st>>>(x, g.m, g.c, g.cv, g.rows, g.parts, part);
+  float2 *part = ws_part(a->workspace, &g, 0);
+  /* per batch norm: x, running mean and variance, saved mean and invstd */
+  static const int io[2][5] = {{0, 3, 4, 1, 2}, {5, 8, 9, STOKE_BN2_SAVED_MEAN, STOKE_BN2_SAVED_MEAN + 1}};
+  for (int k = 0; k < n_bns(&g); k++) {
+    if (a->training) {
+      size_t shm = tree_floats(g.bx, g.by, 2 * V + 1) * sizeof(float);
+      k_stats<T, V><<<grid_of(g), block_of(g), shm, st>>>((const T *)a->in[io[k][0]].data, g.m, g.c, g.cv, g.rows,
+                                                          g.parts, part);
+      STOKE_CUDA_LAUNCH(stoke_node_name(a));
+    }
+    k_fin_fwd<<<fin_blocks(g), 32 * kFinWarps, 0, st>>>(
+        part, g.parts, g.c, g.m, g.rows, k ? g.eps2 : g.eps, k ? g.momentum2 : g.momentum, a->training,
+        (float *)a->in[io[k][1]].data, (float *)a->in[io[k][2]].data, (float *)a->out[io[k][3]].data,
+        (float *)a->out[io[k][4]].data);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
   }
-  k_fin_fwd<<<fin_blocks(g), 32 * kFinWarps, 0, st>>>(part, g.parts, g.c, g.m, g.rows, g.eps, g.momentum,
-                                                     a->training, (float *)a->in[3].data, (float *)a->in[4].data,
-                                                     sm, si);
-  STOKE_CUDA_LAUNCH(stoke_node_name(a));
-  uint8_t *mask = ACT == kAddRelu ? (uint8_t *)a->out[STOKE_BN_ADD_RELU_MASK].data : nullptr;
-  if (ACT == kAddRelu && V != 8)  // bits set by atomicOr (store_mask)
+  constexpr bool kRes = ACT == kAddRelu || ACT == kDual, kTwo = ACT == kDual;
+  uint8_t *mask = kRes ? (uint8_t *)a->out[STOKE_BN_ADD_RELU_MASK].data : nullptr;
+  if (kRes && V != 8)  // bits set by atomicOr (store_mask)
     STOKE_CUDA(cudaMemsetAsync(mask, 0, (size_t)a->out[STOKE_BN_ADD_RELU_MASK].shape.d[0], st));
-  k_apply<T, V, ACT><<<grid_of(g), block_of(g), 0, st>>>(
-      x, ACT == kAddRelu ? (const T *)a->in[5].data : nullptr, (T *)a->out[0].data, mask, sm, si,
-      (const T *)a->in[1].data, (const T *)a->in[2].data, g.m, g.c, g.cv, g.rows);
+  geom ga = g;  // bn_add_bn_relu's apply pass runs 2 blocks an SM
+  if (kTwo) make_geom(&ga, g.m, g.c, V, sm_count_of(a), kBwdBlocksPerSm);
+  k_apply<T, V, ACT><<<grid_of(ga), block_of(ga), 0, st>>>(
+      (const T *)a->in[0].data, kRes ? (const T *)a->in[5].data : nullptr, (T *)a->out[0].data, mask,
+      (const float *)a->out[1].data, (const float *)a->out[2].data, (const T *)a->in[1].data,
+      (const T *)a->in[2].data, kTwo ? (const float *)a->out[STOKE_BN2_SAVED_MEAN].data : nullptr,
+      kTwo ? (const float *)a->out[STOKE_BN2_SAVED_MEAN + 1].data : nullptr,
+      kTwo ? (const T *)a->in[STOKE_BN2_WEIGHT].data : nullptr,
+      kTwo ? (const T *)a->in[STOKE_BN2_WEIGHT + 1].data : nullptr, ga.m, ga.c, ga.cv, ga.rows);
   STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
@@ -925,8 +854,9 @@ stoke_err *bwd_v(const stoke_kernel_args_v1 *a, const geom &g) {
   const bool dz_in_dr = ACT == kAddRelu && dr && (dx || dw || db) && (const T *)dr != x;
   if (dx || dw || db) {
     size_t shm = tree_floats(g.bx, g.by, 2 * V) * sizeof(float);
-    k_gsum<T, V, ACT><<<grid_of(g), block_of(g), shm, st>>>(x, dy, mask, sm, si, w, b, g.m, g.c, g.cv, g.rows,
-                                                            g.parts, part, dz_in_dr ? dr : nullptr);
+    k_gsum<T, V, ACT><<<grid_of(g), block_of(g), shm, st>>>(x, nullptr, dy, mask, sm, nullptr, si, w, b, g.m, g.c,
+                                                            g.cv, g.rows, g.parts, part, nullptr,
+                                                            dz_in_dr ? dr : nullptr);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
     k_fin_bwd<T><<<fin_blocks(g), 32 * kFinWarps, 0, st>>>(part, g.parts, g.c, (double)g.m, a->training, w, si,
                                                            dw, stoke_grad_beta(a, 1), db, stoke_grad_beta(a, 2),
@@ -942,40 +872,6 @@ stoke_err *bwd_v(const stoke_kernel_args_v1 *a, const geom &g) {
                                                         g.rows);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
   }
-  return NULL;
-}
-
-// bn_add_bn_relu forward: each batch norm's statistics and finalize (one
-// partial array, used in turn), then one apply pass over x and r.
-template <typename T, int V>
-stoke_err *fwd2_v(const stoke_kernel_args_v1 *a, const geom &g) {
-  cudaStream_t st = (cudaStream_t)a->stream;
-  float2 *part = ws_part(a->workspace, &g, 0);
-  const int io[2][5] = {{0, 3, 4, 1, 2}, {5, 8, 9, STOKE_BN2_SAVED_MEAN, STOKE_BN2_SAVED_MEAN + 1}};
-  for (int k = 0; k < 2; k++) {
-    if (a->training) {
-      size_t shm = tree_floats(g.bx, g.by, 2 * V + 1) * sizeof(float);
-      k_stats<T, V><<<grid_of(g), block_of(g), shm, st>>>((const T *)a->in[io[k][0]].data, g.m, g.c, g.cv, g.rows,
-                                                          g.parts, part);
-      STOKE_CUDA_LAUNCH(stoke_node_name(a));
-    }
-    k_fin_fwd<<<fin_blocks(g), 32 * kFinWarps, 0, st>>>(
-        part, g.parts, g.c, g.m, g.rows, k ? g.eps2 : g.eps, k ? g.momentum2 : g.momentum, a->training,
-        (float *)a->in[io[k][1]].data, (float *)a->in[io[k][2]].data, (float *)a->out[io[k][3]].data,
-        (float *)a->out[io[k][4]].data);
-    STOKE_CUDA_LAUNCH(stoke_node_name(a));
-  }
-  uint8_t *mask = (uint8_t *)a->out[STOKE_BN_ADD_RELU_MASK].data;
-  if (V != 8)  // bits set by atomicOr (store_mask)
-    STOKE_CUDA(cudaMemsetAsync(mask, 0, (size_t)a->out[STOKE_BN_ADD_RELU_MASK].shape.d[0], st));
-  geom ga = g;  // k_apply2 runs 2 blocks an SM
-  make_geom(&ga, g.m, g.c, V, sm_count_of(a), kBwdBlocksPerSm);
-  k_apply2<T, V><<<grid_of(ga), block_of(ga), 0, st>>>(
-      (const T *)a->in[0].data, (const T *)a->in[5].data, (T *)a->out[0].data, mask, (const float *)a->out[1].data,
-      (const float *)a->out[2].data, (const T *)a->in[1].data, (const T *)a->in[2].data,
-      (const float *)a->out[STOKE_BN2_SAVED_MEAN].data, (const float *)a->out[STOKE_BN2_SAVED_MEAN + 1].data,
-      (const T *)a->in[STOKE_BN2_WEIGHT].data, (const T *)a->in[STOKE_BN2_WEIGHT + 1].data, ga.m, ga.c, ga.cv, ga.rows);
-  STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
 
@@ -997,8 +893,8 @@ stoke_err *bwd2_v(const stoke_kernel_args_v1 *a, const geom &g) {
   float *cb = ws_coef(a->workspace, &g, 0), *cc = ws_coef(a->workspace, &g, 1);
   float *cb2 = ws_coef(a->workspace, &g, 2), *cc2 = ws_coef(a->workspace, &g, 3);
   size_t shm = tree_floats(g.bx, g.by, 3 * V) * sizeof(float);
-  k_gsum2<T, V><<<grid_of(g), block_of(g), shm, st>>>(x, r, dy, mask, sm, sm2, g.m, g.c, g.cv, g.rows, g.parts, part,
-                                                      part2);
+  k_gsum<T, V, kDual><<<grid_of(g), block_of(g), shm, st>>>(x, r, dy, mask, sm, sm2, si, w, nullptr, g.m, g.c, g.cv,
+                                                             g.rows, g.parts, part, part2, nullptr);
   STOKE_CUDA_LAUNCH(stoke_node_name(a));
   k_fin_bwd<T><<<fin_blocks(g), 32 * kFinWarps, 0, st>>>(part, g.parts, g.c, (double)g.m, a->training, w, si, dw,
                                                          stoke_grad_beta(a, 1), db, stoke_grad_beta(a, 2),
@@ -1022,8 +918,7 @@ stoke_err *run_fwd(const stoke_kernel_args_v1 *a, void *) {
   int v;
   CHECK(check(a, dtype_of<T>::value, ACT, false, true, sm_count_of(a), &g, &v));
   constexpr int VV = 16 / sizeof(T);
-  if constexpr (ACT == kDual) return v == VV ? fwd2_v<T, VV>(a, g) : fwd2_v<T, 1>(a, g);
-  else return v == VV ? fwd_v<T, VV, ACT>(a, g) : fwd_v<T, 1, ACT>(a, g);
+  return v == VV ? fwd_v<T, VV, ACT>(a, g) : fwd_v<T, 1, ACT>(a, g);
 }
 
 template <typename T, int ACT>

@@ -501,16 +501,7 @@ static void prep_bn_relu_conv_bn(const kcase *c, stoke_tensor *ref, stoke_rng *r
  * cuda f32 backward then missed the tolerance meant for O(1) terms (2.85e-6
  * against 1.15e-6, seed 3780078465, H100) with nothing wrong in the kernel.
  * Spreading the batch keeps invstd <= 2 and the terms O(1), as ResNet's
- * batches are; the kernels still see every shape. */
-static void spread_one(const stoke_tensor *x, int64_t ch);
-static void prep_bn_spread(const kcase *c, stoke_tensor *ref, stoke_rng *r) {
-  (void)r;
-  if (!c->training) return;
-  spread_one(&ref[0], stoke_numel(&ref[1].shape));
-  if (!strcmp(c->op, STOKE_OP_BN_ADD_BN_RELU)) spread_one(&ref[5], stoke_numel(&ref[1].shape)); /* the shortcut's x */
-}
-
-/* x's every channel (of ch) spread to a standard deviation of at least 0.5 (prep_bn_spread). */
+ * batches are; the kernels still see every shape. x has ch channels. */
 static void spread_one(const stoke_tensor *x, int64_t ch) {
   int64_t n = stoke_numel(&x->shape);
   double *sum = calloc((size_t)ch, sizeof *sum), *sq = calloc((size_t)ch, sizeof *sq);
@@ -532,6 +523,14 @@ static void spread_one(const stoke_tensor *x, int64_t ch) {
   free(sum);
   free(sq);
   free(cnt);
+}
+
+/* A batch norm case's x spread in training (and r, bn_add_bn_relu's shortcut x). */
+static void prep_bn_spread(const kcase *c, stoke_tensor *ref, stoke_rng *r) {
+  (void)r;
+  if (!c->training) return;
+  spread_one(&ref[0], stoke_numel(&ref[1].shape));
+  if (!strcmp(c->op, STOKE_OP_BN_ADD_BN_RELU)) spread_one(&ref[5], stoke_numel(&ref[1].shape)); /* the shortcut's x */
 }
 
 /* (x, weight, bias, running_mean, running_var[, r]): training and eval,
