@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "stoke/core.h"
 #include "stoke/metrics.h"
@@ -32,6 +33,9 @@ struct stoke_metrics {
   int has_loss;
   double util_sum, mem_max;
   int64_t n_util;
+  /* power (stoke_nvml_power) over the logged intervals after the first: energy, capped time, their span */
+  double energy_j, capped_s, capped_span, power_s, power_at, clock_sum;
+  int64_t n_clock;
   double scale, skipped; /* NaN without a scaler */
 };
 
@@ -177,16 +181,34 @@ stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, dou
     m->n_util++;
     if (mem > m->mem_max) m->mem_max = mem;
   }
+  stoke_power_sample pw = {NAN, NAN, NAN};
+  if (m->o.nvml) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec, dt = now - m->power_at;
+    stoke_nvml_power(m->o.nvml, now, &pw);
+    /* the first interval (start-up: planning, autotuning, capture) only starts the counters, as it stays out
+     * of the samples/s median */
+    if (isfinite(pw.power_w) && dt > 0) {
+      m->energy_j += pw.power_w * dt;
+      m->power_s += dt;
+      if (isfinite(pw.capped)) m->capped_s += pw.capped * dt, m->capped_span += dt;
+    }
+    if (isfinite(pw.sm_mhz) && isfinite(pw.power_w)) m->clock_sum += pw.sm_mhz, m->n_clock++;
+    m->power_at = now;
+  }
   if (m->jsonl) {
-    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32];
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32], pa[32], pb[32], pc[32];
     fprintf(m->jsonl,
             "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6g, \"lr\": %.6g, \"samples_per_s\": %.1f, "
             "\"step_time_ms\": %s, \"step_time_ms_p50\": %s, \"step_time_ms_p95\": %s, \"step_time_ms_max\": %s, "
             "\"host_ms\": %.4f, \"data_wait_ms\": %.4f, \"mfu\": %s, \"gpu_util\": %s, \"gpu_mem_mib\": %s, "
+            "\"gpu_power_w\": %s, \"gpu_power_capped\": %s, \"gpu_sm_clock_mhz\": %s, "
             "\"loss_scale\": %s, \"skipped_steps\": %s}\n",
             (long long)step, (long long)epoch, loss, lr, rate, json_num(step_ms, f, sizeof f),
             json_num(p50, g, sizeof g), json_num(p95, h, sizeof h), json_num(mx, k, sizeof k), host_ms, wait_ms,
             json_num(mfu, a, sizeof a), json_num(util, b, sizeof b), json_num(mem, c, sizeof c),
+            json_num(pw.power_w, pa, sizeof pa), json_num(pw.capped, pb, sizeof pb), json_num(pw.sm_mhz, pc, sizeof pc),
             json_num(m->scale, d, sizeof d), json_num(m->skipped, e, sizeof e));
   }
   double eta = (double)(m->o.total_steps - step) * m->elapsed / (double)(m->n > 0 ? m->n : 1);
@@ -218,8 +240,11 @@ stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, dou
                                        "perf/step_time_ms",   "perf/step_time_ms_p50", "perf/step_time_ms_p95",
                                        "perf/step_time_ms_max", "perf/host_ms",     "perf/data_wait_ms",
                                        "perf/mfu",            "gpu/utilization",    "gpu/memory_mib",
-                                       "train/loss_scale",    "train/skipped_steps"};
-    const double v[] = {loss, lr, rate, step_ms, p50, p95, mx, host_ms, wait_ms, mfu, util, mem, m->scale, m->skipped};
+                                       "train/loss_scale",    "train/skipped_steps", "gpu/power_w",
+                                       "gpu/power_capped",    "gpu/sm_clock_mhz"};
+    const double v[] = {loss, lr,      rate,      step_ms,  p50,        p95,        mx,       host_ms,
+                        wait_ms,       mfu,       util,     mem,        m->scale,   m->skipped, pw.power_w,
+                        pw.capped,     pw.sm_mhz};
     STOKE_PROPAGATE(stoke_tb_scalars(m->tb, step, tags, v, (int)(sizeof v / sizeof *v)));
   }
   return jsonl_flushed(m);
@@ -291,6 +316,11 @@ void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s) {
                : NAN;
   s->gpu_util_mean = m->n_util ? m->util_sum / (double)m->n_util : NAN;
   s->gpu_mem_max_mib = m->n_util ? m->mem_max : NAN;
+  s->gpu_power_w = m->power_s > 0 ? m->energy_j / m->power_s : NAN;
+  s->gpu_power_capped = m->capped_span > 0 ? m->capped_s / m->capped_span : NAN;
+  s->gpu_sm_clock_mhz = m->n_clock ? m->clock_sum / (double)m->n_clock : NAN;
+  if (m->o.nvml) stoke_nvml_power_limits(m->o.nvml, &s->gpu_power_limit_w, &s->gpu_sm_clock_max_mhz);
+  else s->gpu_power_limit_w = s->gpu_sm_clock_max_mhz = NAN;
   s->loss_scale = m->scale;
   s->skipped_steps = m->skipped;
 }
@@ -314,7 +344,7 @@ static void trace_cost(const stoke_metrics *m, double *traced, double *untraced)
 
 stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *status) {
   /* no step logged (a signal during step 1, a resume with nothing to train): the loss is NaN, written null */
-  char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32], m_[32], fl[32], rate[32];
+  char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32], m_[32], fl[32], rate[32], pw[5][32];
   if (m->jsonl)
     fprintf(m->jsonl,
             "{\"summary\": \"%s\", \"steps\": %lld, \"samples\": %lld, \"final_loss\": %s, "
@@ -322,7 +352,9 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
             "\"step_time_ms_max\": %s, \"host_ms_p50\": %s, \"data_wait_s\": %.4f, \"flops_per_step\": %.6g, "
             "\"skipped_samples\": %lld, \"bad_samples\": %lld, "
             "\"eval_loss\": %s, \"eval_accuracy\": %s, \"mfu\": %s, \"gpu_util_mean\": %s, "
-            "\"gpu_mem_max_mib\": %s, \"device_alloc_mib\": %s, \"gpu_ops_per_step\": %lld, "
+            "\"gpu_mem_max_mib\": %s, \"gpu_power_w_mean\": %s, \"gpu_power_limit_w\": %s, "
+            "\"gpu_power_capped\": %s, \"gpu_sm_clock_mhz_mean\": %s, \"gpu_sm_clock_mhz_max\": %s, "
+            "\"device_alloc_mib\": %s, \"gpu_ops_per_step\": %lld, "
             "\"launches_per_step\": %lld, \"cuda_graph_replays\": %lld}\n",
             status, (long long)s->steps, (long long)s->samples, json_num(s->final_loss, fl, sizeof fl),
             json_fmt(s->samples_per_s, "%.1f", rate, sizeof rate),
@@ -330,7 +362,10 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
             json_num(s->step_ms_max, h, sizeof h), json_num(s->host_ms_p50, k, sizeof k), s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples,
             (long long)s->bad_samples, json_num(s->eval_loss, a, sizeof a), json_num(s->eval_accuracy, b, sizeof b),
             json_num(s->mfu, c, sizeof c), json_num(s->gpu_util_mean, d, sizeof d),
-            json_num(s->gpu_mem_max_mib, e, sizeof e), json_num(s->dev_alloc_mib, m_, sizeof m_),
+            json_num(s->gpu_mem_max_mib, e, sizeof e), json_num(s->gpu_power_w, pw[0], sizeof pw[0]),
+            json_num(s->gpu_power_limit_w, pw[1], sizeof pw[1]), json_num(s->gpu_power_capped, pw[2], sizeof pw[2]),
+            json_num(s->gpu_sm_clock_mhz, pw[3], sizeof pw[3]), json_num(s->gpu_sm_clock_max_mhz, pw[4], sizeof pw[4]),
+            json_num(s->dev_alloc_mib, m_, sizeof m_),
             (long long)s->gpu_ops_per_step,
             (long long)s->launches_per_step, (long long)s->graph_replays);
   stoke_err *err = jsonl_flushed(m);
@@ -358,6 +393,18 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
   if (isfinite(s->gpu_util_mean))
     printf("  GPU utilization %.0f%% (mean of samples), memory used up to %.0f MiB\n", s->gpu_util_mean,
            s->gpu_mem_max_mib);
+  if (isfinite(s->gpu_power_w)) {
+    printf("  GPU power %.0f W on average", s->gpu_power_w);
+    if (isfinite(s->gpu_power_limit_w))
+      printf(" (%.0f%% of its %.0f W limit)", 100 * s->gpu_power_w / s->gpu_power_limit_w, s->gpu_power_limit_w);
+    if (isfinite(s->gpu_power_capped))
+      printf(", the clocks held down by that limit %.0f%% of the time", 100 * s->gpu_power_capped);
+    if (isfinite(s->gpu_sm_clock_mhz))
+      printf("; SM clock %.0f MHz (mean of samples%s", s->gpu_sm_clock_mhz, isfinite(s->gpu_sm_clock_max_mhz) ? "" : ")");
+    if (isfinite(s->gpu_sm_clock_mhz) && isfinite(s->gpu_sm_clock_max_mhz))
+      printf(", of %.0f)", s->gpu_sm_clock_max_mhz);
+    printf("\n");
+  }
   if (isfinite(s->dev_alloc_mib))
     printf("  device memory allocated by stoke %.0f MiB (%.2f GB), held through every step: its peak\n",
            s->dev_alloc_mib, s->dev_alloc_mib * 1048576.0 / 1e9);

@@ -187,6 +187,8 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   run_signals_reset();
   memset(sum, 0, sizeof *sum);
   sum->eval_loss = sum->eval_accuracy = sum->timed_ms = NAN;
+  sum->gpu_power_w = sum->gpu_power_capped = sum->gpu_sm_clock_mhz = sum->gpu_power_limit_w = NAN;
+  sum->gpu_sm_clock_max_mhz = NAN;
   STOKE_PROPAGATE(stoke_run_setup(o, &s.cfg, &s.reg));
   stoke_err *e = run_read_config(&s);
   if (!e && o->dry_run) {

@@ -103,6 +103,8 @@ static stoke_err *run_variant(const bench_args *a, int v, int profile, bench_var
     out->n_ops = s.n_op_rows < BENCH_MAX_OPS ? s.n_op_rows : BENCH_MAX_OPS;
     return NULL;
   }
+  out->power_w[out->n] = s.gpu_power_w;
+  out->capped[out->n] = s.gpu_power_capped;
   out->rate[out->n++] = bench_rate(out->batch, a->steps, s.timed_ms);
   fprintf(stderr, "stoke bench: round %d/%d %c: %.0f samples/s (%d steps in %.3f ms)\n", out->n, a->rounds, 'A' + v,
           out->rate[out->n - 1], a->steps, s.timed_ms);

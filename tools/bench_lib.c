@@ -179,6 +179,14 @@ bench_ratio bench_ratio_paired(const double *a, const double *b, int n) {
   return r;
 }
 
+double bench_mean_finite(const double *v, int n) {
+  double s = 0;
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    if (isfinite(v[i])) s += v[i], k++;
+  return k ? s / k : NAN;
+}
+
 double bench_rate(int64_t batch, int64_t steps, double ms) {
   return ms > 0 ? (double)batch * (double)steps / (ms / 1000.0) : NAN;
 }
@@ -409,6 +417,12 @@ void bench_print(const bench_result *r, FILE *f) {
     fprintf(f, "     rounds:");
     for (int i = 0; i < x->n; i++) fprintf(f, " %s", commas(x->rate[i], a, sizeof a));
     fprintf(f, "; loss %.4g -> %.4g\n", x->first_loss, x->final_loss);
+    double w = bench_mean_finite(x->power_w, x->n), cap = bench_mean_finite(x->capped, x->n);
+    if (isfinite(w)) { /* a rate under a power limit is the step's energy as much as its time (run 31) */
+      fprintf(f, "     GPU power %.0f W", w);
+      if (isfinite(cap)) fprintf(f, ", the clocks held down by the power limit %.0f%% of the time", 100 * cap);
+      fprintf(f, " (mean of the rounds)\n");
+    }
   }
   bench_ratio q;
   if (ratio_of(r, &q)) {
@@ -500,6 +514,19 @@ void bench_write_json(const bench_result *r, FILE *f) {
     json_num(f, s.min);
     fprintf(f, ",\"max\":");
     json_num(f, s.max);
+    if (isfinite(bench_mean_finite(x->power_w, x->n))) { /* only where measured (a GPU with NVML) */
+      fprintf(f, ",\"gpu_power_w\":[");
+      for (int i = 0; i < x->n; i++) {
+        if (i) fputc(',', f);
+        json_num(f, x->power_w[i]);
+      }
+      fprintf(f, "],\"gpu_power_capped\":[");
+      for (int i = 0; i < x->n; i++) {
+        if (i) fputc(',', f);
+        json_num(f, x->capped[i]);
+      }
+      fputc(']', f);
+    }
     fprintf(f, ",\"first_loss\":");
     json_num(f, x->first_loss);
     fprintf(f, ",\"final_loss\":");

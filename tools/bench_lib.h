@@ -60,6 +60,9 @@ typedef struct bench_ratio {
  * slowly on a shared machine (clocks, neighbours) from both sides. */
 bench_ratio bench_ratio_paired(const double *a, const double *b, int n);
 
+/* The mean of v's finite values (NaN: none). */
+double bench_mean_finite(const double *v, int n);
+
 /* samples/s of `steps` steps of `batch` samples in `ms` (NaN if ms <= 0). */
 double bench_rate(int64_t batch, int64_t steps, double ms);
 
@@ -73,6 +76,9 @@ typedef struct bench_variant {
   char device[128], precision[32];
   int64_t batch;           /* samples per optimizer step */
   double rate[BENCH_MAX_ROUNDS]; /* samples/s per round */
+  /* each round's GPU power (W, mean) and the share of its time the power limit held the clocks down
+   * (stoke_summary's gpu_power_w, gpu_power_capped; NaN: not measured) */
+  double power_w[BENCH_MAX_ROUNDS], capped[BENCH_MAX_ROUNDS];
   int n;
   double first_loss, final_loss; /* of the last round */
   stoke_op_time ops[BENCH_MAX_OPS]; /* the profile round (per_op) */

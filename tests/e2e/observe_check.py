@@ -80,13 +80,33 @@ if evs:
 
     for tag, key in [("train/loss", "loss"), ("train/lr", "lr"), ("perf/samples_per_s", "samples_per_s"),
                      ("perf/step_time_ms", "step_time_ms"), ("perf/step_time_ms_p95", "step_time_ms_p95"),
-                     ("perf/data_wait_ms", "data_wait_ms"), ("perf/host_ms", "host_ms"), ("perf/mfu", "mfu")]:
+                     ("perf/data_wait_ms", "data_wait_ms"), ("perf/host_ms", "host_ms"), ("perf/mfu", "mfu"),
+                     ("gpu/power_w", "gpu_power_w"), ("gpu/power_capped", "gpu_power_capped"),
+                     ("gpu/sm_clock_mhz", "gpu_sm_clock_mhz")]:
         same(tag, key, steps)
     if evals:
         same("eval/loss", "eval_loss", evals)
         same("eval/accuracy", "eval_accuracy", evals)
     else:
         print("(no evaluation in this run: eval/* not checked)")
+# ------------------------------------------------------------ GPU power (NVML's counters)
+power = [r.get("gpu_power_w") for r in steps]
+if summary.get("gpu_power_w_mean") is None:
+    check("power: not measured (no NVML), so no row has a figure", all(p is None for p in power), power[:3])
+else:
+    lim, cap = summary.get("gpu_power_limit_w"), summary.get("gpu_power_capped")
+    mhz, top = summary.get("gpu_sm_clock_mhz_mean"), summary.get("gpu_sm_clock_mhz_max")
+    measured = [r for r in steps[1:] if r.get("gpu_power_w") is not None]
+    check("power: the first logged interval only starts the counters; every later one has its figures",
+          power[0] is None and len(measured) == len(steps) - 1 and
+          all(r.get("gpu_power_capped") is not None and r.get("gpu_sm_clock_mhz") is not None for r in measured),
+          power[:4])
+    check("power: the mean is a board's draw, within its limit's reach (the counter's mean can sit a hair over)",
+          20 < summary["gpu_power_w_mean"] and (lim is None or summary["gpu_power_w_mean"] <= 1.05 * lim),
+          (summary["gpu_power_w_mean"], lim))
+    check("power: the capped share is a share, the clock within its maximum",
+          (cap is None or 0 <= cap <= 1) and (mhz is None or top is None or 0 < mhz <= top), (cap, mhz, top))
+    print(f"(power: {summary['gpu_power_w_mean']:.0f} W of {lim} W, capped {cap}, SM clock {mhz} of {top} MHz)")
 try:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(run)

@@ -229,6 +229,9 @@ static void recorded(bench_result *r, int variants) {
     x->batch = 4096;
     x->n = 3;
     memcpy(x->rate, rates[v], sizeof rates[v]);
+    /* A measured its power (a GPU with NVML; one round without the counter), B did not (NaN) */
+    for (int i = 0; i < 3; i++) x->power_w[i] = v ? NAN : i == 2 ? NAN : 690 + 6 * i;
+    for (int i = 0; i < 3; i++) x->capped[i] = v ? NAN : i == 2 ? NAN : 0.85 + 0.1 * i;
     x->first_loss = 6.9;
     x->final_loss = v ? NAN : 6.5;
     memcpy(x->ops, ops[v], sizeof ops[v]);
@@ -266,6 +269,9 @@ static void test_text_report(void **state) {
   EXPECT_HAS(out, "only B");
   EXPECT_HAS(out, "total");
   EXPECT_HAS(out, "-0.300 ms (-17.1%)"); /* 1.75 -> 1.45 */
+  /* A's power over the rounds that measured it, B none: one power line */
+  EXPECT_HAS(out, "     GPU power 693 W, the clocks held down by the power limit 90% of the time (mean of the rounds)\n");
+  assert_null(strstr(strstr(out, "GPU power") + 1, "GPU power"));
   /* one variant: no ratio, one column */
   recorded(&r, 1);
   render(bench_print, &r, out, sizeof out);
@@ -376,6 +382,7 @@ static void test_json(void **state) {
   EXPECT_HAS(out, "{\"name\":\"B\",\"overrides\":[\"run.fuse=true\",\"model.x=a|b\"],\"device\":\"NVIDIA H100 "
                   "\\\"80GB\\\"\",\"precision\":\"bf16\",\"batch\":4096,\"samples_per_s\":[1100000,1320000,1210000],"
                   "\"median\":1210000,\"min\":1100000,\"max\":1320000,\"first_loss\":6.9,\"final_loss\":null}");
+  EXPECT_HAS(out, "\"gpu_power_w\":[690,696,null],\"gpu_power_capped\":[0.85,0.95,null]");
   EXPECT_HAS(out, "\"ratio\":{\"b_over_a\":1.1,\"ci95\":[1.1,1.1],\"paired_rounds\":3,");
   EXPECT_HAS(out, "{\"op\":\"bias_relu\",\"pass\":\"fwd\",\"engine\":\"fused\",\"nodes_a\":0,\"ms_a\":null,"
                   "\"nodes_b\":4,\"ms_b\":0.05}");

@@ -253,6 +253,10 @@ static void test_intervals(void **state) {
   }
   NEAR(field(sum, "step_time_ms_max"), mx, 2e-4);
   NEAR(field(sum, "samples_per_s_median"), pct(rates, nj - 1, 50), 0.11);
+  /* no NVML on the cpu backend: the power figures are there, null, and no power line is printed */
+  assert_non_null(strstr(sum, "\"gpu_power_w_mean\": null"));
+  assert_non_null(strstr(sum, "\"gpu_power_capped\": null"));
+  assert_null(strstr(out, "GPU power"));
 }
 
 /* tools/bench's rate of a round is the batch over the mean device time of

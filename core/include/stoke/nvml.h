@@ -14,4 +14,23 @@ void stoke_nvml_close(stoke_nvml *n);
  * everything on the device (MiB); 0 on success. */
 int stoke_nvml_sample(stoke_nvml *n, double *util_pct, double *mem_used_mib);
 
+/* Power since the previous call (the first call only starts the counters):
+ * the board's mean draw from its energy counter, the share of the time its
+ * power limit held the clocks down (NVML's power violation time), and the
+ * SM clock now. The H200s of BENCHMARKS.md's run 31 trained at their 700 W
+ * cap with the clock swinging between 1,380 and 1,965 MHz: a step's speed
+ * there is its energy. NaN for what the driver does not count; -1 without
+ * NVML. `now_s` is a monotonic clock in seconds. The counters move in the
+ * driver's own steps (tens of ms): an interval much shorter than that may
+ * read 0 W and the next one double; their sum over a run is exact. */
+typedef struct {
+  double power_w, capped, sm_mhz;
+} stoke_power_sample;
+int stoke_nvml_power(stoke_nvml *n, double now_s, stoke_power_sample *p);
+/* The enforced power limit (W) and the SM clock's maximum (MHz); NaN: unknown. */
+void stoke_nvml_power_limits(stoke_nvml *n, double *limit_w, double *max_sm_mhz);
+/* The arithmetic of stoke_nvml_power from counter differences (negative: not
+ * counted): mean power in W and the capped share of dt_s, at most 1. */
+void stoke_power_interval(double dt_s, double d_mj, double d_violation_ns, double *power_w, double *capped);
+
 #endif
