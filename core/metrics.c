@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "stoke/core.h"
 #include "stoke/metrics.h"
@@ -34,8 +33,7 @@ struct stoke_metrics {
   double util_sum, mem_max;
   int64_t n_util;
   /* power (stoke_nvml_power) over the logged intervals after the first: energy, capped time, their span */
-  double energy_j, capped_s, capped_span, power_s, power_at, clock_sum;
-  int64_t n_clock;
+  double energy_j, capped_s, capped_span, power_s, clock_sum, clock_span;
   double scale, skipped; /* NaN without a scaler */
 };
 
@@ -181,21 +179,17 @@ stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, dou
     m->n_util++;
     if (mem > m->mem_max) m->mem_max = mem;
   }
-  stoke_power_sample pw = {NAN, NAN, NAN};
+  stoke_power_sample pw = {NAN, NAN, NAN, 0};
   if (m->o.nvml) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec, dt = now - m->power_at;
-    stoke_nvml_power(m->o.nvml, now, &pw);
-    /* the first interval (start-up: planning, autotuning, capture) only starts the counters, as it stays out
-     * of the samples/s median */
-    if (isfinite(pw.power_w) && dt > 0) {
-      m->energy_j += pw.power_w * dt;
-      m->power_s += dt;
-      if (isfinite(pw.capped)) m->capped_s += pw.capped * dt, m->capped_span += dt;
+    /* the first call starts the sampler (its first reading, about now: the first logged interval, start-up,
+     * stays out, as it does of the samples/s median); each figure after covers a second or more */
+    stoke_nvml_power(m->o.nvml, &pw);
+    if (isfinite(pw.power_w)) {
+      m->energy_j += pw.power_w * pw.span_s;
+      m->power_s += pw.span_s;
+      if (isfinite(pw.capped)) m->capped_s += pw.capped * pw.span_s, m->capped_span += pw.span_s;
+      if (isfinite(pw.sm_mhz)) m->clock_sum += pw.sm_mhz * pw.span_s, m->clock_span += pw.span_s;
     }
-    if (isfinite(pw.sm_mhz) && isfinite(pw.power_w)) m->clock_sum += pw.sm_mhz, m->n_clock++;
-    m->power_at = now;
   }
   if (m->jsonl) {
     char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32], pa[32], pb[32], pc[32];
@@ -318,7 +312,7 @@ void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s) {
   s->gpu_mem_max_mib = m->n_util ? m->mem_max : NAN;
   s->gpu_power_w = m->power_s > 0 ? m->energy_j / m->power_s : NAN;
   s->gpu_power_capped = m->capped_span > 0 ? m->capped_s / m->capped_span : NAN;
-  s->gpu_sm_clock_mhz = m->n_clock ? m->clock_sum / (double)m->n_clock : NAN;
+  s->gpu_sm_clock_mhz = m->clock_span > 0 ? m->clock_sum / m->clock_span : NAN;
   if (m->o.nvml) stoke_nvml_power_limits(m->o.nvml, &s->gpu_power_limit_w, &s->gpu_sm_clock_max_mhz);
   else s->gpu_power_limit_w = s->gpu_sm_clock_max_mhz = NAN;
   s->loss_scale = m->scale;
@@ -400,9 +394,9 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
     if (isfinite(s->gpu_power_capped))
       printf(", the clocks held down by that limit %.0f%% of the time", 100 * s->gpu_power_capped);
     if (isfinite(s->gpu_sm_clock_mhz))
-      printf("; SM clock %.0f MHz (mean of samples%s", s->gpu_sm_clock_mhz, isfinite(s->gpu_sm_clock_max_mhz) ? "" : ")");
+      printf("; SM clock %.0f MHz (mean%s", s->gpu_sm_clock_mhz, isfinite(s->gpu_sm_clock_max_mhz) ? "" : ")");
     if (isfinite(s->gpu_sm_clock_mhz) && isfinite(s->gpu_sm_clock_max_mhz))
-      printf(", of %.0f)", s->gpu_sm_clock_max_mhz);
+      printf(", maximum %.0f)", s->gpu_sm_clock_max_mhz);
     printf("\n");
   }
   if (isfinite(s->dev_alloc_mib))

@@ -4,7 +4,10 @@
  * GPU machines. */
 #include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "stoke/nvml.h"
 
@@ -12,6 +15,12 @@ typedef struct { unsigned int gpu, memory; } nvml_util;
 typedef struct { unsigned long long total, free, used; } nvml_mem;
 typedef struct { unsigned long long reference_us, violation_ns; } nvml_violation; /* nvmlViolationTime_t */
 enum { NVML_CLOCK_SM = 1, NVML_PERF_POLICY_POWER = 0 };
+#define STOKE_POWER_TICK_S 0.2
+
+/* One reading of the counters: when (monotonic s), energy (mJ) and power-violation time (ns); -1: not counted. */
+typedef struct {
+  double at, mj, violation_ns;
+} reading;
 
 struct stoke_nvml {
   void *lib;
@@ -25,9 +34,17 @@ struct stoke_nvml {
   int (*clock)(void *dev, int type, unsigned int *mhz);
   int (*limit)(void *dev, unsigned int *mw);
   int (*max_clock)(void *dev, int type, unsigned int *mhz);
-  /* the counters at the last stoke_nvml_power call */
-  int have_last;
-  double last_s, last_mj, last_violation_ns;
+  /* The power sampler: a thread reading the counters every STOKE_POWER_TICK_S. On an H200 an energy and
+   * violation read took milliseconds of the driver's time (run 31: 5-6 ms), a gap the step loop would
+   * leave the GPU idle at a log step; the thread keeps them off it. Under mu: */
+  pthread_t sampler;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int started, stop;
+  reading last, now;      /* the reading the last figure ended at (`last.at` < 0: none yet), the latest */
+  double clock_sum;       /* the SM clock's samples since `last` */
+  int64_t n_clock;
+  double clock_latest;
 };
 
 stoke_nvml *stoke_nvml_open(int device_index) {
@@ -58,6 +75,15 @@ stoke_nvml *stoke_nvml_open(int device_index) {
 
 void stoke_nvml_close(stoke_nvml *n) {
   if (!n) return;
+  if (n->started) {
+    pthread_mutex_lock(&n->mu);
+    n->stop = 1;
+    pthread_cond_signal(&n->cv);
+    pthread_mutex_unlock(&n->mu);
+    pthread_join(n->sampler, NULL);
+    pthread_cond_destroy(&n->cv);
+    pthread_mutex_destroy(&n->mu);
+  }
   if (n->shutdown) n->shutdown();
   dlclose(n->lib);
   free(n);
@@ -79,23 +105,79 @@ void stoke_power_interval(double dt_s, double d_mj, double d_violation_ns, doubl
   *capped = f > 1 ? 1 : f; /* the two clocks are not the same: a share a hair over 1 is all of it */
 }
 
-int stoke_nvml_power(stoke_nvml *n, double now_s, stoke_power_sample *p) {
+static double mono_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void *sampler_main(void *arg) {
+  stoke_nvml *n = arg;
+  pthread_mutex_lock(&n->mu);
+  while (!n->stop) {
+    pthread_mutex_unlock(&n->mu);
+    unsigned long long mj = 0;
+    nvml_violation v = {0, 0};
+    unsigned int mhz = 0;
+    reading r = {mono_s(), -1, -1};
+    if (n->energy && n->energy(n->dev, &mj) == 0) r.mj = (double)mj;
+    if (n->violation && n->violation(n->dev, NVML_PERF_POLICY_POWER, &v) == 0) r.violation_ns = (double)v.violation_ns;
+    int have_clock = n->clock && n->clock(n->dev, NVML_CLOCK_SM, &mhz) == 0;
+    pthread_mutex_lock(&n->mu);
+    n->now = r;
+    if (n->last.at < 0) n->last = r; /* the first reading starts the counters */
+    else if (have_clock) n->clock_sum += mhz, n->n_clock++;
+    if (have_clock) n->clock_latest = mhz;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_nsec += (long)(STOKE_POWER_TICK_S * 1e9);
+    until.tv_sec += until.tv_nsec / 1000000000L;
+    until.tv_nsec %= 1000000000L;
+    if (!n->stop) pthread_cond_timedwait(&n->cv, &n->mu, &until);
+  }
+  pthread_mutex_unlock(&n->mu);
+  return NULL;
+}
+
+/* The sampler, started by the first stoke_nvml_power call (a run that never asks has no thread). */
+static int start_sampler(stoke_nvml *n) {
+  pthread_condattr_t ca;
+  if (pthread_mutex_init(&n->mu, NULL)) return -1;
+  if (pthread_condattr_init(&ca) || pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) || pthread_cond_init(&n->cv, &ca)) {
+    pthread_mutex_destroy(&n->mu);
+    return -1;
+  }
+  pthread_condattr_destroy(&ca);
+  n->last.at = n->now.at = -1;
+  n->clock_latest = NAN;
+  if (pthread_create(&n->sampler, NULL, sampler_main, n)) {
+    pthread_cond_destroy(&n->cv);
+    pthread_mutex_destroy(&n->mu);
+    return -1;
+  }
+  n->started = 1;
+  return 0;
+}
+
+int stoke_nvml_power(stoke_nvml *n, stoke_power_sample *p) {
   p->power_w = p->capped = p->sm_mhz = NAN;
+  p->span_s = 0;
   if (!n) return -1;
-  unsigned long long mj = 0;
-  nvml_violation v = {0, 0};
-  unsigned int mhz = 0;
-  int have_e = n->energy && n->energy(n->dev, &mj) == 0;
-  int have_v = n->violation && n->violation(n->dev, NVML_PERF_POLICY_POWER, &v) == 0;
-  if (n->clock && n->clock(n->dev, NVML_CLOCK_SM, &mhz) == 0) p->sm_mhz = mhz;
-  if (n->have_last)
-    stoke_power_interval(now_s - n->last_s, have_e && n->last_mj >= 0 ? (double)mj - n->last_mj : -1,
-                         have_v && n->last_violation_ns >= 0 ? (double)v.violation_ns - n->last_violation_ns : -1,
+  if (!n->started) return start_sampler(n);
+  pthread_mutex_lock(&n->mu);
+  reading a = n->last, b = n->now;
+  p->sm_mhz = n->clock_latest;
+  /* the counters move in the driver's steps (0.1-0.2 s on an H200): a figure covers STOKE_POWER_MIN_SPAN_S */
+  if (a.at >= 0 && b.at - a.at >= STOKE_POWER_MIN_SPAN_S) {
+    p->span_s = b.at - a.at;
+    stoke_power_interval(p->span_s, a.mj >= 0 && b.mj >= 0 ? b.mj - a.mj : -1,
+                         a.violation_ns >= 0 && b.violation_ns >= 0 ? b.violation_ns - a.violation_ns : -1,
                          &p->power_w, &p->capped);
-  n->have_last = 1;
-  n->last_s = now_s;
-  n->last_mj = have_e ? (double)mj : -1;
-  n->last_violation_ns = have_v ? (double)v.violation_ns : -1;
+    if (n->n_clock) p->sm_mhz = n->clock_sum / (double)n->n_clock;
+    n->last = b;
+    n->clock_sum = 0, n->n_clock = 0;
+  }
+  pthread_mutex_unlock(&n->mu);
   return 0;
 }
 

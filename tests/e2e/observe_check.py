@@ -97,10 +97,16 @@ else:
     lim, cap = summary.get("gpu_power_limit_w"), summary.get("gpu_power_capped")
     mhz, top = summary.get("gpu_sm_clock_mhz_mean"), summary.get("gpu_sm_clock_mhz_max")
     measured = [r for r in steps[1:] if r.get("gpu_power_w") is not None]
-    check("power: the first logged interval only starts the counters; every later one has its figures",
-          power[0] is None and len(measured) == len(steps) - 1 and
-          all(r.get("gpu_power_capped") is not None and r.get("gpu_sm_clock_mhz") is not None for r in measured),
-          power[:4])
+    # a row's figure covers at least a second (the counters move in 0.1-0.2 s steps): one every few rows
+    first = steps.index(measured[0]) if measured else len(steps)
+    check("power: the first logged interval only starts the counters; later rows have figures, each a board's "
+          "draw (a second's counter steps can put one 30% over the limit), every row from the first figure on "
+          "an SM clock",
+          power[0] is None and measured and
+          all(20 < r["gpu_power_w"] and (lim is None or r["gpu_power_w"] <= 1.3 * lim) and
+              r.get("gpu_power_capped") is not None for r in measured) and
+          all(r.get("gpu_sm_clock_mhz") is not None for r in steps[first:]),
+          [(r["step"], r.get("gpu_power_w"), r.get("gpu_sm_clock_mhz")) for r in steps[:6]])
     check("power: the mean is a board's draw, within its limit's reach (the counter's mean can sit a hair over)",
           20 < summary["gpu_power_w_mean"] and (lim is None or summary["gpu_power_w_mean"] <= 1.05 * lim),
           (summary["gpu_power_w_mean"], lim))

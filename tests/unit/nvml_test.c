@@ -45,9 +45,9 @@ static void test_not_counted(void **state) {
 
 static void test_no_nvml(void **state) {
   (void)state;
-  stoke_power_sample p = {1, 2, 3};
-  assert_int_equal(stoke_nvml_power(NULL, 1.0, &p), -1);
-  assert_true(isnan(p.power_w) && isnan(p.capped) && isnan(p.sm_mhz));
+  stoke_power_sample p = {1, 2, 3, 4};
+  assert_int_equal(stoke_nvml_power(NULL, &p), -1);
+  assert_true(isnan(p.power_w) && isnan(p.capped) && isnan(p.sm_mhz) && p.span_s == 0);
   double limit = 0, clock = 0;
   stoke_nvml_power_limits(NULL, &limit, &clock);
   assert_true(isnan(limit) && isnan(clock));

@@ -14,19 +14,24 @@ void stoke_nvml_close(stoke_nvml *n);
  * everything on the device (MiB); 0 on success. */
 int stoke_nvml_sample(stoke_nvml *n, double *util_pct, double *mem_used_mib);
 
-/* Power since the previous call (the first call only starts the counters):
- * the board's mean draw from its energy counter, the share of the time its
- * power limit held the clocks down (NVML's power violation time), and the
- * SM clock now. The H200s of BENCHMARKS.md's run 31 trained at their 700 W
- * cap with the clock swinging between 1,380 and 1,965 MHz: a step's speed
- * there is its energy. NaN for what the driver does not count; -1 without
- * NVML. `now_s` is a monotonic clock in seconds. The counters move in the
- * driver's own steps (tens of ms): an interval much shorter than that may
- * read 0 W and the next one double; their sum over a run is exact. */
+/* Power since the previous figure: the board's mean draw from its energy
+ * counter, the share of the time its power limit held the clocks down
+ * (NVML's power violation time), and the SM clock (the mean of the samples
+ * a figure covers; between figures the latest sample). The H200s of
+ * BENCHMARKS.md's run 31 trained at their 700 W cap with the clock swinging
+ * between 1,380 and 1,965 MHz: a step's speed there is its energy. A thread
+ * reads the counters every 0.2 s (one read took the driver 5-6 ms there,
+ * time the step loop would leave the GPU idle); the first call starts it
+ * and its first reading starts the counters. The counters move in the
+ * driver's own steps (0.1-0.2 s), so a figure covers at least
+ * STOKE_POWER_MIN_SPAN_S; a call before one is due gives the clock alone
+ * (power and capped NaN, span_s 0). span_s: the seconds a figure covers.
+ * NaN for what the driver does not count; -1 without NVML. */
+#define STOKE_POWER_MIN_SPAN_S 1.0
 typedef struct {
-  double power_w, capped, sm_mhz;
+  double power_w, capped, sm_mhz, span_s;
 } stoke_power_sample;
-int stoke_nvml_power(stoke_nvml *n, double now_s, stoke_power_sample *p);
+int stoke_nvml_power(stoke_nvml *n, stoke_power_sample *p);
 /* The enforced power limit (W) and the SM clock's maximum (MHz); NaN: unknown. */
 void stoke_nvml_power_limits(stoke_nvml *n, double *limit_w, double *max_sm_mhz);
 /* The arithmetic of stoke_nvml_power from counter differences (negative: not
