@@ -469,6 +469,16 @@ static void json_num(FILE *f, double x) {
   else fputs("null", f);
 }
 
+/* Numbers as a JSON array (null: not measured). */
+static void json_nums(FILE *f, const double *v, int n) {
+  fputc('[', f);
+  for (int i = 0; i < n; i++) {
+    if (i) fputc(',', f);
+    json_num(f, v[i]);
+  }
+  fputc(']', f);
+}
+
 /* Overrides as a JSON array of strings, one each (a value may hold spaces:
  * run.backends=fused, cudnn). */
 static void json_list(FILE *f, const char *const *w, int n) {
@@ -503,29 +513,19 @@ void bench_write_json(const bench_result *r, FILE *f) {
     json_str(f, x->device);
     fprintf(f, ",\"precision\":");
     json_str(f, x->precision);
-    fprintf(f, ",\"batch\":%lld,\"samples_per_s\":[", (long long)x->batch);
-    for (int i = 0; i < x->n; i++) {
-      if (i) fputc(',', f);
-      json_num(f, x->rate[i]);
-    }
-    fprintf(f, "],\"median\":");
+    fprintf(f, ",\"batch\":%lld,\"samples_per_s\":", (long long)x->batch);
+    json_nums(f, x->rate, x->n);
+    fprintf(f, ",\"median\":");
     json_num(f, s.median);
     fprintf(f, ",\"min\":");
     json_num(f, s.min);
     fprintf(f, ",\"max\":");
     json_num(f, s.max);
     if (isfinite(bench_mean_finite(x->power_w, x->n))) { /* only where measured (a GPU with NVML) */
-      fprintf(f, ",\"gpu_power_w\":[");
-      for (int i = 0; i < x->n; i++) {
-        if (i) fputc(',', f);
-        json_num(f, x->power_w[i]);
-      }
-      fprintf(f, "],\"gpu_power_capped\":[");
-      for (int i = 0; i < x->n; i++) {
-        if (i) fputc(',', f);
-        json_num(f, x->capped[i]);
-      }
-      fputc(']', f);
+      fprintf(f, ",\"gpu_power_w\":");
+      json_nums(f, x->power_w, x->n);
+      fprintf(f, ",\"gpu_power_capped\":");
+      json_nums(f, x->capped, x->n);
     }
     fprintf(f, ",\"first_loss\":");
     json_num(f, x->first_loss);
