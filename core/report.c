@@ -263,10 +263,12 @@ static stoke_err *write_page(FILE *f, const stoke_report *r) {
   row_num(f, "evaluation top-1 accuracy", s->eval_accuracy, "%.4f", "");
   row_num(f, "GPU utilization (mean)", s->gpu_util_mean, "%.0f", "%");
   row_num(f, "GPU memory used (max)", s->gpu_mem_max_mib, "%.0f", "MiB");
-  row_num(f, "GPU power (mean)", s->gpu_power_w, "%.0f", "W");
-  row_num(f, "GPU power limit", s->gpu_power_limit_w, "%.0f", "W");
-  row_num(f, "time the power limit held the clocks down", 100 * s->gpu_power_capped, "%.0f", "%");
-  row_num(f, "SM clock (mean)", s->gpu_sm_clock_mhz, "%.0f", "MHz");
+  if (isfinite(s->gpu_power_w)) { /* NVML's power counters: GPU runs only */
+    row_num(f, "GPU power (mean)", s->gpu_power_w, "%.0f", "W");
+    row_num(f, "GPU power limit", s->gpu_power_limit_w, "%.0f", "W");
+    row_num(f, "time the power limit held the clocks down", 100 * s->gpu_power_capped, "%.0f", "%");
+    row_num(f, "SM clock (mean)", s->gpu_sm_clock_mhz, "%.0f", "MHz");
+  }
   fputs("</table>\n", f);
   if (r->trace_first > 0) {
     fprintf(f, "<p>Trace of steps %lld-%lld in trace.json (open it in ui.perfetto.dev). What tracing cost: the "
