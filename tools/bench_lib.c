@@ -607,6 +607,13 @@ void bench_write_md(const bench_result *r, FILE *f) {
             commas(s.median, b, sizeof b), commas(s.min, c, sizeof c), commas(s.max, d, sizeof d));
   }
   fprintf(f, "\n");
+  for (int v = 0; v < r->n_variants; v++) { /* where NVML measured it: the pace under a power limit */
+    double w = bench_mean_finite(r->v[v].power_w, r->v[v].n), cap = bench_mean_finite(r->v[v].capped, r->v[v].n);
+    if (!isfinite(w)) continue;
+    fprintf(f, "%s GPU power %.0f W", r->v[v].name, w);
+    if (isfinite(cap)) fprintf(f, ", the clocks held down by the power limit %.0f%% of the time", 100 * cap);
+    fprintf(f, " (mean of the rounds).\n");
+  }
   bench_ratio q;
   if (ratio_of(r, &q)) {
     if (q.n >= 2)

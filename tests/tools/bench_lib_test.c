@@ -290,6 +290,8 @@ static void test_markdown(void **state) {
                   "| A | `run.fuse=false` | NVIDIA H100 \"80GB\" | bf16 | 4,096 | 1,100,000 | 1,000,000 - 1,200,000 |\n"
                   "| B | `run.fuse=true model.x=a\\|b` |");
   EXPECT_HAS(out, "B/A = 1.100 (95% CI 1.100 - 1.100; t-interval on the log ratios of 3 paired rounds).");
+  EXPECT_HAS(out, "\nA GPU power 693 W, the clocks held down by the power limit 90% of the time (mean of the rounds).\n");
+  assert_null(strstr(out, "B GPU power"));
   EXPECT_HAS(out, "`examples/mlp.ini run.precision=bf16`; 3 rounds interleaved A B, 12 warm-up + 40 timed steps "
                   "each, timed with device events; commit 0123abcd, 2026-11-22 12:00 UTC.");
   EXPECT_HAS(out, "| op (pass) [engine] | A | B | B - A |\n|---|---:|---:|---:|\n| relu fwd [cuda] | 0.250 | - | only A |");
