@@ -31,9 +31,9 @@ typedef struct stoke_summary {
   double mfu;             /* model FLOPs utilization at the median rate (NaN: unknown peak) */
   double peak_flops;      /* the peak MFU is taken against (0: unknown) */
   double gpu_util_mean, gpu_mem_max_mib; /* NVML samples (NaN: none) */
-  /* NVML's power counters over the logged intervals after the first (NaN: none): the mean draw, the share of
-   * the time the power limit held the clocks down, the SM clock (mean of the log steps' samples); the limit
-   * and the clock's maximum */
+  /* NVML's power counters over the logged intervals after the first (NaN: none; stoke/nvml.h): the mean draw,
+   * the share of the time the power limit held the clocks down, the mean SM clock (the sampler's readings);
+   * the limit and the clock's maximum */
   double gpu_power_w, gpu_power_capped, gpu_sm_clock_mhz, gpu_power_limit_w, gpu_sm_clock_max_mhz;
   double dev_alloc_mib;   /* device memory stoke's plans allocated for the run (buffers, optimizer state,
                              workspace), held through every step: the step's peak, the
