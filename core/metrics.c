@@ -179,17 +179,16 @@ stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, dou
     m->n_util++;
     if (mem > m->mem_max) m->mem_max = mem;
   }
-  stoke_power_sample pw = {NAN, NAN, NAN, 0};
-  if (m->o.nvml) {
-    /* the first call starts the sampler (its first reading, about now: the first logged interval, start-up,
-     * stays out, as it does of the samples/s median); each figure after covers a second or more */
-    stoke_nvml_power(m->o.nvml, &pw);
-    if (isfinite(pw.power_w)) {
-      m->energy_j += pw.power_w * pw.span_s;
-      m->power_s += pw.span_s;
-      if (isfinite(pw.capped)) m->capped_s += pw.capped * pw.span_s, m->capped_span += pw.span_s;
-      if (isfinite(pw.sm_mhz)) m->clock_sum += pw.sm_mhz * pw.span_s, m->clock_span += pw.span_s;
-    }
+  /* the first call starts the sampler (its first reading, about now: the first logged interval, start-up,
+   * stays out, as it does of the samples/s median); each figure after covers a second or more; all NaN
+   * without NVML */
+  stoke_power_sample pw;
+  stoke_nvml_power(m->o.nvml, &pw);
+  if (isfinite(pw.power_w)) {
+    m->energy_j += pw.power_w * pw.span_s;
+    m->power_s += pw.span_s;
+    if (isfinite(pw.capped)) m->capped_s += pw.capped * pw.span_s, m->capped_span += pw.span_s;
+    if (isfinite(pw.sm_mhz)) m->clock_sum += pw.sm_mhz * pw.span_s, m->clock_span += pw.span_s;
   }
   if (m->jsonl) {
     char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32], pa[32], pb[32], pc[32];
@@ -313,8 +312,7 @@ void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s) {
   s->gpu_power_w = m->power_s > 0 ? m->energy_j / m->power_s : NAN;
   s->gpu_power_capped = m->capped_span > 0 ? m->capped_s / m->capped_span : NAN;
   s->gpu_sm_clock_mhz = m->clock_span > 0 ? m->clock_sum / m->clock_span : NAN;
-  if (m->o.nvml) stoke_nvml_power_limits(m->o.nvml, &s->gpu_power_limit_w, &s->gpu_sm_clock_max_mhz);
-  else s->gpu_power_limit_w = s->gpu_sm_clock_max_mhz = NAN;
+  stoke_nvml_power_limits(m->o.nvml, &s->gpu_power_limit_w, &s->gpu_sm_clock_max_mhz); /* NaN without NVML */
   s->loss_scale = m->scale;
   s->skipped_steps = m->skipped;
 }

@@ -187,6 +187,20 @@ double bench_mean_finite(const double *v, int n) {
   return k ? s / k : NAN;
 }
 
+/* A variant's GPU power over its rounds in words, "GPU power 678 W, the
+ * clocks held down by the power limit 16% of the time (mean of the
+ * rounds)"; 0 (buf empty) where no round measured it (no NVML). */
+static int power_words(const bench_variant *x, char *buf, size_t cap) {
+  double w = bench_mean_finite(x->power_w, x->n), held = bench_mean_finite(x->capped, x->n);
+  buf[0] = 0;
+  if (!isfinite(w)) return 0;
+  int n = snprintf(buf, cap, "GPU power %.0f W", w);
+  if (isfinite(held) && n >= 0 && (size_t)n < cap)
+    n += snprintf(buf + n, cap - (size_t)n, ", the clocks held down by the power limit %.0f%% of the time", 100 * held);
+  if (n >= 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, " (mean of the rounds)");
+  return 1;
+}
+
 double bench_rate(int64_t batch, int64_t steps, double ms) {
   return ms > 0 ? (double)batch * (double)steps / (ms / 1000.0) : NAN;
 }
@@ -417,12 +431,8 @@ void bench_print(const bench_result *r, FILE *f) {
     fprintf(f, "     rounds:");
     for (int i = 0; i < x->n; i++) fprintf(f, " %s", commas(x->rate[i], a, sizeof a));
     fprintf(f, "; loss %.4g -> %.4g\n", x->first_loss, x->final_loss);
-    double w = bench_mean_finite(x->power_w, x->n), cap = bench_mean_finite(x->capped, x->n);
-    if (isfinite(w)) { /* a rate under a power limit is the step's energy as much as its time (run 31) */
-      fprintf(f, "     GPU power %.0f W", w);
-      if (isfinite(cap)) fprintf(f, ", the clocks held down by the power limit %.0f%% of the time", 100 * cap);
-      fprintf(f, " (mean of the rounds)\n");
-    }
+    char pw[160]; /* a rate under a power limit is the step's energy as much as its time (run 31) */
+    if (power_words(x, pw, sizeof pw)) fprintf(f, "     %s\n", pw);
   }
   bench_ratio q;
   if (ratio_of(r, &q)) {
@@ -521,7 +531,8 @@ void bench_write_json(const bench_result *r, FILE *f) {
     json_num(f, s.min);
     fprintf(f, ",\"max\":");
     json_num(f, s.max);
-    if (isfinite(bench_mean_finite(x->power_w, x->n))) { /* only where measured (a GPU with NVML) */
+    char pw[160];
+    if (power_words(x, pw, sizeof pw)) { /* only where measured (a GPU with NVML) */
       fprintf(f, ",\"gpu_power_w\":");
       json_nums(f, x->power_w, x->n);
       fprintf(f, ",\"gpu_power_capped\":");
@@ -608,11 +619,8 @@ void bench_write_md(const bench_result *r, FILE *f) {
   }
   fprintf(f, "\n");
   for (int v = 0; v < r->n_variants; v++) { /* where NVML measured it: the pace under a power limit */
-    double w = bench_mean_finite(r->v[v].power_w, r->v[v].n), cap = bench_mean_finite(r->v[v].capped, r->v[v].n);
-    if (!isfinite(w)) continue;
-    fprintf(f, "%s GPU power %.0f W", r->v[v].name, w);
-    if (isfinite(cap)) fprintf(f, ", the clocks held down by the power limit %.0f%% of the time", 100 * cap);
-    fprintf(f, " (mean of the rounds).\n");
+    char pw[160];
+    if (power_words(&r->v[v], pw, sizeof pw)) fprintf(f, "%s %s.\n", r->v[v].name, pw);
   }
   bench_ratio q;
   if (ratio_of(r, &q)) {
