@@ -7,8 +7,12 @@
 # default mode: the same kernels as reduce-overhead, each recorded).
 #   python3 torch_op_profile.py ANCHORS_DIR WORKLOAD MODE [STEPS]
 #   e.g. python3 torch_op_profile.py $S/anchors resnet18c bf16+compile 20
+# NCU=1: no torch.profiler; one step between cudaProfilerStart and Stop
+# after the warm-up, for `ncu --profile-from-start off` (tools/ncu_step.py
+# sets it beside stoke's step under the same ncu options).
 # Prints GPU ms per step for each family (convolutions, GEMMs, Triton
 # kernels, batch norms, optimizer, other) and the 15 most expensive kernels.
+import os
 import sys
 
 import torch
@@ -44,6 +48,12 @@ def step():
 for _ in range(12):
     step()
 torch.cuda.synchronize()
+if os.environ.get("NCU") == "1":
+    torch.cuda.profiler.start()
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    sys.exit(0)
 with profile(activities=[ProfilerActivity.CUDA]) as prof:
     for _ in range(steps):
         step()
@@ -80,5 +90,5 @@ print(f"GPU kernel time per step: {sum(fams.values()):.3f} ms")
 for f, ms in sorted(fams.items(), key=lambda t: -t[1]):
     print(f"  {f:60s} {ms:8.3f} ms")
 print("most expensive kernels (ms per step, calls per step):")
-for ms, n, k in sorted(kernels, reverse=True)[:15]:
+for ms, n, k in sorted(kernels, reverse=True)[:int(os.environ.get("TOP", "15"))]:
     print(f"  {ms:8.3f} {n:4d}  {k[:110]}")
