@@ -9,10 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ST="${STAGE:-.stage}"
-bazel build -c opt //tools:train //tools:generate //tools:launch //tools:bench //tools:convert //tools:bench_loader //tools:make_jpeg_bench //tools:plugin_check //tools:plugins //tests/gpu:all //backends/... //tests/plugins/newuser:hardswish
+bazel build -c opt //tools:train //tools:generate //tools:launch //tools:bench //tools:convert //tools:bench_loader //tools:make_jpeg_bench //tools:plugin_check //tools:libkernel_trace.so //tools:plugins //tests/gpu:all //backends/... //tests/plugins/newuser:hardswish
 rm -rf $ST && mkdir -p $ST/bin/plugins $ST/tests $ST/anchors
 cp bazel-bin/tools/train $ST/bin/
-for t in generate launch bench convert bench_loader make_jpeg_bench plugin_check; do cp bazel-bin/tools/$t $ST/bin/; done
+for t in generate launch bench convert bench_loader make_jpeg_bench plugin_check libkernel_trace.so; do cp bazel-bin/tools/$t $ST/bin/; done
 # the commit, for tools/bench's reports (the GPU machine has no .git)
 echo "$(git rev-parse --short=12 HEAD)$([ -n "$(git status --porcelain --untracked-files=no)" ] && echo -dirty)" > $ST/bin/COMMIT
 cp bazel-bin/tools/plugins/*.so $ST/bin/plugins/
@@ -29,7 +29,7 @@ mkdir -p $ST/data
 cp /usr/share/datasets/fashion-mnist/*.gz $ST/data/ 2>/dev/null || true
 mkdir -p $ST/photos && cp ../shared/data/photos/*.jpg $ST/photos/ 2>/dev/null || true
 cp -r examples $ST/
-cp tools/gpu_check.sh tools/gpu_suite.sh tools/loss_curves.py tools/conv_bench_torch.py tools/torch_op_profile.py tools/ncu_step.py tools/resnet_matrix_torch.py tools/gpt_ckpt_torch.py tools/test_margins.py \
+cp tools/gpu_check.sh tools/gpu_suite.sh tools/loss_curves.py tools/conv_bench_torch.py tools/torch_op_profile.py tools/ncu_step.py tools/kernel_trace.py tools/resnet_matrix_torch.py tools/gpt_ckpt_torch.py tools/test_margins.py \
   tests/e2e/observe_check.py tests/e2e/tfevents.py tools/trace_svg.py tools/nccl_graph_check.py tools/gpt_ddp_torch.py \
   tools/ncu_summary.py tools/gemm_torch.py tools/overlap_torch.py tools/ce_overlap_torch.py $ST/
 # shared libraries the GPU machine (Ubuntu 24.04) may lack: cmocka for the
@@ -37,6 +37,8 @@ cp tools/gpu_check.sh tools/gpu_suite.sh tools/loss_curves.py tools/conv_bench_t
 mkdir -p $ST/lib
 cp -L /usr/lib/x86_64-linux-gnu/libcmocka.so.0 $ST/lib/
 cp -L /usr/local/cuda/lib64/libcudart.so.13 $ST/lib/
+# CUPTI for bin/libkernel_trace.so (gpu_suite part ktrace)
+cp -L /usr/local/cuda/lib64/libcupti.so.13 $ST/lib/
 [ -d ../shared/anchors ] && cp ../shared/anchors/*.py $ST/anchors/ || true
 chmod -R u+w $ST
 # symbols stay here; the copy that travels is stripped (64 MiB limit)

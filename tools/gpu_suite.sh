@@ -88,6 +88,11 @@
 #             beside torch.compile's, each timed by ncu under the same
 #             options (clocks at base, caches as the step left them);
 #             ncu_step.py prints the families and the convolutions in order
+#   ktrace    every kernel of a run, with its device times (CUPTI,
+#             bin/libkernel_trace.so), for stoke's KT_W (resnet18c) in its
+#             INI's configuration (KT_EXTRA: overrides) and for PyTorch's
+#             anchor (KT_TORCH: resnet18c:bf16+compile-ro); kernel_trace.py
+#             prints each one's step: wall, idle, gaps, kernels by family
 #   gpt_graph GPT-2 124M bf16 B = 16 eager against cuda_graph = true,
 #             alternating GPT_GRAPH_R (2) rounds (stoke_gpt: tokens/s, memory)
 #   ddp_recompute  (2 GPUs) issue 14 with data parallel: a small gpt, recompute
@@ -410,6 +415,22 @@ PY
         "$S/anchors" "$w" bf16+compile > "$OUT/ncustep_torch.csv" 2> "$OUT/ncustep_torch.err")
       echo "ncu torch rc=$?"
       python3 "$HERE/ncu_step.py" "$OUT/ncustep_stoke.csv" "$OUT/ncustep_torch.csv"
+      ;;
+    ktrace)
+      w=${KT_W:-resnet18c}
+      log "kernel trace (CUPTI) of $w: stoke ($S/examples/$w.ini ${KT_EXTRA:-}) and PyTorch (${KT_TORCH:-resnet18c:bf16+compile-ro})"
+      (cd /tmp && CUDA_INJECTION64_PATH="$S/bin/libkernel_trace.so" KTRACE_OUT="$OUT/ktrace_stoke.csv" timeout 400 "$T" \
+        "$S/examples/$w.ini" run.steps=${KT_STEPS:-60} run.progress=off run.out_dir=/tmp/stoke_ktrace run.overwrite=true \
+        ${KT_EXTRA:-} > "$OUT/ktrace_stoke.log" 2>&1)
+      echo "stoke rc=$?: $(grep -E 'samples/s median' "$OUT/ktrace_stoke.log")"
+      python3 "$HERE/kernel_trace.py" "$OUT/ktrace_stoke.csv" ${KT_ARGS:-}
+      if [ "${KT_TORCH:-resnet18c:bf16+compile-ro}" != none ]; then
+        (cd /tmp && CUDA_INJECTION64_PATH="$S/bin/libkernel_trace.so" KTRACE_OUT="$OUT/ktrace_torch.csv" timeout 600 \
+          python3 "$S/anchors/torch_bench.py" "$OUT/ktrace_torch.jsonl" ${KT_TORCH:-resnet18c:bf16+compile-ro} \
+          > "$OUT/ktrace_torch.log" 2>&1)
+        echo "torch rc=$?: $(tail -1 "$OUT/ktrace_torch.jsonl" 2>/dev/null | cut -c1-200)"
+        python3 "$HERE/kernel_trace.py" "$OUT/ktrace_torch.csv" ${KT_ARGS:-}
+      fi
       ;;
     wgrad) # [run] wgrad_stream: the same bits with the weight gradients on the side stream
       log "resnet18c bf16 under run.deterministic, wgrad_stream 0 against 1, 2 and 64, eager and CUDA graphs: the same bits"
