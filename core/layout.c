@@ -24,7 +24,12 @@
  * convolution's weight [O, C, kh, kw], staged by the kernels as they need,
  * and what checkpoints hold): they are labelled so, and converted like an
  * activation where a reader wants NHWC (not as a convolution's filter,
- * which every engine reads row-major, whoever made it). Where a reader
+ * which every engine reads row-major, whoever made it). The one exception,
+ * asked for by filter_ohwi (the GPU's default, [run] filter_layout): a
+ * parameter read only as conv2d filters is labelled NHWC, memory [O, kh,
+ * kw, C] as channels_last keeps it in PyTorch, and its engines read it so;
+ * initial values and checkpoints stay [O, C, kh, kw]
+ * (stoke_plan_filters_permute converts at the host copies). Where a reader
  * gets a 4-D activation in the other order, the pass puts a conversion in
  * front of it, as PyTorch's reshape copies a channels_last tensor it cannot
  * view (x.contiguous()): reshape to (N, H W, C) or (N, C, H W), a
@@ -126,6 +131,43 @@ static int feeds_filter(const stoke_graph *g, int v, int depth) {
 
 int stoke_value_is_filter(const stoke_graph *g, int v) { return feeds_filter(g, v, 4); }
 
+/* A parameter that filter_ohwi keeps [O, kh, kw, C]: 4-D, read by forward
+ * nodes only as a conv2d's filter (k = 1), directly; a parameter read
+ * otherwise too (an autocast, a reshape, a plugin's op) stays row-major. */
+static int ohwi_candidate(const stoke_graph *g, int v) {
+  const stoke_value *val = &g->values[v];
+  if (val->kind != STOKE_VAL_PARAM || val->shape.ndim != 4) return 0;
+  int readers = 0;
+  for (int i = 0; i < g->n_fwd; i++)
+    for (int k = 0; k < g->nodes[i].n_in; k++) {
+      if (g->nodes[i].in[k] != v) continue;
+      if (strcmp(g->nodes[i].n.op, STOKE_OP_CONV2D) || k != 1) return 0;
+      readers++;
+    }
+  return readers > 0;
+}
+
+int stoke_value_is_ohwi(const stoke_graph *g, int v) {
+  const stoke_value *val = &g->values[v];
+  return g->layout == STOKE_NHWC && val->kind == STOKE_VAL_PARAM && val->shape.ndim == 4 &&
+         val->layout == STOKE_NHWC;
+}
+
+void stoke_permute_nhwc(void *data, stoke_dtype dt, const stoke_shape *s, int to_nhwc, void *tmp) {
+  int64_t a = s->d[0], b = s->d[1], hw = s->d[2] * s->d[3];
+  size_t es = stoke_dtype_size(dt);
+  char *base = data, *t = tmp;
+  for (int64_t i = 0; i < a; i++) {
+    char *blk = base + (size_t)(i * b * hw) * es;
+    memcpy(t, blk, (size_t)(b * hw) * es);
+    for (int64_t c = 0; c < b; c++)
+      for (int64_t p = 0; p < hw; p++) {
+        size_t row = (size_t)(c * hw + p), nhwc = (size_t)(p * b + c);
+        memcpy(blk + (to_nhwc ? nhwc : row) * es, t + (to_nhwc ? row : nhwc) * es, es);
+      }
+  }
+}
+
 typedef struct pass {
   stoke_graph *g;
   int *done;   /* per original value and order: its converted value, or -1 */
@@ -213,7 +255,11 @@ static stoke_err *place(void *ctx, const stoke_gnode *old, int n_old, int i) {
   for (int k = 0; k < f.n_in && cls != KEEP; k++) {
     int v = f.in[k], filter = cls == AWARE && is_filter(&f, k);
     if (!managed(g, v)) continue;
-    stoke_layout want = cls == ROW_MAJOR || filter ? STOKE_NCHW : cls == AWARE ? STOKE_NHWC : along;
+    /* a filter in its parameter's order: row-major, or [O, kh, kw, C] (filter_ohwi) */
+    stoke_layout want = filter && stoke_value_is_ohwi(g, v) ? STOKE_NHWC
+                        : cls == ROW_MAJOR || filter      ? STOKE_NCHW
+                        : cls == AWARE                    ? STOKE_NHWC
+                                                          : along;
     if (g->values[v].layout == want) continue;
     STOKE_TRY(convert(ps, v, want, &f.in[k]), "node '%s' (%s): its input %d in %s order",
               f.name_buf, f.n.op, k, want == STOKE_NHWC ? "NHWC" : "row-major");
@@ -239,7 +285,9 @@ static stoke_err *place(void *ctx, const stoke_gnode *old, int n_old, int i) {
   return stoke_graph_append_fwd(g, &f);
 }
 
-stoke_err *stoke_layout_pass(stoke_graph *g, int *n_converted, int *n_relabelled, char *names, size_t cap) {
+stoke_err *stoke_layout_pass(stoke_graph *g, int filter_ohwi, int *n_ohwi, int *n_converted, int *n_relabelled,
+                             char *names, size_t cap) {
+  *n_ohwi = 0;
   *n_converted = *n_relabelled = 0;
   if (names && cap) names[0] = 0;
   if (g->layout != STOKE_NHWC) return NULL; /* every 4-D value is row-major already */
@@ -249,6 +297,10 @@ stoke_err *stoke_layout_pass(stoke_graph *g, int *n_converted, int *n_relabelled
   /* parameters and state are row-major in memory (and in checkpoints) in every graph */
   for (int v = 0; v < g->n_values; v++)
     if (persistent(&g->values[v]) && g->values[v].shape.ndim == 4) g->values[v].layout = STOKE_NCHW;
+  /* but a parameter read only as convolutions' filters [O, kh, kw, C] when asked: cuDNN's NHWC kernels read it
+   * as it is (each call transposed a row-major one) */
+  for (int v = 0; filter_ohwi && v < g->n_values; v++)
+    if (ohwi_candidate(g, v)) g->values[v].layout = STOKE_NHWC, (*n_ohwi)++;
   stoke_err *e = stoke_graph_rewrite_fwd(g, place, &ps);
   free(ps.done);
   *n_converted = ps.count;

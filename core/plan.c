@@ -28,7 +28,8 @@ void stoke_plan_aliases(stoke_graph *g);
 void stoke_place_aliases(stoke_graph *g);
 /* core/recompute.c: forward nodes re-run in backward (run.recompute) */
 stoke_err *stoke_recompute(stoke_graph *g, const stoke_plan_opts *o, stoke_plan *p);
-stoke_err *stoke_layout_pass(stoke_graph *g, int *n_converted, int *n_relabelled, char *names, size_t cap);
+stoke_err *stoke_layout_pass(stoke_graph *g, int filter_ohwi, int *n_ohwi, int *n_converted, int *n_relabelled,
+                             char *names, size_t cap);
 
 #define ALIGN 256 /* bytes: every buffer offset, so GPU kernels can vectorize */
 
@@ -579,9 +580,10 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   if (opts->n_engines > STOKE_MAX_ENGINES)
     return STOKE_ERR(STOKE_E_INVALID, "more than %d backends given", STOKE_MAX_ENGINES);
   /* every 4-D value in the memory order its readers assume (NHWC graphs), before anything else reads the graph */
-  int n_conv = 0, n_relabel = 0;
+  int n_conv = 0, n_relabel = 0, n_ohwi = 0;
   char conv_names[256];
-  STOKE_PROPAGATE(stoke_layout_pass(g, &n_conv, &n_relabel, conv_names, sizeof conv_names));
+  STOKE_PROPAGATE(
+      stoke_layout_pass(g, opts->filter_ohwi, &n_ohwi, &n_conv, &n_relabel, conv_names, sizeof conv_names));
   /* the policy's fp32 ops first (a fusion must not swallow one), then
    * linear -> relu|gelu -> linear into cuBLASLt's epilogues (run.fuse),
    * then the pattern table (see fuse_at for when each applies) */
@@ -603,6 +605,7 @@ stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts, stoke_plan
   p->opts = *opts;
   p->n_pool_index = n_pool_index;
   p->n_shortcut_bn = n_shortcut_bn;
+  p->n_filters_ohwi = n_ohwi;
   p->n_layout_converted = n_conv;
   p->n_layout_relabelled = n_relabel;
   snprintf(p->layout_converted, sizeof p->layout_converted, "%s", conv_names);
@@ -690,6 +693,35 @@ double stoke_plan_device_bytes(const stoke_plan *p) {
   return b;
 }
 
+stoke_err *stoke_plan_filters_permute(const stoke_plan *p, void *params, void *opt_state, int to_device) {
+  const stoke_graph *g = p->g;
+  size_t most = 0;
+  for (int v = 0; v < g->n_values; v++)
+    if (stoke_value_is_ohwi(g, v)) {
+      const stoke_shape *s = &g->values[v].shape;
+      size_t block = (size_t)(s->d[1] * s->d[2] * s->d[3]);
+      if (block > most) most = block;
+    }
+  if (!most) return NULL;
+  void *tmp = malloc(most * 8);
+  if (!tmp) return STOKE_ERR(STOKE_E_OOM, "out of host memory (%zu bytes) to reorder convolution filters", most * 8);
+  size_t es = stoke_dtype_size(g->dtype), ss = stoke_dtype_size(p->state_dtype);
+  size_t flat = p->bytes[STOKE_BUF_PARAMS] / es;
+  /* the optimizer state: the master copy (has_master), then each of the optimizer's tensors, each over the flat
+   * parameter buffer (element i of a parameter at offset / es + i) */
+  int regions = p->opt_kernel && p->opt_state_bytes ? p->opt_state_per_param + p->has_master : 0;
+  for (int v = 0; v < g->n_values; v++) {
+    const stoke_value *val = &g->values[v];
+    if (!stoke_value_is_ohwi(g, v)) continue;
+    if (params) stoke_permute_nhwc((char *)params + val->offset, val->dtype, &val->shape, to_device, tmp);
+    for (int r = 0; opt_state && r < regions; r++)
+      stoke_permute_nhwc((char *)opt_state + ((size_t)r * flat + val->offset / es) * ss, p->state_dtype, &val->shape,
+                         to_device, tmp);
+  }
+  free(tmp);
+  return NULL;
+}
+
 void stoke_plan_free(stoke_plan *p) {
   if (!p) return;
   free(p->decay);
@@ -758,6 +790,10 @@ void stoke_plan_report(const stoke_plan *p, FILE *f) {
   if (p->n_layout_relabelled)
     fprintf(f, "memory order: %d 4-D value%s relabelled between NHWC and row-major, no copy (C or H W is 1: one "
             "memory either way)\n", p->n_layout_relabelled, p->n_layout_relabelled == 1 ? "" : "s");
+  if (p->n_filters_ohwi)
+    fprintf(f, "convolution filters: %d kept [O, kh, kw, C] in memory (channels_last, as cuDNN's NHWC kernels read "
+            "them; checkpoints hold [O, C, kh, kw]; run.filter_layout = oihw keeps them row-major)\n",
+            p->n_filters_ohwi);
   if (p->n_pool_index)
     fprintf(f, "max pools: %d save their window indices for backward (max_pool2d_idx), which reads them instead of "
             "the input\n", p->n_pool_index);

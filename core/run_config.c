@@ -87,6 +87,10 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "in training, max_pool2d saves each window's argmax (one byte per output) in its forward and its backward "
      "reads that instead of the input, as PyTorch's does: the input need not stay alive and the windows are not "
      "scanned again (max_pool2d_idx); false keeps max_pool2d (A/B)"},
+    {"filter_layout", STOKE_CFG_ENUM, "auto", 0, 0, "auto|oihw|ohwi",
+     "memory order of convolution filters in an NHWC graph: ohwi keeps [O, kh, kw, C] (channels_last, as PyTorch "
+     "keeps them), which cuDNN's NHWC kernels read as it is; oihw keeps [O, C, kh, kw], which they transpose on "
+     "every call (A/B); auto: ohwi on a GPU. Checkpoints hold [O, C, kh, kw] either way"},
     {"fuse_shortcut", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "a ResNet block's strided shortcut batch norm joined to the block's batch norm, add and ReLU in one node "
      "(bn_add_bn_relu, where an engine has it: fused): the shortcut's normalized output and the residual's "
@@ -363,6 +367,9 @@ static stoke_err *read_run(const stoke_cfg *c, stoke_run_config *rc) {
   rc->run.device = (stoke_device_choice)choice(v, devices, 3);
   RUN(stoke_cfg_str, "layout", &v);
   rc->run.layout = (stoke_layout)choice(v, layouts, 3); /* STOKE_LAYOUT_ANY, STOKE_NCHW, STOKE_NHWC */
+  static const char *filter_layouts[] = {"auto", "oihw", "ohwi"};
+  RUN(stoke_cfg_str, "filter_layout", &v);
+  rc->run.filter_layout = choice(v, filter_layouts, 3);
   RUN(stoke_cfg_str, "progress", &v);
   rc->run.progress = (stoke_show)choice(v, shows, 4);
   RUN(stoke_cfg_int, "device_index", &rc->run.device_index);

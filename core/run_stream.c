@@ -184,7 +184,9 @@ static stoke_err *plan_opts(run_state *s, const stoke_precision_v1 *prec, int tr
                           !rc->run.fuse_bias_norm,
                           /* data parallel: a bucket's all-reduce follows each node, so no side stream */
                           s->world > 1 ? 0 : (int)rc->run.wgrad_stream, !rc->run.pool_index,
-                          !rc->run.fuse_shortcut};
+                          !rc->run.fuse_shortcut,
+                          rc->run.filter_layout == 2 ||
+                              (rc->run.filter_layout == 0 && s->dev && s->dev->device == STOKE_DEV_GPU)};
   return NULL;
 }
 

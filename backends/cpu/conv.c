@@ -132,6 +132,9 @@ static stoke_err *conv_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int 
   CHECK(stoke_check_dtype(a, op, "weight", w, dt));
   CHECK(stoke_check_dtype(a, op, "y", y, dt));
   CHECK(stoke_check_layout(a, op, "y", y, x));
+  if (w->layout == STOKE_NHWC)
+    return STOKE_PERR(STOKE_E_UNSUPPORTED, "%s '%s': the weight is [O, kh, kw, C] in memory; the cpu backend reads "
+                      "[O, C, kh, kw] filters only: set run.filter_layout = oihw (or auto)", op, stoke_node_name(a));
   if (!bwd) {
     CHECK(stoke_check_data(a, op, "x", x, run));
     CHECK(stoke_check_data(a, op, "weight", w, run));

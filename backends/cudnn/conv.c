@@ -346,6 +346,9 @@ static stoke_err *describe(const stoke_kernel_args_v1 *a, conv_state *st, int bw
   if (w->dtype != x->dtype || y->dtype != x->dtype)
     return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d: weight is %s and y %s, x is %s; %s", stoke_dtype_name(w->dtype),
                       stoke_dtype_name(y->dtype), stoke_dtype_name(x->dtype), st->ctx);
+  if (w->layout == STOKE_NHWC && !nhwc)
+    return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d: the weight is [O, kh, kw, C] in memory (NHWC) but x is NCHW; "
+                      "such filters belong to NHWC graphs (core/layout.c); %s", st->ctx);
   if (y->layout != STOKE_LAYOUT_ANY && (y->layout == STOKE_NHWC) != nhwc)
     return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d: y's layout differs from x's; %s", st->ctx);
   if (bwd) {
@@ -380,8 +383,9 @@ static stoke_err *describe(const stoke_kernel_args_v1 *a, conv_state *st, int bw
               st->ctx);
   CUDNN_CHECK(cudnnSetTensor4dDescriptor(st->y, fmt, st->data, (int)yd[0], (int)yd[1], (int)yd[2], (int)yd[3]),
               st->ctx);
-  /* OIHW in memory; staged as OHWI for NHWC (see the top of the file) */
-  st->stage_w = nhwc;
+  /* OIHW in memory, staged as OHWI for NHWC (see the top of the file); or OHWI in memory already (the
+   * weight labelled NHWC: core/layout.c's filter_ohwi), read and written as it is */
+  st->stage_w = nhwc && w->layout != STOKE_NHWC;
   CUDNN_CHECK(cudnnSetFilter4dDescriptor(st->w, st->data, fmt, (int)wd[0], (int)wd[1], (int)wd[2], (int)wd[3]),
               st->ctx);
   if (st->stage_w) {

@@ -49,7 +49,8 @@ typedef struct gconv_key {
 typedef struct gconv_state {
   cudnn_engine *eng;
   const cg_plan *fprop, *dgrad, *dgrad_acc, *wgrad;
-  int w_krsc;         /* NHWC with the weight staged as OHWI in the workspace */
+  int w_krsc;         /* NHWC with the weight read as OHWI: staged in the workspace, or w_mem_ohwi */
+  int w_mem_ohwi;     /* the weight (and dW) is [O, kh, kw, C] in memory (core/layout.c's filter_ohwi) */
   size_t w_region;    /* bytes of workspace before the plans' (the staged W / dW) */
   size_t workspace;
   void *classic;      /* fallback state (conv.c) when no graph engine runs the problem */
@@ -90,6 +91,7 @@ typedef struct conv_geom {
   cg_conv_geom g;
   int64_t groups;
   stoke_dtype dtype;
+  int w_ohwi; /* the weight tensor is labelled NHWC: [O, kh, kw, C] in memory */
 } conv_geom;
 
 static stoke_err *geometry(const stoke_kernel_args_v1 *a, gconv_state *st, int bwd, conv_geom *cg0) {
@@ -112,17 +114,21 @@ static stoke_err *geometry(const stoke_kernel_args_v1 *a, gconv_state *st, int b
   stoke_cudnn_attr_pair(a->node, STOKE_CONV2D_DILATION, 1, cg->dil);
   cg0->groups = a->node && a->node->n_attrs > STOKE_CONV2D_GROUPS ? a->node->attrs[STOKE_CONV2D_GROUPS].i : 1;
   cg->nhwc = x->layout == STOKE_NHWC;
+  cg0->w_ohwi = w->layout == STOKE_NHWC;
   cg0->dtype = x->dtype;
   cg->dt = data_type(x->dtype);
   snprintf(st->ctx, sizeof st->ctx,
-           "node '%s': x [%lld, %lld, %lld, %lld] %s %s, weight [%lld, %lld, %lld, %lld], y [%lld, %lld, %lld, "
+           "node '%s': x [%lld, %lld, %lld, %lld] %s %s, weight [%lld, %lld, %lld, %lld]%s, y [%lld, %lld, %lld, "
            "%lld], stride %lldx%lld, padding %lldx%lld, dilation %lldx%lld, groups %lld",
            stoke_node_name(a), (long long)cg->x[0], (long long)cg->x[1], (long long)cg->x[2], (long long)cg->x[3],
            cg->nhwc ? "NHWC" : "NCHW", stoke_dtype_name(x->dtype), (long long)cg->w[0], (long long)cg->w[1],
-           (long long)cg->w[2], (long long)cg->w[3], (long long)cg->y[0], (long long)cg->y[1],
+           (long long)cg->w[2], (long long)cg->w[3], cg0->w_ohwi ? " (OHWI in memory)" : "", (long long)cg->y[0], (long long)cg->y[1],
            (long long)cg->y[2], (long long)cg->y[3], (long long)cg->stride[0], (long long)cg->stride[1],
            (long long)cg->pad[0], (long long)cg->pad[1], (long long)cg->dil[0], (long long)cg->dil[1],
            (long long)cg0->groups);
+  if (cg0->w_ohwi && !cg->nhwc)
+    return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d: the weight is [O, kh, kw, C] in memory (NHWC) but x is NCHW; "
+                      "such filters belong to NHWC graphs (core/layout.c); %s", st->ctx);
   if (x->dtype != STOKE_F32 && x->dtype != STOKE_F16 && x->dtype != STOKE_BF16)
     return STOKE_PERR(STOKE_E_UNSUPPORTED, "cudnn conv2d: dtype %s not supported (f32, bf16, f16); %s",
                       stoke_dtype_name(x->dtype), st->ctx);
@@ -210,6 +216,11 @@ static stoke_err *make_stage_descs(gconv_state *st, const conv_geom *cg) {
  * takes that mix (NHWC). STOKE_E_UNSUPPORTED when no engine runs it. */
 static stoke_err *plan_direct(const stoke_kernel_args_v1 *a, gconv_state *st, const conv_geom *cg, int bwd) {
   st->unfold = CU_NONE;
+  st->w_mem_ohwi = cg->w_ohwi;
+  if (cg->w_ohwi) { /* read as it is: no staging, and no OIHW plan */
+    st->w_krsc = 1;
+    return plan_all(a, st, cg, bwd, 1);
+  }
   st->w_krsc = 0;
   stoke_err *e = plan_all(a, st, cg, bwd, 0);
   if (e && e->code == STOKE_E_UNSUPPORTED && cg->g.nhwc) {
@@ -244,6 +255,7 @@ static void unfold_geom(const conv_geom *cg, int mode, cu_unfold_geom *u, conv_g
   u->o = (int)g->w[0], u->r = (int)g->w[2], u->s = (int)g->w[3];
   u->sh = (int)g->stride[0], u->sw = (int)g->stride[1], u->ph = (int)g->pad[0], u->pw = (int)g->pad[1];
   u->full = mode == CU_FULL;
+  u->w_ohwi = cg->w_ohwi;
   int taps = u->full ? u->r * u->s : u->s, align = mode == CU_WIDTH32 ? 32 : 8;
   u->cu = (taps * u->c + align - 1) / align * align;
   u->hu = u->full ? (int)g->y[2] : u->h;
@@ -265,6 +277,7 @@ static stoke_err *plan_unfolded(const stoke_kernel_args_v1 *a, gconv_state *st, 
   unfold_geom(cg, mode, &st->ug, &ucg);
   st->unfold = mode;
   st->w_krsc = 1;
+  st->w_mem_ohwi = cg->w_ohwi;
   stoke_err *e = plan_all(a, st, &ucg, bwd, 1);
   if (e) st->unfold = CU_NONE;
   return e;
@@ -387,7 +400,7 @@ static stoke_err *gconv_plan(const stoke_kernel_args_v1 *a, void **state, size_t
     st->w_region = st->u_xu_off + align256((size_t)stoke_cudnn_unfold_numel(&st->ug) * 2);
   } else {
     /* the staged W (or dW, when accumulated or transposed) leads the workspace */
-    int needs_region = st->w_krsc || (bwd && a->din[1].data);
+    int needs_region = (st->w_krsc && !st->w_mem_ohwi) || (bwd && a->din[1].data);
     st->w_region = needs_region ? align256(stoke_tensor_bytes(&a->in[1])) : 0;
   }
   st->workspace = st->w_region + max_ws(st);
@@ -414,7 +427,7 @@ static void *plan_ws(const stoke_kernel_args_v1 *a, const gconv_state *st) {
 static stoke_err *weight_for(const stoke_kernel_args_v1 *a, const gconv_state *st, void **w) {
   *w = a->in[1].data;
   if (!*w) return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d: weight has no data; %s", st->ctx);
-  if (!st->w_krsc) return NULL;
+  if (!st->w_krsc || st->w_mem_ohwi) return NULL;
   const float one = 1.0f, zero = 0.0f;
   CUDNN_CHECK(cudnnSetStream(st->eng->handle, (cudaStream_t)a->stream), st->ctx);
   CUDNN_CHECK(cudnnTransformTensor(st->eng->handle, &one, st->w_oihw, *w, &zero, st->w_ohwi, a->workspace),
@@ -459,7 +472,7 @@ static stoke_err *run_wgrad(const stoke_kernel_args_v1 *a, const gconv_state *st
     return NULL;
   }
   /* straight into dW when its layout is the plan's and nothing accumulates */
-  int direct = !st->w_krsc && beta == 0.0f;
+  int direct = (!st->w_krsc || st->w_mem_ohwi) && beta == 0.0f;
   void *target = direct ? dw : ws;
   void *ptrs[3] = {a->in[0].data, target, dy};
   STOKE_PROPAGATE_P(cg_execute(st->eng, st->wgrad, ptrs, plan_ws, stream, st->ctx));
@@ -467,7 +480,9 @@ static stoke_err *run_wgrad(const stoke_kernel_args_v1 *a, const gconv_state *st
     cudnnHandle_t h = st->eng->handle;
     const float one = 1.0f;
     CUDNN_CHECK(cudnnSetStream(h, (cudaStream_t)stream), st->ctx);
-    if (st->w_krsc)
+    if (st->w_mem_ohwi)
+      CUDNN_CHECK(cudnnAddTensor(h, &one, st->w_ohwi, ws, &beta, st->w_ohwi, dw), st->ctx);
+    else if (st->w_krsc)
       CUDNN_CHECK(cudnnTransformTensor(h, &one, st->w_ohwi, ws, &beta, st->w_oihw, dw), st->ctx);
     else
       CUDNN_CHECK(cudnnAddTensor(h, &one, st->w_oihw, ws, &beta, st->w_oihw, dw), st->ctx);

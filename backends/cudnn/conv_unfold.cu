@@ -221,23 +221,33 @@ __global__ void k_pack_w(const uint16_t *__restrict__ w, uint16_t *__restrict__ 
   if (kp < taps * g.c) {
     int c = kp % g.c, tap = kp / g.c;
     int r = g.full ? tap / g.s : rp, s = g.full ? tap % g.s : tap;
-    val = w[(((long long)o * g.c + c) * g.r + r) * g.s + s];
+    val = g.w_ohwi ? w[(((long long)o * g.r + r) * g.s + s) * g.c + c] : w[(((long long)o * g.c + c) * g.r + r) * g.s + s];
   }
   wp[i] = val;
 }
 
-// dw[o][c][r][s] = dwp[packed] + beta dw (beta 0: dw not read; it may hold
-// NaN). The padding channels of dwp are never read.
+// dw[o][c][r][s] (or dw[o][r][s][c], w_ohwi) = dwp[packed] + beta dw (beta
+// 0: dw not read; it may hold NaN). The padding channels of dwp are never read.
 template <typename T>
 __global__ void k_unpack_dw(const T *__restrict__ dwp, T *__restrict__ dw, cu_unfold_geom g, float beta, long long n) {
   long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  int s = (int)(i % g.s);
-  long long q = i / g.s;
-  int r = (int)(q % g.r);
-  q /= g.r;
-  int c = (int)(q % g.c);
-  int o = (int)(q / g.c);
+  int o, c, r, s;
+  if (g.w_ohwi) {
+    c = (int)(i % g.c);
+    long long q = i / g.c;
+    s = (int)(q % g.s);
+    q /= g.s;
+    r = (int)(q % g.r);
+    o = (int)(q / g.r);
+  } else {
+    s = (int)(i % g.s);
+    long long q = i / g.s;
+    r = (int)(q % g.r);
+    q /= g.r;
+    c = (int)(q % g.c);
+    o = (int)(q / g.c);
+  }
   acc(&dw[i], beta, to_f(dwp[packed_index(g, o, c, r, s)]));
 }
 

@@ -20,6 +20,7 @@ typedef struct cu_unfold_geom {
   int n, h, w, c, o, r, s, sh, sw, ph, pw;
   int full;
   int hu, wu, cu;
+  int w_ohwi; /* the node's weight (and its gradient) is [o][r][s][c] in memory, else [o][c][r][s] */
 } cu_unfold_geom;
 
 /* Elements of the unfolded input. */

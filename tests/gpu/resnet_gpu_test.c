@@ -52,6 +52,9 @@ typedef struct side {
   stoke_exec *x;
 } side;
 
+/* the GPU side's convolution filters kept [O, kh, kw, C] (filter_ohwi, the GPU's default in train) */
+static int ohwi_gpu;
+
 static void build(side *s, stoke_layout layout, stoke_dtype dt) {
   OK(stoke_graph_new(reg, dt, layout, &s->g));
   int x, y, logits;
@@ -60,7 +63,8 @@ static void build(side *s, stoke_layout layout, stoke_dtype dt) {
   stoke_builder_v1 b = stoke_graph_builder(s->g);
   OK(stoke_find_model(reg, "resnet")->build(cfg, "model", &b, x, CLASSES, &logits));
   OK(stoke_graph_loss(s->g, logits, ""));
-  stoke_plan_opts o = {.engines = s->engines, .n_engines = s->n, .engine_selves = s->selves, .training = 1};
+  stoke_plan_opts o = {.engines = s->engines, .n_engines = s->n, .engine_selves = s->selves, .training = 1,
+                       .filter_ohwi = layout == STOKE_NHWC && ohwi_gpu};
   OK(stoke_compile(s->g, &o, &s->p));
   OK(stoke_exec_new(s->p, s->dev, s->selves[s->n - 1 == 0 ? 0 : s->n - 1], 42, &s->x));
 }
@@ -128,8 +132,11 @@ static double rel(const float *a, const float *b, size_t n) {
   return sqrt(num / (den > 0 ? den : 1));
 }
 
-/* fused: the fused engine first (the compiler fuses batch norm + ReLU (+ add)) */
-static void check_resnet18(int fused) {
+/* fused: the fused engine first (the compiler fuses batch norm + ReLU (+ add)); ohwi: the GPU's filters kept
+ * [O, kh, kw, C] in memory, its parameters drawn as the CPU's are and its gradients read back into [O, C, kh, kw]
+ * order by stoke_plan_filters_permute, as checkpoints are */
+static void check_resnet18(int fused, int ohwi) {
+  ohwi_gpu = ohwi;
   side cpu = {.engines = {"cpu"}, .n = 1}, gpu = {.engines = {"cudnn", "cublaslt", "cuda"}, .n = 3};
   if (fused) gpu = (side){.engines = {"fused", "cudnn", "cublaslt", "cuda"}, .n = 4};
   int d = gpu.n - 1; /* the cuda device: last */
@@ -148,6 +155,11 @@ static void check_resnet18(int fused) {
   }
   print_message("%s: %d fused batch-norm nodes, %d with the shortcut's batch norm\n", fused ? "fused" : "unfused",
                 n_fused, n_dual);
+  int n_conv = 0;
+  for (int i = 0; i < gpu.g->n_fwd; i++) n_conv += !strcmp(gpu.g->nodes[i].n.op, STOKE_OP_CONV2D);
+  print_message("filters kept [O, kh, kw, C]: %d of %d convolutions'\n", gpu.p->n_filters_ohwi, n_conv);
+  assert_int_equal(gpu.p->n_filters_ohwi, ohwi ? n_conv : 0);
+  assert_int_equal(n_conv, 20); /* the stem, 8 blocks x 2, three strided shortcuts */
   assert_int_equal(n_fused, fused ? 17 : 0); /* the stem's, 8 blocks x 2 */
   assert_int_equal(n_dual, fused ? 3 : 0);   /* layer2-4's first blocks: a strided shortcut */
   /* the same network in f64 on the CPU: how far each fp32 side is from the
@@ -170,7 +182,8 @@ static void check_resnet18(int fused) {
   relu_masks m64 = {.g = ref.g, .x = ref.x}, mp = {.g = ref.g, .x = ref.x};
   relu_masks mc = {.g = cpu.g, .x = cpu.x}, mg = {.g = gpu.g, .x = gpu.x};
   /* the fused test draws another batch than the unfused one in the same second */
-  uint64_t seed = test_seed(fused ? "resnet18 fused" : "resnet18") + (uint64_t)fused;
+  uint64_t seed = test_seed(ohwi ? "resnet18 ohwi" : fused ? "resnet18 fused" : "resnet18") + (uint64_t)fused +
+                  2 * (uint64_t)ohwi;
   stoke_rng r = stoke_rng_seed(seed);
   const int n_in = N * 3 * HW * HW;
   float *xc = stoke_exec_input(cpu.x), *xg = malloc(sizeof(float) * n_in);
@@ -264,6 +277,8 @@ static void check_resnet18(int fused) {
   assert_int_equal(gbytes, cpu.p->bytes[STOKE_BUF_GRADS]);
   float *gc = stoke_exec_buffer(cpu.x, STOKE_BUF_GRADS), *gg = malloc(gbytes);
   OK(stoke_exec_copy(gpu.x, gg, stoke_exec_buffer(gpu.x, STOKE_BUF_GRADS), gbytes, STOKE_COPY_D2H));
+  /* gradients share the parameters' offsets and memory order: back to [O, C, kh, kw] (no-op without ohwi) */
+  OK(stoke_plan_filters_permute(gpu.p, gg, NULL, 0));
   double worst = 0, num = 0, den = 0, num_c64 = 0, num_g64 = 0, den64 = 0;
   int n_checked = 0, head_checked = 0;
   const stoke_graph *g = cpu.g;
@@ -387,8 +402,9 @@ static void check_resnet18(int fused) {
   cpu.dev->close(cpu.selves[0]);
 }
 
-static void test_resnet18_gpu_matches_cpu(void **state) { check_resnet18(0); }
-static void test_resnet18_fused_gpu_matches_cpu(void **state) { check_resnet18(1); }
+static void test_resnet18_gpu_matches_cpu(void **state) { check_resnet18(0, 0); }
+static void test_resnet18_fused_gpu_matches_cpu(void **state) { check_resnet18(1, 0); }
+static void test_resnet18_fused_ohwi_gpu_matches_cpu(void **state) { check_resnet18(1, 1); }
 
 int main(void) {
   stoke_err *e = stoke_registry_new(&reg);
@@ -404,7 +420,8 @@ int main(void) {
     return 1;
   }
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_resnet18_gpu_matches_cpu),
-                                     cmocka_unit_test(test_resnet18_fused_gpu_matches_cpu)};
+                                     cmocka_unit_test(test_resnet18_fused_gpu_matches_cpu),
+                                     cmocka_unit_test(test_resnet18_fused_ohwi_gpu_matches_cpu)};
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   stoke_cfg_free(cfg);
   stoke_registry_free(reg);

@@ -521,6 +521,101 @@ static void test_filter_through_views(void **state) {
   stoke_graph_free(g);
 }
 
+/* core/layout.c's pass, called as stoke_compile calls it */
+stoke_err *stoke_layout_pass(stoke_graph *g, int filter_ohwi, int *n_ohwi, int *n_converted, int *n_relabelled,
+                             char *names, size_t cap);
+
+/* filter_ohwi: a parameter read only as conv2d filters is labelled NHWC ([O, kh, kw, C] in memory), one read by
+ * anything else too, or 4-D but no filter, stays row-major; without the option nothing is. Then the host copies'
+ * reordering (checkpoints, initial values): parameters and each optimizer region over them go to [O, kh, kw, C]
+ * and back, the rest untouched; and the cpu backend refuses such a filter with the key that avoids it. */
+static void test_filters_ohwi(void **state) {
+  for (int on = 0; on < 2; on++) {
+    int img, w, w2, w2v, pos, s, c, c2, sum;
+    stoke_graph *g = img_graph(STOKE_NHWC, &img);
+    stoke_builder_v1 b = stoke_graph_builder(g);
+    OK(b.param(g, "pos", &(stoke_shape){4, {2, 3, 4, 4}}, small_init, &pos));
+    OK(b.node(g, STOKE_OP_ADD, "s", (int[]){img, pos}, 2, "", &s, 1));
+    OK(b.param(g, "w", &(stoke_shape){4, {3, 3, 1, 3}}, small_init, &w));
+    OK(b.node(g, STOKE_OP_CONV2D, "c", (int[]){s, w}, 2, "padding=0x1", &c, 1));
+    OK(b.param(g, "w2", &(stoke_shape){4, {3, 3, 3, 3}}, small_init, &w2));
+    OK(b.node(g, STOKE_OP_RESHAPE, "w2.view", &w2, 1, "shape=3x3x3x3", &w2v, 1)); /* w2 read through a view */
+    OK(b.node(g, STOKE_OP_CONV2D, "c2", (int[]){s, w2v}, 2, "padding=1", &c2, 1));
+    OK(b.node(g, STOKE_OP_ADD, "sum", (int[]){c, c2}, 2, "", &sum, 1));
+    small_head(g, sum);
+    int n_ohwi, n_conv, n_rel;
+    char names[256];
+    OK(stoke_layout_pass(g, on, &n_ohwi, &n_conv, &n_rel, names, sizeof names));
+    assert_int_equal(n_ohwi, on);
+    assert_int_equal(stoke_value_is_ohwi(g, w), on);
+    assert_false(stoke_value_is_ohwi(g, w2));
+    assert_false(stoke_value_is_ohwi(g, pos));
+    assert_int_equal(g->values[w].layout, on ? STOKE_NHWC : STOKE_NCHW);
+    assert_int_equal(g->values[w2].layout, STOKE_NCHW);
+    /* the conv's filter input is the parameter itself, no conversion in front of it */
+    for (int i = 0; i < g->n_fwd; i++)
+      if (!strcmp(g->nodes[i].n.name, "c")) assert_int_equal(g->nodes[i].in[1], w);
+    if (on) {
+      /* a plan's flat buffers by hand: f32 parameters, an f64 master and two optimizer tensors */
+      stoke_plan p = {.g = g, .opt_state_per_param = 2, .state_dtype = STOKE_F64, .has_master = 1};
+      size_t off = 0;
+      for (int v = 0; v < g->n_values; v++)
+        if (g->values[v].kind == STOKE_VAL_PARAM) {
+          g->values[v].offset = off;
+          off += (size_t)stoke_numel(&g->values[v].shape) * sizeof(double);
+        }
+      p.bytes[STOKE_BUF_PARAMS] = off;
+      p.opt_state_bytes = 3 * off;
+      p.opt_kernel = (const stoke_kernel_v1 *)&p; /* any non-NULL: the optimizer state is there */
+      size_t n = off / sizeof(double);
+      double *par = malloc(off), *st = malloc(3 * off), *par0 = malloc(off), *st0 = malloc(3 * off);
+      for (size_t i = 0; i < n; i++) par[i] = (double)i;
+      for (size_t i = 0; i < 3 * n; i++) st[i] = 1000.0 + (double)i;
+      memcpy(par0, par, off);
+      memcpy(st0, st, 3 * off);
+      OK(stoke_plan_filters_permute(&p, par, st, 1));
+      /* w [3, 3, 1, 3]: logical (o, c, 0, x) at o*9 + c*3 + x is now at o*9 + x*3 + c */
+      const stoke_value *vw = &g->values[w];
+      size_t base = vw->offset / sizeof(double);
+      for (int o = 0; o < 3; o++)
+        for (int ch = 0; ch < 3; ch++)
+          for (int hx = 0; hx < 3; hx++) {
+            size_t row = base + (size_t)(o * 9 + ch * 3 + hx), nhwc = base + (size_t)(o * 9 + hx * 3 + ch);
+            assert_true(par[nhwc] == par0[row]);
+            for (int r = 0; r < 3; r++) assert_true(st[r * n + nhwc] == st0[r * n + row]);
+          }
+      /* nothing else moved */
+      for (size_t i = 0; i < n; i++)
+        if (i < base || i >= base + 27) assert_true(par[i] == par0[i]);
+      OK(stoke_plan_filters_permute(&p, par, st, 0));
+      assert_memory_equal(par, par0, off);
+      assert_memory_equal(st, st0, 3 * off);
+      free(par), free(st), free(par0), free(st0);
+    }
+    stoke_graph_free(g);
+  }
+  /* the cpu backend reads [O, C, kh, kw] only: asked for ohwi it says so, naming the key */
+  int img, w, c;
+  stoke_graph *g = img_graph(STOKE_NHWC, &img);
+  stoke_builder_v1 b = stoke_graph_builder(g);
+  OK(b.param(g, "w", &(stoke_shape){4, {3, 3, 3, 3}}, small_init, &w));
+  OK(b.node(g, STOKE_OP_CONV2D, "c", (int[]){img, w}, 2, "padding=1", &c, 1));
+  small_head(g, c);
+  const char *eng[] = {"cpu"};
+  void *selves[] = {cpu_self};
+  stoke_plan_opts o = {.engines = eng, .n_engines = 1, .engine_selves = selves, .training = 1, .filter_ohwi = 1};
+  stoke_plan *p = NULL;
+  OK(stoke_compile(g, &o, &p));
+  stoke_exec *x = NULL;
+  stoke_err *e = stoke_exec_new(p, cpu, cpu_self, seed, &x); /* the kernels' plans */
+  assert_non_null(e);
+  print_message("%s\n", e->msg);
+  assert_non_null(strstr(e->msg, "run.filter_layout = oihw"));
+  stoke_err_free(e);
+  stoke_plan_free(p);
+  stoke_graph_free(g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_nhwc_equals_row_major),
@@ -530,6 +625,7 @@ int main(void) {
       cmocka_unit_test(test_cast_follows_readers),
       cmocka_unit_test(test_checkpoint_order),
       cmocka_unit_test(test_filter_through_views),
+      cmocka_unit_test(test_filters_ohwi),
   };
   return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
 }

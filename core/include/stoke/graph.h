@@ -162,6 +162,13 @@ stoke_err *stoke_graph_rewrite_fwd(stoke_graph *g, stoke_fwd_place place, void *
  * kw] in memory on every engine and in every checkpoint, whatever the
  * graph's layout. */
 int stoke_value_is_filter(const stoke_graph *g, int v);
+/* Whether value v is a parameter kept [O, kh, kw, C] in memory (an NHWC
+ * graph compiled with filter_ohwi: a 4-D parameter labelled NHWC). */
+int stoke_value_is_ohwi(const stoke_graph *g, int v);
+/* One 4-D tensor of `dt` elements, logical shape [a, b, c, d], between
+ * row-major order [a, b, c, d] and [a, c, d, b] (to_nhwc) in place; `tmp`
+ * holds b c d elements. */
+void stoke_permute_nhwc(void *data, stoke_dtype dt, const stoke_shape *s, int to_nhwc, void *tmp);
 
 /* -------------------------------------------------------------- compile */
 
@@ -206,6 +213,14 @@ typedef struct stoke_plan_opts {
    * instead of joining them into bn_add_bn_relu (core/plan.c's
    * fuse_shortcut_bns; [run] fuse_shortcut = false, for A/B runs and tests) */
   int no_fuse_shortcut;
+  /* in an NHWC graph, a parameter read only as convolutions' filters is kept
+   * [O, kh, kw, C/groups] in memory (labelled NHWC: channels_last, as
+   * PyTorch's model.to(memory_format=torch.channels_last) keeps it), so
+   * cuDNN's NHWC kernels read it as it is; 0 keeps [O, C/groups, kh, kw],
+   * which cuDNN's engines transposed on every call (BENCHMARKS.md run 32).
+   * Checkpoints and initial values are [O, C, kh, kw] either way
+   * (stoke_plan_filters_permute). [run] filter_layout. */
+  int filter_ohwi;
 } stoke_plan_opts;
 
 #define STOKE_MAX_ENGINES 32
@@ -241,6 +256,7 @@ typedef struct stoke_plan {
   /* core/layout.c: 4-D values converted between NHWC and row-major order for a reader that assumes the other
    * (a copy each), values relabelled where both orders are one memory (C or H W is 1), the first names */
   int n_layout_converted, n_layout_relabelled;
+  int n_filters_ohwi;             /* parameters kept [O, kh, kw, C] (opts.filter_ohwi) */
   char layout_converted[256];
   int n_side;                     /* backward nodes whose parameter gradients may run on the side stream ([run] wgrad_stream) */
   /* recomputation: forward nodes re-run in backward, their segments, the
@@ -259,6 +275,14 @@ typedef struct stoke_plan {
 stoke_err *stoke_compile(stoke_graph *g, const stoke_plan_opts *opts,
                          stoke_plan **out);
 void stoke_plan_free(stoke_plan *p);
+/* Host copies of the flat parameter buffer and of the optimizer state
+ * (either may be NULL) between the order checkpoints and initial values
+ * use, every parameter row-major ([O, C, kh, kw]), and the device's, where
+ * a parameter kept [O, kh, kw, C] (filter_ohwi) is so in the parameters
+ * and in each optimizer tensor over them (to_device 1: into the device's
+ * order; 0: back). Nothing to do (and no allocation) without such
+ * parameters. */
+stoke_err *stoke_plan_filters_permute(const stoke_plan *p, void *params, void *opt_state, int to_device);
 /* The value whose memory v is (itself unless v is a view or an in-place
  * gradient; core/alias.c) and v's byte offset in it. */
 int stoke_alias_root(const stoke_graph *g, int v, size_t *off);

@@ -36,6 +36,7 @@ typedef struct stoke_run_config {
     int n_backends;
     stoke_device_choice device;
     stoke_layout layout;   /* STOKE_LAYOUT_ANY: auto */
+    int filter_layout;     /* 0 auto (ohwi on a GPU), 1 oihw, 2 ohwi: convolution filters in an NHWC graph */
     stoke_show progress;
     int64_t device_index, steps, accumulate, seed, log_every, checkpoint_every, loss_scale_growth;
     double bucket_mb, comm_timeout, epochs, eval_every, loss_scale_init;
