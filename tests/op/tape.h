@@ -53,11 +53,14 @@ static void tp_free(tape *t) {
   free(t);
 }
 
-/* A value of `shape` (4-D: the tape's layout), uniform in [lo, hi). */
+/* A value of `shape` (4-D: the tape's layout; a 4-D parameter row-major, as
+ * the compiler keeps parameters: a convolution's [O, C, kh, kw] filter),
+ * uniform in [lo, hi). */
 static int tp_value(tape *t, tp_kind kind, stoke_shape shape, double lo, double hi) {
   assert_true(t->nv < TP_MAXV);
   int id = t->nv++;
-  stoke_tensor x = {NULL, shape, t->dt, shape.ndim == 4 ? t->layout : STOKE_LAYOUT_ANY, STOKE_DEV_CPU};
+  stoke_layout l = shape.ndim != 4 ? STOKE_LAYOUT_ANY : kind == TP_PARAM ? STOKE_NCHW : t->layout;
+  stoke_tensor x = {NULL, shape, t->dt, l, STOKE_DEV_CPU};
   t->v[id] = h_like(&x, -1);
   h_random(&t->v[id], lo, hi);
   t->kind[id] = kind;
