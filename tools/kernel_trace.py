@@ -5,7 +5,7 @@ step's time goes: the wall time a step, the time no kernel ran, the compute
 stream's gaps between kernels, and the kernels by family and by name.
 
 The steps are found without markers: the compute stream (the stream with the
-most kernels) runs the same sequence of kernels every step, so the period is
+most kernels in the trace's last fifth) runs the same sequence of kernels every step, so the period is
 the shift under which the names repeat, and the last K whole periods of the
 longest repeating stretch are the steps measured (autotuning, start-up and
 the end's evaluation or checkpoint stay out). Every stream's kernels that
@@ -143,8 +143,10 @@ def main():
     if not kern:
         print(f"{a.trace}: no kernels recorded")
         return 1
+    # the compute stream: the most kernels among the trace's last fifth (PyTorch's warm-up and compilation run
+    # eagerly on one stream, its timed steps as CUDA graph replays on another)
     streams = {}
-    for r in kern:
+    for r in kern[-max(1, len(kern) // 5):]:
         streams[r[3]] = streams.get(r[3], 0) + 1
     main_stream = max(streams, key=streams.get)
     comp = [r for r in kern if r[3] == main_stream]
