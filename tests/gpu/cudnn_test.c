@@ -82,9 +82,12 @@ static void test_many_plans_kept(void **state) {
  * width taps unfolded (8- and 32-channel rows), all taps unfolded, and the
  * engine's own choice with and without autotune. Forward y, then backward dW alone (the stem's input
  * needs no gradient: the case that unfolds) overwritten (poisoned first)
- * and accumulated (param_grad_beta 1 onto random values). Tolerance:
- * g_tol of the dtype and the longest float sum (C R S terms for y, N Ho Wo
- * for dW); the unfolded path only reorders those sums. */
+ * and accumulated (param_grad_beta 1 onto random values). Each twice: the
+ * weight [O, C, kh, kw] in memory, and [O, kh, kw, C] labelled NHWC (what
+ * filter_ohwi gives a GPU run's filters: read as it is, dW written so; the
+ * test reorders the same values in and its dW back before comparing).
+ * Tolerance: g_tol of the dtype and the longest float sum (C R S terms for
+ * y, N Ho Wo for dW); the unfolded path only reorders those sums. */
 static void test_unfolded_paths(void **state) {
   static const struct {
     int64_t b, c, h, w, o, k, stride, pad;
@@ -106,8 +109,9 @@ static void test_unfolded_paths(void **state) {
   stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 77, 0));
   for (size_t ci = 0; ci < sizeof cs / sizeof *cs; ci++)
     for (int di = 0; di < 2; di++)
-      for (int mode = 0; mode < 6; mode++) {
+      for (int run = 0; run < 12; run++) {
         stoke_dtype dt = dts[di];
+        int ohwi = run >= 6, mode = run % 6;
         void *es = NULL;
         const stoke_kernel_v1 *gf = g_gpu_kernel(STOKE_OP_CONV2D, STOKE_FWD, dt, STOKE_NHWC, &es);
         const stoke_kernel_v1 *gb = g_gpu_kernel(STOKE_OP_CONV2D, STOKE_BWD, dt, STOKE_NHWC, &es);
@@ -129,13 +133,25 @@ static void test_unfolded_paths(void **state) {
         g_fill(&w, &r, -1, 1, 0);
         g_fill(&dy, &r, -1, 1, 0);
         g_poison(&y);
+        /* ohwi: the GPU's weight and dW in [O, kh, kw, C] order, labelled NHWC */
+        size_t wbytes = (size_t)stoke_numel(&w.ref.shape) * stoke_dtype_size(dt);
+        stoke_tensor wdev = w.dev, dwdev = dw.dev;
+        void *hw = malloc(wbytes), *tmp = malloc(wbytes);
+        if (ohwi) {
+          wdev.data = g_dev_alloc(wbytes), dwdev.data = g_dev_alloc(wbytes);
+          wdev.layout = dwdev.layout = STOKE_NHWC;
+          g_dev_get(hw, w.dev.data, wbytes);
+          stoke_permute_nhwc(hw, dt, &w.ref.shape, 1, tmp);
+          g_dev_put(wdev.data, hw, wbytes);
+        }
         uint32_t flags = mode == 5 ? STOKE_KFLAG_AUTOTUNE : 0;
         char what[160];
         snprintf(what, sizeof what, "x [%lld, %lld, %lld, %lld] %lldx%lld s%lld p%lld %s, %s (seed %llu)",
                  (long long)cs[ci].b, (long long)cs[ci].c, (long long)cs[ci].h, (long long)cs[ci].w,
                  (long long)cs[ci].k, (long long)cs[ci].k, (long long)cs[ci].stride, (long long)cs[ci].pad,
                  stoke_dtype_name(dt), how[mode], (unsigned long long)g_seed);
-        stoke_tensor gin[2] = {x.dev, w.dev}, gout[1] = {y.dev}, rin[2] = {x.ref, w.ref}, rout[1] = {y.ref};
+        if (ohwi) strncat(what, ", weight [O, kh, kw, C]", sizeof what - strlen(what) - 1);
+        stoke_tensor gin[2] = {x.dev, wdev}, gout[1] = {y.dev}, rin[2] = {x.ref, w.ref}, rout[1] = {y.ref};
         stoke_kernel_args_v1 ga = {.node = &node, .n_in = 2, .n_out = 1, .in = gin, .out = gout, .training = 1,
                                    .engine = es, .stream = g_dev->default_stream(g_dev_self), .flags = flags};
         stoke_kernel_args_v1 ra = {.node = &node, .n_in = 2, .n_out = 1, .in = rin, .out = rout, .training = 1};
@@ -149,16 +165,28 @@ static void test_unfolded_paths(void **state) {
         for (int acc = 0; acc < 2; acc++) {
           if (acc) g_fill(&dw, &r, -1, 1, 0);
           else g_poison(&dw);
-          stoke_tensor gdin[2] = {{0}, dw.dev}, gdout[1] = {dy.dev}, rdin[2] = {{0}, dw.ref}, rdout[1] = {dy.ref};
+          if (ohwi) { /* the same start, reordered (the poison is every byte alike) */
+            g_dev_get(hw, dw.dev.data, wbytes);
+            stoke_permute_nhwc(hw, dt, &w.ref.shape, 1, tmp);
+            g_dev_put(dwdev.data, hw, wbytes);
+          }
+          stoke_tensor gdin[2] = {{0}, dwdev}, gdout[1] = {dy.dev}, rdin[2] = {{0}, dw.ref}, rdout[1] = {dy.ref};
           ga.din = gdin, ga.dout = gdout, ga.param_grads = 2u, ga.param_grad_beta = (float)acc;
           ra.din = rdin, ra.dout = rdout, ra.param_grads = 2u, ra.param_grad_beta = (float)acc;
           g_run(gb, &ga, 1);
           g_run(rb, &ra, 0);
+          if (ohwi) { /* back to [O, C, kh, kw], where g_compare reads it */
+            g_dev_get(hw, dwdev.data, wbytes);
+            stoke_permute_nhwc(hw, dt, &w.ref.shape, 0, tmp);
+            g_dev_put(dw.dev.data, hw, wbytes);
+          }
           err = g_compare(&dw, NULL);
           if (!(err <= tol)) fail_msg("dW (%s): relative error %.3g > %.3g; %s", acc ? "accumulated" : "overwritten", err,
                                       tol, what);
         }
         ga.din = ga.dout = NULL;
+        if (ohwi) g_dev->free(g_dev_self, wdev.data), g_dev->free(g_dev_self, dwdev.data);
+        free(hw), free(tmp);
         g_free(&x), g_free(&w), g_free(&y), g_free(&dy), g_free(&dw);
         ((cudnn_engine *)es)->conv_unfold_force = 0;
       }
