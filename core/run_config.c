@@ -106,8 +106,7 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "it: one launch per step instead of one per kernel"},
     {"conv_autotune", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "time the candidate convolution (cuDNN), matmul (cuBLASLt) and attention (cuDNN) algorithms once per "
-     "shape and keep the fastest (cudnn.benchmark); the convolutions' choices are kept for the next run in "
-     "~/.cache/stoke/cudnn-plans.txt (STOKE_CUDNN_PLAN_CACHE: another file, or off)"},
+     "shape and keep the fastest (cudnn.benchmark)"},
     {"recompute", STOKE_CFG_STR, "none", 0, 0, NULL,
      "activation recomputation: none; auto (the planner re-runs in backward the forward nodes cheapest to "
      "recompute per byte they free, until the plan fits the memory budget); or node-name patterns, each "

@@ -78,7 +78,6 @@ static void cudnn_close(void *self) {
   cudnn_engine *e = self;
   if (!e) return;
   cg_cache_free(e);
-  cg_disk_free(e);
   cudnnDestroy(e->handle);
   stoke_host->free(e);
 }

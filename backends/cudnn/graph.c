@@ -454,7 +454,7 @@ static stoke_err *choose_plan(cudnn_engine *eng, cg_graph *g, cudnnBackendDescri
   out->ms = -1;
   for (int i = 0; i < g->n_tensors && out->n_uids < CG_MAX_TENSORS; i++)
     if (!g->is_virtual[i]) out->uids[out->n_uids++] = g->uids[i];
-  int tune = c->autotune && !c->pinned, limit = tune ? (c->max_candidates > 0 ? c->max_candidates : 12) : 1;
+  int tune = c->autotune, limit = tune ? (c->max_candidates > 0 ? c->max_candidates : 12) : 1;
   int timed = 0, skipped_det = 0, skipped_tf32 = 0, skipped_ws = 0;
   tune_mem tm;
   int tm_ready = 0;
@@ -462,9 +462,7 @@ static stoke_err *choose_plan(cudnn_engine *eng, cg_graph *g, cudnnBackendDescri
   stoke_err *e = NULL;
   for (int i = 0; i < n && timed < limit && !e; i++) {
     cfg_info ci;
-    if (c->pinned && i != c->pinned - 1) continue;
     if (read_cfg(cfgs[i], &ci)) continue;
-    if (c->pinned && ci.id != c->pinned_engine) continue; /* the list moved: timed afresh by the caller */
     if (c->deterministic && ci.nondeterministic) {
       skipped_det++;
       continue;
@@ -490,7 +488,6 @@ static stoke_err *choose_plan(cudnn_engine *eng, cg_graph *g, cudnnBackendDescri
     }
     cand.engine_id = ci.id;
     cand.runtime_compiled = ci.runtime_compiled;
-    cand.cfg_index = i;
     timed++;
     if (tune && !tm_ready) {
       e = tune_alloc(g, &cand, &tm, s);
@@ -622,20 +619,7 @@ stoke_err *cg_plan_get(cudnn_engine *eng, cg_graph *g, const void *key, size_t k
   cudnnStatus_t ss = cudnnSetStream(eng->handle, (cudaStream_t)c->stream);
   if (ss != CUDNN_STATUS_SUCCESS) cudnnBackendDestroyDescriptor(opg); /* not left behind by the error */
   CG_CHECK(ss);
-  /* autotune's choice from an earlier run (plan_disk.c): that configuration alone, untimed; anything amiss (it
-   * does not build, its engine moved in the list) times the candidates as usual */
-  uint64_t dkey = c->autotune ? cg_disk_key(eng, key, key_bytes, c) : 0;
-  cg_disk_choice dc;
-  stoke_err *e = NULL;
-  int from_disk = c->autotune && cg_disk_find(eng, dkey, &dc);
-  if (from_disk) {
-    cg_choice pin = *c;
-    pin.pinned = dc.index + 1, pin.pinned_engine = dc.engine_id;
-    e = choose_plan(eng, g, opg, &pin, &p);
-    if (e) stoke_host->err_free(e), e = NULL, from_disk = 0;
-    else p.ms = dc.ms, p.from_disk = 1;
-  }
-  if (!from_disk) e = choose_plan(eng, g, opg, c, &p);
+  stoke_err *e = choose_plan(eng, g, opg, c, &p);
   if (e && e->code == STOKE_E_UNSUPPORTED && c->no_tf32 && !c->allow_lossy) {
     /* f32 with no exact engine: an FFT/Winograd one rather than none */
     cg_choice lossy = *c;
@@ -650,18 +634,9 @@ stoke_err *cg_plan_get(cudnn_engine *eng, cg_graph *g, const void *key, size_t k
   if (e) return e;
   char t[48] = "";
   if (p.ms >= 0) snprintf(t, sizeof t, ", %.3f ms", (double)p.ms);
-  if (p.from_disk)
-    stoke_host->log(STOKE_LOG_INFO, "cudnn", "%s: engine %lld%s, configuration %d of %d, as timed in an earlier run "
-                    "(%.3f ms; the plan cache %s), workspace %.2f MiB; %s",
-                    what, (long long)p.engine_id, p.runtime_compiled ? " (runtime-compiled)" : "", p.cfg_index + 1,
-                    p.candidates, (double)p.ms, cg_disk_path(eng), (double)p.workspace / (1 << 20), g->ctx);
-  else
-    stoke_host->log(STOKE_LOG_INFO, "cudnn", "%s: engine %lld%s of %d candidates (%d built)%s, workspace %.2f MiB; %s",
-                    what, (long long)p.engine_id, p.runtime_compiled ? " (runtime-compiled)" : "", p.candidates,
-                    p.built, t, (double)p.workspace / (1 << 20), g->ctx);
-  /* a timed choice is kept for the next run; an untimed one is cuDNN's first, found again at no cost */
-  if (c->autotune && !p.from_disk && p.ms >= 0)
-    cg_disk_put(eng, dkey, &(cg_disk_choice){p.cfg_index, p.engine_id, p.ms});
+  stoke_host->log(STOKE_LOG_INFO, "cudnn", "%s: engine %lld%s of %d candidates (%d built)%s, workspace %.2f MiB; %s",
+                  what, (long long)p.engine_id, p.runtime_compiled ? " (runtime-compiled)" : "", p.candidates,
+                  p.built, t, (double)p.workspace / (1 << 20), g->ctx);
   e = cache_add(eng, key, key_bytes, &p, out);
   if (e) cudnnBackendDestroyDescriptor(p.plan);
   return e;

@@ -81,8 +81,6 @@ typedef struct cg_plan {
   int runtime_compiled;         /* the engine compiled its kernel (NVRTC) at build */
   float ms;                     /* measured time (autotune) or -1 */
   int candidates, built;        /* heuristic configurations, and those that built */
-  int cfg_index;                /* its place in the heuristic list (instant, then fallback mode) */
-  int from_disk;                /* chosen in an earlier run (plan_disk.c), built untimed */
 } cg_plan;
 
 /* How a plan is chosen. */
@@ -93,25 +91,7 @@ typedef struct cg_choice {
   int allow_lossy;   /* with no_tf32: FFT/Winograd engines allowed (set when nothing else runs) */
   int max_candidates;/* autotune: time at most this many (0: 12) */
   void *stream;      /* where the timing runs */
-  int pinned;        /* > 0: build only heuristic configuration pinned - 1, untimed (the plan cache's choice) */
-  int64_t pinned_engine; /* with pinned: its engine id, or it is not taken */
 } cg_choice;
-
-/* Autotune's choices across runs (plan_disk.c): a problem's configuration
- * index, engine and time, under a key of the device, cuDNN, the problem and
- * the choice's flags. */
-typedef struct cg_disk_choice {
-  int index;
-  int64_t engine_id;
-  float ms;
-} cg_disk_choice;
-uint64_t cg_disk_key(const cudnn_engine *eng, const void *key, size_t key_bytes, const cg_choice *c);
-int cg_disk_find(cudnn_engine *eng, uint64_t key, cg_disk_choice *out);
-void cg_disk_put(cudnn_engine *eng, uint64_t key, const cg_disk_choice *c);
-/* the file, or NULL when the cache is off */
-const char *cg_disk_path(cudnn_engine *eng);
-/* forget what was read (the next use reads the file again; tests) */
-void cg_disk_free(cudnn_engine *eng);
 
 /* The plan for graph `g` under `key` (any bytes identifying the problem and
  * the choice; compared with memcmp): from the engine's cache, else built

@@ -73,7 +73,6 @@ typedef struct cudnn_engine {
   cudnn_conv_key keys[CUDNN_CACHE_MAX];
   cudnn_algo_choice vals[CUDNN_CACHE_MAX];
   struct cg_cache *plans;
-  struct cg_disk *disk; /* autotune's choices from earlier runs (plan_disk.c) */
   /* conv2d's unfolded path for few input channels (conv_graph.c): 0 chooses
    * (timed with autotune, else a rule); tests force 1 direct, 2 width taps
    * unfolded, 3 all taps unfolded, 4 width taps unfolded into 32-channel

