@@ -13,7 +13,7 @@ start within those periods count, so a second stream's overlap shows as
 kernel time above the busy time.
 
   kernel_trace.py TRACE.csv [--steps K] [--top N] [--list] [--family REGEX]
---list prints one step's kernels in order with the gap before each;
+--list prints one step's kernels in order with the gap before each and its grid;
 --family REGEX restricts that list to names matching it (a family's word or
 a kernel's name).
 """
@@ -74,7 +74,7 @@ def load(path):
             p = line.rstrip("\n").split(",", 11)
             if len(p) < 12:
                 continue
-            rows.append((p[0], int(p[1]), int(p[2]), int(p[3]), p[11]))
+            rows.append((p[0], int(p[1]), int(p[2]), int(p[3]), p[11], f"{p[5]}x{p[6]}x{p[7]}"))
     rows.sort(key=lambda r: r[1])
     return rows
 
@@ -187,7 +187,7 @@ def main():
     for n, (us, c) in sorted(names.items(), key=lambda t: -t[1][0])[:a.top]:
         print(f"    {us / 1e3:8.3f} {c:5.0f} {us / c:8.1f}  {n}")
     if a.list:
-        print(f"  one step in order (stream, gap before it on its stream us, us, name):")
+        print(f"  one step in order (stream, gap before it on its stream us, us, grid, name):")
         last = {}
         one = [r for r in win if r[1] >= comp[j - p][2]]
         for r in one:
@@ -196,7 +196,7 @@ def main():
             last[r[3]] = r[2]
             if a.family and not re.search(a.family, family(n) + " " + n, re.I):
                 continue
-            print(f"    {r[3]:3d} {gap:7.1f} {(r[2] - r[1]) / 1e3:8.1f}  {short(n)}")
+            print(f"    {r[3]:3d} {gap:7.1f} {(r[2] - r[1]) / 1e3:8.1f} {r[5]:>14s}  {short(n)}")
     return 0
 
 

@@ -26,7 +26,7 @@ names = [f"sm90_xmma_dgrad_implicit_gemm_bf16_tilesize128x{64 * (1 + i % 7)}x64_
 for s in range(30):
     for i, n in enumerate(names):
         d = 40000 if i % 2 == 0 else 10000 if i < 99 else 2000
-        rows.append(f"K,{t},{t + d},7,3,1,1,1,1,1,1,{n}")
+        rows.append(f"K,{t},{t + d},7,3,{132 if i % 2 == 0 else 396},1,1,256,1,1,{n}")
         if i == 10:
             rows.append(f"K,{t},{t + 50000},9,3,1,1,1,1,1,1,side_wgrad")
         t += d + 1000
@@ -49,6 +49,7 @@ want "wall 2.593 ms"
 want "convolution               2.000      50"
 want "batch norm                0.490      49"
 want "k_stats<__nv_bfloat16, 8>"
+want "396x1x1  k_stats<__nv_bfloat16, 8>"  # --list shows each kernel's grid
 [ "$(grep -c "k_stats" <<<"$out")" -ge 49 ] || { echo "FAIL: --list --family 'batch norm' did not list the step's 50"; fail=1; }
 if grep -q "xmma dgrad" <<<"$(sed -n '/one step in order/,$p' <<<"$out")"; then
   echo "FAIL: --family 'batch norm' listed a convolution"; fail=1
