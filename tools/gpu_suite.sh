@@ -84,10 +84,6 @@
 #             max_pool), launches NCU_SKIP (3) then NCU_COUNT (6); speed of
 #             light, occupancy and launch statistics, a line per launch
 #             (ncu_summary.py: DRAM and SM % of peak, occupancy, registers)
-#   ncustep   one training step's kernels, stoke's (NCUSTEP_W: resnet18c)
-#             beside torch.compile's, each timed by ncu under the same
-#             options (clocks at base, caches as the step left them);
-#             ncu_step.py prints the families and the convolutions in order
 #   ktrace    every kernel of a run, with its device times (CUPTI,
 #             bin/libkernel_trace.so), for stoke's KT_W (resnet18c) in its
 #             INI's configuration (KT_EXTRA: overrides) and for PyTorch's
@@ -398,23 +394,6 @@ PY
         "$T" "$ini" run.steps=3 run.cuda_graph=false run.progress=off run.out_dir=/tmp/stoke_ncu > "$OUT/ncu.txt" 2>&1)
       echo "ncu rc=$?"
       python3 "$HERE/ncu_summary.py" "$OUT/ncu.txt"
-      ;;
-    ncustep)
-      w=${NCUSTEP_W:-resnet18c}
-      nopt=(--csv --page raw --metrics gpu__time_duration.sum --print-units base --clock-control base --cache-control none)
-      log "ncu on one step of $w: stoke (step 3, eager, one stream) and torch.compile (one step after 12)"
-      # the node ranges sit inside the step's: "step 3/" with the nested ones, else as a regex
-      for rng in "step 3/" "regex:step 3/.*"; do
-        (cd /tmp && timeout 300 ncu "${nopt[@]}" --nvtx --nvtx-include "$rng" "$T" "$S/examples/$w.ini" run.steps=4 \
-          run.cuda_graph=false run.wgrad_stream=0 run.nvtx=true run.progress=off run.out_dir=/tmp/stoke_ncustep \
-          run.overwrite=true > "$OUT/ncustep_stoke.csv" 2> "$OUT/ncustep_stoke.err")
-        echo "ncu stoke ($rng) rc=$?, $(grep -c '^"' "$OUT/ncustep_stoke.csv") csv lines"
-        [ "$(grep -c '^"' "$OUT/ncustep_stoke.csv")" -gt 20 ] && break
-      done
-      (cd /tmp && NCU=1 timeout 600 ncu "${nopt[@]}" --profile-from-start off python3 "$HERE/torch_op_profile.py" \
-        "$S/anchors" "$w" bf16+compile > "$OUT/ncustep_torch.csv" 2> "$OUT/ncustep_torch.err")
-      echo "ncu torch rc=$?"
-      python3 "$HERE/ncu_step.py" "$OUT/ncustep_stoke.csv" "$OUT/ncustep_torch.csv"
       ;;
     ktrace)
       w=${KT_W:-resnet18c}

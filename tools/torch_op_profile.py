@@ -7,11 +7,9 @@
 # default mode: the same kernels as reduce-overhead, each recorded).
 #   python3 torch_op_profile.py ANCHORS_DIR WORKLOAD MODE [STEPS]
 #   e.g. python3 torch_op_profile.py $S/anchors resnet18c bf16+compile 20
-# NCU=1: no torch.profiler; one step between cudaProfilerStart and Stop
-# after the warm-up, for `ncu --profile-from-start off` (tools/ncu_step.py
-# sets it beside stoke's step under the same ncu options).
 # Prints GPU ms per step for each family (convolutions, GEMMs, Triton
-# kernels, batch norms, optimizer, other) and the 15 most expensive kernels.
+# kernels, batch norms, optimizer, other) and the most expensive kernels (TOP
+# of them, default 15).
 import os
 import sys
 
@@ -48,12 +46,6 @@ def step():
 for _ in range(12):
     step()
 torch.cuda.synchronize()
-if os.environ.get("NCU") == "1":
-    torch.cuda.profiler.start()
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
-    sys.exit(0)
 with profile(activities=[ProfilerActivity.CUDA]) as prof:
     for _ in range(steps):
         step()
