@@ -360,7 +360,7 @@ stoke_err *stoke_checkpoint_save(stoke_exec *x, const char *path, const stoke_ck
   for (int i = 0; i < 3 && !e; i++)
     if (hb[i]) e = stoke_exec_copy(x, hb[i], dev[i], sizes[i], STOKE_COPY_D2H);
   /* filters kept [O, kh, kw, C] on the device are written [O, C, kh, kw], as PyTorch's state_dict holds them */
-  if (!e) e = stoke_plan_filters_permute(p, hb[0], hb[2], 0);
+  if (!e) e = stoke_plan_filters_permute(p, hb[0], hb[2], -1, 0);
   int cap = 5 * p->g->n_values + p->g->n_tied + 8; /* parameter, state, master, two optimizer tensors, tied names */
   entry *ents = e ? NULL : calloc((size_t)cap, sizeof *ents);
   if (!e && !ents) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
@@ -1110,7 +1110,7 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
   }
   void *dev[3] = {stoke_exec_buffer(x, STOKE_BUF_PARAMS), stoke_exec_buffer(x, STOKE_BUF_STATE),
                   stoke_exec_opt_state(x)};
-  if (!e) e = stoke_plan_filters_permute(p, hb[0], hb[2], 1); /* into the device's order (filter_ohwi) */
+  if (!e) e = stoke_plan_filters_permute(p, hb[0], hb[2], -1, 1); /* into the device's order (filter_ohwi) */
   for (int i = 0; i < 3 && !e; i++)
     if (hb[i]) e = stoke_exec_copy(x, dev[i], hb[i], sizes[i], STOKE_COPY_H2D);
   free(ents);

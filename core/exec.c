@@ -141,20 +141,9 @@ static stoke_err *init_params(stoke_exec *x, uint64_t seed, stoke_buffer_id buf)
       }
     }
   }
-  /* drawn in [O, C, kh, kw] order; filters kept [O, kh, kw, C] are reordered (the master copy too) */
-  stoke_err *e = NULL;
-  if (buf == STOKE_BUF_PARAMS) {
-    e = stoke_plan_filters_permute(x->p, host, NULL, 1);
-    size_t es = stoke_dtype_size(g->dtype), ms = stoke_dtype_size(mdt);
-    for (int v = 0; !e && master && v < g->n_values; v++) {
-      const stoke_value *val = &g->values[v];
-      if (!stoke_value_is_ohwi(g, v)) continue;
-      void *tmp = stoke_alloc((size_t)stoke_numel(&val->shape) * ms);
-      if (!tmp) e = STOKE_ERR(STOKE_E_OOM, "out of host memory to reorder convolution filters");
-      else stoke_permute_nhwc(master + val->offset / es * ms, mdt, &val->shape, 1, tmp);
-      stoke_free(tmp);
-    }
-  }
+  /* drawn in [O, C, kh, kw] order; filters kept [O, kh, kw, C] are reordered, the master copy (the optimizer
+   * state's first tensor) too */
+  stoke_err *e = buf == STOKE_BUF_PARAMS ? stoke_plan_filters_permute(x->p, host, master, 1, 1) : NULL;
   if (!e) e = x->dev->copy(x->dev_self, x->buf[buf], host, bytes, STOKE_COPY_H2D, NULL);
   if (!e && master) e = x->dev->copy(x->dev_self, x->opt_state, master, master_bytes, STOKE_COPY_H2D, NULL);
   if (!e && x->dev->stream_sync) e = x->dev->stream_sync(x->dev_self, NULL); /* host buffers go next */

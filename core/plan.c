@@ -693,7 +693,8 @@ double stoke_plan_device_bytes(const stoke_plan *p) {
   return b;
 }
 
-stoke_err *stoke_plan_filters_permute(const stoke_plan *p, void *params, void *opt_state, int to_device) {
+stoke_err *stoke_plan_filters_permute(const stoke_plan *p, void *params, void *opt_state, int opt_regions,
+                                      int to_device) {
   const stoke_graph *g = p->g;
   size_t most = 0;
   for (int v = 0; v < g->n_values; v++)
@@ -710,6 +711,7 @@ stoke_err *stoke_plan_filters_permute(const stoke_plan *p, void *params, void *o
   /* the optimizer state: the master copy (has_master), then each of the optimizer's tensors, each over the flat
    * parameter buffer (element i of a parameter at offset / es + i) */
   int regions = p->opt_kernel && p->opt_state_bytes ? p->opt_state_per_param + p->has_master : 0;
+  if (opt_regions >= 0 && opt_regions < regions) regions = opt_regions;
   for (int v = 0; v < g->n_values; v++) {
     const stoke_value *val = &g->values[v];
     if (!stoke_value_is_ohwi(g, v)) continue;

@@ -278,7 +278,7 @@ static void check_resnet18(int fused, int ohwi) {
   float *gc = stoke_exec_buffer(cpu.x, STOKE_BUF_GRADS), *gg = malloc(gbytes);
   OK(stoke_exec_copy(gpu.x, gg, stoke_exec_buffer(gpu.x, STOKE_BUF_GRADS), gbytes, STOKE_COPY_D2H));
   /* gradients share the parameters' offsets and memory order: back to [O, C, kh, kw] (no-op without ohwi) */
-  OK(stoke_plan_filters_permute(gpu.p, gg, NULL, 0));
+  OK(stoke_plan_filters_permute(gpu.p, gg, NULL, 0, 0));
   double worst = 0, num = 0, den = 0, num_c64 = 0, num_g64 = 0, den64 = 0;
   int n_checked = 0, head_checked = 0;
   const stoke_graph *g = cpu.g;

@@ -573,7 +573,7 @@ static void test_filters_ohwi(void **state) {
       for (size_t i = 0; i < 3 * n; i++) st[i] = 1000.0 + (double)i;
       memcpy(par0, par, off);
       memcpy(st0, st, 3 * off);
-      OK(stoke_plan_filters_permute(&p, par, st, 1));
+      OK(stoke_plan_filters_permute(&p, par, st, -1, 1));
       /* w [3, 3, 1, 3]: logical (o, c, 0, x) at o*9 + c*3 + x is now at o*9 + x*3 + c */
       const stoke_value *vw = &g->values[w];
       size_t base = vw->offset / sizeof(double);
@@ -587,9 +587,17 @@ static void test_filters_ohwi(void **state) {
       /* nothing else moved */
       for (size_t i = 0; i < n; i++)
         if (i < base || i >= base + 27) assert_true(par[i] == par0[i]);
-      OK(stoke_plan_filters_permute(&p, par, st, 0));
+      OK(stoke_plan_filters_permute(&p, par, st, -1, 0));
       assert_memory_equal(par, par0, off);
       assert_memory_equal(st, st0, 3 * off);
+      /* the master copy alone (initialization's host buffer: one optimizer tensor): region 0 reordered, the
+       * memory after it not touched */
+      OK(stoke_plan_filters_permute(&p, NULL, st, 1, 1));
+      for (int o = 0; o < 3; o++)
+        for (int ch = 0; ch < 3; ch++)
+          for (int hx = 0; hx < 3; hx++)
+            assert_true(st[base + (size_t)(o * 9 + hx * 3 + ch)] == st0[base + (size_t)(o * 9 + ch * 3 + hx)]);
+      assert_memory_equal(st + n, st0 + n, 2 * off);
       free(par), free(st), free(par0), free(st0);
     }
     stoke_graph_free(g);

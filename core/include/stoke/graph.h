@@ -280,9 +280,12 @@ void stoke_plan_free(stoke_plan *p);
  * use, every parameter row-major ([O, C, kh, kw]), and the device's, where
  * a parameter kept [O, kh, kw, C] (filter_ohwi) is so in the parameters
  * and in each optimizer tensor over them (to_device 1: into the device's
- * order; 0: back). Nothing to do (and no allocation) without such
- * parameters. */
-stoke_err *stoke_plan_filters_permute(const stoke_plan *p, void *params, void *opt_state, int to_device);
+ * order; 0: back). opt_regions: how many of the optimizer's tensors
+ * opt_state holds from its start (the master copy first where the plan has
+ * one: 1 for that alone); < 0, all the plan's. Nothing to do (and no
+ * allocation) without such parameters. */
+stoke_err *stoke_plan_filters_permute(const stoke_plan *p, void *params, void *opt_state, int opt_regions,
+                                      int to_device);
 /* The value whose memory v is (itself unless v is a view or an in-place
  * gradient; core/alias.c) and v's byte offset in it. */
 int stoke_alias_root(const stoke_graph *g, int v, size_t *off);
