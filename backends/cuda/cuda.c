@@ -2,10 +2,12 @@
  * when the plan is made, pinned host memory, a compute and a copy stream),
  * its peak rates for MFU, and the registration of its kernels (.cu files). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime_api.h>
 
+#include "graph_memset.h"
 #include "stoke_cuda.h"
 
 const stoke_host_v1 *stoke_host;
@@ -201,6 +203,24 @@ static stoke_err *cuda_capture_end(void *self, void *stream, void **graph, int64
   size_t n = 0;
   cudaGraphGetNodes(g, NULL, &n);
   *ops = (int64_t)n;
+  /* small memsets become kernel nodes (graph_memset.cu: 7 us of waiting each
+   * in a replay); STOKE_GRAPH_MEMSETS=keep leaves them, for an A/B run */
+  const char *keep = getenv("STOKE_GRAPH_MEMSETS");
+  if (!keep || strcmp(keep, "keep")) {
+    int found = 0, done = 0;
+    e = stoke_cuda_graph_memsets_to_kernels(g, STOKE_GRAPH_MEMSET_MAX_BYTES, &found, &done);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      cudaGraphDestroy(g);
+      return STOKE_PERR(STOKE_E_DEVICE,
+                        "cuda: turning the step graph's memset nodes into kernel nodes: %s; "
+                        "STOKE_GRAPH_MEMSETS=keep skips it, or set [run] cuda_graph = false",
+                        cudaGetErrorString(e));
+    }
+    if (found)
+      stoke_host->log(STOKE_LOG_INFO, "cuda", "step graph: %d of its %d memset nodes made kernel nodes (at most %zu bytes)",
+                      done, found, (size_t)STOKE_GRAPH_MEMSET_MAX_BYTES);
+  }
   e = cudaGraphInstantiateWithFlags(&ge, g, 0);
   cudaGraphDestroy(g);
   if (e != cudaSuccess) {

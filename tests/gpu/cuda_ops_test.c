@@ -5,7 +5,8 @@
  * add_layer_norm's backward the same bits with its gradients in one
  * in-place buffer and its weight gradients accumulated, autocast equal to
  * the host's rounding bit for bit, max_pool2d's first-NaN-wins rule in
- * the row-tile kernels. Runs on a GPU
+ * the row-tile kernels, and a step graph's memset nodes rewritten as
+ * kernel nodes (graph_memset.cu) writing the same bytes. Runs on a GPU
  * machine only. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <cuda_runtime_api.h>
+
+#include "backends/cuda/graph_memset.h"
 #include "gpu_harness.h"
 
 static int setup(void **state) {
@@ -559,6 +563,138 @@ static void test_max_pool_nan(void **state) {
   }
 }
 
+/* ---- graph_memset: a step graph's small memsets as kernel nodes ---- */
+
+typedef struct gm_op {
+  size_t off, pitch, width, height;
+  unsigned value, esize;
+} gm_op;
+
+/* What a memset writes, applied to the host's copy. */
+static void gm_apply(uint8_t *buf, const gm_op *o) {
+  for (size_t r = 0; r < o->height; r++)
+    for (size_t c = 0; c < o->width; c++) {
+      uint8_t *p = buf + o->off + r * o->pitch + c * o->esize;
+      for (unsigned b = 0; b < o->esize; b++) p[b] = (uint8_t)(o->value >> (8 * b)); /* little-endian */
+    }
+}
+
+static cudaGraphNode_t gm_only_dep(cudaGraphNode_t n) {
+  size_t nd = 0;
+  assert_int_equal(cudaGraphNodeGetDependencies(n, NULL, NULL, &nd), cudaSuccess);
+  assert_int_equal(nd, 1);
+  cudaGraphNode_t d = NULL;
+  assert_int_equal(cudaGraphNodeGetDependencies(n, &d, NULL, &nd), cudaSuccess);
+  return d;
+}
+
+static enum cudaGraphNodeType gm_type(cudaGraphNode_t n) {
+  enum cudaGraphNodeType t;
+  assert_int_equal(cudaGraphNodeGetType(n, &t), cudaSuccess);
+  return t;
+}
+
+/* A chain of memsets that overlap (so their order decides the bytes), 1-,
+ * 2- and 4-byte elements, a 2-D one with a pitch, one over the size limit,
+ * then a copy of the region they wrote: after the rewrite the graph has
+ * the limit's memset and three kernel nodes in the same chain, and its
+ * replay writes exactly the bytes the memsets would have, over a poisoned
+ * buffer. Then the same through a stream capture (cuDNN's path). */
+static void test_graph_memsets_as_kernels(void **state) {
+  enum { N = 8192 };
+  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 0x6e5e, 0));
+  gm_op big = {1 + stoke_rng_below(&r, 64), 0, 600 + stoke_rng_below(&r, 300), 1, (unsigned)stoke_rng_next(&r), 1};
+  gm_op ops[3] = {
+      /* 1-byte elements at an odd address, inside big's bytes */
+      {(big.off + 1 + stoke_rng_below(&r, 50)) | 1, 0, 1 + stoke_rng_below(&r, 300), 1, (unsigned)stoke_rng_next(&r), 1},
+      /* 4-byte elements over part of both */
+      {4 * (1 + stoke_rng_below(&r, 30)), 0, 1 + stoke_rng_below(&r, 100), 1, (unsigned)stoke_rng_next(&r), 4},
+      /* 2-D, 2-byte elements */
+      {2 * (1 + stoke_rng_below(&r, 60)), 64 + 2 * stoke_rng_below(&r, 40), 1 + stoke_rng_below(&r, 16),
+       2 + stoke_rng_below(&r, 7), (unsigned)stoke_rng_next(&r), 2},
+  };
+  const size_t limit = 512; /* big (600+ bytes) stays a memset */
+  uint8_t *want = malloc(N), *got = malloc(N);
+  assert_non_null(want);
+  assert_non_null(got);
+  for (size_t i = 0; i < N; i++) want[i] = (uint8_t)stoke_rng_next(&r); /* the poison */
+  uint8_t *dev = NULL;
+  assert_int_equal(cudaMalloc((void **)&dev, N), cudaSuccess);
+  assert_int_equal(cudaMemcpy(dev, want, N, cudaMemcpyHostToDevice), cudaSuccess);
+  const size_t copy_from = 0, copy_to = N / 2, copy_len = N / 2;
+
+  cudaGraph_t g;
+  assert_int_equal(cudaGraphCreate(&g, 0), cudaSuccess);
+  cudaGraphNode_t prev = NULL, nodes[4];
+  for (int i = 0; i < 4; i++) {
+    const gm_op *o = i == 0 ? &big : &ops[i - 1];
+    struct cudaMemsetParams m = {.dst = dev + o->off, .pitch = o->pitch, .value = o->value,
+                                 .elementSize = o->esize, .width = o->width, .height = o->height};
+    assert_int_equal(cudaGraphAddMemsetNode(&nodes[i], g, prev ? &prev : NULL, prev ? 1 : 0, &m), cudaSuccess);
+    prev = nodes[i];
+    gm_apply(want, o);
+  }
+  cudaGraphNode_t cp;
+  assert_int_equal(cudaGraphAddMemcpyNode1D(&cp, g, &prev, 1, dev + copy_to, dev + copy_from, copy_len,
+                                            cudaMemcpyDeviceToDevice),
+                   cudaSuccess);
+  memmove(want + copy_to, want + copy_from, copy_len);
+
+  int found = -1, done = -1;
+  assert_int_equal(stoke_cuda_graph_memsets_to_kernels(g, limit, &found, &done), cudaSuccess);
+  assert_int_equal(found, 4);
+  assert_int_equal(done, 3);
+  cudaGraphNode_t n3 = gm_only_dep(cp), n2 = gm_only_dep(n3), n1 = gm_only_dep(n2);
+  assert_int_equal(gm_type(n3), cudaGraphNodeTypeKernel);
+  assert_int_equal(gm_type(n2), cudaGraphNodeTypeKernel);
+  assert_int_equal(gm_type(n1), cudaGraphNodeTypeKernel);
+  assert_true(gm_only_dep(n1) == nodes[0]);
+  assert_int_equal(gm_type(nodes[0]), cudaGraphNodeTypeMemset);
+  size_t nn = 0;
+  assert_int_equal(cudaGraphGetNodes(g, NULL, &nn), cudaSuccess);
+  assert_int_equal(nn, 5);
+
+  cudaGraphExec_t ge;
+  assert_int_equal(cudaGraphInstantiateWithFlags(&ge, g, 0), cudaSuccess);
+  assert_int_equal(cudaGraphLaunch(ge, 0), cudaSuccess);
+  assert_int_equal(cudaMemcpy(got, dev, N, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (size_t i = 0; i < N; i++)
+    if (got[i] != want[i])
+      fail_msg("graph_memset: byte %zu is 0x%02x, the memsets write 0x%02x (seed %llu)", i, got[i], want[i],
+               (unsigned long long)g_seed);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+
+  /* captured from a stream, as cuDNN's cudaMemsetAsync is */
+  cudaStream_t s;
+  assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  for (size_t i = 0; i < N; i++) want[i] = (uint8_t)stoke_rng_next(&r);
+  assert_int_equal(cudaMemcpy(dev, want, N, cudaMemcpyHostToDevice), cudaSuccess);
+  size_t off = stoke_rng_below(&r, N / 2), len = 1 + stoke_rng_below(&r, N / 2);
+  int v = (int)stoke_rng_below(&r, 256);
+  assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  assert_int_equal(cudaMemsetAsync(dev + off, v, len, s), cudaSuccess);
+  assert_int_equal(cudaStreamEndCapture(s, &g), cudaSuccess);
+  memset(want + off, v, len);
+  assert_int_equal(stoke_cuda_graph_memsets_to_kernels(g, STOKE_GRAPH_MEMSET_MAX_BYTES, &found, &done), cudaSuccess);
+  assert_int_equal(found, 1);
+  assert_int_equal(done, 1);
+  assert_int_equal(cudaGraphInstantiateWithFlags(&ge, g, 0), cudaSuccess);
+  assert_int_equal(cudaGraphLaunch(ge, s), cudaSuccess);
+  assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+  assert_int_equal(cudaMemcpy(got, dev, N, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (size_t i = 0; i < N; i++)
+    if (got[i] != want[i])
+      fail_msg("graph_memset (captured): byte %zu is 0x%02x, the memset writes 0x%02x (seed %llu)", i, got[i],
+               want[i], (unsigned long long)g_seed);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  cudaFree(dev);
+  free(want);
+  free(got);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_softmax_ce_determinism_and_bad_label),
@@ -567,6 +703,7 @@ int main(void) {
       cmocka_unit_test(test_layer_norm_aliases),
       cmocka_unit_test(test_autocast),
       cmocka_unit_test(test_max_pool_nan),
+      cmocka_unit_test(test_graph_memsets_as_kernels),
   };
   return cmocka_run_group_tests(tests, setup, g_teardown);
 }
