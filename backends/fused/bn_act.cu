@@ -276,10 +276,7 @@ __global__ void FWD_BOUNDS k_stats(const T *__restrict__ x, int64_t M, int64_t C
 }
 
 constexpr int kFinWarps = 8;  // channels per finalize block, one warp each
-// Partials a lane loads before combining them: 16 holds a channel's
-// partials (at most 3 x 132 = 396, or 512) in one load per lane, one L2
-// round trip per finalize (the forward's two passes reuse them).
-constexpr int kFinChunk = 16;
+constexpr int kFinChunk = 8;  // partials a lane loads before combining them
 
 // A warp's sum of v in double, the same in every lane (lane 0's: the
 // butterfly's order differs per lane).
@@ -293,8 +290,7 @@ __device__ __forceinline__ double warp_sum_d(double v) {
 // partitions' M2 plus n_p (mean_p - mean)^2 (the two-pass form of Chan's
 // combination: one division, where the pairwise form divides per partial,
 // a chain of double divisions that made this kernel 5 us); lane l takes
-// partitions l, l + 32, ..., kFinChunk loads in flight (kept for the
-// second pass when they are all), then a butterfly.
+// partitions l, l + 32, ..., kFinChunk loads in flight, then a butterfly.
 // Training: saved_* and the running statistics (unbiased variance for
 // running_var); eval: saved_* from the running statistics.
 __global__ void k_fin_fwd(const float2 *__restrict__ part, int P, int64_t C, int64_t M, int64_t R, double eps,
@@ -306,15 +302,13 @@ __global__ void k_fin_fwd(const float2 *__restrict__ part, int P, int64_t C, int
   double mean = 0, q = 0;
   if (training) {
     const float2 *pc = part + c * P;
-    float2 v[kFinChunk];  // loaded before any is used: one L2 round trip per chunk
-    bool held = P <= 32 * kFinChunk;  // the lane's partials all in v: pass 1 reads none again
     for (int pass = 0; pass < 2; pass++) {
       double acc = 0;
       for (int p0 = lane; p0 < P; p0 += 32 * kFinChunk) {
-        if (pass == 0 || !held)
+        float2 v[kFinChunk];  // loaded before any is used: one L2 round trip per chunk
 #pragma unroll
-          for (int j = 0; j < kFinChunk; j++)
-            if (p0 + 32 * j < P) v[j] = pc[p0 + 32 * j];
+        for (int j = 0; j < kFinChunk; j++)
+          if (p0 + 32 * j < P) v[j] = pc[p0 + 32 * j];
 #pragma unroll
         for (int j = 0; j < kFinChunk; j++) {
           int64_t r0 = (int64_t)(p0 + 32 * j) * R;
