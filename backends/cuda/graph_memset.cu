@@ -54,7 +54,7 @@ cudaError_t add_kernel(cudaGraph_t g, cudaGraphNode_t node, const cudaMemsetPara
   p.blockDim = dim3(kThreads);
   p.kernelParams = args;
   cudaGraphNode_t k = NULL;
-  cudaError_t e = cudaGraphAddKernelNode(&k, g, deps, nd, &p);
+  cudaError_t e = cudaGraphAddKernelNode(&k, g, nd ? deps : NULL, nd, &p);
   if (e != cudaSuccess) return e;
   for (size_t i = 0; i < no && e == cudaSuccess; i++) e = cudaGraphAddDependencies(g, &k, &outs[i], NULL, 1);
   if (e != cudaSuccess) {
@@ -83,8 +83,9 @@ cudaError_t rewrite_one(cudaGraph_t g, cudaGraphNode_t node, size_t max_bytes, i
   cudaGraphNode_t *deps = (cudaGraphNode_t *)calloc(nd + no + 1, sizeof *deps);
   cudaGraphEdgeData *ed = (cudaGraphEdgeData *)calloc(nd + no + 1, sizeof *ed);
   if (!deps || !ed) e = cudaErrorMemoryAllocation;
-  if (e == cudaSuccess) e = cudaGraphNodeGetDependencies(node, deps, ed, &nd);
-  if (e == cudaSuccess) e = cudaGraphNodeGetDependentNodes(node, deps + nd, ed + nd, &no);
+  /* queried only when there are edges: a root or a leaf passes no arrays */
+  if (e == cudaSuccess && nd) e = cudaGraphNodeGetDependencies(node, deps, ed, &nd);
+  if (e == cudaSuccess && no) e = cudaGraphNodeGetDependentNodes(node, deps + nd, ed + nd, &no);
   if (e == cudaErrorLossyQuery) { /* edge data a query cannot return whole: the memset stays */
     cudaGetLastError();
     e = cudaSuccess;

@@ -621,13 +621,14 @@ static void test_graph_memsets_as_kernels(void **state) {
   uint8_t *dev = NULL;
   assert_int_equal(cudaMalloc((void **)&dev, N), cudaSuccess);
   assert_int_equal(cudaMemcpy(dev, want, N, cudaMemcpyHostToDevice), cudaSuccess);
-  const size_t copy_from = 0, copy_to = N / 2, copy_len = N / 2;
+  const size_t copy_from = 0, copy_to = N / 2, copy_len = N / 2 - 128; /* the last 128 bytes: the lone memset's */
 
   cudaGraph_t g;
   assert_int_equal(cudaGraphCreate(&g, 0), cudaSuccess);
   cudaGraphNode_t prev = NULL, nodes[4];
   for (int i = 0; i < 4; i++) {
-    const gm_op *o = i == 0 ? &big : &ops[i - 1];
+    gm_op *o = i == 0 ? &big : &ops[i - 1];
+    if (o->esize < 4) o->value &= (1u << (8 * o->esize)) - 1; /* a value wider than its element is undefined */
     struct cudaMemsetParams m = {.dst = dev + o->off, .pitch = o->pitch, .value = o->value,
                                  .elementSize = o->esize, .width = o->width, .height = o->height};
     assert_int_equal(cudaGraphAddMemsetNode(&nodes[i], g, prev ? &prev : NULL, prev ? 1 : 0, &m), cudaSuccess);
@@ -640,10 +641,19 @@ static void test_graph_memsets_as_kernels(void **state) {
                    cudaSuccess);
   memmove(want + copy_to, want + copy_from, copy_len);
 
+  /* a lone memset (a root and a leaf), in bytes the copy neither reads nor writes */
+  gm_op lone = {N - 64 + stoke_rng_below(&r, 32), 0, 1 + stoke_rng_below(&r, 32), 1, stoke_rng_below(&r, 256), 1};
+  struct cudaMemsetParams lm = {.dst = dev + lone.off, .value = lone.value, .elementSize = 1, .width = lone.width,
+                                .height = 1};
+  cudaGraphNode_t lone_node;
+  assert_int_equal(cudaGraphAddMemsetNode(&lone_node, g, NULL, 0, &lm), cudaSuccess);
+  gm_apply(want, &lone); /* after the copy or not: the copy reads none of its bytes */
+
   int found = -1, done = -1;
-  assert_int_equal(stoke_cuda_graph_memsets_to_kernels(g, limit, &found, &done), cudaSuccess);
-  assert_int_equal(found, 4);
-  assert_int_equal(done, 3);
+  cudaError_t ce = stoke_cuda_graph_memsets_to_kernels(g, limit, &found, &done);
+  if (ce != cudaSuccess) fail_msg("graph_memset: %s", cudaGetErrorString(ce));
+  assert_int_equal(found, 5);
+  assert_int_equal(done, 4);
   cudaGraphNode_t n3 = gm_only_dep(cp), n2 = gm_only_dep(n3), n1 = gm_only_dep(n2);
   assert_int_equal(gm_type(n3), cudaGraphNodeTypeKernel);
   assert_int_equal(gm_type(n2), cudaGraphNodeTypeKernel);
@@ -652,7 +662,7 @@ static void test_graph_memsets_as_kernels(void **state) {
   assert_int_equal(gm_type(nodes[0]), cudaGraphNodeTypeMemset);
   size_t nn = 0;
   assert_int_equal(cudaGraphGetNodes(g, NULL, &nn), cudaSuccess);
-  assert_int_equal(nn, 5);
+  assert_int_equal(nn, 6);
 
   cudaGraphExec_t ge;
   assert_int_equal(cudaGraphInstantiateWithFlags(&ge, g, 0), cudaSuccess);
@@ -676,7 +686,8 @@ static void test_graph_memsets_as_kernels(void **state) {
   assert_int_equal(cudaMemsetAsync(dev + off, v, len, s), cudaSuccess);
   assert_int_equal(cudaStreamEndCapture(s, &g), cudaSuccess);
   memset(want + off, v, len);
-  assert_int_equal(stoke_cuda_graph_memsets_to_kernels(g, STOKE_GRAPH_MEMSET_MAX_BYTES, &found, &done), cudaSuccess);
+  ce = stoke_cuda_graph_memsets_to_kernels(g, STOKE_GRAPH_MEMSET_MAX_BYTES, &found, &done);
+  if (ce != cudaSuccess) fail_msg("graph_memset (captured): %s", cudaGetErrorString(ce));
   assert_int_equal(found, 1);
   assert_int_equal(done, 1);
   assert_int_equal(cudaGraphInstantiateWithFlags(&ge, g, 0), cudaSuccess);
