@@ -44,12 +44,7 @@ static stoke_err *cuda_open(int index, void *device_self, void **self) {
   d->index = index;
   struct cudaDeviceProp p;
   cudaError_t e = cudaGetDeviceProperties(&p, index);
-  /* EXPERIMENT: the compute stream at the greatest priority, so that the side streams' kernels (weight
-   * gradients) yield SMs to the critical path's */
-  int least = 0, greatest = 0;
-  const char *pri = getenv("STOKE_STREAM_PRIORITY");
-  if (e == cudaSuccess && pri && !strcmp(pri, "1")) e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
-  if (e == cudaSuccess) e = cudaStreamCreateWithPriority(&d->stream, cudaStreamNonBlocking, greatest);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&d->copy_stream, cudaStreamNonBlocking);
   if (e != cudaSuccess) {
     stoke_host->free(d);
@@ -226,8 +221,7 @@ static stoke_err *cuda_capture_end(void *self, void *stream, void **graph, int64
       stoke_host->log(STOKE_LOG_INFO, "cuda", "step graph: %d of its %d memset nodes made kernel nodes (at most %zu bytes)",
                       done, found, (size_t)STOKE_GRAPH_MEMSET_MAX_BYTES);
   }
-  const char *pri = getenv("STOKE_STREAM_PRIORITY");
-  e = cudaGraphInstantiateWithFlags(&ge, g, pri && !strcmp(pri, "1") ? cudaGraphInstantiateFlagUseNodePriority : 0);
+  e = cudaGraphInstantiateWithFlags(&ge, g, 0);
   cudaGraphDestroy(g);
   if (e != cudaSuccess) {
     cudaGetLastError();
