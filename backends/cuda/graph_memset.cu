@@ -6,8 +6,8 @@
 // it as a memset node. In a replayed graph a memset node costs far more than
 // its 1.3 us: the GPU waits about 3.5 us after the kernel before it and
 // about 3.4 us after it before the convolution starts (BENCHMARKS.md run 33:
-// ResNet-18c's step holds 26 of them, 11 in the forward's chain, one ahead
-// of every data-gradient convolution), where one kernel node follows
+// ResNet-18c's step holds 26 of them, 11 in the forward's chain, 15 ahead
+// of data-gradient convolutions), where one kernel node follows
 // another within 0.1-0.3 us. A kernel node doing the memset's work keeps the
 // graph's order and meaning: it has the memset's dependencies and its
 // dependents, and writes the same elements with the same value.
