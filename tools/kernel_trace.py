@@ -2,7 +2,8 @@
 """tools/kernel_trace.py: reads tools/kernel_trace.c's CSV (every kernel a
 process ran, with its device start and end) and says where a training
 step's time goes: the wall time a step, the time no kernel ran, the compute
-stream's gaps between kernels, and the kernels by family and by name.
+stream's gaps between kernels, the memsets and the waits around them, and
+the kernels by family and by name.
 
 The steps are found without markers: the compute stream (the stream with the
 most kernels in the trace's last fifth) runs the same sequence of kernels every step, so the period is
@@ -130,6 +131,34 @@ def union(intervals):
     return total
 
 
+def memset_waits(win, k, gaps):
+    """The step's memsets and the waits around them on their own stream (run 33: in a CUDA graph replay a memset
+    node starts about 3.5 us after the operation before it and holds the next one about 3.4 us, where kernels
+    follow each other within 0.1-0.3 us), beside the compute stream's median kernel-to-kernel gap."""
+    per = {}
+    for r in win:
+        per.setdefault(r[3], []).append(r)
+    dur, before, after = [], [], []
+    for ops in per.values():
+        for i, r in enumerate(ops):
+            if r[0] != "S":
+                continue
+            dur.append(r[2] - r[1])
+            # waits of 50 us or more are for another stream (a graph's branch streams run a step's
+            # branches one after another), not around the memset
+            if i > 0 and r[1] - ops[i - 1][2] < 50000:
+                before.append(max(0, r[1] - ops[i - 1][2]))
+            if i + 1 < len(ops) and ops[i + 1][1] - r[2] < 50000:
+                after.append(max(0, ops[i + 1][1] - r[2]))
+    if not dur:
+        return
+    med = lambda v: sorted(v)[len(v) // 2] / 1e3 if v else float("nan")
+    print(f"  memsets: {len(dur) / k:.0f} a step, {med(dur):.1f} us each (median); on their stream the operation "
+          f"before ends {med(before):.1f} us before one, the next starts {med(after):.1f} us after it (waits under "
+          f"50 us) "
+          f"(compute stream's kernels: {med(gaps):.1f} us apart, median)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
@@ -173,6 +202,7 @@ def main():
     print(f"  compute stream {main_stream}: {p} kernels a step, gaps between them {sum(gaps) / k / 1e6:.3f} ms a step: "
           + ", ".join(f"{len(g) / k:.0f} of {lo / 1e3:g}-{hi / 1e3:g} us" if hi < 1 << 62 else
                       f"{len(g) / k:.0f} over {lo / 1e3:g} us" for lo, hi, g in hist))
+    memset_waits(win, k, gaps)
     fams, names = {}, {}
     for r in win:
         d = (min(r[2], t1) - max(r[1], t0)) / k / 1e3

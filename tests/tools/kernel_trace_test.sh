@@ -4,8 +4,8 @@
 # which CI has not): the step found by the kernels' period with start-up
 # and an end's stray kernels around it, the compute stream chosen from the
 # trace's end (PyTorch's warm-up runs eagerly on one stream, its CUDA-graph
-# steps on another), and the step's wall time, idle time, gaps and
-# families computed from known numbers.
+# steps on another), and the step's wall time, idle time, gaps, the waits
+# around its memset and families computed from known numbers.
 set -euo pipefail
 py="tools/kernel_trace.py"  # in the runfiles; by hand, from the checkout
 [ -f "$py" ] || py="$(dirname "$(readlink -f "$0")")/../../tools/kernel_trace.py"
@@ -49,6 +49,9 @@ want "wall 2.593 ms"
 want "convolution               2.000      50"
 want "batch norm                0.490      49"
 want "k_stats<__nv_bfloat16, 8>"
+# the memset: 0.5 us, 1 us after the step's last kernel, 0.5 us before the next step's first
+want "memsets: 1 a step, 0.5 us each (median); on their stream the operation before ends 1.0 us before one, the next starts 0.5 us after it"
+want "(compute stream's kernels: 1.0 us apart, median)"
 want "396x1x1  k_stats<__nv_bfloat16, 8>"  # --list shows each kernel's grid
 [ "$(grep -c "k_stats" <<<"$out")" -ge 49 ] || { echo "FAIL: --list --family 'batch norm' did not list the step's 50"; fail=1; }
 if grep -q "xmma dgrad" <<<"$(sed -n '/one step in order/,$p' <<<"$out")"; then
