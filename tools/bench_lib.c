@@ -531,8 +531,7 @@ void bench_write_json(const bench_result *r, FILE *f) {
     json_num(f, s.min);
     fprintf(f, ",\"max\":");
     json_num(f, s.max);
-    char pw[160];
-    if (power_words(x, pw, sizeof pw)) { /* only where measured (a GPU with NVML) */
+    if (isfinite(bench_mean_finite(x->power_w, x->n))) { /* only where measured (a GPU with NVML) */
       fprintf(f, ",\"gpu_power_w\":");
       json_nums(f, x->power_w, x->n);
       fprintf(f, ",\"gpu_power_capped\":");

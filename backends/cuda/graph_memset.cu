@@ -67,7 +67,7 @@ cudaError_t add_kernel(cudaGraph_t g, cudaGraphNode_t node, const cudaMemsetPara
 }
 
 // Replace one memset node; returns cudaSuccess with *done 0 when it is left
-// as it was (too large, or edges whose data a query cannot return whole).
+// as it was (too large, or an edge that carries data).
 cudaError_t rewrite_one(cudaGraph_t g, cudaGraphNode_t node, size_t max_bytes, int *done) {
   *done = 0;
   cudaMemsetParams m;
@@ -86,10 +86,7 @@ cudaError_t rewrite_one(cudaGraph_t g, cudaGraphNode_t node, size_t max_bytes, i
   /* queried only when there are edges: a root or a leaf passes no arrays */
   if (e == cudaSuccess && nd) e = cudaGraphNodeGetDependencies(node, deps, ed, &nd);
   if (e == cudaSuccess && no) e = cudaGraphNodeGetDependentNodes(node, deps + nd, ed + nd, &no);
-  if (e == cudaErrorLossyQuery) { /* edge data a query cannot return whole: the memset stays */
-    cudaGetLastError();
-    e = cudaSuccess;
-  } else if (e == cudaSuccess) {
+  if (e == cudaSuccess) {
     /* only plain edges; one with data (a programmatic launch's, a port) keeps the memset */
     static const cudaGraphEdgeData plain = {};
     int all_plain = 1;
