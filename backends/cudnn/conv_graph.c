@@ -212,11 +212,14 @@ static stoke_err *make_stage_descs(gconv_state *st, const conv_geom *cg) {
   return NULL;
 }
 
+/* Whether the plans read a staged OHWI copy of an OIHW weight (made in
+ * the workspace's first region before each pass), not the weight itself. */
+static int w_staged(const gconv_state *st) { return st->w_krsc && !st->w_mem_ohwi; }
+
 /* The direct path: the weight as it is first; staged OHWI when no engine
  * takes that mix (NHWC). STOKE_E_UNSUPPORTED when no engine runs it. */
 static stoke_err *plan_direct(const stoke_kernel_args_v1 *a, gconv_state *st, const conv_geom *cg, int bwd) {
   st->unfold = CU_NONE;
-  st->w_mem_ohwi = cg->w_ohwi;
   if (cg->w_ohwi) { /* read as it is: no staging, and no OIHW plan */
     st->w_krsc = 1;
     return plan_all(a, st, cg, bwd, 1);
@@ -277,7 +280,6 @@ static stoke_err *plan_unfolded(const stoke_kernel_args_v1 *a, gconv_state *st, 
   unfold_geom(cg, mode, &st->ug, &ucg);
   st->unfold = mode;
   st->w_krsc = 1;
-  st->w_mem_ohwi = cg->w_ohwi;
   stoke_err *e = plan_all(a, st, &ucg, bwd, 1);
   if (e) st->unfold = CU_NONE;
   return e;
@@ -379,6 +381,7 @@ static stoke_err *gconv_plan(const stoke_kernel_args_v1 *a, void **state, size_t
   stoke_err *e = geometry(a, st, bwd, &cg);
   if (e) goto fail;
   st->data = cg.g.dt;
+  st->w_mem_ohwi = cg.w_ohwi;
   e = unfold_eligible(a, &cg, bwd) ? choose_unfold(a, st, &cg, bwd) : plan_direct(a, st, &cg, bwd);
   if (e && e->code == STOKE_E_UNSUPPORTED) { /* no graph engine: the classic API */
     stoke_host->log(STOKE_LOG_INFO, "cudnn", "conv2d '%s': falls back to the classic API: %s", stoke_node_name(a),
@@ -400,7 +403,7 @@ static stoke_err *gconv_plan(const stoke_kernel_args_v1 *a, void **state, size_t
     st->w_region = st->u_xu_off + align256((size_t)stoke_cudnn_unfold_numel(&st->ug) * 2);
   } else {
     /* the staged W (or dW, when accumulated or transposed) leads the workspace */
-    int needs_region = (st->w_krsc && !st->w_mem_ohwi) || (bwd && a->din[1].data);
+    int needs_region = w_staged(st) || (bwd && a->din[1].data);
     st->w_region = needs_region ? align256(stoke_tensor_bytes(&a->in[1])) : 0;
   }
   st->workspace = st->w_region + max_ws(st);
@@ -427,7 +430,7 @@ static void *plan_ws(const stoke_kernel_args_v1 *a, const gconv_state *st) {
 static stoke_err *weight_for(const stoke_kernel_args_v1 *a, const gconv_state *st, void **w) {
   *w = a->in[1].data;
   if (!*w) return STOKE_PERR(STOKE_E_INVALID, "cudnn conv2d: weight has no data; %s", st->ctx);
-  if (!st->w_krsc || st->w_mem_ohwi) return NULL;
+  if (!w_staged(st)) return NULL;
   const float one = 1.0f, zero = 0.0f;
   CUDNN_CHECK(cudnnSetStream(st->eng->handle, (cudaStream_t)a->stream), st->ctx);
   CUDNN_CHECK(cudnnTransformTensor(st->eng->handle, &one, st->w_oihw, *w, &zero, st->w_ohwi, a->workspace),
@@ -472,7 +475,7 @@ static stoke_err *run_wgrad(const stoke_kernel_args_v1 *a, const gconv_state *st
     return NULL;
   }
   /* straight into dW when its layout is the plan's and nothing accumulates */
-  int direct = (!st->w_krsc || st->w_mem_ohwi) && beta == 0.0f;
+  int direct = !w_staged(st) && beta == 0.0f;
   void *target = direct ? dw : ws;
   void *ptrs[3] = {a->in[0].data, target, dy};
   STOKE_PROPAGATE_P(cg_execute(st->eng, st->wgrad, ptrs, plan_ws, stream, st->ctx));

@@ -206,6 +206,12 @@ __device__ __forceinline__ long long packed_index(const cu_unfold_geom &g, int o
   return ((long long)o * rows + rp) * g.cu + kp;
 }
 
+// The index of filter element (o, c, r, s) in memory: [O][C][R][S], or
+// [O][R][S][C] with w_ohwi (core/layout.c's filter_ohwi).
+__device__ __forceinline__ long long filter_index(const cu_unfold_geom &g, int o, int c, int r, int s) {
+  return g.w_ohwi ? (((long long)o * g.r + r) * g.s + s) * g.c + c : (((long long)o * g.c + c) * g.r + r) * g.s + s;
+}
+
 // wp = pack(w): every element of wp written, the padding channels 0.
 __global__ void k_pack_w(const uint16_t *__restrict__ w, uint16_t *__restrict__ wp, cu_unfold_geom g, long long n) {
   long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -221,7 +227,7 @@ __global__ void k_pack_w(const uint16_t *__restrict__ w, uint16_t *__restrict__ 
   if (kp < taps * g.c) {
     int c = kp % g.c, tap = kp / g.c;
     int r = g.full ? tap / g.s : rp, s = g.full ? tap % g.s : tap;
-    val = g.w_ohwi ? w[(((long long)o * g.r + r) * g.s + s) * g.c + c] : w[(((long long)o * g.c + c) * g.r + r) * g.s + s];
+    val = w[filter_index(g, o, c, r, s)];
   }
   wp[i] = val;
 }
@@ -232,23 +238,15 @@ template <typename T>
 __global__ void k_unpack_dw(const T *__restrict__ dwp, T *__restrict__ dw, cu_unfold_geom g, float beta, long long n) {
   long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  int o, c, r, s;
-  if (g.w_ohwi) {
-    c = (int)(i % g.c);
-    long long q = i / g.c;
-    s = (int)(q % g.s);
-    q /= g.s;
-    r = (int)(q % g.r);
-    o = (int)(q / g.r);
-  } else {
-    s = (int)(i % g.s);
-    long long q = i / g.s;
-    r = (int)(q % g.r);
-    q /= g.r;
-    c = (int)(q % g.c);
-    o = (int)(q / g.c);
-  }
-  acc(&dw[i], beta, to_f(dwp[packed_index(g, o, c, r, s)]));
+  // i over (o, c, r, s); a stem's filter is a few thousand elements, so
+  // the strided writes of the OHWI order cost nothing that shows
+  int s = (int)(i % g.s);
+  long long q = i / g.s;
+  int r = (int)(q % g.r);
+  q /= g.r;
+  int c = (int)(q % g.c), o = (int)(q / g.c);
+  long long d = filter_index(g, o, c, r, s);
+  acc(&dw[d], beta, to_f(dwp[packed_index(g, o, c, r, s)]));
 }
 
 unsigned blocks(long long n) { return (unsigned)((n + kThreads - 1) / kThreads); }
