@@ -85,6 +85,7 @@
 #include "backends/cublaslt/lt_algo_desc.h"
 #include "backends/cublaslt/lt_kernels.h"
 #include "backends/cuda/stoke_cuda.h"
+#include "backends/cuda/tune_fill.h"
 #include "stoke/check.h"
 #include "stoke/ops.h"
 
@@ -106,6 +107,7 @@ const stoke_host_v1 *stoke_host;
  * events; the fastest call counts. */
 #define LT_TUNE_MAX 16
 #define LT_TUNE_REPS 3
+#define LT_TUNE_SEED 0x5eedu /* the scratch operands' values (tune_fill.h): the same every run */
 #define LT_CACHE_MAX 256
 
 /* What identifies a product for the choice cache: everything its matmul
@@ -384,9 +386,11 @@ static stoke_err *tune_time(lt_engine *E, const lt_state *s, const lt_gemm *g, c
 }
 
 /* What a timing needs: `bytes` of scratch operands on the device, filled
- * with 0x3c bytes on the stream (0.0115 in f32 and bf16, 1.06 in fp16;
- * some mask bits set), so no live buffer is touched, and the
- * LT_TUNE_REPS + 1 events around the timed calls. */
+ * on the stream with values of the product's type uniform in [-1, 1)
+ * (backends/cuda/tune_fill.cu: products of constants run faster than the
+ * step's and could rank the candidates differently; random ReLU mask bits
+ * too), so no live buffer is touched, and the LT_TUNE_REPS + 1 events
+ * around the timed calls. */
 typedef struct lt_timing {
   char *buf;
   cudaEvent_t ev[LT_TUNE_REPS + 1];
@@ -396,14 +400,14 @@ typedef struct lt_timing {
 /* t->buf NULL (nothing held) when the device has no room for the scratch;
  * else the status of the fill and the events (close the timing either
  * way). */
-static cudaError_t timing_open(lt_timing *t, size_t bytes, cudaStream_t st) {
+static cudaError_t timing_open(lt_timing *t, size_t bytes, stoke_dtype dt, cudaStream_t st) {
   memset(t, 0, sizeof *t);
   if (cudaMalloc((void **)&t->buf, bytes) != cudaSuccess) {
     cudaGetLastError(); /* clear the allocation failure */
     t->buf = NULL;
     return cudaErrorMemoryAllocation;
   }
-  cudaError_t ce = cudaMemsetAsync(t->buf, 0x3c, bytes, st);
+  cudaError_t ce = stoke_cuda_tune_fill(t->buf, bytes, dt, LT_TUNE_SEED, st);
   for (; ce == cudaSuccess && t->n_ev <= LT_TUNE_REPS; t->n_ev++) ce = cudaEventCreate(&t->ev[t->n_ev]);
   return ce;
 }
@@ -419,8 +423,8 @@ static cudaError_t timing_close(lt_timing *t) {
 
 /* Autotune one product (key k, descriptors in g) among the heuristic's
  * `found` candidates: those that succeeded, fit the workspace cap and (when
- * deterministic) are reproducible are timed on scratch operands filled
- * with a constant, so no live buffer is touched; the scratch is freed
+ * deterministic) are reproducible are timed on scratch operands of
+ * random values (timing_open), so no live buffer is touched; the scratch is freed
  * before returning and run() allocates nothing. out->timed = 0 when none
  * ran, or the device had no memory for the scratch (then the heuristic's
  * first is kept, with a warning). */
@@ -445,7 +449,7 @@ static stoke_err *tune(lt_engine *E, const lt_state *s, const lt_gemm *g, const 
   size_t total = 0;
   for (int i = 0; i < 6; i++) total += sz[i];
   lt_timing t;
-  cudaError_t ce = timing_open(&t, total, (cudaStream_t)a->stream);
+  cudaError_t ce = timing_open(&t, total, s->dt, (cudaStream_t)a->stream);
   if (!t.buf) {
     stoke_host->log(STOKE_LOG_WARN, LT_WHO,
                     "autotune of " LT_CTX_FMT " skipped: no device memory for %.1f MiB of scratch operands; the "
@@ -492,7 +496,7 @@ static stoke_err *time_colsum(lt_engine *E, const lt_state *s, const stoke_kerne
                                                   round_up(stoke_lt_colsum_workspace(rows, cols, s->dt))};
   cudaStream_t st = (cudaStream_t)a->stream;
   lt_timing t;
-  cudaError_t ce = timing_open(&t, sz[0] + sz[1] + sz[2], st);
+  cudaError_t ce = timing_open(&t, sz[0] + sz[1] + sz[2], s->dt, st);
   if (!t.buf) return NULL; /* no room for the scratch: the epilogue stays */
   char *buf = t.buf;
   stoke_err *e = NULL;

@@ -17,6 +17,8 @@
 
 #include "graph.h"
 
+#include "backends/cuda/tune_fill.h"
+
 /* A cuDNN status as a stoke error (stoke_cudnn.h). */
 stoke_err *stoke_cudnn_err(cudnnStatus_t s, const char *file, int line, const char *call, const char *ctx) {
   char detail[512] = "";
@@ -33,6 +35,15 @@ stoke_err *stoke_cudnn_err(cudnnStatus_t s, const char *file, int line, const ch
 
 #define CG_CHECK(call) CUDNN_CHECK(call, g->ctx)
 #define SET(d, attr, type, n, ptr) CG_CHECK(cudnnBackendSetAttribute((d), (attr), (type), (n), (ptr)))
+
+stoke_dtype cg_stoke_dtype(cudnnDataType_t dt) {
+  switch (dt) {
+    case CUDNN_DATA_FLOAT: return STOKE_F32;
+    case CUDNN_DATA_BFLOAT16: return STOKE_BF16;
+    case CUDNN_DATA_HALF: return STOKE_F16;
+    default: return STOKE_U8;
+  }
+}
 
 static size_t dt_size(cudnnDataType_t dt) {
   switch (dt) {
@@ -86,6 +97,7 @@ stoke_err *cg_tensor(cg_graph *g, int64_t uid, cudnnDataType_t dt, int nd, const
   g->uids[i] = uid;
   g->is_virtual[i] = is_virtual;
   g->bytes[i] = span * dt_size(dt);
+  g->dt[i] = dt;
   *out = t;
   return NULL;
 }
@@ -368,8 +380,9 @@ static stoke_err *tune_alloc(const cg_graph *g, const cg_plan *shape, tune_mem *
       return STOKE_PERR(STOKE_E_OOM, "cudnn autotune: no device memory for a %zu B temporary tensor; %s",
                         g->bytes[i], g->ctx);
     }
-    /* 0x3c in every byte: about 1.06 in f16, 0.0115 in bf16 and f32 */
-    cudaMemsetAsync(t->ptrs[k], 0x3c, g->bytes[i], s);
+    /* values of the tensor's type uniform in [-1, 1): constants run faster than the step's data
+       (backends/cuda/tune_fill.cu) */
+    stoke_cuda_tune_fill(t->ptrs[k], g->bytes[i], cg_stoke_dtype(g->dt[i]), CG_TUNE_SEED + (uint32_t)i, s);
     k++;
   }
   (void)shape;

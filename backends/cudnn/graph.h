@@ -16,6 +16,7 @@
 #define CG_MAX_TENSORS 24
 #define CG_MAX_OPS 16
 #define CG_MAX_OTHER 16
+#define CG_TUNE_SEED 0x5eedu /* the autotune's operand values (tune_fill.h), the same every run */
 
 /* A graph under construction: every descriptor made for it, destroyed
  * together by cg_graph_free (the plan keeps what it needs). */
@@ -24,6 +25,7 @@ typedef struct cg_graph {
   int64_t uids[CG_MAX_TENSORS];
   int is_virtual[CG_MAX_TENSORS];
   size_t bytes[CG_MAX_TENSORS]; /* of the memory a real tensor spans */
+  cudnnDataType_t dt[CG_MAX_TENSORS];
   int n_tensors;
   cudnnBackendDescriptor_t ops[CG_MAX_OPS];
   int n_ops;
@@ -33,6 +35,9 @@ typedef struct cg_graph {
 } cg_graph;
 
 void cg_graph_init(cg_graph *g, const char *ctx);
+/* cuDNN's float, bf16 and half as stoke's dtype; any other STOKE_U8 (an
+ * autotune's operands are then filled with a constant, tune_fill.h). */
+stoke_dtype cg_stoke_dtype(cudnnDataType_t dt);
 void cg_graph_free(cg_graph *g);
 
 /* A tensor: `nd` dims and strides (elements), its unique id in the graph;

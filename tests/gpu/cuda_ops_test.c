@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backends/cuda/graph_memset.h"
+#include "backends/cuda/tune_fill.h"
 #include "gpu_harness.h"
 
 static int setup(void **state) {
@@ -600,6 +601,56 @@ static enum cudaGraphNodeType gm_type(cudaGraphNode_t n) {
  * the limit's memset and three kernel nodes in the same chain, and its
  * replay writes exactly the bytes the memsets would have, over a poisoned
  * buffer. Then the same through a stream capture (cuDNN's path). */
+/* The autotunes' operands (backends/cuda/tune_fill.cu): for f32, bf16 and
+ * f16, a poisoned buffer of a random length (a byte or three past the last
+ * whole element) gets exactly the values the CPU computes from the same
+ * hash and seed (the value is exact in f32, and both sides round it to
+ * nearest even, so every bit must match), the tail bytes zero, and nothing
+ * past `bytes` written; another dtype gets 0x3c in every byte. The values
+ * also must span [-1, 1): a fill that wrote one constant would fail. */
+static void test_tune_fill(void **state) {
+  (void)state;
+  stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 0x7f11, 0));
+  const stoke_dtype dts[4] = {STOKE_F32, STOKE_BF16, STOKE_F16, STOKE_I32};
+  for (int k = 0; k < 4; k++) {
+    const size_t es = stoke_dtype_size(dts[k]);
+    const size_t bytes = es * (1000 + stoke_rng_below(&r, 300000)) + stoke_rng_below(&r, (uint32_t)es), pad = 64;
+    const uint32_t seed = (uint32_t)stoke_rng_next(&r);
+    uint8_t *got = malloc(bytes + pad), *dev = NULL;
+    assert_non_null(got);
+    assert_int_equal(cudaMalloc((void **)&dev, bytes + pad), cudaSuccess);
+    assert_int_equal(cudaMemset(dev, 0xff, bytes + pad), cudaSuccess);
+    assert_int_equal(stoke_cuda_tune_fill(dev, bytes, dts[k], seed, 0), cudaSuccess);
+    assert_int_equal(cudaMemcpy(got, dev, bytes + pad, cudaMemcpyDeviceToHost), cudaSuccess);
+    size_t n = bytes / es, bad = 0;
+    float lo = 2.f, hi = -2.f;
+    for (size_t i = 0; i < n && dts[k] != STOKE_I32; i++) {
+      float v = stoke_tune_fill_value(i, seed);
+      lo = v < lo ? v : lo, hi = v > hi ? v : hi;
+      if (dts[k] == STOKE_F32) {
+        float g;
+        memcpy(&g, got + 4 * i, 4);
+        bad += memcmp(&g, &v, 4) != 0;
+      } else {
+        uint16_t g, w = dts[k] == STOKE_BF16 ? stoke_f32_to_bf16(v) : stoke_f32_to_f16(v);
+        memcpy(&g, got + 2 * i, 2);
+        bad += g != w;
+      }
+    }
+    for (size_t i = n * es; i < bytes; i++) bad += got[i] != (dts[k] == STOKE_I32 ? 0x3c : 0);
+    if (dts[k] == STOKE_I32)
+      for (size_t i = 0; i < n * es; i++) bad += got[i] != 0x3c;
+    for (size_t i = bytes; i < bytes + pad; i++) bad += got[i] != 0xff;
+    if (bad)
+      fail_msg("tune_fill %s, %zu bytes, seed %u: %zu bytes or elements differ from the CPU's", stoke_dtype_name(dts[k]),
+               bytes, seed, bad);
+    if (dts[k] != STOKE_I32 && (lo > -0.99f || hi < 0.99f))
+      fail_msg("tune_fill %s: values span only [%g, %g] over %zu elements", stoke_dtype_name(dts[k]), lo, hi, n);
+    cudaFree(dev);
+    free(got);
+  }
+}
+
 static void test_graph_memsets_as_kernels(void **state) {
   enum { N = 8192 };
   stoke_rng r = stoke_rng_seed(stoke_hash3(g_seed, 0x6e5e, 0));
@@ -715,6 +766,7 @@ int main(void) {
       cmocka_unit_test(test_autocast),
       cmocka_unit_test(test_max_pool_nan),
       cmocka_unit_test(test_graph_memsets_as_kernels),
+      cmocka_unit_test(test_tune_fill),
   };
   return cmocka_run_group_tests(tests, setup, g_teardown);
 }
