@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "stoke/nvml.h"
@@ -47,11 +48,61 @@ struct stoke_nvml {
   double clock_latest;
 };
 
+int stoke_nvml_visible(const char *visible, int cuda_index, char *uuid, size_t len) {
+  if (cuda_index < 0) return -1;
+  if (!visible) return cuda_index;
+  const char *p = visible;
+  for (int i = 0;; i++) {
+    while (*p == ' ' || *p == '\t') p++;
+    const char *end = p;
+    while (*end && *end != ',') end++;
+    const char *last = end;
+    while (last > p && (last[-1] == ' ' || last[-1] == '\t')) last--;
+    size_t n = (size_t)(last - p);
+    int number = n > 0;
+    for (size_t k = 0; k < n; k++) number &= p[k] >= '0' && p[k] <= '9';
+    int gpu_uuid = n > 4 && !strncmp(p, "GPU-", 4);
+    if (!number && !gpu_uuid) return -1; /* CUDA stops at an invalid entry (and a MIG slice's power is not its own) */
+    if (i == cuda_index) {
+      if (number) return n < 9 ? atoi(p) : -1;
+      if (n + 1 > len) return -1;
+      memcpy(uuid, p, n);
+      uuid[n] = 0;
+      return -2;
+    }
+    if (!*end) return -1;
+    p = end + 1;
+  }
+}
+
+/* NVML's handle of CUDA's device `cuda_index` (stoke_nvml_visible); 0 on success. A UUID prefix matches the
+ * one GPU whose UUID starts with it, as CUDA matches it. */
+static int nvml_handle(void *lib, int cuda_index, void **dev) {
+  int (*by_index)(unsigned int, void **) = (int (*)(unsigned int, void **))dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+  int (*count)(unsigned int *) = (int (*)(unsigned int *))dlsym(lib, "nvmlDeviceGetCount_v2");
+  int (*get_uuid)(void *, char *, unsigned int) = (int (*)(void *, char *, unsigned int))dlsym(lib, "nvmlDeviceGetUUID");
+  char want[96];
+  int idx = stoke_nvml_visible(getenv("CUDA_VISIBLE_DEVICES"), cuda_index, want, sizeof want);
+  if (!by_index || idx == -1) return -1;
+  if (idx >= 0) return by_index((unsigned)idx, dev);
+  unsigned int n = 0;
+  if (!count || !get_uuid || count(&n) != 0) return -1;
+  int found = 0;
+  for (unsigned int i = 0; i < n; i++) {
+    void *h = NULL;
+    char id[96];
+    if (by_index(i, &h) == 0 && get_uuid(h, id, sizeof id) == 0 && !strncmp(id, want, strlen(want))) {
+      *dev = h;
+      found++;
+    }
+  }
+  return found == 1 ? 0 : -1;
+}
+
 stoke_nvml *stoke_nvml_open(int device_index) {
   void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) return NULL;
   int (*init)(void) = (int (*)(void))dlsym(lib, "nvmlInit_v2");
-  int (*by_index)(unsigned int, void **) = (int (*)(unsigned int, void **))dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
   stoke_nvml *n = calloc(1, sizeof *n);
   if (n) {
     n->util = (int (*)(void *, nvml_util *))dlsym(lib, "nvmlDeviceGetUtilizationRates");
@@ -63,8 +114,12 @@ stoke_nvml *stoke_nvml_open(int device_index) {
     n->limit = (int (*)(void *, unsigned int *))dlsym(lib, "nvmlDeviceGetEnforcedPowerLimit");
     n->max_clock = (int (*)(void *, int, unsigned int *))dlsym(lib, "nvmlDeviceGetMaxClockInfo");
   }
-  if (!n || !init || !by_index || !n->util || !n->mem || init() != 0 ||
-      by_index((unsigned)device_index, &n->dev) != 0) {
+  int ok = n && init && n->util && n->mem && init() == 0;
+  if (ok && nvml_handle(lib, device_index, &n->dev) != 0) {
+    if (n->shutdown) n->shutdown();
+    ok = 0;
+  }
+  if (!ok) {
     free(n);
     dlclose(lib);
     return NULL;

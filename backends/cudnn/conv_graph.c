@@ -167,7 +167,7 @@ static stoke_err *plan_dir(const stoke_kernel_args_v1 *a, gconv_state *st, const
   static const char *const what[3] = {"conv2d fprop", "conv2d dgrad", "conv2d wgrad"};
   char label[96];
   snprintf(label, sizeof label, "%s%s%s%s", what[kind], st->unfold ? " (input unfolded)" : "",
-           w_krsc && !st->unfold ? " (weight staged OHWI)" : "", beta != 0 ? " (accumulating)" : "");
+           w_krsc && !st->unfold && !st->w_mem_ohwi ? " (weight staged OHWI)" : "", beta != 0 ? " (accumulating)" : "");
   cg_choice c = {.autotune = (a->flags & STOKE_KFLAG_AUTOTUNE) != 0,
                  .deterministic = (a->flags & STOKE_KFLAG_DETERMINISTIC) != 0,
                  .no_tf32 = cg0->dtype == STOKE_F32 && !(a->flags & STOKE_KFLAG_TF32),

@@ -53,11 +53,39 @@ static void test_no_nvml(void **state) {
   assert_true(isnan(limit) && isnan(clock));
 }
 
+/* CUDA's device index to NVML's (core/nvml.c reads the GPU the run is on,
+ * not NVML's GPU 0: an H200 run under CUDA_VISIBLE_DEVICES=1 reported the
+ * idle GPU 0's 81 W and 345 MHz before, BENCHMARKS.md run 34). */
+static void test_visible(void **state) {
+  (void)state;
+  char id[32] = "unchanged";
+  assert_int_equal(stoke_nvml_visible(NULL, 3, id, sizeof id), 3); /* unset: CUDA's order is NVML's */
+  assert_int_equal(stoke_nvml_visible("2,0", 0, id, sizeof id), 2);
+  assert_int_equal(stoke_nvml_visible("2,0", 1, id, sizeof id), 0);
+  assert_int_equal(stoke_nvml_visible("2,0", 2, id, sizeof id), -1); /* no third device */
+  assert_int_equal(stoke_nvml_visible(" 1 , 3 ", 1, id, sizeof id), 3);
+  assert_string_equal(id, "unchanged");
+  assert_int_equal(stoke_nvml_visible("GPU-5e1f,1", 0, id, sizeof id), -2);
+  assert_string_equal(id, "GPU-5e1f");
+  assert_int_equal(stoke_nvml_visible("GPU-5e1f,1", 1, id, sizeof id), 1);
+  /* CUDA reads up to the first invalid entry */
+  assert_int_equal(stoke_nvml_visible("1,x,2", 0, id, sizeof id), 1);
+  assert_int_equal(stoke_nvml_visible("1,x,2", 2, id, sizeof id), -1);
+  assert_int_equal(stoke_nvml_visible("0,,1", 1, id, sizeof id), -1);
+  assert_int_equal(stoke_nvml_visible("", 0, id, sizeof id), -1);
+  assert_int_equal(stoke_nvml_visible("-1", 0, id, sizeof id), -1);
+  assert_int_equal(stoke_nvml_visible("MIG-0b2c", 0, id, sizeof id), -1);
+  assert_int_equal(stoke_nvml_visible("0", -1, id, sizeof id), -1);
+  /* a UUID longer than the caller's buffer is refused, not cut */
+  assert_int_equal(stoke_nvml_visible("GPU-0123456789abcdef0123456789abcdef", 0, id, sizeof id), -1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_interval),
       cmocka_unit_test(test_not_counted),
       cmocka_unit_test(test_no_nvml),
+      cmocka_unit_test(test_visible),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

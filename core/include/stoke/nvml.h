@@ -4,11 +4,26 @@
 #ifndef STOKE_NVML_H
 #define STOKE_NVML_H
 
+#include <stddef.h>
+
 typedef struct stoke_nvml stoke_nvml;
 
 /* NULL when NVML or the device is not there (CPU machines): sampling is
- * then skipped and reported as n/a. */
+ * then skipped and reported as n/a. device_index is CUDA's (the run's
+ * device): NVML counts every GPU of the machine, so CUDA_VISIBLE_DEVICES
+ * maps it (stoke_nvml_visible). */
 stoke_nvml *stoke_nvml_open(int device_index);
+
+/* Which of NVML's GPUs CUDA's device `cuda_index` is under
+ * CUDA_VISIBLE_DEVICES = `visible` (NULL: unset), as PyTorch's
+ * torch.cuda power and utilization calls map it: the list's entry
+ * `cuda_index` (entries are separated by commas, spaces around them
+ * ignored; CUDA reads the list up to its first invalid entry). Returns the
+ * NVML index (>= 0) for a number; -2 for a GPU's UUID (or a prefix of one,
+ * "GPU-..."), copied into uuid (at most len bytes, NUL-terminated); -1 when
+ * the list has no such entry or it is neither (MIG-... included: a MIG
+ * slice's power is its GPU's). Unset: cuda_index itself. */
+int stoke_nvml_visible(const char *visible, int cuda_index, char *uuid, size_t len);
 void stoke_nvml_close(stoke_nvml *n);
 /* GPU utilization (%) over NVML's last sample period and memory used by
  * everything on the device (MiB); 0 on success. */
