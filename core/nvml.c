@@ -6,6 +6,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -158,6 +159,20 @@ void stoke_power_interval(double dt_s, double d_mj, double d_violation_ns, doubl
   *power_w = ok && d_mj >= 0 ? 1e-3 * d_mj / dt_s : NAN;
   double f = ok && d_violation_ns >= 0 ? 1e-9 * d_violation_ns / dt_s : NAN;
   *capped = f > 1 ? 1 : f; /* the two clocks are not the same: a share a hair over 1 is all of it */
+}
+
+void stoke_power_by_rank(const double *power_w, const double *sm_mhz, int n, char *out, size_t cap) {
+  if (!cap) return;
+  out[0] = 0;
+  int any = 0;
+  for (int r = 0; r < n; r++) any |= isfinite(power_w[r]) || isfinite(sm_mhz[r]);
+  size_t used = 0;
+  for (int r = 0; any && r < n && used < cap; r++) {
+    char w[32] = "n/a", c[32] = "n/a";
+    if (isfinite(power_w[r])) snprintf(w, sizeof w, "%.0f W", power_w[r]);
+    if (isfinite(sm_mhz[r])) snprintf(c, sizeof c, "%.0f MHz", sm_mhz[r]);
+    used += (size_t)snprintf(out + used, cap - used, "%s%d: %s, %s", r ? "; " : "", r, w, c);
+  }
 }
 
 static double mono_s(void) {

@@ -7,10 +7,32 @@
 #include <string.h>
 
 #include "stoke/core.h"
+#include "stoke/nvml.h"
 #include "run_state.h"
 
-/* Data parallel, at the end: every rank's data wait, and the bus
- * bandwidth of an all-reduce of the whole flat gradient buffer. */
+/* Every rank's mean GPU power and SM clock (its summary's figures), for the
+ * data-parallel report: "0: 687 W, 1816 MHz; 1: 689 W, 1892 MHz" into
+ * `out`, or "" when no rank's GPU reported them (no NVML). A collective:
+ * every rank calls it. Two GPUs at their power cap pay for the all-reduce
+ * in clock, each its own (BENCHMARKS.md run 34), which this line shows. */
+static stoke_err *rank_clocks(run_state *s, char *out, size_t cap) {
+  const stoke_summary *sum = s->sum;
+  double *v = malloc(sizeof(double) * 2 * (size_t)s->world);
+  if (!v) return STOKE_ERR(STOKE_E_OOM, "out of memory for %d ranks' power figures", s->world);
+  stoke_err *e = stoke_dp_gather(s->dp, sum->gpu ? sum->gpu_power_w : NAN, v);
+  if (!e) e = stoke_dp_gather(s->dp, sum->gpu ? sum->gpu_sm_clock_mhz : NAN, v + s->world);
+  if (e) {
+    free(v);
+    return stoke_err_wrap(e, __FILE__, __LINE__, "gathering every rank's GPU power and clock");
+  }
+  stoke_power_by_rank(v, v + s->world, s->world, out, cap);
+  free(v);
+  return NULL;
+}
+
+/* Data parallel, at the end: every rank's data wait and GPU power and
+ * clock, and the bus bandwidth of an all-reduce of the whole flat gradient
+ * buffer. */
 static stoke_err *report_ranks(run_state *s) {
   const stoke_summary *sum = s->sum;
   int quiet = s->o->quiet;
@@ -28,6 +50,9 @@ static stoke_err *report_ranks(run_state *s) {
     used += (size_t)snprintf(line + used, sizeof line - used, "%s%d: %.3f s", r ? ", " : "", r, waits[r]);
   free(waits);
   stoke_log(STOKE_LOG_INFO, "dp", "data wait by rank: %s", line);
+  char clocks[1024] = "";
+  STOKE_PROPAGATE(rank_clocks(s, clocks, sizeof clocks));
+  if (clocks[0]) stoke_log(STOKE_LOG_INFO, "dp", "GPU power and SM clock by rank: %s", clocks);
   if (s->world == 1) { /* no all-reduce runs (stoke_dp_attach): nothing to time */
     if (!quiet)
       printf("  data parallel over 1 process: data wait %.3f s; no gradient all-reduce\n", sum->data_wait_s);
@@ -39,6 +64,7 @@ static stoke_err *report_ranks(run_state *s) {
             bytes / 1048576.0, ms, bw, s->world);
   if (!quiet) {
     printf("  data parallel over %d processes: data wait by rank %s\n", s->world, line);
+    if (clocks[0]) printf("  GPU power and SM clock by rank (mean over the logged intervals): %s\n", clocks);
     printf("  gradient all-reduce (%.1f MiB, one call): %.3f ms, bus bandwidth %.1f GB/s\n", bytes / 1048576.0, ms,
            bw);
   }

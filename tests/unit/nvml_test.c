@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <string.h>
 
 #include "stoke/nvml.h"
 
@@ -80,12 +81,29 @@ static void test_visible(void **state) {
   assert_int_equal(stoke_nvml_visible("GPU-0123456789abcdef0123456789abcdef", 0, id, sizeof id), -1);
 }
 
+/* The data-parallel report's line of every rank's power and clock. */
+static void test_power_by_rank(void **state) {
+  (void)state;
+  char out[128];
+  const double w[3] = {687.4, 689.0, NAN}, mhz[3] = {1816.2, 1892.0, 1900.0};
+  stoke_power_by_rank(w, mhz, 3, out, sizeof out);
+  assert_string_equal(out, "0: 687 W, 1816 MHz; 1: 689 W, 1892 MHz; 2: n/a, 1900 MHz");
+  const double none[2] = {NAN, NAN};
+  strcpy(out, "poison");
+  stoke_power_by_rank(none, none, 2, out, sizeof out);
+  assert_string_equal(out, ""); /* no NVML anywhere: no line */
+  char small[12];
+  stoke_power_by_rank(w, mhz, 3, small, sizeof small); /* cut, still a string */
+  assert_int_equal(strlen(small), sizeof small - 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_interval),
       cmocka_unit_test(test_not_counted),
       cmocka_unit_test(test_no_nvml),
       cmocka_unit_test(test_visible),
+      cmocka_unit_test(test_power_by_rank),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -53,4 +53,9 @@ void stoke_nvml_power_limits(stoke_nvml *n, double *limit_w, double *max_sm_mhz)
  * counted): mean power in W and the capped share of dt_s, at most 1. */
 void stoke_power_interval(double dt_s, double d_mj, double d_violation_ns, double *power_w, double *capped);
 
+/* Every rank's mean power (W) and SM clock (MHz), n ranks, as one line
+ * into out (cap bytes, NUL-terminated): "0: 687 W, 1816 MHz; 1: 689 W,
+ * 1892 MHz", n/a for a NaN; "" when every figure is NaN (no NVML). */
+void stoke_power_by_rank(const double *power_w, const double *sm_mhz, int n, char *out, size_t cap);
+
 #endif
