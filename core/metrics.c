@@ -26,7 +26,8 @@ struct stoke_metrics {
   int64_t n_host, cap_host;
   double *rates;       /* samples/s of each logged interval */
   int64_t n_rates, cap_rates;
-  double wait_total, interval_wait, interval_host;
+  double wait_total, wait_first, interval_wait, interval_host;
+  int64_t n_waits;
   int64_t interval_steps;
   double first_loss, last_loss, elapsed;
   int has_loss;
@@ -154,6 +155,7 @@ stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, dou
   m->interval_host += host_s;
   m->interval_wait += wait_s;
   m->wait_total += wait_s;
+  if (m->n_waits++ == 0) m->wait_first = wait_s;
   m->interval_steps++;
   if (!logged) return NULL;
   /* the interval's steps as the device ran them (stoke_metrics_device came first) */
@@ -303,6 +305,7 @@ void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s) {
   s->first_loss = m->first_loss;
   s->final_loss = m->last_loss;
   s->data_wait_s = m->wait_total;
+  s->data_wait_first_s = m->wait_first;
   s->peak_flops = m->o.peak_flops;
   s->mfu = m->o.peak_flops > 0 && s->samples_per_s > 0
                ? m->o.flops_per_step * s->samples_per_s / (double)m->o.samples_per_step / m->o.peak_flops
@@ -341,7 +344,8 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
     fprintf(m->jsonl,
             "{\"summary\": \"%s\", \"steps\": %lld, \"samples\": %lld, \"final_loss\": %s, "
             "\"samples_per_s_median\": %s, \"step_time_ms_p50\": %s, \"step_time_ms_p95\": %s, "
-            "\"step_time_ms_max\": %s, \"host_ms_p50\": %s, \"data_wait_s\": %.4f, \"flops_per_step\": %.6g, "
+            "\"step_time_ms_max\": %s, \"host_ms_p50\": %s, \"data_wait_s\": %.4f, \"data_wait_first_s\": %.4f, "
+            "\"flops_per_step\": %.6g, "
             "\"skipped_samples\": %lld, \"bad_samples\": %lld, "
             "\"eval_loss\": %s, \"eval_accuracy\": %s, \"mfu\": %s, \"gpu_util_mean\": %s, "
             "\"gpu_mem_max_mib\": %s, \"gpu_power_w_mean\": %s, \"gpu_power_limit_w\": %s, "
@@ -351,7 +355,7 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
             status, (long long)s->steps, (long long)s->samples, json_num(s->final_loss, fl, sizeof fl),
             json_fmt(s->samples_per_s, "%.1f", rate, sizeof rate),
             json_num(s->step_ms_p50, f, sizeof f), json_num(s->step_ms_p95, g, sizeof g),
-            json_num(s->step_ms_max, h, sizeof h), json_num(s->host_ms_p50, k, sizeof k), s->data_wait_s, s->flops_per_step, (long long)s->skipped_samples,
+            json_num(s->step_ms_max, h, sizeof h), json_num(s->host_ms_p50, k, sizeof k), s->data_wait_s, s->data_wait_first_s, s->flops_per_step, (long long)s->skipped_samples,
             (long long)s->bad_samples, json_num(s->eval_loss, a, sizeof a), json_num(s->eval_accuracy, b, sizeof b),
             json_num(s->mfu, c, sizeof c), json_num(s->gpu_util_mean, d, sizeof d),
             json_num(s->gpu_mem_max_mib, e, sizeof e), json_num(s->gpu_power_w, pw[0], sizeof pw[0]),
@@ -372,9 +376,11 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
   if (m->o.quiet || err) return err;
   printf("summary (%s): %lld steps, %lld samples, final loss %.4f (first %.4f)\n"
          "  samples/s median %.0f, step time p50 %.3f ms, p95 %.3f ms, max %.3f ms (device)\n"
-         "  host launch time p50 %.3f ms per step, data wait %.3f s total\n",
+         "  host launch time p50 %.3f ms per step, data wait %.3f s total (%.3f s of it in the first step: the "
+         "loader's start)\n",
          status, (long long)s->steps, (long long)s->samples, s->final_loss, s->first_loss,
-         s->samples_per_s, s->step_ms_p50, s->step_ms_p95, s->step_ms_max, s->host_ms_p50, s->data_wait_s);
+         s->samples_per_s, s->step_ms_p50, s->step_ms_p95, s->step_ms_max, s->host_ms_p50, s->data_wait_s,
+         s->data_wait_first_s);
   if (isfinite(s->mfu))
     printf("  MFU %.1f%% of %.0f TFLOP/s (datasheet peak for the precision), %.4g FLOPs per step\n",
            100 * s->mfu, s->peak_flops / 1e12, s->flops_per_step);

@@ -257,6 +257,7 @@ static stoke_err *write_page(FILE *f, const stoke_report *r) {
   row_num(f, "step time max", s->step_ms_max, "%.3f", "ms");
   row_num(f, "host launch time p50", s->host_ms_p50, "%.3f", "ms per step");
   row_num(f, "data wait", s->data_wait_s, "%.3f", "s total");
+  row_num(f, "data wait in the first step (the loader's start)", s->data_wait_first_s, "%.3f", "s");
   row_num(f, "MFU", 100 * s->mfu, "%.1f", "%");
   row_num(f, "final loss", s->final_loss, "%.4f", "");
   row_num(f, "evaluation loss", s->eval_loss, "%.4f", "");

@@ -36,9 +36,11 @@ static stoke_err *rank_clocks(run_state *s, char *out, size_t cap) {
 static stoke_err *report_ranks(run_state *s) {
   const stoke_summary *sum = s->sum;
   int quiet = s->o->quiet;
-  double *waits = malloc(sizeof(double) * (size_t)s->world), ms = 0, bw = 0;
+  /* after the first step (a rank the loader starves) and in it (the loader's start) */
+  double *waits = malloc(sizeof(double) * 2 * (size_t)s->world), ms = 0, bw = 0;
   if (!waits) return STOKE_ERR(STOKE_E_OOM, "out of memory for %d ranks' data waits", s->world);
-  stoke_err *e = stoke_dp_gather(s->dp, sum->data_wait_s, waits);
+  stoke_err *e = stoke_dp_gather(s->dp, sum->data_wait_s - sum->data_wait_first_s, waits);
+  if (!e) e = stoke_dp_gather(s->dp, sum->data_wait_first_s, waits + s->world);
   if (e) {
     free(waits);
     return stoke_err_wrap(e, __FILE__, __LINE__, "gathering every rank's data wait");
@@ -47,15 +49,18 @@ static stoke_err *report_ranks(run_state *s) {
   char line[1024];
   size_t used = 0;
   for (int r = 0; r < s->world && used < sizeof line; r++)
-    used += (size_t)snprintf(line + used, sizeof line - used, "%s%d: %.3f s", r ? ", " : "", r, waits[r]);
+    used += (size_t)snprintf(line + used, sizeof line - used, "%s%d: %.3f s (first step %.3f s)", r ? ", " : "", r,
+                             waits[r], waits[s->world + r]);
   free(waits);
-  stoke_log(STOKE_LOG_INFO, "dp", "data wait by rank: %s", line);
+  stoke_log(STOKE_LOG_INFO, "dp", "data wait after the first step by rank: %s", line);
   char clocks[1024] = "";
   STOKE_PROPAGATE(rank_clocks(s, clocks, sizeof clocks));
   if (clocks[0]) stoke_log(STOKE_LOG_INFO, "dp", "GPU power and SM clock by rank: %s", clocks);
   if (s->world == 1) { /* no all-reduce runs (stoke_dp_attach): nothing to time */
     if (!quiet)
-      printf("  data parallel over 1 process: data wait %.3f s; no gradient all-reduce\n", sum->data_wait_s);
+      printf("  data parallel over 1 process: data wait %.3f s after the first step (first step %.3f s); no gradient "
+             "all-reduce\n",
+             sum->data_wait_s - sum->data_wait_first_s, sum->data_wait_first_s);
     return NULL;
   }
   STOKE_TRY(stoke_dp_bench(s->dp, 20, &ms, &bw), "timing the gradient all-reduce");
@@ -63,7 +68,7 @@ static stoke_err *report_ranks(run_state *s) {
             "all-reduce of the flat gradient buffer (%.1f MiB): %.3f ms, bus bandwidth %.1f GB/s over %d ranks",
             bytes / 1048576.0, ms, bw, s->world);
   if (!quiet) {
-    printf("  data parallel over %d processes: data wait by rank %s\n", s->world, line);
+    printf("  data parallel over %d processes: data wait after the first step by rank %s\n", s->world, line);
     if (clocks[0]) printf("  GPU power and SM clock by rank (mean over the logged intervals): %s\n", clocks);
     printf("  gradient all-reduce (%.1f MiB, one call): %.3f ms, bus bandwidth %.1f GB/s\n", bytes / 1048576.0, ms,
            bw);

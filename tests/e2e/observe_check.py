@@ -89,6 +89,14 @@ if evs:
         same("eval/accuracy", "eval_accuracy", evals)
     else:
         print("(no evaluation in this run: eval/* not checked)")
+# ------------------------------------------------------------ the data wait: the first step's apart
+first_row = [r for r in steps if r.get("step") == 1]
+fw, tw = summary.get("data_wait_first_s"), summary.get("data_wait_s")
+check("summary: the first step's data wait is part of the total",
+      fw is not None and tw is not None and 0 <= fw <= tw + 1e-4, (fw, tw))
+if first_row:  # step 1 logged alone: its row's wait is the first step's
+    check("summary: the first step's data wait is step 1's row's",
+          abs(1e3 * fw - first_row[0]["data_wait_ms"]) < 0.1, (fw, first_row[0]["data_wait_ms"]))
 # ------------------------------------------------------------ GPU power (NVML's counters)
 power = [r.get("gpu_power_w") for r in steps]
 if summary.get("gpu_power_w_mean") is None:

@@ -23,6 +23,8 @@ typedef struct stoke_summary {
   double step_ms_p50, step_ms_p95, step_ms_max;
   double host_ms_p50;     /* the host's time issuing a step (launches), the data wait excluded */
   double data_wait_s;     /* total time the step waited for data */
+  double data_wait_first_s; /* of it, the first step's: the loader's start and its first batch (a GPU run's
+                               ResNet-50: about 1 s of synthetic images, then nothing) */
   double flops_per_step;
   int64_t skipped_samples; /* reads of unreadable samples (each time one came up) */
   int64_t bad_samples;     /* the distinct unreadable samples among them */
