@@ -27,7 +27,6 @@ struct stoke_metrics {
   double *rates;       /* samples/s of each logged interval */
   int64_t n_rates, cap_rates;
   double wait_total, wait_first, interval_wait, interval_host;
-  int64_t n_waits;
   int64_t interval_steps;
   double first_loss, last_loss, elapsed;
   int has_loss;
@@ -155,7 +154,7 @@ stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, dou
   m->interval_host += host_s;
   m->interval_wait += wait_s;
   m->wait_total += wait_s;
-  if (m->n_waits++ == 0) m->wait_first = wait_s;
+  if (step == m->o.start_step + 1) m->wait_first = wait_s; /* this run's first step (a resume's too) */
   m->interval_steps++;
   if (!logged) return NULL;
   /* the interval's steps as the device ran them (stoke_metrics_device came first) */

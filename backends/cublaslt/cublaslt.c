@@ -107,7 +107,6 @@ const stoke_host_v1 *stoke_host;
  * events; the fastest call counts. */
 #define LT_TUNE_MAX 16
 #define LT_TUNE_REPS 3
-#define LT_TUNE_SEED 0x5eedu /* the scratch operands' values (tune_fill.h): the same every run */
 #define LT_CACHE_MAX 256
 
 /* What identifies a product for the choice cache: everything its matmul
@@ -407,7 +406,7 @@ static cudaError_t timing_open(lt_timing *t, size_t bytes, stoke_dtype dt, cudaS
     t->buf = NULL;
     return cudaErrorMemoryAllocation;
   }
-  cudaError_t ce = stoke_cuda_tune_fill(t->buf, bytes, dt, LT_TUNE_SEED, st);
+  cudaError_t ce = stoke_cuda_tune_fill(t->buf, bytes, dt, STOKE_TUNE_FILL_SEED, st);
   for (; ce == cudaSuccess && t->n_ev <= LT_TUNE_REPS; t->n_ev++) ce = cudaEventCreate(&t->ev[t->n_ev]);
   return ce;
 }

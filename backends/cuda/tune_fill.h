@@ -35,6 +35,10 @@ STOKE_TUNE_FILL_FN float stoke_tune_fill_value(uint64_t i, uint32_t seed) {
   return (float)(h >> 8) * (1.0f / 8388608.0f) - 1.0f;
 }
 
+/* The seed every autotune fills its operands with: the same values every
+ * run, so a run's choices do not depend on when it ran. */
+#define STOKE_TUNE_FILL_SEED 0x5eedu
+
 /* `bytes` at p: elements of dt (STOKE_F32, STOKE_BF16 or STOKE_F16) with
  * stoke_tune_fill_value, and any bytes after the last whole element zero.
  * Another dtype: every byte 0x3c (the constant the tuners used before).

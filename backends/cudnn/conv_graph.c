@@ -470,8 +470,8 @@ static stoke_err *run_wgrad(const stoke_kernel_args_v1 *a, const gconv_state *st
     STOKE_CUDA(stoke_cudnn_unfold(a->in[0].data, ws + st->u_xu_off, &st->ug, stream));
     void *ptrs[3] = {ws + st->u_xu_off, ws, dy};
     STOKE_PROPAGATE_P(cg_execute(st->eng, st->wgrad, ptrs, plan_ws, stream, st->ctx));
-    stoke_dtype dt = st->data == CUDNN_DATA_HALF ? STOKE_F16 : STOKE_BF16; /* the unfolded path is 16-bit only */
-    STOKE_CUDA(stoke_cudnn_unfold_unpack_dw(ws, dw, &st->ug, dt, beta, stream));
+    /* the unfolded path is 16-bit only (unfold_eligible) */
+    STOKE_CUDA(stoke_cudnn_unfold_unpack_dw(ws, dw, &st->ug, cg_stoke_dtype(st->data), beta, stream));
     return NULL;
   }
   /* straight into dW when its layout is the plan's and nothing accumulates */

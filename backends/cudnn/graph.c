@@ -382,7 +382,7 @@ static stoke_err *tune_alloc(const cg_graph *g, const cg_plan *shape, tune_mem *
     }
     /* values of the tensor's type uniform in [-1, 1): constants run faster than the step's data
        (backends/cuda/tune_fill.cu) */
-    stoke_cuda_tune_fill(t->ptrs[k], g->bytes[i], cg_stoke_dtype(g->dt[i]), CG_TUNE_SEED + (uint32_t)i, s);
+    stoke_cuda_tune_fill(t->ptrs[k], g->bytes[i], cg_stoke_dtype(g->dt[i]), STOKE_TUNE_FILL_SEED + (uint32_t)i, s);
     k++;
   }
   (void)shape;

@@ -16,7 +16,6 @@
 #define CG_MAX_TENSORS 24
 #define CG_MAX_OPS 16
 #define CG_MAX_OTHER 16
-#define CG_TUNE_SEED 0x5eedu /* the autotune's operand values (tune_fill.h), the same every run */
 
 /* A graph under construction: every descriptor made for it, destroyed
  * together by cg_graph_free (the plan keeps what it needs). */

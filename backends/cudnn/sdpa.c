@@ -656,7 +656,7 @@ static stoke_err *time_plans(sdpa_state *st, cudnn_engine *eng, bdesc *plans, in
       e = STOKE_PERR(STOKE_E_OOM, "cudnn attention '%s': autotune: no device memory for %zu B of temporaries",
                      st->node, bytes[i]);
     else
-      stoke_cuda_tune_fill(r.p[i], bytes[i], kind[i], CG_TUNE_SEED + (uint32_t)i, (cudaStream_t)stream);
+      stoke_cuda_tune_fill(r.p[i], bytes[i], kind[i], STOKE_TUNE_FILL_SEED + (uint32_t)i, (cudaStream_t)stream);
   }
   for (int k = 0; k < n && !e; k++) {
     r.plan = plans[k], r.ws = ws[k];
