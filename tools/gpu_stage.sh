@@ -30,7 +30,7 @@ cp /usr/share/datasets/fashion-mnist/*.gz $ST/data/ 2>/dev/null || true
 mkdir -p $ST/photos && cp ../shared/data/photos/*.jpg $ST/photos/ 2>/dev/null || true
 cp -r examples $ST/
 cp tools/gpu_check.sh tools/gpu_suite.sh tools/loss_curves.py tools/conv_bench_torch.py tools/torch_op_profile.py tools/kernel_trace.py tools/resnet_matrix_torch.py tools/gpt_ckpt_torch.py tools/test_margins.py \
-  tests/e2e/observe_check.py tests/e2e/tfevents.py tools/trace_svg.py tools/nccl_graph_check.py tools/gpt_ddp_torch.py \
+  tests/e2e/observe_check.py tests/e2e/tfevents.py tools/trace_svg.py tools/nccl_graph_check.py tools/gpt_ddp_torch.py tools/gpt_shapes_torch.py \
   tools/ncu_summary.py tools/gemm_torch.py tools/overlap_torch.py tools/ce_overlap_torch.py $ST/
 # shared libraries the GPU machine (Ubuntu 24.04) may lack: cmocka for the
 # test binaries, the CUDA 13 runtime the plugins were built against

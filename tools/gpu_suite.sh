@@ -161,6 +161,11 @@
 #             (NCCL_MAX_NCHANNELS, run.bucket_mb), DDP_GPT_STEPS its length;
 #             DDP_GPT_TORCH=1 adds PyTorch DDP (tools/gpt_ddp_torch.py, eager and
 #             compiled, 1 and 2 GPUs) for the scaling beside stoke's
+#   gpt_shapes  GPT shapes outside BENCH.md's suite (GPT_SHAPES: cells
+#             B:T:L:H:D:V, sequences, context, layers, heads, width, padded
+#             vocabulary): stoke (gpt2_124m.ini with those keys) against
+#             torch.compile (tools/gpt_shapes_torch.py: the anchor's model at
+#             that size) in tokens/s and peak memory, one table
 #   ddp_gpt_rounds  the same scaling with the 1- and 2-GPU runs interleaved
 #             (DDP_GPT_ROUNDS, 3; DDP_GPT_STEPS, 60): each round's and the median
 #   ddp_graph_diag  where a 2-GPU run with cuda_graph = true stops: the mlp on
@@ -860,6 +865,45 @@ for mode in ("bf16", "bf16+compile"):
               f"scaling {100 * r[mode, 2] / (2 * r[mode, 1]):.1f}%")
 PY
       fi
+      ;;
+    gpt_shapes) # GPT shapes outside the suite: stoke against torch.compile, tokens/s and memory, per cell
+      cells=${GPT_SHAPES:-"8:1024:24:16:1024:50304 32:512:12:12:768:50304 16:1024:12:6:768:50304 8:2048:12:12:768:50304 64:256:6:6:384:256 24:300:4:5:320:1024"}
+      for c in $cells; do
+        IFS=: read -r b t l h d v <<< "$c"
+        cls=$v; [ "$v" = 50304 ] && cls=50257 # GPT-2's vocabulary, padded to 50304 by the model as nanoGPT does
+        o="$OUT/gshape_$(echo $c | tr : _)"
+        timeout 200 "$T" "$S/examples/gpt2_124m.ini" run.checkpoint=false run.progress=off run.steps=${GPT_SHAPES_STEPS:-40} \
+          run.out_dir="$o" data.batch_size=$b data.shape=$((t + 1)) data.classes=$cls model.context=$t model.n_layer=$l \
+          model.n_head=$h model.n_embd=$d > "$o.log" 2>&1
+        echo "stoke gpt $c rc=$? $(grep -hE '^stoke: error' "$o.log" | head -1)"
+      done
+      [ "${GPT_SHAPES_TORCH:-1}" = 1 ] && timeout "${GPT_SHAPES_S:-420}" python3 "$HERE/gpt_shapes_torch.py" "$S/anchors" \
+        "$OUT/gpt_shapes_torch.jsonl" $cells 2>&1 | grep -v -i warn | tail -20
+      python3 - "$OUT" $cells <<'PY'
+import json, os, sys
+out, cells = sys.argv[1], sys.argv[2:]
+def stoke(c):
+    try:
+        r = [json.loads(l) for l in open(f"{out}/gshape_{c.replace(':', '_')}/metrics.jsonl") if '"summary"' in l][-1]
+        return r["samples_per_s_median"] * int(c.split(":")[1]), (r.get("device_alloc_mib") or 0) * 1048576 / 1e9
+    except (OSError, IndexError, ValueError, KeyError, TypeError):
+        return None, None
+torch = {}
+if os.path.exists(f"{out}/gpt_shapes_torch.jsonl"):
+    for l in open(f"{out}/gpt_shapes_torch.jsonl"):
+        r = json.loads(l)
+        torch[r["cell"]] = r
+f = lambda v: f"{v:,.0f}" if v else "-"
+print("| B | T | layers | heads | width | vocab | stoke tokens/s | GB | torch.compile tokens/s | peak GB | ratio |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for c in cells:
+    s, mem = stoke(c)
+    t = torch.get(c, {})
+    tt = t.get("tokens_per_s")
+    ratio = f"{s / tt:.3f}" if s and tt else "-"
+    print(f"| {' | '.join(c.split(':'))} | {f(s)} | {mem or 0:.2f} | {f(tt) if tt else t.get('error', '-')} | "
+          f"{t.get('peak_mem_gb', '-')} | {ratio} |")
+PY
       ;;
     ddp_gpt_rounds) # issue 12's scaling, interleaved: 1 GPU and 2 GPUs alternately DDP_GPT_ROUNDS times (3), so
       # that clock drift between two long runs (seen: 31.5 -> 32.6 ms over 80 steps on one GPU) is in both
