@@ -5,7 +5,9 @@ autocast, fused AdamW, clipping at 1.0, random tokens on each GPU, B
 sequences per GPU: tokens/s over all ranks, so that stoke's scaling is read
 beside PyTorch's on the same machine (gpu_suite ddp_gpt, DDP_GPT_TORCH=1).
 Run: torchrun --nproc_per_node=N gpt_ddp_torch.py ANCHORS_DIR OUT.jsonl [mode]
-  mode: bf16 | bf16+compile   Env: B, T, STEPS, WARMUP (gpt_bench's)."""
+  mode: bf16 | bf16+compile   Env: B, T, STEPS, WARMUP (gpt_bench's); ACCUM
+  micro-batches a step (1), all but the last under DDP's no_sync(), as
+  nanoGPT's train.py accumulates (its loss divided by ACCUM)."""
 import json, os, sys, time
 
 sys.path.insert(0, sys.argv[1])
@@ -30,11 +32,20 @@ g = torch.Generator(device="cuda").manual_seed(1 + rank)  # each rank its own to
 x = torch.randint(0, gb.V, (gb.B, gb.T), device="cuda", generator=g)
 y = torch.randint(0, gb.V, (gb.B, gb.T), device="cuda", generator=g)
 
+accum = int(os.environ.get("ACCUM", 1))
+
+def micro(k):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = f(x, y) / accum
+    loss.backward()
+    return loss
+
 def step():
     opt.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = f(x, y)
-    loss.backward()
+    for k in range(accum - 1):
+        with ddp.no_sync():  # the gradients stay local until the last micro-batch
+            micro(k)
+    loss = micro(accum - 1)
     torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
     opt.step()
     return loss
@@ -48,8 +59,8 @@ for _ in range(steps): loss = step()
 e1.record(); torch.cuda.synchronize()
 ms = e0.elapsed_time(e1) / steps
 if rank == 0:
-    r = {"workload": "gpt2_124m_ddp", "mode": mode, "world": world, "B_per_gpu": gb.B, "T": gb.T,
-         "step_ms": round(ms, 2), "tokens_per_s_total": round(world * gb.B * gb.T / (ms / 1e3)),
+    r = {"workload": "gpt2_124m_ddp", "mode": mode, "world": world, "B_per_gpu": gb.B, "T": gb.T, "accumulate": accum,
+         "step_ms": round(ms, 2), "tokens_per_s_total": round(world * accum * gb.B * gb.T / (ms / 1e3)),
          "loss": float(loss), "torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
     print(json.dumps(r), flush=True)
     open(sys.argv[2], "a").write(json.dumps(r) + "\n")

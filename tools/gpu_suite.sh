@@ -161,6 +161,8 @@
 #             (NCCL_MAX_NCHANNELS, run.bucket_mb), DDP_GPT_STEPS its length;
 #             DDP_GPT_TORCH=1 adds PyTorch DDP (tools/gpt_ddp_torch.py, eager and
 #             compiled, 1 and 2 GPUs) for the scaling beside stoke's
+#             DDP_GPT_ACCUM micro-batches a step (both sides; PyTorch's under
+#             no_sync), DDP_GPT_TORCH_MODES (bf16 bf16+compile)
 #   gpt_shapes  GPT shapes outside BENCH.md's suite (GPT_SHAPES: cells
 #             B:T:L:H:D:V, sequences, context, layers, heads, width, padded
 #             vocabulary): stoke (gpt2_124m.ini with those keys) against
@@ -838,7 +840,10 @@ PY
     ddp_gpt) # issue 12: GPT-2 124M bf16, B=16 per GPU, 1 and 2 GPUs (the scaling goal: >= 98%); variants
       # label:environment:overrides for the 2-GPU run (DDP_GPT_VARIANTS), e.g. NCCL's channel count
       log "gpt2_124m bf16 B=16 per GPU: 1 and 2 GPUs"
+      # DDP_GPT_ACCUM: micro-batches a step (nanoGPT's 0.5M-token batch is 16 of 16 x 1024 on 2 GPUs); only the
+      # last all-reduces, in stoke and in PyTorch (no_sync)
       g="$S/examples/gpt2_124m.ini run.checkpoint=false run.progress=off run.steps=${DDP_GPT_STEPS:-40}"
+      g="$g run.accumulate=${DDP_GPT_ACCUM:-1} run.log_every=${DDP_GPT_LOG:-10}"
       timeout 150 $T $g run.out_dir=$OUT/gpt1 > $OUT/gpt1.log 2>&1; echo "1 GPU rc=$?"
       for v in ${DDP_GPT_VARIANTS:-default::}; do
         IFS=: read label envs over <<< "$v"
@@ -849,9 +854,9 @@ PY
       done
       if [ "${DDP_GPT_TORCH:-0}" = 1 ]; then # PyTorch DDP on the same machine, 1 and 2 GPUs (eager and compiled)
         rm -f $OUT/gpt_ddp_torch.jsonl
-        for mode in bf16 bf16+compile; do
+        for mode in ${DDP_GPT_TORCH_MODES:-bf16 bf16+compile}; do
           for n in 1 2; do
-            B=16 timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node=$n "$HERE/gpt_ddp_torch.py" \
+            B=16 ACCUM=${DDP_GPT_ACCUM:-1} timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node=$n "$HERE/gpt_ddp_torch.py" \
               "$S/anchors" $OUT/gpt_ddp_torch.jsonl $mode > $OUT/gpt_ddp_torch_${mode}_$n.log 2>&1
             echo "pytorch DDP $mode $n GPU(s) rc=$?"
           done
@@ -859,9 +864,10 @@ PY
         python3 - $OUT/gpt_ddp_torch.jsonl <<'PY'
 import json, sys
 r = {(d["mode"], d["world"]): d["tokens_per_s_total"] for d in map(json.loads, open(sys.argv[1]))}
+acc = {d["mode"]: d.get("accumulate", 1) for d in map(json.loads, open(sys.argv[1]))}
 for mode in ("bf16", "bf16+compile"):
     if (mode, 1) in r and (mode, 2) in r:
-        print(f"pytorch DDP GPT-2 124M {mode} B=16/GPU: 1 GPU {r[mode, 1]} tokens/s, 2 GPUs {r[mode, 2]}, "
+        print(f"pytorch DDP GPT-2 124M {mode} B=16/GPU x {acc.get(mode, 1)} micro-batches: 1 GPU {r[mode, 1]} tokens/s, 2 GPUs {r[mode, 2]}, "
               f"scaling {100 * r[mode, 2] / (2 * r[mode, 1]):.1f}%")
 PY
       fi
