@@ -155,7 +155,7 @@
 #             2-GPU checkpoint resumed on 1 GPU), ddp_kill (a killed rank ends
 #             the other within comm_timeout), ddp_bench (all-reduce bus
 #             bandwidth of a 234 MB gradient buffer; ResNet-50 bf16 256/GPU on
-#             1 and 2 GPUs beside PyTorch DDP)
+#             1 and 2 GPUs beside PyTorch DDP; each GPU alone, DDP_BOTH=0 GPU 0 only)
 #   ddp_gpt   GPT-2 124M bf16 B=16 per GPU on 1 and 2 GPUs: tokens/s and scaling;
 #             DDP_GPT_VARIANTS (label:environment:overrides) A/B the 2-GPU run
 #             (NCCL_MAX_NCHANNELS, run.bucket_mb), DDP_GPT_STEPS its length;
@@ -163,6 +163,8 @@
 #             compiled, 1 and 2 GPUs) for the scaling beside stoke's
 #             DDP_GPT_ACCUM micro-batches a step (both sides; PyTorch's under
 #             no_sync), DDP_GPT_TORCH_MODES (bf16 bf16+compile)
+#             DDP_GPT_BOTH=0 runs GPU 0 alone only (default: both GPUs alone,
+#             the reference their mean)
 #   gpt_shapes  GPT shapes outside BENCH.md's suite (GPT_SHAPES: cells
 #             B:T:L:H:D:V, sequences, context, layers, heads, width, padded
 #             vocabulary): stoke (gpt2_124m.ini with those keys) against
@@ -191,16 +193,24 @@ export NCCL_NVLS_ENABLE=0 # KINDS.md: multicast stays off
 # data parallel checks: a small mlp read through the loader (each rank its shard)
 MLP="$S/examples/mlp.ini run.backends=cublaslt,cuda run.log_every=10 run.progress=lines data.on_device=false
      data.shape=256 data.classes=100 model.hidden=1024,1024 optimizer.lr=0.05"
-# scaling ONE_GPU_DIR TWO_GPU_DIR PER_SAMPLE UNIT: "1 GPU X UNIT, 2 GPUs Y (Z per GPU), scaling S%" from the two
-# runs' summaries (samples/s median over logged intervals, times PER_SAMPLE: 1024 tokens a GPT-2 sequence)
+# scaling ONE_GPU_DIR[,ONE_GPU_DIR...] TWO_GPU_DIR PER_SAMPLE UNIT: "1 GPU X UNIT, 2 GPUs Y (Z per GPU), scaling S%"
+# from the runs' summaries (samples/s median over logged intervals, times PER_SAMPLE: 1024 tokens a GPT-2
+# sequence). Given each GPU's run alone (GPU 0's, GPU 1's), the reference is their mean, and the scaling against
+# each is printed too: two boards of one machine differ by 1-2% at the power cap (run 35), and the ranks go at
+# the slower one's pace
 scaling() {
   python3 - "$@" <<'PY'
 import json, sys
 def rate(d):
     try: return [json.loads(l) for l in open(d + "/metrics.jsonl") if '"summary"' in l][-1]["samples_per_s_median"] * float(sys.argv[3])
     except Exception: return float("nan")
-one, two = rate(sys.argv[1]), rate(sys.argv[2])
-print(f"1 GPU {one:.0f} {sys.argv[4]}, 2 GPUs {two:.0f} ({two/2:.0f} per GPU), scaling {100*two/(2*one):.1f}%")
+ones, two = [rate(d) for d in sys.argv[1].split(",")], rate(sys.argv[2])
+one = sum(ones) / len(ones)
+each = ""
+if len(ones) > 1:
+    each = " (" + ", ".join(f"GPU {i} alone {v:.0f}: {100 * two / (2 * v):.1f}%" for i, v in enumerate(ones)) + ")"
+print(f"1 GPU {one:.0f} {sys.argv[4]}{' (mean of the GPUs alone)' if len(ones) > 1 else ''}, 2 GPUs {two:.0f} "
+      f"({two/2:.0f} per GPU), scaling {100*two/(2*one):.1f}%{each}")
 PY
 }
 # compare A.safetensors B.safetensors LABEL: the worst relative difference of the weights and of the optimizer state
@@ -845,12 +855,17 @@ PY
       g="$S/examples/gpt2_124m.ini run.checkpoint=false run.progress=off run.steps=${DDP_GPT_STEPS:-40}"
       g="$g run.accumulate=${DDP_GPT_ACCUM:-1} run.log_every=${DDP_GPT_LOG:-10}"
       timeout 150 $T $g run.out_dir=$OUT/gpt1 > $OUT/gpt1.log 2>&1; echo "1 GPU rc=$?"
+      one=$OUT/gpt1
+      if [ "${DDP_GPT_BOTH:-1}" = 1 ]; then # GPU 1 alone too: the reference is both boards' mean
+        CUDA_VISIBLE_DEVICES=1 timeout 150 $T $g run.out_dir=$OUT/gpt1b > $OUT/gpt1b.log 2>&1; echo "1 GPU (GPU 1) rc=$?"
+        one=$OUT/gpt1,$OUT/gpt1b
+      fi
       for v in ${DDP_GPT_VARIANTS:-default::}; do
         IFS=: read label envs over <<< "$v"
         timeout 200 env $envs $S/bin/launch --gpus 2 $g $over run.out_dir=$OUT/gpt2_$label > $OUT/gpt2_$label.log 2>&1
         echo "2 GPUs $label ($envs $over) rc=$?"
         grep -hE "^data parallel:|gradient all-reduce" $OUT/gpt2_$label.log | head -3
-        echo "stoke GPT-2 124M bf16 B=16/GPU $label: $(scaling $OUT/gpt1 $OUT/gpt2_$label 1024 tokens/s)"
+        echo "stoke GPT-2 124M bf16 B=16/GPU $label: $(scaling $one $OUT/gpt2_$label 1024 tokens/s)"
       done
       if [ "${DDP_GPT_TORCH:-0}" = 1 ]; then # PyTorch DDP on the same machine, 1 and 2 GPUs (eager and compiled)
         rm -f $OUT/gpt_ddp_torch.jsonl
@@ -1032,10 +1047,15 @@ PY
       for v in ${DDP_VARIANTS:-graph:: eager::run.cuda_graph=false}; do
         IFS=: read label envs over <<< "$v"
         timeout 120 $T $rn $over run.out_dir=$OUT/rn1_$label > $OUT/rn1_$label.log 2>&1; echo "stoke 1 GPU $label rc=$?"
+        one=$OUT/rn1_$label
+        if [ "${DDP_BOTH:-1}" = 1 ]; then # GPU 1 alone too (see scaling)
+          CUDA_VISIBLE_DEVICES=1 timeout 120 $T $rn $over run.out_dir=$OUT/rn1b_$label > $OUT/rn1b_$label.log 2>&1
+          echo "stoke 1 GPU (GPU 1) $label rc=$?"; one=$one,$OUT/rn1b_$label
+        fi
         timeout 150 env $envs $S/bin/launch --gpus 2 $rn $over run.bucket_mb=${DDP_BUCKET_MB:-25} \
           run.out_dir=$OUT/rn2_$label > $OUT/rn2_$label.log 2>&1
         echo "stoke 2 GPUs $label ($envs): rc=$?"; grep -hE "^data parallel:|gradient all-reduce|data parallel over" $OUT/rn2_$label.log
-        echo "stoke ResNet-50 bf16 $label: $(scaling $OUT/rn1_$label $OUT/rn2_$label 1 img/s)"
+        echo "stoke ResNet-50 bf16 $label: $(scaling $one $OUT/rn2_$label 1 img/s)"
       done
       rm -f $OUT/ddp_anchor.jsonl
       for n in ${DDP_ANCHOR:-1 2}; do
