@@ -52,10 +52,11 @@ static stoke_err *report_ranks(run_state *s) {
     used += (size_t)snprintf(line + used, sizeof line - used, "%s%d: %.3f s (first step %.3f s)", r ? ", " : "", r,
                              waits[r], waits[s->world + r]);
   free(waits);
-  stoke_log(STOKE_LOG_INFO, "dp", "data wait after the first step by rank: %s", line);
+  /* gathered: every rank holds the same lines; rank 0 logs them (once on a launcher's shared terminal) */
+  if (s->rank == 0) stoke_log(STOKE_LOG_INFO, "dp", "data wait after the first step by rank: %s", line);
   char clocks[1024] = "";
   STOKE_PROPAGATE(rank_clocks(s, clocks, sizeof clocks));
-  if (clocks[0]) stoke_log(STOKE_LOG_INFO, "dp", "GPU power and SM clock by rank: %s", clocks);
+  if (clocks[0] && s->rank == 0) stoke_log(STOKE_LOG_INFO, "dp", "GPU power and SM clock by rank: %s", clocks);
   if (s->world == 1) { /* no all-reduce runs (stoke_dp_attach): nothing to time */
     if (!quiet)
       printf("  data parallel over 1 process: data wait %.3f s after the first step (first step %.3f s); no gradient "
