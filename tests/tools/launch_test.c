@@ -186,6 +186,16 @@ static void test_visible_devices(void **state) {
                      sizeof out);
   assert_int_equal(rc, 2);
   EXPECT_HAS(out, "no GPU found (CUDA_VISIBLE_DEVICES");
+  /* CUDA stops at the first entry that is not a device: two GPUs here, not four; UUIDs and spaces count as CUDA
+   * reads them */
+  rc = run_child_env(LAUNCH, (const char *const[]){"--", "/bin/true", NULL}, "CUDA_VISIBLE_DEVICES=0,1,x,2", out,
+                     sizeof out);
+  assert_int_equal(rc, 0);
+  EXPECT_HAS(out, "2 processes on this node (ranks 0 to 1 of 2)");
+  rc = run_child_env(LAUNCH, (const char *const[]){"--", "/bin/true", NULL},
+                     "CUDA_VISIBLE_DEVICES= GPU-5d1f0a2b, MIG-9c1e ,3,1a", out, sizeof out);
+  assert_int_equal(rc, 0);
+  EXPECT_HAS(out, "3 processes on this node (ranks 0 to 2 of 3)");
   /* more entries than a node's ranks: refused (the ranks' table overflowed) */
   static char many[2000];
   size_t used = (size_t)snprintf(many, sizeof many, "CUDA_VISIBLE_DEVICES=0");
