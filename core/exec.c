@@ -93,6 +93,52 @@ static void *engine_self(const stoke_plan *p, const stoke_kernel_v1 *k) {
   return NULL;
 }
 
+/* The next backend in [run] backends, after the one of n's kernel, with a
+ * kernel for n that gives what the compiler counted on from the first:
+ * adding into the gradients it marked (din_accumulate) and the forward in
+ * the backward's call. NULL when none has. */
+static const stoke_kernel_v1 *next_kernel(const stoke_plan *p, const stoke_gnode *n) {
+  const stoke_graph *g = p->g;
+  const stoke_value *x = &g->values[n->in[0]];
+  int i = 0;
+  while (i < p->opts.n_engines && strcmp(p->opts.engines[i], n->kernel->engine)) i++;
+  for (i++; i < p->opts.n_engines; i++) {
+    const stoke_kernel_v1 *k = stoke_find_kernel(g->reg, p->opts.engines[i], n->n.op, n->pass, x->dtype, x->layout);
+    if (!k || (k->accumulates & n->din_accumulate) != n->din_accumulate) continue;
+    if (n->pass == STOKE_BWD && n->with_forward && !(k->caps & STOKE_KCAP_WITH_FORWARD)) continue;
+    return k;
+  }
+  return NULL;
+}
+
+/* Plan node n's kernel. A plan() that returns STOKE_E_UNSUPPORTED declines
+ * the node (a shape or attribute that backend has no kernel for: cuDNN's
+ * flash attention with a head size over 128, say) and the node goes to the
+ * next backend in [run] backends with a kernel for it, as PyTorch's SDPA
+ * falls back from flash attention to another kernel; a warning says which
+ * node, who declined it, why and who runs it. Any other error, or no
+ * backend left, fails the plan with the decliner's reason. */
+static stoke_err *plan_node(stoke_plan *p, stoke_gnode *n, node_args *na) {
+  while (n->kernel->plan) {
+    n->kstate = NULL, n->workspace = 0;
+    stoke_err *e = n->kernel->plan(&na->a, &n->kstate, &n->workspace);
+    if (!e) return NULL;
+    const stoke_kernel_v1 *next = e->code == STOKE_E_UNSUPPORTED ? next_kernel(p, n) : NULL;
+    if (!next)
+      return stoke_err_wrap(e, __FILE__, __LINE__, "planning kernel of node '%s' (%s%s)", n->n.name,
+                            n->kernel->engine,
+                            e->code == STOKE_E_UNSUPPORTED ? "; no backend after it in [run] backends has a kernel "
+                                                             "for the node"
+                                                           : "");
+    stoke_log(STOKE_LOG_WARN, "plan", "node '%s' (%s %s): %s declined it (%s); %s runs it", n->n.name, n->n.op,
+              n->pass == STOKE_BWD ? "backward" : "forward", n->kernel->engine, e->msg, next->engine);
+    stoke_err_free(e);
+    n->kernel = next;
+    na->a.engine = engine_self(p, next);
+  }
+  return NULL;
+}
+
 /* Parameters (and state) are drawn on the host in f64 from one stream per
  * value, seeded by (seed, index), so any backend starts identically. */
 static stoke_err *init_params(stoke_exec *x, uint64_t seed, stoke_buffer_id buf) {
@@ -392,11 +438,8 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
         .param_grads = na->a.param_grads, .training = p->opts.training,
         .engine = engine_self(p, n->kernel), .flags = p->opts.flags, .stream = x->stream,
         .din_accumulate = n->din_accumulate, .with_forward = n->pass == STOKE_BWD && n->with_forward};
-    if (n->kernel->plan) {
-      e = n->kernel->plan(&na->a, &n->kstate, &n->workspace);
-      if (e) e = stoke_err_wrap(e, __FILE__, __LINE__, "planning kernel of node '%s' (%s)", n->n.name, n->kernel->engine);
-      if (n->workspace > p->workspace_bytes) p->workspace_bytes = n->workspace;
-    }
+    e = plan_node(p, n, na);
+    if (!e && n->workspace > p->workspace_bytes) p->workspace_bytes = n->workspace;
   }
   if (!e) e = prepare_update(x);
   if (!e) e = dev_alloc(x, p->workspace_bytes, &x->workspace, "kernel workspace");
