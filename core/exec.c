@@ -111,14 +111,29 @@ static const stoke_kernel_v1 *next_kernel(const stoke_plan *p, const stoke_gnode
   return NULL;
 }
 
+/* Whether `share`'s plan (the training plan an evaluation plan shares its
+ * parameters with) runs n's namesake on `engine`: it moved there too, and
+ * its warning was given. */
+static int moved_before(const stoke_exec *share, const stoke_gnode *n, const char *engine) {
+  const stoke_graph *g = share ? share->p->g : NULL;
+  for (int i = 0; g && i < g->n_nodes; i++) {
+    const stoke_gnode *m = &g->nodes[i];
+    if (m->pass == n->pass && m->kernel && !strcmp(m->n.name, n->n.name) && !strcmp(m->kernel->engine, engine))
+      return 1;
+  }
+  return 0;
+}
+
 /* Plan node n's kernel. A plan() that returns STOKE_E_UNSUPPORTED declines
  * the node (a shape or attribute that backend has no kernel for: cuDNN's
  * flash attention with a head size over 128, say) and the node goes to the
  * next backend in [run] backends with a kernel for it, as PyTorch's SDPA
  * falls back from flash attention to another kernel; a warning says which
- * node, who declined it, why and who runs it. Any other error, or no
- * backend left, fails the plan with the decliner's reason. */
-static stoke_err *plan_node(stoke_plan *p, stoke_gnode *n, node_args *na) {
+ * node, who declined it, why and who runs it, once: an evaluation plan
+ * whose training plan moved the same node says it at debug level. Any
+ * other error, or no backend left, fails the plan with the decliner's
+ * reason. */
+static stoke_err *plan_node(stoke_plan *p, const stoke_exec *share, stoke_gnode *n, node_args *na) {
   while (n->kernel->plan) {
     n->kstate = NULL, n->workspace = 0;
     stoke_err *e = n->kernel->plan(&na->a, &n->kstate, &n->workspace);
@@ -130,7 +145,8 @@ static stoke_err *plan_node(stoke_plan *p, stoke_gnode *n, node_args *na) {
                             e->code == STOKE_E_UNSUPPORTED ? "; no backend after it in [run] backends has a kernel "
                                                              "for the node"
                                                            : "");
-    stoke_log(STOKE_LOG_WARN, "plan", "node '%s' (%s %s): %s declined it (%s); %s runs it", n->n.name, n->n.op,
+    stoke_log(moved_before(share, n, next->engine) ? STOKE_LOG_DEBUG : STOKE_LOG_WARN, "plan",
+              "node '%s' (%s %s): %s declined it (%s); %s runs it", n->n.name, n->n.op,
               n->pass == STOKE_BWD ? "backward" : "forward", n->kernel->engine, e->msg, next->engine);
     stoke_err_free(e);
     n->kernel = next;
@@ -438,7 +454,7 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
         .param_grads = na->a.param_grads, .training = p->opts.training,
         .engine = engine_self(p, n->kernel), .flags = p->opts.flags, .stream = x->stream,
         .din_accumulate = n->din_accumulate, .with_forward = n->pass == STOKE_BWD && n->with_forward};
-    e = plan_node(p, n, na);
+    e = plan_node(p, share, n, na);
     if (!e && n->workspace > p->workspace_bytes) p->workspace_bytes = n->workspace;
   }
   if (!e) e = prepare_update(x);

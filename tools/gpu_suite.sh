@@ -893,8 +893,9 @@ PY
         IFS=: read -r b t l h d v <<< "$c"
         cls=$v; [ "$v" = 50304 ] && cls=50257 # GPT-2's vocabulary, padded to 50304 by the model as nanoGPT does
         o="$OUT/gshape_$(echo $c | tr : _)"
+        # no warm-up: a run of a few steps is shorter than 1% of a small batch's epoch (speed is the same either way)
         timeout 200 "$T" "$S/examples/gpt2_124m.ini" run.checkpoint=false run.progress=off run.steps=${GPT_SHAPES_STEPS:-40} \
-          run.out_dir="$o" data.batch_size=$b data.shape=$((t + 1)) data.classes=$cls model.context=$t model.n_layer=$l \
+          optimizer.warmup_epochs=0 run.out_dir="$o" data.batch_size=$b data.shape=$((t + 1)) data.classes=$cls model.context=$t model.n_layer=$l \
           model.n_head=$h model.n_embd=$d > "$o.log" 2>&1
         echo "stoke gpt $c rc=$? $(grep -hE '^stoke: error' "$o.log" | head -1)"
       done

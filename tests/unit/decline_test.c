@@ -10,6 +10,8 @@
  *     the parameters' gradients match central differences;
  *   - 30: both decline: the error is fussy's reason, says that no backend
  *     after it has a kernel, and names the node;
+ *   - an evaluation plan sharing the 12-element training plan's parameters
+ *     moves its node to fussy too, without a second warning;
  *   - picky failing with any other error (here: invalid) fails the plan
  *     with it; fussy is not tried.
  * The losses of the 6-element graph under picky and under fussy (picky
@@ -224,6 +226,34 @@ static void test_declined(void **state) {
   done(x, g, log);
 }
 
+/* An evaluation plan sharing the training plan's parameters declines the
+ * same forward node: fussy runs it there too, and the warning is not given
+ * again. */
+static void test_eval_plan_quiet(void **state) {
+  (void)state;
+  static const char *engines[] = {"picky", "fussy", "cpu"};
+  stoke_graph *g = net(4), *ge = net(4);
+  stoke_exec *x, *xe;
+  char *log, *log_eval = NULL;
+  OK(prepare(g, engines, 3, &x, &log));
+  if (!strstr(log, "picky declined it")) fail_msg("the training plan's decline not logged:\n%s", log);
+  void *selves[3] = {NULL, NULL, cpu_self};
+  stoke_plan_opts o = {.engines = engines, .n_engines = 3, .engine_selves = selves, .training = 0};
+  stoke_plan *pe;
+  OK(stoke_compile(ge, &o, &pe));
+  size_t len = 0;
+  FILE *f = open_memstream(&log_eval, &len);
+  stoke_log_set_file(f);
+  stoke_err *e = stoke_exec_new_shared(pe, x, &xe);
+  stoke_log_set_file(NULL);
+  fclose(f);
+  OK(e);
+  assert_string_equal(half_fwd(xe)->kernel->engine, "fussy");
+  if (strstr(log_eval, "declined")) fail_msg("the evaluation plan warned again:\n%s", log_eval);
+  done(xe, ge, log_eval);
+  done(x, g, log);
+}
+
 static void test_nobody_left(void **state) {
   (void)state;
   static const char *engines[] = {"picky", "fussy", "cpu"};
@@ -267,6 +297,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_accepted),
       cmocka_unit_test(test_declined),
+      cmocka_unit_test(test_eval_plan_quiet),
       cmocka_unit_test(test_nobody_left),
       cmocka_unit_test(test_other_error),
   };
