@@ -135,7 +135,6 @@ static int moved_before(const stoke_exec *share, const stoke_gnode *n, const cha
  * reason. */
 static stoke_err *plan_node(stoke_plan *p, const stoke_exec *share, stoke_gnode *n, node_args *na) {
   while (n->kernel->plan) {
-    n->kstate = NULL, n->workspace = 0;
     stoke_err *e = n->kernel->plan(&na->a, &n->kstate, &n->workspace);
     if (!e) return NULL;
     const stoke_kernel_v1 *next = e->code == STOKE_E_UNSUPPORTED ? next_kernel(p, n) : NULL;
@@ -149,7 +148,7 @@ static stoke_err *plan_node(stoke_plan *p, const stoke_exec *share, stoke_gnode 
               "node '%s' (%s %s): %s declined it (%s); %s runs it", n->n.name, n->n.op,
               n->pass == STOKE_BWD ? "backward" : "forward", n->kernel->engine, e->msg, next->engine);
     stoke_err_free(e);
-    n->kernel = next;
+    n->kernel = next, n->kstate = NULL, n->workspace = 0; /* nothing of the decliner's is kept */
     na->a.engine = engine_self(p, next);
   }
   return NULL;
