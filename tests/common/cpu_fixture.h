@@ -125,7 +125,7 @@ static __attribute__((unused)) double cpu_loss(stoke_exec *x) {
  * rounding (4 eps |loss| / h) is allowed for: a gradient that is 0 (a
  * key's bias under softmax) differs from its differences by that
  * rounding, ~1e-10.
- * Returns the worst error; *compared counts the parameters checked. */
+ * Returns the worst error; *compared counts the parameter elements checked. */
 static __attribute__((unused)) double cpu_check_gradients(stoke_exec *x, double tol, int *compared) {
   stoke_plan *p = stoke_exec_plan(x);
   const stoke_graph *g = p->g;
