@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "stoke/nvml.h"
+#include "stoke/visible.h"
 
 typedef struct { unsigned int gpu, memory; } nvml_util;
 typedef struct { unsigned long long total, free, used; } nvml_mem;
@@ -52,18 +53,13 @@ struct stoke_nvml {
 int stoke_nvml_visible(const char *visible, int cuda_index, char *uuid, size_t len) {
   if (cuda_index < 0) return -1;
   if (!visible) return cuda_index;
-  const char *p = visible;
   for (int i = 0;; i++) {
-    while (*p == ' ' || *p == '\t') p++;
-    const char *end = p;
-    while (*end && *end != ',') end++;
-    const char *last = end;
-    while (last > p && (last[-1] == ' ' || last[-1] == '\t')) last--;
-    size_t n = (size_t)(last - p);
-    int number = n > 0;
-    for (size_t k = 0; k < n; k++) number &= p[k] >= '0' && p[k] <= '9';
-    int gpu_uuid = n > 4 && !strncmp(p, "GPU-", 4);
-    if (!number && !gpu_uuid) return -1; /* CUDA stops at an invalid entry (and a MIG slice's power is not its own) */
+    const char *end = visible + strcspn(visible, ","), *p = visible;
+    size_t n = (size_t)(end - p);
+    stoke_visible_kind kind = stoke_visible_entry(&p, &n);
+    /* CUDA stops at an invalid entry; a MIG slice's power is not its own */
+    if (kind != STOKE_VISIBLE_INDEX && kind != STOKE_VISIBLE_GPU_UUID) return -1;
+    int number = kind == STOKE_VISIBLE_INDEX;
     if (i == cuda_index) {
       if (number) return n < 9 ? atoi(p) : -1;
       if (n + 1 > len) return -1;
@@ -72,7 +68,7 @@ int stoke_nvml_visible(const char *visible, int cuda_index, char *uuid, size_t l
       return -2;
     }
     if (!*end) return -1;
-    p = end + 1;
+    visible = end + 1;
   }
 }
 

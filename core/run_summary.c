@@ -10,23 +10,18 @@
 #include "stoke/nvml.h"
 #include "run_state.h"
 
-/* Every rank's mean GPU power and SM clock (its summary's figures), for the
- * data-parallel report: "0: 687 W, 1816 MHz; 1: 689 W, 1892 MHz" into
- * `out`, or "" when no rank's GPU reported them (no NVML). A collective:
- * every rank calls it. Two GPUs at their power cap pay for the all-reduce
- * in clock, each its own (BENCHMARKS.md run 34), which this line shows. */
-static stoke_err *rank_clocks(run_state *s, char *out, size_t cap) {
-  const stoke_summary *sum = s->sum;
+/* Two figures of every rank, a and b, gathered into out (malloc'd: world
+ * a's, then world b's). A collective: every rank calls it. */
+static stoke_err *gather_pair(run_state *s, double a, double b, double **out, const char *what) {
   double *v = malloc(sizeof(double) * 2 * (size_t)s->world);
-  if (!v) return STOKE_ERR(STOKE_E_OOM, "out of memory for %d ranks' power figures", s->world);
-  stoke_err *e = stoke_dp_gather(s->dp, sum->gpu ? sum->gpu_power_w : NAN, v);
-  if (!e) e = stoke_dp_gather(s->dp, sum->gpu ? sum->gpu_sm_clock_mhz : NAN, v + s->world);
+  if (!v) return STOKE_ERR(STOKE_E_OOM, "out of memory for %d ranks' %s", s->world, what);
+  stoke_err *e = stoke_dp_gather(s->dp, a, v);
+  if (!e) e = stoke_dp_gather(s->dp, b, v + s->world);
   if (e) {
     free(v);
-    return stoke_err_wrap(e, __FILE__, __LINE__, "gathering every rank's GPU power and clock");
+    return stoke_err_wrap(e, __FILE__, __LINE__, "gathering every rank's %s", what);
   }
-  stoke_power_by_rank(v, v + s->world, s->world, out, cap);
-  free(v);
+  *out = v;
   return NULL;
 }
 
@@ -36,15 +31,10 @@ static stoke_err *rank_clocks(run_state *s, char *out, size_t cap) {
 static stoke_err *report_ranks(run_state *s) {
   const stoke_summary *sum = s->sum;
   int quiet = s->o->quiet;
+  double ms = 0, bw = 0, *waits, *pc;
   /* after the first step (a rank the loader starves) and in it (the loader's start) */
-  double *waits = malloc(sizeof(double) * 2 * (size_t)s->world), ms = 0, bw = 0;
-  if (!waits) return STOKE_ERR(STOKE_E_OOM, "out of memory for %d ranks' data waits", s->world);
-  stoke_err *e = stoke_dp_gather(s->dp, sum->data_wait_s - sum->data_wait_first_s, waits);
-  if (!e) e = stoke_dp_gather(s->dp, sum->data_wait_first_s, waits + s->world);
-  if (e) {
-    free(waits);
-    return stoke_err_wrap(e, __FILE__, __LINE__, "gathering every rank's data wait");
-  }
+  STOKE_PROPAGATE(gather_pair(s, sum->data_wait_s - sum->data_wait_first_s, sum->data_wait_first_s, &waits,
+                              "data waits"));
   size_t bytes = s->train.plan->bytes[STOKE_BUF_GRADS];
   char line[1024];
   size_t used = 0;
@@ -52,10 +42,15 @@ static stoke_err *report_ranks(run_state *s) {
     used += (size_t)snprintf(line + used, sizeof line - used, "%s%d: %.3f s (first step %.3f s)", r ? ", " : "", r,
                              waits[r], waits[s->world + r]);
   free(waits);
+  /* each rank's mean GPU power and SM clock (its summary's figures), "" without NVML anywhere: two GPUs at
+   * their power cap pay for the all-reduce in clock, each its own (BENCHMARKS.md run 34) */
+  char clocks[1024] = "";
+  STOKE_PROPAGATE(gather_pair(s, sum->gpu ? sum->gpu_power_w : NAN, sum->gpu ? sum->gpu_sm_clock_mhz : NAN, &pc,
+                              "GPU power and clock"));
+  stoke_power_by_rank(pc, pc + s->world, s->world, clocks, sizeof clocks);
+  free(pc);
   /* gathered: every rank holds the same lines; rank 0 logs them (once on a launcher's shared terminal) */
   if (s->rank == 0) stoke_log(STOKE_LOG_INFO, "dp", "data wait after the first step by rank: %s", line);
-  char clocks[1024] = "";
-  STOKE_PROPAGATE(rank_clocks(s, clocks, sizeof clocks));
   if (clocks[0] && s->rank == 0) stoke_log(STOKE_LOG_INFO, "dp", "GPU power and SM clock by rank: %s", clocks);
   if (s->world == 1) { /* no all-reduce runs (stoke_dp_attach): nothing to time */
     if (!quiet)

@@ -19,6 +19,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "stoke/visible.h"
+
 #define MAX_RANKS 256
 
 static volatile sig_atomic_t got_signal, signals;
@@ -48,20 +50,6 @@ static void usage(FILE *f) {
           "  --grace S         seconds the others get to stop after a failure (default 10)\n");
 }
 
-/* One CUDA_VISIBLE_DEVICES entry, `k` bytes at `p`, that names a device:
- * an index, or a GPU's or MIG slice's UUID (prefix), spaces around it
- * ignored. The same rule as core/nvml.c's stoke_nvml_visible, less its
- * power rule for MIG slices; launch is a binary of its own, without core. */
-static int device_entry(const char *p, size_t k) {
-  while (k && (*p == ' ' || *p == '\t')) p++, k--;
-  while (k && (p[k - 1] == ' ' || p[k - 1] == '\t')) k--;
-  if (k > 4 && (!strncmp(p, "GPU-", 4) || !strncmp(p, "MIG-", 4))) return 1;
-  if (!k) return 0;
-  for (size_t i = 0; i < k; i++)
-    if (p[i] < '0' || p[i] > '9') return 0;
-  return 1;
-}
-
 /* GPUs this job may use: CUDA_VISIBLE_DEVICES's entries when it is set (as
  * CUDA reads it: up to the first entry that is not a device, so "-1" or
  * "0,1,x,2" stop there: none, two), else every GPU on the machine, from
@@ -71,8 +59,9 @@ static int count_gpus(void) {
   if (vis) {
     int n = 0;
     for (const char *p = vis; *p;) {
-      size_t k = strcspn(p, ",");
-      if (!device_entry(p, k)) break;
+      size_t k = strcspn(p, ","), kept = k;
+      const char *entry = p;
+      if (stoke_visible_entry(&entry, &kept) == STOKE_VISIBLE_INVALID) break;
       n++;
       p += k;
       if (*p == ',') p++;

@@ -31,6 +31,7 @@
 #include "stoke/ops.h"
 #include "stoke/registry.h"
 #include "tests/common/cpu_fixture.h"
+#include "tests/common/log_capture.h"
 
 enum { C = 3, CLASSES = 2 };
 
@@ -136,23 +137,32 @@ static stoke_graph *net(int64_t n) {
   return g;
 }
 
-/* Compiled for training with [run] backends = `engines` (cpu last), bound to
- * the cpu backend; the warnings logged meanwhile into *log (malloc'd). The
- * executor's error, if any, is returned (the plan freed). */
-static stoke_err *prepare(stoke_graph *g, const char **engines, int n_engines, stoke_exec **x, char **log) {
+/* The executor made for a compiled plan: a training plan's own, or an
+ * evaluation plan's sharing `share`'s parameters. */
+typedef struct bind_ctx {
+  stoke_plan *p;
+  stoke_exec *share, **x;
+  stoke_err *e;
+} bind_ctx;
+static void bind(void *c) {
+  bind_ctx *b = c;
+  b->e = b->share ? stoke_exec_new_shared(b->p, b->share, b->x) : stoke_exec_new(b->p, cpu, cpu_self, seed, b->x);
+}
+
+/* Compiled with [run] backends = `engines` (cpu last), for training, or
+ * for evaluation sharing `share`'s parameters, and bound to the cpu
+ * backend; what was logged meanwhile into *log (malloc'd). The executor's
+ * error, if any, is returned (the plan freed). */
+static stoke_err *prepare(stoke_graph *g, const char **engines, int n_engines, stoke_exec *share, stoke_exec **x,
+                          char **log) {
   void *selves[4] = {0};
   selves[n_engines - 1] = cpu_self;
-  stoke_plan_opts o = {.engines = engines, .n_engines = n_engines, .engine_selves = selves, .training = 1};
-  stoke_plan *p;
-  OK(stoke_compile(g, &o, &p));
-  size_t len = 0;
-  FILE *f = open_memstream(log, &len);
-  stoke_log_set_file(f);
-  stoke_err *e = stoke_exec_new(p, cpu, cpu_self, seed, x);
-  stoke_log_set_file(NULL);
-  fclose(f);
-  if (e) stoke_plan_free(p);
-  return e;
+  stoke_plan_opts o = {.engines = engines, .n_engines = n_engines, .engine_selves = selves, .training = !share};
+  bind_ctx b = {NULL, share, x, NULL};
+  OK(stoke_compile(g, &o, &b.p));
+  *log = test_log_of(bind, &b);
+  if (b.e) stoke_plan_free(b.p);
+  return b.e;
 }
 
 static const stoke_gnode *half_fwd(const stoke_exec *x) {
@@ -178,7 +188,7 @@ static void test_accepted(void **state) {
   stoke_exec *x;
   char *log;
   picky_runs = fussy_runs = 0;
-  OK(prepare(g, engines, 3, &x, &log));
+  OK(prepare(g, engines, 3, NULL, &x, &log));
   assert_string_equal(half_fwd(x)->kernel->engine, "picky");
   if (strstr(log, "declined")) fail_msg("a warning when nothing was declined: %s", log);
   cpu_random_batch(x, seed, 2 * C, 2, CLASSES);
@@ -190,7 +200,7 @@ static void test_accepted(void **state) {
   stoke_graph *g2 = net(2);
   stoke_exec *x2;
   char *log2;
-  OK(prepare(g2, without_picky, 2, &x2, &log2));
+  OK(prepare(g2, without_picky, 2, NULL, &x2, &log2));
   assert_string_equal(half_fwd(x2)->kernel->engine, "fussy");
   cpu_random_batch(x2, seed, 2 * C, 2, CLASSES);
   double loss2 = cpu_loss(x2);
@@ -207,7 +217,7 @@ static void test_declined(void **state) {
   stoke_exec *x;
   char *log;
   picky_runs = fussy_runs = 0;
-  OK(prepare(g, engines, 3, &x, &log));
+  OK(prepare(g, engines, 3, NULL, &x, &log));
   print_message("%s", log);
   assert_string_equal(half_fwd(x)->kernel->engine, "fussy");
   const char *want = "node 'h' (half forward): picky declined it (picky: 12 elements, at most 8); fussy runs it";
@@ -234,20 +244,10 @@ static void test_eval_plan_quiet(void **state) {
   static const char *engines[] = {"picky", "fussy", "cpu"};
   stoke_graph *g = net(4), *ge = net(4);
   stoke_exec *x, *xe;
-  char *log, *log_eval = NULL;
-  OK(prepare(g, engines, 3, &x, &log));
+  char *log, *log_eval;
+  OK(prepare(g, engines, 3, NULL, &x, &log));
   if (!strstr(log, "picky declined it")) fail_msg("the training plan's decline not logged:\n%s", log);
-  void *selves[3] = {NULL, NULL, cpu_self};
-  stoke_plan_opts o = {.engines = engines, .n_engines = 3, .engine_selves = selves, .training = 0};
-  stoke_plan *pe;
-  OK(stoke_compile(ge, &o, &pe));
-  size_t len = 0;
-  FILE *f = open_memstream(&log_eval, &len);
-  stoke_log_set_file(f);
-  stoke_err *e = stoke_exec_new_shared(pe, x, &xe);
-  stoke_log_set_file(NULL);
-  fclose(f);
-  OK(e);
+  OK(prepare(ge, engines, 3, x, &xe, &log_eval));
   assert_string_equal(half_fwd(xe)->kernel->engine, "fussy");
   if (strstr(log_eval, "declined")) fail_msg("the evaluation plan warned again:\n%s", log_eval);
   done(xe, ge, log_eval);
@@ -260,7 +260,7 @@ static void test_nobody_left(void **state) {
   stoke_graph *g = net(10); /* 30 elements: both decline */
   stoke_exec *x = NULL;
   char *log;
-  stoke_err *e = prepare(g, engines, 3, &x, &log);
+  stoke_err *e = prepare(g, engines, 3, NULL, &x, &log);
   if (!e) fail_msg("planned 30 elements that neither picky nor fussy takes");
   print_message("%s\n", e->msg);
   const char *says[] = {"fussy: 30 elements, at most 16", "node 'h'",
@@ -281,7 +281,7 @@ static void test_other_error(void **state) {
   stoke_exec *x = NULL;
   char *log;
   picky_invalid = 1;
-  stoke_err *e = prepare(g, engines, 3, &x, &log);
+  stoke_err *e = prepare(g, engines, 3, NULL, &x, &log);
   picky_invalid = 0;
   if (!e) fail_msg("planned past picky's invalid-node error");
   print_message("%s\n", e->msg);
