@@ -103,37 +103,26 @@ static int by_offset_desc(const void *a, const void *b) {
 }
 
 int stoke_dist_plan_buckets(const stoke_dist_grad *grads, int n_grads, size_t total, size_t first_cap,
-                            size_t cap, size_t last_cap, int last_node, stoke_dist_bucket *out, int max) {
+                            size_t cap, int last_node, stoke_dist_bucket *out, int max) {
   if (total == 0) return 0;
   if (max < 1) return -1;
   stoke_dist_grad *g = malloc(sizeof *g * (size_t)(n_grads > 0 ? n_grads : 1));
   if (!g) return -1;
   memcpy(g, grads, sizeof *g * (size_t)n_grads);
   qsort(g, (size_t)n_grads, sizeof *g, by_offset_desc);
-  /* the bottom bucket [0, floor): the first gradients of the buffer up to
-   * the first parameter boundary at or above last_cap (0: none) */
-  size_t floor = 0;
-  int n_top = n_grads;
-  if (last_cap > 0)
-    for (int i = n_grads - 1; i > 0; i--)
-      if (g[i - 1].offset >= last_cap) {
-        floor = g[i - 1].offset;
-        n_top = i;
-        break;
-      }
   int nb = 0;
   size_t hi = total;
   int ready = -1;
   for (int i = 0; i < n_grads; i++) {
     if (g[i].ready > ready) ready = g[i].ready;
     size_t lim = nb == 0 ? first_cap : cap;
-    int last = i == n_top - 1 || i == n_grads - 1;
-    if ((i < n_top && hi - g[i].offset >= lim) || last) {
+    int last = i == n_grads - 1;
+    if (hi - g[i].offset >= lim || last) {
       if (nb == max) {
         free(g);
         return -1;
       }
-      size_t lo = last ? (i == n_grads - 1 ? 0 : floor) : g[i].offset;
+      size_t lo = last ? 0 : g[i].offset;
       out[nb++] = (stoke_dist_bucket){lo, hi - lo, ready < 0 ? last_node : ready};
       hi = lo;
       ready = -1;

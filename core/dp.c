@@ -98,7 +98,7 @@ int stoke_graph_param_grads(const stoke_graph *g, struct stoke_dist_grad *out) {
   return n;
 }
 
-static stoke_err *plan_buckets(stoke_dp *d, double bucket_bytes, double last_bytes) {
+static stoke_err *plan_buckets(stoke_dp *d, double bucket_bytes) {
   stoke_plan *p = stoke_exec_plan(d->x);
   const stoke_graph *g = p->g;
   stoke_dist_grad *gr = malloc(sizeof *gr * (size_t)(g->n_values + 1));
@@ -109,9 +109,8 @@ static stoke_err *plan_buckets(stoke_dp *d, double bucket_bytes, double last_byt
     return STOKE_ERR(STOKE_E_OOM, "out of memory for the bucket plan");
   }
   size_t cap = bucket_bytes < 1 ? 1 : (size_t)bucket_bytes;
-  size_t last = last_bytes <= 0 ? 0 : last_bytes < 1 ? 1 : (size_t)last_bytes;
   d->n_buckets = stoke_dist_plan_buckets(gr, n, p->bytes[STOKE_BUF_GRADS], cap < FIRST_BUCKET_BYTES ? cap : FIRST_BUCKET_BYTES,
-                                         cap, last, g->n_nodes - 1, d->buckets, g->n_values + 1);
+                                         cap, g->n_nodes - 1, d->buckets, g->n_values + 1);
   free(gr);
   if (d->n_buckets < 0) return STOKE_ERR(STOKE_E_INTERNAL, "planning gradient buckets");
   return NULL;
@@ -160,11 +159,11 @@ stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, const 
   return NULL;
 }
 
-stoke_err *stoke_dp_attach(stoke_dp *d, stoke_exec *x, double bucket_bytes, double last_bytes) {
+stoke_err *stoke_dp_attach(stoke_dp *d, stoke_exec *x, double bucket_bytes) {
   d->x = x;
   d->grads = stoke_exec_buffer(x, STOKE_BUF_GRADS);
   d->dtype = stoke_exec_plan(x)->g->dtype;
-  STOKE_PROPAGATE(plan_buckets(d, bucket_bytes, last_bytes));
+  STOKE_PROPAGATE(plan_buckets(d, bucket_bytes));
   /* one process: the average over one rank is the gradient itself. Its all-reduces would still run NCCL's
    * one-rank kernels beside the backward, 1.1% (ResNet-50) to 2.6% (GPT-2) of the step (BENCHMARKS.md run 27) */
   if (d->world > 1) stoke_exec_set_hook(x, after_node, d);

@@ -19,9 +19,8 @@ typedef struct stoke_dp stoke_dp;
 stoke_err *stoke_dp_open(const stoke_comm_v1 *comm, const stoke_cfg *cfg, const stoke_dist_env *env,
                          const stoke_backend_v1 *dev, void *dev_self, stoke_dp **out);
 /* Plan the buckets of the training executor `x` (`bucket_bytes`, the
- * first one at most 1 MiB as in DDP; the buffer's bottom up to
- * `last_bytes` one of its own, 0: none) and hook it. */
-stoke_err *stoke_dp_attach(stoke_dp *d, stoke_exec *x, double bucket_bytes, double last_bytes);
+ * first one at most 1 MiB as in DDP) and hook it. */
+stoke_err *stoke_dp_attach(stoke_dp *d, stoke_exec *x, double bucket_bytes);
 /* Closes the comm; the attached executor's step graphs (which hold captured
  * all-reduces) are destroyed first and the executor unhooked. */
 void stoke_dp_close(stoke_dp *d);

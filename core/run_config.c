@@ -25,10 +25,6 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"bucket_mb", STOKE_CFG_FLOAT, "25", 0.001, 1e6, NULL,
      "data parallel: MiB of the flat gradient buffer all-reduced per call, each launched as soon as "
      "backward produced it (the first bucket at most 1 MiB, as DDP's bucket_cap_mb)"},
-    {"bucket_last_mb", STOKE_CFG_FLOAT, "1", 0, 1e6, NULL,
-     "data parallel: the first layers' gradients, which backward makes last, up to this many MiB (to the "
-     "next parameter's start) are a bucket of their own, so that little waits for the backward's end "
-     "(0: the last bucket is what bucket_mb leaves, as DDP)"},
     {"comm_timeout", STOKE_CFG_FLOAT, "300", 1, 1e6, NULL,
      "data parallel: seconds a collective may take before the communicator is aborted and the run "
      "fails with the rank and the operation (a rank died or stalled)"},
@@ -385,7 +381,6 @@ static stoke_err *read_run(const stoke_cfg *c, stoke_run_config *rc) {
   RUN(stoke_cfg_int, "checkpoint_every", &rc->run.checkpoint_every);
   RUN(stoke_cfg_int, "loss_scale_growth", &rc->run.loss_scale_growth);
   RUN(stoke_cfg_float, "bucket_mb", &rc->run.bucket_mb);
-  RUN(stoke_cfg_float, "bucket_last_mb", &rc->run.bucket_last_mb);
   RUN(stoke_cfg_float, "comm_timeout", &rc->run.comm_timeout);
   RUN(stoke_cfg_float, "epochs", &rc->run.epochs);
   RUN(stoke_cfg_float, "eval_every", &rc->run.eval_every);

@@ -254,8 +254,7 @@ static stoke_err *load_resume(run_state *s) {
 /* Data parallel: gradients in buckets, the same start everywhere. */
 static stoke_err *attach_ranks(run_state *s) {
   int64_t accumulate = s->rc.run.accumulate;
-  STOKE_PROPAGATE(stoke_dp_attach(s->dp, s->train.x, s->rc.run.bucket_mb * 1048576.0,
-                                 s->rc.run.bucket_last_mb * 1048576.0));
+  STOKE_PROPAGATE(stoke_dp_attach(s->dp, s->train.x, s->rc.run.bucket_mb * 1048576.0));
   STOKE_PROPAGATE(stoke_dp_broadcast_state(s->dp));
   char buckets[1024];
   stoke_dp_describe(s->dp, buckets, sizeof buckets);

@@ -150,7 +150,7 @@ static void test_buckets_resnet_like(void **state) {
   stoke_dist_grad g[N];
   for (int k = 0; k < N; k++) g[k] = (stoke_dist_grad){(size_t)k * 2 * MIB, 2 * MIB, 100 - k};
   stoke_dist_bucket b[N + 1];
-  int nb = stoke_dist_plan_buckets(g, N, N * 2 * MIB, 1 * MIB, 25 * MIB, 0, 100, b, N + 1);
+  int nb = stoke_dist_plan_buckets(g, N, N * 2 * MIB, 1 * MIB, 25 * MIB, 100, b, N + 1);
   /* the first bucket is the last gradient alone (1 MiB cap), then 13 x 2 MiB
    * = 26 MiB >= 25, twice, and the rest */
   assert_int_equal(nb, 4);
@@ -164,62 +164,25 @@ static void test_buckets_resnet_like(void **state) {
   check_cover(g, N, N * 2 * MIB, b, nb);
 }
 
-static void test_buckets_bottom(void **state) {
-  (void)state;
-  /* the same 40 gradients with a 3 MiB bottom bucket: gradients 0 and 1
-   * (4 MiB: the first boundary at or above 3 MiB is gradient 2's start)
-   * are a bucket of their own, ready at the end; the one above them holds
-   * what the 25 MiB caps leave, ready when its own last gradient is */
-  enum { N = 40 };
-  stoke_dist_grad g[N];
-  for (int k = 0; k < N; k++) g[k] = (stoke_dist_grad){(size_t)k * 2 * MIB, 2 * MIB, 100 - k};
-  stoke_dist_bucket b[N + 1];
-  int nb = stoke_dist_plan_buckets(g, N, N * 2 * MIB, 1 * MIB, 25 * MIB, 3 * MIB, 100, b, N + 1);
-  assert_int_equal(nb, 5);
-  assert_int_equal(b[3].offset, 4 * MIB);
-  assert_int_equal(b[3].bytes, (80 - 2 - 26 - 26 - 4) * MIB);
-  assert_int_equal(b[3].ready, 100 - 2);
-  assert_int_equal(b[4].offset, 0);
-  assert_int_equal(b[4].bytes, 4 * MIB);
-  assert_int_equal(b[4].ready, 100);
-  check_cover(g, N, N * 2 * MIB, b, nb);
-  /* a first gradient larger than every cap (a tied token embedding, whose
-   * gradient is final at the end) is the bottom bucket alone, not split */
-  stoke_dist_grad t[] = {{0, 64 * MIB, 50}, {64 * MIB, 1 * MIB, 50}, {65 * MIB, 8 * MIB, 48}, {73 * MIB, 8 * MIB, 40}};
-  nb = stoke_dist_plan_buckets(t, 4, 81 * MIB, 1 * MIB, 10 * MIB, 1 * MIB, 50, b, 8);
-  assert_int_equal(nb, 3);
-  assert_int_equal(b[2].offset, 0);
-  assert_int_equal(b[2].bytes, 64 * MIB);
-  assert_int_equal(b[1].offset, 64 * MIB);
-  assert_int_equal(b[1].bytes, 9 * MIB);
-  check_cover(t, 4, 81 * MIB, b, nb);
-  /* a bottom cap above the whole buffer: no bucket of its own, as with 0 */
-  stoke_dist_bucket c[N + 1];
-  int nc = stoke_dist_plan_buckets(g, N, N * 2 * MIB, 1 * MIB, 25 * MIB, 0, 100, c, N + 1);
-  nb = stoke_dist_plan_buckets(g, N, N * 2 * MIB, 1 * MIB, 25 * MIB, 1000 * MIB, 100, b, N + 1);
-  assert_int_equal(nb, nc);
-  for (int i = 0; i < nb; i++) assert_true(b[i].offset == c[i].offset && b[i].bytes == c[i].bytes);
-}
-
 static void test_buckets_out_of_order(void **state) {
   (void)state;
   /* a parameter used early and late (its gradient final only at the end)
    * keeps its bucket back; buckets still launch in ready order */
   stoke_dist_grad g[] = {{0, 256, 9}, {256, 512, 5}, {768, 256, 3}, {1024, 256, 9}, {1280, 256, 2}};
   stoke_dist_bucket b[8];
-  int nb = stoke_dist_plan_buckets(g, 5, 1536, 256, 512, 0, 9, b, 8);
+  int nb = stoke_dist_plan_buckets(g, 5, 1536, 256, 512, 9, b, 8);
   assert_true(nb >= 3);
   check_cover(g, 5, 1536, b, nb);
   /* a cap above everything: one bucket, ready at the last writer */
-  nb = stoke_dist_plan_buckets(g, 5, 1536 + 64 /* padding */, 1 << 30, 1 << 30, 0, 9, b, 8);
+  nb = stoke_dist_plan_buckets(g, 5, 1536 + 64 /* padding */, 1 << 30, 1 << 30, 9, b, 8);
   assert_int_equal(nb, 1);
   assert_int_equal(b[0].bytes, 1600);
   assert_int_equal(b[0].ready, 9);
   /* no room: refused, not overrun */
-  assert_int_equal(stoke_dist_plan_buckets(g, 5, 1536, 1, 1, 0, 9, b, 2), -1);
+  assert_int_equal(stoke_dist_plan_buckets(g, 5, 1536, 1, 1, 9, b, 2), -1);
   /* a gradient no backward node writes is ready at the last node */
   stoke_dist_grad lone = {0, 256, -1};
-  assert_int_equal(stoke_dist_plan_buckets(&lone, 1, 256, 1, 1, 0, 7, b, 8), 1);
+  assert_int_equal(stoke_dist_plan_buckets(&lone, 1, 256, 1, 1, 7, b, 8), 1);
   assert_int_equal(b[0].ready, 7);
 }
 
@@ -345,7 +308,6 @@ int main(void) {
       cmocka_unit_test(test_env_slurm),
       cmocka_unit_test(test_env_inconsistent),
       cmocka_unit_test(test_buckets_resnet_like),
-      cmocka_unit_test(test_buckets_bottom),
       cmocka_unit_test(test_buckets_out_of_order),
       cmocka_unit_test(test_resume_mapping),
       cmocka_unit_test(test_shards_make_the_global_batch),

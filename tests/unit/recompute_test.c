@@ -317,8 +317,8 @@ static void check_buckets(const spec *s, int fuse, const char *recompute, double
   stoke_dist_bucket ba[256], bb[256];
   size_t total = pa->bytes[STOKE_BUF_GRADS];
   assert_true(total == pb->bytes[STOKE_BUF_GRADS]);
-  int ka = stoke_dist_plan_buckets(a, na, total, total / 16 + 1, total / 4 + 1, total / 16 + 1, ga->n_nodes - 1, ba, 256);
-  int kb = stoke_dist_plan_buckets(b, nb, total, total / 16 + 1, total / 4 + 1, total / 16 + 1, gb->n_nodes - 1, bb, 256);
+  int ka = stoke_dist_plan_buckets(a, na, total, total / 16 + 1, total / 4 + 1, ga->n_nodes - 1, ba, 256);
+  int kb = stoke_dist_plan_buckets(b, nb, total, total / 16 + 1, total / 4 + 1, gb->n_nodes - 1, bb, 256);
   assert_int_equal(ka, kb);
   assert_true(kb > 1);
   for (int k = 0; k < kb; k++) assert_true(ba[k].offset == bb[k].offset && ba[k].bytes == bb[k].bytes);

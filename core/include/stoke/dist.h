@@ -53,17 +53,13 @@ typedef struct stoke_dist_bucket {
  * the buffer (the last layers, whose gradients backward makes first), a
  * bucket closes at the first parameter boundary where it reaches its cap:
  * `first_cap` bytes for the first bucket (small, so communication starts
- * early), `cap` for the rest. With `last_cap` > 0 the bottom of the buffer
- * (the first layers, whose gradients backward makes last) up to the first
- * parameter boundary at or above last_cap is a bucket of its own, so that
- * what waits for the backward's end is small (DDP's last bucket holds
- * whatever the caps leave, up to `cap`). A bucket is ready after the latest `ready`
+ * early), `cap` for the rest. A bucket is ready after the latest `ready`
  * of the gradients in it; buckets come back in launch order (by ready,
  * then from the top of the buffer), which every rank computes alike.
  * Returns the number of buckets (<= n_grads, and 1 for an empty list
  * with total > 0), or -1 when `out` (room for `max`) is too small. */
 int stoke_dist_plan_buckets(const stoke_dist_grad *grads, int n_grads, size_t total, size_t first_cap,
-                            size_t cap, size_t last_cap, int last_node, stoke_dist_bucket *out, int max);
+                            size_t cap, int last_node, stoke_dist_bucket *out, int max);
 
 /* Resume: the checkpoint was saved after `step` optimizer steps of
  * `accumulate` micro-batches of `batch` samples on each of `world`
