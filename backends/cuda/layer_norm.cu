@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <atomic>
 #include <initializer_list>
 #include <type_traits>
 
@@ -30,6 +31,7 @@ constexpr int kLnParts = 64;          // plain path: row partitions of the weigh
 constexpr int kVecMaxC = 1024;        // register path: the widest row (32 floats a lane)
 constexpr int kVecParts = 512;        // register path: most blocks of the backward, each one partial
 constexpr int kBwdWarps = 4;          // register path, backward: rows a block works on at once
+constexpr int kMaxDevices = 64;       // devices whose resident block counts are remembered
 
 template <typename T> T *dp(const stoke_tensor &t) { return static_cast<T *>(t.data); }
 
@@ -461,11 +463,15 @@ template <typename F> void with_iters(int it, F f) {
 }
 
 // The register path's backward blocks (each one partial of dweight and dbias): a block per
-// kBwdWarps rows, at most kVecParts; the rows alone decide it, so the sums' order is the same on any
-// device.
-int vec_parts(int64_t rows) {
-  int64_t p = (rows + kBwdWarps - 1) / kBwdWarps;
-  return (int)(p < kVecParts ? p : kVecParts);
+// kBwdWarps rows, at most kVecParts and at most `slots`, the blocks the device holds at once (one
+// wave: each block loops over its rows). With more blocks than that the last wave ran a few blocks
+// on a mostly idle device: GPT-2 medium's 1024 columns (3 blocks an SM by shared memory, 396 on an
+// H200) took 2 waves for 512 blocks, 83.6 us a call against 41.8 for GPT-2 small's larger 768-column
+// rows in one (BENCHMARKS.md run 36). The rows and the device decide it, so the sums' order is the
+// same on every run of one device model.
+int vec_parts(int64_t rows, int slots) {
+  int64_t p = (rows + kBwdWarps - 1) / kBwdWarps, cap = slots > 0 && slots < kVecParts ? slots : kVecParts;
+  return (int)(p < cap ? p : cap);
 }
 
 // The backward's workspace: the blocks' float2 partials of dweight and dbias, then for
@@ -521,13 +527,34 @@ template <typename T, int ADD> stoke_err *ln_fwd(const stoke_kernel_args_v1 *a, 
 
 // The register path's backward, with its dynamic shared memory (over 48 KiB with DC at GPT-2's 768
 // columns, and past 768 without: ln_bwd_smem_limit raised it in plan()).
+template <typename T, int IT, bool DC> int bwd_vec_slots();
 template <typename T, int IT, bool DC>
-cudaError_t launch_bwd_vec(int parts, cudaStream_t st, const T *x, const T *w, const T *dy, const T *ds,
+cudaError_t launch_bwd_vec(int *parts_out, cudaStream_t st, const T *x, const T *w, const T *dy, const T *ds,
                            const float *mean, const float *rstd, T *dx, T *dx2, float2 *part, float *part3,
                            int64_t rows, int c, float b0, float b1) {
+  const int parts = *parts_out = vec_parts(rows, bwd_vec_slots<T, IT, DC>());
   ln_bwd_vec_kernel<T, IT, DC><<<parts, kBwdWarps * 32, ln_bwd_vec_smem<T, IT, DC>(), st>>>(
       x, w, dy, ds, mean, rstd, dx, dx2, part, part3, rows, c, b0, b1);
   return cudaGetLastError();
+}
+
+// How many blocks of ln_bwd_vec_kernel<T, IT, DC> the current device holds at once (SMs times
+// blocks an SM, by its registers and shared memory), found once per device; 0 when the runtime
+// cannot say (then kVecParts blocks).
+template <typename T, int IT, bool DC> int bwd_vec_slots() {
+  static std::atomic<int> cached[kMaxDevices]; /* 0: not yet asked */
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 0;
+  int n = cached[dev].load(std::memory_order_relaxed);
+  if (n) return n > 0 ? n : 0;
+  int sms = 0, per = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, ln_bwd_vec_kernel<T, IT, DC>, kBwdWarps * 32,
+                                                    ln_bwd_vec_smem<T, IT, DC>()) != cudaSuccess)
+    per = 0;
+  n = sms * per > 0 ? sms * per : -1;
+  cached[dev].store(n, std::memory_order_relaxed);
+  return n > 0 ? n : 0;
 }
 
 // The register path's backward kernels for rows of c elements allowed the dynamic shared memory
@@ -544,6 +571,8 @@ template <typename T> cudaError_t ln_bwd_smem_limit(int64_t c) {
       constexpr int IT = decltype(k)::value;
       raise((const void *)ln_bwd_vec_kernel<T, IT, false>, ln_bwd_vec_smem<T, IT, false>());
       raise((const void *)ln_bwd_vec_kernel<T, IT, true>, ln_bwd_vec_smem<T, IT, true>());
+      if (e == cudaSuccess) /* the resident block counts, asked now (with the limit raised), not during a capture */
+        bwd_vec_slots<T, IT, false>(), bwd_vec_slots<T, IT, true>();
     });
   return e;
 }
@@ -570,12 +599,11 @@ template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, 
   float2 *rowstat = dc ? reinterpret_cast<float2 *>(part3 + (size_t)kParts * g.c) : (float2 *)NULL;
   int parts = kLnParts, it = vec_iters<T>(g.c, {x, w, dy, ds, dx, dx2});
   if (it) {
-    parts = vec_parts(g.rows);
     cudaError_t e = cudaSuccess;
     with_iters(it, [&](auto k) {
-      e = dc ? launch_bwd_vec<T, decltype(k)::value, true>(parts, st, x, w, dy, ds, mean, rstd, dx, dx2, part, part3,
+      e = dc ? launch_bwd_vec<T, decltype(k)::value, true>(&parts, st, x, w, dy, ds, mean, rstd, dx, dx2, part, part3,
                                                             g.rows, (int)g.c, b0, b1)
-             : launch_bwd_vec<T, decltype(k)::value, false>(parts, st, x, w, dy, ds, mean, rstd, dx, dx2, part,
+             : launch_bwd_vec<T, decltype(k)::value, false>(&parts, st, x, w, dy, ds, mean, rstd, dx, dx2, part,
                                                              NULL, g.rows, (int)g.c, b0, b1);
     });
     if (e != cudaSuccess)

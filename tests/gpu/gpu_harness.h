@@ -247,7 +247,9 @@ G_FN const stoke_kernel_v1 *g_gpu_kernel(const char *op, stoke_pass pass, stoke_
   return NULL;
 }
 
-/* Run one kernel (plan, workspace, run, sync, destroy). */
+/* Run one kernel (plan, workspace, run, sync, destroy); the workspace
+ * poisoned first, as every_kernel_test's (a kernel writes the zeros it
+ * needs there). */
 G_FN void g_run(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, int gpu) {
   void *state = NULL, *ws = NULL;
   size_t wsb = 0;
@@ -255,6 +257,8 @@ G_FN void g_run(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, int gpu) {
   if (!e && wsb) {
     if (gpu) e = g_dev->alloc(g_dev_self, wsb, &ws);
     else ws = malloc(wsb);
+    if (!e && ws && gpu) e = g_dev->fill(g_dev_self, ws, 0xff, wsb, NULL);
+    else if (ws) memset(ws, 0xff, wsb);
   }
   a->workspace = ws;
   a->workspace_bytes = wsb;

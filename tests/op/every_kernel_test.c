@@ -387,7 +387,10 @@ static void expect_flat_mask(const kcheck *ck, const ktensor *y, const ktensor *
   free(yv), free(mv);
 }
 
-/* plan, workspace, run, wait, destroy: as the executor does. */
+/* plan, workspace, run, wait, destroy: as the executor does. The
+ * workspace is poisoned first (every byte 0xff: NaN in every float
+ * type): the executor hands a kernel memory other nodes just used, so a
+ * kernel that needs zeros there must write them itself. */
 static void run_kernel(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, const engine *e, const char *who) {
   void *state = NULL, *ws = NULL;
   size_t wsb = 0;
@@ -397,6 +400,7 @@ static void run_kernel(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, const 
   if (k->pass == STOKE_OPT) pa.opt = NULL; /* update kernels plan once, before any step */
   stoke_err *err = k->plan ? k->plan(&pa, &state, &wsb) : NULL;
   if (!err && wsb) err = e->dev->alloc(e->dev_self, wsb, &ws);
+  if (!err && ws) err = e->dev->fill(e->dev_self, ws, 0xff, wsb, a->stream);
   a->workspace = ws, a->workspace_bytes = wsb;
   if (!err) err = k->run(a, state);
   if (!err) err = e->dev->stream_sync(e->dev_self, NULL);

@@ -790,7 +790,8 @@ static int gen_layer_norm(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     ln_case(out, &n, k, add, i == 0 ? SHAPE(pick(r, 1, 3), rows, ch) : SHAPE(rows, ch));
   }
   /* the cuda register path: whole 16-byte vectors up to 1024 columns, more
-   * rows than its backward's 256 blocks take in one pass */
+   * rows than its backward's blocks (at most 512, and at most what the
+   * device holds at once) take in one pass */
   ln_case(out, &n, k, add, SHAPE(pick(r, 40, 300), 8 * pick(r, 1, 128)));
   ln_case(out, &n, k, add, SHAPE(2100, 1024));
   return n;
