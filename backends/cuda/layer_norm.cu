@@ -136,8 +136,14 @@ __device__ __forceinline__ float ln_dx(float rs, float gy, float mg, float xh, f
   return rs * (gy - mg - xh * mgx);
 }
 
+// Blocks an SM the backward is compiled for (registers a thread: 65536 / (128 x this)): 4 up to 3
+// slots a lane (768 bf16 columns, 128 registers); with 4 and more slots 3 (168 registers), where at
+// 128 the compiler spilled (108-112 bytes of stores, 316-416 of loads at 1024 bf16 columns) and the
+// kernel moved 1 TB/s; the shared memory allows 3 such blocks an SM with dc's sums anyway.
+template <int IT> constexpr int ln_bwd_min_blocks() { return IT >= 4 ? 3 : 4; }
+
 template <typename T, int IT, bool DC>
-__global__ void __launch_bounds__(kBwdWarps * 32, 4)
+__global__ void __launch_bounds__(kBwdWarps * 32, ln_bwd_min_blocks<IT>())
     ln_bwd_vec_kernel(const T *x, const T *__restrict__ w, const T *dy, const T *ds, const float *__restrict__ mean,
                       const float *__restrict__ rstd, T *dx, T *dx2, float2 *__restrict__ part,
                       float *__restrict__ part3, int64_t rows, int c, float b0, float b1) {
