@@ -60,9 +60,12 @@ static stoke_err *report_ranks(run_state *s) {
     return NULL;
   }
   STOKE_TRY(stoke_dp_bench(s->dp, 20, &ms, &bw), "timing the gradient all-reduce");
-  stoke_log(STOKE_LOG_INFO, "dp",
-            "all-reduce of the flat gradient buffer (%.1f MiB): %.3f ms, bus bandwidth %.1f GB/s over %d ranks",
-            bytes / 1048576.0, ms, bw, s->world);
+  /* every rank takes part in the timing; rank 0 logs it, as the gathered lines (each rank printed its own
+   * figure to the launcher's terminal, the same to a few microseconds) */
+  if (s->rank == 0)
+    stoke_log(STOKE_LOG_INFO, "dp",
+              "all-reduce of the flat gradient buffer (%.1f MiB): %.3f ms, bus bandwidth %.1f GB/s over %d ranks",
+              bytes / 1048576.0, ms, bw, s->world);
   if (!quiet) {
     printf("  data parallel over %d processes: data wait after the first step by rank %s\n", s->world, line);
     if (clocks[0]) printf("  GPU power and SM clock by rank (mean over the logged intervals): %s\n", clocks);
