@@ -531,19 +531,6 @@ template <typename T, int ADD> stoke_err *ln_fwd(const stoke_kernel_args_v1 *a, 
   return NULL;
 }
 
-// The register path's backward, with its dynamic shared memory (over 48 KiB with DC at GPT-2's 768
-// columns, and past 768 without: ln_bwd_smem_limit raised it in plan()).
-template <typename T, int IT, bool DC> int bwd_vec_slots();
-template <typename T, int IT, bool DC>
-cudaError_t launch_bwd_vec(int *parts_out, cudaStream_t st, const T *x, const T *w, const T *dy, const T *ds,
-                           const float *mean, const float *rstd, T *dx, T *dx2, float2 *part, float *part3,
-                           int64_t rows, int c, float b0, float b1) {
-  const int parts = *parts_out = vec_parts(rows, bwd_vec_slots<T, IT, DC>());
-  ln_bwd_vec_kernel<T, IT, DC><<<parts, kBwdWarps * 32, ln_bwd_vec_smem<T, IT, DC>(), st>>>(
-      x, w, dy, ds, mean, rstd, dx, dx2, part, part3, rows, c, b0, b1);
-  return cudaGetLastError();
-}
-
 // How many blocks of ln_bwd_vec_kernel<T, IT, DC> the current device holds at once (SMs times
 // blocks an SM, by its registers and shared memory), found once per device; 0 when the runtime
 // cannot say (then kVecParts blocks).
@@ -561,6 +548,18 @@ template <typename T, int IT, bool DC> int bwd_vec_slots() {
   n = sms * per > 0 ? sms * per : -1;
   cached[dev].store(n, std::memory_order_relaxed);
   return n > 0 ? n : 0;
+}
+
+// The register path's backward, with its dynamic shared memory (over 48 KiB with DC at GPT-2's 768
+// columns, and past 768 without: ln_bwd_smem_limit raised it in plan()).
+template <typename T, int IT, bool DC>
+cudaError_t launch_bwd_vec(int *parts_out, cudaStream_t st, const T *x, const T *w, const T *dy, const T *ds,
+                           const float *mean, const float *rstd, T *dx, T *dx2, float2 *part, float *part3,
+                           int64_t rows, int c, float b0, float b1) {
+  const int parts = *parts_out = vec_parts(rows, bwd_vec_slots<T, IT, DC>());
+  ln_bwd_vec_kernel<T, IT, DC><<<parts, kBwdWarps * 32, ln_bwd_vec_smem<T, IT, DC>(), st>>>(
+      x, w, dy, ds, mean, rstd, dx, dx2, part, part3, rows, c, b0, b1);
+  return cudaGetLastError();
 }
 
 // The register path's backward kernels for rows of c elements allowed the dynamic shared memory
