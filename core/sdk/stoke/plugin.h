@@ -368,7 +368,9 @@ typedef struct stoke_kernel_args_v1 {
 /* One entry of a backend's kernel table: (op, pass, dtype, layout) ->
  * {plan, run}. `plan` runs once per node when the graph is compiled (it may
  * autotune) and says how much workspace `run` needs; `run` never
- * allocates. `plan` and `destroy` may be NULL (no state, no workspace).
+ * allocates. The workspace holds whatever the nodes before wrote (the
+ * kernel tests fill it with 0xff bytes): a kernel writes the zeros it
+ * needs there. `plan` and `destroy` may be NULL (no state, no workspace).
  * STOKE_OPT kernels get plan() once, with `opt` NULL (it may ask for
  * workspace: grad_norm's partial sums); updates always get three inputs,
  * in[2], the state, zeroed before the first step. */
