@@ -33,6 +33,11 @@ cp -r "$ST/examples" "$ST/anchors" "$S/" 2>/dev/null
 [ -d "$ST/data" ] && ln -sfn "$ST/data" "$S/data"
 [ -d "$ST/photos" ] && ln -sfn "$ST/photos" "$S/photos"
 export STOKE_PLUGIN_PATH="$S/bin/plugins"
+if [ -f "$ST/before.tar.xz" ]; then # tools/gpu_stage.sh AB_KEEP=1: the build before, for gpu_suite's binab
+  export BEFORE=/tmp/stoke-before
+  rm -rf "$BEFORE" && mkdir -p "$BEFORE" && tar -C "$BEFORE" -xJf "$ST/before.tar.xz" &&
+    ln -sf "$S/bin/plugins/libstoke_cpu.so" "$BEFORE/bin/plugins/libstoke_cpu.so"
+fi
 export LD_LIBRARY_PATH="$S/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/device.txt" 2>&1
 summary=""

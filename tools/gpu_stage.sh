@@ -5,11 +5,24 @@
 # scripts, the photos from ../shared and the GPU-side scripts. Then
 # `bash .stage/gpu_check.sh` runs there. STAGE=path stages elsewhere (a
 # git worktree stages into an ignored .stage-NAME folder of the main
-# checkout, which is what the device tool copies).
+# checkout, which is what the device tool copies). AB_KEEP=1 keeps the
+# build being replaced as before.tar.xz (train, bench, COMMIT and the
+# plugins but the cpu one: a few MB; gpu_check.sh unpacks it and sets
+# BEFORE for gpu_suite's binab), to A/B two commits' kernels in one call:
+#   git checkout OLD; tools/gpu_stage.sh; git checkout NEW; AB_KEEP=1 tools/gpu_stage.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ST="${STAGE:-.stage}"
 bazel build -c opt //tools:train //tools:generate //tools:launch //tools:bench //tools:convert //tools:bench_loader //tools:make_jpeg_bench //tools:plugin_check //tools:libkernel_trace.so //tools:plugins //tests/gpu:all //backends/... //tests/plugins/newuser:hardswish
+before=""
+if [ "${AB_KEEP:-0}" = 1 ]; then
+  [ -f "$ST/bin.tar.xz" ] || { echo "AB_KEEP=1: no earlier stage in $ST to keep" >&2; exit 1; }
+  before=$(mktemp -d)
+  tar -C "$before" -xJf "$ST/bin.tar.xz" bin/train bin/bench bin/COMMIT bin/plugins
+  rm -f "$before/bin/plugins/libstoke_cpu.so" # the cpu engine (static OpenBLAS, 25 MB) is taken from the new build
+  tar -C "$before" -cJf "$before.tar.xz" bin && rm -rf "$before"
+  echo "before: $(tar -xJf "$before.tar.xz" -O bin/COMMIT)"
+fi
 rm -rf $ST && mkdir -p $ST/bin/plugins $ST/tests $ST/anchors
 cp bazel-bin/tools/train $ST/bin/
 for t in generate launch bench convert bench_loader make_jpeg_bench plugin_check libkernel_trace.so; do cp bazel-bin/tools/$t $ST/bin/; done
@@ -40,6 +53,7 @@ cp -L /usr/local/cuda/lib64/libcudart.so.13 $ST/lib/
 # CUPTI for bin/libkernel_trace.so (gpu_suite part ktrace)
 cp -L /usr/local/cuda/lib64/libcupti.so.13 $ST/lib/
 [ -d ../shared/anchors ] && cp ../shared/anchors/*.py $ST/anchors/ || true
+[ -n "$before" ] && mv "$before.tar.xz" "$ST/before.tar.xz"
 chmod -R u+w $ST
 # symbols stay here; the copy that travels is stripped (64 MiB limit)
 strip --strip-unneeded $ST/bin/train $ST/bin/plugins/*.so $ST/tests/* 2>/dev/null || true

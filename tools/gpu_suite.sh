@@ -121,11 +121,13 @@
 #             PyTorch (tools/resnet_matrix_torch.py, MATRIX_TORCH modes,
 #             compile-ro by default) for as many cells as MATRIX_S seconds allow
 #   binab     two builds A/B'd (issue 17's check): $BEFORE is another
-#             unpacked stage (bin/, its own plugins); for each BINAB_W
-#             workload, BINAB_R rounds of one tools/bench round of the
-#             before build then one of this build, interleaved; B/A as
-#             tools/bench reports it (geometric mean of the paired ratios,
-#             95% t-interval on their logs)
+#             unpacked stage (bin/, its own plugins; gpu_stage.sh AB_KEEP=1
+#             stages one, gpu_check.sh sets BEFORE); for each BINAB_W
+#             workload (an example's name, with overrides after @ signs:
+#             gpt2_124m@data.batch_size=8@model.n_layer=24), BINAB_R rounds
+#             of one tools/bench round of the before build then one of this
+#             build, interleaved; B/A as tools/bench reports it (geometric
+#             mean of the paired ratios, 95% t-interval on their logs)
 #   observe   issue 13: ResNet-50 with run.trace=20-24 (eager and CUDA graph)
 #             and run.tensorboard=true: the trace's lanes, op slices and what
 #             tracing cost in its steps; observe_check.py on the eager run;
@@ -691,31 +693,34 @@ PY
       ;;
     binab)
       [ -x "${BEFORE:-}/bin/bench" ] || { echo "binab: BEFORE (an unpacked stage) has no bin/bench"; continue; }
-      for w in ${BINAB_W:-mlp resnet50 resnet18c}; do
+      log "binab: $(cat "$BEFORE/bin/COMMIT" 2>/dev/null || echo '?') (before) against $(cat "$S/bin/COMMIT" 2>/dev/null || echo '?')"
+      for item in ${BINAB_W:-mlp resnet50 resnet18c}; do
+        w=${item%%@*}; over=""; [ "$item" != "$w" ] && over=$(echo "${item#*@}" | tr '@' ' ')
+        tag=$(echo "$item" | tr -c 'A-Za-z0-9_\n' '_' | cut -c1-80)
         for r in $(seq "${BINAB_R:-5}"); do
           for side in before after; do
             root=$S; [ $side = before ] && root=$BEFORE
             STOKE_PLUGIN_PATH="$root/bin/plugins" timeout 200 "$root/bin/bench" "$S/examples/$w.ini" --rounds 1 \
-              --json "$OUT/binab_${w}_${side}_$r.json" run.out_dir="/tmp/binab_$side" > "$OUT/binab_${w}_${side}_$r.log" 2>&1 ||
-              { echo "binab $w $side round $r failed:"; tail -3 "$OUT/binab_${w}_${side}_$r.log"; }
+              --json "$OUT/binab_${tag}_${side}_$r.json" $over run.out_dir="/tmp/binab_$side" > "$OUT/binab_${tag}_${side}_$r.log" 2>&1 ||
+              { echo "binab $item $side round $r failed:"; tail -3 "$OUT/binab_${tag}_${side}_$r.log"; }
           done
         done
-        python3 - "$OUT" "$w" "${BINAB_R:-5}" <<'PY'
+        python3 - "$OUT" "$tag" "${BINAB_R:-5}" "$item" <<'PY'
 import json, math, sys
-out, w, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+out, w, n, label = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 def sps(side, r):
     try: return json.load(open(f"{out}/binab_{w}_{side}_{r}.json"))["variants"][0]["samples_per_s"][0]
     except (OSError, KeyError, IndexError, ValueError): return None
 pairs = [(sps("before", r), sps("after", r)) for r in range(1, n + 1)]
 pairs = [(a, b) for a, b in pairs if a and b]
-if len(pairs) < 2: print(f"binab {w}: too few rounds ({len(pairs)})"); sys.exit()
+if len(pairs) < 2: print(f"binab {label}: too few rounds ({len(pairs)})"); sys.exit()
 logs = [math.log(b / a) for a, b in pairs]
 m = sum(logs) / len(logs)
 sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (len(logs) - 1))
 t = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}.get(len(logs) - 1, 2.0)
 h = t * sd / math.sqrt(len(logs))
 med = lambda v: sorted(v)[len(v) // 2]
-print(f"binab {w}: before {med([a for a, _ in pairs]):,.0f} after {med([b for _, b in pairs]):,.0f} samples/s (medians of {len(pairs)}), "
+print(f"binab {label}: before {med([a for a, _ in pairs]):,.0f} after {med([b for _, b in pairs]):,.0f} samples/s (medians of {len(pairs)}), "
       f"after/before {math.exp(m):.4f} [95% CI {math.exp(m - h):.4f}, {math.exp(m + h):.4f}]")
 PY
       done
