@@ -496,14 +496,14 @@ template <int ADD> stoke_err *ln_plan_any(const stoke_kernel_args_v1 *a, stoke_d
   return NULL;
 }
 
-template <typename T> cudaError_t ln_bwd_smem_limit(int64_t c);
+template <typename T> cudaError_t ln_bwd_smem_limit(const stoke_cuda_device *d, int64_t c);
 
 template <typename T, int ADD, int BWD> stoke_err *ln_plan(const stoke_kernel_args_v1 *a, void **state, size_t *w) {
   if (state) *state = NULL;
   if (w) *w = 0;
   CHECK(ln_plan_any<ADD>(a, dtype_of<T>::value, BWD, w));
   const stoke_shape *xs = &a->in[0].shape;
-  cudaError_t e = BWD && xs->ndim ? ln_bwd_smem_limit<T>(xs->d[xs->ndim - 1]) : cudaSuccess;
+  cudaError_t e = BWD && xs->ndim ? ln_bwd_smem_limit<T>(static_cast<const stoke_cuda_device *>(a->engine), xs->d[xs->ndim - 1]) : cudaSuccess;
   if (e != cudaSuccess)
     return STOKE_PERR(STOKE_E_DEVICE, "%s '%s': raising the backward kernel's shared-memory limit failed: %s",
                       a->node->op, stoke_node_name(a), cudaGetErrorString(e));
@@ -531,32 +531,31 @@ template <typename T, int ADD> stoke_err *ln_fwd(const stoke_kernel_args_v1 *a, 
   return NULL;
 }
 
-// How many blocks of ln_bwd_vec_kernel<T, IT, DC> the current device holds at once (SMs times
-// blocks an SM, by its registers and shared memory), found once per device; 0 when the runtime
-// cannot say (then kVecParts blocks).
-template <typename T, int IT, bool DC> int bwd_vec_slots() {
-  static std::atomic<int> cached[kMaxDevices]; /* 0: not yet asked */
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 0;
-  int n = cached[dev].load(std::memory_order_relaxed);
-  if (n) return n > 0 ? n : 0;
-  int sms = 0, per = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, ln_bwd_vec_kernel<T, IT, DC>, kBwdWarps * 32,
-                                                    ln_bwd_vec_smem<T, IT, DC>()) != cudaSuccess)
-    per = 0;
-  n = sms * per > 0 ? sms * per : -1;
-  cached[dev].store(n, std::memory_order_relaxed);
-  return n > 0 ? n : 0;
+// How many blocks of ln_bwd_vec_kernel<T, IT, DC> device d (the engine's, a->engine) holds at
+// once: its SMs (stoke_cuda_device.sm_count) times the blocks an SM by the kernel's registers and
+// shared memory, asked of the runtime once per device (at plan time, ln_bwd_smem_limit); 0 when
+// unknown (then kVecParts blocks).
+template <typename T, int IT, bool DC> int bwd_vec_slots(const stoke_cuda_device *d) {
+  static std::atomic<int> per_sm[kMaxDevices]; /* 0: not yet asked, -1: the runtime could not say */
+  if (!d || d->version != STOKE_CUDA_DEVICE_VERSION || d->index < 0 || d->index >= kMaxDevices || d->sm_count <= 0)
+    return 0;
+  int per = per_sm[d->index].load(std::memory_order_relaxed);
+  if (!per) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, ln_bwd_vec_kernel<T, IT, DC>, kBwdWarps * 32,
+                                                      ln_bwd_vec_smem<T, IT, DC>()) != cudaSuccess || per < 1)
+      per = -1;
+    per_sm[d->index].store(per, std::memory_order_relaxed);
+  }
+  return per > 0 ? d->sm_count * per : 0;
 }
 
 // The register path's backward, with its dynamic shared memory (over 48 KiB with DC at GPT-2's 768
 // columns, and past 768 without: ln_bwd_smem_limit raised it in plan()).
 template <typename T, int IT, bool DC>
-cudaError_t launch_bwd_vec(int *parts_out, cudaStream_t st, const T *x, const T *w, const T *dy, const T *ds,
+cudaError_t launch_bwd_vec(const stoke_cuda_device *d, int *parts_out, cudaStream_t st, const T *x, const T *w, const T *dy, const T *ds,
                            const float *mean, const float *rstd, T *dx, T *dx2, float2 *part, float *part3,
                            int64_t rows, int c, float b0, float b1) {
-  const int parts = *parts_out = vec_parts(rows, bwd_vec_slots<T, IT, DC>());
+  const int parts = *parts_out = vec_parts(rows, bwd_vec_slots<T, IT, DC>(d));
   ln_bwd_vec_kernel<T, IT, DC><<<parts, kBwdWarps * 32, ln_bwd_vec_smem<T, IT, DC>(), st>>>(
       x, w, dy, ds, mean, rstd, dx, dx2, part, part3, rows, c, b0, b1);
   return cudaGetLastError();
@@ -564,7 +563,7 @@ cudaError_t launch_bwd_vec(int *parts_out, cudaStream_t st, const T *x, const T 
 
 // The register path's backward kernels for rows of c elements allowed the dynamic shared memory
 // they take past 48 KiB, on the current device: once, at plan time, not at every launch.
-template <typename T> cudaError_t ln_bwd_smem_limit(int64_t c) {
+template <typename T> cudaError_t ln_bwd_smem_limit(const stoke_cuda_device *d, int64_t c) {
   const int it = vec_iters<T>(c, {});
   cudaError_t e = cudaSuccess;
   auto raise = [&](const void *kernel, size_t bytes) {
@@ -577,7 +576,7 @@ template <typename T> cudaError_t ln_bwd_smem_limit(int64_t c) {
       raise((const void *)ln_bwd_vec_kernel<T, IT, false>, ln_bwd_vec_smem<T, IT, false>());
       raise((const void *)ln_bwd_vec_kernel<T, IT, true>, ln_bwd_vec_smem<T, IT, true>());
       if (e == cudaSuccess) /* the resident block counts, asked now (with the limit raised), not during a capture */
-        bwd_vec_slots<T, IT, false>(), bwd_vec_slots<T, IT, true>();
+        bwd_vec_slots<T, IT, false>(d), bwd_vec_slots<T, IT, true>(d);
     });
   return e;
 }
@@ -587,6 +586,7 @@ template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, 
   CHECK(ln_check(a, dtype_of<T>::value, 1, true, ADD, &g));
   if (!g.rows) return NULL;
   cudaStream_t st = stream_of(a);
+  const stoke_cuda_device *dev = static_cast<const stoke_cuda_device *>(a->engine);
   const T *x = ADD ? dp<T>(a->out[0]) : dp<T>(a->in[0]), *dy = dp<T>(a->dout[g.y]), *w = dp<T>(a->in[g.w]);
   const T *ds = ADD ? dp<T>(a->dout[0]) : (const T *)NULL;
   const float *mean = dp<float>(a->out[g.y + 1]), *rstd = dp<float>(a->out[g.y + 2]);
@@ -606,9 +606,9 @@ template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, 
   if (it) {
     cudaError_t e = cudaSuccess;
     with_iters(it, [&](auto k) {
-      e = dc ? launch_bwd_vec<T, decltype(k)::value, true>(&parts, st, x, w, dy, ds, mean, rstd, dx, dx2, part, part3,
+      e = dc ? launch_bwd_vec<T, decltype(k)::value, true>(dev, &parts, st, x, w, dy, ds, mean, rstd, dx, dx2, part, part3,
                                                             g.rows, (int)g.c, b0, b1)
-             : launch_bwd_vec<T, decltype(k)::value, false>(&parts, st, x, w, dy, ds, mean, rstd, dx, dx2, part,
+             : launch_bwd_vec<T, decltype(k)::value, false>(dev, &parts, st, x, w, dy, ds, mean, rstd, dx, dx2, part,
                                                              NULL, g.rows, (int)g.c, b0, b1);
     });
     if (e != cudaSuccess)

@@ -359,6 +359,7 @@ typedef struct sdpa_state {
   bdesc plan;
   int64_t ws;     /* the engine's workspace */
   size_t extra;   /* ours after it: seed, offset (int64), backward: the row sums and the dQ accumulator */
+  size_t zero;    /* of `extra`, the bytes each run zeroes first (sdpa_exec) */
   int bwd;
   int dropout;    /* the fallback graph (with a p = 0 dropout) made the plan */
   int det;        /* backward: the deterministic graph made the plan (no dQ accumulator) */
@@ -457,6 +458,10 @@ static stoke_err *make_plan_of(sdpa_state *st, cudnn_engine *eng, int autotune, 
   st->extra = up(2 * sizeof(int64_t)) +
               (st->bwd ? up((size_t)(s0->b * s0->h * s0->t) * 4) : 0) +
               (st->bwd && !st->det ? up((size_t)(s0->b * s0->h * s0->t * s0->d) * 4) : 0);
+  /* The dropout graph's seed and offset are zeros. Since cuDNN 9.6 the backward's engines zero the dQ
+   * accumulator themselves (cudnn-frontend memsets it only before 9.6.0): a memset of it cost GPT-2
+   * 12.9 us a layer (BENCHMARKS.md run 36); every_kernel_test hands the kernel a poisoned workspace. */
+  st->zero = cudnnGetVersion() < 90600 ? st->extra : st->dropout ? 2 * sizeof(int64_t) : 0;
   int best = 0;
   stoke_err *te = NULL;
   float ms[SDPA_PLANS];
@@ -593,11 +598,7 @@ static stoke_err *sdpa_exec(const sdpa_state *st, cudnn_engine *eng, bdesc plan,
   if (st->dropout) BIND(ID_SEED, seed), BIND(ID_OFFSET, offset), BIND(ID_DROP_SCALE, &one_io);
   cudaStream_t stream = (cudaStream_t)stream_p;
   CUDNN_CHECK(cudnnSetStream(eng->handle, stream), st->node);
-  /* The dropout graph's seed and offset are zeros. Since cuDNN 9.6 the backward's engines zero the dQ
-   * accumulator themselves (cudnn-frontend memsets it only before 9.6.0): a memset of it cost GPT-2
-   * 12.9 us a layer (BENCHMARKS.md run 36); every_kernel_test hands the kernel a poisoned workspace. */
-  size_t zero = cudnnGetVersion() < 90600 ? st->extra : st->dropout ? 2 * sizeof(int64_t) : 0;
-  if (zero) STOKE_CUDA(cudaMemsetAsync(ours, 0, zero, stream));
+  if (st->zero) STOKE_CUDA(cudaMemsetAsync(ours, 0, st->zero, stream));
   if (st->bwd) {
     char *dqkv = dqkv_p, *sum = ours + up(2 * sizeof(int64_t));
     BIND(ID_DO, dy), BIND(ID_DQ, dqkv), BIND(ID_DK, dqkv + c * es), BIND(ID_DV, dqkv + 2 * c * es);

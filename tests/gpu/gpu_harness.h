@@ -257,7 +257,7 @@ G_FN void g_run(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, int gpu) {
   if (!e && wsb) {
     if (gpu) e = g_dev->alloc(g_dev_self, wsb, &ws);
     else ws = malloc(wsb);
-    if (!e && ws && gpu) e = g_dev->fill(g_dev_self, ws, 0xff, wsb, NULL);
+    if (!e && ws && gpu) e = g_dev->fill(g_dev_self, ws, 0xff, wsb, a->stream);
     else if (ws) memset(ws, 0xff, wsb);
   }
   a->workspace = ws;
