@@ -32,6 +32,7 @@ constexpr int kVecMaxC = 1024;        // register path: the widest row (32 float
 constexpr int kVecParts = 512;        // register path: most blocks of the backward, each one partial
 constexpr int kBwdWarps = 4;          // register path, backward: rows a block works on at once
 constexpr int kMaxDevices = 64;       // devices whose resident block counts are remembered
+constexpr int kParts = kVecParts > kLnParts ? kVecParts : kLnParts; // partial sums the workspace holds
 
 template <typename T> T *dp(const stoke_tensor &t) { return static_cast<T *>(t.data); }
 
@@ -309,9 +310,29 @@ __global__ void __launch_bounds__(32 * kSumPhases)
 
 // --------------------------------------------------------- plain path
 
+// Rows past the register path's 1024 columns (GPT-2 large's 1280, XL's 1600), or not in whole
+// 16-byte vectors, read from memory. N elements a load: 16 bytes (16 / sizeof(T)) when the
+// columns are whole vectors and every pointer 16-byte aligned, else 1. With 2-byte loads GPT-2
+// large's add_bias_layer_norm backward took 156 us a call where its bytes take about 8 (BENCHMARKS.md
+// run 36).
+template <typename T, int N> __device__ __forceinline__ vec<T, N> ldn(const T *p) {
+  return *reinterpret_cast<const vec<T, N> *>(p);
+}
+template <typename T, int N> __device__ __forceinline__ void stn(T *p, const vec<T, N> &v) {
+  *reinterpret_cast<vec<T, N> *>(p) = v;
+}
+// d = beta d + v for N elements (d not read when beta is 0, as acc()).
+template <typename T, int N> __device__ __forceinline__ void accn(T *d, float beta, const float *v) {
+  vec<T, N> o;
+  if (beta != 0.f) o = ldn<T, N>(d);
+#pragma unroll
+  for (int k = 0; k < N; k++) o.v[k] = from_f<T>(beta != 0.f ? beta * to_f(o.v[k]) + v[k] : v[k]);
+  stn<T, N>(d, o);
+}
+
 // One warp per row, read from memory: s = a + b (+ c) rounded to T (add_layer_norm) or x, its mean and
 // biased variance (two passes over the row, in float), y = (s - mean) rstd w + bias.
-template <typename T>
+template <typename T, int N>
 __global__ void ln_fwd_kernel(const T *__restrict__ a, const T *__restrict__ b, const T *__restrict__ cb,
                               T *__restrict__ s_out, const T *__restrict__ w, const T *__restrict__ bias,
                               T *__restrict__ y, float *__restrict__ mean, float *__restrict__ rstd, int64_t rows,
@@ -321,25 +342,38 @@ __global__ void ln_fwd_kernel(const T *__restrict__ a, const T *__restrict__ b, 
   for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
     const T *ar = a + r * c;
     float sum = 0.f;
-    for (int64_t j = lane; j < c; j += 32) {
-      float v = to_f(ar[j]);
+    for (int64_t j = (int64_t)lane * N; j < c; j += 32 * N) {
+      vec<T, N> v = ldn<T, N>(ar + j);
       if (b) {
-        T sv = from_f<T>(v + to_f(b[r * c + j]) + (cb ? to_f(cb[j]) : 0.f));
-        s_out[r * c + j] = sv;
-        v = to_f(sv);
+        const vec<T, N> vb = ldn<T, N>(b + r * c + j);
+        vec<T, N> vc;
+        if (cb) vc = ldn<T, N>(cb + j);
+#pragma unroll
+        for (int k = 0; k < N; k++) v.v[k] = from_f<T>(to_f(v.v[k]) + to_f(vb.v[k]) + (cb ? to_f(vc.v[k]) : 0.f));
+        stn<T, N>(s_out + r * c + j, v);
       }
-      sum += v;
+#pragma unroll
+      for (int k = 0; k < N; k++) sum += to_f(v.v[k]);
     }
     const T *xr = b ? s_out + r * c : ar;
     __syncwarp();
     float m = warp_sum(sum) / (float)c, q = 0.f;
-    for (int64_t j = lane; j < c; j += 32) {
-      float d = to_f(xr[j]) - m;
-      q += d * d;
+    for (int64_t j = (int64_t)lane * N; j < c; j += 32 * N) {
+      const vec<T, N> v = ldn<T, N>(xr + j);
+#pragma unroll
+      for (int k = 0; k < N; k++) {
+        const float d = to_f(v.v[k]) - m;
+        q += d * d;
+      }
     }
     float rs = rsqrtf(warp_sum(q) / (float)c + eps);
-    for (int64_t j = lane; j < c; j += 32)
-      y[r * c + j] = from_f<T>((to_f(xr[j]) - m) * rs * to_f(w[j]) + to_f(bias[j]));
+    for (int64_t j = (int64_t)lane * N; j < c; j += 32 * N) {
+      const vec<T, N> v = ldn<T, N>(xr + j), wv = ldn<T, N>(w + j), bv = ldn<T, N>(bias + j);
+      vec<T, N> o;
+#pragma unroll
+      for (int k = 0; k < N; k++) o.v[k] = from_f<T>((to_f(v.v[k]) - m) * rs * to_f(wv.v[k]) + to_f(bv.v[k]));
+      stn<T, N>(y + r * c + j, o);
+    }
     if (lane == 0) mean[r] = m, rstd[r] = rs;
   }
 }
@@ -347,7 +381,7 @@ __global__ void ln_fwd_kernel(const T *__restrict__ a, const T *__restrict__ b, 
 // dx per row (one warp): rstd (gy - mean(gy) - xhat mean(gy xhat)) (+ ds), gy = dy w, into dx and
 // dx2 (add_layer_norm's second input, when it has its own memory); the row's (mean(gy),
 // mean(gy xhat)) into rowstat when given (add_bias_layer_norm's dc: ln_bwd_w_part_kernel).
-template <typename T>
+template <typename T, int N>
 __global__ void ln_bwd_x_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ dy,
                                 const T *__restrict__ ds, const float *__restrict__ mean,
                                 const float *__restrict__ rstd, T *dx, T *dx2, float2 *__restrict__ rowstat,
@@ -356,47 +390,72 @@ __global__ void ln_bwd_x_kernel(const T *__restrict__ x, const T *__restrict__ w
   const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
   for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
     float m = mean[r], rs = rstd[r], mg = 0.f, mgx = 0.f;
-    for (int64_t j = lane; j < c; j += 32) {
-      float gy = to_f(dy[r * c + j]) * to_f(w[j]);
-      mg += gy;
-      mgx += gy * (to_f(x[r * c + j]) - m) * rs;
+    for (int64_t j = (int64_t)lane * N; j < c; j += 32 * N) {
+      const vec<T, N> dv = ldn<T, N>(dy + r * c + j), xv = ldn<T, N>(x + r * c + j), wv = ldn<T, N>(w + j);
+#pragma unroll
+      for (int k = 0; k < N; k++) {
+        const float gy = to_f(dv.v[k]) * to_f(wv.v[k]);
+        mg += gy;
+        mgx += gy * (to_f(xv.v[k]) - m) * rs;
+      }
     }
     mg = warp_sum(mg) / (float)c;
     mgx = warp_sum(mgx) / (float)c;
     if (rowstat && lane == 0) rowstat[r] = make_float2(mg, mgx);
-    for (int64_t j = lane; dx && j < c; j += 32) {
-      int64_t i = r * c + j;
-      float xh = (to_f(x[i]) - m) * rs, gy = to_f(dy[i]) * to_f(w[j]);
-      float v = ln_dx(rs, gy, mg, xh, mgx) + (ds ? to_f(ds[i]) : 0.f);
-      acc(dx + i, b0, v);
-      if (dx2) acc(dx2 + i, b1, v);
+    for (int64_t j = (int64_t)lane * N; dx && j < c; j += 32 * N) {
+      const int64_t i = r * c + j;
+      const vec<T, N> xv = ldn<T, N>(x + i), dv = ldn<T, N>(dy + i), wv = ldn<T, N>(w + j);
+      vec<T, N> sv;
+      if (ds) sv = ldn<T, N>(ds + i);
+      float v[N];
+#pragma unroll
+      for (int k = 0; k < N; k++) {
+        const float xh = (to_f(xv.v[k]) - m) * rs, gy = to_f(dv.v[k]) * to_f(wv.v[k]);
+        v[k] = ln_dx(rs, gy, mg, xh, mgx) + (ds ? to_f(sv.v[k]) : 0.f);
+      }
+      accn<T, N>(dx + i, b0, v);
+      if (dx2) accn<T, N>(dx2 + i, b1, v);
     }
   }
 }
 
-// part[p, j] = (sum dy xhat, sum dy) over partition p's rows of column j (a thread per column); with
-// rowstat (ln_bwd_x_kernel's), part3[p, j] = the sum of the gradient dx's values, recomputed in float.
-template <typename T>
+// part[p, j] = (sum dy xhat, sum dy) over partition p of `parts` (its rows: a contiguous share) of
+// column j (a thread per N columns); with rowstat (ln_bwd_x_kernel's), part3[p, j] = the sum of the
+// gradient dx's values, recomputed in float.
+template <typename T, int N>
 __global__ void ln_bwd_w_part_kernel(const T *__restrict__ x, const T *__restrict__ dy, const T *__restrict__ w,
                                      const T *__restrict__ ds, const float *__restrict__ mean,
                                      const float *__restrict__ rstd, const float2 *__restrict__ rowstat,
-                                     float2 *__restrict__ part, float *__restrict__ part3, int64_t rows, int64_t c) {
+                                     float2 *__restrict__ part, float *__restrict__ part3, int64_t rows, int64_t c,
+                                     int parts) {
   const int p = blockIdx.y;
-  const int64_t per = (rows + kLnParts - 1) / kLnParts, r0 = p * per, r1 = r0 + per < rows ? r0 + per : rows;
-  for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < c; j += (int64_t)gridDim.x * blockDim.x) {
-    float sw = 0.f, sb = 0.f, sc = 0.f;
+  const int64_t per = (rows + parts - 1) / parts, r0 = p * per, r1 = r0 + per < rows ? r0 + per : rows;
+  for (int64_t j = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * N; j < c; j += (int64_t)gridDim.x * blockDim.x * N) {
+    float sw[N] = {}, sb[N] = {}, sc[N] = {};
+    vec<T, N> wv;
+    if (rowstat) wv = ldn<T, N>(w + j);
+#pragma unroll 4
     for (int64_t r = r0; r < r1; r++) {
-      const float d = to_f(dy[r * c + j]), xh = (to_f(x[r * c + j]) - mean[r]) * rstd[r];
-      sw += d * xh;
-      sb += d;
-      if (rowstat)
-        sc += ln_dx(rstd[r], d * to_f(w[j]), rowstat[r].x, xh, rowstat[r].y) + (ds ? to_f(ds[r * c + j]) : 0.f);
+      const vec<T, N> dv = ldn<T, N>(dy + r * c + j), xv = ldn<T, N>(x + r * c + j);
+      const float m = mean[r], rs = rstd[r];
+      vec<T, N> sv;
+      if (rowstat && ds) sv = ldn<T, N>(ds + r * c + j);
+      const float2 st = rowstat ? rowstat[r] : make_float2(0.f, 0.f);
+#pragma unroll
+      for (int k = 0; k < N; k++) {
+        const float d = to_f(dv.v[k]), xh = (to_f(xv.v[k]) - m) * rs;
+        sw[k] += d * xh;
+        sb[k] += d;
+        if (rowstat) sc[k] += ln_dx(rs, d * to_f(wv.v[k]), st.x, xh, st.y) + (ds ? to_f(sv.v[k]) : 0.f);
+      }
     }
-    part[(int64_t)p * c + j] = make_float2(sw, sb);
-    if (rowstat) part3[(int64_t)p * c + j] = sc;
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+      part[(int64_t)p * c + j + k] = make_float2(sw[k], sb[k]);
+      if (rowstat) part3[(int64_t)p * c + j + k] = sc[k];
+    }
   }
 }
-
 
 // ================================================================ host side
 
@@ -456,6 +515,19 @@ template <typename T> int vec_iters(int64_t c, std::initializer_list<const void 
   return it <= 4 ? it : it <= 6 ? 6 : 8;
 }
 
+// The plain path in 16-byte loads: c whole 16-byte vectors, every given pointer 16-byte aligned.
+template <typename T> bool plain_vec(int64_t c, std::initializer_list<const void *> ptrs) {
+  return c % (int64_t)(16 / sizeof(T)) == 0 && all_aligned16(ptrs);
+}
+
+// The plain path's partitions of the rows for the weight gradients' partial sums in 16-byte loads:
+// about 16 rows each, at most kParts (GPT-2 large's 8192 rows: 512; with kLnParts' 64 a thread's 128
+// rows of 16-byte loads left too few loads in flight), the rows alone decide it.
+int plain_vec_parts(int64_t rows) {
+  int64_t p = (rows + 15) / 16;
+  return (int)(p < 1 ? 1 : p < kParts ? p : kParts);
+}
+
 // f(std::integral_constant<int, it>()) for the slot counts vec_iters gives.
 template <typename F> void with_iters(int it, F f) {
   switch (it) {
@@ -482,7 +554,6 @@ int vec_parts(int64_t rows, int slots) {
 
 // The backward's workspace: the blocks' float2 partials of dweight and dbias, then for
 // add_bias_layer_norm (ADD 2) the float partials of dc and the plain path's per-row statistics.
-constexpr int kParts = kVecParts > kLnParts ? kVecParts : kLnParts;
 size_t ln_bwd_workspace(const ln_geom &g) {
   size_t b = (size_t)kParts * (size_t)g.c * sizeof(float2);
   if (g.add == 2) b += (size_t)kParts * (size_t)g.c * sizeof(float) + (size_t)g.rows * sizeof(float2);
@@ -525,8 +596,11 @@ template <typename T, int ADD> stoke_err *ln_fwd(const stoke_kernel_args_v1 *a, 
       ln_fwd_vec_kernel<T, decltype(k)::value>
           <<<grid, kThreads, 0, stream_of(a)>>>(x, r, cb, s, w, bias, y, mean, rstd, g.rows, (int)g.c, g.eps);
     });
+  else if (plain_vec<T>(g.c, {x, r, w, bias, cb, s, y}))
+    ln_fwd_kernel<T, 16 / sizeof(T)>
+        <<<grid, kThreads, 0, stream_of(a)>>>(x, r, cb, s, w, bias, y, mean, rstd, g.rows, g.c, g.eps);
   else
-    ln_fwd_kernel<T><<<grid, kThreads, 0, stream_of(a)>>>(x, r, cb, s, w, bias, y, mean, rstd, g.rows, g.c, g.eps);
+    ln_fwd_kernel<T, 1><<<grid, kThreads, 0, stream_of(a)>>>(x, r, cb, s, w, bias, y, mean, rstd, g.rows, g.c, g.eps);
   LAUNCH_OK(a);
   return NULL;
 }
@@ -615,15 +689,30 @@ template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, 
       return STOKE_PERR(STOKE_E_DEVICE, "%s '%s': backward launch failed: %s", a->node->op, stoke_node_name(a),
                         cudaGetErrorString(e));
     LAUNCH_OK(a);
+  } else if (plain_vec<T>(g.c, {x, w, dy, ds, dx, dx2})) {
+    constexpr int N = 16 / sizeof(T);
+    parts = plain_vec_parts(g.rows);
+    if (dx || dc) {
+      ln_bwd_x_kernel<T, N><<<grid_for(g.rows, kWarps, kGrid), kThreads, 0, st>>>(x, w, dy, ds, mean, rstd, dx, dx2,
+                                                                                   rowstat, g.rows, g.c, b0, b1);
+      LAUNCH_OK(a);
+    }
+    if (want_w) {
+      dim3 grid(grid_for(g.c / N, kThreads, 64), parts);
+      ln_bwd_w_part_kernel<T, N>
+          <<<grid, kThreads, 0, st>>>(x, dy, w, ds, mean, rstd, rowstat, part, part3, g.rows, g.c, parts);
+      LAUNCH_OK(a);
+    }
   } else {
     if (dx || dc) {
-      ln_bwd_x_kernel<T><<<grid_for(g.rows, kWarps, kGrid), kThreads, 0, st>>>(x, w, dy, ds, mean, rstd, dx, dx2,
-                                                                                rowstat, g.rows, g.c, b0, b1);
+      ln_bwd_x_kernel<T, 1><<<grid_for(g.rows, kWarps, kGrid), kThreads, 0, st>>>(x, w, dy, ds, mean, rstd, dx, dx2,
+                                                                                   rowstat, g.rows, g.c, b0, b1);
       LAUNCH_OK(a);
     }
     if (want_w) {
       dim3 grid(grid_for(g.c, kThreads, 64), kLnParts);
-      ln_bwd_w_part_kernel<T><<<grid, kThreads, 0, st>>>(x, dy, w, ds, mean, rstd, rowstat, part, part3, g.rows, g.c);
+      ln_bwd_w_part_kernel<T, 1>
+          <<<grid, kThreads, 0, st>>>(x, dy, w, ds, mean, rstd, rowstat, part, part3, g.rows, g.c, kLnParts);
       LAUNCH_OK(a);
     }
   }
