@@ -34,7 +34,7 @@ enum {
   H_LIVE = 1,   /* lr and step from device memory; wrong ones by value */
   H_AMP = 2,    /* loss scale 1024 (gradients scaled), step 2 skipped: step 3 is t = 2 */
   H_CLIP = 4,   /* a clipping factor of 0.37 */
-  H_GROUPS = 8, /* weight decay on [0, 1024) and [2048, 4096) only */
+  H_GROUPS = 8, /* weight decay on the N_RANGES ranges of hooks_on only */
 };
 
 /* ||got - want|| / ||want|| over n f32 values against doubles; fails on a
@@ -61,10 +61,14 @@ static double round_to(stoke_dtype dt, double v) {
   return g_get(h, dt, 0);
 }
 
+/* Weight-decay ranges: enough of them, of mixed lengths, that the GPU's
+ * binary search over them takes every turn (cuda's optim.cu, decays()). */
+#define N_RANGES 9
+
 /* The device-side words of the hooks, and their host twins for the CPU. */
 typedef struct hook_words {
   float amp[4], clip[2];
-  int64_t ranges[4];
+  int64_t ranges[2 * N_RANGES];
   float *d_amp, *d_clip;
   int64_t *d_ranges;
   double *d_live;
@@ -74,7 +78,8 @@ static void hooks_on(hook_words *w, unsigned hooks, stoke_opt_args_v1 *cpu, stok
   memset(w, 0, sizeof *w);
   w->amp[0] = 1024;
   w->clip[0] = 3, w->clip[1] = 0.37f;
-  int64_t r[4] = {0, 1024, 2048, 4096};
+  int64_t r[2 * N_RANGES] = {0,    64,   128,  132,  256,  1024, 1100, 1104, 2048,
+                             2560, 2600, 2700, 3000, 3004, 3500, 4000, 4092, 4096};
   memcpy(w->ranges, r, sizeof r);
   if (hooks & H_AMP) {
     w->d_amp = g_dev_alloc(sizeof w->amp);
@@ -89,7 +94,7 @@ static void hooks_on(hook_words *w, unsigned hooks, stoke_opt_args_v1 *cpu, stok
     w->d_ranges = g_dev_alloc(sizeof w->ranges);
     g_dev_put(w->d_ranges, w->ranges, sizeof w->ranges);
     cpu->decay_ranges = w->ranges, gpu->decay_ranges = w->d_ranges;
-    cpu->n_decay_ranges = gpu->n_decay_ranges = 2;
+    cpu->n_decay_ranges = gpu->n_decay_ranges = N_RANGES;
   }
   if (hooks & H_LIVE) w->d_live = g_dev_alloc(2 * sizeof(double));
 }
