@@ -2,10 +2,11 @@
 // to the dtype, then normalized) and add_bias_layer_norm (s = x + r + c), forward and backward, f32,
 // bf16 and fp16; see stoke/ops.h. add_bias_layer_norm's dc, the column sums of the gradient written
 // to x and r, is summed in the same pass as dweight and dbias.
-// Rows of at most 1024 columns in whole 16-byte vectors take the register path: a warp per row held
-// in registers, one read of each input and one write of each output, and the backward's weight and
-// bias gradients summed in the same pass (per block, then the blocks in order), as llm.c's fused
-// layernorm backward does. Other rows take the plain warp-per-row kernels. Arithmetic in float,
+// Rows in whole 16-byte vectors take the register path, up to 256 vectors a row in the forward (2048
+// 16-bit columns, 1024 f32) and 48 floats a lane in the backward (1536 16-bit columns, 1024 f32): a
+// warp per row held in registers, one read of each input and one write of each output, and the
+// backward's weight and bias gradients summed in the same pass (per block, then the blocks in order),
+// as llm.c's fused layernorm backward does. Other rows take the plain warp-per-row kernels. Arithmetic in float,
 // reductions in a fixed order (no float atomics: the same bits on every run), the CPU reference's
 // semantics (backends/cpu/seq.c).
 #include <cuda_bf16.h>
@@ -28,7 +29,8 @@ namespace {
 constexpr int64_t kGrid = 65535;
 constexpr int kWarps = kThreads / 32; // rows a block works on at once
 constexpr int kLnParts = 64;          // plain path: row partitions of the weight and bias gradients
-constexpr int kVecMaxC = 1024;        // register path: the widest row (32 floats a lane)
+constexpr int kVecMaxVecs = 256;      // register path: the widest row, in 16-byte vectors (8 slots a lane)
+constexpr int kVecMaxBwdC = 1536;     // register path, backward: the widest row (48 floats a lane: GPT-2 large's 1280)
 constexpr int kVecParts = 512;        // register path: most blocks of the backward, each one partial
 constexpr int kBwdWarps = 4;          // register path, backward: rows a block works on at once
 constexpr int kMaxDevices = 64;       // devices whose resident block counts are remembered
@@ -122,7 +124,9 @@ __global__ void __launch_bounds__(kThreads)
 // slots. The shared memory is dynamic (ln_bwd_vec_smem), over 48 KiB with DC or past 768 columns.
 // dx may share memory with x, dy or ds: each element is read before it is written, by the same
 // thread; the rows in flight are other rows.
-template <int IT, int V> __host__ __device__ constexpr int ln_slots() { return IT * V < kVecMaxC / 32 ? IT * V : kVecMaxC / 32; }
+template <int IT, int V> __host__ __device__ constexpr int ln_slots() {
+  return IT * V < kVecMaxBwdC / 32 ? IT * V : kVecMaxBwdC / 32;
+}
 // The block's shared memory: the warps' column sums, then their staged rows (x, dy, ds).
 template <typename T, int IT, bool DC> __host__ __device__ constexpr size_t ln_bwd_vec_acc_bytes() {
   return (size_t)kBwdWarps * ln_slots<IT, 16 / sizeof(T)>() * 32 * (sizeof(float2) + (DC ? sizeof(float) : 0));
@@ -140,17 +144,19 @@ __device__ __forceinline__ float ln_dx(float rs, float gy, float mg, float xh, f
 // Blocks an SM the backward is compiled for (registers a thread: 65536 / (128 x this)): 4 up to 3
 // slots a lane (768 bf16 columns, 128 registers); with 4 and more slots 3 (168 registers), where at
 // 128 the compiler spilled (108-112 bytes of stores, 316-416 of loads at 1024 bf16 columns) and the
-// kernel moved 1 TB/s; the shared memory allows 3 such blocks an SM with dc's sums anyway.
-template <int IT> constexpr int ln_bwd_min_blocks() { return IT >= 4 ? 3 : 4; }
+// kernel moved 1 TB/s; the shared memory allows 3 such blocks an SM with dc's sums anyway. Past 32
+// floats a lane 2 (the 16-bit types' 1032-1536 columns: 110.6 KB of shared memory a block with dc's
+// sums, 2 blocks an SM).
+template <int IT, int V> constexpr int ln_bwd_min_blocks() { return IT * V > 32 ? 2 : IT >= 4 ? 3 : 4; }
 
 template <typename T, int IT, bool DC>
-__global__ void __launch_bounds__(kBwdWarps * 32, ln_bwd_min_blocks<IT>())
+__global__ void __launch_bounds__(kBwdWarps * 32, ln_bwd_min_blocks<IT, 16 / sizeof(T)>())
     ln_bwd_vec_kernel(const T *x, const T *__restrict__ w, const T *dy, const T *ds, const float *__restrict__ mean,
                       const float *__restrict__ rstd, T *dx, T *dx2, float2 *__restrict__ part,
                       float *__restrict__ part3, int64_t rows, int c, float b0, float b1) {
   constexpr int V = 16 / sizeof(T);
-  // [warp][slot][lane]: the column (it 32 + lane) V + k. vec_iters keeps IT V <= kVecMaxC / 32 (the 16-bit
-  // types never take IT 6 or 8): the bound only sizes those unused instantiations.
+  // [warp][slot][lane]: the column (it 32 + lane) V + k. bwd_vec_iters keeps IT V <= kVecMaxBwdC / 32 (the
+  // 16-bit types never take IT 8 here): the bound only sizes those unused instantiations.
   constexpr int kSlots = ln_slots<IT, V>();
   extern __shared__ float4 ln_smem[];
   float2(*acc)[kSlots][32] = reinterpret_cast<float2(*)[kSlots][32]>(ln_smem);
@@ -310,8 +316,8 @@ __global__ void __launch_bounds__(32 * kSumPhases)
 
 // --------------------------------------------------------- plain path
 
-// Rows past the register path's 1024 columns (GPT-2 large's 1280, XL's 1600), or not in whole
-// 16-byte vectors, read from memory. N elements a load: 16 bytes (16 / sizeof(T)) when the
+// Rows past the register path (the backward's past 1536 16-bit columns, GPT-2 XL's 1600; the forward's
+// past 2048), or not in whole 16-byte vectors, read from memory. N elements a load: 16 bytes (16 / sizeof(T)) when the
 // columns are whole vectors and every pointer 16-byte aligned, else 1. With 2-byte loads GPT-2
 // large's add_bias_layer_norm backward took 156 us a call where its bytes take about 8 (BENCHMARKS.md
 // run 36).
@@ -507,12 +513,23 @@ stoke_err *ln_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool
 
 
 // The register path's vector slots per lane for rows of c elements, or 0 (the plain path): c whole
-// 16-byte vectors, at most kVecMaxC, every given pointer 16-byte aligned. 5 and 7 round up.
-template <typename T> int vec_iters(int64_t c, std::initializer_list<const void *> ptrs) {
+// 16-byte vectors, at most kVecMaxVecs of them and at most max_c columns, every given pointer 16-byte
+// aligned. 5 and 7 round up.
+template <typename T> int vec_iters(int64_t c, int64_t max_c, std::initializer_list<const void *> ptrs) {
   constexpr int V = 16 / sizeof(T);
-  if (c % V || c > kVecMaxC || !all_aligned16(ptrs)) return 0;
+  if (c % V || c / V > kVecMaxVecs || c > max_c || !all_aligned16(ptrs)) return 0;
   int it = (int)((c / V + 31) / 32);
   return it <= 4 ? it : it <= 6 ? 6 : 8;
+}
+// The forward holds a row in registers (8 slots a lane: 64 floats at most); the backward's column sums
+// take shared memory by the float a lane (ln_slots), so its rows stop at kVecMaxBwdC. With the plain
+// path's three reads of a row, GPT-2 large's add_bias_layer_norm forward took 67.8 us a call at 1280
+// columns (BENCHMARKS.md run 37).
+template <typename T> int fwd_vec_iters(int64_t c, std::initializer_list<const void *> ptrs) {
+  return vec_iters<T>(c, INT64_MAX, ptrs);
+}
+template <typename T> int bwd_vec_iters(int64_t c, std::initializer_list<const void *> ptrs) {
+  return vec_iters<T>(c, kVecMaxBwdC, ptrs);
 }
 
 // The plain path in 16-byte loads: c whole 16-byte vectors, every given pointer 16-byte aligned.
@@ -590,7 +607,7 @@ template <typename T, int ADD> stoke_err *ln_fwd(const stoke_kernel_args_v1 *a, 
   T *s = ADD ? dp<T>(a->out[0]) : (T *)NULL, *y = dp<T>(a->out[g.y]);
   float *mean = dp<float>(a->out[g.y + 1]), *rstd = dp<float>(a->out[g.y + 2]);
   const unsigned grid = grid_for(g.rows, kWarps, kGrid);
-  int it = vec_iters<T>(g.c, {x, r, w, bias, cb, s, y});
+  int it = fwd_vec_iters<T>(g.c, {x, r, w, bias, cb, s, y});
   if (it)
     with_iters(it, [&](auto k) {
       ln_fwd_vec_kernel<T, decltype(k)::value>
@@ -638,7 +655,7 @@ cudaError_t launch_bwd_vec(const stoke_cuda_device *d, int *parts_out, cudaStrea
 // The register path's backward kernels for rows of c elements allowed the dynamic shared memory
 // they take past 48 KiB, on the current device: once, at plan time, not at every launch.
 template <typename T> cudaError_t ln_bwd_smem_limit(const stoke_cuda_device *d, int64_t c) {
-  const int it = vec_iters<T>(c, {});
+  const int it = bwd_vec_iters<T>(c, {});
   cudaError_t e = cudaSuccess;
   auto raise = [&](const void *kernel, size_t bytes) {
     if (e == cudaSuccess && bytes > 48 * 1024)
@@ -676,7 +693,7 @@ template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, 
   float2 *part = want_w ? static_cast<float2 *>(a->workspace) : (float2 *)NULL;
   float *part3 = dc ? reinterpret_cast<float *>(part + (size_t)kParts * g.c) : (float *)NULL;
   float2 *rowstat = dc ? reinterpret_cast<float2 *>(part3 + (size_t)kParts * g.c) : (float2 *)NULL;
-  int parts = kLnParts, it = vec_iters<T>(g.c, {x, w, dy, ds, dx, dx2});
+  int parts = kLnParts, it = bwd_vec_iters<T>(g.c, {x, w, dy, ds, dx, dx2});
   if (it) {
     cudaError_t e = cudaSuccess;
     with_iters(it, [&](auto k) {
