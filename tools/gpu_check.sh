@@ -3,8 +3,10 @@
 # (tools/gpu_stage.sh copies it into the stage folder, which the device
 # tool carries; the folder is found from this script's path): unpacks the binaries to
 # /tmp/stoke, runs every GPU test binary, then any extra command given as
-# arguments (run with the unpacked tree as $S). Full logs go to $OUT (or
-# ./gpu-out); the closing lines summarize.
+# arguments (run with the unpacked tree as $S, gpu_suite.sh as $SUITE and the
+# stage folder as $ST: the Python helpers, $ST/kernel_trace.py and the like,
+# are there, not in $S). Full logs go to $OUT (or ./gpu-out); the closing
+# lines summarize.
 #
 #   bash .stage/gpu_check.sh [--repeat N] [--only NAME,...] [COMMAND...]
 #
@@ -78,6 +80,6 @@ fi
 # how close the kernel checks came to their tolerances (tools/test_margins.py): a ratio near 1 flakes
 ls "$out"/every_kernel_test*.log > /dev/null 2>&1 && python3 "$ST/test_margins.py" "$out"/every_kernel_test*.log --top 6
 if [ $# -gt 0 ]; then
-  OUT="$out" SUITE="$ST/gpu_suite.sh" bash -c "$*"
+  OUT="$out" SUITE="$ST/gpu_suite.sh" ST="$ST" bash -c "$*"
 fi
 tar -C "$out" --exclude='*.safetensors' -czf "$final/logs.tar.gz" .
