@@ -45,12 +45,15 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-template <typename T> __device__ __forceinline__ row_vec<T> ld(const T *p) {
-  return *reinterpret_cast<const row_vec<T> *>(p);
+// N elements at p in one load (one store): 16 bytes when N is 16 / sizeof(T) (ld, st: the register path).
+template <typename T, int N> __device__ __forceinline__ vec<T, N> ldn(const T *p) {
+  return *reinterpret_cast<const vec<T, N> *>(p);
 }
-template <typename T> __device__ __forceinline__ void st(T *p, const row_vec<T> &v) {
-  *reinterpret_cast<row_vec<T> *>(p) = v;
+template <typename T, int N> __device__ __forceinline__ void stn(T *p, const vec<T, N> &v) {
+  *reinterpret_cast<vec<T, N> *>(p) = v;
 }
+template <typename T> __device__ __forceinline__ row_vec<T> ld(const T *p) { return ldn<T, 16 / sizeof(T)>(p); }
+template <typename T> __device__ __forceinline__ void st(T *p, const row_vec<T> &v) { stn<T, 16 / sizeof(T)>(p, v); }
 
 // ------------------------------------------------------ register path
 
@@ -321,12 +324,6 @@ __global__ void __launch_bounds__(32 * kSumPhases)
 // columns are whole vectors and every pointer 16-byte aligned, else 1. With 2-byte loads GPT-2
 // large's add_bias_layer_norm backward took 156 us a call where its bytes take about 8 (BENCHMARKS.md
 // run 36).
-template <typename T, int N> __device__ __forceinline__ vec<T, N> ldn(const T *p) {
-  return *reinterpret_cast<const vec<T, N> *>(p);
-}
-template <typename T, int N> __device__ __forceinline__ void stn(T *p, const vec<T, N> &v) {
-  *reinterpret_cast<vec<T, N> *>(p) = v;
-}
 // d = beta d + v for N elements (d not read when beta is 0, as acc()).
 template <typename T, int N> __device__ __forceinline__ void accn(T *d, float beta, const float *v) {
   vec<T, N> o;
@@ -537,6 +534,12 @@ template <typename T> bool plain_vec(int64_t c, std::initializer_list<const void
   return c % (int64_t)(16 / sizeof(T)) == 0 && all_aligned16(ptrs);
 }
 
+// f(std::integral_constant<int, N>()), N the plain path's elements a load: 16 bytes when `vec`
+// (plain_vec), else 1.
+template <typename T, typename F> auto with_plain_width(bool vec, F f) {
+  return vec ? f(std::integral_constant<int, 16 / sizeof(T)>()) : f(std::integral_constant<int, 1>());
+}
+
 // The plain path's partitions of the rows for the weight gradients' partial sums in 16-byte loads:
 // about 16 rows each, at most kParts (GPT-2 large's 8192 rows: 512; with kLnParts' 64 a thread's 128
 // rows of 16-byte loads left too few loads in flight), the rows alone decide it.
@@ -613,11 +616,11 @@ template <typename T, int ADD> stoke_err *ln_fwd(const stoke_kernel_args_v1 *a, 
       ln_fwd_vec_kernel<T, decltype(k)::value>
           <<<grid, kThreads, 0, stream_of(a)>>>(x, r, cb, s, w, bias, y, mean, rstd, g.rows, (int)g.c, g.eps);
     });
-  else if (plain_vec<T>(g.c, {x, r, w, bias, cb, s, y}))
-    ln_fwd_kernel<T, 16 / sizeof(T)>
-        <<<grid, kThreads, 0, stream_of(a)>>>(x, r, cb, s, w, bias, y, mean, rstd, g.rows, g.c, g.eps);
   else
-    ln_fwd_kernel<T, 1><<<grid, kThreads, 0, stream_of(a)>>>(x, r, cb, s, w, bias, y, mean, rstd, g.rows, g.c, g.eps);
+    with_plain_width<T>(plain_vec<T>(g.c, {x, r, w, bias, cb, s, y}), [&](auto n) {
+      ln_fwd_kernel<T, decltype(n)::value>
+          <<<grid, kThreads, 0, stream_of(a)>>>(x, r, cb, s, w, bias, y, mean, rstd, g.rows, g.c, g.eps);
+    });
   LAUNCH_OK(a);
   return NULL;
 }
@@ -706,32 +709,23 @@ template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, 
       return STOKE_PERR(STOKE_E_DEVICE, "%s '%s': backward launch failed: %s", a->node->op, stoke_node_name(a),
                         cudaGetErrorString(e));
     LAUNCH_OK(a);
-  } else if (plain_vec<T>(g.c, {x, w, dy, ds, dx, dx2})) {
-    constexpr int N = 16 / sizeof(T);
-    parts = plain_vec_parts(g.rows);
-    if (dx || dc) {
-      ln_bwd_x_kernel<T, N><<<grid_for(g.rows, kWarps, kGrid), kThreads, 0, st>>>(x, w, dy, ds, mean, rstd, dx, dx2,
-                                                                                   rowstat, g.rows, g.c, b0, b1);
-      LAUNCH_OK(a);
-    }
-    if (want_w) {
-      dim3 grid(grid_for(g.c / N, kThreads, 64), parts);
-      ln_bwd_w_part_kernel<T, N>
-          <<<grid, kThreads, 0, st>>>(x, dy, w, ds, mean, rstd, rowstat, part, part3, g.rows, g.c, parts);
-      LAUNCH_OK(a);
-    }
   } else {
-    if (dx || dc) {
-      ln_bwd_x_kernel<T, 1><<<grid_for(g.rows, kWarps, kGrid), kThreads, 0, st>>>(x, w, dy, ds, mean, rstd, dx, dx2,
-                                                                                   rowstat, g.rows, g.c, b0, b1);
-      LAUNCH_OK(a);
-    }
-    if (want_w) {
-      dim3 grid(grid_for(g.c, kThreads, 64), kLnParts);
-      ln_bwd_w_part_kernel<T, 1>
-          <<<grid, kThreads, 0, st>>>(x, dy, w, ds, mean, rstd, rowstat, part, part3, g.rows, g.c, kLnParts);
-      LAUNCH_OK(a);
-    }
+    CHECK(with_plain_width<T>(plain_vec<T>(g.c, {x, w, dy, ds, dx, dx2}), [&](auto n) -> stoke_err * {
+      constexpr int N = decltype(n)::value;
+      if (N > 1) parts = plain_vec_parts(g.rows);
+      if (dx || dc) {
+        ln_bwd_x_kernel<T, N><<<grid_for(g.rows, kWarps, kGrid), kThreads, 0, st>>>(x, w, dy, ds, mean, rstd, dx,
+                                                                                     dx2, rowstat, g.rows, g.c, b0, b1);
+        LAUNCH_OK(a);
+      }
+      if (want_w) {
+        dim3 grid(grid_for(g.c / N, kThreads, 64), parts);
+        ln_bwd_w_part_kernel<T, N>
+            <<<grid, kThreads, 0, st>>>(x, dy, w, ds, mean, rstd, rowstat, part, part3, g.rows, g.c, parts);
+        LAUNCH_OK(a);
+      }
+      return NULL;
+    }));
   }
   if (!want_w) return NULL;
   if (g.c > kGrid * 32) /* a block per 32 columns, no loop over more: columns past the grid would keep stale sums */

@@ -257,8 +257,10 @@ G_FN void g_run(const stoke_kernel_v1 *k, stoke_kernel_args_v1 *a, int gpu) {
   if (!e && wsb) {
     if (gpu) e = g_dev->alloc(g_dev_self, wsb, &ws);
     else ws = malloc(wsb);
-    if (!e && ws && gpu) e = g_dev->fill(g_dev_self, ws, 0xff, wsb, a->stream);
-    else if (ws) memset(ws, 0xff, wsb);
+    if (!e && ws) {
+      if (gpu) e = g_dev->fill(g_dev_self, ws, 0xff, wsb, a->stream);
+      else memset(ws, 0xff, wsb);
+    }
   }
   a->workspace = ws;
   a->workspace_bytes = wsb;
