@@ -2,8 +2,8 @@
 // to the dtype, then normalized) and add_bias_layer_norm (s = x + r + c), forward and backward, f32,
 // bf16 and fp16; see stoke/ops.h. add_bias_layer_norm's dc, the column sums of the gradient written
 // to x and r, is summed in the same pass as dweight and dbias.
-// Rows in whole 16-byte vectors take the register path, up to 256 vectors a row (2048 16-bit columns,
-// 1024 f32) in the forward and the backward: a
+// Rows in whole 16-byte vectors take the register path, up to 256 vectors a row in the forward (2048
+// 16-bit columns, 1024 f32) and 48 floats a lane in the backward (1536 16-bit columns, 1024 f32): a
 // warp per row held in registers, one read of each input and one write of each output, and the
 // backward's weight and bias gradients summed in the same pass (per block, then the blocks in order),
 // as llm.c's fused layernorm backward does. Other rows take the plain warp-per-row kernels. Arithmetic in float,
@@ -30,7 +30,9 @@ constexpr int64_t kGrid = 65535;
 constexpr int kWarps = kThreads / 32; // rows a block works on at once
 constexpr int kLnParts = 64;          // plain path: row partitions of the weight and bias gradients
 constexpr int kVecMaxVecs = 256;      // register path: the widest row, in 16-byte vectors (8 slots a lane)
+constexpr int kVecMaxBwdC = 1536;     // register path, backward: the widest row (48 floats a lane: GPT-2 large's 1280)
 constexpr int kVecParts = 512;        // register path: most blocks of the backward, each one partial
+constexpr int kBwdWarps = 4;          // register path, backward: rows a block works on at once
 constexpr int kMaxDevices = 64;       // devices whose resident block counts are remembered
 constexpr int kParts = kVecParts > kLnParts ? kVecParts : kLnParts; // partial sums the workspace holds
 
@@ -114,7 +116,7 @@ __global__ void __launch_bounds__(kThreads)
 // gy = dy w, into dx (and dx2: add_layer_norm's second input, when it has its own memory); in the
 // same pass each lane sums dy xhat and dy (and with DC, add_bias_layer_norm, dx's value itself)
 // over its warp's rows into the warp's slice of shared memory (lane-major, so the 32 lanes hit 32
-// banks), and the block adds its warps' slices in order into part[block] (and part3[block])
+// banks), and the block adds its kBwdWarps slices in order into part[block] (and part3[block])
 // when part is given; ln_part_sum_kernel adds the blocks. The sums live in shared memory, not
 // registers: in registers (48 floats a lane at 768 bf16 columns) the kernel took 170 registers and
 // one 256-thread block an SM, 2.4x its bytes floor (BENCHMARKS.md run 9); here 128-thread blocks at
@@ -125,17 +127,15 @@ __global__ void __launch_bounds__(kThreads)
 // slots. The shared memory is dynamic (ln_bwd_vec_smem), over 48 KiB with DC or past 768 columns.
 // dx may share memory with x, dy or ds: each element is read before it is written, by the same
 // thread; the rows in flight are other rows.
-// Rows (warps) a backward block works on at once: 4, and 2 past 48 floats a lane (the 16-bit types'
-// 1544-2048 columns, GPT-2 XL's 1600), where 4 warps' column sums and staged rows took 147 KB of
-// shared memory with dc's sums: one block an SM. Two warps take 72 KB, 3 blocks an SM.
-template <int IT, int V> __host__ __device__ constexpr int ln_bwd_warps() { return IT * V > 48 ? 2 : 4; }
+template <int IT, int V> __host__ __device__ constexpr int ln_slots() {
+  return IT * V < kVecMaxBwdC / 32 ? IT * V : kVecMaxBwdC / 32;
+}
 // The block's shared memory: the warps' column sums, then their staged rows (x, dy, ds).
 template <typename T, int IT, bool DC> __host__ __device__ constexpr size_t ln_bwd_vec_acc_bytes() {
-  constexpr int V = 16 / sizeof(T);
-  return (size_t)ln_bwd_warps<IT, V>() * IT * V * 32 * (sizeof(float2) + (DC ? sizeof(float) : 0));
+  return (size_t)kBwdWarps * ln_slots<IT, 16 / sizeof(T)>() * 32 * (sizeof(float2) + (DC ? sizeof(float) : 0));
 }
 template <typename T, int IT, bool DC> __host__ __device__ constexpr size_t ln_bwd_vec_smem() {
-  return ln_bwd_vec_acc_bytes<T, IT, DC>() + (size_t)ln_bwd_warps<IT, 16 / sizeof(T)>() * 3 * IT * 32 * 16;
+  return ln_bwd_vec_acc_bytes<T, IT, DC>() + (size_t)kBwdWarps * 3 * IT * 32 * 16;
 }
 
 // One element of the layer norm's input gradient, rstd (gy - mean(gy) - xhat mean(gy xhat)), ds
@@ -149,20 +149,21 @@ __device__ __forceinline__ float ln_dx(float rs, float gy, float mg, float xh, f
 // 128 the compiler spilled (108-112 bytes of stores, 316-416 of loads at 1024 bf16 columns) and the
 // kernel moved 1 TB/s; the shared memory allows 3 such blocks an SM with dc's sums anyway. Past 32
 // floats a lane 2 (the 16-bit types' 1032-1536 columns: 110.6 KB of shared memory a block with dc's
-// sums, 2 blocks an SM); past 48, 3 blocks of 2 warps (ln_bwd_warps).
-template <int IT, int V> constexpr int ln_bwd_min_blocks() { return IT * V > 48 ? 3 : IT * V > 32 ? 2 : IT >= 4 ? 3 : 4; }
+// sums, 2 blocks an SM).
+template <int IT, int V> constexpr int ln_bwd_min_blocks() { return IT * V > 32 ? 2 : IT >= 4 ? 3 : 4; }
 
 template <typename T, int IT, bool DC>
-__global__ void __launch_bounds__(ln_bwd_warps<IT, 16 / sizeof(T)>() * 32, ln_bwd_min_blocks<IT, 16 / sizeof(T)>())
+__global__ void __launch_bounds__(kBwdWarps * 32, ln_bwd_min_blocks<IT, 16 / sizeof(T)>())
     ln_bwd_vec_kernel(const T *x, const T *__restrict__ w, const T *dy, const T *ds, const float *__restrict__ mean,
                       const float *__restrict__ rstd, T *dx, T *dx2, float2 *__restrict__ part,
                       float *__restrict__ part3, int64_t rows, int c, float b0, float b1) {
-  constexpr int V = 16 / sizeof(T), W = ln_bwd_warps<IT, V>();
-  // [warp][slot][lane]: the column (it 32 + lane) V + k (at most 64 slots: IT <= 8, V <= 8).
-  constexpr int kSlots = IT * V;
+  constexpr int V = 16 / sizeof(T);
+  // [warp][slot][lane]: the column (it 32 + lane) V + k. bwd_vec_iters keeps IT V <= kVecMaxBwdC / 32 (the
+  // 16-bit types never take IT 8 here): the bound only sizes those unused instantiations.
+  constexpr int kSlots = ln_slots<IT, V>();
   extern __shared__ float4 ln_smem[];
   float2(*acc)[kSlots][32] = reinterpret_cast<float2(*)[kSlots][32]>(ln_smem);
-  float(*acc3)[kSlots][32] = reinterpret_cast<float(*)[kSlots][32]>(&acc[W][0][0]);
+  float(*acc3)[kSlots][32] = reinterpret_cast<float(*)[kSlots][32]>(&acc[kBwdWarps][0][0]);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // this warp's staged row: [0] x, [1] dy, [2] ds, each [IT][32] vectors
   row_vec<T>(*stage)[IT][32] =
@@ -183,8 +184,8 @@ __global__ void __launch_bounds__(ln_bwd_warps<IT, 16 / sizeof(T)>() * 32, ln_bw
 #pragma unroll
   for (int it = 0; it < IT; it++)
     if ((it * 32 + lane) * V < c) wv[it] = ld(w + (it * 32 + lane) * V);
-  const int64_t stride = (int64_t)gridDim.x * W;
-  int64_t r = (int64_t)blockIdx.x * W + warp;
+  const int64_t stride = (int64_t)gridDim.x * kBwdWarps;
+  int64_t r = (int64_t)blockIdx.x * kBwdWarps + warp;
   // Two copy groups a row, committed in this order: A (x, dy) and B (ds). A row waits for its A at
   // its start and for its B only before its second loop, so the next row's ds, issued at the end of
   // a row, lands while the next row's first loop runs (with one wait for both, every row waited a
@@ -261,16 +262,16 @@ __global__ void __launch_bounds__(ln_bwd_warps<IT, 16 / sizeof(T)>() * 32, ln_bw
   cp_async_wait_all();
   if (!part) return;
   __syncthreads();
-  for (int j = threadIdx.x; j < c; j += W * 32) { /* the warps' slices of column j, in order */
+  for (int j = threadIdx.x; j < c; j += kBwdWarps * 32) { /* the warps' slices of column j, in order */
     const int e = (j / V / 32) * V + j % V, l = (j / V) % 32;
     float2 t = acc[0][e][l];
 #pragma unroll
-    for (int q = 1; q < W; q++) t = make_float2(t.x + acc[q][e][l].x, t.y + acc[q][e][l].y);
+    for (int q = 1; q < kBwdWarps; q++) t = make_float2(t.x + acc[q][e][l].x, t.y + acc[q][e][l].y);
     part[(int64_t)blockIdx.x * c + j] = t;
     if (DC) {
       float t3 = acc3[0][e][l];
 #pragma unroll
-      for (int q = 1; q < W; q++) t3 += acc3[q][e][l];
+      for (int q = 1; q < kBwdWarps; q++) t3 += acc3[q][e][l];
       part3[(int64_t)blockIdx.x * c + j] = t3;
     }
   }
@@ -318,8 +319,8 @@ __global__ void __launch_bounds__(32 * kSumPhases)
 
 // --------------------------------------------------------- plain path
 
-// Rows past the register path (past 2048 16-bit columns, 1024 f32), or not in whole 16-byte vectors,
-// read from memory. N elements a load: 16 bytes (16 / sizeof(T)) when the
+// Rows past the register path (the backward's past 1536 16-bit columns, GPT-2 XL's 1600; the forward's
+// past 2048), or not in whole 16-byte vectors, read from memory. N elements a load: 16 bytes (16 / sizeof(T)) when the
 // columns are whole vectors and every pointer 16-byte aligned, else 1. With 2-byte loads GPT-2
 // large's add_bias_layer_norm backward took 156 us a call where its bytes take about 8 (BENCHMARKS.md
 // run 36).
@@ -509,16 +510,25 @@ stoke_err *ln_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool
 
 
 // The register path's vector slots per lane for rows of c elements, or 0 (the plain path): c whole
-// 16-byte vectors, at most kVecMaxVecs of them (8 slots a lane: 64 floats, held in registers in the
-// forward, the column sums in shared memory in the backward), every given pointer 16-byte aligned. 5
-// and 7 round up. With the plain path's three reads of a row, GPT-2 large's add_bias_layer_norm
-// forward took 67.8 us a call at 1280 columns (BENCHMARKS.md run 37), and GPT-2 XL's backward 40 us
-// over three kernels at 1600 (run 38).
-template <typename T> int vec_iters(int64_t c, std::initializer_list<const void *> ptrs) {
+// 16-byte vectors, at most kVecMaxVecs of them and at most max_c columns, every given pointer 16-byte
+// aligned. 5 and 7 round up.
+template <typename T> int vec_iters(int64_t c, int64_t max_c, std::initializer_list<const void *> ptrs) {
   constexpr int V = 16 / sizeof(T);
-  if (c % V || c / V > kVecMaxVecs || !all_aligned16(ptrs)) return 0;
+  if (c % V || c / V > kVecMaxVecs || c > max_c || !all_aligned16(ptrs)) return 0;
   int it = (int)((c / V + 31) / 32);
   return it <= 4 ? it : it <= 6 ? 6 : 8;
+}
+// The forward holds a row in registers (8 slots a lane: 64 floats at most); the backward's column sums
+// take shared memory by the float a lane (ln_slots), so its rows stop at kVecMaxBwdC. With the plain
+// path's three reads of a row, GPT-2 large's add_bias_layer_norm forward took 67.8 us a call at 1280
+// columns (BENCHMARKS.md run 37). The backward past 1536 in blocks of 2 warps (64 floats a lane, 72 KB
+// of shared memory, 3 blocks an SM) took 47.0 us a call at GPT-2 XL's 1600 columns against the plain
+// path's 40.2 over three kernels (run 38): too few warps an SM for a row's latency; not kept.
+template <typename T> int fwd_vec_iters(int64_t c, std::initializer_list<const void *> ptrs) {
+  return vec_iters<T>(c, INT64_MAX, ptrs);
+}
+template <typename T> int bwd_vec_iters(int64_t c, std::initializer_list<const void *> ptrs) {
+  return vec_iters<T>(c, kVecMaxBwdC, ptrs);
 }
 
 // The plain path in 16-byte loads: c whole 16-byte vectors, every given pointer 16-byte aligned.
@@ -553,14 +563,14 @@ template <typename F> void with_iters(int it, F f) {
 }
 
 // The register path's backward blocks (each one partial of dweight and dbias): a block per
-// `warps` rows (ln_bwd_warps), at most kVecParts and at most `slots`, the blocks the device holds at once (one
+// kBwdWarps rows, at most kVecParts and at most `slots`, the blocks the device holds at once (one
 // wave: each block loops over its rows). With more blocks than that the last wave ran a few blocks
 // on a mostly idle device: GPT-2 medium's 1024 columns (3 blocks an SM by shared memory, 396 on an
 // H200) took 2 waves for 512 blocks, 83.6 us a call against 41.8 for GPT-2 small's larger 768-column
 // rows in one (BENCHMARKS.md run 36). The rows and the device decide it, so the sums' order is the
 // same on every run of one device model.
-int vec_parts(int64_t rows, int warps, int slots) {
-  int64_t p = (rows + warps - 1) / warps, cap = slots > 0 && slots < kVecParts ? slots : kVecParts;
+int vec_parts(int64_t rows, int slots) {
+  int64_t p = (rows + kBwdWarps - 1) / kBwdWarps, cap = slots > 0 && slots < kVecParts ? slots : kVecParts;
   return (int)(p < cap ? p : cap);
 }
 
@@ -602,7 +612,7 @@ template <typename T, int ADD> stoke_err *ln_fwd(const stoke_kernel_args_v1 *a, 
   T *s = ADD ? dp<T>(a->out[0]) : (T *)NULL, *y = dp<T>(a->out[g.y]);
   float *mean = dp<float>(a->out[g.y + 1]), *rstd = dp<float>(a->out[g.y + 2]);
   const unsigned grid = grid_for(g.rows, kWarps, kGrid);
-  int it = vec_iters<T>(g.c, {x, r, w, bias, cb, s, y});
+  int it = fwd_vec_iters<T>(g.c, {x, r, w, bias, cb, s, y});
   if (it)
     with_iters(it, [&](auto k) {
       ln_fwd_vec_kernel<T, decltype(k)::value>
@@ -627,8 +637,7 @@ template <typename T, int IT, bool DC> int bwd_vec_slots(const stoke_cuda_device
     return 0;
   int per = per_sm[d->index].load(std::memory_order_relaxed);
   if (!per) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, ln_bwd_vec_kernel<T, IT, DC>,
-                                                      ln_bwd_warps<IT, 16 / sizeof(T)>() * 32,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, ln_bwd_vec_kernel<T, IT, DC>, kBwdWarps * 32,
                                                       ln_bwd_vec_smem<T, IT, DC>()) != cudaSuccess || per < 1)
       per = -1;
     per_sm[d->index].store(per, std::memory_order_relaxed);
@@ -642,9 +651,8 @@ template <typename T, int IT, bool DC>
 cudaError_t launch_bwd_vec(const stoke_cuda_device *d, int *parts_out, cudaStream_t st, const T *x, const T *w, const T *dy, const T *ds,
                            const float *mean, const float *rstd, T *dx, T *dx2, float2 *part, float *part3,
                            int64_t rows, int c, float b0, float b1) {
-  constexpr int W = ln_bwd_warps<IT, 16 / sizeof(T)>();
-  const int parts = *parts_out = vec_parts(rows, W, bwd_vec_slots<T, IT, DC>(d));
-  ln_bwd_vec_kernel<T, IT, DC><<<parts, W * 32, ln_bwd_vec_smem<T, IT, DC>(), st>>>(
+  const int parts = *parts_out = vec_parts(rows, bwd_vec_slots<T, IT, DC>(d));
+  ln_bwd_vec_kernel<T, IT, DC><<<parts, kBwdWarps * 32, ln_bwd_vec_smem<T, IT, DC>(), st>>>(
       x, w, dy, ds, mean, rstd, dx, dx2, part, part3, rows, c, b0, b1);
   return cudaGetLastError();
 }
@@ -652,7 +660,7 @@ cudaError_t launch_bwd_vec(const stoke_cuda_device *d, int *parts_out, cudaStrea
 // The register path's backward kernels for rows of c elements allowed the dynamic shared memory
 // they take past 48 KiB, on the current device: once, at plan time, not at every launch.
 template <typename T> cudaError_t ln_bwd_smem_limit(const stoke_cuda_device *d, int64_t c) {
-  const int it = vec_iters<T>(c, {});
+  const int it = bwd_vec_iters<T>(c, {});
   cudaError_t e = cudaSuccess;
   auto raise = [&](const void *kernel, size_t bytes) {
     if (e == cudaSuccess && bytes > 48 * 1024)
@@ -690,7 +698,7 @@ template <typename T, int ADD> stoke_err *ln_bwd(const stoke_kernel_args_v1 *a, 
   float2 *part = want_w ? static_cast<float2 *>(a->workspace) : (float2 *)NULL;
   float *part3 = dc ? reinterpret_cast<float *>(part + (size_t)kParts * g.c) : (float *)NULL;
   float2 *rowstat = dc ? reinterpret_cast<float2 *>(part3 + (size_t)kParts * g.c) : (float2 *)NULL;
-  int parts = kLnParts, it = vec_iters<T>(g.c, {x, w, dy, ds, dx, dx2});
+  int parts = kLnParts, it = bwd_vec_iters<T>(g.c, {x, w, dy, ds, dx, dx2});
   if (it) {
     cudaError_t e = cudaSuccess;
     with_iters(it, [&](auto k) {

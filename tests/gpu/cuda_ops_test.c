@@ -474,7 +474,7 @@ static void test_layer_norm_aliases(void **state) {
   for (int d = 0; d < 3; d++) {
     check_ln_aliases(dtypes[d], 2100, 768); /* the register path */
     check_ln_aliases(dtypes[d], 600, 1280); /* GPT-2 large: 16-bit register path at 6 slots a lane, f32's plain one in 16-byte loads */
-    check_ln_aliases(dtypes[d], 1000, 1600); /* GPT-2 XL: 16-bit register path at 8 slots a lane, 2-warp backward blocks */
+    check_ln_aliases(dtypes[d], 1000, 1600); /* GPT-2 XL: the forward's register path at 8 slots a lane, the plain backward */
     check_ln_aliases(dtypes[d], 37, 129);   /* the plain kernels */
   }
 }

@@ -795,11 +795,10 @@ static int gen_layer_norm(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
   ln_case(out, &n, k, add, SHAPE(pick(r, 40, 300), 8 * pick(r, 1, 128)));
   ln_case(out, &n, k, add, SHAPE(2100, 1024));
   /* past 1024 columns (GPT-2 large's 1280, XL's 1600): the 16-bit types'
-   * register path at 6 slots a lane (to 1536 columns; the backward's blocks
-   * of 4 warps) and at 8 (to 2048; the backward's blocks of 2 warps), f32's
-   * plain path in 16-byte loads with more rows than its partial sums' 16 a
-   * part; then GPT-2 XL's 1600 columns over more rows than the 2-warp
-   * backward's blocks (3 an SM) take in one pass */
+   * register path at 6 slots a lane (to 1536 columns, both directions) and
+   * at 8 (to 2048: the forward; the backward there takes the plain path),
+   * f32's plain path in 16-byte loads with more rows than its partial sums'
+   * 16 a part; then GPT-2 XL's 1600 columns over 1000-1100 rows */
   ln_case(out, &n, k, add, SHAPE(pick(r, 20, 300), 1024 + 8 * pick(r, 1, 64)));
   ln_case(out, &n, k, add, SHAPE(pick(r, 20, 300), 1536 + 8 * pick(r, 1, 64)));
   ln_case(out, &n, k, add, SHAPE(pick(r, 1000, 1100), 1600));
