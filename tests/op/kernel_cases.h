@@ -833,6 +833,12 @@ static int gen_attention(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     add_in(c, SHAPE(2, 1024, 3 * 2 * 64), IN_ACT);
     c->k = 1024 * 64;
     c->flags = STOKE_KFLAG_DETERMINISTIC;
+    /* head sizes past 128 (cuDNN's Hopper engines take them up to 256) */
+    int64_t d = 8 * pick(r, 17, 32);
+    c = new_case(out, &n, k->op, "qkv [2, 200, 3x2x%lld] causal", (long long)d);
+    snprintf(c->attrs, sizeof c->attrs, "n_head=2, causal=1");
+    add_in(c, SHAPE(2, 200, 3 * 2 * d), IN_ACT);
+    c->k = (double)(200 * d);
   }
   return n;
 }
