@@ -10,6 +10,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <atomic>
+
 #include "backends/cuda/stoke_cuda.h"
 #include "backends/cuda/types.cuh"
 #include "stoke/ops.h"
@@ -160,8 +162,10 @@ stoke_err *att_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, boo
   double sc = a->node->attrs[STOKE_ATTENTION_SCALE].f;
   g->scale = (float)(sc > 0 ? sc : 1.0 / sqrt((double)g->d));
   if (g->t > kMaxT || g->b * g->h > 65535)
-    return STOKE_PERR(STOKE_E_UNSUPPORTED, "cuda %s '%s': T = %lld (at most %lld) or B H = %lld (at most 65535); use "
-                      "cudnn's attention", op, stoke_node_name(a), (long long)g->t, (long long)kMaxT, (long long)(g->b * g->h));
+    return STOKE_PERR(STOKE_E_UNSUPPORTED, "cuda %s '%s': T = %lld (at most %lld: a row of scores in shared memory) or "
+                      "B H = %lld (at most 65535); list cudnn before cuda in [run] backends with run.precision = bf16 "
+                      "or fp16 (cuDNN's flash attention has no f32 engine), or shorten the context", op,
+                      stoke_node_name(a), (long long)g->t, (long long)kMaxT, (long long)(g->b * g->h));
   CHECK(stoke_check_dtype(a, op, "qkv", &a->in[0], dt));
   CHECK(stoke_check_dtype(a, op, "y", &a->out[0], dt));
   CHECK(stoke_check_dtype(a, op, "lse", &a->out[1], STOKE_F32));
@@ -177,7 +181,15 @@ template <typename T, int BWD> stoke_err *att_plan(const stoke_kernel_args_v1 *a
   att_dims g;
   if (state) *state = NULL;
   if (ws) *ws = 0;
-  return att_check(a, dtype_of<T>::value, BWD, false, &g);
+  CHECK(att_check(a, dtype_of<T>::value, BWD, false, &g));
+  static std::atomic<int> said(0); /* once a process: every layer's node would say it again */
+  if (g.t >= 256 && !said.exchange(1))
+    stoke_host->log(STOKE_LOG_WARN, "cuda", "attention '%s' (T = %lld, head size %lld, %s) runs on the cuda backend's "
+                    "plain kernel (no tensor cores): at GPT contexts cuDNN's flash attention (bf16 or fp16, head sizes "
+                    "a multiple of 8 up to 256, cudnn listed before cuda in [run] backends) ran a 4-layer GPT 53x faster "
+                    "at T = 1024 (BENCHMARKS.md run 38)", stoke_node_name(a), (long long)g.t, (long long)g.d,
+                    stoke_dtype_name(dtype_of<T>::value));
+  return NULL;
 }
 
 template <typename T> stoke_err *att_fwd(const stoke_kernel_args_v1 *a, void *) {
