@@ -146,6 +146,262 @@ __global__ void __launch_bounds__(kAttThreads) att_dkv_kernel(const T *__restric
   }
 }
 
+// ------------------------------------------------------------------ tiled path
+// Head sizes up to kTileMaxD (any T): flash attention's tiling without tensor cores (the f32 and tf32
+// path, which cuDNN has no engine for, and any type cuDNN declines). A block takes kTile query rows
+// (forward, dQ) or kTile keys (dK, dV) of one (b, h); the other side streams through shared memory in
+// tiles of kTile rows, converted to float once; a warp takes kTile / kTileWarps of the block's rows,
+// one after another, a lane the keys (queries) lane and lane + 32 of a tile for the dot products and
+// the dimensions lane + 32 k for the sums over the tile. The forward's softmax is online (running max
+// and sum, flash attention's); the backward recomputes the probabilities from lse, the dQ pass and the
+// dK, dV pass each on their own (no atomics: sums in a fixed order, deterministic). The plain kernels
+// above (a block a row, every product read from memory) took GPT-2 124M 2.3 s a step in tf32
+// (BENCHMARKS.md run 38).
+constexpr int kTile = 64, kTileWarps = 8, kTileThreads = 32 * kTileWarps, kTileMaxD = 128;
+constexpr int kRowsPerWarp = kTile / kTileWarps, kDSlots = kTileMaxD / 32;
+
+// n rows [r0, r0 + n) of one of q, k, v (which) of (b, h) into s[i * ld + d] as float, rows past T as 0.
+template <typename T>
+__device__ void tile_in(float *s, int ld, const T *x, const att_dims &g, int64_t b, int64_t h, int which,
+                        int64_t r0) {
+  for (int e = threadIdx.x; e < kTile * g.d; e += kTileThreads) {
+    const int i = e / (int)g.d, d = e % (int)g.d;
+    const int64_t r = r0 + i;
+    s[i * ld + d] = r < g.t ? to_f(qrow(x, g, b, r, h, which)[d]) : 0.f;
+  }
+}
+// The same from a [B, T, C] tensor (y, dy).
+template <typename T>
+__device__ void tile_in_y(float *s, int ld, const T *y, const att_dims &g, int64_t b, int64_t h, int64_t r0) {
+  for (int e = threadIdx.x; e < kTile * g.d; e += kTileThreads) {
+    const int i = e / (int)g.d, d = e % (int)g.d;
+    const int64_t r = r0 + i;
+    s[i * ld + d] = r < g.t ? to_f(y[(b * g.t + r) * g.c + h * g.d + d]) : 0.f;
+  }
+}
+
+__device__ __forceinline__ float tile_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float tile_warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// a[i * la + .] . b[j * lb + .] over d elements.
+__device__ __forceinline__ float sdot(const float *a, const float *b, int d) {
+  float s = 0.f;
+  for (int k = 0; k < d; k++) s += a[k] * b[k];
+  return s;
+}
+
+// Forward: y and lse of kTile query rows.
+template <typename T>
+__global__ void __launch_bounds__(kTileThreads) att_fwd_tiled(const T *__restrict__ x, T *__restrict__ y,
+                                                             float *__restrict__ lse, att_dims g) {
+  extern __shared__ float sm[];
+  const int D = (int)g.d, lk = D + 1;
+  float *qs = sm, *ks = qs + kTile * D, *vs = ks + kTile * lk;
+  const int64_t b = blockIdx.y / g.h, h = blockIdx.y % g.h, q0 = (int64_t)blockIdx.x * kTile;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  tile_in(qs, D, x, g, b, h, 0, q0);
+  float m[kRowsPerWarp], l[kRowsPerWarp], o[kRowsPerWarp][kDSlots];
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; i++) {
+    m[i] = -INFINITY, l[i] = 0.f;
+#pragma unroll
+    for (int k = 0; k < kDSlots; k++) o[i][k] = 0.f;
+  }
+  const int64_t kend = g.causal ? (q0 + kTile < g.t ? q0 + kTile : g.t) : g.t;
+  for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
+    __syncthreads(); /* the last tile's readers are done (and qs is in) */
+    tile_in(ks, lk, x, g, b, h, 1, k0);
+    tile_in(vs, D, x, g, b, h, 2, k0);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; i++) {
+      const int r = warp * kRowsPerWarp + i;
+      const int64_t qi = q0 + r;
+      if (qi >= g.t) continue; /* the warp's lanes agree */
+      float sc[2];
+#pragma unroll
+      for (int u = 0; u < 2; u++) {
+        const int j = lane + 32 * u;
+        const int64_t kj = k0 + j;
+        sc[u] = kj < g.t && (!g.causal || kj <= qi) ? g.scale * sdot(qs + r * D, ks + j * lk, D) : -INFINITY;
+      }
+      const float mn = fmaxf(m[i], tile_warp_max(fmaxf(sc[0], sc[1])));
+      if (mn == -INFINITY) continue; /* no key of this row yet */
+      const float alpha = expf(m[i] - mn), p0 = expf(sc[0] - mn), p1 = expf(sc[1] - mn);
+      l[i] = l[i] * alpha + tile_warp_sum(p0 + p1);
+      m[i] = mn;
+#pragma unroll
+      for (int k = 0; k < kDSlots; k++) o[i][k] *= alpha;
+      for (int j = 0; j < kTile; j++) {
+        const float pj = __shfl_sync(0xffffffffu, j < 32 ? p0 : p1, j & 31);
+#pragma unroll
+        for (int k = 0; k < kDSlots; k++)
+          if (lane + 32 * k < D) o[i][k] += pj * vs[j * D + lane + 32 * k];
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; i++) {
+    const int64_t qi = q0 + warp * kRowsPerWarp + i;
+    if (qi >= g.t) continue;
+#pragma unroll
+    for (int k = 0; k < kDSlots; k++)
+      if (lane + 32 * k < D) y[(b * g.t + qi) * g.c + h * g.d + lane + 32 * k] = from_f<T>(o[i][k] / l[i]);
+    if (lane == 0) lse[(b * g.h + h) * g.t + qi] = m[i] + logf(l[i]);
+  }
+}
+
+// dQ of kTile query rows: p = exp(scale q.k - lse), ds = p (dy.v - dy.y), dq = scale sum ds k.
+template <typename T>
+__global__ void __launch_bounds__(kTileThreads) att_dq_tiled(const T *__restrict__ x, const T *__restrict__ y,
+                                                            const float *__restrict__ lse, const T *__restrict__ dy,
+                                                            T *__restrict__ dx, att_dims g, float beta) {
+  extern __shared__ float sm[];
+  const int D = (int)g.d, lk = D + 1;
+  float *qs = sm, *dos = qs + kTile * D, *ks = dos + kTile * D, *vs = ks + kTile * lk;
+  const int64_t b = blockIdx.y / g.h, h = blockIdx.y % g.h, q0 = (int64_t)blockIdx.x * kTile;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  tile_in(qs, D, x, g, b, h, 0, q0);
+  tile_in_y(dos, D, dy, g, b, h, q0);
+  __syncthreads();
+  float dd[kRowsPerWarp], ls[kRowsPerWarp], acc_q[kRowsPerWarp][kDSlots];
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; i++) { /* the row's dy . y and lse */
+    const int r = warp * kRowsPerWarp + i;
+    const int64_t qi = q0 + r;
+    float v = 0.f;
+    for (int d = lane; qi < g.t && d < D; d += 32) v += dos[r * D + d] * to_f(y[(b * g.t + qi) * g.c + h * g.d + d]);
+    dd[i] = tile_warp_sum(v);
+    ls[i] = qi < g.t ? lse[(b * g.h + h) * g.t + qi] : 0.f;
+#pragma unroll
+    for (int k = 0; k < kDSlots; k++) acc_q[i][k] = 0.f;
+  }
+  const int64_t kend = g.causal ? (q0 + kTile < g.t ? q0 + kTile : g.t) : g.t;
+  for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
+    __syncthreads();
+    tile_in(ks, lk, x, g, b, h, 1, k0);
+    tile_in(vs, lk, x, g, b, h, 2, k0);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; i++) {
+      const int r = warp * kRowsPerWarp + i;
+      const int64_t qi = q0 + r;
+      if (qi >= g.t) continue;
+      float ds[2];
+#pragma unroll
+      for (int u = 0; u < 2; u++) {
+        const int j = lane + 32 * u;
+        const int64_t kj = k0 + j;
+        ds[u] = 0.f;
+        if (kj < g.t && (!g.causal || kj <= qi)) {
+          const float p = expf(g.scale * sdot(qs + r * D, ks + j * lk, D) - ls[i]);
+          ds[u] = p * (sdot(dos + r * D, vs + j * lk, D) - dd[i]);
+        }
+      }
+      for (int j = 0; j < kTile; j++) {
+        const float dj = __shfl_sync(0xffffffffu, j < 32 ? ds[0] : ds[1], j & 31);
+#pragma unroll
+        for (int k = 0; k < kDSlots; k++)
+          if (lane + 32 * k < D) acc_q[i][k] += dj * ks[j * lk + lane + 32 * k];
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; i++) {
+    const int64_t qi = q0 + warp * kRowsPerWarp + i;
+    if (qi >= g.t) continue;
+    T *dq = dx + (b * g.t + qi) * 3 * g.c + h * g.d;
+#pragma unroll
+    for (int k = 0; k < kDSlots; k++)
+      if (lane + 32 * k < D) acc(dq + lane + 32 * k, beta, g.scale * acc_q[i][k]);
+  }
+}
+
+// dK, dV of kTile keys: over the query rows that see them, a tile at a time.
+template <typename T>
+__global__ void __launch_bounds__(kTileThreads) att_dkv_tiled(const T *__restrict__ x, const T *__restrict__ y,
+                                                             const float *__restrict__ lse, const T *__restrict__ dy,
+                                                             T *__restrict__ dx, att_dims g, float beta) {
+  extern __shared__ float sm[];
+  const int D = (int)g.d, lq = D + 1;
+  float *ks = sm, *vs = ks + kTile * D, *qs = vs + kTile * D, *dos = qs + kTile * lq, *ls = dos + kTile * lq,
+        *dds = ls + kTile;
+  const int64_t b = blockIdx.y / g.h, h = blockIdx.y % g.h, k0 = (int64_t)blockIdx.x * kTile;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  tile_in(ks, D, x, g, b, h, 1, k0);
+  tile_in(vs, D, x, g, b, h, 2, k0);
+  float ak[kRowsPerWarp][kDSlots], av[kRowsPerWarp][kDSlots];
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; i++)
+#pragma unroll
+    for (int k = 0; k < kDSlots; k++) ak[i][k] = av[i][k] = 0.f;
+  const int64_t qstart = g.causal ? k0 : 0;
+  for (int64_t q0 = qstart - qstart % kTile; q0 < g.t; q0 += kTile) {
+    __syncthreads();
+    tile_in(qs, lq, x, g, b, h, 0, q0);
+    tile_in_y(dos, lq, dy, g, b, h, q0);
+    __syncthreads();
+    for (int i = warp; i < kTile; i += kTileWarps) { /* each query row's lse and dy . y, a warp a row */
+      const int64_t qi = q0 + i;
+      float v = 0.f;
+      for (int d = lane; qi < g.t && d < D; d += 32) v += dos[i * lq + d] * to_f(y[(b * g.t + qi) * g.c + h * g.d + d]);
+      v = tile_warp_sum(v);
+      if (lane == 0) dds[i] = v, ls[i] = qi < g.t ? lse[(b * g.h + h) * g.t + qi] : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; i++) {
+      const int r = warp * kRowsPerWarp + i;
+      const int64_t kj = k0 + r;
+      if (kj >= g.t) continue;
+      float p[2], ds[2];
+#pragma unroll
+      for (int u = 0; u < 2; u++) {
+        const int qq = lane + 32 * u;
+        const int64_t qi = q0 + qq;
+        p[u] = ds[u] = 0.f;
+        if (qi < g.t && (!g.causal || kj <= qi)) {
+          p[u] = expf(g.scale * sdot(qs + qq * lq, ks + r * D, D) - ls[qq]);
+          ds[u] = p[u] * (sdot(dos + qq * lq, vs + r * D, D) - dds[qq]);
+        }
+      }
+      for (int j = 0; j < kTile; j++) {
+        const float pj = __shfl_sync(0xffffffffu, j < 32 ? p[0] : p[1], j & 31);
+        const float dj = __shfl_sync(0xffffffffu, j < 32 ? ds[0] : ds[1], j & 31);
+#pragma unroll
+        for (int k = 0; k < kDSlots; k++)
+          if (lane + 32 * k < D) {
+            av[i][k] += pj * dos[j * lq + lane + 32 * k];
+            ak[i][k] += dj * qs[j * lq + lane + 32 * k];
+          }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; i++) {
+    const int64_t kj = k0 + warp * kRowsPerWarp + i;
+    if (kj >= g.t) continue;
+    T *dk = dx + (b * g.t + kj) * 3 * g.c + g.c + h * g.d, *dv = dk + g.c;
+#pragma unroll
+    for (int k = 0; k < kDSlots; k++)
+      if (lane + 32 * k < D) {
+        acc(dk + lane + 32 * k, beta, g.scale * ak[i][k]);
+        acc(dv + lane + 32 * k, beta, av[i][k]);
+      }
+  }
+}
+
+// Dynamic shared memory of the tiled kernels at head size d (the largest: d = kTileMaxD).
+inline size_t fwd_tiled_smem(int64_t d) { return (size_t)kTile * (3 * d + 1) * sizeof(float); }
+inline size_t bwd_tiled_smem(int64_t d) { return (size_t)kTile * (4 * d + 2) * sizeof(float) + 2 * kTile * sizeof(float); }
+
 // ================================================================ host side
 
 stoke_err *att_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, bool run, att_dims *g) {
@@ -161,11 +417,11 @@ stoke_err *att_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, boo
   g->causal = (int)a->node->attrs[STOKE_ATTENTION_CAUSAL].i;
   double sc = a->node->attrs[STOKE_ATTENTION_SCALE].f;
   g->scale = (float)(sc > 0 ? sc : 1.0 / sqrt((double)g->d));
-  if (g->t > kMaxT || g->b * g->h > 65535)
-    return STOKE_PERR(STOKE_E_UNSUPPORTED, "cuda %s '%s': T = %lld (at most %lld: a row of scores in shared memory) or "
-                      "B H = %lld (at most 65535); list cudnn before cuda in [run] backends with run.precision = bf16 "
-                      "or fp16 (cuDNN's flash attention has no f32 engine), or shorten the context", op,
-                      stoke_node_name(a), (long long)g->t, (long long)kMaxT, (long long)(g->b * g->h));
+  if ((g->d > kTileMaxD && g->t > kMaxT) || g->b * g->h > 65535)
+    return STOKE_PERR(STOKE_E_UNSUPPORTED, "cuda %s '%s': T = %lld (at most %lld past head size %d: a row of scores in "
+                      "shared memory) or B H = %lld (at most 65535); list cudnn before cuda in [run] backends with "
+                      "run.precision = bf16 or fp16 (cuDNN's flash attention has no f32 engine), or shorten the context",
+                      op, stoke_node_name(a), (long long)g->t, (long long)kMaxT, kTileMaxD, (long long)(g->b * g->h));
   CHECK(stoke_check_dtype(a, op, "qkv", &a->in[0], dt));
   CHECK(stoke_check_dtype(a, op, "y", &a->out[0], dt));
   CHECK(stoke_check_dtype(a, op, "lse", &a->out[1], STOKE_F32));
@@ -177,15 +433,15 @@ stoke_err *att_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, boo
   return NULL;
 }
 
-// Once a process (not per layer, direction or type): the plain kernel at a GPT context is the slow path.
+// Once a process (not per layer, direction or type): the cuda kernels at a GPT context are the slow path.
 std::atomic<int> g_said_plain(0);
 void warn_plain_once(const stoke_kernel_args_v1 *a, const att_dims &g, stoke_dtype dt) {
   if (g_said_plain.exchange(1)) return;
   stoke_host->log(STOKE_LOG_WARN, "cuda", "attention '%s' (T = %lld, head size %lld, %s) runs on the cuda backend's "
-                  "plain kernel (no tensor cores): at GPT contexts cuDNN's flash attention (bf16 or fp16, head sizes a "
-                  "multiple of 8 up to 256, cudnn listed before cuda in [run] backends) is the fast path: GPT-2 124M "
-                  "took 2.3 s a step on this kernel in tf32 against 28.5 ms on cuDNN's in bf16 (BENCHMARKS.md run 38)",
-                  stoke_node_name(a), (long long)g.t, (long long)g.d, stoke_dtype_name(dt));
+                  "%s kernel (no tensor cores): at GPT contexts cuDNN's flash attention (bf16 or fp16, head sizes a "
+                  "multiple of 8 up to 256, cudnn listed before cuda in [run] backends) is the fast path "
+                  "(BENCHMARKS.md run 38)", stoke_node_name(a), (long long)g.t, (long long)g.d, stoke_dtype_name(dt),
+                  g.d <= kTileMaxD ? "tiled" : "plain");
 }
 
 template <typename T, int BWD> stoke_err *att_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
@@ -194,15 +450,37 @@ template <typename T, int BWD> stoke_err *att_plan(const stoke_kernel_args_v1 *a
   if (ws) *ws = 0;
   CHECK(att_check(a, dtype_of<T>::value, BWD, false, &g));
   if (g.t >= 256) warn_plain_once(a, g, dtype_of<T>::value);
+  if (g.d > kTileMaxD) return NULL;
+  /* the tiled kernels' shared memory past 48 KiB, allowed once (at plan time, not during a capture) */
+  static std::atomic<int> raised(0);
+  if (raised.load()) return NULL;
+  cudaError_t e = BWD ? cudaFuncSetAttribute(att_dq_tiled<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)bwd_tiled_smem(kTileMaxD))
+                      : cudaFuncSetAttribute(att_fwd_tiled<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)fwd_tiled_smem(kTileMaxD));
+  if (e == cudaSuccess && BWD)
+    e = cudaFuncSetAttribute(att_dkv_tiled<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)bwd_tiled_smem(kTileMaxD));
+  if (e != cudaSuccess)
+    return STOKE_PERR(STOKE_E_DEVICE, "cuda attention '%s': raising the tiled kernel's shared-memory limit: %s",
+                      stoke_node_name(a), cudaGetErrorString(e));
+  raised.store(1);
   return NULL;
 }
 
 template <typename T> stoke_err *att_fwd(const stoke_kernel_args_v1 *a, void *) {
   att_dims g;
   CHECK(att_check(a, dtype_of<T>::value, 0, true, &g));
-  dim3 grid((unsigned)g.t, (unsigned)(g.b * g.h));
-  att_fwd_kernel<T><<<grid, kAttThreads, (size_t)g.t * sizeof(float), (cudaStream_t)a->stream>>>(
-      static_cast<const T *>(a->in[0].data), static_cast<T *>(a->out[0].data), static_cast<float *>(a->out[1].data), g);
+  const T *x = static_cast<const T *>(a->in[0].data);
+  T *y = static_cast<T *>(a->out[0].data);
+  float *lse = static_cast<float *>(a->out[1].data);
+  if (g.d <= kTileMaxD) {
+    dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
+    att_fwd_tiled<T><<<grid, kTileThreads, fwd_tiled_smem(g.d), (cudaStream_t)a->stream>>>(x, y, lse, g);
+  } else {
+    dim3 grid((unsigned)g.t, (unsigned)(g.b * g.h));
+    att_fwd_kernel<T><<<grid, kAttThreads, (size_t)g.t * sizeof(float), (cudaStream_t)a->stream>>>(x, y, lse, g);
+  }
   STOKE_CUDA_LAUNCH(stoke_node_name(a));
   return NULL;
 }
@@ -216,8 +494,16 @@ template <typename T> stoke_err *att_bwd(const stoke_kernel_args_v1 *a, void *) 
   const T *dy = static_cast<const T *>(a->dout[0].data);
   const float *lse = static_cast<const float *>(a->out[1].data);
   float beta = stoke_grad_beta(a, 0);
-  dim3 grid((unsigned)g.t, (unsigned)(g.b * g.h));
   cudaStream_t st = (cudaStream_t)a->stream;
+  if (g.d <= kTileMaxD) {
+    dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
+    att_dq_tiled<T><<<grid, kTileThreads, bwd_tiled_smem(g.d), st>>>(x, y, lse, dy, dx, g, beta);
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
+    att_dkv_tiled<T><<<grid, kTileThreads, bwd_tiled_smem(g.d), st>>>(x, y, lse, dy, dx, g, beta);
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
+    return NULL;
+  }
+  dim3 grid((unsigned)g.t, (unsigned)(g.b * g.h));
   att_dq_kernel<T><<<grid, kAttThreads, (size_t)g.t * sizeof(float), st>>>(x, y, lse, dy, dx, g, beta);
   STOKE_CUDA_LAUNCH(stoke_node_name(a));
   att_dkv_kernel<T><<<grid, kAttThreads, 2 * (size_t)g.t * sizeof(float), st>>>(x, y, lse, dy, dx, g, beta);
