@@ -1,7 +1,9 @@
-// backends/cuda/attention.cu: the cuda backend's attention (stoke/ops.h): a plain kernel per
-// query (forward, dQ) and per key (dK, dV), scores of one row in shared memory, O(T^2 D) work and
-// no tensor cores. It serves f32 (cuDNN's flash attention has no f32 engine) and any precision
-// where cudnn is not listed first in [run] backends; backends/cudnn/sdpa.c is the fast path.
+// backends/cuda/attention.cu: the cuda backend's attention (stoke/ops.h), without tensor cores: up
+// to head size 128 tiled as flash attention (tiles of 64 rows in shared memory, any T), past it a
+// plain kernel per query (forward, dQ) and per key (dK, dV) with a row of scores in shared memory
+// (T at most 4096). It serves f32 and tf32 (cuDNN's flash attention has no f32 engine), what cuDNN
+// declines, and any precision where cudnn is not listed first in [run] backends;
+// backends/cudnn/sdpa.c is the fast path.
 // Sums in float in a fixed order: deterministic. The CPU reference's semantics (lse = natural-log
 // log-sum-exp of the scaled scores, causal or not).
 #include <cuda_bf16.h>
