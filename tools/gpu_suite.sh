@@ -893,6 +893,9 @@ PY
       fi
       ;;
     gpt_shapes) # GPT shapes outside the suite: stoke against torch.compile, tokens/s and memory, per cell
+      # GPT_SHAPES_PRECISION=tf32: both sides without bf16 autocast (stoke's run.precision; PyTorch's "tf32+compile":
+      # fp32 weights, TF32 products, SDPA's fp32 kernel)
+      prec=${GPT_SHAPES_PRECISION:-bf16}
       cells=${GPT_SHAPES:-"8:1024:24:16:1024:50304 32:512:12:12:768:50304 16:1024:12:6:768:50304 8:2048:12:12:768:50304 64:256:6:6:384:256 24:300:4:5:320:1024"}
       for c in $cells; do
         IFS=: read -r b t l h d v <<< "$c"
@@ -900,12 +903,12 @@ PY
         o="$OUT/gshape_$(echo $c | tr : _)"
         # no warm-up: a run of a few steps is shorter than 1% of a small batch's epoch (speed is the same either way)
         timeout 200 "$T" "$S/examples/gpt2_124m.ini" run.checkpoint=false run.progress=off run.steps=${GPT_SHAPES_STEPS:-40} \
-          optimizer.warmup_epochs=0 run.out_dir="$o" data.batch_size=$b data.shape=$((t + 1)) data.classes=$cls model.context=$t model.n_layer=$l \
+          optimizer.warmup_epochs=0 run.precision=$prec run.out_dir="$o" data.batch_size=$b data.shape=$((t + 1)) data.classes=$cls model.context=$t model.n_layer=$l \
           model.n_head=$h model.n_embd=$d > "$o.log" 2>&1
         echo "stoke gpt $c rc=$? $(grep -hE '^stoke: error' "$o.log" | head -1)"
       done
       [ "${GPT_SHAPES_TORCH:-1}" = 1 ] && timeout "${GPT_SHAPES_S:-420}" python3 "$HERE/gpt_shapes_torch.py" "$S/anchors" \
-        "$OUT/gpt_shapes_torch.jsonl" $cells 2>&1 | grep -v -i warn | tail -20
+        "$OUT/gpt_shapes_torch.jsonl" $cells --mode "$prec+compile" 2>&1 | grep -v -i warn | tail -20
       python3 - "$OUT" $cells <<'PY'
 import json, os, sys
 out, cells = sys.argv[1], sys.argv[2:]
