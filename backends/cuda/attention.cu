@@ -192,7 +192,7 @@ __device__ __forceinline__ float tile_warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-// a[i * la + .] . b[j * lb + .] over d elements.
+// The dot product of d floats at a and at b (rows in shared memory).
 __device__ __forceinline__ float sdot(const float *a, const float *b, int d) {
   float s = 0.f;
   for (int k = 0; k < d; k++) s += a[k] * b[k];
@@ -436,9 +436,9 @@ stoke_err *att_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, boo
 }
 
 // Once a process (not per layer, direction or type): the cuda kernels at a GPT context are the slow path.
-std::atomic<int> g_said_plain(0);
-void warn_plain_once(const stoke_kernel_args_v1 *a, const att_dims &g, stoke_dtype dt) {
-  if (g_said_plain.exchange(1)) return;
+std::atomic<int> g_said_slow(0);
+void warn_slow_once(const stoke_kernel_args_v1 *a, const att_dims &g, stoke_dtype dt) {
+  if (g_said_slow.exchange(1)) return;
   stoke_host->log(STOKE_LOG_WARN, "cuda", "attention '%s' (T = %lld, head size %lld, %s) runs on the cuda backend's "
                   "%s kernel (no tensor cores): at GPT contexts cuDNN's flash attention (bf16 or fp16, head sizes a "
                   "multiple of 8 up to 256, cudnn listed before cuda in [run] backends) is the fast path "
@@ -451,7 +451,7 @@ template <typename T, int BWD> stoke_err *att_plan(const stoke_kernel_args_v1 *a
   if (state) *state = NULL;
   if (ws) *ws = 0;
   CHECK(att_check(a, dtype_of<T>::value, BWD, false, &g));
-  if (g.t >= 256) warn_plain_once(a, g, dtype_of<T>::value);
+  if (g.t >= 256) warn_slow_once(a, g, dtype_of<T>::value);
   if (g.d > kTileMaxD) return NULL;
   /* the tiled kernels' shared memory past 48 KiB, allowed once (at plan time, not during a capture) */
   static std::atomic<int> raised(0);
