@@ -199,6 +199,18 @@ __device__ __forceinline__ float sdot(const float *a, const float *b, int d) {
   return s;
 }
 
+// acc[k] += sum over the tile's rows j of w_j rows[j * ld + lane + 32 k], w_j the weight lane j % 32
+// holds (w0 for the tile's first 32 rows, w1 for the rest): P V, dS K, P^T dO and dS^T Q.
+__device__ __forceinline__ void tile_weighted_sum(float (&acc)[kDSlots], float w0, float w1, const float *rows, int ld,
+                                                  int lane, int d) {
+  for (int j = 0; j < kTile; j++) {
+    const float w = __shfl_sync(0xffffffffu, j < 32 ? w0 : w1, j & 31);
+#pragma unroll
+    for (int k = 0; k < kDSlots; k++)
+      if (lane + 32 * k < d) acc[k] += w * rows[j * ld + lane + 32 * k];
+  }
+}
+
 // Forward: y and lse of kTile query rows.
 template <typename T>
 __global__ void __launch_bounds__(kTileThreads) att_fwd_tiled(const T *__restrict__ x, T *__restrict__ y,
@@ -241,12 +253,7 @@ __global__ void __launch_bounds__(kTileThreads) att_fwd_tiled(const T *__restric
       m[i] = mn;
 #pragma unroll
       for (int k = 0; k < kDSlots; k++) o[i][k] *= alpha;
-      for (int j = 0; j < kTile; j++) {
-        const float pj = __shfl_sync(0xffffffffu, j < 32 ? p0 : p1, j & 31);
-#pragma unroll
-        for (int k = 0; k < kDSlots; k++)
-          if (lane + 32 * k < D) o[i][k] += pj * vs[j * D + lane + 32 * k];
-      }
+      tile_weighted_sum(o[i], p0, p1, vs, D, lane, D);
     }
   }
 #pragma unroll
@@ -307,12 +314,7 @@ __global__ void __launch_bounds__(kTileThreads) att_dq_tiled(const T *__restrict
           ds[u] = p * (sdot(dos + r * D, vs + j * lk, D) - dd[i]);
         }
       }
-      for (int j = 0; j < kTile; j++) {
-        const float dj = __shfl_sync(0xffffffffu, j < 32 ? ds[0] : ds[1], j & 31);
-#pragma unroll
-        for (int k = 0; k < kDSlots; k++)
-          if (lane + 32 * k < D) acc_q[i][k] += dj * ks[j * lk + lane + 32 * k];
-      }
+      tile_weighted_sum(acc_q[i], ds[0], ds[1], ks, lk, lane, D);
     }
   }
 #pragma unroll
@@ -374,16 +376,8 @@ __global__ void __launch_bounds__(kTileThreads) att_dkv_tiled(const T *__restric
           ds[u] = p[u] * (sdot(dos + qq * lq, vs + r * D, D) - dds[qq]);
         }
       }
-      for (int j = 0; j < kTile; j++) {
-        const float pj = __shfl_sync(0xffffffffu, j < 32 ? p[0] : p[1], j & 31);
-        const float dj = __shfl_sync(0xffffffffu, j < 32 ? ds[0] : ds[1], j & 31);
-#pragma unroll
-        for (int k = 0; k < kDSlots; k++)
-          if (lane + 32 * k < D) {
-            av[i][k] += pj * dos[j * lq + lane + 32 * k];
-            ak[i][k] += dj * qs[j * lq + lane + 32 * k];
-          }
-      }
+      tile_weighted_sum(av[i], p[0], p[1], dos, lq, lane, D);
+      tile_weighted_sum(ak[i], ds[0], ds[1], qs, lq, lane, D);
     }
   }
 #pragma unroll
