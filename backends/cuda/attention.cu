@@ -162,36 +162,21 @@ __global__ void __launch_bounds__(kAttThreads) att_dkv_kernel(const T *__restric
 constexpr int kTile = 64, kTileWarps = 8, kTileThreads = 32 * kTileWarps, kTileMaxD = 128;
 constexpr int kRowsPerWarp = kTile / kTileWarps, kDSlots = kTileMaxD / 32;
 
-// n rows [r0, r0 + n) of one of q, k, v (which) of (b, h) into s[i * ld + d] as float, rows past T as 0.
+// kTile rows [r0, r0 + kTile) of one head's d columns of a [B, T, stride] tensor, from base (the head's
+// first column: q, k or v of qkv, or y, dy) into s[i * ld + d] as float, rows past T as 0.
 template <typename T>
-__device__ void tile_in(float *s, int ld, const T *x, const att_dims &g, int64_t b, int64_t h, int which,
-                        int64_t r0) {
+__device__ void tile_in(float *s, int ld, const T *base, int64_t stride, const att_dims &g, int64_t b, int64_t r0) {
   for (int e = threadIdx.x; e < kTile * g.d; e += kTileThreads) {
     const int i = e / (int)g.d, d = e % (int)g.d;
     const int64_t r = r0 + i;
-    s[i * ld + d] = r < g.t ? to_f(qrow(x, g, b, r, h, which)[d]) : 0.f;
+    s[i * ld + d] = r < g.t ? to_f(base[(b * g.t + r) * stride + d]) : 0.f;
   }
 }
-// The same from a [B, T, C] tensor (y, dy).
-template <typename T>
-__device__ void tile_in_y(float *s, int ld, const T *y, const att_dims &g, int64_t b, int64_t h, int64_t r0) {
-  for (int e = threadIdx.x; e < kTile * g.d; e += kTileThreads) {
-    const int i = e / (int)g.d, d = e % (int)g.d;
-    const int64_t r = r0 + i;
-    s[i * ld + d] = r < g.t ? to_f(y[(b * g.t + r) * g.c + h * g.d + d]) : 0.f;
-  }
+// The head's first column of q, k or v (which) in qkv, with qkv's row stride.
+template <typename T> __device__ __forceinline__ const T *qkv_head(const T *x, const att_dims &g, int64_t h, int which) {
+  return x + which * g.c + h * g.d;
 }
 
-__device__ __forceinline__ float tile_warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float tile_warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 // The dot product of d floats at a and at b (rows in shared memory).
 __device__ __forceinline__ float sdot(const float *a, const float *b, int d) {
   float s = 0.f;
@@ -220,7 +205,7 @@ __global__ void __launch_bounds__(kTileThreads) att_fwd_tiled(const T *__restric
   float *qs = sm, *ks = qs + kTile * D, *vs = ks + kTile * lk;
   const int64_t b = blockIdx.y / g.h, h = blockIdx.y % g.h, q0 = (int64_t)blockIdx.x * kTile;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  tile_in(qs, D, x, g, b, h, 0, q0);
+  tile_in(qs, D, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
   float m[kRowsPerWarp], l[kRowsPerWarp], o[kRowsPerWarp][kDSlots];
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; i++) {
@@ -231,8 +216,8 @@ __global__ void __launch_bounds__(kTileThreads) att_fwd_tiled(const T *__restric
   const int64_t kend = g.causal ? (q0 + kTile < g.t ? q0 + kTile : g.t) : g.t;
   for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
     __syncthreads(); /* the last tile's readers are done (and qs is in) */
-    tile_in(ks, lk, x, g, b, h, 1, k0);
-    tile_in(vs, D, x, g, b, h, 2, k0);
+    tile_in(ks, lk, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
+    tile_in(vs, D, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; i++) {
@@ -246,10 +231,10 @@ __global__ void __launch_bounds__(kTileThreads) att_fwd_tiled(const T *__restric
         const int64_t kj = k0 + j;
         sc[u] = kj < g.t && (!g.causal || kj <= qi) ? g.scale * sdot(qs + r * D, ks + j * lk, D) : -INFINITY;
       }
-      const float mn = fmaxf(m[i], tile_warp_max(fmaxf(sc[0], sc[1])));
+      const float mn = fmaxf(m[i], warp_max(fmaxf(sc[0], sc[1])));
       if (mn == -INFINITY) continue; /* no key of this row yet */
       const float alpha = expf(m[i] - mn), p0 = expf(sc[0] - mn), p1 = expf(sc[1] - mn);
-      l[i] = l[i] * alpha + tile_warp_sum(p0 + p1);
+      l[i] = l[i] * alpha + warp_sum(p0 + p1);
       m[i] = mn;
 #pragma unroll
       for (int k = 0; k < kDSlots; k++) o[i][k] *= alpha;
@@ -277,8 +262,8 @@ __global__ void __launch_bounds__(kTileThreads) att_dq_tiled(const T *__restrict
   float *qs = sm, *dos = qs + kTile * D, *ks = dos + kTile * D, *vs = ks + kTile * lk;
   const int64_t b = blockIdx.y / g.h, h = blockIdx.y % g.h, q0 = (int64_t)blockIdx.x * kTile;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  tile_in(qs, D, x, g, b, h, 0, q0);
-  tile_in_y(dos, D, dy, g, b, h, q0);
+  tile_in(qs, D, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
+  tile_in(dos, D, dy + h * g.d, g.c, g, b, q0);
   __syncthreads();
   float dd[kRowsPerWarp], ls[kRowsPerWarp], acc_q[kRowsPerWarp][kDSlots];
 #pragma unroll
@@ -287,7 +272,7 @@ __global__ void __launch_bounds__(kTileThreads) att_dq_tiled(const T *__restrict
     const int64_t qi = q0 + r;
     float v = 0.f;
     for (int d = lane; qi < g.t && d < D; d += 32) v += dos[r * D + d] * to_f(y[(b * g.t + qi) * g.c + h * g.d + d]);
-    dd[i] = tile_warp_sum(v);
+    dd[i] = warp_sum(v);
     ls[i] = qi < g.t ? lse[(b * g.h + h) * g.t + qi] : 0.f;
 #pragma unroll
     for (int k = 0; k < kDSlots; k++) acc_q[i][k] = 0.f;
@@ -295,8 +280,8 @@ __global__ void __launch_bounds__(kTileThreads) att_dq_tiled(const T *__restrict
   const int64_t kend = g.causal ? (q0 + kTile < g.t ? q0 + kTile : g.t) : g.t;
   for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
     __syncthreads();
-    tile_in(ks, lk, x, g, b, h, 1, k0);
-    tile_in(vs, lk, x, g, b, h, 2, k0);
+    tile_in(ks, lk, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
+    tile_in(vs, lk, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; i++) {
@@ -339,8 +324,8 @@ __global__ void __launch_bounds__(kTileThreads) att_dkv_tiled(const T *__restric
         *dds = ls + kTile;
   const int64_t b = blockIdx.y / g.h, h = blockIdx.y % g.h, k0 = (int64_t)blockIdx.x * kTile;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  tile_in(ks, D, x, g, b, h, 1, k0);
-  tile_in(vs, D, x, g, b, h, 2, k0);
+  tile_in(ks, D, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
+  tile_in(vs, D, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
   float ak[kRowsPerWarp][kDSlots], av[kRowsPerWarp][kDSlots];
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; i++)
@@ -349,14 +334,14 @@ __global__ void __launch_bounds__(kTileThreads) att_dkv_tiled(const T *__restric
   const int64_t qstart = g.causal ? k0 : 0;
   for (int64_t q0 = qstart - qstart % kTile; q0 < g.t; q0 += kTile) {
     __syncthreads();
-    tile_in(qs, lq, x, g, b, h, 0, q0);
-    tile_in_y(dos, lq, dy, g, b, h, q0);
+    tile_in(qs, lq, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
+    tile_in(dos, lq, dy + h * g.d, g.c, g, b, q0);
     __syncthreads();
     for (int i = warp; i < kTile; i += kTileWarps) { /* each query row's lse and dy . y, a warp a row */
       const int64_t qi = q0 + i;
       float v = 0.f;
       for (int d = lane; qi < g.t && d < D; d += 32) v += dos[i * lq + d] * to_f(y[(b * g.t + qi) * g.c + h * g.d + d]);
-      v = tile_warp_sum(v);
+      v = warp_sum(v);
       if (lane == 0) dds[i] = v, ls[i] = qi < g.t ? lse[(b * g.h + h) * g.t + qi] : 0.f;
     }
     __syncthreads();

@@ -38,13 +38,6 @@ constexpr int kParts = kVecParts > kLnParts ? kVecParts : kLnParts; // partial s
 
 template <typename T> T *dp(const stoke_tensor &t) { return static_cast<T *>(t.data); }
 
-// Warp sum (every lane gets it).
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // N elements at p in one load (one store): 16 bytes when N is 16 / sizeof(T) (ld, st: the register path).
 template <typename T, int N> __device__ __forceinline__ vec<T, N> ldn(const T *p) {
   return *reinterpret_cast<const vec<T, N> *>(p);

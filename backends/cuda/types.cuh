@@ -42,6 +42,19 @@ template <typename T> __device__ __forceinline__ void acc(T *d, float beta, floa
   *d = from_f<T>(beta != 0.0f ? beta * to_f(*d) + v : v);
 }
 
+// The sum (the max) of v over the warp's 32 lanes, every lane getting it; the xor butterfly's order is
+// fixed, so the result is the same bits on every run.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 // V elements of T loaded and stored as one access.
 template <typename T, int V> struct alignas(sizeof(T) * V) vec {
   T v[V];
