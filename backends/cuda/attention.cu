@@ -379,9 +379,295 @@ __global__ void __launch_bounds__(kTileThreads) att_dkv_tiled(const T *__restric
   }
 }
 
+// ------------------------------------------------------------------ tensor-core path
+// The tiled path on TF32 tensor cores (mma.sync m16n8k8, sm_80 and later), for bf16 and fp16 (exact in
+// TF32) and for f32 under the TF32 flag (run.precision = tf32; plain f32 keeps the kernels above, whose
+// products are f32's). A block of kTcWarps warps takes kTile query rows (forward, dQ) or keys (dK, dV),
+// a warp 16 of them; a tile of the other side's kTile rows sits in shared memory as TF32-rounded floats,
+// the head's d columns zero-padded to a multiple of 8 (DT groups of 8), rows ld = 8 DT + 4 floats apart
+// (the fragment loads below hit 32 banks). A warp's 16 x kTile scores are kTcN accumulator tiles of
+// 16 x 8 in registers; PTX's layout gives lane (g = lane / 4, t = lane % 4) rows g and g + 8, columns 2t
+// and 2t + 1 of each. The softmax works on them in place, and they are the next product's A operand as
+// they are: that product's sum over the tile's rows is taken in the order 2t, 2t + 1 of each group of 8
+// where the A layout reads t, t + 4, so its B rows are read from shared memory in the same order.
+constexpr int kTcWarps = kTile / 16, kTcThreads = 32 * kTcWarps, kTcN = kTile / 8;
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ uint32_t bits(float x) { return __float_as_uint(x); }
+
+// c += a b, a 16 x 8 (row-major fragment a0..a3), b 8 x 8 (column fragment b0, b1), TF32 in, f32 out.
+__device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// kTile rows [r0, r0 + kTile) of one head's d columns of a [B, T, stride] tensor into s[i * ld + c] as
+// TF32-rounded floats, columns d .. 8 DT and rows past T as 0.
+template <typename T>
+__device__ void tc_tile_in(float *s, int ld, int dp, const T *base, int64_t stride, const att_dims &g, int64_t b,
+                           int64_t r0) {
+  for (int e = threadIdx.x; e < kTile * dp; e += kTcThreads) {
+    const int i = e / dp, c = e % dp;
+    const int64_t r = r0 + i;
+    s[i * ld + c] = __uint_as_float(to_tf32(r < g.t && c < g.d ? to_f(base[(b * g.t + r) * stride + c]) : 0.f));
+  }
+}
+
+// s = a b^T for a warp: a the warp's 16 rows (at a), b the tile's kTile rows, both dp = 8 DT columns.
+template <int DT>
+__device__ __forceinline__ void tc_scores(float (&s)[kTcN][4], const float *a, const float *b, int ld, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < kTcN; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+  for (int k = 0; k < DT; k++) {
+    const float *a0 = a + g * ld + 8 * k + t, *a1 = a0 + 8 * ld;
+    const uint32_t x0 = bits(a0[0]), x1 = bits(a1[0]), x2 = bits(a0[4]), x3 = bits(a1[4]);
+#pragma unroll
+    for (int j = 0; j < kTcN; j++) {
+      const float *bj = b + (8 * j + g) * ld + 8 * k + t;
+      mma_tf32(s[j], x0, x1, x2, x3, bits(bj[0]), bits(bj[4]));
+    }
+  }
+}
+
+// acc += p rows, p a warp's 16 x kTile weights (as tc_scores left them), rows the tile's kTile rows of
+// dp = 8 DT columns: P V, dS K, P^T dO, dS^T Q.
+template <int DT>
+__device__ __forceinline__ void tc_weighted_sum(float (&acc)[DT][4], const float (&p)[kTcN][4], const float *rows,
+                                                int ld, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < kTcN; j++) {
+    const uint32_t x0 = to_tf32(p[j][0]), x1 = to_tf32(p[j][2]), x2 = to_tf32(p[j][1]), x3 = to_tf32(p[j][3]);
+    const float *r0 = rows + (8 * j + 2 * t) * ld + g, *r1 = r0 + ld;
+#pragma unroll
+    for (int n = 0; n < DT; n++) mma_tf32(acc[n], x0, x1, x2, x3, bits(r0[8 * n]), bits(r1[8 * n]));
+  }
+}
+
+// The row (0: g, 1: g + 8) and column (within the tile) of accumulator element c of tile j.
+__device__ __forceinline__ int tc_col(int j, int c, int t) { return 8 * j + 2 * t + (c & 1); }
+
+template <int DT> __device__ __forceinline__ void tc_zero(float (&acc)[DT][4]) {
+#pragma unroll
+  for (int n = 0; n < DT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+}
+
+// A lane's two rows of an accumulator out to memory: row g's element at out0, row g + 8's at out1
+// (nullptr: past T), columns 8 n + 2t (+1) below d, times s, through acc (beta) or a plain store.
+template <typename T, int DT>
+__device__ __forceinline__ void tc_store(const float (&v)[DT][4], T *out0, T *out1, int d, int t, float s0, float s1,
+                                         float beta, bool accumulate) {
+#pragma unroll
+  for (int n = 0; n < DT; n++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      const int col = 8 * n + 2 * t + (c & 1);
+      T *o = c < 2 ? out0 : out1;
+      if (!o || col >= d) continue;
+      const float x = v[n][c] * (c < 2 ? s0 : s1);
+      if (accumulate) acc(o + col, beta, x);
+      else o[col] = from_f<T>(x);
+    }
+}
+
+// Where a thread of a tensor-core block is: its (b, h), the first of the block's kTile rows, its warp and
+// its lane's (g, t) in the fragment layouts.
+struct tc_at {
+  int64_t b, h, r0;
+  int warp, g, t;
+};
+__device__ __forceinline__ tc_at tc_where(const att_dims &g) {
+  const int lane = threadIdx.x % 32;
+  return {blockIdx.y / g.h, blockIdx.y % g.h, (int64_t)blockIdx.x * kTile, (int)threadIdx.x / 32, lane / 4, lane % 4};
+}
+
+template <typename T, int DT>
+__global__ void __launch_bounds__(kTcThreads) att_fwd_tc(const T *__restrict__ x, T *__restrict__ y,
+                                                         float *__restrict__ lse, att_dims g) {
+  extern __shared__ float sm[];
+  const int dp = 8 * DT, ld = dp + 4;
+  float *qs = sm, *ks = qs + kTile * ld, *vs = ks + kTile * ld;
+  const tc_at at = tc_where(g);
+  const int64_t b = at.b, h = at.h, q0 = at.r0;
+  const int warp = at.warp, gg = at.g, t = at.t;
+  tc_tile_in(qs, ld, dp, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
+  const int64_t qi[2] = {q0 + 16 * warp + gg, q0 + 16 * warp + gg + 8};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, o[DT][4], s[kTcN][4];
+  tc_zero(o);
+  const int64_t kend = g.causal ? (q0 + kTile < g.t ? q0 + kTile : g.t) : g.t;
+  for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
+    __syncthreads(); /* the last tile's readers are done (and qs is in) */
+    tc_tile_in(ks, ld, dp, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
+    tc_tile_in(vs, ld, dp, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
+    __syncthreads();
+    tc_scores<DT>(s, qs + 16 * warp * ld, ks, ld, gg, t);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < kTcN; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int64_t kj = k0 + tc_col(j, c, t), q = qi[c >> 1];
+        s[j][c] = kj < g.t && (!g.causal || kj <= q) ? g.scale * s[j][c] : -INFINITY;
+        mx[c >> 1] = fmaxf(mx[c >> 1], s[j][c]);
+      }
+    float alpha[2], base[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mn = fmaxf(m[r], mx[r]);
+      base[r] = mn == -INFINITY ? 0.f : mn; /* no key of this row yet: every p is 0 */
+      alpha[r] = expf(m[r] - base[r]);
+      m[r] = mn;
+    }
+#pragma unroll
+    for (int j = 0; j < kTcN; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        s[j][c] = expf(s[j][c] - base[c >> 1]);
+        sum[c >> 1] += s[j][c];
+      }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+      l[r] = l[r] * alpha[r] + sum[r];
+    }
+#pragma unroll
+    for (int n = 0; n < DT; n++) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    tc_weighted_sum<DT>(o, s, vs, ld, gg, t);
+  }
+  T *y0 = qi[0] < g.t ? y + (b * g.t + qi[0]) * g.c + h * g.d : nullptr;
+  T *y1 = qi[1] < g.t ? y + (b * g.t + qi[1]) * g.c + h * g.d : nullptr;
+  tc_store<T, DT>(o, y0, y1, (int)g.d, t, 1.f / l[0], 1.f / l[1], 0.f, false);
+  for (int r = 0; r < 2; r++)
+    if (t == 0 && qi[r] < g.t) lse[(b * g.h + h) * g.t + qi[r]] = m[r] + logf(l[r]);
+}
+
+// The dy . y of kTile rows [r0, r0 + kTile) into dd, a warp a row (0 past T), and their lse into ls.
+template <typename T>
+__device__ void tc_row_stats(float *dd, float *ls, const float *dos, int ld, const T *y, const float *lse,
+                             const att_dims &g, int64_t b, int64_t h, int64_t r0) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int i = warp; i < kTile; i += kTcWarps) {
+    const int64_t qi = r0 + i;
+    float v = 0.f;
+    for (int d = lane; qi < g.t && d < g.d; d += 32) v += dos[i * ld + d] * to_f(y[(b * g.t + qi) * g.c + h * g.d + d]);
+    v = warp_sum(v);
+    if (lane == 0) dd[i] = v, ls[i] = qi < g.t ? lse[(b * g.h + h) * g.t + qi] : 0.f;
+  }
+}
+
+// dQ of kTile query rows (the SIMT kernel's dq pass on tensor cores). dy . y is taken from the
+// TF32-rounded dy tile; its rounding is of the order of the products'.
+template <typename T, int DT>
+__global__ void __launch_bounds__(kTcThreads) att_dq_tc(const T *__restrict__ x, const T *__restrict__ y,
+                                                        const float *__restrict__ lse, const T *__restrict__ dy,
+                                                        T *__restrict__ dx, att_dims g, float beta) {
+  extern __shared__ float sm[];
+  const int dp = 8 * DT, ld = dp + 4;
+  float *qs = sm, *dos = qs + kTile * ld, *ks = dos + kTile * ld, *vs = ks + kTile * ld, *dds = vs + kTile * ld,
+        *lss = dds + kTile;
+  const tc_at at = tc_where(g);
+  const int64_t b = at.b, h = at.h, q0 = at.r0;
+  const int warp = at.warp, gg = at.g, t = at.t;
+  tc_tile_in(qs, ld, dp, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
+  tc_tile_in(dos, ld, dp, dy + h * g.d, g.c, g, b, q0);
+  __syncthreads();
+  tc_row_stats(dds, lss, dos, ld, y, lse, g, b, h, q0);
+  __syncthreads();
+  const int r0 = 16 * warp + gg;
+  const int64_t qi[2] = {q0 + r0, q0 + r0 + 8};
+  const float dd[2] = {dds[r0], dds[r0 + 8]}, ls[2] = {lss[r0], lss[r0 + 8]};
+  float acc_q[DT][4], s[kTcN][4], dpv[kTcN][4];
+  tc_zero(acc_q);
+  const int64_t kend = g.causal ? (q0 + kTile < g.t ? q0 + kTile : g.t) : g.t;
+  for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
+    __syncthreads();
+    tc_tile_in(ks, ld, dp, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
+    tc_tile_in(vs, ld, dp, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
+    __syncthreads();
+    tc_scores<DT>(s, qs + 16 * warp * ld, ks, ld, gg, t);
+    tc_scores<DT>(dpv, dos + 16 * warp * ld, vs, ld, gg, t);
+#pragma unroll
+    for (int j = 0; j < kTcN; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int64_t kj = k0 + tc_col(j, c, t), q = qi[c >> 1];
+        const float p = kj < g.t && q < g.t && (!g.causal || kj <= q) ? expf(g.scale * s[j][c] - ls[c >> 1]) : 0.f;
+        s[j][c] = p * (dpv[j][c] - dd[c >> 1]); /* dS */
+      }
+    tc_weighted_sum<DT>(acc_q, s, ks, ld, gg, t);
+  }
+  T *d0 = qi[0] < g.t ? dx + (b * g.t + qi[0]) * 3 * g.c + h * g.d : nullptr;
+  T *d1 = qi[1] < g.t ? dx + (b * g.t + qi[1]) * 3 * g.c + h * g.d : nullptr;
+  tc_store<T, DT>(acc_q, d0, d1, (int)g.d, t, g.scale, g.scale, beta, true);
+}
+
+// dK, dV of kTile keys, over the query rows that see them, a tile at a time.
+template <typename T, int DT>
+__global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x, const T *__restrict__ y,
+                                                         const float *__restrict__ lse, const T *__restrict__ dy,
+                                                         T *__restrict__ dx, att_dims g, float beta) {
+  extern __shared__ float sm[];
+  const int dp = 8 * DT, ld = dp + 4;
+  float *ks = sm, *vs = ks + kTile * ld, *qs = vs + kTile * ld, *dos = qs + kTile * ld, *dds = dos + kTile * ld,
+        *lss = dds + kTile;
+  const tc_at at = tc_where(g);
+  const int64_t b = at.b, h = at.h, k0 = at.r0;
+  const int warp = at.warp, gg = at.g, t = at.t;
+  tc_tile_in(ks, ld, dp, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
+  tc_tile_in(vs, ld, dp, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
+  const int64_t kj[2] = {k0 + 16 * warp + gg, k0 + 16 * warp + gg + 8};
+  float ak[DT][4], av[DT][4], s[kTcN][4], dpv[kTcN][4];
+  tc_zero(ak);
+  tc_zero(av);
+  const int64_t qstart = g.causal ? k0 : 0;
+  for (int64_t q0 = qstart - qstart % kTile; q0 < g.t; q0 += kTile) {
+    __syncthreads();
+    tc_tile_in(qs, ld, dp, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
+    tc_tile_in(dos, ld, dp, dy + h * g.d, g.c, g, b, q0);
+    __syncthreads();
+    tc_row_stats(dds, lss, dos, ld, y, lse, g, b, h, q0);
+    __syncthreads();
+    tc_scores<DT>(s, ks + 16 * warp * ld, qs, ld, gg, t);    /* S^T: keys x queries */
+    tc_scores<DT>(dpv, vs + 16 * warp * ld, dos, ld, gg, t); /* dP^T = V dO^T */
+#pragma unroll
+    for (int j = 0; j < kTcN; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int qq = tc_col(j, c, t);
+        const int64_t qi = q0 + qq, k = kj[c >> 1];
+        const float p = qi < g.t && k < g.t && (!g.causal || k <= qi) ? expf(g.scale * s[j][c] - lss[qq]) : 0.f;
+        s[j][c] = p;
+        dpv[j][c] = p * (dpv[j][c] - dds[qq]); /* dS^T */
+      }
+    tc_weighted_sum<DT>(av, s, dos, ld, gg, t);
+    tc_weighted_sum<DT>(ak, dpv, qs, ld, gg, t);
+  }
+  T *k0p = kj[0] < g.t ? dx + (b * g.t + kj[0]) * 3 * g.c + g.c + h * g.d : nullptr;
+  T *k1p = kj[1] < g.t ? dx + (b * g.t + kj[1]) * 3 * g.c + g.c + h * g.d : nullptr;
+  tc_store<T, DT>(ak, k0p, k1p, (int)g.d, t, g.scale, g.scale, beta, true);
+  tc_store<T, DT>(av, k0p ? k0p + g.c : nullptr, k1p ? k1p + g.c : nullptr, (int)g.d, t, 1.f, 1.f, beta, true);
+}
+
 // Dynamic shared memory of the tiled kernels at head size d (the largest: d = kTileMaxD).
 inline size_t fwd_tiled_smem(int64_t d) { return (size_t)kTile * (3 * d + 1) * sizeof(float); }
 inline size_t bwd_tiled_smem(int64_t d) { return (size_t)kTile * (4 * d + 2) * sizeof(float) + 2 * kTile * sizeof(float); }
+// ... and of the tensor-core kernels at DT groups of 8 columns.
+inline size_t fwd_tc_smem(int dt) { return (size_t)kTile * 3 * (8 * dt + 4) * sizeof(float); }
+inline size_t bwd_tc_smem(int dt) { return (size_t)kTile * (4 * (8 * dt + 4) + 2) * sizeof(float); }
+// The tensor-core kernels take bf16, fp16 and f32 under the TF32 flag, head sizes up to kTileMaxD.
+template <typename T> bool use_tc(const stoke_kernel_args_v1 *a, const att_dims &g) {
+  return g.d <= kTileMaxD && (sizeof(T) == 2 || (a->flags & STOKE_KFLAG_TF32));
+}
 
 // ================================================================ host side
 
@@ -416,13 +702,14 @@ stoke_err *att_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, boo
 
 // Once a process (not per layer, direction or type): the cuda kernels at a GPT context are the slow path.
 std::atomic<int> g_said_slow(0);
-void warn_slow_once(const stoke_kernel_args_v1 *a, const att_dims &g, stoke_dtype dt) {
+void warn_slow_once(const stoke_kernel_args_v1 *a, const att_dims &g, stoke_dtype dt, bool tc) {
   if (g_said_slow.exchange(1)) return;
   stoke_host->log(STOKE_LOG_WARN, "cuda", "attention '%s' (T = %lld, head size %lld, %s) runs on the cuda backend's "
-                  "%s kernel (no tensor cores): at GPT contexts cuDNN's flash attention (bf16 or fp16, head sizes a "
-                  "multiple of 8 up to 256, cudnn listed before cuda in [run] backends) is the fast path "
-                  "(BENCHMARKS.md run 38)", stoke_node_name(a), (long long)g.t, (long long)g.d, stoke_dtype_name(dt),
-                  g.d <= kTileMaxD ? "tiled" : "plain");
+                  "%s kernel: at GPT contexts cuDNN's flash attention (bf16 or fp16, head sizes a multiple of 8 up to "
+                  "256, cudnn listed before cuda in [run] backends) is the fast path (BENCHMARKS.md runs 38-39)",
+                  stoke_node_name(a), (long long)g.t, (long long)g.d, stoke_dtype_name(dt),
+                  tc ? "TF32 tensor-core" : g.d <= kTileMaxD ? "tiled f32 (no tensor cores: run.precision = tf32 "
+                  "allows them)" : "plain");
 }
 
 template <typename T, int BWD> stoke_err *att_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
@@ -430,18 +717,22 @@ template <typename T, int BWD> stoke_err *att_plan(const stoke_kernel_args_v1 *a
   if (state) *state = NULL;
   if (ws) *ws = 0;
   CHECK(att_check(a, dtype_of<T>::value, BWD, false, &g));
-  if (g.t >= 256) warn_slow_once(a, g, dtype_of<T>::value);
+  if (g.t >= 256) warn_slow_once(a, g, dtype_of<T>::value, use_tc<T>(a, g));
   if (g.d > kTileMaxD) return NULL;
   /* the tiled kernels' shared memory past 48 KiB, allowed once (at plan time, not during a capture) */
   static std::atomic<int> raised(0);
   if (raised.load()) return NULL;
-  cudaError_t e = BWD ? cudaFuncSetAttribute(att_dq_tiled<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)bwd_tiled_smem(kTileMaxD))
-                      : cudaFuncSetAttribute(att_fwd_tiled<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)fwd_tiled_smem(kTileMaxD));
-  if (e == cudaSuccess && BWD)
-    e = cudaFuncSetAttribute(att_dkv_tiled<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)bwd_tiled_smem(kTileMaxD));
+  const int fm = (int)fwd_tiled_smem(kTileMaxD), bm = (int)bwd_tiled_smem(kTileMaxD);
+  const int ftc = (int)fwd_tc_smem(kTileMaxD / 8), btc = (int)bwd_tc_smem(kTileMaxD / 8);
+  const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  cudaError_t e = BWD ? cudaFuncSetAttribute(att_dq_tiled<T>, lim, bm) : cudaFuncSetAttribute(att_fwd_tiled<T>, lim, fm);
+  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dkv_tiled<T>, lim, bm);
+  if (e == cudaSuccess && !BWD) e = cudaFuncSetAttribute(att_fwd_tc<T, 8>, lim, ftc);
+  if (e == cudaSuccess && !BWD) e = cudaFuncSetAttribute(att_fwd_tc<T, kTileMaxD / 8>, lim, ftc);
+  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dq_tc<T, 8>, lim, btc);
+  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dq_tc<T, kTileMaxD / 8>, lim, btc);
+  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dkv_tc<T, 8>, lim, btc);
+  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dkv_tc<T, kTileMaxD / 8>, lim, btc);
   if (e != cudaSuccess)
     return STOKE_PERR(STOKE_E_DEVICE, "cuda attention '%s': raising the tiled kernel's shared-memory limit: %s",
                       stoke_node_name(a), cudaGetErrorString(e));
@@ -455,7 +746,12 @@ template <typename T> stoke_err *att_fwd(const stoke_kernel_args_v1 *a, void *) 
   const T *x = static_cast<const T *>(a->in[0].data);
   T *y = static_cast<T *>(a->out[0].data);
   float *lse = static_cast<float *>(a->out[1].data);
-  if (g.d <= kTileMaxD) {
+  if (use_tc<T>(a, g)) {
+    dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
+    cudaStream_t st = (cudaStream_t)a->stream;
+    if (g.d <= 64) att_fwd_tc<T, 8><<<grid, kTcThreads, fwd_tc_smem(8), st>>>(x, y, lse, g);
+    else att_fwd_tc<T, kTileMaxD / 8><<<grid, kTcThreads, fwd_tc_smem(kTileMaxD / 8), st>>>(x, y, lse, g);
+  } else if (g.d <= kTileMaxD) {
     dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
     att_fwd_tiled<T><<<grid, kTileThreads, fwd_tiled_smem(g.d), (cudaStream_t)a->stream>>>(x, y, lse, g);
   } else {
@@ -476,6 +772,21 @@ template <typename T> stoke_err *att_bwd(const stoke_kernel_args_v1 *a, void *) 
   const float *lse = static_cast<const float *>(a->out[1].data);
   float beta = stoke_grad_beta(a, 0);
   cudaStream_t st = (cudaStream_t)a->stream;
+  if (use_tc<T>(a, g)) {
+    dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
+    if (g.d <= 64) {
+      att_dq_tc<T, 8><<<grid, kTcThreads, bwd_tc_smem(8), st>>>(x, y, lse, dy, dx, g, beta);
+      STOKE_CUDA_LAUNCH(stoke_node_name(a));
+      att_dkv_tc<T, 8><<<grid, kTcThreads, bwd_tc_smem(8), st>>>(x, y, lse, dy, dx, g, beta);
+    } else {
+      constexpr int DT = kTileMaxD / 8;
+      att_dq_tc<T, DT><<<grid, kTcThreads, bwd_tc_smem(DT), st>>>(x, y, lse, dy, dx, g, beta);
+      STOKE_CUDA_LAUNCH(stoke_node_name(a));
+      att_dkv_tc<T, DT><<<grid, kTcThreads, bwd_tc_smem(DT), st>>>(x, y, lse, dy, dx, g, beta);
+    }
+    STOKE_CUDA_LAUNCH(stoke_node_name(a));
+    return NULL;
+  }
   if (g.d <= kTileMaxD) {
     dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
     att_dq_tiled<T><<<grid, kTileThreads, bwd_tiled_smem(g.d), st>>>(x, y, lse, dy, dx, g, beta);

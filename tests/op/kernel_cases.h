@@ -49,6 +49,8 @@ typedef struct kcase {
                        * product of the lengths of sums that feed one another (a
                        * gradient summed over rows of a product's gradient) */
   double arg;         /* an op's own number (grad_norm's max_norm) */
+  int tf32_operands;  /* with STOKE_KFLAG_TF32: the TF32-rounded operands along the longest chain of
+                       * products (0: a product's two) */
   /* Output shapes for an op the compiler makes, whose inference refuses a
    * stand-alone node (linear_dact); 0: inferred. Their dtype is the kernel's. */
   int n_out;
@@ -839,6 +841,19 @@ static int gen_attention(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     snprintf(c->attrs, sizeof c->attrs, "n_head=2, causal=1");
     add_in(c, SHAPE(2, 200, 3 * 2 * d), IN_ACT);
     c->k = (double)(200 * d);
+  }
+  if (gpu_engine(k) && k->dtype == STOKE_F32) { /* run.precision = tf32: the cuda kernels' tensor-core path */
+    for (int i = 0; i < 2; i++) {
+      int64_t d = i ? 64 + odd(r) % 64 : 64, t = i ? 64 + odd(r) : 256;
+      kcase *c = new_case(out, &n, k->op, "qkv [2, %lld, 3x2x%lld] %s, TF32", (long long)t, (long long)d,
+                          i ? "full" : "causal");
+      snprintf(c->attrs, sizeof c->attrs, "n_head=2, causal=%d", !i);
+      add_in(c, SHAPE(2, t, 3 * 2 * d), IN_ACT);
+      c->k = (double)(t * d);
+      c->flags = STOKE_KFLAG_TF32;
+      /* dQ's chain: q and k (the scores), dy and v (dP), dS and k (the sum over keys) */
+      c->tf32_operands = 6;
+    }
   }
   return n;
 }
