@@ -410,9 +410,9 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1
 
 // kTile rows [r0, r0 + kTile) of one head's d columns of a [B, T, stride] tensor into s[i * ld + c] as
 // TF32-rounded floats, columns d .. 8 DT and rows past T as 0.
-template <typename T>
-__device__ void tc_tile_in(float *s, int ld, int dp, const T *base, int64_t stride, const att_dims &g, int64_t b,
-                           int64_t r0) {
+template <int DT, typename T>
+__device__ void tc_tile_in(float *s, int ld, const T *base, int64_t stride, const att_dims &g, int64_t b, int64_t r0) {
+  constexpr int dp = 8 * DT;
   for (int e = threadIdx.x; e < kTile * dp; e += kTcThreads) {
     const int i = e / dp, c = e % dp;
     const int64_t r = r0 + i;
@@ -497,15 +497,15 @@ __global__ void __launch_bounds__(kTcThreads) att_fwd_tc(const T *__restrict__ x
   const tc_at at = tc_where(g);
   const int64_t b = at.b, h = at.h, q0 = at.r0;
   const int warp = at.warp, gg = at.g, t = at.t;
-  tc_tile_in(qs, ld, dp, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
+  tc_tile_in<DT>(qs, ld, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
   const int64_t qi[2] = {q0 + 16 * warp + gg, q0 + 16 * warp + gg + 8};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, o[DT][4], s[kTcN][4];
   tc_zero(o);
   const int64_t kend = g.causal ? (q0 + kTile < g.t ? q0 + kTile : g.t) : g.t;
   for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
     __syncthreads(); /* the last tile's readers are done (and qs is in) */
-    tc_tile_in(ks, ld, dp, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
-    tc_tile_in(vs, ld, dp, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
+    tc_tile_in<DT>(ks, ld, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
+    tc_tile_in<DT>(vs, ld, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
     __syncthreads();
     tc_scores<DT>(s, qs + 16 * warp * ld, ks, ld, gg, t);
     float mx[2] = {-INFINITY, -INFINITY};
@@ -551,26 +551,31 @@ __global__ void __launch_bounds__(kTcThreads) att_fwd_tc(const T *__restrict__ x
     if (t == 0 && qi[r] < g.t) lse[(b * g.h + h) * g.t + qi[r]] = m[r] + logf(l[r]);
 }
 
-// The dy . y of kTile rows [r0, r0 + kTile) into dd, a warp a row (0 past T), and their lse into ls.
+// The dy . y of kTile rows [r0, r0 + kTile) into dd and ddg (the same [B, H, T] place as lse), a warp a
+// row (0 past T), and their lse into ls.
 template <typename T>
-__device__ void tc_row_stats(float *dd, float *ls, const float *dos, int ld, const T *y, const float *lse,
-                             const att_dims &g, int64_t b, int64_t h, int64_t r0) {
+__device__ void tc_row_stats(float *dd, float *ls, float *ddg, const float *dos, int ld, const T *y,
+                             const float *lse, const att_dims &g, int64_t b, int64_t h, int64_t r0) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int i = warp; i < kTile; i += kTcWarps) {
     const int64_t qi = r0 + i;
     float v = 0.f;
     for (int d = lane; qi < g.t && d < g.d; d += 32) v += dos[i * ld + d] * to_f(y[(b * g.t + qi) * g.c + h * g.d + d]);
     v = warp_sum(v);
-    if (lane == 0) dd[i] = v, ls[i] = qi < g.t ? lse[(b * g.h + h) * g.t + qi] : 0.f;
+    if (lane == 0) {
+      dd[i] = v, ls[i] = qi < g.t ? lse[(b * g.h + h) * g.t + qi] : 0.f;
+      if (qi < g.t) ddg[(b * g.h + h) * g.t + qi] = v;
+    }
   }
 }
 
-// dQ of kTile query rows (the SIMT kernel's dq pass on tensor cores). dy . y is taken from the
-// TF32-rounded dy tile; its rounding is of the order of the products'.
+// dQ of kTile query rows (the SIMT kernel's dq pass on tensor cores), and the rows' dy . y into ddg for
+// the dK, dV pass after it. dy . y is taken from the TF32-rounded dy tile, as dP is.
 template <typename T, int DT>
 __global__ void __launch_bounds__(kTcThreads) att_dq_tc(const T *__restrict__ x, const T *__restrict__ y,
                                                         const float *__restrict__ lse, const T *__restrict__ dy,
-                                                        T *__restrict__ dx, att_dims g, float beta) {
+                                                        T *__restrict__ dx, float *__restrict__ ddg, att_dims g,
+                                                        float beta) {
   extern __shared__ float sm[];
   const int dp = 8 * DT, ld = dp + 4;
   float *qs = sm, *dos = qs + kTile * ld, *ks = dos + kTile * ld, *vs = ks + kTile * ld, *dds = vs + kTile * ld,
@@ -578,10 +583,10 @@ __global__ void __launch_bounds__(kTcThreads) att_dq_tc(const T *__restrict__ x,
   const tc_at at = tc_where(g);
   const int64_t b = at.b, h = at.h, q0 = at.r0;
   const int warp = at.warp, gg = at.g, t = at.t;
-  tc_tile_in(qs, ld, dp, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
-  tc_tile_in(dos, ld, dp, dy + h * g.d, g.c, g, b, q0);
+  tc_tile_in<DT>(qs, ld, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
+  tc_tile_in<DT>(dos, ld, dy + h * g.d, g.c, g, b, q0);
   __syncthreads();
-  tc_row_stats(dds, lss, dos, ld, y, lse, g, b, h, q0);
+  tc_row_stats(dds, lss, ddg, dos, ld, y, lse, g, b, h, q0);
   __syncthreads();
   const int r0 = 16 * warp + gg;
   const int64_t qi[2] = {q0 + r0, q0 + r0 + 8};
@@ -591,8 +596,8 @@ __global__ void __launch_bounds__(kTcThreads) att_dq_tc(const T *__restrict__ x,
   const int64_t kend = g.causal ? (q0 + kTile < g.t ? q0 + kTile : g.t) : g.t;
   for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
     __syncthreads();
-    tc_tile_in(ks, ld, dp, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
-    tc_tile_in(vs, ld, dp, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
+    tc_tile_in<DT>(ks, ld, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
+    tc_tile_in<DT>(vs, ld, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
     __syncthreads();
     tc_scores<DT>(s, qs + 16 * warp * ld, ks, ld, gg, t);
     tc_scores<DT>(dpv, dos + 16 * warp * ld, vs, ld, gg, t);
@@ -613,7 +618,7 @@ __global__ void __launch_bounds__(kTcThreads) att_dq_tc(const T *__restrict__ x,
 
 // dK, dV of kTile keys, over the query rows that see them, a tile at a time.
 template <typename T, int DT>
-__global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x, const T *__restrict__ y,
+__global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x, const float *__restrict__ ddg,
                                                          const float *__restrict__ lse, const T *__restrict__ dy,
                                                          T *__restrict__ dx, att_dims g, float beta) {
   extern __shared__ float sm[];
@@ -623,8 +628,8 @@ __global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x
   const tc_at at = tc_where(g);
   const int64_t b = at.b, h = at.h, k0 = at.r0;
   const int warp = at.warp, gg = at.g, t = at.t;
-  tc_tile_in(ks, ld, dp, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
-  tc_tile_in(vs, ld, dp, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
+  tc_tile_in<DT>(ks, ld, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
+  tc_tile_in<DT>(vs, ld, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
   const int64_t kj[2] = {k0 + 16 * warp + gg, k0 + 16 * warp + gg + 8};
   float ak[DT][4], av[DT][4], s[kTcN][4], dpv[kTcN][4];
   tc_zero(ak);
@@ -632,10 +637,12 @@ __global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x
   const int64_t qstart = g.causal ? k0 : 0;
   for (int64_t q0 = qstart - qstart % kTile; q0 < g.t; q0 += kTile) {
     __syncthreads();
-    tc_tile_in(qs, ld, dp, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
-    tc_tile_in(dos, ld, dp, dy + h * g.d, g.c, g, b, q0);
-    __syncthreads();
-    tc_row_stats(dds, lss, dos, ld, y, lse, g, b, h, q0);
+    tc_tile_in<DT>(qs, ld, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
+    tc_tile_in<DT>(dos, ld, dy + h * g.d, g.c, g, b, q0);
+    for (int i = threadIdx.x; i < kTile; i += kTcThreads) { /* the dQ pass's dy . y and the forward's lse */
+      const int64_t r = (b * g.h + h) * g.t + q0 + i;
+      dds[i] = q0 + i < g.t ? ddg[r] : 0.f, lss[i] = q0 + i < g.t ? lse[r] : 0.f;
+    }
     __syncthreads();
     tc_scores<DT>(s, ks + 16 * warp * ld, qs, ld, gg, t);    /* S^T: keys x queries */
     tc_scores<DT>(dpv, vs + 16 * warp * ld, dos, ld, gg, t); /* dP^T = V dO^T */
@@ -668,6 +675,8 @@ inline size_t bwd_tc_smem(int dt) { return (size_t)kTile * (4 * (8 * dt + 4) + 2
 template <typename T> bool use_tc(const stoke_kernel_args_v1 *a, const att_dims &g) {
   return g.d <= kTileMaxD && (sizeof(T) == 2 || (a->flags & STOKE_KFLAG_TF32));
 }
+// The tensor-core backward's workspace: a float a (b, h, t).
+inline size_t tc_bwd_ws(const att_dims &g) { return (size_t)(g.b * g.h * g.t) * sizeof(float); }
 
 // ================================================================ host side
 
@@ -718,6 +727,7 @@ template <typename T, int BWD> stoke_err *att_plan(const stoke_kernel_args_v1 *a
   if (ws) *ws = 0;
   CHECK(att_check(a, dtype_of<T>::value, BWD, false, &g));
   if (g.t >= 256) warn_slow_once(a, g, dtype_of<T>::value, use_tc<T>(a, g));
+  if (BWD && ws && use_tc<T>(a, g)) *ws = tc_bwd_ws(g);
   if (g.d > kTileMaxD) return NULL;
   /* the tiled kernels' shared memory past 48 KiB, allowed once (at plan time, not during a capture) */
   static std::atomic<int> raised(0);
@@ -774,15 +784,19 @@ template <typename T> stoke_err *att_bwd(const stoke_kernel_args_v1 *a, void *) 
   cudaStream_t st = (cudaStream_t)a->stream;
   if (use_tc<T>(a, g)) {
     dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
+    float *ddg = static_cast<float *>(a->workspace); /* [B, H, T]: dy . y, from the dQ pass to the dK, dV pass */
+    if (a->workspace_bytes < tc_bwd_ws(g))
+      return STOKE_PERR(STOKE_E_INTERNAL, "cuda attention '%s': workspace %zu B, needs %zu", stoke_node_name(a),
+                        a->workspace_bytes, tc_bwd_ws(g));
     if (g.d <= 64) {
-      att_dq_tc<T, 8><<<grid, kTcThreads, bwd_tc_smem(8), st>>>(x, y, lse, dy, dx, g, beta);
+      att_dq_tc<T, 8><<<grid, kTcThreads, bwd_tc_smem(8), st>>>(x, y, lse, dy, dx, ddg, g, beta);
       STOKE_CUDA_LAUNCH(stoke_node_name(a));
-      att_dkv_tc<T, 8><<<grid, kTcThreads, bwd_tc_smem(8), st>>>(x, y, lse, dy, dx, g, beta);
+      att_dkv_tc<T, 8><<<grid, kTcThreads, bwd_tc_smem(8), st>>>(x, ddg, lse, dy, dx, g, beta);
     } else {
       constexpr int DT = kTileMaxD / 8;
-      att_dq_tc<T, DT><<<grid, kTcThreads, bwd_tc_smem(DT), st>>>(x, y, lse, dy, dx, g, beta);
+      att_dq_tc<T, DT><<<grid, kTcThreads, bwd_tc_smem(DT), st>>>(x, y, lse, dy, dx, ddg, g, beta);
       STOKE_CUDA_LAUNCH(stoke_node_name(a));
-      att_dkv_tc<T, DT><<<grid, kTcThreads, bwd_tc_smem(DT), st>>>(x, y, lse, dy, dx, g, beta);
+      att_dkv_tc<T, DT><<<grid, kTcThreads, bwd_tc_smem(DT), st>>>(x, ddg, lse, dy, dx, g, beta);
     }
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
     return NULL;
