@@ -27,6 +27,7 @@ struct att_dims {
   int64_t b, t, h, d, c;
   int causal;
   float scale;
+  int vec; /* the tensor-core kernels' 16-byte tile loads (tc_vec) */
 };
 
 // (b, h, t) of blockIdx: x = t, y = b * H + h.
@@ -410,9 +411,40 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1
 
 // kTile rows [r0, r0 + kTile) of one head's d columns of a [B, T, stride] tensor into s[i * ld + c] as
 // TF32-rounded floats, columns d .. 8 DT and rows past T as 0.
+// With g.vec (the head's columns and the rows 16-byte aligned, d = 8 DT) in 16-byte loads, a batch of
+// kTcBatch a thread in flight before any is stored: a tile's loads wait for memory about once, where
+// element-wise loads waited for it many times a tile (the kernels' time went to those waits).
+constexpr int kTcBatch = 8;
 template <int DT, typename T>
 __device__ void tc_tile_in(float *s, int ld, const T *base, int64_t stride, const att_dims &g, int64_t b, int64_t r0) {
   constexpr int dp = 8 * DT;
+  if (g.vec) {
+    constexpr int per = 16 / sizeof(T), row = dp / per, n = kTile * row / kTcThreads;
+    static_assert(n % kTcBatch == 0 || kTcBatch % n == 0, "batches of a tile's 16-byte loads");
+    constexpr int nb = n < kTcBatch / (DT > 8 ? 2 : 1) ? n : kTcBatch / (DT > 8 ? 2 : 1); /* DT 16: registers */
+#pragma unroll 1
+    for (int k0 = 0; k0 < n; k0 += nb) {
+      uint4 v[nb];
+#pragma unroll
+      for (int k = 0; k < nb; k++) {
+        const int e = threadIdx.x + (k0 + k) * kTcThreads, i = e / row;
+        const int64_t r = r0 + i;
+        v[k] = r < g.t ? *reinterpret_cast<const uint4 *>(base + (b * g.t + r) * stride + (e % row) * per)
+                       : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int k = 0; k < nb; k++) {
+        const int e = threadIdx.x + (k0 + k) * kTcThreads, i = e / row;
+        const T *x = reinterpret_cast<const T *>(&v[k]);
+        float4 *o = reinterpret_cast<float4 *>(s + i * ld + (e % row) * per);
+#pragma unroll
+        for (int u = 0; u < per; u += 4)
+          o[u / 4] = make_float4(__uint_as_float(to_tf32(to_f(x[u]))), __uint_as_float(to_tf32(to_f(x[u + 1]))),
+                                 __uint_as_float(to_tf32(to_f(x[u + 2]))), __uint_as_float(to_tf32(to_f(x[u + 3]))));
+      }
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < kTile * dp; e += kTcThreads) {
     const int i = e / dp, c = e % dp;
     const int64_t r = r0 + i;
@@ -675,6 +707,11 @@ inline size_t bwd_tc_smem(int dt) { return (size_t)kTile * (4 * (8 * dt + 4) + 2
 template <typename T> bool use_tc(const stoke_kernel_args_v1 *a, const att_dims &g) {
   return g.d <= kTileMaxD && (sizeof(T) == 2 || (a->flags & STOKE_KFLAG_TF32));
 }
+// The tensor-core kernels' tiles in 16-byte loads: each head's d = 8 DT columns start 16-byte aligned.
+template <typename T> int tc_vec(const att_dims &g, const void *x, const void *dy) {
+  const size_t a = (uintptr_t)x | (uintptr_t)dy | (size_t)(g.c * (int64_t)sizeof(T)) | (size_t)(g.d * (int64_t)sizeof(T));
+  return g.d % 8 == 0 && a % 16 == 0;
+}
 // The tensor-core backward's workspace: a float a (b, h, t).
 inline size_t tc_bwd_ws(const att_dims &g) { return (size_t)(g.b * g.h * g.t) * sizeof(float); }
 
@@ -759,6 +796,7 @@ template <typename T> stoke_err *att_fwd(const stoke_kernel_args_v1 *a, void *) 
   if (use_tc<T>(a, g)) {
     dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
     cudaStream_t st = (cudaStream_t)a->stream;
+    g.vec = tc_vec<T>(g, x, nullptr);
     if (g.d <= 64) att_fwd_tc<T, 8><<<grid, kTcThreads, fwd_tc_smem(8), st>>>(x, y, lse, g);
     else att_fwd_tc<T, kTileMaxD / 8><<<grid, kTcThreads, fwd_tc_smem(kTileMaxD / 8), st>>>(x, y, lse, g);
   } else if (g.d <= kTileMaxD) {
@@ -785,6 +823,7 @@ template <typename T> stoke_err *att_bwd(const stoke_kernel_args_v1 *a, void *) 
   if (use_tc<T>(a, g)) {
     dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
     float *ddg = static_cast<float *>(a->workspace); /* [B, H, T]: dy . y, from the dQ pass to the dK, dV pass */
+    g.vec = tc_vec<T>(g, x, dy);
     if (a->workspace_bytes < tc_bwd_ws(g))
       return STOKE_PERR(STOKE_E_INTERNAL, "cuda attention '%s': workspace %zu B, needs %zu", stoke_node_name(a),
                         a->workspace_bytes, tc_bwd_ws(g));
