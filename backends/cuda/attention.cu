@@ -411,7 +411,7 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1
 
 // kTile rows [r0, r0 + kTile) of one head's d columns of a [B, T, stride] tensor into s[i * ld + c] as
 // TF32-rounded floats, columns d .. 8 DT and rows past T as 0.
-// With g.vec (the head's columns and the rows 16-byte aligned, d = 8 DT) in 16-byte loads, a batch of
+// With g.vec (the head's columns and the rows 16-byte aligned, d a multiple of 8) in 16-byte loads, a batch of
 // kTcBatch a thread in flight before any is stored: a tile's loads wait for memory about once, where
 // element-wise loads waited for it many times a tile (the kernels' time went to those waits).
 constexpr int kTcBatch = 8;
@@ -427,10 +427,10 @@ __device__ void tc_tile_in(float *s, int ld, const T *base, int64_t stride, cons
       uint4 v[nb];
 #pragma unroll
       for (int k = 0; k < nb; k++) {
-        const int e = threadIdx.x + (k0 + k) * kTcThreads, i = e / row;
+        const int e = threadIdx.x + (k0 + k) * kTcThreads, i = e / row, c = (e % row) * per;
         const int64_t r = r0 + i;
-        v[k] = r < g.t ? *reinterpret_cast<const uint4 *>(base + (b * g.t + r) * stride + (e % row) * per)
-                       : make_uint4(0u, 0u, 0u, 0u);
+        v[k] = r < g.t && c < g.d ? *reinterpret_cast<const uint4 *>(base + (b * g.t + r) * stride + c)
+                                  : make_uint4(0u, 0u, 0u, 0u); /* past T, or the padding past d */
       }
 #pragma unroll
       for (int k = 0; k < nb; k++) {
@@ -707,7 +707,8 @@ inline size_t bwd_tc_smem(int dt) { return (size_t)kTile * (4 * (8 * dt + 4) + 2
 template <typename T> bool use_tc(const stoke_kernel_args_v1 *a, const att_dims &g) {
   return g.d <= kTileMaxD && (sizeof(T) == 2 || (a->flags & STOKE_KFLAG_TF32));
 }
-// The tensor-core kernels' tiles in 16-byte loads: each head's d = 8 DT columns start 16-byte aligned.
+// The tensor-core kernels' tiles in 16-byte loads: each head's d columns start 16-byte aligned, and a
+// 16-byte vector (4 or 8 elements) never straddles d.
 template <typename T> int tc_vec(const att_dims &g, const void *x, const void *dy) {
   const size_t a = (uintptr_t)x | (uintptr_t)dy | (size_t)(g.c * (int64_t)sizeof(T)) | (size_t)(g.d * (int64_t)sizeof(T));
   return g.d % 8 == 0 && a % 16 == 0;

@@ -842,12 +842,19 @@ static int gen_attention(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
     add_in(c, SHAPE(2, 200, 3 * 2 * d), IN_ACT);
     c->k = (double)(200 * d);
   }
+  if (gpu_engine(k)) { /* a head size a multiple of 8 below 64: the tensor-core tiles' 16-byte loads, padded */
+    int64_t d = 8 * pick(r, 1, 7), t = 64 + odd(r);
+    kcase *c = new_case(out, &n, k->op, "qkv [2, %lld, 3x2x%lld] causal", (long long)t, (long long)d);
+    snprintf(c->attrs, sizeof c->attrs, "n_head=2, causal=1");
+    add_in(c, SHAPE(2, t, 3 * 2 * d), IN_ACT);
+    c->k = (double)(t * d);
+  }
   if (gpu_engine(k) && k->dtype == STOKE_F32) { /* run.precision = tf32: the cuda kernels' tensor-core path */
-    for (int i = 0; i < 2; i++) {
-      int64_t d = i ? 64 + odd(r) % 64 : 64, t = i ? 64 + odd(r) : 256;
+    for (int i = 0; i < 3; i++) { /* head size 64; 72-120 (16-byte loads, padded); odd (element-wise loads) */
+      int64_t d = i == 0 ? 64 : i == 1 ? 8 * pick(r, 9, 15) : 64 + odd(r) % 64, t = i ? 64 + odd(r) : 256;
       kcase *c = new_case(out, &n, k->op, "qkv [2, %lld, 3x2x%lld] %s, TF32", (long long)t, (long long)d,
-                          i ? "full" : "causal");
-      snprintf(c->attrs, sizeof c->attrs, "n_head=2, causal=%d", !i);
+                          i == 2 ? "full" : "causal");
+      snprintf(c->attrs, sizeof c->attrs, "n_head=2, causal=%d", i != 2);
       add_in(c, SHAPE(2, t, 3 * 2 * d), IN_ACT);
       c->k = (double)(t * d);
       c->flags = STOKE_KFLAG_TF32;
