@@ -1,9 +1,10 @@
-// backends/cuda/attention.cu: the cuda backend's attention (stoke/ops.h), without tensor cores: up
-// to head size 128 tiled as flash attention (tiles of 64 rows in shared memory, any T), past it a
-// plain kernel per query (forward, dQ) and per key (dK, dV) with a row of scores in shared memory
-// (T at most 4096). It serves f32 and tf32 (cuDNN's flash attention has no f32 engine), what cuDNN
-// declines, and any precision where cudnn is not listed first in [run] backends;
-// backends/cudnn/sdpa.c is the fast path.
+// backends/cuda/attention.cu: the cuda backend's attention (stoke/ops.h): up to head size 128 tiled
+// as flash attention (tiles of 64 rows in shared memory, any T), on TF32 tensor cores for bf16, fp16
+// and f32 under the TF32 flag, on f32 products for exact f32; past 128 a plain kernel per query
+// (forward, dQ) and per key (dK, dV) with a row of scores in shared memory (T at most 4096). It
+// serves f32 and tf32 (cuDNN's flash attention has no f32 engine), what cuDNN declines, and any
+// precision where cudnn is not listed first in [run] backends; backends/cudnn/sdpa.c is the fast
+// path in bf16 and fp16.
 // Sums in float in a fixed order: deterministic. The CPU reference's semantics (lse = natural-log
 // log-sum-exp of the scaled scores, causal or not).
 #include <cuda_bf16.h>
@@ -150,8 +151,8 @@ __global__ void __launch_bounds__(kAttThreads) att_dkv_kernel(const T *__restric
 }
 
 // ------------------------------------------------------------------ tiled path
-// Head sizes up to kTileMaxD (any T): flash attention's tiling without tensor cores (the f32 and tf32
-// path, which cuDNN has no engine for, and any type cuDNN declines). A block takes kTile query rows
+// Head sizes up to kTileMaxD (any T): flash attention's tiling without tensor cores (exact f32, which
+// cuDNN has no engine for; the tensor-core kernels below take the rest). A block takes kTile query rows
 // (forward, dQ) or kTile keys (dK, dV) of one (b, h); the other side streams through shared memory in
 // tiles of kTile rows, converted to float once; a warp takes kTile / kTileWarps of the block's rows,
 // one after another, a lane the keys (queries) lane and lane + 32 of a tile for the dot products and
@@ -384,14 +385,17 @@ __global__ void __launch_bounds__(kTileThreads) att_dkv_tiled(const T *__restric
 // The tiled path on TF32 tensor cores (mma.sync m16n8k8, sm_80 and later), for bf16 and fp16 (exact in
 // TF32) and for f32 under the TF32 flag (run.precision = tf32; plain f32 keeps the kernels above, whose
 // products are f32's). A block of kTcWarps warps takes kTile query rows (forward, dQ) or keys (dK, dV),
-// a warp 16 of them; a tile of the other side's kTile rows sits in shared memory as TF32-rounded floats,
+// a warp 16 of them; a tile of the other side's KN rows sits in shared memory as TF32-rounded floats,
 // the head's d columns zero-padded to a multiple of 8 (DT groups of 8), rows ld = 8 DT + 4 floats apart
-// (the fragment loads below hit 32 banks). A warp's 16 x kTile scores are kTcN accumulator tiles of
-// 16 x 8 in registers; PTX's layout gives lane (g = lane / 4, t = lane % 4) rows g and g + 8, columns 2t
-// and 2t + 1 of each. The softmax works on them in place, and they are the next product's A operand as
+// (the fragment loads below hit 32 banks). A warp's 16 x KN scores (KN the streamed tile's rows,
+// tc_rows) are KN / 8 accumulator tiles of 16 x 8 in registers; PTX's layout gives lane (g = lane / 4,
+// t = lane % 4) rows g and g + 8, columns 2t and 2t + 1 of each. The softmax works on them in place, and they are the next product's A operand as
 // they are: that product's sum over the tile's rows is taken in the order 2t, 2t + 1 of each group of 8
 // where the A layout reads t, t + 4, so its B rows are read from shared memory in the same order.
-constexpr int kTcWarps = kTile / 16, kTcThreads = 32 * kTcWarps, kTcN = kTile / 8;
+constexpr int kTcWarps = kTile / 16, kTcThreads = 32 * kTcWarps;
+// The streamed side's rows a tile: kTile, 32 past head size 64 (DT 16: half the shared memory, two
+// blocks an SM in the backward instead of one, and half the score registers).
+template <int DT> __host__ __device__ constexpr int tc_rows() { return DT > 8 ? 32 : kTile; }
 
 __device__ __forceinline__ uint32_t to_tf32(float x) {
   uint32_t r;
@@ -409,17 +413,17 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// kTile rows [r0, r0 + kTile) of one head's d columns of a [B, T, stride] tensor into s[i * ld + c] as
+// ROWS rows [r0, r0 + ROWS) of one head's d columns of a [B, T, stride] tensor into s[i * ld + c] as
 // TF32-rounded floats, columns d .. 8 DT and rows past T as 0.
 // With g.vec (the head's columns and the rows 16-byte aligned, d a multiple of 8) in 16-byte loads, a batch of
 // kTcBatch a thread in flight before any is stored: a tile's loads wait for memory about once, where
 // element-wise loads waited for it many times a tile (the kernels' time went to those waits).
 constexpr int kTcBatch = 8;
-template <int DT, typename T>
+template <int DT, int ROWS, typename T>
 __device__ void tc_tile_in(float *s, int ld, const T *base, int64_t stride, const att_dims &g, int64_t b, int64_t r0) {
   constexpr int dp = 8 * DT;
   if (g.vec) {
-    constexpr int per = 16 / sizeof(T), row = dp / per, n = kTile * row / kTcThreads;
+    constexpr int per = 16 / sizeof(T), row = dp / per, n = ROWS * row / kTcThreads;
     static_assert(n % kTcBatch == 0 || kTcBatch % n == 0, "batches of a tile's 16-byte loads");
     constexpr int nb = n < kTcBatch / (DT > 8 ? 2 : 1) ? n : kTcBatch / (DT > 8 ? 2 : 1); /* DT 16: registers */
 #pragma unroll 1
@@ -445,37 +449,37 @@ __device__ void tc_tile_in(float *s, int ld, const T *base, int64_t stride, cons
     }
     return;
   }
-  for (int e = threadIdx.x; e < kTile * dp; e += kTcThreads) {
+  for (int e = threadIdx.x; e < ROWS * dp; e += kTcThreads) {
     const int i = e / dp, c = e % dp;
     const int64_t r = r0 + i;
     s[i * ld + c] = __uint_as_float(to_tf32(r < g.t && c < g.d ? to_f(base[(b * g.t + r) * stride + c]) : 0.f));
   }
 }
 
-// s = a b^T for a warp: a the warp's 16 rows (at a), b the tile's kTile rows, both dp = 8 DT columns.
-template <int DT>
-__device__ __forceinline__ void tc_scores(float (&s)[kTcN][4], const float *a, const float *b, int ld, int g, int t) {
+// s = a b^T for a warp: a the warp's 16 rows (at a), b the tile's 8 NJ rows, both dp = 8 DT columns.
+template <int DT, int NJ>
+__device__ __forceinline__ void tc_scores(float (&s)[NJ][4], const float *a, const float *b, int ld, int g, int t) {
 #pragma unroll
-  for (int j = 0; j < kTcN; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+  for (int j = 0; j < NJ; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
   for (int k = 0; k < DT; k++) {
     const float *a0 = a + g * ld + 8 * k + t, *a1 = a0 + 8 * ld;
     const uint32_t x0 = bits(a0[0]), x1 = bits(a1[0]), x2 = bits(a0[4]), x3 = bits(a1[4]);
 #pragma unroll
-    for (int j = 0; j < kTcN; j++) {
+    for (int j = 0; j < NJ; j++) {
       const float *bj = b + (8 * j + g) * ld + 8 * k + t;
       mma_tf32(s[j], x0, x1, x2, x3, bits(bj[0]), bits(bj[4]));
     }
   }
 }
 
-// acc += p rows, p a warp's 16 x kTile weights (as tc_scores left them), rows the tile's kTile rows of
+// acc += p rows, p a warp's 16 x 8 NJ weights (as tc_scores left them), rows the tile's 8 NJ rows of
 // dp = 8 DT columns: P V, dS K, P^T dO, dS^T Q.
-template <int DT>
-__device__ __forceinline__ void tc_weighted_sum(float (&acc)[DT][4], const float (&p)[kTcN][4], const float *rows,
+template <int DT, int NJ>
+__device__ __forceinline__ void tc_weighted_sum(float (&acc)[DT][4], const float (&p)[NJ][4], const float *rows,
                                                 int ld, int g, int t) {
 #pragma unroll
-  for (int j = 0; j < kTcN; j++) {
+  for (int j = 0; j < NJ; j++) {
     const uint32_t x0 = to_tf32(p[j][0]), x1 = to_tf32(p[j][2]), x2 = to_tf32(p[j][1]), x3 = to_tf32(p[j][3]);
     const float *r0 = rows + (8 * j + 2 * t) * ld + g, *r1 = r0 + ld;
 #pragma unroll
@@ -525,24 +529,25 @@ __global__ void __launch_bounds__(kTcThreads) att_fwd_tc(const T *__restrict__ x
                                                          float *__restrict__ lse, att_dims g) {
   extern __shared__ float sm[];
   const int dp = 8 * DT, ld = dp + 4;
-  float *qs = sm, *ks = qs + kTile * ld, *vs = ks + kTile * ld;
+  constexpr int KN = tc_rows<DT>(), NJ = KN / 8;
+  float *qs = sm, *ks = qs + kTile * ld, *vs = ks + KN * ld;
   const tc_at at = tc_where(g);
   const int64_t b = at.b, h = at.h, q0 = at.r0;
   const int warp = at.warp, gg = at.g, t = at.t;
-  tc_tile_in<DT>(qs, ld, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
+  tc_tile_in<DT, kTile>(qs, ld, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
   const int64_t qi[2] = {q0 + 16 * warp + gg, q0 + 16 * warp + gg + 8};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, o[DT][4], s[kTcN][4];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, o[DT][4], s[NJ][4];
   tc_zero(o);
   const int64_t kend = g.causal ? (q0 + kTile < g.t ? q0 + kTile : g.t) : g.t;
-  for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
+  for (int64_t k0 = 0; k0 < kend; k0 += KN) {
     __syncthreads(); /* the last tile's readers are done (and qs is in) */
-    tc_tile_in<DT>(ks, ld, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
-    tc_tile_in<DT>(vs, ld, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
+    tc_tile_in<DT, KN>(ks, ld, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
+    tc_tile_in<DT, KN>(vs, ld, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
     __syncthreads();
-    tc_scores<DT>(s, qs + 16 * warp * ld, ks, ld, gg, t);
+    tc_scores<DT, NJ>(s, qs + 16 * warp * ld, ks, ld, gg, t);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < kTcN; j++)
+    for (int j = 0; j < NJ; j++)
 #pragma unroll
       for (int c = 0; c < 4; c++) {
         const int64_t kj = k0 + tc_col(j, c, t), q = qi[c >> 1];
@@ -560,7 +565,7 @@ __global__ void __launch_bounds__(kTcThreads) att_fwd_tc(const T *__restrict__ x
       m[r] = mn;
     }
 #pragma unroll
-    for (int j = 0; j < kTcN; j++)
+    for (int j = 0; j < NJ; j++)
 #pragma unroll
       for (int c = 0; c < 4; c++) {
         s[j][c] = expf(s[j][c] - base[c >> 1]);
@@ -574,7 +579,7 @@ __global__ void __launch_bounds__(kTcThreads) att_fwd_tc(const T *__restrict__ x
     }
 #pragma unroll
     for (int n = 0; n < DT; n++) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-    tc_weighted_sum<DT>(o, s, vs, ld, gg, t);
+    tc_weighted_sum<DT, NJ>(o, s, vs, ld, gg, t);
   }
   T *y0 = qi[0] < g.t ? y + (b * g.t + qi[0]) * g.c + h * g.d : nullptr;
   T *y1 = qi[1] < g.t ? y + (b * g.t + qi[1]) * g.c + h * g.d : nullptr;
@@ -610,38 +615,39 @@ __global__ void __launch_bounds__(kTcThreads) att_dq_tc(const T *__restrict__ x,
                                                         float beta) {
   extern __shared__ float sm[];
   const int dp = 8 * DT, ld = dp + 4;
-  float *qs = sm, *dos = qs + kTile * ld, *ks = dos + kTile * ld, *vs = ks + kTile * ld, *dds = vs + kTile * ld,
+  constexpr int KN = tc_rows<DT>(), NJ = KN / 8;
+  float *qs = sm, *dos = qs + kTile * ld, *ks = dos + kTile * ld, *vs = ks + KN * ld, *dds = vs + KN * ld,
         *lss = dds + kTile;
   const tc_at at = tc_where(g);
   const int64_t b = at.b, h = at.h, q0 = at.r0;
   const int warp = at.warp, gg = at.g, t = at.t;
-  tc_tile_in<DT>(qs, ld, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
-  tc_tile_in<DT>(dos, ld, dy + h * g.d, g.c, g, b, q0);
+  tc_tile_in<DT, kTile>(qs, ld, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
+  tc_tile_in<DT, kTile>(dos, ld, dy + h * g.d, g.c, g, b, q0);
   __syncthreads();
   tc_row_stats(dds, lss, ddg, dos, ld, y, lse, g, b, h, q0);
   __syncthreads();
   const int r0 = 16 * warp + gg;
   const int64_t qi[2] = {q0 + r0, q0 + r0 + 8};
   const float dd[2] = {dds[r0], dds[r0 + 8]}, ls[2] = {lss[r0], lss[r0 + 8]};
-  float acc_q[DT][4], s[kTcN][4], dpv[kTcN][4];
+  float acc_q[DT][4], s[NJ][4], dpv[NJ][4];
   tc_zero(acc_q);
   const int64_t kend = g.causal ? (q0 + kTile < g.t ? q0 + kTile : g.t) : g.t;
-  for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
+  for (int64_t k0 = 0; k0 < kend; k0 += KN) {
     __syncthreads();
-    tc_tile_in<DT>(ks, ld, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
-    tc_tile_in<DT>(vs, ld, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
+    tc_tile_in<DT, KN>(ks, ld, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
+    tc_tile_in<DT, KN>(vs, ld, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
     __syncthreads();
-    tc_scores<DT>(s, qs + 16 * warp * ld, ks, ld, gg, t);
-    tc_scores<DT>(dpv, dos + 16 * warp * ld, vs, ld, gg, t);
+    tc_scores<DT, NJ>(s, qs + 16 * warp * ld, ks, ld, gg, t);
+    tc_scores<DT, NJ>(dpv, dos + 16 * warp * ld, vs, ld, gg, t);
 #pragma unroll
-    for (int j = 0; j < kTcN; j++)
+    for (int j = 0; j < NJ; j++)
 #pragma unroll
       for (int c = 0; c < 4; c++) {
         const int64_t kj = k0 + tc_col(j, c, t), q = qi[c >> 1];
         const float p = kj < g.t && q < g.t && (!g.causal || kj <= q) ? expf(g.scale * s[j][c] - ls[c >> 1]) : 0.f;
         s[j][c] = p * (dpv[j][c] - dd[c >> 1]); /* dS */
       }
-    tc_weighted_sum<DT>(acc_q, s, ks, ld, gg, t);
+    tc_weighted_sum<DT, NJ>(acc_q, s, ks, ld, gg, t);
   }
   T *d0 = qi[0] < g.t ? dx + (b * g.t + qi[0]) * 3 * g.c + h * g.d : nullptr;
   T *d1 = qi[1] < g.t ? dx + (b * g.t + qi[1]) * 3 * g.c + h * g.d : nullptr;
@@ -655,31 +661,32 @@ __global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x
                                                          T *__restrict__ dx, att_dims g, float beta) {
   extern __shared__ float sm[];
   const int dp = 8 * DT, ld = dp + 4;
-  float *ks = sm, *vs = ks + kTile * ld, *qs = vs + kTile * ld, *dos = qs + kTile * ld, *dds = dos + kTile * ld,
-        *lss = dds + kTile;
+  constexpr int KN = tc_rows<DT>(), NJ = KN / 8;
+  float *ks = sm, *vs = ks + kTile * ld, *qs = vs + kTile * ld, *dos = qs + KN * ld, *dds = dos + KN * ld,
+        *lss = dds + KN;
   const tc_at at = tc_where(g);
   const int64_t b = at.b, h = at.h, k0 = at.r0;
   const int warp = at.warp, gg = at.g, t = at.t;
-  tc_tile_in<DT>(ks, ld, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
-  tc_tile_in<DT>(vs, ld, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
+  tc_tile_in<DT, kTile>(ks, ld, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
+  tc_tile_in<DT, kTile>(vs, ld, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
   const int64_t kj[2] = {k0 + 16 * warp + gg, k0 + 16 * warp + gg + 8};
-  float ak[DT][4], av[DT][4], s[kTcN][4], dpv[kTcN][4];
+  float ak[DT][4], av[DT][4], s[NJ][4], dpv[NJ][4];
   tc_zero(ak);
   tc_zero(av);
   const int64_t qstart = g.causal ? k0 : 0;
-  for (int64_t q0 = qstart - qstart % kTile; q0 < g.t; q0 += kTile) {
+  for (int64_t q0 = qstart - qstart % KN; q0 < g.t; q0 += KN) {
     __syncthreads();
-    tc_tile_in<DT>(qs, ld, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
-    tc_tile_in<DT>(dos, ld, dy + h * g.d, g.c, g, b, q0);
-    for (int i = threadIdx.x; i < kTile; i += kTcThreads) { /* the dQ pass's dy . y and the forward's lse */
+    tc_tile_in<DT, KN>(qs, ld, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
+    tc_tile_in<DT, KN>(dos, ld, dy + h * g.d, g.c, g, b, q0);
+    for (int i = threadIdx.x; i < KN; i += kTcThreads) { /* the dQ pass's dy . y and the forward's lse */
       const int64_t r = (b * g.h + h) * g.t + q0 + i;
       dds[i] = q0 + i < g.t ? ddg[r] : 0.f, lss[i] = q0 + i < g.t ? lse[r] : 0.f;
     }
     __syncthreads();
-    tc_scores<DT>(s, ks + 16 * warp * ld, qs, ld, gg, t);    /* S^T: keys x queries */
-    tc_scores<DT>(dpv, vs + 16 * warp * ld, dos, ld, gg, t); /* dP^T = V dO^T */
+    tc_scores<DT, NJ>(s, ks + 16 * warp * ld, qs, ld, gg, t);    /* S^T: keys x queries */
+    tc_scores<DT, NJ>(dpv, vs + 16 * warp * ld, dos, ld, gg, t); /* dP^T = V dO^T */
 #pragma unroll
-    for (int j = 0; j < kTcN; j++)
+    for (int j = 0; j < NJ; j++)
 #pragma unroll
       for (int c = 0; c < 4; c++) {
         const int qq = tc_col(j, c, t);
@@ -688,8 +695,8 @@ __global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x
         s[j][c] = p;
         dpv[j][c] = p * (dpv[j][c] - dds[qq]); /* dS^T */
       }
-    tc_weighted_sum<DT>(av, s, dos, ld, gg, t);
-    tc_weighted_sum<DT>(ak, dpv, qs, ld, gg, t);
+    tc_weighted_sum<DT, NJ>(av, s, dos, ld, gg, t);
+    tc_weighted_sum<DT, NJ>(ak, dpv, qs, ld, gg, t);
   }
   T *k0p = kj[0] < g.t ? dx + (b * g.t + kj[0]) * 3 * g.c + g.c + h * g.d : nullptr;
   T *k1p = kj[1] < g.t ? dx + (b * g.t + kj[1]) * 3 * g.c + g.c + h * g.d : nullptr;
@@ -701,8 +708,10 @@ __global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x
 inline size_t fwd_tiled_smem(int64_t d) { return (size_t)kTile * (3 * d + 1) * sizeof(float); }
 inline size_t bwd_tiled_smem(int64_t d) { return (size_t)kTile * (4 * d + 2) * sizeof(float) + 2 * kTile * sizeof(float); }
 // ... and of the tensor-core kernels at DT groups of 8 columns.
-inline size_t fwd_tc_smem(int dt) { return (size_t)kTile * 3 * (8 * dt + 4) * sizeof(float); }
-inline size_t bwd_tc_smem(int dt) { return (size_t)kTile * (4 * (8 * dt + 4) + 2) * sizeof(float); }
+template <int DT> constexpr size_t fwd_tc_smem() { return (size_t)(kTile + 2 * tc_rows<DT>()) * (8 * DT + 4) * sizeof(float); }
+template <int DT> constexpr size_t bwd_tc_smem() {
+  return ((size_t)(2 * kTile + 2 * tc_rows<DT>()) * (8 * DT + 4) + 2 * kTile) * sizeof(float);
+}
 // The tensor-core kernels take bf16, fp16 and f32 under the TF32 flag, head sizes up to kTileMaxD.
 template <typename T> bool use_tc(const stoke_kernel_args_v1 *a, const att_dims &g) {
   return g.d <= kTileMaxD && (sizeof(T) == 2 || (a->flags & STOKE_KFLAG_TF32));
@@ -771,16 +780,16 @@ template <typename T, int BWD> stoke_err *att_plan(const stoke_kernel_args_v1 *a
   static std::atomic<int> raised(0);
   if (raised.load()) return NULL;
   const int fm = (int)fwd_tiled_smem(kTileMaxD), bm = (int)bwd_tiled_smem(kTileMaxD);
-  const int ftc = (int)fwd_tc_smem(kTileMaxD / 8), btc = (int)bwd_tc_smem(kTileMaxD / 8);
+  constexpr int D2 = kTileMaxD / 8;
   const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
   cudaError_t e = BWD ? cudaFuncSetAttribute(att_dq_tiled<T>, lim, bm) : cudaFuncSetAttribute(att_fwd_tiled<T>, lim, fm);
   if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dkv_tiled<T>, lim, bm);
-  if (e == cudaSuccess && !BWD) e = cudaFuncSetAttribute(att_fwd_tc<T, 8>, lim, ftc);
-  if (e == cudaSuccess && !BWD) e = cudaFuncSetAttribute(att_fwd_tc<T, kTileMaxD / 8>, lim, ftc);
-  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dq_tc<T, 8>, lim, btc);
-  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dq_tc<T, kTileMaxD / 8>, lim, btc);
-  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dkv_tc<T, 8>, lim, btc);
-  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dkv_tc<T, kTileMaxD / 8>, lim, btc);
+  if (e == cudaSuccess && !BWD) e = cudaFuncSetAttribute(att_fwd_tc<T, 8>, lim, (int)fwd_tc_smem<8>());
+  if (e == cudaSuccess && !BWD) e = cudaFuncSetAttribute(att_fwd_tc<T, D2>, lim, (int)fwd_tc_smem<D2>());
+  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dq_tc<T, 8>, lim, (int)bwd_tc_smem<8>());
+  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dq_tc<T, D2>, lim, (int)bwd_tc_smem<D2>());
+  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dkv_tc<T, 8>, lim, (int)bwd_tc_smem<8>());
+  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dkv_tc<T, D2>, lim, (int)bwd_tc_smem<D2>());
   if (e != cudaSuccess)
     return STOKE_PERR(STOKE_E_DEVICE, "cuda attention '%s': raising the tiled kernel's shared-memory limit: %s",
                       stoke_node_name(a), cudaGetErrorString(e));
@@ -798,8 +807,8 @@ template <typename T> stoke_err *att_fwd(const stoke_kernel_args_v1 *a, void *) 
     dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
     cudaStream_t st = (cudaStream_t)a->stream;
     g.vec = tc_vec<T>(g, x, nullptr);
-    if (g.d <= 64) att_fwd_tc<T, 8><<<grid, kTcThreads, fwd_tc_smem(8), st>>>(x, y, lse, g);
-    else att_fwd_tc<T, kTileMaxD / 8><<<grid, kTcThreads, fwd_tc_smem(kTileMaxD / 8), st>>>(x, y, lse, g);
+    if (g.d <= 64) att_fwd_tc<T, 8><<<grid, kTcThreads, fwd_tc_smem<8>(), st>>>(x, y, lse, g);
+    else att_fwd_tc<T, kTileMaxD / 8><<<grid, kTcThreads, fwd_tc_smem<kTileMaxD / 8>(), st>>>(x, y, lse, g);
   } else if (g.d <= kTileMaxD) {
     dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
     att_fwd_tiled<T><<<grid, kTileThreads, fwd_tiled_smem(g.d), (cudaStream_t)a->stream>>>(x, y, lse, g);
@@ -829,14 +838,14 @@ template <typename T> stoke_err *att_bwd(const stoke_kernel_args_v1 *a, void *) 
       return STOKE_PERR(STOKE_E_INTERNAL, "cuda attention '%s': workspace %zu B, needs %zu", stoke_node_name(a),
                         a->workspace_bytes, tc_bwd_ws(g));
     if (g.d <= 64) {
-      att_dq_tc<T, 8><<<grid, kTcThreads, bwd_tc_smem(8), st>>>(x, y, lse, dy, dx, ddg, g, beta);
+      att_dq_tc<T, 8><<<grid, kTcThreads, bwd_tc_smem<8>(), st>>>(x, y, lse, dy, dx, ddg, g, beta);
       STOKE_CUDA_LAUNCH(stoke_node_name(a));
-      att_dkv_tc<T, 8><<<grid, kTcThreads, bwd_tc_smem(8), st>>>(x, ddg, lse, dy, dx, g, beta);
+      att_dkv_tc<T, 8><<<grid, kTcThreads, bwd_tc_smem<8>(), st>>>(x, ddg, lse, dy, dx, g, beta);
     } else {
       constexpr int DT = kTileMaxD / 8;
-      att_dq_tc<T, DT><<<grid, kTcThreads, bwd_tc_smem(DT), st>>>(x, y, lse, dy, dx, ddg, g, beta);
+      att_dq_tc<T, DT><<<grid, kTcThreads, bwd_tc_smem<DT>(), st>>>(x, y, lse, dy, dx, ddg, g, beta);
       STOKE_CUDA_LAUNCH(stoke_node_name(a));
-      att_dkv_tc<T, DT><<<grid, kTcThreads, bwd_tc_smem(DT), st>>>(x, ddg, lse, dy, dx, g, beta);
+      att_dkv_tc<T, DT><<<grid, kTcThreads, bwd_tc_smem<DT>(), st>>>(x, ddg, lse, dy, dx, g, beta);
     }
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
     return NULL;
