@@ -389,9 +389,10 @@ __global__ void __launch_bounds__(kTileThreads) att_dkv_tiled(const T *__restric
 // the head's d columns zero-padded to a multiple of 8 (DT groups of 8), rows ld = 8 DT + 4 floats apart
 // (the fragment loads below hit 32 banks). A warp's 16 x KN scores (KN the streamed tile's rows,
 // tc_rows) are KN / 8 accumulator tiles of 16 x 8 in registers; PTX's layout gives lane (g = lane / 4,
-// t = lane % 4) rows g and g + 8, columns 2t and 2t + 1 of each. The softmax works on them in place, and they are the next product's A operand as
-// they are: that product's sum over the tile's rows is taken in the order 2t, 2t + 1 of each group of 8
-// where the A layout reads t, t + 4, so its B rows are read from shared memory in the same order.
+// t = lane % 4) rows g and g + 8, columns 2t and 2t + 1 of each. The softmax works on them in place,
+// and they are the next product's A operand as they are: that product's sum over the tile's rows is
+// taken in the order 2t, 2t + 1 of each group of 8 where the A layout reads t, t + 4, so its B rows
+// are read from shared memory in the same order.
 constexpr int kTcWarps = kTile / 16, kTcThreads = 32 * kTcWarps;
 // The streamed side's rows a tile: kTile, 32 past head size 64 (DT 16: half the shared memory, two
 // blocks an SM in the backward instead of one, and half the score registers).
@@ -415,9 +416,10 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1
 
 // ROWS rows [r0, r0 + ROWS) of one head's d columns of a [B, T, stride] tensor into s[i * ld + c] as
 // TF32-rounded floats, columns d .. 8 DT and rows past T as 0.
-// With g.vec (the head's columns and the rows 16-byte aligned, d a multiple of 8) in 16-byte loads, a batch of
-// kTcBatch a thread in flight before any is stored: a tile's loads wait for memory about once, where
-// element-wise loads waited for it many times a tile (the kernels' time went to those waits).
+// With g.vec (the head's columns and the rows 16-byte aligned, d a multiple of 8) in 16-byte loads, a
+// batch of kTcBatch (half that at DT 16: registers) a thread in flight before any is stored: a tile's
+// loads wait for memory about once, where element-wise loads waited for it many times a tile (the
+// kernels' time went to those waits, BENCHMARKS.md run 39).
 constexpr int kTcBatch = 8;
 template <int DT, int ROWS, typename T>
 __device__ void tc_tile_in(float *s, int ld, const T *base, int64_t stride, const att_dims &g, int64_t b, int64_t r0) {
@@ -425,7 +427,7 @@ __device__ void tc_tile_in(float *s, int ld, const T *base, int64_t stride, cons
   if (g.vec) {
     constexpr int per = 16 / sizeof(T), row = dp / per, n = ROWS * row / kTcThreads;
     static_assert(n % kTcBatch == 0 || kTcBatch % n == 0, "batches of a tile's 16-byte loads");
-    constexpr int nb = n < kTcBatch / (DT > 8 ? 2 : 1) ? n : kTcBatch / (DT > 8 ? 2 : 1); /* DT 16: registers */
+    constexpr int batch = DT > 8 ? kTcBatch / 2 : kTcBatch, nb = n < batch ? n : batch;
 #pragma unroll 1
     for (int k0 = 0; k0 < n; k0 += nb) {
       uint4 v[nb];
@@ -708,7 +710,9 @@ __global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x
 inline size_t fwd_tiled_smem(int64_t d) { return (size_t)kTile * (3 * d + 1) * sizeof(float); }
 inline size_t bwd_tiled_smem(int64_t d) { return (size_t)kTile * (4 * d + 2) * sizeof(float) + 2 * kTile * sizeof(float); }
 // ... and of the tensor-core kernels at DT groups of 8 columns.
-template <int DT> constexpr size_t fwd_tc_smem() { return (size_t)(kTile + 2 * tc_rows<DT>()) * (8 * DT + 4) * sizeof(float); }
+template <int DT> constexpr size_t fwd_tc_smem() {
+  return (size_t)(kTile + 2 * tc_rows<DT>()) * (8 * DT + 4) * sizeof(float);
+}
 template <int DT> constexpr size_t bwd_tc_smem() {
   return ((size_t)(2 * kTile + 2 * tc_rows<DT>()) * (8 * DT + 4) + 2 * kTile) * sizeof(float);
 }
@@ -719,8 +723,8 @@ template <typename T> bool use_tc(const stoke_kernel_args_v1 *a, const att_dims 
 // The tensor-core kernels' tiles in 16-byte loads: each head's d columns start 16-byte aligned, and a
 // 16-byte vector (4 or 8 elements) never straddles d.
 template <typename T> int tc_vec(const att_dims &g, const void *x, const void *dy) {
-  const size_t a = (uintptr_t)x | (uintptr_t)dy | (size_t)(g.c * (int64_t)sizeof(T)) | (size_t)(g.d * (int64_t)sizeof(T));
-  return g.d % 8 == 0 && a % 16 == 0;
+  const size_t bytes = (size_t)g.c * sizeof(T) | (size_t)g.d * sizeof(T);
+  return g.d % 8 == 0 && ((uintptr_t)x | (uintptr_t)dy | bytes) % 16 == 0;
 }
 // The tensor-core backward's workspace: a float a (b, h, t).
 inline size_t tc_bwd_ws(const att_dims &g) { return (size_t)(g.b * g.h * g.t) * sizeof(float); }
