@@ -489,8 +489,14 @@ __device__ __forceinline__ void tc_weighted_sum(float (&acc)[DT][4], const float
   }
 }
 
-// The row (0: g, 1: g + 8) and column (within the tile) of accumulator element c of tile j.
-__device__ __forceinline__ int tc_col(int j, int c, int t) { return 8 * j + 2 * t + (c & 1); }
+// f(j, c, r, col) for each element c of a lane's NJ accumulator tiles j: r its row (0: g, 1: g + 8),
+// col its column within the tile.
+template <int NJ, typename F> __device__ __forceinline__ void tc_each(int t, F f) {
+#pragma unroll
+  for (int j = 0; j < NJ; j++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) f(j, c, c >> 1, 8 * j + 2 * t + (c & 1));
+}
 
 template <int DT> __device__ __forceinline__ void tc_zero(float (&acc)[DT][4]) {
 #pragma unroll
@@ -548,37 +554,25 @@ __global__ void __launch_bounds__(kTcThreads) att_fwd_tc(const T *__restrict__ x
     __syncthreads();
     tc_scores<DT, NJ>(s, qs + 16 * warp * ld, ks, ld, gg, t);
     float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < NJ; j++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) {
-        const int64_t kj = k0 + tc_col(j, c, t), q = qi[c >> 1];
-        s[j][c] = kj < g.t && (!g.causal || kj <= q) ? g.scale * s[j][c] : -INFINITY;
-        mx[c >> 1] = fmaxf(mx[c >> 1], s[j][c]);
-      }
+    tc_each<NJ>(t, [&](int j, int c, int r, int col) {
+      const int64_t kj = k0 + col;
+      s[j][c] = kj < g.t && (!g.causal || kj <= qi[r]) ? g.scale * s[j][c] : -INFINITY;
+      mx[r] = fmaxf(mx[r], s[j][c]);
+    });
     float alpha[2], base[2], sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mn = fmaxf(m[r], mx[r]);
+      const float mn = fmaxf(m[r], warp_max<4>(mx[r])); /* over the row's 4 lanes */
       base[r] = mn == -INFINITY ? 0.f : mn; /* no key of this row yet: every p is 0 */
       alpha[r] = expf(m[r] - base[r]);
       m[r] = mn;
     }
+    tc_each<NJ>(t, [&](int j, int c, int r, int) {
+      s[j][c] = expf(s[j][c] - base[r]);
+      sum[r] += s[j][c];
+    });
 #pragma unroll
-    for (int j = 0; j < NJ; j++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) {
-        s[j][c] = expf(s[j][c] - base[c >> 1]);
-        sum[c >> 1] += s[j][c];
-      }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-      l[r] = l[r] * alpha[r] + sum[r];
-    }
+    for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + warp_sum<4>(sum[r]);
 #pragma unroll
     for (int n = 0; n < DT; n++) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
     tc_weighted_sum<DT, NJ>(o, s, vs, ld, gg, t);
@@ -608,6 +602,17 @@ __device__ void tc_row_stats(float *dd, float *ls, float *ddg, const float *dos,
   }
 }
 
+// The backward kernels' shared memory: the block's own two tiles of kTile rows, the two streamed tiles of
+// KN rows, then dy . y and lse of kTile rows (the dQ pass: its own; the dK, dV pass: a streamed tile's).
+struct tc_bwd_smem_at {
+  float *own0, *own1, *in0, *in1, *dd, *ls;
+};
+template <int DT> __device__ __forceinline__ tc_bwd_smem_at tc_bwd_carve(float *sm) {
+  constexpr int ld = 8 * DT + 4, kn = tc_rows<DT>();
+  float *in0 = sm + 2 * kTile * ld, *dd = in0 + 2 * kn * ld;
+  return {sm, sm + kTile * ld, in0, in0 + kn * ld, dd, dd + kTile};
+}
+
 // dQ of kTile query rows (the SIMT kernel's dq pass on tensor cores), and the rows' dy . y into ddg for
 // the dK, dV pass after it. dy . y is taken from the TF32-rounded dy tile, as dP is.
 template <typename T, int DT>
@@ -618,8 +623,8 @@ __global__ void __launch_bounds__(kTcThreads) att_dq_tc(const T *__restrict__ x,
   extern __shared__ float sm[];
   const int dp = 8 * DT, ld = dp + 4;
   constexpr int KN = tc_rows<DT>(), NJ = KN / 8;
-  float *qs = sm, *dos = qs + kTile * ld, *ks = dos + kTile * ld, *vs = ks + KN * ld, *dds = vs + KN * ld,
-        *lss = dds + kTile;
+  const tc_bwd_smem_at at_sm = tc_bwd_carve<DT>(sm);
+  float *qs = at_sm.own0, *dos = at_sm.own1, *ks = at_sm.in0, *vs = at_sm.in1, *dds = at_sm.dd, *lss = at_sm.ls;
   const tc_at at = tc_where(g);
   const int64_t b = at.b, h = at.h, q0 = at.r0;
   const int warp = at.warp, gg = at.g, t = at.t;
@@ -641,14 +646,11 @@ __global__ void __launch_bounds__(kTcThreads) att_dq_tc(const T *__restrict__ x,
     __syncthreads();
     tc_scores<DT, NJ>(s, qs + 16 * warp * ld, ks, ld, gg, t);
     tc_scores<DT, NJ>(dpv, dos + 16 * warp * ld, vs, ld, gg, t);
-#pragma unroll
-    for (int j = 0; j < NJ; j++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) {
-        const int64_t kj = k0 + tc_col(j, c, t), q = qi[c >> 1];
-        const float p = kj < g.t && q < g.t && (!g.causal || kj <= q) ? expf(g.scale * s[j][c] - ls[c >> 1]) : 0.f;
-        s[j][c] = p * (dpv[j][c] - dd[c >> 1]); /* dS */
-      }
+    tc_each<NJ>(t, [&](int j, int c, int r, int col) {
+      const int64_t kj = k0 + col;
+      const float p = kj < g.t && qi[r] < g.t && (!g.causal || kj <= qi[r]) ? expf(g.scale * s[j][c] - ls[r]) : 0.f;
+      s[j][c] = p * (dpv[j][c] - dd[r]); /* dS */
+    });
     tc_weighted_sum<DT, NJ>(acc_q, s, ks, ld, gg, t);
   }
   T *d0 = qi[0] < g.t ? dx + (b * g.t + qi[0]) * 3 * g.c + h * g.d : nullptr;
@@ -664,8 +666,8 @@ __global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x
   extern __shared__ float sm[];
   const int dp = 8 * DT, ld = dp + 4;
   constexpr int KN = tc_rows<DT>(), NJ = KN / 8;
-  float *ks = sm, *vs = ks + kTile * ld, *qs = vs + kTile * ld, *dos = qs + KN * ld, *dds = dos + KN * ld,
-        *lss = dds + KN;
+  const tc_bwd_smem_at at_sm = tc_bwd_carve<DT>(sm);
+  float *ks = at_sm.own0, *vs = at_sm.own1, *qs = at_sm.in0, *dos = at_sm.in1, *dds = at_sm.dd, *lss = at_sm.ls;
   const tc_at at = tc_where(g);
   const int64_t b = at.b, h = at.h, k0 = at.r0;
   const int warp = at.warp, gg = at.g, t = at.t;
@@ -687,16 +689,12 @@ __global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x
     __syncthreads();
     tc_scores<DT, NJ>(s, ks + 16 * warp * ld, qs, ld, gg, t);    /* S^T: keys x queries */
     tc_scores<DT, NJ>(dpv, vs + 16 * warp * ld, dos, ld, gg, t); /* dP^T = V dO^T */
-#pragma unroll
-    for (int j = 0; j < NJ; j++)
-#pragma unroll
-      for (int c = 0; c < 4; c++) {
-        const int qq = tc_col(j, c, t);
-        const int64_t qi = q0 + qq, k = kj[c >> 1];
-        const float p = qi < g.t && k < g.t && (!g.causal || k <= qi) ? expf(g.scale * s[j][c] - lss[qq]) : 0.f;
-        s[j][c] = p;
-        dpv[j][c] = p * (dpv[j][c] - dds[qq]); /* dS^T */
-      }
+    tc_each<NJ>(t, [&](int j, int c, int r, int qq) {
+      const int64_t qi = q0 + qq;
+      const float p = qi < g.t && kj[r] < g.t && (!g.causal || kj[r] <= qi) ? expf(g.scale * s[j][c] - lss[qq]) : 0.f;
+      s[j][c] = p;
+      dpv[j][c] = p * (dpv[j][c] - dds[qq]); /* dS^T */
+    });
     tc_weighted_sum<DT, NJ>(av, s, dos, ld, gg, t);
     tc_weighted_sum<DT, NJ>(ak, dpv, qs, ld, gg, t);
   }
@@ -772,6 +770,43 @@ void warn_slow_once(const stoke_kernel_args_v1 *a, const att_dims &g, stoke_dtyp
                   "allows them)" : "plain");
 }
 
+// The tensor-core kernels' shared-memory limit past 48 KiB, both head-size tiers of a direction.
+template <typename T, int BWD> cudaError_t tc_raise() {
+  constexpr int D2 = kTileMaxD / 8;
+  const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  if (!BWD) {
+    cudaError_t e = cudaFuncSetAttribute(att_fwd_tc<T, 8>, lim, (int)fwd_tc_smem<8>());
+    return e == cudaSuccess ? cudaFuncSetAttribute(att_fwd_tc<T, D2>, lim, (int)fwd_tc_smem<D2>()) : e;
+  }
+  cudaError_t e = cudaFuncSetAttribute(att_dq_tc<T, 8>, lim, (int)bwd_tc_smem<8>());
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(att_dq_tc<T, D2>, lim, (int)bwd_tc_smem<D2>());
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(att_dkv_tc<T, 8>, lim, (int)bwd_tc_smem<8>());
+  return e == cudaSuccess ? cudaFuncSetAttribute(att_dkv_tc<T, D2>, lim, (int)bwd_tc_smem<D2>()) : e;
+}
+
+// The tensor-core forward at head size d's tier (DT 8 up to 64, 16 up to kTileMaxD).
+template <typename T> void tc_fwd(const att_dims &g, const T *x, T *y, float *lse, cudaStream_t st) {
+  dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
+  constexpr int D2 = kTileMaxD / 8;
+  if (g.d <= 64) att_fwd_tc<T, 8><<<grid, kTcThreads, fwd_tc_smem<8>(), st>>>(x, y, lse, g);
+  else att_fwd_tc<T, D2><<<grid, kTcThreads, fwd_tc_smem<D2>(), st>>>(x, y, lse, g);
+}
+
+// The dQ pass, then the dK, dV pass (ddg: the workspace, dy . y from the first to the second).
+template <typename T>
+void tc_bwd(const att_dims &g, const T *x, const T *y, const float *lse, const T *dy, T *dx, float *ddg, float beta,
+            cudaStream_t st) {
+  dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
+  constexpr int D2 = kTileMaxD / 8;
+  if (g.d <= 64) {
+    att_dq_tc<T, 8><<<grid, kTcThreads, bwd_tc_smem<8>(), st>>>(x, y, lse, dy, dx, ddg, g, beta);
+    att_dkv_tc<T, 8><<<grid, kTcThreads, bwd_tc_smem<8>(), st>>>(x, ddg, lse, dy, dx, g, beta);
+  } else {
+    att_dq_tc<T, D2><<<grid, kTcThreads, bwd_tc_smem<D2>(), st>>>(x, y, lse, dy, dx, ddg, g, beta);
+    att_dkv_tc<T, D2><<<grid, kTcThreads, bwd_tc_smem<D2>(), st>>>(x, ddg, lse, dy, dx, g, beta);
+  }
+}
+
 template <typename T, int BWD> stoke_err *att_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
   att_dims g;
   if (state) *state = NULL;
@@ -784,16 +819,10 @@ template <typename T, int BWD> stoke_err *att_plan(const stoke_kernel_args_v1 *a
   static std::atomic<int> raised(0);
   if (raised.load()) return NULL;
   const int fm = (int)fwd_tiled_smem(kTileMaxD), bm = (int)bwd_tiled_smem(kTileMaxD);
-  constexpr int D2 = kTileMaxD / 8;
   const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
   cudaError_t e = BWD ? cudaFuncSetAttribute(att_dq_tiled<T>, lim, bm) : cudaFuncSetAttribute(att_fwd_tiled<T>, lim, fm);
   if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dkv_tiled<T>, lim, bm);
-  if (e == cudaSuccess && !BWD) e = cudaFuncSetAttribute(att_fwd_tc<T, 8>, lim, (int)fwd_tc_smem<8>());
-  if (e == cudaSuccess && !BWD) e = cudaFuncSetAttribute(att_fwd_tc<T, D2>, lim, (int)fwd_tc_smem<D2>());
-  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dq_tc<T, 8>, lim, (int)bwd_tc_smem<8>());
-  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dq_tc<T, D2>, lim, (int)bwd_tc_smem<D2>());
-  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dkv_tc<T, 8>, lim, (int)bwd_tc_smem<8>());
-  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dkv_tc<T, D2>, lim, (int)bwd_tc_smem<D2>());
+  if (e == cudaSuccess) e = tc_raise<T, BWD>();
   if (e != cudaSuccess)
     return STOKE_PERR(STOKE_E_DEVICE, "cuda attention '%s': raising the tiled kernel's shared-memory limit: %s",
                       stoke_node_name(a), cudaGetErrorString(e));
@@ -808,11 +837,8 @@ template <typename T> stoke_err *att_fwd(const stoke_kernel_args_v1 *a, void *) 
   T *y = static_cast<T *>(a->out[0].data);
   float *lse = static_cast<float *>(a->out[1].data);
   if (use_tc<T>(a, g)) {
-    dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
-    cudaStream_t st = (cudaStream_t)a->stream;
     g.vec = tc_vec<T>(g, x, nullptr);
-    if (g.d <= 64) att_fwd_tc<T, 8><<<grid, kTcThreads, fwd_tc_smem<8>(), st>>>(x, y, lse, g);
-    else att_fwd_tc<T, kTileMaxD / 8><<<grid, kTcThreads, fwd_tc_smem<kTileMaxD / 8>(), st>>>(x, y, lse, g);
+    tc_fwd(g, x, y, lse, (cudaStream_t)a->stream);
   } else if (g.d <= kTileMaxD) {
     dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
     att_fwd_tiled<T><<<grid, kTileThreads, fwd_tiled_smem(g.d), (cudaStream_t)a->stream>>>(x, y, lse, g);
@@ -835,22 +861,12 @@ template <typename T> stoke_err *att_bwd(const stoke_kernel_args_v1 *a, void *) 
   float beta = stoke_grad_beta(a, 0);
   cudaStream_t st = (cudaStream_t)a->stream;
   if (use_tc<T>(a, g)) {
-    dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
     float *ddg = static_cast<float *>(a->workspace); /* [B, H, T]: dy . y, from the dQ pass to the dK, dV pass */
     g.vec = tc_vec<T>(g, x, dy);
     if (a->workspace_bytes < tc_bwd_ws(g))
       return STOKE_PERR(STOKE_E_INTERNAL, "cuda attention '%s': workspace %zu B, needs %zu", stoke_node_name(a),
                         a->workspace_bytes, tc_bwd_ws(g));
-    if (g.d <= 64) {
-      att_dq_tc<T, 8><<<grid, kTcThreads, bwd_tc_smem<8>(), st>>>(x, y, lse, dy, dx, ddg, g, beta);
-      STOKE_CUDA_LAUNCH(stoke_node_name(a));
-      att_dkv_tc<T, 8><<<grid, kTcThreads, bwd_tc_smem<8>(), st>>>(x, ddg, lse, dy, dx, g, beta);
-    } else {
-      constexpr int DT = kTileMaxD / 8;
-      att_dq_tc<T, DT><<<grid, kTcThreads, bwd_tc_smem<DT>(), st>>>(x, y, lse, dy, dx, ddg, g, beta);
-      STOKE_CUDA_LAUNCH(stoke_node_name(a));
-      att_dkv_tc<T, DT><<<grid, kTcThreads, bwd_tc_smem<DT>(), st>>>(x, ddg, lse, dy, dx, g, beta);
-    }
+    tc_bwd(g, x, y, lse, dy, dx, ddg, beta, st);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
     return NULL;
   }

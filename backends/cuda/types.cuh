@@ -42,16 +42,17 @@ template <typename T> __device__ __forceinline__ void acc(T *d, float beta, floa
   *d = from_f<T>(beta != 0.0f ? beta * to_f(*d) + v : v);
 }
 
-// The sum (the max) of v over the warp's 32 lanes, every lane getting it; the xor butterfly's order is
-// fixed, so the result is the same bits on every run.
-__device__ __forceinline__ float warp_sum(float v) {
+// The sum (the max) of v over the warp's 32 lanes, or over each group of W lanes (W a power of 2: 4, the
+// quads of mma's fragment layouts), every lane getting it; the xor butterfly's order is fixed, so the
+// result is the same bits on every run.
+template <int W = 32> __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = W / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-__device__ __forceinline__ float warp_max(float v) {
+template <int W = 32> __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = W / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
