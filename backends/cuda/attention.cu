@@ -1,6 +1,6 @@
 // backends/cuda/attention.cu: the cuda backend's attention (stoke/ops.h): up to head size 128 tiled
 // as flash attention (tiles of 64 rows in shared memory, any T), on TF32 tensor cores for bf16, fp16
-// and f32 under the TF32 flag, on f32 products for exact f32; past 128 a plain kernel per query
+// and f32 under the TF32 flag, as 3xTF32 for exact f32; past 128 a plain kernel per query
 // (forward, dQ) and per key (dK, dV) with a row of scores in shared memory (T at most 4096). It
 // serves f32 and tf32 (cuDNN's flash attention has no f32 engine), what cuDNN declines, and any
 // precision where cudnn is not listed first in [run] backends; backends/cudnn/sdpa.c is the fast
@@ -151,240 +151,20 @@ __global__ void __launch_bounds__(kAttThreads) att_dkv_kernel(const T *__restric
 }
 
 // ------------------------------------------------------------------ tiled path
-// Head sizes up to kTileMaxD (any T): flash attention's tiling without tensor cores (exact f32, which
-// cuDNN has no engine for; the tensor-core kernels below take the rest). A block takes kTile query rows
-// (forward, dQ) or kTile keys (dK, dV) of one (b, h); the other side streams through shared memory in
-// tiles of kTile rows, converted to float once; a warp takes kTile / kTileWarps of the block's rows,
-// one after another, a lane the keys (queries) lane and lane + 32 of a tile for the dot products and
-// the dimensions lane + 32 k for the sums over the tile. The forward's softmax is online (running max
-// and sum, flash attention's); the backward recomputes the probabilities from lse, the dQ pass and the
-// dK, dV pass each on their own (no atomics: sums in a fixed order, deterministic). The plain kernels
-// above (a block a row, every product read from memory) took GPT-2 124M 2.3 s a step in tf32
-// (BENCHMARKS.md run 38).
-constexpr int kTile = 64, kTileWarps = 8, kTileThreads = 32 * kTileWarps, kTileMaxD = 128;
-constexpr int kRowsPerWarp = kTile / kTileWarps, kDSlots = kTileMaxD / 32;
+// Head sizes up to kTileMaxD (any T): flash attention's tiling (tiles of kTile rows), on tensor cores
+// below. (Run 38's tiled kernels on f32 FMAs took GPT-2 124M 315 ms a step in tf32; the plain kernels
+// above 2.3 s: BENCHMARKS.md runs 38-39.)
+constexpr int kTile = 64, kTileMaxD = 128;
 
-// kTile rows [r0, r0 + kTile) of one head's d columns of a [B, T, stride] tensor, from base (the head's
-// first column: q, k or v of qkv, or y, dy) into s[i * ld + d] as float, rows past T as 0.
-template <typename T>
-__device__ void tile_in(float *s, int ld, const T *base, int64_t stride, const att_dims &g, int64_t b, int64_t r0) {
-  for (int e = threadIdx.x; e < kTile * g.d; e += kTileThreads) {
-    const int i = e / (int)g.d, d = e % (int)g.d;
-    const int64_t r = r0 + i;
-    s[i * ld + d] = r < g.t ? to_f(base[(b * g.t + r) * stride + d]) : 0.f;
-  }
-}
 // The head's first column of q, k or v (which) in qkv, with qkv's row stride.
 template <typename T> __device__ __forceinline__ const T *qkv_head(const T *x, const att_dims &g, int64_t h, int which) {
   return x + which * g.c + h * g.d;
 }
 
-// The dot product of d floats at a and at b (rows in shared memory).
-__device__ __forceinline__ float sdot(const float *a, const float *b, int d) {
-  float s = 0.f;
-  for (int k = 0; k < d; k++) s += a[k] * b[k];
-  return s;
-}
-
-// acc[k] += sum over the tile's rows j of w_j rows[j * ld + lane + 32 k], w_j the weight lane j % 32
-// holds (w0 for the tile's first 32 rows, w1 for the rest): P V, dS K, P^T dO and dS^T Q.
-__device__ __forceinline__ void tile_weighted_sum(float (&acc)[kDSlots], float w0, float w1, const float *rows, int ld,
-                                                  int lane, int d) {
-  for (int j = 0; j < kTile; j++) {
-    const float w = __shfl_sync(0xffffffffu, j < 32 ? w0 : w1, j & 31);
-#pragma unroll
-    for (int k = 0; k < kDSlots; k++)
-      if (lane + 32 * k < d) acc[k] += w * rows[j * ld + lane + 32 * k];
-  }
-}
-
-// Forward: y and lse of kTile query rows.
-template <typename T>
-__global__ void __launch_bounds__(kTileThreads) att_fwd_tiled(const T *__restrict__ x, T *__restrict__ y,
-                                                             float *__restrict__ lse, att_dims g) {
-  extern __shared__ float sm[];
-  const int D = (int)g.d, lk = D + 1;
-  float *qs = sm, *ks = qs + kTile * D, *vs = ks + kTile * lk;
-  const int64_t b = blockIdx.y / g.h, h = blockIdx.y % g.h, q0 = (int64_t)blockIdx.x * kTile;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  tile_in(qs, D, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
-  float m[kRowsPerWarp], l[kRowsPerWarp], o[kRowsPerWarp][kDSlots];
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; i++) {
-    m[i] = -INFINITY, l[i] = 0.f;
-#pragma unroll
-    for (int k = 0; k < kDSlots; k++) o[i][k] = 0.f;
-  }
-  const int64_t kend = g.causal ? (q0 + kTile < g.t ? q0 + kTile : g.t) : g.t;
-  for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
-    __syncthreads(); /* the last tile's readers are done (and qs is in) */
-    tile_in(ks, lk, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
-    tile_in(vs, D, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; i++) {
-      const int r = warp * kRowsPerWarp + i;
-      const int64_t qi = q0 + r;
-      if (qi >= g.t) continue; /* the warp's lanes agree */
-      float sc[2];
-#pragma unroll
-      for (int u = 0; u < 2; u++) {
-        const int j = lane + 32 * u;
-        const int64_t kj = k0 + j;
-        sc[u] = kj < g.t && (!g.causal || kj <= qi) ? g.scale * sdot(qs + r * D, ks + j * lk, D) : -INFINITY;
-      }
-      const float mn = fmaxf(m[i], warp_max(fmaxf(sc[0], sc[1])));
-      if (mn == -INFINITY) continue; /* no key of this row yet */
-      const float alpha = expf(m[i] - mn), p0 = expf(sc[0] - mn), p1 = expf(sc[1] - mn);
-      l[i] = l[i] * alpha + warp_sum(p0 + p1);
-      m[i] = mn;
-#pragma unroll
-      for (int k = 0; k < kDSlots; k++) o[i][k] *= alpha;
-      tile_weighted_sum(o[i], p0, p1, vs, D, lane, D);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; i++) {
-    const int64_t qi = q0 + warp * kRowsPerWarp + i;
-    if (qi >= g.t) continue;
-#pragma unroll
-    for (int k = 0; k < kDSlots; k++)
-      if (lane + 32 * k < D) y[(b * g.t + qi) * g.c + h * g.d + lane + 32 * k] = from_f<T>(o[i][k] / l[i]);
-    if (lane == 0) lse[(b * g.h + h) * g.t + qi] = m[i] + logf(l[i]);
-  }
-}
-
-// dQ of kTile query rows: p = exp(scale q.k - lse), ds = p (dy.v - dy.y), dq = scale sum ds k.
-template <typename T>
-__global__ void __launch_bounds__(kTileThreads) att_dq_tiled(const T *__restrict__ x, const T *__restrict__ y,
-                                                            const float *__restrict__ lse, const T *__restrict__ dy,
-                                                            T *__restrict__ dx, att_dims g, float beta) {
-  extern __shared__ float sm[];
-  const int D = (int)g.d, lk = D + 1;
-  float *qs = sm, *dos = qs + kTile * D, *ks = dos + kTile * D, *vs = ks + kTile * lk;
-  const int64_t b = blockIdx.y / g.h, h = blockIdx.y % g.h, q0 = (int64_t)blockIdx.x * kTile;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  tile_in(qs, D, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
-  tile_in(dos, D, dy + h * g.d, g.c, g, b, q0);
-  __syncthreads();
-  float dd[kRowsPerWarp], ls[kRowsPerWarp], acc_q[kRowsPerWarp][kDSlots];
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; i++) { /* the row's dy . y and lse */
-    const int r = warp * kRowsPerWarp + i;
-    const int64_t qi = q0 + r;
-    float v = 0.f;
-    for (int d = lane; qi < g.t && d < D; d += 32) v += dos[r * D + d] * to_f(y[(b * g.t + qi) * g.c + h * g.d + d]);
-    dd[i] = warp_sum(v);
-    ls[i] = qi < g.t ? lse[(b * g.h + h) * g.t + qi] : 0.f;
-#pragma unroll
-    for (int k = 0; k < kDSlots; k++) acc_q[i][k] = 0.f;
-  }
-  const int64_t kend = g.causal ? (q0 + kTile < g.t ? q0 + kTile : g.t) : g.t;
-  for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
-    __syncthreads();
-    tile_in(ks, lk, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
-    tile_in(vs, lk, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; i++) {
-      const int r = warp * kRowsPerWarp + i;
-      const int64_t qi = q0 + r;
-      if (qi >= g.t) continue;
-      float ds[2];
-#pragma unroll
-      for (int u = 0; u < 2; u++) {
-        const int j = lane + 32 * u;
-        const int64_t kj = k0 + j;
-        ds[u] = 0.f;
-        if (kj < g.t && (!g.causal || kj <= qi)) {
-          const float p = expf(g.scale * sdot(qs + r * D, ks + j * lk, D) - ls[i]);
-          ds[u] = p * (sdot(dos + r * D, vs + j * lk, D) - dd[i]);
-        }
-      }
-      tile_weighted_sum(acc_q[i], ds[0], ds[1], ks, lk, lane, D);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; i++) {
-    const int64_t qi = q0 + warp * kRowsPerWarp + i;
-    if (qi >= g.t) continue;
-    T *dq = dx + (b * g.t + qi) * 3 * g.c + h * g.d;
-#pragma unroll
-    for (int k = 0; k < kDSlots; k++)
-      if (lane + 32 * k < D) acc(dq + lane + 32 * k, beta, g.scale * acc_q[i][k]);
-  }
-}
-
-// dK, dV of kTile keys: over the query rows that see them, a tile at a time.
-template <typename T>
-__global__ void __launch_bounds__(kTileThreads) att_dkv_tiled(const T *__restrict__ x, const T *__restrict__ y,
-                                                             const float *__restrict__ lse, const T *__restrict__ dy,
-                                                             T *__restrict__ dx, att_dims g, float beta) {
-  extern __shared__ float sm[];
-  const int D = (int)g.d, lq = D + 1;
-  float *ks = sm, *vs = ks + kTile * D, *qs = vs + kTile * D, *dos = qs + kTile * lq, *ls = dos + kTile * lq,
-        *dds = ls + kTile;
-  const int64_t b = blockIdx.y / g.h, h = blockIdx.y % g.h, k0 = (int64_t)blockIdx.x * kTile;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  tile_in(ks, D, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
-  tile_in(vs, D, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
-  float ak[kRowsPerWarp][kDSlots], av[kRowsPerWarp][kDSlots];
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; i++)
-#pragma unroll
-    for (int k = 0; k < kDSlots; k++) ak[i][k] = av[i][k] = 0.f;
-  const int64_t qstart = g.causal ? k0 : 0;
-  for (int64_t q0 = qstart - qstart % kTile; q0 < g.t; q0 += kTile) {
-    __syncthreads();
-    tile_in(qs, lq, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
-    tile_in(dos, lq, dy + h * g.d, g.c, g, b, q0);
-    __syncthreads();
-    for (int i = warp; i < kTile; i += kTileWarps) { /* each query row's lse and dy . y, a warp a row */
-      const int64_t qi = q0 + i;
-      float v = 0.f;
-      for (int d = lane; qi < g.t && d < D; d += 32) v += dos[i * lq + d] * to_f(y[(b * g.t + qi) * g.c + h * g.d + d]);
-      v = warp_sum(v);
-      if (lane == 0) dds[i] = v, ls[i] = qi < g.t ? lse[(b * g.h + h) * g.t + qi] : 0.f;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; i++) {
-      const int r = warp * kRowsPerWarp + i;
-      const int64_t kj = k0 + r;
-      if (kj >= g.t) continue;
-      float p[2], ds[2];
-#pragma unroll
-      for (int u = 0; u < 2; u++) {
-        const int qq = lane + 32 * u;
-        const int64_t qi = q0 + qq;
-        p[u] = ds[u] = 0.f;
-        if (qi < g.t && (!g.causal || kj <= qi)) {
-          p[u] = expf(g.scale * sdot(qs + qq * lq, ks + r * D, D) - ls[qq]);
-          ds[u] = p[u] * (sdot(dos + qq * lq, vs + r * D, D) - dds[qq]);
-        }
-      }
-      tile_weighted_sum(av[i], p[0], p[1], dos, lq, lane, D);
-      tile_weighted_sum(ak[i], ds[0], ds[1], qs, lq, lane, D);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; i++) {
-    const int64_t kj = k0 + warp * kRowsPerWarp + i;
-    if (kj >= g.t) continue;
-    T *dk = dx + (b * g.t + kj) * 3 * g.c + g.c + h * g.d, *dv = dk + g.c;
-#pragma unroll
-    for (int k = 0; k < kDSlots; k++)
-      if (lane + 32 * k < D) {
-        acc(dk + lane + 32 * k, beta, g.scale * ak[i][k]);
-        acc(dv + lane + 32 * k, beta, av[i][k]);
-      }
-  }
-}
-
 // ------------------------------------------------------------------ tensor-core path
 // The tiled path on TF32 tensor cores (mma.sync m16n8k8, sm_80 and later), for bf16 and fp16 (exact in
-// TF32) and for f32 under the TF32 flag (run.precision = tf32; plain f32 keeps the kernels above, whose
-// products are f32's). A block of kTcWarps warps takes kTile query rows (forward, dQ) or keys (dK, dV),
+// TF32), for f32 under the TF32 flag (run.precision = tf32), and for exact f32 as 3xTF32 (SPLIT: each
+// operand split into two TF32 parts, three products a product, f32's accuracy). A block of kTcWarps warps takes kTile query rows (forward, dQ) or keys (dK, dV),
 // a warp 16 of them; a tile of the other side's KN rows sits in shared memory as TF32-rounded floats,
 // the head's d columns zero-padded to a multiple of 8 (DT groups of 8), rows ld = 8 DT + 4 floats apart
 // (the fragment loads below hit 32 banks). A warp's 16 x KN scores (KN the streamed tile's rows,
@@ -404,6 +184,20 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
   return r;
 }
 __device__ __forceinline__ uint32_t bits(float x) { return __float_as_uint(x); }
+// Exact f32 on TF32 tensor cores (3xTF32): x = hi + lo, hi its TF32 rounding and lo that of the rest; a
+// product a b is taken as lo_a hi_b + hi_a lo_b + hi_a hi_b (the small terms first), which leaves out
+// lo_a lo_b (2^-22 relative): f32's accuracy at three products a product.
+struct tf32x2 {
+  uint32_t hi, lo;
+};
+template <bool SPLIT> __device__ __forceinline__ tf32x2 operand(float x) {
+  if (!SPLIT) return {bits(x), 0u}; /* already TF32 (the tiles) */
+  const uint32_t hi = to_tf32(x);
+  return {hi, to_tf32(x - __uint_as_float(hi))};
+}
+template <bool SPLIT> __device__ __forceinline__ tf32x2 operand_rounded(float x) { /* registers: P, dS */
+  return SPLIT ? operand<true>(x) : tf32x2{to_tf32(x), 0u};
+}
 
 // c += a b, a 16 x 8 (row-major fragment a0..a3), b 8 x 8 (column fragment b0, b1), TF32 in, f32 out.
 __device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -414,14 +208,29 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// c += a b on split operands (SPLIT: 3xTF32).
+template <bool SPLIT>
+__device__ __forceinline__ void mma_x(float (&c)[4], const tf32x2 &a0, const tf32x2 &a1, const tf32x2 &a2,
+                                      const tf32x2 &a3, const tf32x2 &b0, const tf32x2 &b1) {
+  if (SPLIT) {
+    mma_tf32(c, a0.lo, a1.lo, a2.lo, a3.lo, b0.hi, b1.hi);
+    mma_tf32(c, a0.hi, a1.hi, a2.hi, a3.hi, b0.lo, b1.lo);
+  }
+  mma_tf32(c, a0.hi, a1.hi, a2.hi, a3.hi, b0.hi, b1.hi);
+}
+
 // ROWS rows [r0, r0 + ROWS) of one head's d columns of a [B, T, stride] tensor into s[i * ld + c] as
-// TF32-rounded floats, columns d .. 8 DT and rows past T as 0.
+// TF32-rounded floats (RAW: as they are, split at the fragment loads), columns d .. 8 DT and rows past T
+// as 0.
 // With g.vec (the head's columns and the rows 16-byte aligned, d a multiple of 8) in 16-byte loads, a
 // batch of kTcBatch (half that at DT 16: registers) a thread in flight before any is stored: a tile's
 // loads wait for memory about once, where element-wise loads waited for it many times a tile (the
 // kernels' time went to those waits, BENCHMARKS.md run 39).
 constexpr int kTcBatch = 8;
-template <int DT, int ROWS, typename T>
+template <bool RAW, typename T> __device__ __forceinline__ float tile_value(T x) {
+  return RAW ? to_f(x) : __uint_as_float(to_tf32(to_f(x)));
+}
+template <int DT, int ROWS, bool RAW, typename T>
 __device__ void tc_tile_in(float *s, int ld, const T *base, int64_t stride, const att_dims &g, int64_t b, int64_t r0) {
   constexpr int dp = 8 * DT;
   if (g.vec) {
@@ -445,8 +254,8 @@ __device__ void tc_tile_in(float *s, int ld, const T *base, int64_t stride, cons
         float4 *o = reinterpret_cast<float4 *>(s + i * ld + (e % row) * per);
 #pragma unroll
         for (int u = 0; u < per; u += 4)
-          o[u / 4] = make_float4(__uint_as_float(to_tf32(to_f(x[u]))), __uint_as_float(to_tf32(to_f(x[u + 1]))),
-                                 __uint_as_float(to_tf32(to_f(x[u + 2]))), __uint_as_float(to_tf32(to_f(x[u + 3]))));
+          o[u / 4] = make_float4(tile_value<RAW>(x[u]), tile_value<RAW>(x[u + 1]), tile_value<RAW>(x[u + 2]),
+                                 tile_value<RAW>(x[u + 3]));
       }
     }
     return;
@@ -454,38 +263,40 @@ __device__ void tc_tile_in(float *s, int ld, const T *base, int64_t stride, cons
   for (int e = threadIdx.x; e < ROWS * dp; e += kTcThreads) {
     const int i = e / dp, c = e % dp;
     const int64_t r = r0 + i;
-    s[i * ld + c] = __uint_as_float(to_tf32(r < g.t && c < g.d ? to_f(base[(b * g.t + r) * stride + c]) : 0.f));
+    s[i * ld + c] = tile_value<RAW>(r < g.t && c < g.d ? to_f(base[(b * g.t + r) * stride + c]) : 0.f);
   }
 }
 
 // s = a b^T for a warp: a the warp's 16 rows (at a), b the tile's 8 NJ rows, both dp = 8 DT columns.
-template <int DT, int NJ>
+template <int DT, int NJ, bool SPLIT>
 __device__ __forceinline__ void tc_scores(float (&s)[NJ][4], const float *a, const float *b, int ld, int g, int t) {
 #pragma unroll
   for (int j = 0; j < NJ; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
   for (int k = 0; k < DT; k++) {
     const float *a0 = a + g * ld + 8 * k + t, *a1 = a0 + 8 * ld;
-    const uint32_t x0 = bits(a0[0]), x1 = bits(a1[0]), x2 = bits(a0[4]), x3 = bits(a1[4]);
+    const tf32x2 x0 = operand<SPLIT>(a0[0]), x1 = operand<SPLIT>(a1[0]), x2 = operand<SPLIT>(a0[4]),
+                 x3 = operand<SPLIT>(a1[4]);
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
       const float *bj = b + (8 * j + g) * ld + 8 * k + t;
-      mma_tf32(s[j], x0, x1, x2, x3, bits(bj[0]), bits(bj[4]));
+      mma_x<SPLIT>(s[j], x0, x1, x2, x3, operand<SPLIT>(bj[0]), operand<SPLIT>(bj[4]));
     }
   }
 }
 
 // acc += p rows, p a warp's 16 x 8 NJ weights (as tc_scores left them), rows the tile's 8 NJ rows of
 // dp = 8 DT columns: P V, dS K, P^T dO, dS^T Q.
-template <int DT, int NJ>
+template <int DT, int NJ, bool SPLIT>
 __device__ __forceinline__ void tc_weighted_sum(float (&acc)[DT][4], const float (&p)[NJ][4], const float *rows,
                                                 int ld, int g, int t) {
 #pragma unroll
   for (int j = 0; j < NJ; j++) {
-    const uint32_t x0 = to_tf32(p[j][0]), x1 = to_tf32(p[j][2]), x2 = to_tf32(p[j][1]), x3 = to_tf32(p[j][3]);
+    const tf32x2 x0 = operand_rounded<SPLIT>(p[j][0]), x1 = operand_rounded<SPLIT>(p[j][2]),
+                 x2 = operand_rounded<SPLIT>(p[j][1]), x3 = operand_rounded<SPLIT>(p[j][3]);
     const float *r0 = rows + (8 * j + 2 * t) * ld + g, *r1 = r0 + ld;
 #pragma unroll
-    for (int n = 0; n < DT; n++) mma_tf32(acc[n], x0, x1, x2, x3, bits(r0[8 * n]), bits(r1[8 * n]));
+    for (int n = 0; n < DT; n++) mma_x<SPLIT>(acc[n], x0, x1, x2, x3, operand<SPLIT>(r0[8 * n]), operand<SPLIT>(r1[8 * n]));
   }
 }
 
@@ -532,7 +343,7 @@ __device__ __forceinline__ tc_at tc_where(const att_dims &g) {
   return {blockIdx.y / g.h, blockIdx.y % g.h, (int64_t)blockIdx.x * kTile, (int)threadIdx.x / 32, lane / 4, lane % 4};
 }
 
-template <typename T, int DT>
+template <typename T, int DT, bool SPLIT>
 __global__ void __launch_bounds__(kTcThreads) att_fwd_tc(const T *__restrict__ x, T *__restrict__ y,
                                                          float *__restrict__ lse, att_dims g) {
   extern __shared__ float sm[];
@@ -542,17 +353,17 @@ __global__ void __launch_bounds__(kTcThreads) att_fwd_tc(const T *__restrict__ x
   const tc_at at = tc_where(g);
   const int64_t b = at.b, h = at.h, q0 = at.r0;
   const int warp = at.warp, gg = at.g, t = at.t;
-  tc_tile_in<DT, kTile>(qs, ld, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
+  tc_tile_in<DT, kTile, SPLIT>(qs, ld, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
   const int64_t qi[2] = {q0 + 16 * warp + gg, q0 + 16 * warp + gg + 8};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, o[DT][4], s[NJ][4];
   tc_zero(o);
   const int64_t kend = g.causal ? (q0 + kTile < g.t ? q0 + kTile : g.t) : g.t;
   for (int64_t k0 = 0; k0 < kend; k0 += KN) {
     __syncthreads(); /* the last tile's readers are done (and qs is in) */
-    tc_tile_in<DT, KN>(ks, ld, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
-    tc_tile_in<DT, KN>(vs, ld, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
+    tc_tile_in<DT, KN, SPLIT>(ks, ld, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
+    tc_tile_in<DT, KN, SPLIT>(vs, ld, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
     __syncthreads();
-    tc_scores<DT, NJ>(s, qs + 16 * warp * ld, ks, ld, gg, t);
+    tc_scores<DT, NJ, SPLIT>(s, qs + 16 * warp * ld, ks, ld, gg, t);
     float mx[2] = {-INFINITY, -INFINITY};
     tc_each<NJ>(t, [&](int j, int c, int r, int col) {
       const int64_t kj = k0 + col;
@@ -575,7 +386,7 @@ __global__ void __launch_bounds__(kTcThreads) att_fwd_tc(const T *__restrict__ x
     for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + warp_sum<4>(sum[r]);
 #pragma unroll
     for (int n = 0; n < DT; n++) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-    tc_weighted_sum<DT, NJ>(o, s, vs, ld, gg, t);
+    tc_weighted_sum<DT, NJ, SPLIT>(o, s, vs, ld, gg, t);
   }
   T *y0 = qi[0] < g.t ? y + (b * g.t + qi[0]) * g.c + h * g.d : nullptr;
   T *y1 = qi[1] < g.t ? y + (b * g.t + qi[1]) * g.c + h * g.d : nullptr;
@@ -615,7 +426,7 @@ template <int DT> __device__ __forceinline__ tc_bwd_smem_at tc_bwd_carve(float *
 
 // dQ of kTile query rows (the SIMT kernel's dq pass on tensor cores), and the rows' dy . y into ddg for
 // the dK, dV pass after it. dy . y is taken from the TF32-rounded dy tile, as dP is.
-template <typename T, int DT>
+template <typename T, int DT, bool SPLIT>
 __global__ void __launch_bounds__(kTcThreads) att_dq_tc(const T *__restrict__ x, const T *__restrict__ y,
                                                         const float *__restrict__ lse, const T *__restrict__ dy,
                                                         T *__restrict__ dx, float *__restrict__ ddg, att_dims g,
@@ -628,8 +439,8 @@ __global__ void __launch_bounds__(kTcThreads) att_dq_tc(const T *__restrict__ x,
   const tc_at at = tc_where(g);
   const int64_t b = at.b, h = at.h, q0 = at.r0;
   const int warp = at.warp, gg = at.g, t = at.t;
-  tc_tile_in<DT, kTile>(qs, ld, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
-  tc_tile_in<DT, kTile>(dos, ld, dy + h * g.d, g.c, g, b, q0);
+  tc_tile_in<DT, kTile, SPLIT>(qs, ld, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
+  tc_tile_in<DT, kTile, SPLIT>(dos, ld, dy + h * g.d, g.c, g, b, q0);
   __syncthreads();
   tc_row_stats(dds, lss, ddg, dos, ld, y, lse, g, b, h, q0);
   __syncthreads();
@@ -641,17 +452,17 @@ __global__ void __launch_bounds__(kTcThreads) att_dq_tc(const T *__restrict__ x,
   const int64_t kend = g.causal ? (q0 + kTile < g.t ? q0 + kTile : g.t) : g.t;
   for (int64_t k0 = 0; k0 < kend; k0 += KN) {
     __syncthreads();
-    tc_tile_in<DT, KN>(ks, ld, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
-    tc_tile_in<DT, KN>(vs, ld, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
+    tc_tile_in<DT, KN, SPLIT>(ks, ld, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
+    tc_tile_in<DT, KN, SPLIT>(vs, ld, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
     __syncthreads();
-    tc_scores<DT, NJ>(s, qs + 16 * warp * ld, ks, ld, gg, t);
-    tc_scores<DT, NJ>(dpv, dos + 16 * warp * ld, vs, ld, gg, t);
+    tc_scores<DT, NJ, SPLIT>(s, qs + 16 * warp * ld, ks, ld, gg, t);
+    tc_scores<DT, NJ, SPLIT>(dpv, dos + 16 * warp * ld, vs, ld, gg, t);
     tc_each<NJ>(t, [&](int j, int c, int r, int col) {
       const int64_t kj = k0 + col;
       const float p = kj < g.t && qi[r] < g.t && (!g.causal || kj <= qi[r]) ? expf(g.scale * s[j][c] - ls[r]) : 0.f;
       s[j][c] = p * (dpv[j][c] - dd[r]); /* dS */
     });
-    tc_weighted_sum<DT, NJ>(acc_q, s, ks, ld, gg, t);
+    tc_weighted_sum<DT, NJ, SPLIT>(acc_q, s, ks, ld, gg, t);
   }
   T *d0 = qi[0] < g.t ? dx + (b * g.t + qi[0]) * 3 * g.c + h * g.d : nullptr;
   T *d1 = qi[1] < g.t ? dx + (b * g.t + qi[1]) * 3 * g.c + h * g.d : nullptr;
@@ -659,7 +470,7 @@ __global__ void __launch_bounds__(kTcThreads) att_dq_tc(const T *__restrict__ x,
 }
 
 // dK, dV of kTile keys, over the query rows that see them, a tile at a time.
-template <typename T, int DT>
+template <typename T, int DT, bool SPLIT>
 __global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x, const float *__restrict__ ddg,
                                                          const float *__restrict__ lse, const T *__restrict__ dy,
                                                          T *__restrict__ dx, att_dims g, float beta) {
@@ -671,8 +482,8 @@ __global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x
   const tc_at at = tc_where(g);
   const int64_t b = at.b, h = at.h, k0 = at.r0;
   const int warp = at.warp, gg = at.g, t = at.t;
-  tc_tile_in<DT, kTile>(ks, ld, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
-  tc_tile_in<DT, kTile>(vs, ld, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
+  tc_tile_in<DT, kTile, SPLIT>(ks, ld, qkv_head(x, g, h, 1), 3 * g.c, g, b, k0);
+  tc_tile_in<DT, kTile, SPLIT>(vs, ld, qkv_head(x, g, h, 2), 3 * g.c, g, b, k0);
   const int64_t kj[2] = {k0 + 16 * warp + gg, k0 + 16 * warp + gg + 8};
   float ak[DT][4], av[DT][4], s[NJ][4], dpv[NJ][4];
   tc_zero(ak);
@@ -680,23 +491,23 @@ __global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x
   const int64_t qstart = g.causal ? k0 : 0;
   for (int64_t q0 = qstart - qstart % KN; q0 < g.t; q0 += KN) {
     __syncthreads();
-    tc_tile_in<DT, KN>(qs, ld, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
-    tc_tile_in<DT, KN>(dos, ld, dy + h * g.d, g.c, g, b, q0);
+    tc_tile_in<DT, KN, SPLIT>(qs, ld, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
+    tc_tile_in<DT, KN, SPLIT>(dos, ld, dy + h * g.d, g.c, g, b, q0);
     for (int i = threadIdx.x; i < KN; i += kTcThreads) { /* the dQ pass's dy . y and the forward's lse */
       const int64_t r = (b * g.h + h) * g.t + q0 + i;
       dds[i] = q0 + i < g.t ? ddg[r] : 0.f, lss[i] = q0 + i < g.t ? lse[r] : 0.f;
     }
     __syncthreads();
-    tc_scores<DT, NJ>(s, ks + 16 * warp * ld, qs, ld, gg, t);    /* S^T: keys x queries */
-    tc_scores<DT, NJ>(dpv, vs + 16 * warp * ld, dos, ld, gg, t); /* dP^T = V dO^T */
+    tc_scores<DT, NJ, SPLIT>(s, ks + 16 * warp * ld, qs, ld, gg, t);    /* S^T: keys x queries */
+    tc_scores<DT, NJ, SPLIT>(dpv, vs + 16 * warp * ld, dos, ld, gg, t); /* dP^T = V dO^T */
     tc_each<NJ>(t, [&](int j, int c, int r, int qq) {
       const int64_t qi = q0 + qq;
       const float p = qi < g.t && kj[r] < g.t && (!g.causal || kj[r] <= qi) ? expf(g.scale * s[j][c] - lss[qq]) : 0.f;
       s[j][c] = p;
       dpv[j][c] = p * (dpv[j][c] - dds[qq]); /* dS^T */
     });
-    tc_weighted_sum<DT, NJ>(av, s, dos, ld, gg, t);
-    tc_weighted_sum<DT, NJ>(ak, dpv, qs, ld, gg, t);
+    tc_weighted_sum<DT, NJ, SPLIT>(av, s, dos, ld, gg, t);
+    tc_weighted_sum<DT, NJ, SPLIT>(ak, dpv, qs, ld, gg, t);
   }
   T *k0p = kj[0] < g.t ? dx + (b * g.t + kj[0]) * 3 * g.c + g.c + h * g.d : nullptr;
   T *k1p = kj[1] < g.t ? dx + (b * g.t + kj[1]) * 3 * g.c + g.c + h * g.d : nullptr;
@@ -704,19 +515,17 @@ __global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x
   tc_store<T, DT>(av, k0p ? k0p + g.c : nullptr, k1p ? k1p + g.c : nullptr, (int)g.d, t, 1.f, 1.f, beta, true);
 }
 
-// Dynamic shared memory of the tiled kernels at head size d (the largest: d = kTileMaxD).
-inline size_t fwd_tiled_smem(int64_t d) { return (size_t)kTile * (3 * d + 1) * sizeof(float); }
-inline size_t bwd_tiled_smem(int64_t d) { return (size_t)kTile * (4 * d + 2) * sizeof(float) + 2 * kTile * sizeof(float); }
-// ... and of the tensor-core kernels at DT groups of 8 columns.
+// Dynamic shared memory of the tensor-core kernels at DT groups of 8 columns.
 template <int DT> constexpr size_t fwd_tc_smem() {
   return (size_t)(kTile + 2 * tc_rows<DT>()) * (8 * DT + 4) * sizeof(float);
 }
 template <int DT> constexpr size_t bwd_tc_smem() {
   return ((size_t)(2 * kTile + 2 * tc_rows<DT>()) * (8 * DT + 4) + 2 * kTile) * sizeof(float);
 }
-// The tensor-core kernels take bf16, fp16 and f32 under the TF32 flag, head sizes up to kTileMaxD.
-template <typename T> bool use_tc(const stoke_kernel_args_v1 *a, const att_dims &g) {
-  return g.d <= kTileMaxD && (sizeof(T) == 2 || (a->flags & STOKE_KFLAG_TF32));
+// The tensor-core kernels take head sizes up to kTileMaxD; exact f32 (no TF32 flag) as 3xTF32.
+inline bool use_tc(const att_dims &g) { return g.d <= kTileMaxD; }
+template <typename T> bool split_tf32(const stoke_kernel_args_v1 *a) {
+  return sizeof(T) == 4 && !(a->flags & STOKE_KFLAG_TF32);
 }
 // The tensor-core kernels' tiles in 16-byte loads: each head's d columns start 16-byte aligned, and a
 // 16-byte vector (4 or 8 elements) never straddles d.
@@ -760,50 +569,50 @@ stoke_err *att_check(const stoke_kernel_args_v1 *a, stoke_dtype dt, int bwd, boo
 
 // Once a process (not per layer, direction or type): the cuda kernels at a GPT context are the slow path.
 std::atomic<int> g_said_slow(0);
-void warn_slow_once(const stoke_kernel_args_v1 *a, const att_dims &g, stoke_dtype dt, bool tc) {
+void warn_slow_once(const stoke_kernel_args_v1 *a, const att_dims &g, stoke_dtype dt, bool split) {
   if (g_said_slow.exchange(1)) return;
   stoke_host->log(STOKE_LOG_WARN, "cuda", "attention '%s' (T = %lld, head size %lld, %s) runs on the cuda backend's "
                   "%s kernel: at GPT contexts cuDNN's flash attention (bf16 or fp16, head sizes a multiple of 8 up to "
                   "256, cudnn listed before cuda in [run] backends) is the fast path (BENCHMARKS.md runs 38-39)",
                   stoke_node_name(a), (long long)g.t, (long long)g.d, stoke_dtype_name(dt),
-                  tc ? "TF32 tensor-core" : g.d <= kTileMaxD ? "tiled f32 (no tensor cores: run.precision = tf32 "
-                  "allows them)" : "plain");
+                  !use_tc(g) ? "plain" : split ? "3xTF32 tensor-core (exact f32: run.precision = tf32 is about three "
+                  "times faster)" : "TF32 tensor-core");
 }
 
 // The tensor-core kernels' shared-memory limit past 48 KiB, both head-size tiers of a direction.
-template <typename T, int BWD> cudaError_t tc_raise() {
+template <typename T, bool SPLIT, int BWD> cudaError_t tc_raise() {
   constexpr int D2 = kTileMaxD / 8;
   const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
   if (!BWD) {
-    cudaError_t e = cudaFuncSetAttribute(att_fwd_tc<T, 8>, lim, (int)fwd_tc_smem<8>());
-    return e == cudaSuccess ? cudaFuncSetAttribute(att_fwd_tc<T, D2>, lim, (int)fwd_tc_smem<D2>()) : e;
+    cudaError_t e = cudaFuncSetAttribute(att_fwd_tc<T, 8, SPLIT>, lim, (int)fwd_tc_smem<8>());
+    return e == cudaSuccess ? cudaFuncSetAttribute(att_fwd_tc<T, D2, SPLIT>, lim, (int)fwd_tc_smem<D2>()) : e;
   }
-  cudaError_t e = cudaFuncSetAttribute(att_dq_tc<T, 8>, lim, (int)bwd_tc_smem<8>());
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(att_dq_tc<T, D2>, lim, (int)bwd_tc_smem<D2>());
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(att_dkv_tc<T, 8>, lim, (int)bwd_tc_smem<8>());
-  return e == cudaSuccess ? cudaFuncSetAttribute(att_dkv_tc<T, D2>, lim, (int)bwd_tc_smem<D2>()) : e;
+  cudaError_t e = cudaFuncSetAttribute(att_dq_tc<T, 8, SPLIT>, lim, (int)bwd_tc_smem<8>());
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(att_dq_tc<T, D2, SPLIT>, lim, (int)bwd_tc_smem<D2>());
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(att_dkv_tc<T, 8, SPLIT>, lim, (int)bwd_tc_smem<8>());
+  return e == cudaSuccess ? cudaFuncSetAttribute(att_dkv_tc<T, D2, SPLIT>, lim, (int)bwd_tc_smem<D2>()) : e;
 }
 
 // The tensor-core forward at head size d's tier (DT 8 up to 64, 16 up to kTileMaxD).
-template <typename T> void tc_fwd(const att_dims &g, const T *x, T *y, float *lse, cudaStream_t st) {
+template <typename T, bool SPLIT> void tc_fwd(const att_dims &g, const T *x, T *y, float *lse, cudaStream_t st) {
   dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
   constexpr int D2 = kTileMaxD / 8;
-  if (g.d <= 64) att_fwd_tc<T, 8><<<grid, kTcThreads, fwd_tc_smem<8>(), st>>>(x, y, lse, g);
-  else att_fwd_tc<T, D2><<<grid, kTcThreads, fwd_tc_smem<D2>(), st>>>(x, y, lse, g);
+  if (g.d <= 64) att_fwd_tc<T, 8, SPLIT><<<grid, kTcThreads, fwd_tc_smem<8>(), st>>>(x, y, lse, g);
+  else att_fwd_tc<T, D2, SPLIT><<<grid, kTcThreads, fwd_tc_smem<D2>(), st>>>(x, y, lse, g);
 }
 
 // The dQ pass, then the dK, dV pass (ddg: the workspace, dy . y from the first to the second).
-template <typename T>
+template <typename T, bool SPLIT>
 void tc_bwd(const att_dims &g, const T *x, const T *y, const float *lse, const T *dy, T *dx, float *ddg, float beta,
             cudaStream_t st) {
   dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
   constexpr int D2 = kTileMaxD / 8;
   if (g.d <= 64) {
-    att_dq_tc<T, 8><<<grid, kTcThreads, bwd_tc_smem<8>(), st>>>(x, y, lse, dy, dx, ddg, g, beta);
-    att_dkv_tc<T, 8><<<grid, kTcThreads, bwd_tc_smem<8>(), st>>>(x, ddg, lse, dy, dx, g, beta);
+    att_dq_tc<T, 8, SPLIT><<<grid, kTcThreads, bwd_tc_smem<8>(), st>>>(x, y, lse, dy, dx, ddg, g, beta);
+    att_dkv_tc<T, 8, SPLIT><<<grid, kTcThreads, bwd_tc_smem<8>(), st>>>(x, ddg, lse, dy, dx, g, beta);
   } else {
-    att_dq_tc<T, D2><<<grid, kTcThreads, bwd_tc_smem<D2>(), st>>>(x, y, lse, dy, dx, ddg, g, beta);
-    att_dkv_tc<T, D2><<<grid, kTcThreads, bwd_tc_smem<D2>(), st>>>(x, ddg, lse, dy, dx, g, beta);
+    att_dq_tc<T, D2, SPLIT><<<grid, kTcThreads, bwd_tc_smem<D2>(), st>>>(x, y, lse, dy, dx, ddg, g, beta);
+    att_dkv_tc<T, D2, SPLIT><<<grid, kTcThreads, bwd_tc_smem<D2>(), st>>>(x, ddg, lse, dy, dx, g, beta);
   }
 }
 
@@ -812,17 +621,14 @@ template <typename T, int BWD> stoke_err *att_plan(const stoke_kernel_args_v1 *a
   if (state) *state = NULL;
   if (ws) *ws = 0;
   CHECK(att_check(a, dtype_of<T>::value, BWD, false, &g));
-  if (g.t >= 256) warn_slow_once(a, g, dtype_of<T>::value, use_tc<T>(a, g));
-  if (BWD && ws && use_tc<T>(a, g)) *ws = tc_bwd_ws(g);
-  if (g.d > kTileMaxD) return NULL;
-  /* the tiled kernels' shared memory past 48 KiB, allowed once (at plan time, not during a capture) */
+  if (g.t >= 256) warn_slow_once(a, g, dtype_of<T>::value, split_tf32<T>(a));
+  if (BWD && ws && use_tc(g)) *ws = tc_bwd_ws(g);
+  if (!use_tc(g)) return NULL;
+  /* the tensor-core kernels' shared memory past 48 KiB, allowed once (at plan time, not during a capture) */
   static std::atomic<int> raised(0);
   if (raised.load()) return NULL;
-  const int fm = (int)fwd_tiled_smem(kTileMaxD), bm = (int)bwd_tiled_smem(kTileMaxD);
-  const cudaFuncAttribute lim = cudaFuncAttributeMaxDynamicSharedMemorySize;
-  cudaError_t e = BWD ? cudaFuncSetAttribute(att_dq_tiled<T>, lim, bm) : cudaFuncSetAttribute(att_fwd_tiled<T>, lim, fm);
-  if (e == cudaSuccess && BWD) e = cudaFuncSetAttribute(att_dkv_tiled<T>, lim, bm);
-  if (e == cudaSuccess) e = tc_raise<T, BWD>();
+  cudaError_t e = tc_raise<T, false, BWD>();
+  if (e == cudaSuccess) e = tc_raise<T, sizeof(T) == 4, BWD>(); /* f32: the 3xTF32 kernels too */
   if (e != cudaSuccess)
     return STOKE_PERR(STOKE_E_DEVICE, "cuda attention '%s': raising the tiled kernel's shared-memory limit: %s",
                       stoke_node_name(a), cudaGetErrorString(e));
@@ -836,12 +642,10 @@ template <typename T> stoke_err *att_fwd(const stoke_kernel_args_v1 *a, void *) 
   const T *x = static_cast<const T *>(a->in[0].data);
   T *y = static_cast<T *>(a->out[0].data);
   float *lse = static_cast<float *>(a->out[1].data);
-  if (use_tc<T>(a, g)) {
+  if (use_tc(g)) {
     g.vec = tc_vec<T>(g, x, nullptr);
-    tc_fwd(g, x, y, lse, (cudaStream_t)a->stream);
-  } else if (g.d <= kTileMaxD) {
-    dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
-    att_fwd_tiled<T><<<grid, kTileThreads, fwd_tiled_smem(g.d), (cudaStream_t)a->stream>>>(x, y, lse, g);
+    if (split_tf32<T>(a)) tc_fwd<T, sizeof(T) == 4>(g, x, y, lse, (cudaStream_t)a->stream);
+    else tc_fwd<T, false>(g, x, y, lse, (cudaStream_t)a->stream);
   } else {
     dim3 grid((unsigned)g.t, (unsigned)(g.b * g.h));
     att_fwd_kernel<T><<<grid, kAttThreads, (size_t)g.t * sizeof(float), (cudaStream_t)a->stream>>>(x, y, lse, g);
@@ -860,21 +664,14 @@ template <typename T> stoke_err *att_bwd(const stoke_kernel_args_v1 *a, void *) 
   const float *lse = static_cast<const float *>(a->out[1].data);
   float beta = stoke_grad_beta(a, 0);
   cudaStream_t st = (cudaStream_t)a->stream;
-  if (use_tc<T>(a, g)) {
+  if (use_tc(g)) {
     float *ddg = static_cast<float *>(a->workspace); /* [B, H, T]: dy . y, from the dQ pass to the dK, dV pass */
     g.vec = tc_vec<T>(g, x, dy);
     if (a->workspace_bytes < tc_bwd_ws(g))
       return STOKE_PERR(STOKE_E_INTERNAL, "cuda attention '%s': workspace %zu B, needs %zu", stoke_node_name(a),
                         a->workspace_bytes, tc_bwd_ws(g));
-    tc_bwd(g, x, y, lse, dy, dx, ddg, beta, st);
-    STOKE_CUDA_LAUNCH(stoke_node_name(a));
-    return NULL;
-  }
-  if (g.d <= kTileMaxD) {
-    dim3 grid((unsigned)((g.t + kTile - 1) / kTile), (unsigned)(g.b * g.h));
-    att_dq_tiled<T><<<grid, kTileThreads, bwd_tiled_smem(g.d), st>>>(x, y, lse, dy, dx, g, beta);
-    STOKE_CUDA_LAUNCH(stoke_node_name(a));
-    att_dkv_tiled<T><<<grid, kTileThreads, bwd_tiled_smem(g.d), st>>>(x, y, lse, dy, dx, g, beta);
+    if (split_tf32<T>(a)) tc_bwd<T, sizeof(T) == 4>(g, x, y, lse, dy, dx, ddg, beta, st);
+    else tc_bwd<T, false>(g, x, y, lse, dy, dx, ddg, beta, st);
     STOKE_CUDA_LAUNCH(stoke_node_name(a));
     return NULL;
   }

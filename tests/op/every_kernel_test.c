@@ -33,8 +33,10 @@
  * 2^-11) perturbing the products it enters, n of them along the longest
  * chain of products (a product's 2; attention's dQ 6: q and k, dy and v, dS
  * and k). The cuda attention's bf16 and fp16 paths round P and dS to TF32
- * too, within their first term (bf16 and fp16 round as much or more). u8
- * and i32 outputs must be exact.
+ * too, within their first term (bf16 and fp16 round as much or more); its
+ * exact f32 path splits each operand in two TF32 parts (3xTF32), whose
+ * products leave out 2^-22 of each: + 2 n 2^-22 for those cases. u8 and
+ * i32 outputs must be exact.
  *
  * The cpu f64 kernels are the reference: here they run on every case too
  * (outputs poisoned, gradients accumulated), against themselves; their
@@ -240,8 +242,9 @@ static double *kt_download(const ktensor *t) {
 static double tolerance(stoke_dtype dt, stoke_dtype out, uint32_t flags, double k, int tf32_operands) {
   double u = fmax(stoke_dtype_unit_roundoff(is_float(dt) ? dt : out), stoke_dtype_unit_roundoff(out));
   if (u == 0) return 0;
-  return 8 * u + 8 * stoke_sum_roundoff(dt, k) +
-         (flags & STOKE_KFLAG_TF32 ? 2 * (tf32_operands ? tf32_operands : 2) * 0x1p-11 : 0);
+  double base = 8 * u + 8 * stoke_sum_roundoff(dt, k);
+  if (flags & STOKE_KFLAG_TF32) return base + 2 * (tf32_operands ? tf32_operands : 2) * 0x1p-11;
+  return base + 2 * tf32_operands * 0x1p-22; /* 3xTF32's residual */
 }
 
 typedef struct kcheck {

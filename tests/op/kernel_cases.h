@@ -49,8 +49,9 @@ typedef struct kcase {
                        * product of the lengths of sums that feed one another (a
                        * gradient summed over rows of a product's gradient) */
   double arg;         /* an op's own number (grad_norm's max_norm) */
-  int tf32_operands;  /* with STOKE_KFLAG_TF32: the TF32-rounded operands along the longest chain of
-                       * products (0: a product's two) */
+  int tf32_operands;  /* the TF32-rounded operands along the longest chain of products (0: a product's
+                       * two with STOKE_KFLAG_TF32, none without); without the flag, operands split in
+                       * two TF32 parts (3xTF32) */
   /* Output shapes for an op the compiler makes, whose inference refuses a
    * stand-alone node (linear_dact); 0: inferred. Their dtype is the kernel's. */
   int n_out;
@@ -862,6 +863,9 @@ static int gen_attention(const stoke_kernel_v1 *k, stoke_rng *r, kcase *out) {
       c->tf32_operands = 6;
     }
   }
+  /* exact f32 on the GPU: 3xTF32 (each operand split in two TF32 parts; the residual 2^-22 a product) */
+  for (int i = 0; gpu_engine(k) && k->dtype == STOKE_F32 && i < n; i++)
+    if (!out[i].tf32_operands) out[i].tf32_operands = 6;
   return n;
 }
 
