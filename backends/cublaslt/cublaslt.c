@@ -28,7 +28,7 @@
  * through it only when its beta is 0 (first micro-batch); with beta != 0
  * (gradient accumulation), under STOKE_KFLAG_DETERMINISTIC, when no
  * algorithm supports the epilogue, or when autotune timed the plain
- * product plus the kernel more than 5% faster (choose_bgrad), the plain dW
+ * product plus the kernel more than 5% faster (choose_epilogue), the plain dW
  * product runs and a deterministic column-sum kernel (lt_kernels.cu, two
  * passes over row partitions) does db = beta db + sum.
  * Descriptors, layouts and the algorithm are made once per node in plan();
@@ -75,7 +75,10 @@
  * must be a multiple of 8), the plain product runs and small kernels
  * (lt_kernels.cu) apply the activation and write the aux in the same
  * layout, or apply its gradient; d bias1 then comes from the column-sum
- * kernel, as it also does when accumulating or deterministic. */
+ * kernel, as it also does when accumulating or deterministic. With
+ * autotune an activation epilogue is timed against the product without it
+ * and that kernel, as the bias gradient's (choose_epilogue): in tf32
+ * cuBLASLt serves GELU_AUX_BIAS as the product and a pass of its own. */
 #include <stdio.h>
 #include <string.h>
 
@@ -130,9 +133,9 @@ typedef struct lt_engine {
   int n_cache; /* autotuned choices, so identical products are timed once */
   lt_key keys[LT_CACHE_MAX];
   lt_choice vals[LT_CACHE_MAX];
-  int n_cs; /* timed column sums (the bias gradient's kernel): rows, cols, dtype -> ms */
-  int64_t cs_keys[LT_CACHE_MAX][3];
-  float cs_ms[LT_CACHE_MAX];
+  int n_kt; /* timed kernels beside the products (lt_kernel): kind, rows, cols, dtype -> ms */
+  int64_t kt_keys[LT_CACHE_MAX][4];
+  float kt_ms[LT_CACHE_MAX];
 } lt_engine;
 
 static stoke_err *lt_open(int index, void *device_self, void **self) {
@@ -478,70 +481,112 @@ static stoke_err *tune(lt_engine *E, const lt_state *s, const lt_gemm *g, const 
   return e;
 }
 
-/* The column-sum kernel's time (the bias gradient without an epilogue)
- * for dy[rows, cols]: its fastest of LT_TUNE_REPS calls on scratch
- * operands, once per shape (engine cache); -1 when it could not be timed
- * (no device memory for the scratch). */
-static stoke_err *time_colsum(lt_engine *E, const lt_state *s, const stoke_kernel_args_v1 *a, int64_t rows,
-                              int64_t cols, float *ms) {
+/* The small kernels a product may run beside instead of an epilogue
+ * (lt_kernels.cu), timed against the epilogue by autotune. */
+typedef enum lt_kernel {
+  LT_K_COLSUM,    /* the bias gradient: column sums of dy[rows, cols] */
+  LT_K_RELU_AUX,  /* linear_act's forward: y = relu(z) in place and its bitmask */
+  LT_K_GELU_AUX,  /* y = gelu(z) in place and z as the aux */
+  LT_K_DRELU,     /* linear_dact's dz1 *= relu'(z1) from the bitmask */
+  LT_K_DGELU,     /* dz1 *= gelu'(z1) from the aux */
+} lt_kernel;
+
+static const char *const lt_kernel_name[] = {"the column-sum kernel", "the ReLU kernel", "the GELU kernel",
+                                             "the ReLU gradient kernel", "the GELU gradient kernel"};
+
+/* One call of kernel `kind` over [rows, cols] of the node's dtype on the
+ * scratch at buf (laid out by kernel_scratch). */
+static cudaError_t kernel_call(lt_kernel kind, char *buf, const size_t *sz, int64_t rows, int64_t cols,
+                               int64_t aux_ld, stoke_dtype dt, cudaStream_t st) {
+  switch (kind) {
+    case LT_K_COLSUM: return stoke_lt_colsum(buf + sz[0], buf, rows, cols, 0.f, dt, buf + sz[0] + sz[1], sz[2], st);
+    case LT_K_RELU_AUX:
+    case LT_K_GELU_AUX: return stoke_lt_act_aux(buf, buf + sz[0], rows, cols, aux_ld, kind == LT_K_GELU_AUX, dt, st);
+    default: return stoke_lt_dact(buf, buf + sz[0], rows, cols, aux_ld, kind == LT_K_DGELU, dt, st);
+  }
+}
+
+/* Kernel `kind`'s time over [rows, cols] (aux_ld as the node's aux: bits a
+ * row for the ReLU's mask, elements for GELU's z): its fastest of
+ * LT_TUNE_REPS calls on scratch operands of random values (the in-place
+ * kernels rewrite them call after call: the values stay finite), once per
+ * shape (engine cache); -1 when it could not be timed (no device memory
+ * for the scratch). */
+static stoke_err *time_kernel(lt_engine *E, const lt_state *s, const stoke_kernel_args_v1 *a, lt_kernel kind,
+                              int64_t rows, int64_t cols, int64_t aux_ld, float *ms) {
   *ms = -1.f;
-  for (int i = 0; i < E->n_cs; i++)
-    if (E->cs_keys[i][0] == rows && E->cs_keys[i][1] == cols && E->cs_keys[i][2] == (int64_t)s->dt) {
-      *ms = E->cs_ms[i];
+  for (int i = 0; i < E->n_kt; i++)
+    if (E->kt_keys[i][0] == (int64_t)kind && E->kt_keys[i][1] == rows && E->kt_keys[i][2] == cols &&
+        E->kt_keys[i][3] == (int64_t)s->dt) {
+      *ms = E->kt_ms[i];
       return NULL;
     }
-  size_t elt = stoke_dtype_size(s->dt), sz[3] = {round_up((size_t)rows * (size_t)cols * elt),
-                                                  round_up((size_t)cols * elt),
-                                                  round_up(stoke_lt_colsum_workspace(rows, cols, s->dt))};
+  size_t elt = stoke_dtype_size(s->dt), sz[3] = {round_up((size_t)rows * (size_t)cols * elt), 0, 0};
+  if (kind == LT_K_COLSUM) {
+    sz[1] = round_up((size_t)cols * elt);
+    sz[2] = round_up(stoke_lt_colsum_workspace(rows, cols, s->dt));
+  } else { /* the aux: a bitmask of aux_ld bits a row, or z with aux_ld elements a row */
+    int relu = kind == LT_K_RELU_AUX || kind == LT_K_DRELU;
+    sz[1] = round_up((size_t)rows * (size_t)aux_ld * (relu ? 1 : elt * 8) / 8);
+  }
   cudaStream_t st = (cudaStream_t)a->stream;
   lt_timing t;
   cudaError_t ce = timing_open(&t, sz[0] + sz[1] + sz[2], s->dt, st);
   if (!t.buf) return NULL; /* no room for the scratch: the epilogue stays */
-  char *buf = t.buf;
   stoke_err *e = NULL;
   /* once untimed (loads the kernel), then the timed calls */
   for (int r = -1; ce == cudaSuccess && r < LT_TUNE_REPS; r++) {
-    ce = stoke_lt_colsum(buf + sz[0], buf, rows, cols, 0.f, s->dt, buf + sz[0] + sz[1], sz[2], st);
+    ce = kernel_call(kind, t.buf, sz, rows, cols, aux_ld, s->dt, st);
     if (ce == cudaSuccess) ce = cudaEventRecord(t.ev[r + 1], st);
   }
   if (ce != cudaSuccess)
-    e = STOKE_PERR(STOKE_E_DEVICE, "cublaslt: timing the bias gradient's column sum of " LT_CTX_FMT ": %s",
-                   LT_CTX_ARGS(s, "db"), cudaGetErrorString(ce));
-  if (!e) e = fastest_rep(s, "db", t.ev, ms);
+    e = STOKE_PERR(STOKE_E_DEVICE, "cublaslt: timing %s of " LT_CTX_FMT ": %s", lt_kernel_name[kind],
+                   LT_CTX_ARGS(s, "autotune"), cudaGetErrorString(ce));
+  if (!e) e = fastest_rep(s, lt_kernel_name[kind], t.ev, ms);
   ce = timing_close(&t);
   if (ce != cudaSuccess && !e)
-    e = STOKE_PERR(STOKE_E_DEVICE, "cublaslt: cudaFree of the column sum's scratch failed: %s",
+    e = STOKE_PERR(STOKE_E_DEVICE, "cublaslt: cudaFree of the scratch of %s failed: %s", lt_kernel_name[kind],
                    cudaGetErrorString(ce));
-  if (!e && *ms >= 0.f && E->n_cs < LT_CACHE_MAX) {
-    E->cs_keys[E->n_cs][0] = rows, E->cs_keys[E->n_cs][1] = cols, E->cs_keys[E->n_cs][2] = (int64_t)s->dt;
-    E->cs_ms[E->n_cs++] = *ms;
+  if (!e && *ms >= 0.f && E->n_kt < LT_CACHE_MAX) {
+    int64_t *k = E->kt_keys[E->n_kt];
+    k[0] = (int64_t)kind, k[1] = rows, k[2] = cols, k[3] = (int64_t)s->dt;
+    E->kt_ms[E->n_kt++] = *ms;
   }
   return e;
 }
 
-/* With autotune, keep a bias-gradient epilogue (`fused`: the product that
- * also writes the bias gradient) unless the plain product (`plain`) plus
- * the column-sum kernel over dy[rows, cols], both timed, is faster by more
- * than 5% (LT_BGRAD_MARGIN); then the fused product is dropped and run() takes
- * the plain one and the kernel. Timed alone, the kernel's second pass over
- * dy misses the L2 the product leaves warm in a step: on GPT-2 (H200) c_fc's
- * dW took 0.1356 ms with BGRADB against 0.0974 + 0.0376 without, a tie
- * that went to the pair and cost 0.5% tokens/s end to end; the DGELU_BGRAD
- * product (0.431 ms against 0.133 + 0.038) is where the pair wins. */
-#define LT_BGRAD_MARGIN 1.05f
-static stoke_err *choose_bgrad(lt_engine *E, lt_state *s, const stoke_kernel_args_v1 *a, lt_gemm *fused,
-                               const lt_gemm *plain, int64_t rows, int64_t cols) {
-  if (!(a->flags & STOKE_KFLAG_AUTOTUNE) || !fused->ready || !plain->ready || fused->ms < 0.f || plain->ms < 0.f)
-    return NULL;
-  float cs = -1.f;
-  STOKE_PROPAGATE_P(time_colsum(E, s, a, rows, cols, &cs));
-  if (cs < 0.f) return NULL;
-  int keep = fused->ms <= LT_BGRAD_MARGIN * (plain->ms + cs);
+/* With autotune, keep an epilogue (`fused`: the product that also writes
+ * the bias gradient, or applies the activation or its gradient) unless the
+ * product without it (`plain_ms`, timed) plus the kernel that does the
+ * epilogue's work over [rows, cols] (lt_kernels.cu), timed too, is faster
+ * by more than 5% (LT_EPI_MARGIN); then the fused product is dropped and
+ * run() takes the plain one and the kernel. *without_ms gets the pair's
+ * time (-1 when either was not timed). Timed alone, the kernel's second
+ * pass misses the L2 the product leaves warm in a step: on GPT-2 (H200)
+ * c_fc's dW took 0.1356 ms with BGRADB against 0.0974 + 0.0376 without, a
+ * tie that went to the pair and cost 0.5% tokens/s end to end; the
+ * DGELU_BGRAD product (0.431 ms against 0.133 + 0.038) is where the pair
+ * wins, and in tf32, where cuBLASLt runs GELU_AUX_BIAS as the product and
+ * a separate pass (370 us a call on GPT-2's c_fc, run 39), the product
+ * and our GELU kernel. */
+#define LT_EPI_MARGIN 1.05f
+static stoke_err *choose_epilogue(lt_engine *E, lt_state *s, const stoke_kernel_args_v1 *a, lt_gemm *fused,
+                                  float plain_ms, lt_kernel kind, int64_t rows, int64_t cols, int64_t aux_ld,
+                                  float *without_ms) {
+  if (without_ms) *without_ms = -1.f;
+  if (!(a->flags & STOKE_KFLAG_AUTOTUNE) || plain_ms < 0.f) return NULL;
+  float kt = -1.f;
+  STOKE_PROPAGATE_P(time_kernel(E, s, a, kind, rows, cols, aux_ld, &kt));
+  if (kt < 0.f) return NULL;
+  if (without_ms) *without_ms = plain_ms + kt;
+  if (!fused->ready || fused->ms < 0.f) return NULL;
+  int keep = fused->ms <= LT_EPI_MARGIN * (plain_ms + kt);
   stoke_host->log(STOKE_LOG_INFO, LT_WHO,
-                  "%s '%s' %s: %.4f ms with the bias gradient in the epilogue, %.4f + %.4f ms as the plain product "
-                  "and the column-sum kernel [%lld x %lld]: %s",
-                  s->op, s->node, fused->what, (double)fused->ms, (double)plain->ms, (double)cs, (long long)rows,
-                  (long long)cols, keep ? "the epilogue kept" : "the product and the kernel");
+                  "%s '%s' %s: %.4f ms with the epilogue, %.4f + %.4f ms as the product without it and %s "
+                  "[%lld x %lld]: %s",
+                  s->op, s->node, fused->what, (double)fused->ms, (double)plain_ms, (double)kt,
+                  lt_kernel_name[kind], (long long)rows, (long long)cols,
+                  keep ? "the epilogue kept" : "the product and the kernel");
   if (!keep) gemm_free(fused);
   return NULL;
 }
@@ -829,6 +874,21 @@ static stoke_err *fwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
       e = gemm_plan(E, s, a, &s->fwd, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o, (uint64_t)s->n,
                     (uint64_t)s->k, s->k, s->k, s->o, act_fwd_epilogue(s), s->aux_ld, 1);
       s->fwd_aux = s->fwd.ready;
+      if (!e && s->fwd_aux && !s->nobias && (a->flags & STOKE_KFLAG_AUTOTUNE)) {
+        /* against the bias-only product and the activation kernel (choose_epilogue) */
+        lt_gemm plain;
+        e = gemm_plan(E, s, a, &plain, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o, (uint64_t)s->n,
+                      (uint64_t)s->k, s->k, s->k, s->o, CUBLASLT_EPILOGUE_BIAS, 0, 1);
+        if (!e && plain.ready)
+          e = choose_epilogue(E, s, a, &s->fwd, plain.ms, s->act == LT_ACT_GELU ? LT_K_GELU_AUX : LT_K_RELU_AUX,
+                              s->n, s->o, s->aux_ld, NULL);
+        if (!e && !s->fwd.ready) { /* dropped: the plain product serves, the kernel after it */
+          s->fwd = plain;
+          s->fwd_aux = 0;
+        } else {
+          gemm_free(&plain);
+        }
+      }
     }
     if (relu) { /* ReLU and bias in the epilogue; else as linear, then the ReLU kernel */
       e = gemm_plan(E, s, a, &s->fwd, "forward", CUBLAS_OP_T, CUBLAS_OP_N, (uint64_t)s->o,
@@ -952,8 +1012,17 @@ static stoke_err *bwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
       e = gemm_plan(E, s, a, &s->dx_dact, "dz1", CUBLAS_OP_N, CUBLAS_OP_N, k, n, o, s->k, s->o, s->k,
                     act_bwd_epilogue(s, 0), s->aux_ld, 1);
   }
-  if (!e && n && k && o && want_db) e = choose_bgrad(E, s, a, &s->dw_bgrad, &s->dw, s->n, s->o);
-  if (!e && n && k && o && dact) e = choose_bgrad(E, s, a, &s->dx_dact_bgrad, &s->dx_dact, s->n, s->k);
+  if (!e && n && k && o && want_db && s->dw.ready)
+    e = choose_epilogue(E, s, a, &s->dw_bgrad, s->dw.ms, LT_K_COLSUM, s->n, s->o, 0, NULL);
+  if (!e && n && k && o && dact && s->dx.ready) {
+    /* dz1: the D* epilogue against the plain dx product and the gradient kernel; then D*_BGRAD against
+     * whichever of those is kept and the column sums */
+    float pair = -1.f;
+    e = choose_epilogue(E, s, a, &s->dx_dact, s->dx.ms, s->act == LT_ACT_GELU ? LT_K_DGELU : LT_K_DRELU, s->n,
+                        s->k, s->aux_ld, &pair);
+    float without = s->dx_dact.ready ? s->dx_dact.ms : pair;
+    if (!e) e = choose_epilogue(E, s, a, &s->dx_dact_bgrad, without, LT_K_COLSUM, s->n, s->k, 0, NULL);
+  }
   if (e) {
     lt_destroy(s);
     return e;

@@ -179,10 +179,60 @@ __global__ void dact(T *dz, const void *aux, int64_t rows, int64_t cols, int64_t
   }
 }
 
+// GELU's aux and gradient over contiguous rows (aux_ld = cols, as linear_act's aux always is) in
+// 16-byte accesses, V elements a thread and step: the scalar kernels above took an int64 division
+// an element, and GPT-2's c_fc in tf32 spends 100-400 us a call here when the epilogue does not
+// serve (autotune's choose_act). n elements of y/dz and z from 16-byte aligned pointers.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads) gelu_aux_vec(T *__restrict__ y, T *__restrict__ z, int64_t n) {
+  const int64_t nv = n / V, tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t v = tid; v < nv; v += stride) {
+    vec<T, V> p = reinterpret_cast<const vec<T, V> *>(y)[v], g;
+    reinterpret_cast<vec<T, V> *>(z)[v] = p;
+#pragma unroll
+    for (int k = 0; k < V; k++) g.v[k] = from_f<T>(gelu_f(to_f(p.v[k]), true));
+    reinterpret_cast<vec<T, V> *>(y)[v] = g;
+  }
+  for (int64_t i = nv * V + tid; i < n; i += stride) {
+    T v = y[i];
+    z[i] = v;
+    y[i] = from_f<T>(gelu_f(to_f(v), true));
+  }
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads) dgelu_vec(T *__restrict__ dz, const T *__restrict__ z, int64_t n) {
+  const int64_t nv = n / V, tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t v = tid; v < nv; v += stride) {
+    vec<T, V> d = reinterpret_cast<const vec<T, V> *>(dz)[v], pz = reinterpret_cast<const vec<T, V> *>(z)[v];
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+      float g = gelu_grad_f(to_f(pz.v[k]), true);
+      d.v[k] = from_f<T>(g != 0.f ? to_f(d.v[k]) * g : 0.f);
+    }
+    reinterpret_cast<vec<T, V> *>(dz)[v] = d;
+  }
+  for (int64_t i = nv * V + tid; i < n; i += stride) {
+    float g = gelu_grad_f(to_f(z[i]), true);
+    dz[i] = from_f<T>(g != 0.f ? to_f(dz[i]) * g : 0.f);
+  }
+}
+
+// The 16-byte kernels serve GELU when the aux rows are y's (ld = cols) and both start aligned.
+inline bool gelu_vec_ok(const void *y, const void *aux, int64_t cols, int64_t ld) {
+  return ld == cols && aligned16(y) && aligned16(aux);
+}
+
 template <typename T>
 cudaError_t launch_act_aux(void *y, void *aux, int64_t rows, int64_t cols, int64_t ld, int gelu, cudaStream_t s) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
-  if (gelu)
+  constexpr int V = 16 / sizeof(T);
+  if (gelu && gelu_vec_ok(y, aux, cols, ld))
+    gelu_aux_vec<T, V><<<grid_for(rows * cols / V + 1, kThreads, 65535), kThreads, 0, s>>>((T *)y, (T *)aux,
+                                                                                            rows * cols);
+  else if (gelu)
     gelu_aux<T><<<grid_for(rows * cols, kThreads, 65535), kThreads, 0, s>>>((T *)y, (T *)aux, rows, cols, ld);
   else
     relu_aux<T><<<grid_for(rows * (ld / 8), kThreads, 65535), kThreads, 0, s>>>((T *)y, (uint8_t *)aux, rows, cols,
@@ -193,6 +243,12 @@ cudaError_t launch_act_aux(void *y, void *aux, int64_t rows, int64_t cols, int64
 template <typename T>
 cudaError_t launch_dact(void *dz, const void *aux, int64_t rows, int64_t cols, int64_t ld, int gelu, cudaStream_t s) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
+  constexpr int V = 16 / sizeof(T);
+  if (gelu && gelu_vec_ok(dz, aux, cols, ld)) {
+    dgelu_vec<T, V><<<grid_for(rows * cols / V + 1, kThreads, 65535), kThreads, 0, s>>>((T *)dz, (const T *)aux,
+                                                                                        rows * cols);
+    return cudaGetLastError();
+  }
   dact<T><<<grid_for(rows * cols, kThreads, 65535), kThreads, 0, s>>>((T *)dz, aux, rows, cols, ld, gelu);
   return cudaGetLastError();
 }

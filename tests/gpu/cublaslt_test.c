@@ -552,9 +552,11 @@ static void test_gelu_accuracy(void **state) {
 /* --------------------------------------------------------------- autotune
  *
  * With STOKE_KFLAG_AUTOTUNE every product's algorithm is the fastest of
- * the heuristic's candidates, timed in plan(): the same checks against the
- * CPU, over the shapes above (aligned, odd, large), every kernel and
- * dtype, accumulation, and with the determinism filter. */
+ * the heuristic's candidates, timed in plan(), and an epilogue is kept
+ * only when it beats the product without it and our kernel
+ * (choose_epilogue): the same checks against the CPU, over the shapes
+ * above (aligned, odd, large), every kernel and dtype, accumulation, and
+ * with the determinism filter. */
 static void test_autotune(void **state) {
   const uint32_t at = STOKE_KFLAG_AUTOTUNE;
   check_linear(STOKE_BF16, at, G_TOL_LOW);
@@ -564,6 +566,9 @@ static void test_autotune(void **state) {
   check_accumulate(STOKE_F32, at | STOKE_KFLAG_DETERMINISTIC, G_TOL_F32, 37, 129, 65);
   check_linear_relu(STOKE_F16, at, G_TOL_LOW);
   check_acts(STOKE_BF16, at, G_TOL_LOW);
+  /* TF32: cuBLASLt runs GELU_AUX_BIAS as the product and a pass of its own, which choose_epilogue times
+   * against the bias-only product and lt_kernels.cu's GELU (the log says which it kept): either is checked */
+  check_acts(STOKE_F32, at | STOKE_KFLAG_TF32, G_TOL_TF32);
   for (int gelu = 0; gelu < 2; gelu++) {
     check_act(STOKE_F16, at, G_TOL_LOW, gelu, act_shapes[2], 1, 0);
     check_act(STOKE_BF16, at | STOKE_KFLAG_DETERMINISTIC, G_TOL_LOW, gelu, act_shapes[2], 1, 0);
