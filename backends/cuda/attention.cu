@@ -343,6 +343,15 @@ __device__ __forceinline__ tc_at tc_where(const att_dims &g) {
   return {blockIdx.y / g.h, blockIdx.y % g.h, (int64_t)blockIdx.x * kTile, (int)threadIdx.x / 32, lane / 4, lane % 4};
 }
 
+// Whether a pair of tiles needs the mask: a streamed tile of n rows from s0 against the block's own m rows
+// from r0 (queries, or keys when keys_own) has a row past T, or, causal, a key after a query. The
+// other tiles take every score as it is.
+__device__ __forceinline__ bool tc_edge(const att_dims &g, int64_t s0, int n, int64_t r0, int m, bool keys_own = false) {
+  if (s0 + n > g.t || r0 + m > g.t) return true;
+  if (!g.causal) return false;
+  return keys_own ? s0 < r0 + m - 1 /* the first query before the last key */ : s0 + n - 1 > r0; /* the last key after the first query */
+}
+
 template <typename T, int DT, bool SPLIT>
 __global__ void __launch_bounds__(kTcThreads) att_fwd_tc(const T *__restrict__ x, T *__restrict__ y,
                                                          float *__restrict__ lse, att_dims g) {
@@ -355,8 +364,12 @@ __global__ void __launch_bounds__(kTcThreads) att_fwd_tc(const T *__restrict__ x
   const int warp = at.warp, gg = at.g, t = at.t;
   tc_tile_in<DT, kTile, SPLIT>(qs, ld, qkv_head(x, g, h, 0), 3 * g.c, g, b, q0);
   const int64_t qi[2] = {q0 + 16 * warp + gg, q0 + 16 * warp + gg + 8};
+  /* m: a row's base so far, its largest raw score q . k times sl2 (the scale is positive: the largest
+   * scaled score too); a p is 2^(s sl2 - m), one FMA and one ex2, and a new base rescales the sums by
+   * 2^(m_old - m), exactly 1 where it did not change */
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, o[DT][4], s[NJ][4];
   tc_zero(o);
+  const float sl2 = g.scale * kLog2e;
   const int64_t kend = g.causal ? (q0 + kTile < g.t ? q0 + kTile : g.t) : g.t;
   for (int64_t k0 = 0; k0 < kend; k0 += KN) {
     __syncthreads(); /* the last tile's readers are done (and qs is in) */
@@ -365,21 +378,22 @@ __global__ void __launch_bounds__(kTcThreads) att_fwd_tc(const T *__restrict__ x
     __syncthreads();
     tc_scores<DT, NJ, SPLIT>(s, qs + 16 * warp * ld, ks, ld, gg, t);
     float mx[2] = {-INFINITY, -INFINITY};
-    tc_each<NJ>(t, [&](int j, int c, int r, int col) {
-      const int64_t kj = k0 + col;
-      s[j][c] = kj < g.t && (!g.causal || kj <= qi[r]) ? g.scale * s[j][c] : -INFINITY;
-      mx[r] = fmaxf(mx[r], s[j][c]);
-    });
+    if (tc_edge(g, k0, KN, q0, kTile)) /* keys past T or past a row's own: masked */
+      tc_each<NJ>(t, [&](int j, int c, int r, int col) {
+        const int64_t kj = k0 + col;
+        if (!(kj < g.t && (!g.causal || kj <= qi[r]))) s[j][c] = -INFINITY;
+      });
+    tc_each<NJ>(t, [&](int j, int c, int r, int) { mx[r] = fmaxf(mx[r], s[j][c]); });
     float alpha[2], base[2], sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-      const float mn = fmaxf(m[r], warp_max<4>(mx[r])); /* over the row's 4 lanes */
+      const float mn = fmaxf(m[r], warp_max<4>(mx[r]) * sl2); /* over the row's 4 lanes */
       base[r] = mn == -INFINITY ? 0.f : mn; /* no key of this row yet: every p is 0 */
-      alpha[r] = expf(m[r] - base[r]);
+      alpha[r] = ex2_ftz(m[r] - base[r]);
       m[r] = mn;
     }
     tc_each<NJ>(t, [&](int j, int c, int r, int) {
-      s[j][c] = expf(s[j][c] - base[r]);
+      s[j][c] = ex2_ftz(fmaf(s[j][c], sl2, -base[r]));
       sum[r] += s[j][c];
     });
 #pragma unroll
@@ -392,7 +406,7 @@ __global__ void __launch_bounds__(kTcThreads) att_fwd_tc(const T *__restrict__ x
   T *y1 = qi[1] < g.t ? y + (b * g.t + qi[1]) * g.c + h * g.d : nullptr;
   tc_store<T, DT>(o, y0, y1, (int)g.d, t, 1.f / l[0], 1.f / l[1], 0.f, false);
   for (int r = 0; r < 2; r++)
-    if (t == 0 && qi[r] < g.t) lse[(b * g.h + h) * g.t + qi[r]] = m[r] + logf(l[r]);
+    if (t == 0 && qi[r] < g.t) lse[(b * g.h + h) * g.t + qi[r]] = m[r] * kLn2 + logf(l[r]);
 }
 
 // The dy . y of kTile rows [r0, r0 + kTile) into dd and ddg (the same [B, H, T] place as lse), a warp a
@@ -446,7 +460,8 @@ __global__ void __launch_bounds__(kTcThreads) att_dq_tc(const T *__restrict__ x,
   __syncthreads();
   const int r0 = 16 * warp + gg;
   const int64_t qi[2] = {q0 + r0, q0 + r0 + 8};
-  const float dd[2] = {dds[r0], dds[r0 + 8]}, ls[2] = {lss[r0], lss[r0 + 8]};
+  const float sl2 = g.scale * kLog2e; /* p = exp(scale s - lse) = 2^(s sl2 - lse log2e) */
+  const float dd[2] = {dds[r0], dds[r0 + 8]}, ls2[2] = {lss[r0] * kLog2e, lss[r0 + 8] * kLog2e};
   float acc_q[DT][4], s[NJ][4], dpv[NJ][4];
   tc_zero(acc_q);
   const int64_t kend = g.causal ? (q0 + kTile < g.t ? q0 + kTile : g.t) : g.t;
@@ -457,9 +472,12 @@ __global__ void __launch_bounds__(kTcThreads) att_dq_tc(const T *__restrict__ x,
     __syncthreads();
     tc_scores<DT, NJ, SPLIT>(s, qs + 16 * warp * ld, ks, ld, gg, t);
     tc_scores<DT, NJ, SPLIT>(dpv, dos + 16 * warp * ld, vs, ld, gg, t);
+    const bool edge = tc_edge(g, k0, KN, q0, kTile);
     tc_each<NJ>(t, [&](int j, int c, int r, int col) {
       const int64_t kj = k0 + col;
-      const float p = kj < g.t && qi[r] < g.t && (!g.causal || kj <= qi[r]) ? expf(g.scale * s[j][c] - ls[r]) : 0.f;
+      const float p = !edge || (kj < g.t && qi[r] < g.t && (!g.causal || kj <= qi[r]))
+                          ? ex2_ftz(fmaf(s[j][c], sl2, -ls2[r]))
+                          : 0.f;
       s[j][c] = p * (dpv[j][c] - dd[r]); /* dS */
     });
     tc_weighted_sum<DT, NJ, SPLIT>(acc_q, s, ks, ld, gg, t);
@@ -488,6 +506,7 @@ __global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x
   float ak[DT][4], av[DT][4], s[NJ][4], dpv[NJ][4];
   tc_zero(ak);
   tc_zero(av);
+  const float sl2 = g.scale * kLog2e; /* p = exp(scale s - lse) = 2^(s sl2 - lse log2e) */
   const int64_t qstart = g.causal ? k0 : 0;
   for (int64_t q0 = qstart - qstart % KN; q0 < g.t; q0 += KN) {
     __syncthreads();
@@ -495,14 +514,17 @@ __global__ void __launch_bounds__(kTcThreads) att_dkv_tc(const T *__restrict__ x
     tc_tile_in<DT, KN, SPLIT>(dos, ld, dy + h * g.d, g.c, g, b, q0);
     for (int i = threadIdx.x; i < KN; i += kTcThreads) { /* the dQ pass's dy . y and the forward's lse */
       const int64_t r = (b * g.h + h) * g.t + q0 + i;
-      dds[i] = q0 + i < g.t ? ddg[r] : 0.f, lss[i] = q0 + i < g.t ? lse[r] : 0.f;
+      dds[i] = q0 + i < g.t ? ddg[r] : 0.f, lss[i] = q0 + i < g.t ? lse[r] * kLog2e : 0.f;
     }
     __syncthreads();
     tc_scores<DT, NJ, SPLIT>(s, ks + 16 * warp * ld, qs, ld, gg, t);    /* S^T: keys x queries */
     tc_scores<DT, NJ, SPLIT>(dpv, vs + 16 * warp * ld, dos, ld, gg, t); /* dP^T = V dO^T */
+    const bool edge = tc_edge(g, q0, KN, k0, kTile, true);
     tc_each<NJ>(t, [&](int j, int c, int r, int qq) {
       const int64_t qi = q0 + qq;
-      const float p = qi < g.t && kj[r] < g.t && (!g.causal || kj[r] <= qi) ? expf(g.scale * s[j][c] - lss[qq]) : 0.f;
+      const float p = !edge || (qi < g.t && kj[r] < g.t && (!g.causal || kj[r] <= qi))
+                          ? ex2_ftz(fmaf(s[j][c], sl2, -lss[qq]))
+                          : 0.f;
       s[j][c] = p;
       dpv[j][c] = p * (dpv[j][c] - dds[qq]); /* dS^T */
     });

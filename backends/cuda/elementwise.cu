@@ -320,15 +320,6 @@ __global__ void __launch_bounds__(kThreads)
 // the same bits: dropping the forward node into the backward ([run] fwd_in_bwd) changes no result.
 constexpr int kUnroll = 4;
 constexpr int kSceThreads = 512;
-constexpr float kLog2e = 1.4426950408889634f;
-
-// 2^x by the hardware's approximation, subnormal results flushed to 0 (as __expf does): exps that
-// far below the row's largest (e^-87) change neither its sum nor a bf16 gradient.
-__device__ __forceinline__ float ex2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // One vector absorbed into a thread's online (max m, sum s) and plain sum sx: the vector's max, then
 // its exps against it (exp(f - cm) as one FMA and one ex2), merged.

@@ -56,6 +56,17 @@ template <int W = 32> __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.69314718055994531f;
+
+// 2^x by the hardware's approximation, subnormal results flushed to 0 (as __expf does): exps that
+// far below the row's largest (e^-87) change neither its sum nor a gradient (the softmax
+// cross-entropy's, attention's).
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // V elements of T loaded and stored as one access.
 template <typename T, int V> struct alignas(sizeof(T) * V) vec {
   T v[V];
