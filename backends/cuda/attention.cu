@@ -441,7 +441,7 @@ template <int DT> __device__ __forceinline__ tc_bwd_smem_at tc_bwd_carve(float *
 // dQ of kTile query rows (the SIMT kernel's dq pass on tensor cores), and the rows' dy . y into ddg for
 // the dK, dV pass after it. dy . y is taken from the TF32-rounded dy tile, as dP is.
 template <typename T, int DT, bool SPLIT>
-__global__ void __launch_bounds__(kTcThreads) att_dq_tc(const T *__restrict__ x, const T *__restrict__ y,
+__global__ void __launch_bounds__(kTcThreads, !SPLIT && DT == 8 ? 3 : 1) att_dq_tc(const T *__restrict__ x, const T *__restrict__ y,
                                                         const float *__restrict__ lse, const T *__restrict__ dy,
                                                         T *__restrict__ dx, float *__restrict__ ddg, att_dims g,
                                                         float beta) {
