@@ -495,7 +495,9 @@ static const char *const lt_kernel_name[] = {"the column-sum kernel", "the ReLU 
                                              "the ReLU gradient kernel", "the GELU gradient kernel"};
 
 /* One call of kernel `kind` over [rows, cols] of the node's dtype on the
- * scratch at buf (laid out by kernel_scratch). */
+ * scratch at buf, laid out by time_kernel: sz[0] bytes of the operand (dy,
+ * y or dz1), then sz[1] of db or the aux, then sz[2] of the column sums'
+ * partials. */
 static cudaError_t kernel_call(lt_kernel kind, char *buf, const size_t *sz, int64_t rows, int64_t cols,
                                int64_t aux_ld, stoke_dtype dt, cudaStream_t st) {
   switch (kind) {
