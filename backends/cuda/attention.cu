@@ -438,8 +438,10 @@ template <int DT> __device__ __forceinline__ tc_bwd_smem_at tc_bwd_carve(float *
   return {sm, sm + kTile * ld, in0, in0 + kn * ld, dd, dd + kTile};
 }
 
-// dQ of kTile query rows (the SIMT kernel's dq pass on tensor cores), and the rows' dy . y into ddg for
-// the dK, dV pass after it. dy . y is taken from the TF32-rounded dy tile, as dP is.
+// dQ of kTile query rows (att_dq_kernel's pass, tiled, on tensor cores), and the rows' dy . y into ddg
+// for the dK, dV pass after it. dy . y is taken from the TF32-rounded dy tile, as dP is. At head sizes
+// up to 64 (not split) the shared memory holds 3 blocks an SM, so the registers are held to 3 blocks'
+// share (168, no spills; left free the masked-tile branch took 252 and 2 blocks, BENCHMARKS.md run 40).
 template <typename T, int DT, bool SPLIT>
 __global__ void __launch_bounds__(kTcThreads, !SPLIT && DT == 8 ? 3 : 1) att_dq_tc(const T *__restrict__ x, const T *__restrict__ y,
                                                         const float *__restrict__ lse, const T *__restrict__ dy,
