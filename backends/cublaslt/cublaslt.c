@@ -1016,9 +1016,9 @@ static stoke_err *bwd_plan_dt(const stoke_kernel_args_v1 *a, void **state, size_
   }
   if (!e && n && k && o && want_db && s->dw.ready)
     e = choose_epilogue(E, s, a, &s->dw_bgrad, s->dw.ms, LT_K_COLSUM, s->n, s->o, 0, NULL);
-  if (!e && n && k && o && dact && s->dx.ready) {
+  if (!e && n && k && o && dact && s->dx.ready && (s->dx_dact.ready || s->dx_dact_bgrad.ready)) {
     /* dz1: the D* epilogue against the plain dx product and the gradient kernel; then D*_BGRAD against
-     * whichever of those is kept and the column sums */
+     * whichever of those is kept and the column sums (neither epilogue, as in exact f32: nothing to time) */
     float pair = -1.f;
     e = choose_epilogue(E, s, a, &s->dx_dact, s->dx.ms, s->act == LT_ACT_GELU ? LT_K_DGELU : LT_K_DRELU, s->n,
                         s->k, s->aux_ld, &pair);
