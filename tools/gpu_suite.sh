@@ -159,7 +159,7 @@
 #             bandwidth of a 234 MB gradient buffer; ResNet-50 bf16 256/GPU on
 #             1 and 2 GPUs beside PyTorch DDP; each GPU alone, DDP_BOTH=0 GPU 0 only)
 #   ddp_gpt   GPT-2 124M bf16 B=16 per GPU on 1 and 2 GPUs: tokens/s and scaling;
-#             DDP_GPT_VARIANTS (label:environment:overrides) A/B the 2-GPU run
+#             DDP_GPT_VARIANTS (label:environment:overrides, each comma-separated) A/B the 2-GPU run
 #             (NCCL_MAX_NCHANNELS, run.bucket_mb), DDP_GPT_STEPS its length;
 #             DDP_GPT_TORCH=1 adds PyTorch DDP (tools/gpt_ddp_torch.py, eager and
 #             compiled, 1 and 2 GPUs) for the scaling beside stoke's
@@ -867,6 +867,7 @@ PY
       fi
       for v in ${DDP_GPT_VARIANTS:-default::}; do
         IFS=: read label envs over <<< "$v"
+        envs=${envs//,/ } over=${over//,/ } # several variables or overrides: comma-separated
         timeout 200 env $envs $S/bin/launch --gpus 2 $g $over run.out_dir=$OUT/gpt2_$label > $OUT/gpt2_$label.log 2>&1
         echo "2 GPUs $label ($envs $over) rc=$?"
         grep -hE "^data parallel:|gradient all-reduce" $OUT/gpt2_$label.log | head -3
