@@ -429,6 +429,7 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
   if (!e && !(x->args = calloc((size_t)g->n_nodes, sizeof *x->args)))
     e = STOKE_ERR(STOKE_E_OOM, "out of memory");
   /* kernel arguments, built once; plan() of each kernel sizes workspace */
+  const stoke_gnode *ws_node = NULL; /* the node whose plan() asked for the largest workspace */
   for (int i = 0; i < g->n_nodes && !e; i++) {
     stoke_gnode *n = &g->nodes[i];
     node_args *na = &x->args[i];
@@ -454,10 +455,17 @@ static stoke_err *exec_new(stoke_plan *p, const stoke_backend_v1 *dev, void *dev
         .engine = engine_self(p, n->kernel), .flags = p->opts.flags, .stream = x->stream,
         .din_accumulate = n->din_accumulate, .with_forward = n->pass == STOKE_BWD && n->with_forward};
     e = plan_node(p, share, n, na);
-    if (!e && n->workspace > p->workspace_bytes) p->workspace_bytes = n->workspace;
+    if (!e && n->workspace > p->workspace_bytes) p->workspace_bytes = n->workspace, ws_node = n;
   }
+  size_t node_ws = p->workspace_bytes;
   if (!e) e = prepare_update(x);
   if (!e) e = dev_alloc(x, p->workspace_bytes, &x->workspace, "kernel workspace");
+  if (e && e->code == STOKE_E_OOM && ws_node && node_ws == p->workspace_bytes)
+    /* name the kernel that asked for it: a plan() returning a size from a bad computation shows here */
+    e = stoke_err_wrap(e, __FILE__, __LINE__,
+                       "sizing the kernel workspace: %zu bytes is the most any kernel's plan() asked for, by node '%s' "
+                       "(op %s, kernel of engine %s); if that is more than the kernel needs, its plan() is wrong",
+                       node_ws, ws_node->n.name, ws_node->n.op, ws_node->kernel ? ws_node->kernel->engine : "?");
   if (!e) e = side_setup(x);
   for (int i = 0; i < g->n_nodes && !e; i++) {
     x->args[i].a.workspace = x->workspace;

@@ -2,6 +2,7 @@
  * memory, and the host-services table handed to plugins. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -157,6 +158,7 @@ void stoke_log(stoke_log_level level, const char *who, const char *fmt, ...) {
 
 void *stoke_alloc(size_t bytes) {
   void *p = NULL;
+  if (bytes > SIZE_MAX - 63) return NULL; /* rounding up would wrap to a tiny buffer */
   size_t n = (bytes + 63) / 64 * 64;
   if (n == 0) n = 64;
   if (posix_memalign(&p, 64, n)) return NULL;

@@ -13,7 +13,11 @@
  *   - an evaluation plan sharing the 12-element training plan's parameters
  *     moves its node to fussy too, without a second warning;
  *   - picky failing with any other error (here: invalid) fails the plan
- *     with it; fussy is not tried.
+ *     with it; fussy is not tried;
+ *   - picky's plan() asking for a workspace no allocation can give (a
+ *     size_t from a negative number, and 2^50 bytes): the error is the
+ *     allocation's and names the node and engine that asked, instead of a
+ *     rounded-up size wrapping to a 64-byte buffer the kernel overruns.
  * The losses of the 6-element graph under picky and under fussy (picky
  * left out of the list) are equal bit for bit: the same arithmetic. */
 #include <stdarg.h>
@@ -36,6 +40,7 @@
 enum { C = 3, CLASSES = 2 };
 
 static int picky_runs, fussy_runs, picky_invalid;
+static size_t picky_ws; /* the workspace picky's plan() asks for (0: none) */
 
 static stoke_err *half_infer(const stoke_node_v1 *n, const stoke_value_desc_v1 *in, stoke_value_desc_v1 *out) {
   (void)n;
@@ -50,8 +55,9 @@ static int64_t numel(const stoke_tensor *t) {
 }
 
 static stoke_err *picky_plan(const stoke_kernel_args_v1 *a, void **state, size_t *ws) {
-  (void)state, (void)ws;
+  (void)state;
   if (picky_invalid) return STOKE_ERR(STOKE_E_INVALID, "picky: a broken node");
+  if (picky_ws) *ws = picky_ws;
   if (numel(&a->in[0]) > 8)
     return STOKE_ERR(STOKE_E_UNSUPPORTED, "picky: %lld elements, at most 8", (long long)numel(&a->in[0]));
   return NULL;
@@ -293,6 +299,29 @@ static void test_other_error(void **state) {
   free(log);
 }
 
+static void test_huge_workspace(void **state) {
+  (void)state;
+  static const char *engines[] = {"picky", "fussy", "cpu"};
+  const size_t asks[] = {(size_t)(int64_t)-4, (size_t)1 << 50};
+  for (int i = 0; i < 2; i++) {
+    stoke_graph *g = net(2);
+    stoke_exec *x = NULL;
+    char *log;
+    picky_ws = asks[i];
+    stoke_err *e = prepare(g, engines, 3, NULL, &x, &log);
+    picky_ws = 0;
+    if (!e) fail_msg("a workspace of %zu bytes was allocated", asks[i]);
+    print_message("%s\n", e->msg);
+    char want[160];
+    snprintf(want, sizeof want, "%zu bytes is the most any kernel's plan() asked for, by node 'h' (op half, kernel of engine picky)", asks[i]);
+    if (e->code != STOKE_E_OOM || !strstr(e->msg, want))
+      fail_msg("not an out-of-memory error saying \"%s\": %s", want, e->msg);
+    stoke_err_free(e);
+    stoke_graph_free(g);
+    free(log);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_accepted),
@@ -300,6 +329,7 @@ int main(void) {
       cmocka_unit_test(test_eval_plan_quiet),
       cmocka_unit_test(test_nobody_left),
       cmocka_unit_test(test_other_error),
+      cmocka_unit_test(test_huge_workspace),
   };
   return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
 }
