@@ -44,22 +44,33 @@ static const char *node_pass_name(const stoke_gnode *n) {
 }
 
 /* The engines registered (by any loaded plugin) with a kernel of this
- * op, pass and dtype, for the "no kernel" message: "cublaslt (from
- * libstoke_cublaslt.so)". */
+ * op and pass for the node's input ("these backends have one: cudnn"),
+ * and, for the "no kernel" message when there is none, the kernels of the
+ * op and pass whose dtype or layout does not fit ("cpu bf16 NHWC (from
+ * libstoke_x.so)"): a plugin that declared the wrong one shows there. */
 typedef struct engines_with {
   const char *op;
   stoke_pass pass;
   stoke_dtype dtype;
-  char text[256];
-  size_t used;
+  stoke_layout layout;
+  char text[256], other[512];
+  size_t used, other_used;
 } engines_with;
 
 static void note_engine(void *ctx, const void *part, const char *origin) {
   engines_with *w = ctx;
   const stoke_kernel_v1 *k = part;
-  if (strcmp(k->op, w->op) || k->pass != w->pass || k->dtype != w->dtype || w->used >= sizeof w->text ||
-      strstr(w->text, k->engine))
+  if (strcmp(k->op, w->op) || k->pass != w->pass) return;
+  if (k->dtype != w->dtype || (k->layout != STOKE_LAYOUT_ANY && k->layout != w->layout)) {
+    if (w->other_used < sizeof w->other)
+      w->other_used += (size_t)snprintf(w->other + w->other_used, sizeof w->other - w->other_used,
+                                        "%s%s %s%s%s (from %s)", w->other_used ? ", " : "", k->engine,
+                                        stoke_dtype_name(k->dtype), k->layout == STOKE_LAYOUT_ANY ? "" : " ",
+                                        k->layout == STOKE_LAYOUT_ANY ? "" : stoke_layout_name(k->layout),
+                                        origin ? origin : "?");
     return;
+  }
+  if (w->used >= sizeof w->text || strstr(w->text, k->engine)) return;
   w->used += (size_t)snprintf(w->text + w->used, sizeof w->text - w->used, "%s%s", w->used ? ", " : "", k->engine);
 }
 
@@ -89,14 +100,25 @@ static stoke_err *resolve(const stoke_graph *g, const stoke_plan_opts *o, stoke_
   size_t used = 0;
   for (int i = 0; i < o->n_engines && used < sizeof list; i++)
     used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", o->engines[i]);
-  engines_with w = {n->n.op, n->pass, x->dtype, "", 0};
+  engines_with w = {.op = n->n.op, .pass = n->pass, .dtype = x->dtype, .layout = x->layout};
   stoke_registry_each(g->reg, "kernel", note_engine, &w);
+  const char *pass = pass_name(n->pass), *dt = stoke_dtype_name(x->dtype);
+  if (w.used)
+    return STOKE_ERR(STOKE_E_UNSUPPORTED,
+                     "node '%s': no kernel for op '%s' (%s, %s) in backends [%s]; these backends have one: %s (add "
+                     "one to [run] backends)",
+                     n->n.name, n->n.op, pass, dt, list, w.text);
+  if (w.other_used)
+    return STOKE_ERR(STOKE_E_UNSUPPORTED,
+                     "node '%s': no kernel for op '%s' (%s, %s) in backends [%s]; the %s kernels of '%s' registered "
+                     "are for other dtypes or layouts: %s; the node's input is %s, layout %s (a kernel serves it "
+                     "when its dtype is the input's and its layout the input's or STOKE_LAYOUT_ANY: a plugin's "
+                     "kernel table may declare the wrong one, or [run] precision picks a dtype it lacks)",
+                     n->n.name, n->n.op, pass, dt, list, pass, n->n.op, w.other, dt, stoke_layout_name(x->layout));
   return STOKE_ERR(STOKE_E_UNSUPPORTED,
-                   "node '%s': no kernel for op '%s' (%s, %s) in backends [%s]; %s%s%s", n->n.name, n->n.op,
-                   pass_name(n->pass), stoke_dtype_name(x->dtype), list,
-                   w.used ? "these backends have one: " : "no loaded backend has one: load the plugin that provides "
-                                                          "it ([plugins] load) or add its backend to [run] backends",
-                   w.text, w.used ? " (add one to [run] backends)" : "");
+                   "node '%s': no kernel for op '%s' (%s, %s) in backends [%s]; no loaded backend has one: load the "
+                   "plugin that provides it ([plugins] load) or add its backend to [run] backends",
+                   n->n.name, n->n.op, pass, dt, list);
 }
 
 /* Does node m read or write one of node n's parameter gradients? */

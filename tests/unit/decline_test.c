@@ -17,7 +17,9 @@
  *   - picky's plan() asking for a workspace no allocation can give (a
  *     size_t from a negative number, and 2^50 bytes): the error is the
  *     allocation's and names the node and engine that asked, instead of a
- *     rounded-up size wrapping to a 64-byte buffer the kernel overruns.
+ *     rounded-up size wrapping to a 64-byte buffer the kernel overruns;
+ *   - the graph in f32, where half has f64 kernels only: the error lists
+ *     the kernels of half there are, with their dtypes and files.
  * The losses of the 6-element graph under picky and under fussy (picky
  * left out of the list) are equal bit for bit: the same arithmetic. */
 #include <stdarg.h>
@@ -127,13 +129,13 @@ static int setup(void **state) {
   return 0;
 }
 
-/* x [n, C] -> half -> fc -> loss */
-static stoke_graph *net(int64_t n) {
+/* x [n, C] -> half -> fc -> loss, in f64 (net) or another dtype */
+static stoke_graph *net_of(int64_t n, stoke_dtype dt) {
   stoke_graph *g;
-  OK(stoke_graph_new(reg, STOKE_F64, STOKE_NHWC, &g));
+  OK(stoke_graph_new(reg, dt, STOKE_NHWC, &g));
   stoke_builder_v1 b = stoke_graph_builder(g);
   int x, y, h, fw, fb, logits;
-  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){2, {n, C}}, STOKE_F64, &x));
+  OK(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &(stoke_shape){2, {n, C}}, dt, &x));
   OK(stoke_graph_input(g, "label", STOKE_VAL_LABEL, &(stoke_shape){1, {n}}, STOKE_I32, &y));
   OK(b.node(g, "half", "h", &x, 1, "", &h, 1));
   OK(b.param(g, "fc.weight", &(stoke_shape){2, {CLASSES, C}}, (stoke_init_v1){STOKE_INIT_UNIFORM, -0.5, 0.5}, &fw));
@@ -142,6 +144,8 @@ static stoke_graph *net(int64_t n) {
   OK(stoke_graph_loss(g, logits, ""));
   return g;
 }
+
+static stoke_graph *net(int64_t n) { return net_of(n, STOKE_F64); }
 
 /* The executor made for a compiled plan: a training plan's own, or an
  * evaluation plan's sharing `share`'s parameters. */
@@ -322,6 +326,30 @@ static void test_huge_workspace(void **state) {
   }
 }
 
+/* A node whose dtype no kernel of its op has (half in f32: the plugin
+ * registered f64 only): the error lists the kernels there are, with their
+ * dtypes and the file that registered them, instead of suggesting to add a
+ * backend that is already listed. */
+static void test_wrong_dtype(void **state) {
+  (void)state;
+  static const char *engines[] = {"picky", "fussy", "cpu"};
+  stoke_graph *g = net_of(2, STOKE_F32);
+  stoke_plan_opts o = {.engines = engines, .n_engines = 3, .training = 1};
+  stoke_plan *p = NULL;
+  stoke_err *e = stoke_compile(g, &o, &p);
+  if (!e) fail_msg("compiled half in f32 with f64 kernels only");
+  print_message("%s\n", e->msg);
+  const char *says[] = {"node 'h': no kernel for op 'half' (forward, f32) in backends [picky, fussy, cpu]",
+                        "the forward kernels of 'half' registered are for other dtypes or layouts: "
+                        "picky f64 (from decline_test.c), fussy f64 (from decline_test.c)",
+                        "the node's input is f32, layout any"};
+  for (int i = 0; i < 3; i++)
+    if (!strstr(e->msg, says[i])) fail_msg("the error does not say \"%s\": %s", says[i], e->msg);
+  if (strstr(e->msg, "add one to [run] backends")) fail_msg("it suggests a backend already listed: %s", e->msg);
+  stoke_err_free(e);
+  stoke_graph_free(g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_accepted),
@@ -330,6 +358,7 @@ int main(void) {
       cmocka_unit_test(test_nobody_left),
       cmocka_unit_test(test_other_error),
       cmocka_unit_test(test_huge_workspace),
+      cmocka_unit_test(test_wrong_dtype),
   };
   return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
 }
