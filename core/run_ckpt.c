@@ -106,13 +106,22 @@ stoke_err *run_check_room(const run_state *s) {
   const char *opt_name = s->rc.optimizer.name;
   size_t need = stoke_checkpoint_bytes(s->train.plan, opt_name, s->config_text ? strlen(s->config_text) : 0);
   size_t logs = (size_t)1 << 20; /* metrics.jsonl, log.txt, plan.txt */
+  /* A save writes the new file beside the last and then renames it over it: from the second save on, two
+   * copies exist for a moment. One is already on the disk when the file exists (a run resumed in place). */
+  struct stat st;
+  int64_t every = s->rc.run.checkpoint_every;
+  int exists = stat(s->ckpt, &st) == 0, copies = !exists && every > 0 && every < s->total ? 2 : 1;
   struct statvfs v;
-  if (statvfs(s->dir, &v) == 0 && (double)v.f_bavail * (double)v.f_frsize < (double)(need + logs))
+  if (statvfs(s->dir, &v) == 0 && (double)v.f_bavail * (double)v.f_frsize < (double)(copies * need + logs))
     return STOKE_ERR(STOKE_E_IO,
-                     "%s: [run] out_dir '%s' has %.1f MiB free, and this run's checkpoint needs %.1f MiB (plus its "
-                     "logs): free some space, set run.out_dir to another disk, or set run.checkpoint = false",
+                     "%s: [run] out_dir '%s' has %.1f MiB free, and this run needs %.1f MiB: %s%.1f MiB checkpoint "
+                     "and 1 MiB for the logs: free some space, set run.out_dir to another disk, or set "
+                     "run.checkpoint = false",
                      stoke_cfg_where(s->cfg, "run", "out_dir"), s->dir,
-                     (double)v.f_bavail * (double)v.f_frsize / 1048576.0, need / 1048576.0);
+                     (double)v.f_bavail * (double)v.f_frsize / 1048576.0, (copies * need + logs) / 1048576.0,
+                     copies == 2 ? "two copies (a save writes the new file beside the last, then replaces it) of its "
+                                 : "its ",
+                     need / 1048576.0);
   struct rlimit r;
   if (getrlimit(RLIMIT_FSIZE, &r) == 0 && r.rlim_cur != RLIM_INFINITY && r.rlim_cur < need)
     return STOKE_ERR(STOKE_E_IO,

@@ -94,6 +94,7 @@ typedef struct run_state {
    * error may have left them half updated or they diverged, or a save
    * just failed); stop: a signal, the loop ends */
   int64_t step, epoch, good, good_epoch;
+  int64_t saved_step; /* the step of this run's last periodic checkpoint (0: none yet) */
   int stop;
 } run_state;
 

@@ -198,7 +198,11 @@ static stoke_err *between_steps(run_state *s) {
   if (s->ckpt[0] && ckpt_every > 0 && (step + 1) % ckpt_every == 0 && step + 1 < s->total && !s->stop) {
     stoke_err *e = run_save(s, step + 1, s->epoch);
     if (e) s->good = -1; /* the same save again on the way out would fail the same way */
+    if (e && s->saved_step > 0) /* the save writes a new file and renames it over the last: that one is whole */
+      e = stoke_err_note(e, "the checkpoint of step %lld is intact: %s (continue with run.resume=%s)",
+                         (long long)s->saved_step, s->ckpt, s->ckpt);
     if (e) return e;
+    s->saved_step = step + 1;
   }
   if (s->ckpt[0] && ckpt_every > 0 && (step + 1) % ckpt_every == 0) stoke_steptime_pause(s->steptime);
   int64_t done = (step + 1) * accumulate, period = s->eval_period;

@@ -549,7 +549,20 @@ static void test_full_disk(void **state) {
   /* about 200 KB free: the 600 KB checkpoint does not fit */
   truncate(fill, 512 * 1024 - 200 * 1024);
   EXPECT_RUN_ERR(run_in("tiny/room", &s, OVER("model.hidden=256,256")), "[run] out_dir", "MiB free",
-                 "checkpoint needs");
+                 "MiB checkpoint");
+  assert_int_equal(umount(mnt), 0);
+  /* room for the logs and one copy of the checkpoint, not two: a run that saves every 5 steps of 20 is refused
+   * (from its second save on, the new file sits beside the last until it replaces it); one that saves at its
+   * end only runs */
+  if (mount("tmpfs", mnt, "tmpfs", 0, "size=4m")) fail_msg("remounting a tmpfs: %s", strerror(errno));
+  f = fopen(fill, "w");
+  if (!f || ftruncate(fileno(f), 4 * 1024 * 1024 - (1024 + 1000) * 1024)) fail_msg("filling the tmpfs");
+  for (long i = 0; i < 4 * 1024 - 1024 - 1000; i++) fwrite(block, 1, 1024, f);
+  fclose(f);
+  EXPECT_RUN_ERR(run_in("tiny/two", &s, OVER("model.hidden=256,256", "run.checkpoint_every=5")), "MiB free",
+                 "two copies");
+  stoke_err *e = run_in("tiny/one", &s, OVER("model.hidden=256,256"));
+  if (e) fail_msg("a run saving once did not fit: %s", e->msg);
   assert_int_equal(umount(mnt), 0);
 }
 
