@@ -30,7 +30,8 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "fails with the rank and the operation (a rank died or stalled)"},
     {"device", STOKE_CFG_ENUM, "auto", 0, 0, "auto|gpu|cpu",
      "auto: the backends given, or the cpu backend (fp32) with a warning when they need a GPU that is "
-     "not there; gpu: a missing GPU is an error"},
+     "not there; gpu: a missing GPU, or backends that run on the CPU, are an error; cpu: the cpu backend (fp32) "
+     "whatever [run] backends lists"},
     {"layout", STOKE_CFG_ENUM, "auto", 0, 0, "auto|nchw|nhwc",
      "memory order of image activations (auto: nhwc on a GPU, as channels_last; nchw on the CPU)"},
     {"device_index", STOKE_CFG_INT, "0", 0, 1024, NULL, "which device of the backend"},

@@ -118,9 +118,18 @@ static stoke_err *open_backends(run_state *s, const char **prec_name) {
   s->n_engines = s->rc.run.n_backends;
   memcpy(s->engines, s->rc.run.backends, sizeof s->engines);
   stoke_err *e = open_engines(s);
-  if (!e || e->code != STOKE_E_NOT_FOUND || s->rc.run.device != STOKE_DEVICE_AUTO || !s->dev || s->dev->device != STOKE_DEV_GPU)
-    return e;
-  stoke_log(STOKE_LOG_WARN, "run", "%s; [run] device = auto: falling back to the cpu backend (fp32)", e->msg);
+  stoke_device_choice want = s->rc.run.device;
+  int on_gpu = s->dev && s->dev->device == STOKE_DEV_GPU;
+  if (!e && want == STOKE_DEVICE_GPU && !on_gpu)
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "%s: [run] device = gpu, but [run] backends run on the CPU (device backend '%s'): list the GPU "
+                     "backends (e.g. backends = cudnn, cublaslt, cuda) or set device = auto",
+                     stoke_cfg_where(s->cfg, "run", "device"), s->dev->name);
+  if (!e && !(want == STOKE_DEVICE_CPU && on_gpu)) return NULL;
+  if (e && (e->code != STOKE_E_NOT_FOUND || want == STOKE_DEVICE_GPU || !on_gpu)) return e;
+  if (want == STOKE_DEVICE_CPU)
+    stoke_log(STOKE_LOG_INFO, "run", "[run] device = cpu: the cpu backend (fp32) in place of [run] backends");
+  else stoke_log(STOKE_LOG_WARN, "run", "%s; [run] device = auto: falling back to the cpu backend (fp32)", e->msg);
   stoke_err_free(e);
   run_close_engines(s);
   s->dev = NULL;

@@ -289,6 +289,27 @@ static void test_no_gpu(void **state) {
   assert_true(s.final_loss < 0.45);
 }
 
+/* [run] device against [run] backends, with or without a GPU: device = gpu
+ * with backends that run on the CPU is an error naming the key (it was
+ * ignored: a CPU run where a GPU was asked for); device = cpu trains on the
+ * cpu backend whatever backends lists. */
+static void test_device_choice(void **state) {
+  stoke_summary s;
+  char fixed[2048];
+  snprintf(fixed, sizeof fixed, "%s", base_ini);
+  memcpy(strstr(fixed, "momentun"), "momentum", 8);
+  const char *gpu_on_cpu[] = {"run.backends=cpu", "run.device=gpu"};
+  stoke_err *e = run(write_ini("device.ini", fixed), gpu_on_cpu, 2, &s);
+  assert_non_null(e);
+  print_message("%s\n", e->msg);
+  if (!strstr(e->msg, "[run] device = gpu, but [run] backends run on the CPU (device backend 'cpu')"))
+    fail_msg("unexpected: %s", e->msg);
+  stoke_err_free(e);
+  const char *cpu_wanted[] = {"run.backends=cuda", "run.device=cpu"};
+  train_ok(cpu_wanted, 2, &s);
+  assert_true(s.final_loss < 0.45);
+}
+
 /* batch_size = auto picks a power of two that fits; a bad value is named. */
 static void test_batch_auto(void **state) {
   stoke_summary s;
@@ -804,6 +825,7 @@ int main(void) {
       cmocka_unit_test(test_eval),
       cmocka_unit_test(test_eval_many_classes),
       cmocka_unit_test(test_no_gpu),
+      cmocka_unit_test(test_device_choice),
       cmocka_unit_test(test_batch_auto),
       cmocka_unit_test(test_resume_equals_uninterrupted),
       cmocka_unit_test(test_resume_keeps_scaler),
