@@ -7,9 +7,11 @@
  * evaluation, summary). What they share: core/run_state.h. */
 #include <math.h>
 #include <limits.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "stoke/core.h"
 #include "stoke/registry.h"
@@ -101,6 +103,17 @@ stoke_err *stoke_run_setup(const stoke_run_opts *o, stoke_cfg **cfg_out, stoke_r
     if (from_file && p[0] != '/' && slash) {
       snprintf(rel[i], sizeof rel[i], "%.*s/%s", (int)(slash - o->ini_path), o->ini_path, p);
       p = rel[i];
+    }
+    /* a folder that is not there would be skipped by the search, and a plugin of the same name found
+     * elsewhere (the bundled one) used in its place without a word */
+    struct stat st;
+    int bad = stat(p, &st) ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+    if (bad) {
+      e = STOKE_ERR(STOKE_E_NOT_FOUND,
+                    "%s: [plugins] path '%s': %s (%s); fix the path (a relative one in the INI file is relative to "
+                    "the file's folder) or remove it",
+                    stoke_cfg_where(c, "plugins", "path"), rc.plugins.path[i], p, strerror(bad));
+      goto fail;
     }
     dirs[n_dirs++] = p;
   }

@@ -136,6 +136,18 @@ static void test_plugin_path_relative_to_ini(void **state) {
     stoke_err_free(e);
     fail();
   }
+  /* a path that is not a folder is an error naming it (it was skipped, and a plugin of the same name found
+   * elsewhere would have run in its place) */
+  const char *typo = "[run]\nbackends = cpu\nsteps = 2\nprogress = off\ncheckpoint = false\n"
+                     "[plugins]\npath = q\nload = nc_rel\n[data]\nsource = hwc\nbatch_size = 16\n"
+                     "[model]\nname = probe\n";
+  e = run_ini("sub/typo.ini", typo, NULL, 0, &s);
+  if (!e) fail_msg("[plugins] path = q (no such folder) was accepted");
+  print_message("%s\n", e->msg);
+  char want[800];
+  snprintf(want, sizeof want, "[plugins] path 'q': %s/sub/q (No such file or directory)", tmp);
+  if (!strstr(e->msg, want) || !strstr(e->msg, "typo.ini:")) fail_msg("the error does not say \"%s\"", want);
+  stoke_err_free(e);
 }
 
 /* The whole of a small file, or fail. */
