@@ -97,6 +97,16 @@ static stoke_err *list_paths(const char *path, const char *where, char ***out, i
     qsort(list, (size_t)*n, sizeof *list, by_name);
     *out = list;
     if (!*n) return STOKE_PERR(STOKE_E_NOT_FOUND, "%s: tokens: folder '%s' has no *.bin shards", where, path);
+    /* tools/convert text writes PREFIX_train_* and PREFIX_val_* side by side: the whole folder would mix the
+     * held-out text into the training data */
+    int train = 0, val = 0;
+    for (int i = 0; i < *n; i++) train += strstr(list[i], "_train_") != NULL, val += strstr(list[i], "_val_") != NULL;
+    if (train && val)
+      return STOKE_PERR(STOKE_E_INVALID,
+                        "%s: tokens: folder '%s' holds %d training (*_train_*) and %d validation (*_val_*) shards, "
+                        "as tools/convert text writes them: reading the folder would mix the two; name one set with "
+                        "a glob, e.g. path = %s/*_train_*.bin (and [eval_data] path = %s/*_val_*.bin)",
+                        where, path, train, val, path, path);
     return NULL;
   }
   glob_t g;
@@ -114,12 +124,18 @@ static stoke_err *list_paths(const char *path, const char *where, char ***out, i
 
 /* Map one shard and check its header and size against the file. */
 static stoke_err *map_shard(shard *s) {
-  int fd = open(s->path, O_RDONLY);
+  /* O_NONBLOCK: a FIFO's open would wait for a writer forever; it is refused below */
+  int fd = open(s->path, O_RDONLY | O_NONBLOCK);
   if (fd < 0) return STOKE_PERR(STOKE_E_IO, "tokens: cannot open '%s': %s", s->path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st)) {
     close(fd);
     return STOKE_PERR(STOKE_E_IO, "tokens: cannot stat '%s': %s", s->path, strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return STOKE_PERR(STOKE_E_DATA, "tokens: '%s' is not a regular file (a %s): a token shard must be one", s->path,
+                      S_ISDIR(st.st_mode) ? "folder" : S_ISFIFO(st.st_mode) ? "FIFO" : "device or socket");
   }
   s->bytes = (size_t)st.st_size;
   void *m = s->bytes ? mmap(NULL, s->bytes, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
@@ -164,6 +180,10 @@ static stoke_err *open_shards(tok_src *t, char **paths, int n) {
   if (!t->n)
     return STOKE_PERR(STOKE_E_DATA, "tokens: no shard holds a window of seq_len + 1 = %lld tokens",
                       (long long)(t->seq_len + 1));
+  int64_t tokens = 0;
+  for (int i = 0; i < t->n; i++) tokens += t->s[i].tokens;
+  stoke_host->log(STOKE_LOG_INFO, "tokens", "%d shard%s, %lld tokens: %s%s%s", t->n, t->n == 1 ? "" : "s",
+                  (long long)tokens, t->s[0].path, t->n > 1 ? " ... " : "", t->n > 1 ? t->s[t->n - 1].path : "");
   return NULL;
 }
 

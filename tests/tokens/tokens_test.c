@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "sources/tokens/shard.h"
 #include "stoke/core.h"
@@ -222,6 +223,20 @@ static void test_bad_files(void **state) {
   }
   snprintf(p, sizeof p, "%s/nothing_*.bin", dir);
   expect_open_fails(p, STOKE_E_NOT_FOUND, "no file matches");
+  /* a FIFO among the shards: refused by name (its open waited for a writer forever) */
+  char fifo[1024];
+  folder(fifo, sizeof fifo, "fifo");
+  snprintf(p, sizeof p, "%s/s_000000.bin", fifo);
+  unlink(p);
+  assert_int_equal(mkfifo(p, 0644), 0);
+  expect_open_fails(fifo, STOKE_E_DATA, "s_000000.bin' is not a regular file (a FIFO)");
+  /* a folder as tools/convert text writes it, training and validation shards together: reading it all would
+   * train on the held-out text */
+  char mixed[1024];
+  folder(mixed, sizeof mixed, "mixed");
+  write_shard(mixed, "f_train_000001.bin", 1, 100);
+  write_shard(mixed, "f_val_000000.bin", 2, 100);
+  expect_open_fails(mixed, STOKE_E_INVALID, "holds 1 training (*_train_*) and 1 validation (*_val_*) shards");
   /* too short for one window: skipped with a warning, none left is an error */
   char tiny[1024];
   folder(tiny, sizeof tiny, "tiny");
