@@ -336,6 +336,20 @@ static void trace_cost(const stoke_metrics *m, double *traced, double *untraced)
   free(b);
 }
 
+/* A run that failed: its last line says so, with the error's text (JSON-escaped). */
+void stoke_metrics_error(stoke_metrics *m, int64_t step, const char *msg) {
+  if (!m || !m->jsonl) return;
+  fprintf(m->jsonl, "{\"summary\": \"error\", \"step\": %lld, \"message\": \"", (long long)step);
+  for (const unsigned char *c = (const unsigned char *)msg; *c; c++) {
+    if (*c == '"' || *c == '\\') fprintf(m->jsonl, "\\%c", *c);
+    else if (*c == '\n') fputs("\\n", m->jsonl);
+    else if (*c < 0x20) fprintf(m->jsonl, "\\u%04x", *c);
+    else fputc(*c, m->jsonl);
+  }
+  fputs("\"}\n", m->jsonl);
+  fflush(m->jsonl);
+}
+
 stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const char *status) {
   /* no step logged (a signal during step 1, a resume with nothing to train): the loss is NaN, written null */
   char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32], m_[32], fl[32], rate[32], pw[5][32];

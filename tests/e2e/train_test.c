@@ -680,6 +680,24 @@ static void test_nan_weights_not_saved(void **state) {
   print_message("kept: step %lld, %lld floats all finite; refused: step %lld\n", kept, (long long)floats, refused);
   assert_true(kept >= 10 && kept < refused);
   stoke_st_free(&f);
+  /* out_dir says why the run failed: log.txt ends with the error, metrics.jsonl with an error line; the error
+   * names the periodic checkpoint the failed save left whole */
+  size_t n;
+  snprintf(path, sizeof path, "%s/nan/log.txt", tmp);
+  char *log = test_slurp(path, &n);
+  if (!log || !strstr(log, "stoke: error: ") || !strstr(log, "NaN or infinite")) fail_msg("log.txt: %s", log);
+  free(log);
+  snprintf(path, sizeof path, "%s/nan/metrics.jsonl", tmp);
+  char *jl = test_slurp(path, &n);
+  assert_non_null(jl);
+  char *last = n > 1 ? jl + n - 2 : jl;
+  while (last > jl && last[-1] != '\n') last--;
+  const char *head = "{\"summary\": \"error\", \"step\": ";
+  char intact[64];
+  snprintf(intact, sizeof intact, "the checkpoint of step %lld is intact", kept);
+  if (strncmp(last, head, strlen(head)) || !strstr(last, "NaN or infinite") || !strstr(last, intact))
+    fail_msg("metrics.jsonl's last line: %s", last);
+  free(jl);
 }
 
 /* Resumed in the same folder, metrics.jsonl keeps the first part's lines
