@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "stoke/checkpoint.h"
+#include "stoke/check.h"
 #include "stoke/core.h"
 #include "stoke/crc32c.h"
 
@@ -1054,8 +1055,13 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
     for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == ents[i].shape.d[d];
     int from = st_float(t->dtype), to = st_float(ents[i].dtype);
     if (!same || (strcmp(t->dtype, ents[i].dtype) && (from < 0 || to < 0))) {
-      e = STOKE_ERR(STOKE_E_DATA, "checkpoint '%s': tensor '%s' is %s %d-D, the model needs %s %d-D of another shape",
-                    path, ents[i].name, t->dtype, t->ndim, ents[i].dtype, ents[i].shape.ndim);
+      stoke_shape ts = {.ndim = t->ndim < STOKE_MAX_DIMS ? t->ndim : STOKE_MAX_DIMS};
+      for (int d = 0; d < ts.ndim; d++) ts.d[d] = t->shape[d];
+      e = STOKE_ERR(STOKE_E_DATA,
+                    "checkpoint '%s': tensor '%s' is %s %s, the model needs %s %s (the file is of another model "
+                    "configuration: compare the [model] keys with the config.ini of the run that saved it)",
+                    path, ents[i].name, t->dtype, stoke_shape_str(&ts).s, ents[i].dtype,
+                    stoke_shape_str(&ents[i].shape).s);
       break;
     }
     if (!strcmp(t->dtype, ents[i].dtype)) {

@@ -453,6 +453,17 @@ static void test_resume_equals_uninterrupted(void **state) {
   train_ok(o40, 5, &again);
   out_sub = "out";
   same_tensors(full.checkpoint, again.checkpoint);
+  /* resumed into a wider model (hidden 96, 64 for 64, 64): the error gives both shapes, as PyTorch's
+   * load_state_dict does */
+  const char *wider[] = {"run.steps=40", "optimizer.name=adamw", "model.hidden=96,64", resume};
+  out_sub = "wider";
+  stoke_err *e = train(wider, 4, &again);
+  out_sub = "out";
+  if (!e) fail_msg("a checkpoint of hidden 32 resumed into hidden 64");
+  print_message("%s\n", e->msg);
+  if (!strstr(e->msg, "tensor 'layers.0.weight' is F32 [64, ") || !strstr(e->msg, "the model needs F32 [96, "))
+    fail_msg("the error does not give both shapes: %s", e->msg);
+  stoke_err_free(e);
 }
 
 /* The dynamic loss scaler resumes where it was: its scale and its count of
