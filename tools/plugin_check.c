@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "stoke/config.h"
+#include "stoke/check.h"
 #include "stoke/core.h"
 #include "stoke/graph.h"
 #include "stoke/registry.h"
@@ -73,10 +74,34 @@ static int fail_err(kit *k, const char *what, stoke_err *e) {
 
 /* ------------------------------------------------------ host tensors */
 
+/* A host tensor's bytes are followed by a guard as long as they are (plus
+ * 64), filled with GUARD_FILL and checked after every kernel call: a
+ * kernel writing another dtype or shape than its table says (f64 code
+ * registered as f32: twice the bytes) is named, where it had corrupted the
+ * heap and glibc aborted later with no word of which check ran. */
+#define GUARD_FILL 0xa5
+
+static size_t body_bytes(const stoke_tensor *t) {
+  size_t es = stoke_dtype_size(t->dtype) ? stoke_dtype_size(t->dtype) : 8;
+  return ((size_t)stoke_numel(&t->shape) + 1) * es;
+}
+
 static stoke_tensor host_tensor(const stoke_shape *s, stoke_dtype dt) {
-  stoke_tensor t = {calloc((size_t)stoke_numel(s) + 1, stoke_dtype_size(dt) ? stoke_dtype_size(dt) : 8), *s, dt,
-                    s->ndim == 4 ? STOKE_NCHW : STOKE_LAYOUT_ANY, STOKE_DEV_CPU};
+  stoke_tensor t = {NULL, *s, dt, s->ndim == 4 ? STOKE_NCHW : STOKE_LAYOUT_ANY, STOKE_DEV_CPU};
+  size_t body = body_bytes(&t);
+  if ((t.data = calloc(1, 2 * body + 64))) memset((char *)t.data + body, GUARD_FILL, body + 64);
   return t;
+}
+
+/* Bytes of t's guard a kernel overwrote (0: none); the guard is filled again. */
+static size_t guard_hits(const stoke_tensor *t) {
+  if (!t->data) return 0;
+  unsigned char *g = (unsigned char *)t->data + body_bytes(t);
+  size_t n = body_bytes(t) + 64, last = 0;
+  for (size_t i = 0; i < n; i++)
+    if (g[i] != GUARD_FILL) last = i + 1;
+  if (last) memset(g, GUARD_FILL, n);
+  return last;
 }
 
 static void poison(stoke_tensor *t) { memset(t->data, 0xff, stoke_tensor_bytes(t)); /* NaN in every float dtype */ }
@@ -129,6 +154,9 @@ static int guarded(const stoke_kernel_v1 *kern, const stoke_kernel_args_v1 *a, v
   return crashed;
 }
 
+struct engine;
+static stoke_err *overrun(const struct engine *en, const stoke_kernel_v1 *kern, const stoke_kernel_args_v1 *a);
+
 /* plan (when it has one), workspace, run, destroy; `crashed` as guarded(). */
 static stoke_err *run_kernel(const stoke_kernel_v1 *kern, stoke_kernel_args_v1 a, int *crashed) {
   void *state = NULL, *ws = NULL;
@@ -142,6 +170,7 @@ static stoke_err *run_kernel(const stoke_kernel_v1 *kern, stoke_kernel_args_v1 a
   *crashed = guarded(kern, &a, state, &e);
   if (kern->destroy && state) kern->destroy(state);
   free(ws);
+  if (!e && !*crashed) e = overrun(NULL, kern, &a); /* past the end of a buffer it was handed */
   return e;
 }
 
@@ -480,8 +509,10 @@ static stoke_err *to_device(const engine *en, const stoke_shape *s, stoke_dtype 
   void *host = d->data;
   d->data = NULL;
   d->device = en->gpu ? STOKE_DEV_GPU : STOKE_DEV_CPU;
-  size_t bytes = stoke_tensor_bytes(d);
-  stoke_err *e = en->dev->alloc(en->dev_self, bytes ? bytes : 1, &d->data);
+  size_t bytes = stoke_tensor_bytes(d), body = bytes ? bytes : 1;
+  /* a guard after it, as the host tensors have (dev_guard_hits) */
+  stoke_err *e = en->dev->alloc(en->dev_self, 2 * body + 64, &d->data);
+  if (!e) e = en->dev->fill(en->dev_self, (char *)d->data + body, GUARD_FILL, body + 64, NULL);
   if (!e && from) {
     for (int64_t x = 0, n = stoke_numel(s); x < n; x++) stoke_elem_set(host, dt, x, stoke_elem_get(from->data, from->dtype, x));
     e = en->dev->copy(en->dev_self, d->data, host, bytes, STOKE_COPY_H2D, NULL);
@@ -516,6 +547,44 @@ static stoke_err *device_error(const engine *en, const stoke_tensor *d, const st
   return e;
 }
 
+/* Bytes of device tensor t's guard (to_device) a kernel overwrote (0:
+ * none; the guard is filled again). */
+static size_t dev_guard_hits(const engine *en, const stoke_tensor *t, stoke_err **e) {
+  if (!t->data || *e) return 0;
+  size_t bytes = stoke_tensor_bytes(t), body = bytes ? bytes : 1, n = body + 64, last = 0;
+  unsigned char *g = malloc(n);
+  if (!g) return 0;
+  *e = en->dev->copy(en->dev_self, g, (const char *)t->data + body, n, STOKE_COPY_D2H, NULL);
+  for (size_t i = 0; !*e && i < n; i++)
+    if (g[i] != GUARD_FILL) last = i + 1;
+  if (last && !*e) *e = en->dev->fill(en->dev_self, (char *)t->data + body, GUARD_FILL, n, NULL);
+  free(g);
+  return last;
+}
+
+/* An error naming the buffer a kernel wrote past the end of (host or device tensors), or NULL. */
+static stoke_err *overrun(const engine *en, const stoke_kernel_v1 *kern, const stoke_kernel_args_v1 *a) {
+  const struct {
+    const stoke_tensor *t;
+    int n;
+    const char *what;
+  } sets[] = {{a->out, a->n_out, "output"}, {a->din, a->din ? a->n_in : 0, "gradient of input"}, {a->in, a->n_in, "input"}};
+  stoke_err *e = NULL;
+  for (int k = 0; k < 3; k++)
+    for (int i = 0; i < sets[k].n && !e; i++) {
+      const stoke_tensor *t = &sets[k].t[i];
+      size_t over = en ? dev_guard_hits(en, t, &e) : guard_hits(t);
+      if (over && !e)
+        e = STOKE_ERR(STOKE_E_INVALID,
+                      "%s %s kernel (%s, %s) wrote up to %zu bytes past the end of %s %d (%s %s: %zu bytes): it "
+                      "writes another dtype or shape than its kernel table declares, or indexes past the end",
+                      kern->engine, kern->pass == STOKE_BWD ? "backward" : "forward", kern->op,
+                      stoke_dtype_name(kern->dtype), over, sets[k].what, i, stoke_dtype_name(t->dtype),
+                      stoke_shape_str(&t->shape).s, stoke_tensor_bytes(t));
+    }
+  return e;
+}
+
 /* plan, workspace, run and wait, on the engine's default stream. */
 static stoke_err *run_on(const engine *en, const stoke_kernel_v1 *kern, stoke_kernel_args_v1 a) {
   a.engine = en->self;
@@ -530,6 +599,7 @@ static stoke_err *run_on(const engine *en, const stoke_kernel_v1 *kern, stoke_ke
   if (!e && en->dev->stream_sync) e = en->dev->stream_sync(en->dev_self, NULL);
   if (kern->destroy && state) kern->destroy(state);
   if (ws) en->dev->free(en->dev_self, ws);
+  if (!e) e = overrun(en, kern, &a);
   return e;
 }
 
@@ -696,6 +766,16 @@ static stoke_err *make_call(kit *k, const stoke_op_type_v1 *op, const stoke_test
   c->n_out = op->n_outputs;
   if (!c->n_out)
     while (c->n_out < STOKE_MAX_IO && out[c->n_out].shape.ndim) c->n_out++;
+  for (int j = 0; j < c->n_out; j++) { /* what train's graph builder checks (core/graph.c) */
+    const stoke_shape *os = &out[j].shape;
+    int ok = os->ndim >= 1 && os->ndim <= STOKE_MAX_DIMS && (unsigned)out[j].dtype < STOKE_DTYPE_COUNT;
+    for (int d = 0; ok && d < os->ndim; d++) ok = os->d[d] >= 1;
+    if (!ok)
+      return STOKE_ERR(STOKE_E_INVALID, "op '%s': its infer() gave output %d %d dimensions %s, dtype %d: not a shape "
+                       "(1 to %d dimensions, each >= 1) or not a dtype; infer must set every output", op->name, j,
+                       os->ndim, os->ndim >= 0 && os->ndim <= STOKE_MAX_DIMS ? stoke_shape_str(os).s : "[?]",
+                       (int)out[j].dtype, STOKE_MAX_DIMS);
+  }
   double lo = t && (t->lo || t->hi) ? t->lo : -2, hi = t && (t->lo || t->hi) ? t->hi : 2;
   stoke_rng r = stoke_rng_seed(stoke_hash3(k->seed, 0xca5e, 0));
   for (int i = 0; i < c->n_in; i++) {
@@ -967,6 +1047,7 @@ int main(int argc, char **argv) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
+  setvbuf(stdout, NULL, _IOLBF, 0); /* each check's line out before the next kernel runs (a crash loses none) */
   kit k = {0};
   k.seed = 1;
   for (int i = 2; i < argc; i++) {

@@ -28,6 +28,9 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+  /* whole lines on stdout, also into a pipe or a file (a scheduler's log, `| tee`): the config dump and the
+   * progress lines no longer come out in 4 KiB blocks with stderr's error landing inside one */
+  setvbuf(stdout, NULL, _IOLBF, 0);
   /* `bazel run` starts us in the runfiles tree; paths the user typed are
    * relative to where they ran bazel. */
   const char *cwd = getenv("BUILD_WORKING_DIRECTORY");
