@@ -75,6 +75,28 @@ static stoke_err *load_part(stoke_registry *reg, const stoke_cfg *c, const char 
   return out;
 }
 
+/* [eval_data] does not inherit [data]'s keys. With the same source, a key
+ * that shapes the samples set in [data] and left at its default in
+ * [eval_data] evaluates on data made another way (a plugin source's
+ * `spread`, say) without a word: warn. Keys that pick the split or the
+ * augmentation (path, offset, order, flip, ...) are meant to differ. */
+static void warn_eval_keys(const stoke_cfg *c, const stoke_source_v1 *s) {
+  static const char *split[] = {"path",      "root",      "train",     "offset",    "length", "order",
+                                "data_seed", "seed",      "flip",      "scale_min", "scale_max", "ratio_min",
+                                "ratio_max", "resize",    "cache",     "max_readers", "augment", "shuffle"};
+  for (int i = 0; i < s->n_keys; i++) {
+    const char *k = s->keys[i].key;
+    int skip = 0;
+    for (size_t j = 0; j < sizeof split / sizeof *split && !skip; j++) skip = !strcmp(k, split[j]);
+    if (skip || !stoke_cfg_is_set(c, "data", k) || stoke_cfg_is_set(c, "eval_data", k)) continue;
+    stoke_log(STOKE_LOG_WARN, "config",
+              "%s: [data] %s is set, [eval_data] (the same source, '%s') leaves it at its default%s%s: sections do "
+              "not inherit keys, so evaluation reads samples made another way than training's; set it in "
+              "[eval_data] too",
+              stoke_cfg_where(c, "data", k), k, s->name, s->keys[i].def ? " " : "", s->keys[i].def ? s->keys[i].def : "");
+  }
+}
+
 stoke_err *stoke_run_setup(const stoke_run_opts *o, stoke_cfg **cfg_out, stoke_registry **reg_out) {
   stoke_cfg *c = stoke_cfg_new();
   stoke_registry *reg = NULL;
@@ -145,6 +167,7 @@ stoke_err *stoke_run_setup(const stoke_run_opts *o, stoke_cfg **cfg_out, stoke_r
     s = stoke_find_source(reg, name);
     STOKE_TRY_GOTO(e, fail, stoke_cfg_declare(c, "eval_data", NULL, s->keys, s->n_keys),
                    "declaring the keys of source '%s'", name);
+    if (!strcmp(name, rc.data.source)) warn_eval_keys(c, s);
   }
   name = rc.optimizer.name;
   STOKE_TRY_GOTO(e, fail, load_part(reg, c, "optimizer", "name", "optimizer", name, dirs, n_dirs), "");

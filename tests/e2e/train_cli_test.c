@@ -80,6 +80,23 @@ static int train_with(const char *activation) {
   return run_child("tools/train", args, out, sizeof out);
 }
 
+/* [eval_data] with [data]'s source leaves a sample-shaping key [data] sets at its default: a warning names it
+ * (sections do not inherit keys); keys that pick the split (offset, length, ...) are meant to differ. */
+static void test_eval_key_not_inherited(void **state) {
+  char text[1024];
+  snprintf(text, sizeof text,
+           "[run]\nbackends = cpu\nsteps = 2\nprogress = off\ncheckpoint = false\nout_dir = %s/cli/ev\n"
+           "[data]\nsource = synthetic\nshape = 8\nclasses = 3\nnoise = 0.5\nlength = 64\nbatch_size = 16\n"
+           "[eval_data]\nsource = synthetic\nshape = 8\nclasses = 3\nlength = 32\noffset = 1000\n"
+           "[model]\nname = mlp\nhidden = 8\n",
+           tmpdir());
+  write_ini(text);
+  const char *args[] = {ini, NULL};
+  assert_int_equal(run_child("tools/train", args, out, sizeof out), 0);
+  EXPECT_HAS(out, "run.ini:11: [data] noise is set, [eval_data] (the same source, 'synthetic') leaves it at its default");
+  if (strstr(out, "[data] length is set")) fail_msg("warned about a split key:\n%s", out);
+}
+
 static void test_error_before_the_config_dump(void **state) {
   assert_int_equal(train_with("elsewhere_act"), 1);
   EXPECT_HAS(out, "stoke: error: node 'layers.1': no kernel for op 'elsewhere_act' (forward, f32) in backends [cpu]; "
@@ -98,6 +115,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_help_config_reads_the_ini_plugin_path),
       cmocka_unit_test(test_error_before_the_config_dump),
+      cmocka_unit_test(test_eval_key_not_inherited),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
