@@ -3,6 +3,8 @@
  * agreed between ranks, and the checkpoints and evaluations due between
  * steps. */
 #include <math.h>
+#include <limits.h>
+#include <sys/stat.h>
 
 #include "stoke/core.h"
 #include "stoke/rng.h"
@@ -170,10 +172,15 @@ static stoke_err *read_loss(run_state *s, double *loss) {
   if (stoke_exec_read_scaler(s->train.x, amp)) stoke_metrics_scaler(s->metrics, amp[0], amp[3]);
   if (isfinite(*loss)) return NULL;
   s->good = -1; /* not over the last good checkpoint */
+  struct stat st;
+  char kept[PATH_MAX + 96];
+  if (!s->ckpt[0]) snprintf(kept, sizeof kept, "no checkpoint: checkpoints are off");
+  else if (stat(s->ckpt, &st)) snprintf(kept, sizeof kept, "no checkpoint was saved before it");
+  else snprintf(kept, sizeof kept, "the last checkpoint is %s", s->ckpt);
   return STOKE_ERR(STOKE_E_NUMERIC,
-                   "loss is %g at step %lld: training diverged; lower [optimizer] lr (now %g) "
-                   "or check the data (the last checkpoint, if any, is %s)",
-                   *loss, (long long)s->step + 1, s->opt.lr, s->ckpt[0] ? s->ckpt : "none: checkpoints are off");
+                   "loss is %s at step %lld: training diverged; lower [optimizer] lr (now %g) or check the data; "
+                   "a plugin op of your own can produce it too (tools/plugin_check checks its kernels) (%s)",
+                   isnan(*loss) ? "NaN" : *loss > 0 ? "+inf" : "-inf", (long long)s->step + 1, s->opt.lr, kept);
 }
 
 /* A signal reaches the ranks at different steps: they agree on when to

@@ -711,6 +711,22 @@ static void test_nan_weights_not_saved(void **state) {
   free(jl);
 }
 
+/* A loss that goes to NaN at a logged step stops the run with what to do and where the weights are: here,
+ * nowhere (no checkpoint was due yet), not "the last checkpoint, if any, is <a file that is not there>". */
+static void test_diverged_loss_message(void **state) {
+  stoke_summary s;
+  out_sub = "diverged";
+  const char *over[] = {"run.steps=60", "run.log_every=10", "optimizer.lr=1e5"};
+  stoke_err *e = train(over, 3, &s);
+  out_sub = "out";
+  if (!e) fail_msg("training at lr 1e5 did not fail");
+  print_message("%s\n", e->msg);
+  if (e->code != STOKE_E_NUMERIC || !strstr(e->msg, "training diverged; lower [optimizer] lr (now 100000)") ||
+      !strstr(e->msg, "no checkpoint was saved before it") || strstr(e->msg, "-nan"))
+    fail_msg("unexpected: %s", e->msg);
+  stoke_err_free(e);
+}
+
 /* Resumed in the same folder, metrics.jsonl keeps the first part's lines
  * and gets the rest after them. */
 static void test_metrics_appended(void **state) {
@@ -865,6 +881,7 @@ int main(void) {
       cmocka_unit_test(test_scale_not_from_a_run_without_one),
       cmocka_unit_test(test_summary_json_without_steps),
       cmocka_unit_test(test_nan_weights_not_saved),
+      cmocka_unit_test(test_diverged_loss_message),
       cmocka_unit_test(test_metrics_appended),
       cmocka_unit_test(test_other_optimizer_said),
       cmocka_unit_test(test_truncated_checkpoint_refused),
