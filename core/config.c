@@ -440,8 +440,30 @@ static stoke_err *unknown_section(const stoke_cfg *c, const char *origin,
   return e;
 }
 
-/* "[s] unknown key 'x' (did you mean 'y'?)" or the keys of the section. */
-static stoke_err *unknown_key(const cfg_section *s, const char *origin, const char *key) {
+/* "[s] unknown key 'x' (did you mean 'y'?)" or the keys of the section;
+ * a key of another section ("[run] lr") or PyTorch's name for one of ours
+ * ("num_workers") says where it is. */
+static stoke_err *unknown_key(const stoke_cfg *c, const cfg_section *s, const char *origin, const char *key) {
+  static const char *const alias[][3] = {
+      {"num_workers", "data", "workers"},  {"max_steps", "run", "steps"},     {"learning_rate", "optimizer", "lr"},
+      {"max_epochs", "run", "epochs"},     {"prefetch_factor", "data", "prefetch"}, {"grad_clip", "optimizer", "clip"},
+      {"gradient_accumulation_steps", "run", "accumulate"}, {"max_grad_norm", "optimizer", "clip"},
+      {"pin_memory", "data", "pinned"},    {"dtype", "run", "precision"},   {"amp", "run", "precision"}};
+  for (size_t a = 0; a < sizeof alias / sizeof *alias; a++) {
+    const cfg_section *t = strcmp(key, alias[a][0]) ? NULL : find_section(c, alias[a][1]);
+    for (int i = 0; t && i < t->n_keys; i++)
+      if (!strcmp(t->keys[i].k.key, alias[a][2]))
+        return STOKE_ERR(STOKE_E_INVALID, "%s: [%s] unknown key '%s': stoke's is [%s] %s", origin, s->name, key,
+                         alias[a][1], alias[a][2]);
+  }
+  for (int j = 0; j < c->n_secs; j++) {
+    const cfg_section *t = &c->secs[j];
+    if (t == s) continue;
+    for (int i = 0; i < t->n_keys; i++)
+      if (!strcmp(t->keys[i].k.key, key))
+        return STOKE_ERR(STOKE_E_INVALID, "%s: [%s] unknown key '%s': it is a key of [%s] (%s.%s on the command line)",
+                         origin, s->name, key, t->name, t->name, key);
+  }
   const char *best = NULL;
   int best_d = 0;
   for (int i = 0; i < s->n_keys; i++) {
@@ -480,7 +502,7 @@ static stoke_err *check_entry(const stoke_cfg *c, const entry *e) {
     return unknown_section(c, e->origin, e->section);
   }
   const key_decl *d = find_key(s, e->key);
-  if (!d) return unknown_key(s, e->origin, e->key);
+  if (!d) return unknown_key(c, s, e->origin, e->key);
   char *why = check_value(&d->k, &e->v, NULL);
   return why ? bad_value(e->origin, e->section, e->key, why) : NULL;
 }

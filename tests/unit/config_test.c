@@ -297,6 +297,19 @@ static void unknown_key_suggests(void **state) {
   stoke_cfg_free(c);
 }
 
+/* A key of another section says where it is, and PyTorch's names for ours say ours. */
+static void unknown_key_elsewhere(void **state) {
+  (void)state;
+  stoke_cfg *c = make_cfg();
+  expect_err(load_validate(c, "[run]\nlr = 0.1\n"), STOKE_E_INVALID,
+             "run.ini:2: [run] unknown key 'lr': it is a key of [optimizer] (optimizer.lr on the command line)");
+  stoke_cfg_free(c);
+  c = make_cfg();
+  expect_err(load_validate(c, "[optimizer]\nmax_steps = 10\n"), STOKE_E_INVALID,
+             "run.ini:2: [optimizer] unknown key 'max_steps': stoke's is [run] steps");
+  stoke_cfg_free(c);
+}
+
 static void unknown_key_lists_keys(void **state) {
   (void)state;
   stoke_cfg *c = make_cfg();
@@ -812,6 +825,7 @@ int main(void) {
       cmocka_unit_test(bad_override_form),
       cmocka_unit_test(unknown_section_suggests),
       cmocka_unit_test(unknown_key_suggests),
+      cmocka_unit_test(unknown_key_elsewhere),
       cmocka_unit_test(unknown_key_lists_keys),
       cmocka_unit_test(bad_int),
       cmocka_unit_test(bad_float),
