@@ -322,6 +322,9 @@ static stoke_err *plan_length(run_state *s) {
   const stoke_run_config *rc = &s->rc;
   int64_t accumulate = rc->run.accumulate, per_epoch = stoke_loader_batches_per_epoch(s->train.loader);
   int64_t steps_per_epoch = per_epoch / accumulate > 0 ? per_epoch / accumulate : 1;
+  if (rc->run.steps <= 0 && !(rc->run.epochs > 0))
+    return STOKE_ERR(STOKE_E_INVALID, "%s: [run] steps = 0 and epochs = 0: nothing to train; set one of them",
+                     stoke_cfg_where(s->cfg, "run", stoke_cfg_is_set(s->cfg, "run", "epochs") ? "epochs" : "steps"));
   int64_t total = rc->run.steps > 0 ? rc->run.steps : (int64_t)ceil(rc->run.epochs * (double)per_epoch / (double)accumulate);
   if (total < 1) total = 1;
   if (s->start_step >= total)

@@ -80,9 +80,9 @@ int main(int argc, char **argv) {
   const char *prompt = "\n", *prompt_file = NULL, *encoder = NULL, *merges = NULL;
   stoke_gen_opts g = {.max_new = 256, .temperature = 0.8, .top_k = 200, .seed = 1337};
   out_ctx oc = {0};
-  const char *overrides[256];
+  const char *overrides[256], *checkpoint = NULL;
   int n_over = 0;
-  for (int i = 3; i < argc; i++) {
+  for (int i = 2; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     char *end = NULL;
     int takes = 1;
@@ -97,7 +97,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--seed") && v) g.seed = strtoull(v, &end, 10);
     else if (!strcmp(a, "--pad") && v) g.pad = (int32_t)strtol(v, &end, 10);
     else if (!strcmp(a, "--ids")) oc.ids = 1, takes = 0;
-    else if (a[0] != '-' && strchr(a, '=') && n_over < 256) overrides[n_over++] = a, takes = 0;
+    else if (a[0] != '-' && strchr(a, '=') && access(a, F_OK) && n_over < 256) overrides[n_over++] = a, takes = 0;
+    else if (a[0] != '-' && !checkpoint) checkpoint = a, takes = 0; /* overrides may come before it, as train's */
     else {
       fprintf(stderr, "stoke: error: generate: unknown option or missing value: '%s'\n", a);
       usage(stderr);
@@ -106,10 +107,16 @@ int main(int argc, char **argv) {
     /* out of range (ERANGE), not a number, or more new tokens than a buffer of them could hold */
     if (end && (*end || end == v || errno == ERANGE || g.max_new < 0 || g.max_new > 1000000000 ||
                 !(g.temperature >= 0) || isinf(g.temperature) || g.top_k < 0)) {
-      fprintf(stderr, "stoke: error: generate: %s wants a number >= 0 (--tokens at most 1000000000), not '%s'\n", a, v);
+      fprintf(stderr, "stoke: error: generate: %s wants a number >= 0%s, not '%s'\n", a,
+              !strcmp(a, "--tokens") ? " and at most 1000000000" : "", v);
       return 2;
     }
     i += takes;
+  }
+  if (!checkpoint) {
+    fprintf(stderr, "stoke: error: generate: no CHECKPOINT given (the .safetensors file a run saved)\n");
+    usage(stderr);
+    return 2;
   }
   char *text = NULL;
   size_t text_len = 0;
@@ -142,7 +149,7 @@ int main(int argc, char **argv) {
   if (!getenv("STOKE_LOG")) stoke_log_set_level(STOKE_LOG_WARN);
   stoke_run_opts o = {.ini_path = argv[1], .overrides = overrides, .n_overrides = n_over, .quiet = 1};
   oc.prompt = prompt;
-  if (!e) e = stoke_generate(&o, argv[2], &g, NULL);
+  if (!e) e = stoke_generate(&o, checkpoint, &g, NULL);
   if (oc.started && !oc.ids) putchar('\n');
   free(ids);
   free(text);

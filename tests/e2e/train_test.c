@@ -267,6 +267,9 @@ static void test_messages(void **state) {
   static char long_dir[1200];
   snprintf(long_dir, sizeof long_dir, "run.out_dir=%s/%0900d", tmp, 7);
   refused(fixed, (const char *[]){long_dir}, 1, (const char *[]){"[run] out_dir", "too long", NULL});
+  /* nothing to train (it ran one step) */
+  refused(fixed, (const char *[]){"run.steps=0", "run.epochs=0"}, 2,
+          (const char *[]){"command line: [run] steps = 0 and epochs = 0: nothing to train", NULL});
 }
 
 /* No GPU (this machine, CI): a GPU backend with device = gpu is a clear
