@@ -145,8 +145,6 @@ int main(int argc, char **argv) {
   g.prompt = ids, g.n_prompt = n, g.on_token = put_token, g.ctx = &oc;
   g.tokenizer_vocab = bpe ? STOKE_BPE_VOCAB : 256;
   g.tokenizer = bpe ? "GPT-2's BPE" : "bytes; for GPT-2's BPE give --encoder encoder.json --vocab-bpe vocab.bpe";
-  /* the output is the text: the parts' info lines (the data source's shards, ...) only with STOKE_LOG=debug */
-  if (!getenv("STOKE_LOG")) stoke_log_set_level(STOKE_LOG_WARN);
   stoke_run_opts o = {.ini_path = argv[1], .overrides = overrides, .n_overrides = n_over, .quiet = 1};
   oc.prompt = prompt;
   if (!e) e = stoke_generate(&o, checkpoint, &g, NULL);
