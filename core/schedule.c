@@ -41,9 +41,11 @@ stoke_err *stoke_lr_schedule_make(const stoke_run_config *rc, int64_t total_step
   out->warmup_steps = (int64_t)llround(warmup * (double)steps_per_epoch);
   if (out->warmup_steps >= total_steps && warmup > 0)
     return STOKE_ERR(STOKE_E_INVALID,
-                     "%s: [optimizer] warmup_epochs = %g is %lld steps, not shorter than the run's %lld",
+                     "%s: [optimizer] warmup_epochs = %g is %lld steps, not shorter than the run's %lld: lower "
+                     "warmup_epochs (below %g; 0: no warmup) or train longer ([run] steps or epochs)",
                      stoke_cfg_where(c, "optimizer", "warmup_epochs"), warmup,
-                     (long long)out->warmup_steps, (long long)total_steps);
+                     (long long)out->warmup_steps, (long long)total_steps,
+                     (double)total_steps / (double)(steps_per_epoch > 0 ? steps_per_epoch : 1));
   out->total_steps = total_steps;
   out->min_lr = rc->optimizer.min_lr;
   out->step_every = (int64_t)llround(rc->optimizer.step_epochs * (double)steps_per_epoch);

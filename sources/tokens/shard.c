@@ -37,8 +37,12 @@ int stoke_shard_parse(const unsigned char *data, size_t size, int64_t *count, ch
              STOKE_SHARD_VERSION, version == 7 ? " (7 is llm.c's Llama 3 format, uint32 tokens)" : "");
     return -1;
   }
+  if (n < 0) {
+    snprintf(why, cap, "the header's token count is %d: not a count (the header is damaged)", n);
+    return -1;
+  }
   size_t want = STOKE_SHARD_HEADER_BYTES + 2 * (size_t)(uint32_t)n;
-  if (n < 0 || size != want) {
+  if (size != want) {
     snprintf(why, cap, "the header says %d tokens (%zu bytes in all) but the file has %zu bytes (%s)", n, want, size,
              size < want ? "truncated" : "trailing bytes");
     return -1;

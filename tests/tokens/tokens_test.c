@@ -223,6 +223,14 @@ static void test_bad_files(void **state) {
   }
   snprintf(p, sizeof p, "%s/nothing_*.bin", dir);
   expect_open_fails(p, STOKE_E_NOT_FOUND, "no file matches");
+  /* a negative token count in the header: damaged, not "truncated" with a size from the count's bits */
+  unsigned char h[STOKE_SHARD_HEADER_BYTES + 16];
+  stoke_shard_header(h, 8);
+  for (int i = 0; i < 4; i++) h[8 + i] = (unsigned char)((uint32_t)-5 >> (8 * i));
+  int64_t count;
+  char why[256];
+  assert_int_equal(stoke_shard_parse(h, sizeof h, &count, why, sizeof why), -1);
+  if (!strstr(why, "token count is -5: not a count")) fail_msg("%s", why);
   /* a FIFO among the shards: refused by name (its open waited for a writer forever) */
   char fifo[1024];
   folder(fifo, sizeof fifo, "fifo");

@@ -58,6 +58,8 @@ static void test_from_config(void **state) {
   e = stoke_lr_from_config(c, 150, 100, 1024, &s);
   assert_non_null(e);
   assert_non_null(strstr(e->msg, "s.ini:4: [optimizer] warmup_epochs"));
+  /* and says what to change: 150 steps of 100 an epoch is 1.5 epochs */
+  if (!strstr(e->msg, "lower warmup_epochs (below 1.5; 0: no warmup) or train longer")) fail_msg("%s", e->msg);
   stoke_err_free(e);
   /* the default is a constant lr */
   stoke_cfg *d = stoke_cfg_new();
