@@ -332,6 +332,10 @@ static stoke_err *plan_length(run_state *s) {
               "[run] steps or epochs to continue", rc->run.resume, (long long)s->start_step, (long long)total);
   s->total = total, s->per_epoch = per_epoch;
   s->eval_period = rc->run.eval_every > 0 ? (int64_t)llround(rc->run.eval_every * (double)per_epoch) : 0;
+  if (!rc->eval_data.source[0] && stoke_cfg_is_set(s->cfg, "run", "eval_every") && rc->run.eval_every > 0)
+    stoke_log(STOKE_LOG_WARN, "run", "%s: [run] eval_every is set, but there is no [eval_data] section: nothing is "
+              "evaluated; add one (a held-out split: e.g. the same source with another offset or path)",
+              stoke_cfg_where(s->cfg, "run", "eval_every"));
   int64_t samples = s->train.batch * accumulate * s->world;
   STOKE_PROPAGATE(stoke_lr_schedule_make(rc, total, steps_per_epoch, samples, &s->sched));
   double flops = s->train.plan->train_flops * (double)accumulate;

@@ -245,6 +245,10 @@ static stoke_err *tokenize(const text_opts *o, const stoke_bpe *bpe, const char 
 stoke_err *convert_text(const text_opts *o) {
   if (!(o->val >= 0 && o->val < 1))
     return STOKE_ERR(STOKE_E_INVALID, "convert text: --val %g must be in [0, 1)", o->val);
+  size_t ol = o->out ? strlen(o->out) : 0;
+  if (!ol || o->out[ol - 1] == '/')
+    return STOKE_ERR(STOKE_E_INVALID, "convert text: --out '%s' is a folder; it names the shards' prefix, a folder and "
+                     "a name (e.g. data/fortunes/fortunes: fortunes_train_000001.bin, ... there)", o->out ? o->out : "");
   int gpt2 = !strcmp(o->tokenizer, "gpt2");
   if (!gpt2 && strcmp(o->tokenizer, "byte"))
     return STOKE_ERR(STOKE_E_INVALID, "convert text: --tokenizer '%s': expected byte or gpt2", o->tokenizer);

@@ -95,6 +95,15 @@ static void test_eval_key_not_inherited(void **state) {
   assert_int_equal(run_child("tools/train", args, out, sizeof out), 0);
   EXPECT_HAS(out, "run.ini:11: [data] noise is set, [eval_data] (the same source, 'synthetic') leaves it at its default");
   if (strstr(out, "[data] length is set")) fail_msg("warned about a split key:\n%s", out);
+  /* eval_every without an [eval_data]: said, not ignored */
+  snprintf(text, sizeof text,
+           "[run]\nbackends = cpu\nsteps = 2\nprogress = off\ncheckpoint = false\neval_every = 0.5\n"
+           "out_dir = %s/cli/ev2\n[data]\nsource = synthetic\nshape = 8\nclasses = 3\nbatch_size = 16\n"
+           "[model]\nname = mlp\nhidden = 8\n",
+           tmpdir());
+  write_ini(text);
+  assert_int_equal(run_child("tools/train", args, out, sizeof out), 0);
+  EXPECT_HAS(out, "run.ini:6: [run] eval_every is set, but there is no [eval_data] section: nothing is evaluated");
 }
 
 static void test_error_before_the_config_dump(void **state) {

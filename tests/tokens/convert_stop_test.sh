@@ -6,7 +6,8 @@
 #     the shards written before it are removed and the error says so;
 #   - Ctrl-C (SIGINT) while the shards are written: the process is frozen
 #     (SIGSTOP) as soon as the first shard appears, sent SIGINT, then let go;
-#     it stops at the next shard, removes what it wrote and says so.
+#     it stops at the next shard, removes what it wrote and says so;
+#   - --out ending in '/' (a folder, no prefix) is refused before anything is written.
 set -uo pipefail
 convert="$PWD/tools/convert"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -49,5 +50,10 @@ else
   check "Ctrl-C while writing: nothing left under the prefix ($written training shards written when stopped)" $? \
     "rc $rc, $left files left: $msg"
 fi
+# --out ending in a slash names no prefix: refused (it wrote '_train_000001.bin' into the folder)
+rc=0
+msg=$("$convert" text --input in/a.txt --out out/ 2>&1) || rc=$?
+[ "$rc" != 0 ] && [[ "$msg" == *"--out 'out/' is a folder; it names the shards' prefix"* ]] && [ -z "$(ls out | grep '^_')" ]
+check "--out as a folder is refused" $? "rc $rc: $msg"
 echo "[==========] $((passed + failed)) test(s) run."
 [ "$failed" -eq 0 ] && echo "[  PASSED  ] $passed test(s)." || { echo "[  FAILED  ] $failed test(s), listed above"; exit 1; }
