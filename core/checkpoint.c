@@ -857,9 +857,13 @@ static stoke_err *check_meta_crc(const stoke_st_file *f, const char *path, int *
 static stoke_err *parse_meta(const stoke_st_file *f, const char *path, stoke_ckpt_meta *m) {
   memset(m, 0, sizeof *m);
   const char *ver = stoke_st_meta(f, "stoke_checkpoint_version");
-  if (!ver || strcmp(ver, "1"))
-    return STOKE_ERR(STOKE_E_DATA, "'%s' is not a stoke checkpoint of version %d (found %.40s)", path,
-                     STOKE_CKPT_VERSION, ver ? ver : "none");
+  if (!ver)
+    return STOKE_ERR(STOKE_E_DATA, "'%s' is a safetensors file but not a stoke checkpoint (no stoke_checkpoint_version "
+                     "in its metadata: PyTorch's save_file writes such files): a run resumes only from a checkpoint "
+                     "a stoke run saved, which holds the optimizer state and the run's place beside the weights", path);
+  if (strcmp(ver, "1"))
+    return STOKE_ERR(STOKE_E_DATA, "'%s' is a stoke checkpoint of version %.40s; this stoke reads version %d", path, ver,
+                     STOKE_CKPT_VERSION);
   /* a file written since the checksums exist carries both, an older one neither: one alone means the
    * other's key was damaged (a flipped bit in "stoke_meta_crc32c" otherwise read as an old file) */
   const char *has_meta = stoke_st_meta(f, META_CRC_KEY), *has_data = stoke_st_meta(f, CRC_KEY);

@@ -633,7 +633,11 @@ static void test_crafted_metadata(void **state) {
   }
   /* another version: named (formatted from the file before it is freed) */
   craft(good, bad, "\"stoke_checkpoint_version\":\"1\"", "\"stoke_checkpoint_version\":\"2\"", 1);
-  EXPECT_RUN_ERR(run_in("meta_r", &s, OVER(resume)), "not a stoke checkpoint of version 1 (found 2)");
+  EXPECT_RUN_ERR(run_in("meta_r", &s, OVER(resume)), "is a stoke checkpoint of version 2; this stoke reads version 1");
+  /* no version at all (PyTorch's save_file): said what the file is and what a resume needs */
+  craft(good, bad, "\"stoke_checkpoint_version\":\"1\"", "\"stoke_checkpoint_versioX\":\"1\"", 1);
+  EXPECT_RUN_ERR(run_in("meta_r", &s, OVER(resume)), "is a safetensors file but not a stoke checkpoint",
+                 "a run resumes only from a checkpoint a stoke run saved");
   /* an in-range damaged step: the checksum catches it */
   craft(good, bad, "\"step\":\"4\"", "\"step\":\"3\"", 0);
   EXPECT_RUN_ERR(run_in("meta_r", &s, OVER(resume)), "step 3", "does not match its checksum");
