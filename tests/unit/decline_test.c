@@ -307,7 +307,12 @@ static void test_huge_workspace(void **state) {
   (void)state;
   static const char *engines[] = {"picky", "fussy", "cpu"};
   const size_t asks[] = {(size_t)(int64_t)-4, (size_t)1 << 50};
-  for (int i = 0; i < 2; i++) {
+#if defined(__SANITIZE_ADDRESS__)
+  const int n_asks = 1; /* ASan aborts a 2^50-byte request instead of returning NULL */
+#else
+  const int n_asks = 2;
+#endif
+  for (int i = 0; i < n_asks; i++) {
     stoke_graph *g = net(2);
     stoke_exec *x = NULL;
     char *log;
