@@ -68,6 +68,7 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(argv[1], "--verify")) {
     if (argc != 3) {
+      fprintf(stderr, "stoke: error: --verify takes one checkpoint file (given %d arguments)\n", argc - 2);
       usage(stderr);
       return 2;
     }

@@ -41,6 +41,9 @@ static stoke_err *build(const stoke_cfg *c, const char *sec, const stoke_builder
   int n = 0;
   const char *act, *approx;
   STOKE_PTRY(stoke_host->cfg_ints(c, sec, "hidden", hidden, &n), "reading [%s]", sec);
+  if (!n)
+    stoke_host->log(STOKE_LOG_WARN, "mlp", "[%s] hidden is empty: no hidden layer, a linear model (logistic "
+                    "regression); give widths, e.g. hidden = 256, 256", sec);
   STOKE_PTRY(stoke_host->cfg_str(c, sec, "activation", &act), "reading [%s]", sec);
   STOKE_PTRY(stoke_host->cfg_str(c, sec, "approximate", &approx), "reading [%s]", sec);
   char act_attrs[48] = "";

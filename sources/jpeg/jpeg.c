@@ -88,6 +88,10 @@ static stoke_err *scan(jpeg_src *s, const char *where) {
     e = STOKE_PERR(STOKE_E_INVALID, "jpeg %s (root, %s): %zu class folders but no .jpg/.jpeg file in them%s", s->root,
                    where, l.n_classes, l.other ? " (only other files)" : "");
   if (!e) {
+    if (l.n_classes == 1)
+      stoke_host->log(STOKE_LOG_WARN, "jpeg",
+                      "%s: one class folder: every label is 0, so the loss is 0 from the start and nothing is "
+                      "learned; a classification set has a folder per class (" LAYOUT ")", s->root);
     if (l.empty)
       stoke_host->log(STOKE_LOG_WARN, "jpeg", "%s: %zu class folders hold no JPEG; their labels are kept but never drawn",
                       s->root, l.empty);

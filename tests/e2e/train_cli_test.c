@@ -104,6 +104,14 @@ static void test_eval_key_not_inherited(void **state) {
   write_ini(text);
   assert_int_equal(run_child("tools/train", args, out, sizeof out), 0);
   EXPECT_HAS(out, "run.ini:6: [run] eval_every is set, but there is no [eval_data] section: nothing is evaluated");
+  /* an mlp with no hidden layer trains, said to be a linear model */
+  snprintf(text, sizeof text,
+           "[run]\nbackends = cpu\nsteps = 2\nprogress = off\ncheckpoint = false\nout_dir = %s/cli/ev3\n"
+           "[data]\nsource = synthetic\nshape = 8\nclasses = 3\nbatch_size = 16\n[model]\nname = mlp\nhidden =\n",
+           tmpdir());
+  write_ini(text);
+  assert_int_equal(run_child("tools/train", args, out, sizeof out), 0);
+  EXPECT_HAS(out, "[model] hidden is empty: no hidden layer, a linear model");
 }
 
 static void test_error_before_the_config_dump(void **state) {

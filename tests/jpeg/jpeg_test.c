@@ -27,6 +27,7 @@
 #include "stoke/loader.h"
 #include "stoke/registry.h"
 #include "tests/common/expect.h"
+#include "tests/common/log_capture.h"
 #include "tests/common/source_fixture.h"
 
 /* Runfiles-relative (Bazel runs tests from the runfiles root). */
@@ -534,6 +535,31 @@ static void test_color_modes(void **state) {
   free(rgb);
 }
 
+/* One class folder: it opens (a valid folder), with a warning that every label is 0 and nothing is learned. */
+typedef struct one_class_ctx {
+  const char *root;
+  stoke_err *e;
+} one_class_ctx;
+static void open_one_class(void *c) {
+  one_class_ctx *x = c;
+  opened o;
+  x->e = open_source(&o, x->root, "size = 16\ntrain = false\nresize = 16\n");
+  if (!x->e) close_source(&o);
+}
+
+static void test_one_class_warned(void **state) {
+  char p[4096], root[4096];
+  tmp_path(root, sizeof root, "oneclass");
+  mkdirs(tmp_path(p, sizeof p, "oneclass/only"));
+  write_solid(tmp_path(p, sizeof p, "oneclass/only/a.jpg"), 10, 20, 30);
+  write_solid(tmp_path(p, sizeof p, "oneclass/only/b.jpg"), 30, 20, 10);
+  one_class_ctx c = {root, NULL};
+  char *log = test_log_of(open_one_class, &c);
+  EXPECT_OK(c.e);
+  if (!log || !strstr(log, "one class folder: every label is 0")) fail_msg("no warning: %s", log ? log : "");
+  free(log);
+}
+
 /* Truncated, non-JPEG and empty files: STOKE_E_DATA naming the file. */
 static void test_bad_files(void **state) {
   (void)state;
@@ -767,7 +793,7 @@ static void test_loader(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_layout_labels),
+      cmocka_unit_test(test_layout_labels),  cmocka_unit_test(test_one_class_warned),
       cmocka_unit_test(test_links_and_loops),  cmocka_unit_test(test_eval_identity),
       cmocka_unit_test(test_eval_reference), cmocka_unit_test(test_train_reference),
       cmocka_unit_test(test_crop_params),    cmocka_unit_test(test_determinism),
