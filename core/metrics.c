@@ -337,9 +337,9 @@ static void trace_cost(const stoke_metrics *m, double *traced, double *untraced)
 }
 
 /* A run that failed: its last line says so, with the error's text (JSON-escaped). */
-void stoke_metrics_error(stoke_metrics *m, int64_t step, const char *msg) {
+void stoke_metrics_error(stoke_metrics *m, int64_t steps_done, const char *msg) {
   if (!m || !m->jsonl) return;
-  fprintf(m->jsonl, "{\"summary\": \"error\", \"step\": %lld, \"message\": \"", (long long)step);
+  fprintf(m->jsonl, "{\"summary\": \"error\", \"steps_done\": %lld, \"message\": \"", (long long)steps_done);
   for (const unsigned char *c = (const unsigned char *)msg; *c; c++) {
     if (*c == '"' || *c == '\\') fprintf(m->jsonl, "\\%c", *c);
     else if (*c == '\n') fputs("\\n", m->jsonl);

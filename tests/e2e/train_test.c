@@ -706,7 +706,7 @@ static void test_nan_weights_not_saved(void **state) {
   assert_non_null(jl);
   char *last = n > 1 ? jl + n - 2 : jl;
   while (last > jl && last[-1] != '\n') last--;
-  const char *head = "{\"summary\": \"error\", \"step\": ";
+  const char *head = "{\"summary\": \"error\", \"steps_done\": ";
   char intact[64];
   snprintf(intact, sizeof intact, "the checkpoint of step %lld is intact", kept);
   if (strncmp(last, head, strlen(head)) || !strstr(last, "NaN or infinite") || !strstr(last, intact))
