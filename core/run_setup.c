@@ -228,7 +228,7 @@ stoke_err *run_open_device(run_state *s) {
   if (s->dev->device == STOKE_DEV_GPU) s->nvml = stoke_nvml_open((int)rc->run.device_index + s->local_rank);
   if (s->dev->device == STOKE_DEV_CPU && prec->param_dtype != STOKE_F32 && prec->param_dtype != STOKE_F64)
     return STOKE_ERR(STOKE_E_UNSUPPORTED,
-                     "%s: [run] precision = %s needs a GPU backend (%s parameters); the cpu backend runs fp32 (or f64)",
+                     "%s: [run] precision = %s needs a GPU backend (%s parameters); the cpu backend runs fp32",
                      stoke_cfg_where(s->cfg, "run", "precision"), prec_name, stoke_dtype_name(prec->param_dtype));
   return NULL;
 }

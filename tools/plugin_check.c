@@ -829,6 +829,17 @@ static void check_call(kit *k, call *c, const kernel_list *all) {
     snprintf(what, sizeof what, "%s: cpu backward in f64", c->label);
     if (!bwd) result(k, 0, what, "has_backward is set but no cpu STOKE_BWD kernel for STOKE_F64 is registered");
     else check_gradient(k, c, fwd, bwd);
+  } else {
+    /* backward kernels of an op whose type says it has none: train refuses the plugin; say it here too */
+    for (int i = 0; i < all->n; i++)
+      if (!strcmp(all->k[i]->op, c->op->name) && all->k[i]->pass == STOKE_BWD) {
+        snprintf(what, sizeof what, "%s: backward kernels only with has_backward", c->label);
+        result(k, 0, what,
+               "the op's has_backward is %d, yet a STOKE_BWD kernel is registered (%s %s): set has_backward = "
+               "STOKE_HAS_BACKWARD to have it checked and used, or leave the backward kernels out",
+               c->op->has_backward, all->k[i]->engine, stoke_dtype_name(all->k[i]->dtype));
+        break;
+      }
   }
   for (int i = 0; i < all->n; i++) {
     const stoke_kernel_v1 *kern = all->k[i];

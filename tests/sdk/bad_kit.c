@@ -6,7 +6,8 @@
  * param_grad_beta 1 asks to add to it; `lazy_fwd`'s backward declares
  * STOKE_KCAP_WITH_FORWARD but never writes the forward's output;
  * `wide_f32` registers its f64 forward as its f32 kernel too (it writes
- * twice the output's bytes); `no_infer`'s infer sets no output; `sloppy` is a source
+ * twice the output's bytes); `no_infer`'s infer sets no output;
+ * `bwd_hidden` registers a backward kernel but leaves has_backward 0; `sloppy` is a source
  * whose labels count from 1, whose second value is left unwritten and
  * whose third depends on a counter (not on (index, seed)). */
 #include "stoke/plugin.h"
@@ -93,6 +94,8 @@ static const stoke_op_type_v1 ops[] = {
      .bwd_needs = STOKE_BWD_NEEDS_INPUT(0), .has_backward = STOKE_HAS_BACKWARD},
     {STOKE_ABI(stoke_op_type_v1), .name = "no_infer", .n_inputs = 1, .n_outputs = 1, .infer = no_infer,
      .bwd_needs = STOKE_BWD_NEEDS_INPUT(0), .has_backward = STOKE_HAS_BACKWARD},
+    {STOKE_ABI(stoke_op_type_v1), .name = "bwd_hidden", .n_inputs = 1, .n_outputs = 1, .infer = infer,
+     .bwd_needs = STOKE_BWD_NEEDS_INPUT(0)},
     {STOKE_ABI(stoke_op_type_v1), .name = "mis_relu", .n_inputs = 1, .n_outputs = 1, .infer = infer,
      .bwd_needs = STOKE_BWD_NEEDS_INPUT(0), .has_backward = STOKE_HAS_BACKWARD},
     {STOKE_ABI(stoke_op_type_v1), .name = "bad_grad", .n_inputs = 1, .n_outputs = 1, .infer = infer,
@@ -110,6 +113,8 @@ static const stoke_kernel_v1 kernels[] = {
     {.engine = "cpu", .op = "wide_f32", .pass = STOKE_FWD, .dtype = STOKE_F32, .run = sq_fwd}, /* f64 code */
     {.engine = "cpu", .op = "no_infer", .pass = STOKE_FWD, .dtype = STOKE_F64, .run = sq_fwd},
     {.engine = "cpu", .op = "no_infer", .pass = STOKE_BWD, .dtype = STOKE_F64, .run = sq_bwd_right},
+    {.engine = "cpu", .op = "bwd_hidden", .pass = STOKE_FWD, .dtype = STOKE_F64, .run = sq_fwd},
+    {.engine = "cpu", .op = "bwd_hidden", .pass = STOKE_BWD, .dtype = STOKE_F64, .run = sq_bwd_right},
     {.engine = "cpu", .op = "f32_grad", .pass = STOKE_FWD, .dtype = STOKE_F64, .run = sq_fwd},
     {.engine = "cpu", .op = "f32_grad", .pass = STOKE_BWD, .dtype = STOKE_F64, .run = sq_bwd_right},
     {.engine = "cpu", .op = "f32_grad", .pass = STOKE_FWD, .dtype = STOKE_F32, .run = sq_fwd32},

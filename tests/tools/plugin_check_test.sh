@@ -8,8 +8,8 @@
 # labels counting from 1, bytes left unwritten, a read that depends on more
 # than (index, seed), a backward that claims STOKE_KCAP_WITH_FORWARD but
 # leaves the forward's output unwritten, an f32 kernel writing doubles (past
-# its output's end: named, where glibc had aborted later) and an infer that
-# sets no output.
+# its output's end: named, where glibc had aborted later), an infer that
+# sets no output and backward kernels beside has_backward 0.
 set -uo pipefail
 out="${TEST_TMPDIR:-$(mktemp -d)}"
 pc=tools/plugin_check
@@ -57,6 +57,7 @@ has "$log" "ok   op lazy_fwd [3x5]: gradient against finite differences (f64)"
 has "$log" "FAIL op lazy_fwd [3x5]: backward with with_forward also writes the forward's outputs (STOKE_KCAP_WITH_FORWARD): output 0 element 0 is NaN: left unwritten"
 has "$log" "FAIL op wide_f32 [3x5]: cpu f32 forward kernel against the cpu f64 one: cpu forward kernel (wide_f32, f32) wrote up to 60 bytes past the end of output 0 (f32 [3, 5]: 60 bytes)"
 has "$log" "its infer() gave output 0 0 dimensions [], dtype 0: not a shape (1 to 6 dimensions, each >= 1) or not a dtype; infer must set every output"
+has "$log" "FAIL op bwd_hidden [3x5]: backward kernels only with has_backward: the op's has_backward is 0, yet a STOKE_BWD kernel is registered (cpu f64)"
 has "$log" "FAIL source sloppy: labels in [0, classes): sample 1 has label 2, outside [0, 2)"
 has "$log" "FAIL source sloppy: the same (index, seed) gives the same sample, every byte written: sample 0 read twice differs at byte 4"
 n=$((n + 1))
