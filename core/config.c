@@ -446,9 +446,9 @@ static stoke_err *unknown_section(const stoke_cfg *c, const char *origin,
 static stoke_err *unknown_key(const stoke_cfg *c, const cfg_section *s, const char *origin, const char *key) {
   static const char *const alias[][3] = {
       {"num_workers", "data", "workers"},  {"max_steps", "run", "steps"},     {"learning_rate", "optimizer", "lr"},
-      {"max_epochs", "run", "epochs"},     {"prefetch_factor", "data", "prefetch"}, {"grad_clip", "optimizer", "clip"},
-      {"gradient_accumulation_steps", "run", "accumulate"}, {"max_grad_norm", "optimizer", "clip"},
-      {"pin_memory", "data", "pinned"},    {"dtype", "run", "precision"},   {"amp", "run", "precision"}};
+      {"max_epochs", "run", "epochs"},     {"prefetch_factor", "data", "prefetch"},
+      {"gradient_accumulation_steps", "run", "accumulate"}, {"max_grad_norm", "optimizer", "grad_clip"},
+      {"dtype", "run", "precision"},       {"amp", "run", "precision"}};
   for (size_t a = 0; a < sizeof alias / sizeof *alias; a++) {
     const cfg_section *t = strcmp(key, alias[a][0]) ? NULL : find_section(c, alias[a][1]);
     for (int i = 0; t && i < t->n_keys; i++)

@@ -400,9 +400,7 @@ static stoke_err *add_node(stoke_graph *g, const char *op_text, const char *name
    * a known dtype; unchecked, a negative size or a 9-dimension shape went into the memory plan */
   for (int i = 0; i < n_outputs && !e; i++) {
     const stoke_shape *os = &out[i].shape;
-    int ok = os->ndim >= 1 && os->ndim <= STOKE_MAX_DIMS && (unsigned)out[i].dtype < STOKE_DTYPE_COUNT;
-    for (int k = 0; ok && k < os->ndim; k++) ok = os->d[k] >= 1;
-    if (!ok && !(variadic && i == n_outputs - 1 && !os->ndim)) { /* (a variadic op's count is checked below) */
+    if (!stoke_desc_valid(&out[i]) && !(variadic && i == n_outputs - 1 && !os->ndim)) { /* (a variadic op's count is checked below) */
       e = STOKE_ERR(STOKE_E_INVALID, "node '%s' (%s): its infer() gave output %d %d dimensions %s, dtype %d: not a "
                     "shape (1 to %d dimensions, each >= 1) or not a dtype; a plugin op's infer must set every output",
                     nm, op, i, os->ndim, stoke_shape_str(os).s, (int)out[i].dtype, STOKE_MAX_DIMS);

@@ -117,20 +117,25 @@ static stoke_err *open_engines(run_state *s) {
 static stoke_err *open_backends(run_state *s, const char **prec_name) {
   s->n_engines = s->rc.run.n_backends;
   memcpy(s->engines, s->rc.run.backends, sizeof s->engines);
-  stoke_err *e = open_engines(s);
   stoke_device_choice want = s->rc.run.device;
-  int on_gpu = s->dev && s->dev->device == STOKE_DEV_GPU;
-  if (!e && want == STOKE_DEVICE_GPU && !on_gpu)
-    return STOKE_ERR(STOKE_E_INVALID,
-                     "%s: [run] device = gpu, but [run] backends run on the CPU (device backend '%s'): list the GPU "
-                     "backends (e.g. backends = cudnn, cublaslt, cuda) or set device = auto",
-                     stoke_cfg_where(s->cfg, "run", "device"), s->dev->name);
-  if (!e && !(want == STOKE_DEVICE_CPU && on_gpu)) return NULL;
-  if (e && (e->code != STOKE_E_NOT_FOUND || want == STOKE_DEVICE_GPU || !on_gpu)) return e;
-  if (want == STOKE_DEVICE_CPU)
+  stoke_err *e = NULL;
+  /* which device the backends own is known before any opens: device = cpu opens no GPU only to close it */
+  if (want == STOKE_DEVICE_CPU) STOKE_PROPAGATE(pick_device(s));
+  int to_cpu = want == STOKE_DEVICE_CPU && s->dev->device == STOKE_DEV_GPU;
+  if (!to_cpu) {
+    e = open_engines(s);
+    int on_gpu = s->dev && s->dev->device == STOKE_DEV_GPU;
+    if (!e && want == STOKE_DEVICE_GPU && !on_gpu)
+      return STOKE_ERR(STOKE_E_INVALID,
+                       "%s: [run] device = gpu, but [run] backends run on the CPU (device backend '%s'): list the "
+                       "GPU backends (e.g. backends = cudnn, cublaslt, cuda) or set device = auto",
+                       stoke_cfg_where(s->cfg, "run", "device"), s->dev->name);
+    if (!e || e->code != STOKE_E_NOT_FOUND || want == STOKE_DEVICE_GPU || !on_gpu) return e;
+    stoke_log(STOKE_LOG_WARN, "run", "%s; [run] device = auto: falling back to the cpu backend (fp32)", e->msg);
+    stoke_err_free(e);
+  } else {
     stoke_log(STOKE_LOG_INFO, "run", "[run] device = cpu: the cpu backend (fp32) in place of [run] backends");
-  else stoke_log(STOKE_LOG_WARN, "run", "%s; [run] device = auto: falling back to the cpu backend (fp32)", e->msg);
-  stoke_err_free(e);
+  }
   run_close_engines(s);
   s->dev = NULL;
   s->dev_self = NULL;
@@ -322,9 +327,6 @@ static stoke_err *plan_length(run_state *s) {
   const stoke_run_config *rc = &s->rc;
   int64_t accumulate = rc->run.accumulate, per_epoch = stoke_loader_batches_per_epoch(s->train.loader);
   int64_t steps_per_epoch = per_epoch / accumulate > 0 ? per_epoch / accumulate : 1;
-  if (rc->run.steps <= 0 && !(rc->run.epochs > 0))
-    return STOKE_ERR(STOKE_E_INVALID, "%s: [run] steps = 0 and epochs = 0: nothing to train; set one of them",
-                     stoke_cfg_where(s->cfg, "run", stoke_cfg_is_set(s->cfg, "run", "epochs") ? "epochs" : "steps"));
   int64_t total = rc->run.steps > 0 ? rc->run.steps : (int64_t)ceil(rc->run.epochs * (double)per_epoch / (double)accumulate);
   if (total < 1) total = 1;
   if (s->start_step >= total)
@@ -457,6 +459,11 @@ static void announce(run_state *s) {
 }
 
 stoke_err *run_open(run_state *s) {
+  /* before any folder, device or data is opened */
+  const stoke_run_config *rc = &s->rc;
+  if (rc->run.steps <= 0 && !(rc->run.epochs > 0))
+    return STOKE_ERR(STOKE_E_INVALID, "%s: [run] steps = 0 and epochs = 0: nothing to train; set one of them",
+                     stoke_cfg_where(s->cfg, "run", stoke_cfg_is_set(s->cfg, "run", "epochs") ? "epochs" : "steps"));
   STOKE_PROPAGATE(find_place(s));
   STOKE_PROPAGATE(open_folder(s));
   STOKE_PROPAGATE(run_open_device(s));

@@ -93,13 +93,19 @@ static stoke_tensor host_tensor(const stoke_shape *s, stoke_dtype dt) {
   return t;
 }
 
+/* How far into a guard of n bytes a kernel wrote (0: not at all). */
+static size_t guard_reach(const unsigned char *g, size_t n) {
+  size_t last = 0;
+  for (size_t i = 0; i < n; i++)
+    if (g[i] != GUARD_FILL) last = i + 1;
+  return last;
+}
+
 /* Bytes of t's guard a kernel overwrote (0: none); the guard is filled again. */
 static size_t guard_hits(const stoke_tensor *t) {
   if (!t->data) return 0;
   unsigned char *g = (unsigned char *)t->data + body_bytes(t);
-  size_t n = body_bytes(t) + 64, last = 0;
-  for (size_t i = 0; i < n; i++)
-    if (g[i] != GUARD_FILL) last = i + 1;
+  size_t n = body_bytes(t) + 64, last = guard_reach(g, n);
   if (last) memset(g, GUARD_FILL, n);
   return last;
 }
@@ -555,9 +561,8 @@ static size_t dev_guard_hits(const engine *en, const stoke_tensor *t, stoke_err 
   unsigned char *g = malloc(n);
   if (!g) return 0;
   *e = en->dev->copy(en->dev_self, g, (const char *)t->data + body, n, STOKE_COPY_D2H, NULL);
-  for (size_t i = 0; !*e && i < n; i++)
-    if (g[i] != GUARD_FILL) last = i + 1;
-  if (last && !*e) *e = en->dev->fill(en->dev_self, (char *)t->data + body, GUARD_FILL, n, NULL);
+  if (!*e) last = guard_reach(g, n);
+  if (last) *e = en->dev->fill(en->dev_self, (char *)t->data + body, GUARD_FILL, n, NULL);
   free(g);
   return last;
 }
@@ -768,9 +773,7 @@ static stoke_err *make_call(kit *k, const stoke_op_type_v1 *op, const stoke_test
     while (c->n_out < STOKE_MAX_IO && out[c->n_out].shape.ndim) c->n_out++;
   for (int j = 0; j < c->n_out; j++) { /* what train's graph builder checks (core/graph.c) */
     const stoke_shape *os = &out[j].shape;
-    int ok = os->ndim >= 1 && os->ndim <= STOKE_MAX_DIMS && (unsigned)out[j].dtype < STOKE_DTYPE_COUNT;
-    for (int d = 0; ok && d < os->ndim; d++) ok = os->d[d] >= 1;
-    if (!ok)
+    if (!stoke_desc_valid(&out[j]))
       return STOKE_ERR(STOKE_E_INVALID, "op '%s': its infer() gave output %d %d dimensions %s, dtype %d: not a shape "
                        "(1 to %d dimensions, each >= 1) or not a dtype; infer must set every output", op->name, j,
                        os->ndim, os->ndim >= 0 && os->ndim <= STOKE_MAX_DIMS ? stoke_shape_str(os).s : "[?]",

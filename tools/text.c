@@ -192,6 +192,12 @@ static stoke_err *old_shards(const char *prefix, glob_t *g) {
 
 /* ------------------------------------------------------------- the run */
 
+/* llm.c's shard names: PREFIX_val_000000.bin on, PREFIX_train_000001.bin on. */
+static const char *shard_name(char *buf, size_t cap, const char *prefix, const char *kind, int k) {
+  snprintf(buf, cap, "%s_%s_%06d.bin", prefix, kind, k);
+  return buf;
+}
+
 /* Ctrl-C or SIGTERM: the conversion stops between files or shards, and a
  * set it had begun to write is removed (a partial set would train on part
  * of the text without a word). */
@@ -211,14 +217,8 @@ static stoke_err *stopped(void) {
 static stoke_err *remove_partial(stoke_err *e, const char *prefix, int val_shards, int shards, const glob_t *old) {
   char path[4200];
   int removed = 0;
-  for (int k = 0; k < val_shards; k++) {
-    snprintf(path, sizeof path, "%s_val_%06d.bin", prefix, k);
-    removed += unlink(path) == 0;
-  }
-  for (int k = 1; k <= shards; k++) {
-    snprintf(path, sizeof path, "%s_train_%06d.bin", prefix, k);
-    removed += unlink(path) == 0;
-  }
+  for (int k = 0; k < val_shards; k++) removed += unlink(shard_name(path, sizeof path, prefix, "val", k)) == 0;
+  for (int k = 1; k <= shards; k++) removed += unlink(shard_name(path, sizeof path, prefix, "train", k)) == 0;
   for (size_t i = 0; i < old->gl_pathc; i++) removed += unlink(old->gl_pathv[i]) == 0;
   return stoke_err_note(e, "removed the %d shard%s written under '%s' (%s_train_*, %s_val_*) so that no partial set "
                         "is left to train on; run the conversion again",
@@ -291,15 +291,13 @@ stoke_err *convert_text(const text_opts *o) {
   int shards = 0, val_shards = 0;
   for (int64_t at = 0; !e && o->val > 0 && (at < val.n || !at); at += o->shard_tokens) {
     int64_t n = val.n - at < o->shard_tokens ? val.n - at : o->shard_tokens;
-    snprintf(path, sizeof path, "%s_val_%06d.bin", o->out, val_shards);
-    e = write_shard(path, val.t + at, n, o->force);
+    e = write_shard(shard_name(path, sizeof path, o->out, "val", val_shards), val.t + at, n, o->force);
     if (!e) val_shards++; /* counts the shards written: a failed one left no file */
     if (!e) e = stopped();
   }
   for (int64_t at = 0; !e && at < train.n; at += o->shard_tokens) {
     int64_t n = train.n - at < o->shard_tokens ? train.n - at : o->shard_tokens;
-    snprintf(path, sizeof path, "%s_train_%06d.bin", o->out, shards + 1);
-    e = write_shard(path, train.t + at, n, o->force);
+    e = write_shard(shard_name(path, sizeof path, o->out, "train", shards + 1), train.t + at, n, o->force);
     if (!e) shards++;
     if (!e) e = stopped();
   }
@@ -307,14 +305,8 @@ stoke_err *convert_text(const text_opts *o) {
   for (size_t i = 0; !e && i < old.gl_pathc; i++) { /* --force: the earlier set's shards not written again */
     const char *p = old.gl_pathv[i];
     int again = 0;
-    for (int k = 0; k < val_shards && !again; k++) {
-      snprintf(path, sizeof path, "%s_val_%06d.bin", o->out, k);
-      again = !strcmp(p, path);
-    }
-    for (int k = 1; k <= shards && !again; k++) {
-      snprintf(path, sizeof path, "%s_train_%06d.bin", o->out, k);
-      again = !strcmp(p, path);
-    }
+    for (int k = 0; k < val_shards && !again; k++) again = !strcmp(p, shard_name(path, sizeof path, o->out, "val", k));
+    for (int k = 1; k <= shards && !again; k++) again = !strcmp(p, shard_name(path, sizeof path, o->out, "train", k));
     if (!again && unlink(p) && errno != ENOENT)
       e = STOKE_ERR(STOKE_E_IO, "convert text: removing '%s' (a shard of the earlier conversion): %s", p, strerror(errno));
   }

@@ -91,6 +91,15 @@ typedef struct stoke_gnode {
  * executor skips it; core/fuse_grad.c). */
 static inline int stoke_node_in_bwd(const stoke_gnode *n) { return n->with_forward && n->pass == STOKE_FWD; }
 
+/* What an op's infer() must give for each output: 1 to STOKE_MAX_DIMS
+ * dimensions of at least 1 and a known dtype (the graph builder and the
+ * plugin test kit both check it). */
+static inline int stoke_desc_valid(const stoke_value_desc_v1 *d) {
+  int ok = d->shape.ndim >= 1 && d->shape.ndim <= STOKE_MAX_DIMS && (unsigned)d->dtype < STOKE_DTYPE_COUNT;
+  for (int k = 0; ok && k < d->shape.ndim; k++) ok = d->shape.d[k] >= 1;
+  return ok;
+}
+
 /* A parameter's second name in checkpoints (a tied weight). */
 typedef struct stoke_tied_name {
   int value;
