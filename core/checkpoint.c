@@ -304,33 +304,6 @@ static int model_knows(const char *name, const entry *ents, int n) {
   return 0;
 }
 
-/* Values of a float tensor (its bytes at src, the safetensors dtype) that
- * are NaN or infinite: the exponent bits all ones. */
-static int64_t count_nonfinite(const void *src, const char *dtype, size_t bytes) {
-  int64_t bad = 0;
-  if (!strcmp(dtype, "F32")) {
-    for (size_t i = 0; i < bytes / 4; i++) {
-      uint32_t v;
-      memcpy(&v, (const char *)src + 4 * i, 4);
-      bad += (v & 0x7f800000u) == 0x7f800000u;
-    }
-  } else if (!strcmp(dtype, "F64")) {
-    for (size_t i = 0; i < bytes / 8; i++) {
-      uint64_t v;
-      memcpy(&v, (const char *)src + 8 * i, 8);
-      bad += (v & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
-    }
-  } else if (!strcmp(dtype, "BF16") || !strcmp(dtype, "F16")) {
-    const uint16_t mask = !strcmp(dtype, "BF16") ? 0x7f80u : 0x7c00u;
-    for (size_t i = 0; i < bytes / 2; i++) {
-      uint16_t v;
-      memcpy(&v, (const char *)src + 2 * i, 2);
-      bad += (v & mask) == mask;
-    }
-  }
-  return bad;
-}
-
 /* The weights must be finite to be saved: a diverged run's NaN or Inf
  * parameters (or their master copies, or the optimizer's state) never
  * replace the last good checkpoint. The loss, read only at logged steps,
@@ -339,7 +312,10 @@ static int64_t count_nonfinite(const void *src, const char *dtype, size_t bytes)
 static stoke_err *check_finite(const entry *ents, int n, const char *path, int64_t step) {
   for (int i = 0; i < n; i++) {
     if (ents[i].role == ENT_OTHER && strncmp(ents[i].name, "optimizer.", 10)) continue; /* running statistics */
-    int64_t bad = count_nonfinite(ents[i].src, ents[i].dtype, ents[i].bytes);
+    int dt = st_float(ents[i].dtype);
+    if (dt < 0) continue;
+    int64_t n = (int64_t)(ents[i].bytes / stoke_dtype_size((stoke_dtype)dt));
+    int64_t bad = stoke_count_nonfinite(ents[i].src, (stoke_dtype)dt, n, NULL);
     if (bad)
       return STOKE_ERR(STOKE_E_NUMERIC,
                        "not saved: after step %lld, '%s' holds %lld NaN or infinite values (training diverged); "

@@ -36,6 +36,13 @@ struct stoke_exec {
   double *last_ms; /* the last profiled step's, per node and the update (the trace) */
   int64_t profiled_steps;
   int profiling;
+  /* [run] detect_anomaly (stoke_exec_anomaly): 0 off; 1 every node's
+   * float outputs read back and checked; 2 the same but the backward's
+   * gradients, which the loss scaler is there to catch. anom_host: the
+   * host copy, anom_cap bytes */
+  int anomaly;
+  void *anom_host;
+  size_t anom_cap;
   node_args amp_check, amp_update, grad_norm;
   stoke_tensor amp_t[4], norm_t[2];
   node_args *args;
@@ -556,6 +563,7 @@ void stoke_exec_free(stoke_exec *x) {
   free(x->timers);
   free(x->ms);
   free(x->last_ms);
+  free(x->anom_host);
   free(x->args);
   free(x);
 }
@@ -645,14 +653,134 @@ void stoke_exec_profile_report(stoke_exec *x, FILE *f) {
   free(rows);
 }
 
+/* ------------------------------------------------- [run] detect_anomaly */
+
+stoke_err *stoke_exec_anomaly(stoke_exec *x, int on, int skip_backward) {
+  if (on && x->graphs_on)
+    return STOKE_ERR(STOKE_E_UNSUPPORTED, "[run] detect_anomaly = true reads every node's outputs back between "
+                     "kernels, which a replayed graph cannot; set [run] cuda_graph = false");
+  x->anomaly = on ? 1 + !!skip_backward : 0;
+  return NULL;
+}
+
+/* The non-finite values of the float tensor `t` (read back to the host):
+ * how many, and the first one's index and value. 0 for other dtypes. */
+static stoke_err *nonfinite_in(stoke_exec *x, const stoke_tensor *t, int64_t *bad, int64_t *first, double *v) {
+  *bad = 0;
+  stoke_dtype dt = t->dtype;
+  if (!t->data || (dt != STOKE_F32 && dt != STOKE_F64 && dt != STOKE_F16 && dt != STOKE_BF16)) return NULL;
+  int64_t n = stoke_numel(&t->shape);
+  size_t bytes = (size_t)n * stoke_dtype_size(dt);
+  if (bytes > x->anom_cap) {
+    void *h = realloc(x->anom_host, bytes);
+    if (!h) return STOKE_ERR(STOKE_E_OOM, "[run] detect_anomaly: no host memory for a %zu-byte copy", bytes);
+    x->anom_host = h;
+    x->anom_cap = bytes;
+  }
+  STOKE_TRY(stoke_exec_copy(x, x->anom_host, t->data, bytes, STOKE_COPY_D2H), "[run] detect_anomaly: reading back");
+  *bad = stoke_count_nonfinite(x->anom_host, dt, n, first);
+  if (*bad) *v = stoke_elem_get(x->anom_host, dt, *first);
+  return NULL;
+}
+
+/* "NaN" or "+inf" or "-inf" */
+static const char *nonfinite_name(double v) { return isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf"; }
+
+/* "[64, 128]" */
+static const char *shape_text(const stoke_shape *s, char *buf, size_t cap) {
+  size_t k = (size_t)snprintf(buf, cap, "[");
+  for (int d = 0; d < s->ndim && k < cap; d++) k += (size_t)snprintf(buf + k, cap - k, "%s%lld", d ? ", " : "", (long long)s->d[d]);
+  if (k < cap) snprintf(buf + k, cap - k, "]");
+  return buf;
+}
+
+/* After node i ran: every float tensor it wrote (a forward node's outputs;
+ * a backward node's input gradients, and its outputs when it computed
+ * the forward too) must be finite. The nodes before it passed the same
+ * check, so this node made the first NaN or inf of the step: named, as
+ * PyTorch's detect_anomaly names the backward function. */
+static stoke_err *anomaly_node(stoke_exec *x, int i) {
+  const stoke_graph *g = x->p->g;
+  const stoke_gnode *node = &g->nodes[i];
+  const node_args *na = &x->args[i];
+  int bwd = node->pass == STOKE_BWD;
+  for (int pass = 0; pass < 2; pass++) {
+    int grads = pass == 1;
+    if (grads && (!bwd || x->anomaly == 2)) continue;
+    if (!grads && bwd && !na->a.with_forward) continue;
+    int n = grads ? node->n_in : node->n_out;
+    for (int j = 0; j < n; j++) {
+      const stoke_tensor *t = grads ? &na->din[j] : &na->out[j];
+      int vid = grads ? node->din[j] : node->out[j];
+      if (vid < 0) continue;
+      int64_t bad = 0, first = 0;
+      double v = 0;
+      STOKE_PROPAGATE(nonfinite_in(x, t, &bad, &first, &v));
+      if (!bad) continue;
+      char sh[128];
+      return STOKE_ERR(STOKE_E_NUMERIC,
+                       "[run] detect_anomaly: node '%s' (%s %s on %s) wrote %lld NaN or inf values into %s %d, "
+                       "'%s' %s %s (the first: element %lld, %s); every value it read was finite (checked after "
+                       "the nodes that wrote them), so this kernel made them: its inputs overflowed it (lower "
+                       "[optimizer] lr or clip gradients with [optimizer] grad_clip%s), or, for a plugin op, its "
+                       "kernel is wrong (tools/plugin_check checks it)",
+                       node->n.name, node->n.op,
+                       bwd ? "backward" : node->recompute ? "recomputed forward" : "forward", node->kernel->engine,
+                       (long long)bad, grads ? "the gradient of its input" : "its output", j, g->values[vid].name,
+                       shape_text(&t->shape, sh, sizeof sh), stoke_dtype_name(t->dtype), (long long)first,
+                       nonfinite_name(v), t->dtype == STOKE_F16 ? "; fp16 ends at 65504: bf16 has f32's range" : "");
+    }
+  }
+  return NULL;
+}
+
+/* The batch, before the first node: a NaN in the data is the data's. */
+static stoke_err *anomaly_input(stoke_exec *x) {
+  const stoke_graph *g = x->p->g;
+  const stoke_value *in = &g->values[g->input];
+  stoke_tensor t = {.data = value_ptr(x, g->input), .shape = in->shape, .dtype = in->dtype};
+  int64_t bad = 0, first = 0;
+  double v = 0;
+  STOKE_PROPAGATE(nonfinite_in(x, &t, &bad, &first, &v));
+  if (!bad) return NULL;
+  return STOKE_ERR(STOKE_E_NUMERIC,
+                   "[run] detect_anomaly: the batch itself ('%s') holds %lld NaN or inf values (the first: element "
+                   "%lld of the batch, %s) before any node ran: the [data] source gave them; check the data",
+                   in->name, (long long)bad, (long long)first, nonfinite_name(v));
+}
+
+/* After the update: every parameter must be finite; one that is not was
+ * made so by the optimizer (its gradient was checked finite, unless the
+ * loss scaler skipped that check and the step with it). */
+static stoke_err *anomaly_params(stoke_exec *x, const stoke_kernel_v1 *opt) {
+  const stoke_graph *g = x->p->g;
+  for (int v = 0; v < g->n_values; v++) {
+    const stoke_value *p = &g->values[v];
+    if (p->kind != STOKE_VAL_PARAM || p->alias >= 0) continue;
+    stoke_tensor t = {.data = value_ptr(x, v), .shape = p->shape, .dtype = p->dtype};
+    int64_t bad = 0, first = 0;
+    double val = 0;
+    STOKE_PROPAGATE(nonfinite_in(x, &t, &bad, &first, &val));
+    if (bad)
+      return STOKE_ERR(STOKE_E_NUMERIC,
+                       "[run] detect_anomaly: the optimizer update (%s on %s) made parameter '%s' hold %lld NaN or "
+                       "inf values (the first: element %lld, %s)%s; lower [optimizer] lr or set [optimizer] grad_clip",
+                       opt->op, opt->engine, p->name, (long long)bad, (long long)first, nonfinite_name(val),
+                       x->anomaly == 1 ? " from finite gradients: the step overflowed it"
+                                       : " (the backward's gradients were left to the loss scaler, not checked)");
+  }
+  return NULL;
+}
+
 stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t step_seed) {
   stoke_graph *g = x->p->g;
   int n = x->p->opts.training ? g->n_nodes : g->n_fwd;
   /* with accumulate > 1 the profile holds the last micro-batch's nodes */
   STOKE_PROPAGATE(tick(x, g->n_nodes));
+  if (x->anomaly && g->input >= 0) STOKE_PROPAGATE(anomaly_input(x));
   /* the side stream: not while profiling (each node's time is its own) nor
    * with a hook (data parallel: a bucket's all-reduce follows the hook) */
-  int side = x->side && !x->profiling && !x->hook;
+  int side = x->side && !x->profiling && !x->hook && !x->anomaly;
   x->n_pend = 0;
   for (int i = 0; i < n; i++) {
     stoke_gnode *node = &g->nodes[i];
@@ -691,6 +819,7 @@ stoke_err *stoke_exec_forward_backward(stoke_exec *x, int first_micro, uint64_t 
       return stoke_err_wrap(e, __FILE__, __LINE__, "running node '%s' (%s %s on %s)", node->n.name, node->n.op,
                             node->pass == STOKE_BWD ? "backward" : node->recompute ? "recomputed forward" : "forward",
                             node->kernel->engine);
+    if (x->anomaly) STOKE_PROPAGATE(anomaly_node(x, i));
     if (x->hook) STOKE_PROPAGATE(x->hook(x->hook_ctx, i));
   }
   if (x->n_pend) STOKE_PROPAGATE(side_wait(x, g->n_nodes)); /* before the update, the loss read, a capture's end */
@@ -715,6 +844,7 @@ stoke_err *stoke_exec_update(stoke_exec *x, const stoke_opt_args_v1 *opt) {
     STOKE_TRY(kernels[i]->run(&steps[i]->a, NULL), "%s (%s on %s)", what[i], kernels[i]->op, kernels[i]->engine);
   }
   if (x->profiling) STOKE_TRY(profile_collect(x), "collecting the per-op profile");
+  if (x->anomaly) STOKE_PROPAGATE(anomaly_params(x, kernels[2]));
   return NULL;
 }
 
@@ -767,6 +897,9 @@ stoke_err *stoke_exec_graphs(stoke_exec *x, int on) {
     return STOKE_ERR(STOKE_E_UNSUPPORTED,
                      "[run] cuda_graph = true with profile_ops = true: the profile times each kernel on "
                      "its own; turn one of them off");
+  if (x->anomaly)
+    return STOKE_ERR(STOKE_E_UNSUPPORTED, "[run] cuda_graph = true with detect_anomaly = true: the check reads "
+                     "every node's outputs back between kernels; turn one of them off");
   /* a replayed graph keeps the arguments it was captured with: a kernel
    * that draws from the per-step seed would repeat its draw every step */
   const stoke_graph *g = x->p->g;

@@ -53,6 +53,10 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"profile_ops", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "time every kernel from the second step on and print GPU time per op, engine and node at the end "
      "(synchronizes every step: for finding where time goes, not for speed figures)"},
+    {"detect_anomaly", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "find where a NaN or inf starts, as PyTorch's torch.autograd.detect_anomaly: every node's outputs read back "
+     "and checked after it runs, and the first non-finite value named with its node, op and tensor (eager, "
+     "one sync per node: for debugging a diverged run, slow)"},
     {"checkpoint", STOKE_CFG_BOOL, "true", 0, 0, NULL,
      "write checkpoints (false: none at all, e.g. for benchmarks)"},
     {"resume", STOKE_CFG_STR, "", 0, 0, NULL,
@@ -387,6 +391,7 @@ static stoke_err *read_run(const stoke_cfg *c, stoke_run_config *rc) {
   RUN(stoke_cfg_float, "eval_every", &rc->run.eval_every);
   RUN(stoke_cfg_float, "loss_scale_init", &rc->run.loss_scale_init);
   RUN(stoke_cfg_bool, "profile_ops", &rc->run.profile_ops);
+  RUN(stoke_cfg_bool, "detect_anomaly", &rc->run.detect_anomaly);
   RUN(stoke_cfg_bool, "checkpoint", &rc->run.checkpoint);
   RUN(stoke_cfg_bool, "overwrite", &rc->run.overwrite);
   RUN(stoke_cfg_bool, "deterministic", &rc->run.deterministic);

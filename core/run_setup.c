@@ -380,6 +380,10 @@ static stoke_err *choose_graphs(run_state *s) {
     stoke_log(STOKE_LOG_WARN, "run", "%s: cuda_graph = true with profile_ops = true: the profile times each "
               "kernel on its own, so this run does not use graphs", where);
     s->cuda_graph = 0;
+  } else if (s->cuda_graph && s->rc.run.detect_anomaly) {
+    stoke_log(STOKE_LOG_WARN, "run", "%s: cuda_graph = true with detect_anomaly = true: the check reads every "
+              "node's outputs back, so this run does not use graphs", where);
+    s->cuda_graph = 0;
   } else if (s->cuda_graph && !s->dev->capture_begin) {
     stoke_log(STOKE_LOG_WARN, "run", "%s: cuda_graph = true, but the '%s' device has no graphs: running without",
               where, s->dev->name);
@@ -390,6 +394,15 @@ static stoke_err *choose_graphs(run_state *s) {
                      "%s: cuda_graph = true with comm = %s: this comm cannot follow collectives inside a replayed "
                      "graph (no watch()); set [run] cuda_graph = false",
                      where, s->rc.run.comm);
+  if (s->rc.run.detect_anomaly) {
+    int scaler = s->prec->loss_scaling != STOKE_SCALING_NONE;
+    STOKE_TRY(stoke_exec_anomaly(s->train.x, 1, scaler), "%s", stoke_cfg_where(s->cfg, "run", "detect_anomaly"));
+    stoke_log(STOKE_LOG_INFO, "run",
+              "[run] detect_anomaly = true: every node's outputs are read back and checked for NaN and inf%s "
+              "(slow: for finding where a divergence starts)",
+              scaler ? ", but the backward's gradients, where the loss scaler expects overflows and skips the step"
+                     : "");
+  }
   if (s->cuda_graph) STOKE_TRY(stoke_exec_graphs(s->train.x, 1), "%s", where);
   s->ops_reported = s->dp != NULL; /* counting records a step: no collectives in a capture */
   return NULL;

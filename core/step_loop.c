@@ -179,7 +179,8 @@ static stoke_err *read_loss(run_state *s, double *loss) {
   else snprintf(kept, sizeof kept, "the last checkpoint is %s", s->ckpt);
   return STOKE_ERR(STOKE_E_NUMERIC,
                    "loss is %s at step %lld: training diverged; lower [optimizer] lr (now %g) or check the data; "
-                   "a plugin op of your own can produce it too (tools/plugin_check checks its kernels) (%s)",
+                   "a plugin op of your own can produce it too (tools/plugin_check checks its kernels); "
+                   "run.detect_anomaly=true names the first node that makes a NaN or inf (%s)",
                    isnan(*loss) ? "NaN" : *loss > 0 ? "+inf" : "-inf", (long long)s->step + 1, s->opt.lr, kept);
 }
 

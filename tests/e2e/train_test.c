@@ -730,6 +730,34 @@ static void test_diverged_loss_message(void **state) {
   stoke_err_free(e);
 }
 
+/* The same divergence with [run] detect_anomaly: the run stops at the
+ * first NaN or inf, named where it starts (a node or the update), no later
+ * than the step whose loss the run above read as non-finite; the NaN
+ * message itself points at the key. */
+static void test_detect_anomaly_run(void **state) {
+  stoke_summary s;
+  out_sub = "anomaly";
+  const char *plain[] = {"run.steps=60", "run.log_every=1", "optimizer.lr=1e5"};
+  stoke_err *e = train(plain, 3, &s);
+  if (!e || !strstr(e->msg, "run.detect_anomaly=true names the first node")) fail_msg("%s", e ? e->msg : "no error");
+  const char *at = strstr(e->msg, "at step ");
+  assert_non_null(at);
+  long long nan_step = atoll(at + 8);
+  stoke_err_free(e);
+  const char *over[] = {"run.steps=60", "run.log_every=1", "optimizer.lr=1e5", "run.detect_anomaly=true"};
+  e = train(over, 4, &s);
+  out_sub = "out";
+  if (!e) fail_msg("training at lr 1e5 did not fail");
+  print_message("%s\n(the loss was read NaN at step %lld)\n", e->msg, nan_step);
+  if (e->code != STOKE_E_NUMERIC || !strstr(e->msg, "[run] detect_anomaly: ") ||
+      !(strstr(e->msg, "(linear forward on cpu) wrote") || strstr(e->msg, "the optimizer update (sgd on cpu) made")))
+    fail_msg("unexpected: %s", e->msg);
+  at = strstr(e->msg, "while step ");
+  assert_non_null(at);
+  assert_true(atoll(at + 11) <= nan_step);
+  stoke_err_free(e);
+}
+
 /* Resumed in the same folder, metrics.jsonl keeps the first part's lines
  * and gets the rest after them. */
 static void test_metrics_appended(void **state) {
@@ -885,6 +913,7 @@ int main(void) {
       cmocka_unit_test(test_summary_json_without_steps),
       cmocka_unit_test(test_nan_weights_not_saved),
       cmocka_unit_test(test_diverged_loss_message),
+      cmocka_unit_test(test_detect_anomaly_run),
       cmocka_unit_test(test_metrics_appended),
       cmocka_unit_test(test_other_optimizer_said),
       cmocka_unit_test(test_truncated_checkpoint_refused),

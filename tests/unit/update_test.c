@@ -3,7 +3,10 @@
  * ranges are exactly the >= 2-D parameters) and clipping by the global
  * gradient norm (grad_norm before the optimizer), for sgd and adamw, on an
  * f64 MLP with fresh random weights and data; every parameter element is
- * checked against the update computed here from the gradient buffer. */
+ * checked against the update computed here from the gradient buffer.
+ * Then the executor's [run] detect_anomaly checks on the same MLP: a NaN
+ * or inf put in the batch, a weight, the loss's seed or made by the
+ * update is named where it starts, and the checks change no result. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -118,12 +121,147 @@ static void test_unknown_optimizer(void **state) {
   stoke_graph_free(g);
 }
 
+/* ------------------------------------------------------ detect_anomaly */
+
+typedef struct anom {
+  stoke_graph *g;
+  stoke_plan *p;
+  stoke_exec *x;
+} anom;
+
+/* The MLP compiled with sgd, a fresh random batch written, the checks on. */
+static anom anom_open(int skip_backward) {
+  anom a = {.g = mlp()};
+  a.p = cpu_compile(a.g, STOKE_OP_SGD, 0);
+  OK(stoke_exec_new(a.p, cpu, cpu_self, seed, &a.x));
+  cpu_random_batch(a.x, seed + 1, NB * F, NB, C);
+  OK(stoke_exec_anomaly(a.x, 1, skip_backward));
+  return a;
+}
+
+static void anom_close(anom *a) {
+  stoke_exec_free(a->x);
+  stoke_plan_free(a->p);
+  stoke_graph_free(a->g);
+}
+
+/* the f64 element `k` of value `v` in its buffer */
+static double *anom_at(anom *a, int v, int64_t k) {
+  const stoke_value *val = &a->g->values[v];
+  return (double *)((char *)stoke_exec_buffer(a->x, val->buffer) + val->offset) + k;
+}
+
+static int value_named(const stoke_graph *g, const char *name) {
+  for (int v = 0; v < g->n_values; v++)
+    if (!strcmp(g->values[v].name, name)) return v;
+  fail_msg("no value '%s'", name);
+  return -1;
+}
+
+/* The error must be the anomaly check's and hold every one of `subs`. */
+static void expect_anomaly(stoke_err *e, const char *const *subs, int n) {
+  if (!e) fail_msg("no error (seed %llu)", (unsigned long long)seed);
+  print_message("%s\n", e->msg);
+  assert_int_equal(e->code, STOKE_E_NUMERIC);
+  for (int i = 0; i < n; i++)
+    if (!strstr(e->msg, subs[i])) fail_msg("the message lacks \"%s\" (seed %llu)", subs[i], (unsigned long long)seed);
+  stoke_err_free(e);
+}
+
+static const stoke_opt_args_v1 anom_sgd = {.lr = 0.1, .grad_scale = 1, .step = 1, .momentum = 0.9};
+
+/* Checked and unchecked, two steps give the same parameters, bit for bit:
+ * the checks only read. */
+static void test_anomaly_changes_nothing(void **state) {
+  anom a = anom_open(0), b = anom_open(0);
+  OK(stoke_exec_anomaly(b.x, 0, 0));
+  for (int step = 0; step < 2; step++) {
+    OK(stoke_exec_forward_backward(a.x, 1, 5));
+    OK(stoke_exec_update(a.x, &anom_sgd));
+    OK(stoke_exec_forward_backward(b.x, 1, 5));
+    OK(stoke_exec_update(b.x, &anom_sgd));
+  }
+  size_t bytes = a.p->bytes[STOKE_BUF_PARAMS];
+  assert_memory_equal(stoke_exec_buffer(a.x, STOKE_BUF_PARAMS), stoke_exec_buffer(b.x, STOKE_BUF_PARAMS), bytes);
+  anom_close(&a);
+  anom_close(&b);
+}
+
+/* A NaN in the batch is the data's, found before any node runs. */
+static void test_anomaly_in_batch(void **state) {
+  anom a = anom_open(0);
+  stoke_rng r = stoke_rng_seed(seed + 2);
+  int64_t k = (int64_t)stoke_rng_below(&r, NB * F);
+  ((double *)stoke_exec_input(a.x))[k] = NAN;
+  char at[64];
+  snprintf(at, sizeof at, "(the first: element %lld of the batch, NaN)", (long long)k);
+  expect_anomaly(stoke_exec_forward_backward(a.x, 1, 5), (const char *[]){"the batch itself ('input') holds 1 NaN", at}, 2);
+  anom_close(&a);
+}
+
+/* A NaN in fc2.weight[c][j] makes column c of fc2's output NaN in every
+ * row (0 x NaN is NaN): fc2's forward is named, with NB values, the first
+ * at element c; fc1 and act1 before it are finite. */
+static void test_anomaly_in_forward(void **state) {
+  anom a = anom_open(0);
+  stoke_rng r = stoke_rng_seed(seed + 3);
+  int64_t c = (int64_t)stoke_rng_below(&r, C), j = (int64_t)stoke_rng_below(&r, HID);
+  *anom_at(&a, value_named(a.g, "fc2.weight"), c * HID + j) = seed % 2 ? INFINITY : NAN;
+  char what[128], at[64];
+  snprintf(what, sizeof what, "wrote %d NaN or inf values into its output 0", NB);
+  snprintf(at, sizeof at, "(the first: element %lld, ", (long long)c);
+  expect_anomaly(stoke_exec_forward_backward(a.x, 1, 5),
+                 (const char *[]){"node 'fc2' (linear forward on cpu)", what, at, "[8, 3] f64"}, 4);
+  anom_close(&a);
+}
+
+/* The loss's seed (d loss / d loss, 1) made NaN: the forward is finite,
+ * and the loss's backward is the first node to write a NaN; with the
+ * backward left to a loss scaler, the pass goes through, and the update
+ * that then makes the weights NaN is named as such. */
+static void test_anomaly_in_backward(void **state) {
+  for (int skip = 0; skip < 2; skip++) {
+    anom a = anom_open(skip);
+    *anom_at(&a, a.g->seed, 0) = NAN;
+    stoke_err *e = stoke_exec_forward_backward(a.x, 1, 5);
+    if (!skip) {
+      expect_anomaly(e, (const char *[]){"node 'loss.bwd' (softmax_ce backward on cpu)",
+                                         "into the gradient of its input 0, 'fc2.grad' [8, 3] f64"}, 2);
+    } else {
+      OK(e);
+      expect_anomaly(stoke_exec_update(a.x, &anom_sgd),
+                     (const char *[]){"the optimizer update (sgd on cpu) made parameter", "left to the loss scaler"}, 2);
+    }
+    anom_close(&a);
+  }
+}
+
+/* A finite step that overflows the weights: inputs near 1e150 give
+ * gradients near 1e149 (finite in f64), and a learning rate of 1e200 an
+ * update of 1e349: inf. The update is named, not a node. */
+static void test_anomaly_in_update(void **state) {
+  anom a = anom_open(0);
+  double *in = stoke_exec_input(a.x);
+  for (int i = 0; i < NB * F; i++) in[i] = (1 + fabs(in[i])) * 1e150;
+  OK(stoke_exec_forward_backward(a.x, 1, 5));
+  stoke_opt_args_v1 o = anom_sgd;
+  o.lr = 1e200;
+  expect_anomaly(stoke_exec_update(a.x, &o),
+                 (const char *[]){"the optimizer update (sgd on cpu) made parameter 'fc1.weight'", "from finite gradients"}, 2);
+  anom_close(&a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sgd_groups),
       cmocka_unit_test(test_sgd_groups_clipped),
       cmocka_unit_test(test_adamw_groups_clipped),
       cmocka_unit_test(test_unknown_optimizer),
+      cmocka_unit_test(test_anomaly_changes_nothing),
+      cmocka_unit_test(test_anomaly_in_batch),
+      cmocka_unit_test(test_anomaly_in_forward),
+      cmocka_unit_test(test_anomaly_in_backward),
+      cmocka_unit_test(test_anomaly_in_update),
   };
   return cmocka_run_group_tests(tests, setup, cpu_fixture_teardown);
 }

@@ -68,6 +68,11 @@ stoke_err *stoke_read_file(const char *path, const char *what, char **buf, size_
 stoke_err *stoke_write_begin(const char *path, const char *what, char *tmp, size_t cap, FILE **f);
 stoke_err *stoke_write_end(FILE *f, const char *tmp, const char *path, const char *what, stoke_err *e);
 
+/* The NaN and infinite values among the n elements of a float array of
+ * `dtype` in host memory (exponent bits all ones), and the first one's
+ * index in *first (when not NULL and any). 0 for integer dtypes. */
+int64_t stoke_count_nonfinite(const void *p, stoke_dtype dtype, int64_t n, int64_t *first);
+
 /* The host-services table handed to plugins. */
 const stoke_host_v1 *stoke_host_table(void);
 

@@ -383,6 +383,15 @@ stoke_err *stoke_exec_set_scale(stoke_exec *x, float scale, float good_steps);
  * mode, not for speed runs). The report gives time per node and per op
  * type and pass, over the profiled steps. */
 stoke_err *stoke_exec_profile(stoke_exec *x, int on);
+/* [run] detect_anomaly, PyTorch's torch.autograd.detect_anomaly: when on,
+ * the batch before the first node, every float tensor each node writes,
+ * and the parameters after the update are read back and checked; the
+ * first NaN or inf is an STOKE_E_NUMERIC error naming the node (op, pass,
+ * engine), the tensor, its shape and the first bad element. Eager only
+ * (graphs off), one sync per node: for finding a divergence, not for
+ * speed. skip_backward: the backward's gradients are not checked (the fp16
+ * loss scaler's overflows are expected there; it skips those steps). */
+stoke_err *stoke_exec_anomaly(stoke_exec *x, int on, int skip_backward);
 void stoke_exec_profile_report(stoke_exec *x, FILE *f);
 /* One micro-batch of a step: forward and backward, then the optimizer
  * update when `last_micro` (forward_backward + update). With graphs on,
