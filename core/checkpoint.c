@@ -661,7 +661,8 @@ static const char *file_kind(mode_t m) {
 
 /* The whole of a regular file (opened without blocking, so a FIFO is
  * refused instead of waiting for a writer). */
-static stoke_err *read_whole(const char *path, unsigned char **out, size_t *size) {
+/* The file's first `limit` bytes (all of it when shorter), malloc'd. */
+static stoke_err *read_head(const char *path, size_t limit, unsigned char **out, size_t *size) {
   *out = NULL;
   *size = 0;
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -676,11 +677,12 @@ static stoke_err *read_whole(const char *path, unsigned char **out, size_t *size
                   file_kind(st.st_mode));
   else if (st.st_size < 8)
     e = STOKE_ERR(STOKE_E_DATA, "checkpoint '%s' is truncated (%lld bytes)", path, (long long)st.st_size);
-  else if (!(*out = malloc((size_t)st.st_size)))
-    e = STOKE_ERR(STOKE_E_OOM, "out of memory reading '%s' (%lld bytes)", path, (long long)st.st_size);
+  size_t want = (size_t)st.st_size < limit ? (size_t)st.st_size : limit;
+  if (!e && !(*out = malloc(want)))
+    e = STOKE_ERR(STOKE_E_OOM, "out of memory reading '%s' (%zu bytes)", path, want);
   size_t got = 0;
-  while (!e && got < (size_t)st.st_size) {
-    ssize_t k = read(fd, *out + got, (size_t)st.st_size - got);
+  while (!e && got < want) {
+    ssize_t k = read(fd, *out + got, want - got);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0) e = STOKE_ERR(STOKE_E_IO, "reading checkpoint '%s' failed: %s", path, k ? strerror(errno) : "it shrank");
     else got += (size_t)k;
@@ -698,8 +700,30 @@ stoke_err *stoke_st_read(const char *path, stoke_st_file *f) {
   memset(f, 0, sizeof *f);
   unsigned char *bytes;
   size_t size;
-  STOKE_PROPAGATE(read_whole(path, &bytes, &size));
+  STOKE_PROPAGATE(read_head(path, SIZE_MAX, &bytes, &size));
   return stoke_st_parse(bytes, size, path, f);
+}
+
+stoke_err *stoke_checkpoint_config(const char *path, char **text) {
+  *text = NULL;
+  unsigned char *b;
+  size_t n;
+  STOKE_PROPAGATE(read_head(path, 8, &b, &n));
+  uint64_t hlen = 0;
+  for (int i = 0; i < 8; i++) hlen |= (uint64_t)b[i] << (8 * i);
+  free(b);
+  if (hlen > ((uint64_t)1 << 30))
+    return STOKE_ERR(STOKE_E_DATA, "checkpoint '%s' is not a safetensors file (a header of %llu bytes)", path,
+                     (unsigned long long)hlen);
+  STOKE_PROPAGATE(read_head(path, 8 + (size_t)hlen, &b, &n));
+  stoke_st_file f = {.bytes = b, .size = n};
+  stoke_err *e = n < 8 + hlen ? STOKE_ERR(STOKE_E_DATA, "checkpoint '%s' is truncated inside its header", path) : NULL;
+  jp j = {(const char *)b + 8, (const char *)b + n, path};
+  if (!e) e = parse_header(&f, &j);
+  const char *c = e ? NULL : stoke_st_meta(&f, "config");
+  if (c && !(*text = strdup(c))) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
+  stoke_st_free(&f);
+  return e;
 }
 
 stoke_err *stoke_st_parse(unsigned char *bytes, size_t size, const char *path, stoke_st_file *f) {

@@ -105,7 +105,8 @@ stoke_err *stoke_run_setup(const stoke_run_opts *o, stoke_cfg **cfg_out, stoke_r
   int n_dirs = 0;
   if (!c) return STOKE_ERR(STOKE_E_OOM, "out of memory");
   STOKE_TRY_GOTO(e, fail, stoke_declare_core_keys(c), "declaring the core's config keys");
-  STOKE_TRY_GOTO(e, fail, stoke_cfg_load_file(c, o->ini_path), "loading the config");
+  STOKE_TRY_GOTO(e, fail, o->ini_text ? stoke_cfg_load_string(c, o->ini_path, o->ini_text) : stoke_cfg_load_file(c, o->ini_path),
+                 "loading the config");
   for (int i = 0; i < o->n_overrides; i++)
     STOKE_TRY_GOTO(e, fail, stoke_cfg_override(c, o->overrides[i]), "applying command-line overrides");
   /* [run], [plugins] and the sections' names now: a typo there ("paht = dir") said before it sends the

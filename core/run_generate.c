@@ -67,6 +67,33 @@ static void gen_close(gen *G) {
   free(G->text);
 }
 
+/* Generation reads no data, only the window's length and the vocabulary:
+ * a [data] source of token shards (`tokens`) is replaced by a synthetic
+ * token source of the same window (seq_len + 1) and vocabulary, declared
+ * in a section of its own, so the training shards need not be there
+ * (nanoGPT's sample.py needs only the checkpoint). Other sources (the
+ * synthetic tokens of a benchmark) read no files anyway. */
+static stoke_err *window_source(run_state *s, stoke_data_config *dc) {
+  if (strcmp(dc->source, "tokens")) return NULL;
+  int64_t seq_len, vocab;
+  STOKE_PROPAGATE(stoke_cfg_int(s->cfg, "data", "seq_len", &seq_len));
+  STOKE_PROPAGATE(stoke_cfg_int(s->cfg, "data", "vocab", &vocab));
+  if (!stoke_find_source(s->reg, "synthetic"))
+    STOKE_TRY(stoke_registry_load(s->reg, "synthetic"), "the synthetic source, for the model's window");
+  const stoke_source_v1 *syn = stoke_find_source(s->reg, "synthetic");
+  if (!syn) return STOKE_ERR(STOKE_E_NOT_FOUND, "the synthetic plugin registers no 'synthetic' source");
+  STOKE_PROPAGATE(stoke_cfg_declare(s->cfg, "generate_window", "the model's window (generate)", syn->keys, syn->n_keys));
+  char a[4][64];
+  snprintf(a[0], sizeof a[0], "generate_window.tokens=true");
+  snprintf(a[1], sizeof a[1], "generate_window.shape=%lld", (long long)seq_len + 1);
+  snprintf(a[2], sizeof a[2], "generate_window.classes=%lld", (long long)vocab);
+  snprintf(a[3], sizeof a[3], "generate_window.length=1");
+  for (int i = 0; i < 4; i++) STOKE_TRY(stoke_cfg_override(s->cfg, a[i]), "the model's window");
+  dc->section = "generate_window";
+  dc->source = "synthetic";
+  return NULL;
+}
+
 /* The model at batch 1, forward only, with the checkpoint's weights. */
 static stoke_err *gen_open(gen *G, const stoke_run_opts *o, const char *checkpoint) {
   run_state *s = &G->s;
@@ -76,6 +103,7 @@ static stoke_err *gen_open(gen *G, const stoke_run_opts *o, const char *checkpoi
   STOKE_PROPAGATE(run_open_device(s));
   stoke_data_config dc = s->rc.data;
   dc.batch = 1;
+  STOKE_PROPAGATE(window_source(s, &dc));
   /* the forward plan of one window; as its own "training" stream, so the
    * evaluation's check against [data] compares [data] with itself */
   STOKE_PROPAGATE(run_plan_stream(s, &s->train, &dc, s->prec, 0));
@@ -163,6 +191,17 @@ stoke_err *stoke_generate(const stoke_run_opts *o, const char *checkpoint, const
                           int64_t *vocab_out) {
   gen G = {.s = {.opts = *o, .world = 1}};
   G.s.o = &G.s.opts;
+  char *config = NULL; /* no INI: the run's config from the checkpoint */
+  if (!o->ini_path) {
+    STOKE_TRY(stoke_checkpoint_config(checkpoint, &config), "reading the run's config from the checkpoint");
+    if (!config)
+      return STOKE_ERR(STOKE_E_NOT_FOUND,
+                       "checkpoint '%s' carries no run config (not written by stoke's train): give the run's INI "
+                       "too, `generate RUN.INI CHECKPOINT`", checkpoint);
+    G.s.opts.ini_path = checkpoint;
+    G.s.opts.ini_text = config;
+    o = &G.s.opts;
+  }
   stoke_summary sum = {0};
   G.s.sum = &sum;
   run_signals_reset();
@@ -173,5 +212,6 @@ stoke_err *stoke_generate(const stoke_run_opts *o, const char *checkpoint, const
     run_signals_restore(&G.s.sg);
   }
   gen_close(&G);
+  free(config);
   return e;
 }

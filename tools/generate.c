@@ -1,7 +1,8 @@
 /* tools/generate: text from a trained language model, as nanoGPT's
- * sample.py: `generate RUN.INI CHECKPOINT [options] [section.key=value ...]`.
- * The INI is the run's (its model, its [data] for the window and the
- * vocabulary, its backends); the prompt is tokenized as the data was:
+ * sample.py: `generate [RUN.INI] CHECKPOINT [options] [section.key=value ...]`.
+ * The config is the run's (its model, its [data] for the window and the
+ * vocabulary, its backends): the INI given, or the one the checkpoint
+ * carries; no data is read. The prompt is tokenized as the data was:
  * bytes for vocab = 256, GPT-2's BPE for vocab 50257 (with its
  * encoder.json and vocab.bpe). Tokens are printed as they come. main()
  * decides the exit code; the library only returns errors. */
@@ -18,7 +19,9 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: generate RUN.INI CHECKPOINT [options] [section.key=value ...]\n"
+          "usage: generate [RUN.INI] CHECKPOINT [options] [section.key=value ...]\n"
+          "  the run's config from RUN.INI, or, without it, the one the checkpoint carries;\n"
+          "  the training data need not be there (only its window and vocabulary are used)\n"
           "  --prompt TEXT        the text to continue (default: a newline)\n"
           "  --prompt-file FILE   the same, from a file\n"
           "  --tokens N           tokens to generate (default 256)\n"
@@ -73,16 +76,16 @@ int main(int argc, char **argv) {
     usage(stdout);
     return 0;
   }
-  if (argc < 3) {
+  if (argc < 2) {
     usage(stderr);
     return 2;
   }
   const char *prompt = "\n", *prompt_file = NULL, *encoder = NULL, *merges = NULL;
   stoke_gen_opts g = {.max_new = 256, .temperature = 0.8, .top_k = 200, .seed = 1337};
   out_ctx oc = {0};
-  const char *overrides[256], *checkpoint = NULL;
-  int n_over = 0;
-  for (int i = 2; i < argc; i++) {
+  const char *overrides[256], *pos[2] = {NULL, NULL};
+  int n_over = 0, n_pos = 0;
+  for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     char *end = NULL;
     int takes = 1;
@@ -98,7 +101,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--pad") && v) g.pad = (int32_t)strtol(v, &end, 10);
     else if (!strcmp(a, "--ids")) oc.ids = 1, takes = 0;
     else if (a[0] != '-' && strchr(a, '=') && access(a, F_OK) && n_over < 256) overrides[n_over++] = a, takes = 0;
-    else if (a[0] != '-' && !checkpoint) checkpoint = a, takes = 0; /* overrides may come before it, as train's */
+    else if (a[0] != '-' && n_pos < 2) pos[n_pos++] = a, takes = 0; /* overrides may come before it, as train's */
     else {
       fprintf(stderr, "stoke: error: generate: unknown option or missing value: '%s'\n", a);
       usage(stderr);
@@ -113,6 +116,8 @@ int main(int argc, char **argv) {
     }
     i += takes;
   }
+  /* one file: the checkpoint, its own config; two: the INI, then the checkpoint */
+  const char *ini = n_pos == 2 ? pos[0] : NULL, *checkpoint = n_pos == 2 ? pos[1] : pos[0];
   if (!checkpoint) {
     fprintf(stderr, "stoke: error: generate: no CHECKPOINT given (the .safetensors file a run saved)\n");
     usage(stderr);
@@ -145,7 +150,7 @@ int main(int argc, char **argv) {
   g.prompt = ids, g.n_prompt = n, g.on_token = put_token, g.ctx = &oc;
   g.tokenizer_vocab = bpe ? STOKE_BPE_VOCAB : 256;
   g.tokenizer = bpe ? "GPT-2's BPE" : "bytes; for GPT-2's BPE give --encoder encoder.json --vocab-bpe vocab.bpe";
-  stoke_run_opts o = {.ini_path = argv[1], .overrides = overrides, .n_overrides = n_over, .quiet = 1};
+  stoke_run_opts o = {.ini_path = ini, .overrides = overrides, .n_overrides = n_over, .quiet = 1};
   oc.prompt = prompt;
   if (!e) e = stoke_generate(&o, checkpoint, &g, NULL);
   if (oc.started && !oc.ids) putchar('\n');

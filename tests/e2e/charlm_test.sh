@@ -94,6 +94,13 @@ c=$(gen --prompt "A " --tokens 64 --seed 8 --ids)
 [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c" ] && [ "$(echo "$a" | wc -l)" = 64 ]
 verdict $? "generate: seed 7 twice gives one text, seed 8 another" \
   "generate: seeds: 7 '$(echo $a | head -c 80)', 7 again '$(echo $b | head -c 80)', 8 '$(echo $c | head -c 80)'"
+# from the checkpoint alone (the config it carries) and with the shards' paths pointing nowhere: the same text
+d=$(tools/generate "$T/charlm/checkpoint.safetensors" --prompt "A " --tokens 64 --seed 7 --ids 2> "$T/gen_own.err")
+e=$(tools/generate examples/charlm.ini "$T/charlm/checkpoint.safetensors" data.path=/nonexistent/x_train_*.bin \
+      eval_data.path=/nonexistent/x_val_000000.bin --prompt "A " --tokens 64 --seed 7 --ids 2>> "$T/gen_own.err")
+[ -n "$a" ] && [ "$d" = "$a" ] && [ "$e" = "$a" ]
+verdict $? "generate: the checkpoint alone, and the INI with no shards there, give seed 7's text" \
+  "generate: own config '$(echo $d | head -c 80)', no shards '$(echo $e | head -c 80)': $(tail -3 "$T/gen_own.err")"
 long="$(head -c 300 /usr/share/games/fortunes/fortunes | tr -cd '[:print:]\n' | head -c 100)"
 g0=$(gen --prompt "The cat " --tokens 24 --temperature 0 --ids --pad 0) g1=$(gen --prompt "The cat " --tokens 24 --temperature 0 --ids --pad 101)
 l100=$(gen --prompt "$long" --tokens 24 --temperature 0 --ids) l64=$(gen --prompt "${long: -64}" --tokens 24 --temperature 0 --ids)

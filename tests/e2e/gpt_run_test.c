@@ -6,7 +6,10 @@
  * auto than without at the same memory; a bad pattern is a clear error.
  * Resume: a checkpoint of a larger GPT (a block more) is refused, as
  * PyTorch's strict load refuses it. Evaluation on a token shard: a batch
- * holding a window the source cannot read is left out of the loss. */
+ * holding a window the source cannot read is left out of the loss.
+ * Generation (stoke_generate) reads no data: with the training shard gone,
+ * from the INI or from the checkpoint's own config, it gives the text it
+ * gave with the shard there. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -24,6 +27,7 @@
 
 #include "sources/tokens/shard.h"
 #include "stoke/core.h"
+#include "stoke/generate.h"
 #include "stoke/run.h"
 
 static const char *dirs[] = {"backends/cpu", "sources/synthetic", "sources/tokens", "models/gpt"};
@@ -220,6 +224,78 @@ static void test_eval_leaves_out_unreadable(void **state) {
   free(text);
 }
 
+typedef struct gen_out {
+  int32_t tok[32];
+  int n;
+} gen_out;
+
+static int keep_token(void *ctx, int32_t token, const float *row, int64_t vocab) {
+  gen_out *g = ctx;
+  if (g->n < 32) g->tok[g->n++] = token;
+  return 0;
+}
+
+/* 24 tokens at temperature 1 from `checkpoint`, the config from `ini_path`
+ * (NULL: the checkpoint's own). */
+static stoke_err *generate(const char *ini_path, const char *checkpoint, gen_out *out) {
+  static const int32_t prompt[] = {1, 2, 3};
+  stoke_gen_opts g = {.prompt = prompt, .n_prompt = 3, .max_new = 24, .temperature = 1, .seed = 11,
+                      .on_token = keep_token, .ctx = out};
+  stoke_run_opts o = {.ini_path = ini_path, .plugin_dirs = dirs, .n_plugin_dirs = (int)(sizeof dirs / sizeof *dirs),
+                      .quiet = 1};
+  out->n = 0;
+  return stoke_generate(&o, checkpoint, &g, NULL);
+}
+
+static void test_generate_without_data(void **state) {
+  char shard[700], tini[700], ck[760], over[760];
+  snprintf(shard, sizeof shard, "%s/gen_train.bin", tmp);
+  snprintf(tini, sizeof tini, "%s/gen.ini", tmp);
+  write_tokens(shard, 4096, -1);
+  FILE *f = fopen(tini, "w");
+  assert_non_null(f);
+  fprintf(f, "[run]\nbackends = cpu\nsteps = 4\nseed = 5\nprogress = off\n\n[data]\nsource = tokens\npath = %s\n"
+             "seq_len = 16\nvocab = 64\nbatch_size = 4\n\n[model]\nname = gpt\nn_layer = 1\nn_head = 2\n"
+             "n_embd = 32\ncontext = 16\n\n[optimizer]\nname = adamw\nlr = 1e-3\n", shard);
+  fclose(f);
+  snprintf(over, sizeof over, "run.out_dir=%s/gen_run", tmp);
+  stoke_run_opts o = {.ini_path = tini, .overrides = (const char *[]){over}, .n_overrides = 1, .plugin_dirs = dirs,
+                      .n_plugin_dirs = (int)(sizeof dirs / sizeof *dirs), .quiet = 1};
+  stoke_summary sum;
+  OK(stoke_train(&o, &sum));
+  snprintf(ck, sizeof ck, "%s/gen_run/checkpoint.safetensors", tmp);
+  gen_out with_data, no_data, own_config;
+  OK(generate(tini, ck, &with_data));
+  assert_int_equal(unlink(shard), 0);
+  OK(generate(tini, ck, &no_data));
+  OK(generate(NULL, ck, &own_config));
+  assert_int_equal(with_data.n, 24);
+  assert_memory_equal(with_data.tok, no_data.tok, sizeof with_data.tok[0] * 24);
+  assert_memory_equal(with_data.tok, own_config.tok, sizeof with_data.tok[0] * 24);
+  /* a safetensors file another program wrote carries no config: the INI is asked for */
+  char bare[700];
+  snprintf(bare, sizeof bare, "%s/bare.safetensors", tmp);
+  const char *h = "{\"__metadata__\":{\"format\":\"pt\"},\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+  uint64_t hl = strlen(h);
+  f = fopen(bare, "wb");
+  assert_non_null(f);
+  fwrite(&hl, 8, 1, f); /* little-endian, as this machine */
+  fwrite(h, 1, hl, f);
+  fwrite("\0\0\0\0", 1, 4, f);
+  fclose(f);
+  stoke_err *e = generate(NULL, bare, &no_data);
+  assert_non_null(e);
+  print_message("%s\n", e->msg);
+  assert_non_null(strstr(e->msg, "carries no run config"));
+  assert_non_null(strstr(e->msg, "generate RUN.INI CHECKPOINT"));
+  stoke_err_free(e);
+  e = generate(NULL, tini, &no_data); /* an INI where the checkpoint goes */
+  assert_non_null(e);
+  print_message("%s\n", e->msg);
+  assert_non_null(strstr(e->msg, "not a safetensors file"));
+  stoke_err_free(e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_same_training),
@@ -227,6 +303,7 @@ int main(void) {
       cmocka_unit_test(test_bad_pattern),
       cmocka_unit_test(test_larger_model_refused),
       cmocka_unit_test(test_eval_leaves_out_unreadable),
+      cmocka_unit_test(test_generate_without_data),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -106,6 +106,12 @@ stoke_err *stoke_checkpoint_check(const stoke_st_file *f, const char *path, stok
 void stoke_st_free(stoke_st_file *f);
 const stoke_st_tensor *stoke_st_find(const stoke_st_file *f, const char *name);
 const char *stoke_st_meta(const stoke_st_file *f, const char *key);
+/* The run's resolved config that a stoke checkpoint carries (its "config"
+ * metadata, as the run's config.ini), read from the file's header alone;
+ * *text is malloc'd, or NULL when the file has none (another writer's, or
+ * a file of a stoke before configs were saved). Its checksum is checked
+ * when the weights are loaded (stoke_checkpoint_load). */
+stoke_err *stoke_checkpoint_config(const char *path, char **text);
 
 #ifdef __cplusplus
 }

@@ -63,6 +63,10 @@ typedef struct stoke_summary {
 
 typedef struct stoke_run_opts {
   const char *ini_path;
+  /* the config's text instead of the file at ini_path, which then only
+   * names it in messages and anchors relative [plugins] paths (generate's
+   * config read from a checkpoint); NULL: the file */
+  const char *ini_text;
   const char *const *overrides; /* "section.key=value" */
   int n_overrides;
   const char *const *plugin_dirs; /* extra search folders, before the INI's */
