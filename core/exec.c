@@ -980,7 +980,7 @@ stoke_err *stoke_exec_micro(stoke_exec *x, int first_micro, int last_micro, uint
 
 stoke_err *stoke_exec_count_ops(stoke_exec *x, const stoke_opt_args_v1 *opt, int64_t *ops) {
   *ops = 0;
-  if (!x->dev->capture_begin || !x->p->opt_kernel || x->profiling) return NULL;
+  if (!x->dev->capture_begin || !x->p->opt_kernel || x->profiling || x->anomaly) return NULL; /* both read back between kernels */
   if (!x->kind_ops[1][1]) STOKE_PROPAGATE(capture(x, 1, 1, 0, opt, NULL));
   *ops = x->kind_ops[1][1];
   return NULL;
