@@ -178,8 +178,7 @@ static void fmt_num(double x, char buf[40]) {
   else snprintf(buf, 40, "%g", x);
 }
 
-/* Levenshtein distance, case-insensitive; large for very long strings. */
-static int edit_distance(const char *a, const char *b) {
+int stoke_edit_distance(const char *a, const char *b) {
   enum { M = 128 };
   size_t la = strlen(a), lb = strlen(b);
   if (la >= M || lb >= M) return 1 << 20;
@@ -297,7 +296,7 @@ static void nearest_choice(const char *choices, const char *s, char *buf, size_t
     if (len < sizeof one) {
       memcpy(one, p, len);
       one[len] = '\0';
-      int d = edit_distance(s, one);
+      int d = stoke_edit_distance(s, one);
       if ((best < 0 || d < best) && close_enough(s, d) && len < cap) {
         best = d;
         memcpy(buf, one, len + 1);
@@ -417,7 +416,7 @@ static stoke_err *unknown_section(const stoke_cfg *c, const char *origin,
   const char *best = NULL;
   int best_d = 0;
   for (int i = 0; i < c->n_secs; i++) {
-    int d = edit_distance(name, c->secs[i].name);
+    int d = stoke_edit_distance(name, c->secs[i].name);
     if ((!best || d < best_d) && close_enough(name, d)) best = c->secs[i].name, best_d = d;
   }
   if (best)
@@ -467,7 +466,7 @@ static stoke_err *unknown_key(const stoke_cfg *c, const cfg_section *s, const ch
   const char *best = NULL;
   int best_d = 0;
   for (int i = 0; i < s->n_keys; i++) {
-    int d = edit_distance(key, s->keys[i].k.key);
+    int d = stoke_edit_distance(key, s->keys[i].k.key);
     if ((!best || d < best_d) && close_enough(key, d)) best = s->keys[i].k.key, best_d = d;
   }
   if (best)

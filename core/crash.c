@@ -1,9 +1,12 @@
 /* core/crash.c: what a kernel's crash says. The executor notes the kernel it
  * is running; a SIGSEGV or SIGBUS in it prints the node, the op, the pass
  * and the engine, and for a backward the inputs and outputs it was handed
- * without data (not named in the op's bwd_needs: the usual cause), then
- * dies of the signal as before. Only async-signal-safe calls (write). */
+ * without data (not named in the op's bwd_needs: the usual cause), and
+ * for a fault through a NULL pointer the unset `stoke_host` (the other
+ * usual cause), then dies of the signal as before. Only async-signal-safe
+ * calls (write). */
 #include <signal.h>
+#include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -43,7 +46,20 @@ static int put_missing(const char *what, const stoke_tensor *t, int n, int any) 
   return any;
 }
 
-static void on_crash(int sig) {
+/* A fault in the first page is a read or write through a NULL pointer:
+ * the usual one in a plugin is `stoke_host`, which its register() must
+ * set (`stoke_host = h;`) before any stoke_host->... call (the STOKE_PERR
+ * macros, log, config reads) can work. */
+void stoke_crash_null_hint(const void *addr) {
+  if ((uintptr_t)addr >= 4096) return;
+  put("  the fault is at address ");
+  put_int((int)(uintptr_t)addr);
+  put(", through a NULL pointer: if the plugin's register() does not keep the host table (`stoke_host = h;`, "
+      "plugins/README.md), its first stoke_host->... call (STOKE_PERR, log, a config read) crashes so\n");
+}
+
+static void on_crash(int sig, siginfo_t *si, void *uc) {
+  (void)uc;
   const stoke_kernel_v1 *k = running_kernel;
   const stoke_kernel_args_v1 *a = running_args;
   if (k && a) {
@@ -62,6 +78,7 @@ static void on_crash(int sig) {
                 "bwd_needs; stoke/testkit.h checks this without a crash\n"
               : " none\n");
     }
+    stoke_crash_null_hint(si ? si->si_addr : NULL);
   }
   signal(sig, SIG_DFL);
   raise(sig);
@@ -70,9 +87,9 @@ static void on_crash(int sig) {
 void stoke_crash_guard_install(void) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_crash;
+  sa.sa_sigaction = on_crash;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND | SA_NODEFER;
+  sa.sa_flags = SA_RESETHAND | SA_NODEFER | SA_SIGINFO;
   sigaction(SIGSEGV, &sa, NULL);
   sigaction(SIGBUS, &sa, NULL);
 }

@@ -142,13 +142,18 @@ static stoke_kernel_args_v1 args_of(const call *c, const stoke_tensor *in, const
 /* Run a kernel on the cpu backend under a SIGSEGV/SIGBUS guard: 1 when it
  * crashed (a read through a NULL it was handed). */
 static sigjmp_buf crash_jmp;
-static void on_crash(int sig) { siglongjmp(crash_jmp, sig); }
+static const void *volatile crash_addr; /* the faulting address of the last crash */
+static void on_crash(int sig, siginfo_t *si, void *uc) {
+  (void)uc;
+  crash_addr = si ? si->si_addr : NULL;
+  siglongjmp(crash_jmp, sig);
+}
 
 static int guarded(const stoke_kernel_v1 *kern, const stoke_kernel_args_v1 *a, void *state, stoke_err **e) {
   struct sigaction sa = {0}, old_segv, old_bus;
-  sa.sa_handler = on_crash;
+  sa.sa_sigaction = on_crash;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_NODEFER;
+  sa.sa_flags = SA_NODEFER | SA_SIGINFO;
   sigaction(SIGSEGV, &sa, &old_segv);
   sigaction(SIGBUS, &sa, &old_bus);
   int crashed = 0;
@@ -185,6 +190,13 @@ static stoke_err *forward(const call *c, const stoke_kernel_v1 *kern, stoke_tens
   for (int j = 0; j < c->n_out; j++) poison(&out[j]);
   int crashed;
   STOKE_PROPAGATE(run_kernel(kern, args_of(c, c->in, out), &crashed));
+  /* every input and output had data: a fault in the first page is most likely the host table left unset */
+  if (crashed && (uintptr_t)crash_addr < 4096)
+    return STOKE_ERR(STOKE_E_INTERNAL,
+                     "the forward kernel crashed (SIGSEGV at address %zu: through a NULL pointer, with every input "
+                     "and output given data): does the plugin's register() keep the host table (`stoke_host = h;` "
+                     "first in it, plugins/README.md)? Without it the first stoke_host->... call (STOKE_PERR, log, a "
+                     "config read) crashes so", (size_t)(uintptr_t)crash_addr);
   if (crashed) return STOKE_ERR(STOKE_E_INTERNAL, "the forward kernel crashed (SIGSEGV)");
   for (int j = 0; j < c->n_out; j++) {
     int64_t at = first_nan(&out[j]);
@@ -631,6 +643,32 @@ static void report_engine(kit *k, const char *what, stoke_err *e, double worst, 
  * (the others data == NULL), a random output gradient, every input
  * gradient poisoned (param_grad_beta 0); then, for inputs a case marks as
  * parameters, gradients preset to random values and accumulated (beta 1). */
+/* The backend name (registered, or a plugin file on the search path)
+ * one edit (case aside) from `name`, or NULL: the engine a kernel meant.
+ * Not two: "cuda" is two from "cudnn", and a cuda kernel on a machine
+ * without the cuda plugin is skipped, not wrong. */
+typedef struct near_ctx {
+  const char *name, *best;
+  int dist;
+} near_ctx;
+static void near_backend(void *ctx, const void *part, const char *origin) {
+  near_ctx *n = ctx;
+  const char *b = ((const stoke_backend_v1 *)part)->name;
+  int d = strcmp(n->name, b) ? stoke_edit_distance(n->name, b) : -1; /* -1: the name itself exists */
+  if (d < n->dist) n->dist = d, n->best = b;
+}
+static const char *near_engine(kit *k, const char *name) {
+  near_ctx n = {name, NULL, 2};
+  stoke_registry_each(k->reg, "backend", near_backend, &n);
+  static char avail[2048], found[64];
+  stoke_registry_available(k->reg, avail, sizeof avail);
+  for (char *p = strtok(avail, ", "); p; p = strtok(NULL, ", ")) {
+    int d = strcmp(name, p) ? stoke_edit_distance(name, p) : -1; /* a plugin of that name that cannot open here */
+    if (d < n.dist) n.dist = d, n.best = strcpy(found, strlen(p) < sizeof found ? p : "");
+  }
+  return n.dist >= 0 && n.best && n.best[0] ? n.best : NULL;
+}
+
 static void check_engine_kernel(kit *k, const call *c, const stoke_kernel_v1 *kern) {
   int bwd = kern->pass == STOKE_BWD;
   char what[320];
@@ -644,6 +682,15 @@ static void check_engine_kernel(kit *k, const call *c, const stoke_kernel_v1 *ke
   }
   engine en;
   stoke_err *e = open_engine(k, kern->engine, &en);
+  const char *near = e && e->code == STOKE_E_NOT_FOUND ? near_engine(k, kern->engine) : NULL;
+  if (near) { /* a misspelt engine ("CPU"): a kernel no run would ever pick */
+    result(k, 0, what,
+           "no backend is named '%s' (did you mean '%s'?): a kernel's engine is the backend's name as registered, "
+           "and under another spelling no run ever uses it",
+           kern->engine, near);
+    stoke_err_free(e);
+    return;
+  }
   if (e) {
     printf("skip %s: cannot open engine '%s' here: %s\n", what, kern->engine, e->msg);
     stoke_err_free(e);

@@ -780,6 +780,21 @@ static void test_out_dir_claimed(void **state) {
   assert_int_equal(ckpt_step("claimed_auto"), 2);
 }
 
+/* A plugin op whose register() forgot `stoke_host = h;` (tests/sdk/no_host.c)
+ * dies of its first stoke_host->log in its kernel: the crash note names the
+ * node, op and engine, and says the NULL host table is the likely cause. */
+static void test_plugin_without_host_table(void **state) {
+  pid_t pid = spawn_train("no_host", 0, (const char *[]){"plugins.path=tests/sdk", "plugins.load=no_host",
+                                                         "model.activation=no_host_act", NULL});
+  int status = wait_child(pid, 60);
+  const char *log = child_log("no_host");
+  print_message("%s", strstr(log, "stoke: SIGSEGV") ? strstr(log, "stoke: SIGSEGV") : log);
+  if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGSEGV) fail_msg("not a SIGSEGV: status %d", status);
+  if (!strstr(log, "stoke: SIGSEGV in the kernel of node 'layers.1' (op 'no_host_act', engine 'cpu')") ||
+      !strstr(log, "through a NULL pointer: if the plugin's register() does not keep the host table (`stoke_host = h;`"))
+    fail_msg("the crash note lacks the node or the hint");
+}
+
 int main(void) {
   const char *t = getenv("TEST_TMPDIR");
   snprintf(tmp, sizeof tmp, "%s", t ? t : "/tmp");
@@ -800,6 +815,7 @@ int main(void) {
       cmocka_unit_test(test_crafted_metadata),
       cmocka_unit_test(test_resume_not_a_file),
       cmocka_unit_test(test_bit_flips_detected),
+      cmocka_unit_test(test_plugin_without_host_table),
       cmocka_unit_test(test_out_dir_claimed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -126,6 +126,7 @@ static const stoke_kernel_v1 kernels[] = {
     {.engine = "cpu", .op = "mis_relu", .pass = STOKE_FWD, .dtype = STOKE_F64, .run = relu_fwd},
     {.engine = "cpu", .op = "mis_relu", .pass = STOKE_BWD, .dtype = STOKE_F64, .run = relu_bwd},
     {.engine = "cpu", .op = "bad_grad", .pass = STOKE_FWD, .dtype = STOKE_F64, .run = sq_fwd},
+    {.engine = "CPU", .op = "bad_grad", .pass = STOKE_FWD, .dtype = STOKE_F32, .run = sq_fwd32}, /* misspelt engine */
     {.engine = "cpu", .op = "bad_grad", .pass = STOKE_BWD, .dtype = STOKE_F64, .run = sq_bwd},
     {.engine = "cpu", .op = "lazy_fwd", .pass = STOKE_FWD, .dtype = STOKE_F64, .run = sq_fwd},
     /* says it can do the forward's work too, and ignores with_forward */

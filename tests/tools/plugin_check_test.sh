@@ -9,7 +9,9 @@
 # than (index, seed), a backward that claims STOKE_KCAP_WITH_FORWARD but
 # leaves the forward's output unwritten, an f32 kernel writing doubles (past
 # its output's end: named, where glibc had aborted later), an infer that
-# sets no output and backward kernels beside has_backward 0.
+# sets no output, backward kernels beside has_backward 0, a kernel of a
+# misspelt engine ("CPU"); and
+# tests/sdk/no_host.c's register() that leaves stoke_host unset.
 set -uo pipefail
 out="${TEST_TMPDIR:-$(mktemp -d)}"
 pc=tools/plugin_check
@@ -50,6 +52,7 @@ log="$out/bad_kit.log"
 check "$log" 1 tests/sdk/libstoke_bad_kit.so
 has "$log" "FAIL op mis_relu [3x5]: backward reads only what bwd_needs names: it crashed when output 0 (STOKE_BWD_NEEDS_OUTPUT(0)) had no data"
 has "$log" "FAIL op bad_grad [3x5]: gradient against finite differences (f64): relative error"
+has "$log" "FAIL op bad_grad [3x5]: CPU f32 forward kernel against the cpu f64 one: no backend is named 'CPU' (did you mean 'cpu'?)"
 has "$log" "FAIL op f32_grad [3x5]: cpu f32 backward kernel against the cpu f64 one: gradient of input 0: relative error 0.5 > tolerance"
 has "$log" "ok   op mul_param [3x5]: cpu f32 backward kernel against the cpu f64 one"
 has "$log" "FAIL op mul_param [3x5]: cpu f32 backward kernel, parameter gradients accumulated (param_grad_beta 1): gradient of input 1"
@@ -60,6 +63,12 @@ has "$log" "its infer() gave output 0 0 dimensions [], dtype 0: not a shape (1 t
 has "$log" "FAIL op bwd_hidden [3x5]: backward kernels only with has_backward: the op's has_backward is 0, yet a STOKE_BWD kernel is registered (cpu f64)"
 has "$log" "FAIL source sloppy: labels in [0, classes): sample 1 has label 2, outside [0, 2)"
 has "$log" "FAIL source sloppy: the same (index, seed) gives the same sample, every byte written: sample 0 read twice differs at byte 4"
+n=$((n + 1))
+# a register() that forgets `stoke_host = h;`: the crash at the first stoke_host->log is named as that
+log="$out/no_host.log"
+check "$log" 1 tests/sdk/libstoke_no_host.so
+has "$log" "FAIL op no_host_act [3x5]: cpu forward in f64, every output element written: the forward kernel crashed (SIGSEGV at address"
+has "$log" "does the plugin's register() keep the host table (\`stoke_host = h;\`"
 n=$((n + 1))
 [ "$fail" -eq 0 ] || exit 1
 echo "[==========] $n test(s) run."

@@ -68,6 +68,10 @@ stoke_err *stoke_read_file(const char *path, const char *what, char **buf, size_
 stoke_err *stoke_write_begin(const char *path, const char *what, char *tmp, size_t cap, FILE **f);
 stoke_err *stoke_write_end(FILE *f, const char *tmp, const char *path, const char *what, stoke_err *e);
 
+/* Levenshtein distance, case-insensitive (the did-you-mean of config keys
+ * and names); large for very long strings. */
+int stoke_edit_distance(const char *a, const char *b);
+
 /* The NaN and infinite values among the n elements of a float array of
  * `dtype` in host memory (exponent bits all ones), and the first one's
  * index in *first (when not NULL and any). 0 for integer dtypes. */
