@@ -387,6 +387,12 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
     err = stoke_report_write(path, &r);
   }
   if (m->o.quiet || err) return err;
+  if (!s->samples && !m->n_rows) { /* a resume at or past the run's end: no step ran, no figure to print */
+    printf("summary (%s): %lld steps, none of them run now (the checkpoint's step is the run's last: raise [run] "
+           "steps or epochs to continue)\n",
+           status, (long long)s->steps);
+    goto files;
+  }
   printf("summary (%s): %lld steps, %lld samples, final loss %.4f (first %.4f)\n"
          "  samples/s median %.0f, step time p50 %.3f ms, p95 %.3f ms, max %.3f ms (device)\n"
          "  host launch time p50 %.3f ms per step, data wait %.3f s total (%.3f s of it in the first step: the "
@@ -434,6 +440,7 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
   if (s->skipped_samples)
     printf("  %lld samples could not be used (each named once in log.txt); replaced %lld times, by reason:%s\n",
            (long long)s->bad_samples, (long long)s->skipped_samples, s->skip_reasons);
+files:
   printf("  metrics: %s/metrics.jsonl\n", s->out_dir);
   if (m->o.report_dir) printf("  report: %s/report.html (open it in a browser)\n", m->o.report_dir);
   if (m->tb) printf("  TensorBoard: %s (tensorboard --logdir on its folder)\n", stoke_tb_path(m->tb));

@@ -76,7 +76,13 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
               "%s: [data] mean / std", stoke_cfg_where(s->cfg, "data", "mean"));
     x = n;
   } else if (info.dtype == STOKE_F32) {
-    /* the batch arrives as f32; a low-precision graph converts it first */
+    /* the batch arrives as f32; a low-precision graph converts it first. mean / std normalize u8 images only */
+    const char *k = stoke_cfg_is_set(s->cfg, "data", "mean") ? "mean" : stoke_cfg_is_set(s->cfg, "data", "std") ? "std" : NULL;
+    if (k && training)
+      stoke_log(STOKE_LOG_WARN, "data",
+                "%s: [data] %s is set, but source '%s' gives f32 samples, which the model reads as they are: mean "
+                "and std normalize u8 images (the jpeg and lmdb sources); normalize in the source, or leave them out",
+                stoke_cfg_where(s->cfg, "data", k), k, st->src->name);
     STOKE_PROPAGATE(stoke_graph_input(g, "input", STOKE_VAL_INPUT, &xs, STOKE_F32, &x));
     /* images in the memory order the source declares (CHW unless it says STOKE_NHWC) */
     stoke_layout in = info.layout == STOKE_NHWC ? STOKE_NHWC : STOKE_NCHW;

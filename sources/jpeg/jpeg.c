@@ -95,6 +95,14 @@ static stoke_err *scan(jpeg_src *s, const char *where) {
     if (l.empty)
       stoke_host->log(STOKE_LOG_WARN, "jpeg", "%s: %zu class folders hold no JPEG; their labels are kept but never drawn",
                       s->root, l.empty);
+    /* a hidden folder (Jupyter's .ipynb_checkpoints) is a class to torchvision's ImageFolder too, so the labels
+     * stay PyTorch's; said, because it is seldom meant */
+    for (size_t c = 0; c < l.n_classes; c++)
+      if (l.classes[c][0] == '.')
+        stoke_host->log(STOKE_LOG_WARN, "jpeg",
+                        "%s: class %zu is the hidden folder '%s' (as torchvision's ImageFolder counts it too); if it "
+                        "is not a class (Jupyter's .ipynb_checkpoints), remove it: every class's label after it "
+                        "shifts by one", s->root, c, l.classes[c]);
     if (l.other)
       stoke_host->log(STOKE_LOG_INFO, "jpeg", "%s: ignored %zu files that are not .jpg/.jpeg (first: %s)", s->root,
                       l.other, l.first_other);

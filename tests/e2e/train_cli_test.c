@@ -114,6 +114,29 @@ static void test_eval_key_not_inherited(void **state) {
   EXPECT_HAS(out, "[model] hidden is empty: no hidden layer, a linear model");
 }
 
+/* [data] mean on a source of f32 samples is warned about, not ignored; a
+ * resume with nothing left to train prints a summary without a NaN. */
+static void test_nothing_silent(void **state) {
+  char text[1024], dir[PATH_MAX + 16];
+  snprintf(dir, sizeof dir, "%s/cli/nothing", tmpdir());
+  snprintf(text, sizeof text,
+           "[run]\nbackends = cpu\nsteps = 2\nprogress = off\nout_dir = %s\noverwrite = true\n"
+           "[data]\nsource = synthetic\nshape = 8\nclasses = 3\nbatch_size = 16\nmean = 0.5\n"
+           "[model]\nname = mlp\nhidden = 8\n",
+           dir);
+  write_ini(text);
+  const char *args[] = {ini, NULL};
+  assert_int_equal(run_child("tools/train", args, out, sizeof out), 0);
+  EXPECT_HAS(out, "run.ini:12: [data] mean is set, but source 'synthetic' gives f32 samples");
+  char resume[PATH_MAX + 64];
+  snprintf(resume, sizeof resume, "run.resume=%s/checkpoint.safetensors", dir);
+  const char *again[] = {ini, resume, NULL};
+  assert_int_equal(run_child("tools/train", again, out, sizeof out), 0);
+  EXPECT_HAS(out, "summary (done): 2 steps, none of them run now (the checkpoint's step is the run's last");
+  const char *sum = strstr(out, "summary (");
+  if (strstr(sum, " nan")) fail_msg("a NaN in the summary:\n%s", sum);
+}
+
 static void test_error_before_the_config_dump(void **state) {
   assert_int_equal(train_with("elsewhere_act"), 1);
   EXPECT_HAS(out, "stoke: error: node 'layers.1': no kernel for op 'elsewhere_act' (forward, f32) in backends [cpu]; "
@@ -133,6 +156,7 @@ int main(void) {
       cmocka_unit_test(test_help_config_reads_the_ini_plugin_path),
       cmocka_unit_test(test_error_before_the_config_dump),
       cmocka_unit_test(test_eval_key_not_inherited),
+      cmocka_unit_test(test_nothing_silent),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -560,6 +560,26 @@ static void test_one_class_warned(void **state) {
   free(log);
 }
 
+/* A hidden folder (.ipynb_checkpoints) beside the classes stays a class, as
+ * in torchvision's ImageFolder (labels stay PyTorch's), with a warning that
+ * names it and its label. */
+static void test_hidden_class_warned(void **state) {
+  char p[4096], root[4096];
+  tmp_path(root, sizeof root, "hidden");
+  const char *dirs[] = {"hidden/.ipynb_checkpoints", "hidden/cat", "hidden/dog"};
+  for (int i = 0; i < 3; i++) {
+    mkdirs(tmp_path(p, sizeof p, dirs[i]));
+    snprintf(p + strlen(p), sizeof p - strlen(p), "/a.jpg");
+    write_solid(p, 10 * i, 20, 30);
+  }
+  one_class_ctx c = {root, NULL};
+  char *log = test_log_of(open_one_class, &c);
+  EXPECT_OK(c.e);
+  if (!log || !strstr(log, "class 0 is the hidden folder '.ipynb_checkpoints' (as torchvision's ImageFolder counts it"))
+    fail_msg("no warning: %s", log ? log : "");
+  free(log);
+}
+
 /* Truncated, non-JPEG and empty files: STOKE_E_DATA naming the file. */
 static void test_bad_files(void **state) {
   (void)state;
@@ -793,7 +813,7 @@ static void test_loader(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_layout_labels),  cmocka_unit_test(test_one_class_warned),
+      cmocka_unit_test(test_layout_labels),  cmocka_unit_test(test_one_class_warned), cmocka_unit_test(test_hidden_class_warned),
       cmocka_unit_test(test_links_and_loops),  cmocka_unit_test(test_eval_identity),
       cmocka_unit_test(test_eval_reference), cmocka_unit_test(test_train_reference),
       cmocka_unit_test(test_crop_params),    cmocka_unit_test(test_determinism),
