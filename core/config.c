@@ -1029,6 +1029,12 @@ int stoke_cfg_is_set(const stoke_cfg *c, const char *section, const char *key) {
   return c && section && key && find_entry(c, section, key) != NULL;
 }
 
+int stoke_cfg_file_keys(const stoke_cfg *c) {
+  int n = 0;
+  for (int i = 0; c && i < c->n_ents; i++) n += c->ents[i].key && !c->ents[i].override;
+  return n;
+}
+
 /* ------------------------------------------------------- dump and help */
 
 /* Write text as comment lines: "<lead>; " before each of its lines. */

@@ -107,6 +107,10 @@ stoke_err *stoke_run_setup(const stoke_run_opts *o, stoke_cfg **cfg_out, stoke_r
   STOKE_TRY_GOTO(e, fail, stoke_declare_core_keys(c), "declaring the core's config keys");
   STOKE_TRY_GOTO(e, fail, o->ini_text ? stoke_cfg_load_string(c, o->ini_path, o->ini_text) : stoke_cfg_load_file(c, o->ini_path),
                  "loading the config");
+  if (!stoke_cfg_file_keys(c)) /* `train empty.ini` trains every default, which is seldom what was meant */
+    stoke_log(STOKE_LOG_WARN, "config",
+              "%s sets no key: every setting is its default (an mlp on synthetic data, the cpu backend); "
+              "examples/quickstart.ini is a whole config to start from", o->ini_path);
   for (int i = 0; i < o->n_overrides; i++)
     STOKE_TRY_GOTO(e, fail, stoke_cfg_override(c, o->overrides[i]), "applying command-line overrides");
   /* [run], [plugins] and the sections' names now: a typo there ("paht = dir") said before it sends the

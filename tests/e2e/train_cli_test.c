@@ -115,7 +115,8 @@ static void test_eval_key_not_inherited(void **state) {
 }
 
 /* [data] mean on a source of f32 samples is warned about, not ignored; a
- * resume with nothing left to train prints a summary without a NaN. */
+ * resume with nothing left to train prints a summary without a NaN; an
+ * empty INI is said to train every default. */
 static void test_nothing_silent(void **state) {
   char text[1024], dir[PATH_MAX + 16];
   snprintf(dir, sizeof dir, "%s/cli/nothing", tmpdir());
@@ -134,7 +135,14 @@ static void test_nothing_silent(void **state) {
   assert_int_equal(run_child("tools/train", again, out, sizeof out), 0);
   EXPECT_HAS(out, "summary (done): 2 steps, none of them run now (the checkpoint's step is the run's last");
   const char *sum = strstr(out, "summary (");
+  assert_non_null(sum);
   if (strstr(sum, " nan")) fail_msg("a NaN in the summary:\n%s", sum);
+  /* an empty INI trains every default: said */
+  write_ini("");
+  snprintf(resume, sizeof resume, "run.out_dir=%s/cli/empty", tmpdir());
+  const char *empty[] = {ini, "run.steps=1", resume, NULL};
+  assert_int_equal(run_child("tools/train", empty, out, sizeof out), 0);
+  EXPECT_HAS(out, "run.ini sets no key: every setting is its default (an mlp on synthetic data, the cpu backend)");
 }
 
 static void test_error_before_the_config_dump(void **state) {

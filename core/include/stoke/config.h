@@ -68,6 +68,8 @@ const char *stoke_cfg_where(const stoke_cfg *c, const char *section,
 /* 1 if the key was given in the file or on the command line. */
 int stoke_cfg_is_set(const stoke_cfg *c, const char *section,
                      const char *key);
+/* How many keys the file (not the command line) gave: 0 for an empty one. */
+int stoke_cfg_file_keys(const stoke_cfg *c);
 
 /* The resolved config as INI text (every declared key, defaults included,
  * each with a "; help" comment), for printing at start and saving with
