@@ -599,8 +599,14 @@ stoke_err *stoke_cfg_declare(stoke_cfg *c, const char *section,
     const char *k = keys[i].key;
     int dup = 0;
     for (int j = 0; j < i && k; j++) dup |= keys[j].key && !strcmp(keys[j].key, k);
-    if (k && (dup || (s && find_key(s, k))))
-      return STOKE_ERR(STOKE_E_DUPLICATE, "config key [%s] %s declared twice", section, k);
+    if (k && dup)
+      return STOKE_ERR(STOKE_E_DUPLICATE, "config key [%s] %s declared twice in one key table", section, k);
+    if (k && s && find_key(s, k))
+      return STOKE_ERR(STOKE_E_DUPLICATE,
+                       "config key [%s] %s is declared already, by the core or a part loaded before (`train "
+                       "--help-config` lists [%s]'s keys): a part may not declare it again; give the part's key "
+                       "another name, or read the existing one (stoke_host->cfg_int and the like)",
+                       section, k, section);
   }
   key_decl *tmp = n ? calloc((size_t)n, sizeof *tmp) : NULL;
   if (n && !tmp) return OOM_ERR();

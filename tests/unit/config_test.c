@@ -699,7 +699,13 @@ static void declare_and_getter_misuse(void **state) {
   stoke_cfg *c = make_cfg();
   static const stoke_cfg_key_v1 dup[] = {{"lr", STOKE_CFG_FLOAT, "0.1", 0, 0, NULL, "again"}};
   expect_err(stoke_cfg_declare(c, "optimizer", NULL, dup, 1), STOKE_E_DUPLICATE,
-             "config key [optimizer] lr declared twice");
+             "config key [optimizer] lr is declared already, by the core or a part loaded before (`train "
+             "--help-config` lists [optimizer]'s keys): a part may not declare it again; give the part's key another "
+             "name, or read the existing one (stoke_host->cfg_int and the like)");
+  static const stoke_cfg_key_v1 twice[] = {{"rho", STOKE_CFG_FLOAT, "0.1", 0, 1, NULL, "one"},
+                                           {"rho", STOKE_CFG_FLOAT, "0.2", 0, 1, NULL, "two"}};
+  expect_err(stoke_cfg_declare(c, "optimizer", NULL, twice, 2), STOKE_E_DUPLICATE,
+             "config key [optimizer] rho declared twice in one key table");
   static const stoke_cfg_key_v1 bad_def[] = {
       {"beta1", STOKE_CFG_FLOAT, "0.9", 0, 1, NULL, "fine"},
       {"beta2", STOKE_CFG_FLOAT, "high", 0, 1, NULL, "default does not parse"}};
