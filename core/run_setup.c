@@ -168,6 +168,9 @@ static stoke_err *open_folder(run_state *s) {
   const stoke_run_config *rc = &s->rc;
   const char *ini = s->o->ini_path;
   char *run_name = s->run_name, path[640];
+  if (strlen(rc->run.name) >= sizeof s->run_name) /* cut, two runs' names could meet */
+    return STOKE_ERR(STOKE_E_INVALID, "%s: [run] name is %zu characters long, at most %zu",
+                     stoke_cfg_where(s->cfg, "run", "name"), strlen(rc->run.name), sizeof s->run_name - 1);
   if (rc->run.name[0]) snprintf(run_name, sizeof s->run_name, "%s", rc->run.name);
   else {
     const char *base = strrchr(ini, '/');

@@ -267,6 +267,11 @@ static void test_messages(void **state) {
   static char long_dir[1200];
   snprintf(long_dir, sizeof long_dir, "run.out_dir=%s/%0900d", tmp, 7);
   refused(fixed, (const char *[]){long_dir}, 1, (const char *[]){"[run] out_dir", "too long", NULL});
+  /* a run name longer than the run's own copy of it (it was cut short without a word) */
+  static char long_name[400];
+  snprintf(long_name, sizeof long_name, "run.name=%0300d", 7);
+  refused(fixed, (const char *[]){long_name}, 1,
+          (const char *[]){"command line: [run] name is 300 characters long, at most 255", NULL});
   /* nothing to train (it ran one step) */
   refused(fixed, (const char *[]){"run.steps=0", "run.epochs=0"}, 2,
           (const char *[]){"command line: [run] steps = 0 and epochs = 0: nothing to train", NULL});
