@@ -47,7 +47,15 @@ stoke_err *stoke_lr_schedule_make(const stoke_run_config *rc, int64_t total_step
                      (long long)out->warmup_steps, (long long)total_steps,
                      (double)total_steps / (double)(steps_per_epoch > 0 ? steps_per_epoch : 1));
   out->total_steps = total_steps;
-  out->min_lr = rc->optimizer.min_lr;
+  /* min_lr scales with lr (the schedule's shape stays what the INI says) */
+  out->min_lr = rc->optimizer.lr_scale_with_batch && lr > 0 ? rc->optimizer.min_lr * out->base_lr / lr
+                                                           : rc->optimizer.min_lr;
+  if (out->kind == STOKE_LR_COSINE && out->min_lr > out->base_lr)
+    return STOKE_ERR(STOKE_E_INVALID,
+                     "%s: [optimizer] min_lr = %g is above lr = %g: the cosine \"decay\" would raise the rate to "
+                     "min_lr by the last step; set min_lr at or below lr (nanoGPT's is lr / 10)",
+                     stoke_cfg_where(c, "optimizer", stoke_cfg_is_set(c, "optimizer", "min_lr") ? "min_lr" : "lr"),
+                     out->min_lr, out->base_lr);
   out->step_every = (int64_t)llround(rc->optimizer.step_epochs * (double)steps_per_epoch);
   if (out->kind == STOKE_LR_STEP && out->step_every < 1)
     return STOKE_ERR(STOKE_E_INVALID, "%s: [optimizer] schedule = step needs step_epochs > 0",

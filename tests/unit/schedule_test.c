@@ -73,10 +73,36 @@ static void test_from_config(void **state) {
   stoke_cfg_free(c);
 }
 
+/* min_lr scales with lr under the linear scaling rule, and a min_lr above
+ * lr (the cosine would climb to it) is refused naming the key. */
+static void test_min_lr(void **state) {
+  stoke_cfg *c = stoke_cfg_new();
+  stoke_err *e = stoke_declare_core_keys(c);
+  if (!e)
+    e = stoke_cfg_load_string(c, "m.ini",
+                              "[optimizer]\nlr = 0.1\nschedule = cosine\nmin_lr = 0.01\n"
+                              "lr_scale_with_batch = true\nbase_batch = 256\n");
+  stoke_lr_schedule s;
+  if (!e) e = stoke_lr_from_config(c, 1000, 100, 1024, &s);
+  if (e) fail_msg("%s", e->msg);
+  near(s.base_lr, 0.4);
+  near(s.min_lr, 0.04); /* 0.01 x 1024 / 256: the cosine still ends at a tenth of its top */
+  near(stoke_lr_at(&s, 1000), 0.04);
+  e = stoke_cfg_override(c, "optimizer.min_lr=0.2"); /* 0.8 after scaling, above 0.4 */
+  if (!e) e = stoke_lr_from_config(c, 1000, 100, 1024, &s);
+  assert_non_null(e);
+  print_message("%s\n", e->msg);
+  if (!strstr(e->msg, "command line: [optimizer] min_lr = 0.8 is above lr = 0.4: the cosine \"decay\" would raise"))
+    fail_msg("%s", e->msg);
+  stoke_err_free(e);
+  stoke_cfg_free(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_warmup_cosine_step),
       cmocka_unit_test(test_from_config),
+      cmocka_unit_test(test_min_lr),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
