@@ -81,6 +81,18 @@ static stoke_err *load_part(stoke_registry *reg, const stoke_cfg *c, const char 
  * `spread`, say) without a word: warn. Keys that pick the split or the
  * augmentation (path, offset, order, flip, ...) are meant to differ. */
 static void warn_eval_keys(const stoke_cfg *c, const stoke_source_v1 *s) {
+  /* the same files in both (a path or a root given twice): evaluation on the training data */
+  static const char *files[] = {"path", "root"};
+  for (size_t j = 0; j < sizeof files / sizeof *files; j++) {
+    const char *a = NULL, *b = NULL;
+    for (int i = 0; i < s->n_keys; i++)
+      if (!strcmp(s->keys[i].key, files[j]) && s->keys[i].type == STOKE_CFG_STR && !stoke_cfg_str(c, "data", files[j], &a) &&
+          !stoke_cfg_str(c, "eval_data", files[j], &b) && a && b && a[0] && !strcmp(a, b))
+        stoke_log(STOKE_LOG_WARN, "config",
+                  "%s: [eval_data] %s = %s is [data]'s too: the evaluation scores the training data, which measures "
+                  "memory, not generalization; point it at held-out data", stoke_cfg_where(c, "eval_data", files[j]),
+                  files[j], b);
+  }
   static const char *split[] = {"path",      "root",      "train",     "offset",    "length", "order",
                                 "data_seed", "seed",      "flip",      "scale_min", "scale_max", "ratio_min",
                                 "ratio_max", "resize",    "cache",     "max_readers", "augment", "shuffle"};

@@ -97,16 +97,6 @@ static stoke_err *list_paths(const char *path, const char *where, char ***out, i
     qsort(list, (size_t)*n, sizeof *list, by_name);
     *out = list;
     if (!*n) return STOKE_PERR(STOKE_E_NOT_FOUND, "%s: tokens: folder '%s' has no *.bin shards", where, path);
-    /* tools/convert text writes PREFIX_train_* and PREFIX_val_* side by side: the whole folder would mix the
-     * held-out text into the training data */
-    int train = 0, val = 0;
-    for (int i = 0; i < *n; i++) train += strstr(list[i], "_train_") != NULL, val += strstr(list[i], "_val_") != NULL;
-    if (train && val)
-      return STOKE_PERR(STOKE_E_INVALID,
-                        "%s: tokens: folder '%s' holds %d training (*_train_*) and %d validation (*_val_*) shards, "
-                        "as tools/convert text writes them: reading the folder would mix the two; name one set with "
-                        "a glob, e.g. path = %s/*_train_*.bin (and [eval_data] path = %s/*_val_*.bin)",
-                        where, path, train, val, path, path);
     return NULL;
   }
   glob_t g;
@@ -120,6 +110,31 @@ static stoke_err *list_paths(const char *path, const char *where, char ***out, i
   for (size_t i = 0; *out && i < g.gl_pathc; i++) (*out)[(*n)++] = strdup(g.gl_pathv[i]);
   globfree(&g);
   return *out ? NULL : STOKE_PERR(STOKE_E_OOM, "tokens: out of memory");
+}
+
+/* tools/convert text writes PREFIX_train_* and PREFIX_val_* side by side:
+ * a folder or a glob that takes both mixes the held-out text into the data
+ * (refused), and training on the validation shards alone is said. */
+static stoke_err *check_split(const char *sec, const char *path, const char *where, char **list, int n) {
+  int train = 0, val = 0;
+  for (int i = 0; i < n; i++) {
+    const char *base = strrchr(list[i], '/') ? strrchr(list[i], '/') + 1 : list[i];
+    train += strstr(base, "_train_") != NULL, val += strstr(base, "_val_") != NULL;
+  }
+  struct stat st;
+  int folder = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+  if (train && val)
+    return STOKE_PERR(STOKE_E_INVALID,
+                      "%s: tokens: %s '%s' takes %d training (*_train_*) and %d validation (*_val_*) shards, as "
+                      "tools/convert text writes them: it would mix the two; name one set, e.g. path = "
+                      "PREFIX_train_*.bin (and [eval_data] path = PREFIX_val_*.bin)",
+                      where, folder ? "folder" : "the pattern", path, train, val);
+  if (val && !strcmp(sec, "data"))
+    stoke_host->log(STOKE_LOG_WARN, "tokens",
+                    "%s: [data] path '%s' reads %d validation shard%s (*_val_*) only: the held-out text trains the "
+                    "model, and an evaluation on it measures memory, not generalization; train on the *_train_* "
+                    "shards", where, path, val, val == 1 ? "" : "s");
+  return NULL;
 }
 
 /* Map one shard and check its header and size against the file. */
@@ -199,6 +214,7 @@ static stoke_err *tok_open(const stoke_cfg *c, const char *sec, void **self) {
   if (!e) e = stoke_host->cfg_int(c, sec, "vocab", &t->vocab);
   if (!e) e = stoke_host->cfg_int(c, sec, "length", &t->length);
   if (!e) e = list_paths(path, stoke_host->cfg_where(c, sec, "path"), &paths, &n);
+  if (!e) e = check_split(sec, path, stoke_host->cfg_where(c, sec, "path"), paths, n);
   if (!e) e = open_shards(t, paths, n);
   for (int i = 0; i < n; i++) free(paths[i]);
   free(paths);

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/common/log_capture.h"
 #include "tests/common/slurp.h"
 
 #include <math.h>
@@ -247,6 +248,16 @@ static stoke_err *generate(const char *ini_path, const char *checkpoint, gen_out
   return stoke_generate(&o, checkpoint, &g, NULL);
 }
 
+typedef struct train_call {
+  const stoke_run_opts *o;
+  stoke_err *e;
+} train_call;
+static void train_logged(void *ctx) {
+  train_call *t = ctx;
+  stoke_summary sum;
+  t->e = stoke_train(t->o, &sum);
+}
+
 static void test_generate_without_data(void **state) {
   char shard[700], tini[700], ck[760], over[760];
   snprintf(shard, sizeof shard, "%s/gen_train.bin", tmp);
@@ -259,10 +270,18 @@ static void test_generate_without_data(void **state) {
              "n_embd = 32\ncontext = 16\n\n[optimizer]\nname = adamw\nlr = 1e-3\n", shard);
   fclose(f);
   snprintf(over, sizeof over, "run.out_dir=%s/gen_run", tmp);
-  stoke_run_opts o = {.ini_path = tini, .overrides = (const char *[]){over}, .n_overrides = 1, .plugin_dirs = dirs,
+  char eval_path[760];
+  snprintf(eval_path, sizeof eval_path, "eval_data.path=%s", shard);
+  const char *ov[] = {over, "eval_data.source=tokens", eval_path, "eval_data.seq_len=16", "eval_data.vocab=64",
+                      "eval_data.order=sequential", "eval_data.batch_size=4"};
+  stoke_run_opts o = {.ini_path = tini, .overrides = ov, .n_overrides = 7, .plugin_dirs = dirs,
                       .n_plugin_dirs = (int)(sizeof dirs / sizeof *dirs), .quiet = 1};
-  stoke_summary sum;
-  OK(stoke_train(&o, &sum));
+  /* [eval_data] on [data]'s own shard: said (the evaluation scores the training text) */
+  train_call t = {&o, NULL};
+  char *log = test_log_of(train_logged, &t);
+  OK(t.e);
+  if (!strstr(log, "is [data]'s too: the evaluation scores the training data")) fail_msg("not said: %s", log);
+  free(log);
   snprintf(ck, sizeof ck, "%s/gen_run/checkpoint.safetensors", tmp);
   gen_out with_data, no_data, own_config;
   OK(generate(tini, ck, &with_data));

@@ -19,6 +19,7 @@
 #include "stoke/core.h"
 #include "stoke/loader.h"
 #include "tests/common/expect.h"
+#include "tests/common/log_capture.h"
 #include "tests/common/source_fixture.h"
 
 #define PLUGIN "sources/tokens/libstoke_tokens.so"
@@ -69,6 +70,13 @@ static stoke_err *open_tokens(opened *o, const char *path, const char *extra) {
   char keys[8192];
   snprintf(keys, sizeof keys, "path = %s\nseq_len = 8\nvocab = 65536\n%s", path, extra ? extra : "");
   return open_source_from(o, PLUGIN, "tokens", keys);
+}
+
+/* Open `path` as [data] and close it (for test_log_of). */
+static void open_close(void *path) {
+  opened o;
+  EXPECT_OK(open_tokens(&o, path, ""));
+  close_source(&o);
 }
 
 /* Three shards of 41, 30 and 9 tokens: 5 + 3 + 1 windows of 8 (+1). */
@@ -244,7 +252,19 @@ static void test_bad_files(void **state) {
   folder(mixed, sizeof mixed, "mixed");
   write_shard(mixed, "f_train_000001.bin", 1, 100);
   write_shard(mixed, "f_val_000000.bin", 2, 100);
-  expect_open_fails(mixed, STOKE_E_INVALID, "holds 1 training (*_train_*) and 1 validation (*_val_*) shards");
+  expect_open_fails(mixed, STOKE_E_INVALID, "folder '");
+  expect_open_fails(mixed, STOKE_E_INVALID, "takes 1 training (*_train_*) and 1 validation (*_val_*) shards");
+  /* the same through a glob that takes both */
+  char pattern[1100];
+  snprintf(pattern, sizeof pattern, "%s/f_*.bin", mixed);
+  expect_open_fails(pattern, STOKE_E_INVALID, "the pattern '");
+  expect_open_fails(pattern, STOKE_E_INVALID, "takes 1 training (*_train_*) and 1 validation (*_val_*) shards");
+  /* [data] on the validation shards alone: it opens, said */
+  snprintf(pattern, sizeof pattern, "%s/f_val_*.bin", mixed);
+  char *log = test_log_of(open_close, pattern);
+  if (!strstr(log, "reads 1 validation shard (*_val_*) only: the held-out text trains the model"))
+    fail_msg("not said: %s", log);
+  free(log);
   /* too short for one window: skipped with a warning, none left is an error */
   char tiny[1024];
   folder(tiny, sizeof tiny, "tiny");
