@@ -84,7 +84,8 @@ stoke_err *run_claim_out_dir(const run_state *s) {
   char ckpt[PATH_MAX];
   snprintf(ckpt, sizeof ckpt, "%s/" RUN_CKPT_NAME, dir);
   struct stat have, named;
-  if (!want_ckpt || overwrite || stat(ckpt, &have)) return NULL;
+  /* checkpoint = false too: the run would replace that run's metrics.jsonl, config.ini and report.html */
+  if (overwrite || stat(ckpt, &have)) return NULL;
   if (resume[0] && !stat(resume, &named) && named.st_dev == have.st_dev && named.st_ino == have.st_ino) return NULL;
   stoke_ckpt_meta m;
   char what[64] = "unreadable";
@@ -92,10 +93,11 @@ stoke_err *run_claim_out_dir(const run_state *s) {
   if (e) stoke_err_free(e);
   else snprintf(what, sizeof what, "step %lld", (long long)m.step);
   return STOKE_ERR(STOKE_E_INVALID,
-                   "%s: [run] out_dir '%s' holds another run's checkpoint (%s, %s): continue it with run.resume=%s "
-                   "(or run.resume=auto), start over with run.overwrite=true (it is replaced at the first save), or "
-                   "choose another out_dir",
-                   stoke_cfg_where(c, "run", "out_dir"), dir, ckpt, what, ckpt);
+                   "%s: [run] out_dir '%s' holds another run's checkpoint (%s, %s)%s: continue it with run.resume=%s "
+                   "(or run.resume=auto), start over with run.overwrite=true (%s), or choose another out_dir",
+                   stoke_cfg_where(c, "run", "out_dir"), dir, ckpt, what,
+                   want_ckpt ? "" : " and its records, which this run (checkpoint = false) would replace", ckpt,
+                   want_ckpt ? "it is replaced at the first save" : "its metrics.jsonl, config.ini and report.html are");
 }
 
 /* Before any compute: room for a checkpoint in out_dir, on its disk and

@@ -766,9 +766,10 @@ static void test_out_dir_claimed(void **state) {
   e = run_in("claimed", &s, OVER("run.steps=1", "run.overwrite=true"));
   if (e) fail_msg("%s", e->msg);
   assert_int_equal(ckpt_step("claimed"), 1);
-  /* without checkpoints nothing is at stake */
-  e = run_in("claimed", &s, OVER("run.steps=1", "run.checkpoint=false"));
-  if (e) fail_msg("%s", e->msg);
+  /* without checkpoints too: the run would replace that run's metrics.jsonl, config.ini and report.html */
+  EXPECT_RUN_ERR(run_in("claimed", &s, OVER("run.steps=1", "run.checkpoint=false")), "holds another run's checkpoint",
+                 "and its records, which this run (checkpoint = false) would replace", "run.overwrite=true");
+  assert_int_equal(ckpt_step("claimed"), 1);
   /* run.resume = auto (a preempted job's one restart command): out_dir's checkpoint (step 1) is continued to
    * step 3; in an empty out_dir the run starts at step 0 */
   e = run_in("claimed", &s, OVER("run.steps=3", "run.resume=auto"));
