@@ -336,9 +336,22 @@ static void trace_cost(const stoke_metrics *m, double *traced, double *untraced)
   free(b);
 }
 
-/* A run that failed: its last line says so, with the error's text (JSON-escaped). */
-void stoke_metrics_error(stoke_metrics *m, int64_t steps_done, const char *msg) {
-  if (!m || !m->jsonl) return;
+/* A run that failed: its last line says so, with the error's text (JSON-escaped),
+ * and report.html shows it above the figures and curves up to the failure
+ * (a report of an earlier run in out_dir would otherwise stay). */
+void stoke_metrics_error(stoke_metrics *m, const stoke_summary *base, int64_t steps_done, const char *msg) {
+  if (!m) return;
+  if (m->o.report_dir && base) {
+    stoke_summary s = *base;
+    stoke_metrics_summary(m, &s);
+    s.steps = steps_done;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/report.html", m->o.report_dir);
+    stoke_report r = {m->o.run_name ? m->o.run_name : "", "failed", m->o.report_dir, m->rows, m->n_rows, m->evals,
+                      m->n_evals, &s, m->o.plan, m->o.trace_first, m->o.trace_last, NAN, NAN, msg};
+    stoke_err_free(stoke_report_write(path, &r)); /* the error that stopped the run is the one to report */
+  }
+  if (!m->jsonl) return;
   fprintf(m->jsonl, "{\"summary\": \"error\", \"steps_done\": %lld, \"message\": \"", (long long)steps_done);
   for (const unsigned char *c = (const unsigned char *)msg; *c; c++) {
     if (*c == '"' || *c == '\\') fprintf(m->jsonl, "\\%c", *c);

@@ -250,7 +250,13 @@ static stoke_err *write_page(FILE *f, const stoke_report *r) {
   stoke_html_text(f, s->device);
   fputs(", precision ", f);
   stoke_html_text(f, s->precision);
-  fputs(". Step times are device times (events on the compute stream; see the README).</p>\n<table>\n", f);
+  fputs(". Step times are device times (events on the compute stream; see the README).</p>\n", f);
+  if (r->error) { /* a failed run: why, above its figures and curves (those up to the failure) */
+    fputs("<p style=\"border:1px solid #c00;padding:6px\"><b>The run failed:</b> ", f);
+    stoke_html_text(f, r->error);
+    fputs("</p>\n", f);
+  }
+  fputs("<table>\n", f);
   row_num(f, "samples/s (median of logged intervals)", s->samples_per_s, "%.0f", "");
   row_num(f, "step time p50", s->step_ms_p50, "%.3f", "ms");
   row_num(f, "step time p95", s->step_ms_p95, "%.3f", "ms");

@@ -252,7 +252,7 @@ stoke_err *stoke_train(const stoke_run_opts *o, stoke_summary *sum) {
   }
   if (e && e->code != STOKE_E_INTERRUPTED) {
     /* out_dir keeps why the run failed: under a scheduler the terminal is often lost */
-    stoke_metrics_error(s.metrics, s.step, e->msg);
+    stoke_metrics_error(s.metrics, s.sum, s.step, e->msg);
     if (s.log) fprintf(s.log, "stoke: error: %s\n", e->msg), fflush(s.log);
   }
   run_close(&s);

@@ -717,6 +717,13 @@ static void test_nan_weights_not_saved(void **state) {
   if (strncmp(last, head, strlen(head)) || !strstr(last, "NaN or infinite") || !strstr(last, intact))
     fail_msg("metrics.jsonl's last line: %s", last);
   free(jl);
+  /* and report.html says it failed, and why, over the curves up to the failure (it said "done" for the first
+   * part's 10 steps) */
+  snprintf(path, sizeof path, "%s/nan/report.html", tmp);
+  char *html = test_slurp(path, &n);
+  if (!html || !strstr(html, "<p>failed: ") || !strstr(html, "<b>The run failed:</b> ") || !strstr(html, "NaN or infinite"))
+    fail_msg("report.html does not say the run failed");
+  free(html);
 }
 
 /* A loss that goes to NaN at a logged step stops the run with what to do and where the weights are: here,

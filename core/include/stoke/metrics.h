@@ -61,8 +61,9 @@ void stoke_metrics_scaler(stoke_metrics *m, double scale, double skipped);
 __attribute__((warn_unused_result)) stoke_err *stoke_metrics_eval(stoke_metrics *m, int64_t step, int64_t epoch,
                                                                   double loss, double acc);
 /* A failed run: a last JSON line {"summary": "error", "steps_done", "message"} (steps_done: the steps
- * completed before the error, whose step lines are above it). */
-void stoke_metrics_error(stoke_metrics *m, int64_t steps_done, const char *msg);
+ * completed before the error, whose step lines are above it), and report.html with the error above the
+ * figures of `base` (the run's summary so far; its statistics filled here) and the curves up to it. */
+void stoke_metrics_error(stoke_metrics *m, const stoke_summary *base, int64_t steps_done, const char *msg);
 /* Fill the summary's statistics. */
 void stoke_metrics_summary(stoke_metrics *m, stoke_summary *s);
 /* Write the closing summary line to the JSON file and stdout. */

@@ -37,6 +37,7 @@ typedef struct stoke_report {
   const stoke_plan *plan;       /* memory by kind; NULL: left out */
   int64_t trace_first, trace_last; /* run.trace's steps (0: none) */
   double trace_ms, untraced_ms;    /* their median device step time, and the other steps' (first left out) */
+  const char *error;               /* a failed run's error message; NULL: none */
 } stoke_report;
 
 /* Writes the page to `path` (through a temporary file and a rename). */
