@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
@@ -37,10 +38,12 @@ static const stoke_cfg_key_v1 keys[] = {
     {"root", STOKE_CFG_STR, "", 0, 0, NULL,
      "image folder: " LAYOUT "; sorted class folder names give the labels 0..C-1"},
     {"size", STOKE_CFG_INT, "224", 1, 16384, NULL, "output side: samples are size x size x 3 u8 (HWC)"},
-    {"train", STOKE_CFG_BOOL, "true", 0, 0, NULL,
+    {"train", STOKE_CFG_ENUM, "auto", 0, 0, "auto|true|false",
      "true: RandomResizedCrop(size) + random horizontal flip; false: resize the shorter side to `resize`, "
-     "then the centre size x size"},
-    {"resize", STOKE_CFG_INT, "256", 1, 65536, NULL, "eval (train = false): shorter side before the centre crop"},
+     "then the centre size x size; auto: true in [data], false in [eval_data]"},
+    {"resize", STOKE_CFG_INT, "0", 0, 65536, NULL,
+     "eval (train = false): shorter side before the centre crop; 0: size / 0.875 (256 for 224, as torchvision's "
+     "Resize(256) + CenterCrop(224))"},
     {"scale_min", STOKE_CFG_FLOAT, "0.08", 1e-6, 1, NULL, "RandomResizedCrop: smallest fraction of the area"},
     {"scale_max", STOKE_CFG_FLOAT, "1.0", 1e-6, 1, NULL, "RandomResizedCrop: largest fraction of the area"},
     {"ratio_min", STOKE_CFG_FLOAT, "0.75", 1e-3, 1e3, NULL, "RandomResizedCrop: smallest aspect ratio (w/h)"},
@@ -210,14 +213,17 @@ static void jp_close(void *self) {
 }
 
 static stoke_err *jp_open(const stoke_cfg *c, const char *sec, void **self) {
-  const char *root = NULL, *cache = NULL;
+  const char *root = NULL, *cache = NULL, *train_s = NULL;
   int64_t size = 0, resize = 0;
   int train = 0, flip = 0;
   double smin = 0, smax = 0, rmin = 0, rmax = 0;
   STOKE_PROPAGATE_P(stoke_host->cfg_str(c, sec, "root", &root));
   STOKE_PROPAGATE_P(stoke_host->cfg_int(c, sec, "size", &size));
   STOKE_PROPAGATE_P(stoke_host->cfg_int(c, sec, "resize", &resize));
-  STOKE_PROPAGATE_P(stoke_host->cfg_bool(c, sec, "train", &train));
+  STOKE_PROPAGATE_P(stoke_host->cfg_str(c, sec, "train", &train_s));
+  /* auto: augment what trains, not what is evaluated (a random crop and flip in evaluation gave noisy, biased
+   * accuracy) */
+  train = !strcmp(train_s, "true") || (!strcmp(train_s, "auto") && strcmp(sec, "eval_data"));
   STOKE_PROPAGATE_P(stoke_host->cfg_bool(c, sec, "flip", &flip));
   STOKE_PROPAGATE_P(stoke_host->cfg_float(c, sec, "scale_min", &smin));
   STOKE_PROPAGATE_P(stoke_host->cfg_float(c, sec, "scale_max", &smax));
@@ -233,6 +239,7 @@ static stoke_err *jp_open(const stoke_cfg *c, const char *sec, void **self) {
   if (rmin > rmax)
     return STOKE_PERR(STOKE_E_INVALID, "%s: [%s] ratio_min = %g is above ratio_max = %g",
                       stoke_host->cfg_where(c, sec, "ratio_min"), sec, rmin, rmax);
+  if (!resize) resize = (int64_t)llround((double)size / 0.875); /* the centre crop keeps 87.5% of the side */
   if (!train && resize < size)
     return STOKE_PERR(STOKE_E_INVALID, "%s: [%s] resize = %lld is below size = %lld: the centre crop would not fit",
                       stoke_host->cfg_where(c, sec, "resize"), sec, (long long)resize, (long long)size);
@@ -251,9 +258,11 @@ static stoke_err *jp_open(const stoke_cfg *c, const char *sec, void **self) {
     jp_close(s);
     return e;
   }
+  char how[96];
+  if (s->tf.train) snprintf(how, sizeof how, "%s", s->tf.flip ? "RandomResizedCrop + flip" : "RandomResizedCrop");
+  else snprintf(how, sizeof how, "shorter side resized to %d, centre %dx%d crop", s->tf.resize, s->tf.size, s->tf.size);
   stoke_host->log(STOKE_LOG_INFO, "jpeg", "%s: %lld images in %lld classes -> %dx%dx3, %s%s", s->root,
-                  (long long)s->count, (long long)s->classes, s->tf.size, s->tf.size,
-                  s->tf.train ? (s->tf.flip ? "RandomResizedCrop + flip" : "RandomResizedCrop") : "resize + centre crop",
+                  (long long)s->count, (long long)s->classes, s->tf.size, s->tf.size, how,
                   s->cache ? ", RAM cache" : "");
   *self = s;
   return NULL;

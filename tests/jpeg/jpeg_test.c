@@ -535,26 +535,30 @@ static void test_color_modes(void **state) {
   free(rgb);
 }
 
-/* One class folder: it opens (a valid folder), with a warning that every label is 0 and nothing is learned. */
-typedef struct one_class_ctx {
-  const char *root;
+/* Open the folder `root` with `extra` keys in `section` (for test_log_of). */
+typedef struct tf_ctx {
+  const char *root, *section, *extra;
   stoke_err *e;
-} one_class_ctx;
-static void open_one_class(void *c) {
-  one_class_ctx *x = c;
+} tf_ctx;
+static void open_in(void *c) {
+  tf_ctx *x = c;
   opened o;
-  x->e = open_source(&o, x->root, "size = 16\ntrain = false\nresize = 16\n");
+  char keys[4096];
+  snprintf(keys, sizeof keys, "root = %s\n%s", x->root, x->extra);
+  x->e = open_source_sec(&o, PLUGIN, "jpeg", x->section, keys);
   if (!x->e) close_source(&o);
 }
 
+
+/* One class folder: it opens (a valid folder), with a warning that every label is 0 and nothing is learned. */
 static void test_one_class_warned(void **state) {
   char p[4096], root[4096];
   tmp_path(root, sizeof root, "oneclass");
   mkdirs(tmp_path(p, sizeof p, "oneclass/only"));
   write_solid(tmp_path(p, sizeof p, "oneclass/only/a.jpg"), 10, 20, 30);
   write_solid(tmp_path(p, sizeof p, "oneclass/only/b.jpg"), 30, 20, 10);
-  one_class_ctx c = {root, NULL};
-  char *log = test_log_of(open_one_class, &c);
+  tf_ctx c = {root, "data", "size = 16\ntrain = false\nresize = 16\n", NULL};
+  char *log = test_log_of(open_in, &c);
   EXPECT_OK(c.e);
   if (!log || !strstr(log, "one class folder: every label is 0")) fail_msg("no warning: %s", log ? log : "");
   free(log);
@@ -572,8 +576,8 @@ static void test_hidden_class_warned(void **state) {
     snprintf(p + strlen(p), sizeof p - strlen(p), "/a.jpg");
     write_solid(p, 10 * i, 20, 30);
   }
-  one_class_ctx c = {root, NULL};
-  char *log = test_log_of(open_one_class, &c);
+  tf_ctx c = {root, "data", "size = 16\ntrain = false\nresize = 16\n", NULL};
+  char *log = test_log_of(open_in, &c);
   EXPECT_OK(c.e);
   if (!log || !strstr(log, "class 0 is the hidden folder '.ipynb_checkpoints' (as torchvision's ImageFolder counts it"))
     fail_msg("no warning: %s", log ? log : "");
@@ -654,8 +658,34 @@ static void test_open_errors(void **state) {
   mkdirs(tmp_path(p, sizeof p, "ok_root/c"));
   write_solid(tmp_path(f, sizeof f, "ok_root/c/a.jpg"), 1, 2, 3);
   tmp_path(p, sizeof p, "ok_root");
-  EXPECT_ERR(open_source(&o, p, "train = false\nsize = 300\n"), STOKE_E_INVALID, "resize");
+  EXPECT_ERR(open_source(&o, p, "train = false\nsize = 300\nresize = 256\n"), STOKE_E_INVALID, "resize");
   close_source(&o);
+}
+
+/* [eval_data] evaluates by default (train = auto): no random crop or flip,
+ * the shorter side resized to size / 0.875 (torchvision's 256 for 224, 37
+ * for 32), then the centre crop; [data] augments. */
+static void test_eval_transform_by_default(void **state) {
+  char p[4096], root[4096];
+  tmp_path(root, sizeof root, "evaldefault");
+  mkdirs(tmp_path(p, sizeof p, "evaldefault/a"));
+  write_solid(tmp_path(p, sizeof p, "evaldefault/a/x.jpg"), 10, 20, 30);
+  mkdirs(tmp_path(p, sizeof p, "evaldefault/b"));
+  write_solid(tmp_path(p, sizeof p, "evaldefault/b/y.jpg"), 30, 20, 10);
+  const struct { const char *section, *extra, *says; } cases[] = {
+      {"eval_data", "size = 32\n", "shorter side resized to 37, centre 32x32 crop"},
+      {"eval_data", "size = 224\n", "shorter side resized to 256, centre 224x224 crop"},
+      {"data", "size = 32\n", "RandomResizedCrop + flip"},
+      {"eval_data", "size = 32\ntrain = true\n", "RandomResizedCrop + flip"},
+      {"data", "size = 32\ntrain = false\nresize = 40\n", "shorter side resized to 40, centre 32x32 crop"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    tf_ctx c = {root, cases[i].section, cases[i].extra, NULL};
+    char *log = test_log_of(open_in, &c);
+    EXPECT_OK(c.e);
+    if (!strstr(log, cases[i].says)) fail_msg("[%s] %s: %s", cases[i].section, cases[i].extra, log);
+    free(log);
+  }
 }
 
 /* A folder of a few different images for the cache and thread tests. */
@@ -814,6 +844,7 @@ static void test_loader(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_layout_labels),  cmocka_unit_test(test_one_class_warned), cmocka_unit_test(test_hidden_class_warned),
+      cmocka_unit_test(test_eval_transform_by_default),
       cmocka_unit_test(test_links_and_loops),  cmocka_unit_test(test_eval_identity),
       cmocka_unit_test(test_eval_reference), cmocka_unit_test(test_train_reference),
       cmocka_unit_test(test_crop_params),    cmocka_unit_test(test_determinism),
