@@ -44,7 +44,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: convert idx --images FILE --labels FILE --out DIR [--force]\n"
           "       convert folder --root DIR --out DIR --size HxW [--channels 1|3]\n"
-          "                      [--encoding raw|jpeg] [--quality 1-100] [--threads N] [--force]\n"
+          "                      [--encoding raw|jpeg] [--quality 1-100] [--threads N] [--allow-empty] [--force]\n"
           "       convert --help\n"
           "\n"
           "Writes an LMDB data set of stoke records (read it with `[data] source = lmdb`,\n"
@@ -57,7 +57,9 @@ static void usage(FILE *f) {
           "         (bilinear) and stored raw (default) or re-encoded as JPEG (--quality,\n"
           "         default 90). --channels 3 (default) stores RGB, 1 grayscale. Unreadable\n"
           "         images are reported, counted and skipped; other files are ignored.\n"
-          "         --threads: decoding threads (default: the number of CPUs).\n"
+          "         --threads: decoding threads (default: the number of CPUs). A class folder\n"
+          "         without a readable JPEG is refused (as torchvision's ImageFolder) unless\n"
+          "         --allow-empty, which keeps its label.\n"
           "--out    A directory (created if missing); a non-empty one is refused unless\n"
           "         --force, which replaces the data.mdb and lock.mdb in it.\n"
           "\n"
@@ -382,7 +384,7 @@ done:
 typedef struct folder_opts {
   const char *root, *out;
   uint32_t height, width, channels;
-  int encoding, quality, threads, force;
+  int encoding, quality, threads, force, allow_empty;
 } folder_opts;
 
 typedef struct job {
@@ -550,6 +552,16 @@ static stoke_err *list_images(const folder_opts *o, stoke_image_list *l, job **j
   if (l->n_classes > INT32_MAX) return STOKE_ERR(STOKE_E_INVALID, "%s: too many class folders", o->root);
   if (!l->n)
     return STOKE_ERR(STOKE_E_NOT_FOUND, "%s: no .jpg/.jpeg images in its %zu class folders", o->root, l->n_classes);
+  char names[1200];
+  if (l->empty) stoke_image_list_empty_names(l, names, sizeof names);
+  if (l->empty && !o->allow_empty) /* a class the data set would hold no image of, as the jpeg source refuses */
+    return STOKE_ERR(STOKE_E_DATA, "%s: %zu class folder%s hold no readable JPEG: %s; fix or remove them, or pass "
+                     "--allow-empty to keep their labels", o->root, l->empty, l->empty == 1 ? "" : "s", names);
+  if (l->empty)
+    fprintf(stderr, "convert: %zu class folders hold no JPEG (%s); their labels are kept (--allow-empty)\n", l->empty,
+            names);
+  else if (l->dangling)
+    fprintf(stderr, "convert: skipped %zu links that point at nothing (first: %s)\n", l->dangling, l->first_dangling);
   if (l->other)
     fprintf(stderr, "convert: ignoring %zu files that are not .jpg/.jpeg (first: %s)\n", l->other, l->first_other);
   if (l->loops || l->pseudo || l->unreadable)
@@ -736,8 +748,9 @@ int main(int argc, char **argv) {
     opt opts[] = {{"--root", &o.root, NULL},         {"--out", &o.out, NULL},
                   {"--size", &size, NULL},           {"--channels", &channels, NULL},
                   {"--encoding", &encoding, NULL},   {"--quality", &quality, NULL},
-                  {"--threads", &threads, NULL},     {"--force", NULL, &o.force}};
-    if (parse_opts(argc - 2, argv + 2, opts, 8)) return usage_error("%s", "bad arguments to `convert folder`");
+                  {"--threads", &threads, NULL},     {"--force", NULL, &o.force},
+                  {"--allow-empty", NULL, &o.allow_empty}};
+    if (parse_opts(argc - 2, argv + 2, opts, 9)) return usage_error("%s", "bad arguments to `convert folder`");
     if (!o.root || !o.out || !size) return usage_error("%s", "`convert folder` needs --root, --out and --size");
     unsigned h = 0, w = 0;
     char tail;

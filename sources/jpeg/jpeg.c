@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 #include <strings.h>
@@ -50,6 +51,9 @@ static const stoke_cfg_key_v1 keys[] = {
     {"ratio_max", STOKE_CFG_FLOAT, "1.3333333333", 1e-3, 1e3, NULL,
      "RandomResizedCrop: largest aspect ratio (w/h); 4/3 as torchvision"},
     {"flip", STOKE_CFG_BOOL, "true", 0, 0, NULL, "train: mirror left-right with probability 0.5"},
+    {"allow_empty", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "a class folder without a readable JPEG: an error (false, as torchvision's ImageFolder), or a warning and a "
+     "label never drawn (true)"},
     {"cache", STOKE_CFG_ENUM, "none", 0, 0, "none|ram",
      "ram: keep every file's encoded bytes in memory after its first read (the whole data set must fit)"},
 };
@@ -72,8 +76,63 @@ typedef struct jpeg_src {
 
 /* ------------------------------------------------------------- scanning */
 
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* [eval_data]'s class folders against [data]'s (when that is a jpeg source
+ * too): the labels are the sorted names' positions, so a different name at
+ * a position scores every image of it against another class, silently. Only
+ * the root's folder names are listed: a training set's files are not walked
+ * again. */
+static stoke_err *same_classes(const stoke_cfg *c, const stoke_image_list *l) {
+  const char *src = NULL, *root = NULL;
+  stoke_err *e = stoke_host->cfg_str(c, "data", "source", &src);
+  if (!e && src && !strcmp(src, "jpeg")) e = stoke_host->cfg_str(c, "data", "root", &root);
+  if (e || !root || !root[0]) {
+    if (e) stoke_host->err_free(e);
+    return NULL; /* no jpeg [data] to compare with */
+  }
+  DIR *d = opendir(root);
+  if (!d) return NULL; /* [data]'s own open says why */
+  char **names = NULL;
+  size_t n = 0, cap = 0;
+  for (struct dirent *de; (de = readdir(d));) {
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+    char full[PATH_MAX];
+    struct stat st;
+    snprintf(full, sizeof full, "%s/%s", root, de->d_name);
+    if (stat(full, &st) || !S_ISDIR(st.st_mode)) continue;
+    if (n == cap) {
+      char **nn = realloc(names, (cap = cap ? 2 * cap : 64) * sizeof *nn);
+      if (!nn) break;
+      names = nn;
+    }
+    if (!(names[n] = strdup(de->d_name))) break;
+    n++;
+  }
+  closedir(d);
+  if (n) qsort(names, n, sizeof *names, by_name);
+  stoke_err *bad = NULL;
+  for (size_t i = 0; !bad && i < (n > l->n_classes ? n : l->n_classes); i++)
+    if (i >= n || i >= l->n_classes || strcmp(names[i], l->classes[i]))
+      bad = STOKE_PERR(STOKE_E_INVALID,
+                       "%s: [eval_data] class %zu is %s%s%s, [data]'s (%s) is %s%s%s: labels are the sorted class "
+                       "folders' positions, so the evaluation would score images against other classes; give both "
+                       "the same class folders (%zu in [data], %zu here)",
+                       stoke_host->cfg_where(c, "eval_data", "root"), i, i < l->n_classes ? "'" : "",
+                       i < l->n_classes ? l->classes[i] : "missing", i < l->n_classes ? "'" : "", root,
+                       i < n ? "'" : "", i < n ? names[i] : "missing", i < n ? "'" : "", n, l->n_classes);
+  for (size_t i = 0; i < n; i++) free(names[i]);
+  free(names);
+  return bad;
+}
+
+
+
 /* The image list (walk.h: torchvision's ImageFolder, without its loops). */
-static stoke_err *scan(jpeg_src *s, const char *where) {
+static stoke_err *same_classes(const stoke_cfg *c, const stoke_image_list *l);
+
+static stoke_err *scan(jpeg_src *s, const stoke_cfg *c, const char *sec, int allow_empty) {
+  const char *where = stoke_host->cfg_where(c, sec, "root");
   stoke_image_list l;
   if (stoke_walk_image_folder(s->root, &l)) {
     if (errno == ENOENT || errno == ENOTDIR)
@@ -95,9 +154,23 @@ static stoke_err *scan(jpeg_src *s, const char *where) {
       stoke_host->log(STOKE_LOG_WARN, "jpeg",
                       "%s: one class folder: every label is 0, so the loss is 0 from the start and nothing is "
                       "learned; a classification set has a folder per class (" LAYOUT ")", s->root);
-    if (l.empty)
-      stoke_host->log(STOKE_LOG_WARN, "jpeg", "%s: %zu class folders hold no JPEG; their labels are kept but never drawn",
-                      s->root, l.empty);
+    if (l.empty) {
+      /* torchvision's ImageFolder refuses this too: a class never drawn is a class the model cannot learn, and
+       * the usual cause is data that is not there (an unmounted disk behind links) */
+      char names[1200];
+      stoke_image_list_empty_names(&l, names, sizeof names);
+      if (!allow_empty)
+        e = STOKE_PERR(STOKE_E_DATA,
+                       "jpeg %s: %zu class folder%s hold no readable JPEG: %s; their labels would never be drawn "
+                       "(torchvision's ImageFolder refuses this too): fix or remove them, or set [%s] allow_empty = "
+                       "true", s->root, l.empty, l.empty == 1 ? "" : "s", names, sec);
+      else
+        stoke_host->log(STOKE_LOG_WARN, "jpeg", "%s: %zu class folders hold no JPEG (%s); their labels are kept but "
+                        "never drawn (allow_empty = true)", s->root, l.empty, names);
+    } else if (l.dangling) {
+      stoke_host->log(STOKE_LOG_WARN, "jpeg", "%s: %zu links point at nothing and were skipped (the first: %s)", s->root,
+                      l.dangling, l.first_dangling);
+    }
     /* a hidden folder (Jupyter's .ipynb_checkpoints) is a class to torchvision's ImageFolder too, so the labels
      * stay PyTorch's; said, because it is seldom meant */
     for (size_t c = 0; c < l.n_classes; c++)
@@ -114,6 +187,7 @@ static stoke_err *scan(jpeg_src *s, const char *where) {
                       "%s: skipped %zu folders that link back to a folder they are in, %zu of kernel file systems and "
                       "%zu that cannot be read; first: %s",
                       s->root, l.loops, l.pseudo, l.unreadable, l.first_skipped);
+    if (!e && !strcmp(sec, "eval_data")) e = same_classes(c, &l);
     s->count = (int64_t)l.n;
     s->classes = (int64_t)l.n_classes;
     s->paths = l.paths;
@@ -230,6 +304,8 @@ static stoke_err *jp_open(const stoke_cfg *c, const char *sec, void **self) {
   STOKE_PROPAGATE_P(stoke_host->cfg_float(c, sec, "ratio_min", &rmin));
   STOKE_PROPAGATE_P(stoke_host->cfg_float(c, sec, "ratio_max", &rmax));
   STOKE_PROPAGATE_P(stoke_host->cfg_str(c, sec, "cache", &cache));
+  int allow_empty = 0;
+  STOKE_PROPAGATE_P(stoke_host->cfg_bool(c, sec, "allow_empty", &allow_empty));
   if (!root || !root[0])
     return STOKE_PERR(STOKE_E_INVALID, "%s: [%s] root is empty: set it to a folder with " LAYOUT,
                       stoke_host->cfg_where(c, sec, "root"), sec);
@@ -251,7 +327,7 @@ static stoke_err *jp_open(const stoke_cfg *c, const char *sec, void **self) {
   s->tf = (stoke_jpeg_tf){.size = (int)size, .resize = (int)resize, .train = train, .flip = flip,
                           .scale_min = smin, .scale_max = smax, .ratio_min = rmin, .ratio_max = rmax};
   s->cache = cache && !strcmp(cache, "ram");
-  stoke_err *e = scan(s, stoke_host->cfg_where(c, sec, "root"));
+  stoke_err *e = scan(s, c, sec, allow_empty);
   if (!e && s->cache && !(s->cached = calloc((size_t)s->count, sizeof *s->cached)))
     e = STOKE_PERR(STOKE_E_OOM, "jpeg: out of memory");
   if (e) {

@@ -154,7 +154,8 @@ static int list_one(stoke_image_list *out, nodes *all, size_t k, strv *files) {
       rc = -1;
       break;
     }
-    if (stat(full, &st) != 0) { /* a dangling link: neither */
+    if (stat(full, &st) != 0) { /* a dangling link: neither (counted: a class of them is a class lost) */
+      if (!out->dangling++) snprintf(out->first_dangling, sizeof out->first_dangling, "%s", full);
       free(full);
       continue;
     }
@@ -302,4 +303,21 @@ void stoke_image_list_free(stoke_image_list *l) {
   free(l->labels);
   free(l->classes);
   memset(l, 0, sizeof *l);
+}
+
+void stoke_image_list_empty_names(const stoke_image_list *l, char *buf, size_t cap) {
+  size_t *count = calloc(l->n_classes ? l->n_classes : 1, sizeof *count), used = 0, listed = 0;
+  buf[0] = 0;
+  for (size_t i = 0; count && i < l->n; i++) count[l->labels[i]]++;
+  for (size_t c = 0; count && c < l->n_classes && used < cap; c++) {
+    if (count[c]) continue;
+    if (listed++ == 4) {
+      used += (size_t)snprintf(buf + used, cap - used, ", ...");
+      break;
+    }
+    used += (size_t)snprintf(buf + used, cap - used, "%s'%s' (%zu)", listed > 1 ? ", " : "", l->classes[c], c);
+  }
+  free(count);
+  if (l->dangling && used < cap)
+    snprintf(buf + used, cap - used, "; %zu links point at nothing (the first: %s)", l->dangling, l->first_dangling);
 }

@@ -29,6 +29,8 @@ typedef struct stoke_image_list {
   size_t empty;      /* classes without an image */
   size_t other;      /* files that are not .jpg/.jpeg */
   size_t loops, pseudo, unreadable;
+  size_t dangling;   /* links whose target is not there (an unmounted disk): neither file nor folder */
+  char first_dangling[512];
   char first_skipped[512]; /* the first folder skipped, and why */
   char first_other[512];   /* the first file that is not a JPEG */
   unsigned long long root_dev, root_ino; /* the root's identity (a loop's end too) */
@@ -38,6 +40,10 @@ typedef struct stoke_image_list {
  * or why the root cannot be listed). An empty list is no error here. */
 int stoke_walk_image_folder(const char *root, stoke_image_list *out);
 void stoke_image_list_free(stoke_image_list *l);
+/* The classes without an image, as "'b' (1), 'd' (3)" (name and label; the
+ * first four, then ", ..."), and the links to nothing after them, into buf:
+ * what the jpeg source's and convert's refusals name. */
+void stoke_image_list_empty_names(const stoke_image_list *l, char *buf, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -227,7 +227,8 @@ static void test_layout_labels(void **state) {
   write_solid(tmp_path(p, sizeof p, "layout/top.jpg"), 1, 2, 3);
 
   opened o;
-  EXPECT_OK(open_source(&o, root, "size = 16\ntrain = false\nresize = 16\n"));
+  /* the empty folder is a class torchvision's ImageFolder refuses by default; allowed, it keeps its label */
+  EXPECT_OK(open_source(&o, root, "size = 16\ntrain = false\nresize = 16\nallow_empty = true\n"));
   assert_int_equal(o.src->length(o.self), 5);
   stoke_sample_info_v1 info;
   EXPECT_OK(o.src->info(o.self, &info));
@@ -688,6 +689,73 @@ static void test_eval_transform_by_default(void **state) {
   }
 }
 
+/* A class folder holding no readable JPEG (here only a link to nothing, as
+ * behind an unmounted disk) fails the open naming the class and the link,
+ * as torchvision's ImageFolder refuses it; allow_empty = true keeps the
+ * label with a warning. */
+static void test_empty_class_refused(void **state) {
+  char p[4096], root[4096], link[4096];
+  tmp_path(root, sizeof root, "emptyclass");
+  mkdirs(tmp_path(p, sizeof p, "emptyclass/a"));
+  write_solid(tmp_path(p, sizeof p, "emptyclass/a/x.jpg"), 10, 20, 30);
+  mkdirs(tmp_path(p, sizeof p, "emptyclass/b"));
+  tmp_path(link, sizeof link, "emptyclass/b/gone.jpg");
+  unlink(link);
+  assert_int_equal(symlink("/nonexistent/mnt/gone.jpg", link), 0);
+  opened o;
+  EXPECT_ERR(open_source(&o, root, "size = 16\n"), STOKE_E_DATA, "1 class folder hold no readable JPEG: 'b' (1)",
+             "1 links point at nothing (the first: ", "allow_empty = true");
+  close_source(&o);
+  tf_ctx c = {root, "data", "size = 16\nallow_empty = true\n", NULL};
+  char *log = test_log_of(open_in, &c);
+  EXPECT_OK(c.e);
+  if (!strstr(log, "1 class folders hold no JPEG ('b' (1); 1 links point at nothing")) fail_msg("%s", log);
+  free(log);
+}
+
+/* [eval_data]'s class folders must be [data]'s: a name at another position
+ * would score its images against another class. Opened as a run opens
+ * them: [data] a jpeg source, [eval_data] its own root. */
+static stoke_err *open_eval_beside(opened *o, const char *data_root, const char *eval_root) {
+  memset(o, 0, sizeof *o);
+  STOKE_PROPAGATE(stoke_registry_new(&o->reg));
+  STOKE_PROPAGATE(stoke_registry_load(o->reg, PLUGIN));
+  o->src = stoke_find_source(o->reg, "jpeg");
+  o->cfg = stoke_cfg_new();
+  static const stoke_cfg_key_v1 source_key[] = {{"source", STOKE_CFG_STR, "", 0, 0, NULL, "the source"}};
+  STOKE_PROPAGATE(stoke_cfg_declare(o->cfg, "data", NULL, source_key, 1));
+  STOKE_PROPAGATE(stoke_cfg_declare(o->cfg, "data", NULL, o->src->keys, o->src->n_keys));
+  STOKE_PROPAGATE(stoke_cfg_declare(o->cfg, "eval_data", NULL, o->src->keys, o->src->n_keys));
+  char ini[9000];
+  snprintf(ini, sizeof ini, "[data]\nsource = jpeg\nroot = %s\nsize = 16\n[eval_data]\nroot = %s\nsize = 16\n",
+           data_root, eval_root);
+  STOKE_PROPAGATE(stoke_cfg_load_string(o->cfg, "test.ini", ini));
+  return o->src->open(o->cfg, "eval_data", &o->self);
+}
+
+static void test_eval_classes_match(void **state) {
+  char p[4096], tr[4096], same[4096], swapped[4096];
+  static const char *const sets[][3] = {{"cls_train", "cat", "dog"}, {"cls_same", "cat", "dog"},
+                                        {"cls_swapped", "cat", "dingo"}};
+  for (int k = 0; k < 3; k++)
+    for (int j = 1; j < 3; j++) {
+      char sub[256];
+      snprintf(sub, sizeof sub, "%s/%s", sets[k][0], sets[k][j]);
+      mkdirs(tmp_path(p, sizeof p, sub));
+      snprintf(sub, sizeof sub, "%s/%s/x.jpg", sets[k][0], sets[k][j]);
+      write_solid(tmp_path(p, sizeof p, sub), 10 * j, 20, 30);
+    }
+  tmp_path(tr, sizeof tr, "cls_train");
+  tmp_path(same, sizeof same, "cls_same");
+  tmp_path(swapped, sizeof swapped, "cls_swapped");
+  opened o;
+  EXPECT_OK(open_eval_beside(&o, tr, same));
+  close_source(&o);
+  EXPECT_ERR(open_eval_beside(&o, tr, swapped), STOKE_E_INVALID, "[eval_data] class 1 is 'dingo', [data]'s",
+             "is 'dog'");
+  close_source(&o);
+}
+
 /* A folder of a few different images for the cache and thread tests. */
 static void make_mixed(const char *name) {
   char p[4096];
@@ -845,6 +913,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_layout_labels),  cmocka_unit_test(test_one_class_warned), cmocka_unit_test(test_hidden_class_warned),
       cmocka_unit_test(test_eval_transform_by_default),
+      cmocka_unit_test(test_empty_class_refused),
+      cmocka_unit_test(test_eval_classes_match),
       cmocka_unit_test(test_links_and_loops),  cmocka_unit_test(test_eval_identity),
       cmocka_unit_test(test_eval_reference), cmocka_unit_test(test_train_reference),
       cmocka_unit_test(test_crop_params),    cmocka_unit_test(test_determinism),

@@ -899,7 +899,8 @@ static void test_jpeg_folder(void **state) {
   /* RGB, re-encoded JPEG */
   tmp_path(out, sizeof out, "images-jpeg.lmdb");
   CONVERT_OK(log, "folder", "--root", root, "--out", out, "--size", "20x30", "--encoding", "jpeg", "--quality", "95",
-             "--threads", "3");
+             "--threads", "3", "--allow-empty");
+  EXPECT_HAS(log, "1 class folders hold no JPEG ('.cache' (0)); their labels are kept (--allow-empty)");
   snprintf(f, sizeof f, "%s/dog/broken.jpg", root);
   EXPECT_HAS(log, f); /* the unreadable file is reported with its path */
   EXPECT_HAS(log, "skipping");
@@ -918,7 +919,13 @@ static void test_jpeg_folder(void **state) {
 
   /* grayscale, raw */
   tmp_path(out, sizeof out, "images-gray.lmdb");
-  CONVERT_OK(log, "folder", "--root", root, "--out", out, "--size", "20x30", "--channels", "1");
+  /* without --allow-empty the class without an image is refused, named */
+  assert_int_not_equal(run_convert((const char *const[]){"folder", "--root", root, "--out", out, "--size", "20x30",
+                                                          "--channels", "1", NULL},
+                                   NULL, log, sizeof log),
+                       0);
+  EXPECT_HAS(log, "1 class folder hold no readable JPEG: '.cache' (0); fix or remove them, or pass --allow-empty");
+  CONVERT_OK(log, "folder", "--root", root, "--out", out, "--size", "20x30", "--channels", "1", "--allow-empty");
   EXPECT_OK(open_source(&o, out, NULL));
   expect_folder_records(&o, 1, seeds, grays, labels, 7, 1.0, 4);
   close_source(&o);
