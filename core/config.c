@@ -1035,6 +1035,26 @@ int stoke_cfg_is_set(const stoke_cfg *c, const char *section, const char *key) {
   return c && section && key && find_entry(c, section, key) != NULL;
 }
 
+int stoke_cfg_drop_undeclared(stoke_cfg *c, const char *section, char *dropped, size_t cap) {
+  const cfg_section *s = find_section(c, section);
+  int n = 0, kept = 0;
+  size_t used = 0;
+  if (cap) dropped[0] = 0;
+  for (int i = 0; i < c->n_ents; i++) {
+    entry *e = &c->ents[i];
+    if (e->key && !e->override && !strcmp(e->section, section) && !(s && find_key(s, e->key))) {
+      if (used < cap)
+        used += (size_t)snprintf(dropped + used, cap - used, "%s%s (%s)", n ? ", " : "", e->key, e->where);
+      n++;
+      entry_free(e);
+      continue;
+    }
+    c->ents[kept++] = *e;
+  }
+  c->n_ents = kept;
+  return n;
+}
+
 int stoke_cfg_file_keys(const stoke_cfg *c) {
   int n = 0;
   for (int i = 0; c && i < c->n_ents; i++) n += c->ents[i].key && !c->ents[i].override;

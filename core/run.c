@@ -109,6 +109,27 @@ static void warn_eval_keys(const stoke_cfg *c, const stoke_source_v1 *s) {
   }
 }
 
+/* A part switched on the command line (optimizer.name=sgd over the INI's
+ * adamw; eval_data.source= to turn evaluation off): the INI's keys of the
+ * part it replaced (beta1, path) are left out, said, instead of failing as
+ * unknown keys that no command line could unset. */
+static void drop_switched_keys(stoke_cfg *c) {
+  static const char *const parts[][2] = {{"model", "name"}, {"data", "source"}, {"eval_data", "source"},
+                                         {"optimizer", "name"}};
+  for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
+    if (strcmp(stoke_cfg_where(c, parts[i][0], parts[i][1]), "command line")) continue;
+    char dropped[1024];
+    int n = stoke_cfg_drop_undeclared(c, parts[i][0], dropped, sizeof dropped);
+    const char *now = "";
+    stoke_err_free(stoke_cfg_str(c, parts[i][0], parts[i][1], &now));
+    if (n)
+      stoke_log(STOKE_LOG_WARN, "config",
+                "command line: %s.%s = %s: the file's [%s] key%s of the part it replaces %s left out: %s",
+                parts[i][0], parts[i][1], now[0] ? now : "(none)", parts[i][0], n == 1 ? "" : "s",
+                n == 1 ? "is" : "are", dropped);
+  }
+}
+
 stoke_err *stoke_run_setup(const stoke_run_opts *o, stoke_cfg **cfg_out, stoke_registry **reg_out) {
   stoke_cfg *c = stoke_cfg_new();
   stoke_registry *reg = NULL;
@@ -204,6 +225,7 @@ stoke_err *stoke_run_setup(const stoke_run_opts *o, stoke_cfg **cfg_out, stoke_r
     goto fail;
   }
   stoke_err_free(le);
+  drop_switched_keys(c);
   STOKE_TRY_GOTO(e, fail, stoke_cfg_validate(c), "checking the config");
   *cfg_out = c;
   *reg_out = reg;

@@ -137,6 +137,25 @@ static void test_nothing_silent(void **state) {
   const char *sum = strstr(out, "summary (");
   assert_non_null(sum);
   if (strstr(sum, " nan")) fail_msg("a NaN in the summary:\n%s", sum);
+  /* the command line switching a part: the INI's keys of the part it replaced are left out, said (they were
+   * unknown-key errors no command line could unset) */
+  snprintf(text, sizeof text,
+           "[run]\nbackends = cpu\nsteps = 2\nprogress = off\ncheckpoint = false\nout_dir = %s/cli/switch\n"
+           "[data]\nsource = synthetic\nshape = 8\nclasses = 3\nbatch_size = 16\n"
+           "[eval_data]\nsource = synthetic\nshape = 8\nclasses = 3\nlength = 32\noffset = 1000\n"
+           "[model]\nname = mlp\nhidden = 8\n[optimizer]\nname = adamw\nbeta1 = 0.8\nlr = 0.001\n",
+           tmpdir());
+  write_ini(text);
+  const char *sw[] = {ini, "eval_data.source=", "optimizer.name=sgd", NULL};
+  assert_int_equal(run_child("tools/train", sw, out, sizeof out), 0);
+  EXPECT_HAS(out, "command line: eval_data.source = (none): the file's [eval_data] keys of the part it replaces are "
+                  "left out: shape (");
+  EXPECT_HAS(out, "run.ini:14), classes (");
+  EXPECT_HAS(out, "run.ini:17)\n");
+  EXPECT_HAS(out, "command line: optimizer.name = sgd: the file's [optimizer] key of the part it replaces is left "
+                  "out: beta1 (");
+  EXPECT_HAS(out, "run.ini:23)\n");
+  if (strstr(out, "evaluation:")) fail_msg("evaluated:\n%s", out);
   /* an empty INI trains every default: said */
   write_ini("");
   snprintf(resume, sizeof resume, "run.out_dir=%s/cli/empty", tmpdir());

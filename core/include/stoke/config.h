@@ -68,6 +68,10 @@ const char *stoke_cfg_where(const stoke_cfg *c, const char *section,
 /* 1 if the key was given in the file or on the command line. */
 int stoke_cfg_is_set(const stoke_cfg *c, const char *section,
                      const char *key);
+/* Drop the file's entries of `section` whose key is not declared (the keys
+ * of a part the command line switched away from); how many, and their
+ * "key (file:line)" list in `dropped`. */
+int stoke_cfg_drop_undeclared(stoke_cfg *c, const char *section, char *dropped, size_t cap);
 /* How many keys the file (not the command line) gave: 0 for an empty one. */
 int stoke_cfg_file_keys(const stoke_cfg *c);
 
