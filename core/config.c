@@ -443,17 +443,36 @@ static stoke_err *unknown_section(const stoke_cfg *c, const char *origin,
  * a key of another section ("[run] lr") or PyTorch's name for one of ours
  * ("num_workers") says where it is. */
 static stoke_err *unknown_key(const stoke_cfg *c, const cfg_section *s, const char *origin, const char *key) {
-  static const char *const alias[][3] = {
-      {"num_workers", "data", "workers"},  {"max_steps", "run", "steps"},     {"learning_rate", "optimizer", "lr"},
-      {"max_epochs", "run", "epochs"},     {"prefetch_factor", "data", "prefetch"},
-      {"gradient_accumulation_steps", "run", "accumulate"}, {"max_grad_norm", "optimizer", "grad_clip"},
-      {"dtype", "run", "precision"},       {"amp", "run", "precision"}};
+  /* PyTorch's, nanoGPT's and llm.c's names, and where units differ, how */
+  static const char *const alias[][4] = {
+      {"num_workers", "data", "workers", NULL},
+      {"max_steps", "run", "steps", NULL},
+      {"max_iters", "run", "steps", NULL},
+      {"learning_rate", "optimizer", "lr", NULL},
+      {"max_epochs", "run", "epochs", NULL},
+      {"prefetch_factor", "data", "prefetch", NULL},
+      {"gradient_accumulation_steps", "run", "accumulate", NULL},
+      {"max_grad_norm", "optimizer", "grad_clip", NULL},
+      {"dtype", "run", "precision", NULL},
+      {"amp", "run", "precision", NULL},
+      {"warmup_iters", "optimizer", "warmup_epochs", "in epochs, not steps: warmup_iters / steps per epoch"},
+      {"warmup_steps", "optimizer", "warmup_epochs", "in epochs, not steps: warmup_steps / steps per epoch"},
+      {"lr_decay_iters", "optimizer", "schedule",
+       "cosine decays over the whole run, [run] steps, down to min_lr: there is no separate decay length"},
+      {"decay_lr", "optimizer", "schedule", "cosine or constant"},
+      {"eval_interval", "run", "eval_every", "in epochs, not steps"},
+      {"eval_iters", "eval_data", "length", "samples (token windows) per evaluation, not batches"},
+      {"block_size", "data", "seq_len", "with [model] context and [eval_data] seq_len, all three the same"},
+      {"init_from", "run", "resume", "a checkpoint file, or auto"},
+      {"always_save_checkpoint", "run", "checkpoint_every", "steps between saves"},
+      {"compile", "run", "cuda_graph", "the nearest: the whole step as one CUDA graph"}};
   for (size_t a = 0; a < sizeof alias / sizeof *alias; a++) {
     const cfg_section *t = strcmp(key, alias[a][0]) ? NULL : find_section(c, alias[a][1]);
     for (int i = 0; t && i < t->n_keys; i++)
       if (!strcmp(t->keys[i].k.key, alias[a][2]))
-        return STOKE_ERR(STOKE_E_INVALID, "%s: [%s] unknown key '%s': stoke's is [%s] %s", origin, s->name, key,
-                         alias[a][1], alias[a][2]);
+        return STOKE_ERR(STOKE_E_INVALID, "%s: [%s] unknown key '%s': stoke's is [%s] %s%s%s%s", origin, s->name, key,
+                         alias[a][1], alias[a][2], alias[a][3] ? " (" : "", alias[a][3] ? alias[a][3] : "",
+                         alias[a][3] ? ")" : "");
   }
   for (int j = 0; j < c->n_secs; j++) {
     const cfg_section *t = &c->secs[j];

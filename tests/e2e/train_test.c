@@ -267,6 +267,12 @@ static void test_messages(void **state) {
   static char long_dir[1200];
   snprintf(long_dir, sizeof long_dir, "run.out_dir=%s/%0900d", tmp, 7);
   refused(fixed, (const char *[]){long_dir}, 1, (const char *[]){"[run] out_dir", "too long", NULL});
+  /* nanoGPT's names: stoke's key, and how its unit differs */
+  refused(fixed, (const char *[]){"run.eval_interval=250"}, 1,
+          (const char *[]){"[run] unknown key 'eval_interval': stoke's is [run] eval_every (in epochs, not steps)", NULL});
+  refused(fixed, (const char *[]){"optimizer.warmup_iters=100"}, 1,
+          (const char *[]){"stoke's is [optimizer] warmup_epochs (in epochs, not steps: warmup_iters / steps per epoch)",
+                           NULL});
   /* a run name longer than the run's own copy of it (it was cut short without a word) */
   static char long_name[400];
   snprintf(long_name, sizeof long_name, "run.name=%0300d", 7);

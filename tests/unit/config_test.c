@@ -308,6 +308,11 @@ static void unknown_key_elsewhere(void **state) {
   expect_err(load_validate(c, "[optimizer]\nmax_steps = 10\n"), STOKE_E_INVALID,
              "run.ini:2: [optimizer] unknown key 'max_steps': stoke's is [run] steps");
   stoke_cfg_free(c);
+  /* nanoGPT's names, before any near spelling (block_size is one edit from batch_size) */
+  c = make_cfg();
+  expect_err(load_validate(c, "[run]\nmax_iters = 10\n"), STOKE_E_INVALID,
+             "run.ini:2: [run] unknown key 'max_iters': stoke's is [run] steps");
+  stoke_cfg_free(c);
 }
 
 static void unknown_key_lists_keys(void **state) {
