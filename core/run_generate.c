@@ -117,6 +117,11 @@ static stoke_err *gen_open(gen *G, const stoke_run_opts *o, const char *checkpoi
             "preparing the model's forward plan");
   stoke_ckpt_meta meta = {0};
   STOKE_TRY(stoke_checkpoint_load(st->x, checkpoint, &meta), "loading the weights to generate with");
+  if (!o->ini_text) { /* an INI given: its [model] against the checkpoint's run */
+    char *now = run_config_text(s->cfg);
+    run_config_drift(now, checkpoint, "generating from");
+    free(now);
+  }
   return NULL;
 }
 

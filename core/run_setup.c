@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "stoke/checkpoint.h"
 #include "stoke/core.h"
 #include "nvtx.h"
 #include "run_state.h"
@@ -52,7 +53,7 @@ static stoke_err *mkdir_p(const char *path) {
 }
 
 /* The resolved config as text (saved with the run and in checkpoints). */
-static char *config_text(const stoke_cfg *c) {
+char *run_config_text(const stoke_cfg *c) {
   char *buf = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
@@ -199,7 +200,7 @@ static stoke_err *open_folder(run_state *s) {
   run_signals_ignore_xfsz(&s->sg);
   STOKE_TRY(mkdir_p(s->dir), "[run] out_dir");
   if (s->rank == 0) STOKE_PROPAGATE(run_claim_out_dir(s));
-  s->config_text = config_text(s->cfg);
+  s->config_text = run_config_text(s->cfg);
   snprintf(path, sizeof path, "%s/config.ini", s->dir);
   STOKE_TRY(run_write_checked(path, put_config, s->cfg), "[run] out_dir");
   snprintf(path, sizeof path, "%s/log.txt", s->dir);
@@ -241,6 +242,59 @@ stoke_err *run_open_device(run_state *s) {
   return NULL;
 }
 
+/* The value of `key` in `section` of a resolved config's text (config.ini,
+ * a checkpoint's copy: stoke_cfg_dump's "key = value" lines), into out; 0
+ * when absent. */
+static int config_value(const char *text, const char *section, const char *key, char *out, size_t cap) {
+  char head[96];
+  snprintf(head, sizeof head, "[%s]\n", section);
+  const char *p = strstr(text, head);
+  size_t kl = strlen(key);
+  for (p = p ? p + strlen(head) : NULL; p && *p && *p != '['; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+    if (strncmp(p, key, kl) || strncmp(p + kl, " = ", 3)) continue;
+    const char *v = p + kl + 3, *end = strchr(v, '\n');
+    snprintf(out, cap, "%.*s", (int)(end ? end - v : (long)strlen(v)), v);
+    return 1;
+  }
+  return 0;
+}
+
+void run_config_drift(const char *now, const char *ckpt, const char *what) {
+  char *then = NULL;
+  stoke_err_free(stoke_checkpoint_config(ckpt, &then));
+  if (!then || !now) {
+    free(then);
+    return;
+  }
+  char diff[1024] = "";
+  size_t used = 0;
+  const char *p = strstr(now, "[model]\n");
+  for (p = p ? p + 8 : NULL; p && *p && *p != '[' && used < sizeof diff; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+    const char *eq = strstr(p, " = "), *end = strchr(p, '\n');
+    if (*p == ';' || !eq || (end && eq > end)) continue;
+    char key[64], v_now[256], v_then[256];
+    snprintf(key, sizeof key, "%.*s", (int)(eq - p), p);
+    snprintf(v_now, sizeof v_now, "%.*s", (int)(end ? end - eq - 3 : (long)strlen(eq + 3)), eq + 3);
+    if (config_value(then, "model", key, v_then, sizeof v_then) && strcmp(v_now, v_then))
+      used += (size_t)snprintf(diff + used, sizeof diff - used, "%s%s = %s (its run had %s)", used ? ", " : "", key,
+                               v_now, v_then);
+  }
+  if (diff[0])
+    stoke_log(STOKE_LOG_WARN, "run",
+              "%s %s with [model] %s: the weights load (the shapes agree), but as another model than the one they "
+              "were trained as", what, ckpt, diff);
+  char st_now[64], st_then[64], sched[64];
+  if (config_value(now, "optimizer", "schedule", sched, sizeof sched) && !strcmp(sched, "cosine") &&
+      config_value(then, "optimizer", "schedule", sched, sizeof sched) && !strcmp(sched, "cosine") &&
+      config_value(now, "run", "steps", st_now, sizeof st_now) && config_value(then, "run", "steps", st_then, sizeof st_then) &&
+      strcmp(st_now, st_then) && strcmp(what, "generating from"))
+    stoke_log(STOKE_LOG_WARN, "run",
+              "%s %s: [run] steps = %s, its run had %s: the cosine schedule now reaches min_lr at step %s, so the "
+              "rate from here follows the new curve, not the old one (nanoGPT's lr_decay_iters has no stoke key)",
+              what, ckpt, st_now, st_then, st_now);
+  free(then);
+}
+
 /* [run] resume: the weights, optimizer state and loss scale of the
  * checkpoint (its step was read before the loader started). */
 static stoke_err *load_resume(run_state *s) {
@@ -264,6 +318,7 @@ static stoke_err *load_resume(run_state *s) {
               "resuming from %s, saved with seed %lld and accumulate %lld, now %lld and %lld: the run "
               "will not repeat the original",
               resume, (long long)meta.seed, (long long)meta.accumulate, (long long)seed, (long long)accumulate);
+  run_config_drift(s->config_text, resume, "resuming from");
   if (!s->o->quiet) printf("stoke: resumed from %s at step %lld\n", resume, (long long)s->start_step);
   return NULL;
 }

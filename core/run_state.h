@@ -128,6 +128,13 @@ void run_close_engines(run_state *s);
 
 /* core/run_stream.c: a stream's source, graph, plan, executor and loader;
  * the next batch into its input (the loader's hand-off). */
+/* A checkpoint's run against this one (`now`: this run's resolved config
+ * as text): [model] keys that differ with the same shapes, and a cosine
+ * schedule over another [run] steps, warned about; `what` starts the line
+ * ("resuming from"). */
+void run_config_drift(const char *now, const char *ckpt, const char *what);
+/* The resolved config as text (stoke_cfg_dump; free it), NULL when out of memory. */
+char *run_config_text(const stoke_cfg *c);
 stoke_err *run_plan_stream(run_state *s, stream *st, const stoke_data_config *dc, const stoke_precision_v1 *prec,
                           int training);
 stoke_err *run_open_stream(run_state *s, stream *st, const stoke_data_config *dc, int training, int64_t start_batch);

@@ -238,14 +238,26 @@ static int keep_token(void *ctx, int32_t token, const float *row, int64_t vocab)
 
 /* 24 tokens at temperature 1 from `checkpoint`, the config from `ini_path`
  * (NULL: the checkpoint's own). */
+static const char *gen_override; /* one section.key=value for generate(), or NULL */
+
 static stoke_err *generate(const char *ini_path, const char *checkpoint, gen_out *out) {
   static const int32_t prompt[] = {1, 2, 3};
   stoke_gen_opts g = {.prompt = prompt, .n_prompt = 3, .max_new = 24, .temperature = 1, .seed = 11,
                       .on_token = keep_token, .ctx = out};
-  stoke_run_opts o = {.ini_path = ini_path, .plugin_dirs = dirs, .n_plugin_dirs = (int)(sizeof dirs / sizeof *dirs),
-                      .quiet = 1};
+  stoke_run_opts o = {.ini_path = ini_path, .overrides = &gen_override, .n_overrides = gen_override != NULL,
+                      .plugin_dirs = dirs, .n_plugin_dirs = (int)(sizeof dirs / sizeof *dirs), .quiet = 1};
   out->n = 0;
   return stoke_generate(&o, checkpoint, &g, NULL);
+}
+
+typedef struct gen_ctx {
+  const char *ini, *ckpt;
+  stoke_err *e;
+} gen_ctx;
+static void generate_logged(void *ctx) {
+  gen_ctx *g = ctx;
+  gen_out out;
+  g->e = generate(g->ini, g->ckpt, &out);
 }
 
 typedef struct train_call {
@@ -291,6 +303,15 @@ static void test_generate_without_data(void **state) {
   assert_int_equal(with_data.n, 24);
   assert_memory_equal(with_data.tok, no_data.tok, sizeof with_data.tok[0] * 24);
   assert_memory_equal(with_data.tok, own_config.tok, sizeof with_data.tok[0] * 24);
+  /* an INI whose [model] differs from the checkpoint's run with the same shapes (n_head): said */
+  gen_ctx gc = {tini, ck, NULL};
+  gen_override = "model.n_head=1";
+  char *glog = test_log_of(generate_logged, &gc);
+  gen_override = NULL;
+  OK(gc.e);
+  if (!strstr(glog, "with [model] n_head = 1 (its run had 2): the weights load (the shapes agree), but as another model"))
+    fail_msg("not said: %s", glog);
+  free(glog);
   /* a safetensors file another program wrote carries no config: the INI is asked for */
   char bare[700];
   snprintf(bare, sizeof bare, "%s/bare.safetensors", tmp);

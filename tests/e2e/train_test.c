@@ -776,6 +776,24 @@ static void test_detect_anomaly_run(void **state) {
   stoke_err_free(e);
 }
 
+/* Resumed with a longer run under a cosine schedule: the rate from there
+ * follows the new curve, which log.txt says (nanoGPT keeps the decay's
+ * length apart; stoke has no such key). */
+static void test_resume_reshapes_cosine(void **state) {
+  stoke_summary a, b;
+  const char *o6[] = {"run.steps=6", "optimizer.schedule=cosine", "optimizer.min_lr=0.005"};
+  train_in("cos_a", o6, 3, &a);
+  const char *o10[] = {"run.steps=10", "optimizer.schedule=cosine", "optimizer.min_lr=0.005"};
+  resume_in("cos_b", &a, o10, 3, &b);
+  char path[800];
+  snprintf(path, sizeof path, "%s/cos_b/log.txt", tmp);
+  size_t n;
+  char *log = test_slurp(path, &n);
+  if (!log || !strstr(log, "[run] steps = 10, its run had 6: the cosine schedule now reaches min_lr at step 10"))
+    fail_msg("not said: %s", log ? log : "(no log.txt)");
+  free(log);
+}
+
 /* Resumed in the same folder, metrics.jsonl keeps the first part's lines
  * and gets the rest after them. */
 static void test_metrics_appended(void **state) {
@@ -932,6 +950,7 @@ int main(void) {
       cmocka_unit_test(test_nan_weights_not_saved),
       cmocka_unit_test(test_diverged_loss_message),
       cmocka_unit_test(test_detect_anomaly_run),
+      cmocka_unit_test(test_resume_reshapes_cosine),
       cmocka_unit_test(test_metrics_appended),
       cmocka_unit_test(test_other_optimizer_said),
       cmocka_unit_test(test_truncated_checkpoint_refused),
