@@ -45,7 +45,52 @@ static stoke_err *jsonl_flushed(stoke_metrics *m) {
   return STOKE_ERR(STOKE_E_IO, "writing '%s' failed: %s (is the disk full?)", m->o.jsonl_path, strerror(errno));
 }
 
+/* A resume continues from the checkpoint's step, and the steps the first
+ * part logged after it (it ran on past its last save, then crashed) are
+ * run again: their lines (steps and evaluations, {"step": N, ...} with N
+ * past start_step) leave the file, written whole or not at all, so each
+ * step has one line. */
+static stoke_err *drop_redone(const char *path, int64_t start_step) {
+  char *text = NULL;
+  size_t n = 0;
+  stoke_err *e = stoke_read_file(path, "metrics", &text, &n);
+  if (e) {
+    int none = e->code == STOKE_E_NOT_FOUND;
+    stoke_err_free(e);
+    return none ? NULL : STOKE_ERR(STOKE_E_IO, "cannot read '%s' to continue it", path);
+  }
+  int64_t dropped = 0;
+  for (const char *p = text; *p;) {
+    const char *end = strchr(p, '\n');
+    long long step;
+    dropped += sscanf(p, "{\"step\": %lld,", &step) == 1 && step > start_step;
+    p = end ? end + 1 : p + strlen(p);
+  }
+  if (!dropped) {
+    free(text);
+    return NULL;
+  }
+  char tmp[4200];
+  FILE *f = NULL;
+  e = stoke_write_begin(path, "metrics", tmp, sizeof tmp, &f);
+  for (const char *p = text; !e && *p;) {
+    const char *end = strchr(p, '\n');
+    size_t len = end ? (size_t)(end - p) + 1 : strlen(p);
+    long long step;
+    if (!(sscanf(p, "{\"step\": %lld,", &step) == 1 && step > start_step)) fwrite(p, 1, len, f);
+    p += len;
+  }
+  if (!e) e = stoke_write_end(f, tmp, path, "metrics", NULL);
+  free(text);
+  if (!e)
+    stoke_log(STOKE_LOG_INFO, "metrics", "%s: %lld lines of steps after %lld left out: the checkpoint is at step "
+              "%lld, and this run does them again", path, (long long)dropped, (long long)start_step,
+              (long long)start_step);
+  return e;
+}
+
 stoke_err *stoke_metrics_new(const stoke_metrics_opts *o, stoke_metrics **out) {
+  if (o->jsonl_path && o->start_step > 0) STOKE_PROPAGATE(drop_redone(o->jsonl_path, o->start_step));
   stoke_metrics *m = calloc(1, sizeof *m);
   if (!m) return STOKE_ERR(STOKE_E_OOM, "out of memory");
   m->o = *o;

@@ -794,6 +794,37 @@ static void test_resume_reshapes_cosine(void **state) {
   free(log);
 }
 
+/* A run that went on past its last save (then crashed) and was resumed
+ * from that save does those steps again: metrics.jsonl keeps one line a
+ * step, the redone ones from the resumed part. */
+static void test_metrics_redone_steps_once(void **state) {
+  stoke_summary a;
+  train_in("redo", (const char *[]){"run.steps=4", "run.log_every=1"}, 2, &a);
+  char ck[800], kept[800], path[800];
+  snprintf(ck, sizeof ck, "%s/redo/checkpoint.safetensors", tmp);
+  snprintf(kept, sizeof kept, "%s/redo_step4.safetensors", tmp);
+  size_t n;
+  char *bytes = test_slurp(ck, &n);
+  FILE *f = fopen(kept, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(bytes, 1, n, f), n);
+  fclose(f);
+  free(bytes);
+  char resume[900];
+  snprintf(resume, sizeof resume, "run.resume=%s", ck);
+  train_in("redo", (const char *[]){"run.steps=8", "run.log_every=1", resume}, 3, &a); /* steps 5-8 logged */
+  rename(kept, ck); /* as if it had crashed after logging step 8, its last save at step 4 */
+  train_in("redo", (const char *[]){"run.steps=10", "run.log_every=1", "run.resume=auto"}, 3, &a);
+  snprintf(path, sizeof path, "%s/redo/metrics.jsonl", tmp);
+  char *text = test_slurp(path, &n);
+  for (int step = 1; step <= 10; step++) {
+    char line[32];
+    snprintf(line, sizeof line, "{\"step\": %d, ", step);
+    if (count(text, line) != 1) fail_msg("step %d has %d lines:\n%s", step, count(text, line), text);
+  }
+  free(text);
+}
+
 /* Resumed in the same folder, metrics.jsonl keeps the first part's lines
  * and gets the rest after them. */
 static void test_metrics_appended(void **state) {
@@ -951,6 +982,7 @@ int main(void) {
       cmocka_unit_test(test_diverged_loss_message),
       cmocka_unit_test(test_detect_anomaly_run),
       cmocka_unit_test(test_resume_reshapes_cosine),
+      cmocka_unit_test(test_metrics_redone_steps_once),
       cmocka_unit_test(test_metrics_appended),
       cmocka_unit_test(test_other_optimizer_said),
       cmocka_unit_test(test_truncated_checkpoint_refused),
