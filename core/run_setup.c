@@ -35,6 +35,7 @@ stoke_err *run_write_checked(const char *path, void (*put)(const void *, FILE *)
 }
 
 static void put_config(const void *c, FILE *f) { stoke_cfg_dump(c, f); }
+static void put_text(const void *t, FILE *f) { fputs(t, f); }
 static void put_plan(const void *p, FILE *f) { stoke_plan_report(p, f); }
 
 static stoke_err *mkdir_p(const char *path) {
@@ -140,6 +141,7 @@ static stoke_err *open_backends(run_state *s, const char **prec_name) {
   run_close_engines(s);
   s->dev = NULL;
   s->dev_self = NULL;
+  s->cpu_fallback = 1;
   STOKE_TRY(stoke_registry_load(s->reg, "cpu"), "falling back to the cpu backend");
   s->engines[0] = "cpu";
   s->n_engines = 1;
@@ -529,6 +531,42 @@ static void announce(run_state *s) {
   stoke_plan_report(s->train.plan, stdout);
 }
 
+/* `key = value` in `section` of a resolved config's text, replaced by
+ * `key = value_now` (a new malloc'd text; NULL when out of memory or the
+ * key is not there). */
+static char *config_set(const char *text, const char *section, const char *key, const char *value_now) {
+  char head[96], line[128];
+  snprintf(head, sizeof head, "[%s]\n", section);
+  snprintf(line, sizeof line, "\n%s = ", key);
+  const char *sec = strstr(text, head), *at = sec ? strstr(sec, line) : NULL;
+  const char *next = sec ? strstr(sec + 1, "\n[") : NULL;
+  if (!at || (next && at > next)) return NULL;
+  const char *end = strchr(at + 1, '\n');
+  if (!end) end = at + strlen(at);
+  size_t n = (size_t)(at - text) + strlen(line) + strlen(value_now) + strlen(end) + 1;
+  char *out = malloc(n);
+  if (out) snprintf(out, n, "%.*s%s%s%s", (int)(at - text), text, line, value_now, end);
+  return out;
+}
+
+/* The cpu backend ran in place of [run] backends: config.ini (and every
+ * checkpoint's copy) say what ran, so that the file runs again as this run
+ * did, not as the GPU run it names. */
+static stoke_err *config_as_run(run_state *s) {
+  if (!s->cpu_fallback || !s->config_text) return NULL;
+  static const char *const ran[][3] = {{"run", "backends", "cpu"}, {"run", "precision", "fp32"}};
+  for (int i = 0; i < 2; i++) {
+    char *t = config_set(s->config_text, ran[i][0], ran[i][1], ran[i][2]);
+    if (!t) continue;
+    free(s->config_text);
+    s->config_text = t;
+  }
+  char path[700];
+  snprintf(path, sizeof path, "%s/config.ini", s->dir);
+  STOKE_TRY(run_write_checked(path, put_text, s->config_text), "[run] out_dir");
+  return NULL;
+}
+
 stoke_err *run_open(run_state *s) {
   /* before any folder, device or data is opened */
   const stoke_run_config *rc = &s->rc;
@@ -538,6 +576,7 @@ stoke_err *run_open(run_state *s) {
   STOKE_PROPAGATE(find_place(s));
   STOKE_PROPAGATE(open_folder(s));
   STOKE_PROPAGATE(run_open_device(s));
+  STOKE_PROPAGATE(config_as_run(s));
   STOKE_PROPAGATE(open_data(s));
   STOKE_PROPAGATE(plan_length(s));
   STOKE_PROPAGATE(choose_graphs(s));

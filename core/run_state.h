@@ -70,6 +70,7 @@ typedef struct run_state {
   stoke_metrics *metrics;
   FILE *log;
   char *config_text;
+  int cpu_fallback; /* the cpu backend (fp32) ran in place of [run] backends (device = auto, cpu) */
   stoke_layout layout;
   stoke_nvml *nvml;
   double peak_flops; /* the device's, for the precision (0: unknown) */

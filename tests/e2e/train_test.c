@@ -301,6 +301,14 @@ static void test_no_gpu(void **state) {
   const char *autod[] = {"run.backends=cuda", "run.device=auto", "run.precision=bf16"};
   train_ok(autod, 3, &s);
   assert_true(s.final_loss < 0.45);
+  /* config.ini (and the checkpoint's copy) say what ran: the cpu backend in fp32, not the GPU run asked for */
+  char path[800];
+  snprintf(path, sizeof path, "%s/out/config.ini", tmp);
+  size_t n;
+  char *text = test_slurp(path, &n);
+  if (!text || !strstr(text, "\nbackends = cpu\n") || !strstr(text, "\nprecision = fp32\n"))
+    fail_msg("config.ini says another run: %s", text ? text : "(none)");
+  free(text);
 }
 
 /* [run] device against [run] backends, with or without a GPU: device = gpu
