@@ -28,8 +28,12 @@ typedef struct skip_reason {
   char key[128];
   char title[128];
   char example[256];
-  int64_t n;
+  int64_t n;       /* skips (a sample drawn again counts again) */
+  int64_t samples; /* distinct samples, of which the first few are named in the log */
 } skip_reason;
+
+/* Samples named one by one per reason; past them, one line says the rest are counted. */
+#define SKIPS_NAMED 3
 
 /* The fail-fast rule's defaults: more than 1% of the first 1000 reads. */
 #define SKIP_WINDOW 1000
@@ -172,22 +176,24 @@ static void reason_key(const char *msg, char *key, size_t cap) {
 }
 
 /* Count a skipped read under its reason. Called with mu held. */
-static void count_skip(stoke_loader *l, const char *key, const char *title, const char *example) {
+static skip_reason *count_skip(stoke_loader *l, const char *key, const char *title, const char *example) {
   l->skipped++;
   for (int i = 0; i < l->n_reasons; i++)
     if (!strcmp(l->reasons[i].key, key)) {
       l->reasons[i].n++;
-      return;
+      return &l->reasons[i];
     }
   if (l->n_reasons == MAX_REASONS) {
     l->other_reasons++;
-    return;
+    return NULL;
   }
   skip_reason *r = &l->reasons[l->n_reasons++];
   snprintf(r->key, sizeof r->key, "%s", key);
   snprintf(r->title, sizeof r->title, "%s", title);
   snprintf(r->example, sizeof r->example, "%s", example);
   r->n = 1;
+  r->samples = 0;
+  return r;
 }
 
 /* "\n    6 x label error: label 2 outside [0, 2), e.g. sample 3 has ..."
@@ -219,8 +225,9 @@ static stoke_err *note_skip(stoke_loader *l, int64_t k, const stoke_err *re, int
     snprintf(example, sizeof example, "sample %lld: %s", (long long)k, re->msg);
   }
   pthread_mutex_lock(&l->mu);
-  count_skip(l, key, title, example);
+  skip_reason *r = count_skip(l, key, title, example);
   int first = bad_insert(l, k);
+  int64_t nth = first && r ? ++r->samples : 0; /* this reason's distinct samples so far */
   int64_t skipped = l->skipped, attempts = l->attempts;
   double frac = l->o.max_skipped > 0 ? l->o.max_skipped : SKIP_FRACTION;
   char why[2048] = "";
@@ -228,8 +235,13 @@ static stoke_err *note_skip(stoke_loader *l, int64_t k, const stoke_err *re, int
   int stop = !l->o.skip_bad && attempts <= SKIP_WINDOW && (double)skipped > frac * SKIP_WINDOW;
   if (stop) reasons_text(l, why, sizeof why);
   pthread_mutex_unlock(&l->mu);
-  if (first) /* once per run; the summary counts them */
-    stoke_log(STOKE_LOG_WARN, "loader", "skipping %s (said once, skipped every time)", example);
+  /* the first few samples of a reason by name (each once, skipped every time it is drawn); then one line, so a
+   * fault of every sample (a vocabulary too small) is not a flood; the summary counts them all */
+  if (first && (!r || nth <= SKIPS_NAMED))
+    stoke_log(STOKE_LOG_WARN, "loader", "skipping %s (said once, skipped every time it is drawn)", example);
+  else if (first && nth == SKIPS_NAMED + 1)
+    stoke_log(STOKE_LOG_WARN, "loader", "more samples are skipped for the same reason (%s): counted, not named one "
+              "by one; the summary gives the count", key);
   if (!stop) return NULL;
   return STOKE_ERR(STOKE_E_DATA,
                    "source '%s': %lld of the first %lld samples read were skipped, more than %g%% of the first %d: "
