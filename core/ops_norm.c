@@ -105,8 +105,9 @@ static stoke_err *infer_normalize(const stoke_node_v1 *n, const stoke_value_desc
   const stoke_attr_v1 *m = &n->attrs[STOKE_NORMALIZE_MEAN], *s = &n->attrs[STOKE_NORMALIZE_STD];
   if ((m->n != 1 && m->n != x->d[1]) || (s->n != 1 && s->n != x->d[1]))
     return STOKE_ERR(STOKE_E_INVALID,
-                     "normalize '%s': mean and std need 1 or %lld values (one per channel)", n->name,
-                     (long long)x->d[1]);
+                     "normalize '%s': the images have %lld channel%s, and mean has %d value%s, std %d: give one "
+                     "value for every channel, or one per channel (%lld)", n->name, (long long)x->d[1],
+                     x->d[1] == 1 ? "" : "s", m->n, m->n == 1 ? "" : "s", s->n, (long long)x->d[1]);
   for (int i = 0; i < s->n; i++)
     if (s->floats[i] <= 0)
       return STOKE_ERR(STOKE_E_INVALID, "normalize '%s': std must be > 0", n->name);

@@ -2,6 +2,7 @@
  * its source opened, the model's graph built and compiled, batch_size and
  * workers = auto resolved, the executor and the loader started; and a
  * batch copied into the stream's input. */
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -74,6 +75,17 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
     int n;
     STOKE_TRY(stoke_graph_builder(g).node(g, STOKE_OP_NORMALIZE, "normalize", &x, 1, attrs, &n, 1),
               "%s: [data] mean / std", stoke_cfg_where(s->cfg, "data", "mean"));
+    /* the pixels are divided by 255 first (ToTensor, then Normalize): a mean on the 0-255 scale normalizes
+     * every input to about -mean / std */
+    for (const char *p = s->rc.data.mean; training && *p; p = strchr(p, ':') ? strchr(p, ':') + 1 : p + strlen(p))
+      if (strtod(p, NULL) > 1) {
+        stoke_log(STOKE_LOG_WARN, "data",
+                  "%s: [data] mean = %s is above 1: mean and std are on the 0-1 scale of torchvision's ToTensor "
+                  "(the pixels are divided by 255 first; ImageNet's are 0.485, 0.456, 0.406 and 0.229, 0.224, "
+                  "0.225), so every input lands near -mean / std", stoke_cfg_where(s->cfg, "data", "mean"),
+                  s->rc.data.mean);
+        break;
+      }
     x = n;
   } else if (info.dtype == STOKE_F32) {
     /* the batch arrives as f32; a low-precision graph converts it first. mean / std normalize u8 images only */

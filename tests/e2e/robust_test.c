@@ -781,6 +781,27 @@ static void test_out_dir_claimed(void **state) {
   assert_int_equal(ckpt_step("claimed_auto"), 2);
 }
 
+/* [data] mean and std against the images: a mean on the 0-255 scale (the
+ * pixels are divided by 255 first) is warned about, and a list that fits
+ * no channel count names the images' channels. */
+static void test_mean_scale_and_channels(void **state) {
+  image_folder("meanimg", 4, 0);
+  char root[800], path[900];
+  snprintf(root, sizeof root, "data.root=%s/meanimg", tmp);
+  stoke_summary s;
+#define JPEG_DATA "data.source=jpeg", root, "data.size=8", "data.resize=8", "data.batch_size=4", "run.steps=2"
+  stoke_err *e = run_in("mean255", &s, OVER(JPEG_DATA, "data.mean=123.7,116.3,103.5", "data.std=58.4,57.1,57.4"));
+  if (e) fail_msg("%s", e->msg);
+  snprintf(path, sizeof path, "%s/mean255/log.txt", tmp);
+  const char *log = slurp(path);
+  if (!strstr(log, "[data] mean = 123.7:116.3:103.5 is above 1: mean and std are on the 0-1 scale"))
+    fail_msg("not said: %s", log);
+  EXPECT_RUN_ERR(run_in("mean2", &s, OVER(JPEG_DATA, "data.mean=0.5,0.5")),
+                 "the images have 3 channels, and mean has 2 values, std 1: give one value for every channel, or one "
+                 "per channel (3)");
+#undef JPEG_DATA
+}
+
 /* A plugin op whose register() forgot `stoke_host = h;` (tests/sdk/no_host.c)
  * dies of its first stoke_host->log in its kernel: the crash note names the
  * node, op and engine, and says the NULL host table is the likely cause. */
@@ -817,6 +838,7 @@ int main(void) {
       cmocka_unit_test(test_resume_not_a_file),
       cmocka_unit_test(test_bit_flips_detected),
       cmocka_unit_test(test_plugin_without_host_table),
+      cmocka_unit_test(test_mean_scale_and_channels),
       cmocka_unit_test(test_out_dir_claimed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
