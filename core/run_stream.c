@@ -79,11 +79,15 @@ static stoke_err *build_graph(run_state *s, stream *st, stoke_dtype dtype, int t
      * every input to about -mean / std */
     for (const char *p = s->rc.data.mean; training && *p; p = strchr(p, ':') ? strchr(p, ':') + 1 : p + strlen(p))
       if (strtod(p, NULL) > 1) {
+        char shown[300];
+        size_t k = 0;
+        for (const char *q = s->rc.data.mean; *q && k + 3 < sizeof shown; q++)
+          k += *q == ':' ? (size_t)snprintf(shown + k, sizeof shown - k, ", ") : (shown[k] = *q, 1);
+        shown[k] = 0;
         stoke_log(STOKE_LOG_WARN, "data",
                   "%s: [data] mean = %s is above 1: mean and std are on the 0-1 scale of torchvision's ToTensor "
                   "(the pixels are divided by 255 first; ImageNet's are 0.485, 0.456, 0.406 and 0.229, 0.224, "
-                  "0.225), so every input lands near -mean / std", stoke_cfg_where(s->cfg, "data", "mean"),
-                  s->rc.data.mean);
+                  "0.225), so every input lands near -mean / std", stoke_cfg_where(s->cfg, "data", "mean"), shown);
         break;
       }
     x = n;

@@ -794,7 +794,7 @@ static void test_mean_scale_and_channels(void **state) {
   if (e) fail_msg("%s", e->msg);
   snprintf(path, sizeof path, "%s/mean255/log.txt", tmp);
   const char *log = slurp(path);
-  if (!strstr(log, "[data] mean = 123.7:116.3:103.5 is above 1: mean and std are on the 0-1 scale"))
+  if (!strstr(log, "[data] mean = 123.7, 116.3, 103.5 is above 1: mean and std are on the 0-1 scale"))
     fail_msg("not said: %s", log);
   EXPECT_RUN_ERR(run_in("mean2", &s, OVER(JPEG_DATA, "data.mean=0.5,0.5")),
                  "the images have 3 channels, and mean has 2 values, std 1: give one value for every channel, or one "
