@@ -710,11 +710,18 @@ stoke_err *stoke_checkpoint_config(const char *path, char **text) {
   size_t n;
   STOKE_PROPAGATE(read_head(path, 8, &b, &n));
   uint64_t hlen = 0;
-  for (int i = 0; i < 8; i++) hlen |= (uint64_t)b[i] << (8 * i);
+  int texty = n >= 8;
+  for (size_t i = 0; i < 8 && i < n; i++) {
+    hlen |= (uint64_t)b[i] << (8 * i);
+    texty &= b[i] == '\n' || b[i] == '\t' || (b[i] >= 0x20 && b[i] < 0x7f);
+  }
   free(b);
+  if (n < 8) return STOKE_ERR(STOKE_E_DATA, "checkpoint '%s' is truncated (%zu bytes)", path, n);
   if (hlen > ((uint64_t)1 << 30))
-    return STOKE_ERR(STOKE_E_DATA, "checkpoint '%s' is not a safetensors file (a header of %llu bytes)", path,
-                     (unsigned long long)hlen);
+    return STOKE_ERR(STOKE_E_DATA, "'%s' is not a checkpoint (a safetensors file): %s", path,
+                     texty ? "it starts with text, as an INI file does; a checkpoint is the .safetensors file a run "
+                            "saved in its out_dir"
+                          : "its first 8 bytes give no header length");
   STOKE_PROPAGATE(read_head(path, 8 + (size_t)hlen, &b, &n));
   stoke_st_file f = {.bytes = b, .size = n};
   stoke_err *e = n < 8 + hlen ? STOKE_ERR(STOKE_E_DATA, "checkpoint '%s' is truncated inside its header", path) : NULL;

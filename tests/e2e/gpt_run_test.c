@@ -332,7 +332,7 @@ static void test_generate_without_data(void **state) {
   e = generate(NULL, tini, &no_data); /* an INI where the checkpoint goes */
   assert_non_null(e);
   print_message("%s\n", e->msg);
-  assert_non_null(strstr(e->msg, "not a safetensors file"));
+  assert_non_null(strstr(e->msg, "is not a checkpoint (a safetensors file): it starts with text, as an INI file does"));
   stoke_err_free(e);
 }
 
