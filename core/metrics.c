@@ -45,6 +45,13 @@ static stoke_err *jsonl_flushed(stoke_metrics *m) {
   return STOKE_ERR(STOKE_E_IO, "writing '%s' failed: %s (is the disk full?)", m->o.jsonl_path, strerror(errno));
 }
 
+/* A loss as printed: 4 decimals, or 4 significant digits with an exponent
+ * once it is large (a diverging run's 1.1e+32 printed as 33 digits). */
+static const char *loss_text(double v, char *buf, size_t cap) {
+  snprintf(buf, cap, fabs(v) < 1e5 || !isfinite(v) ? "%.4f" : "%.4e", v);
+  return buf;
+}
+
 /* A resume continues from the checkpoint's step, and the steps the first
  * part logged after it (it ran on past its last save, then crashed) are
  * run again: their lines (steps and evaluations, {"step": N, ...} with N
@@ -258,15 +265,18 @@ stoke_err *stoke_metrics_step(stoke_metrics *m, int64_t step, int64_t epoch, dou
     char bar[32];
     for (int i = 0; i < width; i++) bar[i] = i < done ? '=' : i == done ? '>' : ' ';
     bar[width] = 0;
-    fprintf(stderr, "\r step %lld/%lld [%s] loss %.4f  %.0f samples/s  step %.3f ms  data-wait %.2f ms  ETA %s   ",
-            (long long)step, (long long)m->o.total_steps, bar, loss, rate, step_ms, wait_ms, eta_s);
+    char lt[32];
+    fprintf(stderr, "\r step %lld/%lld [%s] loss %s  %.0f samples/s  step %.3f ms  data-wait %.2f ms  ETA %s   ",
+            (long long)step, (long long)m->o.total_steps, bar, loss_text(loss, lt, sizeof lt), rate, step_ms, wait_ms,
+            eta_s);
     if (step == m->o.total_steps) fputc('\n', stderr);
     fflush(stderr);
   } else if (m->o.progress == STOKE_PROGRESS_LINES) {
-    printf("step %lld/%lld  epoch %lld  loss %.4f  lr %.4g  %.0f samples/s  step %.3f ms (p50 %.3f, p95 %.3f, "
+    char lt[32];
+    printf("step %lld/%lld  epoch %lld  loss %s  lr %.4g  %.0f samples/s  step %.3f ms (p50 %.3f, p95 %.3f, "
            "max %.3f)  host %.3f ms  data-wait %.3f ms  ETA %s\n",
-           (long long)step, (long long)m->o.total_steps, (long long)epoch, loss, lr, rate, step_ms, p50, p95, mx,
-           host_ms, wait_ms, eta_s);
+           (long long)step, (long long)m->o.total_steps, (long long)epoch, loss_text(loss, lt, sizeof lt), lr, rate,
+           step_ms, p50, p95, mx, host_ms, wait_ms, eta_s);
     fflush(stdout);
   }
   m->interval_host = m->interval_wait = 0;
@@ -451,11 +461,15 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
            status, (long long)s->steps);
     goto files;
   }
-  printf("summary (%s): %lld steps, %lld samples, final loss %.4f (first %.4f)\n"
+  char ran[64] = "", lf[32], l0[32];
+  if (m->o.start_step > 0) /* a resume: the steps count from the start, the samples and times are this run's */
+    snprintf(ran, sizeof ran, " (%lld of them in this run)", (long long)(s->steps - m->o.start_step));
+  printf("summary (%s): %lld steps%s, %lld samples, final loss %s (first %s)\n"
          "  samples/s median %.0f, step time p50 %.3f ms, p95 %.3f ms, max %.3f ms (device)\n"
          "  host launch time p50 %.3f ms per step, data wait %.3f s total (%.3f s of it in the first step: the "
          "loader's start)\n",
-         status, (long long)s->steps, (long long)s->samples, s->final_loss, s->first_loss,
+         status, (long long)s->steps, ran, (long long)s->samples, loss_text(s->final_loss, lf, sizeof lf),
+         loss_text(s->first_loss, l0, sizeof l0),
          s->samples_per_s, s->step_ms_p50, s->step_ms_p95, s->step_ms_max, s->host_ms_p50, s->data_wait_s,
          s->data_wait_first_s);
   if (isfinite(s->mfu))

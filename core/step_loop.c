@@ -178,10 +178,12 @@ static stoke_err *read_loss(run_state *s, double *loss) {
   else if (stat(s->ckpt, &st)) snprintf(kept, sizeof kept, "no checkpoint was saved before it");
   else snprintf(kept, sizeof kept, "the last checkpoint is %s", s->ckpt);
   return STOKE_ERR(STOKE_E_NUMERIC,
-                   "loss is %s at step %lld: training diverged; lower [optimizer] lr (now %g) or check the data; "
+                   "loss is %s at step %lld: training diverged; lower [optimizer] lr (%g; the schedule's rate at "
+                   "this step %g) or check the data; "
                    "a plugin op of your own can produce it too (tools/plugin_check checks its kernels); "
                    "run.detect_anomaly=true names the first node that makes a NaN or inf (%s)",
-                   isnan(*loss) ? "NaN" : *loss > 0 ? "+inf" : "-inf", (long long)s->step + 1, s->opt.lr, kept);
+                   isnan(*loss) ? "NaN" : *loss > 0 ? "+inf" : "-inf", (long long)s->step + 1, s->rc.optimizer.lr,
+                   s->opt.lr, kept);
 }
 
 /* A signal reaches the ranks at different steps: they agree on when to

@@ -137,6 +137,10 @@ static void test_nothing_silent(void **state) {
   const char *sum = strstr(out, "summary (");
   assert_non_null(sum);
   if (strstr(sum, " nan")) fail_msg("a NaN in the summary:\n%s", sum);
+  /* a resume that trains: the steps count from the start, the samples are this run's, and it says so */
+  const char *more[] = {ini, resume, "run.steps=3", NULL};
+  assert_int_equal(run_child("tools/train", more, out, sizeof out), 0);
+  EXPECT_HAS(out, "summary (done): 3 steps (1 of them in this run), 16 samples");
   /* the command line switching a part: the INI's keys of the part it replaced are left out, said (they were
    * unknown-key errors no command line could unset) */
   snprintf(text, sizeof text,

@@ -750,7 +750,7 @@ static void test_diverged_loss_message(void **state) {
   out_sub = "out";
   if (!e) fail_msg("training at lr 1e5 did not fail");
   print_message("%s\n", e->msg);
-  if (e->code != STOKE_E_NUMERIC || !strstr(e->msg, "training diverged; lower [optimizer] lr (now 100000)") ||
+  if (e->code != STOKE_E_NUMERIC || !strstr(e->msg, "training diverged; lower [optimizer] lr (100000; the schedule's rate at this step 100000)") ||
       !strstr(e->msg, "no checkpoint was saved before it") || strstr(e->msg, "-nan"))
     fail_msg("unexpected: %s", e->msg);
   stoke_err_free(e);
