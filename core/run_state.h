@@ -86,7 +86,8 @@ typedef struct run_state {
   int64_t start_step;
   char ckpt[640];
   /* the step loop: its length, the optimizer's per-step arguments */
-  int64_t total, per_epoch, eval_period;
+  int64_t total, per_epoch;
+  double eval_period; /* batches between evaluations ([run] eval_every x per_epoch; 0: at the end only) */
   stoke_lr_schedule sched;
   stoke_opt_args_v1 opt;
   int cuda_graph, ops_reported;

@@ -215,8 +215,11 @@ static stoke_err *between_steps(run_state *s) {
     s->saved_step = step + 1;
   }
   if (s->ckpt[0] && ckpt_every > 0 && (step + 1) % ckpt_every == 0) stoke_steptime_pause(s->steptime);
-  int64_t done = (step + 1) * accumulate, period = s->eval_period;
-  if (!s->eval.x || period <= 0 || done / period == (done - accumulate) / period || step + 1 >= s->total || s->stop)
+  int64_t done = (step + 1) * accumulate;
+  double period = s->eval_period;
+  /* the k-th evaluation after the batch that passes k x period (1e-9: an exact epoch's end counts) */
+  if (!s->eval.x || period <= 0 || floor((double)done / period + 1e-9) == floor((double)(done - accumulate) / period + 1e-9) ||
+      step + 1 >= s->total || s->stop)
     return NULL;
   stoke_err *e = run_evaluate(s, s->sum);
   stoke_steptime_pause(s->steptime);

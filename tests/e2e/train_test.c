@@ -833,6 +833,34 @@ static void test_metrics_redone_steps_once(void **state) {
   free(text);
 }
 
+/* eval_every = 0.5 of a 25-step epoch evaluates at steps 13, 25, 38 and
+ * the end (50): each epoch's end on time, where a period rounded to 13
+ * drifted to 26 and 39. */
+static void test_eval_every_fraction(void **state) {
+  stoke_summary s;
+  const char *o[] = {"run.steps=50", "data.length=1600", "run.eval_every=0.5", "eval_data.source=synthetic",
+                     "eval_data.shape=32", "eval_data.classes=4", "eval_data.length=64", "eval_data.offset=100000"};
+  train_in("evalfrac", o, 8, &s);
+  char path[800];
+  snprintf(path, sizeof path, "%s/evalfrac/metrics.jsonl", tmp);
+  size_t n;
+  char *text = test_slurp(path, &n);
+  static const int at[] = {13, 25, 38, 50};
+  for (int i = 0; i < 4; i++) {
+    char key[48];
+    snprintf(key, sizeof key, "{\"step\": %d, \"epoch\": ", at[i]);
+    int found = 0; /* a line of that step holding an evaluation */
+    for (const char *p = text; (p = strstr(p, key)); p++) {
+      const char *eol = strchr(p, '\n'), *ev = strstr(p, "eval_loss");
+      found |= ev && (!eol || ev < eol);
+    }
+    if (!found) fail_msg("no evaluation at step %d:\n%s", at[i], text);
+  }
+  int evals = count(text, "\"eval_loss\"") - count(text, "{\"summary\""); /* the summary has the last one too */
+  if (evals != 4) fail_msg("%d evaluations, not 4:\n%s", evals, text);
+  free(text);
+}
+
 /* Resumed in the same folder, metrics.jsonl keeps the first part's lines
  * and gets the rest after them. */
 static void test_metrics_appended(void **state) {
@@ -991,6 +1019,7 @@ int main(void) {
       cmocka_unit_test(test_detect_anomaly_run),
       cmocka_unit_test(test_resume_reshapes_cosine),
       cmocka_unit_test(test_metrics_redone_steps_once),
+      cmocka_unit_test(test_eval_every_fraction),
       cmocka_unit_test(test_metrics_appended),
       cmocka_unit_test(test_other_optimizer_said),
       cmocka_unit_test(test_truncated_checkpoint_refused),
