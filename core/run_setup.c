@@ -197,6 +197,16 @@ static stoke_err *open_folder(run_state *s) {
     stoke_log(STOKE_LOG_INFO, "run", "[run] resume = auto: %s", s->resume_auto[0] ? s->resume_auto
                                                                  : "no checkpoint in out_dir, starting at step 0");
   }
+  /* a run's folder (run.resume=runs/x): its checkpoint, as the summary's "continue with" names it */
+  struct stat rs;
+  if (strcmp(rc->run.resume, "auto") && s->rc.run.resume[0] && !stat(s->rc.run.resume, &rs) && S_ISDIR(rs.st_mode)) {
+    snprintf(s->resume_auto, sizeof s->resume_auto, "%s/" RUN_CKPT_NAME, rc->run.resume);
+    if (stat(s->resume_auto, &rs))
+      return STOKE_ERR(STOKE_E_NOT_FOUND, "%s: [run] resume = %s is a folder without a %s: name the checkpoint file",
+                       stoke_cfg_where(s->cfg, "run", "resume"), rc->run.resume, RUN_CKPT_NAME);
+    stoke_log(STOKE_LOG_INFO, "run", "[run] resume = %s, a folder: its %s", rc->run.resume, s->resume_auto);
+    s->rc.run.resume = s->resume_auto;
+  }
   if (s->rank > 0) snprintf(s->dir + len, sizeof s->dir - len, "/rank%d", s->rank);
   snprintf(s->sum->out_dir, sizeof s->sum->out_dir, "%s", s->dir);
   run_signals_ignore_xfsz(&s->sg);

@@ -833,6 +833,24 @@ static void test_metrics_redone_steps_once(void **state) {
   free(text);
 }
 
+/* run.resume names a run's folder: its checkpoint; a folder without one is
+ * an error saying so. */
+static void test_resume_from_folder(void **state) {
+  stoke_summary a, b;
+  train_in("rfold", (const char *[]){"run.steps=3"}, 1, &a);
+  char resume[800];
+  snprintf(resume, sizeof resume, "run.resume=%s/rfold", tmp);
+  train_in("rfold2", (const char *[]){"run.steps=5", resume}, 2, &b);
+  assert_int_equal(b.steps, 5);
+  snprintf(resume, sizeof resume, "run.resume=%s", tmp); /* the test's folder: runs, no checkpoint of its own */
+  out_sub = "rfold3";
+  stoke_err *e = train((const char *[]){"run.steps=5", resume}, 2, &b);
+  out_sub = "out";
+  if (!e || !strstr(e->msg, "is a folder without a checkpoint.safetensors: name the checkpoint file"))
+    fail_msg("%s", e ? e->msg : "no error");
+  stoke_err_free(e);
+}
+
 /* eval_every = 0.5 of a 25-step epoch evaluates at steps 13, 25, 38 and
  * the end (50): each epoch's end on time, where a period rounded to 13
  * drifted to 26 and 39. */
@@ -1020,6 +1038,7 @@ int main(void) {
       cmocka_unit_test(test_resume_reshapes_cosine),
       cmocka_unit_test(test_metrics_redone_steps_once),
       cmocka_unit_test(test_eval_every_fraction),
+      cmocka_unit_test(test_resume_from_folder),
       cmocka_unit_test(test_metrics_appended),
       cmocka_unit_test(test_other_optimizer_said),
       cmocka_unit_test(test_truncated_checkpoint_refused),
