@@ -61,22 +61,56 @@ static stoke_err *add_path(paths *l, const char *p) {
 
 static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* A folder's regular files (not links), but fortune's *.dat indexes, in name order. */
+/* A NUL byte in a file's first 8 KiB: binary (an executable, fortune's
+ * *.dat indexes, an image), not text. */
+static int binary_file(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return 0; /* the read says why */
+  unsigned char b[8192];
+  size_t n = fread(b, 1, sizeof b, f);
+  fclose(f);
+  return memchr(b, 0, n) != NULL;
+}
+
+/* A folder's text files (links to files followed), in name order: hidden
+ * files, binary files, sub-folders and second names of a file taken (a
+ * link beside its target, as fortune's *.u8) are left out, and said. */
 static stoke_err *add_folder(paths *l, const char *dir) {
   DIR *d = opendir(dir);
   if (!d) return STOKE_ERR(STOKE_E_IO, "convert text: cannot open folder '%s': %s", dir, strerror(errno));
-  int first = l->n;
+  int first = l->n, hidden = 0, binary = 0, folders = 0, twice = 0;
+  char first_binary[4096] = "";
+  paths cand = {0}; /* the text files, before the second names go */
   stoke_err *e = NULL;
   for (struct dirent *ent; !e && (ent = readdir(d));) {
     char p[4096];
     struct stat st;
-    size_t len = strlen(ent->d_name);
+    if (!strcmp(ent->d_name, ".") || !strcmp(ent->d_name, "..")) continue;
     snprintf(p, sizeof p, "%s/%s", dir, ent->d_name);
-    if (lstat(p, &st) || !S_ISREG(st.st_mode) || (len > 4 && !strcmp(ent->d_name + len - 4, ".dat"))) continue;
-    e = add_path(l, p);
+    if (ent->d_name[0] == '.') hidden++;
+    else if (stat(p, &st)) continue; /* a link to nothing */
+    else if (S_ISDIR(st.st_mode)) folders++;
+    else if (!S_ISREG(st.st_mode)) continue;
+    else if (!binary_file(p)) e = add_path(&cand, p);
+    else if (!binary++) snprintf(first_binary, sizeof first_binary, "%s", p);
   }
   closedir(d);
-  qsort(l->p + first, (size_t)(l->n - first), sizeof *l->p, by_name);
+  /* in name order, so which of two names is read does not depend on the listing's order */
+  if (cand.n) qsort(cand.p, (size_t)cand.n, sizeof *cand.p, by_name);
+  for (int i = 0; i < cand.n; i++) {
+    struct stat st, sj;
+    int dup = 0;
+    if (!stat(cand.p[i], &st))
+      for (int j = 0; j < i && !dup; j++) dup = !stat(cand.p[j], &sj) && sj.st_dev == st.st_dev && sj.st_ino == st.st_ino;
+    twice += dup;
+    if (!dup && !e) e = add_path(l, cand.p[i]);
+  }
+  for (int i = 0; i < cand.n; i++) free(cand.p[i]);
+  free(cand.p);
+  if (!e && (hidden || binary || folders || twice))
+    fprintf(stderr, "convert text: folder '%s': %d files taken; left out %d hidden, %d binary (NUL bytes%s%s%s), %d "
+            "second names of a file taken (links) and %d sub-folders (not walked: name them too)\n", dir,
+            l->n - first, hidden, binary, binary ? ": " : "", first_binary, binary > 1 ? ", ..." : "", twice, folders);
   return e;
 }
 
@@ -92,10 +126,16 @@ static stoke_err *list_inputs(const char *spec, paths *l) {
     }
     glob_t g;
     if (glob(item, 0, NULL, &g)) {
-      e = STOKE_ERR(STOKE_E_NOT_FOUND, "convert text: --input '%s': no such file", item);
+      e = STOKE_ERR(STOKE_E_NOT_FOUND, "convert text: --input '%s': no such file%s", item,
+                    strchr(spec, ',') ? " (--input splits at commas: a file name with a comma must be given by a "
+                                        "glob, e.g. with ? in its place)" : "");
       break;
     }
-    for (size_t i = 0; i < g.gl_pathc && !e; i++) e = add_path(l, g.gl_pathv[i]);
+    for (size_t i = 0; i < g.gl_pathc && !e; i++)
+      e = binary_file(g.gl_pathv[i])
+              ? STOKE_ERR(STOKE_E_INVALID, "convert text: --input '%s' holds NUL bytes: a binary file, not text",
+                          g.gl_pathv[i])
+              : add_path(l, g.gl_pathv[i]);
     globfree(&g);
   }
   free(copy);

@@ -55,5 +55,26 @@ rc=0
 msg=$("$convert" text --input in/a.txt --out out/ 2>&1) || rc=$?
 [ "$rc" != 0 ] && [[ "$msg" == *"--out 'out/' is a folder; it names the shards' prefix"* ]] && [ -z "$(ls out | grep '^_')" ]
 check "--out as a folder is refused" $? "rc $rc: $msg"
+# a folder of inputs: text files taken (a link to a file elsewhere too), and said what is left out: a hidden
+# file, a binary one (NUL bytes: fortune's *.dat, an executable), a second name of a file taken, a sub-folder
+mkdir -p fold/sub elsewhere
+printf 'alpha beta gamma\n' > fold/a.txt
+printf 'delta epsilon\n' > fold/b.md
+printf 'zeta eta theta\n' > elsewhere/c.txt
+ln -sf ../elsewhere/c.txt fold/c_link.txt
+ln -sf a.txt fold/a.u8
+printf 'hidden\n' > fold/.notes
+printf 'bin\0ary' > fold/x.dat
+printf 'in a sub-folder\n' > fold/sub/d.txt
+rc=0
+msg=$("$convert" text --input fold --out out/fold --val 0 2>&1) || rc=$?
+[ "$rc" = 0 ] && [[ "$msg" == *"folder 'fold': 3 files taken; left out 1 hidden, 1 binary (NUL bytes: fold/x.dat), 1 second names of a file taken (links) and 1 sub-folders"* ]] &&
+  [[ "$msg" == *"from 3 files"* ]]
+check "a folder's text files taken, the rest said" $? "rc $rc: $msg"
+# a binary file named on its own: refused
+rc=0
+msg=$("$convert" text --input fold/x.dat --out out/bin 2>&1) || rc=$?
+[ "$rc" != 0 ] && [[ "$msg" == *"--input 'fold/x.dat' holds NUL bytes: a binary file, not text"* ]]
+check "a binary --input refused" $? "rc $rc: $msg"
 echo "[==========] $((passed + failed)) test(s) run."
 [ "$failed" -eq 0 ] && echo "[  PASSED  ] $passed test(s)." || { echo "[  FAILED  ] $failed test(s), listed above"; exit 1; }
