@@ -29,7 +29,8 @@ static const stoke_cfg_key_v1 keys[] = {
      "T: a sample is T + 1 consecutive tokens, the model's input and its next-token targets"},
     {"order", STOKE_CFG_ENUM, "random", 0, 0, "random|sequential",
      "random: each sample a window at an offset drawn from the run's seed (training); sequential: the "
-     "consecutive windows, every token once (evaluation)"},
+     "consecutive windows, every token once (evaluation); with `length` below their count, that many spread evenly "
+     "over the whole set"},
     {"vocab", STOKE_CFG_INT, "50257", 1, 65536, NULL,
      "token ids are below this (GPT-2's BPE: 50257; byte-level: 256); a larger id is a data error naming "
      "the shard"},
@@ -261,7 +262,9 @@ static stoke_err *tok_read(void *self, int64_t index, uint64_t seed, void *dst, 
   const shard *s;
   int64_t at;
   if (t->sequential) {
-    int64_t w = index % t->windows;
+    /* fewer samples than windows (an evaluation's `length`): spread evenly over the whole set, so the estimate
+     * covers every document, not the first ones (the first 256 windows of fortunes were its ASCII art) */
+    int64_t w = t->length < t->windows ? (int64_t)((__int128)index * t->windows / t->length) : index % t->windows;
     s = find_shard(t, w, 1);
     at = (w - s->windows_before) * t->seq_len;
   } else {

@@ -130,6 +130,17 @@ static void test_sequential(void **state) {
     for (int i = 0; i < 9; i++) assert_int_equal(x[i], tok(ids[w], starts[w] + i));
   }
   close_source(&o);
+  /* length 3 of the 9 windows: spread over the whole set (windows 0, 3 and 6: one of each shard's), not the
+   * first three of the first shard */
+  EXPECT_OK(open_tokens(&o, dir, "order = sequential\nlength = 3"));
+  assert_int_equal(o.src->length(o.self), 3);
+  for (int k = 0; k < 3; k++) {
+    int32_t x[9], label = -1;
+    EXPECT_OK(o.src->read(o.self, k, 12345, x, &label));
+    int w = 3 * k;
+    for (int i = 0; i < 9; i++) assert_int_equal(x[i], tok(ids[w], starts[w] + i));
+  }
+  close_source(&o);
 }
 
 /* Random windows: the same seed gives the same window on any call, each
