@@ -123,6 +123,10 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  if (prompt_file && strcmp(prompt, "\n")) {
+    fprintf(stderr, "stoke: error: generate: --prompt and --prompt-file both given; give one\n");
+    return 2;
+  }
   char *text = NULL;
   size_t text_len = 0;
   stoke_err *re = prompt_file ? stoke_read_file(prompt_file, "--prompt-file", &text, &text_len) : NULL;
@@ -153,7 +157,8 @@ int main(int argc, char **argv) {
   stoke_run_opts o = {.ini_path = ini, .overrides = overrides, .n_overrides = n_over, .quiet = 1};
   oc.prompt = prompt;
   if (!e) e = stoke_generate(&o, checkpoint, &g, NULL);
-  if (oc.started && !oc.ids) putchar('\n');
+  if (!e && !oc.started && !oc.ids && g.max_new == 0) fputs(prompt, stdout); /* --tokens 0: the prompt, as it is */
+  if ((oc.started || g.max_new == 0) && !oc.ids) putchar('\n');
   free(ids);
   free(text);
   stoke_bpe_free(bpe);

@@ -188,6 +188,14 @@ static stoke_err *scan(jpeg_src *s, const stoke_cfg *c, const char *sec, int all
                       "%zu that cannot be read; first: %s",
                       s->root, l.loops, l.pseudo, l.unreadable, l.first_skipped);
     if (!e && !strcmp(sec, "eval_data")) e = same_classes(c, &l);
+    if (!e) { /* the labels' names (torchvision's dataset.classes), as the log's record of them */
+      char names[1024];
+      size_t used = 0;
+      for (size_t k = 0; k < l.n_classes && used < sizeof names; k++)
+        used += (size_t)snprintf(names + used, sizeof names - used, "%s%zu %s", k ? ", " : "", k, l.classes[k]);
+      if (used >= sizeof names) snprintf(names + sizeof names - 5, 5, " ...");
+      stoke_host->log(STOKE_LOG_INFO, "jpeg", "%s: labels: %s", s->root, names);
+    }
     s->count = (int64_t)l.n;
     s->classes = (int64_t)l.n_classes;
     s->paths = l.paths;

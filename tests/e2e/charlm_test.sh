@@ -101,6 +101,12 @@ e=$(tools/generate examples/charlm.ini "$T/charlm/checkpoint.safetensors" data.p
 [ -n "$a" ] && [ "$d" = "$a" ] && [ "$e" = "$a" ]
 verdict $? "generate: the checkpoint alone, and the INI with no shards there, give seed 7's text" \
   "generate: own config '$(echo $d | head -c 80)', no shards '$(echo $e | head -c 80)': $(tail -3 "$T/gen_own.err")"
+# --tokens 0 prints the prompt as it is; --prompt with --prompt-file is refused
+z=$(tools/generate "$T/charlm/checkpoint.safetensors" --prompt "As is" --tokens 0 2> "$T/gen_z.err")
+both=$(tools/generate "$T/charlm/checkpoint.safetensors" --prompt "x" --prompt-file examples/charlm.ini 2>&1) && both=ran
+[ "$z" = "As is" ] && [[ "$both" == *"--prompt and --prompt-file both given"* ]]
+verdict $? "generate: --tokens 0 prints the prompt; --prompt with --prompt-file refused" \
+  "generate: --tokens 0 gave '$z'; both prompts: '$both'"
 long="$(head -c 300 /usr/share/games/fortunes/fortunes | tr -cd '[:print:]\n' | head -c 100)"
 g0=$(gen --prompt "The cat " --tokens 24 --temperature 0 --ids --pad 0) g1=$(gen --prompt "The cat " --tokens 24 --temperature 0 --ids --pad 101)
 l100=$(gen --prompt "$long" --tokens 24 --temperature 0 --ids) l64=$(gen --prompt "${long: -64}" --tokens 24 --temperature 0 --ids)

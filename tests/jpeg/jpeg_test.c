@@ -582,6 +582,8 @@ static void test_hidden_class_warned(void **state) {
   EXPECT_OK(c.e);
   if (!log || !strstr(log, "class 0 is the hidden folder '.ipynb_checkpoints' (as torchvision's ImageFolder counts it"))
     fail_msg("no warning: %s", log ? log : "");
+  /* the labels' names are logged (a PyTorch user's dataset.classes) */
+  if (!strstr(log, "labels: 0 .ipynb_checkpoints, 1 cat, 2 dog")) fail_msg("no labels line: %s", log);
   free(log);
 }
 
