@@ -1014,6 +1014,99 @@ static void warn_old_order(const stoke_plan *p, const stoke_st_file *f, const ch
               count == 1 ? "s" : "");
 }
 
+/* A fresh optimizer's master copy (the optimizer state's first region) is
+ * the parameters: host copies, in the same order. */
+static void masters_from_params(const stoke_plan *p, void *hb[3]) {
+  const stoke_graph *g = p->g;
+  size_t es = stoke_dtype_size(g->dtype);
+  for (int v = 0; v < g->n_values; v++) {
+    const stoke_value *val = &g->values[v];
+    if (!is_opt_kind(val)) continue;
+    for (int64_t i = 0; i < stoke_numel(&val->shape); i++)
+      stoke_elem_set(hb[2], p->state_dtype, (int64_t)(val->offset / es) + i,
+                     stoke_elem_get((const char *)hb[0] + val->offset, val->dtype, i));
+  }
+}
+
+/* "'a' ([2, 3] here, F32 [4, 3] in the file), 'b' (not in the file)": the first few, into buf at *used */
+static void note_kept(char *buf, size_t cap, size_t *used, int *n, const char *name, const char *why) {
+  if ((*n)++ < 4 && *used < cap)
+    *used += (size_t)snprintf(buf + *used, cap - *used, "%s'%s' (%s)", *n > 1 ? ", " : "", name, why);
+  else if (*n == 5 && *used < cap)
+    *used += (size_t)snprintf(buf + *used, cap - *used, ", ...");
+}
+
+stoke_err *stoke_checkpoint_load_weights(stoke_exec *x, const char *path, char *report, size_t report_cap) {
+  stoke_plan *p = stoke_exec_plan(x);
+  stoke_st_file f;
+  STOKE_PROPAGATE(stoke_st_read(path, &f));
+  stoke_ckpt_meta m = {0};
+  /* a stoke checkpoint is verified as a resume verifies it; a PyTorch state_dict has no run state to check */
+  stoke_err *e = stoke_st_meta(&f, "stoke_checkpoint_version") ? stoke_checkpoint_check(&f, path, &m) : NULL;
+  void *hb[3] = {0};
+  size_t sizes[3] = {0};
+  if (!e) e = host_copies(x, hb, sizes);
+  void *dev[3] = {stoke_exec_buffer(x, STOKE_BUF_PARAMS), stoke_exec_buffer(x, STOKE_BUF_STATE),
+                  stoke_exec_opt_state(x)};
+  /* the model's own initialization, kept where the file has no tensor of the right shape */
+  for (int i = 0; i < 3 && !e; i++)
+    if (hb[i]) e = stoke_exec_copy(x, hb[i], dev[i], sizes[i], STOKE_COPY_D2H);
+  if (!e) e = stoke_plan_filters_permute(p, hb[0], hb[2], -1, 0); /* into the file's order (row-major) */
+  int cap = p->g->n_values + p->g->n_tied + 8;
+  entry *ents = e ? NULL : calloc((size_t)cap, sizeof *ents);
+  if (!e && !ents) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
+  int64_t nbt = 0;
+  int n = e ? 0 : list_entries(p, hb, NULL, 0, &nbt, ents, cap), loaded = 0, kept = 0, unused = 0;
+  char kept_s[600] = "", unused_s[600] = "";
+  size_t kept_u = 0, unused_u = 0;
+  for (int i = 0; i < n && !e; i++) {
+    if (!strcmp(ents[i].dtype, "I64")) continue; /* num_batches_tracked: informational */
+    const stoke_st_tensor *t = stoke_st_find(&f, ents[i].name);
+    int same = t && t->ndim == ents[i].shape.ndim;
+    for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == ents[i].shape.d[d];
+    int from = t ? st_float(t->dtype) : -1, to = st_float(ents[i].dtype);
+    if (!t || !same || from < 0 || to < 0) {
+      char why[200];
+      stoke_shape ts = {.ndim = t && t->ndim < STOKE_MAX_DIMS ? t->ndim : 0};
+      for (int d = 0; d < ts.ndim; d++) ts.d[d] = t->shape[d];
+      if (!t) snprintf(why, sizeof why, "not in the file");
+      else snprintf(why, sizeof why, "%s here, %s %s in the file", stoke_shape_str(&ents[i].shape).s, t->dtype,
+                    stoke_shape_str(&ts).s);
+      note_kept(kept_s, sizeof kept_s, &kept_u, &kept, ents[i].name, why);
+      continue;
+    }
+    int64_t count = stoke_numel(&ents[i].shape);
+    size_t es = stoke_dtype_size((stoke_dtype)from);
+    for (int64_t k = 0; k < count; k++) { /* as the resume's load: converted where the precision differs */
+      double v8;
+      memcpy(&v8, f.data + t->begin + (size_t)k * es, es);
+      stoke_elem_set((void *)ents[i].src, (stoke_dtype)to, k, stoke_elem_get(&v8, (stoke_dtype)from, 0));
+    }
+    loaded++;
+  }
+  for (int t = 0; t < f.n_tensors && !e; t++)
+    if (strncmp(f.tensors[t].name, "optimizer.", 10) && strcmp(f.tensors[t].dtype, "I64") &&
+        !model_knows(f.tensors[t].name, ents, n))
+      note_kept(unused_s, sizeof unused_s, &unused_u, &unused, f.tensors[t].name, "no such tensor here");
+  if (!e && !loaded)
+    e = STOKE_ERR(STOKE_E_DATA, "[run] init_from '%s': no tensor of the file fits this model (%d kept their "
+                  "initialization: %s): it is of another model; compare its names and shapes with plan.txt",
+                  path, kept, kept_s);
+  if (!e && p->has_master && hb[2]) { /* a fresh optimizer: the master copy is the loaded weights */
+    masters_from_params(p, hb);
+  }
+  if (!e) e = stoke_plan_filters_permute(p, hb[0], hb[2], -1, 1);
+  for (int i = 0; i < 3 && !e; i++)
+    if (hb[i]) e = stoke_exec_copy(x, dev[i], hb[i], sizes[i], STOKE_COPY_H2D);
+  if (!e)
+    snprintf(report, report_cap, "%d tensors loaded; %d kept their initialization%s%s; %d of the file's unused%s%s",
+             loaded, kept, kept ? ": " : "", kept_s, unused, unused ? ": " : "", unused_s);
+  free(ents);
+  for (int i = 0; i < 3; i++) stoke_free(hb[i]);
+  stoke_st_free(&f);
+  return e;
+}
+
 stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_meta *m) {
   stoke_plan *p = stoke_exec_plan(x);
   stoke_st_file f;
@@ -1115,15 +1208,7 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
               "weights are the file's parameters", path, stoke_dtype_name(p->g->dtype), master_from_param);
   if (!e && p->opt_kernel && !want_opt && hb[2] && p->has_master) {
     /* another optimizer's checkpoint: fresh state, the master copy from the parameters */
-    const stoke_graph *g = p->g;
-    size_t es = stoke_dtype_size(g->dtype);
-    for (int v = 0; v < g->n_values; v++) {
-      const stoke_value *val = &g->values[v];
-      if (!is_opt_kind(val)) continue;
-      for (int64_t i = 0; i < stoke_numel(&val->shape); i++)
-        stoke_elem_set(hb[2], p->state_dtype, (int64_t)(val->offset / es) + i,
-                       stoke_elem_get((const char *)hb[0] + val->offset, val->dtype, i));
-    }
+    masters_from_params(p, hb);
   }
   void *dev[3] = {stoke_exec_buffer(x, STOKE_BUF_PARAMS), stoke_exec_buffer(x, STOKE_BUF_STATE),
                   stoke_exec_opt_state(x)};

@@ -62,6 +62,10 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"resume", STOKE_CFG_STR, "", 0, 0, NULL,
      "continue from this checkpoint file; auto: from out_dir's checkpoint when it has one, else start (a "
      "preempted job's restart command)"},
+    {"init_from", STOKE_CFG_STR, "", 0, 0, NULL,
+     "fine-tune from this checkpoint's weights (nanoGPT's init_from; PyTorch's load_state_dict(strict=False)): step "
+     "0 and a fresh optimizer; a tensor the file lacks or has in another shape (a new classifier head) keeps its "
+     "initialization, and the log lists them; a PyTorch safetensors state_dict works too"},
     {"overwrite", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "start over in an out_dir that holds another run's checkpoint (replaced at the first save); without it "
      "such a run is refused unless run.resume names that checkpoint"},
@@ -369,6 +373,7 @@ static stoke_err *read_run(const stoke_cfg *c, stoke_run_config *rc) {
   RUN(stoke_cfg_str, "name", &rc->run.name);
   RUN(stoke_cfg_str, "out_dir", &rc->run.out_dir);
   RUN(stoke_cfg_str, "resume", &rc->run.resume);
+  RUN(stoke_cfg_str, "init_from", &rc->run.init_from);
   RUN(stoke_cfg_str, "device", &v);
   rc->run.device = (stoke_device_choice)choice(v, devices, 3);
   RUN(stoke_cfg_str, "layout", &v);

@@ -381,6 +381,15 @@ static stoke_err *open_data(run_state *s) {
       s->start_step = step;
     }
     STOKE_PROPAGATE(load_resume(s));
+    if (rc->run.init_from[0])
+      stoke_log(STOKE_LOG_INFO, "run", "[run] init_from %s is not read: the run continues its own checkpoint",
+                rc->run.init_from);
+  } else if (rc->run.init_from[0]) {
+    char report[1600];
+    STOKE_TRY(stoke_checkpoint_load_weights(s->train.x, rc->run.init_from, report, sizeof report), "%s: [run] init_from",
+              stoke_cfg_where(s->cfg, "run", "init_from"));
+    stoke_log(STOKE_LOG_INFO, "run", "[run] init_from %s: %s; training starts at step 0 with a fresh optimizer",
+              rc->run.init_from, report);
   }
   if (s->dp) STOKE_PROPAGATE(attach_ranks(s));
   if (rc->eval_data.source[0]) STOKE_PROPAGATE(run_open_stream(s, &s->eval, &rc->eval_data, 0, 0));
@@ -582,6 +591,12 @@ static stoke_err *config_as_run(run_state *s) {
 stoke_err *run_open(run_state *s) {
   /* before any folder, device or data is opened */
   const stoke_run_config *rc = &s->rc;
+  /* resume = auto beside it is a fine-tuning job's restart command: its own checkpoint once there is one */
+  if (rc->run.init_from[0] && rc->run.resume[0] && strcmp(rc->run.resume, "auto"))
+    return STOKE_ERR(STOKE_E_INVALID, "%s: [run] init_from and resume both given: resume continues a run (its step, "
+                     "optimizer and data), init_from starts a new one from weights; keep one (resume = auto beside "
+                     "init_from continues the fine-tuning run's own checkpoint once it has one)",
+                     stoke_cfg_where(s->cfg, "run", "init_from"));
   if (rc->run.steps <= 0 && !(rc->run.epochs > 0))
     return STOKE_ERR(STOKE_E_INVALID, "%s: [run] steps = 0 and epochs = 0: nothing to train; set one of them",
                      stoke_cfg_where(s->cfg, "run", stoke_cfg_is_set(s->cfg, "run", "epochs") ? "epochs" : "steps"));

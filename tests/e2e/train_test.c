@@ -879,6 +879,96 @@ static void test_eval_every_fraction(void **state) {
   free(text);
 }
 
+/* The bytes of tensor `name` in a checkpoint (malloc'd; *n its size), or NULL. */
+static unsigned char *tensor_bytes(const char *path, const char *name, size_t *n, int64_t *rows) {
+  stoke_st_file f;
+  stoke_err *e = stoke_st_read(path, &f);
+  if (e) fail_msg("%s", e->msg);
+  const stoke_st_tensor *t = stoke_st_find(&f, name);
+  unsigned char *b = NULL;
+  if (t) {
+    *n = t->end - t->begin;
+    *rows = t->shape[0];
+    b = malloc(*n);
+    memcpy(b, f.data + t->begin, *n);
+  }
+  stoke_st_free(&f);
+  return b;
+}
+
+/* [run] init_from: a 4-class run's weights fine-tune a 6-class model. The
+ * layers that fit load (bit for bit: at lr 0 the one step leaves them), the
+ * new head keeps its initialization and the log lists it; a PyTorch-style
+ * file (one tensor, no stoke metadata) loads what it has; a file with no
+ * tensor that fits, and init_from beside a resume of a file, are errors. */
+static void test_init_from(void **state) {
+  stoke_summary a, b;
+  train_in("ft_src", (const char *[]){"run.steps=10"}, 1, &a);
+  char init[800], path[800];
+  snprintf(init, sizeof init, "run.init_from=%s", a.checkpoint);
+  train_in("ft", (const char *[]){"run.steps=1", "optimizer.lr=0", "data.classes=6", init}, 4, &b);
+  assert_int_equal(b.steps, 1);
+  size_t na, nb;
+  int64_t ra, rb;
+  snprintf(path, sizeof path, "%s/ft/checkpoint.safetensors", tmp);
+  unsigned char *wa = tensor_bytes(a.checkpoint, "layers.0.weight", &na, &ra), *wb = tensor_bytes(path, "layers.0.weight", &nb, &rb);
+  assert_non_null(wa);
+  assert_non_null(wb);
+  assert_int_equal(na, nb);
+  assert_memory_equal(wa, wb, na);
+  free(wa);
+  free(wb);
+  wb = tensor_bytes(path, "layers.4.weight", &nb, &rb);
+  assert_int_equal(rb, 6); /* the new head */
+  free(wb);
+  snprintf(path, sizeof path, "%s/ft/log.txt", tmp);
+  size_t n;
+  char *log = test_slurp(path, &n);
+  if (!log || !strstr(log, "4 tensors loaded; 2 kept their initialization: 'layers.4.weight' ([6, 64] here, F32 [4, 64] "
+                           "in the file), 'layers.4.bias' ([6] here, F32 [4] in the file); 0 of the file's unused") ||
+      !strstr(log, "training starts at step 0 with a fresh optimizer"))
+    fail_msg("log.txt: %s", log ? log : "(none)");
+  free(log);
+  /* the fine-tuning job restarted (resume = auto beside init_from): its own checkpoint, init_from not read */
+  snprintf(init, sizeof init, "run.init_from=%s", a.checkpoint);
+  train_in("ft", (const char *[]){"run.steps=2", "optimizer.lr=0", "data.classes=6", init, "run.resume=auto"}, 5, &b);
+  assert_int_equal(b.steps, 2);
+  snprintf(path, sizeof path, "%s/ft/log.txt", tmp);
+  log = test_slurp(path, &n);
+  if (!strstr(log, "is not read: the run continues its own checkpoint")) fail_msg("log.txt: %s", log);
+  free(log);
+  /* a PyTorch state_dict: no stoke metadata, one tensor of the model's */
+  wa = tensor_bytes(a.checkpoint, "layers.0.weight", &na, &ra);
+  char hdr[256], pt[800];
+  int hl = snprintf(hdr, sizeof hdr, "{\"layers.0.weight\":{\"dtype\":\"F32\",\"shape\":[%lld,32],\"data_offsets\":[0,%zu]}}",
+                    (long long)ra, na);
+  snprintf(pt, sizeof pt, "%s/torch.safetensors", tmp);
+  FILE *f = fopen(pt, "wb");
+  uint64_t hl64 = (uint64_t)hl;
+  fwrite(&hl64, 8, 1, f);
+  fwrite(hdr, 1, (size_t)hl, f);
+  fwrite(wa, 1, na, f);
+  fclose(f);
+  free(wa);
+  snprintf(init, sizeof init, "run.init_from=%s", pt);
+  train_in("ft_pt", (const char *[]){"run.steps=1", init}, 2, &b);
+  snprintf(path, sizeof path, "%s/ft_pt/log.txt", tmp);
+  log = test_slurp(path, &n);
+  if (!log || !strstr(log, "1 tensors loaded; 5 kept their initialization")) fail_msg("log.txt: %s", log ? log : "");
+  free(log);
+  /* nothing fits: the error says so; beside a resume of a file: refused */
+  out_sub = "ft_none";
+  stoke_err *e = train((const char *[]){"run.steps=1", init, "model.hidden=48,48"}, 3, &b);
+  if (!e || !strstr(e->msg, "no tensor of the file fits this model")) fail_msg("%s", e ? e->msg : "no error");
+  stoke_err_free(e);
+  char resume[900];
+  snprintf(resume, sizeof resume, "run.resume=%s", a.checkpoint);
+  e = train((const char *[]){"run.steps=12", init, resume}, 3, &b);
+  out_sub = "out";
+  if (!e || !strstr(e->msg, "[run] init_from and resume both given")) fail_msg("%s", e ? e->msg : "no error");
+  stoke_err_free(e);
+}
+
 /* Resumed in the same folder, metrics.jsonl keeps the first part's lines
  * and gets the rest after them. */
 static void test_metrics_appended(void **state) {
@@ -1039,6 +1129,7 @@ int main(void) {
       cmocka_unit_test(test_metrics_redone_steps_once),
       cmocka_unit_test(test_eval_every_fraction),
       cmocka_unit_test(test_resume_from_folder),
+      cmocka_unit_test(test_init_from),
       cmocka_unit_test(test_metrics_appended),
       cmocka_unit_test(test_other_optimizer_said),
       cmocka_unit_test(test_truncated_checkpoint_refused),

@@ -106,6 +106,16 @@ stoke_err *stoke_checkpoint_check(const stoke_st_file *f, const char *path, stok
 void stoke_st_free(stoke_st_file *f);
 const stoke_st_tensor *stoke_st_find(const stoke_st_file *f, const char *name);
 const char *stoke_st_meta(const stoke_st_file *f, const char *key);
+/* [run] init_from (fine-tuning, nanoGPT's init_from, PyTorch's
+ * load_state_dict(strict=False)): the file's weights and running
+ * statistics by name into the plan's, converted across float precisions;
+ * a tensor the file lacks or has in another shape (a new classifier head)
+ * keeps the model's initialization; the optimizer starts fresh (a master
+ * copy is the loaded weights). The file is a stoke checkpoint (verified)
+ * or a PyTorch safetensors state_dict (row-major, as PyTorch keeps it).
+ * `report`: what was loaded, kept and left unused. No tensor that fits is
+ * an error. */
+stoke_err *stoke_checkpoint_load_weights(stoke_exec *x, const char *path, char *report, size_t report_cap);
 /* The run's resolved config that a stoke checkpoint carries (its "config"
  * metadata, as the run's config.ini), read from the file's header alone;
  * *text is malloc'd, or NULL when the file has none (another writer's, or

@@ -31,7 +31,7 @@ typedef struct stoke_run_config {
   /* file:line of a key for later messages: stoke_cfg_where(cfg, ...) */
   const stoke_cfg *cfg;
   struct {
-    const char *name, *precision, *comm, *out_dir, *resume;
+    const char *name, *precision, *comm, *out_dir, *resume, *init_from;
     const char *backends[STOKE_CFG_MAX_LIST];
     int n_backends;
     stoke_device_choice device;
