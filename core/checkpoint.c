@@ -1057,6 +1057,8 @@ stoke_err *stoke_checkpoint_load_weights(stoke_exec *x, const char *path, char *
   if (!e && !ents) e = STOKE_ERR(STOKE_E_OOM, "out of memory");
   int64_t nbt = 0;
   int n = e ? 0 : list_entries(p, hb, NULL, 0, &nbt, ents, cap), loaded = 0, kept = 0, unused = 0;
+  /* a fresh optimizer: its master copy starts as the parameters (those loaded overwrite theirs below) */
+  if (!e && p->has_master && hb[2]) masters_from_params(p, hb);
   char kept_s[600] = "", unused_s[600] = "";
   size_t kept_u = 0, unused_u = 0;
   for (int i = 0; i < n && !e; i++) {
@@ -1064,6 +1066,12 @@ stoke_err *stoke_checkpoint_load_weights(stoke_exec *x, const char *path, char *
     const stoke_st_tensor *t = stoke_st_find(&f, ents[i].name);
     int same = t && t->ndim == ents[i].shape.ndim;
     for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == ents[i].shape.d[d];
+    if (same && ents[i].role == ENT_PARAM) { /* a bf16 run's file: its fp32 master copy is the exact weight */
+      char mname[sizeof ents[i].name];
+      opt_name(mname, sizeof mname, ents[i].param, "master");
+      const stoke_st_tensor *mt = stoke_st_find(&f, mname);
+      if (mt && mt->ndim == t->ndim && !memcmp(mt->shape, t->shape, sizeof(t->shape[0]) * (size_t)t->ndim)) t = mt;
+    }
     int from = t ? st_float(t->dtype) : -1, to = st_float(ents[i].dtype);
     if (!t || !same || from < 0 || to < 0) {
       char why[200];
@@ -1077,10 +1085,15 @@ stoke_err *stoke_checkpoint_load_weights(stoke_exec *x, const char *path, char *
     }
     int64_t count = stoke_numel(&ents[i].shape);
     size_t es = stoke_dtype_size((stoke_dtype)from);
+    /* a bf16 or fp16 plan's master copy takes the file's values at the file's precision, not rounded */
+    const stoke_value *pv = ents[i].role == ENT_PARAM && p->has_master && hb[2] ? ents[i].param : NULL;
+    int64_t mo = pv ? (int64_t)(pv->offset / stoke_dtype_size(p->g->dtype)) : 0;
     for (int64_t k = 0; k < count; k++) { /* as the resume's load: converted where the precision differs */
       double v8;
       memcpy(&v8, f.data + t->begin + (size_t)k * es, es);
-      stoke_elem_set((void *)ents[i].src, (stoke_dtype)to, k, stoke_elem_get(&v8, (stoke_dtype)from, 0));
+      double v = stoke_elem_get(&v8, (stoke_dtype)from, 0);
+      stoke_elem_set((void *)ents[i].src, (stoke_dtype)to, k, v);
+      if (pv) stoke_elem_set(hb[2], p->state_dtype, mo + k, v);
     }
     loaded++;
   }
@@ -1092,9 +1105,6 @@ stoke_err *stoke_checkpoint_load_weights(stoke_exec *x, const char *path, char *
     e = STOKE_ERR(STOKE_E_DATA, "[run] init_from '%s': no tensor of the file fits this model (%d kept their "
                   "initialization: %s): it is of another model; compare its names and shapes with plan.txt",
                   path, kept, kept_s);
-  if (!e && p->has_master && hb[2]) { /* a fresh optimizer: the master copy is the loaded weights */
-    masters_from_params(p, hb);
-  }
   if (!e) e = stoke_plan_filters_permute(p, hb[0], hb[2], -1, 1);
   for (int i = 0; i < 3 && !e; i++)
     if (hb[i]) e = stoke_exec_copy(x, dev[i], hb[i], sizes[i], STOKE_COPY_H2D);

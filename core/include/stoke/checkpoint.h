@@ -110,8 +110,9 @@ const char *stoke_st_meta(const stoke_st_file *f, const char *key);
  * load_state_dict(strict=False)): the file's weights and running
  * statistics by name into the plan's, converted across float precisions;
  * a tensor the file lacks or has in another shape (a new classifier head)
- * keeps the model's initialization; the optimizer starts fresh (a master
- * copy is the loaded weights). The file is a stoke checkpoint (verified)
+ * keeps the model's initialization; the optimizer starts fresh (a bf16 or
+ * fp16 plan's master copy takes the file's values unrounded: a bf16 run's
+ * fp32 master copies where the file has them). The file is a stoke checkpoint (verified)
  * or a PyTorch safetensors state_dict (row-major, as PyTorch keeps it).
  * `report`: what was loaded, kept and left unused. No tensor that fits is
  * an error. */
