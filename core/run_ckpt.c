@@ -5,6 +5,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
+#include <stdio.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +18,7 @@
 #include "stoke/core.h"
 #include "run_state.h"
 
-stoke_err *run_save(run_state *s, int64_t step, int64_t epoch) {
+static stoke_err *save_to(run_state *s, const char *path, int64_t step, int64_t epoch) {
   if (s->rank > 0) return NULL; /* data parallel: the weights are the same everywhere */
   float amp[4] = {1, 0, 0, 0};
   int scaled = stoke_exec_read_scaler(s->train.x, amp);
@@ -27,8 +29,41 @@ stoke_err *run_save(run_state *s, int64_t step, int64_t epoch) {
                        .skipped_steps = s->resume.skipped_steps + (int64_t)amp[3],
                        .loss_scale_good_steps = scaled ? (int64_t)amp[1] : 0};
   snprintf(m.optimizer, sizeof m.optimizer, "%s", s->rc.optimizer.name);
-  STOKE_TRY(stoke_checkpoint_save(s->train.x, s->ckpt, &m, s->config_text), "saving the checkpoint at step %lld",
+  STOKE_TRY(stoke_checkpoint_save(s->train.x, path, &m, s->config_text), "saving the checkpoint at step %lld",
             (long long)step);
+  return NULL;
+}
+
+stoke_err *run_save(run_state *s, int64_t step, int64_t epoch) { return save_to(s, s->ckpt, step, epoch); }
+
+static void put_best(const void *ctx, FILE *f) {
+  const run_state *s = ctx;
+  fprintf(f, "{\"eval_loss\": %.9g, \"step\": %lld}\n", s->best_loss, (long long)s->best_step);
+}
+
+stoke_err *run_keep_best(run_state *s, int64_t step) {
+  if (!s->rc.run.keep_best || s->rank > 0) return NULL;
+  char path[PATH_MAX], json[PATH_MAX];
+  snprintf(path, sizeof path, "%s/best.safetensors", s->dir);
+  snprintf(json, sizeof json, "%s/best.json", s->dir);
+  if (!s->best_step && s->start_step > 0) { /* resumed in place: compare with the best kept before */
+    char *text = NULL;
+    size_t n = 0;
+    stoke_err *re = stoke_read_file(json, "best.json", &text, &n);
+    double l;
+    long long st;
+    if (!re && sscanf(text, "{\"eval_loss\": %lf, \"step\": %lld}", &l, &st) == 2 && st <= s->start_step)
+      s->best_loss = l, s->best_step = st;
+    stoke_err_free(re);
+    free(text);
+  }
+  double loss = s->sum->eval_loss;
+  if (!isfinite(loss) || (s->best_step && !(loss < s->best_loss))) return NULL;
+  STOKE_PROPAGATE(save_to(s, path, step, s->epoch));
+  s->best_loss = loss, s->best_step = step;
+  STOKE_TRY(run_write_checked(json, put_best, s), "[run] keep_best");
+  stoke_log(STOKE_LOG_INFO, "run", "[run] keep_best: evaluation loss %.4f at step %lld, the lowest so far: %s", loss,
+            (long long)step, path);
   return NULL;
 }
 
@@ -113,6 +148,7 @@ stoke_err *run_check_room(const run_state *s) {
   struct stat st;
   int64_t every = s->rc.run.checkpoint_every;
   int exists = stat(s->ckpt, &st) == 0, copies = !exists && every > 0 && every < s->total ? 2 : 1;
+  copies += s->rc.run.keep_best && s->rc.eval_data.source[0]; /* best.safetensors beside it */
   struct statvfs v;
   if (statvfs(s->dir, &v) == 0 && (double)v.f_bavail * (double)v.f_frsize < (double)(copies * need + logs))
     return STOKE_ERR(STOKE_E_IO,

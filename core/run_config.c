@@ -62,6 +62,9 @@ static const stoke_cfg_key_v1 run_keys[] = {
     {"resume", STOKE_CFG_STR, "", 0, 0, NULL,
      "continue from this checkpoint file; auto: from out_dir's checkpoint when it has one, else start (a "
      "preempted job's restart command)"},
+    {"keep_best", STOKE_CFG_BOOL, "false", 0, 0, NULL,
+     "also keep the checkpoint of the lowest evaluation loss so far in out_dir/best.safetensors (Lightning's "
+     "ModelCheckpoint(monitor=\"val_loss\")), its loss and step in best.json; a resume goes on comparing with it"},
     {"init_from", STOKE_CFG_STR, "", 0, 0, NULL,
      "fine-tune from this checkpoint's weights (nanoGPT's init_from; PyTorch's load_state_dict(strict=False)): step "
      "0 and a fresh optimizer; a tensor the file lacks or has in another shape (a new classifier head) keeps its "
@@ -398,6 +401,7 @@ static stoke_err *read_run(const stoke_cfg *c, stoke_run_config *rc) {
   RUN(stoke_cfg_float, "loss_scale_init", &rc->run.loss_scale_init);
   RUN(stoke_cfg_bool, "profile_ops", &rc->run.profile_ops);
   RUN(stoke_cfg_bool, "detect_anomaly", &rc->run.detect_anomaly);
+  RUN(stoke_cfg_bool, "keep_best", &rc->run.keep_best);
   RUN(stoke_cfg_bool, "checkpoint", &rc->run.checkpoint);
   RUN(stoke_cfg_bool, "overwrite", &rc->run.overwrite);
   RUN(stoke_cfg_bool, "deterministic", &rc->run.deterministic);

@@ -415,6 +415,10 @@ static stoke_err *plan_length(run_state *s) {
   /* in batches, not rounded: eval_every = 0.5 of 25 batches evaluates at 13, 25, 38, 50 (each epoch's end),
    * where a rounded 13 drifted to 26, 39, 52 */
   s->eval_period = rc->run.eval_every > 0 ? rc->run.eval_every * (double)per_epoch : 0;
+  if (!rc->eval_data.source[0] && rc->run.keep_best)
+    stoke_log(STOKE_LOG_WARN, "run", "%s: [run] keep_best = true, but there is no [eval_data] section: no evaluation "
+              "loss to keep the best of", stoke_cfg_where(s->cfg, "run", "keep_best"));
+  s->best_loss = NAN;
   if (!rc->eval_data.source[0] && stoke_cfg_is_set(s->cfg, "run", "eval_every") && rc->run.eval_every > 0)
     stoke_log(STOKE_LOG_WARN, "run", "%s: [run] eval_every is set, but there is no [eval_data] section: nothing is "
               "evaluated; add one (a held-out split: e.g. the same source with another offset or path)",

@@ -71,6 +71,8 @@ typedef struct run_state {
   FILE *log;
   char *config_text;
   int cpu_fallback; /* the cpu backend (fp32) ran in place of [run] backends (device = auto, cpu) */
+  double best_loss;   /* [run] keep_best: the lowest evaluation loss kept so far (NaN: none yet) */
+  int64_t best_step;
   stoke_layout layout;
   stoke_nvml *nvml;
   double peak_flops; /* the device's, for the precision (0: unknown) */
@@ -158,6 +160,10 @@ stoke_err *run_evaluate(run_state *s, stoke_summary *sum);
 stoke_err *run_claim_out_dir(const run_state *s);
 stoke_err *run_check_room(const run_state *s);
 stoke_err *run_save(run_state *s, int64_t step, int64_t epoch);
+/* [run] keep_best: after an evaluation, the checkpoint of a new lowest
+ * evaluation loss to out_dir/best.safetensors (and best.json); the first
+ * call reads best.json of a run resumed in place. */
+stoke_err *run_keep_best(run_state *s, int64_t step);
 stoke_err *run_save_on_exit(run_state *s, stoke_err *e);
 stoke_err *run_note_saved(const run_state *s, stoke_err *e);
 

@@ -96,6 +96,7 @@ static stoke_err *last_evaluation(run_state *s) {
     e = NULL;
   } else if (!e) {
     e = stoke_metrics_eval(s->metrics, s->step, s->epoch, sum->eval_loss, sum->eval_accuracy);
+    if (!e) e = run_keep_best(s, s->step);
   }
   return run_note_saved(s, e);
 }

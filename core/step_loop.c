@@ -228,7 +228,8 @@ static stoke_err *between_steps(run_state *s) {
     s->stop = 1;
     return NULL;
   }
-  return e ? e : stoke_metrics_eval(s->metrics, step + 1, s->epoch, s->sum->eval_loss, s->sum->eval_accuracy);
+  if (!e) e = stoke_metrics_eval(s->metrics, step + 1, s->epoch, s->sum->eval_loss, s->sum->eval_accuracy);
+  return e ? e : run_keep_best(s, step + 1);
 }
 
 /* One step: its micro-batches between the step timers, inside an NVTX

@@ -40,7 +40,7 @@ typedef struct stoke_run_config {
     stoke_show progress;
     int64_t device_index, steps, accumulate, seed, log_every, checkpoint_every, loss_scale_growth;
     double bucket_mb, comm_timeout, epochs, eval_every, loss_scale_init;
-    int profile_ops, detect_anomaly, checkpoint, overwrite, deterministic, fuse, grad_sums_in_place, fwd_in_bwd, pool_index, cuda_graph,
+    int profile_ops, detect_anomaly, keep_best, checkpoint, overwrite, deterministic, fuse, grad_sums_in_place, fwd_in_bwd, pool_index, cuda_graph,
         conv_autotune, fuse_shortcut;
     int fuse_bias_norm;    /* with fuse: linear biases into the add_layer_norms after them */
     int64_t wgrad_stream;  /* > 0: weight gradients on a second stream, joined k such nodes later */
