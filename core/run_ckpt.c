@@ -119,8 +119,19 @@ stoke_err *run_claim_out_dir(const run_state *s) {
   char ckpt[PATH_MAX];
   snprintf(ckpt, sizeof ckpt, "%s/" RUN_CKPT_NAME, dir);
   struct stat have, named;
+  if (stat(ckpt, &have)) return NULL;
+  /* overwrite: that run's checkpoint is moved aside now, not replaced at the first save: a run stopped before
+   * its first save then leaves no other run's weights for run.resume = auto to continue under its own records */
+  if (overwrite) {
+    char aside[PATH_MAX + 16];
+    snprintf(aside, sizeof aside, "%s.replaced", ckpt);
+    if (rename(ckpt, aside))
+      return STOKE_ERR(STOKE_E_IO, "%s: [run] overwrite: cannot move the earlier run's %s aside: %s",
+                       stoke_cfg_where(c, "run", "overwrite"), ckpt, strerror(errno));
+    stoke_log(STOKE_LOG_INFO, "run", "[run] overwrite = true: the earlier run's checkpoint is now %s", aside);
+    return NULL;
+  }
   /* checkpoint = false too: the run would replace that run's metrics.jsonl, config.ini and report.html */
-  if (overwrite || stat(ckpt, &have)) return NULL;
   if (resume[0] && !stat(resume, &named) && named.st_dev == have.st_dev && named.st_ino == have.st_ino) return NULL;
   stoke_ckpt_meta m;
   char what[64] = "unreadable";
@@ -132,7 +143,7 @@ stoke_err *run_claim_out_dir(const run_state *s) {
                    "(or run.resume=auto), start over with run.overwrite=true (%s), or choose another out_dir",
                    stoke_cfg_where(c, "run", "out_dir"), dir, ckpt, what,
                    want_ckpt ? "" : " and its records, which this run (checkpoint = false) would replace", ckpt,
-                   want_ckpt ? "it is replaced at the first save" : "its metrics.jsonl, config.ini and report.html are");
+                   want_ckpt ? "it is moved aside to checkpoint.safetensors.replaced" : "its metrics.jsonl, config.ini and report.html are");
 }
 
 /* Before any compute: room for a checkpoint in out_dir, on its disk and

@@ -70,7 +70,7 @@ static const stoke_cfg_key_v1 run_keys[] = {
      "0 and a fresh optimizer; a tensor the file lacks or has in another shape (a new classifier head) keeps its "
      "initialization, and the log lists them; a PyTorch safetensors state_dict works too"},
     {"overwrite", STOKE_CFG_BOOL, "false", 0, 0, NULL,
-     "start over in an out_dir that holds another run's checkpoint (replaced at the first save); without it "
+     "start over in an out_dir that holds another run's checkpoint (moved aside to checkpoint.safetensors.replaced); without it "
      "such a run is refused unless run.resume names that checkpoint"},
     {"deterministic", STOKE_CFG_BOOL, "false", 0, 0, NULL,
      "bitwise-reproducible runs: deterministic algorithms only (the cpu backend always is)"},

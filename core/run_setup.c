@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "stoke/checkpoint.h"
@@ -217,7 +218,14 @@ static stoke_err *open_folder(run_state *s) {
   STOKE_TRY(run_write_checked(path, put_config, s->cfg), "[run] out_dir");
   snprintf(path, sizeof path, "%s/log.txt", s->dir);
   s->log = fopen(path, "a");
-  if (s->log) stoke_log_set_file(s->log);
+  if (s->log) { /* runs in one out_dir append here: each starts with a line saying when and from what */
+    time_t now = time(NULL);
+    char when[64];
+    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&now));
+    fprintf(s->log, "== %s: %s%s%s ==\n", when, s->o->ini_path ? s->o->ini_path : "(config text)",
+            s->rc.run.resume[0] ? ", resuming from " : "", s->rc.run.resume);
+    stoke_log_set_file(s->log);
+  }
   return NULL;
 }
 

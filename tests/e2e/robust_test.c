@@ -766,6 +766,19 @@ static void test_out_dir_claimed(void **state) {
   e = run_in("claimed", &s, OVER("run.steps=1", "run.overwrite=true"));
   if (e) fail_msg("%s", e->msg);
   assert_int_equal(ckpt_step("claimed"), 1);
+  /* the earlier run's checkpoint was moved aside at the start (a run stopped before its first save left it for
+   * run.resume = auto to continue under the new run's records) */
+  char aside[900];
+  snprintf(aside, sizeof aside, "%s/checkpoint.safetensors.replaced", dir);
+  stoke_ckpt_meta am;
+  stoke_err *ae = stoke_checkpoint_read_meta(aside, &am);
+  if (ae) fail_msg("%s", ae->msg);
+  assert_int_equal(am.step, 4);
+  /* log.txt: a line per run that says when and from what */
+  char lp[900];
+  snprintf(lp, sizeof lp, "%s/log.txt", dir);
+  const char *lt = slurp(lp);
+  if (!strstr(lt, "== 20") || !strstr(lt, ", resuming from ")) fail_msg("log.txt: %s", lt);
   /* without checkpoints too: the run would replace that run's metrics.jsonl, config.ini and report.html */
   EXPECT_RUN_ERR(run_in("claimed", &s, OVER("run.steps=1", "run.checkpoint=false")), "holds another run's checkpoint",
                  "and its records, which this run (checkpoint = false) would replace", "run.overwrite=true");
