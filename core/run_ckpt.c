@@ -120,6 +120,11 @@ stoke_err *run_claim_out_dir(const run_state *s) {
   snprintf(ckpt, sizeof ckpt, "%s/" RUN_CKPT_NAME, dir);
   struct stat have, named;
   if (stat(ckpt, &have)) return NULL;
+  /* this run continues it (resume names it), or starts from its weights (init_from): nothing to refuse or move */
+  const char *named_by[] = {resume, s->rc.run.init_from};
+  for (int i = 0; i < 2; i++)
+    if (named_by[i][0] && !stat(named_by[i], &named) && named.st_dev == have.st_dev && named.st_ino == have.st_ino)
+      return NULL;
   /* overwrite: that run's checkpoint is moved aside now, not replaced at the first save: a run stopped before
    * its first save then leaves no other run's weights for run.resume = auto to continue under its own records */
   if (overwrite) {
@@ -132,7 +137,6 @@ stoke_err *run_claim_out_dir(const run_state *s) {
     return NULL;
   }
   /* checkpoint = false too: the run would replace that run's metrics.jsonl, config.ini and report.html */
-  if (resume[0] && !stat(resume, &named) && named.st_dev == have.st_dev && named.st_ino == have.st_ino) return NULL;
   stoke_ckpt_meta m;
   char what[64] = "unreadable";
   stoke_err *e = stoke_checkpoint_read_meta(ckpt, &m);
