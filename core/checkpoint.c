@@ -1014,6 +1014,43 @@ static void warn_old_order(const stoke_plan *p, const stoke_st_file *f, const ch
               count == 1 ? "s" : "");
 }
 
+/* A file tensor's shape as stoke's (for messages). */
+static stoke_shape st_shape(const stoke_st_tensor *t) {
+  stoke_shape ts = {.ndim = t->ndim < STOKE_MAX_DIMS ? t->ndim : STOKE_MAX_DIMS};
+  for (int d = 0; d < ts.ndim; d++) ts.d[d] = t->shape[d];
+  return ts;
+}
+
+/* A file tensor of stoke's shape `sh`. */
+static int same_shape(const stoke_st_tensor *t, const stoke_shape *sh) {
+  int same = t->ndim == sh->ndim;
+  for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == sh->d[d];
+  return same;
+}
+
+/* The file's fp32 master copy of parameter entry `e` (a bf16 run's exact
+ * weight) when it has one of the parameter tensor t's shape, else NULL (a
+ * tied parameter's master is under its value's name). */
+static const stoke_st_tensor *file_master(const stoke_st_file *f, const entry *e, const stoke_st_tensor *t) {
+  char mname[sizeof e->name];
+  opt_name(mname, sizeof mname, e->param, "master");
+  const stoke_st_tensor *mt = stoke_st_find(f, mname);
+  return mt && mt->ndim == t->ndim && !memcmp(mt->shape, t->shape, sizeof(t->shape[0]) * (size_t)t->ndim) ? mt : NULL;
+}
+
+/* count values of the file's float dtype `from` at src into dst as `to`,
+ * rounded to nearest even where narrower, as PyTorch's load_state_dict
+ * copies them (the file's offsets need not be aligned for the dtype: each
+ * value is copied out first). */
+static void convert_into(void *dst, stoke_dtype to, const unsigned char *src, stoke_dtype from, int64_t count) {
+  size_t es = stoke_dtype_size(from);
+  for (int64_t k = 0; k < count; k++) {
+    double v8;
+    memcpy(&v8, src + (size_t)k * es, es);
+    stoke_elem_set(dst, to, k, stoke_elem_get(&v8, from, 0));
+  }
+}
+
 /* A fresh optimizer's master copy (the optimizer state's first region) is
  * the parameters: host copies, in the same order. */
 static void masters_from_params(const stoke_plan *p, void *hb[3]) {
@@ -1064,37 +1101,27 @@ stoke_err *stoke_checkpoint_load_weights(stoke_exec *x, const char *path, char *
   for (int i = 0; i < n && !e; i++) {
     if (!strcmp(ents[i].dtype, "I64")) continue; /* num_batches_tracked: informational */
     const stoke_st_tensor *t = stoke_st_find(&f, ents[i].name);
-    int same = t && t->ndim == ents[i].shape.ndim;
-    for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == ents[i].shape.d[d];
-    if (same && ents[i].role == ENT_PARAM) { /* a bf16 run's file: its fp32 master copy is the exact weight */
-      char mname[sizeof ents[i].name];
-      opt_name(mname, sizeof mname, ents[i].param, "master");
-      const stoke_st_tensor *mt = stoke_st_find(&f, mname);
-      if (mt && mt->ndim == t->ndim && !memcmp(mt->shape, t->shape, sizeof(t->shape[0]) * (size_t)t->ndim)) t = mt;
-    }
+    int same = t && same_shape(t, &ents[i].shape);
+    const stoke_st_tensor *mt = same && ents[i].role == ENT_PARAM ? file_master(&f, &ents[i], t) : NULL;
+    if (mt) t = mt; /* a bf16 run's file: its fp32 master copy is the exact weight */
     int from = t ? st_float(t->dtype) : -1, to = st_float(ents[i].dtype);
     if (!t || !same || from < 0 || to < 0) {
-      char why[200];
-      stoke_shape ts = {.ndim = t && t->ndim < STOKE_MAX_DIMS ? t->ndim : 0};
-      for (int d = 0; d < ts.ndim; d++) ts.d[d] = t->shape[d];
-      if (!t) snprintf(why, sizeof why, "not in the file");
-      else snprintf(why, sizeof why, "%s here, %s %s in the file", stoke_shape_str(&ents[i].shape).s, t->dtype,
-                    stoke_shape_str(&ts).s);
+      char why[320] = "not in the file";
+      if (t) {
+        stoke_shape ts = st_shape(t);
+        snprintf(why, sizeof why, "%s here, %s %s in the file", stoke_shape_str(&ents[i].shape).s, t->dtype,
+                 stoke_shape_str(&ts).s);
+      }
       note_kept(kept_s, sizeof kept_s, &kept_u, &kept, ents[i].name, why);
       continue;
     }
     int64_t count = stoke_numel(&ents[i].shape);
-    size_t es = stoke_dtype_size((stoke_dtype)from);
+    convert_into((void *)ents[i].src, (stoke_dtype)to, f.data + t->begin, (stoke_dtype)from, count);
     /* a bf16 or fp16 plan's master copy takes the file's values at the file's precision, not rounded */
     const stoke_value *pv = ents[i].role == ENT_PARAM && p->has_master && hb[2] ? ents[i].param : NULL;
-    int64_t mo = pv ? (int64_t)(pv->offset / stoke_dtype_size(p->g->dtype)) : 0;
-    for (int64_t k = 0; k < count; k++) { /* as the resume's load: converted where the precision differs */
-      double v8;
-      memcpy(&v8, f.data + t->begin + (size_t)k * es, es);
-      double v = stoke_elem_get(&v8, (stoke_dtype)from, 0);
-      stoke_elem_set((void *)ents[i].src, (stoke_dtype)to, k, v);
-      if (pv) stoke_elem_set(hb[2], p->state_dtype, mo + k, v);
-    }
+    if (pv)
+      convert_into((char *)hb[2] + pv->offset / stoke_dtype_size(p->g->dtype) * stoke_dtype_size(p->state_dtype),
+                   p->state_dtype, f.data + t->begin, (stoke_dtype)from, count);
     loaded++;
   }
   for (int t = 0; t < f.n_tensors && !e; t++)
@@ -1154,23 +1181,18 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
     if (!t && ents[i].role == ENT_MASTER) {
       if ((t = stoke_st_find(&f, ents[i].param->name))) master_from_param++;
     } else if (t && ents[i].role == ENT_PARAM && !p->has_master && strcmp(t->dtype, ents[i].dtype)) {
-      char mname[sizeof ents[i].name]; /* (a tied parameter's master is under its value's name) */
-      opt_name(mname, sizeof mname, ents[i].param, "master");
-      const stoke_st_tensor *mt = stoke_st_find(&f, mname);
-      if (mt && mt->ndim == t->ndim && !memcmp(mt->shape, t->shape, sizeof(t->shape[0]) * (size_t)t->ndim))
-        t = mt, from_master += !strcmp(ents[i].name, ents[i].param->name);
+      const stoke_st_tensor *mt = file_master(&f, &ents[i], t);
+      if (mt) t = mt, from_master += !strcmp(ents[i].name, ents[i].param->name);
     }
     if (!t) {
       e = STOKE_ERR(STOKE_E_DATA, "checkpoint '%s' has no tensor '%s' (saved from another model?)", path,
                     ents[i].name);
       break;
     }
-    int same = t->ndim == ents[i].shape.ndim;
-    for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == ents[i].shape.d[d];
+    int same = same_shape(t, &ents[i].shape);
     int from = st_float(t->dtype), to = st_float(ents[i].dtype);
     if (!same || (strcmp(t->dtype, ents[i].dtype) && (from < 0 || to < 0))) {
-      stoke_shape ts = {.ndim = t->ndim < STOKE_MAX_DIMS ? t->ndim : STOKE_MAX_DIMS};
-      for (int d = 0; d < ts.ndim; d++) ts.d[d] = t->shape[d];
+      stoke_shape ts = st_shape(t);
       e = STOKE_ERR(STOKE_E_DATA,
                     "checkpoint '%s': tensor '%s' is %s %s, the model needs %s %s (the file is of another model "
                     "configuration: compare the [model] keys with the config.ini of the run that saved it)",
@@ -1182,15 +1204,9 @@ stoke_err *stoke_checkpoint_load(stoke_exec *x, const char *path, stoke_ckpt_met
       memcpy((void *)ents[i].src, f.data + t->begin, ents[i].bytes);
       continue;
     }
-    /* another float precision (a bf16 GPU run's weights into an fp32 plan, on the cpu backend say): each
-     * value converted, rounded to nearest even where it narrows, as PyTorch's load_state_dict copies */
-    int64_t count = stoke_numel(&ents[i].shape);
-    size_t es = stoke_dtype_size((stoke_dtype)from);
-    for (int64_t k = 0; k < count; k++) {
-      double v8; /* the file's offsets need not be aligned for the dtype: each value copied out first */
-      memcpy(&v8, f.data + t->begin + (size_t)k * es, es);
-      stoke_elem_set((void *)ents[i].src, (stoke_dtype)to, k, stoke_elem_get(&v8, (stoke_dtype)from, 0));
-    }
+    /* another float precision (a bf16 GPU run's weights into an fp32 plan, on the cpu backend say) */
+    convert_into((void *)ents[i].src, (stoke_dtype)to, f.data + t->begin, (stoke_dtype)from,
+                 stoke_numel(&ents[i].shape));
     converted++, conv_from = t->dtype, conv_to = ents[i].dtype;
   }
   /* The other way round: model tensors in the file that this plan lacks (a deeper network's layers, more

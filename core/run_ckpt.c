@@ -41,22 +41,26 @@ static void put_best(const void *ctx, FILE *f) {
   fprintf(f, "{\"eval_loss\": %.9g, \"step\": %lld}\n", s->best_loss, (long long)s->best_step);
 }
 
+void run_best_resumed(run_state *s) {
+  if (!s->rc.run.keep_best || s->rank > 0) return;
+  char json[PATH_MAX];
+  snprintf(json, sizeof json, "%s/best.json", s->dir);
+  char *text = NULL;
+  size_t n = 0;
+  stoke_err *re = stoke_read_file(json, "best.json", &text, &n);
+  double l;
+  long long st;
+  if (!re && sscanf(text, "{\"eval_loss\": %lf, \"step\": %lld}", &l, &st) == 2 && st <= s->start_step)
+    s->best_loss = l, s->best_step = st;
+  stoke_err_free(re);
+  free(text);
+}
+
 stoke_err *run_keep_best(run_state *s, int64_t step) {
   if (!s->rc.run.keep_best || s->rank > 0) return NULL;
   char path[PATH_MAX], json[PATH_MAX];
   snprintf(path, sizeof path, "%s/best.safetensors", s->dir);
   snprintf(json, sizeof json, "%s/best.json", s->dir);
-  if (!s->best_step && s->start_step > 0) { /* resumed in place: compare with the best kept before */
-    char *text = NULL;
-    size_t n = 0;
-    stoke_err *re = stoke_read_file(json, "best.json", &text, &n);
-    double l;
-    long long st;
-    if (!re && sscanf(text, "{\"eval_loss\": %lf, \"step\": %lld}", &l, &st) == 2 && st <= s->start_step)
-      s->best_loss = l, s->best_step = st;
-    stoke_err_free(re);
-    free(text);
-  }
   double loss = s->sum->eval_loss;
   if (!isfinite(loss) || (s->best_step && !(loss < s->best_loss))) return NULL;
   STOKE_PROPAGATE(save_to(s, path, step, s->epoch));

@@ -35,7 +35,6 @@ stoke_err *run_write_checked(const char *path, void (*put)(const void *, FILE *)
   return NULL;
 }
 
-static void put_config(const void *c, FILE *f) { stoke_cfg_dump(c, f); }
 static void put_text(const void *t, FILE *f) { fputs(t, f); }
 static void put_plan(const void *p, FILE *f) { stoke_plan_report(p, f); }
 
@@ -165,9 +164,9 @@ static stoke_err *find_place(run_state *s) {
   return NULL;
 }
 
-/* The run's folder (out_dir, or runs/<name>; ranks > 0 beside rank 0's),
- * its resolved config (printed by announce() once the run is set up) and
- * its log. */
+/* The run's folder (out_dir, or runs/<name>; ranks > 0 beside rank 0's)
+ * and its log; the resolved config is written once the device is known
+ * (write_config) and printed by announce() once the run is set up. */
 static stoke_err *open_folder(run_state *s) {
   const stoke_run_config *rc = &s->rc;
   const char *ini = s->o->ini_path;
@@ -213,9 +212,6 @@ static stoke_err *open_folder(run_state *s) {
   run_signals_ignore_xfsz(&s->sg);
   STOKE_TRY(mkdir_p(s->dir), "[run] out_dir");
   if (s->rank == 0) STOKE_PROPAGATE(run_claim_out_dir(s));
-  s->config_text = run_config_text(s->cfg);
-  snprintf(path, sizeof path, "%s/config.ini", s->dir);
-  STOKE_TRY(run_write_checked(path, put_config, s->cfg), "[run] out_dir");
   snprintf(path, sizeof path, "%s/log.txt", s->dir);
   s->log = fopen(path, "a");
   if (s->log) { /* runs in one out_dir append here: each starts with a line saying when and from what */
@@ -262,21 +258,28 @@ stoke_err *run_open_device(run_state *s) {
   return NULL;
 }
 
-/* The value of `key` in `section` of a resolved config's text (config.ini,
- * a checkpoint's copy: stoke_cfg_dump's "key = value" lines), into out; 0
- * when absent. */
-static int config_value(const char *text, const char *section, const char *key, char *out, size_t cap) {
+/* Where the value of `key` in `section` of a resolved config's text
+ * (config.ini, a checkpoint's copy: stoke_cfg_dump's "key = value" lines)
+ * starts, and its length; NULL when absent. */
+static const char *config_find(const char *text, const char *section, const char *key, size_t *len) {
   char head[96];
   snprintf(head, sizeof head, "[%s]\n", section);
   const char *p = strstr(text, head);
   size_t kl = strlen(key);
-  for (p = p ? p + strlen(head) : NULL; p && *p && *p != '['; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
-    if (strncmp(p, key, kl) || strncmp(p + kl, " = ", 3)) continue;
-    const char *v = p + kl + 3, *end = strchr(v, '\n');
-    snprintf(out, cap, "%.*s", (int)(end ? end - v : (long)strlen(v)), v);
-    return 1;
-  }
-  return 0;
+  for (p = p ? p + strlen(head) : NULL; p && *p && *p != '['; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+    if (!strncmp(p, key, kl) && !strncmp(p + kl, " = ", 3)) {
+      *len = strcspn(p + kl + 3, "\n");
+      return p + kl + 3;
+    }
+  return NULL;
+}
+
+/* That value copied into out; 0 when absent. */
+static int config_value(const char *text, const char *section, const char *key, char *out, size_t cap) {
+  size_t n;
+  const char *v = config_find(text, section, key, &n);
+  if (v) snprintf(out, cap, "%.*s", (int)n, v);
+  return v != NULL;
 }
 
 void run_config_drift(const char *now, const char *ckpt, const char *what) {
@@ -339,6 +342,7 @@ static stoke_err *load_resume(run_state *s) {
               "will not repeat the original",
               resume, (long long)meta.seed, (long long)meta.accumulate, (long long)seed, (long long)accumulate);
   run_config_drift(s->config_text, resume, "resuming from");
+  run_best_resumed(s);
   if (!s->o->quiet) printf("stoke: resumed from %s at step %lld\n", resume, (long long)s->start_step);
   return NULL;
 }
@@ -426,7 +430,6 @@ static stoke_err *plan_length(run_state *s) {
   if (!rc->eval_data.source[0] && rc->run.keep_best)
     stoke_log(STOKE_LOG_WARN, "run", "%s: [run] keep_best = true, but there is no [eval_data] section: no evaluation "
               "loss to keep the best of", stoke_cfg_where(s->cfg, "run", "keep_best"));
-  s->best_loss = NAN;
   if (!rc->eval_data.source[0] && stoke_cfg_is_set(s->cfg, "run", "eval_every") && rc->run.eval_every > 0)
     stoke_log(STOKE_LOG_WARN, "run", "%s: [run] eval_every is set, but there is no [eval_data] section: nothing is "
               "evaluated; add one (a held-out split: e.g. the same source with another offset or path)",
@@ -559,36 +562,32 @@ stoke_err *run_read_config(run_state *s) {
 static void announce(run_state *s) {
   if (s->o->quiet) return;
   printf("stoke: run '%s', resolved config (saved to %s/config.ini):\n", s->run_name, s->dir);
-  stoke_cfg_dump(s->cfg, stdout);
+  fputs(s->config_text, stdout);
   run_report_precision(s->prec, s->train.g, 0);
   stoke_plan_report(s->train.plan, stdout);
 }
 
-/* `key = value` in `section` of a resolved config's text, replaced by
- * `key = value_now` (a new malloc'd text; NULL when out of memory or the
- * key is not there). */
+/* A resolved config's text with `key`'s value in `section` replaced by
+ * `value_now` (malloc'd; NULL when out of memory or the key is not there). */
 static char *config_set(const char *text, const char *section, const char *key, const char *value_now) {
-  char head[96], line[128];
-  snprintf(head, sizeof head, "[%s]\n", section);
-  snprintf(line, sizeof line, "\n%s = ", key);
-  const char *sec = strstr(text, head), *at = sec ? strstr(sec, line) : NULL;
-  const char *next = sec ? strstr(sec + 1, "\n[") : NULL;
-  if (!at || (next && at > next)) return NULL;
-  const char *end = strchr(at + 1, '\n');
-  if (!end) end = at + strlen(at);
-  size_t n = (size_t)(at - text) + strlen(line) + strlen(value_now) + strlen(end) + 1;
+  size_t old;
+  const char *v = config_find(text, section, key, &old);
+  if (!v) return NULL;
+  size_t n = strlen(text) - old + strlen(value_now) + 1;
   char *out = malloc(n);
-  if (out) snprintf(out, n, "%.*s%s%s%s", (int)(at - text), text, line, value_now, end);
+  if (out) snprintf(out, n, "%.*s%s%s", (int)(v - text), text, value_now, v + old);
   return out;
 }
 
-/* The cpu backend ran in place of [run] backends: config.ini (and every
- * checkpoint's copy) say what ran, so that the file runs again as this run
- * did, not as the GPU run it names. */
-static stoke_err *config_as_run(run_state *s) {
-  if (!s->cpu_fallback || !s->config_text) return NULL;
+/* The resolved config as this run runs it, in config.ini and in every
+ * checkpoint's copy, written once the device is known: after the cpu
+ * fallback it says backends = cpu and precision = fp32, so that the file
+ * runs again as this run did, not as the GPU run it names. */
+static stoke_err *write_config(run_state *s) {
+  s->config_text = run_config_text(s->cfg);
+  if (!s->config_text) return STOKE_ERR(STOKE_E_OOM, "out of memory for the resolved config");
   static const char *const ran[][3] = {{"run", "backends", "cpu"}, {"run", "precision", "fp32"}};
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; s->cpu_fallback && i < 2; i++) {
     char *t = config_set(s->config_text, ran[i][0], ran[i][1], ran[i][2]);
     if (!t) continue;
     free(s->config_text);
@@ -615,7 +614,7 @@ stoke_err *run_open(run_state *s) {
   STOKE_PROPAGATE(find_place(s));
   STOKE_PROPAGATE(open_folder(s));
   STOKE_PROPAGATE(run_open_device(s));
-  STOKE_PROPAGATE(config_as_run(s));
+  STOKE_PROPAGATE(write_config(s));
   STOKE_PROPAGATE(open_data(s));
   STOKE_PROPAGATE(plan_length(s));
   STOKE_PROPAGATE(choose_graphs(s));

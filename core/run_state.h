@@ -71,7 +71,7 @@ typedef struct run_state {
   FILE *log;
   char *config_text;
   int cpu_fallback; /* the cpu backend (fp32) ran in place of [run] backends (device = auto, cpu) */
-  double best_loss;   /* [run] keep_best: the lowest evaluation loss kept so far (NaN: none yet) */
+  double best_loss;   /* [run] keep_best: the lowest evaluation loss kept so far, of step best_step (0: none yet) */
   int64_t best_step;
   stoke_layout layout;
   stoke_nvml *nvml;
@@ -161,9 +161,11 @@ stoke_err *run_claim_out_dir(const run_state *s);
 stoke_err *run_check_room(const run_state *s);
 stoke_err *run_save(run_state *s, int64_t step, int64_t epoch);
 /* [run] keep_best: after an evaluation, the checkpoint of a new lowest
- * evaluation loss to out_dir/best.safetensors (and best.json); the first
- * call reads best.json of a run resumed in place. */
+ * evaluation loss to out_dir/best.safetensors (and best.json). */
 stoke_err *run_keep_best(run_state *s, int64_t step);
+/* A run resumed in place goes on comparing with the best its out_dir's
+ * best.json kept (of a step at or before the resumed one). */
+void run_best_resumed(run_state *s);
 stoke_err *run_save_on_exit(run_state *s, stoke_err *e);
 stoke_err *run_note_saved(const run_state *s, stoke_err *e);
 
