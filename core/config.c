@@ -463,7 +463,6 @@ static stoke_err *unknown_key(const stoke_cfg *c, const cfg_section *s, const ch
       {"eval_interval", "run", "eval_every", "in epochs, not steps"},
       {"eval_iters", "eval_data", "length", "samples (token windows) per evaluation, not batches"},
       {"block_size", "data", "seq_len", "with [model] context and [eval_data] seq_len, all three the same"},
-      {"init_from", "run", "resume", "a checkpoint file, or auto"},
       {"always_save_checkpoint", "run", "checkpoint_every", "steps between saves"},
       {"compile", "run", "cuda_graph", "the nearest: the whole step as one CUDA graph"}};
   for (size_t a = 0; a < sizeof alias / sizeof *alias; a++) {

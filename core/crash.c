@@ -50,7 +50,7 @@ static int put_missing(const char *what, const stoke_tensor *t, int n, int any) 
  * the usual one in a plugin is `stoke_host`, which its register() must
  * set (`stoke_host = h;`) before any stoke_host->... call (the STOKE_PERR
  * macros, log, config reads) can work. */
-void stoke_crash_null_hint(const void *addr) {
+static void null_hint(const void *addr) {
   if ((uintptr_t)addr >= 4096) return;
   put("  the fault is at address ");
   put_int((int)(uintptr_t)addr);
@@ -78,7 +78,7 @@ static void on_crash(int sig, siginfo_t *si, void *uc) {
                 "bwd_needs; stoke/testkit.h checks this without a crash\n"
               : " none\n");
     }
-    stoke_crash_null_hint(si ? si->si_addr : NULL);
+    null_hint(si ? si->si_addr : NULL);
   }
   signal(sig, SIG_DFL);
   raise(sig);

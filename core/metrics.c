@@ -57,6 +57,18 @@ static const char *loss_text(double v, char *buf, size_t cap) {
  * run again: their lines (steps and evaluations, {"step": N, ...} with N
  * past start_step) leave the file, written whole or not at all, so each
  * step has one line. */
+/* A line's length with its newline. */
+static size_t line_len(const char *p) {
+  size_t n = strcspn(p, "\n");
+  return n + (p[n] == '\n');
+}
+
+/* A step's or an evaluation's line after start_step. */
+static int redone(const char *line, int64_t start_step) {
+  long long step;
+  return sscanf(line, "{\"step\": %lld,", &step) == 1 && step > start_step;
+}
+
 static stoke_err *drop_redone(const char *path, int64_t start_step) {
   char *text = NULL;
   size_t n = 0;
@@ -67,12 +79,7 @@ static stoke_err *drop_redone(const char *path, int64_t start_step) {
     return none ? NULL : STOKE_ERR(STOKE_E_IO, "cannot read '%s' to continue it", path);
   }
   int64_t dropped = 0;
-  for (const char *p = text; *p;) {
-    const char *end = strchr(p, '\n');
-    long long step;
-    dropped += sscanf(p, "{\"step\": %lld,", &step) == 1 && step > start_step;
-    p = end ? end + 1 : p + strlen(p);
-  }
+  for (const char *p = text; *p; p += line_len(p)) dropped += redone(p, start_step);
   if (!dropped) {
     free(text);
     return NULL;
@@ -80,13 +87,8 @@ static stoke_err *drop_redone(const char *path, int64_t start_step) {
   char tmp[4200];
   FILE *f = NULL;
   e = stoke_write_begin(path, "metrics", tmp, sizeof tmp, &f);
-  for (const char *p = text; !e && *p;) {
-    const char *end = strchr(p, '\n');
-    size_t len = end ? (size_t)(end - p) + 1 : strlen(p);
-    long long step;
-    if (!(sscanf(p, "{\"step\": %lld,", &step) == 1 && step > start_step)) fwrite(p, 1, len, f);
-    p += len;
-  }
+  for (const char *p = text; !e && *p; p += line_len(p))
+    if (!redone(p, start_step)) fwrite(p, 1, line_len(p), f);
   if (!e) e = stoke_write_end(f, tmp, path, "metrics", NULL);
   free(text);
   if (!e)
@@ -391,20 +393,28 @@ static void trace_cost(const stoke_metrics *m, double *traced, double *untraced)
   free(b);
 }
 
+/* out_dir/report.html of the run so far (error: a failed run's message,
+ * above its figures; NULL for none); nothing without a report_dir. */
+static stoke_err *write_report(const stoke_metrics *m, const stoke_summary *s, const char *status, const char *error) {
+  if (!m->o.report_dir) return NULL;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/report.html", m->o.report_dir);
+  stoke_report r = {m->o.run_name ? m->o.run_name : "", status, m->o.report_dir, m->rows, m->n_rows, m->evals,
+                    m->n_evals, s, m->o.plan, m->o.trace_first, m->o.trace_last, NAN, NAN, error};
+  trace_cost(m, &r.trace_ms, &r.untraced_ms);
+  return stoke_report_write(path, &r);
+}
+
 /* A run that failed: its last line says so, with the error's text (JSON-escaped),
  * and report.html shows it above the figures and curves up to the failure
  * (a report of an earlier run in out_dir would otherwise stay). */
 void stoke_metrics_error(stoke_metrics *m, const stoke_summary *base, int64_t steps_done, const char *msg) {
   if (!m) return;
-  if (m->o.report_dir && base) {
+  if (base) {
     stoke_summary s = *base;
     stoke_metrics_summary(m, &s);
     s.steps = steps_done;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/report.html", m->o.report_dir);
-    stoke_report r = {m->o.run_name ? m->o.run_name : "", "failed", m->o.report_dir, m->rows, m->n_rows, m->evals,
-                      m->n_evals, &s, m->o.plan, m->o.trace_first, m->o.trace_last, NAN, NAN, msg};
-    stoke_err_free(stoke_report_write(path, &r)); /* the error that stopped the run is the one to report */
+    stoke_err_free(write_report(m, &s, "failed", msg)); /* the error that stopped the run is the one to report */
   }
   if (!m->jsonl) return;
   fprintf(m->jsonl, "{\"summary\": \"error\", \"steps_done\": %lld, \"message\": \"", (long long)steps_done);
@@ -446,14 +456,7 @@ stoke_err *stoke_metrics_close(stoke_metrics *m, const stoke_summary *s, const c
             (long long)s->gpu_ops_per_step,
             (long long)s->launches_per_step, (long long)s->graph_replays);
   stoke_err *err = jsonl_flushed(m);
-  if (!err && m->o.report_dir) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/report.html", m->o.report_dir);
-    stoke_report r = {m->o.run_name ? m->o.run_name : "", status, m->o.report_dir, m->rows, m->n_rows, m->evals,
-                      m->n_evals, s, m->o.plan, m->o.trace_first, m->o.trace_last, NAN, NAN};
-    trace_cost(m, &r.trace_ms, &r.untraced_ms);
-    err = stoke_report_write(path, &r);
-  }
+  if (!err) err = write_report(m, s, status, NULL);
   if (m->o.quiet || err) return err;
   if (!s->samples && !m->n_rows) { /* a resume at or past the run's end: no step ran, no figure to print */
     printf("summary (%s): %lld steps, none of them run now (the checkpoint's step is the run's last: raise [run] "

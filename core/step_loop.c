@@ -197,6 +197,10 @@ static stoke_err *agree_on_stop(run_state *s, int log_now) {
   return NULL;
 }
 
+/* Whole evaluation periods in `batches` (1e-9: an exact epoch's end counts): the k-th evaluation follows
+ * the batch that passes k x period. */
+static double periods(int64_t batches, double period) { return floor((double)batches / period + 1e-9); }
+
 /* After a step: the per-op profile starts after the warm-up; a
  * checkpoint or an evaluation when one is due (not after the last step:
  * the way out does those). */
@@ -216,9 +220,7 @@ static stoke_err *between_steps(run_state *s) {
   }
   if (s->ckpt[0] && ckpt_every > 0 && (step + 1) % ckpt_every == 0) stoke_steptime_pause(s->steptime);
   int64_t done = (step + 1) * accumulate;
-  double period = s->eval_period;
-  /* the k-th evaluation after the batch that passes k x period (1e-9: an exact epoch's end counts) */
-  if (!s->eval.x || period <= 0 || floor((double)done / period + 1e-9) == floor((double)(done - accumulate) / period + 1e-9) ||
+  if (!s->eval.x || s->eval_period <= 0 || periods(done, s->eval_period) == periods(done - accumulate, s->eval_period) ||
       step + 1 >= s->total || s->stop)
     return NULL;
   stoke_err *e = run_evaluate(s, s->sum);

@@ -97,14 +97,17 @@ static stoke_err *add_folder(paths *l, const char *dir) {
   closedir(d);
   /* in name order, so which of two names is read does not depend on the listing's order */
   if (cand.n) qsort(cand.p, (size_t)cand.n, sizeof *cand.p, by_name);
-  for (int i = 0; i < cand.n; i++) {
-    struct stat st, sj;
+  struct stat *id = cand.n ? calloc((size_t)cand.n, sizeof *id) : NULL; /* each file's identity, read once */
+  if (cand.n && !id && !e) e = STOKE_ERR(STOKE_E_OOM, "convert text: out of memory");
+  for (int i = 0; i < cand.n && !e; i++) {
     int dup = 0;
-    if (!stat(cand.p[i], &st))
-      for (int j = 0; j < i && !dup; j++) dup = !stat(cand.p[j], &sj) && sj.st_dev == st.st_dev && sj.st_ino == st.st_ino;
+    if (!stat(cand.p[i], &id[i]))
+      for (int j = 0; j < i && !dup; j++) /* (st_ino 0: a stat that failed, left zeroed) */
+        dup = id[j].st_ino && id[j].st_dev == id[i].st_dev && id[j].st_ino == id[i].st_ino;
     twice += dup;
-    if (!dup && !e) e = add_path(l, cand.p[i]);
+    if (!dup) e = add_path(l, cand.p[i]);
   }
+  free(id);
   for (int i = 0; i < cand.n; i++) free(cand.p[i]);
   free(cand.p);
   if (!e && (hidden || binary || folders || twice))

@@ -16,7 +16,6 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <limits.h>
 #include <math.h>
 #include <string.h>
 #include <strings.h>
@@ -76,8 +75,6 @@ typedef struct jpeg_src {
 
 /* ------------------------------------------------------------- scanning */
 
-static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 /* [eval_data]'s class folders against [data]'s (when that is a jpeg source
  * too): the labels are the sorted names' positions, so a different name at
  * a position scores every image of it against another class, silently. Only
@@ -91,26 +88,9 @@ static stoke_err *same_classes(const stoke_cfg *c, const stoke_image_list *l) {
     if (e) stoke_host->err_free(e);
     return NULL; /* no jpeg [data] to compare with */
   }
-  DIR *d = opendir(root);
-  if (!d) return NULL; /* [data]'s own open says why */
   char **names = NULL;
-  size_t n = 0, cap = 0;
-  for (struct dirent *de; (de = readdir(d));) {
-    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-    char full[PATH_MAX];
-    struct stat st;
-    snprintf(full, sizeof full, "%s/%s", root, de->d_name);
-    if (stat(full, &st) || !S_ISDIR(st.st_mode)) continue;
-    if (n == cap) {
-      char **nn = realloc(names, (cap = cap ? 2 * cap : 64) * sizeof *nn);
-      if (!nn) break;
-      names = nn;
-    }
-    if (!(names[n] = strdup(de->d_name))) break;
-    n++;
-  }
-  closedir(d);
-  if (n) qsort(names, n, sizeof *names, by_name);
+  size_t n = 0;
+  if (stoke_list_class_folders(root, &names, &n)) return NULL; /* [data]'s own open says why */
   stoke_err *bad = NULL;
   for (size_t i = 0; !bad && i < (n > l->n_classes ? n : l->n_classes); i++)
     if (i >= n || i >= l->n_classes || strcmp(names[i], l->classes[i]))
@@ -126,11 +106,7 @@ static stoke_err *same_classes(const stoke_cfg *c, const stoke_image_list *l) {
   return bad;
 }
 
-
-
 /* The image list (walk.h: torchvision's ImageFolder, without its loops). */
-static stoke_err *same_classes(const stoke_cfg *c, const stoke_image_list *l);
-
 static stoke_err *scan(jpeg_src *s, const stoke_cfg *c, const char *sec, int allow_empty) {
   const char *where = stoke_host->cfg_where(c, sec, "root");
   stoke_image_list l;

@@ -234,6 +234,37 @@ static int walk_class(stoke_image_list *out, const char *cdir, const struct stat
   return rc;
 }
 
+/* The class folders of `root`, sorted (torchvision's find_classes); with
+ * `out`, the files beside them are counted there (the first named). 0, or
+ * -1 with errno. */
+static int class_folders(const char *root, strv *classes, stoke_image_list *out) {
+  DIR *d = opendir(root);
+  if (!d) return -1;
+  int rc = 0;
+  for (struct dirent *de; !rc && (de = readdir(d));) {
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+    char *full = join(root, de->d_name);
+    struct stat cs;
+    if (full && stat(full, &cs) == 0 && S_ISDIR(cs.st_mode)) rc = strv_push(classes, strdup(de->d_name));
+    else if (out && full && stat(full, &cs) == 0 && S_ISREG(cs.st_mode) && !out->other++)
+      snprintf(out->first_other, sizeof out->first_other, "%s (beside the class folders)", full);
+    if (!full) rc = -1;
+    free(full);
+  }
+  closedir(d);
+  if (!rc && classes->n) qsort(classes->v, classes->n, sizeof *classes->v, cmp_str);
+  return rc;
+}
+
+int stoke_list_class_folders(const char *root, char ***names, size_t *n) {
+  strv classes = {0};
+  int rc = class_folders(root, &classes, NULL);
+  if (rc) strv_free(&classes);
+  *names = rc ? NULL : classes.v;
+  *n = rc ? 0 : classes.n;
+  return rc;
+}
+
 int stoke_walk_image_folder(const char *root, stoke_image_list *out) {
   memset(out, 0, sizeof *out);
   struct stat st;
@@ -244,22 +275,8 @@ int stoke_walk_image_folder(const char *root, stoke_image_list *out) {
   }
   out->root_dev = st.st_dev;
   out->root_ino = st.st_ino;
-  DIR *d = opendir(root);
-  if (!d) return -1;
   strv classes = {0}, paths = {0};
-  int rc = 0;
-  for (struct dirent *de; !rc && (de = readdir(d));) {
-    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-    char *full = join(root, de->d_name);
-    struct stat cs;
-    if (full && stat(full, &cs) == 0 && S_ISDIR(cs.st_mode)) rc = strv_push(&classes, strdup(de->d_name));
-    else if (full && stat(full, &cs) == 0 && S_ISREG(cs.st_mode) && !out->other++)
-      snprintf(out->first_other, sizeof out->first_other, "%s (beside the class folders)", full);
-    if (!full) rc = -1;
-    free(full);
-  }
-  closedir(d);
-  if (!rc && classes.n) qsort(classes.v, classes.n, sizeof *classes.v, cmp_str);
+  int rc = class_folders(root, &classes, out);
   int32_t *labels = NULL;
   size_t labels_cap = 0;
   for (size_t c = 0; !rc && c < classes.n; c++) {

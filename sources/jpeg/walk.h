@@ -40,6 +40,9 @@ typedef struct stoke_image_list {
  * or why the root cannot be listed). An empty list is no error here. */
 int stoke_walk_image_folder(const char *root, stoke_image_list *out);
 void stoke_image_list_free(stoke_image_list *l);
+/* The class folder names of `root` alone, sorted as the walk sorts them
+ * (the labels' order); free each and the array. 0, or -1 with errno. */
+int stoke_list_class_folders(const char *root, char ***names, size_t *n);
 /* The classes without an image, as "'b' (1), 'd' (3)" (name and label; the
  * first four, then ", ..."), and the links to nothing after them, into buf:
  * what the jpeg source's and convert's refusals name. */

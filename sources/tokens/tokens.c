@@ -73,13 +73,15 @@ static int ends_with(const char *s, const char *tail) {
 }
 
 /* The shard paths `path` names, sorted: the file, the folder's *.bin
- * files, or the glob's matches. */
-static stoke_err *list_paths(const char *path, const char *where, char ***out, int *n) {
+ * files, or the glob's matches; *folder: which it was. */
+static stoke_err *list_paths(const char *path, const char *where, char ***out, int *n, int *folder) {
   struct stat st;
   *out = NULL;
   *n = 0;
+  *folder = 0;
   if (!path[0]) return STOKE_PERR(STOKE_E_INVALID, "%s: tokens: path is empty; name a shard, a folder or a glob", where);
   if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    *folder = 1;
     DIR *d = opendir(path);
     if (!d) return STOKE_PERR(STOKE_E_IO, "%s: tokens: cannot open folder '%s': %s", where, path, strerror(errno));
     char **list = NULL;
@@ -116,14 +118,12 @@ static stoke_err *list_paths(const char *path, const char *where, char ***out, i
 /* tools/convert text writes PREFIX_train_* and PREFIX_val_* side by side:
  * a folder or a glob that takes both mixes the held-out text into the data
  * (refused), and training on the validation shards alone is said. */
-static stoke_err *check_split(const char *sec, const char *path, const char *where, char **list, int n) {
+static stoke_err *check_split(const char *sec, const char *path, int folder, const char *where, char **list, int n) {
   int train = 0, val = 0;
   for (int i = 0; i < n; i++) {
     const char *base = strrchr(list[i], '/') ? strrchr(list[i], '/') + 1 : list[i];
     train += strstr(base, "_train_") != NULL, val += strstr(base, "_val_") != NULL;
   }
-  struct stat st;
-  int folder = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
   if (train && val)
     return STOKE_PERR(STOKE_E_INVALID,
                       "%s: tokens: %s '%s' takes %d training (*_train_*) and %d validation (*_val_*) shards, as "
@@ -214,8 +214,9 @@ static stoke_err *tok_open(const stoke_cfg *c, const char *sec, void **self) {
   if (!e) e = stoke_host->cfg_int(c, sec, "seq_len", &t->seq_len);
   if (!e) e = stoke_host->cfg_int(c, sec, "vocab", &t->vocab);
   if (!e) e = stoke_host->cfg_int(c, sec, "length", &t->length);
-  if (!e) e = list_paths(path, stoke_host->cfg_where(c, sec, "path"), &paths, &n);
-  if (!e) e = check_split(sec, path, stoke_host->cfg_where(c, sec, "path"), paths, n);
+  int folder = 0;
+  if (!e) e = list_paths(path, stoke_host->cfg_where(c, sec, "path"), &paths, &n, &folder);
+  if (!e) e = check_split(sec, path, folder, stoke_host->cfg_where(c, sec, "path"), paths, n);
   if (!e) e = open_shards(t, paths, n);
   for (int i = 0; i < n; i++) free(paths[i]);
   free(paths);

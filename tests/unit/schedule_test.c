@@ -41,32 +41,33 @@ static void test_warmup_cosine_step(void **state) {
   near(stoke_lr_at(&s, 77), 0.3);
 }
 
-static void test_from_config(void **state) {
+/* The core's keys with `text` loaded as the file `name`, and the schedule
+ * of a 1000-step run of 100 steps an epoch at a global batch of 1024. */
+static stoke_cfg *schedule_of(const char *name, const char *text, stoke_lr_schedule *s) {
   stoke_cfg *c = stoke_cfg_new();
   stoke_err *e = stoke_declare_core_keys(c);
-  if (!e)
-    e = stoke_cfg_load_string(c, "s.ini",
-                              "[optimizer]\nlr = 0.1\nschedule = cosine\nwarmup_epochs = 2\n"
-                              "lr_scale_with_batch = true\nbase_batch = 256\n");
-  stoke_lr_schedule s;
-  if (!e) e = stoke_lr_from_config(c, 1000, 100, 1024, &s);
+  if (!e) e = stoke_cfg_load_string(c, name, text);
+  if (!e) e = stoke_lr_from_config(c, 1000, 100, 1024, s);
   if (e) fail_msg("%s", e->msg);
+  return c;
+}
+
+static void test_from_config(void **state) {
+  stoke_lr_schedule s;
+  stoke_cfg *c = schedule_of("s.ini", "[optimizer]\nlr = 0.1\nschedule = cosine\nwarmup_epochs = 2\n"
+                                      "lr_scale_with_batch = true\nbase_batch = 256\n", &s);
   near(s.base_lr, 0.4); /* 0.1 x 1024 / 256 */
   assert_int_equal(s.warmup_steps, 200);
   assert_int_equal(s.kind, STOKE_LR_COSINE);
   /* a warm-up longer than the run is an error naming the key */
-  e = stoke_lr_from_config(c, 150, 100, 1024, &s);
+  stoke_err *e = stoke_lr_from_config(c, 150, 100, 1024, &s);
   assert_non_null(e);
   assert_non_null(strstr(e->msg, "s.ini:4: [optimizer] warmup_epochs"));
   /* and says what to change: 150 steps of 100 an epoch is 1.5 epochs */
   if (!strstr(e->msg, "lower warmup_epochs (below 1.5; 0: no warmup) or train longer")) fail_msg("%s", e->msg);
   stoke_err_free(e);
   /* the default is a constant lr */
-  stoke_cfg *d = stoke_cfg_new();
-  e = stoke_declare_core_keys(d);
-  if (!e) e = stoke_cfg_load_string(d, "d.ini", "[optimizer]\nlr = 0.1\n");
-  if (!e) e = stoke_lr_from_config(d, 1000, 100, 1024, &s);
-  if (e) fail_msg("%s", e->msg);
+  stoke_cfg *d = schedule_of("d.ini", "[optimizer]\nlr = 0.1\n", &s);
   assert_int_equal(s.kind, STOKE_LR_CONSTANT);
   near(stoke_lr_at(&s, 999), 0.1);
   stoke_cfg_free(d);
@@ -76,19 +77,13 @@ static void test_from_config(void **state) {
 /* min_lr scales with lr under the linear scaling rule, and a min_lr above
  * lr (the cosine would climb to it) is refused naming the key. */
 static void test_min_lr(void **state) {
-  stoke_cfg *c = stoke_cfg_new();
-  stoke_err *e = stoke_declare_core_keys(c);
-  if (!e)
-    e = stoke_cfg_load_string(c, "m.ini",
-                              "[optimizer]\nlr = 0.1\nschedule = cosine\nmin_lr = 0.01\n"
-                              "lr_scale_with_batch = true\nbase_batch = 256\n");
   stoke_lr_schedule s;
-  if (!e) e = stoke_lr_from_config(c, 1000, 100, 1024, &s);
-  if (e) fail_msg("%s", e->msg);
+  stoke_cfg *c = schedule_of("m.ini", "[optimizer]\nlr = 0.1\nschedule = cosine\nmin_lr = 0.01\n"
+                                      "lr_scale_with_batch = true\nbase_batch = 256\n", &s);
   near(s.base_lr, 0.4);
   near(s.min_lr, 0.04); /* 0.01 x 1024 / 256: the cosine still ends at a tenth of its top */
   near(stoke_lr_at(&s, 1000), 0.04);
-  e = stoke_cfg_override(c, "optimizer.min_lr=0.2"); /* 0.8 after scaling, above 0.4 */
+  stoke_err *e = stoke_cfg_override(c, "optimizer.min_lr=0.2"); /* 0.8 after scaling, above 0.4 */
   if (!e) e = stoke_lr_from_config(c, 1000, 100, 1024, &s);
   assert_non_null(e);
   print_message("%s\n", e->msg);
