@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "stoke/check.h"
 #include "stoke/core.h"
 #include "nvtx.h"
 #include "stoke/graph.h"
@@ -686,14 +687,6 @@ static stoke_err *nonfinite_in(stoke_exec *x, const stoke_tensor *t, int64_t *ba
 /* "NaN" or "+inf" or "-inf" */
 static const char *nonfinite_name(double v) { return isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf"; }
 
-/* "[64, 128]" */
-static const char *shape_text(const stoke_shape *s, char *buf, size_t cap) {
-  size_t k = (size_t)snprintf(buf, cap, "[");
-  for (int d = 0; d < s->ndim && k < cap; d++) k += (size_t)snprintf(buf + k, cap - k, "%s%lld", d ? ", " : "", (long long)s->d[d]);
-  if (k < cap) snprintf(buf + k, cap - k, "]");
-  return buf;
-}
-
 /* After node i ran: every float tensor it wrote (a forward node's outputs;
  * a backward node's input gradients, and its outputs when it computed
  * the forward too) must be finite. The nodes before it passed the same
@@ -717,7 +710,6 @@ static stoke_err *anomaly_node(stoke_exec *x, int i) {
       double v = 0;
       STOKE_PROPAGATE(nonfinite_in(x, t, &bad, &first, &v));
       if (!bad) continue;
-      char sh[128];
       return STOKE_ERR(STOKE_E_NUMERIC,
                        "[run] detect_anomaly: node '%s' (%s %s on %s) wrote %lld NaN or inf values into %s %d, "
                        "'%s' %s %s (the first: element %lld, %s); every value it read was finite (checked after "
@@ -727,7 +719,7 @@ static stoke_err *anomaly_node(stoke_exec *x, int i) {
                        node->n.name, node->n.op,
                        bwd ? "backward" : node->recompute ? "recomputed forward" : "forward", node->kernel->engine,
                        (long long)bad, grads ? "the gradient of its input" : "its output", j, g->values[vid].name,
-                       shape_text(&t->shape, sh, sizeof sh), stoke_dtype_name(t->dtype), (long long)first,
+                       stoke_shape_str(&t->shape).s, stoke_dtype_name(t->dtype), (long long)first,
                        nonfinite_name(v), t->dtype == STOKE_F16 ? "; fp16 ends at 65504: bf16 has f32's range" : "");
     }
   }
